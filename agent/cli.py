@@ -1,0 +1,196 @@
+"""`migrator` command line. Errors are one line on stderr with a distinct exit code (README)."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from agent import errors
+from agent.errors import MigratorError
+
+DEVICES = ("auto", "npu", "cuda", "cpu")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="migrator", description="Hugging Face model -> Ascend NPU inference recipe")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="migrate a model, repair a recipe, or regenerate its baseline")
+    run.add_argument("target", help="https://huggingface.co/Org/Name, Org/Name, a local HF model dir, or a recipe dir")
+    _add_run_options(run)
+
+    demo = sub.add_parser("demo", help="build the embedded tiny checkpoint and migrate it end to end")
+    demo.add_argument("--output-dir", default="models", help="where the recipe goes (default: models)")
+    demo.add_argument("--arch", default="llama", help="model_type of the tiny checkpoint (default: llama)")
+    demo.add_argument("--device", choices=DEVICES, default="auto")
+    demo.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
+
+    env = sub.add_parser("env", help="print the environment (NPU, CANN, torch/torch_npu, CUDA, CPU)")
+    env.add_argument("--json", action="store_true")
+    env.add_argument("--device", choices=DEVICES, default="auto",
+                     help="fail with exit code 4 if this device is not usable")
+
+    classify = sub.add_parser("classify", help="print the scenario (A/B/C) for PATH and why")
+    classify.add_argument("path")
+    classify.add_argument("--timeout", type=int, default=1800, help="seconds for the trial run of infer.sh")
+    return parser
+
+
+def _add_run_options(run: argparse.ArgumentParser) -> None:
+    run.add_argument("--name", help="recipe name (default: derived from the model name)")
+    run.add_argument("--output-dir", default="models", help="where new recipes go (default: models)")
+    run.add_argument("--device", choices=DEVICES, default="auto", help="device to run on (default: auto)")
+    run.add_argument("--dtype", choices=("float32", "float16", "bfloat16"),
+                     help="model dtype in the YAML (default: the checkpoint's)")
+    run.add_argument("--weights", help="local weights directory for models too large to download")
+    run.add_argument("--trust-remote-code", action="store_true",
+                     help="allow vendoring the model repo's own code (auto_map)")
+    run.add_argument("--max-rounds", type=int, default=5, help="repair rounds at most (default: 5)")
+    run.add_argument("--max-new-tokens", type=int, default=32, help="tokens generated per run (default: 32)")
+    run.add_argument("--timeout", type=int, default=1800, help="seconds for each run of infer.sh")
+    run.add_argument("--resume", action="store_true", help="continue an interrupted run from its last finished node")
+    run.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
+
+
+# ---- progress ---------------------------------------------------------------------------
+def _progress(name: str, fn):
+    @functools.wraps(fn)
+    def wrapper(state):
+        start = time.perf_counter()
+        print(f"[migrator] {name} ...", file=sys.stderr, flush=True)
+        result = fn(state)
+        print(f"[migrator] {name} done in {time.perf_counter() - start:.1f}s", file=sys.stderr, flush=True)
+        return result
+    return wrapper
+
+
+def _compiled_graph(checkpoint_db: Path):
+    import sqlite3
+
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    from agent.graph import build_graph
+
+    graph = build_graph(wrap=_progress)
+    checkpoint_db.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(str(checkpoint_db), check_same_thread=False)
+    return graph.compile(checkpointer=SqliteSaver(conn))
+
+
+def run_workflow(state: dict, resume: bool = False) -> dict:
+    from agent.nodes import summarise
+
+    output_dir = Path(state.get("output_dir") or "models").resolve()
+    key = json.dumps([str(Path(state["target"]).expanduser().resolve()) if Path(state["target"]).expanduser().exists()
+                      else state["target"], state.get("name"), str(output_dir)])
+    thread_id = hashlib.sha256(key.encode()).hexdigest()[:16]
+    app = _compiled_graph(output_dir / ".migrator" / "checkpoints.sqlite")
+    config = {"configurable": {"thread_id": thread_id}, "recursion_limit": 100}
+    snapshot = app.get_state(config)
+    if resume and snapshot.next:
+        print(f"[migrator] resuming at {', '.join(snapshot.next)}", file=sys.stderr)
+        final = app.invoke(None, config)
+    else:
+        if resume:
+            print("[migrator] nothing to resume: starting from the beginning", file=sys.stderr)
+        # A fresh run of the same thread starts over (earlier checkpoints stay in the history).
+        final = app.invoke(state, config)
+    return summarise(final)
+
+
+# ---- commands ---------------------------------------------------------------------------
+def cmd_run(args) -> int:
+    state = {"target": args.target, "output_dir": args.output_dir, "name": args.name, "device": args.device,
+             "dtype": args.dtype, "weights": args.weights, "trust_remote_code": args.trust_remote_code,
+             "max_rounds": args.max_rounds, "timeout_s": args.timeout, "max_new_tokens": args.max_new_tokens}
+    summary = run_workflow(state, resume=args.resume)
+    return _finish(summary, args.json)
+
+
+def _finish(summary: dict, as_json: bool) -> int:
+    status = summary.get("status")
+    code = {"ok": errors.EXIT_OK, "oom": errors.EXIT_OOM}.get(status, errors.EXIT_FAILED)
+    if as_json:
+        print(json.dumps(dict(summary, exit_code=code), indent=2))
+    else:
+        print(f"{status}: {summary.get('recipe_dir')}" + (f" — {summary['message']}" if summary.get("message") else ""))
+        if summary.get("baseline_path"):
+            print(f"baseline: {summary['baseline_path']}")
+    return code
+
+
+def cmd_demo(args) -> int:
+    from agent.tiny_checkpoint import build_tiny_checkpoint
+
+    output_dir = Path(args.output_dir)
+    checkpoint = output_dir / ".checkpoints" / f"tiny_{args.arch}"
+    name = f"demo_tiny_{args.arch}"
+    recipe = output_dir / name
+    if not (checkpoint / "config.json").is_file():
+        print(f"[migrator] building tiny {args.arch} checkpoint in {checkpoint}", file=sys.stderr)
+        build_tiny_checkpoint(args.arch, checkpoint)
+    if recipe.exists():
+        # The demo recipe is regenerated each time; the previous one is kept, not deleted.
+        previous = recipe.with_name(name + ".previous")
+        shutil.rmtree(previous, ignore_errors=True)
+        recipe.rename(previous)
+    state = {"target": str(checkpoint), "output_dir": str(output_dir), "name": name, "device": args.device,
+             "max_rounds": 5, "timeout_s": 900, "max_new_tokens": 32}
+    summary = run_workflow(state)
+    code = _finish(summary, args.json)
+    if code == 0 and not args.json and summary.get("baseline_path"):
+        perf = json.loads(Path(summary["baseline_path"]).read_text())["performance"]
+        print(f"prefill {perf['prefill_ms']} ms, decode {perf['decode_avg_ms']} ms/token; output: {perf['output_text']!r}")
+    return code
+
+
+def cmd_env(args) -> int:
+    from engine.environment import DeviceUnavailableError, detect_environment, select_device
+
+    env = detect_environment(args.device)
+    if args.json:
+        print(json.dumps(env, indent=2))
+    else:
+        for key, value in env.items():
+            print(f"{key:20} {value}")
+    if args.device != "auto":
+        try:
+            select_device(args.device)
+        except DeviceUnavailableError as exc:
+            raise errors.EnvironmentProblem(str(exc)) from exc
+    return 0
+
+
+def cmd_classify(args) -> int:
+    from agent.nodes import node_classify
+
+    path = Path(args.path)
+    if not path.exists():
+        raise errors.InputError(f"{args.path}: no such file or directory")
+    result = node_classify({"target": str(path), "timeout_s": args.timeout})
+    print(f"{result['scenario']}: {result['classify_reason']}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    handler = {"run": cmd_run, "demo": cmd_demo, "env": cmd_env, "classify": cmd_classify}[args.command]
+    try:
+        return handler(args)
+    except MigratorError as exc:
+        print(f"migrator: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("migrator: interrupted; continue with --resume", file=sys.stderr)
+        return errors.EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,264 @@
+"""The workflow's nodes: each takes the state and returns the keys it changes (SPEC §2)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, TypedDict
+
+from agent.errors import EnvironmentProblem, InputError, MigratorError
+
+
+class MigrationState(TypedDict, total=False):
+    # inputs
+    target: str                 # what the user gave: link, Org/Name, checkpoint dir or recipe dir
+    output_dir: str
+    name: str | None
+    device: str
+    dtype: str | None
+    weights: str | None
+    trust_remote_code: bool
+    max_rounds: int
+    timeout_s: int
+    max_new_tokens: int
+    # derived
+    env: dict
+    scenario: str               # "A" migrate, "B" repair, "C" baseline
+    classify_reason: str
+    recipe_dir: str
+    model_name: str
+    model_dir: str              # local checkpoint directory
+    model_source: str           # link or path recorded in the baseline
+    architecture: str
+    family: str
+    vendored: dict
+    rendered: list[str]
+    runs: list[dict]            # every trial run, in order
+    rounds: list[dict]          # repair rounds: diagnosis, diff
+    memory: dict
+    baseline_path: str
+    verification: dict
+    status: str                 # "ok" | "failed" | "oom" | ...
+    message: str
+
+
+def node_detect_env(state: MigrationState) -> dict:
+    from engine.environment import DeviceUnavailableError, detect_environment, select_device
+
+    device = state.get("device", "auto")
+    try:
+        select_device(device)
+    except DeviceUnavailableError as exc:
+        raise EnvironmentProblem(str(exc)) from exc
+    return {"env": detect_environment(device)}
+
+
+def _is_recipe(path: Path) -> bool:
+    return (path / "infer.sh").is_file()
+
+
+def node_classify(state: MigrationState) -> dict:
+    """No infer.sh -> A; infer.sh that runs -> C; infer.sh that fails -> B."""
+    target = Path(state["target"]).expanduser()
+    if target.is_dir() and _is_recipe(target):
+        run = trial_run(target, state, label="classify")
+        if run["ok"]:
+            return {"scenario": "C", "classify_reason": "infer.sh present and it runs",
+                    "recipe_dir": str(target.resolve()), "runs": [run]}
+        return {"scenario": "B", "classify_reason": f"infer.sh present but it fails: {run['summary']}",
+                "recipe_dir": str(target.resolve()), "runs": [run]}
+    return {"scenario": "A", "classify_reason": "no infer.sh: migrate the model into a new recipe"}
+
+
+def node_acquire(state: MigrationState) -> dict:
+    from agent.acquire import acquire
+    from agent.render import normalise_model_name
+
+    got = acquire(state["target"], weights=state.get("weights"))
+    name = state.get("name") or normalise_model_name(got.name_hint)
+    if state.get("name"):
+        name = normalise_model_name(name)
+    recipe_dir = Path(state.get("output_dir") or "models").resolve() / name
+    if recipe_dir.exists() and any(recipe_dir.iterdir()):
+        raise InputError(f"{recipe_dir} already exists; run `migrator run {recipe_dir}` to repair or "
+                         "re-baseline it, or choose another --name / --output-dir")
+    return {"model_dir": str(got.model_dir), "model_source": got.source, "model_name": name,
+            "recipe_dir": str(recipe_dir)}
+
+
+def node_vendor(state: MigrationState) -> dict:
+    from agent.routing import route
+    from agent.vendor import check_importable, locate_source, read_config, vendor_source
+
+    model_dir = Path(state["model_dir"])
+    config = read_config(model_dir)
+    source = locate_source(config)
+    family = route(config.get("text_config") or config)
+    recipe_dir = Path(state["recipe_dir"])
+    result = vendor_source(source, recipe_dir, state["model_name"])
+    check_importable(recipe_dir, state["model_name"], source)
+    return {
+        "architecture": source.architecture,
+        "family": family.name,
+        "vendored": {
+            "model_class": source.model_class,
+            "config_class": source.config_class,
+            "modeling_module": source.modeling_module,
+            "configuration_module": source.configuration_module,
+            "origin": source.origin,
+            "files": {role: str(path.relative_to(recipe_dir)) for role, path in result.files.items()},
+            "codemods": result.codemods,
+        },
+    }
+
+
+def checkpoint_dtype(config: dict) -> str:
+    dtype = str(config.get("dtype") or config.get("torch_dtype") or "float32")
+    return dtype if dtype in ("float32", "float16", "bfloat16") else "float32"
+
+
+def node_render(state: MigrationState) -> dict:
+    import transformers
+
+    from agent.render import render_recipe
+    from agent.routing import FAMILIES
+    from agent.vendor import read_config
+
+    recipe_dir = Path(state["recipe_dir"])
+    vendored = state["vendored"]
+    config = read_config(Path(state["model_dir"]))
+    context = {
+        "model_name": state["model_name"],
+        "model_path": str(Path(state["model_dir"]).resolve()),
+        "model_source": state["model_source"],
+        "architecture": state["architecture"],
+        "device": state.get("device", "auto"),
+        "dtype": state.get("dtype") or checkpoint_dtype(config),
+        "input_max_len": 1024,
+        "max_new_tokens": state.get("max_new_tokens") or 32,
+        "transformers_version": transformers.__version__,
+        "modeling_codemods": ", ".join(vendored["codemods"].get(f"modeling_{state['model_name']}.py", []))
+        or "none",
+        **{k: vendored[k] for k in ("model_class", "config_class", "modeling_module",
+                                    "configuration_module", "origin")},
+    }
+    written = render_recipe(recipe_dir, context, FAMILIES[state["family"]])
+    return {"rendered": [str(p.relative_to(recipe_dir)) for p in written]}
+
+
+def trial_run(recipe_dir: Path, state: MigrationState, label: str) -> dict:
+    """`bash infer.sh` in a subprocess with a timeout; log and output kept under .migrator/runs/."""
+    runs_dir = recipe_dir / ".migrator" / "runs"
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    index = len(list(runs_dir.glob("run_*")))
+    run_dir = runs_dir / f"run_{index}_{label}"
+    run_dir.mkdir()
+    env = dict(os.environ, RES_PATH=str(run_dir), PYTHON=sys.executable, PYTHONUNBUFFERED="1")
+    timeout = state.get("timeout_s") or 1800
+    start = time.perf_counter()
+    with open(run_dir / "output.txt", "w") as out:
+        try:
+            proc = subprocess.run(["bash", str(recipe_dir / "infer.sh")], cwd=recipe_dir, env=env,
+                                  stdout=out, stderr=subprocess.STDOUT, timeout=timeout)
+            returncode, timed_out = proc.returncode, False
+        except subprocess.TimeoutExpired:
+            returncode, timed_out = None, True
+    output = (run_dir / "output.txt").read_text(errors="replace")
+    tail = output.strip().splitlines()[-1:] or [""]
+    ok = returncode == 0 and not timed_out
+    summary = "ok" if ok else ("timed out after %ds" % timeout if timed_out else tail[0][-300:])
+    return {"label": label, "ok": ok, "returncode": returncode, "timed_out": timed_out,
+            "seconds": round(time.perf_counter() - start, 2), "res_path": str(run_dir),
+            "output_file": str(run_dir / "output.txt"), "summary": summary}
+
+
+def node_trial_run(state: MigrationState) -> dict:
+    recipe_dir = Path(state["recipe_dir"])
+    run = trial_run(recipe_dir, state, label=f"trial{len(state.get('rounds') or [])}")
+    return {"runs": [*(state.get("runs") or []), run]}
+
+
+def last_run(state: MigrationState) -> dict:
+    return (state.get("runs") or [{}])[-1]
+
+
+def node_diagnose(state: MigrationState) -> dict:
+    from agent.repair import diagnose
+
+    diagnosis = diagnose(Path(state["recipe_dir"]), last_run(state))
+    rounds = [*(state.get("rounds") or []), {"round": len(state.get("rounds") or []) + 1,
+                                              "diagnosis": diagnosis}]
+    return {"rounds": rounds}
+
+
+def node_repair(state: MigrationState) -> dict:
+    from agent.repair import repair
+
+    rounds = list(state["rounds"])
+    rounds[-1] = dict(rounds[-1], **repair(Path(state["recipe_dir"]), rounds[-1]["diagnosis"],
+                                           round_no=rounds[-1]["round"]))
+    return {"rounds": rounds}
+
+
+def node_estimate_memory(state: MigrationState) -> dict:
+    from agent.memory import estimate_for_recipe
+
+    memory = estimate_for_recipe(Path(state["recipe_dir"]), state.get("env") or {})
+    return {"memory": memory, "status": "oom",
+            "message": f"out of memory: needs about {memory['needed_gib']:.1f} GiB, "
+                       f"{memory['cards_needed']} card(s); keep world_size={memory['cards_needed']}"}
+
+
+def node_collect_baseline(state: MigrationState) -> dict:
+    from agent.paths import scripts_dir
+
+    recipe_dir = Path(state["recipe_dir"])
+    run = last_run(state)
+    yaml_file = _recipe_yaml(recipe_dir)
+    output = recipe_dir / "baseline" / "baseline_metadata.json"
+    cmd = [sys.executable, str(scripts_dir() / "collect_baseline.py"), "--log-file", run["res_path"],
+           "--output", str(output), "--yaml-file", str(yaml_file)]
+    if state.get("model_source"):
+        cmd += ["--model-source", state["model_source"]]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise MigratorError(f"baseline collection failed: {proc.stderr.strip().splitlines()[-1:]}")
+    return {"baseline_path": str(output)}
+
+
+def _recipe_yaml(recipe_dir: Path) -> Path:
+    yamls = sorted((recipe_dir / "config").glob("*.yaml"))
+    if not yamls:
+        raise InputError(f"{recipe_dir}/config has no YAML file")
+    return yamls[0]
+
+
+def node_verify(state: MigrationState) -> dict:
+    """Parity against the original implementation when it is importable; merged into the baseline."""
+    from agent.parity import run_parity
+
+    recipe_dir = Path(state["recipe_dir"])
+    baseline_path = Path(state["baseline_path"])
+    baseline = json.loads(baseline_path.read_text())
+    parity = run_parity(recipe_dir) if state.get("model_dir") or state.get("scenario") else None
+    baseline["verification"]["parity"] = parity
+    baseline_path.write_text(json.dumps(baseline, indent=2, ensure_ascii=False) + "\n")
+    ok = baseline["verification"].get("all_ranks_success", False) and (parity is None or parity.get("ok", True))
+    return {"verification": baseline["verification"], "status": "ok" if ok else "failed"}
+
+
+def node_report(state: MigrationState) -> dict:
+    from agent.report import write_report
+
+    write_report(state)
+    return {}
+
+
+def summarise(state: dict[str, Any]) -> dict:
+    keys = ("scenario", "status", "message", "recipe_dir", "model_name", "architecture", "family",
+            "baseline_path")
+    return {k: state.get(k) for k in keys if state.get(k) is not None}

@@ -1,0 +1,97 @@
+"""Parity check: the recipe's vendored model vs the original transformers implementation.
+
+Same weights, fp32: max |logits difference| on a prompt, and the recipe Runner's greedy tokens vs
+`generate()`'s. Runs in a subprocess from the recipe dir (its `models` package must not leak into
+the caller), as `python -m agent.parity --recipe DIR`, printing one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+LOGITS_TOLERANCE = 1e-4
+
+
+def run_parity(recipe_dir: Path, tokens: int = 16, timeout: int = 900) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(recipe_dir))
+    proc = subprocess.run([sys.executable, "-m", "agent.parity", "--recipe", str(recipe_dir),
+                           "--tokens", str(tokens)], cwd=recipe_dir, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        err = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"ok": False, "checked": False, "reason": f"parity check could not run: {err}"}
+    return json.loads(lines[-1])
+
+
+def _runner_class(recipe_dir: Path):
+    import importlib
+
+    from engine.model_runner import ModelRunner
+
+    name = next(recipe_dir.glob("runner_*.py")).stem
+    module = importlib.import_module(name)
+    return next(obj for obj in vars(module).values()
+                if isinstance(obj, type) and issubclass(obj, ModelRunner) and obj is not ModelRunner)
+
+
+def check(recipe_dir: Path, tokens: int, prompt: str | None = None) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from engine.config import load_runner_settings
+    from engine.data import DEFAULT_PROMPT
+
+    yaml_file = sorted((recipe_dir / "config").glob("*.yaml"))[0]
+    settings = load_runner_settings(yaml_file)
+    settings["model_config"]["dtype"] = "float32"
+    settings["data_config"]["max_new_tokens"] = tokens
+    os.environ["RES_PATH"] = tempfile.mkdtemp(prefix="parity_")
+    sys.path.insert(0, str(recipe_dir))
+    runner = _runner_class(recipe_dir)(settings)
+    runner.init_model()
+    reference = AutoModelForCausalLM.from_pretrained(
+        settings["model_path"], dtype=torch.float32, local_files_only=True,
+        attn_implementation=runner.attn_implementation).to(runner.device).eval()
+
+    prompt = prompt or DEFAULT_PROMPT
+    inputs = runner.tokenizer([prompt], return_tensors="pt").to(runner.device)
+    with torch.inference_mode():
+        ours = runner.model(**inputs).logits.float()
+        theirs = reference(**inputs).logits.float()
+    max_abs_diff = (ours - theirs).abs().max().item()
+
+    runner.model_generate([prompt])
+    our_tokens = runner.last_generate_ids[0].tolist()
+    eos = runner.eos_token_ids()
+    gen_config = GenerationConfig(do_sample=False, max_new_tokens=tokens, eos_token_id=eos or None,
+                                  pad_token_id=runner.tokenizer.pad_token_id)
+    with torch.inference_mode():
+        generated = reference.generate(**inputs, generation_config=gen_config)
+    their_tokens = generated[0, inputs["input_ids"].shape[1]:].tolist()
+    tokens_equal = our_tokens == their_tokens
+    return {"ok": max_abs_diff <= LOGITS_TOLERANCE and tokens_equal, "checked": True,
+            "reference": f"transformers {reference.__class__.__name__}",
+            "dtype": "float32", "max_abs_logits_diff": max_abs_diff, "tolerance": LOGITS_TOLERANCE,
+            "greedy_tokens": len(our_tokens), "greedy_tokens_equal": tokens_equal,
+            "recipe_tokens": our_tokens, "reference_tokens": their_tokens}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m agent.parity", description=__doc__)
+    parser.add_argument("--recipe", required=True, type=Path)
+    parser.add_argument("--tokens", type=int, default=16)
+    args = parser.parse_args(argv)
+    result = check(args.recipe.resolve(), args.tokens)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

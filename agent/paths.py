@@ -1,0 +1,32 @@
+"""Where templates/, scripts/ and skills/ live: beside the packages (checkout or editable
+install) or under <prefix>/share/infer-migrator/ (regular install)."""
+
+from __future__ import annotations
+
+import sys
+import sysconfig
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def asset_dir(name: str) -> Path:
+    candidates = [REPO_ROOT / name]
+    for prefix in {sys.prefix, sysconfig.get_paths()["data"]}:
+        candidates.append(Path(prefix) / "share" / "infer-migrator" / name)
+    for path in candidates:
+        if path.is_dir():
+            return path
+    raise FileNotFoundError(f"infer-migrator asset folder '{name}' not found; reinstall the package")
+
+
+def templates_dir() -> Path:
+    return asset_dir("templates")
+
+
+def scripts_dir() -> Path:
+    return asset_dir("scripts")
+
+
+def skills_dir() -> Path:
+    return asset_dir("skills")

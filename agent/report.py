@@ -1,0 +1,50 @@
+"""migration_report.json and a short human summary in the recipe."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+REPORT_KEYS = ("scenario", "classify_reason", "status", "message", "model_name", "model_source",
+               "model_dir", "architecture", "family", "vendored", "rendered", "env", "runs", "rounds",
+               "memory", "baseline_path", "verification")
+
+
+def write_report(state: dict) -> Path | None:
+    if not state.get("recipe_dir"):
+        return None
+    recipe_dir = Path(state["recipe_dir"])
+    recipe_dir.mkdir(parents=True, exist_ok=True)
+    report = {"generated_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    report.update({k: state.get(k) for k in REPORT_KEYS if state.get(k) is not None})
+    path = recipe_dir / "migration_report.json"
+    path.write_text(json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n")
+    (recipe_dir / "migration_summary.md").write_text(human_summary(report))
+    return path
+
+
+def human_summary(report: dict) -> str:
+    lines = [f"# Migration summary: {report.get('model_name', '?')}", ""]
+    lines.append(f"- scenario: {report.get('scenario')} ({report.get('classify_reason', '')})")
+    lines.append(f"- status: **{report.get('status', 'unknown')}** {report.get('message', '')}".rstrip())
+    if report.get("architecture"):
+        lines.append(f"- architecture: {report['architecture']} (family {report.get('family')})")
+    env = report.get("env") or {}
+    lines.append(f"- device: {env.get('device')} (torch {env.get('pytorch_version')}, "
+                 f"torch_npu: {env.get('torch_npu_status')})")
+    for rnd in report.get("rounds") or []:
+        lines.append(f"- repair round {rnd['round']}: {rnd['diagnosis'].get('diagnosis')}"
+                     f" -> {'patched' if rnd.get('applied') else 'no patch'}")
+    if report.get("baseline_path"):
+        try:
+            perf = json.loads(Path(report["baseline_path"]).read_text())["performance"]
+            lines.append(f"- baseline: prefill {perf['prefill_ms']} ms, decode {perf['decode_avg_ms']} ms/token")
+        except (OSError, KeyError, ValueError):
+            lines.append(f"- baseline: {report['baseline_path']}")
+    parity = (report.get("verification") or {}).get("parity")
+    if parity:
+        lines.append(f"- parity vs transformers: {'ok' if parity.get('ok') else 'FAILED'} "
+                     f"(max |dlogits| {parity.get('max_abs_logits_diff')}, greedy tokens equal: "
+                     f"{parity.get('greedy_tokens_equal')})")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,112 @@
+"""Tiny local HF checkpoints: small config, random safetensors weights, a `tokenizers` tokenizer.
+
+Used by `migrator demo` (the embedded default) and by the tests (SPEC §5): no hub access needed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from engine.data import DEFAULT_PROMPT
+
+SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|unk|>"]
+
+CORPUS = [
+    DEFAULT_PROMPT,
+    "The output is computed as a weighted sum of the values, where the weight assigned to each "
+    "value is computed by a compatibility function of the query with the corresponding key.",
+    "Multi-head attention allows the model to jointly attend to information from different "
+    "representation subspaces at different positions.",
+    "We call our particular attention scaled dot-product attention. The input consists of queries "
+    "and keys of dimension d_k, and values of dimension d_v.",
+    "In addition to attention sub-layers, each of the layers in our encoder and decoder contains "
+    "a fully connected feed-forward network, which is applied to each position separately.",
+    "0123456789 !\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~",
+]
+
+# Small dimensions, named the way most decoder configs name them. Keys a config class does not
+# know are dropped (see `tiny_config`), so one table serves every architecture.
+TINY_DIMS = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 512,
+    # Larger than the usual 0.02 so random logits are peaked: greedy tokens then do not hinge
+    # on ties that float rounding could flip.
+    "initializer_range": 0.2,
+    "tie_word_embeddings": False,
+    # MoE: few, small experts (defaults are 60+ experts, hundreds of MB).
+    "num_experts": 4,
+    "num_local_experts": 4,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 64,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 1,
+    "n_group": 1,
+    "topk_group": 1,
+    # MLA: small latent ranks.
+    "kv_lora_rank": 16,
+    "q_lora_rank": 32,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 8,
+    "v_head_dim": 16,
+}
+
+
+def build_tokenizer(out_dir: str | Path, vocab_size: int = 384):
+    """Train a byte-level BPE tokenizer on CORPUS and save it as a fast HF tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<|unk|>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<|pad|>", bos_token="<|bos|>", eos_token="<|eos|>", unk_token="<|unk|>",
+    )
+    fast.save_pretrained(out_dir)
+    return fast
+
+
+def tiny_config(model_type: str, vocab_size: int, **overrides):
+    """A transformers config of `model_type` with TINY_DIMS (only the keys it knows) and overrides."""
+    from transformers import AutoConfig
+
+    base = AutoConfig.for_model(model_type)
+    known = set(base.to_dict()) | set(getattr(base, "attribute_map", {}))
+    kwargs = {k: v for k, v in TINY_DIMS.items() if k in known}
+    kwargs.update(vocab_size=vocab_size, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    kwargs.update(overrides)
+    return AutoConfig.for_model(model_type, **kwargs)
+
+
+def build_tiny_checkpoint(model_type: str, out_dir: str | Path, seed: int = 0, **overrides) -> Path:
+    """Write config.json, model.safetensors, tokenizer and generation config to `out_dir`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(out)
+    config = tiny_config(model_type, vocab_size=len(tokenizer), **overrides)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(out, safe_serialization=True)
+    (out / "tiny_checkpoint.json").write_text(json.dumps({"model_type": model_type, "seed": seed}) + "\n")
+    return out

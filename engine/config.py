@@ -1,0 +1,94 @@
+"""Recipe YAML: loading and validation that names the bad key or value."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A recipe YAML that cannot be used; the message names the key and what to do."""
+
+
+# key -> (type, required). Nested sections are dicts of the same shape.
+SCHEMA = {
+    "model_name": (str, True),
+    "model_path": (str, True),
+    "exe_mode": (str, True),
+    "world_size": (int, True),
+    "device": (str, False),
+    "model_source": (str, False),
+    "model_config": ({
+        "dtype": (str, True),
+        "enable_online_split_weight": (bool, False),
+        "attn_implementation": (str, False),
+    }, True),
+    "data_config": ({
+        "dataset": (str, True),
+        "input_max_len": (int, True),
+        "max_new_tokens": (int, True),
+        "batch_size": (int, True),
+    }, True),
+    "parallel_config": ({
+        "attn_tp_size": (int, True),
+        "moe_tp_size": (int, True),
+        "lmhead_tp_size": (int, True),
+    }, True),
+}
+
+CHOICES = {
+    "exe_mode": ("eager", "graph"),
+    "device": ("auto", "npu", "cuda", "cpu"),
+    "model_config.dtype": ("float32", "float16", "bfloat16"),
+    "model_config.attn_implementation": ("eager", "sdpa"),
+}
+
+
+def _check(section: dict, schema: dict, prefix: str, path: str) -> None:
+    for key, (kind, required) in schema.items():
+        name = f"{prefix}{key}"
+        if key not in section:
+            if required:
+                raise ConfigError(f"{path}: missing required key '{name}'")
+            continue
+        value = section[key]
+        if isinstance(kind, dict):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{path}: '{name}' must be a mapping, got {type(value).__name__}")
+            _check(value, kind, f"{name}.", path)
+            continue
+        # bool is an int subclass: `batch_size: true` must not pass as 1.
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise ConfigError(
+                f"{path}: '{name}' must be {kind.__name__}, got {value!r} ({type(value).__name__})")
+        if name in CHOICES and value not in CHOICES[name]:
+            raise ConfigError(f"{path}: '{name}' is {value!r}; expected one of {', '.join(CHOICES[name])}")
+        if kind is int and value < 1:
+            raise ConfigError(f"{path}: '{name}' must be >= 1, got {value}")
+
+
+def validate(settings: dict, path: str = "<yaml>") -> dict:
+    if not isinstance(settings, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of settings")
+    _check(settings, SCHEMA, "", path)
+    return settings
+
+
+def load_runner_settings(yaml_path: str | os.PathLike) -> dict:
+    """Load and validate a recipe YAML. A relative model_path is taken from the YAML's recipe dir."""
+    path = Path(yaml_path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: YAML file not found")
+    try:
+        settings = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({exc.__class__.__name__})") from exc
+    validate(settings, str(path))
+    model_path = Path(os.path.expanduser(settings["model_path"]))
+    if not model_path.is_absolute():
+        model_path = (path.resolve().parent.parent / model_path).resolve()
+    settings["model_path"] = str(model_path)
+    settings["yaml_path"] = str(path.resolve())
+    return settings

@@ -1,0 +1,159 @@
+"""The shared runtime every recipe's Runner subclasses.
+
+A Runner subclass implements `init_model`, `model_input_prepare`, `model_output_process` and a
+top-level `model_generate(prompts, warm_up=False)` that tokenizes and calls this class's loop:
+
+    prefill (first forward) -> decode_one_token ... -> EOS or max_new_tokens
+
+Each forward is timed between two device synchronizes and logged as
+"{model_name} inference time cost of prefill|decode is X ms"; the texts as "Request N: outputs: ...".
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import random
+import time
+
+import torch
+
+from engine import environment
+from engine.logging_utils import get_logger
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed)
+    except ImportError:
+        pass
+
+
+class ModelRunner:
+    def __init__(self, runner_settings: dict):
+        self.runner_settings = runner_settings
+        self.model_name = runner_settings["model_name"]
+        self.model_path = runner_settings["model_path"]
+        self.exe_mode = runner_settings.get("exe_mode", "eager")
+        model_config = runner_settings.get("model_config", {})
+        data_config = runner_settings.get("data_config", {})
+        self.dtype = DTYPES[model_config.get("dtype", "float32")]
+        self.attn_implementation = model_config.get("attn_implementation", "sdpa")
+        self.input_max_len = data_config.get("input_max_len", 1024)
+        self.max_new_tokens = data_config.get("max_new_tokens", 32)
+        self.batch_size = data_config.get("batch_size", 1)
+        self.rank = int(os.environ.get("RANK", runner_settings.get("rank", 0)))
+        self.world_size = int(os.environ.get("WORLD_SIZE", runner_settings.get("world_size", 1)))
+        seed_everything(runner_settings.get("seed", 42))
+        self.device = environment.select_device(runner_settings.get("device", "auto"))
+        self.logger = get_logger(self.model_name, self.rank)
+        self.model = None
+        self.tokenizer = None
+
+    # ---- model and tokenizer -------------------------------------------------------------
+    def init_model(self, model_cls, config_cls):
+        """Load config, weights (safetensors, configured dtype) and tokenizer from model_path."""
+        env = environment.detect_environment(self.device.type)
+        env.update(device=self.device.type, exe_mode=self.exe_mode, world_size=self.world_size)
+        self.logger.info(f"{self.model_name} environment: {json.dumps(env, sort_keys=True)}")
+        config = config_cls.from_pretrained(self.model_path, local_files_only=True)
+        # Recipes never fetch at run time: everything comes from model_path.
+        self.model = model_cls.from_pretrained(
+            self.model_path,
+            config=config,
+            runner_settings=self.runner_settings,
+            dtype=self.dtype,
+            attn_implementation=self.attn_implementation,
+            local_files_only=True,
+        )
+        self.model.to(self.device).eval()
+        self.tokenizer = load_tokenizer(self.model_path)
+        self.forward_params = set(inspect.signature(self.model.forward).parameters)
+        # transformers >= 5.x names the cache `cache`; older code calls it `past_key_values`.
+        self.cache_kwarg = "cache" if "cache" in self.forward_params else "past_key_values"
+        self.model_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        self.logger.info(
+            f"{self.model_name} loaded {model_cls.__name__} ({self.model_bytes / 1e6:.1f} MB, "
+            f"{str(self.dtype).removeprefix('torch.')}) on {self.device}")
+
+    def eos_token_ids(self) -> list[int]:
+        ids = self.model.generation_config.eos_token_id if self.model.generation_config else None
+        if ids is None:
+            ids = self.tokenizer.eos_token_id
+        if ids is None:
+            return []
+        return list(ids) if isinstance(ids, (list, tuple)) else [ids]
+
+    # ---- the loop ---------------------------------------------------------------------
+    def synchronize(self):
+        environment.synchronize(self.device)
+
+    def model_input_prepare(self, input_dict: dict) -> dict:
+        raise NotImplementedError
+
+    def model_output_process(self, model_inputs: dict, outputs, input_dict: dict) -> None:
+        raise NotImplementedError
+
+    @torch.inference_mode()
+    def model_inference(self, model_inputs: dict):
+        return self.model(**model_inputs)
+
+    def model_generate(self, input_dict: dict, input_lens, warm_up: bool = False) -> list[str]:
+        """Greedy generation: prefill then one decode step per token, each forward timed."""
+        name = self.model_name
+        if warm_up:
+            self.logger.info(f"{name} warm-up run begins")
+        decode_ms = []
+        for _ in range(self.max_new_tokens):
+            stage = "prefill" if input_dict["is_prefill"] else "decode"
+            model_inputs = self.model_input_prepare(input_dict)
+            self.synchronize()
+            start = time.perf_counter()
+            outputs = self.model_inference(model_inputs)
+            self.synchronize()
+            cost_ms = (time.perf_counter() - start) * 1000
+            self.logger.info(f"{name} inference time cost of {stage} is {cost_ms:.2f} ms")
+            if stage == "decode":
+                decode_ms.append(cost_ms)
+            self.model_output_process(model_inputs, outputs, input_dict)
+            if bool(input_dict["finished"].all()):
+                break
+
+        self.last_generate_ids = input_dict["generate_ids"]
+        texts = self.tokenizer.batch_decode(input_dict["generate_ids"], skip_special_tokens=True)
+        for i, text in enumerate(texts):
+            self.logger.info(f"Request {i}: outputs: {text}")
+        if len(decode_ms) > 1:
+            # Every decode step reads all weights once: bytes / time = achieved bandwidth.
+            per_token_s = sum(decode_ms[1:]) / len(decode_ms[1:]) / 1000
+            self.logger.info(
+                f"{name} decode {1 / per_token_s:.1f} steps/s x batch {len(texts)}, "
+                f"achieved bandwidth {self.model_bytes / per_token_s / 1e9:.2f} GB/s")
+        if warm_up:
+            self.logger.info(f"{name} warm-up run ends")
+        return texts
+
+
+def load_tokenizer(model_path: str, padding_side: str = "left"):
+    """AutoTokenizer from the checkpoint, left padding, and a pad token even if none is defined."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
+    tokenizer.padding_side = padding_side
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is not None:
+            tokenizer.pad_token = tokenizer.eos_token
+        elif tokenizer.unk_token is not None:
+            tokenizer.pad_token = tokenizer.unk_token
+        else:
+            # Never add a token: its id would fall outside the embedding table. Padded
+            # positions are masked out, so any existing id will do.
+            tokenizer.pad_token = tokenizer.convert_ids_to_tokens(0)
+    return tokenizer

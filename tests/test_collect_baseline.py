@@ -1,0 +1,403 @@
+"""scripts/collect_baseline.py and engine/output_check.py on realistic logs (tests/data/logs)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.util
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from engine.output_check import check_output_text
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "collect_baseline.py"
+LOGS = Path(__file__).resolve().parent / "data" / "logs"
+
+_spec = importlib.util.spec_from_file_location("collect_baseline", SCRIPT)
+cb = importlib.util.module_from_spec(_spec)
+sys.modules.setdefault("collect_baseline", cb)  # dataclasses look their module up there
+_spec.loader.exec_module(cb)
+
+TOP_KEYS = ["timestamp", "yaml_path", "environment", "model_config", "performance", "verification"]
+ENV_KEYS = ["npu_model", "num_cards", "cann_version", "pytorch_version", "torch_npu_version",
+            "exe_mode", "device"]
+
+
+def mean(values):
+    return sum(values) / len(values)
+
+
+@pytest.fixture
+def recipe(tmp_path):
+    """A recipe dir with config/<model>.yaml; returns a factory writing the YAML."""
+    def make(model_name="qwen2_5_7b", exe_mode="eager", world_size=1, **extra):
+        cfg_dir = tmp_path / "recipe" / "config"
+        cfg_dir.mkdir(parents=True, exist_ok=True)
+        lines = [f"model_name: {model_name}", f"model_path: /models/{model_name}",
+                 f"exe_mode: {exe_mode}", f"world_size: {world_size}",
+                 "model_config:", "  dtype: bfloat16",
+                 "data_config:", "  batch_size: 2", "  max_new_tokens: 32",
+                 "parallel_config:", f"  tp_size: {world_size}"]
+        lines += [f"{k}: {v}" for k, v in extra.items()]
+        path = cfg_dir / f"{model_name}.yaml"
+        path.write_text("\n".join(lines) + "\n")
+        return path
+    return make
+
+
+@pytest.fixture
+def fake_environment(monkeypatch):
+    """engine.environment replaced by a stub (the real one probes the machine)."""
+    calls = []
+
+    def detect_environment(device="auto"):
+        calls.append(device)
+        return {"device": "npu", "npu_model": "Ascend910B4", "num_cards": 8,
+                "cann_version": "8.2.RC1", "pytorch_version": "2.5.1",
+                "torch_npu_version": "2.5.1.post1", "exe_mode": None, "world_size": 1}
+
+    mod = types.ModuleType("engine.environment")
+    mod.detect_environment = detect_environment
+    monkeypatch.setitem(sys.modules, "engine.environment", mod)
+    return calls
+
+
+def collect(tmp_path, log, yaml_path, *extra, name="baseline_metadata.json"):
+    out = tmp_path / "out" / name
+    rc = cb.main(["--log-file", str(log), "--output", str(out), "--yaml-file", str(yaml_path),
+                  *extra])
+    assert rc == 0
+    return out, json.loads(out.read_text())
+
+
+def run_script(*args, cwd=None):
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+# --------------------------------------------------------------------------- our engine logs
+
+
+def test_engine_log_with_warmup_markers(tmp_path, recipe):
+    yaml_path = recipe()
+    out, data = collect(tmp_path, LOGS / "engine_warmup.log", yaml_path)
+
+    assert list(data) == TOP_KEYS
+    assert list(data["environment"]) == ENV_KEYS
+    assert list(data["performance"]) == ["prefill_ms", "decode_avg_ms", "output_text"]
+    assert list(data["verification"])[:3] == ["all_ranks_success", "output_check", "parity"]
+    ts = dt.datetime.fromisoformat(data["timestamp"])
+    assert ts.tzinfo is not None and ts.microsecond == 0
+    assert data["yaml_path"] == "config/qwen2_5_7b.yaml"
+
+    # Environment comes from the log's environment line; num_cards is the world size.
+    assert data["environment"] == {
+        "npu_model": "Ascend910B4", "num_cards": 1, "cann_version": "8.2.RC1",
+        "pytorch_version": "2.5.1", "torch_npu_version": "2.5.1.post1", "exe_mode": "eager",
+        "device": "npu"}
+    assert data["model_config"] == {"model_name": "qwen2_5_7b",
+                                    "model_source": "/models/qwen2_5_7b"}
+
+    perf = data["performance"]
+    assert perf["prefill_ms"] == 70.15                      # not the warm-up's 1523.40
+    assert perf["decode_avg_ms"] == round(mean([71.00, 72.00, 71.50]), 2) == 71.5
+    assert perf["output_text"] == ("The capital of France is Paris. It is known for the "
+                                   "Eiffel Tower, the Louvre museum and its cafes.")
+
+    ver = data["verification"]
+    assert ver["all_ranks_success"] is True
+    assert ver["output_check"]["ok"] is True
+    assert ver["parity"] is None
+    assert ver["collection_warnings"] == []
+    assert out.read_text().startswith('{\n  "timestamp"')
+
+
+def test_model_source_precedence(tmp_path, recipe):
+    yaml_path = recipe(model_source="Qwen/Qwen2.5-7B-Instruct")
+    _, data = collect(tmp_path, LOGS / "engine_warmup.log", yaml_path)
+    assert data["model_config"]["model_source"] == "Qwen/Qwen2.5-7B-Instruct"
+    _, data = collect(tmp_path, LOGS / "engine_warmup.log", yaml_path,
+                      "--model-source", "hf://Qwen/Qwen2.5-7B-Instruct@main")
+    assert data["model_config"]["model_source"] == "hf://Qwen/Qwen2.5-7B-Instruct@main"
+
+
+def test_yaml_outside_config_dir_is_recorded_as_given(tmp_path):
+    yaml_path = tmp_path / "model.yaml"
+    yaml_path.write_text("model_name: qwen2_5_7b\nmodel_path: /m\nexe_mode: eager\n")
+    _, data = collect(tmp_path, LOGS / "engine_warmup.log", yaml_path)
+    assert data["yaml_path"] == str(yaml_path)
+
+
+def test_multi_run_log_uses_last_run(tmp_path, recipe):
+    _, data = collect(tmp_path, LOGS / "multi_run.log", recipe("llama3_8b"))
+    perf = data["performance"]
+    assert perf["prefill_ms"] == 60.25                          # run 1 had 90.00
+    assert perf["decode_avg_ms"] == round(mean([61, 62, 63]), 2) == 62.0
+    assert perf["output_text"] == "Once upon a time a fisherman found a bottle with a map inside."
+    assert data["environment"]["cann_version"] == "8.2.RC1"     # run 2's environment
+    assert data["environment"]["pytorch_version"] == "2.6.0"
+    assert data["verification"]["all_ranks_success"] is True
+
+
+def test_interrupted_last_run_falls_back_with_warning(tmp_path, recipe):
+    _, data = collect(tmp_path, LOGS / "interrupted.log", recipe("llama3_8b"))
+    perf = data["performance"]
+    # The second run's formal call (prefill 55.00) never printed outputs: run 1 is used.
+    assert perf["prefill_ms"] == 90.0
+    assert perf["decode_avg_ms"] == round(mean([88, 89]), 2) == 88.5
+    assert perf["output_text"] == "Once upon a time there was a small village near the sea."
+    assert data["environment"]["cann_version"] == "8.1.RC1"     # the run actually measured
+    ver = data["verification"]
+    assert ver["all_ranks_success"] is False
+    assert any("earlier run" in w for w in ver["collection_warnings"])
+
+
+def test_multiline_output_text(tmp_path, recipe):
+    _, data = collect(tmp_path, LOGS / "multiline.log", recipe("qwen2_5_coder"))
+    perf = data["performance"]
+    assert perf["output_text"] == (
+        'def add(a, b):\n    """Return the sum of a and b."""\n    return a + b\n\n'
+        "print(add(2, 3))")
+    assert perf["prefill_ms"] == 210.4
+    assert perf["decode_avg_ms"] == round(mean([100, 102]), 2) == 101.0
+    assert data["environment"]["device"] == "cpu"
+    assert data["environment"]["num_cards"] == 0
+
+
+def test_parse_keeps_other_requests_multiline():
+    parsed = cb.parse_log_file(LOGS / "multiline.log")
+    formal = cb.select_formal(parsed).segment
+    assert formal.outputs[1] == "Sure, here is the answer:\n42"
+
+
+# --------------------------------------------------------------------------- upstream logs
+
+
+def test_upstream_log_exact_values(tmp_path, recipe, fake_environment):
+    _, data = collect(tmp_path, LOGS / "upstream.log", recipe("deepseek_v3", world_size=1))
+    perf = data["performance"]
+    expected_prefill = 123.45          # second generate call; the first (2010.55) is warm-up
+    expected_decode = (20.0 + 30.0 + 40.0) / 3   # decodes [10, 20, 30, 40] without the first
+    assert perf["prefill_ms"] == expected_prefill
+    assert perf["decode_avg_ms"] == expected_decode == 30.0
+    assert perf["output_text"] == ("Large language models predict the next token from the "
+                                   "previous ones, one step at a time.")
+    # No environment line: detected on this machine, with a warning saying so.
+    assert fake_environment == ["auto"]
+    env = data["environment"]
+    assert env["device"] == "npu" and env["npu_model"] == "Ascend910B4"
+    assert env["num_cards"] == 1 and env["exe_mode"] == "eager"
+    ver = data["verification"]
+    assert ver["all_ranks_success"] is True
+    assert any("no environment line" in w for w in ver["collection_warnings"])
+
+
+def test_upstream_interrupted_last_call(tmp_path, recipe, fake_environment):
+    _, data = collect(tmp_path, LOGS / "upstream_interrupted.log", recipe("deepseek_v3"))
+    perf = data["performance"]
+    assert perf["prefill_ms"] == 123.45                 # not the interrupted 130.00
+    assert perf["decode_avg_ms"] == 30.0
+    ver = data["verification"]
+    assert ver["all_ranks_success"] is False
+    assert any("interrupted" in w for w in ver["collection_warnings"])
+
+
+def test_upstream_single_call_and_single_decode(tmp_path, recipe, fake_environment):
+    log = tmp_path / "single.log"
+    log.write_text(
+        "2025-06-12 10:21:08,125 - INFO - m inference time cost of prefill is 123.456 ms\n"
+        "2025-06-12 10:21:08,136 - INFO - m inference time cost of decode is 10.00 ms\n"
+        "2025-06-12 10:21:08,301 - INFO - Request 0: outputs: Paris is the capital of France.\n")
+    _, data = collect(tmp_path, log, recipe("m"))
+    perf = data["performance"]
+    assert perf["prefill_ms"] == 123.46
+    assert perf["decode_avg_ms"] is None                # the only decode step is excluded
+    warnings = data["verification"]["collection_warnings"]
+    assert any("no warm-up detected" in w for w in warnings)
+    assert any("only one decode step" in w for w in warnings)
+
+
+def test_environment_fallback_without_engine_environment(tmp_path, recipe, monkeypatch):
+    monkeypatch.setitem(sys.modules, "engine.environment", None)   # import fails
+    _, data = collect(tmp_path, LOGS / "upstream.log", recipe("deepseek_v3"))
+    env = data["environment"]
+    from importlib.metadata import version
+    assert env["pytorch_version"] == version("torch")
+    assert env["device"] is None and env["num_cards"] is None
+    assert env["npu_model"] is None and env["cann_version"] is None
+    assert env["exe_mode"] == "eager"
+
+
+# --------------------------------------------------------------------------- ranks
+
+
+def test_rank_dir_with_failed_rank(tmp_path, recipe):
+    yaml_path = recipe("qwen3_32b", world_size=2)
+    _, data = collect(tmp_path, LOGS / "ranks", yaml_path)
+    assert data["performance"]["prefill_ms"] == 101.1
+    assert data["performance"]["decode_avg_ms"] == round(mean([100, 102]), 2) == 101.0
+    assert data["environment"]["num_cards"] == 2
+    ver = data["verification"]
+    assert ver["all_ranks_success"] is False
+    assert any("rank 1" in w and "HCCL" in w for w in ver["collection_warnings"])
+
+    _, data = collect(tmp_path, LOGS / "ranks", yaml_path, "--rank", "1")
+    assert data["performance"]["prefill_ms"] == 99.9
+    assert data["performance"]["decode_avg_ms"] == round(mean([98, 99]), 2) == 98.5
+    assert data["verification"]["all_ranks_success"] is False
+
+
+def test_rank_dir_all_ranks_ok(tmp_path, recipe):
+    res = tmp_path / "res"
+    res.mkdir()
+    shutil.copy(LOGS / "ranks" / "log_0.log", res / "log_0.log")
+    shutil.copy(LOGS / "ranks" / "log_0.log", res / "log_1.log")
+    _, data = collect(tmp_path, res, recipe("qwen3_32b", world_size=2))
+    assert data["verification"]["all_ranks_success"] is True
+
+
+def test_rank_dir_missing_rank_log(tmp_path, recipe, capsys):
+    rc = cb.main(["--log-file", str(LOGS / "ranks"), "--output", str(tmp_path / "o.json"),
+                  "--yaml-file", str(recipe()), "--rank", "5"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "log_5.log" in err
+
+
+# --------------------------------------------------------------------------- output file
+
+
+def test_previous_baseline_is_kept(tmp_path, recipe, capsys):
+    yaml_path = recipe("llama3_8b")
+    out, first = collect(tmp_path, LOGS / "multi_run.log", yaml_path)
+    first_text = out.read_text()
+    capsys.readouterr()
+    out, second = collect(tmp_path, LOGS / "interrupted.log", yaml_path)
+    kept = sorted(out.parent.glob("baseline_metadata.previous-*.json"))
+    assert len(kept) == 1
+    assert kept[0].read_text() == first_text
+    stamp = kept[0].name[len("baseline_metadata.previous-"):-len(".json")]
+    dt.datetime.strptime(stamp, "%Y%m%dT%H%M%S")
+    assert str(kept[0]) in capsys.readouterr().out
+    assert second["performance"]["prefill_ms"] == 90.0
+    # A third run keeps the second one too, never overwriting the first.
+    collect(tmp_path, LOGS / "multi_run.log", yaml_path)
+    assert len(list(out.parent.glob("baseline_metadata.previous-*.json"))) == 2
+
+
+# --------------------------------------------------------------------------- CLI errors
+
+
+def _one_line_error(proc, code):
+    assert proc.returncode == code, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("collect_baseline: error: ") and " — " in lines[0]
+    return lines[0]
+
+
+def test_failed_run_exits_3(tmp_path, recipe):
+    out = tmp_path / "baseline_metadata.json"
+    proc = run_script("--log-file", LOGS / "failed.log", "--output", out,
+                      "--yaml-file", recipe())
+    line = _one_line_error(proc, 3)
+    assert "no formal prefill" in line and "NPU out of memory" in line
+    assert not out.exists()
+
+
+def test_missing_log_exits_2(tmp_path, recipe):
+    out = tmp_path / "baseline_metadata.json"
+    proc = run_script("--log-file", tmp_path / "res" / "log_0.log", "--output", out,
+                      "--yaml-file", recipe())
+    line = _one_line_error(proc, 2)
+    assert "not found" in line and "infer.sh" in line
+    assert not out.exists()
+
+
+def test_missing_yaml_exits_2(tmp_path):
+    proc = run_script("--log-file", LOGS / "engine_warmup.log", "--output",
+                      tmp_path / "o.json", "--yaml-file", tmp_path / "config" / "nope.yaml")
+    line = _one_line_error(proc, 2)
+    assert "nope.yaml" in line
+
+
+def test_unreadable_yaml_exits_2(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model_name: [unclosed\nexe_mode: eager\n")
+    rc = cb.main(["--log-file", str(LOGS / "engine_warmup.log"), "--output",
+                  str(tmp_path / "o.json"), "--yaml-file", str(bad)])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot parse YAML" in err
+
+
+def test_script_runs_from_any_cwd(tmp_path, recipe):
+    out = tmp_path / "res" / "baseline_metadata.json"
+    proc = run_script("--log-file", LOGS / "engine_warmup.log", "--output", out,
+                      "--yaml-file", recipe(), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "prefill 70.15 ms" in proc.stdout and "decode avg 71.50 ms" in proc.stdout
+    data = json.loads(out.read_text())
+    assert data["verification"]["output_check"]["ok"] is True   # engine imported from repo
+
+
+# --------------------------------------------------------------------------- output check
+
+
+def test_output_check_normal_english():
+    text = ("The capital of France is Paris. It is located on the Seine river and is known "
+            "for the Eiffel Tower, the Louvre museum, and its many cafes. About two million "
+            "people live in the city itself.")
+    res = check_output_text(text)
+    assert res["ok"] is True, res
+    assert res["reasons"] == []
+    assert res["chars"] == len(text)
+    assert res["printable_share"] == 1.0
+    assert res["word_like_share"] >= 0.9
+    assert res["repeated_ngram_share"] < 0.1
+
+
+def test_output_check_chinese_passes():
+    res = check_output_text("法国的首都是巴黎。巴黎位于塞纳河畔，以埃菲尔铁塔和卢浮宫闻名于世。")
+    assert res["ok"] is True, res
+
+
+def test_output_check_repetitive_fails():
+    res = check_output_text(" ".join(["the"] * 50))
+    assert res["ok"] is False
+    assert res["repeated_ngram_share"] > 0.9
+    assert any("repetitive" in r for r in res["reasons"])
+
+
+def test_output_check_repetitive_without_spaces_fails():
+    res = check_output_text("你好世界" * 30)
+    assert res["ok"] is False
+    assert any("character 8-grams" in r for r in res["reasons"])
+
+
+def test_output_check_random_bytes_fail():
+    rng = random.Random(0)
+    garbage = bytes(rng.randrange(256) for _ in range(400)).decode("latin-1")
+    res = check_output_text(garbage)
+    assert res["ok"] is False
+    assert res["printable_share"] < 0.95
+    assert any("unreadable" in r for r in res["reasons"])
+
+    res = check_output_text("\x00\x01\x02\x1b[0m\x7f" * 20)
+    assert res["ok"] is False and any("unreadable" in r for r in res["reasons"])
+
+
+def test_output_check_empty_and_length_limits():
+    res = check_output_text("")
+    assert res["ok"] is False and res["chars"] == 0 and res["reasons"]
+    assert check_output_text("Hi there", min_chars=20)["ok"] is False
+    assert check_output_text("word " * 10, max_chars=20)["ok"] is False
