@@ -106,7 +106,26 @@ def run_workflow(state: dict, resume: bool = False) -> dict:
 
 
 # ---- commands ---------------------------------------------------------------------------
+def check_target(target: str) -> None:
+    """Reject bad input before the workflow starts: one line, exit code 2."""
+    from agent.acquire import parse_hub_ref
+
+    path = Path(target).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise errors.InputError(f"{target}: not a directory; give a Hugging Face model directory, "
+                                    "a recipe directory, an https://huggingface.co/Org/Name link or Org/Name")
+        if not (path / "config.json").is_file() and not (path / "infer.sh").is_file():
+            raise errors.InputError(f"{target}: no config.json — point at a Hugging Face model directory "
+                                    "(the folder that holds config.json and the weights) or a recipe with infer.sh")
+    elif parse_hub_ref(target) is None:
+        raise errors.InputError(f"{target}: no such directory, and not a Hugging Face link "
+                                "(https://huggingface.co/Org/Name) or repo id (Org/Name)")
+
+
 def cmd_run(args) -> int:
+    if not args.resume:
+        check_target(args.target)
     state = {"target": args.target, "output_dir": args.output_dir, "name": args.name, "device": args.device,
              "dtype": args.dtype, "weights": args.weights, "trust_remote_code": args.trust_remote_code,
              "max_rounds": args.max_rounds, "timeout_s": args.timeout, "max_new_tokens": args.max_new_tokens}
@@ -181,6 +200,13 @@ def cmd_classify(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    from engine.environment import TorchImportError, import_torch
+
+    try:
+        import_torch()  # first torch import of the process: guarded against torch_npu without CANN
+    except TorchImportError as exc:
+        print(f"migrator: error: torch cannot be imported ({exc}); fix the torch installation", file=sys.stderr)
+        return errors.EXIT_ENVIRONMENT
     handler = {"run": cmd_run, "demo": cmd_demo, "env": cmd_env, "classify": cmd_classify}[args.command]
     try:
         return handler(args)

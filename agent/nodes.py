@@ -92,7 +92,7 @@ def node_acquire(state: MigrationState) -> dict:
 
 def node_vendor(state: MigrationState) -> dict:
     from agent.routing import route
-    from agent.vendor import check_importable, locate_source, read_config, vendor_source
+    from agent.vendor import locate_source, read_config, vendor_source
 
     model_dir = Path(state["model_dir"])
     config = read_config(model_dir)
@@ -100,7 +100,6 @@ def node_vendor(state: MigrationState) -> dict:
     family = route(config.get("text_config") or config)
     recipe_dir = Path(state["recipe_dir"])
     result = vendor_source(source, recipe_dir, state["model_name"])
-    check_importable(recipe_dir, state["model_name"], source)
     return {
         "architecture": source.architecture,
         "family": family.name,

@@ -7,7 +7,6 @@ by guessing file names), copied to `{recipe}/models/`, and rewritten by the code
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 from dataclasses import dataclass, field
@@ -119,31 +118,3 @@ def vendor_source(source: ModelSource, recipe_dir: Path, model_name: str) -> Ven
         result.files[role] = out
         result.codemods[out.name] = applied
     return result
-
-
-def check_importable(recipe_dir: Path, model_name: str, source: ModelSource) -> None:
-    """Import the vendored modules from the recipe dir (catches codemod output that cannot load)."""
-    import subprocess
-    import sys
-
-    code = (f"from models.modeling_{model_name} import {source.model_class}\n"
-            f"from models.configuration_{model_name} import {source.config_class}\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=recipe_dir, capture_output=True, text=True,
-                          env={**_clean_env(), "PYTHONPATH": str(recipe_dir)})
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["unknown error"])[-1]
-        raise VendorError(f"vendored code of {source.architecture} does not import: {last}")
-
-
-def _clean_env() -> dict:
-    import os
-
-    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-
-
-def module_available(name: str) -> bool:
-    try:
-        importlib.import_module(name)
-        return True
-    except ImportError:
-        return False

@@ -584,9 +584,7 @@ def detect_environment(device: str = "auto") -> dict:
     cannot have raises DeviceUnavailableError rather than being recorded as an NPU run.
     """
     npu = detect_npu()
-    probe = probe_torch_npu() if torch_npu_installed() else {
-        "installed": False, "importable": False, "version": None,
-        "status": STATUS_NOT_INSTALLED, "error": None}
+    probe = probe_torch_npu()
     try:
         torch = import_torch()
         torch_error = None

@@ -17,10 +17,13 @@ import os
 import random
 import time
 
-import torch
-
 from engine import environment
-from engine.logging_utils import get_logger
+
+# Before any other torch import: with torch_npu installed but no CANN, a plain `import torch`
+# fails in torch's backend auto-load (see engine.environment.import_torch).
+torch = environment.import_torch()
+
+from engine.logging_utils import get_logger  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 

@@ -275,6 +275,32 @@ def test_select_device_cuda_unavailable():
     assert str(info.value).startswith("--device cuda requested but ")
 
 
+def test_cuda_selection_and_record_with_a_faked_cuda(monkeypatch):
+    """The CUDA branch, on a CPU-only machine: torch.cuda answers are faked."""
+    import torch
+
+    if probe_torch_npu()["status"] == "ok":
+        pytest.skip("an NPU would win the auto selection here")
+
+    class Props:
+        name = "NVIDIA H200"
+        total_memory = 150_000_000_000
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda idx=0: Props())
+    assert select_device("auto") == torch.device("cuda", 0)
+    assert select_device("cuda:0") == torch.device("cuda", 0)
+    with pytest.raises(DeviceUnavailableError, match=r"only 1 CUDA device\(s\) are visible"):
+        select_device("cuda:1")
+    env = detect_environment("cuda")
+    assert env["device"] == "cuda"
+    assert env["cuda_device_name"] == "NVIDIA H200"
+    assert env["cuda_memory_bytes"] == env["device_memory_bytes"] == 150_000_000_000
+    assert detect_environment("cpu")["device_memory_bytes"] == env["memory_bytes"]
+
+
 def test_probe_torch_npu_shape():
     probe = probe_torch_npu()
     assert set(probe) == {"installed", "importable", "version", "status", "error"}
