@@ -1,24 +1,42 @@
 """Resolve what the user gave (HF link, Org/Name, local dir) to a local checkpoint directory.
 
 Hub downloads go through huggingface_hub, which honours HF_ENDPOINT (mirrors), HF_HOME and
-HF_HUB_OFFLINE. Small files first; weights only when their total (from metadata) is < 5 GB.
+HF_HUB_OFFLINE. Small files (config, tokenizer, generation config, `*.py`) first; then the weights,
+only when the bytes still to download (sizes from metadata, read before downloading) are < 5 GB.
+Otherwise the user is asked for `--weights PATH` (exit code EXIT_NEEDS_WEIGHTS).
+
+Where the weight sizes come from, most trusted first:
+1. the tree listing huggingface_hub caches per commit (`models--Org--Name/trees/<commit>.json`), written
+   from the Hub's own file listing by any earlier online `snapshot_download` (this run's first call when
+   online): exact sizes for every file of that commit, usable offline;
+2. online: `HfApi.model_info(files_metadata=True)`;
+3. the cached snapshot itself: sizes of weight files already there, and for absent shards the
+   `metadata.total_size` of `model.safetensors.index.json` (tensor bytes written by `save_pretrained`).
+When none says how big the missing weights are, nothing is downloaded.
+
+Every failure is a one-line MigratorError (never a traceback): InputError (exit 2) for bad links,
+repos/revisions not found, caches that miss what is needed; exit 5 for weights too large to fetch.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 from agent.errors import EXIT_NEEDS_WEIGHTS, InputError, MigratorError
 
 WEIGHTS_LIMIT_BYTES = 5 * 10**9
 SMALL_FILE_PATTERNS = ["*.json", "*.py", "*.txt", "*.model", "*.tiktoken", "tokenizer*", "*.jinja"]
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
-URL_RE = re.compile(
-    r"^https?://(?:www\.)?(?P<host>[^/]+)/(?P<org>[\w.-]+)/(?P<name>[\w.-]+)"
-    r"(?:/(?:tree|blob|resolve)/(?P<rev>[^/]+)(?:/.*)?)?/?$")
+WEIGHT_INDEXES = (("model.safetensors.index.json", "model.safetensors"),
+                  ("pytorch_model.bin.index.json", "pytorch_model.bin"))
 REPO_ID_RE = re.compile(r"^(?P<org>[\w.-]+)/(?P<name>[\w.-]+)$")
+COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+CANONICAL_HOST = "https://huggingface.co"
 
 
 @dataclass
@@ -32,20 +50,62 @@ class Acquired:
 class HubRef:
     repo_id: str
     revision: str | None
-    url: str
+    url: str           # canonical https://huggingface.co/Org/Name[/tree/<rev>]
 
 
 def parse_hub_ref(text: str) -> HubRef | None:
-    """`https://huggingface.co/Org/Name[/tree|blob/<rev>/...]` or `Org/Name`; None otherwise."""
-    match = URL_RE.match(text)
-    if match:
-        repo_id = f"{match['org']}/{match['name']}"
-        url = f"https://huggingface.co/{repo_id}" + (f"/tree/{match['rev']}" if match["rev"] else "")
-        return HubRef(repo_id, match["rev"], url)
+    """A model repo reference, or None when `text` is not one.
+
+    Accepted: `https://huggingface.co/Org/Name` (also `hf.co`, the host of HF_ENDPOINT, or no scheme),
+    with `/tree/<rev>`, `/blob/<rev>/<file>`, `/resolve/<rev>/<file>` (the file is ignored: the whole
+    model is meant); `hf://Org/Name[@rev]`; and `Org/Name`. Dataset/space links, other hosts and
+    malformed ids give None (`hub_ref_problem` says why).
+    """
+    return _parse(text)[0]
+
+
+def hub_ref_problem(text: str) -> str | None:
+    """Why `text` is not a model repo reference (None when it is one, or is not link-like at all)."""
+    return _parse(text)[1]
+
+
+def _parse(text: str) -> tuple[HubRef | None, str | None]:
+    text = text.strip()
+    if not text:
+        return None, None
+    try:
+        from huggingface_hub import constants, parse_hf_uri
+        from huggingface_hub.errors import HfUriError, HFValidationError
+        from huggingface_hub.utils import validate_repo_id
+    except ImportError:  # pragma: no cover - huggingface_hub is a dependency
+        return None, "huggingface_hub is not installed"
+    lowered = text.lower()
+    if "://" in lowered and not lowered.startswith(("http://", "https://", "hf://")):
+        return None, f"unsupported scheme {text.split('://', 1)[0]!r}"
+    # Links: with a scheme, or scheme-less on a Hub host (huggingface.co, hf.co, HF_ENDPOINT's host).
+    if "://" in lowered or lowered.split("/", 1)[0] in constants.HF_URL_HOSTS:
+        try:
+            uri = parse_hf_uri(text, endpoint=constants.ENDPOINT)
+        except (HfUriError, HFValidationError) as exc:
+            return None, _one_line(str(exc))
+        if uri.type != "model":
+            return None, f"a {uri.type} repository, not a model"
+        return _ref(uri.id, uri.revision), None
     match = REPO_ID_RE.match(text)
-    if match and not text.startswith((".", "/")):
-        return HubRef(text, None, f"https://huggingface.co/{text}")
-    return None
+    if not match or text.startswith((".", "~")):
+        return None, None
+    try:
+        validate_repo_id(text)
+    except HFValidationError as exc:
+        return None, _one_line(str(exc))
+    return _ref(text, None), None
+
+
+def _ref(repo_id: str, revision: str | None) -> HubRef:
+    url = f"{CANONICAL_HOST}/{repo_id}"
+    if revision:
+        url += f"/tree/{quote(revision, safe='')}"
+    return HubRef(repo_id, revision, url)
 
 
 def acquire(target: str, weights: str | None = None) -> Acquired:
@@ -58,66 +118,246 @@ def acquire(target: str, weights: str | None = None) -> Acquired:
             raise InputError(f"{target}: no config.json — point at a Hugging Face model directory "
                              "(the folder that holds config.json and the weights)")
         return Acquired(path.resolve(), str(path.resolve()), path.resolve().name)
-    ref = parse_hub_ref(target)
+    ref, problem = _parse(target)
     if ref is None:
-        raise InputError(f"{target}: no such directory, and not a Hugging Face link "
-                         "(https://huggingface.co/Org/Name) or repo id (Org/Name)")
+        why = f" ({problem})" if problem else ""
+        raise InputError(_one_line(f"{target}: no such directory, and not a Hugging Face model link "
+                                   f"(https://huggingface.co/Org/Name[/tree/<rev>]) or repo id (Org/Name){why}"))
     return download(ref, weights)
 
 
+# ---- hub ----------------------------------------------------------------------------------
 def download(ref: HubRef, weights: str | None) -> Acquired:
-    from huggingface_hub import HfApi, snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+    from huggingface_hub import snapshot_download
 
     name = ref.repo_id.split("/")[-1]
-    try:
-        model_dir = Path(snapshot_download(ref.repo_id, revision=ref.revision,
+    weights_dir = _weights_dir(weights) if weights else None
+    if weights_dir is not None and (weights_dir / "config.json").is_file():
+        # A complete checkpoint (config + weights): nothing to fetch.
+        return Acquired(weights_dir, ref.url, name)
+
+    with _hub_errors(ref, stage="config and tokenizer"):
+        small_dir = Path(snapshot_download(ref.repo_id, revision=ref.revision,
                                            allow_patterns=SMALL_FILE_PATTERNS))
-        if weights:
-            return Acquired(_link_weights(model_dir, Path(weights)), ref.url, name)
-        weight_bytes = _weights_size(HfApi(), ref, model_dir)
-        if weight_bytes >= WEIGHTS_LIMIT_BYTES:
-            raise MigratorError(
-                f"{ref.repo_id}: weights are {weight_bytes / 1e9:.1f} GB (>= 5 GB); download them "
-                "yourself and pass --weights PATH", exit_code=EXIT_NEEDS_WEIGHTS)
-        model_dir = Path(snapshot_download(ref.repo_id, revision=ref.revision))
-    except LocalEntryNotFoundError as exc:
-        raise InputError(f"{ref.repo_id}: not in the local Hugging Face cache and the hub cannot be "
-                         "reached (HF_HUB_OFFLINE set or no network); set HF_ENDPOINT to a mirror or "
-                         "download the model and pass its directory") from exc
-    except HfHubHTTPError as exc:
-        raise InputError(f"{ref.repo_id}: hub request failed ({exc.__class__.__name__}); check the "
-                         "link, the revision and HF_TOKEN") from exc
+    if not (small_dir / "config.json").is_file():
+        raise InputError(f"{_label(ref)}: the repository has no config.json at this revision; "
+                         "it is not a transformers model")
+    if weights_dir is not None:
+        model_dir = _merge_weights(ref, small_dir, weights_dir)
+        _check_shards(model_dir, f"--weights {weights}")
+        return Acquired(model_dir, ref.url, name)
+
+    commit = small_dir.name if COMMIT_RE.match(small_dir.name) else None
+    listing = _listing(ref, commit)
+    files, _total, to_fetch, fetch_bytes = _plan_weights(small_dir, listing)
+    if not files and listing is None:
+        raise _missing_weights(ref, [], _offline_reason())
+    if not files:
+        raise InputError(f"{_label(ref)}: the repository has no weight files (*.safetensors / *.bin) at "
+                         "this revision; pass --weights PATH with the weights")
+    if fetch_bytes is not None and fetch_bytes >= WEIGHTS_LIMIT_BYTES:
+        cached = len(files) - len(to_fetch)
+        have = f" ({cached} of {len(files)} files already cached)" if cached else ""
+        raise MigratorError(
+            f"{_label(ref)}: weights to download are {fetch_bytes / 1e9:.1f} GB (>= "
+            f"{WEIGHTS_LIMIT_BYTES / 1e9:.0f} GB){have}; download them yourself "
+            f"(e.g. `hf download {ref.repo_id} --local-dir DIR`) and pass --weights DIR",
+            exit_code=EXIT_NEEDS_WEIGHTS)
+    if to_fetch and fetch_bytes is None:
+        raise _missing_weights(ref, to_fetch, "no metadata gives their size, so nothing was downloaded")
+    model_dir = small_dir
+    if to_fetch:
+        with _hub_errors(ref, stage="weights", weights=to_fetch):
+            model_dir = Path(snapshot_download(ref.repo_id, revision=commit or ref.revision,
+                                               allow_patterns=SMALL_FILE_PATTERNS + to_fetch))
+        still = [f for f in to_fetch if not (model_dir / f).is_file()]
+        if still:
+            raise _missing_weights(ref, still, _offline_reason())
     return Acquired(model_dir, ref.url, name)
 
 
-def _weights_size(api, ref: HubRef, model_dir: Path) -> int:
-    """Total bytes of weight files, from hub metadata (or the cache's snapshot when offline)."""
+def _listing(ref: HubRef, commit: str | None) -> dict[str, int] | None:
+    """{repo path: size} of the commit's files, from hub metadata; None when no metadata is at hand."""
+    from huggingface_hub import constants, get_cached_repo_tree
+    from huggingface_hub.errors import CachedRepoTreeNotFoundError
+
+    revision = commit or ref.revision
+    try:
+        return {f.path: int(f.size or 0) for f in get_cached_repo_tree(ref.repo_id, revision=revision)}
+    except (CachedRepoTreeNotFoundError, OSError, ValueError):
+        pass
+    if constants.HF_HUB_OFFLINE:
+        return None
+    try:
+        from huggingface_hub import HfApi
+
+        info = HfApi().model_info(ref.repo_id, revision=revision, files_metadata=True)
+    except Exception:  # noqa: BLE001 - metadata is optional here: the cache is the fallback
+        return None
+    siblings = info.siblings or []
+    if not siblings or any(s.size is None for s in siblings):
+        return None
+    return {s.rfilename: int(s.size) for s in siblings}
+
+
+def _plan_weights(snapshot: Path, listing: dict[str, int] | None):
+    """(weight files, total bytes or None, files not yet in `snapshot`, bytes to fetch or None)."""
+    names = set(listing) if listing is not None else {p.name for p in snapshot.iterdir()}
+    files: list[str] = []
+    index_total: int | None = None
+    for index_name, single in WEIGHT_INDEXES:
+        index = snapshot / index_name
+        if index_name in names and index.is_file():
+            try:
+                data = json.loads(index.read_text())
+                files = sorted(set(data["weight_map"].values()))
+                index_total = int(data.get("metadata", {}).get("total_size") or 0) or None
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                files, index_total = [], None
+        elif single in names:
+            files = [single]
+        if files:
+            break
+    if not files:
+        for suffix in WEIGHT_SUFFIXES:
+            files = sorted(n for n in names if "/" not in n and n.endswith(suffix))
+            if files:
+                break
+    to_fetch = [f for f in files if not (snapshot / f).is_file()]
+    present = sum((snapshot / f).stat().st_size for f in files if f not in to_fetch)
+    if listing is not None:
+        sizes = [listing.get(f) for f in files]
+        total = sum(s for s in sizes if s) if all(s is not None for s in sizes) else index_total
+        fetch = sum(listing.get(f, 0) for f in to_fetch)
+        if any(f not in listing for f in to_fetch):
+            fetch = None if index_total is None else max(index_total - present, fetch)
+        return files, total, to_fetch, fetch
+    if not to_fetch:
+        return files, present, to_fetch, 0
+    if index_total is None:
+        return files, None, to_fetch, None
+    return files, index_total, to_fetch, max(index_total - present, 0)
+
+
+class _hub_errors:
+    """Turn huggingface_hub failures into one-line InputErrors."""
+
+    def __init__(self, ref: HubRef, stage: str, weights: list[str] | None = None):
+        self.ref, self.stage, self.weights = ref, stage, weights
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc is None or not isinstance(exc, Exception) or isinstance(exc, MigratorError):
+            return False
+        raise self.translate(exc) from exc
+
+    def translate(self, exc: Exception) -> MigratorError:
+        from huggingface_hub import constants
+        from huggingface_hub.errors import (
+            DisabledRepoError, GatedRepoError, HfHubHTTPError, HFValidationError, IncompleteSnapshotError,
+            LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError)
+
+        label, endpoint = _label(self.ref), constants.ENDPOINT
+        if self.weights is not None and isinstance(exc, LocalEntryNotFoundError):
+            return _missing_weights(self.ref, self.weights, _offline_reason())
+        if isinstance(exc, IncompleteSnapshotError):
+            return InputError(f"{label}: the cached snapshot in {constants.HF_HUB_CACHE} lacks some of the "
+                              f"{self.stage} files and {_offline_reason()}; rerun with hub access "
+                              "(HF_ENDPOINT for a mirror) or pass a local model directory")
+        if isinstance(exc, LocalEntryNotFoundError):
+            fix = ("unset HF_HUB_OFFLINE (with network) or set HF_ENDPOINT to a reachable mirror"
+                   if constants.HF_HUB_OFFLINE else "check the network or set HF_ENDPOINT to a reachable mirror")
+            return InputError(f"{label}: not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) and "
+                              f"{_offline_reason()}; {fix}, or download the model and pass its directory")
+        if isinstance(exc, GatedRepoError):
+            return InputError(f"{label}: gated repository on {endpoint}; accept its terms on the model page "
+                              "and set HF_TOKEN")
+        if isinstance(exc, RepositoryNotFoundError):
+            return InputError(f"{label}: repository not found on {endpoint} (or private: set HF_TOKEN)")
+        if isinstance(exc, RevisionNotFoundError):
+            return InputError(f"{label}: revision {self.ref.revision or 'main'!r} not found on {endpoint}")
+        if isinstance(exc, DisabledRepoError):
+            return InputError(f"{label}: repository disabled on {endpoint}")
+        if isinstance(exc, HfHubHTTPError):
+            status = getattr(getattr(exc, "response", None), "status_code", None)
+            return InputError(f"{label}: hub request to {endpoint} failed"
+                              f"{f' (HTTP {status})' if status else ''} while fetching {self.stage}; check the "
+                              "link, the revision, HF_TOKEN and HF_ENDPOINT")
+        if isinstance(exc, (HFValidationError, ValueError)):
+            return InputError(_one_line(f"{label}: {exc}"))
+        return InputError(_one_line(f"{label}: fetching {self.stage} from {endpoint} failed: "
+                                    f"{exc.__class__.__name__}: {exc}"))
+
+
+def _missing_weights(ref: HubRef, files: list[str], reason: str) -> InputError:
     from huggingface_hub import constants
 
-    if not constants.HF_HUB_OFFLINE:
-        info = api.model_info(ref.repo_id, revision=ref.revision, files_metadata=True)
-        files = [(s.rfilename, s.size or 0) for s in info.siblings or []]
-    else:
-        files = _offline_weight_sizes(model_dir)
-    safetensors = [size for name, size in files if name.endswith(".safetensors")]
-    return sum(safetensors) if safetensors else sum(size for name, size in files
-                                                    if name.endswith(WEIGHT_SUFFIXES))
+    sample = ", ".join(files[:3]) + (f" (+{len(files) - 3} more)" if len(files) > 3 else "")
+    sample = sample or "no *.safetensors / *.bin file there"
+    return InputError(f"{_label(ref)}: config and tokenizer are cached but the weights are missing from the "
+                      f"local Hugging Face cache ({constants.HF_HUB_CACHE}): {sample}; {reason}. Rerun with hub "
+                      "access (HF_ENDPOINT for a mirror) or pass --weights PATH")
 
 
-def _offline_weight_sizes(model_dir: Path) -> list[tuple[str, int]]:
-    """Offline: sizes from the weight index's metadata or from the blobs the cache holds."""
-    import json
+def _offline_reason() -> str:
+    from huggingface_hub import constants
 
-    index = model_dir / "model.safetensors.index.json"
-    if index.is_file():
-        total = json.loads(index.read_text()).get("metadata", {}).get("total_size")
-        if total:
-            return [("model.safetensors", int(total))]
-    return [(p.name, p.stat().st_size) for p in model_dir.iterdir() if p.name.endswith(WEIGHT_SUFFIXES)]
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set"
+    return f"the hub ({constants.ENDPOINT}) cannot be reached"
 
 
-def _link_weights(model_dir: Path, weights: Path) -> Path:
-    if not weights.is_dir():
+def _label(ref: HubRef) -> str:
+    return ref.repo_id + (f"@{ref.revision}" if ref.revision else "")
+
+
+def _one_line(text: str, limit: int = 400) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# ---- --weights ----------------------------------------------------------------------------
+def _weights_dir(weights: str) -> Path:
+    path = Path(weights).expanduser()
+    if not path.is_dir():
         raise InputError(f"--weights {weights}: not a directory")
-    return weights.resolve() if (weights / "config.json").is_file() else model_dir
+    if not any(p.name.endswith(WEIGHT_SUFFIXES) for p in path.iterdir()):
+        raise InputError(f"--weights {weights}: no *.safetensors or *.bin weight files in it")
+    return path.resolve()
+
+
+def _merge_weights(ref: HubRef, small_dir: Path, weights_dir: Path) -> Path:
+    """A directory of symlinks: the hub's config/tokenizer files plus the user's weight files.
+
+    Lives under $XDG_CACHE_HOME/infer-migrator (default ~/.cache) so the path stays valid for the recipe.
+    """
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "infer-migrator" / "checkpoints"
+    merged = root / f"{ref.repo_id.replace('/', '--')}--{small_dir.name[:12]}"
+    merged.mkdir(parents=True, exist_ok=True)
+    for old in merged.iterdir():
+        if old.is_symlink() or old.is_file():
+            old.unlink()
+    for src_dir in (small_dir, weights_dir):   # the user's files win on name clashes
+        for src in src_dir.iterdir():
+            link = merged / src.name
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to(src.resolve())
+    return merged
+
+
+def _check_shards(model_dir: Path, what: str) -> None:
+    for index_name, _ in WEIGHT_INDEXES:
+        index = model_dir / index_name
+        if index.is_file():
+            try:
+                shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                raise InputError(f"{what}: {index_name} is not a valid weight index") from None
+            missing = [s for s in shards if not (model_dir / s).is_file()]
+            if missing:
+                raise InputError(f"{what}: {len(missing)} shard(s) named in {index_name} are missing, "
+                                 f"e.g. {missing[0]}")
+            return

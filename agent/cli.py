@@ -85,24 +85,34 @@ def _compiled_graph(checkpoint_db: Path):
 
 
 def run_workflow(state: dict, resume: bool = False) -> dict:
+    """Run the graph with a SQLite checkpointer under the output dir; `resume` continues the
+    latest interrupted run of the same target/name/output dir, a fresh run gets a new thread."""
+    import uuid
+
     from agent.nodes import summarise
 
     output_dir = Path(state.get("output_dir") or "models").resolve()
-    key = json.dumps([str(Path(state["target"]).expanduser().resolve()) if Path(state["target"]).expanduser().exists()
-                      else state["target"], state.get("name"), str(output_dir)])
-    thread_id = hashlib.sha256(key.encode()).hexdigest()[:16]
+    target = Path(state["target"]).expanduser()
+    key = json.dumps([str(target.resolve()) if target.exists() else state["target"], state.get("name"),
+                      str(output_dir)])
+    key = hashlib.sha256(key.encode()).hexdigest()[:16]
+    threads_file = output_dir / ".migrator" / "threads.json"
     app = _compiled_graph(output_dir / ".migrator" / "checkpoints.sqlite")
-    config = {"configurable": {"thread_id": thread_id}, "recursion_limit": 100}
-    snapshot = app.get_state(config)
-    if resume and snapshot.next:
-        print(f"[migrator] resuming at {', '.join(snapshot.next)}", file=sys.stderr)
-        final = app.invoke(None, config)
-    else:
-        if resume:
-            print("[migrator] nothing to resume: starting from the beginning", file=sys.stderr)
-        # A fresh run of the same thread starts over (earlier checkpoints stay in the history).
-        final = app.invoke(state, config)
-    return summarise(final)
+    threads = json.loads(threads_file.read_text()) if threads_file.is_file() else {}
+    if resume and key in threads:
+        config = {"configurable": {"thread_id": threads[key]}, "recursion_limit": 100}
+        snapshot = app.get_state(config)
+        if snapshot.next:
+            print(f"[migrator] resuming at {', '.join(snapshot.next)}", file=sys.stderr)
+            return summarise(app.invoke(None, config))
+        print("[migrator] the last run of this target finished; nothing to resume", file=sys.stderr)
+        return summarise(snapshot.values)
+    if resume:
+        print("[migrator] no interrupted run of this target: starting from the beginning", file=sys.stderr)
+    threads[key] = f"{key}-{uuid.uuid4().hex[:8]}"
+    threads_file.write_text(json.dumps(threads, indent=2))
+    config = {"configurable": {"thread_id": threads[key]}, "recursion_limit": 100}
+    return summarise(app.invoke(state, config))
 
 
 # ---- commands ---------------------------------------------------------------------------

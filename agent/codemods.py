@@ -28,6 +28,7 @@ __all__ = [
     "GuardedTorchNpuImportCommand",
     "RemoveGradientCheckpointingCommand",
     "RemoveLabelsLossCommand",
+    "PruneUnreachableDefinitionsCommand",
     "CODEMODS",
     "CodemodError",
     "RelativeImportError",
@@ -437,7 +438,19 @@ class RunnerSettingsInitCommand(_ScopeMixin, _Command):
         params = _insert_param(params, slot, runner)
         if params.star_kwarg is None:
             params = _insert_param(params, "star_kwarg", cst.Param(name=cst.Name("kwargs"), star="**"))
-        return func.with_changes(params=params)
+        return func.with_changes(params=params, body=RunnerSettingsInitCommand._document(func.body))
+
+    @staticmethod
+    def _document(body: cst.BaseSuite) -> cst.BaseSuite:
+        """Document runner_settings: transformers' @auto_docstring prints an error for every
+        undocumented __init__ argument each time the module is imported."""
+        if not isinstance(body, cst.IndentedBlock) or (body.body and m.matches(body.body[0], _DOCSTRING_LINE)):
+            return body
+        pad = " " * 8  # a method of a module-level class
+        doc = cst.parse_statement(
+            f'r"""\n{pad}runner_settings (`dict`, *optional*):\n{pad}    Recipe settings (the YAML) passed '
+            f'by the engine\'s ModelRunner.\n{pad}"""\n')
+        return body.with_changes(body=[doc, *body.body])
 
     def visit_ClassDef(self, node: cst.ClassDef) -> bool:
         super().visit_ClassDef(node)
@@ -557,13 +570,14 @@ class _DropImportedName(cst.CSTTransformer):
         self._emptied: set[int] = set()
         self._keep_alive: list[cst.CSTNode] = []  # so the ids in _emptied stay unique
 
+    def _drops(self, stmt: cst.ImportFrom, alias: cst.ImportAlias) -> bool:
+        return isinstance(alias.name, cst.Name) and alias.name.value == self.name
+
     def leave_SimpleStatementLine(self, original_node, updated_node):
         body = []
         for stmt in updated_node.body:
             if isinstance(stmt, cst.ImportFrom) and not isinstance(stmt.names, cst.ImportStar):
-                names = _remove_from_sequence(
-                    stmt.names, lambda a: not (isinstance(a.name, cst.Name) and a.name.value == self.name)
-                )
+                names = _remove_from_sequence(stmt.names, lambda a, stmt=stmt: not self._drops(stmt, a))
                 if not names:
                     continue
                 if len(names) != len(stmt.names):
@@ -745,6 +759,171 @@ class RemoveLabelsLossCommand(_StaticBranchMixin, _ScopeMixin, _Command):
 
 
 # --------------------------------------------------------------------------------------
+# 6. Definitions the kept model classes do not use
+# --------------------------------------------------------------------------------------
+
+_DEFINITION = (cst.ClassDef, cst.FunctionDef)
+_ALL_TARGET = m.Name("__all__")
+_ALL_LINE = m.SimpleStatementLine(body=[
+    m.Assign(targets=[m.AssignTarget(target=_ALL_TARGET)]) | m.AugAssign(target=_ALL_TARGET)
+    | m.AnnAssign(target=_ALL_TARGET)
+])
+
+
+class _ReadNames(cst.CSTVisitor):
+    """Identifiers a node reads: every `Name`, and of `a.b.c` only `a`.
+
+    Attribute names and keyword-argument names are not identifiers of the module, and import
+    statements only bind names. Strings (forward references, `_no_split_modules`) are not read.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.names.add(node.value)
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        node.value.visit(self)
+        return False
+
+    def visit_Arg(self, node: cst.Arg) -> bool:
+        node.value.visit(self)
+        return False
+
+    def visit_Import(self, node: cst.Import) -> bool:
+        return False
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
+        return False
+
+
+def _read_names(node: cst.CSTNode) -> set[str]:
+    visitor = _ReadNames()
+    node.visit(visitor)
+    return visitor.names
+
+
+def _all_elements(stmt: cst.SimpleStatementLine) -> list[tuple[cst.BaseSmallStatement, cst.List | cst.Tuple]]:
+    return [(s, s.value) for s in stmt.body if isinstance(getattr(s, "value", None), (cst.List, cst.Tuple))]
+
+
+def _exported(module: cst.Module) -> set[str]:
+    """The names listed as string literals in module-level `__all__` statements."""
+    names: set[str] = set()
+    for stmt in module.body:
+        if m.matches(stmt, _ALL_LINE):
+            for _, value in _all_elements(stmt):
+                for element in value.elements:
+                    if isinstance(element.value, cst.SimpleString):
+                        names.add(str(element.value.evaluated_value))
+    return names
+
+
+class _DropUnusedImports(_DropImportedName):
+    """Removes the given bound names from module-level `from x import ...` statements.
+
+    Statements in module-level `if`/`try` blocks count as module level; class and function bodies
+    are left alone, and so are `from __future__` and torch_npu imports.
+    """
+
+    def __init__(self, names: set[str]):
+        super().__init__("")
+        self.names = names
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        return False
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return False
+
+    def _drops(self, stmt: cst.ImportFrom, alias: cst.ImportAlias) -> bool:
+        module = _dotted(stmt.module) if stmt.module is not None else ""
+        if not stmt.relative and (module == "__future__" or module.split(".")[0] == "torch_npu"):
+            return False
+        bound = alias.asname.name if alias.asname is not None else alias.name
+        return isinstance(bound, cst.Name) and bound.value in self.names and bound.value != "torch_npu"
+
+
+class PruneUnreachableDefinitionsCommand(_Command):
+    """Keeps the module-level classes/functions named in `roots` and whatever they use.
+
+    A definition uses every identifier it reads anywhere inside it (bases, decorators,
+    annotations, bodies, defaults); strings such as `_no_split_modules = ["..."]` or quoted
+    annotations keep nothing alive. Every other module-level statement is kept and what it reads
+    is a root too, except `__all__`, whose pruned names are removed. Names of module-level
+    `from x import ...` statements (also inside module-level if/try blocks) that only the pruned
+    code read are removed as well; plain `import x`, `from __future__` and torch_npu imports, and
+    imports that were unused to begin with, stay. E.g. roots=["Gemma3ForCausalLM"] drops gemma3's
+    multimodal classes and with them the `AutoModel` import.
+    """
+
+    DESCRIPTION = "Remove module-level classes/functions that the given root definitions do not use."
+
+    def __init__(self, context: CodemodContext, roots: Sequence[str]):
+        super().__init__(context)
+        self.roots = [roots] if isinstance(roots, str) else list(roots)
+
+    def visit_Module(self, node: cst.Module) -> bool:
+        return False  # all the work is on the module's statements, in leave_Module
+
+    def _reachable(self, body: Sequence[cst.BaseStatement]) -> set[str]:
+        uses: dict[str, set[str]] = {}
+        # Every other module-level statement (`logger = ...`, `if TYPE_CHECKING:`, try/except
+        # imports, ...) is kept, so what it reads is a root too. `__all__` is rewritten instead.
+        reached = set(self.roots)
+        for stmt in body:
+            if isinstance(stmt, _DEFINITION):
+                uses.setdefault(stmt.name.value, set()).update(_read_names(stmt))
+            elif not m.matches(stmt, _ALL_LINE):
+                reached |= _read_names(stmt)
+        missing = [r for r in self.roots if r not in uses]
+        if missing:
+            raise ValueError(f"roots {missing} are not module-level classes or functions")
+        todo = [name for name in reached if name in uses]
+        while todo:
+            for name in uses[todo.pop()]:
+                if name in uses and name not in reached:
+                    reached.add(name)
+                    todo.append(name)
+        return reached
+
+    @staticmethod
+    def _rewrite_all(stmt: cst.SimpleStatementLine, pruned: set[str]) -> cst.SimpleStatementLine:
+        body = list(stmt.body)
+        for small, value in _all_elements(stmt):
+            def keep(e: cst.BaseElement) -> bool:
+                return not (isinstance(e.value, cst.SimpleString) and e.value.evaluated_value in pruned)
+
+            elements = _remove_from_sequence(value.elements, keep)
+            if len(elements) == len(value.elements):
+                continue
+            if isinstance(value, cst.Tuple) and len(elements) == 1 and not isinstance(elements[0].comma, cst.Comma):
+                elements[0] = elements[0].with_changes(comma=cst.Comma())  # ("A",) stays a tuple
+            body[body.index(small)] = small.with_changes(value=value.with_changes(elements=elements))
+        return stmt.with_changes(body=body)
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        reached = self._reachable(updated_node.body)
+        pruned = {s.name.value for s in updated_node.body if isinstance(s, _DEFINITION)} - reached
+        if not pruned:
+            return updated_node
+        body: list[cst.BaseStatement] = []
+        for stmt in updated_node.body:
+            if isinstance(stmt, _DEFINITION) and stmt.name.value in pruned:
+                continue
+            body.append(self._rewrite_all(stmt, pruned) if m.matches(stmt, _ALL_LINE) else stmt)
+        module = updated_node.with_changes(body=body)
+        # Only imports that the pruned code used: one unused from the start stays as it was.
+        before = _read_names(updated_node) | _exported(updated_node)
+        unused = before - _read_names(module) - _exported(module)
+        if unused:
+            module = module.visit(_DropUnusedImports(unused))
+        return module
+
+
+# --------------------------------------------------------------------------------------
 # Driver and checks
 # --------------------------------------------------------------------------------------
 
@@ -757,15 +936,25 @@ CODEMODS = [
 ]
 
 
-def apply_codemods(source: str, package: str, sibling_modules: dict[str, str]) -> tuple[str, list[str]]:
-    """Run CODEMODS in order; return the new code and the names of the codemods that changed it."""
+def apply_codemods(
+    source: str,
+    package: str,
+    sibling_modules: dict[str, str],
+    codemods: Sequence[type[VisitorBasedCodemodCommand]] | None = None,
+) -> tuple[str, list[str]]:
+    """Run CODEMODS in order; return the new code and the names of the codemods that changed it.
+
+    `codemods`, when given, is run instead of CODEMODS, in its order (e.g. without
+    GuardedTorchNpuImportCommand for a configuration file). Each entry is a codemod class that
+    takes only the context (AbsoluteImportsCommand also gets `package` and `sibling_modules`).
+    """
     try:
         tree = cst.parse_module(source)
     except cst.ParserSyntaxError as exc:
         raise CodemodError(f"cannot parse source: {exc}") from exc
     applied: list[str] = []
     code = tree.code
-    for command in CODEMODS:
+    for command in CODEMODS if codemods is None else codemods:
         context = CodemodContext(full_package_name=package)
         if command is AbsoluteImportsCommand:
             instance = command(context, package=package, sibling_modules=sibling_modules)

@@ -96,7 +96,7 @@ def node_vendor(state: MigrationState) -> dict:
 
     model_dir = Path(state["model_dir"])
     config = read_config(model_dir)
-    source = locate_source(config)
+    source = locate_source(config, model_dir, trust_remote_code=bool(state.get("trust_remote_code")))
     family = route(config.get("text_config") or config)
     recipe_dir = Path(state["recipe_dir"])
     result = vendor_source(source, recipe_dir, state["model_name"])
@@ -109,6 +109,7 @@ def node_vendor(state: MigrationState) -> dict:
             "modeling_module": source.modeling_module,
             "configuration_module": source.configuration_module,
             "origin": source.origin,
+            "attn_implementation": source.attn_implementation,
             "files": {role: str(path.relative_to(recipe_dir)) for role, path in result.files.items()},
             "codemods": result.codemods,
         },
@@ -143,7 +144,7 @@ def node_render(state: MigrationState) -> dict:
         "modeling_codemods": ", ".join(vendored["codemods"].get(f"modeling_{state['model_name']}.py", []))
         or "none",
         **{k: vendored[k] for k in ("model_class", "config_class", "modeling_module",
-                                    "configuration_module", "origin")},
+                                    "configuration_module", "origin", "attn_implementation")},
     }
     written = render_recipe(recipe_dir, context, FAMILIES[state["family"]])
     return {"rendered": [str(p.relative_to(recipe_dir)) for p in written]}
@@ -243,10 +244,10 @@ def node_verify(state: MigrationState) -> dict:
     recipe_dir = Path(state["recipe_dir"])
     baseline_path = Path(state["baseline_path"])
     baseline = json.loads(baseline_path.read_text())
-    parity = run_parity(recipe_dir) if state.get("model_dir") or state.get("scenario") else None
+    parity = run_parity(recipe_dir, trust_remote_code=bool(state.get("trust_remote_code")))
     baseline["verification"]["parity"] = parity
     baseline_path.write_text(json.dumps(baseline, indent=2, ensure_ascii=False) + "\n")
-    ok = baseline["verification"].get("all_ranks_success", False) and (parity is None or parity.get("ok", True))
+    ok = baseline["verification"].get("all_ranks_success", False) and parity.get("ok") is not False
     return {"verification": baseline["verification"], "status": "ok" if ok else "failed"}
 
 

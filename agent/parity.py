@@ -18,11 +18,12 @@ from pathlib import Path
 LOGITS_TOLERANCE = 1e-4
 
 
-def run_parity(recipe_dir: Path, tokens: int = 16, timeout: int = 900) -> dict:
+def run_parity(recipe_dir: Path, tokens: int = 16, timeout: int = 900, trust_remote_code: bool = False) -> dict:
     env = dict(os.environ, PYTHONPATH=str(recipe_dir))
-    proc = subprocess.run([sys.executable, "-m", "agent.parity", "--recipe", str(recipe_dir),
-                           "--tokens", str(tokens)], cwd=recipe_dir, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    cmd = [sys.executable, "-m", "agent.parity", "--recipe", str(recipe_dir), "--tokens", str(tokens)]
+    if trust_remote_code:
+        cmd.append("--trust-remote-code")
+    proc = subprocess.run(cmd, cwd=recipe_dir, env=env, capture_output=True, text=True, timeout=timeout)
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
         err = (proc.stderr.strip().splitlines() or ["no output"])[-1]
@@ -41,7 +42,7 @@ def _runner_class(recipe_dir: Path):
                 if isinstance(obj, type) and issubclass(obj, ModelRunner) and obj is not ModelRunner)
 
 
-def check(recipe_dir: Path, tokens: int, prompt: str | None = None) -> dict:
+def check(recipe_dir: Path, tokens: int, prompt: str | None = None, trust_remote_code: bool = False) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
@@ -50,6 +51,11 @@ def check(recipe_dir: Path, tokens: int, prompt: str | None = None) -> dict:
 
     yaml_file = sorted((recipe_dir / "config").glob("*.yaml"))[0]
     settings = load_runner_settings(yaml_file)
+    remote = "auto_map" in json.loads((Path(settings["model_path"]) / "config.json").read_text())
+    if remote and not trust_remote_code:
+        # The original implementation is the repo's own code: never run it without the opt-in.
+        return {"ok": None, "checked": False,
+                "reason": "original implementation is remote code; pass --trust-remote-code to compare"}
     settings["model_config"]["dtype"] = "float32"
     settings["data_config"]["max_new_tokens"] = tokens
     os.environ["RES_PATH"] = tempfile.mkdtemp(prefix="parity_")
@@ -57,7 +63,7 @@ def check(recipe_dir: Path, tokens: int, prompt: str | None = None) -> dict:
     runner = _runner_class(recipe_dir)(settings)
     runner.init_model()
     reference = AutoModelForCausalLM.from_pretrained(
-        settings["model_path"], dtype=torch.float32, local_files_only=True,
+        settings["model_path"], dtype=torch.float32, local_files_only=True, trust_remote_code=remote,
         attn_implementation=runner.attn_implementation).to(runner.device).eval()
 
     prompt = prompt or DEFAULT_PROMPT
@@ -87,8 +93,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m agent.parity", description=__doc__)
     parser.add_argument("--recipe", required=True, type=Path)
     parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--trust-remote-code", action="store_true")
     args = parser.parse_args(argv)
-    result = check(args.recipe.resolve(), args.tokens)
+    result = check(args.recipe.resolve(), args.tokens, trust_remote_code=args.trust_remote_code)
     print(json.dumps(result))
     return 0
 

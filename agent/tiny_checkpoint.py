@@ -89,6 +89,8 @@ def tiny_config(model_type: str, vocab_size: int, **overrides):
     base = AutoConfig.for_model(model_type)
     known = set(base.to_dict()) | set(getattr(base, "attribute_map", {}))
     kwargs = {k: v for k, v in TINY_DIMS.items() if k in known}
+    if "kv_lora_rank" in known:
+        kwargs.pop("head_dim", None)  # MLA derives head_dim from the rope/nope dims
     kwargs.update(vocab_size=vocab_size, pad_token_id=0, bos_token_id=1, eos_token_id=2)
     kwargs.update(overrides)
     return AutoConfig.for_model(model_type, **kwargs)

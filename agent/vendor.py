@@ -28,6 +28,7 @@ class ModelSource:
     modeling_file: Path
     configuration_file: Path
     origin: str                # "transformers <version>" or "remote code"
+    attn_implementation: str = "sdpa"   # sdpa when the class supports it, else eager
 
 
 @dataclass
@@ -48,8 +49,33 @@ def read_config(model_dir: Path) -> dict:
         raise InputError(f"{config_file}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
 
 
-def locate_source(config: dict) -> ModelSource:
-    """Resolve the causal-LM class and its config class through transformers' auto mappings."""
+CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
+
+
+def _refuse(arch: str, why: str) -> UnsupportedModelError:
+    return UnsupportedModelError(f"{arch}: {why}; supported: decoder-only causal LMs "
+                                 f"(families: {supported_families()})")
+
+
+def check_servable(config: dict) -> None:
+    """Refuse, in one line, what the recipes cannot serve (before any code is touched)."""
+    arch = (config.get("architectures") or [config.get("model_type", "unknown")])[0]
+    quant = config.get("quantization_config")
+    if quant:
+        method = quant.get("quant_method", "unknown") if isinstance(quant, dict) else "unknown"
+        raise _refuse(arch, f"weights are quantized ({method}); the migrator handles unquantized "
+                            "fp32/fp16/bf16 checkpoints — use the original unquantized model")
+    if config.get("is_encoder_decoder"):
+        raise _refuse(arch, "encoder-decoder model (is_encoder_decoder: true)")
+
+
+def locate_source(config: dict, model_dir: Path | None = None, trust_remote_code: bool = False) -> ModelSource:
+    """Resolve the causal-LM class and its config class: the repo's own code (auto_map) or
+    transformers' auto mappings."""
+    check_servable(config)
+    if config.get("auto_map"):
+        return locate_remote_source(config, model_dir, trust_remote_code)
+
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -63,22 +89,24 @@ def locate_source(config: dict) -> ModelSource:
         raise UnsupportedModelError(
             f"model_type '{model_type}' is unknown to transformers {transformers.__version__}; "
             "upgrade transformers, or pass --trust-remote-code if the repo ships its own code")
-    if config.get("is_encoder_decoder"):
-        raise UnsupportedModelError(
-            f"{arch_name} is an encoder-decoder model; only decoder-only causal LMs can be served "
-            f"(families: {supported_families()})")
     class_name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
     # Prefer the checkpoint's own causal-LM class when transformers knows it.
     for arch in architectures:
-        if arch.endswith("ForCausalLM") and hasattr(transformers, arch):
+        if arch.endswith(CAUSAL_LM_SUFFIXES) and hasattr(transformers, arch):
             class_name = arch
             break
     if not class_name:
-        raise UnsupportedModelError(
-            f"{arch_name} ({model_type}) has no causal-LM head in transformers (encoder-only, "
-            f"vision/audio-only or similar); supported: decoder-only families {supported_families()}")
+        raise _refuse(arch_name, f"model_type '{model_type}' has no causal-LM head in transformers "
+                                 "(encoder-only, vision/audio-only or similar)")
+    if not class_name.endswith(CAUSAL_LM_SUFFIXES):
+        raise _refuse(arch_name, f"{class_name} is a multimodal model; migrate its text-only model "
+                                 "checkpoint instead")
     model_cls = getattr(transformers, class_name)
     config_cls = getattr(transformers, CONFIG_MAPPING_NAMES[model_type])
+    modeling_file = Path(inspect.getsourcefile(model_cls))
+    # BERT-like encoders have a causal-LM class that only works with is_decoder=True.
+    if "config.is_decoder" in modeling_file.read_text() and not config.get("is_decoder"):
+        raise _refuse(arch_name, "encoder-only model (bidirectional attention; is_decoder is not set)")
     return ModelSource(
         model_type=model_type,
         architecture=arch_name,
@@ -86,15 +114,74 @@ def locate_source(config: dict) -> ModelSource:
         config_class=config_cls.__name__,
         modeling_module=model_cls.__module__,
         configuration_module=config_cls.__module__,
-        modeling_file=Path(inspect.getsourcefile(model_cls)),
+        modeling_file=modeling_file,
         configuration_file=Path(inspect.getsourcefile(config_cls)),
         origin=f"transformers {transformers.__version__}",
+        attn_implementation="sdpa" if getattr(model_cls, "_supports_sdpa", False) else "eager",
     )
+
+
+REMOTE_PACKAGE = "hf_remote_code"   # pseudo package the repo's relative imports resolve against
+
+
+def locate_remote_source(config: dict, model_dir: Path | None, trust_remote_code: bool) -> ModelSource:
+    """auto_map models: the repo's own modeling/configuration files, never imported here."""
+    auto_map = config["auto_map"]
+    arch = (config.get("architectures") or [config.get("model_type", "unknown")])[0]
+    if not trust_remote_code:
+        raise UnsupportedModelError(
+            f"{arch} ships its own code (auto_map in config.json); review it, then re-run with "
+            "--trust-remote-code to vendor it")
+    model_ref = auto_map.get("AutoModelForCausalLM")
+    config_ref = auto_map.get("AutoConfig")
+    if not model_ref or not config_ref:
+        raise _refuse(arch, "auto_map has no AutoModelForCausalLM/AutoConfig entry")
+    if "--" in model_ref or "--" in config_ref:
+        raise _refuse(arch, "auto_map points at code in another repository; download it next to the model")
+    model_module, _, model_class = model_ref.rpartition(".")
+    config_module, _, config_class = config_ref.rpartition(".")
+    files = {m: (model_dir / f"{m}.py") for m in (model_module, config_module)}
+    for module, path in files.items():
+        if not path.is_file():
+            raise InputError(f"{path}: named in auto_map but missing from the model directory")
+    return ModelSource(
+        model_type=config.get("model_type", "custom"),
+        architecture=arch,
+        model_class=model_class,
+        config_class=config_class,
+        modeling_module=f"{REMOTE_PACKAGE}.{model_module}",
+        configuration_module=f"{REMOTE_PACKAGE}.{config_module}",
+        modeling_file=files[model_module],
+        configuration_file=files[config_module],
+        origin=f"remote code in {model_dir}",
+        attn_implementation="sdpa" if "_supports_sdpa = True" in files[model_module].read_text() else "eager",
+    )
+
+
+def local_modules(source: ModelSource) -> dict[str, Path]:
+    """Other modules of a remote-code repo that the vendored files import relatively (transitively)."""
+    import re
+
+    if not source.modeling_module.startswith(REMOTE_PACKAGE + "."):
+        return {}
+    repo = source.modeling_file.parent
+    found: dict[str, Path] = {}
+    queue = [source.modeling_file, source.configuration_file]
+    while queue:
+        text = queue.pop().read_text()
+        for name in re.findall(r"^\s*from \.(\w+) import", text, re.M):
+            path = repo / f"{name}.py"
+            module = f"{REMOTE_PACKAGE}.{name}"
+            if path.is_file() and module not in found and module not in (source.modeling_module,
+                                                                          source.configuration_module):
+                found[module] = path
+                queue.append(path)
+    return found
 
 
 def vendor_source(source: ModelSource, recipe_dir: Path, model_name: str) -> VendorResult:
     """Copy modeling + configuration source into recipe_dir/models and apply the codemods."""
-    from agent.codemods import apply_codemods, find_model_class_imports
+    from agent.codemods import CODEMODS, GuardedTorchNpuImportCommand, apply_codemods, find_model_class_imports
 
     models_dir = recipe_dir / "models"
     models_dir.mkdir(parents=True, exist_ok=True)
@@ -103,12 +190,23 @@ def vendor_source(source: ModelSource, recipe_dir: Path, model_name: str) -> Ven
         "configuration": (source.configuration_module, source.configuration_file,
                           f"configuration_{model_name}"),
     }
+    for module, path in local_modules(source).items():
+        targets[module] = (module, path, module.rpartition(".")[2])
     siblings = {module: f"models.{stem}" for module, _, stem in targets.values()}
     result = VendorResult(source=source)
     for role, (module, path, stem) in targets.items():
         package = module.rpartition(".")[0]
-        code, applied = apply_codemods(path.read_text(), package=package, sibling_modules=siblings)
+        # torch_npu is imported where the model runs; configuration files don't need it.
+        codemods = CODEMODS if role == "modeling" else [c for c in CODEMODS if c is not GuardedTorchNpuImportCommand]
+        code, applied = apply_codemods(path.read_text(), package=package, sibling_modules=siblings,
+                                       codemods=codemods)
         offending = find_model_class_imports(code)
+        if offending and role == "modeling":
+            # Files that also hold multimodal or task classes (e.g. Gemma3ForConditionalGeneration)
+            # import AutoModel & co: keep only what the causal-LM class reaches.
+            code = prune_unreachable(code, roots=[source.model_class])
+            applied.append("PruneUnreachableDefinitionsCommand")
+            offending = find_model_class_imports(code)
         if offending:
             raise VendorError(
                 f"vendored {stem}.py still imports model classes from transformers "
@@ -118,3 +216,13 @@ def vendor_source(source: ModelSource, recipe_dir: Path, model_name: str) -> Ven
         result.files[role] = out
         result.codemods[out.name] = applied
     return result
+
+
+def prune_unreachable(code: str, roots: list[str]) -> str:
+    import libcst as cst
+    from libcst.codemod import CodemodContext
+
+    from agent.codemods import PruneUnreachableDefinitionsCommand
+
+    command = PruneUnreachableDefinitionsCommand(CodemodContext(), roots=roots)
+    return command.transform_module(cst.parse_module(code)).code

@@ -67,15 +67,18 @@ class ModelRunner:
         env.update(device=self.device.type, exe_mode=self.exe_mode, world_size=self.world_size)
         self.logger.info(f"{self.model_name} environment: {json.dumps(env, sort_keys=True)}")
         config = config_cls.from_pretrained(self.model_path, local_files_only=True)
+        reuse_checkpoint_conversions(model_cls, config)
         # Recipes never fetch at run time: everything comes from model_path.
-        self.model = model_cls.from_pretrained(
+        self.model, info = model_cls.from_pretrained(
             self.model_path,
             config=config,
             runner_settings=self.runner_settings,
             dtype=self.dtype,
             attn_implementation=self.attn_implementation,
             local_files_only=True,
+            output_loading_info=True,
         )
+        check_loading_info(info, self.model_path)
         self.model.to(self.device).eval()
         self.tokenizer = load_tokenizer(self.model_path)
         self.forward_params = set(inspect.signature(self.model.forward).parameters)
@@ -144,11 +147,41 @@ class ModelRunner:
         return texts
 
 
+def reuse_checkpoint_conversions(model_cls, config) -> None:
+    """Apply transformers' checkpoint key conversions (renamed or fused weights) to vendored code.
+
+    transformers applies them only to its own classes; a vendored copy counts as custom code
+    and would load with weights silently missing. Registering the same mapping under the
+    class name / model_type opts the vendored class in.
+    """
+    try:
+        from transformers.conversion_mapping import (get_checkpoint_conversion_mapping,
+                                                     register_checkpoint_conversion_mapping)
+    except ImportError:  # older transformers: no conversions to reuse
+        return
+    for key in (model_cls.__name__, getattr(config, "model_type", None)):
+        mapping = get_checkpoint_conversion_mapping(key) if key else None
+        if mapping is not None:
+            register_checkpoint_conversion_mapping(key, mapping, overwrite=True)
+
+
+def check_loading_info(info: dict, model_path: str) -> None:
+    """Refuse to run with weights that were not in the checkpoint (they would be random)."""
+    missing = sorted(info.get("missing_keys") or [])
+    mismatched = sorted(str(k) for k in info.get("mismatched_keys") or [])
+    if missing or mismatched:
+        unexpected = sorted(info.get("unexpected_keys") or [])
+        raise RuntimeError(
+            f"state dict mismatch loading {model_path}: missing keys {missing[:8]}, "
+            f"unexpected keys {unexpected[:8]}, mismatched shapes {mismatched[:8]}")
+
+
 def load_tokenizer(model_path: str, padding_side: str = "left"):
     """AutoTokenizer from the checkpoint, left padding, and a pad token even if none is defined."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
+    # trust_remote_code=False: never prompt, never run a repo's tokenizer code at recipe run time.
+    tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True, trust_remote_code=False)
     tokenizer.padding_side = padding_side
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is not None:
