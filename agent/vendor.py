@@ -8,6 +8,7 @@ by guessing file names), copied to `{recipe}/models/`, and rewritten by the code
 from __future__ import annotations
 
 import inspect
+import re
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,7 +106,8 @@ def locate_source(config: dict, model_dir: Path | None = None, trust_remote_code
     config_cls = getattr(transformers, CONFIG_MAPPING_NAMES[model_type])
     modeling_file = Path(inspect.getsourcefile(model_cls))
     # BERT-like encoders have a causal-LM class that only works with is_decoder=True.
-    if "config.is_decoder" in modeling_file.read_text() and not config.get("is_decoder"):
+    uses_is_decoder = re.search(r"^(?!\s*>>>).*\bconfig\.is_decoder\b(?!\s*=[^=])", modeling_file.read_text(), re.M)
+    if uses_is_decoder and not config.get("is_decoder"):
         raise _refuse(arch_name, "encoder-only model (bidirectional attention; is_decoder is not set)")
     return ModelSource(
         model_type=model_type,
