@@ -37,6 +37,10 @@ def _parser() -> argparse.ArgumentParser:
     env.add_argument("--device", choices=DEVICES, default="auto",
                      help="fail with exit code 4 if this device is not usable")
 
+    rollback = sub.add_parser("rollback", help="restore a recipe's files from before a repair round")
+    rollback.add_argument("recipe")
+    rollback.add_argument("--round", type=int, help="restore the state before this round (default: the first)")
+
     classify = sub.add_parser("classify", help="print the scenario (A/B/C) for PATH and why")
     classify.add_argument("path")
     classify.add_argument("--timeout", type=int, default=1800, help="seconds for the trial run of infer.sh")
@@ -52,6 +56,8 @@ def _add_run_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--weights", help="local weights directory for models too large to download")
     run.add_argument("--trust-remote-code", action="store_true",
                      help="allow vendoring the model repo's own code (auto_map)")
+    run.add_argument("--allow-install", action="store_true",
+                     help="let repairs pip-install missing packages (otherwise the install line is reported)")
     run.add_argument("--max-rounds", type=int, default=5, help="repair rounds at most (default: 5)")
     run.add_argument("--max-new-tokens", type=int, default=32, help="tokens generated per run (default: 32)")
     run.add_argument("--timeout", type=int, default=1800, help="seconds for each run of infer.sh")
@@ -138,7 +144,7 @@ def cmd_run(args) -> int:
         check_target(args.target)
     state = {"target": args.target, "output_dir": args.output_dir, "name": args.name, "device": args.device,
              "dtype": args.dtype, "weights": args.weights, "trust_remote_code": args.trust_remote_code,
-             "max_rounds": args.max_rounds, "timeout_s": args.timeout, "max_new_tokens": args.max_new_tokens}
+             "max_rounds": args.max_rounds, "allow_install": args.allow_install, "timeout_s": args.timeout, "max_new_tokens": args.max_new_tokens}
     summary = run_workflow(state, resume=args.resume)
     return _finish(summary, args.json)
 
@@ -208,6 +214,22 @@ def cmd_classify(args) -> int:
     return 0
 
 
+def cmd_rollback(args) -> int:
+    from agent.repair import rollback
+
+    recipe = Path(args.recipe)
+    if not recipe.is_dir():
+        raise errors.InputError(f"{args.recipe}: no such recipe directory")
+    try:
+        round_no, changes = rollback(recipe, args.round)
+    except FileNotFoundError as exc:
+        raise errors.InputError(str(exc)) from exc
+    for change in changes:
+        print(change)
+    print(f"rolled back {recipe} to before repair round {round_no} ({len(changes)} file(s) changed)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from engine.environment import TorchImportError, import_torch
@@ -217,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     except TorchImportError as exc:
         print(f"migrator: error: torch cannot be imported ({exc}); fix the torch installation", file=sys.stderr)
         return errors.EXIT_ENVIRONMENT
-    handler = {"run": cmd_run, "demo": cmd_demo, "env": cmd_env, "classify": cmd_classify}[args.command]
+    handler = {"run": cmd_run, "demo": cmd_demo, "env": cmd_env, "classify": cmd_classify,
+               "rollback": cmd_rollback}[args.command]
     try:
         return handler(args)
     except MigratorError as exc:

@@ -22,6 +22,7 @@ class MigrationState(TypedDict, total=False):
     dtype: str | None
     weights: str | None
     trust_remote_code: bool
+    allow_install: bool
     max_rounds: int
     timeout_s: int
     max_new_tokens: int
@@ -121,6 +122,13 @@ def checkpoint_dtype(config: dict) -> str:
     return dtype if dtype in ("float32", "float16", "bfloat16") else "float32"
 
 
+def input_max_len(config: dict, max_new_tokens: int, default: int = 1024) -> int:
+    """Prompt budget: 1024 tokens, less when the model has fewer positions."""
+    text = config.get("text_config") or config
+    limit = text.get("max_position_embeddings") or text.get("n_positions") or text.get("max_sequence_length")
+    return max(1, min(default, limit - max_new_tokens)) if limit else default
+
+
 def node_render(state: MigrationState) -> dict:
     import transformers
 
@@ -138,7 +146,7 @@ def node_render(state: MigrationState) -> dict:
         "architecture": state["architecture"],
         "device": state.get("device", "auto"),
         "dtype": state.get("dtype") or checkpoint_dtype(config),
-        "input_max_len": 1024,
+        "input_max_len": input_max_len(config, state.get("max_new_tokens") or 32),
         "max_new_tokens": state.get("max_new_tokens") or 32,
         "transformers_version": transformers.__version__,
         "modeling_codemods": ", ".join(vendored["codemods"].get(f"modeling_{state['model_name']}.py", []))
@@ -170,6 +178,15 @@ def trial_run(recipe_dir: Path, state: MigrationState, label: str) -> dict:
     output = (run_dir / "output.txt").read_text(errors="replace")
     tail = output.strip().splitlines()[-1:] or [""]
     ok = returncode == 0 and not timed_out
+    log = run_dir / "log_0.log"
+    prefills = log.read_text(errors="replace").count("inference time cost of prefill") if log.is_file() else 0
+    # A baseline needs a warm-up generation before the formal one: two prefills at least.
+    if ok and prefills < 2:
+        ok = False
+        with open(run_dir / "output.txt", "a") as out:
+            out.write(f"\nBaselineError: infer.py ran without a warm-up generation ({prefills} prefill in log_0.log)\n")
+        output = (run_dir / "output.txt").read_text(errors="replace")
+        tail = output.strip().splitlines()[-1:]
     summary = "ok" if ok else ("timed out after %ds" % timeout if timed_out else tail[0][-300:])
     return {"label": label, "ok": ok, "returncode": returncode, "timed_out": timed_out,
             "seconds": round(time.perf_counter() - start, 2), "res_path": str(run_dir),
@@ -196,11 +213,13 @@ def node_diagnose(state: MigrationState) -> dict:
 
 
 def node_repair(state: MigrationState) -> dict:
-    from agent.repair import repair
+    from agent.repair import RepairContext, repair
 
+    context = RepairContext(allow_install=bool(state.get("allow_install")), timeout_s=state.get("timeout_s") or 1800,
+                            trust_remote_code=bool(state.get("trust_remote_code")))
     rounds = list(state["rounds"])
     rounds[-1] = dict(rounds[-1], **repair(Path(state["recipe_dir"]), rounds[-1]["diagnosis"],
-                                           round_no=rounds[-1]["round"]))
+                                           round_no=rounds[-1]["round"], context=context))
     return {"rounds": rounds}
 
 

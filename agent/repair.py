@@ -1,45 +1,190 @@
-"""Diagnosis and repair of failing recipes (catalogue grows in issue [4/5]).
+"""Diagnosis and repair of failing recipes.
 
-`diagnose` turns a failed run into a signature + one-line diagnosis; `repair` applies the rule's
-fix and records what changed. With no matching rule the round records the failure and no patch.
+A rule is data: a matcher on the failed run's output (traceback + log) and the recipe, a one-line
+diagnosis, and a fix. Rules live in `agent/repair_rules/` (one module per kind of failure) and are
+collected into CATALOGUE in order. Before a fix runs, every recipe source file is backed up under
+`.migrator/backup/round_N/`; the round records the unified diff. `rollback` restores a backup.
 """
 
 from __future__ import annotations
 
+import difflib
+import json
 import re
+import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 TRACEBACK_LOCATION_RE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
+ERROR_LINE_RE = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Exit|Interrupt|Warning)\b.*|^\w+Error:.*")
+OOM_PATTERNS = re.compile(
+    r"(MemoryError|out of memory|OutOfMemoryError|CUDA out of memory|NPU out of memory|"
+    r"DefaultCPUAllocator: can't allocate memory|Cannot allocate memory|std::bad_alloc)", re.I)
+
+# Recipe files that are backed up before a fix (the run logs and backups themselves are not).
+SKIP_DIRS = {".migrator", "res", "__pycache__", "baseline"}
+
+
+@dataclass
+class Failure:
+    """What a failed run left behind, as the rules see it."""
+    recipe_dir: Path
+    output: str
+    error: str                  # last exception line
+    location: str | None        # innermost file:line
+    timed_out: bool = False
+
+    @property
+    def model_name(self) -> str:
+        runners = sorted(self.recipe_dir.glob("runner_*.py"))
+        return runners[0].stem.removeprefix("runner_") if runners else self.recipe_dir.name
+
+
+@dataclass
+class Rule:
+    name: str
+    description: str                                   # one line: what this failure is
+    match: Callable[[Failure], dict | None]            # -> facts for the fix, or None
+    fix: Callable[[Failure, dict, "RepairContext"], str]   # applies the fix, returns a one-line note
+    kind: str = "edit"                                 # codemod | yaml | remove | rerender | infer.sh | report
+
+
+@dataclass
+class RepairContext:
+    """What a fix may use beyond the failure: workflow options."""
+    allow_install: bool = False
+    trust_remote_code: bool = False
+    timeout_s: int = 1800
+    notes: list[str] = field(default_factory=list)
 
 
 def summarise_failure(output: str) -> dict:
     """Last exception line and the innermost file:line of the traceback."""
-    lines = [ln for ln in output.strip().splitlines() if ln.strip()]
-    error = next((ln.strip() for ln in reversed(lines) if re.match(r"^\w[\w.]*(Error|Exception|Exit)\b", ln.strip())),
+    lines = [ln.rstrip() for ln in output.strip().splitlines() if ln.strip()]
+    error = next((ln.strip() for ln in reversed(lines) if ERROR_LINE_RE.match(ln.strip())),
                  lines[-1].strip() if lines else "no output")
     locations = TRACEBACK_LOCATION_RE.findall(output)
     where = f"{locations[-1][0]}:{locations[-1][1]}" if locations else None
     return {"error": error[:500], "location": where}
 
 
-def diagnose(recipe_dir: Path, run: dict) -> dict:
-    output = Path(run["output_file"]).read_text(errors="replace") if run.get("output_file") else ""
-    summary = summarise_failure(output)
-    if run.get("timed_out"):
-        summary["error"] = f"run timed out ({run.get('summary')})"
-    return {"rule": None, "signature": summary["error"], "diagnosis": f"unknown failure: {summary['error']}",
-            "location": summary["location"], "oom": is_oom(output)}
-
-
-OOM_PATTERNS = re.compile(
-    r"(MemoryError|out of memory|OutOfMemoryError|CUDA out of memory|NPU out of memory|"
-    r"DefaultCPUAllocator: can't allocate memory|Cannot allocate memory|std::bad_alloc)", re.I)
+def signature(error: str) -> str:
+    """Failure identity across rounds: the error line without addresses and numbers."""
+    return re.sub(r"0x[0-9a-f]+|\d+(\.\d+)?", "#", error)[:300]
 
 
 def is_oom(output: str) -> bool:
     return bool(OOM_PATTERNS.search(output))
 
 
-def repair(recipe_dir: Path, diagnosis: dict, round_no: int) -> dict:
-    """No rule known yet for this failure: record it, change nothing."""
-    return {"applied": False, "diff": "", "note": "no repair rule matched"}
+def load_failure(recipe_dir: Path, run: dict) -> Failure:
+    output = Path(run["output_file"]).read_text(errors="replace") if run.get("output_file") else ""
+    summary = summarise_failure(output)
+    error = summary["error"]
+    if run.get("timed_out"):
+        error = f"TimeoutError: infer.sh did not finish within the timeout ({run.get('summary')})"
+    return Failure(recipe_dir, output, error, summary["location"], bool(run.get("timed_out")))
+
+
+def catalogue() -> list[Rule]:
+    from agent.repair_rules import CATALOGUE
+
+    return CATALOGUE
+
+
+def diagnose(recipe_dir: Path, run: dict) -> dict:
+    failure = load_failure(recipe_dir, run)
+    base = {"signature": signature(failure.error), "error": failure.error, "location": failure.location,
+            "oom": is_oom(failure.output)}
+    if base["oom"]:
+        return dict(base, rule=None, diagnosis=f"out of memory: {failure.error}")
+    for rule in catalogue():
+        facts = rule.match(failure)
+        if facts is not None:
+            return dict(base, rule=rule.name, facts=_jsonable(facts),
+                        diagnosis=f"{rule.description}: {failure.error}")
+    return dict(base, rule=None, diagnosis=f"unknown failure: {failure.error}")
+
+
+def _jsonable(facts: dict) -> dict:
+    return json.loads(json.dumps(facts, default=str))
+
+
+# ---- backup, diff, rollback ------------------------------------------------------------
+def recipe_files(recipe_dir: Path) -> dict[str, Path]:
+    files = {}
+    for path in sorted(recipe_dir.rglob("*")):
+        rel = path.relative_to(recipe_dir)
+        if path.is_file() and not (set(rel.parts[:-1]) & SKIP_DIRS) and rel.parts[0] not in SKIP_DIRS:
+            files[str(rel)] = path
+    return files
+
+
+def backup(recipe_dir: Path, round_no: int) -> Path:
+    """Copy every recipe source file to .migrator/backup/round_N/ (with a manifest)."""
+    dest = recipe_dir / ".migrator" / "backup" / f"round_{round_no}"
+    if dest.exists():
+        shutil.rmtree(dest)
+    files = recipe_files(recipe_dir)
+    for rel, path in files.items():
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
+    (dest.parent / f"round_{round_no}.manifest.json").write_text(json.dumps(sorted(files), indent=1))
+    return dest
+
+
+def diff_against_backup(recipe_dir: Path, backup_dir: Path) -> str:
+    before = {str(p.relative_to(backup_dir)) for p in backup_dir.rglob("*") if p.is_file()}
+    after = set(recipe_files(recipe_dir))
+    chunks = []
+    for rel in sorted(before | after):
+        old = (backup_dir / rel).read_text(errors="replace").splitlines(True) if rel in before else []
+        new = (recipe_dir / rel).read_text(errors="replace").splitlines(True) if rel in after else []
+        if old != new:
+            chunks.extend(difflib.unified_diff(old, new, f"a/{rel}" if old or rel in before else "/dev/null",
+                                               f"b/{rel}" if rel in after else "/dev/null"))
+    return "".join(chunks)
+
+
+def rollback(recipe_dir: Path, round_no: int | None = None) -> tuple[int, list[str]]:
+    """Restore the recipe as it was before round N (default: before the first round)."""
+    backups = recipe_dir / ".migrator" / "backup"
+    rounds = sorted(int(p.name.split("_")[1]) for p in backups.glob("round_*") if p.is_dir())
+    if not rounds:
+        raise FileNotFoundError(f"{recipe_dir}: no repair backups under .migrator/backup/")
+    round_no = rounds[0] if round_no is None else round_no
+    if round_no not in rounds:
+        raise FileNotFoundError(f"{recipe_dir}: no backup for round {round_no} (have {rounds})")
+    source = backups / f"round_{round_no}"
+    manifest = set(json.loads((backups / f"round_{round_no}.manifest.json").read_text()))
+    restored = []
+    for rel, path in recipe_files(recipe_dir).items():
+        if rel not in manifest:          # created by a later fix
+            path.unlink()
+            restored.append(f"removed {rel}")
+    for rel in sorted(manifest):
+        target = recipe_dir / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if not target.exists() or target.read_bytes() != (source / rel).read_bytes():
+            shutil.copy2(source / rel, target)
+            restored.append(f"restored {rel}")
+    return round_no, restored
+
+
+def repair(recipe_dir: Path, diagnosis: dict, round_no: int, context: RepairContext | None = None) -> dict:
+    """Apply the matched rule's fix with a backup first; record the diff."""
+    context = context or RepairContext()
+    rule = next((r for r in catalogue() if r.name == diagnosis.get("rule")), None)
+    if rule is None:
+        return {"applied": False, "diff": "", "note": "no repair rule matched"}
+    backup_dir = backup(recipe_dir, round_no)
+    failure = Failure(recipe_dir, "", diagnosis.get("error", ""), diagnosis.get("location"))
+    try:
+        note = rule.fix(failure, diagnosis.get("facts") or {}, context)
+    except Exception as exc:  # a fix that cannot apply is reported, the loop stops on repeat
+        note = f"fix {rule.name} could not be applied: {exc.__class__.__name__}: {exc}"
+    diff = diff_against_backup(recipe_dir, backup_dir)
+    return {"applied": bool(diff), "rule": rule.name, "kind": rule.kind, "diff": diff, "note": note,
+            "backup": str(backup_dir.relative_to(recipe_dir))}

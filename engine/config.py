@@ -24,6 +24,8 @@ SCHEMA = {
         "dtype": (str, True),
         "enable_online_split_weight": (bool, False),
         "attn_implementation": (str, False),
+        "key_mapping": (dict, False),
+        "config_overrides": (dict, False),
     }, True),
     "data_config": ({
         "dataset": (str, True),

@@ -66,7 +66,12 @@ class ModelRunner:
         env = environment.detect_environment(self.device.type)
         env.update(device=self.device.type, exe_mode=self.exe_mode, world_size=self.world_size)
         self.logger.info(f"{self.model_name} environment: {json.dumps(env, sort_keys=True)}")
-        config = config_cls.from_pretrained(self.model_path, local_files_only=True)
+        model_config = self.runner_settings.get("model_config", {})
+        # config_overrides: recipe-level corrections (e.g. tie_word_embeddings) without
+        # touching the user's checkpoint.
+        config = config_cls.from_pretrained(self.model_path, local_files_only=True,
+                                            **model_config.get("config_overrides", {}))
+        check_lengths(config, self.input_max_len, self.max_new_tokens)
         reuse_checkpoint_conversions(model_cls, config)
         # Recipes never fetch at run time: everything comes from model_path.
         self.model, info = model_cls.from_pretrained(
@@ -77,6 +82,8 @@ class ModelRunner:
             attn_implementation=self.attn_implementation,
             local_files_only=True,
             output_loading_info=True,
+            # key_mapping: regex -> replacement for checkpoint keys named differently from the code.
+            key_mapping=model_config.get("key_mapping") or None,
         )
         check_loading_info(info, self.model_path)
         self.model.to(self.device).eval()
@@ -145,6 +152,16 @@ class ModelRunner:
         if warm_up:
             self.logger.info(f"{name} warm-up run ends")
         return texts
+
+
+def check_lengths(config, input_max_len: int, max_new_tokens: int) -> None:
+    """Prompt + generated tokens must fit the positions the model was built for."""
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    limit = getattr(text_config, "max_position_embeddings", None)
+    if limit and input_max_len + max_new_tokens > limit:
+        raise ValueError(
+            f"data_config.input_max_len ({input_max_len}) + data_config.max_new_tokens ({max_new_tokens}) "
+            f"exceeds max_position_embeddings ({limit}); lower them in the YAML")
 
 
 def reuse_checkpoint_conversions(model_cls, config) -> None:

@@ -35,3 +35,50 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: int = 900, env: dict |
     return subprocess.run([sys.executable, "-m", "agent.cli", *args], cwd=cwd or REPO_ROOT,
                           capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})})
+
+
+@pytest.fixture(scope="session")
+def working_recipe_source(tiny_checkpoints, tmp_path_factory):
+    """A recipe migrated once per session (tiny llama, 8 new tokens); copy it, don't modify it."""
+    out = tmp_path_factory.mktemp("working")
+    proc = run_cli("run", str(tiny_checkpoints("llama")), "--name", "fi", "--output-dir", str(out),
+                   "--device", "cpu", "--max-new-tokens", "8")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out / "fi"
+
+
+@pytest.fixture
+def working_recipe(working_recipe_source, tmp_path):
+    """A private copy of a working recipe (runs, baseline and backups stripped) to inject faults into."""
+    import shutil
+
+    recipe = tmp_path / "fi"
+    shutil.copytree(working_recipe_source, recipe, ignore=shutil.ignore_patterns(".migrator", "res", "baseline"))
+    return recipe
+
+
+def repair_run(recipe: Path, *extra: str):
+    """`migrator run RECIPE --json` on a (broken) recipe: returns (exit code, summary, report)."""
+    proc = run_cli("run", str(recipe), "--json", *extra)
+    summary = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {}
+    report_file = recipe / "migration_report.json"
+    report = json.loads(report_file.read_text()) if report_file.is_file() else {}
+    return proc, summary, report
+
+
+def assert_repaired(recipe: Path, proc, summary: dict, report: dict, rule: str, injected: dict[str, bytes | None]):
+    """Repaired by `rule` in round 1, the re-run succeeded, and the round-1 backup holds exactly the
+    injected originals (`injected`: recipe-relative path -> bytes, None = file absent)."""
+    assert proc.returncode == 0, (proc.stdout[-1500:], proc.stderr[-2500:])
+    assert summary["scenario"] == "B" and summary["status"] == "ok", summary
+    first = report["rounds"][0]
+    assert first["diagnosis"]["rule"] == rule, first["diagnosis"]
+    assert first["applied"] and first["diff"]
+    assert report["runs"][-1]["ok"]
+    assert (recipe / "baseline" / "baseline_metadata.json").is_file()
+    backup = recipe / ".migrator" / "backup" / "round_1"
+    for rel, content in injected.items():
+        if content is None:
+            assert not (backup / rel).exists(), rel
+        else:
+            assert (backup / rel).read_bytes() == content, rel

@@ -1,0 +1,9 @@
+"""The failure catalogue: rules from every module, most specific first.
+
+Each module defines RULES (a list of agent.repair.Rule). Order matters: the first rule whose
+matcher accepts the failure is used, so specific rules come before general ones.
+"""
+
+from agent.repair_rules import code, config, files
+
+CATALOGUE = [*files.RULES, *config.RULES, *code.RULES]
