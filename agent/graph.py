@@ -34,6 +34,11 @@ def after_trial_run(state: MigrationState) -> str:
     return "diagnose"
 
 
+def after_verify(state: MigrationState) -> str:
+    run = nodes.last_run(state)
+    return "diagnose" if run.get("label") == "verify" and not run.get("ok") else "report"
+
+
 def after_diagnose(state: MigrationState) -> str:
     rounds = state.get("rounds") or []
     if rounds and rounds[-1]["diagnosis"].get("oom"):
@@ -86,7 +91,7 @@ def build_graph(wrap=None) -> StateGraph:
     graph.add_edge("estimate_memory", "report")
     graph.add_edge("give_up", "report")
     graph.add_edge("collect_baseline", "verify")
-    graph.add_edge("verify", "report")
+    graph.add_conditional_edges("verify", after_verify, ["diagnose", "report"])
     graph.add_edge("report", END)
     graph.add_node = add_node
     return graph

@@ -52,16 +52,40 @@ def kv_cache_bytes(config: dict, batch_size: int, seq_len: int, dtype: str = "bf
     return total
 
 
+# Memory a process uses before the model: framework, allocator pools, (on NPU) CANN workspace.
+RUNTIME_BYTES = {"cpu": 512 * 2**20, "cuda": 1 * 2**30, "npu": 2 * 2**30}
+
+
 def estimate(model_dir: Path, config: dict, dtype: str, batch_size: int, seq_len: int,
-             device_bytes: int | None, overhead: float = 1.2) -> dict:
+             device_bytes: int | None, device: str = "cpu", slack: float = 1.2) -> dict:
+    """Weights + KV cache (x slack for activations and fragmentation) against one card's memory
+    minus the runtime's own share; cards rounded up to a power of two (a valid world_size)."""
     weights = weight_bytes(model_dir, dtype)
     kv = kv_cache_bytes(config, batch_size, seq_len, dtype)
-    needed = int((weights + kv) * overhead)   # activations, allocator slack, runtime
-    cards = max(1, math.ceil(needed / device_bytes)) if device_bytes else None
-    if cards and cards > 1:
-        cards = 1 << (cards - 1).bit_length()   # world sizes are powers of two
-    return {"weights_bytes": weights, "kv_cache_bytes": kv, "needed_bytes": needed,
-            "needed_gib": needed / 2**30, "device_bytes": device_bytes, "cards_needed": cards}
+    runtime = RUNTIME_BYTES.get(device, RUNTIME_BYTES["cpu"])
+    model_share = int((weights + kv) * slack)
+    cards = None
+    if device_bytes:
+        usable = max(device_bytes - runtime, 1)
+        cards = max(1, math.ceil(model_share / usable))
+        cards = 1 << (cards - 1).bit_length()
+    needed = model_share + runtime
+    return {"weights_bytes": weights, "kv_cache_bytes": kv, "runtime_bytes": runtime, "needed_bytes": needed,
+            "needed_gib": needed / 2**30, "device": device, "device_bytes": device_bytes,
+            "batch_size": batch_size, "seq_len": seq_len, "dtype": dtype,
+            "cards_needed": cards, "suggested_world_size": cards}
+
+
+def process_memory_limit() -> int | None:
+    """The run's own cap (ulimit -d / -v), inherited by infer.sh: memory it may really use."""
+    import resource
+
+    limits = []
+    for which in (resource.RLIMIT_DATA, resource.RLIMIT_AS):
+        soft, _ = resource.getrlimit(which)
+        if soft not in (resource.RLIM_INFINITY, -1):
+            limits.append(soft)
+    return min(limits) if limits else None
 
 
 def estimate_for_recipe(recipe_dir: Path, env: dict) -> dict:
@@ -72,5 +96,10 @@ def estimate_for_recipe(recipe_dir: Path, env: dict) -> dict:
     model_dir = Path(settings["model_path"])
     config = json.loads((model_dir / "config.json").read_text())
     data = settings["data_config"]
+    device = env.get("device", "cpu")
+    device_bytes = env.get("device_memory_bytes")
+    if device == "cpu":
+        limit = process_memory_limit()
+        device_bytes = min(filter(None, [device_bytes, limit]), default=None)
     return estimate(model_dir, config, settings["model_config"]["dtype"], data["batch_size"],
-                    data["input_max_len"] + data["max_new_tokens"], env.get("device_memory_bytes"))
+                    data["input_max_len"] + data["max_new_tokens"], device_bytes, device)

@@ -227,9 +227,13 @@ def node_estimate_memory(state: MigrationState) -> dict:
     from agent.memory import estimate_for_recipe
 
     memory = estimate_for_recipe(Path(state["recipe_dir"]), state.get("env") or {})
+    have = f"{memory['device_bytes'] / 2**30:.1f} GiB per {memory['device']} device" if memory["device_bytes"] \
+        else "unknown device memory"
     return {"memory": memory, "status": "oom",
-            "message": f"out of memory: needs about {memory['needed_gib']:.1f} GiB, "
-                       f"{memory['cards_needed']} card(s); keep world_size={memory['cards_needed']}"}
+            "message": f"out of memory: needs about {memory['needed_gib']:.2f} GiB (weights "
+                       f"{memory['weights_bytes'] / 2**30:.2f} GiB + KV cache {memory['kv_cache_bytes'] / 2**30:.2f} GiB "
+                       f"+ runtime) with {have}; {memory['cards_needed']} card(s) needed: set world_size: "
+                       f"{memory['suggested_world_size']} for a parallel recipe (the single-card recipe is kept)"}
 
 
 def node_collect_baseline(state: MigrationState) -> dict:
@@ -265,9 +269,37 @@ def node_verify(state: MigrationState) -> dict:
     baseline = json.loads(baseline_path.read_text())
     parity = run_parity(recipe_dir, trust_remote_code=bool(state.get("trust_remote_code")))
     baseline["verification"]["parity"] = parity
+    check = baseline["verification"].get("output_check") or {}
+    if parity.get("untrained_weights"):
+        # Random weights write noise by design: judging the text would only say so.
+        baseline["verification"]["output_check"] = dict(
+            check, ok=None, skipped="untrained weights: text checks skipped, parity used")
     baseline_path.write_text(json.dumps(baseline, indent=2, ensure_ascii=False) + "\n")
-    ok = baseline["verification"].get("all_ranks_success", False) and parity.get("ok") is not False
-    return {"verification": baseline["verification"], "status": "ok" if ok else "failed"}
+    problems = []
+    if not baseline["verification"].get("all_ranks_success", False):
+        problems.append("not every rank finished its formal run")
+    output_check = baseline["verification"].get("output_check") or {}
+    if output_check.get("ok") is False:
+        problems.append(f"abnormal output text: {'; '.join(output_check.get('reasons') or [])}")
+    if parity.get("ok") is False:
+        problems.append(f"parity check failed: {parity.get('reason') or _parity_numbers(parity)}")
+    update = {"verification": baseline["verification"], "status": "failed" if problems else "ok"}
+    if problems:
+        update["message"] = "; ".join(problems)
+    if output_check.get("ok") is False:
+        # Abnormal text from trained weights goes back to diagnosis like a failed run.
+        run = dict(last_run(state), label="verify", ok=False, summary="abnormal output")
+        note = Path(run["res_path"]) / "output_check.txt"
+        note.write_text(Path(run["output_file"]).read_text(errors="replace") +
+                        f"\nOutputCheckError: {'; '.join(output_check.get('reasons') or [])}\n")
+        run["output_file"] = str(note)
+        update["runs"] = [*(state.get("runs") or []), run]
+    return update
+
+
+def _parity_numbers(parity: dict) -> str:
+    return (f"max |logits diff| {parity.get('max_abs_logits_diff')} (tolerance {parity.get('tolerance')}), "
+            f"greedy tokens equal: {parity.get('greedy_tokens_equal')}")
 
 
 def node_report(state: MigrationState) -> dict:

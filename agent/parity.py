@@ -57,7 +57,10 @@ def check(recipe_dir: Path, tokens: int, prompt: str | None = None, trust_remote
         return {"ok": None, "checked": False,
                 "reason": "original implementation is remote code; pass --trust-remote-code to compare"}
     settings["model_config"]["dtype"] = "float32"
-    settings["data_config"]["max_new_tokens"] = tokens
+    data = settings["data_config"]
+    # Same room for prompt + generated tokens as the recipe itself had.
+    data["input_max_len"] = max(1, min(data["input_max_len"], data["input_max_len"] + data["max_new_tokens"] - tokens))
+    data["max_new_tokens"] = tokens
     os.environ["RES_PATH"] = tempfile.mkdtemp(prefix="parity_")
     sys.path.insert(0, str(recipe_dir))
     runner = _runner_class(recipe_dir)(settings)
@@ -72,6 +75,7 @@ def check(recipe_dir: Path, tokens: int, prompt: str | None = None, trust_remote
         ours = runner.model(**inputs).logits.float()
         theirs = reference(**inputs).logits.float()
     max_abs_diff = (ours - theirs).abs().max().item()
+    nll = prompt_nll(ours, inputs["input_ids"])
 
     runner.model_generate([prompt])
     our_tokens = runner.last_generate_ids[0].tolist()
@@ -86,7 +90,25 @@ def check(recipe_dir: Path, tokens: int, prompt: str | None = None, trust_remote
             "reference": f"transformers {reference.__class__.__name__}",
             "dtype": "float32", "max_abs_logits_diff": max_abs_diff, "tolerance": LOGITS_TOLERANCE,
             "greedy_tokens": len(our_tokens), "greedy_tokens_equal": tokens_equal,
-            "recipe_tokens": our_tokens, "reference_tokens": their_tokens}
+            "recipe_tokens": our_tokens, "reference_tokens": their_tokens, **nll}
+
+
+# Random weights predict the prompt no better than chance (or worse: random logits are peaked);
+# a trained model is far below the uniform cross-entropy ln(vocab).
+UNTRAINED_NLL_FRACTION = 0.8
+
+
+def prompt_nll(logits, input_ids) -> dict:
+    """Mean next-token cross-entropy of the prompt vs the uniform distribution's ln(vocab)."""
+    import math
+
+    import torch
+
+    vocab = logits.shape[-1]
+    nll = torch.nn.functional.cross_entropy(logits[0, :-1].float(), input_ids[0, 1:]).item()
+    uniform = math.log(vocab)
+    return {"prompt_nll": round(nll, 4), "uniform_nll": round(uniform, 4),
+            "untrained_weights": nll >= UNTRAINED_NLL_FRACTION * uniform}
 
 
 def main(argv=None) -> int:

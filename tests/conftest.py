@@ -57,9 +57,9 @@ def working_recipe(working_recipe_source, tmp_path):
     return recipe
 
 
-def repair_run(recipe: Path, *extra: str):
-    """`migrator run RECIPE --json` on a (broken) recipe: returns (exit code, summary, report)."""
-    proc = run_cli("run", str(recipe), "--json", *extra)
+def repair_run(recipe: Path, *extra: str, env: dict | None = None):
+    """`migrator run RECIPE --json` on a (broken) recipe: returns (process, summary, report)."""
+    proc = run_cli("run", str(recipe), "--json", *extra, env=env)
     summary = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {}
     report_file = recipe / "migration_report.json"
     report = json.loads(report_file.read_text()) if report_file.is_file() else {}

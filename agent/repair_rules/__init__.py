@@ -1,9 +1,11 @@
 """The failure catalogue: rules from every module, most specific first.
 
 Each module defines RULES (a list of agent.repair.Rule). Order matters: the first rule whose
-matcher accepts the failure is used, so specific rules come before general ones.
+matcher accepts the failure is used, so specific rules come before general ones. The optional
+LLM repairer comes last: it only sees failures no rule knows.
 """
 
+from agent import llm_repair
 from agent.repair_rules import code, config, files
 
-CATALOGUE = [*files.RULES, *config.RULES, *code.RULES]
+CATALOGUE = [*files.RULES, *config.RULES, *code.RULES, llm_repair.RULE]

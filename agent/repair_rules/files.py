@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import ast
+import importlib.machinery
 import re
+import sys
+import tempfile
+from pathlib import Path
 
 from agent.repair import Failure, RepairContext, Rule
+from agent.repair_rules._util import load_yaml, report_data
 
 
 def _match_models_init(failure: Failure) -> dict | None:
@@ -22,8 +28,435 @@ def _fix_models_init(failure: Failure, facts: dict, ctx: RepairContext) -> str:
     return "removed models/__init__.py (models/ is a namespace package in a recipe)"
 
 
+# ---- shared: the recipe's identity and render context -------------------------------------
+def recipe_model_name(recipe_dir: Path) -> str:
+    """The recipe's model name: the runner file, else the report, else the YAML, else the folder."""
+    runners = sorted(recipe_dir.glob("runner_*.py"))
+    if runners:
+        return runners[0].stem.removeprefix("runner_")
+    return (report_data(recipe_dir).get("model_name") or load_yaml(recipe_dir).get("model_name")
+            or recipe_dir.name)
+
+
+def resolve_model_path(recipe_dir: Path, model_path) -> Path | None:
+    """A YAML model_path as the engine resolves it (relative paths from the recipe dir)."""
+    if not isinstance(model_path, str) or not model_path.strip():
+        return None
+    path = Path(model_path).expanduser()
+    return path if path.is_absolute() else (recipe_dir / path).resolve()
+
+
+def checkpoint_dir(recipe_dir: Path) -> Path | None:
+    """The checkpoint the recipe runs: the YAML model_path, else the report's model_dir (if it exists)."""
+    candidates = [resolve_model_path(recipe_dir, load_yaml(recipe_dir).get("model_path")),
+                  resolve_model_path(recipe_dir, report_data(recipe_dir).get("model_dir"))]
+    return next((p for p in candidates if p is not None and (p / "config.json").is_file()), None)
+
+
+def _runner_imports(recipe_dir: Path, name: str) -> dict:
+    """model/config class names from the runner's `from models.X import Cls` lines (read only)."""
+    runner = recipe_dir / f"runner_{name}.py"
+    found: dict[str, str] = {}
+    try:
+        tree = ast.parse(runner.read_text())
+    except (OSError, SyntaxError, ValueError):
+        return found
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.names:
+            if node.module == f"models.modeling_{name}":
+                found["model_class"] = node.names[0].name
+            elif node.module == f"models.configuration_{name}":
+                found["config_class"] = node.names[0].name
+    return found
+
+
+def render_context(recipe_dir: Path, model_name: str | None = None, trust_remote_code: bool = False):
+    """(context, family) for the templates, rebuilt from migration_report.json, the YAML and the
+    checkpoint, as agent.nodes.node_render built it. YAML values the recipe has are kept."""
+    import transformers
+
+    from agent.nodes import checkpoint_dtype, input_max_len
+    from agent.routing import FAMILIES, route
+    from agent.vendor import locate_source, read_config
+
+    report = report_data(recipe_dir)
+    settings = load_yaml(recipe_dir)
+    name = model_name or report.get("model_name") or recipe_model_name(recipe_dir)
+    model_dir = checkpoint_dir(recipe_dir)
+    config = read_config(model_dir) if model_dir else {}
+    vendored = dict(report.get("vendored") or {})
+    if not {"model_class", "config_class", "modeling_module", "configuration_module"} <= set(vendored):
+        if config:
+            try:
+                source = locate_source(config, model_dir, trust_remote_code=trust_remote_code)
+                vendored = {"model_class": source.model_class, "config_class": source.config_class,
+                            "modeling_module": source.modeling_module,
+                            "configuration_module": source.configuration_module,
+                            "origin": source.origin, "attn_implementation": source.attn_implementation,
+                            **vendored}
+            except Exception:  # noqa: BLE001 - fall back to what the runner imports
+                pass
+        vendored = {**_runner_imports(recipe_dir, name), **vendored}
+    model_cfg = settings.get("model_config") if isinstance(settings.get("model_config"), dict) else {}
+    data_cfg = settings.get("data_config") if isinstance(settings.get("data_config"), dict) else {}
+    max_new = data_cfg.get("max_new_tokens") if isinstance(data_cfg.get("max_new_tokens"), int) else 32
+    device = settings.get("device") or "auto"
+    env_device = (report.get("env") or {}).get("device")
+    on_cpu = device == "cpu" or (device == "auto" and env_device in (None, "cpu"))
+    family_name = report.get("family") or (route(config.get("text_config") or config).name if config
+                                           else "standard")
+    codemods = (vendored.get("codemods") or {}).get(f"modeling_{name}.py", [])
+    context = {
+        "model_name": name,
+        "model_path": str(model_dir.resolve()) if model_dir else str(settings.get("model_path", "")),
+        "model_source": report.get("model_source") or settings.get("model_source")
+        or (str(model_dir) if model_dir else ""),
+        "architecture": report.get("architecture")
+        or ((config.get("architectures") or [None])[0]) or vendored.get("model_class", name),
+        "device": device,
+        "dtype": model_cfg.get("dtype") or ("float32" if on_cpu else checkpoint_dtype(config)),
+        "input_max_len": data_cfg.get("input_max_len") if isinstance(data_cfg.get("input_max_len"), int)
+        else input_max_len(config, max_new),
+        "max_new_tokens": max_new,
+        "transformers_version": transformers.__version__,
+        "modeling_codemods": ", ".join(codemods) or "none",
+        "origin": vendored.get("origin", "unknown origin"),
+        "attn_implementation": model_cfg.get("attn_implementation") or vendored.get("attn_implementation")
+        or "sdpa",
+        **{k: vendored[k] for k in ("model_class", "config_class", "modeling_module", "configuration_module")
+           if k in vendored},
+    }
+    return context, FAMILIES.get(family_name, FAMILIES["standard"])
+
+
+def generated_targets(name: str, family) -> dict[str, str]:
+    """recipe-relative path -> template, for every file the migrator renders."""
+    from agent.render import RECIPE_FILES, yaml_name
+
+    targets = {target.format(name=name, yaml_name=yaml_name(name)): template
+               for template, target in RECIPE_FILES.items()}
+    targets[f"runner_{name}.py"] = family.runner_template
+    return targets
+
+
+def render_file(recipe_dir: Path, rel: str, context: dict, family) -> str:
+    """The text the templates give for one recipe file (rel: recipe-relative path)."""
+    from agent.render import _environment, runner_class_name, yaml_name
+
+    name = context["model_name"]
+    targets = generated_targets(name, family)
+    if rel not in targets and rel.startswith("config/") and rel.endswith((".yaml", ".yml")):
+        template = "config.yaml.j2"
+    else:
+        template = targets[rel]
+    ctx = dict(context, family=family, yaml_name=yaml_name(name), runner_class=runner_class_name(name))
+    return _environment().get_template(template).render(**ctx)
+
+
+def write_rendered(recipe_dir: Path, rel: str, context: dict, family) -> Path:
+    path = recipe_dir / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_file(recipe_dir, rel, context, family))
+    if path.suffix == ".sh":
+        path.chmod(0o755)
+    return path
+
+
+def _inside(recipe_dir: Path, path: str) -> str | None:
+    """recipe-relative form of an absolute path printed by the run, or None when outside."""
+    try:
+        return str(Path(path).resolve().relative_to(recipe_dir.resolve()))
+    except (ValueError, OSError):
+        return None
+
+
+# ---- infer.sh does not put the recipe on PYTHONPATH ---------------------------------------
+_TOP_MODULE_MISSING = re.compile(r"No module named '(\w+)'")
+_RECIPE_ON_PATH = re.compile(r"^\s*(?:export\s+)?PYTHONPATH=.*(SCRIPT_DIR|dirname|BASH_SOURCE|\$PWD|\$\(pwd\))",
+                             re.M)
+_ASSIGNMENT = re.compile(r"^\s*(?:export\s+|local\s+|readonly\s+)?\w+=")
+_PYTHON_LINE = re.compile(r"^\s*(?:exec\s+)?\S*(?:PYTHON|python[\d.]*|torchrun)\S*(?:\s|$)")
+
+
+def _python_line(lines: list[str]) -> int | None:
+    for i, line in enumerate(lines):
+        if line.lstrip().startswith("#") or _ASSIGNMENT.match(line):
+            continue
+        if _PYTHON_LINE.match(line):
+            return i
+    return None
+
+
+def _match_no_pythonpath(failure: Failure) -> dict | None:
+    infer_sh = failure.recipe_dir / "infer.sh"
+    found = _TOP_MODULE_MISSING.search(failure.output)
+    if not found or not infer_sh.is_file():
+        return None
+    module = found.group(1)
+    # Only the recipe's own top-level modules: models/ or runner_<name>.py that do exist.
+    if not ((failure.recipe_dir / module).is_dir() or (failure.recipe_dir / f"{module}.py").is_file()):
+        return None
+    text = infer_sh.read_text()
+    if _RECIPE_ON_PATH.search(text) or str(failure.recipe_dir.resolve()) in text:
+        return None
+    if _python_line(text.splitlines(keepends=True)) is None:
+        return None
+    return {"module": module}
+
+
+def _fix_no_pythonpath(failure: Failure, facts: dict, ctx: RepairContext) -> str:
+    infer_sh = failure.recipe_dir / "infer.sh"
+    lines = infer_sh.read_text().splitlines(keepends=True)
+    at = _python_line(lines)
+    indent = re.match(r"\s*", lines[at]).group(0)
+    defines_script_dir = any(re.match(r"\s*(?:export\s+)?SCRIPT_DIR=", ln) for ln in lines[:at])
+    recipe = "$SCRIPT_DIR" if defines_script_dir else '$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)'
+    lines.insert(at, f'{indent}export PYTHONPATH="{recipe}${{PYTHONPATH:+:$PYTHONPATH}}"\n')
+    infer_sh.write_text("".join(lines))
+    return f"infer.sh: export PYTHONPATH with the recipe dir before line {at + 1} (import of '{facts['module']}')"
+
+
+# ---- a vendored model file was deleted ----------------------------------------------------
+_SUBMODULE_MISSING = re.compile(r"No module named 'models\.(\w+)'")
+
+
+def _vendored_stems(recipe_dir: Path) -> set[str]:
+    name = recipe_model_name(recipe_dir)
+    stems = {f"modeling_{name}", f"configuration_{name}"}
+    files = ((report_data(recipe_dir).get("vendored") or {}).get("files") or {}).values()
+    stems |= {Path(f).stem for f in files if str(f).startswith("models/")}
+    return stems
+
+
+def _match_vendored_missing(failure: Failure) -> dict | None:
+    found = _SUBMODULE_MISSING.search(failure.output)
+    if not found or not (failure.recipe_dir / "models").is_dir():
+        return None
+    stem = found.group(1)
+    if (failure.recipe_dir / "models" / f"{stem}.py").exists() or stem not in _vendored_stems(failure.recipe_dir):
+        return None
+    return {"file": f"models/{stem}.py"}
+
+
+def _fix_vendored_missing(failure: Failure, facts: dict, ctx: RepairContext) -> str:
+    from agent.vendor import locate_source, read_config, vendor_source
+
+    recipe_dir = failure.recipe_dir
+    model_dir = checkpoint_dir(recipe_dir)
+    if model_dir is None:
+        return (f"{facts['file']} is missing and no checkpoint was found to re-vendor it from "
+                "(neither the YAML model_path nor the report's model_dir holds a config.json)")
+    source = locate_source(read_config(model_dir), model_dir, trust_remote_code=ctx.trust_remote_code)
+    # Vendor aside and copy back only the missing file: the other vendored files may carry edits.
+    with tempfile.TemporaryDirectory(prefix="revendor_") as tmp:
+        result = vendor_source(source, Path(tmp), recipe_model_name(recipe_dir))
+        fresh = Path(tmp) / facts["file"]
+        if not fresh.is_file():
+            written = ", ".join(str(p.relative_to(tmp)) for p in result.files.values())
+            return f"re-vendoring {source.model_class} gives {written}, not {facts['file']}"
+        (recipe_dir / facts["file"]).write_text(fresh.read_text())
+    was = (report_data(recipe_dir).get("vendored") or {}).get("origin")
+    drift = f" (first vendored from {was})" if was and was != source.origin else ""
+    return f"re-vendored {facts['file']} ({source.model_class}) from {source.origin}{drift}"
+
+
+# ---- a generated file is missing or corrupt -----------------------------------------------
+_CANT_OPEN = re.compile(r"can't open file '(?P<path>[^']+)'")
+_MODULE_MISSING = re.compile(r"No module named '(?P<module>[\w.]+)'")
+_SYNTAX = re.compile(r"^(SyntaxError|IndentationError|TabError)\b")
+_GENERATED_PY = ("infer.py", "models/model_setting.py")
+
+
+def _is_generated(recipe_dir: Path, rel: str, name: str) -> bool:
+    rendered = report_data(recipe_dir).get("rendered")
+    if rendered:
+        return rel in rendered
+    return rel in (*_GENERATED_PY, f"runner_{name}.py")
+
+
+def _carries_header(recipe_dir: Path, rel: str) -> bool:
+    """The file starts with the line the template writes (it was generated, then damaged)."""
+    try:
+        first = (recipe_dir / rel).read_text(errors="replace").splitlines()[:1]
+        context, family = render_context(recipe_dir)
+        return bool(first) and first == render_file(recipe_dir, rel, context, family).splitlines()[:1]
+    except Exception:  # noqa: BLE001 - not renderable: not ours
+        return False
+
+
+def _match_generated(failure: Failure) -> dict | None:
+    recipe_dir = failure.recipe_dir
+    name = recipe_model_name(recipe_dir)
+    candidates: list[tuple[str, str]] = []
+    if (found := _CANT_OPEN.search(failure.output)) and (rel := _inside(recipe_dir, found["path"])):
+        candidates.append((rel, "missing"))
+    for found in _MODULE_MISSING.finditer(failure.output):
+        module = found["module"]
+        if module.startswith("runner_"):
+            name = module.removeprefix("runner_")
+        candidates.append((module.replace(".", "/") + ".py", "missing"))
+    if _SYNTAX.match(failure.error) and failure.location:
+        rel = _inside(recipe_dir, failure.location.rpartition(":")[0])
+        if rel:
+            candidates.append((rel, "corrupt"))
+    for rel, state in candidates:
+        path = recipe_dir / rel
+        if state == "missing" and not path.exists() and _is_generated(recipe_dir, rel, name):
+            return {"file": rel, "state": "missing", "model_name": name}
+        if state == "corrupt" and path.is_file() and rel.endswith(".py"):
+            try:
+                compile(path.read_text(), str(path), "exec")
+                continue                       # it compiles: the SyntaxError is elsewhere
+            except (SyntaxError, ValueError):
+                pass
+            if _is_generated(recipe_dir, rel, name) or _carries_header(recipe_dir, rel):
+                return {"file": rel, "state": "corrupt", "model_name": name}
+    return None
+
+
+def _fix_generated(failure: Failure, facts: dict, ctx: RepairContext) -> str:
+    recipe_dir = failure.recipe_dir
+    context, family = render_context(recipe_dir, facts.get("model_name"), ctx.trust_remote_code)
+    path = recipe_dir / facts["file"]
+    old = path.read_text(errors="replace") if path.is_file() else None
+    fresh = render_file(recipe_dir, facts["file"], context, family)
+    write_rendered(recipe_dir, facts["file"], context, family)
+    if old is None:
+        return f"re-rendered the missing {facts['file']} from the templates"
+    how = "a truncated copy of" if fresh.startswith(old.rstrip()) else "not a plain truncation of (edits in the backup)"
+    return f"re-rendered {facts['file']} from the templates (it had a syntax error; it was {how} the template output)"
+
+
+# ---- infer.py without a warm-up generation ------------------------------------------------
+_NO_WARM_UP = "BaselineError: infer.py ran without a warm-up generation"
+
+
+def _generate_calls(node):
+    import libcst.matchers as m
+
+    return m.findall(node, m.Call(func=m.Attribute(attr=m.Name("model_generate"))))
+
+
+def _warm_up_kw(call) -> bool | None:
+    """True/False for warm_up=<literal>, None when the call has no warm_up argument."""
+    import libcst as cst
+
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == "warm_up":
+            return not (isinstance(arg.value, cst.Name) and arg.value.value in ("False", "None"))
+    return None if len(call.args) < 2 else True   # model_generate(prompts, True)
+
+
+def _match_no_warm_up(failure: Failure) -> dict | None:
+    import libcst as cst
+
+    infer_py = failure.recipe_dir / "infer.py"
+    if _NO_WARM_UP not in failure.output or not infer_py.is_file():
+        return None
+    try:
+        module = cst.parse_module(infer_py.read_text())
+    except cst.ParserSyntaxError:
+        return None
+    calls = _generate_calls(module)
+    if any(_warm_up_kw(c) for c in calls):
+        return None          # a warm-up is there but did not run: not this rule's fix
+    formal = next((c for c in calls if c.args), None)
+    return {"file": "infer.py", "call": module.code_for_node(formal)} if formal is not None else None
+
+
+def _fix_no_warm_up(failure: Failure, facts: dict, ctx: RepairContext) -> str:
+    import libcst as cst
+
+    path = failure.recipe_dir / facts["file"]
+    module = cst.parse_module(path.read_text())
+
+    class InsertWarmUp(cst.CSTTransformer):
+        inserted: str | None = None
+
+        def leave_SimpleStatementLine(self, original, updated):
+            if self.inserted is not None:
+                return updated
+            formal = next((c for c in _generate_calls(updated) if c.args and _warm_up_kw(c) is None), None)
+            if formal is None:
+                return updated
+            func = module.code_for_node(formal.func)
+            prompts = module.code_for_node(formal.args[0].value)
+            self.inserted = f"{func}({prompts}, warm_up=True)"
+            warm = cst.parse_statement(self.inserted + "\n", config=module.config_for_parsing)
+            # The warm-up takes the formal call's leading comments/blank lines: directly before it.
+            return cst.FlattenSentinel([warm.with_changes(leading_lines=updated.leading_lines),
+                                        updated.with_changes(leading_lines=())])
+
+    transformer = InsertWarmUp()
+    new = module.visit(transformer)
+    if transformer.inserted is None:
+        return f"{facts['file']}: no formal model_generate call to put a warm-up before"
+    path.write_text(new.code)
+    return f"{facts['file']}: inserted `{transformer.inserted}` before the formal generation"
+
+
+# ---- a stray recipe file shadows a package ------------------------------------------------
+_SHADOW_PATTERNS = (
+    re.compile(r"module '(\w+)' has no attribute"),
+    re.compile(r"cannot import name '\w+' from '(\w+)'"),
+    re.compile(r"No module named '(\w+)\.[\w.]+'; '\w+' is not a package"),
+    re.compile(r"partially initialized module '(\w+)'"),
+)
+
+
+def _shadows(recipe_dir: Path, stem: str) -> bool:
+    """A module of that name exists outside the recipe (stdlib or installed)."""
+    if stem in sys.stdlib_module_names or stem in ("engine", "agent"):
+        return True
+    recipe = str(recipe_dir.resolve())
+    paths = [p for p in sys.path if p and str(Path(p).resolve()) != recipe]
+    try:
+        spec = importlib.machinery.PathFinder.find_spec(stem, paths)
+    except (ImportError, ValueError):
+        return False
+    return spec is not None
+
+
+def _match_shadowing(failure: Failure) -> dict | None:
+    recipe_dir = failure.recipe_dir
+    stems = [found.group(1) for pattern in _SHADOW_PATTERNS for found in pattern.finditer(failure.output)]
+    # ...or the traceback runs through a top-level recipe file named like a package.
+    for path, _ in re.findall(r'File "([^"]+)", line (\d+)', failure.output):
+        rel = _inside(recipe_dir, path)
+        if rel and "/" not in rel and rel.endswith(".py"):
+            stems.append(rel[:-3])
+    own = {"infer"} | {p.stem for p in recipe_dir.glob("runner_*.py")}
+    for stem in dict.fromkeys(stems):
+        if stem not in own and (recipe_dir / f"{stem}.py").is_file() and _shadows(recipe_dir, stem):
+            return {"file": f"{stem}.py", "module": stem}
+    return None
+
+
+def _fix_shadowing(failure: Failure, facts: dict, ctx: RepairContext) -> str:
+    path = failure.recipe_dir / facts["file"]
+    aside = path.with_name(path.name + ".shadowing")
+    path.rename(aside)
+    return (f"renamed {facts['file']} to {aside.name}: on the recipe's sys.path it shadowed the "
+            f"'{facts['module']}' module")
+
+
 RULES: list[Rule] = [
     Rule("models_init_shadows_package",
          "a models/__init__.py shadows the recipe's models package",
          _match_models_init, _fix_models_init, kind="remove"),
+    Rule("infer_sh_no_pythonpath",
+         "infer.sh does not put the recipe dir on PYTHONPATH, so the recipe's modules are not found",
+         _match_no_pythonpath, _fix_no_pythonpath, kind="infer.sh"),
+    Rule("vendored_module_missing",
+         "a vendored model source file is missing from models/",
+         _match_vendored_missing, _fix_vendored_missing, kind="rerender"),
+    Rule("generated_file_missing_or_corrupt",
+         "a file the migrator generated is missing or has a syntax error",
+         _match_generated, _fix_generated, kind="rerender"),
+    Rule("infer_py_without_warm_up",
+         "infer.py runs the formal generation without a warm-up generation first",
+         _match_no_warm_up, _fix_no_warm_up, kind="codemod"),
+    Rule("recipe_file_shadows_stdlib_or_package",
+         "a file in the recipe dir shadows a standard or installed module of the same name",
+         _match_shadowing, _fix_shadowing, kind="remove"),
 ]
