@@ -14,8 +14,9 @@ $(STAMP): pyproject.toml constraints.txt
 demo: install
 	$(VENV)/bin/migrator demo --output-dir models
 
+# Two workers: most tests are subprocess runs of one Python thread each.
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2
 
 test-all: install
-	$(PY) -m pytest -q -m ''
+	$(PY) -m pytest -q -n 2 -m ''

@@ -91,7 +91,8 @@ def _compiled_graph(checkpoint_db: Path):
 
 
 def run_workflow(state: dict, resume: bool = False) -> dict:
-    """Run the graph with a SQLite checkpointer under the output dir; `resume` continues the
+    """Run the graph with a SQLite checkpointer under the output dir (durability "sync": each
+    finished node is on disk before the next starts, so a killed run resumes where it was); `resume` continues the
     latest interrupted run of the same target/name/output dir, a fresh run gets a new thread."""
     import uuid
 
@@ -110,7 +111,7 @@ def run_workflow(state: dict, resume: bool = False) -> dict:
         snapshot = app.get_state(config)
         if snapshot.next:
             print(f"[migrator] resuming at {', '.join(snapshot.next)}", file=sys.stderr)
-            return summarise(app.invoke(None, config))
+            return summarise(app.invoke(None, config, durability="sync"))
         print("[migrator] the last run of this target finished; nothing to resume", file=sys.stderr)
         return summarise(snapshot.values)
     if resume:
@@ -118,7 +119,7 @@ def run_workflow(state: dict, resume: bool = False) -> dict:
     threads[key] = f"{key}-{uuid.uuid4().hex[:8]}"
     threads_file.write_text(json.dumps(threads, indent=2))
     config = {"configurable": {"thread_id": threads[key]}, "recursion_limit": 100}
-    return summarise(app.invoke(state, config))
+    return summarise(app.invoke(state, config, durability="sync"))
 
 
 # ---- commands ---------------------------------------------------------------------------
@@ -189,7 +190,10 @@ def cmd_demo(args) -> int:
 def cmd_env(args) -> int:
     from engine.environment import DeviceUnavailableError, detect_environment, select_device
 
-    env = detect_environment(args.device)
+    try:
+        env = detect_environment(args.device)
+    except DeviceUnavailableError as exc:
+        raise errors.EnvironmentProblem(str(exc)) from exc
     if args.json:
         print(json.dumps(env, indent=2))
     else:

@@ -12,6 +12,10 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
+# Tests run two workers side by side on small models: one BLAS thread per process avoids
+# oversubscribing the cores (timings in test baselines are not benchmarks).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory):
