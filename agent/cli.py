@@ -37,6 +37,14 @@ def _parser() -> argparse.ArgumentParser:
     env.add_argument("--device", choices=DEVICES, default="auto",
                      help="fail with exit code 4 if this device is not usable")
 
+    baseline = sub.add_parser("baseline", help="regenerate the baseline of each recipe; write a summary table")
+    baseline.add_argument("recipes", nargs="+", help="recipe directories (e.g. models/*)")
+    baseline.add_argument("--summary", default="baseline_summary",
+                          help="summary path without suffix: writes .md and .csv (default: baseline_summary)")
+    baseline.add_argument("--max-rounds", type=int, default=0,
+                          help="repair rounds for a failing recipe (default: 0, report only)")
+    baseline.add_argument("--timeout", type=int, default=1800, help="seconds for each run of infer.sh")
+
     rollback = sub.add_parser("rollback", help="restore a recipe's files from before a repair round")
     rollback.add_argument("recipe")
     rollback.add_argument("--round", type=int, help="restore the state before this round (default: the first)")
@@ -103,8 +111,10 @@ def run_workflow(state: dict, resume: bool = False) -> dict:
     key = json.dumps([str(target.resolve()) if target.exists() else state["target"], state.get("name"),
                       str(output_dir)])
     key = hashlib.sha256(key.encode()).hexdigest()[:16]
-    threads_file = output_dir / ".migrator" / "threads.json"
-    app = _compiled_graph(output_dir / ".migrator" / "checkpoints.sqlite")
+    # Checkpoints live with what they describe: in the recipe for B/C, in the output dir for A.
+    home = target.resolve() if (target / "infer.sh").is_file() else output_dir
+    threads_file = home / ".migrator" / "threads.json"
+    app = _compiled_graph(home / ".migrator" / "checkpoints.sqlite")
     threads = json.loads(threads_file.read_text()) if threads_file.is_file() else {}
     if resume and key in threads:
         config = {"configurable": {"thread_id": threads[key]}, "recursion_limit": 100}
@@ -218,6 +228,50 @@ def cmd_classify(args) -> int:
     return 0
 
 
+SUMMARY_COLUMNS = ["model", "status", "prefill_ms", "decode_avg_ms", "device", "recipe", "message"]
+
+
+def cmd_baseline(args) -> int:
+    """Regenerate baselines one recipe after another; a failure is recorded, not fatal."""
+    import csv
+
+    rows = []
+    for i, raw in enumerate(args.recipes, 1):
+        recipe = Path(raw)
+        row = {"model": recipe.name, "recipe": str(recipe), "status": "skipped", "prefill_ms": None,
+               "decode_avg_ms": None, "device": None, "message": ""}
+        print(f"[migrator] baseline {i}/{len(args.recipes)}: {recipe}", file=sys.stderr, flush=True)
+        if not (recipe / "infer.sh").is_file():
+            row["message"] = "not a recipe (no infer.sh)"
+            rows.append(row)
+            continue
+        try:
+            summary = run_workflow({"target": str(recipe), "output_dir": str(recipe.parent),
+                                    "max_rounds": args.max_rounds, "timeout_s": args.timeout, "device": "auto"})
+            row.update(status=summary.get("status"), message=summary.get("message", ""))
+            if summary.get("baseline_path"):
+                data = json.loads(Path(summary["baseline_path"]).read_text())
+                row.update(model=data["model_config"]["model_name"], device=data["environment"].get("device"),
+                           prefill_ms=data["performance"]["prefill_ms"],
+                           decode_avg_ms=data["performance"]["decode_avg_ms"])
+        except MigratorError as exc:
+            row.update(status="error", message=str(exc))
+        rows.append(row)
+    summary_path = Path(args.summary)
+    summary_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(summary_path.with_suffix(".csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=SUMMARY_COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    lines = ["| " + " | ".join(SUMMARY_COLUMNS[:5]) + " |", "|" + " --- |" * 5]
+    for row in rows:
+        lines.append("| " + " | ".join("" if row[c] is None else str(row[c]) for c in SUMMARY_COLUMNS[:5]) + " |")
+    summary_path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    print(f"summary: {summary_path.with_suffix('.md')} and {summary_path.with_suffix('.csv')}")
+    return errors.EXIT_OK if all(r["status"] == "ok" for r in rows) else errors.EXIT_FAILED
+
+
 def cmd_rollback(args) -> int:
     from agent.repair import rollback
 
@@ -244,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"migrator: error: torch cannot be imported ({exc}); fix the torch installation", file=sys.stderr)
         return errors.EXIT_ENVIRONMENT
     handler = {"run": cmd_run, "demo": cmd_demo, "env": cmd_env, "classify": cmd_classify,
-               "rollback": cmd_rollback}[args.command]
+               "rollback": cmd_rollback, "baseline": cmd_baseline}[args.command]
     try:
         return handler(args)
     except MigratorError as exc:

@@ -19,7 +19,8 @@ LOGITS_TOLERANCE = 1e-4
 
 
 def run_parity(recipe_dir: Path, tokens: int = 16, timeout: int = 900, trust_remote_code: bool = False) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(recipe_dir))
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["PYTHONPATH"] = str(recipe_dir)
     cmd = [sys.executable, "-m", "agent.parity", "--recipe", str(recipe_dir), "--tokens", str(tokens)]
     if trust_remote_code:
         cmd.append("--trust-remote-code")
@@ -57,6 +58,7 @@ def check(recipe_dir: Path, tokens: int, prompt: str | None = None, trust_remote
         return {"ok": None, "checked": False,
                 "reason": "original implementation is remote code; pass --trust-remote-code to compare"}
     settings["model_config"]["dtype"] = "float32"
+    settings["world_size"] = 1          # one process, one prompt: parity is not a parallel run
     data = settings["data_config"]
     # Same room for prompt + generated tokens as the recipe itself had.
     data["input_max_len"] = max(1, min(data["input_max_len"], data["input_max_len"] + data["max_new_tokens"] - tokens))

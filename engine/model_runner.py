@@ -56,6 +56,8 @@ class ModelRunner:
         self.world_size = int(os.environ.get("WORLD_SIZE", runner_settings.get("world_size", 1)))
         seed_everything(runner_settings.get("seed", 42))
         self.device = environment.select_device(runner_settings.get("device", "auto"))
+        if self.world_size > 1:
+            self.device = init_distributed(self.device, int(os.environ.get("LOCAL_RANK", 0)))
         self.logger = get_logger(self.model_name, self.rank)
         self.model = None
         self.tokenizer = None
@@ -103,6 +105,14 @@ class ModelRunner:
         if ids is None:
             return []
         return list(ids) if isinstance(ids, (list, tuple)) else [ids]
+
+    def close(self):
+        """End of a (multi-rank) run: wait for every rank, then leave the process group."""
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
 
     # ---- the loop ---------------------------------------------------------------------
     def synchronize(self):
@@ -152,6 +162,18 @@ class ModelRunner:
         if warm_up:
             self.logger.info(f"{name} warm-up run ends")
         return texts
+
+
+def init_distributed(device, local_rank: int):
+    """torchrun started this rank: one device per rank, hccl / nccl / gloo by device."""
+    import torch.distributed as dist
+
+    if device.type in ("npu", "cuda"):
+        device = torch.device(device.type, local_rank)
+        getattr(torch, device.type).set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group(backend={"npu": "hccl", "cuda": "nccl"}.get(device.type, "gloo"))
+    return device
 
 
 def check_lengths(config, input_max_len: int, max_new_tokens: int) -> None:

@@ -39,6 +39,10 @@ def _edit(path: Path, old: str, new: str, count: int = 1, after: str | None = No
     path.write_text(text[:start] + text[start:].replace(old, new, count))
 
 
+def _added(diff: str) -> list[str]:
+    return [ln for ln in diff.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
+
+
 def _yaml_file(recipe: Path) -> Path:
     return next((recipe / "config").glob("*.yaml"))
 
@@ -105,7 +109,7 @@ def test_forward_without_kwargs_accepts_extra_keywords(working_recipe):
     assert first["diagnosis"]["facts"]["kwarg"] == "cache_position"
     assert "        logits_to_keep: int | torch.Tensor = 0,\n        **kwargs,\n" in modeling.read_text()
     assert runner.read_bytes() == injected[RUNNER]
-    assert first["diff"].count("\n+") == 1      # one added line: **kwargs
+    assert _added(first["diff"]) == ["+        **kwargs,"]
 
 
 def test_missing_package_is_reported_with_the_install_line(working_recipe):
@@ -286,7 +290,8 @@ def test_remote_code_with_opt_in_patches_the_call(working_recipe, tmp_path):
     assert_repaired(working_recipe, proc, summary, report, "remote_code_needs_trust", injected)
     assert "self.hf_config = AutoConfig.from_pretrained(self.model_path, trust_remote_code=True)\n" \
         in runner.read_text()
-    assert report["rounds"][0]["diff"].count("\n+") == 1
+    assert _added(report["rounds"][0]["diff"]) == [
+        "+        self.hf_config = AutoConfig.from_pretrained(self.model_path, trust_remote_code=True)"]
 
 
 def test_tokenizer_without_pad_token_falls_back_to_eos(working_recipe, tmp_path):

@@ -104,7 +104,11 @@ def test_stray_yaml_py_shadowing_pyyaml_is_moved_aside(working_recipe):
 
 def test_rollback_after_a_repair_restores_the_injected_files(working_recipe):
     runner = working_recipe / "runner_fi.py"
-    runner.write_bytes(runner.read_bytes()[: runner.stat().st_size // 3])
+    text = runner.read_text()
+    cut = len(text) // 3
+    while _compiles(text[:cut]):        # a cut that leaves valid Python is another failure
+        cut += 5
+    runner.write_text(text[:cut])
     before = {rel: path.read_bytes() for rel, path in recipe_files(working_recipe).items()}
     proc, summary, report = repair_run(working_recipe)
     assert_repaired(working_recipe, proc, summary, report, "generated_file_missing_or_corrupt",
@@ -114,6 +118,14 @@ def test_rollback_after_a_repair_restores_the_injected_files(working_recipe):
     assert proc.returncode == 0, proc.stderr[-2000:]
     after = {rel: path.read_bytes() for rel, path in recipe_files(working_recipe).items()}
     assert after == before                            # byte for byte, no file added or lost
+
+
+def _compiles(code: str) -> bool:
+    try:
+        compile(code, "<cut>", "exec")
+        return True
+    except SyntaxError:
+        return False
 
 
 # ---- matchers on sample outputs (no model run) --------------------------------------------
@@ -237,4 +249,21 @@ def test_shadowing_matcher(fake_recipe):
     assert _first_match(fake_recipe, out) == "recipe_file_shadows_stdlib_or_package"
     (fake_recipe / "helpers.py").write_text("x = 1\n")               # a recipe module, no package of that name
     own = _traceback(fake_recipe, "infer.py", "AttributeError: module 'helpers' has no attribute 'y'")
+    assert _rule("recipe_file_shadows_stdlib_or_package").match(_failure(fake_recipe, own)) is None
+
+
+def test_shadowing_matcher_from_the_import_frame(fake_recipe):
+    # a stray transformers.py that is a script: it fails in its own code when the runner imports it
+    (fake_recipe / "transformers.py").write_text("import sys\nprint(open(sys.argv[2]).read())\n")
+    out = (f'Traceback (most recent call last):\n  File "{fake_recipe / "runner_fi.py"}", line 12, in <module>\n'
+           f"    from transformers.cache_utils import DynamicCache\n"
+           f'  File "{fake_recipe / "transformers.py"}", line 2, in <module>\n'
+           f"    print(open(sys.argv[2]).read())\nIndexError: list index out of range\n")
+    assert _rule("recipe_file_shadows_stdlib_or_package").match(_failure(fake_recipe, out)) == {
+        "file": "transformers.py", "module": "transformers"}
+    # the same error raised by a recipe helper the runner imports under its own name is not shadowing
+    (fake_recipe / "helpers.py").write_text("raise IndexError\n")
+    own = out.replace("transformers.cache_utils import DynamicCache", "helpers import x").replace(
+        "transformers.py", "helpers.py")
+    (fake_recipe / "transformers.py").unlink()
     assert _rule("recipe_file_shadows_stdlib_or_package").match(_failure(fake_recipe, own)) is None

@@ -109,6 +109,7 @@ def _add_key(recipe_dir: Path, dotted: str, value) -> str:
     indent = "" if section is None else "  "
     in_section = section is None
     anchor = None
+    sections = {k for k, v in load_yaml(recipe_dir).items() if isinstance(v, dict)}
     for i, line in enumerate(lines):
         top = line[:1] not in (" ", "\t") and line.strip() and not line.lstrip().startswith("#")
         if section is not None and top:
@@ -116,7 +117,7 @@ def _add_key(recipe_dir: Path, dotted: str, value) -> str:
             continue
         if in_section and line.startswith(indent) and (section is None) == bool(top):
             name = line.strip().split(":", 1)[0]
-            if name in before and not isinstance(load_yaml(recipe_dir).get(name), dict):
+            if name in before and not (section is None and name in sections):
                 anchor = i
     if anchor is None:
         return edit_yaml_line(recipe_dir, section, key, value)

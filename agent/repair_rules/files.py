@@ -420,10 +420,12 @@ def _shadows(recipe_dir: Path, stem: str) -> bool:
 def _match_shadowing(failure: Failure) -> dict | None:
     recipe_dir = failure.recipe_dir
     stems = [found.group(1) for pattern in _SHADOW_PATTERNS for found in pattern.finditer(failure.output)]
-    # ...or the traceback runs through a top-level recipe file named like a package.
-    for path, _ in re.findall(r'File "([^"]+)", line (\d+)', failure.output):
+    # ...or the traceback enters a top-level recipe file from an `import <its name>` line.
+    frames = re.findall(r'File "([^"]+)", line \d+[^\n]*\n[ \t]*([^\n]*)', failure.output)
+    for (_, caller_code), (path, _) in zip(frames, frames[1:]):
         rel = _inside(recipe_dir, path)
-        if rel and "/" not in rel and rel.endswith(".py"):
+        if rel and "/" not in rel and rel.endswith(".py") and \
+                re.search(rf"\b(import|from)\s+{re.escape(rel[:-3])}\b", caller_code):
             stems.append(rel[:-3])
     own = {"infer"} | {p.stem for p in recipe_dir.glob("runner_*.py")}
     for stem in dict.fromkeys(stems):
