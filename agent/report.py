@@ -21,7 +21,40 @@ def write_report(state: dict) -> Path | None:
     path = recipe_dir / "migration_report.json"
     path.write_text(json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n")
     (recipe_dir / "migration_summary.md").write_text(human_summary(report))
+    update_readme(recipe_dir / "README.md", report)
     return path
+
+
+README_BEGIN = "<!-- migration-summary:begin -->"
+README_END = "<!-- migration-summary:end -->"
+
+
+def update_readme(readme: Path, report: dict) -> None:
+    """Keep a short, measurement-free summary in the recipe README (same input, same README);
+    the numbers are in baseline/ and migration_summary.md. Text outside the markers is kept."""
+    if not readme.is_file():
+        return
+    parity = (report.get("verification") or {}).get("parity") or {}
+    lines = [README_BEGIN, "## Migration status", "",
+             f"- scenario {report.get('scenario')}: {report.get('classify_reason', '')}",
+             f"- status: **{report.get('status', 'unknown')}**"]
+    if report.get("message"):
+        lines.append(f"- {report['message']}")
+    if parity.get("checked"):
+        lines.append(f"- parity with transformers (fp32 logits, greedy tokens): {'ok' if parity.get('ok') else 'FAILED'}")
+    for rnd in report.get("rounds") or []:
+        lines.append(f"- repair round {rnd['round']}: {rnd['diagnosis'].get('rule') or 'no rule'}"
+                     f" ({'patched' if rnd.get('applied') else 'no patch'})")
+    lines += ["- details: `migration_report.json`, `migration_summary.md`, `baseline/baseline_metadata.json`",
+              README_END]
+    text = readme.read_text()
+    block = "\n".join(lines) + "\n"
+    if README_BEGIN in text and README_END in text:
+        head, _, rest = text.partition(README_BEGIN)
+        text = head + block + rest.partition(README_END)[2].lstrip("\n")
+    else:
+        text = text.rstrip("\n") + "\n\n" + block
+    readme.write_text(text)
 
 
 def human_summary(report: dict) -> str:

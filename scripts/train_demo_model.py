@@ -103,7 +103,7 @@ MODEL_DIMS = {
 VOCAB_SIZE = 768
 BLOCK_SIZE = 128
 STRIDE = 32
-DEFAULT_STEPS = 400
+DEFAULT_STEPS = 200
 LEARNING_RATE = 3e-3
 WARMUP_STEPS = 20
 CHECK_TOKENS = 32
@@ -225,7 +225,7 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (default 1: the model is too small to gain from more, "
                              "and one thread keeps the float reductions in a fixed order)")
-    parser.add_argument("--log-every", type=int, default=25, help="print a progress line every N steps")
+    parser.add_argument("--log-every", type=int, default=20, help="print a progress line every N steps")
     args = parser.parse_args(argv)
 
     import random
