@@ -47,7 +47,8 @@ def kv_cache_bytes(config: dict, batch_size: int, seq_len: int, dtype: str = "bf
     window = config.get("sliding_window")
     total = 0
     for kind in layer_types[:layers]:
-        tokens = min(seq_len, window) if window and "sliding" in str(kind) else seq_len
+        # A sliding layer keeps the last window-1 tokens (the new token completes the window).
+        tokens = min(seq_len, window - 1) if window and "sliding" in str(kind) else seq_len
         total += 2 * batch_size * tokens * kv_heads * head_dim * elt
     return total
 

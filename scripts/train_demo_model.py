@@ -125,7 +125,7 @@ def build_tokenizer(corpus: list[str], vocab_size: int):
     )
     tok.train_from_iterator(corpus, trainer=trainer)
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
+        tokenizer_object=tok, model_max_length=MODEL_DIMS["max_position_embeddings"],
         pad_token="<|pad|>", bos_token="<|bos|>", eos_token="<|eos|>", unk_token="<|unk|>",
     )
 
@@ -184,7 +184,7 @@ scratch on about {corpus_words} words of plain English about attention and trans
 inside `scripts/train_demo_model.py`. It exists so that `migrator demo` shows readable text: greedy
 decoding of the project's default prompt (`engine.data.DEFAULT_PROMPT`) continues with
 
-> {continuation}
+> {continuation} …
 
 **This is a demo, not a useful model.** It has memorised its tiny corpus and knows nothing else;
 do not use it for anything but smoke tests of the migration pipeline.
@@ -208,9 +208,9 @@ Final training loss {final_loss:.4f}; mean next-token cross-entropy of the defau
 ## License
 
 Apache-2.0, like the rest of infer-migrator. The training corpus is original text written for
-this project, except that its first paragraph opens with the project's default prompt and one
-following sentence, which paraphrase the description of attention in Vaswani et al., "Attention
-Is All You Need" (2017).
+this project, except that its first paragraph opens with the project's default prompt and the
+sentence after it, a short quotation of the definition of attention in Vaswani et al.,
+"Attention Is All You Need" (2017).
 """
 
 
