@@ -11,14 +11,25 @@ REPORT_KEYS = ("scenario", "classify_reason", "status", "message", "model_name",
                "memory", "baseline_path", "verification")
 
 
+ORIGIN_KEYS = ("model_name", "model_source", "model_dir", "architecture", "family", "vendored", "rendered")
+
+
 def write_report(state: dict) -> Path | None:
     if not state.get("recipe_dir"):
         return None
     recipe_dir = Path(state["recipe_dir"])
     recipe_dir.mkdir(parents=True, exist_ok=True)
+    path = recipe_dir / "migration_report.json"
     report = {"generated_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
     report.update({k: state.get(k) for k in REPORT_KEYS if state.get(k) is not None})
-    path = recipe_dir / "migration_report.json"
+    # A later B/C run knows less about the recipe's origin than the migration did: keep it.
+    try:
+        previous = json.loads(path.read_text())
+    except (OSError, ValueError):
+        previous = {}
+    for key in ORIGIN_KEYS:
+        if key not in report and key in previous:
+            report[key] = previous[key]
     path.write_text(json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n")
     (recipe_dir / "migration_summary.md").write_text(human_summary(report))
     update_readme(recipe_dir / "README.md", report)

@@ -7,6 +7,11 @@ top-level `model_generate(prompts, warm_up=False)` that tokenizes and calls this
 
 Each forward is timed between two device synchronizes and logged as
 "{model_name} inference time cost of prefill|decode is X ms"; the texts as "Request N: outputs: ...".
+
+exe_mode "graph": the prefill stays eager; the decode step is compiled (`decode_forward`, chosen
+in `init_model`: torch.compile/inductor on CPU and CUDA, torchair's backend on NPU) and runs on a
+StaticCache (`new_cache`), so every step has the same shapes and one graph serves them all. The
+first decode step of the warm-up generation compiles it; the formal generation reuses the graph.
 """
 
 from __future__ import annotations
@@ -61,6 +66,8 @@ class ModelRunner:
         self.logger = get_logger(self.model_name, self.rank)
         self.model = None
         self.tokenizer = None
+        self.decode_forward = None  # set by init_model: the model itself, or its compiled decode step
+        self.static_cache = None  # graph mode: one StaticCache, reset between generations
 
     # ---- model and tokenizer -------------------------------------------------------------
     def init_model(self, model_cls, config_cls):
@@ -97,6 +104,52 @@ class ModelRunner:
         self.logger.info(
             f"{self.model_name} loaded {model_cls.__name__} ({self.model_bytes / 1e6:.1f} MB, "
             f"{str(self.dtype).removeprefix('torch.')}) on {self.device}")
+        self.decode_forward = self.build_decode_forward()
+
+    def build_decode_forward(self):
+        """Eager: the model. Graph: the model compiled with fixed shapes for one-token steps."""
+        if self.exe_mode != "graph":
+            return self.model
+        options = {"dynamic": False}
+        if self.device.type == "npu":
+            try:
+                import torchair
+                from torchair.configs.compiler_config import CompilerConfig
+            except ImportError as exc:
+                self.logger.warning(f"{self.model_name} exe_mode graph needs torchair on NPU and it cannot be "
+                                    f"imported ({exc}); running eager instead")
+                self.exe_mode = "eager"
+                return self.model
+            options.update(backend=torchair.get_npu_backend(compiler_config=CompilerConfig()))
+            backend = "torchair"
+        elif self.device.type == "cuda":
+            options.update(mode="reduce-overhead")  # inductor + CUDA graphs: one launch per step
+            backend = "inductor, CUDA graphs"
+        else:
+            backend = "inductor"
+        self.logger.info(f"{self.model_name} exe_mode graph: decode step compiled with torch.compile "
+                         f"({backend}) in the warm-up run, static KV cache; prefill eager")
+        return torch.compile(self.model, **options)
+
+    def new_cache(self, batch_size: int, max_cache_len: int):
+        """The KV cache for one generation of `batch_size` prompts up to `max_cache_len` tokens.
+
+        Eager: a DynamicCache that grows by concatenation. Graph: a StaticCache of
+        [batch, kv_heads, max_cache_len, head_dim] per layer; the length is rounded up to a multiple
+        of 64 and the cache is kept and reset between generations, so the compiled step sees the
+        same shapes and the same tensors (no recompilation in the formal run).
+        """
+        from transformers.cache_utils import DynamicCache, StaticCache
+
+        if self.exe_mode != "graph":
+            return DynamicCache(config=self.model.config)
+        max_cache_len = -(-max_cache_len // 64) * 64
+        if self.static_cache is not None and self.static_cache_shape == (batch_size, max_cache_len):
+            self.static_cache.reset()
+            return self.static_cache
+        self.static_cache = StaticCache(config=self.model.config, max_cache_len=max_cache_len)
+        self.static_cache_shape = (batch_size, max_cache_len)
+        return self.static_cache
 
     def eos_token_ids(self) -> list[int]:
         ids = self.model.generation_config.eos_token_id if self.model.generation_config else None
@@ -126,7 +179,21 @@ class ModelRunner:
 
     @torch.inference_mode()
     def model_inference(self, model_inputs: dict):
+        """The prefill forward (eager in both modes)."""
         return self.model(**model_inputs)
+
+    @torch.inference_mode()
+    def decode_one_token(self, model_inputs: dict):
+        """One decode forward through `decode_forward` (compiled in graph mode)."""
+        cache = model_inputs.get(self.cache_kwarg)
+        if self.decode_forward is self.model or cache is not self.static_cache:
+            # Eager, or a recipe that made its own (dynamic) cache: shapes change every step.
+            return self.model(**model_inputs)
+        # The 2D mask grows by one column per step; pad it to the cache length (the model would
+        # pad it the same way) so the compiled step sees one shape.
+        mask = model_inputs["attention_mask"]
+        pad = self.static_cache_shape[1] - mask.shape[-1]
+        return self.decode_forward(**{**model_inputs, "attention_mask": torch.nn.functional.pad(mask, (0, pad))})
 
     def model_generate(self, input_dict: dict, input_lens, warm_up: bool = False) -> list[str]:
         """Greedy generation: prefill then one decode step per token, each forward timed."""
@@ -139,7 +206,10 @@ class ModelRunner:
             model_inputs = self.model_input_prepare(input_dict)
             self.synchronize()
             start = time.perf_counter()
-            outputs = self.model_inference(model_inputs)
+            if stage == "prefill":
+                outputs = self.model_inference(model_inputs)
+            else:
+                outputs = self.decode_one_token(model_inputs)
             self.synchronize()
             cost_ms = (time.perf_counter() - start) * 1000
             self.logger.info(f"{name} inference time cost of {stage} is {cost_ms:.2f} ms")

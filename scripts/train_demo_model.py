@@ -271,7 +271,7 @@ def main(argv=None) -> int:
         return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
     model.train()
-    loss_value = float("nan")
+    loss_value = initial_loss = float("nan")
     t_train = time.monotonic()
     for step in range(args.steps):
         for group in optimizer.param_groups:
@@ -282,6 +282,8 @@ def main(argv=None) -> int:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         loss_value = loss.item()
+        if step == 0:
+            initial_loss = loss_value
         if step % args.log_every == 0 or step == args.steps - 1:
             print(f"step {step + 1:4d}/{args.steps}  loss {loss_value:.4f}  lr {lr_at(step):.2e}  "
                   f"{time.monotonic() - t_train:.1f}s", flush=True)
@@ -314,7 +316,7 @@ def main(argv=None) -> int:
     info = {
         "script": "scripts/train_demo_model.py", "command": command, "seed": args.seed,
         "steps": args.steps, "lr": args.lr, "block_size": args.block_size,
-        "final_loss": round(loss_value, 6), "train_seconds": round(train_s, 1),
+        "initial_loss": round(initial_loss, 6), "final_loss": round(loss_value, 6), "train_seconds": round(train_s, 1),
         "parameters": n_params, "prompt_nll": nll["prompt_nll"], "uniform_nll": nll["uniform_nll"],
         "greedy_continuation": continuation, "output_check_ok": check["ok"],
         "torch": torch.__version__, "transformers": transformers.__version__,
