@@ -75,12 +75,32 @@ def _add_run_options(run: argparse.ArgumentParser) -> None:
 
 # ---- progress ---------------------------------------------------------------------------
 def _progress(name: str, fn):
+    """Each node's start, end and elapsed time on stderr; on a terminal the line ticks live."""
+    import threading
+
     @functools.wraps(fn)
     def wrapper(state):
         start = time.perf_counter()
-        print(f"[migrator] {name} ...", file=sys.stderr, flush=True)
-        result = fn(state)
-        print(f"[migrator] {name} done in {time.perf_counter() - start:.1f}s", file=sys.stderr, flush=True)
+        live = sys.stderr.isatty()
+        stop = threading.Event()
+        if live:
+            def tick():
+                while not stop.wait(0.5):
+                    print(f"\r[migrator] {name} ... {time.perf_counter() - start:.0f}s", end="", file=sys.stderr,
+                          flush=True)
+            threading.Thread(target=tick, daemon=True).start()
+        else:
+            print(f"[migrator] {name} ...", file=sys.stderr, flush=True)
+        try:
+            result = fn(state)
+        except BaseException:
+            stop.set()
+            if live:
+                print(file=sys.stderr)   # keep the error off the progress line
+            raise
+        stop.set()
+        prefix = "\r\033[K" if live else ""
+        print(f"{prefix}[migrator] {name} done in {time.perf_counter() - start:.1f}s", file=sys.stderr, flush=True)
         return result
     return wrapper
 
