@@ -28,7 +28,8 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="build the embedded tiny checkpoint and migrate it end to end")
     demo.add_argument("--output-dir", default="models", help="where the recipe goes (default: models)")
-    demo.add_argument("--arch", default="llama", help="model_type of the tiny checkpoint (default: llama)")
+    demo.add_argument("--arch", help="instead of the shipped trained demo model, build a tiny random "
+                                      "checkpoint of this model_type (e.g. qwen3) and migrate it")
     demo.add_argument("--device", choices=DEVICES, default="auto")
     demo.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
 
@@ -195,13 +196,20 @@ def _finish(summary: dict, as_json: bool) -> int:
 def cmd_demo(args) -> int:
     from agent.tiny_checkpoint import build_tiny_checkpoint
 
+    from agent.paths import demo_model_dir
+
     output_dir = Path(args.output_dir)
-    checkpoint = output_dir / ".checkpoints" / f"tiny_{args.arch}"
-    name = f"demo_tiny_{args.arch}"
+    if args.arch:
+        checkpoint = output_dir / ".checkpoints" / f"tiny_{args.arch}"
+        name = f"demo_tiny_{args.arch}"
+        if not (checkpoint / "config.json").is_file():
+            print(f"[migrator] building tiny {args.arch} checkpoint in {checkpoint}", file=sys.stderr)
+            build_tiny_checkpoint(args.arch, checkpoint)
+    else:
+        # Shipped, trained once by scripts/train_demo_model.py: the output is readable text.
+        checkpoint = demo_model_dir()
+        name = "demo_tiny_attention_llama"
     recipe = output_dir / name
-    if not (checkpoint / "config.json").is_file():
-        print(f"[migrator] building tiny {args.arch} checkpoint in {checkpoint}", file=sys.stderr)
-        build_tiny_checkpoint(args.arch, checkpoint)
     if recipe.exists():
         # The demo recipe is regenerated each time; the previous one is kept, not deleted.
         previous = recipe.with_name(name + ".previous")

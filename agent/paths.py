@@ -30,3 +30,8 @@ def scripts_dir() -> Path:
 
 def skills_dir() -> Path:
     return asset_dir("skills")
+
+
+def demo_model_dir() -> Path:
+    """The shipped demo checkpoint (trained by scripts/train_demo_model.py)."""
+    return asset_dir("demo/tiny-attention-llama")

@@ -145,7 +145,8 @@ class ModelRunner:
             return DynamicCache(config=self.model.config)
         max_cache_len = -(-max_cache_len // 64) * 64
         if self.static_cache is not None and self.static_cache_shape == (batch_size, max_cache_len):
-            self.static_cache.reset()
+            with torch.inference_mode():  # its tensors were made in the last generation's forwards
+                self.static_cache.reset()
             return self.static_cache
         self.static_cache = StaticCache(config=self.model.config, max_cache_len=max_cache_len)
         self.static_cache_shape = (batch_size, max_cache_len)

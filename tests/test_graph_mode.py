@@ -1,0 +1,138 @@
+"""exe_mode graph: compiled decode step on a static cache, same greedy tokens as eager."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import types
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO_ROOT
+
+# Runs in the recipe dir: the recipe's Runner in eager and in graph mode, warm-up then formal run
+# (as infer.py), on a batch of two prompts of different lengths (left padding). Graph mode
+# compiles with a backend that counts the graphs dynamo hands it and runs them as traced, so
+# tracing, guards and recompilations are the real thing without inductor's minutes of codegen.
+PROBE = textwrap.dedent("""
+    import functools, importlib, json, sys, torch
+    from pathlib import Path
+    from engine.config import load_runner_settings
+    from engine.data import DEFAULT_PROMPT
+    from models.model_setting import check_vars, update_vars
+    from transformers.cache_utils import StaticCache
+
+    graphs = []
+    def counting_backend(gm, example_inputs):
+        graphs.append(len(gm.graph.nodes))
+        return gm.forward
+    torch.compile = functools.partial(torch.compile, backend=counting_backend)
+
+    prompts = [DEFAULT_PROMPT, "Multi-head attention allows the model"]
+    module = importlib.import_module("runner_" + sys.argv[1])
+    result = {}
+    for mode in ("eager", "graph"):
+        settings = load_runner_settings(next(Path("config").glob("*.yaml")))
+        settings["exe_mode"] = mode
+        settings["data_config"]["batch_size"] = 2
+        check_vars(settings); update_vars(settings)
+        cls = next(v for k, v in vars(module).items() if k.endswith("Runner") and k != "ModelRunner")
+        runner = cls(settings)
+        runner.init_model()
+        runner.model_generate(prompts, warm_up=True)
+        warm_ids, warm_graphs = runner.last_generate_ids.tolist(), len(graphs)
+        runner.model_generate(prompts)
+        result[mode] = {"warm_up": warm_ids, "formal": runner.last_generate_ids.tolist(),
+                        "graphs_after_warm_up": warm_graphs, "graphs_after_formal": len(graphs),
+                        "static_cache": isinstance(runner.static_cache, StaticCache),
+                        "compiled": runner.decode_forward is not runner.model}
+    print(json.dumps(result))
+""")
+
+
+@pytest.fixture(scope="module")
+def recipe(tiny_checkpoints, tmp_path_factory) -> Path:
+    """A tiny llama recipe rendered by the migrator's own steps (no trial run: the tests run it)."""
+    from agent import nodes
+
+    state = {"target": str(tiny_checkpoints("llama")), "output_dir": str(tmp_path_factory.mktemp("graph")),
+             "name": "tiny_graph", "device": "cpu", "max_new_tokens": 12}
+    for step in (nodes.node_detect_env, nodes.node_acquire, nodes.node_vendor, nodes.node_render):
+        state.update(step(state))
+    return Path(state["recipe_dir"])
+
+
+def test_graph_decode_matches_eager_and_compiles_only_in_warm_up(recipe, tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(recipe), str(REPO_ROOT)]), "RES_PATH": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", PROBE, "tiny_graph"], cwd=recipe, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    eager, graph = result["eager"], result["graph"]
+
+    assert not eager["compiled"] and not eager["static_cache"]
+    assert graph["compiled"] and graph["static_cache"]
+    # Greedy tokens identical, padded row included, in both generations.
+    assert graph["warm_up"] == eager["warm_up"]
+    assert graph["formal"] == eager["formal"] == eager["warm_up"]
+    assert len(eager["formal"][0]) > 1
+    # The decode step is compiled once, in the warm-up run; the formal run reuses it.
+    assert graph["graphs_after_warm_up"] == 1
+    assert graph["graphs_after_formal"] == graph["graphs_after_warm_up"]
+
+
+def test_graph_mode_on_npu_without_torchair_falls_back_to_eager(monkeypatch):
+    from engine.model_runner import ModelRunner
+
+    monkeypatch.setitem(sys.modules, "torchair", None)  # import torchair -> ImportError
+    runner = ModelRunner.__new__(ModelRunner)
+    runner.exe_mode, runner.model_name = "graph", "m"
+    runner.device = types.SimpleNamespace(type="npu")
+    runner.model = object()
+    warnings = []
+    runner.logger = types.SimpleNamespace(warning=warnings.append, info=lambda msg: None)
+    assert runner.build_decode_forward() is runner.model
+    assert runner.exe_mode == "eager"
+    assert warnings and "torchair" in warnings[0] and "eager" in warnings[0]
+
+
+def _run_infer_sh(recipe: Path, res: Path, exe_mode: str) -> str:
+    """Set exe_mode, run `bash infer.sh`, collect the baseline; returns the formal output text."""
+    yaml_file = next((recipe / "config").glob("*.yaml"))
+    settings = yaml.safe_load(yaml_file.read_text())
+    settings["exe_mode"] = exe_mode
+    yaml_file.write_text(yaml.safe_dump(settings, sort_keys=False))
+    env = {**os.environ, "PYTHON": sys.executable, "RES_PATH": str(res)}
+    proc = subprocess.run(["bash", "infer.sh"], cwd=recipe, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = res / "baseline.json"
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "collect_baseline.py"), "--log-file", str(res),
+                           "--output", str(out), "--yaml-file", str(yaml_file)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    baseline = json.loads(out.read_text())
+    assert baseline["environment"]["exe_mode"] == exe_mode
+    assert baseline["performance"]["decode_avg_ms"] is not None
+    return baseline["performance"]["output_text"]
+
+
+@pytest.mark.slow
+def test_infer_sh_in_graph_mode_matches_eager(recipe, tmp_path):
+    """The real thing: `bash infer.sh` with exe_mode graph (inductor). Minutes when inductor's cache is cold."""
+    eager_text = _run_infer_sh(recipe, tmp_path / "eager", "eager")
+    graph_text = _run_infer_sh(recipe, tmp_path / "graph", "graph")
+    assert graph_text == eager_text
+
+    log = (tmp_path / "graph" / "log_0.log").read_text()
+    assert "decode step compiled with torch.compile" in log
+    warm_up, formal = log.split("warm-up run ends")
+    decode = re.compile(r"inference time cost of decode is ([\d.]+) ms")
+    warm_ms = [float(ms) for ms in decode.findall(warm_up)]
+    formal_ms = [float(ms) for ms in decode.findall(formal)]
+    # Compilation happens in the warm-up's first decode step, never in the formal run.
+    assert warm_ms[0] > 10 * max(formal_ms)
