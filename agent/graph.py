@@ -54,9 +54,12 @@ def after_diagnose(state: MigrationState) -> str:
 
 
 def node_give_up(state: MigrationState) -> dict:
-    diagnosis = state["rounds"][-1]["diagnosis"]
+    last = state["rounds"][-1]
+    diagnosis = last["diagnosis"]
     where = f" at {diagnosis['location']}" if diagnosis.get("location") else ""
-    return {"status": "failed", "message": f"{diagnosis['diagnosis']}{where}"}
+    # A rule that only reports (e.g. the pip install line) says what to do in its note.
+    note = f"; {last['note']}" if last.get("note") and last.get("note") != "no repair rule matched" else ""
+    return {"status": "failed", "message": f"{diagnosis['diagnosis']}{where}{note}"}
 
 
 def build_graph(wrap=None) -> StateGraph:

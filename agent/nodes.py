@@ -170,8 +170,10 @@ def trial_run(recipe_dir: Path, state: MigrationState, label: str) -> dict:
     start = time.perf_counter()
     with open(run_dir / "output.txt", "w") as out:
         try:
+            # No stdin: a prompt (e.g. "run custom code? [y/N]") must fail, not wait forever.
             proc = subprocess.run(["bash", str(recipe_dir / "infer.sh")], cwd=recipe_dir, env=env,
-                                  stdout=out, stderr=subprocess.STDOUT, timeout=timeout)
+                                  stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                  timeout=timeout)
             returncode, timed_out = proc.returncode, False
         except subprocess.TimeoutExpired:
             returncode, timed_out = None, True

@@ -20,7 +20,7 @@ LOGITS_TOLERANCE = 1e-4
 
 def run_parity(recipe_dir: Path, tokens: int = 16, timeout: int = 900, trust_remote_code: bool = False) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env["PYTHONPATH"] = str(recipe_dir)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(recipe_dir), env.get("PYTHONPATH")]))
     cmd = [sys.executable, "-m", "agent.parity", "--recipe", str(recipe_dir), "--tokens", str(tokens)]
     if trust_remote_code:
         cmd.append("--trust-remote-code")
@@ -69,6 +69,9 @@ def check(recipe_dir: Path, tokens: int, prompt: str | None = None, trust_remote
     runner.init_model()
     reference = AutoModelForCausalLM.from_pretrained(
         settings["model_path"], dtype=torch.float32, local_files_only=True, trust_remote_code=remote,
+        # The recipe's config corrections (e.g. tied embeddings) describe the weights, so the
+        # reference gets them too; key_mapping is not passed: it renames for the vendored code.
+        **settings["model_config"].get("config_overrides", {}),
         attn_implementation=runner.attn_implementation).to(runner.device).eval()
 
     prompt = prompt or DEFAULT_PROMPT

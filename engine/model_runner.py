@@ -72,6 +72,8 @@ class ModelRunner:
     # ---- model and tokenizer -------------------------------------------------------------
     def init_model(self, model_cls, config_cls):
         """Load config, weights (safetensors, configured dtype) and tokenizer from model_path."""
+        # Graph mode settles its backend first: a fall-back to eager shows in the environment line.
+        graph_options = self.graph_compile_options() if self.exe_mode == "graph" else None
         env = environment.detect_environment(self.device.type)
         env.update(device=self.device.type, exe_mode=self.exe_mode, world_size=self.world_size)
         self.logger.info(f"{self.model_name} environment: {json.dumps(env, sort_keys=True)}")
@@ -104,13 +106,10 @@ class ModelRunner:
         self.logger.info(
             f"{self.model_name} loaded {model_cls.__name__} ({self.model_bytes / 1e6:.1f} MB, "
             f"{str(self.dtype).removeprefix('torch.')}) on {self.device}")
-        self.decode_forward = self.build_decode_forward()
+        self.decode_forward = self.build_decode_forward(graph_options)
 
-    def build_decode_forward(self):
-        """Eager: the model. Graph: the model compiled with fixed shapes for one-token steps."""
-        if self.exe_mode != "graph":
-            return self.model
-        options = {"dynamic": False}
+    def graph_compile_options(self) -> dict | None:
+        """torch.compile options for the decode step; None (and exe_mode eager) when graph mode can't run."""
         if self.device.type == "npu":
             try:
                 import torchair
@@ -119,14 +118,18 @@ class ModelRunner:
                 self.logger.warning(f"{self.model_name} exe_mode graph needs torchair on NPU and it cannot be "
                                     f"imported ({exc}); running eager instead")
                 self.exe_mode = "eager"
-                return self.model
-            options.update(backend=torchair.get_npu_backend(compiler_config=CompilerConfig()))
-            backend = "torchair"
-        elif self.device.type == "cuda":
-            options.update(mode="reduce-overhead")  # inductor + CUDA graphs: one launch per step
-            backend = "inductor, CUDA graphs"
-        else:
-            backend = "inductor"
+                return None
+            return {"dynamic": False, "backend": torchair.get_npu_backend(compiler_config=CompilerConfig())}
+        if self.device.type == "cuda":
+            return {"dynamic": False, "mode": "reduce-overhead"}  # inductor + CUDA graphs: one launch per step
+        return {"dynamic": False}  # inductor
+
+    def build_decode_forward(self, options: dict | None):
+        """Eager: the model. Graph: the model compiled with fixed shapes for one-token steps (it
+        compiles on its first call, the warm-up run's first decode step)."""
+        if options is None:
+            return self.model
+        backend = "torchair" if "backend" in options else "inductor" + (", CUDA graphs" if "mode" in options else "")
         self.logger.info(f"{self.model_name} exe_mode graph: decode step compiled with torch.compile "
                          f"({backend}) in the warm-up run, static KV cache; prefill eager")
         return torch.compile(self.model, **options)

@@ -97,8 +97,9 @@ def test_graph_mode_on_npu_without_torchair_falls_back_to_eager(monkeypatch):
     runner.model = object()
     warnings = []
     runner.logger = types.SimpleNamespace(warning=warnings.append, info=lambda msg: None)
-    assert runner.build_decode_forward() is runner.model
+    assert runner.graph_compile_options() is None
     assert runner.exe_mode == "eager"
+    assert runner.build_decode_forward(None) is runner.model
     assert warnings and "torchair" in warnings[0] and "eager" in warnings[0]
 
 
@@ -121,9 +122,9 @@ def _run_infer_sh(recipe: Path, res: Path, exe_mode: str) -> str:
     return baseline["performance"]["output_text"]
 
 
-@pytest.mark.slow
 def test_infer_sh_in_graph_mode_matches_eager(recipe, tmp_path):
-    """The real thing: `bash infer.sh` with exe_mode graph (inductor). Minutes when inductor's cache is cold."""
+    """The real thing: `bash infer.sh` with exe_mode graph (inductor): ~45 s on 2 cores with a cold
+    inductor cache, ~20 s warm."""
     eager_text = _run_infer_sh(recipe, tmp_path / "eager", "eager")
     graph_text = _run_infer_sh(recipe, tmp_path / "graph", "graph")
     assert graph_text == eager_text

@@ -1,0 +1,32 @@
+"""scripts/bench_recipe.py --quick: the whole benchmark on the 2-layer test model, in seconds."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import REPO_ROOT
+
+
+def test_bench_quick_prints_the_ratios_and_writes_json(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "scripts" / "bench_recipe.py"), "--quick", "--threads", "1",
+         "--workdir", str(tmp_path / "work"), "--json", str(out)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = proc.stdout
+    for line in ("ratio eager / transformers per-token time:", "ratio transformers / graph speedup:",
+                 "migrator overhead to a rendered recipe:", "recipe eager", "recipe graph",
+                 "transformers generate()", "parameters"):
+        assert line in text, text[-3000:]
+
+    data = json.loads(out.read_text())
+    assert set(data["per_token_ms"]) == {"recipe eager", "recipe graph", "transformers generate()"}
+    assert all(ms > 0 for ms in data["per_token_ms"].values())
+    assert set(data["ratios"]) == {"eager_vs_transformers", "transformers_vs_graph"}
+    assert data["migrator_overhead"]["wall_s"] > 0
+    assert set(data["migrator_overhead"]["steps_s"]) == {"detect_env", "acquire", "vendor", "render"}
+    # Same weights, greedy, same number of tokens: the three agree on the tokens.
+    assert data["tokens_match"] == {"graph_equals_eager": True, "eager_equals_transformers": True}
