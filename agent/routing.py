@@ -28,6 +28,10 @@ FAMILIES = {
         "sliding_window", "runner.py.j2", "models/gpt_oss",
         "sliding-window or hybrid attention (config layer_types / sliding_window); per-layer cache "
         "kinds (sliding layers keep the last window only); causal + sliding masks"),
+    "hybrid_recurrent": Family(
+        "hybrid_recurrent", "runner.py.j2", "models/longcat-flash",
+        "linear-attention or state-space (Mamba) layers mixed with attention: per-layer recurrent "
+        "state instead of a growing KV cache; the model builds its own cache type at prefill"),
     "moe": Family(
         "moe", "runner.py.j2", "models/qwen3_moe",
         "mixture of experts (router top-k over experts, optional shared experts); standard KV "
@@ -51,6 +55,13 @@ def _expert_count(config: dict) -> int:
                     default=0) or 0)
 
 
+def _has_recurrent_layers(config: dict) -> bool:
+    layer_types = config.get("layer_types") or []
+    if any("linear" in str(kind) or "mamba" in str(kind) for kind in layer_types):
+        return True
+    return any(key.startswith(("mamba_", "linear_num_")) for key in config)
+
+
 def _has_sliding(config: dict) -> bool:
     layer_types = config.get("layer_types") or []
     if any("sliding" in str(kind) or "local" in str(kind) for kind in layer_types):
@@ -61,6 +72,7 @@ def _has_sliding(config: dict) -> bool:
 # Ordered: the first matching row wins (MLA before MoE: DeepSeek-V3 is both).
 ROUTES: list[tuple[str, Callable[[dict], bool]]] = [
     ("mla", lambda c: bool(c.get("kv_lora_rank"))),
+    ("hybrid_recurrent", _has_recurrent_layers),
     ("moe", lambda c: _expert_count(c) > 1),
     ("sliding_window", _has_sliding),
     ("standard", lambda c: True),

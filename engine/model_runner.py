@@ -137,15 +137,17 @@ class ModelRunner:
     def new_cache(self, batch_size: int, max_cache_len: int):
         """The KV cache for one generation of `batch_size` prompts up to `max_cache_len` tokens.
 
-        Eager: a DynamicCache that grows by concatenation. Graph: a StaticCache of
+        Eager: None — the model builds its own cache at prefill (a DynamicCache for most; hybrid
+        linear-attention / Mamba models need their own cache class) and the runner keeps the one
+        the forward returns. Graph: a StaticCache of
         [batch, kv_heads, max_cache_len, head_dim] per layer; the length is rounded up to a multiple
         of 64 and the cache is kept and reset between generations, so the compiled step sees the
         same shapes and the same tensors (no recompilation in the formal run).
         """
-        from transformers.cache_utils import DynamicCache, StaticCache
+        from transformers.cache_utils import StaticCache
 
         if self.exe_mode != "graph":
-            return DynamicCache(config=self.model.config)
+            return None
         max_cache_len = -(-max_cache_len // 64) * 64
         if self.static_cache is not None and self.static_cache_shape == (batch_size, max_cache_len):
             with torch.inference_mode():  # its tensors were made in the last generation's forwards

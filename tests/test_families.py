@@ -27,12 +27,15 @@ FAMILY_CASES = {
     "mixtral": "moe",
     "deepseek_v3": "mla",
     "gpt_oss": "moe",
+    "qwen3_next": "hybrid_recurrent",   # linear attention + MoE; needs its own cache class
 }
+# Tiny-config adjustments a family needs to be itself (not a model-name special case in the tool).
+OVERRIDES = {"qwen3_next": {"num_hidden_layers": 4}}   # 4 layers: 3 linear + 1 full attention
 
 
 @pytest.mark.parametrize("model_type,family", sorted(FAMILY_CASES.items()))
 def test_family_migrates_with_parity(model_type, family, tiny_checkpoints, tmp_path):
-    ckpt = tiny_checkpoints(model_type)
+    ckpt = tiny_checkpoints(model_type, **OVERRIDES.get(model_type, {}))
     proc = run_cli("run", str(ckpt), "--name", "m", "--output-dir", str(tmp_path), "--device", "cpu", "--json")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     summary = json.loads(proc.stdout)
@@ -89,6 +92,8 @@ def test_routing_table_detects_families_from_config_features():
     assert route({"layer_types": ["sliding_attention", "full_attention"]}).name == "sliding_window"
     assert route({"sliding_window": 4096, "use_sliding_window": False}).name == "standard"
     assert route({"hidden_size": 64}).name == "standard"
+    assert route({"layer_types": ["linear_attention", "full_attention"], "num_experts": 8}).name == "hybrid_recurrent"
+    assert route({"mamba_d_state": 16, "attn_layer_period": 8}).name == "hybrid_recurrent"
     # Every route names a family row and every family row has a template.
     from agent.paths import templates_dir
 
