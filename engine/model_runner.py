@@ -63,6 +63,8 @@ class ModelRunner:
         self.device = environment.select_device(runner_settings.get("device", "auto"))
         if self.world_size > 1:
             self.device = init_distributed(self.device, int(os.environ.get("LOCAL_RANK", 0)))
+        # Vendored code patched away from hard-coded "cuda" asks for the device here.
+        os.environ["RECIPE_DEVICE"] = str(self.device)
         self.logger = get_logger(self.model_name, self.rank)
         self.model = None
         self.tokenizer = None
