@@ -17,6 +17,3 @@ def test_demo_migrates_the_shipped_model_with_readable_checked_output(tmp_path):
     assert verification["parity"]["untrained_weights"] is False and verification["parity"]["ok"]
     assert baseline["performance"]["output_text"].startswith(" computed as a weighted sum of the values")
     assert summary["status"] == "ok"
-    # A second demo keeps the first recipe beside the new one.
-    again = run_cli("demo", "--output-dir", str(tmp_path))
-    assert again.returncode == 0 and (tmp_path / "demo_tiny_attention_llama.previous" / "infer.sh").is_file()
