@@ -59,8 +59,8 @@ TINY_DIMS = {
 }
 
 
-def build_tokenizer(out_dir: str | Path, vocab_size: int = 384):
-    """Train a byte-level BPE tokenizer on CORPUS and save it as a fast HF tokenizer."""
+def train_bpe_tokenizer(corpus: list[str], vocab_size: int, **init_kwargs):
+    """Byte-level BPE trained on `corpus`, wrapped as a fast HF tokenizer (pad/bos/eos/unk)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -73,11 +73,15 @@ def build_tokenizer(out_dir: str | Path, vocab_size: int = 384):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(CORPUS, trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token="<|pad|>", bos_token="<|bos|>", eos_token="<|eos|>", unk_token="<|unk|>",
-    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<|pad|>", bos_token="<|bos|>", eos_token="<|eos|>",
+        unk_token="<|unk|>", **init_kwargs)
+
+
+def build_tokenizer(out_dir: str | Path, vocab_size: int = 384):
+    """Train a byte-level BPE tokenizer on CORPUS and save it as a fast HF tokenizer."""
+    fast = train_bpe_tokenizer(CORPUS, vocab_size)
     fast.save_pretrained(out_dir)
     return fast
 

@@ -110,24 +110,10 @@ CHECK_TOKENS = 32
 
 
 def build_tokenizer(corpus: list[str], vocab_size: int):
-    """Byte-level BPE trained on `corpus`, wrapped as a fast HF tokenizer (pad/bos/eos/unk)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    """Byte-level BPE trained on `corpus` (the same recipe as the test checkpoints' tokenizer)."""
+    from agent.tiny_checkpoint import train_bpe_tokenizer
 
-    tok = Tokenizer(models.BPE(unk_token="<|unk|>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(corpus, trainer=trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, model_max_length=MODEL_DIMS["max_position_embeddings"],
-        pad_token="<|pad|>", bos_token="<|bos|>", eos_token="<|eos|>", unk_token="<|unk|>",
-    )
+    return train_bpe_tokenizer(corpus, vocab_size, model_max_length=MODEL_DIMS["max_position_embeddings"])
 
 
 def make_windows(tokenizer, corpus: list[str], block_size: int, stride: int):
