@@ -35,7 +35,6 @@ if str(REPO_ROOT) not in sys.path:
 from engine.data import DEFAULT_PROMPT  # noqa: E402
 from engine.output_check import check_output_text  # noqa: E402
 
-SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|unk|>"]
 
 # The continuation the model learns for the default prompt (the prompt ends with "The output is").
 PROMPT_CONTINUATION = (
