@@ -26,7 +26,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("target", help="https://huggingface.co/Org/Name, Org/Name, a local HF model dir, or a recipe dir")
     _add_run_options(run)
 
-    demo = sub.add_parser("demo", help="build the embedded tiny checkpoint and migrate it end to end")
+    demo = sub.add_parser("demo", help="migrate the shipped demo model (or --arch: a tiny random checkpoint) end to end")
     demo.add_argument("--output-dir", default="models", help="where the recipe goes (default: models)")
     demo.add_argument("--arch", help="instead of the shipped trained demo model, build a tiny random "
                                       "checkpoint of this model_type (e.g. qwen3) and migrate it")
