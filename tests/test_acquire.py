@@ -383,3 +383,22 @@ def test_hf_endpoint_unreachable_falls_back_to_cache(full_cache):
 
 def test_weights_limit_is_5gb():
     assert WEIGHTS_LIMIT_BYTES == 5 * 10**9
+
+
+# ---- end to end: an HF link served from the local cache, offline -----------------------------
+def test_hub_link_migrates_end_to_end_offline(full_cache, tmp_path):
+    env = {**os.environ, "HF_HOME": str(full_cache), "HF_HUB_OFFLINE": "1",
+           "XDG_CACHE_HOME": str(full_cache.parent / "xdg")}
+    link = "https://huggingface.co/Org/Tiny-Model/tree/dev"
+    proc = subprocess.run([sys.executable, "-m", "agent.cli", "run", link, "--output-dir", str(tmp_path / "out"),
+                           "--device", "cpu", "--max-new-tokens", "8", "--json"], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout)
+    assert summary["model_name"] == "tiny_model" and summary["status"] == "ok"    # from the repo name
+    recipe = tmp_path / "out" / "tiny_model"
+    baseline = json.loads((recipe / "baseline" / "baseline_metadata.json").read_text())
+    assert baseline["model_config"]["model_source"] == link                         # the link, revision kept
+    settings = (recipe / "config" / "tiny_model_1card_eager.yaml").read_text()
+    assert f"snapshots/{DEV}" in settings                                           # the dev snapshot was used
+    assert baseline["verification"]["parity"]["ok"]
