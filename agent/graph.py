@@ -53,6 +53,11 @@ def after_diagnose(state: MigrationState) -> str:
     return "repair"
 
 
+def after_repair(state: MigrationState) -> str:
+    """Nothing changed (a report-only rule, or a fix that could not apply): re-running is pointless."""
+    return "trial_run" if state["rounds"][-1].get("applied") else "give_up"
+
+
 def node_give_up(state: MigrationState) -> dict:
     last = state["rounds"][-1]
     diagnosis = last["diagnosis"]
@@ -90,7 +95,7 @@ def build_graph(wrap=None) -> StateGraph:
     graph.add_conditional_edges("trial_run", after_trial_run,
                                 ["collect_baseline", "estimate_memory", "diagnose"])
     graph.add_conditional_edges("diagnose", after_diagnose, ["repair", "estimate_memory", "give_up"])
-    graph.add_edge("repair", "trial_run")
+    graph.add_conditional_edges("repair", after_repair, ["trial_run", "give_up"])
     graph.add_edge("estimate_memory", "report")
     graph.add_edge("give_up", "report")
     graph.add_edge("collect_baseline", "verify")

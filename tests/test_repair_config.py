@@ -282,3 +282,31 @@ def test_yaml_missing_matcher(fake_recipe):
     assert _first_match(fake_recipe, out) is None                    # the YAML is there
     (fake_recipe / "config" / "fi_1card_eager.yaml").unlink()
     assert _rule("yaml_file_missing").match(_failure(fake_recipe, out)) == {"file": "config/fi_1card_eager.yaml"}
+
+
+def test_hanging_run_is_reported_with_where_it_stopped(working_recipe):
+    # In practice: a rank waiting forever (here: infer.py blocks right after loading the model).
+    infer = working_recipe / "infer.py"
+    infer.write_text(infer.read_text().replace("    runner.init_model()\n",
+                                               "    runner.init_model()\n    print('loaded', flush=True)\n"
+                                               "    import time; time.sleep(3600)\n"))
+    def sources():
+        return {p: p.read_bytes() for p in working_recipe.rglob("*.py") if ".migrator" not in p.parts}
+
+    before = sources()
+    proc, summary, report = repair_run(working_recipe, "--timeout", "25")
+    assert proc.returncode == 1 and summary["status"] == "failed"
+    first = report["rounds"][0]
+    assert first["diagnosis"]["rule"] == "run_timed_out" and not first["applied"]
+    assert "--timeout 25s" in summary["message"] and "loaded" in summary["message"]
+    assert sources() == before     # report only
+    assert len(report["runs"]) == 1    # classify's run only: a report-only rule ends the loop
+
+
+def test_timeout_matcher_needs_a_timeout(tmp_path):
+    from agent.repair import Failure
+    from agent.repair_rules.config import _match_timeout
+
+    assert _match_timeout(Failure(tmp_path, "x", "ValueError: no", None)) is None
+    facts = _match_timeout(Failure(tmp_path, "a\nstill decoding\n", "TimeoutError: infer.sh did not finish", None, True))
+    assert facts["last_line"] == "still decoding"

@@ -175,3 +175,10 @@ def test_killed_run_resumes_to_the_same_recipe(tiny_checkpoints, tmp_path):
     assert fresh.returncode == 0
     for rel in ["infer.py", "infer.sh", "runner_r.py", "models/modeling_r.py", "config/r_1card_eager.yaml"]:
         assert (recipe / rel).read_bytes() == (tmp_path / "fresh" / "r" / rel).read_bytes(), rel
+
+
+def test_after_repair_reruns_only_when_something_changed():
+    from agent.graph import after_repair
+
+    assert after_repair({"rounds": [{"applied": True}]}) == "trial_run"
+    assert after_repair({"rounds": [{"applied": False, "note": "pip install einops"}]}) == "give_up"

@@ -373,7 +373,27 @@ def _fix_yaml_missing(failure: Failure, facts: dict, ctx: RepairContext) -> str:
             f"device {context['device']}, dtype {context['dtype']}, max_new_tokens {context['max_new_tokens']})")
 
 
+def _match_timeout(failure: Failure) -> dict | None:
+    if not (failure.timed_out or failure.error.startswith("TimeoutError: infer.sh did not finish")):
+        return None
+    lines = [ln.strip() for ln in failure.output.strip().splitlines() if ln.strip()]
+    data = load_yaml(failure.recipe_dir).get("data_config") or {}
+    return {"last_line": lines[-1][-300:] if lines else "(no output)",
+            "max_new_tokens": data.get("max_new_tokens"), "world_size": load_yaml(failure.recipe_dir).get("world_size")}
+
+
+def _fix_timeout(failure: Failure, facts: dict, ctx: RepairContext) -> str:
+    # Report only: a hang has no safe automatic fix (the cause may be a collective, an input
+    # wait or simply a slow device); the note says where it stopped and what to change.
+    return (f"infer.sh ran past --timeout {ctx.timeout_s}s; its last output line was: {facts['last_line']!r}. "
+            f"If it was still generating, raise --timeout or lower data_config.max_new_tokens "
+            f"({facts['max_new_tokens']}); if it was waiting (world_size {facts['world_size']}: every rank "
+            f"must start; or input/collective), fix that wait")
+
+
 RULES: list[Rule] = [
+    Rule("run_timed_out", "infer.sh hangs or runs past the timeout",
+         _match_timeout, _fix_timeout, kind="report"),
     Rule("dtype_unsupported_on_device", "the configured dtype cannot run on this device",
          _match_dtype, _fix_dtype, kind="yaml"),
     Rule("yaml_missing_key", "the recipe YAML lacks a required key",
