@@ -35,6 +35,11 @@ class Failure:
     location: str | None        # innermost file:line
     timed_out: bool = False
 
+    @classmethod
+    def from_output(cls, recipe_dir: Path, output: str, timed_out: bool = False) -> "Failure":
+        summary = summarise_failure(output)
+        return cls(recipe_dir, output, summary["error"], summary["location"], timed_out)
+
     @property
     def model_name(self) -> str:
         runners = sorted(self.recipe_dir.glob("runner_*.py"))
@@ -80,11 +85,10 @@ def is_oom(output: str) -> bool:
 
 def load_failure(recipe_dir: Path, run: dict) -> Failure:
     output = Path(run["output_file"]).read_text(errors="replace") if run.get("output_file") else ""
-    summary = summarise_failure(output)
-    error = summary["error"]
-    if run.get("timed_out"):
-        error = f"TimeoutError: infer.sh did not finish within the timeout ({run.get('summary')})"
-    return Failure(recipe_dir, output, error, summary["location"], bool(run.get("timed_out")))
+    failure = Failure.from_output(recipe_dir, output, bool(run.get("timed_out")))
+    if failure.timed_out:
+        failure.error = f"TimeoutError: infer.sh did not finish within the timeout ({run.get('summary')})"
+    return failure
 
 
 def catalogue() -> list[Rule]:
@@ -93,17 +97,29 @@ def catalogue() -> list[Rule]:
     return CATALOGUE
 
 
+def rule_named(name: str | None) -> Rule | None:
+    return next((rule for rule in catalogue() if rule.name == name), None)
+
+
+def first_matching_rule(failure: Failure) -> tuple[Rule, dict] | None:
+    """The first catalogue rule that accepts the failure, with its facts (order = priority)."""
+    for rule in catalogue():
+        facts = rule.match(failure)
+        if facts is not None:
+            return rule, facts
+    return None
+
+
 def diagnose(recipe_dir: Path, run: dict) -> dict:
     failure = load_failure(recipe_dir, run)
     base = {"signature": signature(failure.error), "error": failure.error, "location": failure.location,
             "oom": is_oom(failure.output)}
     if base["oom"]:
         return dict(base, rule=None, diagnosis=f"out of memory: {failure.error}")
-    for rule in catalogue():
-        facts = rule.match(failure)
-        if facts is not None:
-            return dict(base, rule=rule.name, facts=_jsonable(facts),
-                        diagnosis=f"{rule.description}: {failure.error}")
+    matched = first_matching_rule(failure)
+    if matched is not None:
+        rule, facts = matched
+        return dict(base, rule=rule.name, facts=_jsonable(facts), diagnosis=f"{rule.description}: {failure.error}")
     return dict(base, rule=None, diagnosis=f"unknown failure: {failure.error}")
 
 
@@ -176,7 +192,7 @@ def rollback(recipe_dir: Path, round_no: int | None = None) -> tuple[int, list[s
 def repair(recipe_dir: Path, diagnosis: dict, round_no: int, context: RepairContext | None = None) -> dict:
     """Apply the matched rule's fix with a backup first; record the diff."""
     context = context or RepairContext()
-    rule = next((r for r in catalogue() if r.name == diagnosis.get("rule")), None)
+    rule = rule_named(diagnosis.get("rule"))
     if rule is None:
         return {"applied": False, "diff": "", "note": "no repair rule matched"}
     backup_dir = backup(recipe_dir, round_no)

@@ -13,8 +13,7 @@ import pytest
 import yaml
 from libcst.codemod import CodemodTest
 
-from agent.repair import Failure, summarise_failure
-from agent.repair_rules import CATALOGUE
+from agent.repair import Failure, rule_named
 from agent.repair_rules.code import (
     AddForwardKwargsCommand,
     DeviceAgnosticCudaCommand,
@@ -25,7 +24,7 @@ from agent.repair_rules.code import (
     key_prefix_mapping,
     pip_distribution,
 )
-from conftest import assert_repaired, repair_run
+from conftest import assert_repaired, first_match_name, repair_run
 
 MODELING = "models/modeling_fi.py"
 RUNNER = "runner_fi.py"
@@ -354,16 +353,6 @@ def _traceback(recipe: Path, frames: list[tuple[str, int]], error: str) -> str:
     return "\n".join([*lines, error]) + "\n"
 
 
-def _failure(recipe: Path, output: str) -> Failure:
-    summary = summarise_failure(output)
-    return Failure(recipe, output, summary["error"], summary["location"])
-
-
-def _diagnosed(recipe: Path, output: str) -> str | None:
-    failure = _failure(recipe, output)
-    return next((rule.name for rule in CATALOGUE if rule.match(failure) is not None), None)
-
-
 MODEL_SRC = '''\
 import torch
 from torch import nn
@@ -415,50 +404,50 @@ def fake_recipe(tmp_path):
 def test_match_constructor_without_runner_settings(fake_recipe):
     out = _traceback(fake_recipe, [("runner_foo.py", 6)],
                      "TypeError: FooForCausalLM.__init__() got an unexpected keyword argument 'runner_settings'")
-    assert _diagnosed(fake_recipe, out) == "constructor_without_runner_settings"
+    assert first_match_name(fake_recipe, out) == "constructor_without_runner_settings"
     # Another keyword, or a class the recipe does not define: not this rule.
-    assert _diagnosed(fake_recipe, out.replace("'runner_settings'", "'foo'")) is None
-    assert _diagnosed(fake_recipe, out.replace("FooForCausalLM.__init__", "BarModel.__init__")) is None
+    assert first_match_name(fake_recipe, out.replace("'runner_settings'", "'foo'")) is None
+    assert first_match_name(fake_recipe, out.replace("FooForCausalLM.__init__", "BarModel.__init__")) is None
 
 
 def test_match_forward_unexpected_keyword(fake_recipe):
     out = _traceback(fake_recipe, [("runner_foo.py", 6)],
                      "TypeError: FooForCausalLM.forward() got an unexpected keyword argument 'cache_position'")
-    facts = CATALOGUE[[r.name for r in CATALOGUE].index("forward_unexpected_keyword")].match(_failure(fake_recipe, out))
+    facts = rule_named("forward_unexpected_keyword").match(Failure.from_output(fake_recipe, out))
     assert facts == {"class": "FooForCausalLM", "method": "forward", "kwarg": "cache_position",
                      "file": "models/modeling_foo.py"}
     # forward already takes **kwargs: adding it again cannot help.
     modeling = fake_recipe / "models" / "modeling_foo.py"
     modeling.write_text(MODEL_SRC.replace("position_ids=None)", "position_ids=None, **kwargs)"))
-    assert _diagnosed(fake_recipe, out) is None
+    assert first_match_name(fake_recipe, out) is None
 
 
 def test_match_flash_attn_before_missing_package(fake_recipe):
     modeling = fake_recipe / "models" / "modeling_foo.py"
     modeling.write_text("from flash_attn import flash_attn_func\n" + MODEL_SRC)
     out = _traceback(fake_recipe, [("models/modeling_foo.py", 1)], "ModuleNotFoundError: No module named 'flash_attn'")
-    rule = next(r for r in CATALOGUE if r.name == "flash_attn_not_installed")
-    assert _diagnosed(fake_recipe, out) == "flash_attn_not_installed"
-    assert rule.match(_failure(fake_recipe, out)) == {"files": ["models/modeling_foo.py"],
+    rule = rule_named("flash_attn_not_installed")
+    assert first_match_name(fake_recipe, out) == "flash_attn_not_installed"
+    assert rule.match(Failure.from_output(fake_recipe, out)) == {"files": ["models/modeling_foo.py"],
                                                        "attn_implementation": "flash_attention_2", "set_sdpa": True}
     # Other missing modules are not flash_attn's business.
-    assert rule.match(_failure(fake_recipe, out.replace("flash_attn'", "einops'"))) is None
+    assert rule.match(Failure.from_output(fake_recipe, out.replace("flash_attn'", "einops'"))) is None
 
 
 def test_match_missing_pip_package(fake_recipe):
     out = _traceback(fake_recipe, [("models/modeling_foo.py", 1)],
                      "ModuleNotFoundError: No module named 'sklearn'")
-    rule = next(r for r in CATALOGUE if r.name == "missing_pip_package")
-    facts = rule.match(_failure(fake_recipe, out))
+    rule = rule_named("missing_pip_package")
+    facts = rule.match(Failure.from_output(fake_recipe, out))
     if facts is not None:       # (scikit-learn happens not to be installed)
         assert facts["install"] == f"{sys.executable} -m pip install scikit-learn"
-    assert rule.match(_failure(fake_recipe, out.replace("sklearn", "fi_not_a_real_module_xyz")))["install"] == \
+    assert rule.match(Failure.from_output(fake_recipe, out.replace("sklearn", "fi_not_a_real_module_xyz")))["install"] == \
         f"{sys.executable} -m pip install fi_not_a_real_module_xyz"
     # Recipe-local modules, the engine, and submodules of installed packages are not pip's.
     for module in ("models.modeling_bar", "runner_bar", "engine.launch", "transformers.models.foo_bar", "torch.foo"):
-        assert rule.match(_failure(fake_recipe, out.replace("sklearn", module))) is None, module
+        assert rule.match(Failure.from_output(fake_recipe, out.replace("sklearn", module))) is None, module
     (fake_recipe / "helpers.py").write_text("")
-    assert rule.match(_failure(fake_recipe, out.replace("sklearn", "helpers"))) is None
+    assert rule.match(Failure.from_output(fake_recipe, out.replace("sklearn", "helpers"))) is None
 
 
 def test_pip_distribution_names():
@@ -475,12 +464,12 @@ def test_pip_distribution_names():
 def test_match_hardcoded_cuda(fake_recipe):
     out = _traceback(fake_recipe, [("models/modeling_foo.py", 14)],
                      "AssertionError: Torch not compiled with CUDA enabled")
-    assert _diagnosed(fake_recipe, out) is None            # no hard-coded CUDA in the code
+    assert first_match_name(fake_recipe, out) is None            # no hard-coded CUDA in the code
     modeling = fake_recipe / "models" / "modeling_foo.py"
     modeling.write_text(MODEL_SRC.replace("return input_ids", "return input_ids.cuda()"))
-    assert _diagnosed(fake_recipe, out) == "hardcoded_cuda_device"
+    assert first_match_name(fake_recipe, out) == "hardcoded_cuda_device"
     # A CUDA-looking error that is not about a missing CUDA device.
-    assert _diagnosed(fake_recipe, out.replace("Torch not compiled with CUDA enabled",
+    assert first_match_name(fake_recipe, out.replace("Torch not compiled with CUDA enabled",
                                                "CUDA error: device-side assert triggered")) is None
 
 
@@ -492,15 +481,15 @@ def _state_dict_error(path: Path, missing: list, unexpected: list, shapes: list 
 def test_match_state_dict_prefix(fake_recipe):
     layers = ["embed_tokens.weight", "layers.0.mlp.up_proj.weight", "layers.0.self_attn.q_proj.weight", "norm.weight"]
     error = _state_dict_error(fake_recipe / "ckpt", [f"transformer.{k}" for k in layers], [f"model.{k}" for k in layers])
-    rule = next(r for r in CATALOGUE if r.name == "state_dict_key_mismatch")
-    assert rule.match(_failure(fake_recipe, _traceback(fake_recipe, [], error))) == \
+    rule = rule_named("state_dict_key_mismatch")
+    assert rule.match(Failure.from_output(fake_recipe, _traceback(fake_recipe, [], error))) == \
         {"fix": "key_mapping", "key_mapping": {r"^model\.": "transformer."}}
     # Missing and unexpected keys that are not one prefix apart; mismatched shapes.
     odd = _state_dict_error(fake_recipe / "ckpt", ["transformer.norm.weight", "lm_head.weight"],
                             ["model.norm.weight", "model.final.bias"])
-    assert rule.match(_failure(fake_recipe, _traceback(fake_recipe, [], odd))) is None
+    assert rule.match(Failure.from_output(fake_recipe, _traceback(fake_recipe, [], odd))) is None
     shapes = _state_dict_error(fake_recipe / "ckpt", [], [], ["lm_head.weight: [10, 4] vs [12, 4]"])
-    assert rule.match(_failure(fake_recipe, _traceback(fake_recipe, [], shapes))) is None
+    assert rule.match(Failure.from_output(fake_recipe, _traceback(fake_recipe, [], shapes))) is None
 
 
 def test_key_prefix_mapping():
@@ -520,12 +509,12 @@ def test_match_state_dict_tied_embeddings(fake_recipe):
     checkpoint.mkdir()
     save_file({"model.embed_tokens.weight": torch.zeros(4, 2)}, checkpoint / "model.safetensors")
     error = _state_dict_error(checkpoint, ["lm_head.weight"], [])
-    rule = next(r for r in CATALOGUE if r.name == "state_dict_key_mismatch")
-    assert rule.match(_failure(fake_recipe, _traceback(fake_recipe, [], error))) == \
+    rule = rule_named("state_dict_key_mismatch")
+    assert rule.match(Failure.from_output(fake_recipe, _traceback(fake_recipe, [], error))) == \
         {"fix": "tie_word_embeddings", "config_overrides": {"tie_word_embeddings": True}}
     # The checkpoint has no embedding to tie to (lm_head just missing): not this fix.
     save_file({"model.norm.weight": torch.zeros(2)}, checkpoint / "model.safetensors")
-    assert rule.match(_failure(fake_recipe, _traceback(fake_recipe, [], error))) is None
+    assert rule.match(Failure.from_output(fake_recipe, _traceback(fake_recipe, [], error))) is None
 
 
 def test_match_remote_code(fake_recipe):
@@ -533,18 +522,18 @@ def test_match_remote_code(fake_recipe):
              "model. You can inspect the repository content at /x .")
     out = _traceback(fake_recipe, [("infer.py", 3), ("runner_foo.py", 8), ("/usr/lib/transformers/auto.py", 9)],
                      error)
-    rule = next(r for r in CATALOGUE if r.name == "remote_code_needs_trust")
-    assert rule.match(_failure(fake_recipe, out)) == {"file": "runner_foo.py", "line": 8}
-    assert _diagnosed(fake_recipe, out) == "remote_code_needs_trust"
+    rule = rule_named("remote_code_needs_trust")
+    assert rule.match(Failure.from_output(fake_recipe, out)) == {"file": "runner_foo.py", "line": 8}
+    assert first_match_name(fake_recipe, out) == "remote_code_needs_trust"
     # The line is not a from_pretrained call: nothing to patch.
-    assert rule.match(_failure(fake_recipe, out.replace("line 8", "line 6"))) is None
-    assert rule.match(_failure(fake_recipe, out.replace("contains custom code", "contains odd code"))) is None
+    assert rule.match(Failure.from_output(fake_recipe, out.replace("line 8", "line 6"))) is None
+    assert rule.match(Failure.from_output(fake_recipe, out.replace("contains custom code", "contains odd code"))) is None
 
 
 def test_remote_code_fix_reports_without_opt_in(fake_recipe):
     from agent.repair import RepairContext
 
-    rule = next(r for r in CATALOGUE if r.name == "remote_code_needs_trust")
+    rule = rule_named("remote_code_needs_trust")
     failure = Failure(fake_recipe, "", "", None)
     note = rule.fix(failure, {"file": "runner_foo.py", "line": 8}, RepairContext())
     assert "re-run with --trust-remote-code after reviewing the code" in note
@@ -559,11 +548,11 @@ def test_match_tokenizer_without_pad_token(fake_recipe):
                      "ValueError: Asking to pad but the tokenizer does not have a padding token. Please select a "
                      "token to use as `pad_token` `(tokenizer.pad_token = tokenizer.eos_token e.g.)` or add a new "
                      "pad token via `tokenizer.add_special_tokens({'pad_token': '[PAD]'})`.")
-    assert _diagnosed(fake_recipe, out) == "tokenizer_without_pad_token"
+    assert first_match_name(fake_recipe, out) == "tokenizer_without_pad_token"
     # The engine's own tokenizer loading (load_tokenizer) already has the fallback: nothing to patch.
     (fake_recipe / "runner_foo.py").write_text(RUNNER_SRC.replace(
         "        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)\n", ""))
-    assert _diagnosed(fake_recipe, out) is None
+    assert first_match_name(fake_recipe, out) is None
 
 
 # ---- codemods ------------------------------------------------------------------------------

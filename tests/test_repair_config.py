@@ -9,8 +9,9 @@ import pytest
 import yaml
 from conftest import assert_repaired, repair_run
 
-from agent.repair import Failure, summarise_failure
-from agent.repair_rules import CATALOGUE, config
+from agent.repair import Failure, rule_named
+from agent.repair_rules import config
+from conftest import first_match_name as _first_match_name
 
 
 def test_dtype_the_device_cannot_run_is_set_to_float32(working_recipe, monkeypatch):
@@ -159,37 +160,23 @@ def fake_recipe(tmp_path):
     return recipe
 
 
-def _failure(recipe: Path, output: str) -> Failure:
-    summary = summarise_failure(output)
-    return Failure(recipe, output, summary["error"], summary["location"])
-
-
-def _rule(name: str):
-    return next(rule for rule in CATALOGUE if rule.name == name)
-
-
-def _first_match(recipe: Path, output: str) -> str | None:
-    failure = _failure(recipe, output)
-    return next((rule.name for rule in CATALOGUE if rule.match(failure) is not None), None)
-
-
 def _launch_error(message: str) -> str:
     return f"engine.launch: error: config/fi_1card_eager.yaml: {message}\n"
 
 
 def _apply(recipe: Path, name: str, output: str) -> str:
-    failure = _failure(recipe, output)
-    rule = _rule(name)
+    failure = Failure.from_output(recipe, output)
+    rule = rule_named(name)
     return rule.fix(failure, rule.match(failure), None)
 
 
 def test_missing_key_matcher_and_defaults(fake_recipe):
     path = fake_recipe / "config" / "fi_1card_eager.yaml"
     out = _launch_error("missing required key 'data_config.max_new_tokens'")
-    assert _first_match(fake_recipe, out) is None                    # the key is there
+    assert _first_match_name(fake_recipe, out) is None                    # the key is there
     path.write_text(path.read_text().replace("  max_new_tokens: 8\n", "").replace("world_size: 1\n", "")
                     .replace("  batch_size: 1\n", ""))
-    assert _first_match(fake_recipe, out) == "yaml_missing_key"
+    assert _first_match_name(fake_recipe, out) == "yaml_missing_key"
     _apply(fake_recipe, "yaml_missing_key", out)
     _apply(fake_recipe, "yaml_missing_key", _launch_error("missing required key 'world_size'"))
     _apply(fake_recipe, "yaml_missing_key", _launch_error("missing required key 'data_config.batch_size'"))
@@ -199,7 +186,7 @@ def test_missing_key_matcher_and_defaults(fake_recipe):
     _apply(fake_recipe, "yaml_missing_key", _launch_error("missing required key 'parallel_config'"))
     assert yaml.safe_load(path.read_text())["parallel_config"] == {"attn_tp_size": 1, "moe_tp_size": 1,
                                                                    "lmhead_tp_size": 1}
-    assert _first_match(fake_recipe, _launch_error("missing required key 'data_config.colour'")) is None
+    assert _first_match_name(fake_recipe, _launch_error("missing required key 'data_config.colour'")) is None
 
 
 @pytest.mark.parametrize("value, kind, choices, expected", [
@@ -228,20 +215,20 @@ def test_wrong_type_matcher_and_fix(fake_recipe):
         "'exe_mode' is 'turbo'; expected one of eager, graph": "exe_mode: eager\n",   # no reading: template default
     }
     for message, line in fixes.items():
-        assert _first_match(fake_recipe, _launch_error(message)) == "yaml_wrong_type"
+        assert _first_match_name(fake_recipe, _launch_error(message)) == "yaml_wrong_type"
         _apply(fake_recipe, "yaml_wrong_type", _launch_error(message))
         assert line in path.read_text()
-    assert _rule("yaml_wrong_type").match(_failure(fake_recipe, "ValueError: something else\n")) is None
+    assert rule_named("yaml_wrong_type").match(Failure.from_output(fake_recipe, "ValueError: something else\n")) is None
 
 
 def test_model_path_matcher_and_moved_checkpoint(fake_recipe, tmp_path):
     path = fake_recipe / "config" / "fi_1card_eager.yaml"
     out = "OSError: Repo id must be in the form 'repo_name' or 'namespace/repo_name': '/x/ckpt'.\n"
-    assert _first_match(fake_recipe, out) is None                    # model_path exists
+    assert _first_match_name(fake_recipe, out) is None                    # model_path exists
     # the checkpoint moved: tmp/ckpt -> tmp/models/ckpt; the YAML still names tmp/ckpt
     (tmp_path / "models").mkdir()
     (tmp_path / "ckpt").rename(tmp_path / "models" / "ckpt")
-    assert _first_match(fake_recipe, out) == "model_path_missing"
+    assert _first_match_name(fake_recipe, out) == "model_path_missing"
     note = _apply(fake_recipe, "model_path_missing", out)
     assert yaml.safe_load(path.read_text())["model_path"] == str(tmp_path / "models" / "ckpt"), note
 
@@ -259,29 +246,29 @@ def test_lengths_matcher_and_fix(fake_recipe):
     path = fake_recipe / "config" / "fi_1card_eager.yaml"
     out = ("ValueError: data_config.input_max_len (504) + data_config.max_new_tokens (2000) exceeds "
            "max_position_embeddings (512); lower them in the YAML\n")
-    assert _first_match(fake_recipe, out) == "lengths_exceed_positions"
+    assert _first_match_name(fake_recipe, out) == "lengths_exceed_positions"
     _apply(fake_recipe, "lengths_exceed_positions", out)
     data = yaml.safe_load(path.read_text())["data_config"]
     assert data["max_new_tokens"] == 250 and data["input_max_len"] == 262     # 2000 alone exceeds: halved to <= 256
-    assert _first_match(fake_recipe, "ValueError: max_position_embeddings must be positive\n") is None
+    assert _first_match_name(fake_recipe, "ValueError: max_position_embeddings must be positive\n") is None
 
 
 def test_device_matcher(fake_recipe):
     path = fake_recipe / "config" / "fi_1card_eager.yaml"
     out = ("engine.environment.DeviceUnavailableError: --device cuda requested but torch 2.6.0+cpu is built "
            "without CUDA; use --device cpu\n")
-    assert _first_match(fake_recipe, out) is None                    # the YAML says cpu
+    assert _first_match_name(fake_recipe, out) is None                    # the YAML says cpu
     path.write_text(path.read_text().replace("device: cpu", "device: cuda"))
-    assert _first_match(fake_recipe, out) == "device_unavailable"
+    assert _first_match_name(fake_recipe, out) == "device_unavailable"
     _apply(fake_recipe, "device_unavailable", out)
     assert yaml.safe_load(path.read_text())["device"] == "auto"
 
 
 def test_yaml_missing_matcher(fake_recipe):
     out = _launch_error("YAML file not found")
-    assert _first_match(fake_recipe, out) is None                    # the YAML is there
+    assert _first_match_name(fake_recipe, out) is None                    # the YAML is there
     (fake_recipe / "config" / "fi_1card_eager.yaml").unlink()
-    assert _rule("yaml_file_missing").match(_failure(fake_recipe, out)) == {"file": "config/fi_1card_eager.yaml"}
+    assert rule_named("yaml_file_missing").match(Failure.from_output(fake_recipe, out)) == {"file": "config/fi_1card_eager.yaml"}
 
 
 def test_hanging_run_is_reported_with_where_it_stopped(working_recipe):

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from conftest import assert_repaired, repair_run, run_cli
 
-from agent.repair import Failure, recipe_files, summarise_failure
-from agent.repair_rules import CATALOGUE, files
+from agent.repair import Failure, recipe_files, rule_named
+from agent.repair_rules import files
+from conftest import first_match_name as _first_match_name
 
 
 def test_models_init_shadowing_the_package_is_removed(working_recipe):
@@ -129,20 +130,6 @@ def _compiles(code: str) -> bool:
 
 
 # ---- matchers on sample outputs (no model run) --------------------------------------------
-def _failure(recipe: Path, output: str) -> Failure:
-    summary = summarise_failure(output)
-    return Failure(recipe, output, summary["error"], summary["location"])
-
-
-def _rule(name: str):
-    return next(rule for rule in CATALOGUE if rule.name == name)
-
-
-def _first_match(recipe: Path, output: str) -> str | None:
-    failure = _failure(recipe, output)
-    return next((rule.name for rule in CATALOGUE if rule.match(failure) is not None), None)
-
-
 @pytest.fixture
 def fake_recipe(tmp_path):
     """Recipe layout without a checkpoint: enough for the matchers."""
@@ -172,24 +159,24 @@ def _traceback(recipe: Path, file: str, error: str) -> str:
 
 def test_pythonpath_matcher(fake_recipe):
     out = _traceback(fake_recipe, "infer.py", "ModuleNotFoundError: No module named 'models'")
-    assert _first_match(fake_recipe, out) == "infer_sh_no_pythonpath"
+    assert _first_match_name(fake_recipe, out) == "infer_sh_no_pythonpath"
     out_runner = _traceback(fake_recipe, "infer.py", "ModuleNotFoundError: No module named 'runner_fi'")
-    assert _first_match(fake_recipe, out_runner) == "infer_sh_no_pythonpath"
+    assert _first_match_name(fake_recipe, out_runner) == "infer_sh_no_pythonpath"
     # not a recipe module: a missing dependency, not PYTHONPATH
-    assert _rule("infer_sh_no_pythonpath").match(
-        _failure(fake_recipe, _traceback(fake_recipe, "infer.py", "ModuleNotFoundError: No module named 'numpy'"))) is None
+    assert rule_named("infer_sh_no_pythonpath").match(
+        Failure.from_output(fake_recipe, _traceback(fake_recipe, "infer.py", "ModuleNotFoundError: No module named 'numpy'"))) is None
     # infer.sh already exports the recipe dir: the cause is elsewhere
     sh = fake_recipe / "infer.sh"
     sh.write_text(sh.read_text().replace("exec", 'export PYTHONPATH="$SCRIPT_DIR"\nexec'))
-    assert _rule("infer_sh_no_pythonpath").match(_failure(fake_recipe, out)) is None
+    assert rule_named("infer_sh_no_pythonpath").match(Failure.from_output(fake_recipe, out)) is None
 
 
 def test_pythonpath_fix_without_script_dir(fake_recipe):
     sh = fake_recipe / "infer.sh"
     sh.write_text("#!/bin/bash\ncd /somewhere\n# run it\npython3 infer.py --yaml-file-path config/x.yaml\n")
-    failure = _failure(fake_recipe, "ModuleNotFoundError: No module named 'models'")
-    facts = _rule("infer_sh_no_pythonpath").match(failure)
-    _rule("infer_sh_no_pythonpath").fix(failure, facts, None)
+    failure = Failure.from_output(fake_recipe, "ModuleNotFoundError: No module named 'models'")
+    facts = rule_named("infer_sh_no_pythonpath").match(failure)
+    rule_named("infer_sh_no_pythonpath").fix(failure, facts, None)
     lines = sh.read_text().splitlines()
     assert lines[3].startswith('export PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)')
     assert lines[4].startswith("python3 infer.py")
@@ -197,45 +184,45 @@ def test_pythonpath_fix_without_script_dir(fake_recipe):
 
 def test_vendored_module_matcher(fake_recipe):
     out = _traceback(fake_recipe, "runner_fi.py", "ModuleNotFoundError: No module named 'models.modeling_fi'")
-    assert _rule("vendored_module_missing").match(_failure(fake_recipe, out)) is None   # the file is there
+    assert rule_named("vendored_module_missing").match(Failure.from_output(fake_recipe, out)) is None   # the file is there
     (fake_recipe / "models" / "modeling_fi.py").unlink()
-    assert _first_match(fake_recipe, out) == "vendored_module_missing"
+    assert _first_match_name(fake_recipe, out) == "vendored_module_missing"
     other = _traceback(fake_recipe, "runner_fi.py", "ModuleNotFoundError: No module named 'models.helpers'")
-    assert _first_match(fake_recipe, other) is None                 # not something the migrator vendored
+    assert _first_match_name(fake_recipe, other) is None                 # not something the migrator vendored
 
 
 def test_generated_file_matcher(fake_recipe):
     missing = f"python3: can't open file '{fake_recipe / 'infer.py'}': [Errno 2] No such file or directory\n"
-    assert _first_match(fake_recipe, missing) is None               # infer.py is there
+    assert _first_match_name(fake_recipe, missing) is None               # infer.py is there
     (fake_recipe / "infer.py").unlink()
-    assert _first_match(fake_recipe, missing) == "generated_file_missing_or_corrupt"
+    assert _first_match_name(fake_recipe, missing) == "generated_file_missing_or_corrupt"
     (fake_recipe / "models" / "model_setting.py").unlink()
-    assert _first_match(fake_recipe, _traceback(fake_recipe, "infer.py", "ModuleNotFoundError: No module named "
+    assert _first_match_name(fake_recipe, _traceback(fake_recipe, "infer.py", "ModuleNotFoundError: No module named "
                                                 "'models.model_setting'")) == "generated_file_missing_or_corrupt"
     # a syntax error in a file the user wrote is not re-rendered
     (fake_recipe / "helpers.py").write_text("def f(:\n")
     syntax = f'  File "{fake_recipe / "helpers.py"}", line 1\n    def f(:\n          ^\nSyntaxError: invalid syntax\n'
-    assert _first_match(fake_recipe, syntax) is None
+    assert _first_match_name(fake_recipe, syntax) is None
     (fake_recipe / "runner_fi.py").write_text("class FiRunner(\n")
     corrupt = f'  File "{fake_recipe / "runner_fi.py"}", line 1\n    class FiRunner(\n ^\nSyntaxError: "(" was never closed\n'
-    assert _rule("generated_file_missing_or_corrupt").match(_failure(fake_recipe, corrupt))["file"] == "runner_fi.py"
+    assert rule_named("generated_file_missing_or_corrupt").match(Failure.from_output(fake_recipe, corrupt))["file"] == "runner_fi.py"
 
 
 def test_warm_up_matcher(fake_recipe):
     baseline_error = "ok\nBaselineError: infer.py ran without a warm-up generation (1 prefill in log_0.log)\n"
-    assert _first_match(fake_recipe, baseline_error) is None          # a warm-up call is there already
+    assert _first_match_name(fake_recipe, baseline_error) is None          # a warm-up call is there already
     infer_py = fake_recipe / "infer.py"
     infer_py.write_text(infer_py.read_text().replace("    runner.model_generate(prompts, warm_up=True)\n", ""))
-    assert _first_match(fake_recipe, baseline_error) == "infer_py_without_warm_up"
-    assert _first_match(fake_recipe, "RuntimeError: something else\n") is None
+    assert _first_match_name(fake_recipe, baseline_error) == "infer_py_without_warm_up"
+    assert _first_match_name(fake_recipe, "RuntimeError: something else\n") is None
 
 
 def test_warm_up_fix_uses_the_call_s_own_names(fake_recipe):
     infer_py = fake_recipe / "infer.py"
     infer_py.write_text("def main(engine, batch):\n    engine.load()\n    # formal, measured run\n"
                         "    texts = engine.model_generate(batch)\n    print(texts)\n")
-    failure = _failure(fake_recipe, "BaselineError: infer.py ran without a warm-up generation (1 prefill)\n")
-    rule = _rule("infer_py_without_warm_up")
+    failure = Failure.from_output(fake_recipe, "BaselineError: infer.py ran without a warm-up generation (1 prefill)\n")
+    rule = rule_named("infer_py_without_warm_up")
     rule.fix(failure, rule.match(failure), None)
     assert infer_py.read_text() == ("def main(engine, batch):\n    engine.load()\n    # formal, measured run\n"
                                     "    engine.model_generate(batch, warm_up=True)\n"
@@ -244,12 +231,12 @@ def test_warm_up_fix_uses_the_call_s_own_names(fake_recipe):
 
 def test_shadowing_matcher(fake_recipe):
     out = _traceback(fake_recipe, "infer.py", "AttributeError: module 'yaml' has no attribute 'YAMLError'")
-    assert _first_match(fake_recipe, out) is None                    # no yaml.py in the recipe
+    assert _first_match_name(fake_recipe, out) is None                    # no yaml.py in the recipe
     (fake_recipe / "yaml.py").write_text("def show(path): ...\n")
-    assert _first_match(fake_recipe, out) == "recipe_file_shadows_stdlib_or_package"
+    assert _first_match_name(fake_recipe, out) == "recipe_file_shadows_stdlib_or_package"
     (fake_recipe / "helpers.py").write_text("x = 1\n")               # a recipe module, no package of that name
     own = _traceback(fake_recipe, "infer.py", "AttributeError: module 'helpers' has no attribute 'y'")
-    assert _rule("recipe_file_shadows_stdlib_or_package").match(_failure(fake_recipe, own)) is None
+    assert rule_named("recipe_file_shadows_stdlib_or_package").match(Failure.from_output(fake_recipe, own)) is None
 
 
 def test_shadowing_matcher_from_the_import_frame(fake_recipe):
@@ -259,11 +246,11 @@ def test_shadowing_matcher_from_the_import_frame(fake_recipe):
            f"    from transformers.cache_utils import DynamicCache\n"
            f'  File "{fake_recipe / "transformers.py"}", line 2, in <module>\n'
            f"    print(open(sys.argv[2]).read())\nIndexError: list index out of range\n")
-    assert _rule("recipe_file_shadows_stdlib_or_package").match(_failure(fake_recipe, out)) == {
+    assert rule_named("recipe_file_shadows_stdlib_or_package").match(Failure.from_output(fake_recipe, out)) == {
         "file": "transformers.py", "module": "transformers"}
     # the same error raised by a recipe helper the runner imports under its own name is not shadowing
     (fake_recipe / "helpers.py").write_text("raise IndexError\n")
     own = out.replace("transformers.cache_utils import DynamicCache", "helpers import x").replace(
         "transformers.py", "helpers.py")
     (fake_recipe / "transformers.py").unlink()
-    assert _rule("recipe_file_shadows_stdlib_or_package").match(_failure(fake_recipe, own)) is None
+    assert rule_named("recipe_file_shadows_stdlib_or_package").match(Failure.from_output(fake_recipe, own)) is None
