@@ -63,7 +63,6 @@ def check(recipe_dir: Path, tokens: int, prompt: str | None = None, trust_remote
     # Same room for prompt + generated tokens as the recipe itself had.
     data["input_max_len"] = max(1, min(data["input_max_len"], data["input_max_len"] + data["max_new_tokens"] - tokens))
     data["max_new_tokens"] = tokens
-    os.environ["RES_PATH"] = tempfile.mkdtemp(prefix="parity_")
     sys.path.insert(0, str(recipe_dir))
     runner = _runner_class(recipe_dir)(settings)
     runner.init_model()
@@ -122,7 +121,10 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--trust-remote-code", action="store_true")
     args = parser.parse_args(argv)
-    result = check(args.recipe.resolve(), args.tokens, trust_remote_code=args.trust_remote_code)
+    # The recipe's logs go to a temporary folder that is removed afterwards.
+    with tempfile.TemporaryDirectory(prefix="parity_") as res_path:
+        os.environ["RES_PATH"] = res_path
+        result = check(args.recipe.resolve(), args.tokens, trust_remote_code=args.trust_remote_code)
     print(json.dumps(result))
     return 0
 
