@@ -34,7 +34,6 @@ RECIPE_FILES = {
 MODEL_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 MAX_NAME_LEN = 64
 IDENTIFIER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]+")
 
 
 def normalise_model_name(raw: str, explicit: bool = False) -> str:
@@ -82,8 +81,9 @@ def _identifier(value) -> str:
 
 
 def _one_line(value) -> str:
-    """Text for a comment or a Markdown line: control characters (newlines too) become spaces."""
-    return _CONTROL_RE.sub(" ", str(value)).strip()
+    """Text for a comment or a Markdown line: what is not printable (newlines, C0/C1 controls,
+    line separators, format characters) becomes a space."""
+    return " ".join("".join(c if c.isprintable() else " " for c in str(value)).split())
 
 
 def _docstring(value) -> str:
