@@ -189,7 +189,9 @@ def trial_run(recipe_dir: Path, state: MigrationState, label: str) -> dict:
     index = len(list(runs_dir.glob("run_*")))
     run_dir = runs_dir / f"run_{index}_{label}"
     run_dir.mkdir()
-    env = dict(os.environ, RES_PATH=str(run_dir), PYTHON=sys.executable, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, RES_PATH=str(run_dir), PYTHON=sys.executable, PYTHONUNBUFFERED="1",
+               # the formal run leaves its prompt logits for the parity check (engine.model_runner)
+               MIGRATOR_PARITY_DUMP=str(run_dir / "parity_dump.pt"))
     timeout = state.get("timeout_s") or 1800
     start = time.perf_counter()
     with open(run_dir / "output.txt", "w") as out:
@@ -293,7 +295,9 @@ def node_verify(state: MigrationState) -> dict:
     recipe_dir = Path(state["recipe_dir"])
     baseline_path = Path(state["baseline_path"])
     baseline = json.loads(baseline_path.read_text())
-    parity = run_parity(recipe_dir, trust_remote_code=bool(state.get("trust_remote_code")))
+    dump = Path(last_run(state).get("res_path") or recipe_dir) / "parity_dump.pt"
+    parity = run_parity(recipe_dir, trust_remote_code=bool(state.get("trust_remote_code")),
+                        dump=dump if dump.is_file() else None)
     baseline["verification"]["parity"] = parity
     check = baseline["verification"].get("output_check") or {}
     if parity.get("untrained_weights"):
