@@ -202,11 +202,11 @@ def run_workflow(state: dict, resume: bool = False) -> dict:
             return summarise(snapshot.values)
         if resume:
             print("[migrator] no interrupted run of this target: starting from the beginning", file=sys.stderr)
-        if home != output_dir:
-            from agent.repair import archive_backups
-
-            archive_backups(home)   # a fresh run's rounds start at 1; earlier backups are kept aside
         threads[key] = f"{key}-{uuid.uuid4().hex[:8]}"
+        if home != output_dir:
+            from agent.repair import start_backup_run
+
+            start_backup_run(home, threads[key])   # a fresh run's rounds start at 1; earlier ones are kept
         threads_file.write_text(json.dumps(threads, indent=2))
         config = {"configurable": {"thread_id": threads[key]}, "recursion_limit": 100}
         return summarise(app.invoke(state, config, durability="sync"))
@@ -373,6 +373,8 @@ def cmd_rollback(args) -> int:
         round_no, changes = rollback(recipe, args.round)
     except FileNotFoundError as exc:
         raise errors.InputError(str(exc)) from exc
+    except OSError as exc:      # e.g. a read-only recipe: what was restored so far is kept
+        raise errors.InputError(f"{args.recipe}: rollback stopped: {exc}") from exc
     for change in changes:
         print(change)
     print(f"rolled back {recipe} to before repair round {round_no} ({len(changes)} file(s) changed)")
