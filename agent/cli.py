@@ -186,8 +186,15 @@ def run_workflow(state: dict, resume: bool = False) -> dict:
     key = thread_key(state)
     # Checkpoints live with what they describe: in the recipe for B/C, in the output dir for A.
     home = target.resolve() if (target / "infer.sh").is_file() else output_dir
+    from agent.repair import atomic_write, real_dirs
+
+    home.mkdir(parents=True, exist_ok=True)
+    real_dirs(home, ".migrator")          # a symlinked .migrator is refused, never written through
     threads_file = home / ".migrator" / "threads.json"
     db = home / ".migrator" / "checkpoints.sqlite"
+    for path in (threads_file, db):
+        if path.is_symlink():
+            raise _unreadable_store(path, "it is a symlink", resume)
     app = _compiled_graph(db)
     threads = _load_threads(threads_file, resume)
     try:
@@ -207,7 +214,7 @@ def run_workflow(state: dict, resume: bool = False) -> dict:
             from agent.repair import start_backup_run
 
             start_backup_run(home, threads[key])   # a fresh run's rounds start at 1; earlier ones are kept
-        threads_file.write_text(json.dumps(threads, indent=2))
+        atomic_write(threads_file, json.dumps(threads, indent=2).encode())
         config = {"configurable": {"thread_id": threads[key]}, "recursion_limit": 100}
         return summarise(app.invoke(state, config, durability="sync"))
     except UnsafeStoreError as exc:

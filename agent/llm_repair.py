@@ -262,6 +262,8 @@ def parse_diff(diff: str) -> list[FilePatch]:
         if not (line.startswith("--- ") and i + 1 < n and lines[i + 1].startswith("+++ ")):
             if git_header is not None:
                 raise DiffRejected(f"the diff section {git_header[:80]!r} has no +++ line")
+            if patches and line.startswith("@@"):
+                raise DiffRejected("a hunk outside a file section (text between hunks?)")
             i += 1               # text around the diff (a fence, prose): skipped, as patch(1) does
             continue
         old, new = _path(line[4:]), _path(lines[i + 1][4:])

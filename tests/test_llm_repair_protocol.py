@@ -192,6 +192,7 @@ REJECTED = {
     "unknown_header": ("diff --git a/runner_fi.py b/runner_fi.py\nfoo bar\n--- a/runner_fi.py\n"
                        "+++ b/runner_fi.py\n@@ -1 +1 @@\n-import os\n+import sys\n", "unsupported diff header"),
     "missing_file": ("--- a/nope.py\n+++ b/nope.py\n@@ -1 +1 @@\n-a\n+b\n", "does not apply"),
+    "stray_text_between_hunks": (EDIT + "\n@@ -9 +9 @@\n-main()\n+main(1)\n", "outside a file section"),
     "prose_only": ("I think you should change x to 2.", "not a unified diff"),
     "second_file_bad": (EDIT + "--- a/../evil.py\n+++ b/../evil.py\n@@ -0,0 +1 @@\n+x\n", "outside the recipe"),
 }

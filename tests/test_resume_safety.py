@@ -93,13 +93,18 @@ def test_tampered_store_naming_os_system_is_refused_and_runs_nothing(tmp_path):
     assert "should-not-run" not in proc.stderr
 
 
-@pytest.mark.parametrize("case", ["not_sqlite", "threads_not_json", "wrong_state_type"])
+@pytest.mark.parametrize("case", ["not_sqlite", "threads_not_json", "wrong_state_type", "threads_symlink"])
 def test_unreadable_store_is_one_line_exit_2(tmp_path, case):
     recipe, out = _fake_recipe(tmp_path), tmp_path / "out"
     config = _register_thread(recipe, out)
     db = recipe / ".migrator" / "checkpoints.sqlite"
     if case == "not_sqlite":
         db.write_bytes(b"\x00garbage, not a database" * 100)
+    elif case == "threads_symlink":     # would be rewritten through the link by a fresh thread
+        victim = tmp_path / "victim.json"
+        victim.write_text("{}")
+        (recipe / ".migrator" / "threads.json").unlink()
+        (recipe / ".migrator" / "threads.json").symlink_to(victim)
     elif case == "threads_not_json":
         (recipe / ".migrator" / "threads.json").write_text("[1, 2")
     else:   # valid JSON data of the wrong shape: rounds must be a list
@@ -108,6 +113,8 @@ def test_unreadable_store_is_one_line_exit_2(tmp_path, case):
     proc = run_cli("run", str(recipe), "--resume", "--output-dir", str(out), cwd=tmp_path)
     line = _one_error_line(proc)
     assert proc.returncode == 2 and "rm " in line, proc.stderr
+    if case == "threads_symlink":
+        assert (tmp_path / "victim.json").read_text() == "{}"
 
 
 # ---- the serializer, in process ---------------------------------------------------------------
