@@ -180,14 +180,13 @@ def run_workflow(state: dict, resume: bool = False) -> dict:
 
     from agent.checkpoint_serde import UnsafeStoreError
     from agent.nodes import summarise
+    from agent.repair import atomic_write, real_dirs, start_backup_run
 
     output_dir = Path(state.get("output_dir") or "models").resolve()
     target = Path(state["target"]).expanduser()
     key = thread_key(state)
     # Checkpoints live with what they describe: in the recipe for B/C, in the output dir for A.
     home = target.resolve() if (target / "infer.sh").is_file() else output_dir
-    from agent.repair import atomic_write, real_dirs
-
     home.mkdir(parents=True, exist_ok=True)
     real_dirs(home, ".migrator")          # a symlinked .migrator is refused, never written through
     threads_file = home / ".migrator" / "threads.json"
@@ -211,8 +210,6 @@ def run_workflow(state: dict, resume: bool = False) -> dict:
             print("[migrator] no interrupted run of this target: starting from the beginning", file=sys.stderr)
         threads[key] = f"{key}-{uuid.uuid4().hex[:8]}"
         if home != output_dir:
-            from agent.repair import start_backup_run
-
             start_backup_run(home, threads[key])   # a fresh run's rounds start at 1; earlier ones are kept
         atomic_write(threads_file, json.dumps(threads, indent=2).encode())
         config = {"configurable": {"thread_id": threads[key]}, "recursion_limit": 100}
