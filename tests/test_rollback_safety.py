@@ -20,7 +20,7 @@ from conftest import REPO_ROOT, repair_run, run_cli
 
 from agent import repair as repair_mod
 from agent.errors import InputError
-from agent.repair import Rule, backup_rounds, recipe_files, rollback, start_backup_run, take_backup
+from agent.repair import Rule, recipe_files, rollback, start_backup_run, take_backup
 
 
 @pytest.fixture
@@ -230,15 +230,36 @@ def _run_until(recipe, node):
     assert proc.returncode == -signal.SIGKILL, "".join(seen)[-2000:]
 
 
+def _forget_the_repair_step(recipe):
+    """Make the store say what it says when the kill lands inside the repair node after its fix
+    wrote the recipe (the node's result never reached the store): drop the checkpoint taken after
+    repair and the repair task's writes, so --resume runs repair again on a repaired recipe."""
+    import sqlite3
+
+    conn = sqlite3.connect(str(recipe / ".migrator" / "checkpoints.sqlite"))
+    ids = [row[0] for row in conn.execute("SELECT checkpoint_id FROM checkpoints ORDER BY checkpoint_id DESC")]
+    conn.execute("DELETE FROM checkpoints WHERE checkpoint_id = ?", (ids[0],))
+    conn.execute("DELETE FROM writes WHERE checkpoint_id IN (?, ?)", (ids[0], ids[1]))
+    conn.commit()
+    conn.close()
+
+
 @pytest.mark.parametrize("node", [
-    "repair",
+    "repair_after_fix",
+    pytest.param("repair", marks=pytest.mark.slow),
     pytest.param("diagnose", marks=pytest.mark.slow),
     pytest.param("trial_run", marks=pytest.mark.slow),
 ])
 def test_sigkill_at_node_then_resume_then_rollback_returns_the_injected_bytes(working_recipe, node):
     _inject_shadowing_init(working_recipe)
     injected = _snapshot(working_recipe)
-    _run_until(working_recipe, node)
+    if node == "repair_after_fix":
+        _run_until(working_recipe, "trial_run")
+        assert not (working_recipe / "models" / "__init__.py").exists()      # the fix was applied
+        _forget_the_repair_step(working_recipe)
+        node = "repair"
+    else:
+        _run_until(working_recipe, node)
     proc, summary, report = repair_run(working_recipe, "--resume")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"resuming at {node}" in proc.stderr and summary["status"] == "ok"
