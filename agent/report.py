@@ -20,6 +20,8 @@ def write_report(state: dict) -> Path | None:
     recipe_dir = Path(state["recipe_dir"])
     recipe_dir.mkdir(parents=True, exist_ok=True)
     path = recipe_dir / "migration_report.json"
+    for name in (path.name, "migration_summary.md", "README.md"):
+        _refuse_link(recipe_dir / name)
     report = {"generated_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
     report.update({k: state.get(k) for k in REPORT_KEYS if state.get(k) is not None})
     # A later B/C run knows less about the recipe's origin than the migration did: keep it.
@@ -30,10 +32,28 @@ def write_report(state: dict) -> Path | None:
     for key in ORIGIN_KEYS:
         if key not in report and key in previous:
             report[key] = previous[key]
-    path.write_text(json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n")
-    (recipe_dir / "migration_summary.md").write_text(human_summary(report))
+    _write(path, json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n")
+    _write(recipe_dir / "migration_summary.md", human_summary(report))
     update_readme(recipe_dir / "README.md", report)
     return path
+
+
+def _refuse_link(path: Path) -> None:
+    """Never write through a symlink (it may point out of the recipe) or over a folder."""
+    from agent.errors import InputError
+
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise InputError(f"{path} is a symlink or not a regular file; the migrator does not write through it: "
+                         "replace it with a regular file or remove it")
+
+
+def _write(path: Path, text: str) -> None:
+    """Replace the file (temporary file + rename, mode kept): a link placed there meanwhile is
+    replaced, not followed."""
+    from agent.repair import atomic_write
+
+    _refuse_link(path)
+    atomic_write(path, text.encode("utf-8"), path.stat().st_mode if path.exists() else None)
 
 
 README_BEGIN = "<!-- migration-summary:begin -->"
@@ -43,6 +63,7 @@ README_END = "<!-- migration-summary:end -->"
 def update_readme(readme: Path, report: dict) -> None:
     """Keep a short, measurement-free summary in the recipe README (same input, same README);
     the numbers are in baseline/ and migration_summary.md. Text outside the markers is kept."""
+    _refuse_link(readme)
     if not readme.is_file():
         return
     parity = (report.get("verification") or {}).get("parity") or {}
@@ -65,7 +86,7 @@ def update_readme(readme: Path, report: dict) -> None:
         text = head + block + rest.partition(README_END)[2].lstrip("\n")
     else:
         text = text.rstrip("\n") + "\n\n" + block
-    readme.write_text(text)
+    _write(readme, text)
 
 
 def human_summary(report: dict) -> str:
