@@ -120,7 +120,11 @@ def diagnose(recipe_dir: Path, run: dict) -> dict:
     if matched is not None:
         rule, facts = matched
         return dict(base, rule=rule.name, facts=_jsonable(facts), diagnosis=f"{rule.description}: {failure.error}")
-    return dict(base, rule=None, diagnosis=f"unknown failure: {failure.error}")
+    from agent.repair_rules.field import explain_unknown
+
+    known = explain_unknown(failure)
+    closest = f" (closest known rule: {known['closest_rule']})" if known["closest_rule"] else ""
+    return dict(base, rule=None, diagnosis=f"unknown failure: {failure.error}{closest}", **known)
 
 
 def _jsonable(facts: dict) -> dict:
