@@ -20,7 +20,7 @@ TRACEBACK_LOCATION_RE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)'
 ERROR_LINE_RE = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Exit|Interrupt|Warning)\b.*|^\w+Error:.*")
 OOM_PATTERNS = re.compile(
     r"(MemoryError|out of memory|OutOfMemoryError|CUDA out of memory|NPU out of memory|"
-    r"DefaultCPUAllocator: can't allocate memory|Cannot allocate memory|std::bad_alloc)", re.I)
+    r"DefaultCPUAllocator: can't allocate memory|Cannot allocate memory(?! in static TLS)|std::bad_alloc)", re.I)
 
 # Recipe files that are backed up before a fix (the run logs and backups themselves are not).
 SKIP_DIRS = {".migrator", "res", "__pycache__", "baseline"}

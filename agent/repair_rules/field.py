@@ -249,7 +249,7 @@ FIRST: list[Rule] = [
          kind="report"),
     Rule("torch_npu_without_cann",
          "torch_npu cannot load the CANN runtime libraries (CANN not installed or set_env.sh not sourced)",
-         _simple(r"(?P<lib>lib(?:hccl|ascend_hal|ascendcl|acl_op_compiler|ge_runner|runtime)\.so)\S*: cannot open "
+         _simple(r"(?P<lib>lib(?:hccl|ascend_hal|ascendcl|atb|acl_op_compiler|ge_runner|runtime)\.so)\S*: cannot open "
                  r"shared object file"),
          _report("{lib} is missing ({where}): source /usr/local/Ascend/ascend-toolkit/set_env.sh (and the driver's "
                  "LD_LIBRARY_PATH) before infer.sh, or run on CPU/CUDA without torch_npu installed"), kind="report"),
