@@ -18,7 +18,7 @@ import yaml
 
 from agent.repair import Failure, first_matching_rule, is_oom
 from agent.repair_rules.field import FIELD_RULE_NAMES, explain_unknown
-from tests.conftest import REPO_ROOT, repair_run, run_cli
+from tests.conftest import REPO_ROOT, run_cli
 
 CORPUS_FILE = REPO_ROOT / "tests" / "field_faults" / "corpus.yaml"
 CORPUS = yaml.safe_load(CORPUS_FILE.read_text())
@@ -55,7 +55,9 @@ def mini_recipe(root: Path, entry: dict) -> Path:
     (recipe / "models").mkdir()
     (recipe / "weights").mkdir()
     (recipe / "weights" / "config.json").write_text('{"model_type": "llama"}')
-    (recipe / "config" / "fi.yaml").write_text(MINI_YAML)
+    settings = MINI_YAML.replace("world_size: 1\n", f"world_size: 1\n{entry['yaml_line']}\n") \
+        if entry.get("yaml_line") else MINI_YAML
+    (recipe / "config" / "fi.yaml").write_text(settings)
     (recipe / "runner_fi.py").write_text(MINI_RUNNER + ("\n\n" + entry["recipe_code"] if entry.get("recipe_code") else ""))
     sh = MINI_INFER_SH.replace("\n", "\r\n") if entry.get("crlf") else MINI_INFER_SH
     (recipe / "infer.sh").write_bytes(sh.encode())
@@ -134,3 +136,152 @@ def test_diagnose_of_unknown_failure_names_the_closest_rule(tmp_path):
     assert result["diagnosis"].startswith("unknown failure: RuntimeError: HCCL communicator destroyed")
     assert "closest known rule: hccl_" in result["diagnosis"]
     assert result["last_lines"] == ["step 1"]
+
+
+# ---- fault injection into a real migrated recipe --------------------------------------------
+GENERATE = "    def model_generate(self, prompts, warm_up=False):\n"
+
+
+def _insert(path: Path, anchor: str, text: str, before: bool = False) -> None:
+    source = path.read_text()
+    assert anchor in source, f"{path.name}: anchor {anchor!r} not found"
+    path.write_text(source.replace(anchor, text + anchor if before else anchor + text, 1))
+
+
+def _inject_npu_calls(recipe: Path) -> None:
+    # vllm-ascend#166 / X-Oscar#4: an NPU recipe imports torch_npu and calls torch.npu in passing.
+    runner = recipe / "runner_fi.py"
+    _insert(runner, "import torch\n", "import torch_npu\n")
+    _insert(runner, GENERATE, "        torch.npu.synchronize()\n        peak = torch.npu.max_memory_allocated()\n")
+
+
+def _inject_npu_device_string(recipe: Path) -> None:
+    _insert(recipe / "runner_fi.py", GENERATE, "        npu = torch.device(\"npu\", 0)\n")
+
+
+def _inject_crlf(recipe: Path) -> None:
+    # DiffRhythm#115: infer.sh saved with Windows line endings.
+    sh = recipe / "infer.sh"
+    sh.write_bytes(sh.read_bytes().replace(b"\n", b"\r\n"))
+
+
+def _inject_yaml_syntax(recipe: Path) -> None:
+    # Swar-Chia-Plot-Manager#250: a value with ': ' inside an unquoted scalar.
+    path = next((recipe / "config").glob("*.yaml"))
+    _insert(path, "world_size: 1\n", "exe_mode: eager: fast\n")
+
+
+def _inject_cuda_set_device(recipe: Path) -> None:
+    _insert(recipe / "runner_fi.py", GENERATE, "        torch.cuda.set_device(0)\n")
+
+
+def _inject_mixed_dtype(recipe: Path) -> None:
+    # LETTER#1: recipe code makes a float32 tensor that meets bfloat16 weights.
+    path = next((recipe / "config").glob("*.yaml"))
+    _insert(path, "  dtype: float32\n", "  dtype: bfloat16\n", before=True)
+    path.write_text(path.read_text().replace("  dtype: float32\n", "", 1))
+    _insert(recipe / "runner_fi.py", GENERATE,
+            "        if self.model is not None:\n"
+            "            probe = torch.ones(1, self.model.config.hidden_size)\n"
+            "            _ = probe @ self.model.get_input_embeddings().weight[:4].T\n")
+
+
+def _inject_nan_sampling(recipe: Path) -> None:
+    # baby-llama2-chinese#33: sampling on nan probabilities.
+    _insert(recipe / "runner_fi.py", GENERATE, "        torch.multinomial(torch.full((1, 4), float(\"nan\")), 1)\n")
+
+
+def _inject_no_process_group(recipe: Path) -> None:
+    # InstructSeg#7: a collective in a single-process run.
+    _insert(recipe / "runner_fi.py", GENERATE, "        torch.distributed.barrier()\n")
+
+
+# (id of the corpus entry, inject, expected outcome, rule, text the report-only note must carry, slow)
+INJECTIONS = [
+    dict(id="npu-module-missing-with-npu-calls", inject=_inject_npu_calls, expected="repaired",
+         rule="incidental_npu_call", note=None, slow=False),
+    dict(id="infer-sh-crlf", inject=_inject_crlf, expected="repaired", rule="shell_script_crlf", note=None, slow=False),
+    dict(id="yaml-mapping-values", inject=_inject_yaml_syntax, expected="reported", rule="recipe_yaml_syntax_error",
+         note="line 8 column 16 is not valid YAML (ScannerError): mapping values are not allowed here", slow=False),
+    dict(id="npu-device-string-on-cpu", inject=_inject_npu_device_string, expected="repaired",
+         rule="incidental_npu_call", note=None, slow=True),
+    dict(id="cuda-set-device-on-cpu", inject=_inject_cuda_set_device, expected="repaired",
+         rule="incidental_cuda_call", note=None, slow=True),
+    dict(id="mixed-dtype-bf16-float", inject=_inject_mixed_dtype, expected="repaired",
+         rule="mixed_dtype_in_recipe_code", note=None, slow=True),
+    dict(id="nan-probabilities", inject=_inject_nan_sampling, expected="reported", rule="non_finite_logits",
+         note="the logits are inf/nan", slow=True),
+    dict(id="process-group-not-initialized", inject=_inject_no_process_group, expected="reported",
+         rule="process_group_not_initialized", note="torch.distributed is used but no process group exists",
+         slow=True),
+]
+
+
+def _snapshot(recipe: Path) -> dict[str, bytes]:
+    from agent.repair import recipe_files
+
+    return {rel: path.read_bytes() for rel, path in recipe_files(recipe).items()}
+
+
+def run_injection(scenario: dict, work: Path, source: Path | None = None) -> dict:
+    """Inject one fault into a copy of a working recipe, `migrator run fi --json` (relative path, from the
+    recipe's parent), then `migrator rollback fi`. Returns what happened (used by the coverage script too)."""
+    source = source or build_working_recipe(work)
+    recipe = work / scenario["id"] / "fi"
+    shutil.copytree(source, recipe, ignore=shutil.ignore_patterns(".migrator", "res", "baseline"))
+    scenario["inject"](recipe)
+    injected = _snapshot(recipe)
+    proc = run_cli("run", "fi", "--json", cwd=recipe.parent)
+    summary = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {}
+    report_file = recipe / "migration_report.json"
+    report = json.loads(report_file.read_text()) if report_file.is_file() else {}
+    rounds = report.get("rounds", [])
+    first = rounds[0] if rounds else {}
+    rule = (first.get("diagnosis") or {}).get("rule")
+    if proc.returncode == 0 and summary.get("status") == "ok" and first.get("applied"):
+        outcome = "repaired"
+    elif rule is not None and not first.get("applied"):
+        outcome = "reported"
+    else:
+        outcome = "unknown"
+    back = run_cli("rollback", "fi", cwd=recipe.parent)
+    return {"id": scenario["id"], "expected": scenario["expected"], "outcome": outcome, "rule": rule,
+            "rounds": len(rounds), "note": first.get("note", ""), "returncode": proc.returncode,
+            "summary": summary, "first": first, "injected": injected, "recipe": recipe,
+            "rollback_ok": back.returncode == 0 and _snapshot(recipe) == injected,
+            "stderr": proc.stderr[-2500:]}
+
+
+def build_working_recipe(work: Path) -> Path:
+    """What the working_recipe_source fixture makes: a tiny llama migrated once (cached under work)."""
+    out = work / "working"
+    if not (out / "fi" / "infer.sh").is_file():
+        from agent.tiny_checkpoint import build_tiny_checkpoint
+
+        checkpoint = build_tiny_checkpoint("llama", work / "tiny_llama")
+        proc = run_cli("run", str(checkpoint), "--name", "fi", "--output-dir", str(out), "--device", "cpu",
+                       "--max-new-tokens", "8")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return out / "fi"
+
+
+@pytest.mark.parametrize("scenario", [pytest.param(s, marks=[pytest.mark.slow] if s["slow"] else [], id=s["id"])
+                                      for s in INJECTIONS])
+def test_injected_field_fault(scenario, working_recipe_source, tmp_path):
+    entry = next(e for e in CORPUS if e["id"] == scenario["id"])
+    assert entry["expected_rule"] == scenario["rule"] and entry["outcome"] == scenario["expected"]
+    result = run_injection(scenario, tmp_path, source=working_recipe_source)
+    first = result["first"]
+    assert first.get("diagnosis", {}).get("rule") == scenario["rule"], (first, result["stderr"])
+    if scenario["expected"] == "repaired":
+        assert result["returncode"] == 0 and result["summary"]["status"] == "ok", (result["summary"], result["stderr"])
+        assert first["applied"] and first["diff"]
+        backup = result["recipe"] / ".migrator" / "backup" / "round_1"
+        for rel, content in result["injected"].items():
+            assert (backup / rel).read_bytes() == content, rel
+    else:
+        assert result["returncode"] == 1 and result["summary"]["status"] == "failed", result["summary"]
+        assert not first["applied"] and not first["diff"]
+        assert scenario["note"] in first["note"], first["note"]
+    assert result["outcome"] == scenario["expected"]
+    assert result["rollback_ok"]            # `migrator rollback` returns the injected bytes

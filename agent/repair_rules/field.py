@@ -146,7 +146,7 @@ def _fix_crlf(failure: Failure, facts: dict, ctx: RepairContext) -> str:
 
 # ---- mixed dtypes in recipe code ----------------------------------------------------------
 _MIXED_DTYPE = re.compile(r"expected scalar type (\w+) but found (\w+)|expected m(?:at)?1 and m(?:at)?2 to have the "
-                          r"same dtype, but got: (\w+) != (\w+)|Input type \((\w+)\) and bias type \((\w+)\)")
+                          r"same dtype, but got: ([\w:]+) != ([\w:]+)|Input type \((\w+)\) and bias type \((\w+)\)")
 
 
 def _match_mixed_dtype(failure: Failure) -> dict | None:
@@ -217,6 +217,34 @@ def _match_safetensors(failure: Failure) -> dict | None:
     return {"error": found.group(1), "why": why}
 
 
+
+# ---- the recipe YAML does not parse -------------------------------------------------------
+_YAML_ERROR = re.compile(r"\b(ScannerError|ParserError|ComposerError|ConstructorError)\b|not valid YAML")
+
+
+def _match_yaml_syntax(failure: Failure) -> dict | None:
+    """The run failed on YAML syntax and the recipe YAML really does not parse: where, from our own parse."""
+    import yaml
+
+    if not _first(_YAML_ERROR, failure):
+        return None
+    path = recipe_yaml(failure.recipe_dir)
+    if path is None:
+        return None
+    try:
+        yaml.safe_load(path.read_text())
+        return None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        lines = path.read_text().splitlines()
+        text = lines[mark.line].rstrip() if mark and mark.line < len(lines) else ""
+        return {"file": str(path.relative_to(failure.recipe_dir)), "line": mark.line + 1 if mark else 0,
+                "col": mark.column + 1 if mark else 0, "kind": type(exc).__name__, "problem": exc.problem or "",
+                "text": text}
+    except yaml.YAMLError as exc:
+        return {"file": str(path.relative_to(failure.recipe_dir)), "line": 0, "col": 0,
+                "kind": type(exc).__name__, "problem": str(exc).splitlines()[0], "text": ""}
+
 # ---- small report-only patterns ------------------------------------------------------------
 def _simple(pattern: str, flags=0, **extra):
     regex = re.compile(pattern, flags)
@@ -229,6 +257,15 @@ def _simple(pattern: str, flags=0, **extra):
         return {"where": where(failure), "message": found.group(0)[:300], **extra, **groups}
     return match
 
+
+# Before every other rule: matchers of later rules read the recipe YAML, which does not parse.
+EARLIEST: list[Rule] = [
+    Rule("recipe_yaml_syntax_error", "the recipe YAML is not valid YAML",
+         _match_yaml_syntax,
+         _report("{file} line {line} column {col} is not valid YAML ({kind}): {problem}: {text!r}; typical "
+                 "causes: a missing space after ':', a tab in the indentation, an unquoted value containing ': ' "
+                 "(quote it)"), kind="report"),
+]
 
 FIRST: list[Rule] = [
     Rule("incidental_npu_call",
@@ -271,11 +308,6 @@ RULES: list[Rule] = [
          _simple(r"(?P<script>\S+\.sh): Permission denied"),
          _report("{script} is not executable: run it as `bash {script}` (what migrator does) or chmod +x it"),
          kind="report"),
-    Rule("recipe_yaml_syntax_error", "the recipe YAML is not valid YAML",
-         _simple(r"(?P<kind>ScannerError|ParserError|ComposerError)[^\n]*\n?(?P<problem>[^\n]*?)\n?\s*in "
-                 r"\"(?P<file>[^\"]+)\", line (?P<line>\d+), column (?P<col>\d+)"),
-         _report("{file} line {line} column {col} is not valid YAML ({kind}): {problem}; typical causes: a missing "
-                 "space after ':', a tab in the indentation, an unquoted value containing ': '"), kind="report"),
     Rule("npu_device_id_invalid", "the NPU id a rank asks for is not visible (ASCEND_RT_VISIBLE_DEVICES / world_size)",
          _simple(r"invalid device=\d+, input visible devices:[\d,]*|open device \d+ failed, runtime result = 107001|"
                  r"Invalid device (?:ID|id)|SetDevice\(device_id_\), error code is 507033"),
@@ -368,7 +400,7 @@ RULES: list[Rule] = [
                  "before infer.sh"), kind="report"),
 ]
 
-FIELD_RULE_NAMES = frozenset(r.name for r in FIRST + RULES)
+FIELD_RULE_NAMES = frozenset(r.name for r in EARLIEST + FIRST + RULES)
 
 
 # ---- unknown failures: still say what is known --------------------------------------------
