@@ -160,8 +160,9 @@ def diff_against_backup(recipe_dir: Path, backup_dir: Path) -> str:
     after = set(recipe_files(recipe_dir))
     chunks = []
     for rel in sorted(before | after):
-        old = (backup_dir / rel).read_text(errors="replace").splitlines(True) if rel in before else []
-        new = (recipe_dir / rel).read_text(errors="replace").splitlines(True) if rel in after else []
+        # Bytes decoded without newline translation: a CRLF -> LF repair is a change.
+        old = (backup_dir / rel).read_bytes().decode(errors="replace").splitlines(True) if rel in before else []
+        new = (recipe_dir / rel).read_bytes().decode(errors="replace").splitlines(True) if rel in after else []
         if old != new:
             chunks.extend(difflib.unified_diff(old, new, f"a/{rel}" if old or rel in before else "/dev/null",
                                                f"b/{rel}" if rel in after else "/dev/null"))

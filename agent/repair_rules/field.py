@@ -127,7 +127,9 @@ def _match_cuda_elsewhere(failure: Failure) -> dict | None:
 
 
 # ---- shell scripts with CRLF line endings -------------------------------------------------
-_CRLF_ERROR = re.compile(r"\.sh: line \d+: [^\n]*(?:\r|\$'\\r'|\\r')")
+# bash's complaint about a script (a run's output is read with universal newlines, so the "\r" in
+# "pipefail\r: invalid option name" may already be a line break; the script's own bytes decide).
+_CRLF_ERROR = re.compile(r"\.sh: line \d+: ")
 
 
 def _match_crlf(failure: Failure) -> dict | None:
