@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tempfile
 from collections import Counter
@@ -75,7 +76,8 @@ def write_readme(corpus: list[dict]) -> None:
             "| id | failure | source thread | how it shows in a log | handled by |",
             "|---|---|---|---|---|"]
     for e in corpus:
-        line = next((ln.strip() for ln in e["log"].splitlines()
+        errors = [ln.strip() for ln in e["log"].splitlines() if re.match(r"^\W*[\w.]*(Error|Exception)\b:?", ln.strip())]
+        line = errors[-1] if errors else next((ln.strip() for ln in e["log"].splitlines()
                      if any(k in ln for k in ("Error", "error", "rror:", "failed", "EADDRINUSE", "must be", "\\r",
                                               "EH9999", "denied", "out of memory", "Invalid")) and ln.strip()),
                     e["log"].strip().splitlines()[0].strip())

@@ -107,3 +107,57 @@ def test_npu_kernel_uses_names_kernels_only():
               "z = torch.ops.npu.npu_rms_norm(x)\nfrom torch_npu.contrib import transfer_to_npu\n")
     assert npu_kernel_uses(source) == ["torch.ops.npu", "torch_npu.npu_fused_infer_attention_score"]
     assert npu_kernel_uses("torch.npu.synchronize()\nx = x.npu()\n") == []
+
+
+def test_device_ops_on_cpu_are_portable(monkeypatch):
+    """engine.device_ops on this CPU host: bookkeeping calls are no-ops, events time the host, handles are cpu."""
+    import time
+
+    import torch
+
+    from engine import device_ops
+
+    monkeypatch.setenv("RECIPE_DEVICE", "cpu")
+    assert device_ops.device_type() == "cpu" and not device_ops.is_available()
+    assert device_ops.device(1) == torch.device("cpu") and device_ops.device("npu:1") == torch.device("cpu")
+    device_ops.set_device(0)
+    device_ops.synchronize()
+    device_ops.empty_cache()
+    device_ops.reset_peak_memory_stats()
+    assert device_ops.max_memory_allocated() == 0 and device_ops.device_count() == 0
+    start, end = device_ops.Event(enable_timing=True), device_ops.Event(enable_timing=True)
+    start.record()
+    time.sleep(0.01)
+    end.record()
+    end.synchronize()
+    assert 5.0 < start.elapsed_time(end) < 1000.0
+    with device_ops.stream(device_ops.Stream()):
+        x = torch.ones(2).to(device_ops.device())
+    assert x.device.type == "cpu"
+    device_ops.manual_seed(3)
+    a = torch.rand(2)
+    device_ops.manual_seed(3)
+    assert torch.equal(a, torch.rand(2))
+
+
+def test_rewritten_recipe_code_runs_on_cpu(monkeypatch):
+    """The codemods' output runs here for real (the original raises: no torch.npu on this host)."""
+    import torch
+
+    from agent.codemods_device import NPU_COMMANDS, transform
+
+    monkeypatch.setenv("RECIPE_DEVICE", "cpu")
+    source = ("import torch\nimport torch_npu\n\ndef step(x, i):\n    torch.npu.set_device(i)\n    x = x.npu()\n"
+              "    y = torch.zeros(2, device='npu')\n    torch.npu.synchronize()\n    d = torch.device('npu', i)\n"
+              "    return (x + y).to(d), torch.npu.is_available()\n")
+    original = {}
+    exec(compile(source.replace("import torch_npu\n", ""), "<npu>", "exec"), original)
+    try:
+        original["step"](torch.ones(2), 0)
+        raise AssertionError("the NPU-only code ran on a host without torch_npu")
+    except AttributeError as exc:
+        assert "has no attribute 'npu'" in str(exc)
+    namespace = {}
+    exec(compile(transform(source, NPU_COMMANDS), "<portable>", "exec"), namespace)
+    out, on_npu = namespace["step"](torch.ones(2), 0)
+    assert out.device.type == "cpu" and torch.equal(out, torch.ones(2)) and on_npu is False
