@@ -86,6 +86,8 @@ def write_readme(corpus: list[dict]) -> None:
             shown = shown[:157] + "..."
         if e["outcome"] == "exit4":
             handled = f"exit 4: NPU kernel ({e.get('why', '')})"
+        elif e["outcome"] == "unknown":
+            handled = f"none: unknown failure ({e.get('why', '')})"
         elif e.get("oom"):
             handled = "report-only: out-of-memory path of `diagnose`"
         elif e["outcome"] == "reported":

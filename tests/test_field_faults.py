@@ -75,7 +75,7 @@ def test_corpus_has_40_sourced_modes():
     assert len(sourced) >= 40
     for entry in sourced:
         assert entry["source"].startswith("https://"), entry["id"]
-        assert entry["outcome"] in ("repaired", "reported", "exit4"), entry["id"]
+        assert entry["outcome"] in ("repaired", "reported", "exit4", "unknown"), entry["id"]
         assert entry["outcome"] == "repaired" or entry.get("why"), entry["id"]
 
 
@@ -93,6 +93,8 @@ def test_corpus_entry_takes_the_expected_rule_first(entry, tmp_path):
         assert name is None or name not in FIELD_RULE_NAMES | {"missing_pip_package", "hardcoded_cuda_device"}, name
         return
     assert name == entry["expected_rule"], (entry["id"], name)
+    if entry["outcome"] == "unknown":      # no safe rule: the unknown-failure diagnosis still points somewhere
+        assert explain_unknown(Failure.from_output(recipe, log))["closest_rule"] == entry["closest_rule"]
 
 
 @pytest.mark.parametrize("entry", [e for e in CORPUS if e["outcome"] == "repaired"], ids=lambda e: e["id"])

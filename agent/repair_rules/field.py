@@ -121,11 +121,6 @@ def _fix_incidental_cuda(failure: Failure, facts: dict, ctx: RepairContext) -> s
     return f"torch.cuda bookkeeping calls in {', '.join(facts['files'])} now go through engine.device_ops"
 
 
-def _match_cuda_elsewhere(failure: Failure) -> dict | None:
-    found = _first(_CUDA_MISSING, failure)
-    return {"where": where(failure), "message": found.group(0)} if found else None
-
-
 # ---- shell scripts with CRLF line endings -------------------------------------------------
 # bash's complaint about a script (a run's output is read with universal newlines, so the "\r" in
 # "pipefail\r: invalid option name" may already be a line break; the script's own bytes decide).
@@ -275,7 +270,7 @@ FIRST: list[Rule] = [
          "host without torch_npu",
          _match_incidental_npu, _fix_incidental_npu, kind="codemod"),
     Rule("torch_npu_imported_from_source_tree",
-         "torch_npu is imported from its own source tree (no compiled torch_npu._C)",
+         "torch_npu is imported from its own source tree (torch_npu._C is missing)",
          _simple(r"No module named 'torch_npu\._C'"),
          _report("`import torch_npu` picked up the torch_npu source directory instead of the installed package "
                  "({where}): run infer.sh from a directory that is not the torch_npu source tree"), kind="report"),
@@ -298,12 +293,6 @@ RULES: list[Rule] = [
     Rule("incidental_cuda_call",
          "recipe code makes CUDA bookkeeping calls (torch.cuda.set_device, Event, memory stats...) without CUDA",
          _match_incidental_cuda, _fix_incidental_cuda, kind="codemod"),
-    Rule("cuda_requested_outside_recipe_code",
-         "something asks for CUDA, which this host does not have, and the recipe code has nothing to rewrite",
-         _match_cuda_elsewhere,
-         _report("{message} at {where}: no hard-coded CUDA left in the recipe's own code; an integer device "
-                 "(.to(0), device_map={{'': 0}}) or a library default means CUDA: pass the recipe device "
-                 "(engine.device_ops.device()) there"), kind="report"),
     Rule("shell_script_crlf", "a recipe shell script has Windows (CRLF) line endings",
          _match_crlf, _fix_crlf, kind="infer.sh"),
     Rule("shell_script_not_executable", "a recipe script is run as ./script but is not executable",
@@ -416,19 +405,25 @@ def _words(text: str) -> set[str]:
 
 
 def closest_rule(failure: Failure) -> tuple[str, float] | None:
-    """The catalogue rule whose name + description share most words with the error (None below 0.15)."""
-    words = _words(failure.error)
+    """The catalogue rule whose name + description share the rarest words with the error (None: no word
+    in common). Words are weighted by how few rules use them, so 'torch' counts for little, 'hccl' for much."""
+    import math
+
+    rules = [(rule.name, _words(f"{rule.name} {rule.description}")) for rule in catalogue() if rule.kind != "llm"]
+    df: dict[str, int] = {}
+    for _, words in rules:
+        for w in words:
+            df[w] = df.get(w, 0) + 1
+    error = _words(failure.error)
     best = None
-    for rule in catalogue():
-        if rule.kind == "llm":
+    for name, words in rules:
+        shared = error & words
+        if not shared:
             continue
-        theirs = _words(f"{rule.name} {rule.description}")
-        if not words or not theirs:
-            continue
-        score = len(words & theirs) / len(words | theirs) ** 0.5 / len(words) ** 0.5
+        score = sum(math.log(len(rules) / df[w]) for w in shared) / math.sqrt(len(words))
         if best is None or score > best[1]:
-            best = (rule.name, round(score, 2))
-    return best if best and best[1] >= 0.15 else None
+            best = (name, round(score, 2))
+    return best
 
 
 def explain_unknown(failure: Failure, n_lines: int = 8) -> dict:
