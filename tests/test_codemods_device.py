@@ -161,3 +161,17 @@ def test_rewritten_recipe_code_runs_on_cpu(monkeypatch):
     exec(compile(transform(source, NPU_COMMANDS), "<portable>", "exec"), namespace)
     out, on_npu = namespace["step"](torch.ones(2), 0)
     assert out.device.type == "cpu" and torch.equal(out, torch.ones(2)) and on_npu is False
+
+
+class TestRopeScalingTypeKey(CodemodTest):
+    from agent.repair_rules.field import RopeScalingTypeKeyCommand as TRANSFORM
+
+    def test_noop(self):
+        code = "kind = config.rope_scaling['rope_type']\nconfig.rope_scaling['type'] = 'linear'\nx = other['type']\n"
+        self.assertCodemod(code, code)
+
+    def test_type_key_reads_rope_type_too(self):
+        before = 'scaling_type = self.config.rope_scaling["type"]\nf = rope_scaling["type"]\n'
+        after = ('scaling_type = self.config.rope_scaling.get("type", self.config.rope_scaling.get("rope_type"))\n'
+                 'f = rope_scaling.get("type", rope_scaling.get("rope_type"))\n')
+        self.assertCodemod(before, after)

@@ -198,6 +198,15 @@ def _inject_no_process_group(recipe: Path) -> None:
     _insert(recipe / "runner_fi.py", GENERATE, "        torch.distributed.barrier()\n")
 
 
+def _inject_old_rope_key(recipe: Path) -> None:
+    # KBLaM#37: vendored code written before transformers renamed rope_scaling["type"] to "rope_type".
+    modeling = recipe / "models" / "modeling_fi.py"
+    source = modeling.read_text()
+    old = 'self.config.rope_parameters["rope_type"]'
+    assert old in source
+    modeling.write_text(source.replace(old, 'self.config.rope_scaling["type"]', 1))
+
+
 # (id of the corpus entry, inject, expected outcome, rule, text the report-only note must carry, slow)
 INJECTIONS = [
     dict(id="npu-module-missing-with-npu-calls", inject=_inject_npu_calls, expected="repaired",
@@ -211,6 +220,8 @@ INJECTIONS = [
          rule="incidental_cuda_call", note=None, slow=True),
     dict(id="mixed-dtype-bf16-float", inject=_inject_mixed_dtype, expected="repaired",
          rule="mixed_dtype_in_recipe_code", note=None, slow=True),
+    dict(id="rope-scaling-type-key", inject=_inject_old_rope_key, expected="repaired", rule="rope_scaling_schema",
+         note=None, slow=True),
     dict(id="nan-probabilities", inject=_inject_nan_sampling, expected="reported", rule="non_finite_logits",
          note="the logits are inf/nan", slow=True),
     dict(id="process-group-not-initialized", inject=_inject_no_process_group, expected="reported",

@@ -16,6 +16,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import libcst as cst
+import libcst.matchers as m
+from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
+
 from agent.codemods_device import CUDA_COMMANDS, NPU_COMMANDS, npu_kernel_uses, transform
 from agent.repair import Failure, RepairContext, Rule, catalogue
 from agent.repair_rules._util import edit_yaml_line, load_yaml, recipe_yaml
@@ -183,11 +187,63 @@ _ROPE = re.compile(r"KeyError: '(type|rope_type|factor|original_max_position_emb
                    r"dictionary with (?:with )?two fields|Unknown RoPE scaling type (\w+)")
 
 
+class RopeScalingTypeKeyCommand(VisitorBasedCodemodCommand):
+    DESCRIPTION = "Read rope_scaling[\"type\"] (renamed rope_type in transformers >= 4.45) as .get(\"type\", .get(\"rope_type\"))."
+
+    def __init__(self, context: CodemodContext):
+        super().__init__(context)
+        self._targets = 0
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+        self._targets += 1
+
+    def leave_AssignTarget(self, original_node, updated_node):
+        self._targets -= 1
+        return updated_node
+
+    def leave_Subscript(self, original_node: cst.Subscript, updated_node: cst.Subscript) -> cst.BaseExpression:
+        value = updated_node.value
+        if self._targets or not m.matches(value, m.Name("rope_scaling") | m.Attribute(attr=m.Name("rope_scaling"))) \
+                or not _attribute_chain(value) or len(updated_node.slice) != 1 \
+                or not m.matches(updated_node.slice[0], m.SubscriptElement(slice=m.Index(
+                    value=m.SimpleString('"type"') | m.SimpleString("'type'")))):
+            return updated_node
+        quote = updated_node.slice[0].slice.value.value[0]
+        get = cst.Attribute(value=value, attr=cst.Name("get"))
+        inner = cst.Call(func=get, args=[cst.Arg(cst.SimpleString(f"{quote}rope_type{quote}"))])
+        return cst.Call(func=get, args=[
+            cst.Arg(cst.SimpleString(f"{quote}type{quote}"), comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
+            cst.Arg(inner)])
+
+
+def _attribute_chain(node: cst.BaseExpression) -> bool:
+    """a / a.b.c: cheap and side-effect free to evaluate twice."""
+    while isinstance(node, cst.Attribute):
+        node = node.value
+    return isinstance(node, cst.Name)
+
+
 def _match_rope(failure: Failure) -> dict | None:
     found = _first(_ROPE, failure)
     if not found or (found.group(1) and "rope" not in failure.output):
         return None
-    return {"key": found.group(1) or found.group(2) or "type/factor", "where": where(failure)}
+    key = found.group(1) or found.group(2) or "type/factor"
+    files = []
+    if key == "type":
+        files = [str(p.relative_to(failure.recipe_dir)) for p in recipe_py_files(failure.recipe_dir)
+                 if "rope_scaling" in p.read_text(errors="replace") and _rewrite(p, [RopeScalingTypeKeyCommand], dry_run=True)]
+    return {"key": key, "where": where(failure), "files": files}
+
+
+def _fix_rope(failure: Failure, facts: dict, ctx: RepairContext) -> str:
+    if facts["files"]:
+        for rel in facts["files"]:
+            _rewrite(failure.recipe_dir / rel, [RopeScalingTypeKeyCommand])
+        return (f"rope_scaling['type'] now reads .get('type', .get('rope_type')) in {', '.join(facts['files'])} "
+                "(transformers >= 4.45 renamed the key)")
+    return (f"rope_scaling key {facts['key']!r} at {facts['where']}: transformers >= 4.45 stores "
+            "rope_scaling['rope_type'] (was 'type') and fills defaults; read it with .get(...) in the vendored "
+            "code, or pin the transformers release the code was written for")
 
 
 # ---- safetensors shards that are not safetensors ------------------------------------------
@@ -358,10 +414,7 @@ RULES: list[Rule] = [
                  "transformers version in requirements.txt or update the import to its new location"),
          kind="report"),
     Rule("rope_scaling_schema", "vendored code and config disagree on the rope_scaling schema",
-         _match_rope,
-         _report("rope_scaling key {key!r} at {where}: transformers >= 4.45 stores rope_scaling['rope_type'] (was "
-                 "'type') and fills defaults; read it with .get('rope_type', .get('type')) in the vendored code, or "
-                 "pin the transformers release the code was written for"), kind="report"),
+         _match_rope, _fix_rope, kind="codemod"),
     Rule("safetensors_header_invalid", "a safetensors shard is not a valid safetensors file",
          _match_safetensors, _report("SafetensorError {error}: {why}"), kind="report"),
     Rule("checkpoint_shape_mismatch", "checkpoint tensors have other shapes than the model built from the config",
