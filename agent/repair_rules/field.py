@@ -7,8 +7,10 @@ fix changes nothing and returns a precise diagnosis with the next step, so the r
 with that note instead of "unknown failure". NPU kernels with no portable equivalent
 (torch_npu.npu_*, torch.ops.npu.*) are not matched here.
 
-FIRST goes before agent.repair_rules.code (e.g. a missing torch_npu is not a pip package to
-install when only incidental calls need it); RULES goes after it.
+EARLIEST goes before every rule (a recipe YAML that does not parse breaks other matchers), FIRST
+before agent.repair_rules.code (a missing torch_npu is not a pip package to install when only
+incidental calls need it), RULES after it. `explain_unknown` is what `diagnose` adds for a failure
+no rule knows: exception, message, the last log lines before it and the closest rule.
 """
 
 from __future__ import annotations
@@ -29,10 +31,6 @@ _BOM = "\ufeff"
 
 
 # ---- helpers -----------------------------------------------------------------------------
-def _text(failure: Failure) -> str:
-    return f"{failure.error}\n{failure.output}"
-
-
 def _read(path: Path) -> tuple[str, bool]:
     """Source text with its own line endings (no newline translation) and whether it had a BOM."""
     text = path.read_bytes().decode("utf-8")
@@ -399,7 +397,7 @@ RULES: list[Rule] = [
     Rule("transformers_does_not_know_model",
          "the installed transformers does not know the checkpoint's model type",
          _simple(r"model type `(?P<model_type>[\w-]+)` but Transformers does not recognize this architecture"),
-         _report("transformers {model_type!s} is unknown to the installed transformers: upgrade transformers, or if "
+         _report("model type {model_type} is unknown to the installed transformers: upgrade transformers, or if "
                  "the checkpoint ships its own modeling code re-run with --trust-remote-code after reviewing it"),
          kind="report"),
     Rule("tokenizer_class_unknown", "tokenizer_config.json names a tokenizer class transformers does not have",
