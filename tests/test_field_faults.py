@@ -309,3 +309,31 @@ def test_relative_recipe_path(working_recipe):
     report = json.loads((working_recipe / "migration_report.json").read_text())
     assert report["rounds"][0]["diagnosis"]["rule"] == "shell_script_crlf", report["rounds"][0]["diagnosis"]
     assert proc.returncode == 0
+
+
+def test_incidental_npu_fix_keeps_line_endings_bom_and_mode(tmp_path):
+    entry = {"id": "bytes"}
+    recipe = mini_recipe(tmp_path, entry)
+    runner = recipe / "runner_fi.py"
+    source = "\ufeffimport torch\r\nimport torch_npu\r\n\r\n\r\ndef sync():\r\n    torch.npu.synchronize()\r\n"
+    runner.write_bytes(source.encode("utf-8"))
+    runner.chmod(0o755)
+    log = "AttributeError: module 'torch' has no attribute 'npu'\n"
+    failure = Failure.from_output(recipe, log)
+    rule, facts = first_matching_rule(failure)
+    assert rule.name == "incidental_npu_call" and facts == {"files": ["runner_fi.py"]}
+    rule.fix(failure, facts, None)
+    data = runner.read_bytes()
+    assert data.startswith("\ufeff".encode("utf-8")) and b"\n" not in data.replace(b"\r\n", b"")
+    assert b"    device_ops.synchronize()\r\n" in data and b"from engine import device_ops\r\n" in data
+    assert runner.stat().st_mode & 0o777 == 0o755
+
+
+def test_npu_kernels_are_left_to_the_kernel_check(tmp_path):
+    """A recipe that also calls an NPU kernel is not 'incidental': no rewrite (the kernel check exits 4)."""
+    entry = {"id": "kernel", "recipe_code": "import torch_npu\n\n\ndef norm(x, w):\n    torch.npu.synchronize()\n"
+                                            "    return torch_npu.npu_rms_norm(x, w)[0]\n"}
+    recipe = mini_recipe(tmp_path, entry)
+    for log in ("ModuleNotFoundError: No module named 'torch_npu'\n",
+                "AttributeError: module 'torch' has no attribute 'npu'\n"):
+        assert first_rule(recipe, log) not in FIELD_RULE_NAMES
