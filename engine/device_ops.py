@@ -41,9 +41,12 @@ def _backend():
     return None if kind == "cpu" else getattr(import_torch(), kind)
 
 
-def device(index: int | str | None = None):
-    """torch.device of the recipe's device type, with `index` when given (ignored on the CPU)."""
+def device(index=None):
+    """torch.device of the recipe's device type, with the index of `index` (int, "npu:1", a torch.device)
+    when given (ignored on the CPU)."""
     torch = import_torch()
+    if isinstance(index, torch.device):  # a handle of another type: keep its index
+        index = index.index
     if isinstance(index, str):          # "npu:1" / "cuda" / "cpu": keep the index, use our type
         index = int(index.split(":")[1]) if ":" in index else None
     dev = current()
@@ -69,7 +72,7 @@ def current_device() -> int:
 def set_device(index) -> None:
     backend = _backend()
     if backend is not None:
-        backend.set_device(device(index) if not isinstance(index, int) else index)
+        backend.set_device(index if isinstance(index, int) else device(index))
 
 
 def synchronize(dev=None) -> None:
