@@ -26,7 +26,7 @@ TRACEBACK_LOCATION_RE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)'
 ERROR_LINE_RE = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Exit|Interrupt|Warning)\b.*|^\w+Error:.*")
 OOM_PATTERNS = re.compile(
     r"(MemoryError|out of memory|OutOfMemoryError|CUDA out of memory|NPU out of memory|"
-    r"DefaultCPUAllocator: can't allocate memory|Cannot allocate memory|std::bad_alloc)", re.I)
+    r"DefaultCPUAllocator: can't allocate memory|Cannot allocate memory(?! in static TLS)|std::bad_alloc)", re.I)
 
 # Recipe files that are backed up before a fix (the run logs and backups themselves are not).
 SKIP_DIRS = {".migrator", "res", "__pycache__", "baseline"}
@@ -129,7 +129,11 @@ def diagnose(recipe_dir: Path, run: dict) -> dict:
     if matched is not None:
         rule, facts = matched
         return dict(base, rule=rule.name, facts=_jsonable(facts), diagnosis=f"{rule.description}: {failure.error}")
-    return dict(base, rule=None, diagnosis=f"unknown failure: {failure.error}")
+    from agent.repair_rules.field import explain_unknown
+
+    known = explain_unknown(failure)
+    closest = f" (closest known rule: {known['closest_rule']})" if known["closest_rule"] else ""
+    return dict(base, rule=None, diagnosis=f"unknown failure: {failure.error}{closest}", **known)
 
 
 def _jsonable(facts: dict) -> dict:
@@ -275,8 +279,9 @@ def diff_against_backup(recipe_dir: Path, backup_dir: Path) -> str:
     after = set(recipe_files(recipe_dir))
     chunks = []
     for rel in sorted(before | after):
-        old = (backup_dir / rel).read_text(errors="replace").splitlines(True) if rel in before else []
-        new = (recipe_dir / rel).read_text(errors="replace").splitlines(True) if rel in after else []
+        # Bytes decoded without newline translation: a CRLF -> LF repair is a change.
+        old = (backup_dir / rel).read_bytes().decode(errors="replace").splitlines(True) if rel in before else []
+        new = (recipe_dir / rel).read_bytes().decode(errors="replace").splitlines(True) if rel in after else []
         if old != new:
             chunks.extend(difflib.unified_diff(old, new, f"a/{rel}" if old or rel in before else "/dev/null",
                                                f"b/{rel}" if rel in after else "/dev/null"))

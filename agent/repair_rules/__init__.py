@@ -6,6 +6,6 @@ LLM repairer comes last: it only sees failures no rule knows.
 """
 
 from agent import llm_repair
-from agent.repair_rules import code, config, files
+from agent.repair_rules import code, config, field, files
 
-CATALOGUE = [*files.RULES, *config.RULES, *code.RULES, llm_repair.RULE]
+CATALOGUE = [*field.EARLIEST, *files.RULES, *config.RULES, *field.FIRST, *code.RULES, *field.RULES, llm_repair.RULE]
