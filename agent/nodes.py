@@ -407,13 +407,17 @@ def node_verify(state: MigrationState) -> dict:
     recipe_dir = Path(state["recipe_dir"])
     baseline_path = Path(state["baseline_path"])
     baseline = json.loads(baseline_path.read_text())
-    parity = run_parity(recipe_dir, trust_remote_code=bool(state.get("trust_remote_code")))
+    if _engine_recipe(recipe_dir):
+        parity = run_parity(recipe_dir, trust_remote_code=bool(state.get("trust_remote_code")))
+    else:
+        parity = _foreign_parity(recipe_dir)
     baseline["verification"]["parity"] = parity
     check = baseline["verification"].get("output_check") or {}
     if parity.get("untrained_weights"):
         # Random weights write noise by design: judging the text would only say so.
         baseline["verification"]["output_check"] = dict(
-            check, ok=None, skipped="untrained weights: text checks skipped, parity used")
+            check, ok=None, skipped="untrained weights: text checks skipped" +
+            (", parity used" if parity.get("checked") else ""))
     baseline_path.write_text(json.dumps(baseline, indent=2, ensure_ascii=False) + "\n")
     problems = []
     if not baseline["verification"].get("all_ranks_success", False):
@@ -435,6 +439,56 @@ def node_verify(state: MigrationState) -> dict:
         run["output_file"] = str(note)
         update["runs"] = [*(state.get("runs") or []), run]
     return update
+
+
+def _engine_recipe(recipe_dir: Path) -> bool:
+    """A recipe on this tool's engine (its Runner subclasses engine.model_runner.ModelRunner)."""
+    return any("engine.model_runner" in p.read_text(errors="replace") for p in recipe_dir.glob("runner_*.py"))
+
+
+_NLL_SNIPPET = """
+import json, sys
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from agent.parity import prompt_nll
+from engine.data import DEFAULT_PROMPT
+path = sys.argv[1]
+tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True).eval()
+ids = tok([DEFAULT_PROMPT], return_tensors="pt")
+with torch.inference_mode():
+    logits = model(**ids).logits
+print(json.dumps(prompt_nll(logits, ids["input_ids"])))
+"""
+
+
+def _foreign_parity(recipe_dir: Path) -> dict:
+    """A recipe written for another runtime (cann-recipes-infer's executor): its model code is not
+    ours to compare against transformers, so parity is not applicable; whether the checkpoint's
+    weights are trained (random weights write noise by design) is still judged from the checkpoint."""
+    from agent.foreign import describe
+
+    result = {"ok": None, "checked": False,
+              "reason": "not a recipe on this tool's engine (e.g. a cann-recipes-infer recipe): parity not applicable"}
+    info = describe(recipe_dir)
+    try:
+        import yaml
+
+        cfg = yaml.safe_load(info.yaml.read_text()) if info.yaml else {}
+        model_config = cfg.get("model_config") if isinstance(cfg.get("model_config"), dict) else {}
+        model_path = model_config.get("model_path") or cfg.get("model_path")
+        model_path = Path(model_path) if model_path else None
+        if model_path is not None and not model_path.is_absolute():
+            model_path = (recipe_dir / model_path).resolve()
+        if model_path is None or not (model_path / "config.json").is_file():
+            return result
+        proc = subprocess.run([sys.executable, "-c", _NLL_SNIPPET, str(model_path)], capture_output=True,
+                              text=True, timeout=600)
+        if proc.returncode == 0 and proc.stdout.strip():
+            result.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+    except Exception:   # the judgement is optional: never fail a baseline over it
+        pass
+    return result
 
 
 def _parity_numbers(parity: dict) -> str:
