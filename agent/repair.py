@@ -89,29 +89,67 @@ def _inside(file: str, roots: list[Path]) -> bool:
     return any(root == path or root in path.parents for root in roots) and not _is_library(file)
 
 
-def first_traceback(output: str) -> tuple[list[tuple[str, int]], str] | None:
-    """(frames, exception line) of the first traceback in the output, or None.
-
-    The first one is the real error: later ones are raised while handling it (chained) or by
-    other ranks after it. A traceback's exception line is the first non-indented line after its
-    frames."""
+def _tracebacks(output: str) -> list[tuple[list[tuple[str, int]], str, str | None]]:
+    """Every traceback in the output: (frames, exception line, how it chains to the one before:
+    "cause" for `raise ... from`, "context" for an error while handling, None for a new one)."""
     lines = output.splitlines()
-    for i, line in enumerate(lines):
+    blocks = []
+    link = None
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        marker = CHAINED_RE.match(line.strip())
+        if marker:
+            link = "cause" if "direct cause" in line else "context"
+            i += 1
+            continue
         if TRACEBACK_START not in line:
+            if line.strip() and not marker and link and not line.startswith((" ", "\t")):
+                link = None     # something else came between: the next traceback is a new error
+            i += 1
             continue
         frames: list[tuple[str, int]] = []
-        for rest in lines[i + 1:]:
+        error = ""
+        j = i + 1
+        while j < len(lines):
+            rest = lines[j]
             m = FRAME_RE.match(rest)
             if m:
                 frames.append((m.group("file"), int(m.group("line"))))
-                continue
-            if rest.startswith((" ", "\t")) or not rest.strip():
-                continue
-            # strip a logger prefix some launchers put before the line ("[rank0]: ValueError: ...")
-            text = re.sub(r"^\[rank\d+\]:\s*", "", rest.strip())
-            return frames, text
-        return frames, lines[-1].strip() if lines else ""
-    return None
+            elif rest.strip() and not rest.startswith((" ", "\t")):
+                # strip a prefix some launchers put before the line ("[rank0]: ValueError: ...")
+                error = re.sub(r"^\[rank\d+\]:\s*", "", rest.strip())
+                break
+            j += 1
+        blocks.append((frames, error, link))
+        link = None
+        i = j + 1
+    return blocks
+
+
+def first_traceback(output: str) -> tuple[list[tuple[str, int]], str] | None:
+    """(frames, exception line) of the first error in the output, or None.
+
+    The first error is the real one: later tracebacks come from other ranks or from cleanup.
+    A chain counts as one error: for `raise X from Y` the exception is X (the message written
+    for the user), for an error raised while handling another it is the first; the frames are
+    the whole chain's."""
+    blocks = _tracebacks(output)
+    if not blocks:
+        return None
+    group = [blocks[0]]
+    for block in blocks[1:]:
+        if block[2] is None:
+            break
+        group.append(block)
+    error = group[0][1]
+    for block in group[1:]:
+        if block[2] == "cause":
+            error = block[1]
+        else:
+            break
+    frames = [frame for block in group for frame in block[0]]
+    return frames, error
 
 
 def summarise_failure(output: str, roots: list[Path | None] | None = None) -> dict:

@@ -252,3 +252,18 @@ def test_report_writes_no_readme_block_without_a_baseline(tmp_path):
     baseline.write_text(json.dumps({"performance": {"prefill_ms": 1, "decode_avg_ms": 2}}))
     write_report({"recipe_dir": str(recipe), "scenario": "C", "status": "ok", "baseline_path": str(baseline)})
     assert "Migration status" in readme.read_text()
+
+
+@pytest.mark.parametrize("marker, error", [
+    ("The above exception was the direct cause of the following exception:", "OSError: Incorrect path"),
+    ("During handling of the above exception, another exception occurred:", "huggingface_hub.HFValidationError: bad id"),
+])
+def test_a_chained_error_is_one_error_with_the_chain_s_recipe_frame(tmp_path, marker, error):
+    repo = tmp_path / "repo"
+    lib = "/venv/lib/python3.11/site-packages"
+    inner = _tb((f"{lib}/huggingface_hub/v.py", 10), error="huggingface_hub.HFValidationError: bad id")
+    outer = _tb((str(repo / "executor/offline/infer.py"), 70), (f"{lib}/transformers/a.py", 5),
+                error="OSError: Incorrect path")
+    rank1 = _tb((str(repo / "executor/x.py"), 1), error="RuntimeError: rank 1 saw rank 0 die")
+    got = summarise_failure(f"{inner}\n{marker}\n\n{outer}\nrank 1:\n{rank1}", roots=[repo])
+    assert got["error"] == error and got["location"] == f"{repo / 'executor/offline/infer.py'}:70"
