@@ -83,10 +83,10 @@ def node_classify(state: MigrationState) -> dict:
 
     info = describe(state["target"]) if Path(state["target"]).expanduser().exists() else None
     if info is None or not info.is_recipe:
-        reason = info.reason if info is not None and info.kind == "checkpoint" else \
-            "no infer.sh: migrate the model into a new recipe"
-        if info is not None and info.kind == "checkpoint":
-            reason = f"{reason}: migrate the model into a new recipe"
+        reason = "no infer.sh: migrate the model into a new recipe"
+        if info is not None and info.kind == "checkpoint" and (info.path / "infer.sh").exists():
+            reason = ("a checkpoint (config.json and weights): its infer.sh is not run; "
+                      "migrate the model into a new recipe")
         return {"scenario": "A", "classify_reason": reason}
     ensure_runnable_here(info)
     target = info.path
