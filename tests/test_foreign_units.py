@@ -267,3 +267,19 @@ def test_a_chained_error_is_one_error_with_the_chain_s_recipe_frame(tmp_path, ma
     rank1 = _tb((str(repo / "executor/x.py"), 1), error="RuntimeError: rank 1 saw rank 0 die")
     got = summarise_failure(f"{inner}\n{marker}\n\n{outer}\nrank 1:\n{rank1}", roots=[repo])
     assert got["error"] == error and got["location"] == f"{repo / 'executor/offline/infer.py'}:70"
+
+
+def test_yaml_line_edit_keeps_crlf_gbk_comments_and_mode(tmp_path):
+    from agent.repair_rules._util import edit_yaml_line, load_yaml
+
+    recipe = tmp_path / "r"
+    (recipe / "config").mkdir(parents=True)
+    path = recipe / "config" / "m.yaml"
+    text = "model_name: m  # 模型\r\nexe_mode: eager\r\ndata_config:\r\n  batch_size: 1\r\n"
+    path.write_bytes(text.encode("gb18030"))
+    path.chmod(0o640)
+    assert load_yaml(recipe)["data_config"] == {"batch_size": 1}
+    edit_yaml_line(recipe, "data_config", "batch_size", 4)
+    edit_yaml_line(recipe, "data_config", "max_new_tokens", 8)
+    assert path.read_bytes() == (text.replace("batch_size: 1", "batch_size: 4") + "  max_new_tokens: 8\r\n").encode("gb18030")
+    assert path.stat().st_mode & 0o777 == 0o640

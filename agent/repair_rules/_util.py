@@ -14,7 +14,7 @@ def recipe_yaml(recipe_dir: Path) -> Path | None:
 
 def load_yaml(recipe_dir: Path) -> dict:
     path = recipe_yaml(recipe_dir)
-    return (yaml.safe_load(path.read_text()) or {}) if path else {}
+    return (yaml.safe_load(read_source(path)) or {}) if path else {}
 
 
 def edit_yaml_line(recipe_dir: Path, section: str | None, key: str, value) -> str:
@@ -23,7 +23,8 @@ def edit_yaml_line(recipe_dir: Path, section: str | None, key: str, value) -> st
     Returns a one-line note. Adds the key at the end of the section (or file) when absent.
     """
     path = recipe_yaml(recipe_dir)
-    lines = path.read_text().splitlines(keepends=True)
+    original = path.read_bytes()
+    lines = read_source(path).splitlines(keepends=True)
     rendered = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("\n...").strip()
     in_section = section is None
     indent = "" if section is None else "  "
@@ -39,7 +40,7 @@ def edit_yaml_line(recipe_dir: Path, section: str | None, key: str, value) -> st
         if in_section and stripped.startswith(f"{key}:") and line.startswith(indent) and \
                 (section is None) == (not line.startswith((" ", "\t"))):
             lines[i] = f"{indent}{key}: {rendered}\n"
-            path.write_text("".join(lines))
+            write_source(path, "".join(lines), original)
             return f"set {section + '.' if section else ''}{key}: {rendered} in {path.name}"
     if section is not None and not in_section and not any(ln.startswith(f"{section}:") for ln in lines):
         lines.append(f"{section}:\n")
@@ -47,7 +48,7 @@ def edit_yaml_line(recipe_dir: Path, section: str | None, key: str, value) -> st
     while insert_at > 0 and not lines[insert_at - 1].strip():
         insert_at -= 1
     lines.insert(insert_at, f"{indent}{key}: {rendered}\n")
-    path.write_text("".join(lines))
+    write_source(path, "".join(lines), original)
     return f"added {section + '.' if section else ''}{key}: {rendered} to {path.name}"
 
 
