@@ -118,12 +118,33 @@ def acquire(target: str, weights: str | None = None) -> Acquired:
             raise InputError(f"{target}: no config.json — point at a Hugging Face model directory "
                              "(the folder that holds config.json and the weights)")
         return Acquired(path.resolve(), str(path.resolve()), path.resolve().name)
+    local = local_path_problem(target)
+    if local:
+        raise InputError(local)
     ref, problem = _parse(target)
     if ref is None:
         why = f" ({problem})" if problem else ""
         raise InputError(_one_line(f"{target}: no such directory, and not a Hugging Face model link "
                                    f"(https://huggingface.co/Org/Name[/tree/<rev>]) or repo id (Org/Name){why}"))
     return download(ref, weights)
+
+
+def local_path_problem(target: str) -> str | None:
+    """A missing local path that would otherwise be read as a hub repo id (`ckpt/nonexist` while
+    ./ckpt exists, `./x`, `~/x`, `/x`): say it is missing instead of asking the hub for it."""
+    text = target.strip()
+    path = Path(text).expanduser()
+    if path.exists():
+        return None
+    first = text.split("/", 1)[0]
+    explicit = text.startswith(("./", "../", "/", "~", ".\\"))
+    if explicit or (first not in ("", ".", "..") and "/" in text and Path(first).is_dir()
+                    and "://" not in text):
+        parent = next((p for p in [path, *path.parents] if p.exists()), None)
+        hint = f" ({parent} exists)" if parent not in (None, Path("."), Path("/")) else ""
+        link = "" if explicit else f"; for the hub repo write https://huggingface.co/{text}"
+        return f"{target}: no such directory{hint}{link}"
+    return None
 
 
 # ---- hub ----------------------------------------------------------------------------------

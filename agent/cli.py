@@ -18,9 +18,34 @@ from agent.errors import MigratorError
 DEVICES = ("auto", "npu", "cuda", "cpu")
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors are one line too (argparse prints the whole usage block first)."""
+
+    def error(self, message):
+        self.exit(errors.EXIT_USAGE, f"migrator: error: {message}; see `{self.prog} --help`\n")
+
+
+def _bounded_int(low: int, high: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is out of range ({low} .. {high})")
+        return value
+    return parse
+
+
+MAX_ROUNDS = 20
+ROUNDS = _bounded_int(0, MAX_ROUNDS)
+TIMEOUT = _bounded_int(1, 7 * 24 * 3600)
+NEW_TOKENS = _bounded_int(1, 65536)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="migrator", description="Hugging Face model -> Ascend NPU inference recipe")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser = _Parser(prog="migrator", description="Hugging Face model -> Ascend NPU inference recipe")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     run = sub.add_parser("run", help="migrate a model, repair a recipe, or regenerate its baseline")
     run.add_argument("target", help="https://huggingface.co/Org/Name, Org/Name, a local HF model dir, or a recipe dir")
@@ -42,9 +67,9 @@ def _parser() -> argparse.ArgumentParser:
     baseline.add_argument("recipes", nargs="+", help="recipe directories (e.g. models/*)")
     baseline.add_argument("--summary", default="baseline_summary",
                           help="summary path without suffix: writes .md and .csv (default: baseline_summary)")
-    baseline.add_argument("--max-rounds", type=int, default=0,
+    baseline.add_argument("--max-rounds", type=ROUNDS, default=0,
                           help="repair rounds for a failing recipe (default: 0, report only)")
-    baseline.add_argument("--timeout", type=int, default=1800, help="seconds for each run of infer.sh")
+    baseline.add_argument("--timeout", type=TIMEOUT, default=1800, help="seconds for each run of infer.sh")
 
     rollback = sub.add_parser("rollback", help="restore a recipe's files from before a repair round")
     rollback.add_argument("recipe")
@@ -52,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
 
     classify = sub.add_parser("classify", help="print the scenario (A/B/C) for PATH and why")
     classify.add_argument("path")
-    classify.add_argument("--timeout", type=int, default=1800, help="seconds for the trial run of infer.sh")
+    classify.add_argument("--timeout", type=TIMEOUT, default=1800, help="seconds for the trial run of infer.sh")
     return parser
 
 
@@ -67,9 +92,10 @@ def _add_run_options(run: argparse.ArgumentParser) -> None:
                      help="allow vendoring the model repo's own code (auto_map)")
     run.add_argument("--allow-install", action="store_true",
                      help="let repairs pip-install missing packages (otherwise the install line is reported)")
-    run.add_argument("--max-rounds", type=int, default=5, help="repair rounds at most (default: 5)")
-    run.add_argument("--max-new-tokens", type=int, default=32, help="tokens generated per run (default: 32)")
-    run.add_argument("--timeout", type=int, default=1800, help="seconds for each run of infer.sh")
+    run.add_argument("--max-rounds", type=ROUNDS, default=5,
+                     help=f"repair rounds at most, 0 .. {MAX_ROUNDS} (default: 5)")
+    run.add_argument("--max-new-tokens", type=NEW_TOKENS, default=32, help="tokens generated per run (default: 32)")
+    run.add_argument("--timeout", type=TIMEOUT, default=1800, help="seconds for each run of infer.sh")
     run.add_argument("--resume", action="store_true", help="continue an interrupted run from its last finished node")
     run.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
 
@@ -160,7 +186,7 @@ def run_workflow(state: dict, resume: bool = False) -> dict:
 # ---- commands ---------------------------------------------------------------------------
 def check_target(target: str) -> None:
     """Reject bad input before the workflow starts: one line, exit code 2."""
-    from agent.acquire import parse_hub_ref
+    from agent.acquire import local_path_problem, parse_hub_ref
 
     from agent.foreign import describe
 
@@ -172,6 +198,12 @@ def check_target(target: str) -> None:
         if not (path / "config.json").is_file() and not describe(path).is_recipe:
             raise errors.InputError(f"{target}: no config.json — point at a Hugging Face model directory "
                                     "(the folder that holds config.json and the weights) or a recipe with infer.sh")
+        from agent.checkpoint_check import check_checkpoint, weight_files
+
+        if (path / "config.json").is_file() and (not (path / "infer.sh").is_file() or weight_files(path)):
+            check_checkpoint(path)   # a checkpoint (even one holding an infer.sh): checked before any step
+    elif local_path_problem(target):
+        raise errors.InputError(local_path_problem(target))
     elif parse_hub_ref(target) is None:
         raise errors.InputError(f"{target}: no such directory, and not a Hugging Face link "
                                 "(https://huggingface.co/Org/Name) or repo id (Org/Name)")
@@ -197,9 +229,40 @@ def preflight(target: str) -> None:
             ensure_runnable_here(info)
 
 
+def check_text_args(**values) -> None:
+    """Paths and names with control characters (a newline, a tab, NUL) end up broken in logs,
+    YAML and shell lines: refuse them (exit 2)."""
+    import re
+
+    for option, value in values.items():
+        if value is not None and re.search(r"[\x00-\x1f\x7f]", str(value)):
+            raise errors.InputError(f"{option} {str(value)!r} contains control characters (newline, tab, …); "
+                                    "rename it")
+
+
+def check_output_dir(output_dir: str) -> None:
+    """The output dir is created if needed; a file in the way or no permission is exit 2."""
+    path = Path(output_dir).expanduser()
+    if path.exists() and not path.is_dir():
+        raise errors.InputError(f"--output-dir {output_dir}: exists and is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise errors.InputError(f"--output-dir {output_dir}: cannot be created ({exc.strerror or exc})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise errors.InputError(f"--output-dir {output_dir}: not writable")
+
+
 def cmd_run(args) -> int:
+    check_text_args(target=args.target, **{"--name": args.name, "--output-dir": args.output_dir,
+                                           "--weights": args.weights})
     if not args.resume:
         check_target(args.target)
+    target, output_dir = Path(args.target).expanduser().resolve(), Path(args.output_dir).expanduser().resolve()
+    if (target / "config.json").is_file() and (output_dir == target or target in output_dir.parents):
+        raise errors.InputError(f"--output-dir {args.output_dir} is inside the checkpoint {args.target}; nothing "
+                                "is written into a checkpoint: choose an output directory outside it")
+    check_output_dir(args.output_dir)
     args.target = resolve_target(args.target)
     if not args.resume:
         preflight(args.target)
@@ -363,7 +426,10 @@ def cmd_rollback(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:   # --help, or a usage error already printed in one line
+        return exc.code if isinstance(exc.code, int) else errors.EXIT_USAGE
     from engine.environment import TorchImportError, import_torch
 
     try:
@@ -376,11 +442,28 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return handler(args)
     except MigratorError as exc:
-        print(f"migrator: error: {exc}", file=sys.stderr)
+        print(f"migrator: error: {_one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("migrator: interrupted; continue with --resume", file=sys.stderr)
         return errors.EXIT_INTERRUPTED
+    except Exception as exc:  # noqa: BLE001 - a bug: one line here, the traceback in a file
+        return _internal_error(exc)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split()) or "(no message)"
+
+
+def _internal_error(exc: Exception) -> int:
+    import tempfile
+    import traceback
+
+    with tempfile.NamedTemporaryFile("w", prefix="migrator-crash-", suffix=".txt", delete=False) as f:
+        traceback.print_exc(file=f)
+    print(f"migrator: internal error: {type(exc).__name__}: {_one_line(str(exc))[:300]} (a bug; traceback "
+          f"saved to {f.name}, please report it)", file=sys.stderr)
+    return errors.EXIT_INTERNAL
 
 
 if __name__ == "__main__":

@@ -101,13 +101,19 @@ def node_classify(state: MigrationState) -> dict:
 
 def node_acquire(state: MigrationState) -> dict:
     from agent.acquire import acquire
+    from agent.checkpoint_check import check_checkpoint
     from agent.render import normalise_model_name
 
     got = acquire(state["target"], weights=state.get("weights"))
-    name = state.get("name") or normalise_model_name(got.name_hint)
-    if state.get("name"):
-        name = normalise_model_name(name)
-    recipe_dir = Path(state.get("output_dir") or "models").resolve() / name
+    check_checkpoint(Path(got.model_dir))    # before anything is written: bad input is exit 2
+    name = normalise_model_name(state["name"], explicit=True) if state.get("name") \
+        else normalise_model_name(got.name_hint)
+    output_dir = Path(state.get("output_dir") or "models").resolve()
+    model_dir = Path(got.model_dir).resolve()
+    if output_dir == model_dir or model_dir in output_dir.parents:
+        raise InputError(f"--output-dir {state.get('output_dir')} is inside the checkpoint {model_dir}; nothing "
+                         "is written into a checkpoint: choose an output directory outside it")
+    recipe_dir = output_dir / name
     if recipe_dir.exists() and any(recipe_dir.iterdir()):
         raise InputError(f"{recipe_dir} already exists; run `migrator run {recipe_dir}` to repair or "
                          "re-baseline it, or choose another --name / --output-dir")
@@ -115,6 +121,23 @@ def node_acquire(state: MigrationState) -> dict:
             "recipe_dir": str(recipe_dir)}
 
 
+def _removes_half_built_recipe(node):
+    """A failed vendor/render leaves no half-built recipe behind to block the next run (the
+    recipe directory did not exist or was empty before: node_acquire checked)."""
+    import functools
+    import shutil
+
+    @functools.wraps(node)
+    def wrapper(state: MigrationState) -> dict:
+        try:
+            return node(state)
+        except BaseException:
+            shutil.rmtree(state["recipe_dir"], ignore_errors=True)
+            raise
+    return wrapper
+
+
+@_removes_half_built_recipe
 def node_vendor(state: MigrationState) -> dict:
     from agent.routing import route
     from agent.vendor import locate_source, read_config, vendor_source
@@ -153,6 +176,7 @@ def input_max_len(config: dict, max_new_tokens: int, default: int = 1024) -> int
     return max(1, min(default, limit - max_new_tokens)) if limit else default
 
 
+@_removes_half_built_recipe
 def node_render(state: MigrationState) -> dict:
     import transformers
 
@@ -279,7 +303,9 @@ def trial_run(recipe_dir: Path, state: MigrationState, label: str) -> dict:
     index = len(list(runs_dir.glob("run_*")))
     run_dir = runs_dir / f"run_{index}_{label}"
     run_dir.mkdir()
-    env = dict(os.environ, RES_PATH=str(run_dir), PYTHON=sys.executable, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, RES_PATH=str(run_dir), PYTHON=sys.executable, PYTHONUNBUFFERED="1",
+               # the formal run leaves its prompt logits for the parity check (engine.model_runner)
+               MIGRATOR_PARITY_DUMP=str(run_dir / "parity_dump.pt"))
     if info.kind == "framework":
         command, cwd = info.command(), run_dir        # upstream writes res/<date>/<case>/ under cwd
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(info.repo_root), env.get("PYTHONPATH")]))
@@ -408,7 +434,9 @@ def node_verify(state: MigrationState) -> dict:
     baseline_path = Path(state["baseline_path"])
     baseline = json.loads(baseline_path.read_text())
     if _engine_recipe(recipe_dir):
-        parity = run_parity(recipe_dir, trust_remote_code=bool(state.get("trust_remote_code")))
+        dump = Path(last_run(state).get("res_path") or recipe_dir) / "parity_dump.pt"
+        parity = run_parity(recipe_dir, trust_remote_code=bool(state.get("trust_remote_code")),
+                            dump=dump if dump.is_file() else None)
     else:
         parity = _foreign_parity(recipe_dir)
     baseline["verification"]["parity"] = parity

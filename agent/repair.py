@@ -204,7 +204,10 @@ def rule_named(name: str | None) -> Rule | None:
 def first_matching_rule(failure: Failure) -> tuple[Rule, dict] | None:
     """The first catalogue rule that accepts the failure, with its facts (order = priority)."""
     for rule in catalogue():
-        facts = rule.match(failure)
+        try:
+            facts = rule.match(failure)
+        except Exception:  # noqa: BLE001 - odd evidence (a broken YAML, a half-written file) is not this rule's
+            continue
         if facts is not None:
             return rule, facts
     return None

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.errors import InputError, UnsupportedModelError, VendorError
+from agent.render import is_identifier
 from agent.routing import supported_families
 
 
@@ -142,10 +143,12 @@ def locate_remote_source(config: dict, model_dir: Path | None, trust_remote_code
         raise _refuse(arch, "auto_map points at code in another repository; download it next to the model")
     model_module, _, model_class = model_ref.rpartition(".")
     config_module, _, config_class = config_ref.rpartition(".")
-    files = {m: (model_dir / f"{m}.py") for m in (model_module, config_module)}
-    for module, path in files.items():
-        if not path.is_file():
-            raise InputError(f"{path}: named in auto_map but missing from the model directory")
+    for ref, module, cls in ((model_ref, model_module, model_class), (config_ref, config_module, config_class)):
+        # Only 'module.Class' with plain names: no '..', no '/', no absolute paths out of the repo.
+        if not (is_identifier(module) and is_identifier(cls)):
+            raise InputError(f"auto_map entry {ref!r} is not 'module.ClassName' naming a .py file of the "
+                             "model repo; only files inside the repo are vendored")
+    files = {m: repo_file(model_dir, f"{m}.py") for m in (model_module, config_module)}
     return ModelSource(
         model_type=config.get("model_type", "custom"),
         architecture=arch,
@@ -158,6 +161,20 @@ def locate_remote_source(config: dict, model_dir: Path | None, trust_remote_code
         origin=f"remote code in {model_dir}",
         attn_implementation="sdpa" if "_supports_sdpa = True" in files[model_module].read_text() else "eager",
     )
+
+
+def repo_file(repo: Path, name: str) -> Path:
+    """A .py file of a remote-code repo, refused unless it is a regular file inside the repo (a
+    symlink may point elsewhere in the repo, never out of it)."""
+    path = repo / name
+    if not path.is_file():
+        raise InputError(f"{path}: named in auto_map but missing from the model directory")
+    try:
+        path.resolve().relative_to(repo.resolve())
+    except ValueError:
+        raise InputError(f"{path}: resolves outside the model directory ({path.resolve()}); only files "
+                         "inside the repo are vendored") from None
+    return path
 
 
 def local_modules(source: ModelSource) -> dict[str, Path]:
@@ -174,6 +191,8 @@ def local_modules(source: ModelSource) -> dict[str, Path]:
         for name in re.findall(r"^\s*from \.(\w+) import", text, re.M):
             path = repo / f"{name}.py"
             module = f"{REMOTE_PACKAGE}.{name}"
+            if path.is_file() and module not in found:
+                path = repo_file(repo, f"{name}.py")
             if path.is_file() and module not in found and module not in (source.modeling_module,
                                                                           source.configuration_module):
                 found[module] = path
@@ -192,8 +211,13 @@ def vendor_source(source: ModelSource, recipe_dir: Path, model_name: str) -> Ven
         "configuration": (source.configuration_module, source.configuration_file,
                           f"configuration_{model_name}"),
     }
+    reserved = {"model_setting", "__init__", *(stem for _, _, stem in targets.values())}
     for module, path in local_modules(source).items():
-        targets[module] = (module, path, module.rpartition(".")[2])
+        stem = module.rpartition(".")[2]
+        if stem in reserved:
+            raise UnsupportedModelError(f"the model repo's module {stem}.py would overwrite the recipe's own "
+                                        f"models/{stem}.py; rename it in a copy of the repo (and its imports)")
+        targets[module] = (module, path, stem)
     siblings = {module: f"models.{stem}" for module, _, stem in targets.values()}
     result = VendorResult(source=source)
     for role, (module, path, stem) in targets.items():

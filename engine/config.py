@@ -86,7 +86,12 @@ def load_runner_settings(yaml_path: str | os.PathLike) -> dict:
     try:
         settings = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc.__class__.__name__})") from exc
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or exc.__class__.__name__
+        raise ConfigError(f"{path}: not valid YAML{where} ({problem}); fix it or re-render the recipe") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot be read ({exc})") from exc
     validate(settings, str(path))
     model_path = Path(os.path.expanduser(settings["model_path"]))
     if not model_path.is_absolute():

@@ -323,6 +323,8 @@ def import_torch():
     finally:
         if guard:
             os.environ.pop(AUTOLOAD_ENV, None)
+    if guard and not _PROBING:
+        probe_torch_npu()   # a torch_npu that cannot load is blocked before transformers tries it
     return torch
 
 
@@ -352,6 +354,7 @@ def _is_missing_cann(exc: BaseException) -> bool:
 
 
 _NPU_PROBE: dict | None = None
+_PROBING = False   # probe_torch_npu() is importing torch: import_torch() must not probe again
 
 
 def probe_torch_npu(refresh: bool = False) -> dict:
@@ -370,8 +373,15 @@ def probe_torch_npu(refresh: bool = False) -> dict:
     result = {"installed": installed, "importable": False, "version": version,
               "status": STATUS_NOT_INSTALLED, "error": None}
     if installed:
+        if "torch_npu" in sys.modules and sys.modules["torch_npu"] is None:
+            del sys.modules["torch_npu"]     # refresh: try the real import again
+        global _PROBING
         try:
-            import_torch()
+            _PROBING = True
+            try:
+                import_torch()
+            finally:
+                _PROBING = False
             # A failed `import torch_npu` leaves TORCH_DEVICE_BACKEND_AUTOLOAD=0 behind in
             # os.environ (torch_npu sets it on entry and restores it only on success): restore.
             saved = os.environ.get(AUTOLOAD_ENV)
@@ -388,6 +398,7 @@ def probe_torch_npu(refresh: bool = False) -> dict:
                 result["status"] = STATUS_NO_CANN
             else:
                 result["status"] = f"{STATUS_IMPORT_FAILED}: {result['error']}"
+            _block_torch_npu()
         else:
             result["importable"] = True
             result["status"] = STATUS_OK
@@ -395,6 +406,16 @@ def probe_torch_npu(refresh: bool = False) -> dict:
                 result["version"] = getattr(torch_npu, "__version__", None)
     _NPU_PROBE = dict(result)
     return result
+
+
+def _block_torch_npu() -> None:
+    """After a failed `import torch_npu`, later imports of it fail cleanly with ImportError, as if it
+    were not installed: transformers' `is_torch_npu_available()` imports torch_npu unguarded when the
+    package is present, so without CANN every `import transformers` would die on libhccl.so.
+    The environment still reports what was found (the probe result above)."""
+    for name in [m for m in sys.modules if m == "torch_npu" or m.startswith("torch_npu.")]:
+        del sys.modules[name]
+    sys.modules["torch_npu"] = None   # `import torch_npu` -> ModuleNotFoundError
 
 
 _RELEASE_RE = re.compile(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?")

@@ -31,6 +31,8 @@ torch = environment.import_torch()
 from engine.logging_utils import get_logger  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# Set by the migrator's trial run: where the formal run leaves its prompt logits for the parity check.
+PARITY_DUMP_ENV = "MIGRATOR_PARITY_DUMP"
 
 
 def seed_everything(seed: int) -> None:
@@ -223,6 +225,8 @@ class ModelRunner:
             self.logger.info(f"{name} inference time cost of {stage} is {cost_ms:.2f} ms")
             if stage == "decode":
                 decode_ms.append(cost_ms)
+            elif not warm_up and os.environ.get(PARITY_DUMP_ENV):
+                self.dump_prefill(model_inputs, outputs)
             self.model_output_process(model_inputs, outputs, input_dict)
             if bool(input_dict["finished"].all()):
                 break
@@ -239,7 +243,20 @@ class ModelRunner:
                 f"achieved bandwidth {self.model_bytes / per_token_s / 1e9:.2f} GB/s")
         if warm_up:
             self.logger.info(f"{name} warm-up run ends")
+        elif os.environ.get(PARITY_DUMP_ENV) and self.rank == 0:
+            path = os.environ[PARITY_DUMP_ENV]
+            dump = torch.load(path) if os.path.exists(path) else {}
+            torch.save(dict(dump, generate_ids=input_dict["generate_ids"].cpu()), path)
         return texts
+
+    def dump_prefill(self, model_inputs: dict, outputs) -> None:
+        """The formal run's prompt and last-position logits, for the migrator's parity check: the
+        reference model is compared against them afterwards, so no process holds two models."""
+        if self.rank != 0:
+            return
+        torch.save({"input_ids": model_inputs["input_ids"].cpu(), "attention_mask": model_inputs["attention_mask"].cpu(),
+                    "logits": outputs.logits[:, -1, :].float().cpu(), "dtype": str(self.dtype).removeprefix("torch."),
+                    "device": self.device.type}, os.environ[PARITY_DUMP_ENV])
 
 
 def init_distributed(device, local_rank: int):

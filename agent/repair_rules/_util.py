@@ -13,8 +13,14 @@ def recipe_yaml(recipe_dir: Path) -> Path | None:
 
 
 def load_yaml(recipe_dir: Path) -> dict:
+    """The recipe's settings; {} when the YAML is missing, unreadable or not a mapping (the
+    rules read it as evidence and must not crash on a broken one)."""
     path = recipe_yaml(recipe_dir)
-    return (yaml.safe_load(read_source(path)) or {}) if path else {}
+    try:
+        settings = yaml.safe_load(read_source(path)) if path else {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return {}
+    return settings if isinstance(settings, dict) else {}
 
 
 def edit_yaml_line(recipe_dir: Path, section: str | None, key: str, value) -> str:

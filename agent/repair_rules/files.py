@@ -141,16 +141,14 @@ def generated_targets(name: str, family) -> dict[str, str]:
 
 def render_file(recipe_dir: Path, rel: str, context: dict, family) -> str:
     """The text the templates give for one recipe file (rel: recipe-relative path)."""
-    from agent.render import _environment, runner_class_name, yaml_name
+    from agent.render import render_text
 
-    name = context["model_name"]
-    targets = generated_targets(name, family)
+    targets = generated_targets(context["model_name"], family)
     if rel not in targets and rel.startswith("config/") and rel.endswith((".yaml", ".yml")):
         template = "config.yaml.j2"
     else:
         template = targets[rel]
-    ctx = dict(context, family=family, yaml_name=yaml_name(name), runner_class=runner_class_name(name))
-    return _environment().get_template(template).render(**ctx)
+    return render_text(template, context, family)
 
 
 def write_rendered(recipe_dir: Path, rel: str, context: dict, family) -> Path:

@@ -1,0 +1,65 @@
+"""A shrunk copy of a checkpoint's config: the same architecture and code paths, tiny dimensions.
+
+The parity check runs the vendored code against transformers on this config with random weights, so
+checking the code costs the same for a 0.6B and a 70B checkpoint. What decides which code runs is
+kept: model_type, layer kinds (`layer_types` and other per-layer lists, cut to a prefix that still
+holds every kind), tied embeddings, rope settings, vocabulary (the checkpoint's tokenizer is reused),
+MoE / MLA structure. Sizes are only ever reduced.
+"""
+
+from __future__ import annotations
+
+from agent.tiny_checkpoint import TINY_DIMS
+
+# Kept from the checkpoint: they choose code paths or must match the tokenizer.
+KEEP = {"max_position_embeddings", "tie_word_embeddings"}
+LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+MAX_LAYERS = 8
+
+
+def shrink_config(config: dict) -> dict:
+    """Overrides for `AutoConfig.from_pretrained(model_path, **overrides)` (text config level)."""
+    overrides: dict = {}
+    for key, tiny in TINY_DIMS.items():
+        if key in KEEP or key not in config:
+            continue
+        value = config[key]
+        if key == "initializer_range":
+            overrides[key] = tiny   # peaked random logits: greedy tokens do not hinge on ties
+        elif isinstance(value, int) and not isinstance(value, bool) and value > tiny:
+            overrides[key] = tiny
+    heads, kv = config.get("num_attention_heads"), config.get("num_key_value_heads")
+    if isinstance(heads, int) and isinstance(kv, int) and "num_attention_heads" in overrides:
+        # Keep the attention kind: MHA stays MHA, MQA stays MQA, GQA stays grouped.
+        overrides["num_key_value_heads"] = overrides["num_attention_heads"] if kv == heads else min(kv, 2)
+    if config.get("q_lora_rank") is None:
+        overrides.pop("q_lora_rank", None)
+    if "kv_lora_rank" in config:
+        overrides.pop("head_dim", None)   # MLA derives head_dim from the rope / nope dims
+    overrides.update(_layers(config))
+    return overrides
+
+
+def _layers(config: dict) -> dict:
+    key = next((k for k in LAYER_COUNT_KEYS if isinstance(config.get(k), int)), None)
+    if key is None:
+        return {}
+    total = config[key]
+    per_layer = {k: v for k, v in config.items() if isinstance(v, list) and len(v) == total and total > 1}
+    count = min(total, 2)
+    for values in per_layer.values():
+        # A prefix that holds every kind of layer (e.g. sliding and full attention, Mamba and attention).
+        first_seen = {}
+        for i, v in enumerate(values):
+            first_seen.setdefault(repr(v), i)
+        count = max(count, max(first_seen.values()) + 1)
+    for pattern_key in ("sliding_window_pattern", "full_attention_interval", "attn_layer_period"):
+        if isinstance(config.get(pattern_key), int):
+            count = max(count, config[pattern_key])
+    count = min(total, max(count, min(total, 2)), MAX_LAYERS if count <= MAX_LAYERS else count)
+    result = {key: count}
+    for k, values in per_layer.items():
+        result[k] = values[:count]
+    if isinstance(config.get("first_k_dense_replace"), int):
+        result["first_k_dense_replace"] = min(config["first_k_dense_replace"], 1, count - 1)
+    return result

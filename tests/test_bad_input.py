@@ -1,0 +1,298 @@
+"""Bad input, one table (SPEC §6): every row is a hostile or broken input given to `migrator` as a user
+would give it. Each row asserts the documented exit code, exactly one `migrator: error:` line on
+stderr and no traceback, nothing written outside --output-dir (the checkpoint included), no code
+from the input run, and no half-built recipe left to block a re-run.
+
+The CLI runs in-process (agent.cli.main) so the table stays fast; no row reaches a trial run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from agent import errors
+from agent.cli import main
+from agent.paths import demo_model_dir
+
+MARKER = "PWNED"   # hostile inputs try to create this file; it must never appear
+
+
+@dataclass
+class Case:
+    id: str
+    setup: Callable[[Path, Path], list[str]]   # (tmp, checkpoint copy) -> argv
+    code: int
+    says: str                                  # a fragment the error line must contain
+
+
+def _cfg(ckpt: Path) -> dict:
+    return json.loads((ckpt / "config.json").read_text())
+
+
+def config(**changes):
+    """Setup: run the checkpoint after changing (None = deleting) config.json fields."""
+    def setup(tmp: Path, ckpt: Path) -> list[str]:
+        data = _cfg(ckpt)
+        for key, value in changes.items():
+            if value is None:
+                data.pop(key, None)
+            else:
+                data[key] = value
+        (ckpt / "config.json").write_text(json.dumps(data))
+        return ["run", str(ckpt)]
+    return setup
+
+
+def config_bytes(raw: bytes):
+    def setup(tmp: Path, ckpt: Path) -> list[str]:
+        (ckpt / "config.json").write_bytes(raw)
+        return ["run", str(ckpt)]
+    return setup
+
+
+def file_bytes(name: str, raw: bytes | None):
+    """Setup: replace (None = delete) one file of the checkpoint."""
+    def setup(tmp: Path, ckpt: Path) -> list[str]:
+        path = ckpt / name
+        if raw is None:
+            path.unlink()
+        else:
+            path.write_bytes(raw)
+        return ["run", str(ckpt)]
+    return setup
+
+
+def truncate_weights(tmp: Path, ckpt: Path) -> list[str]:
+    path = ckpt / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 1000])
+    return ["run", str(ckpt)]
+
+
+def weights_header_too_long(tmp: Path, ckpt: Path) -> list[str]:
+    path = ckpt / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(struct.pack("<Q", 2**40) + data[8:])
+    return ["run", str(ckpt)]
+
+
+def missing_shard(tmp: Path, ckpt: Path) -> list[str]:
+    (ckpt / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": 1}, "weight_map": {"lm_head.weight": "model-00002-of-00002.safetensors"}}))
+    return ["run", str(ckpt)]
+
+
+def args(*argv: str):
+    """Setup: the checkpoint with extra options (`{ckpt}` / `{tmp}` are filled in)."""
+    def setup(tmp: Path, ckpt: Path) -> list[str]:
+        return [a.format(ckpt=ckpt, tmp=tmp) for a in argv]
+    return setup
+
+
+def renamed_checkpoint(new_name: str):
+    def setup(tmp: Path, ckpt: Path) -> list[str]:
+        target = ckpt.with_name(new_name)
+        ckpt.rename(target)
+        return ["run", str(target)]
+    return setup
+
+
+def output_dir_is_file(tmp: Path, ckpt: Path) -> list[str]:
+    (tmp / "afile").write_text("x")
+    return ["run", str(ckpt), "--output-dir", str(tmp / "afile")]
+
+
+def output_dir_under_file(tmp: Path, ckpt: Path) -> list[str]:
+    (tmp / "afile").write_text("x")
+    return ["run", str(ckpt), "--output-dir", str(tmp / "afile" / "sub")]
+
+
+def recipe_exists(tmp: Path, ckpt: Path) -> list[str]:
+    (tmp / "out" / "my_model").mkdir(parents=True)
+    (tmp / "out" / "my_model" / "keep.txt").write_text("user's file")
+    return ["run", str(ckpt), "--name", "my_model"]
+
+
+def mistyped_local_path(tmp: Path, ckpt: Path) -> list[str]:
+    return ["run", "ckpt/nonexist"]
+
+
+def remote_code(auto_map: dict, files: dict[str, str] | None = None, trust: bool = True, link: str | None = None):
+    def setup(tmp: Path, ckpt: Path) -> list[str]:
+        data = _cfg(ckpt)
+        data["auto_map"] = auto_map
+        (ckpt / "config.json").write_text(json.dumps(data))
+        for name, text in (files or {}).items():
+            (ckpt / name).write_text(text)
+        if link:
+            outside = tmp / "outside_settings.py"
+            outside.write_text("SECRET = 1\n")
+            (ckpt / link).symlink_to(outside)
+        return ["run", str(ckpt)] + (["--trust-remote-code"] if trust else [])
+    return setup
+
+
+HOSTILE_ARCH = 'X"""\nimport os; os.system("touch PWNED")\n"""'
+REMOTE_OK = {"AutoConfig": "configuration_custom.CustomConfig",
+             "AutoModelForCausalLM": "modeling_custom.CustomForCausalLM"}
+REMOTE_FILES = {"configuration_custom.py": "from .model_setting import X\nclass CustomConfig: pass\n",
+                "modeling_custom.py": "from .model_setting import X\nclass CustomForCausalLM: pass\n",
+                "model_setting.py": "X = 1\n"}
+
+CASES = [
+    # names
+    Case("name_not_ascii", args("run", "{ckpt}", "--name", "模型"), 2, "ASCII letters"),
+    Case("name_300_chars", args("run", "{ckpt}", "--name", "a" * 300), 2, "at most 64"),
+    Case("name_only_symbols", args("run", "{ckpt}", "--name=..."), 2, "ASCII letters"),
+    Case("name_with_newline", args("run", "{ckpt}", "--name", "a\nb"), 2, "control characters"),
+    # paths
+    Case("path_with_newline", renamed_checkpoint("ck\npt"), 2, "control characters"),
+    Case("path_is_a_file", args("run", "{ckpt}/config.json"), 2, "not a directory"),
+    Case("path_empty_dir", args("run", "{tmp}"), 2, "no config.json"),
+    Case("mistyped_local_path", mistyped_local_path, 2, "no such directory"),
+    Case("link_other_host", args("run", "https://example.com/Org/Model"), 2, "not a Hugging Face"),
+    Case("link_dataset", args("run", "https://huggingface.co/datasets/Org/Data"), 2, "dataset"),
+    Case("link_no_repo", args("run", "https://huggingface.co/"), 2, "not a Hugging Face"),
+    # options
+    Case("max_rounds_huge", args("run", "{ckpt}", "--max-rounds", "99999999999999999999"), 2, "out of range"),
+    Case("max_rounds_negative", args("run", "{ckpt}", "--max-rounds", "-1"), 2, "out of range"),
+    Case("max_rounds_not_int", args("run", "{ckpt}", "--max-rounds", "five"), 2, "not an integer"),
+    Case("timeout_zero", args("run", "{ckpt}", "--timeout", "0"), 2, "out of range"),
+    Case("max_new_tokens_zero", args("run", "{ckpt}", "--max-new-tokens", "0"), 2, "out of range"),
+    Case("dtype_unknown", args("run", "{ckpt}", "--dtype", "float8"), 2, "invalid choice"),
+    Case("unknown_option", args("run", "{ckpt}", "--frobnicate"), 2, "unrecognized arguments"),
+    Case("output_dir_is_file", output_dir_is_file, 2, "not a directory"),
+    Case("output_dir_under_a_file", output_dir_under_file, 2, "cannot be created"),
+    Case("output_dir_inside_checkpoint", args("run", "{ckpt}", "--output-dir", "{ckpt}/recipes"), 2,
+         "inside the checkpoint"),
+    Case("recipe_dir_exists", recipe_exists, 2, "already exists"),
+    Case("weights_option_missing", args("run", "Org/Model", "--weights", "{tmp}/nope"), 2, "--weights"),
+    Case("device_npu_without_npu", args("run", "{ckpt}", "--device", "npu"), 4, "npu"),
+    # config.json: not an object, not JSON, wrong encoding
+    Case("config_array", config_bytes(b"[1, 2]"), 2, "JSON array"),
+    Case("config_string", config_bytes(b'"LlamaForCausalLM"'), 2, "JSON string"),
+    Case("config_null", config_bytes(b"null"), 2, "JSON null"),
+    Case("config_empty", config_bytes(b""), 2, "empty"),
+    Case("config_truncated_json", config_bytes(b'{"model_type": "llama", '), 2, "not valid JSON"),
+    Case("config_utf8_bom", lambda tmp, ckpt: config_bytes(b"\xef\xbb\xbf" + (ckpt / "config.json").read_bytes())(tmp, ckpt),
+         2, "byte-order mark"),
+    Case("config_not_utf8", config_bytes(b'{"model_type": "llama\xff\xfe"}'), 2, "not UTF-8"),
+    Case("config_nan", config_bytes(b'{"model_type": "llama", "rms_norm_eps": NaN}'), 2, "not a JSON number"),
+    Case("config_deeply_nested", config_bytes(b"[" * 100000 + b"]" * 100000), 2, "JSON"),
+    # config.json: fields of the wrong type or out of range
+    Case("architectures_int", config(architectures=[5]), 2, "not a Python class name"),
+    Case("architectures_code_injection", config(architectures=[HOSTILE_ARCH]), 2, "not a Python class name"),
+    Case("architectures_string", config(architectures="LlamaForCausalLM"), 2, "non-empty list"),
+    Case("architectures_empty", config(architectures=[]), 2, "non-empty list"),
+    Case("model_type_missing", config(model_type=None), 2, "model_type"),
+    Case("model_type_shell", config(model_type="llama; touch PWNED"), 2, "model_type"),
+    Case("model_type_unknown", config(model_type="not_a_real_type"), 3, "unknown to transformers"),
+    Case("max_position_embeddings_string", config(max_position_embeddings="512"), 2, "must be an integer"),
+    Case("hidden_size_negative", config(hidden_size=-128), 2, "out of range"),
+    Case("num_hidden_layers_zero", config(num_hidden_layers=0), 2, "out of range"),
+    Case("hidden_size_huge", config(hidden_size=10**30), 2, "out of range"),
+    Case("vocab_size_float", config(vocab_size=768.0), 2, "must be an integer"),
+    Case("vocab_size_bool", config(vocab_size=True), 2, "must be an integer"),
+    Case("eos_token_negative", config(eos_token_id=-5), 2, "token id"),
+    Case("tie_word_embeddings_string", config(tie_word_embeddings="yes"), 2, "true or false"),
+    Case("rms_norm_eps_string", config(rms_norm_eps="1e-5"), 2, "number"),
+    Case("rope_parameters_list", config(rope_parameters=[1, 2]), 2, "JSON object"),
+    Case("quantized_checkpoint", config(quantization_config={"quant_method": "gptq"}), 3, "quantized"),
+    Case("encoder_decoder", config(is_encoder_decoder=True), 3, "encoder-decoder"),
+    Case("encoder_only_bert", config(model_type="bert", architectures=["BertForMaskedLM"]), 3, "encoder"),
+    # weights do not match the config
+    Case("config_of_another_vocab", config(vocab_size=1000), 2, "vocab_size"),
+    Case("config_with_more_layers", config(num_hidden_layers=8), 2, "num_hidden_layers"),
+    # tokenizer
+    Case("tokenizer_missing", lambda tmp, ckpt: [(ckpt / n).unlink() for n in ("tokenizer.json", "tokenizer_config.json")]
+         and ["run", str(ckpt)], 2, "no tokenizer"),
+    Case("tokenizer_json_empty", file_bytes("tokenizer.json", b""), 2, "empty"),
+    Case("tokenizer_config_broken", file_bytes("tokenizer_config.json", b"{"), 2, "not valid JSON"),
+    # weights
+    Case("weights_missing", file_bytes("model.safetensors", None), 2, "no weight files"),
+    Case("weights_empty", file_bytes("model.safetensors", b""), 2, "empty"),
+    Case("weights_truncated", truncate_weights, 2, "truncated"),
+    Case("weights_garbage", file_bytes("model.safetensors", os.urandom(4096)), 2, "re-download"),
+    Case("weights_header_length_huge", weights_header_too_long, 2, "truncated"),
+    Case("weights_index_missing_shard", missing_shard, 2, "missing"),
+    # remote code (auto_map)
+    Case("remote_code_without_trust", remote_code(REMOTE_OK, trust=False), 3, "--trust-remote-code"),
+    Case("remote_code_dotdot", remote_code({"AutoConfig": "../../x/settings.Cfg",
+                                             "AutoModelForCausalLM": "../../x/settings.Model"}), 2,
+         "only files inside the repo"),
+    Case("remote_code_absolute", remote_code({"AutoConfig": "/etc/passwd.Cfg",
+                                               "AutoModelForCausalLM": "/etc/passwd.Model"}), 2, "inside the repo"),
+    Case("remote_code_symlink_out", remote_code(REMOTE_OK, {"configuration_custom.py": "class CustomConfig: pass\n"},
+                                                link="modeling_custom.py"), 2, "outside the model directory"),
+    Case("remote_module_collides_with_recipe", remote_code(REMOTE_OK, REMOTE_FILES), 3, "model_setting"),
+    Case("remote_auto_map_not_string", config(auto_map={"AutoConfig": 5}), 2, "auto_map"),
+    # other commands
+    Case("classify_missing_path", args("classify", "{tmp}/nope"), 2, "no such file"),
+    Case("rollback_not_a_recipe", args("rollback", "{tmp}/nope"), 2, "no such recipe"),
+    Case("baseline_timeout_negative", args("baseline", "{tmp}", "--timeout", "-5"), 2, "out of range"),
+]
+
+
+def test_table_has_at_least_40_rows():
+    assert len(CASES) >= 40
+    assert len({c.id for c in CASES}) == len(CASES)
+
+
+def _tree(root: Path, skip: Path) -> dict[str, tuple[int, int]]:
+    found = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        if here == skip or skip in here.parents:
+            dirnames[:] = []
+            continue
+        for name in filenames + [d for d in dirnames if (here / d).is_symlink()]:
+            path = here / name
+            stat = path.lstat()
+            found[str(path.relative_to(root))] = (stat.st_size, stat.st_mtime_ns)
+    return found
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input(case: Case, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    (tmp_path / "ckpt").mkdir()
+    ckpt = tmp_path / "ckpt" / "model"
+    shutil.copytree(demo_model_dir(), ckpt)
+    out = tmp_path / "out"
+    argv = case.setup(tmp_path, ckpt)
+    if argv[0] == "run" and "--output-dir" not in argv:
+        argv += ["--output-dir", str(out)]
+    if argv[0] == "run" and "--device" not in argv:
+        argv += ["--device", "cpu"]
+    before = _tree(tmp_path, skip=out)
+    capsys.readouterr()
+
+    code = main(argv)
+
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    error_lines = [ln for ln in err.splitlines() if not ln.startswith("[migrator]")]
+    assert len(error_lines) == 1 and error_lines[0].startswith("migrator: error: "), err
+    assert code == case.code, err
+    assert code != errors.EXIT_INTERNAL
+    assert case.says.lower() in error_lines[0].lower(), error_lines[0]
+    # Nothing written outside --output-dir (the checkpoint included), no code from the input ran.
+    assert _tree(tmp_path, skip=out) == before
+    assert not any(p.name == MARKER for p in tmp_path.rglob("*"))
+    # No half-built recipe: the output dir holds at most the checkpoint store, and what the user had.
+    if out.is_dir():
+        leftovers = {p.name for p in out.iterdir()} - {".migrator"}
+        expected = {"my_model"} if case.id == "recipe_dir_exists" else set()
+        assert leftovers == expected, leftovers
+    if case.id == "recipe_dir_exists":
+        assert (out / "my_model" / "keep.txt").read_text() == "user's file"

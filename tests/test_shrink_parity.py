@@ -1,0 +1,74 @@
+"""Parity that scales: the code check runs on a shrunk config of the same architecture."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from agent.shrink import shrink_config
+from tests.conftest import REPO_ROOT
+
+
+def test_shrink_keeps_structure_and_only_reduces():
+    qwen3_06b = {"model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+                 "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+                 "max_position_embeddings": 40960, "tie_word_embeddings": True}
+    shrunk = shrink_config(qwen3_06b)
+    assert shrunk["hidden_size"] == 64 and shrunk["num_hidden_layers"] == 2 and shrunk["head_dim"] == 16
+    assert shrunk["num_key_value_heads"] < shrunk["num_attention_heads"]          # GQA stays GQA
+    for kept in ("vocab_size", "max_position_embeddings", "tie_word_embeddings", "model_type"):
+        assert kept not in shrunk
+    small = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2}
+    assert "hidden_size" not in shrink_config(small) and shrink_config(small)["num_hidden_layers"] == 1
+
+
+def test_shrink_keeps_every_layer_kind_and_mha():
+    gemma3 = {"hidden_size": 2560, "num_hidden_layers": 34, "num_attention_heads": 8, "num_key_value_heads": 8,
+              "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 5 + ["sliding_attention"] * 4}
+    shrunk = shrink_config(gemma3)
+    assert shrunk["num_hidden_layers"] == 6
+    assert shrunk["layer_types"] == ["sliding_attention"] * 5 + ["full_attention"]
+    assert shrunk["num_key_value_heads"] == shrunk["num_attention_heads"]          # MHA stays MHA
+
+
+def test_shrink_moe_and_mla():
+    dsv2 = {"hidden_size": 2048, "num_hidden_layers": 27, "num_attention_heads": 16, "num_key_value_heads": 16,
+            "kv_lora_rank": 512, "q_lora_rank": None, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
+            "v_head_dim": 128, "n_routed_experts": 64, "num_experts_per_tok": 6, "moe_intermediate_size": 1408,
+            "first_k_dense_replace": 1}
+    shrunk = shrink_config(dsv2)
+    assert shrunk["n_routed_experts"] == 4 and shrunk["num_experts_per_tok"] == 2
+    assert shrunk["kv_lora_rank"] == 16 and "q_lora_rank" not in shrunk and "head_dim" not in shrunk
+    assert shrunk["first_k_dense_replace"] == 1 and shrunk["num_hidden_layers"] == 2   # a dense and an MoE layer
+
+
+def test_parity_report_has_code_and_weight_checks(working_recipe_source):
+    """The migrated recipe's baseline carries both checks: the code on a shrunk config (fp32, exact)
+    and the real weights in the run dtype against the trial run's own logits."""
+    baseline = json.loads((working_recipe_source / "baseline" / "baseline_metadata.json").read_text())
+    parity = baseline["verification"]["parity"]
+    code, weights = parity["code"], parity["weights"]
+    assert parity["ok"] and code["ok"] and weights["ok"]
+    assert "shrunk" in code and code["max_abs_logits_diff"] <= 1e-4
+    assert code["greedy_tokens_equal"]
+    assert weights["dtype"] == "float32" and weights["max_abs_logits_diff"] <= weights["tolerance"]
+    assert weights["greedy_tokens_agree"] == weights["greedy_tokens"]
+    # The trial run left the dump the weight check read: the recipe model was not loaded again.
+    runs = sorted((working_recipe_source / ".migrator" / "runs").glob("run_*"))
+    assert (runs[-1] / "parity_dump.pt").is_file()
+
+
+@pytest.mark.slow
+def test_bench_pipeline_memory_ratio(tmp_path):
+    """scripts/bench_pipeline.py on the Qwen3-0.6B shape cut to 4 layers: the whole `migrator run`
+    peaks at <= 1.3x the recipe's own `bash infer.sh` (both under /usr/bin/time -v)."""
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "scripts/bench_pipeline.py", "--preset", "qwen3-0.6b", "--layers", "4",
+                           "--json", str(out)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [result] = json.loads(out.read_text())
+    assert result["peak_ratio"] <= 1.3, result
+    assert result["parity_code"]["ok"] and result["parity_weights"]["ok"], result
