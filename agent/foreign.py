@@ -135,9 +135,3 @@ def describe(path: str | Path) -> RecipeInfo:
                               entry_files=[p for p in entries if folder not in p.parents])
     return RecipeInfo("none", folder, repo_root, reason="no infer.sh and no repository entry point runs it")
 
-
-def entry_files(info: RecipeInfo) -> list[Path]:
-    """Shared files a legacy recipe's infer.sh runs from the repository (function.sh's infer.py)."""
-    if info.kind == "framework":
-        return info.entry_files
-    return []

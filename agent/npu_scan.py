@@ -75,7 +75,6 @@ class _Visitor(ast.NodeVisitor):
         self.found: list[tuple[str, int]] = []
         self.npu_aliases: set[str] = set()     # names bound to the torch_npu module
         self.torch_aliases: set[str] = {"torch"}
-        self.kernel_names: set[str] = set()    # names bound by `from torch_npu import npu_x`
         self._guard = 0                        # inside try/if: an optional import
         self._func = 0                         # inside a function: a lazy import
 
@@ -124,7 +123,6 @@ class _Visitor(ast.NodeVisitor):
         if top == "torch_npu":
             for alias in node.names:
                 if module == "torch_npu" and alias.name.startswith("npu_"):
-                    self.kernel_names.add(alias.asname or alias.name)
                     self.found.append((alias.name, node.lineno))
         elif top == "torchair":
             self._torchair(node)
@@ -145,11 +143,6 @@ class _Visitor(ast.NodeVisitor):
             if parts[0] in self.torch_aliases and parts[1:3] == ["ops", "npu"] and len(parts) >= 4:
                 self.found.append((f"torch.ops.npu.{parts[3]}", node.lineno))
                 return
-        self.generic_visit(node)
-
-    def visit_Call(self, node):
-        if isinstance(node.func, ast.Name) and node.func.id in self.kernel_names:
-            pass  # already counted at the import; a call of an imported kernel is the same kernel
         self.generic_visit(node)
 
 

@@ -24,7 +24,6 @@ framework ``[%(levelname)s][%(asctime)s.%(msecs)03d][%(filename)s:%(lineno)d] %(
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 PROMPT = "Attention lets a model"
@@ -500,4 +499,4 @@ def tree_paths(folder: Path) -> list[str]:
 
 
 __all__ = ["write_repo", "write_legacy_recipe", "write_framework_recipe", "write_executor", "tree_bytes",
-           "tree_paths", "PROMPT", "os"]
+           "tree_paths", "PROMPT"]

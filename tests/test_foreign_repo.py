@@ -8,7 +8,6 @@ so the NPU-only recipes end in exit 4 for real."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 

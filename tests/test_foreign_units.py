@@ -4,8 +4,6 @@ the first real error, byte-preserving repairs, and what the report writes."""
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 
