@@ -211,8 +211,12 @@ def run_workflow(state: dict, resume: bool = False) -> dict:
     output_dir = Path(state.get("output_dir") or "models").resolve()
     target = Path(state["target"]).expanduser()
     key = thread_key(state)
-    # Checkpoints live with what they describe: in the recipe for B/C, in the output dir for A.
-    home = target.resolve() if (target / "infer.sh").is_file() else output_dir
+    # Checkpoints live with what they describe: in the recipe for B/C, in the output dir for A
+    # (never inside a checkpoint, even one that holds an infer.sh).
+    from agent.foreign import describe
+
+    info = describe(target) if target.is_dir() else None
+    home = info.path if info is not None and info.is_recipe else output_dir
     home.mkdir(parents=True, exist_ok=True)
     real_dirs(home, ".migrator")          # a symlinked .migrator is refused, never written through
     threads_file = home / ".migrator" / "threads.json"
@@ -251,12 +255,14 @@ def check_target(target: str) -> None:
     """Reject bad input before the workflow starts: one line, exit code 2."""
     from agent.acquire import local_path_problem, parse_hub_ref
 
+    from agent.foreign import describe
+
     path = Path(target).expanduser()
     if path.exists():
         if not path.is_dir():
             raise errors.InputError(f"{target}: not a directory; give a Hugging Face model directory, "
                                     "a recipe directory, an https://huggingface.co/Org/Name link or Org/Name")
-        if not (path / "config.json").is_file() and not (path / "infer.sh").is_file():
+        if not (path / "config.json").is_file() and not describe(path).is_recipe:
             raise errors.InputError(f"{target}: no config.json — point at a Hugging Face model directory "
                                     "(the folder that holds config.json and the weights) or a recipe with infer.sh")
         from agent.checkpoint_check import check_checkpoint, weight_files
@@ -268,6 +274,26 @@ def check_target(target: str) -> None:
     elif parse_hub_ref(target) is None:
         raise errors.InputError(f"{target}: no such directory, and not a Hugging Face link "
                                 "(https://huggingface.co/Org/Name) or repo id (Org/Name)")
+
+
+def resolve_target(target: str) -> str:
+    """A local folder as an absolute, symlink-free path (relative paths, `.`, symlinked folders all
+    work from any working directory); links and repo ids are kept as given."""
+    path = Path(target).expanduser()
+    return str(path.resolve()) if path.exists() else target
+
+
+def preflight(target: str) -> None:
+    """Before anything runs or is written: a recipe that calls NPU kernels on a host without a
+    usable NPU ends here with exit 4 (no repair round, no file touched)."""
+    from agent.foreign import describe
+    from agent.nodes import ensure_runnable_here
+
+    path = Path(target)
+    if path.is_dir():
+        info = describe(path)
+        if info.is_recipe:
+            ensure_runnable_here(info)
 
 
 def check_text_args(**values) -> None:
@@ -304,6 +330,9 @@ def cmd_run(args) -> int:
         raise errors.InputError(f"--output-dir {args.output_dir} is inside the checkpoint {args.target}; nothing "
                                 "is written into a checkpoint: choose an output directory outside it")
     check_output_dir(args.output_dir)
+    args.target = resolve_target(args.target)
+    if not args.resume:
+        preflight(args.target)
     state = {"target": args.target, "output_dir": args.output_dir, "name": args.name, "device": args.device,
              "dtype": args.dtype, "weights": args.weights, "trust_remote_code": args.trust_remote_code,
              "max_rounds": args.max_rounds, "allow_install": args.allow_install, "timeout_s": args.timeout, "max_new_tokens": args.max_new_tokens}
@@ -378,9 +407,11 @@ def cmd_env(args) -> int:
 def cmd_classify(args) -> int:
     from agent.nodes import node_classify
 
-    path = Path(args.path)
+    path = Path(args.path).expanduser()
     if not path.exists():
         raise errors.InputError(f"{args.path}: no such file or directory")
+    path = path.resolve()
+    preflight(str(path))
     result = node_classify({"target": str(path), "timeout_s": args.timeout})
     print(f"{result['scenario']}: {result['classify_reason']}")
     return 0
@@ -394,16 +425,21 @@ def cmd_baseline(args) -> int:
     import csv
 
     rows = []
+    from agent.foreign import describe
+
     for i, raw in enumerate(args.recipes, 1):
-        recipe = Path(raw)
-        row = {"model": recipe.name, "recipe": str(recipe), "status": "skipped", "prefill_ms": None,
+        recipe = Path(raw).expanduser().resolve()
+        row = {"model": recipe.name, "recipe": raw, "status": "skipped", "prefill_ms": None,
                "decode_avg_ms": None, "device": None, "message": ""}
-        print(f"[migrator] baseline {i}/{len(args.recipes)}: {recipe}", file=sys.stderr, flush=True)
-        if not (recipe / "infer.sh").is_file():
-            row["message"] = "not a recipe (no infer.sh)"
+        print(f"[migrator] baseline {i}/{len(args.recipes)}: {raw}", file=sys.stderr, flush=True)
+        info = describe(recipe)
+        if not info.is_recipe:
+            row["message"] = ("a checkpoint, not a recipe" if info.kind == "checkpoint"
+                              else "not a recipe (no infer.sh, no repository entry point)")
             rows.append(row)
             continue
         try:
+            preflight(str(recipe))
             summary = run_workflow({"target": str(recipe), "output_dir": str(recipe.parent),
                                     "max_rounds": args.max_rounds, "timeout_s": args.timeout, "device": "auto"})
             row.update(status=summary.get("status"), message=summary.get("message", ""))
@@ -412,6 +448,8 @@ def cmd_baseline(args) -> int:
                 row.update(model=data["model_config"]["model_name"], device=data["environment"].get("device"),
                            prefill_ms=data["performance"]["prefill_ms"],
                            decode_avg_ms=data["performance"]["decode_avg_ms"])
+        except errors.EnvironmentProblem as exc:
+            row.update(status="needs_npu" if "needs an Ascend NPU" in str(exc) else "error", message=str(exc))
         except MigratorError as exc:
             row.update(status="error", message=str(exc))
         rows.append(row)
@@ -427,7 +465,15 @@ def cmd_baseline(args) -> int:
     summary_path.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     print(f"summary: {summary_path.with_suffix('.md')} and {summary_path.with_suffix('.csv')}")
-    return errors.EXIT_OK if all(r["status"] == "ok" for r in rows) else errors.EXIT_FAILED
+    if all(r["status"] == "ok" for r in rows):
+        return errors.EXIT_OK
+    # Recipes that only need an NPU host are not failures of the recipe: exit 4 when that is all.
+    if all(r["status"] in ("ok", "needs_npu") for r in rows):
+        for r in rows:
+            if r["status"] == "needs_npu":
+                print(f"migrator: error: {r['recipe']}: {r['message']}", file=sys.stderr)
+        return errors.EXIT_ENVIRONMENT
+    return errors.EXIT_FAILED
 
 
 def cmd_rollback(args) -> int:

@@ -59,20 +59,44 @@ def node_detect_env(state: MigrationState) -> dict:
 
 
 def _is_recipe(path: Path) -> bool:
-    return (path / "infer.sh").is_file()
+    from agent.foreign import describe
+
+    return describe(path).is_recipe
+
+
+def ensure_runnable_here(info) -> None:
+    """Exit 4 before any run or edit when the recipe calls NPU kernels and this host has no NPU."""
+    from agent.npu_scan import npu_usable, scan_recipe
+
+    scan = scan_recipe(info.path, info.repo_root, info.entry_files)
+    if scan.needs_npu and not npu_usable():
+        raise EnvironmentProblem(scan.message())
 
 
 def node_classify(state: MigrationState) -> dict:
-    """No infer.sh -> A; infer.sh that runs -> C; infer.sh that fails -> B."""
-    target = Path(state["target"]).expanduser()
-    if target.is_dir() and _is_recipe(target):
-        run = trial_run(target, state, label="classify")
-        if run["ok"]:
-            return {"scenario": "C", "classify_reason": "infer.sh present and it runs",
-                    "recipe_dir": str(target.resolve()), "runs": [run]}
-        return {"scenario": "B", "classify_reason": f"infer.sh present but it fails: {run['summary']}",
-                "recipe_dir": str(target.resolve()), "runs": [run]}
-    return {"scenario": "A", "classify_reason": "no infer.sh: migrate the model into a new recipe"}
+    """Checkpoint (config.json + weights) or no recipe -> A; a recipe that runs -> C; one that fails -> B.
+
+    A recipe is a folder with its own infer.sh, or a model folder that its repository's shared
+    entry point runs (executor/scripts/infer.sh --model NAME --yaml FILE); see agent.foreign.
+    """
+    from agent.foreign import describe
+
+    info = describe(state["target"]) if Path(state["target"]).expanduser().exists() else None
+    if info is None or not info.is_recipe:
+        reason = "no infer.sh: migrate the model into a new recipe"
+        if info is not None and info.kind == "checkpoint" and (info.path / "infer.sh").exists():
+            reason = ("a checkpoint (config.json and weights): its infer.sh is not run; "
+                      "migrate the model into a new recipe")
+        return {"scenario": "A", "classify_reason": reason}
+    ensure_runnable_here(info)
+    target = info.path
+    how = info.reason
+    run = trial_run(target, state, label="classify")
+    if run["ok"]:
+        return {"scenario": "C", "classify_reason": f"{how} and it runs",
+                "recipe_dir": str(target), "runs": [run]}
+    return {"scenario": "B", "classify_reason": f"{how} but it fails: {run['summary']}",
+            "recipe_dir": str(target), "runs": [run]}
 
 
 def node_acquire(state: MigrationState) -> dict:
@@ -182,8 +206,98 @@ def node_render(state: MigrationState) -> dict:
     return {"rendered": [str(p.relative_to(recipe_dir)) for p in written]}
 
 
+NO_WARM_UP = "BaselineError: infer.py ran without a warm-up generation"
+
+
+def _collector():
+    """scripts/collect_baseline.py as a module (its log grammar is the one source of truth)."""
+    import importlib.util
+
+    from agent.paths import scripts_dir
+
+    name = "collect_baseline"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, scripts_dir() / "collect_baseline.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def find_logs(run_dir: Path, cwd: Path, since: float) -> Path | None:
+    """The folder with the run's log_{rank}.log: RES_PATH (run_dir) when the recipe honours it,
+    else the newest res/<date>/<case>/ the upstream launch wrote under its working directory."""
+    if any(run_dir.glob("log_*.log")):
+        return run_dir
+    found = [p for base in dict.fromkeys((run_dir, cwd)) for p in base.glob("res/*/*/log_0.log")
+             if p.stat().st_mtime >= since - 1]
+    return max(found, key=lambda p: p.stat().st_mtime).parent if found else None
+
+
+def _static_warm_up(recipe_dir: Path) -> bool:
+    """infer.py asks for a warm-up generation (some runners log nothing while warming up)."""
+    import re
+
+    infer_py = recipe_dir / "infer.py"
+    if not infer_py.is_file():
+        return False
+    return bool(re.search(r"warm_up\s*=\s*True", infer_py.read_text(errors="replace")))
+
+
+def judge_run(output: str, log_dir: Path | None, recipe_dir: Path, framework: bool) -> dict:
+    """The verdict from evidence, whatever infer.sh returned (upstream's launch ends with `wait`).
+
+    A traceback in the output or a rank log, a missing formal prefill line, or a rank that did not
+    finish its formal run makes the run failed. Returns {"problem", "extra", "no_warm_up", "prefills"}:
+    `extra` is rank-log text (tracebacks) missing from the output, kept as evidence.
+    """
+    cb = _collector()
+    traceback_re = cb._TRACEBACK_RE
+    problem = None
+    extra: list[str] = []
+    if traceback_re.search(output):
+        problem = "traceback in the output"
+    logs = sorted(log_dir.glob("log_*.log")) if log_dir is not None else []
+    rank_logs = [p for p in logs if cb._RANK_LOG_RE.match(p.name)]
+    rank0 = None
+    for path in rank_logs:
+        text = path.read_text(errors="replace")
+        if traceback_re.search(text):
+            problem = problem or f"traceback in {path.name}"
+            block = text[traceback_re.search(text).start():]
+            if block.strip()[:2000] not in output:
+                extra.append(f"==> {path.name} <==\n{block}")
+        parsed = cb.parse_log_text(text, path)
+        selection = cb.select_formal(parsed)
+        if path.name == "log_0.log":
+            rank0 = (parsed, selection)
+        elif not selection.success and problem is None:
+            problem = f"rank {path.stem.removeprefix('log_')} did not finish its formal run"
+    if rank0 is None:
+        # no rank-0 log: the output itself may carry the timing lines (a recipe logging to stdout)
+        parsed = cb.parse_log_text(output, "output.txt")
+        rank0 = (parsed, cb.select_formal(parsed))
+    parsed, selection = rank0
+    prefills = sum(len(r.segments) for r in parsed.runs)
+    if problem is None and selection.segment is None:
+        problem = "no formal prefill line in log_0.log" if logs else "no log_0.log and no formal prefill line"
+    elif problem is None and not selection.success:
+        problem = "the formal run did not finish (no 'Request N: outputs:' line)"
+    run = selection.run or parsed.runs[-1]
+    no_warm_up = (problem is None and not framework and not run.warmed_up()
+                  and not _static_warm_up(recipe_dir))
+    return {"problem": problem, "extra": extra, "no_warm_up": no_warm_up, "prefills": prefills}
+
+
 def trial_run(recipe_dir: Path, state: MigrationState, label: str) -> dict:
-    """`bash infer.sh` in a subprocess with a timeout; log and output kept under .migrator/runs/."""
+    """Run the recipe (its infer.sh, or the repository's entry point for a framework recipe) in a
+    subprocess with a timeout; output and logs kept under .migrator/runs/. Paths are absolute,
+    so the run never depends on the caller's working directory."""
+    from agent.foreign import describe
+    from agent.repair import summarise_failure
+
+    recipe_dir = Path(recipe_dir).expanduser().resolve()
+    info = describe(recipe_dir)
     runs_dir = recipe_dir / ".migrator" / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
     index = len(list(runs_dir.glob("run_*")))
@@ -192,33 +306,55 @@ def trial_run(recipe_dir: Path, state: MigrationState, label: str) -> dict:
     env = dict(os.environ, RES_PATH=str(run_dir), PYTHON=sys.executable, PYTHONUNBUFFERED="1",
                # the formal run leaves its prompt logits for the parity check (engine.model_runner)
                MIGRATOR_PARITY_DUMP=str(run_dir / "parity_dump.pt"))
+    if info.kind == "framework":
+        command, cwd = info.command(), run_dir        # upstream writes res/<date>/<case>/ under cwd
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(info.repo_root), env.get("PYTHONPATH")]))
+    else:
+        command, cwd = ["bash", str(recipe_dir / "infer.sh")], recipe_dir
     timeout = state.get("timeout_s") or 1800
     start = time.perf_counter()
+    started_at = time.time()
     with open(run_dir / "output.txt", "w") as out:
         try:
             # No stdin: a prompt (e.g. "run custom code? [y/N]") must fail, not wait forever.
-            proc = subprocess.run(["bash", str(recipe_dir / "infer.sh")], cwd=recipe_dir, env=env,
+            proc = subprocess.run(command, cwd=cwd, env=env,
                                   stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                   timeout=timeout)
             returncode, timed_out = proc.returncode, False
         except subprocess.TimeoutExpired:
             returncode, timed_out = None, True
     output = (run_dir / "output.txt").read_text(errors="replace")
-    tail = output.strip().splitlines()[-1:] or [""]
-    ok = returncode == 0 and not timed_out
-    log = run_dir / "log_0.log"
-    prefills = log.read_text(errors="replace").count("inference time cost of prefill") if log.is_file() else 0
-    # A baseline needs a warm-up generation before the formal one: two prefills at least.
-    if ok and prefills < 2:
-        ok = False
-        with open(run_dir / "output.txt", "a") as out:
-            out.write(f"\nBaselineError: infer.py ran without a warm-up generation ({prefills} prefill in log_0.log)\n")
-        output = (run_dir / "output.txt").read_text(errors="replace")
-        tail = output.strip().splitlines()[-1:]
-    summary = "ok" if ok else ("timed out after %ds" % timeout if timed_out else tail[0][-300:])
+    log_dir = find_logs(run_dir, Path(cwd), started_at)
+    verdict = judge_run(output, log_dir, recipe_dir, info.kind == "framework")
+    ok = returncode == 0 and not timed_out and verdict["problem"] is None and not verdict["no_warm_up"]
+    evidence = output
+    if verdict["extra"]:
+        evidence = output.rstrip("\n") + "\n" + "\n".join(verdict["extra"])
+    if verdict["no_warm_up"] and returncode == 0 and not timed_out:
+        # A conclusion, not an error: recorded only when the run shows no real error.
+        evidence = evidence.rstrip("\n") + (f"\n{NO_WARM_UP} ({verdict['prefills']} prefill in log_0.log)\n")
+    output_file = run_dir / "output.txt"
+    if evidence != output:
+        output_file = run_dir / "evidence.txt"
+        output_file.write_text(evidence)
+    if ok:
+        summary = "ok"
+    elif timed_out:
+        summary = "timed out after %ds" % timeout
+    else:
+        failure = summarise_failure(evidence, roots=[recipe_dir, info.repo_root])
+        summary = failure["error"]
+        if failure.get("location"):
+            summary += f" (at {failure['location']})"
+        elif returncode not in (0, None) and not failure.get("traceback"):
+            summary = f"exit code {returncode}: {summary}"
+        elif verdict["problem"] and not failure.get("traceback") and not verdict["no_warm_up"]:
+            summary = f"{verdict['problem']}: {summary}" if summary != "no output" else verdict["problem"]
+        summary = summary[-300:]
     return {"label": label, "ok": ok, "returncode": returncode, "timed_out": timed_out,
             "seconds": round(time.perf_counter() - start, 2), "res_path": str(run_dir),
-            "output_file": str(run_dir / "output.txt"), "summary": summary}
+            "log_dir": str(log_dir) if log_dir is not None else None, "problem": verdict["problem"],
+            "output_file": str(output_file), "summary": summary}
 
 
 def node_trial_run(state: MigrationState) -> dict:
@@ -265,14 +401,16 @@ def node_estimate_memory(state: MigrationState) -> dict:
 
 
 def node_collect_baseline(state: MigrationState) -> dict:
+    from agent.foreign import describe
     from agent.paths import scripts_dir
 
     recipe_dir = Path(state["recipe_dir"])
+    info = describe(recipe_dir)
     run = last_run(state)
-    yaml_file = _recipe_yaml(recipe_dir)
-    output = recipe_dir / "baseline" / "baseline_metadata.json"
-    cmd = [sys.executable, str(scripts_dir() / "collect_baseline.py"), "--log-file", run["res_path"],
-           "--output", str(output), "--yaml-file", str(yaml_file)]
+    yaml_file = info.yaml or _recipe_yaml(recipe_dir)
+    output = info.baseline_dir() / "baseline_metadata.json"
+    cmd = [sys.executable, str(scripts_dir() / "collect_baseline.py"), "--log-file",
+           run.get("log_dir") or run["res_path"], "--output", str(output), "--yaml-file", str(yaml_file)]
     if state.get("model_source"):
         cmd += ["--model-source", state["model_source"]]
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -295,15 +433,19 @@ def node_verify(state: MigrationState) -> dict:
     recipe_dir = Path(state["recipe_dir"])
     baseline_path = Path(state["baseline_path"])
     baseline = json.loads(baseline_path.read_text())
-    dump = Path(last_run(state).get("res_path") or recipe_dir) / "parity_dump.pt"
-    parity = run_parity(recipe_dir, trust_remote_code=bool(state.get("trust_remote_code")),
-                        dump=dump if dump.is_file() else None)
+    if _engine_recipe(recipe_dir):
+        dump = Path(last_run(state).get("res_path") or recipe_dir) / "parity_dump.pt"
+        parity = run_parity(recipe_dir, trust_remote_code=bool(state.get("trust_remote_code")),
+                            dump=dump if dump.is_file() else None)
+    else:
+        parity = _foreign_parity(recipe_dir)
     baseline["verification"]["parity"] = parity
     check = baseline["verification"].get("output_check") or {}
     if parity.get("untrained_weights"):
         # Random weights write noise by design: judging the text would only say so.
         baseline["verification"]["output_check"] = dict(
-            check, ok=None, skipped="untrained weights: text checks skipped, parity used")
+            check, ok=None, skipped="untrained weights: text checks skipped" +
+            (", parity used" if parity.get("checked") else ""))
     baseline_path.write_text(json.dumps(baseline, indent=2, ensure_ascii=False) + "\n")
     problems = []
     if not baseline["verification"].get("all_ranks_success", False):
@@ -325,6 +467,56 @@ def node_verify(state: MigrationState) -> dict:
         run["output_file"] = str(note)
         update["runs"] = [*(state.get("runs") or []), run]
     return update
+
+
+def _engine_recipe(recipe_dir: Path) -> bool:
+    """A recipe on this tool's engine (its Runner subclasses engine.model_runner.ModelRunner)."""
+    return any("engine.model_runner" in p.read_text(errors="replace") for p in recipe_dir.glob("runner_*.py"))
+
+
+_NLL_SNIPPET = """
+import json, sys
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from agent.parity import prompt_nll
+from engine.data import DEFAULT_PROMPT
+path = sys.argv[1]
+tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True).eval()
+ids = tok([DEFAULT_PROMPT], return_tensors="pt")
+with torch.inference_mode():
+    logits = model(**ids).logits
+print(json.dumps(prompt_nll(logits, ids["input_ids"])))
+"""
+
+
+def _foreign_parity(recipe_dir: Path) -> dict:
+    """A recipe written for another runtime (cann-recipes-infer's executor): its model code is not
+    ours to compare against transformers, so parity is not applicable; whether the checkpoint's
+    weights are trained (random weights write noise by design) is still judged from the checkpoint."""
+    from agent.foreign import describe
+
+    result = {"ok": None, "checked": False,
+              "reason": "not a recipe on this tool's engine (e.g. a cann-recipes-infer recipe): parity not applicable"}
+    info = describe(recipe_dir)
+    try:
+        import yaml
+
+        cfg = yaml.safe_load(info.yaml.read_text()) if info.yaml else {}
+        model_config = cfg.get("model_config") if isinstance(cfg.get("model_config"), dict) else {}
+        model_path = model_config.get("model_path") or cfg.get("model_path")
+        model_path = Path(model_path) if model_path else None
+        if model_path is not None and not model_path.is_absolute():
+            model_path = (recipe_dir / model_path).resolve()
+        if model_path is None or not (model_path / "config.json").is_file():
+            return result
+        proc = subprocess.run([sys.executable, "-c", _NLL_SNIPPET, str(model_path)], capture_output=True,
+                              text=True, timeout=600)
+        if proc.returncode == 0 and proc.stdout.strip():
+            result.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+    except Exception:   # the judgement is optional: never fail a baseline over it
+        pass
+    return result
 
 
 def _parity_numbers(parity: dict) -> str:

@@ -43,7 +43,10 @@ class Failure:
 
     @classmethod
     def from_output(cls, recipe_dir: Path, output: str, timed_out: bool = False) -> "Failure":
-        summary = summarise_failure(output)
+        from agent.foreign import find_repo_root
+
+        root = Path(recipe_dir).resolve()
+        summary = summarise_failure(output, roots=[root, find_repo_root(root)])
         return cls(recipe_dir, output, summary["error"], summary["location"], timed_out)
 
     @property
@@ -70,14 +73,111 @@ class RepairContext:
     notes: list[str] = field(default_factory=list)
 
 
-def summarise_failure(output: str) -> dict:
-    """Last exception line and the innermost file:line of the traceback."""
+TRACEBACK_START = "Traceback (most recent call last):"
+CHAINED_RE = re.compile(r"^(During handling of the above exception|The above exception was the direct cause)")
+LIBRARY_PARTS = ("site-packages", "dist-packages")
+FRAME_RE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)')
+
+
+def _is_library(file: str) -> bool:
+    parts = Path(file).parts
+    if any(p in LIBRARY_PARTS for p in parts) or file.startswith("<"):
+        return True
+    # the interpreter's own library: .../lib/python3.X/...
+    return any(re.fullmatch(r"python\d+(\.\d+)?", p) for p in parts[:-1]) and "lib" in parts
+
+
+def _inside(file: str, roots: list[Path]) -> bool:
+    try:
+        path = Path(file).resolve()
+    except (OSError, RuntimeError):
+        return False
+    return any(root == path or root in path.parents for root in roots) and not _is_library(file)
+
+
+def _tracebacks(output: str) -> list[tuple[list[tuple[str, int]], str, str | None]]:
+    """Every traceback in the output: (frames, exception line, how it chains to the one before:
+    "cause" for `raise ... from`, "context" for an error while handling, None for a new one)."""
+    lines = output.splitlines()
+    blocks = []
+    link = None
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        marker = CHAINED_RE.match(line.strip())
+        if marker:
+            link = "cause" if "direct cause" in line else "context"
+            i += 1
+            continue
+        if TRACEBACK_START not in line:
+            if line.strip() and not marker and link and not line.startswith((" ", "\t")):
+                link = None     # something else came between: the next traceback is a new error
+            i += 1
+            continue
+        frames: list[tuple[str, int]] = []
+        error = ""
+        j = i + 1
+        while j < len(lines):
+            rest = lines[j]
+            m = FRAME_RE.match(rest)
+            if m:
+                frames.append((m.group("file"), int(m.group("line"))))
+            elif rest.strip() and not rest.startswith((" ", "\t")):
+                # strip a prefix some launchers put before the line ("[rank0]: ValueError: ...")
+                error = re.sub(r"^\[rank\d+\]:\s*", "", rest.strip())
+                break
+            j += 1
+        blocks.append((frames, error, link))
+        link = None
+        i = j + 1
+    return blocks
+
+
+def first_traceback(output: str) -> tuple[list[tuple[str, int]], str] | None:
+    """(frames, exception line) of the first error in the output, or None.
+
+    The first error is the real one: later tracebacks come from other ranks or from cleanup.
+    A chain counts as one error: for `raise X from Y` the exception is X (the message written
+    for the user), for an error raised while handling another it is the first; the frames are
+    the whole chain's."""
+    blocks = _tracebacks(output)
+    if not blocks:
+        return None
+    group = [blocks[0]]
+    for block in blocks[1:]:
+        if block[2] is None:
+            break
+        group.append(block)
+    error = group[0][1]
+    for block in group[1:]:
+        if block[2] == "cause":
+            error = block[1]
+        else:
+            break
+    frames = [frame for block in group for frame in block[0]]
+    return frames, error
+
+
+def summarise_failure(output: str, roots: list[Path | None] | None = None) -> dict:
+    """The first real error: its exception line and the innermost frame inside `roots` (the recipe and
+    the repository it belongs to), else the innermost frame outside library internals.
+
+    Without a traceback: the last exception-like line. Keys: error, location, traceback (bool)."""
+    roots = [Path(r).resolve() for r in roots or [] if r is not None]
+    found = first_traceback(output)
+    if found is not None and found[1]:
+        frames, error = found
+        own = [f for f in frames if _inside(f[0], roots)] if roots else []
+        user = [f for f in frames if not _is_library(f[0])]
+        frame = (own or user or [None])[-1]
+        where = f"{frame[0]}:{frame[1]}" if frame else None
+        return {"error": error[:500], "location": where, "traceback": True}
     lines = [ln.rstrip() for ln in output.strip().splitlines() if ln.strip()]
     error = next((ln.strip() for ln in reversed(lines) if ERROR_LINE_RE.match(ln.strip())),
                  lines[-1].strip() if lines else "no output")
     locations = TRACEBACK_LOCATION_RE.findall(output)
     where = f"{locations[-1][0]}:{locations[-1][1]}" if locations else None
-    return {"error": error[:500], "location": where}
+    return {"error": error[:500], "location": where, "traceback": False}
 
 
 def signature(error: str) -> str:
@@ -275,13 +375,14 @@ def backup(recipe_dir: Path, round_no: int) -> Path:
 
 
 def diff_against_backup(recipe_dir: Path, backup_dir: Path) -> str:
+    from agent.repair_rules._util import read_exact_lines
+
     before = set(_regular_files(backup_dir))
     after = set(recipe_files(recipe_dir))
     chunks = []
     for rel in sorted(before | after):
-        # Bytes decoded without newline translation: a CRLF -> LF repair is a change.
-        old = (backup_dir / rel).read_bytes().decode(errors="replace").splitlines(True) if rel in before else []
-        new = (recipe_dir / rel).read_bytes().decode(errors="replace").splitlines(True) if rel in after else []
+        old = read_exact_lines(backup_dir / rel) if rel in before else []   # true bytes: CRLF stays CRLF
+        new = read_exact_lines(recipe_dir / rel) if rel in after else []
         if old != new:
             chunks.extend(difflib.unified_diff(old, new, f"a/{rel}" if old or rel in before else "/dev/null",
                                                f"b/{rel}" if rel in after else "/dev/null"))
@@ -389,14 +490,19 @@ def repair(recipe_dir: Path, diagnosis: dict, round_no: int, context: RepairCont
     rule = rule_named(diagnosis.get("rule"))
     if rule is None:
         return {"applied": False, "diff": "", "note": "no repair rule matched"}
+    from agent.repair_rules._util import restore_formats, snapshot_files
+
     backup_dir, resumed = take_backup(recipe_dir, round_no)
     if resumed:     # this round was cut short (a killed run, then --resume): start again from its backup
         rollback(recipe_dir, round_no)
     failure = Failure(recipe_dir, "", diagnosis.get("error", ""), diagnosis.get("location"))
+    before = snapshot_files(recipe_files(recipe_dir))
     try:
         note = rule.fix(failure, diagnosis.get("facts") or {}, context)
     except Exception as exc:  # a fix that cannot apply is reported, the loop stops on repeat
         note = f"fix {rule.name} could not be applied: {exc.__class__.__name__}: {exc}"
+    # Whatever the fix wrote, the user's files keep their line endings, encoding, BOM and mode.
+    restore_formats(recipe_dir, before)
     diff = diff_against_backup(recipe_dir, backup_dir)
     return {"applied": bool(diff), "rule": rule.name, "kind": rule.kind, "diff": diff, "note": note,
             "backup": str(backup_dir.relative_to(recipe_dir))}

@@ -33,8 +33,10 @@ def write_report(state: dict) -> Path | None:
         if key not in report and key in previous:
             report[key] = previous[key]
     _write(path, json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n")
-    _write(recipe_dir / "migration_summary.md", human_summary(report))
-    update_readme(recipe_dir / "README.md", report)
+    _write(recipe_dir / "migration_summary.md", human_summary(report, recipe_dir.name))
+    if report.get("baseline_path") and Path(report["baseline_path"]).is_file():
+        # Only a run that wrote a baseline has a status worth putting in the user's README.
+        update_readme(recipe_dir / "README.md", report)
     return path
 
 
@@ -89,8 +91,9 @@ def update_readme(readme: Path, report: dict) -> None:
     _write(readme, text)
 
 
-def human_summary(report: dict) -> str:
-    lines = [f"# Migration summary: {report.get('model_name', '?')}", ""]
+def human_summary(report: dict, folder_name: str | None = None) -> str:
+    title = report.get("model_name") or folder_name or Path(report.get("recipe_dir") or "recipe").name
+    lines = [f"# Migration summary: {title}", ""]
     lines.append(f"- scenario: {report.get('scenario')} ({report.get('classify_reason', '')})")
     lines.append(f"- status: **{report.get('status', 'unknown')}** {report.get('message', '')}".rstrip())
     if report.get("architecture"):

@@ -75,6 +75,13 @@ _OTHER_START_RE = re.compile(
 _NUM = r"[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"
 _TIME_RE = re.compile(
     r"(?P<model>\S+) inference time cost of (?P<stage>prefill|decode) is (?P<ms>" + _NUM + r") ms")
+# cann-recipes-infer framework mode (executor/core/scheduler): one line per forward step, logged with
+# "[%(levelname)s][%(asctime)s.%(msecs)03d][%(filename)s:%(lineno)d] %(message)s". The engine warms
+# up inside OfflineInference before the formal call without logging these lines.
+_FW_TIME_RE = re.compile(
+    r"\[Main\] Inference time \((?P<stage>prefill|decode)\): (?P<ms>" + _NUM + r") ms")
+_FW_AVERAGE_RE = re.compile(
+    r"(?P<model>\S+) decode average inference time cost is (?P<ms>" + _NUM + r") ms")
 # Upstream ModelRunner logs this after the decode loop of non-warm-up calls only.
 _AVERAGE_RE = re.compile(r"(?P<model>\S+) average inference time cost is (?P<ms>" + _NUM + r") ms")
 _OUTPUT_RE = re.compile(r"Request (?P<idx>\d+): outputs: ?(?P<text>.*)$")
@@ -84,7 +91,7 @@ _ENV_RE = re.compile(r"(?P<model>\S+) environment: (?P<json>\{.*)$")
 _WARMUP_RE = re.compile(r"(?P<model>\S+) warm-up run (?P<edge>begins|ends)\b")
 _TRACEBACK_RE = re.compile(r"Traceback \(most recent call last\):")
 
-_MESSAGE_RES = (_TIME_RE, _AVERAGE_RE, _OUTPUT_RE, _UPSTREAM_OUTPUT_RE, _ENV_RE,
+_MESSAGE_RES = (_TIME_RE, _FW_TIME_RE, _AVERAGE_RE, _OUTPUT_RE, _UPSTREAM_OUTPUT_RE, _ENV_RE,
                 _WARMUP_RE, _TRACEBACK_RE)
 
 
@@ -131,6 +138,8 @@ class Segment:
     decode_ms: list[float] = field(default_factory=list)
     outputs: dict[int, str] = field(default_factory=dict)
     has_average: bool = False
+    framework: bool = False          # "[Main] Inference time (...)" lines
+    reported_average_ms: Optional[float] = None   # the recipe's own "... average ..." figure
 
     @property
     def complete(self) -> bool:
@@ -155,6 +164,19 @@ class Run:
 
     def is_empty(self) -> bool:
         return not self.segments and self.env is None and not self.tracebacks
+
+    @property
+    def framework(self) -> bool:
+        return any(s.framework for s in self.segments)
+
+    def warmed_up(self) -> bool:
+        """The log shows a warm-up: markers, more than one generate call, or the framework engine
+        (which warms up inside OfflineInference before the formal call, without timing lines)."""
+        if self.framework:
+            return True
+        if self.has_markers:
+            return any(s.warmup for s in self.segments)
+        return len(self.segments) > 1
 
     def formal_candidates(self) -> list[Segment]:
         if self.has_markers:
@@ -193,6 +215,20 @@ def parse_log_text(text: str, path: Path | str = "<log>") -> ParsedLog:
 
     for rec in split_records(text):
         line = rec.first
+        m = _FW_TIME_RE.search(line)
+        if m:
+            ms = float(m.group("ms"))
+            if m.group("stage") == "prefill":
+                if seg is not None and seg.framework and not seg.decode_ms and not seg.outputs:
+                    continue  # another prefill batch of the same call: the first one is measured
+                seg = Segment(rec.line_no, in_warmup, ms, "", framework=True)
+                parsed.runs[-1].segments.append(seg)
+            elif seg is not None:
+                seg.decode_ms.append(ms)
+            else:
+                parsed.warnings.append(
+                    f"{path.name}:{rec.line_no}: decode line without a preceding prefill line ignored")
+            continue
         m = _TIME_RE.search(line)
         if m:
             ms = float(m.group("ms"))
@@ -211,10 +247,11 @@ def parse_log_text(text: str, path: Path | str = "<log>") -> ParsedLog:
                 upstream = m.re is _UPSTREAM_OUTPUT_RE
                 seg.outputs.setdefault(int(m.group("idx")), _output_text(m, rec, upstream))
             continue
-        m = _AVERAGE_RE.search(line)
+        m = _FW_AVERAGE_RE.search(line) or _AVERAGE_RE.search(line)
         if m:
             if seg is not None:
                 seg.has_average = True
+                seg.reported_average_ms = float(m.group("ms"))
             continue
         m = _WARMUP_RE.search(line)
         if m:
@@ -339,7 +376,7 @@ def select_formal(parsed: ParsedLog) -> Selection:
                     break
 
     if chosen is not None and chosen_run is not None and not chosen_run.has_markers:
-        if len(chosen_run.segments) == 1:
+        if len(chosen_run.segments) == 1 and not chosen_run.framework:
             warnings.append(
                 f"{name}: no warm-up detected (one generate call, no warm-up markers); its "
                 "prefill may include compile/warm-up cost")
@@ -423,6 +460,41 @@ def load_yaml(yaml_arg: str) -> dict:
     return data
 
 
+def _section(cfg: dict, name: str) -> dict:
+    value = cfg.get(name)
+    return value if isinstance(value, dict) else {}
+
+
+def yaml_settings(cfg: dict) -> dict:
+    """The settings a baseline records, from either YAML schema of cann-recipes-infer.
+
+    Legacy (ModelRunner): top-level ``model_name / model_path / exe_mode / world_size`` and
+    ``data_config.{max_new_tokens, batch_size, input_max_len}``. Framework: ``model_config.{model_name,
+    model_path, exe_mode}``, ``parallel_config.world_size``, ``scheduler_config.{max_new_tokens,
+    batch_size}``, ``data_config.input_truncated_len``. Where both are present the framework's
+    section wins (it is what the framework reads; the top-level keys are kept for compatibility).
+    ``exe_mode`` is recorded as written (``eager``, ``ge_graph``, ``npugraph_ex``, or anything else).
+    """
+    model = _section(cfg, "model_config")
+    parallel = _section(cfg, "parallel_config")
+    scheduler = _section(cfg, "scheduler_config")
+    data = _section(cfg, "data_config")
+
+    def first(*values):
+        return next((v for v in values if v is not None and v != ""), None)
+
+    return {
+        "model_name": first(model.get("model_name"), cfg.get("model_name")),
+        "model_path": first(model.get("model_path"), cfg.get("model_path")),
+        "model_source": first(model.get("model_source"), cfg.get("model_source")),
+        "exe_mode": first(model.get("exe_mode"), cfg.get("exe_mode")),
+        "world_size": first(parallel.get("world_size"), cfg.get("world_size")),
+        "max_new_tokens": first(scheduler.get("max_new_tokens"), data.get("max_new_tokens")),
+        "batch_size": first(scheduler.get("batch_size"), data.get("batch_size")),
+        "input_len": first(data.get("input_truncated_len"), data.get("input_max_len")),
+    }
+
+
 def yaml_relpath(yaml_arg: str) -> str:
     """Path relative to the recipe dir (parent of the YAML's config/ dir), else as given."""
     path = Path(yaml_arg).resolve()
@@ -494,10 +566,11 @@ def build_environment(log_env: Optional[dict], yaml_cfg: dict, n_rank_logs: int,
                "collection time")
         warnings.append(msg + (f" ({note}; only package versions filled)" if note else ""))
     env = {key: source.get(key) for key in ENVIRONMENT_KEYS}
-    env["exe_mode"] = yaml_cfg.get("exe_mode", source.get("exe_mode"))
+    settings = yaml_settings(yaml_cfg)
+    env["exe_mode"] = settings["exe_mode"] if settings["exe_mode"] is not None else source.get("exe_mode")
     world_size = _as_int(source.get("world_size")) if log_env is not None else None
     if world_size is None:
-        world_size = _as_int(yaml_cfg.get("world_size"))
+        world_size = _as_int(settings["world_size"])
     if world_size is None and n_rank_logs:
         world_size = n_rank_logs
     device = env.get("device")
@@ -601,8 +674,15 @@ def collect(log_arg: str, yaml_arg: str, rank: int = 0,
 
     run_env = selection.run.env if selection.run is not None else None
     environment = build_environment(run_env, cfg, len(rank_logs), warnings)
-    model_name = cfg.get("model_name") or seg.model_name
-    source = model_source or cfg.get("model_source") or cfg.get("model_path")
+    settings = yaml_settings(cfg)
+    model_name = settings["model_name"] or seg.model_name or None
+    source = model_source or settings["model_source"] or settings["model_path"]
+    if seg.reported_average_ms is not None and decode_avg is not None \
+            and abs(seg.reported_average_ms - decode_avg) > 0.005:
+        warnings.append(
+            f"the recipe's own log reports an average of {seg.reported_average_ms:.2f} ms; decode_avg_ms "
+            f"is the mean of the decode steps after the first ({decode_avg:.2f} ms), the same definition "
+            "for every log style")
 
     baseline = {
         "timestamp": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),

@@ -401,3 +401,113 @@ def test_output_check_empty_and_length_limits():
     assert res["ok"] is False and res["chars"] == 0 and res["reasons"]
     assert check_output_text("Hi there", min_chars=20)["ok"] is False
     assert check_output_text("word " * 10, max_chars=20)["ok"] is False
+
+
+# --------------------------------------------------------------------------- cann-recipes-infer styles
+
+LEGACY_SCHEMA = """model_name: "gpt_oss"
+model_path: "/data/models/gpt-oss-20b-bf16"
+exe_mode: "{exe_mode}"        # ["eager"]
+world_size: 1
+
+model_config:
+  enable_profiler: False
+  enable_online_split_weight: True
+
+data_config:
+  dataset: "default"
+  input_max_len: 32
+  max_new_tokens: 100
+  batch_size: 1
+"""
+
+FRAMEWORK_SCHEMA = """model_name: "gemma-4"
+world_size: 8  # keep it for backward compatibility.
+
+model_config:
+  model_name: "gemma-4"
+  model_path: "/data/models/gemma-4-26B-A4B"
+  exe_mode: "{exe_mode}"          # ["eager", "ge_graph", "npugraph_ex"]
+  with_ckpt: True
+
+data_config:
+  dataset: "default"
+  input_truncated_len: 256
+
+parallel_config:
+  world_size: 2
+  attn_tp_size: 1
+
+scheduler_config:
+  max_new_tokens: 6
+  batch_size: 2
+"""
+
+
+@pytest.mark.parametrize("log, schema, exe_mode, rank, expected", [
+    # legacy ModelRunner: "[LLM](file:line): {name} inference time cost of ...", warm-up logged too
+    ("legacy_llm.log", LEGACY_SCHEMA, "eager", 0,
+     dict(prefill=88.40, decode=mean([22, 24, 26]), name="gpt_oss", source="/data/models/gpt-oss-20b-bf16",
+          cards=1, text="The quick answer is yes.\nAscend NPUs run large models with CANN.")),
+    # framework: "[Main] Inference time (prefill|decode): X ms"; first prefill batch; MTP lines ignored
+    ("framework", FRAMEWORK_SCHEMA, "ge_graph", 0,
+     dict(prefill=52.31, decode=mean([11, 12, 13, 14]), name="gemma-4", source="/data/models/gemma-4-26B-A4B",
+          cards=2, text="Paris is the capital of France.\nIt sits on the Seine.")),
+    ("framework", FRAMEWORK_SCHEMA, "npugraph_ex", 1,
+     dict(prefill=53.90, decode=mean([15, 17]), name="gemma-4", source="/data/models/gemma-4-26B-A4B",
+          cards=2, text="Rome is the capital of Italy.")),
+    # an exe_mode this tool has never heard of is recorded as written
+    ("framework/log_0.log", FRAMEWORK_SCHEMA, "my_future_mode", 0,
+     dict(prefill=52.31, decode=12.5, name="gemma-4", source="/data/models/gemma-4-26B-A4B", cards=2,
+          text="Paris is the capital of France.\nIt sits on the Seine.")),
+    # the same log styles with the other YAML schema: the schema does not change the figures
+    ("legacy_llm.log", FRAMEWORK_SCHEMA, "eager", 0,
+     dict(prefill=88.40, decode=24.0, name="gemma-4", source="/data/models/gemma-4-26B-A4B", cards=2,
+          text="The quick answer is yes.\nAscend NPUs run large models with CANN.")),
+])
+def test_cann_recipes_log_styles_and_yaml_schemas(tmp_path, fake_environment, log, schema, exe_mode, rank, expected):
+    yaml_path = tmp_path / "recipe" / "config" / "model.yaml"
+    yaml_path.parent.mkdir(parents=True)
+    yaml_path.write_text(schema.format(exe_mode=exe_mode))
+    _, data = collect(tmp_path, LOGS / log, yaml_path, "--rank", str(rank))
+    perf = data["performance"]
+    assert perf["prefill_ms"] == expected["prefill"]
+    assert perf["decode_avg_ms"] == round(expected["decode"], 2)
+    assert perf["output_text"] == expected["text"]
+    assert data["model_config"] == {"model_name": expected["name"], "model_source": expected["source"]}
+    assert data["environment"]["exe_mode"] == exe_mode
+    assert data["environment"]["num_cards"] == expected["cards"]
+    ver = data["verification"]
+    assert ver["all_ranks_success"] is True
+    # the framework warms up inside its engine and logs no timing for it: no "no warm-up" warning
+    assert not any("no warm-up" in w for w in ver["collection_warnings"])
+
+
+def test_framework_rank_that_did_not_finish_fails_all_ranks(tmp_path, fake_environment):
+    logs = tmp_path / "res"
+    logs.mkdir()
+    shutil.copy(LOGS / "framework" / "log_0.log", logs / "log_0.log")
+    (logs / "log_1.log").write_text(
+        "[INFO][2026-09-29 14:03:10.121][scheduler.py:412] [Main] Inference time (prefill): 53.90 ms\n"
+        "Traceback (most recent call last):\n  File \"/repo/executor/core/engine/execution_engine.py\", line 9\n"
+        "RuntimeError: HCCL timeout\n")
+    yaml_path = tmp_path / "m.yaml"
+    yaml_path.write_text(FRAMEWORK_SCHEMA.format(exe_mode="eager"))
+    _, data = collect(tmp_path, logs, yaml_path)
+    assert data["performance"]["prefill_ms"] == 52.31
+    ver = data["verification"]
+    assert ver["all_ranks_success"] is False
+    assert any("rank 1" in w and "HCCL timeout" in w for w in ver["collection_warnings"])
+
+
+def test_yaml_settings_from_either_schema():
+    import yaml as pyyaml
+
+    legacy = cb.yaml_settings(pyyaml.safe_load(LEGACY_SCHEMA.format(exe_mode="eager")))
+    framework = cb.yaml_settings(pyyaml.safe_load(FRAMEWORK_SCHEMA.format(exe_mode="npugraph_ex")))
+    assert legacy == {"model_name": "gpt_oss", "model_path": "/data/models/gpt-oss-20b-bf16", "model_source": None,
+                      "exe_mode": "eager", "world_size": 1, "max_new_tokens": 100, "batch_size": 1,
+                      "input_len": 32}
+    assert framework == {"model_name": "gemma-4", "model_path": "/data/models/gemma-4-26B-A4B",
+                         "model_source": None, "exe_mode": "npugraph_ex", "world_size": 2,
+                         "max_new_tokens": 6, "batch_size": 2, "input_len": 256}

@@ -1,0 +1,280 @@
+"""Static scan: does a recipe need an Ascend NPU, whatever repair we could do?
+
+A recipe *needs* an NPU when it calls NPU kernels that have no portable equivalent:
+
+- ``torch_npu.npu_*`` (``torch_npu.npu_rms_norm(...)``, ``from torch_npu import npu_rotary_mul``),
+- ``torch.ops.npu.*``,
+- torchair-only paths (``import torchair`` at module level, or a lazy one when the recipe's YAML
+  selects a graph ``exe_mode``),
+- an unguarded module-level ``import torch_npu`` in shared code the recipe imports but does not
+  own (e.g. the repository's ``executor/``): nothing in the recipe can make that import portable.
+
+Incidental NPU calls that have a portable equivalent (``torch.npu.synchronize()``, ``.npu()``,
+``torch_npu.npu.set_device``, a guarded or recipe-owned ``import torch_npu``) are not kernels:
+another part of the migrator makes them portable. The scan reads files with ``ast``; it never
+imports or edits anything.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SKIP_DIRS = {".migrator", "res", "baseline", "__pycache__", ".git", ".venv", "venv", "site-packages"}
+GRAPH_MODES_RE = re.compile(r"graph", re.I)
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str        # e.g. "npu_rms_norm", "torch.ops.npu.npu_add_rms_norm", "torchair", "import torch_npu"
+    file: str        # path shown to the user (relative to the recipe, or to the repository for shared code)
+    line: int
+    shared: bool = False
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+@dataclass
+class NpuScan:
+    kernels: list[Kernel] = field(default_factory=list)
+    files: int = 0
+
+    @property
+    def needs_npu(self) -> bool:
+        return bool(self.kernels)
+
+    def message(self) -> str:
+        first = self.kernels[0]
+        n = len(self.kernels)
+        return (f"needs an Ascend NPU: {n} torch_npu kernel{'s' if n != 1 else ''} "
+                f"(first: {first.name} at {first.where}); run on an NPU host")
+
+
+def npu_usable() -> bool:
+    """True when engine.environment finds a usable NPU (torch_npu imports and sees a device)."""
+    from engine.environment import DeviceUnavailableError, select_device
+
+    try:
+        select_device("npu")
+    except DeviceUnavailableError:
+        return False
+    except Exception:
+        return False
+    return True
+
+
+# ---- the AST visitor ----------------------------------------------------------------------
+class _Visitor(ast.NodeVisitor):
+    def __init__(self, graph_mode: bool, shared: bool):
+        self.graph_mode = graph_mode
+        self.shared = shared
+        self.found: list[tuple[str, int]] = []
+        self.npu_aliases: set[str] = set()     # names bound to the torch_npu module
+        self.torch_aliases: set[str] = {"torch"}
+        self._guard = 0                        # inside try/if: an optional import
+        self._func = 0                         # inside a function: a lazy import
+
+    # scopes that make an import optional or lazy
+    def visit_Try(self, node):
+        self._guard += 1
+        for stmt in node.body:
+            self.visit(stmt)
+        self._guard -= 1
+        for part in (*node.handlers, *node.orelse, *node.finalbody):
+            self.visit(part)
+
+    visit_TryStar = visit_Try
+
+    def visit_If(self, node):
+        self.visit(node.test)
+        self._guard += 1
+        for stmt in (*node.body, *node.orelse):
+            self.visit(stmt)
+        self._guard -= 1
+
+    def _visit_func(self, node):
+        self._func += 1
+        self.generic_visit(node)
+        self._func -= 1
+
+    visit_FunctionDef = visit_AsyncFunctionDef = _visit_func
+
+    # imports
+    def visit_Import(self, node):
+        for alias in node.names:
+            top = alias.name.split(".")[0]
+            bound = alias.asname or top
+            if alias.name == "torch_npu" or (top == "torch_npu" and alias.asname is None):
+                self.npu_aliases.add(bound)
+                if self.shared and not self._guard and not self._func:
+                    self.found.append(("import torch_npu", node.lineno))
+            elif top == "torch" and alias.asname is None:
+                self.torch_aliases.add("torch")
+            elif top == "torchair":
+                self._torchair(node)
+
+    def visit_ImportFrom(self, node):
+        module = node.module or ""
+        top = module.split(".")[0]
+        if top == "torch_npu":
+            for alias in node.names:
+                if module == "torch_npu" and alias.name.startswith("npu_"):
+                    self.found.append((alias.name, node.lineno))
+        elif top == "torchair":
+            self._torchair(node)
+
+    def _torchair(self, node):
+        lazy = self._func or self._guard
+        if not lazy or self.graph_mode:
+            self.found.append(("torchair", node.lineno))
+
+    # uses
+    def visit_Attribute(self, node):
+        chain = _dotted(node)
+        if chain:
+            parts = chain.split(".")
+            if parts[0] in self.npu_aliases and len(parts) >= 2 and parts[1].startswith("npu_"):
+                self.found.append((parts[1], node.lineno))
+                return
+            if parts[0] in self.torch_aliases and parts[1:3] == ["ops", "npu"] and len(parts) >= 4:
+                self.found.append((f"torch.ops.npu.{parts[3]}", node.lineno))
+                return
+        self.generic_visit(node)
+
+
+def _dotted(node: ast.AST) -> str | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+def scan_source(source: str, graph_mode: bool = False, shared: bool = False) -> list[tuple[str, int]]:
+    """(kernel name, line) in one Python source, in line order; [] when it does not parse."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+    visitor = _Visitor(graph_mode, shared)
+    visitor.visit(tree)
+    return sorted(dict.fromkeys(visitor.found), key=lambda item: item[1])
+
+
+# ---- recipes ------------------------------------------------------------------------------
+def _py_files(root: Path) -> list[Path]:
+    files = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if not set(rel.parts[:-1]) & SKIP_DIRS:
+            files.append(path)
+    return files
+
+
+def _read(path: Path) -> str:
+    data = path.read_bytes()
+    for encoding in ("utf-8-sig", "gb18030"):
+        try:
+            return data.decode(encoding)
+        except UnicodeDecodeError:
+            continue
+    return data.decode("latin-1")
+
+
+def _graph_mode(recipe_dir: Path) -> bool:
+    """Any YAML of the recipe selects a graph exe_mode (ge_graph, npugraph_ex, ...)."""
+    import yaml
+
+    for path in sorted((recipe_dir / "config").rglob("*.y*ml")) if (recipe_dir / "config").is_dir() else []:
+        try:
+            data = yaml.safe_load(_read(path)) or {}
+        except Exception:
+            continue
+        if not isinstance(data, dict):
+            continue
+        model_config = data.get("model_config") if isinstance(data.get("model_config"), dict) else {}
+        mode = model_config.get("exe_mode", data.get("exe_mode"))
+        if isinstance(mode, str) and GRAPH_MODES_RE.search(mode):
+            return True
+    return False
+
+
+def _imported_modules(source: str) -> set[str]:
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return set()
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def _module_file(repo_root: Path, dotted: str) -> Path | None:
+    base = repo_root.joinpath(*dotted.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def shared_modules(recipe_dir: Path, repo_root: Path, sources: dict[Path, str]) -> list[Path]:
+    """Repository files outside the recipe that the recipe imports, transitively (and their packages)."""
+    recipe_dir = recipe_dir.resolve()
+    repo_root = repo_root.resolve()
+    seen: dict[Path, None] = {}
+    queue = list(sources.values())
+    while queue:
+        source = queue.pop()
+        for name in sorted(_imported_modules(source)):
+            parts = name.split(".")
+            for i in range(1, len(parts) + 1):
+                path = _module_file(repo_root, ".".join(parts[:i]))
+                if path is None:
+                    continue
+                path = path.resolve()
+                if path in seen or recipe_dir in path.parents or set(path.relative_to(repo_root).parts) & SKIP_DIRS:
+                    continue
+                seen[path] = None
+                queue.append(_read(path))
+    return sorted(seen)
+
+
+def scan_recipe(recipe_dir: Path, repo_root: Path | None = None, entry_files: list[Path] | None = None) -> NpuScan:
+    """Kernels in the recipe's own Python files, then in the shared repository code it imports.
+
+    `entry_files`: shared files the entry point runs (e.g. executor/offline/infer.py for a
+    framework recipe), scanned as shared code together with what they import.
+    """
+    recipe_dir = Path(recipe_dir).resolve()
+    graph_mode = _graph_mode(recipe_dir)
+    scan = NpuScan()
+    own = {path: _read(path) for path in _py_files(recipe_dir)}
+    for path, source in own.items():
+        scan.files += 1
+        rel = path.relative_to(recipe_dir).as_posix()
+        scan.kernels += [Kernel(name, rel, line) for name, line in scan_source(source, graph_mode)]
+    if repo_root is not None:
+        repo_root = Path(repo_root).resolve()
+        roots = dict(own)
+        for path in entry_files or []:
+            if path.is_file():
+                roots[path.resolve()] = _read(path)
+        shared = shared_modules(recipe_dir, repo_root, roots)
+        for path in sorted({*shared, *(p.resolve() for p in entry_files or [] if p.is_file())}):
+            scan.files += 1
+            rel = path.relative_to(repo_root).as_posix()
+            scan.kernels += [Kernel(name, rel, line, shared=True)
+                             for name, line in scan_source(_read(path), graph_mode, shared=True)]
+    return scan
