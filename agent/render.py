@@ -33,8 +33,8 @@ def normalise_model_name(raw: str) -> str:
     return name
 
 
-def yaml_name(model_name: str) -> str:
-    return f"{model_name}_1card_eager.yaml"
+def yaml_name(model_name: str, world_size: int = 1) -> str:
+    return f"{model_name}_{world_size}card_eager.yaml"
 
 
 def runner_class_name(model_name: str) -> str:
@@ -54,7 +54,8 @@ def render_recipe(recipe_dir: Path, context: dict, family: Family) -> list[Path]
     """Write every generated file; returns the paths written. Deterministic for equal context."""
     env = _environment()
     name = context["model_name"]
-    ctx = dict(context, family=family, yaml_name=yaml_name(name), runner_class=runner_class_name(name))
+    ctx = dict(context, family=family, yaml_name=yaml_name(name, context.get("world_size", 1)),
+               runner_class=runner_class_name(name))
     files = dict(RECIPE_FILES)
     files[family.runner_template] = f"runner_{name}.py"
     written = []
