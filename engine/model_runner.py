@@ -122,9 +122,8 @@ class ModelRunner:
         # transformers >= 5.x names the cache `cache`; older code calls it `past_key_values`.
         self.cache_kwarg = "cache" if "cache" in self.forward_params else "past_key_values"
         # The bytes this rank holds: a tensor-parallel weight counts with its local shard only.
-        self.model_bytes, self.full_model_bytes = rank_weight_bytes(self.model)
-        shard = (f", tensor parallel rank {self.tp_rank}/{self.tp_size} of {self.full_model_bytes / 1e6:.1f} MB"
-                 if self.tp_size > 1 else "")
+        self.model_bytes = rank_weight_bytes(self.model)
+        shard = f", tensor parallel rank {self.tp_rank} of {self.tp_size}" if self.tp_size > 1 else ""
         self.logger.info(
             f"{self.model_name} loaded {model_cls.__name__} ({self.model_bytes / 1e6:.1f} MB, "
             f"{str(self.dtype).removeprefix('torch.')}{shard}) on {self.device}")
@@ -335,14 +334,13 @@ def tensor_parallel_config(model_cls, config, tp: int, dp: int, moe_tp: int, lmh
     return TensorParallelReplicas(tp_size=tp, dp_replicate_size=dp, tp_plan=overrides or "auto")
 
 
-def rank_weight_bytes(model) -> tuple[int, int]:
-    """(bytes of the weights this rank holds, bytes of the whole model) — they differ under tensor parallel."""
-    local = full = 0
+def rank_weight_bytes(model) -> int:
+    """Bytes of the weights this rank holds: a sharded weight (DTensor or local slice) counts its shard."""
+    total = 0
     for param in model.parameters():
-        full += param.numel() * param.element_size()
         data = param.to_local() if hasattr(param, "to_local") else param
-        local += data.numel() * data.element_size()
-    return local, full
+        total += data.numel() * data.element_size()
+    return total
 
 
 def check_device_memory(device, held_bytes: int) -> None:

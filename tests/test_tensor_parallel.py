@@ -50,11 +50,18 @@ def assert_tp_parity(tiny_checkpoints, tmp_path, model_type: str, tp: int = 2, *
         delta = (torch.tensor(record["logits"]) - reference).abs().max().item()
         assert delta < 1e-5, (model_type, record["rank"], delta)
         assert record["tokens"] == single["tokens"]
-        # Per rank: 1/tp of the sharded weights (+ the replicated rest); the sharded part is most of the model.
-        assert record["sharded_full_bytes"] > 0.5 * single["held_bytes"], record
-        assert abs(record["sharded_local_bytes"] * tp - record["sharded_full_bytes"]) <= 0.02 * record["sharded_full_bytes"]
-        assert record["held_bytes"] == single["held_bytes"] - record["sharded_full_bytes"] + record["sharded_local_bytes"]
-        assert record["full_bytes"] == single["held_bytes"]
+        # Per rank: 1/tp of each sharded weight (+ the replicated rest); the sharded part is most of the model.
+        full, local = single["param_bytes"], record["param_bytes"]
+        assert local.keys() == full.keys()
+        sharded = [name for name in full if local[name] < full[name]]
+        sharded_bytes = sum(full[name] for name in sharded)
+        assert sharded_bytes > 0.5 * single["held_bytes"], (model_type, sharded)
+        for name in sharded:
+            assert abs(local[name] * tp - full[name]) <= 0.02 * full[name], (name, local[name], full[name])
+        assert record["held_bytes"] == sum(local.values()) < single["held_bytes"]
+        assert abs(record["held_bytes"] - (single["held_bytes"] - sharded_bytes * (1 - 1 / tp))) < 0.01 * single["held_bytes"]
+        print(f"TP {model_type} tp={tp} rank {record['rank']}: max|dlogits| {delta:.2e}, holds {record['held_bytes']} "
+              f"of {single['held_bytes']} bytes ({len(sharded)} sharded weights)")
     return single, ranks
 
 

@@ -36,15 +36,12 @@ ids = torch.tensor([[5, 17, 42, 7, 99, 8, 23, 11]])
 with torch.inference_mode():
     logits = runner.model(input_ids=ids).logits[0].float()
 runner.model_generate(["The quick brown fox"])
-sharded_full = sharded_local = 0
-for param in runner.model.parameters():
-    if hasattr(param, "to_local") and any(p.is_shard() for p in param.placements):
-        local = param.to_local()
-        sharded_full += param.numel() * param.element_size()
-        sharded_local += local.numel() * local.element_size()
+local_bytes = {}
+for name, param in runner.model.named_parameters():
+    data = param.to_local() if hasattr(param, "to_local") else param
+    local_bytes[name] = data.numel() * data.element_size()
 record = {"rank": runner.rank, "logits": logits.tolist(), "tokens": runner.last_generate_ids[0].tolist(),
-          "held_bytes": runner.model_bytes, "full_bytes": runner.full_model_bytes,
-          "sharded_full_bytes": sharded_full, "sharded_local_bytes": sharded_local}
+          "held_bytes": runner.model_bytes, "param_bytes": local_bytes}
 out_dir.mkdir(parents=True, exist_ok=True)
 (out_dir / f"rank{runner.rank}.json").write_text(json.dumps(record))
 runner.close()
