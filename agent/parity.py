@@ -59,6 +59,7 @@ def check(recipe_dir: Path, tokens: int, prompt: str | None = None, trust_remote
                 "reason": "original implementation is remote code; pass --trust-remote-code to compare"}
     settings["model_config"]["dtype"] = "float32"
     settings["world_size"] = 1          # one process, one prompt: parity is not a parallel run
+    settings["parallel_config"] = {key: 1 for key in settings["parallel_config"]}
     data = settings["data_config"]
     # Same room for prompt + generated tokens as the recipe itself had.
     data["input_max_len"] = max(1, min(data["input_max_len"], data["input_max_len"] + data["max_new_tokens"] - tokens))
