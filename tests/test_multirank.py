@@ -28,3 +28,46 @@ def test_two_rank_cpu_run_logs_both_ranks_and_a_green_baseline(working_recipe):
     assert baseline["verification"]["all_ranks_success"] is True
     assert baseline["environment"]["device"] == "cpu" and baseline["environment"]["num_cards"] == 0
     assert baseline["performance"]["prefill_ms"] > 0
+
+
+def _texts(log: Path) -> list[str]:
+    return re.findall(r"Request 0: outputs: (.*)", log.read_text())
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_two_nodes_on_localhost_run_tensor_parallel_with_the_single_card_text(working_recipe, working_recipe_source,
+                                                                              tmp_path):
+    """Two torchrun processes (--nnodes 2, static rendezvous on localhost), one rank each, as two
+    machines would run them: infer.sh passes NNODES / NODE_RANK / MASTER_ADDR / MASTER_PORT through."""
+    import os
+    import subprocess
+    import sys
+
+    from agent.memory import write_multicard_yaml
+
+    single = _texts(next((working_recipe_source / ".migrator" / "runs").glob("run_*/log_0.log")))
+    yaml_file = write_multicard_yaml(working_recipe, 2)
+    port = _free_port()
+    nodes = []
+    for node_rank in (0, 1):
+        env = {**os.environ, "NNODES": "2", "NODE_RANK": str(node_rank), "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port), "YAML_FILE": f"config/{yaml_file.name}", "PYTHON": sys.executable,
+               "RES_PATH": str(tmp_path / f"node{node_rank}"), "OMP_NUM_THREADS": "1"}
+        nodes.append(subprocess.Popen(["bash", "infer.sh"], cwd=working_recipe, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    outputs = [node.communicate(timeout=600)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    # Each machine writes the logs of its own ranks.
+    assert sorted(p.name for p in (tmp_path / "node0").glob("log_*.log")) == ["log_0.log"]
+    assert sorted(p.name for p in (tmp_path / "node1").glob("log_*.log")) == ["log_1.log"]
+    for node_rank in (0, 1):
+        log = tmp_path / f"node{node_rank}" / f"log_{node_rank}.log"
+        assert re.search(rf"loaded \w+ \([\d.]+ MB, float32, tensor parallel rank {node_rank} of 2\)", log.read_text())
+        assert _texts(log) == single
