@@ -39,8 +39,8 @@ def test_weights_over_the_capped_card_oom_then_run_on_two_capped_ranks(tiny_chec
     summary = json.loads(proc.stdout)
     assert summary["status"] == "oom"
     recipe = tmp_path / "big"
-    output = (recipe / ".migrator" / "runs").glob("run_*/output.txt")
-    assert any("can't allocate memory" in p.read_text() or "MemoryError" in p.read_text() for p in output)
+    output = "".join(p.read_text() for p in (recipe / ".migrator" / "runs").glob("run_*/output.txt"))
+    assert re.search(r"(?i)allocate memory|MemoryError|out of memory", output), output[-3000:]
     report = json.loads((recipe / "migration_report.json").read_text())
     memory = report["memory"]
     assert memory["device_bytes"] == cap

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -81,3 +82,57 @@ def test_tp2_matches_single_process_logits_and_greedy_tokens(model_type, tiny_ch
 @pytest.mark.slow
 def test_tp4_matches_single_process(tiny_checkpoints, tmp_path):
     assert_tp_parity(tiny_checkpoints, tmp_path, "llama", tp=4, num_key_value_heads=4)
+
+
+def test_a_family_without_a_plan_is_refused_naming_the_families_that_have_one():
+    from transformers import FalconConfig, FalconForCausalLM
+
+    from agent.errors import EXIT_UNSUPPORTED, UnsupportedModelError
+    from agent.memory import parallel_settings
+    from engine.model_runner import tensor_parallel_config
+
+    with pytest.raises(UnsupportedModelError) as refused:
+        parallel_settings("falcon", 2)
+    assert refused.value.exit_code == EXIT_UNSUPPORTED
+    message = str(refused.value)
+    assert "falcon has no tensor-parallel plan" in message and "\n" not in message
+    families = message.split("families with one: ")[1].split(", ")
+    assert {"llama", "qwen3", "mistral", "gemma2", "qwen3_moe", "mixtral", "deepseek_v3"} <= set(families)
+    assert "falcon" not in families
+    assert parallel_settings("llama", 4) == {"world_size": 4, "attn_tp_size": 4, "moe_tp_size": 4, "lmhead_tp_size": 4}
+    assert parallel_settings("falcon", 1)["attn_tp_size"] == 1   # one card needs no plan
+    # The engine refuses the same way when a YAML asks for it.
+    with pytest.raises(ValueError, match=r"falcon has no tensor-parallel plan .* Families with a plan \(\d+\): .*llama"):
+        tensor_parallel_config(FalconForCausalLM, FalconConfig(), 2, 1, 2, 2)
+
+
+@pytest.fixture(scope="module")
+def llama_recipe(tiny_checkpoints, tmp_path_factory):
+    return vendor_recipe(tiny_checkpoints("llama"), tmp_path_factory.mktemp("cv"), "cv")
+
+
+@pytest.mark.parametrize("world_size,tp,moe,lmhead,error", [
+    (4, 2, 2, 1, None),
+    (4, 3, 1, 1, "parallel_config.attn_tp_size=3 must divide world_size=4"),
+    (4, 2, 4, 2, "parallel_config.moe_tp_size=4 must be 1 or attn_tp_size=2"),
+    (2, 2, 2, 3, "parallel_config.lmhead_tp_size=3 must be 1 or attn_tp_size=2"),
+])
+def test_check_vars_validates_the_parallel_combination(world_size, tp, moe, lmhead, error, llama_recipe):
+    import importlib.util
+
+    recipe = llama_recipe
+    sys.path.insert(0, str(recipe))
+    try:
+        spec = importlib.util.spec_from_file_location("cv_model_setting", recipe / "models" / "model_setting.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        settings = {"world_size": world_size, "data_config": {"batch_size": 2},
+                    "parallel_config": {"attn_tp_size": tp, "moe_tp_size": moe, "lmhead_tp_size": lmhead}}
+        if error is None:
+            module.check_vars(settings)
+            assert module.update_vars(settings)["batch_size_per_rank"] == 1   # 2 data-parallel groups of 2
+        else:
+            with pytest.raises(ValueError, match=re.escape(error)):
+                module.check_vars(settings)
+    finally:
+        sys.path.remove(str(recipe))
