@@ -138,14 +138,15 @@ RUNTIME_BYTES = {"cpu": 512 * 2**20, "cuda": 1 * 2**30, "npu": 2 * 2**30}
 
 
 def estimate(model_dir: Path, config: dict, dtype: str, batch_size: int, seq_len: int,
-             device_bytes: int | None, device: str = "cpu", slack: float = 1.2) -> dict:
+             device_bytes: int | None, device: str = "cpu", slack: float = 1.2,
+             runtime_bytes: int | None = None) -> dict:
     """Per rank, for tp = 1, 2, 4, 8, 16: weights (the plan's sharded part / tp + the rest) + KV
     cache (split by KV heads), x slack for activations and fragmentation, + the runtime's share,
     against one card's memory. `cards_needed`: the smallest tp that fits (None: none does, or no
     plan and one card is too small)."""
     weights = weight_bytes(model_dir, dtype)
     kv = kv_cache_bytes(config, batch_size, seq_len, dtype)
-    runtime = RUNTIME_BYTES.get(device, RUNTIME_BYTES["cpu"])
+    runtime = RUNTIME_BYTES.get(device, RUNTIME_BYTES["cpu"]) if runtime_bytes is None else runtime_bytes
     sharded = sharded_bytes(model_dir, config, dtype)
     kv_heads = kv_heads_of(config)
     per_rank = {}
@@ -178,6 +179,15 @@ def process_memory_limit() -> int | None:
     return min(limits) if limits else None
 
 
+def simulated_card_bytes() -> int | None:
+    """MIGRATOR_DEVICE_MEMORY_BYTES (tests and CPU only): the size of a simulated card, which the
+    engine enforces on the weights each rank holds (engine.model_runner.check_device_memory)."""
+    import os
+
+    value = os.environ.get("MIGRATOR_DEVICE_MEMORY_BYTES")
+    return int(value) if value else None
+
+
 def recipe_yaml(recipe_dir: Path, world_size: int = 1) -> Path:
     """The recipe's YAML for `world_size` cards ({name}_{N}card_eager.yaml), else its first YAML."""
     yamls = sorted((Path(recipe_dir) / "config").glob("*.yaml"))
@@ -198,11 +208,15 @@ def estimate_for_recipe(recipe_dir: Path, env: dict) -> dict:
     data = settings["data_config"]
     device = env.get("device", "cpu")
     device_bytes = env.get("device_memory_bytes")
+    runtime = None
     if device == "cpu":
         limit = process_memory_limit()
         device_bytes = min(filter(None, [device_bytes, limit]), default=None)
+        simulated = simulated_card_bytes()
+        if simulated:  # tests / CPU only: the "card" holds the model; the runtime lives on the host
+            device_bytes, runtime = simulated, 0
     memory = estimate(model_dir, config, settings["model_config"]["dtype"], data["batch_size"],
-                      data["input_max_len"] + data["max_new_tokens"], device_bytes, device)
+                      data["input_max_len"] + data["max_new_tokens"], device_bytes, device, runtime_bytes=runtime)
     memory["model_type"] = config.get("model_type")
     return memory
 
