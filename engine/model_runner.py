@@ -321,8 +321,11 @@ def tensor_parallel_config(model_cls, config, tp: int, dp: int, moe_tp: int, lmh
     overrides = {}
     if moe_tp == 1:
         overrides.update({prefix + key: "replicate" for key in plan if ".experts" in key})
-    if lmhead_tp == 1 and "lm_head" in (getattr(model_cls, "_tp_plan", None) or {}):
-        overrides["lm_head"] = "replicate"
+    if lmhead_tp == 1:
+        # Vocabulary whole on every rank: lm_head and the input embeddings (often the same tensor).
+        if "lm_head" in (getattr(model_cls, "_tp_plan", None) or {}):
+            overrides["lm_head"] = "replicate"
+        overrides[prefix + "embed_tokens"] = "replicate"
 
     class TensorParallelReplicas(DistributedConfig):
         """dp_replicate_size groups of tp ranks, each a whole (sharded) model: replicas, not FSDP."""

@@ -28,24 +28,25 @@ def vendor_recipe(ckpt: Path, out: Path, name: str) -> Path:
     return out / name
 
 
-def run_probe(recipe: Path, out: Path, tp: int, timeout: int = 600) -> list[dict]:
+def run_probe(recipe: Path, out: Path, tp: int, sizes: tuple[int, int] | None = None, timeout: int = 600) -> list[dict]:
     """tp=1: one plain process; tp>1: torchrun with tp ranks. Returns each rank's record."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
     launcher = [sys.executable] if tp == 1 else [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={tp}"]
-    proc = subprocess.run([*launcher, str(PROBE), str(recipe), str(out), str(tp)], capture_output=True,
+    proc = subprocess.run([*launcher, str(PROBE), str(recipe), str(out), str(tp), *map(str, sizes or ())],
+                          capture_output=True,
                           text=True, timeout=timeout, env=env, cwd=recipe)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(tp)]
 
 
-def assert_tp_parity(tiny_checkpoints, tmp_path, model_type: str, tp: int = 2, **overrides):
+def assert_tp_parity(tiny_checkpoints, tmp_path, model_type: str, tp: int = 2, sizes=None, **overrides):
     import torch
 
     recipe = vendor_recipe(tiny_checkpoints(model_type, **overrides), tmp_path, f"tp_{model_type}")
     (single,) = run_probe(recipe, tmp_path / "tp1", 1)
-    ranks = run_probe(recipe, tmp_path / f"tp{tp}", tp)
+    ranks = run_probe(recipe, tmp_path / f"tp{tp}", tp, sizes)
     reference = torch.tensor(single["logits"])
     for record in ranks:
         delta = (torch.tensor(record["logits"]) - reference).abs().max().item()
@@ -56,7 +57,8 @@ def assert_tp_parity(tiny_checkpoints, tmp_path, model_type: str, tp: int = 2, *
         assert local.keys() == full.keys()
         sharded = [name for name in full if local[name] < full[name]]
         sharded_bytes = sum(full[name] for name in sharded)
-        assert sharded_bytes > 0.5 * single["held_bytes"], (model_type, sharded)
+        if sizes is None:
+            assert sharded_bytes > 0.5 * single["held_bytes"], (model_type, sharded)
         for name in sharded:
             assert abs(local[name] * tp - full[name]) <= 0.02 * full[name], (name, local[name], full[name])
         assert record["held_bytes"] == sum(local.values()) < single["held_bytes"]
@@ -77,6 +79,17 @@ def assert_tp_parity(tiny_checkpoints, tmp_path, model_type: str, tp: int = 2, *
 ])
 def test_tp2_matches_single_process_logits_and_greedy_tokens(model_type, tiny_checkpoints, tmp_path):
     assert_tp_parity(tiny_checkpoints, tmp_path, model_type)
+
+
+@pytest.mark.slow
+def test_moe_experts_and_lm_head_kept_whole_with_size_1(tiny_checkpoints, tmp_path):
+    """moe_tp_size 1 / lmhead_tp_size 1: attention sharded, experts, embeddings and lm_head whole on each rank."""
+    single, ranks = assert_tp_parity(tiny_checkpoints, tmp_path, "qwen3_moe", sizes=(1, 1))
+    for record in ranks:
+        local, full = record["param_bytes"], single["param_bytes"]
+        whole = [n for n in full if "experts" in n or "lm_head" in n or "embed_tokens" in n]
+        assert whole and all(local[n] == full[n] for n in whole)
+        assert any(local[n] < full[n] for n in full if "self_attn.q_proj" in n)
 
 
 @pytest.mark.slow

@@ -2,7 +2,7 @@
 under the given parallel sizes, write per rank the logits of a fixed input, the greedy tokens and
 the weight bytes it holds.
 
-    [torchrun --nproc-per-node N] tp_probe.py RECIPE OUT_DIR TP [MAX_NEW_TOKENS]
+    [torchrun --nproc-per-node N] tp_probe.py RECIPE OUT_DIR TP [MOE_TP LMHEAD_TP]
 """
 
 import importlib
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 recipe, out_dir, tp = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
-max_new_tokens = int(sys.argv[4]) if len(sys.argv) > 4 else 6
+moe_tp, lmhead_tp = (int(sys.argv[4]), int(sys.argv[5])) if len(sys.argv) > 5 else (tp, tp)
 sys.path.insert(0, str(recipe))
 
 import torch  # noqa: E402
@@ -21,8 +21,8 @@ from engine.config import load_runner_settings  # noqa: E402
 
 settings = load_runner_settings(next((recipe / "config").glob("*.yaml")))
 settings["world_size"] = int(os.environ.get("WORLD_SIZE", 1))
-settings["parallel_config"] = {"attn_tp_size": tp, "moe_tp_size": tp, "lmhead_tp_size": tp}
-settings["data_config"]["max_new_tokens"] = max_new_tokens
+settings["parallel_config"] = {"attn_tp_size": tp, "moe_tp_size": moe_tp, "lmhead_tp_size": lmhead_tp}
+settings["data_config"]["max_new_tokens"] = 6
 from models.model_setting import check_vars, update_vars  # noqa: E402
 
 check_vars(settings)
