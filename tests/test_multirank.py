@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import repair_run
 
 
@@ -108,3 +110,20 @@ def test_run_world_size_2_renders_the_2card_yaml_and_runs_the_demo_model_tensor_
                                  "YAML_FILE": "config/one.yaml", "PYTHONPATH": str(demo.parent.parent)})
     assert single.returncode == 0, single.stderr[-3000:]
     assert _texts(run_dir / "log_0.log") == _texts(tmp_path / "single" / "log_0.log")
+
+
+@pytest.mark.slow
+def test_existing_single_card_recipe_runs_and_baselines_on_2_cards_with_world_size(working_recipe):
+    """`migrator run RECIPE --world-size 2`: the 2-card YAML is written next to the 1-card one, run
+    tensor parallel and baselined in the same invocation."""
+    proc, summary, report = repair_run(working_recipe, "--world-size", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert summary["scenario"] == "C" and summary["status"] == "ok"
+    assert sorted(p.name for p in (working_recipe / "config").glob("*.yaml")) == ["fi_1card_eager.yaml",
+                                                                                  "fi_2card_eager.yaml"]
+    run_dir = Path(report["runs"][-1]["res_path"])
+    for rank in (0, 1):
+        assert f"tensor parallel rank {rank} of 2" in (run_dir / f"log_{rank}.log").read_text()
+    baseline = json.loads((working_recipe / "baseline" / "baseline_metadata.json").read_text())
+    assert baseline["yaml_path"] == "config/fi_2card_eager.yaml"
+    assert baseline["verification"]["all_ranks_success"] is True
