@@ -149,3 +149,38 @@ def test_check_vars_validates_the_parallel_combination(world_size, tp, moe, lmhe
                 module.check_vars(settings)
     finally:
         sys.path.remove(str(recipe))
+
+
+@pytest.mark.parametrize("world_size,tp,moe,lmhead,batch,error", [
+    (4, 2, 2, 1, 2, None),
+    (8, 8, 8, 8, 1, None),
+    (4, 3, 1, 1, 4, "'parallel_config.attn_tp_size' (3) must divide 'world_size' (4)"),
+    (4, 4, 2, 4, 1, "'parallel_config.moe_tp_size' is 2; expected 1 or attn_tp_size (4)"),
+    (4, 2, 2, 2, 3, "'data_config.batch_size' (3) must be a multiple of world_size / attn_tp_size (2 data-parallel groups)"),
+])
+def test_yaml_validation_names_the_bad_parallel_combination(world_size, tp, moe, lmhead, batch, error):
+    from engine.config import ConfigError, validate
+
+    settings = {"model_name": "m", "model_path": "w", "exe_mode": "eager", "world_size": world_size,
+                "model_config": {"dtype": "float32"},
+                "data_config": {"dataset": "default", "input_max_len": 8, "max_new_tokens": 2, "batch_size": batch},
+                "parallel_config": {"attn_tp_size": tp, "moe_tp_size": moe, "lmhead_tp_size": lmhead}}
+    if error is None:
+        assert validate(settings, "x.yaml") is settings
+    else:
+        with pytest.raises(ConfigError, match="^x.yaml: " + re.escape(error) + "$"):
+            validate(settings, "x.yaml")
+
+
+def test_torchrun_settings_for_one_and_several_machines():
+    from engine.config import ConfigError
+    from engine.launch import torchrun_args
+
+    assert torchrun_args(4, {}) == ["--standalone", "--nproc-per-node=4"]
+    assert torchrun_args(4, {"NNODES": "1", "MASTER_ADDR": "10.0.0.1"}) == ["--standalone", "--nproc-per-node=4"]
+    assert torchrun_args(16, {"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "6000"}) == [
+        "--nnodes=2", "--node-rank=1", "--master-addr=10.0.0.1", "--master-port=6000", "--nproc-per-node=8"]
+    with pytest.raises(ConfigError, match=r"world_size=3 must be a multiple of NNODES=2"):
+        torchrun_args(3, {"NNODES": "2"})
+    with pytest.raises(ConfigError, match=r"NODE_RANK=2 must be in 0..1"):
+        torchrun_args(4, {"NNODES": "2", "NODE_RANK": "2"})
