@@ -221,25 +221,22 @@ def estimate_for_recipe(recipe_dir: Path, env: dict) -> dict:
     return memory
 
 
-def parallel_settings(model_type: str | None, world_size: int) -> dict:
-    """Render-context / YAML values for `world_size` cards: all of them one tensor-parallel group
-    (attention, MoE experts and lm_head sharded by the model's plan). Refuses a family without a plan."""
+def parallel_settings(config: dict, world_size: int) -> dict:
+    """Render-context / YAML values for `world_size` cards (config: the checkpoint's config.json): all
+    of them one tensor-parallel group (attention, MoE experts and lm_head sharded by the model's
+    plan). Refuses a family without a plan."""
     if world_size < 1:
         from agent.errors import InputError
 
         raise InputError(f"--world-size must be >= 1, got {world_size}")
-    if world_size > 1 and not has_tp_plan(model_type):
+    if world_size > 1 and _plan_patterns(config) is None:
         from agent.errors import UnsupportedModelError
 
         raise UnsupportedModelError(
-            f"{model_type} has no tensor-parallel plan, so it cannot be split over {world_size} cards; "
+            f"{config.get('model_type')} has no tensor-parallel plan, so it cannot be split over {world_size} cards; "
             f"families with one: {', '.join(families_with_tp_plan())}")
     return {"world_size": world_size, "attn_tp_size": world_size, "moe_tp_size": world_size,
             "lmhead_tp_size": world_size}
-
-
-def has_tp_plan(model_type: str | None) -> bool:
-    return bool(model_type) and _plan_patterns({"model_type": model_type}) is not None
 
 
 def families_with_tp_plan() -> list[str]:

@@ -156,7 +156,7 @@ def node_render(state: MigrationState) -> dict:
         **{k: vendored[k] for k in ("model_class", "config_class", "modeling_module",
                                     "configuration_module", "origin", "attn_implementation")},
         # world_size, attn_tp_size, moe_tp_size, lmhead_tp_size (refuses a family without a TP plan)
-        **parallel_settings(config.get("model_type"), state.get("world_size") or 1),
+        **parallel_settings(config, state.get("world_size") or 1),
     }
     written = render_recipe(recipe_dir, context, FAMILIES[state["family"]])
     return {"rendered": [str(p.relative_to(recipe_dir)) for p in written]}

@@ -105,15 +105,15 @@ def test_a_family_without_a_plan_is_refused_naming_the_families_that_have_one():
     from engine.model_runner import tensor_parallel_config
 
     with pytest.raises(UnsupportedModelError) as refused:
-        parallel_settings("falcon", 2)
+        parallel_settings({"model_type": "falcon"}, 2)
     assert refused.value.exit_code == EXIT_UNSUPPORTED
     message = str(refused.value)
     assert "falcon has no tensor-parallel plan" in message and "\n" not in message
     families = message.split("families with one: ")[1].split(", ")
     assert {"llama", "qwen3", "mistral", "gemma2", "qwen3_moe", "mixtral", "deepseek_v3"} <= set(families)
     assert "falcon" not in families
-    assert parallel_settings("llama", 4) == {"world_size": 4, "attn_tp_size": 4, "moe_tp_size": 4, "lmhead_tp_size": 4}
-    assert parallel_settings("falcon", 1)["attn_tp_size"] == 1   # one card needs no plan
+    assert parallel_settings({"model_type": "llama"}, 4) == {"world_size": 4, "attn_tp_size": 4, "moe_tp_size": 4, "lmhead_tp_size": 4}
+    assert parallel_settings({"model_type": "falcon"}, 1)["attn_tp_size"] == 1   # one card needs no plan
     # The engine refuses the same way when a YAML asks for it.
     with pytest.raises(ValueError, match=r"falcon has no tensor-parallel plan .* Families with a plan \(\d+\): .*llama"):
         tensor_parallel_config(FalconForCausalLM, FalconConfig(), 2, 1, 2, 2)
