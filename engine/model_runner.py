@@ -114,6 +114,8 @@ class ModelRunner:
             **parallel_kwargs,
         )
         check_loading_info(info, self.model_path)
+        if parallel_kwargs:
+            check_tied_lm_head(self.model)
         if not parallel_kwargs:  # tensor-parallel loading already placed each shard on this rank's device
             self.model.to(self.device)
         self.model.eval()
@@ -341,6 +343,26 @@ def tensor_parallel_config(model_cls, config, tp: int, dp: int, moe_tp: int, lmh
             return 1
 
     return TensorParallelReplicas(tp_size=tp, dp_replicate_size=dp, tp_plan=overrides or "auto")
+
+
+def check_tied_lm_head(model) -> None:
+    """lm_head tied to whole (unsharded) input embeddings must not be hooked as a sharded layer.
+
+    Its forward would take the whole vocabulary for this rank's shard, all-gather world x vocab
+    logits and fail with "narrow unexpectedly changed concrete size on dim 2: 2V -> V". transformers
+    shards the embeddings (vocabulary rows) whenever the model's plan is applied and the base
+    model's `embed_tokens` is an nn.Embedding; a plan or model where that does not hold needs
+    lmhead_tp_size: 1.
+    """
+    out, inp = model.get_output_embeddings(), model.get_input_embeddings()
+    if out is None or inp is None or out.weight is not inp.weight:
+        return
+    style = (getattr(model, "tp_plan", None) or {}).get("lm_head", "replicate")
+    sharded = any(p.is_shard() for p in getattr(out.weight, "placements", ()))
+    if style != "replicate" and not sharded:
+        raise RuntimeError(
+            f"lm_head is tied to the input embeddings, which this tensor-parallel plan leaves whole, but the "
+            f"plan shards lm_head ({style}); set parallel_config.lmhead_tp_size: 1")
 
 
 def rank_weight_bytes(model) -> int:

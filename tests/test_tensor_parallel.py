@@ -184,3 +184,39 @@ def test_torchrun_settings_for_one_and_several_machines():
         torchrun_args(3, {"NNODES": "2"})
     with pytest.raises(ConfigError, match=r"NODE_RANK=2 must be in 0..1"):
         torchrun_args(4, {"NNODES": "2", "NODE_RANK": "2"})
+
+
+TIED_PROBE = '''
+import sys
+sys.path.insert(0, sys.argv[1])
+from transformers.distributed import DistributedConfig
+from engine.model_runner import check_tied_lm_head
+from models.modeling_tied import LlamaForCausalLM
+for plan in ("auto", {"model.embed_tokens": "replicate"}):
+    model = LlamaForCausalLM.from_pretrained(sys.argv[2], distributed_config=DistributedConfig(tp_size=2, tp_plan=plan))
+    try:
+        check_tied_lm_head(model)
+        print("RESULT ok", flush=True)
+    except RuntimeError as exc:
+        print("RESULT refused:", exc, flush=True)
+'''
+
+
+@pytest.mark.slow
+def test_tied_lm_head_over_whole_embeddings_is_refused_before_the_narrow_error(tmp_path):
+    """The demo model ties lm_head to the embeddings. Sharded by the plan, both are split (ok); with
+    the embeddings left whole, lm_head's forward would fail with "narrow unexpectedly changed
+    concrete size on dim 2: 1536 -> 768": the engine refuses that layout with the fix instead."""
+    demo = REPO_ROOT / "demo" / "tiny-attention-llama"
+    recipe = vendor_recipe(demo, tmp_path, "tied")
+    (tmp_path / "probe.py").write_text(TIED_PROBE)
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           str(tmp_path / "probe.py"), str(recipe), str(demo)], capture_output=True, text=True,
+                          timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = re.findall(r"RESULT (.*)", proc.stdout)
+    assert results.count("ok") == 2
+    assert results.count("refused: lm_head is tied to the input embeddings, which this tensor-parallel plan leaves "
+                         "whole, but the plan shards lm_head (colwise_gather_output); set "
+                         "parallel_config.lmhead_tp_size: 1") == 2
