@@ -41,6 +41,7 @@ MAX_ROUNDS = 20
 ROUNDS = _bounded_int(0, MAX_ROUNDS)
 TIMEOUT = _bounded_int(1, 7 * 24 * 3600)
 NEW_TOKENS = _bounded_int(1, 65536)
+WORLD_SIZE = _bounded_int(1, 4096)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -95,6 +96,9 @@ def _add_run_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--max-rounds", type=ROUNDS, default=5,
                      help=f"repair rounds at most, 0 .. {MAX_ROUNDS} (default: 5)")
     run.add_argument("--max-new-tokens", type=NEW_TOKENS, default=32, help="tokens generated per run (default: 32)")
+    run.add_argument("--world-size", type=WORLD_SIZE, default=1,
+                     help="cards: run config/NAME_{N}card_eager.yaml with torchrun, the model tensor-parallel "
+                          "over them (default: 1)")
     run.add_argument("--timeout", type=TIMEOUT, default=1800, help="seconds for each run of infer.sh")
     run.add_argument("--resume", action="store_true", help="continue an interrupted run from its last finished node")
     run.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
@@ -335,7 +339,8 @@ def cmd_run(args) -> int:
         preflight(args.target)
     state = {"target": args.target, "output_dir": args.output_dir, "name": args.name, "device": args.device,
              "dtype": args.dtype, "weights": args.weights, "trust_remote_code": args.trust_remote_code,
-             "max_rounds": args.max_rounds, "allow_install": args.allow_install, "timeout_s": args.timeout, "max_new_tokens": args.max_new_tokens}
+             "max_rounds": args.max_rounds, "allow_install": args.allow_install, "timeout_s": args.timeout, "max_new_tokens": args.max_new_tokens,
+             "world_size": args.world_size}
     summary = run_workflow(state, resume=args.resume)
     return _finish(summary, args.json)
 

@@ -26,6 +26,7 @@ class MigrationState(TypedDict, total=False):
     max_rounds: int
     timeout_s: int
     max_new_tokens: int
+    world_size: int             # --world-size: cards for one tensor-parallel run (default 1)
     # derived
     env: dict
     scenario: str               # "A" migrate, "B" repair, "C" baseline
@@ -180,6 +181,7 @@ def input_max_len(config: dict, max_new_tokens: int, default: int = 1024) -> int
 def node_render(state: MigrationState) -> dict:
     import transformers
 
+    from agent.memory import parallel_settings
     from agent.render import render_recipe
     from agent.routing import FAMILIES
     from agent.vendor import read_config
@@ -201,6 +203,8 @@ def node_render(state: MigrationState) -> dict:
         or "none",
         **{k: vendored[k] for k in ("model_class", "config_class", "modeling_module",
                                     "configuration_module", "origin", "attn_implementation")},
+        # world_size, attn_tp_size, moe_tp_size, lmhead_tp_size (refuses a family without a TP plan)
+        **parallel_settings(config, state.get("world_size") or 1),
     }
     written = render_recipe(recipe_dir, context, FAMILIES[state["family"]])
     return {"rendered": [str(p.relative_to(recipe_dir)) for p in written]}
@@ -311,6 +315,8 @@ def trial_run(recipe_dir: Path, state: MigrationState, label: str) -> dict:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(info.repo_root), env.get("PYTHONPATH")]))
     else:
         command, cwd = ["bash", str(recipe_dir / "infer.sh")], recipe_dir
+    if (state.get("world_size") or 1) > 1:  # --world-size N: the N-card YAML (written if the recipe lacks it)
+        env["YAML_FILE"] = str(_recipe_yaml(recipe_dir, state["world_size"]).relative_to(recipe_dir))
     timeout = state.get("timeout_s") or 1800
     start = time.perf_counter()
     started_at = time.time()
@@ -388,16 +394,37 @@ def node_repair(state: MigrationState) -> dict:
 
 
 def node_estimate_memory(state: MigrationState) -> dict:
-    from agent.memory import estimate_for_recipe
+    """After an out-of-memory run: the estimate per rank for tp = 1, 2, 4, ... 16 against one card;
+    the single-card recipe is kept and the smallest N that fits is written as an N-card YAML."""
+    from agent.memory import estimate_for_recipe, write_multicard_yaml
 
-    memory = estimate_for_recipe(Path(state["recipe_dir"]), state.get("env") or {})
-    have = f"{memory['device_bytes'] / 2**30:.1f} GiB per {memory['device']} device" if memory["device_bytes"] \
+    recipe_dir = Path(state["recipe_dir"])
+    memory = estimate_for_recipe(recipe_dir, state.get("env") or {})
+    have = f"{memory['device_bytes'] / 2**30:.2f} GiB per {memory['device']} device" if memory["device_bytes"] \
         else "unknown device memory"
-    return {"memory": memory, "status": "oom",
-            "message": f"out of memory: needs about {memory['needed_gib']:.2f} GiB (weights "
-                       f"{memory['weights_bytes'] / 2**30:.2f} GiB + KV cache {memory['kv_cache_bytes'] / 2**30:.2f} GiB "
-                       f"+ runtime) with {have}; {memory['cards_needed']} card(s) needed: set world_size: "
-                       f"{memory['suggested_world_size']} for a parallel recipe (the single-card recipe is kept)"}
+    message = (f"out of memory: needs about {memory['needed_gib']:.2f} GiB on one card (weights "
+               f"{memory['weights_bytes'] / 2**30:.2f} GiB + KV cache {memory['kv_cache_bytes'] / 2**30:.2f} GiB "
+               f"+ runtime) with {have}")
+    cards = memory["cards_needed"]
+    if cards and cards > 1:
+        yaml_file = write_multicard_yaml(recipe_dir, cards)
+        rank = memory["per_rank"][cards]
+        command = f"cd {recipe_dir} && YAML_FILE=config/{yaml_file.name} bash infer.sh"
+        memory.update(multicard_yaml=str(yaml_file.relative_to(recipe_dir)), multicard_command=command)
+        message += (f"; {cards} cards fit (tensor parallel, {rank['needed_bytes'] / 2**30:.2f} GiB per rank): "
+                    f"world_size: {cards} written to config/{yaml_file.name}, run it with `{command}` or "
+                    f"`migrator run {recipe_dir} --world-size {cards}` (the single-card recipe is kept)")
+        readme = recipe_dir / "README.md"
+        if readme.is_file() and "## On more cards" not in readme.read_text():
+            with open(readme, "a") as f:
+                f.write(f"\n## On more cards\n\nThe model does not fit one card ({have}); on {cards} cards, "
+                        f"tensor parallel (about {rank['needed_bytes'] / 2**30:.2f} GiB per rank):\n\n"
+                        f"```bash\nYAML_FILE=config/{yaml_file.name} bash infer.sh\n```\n")
+    elif memory["tp_sharded_bytes"] is None:
+        message += f"; {memory.get('model_type')} has no tensor-parallel plan, so more cards do not help"
+    elif cards is None and memory["device_bytes"]:
+        message += f"; even {max(memory['per_rank'])} cards do not fit (lower batch_size / input_max_len, or a smaller dtype)"
+    return {"memory": memory, "status": "oom", "message": message}
 
 
 def node_collect_baseline(state: MigrationState) -> dict:
@@ -407,7 +434,7 @@ def node_collect_baseline(state: MigrationState) -> dict:
     recipe_dir = Path(state["recipe_dir"])
     info = describe(recipe_dir)
     run = last_run(state)
-    yaml_file = info.yaml or _recipe_yaml(recipe_dir)
+    yaml_file = info.yaml or _recipe_yaml(recipe_dir, state.get("world_size") or 1)
     output = info.baseline_dir() / "baseline_metadata.json"
     cmd = [sys.executable, str(scripts_dir() / "collect_baseline.py"), "--log-file",
            run.get("log_dir") or run["res_path"], "--output", str(output), "--yaml-file", str(yaml_file)]
@@ -419,11 +446,16 @@ def node_collect_baseline(state: MigrationState) -> dict:
     return {"baseline_path": str(output)}
 
 
-def _recipe_yaml(recipe_dir: Path) -> Path:
+def _recipe_yaml(recipe_dir: Path, world_size: int = 1) -> Path:
+    from agent.memory import recipe_yaml, write_multicard_yaml
+
     yamls = sorted((recipe_dir / "config").glob("*.yaml"))
     if not yamls:
         raise InputError(f"{recipe_dir}/config has no YAML file")
-    return yamls[0]
+    found = recipe_yaml(recipe_dir, world_size)
+    if world_size > 1 and not found.name.endswith(f"_{world_size}card_eager.yaml"):
+        found = write_multicard_yaml(recipe_dir, world_size)
+    return found
 
 
 def node_verify(state: MigrationState) -> dict:

@@ -69,6 +69,8 @@ def check(recipe_dir: Path, tokens: int, prompt: str | None = None, trust_remote
         # The original implementation is the repo's own code: never run it without the opt-in.
         return {"ok": None, "checked": False,
                 "reason": "original implementation is remote code; pass --trust-remote-code to compare"}
+    settings["world_size"] = 1          # one process, one prompt: parity is not a parallel run
+    settings["parallel_config"] = {key: 1 for key in settings["parallel_config"]}
     sys.path.insert(0, str(recipe_dir))
     code = check_code(recipe_dir, settings, tokens, prompt, remote)
     recipe_side = _load_dump(dump) if dump else None

@@ -60,8 +60,8 @@ def _shown(raw) -> str:
     return text if len(text) <= 80 else text[:77] + "...'"
 
 
-def yaml_name(model_name: str) -> str:
-    return f"{model_name}_1card_eager.yaml"
+def yaml_name(model_name: str, world_size: int = 1) -> str:
+    return f"{model_name}_{world_size}card_eager.yaml"
 
 
 def runner_class_name(model_name: str) -> str:
@@ -123,7 +123,7 @@ def recipe_settings(ctx: dict) -> dict:
         "model_source": str(ctx["model_source"]),
         "exe_mode": "eager",
         "device": ctx.get("device", "auto"),
-        "world_size": 1,
+        "world_size": int(ctx.get("world_size") or 1),
         "model_config": {
             "dtype": ctx["dtype"],
             "enable_online_split_weight": False,
@@ -135,7 +135,7 @@ def recipe_settings(ctx: dict) -> dict:
             "max_new_tokens": int(ctx["max_new_tokens"]),
             "batch_size": 1,
         },
-        "parallel_config": {"attn_tp_size": 1, "moe_tp_size": 1, "lmhead_tp_size": 1},
+        "parallel_config": {key: int(ctx.get(key) or 1) for key in ("attn_tp_size", "moe_tp_size", "lmhead_tp_size")},
     }
 
 
@@ -148,7 +148,8 @@ def template_context(context: dict, family: Family) -> dict:
     for key in ("model_class", "config_class"):
         if key in context and not is_identifier(context[key]):
             raise VendorError(f"{key} {_shown(context[key])} is not a Python identifier; refusing to render")
-    ctx = dict(context, family=family, yaml_name=yaml_name(name), runner_class=runner_class_name(name))
+    ctx = dict(context, family=family, yaml_name=yaml_name(name, int(context.get("world_size") or 1)),
+               runner_class=runner_class_name(name))
     ctx["settings"] = recipe_settings(ctx)
     return ctx
 

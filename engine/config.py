@@ -75,7 +75,25 @@ def validate(settings: dict, path: str = "<yaml>") -> dict:
     if not isinstance(settings, dict):
         raise ConfigError(f"{path}: top level must be a mapping of settings")
     _check(settings, SCHEMA, "", path)
+    _check_parallel(settings, path)
     return settings
+
+
+def _check_parallel(settings: dict, path: str) -> None:
+    """world_size = (world_size / attn_tp_size) data-parallel groups x attn_tp_size tensor-parallel
+    ranks; moe_tp_size and lmhead_tp_size shard on that group (= attn_tp_size) or not at all (1)."""
+    world_size, parallel = settings["world_size"], settings["parallel_config"]
+    tp = parallel["attn_tp_size"]
+    if world_size % tp:
+        raise ConfigError(f"{path}: 'parallel_config.attn_tp_size' ({tp}) must divide 'world_size' ({world_size})")
+    for key in ("moe_tp_size", "lmhead_tp_size"):
+        if parallel[key] not in (1, tp):
+            raise ConfigError(f"{path}: 'parallel_config.{key}' is {parallel[key]}; expected 1 or "
+                              f"attn_tp_size ({tp})")
+    batch_size, dp = settings["data_config"]["batch_size"], world_size // tp
+    if batch_size % dp:
+        raise ConfigError(f"{path}: 'data_config.batch_size' ({batch_size}) must be a multiple of "
+                          f"world_size / attn_tp_size ({dp} data-parallel groups)")
 
 
 def load_runner_settings(yaml_path: str | os.PathLike) -> dict:

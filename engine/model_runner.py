@@ -63,6 +63,14 @@ class ModelRunner:
         self.world_size = int(os.environ.get("WORLD_SIZE", runner_settings.get("world_size", 1)))
         seed_everything(runner_settings.get("seed", 42))
         self.device = environment.select_device(runner_settings.get("device", "auto"))
+        # Tensor parallel over groups of attn_tp_size consecutive ranks; data parallel over the groups.
+        parallel = runner_settings.get("parallel_config") or {}
+        self.tp_size = int(parallel.get("attn_tp_size", 1))
+        self.moe_tp_size = int(parallel.get("moe_tp_size", 1))
+        self.lmhead_tp_size = int(parallel.get("lmhead_tp_size", 1))
+        check_parallel_sizes(self.world_size, self.tp_size, self.moe_tp_size, self.lmhead_tp_size)
+        self.dp_size = self.world_size // self.tp_size
+        self.dp_rank, self.tp_rank = divmod(self.rank, self.tp_size)
         if self.world_size > 1:
             self.device = init_distributed(self.device, int(os.environ.get("LOCAL_RANK", 0)))
         # Vendored code patched away from hard-coded "cuda" asks for the device here.
@@ -88,6 +96,12 @@ class ModelRunner:
                                             **model_config.get("config_overrides", {}))
         check_lengths(config, self.input_max_len, self.max_new_tokens)
         reuse_checkpoint_conversions(model_cls, config)
+        parallel_kwargs = {}
+        if self.tp_size > 1:
+            # transformers shards the weights while loading, by the plan its configuration class
+            # (vendored with the model) carries: each rank reads only its slices from the checkpoint.
+            parallel_kwargs["distributed_config"] = tensor_parallel_config(
+                model_cls, config, self.tp_size, self.dp_size, self.moe_tp_size, self.lmhead_tp_size)
         # Recipes never fetch at run time: everything comes from model_path.
         self.model, info = model_cls.from_pretrained(
             self.model_path,
@@ -99,17 +113,25 @@ class ModelRunner:
             output_loading_info=True,
             # key_mapping: regex -> replacement for checkpoint keys named differently from the code.
             key_mapping=model_config.get("key_mapping") or None,
+            **parallel_kwargs,
         )
         check_loading_info(info, self.model_path)
-        self.model.to(self.device).eval()
+        if parallel_kwargs:
+            check_tied_lm_head(self.model)
+        if not parallel_kwargs:  # tensor-parallel loading already placed each shard on this rank's device
+            self.model.to(self.device)
+        self.model.eval()
         self.tokenizer = load_tokenizer(self.model_path)
         self.forward_params = set(inspect.signature(self.model.forward).parameters)
         # transformers >= 5.x names the cache `cache`; older code calls it `past_key_values`.
         self.cache_kwarg = "cache" if "cache" in self.forward_params else "past_key_values"
-        self.model_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        # The bytes this rank holds: a tensor-parallel weight counts with its local shard only.
+        self.model_bytes = rank_weight_bytes(self.model)
+        shard = f", tensor parallel rank {self.tp_rank} of {self.tp_size}" if self.tp_size > 1 else ""
         self.logger.info(
             f"{self.model_name} loaded {model_cls.__name__} ({self.model_bytes / 1e6:.1f} MB, "
-            f"{str(self.dtype).removeprefix('torch.')}) on {self.device}")
+            f"{str(self.dtype).removeprefix('torch.')}{shard}) on {self.device}")
+        check_device_memory(self.device, self.model_bytes)
         self.decode_forward = self.build_decode_forward(graph_options)
 
     def graph_compile_options(self) -> dict | None:
@@ -269,6 +291,117 @@ def init_distributed(device, local_rank: int):
     if not dist.is_initialized():
         dist.init_process_group(backend={"npu": "hccl", "cuda": "nccl"}.get(device.type, "gloo"))
     return device
+
+
+def check_parallel_sizes(world_size: int, tp: int, moe_tp: int, lmhead_tp: int) -> None:
+    """attn_tp_size divides world_size; MoE experts and lm_head are sharded on the same group or not at all."""
+    if world_size % tp:
+        raise ValueError(f"parallel_config.attn_tp_size={tp} must divide world_size={world_size}")
+    for key, size in (("moe_tp_size", moe_tp), ("lmhead_tp_size", lmhead_tp)):
+        if size not in (1, tp):
+            raise ValueError(f"parallel_config.{key}={size} must be 1 (replicated) or attn_tp_size={tp} "
+                             f"(sharded on the attention's tensor-parallel group)")
+
+
+def families_with_tp_plan() -> list[str]:
+    """model_types whose transformers configuration class declares a tensor-parallel plan (read from
+    the configuration modules' source: importing all of them takes half a minute)."""
+    import re
+    from pathlib import Path
+
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES, model_type_to_module_name
+
+    models_dir = Path(transformers.__file__).parent / "models"
+    declares = re.compile(r"^\s+base_model_tp_plan\s*=\s*\{", re.M)
+    names = []
+    for model_type in CONFIG_MAPPING_NAMES:
+        module = model_type_to_module_name(model_type)
+        source = models_dir / module / f"configuration_{module}.py"
+        if source.is_file() and declares.search(source.read_text(encoding="utf-8", errors="replace")):
+            names.append(model_type)
+    return sorted(names)
+
+
+def tensor_parallel_config(model_cls, config, tp: int, dp: int, moe_tp: int, lmhead_tp: int):
+    """transformers' DistributedConfig for attn_tp_size-way tensor parallel within each of `dp` replicas.
+
+    The plan is the model's own (`base_model_tp_plan` of its configuration class, `_tp_plan` of the
+    model class, both vendored into the recipe). moe_tp_size 1 keeps the experts whole on every
+    rank; lmhead_tp_size 1 keeps lm_head whole. A family without a plan is refused.
+    """
+    from transformers.distributed import DistributedConfig
+
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    plan = dict(getattr(text_config, "base_model_tp_plan", None) or getattr(config, "base_model_tp_plan", None) or {})
+    if not plan:
+        import transformers
+
+        families = families_with_tp_plan()
+        raise ValueError(
+            f"parallel_config.attn_tp_size={tp}: {getattr(config, 'model_type', model_cls.__name__)} has no "
+            f"tensor-parallel plan in transformers {transformers.__version__}; set attn_tp_size: 1 (world_size "
+            f"then splits the batch only). Families with a plan ({len(families)}): {', '.join(families)}")
+    prefix = f"{model_cls.base_model_prefix}." if getattr(model_cls, "base_model_prefix", "") else ""
+    overrides = {}
+    if moe_tp == 1:
+        overrides.update({prefix + key: "replicate" for key in plan if ".experts" in key})
+    if lmhead_tp == 1:
+        # Vocabulary whole on every rank: lm_head and the input embeddings (often the same tensor).
+        if "lm_head" in (getattr(model_cls, "_tp_plan", None) or {}):
+            overrides["lm_head"] = "replicate"
+        overrides[prefix + "embed_tokens"] = "replicate"
+
+    class TensorParallelReplicas(DistributedConfig):
+        """dp_replicate_size groups of tp ranks, each a whole (sharded) model: replicas, not FSDP."""
+
+        @property
+        def dp_size(self) -> int:
+            return 1
+
+    return TensorParallelReplicas(tp_size=tp, dp_replicate_size=dp, tp_plan=overrides or "auto")
+
+
+def check_tied_lm_head(model) -> None:
+    """lm_head tied to whole (unsharded) input embeddings must not be hooked as a sharded layer.
+
+    Its forward would take the whole vocabulary for this rank's shard, all-gather world x vocab
+    logits and fail with "narrow unexpectedly changed concrete size on dim 2: 2V -> V". transformers
+    shards the embeddings (vocabulary rows) whenever the model's plan is applied and the base
+    model's `embed_tokens` is an nn.Embedding; a plan or model where that does not hold needs
+    lmhead_tp_size: 1.
+    """
+    out, inp = model.get_output_embeddings(), model.get_input_embeddings()
+    if out is None or inp is None or out.weight is not inp.weight:
+        return
+    style = (getattr(model, "tp_plan", None) or {}).get("lm_head", "replicate")
+    sharded = any(p.is_shard() for p in getattr(out.weight, "placements", ()))
+    if style != "replicate" and not sharded:
+        raise RuntimeError(
+            f"lm_head is tied to the input embeddings, which this tensor-parallel plan leaves whole, but the "
+            f"plan shards lm_head ({style}); set parallel_config.lmhead_tp_size: 1")
+
+
+def rank_weight_bytes(model) -> int:
+    """Bytes of the weights this rank holds: a sharded weight (DTensor or local slice) counts its shard."""
+    total = 0
+    for param in model.parameters():
+        data = param.to_local() if hasattr(param, "to_local") else param
+        total += data.numel() * data.element_size()
+    return total
+
+
+def check_device_memory(device, held_bytes: int) -> None:
+    """MIGRATOR_DEVICE_MEMORY_BYTES (tests and CPU only): a simulated card of that many bytes.
+
+    A CPU has no per-card memory to run out of; with this set, a rank whose weights exceed the
+    "card" fails as a full NPU would. Ignored on real devices.
+    """
+    card = os.environ.get("MIGRATOR_DEVICE_MEMORY_BYTES")
+    if card and device.type == "cpu" and held_bytes > int(card):
+        raise torch.OutOfMemoryError(
+            f"CPU out of memory (simulated card of {int(card)} bytes, MIGRATOR_DEVICE_MEMORY_BYTES): "
+            f"this rank holds {held_bytes} bytes of weights")
 
 
 def check_lengths(config, input_max_len: int, max_new_tokens: int) -> None:

@@ -46,7 +46,7 @@ def test_estimates_match_measured_tiny_fixtures(model_type, overrides, tiny_chec
     assert kv_cache_bytes(config, batch, seq, "float32") == _measured_kv(model, batch, seq)
 
 
-def test_estimate_reports_cards_as_a_power_of_two(tiny_checkpoints):
+def test_estimate_reports_cards_as_the_smallest_fitting_tp_size(tiny_checkpoints):
     ckpt = tiny_checkpoints("llama")
     config = json.loads((ckpt / "config.json").read_text())
     fits = estimate(ckpt, config, "float32", 1, 64, device_bytes=64 * 2**30, device="npu")
@@ -54,3 +54,84 @@ def test_estimate_reports_cards_as_a_power_of_two(tiny_checkpoints):
     tight = estimate(ckpt, config, "float32", 1, 64, device_bytes=2 * 2**30 + 300_000, device="npu")
     assert tight["cards_needed"] in (2, 4, 8) and tight["cards_needed"] & (tight["cards_needed"] - 1) == 0
     assert tight["needed_bytes"] == int((tight["weights_bytes"] + tight["kv_cache_bytes"]) * 1.2) + tight["runtime_bytes"]
+    # The smallest tensor-parallel size whose per-rank share fits the card.
+    fitting = [tp for tp, row in tight["per_rank"].items() if row["fits"]]
+    assert tight["cards_needed"] == min(fitting) and not tight["per_rank"][1]["fits"]
+
+
+def _all_cache_bytes(cache) -> int:
+    """Every tensor a cache holds: keys/values of attention layers, conv/recurrent states of linear ones."""
+    def tensors(obj):
+        if isinstance(obj, torch.Tensor):
+            yield obj
+        elif isinstance(obj, dict):
+            for value in obj.values():
+                yield from tensors(value)
+        elif isinstance(obj, (list, tuple)):
+            for value in obj:
+                yield from tensors(value)
+
+    return sum(t.numel() * t.element_size() for layer in cache.layers for t in tensors(vars(layer)))
+
+
+def test_hybrid_linear_attention_state_matches_the_cache_the_model_builds(tiny_checkpoints):
+    from transformers import AutoModelForCausalLM
+
+    ckpt = tiny_checkpoints("qwen3_next", num_hidden_layers=4)   # 3 linear-attention layers + 1 full
+    config = json.loads((ckpt / "config.json").read_text())
+    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    with torch.no_grad():
+        out = model(input_ids=torch.randint(3, 100, (2, 40)), use_cache=True)
+    measured = _all_cache_bytes(out.past_key_values)
+    assert kv_cache_bytes(config, 2, 40, "float32") == measured
+    # The recurrent state does not grow with the sequence: only the one full-attention layer does.
+    grown = kv_cache_bytes(config, 2, 80, "float32") - kv_cache_bytes(config, 2, 40, "float32")
+    assert grown == 2 * 2 * 40 * config["num_key_value_heads"] * config["head_dim"] * 4
+
+
+def test_bin_checkpoint_weights_match_safetensors(tiny_checkpoints, tmp_path):
+    from safetensors.torch import load_file
+
+    ckpt = tiny_checkpoints("llama")
+    state = load_file(ckpt / "model.safetensors")
+    torch.save(state, tmp_path / "pytorch_model.bin")
+    assert weight_bytes(tmp_path) == weight_bytes(ckpt) > 0
+    assert weight_bytes(tmp_path, "bfloat16") == weight_bytes(ckpt) // 2
+
+
+def test_per_rank_estimate_shards_the_planned_weights(tiny_checkpoints):
+    from agent.memory import sharded_bytes
+
+    ckpt = tiny_checkpoints("llama")
+    config = json.loads((ckpt / "config.json").read_text())
+    weights = weight_bytes(ckpt)
+    norms = sum(t.numel() * 4 for k, t in __import__("safetensors.torch", fromlist=["load_file"])
+                .load_file(ckpt / "model.safetensors").items() if "norm" in k)
+    assert sharded_bytes(ckpt, config) == weights - norms      # everything but the norms is in llama's plan
+    memory = estimate(ckpt, config, "float32", 1, 64, device_bytes=None, device="cpu")
+    for tp in (1, 2, 4, 8, 16):
+        row = memory["per_rank"][tp]
+        assert row["weights_bytes"] == norms + -(-(weights - norms) // tp)
+        assert row["fits"] is None
+    assert memory["per_rank"][2]["kv_cache_bytes"] == memory["kv_cache_bytes"] // 2   # 2 KV heads: split
+    assert memory["per_rank"][4]["kv_cache_bytes"] == memory["kv_cache_bytes"]        # not divisible: whole
+    # A family without a plan: one card only.
+    assert sharded_bytes(ckpt, dict(config, model_type="falcon")) is None
+
+
+def test_estimate_for_recipe_resolves_a_relative_model_path(tiny_checkpoints, tmp_path):
+    import shutil
+
+    import yaml
+
+    from agent.memory import estimate_for_recipe
+
+    recipe = tmp_path / "recipe"
+    (recipe / "config").mkdir(parents=True)
+    shutil.copytree(tiny_checkpoints("llama"), recipe / "weights")
+    settings = {"model_name": "r", "model_path": "weights", "model_config": {"dtype": "float32"},
+                "data_config": {"batch_size": 1, "input_max_len": 32, "max_new_tokens": 8}}
+    (recipe / "config" / "r_1card_eager.yaml").write_text(yaml.safe_dump(settings))
+    memory = estimate_for_recipe(recipe, {"device": "npu", "device_memory_bytes": 64 * 2**30})
+    assert memory["weights_bytes"] == weight_bytes(recipe / "weights")
+    assert memory["cards_needed"] == 1 and memory["model_type"] == "llama"
