@@ -149,9 +149,13 @@ def test_hostile_checkpoint_path_migrates_and_runs_nothing(tmp_path):
     hostile = 'ck"""pt$(touch PWNED)`touch PWNED`\'; touch PWNED #: [x'
     ckpt = tmp_path / hostile
     shutil.copytree(demo_model_dir(), ckpt)
+    tmp_root = tmp_path / "tmp"
+    tmp_root.mkdir()
     proc = run_cli("run", str(ckpt), "--name", "hostile", "--output-dir", str(tmp_path / "out"),
-                   "--device", "cpu", "--max-new-tokens", "4", cwd=tmp_path)
+                   "--device", "cpu", "--max-new-tokens", "4", cwd=tmp_path, env={"TMPDIR": str(tmp_root)})
     assert proc.returncode == 0, proc.stderr[-2000:]
+    # The parity check's temporary folders are removed (torch's own compile cache may stay).
+    assert [p.name for p in tmp_root.iterdir() if not p.name.startswith("torchinductor_")] == []
     settings_ = yaml.safe_load((tmp_path / "out" / "hostile" / "config" / "hostile_1card_eager.yaml").read_text())
     assert settings_["model_path"] == str(ckpt)
     assert not list(tmp_path.rglob(MARKER)) and not Path(MARKER).exists()
