@@ -281,13 +281,17 @@ def check_weights(model_dir: Path) -> None:
             check_safetensors(path)
 
 
-def check_checkpoint(model_dir: Path) -> dict:
-    """Everything above, in the order a user would fix it; returns the config."""
+def check_checkpoint(model_dir: Path, trust_remote_code: bool = False) -> dict:
+    """Everything above, in the order a user would fix it; returns the config. An architecture
+    that cannot be served is refused (exit 3) before its tokenizer and weights are looked at."""
+    from agent.vendor import locate_source
+
     config_file = model_dir / "config.json"
     if not config_file.is_file():
         raise InputError(f"{model_dir}: no config.json — point at a Hugging Face model directory "
                          "(the folder that holds config.json and the weights)")
     config = check_config(read_json_file(config_file), str(config_file))
+    locate_source(config, model_dir, trust_remote_code=trust_remote_code)   # reads code, runs none
     check_tokenizer(model_dir)
     check_weights(model_dir)
     check_weights_match_config(model_dir, config)

@@ -255,7 +255,7 @@ def run_workflow(state: dict, resume: bool = False) -> dict:
 
 
 # ---- commands ---------------------------------------------------------------------------
-def check_target(target: str) -> None:
+def check_target(target: str, trust_remote_code: bool = False) -> None:
     """Reject bad input before the workflow starts: one line, exit code 2."""
     from agent.acquire import local_path_problem, parse_hub_ref
 
@@ -272,7 +272,7 @@ def check_target(target: str) -> None:
         from agent.checkpoint_check import check_checkpoint, weight_files
 
         if (path / "config.json").is_file() and (not (path / "infer.sh").is_file() or weight_files(path)):
-            check_checkpoint(path)   # a checkpoint (even one holding an infer.sh): checked before any step
+            check_checkpoint(path, trust_remote_code)   # a checkpoint (even one holding an infer.sh): checked before any step
     elif local_path_problem(target):
         raise errors.InputError(local_path_problem(target))
     elif parse_hub_ref(target) is None:
@@ -328,7 +328,7 @@ def cmd_run(args) -> int:
     check_text_args(target=args.target, **{"--name": args.name, "--output-dir": args.output_dir,
                                            "--weights": args.weights})
     if not args.resume:
-        check_target(args.target)
+        check_target(args.target, args.trust_remote_code)
     target, output_dir = Path(args.target).expanduser().resolve(), Path(args.output_dir).expanduser().resolve()
     if (target / "config.json").is_file() and (output_dir == target or target in output_dir.parents):
         raise errors.InputError(f"--output-dir {args.output_dir} is inside the checkpoint {args.target}; nothing "

@@ -106,7 +106,7 @@ def node_acquire(state: MigrationState) -> dict:
     from agent.render import normalise_model_name
 
     got = acquire(state["target"], weights=state.get("weights"))
-    check_checkpoint(Path(got.model_dir))    # before anything is written: bad input is exit 2
+    check_checkpoint(Path(got.model_dir), bool(state.get("trust_remote_code")))    # before anything is written: bad input is exit 2
     name = normalise_model_name(state["name"], explicit=True) if state.get("name") \
         else normalise_model_name(got.name_hint)
     output_dir = Path(state.get("output_dir") or "models").resolve()
