@@ -755,7 +755,11 @@ class RemoveLabelsLossCommand(_StaticBranchMixin, _ScopeMixin, _Command):
             keyword=m.Name("labels"), value=m.Name("labels")
         )
         args = _remove_from_sequence(updated_node.args, lambda a: not m.matches(a, drop))
-        if len(args) == len(updated_node.args):
+        # `self.pred_layer(hidden_states, labels)` / `head(x, target=labels)`: the callee gets what
+        # `labels` always was at inference, None (XLM's XLMPredLayer.forward(x, y=None)).
+        passed = m.Arg(value=m.Name("labels"), star="")
+        args = [a.with_changes(value=cst.Name("None")) if m.matches(a, passed) else a for a in args]
+        if args == list(updated_node.args):
             return updated_node
         return updated_node.with_changes(args=args)
 

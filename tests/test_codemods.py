@@ -709,16 +709,32 @@ class TestRemoveLabelsLossCommand(CodemodTest):
         """
         self.assertCodemod(before, after)
 
+    def test_labels_passed_positionally_becomes_none(self) -> None:
+        # XLMWithLMHeadModel: `self.pred_layer(hidden_states, labels)` (issue 11: NameError on xlm).
+        before = """
+            class XLMWithLMHeadModel(XLMPreTrainedModel):
+                def forward(self, input_ids, labels=None):
+                    outputs = self.pred_layer(hidden_states, labels)
+                    return head(outputs, target=labels, *rest)
+        """
+        after = """
+            class XLMWithLMHeadModel(XLMPreTrainedModel):
+                def forward(self, input_ids):
+                    outputs = self.pred_layer(hidden_states, None)
+                    return head(outputs, target=None, *rest)
+        """
+        self.assertCodemod(before, after)
+
     def test_unknown_labels_use_left_with_warning(self) -> None:
         before = """
             class LlamaForCausalLM(LlamaPreTrainedModel):
                 def forward(self, input_ids, labels=None):
-                    return self.model(input_ids, labels)
+                    return self.model(input_ids, *labels.shape)
         """
         after = """
             class LlamaForCausalLM(LlamaPreTrainedModel):
                 def forward(self, input_ids):
-                    return self.model(input_ids, labels)
+                    return self.model(input_ids, *labels.shape)
         """
         self.assertCodemod(
             before, after, expected_warnings=["forward: `labels` still used after removing the parameter"]
