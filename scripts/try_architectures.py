@@ -50,9 +50,21 @@ QUICK_PROBE = textwrap.dedent("""
     ckpt, name, model_cls, config_cls, attn = sys.argv[1:6]
     leftover = [f"{f.name}: {line.strip()}" for f in sorted(Path("models").glob("*.py"))
                 for line in f.read_text().splitlines()
-                if re.match(r"\\s*(from|import) transformers\\.models\\.(?!auto\\b)", line)]
+                if re.match(r"\s*(from|import) transformers\.models\.(?!auto\b)", line)]
     if leftover:
         print(json.dumps({"ok": False, "error": "vendored code still imports transformers.models: " + leftover[0]}))
+        sys.exit(0)
+    tok = AutoTokenizer.from_pretrained(ckpt)
+    ids = tok(["An attention function can be described as mapping a query"], return_tensors="pt")
+    gen = GenerationConfig(do_sample=False, max_new_tokens=8, min_new_tokens=8, eos_token_id=None,
+                           pad_token_id=tok.pad_token_id)
+    try:  # transformers itself, first: a failure here is not the migrator's
+        ref = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32, attn_implementation=attn).eval()
+        with torch.inference_mode():
+            ref_logits = ref(**ids).logits.float()
+            b = ref.generate(**ids, generation_config=gen)[0].tolist()
+    except Exception as exc:
+        print(json.dumps({"reference_error": f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:240]}"}))
         sys.exit(0)
     modeling = importlib.import_module(f"models.modeling_{name}")
     configuration = importlib.import_module(f"models.configuration_{name}")
@@ -62,17 +74,11 @@ QUICK_PROBE = textwrap.dedent("""
     ours, info = Model.from_pretrained(ckpt, config=config, dtype=torch.float32, attn_implementation=attn,
                                        output_loading_info=True)
     check_loading_info(info, ckpt)
-    ref = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32, attn_implementation=attn)
     assert type(ours).__module__.startswith("models."), type(ours).__module__
-    ours.eval(); ref.eval()
-    tok = AutoTokenizer.from_pretrained(ckpt)
-    ids = tok(["An attention function can be described as mapping a query"], return_tensors="pt")
-    gen = GenerationConfig(do_sample=False, max_new_tokens=8, min_new_tokens=8, eos_token_id=None,
-                           pad_token_id=tok.pad_token_id)
+    ours.eval()
     with torch.inference_mode():
-        diff = (ours(**ids).logits.float() - ref(**ids).logits.float()).abs().max().item()
+        diff = (ours(**ids).logits.float() - ref_logits).abs().max().item()
         a = ours.generate(**ids, generation_config=gen)[0].tolist()
-        b = ref.generate(**ids, generation_config=gen)[0].tolist()
     print(json.dumps({"ok": diff <= 1e-4 and a == b, "max_abs_logits_diff": diff, "greedy_tokens_equal": a == b}))
 """)
 
@@ -148,32 +154,51 @@ def refusal(model_type: str) -> str | None:
     return None
 
 
-def quick_check(ckpt: Path, out: Path) -> dict:
+def quick_check(model_type: str, out: Path) -> dict:
+    """Vendor once, then probe each tiny config until transformers itself runs one."""
     from agent.errors import MigratorError
+    from agent.tiny_checkpoint import build_tiny_checkpoint
     from agent.vendor import locate_source, read_config, vendor_source
 
-    recipe = out / "recipe"
-    try:
-        source = locate_source(read_config(ckpt), ckpt)
-        vendor_source(source, recipe, NAME)
-    except MigratorError as exc:
-        return {"status": "refused" if exc.exit_code == 3 else "failed", "message": f"exit {exc.exit_code}: {exc}"[:300]}
-    except Exception as exc:  # the migrator crashed
-        return {"status": "failed", "message": f"vendoring: {type(exc).__name__}: {exc}"[:300]}
-    proc = subprocess.run([sys.executable, "-c", QUICK_PROBE, str(ckpt), NAME, source.model_class,
-                           source.config_class, source.attn_implementation],
-                          cwd=recipe, env=_env(recipe), capture_output=True, text=True, timeout=600)
-    try:
-        result = json.loads(proc.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return {"status": "failed", "message": f"vendored model: {_last_error(proc.stderr)}"}
-    if "error" in result:
-        return {"status": "failed", "message": result["error"][:300]}
-    status = "parity" if result["ok"] else "failed"
-    message = "" if result["ok"] else (f"no parity: max |logits diff| {result['max_abs_logits_diff']:.3g}, "
-                                       f"greedy tokens equal: {result['greedy_tokens_equal']}")
-    return {"status": status, "message": message, "max_abs_logits_diff": result["max_abs_logits_diff"],
-            "greedy_tokens_equal": result["greedy_tokens_equal"]}
+    recipe, source, errors = out / "recipe", None, []
+    for layers in LAYER_TRIES:
+        overrides = {"num_hidden_layers": layers} if layers != LAYER_TRIES[0] else {}
+        try:
+            ckpt = build_tiny_checkpoint(model_type, out / f"ckpt_{layers}", **overrides)
+        except Exception as exc:  # the config class or the model's __init__ refuses these dims
+            errors.append(f"{layers} layers: building: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}")
+            continue
+        if source is None:
+            try:
+                source = locate_source(read_config(ckpt), ckpt)
+                vendor_source(source, recipe, NAME)
+            except MigratorError as exc:
+                return {"status": "refused" if exc.exit_code == 3 else "failed",
+                        "message": f"exit {exc.exit_code}: {exc}"[:300]}
+            except Exception as exc:  # the migrator crashed
+                return {"status": "failed", "message": f"vendoring: {type(exc).__name__}: {exc}"[:300]}
+        try:
+            proc = subprocess.run([sys.executable, "-c", QUICK_PROBE, str(ckpt), NAME, source.model_class,
+                                   source.config_class, source.attn_implementation],
+                                  cwd=recipe, env=_env(recipe), capture_output=True, text=True, timeout=600)
+        except subprocess.TimeoutExpired:
+            return {"status": "failed", "message": "probe timed out after 600 s"}
+        try:
+            result = json.loads(proc.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return {"status": "failed", "message": f"vendored model: {_last_error(proc.stderr)}"}
+        if "reference_error" in result:
+            errors.append(f"{layers} layers: {result['reference_error']}")
+            continue
+        if "error" in result:
+            return {"status": "failed", "message": result["error"][:300]}
+        status = "parity" if result["ok"] else "failed"
+        message = "" if result["ok"] else (f"no parity: max |logits diff| {result['max_abs_logits_diff']:.3g}, "
+                                           f"greedy tokens equal: {result['greedy_tokens_equal']}")
+        return {"status": status, "message": message, "tiny_config": overrides or "default",
+                "max_abs_logits_diff": result["max_abs_logits_diff"],
+                "greedy_tokens_equal": result["greedy_tokens_equal"]}
+    return {"status": "hf-fails", "message": " | ".join(errors)}
 
 
 def full_check(ckpt: Path, out: Path) -> dict:
@@ -201,20 +226,32 @@ def full_check(ckpt: Path, out: Path) -> dict:
 
 
 def try_one(model_type: str, out: Path, quick: bool) -> dict:
-    """One type, end to end, in this process (see --one)."""
+    """One type, end to end, in this process."""
     start = time.perf_counter()
     row = {"model_type": model_type}
     reason = refusal(model_type)
     if reason:
         return dict(row, status="refused", message=reason, seconds=round(time.perf_counter() - start, 1))
-    ckpt, error, overrides = checkpoint_for(model_type, out)
-    if ckpt is None:
-        return dict(row, status="hf-fails", message=error, seconds=round(time.perf_counter() - start, 1))
-    row["tiny_config"] = overrides or "default"
-    row.update(quick_check(ckpt, out) if quick else full_check(ckpt, out))
-    row["checked"] = "vendor + parity (quick)" if quick else "migrator run + parity"
+    if quick:
+        row.update(quick_check(model_type, out))
+    else:
+        ckpt, error, overrides = checkpoint_for(model_type, out)
+        if ckpt is None:
+            return dict(row, status="hf-fails", message=error, seconds=round(time.perf_counter() - start, 1))
+        row["tiny_config"] = overrides or "default"
+        row.update(full_check(ckpt, out))
+    if row["status"] in ("parity", "failed"):
+        row["checked"] = "vendor + parity (quick)" if quick else "migrator run + parity"
     row["seconds"] = round(time.perf_counter() - start, 1)
     return row
+
+
+def try_in_process(model_type: str, out: Path) -> dict:
+    """--quick: vendoring runs here (no vendored code is imported here), the probe in a subprocess."""
+    try:
+        return try_one(model_type, out / model_type, quick=True)
+    except Exception as exc:  # the sweep goes on
+        return {"model_type": model_type, "status": "failed", "message": f"sweep: {type(exc).__name__}: {exc}"[:300]}
 
 
 def run_isolated(model_type: str, out: Path, quick: bool, timeout: int) -> dict:
@@ -267,10 +304,10 @@ def main() -> int:
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="archs_"))
-    if args.one:
-        import warnings
+    import warnings
 
-        warnings.filterwarnings("ignore")
+    warnings.filterwarnings("ignore")
+    if args.one:
         print(json.dumps(try_one(args.one, out, args.quick)), flush=True)
         return 0
     model_types = list(args.model_types)
@@ -282,7 +319,7 @@ def main() -> int:
         parser.error("name model types or pass --all")
     rows = []
     for model_type in model_types:
-        r = run_isolated(model_type, out, args.quick, args.timeout)
+        r = try_in_process(model_type, out) if args.quick else run_isolated(model_type, out, False, args.timeout)
         rows.append(r)
         print(f"{r['model_type']:<26} {r['status']:<9} diff={r.get('max_abs_logits_diff')} "
               f"tokens_equal={r.get('greedy_tokens_equal')} {r.get('seconds', '')}s {r.get('message') or ''}",
