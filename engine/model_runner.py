@@ -104,6 +104,7 @@ class ModelRunner:
         self.forward_params = set(inspect.signature(self.model.forward).parameters)
         # transformers >= 5.x names the cache `cache`; older code calls it `past_key_values`.
         self.cache_kwarg = "cache" if "cache" in self.forward_params else "past_key_values"
+        self.decode_full_sequence = wants_full_sequence(self.model)
         self.model_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self.logger.info(
             f"{self.model_name} loaded {model_cls.__name__} ({self.model_bytes / 1e6:.1f} MB, "
@@ -212,6 +213,8 @@ class ModelRunner:
         for _ in range(self.max_new_tokens):
             stage = "prefill" if input_dict["is_prefill"] else "decode"
             model_inputs = self.model_input_prepare(input_dict)
+            if stage == "decode" and self.decode_full_sequence:
+                model_inputs = full_sequence_inputs(model_inputs, input_dict)
             self.synchronize()
             start = time.perf_counter()
             if stage == "prefill":
@@ -240,6 +243,34 @@ class ModelRunner:
         if warm_up:
             self.logger.info(f"{name} warm-up run ends")
         return texts
+
+
+def wants_full_sequence(model) -> bool:
+    """True when the model's own generation step feeds it the whole sequence, not the new token.
+
+    Asked of the model's `prepare_inputs_for_generation` (what `generate()` calls each step): most
+    slice `input_ids` to the token not yet in the cache; a model without a KV cache (openai-gpt)
+    or one whose forward slices off the cached prefix itself (cpmant) keeps all of them.
+    """
+    prepare = getattr(model, "prepare_inputs_for_generation", None)
+    if prepare is None:
+        return False
+    ids = torch.ones((1, 3), dtype=torch.long)
+    try:
+        inputs = prepare(ids, next_sequence_length=1, attention_mask=torch.ones_like(ids), use_cache=True)
+    except Exception:  # noqa: BLE001 - an unusual signature: keep the one-token step
+        return False
+    got = inputs.get("input_ids") if isinstance(inputs, dict) else None
+    return got is not None and got.shape[-1] == ids.shape[-1]
+
+
+def full_sequence_inputs(model_inputs: dict, input_dict: dict) -> dict:
+    """A decode step's inputs with the whole sequence so far (prompt + generated tokens)."""
+    input_ids = torch.cat([input_dict["input_ids"], input_dict["generate_ids"]], dim=-1)
+    mask = model_inputs["attention_mask"]
+    position_ids = mask.long().cumsum(-1) - 1
+    position_ids.masked_fill_(mask == 0, 1)
+    return {**model_inputs, "input_ids": input_ids, "position_ids": position_ids}
 
 
 def init_distributed(device, local_rank: int):
