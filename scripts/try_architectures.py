@@ -10,7 +10,8 @@ Each type runs in its own subprocess (a time limit per type) and ends in one of:
   parity        migrated; the vendored model matches AutoModelForCausalLM (fp32 logits <= 1e-4,
                 same greedy tokens)
   refused       the migrator refuses it (exit 3); the row gives its one-line reason
-  hf-fails      transformers itself fails on every tiny config tried (2 layers, then 4, then 8);
+  hf-fails      transformers itself fails on every tiny config tried (2 layers, then 4 and 8 and
+                the type's own layer count, naming an attention layer where the config can);
                 the row gives transformers' error. Not counted as testable.
   failed        anything else: the row gives the error
 
@@ -36,7 +37,26 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 # Tiny configs tried in order until transformers itself runs one: hybrids with 2 layers may have no
 # attention layer at all, and some configs need more layers than their pattern's length.
-LAYER_TRIES = (2, 4, 8)
+LAYER_TRIES = (2, 4, 8, "default")
+# Hints for the retries, used only where the config class knows the key: hybrids that name their
+# attention layers explicitly get one (bamba's default has none at all).
+RETRY_HINTS = {"attn_layer_indices": [1]}
+
+
+def tries(model_type: str) -> list[tuple[str, dict]]:
+    """(label, overrides) per tiny config: 2 layers; then 4, 8 and the type's own layer count,
+    with the retry hints its config knows."""
+    from transformers import AutoConfig
+
+    base = AutoConfig.for_model(model_type)
+    known = set(base.to_dict())
+    hints = {k: v for k, v in RETRY_HINTS.items() if k in known}
+    out = [("2 layers", {})]
+    for layers in LAYER_TRIES[1:]:
+        count = getattr(base, "num_hidden_layers", None) if layers == "default" else layers
+        if isinstance(count, int) and count not in (2, 4, 8) or layers != "default":
+            out.append((f"{count} layers", {"num_hidden_layers": count, **hints}))
+    return out
 NAME = "m"
 
 # Runs in the recipe dir (its `models` package on sys.path), in a fresh process.
@@ -50,7 +70,7 @@ QUICK_PROBE = textwrap.dedent("""
     ckpt, name, model_cls, config_cls, attn = sys.argv[1:6]
     leftover = [f"{f.name}: {line.strip()}" for f in sorted(Path("models").glob("*.py"))
                 for line in f.read_text().splitlines()
-                if re.match(r"\s*(from|import) transformers\.models\.(?!auto\b)", line)]
+                if re.match(r"\\s*(from|import) transformers[.]models[.](?!auto[ .])", line)]
     if leftover:
         print(json.dumps({"ok": False, "error": "vendored code still imports transformers.models: " + leftover[0]}))
         sys.exit(0)
@@ -118,17 +138,16 @@ def checkpoint_for(model_type: str, out: Path) -> tuple[Path | None, str | None,
     from agent.tiny_checkpoint import build_tiny_checkpoint
 
     errors = []
-    for layers in LAYER_TRIES:
-        overrides = {"num_hidden_layers": layers} if layers != LAYER_TRIES[0] else {}
+    for layers, overrides in tries(model_type):
         try:
-            ckpt = build_tiny_checkpoint(model_type, out / f"ckpt_{layers}", **overrides)
+            ckpt = build_tiny_checkpoint(model_type, out / f"ckpt_{layers.split()[0]}", **overrides)
         except Exception as exc:  # the config class or the model's __init__ refuses these dims
-            errors.append(f"{layers} layers: building: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+            errors.append(f"{layers}: building: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
             continue
         error = transformers_runs(ckpt)
         if error is None:
             return ckpt, None, overrides
-        errors.append(f"{layers} layers: {error}")
+        errors.append(f"{layers}: {error}")
     return None, " | ".join(errors), {}
 
 
@@ -161,12 +180,11 @@ def quick_check(model_type: str, out: Path) -> dict:
     from agent.vendor import locate_source, read_config, vendor_source
 
     recipe, source, errors = out / "recipe", None, []
-    for layers in LAYER_TRIES:
-        overrides = {"num_hidden_layers": layers} if layers != LAYER_TRIES[0] else {}
+    for layers, overrides in tries(model_type):
         try:
-            ckpt = build_tiny_checkpoint(model_type, out / f"ckpt_{layers}", **overrides)
+            ckpt = build_tiny_checkpoint(model_type, out / f"ckpt_{layers.split()[0]}", **overrides)
         except Exception as exc:  # the config class or the model's __init__ refuses these dims
-            errors.append(f"{layers} layers: building: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}")
+            errors.append(f"{layers}: building: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}")
             continue
         if source is None:
             try:
@@ -188,7 +206,7 @@ def quick_check(model_type: str, out: Path) -> dict:
         except (ValueError, IndexError):
             return {"status": "failed", "message": f"vendored model: {_last_error(proc.stderr)}"}
         if "reference_error" in result:
-            errors.append(f"{layers} layers: {result['reference_error']}")
+            errors.append(f"{layers}: {result['reference_error']}")
             continue
         if "error" in result:
             return {"status": "failed", "message": result["error"][:300]}
@@ -301,6 +319,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="write the rows as JSON")
     parser.add_argument("--markdown", type=Path, help="write the summary table as Markdown")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per type (default 900)")
+    parser.add_argument("--shard", help="I/N: only every N-th type from the I-th (0-based), to split a sweep")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="archs_"))
@@ -315,6 +334,9 @@ def main() -> int:
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
         model_types += [t for t in sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) if t not in model_types]
+    if args.shard:
+        index, count = map(int, args.shard.split("/"))
+        model_types = model_types[index::count]
     if not model_types:
         parser.error("name model types or pass --all")
     rows = []
