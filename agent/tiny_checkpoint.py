@@ -6,6 +6,7 @@ Used by `migrator demo` (the embedded default) and by the tests (SPEC §5): no h
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from engine.data import DEFAULT_PROMPT
@@ -86,10 +87,14 @@ def build_tokenizer(out_dir: str | Path, vocab_size: int = 384):
     return fast
 
 
-def tiny_config(model_type: str, vocab_size: int, **overrides):
-    """A transformers config of `model_type` with TINY_DIMS (only the keys it knows) and overrides."""
+def tiny_config(model_type: str, vocab_size: int, tiny_dims: bool = True, **overrides):
+    """A transformers config of `model_type` with TINY_DIMS (only the keys it knows) and overrides
+    (`tiny_dims=False`: the type's defaults and the overrides only)."""
     from transformers import AutoConfig
 
+    if not tiny_dims:
+        return AutoConfig.for_model(model_type, vocab_size=vocab_size, pad_token_id=0, bos_token_id=1,
+                                    eos_token_id=2, **overrides)
     base = AutoConfig.for_model(model_type)
     known = set(base.to_dict()) | set(getattr(base, "attribute_map", {}))
     kwargs = {k: v for k, v in TINY_DIMS.items() if k in known}
@@ -100,7 +105,8 @@ def tiny_config(model_type: str, vocab_size: int, **overrides):
     return AutoConfig.for_model(model_type, **kwargs)
 
 
-def build_tiny_checkpoint(model_type: str, out_dir: str | Path, seed: int = 0, **overrides) -> Path:
+def build_tiny_checkpoint(model_type: str, out_dir: str | Path, seed: int = 0, tiny_dims: bool = True,
+                          **overrides) -> Path:
     """Write config.json, model.safetensors, tokenizer and generation config to `out_dir`."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -108,7 +114,7 @@ def build_tiny_checkpoint(model_type: str, out_dir: str | Path, seed: int = 0, *
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(out)
-    config = tiny_config(model_type, vocab_size=len(tokenizer), **overrides)
+    config = tiny_config(model_type, vocab_size=len(tokenizer), tiny_dims=tiny_dims, **overrides)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
@@ -116,3 +122,35 @@ def build_tiny_checkpoint(model_type: str, out_dir: str | Path, seed: int = 0, *
     model.save_pretrained(out, safe_serialization=True)
     (out / "tiny_checkpoint.json").write_text(json.dumps({"model_type": model_type, "seed": seed}) + "\n")
     return out
+
+
+# Integer config fields that are sizes (widths), scaled down together by `scaled_default_overrides`
+# so that the relations a config class validates (hidden = heads x head_dim, d_head = d_model //
+# n_head, hidden x expand = heads x head_dim, ...) still hold. Counts (heads, layers, experts) stay.
+_SIZE_FIELD = re.compile(r"(^|_)(hidden_size|intermediate_size|head_dim|d_model|d_head|d_inner|d_ff|n_embd|n_inner|"
+                         r"ffn_dim|embed_dim|hidden_dim|ffn_hidden_size|moe_intermediate_size|"
+                         r"shared_expert_intermediate_size|kv_lora_rank|q_lora_rank|qk_rope_head_dim|"
+                         r"qk_nope_head_dim|v_head_dim|d_state|state_size)$")
+
+
+def scaled_default_overrides(model_type: str, hidden_size: int = 64) -> dict:
+    """The type's own default config with every width divided by the same factor (hidden_size of
+    the default / `hidden_size`); counts and layer patterns are kept. For configs whose validation
+    ties dimensions together, where TINY_DIMS' independent values fail."""
+    from transformers import AutoConfig
+
+    try:
+        base = AutoConfig.for_model(model_type)
+    except Exception:  # noqa: BLE001 - the type's own defaults do not validate: nothing to scale
+        return {}
+    default_hidden = getattr(base, "hidden_size", None)
+    if not isinstance(default_hidden, int) or default_hidden <= hidden_size:
+        return {}
+    factor = default_hidden // hidden_size
+    overrides = {}
+    for key, value in base.to_dict().items():
+        if isinstance(value, int) and not isinstance(value, bool) and _SIZE_FIELD.search(key) and value >= factor:
+            overrides[key] = value // factor
+    if "initializer_range" in base.to_dict():
+        overrides["initializer_range"] = TINY_DIMS["initializer_range"]   # peaked logits, as above
+    return overrides

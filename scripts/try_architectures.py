@@ -11,7 +11,8 @@ Each type runs in its own subprocess (a time limit per type) and ends in one of:
                 same greedy tokens)
   refused       the migrator refuses it (exit 3); the row gives its one-line reason
   hf-fails      transformers itself fails on every tiny config tried (2 layers, then 4 and 8 and
-                the type's own layer count, naming an attention layer where the config can);
+                the type's own layer count, naming an attention layer where the config can, then
+                the type's own default config with all widths scaled down by one factor);
                 the row gives transformers' error. Not counted as testable.
   failed        anything else: the row gives the error
 
@@ -48,14 +49,22 @@ def tries(model_type: str) -> list[tuple[str, dict]]:
     with the retry hints its config knows."""
     from transformers import AutoConfig
 
-    base = AutoConfig.for_model(model_type)
+    from agent.tiny_checkpoint import scaled_default_overrides
+
+    out = [("2 layers", {})]
+    try:
+        base = AutoConfig.for_model(model_type)
+    except Exception:  # noqa: BLE001 - its defaults do not validate; the tiny dims may
+        return out
     known = set(base.to_dict())
     hints = {k: v for k, v in RETRY_HINTS.items() if k in known}
-    out = [("2 layers", {})]
     for layers in LAYER_TRIES[1:]:
         count = getattr(base, "num_hidden_layers", None) if layers == "default" else layers
         if isinstance(count, int) and count not in (2, 4, 8) or layers != "default":
             out.append((f"{count} layers", {"num_hidden_layers": count, **hints}))
+    scaled = scaled_default_overrides(model_type)
+    if scaled:
+        out.append(("own defaults scaled down", {**scaled, "tiny_dims": False}))
     return out
 NAME = "m"
 
