@@ -281,6 +281,31 @@ def try_in_process(model_type: str, out: Path) -> dict:
         return {"model_type": model_type, "status": "failed", "message": f"sweep: {type(exc).__name__}: {exc}"[:300]}
 
 
+def run_batch(model_types: list[str], out: Path, timeout: int) -> list[dict]:
+    """--quick: a few types per worker process (imports paid once, memory returned after each
+    batch); a type the crashed worker did not report is retried alone."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--one", ",".join(model_types), "--out", str(out), "--quick"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout * len(model_types),
+                              env=_env(), cwd=REPO)
+        stdout = proc.stdout
+    except subprocess.TimeoutExpired as exc:
+        stdout = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+    rows = {}
+    for line in stdout.splitlines():
+        if line.startswith("{"):
+            row = json.loads(line)
+            rows[row["model_type"]] = row
+    missing = [t for t in model_types if t not in rows]
+    if missing and len(model_types) > 1:
+        for model_type in missing:
+            rows.update({r["model_type"]: r for r in run_batch([model_type], out, timeout)})
+    elif missing:
+        rows[missing[0]] = {"model_type": missing[0], "status": "failed",
+                            "message": "sweep worker crashed or timed out"}
+    return [rows[t] for t in model_types]
+
+
 def run_isolated(model_type: str, out: Path, quick: bool, timeout: int) -> dict:
     """try_one in a subprocess: a crash or hang of one type does not stop the sweep."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--one", model_type, "--out", str(out / model_type)]
@@ -328,6 +353,8 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="write the rows as JSON")
     parser.add_argument("--markdown", type=Path, help="write the summary table as Markdown")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per type (default 900)")
+    parser.add_argument("--resume", type=Path, help="rows JSON of an interrupted sweep: those types are not run again")
+    parser.add_argument("--batch", type=int, default=8, help="--quick: types per worker process (default 8)")
     parser.add_argument("--shard", help="I/N: only every N-th type from the I-th (0-based), to split a sweep")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -336,7 +363,12 @@ def main() -> int:
 
     warnings.filterwarnings("ignore")
     if args.one:
-        print(json.dumps(try_one(args.one, out, args.quick)), flush=True)
+        for model_type in args.one.split(","):
+            if args.quick:
+                row = try_in_process(model_type, out)
+            else:
+                row = try_one(model_type, out, args.quick)
+            print(json.dumps(row), flush=True)
         return 0
     model_types = list(args.model_types)
     if args.all:
@@ -349,14 +381,26 @@ def main() -> int:
     if not model_types:
         parser.error("name model types or pass --all")
     rows = []
-    for model_type in model_types:
-        r = try_in_process(model_type, out) if args.quick else run_isolated(model_type, out, False, args.timeout)
-        rows.append(r)
-        print(f"{r['model_type']:<26} {r['status']:<9} diff={r.get('max_abs_logits_diff')} "
-              f"tokens_equal={r.get('greedy_tokens_equal')} {r.get('seconds', '')}s {r.get('message') or ''}",
-              flush=True)
-        if args.json:
-            args.json.write_text(json.dumps(rows, indent=2))
+    if args.resume and args.resume.is_file():
+        # Settled rows only: a failure or a transformers failure is tried again.
+        rows = [r for r in json.loads(args.resume.read_text())
+                if r["model_type"] in model_types and r["status"] in ("parity", "refused")]
+    done = {r["model_type"] for r in rows}
+    todo = [t for t in model_types if t not in done]
+    if args.quick:
+        batches = [todo[i:i + args.batch] for i in range(0, len(todo), args.batch)]
+    else:
+        batches = [[t] for t in todo]
+    for batch in batches:
+        results = run_batch(batch, out, args.timeout) if args.quick else [run_isolated(batch[0], out, False, args.timeout)]
+        for r in results:
+            rows.append(r)
+            print(f"{r['model_type']:<26} {r['status']:<9} diff={r.get('max_abs_logits_diff')} "
+                  f"tokens_equal={r.get('greedy_tokens_equal')} {r.get('seconds', '')}s {r.get('message') or ''}",
+                  flush=True)
+            if args.json:
+                args.json.write_text(json.dumps(rows, indent=2))
+    rows.sort(key=lambda r: model_types.index(r["model_type"]) if r["model_type"] in model_types else len(model_types))
     table = summary_table(rows)
     print("\n" + table)
     if args.markdown:
