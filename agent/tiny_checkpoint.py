@@ -106,8 +106,12 @@ def tiny_config(model_type: str, vocab_size: int, tiny_dims: bool = True, **over
 
 
 def build_tiny_checkpoint(model_type: str, out_dir: str | Path, seed: int = 0, tiny_dims: bool = True,
-                          **overrides) -> Path:
-    """Write config.json, model.safetensors, tokenizer and generation config to `out_dir`."""
+                          max_params: int | None = None, **overrides) -> Path:
+    """Write config.json, model.safetensors, tokenizer and generation config to `out_dir`.
+
+    `max_params`: refuse (ValueError) a config whose model would be larger, counted on the meta
+    device before any memory is allocated (config keys TINY_DIMS does not know, e.g. an expert
+    count under another name, can leave a "tiny" config at its full default size)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -115,6 +119,11 @@ def build_tiny_checkpoint(model_type: str, out_dir: str | Path, seed: int = 0, t
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(out)
     config = tiny_config(model_type, vocab_size=len(tokenizer), tiny_dims=tiny_dims, **overrides)
+    if max_params is not None:
+        with torch.device("meta"):
+            count = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+        if count > max_params:
+            raise ValueError(f"{count / 1e6:.0f}M parameters > {max_params / 1e6:.0f}M: not a tiny config")
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.generation_config.eos_token_id = tokenizer.eos_token_id

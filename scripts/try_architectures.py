@@ -67,6 +67,7 @@ def tries(model_type: str) -> list[tuple[str, dict]]:
         out.append(("own defaults scaled down", {**scaled, "tiny_dims": False}))
     return out
 NAME = "m"
+MAX_PARAMS = 30_000_000   # a tiny config larger than this is not built (see build_tiny_checkpoint)
 
 # Runs in the recipe dir (its `models` package on sys.path), in a fresh process.
 QUICK_PROBE = textwrap.dedent("""
@@ -149,7 +150,8 @@ def checkpoint_for(model_type: str, out: Path) -> tuple[Path | None, str | None,
     errors = []
     for layers, overrides in tries(model_type):
         try:
-            ckpt = build_tiny_checkpoint(model_type, out / f"ckpt_{layers.split()[0]}", **overrides)
+            ckpt = build_tiny_checkpoint(model_type, out / f"ckpt_{layers.split()[0]}", max_params=MAX_PARAMS,
+                                         **overrides)
         except Exception as exc:  # the config class or the model's __init__ refuses these dims
             errors.append(f"{layers}: building: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
             continue
@@ -191,7 +193,8 @@ def quick_check(model_type: str, out: Path) -> dict:
     recipe, source, errors = out / "recipe", None, []
     for layers, overrides in tries(model_type):
         try:
-            ckpt = build_tiny_checkpoint(model_type, out / f"ckpt_{layers.split()[0]}", **overrides)
+            ckpt = build_tiny_checkpoint(model_type, out / f"ckpt_{layers.split()[0]}", max_params=MAX_PARAMS,
+                                         **overrides)
         except Exception as exc:  # the config class or the model's __init__ refuses these dims
             errors.append(f"{layers}: building: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}")
             continue
@@ -281,13 +284,22 @@ def try_in_process(model_type: str, out: Path) -> dict:
         return {"model_type": model_type, "status": "failed", "message": f"sweep: {type(exc).__name__}: {exc}"[:300]}
 
 
+MEMORY_LIMIT = 8 << 30   # address space of a sweep worker and its probes: one type cannot take the machine
+
+
+def _limit_memory() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+
+
 def run_batch(model_types: list[str], out: Path, timeout: int) -> list[dict]:
     """--quick: a few types per worker process (imports paid once, memory returned after each
     batch); a type the crashed worker did not report is retried alone."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--one", ",".join(model_types), "--out", str(out), "--quick"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout * len(model_types),
-                              env=_env(), cwd=REPO)
+                              env=_env(), cwd=REPO, preexec_fn=_limit_memory)
         stdout = proc.stdout
     except subprocess.TimeoutExpired as exc:
         stdout = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
