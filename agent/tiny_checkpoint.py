@@ -101,6 +101,26 @@ def tiny_config(model_type: str, vocab_size: int, tiny_dims: bool = True, **over
     if "kv_lora_rank" in known:
         kwargs.pop("head_dim", None)  # MLA derives head_dim from the rope/nope dims
     kwargs.update(vocab_size=vocab_size, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    # Composite configs (text_config + vision_config, ...): the sub-models get TINY_DIMS too, the
+    # text model the vocabulary; otherwise the "tiny" checkpoint has full-size sub-models. A
+    # sub-config that does not validate with them keeps its defaults.
+    for key in getattr(base, "sub_configs", None) or {}:
+        sub = getattr(base, key, None)
+        if sub is None or not hasattr(sub, "to_dict") or key in overrides:
+            continue
+        sub_known = set(sub.to_dict()) | set(getattr(sub, "attribute_map", {}))
+        sub_kwargs = {k: v for k, v in TINY_DIMS.items() if k in sub_known}
+        if "kv_lora_rank" in sub_known:
+            sub_kwargs.pop("head_dim", None)
+        if "vocab_size" in sub_known and key == "text_config":
+            sub_kwargs.update(vocab_size=vocab_size, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+        if getattr(sub, "model_type", None):
+            sub_kwargs["model_type"] = sub.model_type
+        try:
+            AutoConfig.for_model(model_type, **{key: sub_kwargs})
+        except Exception:  # noqa: BLE001
+            continue
+        kwargs[key] = sub_kwargs
     kwargs.update(overrides)
     return AutoConfig.for_model(model_type, **kwargs)
 
@@ -136,7 +156,7 @@ def build_tiny_checkpoint(model_type: str, out_dir: str | Path, seed: int = 0, t
 # Integer config fields that are sizes (widths), scaled down together by `scaled_default_overrides`
 # so that the relations a config class validates (hidden = heads x head_dim, d_head = d_model //
 # n_head, hidden x expand = heads x head_dim, ...) still hold. Counts (heads, layers, experts) stay.
-_SIZE_FIELD = re.compile(r"(^|_)(hidden_size|intermediate_size|head_dim|d_model|d_head|d_inner|d_ff|n_embd|n_inner|"
+_SIZE_FIELD = re.compile(r"(^|_)(hidden_size|intermediate_size|head_dim|d_model|d_head|d_inner|d_ff|n_embd|n_inner|rotary_dim|"
                          r"ffn_dim|embed_dim|hidden_dim|ffn_hidden_size|moe_intermediate_size|"
                          r"shared_expert_intermediate_size|kv_lora_rank|q_lora_rank|qk_rope_head_dim|"
                          r"qk_nope_head_dim|v_head_dim|d_state|state_size)$")

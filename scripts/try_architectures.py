@@ -93,6 +93,8 @@ QUICK_PROBE = textwrap.dedent("""
         with torch.inference_mode():
             ref_logits = ref(**ids).logits.float()
             b = ref.generate(**ids, generation_config=gen)[0].tolist()
+        if not torch.isfinite(ref_logits).all():
+            raise FloatingPointError("transformers' logits are not finite (nan/inf) on this config")
     except Exception as exc:
         print(json.dumps({"reference_error": f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:240]}"}))
         sys.exit(0)
