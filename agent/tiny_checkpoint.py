@@ -114,6 +114,8 @@ def tiny_config(model_type: str, vocab_size: int, tiny_dims: bool = True, **over
             sub_kwargs.pop("head_dim", None)
         if "vocab_size" in sub_known and key == "text_config":
             sub_kwargs.update(vocab_size=vocab_size, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+            # Overrides of the text model's fields (e.g. num_hidden_layers) reach it here too.
+            sub_kwargs.update({k: v for k, v in overrides.items() if k in sub_known and k not in known})
         if getattr(sub, "model_type", None):
             sub_kwargs["model_type"] = sub.model_type
         try:
