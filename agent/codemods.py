@@ -29,11 +29,13 @@ __all__ = [
     "RemoveGradientCheckpointingCommand",
     "RemoveLabelsLossCommand",
     "PruneUnreachableDefinitionsCommand",
+    "VendoredImportsCommand",
     "CODEMODS",
     "CodemodError",
     "RelativeImportError",
     "apply_codemods",
     "find_model_class_imports",
+    "transformers_model_imports",
 ]
 
 
@@ -753,7 +755,11 @@ class RemoveLabelsLossCommand(_StaticBranchMixin, _ScopeMixin, _Command):
             keyword=m.Name("labels"), value=m.Name("labels")
         )
         args = _remove_from_sequence(updated_node.args, lambda a: not m.matches(a, drop))
-        if len(args) == len(updated_node.args):
+        # `self.pred_layer(hidden_states, labels)` / `head(x, target=labels)`: the callee gets what
+        # `labels` always was at inference, None (XLM's XLMPredLayer.forward(x, y=None)).
+        passed = m.Arg(value=m.Name("labels"), star="")
+        args = [a.with_changes(value=cst.Name("None")) if m.matches(a, passed) else a for a in args]
+        if args == list(updated_node.args):
             return updated_node
         return updated_node.with_changes(args=args)
 
@@ -924,6 +930,35 @@ class PruneUnreachableDefinitionsCommand(_Command):
 
 
 # --------------------------------------------------------------------------------------
+# 7. Absolute imports of modules that are vendored too
+# --------------------------------------------------------------------------------------
+
+
+class VendoredImportsCommand(_Command):
+    """Points `from transformers.models.a.b import X` at the vendored copy `models.<stem>`.
+
+    `vendored` maps module names (``transformers.models.llama.configuration_llama``) to the
+    recipe module they were copied to (``models.configuration_llama``). Imports anywhere in the
+    file are rewritten (also inside functions and `if TYPE_CHECKING:` blocks); the names and
+    aliases imported stay as they are.
+    """
+
+    DESCRIPTION = "Point absolute imports of transformers modules that are vendored too at their `models.*` copies."
+
+    def __init__(self, context: CodemodContext, vendored: dict[str, str]):
+        super().__init__(context)
+        self.vendored = dict(vendored)
+
+    def leave_ImportFrom(self, original_node: cst.ImportFrom, updated_node: cst.ImportFrom) -> cst.ImportFrom:
+        if updated_node.relative or updated_node.module is None:
+            return updated_node
+        target = self.vendored.get(_dotted(updated_node.module))
+        if target is None:
+            return updated_node
+        return updated_node.with_changes(module=cst.parse_expression(target))
+
+
+# --------------------------------------------------------------------------------------
 # Driver and checks
 # --------------------------------------------------------------------------------------
 
@@ -946,7 +981,8 @@ def apply_codemods(
 
     `codemods`, when given, is run instead of CODEMODS, in its order (e.g. without
     GuardedTorchNpuImportCommand for a configuration file). Each entry is a codemod class that
-    takes only the context (AbsoluteImportsCommand also gets `package` and `sibling_modules`).
+    takes only the context (AbsoluteImportsCommand also gets `package` and `sibling_modules`,
+    VendoredImportsCommand gets `sibling_modules`).
     """
     try:
         tree = cst.parse_module(source)
@@ -958,6 +994,8 @@ def apply_codemods(
         context = CodemodContext(full_package_name=package)
         if command is AbsoluteImportsCommand:
             instance = command(context, package=package, sibling_modules=sibling_modules)
+        elif command is VendoredImportsCommand:
+            instance = command(context, vendored=sibling_modules)
         else:
             instance = command(context)
         try:
@@ -975,14 +1013,17 @@ def apply_codemods(
 
 def _is_model_class_object(obj: object) -> bool:
     import torch
+    from transformers import PreTrainedConfig
     from transformers.models.auto.auto_factory import _BaseAutoModelClass
 
-    # Auto classes are not modules but build model classes, so they count as model classes too.
-    return isinstance(obj, type) and issubclass(obj, (torch.nn.Module, _BaseAutoModelClass))
+    # Auto classes are not modules but build model classes, so they count as model classes too;
+    # a configuration class of another model is part of that model's implementation as well.
+    return isinstance(obj, type) and issubclass(obj, (torch.nn.Module, _BaseAutoModelClass, PreTrainedConfig))
 
 
 def find_model_class_imports(source: str) -> list[str]:
-    """Return "module.Name" for each model class imported from a `transformers.models.*` module."""
+    """Return "module.Name" for each model or configuration class imported from a
+    `transformers.models.*` module (anywhere in the file, also inside functions)."""
     found: list[str] = []
     for node in m.findall(cst.parse_module(source), m.ImportFrom(relative=[])):
         module = _dotted(node.module)
@@ -997,4 +1038,23 @@ def find_model_class_imports(source: str) -> list[str]:
             qualified = f"{module}.{name}"
             if _is_model_class_object(getattr(imported, name, None)) and qualified not in found:
                 found.append(qualified)
+    return found
+
+
+def transformers_model_imports(source: str) -> dict[str, list[str]]:
+    """Modules of model implementations a file imports absolutely, with the names it takes.
+
+    ``{"transformers.models.llama.configuration_llama": ["LlamaConfig"]}``: every
+    `from transformers.models.<model>.<module> import ...` anywhere in the file, except the auto
+    registry (`transformers.models.auto.*`), which maps names to classes and is no model's code.
+    """
+    found: dict[str, list[str]] = {}
+    for node in m.findall(cst.parse_module(source), m.ImportFrom(relative=[])):
+        module = _dotted(node.module)
+        parts = module.split(".")
+        if len(parts) < 4 or parts[:2] != ["transformers", "models"] or parts[2] == "auto":
+            continue
+        names = found.setdefault(module, [])
+        if not isinstance(node.names, cst.ImportStar):
+            names.extend(_dotted(a.name) for a in node.names if _dotted(a.name) not in names)
     return found

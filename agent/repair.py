@@ -62,6 +62,7 @@ class Rule:
     match: Callable[[Failure], dict | None]            # -> facts for the fix, or None
     fix: Callable[[Failure, dict, "RepairContext"], str]   # applies the fix, returns a one-line note
     kind: str = "edit"                                 # codemod | yaml | remove | rerender | infer.sh | report
+    keeps_format: bool = True                          # False: the fix is the format (e.g. CRLF -> LF)
 
 
 @dataclass
@@ -502,7 +503,8 @@ def repair(recipe_dir: Path, diagnosis: dict, round_no: int, context: RepairCont
     except Exception as exc:  # a fix that cannot apply is reported, the loop stops on repeat
         note = f"fix {rule.name} could not be applied: {exc.__class__.__name__}: {exc}"
     # Whatever the fix wrote, the user's files keep their line endings, encoding, BOM and mode.
-    restore_formats(recipe_dir, before)
+    if rule.keeps_format:
+        restore_formats(recipe_dir, before)
     diff = diff_against_backup(recipe_dir, backup_dir)
     return {"applied": bool(diff), "rule": rule.name, "kind": rule.kind, "diff": diff, "note": note,
             "backup": str(backup_dir.relative_to(recipe_dir))}

@@ -6,6 +6,7 @@ Used by `migrator demo` (the embedded default) and by the tests (SPEC §5): no h
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from engine.data import DEFAULT_PROMPT
@@ -86,29 +87,65 @@ def build_tokenizer(out_dir: str | Path, vocab_size: int = 384):
     return fast
 
 
-def tiny_config(model_type: str, vocab_size: int, **overrides):
-    """A transformers config of `model_type` with TINY_DIMS (only the keys it knows) and overrides."""
+def tiny_config(model_type: str, vocab_size: int, tiny_dims: bool = True, **overrides):
+    """A transformers config of `model_type` with TINY_DIMS (only the keys it knows) and overrides
+    (`tiny_dims=False`: the type's defaults and the overrides only)."""
     from transformers import AutoConfig
 
+    if not tiny_dims:
+        return AutoConfig.for_model(model_type, vocab_size=vocab_size, pad_token_id=0, bos_token_id=1,
+                                    eos_token_id=2, **overrides)
     base = AutoConfig.for_model(model_type)
     known = set(base.to_dict()) | set(getattr(base, "attribute_map", {}))
     kwargs = {k: v for k, v in TINY_DIMS.items() if k in known}
     if "kv_lora_rank" in known:
         kwargs.pop("head_dim", None)  # MLA derives head_dim from the rope/nope dims
     kwargs.update(vocab_size=vocab_size, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    # Composite configs (text_config + vision_config, ...): the sub-models get TINY_DIMS too, the
+    # text model the vocabulary; otherwise the "tiny" checkpoint has full-size sub-models. A
+    # sub-config that does not validate with them keeps its defaults.
+    for key in getattr(base, "sub_configs", None) or {}:
+        sub = getattr(base, key, None)
+        if sub is None or not hasattr(sub, "to_dict") or key in overrides:
+            continue
+        sub_known = set(sub.to_dict()) | set(getattr(sub, "attribute_map", {}))
+        sub_kwargs = {k: v for k, v in TINY_DIMS.items() if k in sub_known}
+        if "kv_lora_rank" in sub_known:
+            sub_kwargs.pop("head_dim", None)
+        if "vocab_size" in sub_known and key == "text_config":
+            sub_kwargs.update(vocab_size=vocab_size, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+            # Overrides of the text model's fields (e.g. num_hidden_layers) reach it here too.
+            sub_kwargs.update({k: v for k, v in overrides.items() if k in sub_known and k not in known})
+        if getattr(sub, "model_type", None):
+            sub_kwargs["model_type"] = sub.model_type
+        try:
+            AutoConfig.for_model(model_type, **{key: sub_kwargs})
+        except Exception:  # noqa: BLE001
+            continue
+        kwargs[key] = sub_kwargs
     kwargs.update(overrides)
     return AutoConfig.for_model(model_type, **kwargs)
 
 
-def build_tiny_checkpoint(model_type: str, out_dir: str | Path, seed: int = 0, **overrides) -> Path:
-    """Write config.json, model.safetensors, tokenizer and generation config to `out_dir`."""
+def build_tiny_checkpoint(model_type: str, out_dir: str | Path, seed: int = 0, tiny_dims: bool = True,
+                          max_params: int | None = None, **overrides) -> Path:
+    """Write config.json, model.safetensors, tokenizer and generation config to `out_dir`.
+
+    `max_params`: refuse (ValueError) a config whose model would be larger, counted on the meta
+    device before any memory is allocated (config keys TINY_DIMS does not know, e.g. an expert
+    count under another name, can leave a "tiny" config at its full default size)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(out)
-    config = tiny_config(model_type, vocab_size=len(tokenizer), **overrides)
+    config = tiny_config(model_type, vocab_size=len(tokenizer), tiny_dims=tiny_dims, **overrides)
+    if max_params is not None:
+        with torch.device("meta"):
+            count = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+        if count > max_params:
+            raise ValueError(f"{count / 1e6:.0f}M parameters > {max_params / 1e6:.0f}M: not a tiny config")
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
@@ -116,3 +153,35 @@ def build_tiny_checkpoint(model_type: str, out_dir: str | Path, seed: int = 0, *
     model.save_pretrained(out, safe_serialization=True)
     (out / "tiny_checkpoint.json").write_text(json.dumps({"model_type": model_type, "seed": seed}) + "\n")
     return out
+
+
+# Integer config fields that are sizes (widths), scaled down together by `scaled_default_overrides`
+# so that the relations a config class validates (hidden = heads x head_dim, d_head = d_model //
+# n_head, hidden x expand = heads x head_dim, ...) still hold. Counts (heads, layers, experts) stay.
+_SIZE_FIELD = re.compile(r"(^|_)(hidden_size|intermediate_size|head_dim|d_model|d_head|d_inner|d_ff|n_embd|n_inner|rotary_dim|"
+                         r"ffn_dim|embed_dim|hidden_dim|ffn_hidden_size|moe_intermediate_size|"
+                         r"shared_expert_intermediate_size|kv_lora_rank|q_lora_rank|qk_rope_head_dim|"
+                         r"qk_nope_head_dim|v_head_dim|d_state|state_size)$")
+
+
+def scaled_default_overrides(model_type: str, hidden_size: int = 64) -> dict:
+    """The type's own default config with every width divided by the same factor (hidden_size of
+    the default / `hidden_size`); counts and layer patterns are kept. For configs whose validation
+    ties dimensions together, where TINY_DIMS' independent values fail."""
+    from transformers import AutoConfig
+
+    try:
+        base = AutoConfig.for_model(model_type)
+    except Exception:  # noqa: BLE001 - the type's own defaults do not validate: nothing to scale
+        return {}
+    default_hidden = getattr(base, "hidden_size", None)
+    if not isinstance(default_hidden, int) or default_hidden <= hidden_size:
+        return {}
+    factor = default_hidden // hidden_size
+    overrides = {}
+    for key, value in base.to_dict().items():
+        if isinstance(value, int) and not isinstance(value, bool) and _SIZE_FIELD.search(key) and value >= factor:
+            overrides[key] = value // factor
+    if "initializer_range" in base.to_dict():
+        overrides["initializer_range"] = TINY_DIMS["initializer_range"]   # peaked logits, as above
+    return overrides

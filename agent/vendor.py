@@ -67,8 +67,49 @@ def check_servable(config: dict) -> None:
         method = quant.get("quant_method", "unknown") if isinstance(quant, dict) else "unknown"
         raise _refuse(arch, f"weights are quantized ({method}); the migrator handles unquantized "
                             "fp32/fp16/bf16 checkpoints — use the original unquantized model")
-    if config.get("is_encoder_decoder"):
+    if config.get("is_encoder_decoder") and not any(a.endswith(CAUSAL_LM_SUFFIXES) for a in config.get("architectures") or []):
         raise _refuse(arch, "encoder-decoder model (is_encoder_decoder: true)")
+
+
+# Inputs of another modality: a class whose forward takes one of these is multimodal.
+NON_TEXT_INPUTS = ("pixel_values", "pixel_values_videos", "input_features", "input_values", "audio_values",
+                   "image_embeds", "input_audio_embeds", "input_image_embeds")
+# Inputs a draft model takes from the model it drafts for (assisted generation).
+TARGET_MODEL_INPUTS = ("shared_kv_states", "target_hidden_states")
+_IS_DECODER_READ = re.compile(r"^(?!\s*>>>).*\bconfig\.is_decoder\b(?!\s*=[^=])", re.M)
+_IS_DECODER_FORCED = re.compile(r"^\s*config\.is_decoder\s*=\s*True\b", re.M)
+
+
+def refusal_reason(config: dict, model_cls: type) -> str | None:
+    """Why the causal-LM class `model_cls` of a transformers checkpoint cannot be served, or None.
+
+    Derived from the config and the class's code, never from its name: the modality of its
+    inputs (forward parameters), the encoder-decoder flag, whether its attention is
+    causal only as a decoder (`config.is_decoder`), and inputs only another model can provide.
+    """
+    name = model_cls.__name__
+    try:
+        params = set(inspect.signature(model_cls.forward).parameters)
+    except (TypeError, ValueError):
+        params = set()
+    modal_inputs = sorted(params.intersection(NON_TEXT_INPUTS))
+    if modal_inputs:
+        # Judged by the class, not the config: a text-only causal-LM class of a multimodal family
+        # (Qwen3_5ForCausalLM for a qwen3_5 config with a vision_config) serves text fine.
+        return (f"multimodal model ({name}.forward takes {', '.join(modal_inputs)}); migrate its text-only "
+                "model checkpoint instead")
+    if config.get("is_encoder_decoder"):
+        return (f"decoder half of an encoder-decoder model ({name} is the decoder, trained to attend to an "
+                "encoder's output; is_encoder_decoder: true)")
+    needs = sorted(params.intersection(TARGET_MODEL_INPUTS))
+    if needs:
+        return (f"draft model for assisted generation ({name}.forward needs {', '.join(needs)} from the "
+                "model it drafts for); migrate that model instead")
+    source = Path(inspect.getsourcefile(model_cls)).read_text()
+    class_source = inspect.getsource(model_cls)
+    if _IS_DECODER_READ.search(source) and not _IS_DECODER_FORCED.search(class_source) and not config.get("is_decoder"):
+        return "encoder-only model (bidirectional attention; is_decoder is not set)"
+    return None
 
 
 def locate_source(config: dict, model_dir: Path | None = None, trust_remote_code: bool = False) -> ModelSource:
@@ -100,16 +141,12 @@ def locate_source(config: dict, model_dir: Path | None = None, trust_remote_code
     if not class_name:
         raise _refuse(arch_name, f"model_type '{model_type}' has no causal-LM head in transformers "
                                  "(encoder-only, vision/audio-only or similar)")
-    if not class_name.endswith(CAUSAL_LM_SUFFIXES):
-        raise _refuse(arch_name, f"{class_name} is a multimodal model; migrate its text-only model "
-                                 "checkpoint instead")
     model_cls = getattr(transformers, class_name)
     config_cls = getattr(transformers, CONFIG_MAPPING_NAMES[model_type])
     modeling_file = Path(inspect.getsourcefile(model_cls))
-    # BERT-like encoders have a causal-LM class that only works with is_decoder=True.
-    uses_is_decoder = re.search(r"^(?!\s*>>>).*\bconfig\.is_decoder\b(?!\s*=[^=])", modeling_file.read_text(), re.M)
-    if uses_is_decoder and not config.get("is_decoder"):
-        raise _refuse(arch_name, "encoder-only model (bidirectional attention; is_decoder is not set)")
+    reason = refusal_reason(config, model_cls)
+    if reason:
+        raise _refuse(arch_name, reason)
     return ModelSource(
         model_type=model_type,
         architecture=arch_name,
@@ -200,48 +237,100 @@ def local_modules(source: ModelSource) -> dict[str, Path]:
     return found
 
 
+def _module_file(module: str) -> Path | None:
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    return Path(spec.origin) if spec is not None and spec.origin and spec.origin.endswith(".py") else None
+
+
 def vendor_source(source: ModelSource, recipe_dir: Path, model_name: str) -> VendorResult:
-    """Copy modeling + configuration source into recipe_dir/models and apply the codemods."""
-    from agent.codemods import CODEMODS, GuardedTorchNpuImportCommand, apply_codemods, find_model_class_imports
+    """Copy modeling + configuration source into recipe_dir/models and apply the codemods.
+
+    The copy is closed under imports: every `transformers.models.<model>.<module>` the vendored
+    code still imports after the codemods (another model's configuration, a shared module of the
+    family, ...) is vendored too, under its own name in `models/`, and the imports are pointed at
+    the copies. Only the auto registry (`transformers.models.auto`) stays a transformers import.
+    """
+    import agent.codemods
+    from agent import codemod_cache
+    from agent.codemods import (CODEMODS, GuardedTorchNpuImportCommand, VendoredImportsCommand, apply_codemods,
+                                find_model_class_imports, transformers_model_imports)
 
     models_dir = recipe_dir / "models"
     models_dir.mkdir(parents=True, exist_ok=True)
-    targets = {
-        "modeling": (source.modeling_module, source.modeling_file, f"modeling_{model_name}"),
-        "configuration": (source.configuration_module, source.configuration_file,
-                          f"configuration_{model_name}"),
+    # module -> (role, file, stem, roots to keep when pruning)
+    targets: dict[str, tuple[str, Path, str, list[str]]] = {
+        source.modeling_module: ("modeling", source.modeling_file, f"modeling_{model_name}", [source.model_class]),
     }
-    reserved = {"model_setting", "__init__", *(stem for _, _, stem in targets.values())}
+    targets.setdefault(source.configuration_module,
+                       ("configuration", source.configuration_file, f"configuration_{model_name}", []))
+    reserved = {"model_setting", "__init__", *(stem for _, _, stem, _ in targets.values())}
     for module, path in local_modules(source).items():
         stem = module.rpartition(".")[2]
         if stem in reserved:
             raise UnsupportedModelError(f"the model repo's module {stem}.py would overwrite the recipe's own "
                                         f"models/{stem}.py; rename it in a copy of the repo (and its imports)")
-        targets[module] = (module, path, stem)
-    siblings = {module: f"models.{stem}" for module, _, stem in targets.values()}
-    result = VendorResult(source=source)
-    for role, (module, path, stem) in targets.items():
+        targets[module] = (module, path, stem, [])
+    siblings = {module: f"models.{stem}" for module, (_, _, stem, _) in targets.items()}
+    processed: dict[str, tuple[str, list[str]]] = {}
+    queue = list(targets)
+    while queue:
+        module = queue.pop(0)
+        role, path, stem, roots = targets[module]
         package = module.rpartition(".")[0]
         # torch_npu is imported where the model runs; configuration files don't need it.
-        codemods = CODEMODS if role == "modeling" else [c for c in CODEMODS if c is not GuardedTorchNpuImportCommand]
-        code, applied = apply_codemods(path.read_text(), package=package, sibling_modules=siblings,
-                                       codemods=codemods)
-        offending = find_model_class_imports(code)
-        if offending and role == "modeling":
+        runs_model = role == "modeling" or (role == "dependency" and stem.startswith("modeling"))
+        codemods = CODEMODS if runs_model else [c for c in CODEMODS if c is not GuardedTorchNpuImportCommand]
+        # Cached on disk: the same source with the same codemods gives the same code (agent/codemod_cache.py).
+        code, applied = codemod_cache.cached(apply_codemods, path.read_text(), package, siblings, codemods,
+                                             code_files=[Path(agent.codemods.__file__)])
+        if find_model_class_imports(code) and roots:
             # Files that also hold multimodal or task classes (e.g. Gemma3ForConditionalGeneration)
-            # import AutoModel & co: keep only what the causal-LM class reaches.
-            code = prune_unreachable(code, roots=[source.model_class])
+            # import AutoModel & co: keep only what the classes the recipe uses reach.
+            code = prune_unreachable(code, roots=roots)
             applied.append("PruneUnreachableDefinitionsCommand")
-            offending = find_model_class_imports(code)
+        processed[module] = (code, applied)
+        for dep, names in transformers_model_imports(code).items():
+            if dep in targets:
+                continue
+            dep_file = _module_file(dep)
+            if dep_file is None:
+                continue  # not importable here: the contract check below names it
+            leaf = dep.rpartition(".")[2]
+            used = {s for _, _, s, _ in targets.values()}
+            dep_stem = leaf if leaf not in used else f"{dep.split('.')[2]}_{leaf}"
+            defined = _module_level_definitions(dep_file)
+            targets[dep] = ("dependency", dep_file, dep_stem, [n for n in names if n in defined])
+            siblings[dep] = f"models.{dep_stem}"
+            queue.append(dep)
+
+    result = VendorResult(source=source)
+    for module, (role, _, stem, _) in targets.items():
+        code, applied = processed[module]
+        rewritten, more = apply_codemods(code, package=module.rpartition(".")[0], sibling_modules=siblings,
+                                         codemods=[VendoredImportsCommand])
+        code, applied = rewritten, applied + more
+        offending = find_model_class_imports(code)
         if offending:
             raise VendorError(
-                f"vendored {stem}.py still imports model classes from transformers "
+                f"vendored {stem}.py still imports model or configuration classes from transformers "
                 f"({', '.join(offending)}); vendor those modules too or report this architecture")
         out = models_dir / f"{stem}.py"
         out.write_text(code)
-        result.files[role] = out
+        result.files[role if role in ("modeling", "configuration") else module] = out
         result.codemods[out.name] = applied
     return result
+
+
+def _module_level_definitions(path: Path) -> set[str]:
+    import ast
+
+    return {n.name for n in ast.parse(path.read_text()).body
+            if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))}
 
 
 def prune_unreachable(code: str, roots: list[str]) -> str:

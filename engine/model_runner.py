@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import os
 import random
 import time
@@ -128,6 +129,7 @@ class ModelRunner:
         # The bytes this rank holds: a tensor-parallel weight counts with its local shard only.
         self.model_bytes = rank_weight_bytes(self.model)
         shard = f", tensor parallel rank {self.tp_rank} of {self.tp_size}" if self.tp_size > 1 else ""
+        self.decode_full_sequence = wants_full_sequence(self.model)
         self.logger.info(
             f"{self.model_name} loaded {model_cls.__name__} ({self.model_bytes / 1e6:.1f} MB, "
             f"{str(self.dtype).removeprefix('torch.')}{shard}) on {self.device}")
@@ -236,6 +238,8 @@ class ModelRunner:
         for _ in range(self.max_new_tokens):
             stage = "prefill" if input_dict["is_prefill"] else "decode"
             model_inputs = self.model_input_prepare(input_dict)
+            if stage == "decode" and self.decode_full_sequence:
+                model_inputs = full_sequence_inputs(model_inputs, input_dict)
             self.synchronize()
             start = time.perf_counter()
             if stage == "prefill":
@@ -276,9 +280,49 @@ class ModelRunner:
         reference model is compared against them afterwards, so no process holds two models."""
         if self.rank != 0:
             return
-        torch.save({"input_ids": model_inputs["input_ids"].cpu(), "attention_mask": model_inputs["attention_mask"].cpu(),
-                    "logits": outputs.logits[:, -1, :].float().cpu(), "dtype": str(self.dtype).removeprefix("torch."),
-                    "device": self.device.type}, os.environ[PARITY_DUMP_ENV])
+        dump = {"input_ids": model_inputs["input_ids"].cpu(), "attention_mask": model_inputs["attention_mask"].cpu(),
+                "logits": outputs.logits[:, -1, :].float().cpu(), "dtype": str(self.dtype).removeprefix("torch."),
+                "device": self.device.type}
+        # How well the weights predict the prompt (untrained weights write noise by design): one more
+        # forward over the prompt without the cache, after the timed prefill, so no timing changes.
+        try:
+            kwargs = {k: v for k, v in model_inputs.items() if k not in (self.cache_kwarg, "logits_to_keep", "use_cache")}
+            with torch.inference_mode():
+                logits = self.model(**kwargs, use_cache=False).logits[0, :-1].float()
+            ids = model_inputs["input_ids"][0, 1:]
+            dump["prompt_nll"] = torch.nn.functional.cross_entropy(logits, ids).item()
+            dump["uniform_nll"] = math.log(logits.shape[-1])
+        except Exception:  # noqa: BLE001 - the parity check then computes it itself
+            pass
+        torch.save(dump, os.environ[PARITY_DUMP_ENV])
+
+
+def wants_full_sequence(model) -> bool:
+    """True when the model's own generation step feeds it the whole sequence, not the new token.
+
+    Asked of the model's `prepare_inputs_for_generation` (what `generate()` calls each step): most
+    slice `input_ids` to the token not yet in the cache; a model without a KV cache (openai-gpt)
+    or one whose forward slices off the cached prefix itself (cpmant) keeps all of them.
+    """
+    prepare = getattr(model, "prepare_inputs_for_generation", None)
+    if prepare is None:
+        return False
+    ids = torch.ones((1, 3), dtype=torch.long)
+    try:
+        inputs = prepare(ids, next_sequence_length=1, attention_mask=torch.ones_like(ids), use_cache=True)
+    except Exception:  # noqa: BLE001 - an unusual signature: keep the one-token step
+        return False
+    got = inputs.get("input_ids") if isinstance(inputs, dict) else None
+    return got is not None and got.shape[-1] == ids.shape[-1]
+
+
+def full_sequence_inputs(model_inputs: dict, input_dict: dict) -> dict:
+    """A decode step's inputs with the whole sequence so far (prompt + generated tokens)."""
+    input_ids = torch.cat([input_dict["input_ids"], input_dict["generate_ids"]], dim=-1)
+    mask = model_inputs["attention_mask"]
+    position_ids = mask.long().cumsum(-1) - 1
+    position_ids.masked_fill_(mask == 0, 1)
+    return {**model_inputs, "input_ids": input_ids, "position_ids": position_ids}
 
 
 def init_distributed(device, local_rank: int):

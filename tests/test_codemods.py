@@ -23,8 +23,10 @@ from agent.codemods import (
     RemoveGradientCheckpointingCommand,
     RemoveLabelsLossCommand,
     RunnerSettingsInitCommand,
+    VendoredImportsCommand,
     apply_codemods,
     find_model_class_imports,
+    transformers_model_imports,
 )
 
 PACKAGE = "transformers.models.llama"
@@ -155,6 +157,72 @@ class TestAbsoluteImportsCommand(CodemodTest):
             self.assertCodemod("from .... import x\n", "", package=PACKAGE)
         self.assertIsInstance(caught.exception, ValueError)
         self.assertIn("beyond the top-level package", str(caught.exception))
+
+
+VENDORED = {"transformers.models.llama.configuration_llama": "models.configuration_llama",
+            "transformers.models.llama.modeling_llama": "models.modeling_exaone"}
+
+
+class TestVendoredImportsCommand(CodemodTest):
+    TRANSFORM = VendoredImportsCommand
+
+    def test_noop_other_imports(self) -> None:
+        source = """
+            from transformers.models.auto import AutoConfig
+            from transformers.models.mistral.configuration_mistral import MistralConfig
+            from models.configuration_llama import LlamaConfig
+            from ...utils import logging
+            import transformers.models.llama.configuration_llama
+        """
+        self.assertCodemod(source, source, vendored=VENDORED)
+
+    def test_module_level_import_points_at_copy(self) -> None:
+        # exaone's causal-LM class is llama's: its modeling imports llama's configuration.
+        before = """
+            from transformers.models.llama.configuration_llama import LlamaConfig as Base, LlamaConfig  # why
+        """
+        after = """
+            from models.configuration_llama import LlamaConfig as Base, LlamaConfig  # why
+        """
+        self.assertCodemod(before, after, vendored=VENDORED)
+
+    def test_imports_in_functions_and_type_checking_blocks(self) -> None:
+        before = """
+            if TYPE_CHECKING:
+                from transformers.models.llama.modeling_llama import LlamaModel
+            def build(config):
+                from transformers.models.llama.configuration_llama import (
+                    LlamaConfig,  # kept
+                )
+                return LlamaConfig(**config)
+        """
+        after = """
+            if TYPE_CHECKING:
+                from models.modeling_exaone import LlamaModel
+            def build(config):
+                from models.configuration_llama import (
+                    LlamaConfig,  # kept
+                )
+                return LlamaConfig(**config)
+        """
+        self.assertCodemod(before, after, vendored=VENDORED)
+
+
+def test_transformers_model_imports_skips_auto_and_non_model_modules() -> None:
+    source = """
+from transformers.models.llama.configuration_llama import LlamaConfig
+from transformers.models.auto.modeling_auto import AutoModel
+from transformers.models.auto import AutoConfig
+from transformers.modeling_utils import PreTrainedModel
+from models.configuration_x import XConfig
+def f():
+    from transformers.models.llama.configuration_llama import LlamaConfig, rope_default
+    from transformers.models.llama4.modeling_llama4 import *
+"""
+    assert transformers_model_imports(source) == {
+        "transformers.models.llama.configuration_llama": ["LlamaConfig", "rope_default"],
+        "transformers.models.llama4.modeling_llama4": [],
+    }
 
 
 class TestRunnerSettingsInitCommand(CodemodTest):
@@ -709,16 +777,32 @@ class TestRemoveLabelsLossCommand(CodemodTest):
         """
         self.assertCodemod(before, after)
 
+    def test_labels_passed_positionally_becomes_none(self) -> None:
+        # XLMWithLMHeadModel: `self.pred_layer(hidden_states, labels)` (issue 11: NameError on xlm).
+        before = """
+            class XLMWithLMHeadModel(XLMPreTrainedModel):
+                def forward(self, input_ids, labels=None):
+                    outputs = self.pred_layer(hidden_states, labels)
+                    return head(outputs, target=labels, *rest)
+        """
+        after = """
+            class XLMWithLMHeadModel(XLMPreTrainedModel):
+                def forward(self, input_ids):
+                    outputs = self.pred_layer(hidden_states, None)
+                    return head(outputs, target=None, *rest)
+        """
+        self.assertCodemod(before, after)
+
     def test_unknown_labels_use_left_with_warning(self) -> None:
         before = """
             class LlamaForCausalLM(LlamaPreTrainedModel):
                 def forward(self, input_ids, labels=None):
-                    return self.model(input_ids, labels)
+                    return self.model(input_ids, *labels.shape)
         """
         after = """
             class LlamaForCausalLM(LlamaPreTrainedModel):
                 def forward(self, input_ids):
-                    return self.model(input_ids, labels)
+                    return self.model(input_ids, *labels.shape)
         """
         self.assertCodemod(
             before, after, expected_warnings=["forward: `labels` still used after removing the parameter"]
@@ -940,7 +1024,8 @@ def test_codemods_registry_order() -> None:
         "RemoveGradientCheckpointingCommand",
         "RemoveLabelsLossCommand",
     ]
-    assert all(c.DESCRIPTION and "\n" not in c.DESCRIPTION for c in [*CODEMODS, PruneUnreachableDefinitionsCommand])
+    assert all(c.DESCRIPTION and "\n" not in c.DESCRIPTION
+               for c in [*CODEMODS, PruneUnreachableDefinitionsCommand, VendoredImportsCommand])
 
 
 def test_apply_codemods_reports_changed_codemods() -> None:
@@ -967,20 +1052,25 @@ def test_apply_codemods_error_names_codemod() -> None:
         apply_codemods("from .... import x\n", PACKAGE, SIBLINGS)
 
 
-def test_find_model_class_imports_flags_models_only() -> None:
+def test_find_model_class_imports_flags_models_and_configs_only() -> None:
     source = """
 from transformers.models.llama.modeling_llama import LlamaModel, rotate_half
 from transformers.models.llama.configuration_llama import LlamaConfig
 from transformers.models.auto import AutoModel, AutoConfig
 from transformers.modeling_utils import PreTrainedModel
+from transformers.configuration_utils import PreTrainedConfig
+def f():
+    from transformers.models.mistral.configuration_mistral import MistralConfig
 """
+    # A configuration class of another model is its implementation too (issue 11: exaone -> llama's
+    # config slipped through); AutoConfig is the registry, not a configuration class.
     assert find_model_class_imports(source) == [
         "transformers.models.llama.modeling_llama.LlamaModel",
+        "transformers.models.llama.configuration_llama.LlamaConfig",
         "transformers.models.auto.AutoModel",
+        "transformers.models.mistral.configuration_mistral.MistralConfig",
     ]
-    assert find_model_class_imports(
-        "from transformers.models.llama.configuration_llama import LlamaConfig\n"
-    ) == []
+    assert find_model_class_imports("from transformers.models.auto import AutoConfig\n") == []
 
 
 # ----------------------------------------------------------------------------------------

@@ -153,7 +153,7 @@ def _insert(path: Path, anchor: str, text: str, before: bool = False) -> None:
 def _inject_npu_calls(recipe: Path) -> None:
     # vllm-ascend#166 / X-Oscar#4: an NPU recipe imports torch_npu and calls torch.npu in passing.
     runner = recipe / "runner_fi.py"
-    _insert(runner, "import torch\n", "import torch_npu\n")
+    _insert(runner, "from engine.model_runner import ModelRunner, torch\n", "import torch_npu\n")
     _insert(runner, GENERATE, "        torch.npu.synchronize()\n        peak = torch.npu.max_memory_allocated()\n")
 
 

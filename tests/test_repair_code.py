@@ -243,7 +243,7 @@ def test_checkpoint_with_tied_embeddings_gets_config_override(working_recipe, tm
     assert json.loads((checkpoint / "config.json").read_text()).get("tie_word_embeddings") is False
     yaml_file = _yaml_file(working_recipe)
     old_path = yaml.safe_load(yaml_file.read_text())["model_path"]
-    _edit(yaml_file, f'model_path: "{old_path}"', f'model_path: "{checkpoint}"')
+    _edit(yaml_file, f'model_path: {old_path}', f'model_path: "{checkpoint}"')
     rel_yaml = str(yaml_file.relative_to(working_recipe))
     injected = {rel_yaml: yaml_file.read_bytes()}
     proc, summary, report = repair_run(working_recipe)
@@ -287,7 +287,7 @@ def _remote_code_recipe(recipe: Path, tmp_path: Path) -> Path:
     config["auto_map"] = {"AutoConfig": "configuration_custom.CustomLlamaConfig",
                           "AutoModelForCausalLM": "modeling_custom.CustomLlamaForCausalLM"}
     (checkpoint / "config.json").write_text(json.dumps(config, indent=2))
-    _edit(yaml_file, f'model_path: "{old_path}"', f'model_path: "{checkpoint}"')
+    _edit(yaml_file, f'model_path: {old_path}', f'model_path: "{checkpoint}"')
     runner = recipe / RUNNER
     _edit(runner, "import torch\n", "import torch\nfrom transformers import AutoConfig\n")
     _edit(runner, "        super().init_model(LlamaForCausalLM, LlamaConfig)\n",
@@ -329,7 +329,7 @@ def test_tokenizer_without_pad_token_falls_back_to_eos(working_recipe, tmp_path)
             data = json.loads(path.read_text())
             data.pop("pad_token", None)
             path.write_text(json.dumps(data, indent=2))
-    _edit(yaml_file, f'model_path: "{old_path}"', f'model_path: "{checkpoint}"')
+    _edit(yaml_file, f'model_path: {old_path}', f'model_path: "{checkpoint}"')
     _edit(yaml_file, "batch_size: 1", "batch_size: 2")
     runner = working_recipe / RUNNER
     _edit(runner, "import torch\n", "import torch\nfrom transformers import AutoTokenizer\n")

@@ -203,7 +203,11 @@ def test_report_writes_keep_the_readme_mode(recipe):
 
     (recipe / "README.md").write_text("# x\n")
     os.chmod(recipe / "README.md", 0o640)
-    write_report({"recipe_dir": str(recipe), "status": "ok", "scenario": "B"})
+    baseline = recipe / "baseline" / "baseline_metadata.json"
+    baseline.parent.mkdir(exist_ok=True)
+    baseline.write_text("{}")
+    # The README gets a status block only when a baseline was written.
+    write_report({"recipe_dir": str(recipe), "status": "ok", "scenario": "B", "baseline_path": str(baseline)})
     assert "Migration status" in (recipe / "README.md").read_text()
     assert (os.stat(recipe / "README.md").st_mode & 0o777) == 0o640
     assert json.loads((recipe / "migration_report.json").read_text())["status"] == "ok"

@@ -348,7 +348,7 @@ RULES: list[Rule] = [
          "recipe code makes CUDA bookkeeping calls (torch.cuda.set_device, Event, memory stats...) without CUDA",
          _match_incidental_cuda, _fix_incidental_cuda, kind="codemod"),
     Rule("shell_script_crlf", "a recipe shell script has Windows (CRLF) line endings",
-         _match_crlf, _fix_crlf, kind="infer.sh"),
+         _match_crlf, _fix_crlf, kind="infer.sh", keeps_format=False),
     Rule("shell_script_not_executable", "a recipe script is run as ./script but is not executable",
          _simple(r"(?P<script>\S+\.sh): Permission denied"),
          _report("{script} is not executable: run it as `bash {script}` (what migrator does) or chmod +x it"),

@@ -297,6 +297,11 @@ def _match_generated(failure: Failure) -> dict | None:
         rel = _inside(recipe_dir, failure.location.rpartition(":")[0])
         if rel:
             candidates.append((rel, "corrupt"))
+    if not failure.output.strip() or failure.error == "no output":
+        # A run that printed nothing: a generated file cut short can still be valid Python.
+        truncated = _truncated_generated(recipe_dir, name)
+        if truncated:
+            return {"file": truncated, "state": "corrupt", "model_name": name}
     for rel, state in candidates:
         path = recipe_dir / rel
         if state == "missing" and not path.exists() and _is_generated(recipe_dir, rel, name):
@@ -309,6 +314,28 @@ def _match_generated(failure: Failure) -> dict | None:
                 pass
             if _is_generated(recipe_dir, rel, name) or _carries_header(recipe_dir, rel):
                 return {"file": rel, "state": "corrupt", "model_name": name}
+    return None
+
+
+def _truncated_generated(recipe_dir: Path, name: str) -> str | None:
+    """The generated file whose text is a strict prefix of what the templates give (a copy or a save
+    interrupted halfway), if any."""
+    try:
+        context, family = render_context(recipe_dir, name)
+        targets = generated_targets(name, family)
+    except Exception:  # noqa: BLE001 - not one of our recipes, or not enough left to tell
+        return None
+    for rel in targets:
+        path = recipe_dir / rel
+        if not path.is_file() or not rel.endswith((".py", ".sh")):
+            continue
+        current = path.read_text(errors="replace")
+        try:
+            expected = render_file(recipe_dir, rel, context, family)
+        except Exception:  # noqa: BLE001
+            continue
+        if current and current != expected and expected.startswith(current):
+            return rel
     return None
 
 
