@@ -1,0 +1,61 @@
+"""On-disk cache of codemod results: vendoring the same source with the same codemods again (the
+next recipe of an architecture, a re-run) reads the result instead of re-running libcst, which is
+most of vendoring's time on large modeling files.
+
+The key covers everything the output depends on: the source text, the package and sibling map the
+imports are rewritten against, the codemods applied and the code of the module defining them, and
+the libcst version. Entries are written atomically; an unreadable entry is ignored and rewritten.
+`MIGRATOR_NO_CODEMOD_CACHE=1` turns the cache off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+
+def cache_dir() -> Path:
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return root / "infer-migrator" / "codemods"
+
+
+def _key(source: str, package: str, siblings: dict[str, str], names: list[str], code_files: list[Path]) -> str:
+    import libcst
+
+    digest = hashlib.sha256()
+    for part in (source, package, json.dumps(siblings, sort_keys=True), json.dumps(names),
+                 getattr(libcst, "__version__", "?")):
+        digest.update(part.encode("utf-8", "surrogatepass"))
+        digest.update(b"\0")
+    for path in code_files:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def cached(apply: Callable[..., tuple[str, list[str]]], source: str, package: str, siblings: dict[str, str],
+           codemods: list[type], code_files: list[Path]) -> tuple[str, list[str]]:
+    """`apply(source, package=..., sibling_modules=..., codemods=...)`, through the cache."""
+    if os.environ.get("MIGRATOR_NO_CODEMOD_CACHE"):
+        return apply(source, package=package, sibling_modules=siblings, codemods=codemods)
+    key = _key(source, package, siblings, [c.__name__ for c in codemods], code_files)
+    entry = cache_dir() / f"{key}.json"
+    try:
+        data = json.loads(entry.read_text())
+        if isinstance(data.get("code"), str) and isinstance(data.get("applied"), list) \
+                and all(isinstance(a, str) for a in data["applied"]):
+            return data["code"], list(data["applied"])
+    except (OSError, ValueError, AttributeError):
+        pass
+    code, applied = apply(source, package=package, sibling_modules=siblings, codemods=codemods)
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=entry.parent, suffix=".tmp", delete=False) as f:
+            json.dump({"code": code, "applied": applied}, f)
+        os.replace(f.name, entry)
+    except OSError:
+        pass   # a read-only home: vendoring still works, only slower next time
+    return code, applied
