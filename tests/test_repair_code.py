@@ -289,7 +289,8 @@ def _remote_code_recipe(recipe: Path, tmp_path: Path) -> Path:
     (checkpoint / "config.json").write_text(json.dumps(config, indent=2))
     _edit(yaml_file, f'model_path: {old_path}', f'model_path: "{checkpoint}"')
     runner = recipe / RUNNER
-    _edit(runner, "import torch\n", "import torch\nfrom transformers import AutoConfig\n")
+    _edit(runner, "from engine.model_runner import ModelRunner, torch\n",
+          "from engine.model_runner import ModelRunner, torch\nfrom transformers import AutoConfig\n")
     _edit(runner, "        super().init_model(LlamaForCausalLM, LlamaConfig)\n",
           "        super().init_model(LlamaForCausalLM, LlamaConfig)\n"
           "        self.hf_config = AutoConfig.from_pretrained(self.model_path)\n")
@@ -332,7 +333,8 @@ def test_tokenizer_without_pad_token_falls_back_to_eos(working_recipe, tmp_path)
     _edit(yaml_file, f'model_path: {old_path}', f'model_path: "{checkpoint}"')
     _edit(yaml_file, "batch_size: 1", "batch_size: 2")
     runner = working_recipe / RUNNER
-    _edit(runner, "import torch\n", "import torch\nfrom transformers import AutoTokenizer\n")
+    _edit(runner, "from engine.model_runner import ModelRunner, torch\n",
+          "from engine.model_runner import ModelRunner, torch\nfrom transformers import AutoTokenizer\n")
     _edit(runner, "        super().init_model(LlamaForCausalLM, LlamaConfig)\n",
           "        super().init_model(LlamaForCausalLM, LlamaConfig)\n"
           "        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)\n"

@@ -62,7 +62,8 @@ def test_truncated_infer_py_is_re_rendered(working_recipe):
     injected = {"infer.py": infer_py.read_bytes()}
     proc, summary, report = repair_run(working_recipe)
     assert_repaired(working_recipe, proc, summary, report, "generated_file_missing_or_corrupt", injected)
-    assert report["rounds"][0]["diagnosis"]["error"].startswith("SyntaxError")
+    # Cut at a line end the rest still parses and the run prints nothing; elsewhere it is a SyntaxError.
+    assert report["rounds"][0]["diagnosis"]["error"].startswith(("SyntaxError", "no output"))
     assert infer_py.read_bytes() == original
     assert report["rounds"][0]["diff"].count("+++ ") == 1
 
