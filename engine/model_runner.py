@@ -278,13 +278,12 @@ class ModelRunner:
     def dump_prefill(self, model_inputs: dict, outputs) -> None:
         """The formal run's prompt and last-position logits, for the migrator's parity check: the
         reference model is compared against them afterwards, so no process holds two models."""
-        if self.rank != 0:
-            return
         dump = {"input_ids": model_inputs["input_ids"].cpu(), "attention_mask": model_inputs["attention_mask"].cpu(),
                 "logits": outputs.logits[:, -1, :].float().cpu(), "dtype": str(self.dtype).removeprefix("torch."),
                 "device": self.device.type}
         # How well the weights predict the prompt (untrained weights write noise by design): one more
         # forward over the prompt without the cache, after the timed prefill, so no timing changes.
+        # Every rank runs it: with tensor parallel the forward is a collective.
         try:
             kwargs = {k: v for k, v in model_inputs.items() if k not in (self.cache_kwarg, "logits_to_keep", "use_cache")}
             with torch.inference_mode():
@@ -294,7 +293,8 @@ class ModelRunner:
             dump["uniform_nll"] = math.log(logits.shape[-1])
         except Exception:  # noqa: BLE001 - the parity check then computes it itself
             pass
-        torch.save(dump, os.environ[PARITY_DUMP_ENV])
+        if self.rank == 0:
+            torch.save(dump, os.environ[PARITY_DUMP_ENV])
 
 
 def wants_full_sequence(model) -> bool:

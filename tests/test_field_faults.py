@@ -301,8 +301,6 @@ def test_injected_field_fault(scenario, working_recipe_source, tmp_path):
     assert result["rollback_ok"]            # `migrator rollback` returns the injected bytes
 
 
-@pytest.mark.xfail(strict=True, reason="agent/nodes.py node_classify calls trial_run(target) with the path unresolved: "
-                                       "`bash fi/infer.sh` with cwd=fi fails ('No such file or directory')")
 def test_relative_recipe_path(working_recipe):
     working_recipe.joinpath("infer.sh").write_bytes(working_recipe.joinpath("infer.sh").read_bytes().replace(b"\n", b"\r\n"))
     proc = run_cli("run", working_recipe.name, "--json", cwd=working_recipe.parent)
