@@ -1,0 +1,45 @@
+"""Time of the vendor step (locate the source + copy + codemods) with and without the codemod cache.
+
+    python scripts/bench_vendor.py qwen3_moe gemma3_text qwen3_next
+
+Builds a tiny checkpoint of each type, then times `locate_source` + `vendor_source` in this process
+(torch already imported, as in `migrator run`): once with the cache off, then twice with it on (the
+first fills it, the second reads it). Prints one line per run.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def main(types: list[str]) -> int:
+    from engine.environment import import_torch
+
+    import_torch()
+    from agent.tiny_checkpoint import build_tiny_checkpoint
+    from agent.vendor import locate_source, read_config, vendor_source
+
+    with tempfile.TemporaryDirectory(prefix="bench_vendor_") as tmp:
+        os.environ["XDG_CACHE_HOME"] = str(Path(tmp) / "cache")   # a cache of its own: cold means cold
+        for model_type in types or ["llama"]:
+            ckpt = build_tiny_checkpoint(model_type, Path(tmp) / model_type)
+            config = read_config(ckpt)
+            for i, label in enumerate(("cache off", "cache fill", "cache hit")):
+                if i == 0:
+                    os.environ["MIGRATOR_NO_CODEMOD_CACHE"] = "1"
+                else:
+                    os.environ.pop("MIGRATOR_NO_CODEMOD_CACHE", None)
+                start = time.perf_counter()
+                vendor_source(locate_source(config, ckpt), Path(tmp) / f"recipe_{model_type}_{i}", "x")
+                print(f"{model_type:14} {label:10} {time.perf_counter() - start:.2f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
