@@ -179,8 +179,9 @@ def weight_files(model_dir: Path) -> list[Path]:
     return sorted(p for p in model_dir.iterdir() if p.name.endswith(WEIGHT_SUFFIXES) and not p.is_dir())
 
 
-def check_safetensors(path: Path) -> None:
-    """The header parses and the tensors it lists fit the file exactly (a truncated download does not)."""
+def check_safetensors(path: Path) -> dict[str, list[int]]:
+    """The header parses and the tensors it lists fit the file exactly (a truncated download does not).
+    Returns tensor name -> shape."""
     size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(8)
@@ -215,31 +216,19 @@ def check_safetensors(path: Path) -> None:
         state = "truncated" if end > data_len else "longer than its header says"
         raise InputError(f"{path}: {state} (tensors need {end} bytes of data, the file holds {data_len}); "
                          "re-download it")
-
-
-def safetensors_shapes(path: Path) -> dict[str, list[int]]:
-    """Tensor name -> shape from a safetensors header (check_safetensors has validated it)."""
-    with open(path, "rb") as f:
-        (header_len,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(header_len))
     return {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
 
 
 LAYER_INDEX_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
-def check_weights_match_config(model_dir: Path, config: dict) -> None:
-    """The weights are the config's model: embedding rows = vocab_size, and no fewer decoder
-    layers than num_hidden_layers (a config of another size gives shape errors deep in loading)."""
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-    if isinstance(config.get("text_config"), dict):
+def check_weights_match_config(model_dir: Path, config: dict, shapes: dict[str, list[int]]) -> None:
+    """The weights (`shapes`: tensor name -> shape, from the safetensors headers) are the config's
+    model: embedding rows = vocab_size, and no fewer decoder layers than num_hidden_layers (a config
+    of another size gives shape errors deep in loading)."""
+    if isinstance(config.get("text_config"), dict) or not shapes:
         return   # multimodal wrappers name their weights by their own scheme
-    shapes: dict[str, list[int]] = {}
-    for path in weight_files(model_dir):
-        if path.suffix == ".safetensors":
-            shapes.update(safetensors_shapes(path))
-    if not shapes:
-        return
+    text = config
     vocab = text.get("vocab_size")
     for name, shape in shapes.items():
         if name.endswith(("model.embed_tokens.weight", "transformer.wte.weight")) and isinstance(vocab, int) \
@@ -255,10 +244,12 @@ def check_weights_match_config(model_dir: Path, config: dict) -> None:
                          "with these weights")
 
 
-def check_weights(model_dir: Path) -> None:
+def check_weights(model_dir: Path) -> dict[str, list[int]]:
+    """Weight files present, whole and indexed consistently; returns the safetensors tensor shapes."""
+    from agent.acquire import WEIGHT_INDEXES
+
     files = weight_files(model_dir)
-    index_names = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
-    for index_name in index_names:
+    for index_name, _ in WEIGHT_INDEXES:
         index = model_dir / index_name
         if index.is_file():
             data = read_json_file(index)
@@ -274,11 +265,21 @@ def check_weights(model_dir: Path) -> None:
     if not files:
         raise InputError(f"{model_dir}: no weight files (*.safetensors / *.bin); download them into the "
                          "directory or pass --weights PATH")
+    shapes: dict[str, list[int]] = {}
     for path in files:
         if path.stat().st_size == 0:
             raise InputError(f"{path}: the weights file is empty; re-download it")
         if path.suffix == ".safetensors":
-            check_safetensors(path)
+            shapes.update(check_safetensors(path))
+    return shapes
+
+
+def check_output_outside(model_dir: Path, output_dir: Path, shown: str) -> None:
+    """Nothing is written into a checkpoint: an output directory inside it is refused (exit 2)."""
+    model_dir, output_dir = Path(model_dir).expanduser().resolve(), Path(output_dir).expanduser().resolve()
+    if output_dir == model_dir or model_dir in output_dir.parents:
+        raise InputError(f"--output-dir {shown} is inside the checkpoint {model_dir}; nothing is written into "
+                         "a checkpoint: choose an output directory outside it")
 
 
 def check_checkpoint(model_dir: Path, trust_remote_code: bool = False) -> dict:
@@ -293,6 +294,5 @@ def check_checkpoint(model_dir: Path, trust_remote_code: bool = False) -> dict:
     config = check_config(read_json_file(config_file), str(config_file))
     locate_source(config, model_dir, trust_remote_code=trust_remote_code)   # reads code, runs none
     check_tokenizer(model_dir)
-    check_weights(model_dir)
-    check_weights_match_config(model_dir, config)
+    check_weights_match_config(model_dir, config, check_weights(model_dir))
     return config

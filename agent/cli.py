@@ -329,10 +329,10 @@ def cmd_run(args) -> int:
                                            "--weights": args.weights})
     if not args.resume:
         check_target(args.target, args.trust_remote_code)
-    target, output_dir = Path(args.target).expanduser().resolve(), Path(args.output_dir).expanduser().resolve()
-    if (target / "config.json").is_file() and (output_dir == target or target in output_dir.parents):
-        raise errors.InputError(f"--output-dir {args.output_dir} is inside the checkpoint {args.target}; nothing "
-                                "is written into a checkpoint: choose an output directory outside it")
+    if (Path(args.target).expanduser() / "config.json").is_file():
+        from agent.checkpoint_check import check_output_outside
+
+        check_output_outside(Path(args.target), Path(args.output_dir), args.output_dir)
     check_output_dir(args.output_dir)
     args.target = resolve_target(args.target)
     if not args.resume:

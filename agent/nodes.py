@@ -102,7 +102,7 @@ def node_classify(state: MigrationState) -> dict:
 
 def node_acquire(state: MigrationState) -> dict:
     from agent.acquire import acquire
-    from agent.checkpoint_check import check_checkpoint
+    from agent.checkpoint_check import check_checkpoint, check_output_outside
     from agent.render import normalise_model_name
 
     got = acquire(state["target"], weights=state.get("weights"))
@@ -110,10 +110,7 @@ def node_acquire(state: MigrationState) -> dict:
     name = normalise_model_name(state["name"], explicit=True) if state.get("name") \
         else normalise_model_name(got.name_hint)
     output_dir = Path(state.get("output_dir") or "models").resolve()
-    model_dir = Path(got.model_dir).resolve()
-    if output_dir == model_dir or model_dir in output_dir.parents:
-        raise InputError(f"--output-dir {state.get('output_dir')} is inside the checkpoint {model_dir}; nothing "
-                         "is written into a checkpoint: choose an output directory outside it")
+    check_output_outside(Path(got.model_dir), output_dir, str(state.get("output_dir")))
     recipe_dir = output_dir / name
     if recipe_dir.exists() and any(recipe_dir.iterdir()):
         raise InputError(f"{recipe_dir} already exists; run `migrator run {recipe_dir}` to repair or "

@@ -226,11 +226,7 @@ RELATIVE_TOLERANCE = {"float32": 1e-5, "float16": 5e-3, "bfloat16": 2e-2}
 
 def check_weights(settings: dict, recipe_side: dict, remote: bool) -> dict:
     """The reference model alone (run dtype, run device) against the recipe's dumped formal run."""
-    import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig
-
     from engine.environment import select_device
-    from engine.model_runner import DTYPES, load_tokenizer
 
     dtype_name = recipe_side.get("dtype") or settings["model_config"]["dtype"]
     device = select_device(settings.get("device", "auto"))

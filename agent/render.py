@@ -112,8 +112,6 @@ def environment() -> jinja2.Environment:
     return env
 
 
-_environment = environment   # earlier name, still used by the repair rules
-
 
 def recipe_settings(ctx: dict) -> dict:
     """The recipe YAML as data (engine/config.py validates the same shape)."""

@@ -81,6 +81,7 @@ class ModelRunner:
         self.tokenizer = None
         self.decode_forward = None  # set by init_model: the model itself, or its compiled decode step
         self.static_cache = None  # graph mode: one StaticCache, reset between generations
+        self.parity_dump = None   # rank 0, formal run, MIGRATOR_PARITY_DUMP set: saved when generation ends
 
     # ---- model and tokenizer -------------------------------------------------------------
     def init_model(self, model_cls, config_cls):
@@ -269,10 +270,11 @@ class ModelRunner:
                 f"achieved bandwidth {self.model_bytes / per_token_s / 1e9:.2f} GB/s")
         if warm_up:
             self.logger.info(f"{name} warm-up run ends")
-        elif os.environ.get(PARITY_DUMP_ENV) and self.rank == 0:
-            path = os.environ[PARITY_DUMP_ENV]
-            dump = torch.load(path) if os.path.exists(path) else {}
-            torch.save(dict(dump, generate_ids=input_dict["generate_ids"].cpu()), path)
+        elif self.parity_dump is not None:
+            # Written once, when the formal run is complete: a partial dump never exists.
+            torch.save(dict(self.parity_dump, generate_ids=input_dict["generate_ids"].cpu()),
+                       os.environ[PARITY_DUMP_ENV])
+            self.parity_dump = None
         return texts
 
     def dump_prefill(self, model_inputs: dict, outputs) -> None:
@@ -294,7 +296,7 @@ class ModelRunner:
         except Exception:  # noqa: BLE001 - the parity check then computes it itself
             pass
         if self.rank == 0:
-            torch.save(dump, os.environ[PARITY_DUMP_ENV])
+            self.parity_dump = dump
 
 
 def wants_full_sequence(model) -> bool:
