@@ -228,15 +228,14 @@ def check_weights_match_config(model_dir: Path, config: dict, shapes: dict[str, 
     of another size gives shape errors deep in loading)."""
     if isinstance(config.get("text_config"), dict) or not shapes:
         return   # multimodal wrappers name their weights by their own scheme
-    text = config
-    vocab = text.get("vocab_size")
+    vocab = config.get("vocab_size")
     for name, shape in shapes.items():
         if name.endswith(("model.embed_tokens.weight", "transformer.wte.weight")) and isinstance(vocab, int) \
                 and len(shape) == 2 and shape[0] != vocab:
             raise InputError(f"{model_dir}: the weights do not match config.json: {name} has {shape[0]} rows, "
                              f"config.json says vocab_size {vocab}; use the config.json that came with "
                              "these weights")
-    layers = text.get("num_hidden_layers")
+    layers = config.get("num_hidden_layers")
     found = {int(m.group(1)) for name in shapes for m in [LAYER_INDEX_RE.search(name)] if m}
     if isinstance(layers, int) and found and max(found) + 1 < layers:
         raise InputError(f"{model_dir}: the weights do not match config.json: they hold {max(found) + 1} decoder "

@@ -14,7 +14,6 @@ from agent.tiny_checkpoint import TINY_DIMS
 # Kept from the checkpoint: they choose code paths or must match the tokenizer.
 KEEP = {"max_position_embeddings", "tie_word_embeddings"}
 LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
-MAX_LAYERS = 8
 
 
 def shrink_config(config: dict) -> dict:
@@ -56,7 +55,7 @@ def _layers(config: dict) -> dict:
     for pattern_key in ("sliding_window_pattern", "full_attention_interval", "attn_layer_period"):
         if isinstance(config.get(pattern_key), int):
             count = max(count, config[pattern_key])
-    count = min(total, max(count, min(total, 2)), MAX_LAYERS if count <= MAX_LAYERS else count)
+    count = min(total, count)
     result = {key: count}
     for k, values in per_layer.items():
         result[k] = values[:count]
