@@ -58,48 +58,52 @@ def after_repair(state: MigrationState) -> str:
     return "trial_run" if state["rounds"][-1].get("applied") else "give_up"
 
 
-def node_give_up(state: MigrationState) -> dict:
-    last = state["rounds"][-1]
-    diagnosis = last["diagnosis"]
-    where = f" at {diagnosis['location']}" if diagnosis.get("location") else ""
-    # A rule that only reports (e.g. the pip install line) says what to do in its note.
-    note = f"; {last['note']}" if last.get("note") and last.get("note") != "no repair rule matched" else ""
-    return {"status": "failed", "message": f"{diagnosis['diagnosis']}{where}{note}"}
+# Every node, in the order of SPEC §2; the edges and routes below are the graph as data.
+NODES = {
+    "detect_env": nodes.node_detect_env,
+    "classify": nodes.node_classify,
+    "acquire": nodes.node_acquire,
+    "vendor": nodes.node_vendor,
+    "render": nodes.node_render,
+    "trial_run": nodes.node_trial_run,
+    "diagnose": nodes.node_diagnose,
+    "repair": nodes.node_repair,
+    "estimate_memory": nodes.node_estimate_memory,
+    "give_up": nodes.node_give_up,
+    "collect_baseline": nodes.node_collect_baseline,
+    "verify": nodes.node_verify,
+    "report": nodes.node_report,
+}
+
+EDGES = [
+    (START, "detect_env"),
+    ("detect_env", "classify"),
+    ("acquire", "vendor"),
+    ("vendor", "render"),
+    ("render", "trial_run"),
+    ("estimate_memory", "report"),
+    ("give_up", "report"),
+    ("collect_baseline", "verify"),
+    ("report", END),
+]
+
+# node -> (routing function, the nodes it may name)
+ROUTES = {
+    "classify": (after_classify, ["acquire", "diagnose", "collect_baseline"]),
+    "trial_run": (after_trial_run, ["collect_baseline", "estimate_memory", "diagnose"]),
+    "diagnose": (after_diagnose, ["repair", "estimate_memory", "give_up"]),
+    "repair": (after_repair, ["trial_run", "give_up"]),
+    "verify": (after_verify, ["diagnose", "report"]),
+}
 
 
 def build_graph(wrap=None) -> StateGraph:
     """The uncompiled graph; `wrap(name, fn)` may decorate every node (e.g. progress output)."""
     graph = StateGraph(MigrationState)
-    add_node = graph.add_node
-    graph.add_node = lambda name, fn: add_node(name, wrap(name, fn) if wrap else fn)
-    graph.add_node("detect_env", nodes.node_detect_env)
-    graph.add_node("classify", nodes.node_classify)
-    graph.add_node("acquire", nodes.node_acquire)
-    graph.add_node("vendor", nodes.node_vendor)
-    graph.add_node("render", nodes.node_render)
-    graph.add_node("trial_run", nodes.node_trial_run)
-    graph.add_node("diagnose", nodes.node_diagnose)
-    graph.add_node("repair", nodes.node_repair)
-    graph.add_node("estimate_memory", nodes.node_estimate_memory)
-    graph.add_node("give_up", node_give_up)
-    graph.add_node("collect_baseline", nodes.node_collect_baseline)
-    graph.add_node("verify", nodes.node_verify)
-    graph.add_node("report", nodes.node_report)
-
-    graph.add_edge(START, "detect_env")
-    graph.add_edge("detect_env", "classify")
-    graph.add_conditional_edges("classify", after_classify, ["acquire", "diagnose", "collect_baseline"])
-    graph.add_edge("acquire", "vendor")
-    graph.add_edge("vendor", "render")
-    graph.add_edge("render", "trial_run")
-    graph.add_conditional_edges("trial_run", after_trial_run,
-                                ["collect_baseline", "estimate_memory", "diagnose"])
-    graph.add_conditional_edges("diagnose", after_diagnose, ["repair", "estimate_memory", "give_up"])
-    graph.add_conditional_edges("repair", after_repair, ["trial_run", "give_up"])
-    graph.add_edge("estimate_memory", "report")
-    graph.add_edge("give_up", "report")
-    graph.add_edge("collect_baseline", "verify")
-    graph.add_conditional_edges("verify", after_verify, ["diagnose", "report"])
-    graph.add_edge("report", END)
-    graph.add_node = add_node
+    for name, node in NODES.items():
+        graph.add_node(name, wrap(name, node) if wrap else node)
+    for source, target in EDGES:
+        graph.add_edge(source, target)
+    for source, (route, targets) in ROUTES.items():
+        graph.add_conditional_edges(source, route, targets)
     return graph

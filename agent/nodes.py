@@ -6,11 +6,25 @@ import json
 import os
 import subprocess
 import sys
+import operator
 import time
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Annotated, Any, TypedDict
 
 from agent.errors import EnvironmentProblem, InputError, MigratorError
+
+
+def merge_rounds(rounds: list[dict], new: list[dict]) -> list[dict]:
+    """The reducer of `rounds`: diagnose opens a round, repair completes it, so a round whose number
+    is already there replaces it; any other is appended."""
+    merged = list(rounds)
+    for item in new:
+        at = next((i for i, old in enumerate(merged) if old.get("round") == item.get("round")), None)
+        if at is None:
+            merged.append(item)
+        else:
+            merged[at] = item
+    return merged
 
 
 class MigrationState(TypedDict, total=False):
@@ -39,8 +53,9 @@ class MigrationState(TypedDict, total=False):
     family: str
     vendored: dict
     rendered: list[str]
-    runs: list[dict]            # every trial run, in order
-    rounds: list[dict]          # repair rounds: diagnosis, diff
+    # Nodes return only their new items: LangGraph appends runs and merges rounds.
+    runs: Annotated[list[dict], operator.add]     # every trial run, in order
+    rounds: Annotated[list[dict], merge_rounds]   # repair rounds: diagnosis, diff
     memory: dict
     baseline_path: str
     verification: dict
@@ -363,7 +378,7 @@ def trial_run(recipe_dir: Path, state: MigrationState, label: str) -> dict:
 def node_trial_run(state: MigrationState) -> dict:
     recipe_dir = Path(state["recipe_dir"])
     run = trial_run(recipe_dir, state, label=f"trial{len(state.get('rounds') or [])}")
-    return {"runs": [*(state.get("runs") or []), run]}
+    return {"runs": [run]}
 
 
 def last_run(state: MigrationState) -> dict:
@@ -374,9 +389,7 @@ def node_diagnose(state: MigrationState) -> dict:
     from agent.repair import diagnose
 
     diagnosis = diagnose(Path(state["recipe_dir"]), last_run(state))
-    rounds = [*(state.get("rounds") or []), {"round": len(state.get("rounds") or []) + 1,
-                                              "diagnosis": diagnosis}]
-    return {"rounds": rounds}
+    return {"rounds": [{"round": len(state.get("rounds") or []) + 1, "diagnosis": diagnosis}]}
 
 
 def node_repair(state: MigrationState) -> dict:
@@ -384,10 +397,9 @@ def node_repair(state: MigrationState) -> dict:
 
     context = RepairContext(allow_install=bool(state.get("allow_install")), timeout_s=state.get("timeout_s") or 1800,
                             trust_remote_code=bool(state.get("trust_remote_code")))
-    rounds = list(state["rounds"])
-    rounds[-1] = dict(rounds[-1], **repair(Path(state["recipe_dir"]), rounds[-1]["diagnosis"],
-                                           round_no=rounds[-1]["round"], context=context))
-    return {"rounds": rounds}
+    last = state["rounds"][-1]
+    return {"rounds": [dict(last, **repair(Path(state["recipe_dir"]), last["diagnosis"],
+                                          round_no=last["round"], context=context))]}
 
 
 def node_estimate_memory(state: MigrationState) -> dict:
@@ -494,7 +506,7 @@ def node_verify(state: MigrationState) -> dict:
         note.write_text(Path(run["output_file"]).read_text(errors="replace") +
                         f"\nOutputCheckError: {'; '.join(output_check.get('reasons') or [])}\n")
         run["output_file"] = str(note)
-        update["runs"] = [*(state.get("runs") or []), run]
+        update["runs"] = [run]
     return update
 
 
@@ -564,3 +576,12 @@ def summarise(state: dict[str, Any]) -> dict:
     keys = ("scenario", "status", "message", "recipe_dir", "model_name", "architecture", "family",
             "baseline_path")
     return {k: state.get(k) for k in keys if state.get(k) is not None}
+
+
+def node_give_up(state: MigrationState) -> dict:
+    last = state["rounds"][-1]
+    diagnosis = last["diagnosis"]
+    where = f" at {diagnosis['location']}" if diagnosis.get("location") else ""
+    # A rule that only reports (e.g. the pip install line) says what to do in its note.
+    note = f"; {last['note']}" if last.get("note") and last.get("note") != "no repair rule matched" else ""
+    return {"status": "failed", "message": f"{diagnosis['diagnosis']}{where}{note}"}

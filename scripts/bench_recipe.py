@@ -3,13 +3,14 @@
     python scripts/bench_recipe.py [--quick] [--new-tokens N] [--repeats R] [--json out.json]
 
 Builds a llama checkpoint (about 28M parameters; --quick: the 2-layer test model), renders a
-recipe for it with the migrator's own nodes, then measures side by side, in one process:
+recipe for it with the migrator's own graph, then measures side by side, in one process:
 
   (a) the recipe's decode time per token, exe_mode eager
   (b) the same recipe, exe_mode graph (compiled decode step, static cache)
   (c) transformers `generate()` (greedy, min_new_tokens = max_new_tokens)
-  (d) the migrator's overhead: detect_env -> acquire -> vendor -> render in a fresh process,
-      i.e. the time from start to a rendered recipe, no model run
+  (d) the migrator's overhead: detect_env -> classify -> acquire -> vendor -> render in a fresh
+      process (run_migration stopped after render), i.e. the time from start to a rendered recipe,
+      no model run
 
 Per-token time is measured the same way for (a)-(c): the wall time T(n) of a whole generation of
 n tokens and T(1) of a prefill-only one, per_token = (T(n) - T(1)) / (n - 1). Each system is warmed
@@ -46,21 +47,18 @@ FULL_DIMS = dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
 NAME = "bench"
 TARGETS = {"eager_vs_transformers": 1.05, "transformers_vs_graph": 1.3}
 
-# Runs in a fresh interpreter: the migrator's steps up to a rendered recipe, each timed.
+# Runs in a fresh interpreter: the migrator's graph up to a rendered recipe; each node's time is
+# on its progress line ("[migrator] NODE done in Ss").
 RENDER = """
 import json, sys, time
 t0 = time.perf_counter()
-from agent import nodes
+from agent.workflow import run_migration
 state = {"target": sys.argv[1], "output_dir": sys.argv[2], "name": sys.argv[3], "device": sys.argv[4],
          "max_new_tokens": int(sys.argv[5])}
-steps = {}
-for step in ("detect_env", "acquire", "vendor", "render"):
-    start = time.perf_counter()
-    state.update(getattr(nodes, "node_" + step)(state))
-    steps[step] = round(time.perf_counter() - start, 3)
-print(json.dumps({"steps_s": steps, "in_process_s": round(time.perf_counter() - t0, 3),
-                  "recipe_dir": state["recipe_dir"]}))
+summary = run_migration(state, stop_after="render")
+print(json.dumps({"in_process_s": round(time.perf_counter() - t0, 3), "recipe_dir": summary["recipe_dir"]}))
 """
+STEP_RE = re.compile(r"^\[migrator\] (\w+) done in ([\d.]+)s", re.M)
 
 
 def render(ckpt: Path, out_dir: Path, device: str, new_tokens: int) -> dict:
@@ -72,6 +70,7 @@ def render(ckpt: Path, out_dir: Path, device: str, new_tokens: int) -> dict:
     if proc.returncode != 0:
         sys.exit(f"rendering the recipe failed:\n{proc.stderr[-3000:]}")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result["steps_s"] = {m.group(1): float(m.group(2)) for m in STEP_RE.finditer(proc.stderr)}
     result["wall_s"] = round(wall, 3)
     return result
 

@@ -58,14 +58,12 @@ PROBE = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def recipe(tiny_checkpoints, tmp_path_factory) -> Path:
-    """A tiny llama recipe rendered by the migrator's own steps (no trial run: the tests run it)."""
-    from agent import nodes
+    """A tiny llama recipe rendered by the migrator's own graph, stopped before the trial run (the tests run it)."""
+    from agent.workflow import run_migration
 
     state = {"target": str(tiny_checkpoints("llama")), "output_dir": str(tmp_path_factory.mktemp("graph")),
              "name": "tiny_graph", "device": "cpu", "max_new_tokens": 12}
-    for step in (nodes.node_detect_env, nodes.node_acquire, nodes.node_vendor, nodes.node_render):
-        state.update(step(state))
-    return Path(state["recipe_dir"])
+    return Path(run_migration(state, stop_after="render")["recipe_dir"])
 
 
 def test_graph_decode_matches_eager_and_compiles_only_in_warm_up(recipe, tmp_path):

@@ -8,7 +8,9 @@ store's own serializer round-trips the workflow state and survives a real interr
 from __future__ import annotations
 
 import json
+import operator
 import sqlite3
+from typing import Annotated, TypedDict
 
 import pytest
 
@@ -25,7 +27,7 @@ def _fake_recipe(tmp_path):
 
 
 def _register_thread(recipe, out, thread_id="evil-thread"):
-    from agent.cli import thread_key
+    from agent.workflow import thread_key
 
     key = thread_key({"target": str(recipe), "name": None, "output_dir": str(out)})
     (recipe / ".migrator").mkdir(exist_ok=True)
@@ -168,26 +170,25 @@ def test_stored_exception_is_data_not_the_class():
 
 def test_interrupted_graph_resumes_with_this_serializer(tmp_path):
     """A real langgraph graph on the real SqliteSaver: the first invocation dies in node b (its
-    error is stored), a new saver on the same file resumes at b and finishes."""
-    from typing import TypedDict
-
+    error is stored), a new saver on the same file resumes at b and finishes. `steps` has a list
+    reducer, as MigrationState's runs and rounds do: nodes return only their new items."""
     from langgraph.checkpoint.sqlite import SqliteSaver
     from langgraph.graph import END, START, StateGraph
 
     class S(TypedDict, total=False):
-        steps: list
+        steps: Annotated[list, operator.add]
         info: dict
 
     calls = {"b": 0}
 
     def a(state):
-        return {"steps": [*state.get("steps", []), "a"], "info": {"t": (1, 2), "n": None}}
+        return {"steps": ["a"], "info": {"t": (1, 2), "n": None}}
 
     def b(state):
         calls["b"] += 1
         if calls["b"] == 1:
             raise RuntimeError("killed")
-        return {"steps": [*state["steps"], "b"]}
+        return {"steps": ["b"]}
 
     graph = StateGraph(S)
     graph.add_node("a", a)

@@ -18,14 +18,11 @@ PROBE = Path(__file__).resolve().parent / "tp_probe.py"
 
 
 def vendor_recipe(ckpt: Path, out: Path, name: str) -> Path:
-    """Vendor + render a recipe in-process (no trial run): the same nodes `migrator run` uses."""
-    from agent.nodes import node_render, node_vendor
+    """Vendor + render a recipe in-process (no trial run): the graph `migrator run` runs, stopped after render."""
+    from agent.workflow import run_migration
 
-    state = {"model_dir": str(ckpt), "recipe_dir": str(out / name), "model_name": name,
-             "model_source": str(ckpt), "device": "cpu", "max_new_tokens": 6}
-    state.update(node_vendor(state))
-    node_render(state)
-    return out / name
+    state = {"target": str(ckpt), "output_dir": str(out), "name": name, "device": "cpu", "max_new_tokens": 6}
+    return Path(run_migration(state, stop_after="render")["recipe_dir"])
 
 
 def run_probe(recipe: Path, out: Path, tp: int, sizes: tuple[int, int] | None = None, timeout: int = 600) -> list[dict]:

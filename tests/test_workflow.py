@@ -31,6 +31,35 @@ def test_graph_has_the_nodes_and_edges_of_the_spec():
         assert edge in edges, edge
 
 
+def test_every_node_lives_in_agent_nodes_and_is_added_as_is():
+    from agent import nodes
+    from agent.graph import NODES, build_graph
+
+    assert all(getattr(nodes, fn.__name__) is fn for fn in NODES.values())
+    assert set(build_graph().nodes) == set(NODES)
+    wrapped = build_graph(wrap=lambda name, fn: (lambda state: {"message": name}))
+    assert all(spec.runnable.invoke({}) == {"message": name} for name, spec in wrapped.nodes.items())
+
+
+def test_runs_and_rounds_are_reduced_from_the_new_items_nodes_return():
+    """Nodes return only new items: runs are appended, a round's repair completes its diagnosis."""
+    from langgraph.graph import END, START, StateGraph
+
+    from agent.nodes import MigrationState
+
+    graph = StateGraph(MigrationState)
+    graph.add_node("run", lambda state: {"runs": [{"label": f"trial{len(state['runs'])}"}]})
+    graph.add_node("diagnose", lambda state: {"rounds": [{"round": len(state["rounds"]) + 1, "diagnosis": "d"}]})
+    graph.add_node("repair", lambda state: {"rounds": [dict(state["rounds"][-1], applied=True)]})
+    for source, target in [(START, "run"), ("diagnose", "repair"), ("repair", "run")]:
+        graph.add_edge(source, target)
+    graph.add_conditional_edges("run", lambda state: END if len(state["runs"]) == 3 else "diagnose")
+    final = graph.compile().invoke({"target": "t"})
+    assert [r["label"] for r in final["runs"]] == ["trial0", "trial1", "trial2"]
+    assert final["rounds"] == [{"round": 1, "diagnosis": "d", "applied": True},
+                               {"round": 2, "diagnosis": "d", "applied": True}]
+
+
 def _state_with_run(tmp_path, ok, output=""):
     out = tmp_path / "output.txt"
     out.write_text(output)
