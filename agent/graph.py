@@ -5,6 +5,9 @@ detect_env -> classify -> A: acquire -> vendor -> render -> trial_run
                           C: collect_baseline
 trial_run -> ok: collect_baseline | OOM: estimate_memory -> report | fail: diagnose (<= max_rounds)
 collect_baseline -> verify -> report
+
+Routing functions read the state and name the next node; the nodes are agent.nodes; the graph is
+run (checkpoints, --resume) by agent.workflow.run_migration.
 """
 
 from __future__ import annotations
