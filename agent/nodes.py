@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
+import operator
 import os
 import subprocess
 import sys
-import operator
 import time
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
