@@ -155,6 +155,6 @@ class RecipeSpec:
         for key in KEYS:
             parent = settings if key.section is None else settings.get(key.section, {})
             value = parent.get(key.leaf)
-            if key.kind is not dict and value not in (None, ""):
+            if not key.is_section and value not in (None, ""):
                 flat[key.name] = value
         return flat

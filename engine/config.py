@@ -38,6 +38,10 @@ class Key:
     def leaf(self) -> str:
         return self.name.rpartition(".")[2]
 
+    @property
+    def is_section(self) -> bool:
+        return self.kind is dict and self.section is None
+
 
 # In the order the renderer writes them; a section comes before its keys.
 KEYS: tuple[Key, ...] = (
@@ -75,7 +79,7 @@ OBSOLETE = {
 }
 
 # Derived views, for readers that want one aspect.
-SECTIONS = tuple(key.name for key in KEYS if key.kind is dict and key.section is None)
+SECTIONS = tuple(key.name for key in KEYS if key.is_section)
 CHOICES = {key.name: key.choices for key in KEYS if key.choices}
 
 
@@ -88,11 +92,11 @@ def rendered_settings(values: dict) -> dict:
     """The YAML as data for a recipe: each key from `values` (by its leaf name: `dtype`,
     `max_new_tokens`, ...), else its default; a key with neither is left out."""
     settings: dict = {}
-    for key in filter(lambda key: key.rendered, KEYS):
+    for key in (k for k in KEYS if k.rendered):
         parent = settings if key.section is None else settings.get(key.section)
         if parent is None:
             continue
-        if key.kind is dict and key.section is None:
+        if key.is_section:
             parent[key.leaf] = {}
             continue
         value = values.get(key.leaf)
@@ -106,7 +110,7 @@ def keys_markdown() -> str:
     """README's table of the YAML keys (tests/test_recipe_spec.py checks README against it)."""
     rows = ["| key | type | required | default | values | meaning |", "|---|---|---|---|---|---|"]
     for key in KEYS:
-        if key.kind is dict and key.section is None:
+        if key.is_section:
             continue
         default = "set at migration" if key.required and key.default is None else (
             "—" if key.default is None else f"`{key.default}`")
@@ -117,13 +121,13 @@ def keys_markdown() -> str:
 
 def _check(settings: dict, path: str) -> None:
     for key in KEYS:
-        parent = settings if key.section is None else settings[key.section]
+        parent = settings if key.section is None else settings.get(key.section, {})   # a section is checked first
         if key.leaf not in parent:
             if key.required:
                 raise ConfigError(f"{path}: missing required key '{key.name}'")
             continue
         value = parent[key.leaf]
-        if key.kind is dict and key.section is None:
+        if key.is_section:
             if not isinstance(value, dict):
                 raise ConfigError(f"{path}: '{key.name}' must be a mapping, got {type(value).__name__}")
             continue
