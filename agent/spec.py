@@ -128,10 +128,10 @@ class RecipeSpec:
                 else defaults.MAX_NEW_TOKENS
         family = report.get("family") or (route(config.get("text_config") or config).name if config
                                           else "standard")
-        yaml_path = settings.get("model_path")
+        written_path = settings.get("model_path")      # kept when the checkpoint is gone
         return cls(
             model_name=model_name,
-            model_path=str(model_dir.resolve()) if model_dir else (yaml_path if isinstance(yaml_path, str) else ""),
+            model_path=str(model_dir.resolve()) if model_dir else (written_path if isinstance(written_path, str) else ""),
             model_source=report.get("model_source") or kept("model_source") or (str(model_dir) if model_dir else ""),
             architecture=report.get("architecture") or ((config.get("architectures") or [None])[0])
             or vendored.get("model_class", model_name),
