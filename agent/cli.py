@@ -12,6 +12,7 @@ from pathlib import Path
 from agent import errors
 from agent.errors import MigratorError
 from agent.workflow import run_migration
+from engine import defaults
 
 DEVICES = ("auto", "npu", "cuda", "cpu")
 
@@ -35,8 +36,7 @@ def _bounded_int(low: int, high: int):
     return parse
 
 
-MAX_ROUNDS = 20
-ROUNDS = _bounded_int(0, MAX_ROUNDS)
+ROUNDS = _bounded_int(0, defaults.MAX_ROUNDS_LIMIT)
 TIMEOUT = _bounded_int(1, 7 * 24 * 3600)
 NEW_TOKENS = _bounded_int(1, 65536)
 WORLD_SIZE = _bounded_int(1, 4096)
@@ -68,7 +68,7 @@ def _parser() -> argparse.ArgumentParser:
                           help="summary path without suffix: writes .md and .csv (default: baseline_summary)")
     baseline.add_argument("--max-rounds", type=ROUNDS, default=0,
                           help="repair rounds for a failing recipe (default: 0, report only)")
-    baseline.add_argument("--timeout", type=TIMEOUT, default=1800, help="seconds for each run of infer.sh")
+    baseline.add_argument("--timeout", type=TIMEOUT, default=defaults.TIMEOUT_S, help="seconds for each run of infer.sh")
 
     rollback = sub.add_parser("rollback", help="restore a recipe's files from before a repair round")
     rollback.add_argument("recipe")
@@ -76,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
 
     classify = sub.add_parser("classify", help="print the scenario (A/B/C) for PATH and why")
     classify.add_argument("path")
-    classify.add_argument("--timeout", type=TIMEOUT, default=1800, help="seconds for the trial run of infer.sh")
+    classify.add_argument("--timeout", type=TIMEOUT, default=defaults.TIMEOUT_S, help="seconds for the trial run of infer.sh")
     return parser
 
 
@@ -91,13 +91,14 @@ def _add_run_options(run: argparse.ArgumentParser) -> None:
                      help="allow vendoring the model repo's own code (auto_map)")
     run.add_argument("--allow-install", action="store_true",
                      help="let repairs pip-install missing packages (otherwise the install line is reported)")
-    run.add_argument("--max-rounds", type=ROUNDS, default=5,
-                     help=f"repair rounds at most, 0 .. {MAX_ROUNDS} (default: 5)")
-    run.add_argument("--max-new-tokens", type=NEW_TOKENS, default=32, help="tokens generated per run (default: 32)")
+    run.add_argument("--max-rounds", type=ROUNDS, default=defaults.MAX_ROUNDS,
+                     help=f"repair rounds at most, 0 .. {defaults.MAX_ROUNDS_LIMIT} (default: {defaults.MAX_ROUNDS})")
+    run.add_argument("--max-new-tokens", type=NEW_TOKENS, default=defaults.MAX_NEW_TOKENS,
+                     help=f"tokens generated per run (default: {defaults.MAX_NEW_TOKENS})")
     run.add_argument("--world-size", type=WORLD_SIZE, default=1,
                      help="cards: run config/NAME_{N}card_eager.yaml with torchrun, the model tensor-parallel "
                           "over them (default: 1)")
-    run.add_argument("--timeout", type=TIMEOUT, default=1800, help="seconds for each run of infer.sh")
+    run.add_argument("--timeout", type=TIMEOUT, default=defaults.TIMEOUT_S, help="seconds for each run of infer.sh")
     run.add_argument("--resume", action="store_true", help="continue an interrupted run from its last finished node")
     run.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
 
@@ -228,7 +229,8 @@ def cmd_demo(args) -> int:
         shutil.rmtree(previous, ignore_errors=True)
         recipe.rename(previous)
     state = {"target": str(checkpoint), "output_dir": str(output_dir), "name": name, "device": args.device,
-             "max_rounds": 5, "timeout_s": 900, "max_new_tokens": 32}
+             "max_rounds": defaults.MAX_ROUNDS, "timeout_s": defaults.DEMO_TIMEOUT_S,
+             "max_new_tokens": defaults.MAX_NEW_TOKENS}
     summary = run_migration(state)
     code = _finish(summary, args.json)
     if code == 0 and not args.json and summary.get("baseline_path"):

@@ -17,7 +17,7 @@ from langgraph.graph import END, START, StateGraph
 from agent import nodes
 from agent.nodes import MigrationState
 
-DEFAULT_MAX_ROUNDS = 5
+from engine.defaults import MAX_ROUNDS as DEFAULT_MAX_ROUNDS
 
 
 def after_classify(state: MigrationState) -> str:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 from agent.errors import EnvironmentProblem, InputError, MigratorError
+from engine import defaults
 
 
 def merge_rounds(rounds: list[dict], new: list[dict]) -> list[dict]:
@@ -177,48 +178,19 @@ def node_vendor(state: MigrationState) -> dict:
     }
 
 
-def checkpoint_dtype(config: dict) -> str:
-    dtype = str(config.get("dtype") or config.get("torch_dtype") or "float32")
-    return dtype if dtype in ("float32", "float16", "bfloat16") else "float32"
-
-
-def input_max_len(config: dict, max_new_tokens: int, default: int = 1024) -> int:
-    """Prompt budget: 1024 tokens, less when the model has fewer positions."""
-    text = config.get("text_config") or config
-    limit = text.get("max_position_embeddings") or text.get("n_positions") or text.get("max_sequence_length")
-    return max(1, min(default, limit - max_new_tokens)) if limit else default
-
-
 @_removes_half_built_recipe
 def node_render(state: MigrationState) -> dict:
-    import transformers
-
-    from agent.memory import parallel_settings
     from agent.render import render_recipe
-    from agent.routing import FAMILIES
+    from agent.spec import RecipeSpec
     from agent.vendor import read_config
 
     recipe_dir = Path(state["recipe_dir"])
-    vendored = state["vendored"]
-    config = read_config(Path(state["model_dir"]))
-    context = {
-        "model_name": state["model_name"],
-        "model_path": str(Path(state["model_dir"]).resolve()),
-        "model_source": state["model_source"],
-        "architecture": state["architecture"],
-        "device": state.get("device", "auto"),
-        "dtype": state.get("dtype") or checkpoint_dtype(config),
-        "input_max_len": input_max_len(config, state.get("max_new_tokens") or 32),
-        "max_new_tokens": state.get("max_new_tokens") or 32,
-        "transformers_version": transformers.__version__,
-        "modeling_codemods": ", ".join(vendored["codemods"].get(f"modeling_{state['model_name']}.py", []))
-        or "none",
-        **{k: vendored[k] for k in ("model_class", "config_class", "modeling_module",
-                                    "configuration_module", "origin", "attn_implementation")},
-        # world_size, attn_tp_size, moe_tp_size, lmhead_tp_size (refuses a family without a TP plan)
-        **parallel_settings(config, state.get("world_size") or 1),
-    }
-    written = render_recipe(recipe_dir, context, FAMILIES[state["family"]])
+    spec = RecipeSpec.for_checkpoint(
+        model_name=state["model_name"], model_dir=Path(state["model_dir"]), model_source=state["model_source"],
+        architecture=state["architecture"], family=state["family"], vendored=state["vendored"],
+        config=read_config(Path(state["model_dir"])), device=state.get("device", "auto"), dtype=state.get("dtype"),
+        max_new_tokens=state.get("max_new_tokens"), world_size=state.get("world_size"))
+    written = render_recipe(recipe_dir, spec.context(), spec.family_spec())
     return {"rendered": [str(p.relative_to(recipe_dir)) for p in written]}
 
 
@@ -329,7 +301,7 @@ def trial_run(recipe_dir: Path, state: MigrationState, label: str) -> dict:
         command, cwd = ["bash", str(recipe_dir / "infer.sh")], recipe_dir
     if (state.get("world_size") or 1) > 1:  # --world-size N: the N-card YAML (written if the recipe lacks it)
         env["YAML_FILE"] = str(_recipe_yaml(recipe_dir, state["world_size"]).relative_to(recipe_dir))
-    timeout = state.get("timeout_s") or 1800
+    timeout = state.get("timeout_s") or defaults.TIMEOUT_S
     start = time.perf_counter()
     started_at = time.time()
     with open(run_dir / "output.txt", "w") as out:
@@ -395,7 +367,7 @@ def node_diagnose(state: MigrationState) -> dict:
 def node_repair(state: MigrationState) -> dict:
     from agent.repair import RepairContext, repair
 
-    context = RepairContext(allow_install=bool(state.get("allow_install")), timeout_s=state.get("timeout_s") or 1800,
+    context = RepairContext(allow_install=bool(state.get("allow_install")), timeout_s=state.get("timeout_s") or defaults.TIMEOUT_S,
                             trust_remote_code=bool(state.get("trust_remote_code")))
     last = state["rounds"][-1]
     return {"rounds": [dict(last, **repair(Path(state["recipe_dir"]), last["diagnosis"],

@@ -20,6 +20,7 @@ import yaml
 from agent.errors import InputError, VendorError
 from agent.paths import templates_dir
 from agent.routing import Family
+from engine.config import rendered_settings
 
 # template -> path inside the recipe ({name} and {yaml_name} filled in)
 RECIPE_FILES = {
@@ -112,31 +113,6 @@ def environment() -> jinja2.Environment:
     return env
 
 
-
-def recipe_settings(ctx: dict) -> dict:
-    """The recipe YAML as data (engine/config.py validates the same shape)."""
-    return {
-        "model_name": ctx["model_name"],
-        "model_path": str(ctx["model_path"]),
-        "model_source": str(ctx["model_source"]),
-        "exe_mode": "eager",
-        "device": ctx.get("device", "auto"),
-        "world_size": int(ctx.get("world_size") or 1),
-        "model_config": {
-            "dtype": ctx["dtype"],
-            "enable_online_split_weight": False,
-            "attn_implementation": ctx["attn_implementation"],
-        },
-        "data_config": {
-            "dataset": "default",
-            "input_max_len": int(ctx["input_max_len"]),
-            "max_new_tokens": int(ctx["max_new_tokens"]),
-            "batch_size": 1,
-        },
-        "parallel_config": {key: int(ctx.get(key) or 1) for key in ("attn_tp_size", "moe_tp_size", "lmhead_tp_size")},
-    }
-
-
 def template_context(context: dict, family: Family) -> dict:
     """The render context with derived names, after checking every identifier it carries."""
     name = context["model_name"]
@@ -148,7 +124,7 @@ def template_context(context: dict, family: Family) -> dict:
             raise VendorError(f"{key} {_shown(context[key])} is not a Python identifier; refusing to render")
     ctx = dict(context, family=family, yaml_name=yaml_name(name, int(context.get("world_size") or 1)),
                runner_class=runner_class_name(name))
-    ctx["settings"] = recipe_settings(ctx)
+    ctx["settings"] = rendered_settings(ctx)   # the YAML: engine/config.py's schema, in its order
     return ctx
 
 

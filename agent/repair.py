@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from agent.errors import InputError
+from engine import defaults
 
 TRACEBACK_LOCATION_RE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
 ERROR_LINE_RE = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Exit|Interrupt|Warning)\b.*|^\w+Error:.*")
@@ -70,7 +71,7 @@ class RepairContext:
     """What a fix may use beyond the failure: workflow options."""
     allow_install: bool = False
     trust_remote_code: bool = False
-    timeout_s: int = 1800
+    timeout_s: int = defaults.TIMEOUT_S
     notes: list[str] = field(default_factory=list)
 
 

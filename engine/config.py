@@ -1,80 +1,151 @@
-"""Recipe YAML: loading and validation that names the bad key or value."""
+"""Recipe YAML: the one schema of its keys, and loading and validation that names the bad key or value.
+
+KEYS is the schema every other part reads: the renderer writes the keys in this order
+(`rendered_settings`), validation checks types, choices and ranges, the repair rules take defaults
+and key order from it, and README's key table is generated from it (`keys_markdown`).
+"""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
+from engine import defaults
 
 
 class ConfigError(ValueError):
     """A recipe YAML that cannot be used; the message names the key and what to do."""
 
 
-# key -> (type, required). Nested sections are dicts of the same shape.
-SCHEMA = {
-    "model_name": (str, True),
-    "model_path": (str, True),
-    "exe_mode": (str, True),
-    "world_size": (int, True),
-    "device": (str, False),
-    "model_source": (str, False),
-    "model_config": ({
-        "dtype": (str, True),
-        "enable_online_split_weight": (bool, False),
-        "attn_implementation": (str, False),
-        "key_mapping": (dict, False),
-        "config_overrides": (dict, False),
-    }, True),
-    "data_config": ({
-        "dataset": (str, True),
-        "input_max_len": (int, True),
-        "max_new_tokens": (int, True),
-        "batch_size": (int, True),
-    }, True),
-    "parallel_config": ({
-        "attn_tp_size": (int, True),
-        "moe_tp_size": (int, True),
-        "lmhead_tp_size": (int, True),
-    }, True),
+@dataclass(frozen=True)
+class Key:
+    name: str                   # dotted: "data_config.max_new_tokens"; a section is kind dict with children
+    kind: type
+    required: bool
+    default: object = None      # what the migrator writes when nothing is known; None: from the checkpoint
+    choices: tuple = ()
+    doc: str = ""
+    rendered: bool = True       # the migrator writes it (False: a key the user adds by hand)
+
+    @property
+    def section(self) -> str | None:
+        return self.name.rpartition(".")[0] or None
+
+    @property
+    def leaf(self) -> str:
+        return self.name.rpartition(".")[2]
+
+    @property
+    def is_section(self) -> bool:
+        return self.kind is dict and self.section is None
+
+
+# In the order the renderer writes them; a section comes before its keys.
+KEYS: tuple[Key, ...] = (
+    Key("model_name", str, True, doc="recipe name: log prefix, runner_{model_name}.py"),
+    Key("model_path", str, True, doc="checkpoint folder; a relative path is taken from the recipe folder"),
+    Key("model_source", str, False, doc="where the checkpoint came from (link or path), kept in the baseline"),
+    Key("exe_mode", str, True, "eager", ("eager", "graph"), "graph compiles the decode step"),
+    Key("device", str, False, "auto", ("auto", "npu", "cuda", "cpu"), "auto: npu, else cuda, else cpu"),
+    Key("world_size", int, True, defaults.WORLD_SIZE, doc="ranks torchrun starts (cards)"),
+    Key("model_config", dict, True),
+    Key("model_config.dtype", str, True, choices=("float32", "float16", "bfloat16"),
+        doc="weights and compute dtype (the checkpoint's unless --dtype)"),
+    Key("model_config.attn_implementation", str, False, "sdpa", ("eager", "sdpa"),
+        doc="transformers attention: sdpa where the model class supports it, else eager"),
+    Key("model_config.key_mapping", dict, False, rendered=False,
+        doc="regex -> replacement for checkpoint keys named differently from the code"),
+    Key("model_config.config_overrides", dict, False, rendered=False, doc="config.json values the recipe corrects"),
+    Key("data_config", dict, True),
+    Key("data_config.dataset", str, True, "default", doc="prompt set (engine/data.py)"),
+    Key("data_config.input_max_len", int, True, defaults.INPUT_MAX_LEN,
+        doc="prompt budget in tokens (less when the model has fewer positions)"),
+    Key("data_config.max_new_tokens", int, True, defaults.MAX_NEW_TOKENS, doc="tokens generated per request"),
+    Key("data_config.batch_size", int, True, 1, doc="prompts per forward; a multiple of the data-parallel groups"),
+    Key("parallel_config", dict, True),
+    Key("parallel_config.attn_tp_size", int, True, 1,
+        doc="tensor-parallel group size (divides world_size; the rest is data parallel)"),
+    Key("parallel_config.moe_tp_size", int, True, 1, doc="experts sharded over the group (attn_tp_size) or not (1)"),
+    Key("parallel_config.lmhead_tp_size", int, True, 1, doc="lm_head sharded over the group (attn_tp_size) or not (1)"),
+)
+KEY = {key.name: key for key in KEYS}
+
+# Keys earlier releases wrote that nothing reads: an old recipe still validates, the key is ignored.
+OBSOLETE = {
+    "model_config.enable_online_split_weight": "read by nothing (tensor parallel uses parallel_config)",
 }
 
-CHOICES = {
-    "exe_mode": ("eager", "graph"),
-    "device": ("auto", "npu", "cuda", "cpu"),
-    "model_config.dtype": ("float32", "float16", "bfloat16"),
-    "model_config.attn_implementation": ("eager", "sdpa"),
-}
+# Derived views, for readers that want one aspect.
+SECTIONS = tuple(key.name for key in KEYS if key.is_section)
+CHOICES = {key.name: key.choices for key in KEYS if key.choices}
 
 
-def _check(section: dict, schema: dict, prefix: str, path: str) -> None:
-    for key, (kind, required) in schema.items():
-        name = f"{prefix}{key}"
-        if key not in section:
-            if required:
-                raise ConfigError(f"{path}: missing required key '{name}'")
+def rendered_keys(section: str | None) -> list[str]:
+    """Leaf names the migrator writes in one section (None: the top level, sections included), in order."""
+    return [key.leaf for key in KEYS if key.section == section and key.rendered]
+
+
+def rendered_settings(values: dict) -> dict:
+    """The YAML as data for a recipe: each key from `values` (by its leaf name: `dtype`,
+    `max_new_tokens`, ...), else its default; a key with neither is left out."""
+    settings: dict = {}
+    for key in (k for k in KEYS if k.rendered):
+        parent = settings if key.section is None else settings.get(key.section)
+        if parent is None:
             continue
-        value = section[key]
-        if isinstance(kind, dict):
+        if key.is_section:
+            parent[key.leaf] = {}
+            continue
+        value = values.get(key.leaf)
+        value = key.default if value is None else value
+        if value is not None:
+            parent[key.leaf] = key.kind(value) if key.kind in (str, int) else value
+    return settings
+
+
+def keys_markdown() -> str:
+    """README's table of the YAML keys (tests/test_recipe_spec.py checks README against it)."""
+    rows = ["| key | type | required | default | values | meaning |", "|---|---|---|---|---|---|"]
+    for key in KEYS:
+        if key.is_section:
+            continue
+        default = "set at migration" if key.required and key.default is None else (
+            "—" if key.default is None else f"`{key.default}`")
+        rows.append(f"| `{key.name}` | {key.kind.__name__} | {'yes' if key.required else 'no'} | {default} | "
+                    f"{', '.join(key.choices) or '—'} | {key.doc} |")
+    return "\n".join(rows)
+
+
+def _check(settings: dict, path: str) -> None:
+    for key in KEYS:
+        parent = settings if key.section is None else settings.get(key.section, {})   # a section is checked first
+        if key.leaf not in parent:
+            if key.required:
+                raise ConfigError(f"{path}: missing required key '{key.name}'")
+            continue
+        value = parent[key.leaf]
+        if key.is_section:
             if not isinstance(value, dict):
-                raise ConfigError(f"{path}: '{name}' must be a mapping, got {type(value).__name__}")
-            _check(value, kind, f"{name}.", path)
+                raise ConfigError(f"{path}: '{key.name}' must be a mapping, got {type(value).__name__}")
             continue
         # bool is an int subclass: `batch_size: true` must not pass as 1.
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        if not isinstance(value, key.kind) or (key.kind is int and isinstance(value, bool)):
             raise ConfigError(
-                f"{path}: '{name}' must be {kind.__name__}, got {value!r} ({type(value).__name__})")
-        if name in CHOICES and value not in CHOICES[name]:
-            raise ConfigError(f"{path}: '{name}' is {value!r}; expected one of {', '.join(CHOICES[name])}")
-        if kind is int and value < 1:
-            raise ConfigError(f"{path}: '{name}' must be >= 1, got {value}")
+                f"{path}: '{key.name}' must be {key.kind.__name__}, got {value!r} ({type(value).__name__})")
+        if key.choices and value not in key.choices:
+            raise ConfigError(f"{path}: '{key.name}' is {value!r}; expected one of {', '.join(key.choices)}")
+        if key.kind is int and value < 1:
+            raise ConfigError(f"{path}: '{key.name}' must be >= 1, got {value}")
 
 
 def validate(settings: dict, path: str = "<yaml>") -> dict:
+    """Check every schema key; keys outside the schema (OBSOLETE ones, or the user's) are ignored."""
     if not isinstance(settings, dict):
         raise ConfigError(f"{path}: top level must be a mapping of settings")
-    _check(settings, SCHEMA, "", path)
+    _check(settings, path)
     _check_parallel(settings, path)
     return settings
 

@@ -23,7 +23,7 @@ import os
 import random
 import time
 
-from engine import environment
+from engine import defaults, environment
 
 # Before any other torch import: with torch_npu installed but no CANN, a plain `import torch`
 # fails in torch's backend auto-load (see engine.environment.import_torch).
@@ -57,8 +57,8 @@ class ModelRunner:
         data_config = runner_settings.get("data_config", {})
         self.dtype = DTYPES[model_config.get("dtype", "float32")]
         self.attn_implementation = model_config.get("attn_implementation", "sdpa")
-        self.input_max_len = data_config.get("input_max_len", 1024)
-        self.max_new_tokens = data_config.get("max_new_tokens", 32)
+        self.input_max_len = data_config.get("input_max_len", defaults.INPUT_MAX_LEN)
+        self.max_new_tokens = data_config.get("max_new_tokens", defaults.MAX_NEW_TOKENS)
         self.batch_size = data_config.get("batch_size", 1)
         self.rank = int(os.environ.get("RANK", runner_settings.get("rank", 0)))
         self.world_size = int(os.environ.get("WORLD_SIZE", runner_settings.get("world_size", 1)))

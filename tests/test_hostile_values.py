@@ -40,21 +40,18 @@ json_values = st.one_of(json_scalars, st.lists(json_scalars, max_size=3),
 def _render_from(ckpt: Path, recipe: Path, model_source: str) -> list[Path]:
     """What node_acquire/node_vendor/node_render do before a run, minus copying source code."""
     from agent.checkpoint_check import check_checkpoint
-    from agent.nodes import checkpoint_dtype, input_max_len
     from agent.render import render_recipe
-    from agent.routing import FAMILIES, route
+    from agent.routing import route
+    from agent.spec import VENDORED_KEYS, RecipeSpec
     from agent.vendor import locate_source
 
     config = check_checkpoint(ckpt)
     source = locate_source(config, ckpt)
-    family = route(config.get("text_config") or config)
-    context = {"model_name": "fuzz", "model_path": str(ckpt), "model_source": model_source,
-               "architecture": source.architecture, "device": "cpu", "dtype": checkpoint_dtype(config),
-               "input_max_len": input_max_len(config, 8), "max_new_tokens": 8, "transformers_version": "5",
-               "modeling_codemods": "none", "model_class": source.model_class, "config_class": source.config_class,
-               "modeling_module": source.modeling_module, "configuration_module": source.configuration_module,
-               "origin": source.origin, "attn_implementation": source.attn_implementation}
-    return render_recipe(recipe, context, FAMILIES[family.name])
+    spec = RecipeSpec.for_checkpoint(
+        model_name="fuzz", model_dir=ckpt, model_source=model_source, architecture=source.architecture,
+        family=route(config.get("text_config") or config).name, config=config, device="cpu", max_new_tokens=8,
+        vendored={"codemods": {}, **{k: getattr(source, k) for k in VENDORED_KEYS}})
+    return render_recipe(recipe, spec.context(), spec.family_spec())
 
 
 def _assert_parses(files: list[Path], model_path: str, model_source: str) -> None:
@@ -101,7 +98,7 @@ def test_config_fields_never_crash_or_inject(workdir, changes):
         return     # refused with a one-line error: fine
     finally:
         os.chdir(cwd)
-    _assert_parses(files, str(ckpt), str(ckpt))
+    _assert_parses(files, str(ckpt.resolve()), str(ckpt))
     assert not (workdir / MARKER).exists()
 
 
@@ -112,16 +109,16 @@ def test_config_fields_never_crash_or_inject(workdir, changes):
 def test_paths_and_sources_are_escaped(workdir, source, path_text):
     """model_path and model_source carry any text into the YAML, the README and the comments."""
     from agent.render import render_recipe
-    from agent.routing import FAMILIES
+    from agent.spec import RecipeSpec
 
     recipe = workdir / "recipe_text"
     shutil.rmtree(recipe, ignore_errors=True)
-    context = {"model_name": "fuzz", "model_path": path_text, "model_source": source, "architecture": "LlamaForCausalLM",
-               "device": "cpu", "dtype": "float32", "input_max_len": 16, "max_new_tokens": 8,
-               "transformers_version": "5", "modeling_codemods": source, "model_class": "LlamaForCausalLM",
-               "config_class": "LlamaConfig", "modeling_module": source, "configuration_module": source,
-               "origin": source, "attn_implementation": "sdpa"}
-    files = render_recipe(recipe, context, FAMILIES["standard"])
+    spec = RecipeSpec(model_name="fuzz", model_path=path_text, model_source=source, architecture="LlamaForCausalLM",
+                      family="standard", device="cpu", dtype="float32", input_max_len=16, max_new_tokens=8,
+                      transformers_version="5", modeling_codemods=(source,), model_class="LlamaForCausalLM",
+                      config_class="LlamaConfig", modeling_module=source, configuration_module=source,
+                      origin=source, attn_implementation="sdpa")
+    files = render_recipe(recipe, spec.context(), spec.family_spec())
     _assert_parses(files, path_text, source)
     readme = (recipe / "README.md").read_text()
     assert "\n```" not in readme.split("## Run")[0]   # no code block opened by the user's text
@@ -129,18 +126,20 @@ def test_paths_and_sources_are_escaped(workdir, source, path_text):
 
 @pytest.mark.parametrize("name", ["Model", "Model_Config", "fuzz_runner"])
 def test_identifiers_pass_and_non_identifiers_are_refused(tmp_path, name):
+    import dataclasses
+
     from agent.errors import VendorError
     from agent.render import render_recipe
-    from agent.routing import FAMILIES
+    from agent.spec import RecipeSpec
 
-    context = {"model_name": "fuzz", "model_path": "/m", "model_source": "/m", "architecture": "A",
-               "device": "cpu", "dtype": "float32", "input_max_len": 16, "max_new_tokens": 8,
-               "transformers_version": "5", "modeling_codemods": "none", "model_class": name,
-               "config_class": "LlamaConfig", "modeling_module": "m", "configuration_module": "m",
-               "origin": "o", "attn_implementation": "sdpa"}
-    render_recipe(tmp_path / "ok", context, FAMILIES["standard"])
+    spec = RecipeSpec(model_name="fuzz", model_path="/m", model_source="/m", architecture="A", family="standard",
+                      device="cpu", dtype="float32", input_max_len=16, max_new_tokens=8, transformers_version="5",
+                      model_class=name, config_class="LlamaConfig", modeling_module="m", configuration_module="m",
+                      origin="o", attn_implementation="sdpa")
+    render_recipe(tmp_path / "ok", spec.context(), spec.family_spec())
+    bad = dataclasses.replace(spec, model_class=name + "(); import os")
     with pytest.raises(VendorError):
-        render_recipe(tmp_path / "bad", dict(context, model_class=name + "(); import os"), FAMILIES["standard"])
+        render_recipe(tmp_path / "bad", bad.context(), bad.family_spec())
     assert not (tmp_path / "bad").exists()
 
 

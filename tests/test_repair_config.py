@@ -205,13 +205,12 @@ def test_coercion_is_only_the_unambiguous_reading(value, kind, choices, expected
 def test_wrong_type_matcher_and_fix(fake_recipe):
     path = fake_recipe / "config" / "fi_1card_eager.yaml"
     path.write_text(path.read_text().replace("batch_size: 1", 'batch_size: "1"').replace("dtype: float32", "dtype: fp16")
-                    .replace("enable_online_split_weight: false", 'enable_online_split_weight: "true"')
+                    .replace("input_max_len: 504", "input_max_len: 504.0")
                     .replace("exe_mode: eager", "exe_mode: turbo"))
     fixes = {
         "'data_config.batch_size' must be int, got '1' (str)": "  batch_size: 1\n",
         "'model_config.dtype' is 'fp16'; expected one of float32, float16, bfloat16": "  dtype: float16\n",
-        "'model_config.enable_online_split_weight' must be bool, got 'true' (str)":
-            "  enable_online_split_weight: true\n",
+        "'data_config.input_max_len' must be int, got 504.0 (float)": "  input_max_len: 504\n",
         "'exe_mode' is 'turbo'; expected one of eager, graph": "exe_mode: eager\n",   # no reading: template default
     }
     for message, line in fixes.items():

@@ -10,6 +10,7 @@ import yaml
 
 from agent.repair import Failure, RepairContext, Rule
 from agent.repair_rules._util import edit_yaml_line, load_yaml, recipe_yaml, report_data
+from engine.config import SECTIONS, rendered_keys
 
 _DTYPE_UNSUPPORTED = re.compile(
     r"not implemented for '(BFloat16|Half)'|does not support (bfloat16|float16)|"
@@ -28,14 +29,8 @@ def _fix_dtype(failure: Failure, facts: dict, ctx: RepairContext) -> str:
 
 
 # ---- template defaults --------------------------------------------------------------------
-# The template's keys in order (templates/config.yaml.j2): sections -> keys.
-TEMPLATE_ORDER = {
-    None: ["model_name", "model_path", "model_source", "exe_mode", "device", "world_size",
-           "model_config", "data_config", "parallel_config"],
-    "model_config": ["dtype", "enable_online_split_weight", "attn_implementation"],
-    "data_config": ["dataset", "input_max_len", "max_new_tokens", "batch_size"],
-    "parallel_config": ["attn_tp_size", "moe_tp_size", "lmhead_tp_size"],
-}
+# The template's keys in order (engine/config.py's schema): sections -> keys.
+TEMPLATE_ORDER = {section: rendered_keys(section) for section in (None, *SECTIONS)}
 ALIASES = {
     "model_config.dtype": {"fp16": "float16", "half": "float16", "torch.float16": "float16",
                            "bf16": "bfloat16", "torch.bfloat16": "bfloat16",
@@ -46,44 +41,12 @@ ALIASES = {
 
 
 def template_defaults(recipe_dir: Path) -> dict:
-    """What the template would write for this recipe: {dotted key: value}. Values the YAML already
-    has are used to keep the others consistent (e.g. max_new_tokens fits beside input_max_len)."""
-    from agent.nodes import checkpoint_dtype, input_max_len
-    from agent.repair_rules.files import checkpoint_dir, recipe_model_name
-    from agent.vendor import read_config
+    """What the template would write for this recipe: {dotted key: value}, from the recipe's spec.
+    Values the YAML already has are used to keep the others consistent (e.g. max_new_tokens fits
+    beside input_max_len)."""
+    from agent.repair_rules.files import recipe_spec
 
-    settings = load_yaml(recipe_dir)
-    report = report_data(recipe_dir)
-    model_dir = checkpoint_dir(recipe_dir)
-    config = read_config(model_dir) if model_dir else {}
-    text = config.get("text_config") or config
-    limit = text.get("max_position_embeddings") or text.get("n_positions") or text.get("max_sequence_length")
-    data = settings.get("data_config") if isinstance(settings.get("data_config"), dict) else {}
-    device = settings.get("device") if settings.get("device") in ("auto", "npu", "cuda", "cpu") else "auto"
-    on_cpu = device == "cpu" or (device == "auto" and (report.get("env") or {}).get("device") in (None, "cpu"))
-    max_new = 32
-    if limit and _is_int(data.get("input_max_len")):
-        max_new = max(1, min(32, limit - data["input_max_len"]))
-    defaults = {
-        "model_name": recipe_model_name(recipe_dir),
-        "model_source": report.get("model_source") or (str(model_dir) if model_dir else None),
-        "model_path": str(model_dir.resolve()) if model_dir else None,
-        "exe_mode": "eager",
-        "device": "auto",
-        "world_size": 1,
-        "model_config.dtype": "float32" if on_cpu else checkpoint_dtype(config),
-        "model_config.enable_online_split_weight": False,
-        "model_config.attn_implementation": (report.get("vendored") or {}).get("attn_implementation", "sdpa"),
-        "data_config.dataset": "default",
-        "data_config.input_max_len": input_max_len(
-            config, data["max_new_tokens"] if _is_int(data.get("max_new_tokens")) else 32),
-        "data_config.max_new_tokens": max_new,
-        "data_config.batch_size": 1,
-        "parallel_config.attn_tp_size": 1,
-        "parallel_config.moe_tp_size": 1,
-        "parallel_config.lmhead_tp_size": 1,
-    }
-    return {k: v for k, v in defaults.items() if v is not None}
+    return recipe_spec(recipe_dir).yaml_defaults()
 
 
 def _is_int(value) -> bool:

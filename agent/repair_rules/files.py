@@ -70,17 +70,13 @@ def _runner_imports(recipe_dir: Path, name: str) -> dict:
     return found
 
 
-def render_context(recipe_dir: Path, model_name: str | None = None, trust_remote_code: bool = False):
-    """(context, family) for the templates, rebuilt from migration_report.json, the YAML and the
-    checkpoint, as agent.nodes.node_render built it. YAML values the recipe has are kept."""
-    import transformers
-
-    from agent.nodes import checkpoint_dtype, input_max_len
-    from agent.routing import FAMILIES, route
+def recipe_spec(recipe_dir: Path, model_name: str | None = None, trust_remote_code: bool = False):
+    """The recipe's agent.spec.RecipeSpec, rebuilt from migration_report.json, the YAML and the
+    checkpoint. YAML values that validate are kept."""
+    from agent.spec import RecipeSpec
     from agent.vendor import locate_source, read_config
 
     report = report_data(recipe_dir)
-    settings = load_yaml(recipe_dir)
     name = model_name or report.get("model_name") or recipe_model_name(recipe_dir)
     model_dir = checkpoint_dir(recipe_dir)
     config = read_config(model_dir) if model_dir else {}
@@ -97,36 +93,14 @@ def render_context(recipe_dir: Path, model_name: str | None = None, trust_remote
             except Exception:  # noqa: BLE001 - fall back to what the runner imports
                 pass
         vendored = {**_runner_imports(recipe_dir, name), **vendored}
-    model_cfg = settings.get("model_config") if isinstance(settings.get("model_config"), dict) else {}
-    data_cfg = settings.get("data_config") if isinstance(settings.get("data_config"), dict) else {}
-    max_new = data_cfg.get("max_new_tokens") if isinstance(data_cfg.get("max_new_tokens"), int) else 32
-    device = settings.get("device") or "auto"
-    env_device = (report.get("env") or {}).get("device")
-    on_cpu = device == "cpu" or (device == "auto" and env_device in (None, "cpu"))
-    family_name = report.get("family") or (route(config.get("text_config") or config).name if config
-                                           else "standard")
-    codemods = (vendored.get("codemods") or {}).get(f"modeling_{name}.py", [])
-    context = {
-        "model_name": name,
-        "model_path": str(model_dir.resolve()) if model_dir else str(settings.get("model_path", "")),
-        "model_source": report.get("model_source") or settings.get("model_source")
-        or (str(model_dir) if model_dir else ""),
-        "architecture": report.get("architecture")
-        or ((config.get("architectures") or [None])[0]) or vendored.get("model_class", name),
-        "device": device,
-        "dtype": model_cfg.get("dtype") or ("float32" if on_cpu else checkpoint_dtype(config)),
-        "input_max_len": data_cfg.get("input_max_len") if isinstance(data_cfg.get("input_max_len"), int)
-        else input_max_len(config, max_new),
-        "max_new_tokens": max_new,
-        "transformers_version": transformers.__version__,
-        "modeling_codemods": ", ".join(codemods) or "none",
-        "origin": vendored.get("origin", "unknown origin"),
-        "attn_implementation": model_cfg.get("attn_implementation") or vendored.get("attn_implementation")
-        or "sdpa",
-        **{k: vendored[k] for k in ("model_class", "config_class", "modeling_module", "configuration_module")
-           if k in vendored},
-    }
-    return context, FAMILIES.get(family_name, FAMILIES["standard"])
+    return RecipeSpec.from_recipe(model_name=name, report=report, settings=load_yaml(recipe_dir),
+                                  model_dir=model_dir, config=config, vendored=vendored)
+
+
+def render_context(recipe_dir: Path, model_name: str | None = None, trust_remote_code: bool = False):
+    """(context, family) for the templates, from the recipe's spec (as node_render renders it)."""
+    spec = recipe_spec(recipe_dir, model_name, trust_remote_code)
+    return spec.context(), spec.family_spec()
 
 
 def generated_targets(name: str, family) -> dict[str, str]:

@@ -1,0 +1,158 @@
+"""One recipe spec, one YAML schema: the renderer, validation, repair defaults and README agree."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agent.paths import demo_model_dir
+from engine import defaults
+from engine.config import KEYS, OBSOLETE, ConfigError, keys_markdown, rendered_keys, validate
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _structure(settings: dict) -> dict:
+    """{section or None: [keys in order]} of a YAML mapping."""
+    shape = {None: list(settings)}
+    shape.update({k: list(v) for k, v in settings.items() if isinstance(v, dict)})
+    return shape
+
+
+def _demo_spec(tmp_path: Path, **options):
+    from agent.routing import route
+    from agent.spec import VENDORED_KEYS, RecipeSpec
+    from agent.vendor import locate_source, read_config
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(demo_model_dir(), ckpt)
+    config = read_config(ckpt)
+    source = locate_source(config, ckpt)
+    family = route(config.get("text_config") or config).name
+    vendored = {"codemods": {"modeling_demo.py": ["AbsoluteImports"]}, **{k: getattr(source, k) for k in VENDORED_KEYS}}
+    return RecipeSpec.for_checkpoint(model_name="demo", model_dir=ckpt, model_source="Org/Demo",
+                                     architecture=source.architecture, family=family, vendored=vendored,
+                                     config=config, **options), vendored
+
+
+def _render(recipe: Path, spec) -> list[Path]:
+    from agent.render import render_recipe
+
+    return render_recipe(recipe, spec.context(), spec.family_spec())
+
+
+def test_readme_key_table_is_the_schema():
+    readme = (ROOT / "README.md").read_text()
+    found = re.search(r"<!-- yaml-keys[^>]*-->\n(.*?)\n<!-- /yaml-keys -->", readme, re.S)
+    assert found, "README lacks the generated YAML key table"
+    assert found.group(1) == keys_markdown(), "README's YAML key table is stale: paste engine.config.keys_markdown()"
+
+
+def test_rendered_yaml_has_the_schema_keys_in_order_and_validates(tmp_path):
+    spec, _ = _demo_spec(tmp_path, device="cpu")
+    _render(tmp_path / "demo", spec)
+    settings = yaml.safe_load((tmp_path / "demo" / "config" / "demo_1card_eager.yaml").read_text())
+    assert _structure(settings) == {section: rendered_keys(section)
+                                    for section in (None, "model_config", "data_config", "parallel_config")}
+    assert settings == spec.settings()
+    validate(settings)
+    assert "enable_online_split_weight" not in settings["model_config"]
+    assert settings["data_config"]["max_new_tokens"] == defaults.MAX_NEW_TOKENS
+    assert settings["world_size"] == defaults.WORLD_SIZE and settings["exe_mode"] == "eager"
+
+
+def test_old_recipe_yaml_with_an_obsolete_key_still_validates(tmp_path):
+    """A recipe rendered by an earlier release wrote model_config.enable_online_split_weight."""
+    old = {"model_name": "old", "model_path": "/m", "model_source": "/m", "exe_mode": "eager", "device": "auto",
+           "world_size": 1,
+           "model_config": {"dtype": "float32", "enable_online_split_weight": False, "attn_implementation": "sdpa"},
+           "data_config": {"dataset": "default", "input_max_len": 1024, "max_new_tokens": 32, "batch_size": 1},
+           "parallel_config": {"attn_tp_size": 1, "moe_tp_size": 1, "lmhead_tp_size": 1}}
+    assert "model_config.enable_online_split_weight" in OBSOLETE
+    validate(old)
+    old["model_config"]["enable_online_split_weight"] = "yes, please"     # ignored whatever it holds
+    validate(old)
+    with pytest.raises(ConfigError, match="'model_config.dtype'"):       # the keys that count still do
+        validate({**old, "model_config": {"enable_online_split_weight": True}})
+
+
+def _readers() -> str:
+    """Text of what reads a recipe YAML at run time: the engine, the recipe templates, the baseline
+    collector (wherever it lives)."""
+    paths = [p for p in (ROOT / "engine").rglob("*.py") if p.name not in ("config.py", "defaults.py")]
+    paths += [p for p in (ROOT / "templates").glob("*.j2") if p.name != "config.yaml.j2"]
+    paths += [p for base in ("agent", "engine", "scripts") for p in (ROOT / base).rglob("*collect_baseline*.py")]
+    return "\n".join(p.read_text() for p in paths)
+
+
+@pytest.mark.parametrize("key", [k for k in KEYS if not k.is_section], ids=lambda k: k.name)
+def test_every_schema_key_has_a_reader(key):
+    assert re.search(rf"""["']{key.leaf}["']""", _readers()), f"{key.name}: nothing reads it; implement or drop it"
+
+
+def test_obsolete_keys_have_no_reader():
+    for name in OBSOLETE:
+        assert name.rpartition(".")[2] not in _readers()
+
+
+def test_re_render_from_the_recipe_gives_the_same_files(tmp_path):
+    """RecipeSpec.from_recipe (repair's re-render) rebuilds the spec node_render rendered from."""
+    from agent.repair_rules.files import recipe_spec
+
+    spec, vendored = _demo_spec(tmp_path, device="cpu", max_new_tokens=8)
+    recipe = tmp_path / "demo"
+    written = _render(recipe, spec)
+    (recipe / "migration_report.json").write_text(json.dumps(
+        {"model_name": "demo", "model_source": "Org/Demo", "architecture": spec.architecture, "family": spec.family,
+         "model_dir": spec.model_path, "vendored": vendored, "env": {"device": "cpu"}}))
+    rebuilt = recipe_spec(recipe)
+    assert rebuilt.settings() == spec.settings()
+    again = tmp_path / "again"
+    for path in _render(again, rebuilt):
+        assert path.read_text() == (recipe / path.relative_to(again)).read_text(), path.name
+    assert len(written) == len(list(again.rglob("*.*")))
+
+
+def test_repair_defaults_come_from_the_spec_and_fit_the_checkpoint(tmp_path):
+    """A YAML with keys missing: the defaults are the spec's, and max_new_tokens fits beside the
+    prompt budget the YAML keeps (the checkpoint has 512 positions)."""
+    from agent.repair_rules.config import template_defaults
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"],
+                                                  "max_position_embeddings": 512, "torch_dtype": "bfloat16"}))
+    recipe = tmp_path / "fi"
+    (recipe / "config").mkdir(parents=True)
+    (recipe / "config" / "fi_1card_eager.yaml").write_text(yaml.safe_dump(
+        {"model_name": "fi", "model_path": str(ckpt), "device": "cuda", "model_config": {"dtype": 7},
+         "data_config": {"input_max_len": 500}}))
+    found = template_defaults(recipe)
+    assert found["data_config.max_new_tokens"] == 12                  # 512 - 500
+    assert found["data_config.input_max_len"] == 500                  # kept
+    assert found["model_config.dtype"] == "bfloat16"                  # the checkpoint's (not on CPU: device cuda)
+    assert found["model_path"] == str(ckpt.resolve()) and found["device"] == "cuda"
+    assert {k: found[k] for k in ("exe_mode", "world_size", "data_config.batch_size", "parallel_config.attn_tp_size")} \
+        == {"exe_mode": "eager", "world_size": 1, "data_config.batch_size": 1, "parallel_config.attn_tp_size": 1}
+    assert set(found) <= {k.name for k in KEYS}
+
+
+def test_defaults_have_one_home():
+    """Each default lives in engine/defaults.py; the CLI, the graph and repair read it from there."""
+    from agent import cli, graph, repair
+
+    run = cli._parser().parse_args(["run", "x"])
+    assert (run.timeout, run.max_new_tokens, run.max_rounds) == \
+        (defaults.TIMEOUT_S, defaults.MAX_NEW_TOKENS, defaults.MAX_ROUNDS)
+    assert graph.DEFAULT_MAX_ROUNDS == defaults.MAX_ROUNDS
+    assert repair.RepairContext().timeout_s == defaults.TIMEOUT_S
+    literal = re.compile(r"(default=|or |= |, )1800\b")
+    offenders = [f"{p.relative_to(ROOT)}:{n}" for base in ("agent", "engine") for p in (ROOT / base).rglob("*.py")
+                 if p.name != "defaults.py" for n, line in enumerate(p.read_text().splitlines(), 1)
+                 if literal.search(line)]
+    assert not offenders, f"timeouts written out instead of engine.defaults: {offenders}"
