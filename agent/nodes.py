@@ -385,8 +385,9 @@ def node_repair(state: MigrationState) -> dict:
     context = RepairContext(allow_install=bool(state.get("allow_install")), timeout_s=state.get("timeout_s") or 1800,
                             trust_remote_code=bool(state.get("trust_remote_code")))
     rounds = list(state["rounds"])
+    # The fix sees the failure diagnose saw: rebuilt from the same run record.
     rounds[-1] = dict(rounds[-1], **repair(Path(state["recipe_dir"]), rounds[-1]["diagnosis"],
-                                           round_no=rounds[-1]["round"], context=context))
+                                           round_no=rounds[-1]["round"], context=context, run=last_run(state)))
     return {"rounds": rounds}
 
 
