@@ -1,6 +1,6 @@
 """Rules from field reports: failures people hit running recipes (see tests/field_faults/README.md).
 
-Each rule's matcher is written on the message as it shows in the reports (copied into
+Each rule's evidence is the message as it shows in the reports (copied into
 tests/field_faults/corpus.yaml). Rules with a safe fix apply it (codemods through
 agent.codemods_device, line-ending repair, a YAML dtype edit); the others are report-only: the
 fix changes nothing and returns a precise diagnosis with the next step, so the repair loop stops
@@ -9,8 +9,7 @@ with that note instead of "unknown failure". NPU kernels with no portable equiva
 
 EARLIEST goes before every rule (a recipe YAML that does not parse breaks other matchers), FIRST
 before agent.repair_rules.code (a missing torch_npu is not a pip package to install when only
-incidental calls need it), RULES after it. `explain_unknown` is what `diagnose` adds for a failure
-no rule knows: exception, message, the last log lines before it and the closest rule.
+incidental calls need it), RULES after it (agent.repair_rules.catalogue orders them).
 """
 
 from __future__ import annotations
@@ -24,8 +23,6 @@ from agent.failure import Failure
 from agent.repair_rules._util import edit_yaml_line, load_yaml, recipe_yaml
 from agent.repair_rules.code import _fix_missing_package, install_command, recipe_py_files
 from agent.repair_rules.rule import RepairContext, Rule, report, where_it_failed
-
-_BOM = "\ufeff"
 
 
 # ---- incidental NPU calls on a host without torch_npu -------------------------------------
@@ -200,125 +197,167 @@ EARLIEST: list[Rule] = [
     Rule("recipe_yaml_syntax_error", _YAML_ERROR,
          "the recipe YAML is not valid YAML",
          report("{file} line {line} column {col} is not valid YAML ({kind}): {problem}: {text!r}; typical "
-                 "causes: a missing space after ':', a tab in the indentation, an unquoted value containing ': ' "
-                 "(quote it)"), facts=_yaml_syntax_facts, kind="report"),
+                "causes: a missing space after ':', a tab in the indentation, an unquoted value containing ': ' "
+                "(quote it)"),
+         facts=_yaml_syntax_facts, kind="report"),
 ]
 
 FIRST: list[Rule] = [
-    Rule("incidental_npu_call",
-         _NPU_MISSING,
+    Rule("incidental_npu_call", _NPU_MISSING,
          "recipe code makes NPU bookkeeping calls (torch.npu.*, .npu(), device=\"npu\", import torch_npu) on a "
-         "host without torch_npu", _fix_incidental_npu, facts=_incidental_npu_facts, kind="codemod"),
-    Rule("torch_npu_imported_from_source_tree",
-         re.compile(r"No module named 'torch_npu\._C'"),
+         "host without torch_npu",
+         _fix_incidental_npu,
+         facts=_incidental_npu_facts, kind="codemod"),
+    Rule("torch_npu_imported_from_source_tree", re.compile(r"No module named 'torch_npu\._C'"),
          "torch_npu is imported from its own source tree (torch_npu._C is missing)",
          report("`import torch_npu` picked up the torch_npu source directory instead of the installed package "
-                 "({where}): run infer.sh from a directory that is not the torch_npu source tree"), kind="report"),
-    Rule("torch_npu_backend_autoload_failed",
-         re.compile(r"Failed to load the backend extension: torch_npu"),
+                "({where}): run infer.sh from a directory that is not the torch_npu source tree"),
+         kind="report"),
+    Rule("torch_npu_backend_autoload_failed", re.compile(r"Failed to load the backend extension: torch_npu"),
          "torch_npu is installed but cannot load, so `import torch` itself fails (backend autoload)",
          report("torch >= 2.5 auto-loads torch_npu at `import torch` and that failed ({where}): on a host without "
-                 "CANN run with TORCH_DEVICE_BACKEND_AUTOLOAD=0 (or uninstall torch_npu); on an NPU host source "
-                 "/usr/local/Ascend/ascend-toolkit/set_env.sh and install the torch_npu built for this torch"), kind="report"),
+                "CANN run with TORCH_DEVICE_BACKEND_AUTOLOAD=0 (or uninstall torch_npu); on an NPU host source "
+                "/usr/local/Ascend/ascend-toolkit/set_env.sh and install the torch_npu built for this torch"),
+         kind="report"),
     Rule("torch_npu_without_cann",
          re.compile(r"(?P<lib>lib(?:hccl|ascend_hal|ascendcl|atb|acl_op_compiler|ge_runner|runtime)\.so)\S*: cannot open "
-                 r"shared object file"),
+                    r"shared object file"),
          "torch_npu cannot load the CANN runtime libraries (CANN not installed or set_env.sh not sourced)",
          report("{lib} is missing ({where}): source /usr/local/Ascend/ascend-toolkit/set_env.sh (and the driver's "
-                 "LD_LIBRARY_PATH) before infer.sh, or run on CPU/CUDA without torch_npu installed"), kind="report"),
+                "LD_LIBRARY_PATH) before infer.sh, or run on CPU/CUDA without torch_npu installed"),
+         kind="report"),
 ]
 
 RULES: list[Rule] = [
-    Rule("incidental_cuda_call",
-         _CUDA_MISSING,
-         "recipe code makes CUDA bookkeeping calls (torch.cuda.set_device, Event, memory stats...) without CUDA", _fix_incidental_cuda, facts=_incidental_cuda_facts, kind="codemod"),
+    Rule("incidental_cuda_call", _CUDA_MISSING,
+         "recipe code makes CUDA bookkeeping calls (torch.cuda.set_device, Event, memory stats...) without CUDA",
+         _fix_incidental_cuda,
+         facts=_incidental_cuda_facts, kind="codemod"),
     Rule("shell_script_crlf", _CRLF_ERROR,
-         "a recipe shell script has Windows (CRLF) line endings", _fix_crlf, facts=_crlf_facts, where=("output",), kind="infer.sh", keeps_format=False),
+         "a recipe shell script has Windows (CRLF) line endings",
+         _fix_crlf,
+         facts=_crlf_facts, where=("output",), kind="infer.sh", keeps_format=False),
     Rule("shell_script_not_executable", re.compile(r"(?P<script>\S+\.sh): Permission denied"),
          "a recipe script is run as ./script but is not executable",
-         report("{script} is not executable: run it as `bash {script}` (what migrator does) or chmod +x it"), kind="report"),
-    Rule("npu_device_id_invalid", re.compile(r"invalid device=\d+, input visible devices:[\d,]*|open device \d+ failed, runtime result = 107001|"
-                 r"Invalid device (?:ID|id)|SetDevice\(device_id_\), error code is 507033"),
+         report("{script} is not executable: run it as `bash {script}` (what migrator does) or chmod +x it"),
+         kind="report"),
+    Rule("npu_device_id_invalid",
+         re.compile(r"invalid device=\d+, input visible devices:[\d,]*|open device \d+ failed, runtime result = 107001|"
+                    r"Invalid device (?:ID|id)|SetDevice\(device_id_\), error code is 507033"),
          "the NPU id a rank asks for is not visible (ASCEND_RT_VISIBLE_DEVICES / world_size)",
          report("{message}: ranks are numbered from 0 within ASCEND_RT_VISIBLE_DEVICES; list ascending, existing "
-                 "ids (see npu-smi info) and keep world_size <= their count"), kind="report"),
-    Rule("npu_device_busy", re.compile(r"because the device is used\. ret is -8020|Maybe the last training process is running|"
-                 r"dcmi module initialize failed\. ret is -8005"),
+                "ids (see npu-smi info) and keep world_size <= their count"),
+         kind="report"),
+    Rule("npu_device_busy",
+         re.compile(r"because the device is used\. ret is -8020|Maybe the last training process is running|"
+                    r"dcmi module initialize failed\. ret is -8005"),
          "the NPU is held by another process",
          report("{message}: another process holds the NPU: check `npu-smi info` for running processes, stop them "
-                 "and wait ~10 s, or pick a free device with ASCEND_RT_VISIBLE_DEVICES"), kind="report"),
-    Rule("cann_runtime_init_failed", re.compile(r"EH9999[^\n]*\n?[^\n]*init env failed|ERR00100 PTA call acl api failed|"
-                 r"Inner Error!\s*\n?\s*EH9999"),
+                "and wait ~10 s, or pick a free device with ASCEND_RT_VISIBLE_DEVICES"),
+         kind="report"),
+    Rule("cann_runtime_init_failed",
+         re.compile(r"EH9999[^\n]*\n?[^\n]*init env failed|ERR00100 PTA call acl api failed|"
+                    r"Inner Error!\s*\n?\s*EH9999"),
          "the CANN runtime failed to initialise (driver / dependencies)",
          report("{message}: the CANN runtime could not start: check the driver with `npu-smi info`, that the CANN "
-                 "version matches the driver, and CANN's Python dependencies (decorator, sympy, cffi, protobuf, "
-                 "attrs, psutil, scipy)"), kind="report"),
-    Rule("hccl_init_failed", re.compile(r"HcclCommInitRootInfo[^\n]*|HcclCommInitRootConfig[^\n]*|ERR02200 DIST call hccl api failed"),
+                "version matches the driver, and CANN's Python dependencies (decorator, sympy, cffi, protobuf, "
+                "attrs, psutil, scipy)"),
+         kind="report"),
+    Rule("hccl_init_failed",
+         re.compile(r"HcclCommInitRootInfo[^\n]*|HcclCommInitRootConfig[^\n]*|ERR02200 DIST call hccl api failed"),
          "HCCL could not create the communicator between ranks",
          report("{message}: the ranks could not form an HCCL group: every rank must start (world_size), see the "
-                 "same MASTER_ADDR/MASTER_PORT, and use distinct NPUs; check the device network with "
-                 "hccn_tool / the HCCL test"), kind="report"),
-    Rule("hccl_collective_timeout", re.compile(r"EI0006[^\n]*|Getting socket times out|Watchdog caught collective operation timeout[^\n]*|"
-                 r"HcclAllreduce, error code is \d+"),
+                "same MASTER_ADDR/MASTER_PORT, and use distinct NPUs; check the device network with "
+                "hccn_tool / the HCCL test"),
+         kind="report"),
+    Rule("hccl_collective_timeout",
+         re.compile(r"EI0006[^\n]*|Getting socket times out|Watchdog caught collective operation timeout[^\n]*|"
+                    r"HcclAllreduce, error code is \d+"),
          "a collective timed out: some rank did not take part in time",
          report("{message}: a rank is stuck or dead: look at every rank's log for an earlier error, make every "
-                 "rank run the same number of generate steps, raise HCCL_CONNECT_TIMEOUT / HCCL_EXEC_TIMEOUT only "
-                 "if the ranks are merely slow"), kind="report"),
-    Rule("npu_api_version_mismatch", re.compile(r"module 'torch_npu(?:\.npu)?' has no attribute '(?P<api>(?!npu_|_npu)\w+)'"),
+                "rank run the same number of generate steps, raise HCCL_CONNECT_TIMEOUT / HCCL_EXEC_TIMEOUT only "
+                "if the ranks are merely slow"),
+         kind="report"),
+    Rule("npu_api_version_mismatch",
+         re.compile(r"module 'torch_npu(?:\.npu)?' has no attribute '(?P<api>(?!npu_|_npu)\w+)'"),
          "the recipe calls a torch_npu API the installed torch_npu does not have",
          report("torch_npu has no {api} ({where}): the recipe was written for another torch_npu release; install "
-                 "the torch_npu that matches the recipe's (see requirements.txt) or use that release's API name"), kind="report"),
+                "the torch_npu that matches the recipe's (see requirements.txt) or use that release's API name"),
+         kind="report"),
     Rule("static_tls_libgomp", re.compile(r"(?P<lib>\S*libgomp\S*): cannot allocate memory in static TLS block"),
          "libgomp cannot be loaded after other libraries (static TLS exhausted)",
-         report("{lib} cannot be loaded late: export LD_PRELOAD={lib} before infer.sh"), kind="report"),
+         report("{lib} cannot be loaded late: export LD_PRELOAD={lib} before infer.sh"),
+         kind="report"),
     Rule("shared_library_missing", re.compile(r"(?P<lib>lib[\w.+-]+\.so[\d.]*): cannot open shared object file"),
          "a native library a Python package needs is missing",
          report("{lib} is not found ({where}): install the system package providing it or add its directory "
-                 "to LD_LIBRARY_PATH"), kind="report"),
+                "to LD_LIBRARY_PATH"),
+         kind="report"),
     Rule("tokenizer_backend_missing", _TOKENIZER_BACKEND,
-         "the tokenizer needs a library (SentencePiece, protobuf, tiktoken) not installed", _fix_missing_package, facts=_tokenizer_backend_facts, kind="report"),
+         "the tokenizer needs a library (SentencePiece, protobuf, tiktoken) not installed",
+         _fix_missing_package,
+         facts=_tokenizer_backend_facts, kind="report"),
     Rule("transformers_does_not_know_model",
          re.compile(r"model type `(?P<model_type>[\w-]+)` but Transformers does not recognize this architecture"),
          "the installed transformers does not know the checkpoint's model type",
          report("model type {model_type} is unknown to the installed transformers: upgrade transformers, or if "
-                 "the checkpoint ships its own modeling code re-run with --trust-remote-code after reviewing it"), kind="report"),
-    Rule("tokenizer_class_unknown", re.compile(r"Tokenizer class (?P<cls>\w+) does not exist or is not currently imported"),
+                "the checkpoint ships its own modeling code re-run with --trust-remote-code after reviewing it"),
+         kind="report"),
+    Rule("tokenizer_class_unknown",
+         re.compile(r"Tokenizer class (?P<cls>\w+) does not exist or is not currently imported"),
          "tokenizer_config.json names a tokenizer class transformers does not have",
          report("tokenizer class {cls} is unknown: fix tokenizer_class in the checkpoint's tokenizer_config.json "
-                 "(e.g. LLaMATokenizer -> LlamaTokenizer) or install the transformers version it was saved with"), kind="report"),
-    Rule("transformers_api_moved", re.compile(r"cannot import name '(?P<name>\w+)' from '(?P<module>transformers[\w.]*)'|"
-                 r"No module named '(?P<submodule>transformers\.[\w.]+)'"),
+                "(e.g. LLaMATokenizer -> LlamaTokenizer) or install the transformers version it was saved with"),
+         kind="report"),
+    Rule("transformers_api_moved",
+         re.compile(r"cannot import name '(?P<name>\w+)' from '(?P<module>transformers[\w.]*)'|"
+                    r"No module named '(?P<submodule>transformers\.[\w.]+)'"),
          "vendored code imports a transformers name this version does not have",
          report("{where}: the vendored code was written for another transformers release ({message}); pin the "
-                 "transformers version in requirements.txt or update the import to its new location"), kind="report"),
+                "transformers version in requirements.txt or update the import to its new location"),
+         kind="report"),
     Rule("rope_scaling_schema", _ROPE,
-         "vendored code and config disagree on the rope_scaling schema", _fix_rope, facts=_rope_facts, kind="codemod"),
+         "vendored code and config disagree on the rope_scaling schema",
+         _fix_rope,
+         facts=_rope_facts, kind="codemod"),
     Rule("safetensors_header_invalid", _SAFETENSORS,
-         "a safetensors shard is not a valid safetensors file", report("SafetensorError {error}: {why}"), facts=_safetensors_facts, kind="report"),
-    Rule("checkpoint_shape_mismatch", re.compile(r"size mismatch for (?P<param>[\w.]+): copying a param with shape (?P<ckpt>torch\.Size\(\[[\d, ]*\]\)) "
-                 r"from checkpoint, the shape in current model is (?P<model>torch\.Size\(\[[\d, ]*\]\))"),
+         "a safetensors shard is not a valid safetensors file",
+         report("SafetensorError {error}: {why}"),
+         facts=_safetensors_facts, kind="report"),
+    Rule("checkpoint_shape_mismatch",
+         re.compile(r"size mismatch for (?P<param>[\w.]+): copying a param with shape (?P<ckpt>torch\.Size\(\[[\d, ]*\]\)) "
+                    r"from checkpoint, the shape in current model is (?P<model>torch\.Size\(\[[\d, ]*\]\))"),
          "checkpoint tensors have other shapes than the model built from the config",
          report("{param}: checkpoint {ckpt} vs model {model}: config.json (vocab_size / hidden sizes) does not "
-                 "describe these weights; use the config that was saved with the checkpoint"), kind="report"),
+                "describe these weights; use the config that was saved with the checkpoint"),
+         kind="report"),
     Rule("meta_tensor_not_loaded", re.compile(r"Cannot copy out of meta tensor; no data!"),
          "parameters stayed on the meta device (never loaded) and are then moved",
          report("{where}: some weights were never materialised (meta device): their keys are missing from the "
-                 "checkpoint or device_map offloaded them; do not call .to()/.cuda() on a device_map model"), kind="report"),
+                "checkpoint or device_map offloaded them; do not call .to()/.cuda() on a device_map model"),
+         kind="report"),
     Rule("mixed_dtype_in_recipe_code", _MIXED_DTYPE,
-         "tensors of two dtypes meet in one operation", _fix_mixed_dtype, facts=_mixed_dtype_facts, kind="yaml"),
+         "tensors of two dtypes meet in one operation",
+         _fix_mixed_dtype,
+         facts=_mixed_dtype_facts, kind="yaml"),
     Rule("non_finite_logits", re.compile(r"probability tensor contains either `?inf`?, `?nan`? or element < 0"),
          "sampling got inf/nan probabilities (numerical overflow)",
          report("{where}: the logits are inf/nan: float16 overflows on many models: use model_config.dtype "
-                 "bfloat16 or float32, and check the weights loaded (no missing keys)"), kind="report"),
-    Rule("process_group_not_initialized", re.compile(r"Default process group has not been initialized, please make sure to call init_process_group"),
+                "bfloat16 or float32, and check the weights loaded (no missing keys)"),
+         kind="report"),
+    Rule("process_group_not_initialized",
+         re.compile(r"Default process group has not been initialized, please make sure to call init_process_group"),
          "a torch.distributed call ran without an initialised process group",
          report("{where}: torch.distributed is used but no process group exists: launch through infer.sh "
-                 "(engine.launch starts torchrun when world_size > 1) or guard the call with "
-                 "torch.distributed.is_initialized()"), kind="report"),
-    Rule("rendezvous_port_in_use", re.compile(r"(?:EADDRINUSE|errno: 98 - Address already in use|Address already in use)[^\n]*"),
+                "(engine.launch starts torchrun when world_size > 1) or guard the call with "
+                "torch.distributed.is_initialized()"),
+         kind="report"),
+    Rule("rendezvous_port_in_use",
+         re.compile(r"(?:EADDRINUSE|errno: 98 - Address already in use|Address already in use)[^\n]*"),
          "the torchrun rendezvous port is taken by another run",
          report("{message}: another job holds the master port: stop it or export MASTER_PORT=<free port> "
-                 "before infer.sh"), kind="report"),
+                "before infer.sh"),
+         kind="report"),
 ]
 
 FIELD_RULE_NAMES = frozenset(r.name for r in EARLIEST + FIRST + RULES)
