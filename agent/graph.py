@@ -3,7 +3,7 @@
 detect_env -> classify -> A: acquire -> vendor -> render -> trial_run
                           B: -------------------------------> diagnose -> repair -> trial_run
                           C: collect_baseline
-trial_run -> ok: collect_baseline | OOM: estimate_memory -> report | fail: diagnose (<= max_rounds)
+trial_run -> ok: collect_baseline | fail: diagnose -> OOM: estimate_memory -> report | repair (<= max_rounds)
 collect_baseline -> verify -> report
 
 Routing functions read the state and name the next node; the nodes are agent.nodes; the graph is
@@ -25,16 +25,8 @@ def after_classify(state: MigrationState) -> str:
 
 
 def after_trial_run(state: MigrationState) -> str:
-    run = nodes.last_run(state)
-    if run.get("ok"):
-        return "collect_baseline"
-    from agent.repair import is_oom
-    from pathlib import Path
-
-    output = Path(run["output_file"]).read_text(errors="replace") if run.get("output_file") else ""
-    if is_oom(output):
-        return "estimate_memory"
-    return "diagnose"
+    """A run that worked is measured; any other goes to diagnose (out of memory included: a rule)."""
+    return "collect_baseline" if nodes.last_run(state).get("ok") else "diagnose"
 
 
 def after_verify(state: MigrationState) -> str:
@@ -44,7 +36,7 @@ def after_verify(state: MigrationState) -> str:
 
 def after_diagnose(state: MigrationState) -> str:
     rounds = state.get("rounds") or []
-    if rounds and rounds[-1]["diagnosis"].get("oom"):
+    if rounds and rounds[-1]["diagnosis"].get("oom"):     # the out_of_memory rule matched
         return "estimate_memory"
     if len(rounds) > state.get("max_rounds", DEFAULT_MAX_ROUNDS):
         return "give_up"
@@ -93,7 +85,7 @@ EDGES = [
 # node -> (routing function, the nodes it may name)
 ROUTES = {
     "classify": (after_classify, ["acquire", "diagnose", "collect_baseline"]),
-    "trial_run": (after_trial_run, ["collect_baseline", "estimate_memory", "diagnose"]),
+    "trial_run": (after_trial_run, ["collect_baseline", "diagnose"]),
     "diagnose": (after_diagnose, ["repair", "estimate_memory", "give_up"]),
     "repair": (after_repair, ["trial_run", "give_up"]),
     "verify": (after_verify, ["diagnose", "report"]),

@@ -28,7 +28,9 @@ import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.repair import Failure, RepairContext, Rule, UnsafeRecipePath, atomic_write, real_dirs
+from agent.backup import UnsafeRecipePath, atomic_write, real_dirs
+from agent.failure import Failure
+from agent.repair_rules.rule import RepairContext, Rule
 
 TIMEOUT_S = 120
 MAX_RESPONSE_BYTES = 1_000_000
@@ -45,7 +47,7 @@ def configured() -> bool:
 
 def relevant_file(failure: Failure) -> Path | None:
     """The recipe file named innermost in the traceback, else the runner."""
-    for path, _line in reversed(re.findall(r'File "([^"]+)", line (\d+)', failure.output)):
+    for path, _line in reversed(failure.frames):
         candidate = Path(path)
         try:
             candidate.resolve().relative_to(failure.recipe_dir.resolve())
@@ -458,16 +460,11 @@ def apply_diff(diff: str, recipe_dir: Path) -> list[str]:
     return sorted(rel for rel, *_ in plan)
 
 
-def _match(failure: Failure) -> dict | None:
+def _configured(failure: Failure, found=None) -> dict | None:
     return {} if configured() else None
 
 
 def _fix(failure: Failure, facts: dict, ctx: RepairContext) -> str:
-    # The round's Failure has no output (rules pass facts); re-read the last run's output.
-    runs = sorted((failure.recipe_dir / ".migrator" / "runs").glob("run_*/output.txt"),
-                  key=lambda p: p.stat().st_mtime)
-    if runs:
-        failure = Failure(failure.recipe_dir, runs[-1].read_text(errors="replace"), failure.error, failure.location)
     try:
         touched = apply_diff(request_diff(build_messages(failure)), failure.recipe_dir)
     except DiffRejected as exc:
@@ -475,4 +472,4 @@ def _fix(failure: Failure, facts: dict, ctx: RepairContext) -> str:
     return f"applied LLM diff to {', '.join(touched)}"
 
 
-RULE = Rule("llm_repairer", "no rule matched; an LLM proposed a patch", _match, _fix, kind="llm")
+RULE = Rule("llm_repairer", None, "no rule matched; an LLM proposed a patch", _fix, facts=_configured, kind="llm")

@@ -370,8 +370,9 @@ def node_repair(state: MigrationState) -> dict:
     context = RepairContext(allow_install=bool(state.get("allow_install")), timeout_s=state.get("timeout_s") or defaults.TIMEOUT_S,
                             trust_remote_code=bool(state.get("trust_remote_code")))
     last = state["rounds"][-1]
-    return {"rounds": [dict(last, **repair(Path(state["recipe_dir"]), last["diagnosis"],
-                                          round_no=last["round"], context=context))]}
+    # The fix sees the failure diagnose saw: rebuilt from the same run record.
+    return {"rounds": [dict(last, **repair(Path(state["recipe_dir"]), last["diagnosis"], round_no=last["round"],
+                                          context=context, run=last_run(state)))]}
 
 
 def node_estimate_memory(state: MigrationState) -> dict:

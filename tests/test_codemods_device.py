@@ -2,7 +2,8 @@
 
 from libcst.codemod import CodemodTest
 
-from agent.codemods_device import (CudaCallsToDeviceOpsCommand, GuardTorchNpuImportCommand, NpuCallsToDeviceOpsCommand,
+from agent.codemods_device import (GUARD_TORCH_NPU, CudaCallsToDeviceOpsCommand, GuardOptionalImportCommand,
+                                   NpuCallsToDeviceOpsCommand,
                                    NpuDeviceStringCommand, NpuTensorMethodCommand, npu_kernel_uses)
 
 
@@ -84,22 +85,23 @@ class TestNpuDeviceString(CodemodTest):
 
 
 class TestGuardTorchNpuImport(CodemodTest):
-    TRANSFORM = GuardTorchNpuImportCommand
+    TRANSFORM = GuardOptionalImportCommand
 
     def test_noop(self):
         code = "import torch\ntry:\n    import torch_npu\nexcept ImportError:\n    torch_npu = None\n"
-        self.assertCodemod(code, code)
+        self.assertCodemod(code, code, **GUARD_TORCH_NPU)
 
     def test_incidental_imports_are_guarded(self):
         before = "import torch\nimport torch_npu\nfrom torch_npu.contrib import transfer_to_npu\n\nx = torch.ones(1)\n"
         after = ("import torch\ntry:\n    import torch_npu\nexcept ImportError:  # NPU backend: optional off an NPU\n"
                  "    torch_npu = None\ntry:\n    from torch_npu.contrib import transfer_to_npu\n"
                  "except ImportError:  # NPU backend: optional off an NPU\n    transfer_to_npu = None\n\nx = torch.ones(1)\n")
-        self.assertCodemod(before, after)
+        self.assertCodemod(before, after, **GUARD_TORCH_NPU)
 
     def test_import_used_by_a_kernel_stays(self):
         code = "import torch_npu\n\ny = torch_npu.npu_rms_norm(x, w)\n"
-        self.assertCodemod(code, code, expected_warnings=["torch_npu is used beyond its import: left as is"])
+        self.assertCodemod(code, code, expected_warnings=["torch_npu is used beyond its import: left as is"],
+                           **GUARD_TORCH_NPU)
 
 
 def test_npu_kernel_uses_names_kernels_only():
@@ -166,7 +168,7 @@ def test_rewritten_recipe_code_runs_on_cpu(monkeypatch):
 
 
 class TestRopeScalingTypeKey(CodemodTest):
-    from agent.repair_rules.field import RopeScalingTypeKeyCommand as TRANSFORM
+    from agent.codemods_repair import RopeScalingTypeKeyCommand as TRANSFORM
 
     def test_noop(self):
         code = "kind = config.rope_scaling['rope_type']\nconfig.rope_scaling['type'] = 'linear'\nx = other['type']\n"

@@ -17,7 +17,8 @@ import pytest
 import yaml
 
 from agent.repair import Failure, first_matching_rule, is_oom
-from agent.repair_rules.field import FIELD_RULE_NAMES, explain_unknown
+from agent.repair import explain_unknown
+from agent.repair_rules.field import FIELD_RULE_NAMES
 from tests.conftest import REPO_ROOT, run_cli
 
 CORPUS_FILE = REPO_ROOT / "tests" / "field_faults" / "corpus.yaml"
@@ -83,11 +84,11 @@ def test_corpus_has_40_sourced_modes():
 def test_corpus_entry_takes_the_expected_rule_first(entry, tmp_path):
     recipe = mini_recipe(tmp_path, entry)
     log = entry["log"]
-    if entry.get("oom"):
-        assert is_oom(log)          # diagnose takes the out-of-memory path before any rule
-        return
-    assert not is_oom(log), "a non-OOM entry must not be mistaken for out of memory"
     name = first_rule(recipe, log)
+    if entry.get("oom"):
+        assert is_oom(log) and name == "out_of_memory"   # the out-of-memory rule comes before any other
+        return
+    assert not is_oom(log) and name != "out_of_memory", "a non-OOM entry must not be mistaken for out of memory"
     if entry["outcome"] == "exit4":
         # NPU kernels: no rule of this catalogue may claim them (the kernel check exits 4).
         assert name is None or name not in FIELD_RULE_NAMES | {"missing_pip_package", "hardcoded_cuda_device"}, name

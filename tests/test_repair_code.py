@@ -14,16 +14,9 @@ import yaml
 from libcst.codemod import CodemodTest
 
 from agent.repair import Failure, rule_named
-from agent.repair_rules.code import (
-    AddForwardKwargsCommand,
-    DeviceAgnosticCudaCommand,
-    GuardFlashAttnImportCommand,
-    PadTokenFallbackCommand,
-    TrustRemoteCodeCommand,
-    install_command,
-    key_prefix_mapping,
-    pip_distribution,
-)
+from agent.codemods_device import GUARD_FLASH_ATTN, DeviceAgnosticCudaCommand, GuardOptionalImportCommand
+from agent.codemods_repair import AddForwardKwargsCommand, PadTokenFallbackCommand, TrustRemoteCodeCommand
+from agent.repair_rules.code import install_command, key_prefix_mapping, pip_distribution
 from conftest import assert_repaired, first_match_name, repair_run
 
 MODELING = "models/modeling_fi.py"
@@ -620,7 +613,7 @@ class TestAddForwardKwargsCommand(CodemodTest):
 
 
 class TestGuardFlashAttnImportCommand(CodemodTest):
-    TRANSFORM = GuardFlashAttnImportCommand
+    TRANSFORM = GuardOptionalImportCommand
 
     def test_noop_when_guarded_or_absent(self) -> None:
         code = """
@@ -630,7 +623,7 @@ class TestGuardFlashAttnImportCommand(CodemodTest):
             except ImportError:
                 flash_attn_func = None
         """
-        self.assertCodemod(code, code)
+        self.assertCodemod(code, code, **GUARD_FLASH_ATTN)
 
     def test_guards_module_and_function_level_imports(self) -> None:
         before = """
@@ -662,7 +655,7 @@ class TestGuardFlashAttnImportCommand(CodemodTest):
                     pad_input = None
                 return pad_input(x)
         """
-        self.assertCodemod(before, after)
+        self.assertCodemod(before, after, **GUARD_FLASH_ATTN)
 
 
 class TestDeviceAgnosticCudaCommand(CodemodTest):

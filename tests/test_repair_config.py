@@ -291,8 +291,8 @@ def test_hanging_run_is_reported_with_where_it_stopped(working_recipe):
 
 def test_timeout_matcher_needs_a_timeout(tmp_path):
     from agent.repair import Failure
-    from agent.repair_rules.config import _match_timeout
 
-    assert _match_timeout(Failure(tmp_path, "x", "ValueError: no", None)) is None
-    facts = _match_timeout(Failure(tmp_path, "a\nstill decoding\n", "TimeoutError: infer.sh did not finish", None, True))
+    timeout = rule_named("run_timed_out")
+    assert timeout.match(Failure(tmp_path, "x", "ValueError: no", None)) is None
+    facts = timeout.match(Failure(tmp_path, "a\nstill decoding\n", "TimeoutError: infer.sh did not finish", None, True))
     assert facts["last_line"] == "still decoding"

@@ -48,7 +48,7 @@ class Killed(BaseException):
 
 
 def _rule(fix):
-    return Rule("test_rule", "test rule", lambda failure: {}, fix, kind="edit")
+    return Rule("test_rule", None, "test rule", fix, facts=lambda failure, found: {}, kind="edit")
 
 
 def test_backup_is_written_once_and_reused_by_the_same_run(recipe):

@@ -25,7 +25,7 @@ def test_graph_has_the_nodes_and_edges_of_the_spec():
     for edge in [("__start__", "detect_env"), ("detect_env", "classify"), ("classify", "acquire"),
                  ("classify", "diagnose"), ("classify", "collect_baseline"), ("acquire", "vendor"),
                  ("vendor", "render"), ("render", "trial_run"), ("trial_run", "collect_baseline"),
-                 ("trial_run", "diagnose"), ("trial_run", "estimate_memory"), ("diagnose", "repair"),
+                 ("trial_run", "diagnose"), ("diagnose", "repair"), ("diagnose", "estimate_memory"),
                  ("repair", "trial_run"), ("collect_baseline", "verify"), ("verify", "report"),
                  ("estimate_memory", "report"), ("report", "__end__")]:
         assert edge in edges, edge
@@ -67,14 +67,21 @@ def _state_with_run(tmp_path, ok, output=""):
 
 
 def test_after_trial_run_routes_success_failure_and_oom(tmp_path):
-    from agent.graph import after_trial_run
+    from agent.graph import after_diagnose, after_trial_run
+    from agent.repair import diagnose
 
     assert after_trial_run(_state_with_run(tmp_path, True)) == "collect_baseline"
     assert after_trial_run(_state_with_run(tmp_path, False, "ValueError: bad")) == "diagnose"
+    # Out of memory is a rule: the failed run goes to diagnose, its diagnosis to the memory estimate.
     oom = "RuntimeError: [enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory"
-    assert after_trial_run(_state_with_run(tmp_path, False, oom)) == "estimate_memory"
-    assert after_trial_run(_state_with_run(tmp_path, False, "torch.OutOfMemoryError: CUDA out of memory.")) \
-        == "estimate_memory"
+    for output in (oom, "torch.OutOfMemoryError: CUDA out of memory."):
+        state = _state_with_run(tmp_path, False, output)
+        assert after_trial_run(state) == "diagnose"
+        diagnosis = diagnose(tmp_path, state["runs"][-1])
+        assert diagnosis["rule"] == "out_of_memory" and diagnosis["oom"]
+        assert after_diagnose({"rounds": [{"diagnosis": diagnosis}], "max_rounds": 0}) == "estimate_memory"
+    bad = diagnose(tmp_path, _state_with_run(tmp_path, False, "ValueError: bad")["runs"][-1])
+    assert not bad["oom"] and after_diagnose({"rounds": [{"diagnosis": bad}], "max_rounds": 5}) == "give_up"
 
 
 def _round(signature, rule="some_rule"):

@@ -1,11 +1,6 @@
-"""The failure catalogue: rules from every module, most specific first.
+"""Repair rules, one module per kind of failure; `catalogue.CATALOGUE` orders them.
 
-Each module defines RULES (a list of agent.repair.Rule). Order matters: the first rule whose
-matcher accepts the failure is used, so specific rules come before general ones. The optional
-LLM repairer comes last: it only sees failures no rule knows.
+Each module defines its rules as rows (agent.repair_rules.rule.Rule). Importing this package
+imports nothing else, so rule modules, agent.backup and agent.llm_repair can share its helpers
+without an import cycle.
 """
-
-from agent import llm_repair
-from agent.repair_rules import code, config, field, files
-
-CATALOGUE = [*field.EARLIEST, *files.RULES, *config.RULES, *field.FIRST, *code.RULES, *field.RULES, llm_repair.RULE]

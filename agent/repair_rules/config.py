@@ -8,8 +8,9 @@ from pathlib import Path
 
 import yaml
 
-from agent.repair import Failure, RepairContext, Rule
+from agent.failure import Failure
 from agent.repair_rules._util import edit_yaml_line, load_yaml, recipe_yaml, report_data
+from agent.repair_rules.rule import RepairContext, Rule
 from engine.config import SECTIONS, rendered_keys
 
 _DTYPE_UNSUPPORTED = re.compile(
@@ -17,9 +18,7 @@ _DTYPE_UNSUPPORTED = re.compile(
     r"(BFloat16|Half) is not supported", re.I)
 
 
-def _match_dtype(failure: Failure) -> dict | None:
-    if not _DTYPE_UNSUPPORTED.search(failure.output):
-        return None
+def _dtype_facts(failure: Failure, found: re.Match) -> dict | None:
     dtype = (load_yaml(failure.recipe_dir).get("model_config") or {}).get("dtype")
     return {"dtype": dtype} if dtype in ("bfloat16", "float16") else None
 
@@ -110,9 +109,8 @@ def _lookup(settings: dict, dotted: str):
     return node
 
 
-def _match_missing_key(failure: Failure) -> dict | None:
-    found = _MISSING_KEY.search(failure.output)
-    if not found or recipe_yaml(failure.recipe_dir) is None:
+def _missing_key_facts(failure: Failure, found: re.Match) -> dict | None:
+    if recipe_yaml(failure.recipe_dir) is None:
         return None
     key = found["key"]
     if _lookup(load_yaml(failure.recipe_dir), key) is not KeyError:
@@ -159,11 +157,11 @@ def _coerce(key: str, value, kind: str, choices: list[str] | None):
     return None
 
 
-def _match_wrong_type(failure: Failure) -> dict | None:
+def _wrong_type_facts(failure: Failure, _found=None) -> dict | None:
     if recipe_yaml(failure.recipe_dir) is None:
         return None
     for pattern, problem in ((_WRONG_TYPE, "type"), (_BAD_CHOICE, "choice"), (_TOO_SMALL, "range")):
-        found = pattern.search(failure.output)
+        found = failure.search(pattern, ("output",))
         if found:
             value = _lookup(load_yaml(failure.recipe_dir), found["key"])
             if value is KeyError or isinstance(value, (dict, list)):
@@ -226,7 +224,7 @@ def find_moved_checkpoint(old: Path, max_dirs: int = 5000) -> tuple[Path | None,
     return pick, found
 
 
-def _match_model_path(failure: Failure) -> dict | None:
+def _model_path_facts(failure: Failure, _found=None) -> dict | None:
     settings = load_yaml(failure.recipe_dir)
     from agent.repair_rules.files import resolve_model_path
 
@@ -234,7 +232,7 @@ def _match_model_path(failure: Failure) -> dict | None:
     if path is None or _checkpoint(path):
         return None
     if settings["model_path"] not in failure.output and str(path) not in failure.output \
-            and not _PATH_ERRORS.search(failure.output):
+            and not failure.search(_PATH_ERRORS, ("output",)):
         return None
     return {"model_path": settings["model_path"], "resolved": str(path)}
 
@@ -263,9 +261,8 @@ _LENGTHS = re.compile(r"input_max_len \((?P<inp>\d+)\) \+ data_config\.max_new_t
                       r"exceeds max_position_embeddings \((?P<limit>\d+)\)")
 
 
-def _match_lengths(failure: Failure) -> dict | None:
-    found = _LENGTHS.search(failure.output)
-    if not found or recipe_yaml(failure.recipe_dir) is None:
+def _lengths_facts(failure: Failure, found: re.Match) -> dict | None:
+    if recipe_yaml(failure.recipe_dir) is None:
         return None
     return {k: int(v) for k, v in found.groupdict().items()}
 
@@ -288,14 +285,11 @@ def _fix_lengths(failure: Failure, facts: dict, ctx: RepairContext) -> str:
 _DEVICE = re.compile(r"--device (?P<device>\w+) requested but")
 
 
-def _match_device(failure: Failure) -> dict | None:
-    found = _DEVICE.search(failure.output)
-    if not found:
-        return None
+def _device_facts(failure: Failure, found: re.Match) -> dict | None:
     device = load_yaml(failure.recipe_dir).get("device")
     if not isinstance(device, str) or device.lower() != found["device"] or device == "auto":
         return None
-    return {"device": device, "reason": failure.output[found.start():].splitlines()[0][:300]}
+    return {"device": device, "reason": found.string[found.start():].splitlines()[0][:300]}
 
 
 def _fix_device(failure: Failure, facts: dict, ctx: RepairContext) -> str:
@@ -307,9 +301,8 @@ def _fix_device(failure: Failure, facts: dict, ctx: RepairContext) -> str:
 _YAML_NOT_FOUND = re.compile(r"(?P<path>\S+\.ya?ml): YAML file not found")
 
 
-def _match_yaml_missing(failure: Failure) -> dict | None:
-    found = _YAML_NOT_FOUND.search(failure.output)
-    if not found or recipe_yaml(failure.recipe_dir) is not None:
+def _yaml_missing_facts(failure: Failure, found: re.Match) -> dict | None:
+    if recipe_yaml(failure.recipe_dir) is not None:
         return None
     named = Path(found["path"])
     named = named if named.is_absolute() else failure.recipe_dir / named
@@ -336,39 +329,20 @@ def _fix_yaml_missing(failure: Failure, facts: dict, ctx: RepairContext) -> str:
             f"device {context['device']}, dtype {context['dtype']}, max_new_tokens {context['max_new_tokens']})")
 
 
-def _match_timeout(failure: Failure) -> dict | None:
-    if not (failure.timed_out or failure.error.startswith("TimeoutError: infer.sh did not finish")):
-        return None
-    lines = [ln.strip() for ln in failure.output.strip().splitlines() if ln.strip()]
-    data = load_yaml(failure.recipe_dir).get("data_config") or {}
-    return {"last_line": lines[-1][-300:] if lines else "(no output)",
-            "max_new_tokens": data.get("max_new_tokens"), "world_size": load_yaml(failure.recipe_dir).get("world_size")}
-
-
-def _fix_timeout(failure: Failure, facts: dict, ctx: RepairContext) -> str:
-    # Report only: a hang has no safe automatic fix (the cause may be a collective, an input
-    # wait or simply a slow device); the note says where it stopped and what to change.
-    return (f"infer.sh ran past --timeout {ctx.timeout_s}s; its last output line was: {facts['last_line']!r}. "
-            f"If it was still generating, raise --timeout or lower data_config.max_new_tokens "
-            f"({facts['max_new_tokens']}); if it was waiting (world_size {facts['world_size']}: every rank "
-            f"must start; or input/collective), fix that wait")
-
-
+_OUT = ("output",)
 RULES: list[Rule] = [
-    Rule("run_timed_out", "infer.sh hangs or runs past the timeout",
-         _match_timeout, _fix_timeout, kind="report"),
-    Rule("dtype_unsupported_on_device", "the configured dtype cannot run on this device",
-         _match_dtype, _fix_dtype, kind="yaml"),
-    Rule("yaml_missing_key", "the recipe YAML lacks a required key",
-         _match_missing_key, _fix_missing_key, kind="yaml"),
-    Rule("yaml_wrong_type", "a recipe YAML value has the wrong type or is not an accepted value",
-         _match_wrong_type, _fix_wrong_type, kind="yaml"),
-    Rule("model_path_missing", "the YAML model_path does not point at a checkpoint",
-         _match_model_path, _fix_model_path, kind="yaml"),
-    Rule("lengths_exceed_positions", "input_max_len + max_new_tokens exceed the model's positions",
-         _match_lengths, _fix_lengths, kind="yaml"),
-    Rule("device_unavailable", "the YAML names a device this machine cannot use",
-         _match_device, _fix_device, kind="yaml"),
-    Rule("yaml_file_missing", "the recipe YAML file is missing",
-         _match_yaml_missing, _fix_yaml_missing, kind="rerender"),
+    Rule("dtype_unsupported_on_device", _DTYPE_UNSUPPORTED, "the configured dtype cannot run on this device",
+         _fix_dtype, facts=_dtype_facts, where=_OUT, kind="yaml"),
+    Rule("yaml_missing_key", _MISSING_KEY, "the recipe YAML lacks a required key",
+         _fix_missing_key, facts=_missing_key_facts, where=_OUT, kind="yaml"),
+    Rule("yaml_wrong_type", None, "a recipe YAML value has the wrong type or is not an accepted value",
+         _fix_wrong_type, facts=_wrong_type_facts, kind="yaml"),
+    Rule("model_path_missing", None, "the YAML model_path does not point at a checkpoint",
+         _fix_model_path, facts=_model_path_facts, kind="yaml"),
+    Rule("lengths_exceed_positions", _LENGTHS, "input_max_len + max_new_tokens exceed the model's positions",
+         _fix_lengths, facts=_lengths_facts, where=_OUT, kind="yaml"),
+    Rule("device_unavailable", _DEVICE, "the YAML names a device this machine cannot use",
+         _fix_device, facts=_device_facts, where=_OUT, kind="yaml"),
+    Rule("yaml_file_missing", _YAML_NOT_FOUND, "the recipe YAML file is missing",
+         _fix_yaml_missing, facts=_yaml_missing_facts, where=_OUT, kind="rerender"),
 ]

@@ -1,6 +1,6 @@
 """Rules from field reports: failures people hit running recipes (see tests/field_faults/README.md).
 
-Each rule's matcher is written on the message as it shows in the reports (copied into
+Each rule's evidence is the message as it shows in the reports (copied into
 tests/field_faults/corpus.yaml). Rules with a safe fix apply it (codemods through
 agent.codemods_device, line-ending repair, a YAML dtype edit); the others are report-only: the
 fix changes nothing and returns a precise diagnosis with the next step, so the repair loop stops
@@ -9,8 +9,7 @@ with that note instead of "unknown failure". NPU kernels with no portable equiva
 
 EARLIEST goes before every rule (a recipe YAML that does not parse breaks other matchers), FIRST
 before agent.repair_rules.code (a missing torch_npu is not a pip package to install when only
-incidental calls need it), RULES after it. `explain_unknown` is what `diagnose` adds for a failure
-no rule knows: exception, message, the last log lines before it and the closest rule.
+incidental calls need it), RULES after it (agent.repair_rules.catalogue orders them).
 """
 
 from __future__ import annotations
@@ -18,61 +17,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import libcst as cst
-import libcst.matchers as m
-from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
-
-from agent.codemods_device import CUDA_COMMANDS, NPU_COMMANDS, npu_kernel_uses, transform
-from agent.repair import Failure, RepairContext, Rule, catalogue
+from agent.codemods_device import CUDA_COMMANDS, NPU_COMMANDS, npu_kernel_uses
+from agent.codemods_repair import RopeScalingTypeKeyCommand, rewrite_file
+from agent.failure import Failure
 from agent.repair_rules._util import edit_yaml_line, load_yaml, recipe_yaml
-from agent.repair_rules.code import _fix_missing_package, install_command, recipe_frames, recipe_py_files
-
-_BOM = "\ufeff"
-
-
-# ---- helpers -----------------------------------------------------------------------------
-def _read(path: Path) -> tuple[str, bool]:
-    """Source text with its own line endings (no newline translation) and whether it had a BOM."""
-    text = path.read_bytes().decode("utf-8")
-    return (text[1:], True) if text.startswith(_BOM) else (text, False)
-
-
-def _rewrite(path: Path, commands, dry_run: bool = False) -> bool:
-    """Run codemods on one file, keeping its encoding, BOM, line endings and mode. True if changed."""
-    try:
-        source, bom = _read(path)
-        new = transform(source, commands)
-    except Exception:      # unparsable / undecodable: not ours to touch
-        return False
-    if new == source:
-        return False
-    if not dry_run:
-        path.write_bytes(((_BOM if bom else "") + new).encode("utf-8"))
-    return True
-
-
-def where(failure: Failure) -> str:
-    """The innermost recipe frame as `file:line: source`, else the innermost frame, else 'unknown'."""
-    frames = recipe_frames(failure)
-    if frames:
-        rel, line = frames[-1]
-        try:
-            src = (failure.recipe_dir / rel).read_text(errors="replace").splitlines()[line - 1].strip()
-        except (OSError, IndexError):
-            src = ""
-        return f"{rel}:{line}" + (f": {src}" if src else "")
-    return failure.location or "unknown location"
-
-
-def _first(pattern: re.Pattern, failure: Failure) -> re.Match | None:
-    return pattern.search(failure.error) or pattern.search(failure.output)
-
-
-def _report(note: str):
-    """A report-only fix: changes nothing, returns the diagnosis and next step."""
-    def fix(failure: Failure, facts: dict, ctx: RepairContext) -> str:
-        return note.format(**facts)
-    return fix
+from agent.repair_rules.code import _fix_missing_package, install_command, recipe_py_files
+from agent.repair_rules.rule import RepairContext, Rule, report, where_it_failed
 
 
 # ---- incidental NPU calls on a host without torch_npu -------------------------------------
@@ -82,14 +32,12 @@ _NPU_MISSING = re.compile(
     r"(?:libhccl|libascend_hal|libascendcl)\.so: cannot open shared object file")
 
 
-def _match_incidental_npu(failure: Failure) -> dict | None:
-    if not _first(_NPU_MISSING, failure):
-        return None
+def _incidental_npu_facts(failure: Failure, found: re.Match) -> dict | None:
     files, kernels = [], []
     for path in recipe_py_files(failure.recipe_dir):
         text = path.read_text(errors="replace")
         kernels += npu_kernel_uses(text)
-        if ("npu" in text) and _rewrite(path, NPU_COMMANDS, dry_run=True):
+        if ("npu" in text) and rewrite_file(path, NPU_COMMANDS, dry_run=True):
             files.append(str(path.relative_to(failure.recipe_dir)))
     if kernels or not files:
         return None         # kernels: no portable equivalent (exit 4); nothing incidental: not ours
@@ -98,7 +46,7 @@ def _match_incidental_npu(failure: Failure) -> dict | None:
 
 def _fix_incidental_npu(failure: Failure, facts: dict, ctx: RepairContext) -> str:
     for rel in facts["files"]:
-        _rewrite(failure.recipe_dir / rel, NPU_COMMANDS)
+        rewrite_file(failure.recipe_dir / rel, NPU_COMMANDS)
     return (f"incidental NPU calls in {', '.join(facts['files'])} now go through engine.device_ops "
             "(NPU behaviour kept on an NPU; CUDA and CPU run too)")
 
@@ -109,17 +57,15 @@ _CUDA_MISSING = re.compile(
     r"CUDA driver initialization failed|module 'torch\._C' has no attribute '_cuda_\w+'|no CUDA-capable device")
 
 
-def _match_incidental_cuda(failure: Failure) -> dict | None:
-    if not _first(_CUDA_MISSING, failure):
-        return None
+def _incidental_cuda_facts(failure: Failure, found: re.Match) -> dict | None:
     files = [str(p.relative_to(failure.recipe_dir)) for p in recipe_py_files(failure.recipe_dir)
-             if "torch.cuda." in p.read_text(errors="replace") and _rewrite(p, CUDA_COMMANDS, dry_run=True)]
+             if "torch.cuda." in p.read_text(errors="replace") and rewrite_file(p, CUDA_COMMANDS, dry_run=True)]
     return {"files": files} if files else None
 
 
 def _fix_incidental_cuda(failure: Failure, facts: dict, ctx: RepairContext) -> str:
     for rel in facts["files"]:
-        _rewrite(failure.recipe_dir / rel, CUDA_COMMANDS)
+        rewrite_file(failure.recipe_dir / rel, CUDA_COMMANDS)
     return f"torch.cuda bookkeeping calls in {', '.join(facts['files'])} now go through engine.device_ops"
 
 
@@ -129,9 +75,7 @@ def _fix_incidental_cuda(failure: Failure, facts: dict, ctx: RepairContext) -> s
 _CRLF_ERROR = re.compile(r"\.sh: line \d+: ")
 
 
-def _match_crlf(failure: Failure) -> dict | None:
-    if not _CRLF_ERROR.search(failure.output):
-        return None
+def _crlf_facts(failure: Failure, found: re.Match) -> dict | None:
     files = [p.name for p in sorted(failure.recipe_dir.glob("*.sh")) if b"\r\n" in p.read_bytes()]
     return {"files": files} if files else None
 
@@ -148,13 +92,10 @@ _MIXED_DTYPE = re.compile(r"expected scalar type (\w+) but found (\w+)|expected 
                           r"same dtype, but got: ([\w:]+) != ([\w:]+)|Input type \((\w+)\) and bias type \((\w+)\)")
 
 
-def _match_mixed_dtype(failure: Failure) -> dict | None:
-    found = _first(_MIXED_DTYPE, failure)
-    if not found:
-        return None
+def _mixed_dtype_facts(failure: Failure, found: re.Match) -> dict | None:
     dtype = (load_yaml(failure.recipe_dir).get("model_config") or {}).get("dtype")
     types = " and ".join(g for g in found.groups() if g)
-    return {"dtype": dtype, "types": types, "where": where(failure), "fixable": dtype in ("bfloat16", "float16")}
+    return {"dtype": dtype, "types": types, "where": where_it_failed(failure), "fixable": dtype in ("bfloat16", "float16")}
 
 
 def _fix_mixed_dtype(failure: Failure, facts: dict, ctx: RepairContext) -> str:
@@ -172,10 +113,7 @@ _BACKEND_DIST = {"SentencePiece": "sentencepiece", "protobuf": "protobuf", "tikt
                  "Tokenizers": "tokenizers"}
 
 
-def _match_tokenizer_backend(failure: Failure) -> dict | None:
-    found = _first(_TOKENIZER_BACKEND, failure)
-    if not found:
-        return None
+def _tokenizer_backend_facts(failure: Failure, found: re.Match) -> dict | None:
     dist = _BACKEND_DIST[found.group(2)]
     return {"module": dist, "distribution": dist, "install": install_command(dist), "class": found.group(1)}
 
@@ -185,58 +123,21 @@ _ROPE = re.compile(r"KeyError: '(type|rope_type|factor|original_max_position_emb
                    r"dictionary with (?:with )?two fields|Unknown RoPE scaling type (\w+)")
 
 
-class RopeScalingTypeKeyCommand(VisitorBasedCodemodCommand):
-    DESCRIPTION = "Read rope_scaling[\"type\"] (renamed rope_type in transformers >= 4.45) as .get(\"type\", .get(\"rope_type\"))."
-
-    def __init__(self, context: CodemodContext):
-        super().__init__(context)
-        self._targets = 0
-
-    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-        self._targets += 1
-
-    def leave_AssignTarget(self, original_node, updated_node):
-        self._targets -= 1
-        return updated_node
-
-    def leave_Subscript(self, original_node: cst.Subscript, updated_node: cst.Subscript) -> cst.BaseExpression:
-        value = updated_node.value
-        if self._targets or not m.matches(value, m.Name("rope_scaling") | m.Attribute(attr=m.Name("rope_scaling"))) \
-                or not _attribute_chain(value) or len(updated_node.slice) != 1 \
-                or not m.matches(updated_node.slice[0], m.SubscriptElement(slice=m.Index(
-                    value=m.SimpleString('"type"') | m.SimpleString("'type'")))):
-            return updated_node
-        quote = updated_node.slice[0].slice.value.value[0]
-        get = cst.Attribute(value=value, attr=cst.Name("get"))
-        inner = cst.Call(func=get, args=[cst.Arg(cst.SimpleString(f"{quote}rope_type{quote}"))])
-        return cst.Call(func=get, args=[
-            cst.Arg(cst.SimpleString(f"{quote}type{quote}"), comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
-            cst.Arg(inner)])
-
-
-def _attribute_chain(node: cst.BaseExpression) -> bool:
-    """a / a.b.c: cheap and side-effect free to evaluate twice."""
-    while isinstance(node, cst.Attribute):
-        node = node.value
-    return isinstance(node, cst.Name)
-
-
-def _match_rope(failure: Failure) -> dict | None:
-    found = _first(_ROPE, failure)
-    if not found or (found.group(1) and "rope" not in failure.output):
+def _rope_facts(failure: Failure, found: re.Match) -> dict | None:
+    if found.group(1) and "rope" not in failure.output:
         return None
     key = found.group(1) or found.group(2) or "type/factor"
     files = []
     if key == "type":
         files = [str(p.relative_to(failure.recipe_dir)) for p in recipe_py_files(failure.recipe_dir)
-                 if "rope_scaling" in p.read_text(errors="replace") and _rewrite(p, [RopeScalingTypeKeyCommand], dry_run=True)]
-    return {"key": key, "where": where(failure), "files": files}
+                 if "rope_scaling" in p.read_text(errors="replace") and rewrite_file(p, [RopeScalingTypeKeyCommand], dry_run=True)]
+    return {"key": key, "where": where_it_failed(failure), "files": files}
 
 
 def _fix_rope(failure: Failure, facts: dict, ctx: RepairContext) -> str:
     if facts["files"]:
         for rel in facts["files"]:
-            _rewrite(failure.recipe_dir / rel, [RopeScalingTypeKeyCommand])
+            rewrite_file(failure.recipe_dir / rel, [RopeScalingTypeKeyCommand])
         return (f"rope_scaling['type'] now reads .get('type', .get('rope_type')) in {', '.join(facts['files'])} "
                 "(transformers >= 4.45 renamed the key)")
     return (f"rope_scaling key {facts['key']!r} at {facts['where']}: transformers >= 4.45 stores "
@@ -249,10 +150,7 @@ _SAFETENSORS = re.compile(r"SafetensorError: Error while deserializing header: (
                           r"InvalidHeaderDeserialization|MetadataIncompleteBuffer)")
 
 
-def _match_safetensors(failure: Failure) -> dict | None:
-    found = _first(_SAFETENSORS, failure)
-    if not found:
-        return None
+def _safetensors_facts(failure: Failure, found: re.Match) -> dict | None:
     model_path = Path(str(load_yaml(failure.recipe_dir).get("model_path") or ""))
     if model_path and not model_path.is_absolute():
         model_path = failure.recipe_dir / model_path
@@ -273,12 +171,10 @@ def _match_safetensors(failure: Failure) -> dict | None:
 _YAML_ERROR = re.compile(r"\b(ScannerError|ParserError|ComposerError|ConstructorError)\b|not valid YAML")
 
 
-def _match_yaml_syntax(failure: Failure) -> dict | None:
-    """The run failed on YAML syntax and the recipe YAML really does not parse: where, from our own parse."""
+def _yaml_syntax_facts(failure: Failure, found: re.Match) -> dict | None:
+    """The recipe YAML really does not parse: where, from our own parse."""
     import yaml
 
-    if not _first(_YAML_ERROR, failure):
-        return None
     path = recipe_yaml(failure.recipe_dir)
     if path is None:
         return None
@@ -296,195 +192,172 @@ def _match_yaml_syntax(failure: Failure) -> dict | None:
         return {"file": str(path.relative_to(failure.recipe_dir)), "line": 0, "col": 0,
                 "kind": type(exc).__name__, "problem": str(exc).splitlines()[0], "text": ""}
 
-# ---- small report-only patterns ------------------------------------------------------------
-def _simple(pattern: str, flags=0, **extra):
-    regex = re.compile(pattern, flags)
-
-    def match(failure: Failure) -> dict | None:
-        found = _first(regex, failure)
-        if not found:
-            return None
-        groups = {k: v for k, v in found.groupdict().items() if v is not None}
-        return {"where": where(failure), "message": found.group(0)[:300], **extra, **groups}
-    return match
-
-
 # Before every other rule: matchers of later rules read the recipe YAML, which does not parse.
 EARLIEST: list[Rule] = [
-    Rule("recipe_yaml_syntax_error", "the recipe YAML is not valid YAML",
-         _match_yaml_syntax,
-         _report("{file} line {line} column {col} is not valid YAML ({kind}): {problem}: {text!r}; typical "
-                 "causes: a missing space after ':', a tab in the indentation, an unquoted value containing ': ' "
-                 "(quote it)"), kind="report"),
+    Rule("recipe_yaml_syntax_error", _YAML_ERROR,
+         "the recipe YAML is not valid YAML",
+         report("{file} line {line} column {col} is not valid YAML ({kind}): {problem}: {text!r}; typical "
+                "causes: a missing space after ':', a tab in the indentation, an unquoted value containing ': ' "
+                "(quote it)"),
+         facts=_yaml_syntax_facts, kind="report"),
 ]
 
 FIRST: list[Rule] = [
-    Rule("incidental_npu_call",
+    Rule("incidental_npu_call", _NPU_MISSING,
          "recipe code makes NPU bookkeeping calls (torch.npu.*, .npu(), device=\"npu\", import torch_npu) on a "
          "host without torch_npu",
-         _match_incidental_npu, _fix_incidental_npu, kind="codemod"),
-    Rule("torch_npu_imported_from_source_tree",
+         _fix_incidental_npu,
+         facts=_incidental_npu_facts, kind="codemod"),
+    Rule("torch_npu_imported_from_source_tree", re.compile(r"No module named 'torch_npu\._C'"),
          "torch_npu is imported from its own source tree (torch_npu._C is missing)",
-         _simple(r"No module named 'torch_npu\._C'"),
-         _report("`import torch_npu` picked up the torch_npu source directory instead of the installed package "
-                 "({where}): run infer.sh from a directory that is not the torch_npu source tree"), kind="report"),
-    Rule("torch_npu_backend_autoload_failed",
+         report("`import torch_npu` picked up the torch_npu source directory instead of the installed package "
+                "({where}): run infer.sh from a directory that is not the torch_npu source tree"),
+         kind="report"),
+    Rule("torch_npu_backend_autoload_failed", re.compile(r"Failed to load the backend extension: torch_npu"),
          "torch_npu is installed but cannot load, so `import torch` itself fails (backend autoload)",
-         _simple(r"Failed to load the backend extension: torch_npu"),
-         _report("torch >= 2.5 auto-loads torch_npu at `import torch` and that failed ({where}): on a host without "
-                 "CANN run with TORCH_DEVICE_BACKEND_AUTOLOAD=0 (or uninstall torch_npu); on an NPU host source "
-                 "/usr/local/Ascend/ascend-toolkit/set_env.sh and install the torch_npu built for this torch"),
+         report("torch >= 2.5 auto-loads torch_npu at `import torch` and that failed ({where}): on a host without "
+                "CANN run with TORCH_DEVICE_BACKEND_AUTOLOAD=0 (or uninstall torch_npu); on an NPU host source "
+                "/usr/local/Ascend/ascend-toolkit/set_env.sh and install the torch_npu built for this torch"),
          kind="report"),
     Rule("torch_npu_without_cann",
+         re.compile(r"(?P<lib>lib(?:hccl|ascend_hal|ascendcl|atb|acl_op_compiler|ge_runner|runtime)\.so)\S*: cannot open "
+                    r"shared object file"),
          "torch_npu cannot load the CANN runtime libraries (CANN not installed or set_env.sh not sourced)",
-         _simple(r"(?P<lib>lib(?:hccl|ascend_hal|ascendcl|atb|acl_op_compiler|ge_runner|runtime)\.so)\S*: cannot open "
-                 r"shared object file"),
-         _report("{lib} is missing ({where}): source /usr/local/Ascend/ascend-toolkit/set_env.sh (and the driver's "
-                 "LD_LIBRARY_PATH) before infer.sh, or run on CPU/CUDA without torch_npu installed"), kind="report"),
+         report("{lib} is missing ({where}): source /usr/local/Ascend/ascend-toolkit/set_env.sh (and the driver's "
+                "LD_LIBRARY_PATH) before infer.sh, or run on CPU/CUDA without torch_npu installed"),
+         kind="report"),
 ]
 
 RULES: list[Rule] = [
-    Rule("incidental_cuda_call",
+    Rule("incidental_cuda_call", _CUDA_MISSING,
          "recipe code makes CUDA bookkeeping calls (torch.cuda.set_device, Event, memory stats...) without CUDA",
-         _match_incidental_cuda, _fix_incidental_cuda, kind="codemod"),
-    Rule("shell_script_crlf", "a recipe shell script has Windows (CRLF) line endings",
-         _match_crlf, _fix_crlf, kind="infer.sh", keeps_format=False),
-    Rule("shell_script_not_executable", "a recipe script is run as ./script but is not executable",
-         _simple(r"(?P<script>\S+\.sh): Permission denied"),
-         _report("{script} is not executable: run it as `bash {script}` (what migrator does) or chmod +x it"),
+         _fix_incidental_cuda,
+         facts=_incidental_cuda_facts, kind="codemod"),
+    Rule("shell_script_crlf", _CRLF_ERROR,
+         "a recipe shell script has Windows (CRLF) line endings",
+         _fix_crlf,
+         facts=_crlf_facts, where=("output",), kind="infer.sh", keeps_format=False),
+    Rule("shell_script_not_executable", re.compile(r"(?P<script>\S+\.sh): Permission denied"),
+         "a recipe script is run as ./script but is not executable",
+         report("{script} is not executable: run it as `bash {script}` (what migrator does) or chmod +x it"),
          kind="report"),
-    Rule("npu_device_id_invalid", "the NPU id a rank asks for is not visible (ASCEND_RT_VISIBLE_DEVICES / world_size)",
-         _simple(r"invalid device=\d+, input visible devices:[\d,]*|open device \d+ failed, runtime result = 107001|"
-                 r"Invalid device (?:ID|id)|SetDevice\(device_id_\), error code is 507033"),
-         _report("{message}: ranks are numbered from 0 within ASCEND_RT_VISIBLE_DEVICES; list ascending, existing "
-                 "ids (see npu-smi info) and keep world_size <= their count"), kind="report"),
-    Rule("npu_device_busy", "the NPU is held by another process",
-         _simple(r"because the device is used\. ret is -8020|Maybe the last training process is running|"
-                 r"dcmi module initialize failed\. ret is -8005"),
-         _report("{message}: another process holds the NPU: check `npu-smi info` for running processes, stop them "
-                 "and wait ~10 s, or pick a free device with ASCEND_RT_VISIBLE_DEVICES"), kind="report"),
-    Rule("cann_runtime_init_failed", "the CANN runtime failed to initialise (driver / dependencies)",
-         _simple(r"EH9999[^\n]*\n?[^\n]*init env failed|ERR00100 PTA call acl api failed|"
-                 r"Inner Error!\s*\n?\s*EH9999"),
-         _report("{message}: the CANN runtime could not start: check the driver with `npu-smi info`, that the CANN "
-                 "version matches the driver, and CANN's Python dependencies (decorator, sympy, cffi, protobuf, "
-                 "attrs, psutil, scipy)"), kind="report"),
-    Rule("hccl_init_failed", "HCCL could not create the communicator between ranks",
-         _simple(r"HcclCommInitRootInfo[^\n]*|HcclCommInitRootConfig[^\n]*|ERR02200 DIST call hccl api failed"),
-         _report("{message}: the ranks could not form an HCCL group: every rank must start (world_size), see the "
-                 "same MASTER_ADDR/MASTER_PORT, and use distinct NPUs; check the device network with "
-                 "hccn_tool / the HCCL test"), kind="report"),
-    Rule("hccl_collective_timeout", "a collective timed out: some rank did not take part in time",
-         _simple(r"EI0006[^\n]*|Getting socket times out|Watchdog caught collective operation timeout[^\n]*|"
-                 r"HcclAllreduce, error code is \d+"),
-         _report("{message}: a rank is stuck or dead: look at every rank's log for an earlier error, make every "
-                 "rank run the same number of generate steps, raise HCCL_CONNECT_TIMEOUT / HCCL_EXEC_TIMEOUT only "
-                 "if the ranks are merely slow"), kind="report"),
-    Rule("npu_api_version_mismatch", "the recipe calls a torch_npu API the installed torch_npu does not have",
-         _simple(r"module 'torch_npu(?:\.npu)?' has no attribute '(?P<api>(?!npu_|_npu)\w+)'"),
-         _report("torch_npu has no {api} ({where}): the recipe was written for another torch_npu release; install "
-                 "the torch_npu that matches the recipe's (see requirements.txt) or use that release's API name"),
+    Rule("npu_device_id_invalid",
+         re.compile(r"invalid device=\d+, input visible devices:[\d,]*|open device \d+ failed, runtime result = 107001|"
+                    r"Invalid device (?:ID|id)|SetDevice\(device_id_\), error code is 507033"),
+         "the NPU id a rank asks for is not visible (ASCEND_RT_VISIBLE_DEVICES / world_size)",
+         report("{message}: ranks are numbered from 0 within ASCEND_RT_VISIBLE_DEVICES; list ascending, existing "
+                "ids (see npu-smi info) and keep world_size <= their count"),
          kind="report"),
-    Rule("static_tls_libgomp", "libgomp cannot be loaded after other libraries (static TLS exhausted)",
-         _simple(r"(?P<lib>\S*libgomp\S*): cannot allocate memory in static TLS block"),
-         _report("{lib} cannot be loaded late: export LD_PRELOAD={lib} before infer.sh"), kind="report"),
-    Rule("shared_library_missing", "a native library a Python package needs is missing",
-         _simple(r"(?P<lib>lib[\w.+-]+\.so[\d.]*): cannot open shared object file"),
-         _report("{lib} is not found ({where}): install the system package providing it or add its directory "
-                 "to LD_LIBRARY_PATH"), kind="report"),
-    Rule("tokenizer_backend_missing", "the tokenizer needs a library (SentencePiece, protobuf, tiktoken) not installed",
-         _match_tokenizer_backend, _fix_missing_package, kind="report"),
+    Rule("npu_device_busy",
+         re.compile(r"because the device is used\. ret is -8020|Maybe the last training process is running|"
+                    r"dcmi module initialize failed\. ret is -8005"),
+         "the NPU is held by another process",
+         report("{message}: another process holds the NPU: check `npu-smi info` for running processes, stop them "
+                "and wait ~10 s, or pick a free device with ASCEND_RT_VISIBLE_DEVICES"),
+         kind="report"),
+    Rule("cann_runtime_init_failed",
+         re.compile(r"EH9999[^\n]*\n?[^\n]*init env failed|ERR00100 PTA call acl api failed|"
+                    r"Inner Error!\s*\n?\s*EH9999"),
+         "the CANN runtime failed to initialise (driver / dependencies)",
+         report("{message}: the CANN runtime could not start: check the driver with `npu-smi info`, that the CANN "
+                "version matches the driver, and CANN's Python dependencies (decorator, sympy, cffi, protobuf, "
+                "attrs, psutil, scipy)"),
+         kind="report"),
+    Rule("hccl_init_failed",
+         re.compile(r"HcclCommInitRootInfo[^\n]*|HcclCommInitRootConfig[^\n]*|ERR02200 DIST call hccl api failed"),
+         "HCCL could not create the communicator between ranks",
+         report("{message}: the ranks could not form an HCCL group: every rank must start (world_size), see the "
+                "same MASTER_ADDR/MASTER_PORT, and use distinct NPUs; check the device network with "
+                "hccn_tool / the HCCL test"),
+         kind="report"),
+    Rule("hccl_collective_timeout",
+         re.compile(r"EI0006[^\n]*|Getting socket times out|Watchdog caught collective operation timeout[^\n]*|"
+                    r"HcclAllreduce, error code is \d+"),
+         "a collective timed out: some rank did not take part in time",
+         report("{message}: a rank is stuck or dead: look at every rank's log for an earlier error, make every "
+                "rank run the same number of generate steps, raise HCCL_CONNECT_TIMEOUT / HCCL_EXEC_TIMEOUT only "
+                "if the ranks are merely slow"),
+         kind="report"),
+    Rule("npu_api_version_mismatch",
+         re.compile(r"module 'torch_npu(?:\.npu)?' has no attribute '(?P<api>(?!npu_|_npu)\w+)'"),
+         "the recipe calls a torch_npu API the installed torch_npu does not have",
+         report("torch_npu has no {api} ({where}): the recipe was written for another torch_npu release; install "
+                "the torch_npu that matches the recipe's (see requirements.txt) or use that release's API name"),
+         kind="report"),
+    Rule("static_tls_libgomp", re.compile(r"(?P<lib>\S*libgomp\S*): cannot allocate memory in static TLS block"),
+         "libgomp cannot be loaded after other libraries (static TLS exhausted)",
+         report("{lib} cannot be loaded late: export LD_PRELOAD={lib} before infer.sh"),
+         kind="report"),
+    Rule("shared_library_missing", re.compile(r"(?P<lib>lib[\w.+-]+\.so[\d.]*): cannot open shared object file"),
+         "a native library a Python package needs is missing",
+         report("{lib} is not found ({where}): install the system package providing it or add its directory "
+                "to LD_LIBRARY_PATH"),
+         kind="report"),
+    Rule("tokenizer_backend_missing", _TOKENIZER_BACKEND,
+         "the tokenizer needs a library (SentencePiece, protobuf, tiktoken) not installed",
+         _fix_missing_package,
+         facts=_tokenizer_backend_facts, kind="report"),
     Rule("transformers_does_not_know_model",
+         re.compile(r"model type `(?P<model_type>[\w-]+)` but Transformers does not recognize this architecture"),
          "the installed transformers does not know the checkpoint's model type",
-         _simple(r"model type `(?P<model_type>[\w-]+)` but Transformers does not recognize this architecture"),
-         _report("model type {model_type} is unknown to the installed transformers: upgrade transformers, or if "
-                 "the checkpoint ships its own modeling code re-run with --trust-remote-code after reviewing it"),
+         report("model type {model_type} is unknown to the installed transformers: upgrade transformers, or if "
+                "the checkpoint ships its own modeling code re-run with --trust-remote-code after reviewing it"),
          kind="report"),
-    Rule("tokenizer_class_unknown", "tokenizer_config.json names a tokenizer class transformers does not have",
-         _simple(r"Tokenizer class (?P<cls>\w+) does not exist or is not currently imported"),
-         _report("tokenizer class {cls} is unknown: fix tokenizer_class in the checkpoint's tokenizer_config.json "
-                 "(e.g. LLaMATokenizer -> LlamaTokenizer) or install the transformers version it was saved with"),
+    Rule("tokenizer_class_unknown",
+         re.compile(r"Tokenizer class (?P<cls>\w+) does not exist or is not currently imported"),
+         "tokenizer_config.json names a tokenizer class transformers does not have",
+         report("tokenizer class {cls} is unknown: fix tokenizer_class in the checkpoint's tokenizer_config.json "
+                "(e.g. LLaMATokenizer -> LlamaTokenizer) or install the transformers version it was saved with"),
          kind="report"),
-    Rule("transformers_api_moved", "vendored code imports a transformers name this version does not have",
-         _simple(r"cannot import name '(?P<name>\w+)' from '(?P<module>transformers[\w.]*)'|"
-                 r"No module named '(?P<submodule>transformers\.[\w.]+)'"),
-         _report("{where}: the vendored code was written for another transformers release ({message}); pin the "
-                 "transformers version in requirements.txt or update the import to its new location"),
+    Rule("transformers_api_moved",
+         re.compile(r"cannot import name '(?P<name>\w+)' from '(?P<module>transformers[\w.]*)'|"
+                    r"No module named '(?P<submodule>transformers\.[\w.]+)'"),
+         "vendored code imports a transformers name this version does not have",
+         report("{where}: the vendored code was written for another transformers release ({message}); pin the "
+                "transformers version in requirements.txt or update the import to its new location"),
          kind="report"),
-    Rule("rope_scaling_schema", "vendored code and config disagree on the rope_scaling schema",
-         _match_rope, _fix_rope, kind="codemod"),
-    Rule("safetensors_header_invalid", "a safetensors shard is not a valid safetensors file",
-         _match_safetensors, _report("SafetensorError {error}: {why}"), kind="report"),
-    Rule("checkpoint_shape_mismatch", "checkpoint tensors have other shapes than the model built from the config",
-         _simple(r"size mismatch for (?P<param>[\w.]+): copying a param with shape (?P<ckpt>torch\.Size\(\[[\d, ]*\]\)) "
-                 r"from checkpoint, the shape in current model is (?P<model>torch\.Size\(\[[\d, ]*\]\))"),
-         _report("{param}: checkpoint {ckpt} vs model {model}: config.json (vocab_size / hidden sizes) does not "
-                 "describe these weights; use the config that was saved with the checkpoint"), kind="report"),
-    Rule("meta_tensor_not_loaded", "parameters stayed on the meta device (never loaded) and are then moved",
-         _simple(r"Cannot copy out of meta tensor; no data!"),
-         _report("{where}: some weights were never materialised (meta device): their keys are missing from the "
-                 "checkpoint or device_map offloaded them; do not call .to()/.cuda() on a device_map model"),
+    Rule("rope_scaling_schema", _ROPE,
+         "vendored code and config disagree on the rope_scaling schema",
+         _fix_rope,
+         facts=_rope_facts, kind="codemod"),
+    Rule("safetensors_header_invalid", _SAFETENSORS,
+         "a safetensors shard is not a valid safetensors file",
+         report("SafetensorError {error}: {why}"),
+         facts=_safetensors_facts, kind="report"),
+    Rule("checkpoint_shape_mismatch",
+         re.compile(r"size mismatch for (?P<param>[\w.]+): copying a param with shape (?P<ckpt>torch\.Size\(\[[\d, ]*\]\)) "
+                    r"from checkpoint, the shape in current model is (?P<model>torch\.Size\(\[[\d, ]*\]\))"),
+         "checkpoint tensors have other shapes than the model built from the config",
+         report("{param}: checkpoint {ckpt} vs model {model}: config.json (vocab_size / hidden sizes) does not "
+                "describe these weights; use the config that was saved with the checkpoint"),
          kind="report"),
-    Rule("mixed_dtype_in_recipe_code", "tensors of two dtypes meet in one operation",
-         _match_mixed_dtype, _fix_mixed_dtype, kind="yaml"),
-    Rule("non_finite_logits", "sampling got inf/nan probabilities (numerical overflow)",
-         _simple(r"probability tensor contains either `?inf`?, `?nan`? or element < 0"),
-         _report("{where}: the logits are inf/nan: float16 overflows on many models: use model_config.dtype "
-                 "bfloat16 or float32, and check the weights loaded (no missing keys)"), kind="report"),
-    Rule("process_group_not_initialized", "a torch.distributed call ran without an initialised process group",
-         _simple(r"Default process group has not been initialized, please make sure to call init_process_group"),
-         _report("{where}: torch.distributed is used but no process group exists: launch through infer.sh "
-                 "(engine.launch starts torchrun when world_size > 1) or guard the call with "
-                 "torch.distributed.is_initialized()"), kind="report"),
-    Rule("rendezvous_port_in_use", "the torchrun rendezvous port is taken by another run",
-         _simple(r"(?:EADDRINUSE|errno: 98 - Address already in use|Address already in use)[^\n]*"),
-         _report("{message}: another job holds the master port: stop it or export MASTER_PORT=<free port> "
-                 "before infer.sh"), kind="report"),
+    Rule("meta_tensor_not_loaded", re.compile(r"Cannot copy out of meta tensor; no data!"),
+         "parameters stayed on the meta device (never loaded) and are then moved",
+         report("{where}: some weights were never materialised (meta device): their keys are missing from the "
+                "checkpoint or device_map offloaded them; do not call .to()/.cuda() on a device_map model"),
+         kind="report"),
+    Rule("mixed_dtype_in_recipe_code", _MIXED_DTYPE,
+         "tensors of two dtypes meet in one operation",
+         _fix_mixed_dtype,
+         facts=_mixed_dtype_facts, kind="yaml"),
+    Rule("non_finite_logits", re.compile(r"probability tensor contains either `?inf`?, `?nan`? or element < 0"),
+         "sampling got inf/nan probabilities (numerical overflow)",
+         report("{where}: the logits are inf/nan: float16 overflows on many models: use model_config.dtype "
+                "bfloat16 or float32, and check the weights loaded (no missing keys)"),
+         kind="report"),
+    Rule("process_group_not_initialized",
+         re.compile(r"Default process group has not been initialized, please make sure to call init_process_group"),
+         "a torch.distributed call ran without an initialised process group",
+         report("{where}: torch.distributed is used but no process group exists: launch through infer.sh "
+                "(engine.launch starts torchrun when world_size > 1) or guard the call with "
+                "torch.distributed.is_initialized()"),
+         kind="report"),
+    Rule("rendezvous_port_in_use",
+         re.compile(r"(?:EADDRINUSE|errno: 98 - Address already in use|Address already in use)[^\n]*"),
+         "the torchrun rendezvous port is taken by another run",
+         report("{message}: another job holds the master port: stop it or export MASTER_PORT=<free port> "
+                "before infer.sh"),
+         kind="report"),
 ]
 
 FIELD_RULE_NAMES = frozenset(r.name for r in EARLIEST + FIRST + RULES)
-
-
-# ---- unknown failures: still say what is known --------------------------------------------
-_WORD = re.compile(r"[a-z][a-z0-9]+")
-_NOISE = {"the", "a", "is", "of", "to", "in", "on", "or", "and", "not", "no", "error", "for", "this", "with", "an",
-          "by", "at", "be", "has", "have", "file", "line", "recipe", "it", "its", "that", "than", "from"}
-
-
-def _words(text: str) -> set[str]:
-    return {w for w in _WORD.findall(text.lower().replace("_", " ")) if w not in _NOISE and len(w) > 2}
-
-
-def closest_rule(failure: Failure) -> tuple[str, float] | None:
-    """The catalogue rule whose name + description share the rarest words with the error (None: no word
-    in common). Words are weighted by how few rules use them, so 'torch' counts for little, 'hccl' for much."""
-    import math
-
-    rules = [(rule.name, _words(f"{rule.name} {rule.description}")) for rule in catalogue() if rule.kind != "llm"]
-    df: dict[str, int] = {}
-    for _, words in rules:
-        for w in words:
-            df[w] = df.get(w, 0) + 1
-    error = _words(failure.error)
-    best = None
-    for name, words in rules:
-        shared = error & words
-        if not shared:
-            continue
-        score = sum(math.log(len(rules) / df[w]) for w in shared) / math.sqrt(len(words))
-        if best is None or score > best[1]:
-            best = (name, round(score, 2))
-    return best
-
-
-def explain_unknown(failure: Failure, n_lines: int = 8) -> dict:
-    """Exception, message, the last log lines before it and the closest known rule, for a failure no rule knows."""
-    exception, _, message = failure.error.partition(":")
-    if not message or " " in exception.strip():
-        exception, message = "", failure.error
-    lines = [ln.rstrip() for ln in failure.output.splitlines() if ln.strip()]
-    cut = max((i for i, ln in enumerate(lines) if ln.strip() == failure.error.strip()), default=len(lines))
-    before = [ln for ln in lines[:cut] if not ln.lstrip().startswith(("File \"", "Traceback", "^", "~"))]
-    closest = closest_rule(failure)
-    return {"exception": exception.strip(), "message": message.strip(), "last_lines": before[-n_lines:],
-            "closest_rule": closest[0] if closest else None}

@@ -9,16 +9,20 @@ import sys
 import tempfile
 from pathlib import Path
 
-from agent.repair import Failure, RepairContext, Rule
+from libcst.codemod import CodemodContext
+
+from agent.codemods_repair import InsertWarmUpCommand, generate_calls, rewrite_file, warm_up_argument
+from agent.failure import Failure
 from agent.repair_rules._util import load_yaml, report_data
+from agent.repair_rules.rule import RepairContext, Rule
 
 
-def _match_models_init(failure: Failure) -> dict | None:
+_MODELS_INIT = re.compile(r"models/__init__\.py|No module named 'models[.']|'models' is not a package")
+
+
+def _models_init_facts(failure: Failure, found: re.Match) -> dict | None:
     init = failure.recipe_dir / "models" / "__init__.py"
-    if init.is_file() and re.search(r"models/__init__\.py|No module named 'models[.']|'models' is not a package",
-                                    failure.output):
-        return {"file": "models/__init__.py"}
-    return None
+    return {"file": "models/__init__.py"} if init.is_file() else None
 
 
 def _fix_models_init(failure: Failure, facts: dict, ctx: RepairContext) -> str:
@@ -159,10 +163,9 @@ def _python_line(lines: list[str]) -> int | None:
     return None
 
 
-def _match_no_pythonpath(failure: Failure) -> dict | None:
+def _no_pythonpath_facts(failure: Failure, found: re.Match) -> dict | None:
     infer_sh = failure.recipe_dir / "infer.sh"
-    found = _TOP_MODULE_MISSING.search(failure.output)
-    if not found or not infer_sh.is_file():
+    if not infer_sh.is_file():
         return None
     module = found.group(1)
     # Only the recipe's own top-level modules: models/ or runner_<name>.py that do exist.
@@ -200,9 +203,8 @@ def _vendored_stems(recipe_dir: Path) -> set[str]:
     return stems
 
 
-def _match_vendored_missing(failure: Failure) -> dict | None:
-    found = _SUBMODULE_MISSING.search(failure.output)
-    if not found or not (failure.recipe_dir / "models").is_dir():
+def _vendored_missing_facts(failure: Failure, found: re.Match) -> dict | None:
+    if not (failure.recipe_dir / "models").is_dir():
         return None
     stem = found.group(1)
     if (failure.recipe_dir / "models" / f"{stem}.py").exists() or stem not in _vendored_stems(failure.recipe_dir):
@@ -235,7 +237,7 @@ def _fix_vendored_missing(failure: Failure, facts: dict, ctx: RepairContext) -> 
 # ---- a generated file is missing or corrupt -----------------------------------------------
 _CANT_OPEN = re.compile(r"can't open file '(?P<path>[^']+)'")
 _MODULE_MISSING = re.compile(r"No module named '(?P<module>[\w.]+)'")
-_SYNTAX = re.compile(r"^(SyntaxError|IndentationError|TabError)\b")
+_SYNTAX = re.compile(r"^(SyntaxError|IndentationError|TabError)\b")   # at the start of the error line
 _GENERATED_PY = ("infer.py", "models/model_setting.py")
 
 
@@ -256,18 +258,18 @@ def _carries_header(recipe_dir: Path, rel: str) -> bool:
         return False
 
 
-def _match_generated(failure: Failure) -> dict | None:
+def _generated_facts(failure: Failure, _found=None) -> dict | None:
     recipe_dir = failure.recipe_dir
     name = recipe_model_name(recipe_dir)
     candidates: list[tuple[str, str]] = []
-    if (found := _CANT_OPEN.search(failure.output)) and (rel := _inside(recipe_dir, found["path"])):
+    if (found := failure.search(_CANT_OPEN, ("output",))) and (rel := _inside(recipe_dir, found["path"])):
         candidates.append((rel, "missing"))
-    for found in _MODULE_MISSING.finditer(failure.output):
+    for found in failure.search_all(_MODULE_MISSING):
         module = found["module"]
         if module.startswith("runner_"):
             name = module.removeprefix("runner_")
         candidates.append((module.replace(".", "/") + ".py", "missing"))
-    if _SYNTAX.match(failure.error) and failure.location:
+    if failure.search(_SYNTAX, ("error",)) and failure.location:
         rel = _inside(recipe_dir, failure.location.rpartition(":")[0])
         if rel:
             candidates.append((rel, "corrupt"))
@@ -327,71 +329,31 @@ def _fix_generated(failure: Failure, facts: dict, ctx: RepairContext) -> str:
 
 
 # ---- infer.py without a warm-up generation ------------------------------------------------
-_NO_WARM_UP = "BaselineError: infer.py ran without a warm-up generation"
+_NO_WARM_UP = re.compile(re.escape("BaselineError: infer.py ran without a warm-up generation"))
 
 
-def _generate_calls(node):
-    import libcst.matchers as m
-
-    return m.findall(node, m.Call(func=m.Attribute(attr=m.Name("model_generate"))))
-
-
-def _warm_up_kw(call) -> bool | None:
-    """True/False for warm_up=<literal>, None when the call has no warm_up argument."""
-    import libcst as cst
-
-    for arg in call.args:
-        if arg.keyword is not None and arg.keyword.value == "warm_up":
-            return not (isinstance(arg.value, cst.Name) and arg.value.value in ("False", "None"))
-    return None if len(call.args) < 2 else True   # model_generate(prompts, True)
-
-
-def _match_no_warm_up(failure: Failure) -> dict | None:
+def _no_warm_up_facts(failure: Failure, found: re.Match) -> dict | None:
     import libcst as cst
 
     infer_py = failure.recipe_dir / "infer.py"
-    if _NO_WARM_UP not in failure.output or not infer_py.is_file():
+    if not infer_py.is_file():
         return None
     try:
         module = cst.parse_module(infer_py.read_text())
     except cst.ParserSyntaxError:
         return None
-    calls = _generate_calls(module)
-    if any(_warm_up_kw(c) for c in calls):
+    calls = generate_calls(module)
+    if any(warm_up_argument(c) for c in calls):
         return None          # a warm-up is there but did not run: not this rule's fix
     formal = next((c for c in calls if c.args), None)
     return {"file": "infer.py", "call": module.code_for_node(formal)} if formal is not None else None
 
 
 def _fix_no_warm_up(failure: Failure, facts: dict, ctx: RepairContext) -> str:
-    import libcst as cst
-
-    path = failure.recipe_dir / facts["file"]
-    module = cst.parse_module(path.read_text())
-
-    class InsertWarmUp(cst.CSTTransformer):
-        inserted: str | None = None
-
-        def leave_SimpleStatementLine(self, original, updated):
-            if self.inserted is not None:
-                return updated
-            formal = next((c for c in _generate_calls(updated) if c.args and _warm_up_kw(c) is None), None)
-            if formal is None:
-                return updated
-            func = module.code_for_node(formal.func)
-            prompts = module.code_for_node(formal.args[0].value)
-            self.inserted = f"{func}({prompts}, warm_up=True)"
-            warm = cst.parse_statement(self.inserted + "\n", config=module.config_for_parsing)
-            # The warm-up takes the formal call's leading comments/blank lines: directly before it.
-            return cst.FlattenSentinel([warm.with_changes(leading_lines=updated.leading_lines),
-                                        updated.with_changes(leading_lines=())])
-
-    transformer = InsertWarmUp()
-    new = module.visit(transformer)
-    if transformer.inserted is None:
+    context = CodemodContext()
+    if not rewrite_file(failure.recipe_dir / facts["file"], [InsertWarmUpCommand], context=context):
         return f"{facts['file']}: no formal model_generate call to put a warm-up before"
-    path.write_text(new.code)
-    return f"{facts['file']}: inserted `{transformer.inserted}` before the formal generation"
+    return f"{facts['file']}: inserted `{context.scratch['inserted']}` before the formal generation"
 
 
 # ---- a stray recipe file shadows a package ------------------------------------------------
@@ -401,6 +363,9 @@ _SHADOW_PATTERNS = (
     re.compile(r"No module named '(\w+)\.[\w.]+'; '\w+' is not a package"),
     re.compile(r"partially initialized module '(\w+)'"),
 )
+
+
+_FRAME_AND_CODE = re.compile(r'File "([^"]+)", line \d+[^\n]*\n[ \t]*([^\n]*)')   # a frame and its source line
 
 
 def _shadows(recipe_dir: Path, stem: str) -> bool:
@@ -416,11 +381,11 @@ def _shadows(recipe_dir: Path, stem: str) -> bool:
     return spec is not None
 
 
-def _match_shadowing(failure: Failure) -> dict | None:
+def _shadowing_facts(failure: Failure, _found=None) -> dict | None:
     recipe_dir = failure.recipe_dir
-    stems = [found.group(1) for pattern in _SHADOW_PATTERNS for found in pattern.finditer(failure.output)]
+    stems = [found.group(1) for pattern in _SHADOW_PATTERNS for found in failure.search_all(pattern)]
     # ...or the traceback enters a top-level recipe file from an `import <its name>` line.
-    frames = re.findall(r'File "([^"]+)", line \d+[^\n]*\n[ \t]*([^\n]*)', failure.output)
+    frames = [found.groups() for found in failure.search_all(_FRAME_AND_CODE)]
     for (_, caller_code), (path, _) in zip(frames, frames[1:]):
         rel = _inside(recipe_dir, path)
         if rel and "/" not in rel and rel.endswith(".py") and \
@@ -441,23 +406,21 @@ def _fix_shadowing(failure: Failure, facts: dict, ctx: RepairContext) -> str:
             f"'{facts['module']}' module")
 
 
+_OUT = ("output",)
 RULES: list[Rule] = [
-    Rule("models_init_shadows_package",
-         "a models/__init__.py shadows the recipe's models package",
-         _match_models_init, _fix_models_init, kind="remove"),
-    Rule("infer_sh_no_pythonpath",
+    Rule("models_init_shadows_package", _MODELS_INIT, "a models/__init__.py shadows the recipe's models package",
+         _fix_models_init, facts=_models_init_facts, where=_OUT, kind="remove"),
+    Rule("infer_sh_no_pythonpath", _TOP_MODULE_MISSING,
          "infer.sh does not put the recipe dir on PYTHONPATH, so the recipe's modules are not found",
-         _match_no_pythonpath, _fix_no_pythonpath, kind="infer.sh"),
-    Rule("vendored_module_missing",
-         "a vendored model source file is missing from models/",
-         _match_vendored_missing, _fix_vendored_missing, kind="rerender"),
-    Rule("generated_file_missing_or_corrupt",
-         "a file the migrator generated is missing or has a syntax error",
-         _match_generated, _fix_generated, kind="rerender"),
-    Rule("infer_py_without_warm_up",
+         _fix_no_pythonpath, facts=_no_pythonpath_facts, where=_OUT, kind="infer.sh"),
+    Rule("vendored_module_missing", _SUBMODULE_MISSING, "a vendored model source file is missing from models/",
+         _fix_vendored_missing, facts=_vendored_missing_facts, where=_OUT, kind="rerender"),
+    Rule("generated_file_missing_or_corrupt", None, "a file the migrator generated is missing or has a syntax error",
+         _fix_generated, facts=_generated_facts, kind="rerender"),
+    Rule("infer_py_without_warm_up", _NO_WARM_UP,
          "infer.py runs the formal generation without a warm-up generation first",
-         _match_no_warm_up, _fix_no_warm_up, kind="codemod"),
-    Rule("recipe_file_shadows_stdlib_or_package",
+         _fix_no_warm_up, facts=_no_warm_up_facts, where=_OUT, kind="codemod"),
+    Rule("recipe_file_shadows_stdlib_or_package", None,
          "a file in the recipe dir shadows a standard or installed module of the same name",
-         _match_shadowing, _fix_shadowing, kind="remove"),
+         _fix_shadowing, facts=_shadowing_facts, kind="remove"),
 ]
