@@ -274,6 +274,34 @@ def test_rank_dir_missing_rank_log(tmp_path, recipe, capsys):
     assert err.count("\n") == 1 and "log_5.log" in err
 
 
+# --------------------------------------------------------------------------- the log line table
+
+LINE_SAMPLES = [
+    ("[INFO][2026-09-29 14:03:10.121][scheduler.py:412] [Main] Inference time (prefill): 53.90 ms",
+     "time", "framework"),
+    ("[2026-11-29 17:40:01,123] [INFO] qwen inference time cost of decode is 71.00 ms", "time", "engine"),
+    ("[2026-11-29 17:40:01,123] [INFO] Request 0: outputs: Paris", "output", "engine"),
+    ("Inference decode result for batch 0: ", "output", "upstream"),
+    ("qwen decode average inference time cost is 70.00 ms", "average", "framework"),
+    ("qwen average inference time cost is 70.00 ms", "average", "engine"),
+    ("[2026-11-29 17:40:01,123] [INFO] qwen warm-up run begins", "warmup", "engine"),
+    ('[2026-11-29 17:40:01,123] [INFO] qwen environment: {"device": "npu"}', "environment", "engine"),
+    ("Traceback (most recent call last):", "traceback", "any"),
+]
+
+
+@pytest.mark.parametrize("line, kind, style", LINE_SAMPLES)
+def test_each_log_line_is_read_by_its_row_of_the_format_table(line, kind, style):
+    fmt, m = run_log.match_line(line)
+    assert (fmt.kind, fmt.style) == (kind, style)    # first match wins: framework before engine
+    assert run_log.is_record_start(line)
+
+
+def test_every_row_of_the_format_table_has_a_sample():
+    assert sorted((f.kind, f.style) for f in run_log.LINE_FORMATS) == sorted((k, s) for _, k, s in LINE_SAMPLES)
+    assert run_log.match_line("  continuation of a multi-line output") == (None, None)
+
+
 # --------------------------------------------------------------------------- output file
 
 
