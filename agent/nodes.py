@@ -58,6 +58,7 @@ class MigrationState(TypedDict, total=False):
     runs: Annotated[list[dict], operator.add]     # every trial run, in order
     rounds: Annotated[list[dict], merge_rounds]   # repair rounds: diagnosis, diff
     memory: dict
+    baseline: dict              # collected by collect_baseline; verify adds parity and writes it
     baseline_path: str
     verification: dict
     status: str                 # "ok" | "failed" | "oom" | ...
@@ -197,21 +198,6 @@ def node_render(state: MigrationState) -> dict:
 NO_WARM_UP = "BaselineError: infer.py ran without a warm-up generation"
 
 
-def _collector():
-    """scripts/collect_baseline.py as a module (its log grammar is the one source of truth)."""
-    import importlib.util
-
-    from agent.paths import scripts_dir
-
-    name = "collect_baseline"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, scripts_dir() / "collect_baseline.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
 def find_logs(run_dir: Path, cwd: Path, since: float) -> Path | None:
     """The folder with the run's log_{rank}.log: RES_PATH (run_dir) when the recipe honours it,
     else the newest res/<date>/<case>/ the upstream launch wrote under its working directory."""
@@ -239,14 +225,15 @@ def judge_run(output: str, log_dir: Path | None, recipe_dir: Path, framework: bo
     finish its formal run makes the run failed. Returns {"problem", "extra", "no_warm_up", "prefills"}:
     `extra` is rank-log text (tracebacks) missing from the output, kept as evidence.
     """
-    cb = _collector()
-    traceback_re = cb._TRACEBACK_RE
+    from agent import run_log
+
+    traceback_re = run_log.TRACEBACK_RE
     problem = None
     extra: list[str] = []
     if traceback_re.search(output):
         problem = "traceback in the output"
     logs = sorted(log_dir.glob("log_*.log")) if log_dir is not None else []
-    rank_logs = [p for p in logs if cb._RANK_LOG_RE.match(p.name)]
+    rank_logs = [p for p in logs if run_log.RANK_LOG_RE.match(p.name)]
     rank0 = None
     for path in rank_logs:
         text = path.read_text(errors="replace")
@@ -255,16 +242,16 @@ def judge_run(output: str, log_dir: Path | None, recipe_dir: Path, framework: bo
             block = text[traceback_re.search(text).start():]
             if block.strip()[:2000] not in output:
                 extra.append(f"==> {path.name} <==\n{block}")
-        parsed = cb.parse_log_text(text, path)
-        selection = cb.select_formal(parsed)
+        parsed = run_log.parse_log_text(text, path)
+        selection = run_log.select_formal(parsed)
         if path.name == "log_0.log":
             rank0 = (parsed, selection)
         elif not selection.success and problem is None:
             problem = f"rank {path.stem.removeprefix('log_')} did not finish its formal run"
     if rank0 is None:
         # no rank-0 log: the output itself may carry the timing lines (a recipe logging to stdout)
-        parsed = cb.parse_log_text(output, "output.txt")
-        rank0 = (parsed, cb.select_formal(parsed))
+        parsed = run_log.parse_log_text(output, "output.txt")
+        rank0 = (parsed, run_log.select_formal(parsed))
     parsed, selection = rank0
     prefills = sum(len(r.segments) for r in parsed.runs)
     if problem is None and selection.segment is None:
@@ -410,22 +397,20 @@ def node_estimate_memory(state: MigrationState) -> dict:
 
 
 def node_collect_baseline(state: MigrationState) -> dict:
+    """The baseline of the last run, kept in the state: verify adds parity and writes the file."""
+    from agent import baseline
     from agent.foreign import describe
-    from agent.paths import scripts_dir
 
     recipe_dir = Path(state["recipe_dir"])
     info = describe(recipe_dir)
     run = last_run(state)
     yaml_file = info.yaml or _recipe_yaml(recipe_dir, state.get("world_size") or 1)
-    output = info.baseline_dir() / "baseline_metadata.json"
-    cmd = [sys.executable, str(scripts_dir() / "collect_baseline.py"), "--log-file",
-           run.get("log_dir") or run["res_path"], "--output", str(output), "--yaml-file", str(yaml_file)]
-    if state.get("model_source"):
-        cmd += ["--model-source", state["model_source"]]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise MigratorError(f"baseline collection failed: {proc.stderr.strip().splitlines()[-1:]}")
-    return {"baseline_path": str(output)}
+    try:
+        collected, _warnings = baseline.collect(run.get("log_dir") or run["res_path"], str(yaml_file),
+                                                model_source=state.get("model_source"))
+    except Exception as exc:  # reported like the collector script reports it, one line
+        raise MigratorError(f"baseline collection failed: {baseline.error_line(exc)}") from None
+    return {"baseline_path": str(info.baseline_dir() / "baseline_metadata.json"), "baseline": collected}
 
 
 def _recipe_yaml(recipe_dir: Path, world_size: int = 1) -> Path:
@@ -441,26 +426,23 @@ def _recipe_yaml(recipe_dir: Path, world_size: int = 1) -> Path:
 
 
 def node_verify(state: MigrationState) -> dict:
-    """Parity against the original implementation when it is importable; merged into the baseline."""
+    """Parity against the original implementation when it is importable; the baseline collected
+    before, with this verification, is written to baseline_path (its one write)."""
+    from agent.baseline import with_verification, write_baseline
     from agent.parity import run_parity
 
     recipe_dir = Path(state["recipe_dir"])
     baseline_path = Path(state["baseline_path"])
-    baseline = json.loads(baseline_path.read_text())
+    # a run resumed from a release whose collect node wrote the file has no baseline in its state
+    collected = state.get("baseline") or json.loads(baseline_path.read_text())
     if _engine_recipe(recipe_dir):
         dump = Path(last_run(state).get("res_path") or recipe_dir) / "parity_dump.pt"
         parity = run_parity(recipe_dir, trust_remote_code=bool(state.get("trust_remote_code")),
                             dump=dump if dump.is_file() else None)
     else:
         parity = _foreign_parity(recipe_dir)
-    baseline["verification"]["parity"] = parity
-    check = baseline["verification"].get("output_check") or {}
-    if parity.get("untrained_weights"):
-        # Random weights write noise by design: judging the text would only say so.
-        baseline["verification"]["output_check"] = dict(
-            check, ok=None, skipped="untrained weights: text checks skipped" +
-            (", parity used" if parity.get("checked") else ""))
-    baseline_path.write_text(json.dumps(baseline, indent=2, ensure_ascii=False) + "\n")
+    baseline = with_verification(collected, parity)
+    write_baseline(baseline_path, baseline)
     problems = []
     if not baseline["verification"].get("all_ranks_success", False):
         problems.append("not every rank finished its formal run")

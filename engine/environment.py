@@ -4,444 +4,41 @@ Principle: never pretend to be on an NPU. `detect_environment()` records the dev
 really used, and every NPU fact (npu-smi, CANN, torch_npu) is reported as found, including the
 common broken state "torch_npu present, CANN runtime not found".
 
-torch_npu is optional. Nothing here imports torch or torch_npu at module import time; both are
-imported lazily and guarded, see `import_torch()` and `probe_torch_npu()`.
-
-Why `import torch` itself needs a guard (checked with torch 2.13.0+cpu and torch-npu 2.13.0,
-no CANN installed):
-
-* torch >= 2.5 auto-loads out-of-tree backends at the end of `import torch`: it loads every
-  `torch.backends` entry point, and torch_npu registers one (`torch_npu = torch_npu:_autoload`).
-* Without CANN, `import torch_npu` fails with
-  ``ImportError: libhccl.so: cannot open shared object file: No such file or directory``,
-  so a plain `import torch` then fails too, with
-  ``RuntimeError: Failed to load the backend extension: torch_npu. You can disable extension
-  auto-loading with TORCH_DEVICE_BACKEND_AUTOLOAD=0.`` -- even for a CPU-only run.
-* After that failure `import torch` cannot be retried in the same process (the second attempt
-  dies on "Only a single TORCH_LIBRARY can be used to register the namespace triton"), so the
-  guard has to be in place before the first `import torch`.
-* With TORCH_DEVICE_BACKEND_AUTOLOAD=0, `import torch` works and `import torch_npu` can be tried
-  explicitly, which is what `import_torch()` / `probe_torch_npu()` do.
+This module is the public face; each backend is a module of engine/backends/ (npu.py: npu-smi,
+CANN, torch_npu and the guarded `import_torch()`; cuda.py; cpu.py). Nothing here imports torch
+or torch_npu at module import time.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.metadata
-import importlib.util
 import os
-import platform
 import re
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
-AUTOLOAD_ENV = "TORCH_DEVICE_BACKEND_AUTOLOAD"
-
-STATUS_NOT_INSTALLED = "torch_npu not installed"
-STATUS_NO_CANN = "torch_npu present, CANN runtime not found"
-STATUS_IMPORT_FAILED = "torch_npu import failed"  # followed by ": <short reason>"
-STATUS_OK = "ok"
-
-DEFAULT_TOOLKIT_HOMES = (
-    "/usr/local/Ascend/ascend-toolkit/latest",  # CANN <= 8.3 default install
-    "/usr/local/Ascend/cann",  # CANN >= 8.5 default install
+from engine.backends import cpu, cuda, npu
+from engine.backends.common import dist_version
+from engine.backends.npu import (  # noqa: F401  (public names of this module)
+    AUTOLOAD_ENV,
+    STATUS_IMPORT_FAILED,
+    STATUS_NO_CANN,
+    STATUS_NOT_INSTALLED,
+    STATUS_OK,
+    TorchImportError,
+    detect_cann_version,
+    detect_npu,
+    import_torch,
+    parse_npu_smi,
+    probe_torch_npu,
+    torch_npu_installed,
+    torch_pair_ok,
 )
 
-# Shared libraries that come with CANN (toolkit / nnae / driver). A torch_npu import that fails
-# because one of these cannot be loaded means "CANN runtime not found", not a broken torch_npu.
-_CANN_LIB_RE = re.compile(
-    r"\blib(?:hccl|ascendcl|ascend_hal|acl_\w+|ge_\w+|graph|runtime|opapi|nnopbase|c_sec|mmpa|"
-    r"ascend_\w+|register|error_manager|platform|tiling_api|profapi|msprof\w*|drvdsmi\w*|dcmi|"
-    r"aicpu\w*|fmk_\w+|lowering|exe_graph|ops\w*|alog|slog|unified_dlog)\.so"
-)
-_MISSING_LIB_MARKERS = ("cannot open shared object file", "No such file or directory", "not found")
+# The accelerators --device can name; each module has LABEL, device_problem(torch), device_hint(problem).
+ACCELERATORS = {"npu": npu, "cuda": cuda}
 
 
 class DeviceUnavailableError(RuntimeError):
     """The requested device cannot be used here; the message is one line naming the problem."""
-
-
-# ---------------------------------------------------------------------------------------------
-# npu-smi
-# ---------------------------------------------------------------------------------------------
-
-
-def _normalise_npu_name(name: str) -> str:
-    name = name.strip()
-    name = re.sub(r"^Ascend[\s_-]*", "", name, flags=re.IGNORECASE)
-    return f"Ascend {name}" if name else "Ascend"
-
-
-def parse_npu_smi(text: str) -> dict:
-    """Parse the box table printed by `npu-smi info`.
-
-    Each chip is a block of two rows between separator lines:
-        | <npu id>  <name>      | <health> | power  temp  hugepages |
-        | <chip id> [<phy/dev>] | <bus id> | aicore memory hbm      |
-    Multi-chip cards (Atlas 300I Duo 310P3, A3 "Ascend910") repeat the NPU row for each chip.
-    Parsing stops at the process table ("| NPU  Chip | Process id | ...").
-
-    Returns {"npu_model": "Ascend <name>" | None, "num_cards": int, "num_chips": int,
-    "npu_models": [distinct models]}. Garbage or empty text gives no cards and model None.
-    """
-    blocks: list[list[list[str]]] = []
-    current: list[list[str]] = []
-    for raw in (text or "").splitlines():
-        line = raw.strip()
-        if line.startswith("+"):
-            if current:
-                blocks.append(current)
-            current = []
-            continue
-        if not (line.startswith("|") and line.count("|") >= 3):
-            if current:
-                blocks.append(current)
-            current = []
-            continue
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        if any(c.startswith("Process id") for c in cells) or "Process name" in line:
-            break  # the process table follows: no more devices
-        current.append(cells)
-    if current and not any("Process" in " ".join(r) for r in current):
-        blocks.append(current)
-
-    npu_row = re.compile(r"^(\d+)\s+(\S+(?:\s\S+)*)$")
-    chip_row = re.compile(r"^(\d+)(?:\s+\d+)?$")
-    bus_id = re.compile(r"^(?:[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]|NA|-)$")
-    cards: list[str] = []
-    names: list[str] = []
-    chips = 0
-    for block in blocks:
-        if len(block) < 2 or len(block[0]) < 2 or len(block[1]) < 2:
-            continue
-        first, second = block[0], block[1]
-        m = npu_row.match(first[0])
-        if not m or not chip_row.match(second[0]):
-            continue
-        npu_id, name = m.group(1), m.group(2)
-        if not first[1] or not bus_id.match(second[1]):  # health filled, bus id well formed
-            continue
-        chips += 1
-        if npu_id not in cards:
-            cards.append(npu_id)
-        model = _normalise_npu_name(name)
-        if model not in names:
-            names.append(model)
-    return {
-        "npu_model": names[0] if names else None,
-        "num_cards": len(cards),
-        "num_chips": chips,
-        "npu_models": names,
-    }
-
-
-def detect_npu(timeout: float = 10.0) -> dict:
-    """Run `npu-smi info` if it is on PATH and parse it; a missing or failing tool gives 0 cards.
-
-    The result also carries "npu_smi": "ok" | "not found" | "failed: <reason>".
-    """
-    empty = {"npu_model": None, "num_cards": 0, "num_chips": 0, "npu_models": []}
-    exe = shutil.which("npu-smi")
-    if exe is None:
-        return {**empty, "npu_smi": "not found"}
-    try:
-        proc = subprocess.run([exe, "info"], capture_output=True, text=True, timeout=timeout,
-                              errors="replace")
-    except subprocess.TimeoutExpired:
-        return {**empty, "npu_smi": f"failed: timed out after {timeout:g} s"}
-    except OSError as exc:
-        return {**empty, "npu_smi": f"failed: {exc}"}
-    if proc.returncode != 0:
-        reason = _first_line(proc.stderr or proc.stdout) or f"exit code {proc.returncode}"
-        return {**empty, "npu_smi": f"failed: {reason}"}
-    return {**parse_npu_smi(proc.stdout), "npu_smi": "ok"}
-
-
-# ---------------------------------------------------------------------------------------------
-# CANN
-# ---------------------------------------------------------------------------------------------
-
-
-def _read_kv(path: Path) -> dict[str, str]:
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return {}
-    out: dict[str, str] = {}
-    for line in text.splitlines()[:200]:
-        line = line.strip()
-        if not line or line.startswith("#") or "=" not in line:
-            continue
-        key, value = line.split("=", 1)
-        out.setdefault(key.strip().lower(), value.strip().strip('"').strip("'"))
-    return out
-
-
-def _running_version(value: str) -> str | None:
-    # version.cfg: runtime_running_version=[7.3.0.1.231:8.0.RC2] -> "8.0.RC2" (the release
-    # after the colon; the part before it is the internal component number).
-    value = value.strip().strip("[]")
-    if not value:
-        return None
-    release = value.split(":", 1)[1] if ":" in value else value
-    return release.strip() or None
-
-
-def _version_from_toolkit(root: Path) -> str | None:
-    # 1. <root>/<arch>-linux/ascend_toolkit_install.info: "version=8.0.RC2" -- what the CANN
-    #    install guide tells you to cat to check the version.
-    arch_dirs = [root / f"{platform.machine()}-linux"]
-    try:
-        arch_dirs += sorted(p for p in root.glob("*-linux") if p not in arch_dirs)
-    except OSError:
-        pass
-    for arch_dir in arch_dirs:
-        info = _read_kv(arch_dir / "ascend_toolkit_install.info")
-        if info.get("version"):
-            return info["version"]
-    # 2. <root>/version.cfg: "toolkit_running_version=[7.3.0.1.231:8.0.RC2]" (older CANN;
-    #    version.info is accepted under the same rules).
-    for name in ("version.cfg", "version.info"):
-        cfg = _read_kv(root / name)
-        for key in ("toolkit_running_version", "runtime_running_version",
-                    "compiler_running_version"):
-            if cfg.get(key) and _running_version(cfg[key]):
-                return _running_version(cfg[key])
-        if cfg.get("version_dir"):
-            return cfg["version_dir"]
-        if cfg.get("version"):
-            return cfg["version"]
-    # 3. Component files: "version_dir=8.0.0" is the release; "Version=7.6.0.1.220" is the
-    #    component's own number on CANN 8.0 (and the release on later CANN), used last.
-    for comp in ("runtime", "compiler", "opp", "toolkit"):
-        info = _read_kv(root / comp / "version.info")
-        if info.get("version_dir"):
-            return info["version_dir"]
-    for comp in ("runtime", "compiler", "opp", "toolkit"):
-        info = _read_kv(root / comp / "version.info")
-        if info.get("version"):
-            return info["version"]
-    return None
-
-
-def detect_cann_version(environ: dict | None = None) -> str | None:
-    """CANN toolkit version ("8.0.RC2", "8.3.RC2", "8.5.0"), or None when no CANN is found.
-
-    Looks in $ASCEND_TOOLKIT_HOME, $ASCEND_HOME_PATH (both set by CANN's set_env.sh), then the
-    default install paths.
-    """
-    env = os.environ if environ is None else environ
-    roots: list[str] = []
-    for key in ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH"):
-        if env.get(key):
-            roots.append(env[key])
-    roots += list(DEFAULT_TOOLKIT_HOMES)
-    seen: set[str] = set()
-    for root in roots:
-        if root in seen:
-            continue
-        seen.add(root)
-        path = Path(root)
-        if not path.is_dir():
-            continue
-        version = _version_from_toolkit(path)
-        if version:
-            return version
-    return None
-
-
-# ---------------------------------------------------------------------------------------------
-# torch / torch_npu
-# ---------------------------------------------------------------------------------------------
-
-
-def _dist_version(*names: str) -> str | None:
-    for name in names:
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-        except Exception:  # broken metadata must not break detection
-            continue
-    return None
-
-
-def _first_line(text: str | None, limit: int = 200) -> str:
-    for line in (text or "").splitlines():
-        line = line.strip()
-        if line:
-            return line if len(line) <= limit else line[: limit - 3] + "..."
-    return ""
-
-
-def torch_npu_installed() -> bool:
-    """True when a torch_npu distribution or module is on sys.path (without importing it)."""
-    if _dist_version("torch_npu", "torch-npu") is not None:
-        return True
-    if "torch_npu" in sys.modules:
-        return True
-    try:
-        return importlib.util.find_spec("torch_npu") is not None
-    except (ImportError, ValueError):
-        return False
-
-
-class TorchImportError(ImportError):
-    """`import torch` failed (typically: the torch_npu backend autoload without CANN)."""
-
-
-_TORCH_IMPORT_ERROR: BaseException | None = None
-
-
-def import_torch():
-    """Import torch so that a torch_npu without CANN cannot make `import torch` fail.
-
-    When torch_npu is installed and torch is not imported yet, torch is imported with
-    TORCH_DEVICE_BACKEND_AUTOLOAD=0 (unless the user set the variable), and the variable is
-    restored right after, so child processes inherit the user's setting. torch_npu is then
-    imported explicitly by `probe_torch_npu()` -- the same thing the autoload would have done,
-    except that its failure is caught and reported instead of killing `import torch`.
-    Without torch_npu installed nothing is changed: plain `import torch`.
-    """
-    global _TORCH_IMPORT_ERROR
-    mod = sys.modules.get("torch")
-    if mod is not None and hasattr(mod, "__version__"):
-        return mod
-    if _TORCH_IMPORT_ERROR is not None:  # a failed `import torch` cannot be retried
-        raise TorchImportError(_short_error(_TORCH_IMPORT_ERROR)) from _TORCH_IMPORT_ERROR
-    guard = AUTOLOAD_ENV not in os.environ and torch_npu_installed()
-    if guard:
-        os.environ[AUTOLOAD_ENV] = "0"
-    try:
-        import torch
-    except Exception as exc:
-        _TORCH_IMPORT_ERROR = exc
-        raise TorchImportError(_short_error(exc)) from exc
-    finally:
-        if guard:
-            os.environ.pop(AUTOLOAD_ENV, None)
-    if guard and not _PROBING:
-        probe_torch_npu()   # a torch_npu that cannot load is blocked before transformers tries it
-    return torch
-
-
-def _exception_chain(exc: BaseException) -> list[BaseException]:
-    chain, seen = [], set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        chain.append(exc)
-        exc = exc.__cause__ or exc.__context__
-    return chain
-
-
-def _short_error(exc: BaseException) -> str:
-    # The root cause is the informative part ("libhccl.so: cannot open shared object file").
-    root = _exception_chain(exc)[-1]
-    return f"{type(root).__name__}: {_first_line(str(root)) or '(no message)'}"
-
-
-def _is_missing_cann(exc: BaseException) -> bool:
-    for err in _exception_chain(exc):
-        if not isinstance(err, (ImportError, OSError)):
-            continue
-        msg = str(err)
-        if _CANN_LIB_RE.search(msg) and any(m in msg for m in _MISSING_LIB_MARKERS):
-            return True
-    return False
-
-
-_NPU_PROBE: dict | None = None
-_PROBING = False   # probe_torch_npu() is importing torch: import_torch() must not probe again
-
-
-def probe_torch_npu(refresh: bool = False) -> dict:
-    """Whether torch_npu is installed and importable, without letting its failure escape.
-
-    Returns {"installed", "importable", "version", "status", "error"} where status is one of
-    "torch_npu not installed", "torch_npu present, CANN runtime not found",
-    "torch_npu import failed: <short reason>" or "ok". The import is attempted once per process
-    (cached; `refresh=True` tries again).
-    """
-    global _NPU_PROBE
-    if _NPU_PROBE is not None and not refresh:
-        return dict(_NPU_PROBE)
-    version = _dist_version("torch_npu", "torch-npu")
-    installed = version is not None or torch_npu_installed()
-    result = {"installed": installed, "importable": False, "version": version,
-              "status": STATUS_NOT_INSTALLED, "error": None}
-    if installed:
-        if "torch_npu" in sys.modules and sys.modules["torch_npu"] is None:
-            del sys.modules["torch_npu"]     # refresh: try the real import again
-        global _PROBING
-        try:
-            _PROBING = True
-            try:
-                import_torch()
-            finally:
-                _PROBING = False
-            # A failed `import torch_npu` leaves TORCH_DEVICE_BACKEND_AUTOLOAD=0 behind in
-            # os.environ (torch_npu sets it on entry and restores it only on success): restore.
-            saved = os.environ.get(AUTOLOAD_ENV)
-            try:
-                torch_npu = importlib.import_module("torch_npu")
-            finally:
-                if saved is None:
-                    os.environ.pop(AUTOLOAD_ENV, None)
-                else:
-                    os.environ[AUTOLOAD_ENV] = saved
-        except Exception as exc:
-            result["error"] = _short_error(exc)
-            if _is_missing_cann(exc):
-                result["status"] = STATUS_NO_CANN
-            else:
-                result["status"] = f"{STATUS_IMPORT_FAILED}: {result['error']}"
-            _block_torch_npu()
-        else:
-            result["importable"] = True
-            result["status"] = STATUS_OK
-            if result["version"] is None:
-                result["version"] = getattr(torch_npu, "__version__", None)
-    _NPU_PROBE = dict(result)
-    return result
-
-
-def _block_torch_npu() -> None:
-    """After a failed `import torch_npu`, later imports of it fail cleanly with ImportError, as if it
-    were not installed: transformers' `is_torch_npu_available()` imports torch_npu unguarded when the
-    package is present, so without CANN every `import transformers` would die on libhccl.so.
-    The environment still reports what was found (the probe result above)."""
-    for name in [m for m in sys.modules if m == "torch_npu" or m.startswith("torch_npu.")]:
-        del sys.modules[name]
-    sys.modules["torch_npu"] = None   # `import torch_npu` -> ModuleNotFoundError
-
-
-_RELEASE_RE = re.compile(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?")
-
-
-def _release(version: str | None) -> tuple[int, int, int] | None:
-    if not version:
-        return None
-    m = _RELEASE_RE.match(str(version).split("+", 1)[0])
-    if not m:
-        return None
-    return int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
-
-
-def torch_pair_ok(torch_version: str | None, torch_npu_version: str | None) -> bool | None:
-    """Whether torch and torch_npu form a supported pair: same major.minor.patch.
-
-    torch_npu versions look like "2.6.0.post1", "2.1.0.post10", "2.13.0"; torch's local part
-    ("+cpu") is ignored. None when torch_npu is absent; False when either cannot be parsed.
-    """
-    if not torch_npu_version:
-        return None
-    a, b = _release(torch_version), _release(torch_npu_version)
-    if a is None or b is None:
-        return False
-    return a == b
 
 
 # ---------------------------------------------------------------------------------------------
@@ -457,43 +54,6 @@ def _parse_device(spec: Any) -> tuple[str, int | None]:
     if not m or (m.group(1) in ("auto",) and m.group(2) is not None):
         raise ValueError(f"unknown device {spec!r}: use auto, cpu, cuda[:N] or npu[:N]")
     return m.group(1), int(m.group(2)) if m.group(2) is not None else None
-
-
-def _npu_problem(torch) -> str | None:
-    """None when an NPU can be used, else a short description of why not."""
-    probe = probe_torch_npu()
-    if probe["status"] != STATUS_OK:
-        return probe["status"]
-    npu = getattr(torch, "npu", None)
-    try:
-        if npu is None or not npu.is_available():
-            return "torch_npu found no NPU (torch.npu.is_available() is False)"
-        if npu.device_count() <= 0:
-            return "torch_npu found no NPU (torch.npu.device_count() is 0)"
-    except Exception as exc:
-        return f"torch.npu failed: {_short_error(exc)}"
-    return None
-
-
-def _npu_hint(problem: str) -> str:
-    if problem == STATUS_NO_CANN:
-        return "install CANN and source set_env.sh, or use --device cpu"
-    if problem == STATUS_NOT_INSTALLED:
-        return "install torch_npu matching your torch version (and CANN), or use --device cpu"
-    if problem.startswith("torch_npu found no NPU"):
-        return "check the driver with npu-smi info and ASCEND_RT_VISIBLE_DEVICES, or use --device cpu"
-    return "fix the torch_npu / CANN install, or use --device cpu"
-
-
-def _cuda_problem(torch) -> str | None:
-    try:
-        if torch.cuda.is_available() and torch.cuda.device_count() > 0:
-            return None
-    except Exception as exc:
-        return f"torch.cuda failed: {_short_error(exc)}"
-    if getattr(torch.version, "cuda", None) is None:
-        return f"torch {torch.__version__} is built without CUDA"
-    return "no CUDA device is available (torch.cuda.is_available() is False)"
 
 
 def select_device(preferred: str = "auto"):
@@ -513,88 +73,35 @@ def select_device(preferred: str = "auto"):
     if kind == "cpu":
         return torch.device("cpu")
     if kind == "auto":
-        if torch_npu_installed() and _npu_problem(torch) is None:
+        if torch_npu_installed() and npu.device_problem(torch) is None:
             return torch.device("npu", torch.npu.current_device())
-        if _cuda_problem(torch) is None:
+        if cuda.device_problem(torch) is None:
             return torch.device("cuda", torch.cuda.current_device())
         return torch.device("cpu")
-    if kind == "npu":
-        problem = _npu_problem(torch)
-        if problem is not None:
-            raise DeviceUnavailableError(
-                f"--device {preferred} requested but {problem}; {_npu_hint(problem)}")
-        count = torch.npu.device_count()
-        if index is not None and index >= count:
-            raise DeviceUnavailableError(
-                f"--device {preferred} requested but only {count} NPU device(s) are visible; "
-                f"use npu:0..npu:{count - 1}")
-        return torch.device("npu", index if index is not None else torch.npu.current_device())
-    problem = _cuda_problem(torch)
+    backend = ACCELERATORS[kind]
+    problem = backend.device_problem(torch)
     if problem is not None:
         raise DeviceUnavailableError(
-            f"--device {preferred} requested but {problem}; use --device cpu")
-    count = torch.cuda.device_count()
+            f"--device {preferred} requested but {problem}; {backend.device_hint(problem)}")
+    devices = getattr(torch, kind)   # torch.npu / torch.cuda
+    count = devices.device_count()
     if index is not None and index >= count:
         raise DeviceUnavailableError(
-            f"--device {preferred} requested but only {count} CUDA device(s) are visible; "
-            f"use cuda:0..cuda:{count - 1}")
-    return torch.device("cuda", index if index is not None else torch.cuda.current_device())
+            f"--device {preferred} requested but only {count} {backend.LABEL} device(s) are visible; "
+            f"use {kind}:0..{kind}:{count - 1}")
+    return torch.device(kind, index if index is not None else devices.current_device())
 
 
 def synchronize(device) -> None:
     """Wait for the device's queued work: torch.npu / torch.cuda synchronize; no-op on cpu."""
     kind = device.type if hasattr(device, "type") else _parse_device(device)[0]
-    if kind == "cpu" or kind == "auto":
-        return
-    torch = import_torch()
-    if kind == "npu":
-        torch.npu.synchronize(device)
-    elif kind == "cuda":
-        torch.cuda.synchronize(device)
+    if kind in ACCELERATORS:
+        getattr(import_torch(), kind).synchronize(device)
 
 
 # ---------------------------------------------------------------------------------------------
-# host facts and the environment record
+# the environment record
 # ---------------------------------------------------------------------------------------------
-
-
-def _cpu_model() -> str | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
-            key, _, value = line.partition(":")
-            if key.strip().lower() == "model name" and value.strip():
-                return value.strip()
-    except OSError:
-        pass
-    # aarch64 hosts (Kunpeng servers in Atlas machines) have no "model name" in /proc/cpuinfo;
-    # lscpu names the part from its implementer/part tables.
-    exe = shutil.which("lscpu")
-    if exe:
-        try:
-            out = subprocess.run([exe], capture_output=True, text=True, timeout=5,
-                                 env={**os.environ, "LC_ALL": "C"}).stdout
-            for line in out.splitlines():
-                key, _, value = line.partition(":")
-                if key.strip() == "Model name" and value.strip() and value.strip() != "-":
-                    return value.strip()
-        except (OSError, subprocess.SubprocessError):
-            pass
-    return platform.processor() or platform.machine() or None
-
-
-def _mem_total_bytes() -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                parts = line.split()
-                factor = 1024 if len(parts) > 2 and parts[2].lower() == "kb" else 1
-                return int(parts[1]) * factor
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def detect_environment(device: str = "auto") -> dict:
@@ -604,14 +111,14 @@ def detect_environment(device: str = "auto") -> dict:
     recorded "device" is what `select_device(device)` gives, so a run that asks for an NPU it
     cannot have raises DeviceUnavailableError rather than being recorded as an NPU run.
     """
-    npu = detect_npu()
+    npu_smi = detect_npu()
     probe = probe_torch_npu()
     try:
         torch = import_torch()
         torch_error = None
     except TorchImportError as exc:
         torch, torch_error = None, str(exc)
-    pytorch_version = torch.__version__ if torch is not None else _dist_version("torch")
+    pytorch_version = torch.__version__ if torch is not None else dist_version("torch")
 
     if torch is not None:
         dev = select_device(device)
@@ -623,12 +130,12 @@ def detect_environment(device: str = "auto") -> dict:
                 f"--device {device} requested but import torch failed ({torch_error}); "
                 f"set {AUTOLOAD_ENV}=0 or fix the torch install")
 
-    memory_bytes = _mem_total_bytes()
+    memory_bytes = cpu.mem_total_bytes()
     env: dict[str, Any] = {
         "device": kind,
-        "npu_model": npu["npu_model"],
-        "num_cards": npu["num_cards"],
-        "num_chips": npu["num_chips"],
+        "npu_model": npu_smi["npu_model"],
+        "num_cards": npu_smi["num_cards"],
+        "num_chips": npu_smi["num_chips"],
         "cann_version": detect_cann_version(),
         "pytorch_version": pytorch_version,
         "torch_npu_version": probe["version"],
@@ -636,51 +143,15 @@ def detect_environment(device: str = "auto") -> dict:
         "torch_pair_ok": torch_pair_ok(pytorch_version, probe["version"]),
         "cuda_device_name": None,
         "cuda_memory_bytes": None,
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu.cpu_model(),
         "cpu_count": os.cpu_count(),
         "memory_bytes": memory_bytes,
         "device_memory_bytes": memory_bytes if kind == "cpu" else None,
     }
     if torch_error:
         env["torch_import_error"] = torch_error
-
     if kind == "npu":
-        idx = index if index is not None else 0
-        try:
-            name = torch.npu.get_device_name(idx)
-            # More precise than npu-smi on A3, where npu-smi prints just "Ascend910".
-            if name:
-                env["npu_model"] = _normalise_npu_name(str(name))
-        except Exception:
-            pass
-        if not env["num_chips"]:
-            # npu-smi is often missing inside containers; count the visible logical devices.
-            try:
-                env["num_chips"] = int(torch.npu.device_count())
-                env["num_cards"] = env["num_cards"] or env["num_chips"]
-            except Exception:
-                pass
-        try:
-            env["device_memory_bytes"] = int(torch.npu.mem_get_info(idx)[1])
-        except Exception:
-            env["device_memory_bytes"] = None
-        if env["cann_version"] is None:
-            try:
-                from torch_npu.npu.utils import get_cann_version
-
-                env["cann_version"] = str(get_cann_version()) or None
-            except Exception:
-                pass
-
+        npu.record_device(torch, index, env)
     if torch is not None:
-        try:
-            if torch.cuda.is_available():
-                idx = index if kind == "cuda" and index is not None else 0
-                props = torch.cuda.get_device_properties(idx)
-                env["cuda_device_name"] = str(props.name)
-                env["cuda_memory_bytes"] = int(props.total_memory)
-                if kind == "cuda":
-                    env["device_memory_bytes"] = int(props.total_memory)
-        except Exception:
-            pass
+        cuda.record_device(torch, kind, index, env)
     return env

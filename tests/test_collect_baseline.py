@@ -1,4 +1,5 @@
-"""scripts/collect_baseline.py and engine/output_check.py on realistic logs (tests/data/logs)."""
+"""scripts/collect_baseline.py (agent.baseline, agent.run_log) and engine/output_check.py on realistic
+logs (tests/data/logs)."""
 
 from __future__ import annotations
 
@@ -15,15 +16,16 @@ from pathlib import Path
 
 import pytest
 
+from agent import baseline, run_log
 from engine.output_check import check_output_text
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "collect_baseline.py"
 LOGS = Path(__file__).resolve().parent / "data" / "logs"
 
-_spec = importlib.util.spec_from_file_location("collect_baseline", SCRIPT)
+# The CLI, run in-process (so fixtures can stub engine.environment); the library is agent.baseline.
+_spec = importlib.util.spec_from_file_location("collect_baseline_cli", SCRIPT)
 cb = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault("collect_baseline", cb)  # dataclasses look their module up there
 _spec.loader.exec_module(cb)
 
 TOP_KEYS = ["timestamp", "yaml_path", "environment", "model_config", "performance", "verification"]
@@ -173,8 +175,8 @@ def test_multiline_output_text(tmp_path, recipe):
 
 
 def test_parse_keeps_other_requests_multiline():
-    parsed = cb.parse_log_file(LOGS / "multiline.log")
-    formal = cb.select_formal(parsed).segment
+    parsed = baseline.parse_log_file(LOGS / "multiline.log")
+    formal = run_log.select_formal(parsed).segment
     assert formal.outputs[1] == "Sure, here is the answer:\n42"
 
 
@@ -272,6 +274,34 @@ def test_rank_dir_missing_rank_log(tmp_path, recipe, capsys):
     assert err.count("\n") == 1 and "log_5.log" in err
 
 
+# --------------------------------------------------------------------------- the log line table
+
+LINE_SAMPLES = [
+    ("[INFO][2026-09-29 14:03:10.121][scheduler.py:412] [Main] Inference time (prefill): 53.90 ms",
+     "time", "framework"),
+    ("[2026-11-29 17:40:01,123] [INFO] qwen inference time cost of decode is 71.00 ms", "time", "engine"),
+    ("[2026-11-29 17:40:01,123] [INFO] Request 0: outputs: Paris", "output", "engine"),
+    ("Inference decode result for batch 0: ", "output", "upstream"),
+    ("qwen decode average inference time cost is 70.00 ms", "average", "framework"),
+    ("qwen average inference time cost is 70.00 ms", "average", "engine"),
+    ("[2026-11-29 17:40:01,123] [INFO] qwen warm-up run begins", "warmup", "engine"),
+    ('[2026-11-29 17:40:01,123] [INFO] qwen environment: {"device": "npu"}', "environment", "engine"),
+    ("Traceback (most recent call last):", "traceback", "any"),
+]
+
+
+@pytest.mark.parametrize("line, kind, style", LINE_SAMPLES)
+def test_each_log_line_is_read_by_its_row_of_the_format_table(line, kind, style):
+    fmt, m = run_log.match_line(line)
+    assert (fmt.kind, fmt.style) == (kind, style)    # first match wins: framework before engine
+    assert run_log.is_record_start(line)
+
+
+def test_every_row_of_the_format_table_has_a_sample():
+    assert sorted((f.kind, f.style) for f in run_log.LINE_FORMATS) == sorted((k, s) for _, k, s in LINE_SAMPLES)
+    assert run_log.match_line("  continuation of a multi-line output") == (None, None)
+
+
 # --------------------------------------------------------------------------- output file
 
 
@@ -291,6 +321,33 @@ def test_previous_baseline_is_kept(tmp_path, recipe, capsys):
     # A third run keeps the second one too, never overwriting the first.
     collect(tmp_path, LOGS / "multi_run.log", yaml_path)
     assert len(list(out.parent.glob("baseline_metadata.previous-*.json"))) == 2
+
+
+@pytest.mark.parametrize("parity, output_check", [
+    ({"ok": True, "checked": True, "max_abs_logits_diff": 0.0}, "kept"),
+    ({"ok": True, "checked": True, "untrained_weights": True},
+     "untrained weights: text checks skipped, parity used"),
+    ({"ok": None, "checked": False, "untrained_weights": True}, "untrained weights: text checks skipped"),
+])
+def test_verify_writes_the_collected_baseline_once_with_parity(tmp_path, recipe, parity, output_check):
+    """What node_verify writes: the collected baseline with parity in place, same key order, and
+    for untrained weights the text check marked skipped; one write through write_baseline."""
+    collected, _ = baseline.collect(str(LOGS / "engine_warmup.log"), str(recipe()))
+    verified = baseline.with_verification(collected, parity)
+    assert collected["verification"]["parity"] is None          # the collected dict is not changed
+    assert list(verified) == TOP_KEYS
+    ver = verified["verification"]
+    assert list(ver) == ["all_ranks_success", "output_check", "parity", "collection_warnings"]
+    assert ver["parity"] == parity
+    if output_check == "kept":
+        assert ver["output_check"] == collected["verification"]["output_check"]
+    else:
+        assert ver["output_check"] == dict(collected["verification"]["output_check"], ok=None,
+                                           skipped=output_check)
+    out = tmp_path / "baseline" / "baseline_metadata.json"
+    assert baseline.write_baseline(out, verified) is None
+    assert out.read_text() == json.dumps(verified, indent=2, ensure_ascii=False) + "\n"
+    assert list(out.parent.iterdir()) == [out]                   # no temporary or previous file left
 
 
 # --------------------------------------------------------------------------- CLI errors
@@ -503,8 +560,8 @@ def test_framework_rank_that_did_not_finish_fails_all_ranks(tmp_path, fake_envir
 def test_yaml_settings_from_either_schema():
     import yaml as pyyaml
 
-    legacy = cb.yaml_settings(pyyaml.safe_load(LEGACY_SCHEMA.format(exe_mode="eager")))
-    framework = cb.yaml_settings(pyyaml.safe_load(FRAMEWORK_SCHEMA.format(exe_mode="npugraph_ex")))
+    legacy = baseline.yaml_settings(pyyaml.safe_load(LEGACY_SCHEMA.format(exe_mode="eager")))
+    framework = baseline.yaml_settings(pyyaml.safe_load(FRAMEWORK_SCHEMA.format(exe_mode="npugraph_ex")))
     assert legacy == {"model_name": "gpt_oss", "model_path": "/data/models/gpt-oss-20b-bf16", "model_source": None,
                       "exe_mode": "eager", "world_size": 1, "max_new_tokens": 100, "batch_size": 1,
                       "input_len": 32}

@@ -1,5 +1,6 @@
-"""Tests for engine.environment: npu-smi parsing, CANN version files, torch/torch_npu pairing,
-device selection, and the real "torch_npu installed without CANN" state."""
+"""Tests for engine.environment and its backends (engine/backends/): npu-smi parsing, CANN
+version files, torch/torch_npu pairing, device selection, and the real "torch_npu installed
+without CANN" state."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import environment as env_mod
+from engine.backends import npu as npu_backend   # where the CANN default install paths live
 from engine.environment import (
     DeviceUnavailableError,
     detect_cann_version,
@@ -130,7 +131,7 @@ def test_detect_npu_without_npu_smi(tmp_path, monkeypatch):
 @pytest.fixture
 def no_default_cann(monkeypatch, tmp_path):
     """Keep a real /usr/local/Ascend install out of these tests."""
-    monkeypatch.setattr(env_mod, "DEFAULT_TOOLKIT_HOMES", (str(tmp_path / "no-default-cann"),))
+    monkeypatch.setattr(npu_backend, "DEFAULT_TOOLKIT_HOMES", (str(tmp_path / "no-default-cann"),))
 
 
 def _write(path: Path, text: str) -> Path:
@@ -202,7 +203,7 @@ def test_cann_version_prefers_install_info_and_toolkit_home(tmp_path, no_default
 def test_cann_version_default_path(tmp_path, monkeypatch):
     default = tmp_path / "usr-local-Ascend-ascend-toolkit-latest"
     _write(default / "version.cfg", "runtime_running_version=[7.6.0.1.220:8.0.0]\n")
-    monkeypatch.setattr(env_mod, "DEFAULT_TOOLKIT_HOMES", (str(default),))
+    monkeypatch.setattr(npu_backend, "DEFAULT_TOOLKIT_HOMES", (str(default),))
     assert detect_cann_version({}) == "8.0.0"
 
 
