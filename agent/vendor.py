@@ -2,7 +2,7 @@
 
 The source is located through transformers' own auto mappings and the class's source file (never
 by guessing file names), copied to `{recipe}/models/`, and rewritten by the codemods in
-`agent.codemods`. Afterwards the code must not import any model class from transformers.
+`agent.codemods.vendor`. Afterwards the code must not import any model class from transformers.
 """
 
 from __future__ import annotations
@@ -255,9 +255,9 @@ def vendor_source(source: ModelSource, recipe_dir: Path, model_name: str) -> Ven
     family, ...) is vendored too, under its own name in `models/`, and the imports are pointed at
     the copies. Only the auto registry (`transformers.models.auto`) stays a transformers import.
     """
-    import agent.codemods
+    import agent.codemods.vendor
     from agent import codemod_cache
-    from agent.codemods import (CODEMODS, GuardedTorchNpuImportCommand, VendoredImportsCommand, apply_codemods,
+    from agent.codemods.vendor import (CODEMODS, GuardedTorchNpuImportCommand, VendoredImportsCommand, apply_codemods,
                                 find_model_class_imports, transformers_model_imports)
 
     models_dir = recipe_dir / "models"
@@ -287,7 +287,7 @@ def vendor_source(source: ModelSource, recipe_dir: Path, model_name: str) -> Ven
         codemods = CODEMODS if runs_model else [c for c in CODEMODS if c is not GuardedTorchNpuImportCommand]
         # Cached on disk: the same source with the same codemods gives the same code (agent/codemod_cache.py).
         code, applied = codemod_cache.cached(apply_codemods, path.read_text(), package, siblings, codemods,
-                                             code_files=[Path(agent.codemods.__file__)])
+                                             code_files=[Path(agent.codemods.vendor.__file__)])
         if find_model_class_imports(code) and roots:
             # Files that also hold multimodal or task classes (e.g. Gemma3ForConditionalGeneration)
             # import AutoModel & co: keep only what the classes the recipe uses reach.
@@ -337,7 +337,7 @@ def prune_unreachable(code: str, roots: list[str]) -> str:
     import libcst as cst
     from libcst.codemod import CodemodContext
 
-    from agent.codemods import PruneUnreachableDefinitionsCommand
+    from agent.codemods.vendor import PruneUnreachableDefinitionsCommand
 
     command = PruneUnreachableDefinitionsCommand(CodemodContext(), roots=roots)
     return command.transform_module(cst.parse_module(code)).code

@@ -1,7 +1,7 @@
 """Device-agnostic stand-ins for the torch.npu / torch.cuda calls recipes make in passing.
 
 A recipe written for one accelerator calls `torch.npu.synchronize()`, `torch.cuda.set_device(i)`,
-`x.npu()`... for bookkeeping, not for a kernel. `agent.codemods_device` rewrites those calls to
+`x.npu()`... for bookkeeping, not for a kernel. `agent.codemods.device` rewrites those calls to
 the functions here, which do the same thing on the device the recipe really runs on: the NPU
 (through torch.npu, so NPU behaviour is kept), a CUDA GPU, or the CPU (where synchronising,
 caching and streams are no-ops and events measure host time).

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import agent.codemods
+import agent.codemods.vendor
 from agent import codemod_cache
-from agent.codemods import CODEMODS, apply_codemods
+from agent.codemods.vendor import CODEMODS, apply_codemods
 
 SOURCE = "from .configuration_x import XConfig\nimport torch\n\nclass XModel(torch.nn.Module):\n    pass\n"
 
@@ -19,7 +19,7 @@ def test_cache_hit_equals_fresh_result_and_skips_the_work(tmp_path, monkeypatch)
         calls.append(1)
         return apply_codemods(*args, **kwargs)
 
-    files = [Path(agent.codemods.__file__)]
+    files = [Path(agent.codemods.vendor.__file__)]
     siblings = {"pkg.configuration_x": "models.configuration_x"}
     first = codemod_cache.cached(counting, SOURCE, "pkg", siblings, CODEMODS, files)
     second = codemod_cache.cached(counting, SOURCE, "pkg", siblings, CODEMODS, files)
@@ -35,7 +35,7 @@ def test_cache_hit_equals_fresh_result_and_skips_the_work(tmp_path, monkeypatch)
 
 def test_corrupt_entry_is_recomputed(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    files = [Path(agent.codemods.__file__)]
+    files = [Path(agent.codemods.vendor.__file__)]
     result = codemod_cache.cached(apply_codemods, SOURCE, "pkg", {}, CODEMODS, files)
     for entry in codemod_cache.cache_dir().glob("*.json"):
         entry.write_text('{"code": 5}')

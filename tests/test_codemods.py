@@ -1,4 +1,4 @@
-"""Before/after tests for agent.codemods, plus a run over real transformers modeling files."""
+"""Before/after tests for agent.codemods.vendor, plus a run over real transformers modeling files."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import libcst as cst
 import pytest
 from libcst.codemod import CodemodContext, CodemodTest
 
-from agent.codemods import (
+from agent.codemods.vendor import (
     CODEMODS,
     AbsoluteImportsCommand,
     CodemodError,

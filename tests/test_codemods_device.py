@@ -1,8 +1,8 @@
-"""CodemodTest before/after tests for agent.codemods_device (incidental NPU / CUDA calls -> device_ops)."""
+"""CodemodTest before/after tests for agent.codemods.device (incidental NPU / CUDA calls -> device_ops)."""
 
 from libcst.codemod import CodemodTest
 
-from agent.codemods_device import (GUARD_TORCH_NPU, CudaCallsToDeviceOpsCommand, GuardOptionalImportCommand,
+from agent.codemods.device import (GUARD_TORCH_NPU, CudaCallsToDeviceOpsCommand, GuardOptionalImportCommand,
                                    NpuCallsToDeviceOpsCommand,
                                    NpuDeviceStringCommand, NpuTensorMethodCommand, npu_kernel_uses)
 
@@ -148,7 +148,7 @@ def test_rewritten_recipe_code_runs_on_cpu(monkeypatch):
     """The codemods' output runs here for real (the original raises: no torch.npu on this host)."""
     import torch
 
-    from agent.codemods_device import NPU_COMMANDS, transform
+    from agent.codemods.device import NPU_COMMANDS, transform
 
     monkeypatch.setenv("RECIPE_DEVICE", "cpu")
     source = ("import torch\nimport torch_npu\n\ndef step(x, i):\n    torch.npu.set_device(i)\n    x = x.npu()\n"
@@ -168,7 +168,7 @@ def test_rewritten_recipe_code_runs_on_cpu(monkeypatch):
 
 
 class TestRopeScalingTypeKey(CodemodTest):
-    from agent.codemods_repair import RopeScalingTypeKeyCommand as TRANSFORM
+    from agent.codemods.repair import RopeScalingTypeKeyCommand as TRANSFORM
 
     def test_noop(self):
         code = "kind = config.rope_scaling['rope_type']\nconfig.rope_scaling['type'] = 'linear'\nx = other['type']\n"

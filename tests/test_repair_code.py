@@ -14,8 +14,8 @@ import yaml
 from libcst.codemod import CodemodTest
 
 from agent.repair import Failure, rule_named
-from agent.codemods_device import GUARD_FLASH_ATTN, DeviceAgnosticCudaCommand, GuardOptionalImportCommand
-from agent.codemods_repair import AddForwardKwargsCommand, PadTokenFallbackCommand, TrustRemoteCodeCommand
+from agent.codemods.device import GUARD_FLASH_ATTN, DeviceAgnosticCudaCommand, GuardOptionalImportCommand
+from agent.codemods.repair import AddForwardKwargsCommand, PadTokenFallbackCommand, TrustRemoteCodeCommand
 from agent.repair_rules.code import install_command, key_prefix_mapping, pip_distribution
 from conftest import assert_repaired, first_match_name, repair_run
 

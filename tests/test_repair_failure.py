@@ -9,7 +9,7 @@ import sys
 
 from libcst.codemod import CodemodTest
 
-from agent.codemods_repair import InsertWarmUpCommand
+from agent.codemods.repair import InsertWarmUpCommand
 from agent.failure import Failure
 from agent.repair import catalogue, diagnose, repair, rule_named
 from agent.repair_rules.rule import Rule
@@ -95,7 +95,7 @@ def test_no_import_cycle_between_repair_modules():
     """Each of these imports on its own in a fresh interpreter (a cycle shows as an ImportError)."""
     for module in ("agent.failure", "agent.backup", "agent.repair_rules.rule", "agent.repair_rules.code",
                    "agent.repair_rules.field", "agent.repair_rules.files", "agent.repair_rules.config",
-                   "agent.repair_rules.run", "agent.llm_repair", "agent.codemods_repair", "agent.repair"):
+                   "agent.repair_rules.run", "agent.llm_repair", "agent.codemods.repair", "agent.repair"):
         proc = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True)
         assert proc.returncode == 0, (module, proc.stderr[-1500:])
 

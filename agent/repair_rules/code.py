@@ -1,7 +1,7 @@
 """Rules about code: vendored modeling, runner, imports, packages, devices.
 
-Fixes patch the recipe's Python files with libcst codemods (agent.codemods, agent.codemods_device,
-agent.codemods_repair), never by regenerating them; YAML fixes are line edits. A fix gets the full
+Fixes patch the recipe's Python files with libcst codemods (agent.codemods.vendor, agent.codemods.device,
+agent.codemods.repair), never by regenerating them; YAML fixes are line edits. A fix gets the full
 failure and the facts; facts name the files and classes to patch.
 """
 
@@ -16,9 +16,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agent.codemods import RunnerSettingsInitCommand
-from agent.codemods_device import GUARD_FLASH_ATTN, DeviceAgnosticCudaCommand, GuardOptionalImportCommand
-from agent.codemods_repair import (AddForwardKwargsCommand, PadTokenFallbackCommand, TrustRemoteCodeCommand, codemod,
+from agent.codemods.vendor import RunnerSettingsInitCommand
+from agent.codemods.device import GUARD_FLASH_ATTN, DeviceAgnosticCudaCommand, GuardOptionalImportCommand
+from agent.codemods.repair import (AddForwardKwargsCommand, PadTokenFallbackCommand, TrustRemoteCodeCommand, codemod,
                                    rewrite_file)
 from agent.failure import Failure
 from agent.repair_rules._util import edit_yaml_line, load_yaml

@@ -2,7 +2,7 @@
 
 Each rule's evidence is the message as it shows in the reports (copied into
 tests/field_faults/corpus.yaml). Rules with a safe fix apply it (codemods through
-agent.codemods_device, line-ending repair, a YAML dtype edit); the others are report-only: the
+agent.codemods.device, line-ending repair, a YAML dtype edit); the others are report-only: the
 fix changes nothing and returns a precise diagnosis with the next step, so the repair loop stops
 with that note instead of "unknown failure". NPU kernels with no portable equivalent
 (torch_npu.npu_*, torch.ops.npu.*) are not matched here.
@@ -17,8 +17,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from agent.codemods_device import CUDA_COMMANDS, NPU_COMMANDS, npu_kernel_uses
-from agent.codemods_repair import RopeScalingTypeKeyCommand, rewrite_file
+from agent.codemods.device import CUDA_COMMANDS, NPU_COMMANDS, npu_kernel_uses
+from agent.codemods.repair import RopeScalingTypeKeyCommand, rewrite_file
 from agent.failure import Failure
 from agent.repair_rules._util import edit_yaml_line, load_yaml, recipe_yaml
 from agent.repair_rules.code import _fix_missing_package, install_command, recipe_py_files

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from libcst.codemod import CodemodContext
 
-from agent.codemods_repair import InsertWarmUpCommand, generate_calls, rewrite_file, warm_up_argument
+from agent.codemods.repair import InsertWarmUpCommand, generate_calls, rewrite_file, warm_up_argument
 from agent.failure import Failure
 from agent.repair_rules._util import load_yaml, report_data
 from agent.repair_rules.rule import RepairContext, Rule

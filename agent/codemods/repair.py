@@ -1,6 +1,6 @@
 """Codemods of the repair rules: each rewrites one thing in a recipe's Python files.
 
-Vendoring codemods live in agent.codemods, device-portability ones in agent.codemods_device;
+Vendoring codemods live in agent.codemods.vendor, device-portability ones in agent.codemods.device;
 `rewrite_file` runs any of them on a recipe file, keeping its encoding, BOM and line endings.
 """
 
@@ -14,8 +14,8 @@ import libcst.matchers as m
 from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
 from libcst.metadata import PositionProvider
 
-from agent.codemods import _dotted, _insert_param, _param_names
-from agent.codemods_device import transform
+from agent.codemods.vendor import _dotted, _insert_param, _param_names
+from agent.codemods.device import transform
 
 _BOM = "\ufeff"
 

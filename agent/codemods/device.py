@@ -17,7 +17,7 @@ import libcst.matchers as m
 from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
 from libcst.codemod.visitors import AddImportsVisitor
 
-from agent.codemods import _dotted, _is_model_class, _param_names
+from agent.codemods.vendor import _dotted, _is_model_class, _param_names
 from engine.device_ops import PORTABLE
 
 # NPU kernels and private ops: nothing portable stands in for them (exit 4 elsewhere).
