@@ -274,7 +274,7 @@ class ModelRunner:
 
         A runner rendered before the engine owned the loop calls
         `model_generate(input_dict, input_lens, warm_up)` with the batch it built itself."""
-        if isinstance(prompts, dict):
+        if isinstance(prompts, dict):  # legacy: warm_up is the third argument, after input_lens
             return generate(self, prompts, warm_up=bool(legacy and legacy[0]))
         return generate(self, self.start_batch(prompts), warm_up)
 
