@@ -35,7 +35,9 @@ def current_recipe(tiny_checkpoints, tmp_path_factory) -> Path:
     assert proc.returncode == 0, proc.stderr[-3000:]
     recipe = out / "legacy"
     yaml_file = next((recipe / "config").glob("*.yaml"))
-    yaml_file.write_text(yaml_file.read_text().replace("batch_size: 1", "batch_size: 2"))
+    settings = yaml.safe_load(yaml_file.read_text())
+    settings["data_config"]["batch_size"] = 2
+    yaml_file.write_text(yaml.safe_dump(settings, sort_keys=False))
     return recipe
 
 
