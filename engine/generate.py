@@ -71,10 +71,10 @@ def generate(runner, batch: dict, warm_up: bool = False) -> list[str]:
         decode_ms.append((time.perf_counter() - start) * 1000)
         runner.logger.info(f"{name} inference time cost of decode is {decode_ms[-1]:.2f} ms")
         runner.model_output_process(model_inputs, outputs, batch)
-    return report(runner, batch, decode_ms, warm_up)
+    return finish_generation(runner, batch, decode_ms, warm_up)
 
 
-def report(runner, batch: dict, decode_ms: list[float], warm_up: bool) -> list[str]:
+def finish_generation(runner, batch: dict, decode_ms: list[float], warm_up: bool) -> list[str]:
     """Log the texts and the decode rate; after the formal run, write the parity dump."""
     name = runner.model_name
     runner.last_generate_ids = batch["generate_ids"]
