@@ -1,17 +1,21 @@
 """The shared runtime every recipe's Runner subclasses.
 
-A Runner subclass implements `init_model`, `model_input_prepare`, `model_output_process` and a
-top-level `model_generate(prompts, warm_up=False)` that tokenizes and calls this class's loop:
+A recipe's Runner names its model and configuration classes (`model_class`, `config_class`) and
+overrides only what its model does differently. The Runner contract: `init_model()`,
+`model_input_prepare(batch)`, `model_output_process(model_inputs, outputs, batch)` (one causal-LM
+step: the defaults below) and `model_generate(prompts, warm_up=False)`, which tokenizes and runs
+the loop in engine/generate.py:
 
     prefill (first forward) -> decode_one_token ... -> EOS or max_new_tokens
-
-Each forward is timed between two device synchronizes and logged as
-"{model_name} inference time cost of prefill|decode is X ms"; the texts as "Request N: outputs: ...".
 
 exe_mode "graph": the prefill stays eager; the decode step is compiled (`decode_forward`, chosen
 in `init_model`: torch.compile/inductor on CPU and CUDA, torchair's backend on NPU) and runs on a
 StaticCache (`new_cache`), so every step has the same shapes and one graph serves them all. The
 first decode step of the warm-up generation compiles it; the formal generation reuses the graph.
+
+Runners rendered before the engine owned the loop (release pre-redesign) still run: they pass the
+classes to `init_model`, build the batch themselves and call
+`model_generate(input_dict, input_lens, warm_up)`; see `model_generate`.
 """
 
 from __future__ import annotations
@@ -21,7 +25,6 @@ import json
 import math
 import os
 import random
-import time
 
 from engine import defaults, environment
 
@@ -29,11 +32,10 @@ from engine import defaults, environment
 # fails in torch's backend auto-load (see engine.environment.import_torch).
 torch = environment.import_torch()
 
+from engine.generate import PARITY_DUMP_ENV, generate, wants_full_sequence  # noqa: E402
 from engine.logging_utils import get_logger  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-# Set by the migrator's trial run: where the formal run leaves its prompt logits for the parity check.
-PARITY_DUMP_ENV = "MIGRATOR_PARITY_DUMP"
 
 
 def seed_everything(seed: int) -> None:
@@ -48,6 +50,9 @@ def seed_everything(seed: int) -> None:
 
 
 class ModelRunner:
+    model_class = None   # the recipe's Runner names its vendored classes here
+    config_class = None
+
     def __init__(self, runner_settings: dict):
         self.runner_settings = runner_settings
         self.model_name = runner_settings["model_name"]
@@ -84,8 +89,13 @@ class ModelRunner:
         self.parity_dump = None   # rank 0, formal run, MIGRATOR_PARITY_DUMP set: saved when generation ends
 
     # ---- model and tokenizer -------------------------------------------------------------
-    def init_model(self, model_cls, config_cls):
-        """Load config, weights (safetensors, configured dtype) and tokenizer from model_path."""
+    def init_model(self, model_cls=None, config_cls=None):
+        """Load config, weights (safetensors, configured dtype) and tokenizer from model_path.
+
+        The classes default to the Runner's `model_class` / `config_class`; runners rendered
+        before those existed pass them."""
+        model_cls = model_cls or self.model_class
+        config_cls = config_cls or self.config_class
         # Graph mode settles its backend first: a fall-back to eager shows in the environment line.
         graph_options = self.graph_compile_options() if self.exe_mode == "graph" else None
         env = environment.detect_environment(self.device.type)
@@ -124,6 +134,8 @@ class ModelRunner:
             self.model.to(self.device)
         self.model.eval()
         self.tokenizer = load_tokenizer(self.model_path)
+        self.pad_token_id = self.tokenizer.pad_token_id
+        self.eos_ids = torch.tensor(self.eos_token_ids(), dtype=torch.long, device=self.device)
         self.forward_params = set(inspect.signature(self.model.forward).parameters)
         # transformers >= 5.x names the cache `cache`; older code calls it `past_key_values`.
         self.cache_kwarg = "cache" if "cache" in self.forward_params else "past_key_values"
@@ -202,80 +214,69 @@ class ModelRunner:
             dist.barrier()
             dist.destroy_process_group()
 
-    # ---- the loop ---------------------------------------------------------------------
+    # ---- one causal-LM step (engine/generate.py runs the loop): override what differs ------
     def synchronize(self):
         environment.synchronize(self.device)
 
-    def model_input_prepare(self, input_dict: dict) -> dict:
-        raise NotImplementedError
+    def start_batch(self, prompts: list[str]) -> dict:
+        """The generation's state: the prompts tokenized (left padding, cut at input_max_len)."""
+        inputs = self.tokenizer(prompts, return_tensors="pt", padding=True, truncation=True,
+                                max_length=self.input_max_len).to(self.device)
+        input_ids = inputs["input_ids"]
+        batch = input_ids.shape[0]
+        return {
+            "input_ids": input_ids,
+            "attention_mask": inputs["attention_mask"],
+            "generate_ids": input_ids.new_zeros((batch, 0)),
+            "finished": torch.zeros(batch, dtype=torch.bool, device=self.device),
+            # None in eager mode (the model builds its own), a reused StaticCache in graph mode.
+            "cache": self.new_cache(batch, input_ids.shape[1] + self.max_new_tokens),
+            "is_prefill": True,
+        }
 
-    def model_output_process(self, model_inputs: dict, outputs, input_dict: dict) -> None:
-        raise NotImplementedError
+    def model_input_prepare(self, batch: dict) -> dict:
+        """The forward's kwargs: the prompt at prefill, then the last token."""
+        attention_mask = batch["attention_mask"]
+        if batch["is_prefill"]:
+            input_ids = batch["input_ids"]
+            # Left padding: positions count real tokens only (as transformers' generate does).
+            position_ids = attention_mask.long().cumsum(-1) - 1
+            position_ids.masked_fill_(attention_mask == 0, 1)
+        else:
+            input_ids = batch["next_tokens"][:, None]
+            position_ids = batch["position_ids"][:, -1:] + 1
+        model_inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
+                        self.cache_kwarg: batch["cache"], "use_cache": True}
+        if "logits_to_keep" in self.forward_params:
+            model_inputs["logits_to_keep"] = 1  # only the last position's logits are needed
+        return model_inputs
 
-    @torch.inference_mode()
-    def model_inference(self, model_inputs: dict):
-        """The prefill forward (eager in both modes)."""
-        return self.model(**model_inputs)
+    def model_output_process(self, model_inputs: dict, outputs, batch: dict) -> None:
+        """Greedy next tokens into `batch`; the mask, positions and cache move one step on."""
+        next_tokens = outputs.logits[:, -1, :].argmax(dim=-1)
+        finished = batch["finished"]
+        # Finished requests keep receiving the pad token so the batch stays rectangular.
+        next_tokens = torch.where(finished, torch.full_like(next_tokens, self.pad_token_id), next_tokens)
+        batch["generate_ids"] = torch.cat([batch["generate_ids"], next_tokens[:, None]], dim=-1)
+        batch["finished"] = finished | torch.isin(next_tokens, self.eos_ids)
+        batch["next_tokens"] = next_tokens
+        batch["position_ids"] = model_inputs["position_ids"]
+        mask = batch["attention_mask"]
+        batch["attention_mask"] = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
+        batch["is_prefill"] = False
+        # Eager: the model built its cache at prefill (its own class for hybrid models); keep it.
+        returned = outputs.get("cache", outputs.get("past_key_values"))
+        if returned is not None:
+            batch["cache"] = returned
 
-    @torch.inference_mode()
-    def decode_one_token(self, model_inputs: dict):
-        """One decode forward through `decode_forward` (compiled in graph mode)."""
-        cache = model_inputs.get(self.cache_kwarg)
-        if self.decode_forward is self.model or cache is not self.static_cache:
-            # Eager, or a recipe that made its own (dynamic) cache: shapes change every step.
-            return self.model(**model_inputs)
-        # The 2D mask grows by one column per step; pad it to the cache length (the model would
-        # pad it the same way) so the compiled step sees one shape.
-        mask = model_inputs["attention_mask"]
-        pad = self.static_cache_shape[1] - mask.shape[-1]
-        return self.decode_forward(**{**model_inputs, "attention_mask": torch.nn.functional.pad(mask, (0, pad))})
+    def model_generate(self, prompts, warm_up=False, *legacy) -> list[str]:
+        """Greedy generation for `prompts`; the texts.
 
-    def model_generate(self, input_dict: dict, input_lens, warm_up: bool = False) -> list[str]:
-        """Greedy generation: prefill then one decode step per token, each forward timed."""
-        name = self.model_name
-        if warm_up:
-            self.logger.info(f"{name} warm-up run begins")
-        decode_ms = []
-        for _ in range(self.max_new_tokens):
-            stage = "prefill" if input_dict["is_prefill"] else "decode"
-            model_inputs = self.model_input_prepare(input_dict)
-            if stage == "decode" and self.decode_full_sequence:
-                model_inputs = full_sequence_inputs(model_inputs, input_dict)
-            self.synchronize()
-            start = time.perf_counter()
-            if stage == "prefill":
-                outputs = self.model_inference(model_inputs)
-            else:
-                outputs = self.decode_one_token(model_inputs)
-            self.synchronize()
-            cost_ms = (time.perf_counter() - start) * 1000
-            self.logger.info(f"{name} inference time cost of {stage} is {cost_ms:.2f} ms")
-            if stage == "decode":
-                decode_ms.append(cost_ms)
-            elif not warm_up and os.environ.get(PARITY_DUMP_ENV):
-                self.dump_prefill(model_inputs, outputs)
-            self.model_output_process(model_inputs, outputs, input_dict)
-            if bool(input_dict["finished"].all()):
-                break
-
-        self.last_generate_ids = input_dict["generate_ids"]
-        texts = self.tokenizer.batch_decode(input_dict["generate_ids"], skip_special_tokens=True)
-        for i, text in enumerate(texts):
-            self.logger.info(f"Request {i}: outputs: {text}")
-        if len(decode_ms) > 1:
-            # Every decode step reads all weights once: bytes / time = achieved bandwidth.
-            per_token_s = sum(decode_ms[1:]) / len(decode_ms[1:]) / 1000
-            self.logger.info(
-                f"{name} decode {1 / per_token_s:.1f} steps/s x batch {len(texts)}, "
-                f"achieved bandwidth {self.model_bytes / per_token_s / 1e9:.2f} GB/s")
-        if warm_up:
-            self.logger.info(f"{name} warm-up run ends")
-        elif self.parity_dump is not None:
-            # Written once, when the formal run is complete: a partial dump never exists.
-            torch.save(dict(self.parity_dump, generate_ids=input_dict["generate_ids"].cpu()),
-                       os.environ[PARITY_DUMP_ENV])
-            self.parity_dump = None
-        return texts
+        A runner rendered before the engine owned the loop calls
+        `model_generate(input_dict, input_lens, warm_up)` with the batch it built itself."""
+        if isinstance(prompts, dict):  # legacy: warm_up is the third argument, after input_lens
+            return generate(self, prompts, warm_up=bool(legacy and legacy[0]))
+        return generate(self, self.start_batch(prompts), warm_up)
 
     def dump_prefill(self, model_inputs: dict, outputs) -> None:
         """The formal run's prompt and last-position logits, for the migrator's parity check: the
@@ -297,34 +298,6 @@ class ModelRunner:
             pass
         if self.rank == 0:
             self.parity_dump = dump
-
-
-def wants_full_sequence(model) -> bool:
-    """True when the model's own generation step feeds it the whole sequence, not the new token.
-
-    Asked of the model's `prepare_inputs_for_generation` (what `generate()` calls each step): most
-    slice `input_ids` to the token not yet in the cache; a model without a KV cache (openai-gpt)
-    or one whose forward slices off the cached prefix itself (cpmant) keeps all of them.
-    """
-    prepare = getattr(model, "prepare_inputs_for_generation", None)
-    if prepare is None:
-        return False
-    ids = torch.ones((1, 3), dtype=torch.long)
-    try:
-        inputs = prepare(ids, next_sequence_length=1, attention_mask=torch.ones_like(ids), use_cache=True)
-    except Exception:  # noqa: BLE001 - an unusual signature: keep the one-token step
-        return False
-    got = inputs.get("input_ids") if isinstance(inputs, dict) else None
-    return got is not None and got.shape[-1] == ids.shape[-1]
-
-
-def full_sequence_inputs(model_inputs: dict, input_dict: dict) -> dict:
-    """A decode step's inputs with the whole sequence so far (prompt + generated tokens)."""
-    input_ids = torch.cat([input_dict["input_ids"], input_dict["generate_ids"]], dim=-1)
-    mask = model_inputs["attention_mask"]
-    position_ids = mask.long().cumsum(-1) - 1
-    position_ids.masked_fill_(mask == 0, 1)
-    return {**model_inputs, "input_ids": input_ids, "position_ids": position_ids}
 
 
 def init_distributed(device, local_rank: int):

@@ -208,7 +208,7 @@ def test_runner_asks_the_model_whether_it_wants_the_whole_sequence(model_type, e
     from transformers import AutoModelForCausalLM
 
     from agent.tiny_checkpoint import tiny_config
-    from engine.model_runner import full_sequence_inputs, wants_full_sequence
+    from engine.generate import full_sequence_inputs, wants_full_sequence
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(tiny_config(model_type, vocab_size=384))

@@ -143,6 +143,7 @@ def test_diagnose_of_unknown_failure_names_the_closest_rule(tmp_path):
 
 # ---- fault injection into a real migrated recipe --------------------------------------------
 GENERATE = "    def model_generate(self, prompts, warm_up=False):\n"
+IMPORT = "from engine.model_runner import ModelRunner, torch\n"
 
 
 def _insert(path: Path, anchor: str, text: str, before: bool = False) -> None:
@@ -151,15 +152,27 @@ def _insert(path: Path, anchor: str, text: str, before: bool = False) -> None:
     path.write_text(source.replace(anchor, text + anchor if before else anchor + text, 1))
 
 
+def _in_generate(recipe: Path, code: str) -> None:
+    """Recipe code run as each generation starts: an override of model_generate in the runner (the
+    rendered runner inherits it), with torch imported through the engine's guard."""
+    runner = recipe / "runner_fi.py"
+    source = runner.read_text()
+    if GENERATE not in source:
+        source = source.replace("from engine.model_runner import ModelRunner\n", IMPORT)
+        source += "\n" + GENERATE + "        return super().model_generate(prompts, warm_up)\n"
+        runner.write_text(source)
+    _insert(runner, GENERATE, code)
+
+
 def _inject_npu_calls(recipe: Path) -> None:
     # vllm-ascend#166 / X-Oscar#4: an NPU recipe imports torch_npu and calls torch.npu in passing.
     runner = recipe / "runner_fi.py"
-    _insert(runner, "from engine.model_runner import ModelRunner, torch\n", "import torch_npu\n")
-    _insert(runner, GENERATE, "        torch.npu.synchronize()\n        peak = torch.npu.max_memory_allocated()\n")
+    _in_generate(recipe, "        torch.npu.synchronize()\n        peak = torch.npu.max_memory_allocated()\n")
+    _insert(runner, IMPORT, "import torch_npu\n")
 
 
 def _inject_npu_device_string(recipe: Path) -> None:
-    _insert(recipe / "runner_fi.py", GENERATE, "        npu = torch.device(\"npu\", 0)\n")
+    _in_generate(recipe, "        npu = torch.device(\"npu\", 0)\n")
 
 
 def _inject_crlf(recipe: Path) -> None:
@@ -175,7 +188,7 @@ def _inject_yaml_syntax(recipe: Path) -> None:
 
 
 def _inject_cuda_set_device(recipe: Path) -> None:
-    _insert(recipe / "runner_fi.py", GENERATE, "        torch.cuda.set_device(0)\n")
+    _in_generate(recipe, "        torch.cuda.set_device(0)\n")
 
 
 def _inject_mixed_dtype(recipe: Path) -> None:
@@ -183,7 +196,7 @@ def _inject_mixed_dtype(recipe: Path) -> None:
     path = next((recipe / "config").glob("*.yaml"))
     _insert(path, "  dtype: float32\n", "  dtype: bfloat16\n", before=True)
     path.write_text(path.read_text().replace("  dtype: float32\n", "", 1))
-    _insert(recipe / "runner_fi.py", GENERATE,
+    _in_generate(recipe,
             "        if self.model is not None:\n"
             "            probe = torch.ones(1, self.model.config.hidden_size)\n"
             "            _ = probe @ self.model.get_input_embeddings().weight[:4].T\n")
@@ -191,12 +204,12 @@ def _inject_mixed_dtype(recipe: Path) -> None:
 
 def _inject_nan_sampling(recipe: Path) -> None:
     # baby-llama2-chinese#33: sampling on nan probabilities.
-    _insert(recipe / "runner_fi.py", GENERATE, "        torch.multinomial(torch.full((1, 4), float(\"nan\")), 1)\n")
+    _in_generate(recipe, "        torch.multinomial(torch.full((1, 4), float(\"nan\")), 1)\n")
 
 
 def _inject_no_process_group(recipe: Path) -> None:
     # InstructSeg#7: a collective in a single-process run.
-    _insert(recipe / "runner_fi.py", GENERATE, "        torch.distributed.barrier()\n")
+    _in_generate(recipe, "        torch.distributed.barrier()\n")
 
 
 def _inject_old_rope_key(recipe: Path) -> None:

@@ -45,11 +45,12 @@ class CannedEndpoint:
 
 
 def _inject_unknown_fault(recipe):
-    """A fault no rule knows: a typo'd attribute in the runner."""
+    """A fault no rule knows: a typo'd name in the runner (an override of the engine's step)."""
     runner = recipe / "runner_fi.py"
-    original = runner.read_text()
-    broken = original.replace('input_dict["is_prefill"] = False', 'input_dict["is_prefill"] = Flase')
-    assert broken != original
+    broken = runner.read_text() + (
+        "\n    def model_output_process(self, model_inputs, outputs, batch):\n"
+        "        super().model_output_process(model_inputs, outputs, batch)\n"
+        "        batch[\"is_prefill\"] = Flase\n")
     runner.write_text(broken)
     return runner, broken
 

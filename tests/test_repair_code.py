@@ -108,8 +108,11 @@ def test_forward_without_kwargs_accepts_extra_keywords(working_recipe):
           "        logits_to_keep: int | torch.Tensor = 0,\n", after="class LlamaForCausalLM")
     _edit(modeling, "            use_cache=use_cache,\n            **kwargs,\n", "            use_cache=use_cache,\n",
           after="class LlamaForCausalLM")
-    _edit(runner, '            "use_cache": True,\n',
-          '            "use_cache": True,\n            "cache_position": position_ids[0],\n')
+    runner.write_text(runner.read_text() + (
+        "\n    def model_input_prepare(self, batch):\n"
+        "        model_inputs = super().model_input_prepare(batch)\n"
+        "        model_inputs[\"cache_position\"] = model_inputs[\"position_ids\"][0]\n"
+        "        return model_inputs\n"))
     injected = {MODELING: modeling.read_bytes(), RUNNER: runner.read_bytes()}
     proc, summary, report = repair_run(working_recipe)
     assert_repaired(working_recipe, proc, summary, report, "forward_unexpected_keyword", injected)
@@ -282,10 +285,12 @@ def _remote_code_recipe(recipe: Path, tmp_path: Path) -> Path:
     (checkpoint / "config.json").write_text(json.dumps(config, indent=2))
     _edit(yaml_file, f'model_path: {old_path}', f'model_path: "{checkpoint}"')
     runner = recipe / RUNNER
-    _edit(runner, "from engine.model_runner import ModelRunner, torch\n",
-          "from engine.model_runner import ModelRunner, torch\nfrom transformers import AutoConfig\n")
-    _edit(runner, "        super().init_model(LlamaForCausalLM, LlamaConfig)\n",
-          "        super().init_model(LlamaForCausalLM, LlamaConfig)\n"
+    _edit(runner, "from engine.model_runner import ModelRunner\n",
+          "from engine.model_runner import ModelRunner\nfrom transformers import AutoConfig\n")
+    _edit(runner, "    config_class = LlamaConfig\n",
+          "    config_class = LlamaConfig\n\n"
+          "    def init_model(self):\n"
+          "        super().init_model()\n"
           "        self.hf_config = AutoConfig.from_pretrained(self.model_path)\n")
     return runner
 
@@ -326,10 +331,12 @@ def test_tokenizer_without_pad_token_falls_back_to_eos(working_recipe, tmp_path)
     _edit(yaml_file, f'model_path: {old_path}', f'model_path: "{checkpoint}"')
     _edit(yaml_file, "batch_size: 1", "batch_size: 2")
     runner = working_recipe / RUNNER
-    _edit(runner, "from engine.model_runner import ModelRunner, torch\n",
-          "from engine.model_runner import ModelRunner, torch\nfrom transformers import AutoTokenizer\n")
-    _edit(runner, "        super().init_model(LlamaForCausalLM, LlamaConfig)\n",
-          "        super().init_model(LlamaForCausalLM, LlamaConfig)\n"
+    _edit(runner, "from engine.model_runner import ModelRunner\n",
+          "from engine.model_runner import ModelRunner\nfrom transformers import AutoTokenizer\n")
+    _edit(runner, "    config_class = LlamaConfig\n",
+          "    config_class = LlamaConfig\n\n"
+          "    def init_model(self):\n"
+          "        super().init_model()\n"
           "        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)\n"
           "        self.tokenizer.padding_side = \"left\"\n")
     injected = {RUNNER: runner.read_bytes()}

@@ -20,11 +20,13 @@ def test_dtype_the_device_cannot_run_is_set_to_float32(working_recipe, monkeypat
     yaml_file = next((working_recipe / "config").glob("*.yaml"))
     yaml_file.write_text(yaml_file.read_text().replace("dtype: float32", "dtype: float16"))
     runner = working_recipe / "runner_fi.py"
-    runner.write_text(runner.read_text().replace(
-        "    def model_input_prepare(self, input_dict):\n",
-        "    def model_input_prepare(self, input_dict):\n"
+    source = runner.read_text().replace("from engine.model_runner import ModelRunner\n",
+                                        "from engine.model_runner import ModelRunner, torch\n")
+    runner.write_text(source + (
+        "\n    def model_input_prepare(self, batch):\n"
         "        if self.dtype == torch.float16 and self.device.type == 'cpu':\n"
-        "            raise RuntimeError('\"addmm_impl_cpu_\" not implemented for \\'Half\\'')\n"))
+        "            raise RuntimeError('\"addmm_impl_cpu_\" not implemented for \\'Half\\'')\n"
+        "        return super().model_input_prepare(batch)\n"))
     injected = {str(yaml_file.relative_to(working_recipe)): yaml_file.read_bytes()}
     proc, summary, report = repair_run(working_recipe)
     assert_repaired(working_recipe, proc, summary, report, "dtype_unsupported_on_device", injected)

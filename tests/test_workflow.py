@@ -169,9 +169,8 @@ def test_scenario_b_unknown_failure_is_reported_with_file_and_line(recipe, tmp_p
     broken = tmp_path / "b"
     shutil.copytree(recipe, broken)
     runner = broken / "runner_wf.py"
-    runner.write_text(runner.read_text().replace("    def model_input_prepare(self, input_dict):\n",
-                                                 "    def model_input_prepare(self, input_dict):\n"
-                                                 "        raise KeyError('mystery')\n"))
+    runner.write_text(runner.read_text() + "\n    def model_input_prepare(self, batch):\n"
+                                           "        raise KeyError('mystery')\n")
     proc = run_cli("run", str(broken), "--json")
     assert proc.returncode == 1
     summary = json.loads(proc.stdout)

@@ -1,0 +1,123 @@
+"""The generate loop, as plain as gpt-fast's generate.py:
+
+    prefill (the prompt, eager) -> decode_one_token ... -> every row at EOS, or max_new_tokens
+
+`runner` is the recipe's ModelRunner: it holds the model and the two hooks of one step,
+`model_input_prepare(batch)` (the forward's kwargs) and `model_output_process(model_inputs,
+outputs, batch)` (the next tokens into `batch`). `batch` is the generation's state, a dict of
+tensors (ModelRunner.start_batch); a dict because runners rendered before the engine owned the
+loop build and read it by key.
+
+Each forward is timed between two device synchronizes and logged as
+"{model_name} inference time cost of prefill|decode is X ms"; the texts as "Request N: outputs: ...".
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from engine import environment
+
+torch = environment.import_torch()  # through the guard: see engine.environment.import_torch
+
+# Set by the migrator's trial run: where the formal run leaves its prompt logits for the parity check.
+PARITY_DUMP_ENV = "MIGRATOR_PARITY_DUMP"
+
+
+@torch.inference_mode()
+def prefill(runner, model_inputs: dict):
+    """The prompt's forward: eager in both exe_modes."""
+    return runner.model(**model_inputs)
+
+
+@torch.inference_mode()
+def decode_one_token(runner, model_inputs: dict):
+    """One decode forward through `decode_forward` (compiled in graph mode)."""
+    if runner.decode_forward is runner.model or model_inputs.get(runner.cache_kwarg) is not runner.static_cache:
+        # Eager, or a runner that made its own (dynamic) cache: shapes change every step.
+        return runner.model(**model_inputs)
+    # The 2D mask grows by one column per step; pad it to the cache length (the model would pad
+    # it the same way) so the compiled step sees one shape.
+    mask = model_inputs["attention_mask"]
+    pad = runner.static_cache_shape[1] - mask.shape[-1]
+    return runner.decode_forward(**{**model_inputs, "attention_mask": torch.nn.functional.pad(mask, (0, pad))})
+
+
+def generate(runner, batch: dict, warm_up: bool = False) -> list[str]:
+    """Greedy generation: prefill, then one decode step per token, each forward timed."""
+    name = runner.model_name
+    if warm_up:
+        runner.logger.info(f"{name} warm-up run begins")
+    model_inputs = runner.model_input_prepare(batch)
+    runner.synchronize()
+    start = time.perf_counter()
+    outputs = prefill(runner, model_inputs)
+    runner.synchronize()
+    runner.logger.info(f"{name} inference time cost of prefill is {(time.perf_counter() - start) * 1000:.2f} ms")
+    if not warm_up and os.environ.get(PARITY_DUMP_ENV):
+        runner.dump_prefill(model_inputs, outputs)
+    runner.model_output_process(model_inputs, outputs, batch)
+
+    decode_ms = []
+    while len(decode_ms) < runner.max_new_tokens - 1 and not bool(batch["finished"].all()):
+        model_inputs = runner.model_input_prepare(batch)
+        if runner.decode_full_sequence:
+            model_inputs = full_sequence_inputs(model_inputs, batch)
+        runner.synchronize()
+        start = time.perf_counter()
+        outputs = decode_one_token(runner, model_inputs)
+        runner.synchronize()
+        decode_ms.append((time.perf_counter() - start) * 1000)
+        runner.logger.info(f"{name} inference time cost of decode is {decode_ms[-1]:.2f} ms")
+        runner.model_output_process(model_inputs, outputs, batch)
+    return finish_generation(runner, batch, decode_ms, warm_up)
+
+
+def finish_generation(runner, batch: dict, decode_ms: list[float], warm_up: bool) -> list[str]:
+    """Log the texts and the decode rate; after the formal run, write the parity dump."""
+    name = runner.model_name
+    runner.last_generate_ids = batch["generate_ids"]
+    texts = runner.tokenizer.batch_decode(batch["generate_ids"], skip_special_tokens=True)
+    for i, text in enumerate(texts):
+        runner.logger.info(f"Request {i}: outputs: {text}")
+    if len(decode_ms) > 1:
+        # Every decode step reads all weights once: bytes / time = achieved bandwidth.
+        per_token_s = sum(decode_ms[1:]) / len(decode_ms[1:]) / 1000
+        runner.logger.info(f"{name} decode {1 / per_token_s:.1f} steps/s x batch {len(texts)}, "
+                           f"achieved bandwidth {runner.model_bytes / per_token_s / 1e9:.2f} GB/s")
+    if warm_up:
+        runner.logger.info(f"{name} warm-up run ends")
+    elif runner.parity_dump is not None:
+        # Written once, when the formal run is complete: a partial dump never exists.
+        torch.save(dict(runner.parity_dump, generate_ids=batch["generate_ids"].cpu()), os.environ[PARITY_DUMP_ENV])
+        runner.parity_dump = None
+    return texts
+
+
+def full_sequence_inputs(model_inputs: dict, batch: dict) -> dict:
+    """A decode step's inputs with the whole sequence so far (prompt + generated tokens)."""
+    input_ids = torch.cat([batch["input_ids"], batch["generate_ids"]], dim=-1)
+    mask = model_inputs["attention_mask"]
+    position_ids = mask.long().cumsum(-1) - 1
+    position_ids.masked_fill_(mask == 0, 1)
+    return {**model_inputs, "input_ids": input_ids, "position_ids": position_ids}
+
+
+def wants_full_sequence(model) -> bool:
+    """True when the model's own generation step feeds it the whole sequence, not the new token.
+
+    Asked of the model's `prepare_inputs_for_generation` (what `generate()` calls each step): most
+    slice `input_ids` to the token not yet in the cache; a model without a KV cache (openai-gpt)
+    or one whose forward slices off the cached prefix itself (cpmant) keeps all of them.
+    """
+    prepare = getattr(model, "prepare_inputs_for_generation", None)
+    if prepare is None:
+        return False
+    ids = torch.ones((1, 3), dtype=torch.long)
+    try:
+        inputs = prepare(ids, next_sequence_length=1, attention_mask=torch.ones_like(ids), use_cache=True)
+    except Exception:  # noqa: BLE001 - an unusual signature: keep the one-token step
+        return False
+    got = inputs.get("input_ids") if isinstance(inputs, dict) else None
+    return got is not None and got.shape[-1] == ids.shape[-1]
