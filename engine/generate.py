@@ -50,13 +50,15 @@ def generate(runner, batch: dict, warm_up: bool = False) -> list[str]:
     if warm_up:
         runner.logger.info(f"{name} warm-up run begins")
     model_inputs = runner.model_input_prepare(batch)
+    forward_inputs = step_inputs(runner, model_inputs, batch)
     runner.synchronize()
     start = time.perf_counter()
-    outputs = prefill(runner, model_inputs)
+    outputs = prefill(runner, forward_inputs)
     runner.synchronize()
     runner.logger.info(f"{name} inference time cost of prefill is {(time.perf_counter() - start) * 1000:.2f} ms")
     if not warm_up and os.environ.get(PARITY_DUMP_ENV):
-        runner.dump_prefill(model_inputs, outputs)
+        # A step that is not the prompt's forward: the dump computes the prompt's logits itself.
+        runner.dump_prefill(model_inputs, outputs if forward_inputs is model_inputs else None)
     runner.model_output_process(model_inputs, outputs, batch)
 
     decode_ms = []
@@ -64,9 +66,10 @@ def generate(runner, batch: dict, warm_up: bool = False) -> list[str]:
         model_inputs = runner.model_input_prepare(batch)
         if runner.decode_full_sequence:
             model_inputs = full_sequence_inputs(model_inputs, batch)
+        forward_inputs = step_inputs(runner, model_inputs, batch)
         runner.synchronize()
         start = time.perf_counter()
-        outputs = decode_one_token(runner, model_inputs)
+        outputs = decode_one_token(runner, forward_inputs)
         runner.synchronize()
         decode_ms.append((time.perf_counter() - start) * 1000)
         runner.logger.info(f"{name} inference time cost of decode is {decode_ms[-1]:.2f} ms")
@@ -95,6 +98,23 @@ def finish_generation(runner, batch: dict, decode_ms: list[float], warm_up: bool
     return texts
 
 
+def step_inputs(runner, model_inputs: dict, batch: dict) -> dict:
+    """The forward's kwargs: the runner's, or for a model that builds its own step, what its
+    `prepare_inputs_for_generation` builds from the whole sequence, as `generate()` feeds it."""
+    if not getattr(runner, "model_builds_step", False):
+        return model_inputs
+    if batch["is_prefill"]:
+        # Such a forward need not return its cache (xlm's does not): one the model fills in place,
+        # the kind generate() makes. Kept in `batch`, so the compiled static-cache step is not used.
+        from transformers.cache_utils import DynamicCache
+
+        batch["cache"] = DynamicCache(config=runner.model.config)
+    input_ids = torch.cat([batch["input_ids"], batch["generate_ids"]], dim=-1)
+    return runner.model.prepare_inputs_for_generation(
+        input_ids, attention_mask=model_inputs["attention_mask"], use_cache=True,
+        is_first_iteration=batch["is_prefill"], **{runner.cache_kwarg: batch["cache"]})
+
+
 def full_sequence_inputs(model_inputs: dict, batch: dict) -> dict:
     """A decode step's inputs with the whole sequence so far (prompt + generated tokens)."""
     input_ids = torch.cat([batch["input_ids"], batch["generate_ids"]], dim=-1)
@@ -121,3 +141,22 @@ def wants_full_sequence(model) -> bool:
         return False
     got = inputs.get("input_ids") if isinstance(inputs, dict) else None
     return got is not None and got.shape[-1] == ids.shape[-1]
+
+
+def builds_own_step(model) -> bool:
+    """True when the model's `prepare_inputs_for_generation` feeds it tokens that are not the
+    sequence's (xlm appends its mask token and predicts there): the runner then builds each step
+    with it (`step_inputs`) instead of its own hooks."""
+    prepare = getattr(model, "prepare_inputs_for_generation", None)
+    if prepare is None:
+        return False
+    ids = torch.arange(3, dtype=torch.long)[None] + 1
+    try:
+        inputs = prepare(ids, next_sequence_length=1, attention_mask=torch.ones_like(ids), use_cache=True)
+    except Exception:  # noqa: BLE001 - an unusual signature: keep the runner's step
+        return False
+    got = inputs.get("input_ids") if isinstance(inputs, dict) else None
+    if got is None or got.shape[0] != 1 or got.shape[-1] == 0:
+        return False
+    # Most return the whole sequence or its tail; anything else is the model's own input.
+    return got.shape[-1] > ids.shape[-1] or not torch.equal(got[0], ids[0, -got.shape[-1]:])

@@ -32,7 +32,7 @@ from engine import defaults, environment
 # fails in torch's backend auto-load (see engine.environment.import_torch).
 torch = environment.import_torch()
 
-from engine.generate import PARITY_DUMP_ENV, generate, wants_full_sequence  # noqa: E402
+from engine.generate import PARITY_DUMP_ENV, builds_own_step, generate, wants_full_sequence  # noqa: E402
 from engine.logging_utils import get_logger  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -143,6 +143,7 @@ class ModelRunner:
         self.model_bytes = rank_weight_bytes(self.model)
         shard = f", tensor parallel rank {self.tp_rank} of {self.tp_size}" if self.tp_size > 1 else ""
         self.decode_full_sequence = wants_full_sequence(self.model)
+        self.model_builds_step = builds_own_step(self.model)
         self.logger.info(
             f"{self.model_name} loaded {model_cls.__name__} ({self.model_bytes / 1e6:.1f} MB, "
             f"{str(self.dtype).removeprefix('torch.')}{shard}) on {self.device}")
@@ -280,17 +281,25 @@ class ModelRunner:
 
     def dump_prefill(self, model_inputs: dict, outputs) -> None:
         """The formal run's prompt and last-position logits, for the migrator's parity check: the
-        reference model is compared against them afterwards, so no process holds two models."""
+        reference model is compared against them afterwards, so no process holds two models.
+
+        `outputs` is None when the step's forward was not the prompt's (a model that builds its own
+        step: xlm predicts at an appended mask token); the prompt's logits come from the forward below."""
+        kwargs = {k: v for k, v in model_inputs.items() if k not in (self.cache_kwarg, "logits_to_keep", "use_cache")}
+
+        def prompt_logits():
+            with torch.inference_mode():
+                return self.model(**kwargs, use_cache=False).logits.float()
+
+        full = prompt_logits() if outputs is None else None
         dump = {"input_ids": model_inputs["input_ids"].cpu(), "attention_mask": model_inputs["attention_mask"].cpu(),
-                "logits": outputs.logits[:, -1, :].float().cpu(), "dtype": str(self.dtype).removeprefix("torch."),
-                "device": self.device.type}
+                "logits": (outputs.logits if full is None else full)[:, -1, :].float().cpu(),
+                "dtype": str(self.dtype).removeprefix("torch."), "device": self.device.type}
         # How well the weights predict the prompt (untrained weights write noise by design): one more
         # forward over the prompt without the cache, after the timed prefill, so no timing changes.
         # Every rank runs it: with tensor parallel the forward is a collective.
         try:
-            kwargs = {k: v for k, v in model_inputs.items() if k not in (self.cache_kwarg, "logits_to_keep", "use_cache")}
-            with torch.inference_mode():
-                logits = self.model(**kwargs, use_cache=False).logits[0, :-1].float()
+            logits = (prompt_logits() if full is None else full)[0, :-1]
             ids = model_inputs["input_ids"][0, 1:]
             dump["prompt_nll"] = torch.nn.functional.cross_entropy(logits, ids).item()
             dump["uniform_nll"] = math.log(logits.shape[-1])

@@ -5,7 +5,9 @@
   vendored too, and the vendored files import nothing from `transformers.models.*` but the auto
   registry. Their parity is checked in one fresh process against AutoModelForCausalLM.
 - Refusals say the true reason, derived from the class's code and the config (table below).
-- The runner feeds the whole sequence to models whose generation step wants it (openai-gpt, cpmant).
+- The runner feeds the whole sequence to models whose generation step wants it (openai-gpt, cpmant),
+  and builds the step with the model's own prepare_inputs_for_generation where it feeds other
+  tokens (xlm appends its mask token).
 - The untrained-weights figure never depends on the reference running.
 """
 
@@ -220,15 +222,58 @@ def test_runner_asks_the_model_whether_it_wants_the_whole_sequence(model_type, e
     assert step["position_ids"].tolist() == [[1, 0, 1, 2, 3]]   # left padding: real tokens count
 
 
-XLM_RUNNER = ("xlm generates by appending mask_token_id and predicting at the mask "
-              "(XLMWithLMHeadModel.prepare_inputs_for_generation); the recipe runner feeds the plain sequence. "
-              "The labels NameError is fixed (RemoveLabelsLossCommand); this needs the runner to build decode "
-              "inputs with the model's prepare_inputs_for_generation")
+@pytest.mark.parametrize("model_type,expected", [("llama", False), ("cpmant", False), ("openai-gpt", False),
+                                                 ("xlm", True)])
+def test_runner_asks_the_model_whether_it_builds_its_own_step(model_type, expected):
+    """xlm's prepare_inputs_for_generation appends its mask token and predicts there: the runner
+    builds that model's steps with it; the others' steps are a slice of the sequence."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from agent.tiny_checkpoint import tiny_config
+    from engine.generate import builds_own_step
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_config(model_type, vocab_size=384))
+    assert builds_own_step(model) is expected
+
+
+def test_engine_generates_xlm_as_transformers_does():
+    """The engine's loop on xlm (its own step: sequence + mask token, the cache filled in place)
+    gives generate()'s greedy tokens. mask_token_id 7, not the pad id 0: with the tiny default
+    (mask = pad = 0) every token is 0 on both sides, which would prove nothing."""
+    import inspect
+    import logging
+    import types
+
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from agent.tiny_checkpoint import tiny_config
+    from engine.generate import builds_own_step, generate
+    from engine.model_runner import ModelRunner
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_config("xlm", vocab_size=384, mask_token_id=7)).eval()
+    runner = ModelRunner.__new__(ModelRunner)
+    runner.__dict__.update(
+        model=model, decode_forward=model, static_cache=None, cache_kwarg="cache", max_new_tokens=8,
+        forward_params=set(inspect.signature(model.forward).parameters), pad_token_id=0,
+        eos_ids=torch.tensor([], dtype=torch.long), device=torch.device("cpu"), logger=logging.getLogger("xlm"),
+        model_name="xlm", decode_full_sequence=False, model_builds_step=builds_own_step(model), parity_dump=None,
+        model_bytes=1, tokenizer=types.SimpleNamespace(batch_decode=lambda ids, **_: [str(r) for r in ids.tolist()]))
+    ids = torch.tensor([[5, 17, 33, 65, 101, 7, 9]])
+    generate(runner, {"input_ids": ids, "attention_mask": torch.ones_like(ids), "generate_ids": ids.new_zeros((1, 0)),
+                      "finished": torch.zeros(1, dtype=torch.bool), "cache": None, "is_prefill": True})
+    with torch.inference_mode():
+        reference = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=GenerationConfig(
+            do_sample=False, max_new_tokens=8, min_new_tokens=8))[:, ids.shape[1]:]
+    assert len(set(reference[0].tolist())) > 2, reference
+    assert runner.last_generate_ids.tolist() == reference.tolist()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model_type", [pytest.param("xlm", marks=pytest.mark.xfail(reason=XLM_RUNNER, strict=True)),
-                                        "cpmant", "openai-gpt", "lfm3"])
+@pytest.mark.parametrize("model_type", ["xlm", "cpmant", "openai-gpt", "lfm3"])
 def test_issue_run_failures_migrate_with_parity(model_type, tmp_path):
     """The four run failures of issue 11, each through `scripts/try_architectures.py` (full mode:
     `migrator run` + parity from the recipe's baseline)."""
