@@ -23,6 +23,7 @@ from agent.codemods.vendor import (
     RemoveGradientCheckpointingCommand,
     RemoveLabelsLossCommand,
     RunnerSettingsInitCommand,
+    TransformersInitWeightsCommand,
     VendoredImportsCommand,
     apply_codemods,
     find_model_class_imports,
@@ -223,6 +224,75 @@ def f():
         "transformers.models.llama.configuration_llama": ["LlamaConfig", "rope_default"],
         "transformers.models.llama4.modeling_llama4": [],
     }
+
+
+class TestTransformersInitWeightsCommand(CodemodTest):
+    TRANSFORM = TransformersInitWeightsCommand
+
+    def test_noop_without_transformers_initialization_or_init_weights(self) -> None:
+        remote = """
+            import torch
+
+            class RemotePreTrainedModel(PreTrainedModel):
+                def _init_weights(self, module):
+                    module.weight.data.normal_()
+        """
+        self.assertCodemod(remote, remote)
+        done = """
+            from transformers import initialization as init
+
+            class FalconH1MLP(nn.Module):
+                def forward(self, x):
+                    return x
+
+            class FalconH1PreTrainedModel(PreTrainedModel):
+                def _init_weights(self, module):
+                    init.ones_(module.D)
+
+                @classmethod
+                def is_custom_code(cls):
+                    return True
+        """
+        self.assertCodemod(done, done)
+
+    def test_class_defining_init_weights_is_not_custom_code(self) -> None:
+        before = """
+            from transformers import initialization as init
+
+            class FalconH1PreTrainedModel(PreTrainedModel):
+                config_class = FalconH1Config
+
+                @torch.no_grad()
+                def _init_weights(self, module):
+                    super()._init_weights(module)
+                    if isinstance(module, FalconH1Model):
+                        init.copy_(module.layers[0].mamba.mup_vector, compute_mup_vector(module.config))
+
+                def helper(self):
+                    pass
+        """
+        after = """
+            from transformers import initialization as init
+
+            class FalconH1PreTrainedModel(PreTrainedModel):
+                config_class = FalconH1Config
+
+                @torch.no_grad()
+                def _init_weights(self, module):
+                    super()._init_weights(module)
+                    if isinstance(module, FalconH1Model):
+                        init.copy_(module.layers[0].mamba.mup_vector, compute_mup_vector(module.config))
+
+                @classmethod
+                def is_custom_code(cls) -> bool:
+                    # Vendored transformers code: the loader skips custom code's `_init_weights` on modules without
+                    # tensors of their own, which leaves buffers such a module fills uninitialized (falcon_h1's mup_vector).
+                    return False
+
+                def helper(self):
+                    pass
+        """
+        self.assertCodemod(before, after)
 
 
 class TestRunnerSettingsInitCommand(CodemodTest):
@@ -1023,6 +1093,7 @@ def test_codemods_registry_order() -> None:
         "GuardedTorchNpuImportCommand",
         "RemoveGradientCheckpointingCommand",
         "RemoveLabelsLossCommand",
+        "TransformersInitWeightsCommand",
     ]
     assert all(c.DESCRIPTION and "\n" not in c.DESCRIPTION
                for c in [*CODEMODS, PruneUnreachableDefinitionsCommand, VendoredImportsCommand])
@@ -1098,9 +1169,13 @@ def test_real_modeling_file(model_type: str) -> None:
         pytest.skip(f"{path.name} not in this transformers version")
     package = f"transformers.models.{model_type}"
     config_module = f"{package}.configuration_{model_type}"
-    code, applied = apply_codemods(path.read_text(), package, {config_module: "models.configuration_my_model"})
+    source = path.read_text()
+    code, applied = apply_codemods(source, package, {config_module: "models.configuration_my_model"})
 
-    assert applied == [c.__name__ for c in CODEMODS]
+    # Most models' PreTrainedModel keeps transformers' default _init_weights: nothing to declare.
+    defines_init = "def _init_weights" in source
+    assert applied == [c.__name__ for c in CODEMODS if c is not TransformersInitWeightsCommand or defines_init]
+    assert ("def is_custom_code" in code) is defines_init
     tree = ast.parse(code)
     compile(code, str(path), "exec")
     relative = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level]

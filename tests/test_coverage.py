@@ -113,6 +113,28 @@ def test_closure_types_match_transformers(closure_recipe):
         assert f"models.{dependency[:-3]}" in got["loaded"], got
 
 
+def test_vendored_init_weights_fills_non_persistent_buffers(tiny_checkpoints, tmp_path):
+    """falcon_h1: FalconH1Model's `_init_weights` fills its layers' non-persistent `mup_vector`.
+    transformers skips it for custom code (a class outside `transformers.*`) on a module with no
+    tensors of its own, so the vendored copy kept `torch.empty` there (NaN logits) until
+    TransformersInitWeightsCommand declared the vendored classes transformers code."""
+    from agent.vendor import locate_source, read_config, vendor_source
+
+    ckpt = tiny_checkpoints("falcon_h1")
+    source = locate_source(read_config(ckpt), ckpt)
+    result = vendor_source(source, tmp_path, "falcon_h1")
+    assert "TransformersInitWeightsCommand" in result.codemods["modeling_falcon_h1.py"]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(REPO_ROOT)])
+    case = [["falcon_h1", str(ckpt), source.model_class, source.config_class]]
+    proc = subprocess.run([sys.executable, "-c", CLOSURE_PROBE, json.dumps(case)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])["falcon_h1"]
+    assert got["diff"] <= 1e-4 and got["tokens_equal"], got
+    assert got["module"] == "models.modeling_falcon_h1"
+
+
 def test_contract_check_names_a_configuration_class(tmp_path):
     """Exit 7 (VendorError) when a configuration class would still come from transformers."""
     from agent.errors import VendorError
