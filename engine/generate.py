@@ -6,7 +6,9 @@
 `model_input_prepare(batch)` (the forward's kwargs) and `model_output_process(model_inputs,
 outputs, batch)` (the next tokens into `batch`). `batch` is the generation's state, a dict of
 tensors (ModelRunner.start_batch); a dict because runners rendered before the engine owned the
-loop build and read it by key.
+loop build and read it by key. A model whose own generation step feeds it other tokens than the
+sequence's (xlm appends its mask token) is stepped with its `prepare_inputs_for_generation`
+(`step_inputs`); the hooks still keep the batch's state.
 
 Each forward is timed between two device synchronizes and logged as
 "{model_name} inference time cost of prefill|decode is X ms"; the texts as "Request N: outputs: ...".
