@@ -10,7 +10,8 @@ loop build and read it by key.
 
 Each forward is timed by device events (engine.timing.StepTimer), read after the loop, and logged
 then as "{model_name} inference time cost of prefill|decode is X ms"; the texts as
-"Request N: outputs: ...".
+"Request N: outputs: ...". In graph mode with the base hooks a decode step is one compiled call,
+`runner.decode_step` on static buffers (ModelRunner.start_static_decode).
 """
 
 from __future__ import annotations
@@ -50,6 +51,12 @@ def decode_one_token(runner, model_inputs: dict):
 EOS_CHECK_EVERY = 8
 
 
+@torch.inference_mode()
+def decode_static_step(runner, state: dict) -> None:
+    """One decode step, forward to mask update, in the compiled `runner.decode_step`."""
+    runner.compiled_decode_step(state)
+
+
 def generate(runner, batch: dict, warm_up: bool = False) -> list[str]:
     """Greedy generation: prefill, then one decode step per token, each forward timed.
 
@@ -69,18 +76,24 @@ def generate(runner, batch: dict, warm_up: bool = False) -> list[str]:
         runner.dump_prefill(model_inputs, outputs)
     runner.model_output_process(model_inputs, outputs, batch)
 
+    static_state = runner.start_static_decode(batch)
     all_finished = [batch["finished"].all()]  # after prefill, then after each decode step: device flags
     steps = 0
     while steps < runner.max_new_tokens - 1:
         if steps % EOS_CHECK_EVERY == 0 and bool(all_finished[-1]):
             break
-        model_inputs = runner.model_input_prepare(batch)
-        if runner.decode_full_sequence:
-            model_inputs = full_sequence_inputs(model_inputs, batch)
-        timer.start()
-        outputs = decode_one_token(runner, model_inputs)
-        timer.stop()
-        runner.model_output_process(model_inputs, outputs, batch)
+        if static_state is not None:  # graph mode, base hooks: the whole step is one compiled call
+            timer.start()
+            decode_static_step(runner, static_state)
+            timer.stop()
+        else:
+            model_inputs = runner.model_input_prepare(batch)
+            if runner.decode_full_sequence:
+                model_inputs = full_sequence_inputs(model_inputs, batch)
+            timer.start()
+            outputs = decode_one_token(runner, model_inputs)
+            timer.stop()
+            runner.model_output_process(model_inputs, outputs, batch)
         all_finished.append(batch["finished"].all())
         steps += 1
 
@@ -88,7 +101,8 @@ def generate(runner, batch: dict, warm_up: bool = False) -> list[str]:
     # Steps past the first one after which every row had finished only added pad tokens: drop them.
     done = torch.stack(all_finished).tolist()
     steps = done.index(True) if True in done else steps
-    batch["generate_ids"] = batch["generate_ids"][:, :steps + 1]
+    # A copy: in graph mode the ids are a buffer the next generation reuses.
+    batch["generate_ids"] = batch["generate_ids"][:, :steps + 1].clone()
     runner.logger.info(f"{name} inference time cost of prefill is {step_ms[0]:.2f} ms")
     decode_ms = step_ms[1:steps + 1]
     for ms in decode_ms:

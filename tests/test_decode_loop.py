@@ -52,6 +52,7 @@ def fake_runner(script, max_new_tokens=30):
     runner.logger = logging.getLogger("test_decode_loop")
     runner.tokenizer, runner.pad_token_id, runner.eos_ids = FakeTokenizer(), PAD, torch.tensor([EOS])
     runner.forward_params, runner.cache_kwarg, runner.static_cache = set(), "past_key_values", None
+    runner.compiled_decode_step = None
     runner.decode_full_sequence, runner.model_bytes, runner.parity_dump = False, 1000, None
     return runner
 
