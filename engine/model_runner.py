@@ -296,12 +296,13 @@ class ModelRunner:
         The buffers are kept between generations of the same shape (like the StaticCache) and
         marked static so the compiled step sees the same tensors: no recompilation in the formal
         run and, with CUDA graphs, no copies. `batch` then holds the state's `generate_ids`
-        (max_new_tokens wide; generate keeps the columns it produced) and `finished`."""
+        (generate keeps the columns it produced) and `finished`."""
         if self.compiled_decode_step is None or batch.get("cache") is not self.static_cache:
             return None
         rows, cache_len = self.static_cache_shape
-        shape = (rows, cache_len, self.max_new_tokens)
-        if self.decode_state is None or self.decode_state["shape"] != shape:
+        # Keyed on the cache's shape only (generate_ids is cache_len wide, more than max_new_tokens):
+        # a generation with another max_new_tokens in the same cache reuses the buffers and the graph.
+        if self.decode_state is None or self.decode_state["shape"] != (rows, cache_len):
             long = dict(dtype=torch.long, device=self.device)
             buffers = {
                 "next_tokens": torch.zeros(rows, **long),
@@ -309,13 +310,13 @@ class ModelRunner:
                 # Preallocated at the cache length: each step sets the next token's column in place.
                 "attention_mask": torch.zeros(rows, cache_len, dtype=batch["attention_mask"].dtype, device=self.device),
                 "next_column": torch.zeros(1, **long),
-                "generate_ids": torch.zeros(rows, self.max_new_tokens, **long),
+                "generate_ids": torch.zeros(rows, cache_len, **long),
                 "step": torch.zeros(1, **long),
                 "finished": torch.zeros(rows, dtype=torch.bool, device=self.device),
             }
             for tensor in buffers.values():
                 torch._dynamo.mark_static_address(tensor)
-            self.decode_state = dict(buffers, shape=shape)
+            self.decode_state = dict(buffers, shape=(rows, cache_len))
         state = self.decode_state
         mask = batch["attention_mask"]  # prompt + the prefill's token
         state["attention_mask"].zero_()[:, :mask.shape[1]] = mask

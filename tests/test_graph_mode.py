@@ -57,7 +57,13 @@ PROBE = textwrap.dedent("""
         runner.model_generate(prompts, warm_up=True)
         warm_ids, warm_graphs = runner.last_generate_ids.tolist(), len(graphs)
         runner.model_generate(prompts)
-        result[mode] = {"warm_up": warm_ids, "formal": runner.last_generate_ids.tolist(),
+        formal_ids = runner.last_generate_ids.tolist()
+        # A shorter generation in the same cache (the bench's prefill-only runs do this) reuses the graph.
+        runner.max_new_tokens -= 3
+        runner.model_generate(prompts)
+        shorter_ids = runner.last_generate_ids.tolist()
+        runner.max_new_tokens += 3
+        result[mode] = {"warm_up": warm_ids, "formal": formal_ids, "shorter": shorter_ids,
                         "graphs_after_warm_up": warm_graphs, "graphs_after_formal": len(graphs),
                         "static_cache": isinstance(runner.static_cache, StaticCache),
                         "compiled": runner.decode_forward is not runner.model,
@@ -97,6 +103,8 @@ def test_graph_decode_matches_eager_and_compiles_only_in_warm_up(recipe, tmp_pat
         # The decode step is compiled once, in the warm-up run; the formal run reuses it.
         assert compiled["graphs_after_warm_up"] == 1
         assert compiled["graphs_after_formal"] == compiled["graphs_after_warm_up"]
+        assert compiled["shorter"] == eager["shorter"]
+        assert all(full[:len(short)] == short for full, short in zip(eager["formal"], eager["shorter"]))
     assert len(eager["formal"][0]) > 1
 
 
