@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from agent.run_log import RANK_LOG_RE, ParsedLog, measure, parse_log_text, select_formal
+from agent.peak_bandwidth import peak_bandwidth_gbps
 
 PROG = "collect_baseline"
 
@@ -294,6 +295,16 @@ def with_verification(baseline: dict, parity: dict) -> dict:
     return baseline
 
 
+def bandwidth_figures(achieved_gbps: Optional[float], run_env: Optional[dict]) -> dict:
+    """The engine's achieved decode bandwidth and its fraction of the device's published peak
+    (null when the log has no bandwidth line or the device's peak is not known, e.g. a CPU)."""
+    device = (run_env or {}).get("device")
+    name = (run_env or {}).get("cuda_device_name" if device == "cuda" else "npu_model") if device != "cpu" else None
+    peak = peak_bandwidth_gbps(name)
+    fraction = round(achieved_gbps / peak, 4) if achieved_gbps is not None and peak else None
+    return {"achieved_bandwidth_gbps": achieved_gbps, "bandwidth_fraction": fraction}
+
+
 def collect(log_arg: str, yaml_arg: str, rank: int = 0,
             model_source: Optional[str] = None) -> tuple[dict, list[str]]:
     """Build the baseline dict. Raises CollectError on bad input or a failed run."""
@@ -357,7 +368,8 @@ def collect(log_arg: str, yaml_arg: str, rank: int = 0,
         "yaml_path": yaml_relpath(yaml_arg),
         "environment": environment,
         "model_config": {"model_name": model_name, "model_source": source},
-        "performance": {"prefill_ms": prefill, "decode_avg_ms": decode_avg, "output_text": text},
+        "performance": {"prefill_ms": prefill, "decode_avg_ms": decode_avg, "output_text": text,
+                        **bandwidth_figures(seg.achieved_bandwidth_gbps, run_env)},
         "verification": {
             "all_ranks_success": all_ok,
             "output_check": check,

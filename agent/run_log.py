@@ -38,7 +38,7 @@ RANK_LOG_RE = re.compile(r"^log_(\d+)\.log$")
 class LineFormat:
     """One kind of log line: what it reports (`kind`), which logger writes it (`style`)."""
 
-    kind: str        # time | output | average | warmup | environment | traceback
+    kind: str        # time | output | average | bandwidth | warmup | environment | traceback
     style: str       # engine (this tool and upstream ModelRunner) | framework | upstream | any
     pattern: re.Pattern
 
@@ -61,6 +61,9 @@ LINE_FORMATS = (
     # Upstream ModelRunner logs this after the decode loop of non-warm-up calls only.
     LineFormat("average", "engine", re.compile(
         r"(?P<model>\S+) average inference time cost is (?P<ms>" + _NUM + r") ms")),
+    # Our engine, after the texts: bytes of weights read per decode step / mean decode step time.
+    LineFormat("bandwidth", "engine", re.compile(
+        r"(?P<model>\S+) decode " + _NUM + r" steps/s x batch \d+, achieved bandwidth (?P<gbps>" + _NUM + r") GB/s")),
     LineFormat("warmup", "engine", re.compile(r"(?P<model>\S+) warm-up run (?P<edge>begins|ends)\b")),
     LineFormat("environment", "engine", re.compile(r"(?P<model>\S+) environment: (?P<json>\{.*)$")),
     LineFormat("traceback", "any", TRACEBACK_RE),
@@ -121,6 +124,7 @@ class Segment:
     has_average: bool = False
     framework: bool = False          # "[Main] Inference time (...)" lines
     reported_average_ms: Optional[float] = None   # the recipe's own "... average ..." figure
+    achieved_bandwidth_gbps: Optional[float] = None  # our engine's "achieved bandwidth X GB/s"
 
     @property
     def complete(self) -> bool:
@@ -226,6 +230,10 @@ class _LogParser:
         if self.seg is not None:
             self.seg.has_average = True
             self.seg.reported_average_ms = float(m.group("ms"))
+
+    def on_bandwidth(self, rec: Record, fmt: LineFormat, m: re.Match) -> None:
+        if self.seg is not None:
+            self.seg.achieved_bandwidth_gbps = float(m.group("gbps"))
 
     def on_warmup(self, rec: Record, fmt: LineFormat, m: re.Match) -> None:
         self.seg = None

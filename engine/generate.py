@@ -10,16 +10,18 @@ loop build and read it by key. A model whose own generation step feeds it other 
 sequence's (xlm appends its mask token) is stepped with its `prepare_inputs_for_generation`
 (`step_inputs`); the hooks still keep the batch's state.
 
-Each forward is timed between two device synchronizes and logged as
-"{model_name} inference time cost of prefill|decode is X ms"; the texts as "Request N: outputs: ...".
+Each forward is timed by device events (engine.timing.StepTimer), read after the loop, and logged
+then as "{model_name} inference time cost of prefill|decode is X ms"; the texts as
+"Request N: outputs: ...". In graph mode with the base hooks a decode step is one compiled call,
+`runner.decode_step` on static buffers (ModelRunner.start_static_decode).
 """
 
 from __future__ import annotations
 
 import os
-import time
 
 from engine import environment
+from engine.timing import StepTimer
 
 torch = environment.import_torch()  # through the guard: see engine.environment.import_torch
 
@@ -46,36 +48,70 @@ def decode_one_token(runner, model_inputs: dict):
     return runner.decode_forward(**{**model_inputs, "attention_mask": torch.nn.functional.pad(mask, (0, pad))})
 
 
+# How often the host reads the "every row finished" flag: each read waits for the device, so the
+# loop reads it every EOS_CHECK_EVERY steps and drops the steps run past EOS afterwards.
+EOS_CHECK_EVERY = 8
+
+
+@torch.inference_mode()
+def decode_static_step(runner, state: dict) -> None:
+    """One decode step, forward to mask update, in the compiled `runner.decode_step`."""
+    runner.compiled_decode_step(state)
+
+
 def generate(runner, batch: dict, warm_up: bool = False) -> list[str]:
-    """Greedy generation: prefill, then one decode step per token, each forward timed."""
+    """Greedy generation: prefill, then one decode step per token, each forward timed.
+
+    No host synchronize per step: the forwards are timed by device events (StepTimer) and the
+    EOS flag is read every EOS_CHECK_EVERY steps; the timing lines are logged after the loop, for
+    the steps up to the one where every row had finished (the steps run past it are dropped, so
+    the log and the tokens are the same as with a check after every step)."""
     name = runner.model_name
     if warm_up:
         runner.logger.info(f"{name} warm-up run begins")
+    timer = StepTimer(runner.device)
     model_inputs = runner.model_input_prepare(batch)
     forward_inputs = step_inputs(runner, model_inputs, batch)
-    runner.synchronize()
-    start = time.perf_counter()
+    timer.start()
     outputs = prefill(runner, forward_inputs)
-    runner.synchronize()
-    runner.logger.info(f"{name} inference time cost of prefill is {(time.perf_counter() - start) * 1000:.2f} ms")
+    timer.stop()
     if not warm_up and os.environ.get(PARITY_DUMP_ENV):
         # A step that is not the prompt's forward: the dump computes the prompt's logits itself.
         runner.dump_prefill(model_inputs, outputs if forward_inputs is model_inputs else None)
     runner.model_output_process(model_inputs, outputs, batch)
 
-    decode_ms = []
-    while len(decode_ms) < runner.max_new_tokens - 1 and not bool(batch["finished"].all()):
-        model_inputs = runner.model_input_prepare(batch)
-        if runner.decode_full_sequence:
-            model_inputs = full_sequence_inputs(model_inputs, batch)
-        forward_inputs = step_inputs(runner, model_inputs, batch)
-        runner.synchronize()
-        start = time.perf_counter()
-        outputs = decode_one_token(runner, forward_inputs)
-        runner.synchronize()
-        decode_ms.append((time.perf_counter() - start) * 1000)
-        runner.logger.info(f"{name} inference time cost of decode is {decode_ms[-1]:.2f} ms")
-        runner.model_output_process(model_inputs, outputs, batch)
+    static_state = runner.start_static_decode(batch)
+    all_finished = [batch["finished"].all()]  # after prefill, then after each decode step: device flags
+    steps = 0
+    while steps < runner.max_new_tokens - 1:
+        if steps % EOS_CHECK_EVERY == 0 and bool(all_finished[-1]):
+            break
+        if static_state is not None:  # graph mode, base hooks: the whole step is one compiled call
+            timer.start()
+            decode_static_step(runner, static_state)
+            timer.stop()
+        else:
+            model_inputs = runner.model_input_prepare(batch)
+            if runner.decode_full_sequence:
+                model_inputs = full_sequence_inputs(model_inputs, batch)
+            forward_inputs = step_inputs(runner, model_inputs, batch)
+            timer.start()
+            outputs = decode_one_token(runner, forward_inputs)
+            timer.stop()
+            runner.model_output_process(model_inputs, outputs, batch)
+        all_finished.append(batch["finished"].all())
+        steps += 1
+
+    step_ms = timer.elapsed_ms()  # the one synchronize of the loop
+    # Steps past the first one after which every row had finished only added pad tokens: drop them.
+    done = torch.stack(all_finished).tolist()
+    steps = done.index(True) if True in done else steps
+    # A copy: in graph mode the ids are a buffer the next generation reuses.
+    batch["generate_ids"] = batch["generate_ids"][:, :steps + 1].clone()
+    runner.logger.info(f"{name} inference time cost of prefill is {step_ms[0]:.2f} ms")
+    decode_ms = step_ms[1:steps + 1]
+    for ms in decode_ms:
+        runner.logger.info(f"{name} inference time cost of decode is {ms:.2f} ms")
     return finish_generation(runner, batch, decode_ms, warm_up)
 
 

@@ -8,10 +8,13 @@ the loop in engine/generate.py:
 
     prefill (first forward) -> decode_one_token ... -> EOS or max_new_tokens
 
-exe_mode "graph": the prefill stays eager; the decode step is compiled (`decode_forward`, chosen
-in `init_model`: torch.compile/inductor on CPU and CUDA, torchair's backend on NPU) and runs on a
-StaticCache (`new_cache`), so every step has the same shapes and one graph serves them all. The
-first decode step of the warm-up generation compiles it; the formal generation reuses the graph.
+exe_mode "graph": the prefill stays eager; the decode step is compiled (chosen in `init_model`:
+torch.compile/inductor on CPU and CUDA, torchair's backend on NPU) and runs on a StaticCache
+(`new_cache`), so every step has the same shapes and one graph serves them all. With the base hooks
+the whole step is compiled, gpt-fast style (`decode_step` on static buffers: forward, argmax, pad
+for finished rows, EOS flags, position and mask updates); a runner that overrides a hook gets the
+compiled forward (`decode_forward`) with its hooks around it. The first decode step of the warm-up
+generation compiles it; the formal generation reuses the graph.
 
 Runners rendered before the engine owned the loop (release pre-redesign) still run: they pass the
 classes to `init_model`, build the batch themselves and call
@@ -86,6 +89,8 @@ class ModelRunner:
         self.tokenizer = None
         self.decode_forward = None  # set by init_model: the model itself, or its compiled decode step
         self.static_cache = None  # graph mode: one StaticCache, reset between generations
+        self.compiled_decode_step = None  # graph mode, base hooks: decode_step compiled (the whole step)
+        self.decode_state = None  # the static buffers decode_step reads and updates in place
         self.parity_dump = None   # rank 0, formal run, MIGRATOR_PARITY_DUMP set: saved when generation ends
 
     # ---- model and tokenizer -------------------------------------------------------------
@@ -168,13 +173,26 @@ class ModelRunner:
 
     def build_decode_forward(self, options: dict | None):
         """Eager: the model. Graph: the model compiled with fixed shapes for one-token steps (it
-        compiles on its first call, the warm-up run's first decode step)."""
+        compiles on its first call, the warm-up run's first decode step).
+
+        A runner that keeps the base step hooks gets the whole step compiled instead
+        (`compiled_decode_step`: forward, greedy token, EOS flags, position and mask updates); one
+        that overrides them keeps the compiled forward and runs its hooks around it."""
         if options is None:
             return self.model
         backend = "torchair" if "backend" in options else "inductor" + (", CUDA graphs" if "mode" in options else "")
+        if self.uses_base_step_hooks() and not self.decode_full_sequence:
+            self.compiled_decode_step = torch.compile(self.decode_step, **options)
+            what = "whole decode step (forward, argmax, EOS flags, position and mask updates)"
+        else:
+            what = "forward; the runner's own step hooks run around it"
         self.logger.info(f"{self.model_name} exe_mode graph: decode step compiled with torch.compile "
-                         f"({backend}) in the warm-up run, static KV cache; prefill eager")
+                         f"({backend}) in the warm-up run, static KV cache; prefill eager; compiled: {what}")
         return torch.compile(self.model, **options)
+
+    def uses_base_step_hooks(self) -> bool:
+        return (type(self).model_input_prepare is ModelRunner.model_input_prepare
+                and type(self).model_output_process is ModelRunner.model_output_process)
 
     def new_cache(self, batch_size: int, max_cache_len: int):
         """The KV cache for one generation of `batch_size` prompts up to `max_cache_len` tokens.
@@ -269,6 +287,66 @@ class ModelRunner:
         returned = outputs.get("cache", outputs.get("past_key_values"))
         if returned is not None:
             batch["cache"] = returned
+
+    # ---- graph mode with the base hooks: the whole decode step compiled (gpt-fast style) -------
+    @torch.inference_mode()
+    def start_static_decode(self, batch: dict) -> dict | None:
+        """After prefill: the decode state in static buffers for `compiled_decode_step`, or None
+        when the step runs through the hooks (eager, a runner with its own hooks, a dynamic cache).
+
+        The buffers are kept between generations of the same shape (like the StaticCache) and
+        marked static so the compiled step sees the same tensors: no recompilation in the formal
+        run and, with CUDA graphs, no copies. `batch` then holds the state's `generate_ids`
+        (generate keeps the columns it produced) and `finished`."""
+        if self.compiled_decode_step is None or batch.get("cache") is not self.static_cache:
+            return None
+        rows, cache_len = self.static_cache_shape
+        # Keyed on the cache's shape only (generate_ids is cache_len wide, more than max_new_tokens):
+        # a generation with another max_new_tokens in the same cache reuses the buffers and the graph.
+        if self.decode_state is None or self.decode_state["shape"] != (rows, cache_len):
+            long = dict(dtype=torch.long, device=self.device)
+            buffers = {
+                "next_tokens": torch.zeros(rows, **long),
+                "position_ids": torch.zeros(rows, 1, **long),
+                # Preallocated at the cache length: each step sets the next token's column in place.
+                "attention_mask": torch.zeros(rows, cache_len, dtype=batch["attention_mask"].dtype, device=self.device),
+                "next_column": torch.zeros(1, **long),
+                "generate_ids": torch.zeros(rows, cache_len, **long),
+                "step": torch.zeros(1, **long),
+                "finished": torch.zeros(rows, dtype=torch.bool, device=self.device),
+            }
+            for tensor in buffers.values():
+                torch._dynamo.mark_static_address(tensor)
+            self.decode_state = dict(buffers, shape=(rows, cache_len))
+        state = self.decode_state
+        mask = batch["attention_mask"]  # prompt + the prefill's token
+        state["attention_mask"].zero_()[:, :mask.shape[1]] = mask
+        state["next_column"].fill_(mask.shape[1])
+        state["next_tokens"].copy_(batch["next_tokens"])
+        state["position_ids"].copy_(batch["position_ids"][:, -1:] + 1)
+        state["generate_ids"].fill_(self.pad_token_id)[:, :1] = batch["generate_ids"]
+        state["step"].fill_(1)
+        state["finished"].copy_(batch["finished"])
+        batch.update(generate_ids=state["generate_ids"], finished=state["finished"])
+        return state
+
+    def decode_step(self, state: dict) -> None:
+        """One greedy decode step on `state`'s buffers, all in place (compiled in graph mode):
+        the same computation as model_input_prepare + forward + model_output_process."""
+        model_inputs = {"input_ids": state["next_tokens"][:, None], "attention_mask": state["attention_mask"],
+                        "position_ids": state["position_ids"], self.cache_kwarg: self.static_cache, "use_cache": True}
+        if "logits_to_keep" in self.forward_params:
+            model_inputs["logits_to_keep"] = 1
+        next_tokens = self.model(**model_inputs).logits[:, -1, :].argmax(dim=-1)
+        finished = state["finished"]
+        next_tokens = torch.where(finished, torch.full_like(next_tokens, self.pad_token_id), next_tokens)
+        state["generate_ids"].index_copy_(1, state["step"], next_tokens[:, None])
+        finished.logical_or_(torch.isin(next_tokens, self.eos_ids))
+        state["next_tokens"].copy_(next_tokens)
+        state["position_ids"].add_(1)
+        state["attention_mask"].index_fill_(1, state["next_column"], 1)
+        state["next_column"].add_(1)
+        state["step"].add_(1)
 
     def model_generate(self, prompts, warm_up=False, *legacy) -> list[str]:
         """Greedy generation for `prompts`; the texts.

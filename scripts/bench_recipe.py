@@ -222,6 +222,9 @@ def main(argv=None) -> int:
             per_token[system.label].append((t_n - t_1) / (n - 1) * 1000)
             tokens[system.label] = ids
     median = {label: statistics.median(v) for label, v in per_token.items()}
+    # Each decode step reads every weight once: weight bytes / per-token time (batch 1).
+    weight_bytes = eager.runner.model_bytes
+    gbps = {label: weight_bytes / (ms / 1000) / 1e9 for label, ms in median.items()}
     logged_median = {label: statistics.median(v) for label, v in logged.items()}
 
     ratios = {
@@ -240,12 +243,13 @@ def main(argv=None) -> int:
           f"{n} new tokens, {args.repeats} interleaved repeats (median), "
           f"graph backend: {args.compile_backend or 'engine default'}")
     print()
-    print(f"{'system':<26}{'per-token ms':>14}{'logged decode ms':>18}{'warm-up s':>11}   all repeats (ms)")
+    print(f"weights {weight_bytes / 1e6:.1f} MB read per decode step")
+    print(f"{'system':<26}{'per-token ms':>14}{'GB/s':>9}{'logged decode ms':>18}{'warm-up s':>11}   all repeats (ms)")
     for system in systems:
         label = system.label
         shown = f"{logged_median[label]:.3f}" if label in logged_median else "-"
         runs = " ".join(f"{v:.2f}" for v in per_token[label])
-        print(f"{label:<26}{median[label]:>14.3f}{shown:>18}{warm[label]:>11.2f}   {runs}")
+        print(f"{label:<26}{median[label]:>14.3f}{gbps[label]:>9.2f}{shown:>18}{warm[label]:>11.2f}   {runs}")
     print()
     for key, target in TARGETS.items():
         op = "<=" if key == "eager_vs_transformers" else ">="
@@ -265,7 +269,8 @@ def main(argv=None) -> int:
                       "dtype": str(eager.runner.dtype), "device": str(eager.runner.device)},
             "settings": {"new_tokens": n, "repeats": args.repeats, "threads": torch.get_num_threads(),
                          "compile_backend": args.compile_backend, "quick": args.quick},
-            "per_token_ms": median, "per_token_ms_all": per_token, "logged_decode_ms": logged_median,
+            "per_token_ms": median, "per_token_ms_all": per_token,
+            "weight_bytes": weight_bytes, "achieved_bandwidth_gbps": gbps, "logged_decode_ms": logged_median,
             "warm_up_s": warm, "ratios": ratios, "targets": TARGETS, "tokens_match": match,
             "migrator_overhead": migrator, "workdir": str(work),
         }, indent=2) + "\n")

@@ -25,6 +25,10 @@ def test_bench_quick_prints_the_ratios_and_writes_json(tmp_path):
     data = json.loads(out.read_text())
     assert set(data["per_token_ms"]) == {"recipe eager", "recipe graph", "transformers generate()"}
     assert all(ms > 0 for ms in data["per_token_ms"].values())
+    # Achieved bandwidth: the weights read once per decode step.
+    assert data["weight_bytes"] > 0 and "GB/s" in text
+    for label, ms in data["per_token_ms"].items():
+        assert abs(data["achieved_bandwidth_gbps"][label] - data["weight_bytes"] / ms / 1e6) < 1e-6
     assert set(data["ratios"]) == {"eager_vs_transformers", "transformers_vs_graph"}
     assert data["migrator_overhead"]["wall_s"] > 0
     assert set(data["migrator_overhead"]["steps_s"]) == {"detect_env", "classify", "acquire", "vendor", "render"}

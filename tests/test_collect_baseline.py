@@ -94,7 +94,11 @@ def test_engine_log_with_warmup_markers(tmp_path, recipe):
 
     assert list(data) == TOP_KEYS
     assert list(data["environment"]) == ENV_KEYS
-    assert list(data["performance"]) == ["prefill_ms", "decode_avg_ms", "output_text"]
+    assert list(data["performance"]) == ["prefill_ms", "decode_avg_ms", "output_text",
+                                         "achieved_bandwidth_gbps", "bandwidth_fraction"]
+    # An NPU log without the engine's bandwidth line: both null, never invented.
+    assert data["performance"]["achieved_bandwidth_gbps"] is None
+    assert data["performance"]["bandwidth_fraction"] is None
     assert list(data["verification"])[:3] == ["all_ranks_success", "output_check", "parity"]
     ts = dt.datetime.fromisoformat(data["timestamp"])
     assert ts.tzinfo is not None and ts.microsecond == 0
@@ -284,6 +288,8 @@ LINE_SAMPLES = [
     ("Inference decode result for batch 0: ", "output", "upstream"),
     ("qwen decode average inference time cost is 70.00 ms", "average", "framework"),
     ("qwen average inference time cost is 70.00 ms", "average", "engine"),
+    ("[2026-11-29 17:40:01,123] [INFO] qwen decode 285.1 steps/s x batch 2, achieved bandwidth 0.11 GB/s",
+     "bandwidth", "engine"),
     ("[2026-11-29 17:40:01,123] [INFO] qwen warm-up run begins", "warmup", "engine"),
     ('[2026-11-29 17:40:01,123] [INFO] qwen environment: {"device": "npu"}', "environment", "engine"),
     ("Traceback (most recent call last):", "traceback", "any"),
@@ -568,3 +574,35 @@ def test_yaml_settings_from_either_schema():
     assert framework == {"model_name": "gemma-4", "model_path": "/data/models/gemma-4-26B-A4B",
                          "model_source": None, "exe_mode": "npugraph_ex", "world_size": 2,
                          "max_new_tokens": 6, "batch_size": 2, "input_len": 256}
+
+
+# --------------------------------------------------------------------------- achieved bandwidth
+
+
+def _bandwidth_log(path: Path, env: dict) -> Path:
+    header = "[2026-11-30 07:00:00,000] [INFO] "
+    lines = [f"tiny environment: {json.dumps(env)}", "tiny warm-up run begins",
+             "tiny inference time cost of prefill is 9.00 ms", "tiny inference time cost of decode is 5.00 ms",
+             "Request 0: outputs: warm", "tiny decode 250.0 steps/s x batch 1, achieved bandwidth 999.00 GB/s",
+             "tiny warm-up run ends",
+             "tiny inference time cost of prefill is 8.00 ms", "tiny inference time cost of decode is 4.00 ms",
+             "tiny inference time cost of decode is 1.00 ms", "tiny inference time cost of decode is 1.00 ms",
+             "Request 0: outputs: The answer is a short sentence of text.",
+             "tiny decode 1000.0 steps/s x batch 1, achieved bandwidth 2400.00 GB/s"]
+    path.write_text("".join(header + line + "\n" for line in lines))
+    return path
+
+
+@pytest.mark.parametrize("env, fraction", [
+    ({"device": "cuda", "cuda_device_name": "NVIDIA H200", "exe_mode": "graph"}, 0.5),
+    ({"device": "cuda", "cuda_device_name": "NVIDIA A100-SXM4-40GB", "exe_mode": "graph"}, round(2400 / 1555, 4)),
+    ({"device": "cuda", "cuda_device_name": "Some Future GPU", "exe_mode": "graph"}, None),
+    ({"device": "cpu", "cuda_device_name": None, "exe_mode": "eager"}, None),
+])
+def test_achieved_bandwidth_and_fraction_of_the_published_peak(tmp_path, recipe, env, fraction):
+    """The formal call's bandwidth line (not the warm-up's); the fraction only where the peak is listed."""
+    log = _bandwidth_log(tmp_path / "log_0.log", env)
+    _, data = collect(tmp_path, log, recipe())
+    assert data["performance"]["decode_avg_ms"] == 1.0
+    assert data["performance"]["achieved_bandwidth_gbps"] == 2400.0
+    assert data["performance"]["bandwidth_fraction"] == fraction

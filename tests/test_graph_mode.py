@@ -28,30 +28,47 @@ PROBE = textwrap.dedent("""
     from models.model_setting import check_vars, update_vars
     from transformers.cache_utils import StaticCache
 
-    graphs = []
+    graphs, argmax_in_graph = [], []
     def counting_backend(gm, example_inputs):
         graphs.append(len(gm.graph.nodes))
+        argmax_in_graph.append(any("argmax" in str(node.target) for node in gm.graph.nodes))
         return gm.forward
     torch.compile = functools.partial(torch.compile, backend=counting_backend)
 
     prompts = [DEFAULT_PROMPT, "Multi-head attention allows the model"]
     module = importlib.import_module("runner_" + sys.argv[1])
+    recipe_runner = next(v for k, v in vars(module).items() if k.endswith("Runner") and k != "ModelRunner")
+
+    # Overrides a step hook: graph mode keeps the compiled forward and runs the hooks around it.
+    class OwnHooksRunner(recipe_runner):
+        def model_output_process(self, model_inputs, outputs, batch):
+            super().model_output_process(model_inputs, outputs, batch)
+
     result = {}
-    for mode in ("eager", "graph"):
+    for mode in ("eager", "graph", "graph_own_hooks"):
+        graphs.clear(); argmax_in_graph.clear()
         settings = load_runner_settings(next(Path("config").glob("*.yaml")))
-        settings["exe_mode"] = mode
+        settings["exe_mode"] = mode.removesuffix("_own_hooks")
         settings["data_config"]["batch_size"] = 2
         check_vars(settings); update_vars(settings)
-        cls = next(v for k, v in vars(module).items() if k.endswith("Runner") and k != "ModelRunner")
+        cls = OwnHooksRunner if mode.endswith("own_hooks") else recipe_runner
         runner = cls(settings)
         runner.init_model()
         runner.model_generate(prompts, warm_up=True)
         warm_ids, warm_graphs = runner.last_generate_ids.tolist(), len(graphs)
         runner.model_generate(prompts)
-        result[mode] = {"warm_up": warm_ids, "formal": runner.last_generate_ids.tolist(),
+        formal_ids = runner.last_generate_ids.tolist()
+        # A shorter generation in the same cache (the bench's prefill-only runs do this) reuses the graph.
+        runner.max_new_tokens -= 3
+        runner.model_generate(prompts)
+        shorter_ids = runner.last_generate_ids.tolist()
+        runner.max_new_tokens += 3
+        result[mode] = {"warm_up": warm_ids, "formal": formal_ids, "shorter": shorter_ids,
                         "graphs_after_warm_up": warm_graphs, "graphs_after_formal": len(graphs),
                         "static_cache": isinstance(runner.static_cache, StaticCache),
-                        "compiled": runner.decode_forward is not runner.model}
+                        "compiled": runner.decode_forward is not runner.model,
+                        "whole_step_compiled": runner.compiled_decode_step is not None,
+                        "argmax_in_graph": any(argmax_in_graph)}
     print(json.dumps(result))
 """)
 
@@ -72,17 +89,23 @@ def test_graph_decode_matches_eager_and_compiles_only_in_warm_up(recipe, tmp_pat
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    eager, graph = result["eager"], result["graph"]
+    eager, graph, own_hooks = result["eager"], result["graph"], result["graph_own_hooks"]
 
-    assert not eager["compiled"] and not eager["static_cache"]
+    assert not eager["compiled"] and not eager["static_cache"] and not eager["whole_step_compiled"]
     assert graph["compiled"] and graph["static_cache"]
-    # Greedy tokens identical, padded row included, in both generations.
-    assert graph["warm_up"] == eager["warm_up"]
-    assert graph["formal"] == eager["formal"] == eager["warm_up"]
+    # Base hooks: the whole step (argmax included) is the compiled graph. Own hooks: the forward only.
+    assert graph["whole_step_compiled"] and graph["argmax_in_graph"]
+    assert own_hooks["compiled"] and not own_hooks["whole_step_compiled"] and not own_hooks["argmax_in_graph"]
+    # Greedy tokens identical, padded row included, in both generations, on both graph paths.
+    for compiled in (graph, own_hooks):
+        assert compiled["warm_up"] == eager["warm_up"]
+        assert compiled["formal"] == eager["formal"] == eager["warm_up"]
+        # The decode step is compiled once, in the warm-up run; the formal run reuses it.
+        assert compiled["graphs_after_warm_up"] == 1
+        assert compiled["graphs_after_formal"] == compiled["graphs_after_warm_up"]
+        assert compiled["shorter"] == eager["shorter"]
+        assert all(full[:len(short)] == short for full, short in zip(eager["formal"], eager["shorter"]))
     assert len(eager["formal"][0]) > 1
-    # The decode step is compiled once, in the warm-up run; the formal run reuses it.
-    assert graph["graphs_after_warm_up"] == 1
-    assert graph["graphs_after_formal"] == graph["graphs_after_warm_up"]
 
 
 def test_graph_mode_on_npu_without_torchair_falls_back_to_eager(monkeypatch):
