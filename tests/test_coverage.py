@@ -279,7 +279,8 @@ def test_engine_generates_xlm_as_transformers_does():
     model = AutoModelForCausalLM.from_config(tiny_config("xlm", vocab_size=384, mask_token_id=7)).eval()
     runner = ModelRunner.__new__(ModelRunner)
     runner.__dict__.update(
-        model=model, decode_forward=model, static_cache=None, cache_kwarg="cache", max_new_tokens=8,
+        model=model, decode_forward=model, compiled_decode_step=None, static_cache=None, cache_kwarg="cache",
+        max_new_tokens=8,
         forward_params=set(inspect.signature(model.forward).parameters), pad_token_id=0,
         eos_ids=torch.tensor([], dtype=torch.long), device=torch.device("cpu"), logger=logging.getLogger("xlm"),
         model_name="xlm", decode_full_sequence=False, model_builds_step=builds_own_step(model), parity_dump=None,
