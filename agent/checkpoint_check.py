@@ -224,14 +224,15 @@ LAYER_INDEX_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 def check_weights_match_config(model_dir: Path, config: dict, shapes: dict[str, list[int]]) -> None:
     """The weights (`shapes`: tensor name -> shape, from the safetensors headers) are the config's
-    model: embedding rows = vocab_size, and no fewer decoder layers than num_hidden_layers (a config
-    of another size gives shape errors deep in loading)."""
+    model: no fewer embedding rows than vocab_size, and no fewer decoder layers than
+    num_hidden_layers (a config of another size gives shape errors deep in loading). More rows than
+    vocab_size are not refused here: some models build them (moshi: vocab_size + 1)."""
     if isinstance(config.get("text_config"), dict) or not shapes:
         return   # multimodal wrappers name their weights by their own scheme
     vocab = config.get("vocab_size")
     for name, shape in shapes.items():
         if name.endswith(("model.embed_tokens.weight", "transformer.wte.weight")) and isinstance(vocab, int) \
-                and len(shape) == 2 and shape[0] != vocab:
+                and len(shape) == 2 and shape[0] < vocab:
             raise InputError(f"{model_dir}: the weights do not match config.json: {name} has {shape[0]} rows, "
                              f"config.json says vocab_size {vocab}; use the config.json that came with "
                              "these weights")

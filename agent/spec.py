@@ -24,8 +24,10 @@ def checkpoint_dtype(config: dict) -> str:
 
 
 def position_limit(config: dict) -> int | None:
+    """The model's position limit; None when it has none (xlnet says max_position_embeddings -1)."""
     text = config.get("text_config") or config
-    return text.get("max_position_embeddings") or text.get("n_positions") or text.get("max_sequence_length")
+    limit = text.get("max_position_embeddings") or text.get("n_positions") or text.get("max_sequence_length")
+    return limit if isinstance(limit, int) and limit > 0 else None
 
 
 def input_max_len(config: dict, max_new_tokens: int, default: int = defaults.INPUT_MAX_LEN) -> int:

@@ -514,7 +514,8 @@ def check_lengths(config, input_max_len: int, max_new_tokens: int) -> None:
     """Prompt + generated tokens must fit the positions the model was built for."""
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     limit = getattr(text_config, "max_position_embeddings", None)
-    if limit and input_max_len + max_new_tokens > limit:
+    # A limit of -1 (xlnet) or 0 means none: relative positions.
+    if isinstance(limit, int) and limit > 0 and input_max_len + max_new_tokens > limit:
         raise ValueError(
             f"data_config.input_max_len ({input_max_len}) + data_config.max_new_tokens ({max_new_tokens}) "
             f"exceeds max_position_embeddings ({limit}); lower them in the YAML")

@@ -296,7 +296,7 @@ def test_engine_generates_xlm_as_transformers_does():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model_type", ["xlm", "cpmant", "openai-gpt", "lfm3"])
+@pytest.mark.parametrize("model_type", ["xlm", "cpmant", "openai-gpt", "lfm3", "moshi"])
 def test_issue_run_failures_migrate_with_parity(model_type, tmp_path):
     """The four run failures of issue 11, each through `scripts/try_architectures.py` (full mode:
     `migrator run` + parity from the recipe's baseline)."""
@@ -371,3 +371,35 @@ def test_sweep_all_reaches_the_goal(tmp_path):
     parity = sum(r["status"] == "parity" for r in rows)
     failed = [r for r in rows if r["status"] == "failed"]
     assert parity / (parity + len(failed)) >= 0.95, (failed, proc.stdout[-3000:])
+
+
+# ---------------------------------------------------------------------------------------------
+# Found by the full-mode sample sweep of this redesign (the --quick sweep never runs the recipe)
+# ---------------------------------------------------------------------------------------------
+
+def test_a_model_without_a_position_limit_keeps_the_default_prompt_budget():
+    """xlnet says max_position_embeddings -1 (relative positions, no limit): the recipe's prompt
+    budget stays 1024 and the engine's length check does not refuse it."""
+    import types
+
+    from agent.spec import input_max_len, position_limit
+    from engine.model_runner import check_lengths
+
+    assert position_limit({"max_position_embeddings": -1}) is None
+    assert input_max_len({"max_position_embeddings": -1}, 32) == 1024
+    assert input_max_len({"max_position_embeddings": 512}, 32) == 480
+    check_lengths(types.SimpleNamespace(max_position_embeddings=-1), 1024, 32)
+    with pytest.raises(ValueError, match="exceeds max_position_embeddings"):
+        check_lengths(types.SimpleNamespace(max_position_embeddings=512), 1024, 32)
+
+
+def test_more_embedding_rows_than_vocab_size_are_not_refused(tmp_path):
+    """moshi builds vocab_size + 1 embedding rows: the pre-flight check refuses only fewer rows than
+    vocab_size (token ids past the table), not more."""
+    from agent.checkpoint_check import check_weights_match_config
+    from agent.errors import InputError
+
+    config = {"vocab_size": 384, "num_hidden_layers": 2}
+    check_weights_match_config(tmp_path, config, {"model.embed_tokens.weight": [385, 64]})
+    with pytest.raises(InputError, match="has 383 rows, config.json says vocab_size 384"):
+        check_weights_match_config(tmp_path, config, {"model.embed_tokens.weight": [383, 64]})
