@@ -332,7 +332,7 @@ def cmd_baseline(args) -> int:
 
 
 def cmd_rollback(args) -> int:
-    from agent.repair import rollback
+    from agent.backup import rollback
 
     recipe = Path(args.recipe)
     if not recipe.is_dir():

@@ -269,7 +269,7 @@ def trial_run(recipe_dir: Path, state: MigrationState, label: str) -> dict:
     subprocess with a timeout; output and logs kept under .migrator/runs/. Paths are absolute,
     so the run never depends on the caller's working directory."""
     from agent.foreign import describe
-    from agent.repair import summarise_failure
+    from agent.failure import summarise_failure
 
     recipe_dir = Path(recipe_dir).expanduser().resolve()
     info = describe(recipe_dir)
@@ -352,7 +352,8 @@ def node_diagnose(state: MigrationState) -> dict:
 
 
 def node_repair(state: MigrationState) -> dict:
-    from agent.repair import RepairContext, repair
+    from agent.repair import repair
+    from agent.repair_rules.rule import RepairContext
 
     context = RepairContext(allow_install=bool(state.get("allow_install")), timeout_s=state.get("timeout_s") or defaults.TIMEOUT_S,
                             trust_remote_code=bool(state.get("trust_remote_code")))

@@ -14,21 +14,12 @@ import math
 import re
 from pathlib import Path
 
-from agent.backup import (BackupError, UnsafeRecipePath, atomic_write, backup, backup_rounds,  # noqa: F401
-                          diff_against_backup, real_dirs, recipe_files, rollback, start_backup_run, take_backup)
-from agent.failure import Failure, first_traceback, signature, summarise_failure  # noqa: F401
+from agent.backup import diff_against_backup, recipe_files, rollback, take_backup
+from agent.failure import Failure, signature
 from agent.repair_rules._util import restore_formats, snapshot_files
 from agent.repair_rules.catalogue import CATALOGUE
-from agent.repair_rules.rule import RepairContext, Rule  # noqa: F401
-from agent.repair_rules.run import OOM_PATTERNS, OUT_OF_MEMORY
-
-
-def is_oom(output: str) -> bool:
-    return bool(OOM_PATTERNS.search(output))
-
-
-def load_failure(recipe_dir: Path, run: dict) -> Failure:
-    return Failure.from_run(recipe_dir, run)
+from agent.repair_rules.rule import RepairContext, Rule
+from agent.repair_rules.run import OUT_OF_MEMORY
 
 
 def catalogue() -> list[Rule]:
@@ -54,7 +45,7 @@ def first_matching_rule(failure: Failure) -> tuple[Rule, dict] | None:
 def diagnose(recipe_dir: Path, run: dict, failure: Failure | None = None) -> dict:
     """The round's diagnosis of a failed run: the matched rule and its facts, or what is known of an
     unknown failure. `oom`: the out-of-memory rule matched (the graph goes to the memory estimate)."""
-    failure = failure or load_failure(recipe_dir, run)
+    failure = failure or Failure.from_run(recipe_dir, run)
     base = {"signature": signature(failure.error), "error": failure.error, "location": failure.location}
     matched = first_matching_rule(failure)
     if matched is not None:
@@ -127,7 +118,7 @@ def repair(recipe_dir: Path, diagnosis: dict, round_no: int, context: RepairCont
     if resumed:     # this round was cut short (a killed run, then --resume): start again from its backup
         rollback(recipe_dir, round_no)
     if failure is None:
-        failure = load_failure(recipe_dir, run) if run else \
+        failure = Failure.from_run(recipe_dir, run) if run else \
             Failure(recipe_dir, "", diagnosis.get("error", ""), diagnosis.get("location"))
     before = snapshot_files(recipe_files(recipe_dir))
     try:

@@ -52,7 +52,7 @@ def _refuse_link(path: Path) -> None:
 def _write(path: Path, text: str) -> None:
     """Replace the file (temporary file + rename, mode kept): a link placed there meanwhile is
     replaced, not followed."""
-    from agent.repair import atomic_write
+    from agent.backup import atomic_write
 
     _refuse_link(path)
     atomic_write(path, text.encode("utf-8"), path.stat().st_mode if path.exists() else None)

@@ -135,7 +135,7 @@ def run_migration(state: dict, resume: bool = False, *, stop_after: str | None =
 
     from agent.checkpoint_serde import UnsafeStoreError
     from agent.nodes import summarise
-    from agent.repair import atomic_write, real_dirs, start_backup_run
+    from agent.backup import atomic_write, real_dirs, start_backup_run
 
     output_dir = Path(state.get("output_dir") or "models").resolve()
     key = thread_key(state)

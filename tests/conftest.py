@@ -90,7 +90,8 @@ def assert_repaired(recipe: Path, proc, summary: dict, report: dict, rule: str, 
 
 def first_match_name(recipe: Path, output: str) -> str | None:
     """Name of the catalogue rule that would take this run output (None: no rule)."""
-    from agent.repair import Failure, first_matching_rule
+    from agent.failure import Failure
+    from agent.repair import first_matching_rule
 
     matched = first_matching_rule(Failure.from_output(recipe, output))
     return matched[0].name if matched else None

@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.repair import Failure, first_matching_rule, is_oom
-from agent.repair import explain_unknown
+from agent.failure import Failure
+from agent.repair import explain_unknown, first_matching_rule
 from agent.repair_rules.field import FIELD_RULE_NAMES
+from agent.repair_rules.run import OOM_PATTERNS
 from tests.conftest import REPO_ROOT, run_cli
 
 CORPUS_FILE = REPO_ROOT / "tests" / "field_faults" / "corpus.yaml"
@@ -86,9 +87,9 @@ def test_corpus_entry_takes_the_expected_rule_first(entry, tmp_path):
     log = entry["log"]
     name = first_rule(recipe, log)
     if entry.get("oom"):
-        assert is_oom(log) and name == "out_of_memory"   # the out-of-memory rule comes before any other
+        assert OOM_PATTERNS.search(log) and name == "out_of_memory"   # the out-of-memory rule comes before any other
         return
-    assert not is_oom(log) and name != "out_of_memory", "a non-OOM entry must not be mistaken for out of memory"
+    assert not OOM_PATTERNS.search(log) and name != "out_of_memory", "a non-OOM entry must not be mistaken for out of memory"
     if entry["outcome"] == "exit4":
         # NPU kernels: no rule of this catalogue may claim them (the kernel check exits 4).
         assert name is None or name not in FIELD_RULE_NAMES | {"missing_pip_package", "hardcoded_cuda_device"}, name
@@ -101,7 +102,8 @@ def test_corpus_entry_takes_the_expected_rule_first(entry, tmp_path):
 @pytest.mark.parametrize("entry", [e for e in CORPUS if e["outcome"] == "repaired"], ids=lambda e: e["id"])
 def test_repairing_rules_change_the_recipe(entry, tmp_path):
     """A rule the corpus says repairs must really edit the (mini) recipe, keeping a backup-able diff."""
-    from agent.repair import RepairContext, rule_named
+    from agent.repair import rule_named
+    from agent.repair_rules.rule import RepairContext
 
     recipe = mini_recipe(tmp_path, entry)
     before = {p: p.read_bytes() for p in recipe.rglob("*") if p.is_file()}
@@ -245,7 +247,7 @@ INJECTIONS = [
 
 
 def _snapshot(recipe: Path) -> dict[str, bytes]:
-    from agent.repair import recipe_files
+    from agent.backup import recipe_files
 
     return {rel: path.read_bytes() for rel, path in recipe_files(recipe).items()}
 

@@ -9,7 +9,8 @@ import pytest
 
 from agent.foreign import describe
 from agent.npu_scan import scan_recipe, scan_source
-from agent.repair import Failure, first_matching_rule, summarise_failure
+from agent.failure import Failure, summarise_failure
+from agent.repair import first_matching_rule
 from agent.repair_rules._util import detect_format, restore_format
 
 from foreign_fixture import write_executor, write_framework_recipe, write_legacy_recipe

@@ -13,7 +13,8 @@ import pytest
 import yaml
 from libcst.codemod import CodemodTest
 
-from agent.repair import Failure, rule_named
+from agent.failure import Failure
+from agent.repair import rule_named
 from agent.codemods.device import GUARD_FLASH_ATTN, DeviceAgnosticCudaCommand, GuardOptionalImportCommand
 from agent.codemods.repair import AddForwardKwargsCommand, PadTokenFallbackCommand, TrustRemoteCodeCommand
 from agent.repair_rules.code import install_command, key_prefix_mapping, pip_distribution
@@ -533,7 +534,7 @@ def test_match_remote_code(fake_recipe):
 
 
 def test_remote_code_fix_reports_without_opt_in(fake_recipe):
-    from agent.repair import RepairContext
+    from agent.repair_rules.rule import RepairContext
 
     rule = rule_named("remote_code_needs_trust")
     failure = Failure(fake_recipe, "", "", None)

@@ -9,7 +9,8 @@ import pytest
 import yaml
 from conftest import assert_repaired, repair_run
 
-from agent.repair import Failure, rule_named
+from agent.failure import Failure
+from agent.repair import rule_named
 from agent.repair_rules import config
 from conftest import first_match_name as _first_match_name
 
@@ -292,7 +293,7 @@ def test_hanging_run_is_reported_with_where_it_stopped(working_recipe):
 
 
 def test_timeout_matcher_needs_a_timeout(tmp_path):
-    from agent.repair import Failure
+    from agent.failure import Failure
 
     timeout = rule_named("run_timed_out")
     assert timeout.match(Failure(tmp_path, "x", "ValueError: no", None)) is None

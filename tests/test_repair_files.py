@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 from conftest import assert_repaired, repair_run, run_cli
 
-from agent.repair import Failure, recipe_files, rule_named
+from agent.backup import recipe_files
+from agent.failure import Failure
+from agent.repair import rule_named
 from agent.repair_rules import files
 from conftest import first_match_name as _first_match_name
 

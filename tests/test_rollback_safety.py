@@ -20,7 +20,8 @@ from conftest import REPO_ROOT, repair_run, run_cli
 
 from agent import repair as repair_mod
 from agent.errors import InputError
-from agent.repair import Rule, recipe_files, rollback, start_backup_run, take_backup
+from agent.backup import recipe_files, rollback, start_backup_run, take_backup
+from agent.repair_rules.rule import Rule
 
 
 @pytest.fixture
