@@ -29,6 +29,11 @@ def test_bench_quick_prints_the_ratios_and_writes_json(tmp_path):
     assert data["weight_bytes"] > 0 and "GB/s" in text
     for label, ms in data["per_token_ms"].items():
         assert abs(data["achieved_bandwidth_gbps"][label] - data["weight_bytes"] / ms / 1e6) < 1e-6
+    # The limit is measured on this host; the floor is the weights read once at that rate.
+    assert data["measured_read_limit_gbps"] > 0 and "measured memory-read limit" in text
+    assert abs(data["floor_ms"] - data["weight_bytes"] / data["measured_read_limit_gbps"] / 1e6) < 1e-9
+    for label, ms in data["per_token_ms"].items():
+        assert abs(data["times_floor"][label] - ms / data["floor_ms"]) < 1e-9
     assert set(data["ratios"]) == {"eager_vs_transformers", "transformers_vs_graph"}
     assert data["migrator_overhead"]["wall_s"] > 0
     assert set(data["migrator_overhead"]["steps_s"]) == {"detect_env", "classify", "acquire", "vendor", "render"}
