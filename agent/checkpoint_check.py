@@ -222,6 +222,24 @@ def check_safetensors(path: Path) -> dict[str, list[int]]:
 LAYER_INDEX_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
+def layers_the_code_builds(config: dict) -> int | None:
+    """How many decoder layers transformers' own class for this config builds (on the meta device:
+    no memory, no weights), or None when it cannot say (remote code, a config it rejects)."""
+    if config.get("auto_map"):
+        return None     # remote code runs only with --trust-remote-code, never in a check
+    try:
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        fields = {k: v for k, v in config.items() if k not in ("model_type", "transformers_version")}
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(AutoConfig.for_model(config["model_type"], **fields))
+    except Exception:  # noqa: BLE001 - unknown type or invalid config: the name-based check stands
+        return None
+    indices = {int(m.group(1)) for name in model.state_dict() for m in [LAYER_INDEX_RE.search(name)] if m}
+    return max(indices) + 1 if indices else None
+
+
 def check_weights_match_config(model_dir: Path, config: dict, shapes: dict[str, list[int]]) -> None:
     """The weights (`shapes`: tensor name -> shape, from the safetensors headers) are the config's
     model: no fewer embedding rows than vocab_size, and no fewer decoder layers than
@@ -239,6 +257,11 @@ def check_weights_match_config(model_dir: Path, config: dict, shapes: dict[str, 
     layers = config.get("num_hidden_layers")
     found = {int(m.group(1)) for name in shapes for m in [LAYER_INDEX_RE.search(name)] if m}
     if isinstance(layers, int) and found and max(found) + 1 < layers:
+        # num_hidden_layers is a name, not the model: some build another count from it (dory's
+        # layer_types and loop counts). Where transformers' own code can be asked, it decides.
+        built = layers_the_code_builds(config)
+        if built is not None and max(found) + 1 >= built:
+            return
         raise InputError(f"{model_dir}: the weights do not match config.json: they hold {max(found) + 1} decoder "
                          f"layers, config.json says num_hidden_layers {layers}; use the config.json that came "
                          "with these weights")
