@@ -122,20 +122,26 @@ def check_code(recipe_dir: Path, settings: dict, tokens: int, prompt: str | None
         for item in model_path.iterdir():   # tokenizer, generation config, the repo's own code
             if item.is_file() and not item.name.endswith((".safetensors", ".bin", ".index.json", ".pt", ".pth")):
                 shutil.copy(item, tiny / item.name)
-        config = json.loads((model_path / "config.json").read_text())
-        text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-        shrunk = shrink_config(text)
-        text.update(shrunk)
-        config.update({k: v for k, v in overrides.items()})
-        (tiny / "config.json").write_text(json.dumps(config))
-        try:
-            cfg = AutoConfig.from_pretrained(tiny, trust_remote_code=remote, local_files_only=True)
-            torch.manual_seed(0)
-            reference = AutoModelForCausalLM.from_config(cfg, trust_remote_code=remote, dtype=torch.float32)
-            reference.save_pretrained(tiny, safe_serialization=True)
-        except Exception as exc:  # noqa: BLE001 - transformers itself cannot build the shrunk config
+        original = json.loads((model_path / "config.json").read_text())
+        # Fewer layers first; a config whose layer counts a cut breaks keeps them all (widths only).
+        for cut_layers in (True, False):
+            config = copy.deepcopy(original)
+            text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+            shrunk = shrink_config(text, cut_layers=cut_layers)
+            text.update(shrunk)
+            config.update({k: v for k, v in overrides.items()})
+            (tiny / "config.json").write_text(json.dumps(config))
+            try:
+                cfg = AutoConfig.from_pretrained(tiny, trust_remote_code=remote, local_files_only=True)
+                torch.manual_seed(0)
+                reference = AutoModelForCausalLM.from_config(cfg, trust_remote_code=remote, dtype=torch.float32)
+                reference.save_pretrained(tiny, safe_serialization=True)
+                break
+            except Exception as exc:  # noqa: BLE001 - transformers itself cannot build the shrunk config
+                error = exc
+        else:
             return {"ok": None, "checked": False, "shrunk": shrunk,
-                    "reason": f"transformers cannot build the shrunk config: {type(exc).__name__}: {exc}"[:300]}
+                    "reason": f"transformers cannot build the shrunk config: {type(error).__name__}: {error}"[:300]}
         tiny_settings = copy.deepcopy(settings)
         tiny_settings["model_path"] = str(tiny)
         tiny_settings["world_size"] = 1

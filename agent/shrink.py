@@ -16,11 +16,13 @@ KEEP = {"max_position_embeddings", "tie_word_embeddings"}
 LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 
 
-def shrink_config(config: dict) -> dict:
-    """Overrides for `AutoConfig.from_pretrained(model_path, **overrides)` (text config level)."""
+def shrink_config(config: dict, cut_layers: bool = True) -> dict:
+    """Overrides for `AutoConfig.from_pretrained(model_path, **overrides)` (text config level).
+    `cut_layers=False`: widths only, every layer kept (for configs whose layer counts are tied
+    together in ways a cut breaks, e.g. dory's input + recurrent + output sections)."""
     overrides: dict = {}
     for key, tiny in TINY_DIMS.items():
-        if key in KEEP or key not in config:
+        if key in KEEP or key in LAYER_COUNT_KEYS or key not in config:   # layer counts: _layers
             continue
         value = config[key]
         if key == "initializer_range":
@@ -35,7 +37,8 @@ def shrink_config(config: dict) -> dict:
         overrides.pop("q_lora_rank", None)
     if "kv_lora_rank" in config:
         overrides.pop("head_dim", None)   # MLA derives head_dim from the rope / nope dims
-    overrides.update(_layers(config))
+    if cut_layers:
+        overrides.update(_layers(config))
     return overrides
 
 

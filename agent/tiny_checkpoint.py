@@ -59,6 +59,13 @@ TINY_DIMS = {
     "v_head_dim": 16,
 }
 
+# Types whose layer counts are tied together: TINY_DIMS' two layers would make them a nonsense model
+# that still validates (dory: input + recurrent + output sections must add up to num_hidden_layers;
+# its defaults of 8 + 8 leave a recurrent section of -14 layers, each layer then run twice).
+TYPE_DIMS = {
+    "dory": {"num_hidden_layers": 3, "n_input_layers": 1, "n_output_layers": 1},
+}
+
 
 def train_bpe_tokenizer(corpus: list[str], vocab_size: int, **init_kwargs):
     """Byte-level BPE trained on `corpus`, wrapped as a fast HF tokenizer (pad/bos/eos/unk)."""
@@ -98,6 +105,7 @@ def tiny_config(model_type: str, vocab_size: int, tiny_dims: bool = True, **over
     base = AutoConfig.for_model(model_type)
     known = set(base.to_dict()) | set(getattr(base, "attribute_map", {}))
     kwargs = {k: v for k, v in TINY_DIMS.items() if k in known}
+    kwargs.update(TYPE_DIMS.get(model_type, {}))
     if "kv_lora_rank" in known:
         kwargs.pop("head_dim", None)  # MLA derives head_dim from the rope/nope dims
     kwargs.update(vocab_size=vocab_size, pad_token_id=0, bos_token_id=1, eos_token_id=2)

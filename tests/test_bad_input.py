@@ -309,5 +309,6 @@ def test_layer_count_is_what_the_code_builds_not_the_config_name(tmp_path):
     config = json.loads((ckpt / "config.json").read_text())
     built = layers_the_code_builds(config)
     assert built is not None and built < config["num_hidden_layers"]
+    assert config["n_recurrent_layers"] >= 1        # the tiny config is a real looped model (TYPE_DIMS)
     assert check_checkpoint(ckpt)["model_type"] == "dory"
     assert layers_the_code_builds({**config, "auto_map": {"AutoConfig": "x.Y"}}) is None   # runs no remote code

@@ -45,6 +45,25 @@ def test_shrink_moe_and_mla():
     assert shrunk["first_k_dense_replace"] == 1 and shrunk["num_hidden_layers"] == 2   # a dense and an MoE layer
 
 
+def test_a_layer_cut_the_config_rejects_falls_back_to_widths_only(tmp_path):
+    """dory's input + recurrent + output sections must add up to its layer count (config.json stores
+    each doubled): cutting layers breaks the config, so the code check keeps every layer and shrinks
+    only the widths (found by the --all sweep: "transformers cannot build the shrunk config")."""
+    from transformers import AutoConfig
+
+    from agent.tiny_checkpoint import tiny_config
+
+    saved = tiny_config("dory", 384, hidden_size=256, intermediate_size=512).to_dict()
+    saved.pop("model_type")
+    cut, widths = shrink_config(saved), shrink_config(saved, cut_layers=False)
+    assert cut["num_hidden_layers"] < saved["num_hidden_layers"]
+    with pytest.raises(Exception, match="must equal num_hidden_layers"):
+        AutoConfig.for_model("dory", **{**saved, **cut})
+    assert widths["hidden_size"] == 64 and not set(widths) & {"num_hidden_layers", "layer_types"}
+    config = AutoConfig.for_model("dory", **{**saved, **widths})
+    assert (config.hidden_size, config.num_hidden_layers, config.n_recurrent_layers) == (64, 3, 1)
+
+
 def test_parity_report_has_code_and_weight_checks(working_recipe_source):
     """The migrated recipe's baseline carries both checks: the code on a shrunk config (fp32, exact)
     and the real weights in the run dtype against the trial run's own logits."""
