@@ -46,6 +46,8 @@ def decode_one_token(runner, model_inputs: dict):
     # The 2D mask grows by one column per step; pad it to the cache length (the model would pad
     # it the same way) so the compiled step sees one shape.
     mask = model_inputs["attention_mask"]
+    if mask is None:  # a model whose step takes none (mamba)
+        return runner.decode_forward(**model_inputs)
     pad = runner.static_cache_shape[1] - mask.shape[-1]
     return runner.decode_forward(**{**model_inputs, "attention_mask": torch.nn.functional.pad(mask, (0, pad))})
 
@@ -176,6 +178,22 @@ def wants_full_sequence(model) -> bool:
         return False
     got = inputs.get("input_ids") if isinstance(inputs, dict) else None
     return got is not None and got.shape[-1] == ids.shape[-1]
+
+
+def decodes_without_mask(model) -> bool:
+    """True when the model's own generation step gives a decode step no attention mask: mamba's
+    mixer multiplies the new token's states by the mask it is given, which would broadcast the one
+    token over the whole sequence's mask."""
+    prepare = getattr(model, "prepare_inputs_for_generation", None)
+    if prepare is None:
+        return False
+    ids = torch.ones((1, 3), dtype=torch.long)
+    try:
+        inputs = prepare(ids, next_sequence_length=1, attention_mask=torch.ones_like(ids), use_cache=True,
+                         is_first_iteration=False)
+    except Exception:  # noqa: BLE001 - an unusual signature: keep the mask
+        return False
+    return isinstance(inputs, dict) and "attention_mask" in inputs and inputs["attention_mask"] is None
 
 
 def builds_own_step(model) -> bool:

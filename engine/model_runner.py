@@ -36,7 +36,7 @@ from engine import defaults, environment
 torch = environment.import_torch()
 
 from engine.generate import (CACHE_CLASS_NAMES, PARITY_DUMP_ENV, builds_own_step, cache_argument,  # noqa: E402
-                             generate, generation_cache, wants_full_sequence)
+                             decodes_without_mask, generate, generation_cache, wants_full_sequence)
 from engine.logging_utils import get_logger  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -149,6 +149,7 @@ class ModelRunner:
         shard = f", tensor parallel rank {self.tp_rank} of {self.tp_size}" if self.tp_size > 1 else ""
         self.decode_full_sequence = wants_full_sequence(self.model)
         self.model_builds_step = builds_own_step(self.model)
+        self.decode_without_mask = decodes_without_mask(self.model)
         self.logger.info(
             f"{self.model_name} loaded {model_cls.__name__} ({self.model_bytes / 1e6:.1f} MB, "
             f"{str(self.dtype).removeprefix('torch.')}{shard}) on {self.device}")
@@ -282,6 +283,8 @@ class ModelRunner:
         else:
             input_ids = batch["next_tokens"][:, None]
             position_ids = batch["position_ids"][:, -1:] + 1
+            if getattr(self, "decode_without_mask", False):
+                attention_mask = None  # as the model's own step (mamba); the batch keeps the mask
         model_inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
                         self.cache_kwarg: batch["cache"], "use_cache": True}
         if "logits_to_keep" in self.forward_params:
@@ -352,7 +355,8 @@ class ModelRunner:
     def decode_step(self, state: dict) -> None:
         """One greedy decode step on `state`'s buffers, all in place (compiled in graph mode):
         the same computation as model_input_prepare + forward + model_output_process."""
-        model_inputs = {"input_ids": state["next_tokens"][:, None], "attention_mask": state["attention_mask"],
+        mask = None if getattr(self, "decode_without_mask", False) else state["attention_mask"]
+        model_inputs = {"input_ids": state["next_tokens"][:, None], "attention_mask": mask,
                         "position_ids": state["position_ids"], self.cache_kwarg: self.static_cache, "use_cache": True}
         if "logits_to_keep" in self.forward_params:
             model_inputs["logits_to_keep"] = 1

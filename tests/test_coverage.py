@@ -269,7 +269,7 @@ def hand_built_runner(model, name: str, max_new_tokens: int, exe_mode: str = "ea
 
     import torch
 
-    from engine.generate import builds_own_step, cache_argument, wants_full_sequence
+    from engine.generate import builds_own_step, cache_argument, decodes_without_mask, wants_full_sequence
     from engine.model_runner import ModelRunner
 
     runner = ModelRunner.__new__(ModelRunner)
@@ -279,6 +279,7 @@ def hand_built_runner(model, name: str, max_new_tokens: int, exe_mode: str = "ea
         cache_kwarg=cache_argument(params), max_new_tokens=max_new_tokens, forward_params=params, pad_token_id=0,
         eos_ids=torch.tensor([], dtype=torch.long), device=torch.device("cpu"), logger=logging.getLogger(name),
         model_name=name, decode_full_sequence=wants_full_sequence(model), model_builds_step=builds_own_step(model),
+        decode_without_mask=decodes_without_mask(model),
         parity_dump=None, rank=0, dtype=torch.float32, model_bytes=1,
         tokenizer=types.SimpleNamespace(batch_decode=lambda ids, **_: [str(r) for r in ids.tolist()]))
     return runner
@@ -299,6 +300,22 @@ def generate_both(runner, ids, tokens: int):
             do_sample=False, max_new_tokens=tokens, min_new_tokens=tokens))[:, ids.shape[1]:]
     assert len(set(reference[0].tolist())) > 2, reference   # not a constant stream: it proves something
     return runner.last_generate_ids, reference
+
+
+@pytest.mark.parametrize("model_type,expected", [("llama", False), ("falcon_h1", False), ("rwkv", False),
+                                                 ("mamba", True)])
+def test_runner_asks_the_model_whether_its_decode_step_takes_the_mask(model_type, expected):
+    """mamba's prepare_inputs_for_generation drops the attention mask after the prompt: the runner's
+    decode step does too; the others keep it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from agent.tiny_checkpoint import tiny_config
+    from engine.generate import decodes_without_mask
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_config(model_type, vocab_size=384))
+    assert decodes_without_mask(model) is expected
 
 
 def test_engine_generates_xlm_as_transformers_does():
@@ -323,9 +340,11 @@ def test_engine_generates_xlm_as_transformers_does():
 #   xlnet            its `mems`, the same way, through its own step (perm_mask, target_mapping);
 #   recurrent_gemma  recurrent state in its modules and a Cache it fills but does not return (3
 #                    layers: its block pattern is recurrent, recurrent, attention; with 2, no
-#                    attention layer, transformers' own generate fails).
+#                    attention layer, transformers' own generate fails);
+#   mamba            its conv / SSM states in the Cache; its own step gives a decode step no
+#                    attention mask (its mixer would broadcast the new token over the whole mask).
 STATE_CASES = {"rwkv": ({}, "state"), "xlnet": ({"d_head": 16}, "mems"),
-               "recurrent_gemma": ({"num_hidden_layers": 3}, "cache")}
+               "recurrent_gemma": ({"num_hidden_layers": 3}, "cache"), "mamba": ({}, "cache")}
 
 
 @pytest.mark.parametrize("model_type", sorted(STATE_CASES))
@@ -396,7 +415,7 @@ def test_shrink_keeps_a_repeated_pattern_of_layer_kinds_whole():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model_type", ["xlm", "cpmant", "openai-gpt", "lfm3", "moshi",
-                                        "rwkv", "xlnet", "recurrent_gemma"])
+                                        "rwkv", "xlnet", "recurrent_gemma", "mamba"])
 def test_issue_run_failures_migrate_with_parity(model_type, tmp_path):
     """The run failures of issue 11, each through `scripts/try_architectures.py` (full mode:
     `migrator run` + parity from the recipe's baseline)."""
