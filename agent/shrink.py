@@ -48,8 +48,12 @@ def _layers(config: dict) -> dict:
         return {}
     total = config[key]
     per_layer = {k: v for k, v in config.items() if isinstance(v, list) and len(v) == total and total > 1}
+    # A pattern of layer kinds shorter than the stack, repeated over it (recurrent_gemma's
+    # block_types [recurrent, recurrent, attention]): kept whole, the prefix must hold each kind.
+    patterns = [v for k, v in config.items() if isinstance(v, list) and 1 < len(v) < total
+                and all(isinstance(x, str) for x in v) and len(set(v)) > 1]
     count = min(total, 2)
-    for values in per_layer.values():
+    for values in [*per_layer.values(), *patterns]:
         # A prefix that holds every kind of layer (e.g. sliding and full attention, Mamba and attention).
         first_seen = {}
         for i, v in enumerate(values):

@@ -8,7 +8,9 @@ outputs, batch)` (the next tokens into `batch`). `batch` is the generation's sta
 tensors (ModelRunner.start_batch); a dict because runners rendered before the engine owned the
 loop build and read it by key. A model whose own generation step feeds it other tokens than the
 sequence's (xlm appends its mask token) is stepped with its `prepare_inputs_for_generation`
-(`step_inputs`); the hooks still keep the batch's state.
+(`step_inputs`); the hooks still keep the batch's state. What one step hands the next is asked of
+the model too: the cache generate() would start it with (`generation_cache`), then what its forward
+returns under its own cache argument (`cache_argument`: a Cache, rwkv's `state`, xlnet's `mems`).
 
 Each forward is timed by device events (engine.timing.StepTimer), read after the loop, and logged
 then as "{model_name} inference time cost of prefill|decode is X ms"; the texts as
@@ -44,6 +46,8 @@ def decode_one_token(runner, model_inputs: dict):
     # The 2D mask grows by one column per step; pad it to the cache length (the model would pad
     # it the same way) so the compiled step sees one shape.
     mask = model_inputs["attention_mask"]
+    if mask is None:  # a model whose step takes none (mamba)
+        return runner.decode_forward(**model_inputs)
     pad = runner.static_cache_shape[1] - mask.shape[-1]
     return runner.decode_forward(**{**model_inputs, "attention_mask": torch.nn.functional.pad(mask, (0, pad))})
 
@@ -130,9 +134,7 @@ def finish_generation(runner, batch: dict, decode_ms: list[float], warm_up: bool
     if warm_up:
         runner.logger.info(f"{name} warm-up run ends")
     elif runner.parity_dump is not None:
-        # Written once, when the formal run is complete: a partial dump never exists.
-        torch.save(dict(runner.parity_dump, generate_ids=batch["generate_ids"].cpu()), os.environ[PARITY_DUMP_ENV])
-        runner.parity_dump = None
+        runner.save_parity_dump(batch["generate_ids"])
     return texts
 
 
@@ -141,12 +143,9 @@ def step_inputs(runner, model_inputs: dict, batch: dict) -> dict:
     `prepare_inputs_for_generation` builds from the whole sequence, as `generate()` feeds it."""
     if not getattr(runner, "model_builds_step", False):
         return model_inputs
-    if batch["is_prefill"]:
-        # Such a forward need not return its cache (xlm's does not): one the model fills in place,
-        # the kind generate() makes. Kept in `batch`, so the compiled static-cache step is not used.
-        from transformers.cache_utils import DynamicCache
-
-        batch["cache"] = DynamicCache(config=runner.model.config)
+    if batch["is_prefill"] and batch["cache"] is None:
+        # Such a forward need not return its cache (xlm's does not): generate()'s, filled in place.
+        batch["cache"] = generation_cache(runner.model, runner.cache_kwarg)
     input_ids = torch.cat([batch["input_ids"], batch["generate_ids"]], dim=-1)
     return runner.model.prepare_inputs_for_generation(
         input_ids, attention_mask=model_inputs["attention_mask"], use_cache=True,
@@ -181,6 +180,22 @@ def wants_full_sequence(model) -> bool:
     return got is not None and got.shape[-1] == ids.shape[-1]
 
 
+def decodes_without_mask(model) -> bool:
+    """True when the model's own generation step gives a decode step no attention mask: mamba's
+    mixer multiplies the new token's states by the mask it is given, which would broadcast the one
+    token over the whole sequence's mask."""
+    prepare = getattr(model, "prepare_inputs_for_generation", None)
+    if prepare is None:
+        return False
+    ids = torch.ones((1, 3), dtype=torch.long)
+    try:
+        inputs = prepare(ids, next_sequence_length=1, attention_mask=torch.ones_like(ids), use_cache=True,
+                         is_first_iteration=False)
+    except Exception:  # noqa: BLE001 - an unusual signature: keep the mask
+        return False
+    return isinstance(inputs, dict) and "attention_mask" in inputs and inputs["attention_mask"] is None
+
+
 def builds_own_step(model) -> bool:
     """True when the model's `prepare_inputs_for_generation` feeds it tokens that are not the
     sequence's (xlm appends its mask token and predicts there): the runner then builds each step
@@ -198,3 +213,30 @@ def builds_own_step(model) -> bool:
         return False
     # Most return the whole sequence or its tail; anything else is the model's own input.
     return got.shape[-1] > ids.shape[-1] or not torch.equal(got[0], ids[0, -got.shape[-1]:])
+
+
+# What one step hands the next, by the names transformers' generate() carries it under: a Cache
+# (`cache`; `past_key_values` in code older than transformers 5), or a model's own state, returned
+# by each forward (generation.utils.DEPRECATED_CACHE_NAMES: rwkv `state`, xlnet `mems`, reformer's).
+CACHE_CLASS_NAMES = ("cache", "past_key_values")
+CACHE_NAMES = (*CACHE_CLASS_NAMES, "state", "mems", "past_buckets_states")
+
+
+def cache_argument(forward_params) -> str:
+    """The forward's argument for the cache, as the model's own signature names it;
+    `past_key_values` for a forward that names none (it may take it through **kwargs)."""
+    return next((name for name in CACHE_NAMES if name in forward_params), "past_key_values")
+
+
+def generation_cache(model, cache_kwarg: str):
+    """The cache transformers' generate() starts a generation with: a DynamicCache of the model's
+    text config, which the forward fills in place whether or not it returns it (xlm's and
+    recurrent_gemma's do not); None for a model that carries its own state under another name
+    (rwkv `state`, xlnet `mems`) or says it makes its own cache (`_supports_default_dynamic_cache`)."""
+    supports_default = getattr(model, "_supports_default_dynamic_cache", None)
+    if cache_kwarg not in CACHE_CLASS_NAMES or (supports_default is not None and not supports_default()):
+        return None
+    from transformers.cache_utils import DynamicCache
+
+    config = model.config
+    return DynamicCache(config=config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config)

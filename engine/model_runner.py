@@ -35,7 +35,8 @@ from engine import defaults, environment
 # fails in torch's backend auto-load (see engine.environment.import_torch).
 torch = environment.import_torch()
 
-from engine.generate import PARITY_DUMP_ENV, builds_own_step, generate, wants_full_sequence  # noqa: E402
+from engine.generate import (CACHE_CLASS_NAMES, PARITY_DUMP_ENV, builds_own_step, cache_argument,  # noqa: E402
+                             decodes_without_mask, generate, generation_cache, wants_full_sequence)
 from engine.logging_utils import get_logger  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -91,7 +92,7 @@ class ModelRunner:
         self.static_cache = None  # graph mode: one StaticCache, reset between generations
         self.compiled_decode_step = None  # graph mode, base hooks: decode_step compiled (the whole step)
         self.decode_state = None  # the static buffers decode_step reads and updates in place
-        self.parity_dump = None   # rank 0, formal run, MIGRATOR_PARITY_DUMP set: saved when generation ends
+        self.parity_dump = None   # formal run, MIGRATOR_PARITY_DUMP set: the prompt, saved when generation ends
 
     # ---- model and tokenizer -------------------------------------------------------------
     def init_model(self, model_cls=None, config_cls=None):
@@ -142,13 +143,13 @@ class ModelRunner:
         self.pad_token_id = self.tokenizer.pad_token_id
         self.eos_ids = torch.tensor(self.eos_token_ids(), dtype=torch.long, device=self.device)
         self.forward_params = set(inspect.signature(self.model.forward).parameters)
-        # transformers >= 5.x names the cache `cache`; older code calls it `past_key_values`.
-        self.cache_kwarg = "cache" if "cache" in self.forward_params else "past_key_values"
+        self.cache_kwarg = cache_argument(self.forward_params)
         # The bytes this rank holds: a tensor-parallel weight counts with its local shard only.
         self.model_bytes = rank_weight_bytes(self.model)
         shard = f", tensor parallel rank {self.tp_rank} of {self.tp_size}" if self.tp_size > 1 else ""
         self.decode_full_sequence = wants_full_sequence(self.model)
         self.model_builds_step = builds_own_step(self.model)
+        self.decode_without_mask = decodes_without_mask(self.model)
         self.logger.info(
             f"{self.model_name} loaded {model_cls.__name__} ({self.model_bytes / 1e6:.1f} MB, "
             f"{str(self.dtype).removeprefix('torch.')}{shard}) on {self.device}")
@@ -180,6 +181,12 @@ class ModelRunner:
         that overrides them keeps the compiled forward and runs its hooks around it."""
         if options is None:
             return self.model
+        reason = self.static_decode_refusal()
+        if reason:
+            self.logger.warning(f"{self.model_name} exe_mode graph does not apply to {type(self.model).__name__}: "
+                                f"{reason}; running eager instead")
+            self.exe_mode = "eager"
+            return self.model
         backend = "torchair" if "backend" in options else "inductor" + (", CUDA graphs" if "mode" in options else "")
         if self.uses_base_step_hooks() and not self.decode_full_sequence:
             self.compiled_decode_step = torch.compile(self.decode_step, **options)
@@ -190,6 +197,16 @@ class ModelRunner:
                          f"({backend}) in the warm-up run, static KV cache; prefill eager; compiled: {what}")
         return torch.compile(self.model, **options)
 
+    def static_decode_refusal(self) -> str | None:
+        """Why this model's decode step cannot run on a StaticCache with fixed shapes, or None."""
+        if self.cache_kwarg not in CACHE_CLASS_NAMES:
+            return (f"it carries its own state from step to step (`{self.cache_kwarg}`, returned by each "
+                    f"forward), not a transformers Cache a StaticCache could stand in for")
+        if self.model_builds_step:
+            return ("its own generation step (prepare_inputs_for_generation) feeds it other tokens than the "
+                    "sequence's, on a cache that grows each step")
+        return None
+
     def uses_base_step_hooks(self) -> bool:
         return (type(self).model_input_prepare is ModelRunner.model_input_prepare
                 and type(self).model_output_process is ModelRunner.model_output_process)
@@ -197,9 +214,10 @@ class ModelRunner:
     def new_cache(self, batch_size: int, max_cache_len: int):
         """The KV cache for one generation of `batch_size` prompts up to `max_cache_len` tokens.
 
-        Eager: None — the model builds its own cache at prefill (a DynamicCache for most; hybrid
-        linear-attention / Mamba models need their own cache class) and the runner keeps the one
-        the forward returns. Graph: a StaticCache of
+        Eager: the cache transformers' generate() starts with (`generation_cache`): a DynamicCache
+        the forward fills in place, returned or not (recurrent_gemma's forward does not return it),
+        or None for a model that makes its own or carries its own state (rwkv, xlnet); the runner
+        keeps what the forward returns. Graph: a StaticCache of
         [batch, kv_heads, max_cache_len, head_dim] per layer; the length is rounded up to a multiple
         of 64 and the cache is kept and reset between generations, so the compiled step sees the
         same shapes and the same tensors (no recompilation in the formal run).
@@ -207,7 +225,7 @@ class ModelRunner:
         from transformers.cache_utils import StaticCache
 
         if self.exe_mode != "graph":
-            return None
+            return generation_cache(self.model, self.cache_kwarg)
         max_cache_len = -(-max_cache_len // 64) * 64
         if self.static_cache is not None and self.static_cache_shape == (batch_size, max_cache_len):
             with torch.inference_mode():  # its tensors were made in the last generation's forwards
@@ -248,7 +266,8 @@ class ModelRunner:
             "attention_mask": inputs["attention_mask"],
             "generate_ids": input_ids.new_zeros((batch, 0)),
             "finished": torch.zeros(batch, dtype=torch.bool, device=self.device),
-            # None in eager mode (the model builds its own), a reused StaticCache in graph mode.
+            # generate()'s cache in eager mode (None for a model that makes its own), a reused
+            # StaticCache in graph mode.
             "cache": self.new_cache(batch, input_ids.shape[1] + self.max_new_tokens),
             "is_prefill": True,
         }
@@ -264,6 +283,8 @@ class ModelRunner:
         else:
             input_ids = batch["next_tokens"][:, None]
             position_ids = batch["position_ids"][:, -1:] + 1
+            if getattr(self, "decode_without_mask", False):
+                attention_mask = None  # as the model's own step (mamba); the batch keeps the mask
         model_inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
                         self.cache_kwarg: batch["cache"], "use_cache": True}
         if "logits_to_keep" in self.forward_params:
@@ -283,8 +304,9 @@ class ModelRunner:
         mask = batch["attention_mask"]
         batch["attention_mask"] = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
         batch["is_prefill"] = False
-        # Eager: the model built its cache at prefill (its own class for hybrid models); keep it.
-        returned = outputs.get("cache", outputs.get("past_key_values"))
+        # Eager: the model built its cache at prefill (its own class for hybrid models), or returned
+        # its recurrent state under its own name (rwkv `state`, xlnet `mems`): keep it for the next step.
+        returned = outputs.get(self.cache_kwarg, outputs.get("cache", outputs.get("past_key_values")))
         if returned is not None:
             batch["cache"] = returned
 
@@ -333,7 +355,8 @@ class ModelRunner:
     def decode_step(self, state: dict) -> None:
         """One greedy decode step on `state`'s buffers, all in place (compiled in graph mode):
         the same computation as model_input_prepare + forward + model_output_process."""
-        model_inputs = {"input_ids": state["next_tokens"][:, None], "attention_mask": state["attention_mask"],
+        mask = None if getattr(self, "decode_without_mask", False) else state["attention_mask"]
+        model_inputs = {"input_ids": state["next_tokens"][:, None], "attention_mask": mask,
                         "position_ids": state["position_ids"], self.cache_kwarg: self.static_cache, "use_cache": True}
         if "logits_to_keep" in self.forward_params:
             model_inputs["logits_to_keep"] = 1
@@ -362,29 +385,41 @@ class ModelRunner:
         reference model is compared against them afterwards, so no process holds two models.
 
         `outputs` is None when the step's forward was not the prompt's (a model that builds its own
-        step: xlm predicts at an appended mask token); the prompt's logits come from the forward below."""
+        step: xlm predicts at an appended mask token). Kept until the generation has ended
+        (`save_parity_dump`): the forwards the dump still needs must not run between two steps, where
+        they would disturb a model that keeps its state in its modules (recurrent_gemma's forward
+        without the cache clears its recurrent state)."""
+        self.parity_dump = {"model_inputs": model_inputs,
+                            "logits": None if outputs is None else outputs.logits[:, -1, :].float().cpu()}
+
+    def save_parity_dump(self, generate_ids) -> None:
+        """After the formal run: the prompt's logits where the prefill did not give them, and how well
+        the weights predict the prompt (untrained weights write noise by design), from forwards over
+        the prompt without the cache, after the timed loop, so no timing changes. Every rank runs them
+        (with tensor parallel a forward is a collective); rank 0 writes the dump."""
+        model_inputs, logits = self.parity_dump["model_inputs"], self.parity_dump["logits"]
+        self.parity_dump = None
         kwargs = {k: v for k, v in model_inputs.items() if k not in (self.cache_kwarg, "logits_to_keep", "use_cache")}
 
         def prompt_logits():
             with torch.inference_mode():
                 return self.model(**kwargs, use_cache=False).logits.float()
 
-        full = prompt_logits() if outputs is None else None
+        full = prompt_logits() if logits is None else None
         dump = {"input_ids": model_inputs["input_ids"].cpu(), "attention_mask": model_inputs["attention_mask"].cpu(),
-                "logits": (outputs.logits if full is None else full)[:, -1, :].float().cpu(),
-                "dtype": str(self.dtype).removeprefix("torch."), "device": self.device.type}
-        # How well the weights predict the prompt (untrained weights write noise by design): one more
-        # forward over the prompt without the cache, after the timed prefill, so no timing changes.
-        # Every rank runs it: with tensor parallel the forward is a collective.
+                "logits": logits if full is None else full[:, -1, :].cpu(),
+                "dtype": str(self.dtype).removeprefix("torch."), "device": self.device.type,
+                "generate_ids": generate_ids.cpu()}
         try:
-            logits = (prompt_logits() if full is None else full)[0, :-1]
+            full = (prompt_logits() if full is None else full)[0, :-1]
             ids = model_inputs["input_ids"][0, 1:]
-            dump["prompt_nll"] = torch.nn.functional.cross_entropy(logits, ids).item()
-            dump["uniform_nll"] = math.log(logits.shape[-1])
+            dump["prompt_nll"] = torch.nn.functional.cross_entropy(full, ids).item()
+            dump["uniform_nll"] = math.log(full.shape[-1])
         except Exception:  # noqa: BLE001 - the parity check then computes it itself
             pass
         if self.rank == 0:
-            self.parity_dump = dump
+            # Written once, when the formal run is complete: a partial dump never exists.
+            torch.save(dump, os.environ[PARITY_DUMP_ENV])
 
 
 def init_distributed(device, local_rank: int):

@@ -19,6 +19,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import types
 from pathlib import Path
 
 import pytest
@@ -260,45 +261,163 @@ def test_runner_asks_the_model_whether_it_builds_its_own_step(model_type, expect
     assert builds_own_step(model) is expected
 
 
+def hand_built_runner(model, name: str, max_new_tokens: int, exe_mode: str = "eager"):
+    """The base ModelRunner around a transformers model, without a checkpoint: what init_model
+    asks of the model (its cache argument, whether it builds its own step), the rest fixed."""
+    import inspect
+    import logging
+
+    import torch
+
+    from engine.generate import builds_own_step, cache_argument, decodes_without_mask, wants_full_sequence
+    from engine.model_runner import ModelRunner
+
+    runner = ModelRunner.__new__(ModelRunner)
+    params = set(inspect.signature(model.forward).parameters)
+    runner.__dict__.update(
+        model=model, decode_forward=model, compiled_decode_step=None, static_cache=None, exe_mode=exe_mode,
+        cache_kwarg=cache_argument(params), max_new_tokens=max_new_tokens, forward_params=params, pad_token_id=0,
+        eos_ids=torch.tensor([], dtype=torch.long), device=torch.device("cpu"), logger=logging.getLogger(name),
+        model_name=name, decode_full_sequence=wants_full_sequence(model), model_builds_step=builds_own_step(model),
+        decode_without_mask=decodes_without_mask(model),
+        parity_dump=None, rank=0, dtype=torch.float32, model_bytes=1,
+        tokenizer=types.SimpleNamespace(batch_decode=lambda ids, **_: [str(r) for r in ids.tolist()]))
+    return runner
+
+
+def generate_both(runner, ids, tokens: int):
+    """The engine's greedy tokens (runner.last_generate_ids) and generate()'s, for prompt `ids`."""
+    import torch
+    from transformers import GenerationConfig
+
+    from engine.generate import generate
+
+    generate(runner, {"input_ids": ids, "attention_mask": torch.ones_like(ids), "generate_ids": ids.new_zeros((1, 0)),
+                      "finished": torch.zeros(1, dtype=torch.bool), "is_prefill": True,
+                      "cache": runner.new_cache(1, ids.shape[1] + tokens)})
+    with torch.inference_mode():
+        reference = runner.model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=GenerationConfig(
+            do_sample=False, max_new_tokens=tokens, min_new_tokens=tokens))[:, ids.shape[1]:]
+    assert len(set(reference[0].tolist())) > 2, reference   # not a constant stream: it proves something
+    return runner.last_generate_ids, reference
+
+
+@pytest.mark.parametrize("model_type,expected", [("llama", False), ("falcon_h1", False), ("rwkv", False),
+                                                 ("mamba", True)])
+def test_runner_asks_the_model_whether_its_decode_step_takes_the_mask(model_type, expected):
+    """mamba's prepare_inputs_for_generation drops the attention mask after the prompt: the runner's
+    decode step does too; the others keep it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from agent.tiny_checkpoint import tiny_config
+    from engine.generate import decodes_without_mask
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_config(model_type, vocab_size=384))
+    assert decodes_without_mask(model) is expected
+
+
 def test_engine_generates_xlm_as_transformers_does():
     """The engine's loop on xlm (its own step: sequence + mask token, the cache filled in place)
     gives generate()'s greedy tokens. mask_token_id 7, not the pad id 0: with the tiny default
     (mask = pad = 0) every token is 0 on both sides, which would prove nothing."""
-    import inspect
-    import logging
-    import types
-
     import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers import AutoModelForCausalLM
 
     from agent.tiny_checkpoint import tiny_config
-    from engine.generate import builds_own_step, generate
-    from engine.model_runner import ModelRunner
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(tiny_config("xlm", vocab_size=384, mask_token_id=7)).eval()
-    runner = ModelRunner.__new__(ModelRunner)
-    runner.__dict__.update(
-        model=model, decode_forward=model, compiled_decode_step=None, static_cache=None, cache_kwarg="cache",
-        max_new_tokens=8,
-        forward_params=set(inspect.signature(model.forward).parameters), pad_token_id=0,
-        eos_ids=torch.tensor([], dtype=torch.long), device=torch.device("cpu"), logger=logging.getLogger("xlm"),
-        model_name="xlm", decode_full_sequence=False, model_builds_step=builds_own_step(model), parity_dump=None,
-        model_bytes=1, tokenizer=types.SimpleNamespace(batch_decode=lambda ids, **_: [str(r) for r in ids.tolist()]))
+    runner = hand_built_runner(model, "xlm", 8)
+    assert runner.model_builds_step
+    ours, reference = generate_both(runner, torch.tensor([[5, 17, 33, 65, 101, 7, 9]]), 8)
+    assert ours.tolist() == reference.tolist()
+
+
+# model_type -> (tiny config overrides transformers itself generates with, the cache argument):
+#   rwkv             its recurrent `state`, returned by each forward and passed back the next step;
+#   xlnet            its `mems`, the same way, through its own step (perm_mask, target_mapping);
+#   recurrent_gemma  recurrent state in its modules and a Cache it fills but does not return (3
+#                    layers: its block pattern is recurrent, recurrent, attention; with 2, no
+#                    attention layer, transformers' own generate fails);
+#   mamba            its conv / SSM states in the Cache; its own step gives a decode step no
+#                    attention mask (its mixer would broadcast the new token over the whole mask).
+STATE_CASES = {"rwkv": ({}, "state"), "xlnet": ({"d_head": 16}, "mems"),
+               "recurrent_gemma": ({"num_hidden_layers": 3}, "cache"), "mamba": ({}, "cache")}
+
+
+@pytest.mark.parametrize("model_type", sorted(STATE_CASES))
+def test_engine_carries_the_models_state_as_transformers_does(model_type, tmp_path, monkeypatch):
+    """The engine asks the model what one step hands the next (its forward's cache argument, what
+    its outputs return under that name, the cache generate() would give it) and gets generate()'s
+    greedy tokens. With the migrator's parity dump on, the dump's extra forwards (prompt logits,
+    prompt NLL, without the cache) run after the loop: between two steps they cleared
+    recurrent_gemma's state, and the dumped tokens were not the model's."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from agent.tiny_checkpoint import tiny_config
+    from engine.generate import PARITY_DUMP_ENV
+
+    overrides, cache_kwarg = STATE_CASES[model_type]
+    monkeypatch.setenv(PARITY_DUMP_ENV, str(tmp_path / "dump.pt"))
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_config(model_type, vocab_size=384, **overrides)).eval()
+    runner = hand_built_runner(model, model_type, 16)
+    assert runner.cache_kwarg == cache_kwarg
     ids = torch.tensor([[5, 17, 33, 65, 101, 7, 9]])
-    generate(runner, {"input_ids": ids, "attention_mask": torch.ones_like(ids), "generate_ids": ids.new_zeros((1, 0)),
-                      "finished": torch.zeros(1, dtype=torch.bool), "cache": None, "is_prefill": True})
+    ours, reference = generate_both(runner, ids, 16)
+    assert ours.tolist() == reference.tolist()
+    dump = torch.load(tmp_path / "dump.pt", weights_only=True)
+    assert dump["generate_ids"].tolist() == reference.tolist()
     with torch.inference_mode():
-        reference = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=GenerationConfig(
-            do_sample=False, max_new_tokens=8, min_new_tokens=8))[:, ids.shape[1]:]
-    assert len(set(reference[0].tolist())) > 2, reference
-    assert runner.last_generate_ids.tolist() == reference.tolist()
+        prompt_logits = model(ids, use_cache=False).logits[:, -1, :]
+    torch.testing.assert_close(dump["logits"], prompt_logits)
+    assert dump["prompt_nll"] > 0
+
+
+@pytest.mark.parametrize("model_type,overrides,reason", [
+    ("rwkv", {}, "carries its own state from step to step (`state`"),
+    ("xlnet", {"d_head": 16}, "carries its own state from step to step (`mems`"),
+    ("xlm", {}, "its own generation step (prepare_inputs_for_generation)")])
+def test_graph_mode_falls_back_to_eager_where_a_static_cache_cannot_apply(model_type, overrides, reason):
+    """A compiled decode step runs on a StaticCache: a model whose step carries another state, or
+    builds its own inputs on a growing cache, runs eager, and the log says why."""
+    from transformers import AutoModelForCausalLM
+    from transformers.cache_utils import StaticCache
+
+    from agent.tiny_checkpoint import tiny_config
+
+    model = AutoModelForCausalLM.from_config(tiny_config(model_type, vocab_size=384, **overrides)).eval()
+    runner = hand_built_runner(model, model_type, 8, exe_mode="graph")
+    warnings = []
+    runner.logger = types.SimpleNamespace(warning=warnings.append, info=lambda msg: None)
+    assert runner.build_decode_forward({"dynamic": False}) is model
+    assert runner.exe_mode == "eager" and runner.compiled_decode_step is None
+    assert len(warnings) == 1 and reason in warnings[0] and "running eager instead" in warnings[0], warnings
+    assert not isinstance(runner.new_cache(1, 16), StaticCache) and runner.static_cache is None
+
+
+def test_shrink_keeps_a_repeated_pattern_of_layer_kinds_whole():
+    """The parity check's shrunk config of a 4-layer recurrent_gemma: block_types [recurrent,
+    recurrent, attention] repeats over the layers, so 3 layers (every kind), the pattern kept.
+    Cut to 2 it had no attention layer and neither transformers nor the recipe could run it."""
+    from agent.shrink import shrink_config
+
+    pattern = ["recurrent", "recurrent", "attention"]
+    config = {"num_hidden_layers": 4, "block_types": pattern, "hidden_size": 64}
+    assert shrink_config(config) == {"num_hidden_layers": 3}
+    # Per-layer lists (one entry a layer) are still cut to the prefix.
+    assert shrink_config({"num_hidden_layers": 6, "layer_types": ["a", "a", "b", "a", "a", "b"]}) == \
+        {"num_hidden_layers": 3, "layer_types": ["a", "a", "b"]}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model_type", ["xlm", "cpmant", "openai-gpt", "lfm3", "moshi"])
+@pytest.mark.parametrize("model_type", ["xlm", "cpmant", "openai-gpt", "lfm3", "moshi",
+                                        "rwkv", "xlnet", "recurrent_gemma", "mamba"])
 def test_issue_run_failures_migrate_with_parity(model_type, tmp_path):
-    """The four run failures of issue 11, each through `scripts/try_architectures.py` (full mode:
+    """The run failures of issue 11, each through `scripts/try_architectures.py` (full mode:
     `migrator run` + parity from the recipe's baseline)."""
     proc = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "try_architectures.py"), model_type,
                            "--out", str(tmp_path), "--json", str(tmp_path / "rows.json")],
