@@ -351,3 +351,56 @@ def test_npu_kernels_are_left_to_the_kernel_check(tmp_path):
     for log in ("ModuleNotFoundError: No module named 'torch_npu'\n",
                 "AttributeError: module 'torch' has no attribute 'npu'\n"):
         assert first_rule(recipe, log) not in FIELD_RULE_NAMES
+
+
+# ---- what this host's torch / transformers print for corpus modes (found by the injections) ---
+def test_transformers5_load_report_size_mismatch_is_a_checkpoint_shape_mismatch(tmp_path):
+    """transformers >= 5 prints a load report and raises 'ignore_mismatched_sizes'; the shapes are in the report."""
+    recipe = mini_recipe(tmp_path, {"id": "v5_size"})
+    log = ("LlamaForCausalLM LOAD REPORT from: /ckpt\n"
+           "Key                       | Status   |                                                            \n"
+           "--------------------------+----------+------------------------------------------------------------\n"
+           "lm_head.weight            | MISMATCH | Reinit due to size mismatch - ckpt: torch.Size([384, 64]) vs model:torch.Size([400, 64])\n"
+           "Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n"
+           "RuntimeError: You set `ignore_mismatched_sizes` to `False`, thus raising an error. For details look at the above report!\n")
+    rule, facts = first_matching_rule(Failure.from_output(recipe, log))
+    assert rule.name == "checkpoint_shape_mismatch"
+    assert (facts["param"], facts["ckpt"], facts["model"]) == ("lm_head.weight", "torch.Size([384, 64])",
+                                                               "torch.Size([400, 64])")
+    assert rule.fix(None, facts, None).startswith("lm_head.weight: checkpoint torch.Size([384, 64]) vs model "
+                                                  "torch.Size([400, 64]): config.json")
+
+
+def test_sentencepiece_missing_is_not_the_tiktoken_its_fallback_asks_for(tmp_path):
+    """transformers >= 5 falls back to tiktoken without SentencePiece; the missing library is SentencePiece."""
+    recipe = mini_recipe(tmp_path, {"id": "v5_spm"})
+    log = ("[transformers] Could not extract SentencePiece model from /ckpt/tokenizer.model using sentencepiece "
+           "library due to \nSentencePieceExtractor requires the SentencePiece library but it was not found in your "
+           "environment. Check out the instructions on the\n. Falling back to TikToken extractor.\n"
+           "Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n"
+           "ModuleNotFoundError: No module named 'tiktoken'\n\nDuring handling of the above exception, another "
+           "exception occurred:\n\nTraceback (most recent call last):\n  File \"x.py\", line 2, in <module>\n"
+           "ValueError: `tiktoken` is required to read a `tiktoken` file. Install it with `pip install tiktoken`.\n")
+    rule, facts = first_matching_rule(Failure.from_output(recipe, log))
+    assert rule.name == "tokenizer_backend_missing" and facts["module"] == "sentencepiece"
+
+
+BLOCKED = ("Traceback (most recent call last):\n  File \"runner_fi.py\", line 3, in <module>\n"
+           "ModuleNotFoundError: import of torch_npu halted; None in sys.modules\n")
+
+
+def test_torch_npu_blocked_by_the_engine_probe_is_an_incidental_import(tmp_path):
+    """torch_npu installed but unusable (no CANN): the engine's probe blocks it, and the recipe's own
+    `import torch_npu` says only 'halted'; an incidental import is still guarded."""
+    recipe = mini_recipe(tmp_path, {"id": "blocked", "recipe_code": "import torch_npu\n"})
+    assert first_rule(recipe, BLOCKED) == "incidental_npu_call"
+
+
+def test_torch_npu_blocked_from_a_source_tree_is_reported(tmp_path):
+    """...unless the torch_npu the recipe imports is a source checkout (no compiled torch_npu._C)."""
+    recipe = mini_recipe(tmp_path, {"id": "tree", "recipe_code": "import torch_npu\n"})
+    (recipe / "torch_npu").mkdir()
+    (recipe / "torch_npu" / "__init__.py").write_text("import torch_npu._C\n")
+    assert first_rule(recipe, BLOCKED) == "torch_npu_imported_from_source_tree"
+    (recipe / "torch_npu" / "_C.cpython-311-x86_64-linux-gnu.so").write_bytes(b"")   # built: not a source tree
+    assert first_rule(recipe, BLOCKED) == "incidental_npu_call"
