@@ -40,9 +40,13 @@ def after_diagnose(state: MigrationState) -> str:
         return "estimate_memory"
     if len(rounds) > state.get("max_rounds", DEFAULT_MAX_ROUNDS):
         return "give_up"
-    # Stop early when the same failure repeats after a fix: the fix did not help.
-    if len(rounds) >= 2 and rounds[-1]["diagnosis"]["signature"] == rounds[-2]["diagnosis"]["signature"]:
-        return "give_up"
+    # Stop early when the same failure repeats after a fix: the fix did not help. Unless another rule
+    # now takes it (the first one's fix removed what it matched): that rule has not been tried on it.
+    last = rounds[-1]["diagnosis"]
+    if len(rounds) >= 2 and last["signature"] == rounds[-2]["diagnosis"]["signature"]:
+        tried = {r["diagnosis"].get("rule") for r in rounds[:-1] if r["diagnosis"]["signature"] == last["signature"]}
+        if last.get("rule") in tried or last.get("rule") is None:
+            return "give_up"
     if rounds[-1]["diagnosis"].get("rule") is None:
         return "give_up"     # no rule knows this failure: report it precisely
     return "repair"

@@ -196,16 +196,26 @@ def recipe_yaml(recipe_dir: Path, world_size: int = 1) -> Path:
 
 
 def estimate_for_recipe(recipe_dir: Path, env: dict) -> dict:
+    """The estimate for the recipe's YAML, in this tool's schema or either of cann-recipes-infer's
+    (agent.baseline.yaml_settings reads both; an upstream recipe has no model_config.dtype: the
+    checkpoint's dtype is what it loads)."""
     import yaml
 
+    from agent.baseline import yaml_settings
+    from engine import defaults
+
     yaml_file = recipe_yaml(recipe_dir)
-    settings = yaml.safe_load(yaml_file.read_text())
+    raw = yaml.safe_load(yaml_file.read_text()) or {}
+    settings = yaml_settings(raw)
     # A relative model_path is taken from the recipe directory (as engine.config does).
-    model_dir = Path(settings["model_path"]).expanduser()
+    model_dir = Path(str(settings["model_path"])).expanduser()
     if not model_dir.is_absolute():
         model_dir = (yaml_file.resolve().parent.parent / model_dir).resolve()
     config = json.loads((model_dir / "config.json").read_text())
-    data = settings["data_config"]
+    model_config = raw.get("model_config") if isinstance(raw.get("model_config"), dict) else {}
+    dtype = model_config.get("dtype") or config.get("dtype") or config.get("torch_dtype") or "float32"
+    batch_size = int(settings["batch_size"] or 1)
+    seq_len = int(settings["input_len"] or defaults.INPUT_MAX_LEN) + int(settings["max_new_tokens"] or defaults.MAX_NEW_TOKENS)
     device = env.get("device", "cpu")
     device_bytes = env.get("device_memory_bytes")
     runtime = None
@@ -215,8 +225,7 @@ def estimate_for_recipe(recipe_dir: Path, env: dict) -> dict:
         simulated = simulated_card_bytes()
         if simulated:  # tests / CPU only: the "card" holds the model; the runtime lives on the host
             device_bytes, runtime = simulated, 0
-    memory = estimate(model_dir, config, settings["model_config"]["dtype"], data["batch_size"],
-                      data["input_max_len"] + data["max_new_tokens"], device_bytes, device, runtime_bytes=runtime)
+    memory = estimate(model_dir, config, dtype, batch_size, seq_len, device_bytes, device, runtime_bytes=runtime)
     memory["model_type"] = config.get("model_type")
     return memory
 

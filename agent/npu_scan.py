@@ -2,7 +2,8 @@
 
 A recipe *needs* an NPU when it calls NPU kernels that have no portable equivalent:
 
-- ``torch_npu.npu_*`` (``torch_npu.npu_rms_norm(...)``, ``from torch_npu import npu_rotary_mul``),
+- ``torch_npu.npu_*`` (``torch_npu.npu_rms_norm(...)``, ``from torch_npu import npu_rotary_mul``) and
+  the private ``torch_npu._npu_*`` kernels (``torch_npu._npu_rotary_embedding``),
 - ``torch.ops.npu.*``,
 - torchair-only paths (``import torchair`` at module level, or a lazy one when the recipe's YAML
   selects a graph ``exe_mode``),
@@ -24,6 +25,9 @@ from pathlib import Path
 
 SKIP_DIRS = {".migrator", "res", "baseline", "__pycache__", ".git", ".venv", "venv", "site-packages"}
 GRAPH_MODES_RE = re.compile(r"graph", re.I)
+# torch_npu attributes that are kernels: npu_* and the private _npu_* (vllm-ascend#218), as
+# agent.codemods.device.NPU_KERNEL_RE names them.
+KERNEL_PREFIXES = ("npu_", "_npu_")
 
 
 @dataclass(frozen=True)
@@ -122,7 +126,7 @@ class _Visitor(ast.NodeVisitor):
         top = module.split(".")[0]
         if top == "torch_npu":
             for alias in node.names:
-                if module == "torch_npu" and alias.name.startswith("npu_"):
+                if module == "torch_npu" and alias.name.startswith(KERNEL_PREFIXES):
                     self.found.append((alias.name, node.lineno))
         elif top == "torchair":
             self._torchair(node)
@@ -137,7 +141,7 @@ class _Visitor(ast.NodeVisitor):
         chain = _dotted(node)
         if chain:
             parts = chain.split(".")
-            if parts[0] in self.npu_aliases and len(parts) >= 2 and parts[1].startswith("npu_"):
+            if parts[0] in self.npu_aliases and len(parts) >= 2 and parts[1].startswith(KERNEL_PREFIXES):
                 self.found.append((parts[1], node.lineno))
                 return
             if parts[0] in self.torch_aliases and parts[1:3] == ["ops", "npu"] and len(parts) >= 4:

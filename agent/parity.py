@@ -324,6 +324,11 @@ def main(argv=None) -> int:
     parser.add_argument("--trust-remote-code", action="store_true")
     parser.add_argument("--dump", type=Path, help="the trial run's parity dump (MIGRATOR_PARITY_DUMP)")
     args = parser.parse_args(argv)
+    # torch through the engine's guard, as the recipe imports it: with a torch_npu that cannot load
+    # (no CANN) a plain `import torch` dies in torch's backend autoload.
+    from engine.environment import import_torch
+
+    import_torch()
     # The recipe's logs go to a temporary folder that is removed afterwards.
     with tempfile.TemporaryDirectory(prefix="parity_") as res_path:
         os.environ["RES_PATH"] = res_path

@@ -17,6 +17,78 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+def _this_checkout_in_every_subprocess() -> None:
+    """A subprocess started outside the checkout (`migrator run fi` from the recipe's parent, a
+    recipe's infer.sh) imports agent/engine from the installed package. When that is another
+    checkout (a virtualenv shared between git worktrees, installed editable from one of them), the
+    tests would silently run that code: put a folder linking to this checkout's packages first on
+    PYTHONPATH (inherited by every subprocess). Not the checkout root itself: its models/ folder
+    must not join the recipes' `models` package."""
+    import tempfile
+
+    probe = subprocess.run([sys.executable, "-c", "import agent, engine; print(agent.__file__); print(engine.__file__)"],
+                           cwd=tempfile.gettempdir(), capture_output=True, text=True,
+                           env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    found = [Path(p).resolve().parent for p in probe.stdout.split()]
+    if probe.returncode == 0 and found == [REPO_ROOT / "agent", REPO_ROOT / "engine"]:
+        return
+    import hashlib
+
+    links = Path(tempfile.gettempdir()) / f"migrator-checkout-{hashlib.sha1(str(REPO_ROOT).encode()).hexdigest()[:12]}"
+    links.mkdir(exist_ok=True)
+    for package in ("agent", "engine"):
+        try:
+            (links / package).symlink_to(REPO_ROOT / package, target_is_directory=True)
+        except FileExistsError:
+            pass
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(links), os.environ.get("PYTHONPATH")]))
+
+
+if not os.environ.get("MIGRATOR_TEST_CHECKOUT_LINKED"):
+    os.environ["MIGRATOR_TEST_CHECKOUT_LINKED"] = "1"
+    _this_checkout_in_every_subprocess()
+
+
+def torch_npu_wheel(download: bool = True) -> tuple[Path | None, str]:
+    """(folder, "") with the real torch-npu wheel of torch's release pip-installed with --no-deps
+    --target into a cache dir reused across runs (~44 MB wheel, ~150 MB unpacked, about 7 s), or
+    (None, why not). Without CANN its import fails for real (libhccl.so)."""
+    import platform
+    import shutil
+    from importlib.metadata import version
+
+    if sys.platform != "linux" or platform.machine() not in ("x86_64", "aarch64"):
+        return None, "torch-npu wheels exist for Linux x86_64/aarch64 only"
+    release = version("torch").split("+", 1)[0]
+    cache_root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    target = cache_root / "infer-migrator" / f"torch-npu-{release}-py{sys.version_info[0]}{sys.version_info[1]}"
+    if (target / ".complete").exists():
+        return target, ""
+    if not download:
+        return None, f"torch-npu=={release} is not in {target.parent}"
+    tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-input", "--quiet",
+           "--disable-pip-version-check", "--timeout", "30", "--target", str(tmp), f"torch-npu=={release}"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        return None, f"could not pip install torch-npu=={release}: {exc}"
+    if proc.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+        return None, f"pip cannot install torch-npu=={release} (package index unreachable or no such release): {tail}"
+    (tmp / ".complete").write_text(release + "\n")
+    shutil.rmtree(target, ignore_errors=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        tmp.rename(target)
+    except OSError:             # another worker got there first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target, ""
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory):
     """Factory: model_type -> directory of a tiny checkpoint, built once per session."""

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import torch_npu_wheel
 from engine.backends import npu as npu_backend   # where the CANN default install paths live
 from engine.environment import (
     DeviceUnavailableError,
@@ -347,35 +348,10 @@ def _torch_release() -> str:
 
 @pytest.fixture(scope="session")
 def torch_npu_target_dir() -> Path:
-    """torch-npu (same release as torch) pip-installed with --no-deps --target into a cache dir
-    reused across runs. Downloading it (~44 MB wheel, ~150 MB unpacked) takes about 7 s here."""
-    if sys.platform != "linux" or platform.machine() not in ("x86_64", "aarch64"):
-        pytest.skip("torch-npu wheels exist for Linux x86_64/aarch64 only")
-    release = _torch_release()
-    cache_root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    target = cache_root / "infer-migrator" / f"torch-npu-{release}-py{sys.version_info[0]}{sys.version_info[1]}"
-    marker = target / ".complete"
-    if marker.exists():
-        return target
-    tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-input", "--quiet",
-           "--disable-pip-version-check", "--timeout", "30", "--target", str(tmp),
-           f"torch-npu=={release}"]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        pytest.skip(f"could not pip install torch-npu=={release}: {exc}")
-    if proc.returncode != 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
-        pytest.skip(f"pip cannot install torch-npu=={release} (package index unreachable "
-                    f"or no such release): {tail}")
-    (tmp / ".complete").write_text(release + "\n")
-    shutil.rmtree(target, ignore_errors=True)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp.rename(target)
+    """The real torch-npu wheel (same release as torch), unpacked once into a cache dir (conftest)."""
+    target, why = torch_npu_wheel()
+    if target is None:
+        pytest.skip(why)
     return target
 
 

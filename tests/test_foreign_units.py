@@ -24,6 +24,9 @@ from foreign_fixture import write_executor, write_framework_recipe, write_legacy
     ("import torch_npu\nout = torch_npu.npu_rms_norm(x, w)[0]\n", [("npu_rms_norm", 2)]),
     ("import torch_npu as tnpu\n\ndef f(q):\n    return tnpu.npu_rotary_mul(q, c, s)\n", [("npu_rotary_mul", 4)]),
     ("from torch_npu import npu_fused_infer_attention_score as fia\n", [("npu_fused_infer_attention_score", 1)]),
+    # private kernels (vllm-ascend#218): no portable equivalent either
+    ("import torch_npu\nq = torch_npu._npu_rotary_embedding(pos, q, k, 64, cache, True)\n", [("_npu_rotary_embedding", 2)]),
+    ("from torch_npu import _npu_reshape_and_cache\n", [("_npu_reshape_and_cache", 1)]),
     ("import torch\ny = torch.ops.npu.npu_add_rms_norm(a, b, w)\n", [("torch.ops.npu.npu_add_rms_norm", 2)]),
     ("import torchair as tng\n", [("torchair", 1)]),
     # a lazy torchair import (graph mode only) is no kernel for an eager recipe

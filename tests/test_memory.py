@@ -135,3 +135,27 @@ def test_estimate_for_recipe_resolves_a_relative_model_path(tiny_checkpoints, tm
     memory = estimate_for_recipe(recipe, {"device": "npu", "device_memory_bytes": 64 * 2**30})
     assert memory["weights_bytes"] == weight_bytes(recipe / "weights")
     assert memory["cards_needed"] == 1 and memory["model_type"] == "llama"
+
+
+def test_estimate_for_recipe_reads_upstream_yaml_schemas(tiny_checkpoints, tmp_path):
+    """An upstream recipe that ran out of memory: its YAML has no model_config.dtype (legacy) or keeps
+    the lengths in scheduler_config (framework); the estimate uses the checkpoint's dtype and those."""
+    import yaml
+
+    from agent.memory import estimate_for_recipe
+
+    checkpoint = tiny_checkpoints("llama")
+    legacy = {"model_name": "l", "model_path": str(checkpoint), "exe_mode": "eager", "world_size": 1,
+              "model_config": {"enable_profiler": False},
+              "data_config": {"dataset": "default", "input_max_len": 32, "max_new_tokens": 8, "batch_size": 2}}
+    framework = {"model_name": "f", "world_size": 1,
+                 "model_config": {"model_name": "f", "model_path": str(checkpoint), "exe_mode": "eager"},
+                 "data_config": {"dataset": "default", "input_truncated_len": 32},
+                 "scheduler_config": {"max_new_tokens": 8, "batch_size": 2}}
+    for name, settings in (("legacy", legacy), ("framework", framework)):
+        recipe = tmp_path / name
+        (recipe / "config").mkdir(parents=True)
+        (recipe / "config" / f"{name}.yaml").write_text(yaml.safe_dump(settings))
+        memory = estimate_for_recipe(recipe, {"device": "npu", "device_memory_bytes": 64 * 2**30})
+        assert (memory["dtype"], memory["batch_size"], memory["seq_len"]) == ("float32", 2, 40), name
+        assert memory["weights_bytes"] == weight_bytes(checkpoint) and memory["cards_needed"] == 1

@@ -94,6 +94,10 @@ def test_after_diagnose_counts_rounds_and_stops_on_repeats():
     assert after_diagnose({"rounds": [_round("a")], "max_rounds": 5}) == "repair"
     assert after_diagnose({"rounds": [_round("a"), _round("b")], "max_rounds": 5}) == "repair"
     assert after_diagnose({"rounds": [_round("a"), _round("a")], "max_rounds": 5}) == "give_up"
+    # the same failure, now taken by another rule (the first fix removed what it matched): that rule runs
+    assert after_diagnose({"rounds": [_round("a", "r1"), _round("a", "r2")], "max_rounds": 5}) == "repair"
+    assert after_diagnose({"rounds": [_round("a", "r1"), _round("a", "r2"), _round("a", "r1")],
+                           "max_rounds": 5}) == "give_up"
     assert after_diagnose({"rounds": [_round(str(i)) for i in range(6)], "max_rounds": 5}) == "give_up"
     assert after_diagnose({"rounds": [_round("x", rule=None)], "max_rounds": 5}) == "give_up"
 

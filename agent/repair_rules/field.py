@@ -9,7 +9,8 @@ with that note instead of "unknown failure". NPU kernels with no portable equiva
 
 EARLIEST goes before every rule (a recipe YAML that does not parse breaks other matchers), FIRST
 before agent.repair_rules.code (a missing torch_npu is not a pip package to install when only
-incidental calls need it), RULES after it (agent.repair_rules.catalogue orders them).
+incidental calls need it; a tokenizer's missing SentencePiece is not the tiktoken its fallback asks
+for), RULES after it (agent.repair_rules.catalogue orders them).
 """
 
 from __future__ import annotations
@@ -22,14 +23,19 @@ from agent.codemods.repair import RopeScalingTypeKeyCommand, rewrite_file
 from agent.failure import Failure
 from agent.repair_rules._util import edit_yaml_line, load_yaml, recipe_yaml
 from agent.repair_rules.code import _fix_missing_package, install_command, recipe_py_files
-from agent.repair_rules.rule import RepairContext, Rule, report, where_it_failed
+from agent.repair_rules.rule import RepairContext, Rule, message_facts, report, where_it_failed
 
 
 # ---- incidental NPU calls on a host without torch_npu -------------------------------------
+# "import of torch_npu halted": torch_npu is installed but cannot load (no CANN, a broken build);
+# engine.environment's probe imported it once, saw it fail and blocked it (None in sys.modules) so
+# that torch and transformers run without it; the recipe's own `import torch_npu` then says only this.
 _NPU_MISSING = re.compile(
     r"module 'torch' has no attribute 'npu'|No module named 'torch_npu'|object has no attribute 'npu'|"
     r"device type at start of device string: npu|Failed to import torch_npu|"
+    r"import of torch_npu halted; None in sys\.modules|"
     r"(?:libhccl|libascend_hal|libascendcl)\.so: cannot open shared object file")
+_NPU_BLOCKED = "import of torch_npu halted; None in sys.modules"
 
 
 def _incidental_npu_facts(failure: Failure, found: re.Match) -> dict | None:
@@ -49,6 +55,38 @@ def _fix_incidental_npu(failure: Failure, facts: dict, ctx: RepairContext) -> st
         rewrite_file(failure.recipe_dir / rel, NPU_COMMANDS)
     return (f"incidental NPU calls in {', '.join(facts['files'])} now go through engine.device_ops "
             "(NPU behaviour kept on an NPU; CUDA and CPU run too)")
+
+
+# ---- torch_npu imported from its (unbuilt) source tree -------------------------------------
+_NPU_SOURCE_TREE = re.compile(r"No module named 'torch_npu\._C'|" + re.escape(_NPU_BLOCKED))
+
+
+def torch_npu_package_dir(recipe_dir: Path) -> Path | None:
+    """The torch_npu package folder a run of the recipe imports (infer.sh puts the recipe first on
+    PYTHONPATH, then the caller's PYTHONPATH, then the interpreter's path), or None."""
+    import importlib.machinery
+    import os
+    import sys
+
+    paths = [str(recipe_dir), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep)), *sys.path]
+    try:
+        spec = importlib.machinery.PathFinder.find_spec("torch_npu", paths)
+    except (ImportError, ValueError):
+        return None
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    return Path(locations[0]) if locations else None
+
+
+def _source_tree_facts(failure: Failure, found: re.Match) -> dict | None:
+    """The message names torch_npu._C; or torch_npu was blocked after failing to import and the
+    torch_npu the recipe imports is a source checkout: no compiled extension (torch_npu/_C*.so) in it."""
+    facts = message_facts(failure, found)
+    if found.group(0) != _NPU_BLOCKED:
+        return facts
+    package = torch_npu_package_dir(failure.recipe_dir)
+    if package is None or any(package.glob("_C*.so")) or any(package.glob("_C*.pyd")):
+        return None
+    return dict(facts, source_tree=str(package))
 
 
 # ---- incidental CUDA calls on a host without CUDA ----------------------------------------
@@ -167,6 +205,24 @@ def _safetensors_facts(failure: Failure, found: re.Match) -> dict | None:
 
 
 
+# ---- checkpoint tensors of other shapes than the config's model ----------------------------
+# torch's load_state_dict message, and transformers >= 5's load report row (printed before its
+# "You set `ignore_mismatched_sizes` to `False`, thus raising an error").
+_SIZE = r"torch\.Size\(\[[\d, ]*\]\)"
+_SHAPE_MISMATCH = re.compile(
+    rf"size mismatch for (?P<param>[\w.]+): copying a param with shape (?P<ckpt>{_SIZE}) "
+    rf"from checkpoint, the shape in current model is (?P<model>{_SIZE})|"
+    rf"^(?P<param5>[\w.]+)\s*\|\s*MISMATCH\s*\|\s*Reinit due to size mismatch - ckpt: (?P<ckpt5>{_SIZE}) "
+    rf"vs model:\s*(?P<model5>{_SIZE})", re.M)
+
+
+def _shape_facts(failure: Failure, found: re.Match) -> dict:
+    facts = message_facts(failure, found)
+    for key in ("param", "ckpt", "model"):
+        facts[key] = facts.pop(key + "5", None) or facts.get(key)
+    return facts
+
+
 # ---- the recipe YAML does not parse -------------------------------------------------------
 _YAML_ERROR = re.compile(r"\b(ScannerError|ParserError|ComposerError|ConstructorError)\b|not valid YAML")
 
@@ -203,16 +259,18 @@ EARLIEST: list[Rule] = [
 ]
 
 FIRST: list[Rule] = [
+    # Before incidental_npu_call: a recipe importing torch_npu from a source tree is not fixed by
+    # guarding the import (on an NPU host it would then run without the NPU).
+    Rule("torch_npu_imported_from_source_tree", _NPU_SOURCE_TREE,
+         "torch_npu is imported from its own source tree (torch_npu._C is missing)",
+         report("`import torch_npu` picked up the torch_npu source directory instead of the installed package "
+                "({where}): run infer.sh from a directory that is not the torch_npu source tree"),
+         facts=_source_tree_facts, kind="report"),
     Rule("incidental_npu_call", _NPU_MISSING,
          "recipe code makes NPU bookkeeping calls (torch.npu.*, .npu(), device=\"npu\", import torch_npu) on a "
          "host without torch_npu",
          _fix_incidental_npu,
          facts=_incidental_npu_facts, kind="codemod"),
-    Rule("torch_npu_imported_from_source_tree", re.compile(r"No module named 'torch_npu\._C'"),
-         "torch_npu is imported from its own source tree (torch_npu._C is missing)",
-         report("`import torch_npu` picked up the torch_npu source directory instead of the installed package "
-                "({where}): run infer.sh from a directory that is not the torch_npu source tree"),
-         kind="report"),
     Rule("torch_npu_backend_autoload_failed", re.compile(r"Failed to load the backend extension: torch_npu"),
          "torch_npu is installed but cannot load, so `import torch` itself fails (backend autoload)",
          report("torch >= 2.5 auto-loads torch_npu at `import torch` and that failed ({where}): on a host without "
@@ -226,6 +284,13 @@ FIRST: list[Rule] = [
          report("{lib} is missing ({where}): source /usr/local/Ascend/ascend-toolkit/set_env.sh (and the driver's "
                 "LD_LIBRARY_PATH) before infer.sh, or run on CPU/CUDA without torch_npu installed"),
          kind="report"),
+    # Before missing_pip_package: transformers >= 5 falls back to tiktoken when SentencePiece is
+    # missing, and the error it raises is about tiktoken ("No module named 'tiktoken'"); the
+    # tokenizer needs the library the output names first.
+    Rule("tokenizer_backend_missing", _TOKENIZER_BACKEND,
+         "the tokenizer needs a library (SentencePiece, protobuf, tiktoken) not installed",
+         _fix_missing_package,
+         facts=_tokenizer_backend_facts, kind="report"),
 ]
 
 RULES: list[Rule] = [
@@ -293,10 +358,6 @@ RULES: list[Rule] = [
          report("{lib} is not found ({where}): install the system package providing it or add its directory "
                 "to LD_LIBRARY_PATH"),
          kind="report"),
-    Rule("tokenizer_backend_missing", _TOKENIZER_BACKEND,
-         "the tokenizer needs a library (SentencePiece, protobuf, tiktoken) not installed",
-         _fix_missing_package,
-         facts=_tokenizer_backend_facts, kind="report"),
     Rule("transformers_does_not_know_model",
          re.compile(r"model type `(?P<model_type>[\w-]+)` but Transformers does not recognize this architecture"),
          "the installed transformers does not know the checkpoint's model type",
@@ -324,13 +385,11 @@ RULES: list[Rule] = [
          "a safetensors shard is not a valid safetensors file",
          report("SafetensorError {error}: {why}"),
          facts=_safetensors_facts, kind="report"),
-    Rule("checkpoint_shape_mismatch",
-         re.compile(r"size mismatch for (?P<param>[\w.]+): copying a param with shape (?P<ckpt>torch\.Size\(\[[\d, ]*\]\)) "
-                    r"from checkpoint, the shape in current model is (?P<model>torch\.Size\(\[[\d, ]*\]\))"),
+    Rule("checkpoint_shape_mismatch", _SHAPE_MISMATCH,
          "checkpoint tensors have other shapes than the model built from the config",
          report("{param}: checkpoint {ckpt} vs model {model}: config.json (vocab_size / hidden sizes) does not "
                 "describe these weights; use the config that was saved with the checkpoint"),
-         kind="report"),
+         facts=_shape_facts, kind="report"),
     Rule("meta_tensor_not_loaded", re.compile(r"Cannot copy out of meta tensor; no data!"),
          "parameters stayed on the meta device (never loaded) and are then moved",
          report("{where}: some weights were never materialised (meta device): their keys are missing from the "
