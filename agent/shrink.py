@@ -14,6 +14,8 @@ from agent.tiny_checkpoint import TINY_DIMS
 # Kept from the checkpoint: they choose code paths or must match the tokenizer.
 KEEP = {"max_position_embeddings", "tie_word_embeddings"}
 LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+# The GPT-2-era names of TINY_DIMS' widths, as config.json stores them (gpt2, gptj, codegen, ...).
+ALIASES = {"n_embd": "hidden_size", "n_head": "num_attention_heads", "n_inner": "intermediate_size"}
 
 
 def shrink_config(config: dict, cut_layers: bool = True) -> dict:
@@ -29,6 +31,10 @@ def shrink_config(config: dict, cut_layers: bool = True) -> dict:
             overrides[key] = tiny   # peaked random logits: greedy tokens do not hinge on ties
         elif isinstance(value, int) and not isinstance(value, bool) and value > tiny:
             overrides[key] = tiny
+    for alias, key in ALIASES.items():
+        value = config.get(alias)
+        if isinstance(value, int) and not isinstance(value, bool) and value > TINY_DIMS[key]:
+            overrides[alias] = TINY_DIMS[key]
     heads, kv = config.get("num_attention_heads"), config.get("num_key_value_heads")
     if isinstance(heads, int) and isinstance(kv, int) and "num_attention_heads" in overrides:
         # Keep the attention kind: MHA stays MHA, MQA stays MQA, GQA stays grouped.

@@ -35,6 +35,8 @@ TINY_DIMS = {
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
     "head_dim": 16,
+    # Partial rotary (gptj, codegen): their default 64 is wider than the tiny heads of 16.
+    "rotary_dim": 8,
     "max_position_embeddings": 512,
     # Larger than the usual 0.02 so random logits are peaked: greedy tokens then do not hinge
     # on ties that float rounding could flip.

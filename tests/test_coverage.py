@@ -418,7 +418,7 @@ def test_shrink_keeps_a_repeated_pattern_of_layer_kinds_whole():
                                         "rwkv", "xlnet", "recurrent_gemma", "mamba",
                                         # from the full --all sweep: tied layer counts (dory), a layer
                                         # count derived from cycles (hrm_text), mamba's mask (falcon_mamba)
-                                        "dory", "hrm_text", "falcon_mamba"])
+                                        "dory", "hrm_text", "falcon_mamba", "gptj", "codegen"])
 def test_issue_run_failures_migrate_with_parity(model_type, tmp_path):
     """The run failures of issue 11, each through `scripts/try_architectures.py` (full mode:
     `migrator run` + parity from the recipe's baseline)."""

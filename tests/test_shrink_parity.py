@@ -45,6 +45,20 @@ def test_shrink_moe_and_mla():
     assert shrunk["first_k_dense_replace"] == 1 and shrunk["num_hidden_layers"] == 2   # a dense and an MoE layer
 
 
+def test_shrink_keeps_partial_rotary_inside_the_heads():
+    """GPT-J-6B's published shape (n_embd 4096, 16 heads of 256, rotary_dim 64): the shrunk heads are
+    16 wide, so rotary_dim must shrink too (it stayed 64 and transformers failed on the shrunk config;
+    found by the --all sweep on gptj and codegen)."""
+    from transformers import AutoConfig
+
+    gptj_6b = {"n_embd": 4096, "n_head": 16, "n_layer": 28, "rotary_dim": 64, "n_positions": 2048,
+               "vocab_size": 50400}
+    shrunk = shrink_config(gptj_6b)
+    config = AutoConfig.for_model("gptj", **{**gptj_6b, **shrunk})
+    assert (config.n_embd, config.n_head, config.n_layer) == (64, 4, 2)      # GPT-2-era names shrink too
+    assert config.rotary_dim <= config.n_embd // config.n_head
+
+
 def test_a_layer_cut_the_config_rejects_falls_back_to_widths_only(tmp_path):
     """dory's input + recurrent + output sections must add up to its layer count (config.json stores
     each doubled): cutting layers breaks the config, so the code check keeps every layer and shrinks
