@@ -175,6 +175,9 @@ def parse_args(argv=None):
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--compile-backend",
                         help="torch.compile backend for graph mode (default: the engine's; quick: eager)")
+    parser.add_argument("--preset", help="instead of the 27.7M llama: a published shape from "
+                        "scripts/bench_pipeline.py's PRESETS (random weights in its dtype), e.g. qwen3-1.7b")
+    parser.add_argument("--layers", type=int, help="--preset cut to this many layers (a smoke run)")
     parser.add_argument("--workdir", help="where the checkpoint, recipe and logs go (default: a temp dir)")
     parser.add_argument("--json", help="write the numbers to this file")
     args = parser.parse_args(argv)
@@ -194,7 +197,12 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench_recipe_")).resolve()
-    ckpt = build_tiny_checkpoint("llama", work / "checkpoint", **({} if args.quick else FULL_DIMS))
+    if args.preset:
+        from scripts.bench_pipeline import build_checkpoint
+
+        ckpt = build_checkpoint(args.preset, work / "checkpoint", args.layers)
+    else:
+        ckpt = build_tiny_checkpoint("llama", work / "checkpoint", **({} if args.quick else FULL_DIMS))
     os.environ["RES_PATH"] = str(work / "res")
     n = args.new_tokens
 
@@ -256,8 +264,9 @@ def main(argv=None) -> int:
         "eager_equals_transformers": tokens[eager.label] == tokens[hf.label],
     }
 
-    print(f"model: llama, {params / 1e6:.1f}M parameters "
-          f"({'quick test dims' if args.quick else ', '.join(f'{k}={v}' for k, v in FULL_DIMS.items())}), "
+    shape = (f"preset {args.preset}" + (f" cut to {args.layers} layers" if args.layers else "") if args.preset
+             else "quick test dims" if args.quick else ", ".join(f"{k}={v}" for k, v in FULL_DIMS.items()))
+    print(f"model: {args.preset or 'llama'}, {params / 1e6:.1f}M parameters ({shape}), "
           f"{eager.runner.dtype}, device {eager.runner.device}, torch threads {torch.get_num_threads()}")
     print(f"prompt {eager.runner.tokenizer(prompts, return_tensors='pt')['input_ids'].shape[1]} tokens, "
           f"{n} new tokens, {args.repeats} interleaved repeats (median), "
@@ -288,7 +297,8 @@ def main(argv=None) -> int:
 
     if args.json:
         Path(args.json).write_text(json.dumps({
-            "model": {"type": "llama", "parameters": params, "dims": None if args.quick else FULL_DIMS,
+            "model": {"type": args.preset or "llama", "parameters": params, "layers": args.layers,
+                      "dims": None if args.quick or args.preset else FULL_DIMS,
                       "dtype": str(eager.runner.dtype), "device": str(eager.runner.device)},
             "settings": {"new_tokens": n, "repeats": args.repeats, "threads": torch.get_num_threads(),
                          "compile_backend": args.compile_backend, "quick": args.quick},
