@@ -13,7 +13,8 @@ Each type runs in its own subprocess (a time limit per type) and ends in one of:
   hf-fails      transformers itself fails on every tiny config tried (2 layers, then 4 and 8 and
                 the type's own layer count, naming an attention layer where the config can, then
                 the type's own default config with all widths scaled down by one factor);
-                the row gives transformers' error. Not counted as testable.
+                the row gives transformers' error, or "not a tiny config" where no config
+                tried stays under 30M parameters. Not counted as testable.
   failed        anything else: the row gives the error
 
 Full mode (default) runs `migrator run --device cpu` and reads parity from the recipe's baseline.
@@ -348,7 +349,8 @@ def summary_table(rows: list[dict]) -> str:
     lines = ["| outcome | types |", "|---|---|",
              f"| migrated with parity | {counts['parity']} |",
              f"| refused (exit 3, reason given) | {counts['refused']} |",
-             f"| transformers itself fails on every tiny config (not counted) | {counts['hf-fails']} |",
+             f"| transformers itself fails on every tiny config, or none stays tiny (not counted) "
+             f"| {counts['hf-fails']} |",
              f"| failed | {counts['failed']} |",
              f"| **parity / testable** | **{counts['parity']} / {testable} = {share}** |", ""]
     for status in ("failed", "refused", "hf-fails"):
