@@ -33,7 +33,10 @@ def shrink_config(config: dict, cut_layers: bool = True) -> dict:
             overrides[key] = tiny
     for alias, key in ALIASES.items():
         value = config.get(alias)
-        if isinstance(value, int) and not isinstance(value, bool) and value > TINY_DIMS[key]:
+        # Only as a set with n_embd: heads cut under another width name break its head size (xlnet:
+        # d_model, n_head and d_head must agree).
+        if isinstance(value, int) and not isinstance(value, bool) and value > TINY_DIMS[key] \
+                and isinstance(config.get("n_embd"), int):
             overrides[alias] = TINY_DIMS[key]
     heads, kv = config.get("num_attention_heads"), config.get("num_key_value_heads")
     if isinstance(heads, int) and isinstance(kv, int) and "num_attention_heads" in overrides:

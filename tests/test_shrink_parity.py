@@ -57,6 +57,11 @@ def test_shrink_keeps_partial_rotary_inside_the_heads():
     config = AutoConfig.for_model("gptj", **{**gptj_6b, **shrunk})
     assert (config.n_embd, config.n_head, config.n_layer) == (64, 4, 2)      # GPT-2-era names shrink too
     assert config.rotary_dim <= config.n_embd // config.n_head
+    # xlnet names its width d_model: its heads are not cut alone (d_model // n_head must stay d_head;
+    # the final --all sweep caught that regression).
+    xlnet_large = {"d_model": 1024, "n_head": 16, "d_head": 64, "n_layer": 24, "vocab_size": 32000}
+    config = AutoConfig.for_model("xlnet", **{**xlnet_large, **shrink_config(xlnet_large)})
+    assert config.d_model // config.n_head == config.d_head
 
 
 def test_a_layer_cut_the_config_rejects_falls_back_to_widths_only(tmp_path):
