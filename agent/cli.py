@@ -11,7 +11,7 @@ from pathlib import Path
 
 from agent import errors
 from agent.errors import MigratorError
-from agent.workflow import run_migration
+from agent.workflow.run import run_migration
 from engine import defaults
 
 DEVICES = ("auto", "npu", "cuda", "cpu")
@@ -106,9 +106,9 @@ def _add_run_options(run: argparse.ArgumentParser) -> None:
 # ---- commands ---------------------------------------------------------------------------
 def check_target(target: str, trust_remote_code: bool = False) -> None:
     """Reject bad input before the workflow starts: one line, exit code 2."""
-    from agent.acquire import local_path_problem, parse_hub_ref
+    from agent.migrate.acquire import local_path_problem, parse_hub_ref
 
-    from agent.foreign import describe
+    from agent.recipe.recipe import describe
 
     path = Path(target).expanduser()
     if path.exists():
@@ -118,7 +118,7 @@ def check_target(target: str, trust_remote_code: bool = False) -> None:
         if not (path / "config.json").is_file() and not describe(path).is_recipe:
             raise errors.InputError(f"{target}: no config.json — point at a Hugging Face model directory "
                                     "(the folder that holds config.json and the weights) or a recipe with infer.sh")
-        from agent.checkpoint_check import check_checkpoint, weight_files
+        from agent.migrate.checkpoint_check import check_checkpoint, weight_files
 
         if (path / "config.json").is_file() and (not (path / "infer.sh").is_file() or weight_files(path)):
             check_checkpoint(path, trust_remote_code)   # a checkpoint (even one holding an infer.sh): checked before any step
@@ -139,8 +139,8 @@ def resolve_target(target: str) -> str:
 def preflight(target: str) -> None:
     """Before anything runs or is written: a recipe that calls NPU kernels on a host without a
     usable NPU ends here with exit 4 (no repair round, no file touched)."""
-    from agent.foreign import describe
-    from agent.nodes import ensure_runnable_here
+    from agent.recipe.recipe import describe
+    from agent.workflow.nodes import ensure_runnable_here
 
     path = Path(target)
     if path.is_dir():
@@ -179,7 +179,7 @@ def cmd_run(args) -> int:
     if not args.resume:
         check_target(args.target, args.trust_remote_code)
     if (Path(args.target).expanduser() / "config.json").is_file():
-        from agent.checkpoint_check import check_output_outside
+        from agent.migrate.checkpoint_check import check_output_outside
 
         check_output_outside(Path(args.target), Path(args.output_dir), args.output_dir)
     check_output_dir(args.output_dir)
@@ -207,7 +207,7 @@ def _finish(summary: dict, as_json: bool) -> int:
 
 
 def cmd_demo(args) -> int:
-    from agent.tiny_checkpoint import build_tiny_checkpoint
+    from agent.testing.tiny_checkpoint import build_tiny_checkpoint
 
     from agent.paths import demo_model_dir
 
@@ -260,7 +260,7 @@ def cmd_env(args) -> int:
 
 
 def cmd_classify(args) -> int:
-    from agent.nodes import node_classify
+    from agent.workflow.nodes import node_classify
 
     path = Path(args.path).expanduser()
     if not path.exists():
@@ -280,7 +280,7 @@ def cmd_baseline(args) -> int:
     import csv
 
     rows = []
-    from agent.foreign import describe
+    from agent.recipe.recipe import describe
 
     for i, raw in enumerate(args.recipes, 1):
         recipe = Path(raw).expanduser().resolve()
@@ -332,7 +332,7 @@ def cmd_baseline(args) -> int:
 
 
 def cmd_rollback(args) -> int:
-    from agent.backup import rollback
+    from agent.recipe.backup import rollback
 
     recipe = Path(args.recipe)
     if not recipe.is_dir():

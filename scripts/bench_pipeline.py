@@ -68,7 +68,7 @@ def build_checkpoint(preset: str, out: Path, layers: int | None = None) -> Path:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from agent.tiny_checkpoint import build_tokenizer
+    from agent.testing.tiny_checkpoint import build_tokenizer
 
     spec = dict(PRESETS[preset])
     model_type, dtype = spec.pop("model_type"), spec.pop("dtype")

@@ -54,7 +54,7 @@ TARGETS = {"eager_vs_transformers": 1.05, "transformers_vs_graph": 1.3}
 RENDER = """
 import json, sys, time
 t0 = time.perf_counter()
-from agent.workflow import run_migration
+from agent.workflow.run import run_migration
 state = {"target": sys.argv[1], "output_dir": sys.argv[2], "name": sys.argv[3], "device": sys.argv[4],
          "max_new_tokens": int(sys.argv[5])}
 summary = run_migration(state, stop_after="render")
@@ -191,7 +191,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from agent.tiny_checkpoint import build_tiny_checkpoint
+    from agent.testing.tiny_checkpoint import build_tiny_checkpoint
     from engine.data import load_prompts
 
     if args.threads:

@@ -22,8 +22,8 @@ def main(types: list[str]) -> int:
     from engine.environment import import_torch
 
     import_torch()
-    from agent.tiny_checkpoint import build_tiny_checkpoint
-    from agent.vendor import locate_source, read_config, vendor_source
+    from agent.testing.tiny_checkpoint import build_tiny_checkpoint
+    from agent.migrate.vendor import locate_source, read_config, vendor_source
 
     with tempfile.TemporaryDirectory(prefix="bench_vendor_") as tmp:
         os.environ["XDG_CACHE_HOME"] = str(Path(tmp) / "cache")   # a cache of its own: cold means cold

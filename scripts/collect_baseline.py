@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Collect a recipe's performance baseline from its inference logs (the code is agent.baseline).
+"""Collect a recipe's performance baseline from its inference logs (the code is agent.measure.baseline).
 
     python3 scripts/collect_baseline.py --log-file RES_PATH_OR_LOG --output OUT.json \\
         --yaml-file config/model.yaml [--rank N] [--model-source SRC]
@@ -19,7 +19,7 @@ from typing import Optional
 # Runs from any working directory, also where infer-migrator is not installed.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.baseline import (  # noqa: E402
+from agent.measure.baseline import (  # noqa: E402
     EXIT_OK, EXIT_UNEXPECTED, PROG, CollectError, collect, error_line, write_baseline)
 
 EXIT_INTERRUPTED = 130

@@ -42,9 +42,9 @@ def load_corpus() -> list[dict]:
 
 def classify(entry: dict, root: Path) -> tuple[str, str | None]:
     """(repaired | reported | exit4 | unknown, rule) for one corpus entry, in-process."""
-    from agent.failure import Failure
-    from agent.repair import first_matching_rule
-    from agent.repair_rules.rule import RepairContext
+    from agent.repair.failure import Failure
+    from agent.repair.diagnose import first_matching_rule
+    from agent.repair.rules.rule import RepairContext
     from tests.test_field_faults import mini_recipe
 
     recipe = mini_recipe(root, entry)

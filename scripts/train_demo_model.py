@@ -6,7 +6,7 @@ LlamaForCausalLM (about 0.9M parameters) on a short English corpus that ships in
 The corpus is a few paragraphs about attention and transformers; one of them starts with the
 project's default prompt (engine.data.DEFAULT_PROMPT), so greedy decoding of that prompt continues
 with readable sentences and the model predicts the prompt itself well (which is what the
-untrained-weights detector in agent/parity.py measures). The model memorises its corpus: it is a
+untrained-weights detector in agent/measure/parity.py measures). The model memorises its corpus: it is a
 demo, not a useful language model.
 
 Steps: train a byte-level BPE tokenizer on the corpus (`tokenizers`), tokenize each paragraph
@@ -110,7 +110,7 @@ CHECK_TOKENS = 32
 
 def build_tokenizer(corpus: list[str], vocab_size: int):
     """Byte-level BPE trained on `corpus` (the same recipe as the test checkpoints' tokenizer)."""
-    from agent.tiny_checkpoint import train_bpe_tokenizer
+    from agent.testing.tiny_checkpoint import train_bpe_tokenizer
 
     return train_bpe_tokenizer(corpus, vocab_size, model_max_length=MODEL_DIMS["max_position_embeddings"])
 
@@ -150,7 +150,7 @@ def greedy_continuation(model, tokenizer, prompt: str, max_new_tokens: int) -> s
 
 
 def prompt_nll(model, tokenizer, prompt: str) -> dict:
-    """Same measure as agent.parity.prompt_nll: mean next-token cross-entropy vs ln(vocab)."""
+    """Same measure as agent.measure.parity.prompt_nll: mean next-token cross-entropy vs ln(vocab)."""
     import torch
 
     enc = tokenizer(prompt, return_tensors="pt")

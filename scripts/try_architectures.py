@@ -50,7 +50,7 @@ def tries(model_type: str) -> list[tuple[str, dict]]:
     with the retry hints its config knows."""
     from transformers import AutoConfig
 
-    from agent.tiny_checkpoint import scaled_default_overrides
+    from agent.testing.tiny_checkpoint import scaled_default_overrides
 
     out = [("2 layers", {})]
     try:
@@ -148,7 +148,7 @@ def transformers_runs(ckpt: Path) -> str | None:
 
 def checkpoint_for(model_type: str, out: Path) -> tuple[Path | None, str | None, dict]:
     """The first tiny checkpoint transformers itself runs, else (None, its errors)."""
-    from agent.tiny_checkpoint import build_tiny_checkpoint
+    from agent.testing.tiny_checkpoint import build_tiny_checkpoint
 
     errors = []
     for layers, overrides in tries(model_type):
@@ -170,8 +170,8 @@ def refusal(model_type: str) -> str | None:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     from agent.errors import UnsupportedModelError
-    from agent.tiny_checkpoint import tiny_config
-    from agent.vendor import locate_source
+    from agent.testing.tiny_checkpoint import tiny_config
+    from agent.migrate.vendor import locate_source
 
     try:
         config = tiny_config(model_type, vocab_size=384).to_dict()
@@ -190,8 +190,8 @@ def refusal(model_type: str) -> str | None:
 def quick_check(model_type: str, out: Path) -> dict:
     """Vendor once, then probe each tiny config until transformers itself runs one."""
     from agent.errors import MigratorError
-    from agent.tiny_checkpoint import build_tiny_checkpoint
-    from agent.vendor import locate_source, read_config, vendor_source
+    from agent.testing.tiny_checkpoint import build_tiny_checkpoint
+    from agent.migrate.vendor import locate_source, read_config, vendor_source
 
     recipe, source, errors = out / "recipe", None, []
     for layers, overrides in tries(model_type):

@@ -92,7 +92,7 @@ def torch_npu_wheel(download: bool = True) -> tuple[Path | None, str]:
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory):
     """Factory: model_type -> directory of a tiny checkpoint, built once per session."""
-    from agent.tiny_checkpoint import build_tiny_checkpoint
+    from agent.testing.tiny_checkpoint import build_tiny_checkpoint
 
     root = tmp_path_factory.mktemp("checkpoints")
     cache: dict[str, Path] = {}
@@ -162,8 +162,8 @@ def assert_repaired(recipe: Path, proc, summary: dict, report: dict, rule: str, 
 
 def first_match_name(recipe: Path, output: str) -> str | None:
     """Name of the catalogue rule that would take this run output (None: no rule)."""
-    from agent.failure import Failure
-    from agent.repair import first_matching_rule
+    from agent.repair.failure import Failure
+    from agent.repair.diagnose import first_matching_rule
 
     matched = first_matching_rule(Failure.from_output(recipe, output))
     return matched[0].name if matched else None

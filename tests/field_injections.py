@@ -649,7 +649,7 @@ def build_working_recipe(work: Path) -> Path:
     """A tiny llama migrated once into work/working/fi (cached)."""
     out = work / "working"
     if not (out / "fi" / "infer.sh").is_file():
-        from agent.tiny_checkpoint import build_tiny_checkpoint
+        from agent.testing.tiny_checkpoint import build_tiny_checkpoint
         checkpoint = build_tiny_checkpoint("llama", work / "tiny_llama")
         proc = run_cli("run", str(checkpoint), "--name", "fi", "--output-dir", str(out), "--device", "cpu",
                        "--max-new-tokens", "8")
@@ -682,8 +682,8 @@ def cli(*args: str, cwd: Path, env: dict):
 
 
 def snapshot(recipe: Path) -> dict[str, tuple[bytes, int]]:
-    """Every recipe file (as agent.backup sees them) with its bytes and mode."""
-    from agent.backup import recipe_files
+    """Every recipe file (as agent.recipe.backup sees them) with its bytes and mode."""
+    from agent.recipe.backup import recipe_files
 
     return {rel: (path.read_bytes(), stat.S_IMODE(path.stat().st_mode)) for rel, path in recipe_files(recipe).items()}
 

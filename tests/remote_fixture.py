@@ -431,7 +431,7 @@ def build_remote_code_checkpoint(out_dir: Path, seed: int = 0) -> Path:
     """Write a tiny `auto_map` remote-code checkpoint (config, code, weights, tokenizer) to `out_dir`."""
     import torch
 
-    from agent.tiny_checkpoint import build_tokenizer
+    from agent.testing.tiny_checkpoint import build_tokenizer
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""agent/acquire.py against the real huggingface_hub, offline, on hand-built HF caches.
+"""agent/migrate/acquire.py against the real huggingface_hub, offline, on hand-built HF caches.
 
 Each acquisition runs in a subprocess: huggingface_hub reads HF_HOME / HF_HUB_OFFLINE / HF_ENDPOINT into
 `huggingface_hub.constants` at import time. The cache uses the standard layout
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.acquire import SMALL_FILE_PATTERNS, WEIGHTS_LIMIT_BYTES, parse_hub_ref
+from agent.migrate.acquire import SMALL_FILE_PATTERNS, WEIGHTS_LIMIT_BYTES, parse_hub_ref
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MAIN = "a" * 40
@@ -37,7 +37,7 @@ def _spy(repo_id, **kw):
     calls.append({"repo_id": repo_id, "revision": kw.get("revision"), "allow_patterns": kw.get("allow_patterns")})
     return _real(repo_id, **kw)
 huggingface_hub.snapshot_download = _spy
-from agent.acquire import acquire
+from agent.migrate.acquire import acquire
 from agent.errors import MigratorError
 try:
     got = acquire(sys.argv[1], weights=sys.argv[2] or None)
@@ -101,7 +101,7 @@ def add_snapshot(hf_home: Path, repo_id: str, commit: str, files: dict[str, byte
 
 @pytest.fixture(scope="module")
 def tiny_files(tmp_path_factory) -> dict[str, bytes]:
-    from agent.tiny_checkpoint import build_tiny_checkpoint
+    from agent.testing.tiny_checkpoint import build_tiny_checkpoint
 
     out = build_tiny_checkpoint("llama", tmp_path_factory.mktemp("tiny") / "llama")
     return {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}

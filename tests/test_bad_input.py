@@ -302,8 +302,8 @@ def test_layer_count_is_what_the_code_builds_not_the_config_name(tmp_path):
     """dory builds its layers from layer_types and loop counts, not num_hidden_layers: its own
     weights hold fewer `layers.N` than that name says and must not be refused (found by the
     --all sweep); a llama config of more layers than its weights still is (config_with_more_layers)."""
-    from agent.checkpoint_check import check_checkpoint, layers_the_code_builds
-    from agent.tiny_checkpoint import build_tiny_checkpoint
+    from agent.migrate.checkpoint_check import check_checkpoint, layers_the_code_builds
+    from agent.testing.tiny_checkpoint import build_tiny_checkpoint
 
     ckpt = build_tiny_checkpoint("dory", tmp_path / "dory", num_hidden_layers=4)
     config = json.loads((ckpt / "config.json").read_text())

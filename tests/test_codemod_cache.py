@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import agent.codemods.vendor
-from agent import codemod_cache
+from agent.migrate import codemod_cache
 from agent.codemods.vendor import CODEMODS, apply_codemods
 
 SOURCE = "from .configuration_x import XConfig\nimport torch\n\nclass XModel(torch.nn.Module):\n    pass\n"

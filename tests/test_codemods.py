@@ -1320,7 +1320,7 @@ for path in sys.argv[1:]:
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess:
     """A recipe dir with codemodded llama files and pruned gemma3 files, and the smoke checks' run."""
-    from agent.tiny_checkpoint import build_tiny_checkpoint
+    from agent.testing.tiny_checkpoint import build_tiny_checkpoint
 
     ckpt = build_tiny_checkpoint("gemma3_text", tmp_path_factory.mktemp("gemma3_text"))
     recipe = tmp_path_factory.mktemp("recipe")

@@ -1,4 +1,4 @@
-"""scripts/collect_baseline.py (agent.baseline, agent.run_log) and engine/output_check.py on realistic
+"""scripts/collect_baseline.py (agent.measure.baseline, agent.measure.run_log) and engine/output_check.py on realistic
 logs (tests/data/logs)."""
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from agent import baseline, run_log
+from agent.measure import baseline, run_log
 from engine.output_check import check_output_text
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "collect_baseline.py"
 LOGS = Path(__file__).resolve().parent / "data" / "logs"
 
-# The CLI, run in-process (so fixtures can stub engine.environment); the library is agent.baseline.
+# The CLI, run in-process (so fixtures can stub engine.environment); the library is agent.measure.baseline.
 _spec = importlib.util.spec_from_file_location("collect_baseline_cli", SCRIPT)
 cb = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(cb)

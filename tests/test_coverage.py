@@ -71,7 +71,7 @@ CLOSURE_PROBE = textwrap.dedent("""
 @pytest.fixture(scope="module")
 def closure_recipe(tiny_checkpoints, tmp_path_factory):
     """One recipe dir holding every CLOSURE_CASES type, vendored under its own name."""
-    from agent.vendor import locate_source, read_config, vendor_source
+    from agent.migrate.vendor import locate_source, read_config, vendor_source
 
     recipe = tmp_path_factory.mktemp("closure")
     vendored = {}
@@ -119,7 +119,7 @@ def test_vendored_init_weights_fills_non_persistent_buffers(tiny_checkpoints, tm
     transformers skips it for custom code (a class outside `transformers.*`) on a module with no
     tensors of its own, so the vendored copy kept `torch.empty` there (NaN logits) until
     TransformersInitWeightsCommand declared the vendored classes transformers code."""
-    from agent.vendor import locate_source, read_config, vendor_source
+    from agent.migrate.vendor import locate_source, read_config, vendor_source
 
     ckpt = tiny_checkpoints("falcon_h1")
     source = locate_source(read_config(ckpt), ckpt)
@@ -139,7 +139,7 @@ def test_vendored_init_weights_fills_non_persistent_buffers(tiny_checkpoints, tm
 def test_contract_check_names_a_configuration_class(tmp_path):
     """Exit 7 (VendorError) when a configuration class would still come from transformers."""
     from agent.errors import VendorError
-    from agent.vendor import ModelSource, vendor_source
+    from agent.migrate.vendor import ModelSource, vendor_source
 
     repo = tmp_path / "repo"
     repo.mkdir()
@@ -191,7 +191,7 @@ REFUSALS = [
                          ids=[r[0] + ("-" + next(iter(r[1])) if r[1] else "") for r in REFUSALS])
 def test_refusal_says_the_true_reason(model_type, changes, expected, not_expected):
     from agent.errors import UnsupportedModelError
-    from agent.vendor import locate_source
+    from agent.migrate.vendor import locate_source
 
     with pytest.raises(UnsupportedModelError) as caught:
         locate_source(_config(model_type, **changes))
@@ -203,7 +203,7 @@ def test_refusal_says_the_true_reason(model_type, changes, expected, not_expecte
 
 def test_encoder_decoder_checkpoint_is_refused_as_a_whole():
     from agent.errors import UnsupportedModelError
-    from agent.vendor import locate_source
+    from agent.migrate.vendor import locate_source
 
     with pytest.raises(UnsupportedModelError, match=r"encoder-decoder model \(is_encoder_decoder: true\)"):
         locate_source(_config("bart", "BartForConditionalGeneration"))
@@ -217,7 +217,7 @@ def test_encoder_decoder_checkpoint_is_refused_as_a_whole():
     ("xlm", {}),
 ])
 def test_servable_types_are_not_refused(model_type, changes):
-    from agent.vendor import locate_source
+    from agent.migrate.vendor import locate_source
 
     source = locate_source(_config(model_type, **changes))
     assert source.model_type == model_type
@@ -232,7 +232,7 @@ def test_runner_asks_the_model_whether_it_wants_the_whole_sequence(model_type, e
     import torch
     from transformers import AutoModelForCausalLM
 
-    from agent.tiny_checkpoint import tiny_config
+    from agent.testing.tiny_checkpoint import tiny_config
     from engine.generate import full_sequence_inputs, wants_full_sequence
 
     torch.manual_seed(0)
@@ -253,7 +253,7 @@ def test_runner_asks_the_model_whether_it_builds_its_own_step(model_type, expect
     import torch
     from transformers import AutoModelForCausalLM
 
-    from agent.tiny_checkpoint import tiny_config
+    from agent.testing.tiny_checkpoint import tiny_config
     from engine.generate import builds_own_step
 
     torch.manual_seed(0)
@@ -310,7 +310,7 @@ def test_runner_asks_the_model_whether_its_decode_step_takes_the_mask(model_type
     import torch
     from transformers import AutoModelForCausalLM
 
-    from agent.tiny_checkpoint import tiny_config
+    from agent.testing.tiny_checkpoint import tiny_config
     from engine.generate import decodes_without_mask
 
     torch.manual_seed(0)
@@ -325,7 +325,7 @@ def test_engine_generates_xlm_as_transformers_does():
     import torch
     from transformers import AutoModelForCausalLM
 
-    from agent.tiny_checkpoint import tiny_config
+    from agent.testing.tiny_checkpoint import tiny_config
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(tiny_config("xlm", vocab_size=384, mask_token_id=7)).eval()
@@ -357,7 +357,7 @@ def test_engine_carries_the_models_state_as_transformers_does(model_type, tmp_pa
     import torch
     from transformers import AutoModelForCausalLM
 
-    from agent.tiny_checkpoint import tiny_config
+    from agent.testing.tiny_checkpoint import tiny_config
     from engine.generate import PARITY_DUMP_ENV
 
     overrides, cache_kwarg = STATE_CASES[model_type]
@@ -387,7 +387,7 @@ def test_graph_mode_falls_back_to_eager_where_a_static_cache_cannot_apply(model_
     from transformers import AutoModelForCausalLM
     from transformers.cache_utils import StaticCache
 
-    from agent.tiny_checkpoint import tiny_config
+    from agent.testing.tiny_checkpoint import tiny_config
 
     model = AutoModelForCausalLM.from_config(tiny_config(model_type, vocab_size=384, **overrides)).eval()
     runner = hand_built_runner(model, model_type, 8, exe_mode="graph")
@@ -403,7 +403,7 @@ def test_shrink_keeps_a_repeated_pattern_of_layer_kinds_whole():
     """The parity check's shrunk config of a 4-layer recurrent_gemma: block_types [recurrent,
     recurrent, attention] repeats over the layers, so 3 layers (every kind), the pattern kept.
     Cut to 2 it had no attention layer and neither transformers nor the recipe could run it."""
-    from agent.shrink import shrink_config
+    from agent.measure.shrink import shrink_config
 
     pattern = ["recurrent", "recurrent", "attention"]
     config = {"num_hidden_layers": 4, "block_types": pattern, "hidden_size": 64}
@@ -438,7 +438,7 @@ PARITY_WITH_FAILING_REFERENCE = textwrap.dedent("""
         raise ValueError("get_seq_length can only be called on Attention layers")
 
     transformers.AutoModelForCausalLM.from_pretrained = classmethod(fails)
-    from agent.parity import main
+    from agent.measure.parity import main
     sys.exit(main(["--recipe", sys.argv[1]]))
 """)
 
@@ -505,7 +505,7 @@ def test_a_model_without_a_position_limit_keeps_the_default_prompt_budget():
     budget stays 1024 and the engine's length check does not refuse it."""
     import types
 
-    from agent.spec import input_max_len, position_limit
+    from agent.recipe.spec import input_max_len, position_limit
     from engine.model_runner import check_lengths
 
     assert position_limit({"max_position_embeddings": -1}) is None
@@ -519,7 +519,7 @@ def test_a_model_without_a_position_limit_keeps_the_default_prompt_budget():
 def test_more_embedding_rows_than_vocab_size_are_not_refused(tmp_path):
     """moshi builds vocab_size + 1 embedding rows: the pre-flight check refuses only fewer rows than
     vocab_size (token ids past the table), not more."""
-    from agent.checkpoint_check import check_weights_match_config
+    from agent.migrate.checkpoint_check import check_weights_match_config
     from agent.errors import InputError
 
     config = {"vocab_size": 384, "num_hidden_layers": 2}

@@ -67,7 +67,7 @@ def test_greedy_continuation_is_readable(demo):
 def test_prompt_is_predicted_well(demo):
     import torch
 
-    from agent.parity import prompt_nll
+    from agent.measure.parity import prompt_nll
 
     model, tokenizer = demo
     enc = tokenizer(DEFAULT_PROMPT, return_tensors="pt")

@@ -84,7 +84,7 @@ def test_quantized_checkpoint_is_refused(tiny_checkpoints, tmp_path):
 
 
 def test_routing_table_detects_families_from_config_features():
-    from agent.routing import FAMILIES, ROUTES, route
+    from agent.recipe.routing import FAMILIES, ROUTES, route
 
     assert route({"model_type": "brand_new", "kv_lora_rank": 512, "n_routed_experts": 64}).name == "mla"
     assert route({"model_type": "brand_new", "num_local_experts": 8}).name == "moe"

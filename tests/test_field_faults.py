@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.failure import Failure
-from agent.repair import explain_unknown, first_matching_rule
-from agent.repair_rules.field import FIELD_RULE_NAMES
-from agent.repair_rules.run import OOM_PATTERNS
+from agent.repair.failure import Failure
+from agent.repair.diagnose import explain_unknown, first_matching_rule
+from agent.repair.rules.field import FIELD_RULE_NAMES
+from agent.repair.rules.run import OOM_PATTERNS
 from tests.conftest import REPO_ROOT
 from tests.conftest import torch_npu_wheel
 from tests.field_injections import INJECTIONS, Injection, cases, run_injection
@@ -110,8 +110,8 @@ def test_corpus_entry_takes_the_expected_rule_first(entry, tmp_path):
 @pytest.mark.parametrize("entry", [e for e in CORPUS if e["outcome"] == "repaired"], ids=lambda e: e["id"])
 def test_repairing_rules_change_the_recipe(entry, tmp_path):
     """A rule the corpus says repairs must really edit the (mini) recipe, keeping a backup-able diff."""
-    from agent.repair import rule_named
-    from agent.repair_rules.rule import RepairContext
+    from agent.repair.diagnose import rule_named
+    from agent.repair.rules.rule import RepairContext
 
     recipe = mini_recipe(tmp_path, entry)
     before = {p: p.read_bytes() for p in recipe.rglob("*") if p.is_file()}
@@ -139,7 +139,7 @@ def test_unknown_failure_carries_exception_last_lines_and_closest_rule(tmp_path)
 
 
 def test_diagnose_of_unknown_failure_names_the_closest_rule(tmp_path):
-    from agent.repair import diagnose
+    from agent.repair.diagnose import diagnose
 
     recipe = mini_recipe(tmp_path, {"id": "unknown2"})
     out = tmp_path / "output.txt"

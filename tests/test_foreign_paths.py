@@ -39,7 +39,7 @@ def test_every_command_both_ways_from_another_working_directory(working_recipe, 
     assert json.loads((recipe / "baseline" / "baseline_metadata.json").read_text())["performance"]["prefill_ms"] > 0
 
     # rollback: relative and absolute (symlink); a backup made as a repair round would
-    from agent.backup import backup
+    from agent.recipe.backup import backup
 
     infer_py = recipe / "infer.py"
     original = infer_py.read_bytes()

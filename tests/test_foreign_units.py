@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from agent.foreign import describe
-from agent.npu_scan import scan_recipe, scan_source
-from agent.failure import Failure, summarise_failure
-from agent.repair import first_matching_rule
-from agent.repair_rules._util import detect_format, restore_format
+from agent.recipe.recipe import describe
+from agent.recipe.npu_scan import scan_recipe, scan_source
+from agent.repair.failure import Failure, summarise_failure
+from agent.repair.diagnose import first_matching_rule
+from agent.recipe.textfile import detect_format, restore_format
 
 from foreign_fixture import write_executor, write_framework_recipe, write_legacy_recipe
 
@@ -105,7 +105,7 @@ def test_describe_checkpoint_legacy_framework_and_paths(tmp_path, tiny_ckpt_path
 
 
 def test_classify_never_runs_anything_inside_a_checkpoint(tmp_path):
-    from agent.nodes import node_classify
+    from agent.workflow.nodes import node_classify
 
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
@@ -179,7 +179,7 @@ def _legacy_call(start):
      "", "rank 1 did not finish its formal run", False),
 ])
 def test_judge_run(tmp_path, case, logs, infer_py, problem, no_warm_up):
-    from agent.nodes import judge_run
+    from agent.workflow.nodes import judge_run
 
     for name, lines in logs.items():
         (tmp_path / name).write_text("\n".join(lines) + "\n")
@@ -189,7 +189,7 @@ def test_judge_run(tmp_path, case, logs, infer_py, problem, no_warm_up):
 
 
 def test_framework_log_needs_no_warm_up_line(tmp_path):
-    from agent.nodes import judge_run
+    from agent.workflow.nodes import judge_run
 
     fw = ["[INFO][2026-06-12 10:21:08.125][scheduler.py:412] [Main] Inference time (prefill): 52.31 ms",
           "[INFO][2026-06-12 10:21:08.136][scheduler.py:412] [Main] Inference time (decode): 10.00 ms",
@@ -214,7 +214,7 @@ def test_restore_format(original, edited, expected):
 
 
 def test_warm_up_repair_keeps_crlf_mode_and_records_the_true_diff(tmp_path):
-    from agent.repair import diagnose, repair
+    from agent.repair.diagnose import diagnose, repair
 
     recipe = tmp_path / "r"
     recipe.mkdir()
@@ -240,7 +240,7 @@ def test_warm_up_repair_keeps_crlf_mode_and_records_the_true_diff(tmp_path):
 
 # ---- report ------------------------------------------------------------------------------------
 def test_report_writes_no_readme_block_without_a_baseline(tmp_path):
-    from agent.report import write_report
+    from agent.workflow.report import write_report
 
     recipe = tmp_path / "their_model"
     recipe.mkdir()
@@ -272,7 +272,7 @@ def test_a_chained_error_is_one_error_with_the_chain_s_recipe_frame(tmp_path, ma
 
 
 def test_yaml_line_edit_keeps_crlf_gbk_comments_and_mode(tmp_path):
-    from agent.repair_rules._util import edit_yaml_line, load_yaml
+    from agent.repair.rules._util import edit_yaml_line, load_yaml
 
     recipe = tmp_path / "r"
     (recipe / "config").mkdir(parents=True)

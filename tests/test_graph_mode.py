@@ -76,7 +76,7 @@ PROBE = textwrap.dedent("""
 @pytest.fixture(scope="module")
 def recipe(tiny_checkpoints, tmp_path_factory) -> Path:
     """A tiny llama recipe rendered by the migrator's own graph, stopped before the trial run (the tests run it)."""
-    from agent.workflow import run_migration
+    from agent.workflow.run import run_migration
 
     state = {"target": str(tiny_checkpoints("llama")), "output_dir": str(tmp_path_factory.mktemp("graph")),
              "name": "tiny_graph", "device": "cpu", "max_new_tokens": 12}

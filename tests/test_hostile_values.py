@@ -39,11 +39,11 @@ json_values = st.one_of(json_scalars, st.lists(json_scalars, max_size=3),
 
 def _render_from(ckpt: Path, recipe: Path, model_source: str) -> list[Path]:
     """What node_acquire/node_vendor/node_render do before a run, minus copying source code."""
-    from agent.checkpoint_check import check_checkpoint
-    from agent.render import render_recipe
-    from agent.routing import route
-    from agent.spec import VENDORED_KEYS, RecipeSpec
-    from agent.vendor import locate_source
+    from agent.migrate.checkpoint_check import check_checkpoint
+    from agent.recipe.render import render_recipe
+    from agent.recipe.routing import route
+    from agent.recipe.spec import VENDORED_KEYS, RecipeSpec
+    from agent.migrate.vendor import locate_source
 
     config = check_checkpoint(ckpt)
     source = locate_source(config, ckpt)
@@ -108,8 +108,8 @@ def test_config_fields_never_crash_or_inject(workdir, changes):
 @example(source="\x80", path_text="")   # found by hypothesis: a C1 control character broke the YAML comment
 def test_paths_and_sources_are_escaped(workdir, source, path_text):
     """model_path and model_source carry any text into the YAML, the README and the comments."""
-    from agent.render import render_recipe
-    from agent.spec import RecipeSpec
+    from agent.recipe.render import render_recipe
+    from agent.recipe.spec import RecipeSpec
 
     recipe = workdir / "recipe_text"
     shutil.rmtree(recipe, ignore_errors=True)
@@ -129,8 +129,8 @@ def test_identifiers_pass_and_non_identifiers_are_refused(tmp_path, name):
     import dataclasses
 
     from agent.errors import VendorError
-    from agent.render import render_recipe
-    from agent.spec import RecipeSpec
+    from agent.recipe.render import render_recipe
+    from agent.recipe.spec import RecipeSpec
 
     spec = RecipeSpec(model_name="fuzz", model_path="/m", model_source="/m", architecture="A", family="standard",
                       device="cpu", dtype="float32", input_max_len=16, max_new_tokens=8, transformers_version="5",

@@ -35,7 +35,7 @@ def imports_of(path: Path, name: str, modules: dict[str, Path]) -> set[str]:
             if node.level:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(anchor + ([base] if base else []))
-            # `from agent import nodes` imports the module agent.nodes
+            # `from agent.workflow import nodes` imports the module agent.workflow.nodes
             targets = [f"{base}.{alias.name}" for alias in node.names] + [base]
         else:
             continue

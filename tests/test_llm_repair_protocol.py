@@ -121,7 +121,7 @@ import shutil
 import subprocess
 import time
 
-from agent.llm_repair import DiffRejected, apply_diff, extract_diff, request_reply
+from agent.repair.llm_repair import DiffRejected, apply_diff, extract_diff, request_reply
 
 RUNNER = "import os\n\n\ndef main():\n    x = 1\n    print(x)\n\n\nmain()\n"
 

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from agent.memory import estimate, kv_cache_bytes, weight_bytes
+from agent.measure.memory import estimate, kv_cache_bytes, weight_bytes
 
 
 def _measured_kv(model, batch: int, seq: int) -> int:
@@ -100,7 +100,7 @@ def test_bin_checkpoint_weights_match_safetensors(tiny_checkpoints, tmp_path):
 
 
 def test_per_rank_estimate_shards_the_planned_weights(tiny_checkpoints):
-    from agent.memory import sharded_bytes
+    from agent.measure.memory import sharded_bytes
 
     ckpt = tiny_checkpoints("llama")
     config = json.loads((ckpt / "config.json").read_text())
@@ -124,7 +124,7 @@ def test_estimate_for_recipe_resolves_a_relative_model_path(tiny_checkpoints, tm
 
     import yaml
 
-    from agent.memory import estimate_for_recipe
+    from agent.measure.memory import estimate_for_recipe
 
     recipe = tmp_path / "recipe"
     (recipe / "config").mkdir(parents=True)
@@ -142,7 +142,7 @@ def test_estimate_for_recipe_reads_upstream_yaml_schemas(tiny_checkpoints, tmp_p
     the lengths in scheduler_config (framework); the estimate uses the checkpoint's dtype and those."""
     import yaml
 
-    from agent.memory import estimate_for_recipe
+    from agent.measure.memory import estimate_for_recipe
 
     checkpoint = tiny_checkpoints("llama")
     legacy = {"model_name": "l", "model_path": str(checkpoint), "exe_mode": "eager", "world_size": 1,

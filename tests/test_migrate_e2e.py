@@ -18,7 +18,7 @@ from conftest import run_cli
 CI_ARCHITECTURES = ["llama", "qwen2", "qwen3", "mistral"]
 
 # Runs in the recipe dir: the vendored class, built from the recipe's own files, against
-# AutoModelForCausalLM on the same weights (independent of agent.parity).
+# AutoModelForCausalLM on the same weights (independent of agent.measure.parity).
 PARITY_PROBE = textwrap.dedent("""
     import json, sys, torch, yaml
     from pathlib import Path

@@ -25,9 +25,9 @@ def _structure(settings: dict) -> dict:
 
 
 def _demo_spec(tmp_path: Path, **options):
-    from agent.routing import route
-    from agent.spec import VENDORED_KEYS, RecipeSpec
-    from agent.vendor import locate_source, read_config
+    from agent.recipe.routing import route
+    from agent.recipe.spec import VENDORED_KEYS, RecipeSpec
+    from agent.migrate.vendor import locate_source, read_config
 
     ckpt = tmp_path / "ckpt"
     shutil.copytree(demo_model_dir(), ckpt)
@@ -41,7 +41,7 @@ def _demo_spec(tmp_path: Path, **options):
 
 
 def _render(recipe: Path, spec) -> list[Path]:
-    from agent.render import render_recipe
+    from agent.recipe.render import render_recipe
 
     return render_recipe(recipe, spec.context(), spec.family_spec())
 
@@ -83,10 +83,10 @@ def test_old_recipe_yaml_with_an_obsolete_key_still_validates(tmp_path):
 
 def _readers() -> str:
     """Text of what reads a recipe YAML at run time: the engine, the recipe templates, the baseline
-    collector (agent/baseline.py, agent/run_log.py)."""
+    collector (agent/measure/baseline.py, agent/measure/run_log.py)."""
     paths = [p for p in (ROOT / "engine").rglob("*.py") if p.name not in ("config.py", "defaults.py")]
     paths += [p for p in (ROOT / "templates").glob("*.j2") if p.name != "config.yaml.j2"]
-    paths += [ROOT / "agent" / "baseline.py", ROOT / "agent" / "run_log.py"]
+    paths += [ROOT / "agent" / "measure" / "baseline.py", ROOT / "agent" / "measure" / "run_log.py"]
     return "\n".join(p.read_text() for p in paths)
 
 
@@ -102,7 +102,7 @@ def test_obsolete_keys_have_no_reader():
 
 def test_re_render_from_the_recipe_gives_the_same_files(tmp_path):
     """RecipeSpec.from_recipe (repair's re-render) rebuilds the spec node_render rendered from."""
-    from agent.repair_rules.files import recipe_spec
+    from agent.repair.rules.files import recipe_spec
 
     spec, vendored = _demo_spec(tmp_path, device="cpu", max_new_tokens=8)
     recipe = tmp_path / "demo"
@@ -121,7 +121,7 @@ def test_re_render_from_the_recipe_gives_the_same_files(tmp_path):
 def test_repair_defaults_come_from_the_spec_and_fit_the_checkpoint(tmp_path):
     """A YAML with keys missing: the defaults are the spec's, and max_new_tokens fits beside the
     prompt budget the YAML keeps (the checkpoint has 512 positions)."""
-    from agent.repair_rules.config import template_defaults
+    from agent.repair.rules.config import template_defaults
 
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
@@ -144,7 +144,9 @@ def test_repair_defaults_come_from_the_spec_and_fit_the_checkpoint(tmp_path):
 
 def test_defaults_have_one_home():
     """Each default lives in engine/defaults.py; the CLI, the graph and repair read it from there."""
-    from agent import cli, graph, repair
+    from agent import cli
+    from agent.repair import diagnose as repair
+    from agent.workflow import graph
 
     run = cli._parser().parse_args(["run", "x"])
     assert (run.timeout, run.max_new_tokens, run.max_rounds) == \

@@ -1,4 +1,4 @@
-"""Fault injection: recipe code (agent/repair_rules/code.py), plus fast matcher and codemod tests."""
+"""Fault injection: recipe code (agent/repair/rules/code.py), plus fast matcher and codemod tests."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import pytest
 import yaml
 from libcst.codemod import CodemodTest
 
-from agent.failure import Failure
-from agent.repair import rule_named
+from agent.repair.failure import Failure
+from agent.repair.diagnose import rule_named
 from agent.codemods.device import GUARD_FLASH_ATTN, DeviceAgnosticCudaCommand, GuardOptionalImportCommand
 from agent.codemods.repair import AddForwardKwargsCommand, PadTokenFallbackCommand, TrustRemoteCodeCommand
-from agent.repair_rules.code import install_command, key_prefix_mapping, pip_distribution
+from agent.repair.rules.code import install_command, key_prefix_mapping, pip_distribution
 from conftest import assert_repaired, first_match_name, repair_run
 
 MODELING = "models/modeling_fi.py"
@@ -53,7 +53,7 @@ def _snapshot(recipe: Path) -> dict[str, bytes]:
 
 def _assert_run_repaired(recipe: Path, report: dict, rule: str, injected: dict[str, bytes | None]) -> None:
     """assert_repaired without the final status: the repaired recipe runs and its baseline is
-    collected (used where agent.parity's check cannot pass for reasons outside the rule)."""
+    collected (used where agent.measure.parity's check cannot pass for reasons outside the rule)."""
     assert report["scenario"] == "B", report.get("message")
     first = report["rounds"][0]
     assert first["diagnosis"]["rule"] == rule, first["diagnosis"]
@@ -169,7 +169,7 @@ def test_missing_package_is_installed_with_allow_install(working_recipe, tmp_pat
 
     run_cli("run", str(working_recipe), "--json", "--allow-install", env=env)
     report = json.loads((working_recipe / "migration_report.json").read_text())
-    # Not assert_repaired: agent.parity runs the recipe with PYTHONPATH=<recipe> only, so it cannot
+    # Not assert_repaired: agent.measure.parity runs the recipe with PYTHONPATH=<recipe> only, so it cannot
     # see this test's target folder (a real install goes to site-packages, where it can).
     _assert_run_repaired(working_recipe, report, "missing_pip_package", injected)
     assert (site / name / "__init__.py").is_file()
@@ -230,7 +230,7 @@ def test_checkpoint_with_tied_embeddings_gets_config_override(working_recipe, tm
     # config.json says tie_word_embeddings: false.
     from safetensors.torch import load_file, save_file
 
-    from agent.tiny_checkpoint import build_tiny_checkpoint
+    from agent.testing.tiny_checkpoint import build_tiny_checkpoint
 
     checkpoint = build_tiny_checkpoint("llama", tmp_path / "tied")
     weights = checkpoint / "model.safetensors"
@@ -244,7 +244,7 @@ def test_checkpoint_with_tied_embeddings_gets_config_override(working_recipe, tm
     rel_yaml = str(yaml_file.relative_to(working_recipe))
     injected = {rel_yaml: yaml_file.read_bytes()}
     proc, summary, report = repair_run(working_recipe)
-    # Not assert_repaired: agent.parity's reference model is loaded from config.json without the
+    # Not assert_repaired: agent.measure.parity's reference model is loaded from config.json without the
     # recipe's config_overrides, so transformers itself gives it a random lm_head.
     _assert_run_repaired(working_recipe, report, "state_dict_key_mismatch", injected)
     assert _model_config(working_recipe)["config_overrides"] == {"tie_word_embeddings": True}
@@ -534,7 +534,7 @@ def test_match_remote_code(fake_recipe):
 
 
 def test_remote_code_fix_reports_without_opt_in(fake_recipe):
-    from agent.repair_rules.rule import RepairContext
+    from agent.repair.rules.rule import RepairContext
 
     rule = rule_named("remote_code_needs_trust")
     failure = Failure(fake_recipe, "", "", None)

@@ -1,4 +1,4 @@
-"""Fault injection: recipe YAML (agent/repair_rules/config.py)."""
+"""Fault injection: recipe YAML (agent/repair/rules/config.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 import yaml
 from conftest import assert_repaired, repair_run
 
-from agent.failure import Failure
-from agent.repair import rule_named
-from agent.repair_rules import config
+from agent.repair.failure import Failure
+from agent.repair.diagnose import rule_named
+from agent.repair.rules import config
 from conftest import first_match_name as _first_match_name
 
 
@@ -293,7 +293,7 @@ def test_hanging_run_is_reported_with_where_it_stopped(working_recipe):
 
 
 def test_timeout_matcher_needs_a_timeout(tmp_path):
-    from agent.failure import Failure
+    from agent.repair.failure import Failure
 
     timeout = rule_named("run_timed_out")
     assert timeout.match(Failure(tmp_path, "x", "ValueError: no", None)) is None

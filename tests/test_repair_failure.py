@@ -1,4 +1,4 @@
-"""The evidence a rule sees (agent.failure.Failure), rules as rows, the full failure in repair(),
+"""The evidence a rule sees (agent.repair.failure.Failure), rules as rows, the full failure in repair(),
 and the warm-up codemod."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import sys
 from libcst.codemod import CodemodTest
 
 from agent.codemods.repair import InsertWarmUpCommand
-from agent.failure import Failure
-from agent.repair import catalogue, diagnose, repair, rule_named
-from agent.repair_rules.rule import Rule
+from agent.repair.failure import Failure
+from agent.repair.diagnose import catalogue, diagnose, repair, rule_named
+from agent.repair.rules.rule import Rule
 
 TRACEBACK = ('Traceback (most recent call last):\n  File "/r/infer.py", line 3, in <module>\n    main()\n'
              '  File "/r/runner_x.py", line 9, in main\n    boom()\nValueError: bad value 7\n')
@@ -56,7 +56,7 @@ def test_out_of_memory_and_timeout_are_rules(tmp_path):
 
 
 def test_repair_hands_the_fix_the_full_failure_of_the_run(tmp_path, monkeypatch):
-    import agent.repair as repair_mod
+    import agent.repair.diagnose as repair_mod
 
     seen = {}
 
@@ -79,7 +79,7 @@ def test_repair_hands_the_fix_the_full_failure_of_the_run(tmp_path, monkeypatch)
 
 def test_llm_rule_uses_the_failure_it_is_given(tmp_path, monkeypatch):
     """No more re-reading the newest output.txt: the messages come from the failure passed in."""
-    from agent import llm_repair
+    from agent.repair import llm_repair
 
     captured = {}
     monkeypatch.setattr(llm_repair, "request_diff", lambda messages: captured.setdefault("m", messages) and "")
@@ -93,9 +93,9 @@ def test_llm_rule_uses_the_failure_it_is_given(tmp_path, monkeypatch):
 
 def test_no_import_cycle_between_repair_modules():
     """Each of these imports on its own in a fresh interpreter (a cycle shows as an ImportError)."""
-    for module in ("agent.failure", "agent.backup", "agent.repair_rules.rule", "agent.repair_rules.code",
-                   "agent.repair_rules.field", "agent.repair_rules.files", "agent.repair_rules.config",
-                   "agent.repair_rules.run", "agent.llm_repair", "agent.codemods.repair", "agent.repair"):
+    for module in ("agent.repair.failure", "agent.recipe.backup", "agent.repair.rules.rule", "agent.repair.rules.code",
+                   "agent.repair.rules.field", "agent.repair.rules.files", "agent.repair.rules.config",
+                   "agent.repair.rules.run", "agent.repair.llm_repair", "agent.codemods.repair", "agent.repair.diagnose"):
         proc = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True)
         assert proc.returncode == 0, (module, proc.stderr[-1500:])
 

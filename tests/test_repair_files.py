@@ -1,4 +1,4 @@
-"""Fault injection: recipe files and layout (agent/repair_rules/files.py)."""
+"""Fault injection: recipe files and layout (agent/repair/rules/files.py)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from conftest import assert_repaired, repair_run, run_cli
 
-from agent.backup import recipe_files
-from agent.failure import Failure
-from agent.repair import rule_named
-from agent.repair_rules import files
+from agent.recipe.backup import recipe_files
+from agent.repair.failure import Failure
+from agent.repair.diagnose import rule_named
+from agent.repair.rules import files
 from conftest import first_match_name as _first_match_name
 
 

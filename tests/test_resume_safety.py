@@ -16,7 +16,7 @@ import pytest
 
 from conftest import run_cli
 
-from agent.checkpoint_serde import FORMAT, StateSerializer, UnsafeStoreError
+from agent.workflow.checkpoint_serde import FORMAT, StateSerializer, UnsafeStoreError
 
 
 def _fake_recipe(tmp_path):
@@ -27,7 +27,7 @@ def _fake_recipe(tmp_path):
 
 
 def _register_thread(recipe, out, thread_id="evil-thread"):
-    from agent.workflow import thread_key
+    from agent.workflow.run import thread_key
 
     key = thread_key({"target": str(recipe), "name": None, "output_dir": str(out)})
     (recipe / ".migrator").mkdir(exist_ok=True)
@@ -161,7 +161,7 @@ def test_serializer_refuses_anything_but_its_own_json(entry):
 
 
 def test_stored_exception_is_data_not_the_class():
-    from agent.checkpoint_serde import StoredError
+    from agent.workflow.checkpoint_serde import StoredError
 
     serde = StateSerializer()
     loaded = serde.loads_typed(serde.dumps_typed(KeyError("x")))

@@ -18,10 +18,10 @@ import pytest
 
 from conftest import REPO_ROOT, repair_run, run_cli
 
-from agent import repair as repair_mod
+from agent.repair import diagnose as repair_mod
 from agent.errors import InputError
-from agent.backup import recipe_files, rollback, start_backup_run, take_backup
-from agent.repair_rules.rule import Rule
+from agent.recipe.backup import recipe_files, rollback, start_backup_run, take_backup
+from agent.repair.rules.rule import Rule
 
 
 @pytest.fixture
@@ -189,7 +189,7 @@ def test_rollback_bad_input_is_one_line_exit_2(recipe, capsys, case):
 
 @pytest.mark.parametrize("name", ["migration_report.json", "migration_summary.md", "README.md"])
 def test_report_never_writes_through_a_symlink(recipe, tmp_path, name):
-    from agent.report import write_report
+    from agent.workflow.report import write_report
 
     victim = tmp_path / "victim.txt"
     victim.write_text("outside\n")
@@ -200,7 +200,7 @@ def test_report_never_writes_through_a_symlink(recipe, tmp_path, name):
 
 
 def test_report_writes_keep_the_readme_mode(recipe):
-    from agent.report import write_report
+    from agent.workflow.report import write_report
 
     (recipe / "README.md").write_text("# x\n")
     os.chmod(recipe / "README.md", 0o640)

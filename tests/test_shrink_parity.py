@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from agent.shrink import shrink_config
+from agent.measure.shrink import shrink_config
 from tests.conftest import REPO_ROOT
 
 
@@ -70,7 +70,7 @@ def test_a_layer_cut_the_config_rejects_falls_back_to_widths_only(tmp_path):
     only the widths (found by the --all sweep: "transformers cannot build the shrunk config")."""
     from transformers import AutoConfig
 
-    from agent.tiny_checkpoint import tiny_config
+    from agent.testing.tiny_checkpoint import tiny_config
 
     saved = tiny_config("dory", 384, hidden_size=256, intermediate_size=512).to_dict()
     saved.pop("model_type")

@@ -19,7 +19,7 @@ PROBE = Path(__file__).resolve().parent / "tp_probe.py"
 
 def vendor_recipe(ckpt: Path, out: Path, name: str) -> Path:
     """Vendor + render a recipe in-process (no trial run): the graph `migrator run` runs, stopped after render."""
-    from agent.workflow import run_migration
+    from agent.workflow.run import run_migration
 
     state = {"target": str(ckpt), "output_dir": str(out), "name": name, "device": "cpu", "max_new_tokens": 6}
     return Path(run_migration(state, stop_after="render")["recipe_dir"])
@@ -98,7 +98,7 @@ def test_a_family_without_a_plan_is_refused_naming_the_families_that_have_one():
     from transformers import FalconConfig, FalconForCausalLM
 
     from agent.errors import EXIT_UNSUPPORTED, UnsupportedModelError
-    from agent.memory import parallel_settings
+    from agent.measure.memory import parallel_settings
     from engine.model_runner import tensor_parallel_config
 
     with pytest.raises(UnsupportedModelError) as refused:

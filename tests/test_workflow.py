@@ -18,7 +18,7 @@ from conftest import REPO_ROOT, run_cli
 
 # ---- graph structure and routing functions (no model needed) ------------------------------
 def test_graph_has_the_nodes_and_edges_of_the_spec():
-    from agent.graph import build_graph
+    from agent.workflow.graph import build_graph
 
     graph = build_graph().compile().get_graph()
     edges = {(e.source, e.target) for e in graph.edges}
@@ -32,8 +32,8 @@ def test_graph_has_the_nodes_and_edges_of_the_spec():
 
 
 def test_every_node_lives_in_agent_nodes_and_is_added_as_is():
-    from agent import nodes
-    from agent.graph import NODES, build_graph
+    from agent.workflow import nodes
+    from agent.workflow.graph import NODES, build_graph
 
     assert all(getattr(nodes, fn.__name__) is fn for fn in NODES.values())
     assert set(build_graph().nodes) == set(NODES)
@@ -45,7 +45,7 @@ def test_runs_and_rounds_are_reduced_from_the_new_items_nodes_return():
     """Nodes return only new items: runs are appended, a round's repair completes its diagnosis."""
     from langgraph.graph import END, START, StateGraph
 
-    from agent.nodes import MigrationState
+    from agent.workflow.nodes import MigrationState
 
     graph = StateGraph(MigrationState)
     graph.add_node("run", lambda state: {"runs": [{"label": f"trial{len(state['runs'])}"}]})
@@ -67,8 +67,8 @@ def _state_with_run(tmp_path, ok, output=""):
 
 
 def test_after_trial_run_routes_success_failure_and_oom(tmp_path):
-    from agent.graph import after_diagnose, after_trial_run
-    from agent.repair import diagnose
+    from agent.workflow.graph import after_diagnose, after_trial_run
+    from agent.repair.diagnose import diagnose
 
     assert after_trial_run(_state_with_run(tmp_path, True)) == "collect_baseline"
     assert after_trial_run(_state_with_run(tmp_path, False, "ValueError: bad")) == "diagnose"
@@ -89,7 +89,7 @@ def _round(signature, rule="some_rule"):
 
 
 def test_after_diagnose_counts_rounds_and_stops_on_repeats():
-    from agent.graph import after_diagnose
+    from agent.workflow.graph import after_diagnose
 
     assert after_diagnose({"rounds": [_round("a")], "max_rounds": 5}) == "repair"
     assert after_diagnose({"rounds": [_round("a"), _round("b")], "max_rounds": 5}) == "repair"
@@ -103,7 +103,7 @@ def test_after_diagnose_counts_rounds_and_stops_on_repeats():
 
 
 def test_classify_node_alone_gives_a_for_a_checkpoint(tiny_checkpoints):
-    from agent.nodes import node_classify
+    from agent.workflow.nodes import node_classify
 
     result = node_classify({"target": str(tiny_checkpoints("llama"))})
     assert result["scenario"] == "A" and "no infer.sh" in result["classify_reason"]
@@ -217,7 +217,7 @@ def test_killed_run_resumes_to_the_same_recipe(tiny_checkpoints, tmp_path):
 
 
 def test_after_repair_reruns_only_when_something_changed():
-    from agent.graph import after_repair
+    from agent.workflow.graph import after_repair
 
     assert after_repair({"rounds": [{"applied": True}]}) == "trial_run"
     assert after_repair({"rounds": [{"applied": False, "note": "pip install einops"}]}) == "give_up"

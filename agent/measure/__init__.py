@@ -1,0 +1,1 @@
+"""Scenario C and verification: baseline, run logs, parity, memory estimate."""

@@ -1,0 +1,380 @@
+"""A recipe's performance baseline (baseline/baseline_metadata.json) from its inference logs.
+
+Reads the log(s) written by ``bash infer.sh`` (``${RES_PATH}/log_{rank}.log``) with agent.measure.run_log,
+takes the formal (non-warm-up) generate call and builds the baseline: prefill = first forward of
+the formal call, decode = mean of its decode forwards without the first decode step. Values that
+were not measured are ``null``. `collect` builds it, `with_verification` adds what the verify node
+found, and `write_baseline` is the one writer of the file (scripts/collect_baseline.py is the CLI).
+
+Expected failures raise CollectError with the exit code the CLI returns: 2 bad input
+(missing/unreadable log or YAML, bad arguments); 3 the log has no formal prefill line (the run
+failed).
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as _dt
+import importlib
+import importlib.metadata
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from agent.measure.run_log import RANK_LOG_RE, ParsedLog, measure, parse_log_text, select_formal
+from agent.measure.peak_bandwidth import peak_bandwidth_gbps
+
+PROG = "collect_baseline"
+
+EXIT_OK = 0
+EXIT_UNEXPECTED = 1
+EXIT_BAD_INPUT = 2
+EXIT_RUN_FAILED = 3
+
+ENVIRONMENT_KEYS = (
+    "npu_model", "num_cards", "cann_version", "pytorch_version",
+    "torch_npu_version", "exe_mode", "device",
+)
+
+# --------------------------------------------------------------------------- errors
+
+
+class CollectError(Exception):
+    """An expected failure: reported as one stderr line and an exit code."""
+
+    def __init__(self, what: str, todo: str, code: int = EXIT_BAD_INPUT):
+        super().__init__(f"{what} — {todo}")
+        self.what = what
+        self.todo = todo
+        self.code = code
+
+    def line(self) -> str:
+        return f"{PROG}: error: {self.what} — {self.todo}"
+
+
+def error_line(exc: Exception) -> str:
+    """The one line that reports ``exc``: a CollectError's own, else an unexpected failure."""
+    if isinstance(exc, CollectError):
+        return exc.line()
+    msg = f"{type(exc).__name__}: {exc}".replace("\n", " ")
+    return f"{PROG}: error: unexpected failure ({msg}) — please report it with the log"
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def read_log(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise CollectError(f"cannot read log file {path}: {exc.strerror or exc}",
+                           "check the path and its permissions") from None
+
+
+def parse_log_file(path: Path) -> ParsedLog:
+    return parse_log_text(read_log(path), path)
+
+
+def resolve_logs(log_arg: str, rank: int) -> tuple[Path, list[tuple[int, Path]]]:
+    """(log of the selected rank, every rank log to check for all_ranks_success)."""
+    path = Path(log_arg)
+    if path.is_dir():
+        ranks = sorted((int(m.group(1)), p) for p in path.iterdir()
+                       if (m := RANK_LOG_RE.match(p.name)) and p.is_file())
+        chosen = path / f"log_{rank}.log"
+        if not chosen.is_file():
+            found = ", ".join(p.name for _, p in ranks) or "no log_*.log files"
+            raise CollectError(f"log file {chosen} not found (directory has: {found})",
+                               "run 'bash infer.sh' first or pass --rank / --log-file correctly")
+        return chosen, ranks
+    if path.is_file():
+        m = RANK_LOG_RE.match(path.name)
+        return path, [(int(m.group(1)) if m else rank, path)]
+    raise CollectError(f"log file or directory {path} not found",
+                       "run 'bash infer.sh' first (it writes ${RES_PATH}/log_{rank}.log) "
+                       "or pass the right --log-file")
+
+
+def load_yaml(yaml_arg: str) -> dict:
+    path = Path(yaml_arg)
+    if not path.is_file():
+        raise CollectError(f"YAML file {path} not found",
+                           "pass the recipe's config YAML with --yaml-file")
+    try:
+        import yaml  # PyYAML
+    except ImportError:
+        raise CollectError("PyYAML is not installed", "pip install pyyaml") from None
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise CollectError(f"cannot read YAML file {path}: {exc.strerror or exc}",
+                           "check its permissions") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        where = ""
+        mark = getattr(exc, "problem_mark", None)
+        if mark is not None:
+            where = f" at line {mark.line + 1}"
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise CollectError(f"cannot parse YAML file {path}{where}: {problem}",
+                           "fix the YAML syntax") from None
+    if not isinstance(data, dict):
+        raise CollectError(f"YAML file {path} is not a mapping of settings",
+                           "pass the recipe's config YAML (model_name, model_path, exe_mode, ...)")
+    return data
+
+
+def _section(cfg: dict, name: str) -> dict:
+    value = cfg.get(name)
+    return value if isinstance(value, dict) else {}
+
+
+def yaml_settings(cfg: dict) -> dict:
+    """The settings a baseline records, from either YAML schema of cann-recipes-infer.
+
+    Legacy (ModelRunner): top-level ``model_name / model_path / exe_mode / world_size`` and
+    ``data_config.{max_new_tokens, batch_size, input_max_len}``. Framework: ``model_config.{model_name,
+    model_path, exe_mode}``, ``parallel_config.world_size``, ``scheduler_config.{max_new_tokens,
+    batch_size}``, ``data_config.input_truncated_len``. Where both are present the framework's
+    section wins (it is what the framework reads; the top-level keys are kept for compatibility).
+    ``exe_mode`` is recorded as written (``eager``, ``ge_graph``, ``npugraph_ex``, or anything else).
+    """
+    model = _section(cfg, "model_config")
+    parallel = _section(cfg, "parallel_config")
+    scheduler = _section(cfg, "scheduler_config")
+    data = _section(cfg, "data_config")
+
+    def first(*values):
+        return next((v for v in values if v is not None and v != ""), None)
+
+    return {
+        "model_name": first(model.get("model_name"), cfg.get("model_name")),
+        "model_path": first(model.get("model_path"), cfg.get("model_path")),
+        "model_source": first(model.get("model_source"), cfg.get("model_source")),
+        "exe_mode": first(model.get("exe_mode"), cfg.get("exe_mode")),
+        "world_size": first(parallel.get("world_size"), cfg.get("world_size")),
+        "max_new_tokens": first(scheduler.get("max_new_tokens"), data.get("max_new_tokens")),
+        "batch_size": first(scheduler.get("batch_size"), data.get("batch_size")),
+        "input_len": first(data.get("input_truncated_len"), data.get("input_max_len")),
+    }
+
+
+def yaml_relpath(yaml_arg: str) -> str:
+    """Path relative to the recipe dir (parent of the YAML's config/ dir), else as given."""
+    path = Path(yaml_arg).resolve()
+    for parent in path.parents:
+        if parent.name == "config":
+            return path.relative_to(parent.parent).as_posix()
+    return yaml_arg
+
+
+# --------------------------------------------------------------------------- engine helpers
+
+
+def _import_engine(module: str, attr: str) -> Optional[Callable]:
+    """``engine.<module>.<attr>``, or None when that module cannot be imported (a broken or
+    half-written engine must not stop a collection: the baseline then says what is missing)."""
+    try:
+        return getattr(importlib.import_module(f"engine.{module}"), attr)
+    except Exception:  # ImportError, or a broken/half-written module
+        return None
+
+
+def _dist_version(dist: str) -> Optional[str]:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    except Exception:
+        return None
+
+
+def detect_local_environment() -> tuple[dict, Optional[str]]:
+    """Environment of this machine (when the log has none), and a note about its source."""
+    detect = _import_engine("environment", "detect_environment")
+    if detect is not None:
+        try:
+            env = detect()
+            if isinstance(env, dict):
+                return env, None
+        except Exception as exc:
+            note = f"detect_environment() failed ({type(exc).__name__}: {exc})"
+            return _fallback_environment(), note
+    return _fallback_environment(), "engine.environment is unavailable"
+
+
+def _fallback_environment() -> dict:
+    return {"pytorch_version": _dist_version("torch"),
+            "torch_npu_version": _dist_version("torch_npu")}
+
+
+def build_environment(log_env: Optional[dict], yaml_cfg: dict, n_rank_logs: int,
+                      warnings: list[str]) -> dict:
+    if log_env is not None:
+        source = dict(log_env)
+    else:
+        source, note = detect_local_environment()
+        msg = ("no environment line in the log; environment detected on this machine at "
+               "collection time")
+        warnings.append(msg + (f" ({note}; only package versions filled)" if note else ""))
+    env = {key: source.get(key) for key in ENVIRONMENT_KEYS}
+    settings = yaml_settings(yaml_cfg)
+    env["exe_mode"] = settings["exe_mode"] if settings["exe_mode"] is not None else source.get("exe_mode")
+    world_size = _as_int(source.get("world_size")) if log_env is not None else None
+    if world_size is None:
+        world_size = _as_int(settings["world_size"])
+    if world_size is None and n_rank_logs:
+        world_size = n_rank_logs
+    device = env.get("device")
+    if device in ("npu", "cuda"):
+        env["num_cards"] = world_size if world_size is not None else env.get("num_cards")
+    elif device == "cpu":
+        env["num_cards"] = 0
+    return env
+
+
+def _as_int(value: Any) -> Optional[int]:
+    try:
+        return int(value) if value is not None and not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        return None
+
+
+# --------------------------------------------------------------------------- output
+
+
+def keep_previous(out: Path) -> Optional[Path]:
+    """Move an existing ``out`` beside itself as ``<stem>.previous-<mtime>.json``."""
+    if not out.exists():
+        return None
+    stamp = _dt.datetime.fromtimestamp(out.stat().st_mtime).strftime("%Y%m%dT%H%M%S")
+    kept = out.with_name(f"{out.stem}.previous-{stamp}{out.suffix}")
+    n = 1
+    while kept.exists():
+        kept = out.with_name(f"{out.stem}.previous-{stamp}-{n}{out.suffix}")
+        n += 1
+    os.replace(out, kept)
+    return kept
+
+
+def write_baseline(out: Path, baseline: dict) -> Optional[Path]:
+    """Write ``baseline`` to ``out`` atomically, keeping a previous file; returns the kept path.
+
+    The only writer of baseline_metadata.json: the CLI writes what `collect` built, the workflow
+    what `with_verification` added to it."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(baseline, fh, indent=2, ensure_ascii=False)
+                fh.write("\n")
+            kept = keep_previous(out)
+            os.replace(tmp, out)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+    except OSError as exc:
+        raise CollectError(f"cannot write {out}: {exc.strerror or exc}",
+                           "check that the output directory is writable") from None
+    return kept
+
+
+def with_verification(baseline: dict, parity: dict) -> dict:
+    """A copy of ``baseline`` with the verify node's parity result in ``verification.parity``."""
+    baseline = copy.deepcopy(baseline)
+    verification = baseline["verification"]
+    verification["parity"] = parity
+    if parity.get("untrained_weights"):
+        # Random weights write noise by design: judging the text would only say so.
+        verification["output_check"] = dict(
+            verification.get("output_check") or {}, ok=None,
+            skipped="untrained weights: text checks skipped" + (", parity used" if parity.get("checked") else ""))
+    return baseline
+
+
+def bandwidth_figures(achieved_gbps: Optional[float], run_env: Optional[dict]) -> dict:
+    """The engine's achieved decode bandwidth and its fraction of the device's published peak
+    (null when the log has no bandwidth line or the device's peak is not known, e.g. a CPU)."""
+    device = (run_env or {}).get("device")
+    name = (run_env or {}).get("cuda_device_name" if device == "cuda" else "npu_model") if device != "cpu" else None
+    peak = peak_bandwidth_gbps(name)
+    fraction = round(achieved_gbps / peak, 4) if achieved_gbps is not None and peak else None
+    return {"achieved_bandwidth_gbps": achieved_gbps, "bandwidth_fraction": fraction}
+
+
+def collect(log_arg: str, yaml_arg: str, rank: int = 0,
+            model_source: Optional[str] = None) -> tuple[dict, list[str]]:
+    """Build the baseline dict. Raises CollectError on bad input or a failed run."""
+    cfg = load_yaml(yaml_arg)
+    log_path, rank_logs = resolve_logs(log_arg, rank)
+    selection = select_formal(parse_log_file(log_path))
+    seg = selection.segment
+    if seg is None:
+        tb = selection.last_traceback
+        why = f"; last error at line {tb[0]}: {tb[1]}" if tb else ""
+        raise CollectError(
+            f"{log_path} has no formal prefill line, the run failed{why}",
+            "fix the run (see the log) and rerun 'bash infer.sh' before collecting",
+            EXIT_RUN_FAILED)
+    warnings = list(selection.warnings)
+
+    all_ok = selection.success
+    for r, path in rank_logs:
+        if path.resolve() == log_path.resolve():
+            continue
+        try:
+            other = select_formal(parse_log_file(path))
+        except CollectError as exc:
+            warnings.append(f"rank {r}: {exc.what}")
+            all_ok = False
+            continue
+        if not other.success:
+            all_ok = False
+            tb = other.last_traceback
+            detail = (f"traceback at line {tb[0]}: {tb[1]}" if tb
+                      else "no complete formal generate call")
+            warnings.append(f"rank {r} ({path.name}) failed: {detail}")
+
+    prefill, decode_avg, mwarn = measure(seg)
+    warnings.extend(mwarn)
+    text = seg.output_text()
+    check = None
+    if text is not None:
+        checker = _import_engine("output_check", "check_output_text")
+        if checker is not None:
+            check = checker(text)
+            if not check.get("ok"):
+                warnings.append("output text check failed: " + "; ".join(check.get("reasons", [])))
+        else:
+            warnings.append("engine.output_check is unavailable; output_check is null")
+
+    run_env = selection.run.env if selection.run is not None else None
+    environment = build_environment(run_env, cfg, len(rank_logs), warnings)
+    settings = yaml_settings(cfg)
+    model_name = settings["model_name"] or seg.model_name or None
+    source = model_source or settings["model_source"] or settings["model_path"]
+    if seg.reported_average_ms is not None and decode_avg is not None \
+            and abs(seg.reported_average_ms - decode_avg) > 0.005:
+        warnings.append(
+            f"the recipe's own log reports an average of {seg.reported_average_ms:.2f} ms; decode_avg_ms "
+            f"is the mean of the decode steps after the first ({decode_avg:.2f} ms), the same definition "
+            "for every log style")
+
+    baseline = {
+        "timestamp": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "yaml_path": yaml_relpath(yaml_arg),
+        "environment": environment,
+        "model_config": {"model_name": model_name, "model_source": source},
+        "performance": {"prefill_ms": prefill, "decode_avg_ms": decode_avg, "output_text": text,
+                        **bandwidth_figures(seg.achieved_bandwidth_gbps, run_env)},
+        "verification": {
+            "all_ranks_success": all_ok,
+            "output_check": check,
+            "parity": None,
+            "collection_warnings": warnings,
+        },
+    }
+    return baseline, warnings

@@ -1,0 +1,271 @@
+"""Memory estimate per rank: weight bytes from checkpoint headers (no tensor loaded) + KV cache bytes,
+for 1, 2, 4, 8, 16 tensor-parallel ranks against one card's memory."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import struct
+from pathlib import Path
+
+DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+               "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+TORCH_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+TP_SIZES = (1, 2, 4, 8, 16)
+
+
+def safetensors_header(path: Path) -> dict:
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        return json.loads(f.read(length))
+
+
+def checkpoint_tensors(model_dir: Path) -> dict[str, tuple[int, str]]:
+    """name -> (numel, safetensors dtype name) over *.safetensors headers, or else the *.bin files
+    (loaded on the meta device: shapes and dtypes only, no data read)."""
+    model_dir = Path(model_dir)
+    tensors: dict[str, tuple[int, str]] = {}
+    files = sorted(model_dir.glob("*.safetensors"))
+    for file in files:
+        for key, meta in safetensors_header(file).items():
+            if key != "__metadata__":
+                tensors[key] = (math.prod(meta["shape"]) if meta["shape"] else 1, meta["dtype"])
+    if files:
+        return tensors
+    import torch
+
+    names = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+             torch.int64: "I64", torch.int32: "I32", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}
+    for file in sorted(model_dir.glob("*.bin")):
+        state = torch.load(file, map_location="meta", weights_only=True)
+        for key, tensor in state.items():
+            if isinstance(tensor, torch.Tensor):
+                tensors[key] = (tensor.numel(), names.get(tensor.dtype, "F32"))
+    return tensors
+
+
+def _tensor_bytes(numel: int, dtype_name: str, dtype: str | None) -> int:
+    floating = dtype_name.startswith(("F", "BF"))
+    size = TORCH_DTYPE_BYTES[dtype] if dtype in TORCH_DTYPE_BYTES and floating else DTYPE_BYTES.get(dtype_name, 4)
+    return numel * size
+
+
+def weight_bytes(model_dir: Path, dtype: str | None = None) -> int:
+    """Sum of tensor sizes over the checkpoint (safetensors headers or .bin); re-scaled to `dtype` if given."""
+    return sum(_tensor_bytes(n, d, dtype) for n, d in checkpoint_tensors(model_dir).values())
+
+
+def _plan_patterns(config: dict) -> list[re.Pattern] | None:
+    """The model's tensor-parallel plan as regexes over checkpoint keys; None: the family has none.
+
+    Embeddings and lm_head are sharded too (transformers adds them to every plan it applies)."""
+    try:
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+        plan = getattr(CONFIG_MAPPING[config.get("model_type")], "base_model_tp_plan", None)
+        text = config.get("text_config") or {}
+        if not plan and text.get("model_type") in CONFIG_MAPPING:
+            plan = getattr(CONFIG_MAPPING[text["model_type"]], "base_model_tp_plan", None)
+    except (KeyError, ImportError):
+        plan = None
+    if not plan:
+        return None
+    keys = [*plan, "embed_tokens", "lm_head"]
+    return [re.compile(r"(^|\.)" + re.escape(k).replace(r"\*", r"\d+") + r"(\.|$)") for k in keys
+            if not plan.get(k, "").startswith("replicated")]
+
+
+def sharded_bytes(model_dir: Path, config: dict, dtype: str | None = None) -> int | None:
+    """Bytes of the weights the model's tensor-parallel plan shards; None: no plan."""
+    patterns = _plan_patterns(config)
+    if patterns is None:
+        return None
+    return sum(_tensor_bytes(n, d, dtype) for key, (n, d) in checkpoint_tensors(model_dir).items()
+               if any(p.search(key) for p in patterns))
+
+
+def kv_cache_bytes(config: dict, batch_size: int, seq_len: int, dtype: str = "bfloat16") -> int:
+    """KV cache for batch x seq tokens. MLA caches the latent + rope key; sliding layers cap at
+    the window; linear-attention / Mamba layers keep a fixed-size state instead."""
+    config = config.get("text_config") or config
+    elt = TORCH_DTYPE_BYTES.get(dtype, 2)
+    layers = config.get("num_hidden_layers") or config.get("n_layer") or 0
+    if config.get("kv_lora_rank"):
+        per_token_layer = config["kv_lora_rank"] + config.get("qk_rope_head_dim", 0)
+        return batch_size * seq_len * layers * per_token_layer * elt
+    heads = config.get("num_attention_heads") or config.get("n_head")
+    kv_heads = config.get("num_key_value_heads") or heads
+    head_dim = config.get("head_dim") or (config["hidden_size"] // heads)
+    layer_types = config.get("layer_types") or ["full_attention"] * layers
+    window = config.get("sliding_window")
+    total = 0
+    for kind in layer_types[:layers]:
+        kind = str(kind)
+        if "linear" in kind or "mamba" in kind:
+            total += recurrent_state_bytes(config, batch_size, elt)
+            continue
+        # A sliding layer keeps the last window-1 tokens (the new token completes the window).
+        tokens = min(seq_len, window - 1) if window and ("sliding" in kind or "local" in kind) else seq_len
+        total += 2 * batch_size * tokens * kv_heads * head_dim * elt
+    return total
+
+
+def recurrent_state_bytes(config: dict, batch_size: int, elt: int) -> int:
+    """One linear-attention (gated delta net) or Mamba layer's state: convolution window + recurrent state."""
+    if config.get("linear_num_value_heads"):
+        k_dim = config["linear_num_key_heads"] * config["linear_key_head_dim"]
+        v_heads, v_dim = config["linear_num_value_heads"], config["linear_value_head_dim"]
+        conv = (2 * k_dim + v_heads * v_dim) * config.get("linear_conv_kernel_dim", 4)
+        recurrent = v_heads * config["linear_key_head_dim"] * v_dim
+        return batch_size * (conv + recurrent) * elt
+    inner = config.get("mamba_expand", config.get("expand", 2)) * config["hidden_size"]
+    state = config.get("mamba_d_state", config.get("state_size", 16))
+    groups = config.get("mamba_n_groups", config.get("n_groups", 1))
+    conv = (inner + 2 * groups * state) * config.get("mamba_d_conv", config.get("conv_kernel", 4))
+    return batch_size * (conv + inner * state) * elt
+
+
+def kv_heads_of(config: dict) -> int | None:
+    config = config.get("text_config") or config
+    if config.get("kv_lora_rank"):
+        return None  # MLA: one latent per token, not split by heads
+    return config.get("num_key_value_heads") or config.get("num_attention_heads") or config.get("n_head")
+
+
+# Memory a process uses before the model: framework, allocator pools, (on NPU) CANN workspace.
+RUNTIME_BYTES = {"cpu": 512 * 2**20, "cuda": 1 * 2**30, "npu": 2 * 2**30}
+
+
+def estimate(model_dir: Path, config: dict, dtype: str, batch_size: int, seq_len: int,
+             device_bytes: int | None, device: str = "cpu", slack: float = 1.2,
+             runtime_bytes: int | None = None) -> dict:
+    """Per rank, for tp = 1, 2, 4, 8, 16: weights (the plan's sharded part / tp + the rest) + KV
+    cache (split by KV heads), x slack for activations and fragmentation, + the runtime's share,
+    against one card's memory. `cards_needed`: the smallest tp that fits (None: none does, or no
+    plan and one card is too small)."""
+    weights = weight_bytes(model_dir, dtype)
+    kv = kv_cache_bytes(config, batch_size, seq_len, dtype)
+    runtime = RUNTIME_BYTES.get(device, RUNTIME_BYTES["cpu"]) if runtime_bytes is None else runtime_bytes
+    sharded = sharded_bytes(model_dir, config, dtype)
+    kv_heads = kv_heads_of(config)
+    per_rank = {}
+    for tp in TP_SIZES if sharded is not None else (1,):
+        rank_weights = weights - sharded + math.ceil(sharded / tp) if sharded is not None else weights
+        rank_kv = math.ceil(kv / tp) if kv_heads and kv_heads % tp == 0 else kv
+        need = int((rank_weights + rank_kv) * slack) + runtime
+        per_rank[tp] = {"weights_bytes": rank_weights, "kv_cache_bytes": rank_kv, "needed_bytes": need,
+                        "fits": None if not device_bytes else need <= device_bytes}
+    needed = per_rank[1]["needed_bytes"]
+    cards = None
+    if device_bytes:
+        cards = next((tp for tp, row in per_rank.items() if row["fits"]), None)
+    return {"weights_bytes": weights, "kv_cache_bytes": kv, "runtime_bytes": runtime, "needed_bytes": needed,
+            "needed_gib": needed / 2**30, "device": device, "device_bytes": device_bytes,
+            "batch_size": batch_size, "seq_len": seq_len, "dtype": dtype,
+            "tp_sharded_bytes": sharded, "per_rank": per_rank,
+            "cards_needed": cards, "suggested_world_size": cards}
+
+
+def process_memory_limit() -> int | None:
+    """The run's own cap (ulimit -d / -v), inherited by infer.sh: memory it may really use."""
+    import resource
+
+    limits = []
+    for which in (resource.RLIMIT_DATA, resource.RLIMIT_AS):
+        soft, _ = resource.getrlimit(which)
+        if soft not in (resource.RLIM_INFINITY, -1):
+            limits.append(soft)
+    return min(limits) if limits else None
+
+
+def simulated_card_bytes() -> int | None:
+    """MIGRATOR_DEVICE_MEMORY_BYTES (tests and CPU only): the size of a simulated card, which the
+    engine enforces on the weights each rank holds (engine.model_runner.check_device_memory)."""
+    import os
+
+    value = os.environ.get("MIGRATOR_DEVICE_MEMORY_BYTES")
+    return int(value) if value else None
+
+
+def recipe_yaml(recipe_dir: Path, world_size: int = 1) -> Path:
+    """The recipe's YAML for `world_size` cards ({name}_{N}card_eager.yaml), else its first YAML."""
+    yamls = sorted((Path(recipe_dir) / "config").glob("*.yaml"))
+    wanted = [p for p in yamls if p.name.endswith(f"_{world_size}card_eager.yaml")]
+    return (wanted or yamls)[0]
+
+
+def estimate_for_recipe(recipe_dir: Path, env: dict) -> dict:
+    """The estimate for the recipe's YAML, in this tool's schema or either of cann-recipes-infer's
+    (agent.measure.baseline.yaml_settings reads both; an upstream recipe has no model_config.dtype: the
+    checkpoint's dtype is what it loads)."""
+    import yaml
+
+    from agent.measure.baseline import yaml_settings
+    from engine import defaults
+
+    yaml_file = recipe_yaml(recipe_dir)
+    raw = yaml.safe_load(yaml_file.read_text()) or {}
+    settings = yaml_settings(raw)
+    # A relative model_path is taken from the recipe directory (as engine.config does).
+    model_dir = Path(str(settings["model_path"])).expanduser()
+    if not model_dir.is_absolute():
+        model_dir = (yaml_file.resolve().parent.parent / model_dir).resolve()
+    config = json.loads((model_dir / "config.json").read_text())
+    model_config = raw.get("model_config") if isinstance(raw.get("model_config"), dict) else {}
+    dtype = model_config.get("dtype") or config.get("dtype") or config.get("torch_dtype") or "float32"
+    batch_size = int(settings["batch_size"] or 1)
+    seq_len = int(settings["input_len"] or defaults.INPUT_MAX_LEN) + int(settings["max_new_tokens"] or defaults.MAX_NEW_TOKENS)
+    device = env.get("device", "cpu")
+    device_bytes = env.get("device_memory_bytes")
+    runtime = None
+    if device == "cpu":
+        limit = process_memory_limit()
+        device_bytes = min(filter(None, [device_bytes, limit]), default=None)
+        simulated = simulated_card_bytes()
+        if simulated:  # tests / CPU only: the "card" holds the model; the runtime lives on the host
+            device_bytes, runtime = simulated, 0
+    memory = estimate(model_dir, config, dtype, batch_size, seq_len, device_bytes, device, runtime_bytes=runtime)
+    memory["model_type"] = config.get("model_type")
+    return memory
+
+
+def parallel_settings(config: dict, world_size: int) -> dict:
+    """Render-context / YAML values for `world_size` cards (config: the checkpoint's config.json): all
+    of them one tensor-parallel group (attention, MoE experts and lm_head sharded by the model's
+    plan). Refuses a family without a plan."""
+    if world_size < 1:
+        from agent.errors import InputError
+
+        raise InputError(f"--world-size must be >= 1, got {world_size}")
+    if world_size > 1 and _plan_patterns(config) is None:
+        from agent.errors import UnsupportedModelError
+
+        raise UnsupportedModelError(
+            f"{config.get('model_type')} has no tensor-parallel plan, so it cannot be split over {world_size} cards; "
+            f"families with one: {', '.join(families_with_tp_plan())}")
+    return {"world_size": world_size, "attn_tp_size": world_size, "moe_tp_size": world_size,
+            "lmhead_tp_size": world_size}
+
+
+def families_with_tp_plan() -> list[str]:
+    from engine.model_runner import families_with_tp_plan as families
+
+    return families()
+
+
+def write_multicard_yaml(recipe_dir: Path, world_size: int) -> Path:
+    """config/{name}_{N}card_eager.yaml next to the single-card one: the same settings on N cards,
+    tensor parallel over all of them. Returns its path."""
+    import yaml
+
+    source = recipe_yaml(recipe_dir)
+    settings = yaml.safe_load(source.read_text())
+    settings["world_size"] = world_size
+    settings["parallel_config"] = {"attn_tp_size": world_size, "moe_tp_size": world_size,
+                                   "lmhead_tp_size": world_size}
+    target = source.parent / f"{settings['model_name']}_{world_size}card_eager.yaml"
+    header = (f"# {settings['model_name']}: {world_size} cards, tensor parallel, eager mode. Written from "
+              f"{source.name} by infer-migrator.\n# Run: YAML_FILE=config/{target.name} bash infer.sh\n")
+    target.write_text(header + yaml.safe_dump(settings, sort_keys=False))
+    return target

@@ -1,0 +1,341 @@
+"""Parity check: the recipe's vendored model vs the original transformers implementation.
+
+The code is checked on a shrunk config of the same architecture (fp32, random weights: max |logits
+difference| on a prompt, and the recipe Runner's greedy tokens vs `generate()`'s); the real weights
+are checked in the run dtype against the trial run's own logits, one model in memory at a time. Runs
+in a subprocess from the recipe dir (its `models` package must not leak into the caller), as
+`python -m agent.measure.parity --recipe DIR [--dump FILE]`, printing one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+LOGITS_TOLERANCE = 1e-4
+
+
+def run_parity(recipe_dir: Path, tokens: int = 16, timeout: int = 900, trust_remote_code: bool = False,
+               dump: Path | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(recipe_dir), env.get("PYTHONPATH")]))
+    env.pop("MIGRATOR_PARITY_DUMP", None)
+    cmd = [sys.executable, "-m", "agent.measure.parity", "--recipe", str(recipe_dir), "--tokens", str(tokens)]
+    if trust_remote_code:
+        cmd.append("--trust-remote-code")
+    if dump is not None:
+        cmd += ["--dump", str(dump)]
+    proc = subprocess.run(cmd, cwd=recipe_dir, env=env, capture_output=True, text=True, timeout=timeout)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        err = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"ok": False, "checked": False, "reason": f"parity check could not run: {err}"}
+    return json.loads(lines[-1])
+
+
+def _runner_class(recipe_dir: Path):
+    import importlib
+
+    from engine.model_runner import ModelRunner
+
+    name = next(recipe_dir.glob("runner_*.py")).stem
+    module = importlib.import_module(name)
+    return next(obj for obj in vars(module).values()
+                if isinstance(obj, type) and issubclass(obj, ModelRunner) and obj is not ModelRunner)
+
+
+def check(recipe_dir: Path, tokens: int, prompt: str | None = None, trust_remote_code: bool = False,
+          dump: Path | None = None) -> dict:
+    """Two checks, never two models of the checkpoint's size in memory at once:
+
+    code    the vendored classes vs transformers on a shrunk config of the same architecture
+            (`agent.measure.shrink`), random fp32 weights: max |logits diff| <= 1e-4, same greedy tokens;
+    weights the recipe's formal run (its prompt logits and greedy tokens, dumped by the trial run,
+            or computed here and freed first) vs the reference model alone, in the run dtype, with a
+            tolerance for that dtype.
+    """
+    from engine.config import load_runner_settings
+
+    yaml_file = sorted((recipe_dir / "config").glob("*.yaml"))[0]
+    settings = load_runner_settings(yaml_file)
+    remote = "auto_map" in json.loads((Path(settings["model_path"]) / "config.json").read_text())
+    if remote and not trust_remote_code:
+        # The original implementation is the repo's own code: never run it without the opt-in.
+        return {"ok": None, "checked": False,
+                "reason": "original implementation is remote code; pass --trust-remote-code to compare"}
+    settings["world_size"] = 1          # one process, one prompt: parity is not a parallel run
+    settings["parallel_config"] = {key: 1 for key in settings["parallel_config"]}
+    sys.path.insert(0, str(recipe_dir))
+    code = check_code(recipe_dir, settings, tokens, prompt, remote)
+    recipe_side = _load_dump(dump) if dump else None
+    if recipe_side is None:
+        recipe_side = run_recipe(recipe_dir, settings, tokens, prompt)
+    weights = check_weights(settings, recipe_side, remote)
+    # Whether the weights are untrained is judged on the recipe's own logits, never on the reference's
+    # (transformers may fail on the checkpoint: lfm3 with 2 layers).
+    nll_source = recipe_side if "prompt_nll" in recipe_side else (weights if weights["ok"] else None)
+    if nll_source is None:
+        import gc
+
+        gc.collect()     # the reference is gone before the recipe's model is loaded
+        recipe_side = run_recipe(recipe_dir, settings, tokens, prompt)
+        nll_source = recipe_side
+    results = [r["ok"] for r in (code, weights)]
+    ok = False if False in results else (None if None in results else True)
+    return {"ok": ok, "checked": any(r["checked"] for r in (code, weights)), "reference": weights["reference"],
+            # The headline figures are the code check's (fp32, exact); the run-dtype ones are under "weights".
+            "dtype": "float32", "max_abs_logits_diff": code.get("max_abs_logits_diff"), "tolerance": LOGITS_TOLERANCE,
+            "greedy_tokens": code.get("greedy_tokens"), "greedy_tokens_equal": code.get("greedy_tokens_equal"),
+            "code": code, "weights": weights,
+            **({"reason": "; ".join(r["reason"] for r in (code, weights) if r.get("reason"))}
+               if ok is None else {}),
+            **{k: nll_source[k] for k in ("prompt_nll", "uniform_nll", "untrained_weights") if k in nll_source}}
+
+
+def _runner(recipe_dir: Path, settings: dict):
+    runner = _runner_class(recipe_dir)(settings)
+    runner.init_model()
+    return runner
+
+
+def check_code(recipe_dir: Path, settings: dict, tokens: int, prompt: str | None, remote: bool) -> dict:
+    """Vendored code vs transformers on a shrunk config, fp32, random weights (size-independent)."""
+    import copy
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    from agent.measure.shrink import shrink_config
+    from engine.data import DEFAULT_PROMPT
+
+    model_path = Path(settings["model_path"])
+    overrides = settings["model_config"].get("config_overrides", {})
+    with tempfile.TemporaryDirectory(prefix="parity_code_") as tmp:
+        tiny = Path(tmp)
+        for item in model_path.iterdir():   # tokenizer, generation config, the repo's own code
+            if item.is_file() and not item.name.endswith((".safetensors", ".bin", ".index.json", ".pt", ".pth")):
+                shutil.copy(item, tiny / item.name)
+        original = json.loads((model_path / "config.json").read_text())
+        # Fewer layers first; a config whose layer counts a cut breaks keeps them all (widths only).
+        for cut_layers in (True, False):
+            config = copy.deepcopy(original)
+            text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+            shrunk = shrink_config(text, cut_layers=cut_layers)
+            text.update(shrunk)
+            config.update({k: v for k, v in overrides.items()})
+            (tiny / "config.json").write_text(json.dumps(config))
+            try:
+                cfg = AutoConfig.from_pretrained(tiny, trust_remote_code=remote, local_files_only=True)
+                torch.manual_seed(0)
+                reference = AutoModelForCausalLM.from_config(cfg, trust_remote_code=remote, dtype=torch.float32)
+                if cut_layers:   # a cut transformers' own model cannot run is no shrink of it (hrm_text)
+                    with torch.inference_mode():
+                        reference(input_ids=torch.tensor([[1, 2, 3]]))
+                reference.save_pretrained(tiny, safe_serialization=True)
+                break
+            except Exception as exc:  # noqa: BLE001 - transformers itself cannot build the shrunk config
+                error = exc
+        else:
+            return {"ok": None, "checked": False, "shrunk": shrunk,
+                    "reason": f"transformers cannot build the shrunk config: {type(error).__name__}: {error}"[:300]}
+        tiny_settings = copy.deepcopy(settings)
+        tiny_settings["model_path"] = str(tiny)
+        tiny_settings["world_size"] = 1
+        tiny_settings["model_config"]["dtype"] = "float32"
+        # key_mapping stays: the reference class saves these weights under the names the checkpoint has.
+        tiny_settings["model_config"]["config_overrides"] = {}
+        data = tiny_settings["data_config"]
+        data["input_max_len"] = max(1, min(data["input_max_len"], data["input_max_len"] + data["max_new_tokens"] - tokens))
+        data["max_new_tokens"] = tokens
+        runner = _runner(recipe_dir, tiny_settings)
+        reference = reference.to(runner.device).eval()
+        reference.config._attn_implementation = runner.attn_implementation   # noqa: SLF001 - same kernels on both sides
+        prompt = prompt or DEFAULT_PROMPT
+        inputs = runner.tokenizer([prompt], return_tensors="pt").to(runner.device)
+        with torch.inference_mode():
+            ours = runner.model(**inputs).logits.float()
+        try:
+            with torch.inference_mode():
+                theirs = reference(**inputs).logits.float()
+        except Exception as exc:  # noqa: BLE001 - transformers itself cannot run it: nothing to compare
+            return {"ok": None, "checked": False, "shrunk": shrunk, "reason": _reference_failed("run", exc)}
+        max_abs_diff = (ours - theirs).abs().max().item()
+        runner.model_generate([prompt])
+        our_tokens = runner.last_generate_ids[0].tolist()
+        eos = runner.eos_token_ids()
+        gen_config = GenerationConfig(do_sample=False, max_new_tokens=tokens, eos_token_id=eos or None,
+                                      pad_token_id=runner.tokenizer.pad_token_id)
+        try:
+            with torch.inference_mode():
+                generated = reference.generate(**inputs, generation_config=gen_config)
+        except Exception as exc:  # noqa: BLE001 - as above: transformers' own generate fails here
+            return {"ok": None, "checked": False, "shrunk": shrunk, "max_abs_logits_diff": max_abs_diff,
+                    "reason": _reference_failed("generate", exc)}
+        their_tokens = generated[0, inputs["input_ids"].shape[1]:].tolist()
+        tokens_equal = our_tokens == their_tokens
+        return {"ok": max_abs_diff <= LOGITS_TOLERANCE and tokens_equal, "checked": True, "dtype": "float32",
+                "shrunk": shrunk, "reference": f"transformers {reference.__class__.__name__}",
+                "max_abs_logits_diff": max_abs_diff, "tolerance": LOGITS_TOLERANCE,
+                "greedy_tokens": len(our_tokens), "greedy_tokens_equal": tokens_equal,
+                "recipe_tokens": our_tokens, "reference_tokens": their_tokens}
+
+
+def _load_dump(path: Path) -> dict | None:
+    import torch
+
+    if not path or not Path(path).is_file():
+        return None
+    try:
+        dump = torch.load(path, weights_only=True)
+    except Exception:  # noqa: BLE001 - a partial dump (killed run): compute instead
+        return None
+    if not {"input_ids", "attention_mask", "logits", "generate_ids"} <= set(dump):
+        return None
+    if "prompt_nll" in dump:
+        dump["untrained_weights"] = dump["prompt_nll"] >= UNTRAINED_NLL_FRACTION * dump["uniform_nll"]
+        dump["prompt_nll"], dump["uniform_nll"] = round(dump["prompt_nll"], 4), round(dump["uniform_nll"], 4)
+    return dump
+
+
+def run_recipe(recipe_dir: Path, settings: dict, tokens: int, prompt: str | None) -> dict:
+    """What the trial run would have dumped: the recipe's prompt logits and greedy tokens in the run
+    dtype. The model is freed before the reference is loaded."""
+    import gc
+
+    import torch
+
+    from engine.data import DEFAULT_PROMPT
+
+    runner = _runner(recipe_dir, dict(settings, world_size=1))
+    inputs = runner.tokenizer([prompt or DEFAULT_PROMPT], return_tensors="pt").to(runner.device)
+    with torch.inference_mode():
+        full = runner.model(**inputs).logits.float()
+    runner.model_generate([prompt or DEFAULT_PROMPT])
+    dump = {"input_ids": inputs["input_ids"].cpu(), "attention_mask": inputs["attention_mask"].cpu(),
+            "logits": full[:, -1, :].cpu(), "generate_ids": runner.last_generate_ids.cpu(),
+            "dtype": str(runner.dtype).removeprefix("torch."), "device": runner.device.type,
+            **prompt_nll(full, inputs["input_ids"])}
+    del full
+    del runner
+    gc.collect()
+    return dump
+
+
+# Logits of the same code on the same weights differ only by accumulation order: relative to the
+# largest logit, fp32 agrees to ~1e-6, bf16 (8-bit mantissa) to a few 1e-3.
+RELATIVE_TOLERANCE = {"float32": 1e-5, "float16": 5e-3, "bfloat16": 2e-2}
+
+
+def check_weights(settings: dict, recipe_side: dict, remote: bool) -> dict:
+    """The reference model alone (run dtype, run device) against the recipe's dumped formal run."""
+    from engine.environment import select_device
+
+    dtype_name = recipe_side.get("dtype") or settings["model_config"]["dtype"]
+    device = select_device(settings.get("device", "auto"))
+    try:
+        return _check_weights(settings, recipe_side, remote, dtype_name, device)
+    except Exception as exc:  # noqa: BLE001 - transformers itself cannot run this checkpoint
+        return {"ok": None, "checked": False, "dtype": dtype_name, "reference": None,
+                "reason": _reference_failed("run", exc)}
+
+
+def _reference_failed(what: str, exc: Exception) -> str:
+    return (f"the reference (transformers) fails to {what} on this checkpoint: {type(exc).__name__}: "
+            f"{(str(exc).splitlines() or [''])[0][:200]}")
+
+
+def _check_weights(settings: dict, recipe_side: dict, remote: bool, dtype_name: str, device) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from engine.model_runner import DTYPES, load_tokenizer
+
+    reference = AutoModelForCausalLM.from_pretrained(
+        settings["model_path"], dtype=DTYPES[dtype_name], local_files_only=True, trust_remote_code=remote,
+        # The recipe's config corrections (e.g. tied embeddings) describe the weights, so the
+        # reference gets them too; key_mapping is not passed: it renames for the vendored code.
+        **settings["model_config"].get("config_overrides", {}),
+        attn_implementation=settings["model_config"].get("attn_implementation", "sdpa")).to(device).eval()
+    input_ids = recipe_side["input_ids"].to(device)
+    mask = recipe_side["attention_mask"].to(device)
+    extra = {}
+    if "position_ids" in inspect.signature(reference.forward).parameters:
+        # Left-padded rows: positions count real tokens only, as the recipe's runner does.
+        extra["position_ids"] = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
+    with torch.inference_mode():
+        logits = reference(input_ids=input_ids, attention_mask=mask, **extra).logits.float()
+    ours = recipe_side["logits"].to(device)
+    max_abs_diff = (logits[:, -1, :] - ours).abs().max().item()
+    scale = max(ours.abs().max().item(), 1e-6)
+    tolerance = RELATIVE_TOLERANCE.get(dtype_name, 2e-2) * scale
+    tokenizer = load_tokenizer(settings["model_path"])
+    eos = reference.generation_config.eos_token_id if reference.generation_config else None
+    eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
+    recipe_tokens = recipe_side["generate_ids"][0].tolist()
+    first_eos = next((i for i, t in enumerate(recipe_tokens) if t in eos_ids), None)
+    if first_eos is not None:
+        recipe_tokens = recipe_tokens[:first_eos + 1]   # the recipe pads a finished request
+    gen_config = GenerationConfig(do_sample=False, max_new_tokens=max(1, len(recipe_tokens)),
+                                  eos_token_id=eos, pad_token_id=tokenizer.pad_token_id)
+    with torch.inference_mode():
+        generated = reference.generate(input_ids=input_ids[:1], attention_mask=mask[:1], generation_config=gen_config)
+    reference_tokens = generated[0, input_ids.shape[1]:].tolist()
+    agree = next((i for i, (a, b) in enumerate(zip(recipe_tokens, reference_tokens)) if a != b),
+                 min(len(recipe_tokens), len(reference_tokens)))
+    # In bf16/fp16 greedy paths may part after many tokens on near-ties; the first token must agree.
+    tokens_ok = agree == len(recipe_tokens) if dtype_name == "float32" else agree >= 1
+    nll = prompt_nll(logits[:1], input_ids[:1])
+    return {"ok": max_abs_diff <= tolerance and tokens_ok, "checked": True, "dtype": dtype_name,
+            "reference": f"transformers {reference.__class__.__name__}", "max_abs_logits_diff": max_abs_diff,
+            "tolerance": tolerance, "relative_tolerance": RELATIVE_TOLERANCE.get(dtype_name, 2e-2),
+            "greedy_tokens": len(recipe_tokens), "greedy_tokens_agree": agree,
+            "greedy_tokens_equal": recipe_tokens == reference_tokens, **nll}
+
+
+# Random weights predict the prompt no better than chance (or worse: random logits are peaked);
+# a trained model is far below the uniform cross-entropy ln(vocab).
+UNTRAINED_NLL_FRACTION = 0.8
+
+
+def prompt_nll(logits, input_ids) -> dict:
+    """Mean next-token cross-entropy of the prompt vs the uniform distribution's ln(vocab)."""
+    import math
+
+    import torch
+
+    vocab = logits.shape[-1]
+    nll = torch.nn.functional.cross_entropy(logits[0, :-1].float(), input_ids[0, 1:]).item()
+    uniform = math.log(vocab)
+    return {"prompt_nll": round(nll, 4), "uniform_nll": round(uniform, 4),
+            "untrained_weights": nll >= UNTRAINED_NLL_FRACTION * uniform}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m agent.measure.parity", description=__doc__)
+    parser.add_argument("--recipe", required=True, type=Path)
+    parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--trust-remote-code", action="store_true")
+    parser.add_argument("--dump", type=Path, help="the trial run's parity dump (MIGRATOR_PARITY_DUMP)")
+    args = parser.parse_args(argv)
+    # torch through the engine's guard, as the recipe imports it: with a torch_npu that cannot load
+    # (no CANN) a plain `import torch` dies in torch's backend autoload.
+    from engine.environment import import_torch
+
+    import_torch()
+    # The recipe's logs go to a temporary folder that is removed afterwards.
+    with tempfile.TemporaryDirectory(prefix="parity_") as res_path:
+        os.environ["RES_PATH"] = res_path
+        result = check(args.recipe.resolve(), args.tokens, trust_remote_code=args.trust_remote_code, dump=args.dump)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""A shrunk copy of a checkpoint's config: the same architecture and code paths, tiny dimensions.
+
+The parity check runs the vendored code against transformers on this config with random weights, so
+checking the code costs the same for a 0.6B and a 70B checkpoint. What decides which code runs is
+kept: model_type, layer kinds (`layer_types` and other per-layer lists, cut to a prefix that still
+holds every kind), tied embeddings, rope settings, vocabulary (the checkpoint's tokenizer is reused),
+MoE / MLA structure. Sizes are only ever reduced.
+"""
+
+from __future__ import annotations
+
+# Small dimensions, named the way most decoder configs name them. Keys a config class does not
+# know are dropped (agent.testing.tiny_checkpoint.tiny_config), so one table serves every architecture.
+TINY_DIMS = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    # Partial rotary (gptj, codegen): their default 64 is wider than the tiny heads of 16.
+    "rotary_dim": 8,
+    "max_position_embeddings": 512,
+    # Larger than the usual 0.02 so random logits are peaked: greedy tokens then do not hinge
+    # on ties that float rounding could flip.
+    "initializer_range": 0.2,
+    "tie_word_embeddings": False,
+    # MoE: few, small experts (defaults are 60+ experts, hundreds of MB).
+    "num_experts": 4,
+    "num_local_experts": 4,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 64,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 1,
+    "n_group": 1,
+    "topk_group": 1,
+    # MLA: small latent ranks.
+    "kv_lora_rank": 16,
+    "q_lora_rank": 32,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 8,
+    "v_head_dim": 16,
+}
+
+# Kept from the checkpoint: they choose code paths or must match the tokenizer.
+KEEP = {"max_position_embeddings", "tie_word_embeddings"}
+LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+# The GPT-2-era names of TINY_DIMS' widths, as config.json stores them (gpt2, gptj, codegen, ...).
+ALIASES = {"n_embd": "hidden_size", "n_head": "num_attention_heads", "n_inner": "intermediate_size"}
+
+
+def shrink_config(config: dict, cut_layers: bool = True) -> dict:
+    """Overrides for `AutoConfig.from_pretrained(model_path, **overrides)` (text config level).
+    `cut_layers=False`: widths only, every layer kept (for configs whose layer counts are tied
+    together in ways a cut breaks, e.g. dory's input + recurrent + output sections)."""
+    overrides: dict = {}
+    for key, tiny in TINY_DIMS.items():
+        if key in KEEP or key in LAYER_COUNT_KEYS or key not in config:   # layer counts: _layers
+            continue
+        value = config[key]
+        if key == "initializer_range":
+            overrides[key] = tiny   # peaked random logits: greedy tokens do not hinge on ties
+        elif isinstance(value, int) and not isinstance(value, bool) and value > tiny:
+            overrides[key] = tiny
+    for alias, key in ALIASES.items():
+        value = config.get(alias)
+        # Only as a set with n_embd: heads cut under another width name break its head size (xlnet:
+        # d_model, n_head and d_head must agree).
+        if isinstance(value, int) and not isinstance(value, bool) and value > TINY_DIMS[key] \
+                and isinstance(config.get("n_embd"), int):
+            overrides[alias] = TINY_DIMS[key]
+    heads, kv = config.get("num_attention_heads"), config.get("num_key_value_heads")
+    if isinstance(heads, int) and isinstance(kv, int) and "num_attention_heads" in overrides:
+        # Keep the attention kind: MHA stays MHA, MQA stays MQA, GQA stays grouped.
+        overrides["num_key_value_heads"] = overrides["num_attention_heads"] if kv == heads else min(kv, 2)
+    if config.get("q_lora_rank") is None:
+        overrides.pop("q_lora_rank", None)
+    if "kv_lora_rank" in config:
+        overrides.pop("head_dim", None)   # MLA derives head_dim from the rope / nope dims
+    if cut_layers:
+        overrides.update(_layers(config))
+    return overrides
+
+
+def _layers(config: dict) -> dict:
+    key = next((k for k in LAYER_COUNT_KEYS if isinstance(config.get(k), int)), None)
+    if key is None:
+        return {}
+    total = config[key]
+    per_layer = {k: v for k, v in config.items() if isinstance(v, list) and len(v) == total and total > 1}
+    # A pattern of layer kinds shorter than the stack, repeated over it (recurrent_gemma's
+    # block_types [recurrent, recurrent, attention]): kept whole, the prefix must hold each kind.
+    patterns = [v for k, v in config.items() if isinstance(v, list) and 1 < len(v) < total
+                and all(isinstance(x, str) for x in v) and len(set(v)) > 1]
+    count = min(total, 2)
+    for values in [*per_layer.values(), *patterns]:
+        # A prefix that holds every kind of layer (e.g. sliding and full attention, Mamba and attention).
+        first_seen = {}
+        for i, v in enumerate(values):
+            first_seen.setdefault(repr(v), i)
+        count = max(count, max(first_seen.values()) + 1)
+    for pattern_key in ("sliding_window_pattern", "full_attention_interval", "attn_layer_period"):
+        if isinstance(config.get(pattern_key), int):
+            count = max(count, config[pattern_key])
+    count = min(total, count)
+    result = {key: count}
+    for k, values in per_layer.items():
+        result[k] = values[:count]
+    if isinstance(config.get("first_k_dense_replace"), int):
+        result["first_k_dense_replace"] = min(config["first_k_dense_replace"], 1, count - 1)
+    return result

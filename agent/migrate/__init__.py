@@ -1,0 +1,1 @@
+"""Scenario A: a Hugging Face model into a new recipe (acquire, check, vendor)."""

@@ -1,0 +1,343 @@
+"""Vendor a checkpoint's modeling and configuration source into a recipe.
+
+The source is located through transformers' own auto mappings and the class's source file (never
+by guessing file names), copied to `{recipe}/models/`, and rewritten by the codemods in
+`agent.codemods.vendor`. Afterwards the code must not import any model class from transformers.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent.errors import InputError, UnsupportedModelError, VendorError
+from agent.recipe.render import is_identifier
+from agent.recipe.routing import supported_families
+
+
+@dataclass
+class ModelSource:
+    """Where a checkpoint's implementation lives."""
+    model_type: str
+    architecture: str          # e.g. LlamaForCausalLM
+    model_class: str
+    config_class: str
+    modeling_module: str       # e.g. transformers.models.llama.modeling_llama
+    configuration_module: str
+    modeling_file: Path
+    configuration_file: Path
+    origin: str                # "transformers <version>" or "remote code"
+    attn_implementation: str = "sdpa"   # sdpa when the class supports it, else eager
+
+
+@dataclass
+class VendorResult:
+    source: ModelSource
+    files: dict[str, Path] = field(default_factory=dict)   # role -> written file
+    codemods: dict[str, list[str]] = field(default_factory=dict)  # file name -> codemods applied
+
+
+def read_config(model_dir: Path) -> dict:
+    config_file = model_dir / "config.json"
+    if not config_file.is_file():
+        raise InputError(f"{model_dir}: no config.json — point at a Hugging Face model directory "
+                         "(the folder that holds config.json and the weights)")
+    try:
+        return json.loads(config_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{config_file}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
+
+
+CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
+
+
+def _refuse(arch: str, why: str) -> UnsupportedModelError:
+    return UnsupportedModelError(f"{arch}: {why}; supported: decoder-only causal LMs "
+                                 f"(families: {supported_families()})")
+
+
+def check_servable(config: dict) -> None:
+    """Refuse, in one line, what the recipes cannot serve (before any code is touched)."""
+    arch = (config.get("architectures") or [config.get("model_type", "unknown")])[0]
+    quant = config.get("quantization_config")
+    if quant:
+        method = quant.get("quant_method", "unknown") if isinstance(quant, dict) else "unknown"
+        raise _refuse(arch, f"weights are quantized ({method}); the migrator handles unquantized "
+                            "fp32/fp16/bf16 checkpoints — use the original unquantized model")
+    if config.get("is_encoder_decoder") and not any(a.endswith(CAUSAL_LM_SUFFIXES) for a in config.get("architectures") or []):
+        raise _refuse(arch, "encoder-decoder model (is_encoder_decoder: true)")
+
+
+# Inputs of another modality: a class whose forward takes one of these is multimodal.
+NON_TEXT_INPUTS = ("pixel_values", "pixel_values_videos", "input_features", "input_values", "audio_values",
+                   "image_embeds", "input_audio_embeds", "input_image_embeds")
+# Inputs a draft model takes from the model it drafts for (assisted generation).
+TARGET_MODEL_INPUTS = ("shared_kv_states", "target_hidden_states")
+_IS_DECODER_READ = re.compile(r"^(?!\s*>>>).*\bconfig\.is_decoder\b(?!\s*=[^=])", re.M)
+_IS_DECODER_FORCED = re.compile(r"^\s*config\.is_decoder\s*=\s*True\b", re.M)
+
+
+def refusal_reason(config: dict, model_cls: type) -> str | None:
+    """Why the causal-LM class `model_cls` of a transformers checkpoint cannot be served, or None.
+
+    Derived from the config and the class's code, never from its name: the modality of its
+    inputs (forward parameters), the encoder-decoder flag, whether its attention is
+    causal only as a decoder (`config.is_decoder`), and inputs only another model can provide.
+    """
+    name = model_cls.__name__
+    try:
+        params = set(inspect.signature(model_cls.forward).parameters)
+    except (TypeError, ValueError):
+        params = set()
+    modal_inputs = sorted(params.intersection(NON_TEXT_INPUTS))
+    if modal_inputs:
+        # Judged by the class, not the config: a text-only causal-LM class of a multimodal family
+        # (Qwen3_5ForCausalLM for a qwen3_5 config with a vision_config) serves text fine.
+        return (f"multimodal model ({name}.forward takes {', '.join(modal_inputs)}); migrate its text-only "
+                "model checkpoint instead")
+    if config.get("is_encoder_decoder"):
+        return (f"decoder half of an encoder-decoder model ({name} is the decoder, trained to attend to an "
+                "encoder's output; is_encoder_decoder: true)")
+    needs = sorted(params.intersection(TARGET_MODEL_INPUTS))
+    if needs:
+        return (f"draft model for assisted generation ({name}.forward needs {', '.join(needs)} from the "
+                "model it drafts for); migrate that model instead")
+    source = Path(inspect.getsourcefile(model_cls)).read_text()
+    class_source = inspect.getsource(model_cls)
+    if _IS_DECODER_READ.search(source) and not _IS_DECODER_FORCED.search(class_source) and not config.get("is_decoder"):
+        return "encoder-only model (bidirectional attention; is_decoder is not set)"
+    return None
+
+
+def locate_source(config: dict, model_dir: Path | None = None, trust_remote_code: bool = False) -> ModelSource:
+    """Resolve the causal-LM class and its config class: the repo's own code (auto_map) or
+    transformers' auto mappings."""
+    check_servable(config)
+    if config.get("auto_map"):
+        return locate_remote_source(config, model_dir, trust_remote_code)
+
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    model_type = config.get("model_type")
+    architectures = config.get("architectures") or []
+    arch_name = architectures[0] if architectures else model_type
+    if not model_type:
+        raise InputError("config.json has no 'model_type'; it is not a transformers checkpoint")
+    if model_type not in CONFIG_MAPPING_NAMES:
+        raise UnsupportedModelError(
+            f"model_type '{model_type}' is unknown to transformers {transformers.__version__}; "
+            "upgrade transformers, or pass --trust-remote-code if the repo ships its own code")
+    class_name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    # Prefer the checkpoint's own causal-LM class when transformers knows it.
+    for arch in architectures:
+        if arch.endswith(CAUSAL_LM_SUFFIXES) and hasattr(transformers, arch):
+            class_name = arch
+            break
+    if not class_name:
+        raise _refuse(arch_name, f"model_type '{model_type}' has no causal-LM head in transformers "
+                                 "(encoder-only, vision/audio-only or similar)")
+    model_cls = getattr(transformers, class_name)
+    config_cls = getattr(transformers, CONFIG_MAPPING_NAMES[model_type])
+    modeling_file = Path(inspect.getsourcefile(model_cls))
+    reason = refusal_reason(config, model_cls)
+    if reason:
+        raise _refuse(arch_name, reason)
+    return ModelSource(
+        model_type=model_type,
+        architecture=arch_name,
+        model_class=model_cls.__name__,
+        config_class=config_cls.__name__,
+        modeling_module=model_cls.__module__,
+        configuration_module=config_cls.__module__,
+        modeling_file=modeling_file,
+        configuration_file=Path(inspect.getsourcefile(config_cls)),
+        origin=f"transformers {transformers.__version__}",
+        attn_implementation="sdpa" if getattr(model_cls, "_supports_sdpa", False) else "eager",
+    )
+
+
+REMOTE_PACKAGE = "hf_remote_code"   # pseudo package the repo's relative imports resolve against
+
+
+def locate_remote_source(config: dict, model_dir: Path | None, trust_remote_code: bool) -> ModelSource:
+    """auto_map models: the repo's own modeling/configuration files, never imported here."""
+    auto_map = config["auto_map"]
+    arch = (config.get("architectures") or [config.get("model_type", "unknown")])[0]
+    if not trust_remote_code:
+        raise UnsupportedModelError(
+            f"{arch} ships its own code (auto_map in config.json); review it, then re-run with "
+            "--trust-remote-code to vendor it")
+    model_ref = auto_map.get("AutoModelForCausalLM")
+    config_ref = auto_map.get("AutoConfig")
+    if not model_ref or not config_ref:
+        raise _refuse(arch, "auto_map has no AutoModelForCausalLM/AutoConfig entry")
+    if "--" in model_ref or "--" in config_ref:
+        raise _refuse(arch, "auto_map points at code in another repository; download it next to the model")
+    model_module, _, model_class = model_ref.rpartition(".")
+    config_module, _, config_class = config_ref.rpartition(".")
+    for ref, module, cls in ((model_ref, model_module, model_class), (config_ref, config_module, config_class)):
+        # Only 'module.Class' with plain names: no '..', no '/', no absolute paths out of the repo.
+        if not (is_identifier(module) and is_identifier(cls)):
+            raise InputError(f"auto_map entry {ref!r} is not 'module.ClassName' naming a .py file of the "
+                             "model repo; only files inside the repo are vendored")
+    files = {m: repo_file(model_dir, f"{m}.py") for m in (model_module, config_module)}
+    return ModelSource(
+        model_type=config.get("model_type", "custom"),
+        architecture=arch,
+        model_class=model_class,
+        config_class=config_class,
+        modeling_module=f"{REMOTE_PACKAGE}.{model_module}",
+        configuration_module=f"{REMOTE_PACKAGE}.{config_module}",
+        modeling_file=files[model_module],
+        configuration_file=files[config_module],
+        origin=f"remote code in {model_dir}",
+        attn_implementation="sdpa" if "_supports_sdpa = True" in files[model_module].read_text() else "eager",
+    )
+
+
+def repo_file(repo: Path, name: str) -> Path:
+    """A .py file of a remote-code repo, refused unless it is a regular file inside the repo (a
+    symlink may point elsewhere in the repo, never out of it)."""
+    path = repo / name
+    if not path.is_file():
+        raise InputError(f"{path}: named in auto_map but missing from the model directory")
+    try:
+        path.resolve().relative_to(repo.resolve())
+    except ValueError:
+        raise InputError(f"{path}: resolves outside the model directory ({path.resolve()}); only files "
+                         "inside the repo are vendored") from None
+    return path
+
+
+def local_modules(source: ModelSource) -> dict[str, Path]:
+    """Other modules of a remote-code repo that the vendored files import relatively (transitively)."""
+    import re
+
+    if not source.modeling_module.startswith(REMOTE_PACKAGE + "."):
+        return {}
+    repo = source.modeling_file.parent
+    found: dict[str, Path] = {}
+    queue = [source.modeling_file, source.configuration_file]
+    while queue:
+        text = queue.pop().read_text()
+        for name in re.findall(r"^\s*from \.(\w+) import", text, re.M):
+            path = repo / f"{name}.py"
+            module = f"{REMOTE_PACKAGE}.{name}"
+            if path.is_file() and module not in found:
+                path = repo_file(repo, f"{name}.py")
+            if path.is_file() and module not in found and module not in (source.modeling_module,
+                                                                          source.configuration_module):
+                found[module] = path
+                queue.append(path)
+    return found
+
+
+def _module_file(module: str) -> Path | None:
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    return Path(spec.origin) if spec is not None and spec.origin and spec.origin.endswith(".py") else None
+
+
+def vendor_source(source: ModelSource, recipe_dir: Path, model_name: str) -> VendorResult:
+    """Copy modeling + configuration source into recipe_dir/models and apply the codemods.
+
+    The copy is closed under imports: every `transformers.models.<model>.<module>` the vendored
+    code still imports after the codemods (another model's configuration, a shared module of the
+    family, ...) is vendored too, under its own name in `models/`, and the imports are pointed at
+    the copies. Only the auto registry (`transformers.models.auto`) stays a transformers import.
+    """
+    import agent.codemods.vendor
+    from agent.migrate import codemod_cache
+    from agent.codemods.vendor import (CODEMODS, GuardedTorchNpuImportCommand, VendoredImportsCommand, apply_codemods,
+                                find_model_class_imports, transformers_model_imports)
+
+    models_dir = recipe_dir / "models"
+    models_dir.mkdir(parents=True, exist_ok=True)
+    # module -> (role, file, stem, roots to keep when pruning)
+    targets: dict[str, tuple[str, Path, str, list[str]]] = {
+        source.modeling_module: ("modeling", source.modeling_file, f"modeling_{model_name}", [source.model_class]),
+    }
+    targets.setdefault(source.configuration_module,
+                       ("configuration", source.configuration_file, f"configuration_{model_name}", []))
+    reserved = {"model_setting", "__init__", *(stem for _, _, stem, _ in targets.values())}
+    for module, path in local_modules(source).items():
+        stem = module.rpartition(".")[2]
+        if stem in reserved:
+            raise UnsupportedModelError(f"the model repo's module {stem}.py would overwrite the recipe's own "
+                                        f"models/{stem}.py; rename it in a copy of the repo (and its imports)")
+        targets[module] = (module, path, stem, [])
+    siblings = {module: f"models.{stem}" for module, (_, _, stem, _) in targets.items()}
+    processed: dict[str, tuple[str, list[str]]] = {}
+    queue = list(targets)
+    while queue:
+        module = queue.pop(0)
+        role, path, stem, roots = targets[module]
+        package = module.rpartition(".")[0]
+        # torch_npu is imported where the model runs; configuration files don't need it.
+        runs_model = role == "modeling" or (role == "dependency" and stem.startswith("modeling"))
+        codemods = CODEMODS if runs_model else [c for c in CODEMODS if c is not GuardedTorchNpuImportCommand]
+        # Cached on disk: the same source with the same codemods gives the same code (agent/migrate/codemod_cache.py).
+        code, applied = codemod_cache.cached(apply_codemods, path.read_text(), package, siblings, codemods,
+                                             code_files=[Path(agent.codemods.vendor.__file__)])
+        if find_model_class_imports(code) and roots:
+            # Files that also hold multimodal or task classes (e.g. Gemma3ForConditionalGeneration)
+            # import AutoModel & co: keep only what the classes the recipe uses reach.
+            code = prune_unreachable(code, roots=roots)
+            applied.append("PruneUnreachableDefinitionsCommand")
+        processed[module] = (code, applied)
+        for dep, names in transformers_model_imports(code).items():
+            if dep in targets:
+                continue
+            dep_file = _module_file(dep)
+            if dep_file is None:
+                continue  # not importable here: the contract check below names it
+            leaf = dep.rpartition(".")[2]
+            used = {s for _, _, s, _ in targets.values()}
+            dep_stem = leaf if leaf not in used else f"{dep.split('.')[2]}_{leaf}"
+            defined = _module_level_definitions(dep_file)
+            targets[dep] = ("dependency", dep_file, dep_stem, [n for n in names if n in defined])
+            siblings[dep] = f"models.{dep_stem}"
+            queue.append(dep)
+
+    result = VendorResult(source=source)
+    for module, (role, _, stem, _) in targets.items():
+        code, applied = processed[module]
+        rewritten, more = apply_codemods(code, package=module.rpartition(".")[0], sibling_modules=siblings,
+                                         codemods=[VendoredImportsCommand])
+        code, applied = rewritten, applied + more
+        offending = find_model_class_imports(code)
+        if offending:
+            raise VendorError(
+                f"vendored {stem}.py still imports model or configuration classes from transformers "
+                f"({', '.join(offending)}); vendor those modules too or report this architecture")
+        out = models_dir / f"{stem}.py"
+        out.write_text(code)
+        result.files[role if role in ("modeling", "configuration") else module] = out
+        result.codemods[out.name] = applied
+    return result
+
+
+def _module_level_definitions(path: Path) -> set[str]:
+    import ast
+
+    return {n.name for n in ast.parse(path.read_text()).body
+            if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def prune_unreachable(code: str, roots: list[str]) -> str:
+    import libcst as cst
+    from libcst.codemod import CodemodContext
+
+    from agent.codemods.vendor import PruneUnreachableDefinitionsCommand
+
+    command = PruneUnreachableDefinitionsCommand(CodemodContext(), roots=roots)
+    return command.transform_module(cst.parse_module(code)).code

@@ -1,0 +1,263 @@
+"""Repair backups: every recipe source file is copied under `.migrator/backup/round_N/` before a
+fix runs; the round records the unified diff; `rollback` restores a backup. Nothing is ever
+written through a symlink, and files are replaced atomically."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+import shutil
+import stat
+import tempfile
+import time
+from pathlib import Path
+
+from agent.errors import InputError
+from agent.recipe.textfile import read_exact_lines
+
+# Recipe files that are backed up before a fix (the run logs and backups themselves are not).
+SKIP_DIRS = {".migrator", "res", "__pycache__", "baseline"}
+
+
+# ---- backup, diff, rollback ------------------------------------------------------------
+# .migrator/backup/round_N/          regular recipe files before round N's fix (written once, atomically)
+# .migrator/backup/round_N.manifest.json   their paths;  round_N.run: the run that took it
+# .migrator/backup/run               the current run (a fresh run starts a new one; --resume keeps it)
+# .migrator/backup/earlier/<time>/   the rounds of earlier runs, kept
+# .migrator/trash/<time>/            files a rollback replaced or that were created after the backup
+ROUND_DIR_RE = re.compile(r"round_([0-9]{1,9})")
+
+
+class UnsafeRecipePath(InputError):
+    """A path in a recipe that the migrator refuses to write through (a symlink, a non-directory)."""
+
+
+def _regular_files(root: Path, skip_dirs=frozenset()) -> dict[str, Path]:
+    """Regular files under root by relative path; symlinks (to files or folders) are never followed."""
+    files = {}
+    if not root.is_dir() or root.is_symlink():
+        return files
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        dirnames[:] = [d for d in dirnames if d not in skip_dirs]
+        base = Path(dirpath)
+        for name in filenames:
+            path = base / name
+            rel = path.relative_to(root)
+            if len(rel.parts) == 1 and name in skip_dirs:
+                continue
+            try:
+                if stat.S_ISREG(os.lstat(path).st_mode):
+                    files[rel.as_posix()] = path
+            except OSError:
+                continue
+    return dict(sorted(files.items()))
+
+
+def recipe_files(recipe_dir: Path) -> dict[str, Path]:
+    return _regular_files(recipe_dir, SKIP_DIRS)
+
+
+def real_dirs(root: Path, *parts: str, create: bool = True) -> Path:
+    """root/parts..., each component a real directory (created if missing), never a symlink."""
+    path = root
+    for part in parts:
+        path = path / part
+        if path.is_symlink() or (path.exists() and not path.is_dir()):
+            raise UnsafeRecipePath(f"{path} is a symlink or not a directory; the migrator does not write "
+                                   "through it: move it away")
+        if create:
+            path.mkdir(exist_ok=True)
+    return path
+
+
+def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
+    """Write a temporary file beside `path` and rename it over: a symlink at `path` is replaced,
+    never followed, and a reader never sees half a file."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        if mode is None:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+        os.chmod(tmp, stat.S_IMODE(mode))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _backups(recipe_dir: Path) -> Path:
+    return real_dirs(recipe_dir, ".migrator", "backup")
+
+
+def _current_run(backups: Path) -> str:
+    marker = backups / "run"
+    return marker.read_text(errors="replace").strip() if marker.is_file() and not marker.is_symlink() else ""
+
+
+def start_backup_run(recipe_dir: Path, run_id: str) -> None:
+    """A fresh run (not --resume): its round N backups are new; the earlier run's go to earlier/ when
+    this run takes its own. Nothing to do (nothing written) when the recipe has no backups yet."""
+    backups = recipe_dir / ".migrator" / "backup"
+    if backups.is_dir() or backups.is_symlink():
+        atomic_write(_backups(recipe_dir) / "run", (run_id + "\n").encode())
+
+
+def _archive_rounds(backups: Path) -> None:
+    entries = [p for p in backups.iterdir() if re.fullmatch(r"round_[0-9]+(\.manifest\.json|\.run)?", p.name)]
+    if not entries:
+        return
+    dest = real_dirs(backups, "earlier") / time.strftime("%Y%m%dT%H%M%S")
+    while dest.exists():
+        dest = dest.with_name(dest.name + "_")
+    dest.mkdir()
+    for entry in entries:
+        os.rename(entry, dest / entry.name)
+
+
+def take_backup(recipe_dir: Path, round_no: int) -> tuple[Path, bool]:
+    """Copy every regular recipe source file to .migrator/backup/round_N/ (with a manifest) once.
+    The copy is made in a temporary folder renamed into place, so round_N exists only complete.
+    Returns (backup dir, reused): a backup this run already took (a resumed run) is never retaken;
+    one left by an earlier run is moved to earlier/ first."""
+    backups = _backups(recipe_dir)
+    dest = backups / f"round_{round_no}"
+    run_id = _current_run(backups)
+    stamp = backups / f"round_{round_no}.run"
+    if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
+        raise UnsafeRecipePath(f"{dest} is a symlink or not a directory: move it away")
+    if dest.is_dir():
+        taken_by = stamp.read_text(errors="replace").strip() if stamp.is_file() and not stamp.is_symlink() else ""
+        if taken_by == run_id and (backups / f"round_{round_no}.manifest.json").is_file():
+            return dest, True
+        _archive_rounds(backups)
+    for stale in backups.glob(f".round_{round_no}.*"):      # a copy a killed run left unfinished
+        if stale.is_dir() and not stale.is_symlink():
+            shutil.rmtree(stale)
+    tmp = Path(tempfile.mkdtemp(prefix=f".round_{round_no}.", dir=backups))
+    files = recipe_files(recipe_dir)
+    for rel, path in files.items():
+        target = tmp / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target, follow_symlinks=False)
+    atomic_write(backups / f"round_{round_no}.manifest.json", json.dumps(sorted(files), indent=1).encode())
+    atomic_write(stamp, (run_id + "\n").encode())
+    os.chmod(tmp, 0o755)
+    os.rename(tmp, dest)
+    return dest, False
+
+
+def backup(recipe_dir: Path, round_no: int) -> Path:
+    return take_backup(recipe_dir, round_no)[0]
+
+
+def diff_against_backup(recipe_dir: Path, backup_dir: Path) -> str:
+    before = set(_regular_files(backup_dir))
+    after = set(recipe_files(recipe_dir))
+    chunks = []
+    for rel in sorted(before | after):
+        old = read_exact_lines(backup_dir / rel) if rel in before else []   # true bytes: CRLF stays CRLF
+        new = read_exact_lines(recipe_dir / rel) if rel in after else []
+        if old != new:
+            chunks.extend(difflib.unified_diff(old, new, f"a/{rel}" if old or rel in before else "/dev/null",
+                                               f"b/{rel}" if rel in after else "/dev/null"))
+    return "".join(chunks)
+
+
+class BackupError(InputError):
+    """A backup that cannot be restored safely (bad manifest, file missing or not regular)."""
+
+
+def backup_rounds(recipe_dir: Path) -> list[int]:
+    backups = recipe_dir / ".migrator" / "backup"
+    if not backups.is_dir() or backups.is_symlink() or (recipe_dir / ".migrator").is_symlink():
+        return []
+    return sorted(int(m.group(1)) for p in backups.iterdir()
+                  if (m := ROUND_DIR_RE.fullmatch(p.name)) and p.is_dir() and not p.is_symlink())
+
+
+def _manifest(backups: Path, round_no: int) -> list[str]:
+    path = backups / f"round_{round_no}.manifest.json"
+    try:
+        if path.is_symlink():
+            raise ValueError("a symlink")
+        entries = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise BackupError(f"{path}: unreadable manifest ({exc.__class__.__name__})") from exc
+    if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
+        raise BackupError(f"{path}: not a list of recipe paths")
+    for rel in entries:
+        parts = Path(rel).parts
+        if (not rel or Path(rel).is_absolute() or ".." in parts or "\0" in rel or rel != Path(rel).as_posix()
+                or parts[0] in SKIP_DIRS or set(parts[:-1]) & SKIP_DIRS):
+            raise BackupError(f"{path}: entry {rel[:80]!r} is not a recipe file path")
+    return sorted(set(entries))
+
+
+class _Trash:
+    """.migrator/trash/<time>/, made on first use: where rollback puts what it replaces."""
+
+    def __init__(self, recipe_dir: Path):
+        self.recipe_dir = recipe_dir
+        self.dir: Path | None = None
+
+    def put(self, rel: str) -> str:
+        if self.dir is None:
+            base = real_dirs(self.recipe_dir, ".migrator", "trash") / time.strftime("%Y%m%dT%H%M%S")
+            while base.exists():
+                base = base.with_name(base.name + "_")
+            base.mkdir()
+            self.dir = base
+        dest = self.dir / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(self.recipe_dir / rel, dest)     # a symlink is moved itself, never followed
+        return dest.relative_to(self.recipe_dir).as_posix()
+
+
+def rollback(recipe_dir: Path, round_no: int | None = None) -> tuple[int, list[str]]:
+    """Restore the recipe's regular files as they were before round N (default: the first round).
+    Files created since and files replaced are moved to .migrator/trash/<time>/, never deleted;
+    nothing is written through a symlink (one in the way is moved to the trash)."""
+    recipe_dir = Path(recipe_dir)
+    rounds = backup_rounds(recipe_dir)
+    if not rounds:
+        raise FileNotFoundError(f"{recipe_dir}: no repair backups under .migrator/backup/")
+    round_no = rounds[0] if round_no is None else round_no
+    if round_no not in rounds:
+        raise FileNotFoundError(f"{recipe_dir}: no backup for round {round_no} (have {rounds})")
+    backups = recipe_dir / ".migrator" / "backup"
+    source = backups / f"round_{round_no}"
+    manifest = _manifest(backups, round_no)
+    saved = _regular_files(source)
+    missing = [rel for rel in manifest if rel not in saved]
+    if missing:
+        raise BackupError(f"{source}: {missing[0]} is missing from the backup or not a regular file")
+    trash = _Trash(recipe_dir)
+    restored = []
+    for rel in recipe_files(recipe_dir):
+        if rel not in manifest:          # created by a later fix (or by hand): kept in the trash
+            restored.append(f"moved {rel} to {trash.put(rel)}")
+    for rel in manifest:
+        data = saved[rel].read_bytes()
+        mode = os.lstat(saved[rel]).st_mode
+        parent = recipe_dir
+        for part in Path(rel).parts[:-1]:
+            parent = parent / part
+            if parent.is_symlink() or (parent.exists() and not parent.is_dir()):
+                moved = trash.put(parent.relative_to(recipe_dir).as_posix())
+                restored.append(f"moved {parent.relative_to(recipe_dir).as_posix()} to {moved}")
+            parent.mkdir(exist_ok=True)
+        target = recipe_dir / rel
+        if target.is_symlink() or (target.exists() and not target.is_file()):
+            restored.append(f"moved {rel} to {trash.put(rel)}")
+        elif target.exists():
+            if target.read_bytes() == data and stat.S_IMODE(os.lstat(target).st_mode) == stat.S_IMODE(mode):
+                continue
+            trash.put(rel)
+        atomic_write(target, data, mode)
+        restored.append(f"restored {rel}")
+    return round_no, restored

@@ -1,0 +1,170 @@
+"""Render a recipe's files from the Jinja templates in templates/.
+
+Every value that reaches a generated file is made safe for that file's language (SPEC §6):
+identifiers are validated, Python strings go through `repr`, the YAML is written by a YAML emitter,
+shell words are quoted, one-line comments and Markdown are stripped of what could end them. No user
+string is ever template source. After rendering, each file is parsed (Python, YAML, `bash -n`).
+"""
+
+from __future__ import annotations
+
+import keyword
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import jinja2
+import yaml
+
+from agent.errors import InputError, VendorError
+from agent.paths import templates_dir
+from agent.recipe.routing import Family
+from engine.config import rendered_settings
+
+# template -> path inside the recipe ({name} and {yaml_name} filled in)
+RECIPE_FILES = {
+    "infer.py.j2": "infer.py",
+    "infer.sh.j2": "infer.sh",
+    "config.yaml.j2": "config/{yaml_name}",
+    "model_setting.py.j2": "models/model_setting.py",
+    "requirements.txt.j2": "requirements.txt",
+    "README.md.j2": "README.md",
+}
+
+MODEL_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+MAX_NAME_LEN = 64
+IDENTIFIER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def normalise_model_name(raw: str, explicit: bool = False) -> str:
+    """Recipe name: lower case, underscores (e.g. 'Qwen3-0.6B' -> 'qwen3_0_6b').
+
+    A name derived from a model id is cut to MAX_NAME_LEN; a name the user gave (--name) that is
+    too long or has no ASCII letter/digit is refused (exit 2).
+    """
+    name = re.sub(r"[^a-z0-9]+", "_", str(raw).lower()).strip("_")
+    if not name:
+        raise InputError(f"cannot derive a recipe name from {_shown(raw)}: it needs ASCII letters or "
+                         "digits; pass --name my_model")
+    if name[0].isdigit():
+        name = f"m_{name}"
+    if len(name) > MAX_NAME_LEN:
+        if explicit:
+            raise InputError(f"--name is {len(name)} characters long; use at most {MAX_NAME_LEN}")
+        name = name[:MAX_NAME_LEN].rstrip("_")
+    return name
+
+
+def _shown(raw) -> str:
+    text = repr(str(raw))
+    return text if len(text) <= 80 else text[:77] + "...'"
+
+
+def yaml_name(model_name: str, world_size: int = 1) -> str:
+    return f"{model_name}_{world_size}card_eager.yaml"
+
+
+def runner_class_name(model_name: str) -> str:
+    return "".join(part.capitalize() for part in model_name.split("_")) + "Runner"
+
+
+def is_identifier(value) -> bool:
+    """A plain ASCII Python identifier that is not a keyword (class, module and key names)."""
+    return isinstance(value, str) and bool(IDENTIFIER_RE.match(value)) and not keyword.iskeyword(value)
+
+
+# ---- escaping filters: one per target language ------------------------------------------
+def _identifier(value) -> str:
+    if not is_identifier(value):
+        raise VendorError(f"refusing to write {value!r} into Python code: not a Python identifier")
+    return value
+
+
+def _one_line(value) -> str:
+    """Text for a comment or a Markdown line: what is not printable (newlines, C0/C1 controls,
+    line separators, format characters) becomes a space."""
+    return " ".join("".join(c if c.isprintable() else " " for c in str(value)).split())
+
+
+def _docstring(value) -> str:
+    """Text inside a triple-quoted docstring: nothing can close it or start an escape."""
+    return _one_line(value).replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _markdown(value) -> str:
+    """Inline Markdown text: no code spans, HTML or line breaks of the user's."""
+    return _one_line(value).replace("`", "'").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _to_yaml(value) -> str:
+    return yaml.safe_dump(value, sort_keys=False, allow_unicode=False, default_flow_style=False, width=4096)
+
+
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,   # a missing value is a bug, never an empty string
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.filters.update(py=repr, ident=_identifier, sh=shlex.quote, comment=_one_line, doc=_docstring,
+                       md=_markdown, to_yaml=_to_yaml)
+    return env
+
+
+def template_context(context: dict, family: Family) -> dict:
+    """The render context with derived names, after checking every identifier it carries."""
+    name = context["model_name"]
+    if not (isinstance(name, str) and MODEL_NAME_RE.match(name) and len(name) <= MAX_NAME_LEN):
+        raise InputError(f"recipe name {_shown(name)} is not valid: lower-case ASCII letters, digits and "
+                         f"'_', starting with a letter, at most {MAX_NAME_LEN} characters")
+    for key in ("model_class", "config_class"):
+        if key in context and not is_identifier(context[key]):
+            raise VendorError(f"{key} {_shown(context[key])} is not a Python identifier; refusing to render")
+    ctx = dict(context, family=family, yaml_name=yaml_name(name, int(context.get("world_size") or 1)),
+               runner_class=runner_class_name(name))
+    ctx["settings"] = rendered_settings(ctx)   # the YAML: engine/config.py's schema, in its order
+    return ctx
+
+
+def render_text(template: str, context: dict, family: Family) -> str:
+    return environment().get_template(template).render(**template_context(context, family))
+
+
+def render_recipe(recipe_dir: Path, context: dict, family: Family) -> list[Path]:
+    """Write every generated file; returns the paths written. Deterministic for equal context."""
+    env = environment()
+    ctx = template_context(context, family)   # validates before anything is written
+    name = ctx["model_name"]
+    files = dict(RECIPE_FILES)
+    files[family.runner_template] = f"runner_{name}.py"
+    texts = {recipe_dir / target.format(name=name, yaml_name=ctx["yaml_name"]): env.get_template(template).render(**ctx)
+             for template, target in files.items()}
+    written = []
+    for path, text in texts.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        if path.suffix == ".sh":
+            path.chmod(0o755)
+        written.append(path)
+    check_parses(written)
+    return written
+
+
+def check_parses(paths: list[Path]) -> None:
+    """Every generated Python, YAML and shell file parses; otherwise the render is a bug (exit 7)."""
+    for path in paths:
+        text = path.read_text()
+        try:
+            if path.suffix == ".py":
+                compile(text, str(path), "exec", dont_inherit=True)
+            elif path.suffix in (".yaml", ".yml"):
+                if not isinstance(yaml.safe_load(text), dict):
+                    raise ValueError("top level is not a mapping")
+            elif path.suffix == ".sh":
+                proc = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+                if proc.returncode != 0:
+                    raise ValueError(proc.stderr.strip().splitlines()[-1:])
+        except (SyntaxError, ValueError, yaml.YAMLError) as exc:
+            raise VendorError(f"generated {path.name} does not parse ({exc}); this is a bug, please report it") from exc

@@ -1,0 +1,204 @@
+"""What a failed run left behind, as the repair rules see it, and the one evidence matcher.
+
+A `Failure` carries the run's output (traceback + stdout/stderr, rank-log tracebacks included),
+its rank logs, the traceback frames, the first real error line and where it was raised. Rules
+never search text themselves: `Failure.search(pattern, where)` looks in the places a rule names.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TRACEBACK_LOCATION_RE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
+ERROR_LINE_RE = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Exit|Interrupt|Warning)\b.*|^\w+Error:.*")
+TRACEBACK_START = "Traceback (most recent call last):"
+CHAINED_RE = re.compile(r"^(During handling of the above exception|The above exception was the direct cause)")
+LIBRARY_PARTS = ("site-packages", "dist-packages")
+FRAME_RE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)')
+TIMEOUT_ERROR = "TimeoutError: infer.sh did not finish within the timeout"
+# The places evidence is searched, in the order a rule names them.
+PLACES = ("error", "output", "log", "frames")
+
+
+@dataclass
+class Failure:
+    """A failed run: the evidence every rule matches against and every fix may read."""
+    recipe_dir: Path
+    output: str                 # the run's output (evidence.txt: rank-log tracebacks appended)
+    error: str                  # the first real exception line
+    location: str | None        # innermost file:line (the recipe's own code first)
+    timed_out: bool = False
+    log: str = ""               # the rank logs (log_*.log), concatenated
+    frames: list[tuple[str, int]] = field(default_factory=list)   # every `File "...", line N`, in order
+
+    def __post_init__(self):
+        if not self.frames:
+            self.frames = [(file, int(line)) for file, line in TRACEBACK_LOCATION_RE.findall(self.output)]
+        if self.timed_out and not self.error.startswith(TIMEOUT_ERROR[:37]):
+            self.error = TIMEOUT_ERROR
+
+    @classmethod
+    def from_output(cls, recipe_dir: Path, output: str, timed_out: bool = False, log: str = "") -> "Failure":
+        from agent.recipe.recipe import find_repo_root
+
+        root = Path(recipe_dir).resolve()
+        summary = summarise_failure(output, roots=[root, find_repo_root(root)])
+        return cls(recipe_dir, output, summary["error"], summary["location"], timed_out, log)
+
+    @classmethod
+    def from_run(cls, recipe_dir: Path, run: dict) -> "Failure":
+        """The failure a trial run recorded (its evidence file and rank logs)."""
+        output = Path(run["output_file"]).read_text(errors="replace") if run.get("output_file") else ""
+        log_dir = Path(run["log_dir"]) if run.get("log_dir") else None
+        log = "".join(p.read_text(errors="replace") for p in sorted(log_dir.glob("log_*.log"))) \
+            if log_dir is not None and log_dir.is_dir() else ""
+        failure = cls.from_output(recipe_dir, output, bool(run.get("timed_out")), log)
+        if failure.timed_out:
+            failure.error = f"{TIMEOUT_ERROR} ({run.get('summary')})"
+        return failure
+
+    @property
+    def model_name(self) -> str:
+        runners = sorted(self.recipe_dir.glob("runner_*.py"))
+        return runners[0].stem.removeprefix("runner_") if runners else self.recipe_dir.name
+
+    def text(self, place: str) -> str:
+        if place == "frames":
+            return "\n".join(f"{file}:{line}" for file, line in self.frames)
+        return getattr(self, place)
+
+    def search(self, pattern: re.Pattern | str, where: tuple[str, ...] = ("error", "output")) -> re.Match | None:
+        """The first match of `pattern` in the first place of `where` that has one."""
+        regex = re.compile(pattern) if isinstance(pattern, str) else pattern
+        for place in where:
+            found = regex.search(self.text(place))
+            if found:
+                return found
+        return None
+
+    def search_all(self, pattern: re.Pattern | str, where: tuple[str, ...] = ("output",)) -> list[re.Match]:
+        regex = re.compile(pattern) if isinstance(pattern, str) else pattern
+        return [found for place in where for found in regex.finditer(self.text(place))]
+
+    def recipe_frames(self, skip_dirs=frozenset({".migrator", "res", "baseline", "__pycache__"})) \
+            -> list[tuple[str, int]]:
+        """(recipe-relative path, line) of the frames inside the recipe's own Python files, outermost first."""
+        root = self.recipe_dir.resolve()
+        frames = []
+        for file, line in self.frames:
+            try:
+                rel = Path(file).resolve().relative_to(root)
+            except (ValueError, OSError):
+                continue
+            if rel.suffix == ".py" and not set(rel.parts) & skip_dirs and (root / rel).is_file():
+                frames.append((str(rel), line))
+        return frames
+
+
+# ---- reading tracebacks ----------------------------------------------------------------------
+def _is_library(file: str) -> bool:
+    parts = Path(file).parts
+    if any(p in LIBRARY_PARTS for p in parts) or file.startswith("<"):
+        return True
+    # the interpreter's own library: .../lib/python3.X/...
+    return any(re.fullmatch(r"python\d+(\.\d+)?", p) for p in parts[:-1]) and "lib" in parts
+
+
+def _inside(file: str, roots: list[Path]) -> bool:
+    try:
+        path = Path(file).resolve()
+    except (OSError, RuntimeError):
+        return False
+    return any(root == path or root in path.parents for root in roots) and not _is_library(file)
+
+
+def _tracebacks(output: str) -> list[tuple[list[tuple[str, int]], str, str | None]]:
+    """Every traceback in the output: (frames, exception line, how it chains to the one before:
+    "cause" for `raise ... from`, "context" for an error while handling, None for a new one)."""
+    lines = output.splitlines()
+    blocks = []
+    link = None
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        marker = CHAINED_RE.match(line.strip())
+        if marker:
+            link = "cause" if "direct cause" in line else "context"
+            i += 1
+            continue
+        if TRACEBACK_START not in line:
+            if line.strip() and not marker and link and not line.startswith((" ", "\t")):
+                link = None     # something else came between: the next traceback is a new error
+            i += 1
+            continue
+        frames: list[tuple[str, int]] = []
+        error = ""
+        j = i + 1
+        while j < len(lines):
+            rest = lines[j]
+            m = FRAME_RE.match(rest)
+            if m:
+                frames.append((m.group("file"), int(m.group("line"))))
+            elif rest.strip() and not rest.startswith((" ", "\t")):
+                # strip a prefix some launchers put before the line ("[rank0]: ValueError: ...")
+                error = re.sub(r"^\[rank\d+\]:\s*", "", rest.strip())
+                break
+            j += 1
+        blocks.append((frames, error, link))
+        link = None
+        i = j + 1
+    return blocks
+
+
+def first_traceback(output: str) -> tuple[list[tuple[str, int]], str] | None:
+    """(frames, exception line) of the first error in the output, or None.
+
+    The first error is the real one: later tracebacks come from other ranks or from cleanup.
+    A chain counts as one error: for `raise X from Y` the exception is X (the message written
+    for the user), for an error raised while handling another it is the first; the frames are
+    the whole chain's."""
+    blocks = _tracebacks(output)
+    if not blocks:
+        return None
+    group = [blocks[0]]
+    for block in blocks[1:]:
+        if block[2] is None:
+            break
+        group.append(block)
+    error = group[0][1]
+    for block in group[1:]:
+        if block[2] == "cause":
+            error = block[1]
+        else:
+            break
+    frames = [frame for block in group for frame in block[0]]
+    return frames, error
+
+
+def summarise_failure(output: str, roots: list[Path | None] | None = None) -> dict:
+    """The first real error: its exception line and the innermost frame inside `roots` (the recipe and
+    the repository it belongs to), else the innermost frame outside library internals.
+
+    Without a traceback: the last exception-like line. Keys: error, location, traceback (bool)."""
+    roots = [Path(r).resolve() for r in roots or [] if r is not None]
+    found = first_traceback(output)
+    if found is not None and found[1]:
+        frames, error = found
+        own = [f for f in frames if _inside(f[0], roots)] if roots else []
+        user = [f for f in frames if not _is_library(f[0])]
+        frame = (own or user or [None])[-1]
+        where = f"{frame[0]}:{frame[1]}" if frame else None
+        return {"error": error[:500], "location": where, "traceback": True}
+    lines = [ln.rstrip() for ln in output.strip().splitlines() if ln.strip()]
+    error = next((ln.strip() for ln in reversed(lines) if ERROR_LINE_RE.match(ln.strip())),
+                 lines[-1].strip() if lines else "no output")
+    locations = TRACEBACK_LOCATION_RE.findall(output)
+    where = f"{locations[-1][0]}:{locations[-1][1]}" if locations else None
+    return {"error": error[:500], "location": where, "traceback": False}
+
+
+def signature(error: str) -> str:
+    """Failure identity across rounds: the error line without addresses and numbers."""
+    return re.sub(r"0x[0-9a-f]+|\d+(\.\d+)?", "#", error)[:300]

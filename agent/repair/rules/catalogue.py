@@ -1,0 +1,13 @@
+"""The failure catalogue: rules from every module, most specific first.
+
+The first rule whose evidence and facts accept the failure is used, so specific rules come before
+general ones. Out of memory comes first (any run that ran out of memory goes to the memory
+estimate, whatever else it printed); the optional LLM repairer comes last: it only sees failures
+no rule knows.
+"""
+
+from agent.repair import llm_repair
+from agent.repair.rules import code, config, field, files, run
+
+CATALOGUE = [*run.FIRST, *field.EARLIEST, *files.RULES, *run.RULES, *config.RULES, *field.FIRST, *code.RULES,
+             *field.RULES, llm_repair.RULE]

@@ -1,0 +1,1 @@
+"""Fixtures: tiny random checkpoints for tests, benchmarks and `migrator demo --arch`."""

@@ -1,0 +1,118 @@
+"""migration_report.json and a short human summary in the recipe."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+REPORT_KEYS = ("scenario", "classify_reason", "status", "message", "model_name", "model_source",
+               "model_dir", "architecture", "family", "vendored", "rendered", "env", "runs", "rounds",
+               "memory", "baseline_path", "verification")
+
+
+ORIGIN_KEYS = ("model_name", "model_source", "model_dir", "architecture", "family", "vendored", "rendered")
+
+
+def write_report(state: dict) -> Path | None:
+    if not state.get("recipe_dir"):
+        return None
+    recipe_dir = Path(state["recipe_dir"])
+    recipe_dir.mkdir(parents=True, exist_ok=True)
+    path = recipe_dir / "migration_report.json"
+    for name in (path.name, "migration_summary.md", "README.md"):
+        _refuse_link(recipe_dir / name)
+    report = {"generated_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    report.update({k: state.get(k) for k in REPORT_KEYS if state.get(k) is not None})
+    # A later B/C run knows less about the recipe's origin than the migration did: keep it.
+    try:
+        previous = json.loads(path.read_text())
+    except (OSError, ValueError):
+        previous = {}
+    for key in ORIGIN_KEYS:
+        if key not in report and key in previous:
+            report[key] = previous[key]
+    _write(path, json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n")
+    _write(recipe_dir / "migration_summary.md", human_summary(report, recipe_dir.name))
+    if report.get("baseline_path") and Path(report["baseline_path"]).is_file():
+        # Only a run that wrote a baseline has a status worth putting in the user's README.
+        update_readme(recipe_dir / "README.md", report)
+    return path
+
+
+def _refuse_link(path: Path) -> None:
+    """Never write through a symlink (it may point out of the recipe) or over a folder."""
+    from agent.errors import InputError
+
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise InputError(f"{path} is a symlink or not a regular file; the migrator does not write through it: "
+                         "replace it with a regular file or remove it")
+
+
+def _write(path: Path, text: str) -> None:
+    """Replace the file (temporary file + rename, mode kept): a link placed there meanwhile is
+    replaced, not followed."""
+    from agent.recipe.backup import atomic_write
+
+    _refuse_link(path)
+    atomic_write(path, text.encode("utf-8"), path.stat().st_mode if path.exists() else None)
+
+
+README_BEGIN = "<!-- migration-summary:begin -->"
+README_END = "<!-- migration-summary:end -->"
+
+
+def update_readme(readme: Path, report: dict) -> None:
+    """Keep a short, measurement-free summary in the recipe README (same input, same README);
+    the numbers are in baseline/ and migration_summary.md. Text outside the markers is kept."""
+    _refuse_link(readme)
+    if not readme.is_file():
+        return
+    parity = (report.get("verification") or {}).get("parity") or {}
+    lines = [README_BEGIN, "## Migration status", "",
+             f"- scenario {report.get('scenario')}: {report.get('classify_reason', '')}",
+             f"- status: **{report.get('status', 'unknown')}**"]
+    if report.get("message"):
+        lines.append(f"- {report['message']}")
+    if parity.get("checked"):
+        lines.append(f"- parity with transformers (fp32 logits, greedy tokens): {'ok' if parity.get('ok') else 'FAILED'}")
+    for rnd in report.get("rounds") or []:
+        lines.append(f"- repair round {rnd['round']}: {rnd['diagnosis'].get('rule') or 'no rule'}"
+                     f" ({'patched' if rnd.get('applied') else 'no patch'})")
+    lines += ["- details: `migration_report.json`, `migration_summary.md`, `baseline/baseline_metadata.json`",
+              README_END]
+    text = readme.read_text()
+    block = "\n".join(lines) + "\n"
+    if README_BEGIN in text and README_END in text:
+        head, _, rest = text.partition(README_BEGIN)
+        text = head + block + rest.partition(README_END)[2].lstrip("\n")
+    else:
+        text = text.rstrip("\n") + "\n\n" + block
+    _write(readme, text)
+
+
+def human_summary(report: dict, folder_name: str | None = None) -> str:
+    title = report.get("model_name") or folder_name or Path(report.get("recipe_dir") or "recipe").name
+    lines = [f"# Migration summary: {title}", ""]
+    lines.append(f"- scenario: {report.get('scenario')} ({report.get('classify_reason', '')})")
+    lines.append(f"- status: **{report.get('status', 'unknown')}** {report.get('message', '')}".rstrip())
+    if report.get("architecture"):
+        lines.append(f"- architecture: {report['architecture']} (family {report.get('family')})")
+    env = report.get("env") or {}
+    lines.append(f"- device: {env.get('device')} (torch {env.get('pytorch_version')}, "
+                 f"torch_npu: {env.get('torch_npu_status')})")
+    for rnd in report.get("rounds") or []:
+        lines.append(f"- repair round {rnd['round']}: {rnd['diagnosis'].get('diagnosis')}"
+                     f" -> {'patched' if rnd.get('applied') else 'no patch'}")
+    if report.get("baseline_path"):
+        try:
+            perf = json.loads(Path(report["baseline_path"]).read_text())["performance"]
+            lines.append(f"- baseline: prefill {perf['prefill_ms']} ms, decode {perf['decode_avg_ms']} ms/token")
+        except (OSError, KeyError, ValueError):
+            lines.append(f"- baseline: {report['baseline_path']}")
+    parity = (report.get("verification") or {}).get("parity")
+    if parity:
+        lines.append(f"- parity vs transformers: {'ok' if parity.get('ok') else 'FAILED'} "
+                     f"(max |dlogits| {parity.get('max_abs_logits_diff')}, greedy tokens equal: "
+                     f"{parity.get('greedy_tokens_equal')})")
+    return "\n".join(lines) + "\n"

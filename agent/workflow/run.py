@@ -1,0 +1,174 @@
+"""`run_migration(state, resume)`: the one way to run the graph (the CLI, the benchmarks, the tests).
+
+It owns the compiled graph with its progress output, where the checkpoint store lives, the
+thread key of a run, and what `--resume` accepts from the store.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+from agent import errors
+
+RECURSION_LIMIT = 100
+
+
+def progress(name: str, fn):
+    """Each node's start, end and elapsed time on stderr; on a terminal the line ticks live."""
+    import threading
+
+    @functools.wraps(fn)
+    def wrapper(state):
+        start = time.perf_counter()
+        live = sys.stderr.isatty()
+        stop = threading.Event()
+        if live:
+            def tick():
+                while not stop.wait(0.5):
+                    print(f"\r[migrator] {name} ... {time.perf_counter() - start:.0f}s", end="", file=sys.stderr,
+                          flush=True)
+            threading.Thread(target=tick, daemon=True).start()
+        else:
+            print(f"[migrator] {name} ...", file=sys.stderr, flush=True)
+        try:
+            result = fn(state)
+        except BaseException:
+            stop.set()
+            if live:
+                print(file=sys.stderr)   # keep the error off the progress line
+            raise
+        stop.set()
+        prefix = "\r\033[K" if live else ""
+        print(f"{prefix}[migrator] {name} done in {time.perf_counter() - start:.1f}s", file=sys.stderr, flush=True)
+        return result
+    return wrapper
+
+
+def compiled_graph(checkpoint_db: Path):
+    """The graph with a SQLite checkpointer whose serializer reads plain JSON data only: a tampered
+    store is refused (UnsafeStoreError), nothing it names is imported or called."""
+    import sqlite3
+
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    from agent.workflow.checkpoint_serde import StateSerializer
+    from agent.workflow.graph import build_graph
+
+    checkpoint_db.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(str(checkpoint_db), check_same_thread=False)
+    return build_graph(wrap=progress).compile(checkpointer=SqliteSaver(conn, serde=StateSerializer()))
+
+
+def thread_key(state: dict) -> str:
+    """The run's identity: same target, name and output dir -> same key (what --resume continues)."""
+    output_dir = Path(state.get("output_dir") or "models").resolve()
+    target = Path(state["target"]).expanduser()
+    key = json.dumps([str(target.resolve()) if target.exists() else state["target"], state.get("name"),
+                      str(output_dir)])
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def checkpoint_home(state: dict) -> Path:
+    """Checkpoints live with what they describe: in the recipe for B/C, in the output dir for A
+    (never inside a checkpoint, even one that holds an infer.sh)."""
+    from agent.recipe.recipe import describe
+
+    target = Path(state["target"]).expanduser()
+    info = describe(target) if target.is_dir() else None
+    return info.path if info is not None and info.is_recipe else Path(state.get("output_dir") or "models").resolve()
+
+
+def _unreadable_store(path: Path, why: str, resume: bool) -> errors.InputError:
+    hint = f"remove it (rm {path}) or run without --resume" if resume else f"remove it (rm {path})"
+    why = " ".join(str(why).split())[:200]
+    return errors.InputError(f"{path}: the --resume checkpoint store cannot be read safely ({why}); {hint}")
+
+
+def _load_threads(threads_file: Path, resume: bool) -> dict:
+    if not threads_file.is_file():
+        return {}
+    try:
+        threads = json.loads(threads_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise _unreadable_store(threads_file, f"{exc.__class__.__name__}", resume) from exc
+    if not isinstance(threads, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                for k, v in threads.items()):
+        raise _unreadable_store(threads_file, "not a JSON object of thread ids", resume)
+    return threads
+
+
+def _check_resumed_state(values: dict, db: Path) -> None:
+    """A store written by this serializer holds MigrationState's types: anything else is refused."""
+    import types
+    import typing
+
+    from agent.workflow.nodes import MigrationState
+
+    def allowed(hint) -> tuple:
+        if typing.get_origin(hint) in (typing.Union, types.UnionType):
+            return tuple(t for arg in typing.get_args(hint) for t in allowed(arg))
+        return (typing.get_origin(hint) or hint,)
+
+    hints = typing.get_type_hints(MigrationState)      # Annotated reducers stripped: list[dict] -> list
+    for key, value in values.items():
+        hint = hints.get(key)
+        if hint is None or value is None:
+            continue
+        kinds = allowed(hint)
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            raise _unreadable_store(db, f"state field {key!r} holds a {type(value).__name__}", True)
+
+
+def run_migration(state: dict, resume: bool = False, *, stop_after: str | None = None) -> dict:
+    """Run the graph with a SQLite checkpointer (durability "sync": each finished node is on disk
+    before the next starts, so a killed run resumes where it was); returns the summary
+    (agent.workflow.nodes.summarise). `resume` continues the latest interrupted run of the same
+    target/name/output dir; a fresh run gets a new thread. `stop_after` ends the run after that
+    node (e.g. "render": a recipe written, not run); `--resume` would continue it."""
+    import sqlite3
+    import uuid
+
+    from agent.workflow.checkpoint_serde import UnsafeStoreError
+    from agent.workflow.nodes import summarise
+    from agent.recipe.backup import atomic_write, real_dirs, start_backup_run
+
+    output_dir = Path(state.get("output_dir") or "models").resolve()
+    key = thread_key(state)
+    home = checkpoint_home(state)
+    home.mkdir(parents=True, exist_ok=True)
+    real_dirs(home, ".migrator")          # a symlinked .migrator is refused, never written through
+    threads_file = home / ".migrator" / "threads.json"
+    db = home / ".migrator" / "checkpoints.sqlite"
+    for path in (threads_file, db):
+        if path.is_symlink():
+            raise _unreadable_store(path, "it is a symlink", resume)
+    app = compiled_graph(db)
+    threads = _load_threads(threads_file, resume)
+    invoke = functools.partial(app.invoke, durability="sync", interrupt_after=[stop_after] if stop_after else None)
+    try:
+        if resume and key in threads:
+            config = {"configurable": {"thread_id": threads[key]}, "recursion_limit": RECURSION_LIMIT}
+            snapshot = app.get_state(config)
+            _check_resumed_state(snapshot.values or {}, db)
+            if snapshot.next:
+                print(f"[migrator] resuming at {', '.join(snapshot.next)}", file=sys.stderr)
+                return summarise(invoke(None, config))
+            print("[migrator] the last run of this target finished; nothing to resume", file=sys.stderr)
+            return summarise(snapshot.values)
+        if resume:
+            print("[migrator] no interrupted run of this target: starting from the beginning", file=sys.stderr)
+        threads[key] = f"{key}-{uuid.uuid4().hex[:8]}"
+        if home != output_dir:
+            start_backup_run(home, threads[key])   # a fresh run's rounds start at 1; earlier ones are kept
+        atomic_write(threads_file, json.dumps(threads, indent=2).encode())
+        config = {"configurable": {"thread_id": threads[key]}, "recursion_limit": RECURSION_LIMIT}
+        return summarise(invoke(state, config))
+    except UnsafeStoreError as exc:
+        raise _unreadable_store(db, str(exc), resume) from None
+    except sqlite3.DatabaseError as exc:
+        raise _unreadable_store(db, f"{exc.__class__.__name__}: {exc}", resume) from None
