@@ -11,8 +11,15 @@ from pathlib import Path
 
 from agent import errors
 from agent.errors import MigratorError
+from agent.migrate.acquire import local_path_problem, parse_hub_ref
+from agent.migrate.checkpoint_check import check_checkpoint, check_output_outside, weight_files
+from agent.paths import demo_model_dir
+from agent.recipe.backup import rollback
+from agent.recipe.npu_scan import ensure_runnable_here
+from agent.recipe.recipe import Recipe
 from agent.workflow.run import run_migration
 from engine import defaults
+from engine.environment import DeviceUnavailableError, TorchImportError, detect_environment, import_torch, select_device
 
 DEVICES = ("auto", "npu", "cuda", "cpu")
 
@@ -106,20 +113,16 @@ def _add_run_options(run: argparse.ArgumentParser) -> None:
 # ---- commands ---------------------------------------------------------------------------
 def check_target(target: str, trust_remote_code: bool = False) -> None:
     """Reject bad input before the workflow starts: one line, exit code 2."""
-    from agent.migrate.acquire import local_path_problem, parse_hub_ref
-
-    from agent.recipe.recipe import describe
-
     path = Path(target).expanduser()
     if path.exists():
         if not path.is_dir():
             raise errors.InputError(f"{target}: not a directory; give a Hugging Face model directory, "
                                     "a recipe directory, an https://huggingface.co/Org/Name link or Org/Name")
-        if not (path / "config.json").is_file() and not describe(path).is_recipe:
+        recipe = Recipe.at(path)
+        if not (path / "config.json").is_file() and not recipe.is_recipe:
             raise errors.InputError(f"{target}: no config.json — point at a Hugging Face model directory "
-                                    "(the folder that holds config.json and the weights) or a recipe with infer.sh")
-        from agent.migrate.checkpoint_check import check_checkpoint, weight_files
-
+                                    "(the folder that holds config.json and the weights) or a recipe with infer.sh "
+                                    f"({recipe.reason})")
         if (path / "config.json").is_file() and (not (path / "infer.sh").is_file() or weight_files(path)):
             check_checkpoint(path, trust_remote_code)   # a checkpoint (even one holding an infer.sh): checked before any step
     elif local_path_problem(target):
@@ -139,14 +142,11 @@ def resolve_target(target: str) -> str:
 def preflight(target: str) -> None:
     """Before anything runs or is written: a recipe that calls NPU kernels on a host without a
     usable NPU ends here with exit 4 (no repair round, no file touched)."""
-    from agent.recipe.recipe import describe
-    from agent.workflow.nodes import ensure_runnable_here
-
     path = Path(target)
     if path.is_dir():
-        info = describe(path)
-        if info.is_recipe:
-            ensure_runnable_here(info)
+        recipe = Recipe.at(path)
+        if recipe.is_recipe:
+            ensure_runnable_here(recipe)
 
 
 def check_text_args(**values) -> None:
@@ -179,8 +179,6 @@ def cmd_run(args) -> int:
     if not args.resume:
         check_target(args.target, args.trust_remote_code)
     if (Path(args.target).expanduser() / "config.json").is_file():
-        from agent.migrate.checkpoint_check import check_output_outside
-
         check_output_outside(Path(args.target), Path(args.output_dir), args.output_dir)
     check_output_dir(args.output_dir)
     args.target = resolve_target(args.target)
@@ -207,9 +205,7 @@ def _finish(summary: dict, as_json: bool) -> int:
 
 
 def cmd_demo(args) -> int:
-    from agent.testing.tiny_checkpoint import build_tiny_checkpoint
-
-    from agent.paths import demo_model_dir
+    from agent.testing.tiny_checkpoint import build_tiny_checkpoint   # a fixture: loaded for --arch only
 
     output_dir = Path(args.output_dir)
     if args.arch:
@@ -240,8 +236,6 @@ def cmd_demo(args) -> int:
 
 
 def cmd_env(args) -> int:
-    from engine.environment import DeviceUnavailableError, detect_environment, select_device
-
     try:
         env = detect_environment(args.device)
     except DeviceUnavailableError as exc:
@@ -260,7 +254,7 @@ def cmd_env(args) -> int:
 
 
 def cmd_classify(args) -> int:
-    from agent.workflow.nodes import node_classify
+    from agent.workflow.nodes import node_classify   # loads every node's modules: only for this command
 
     path = Path(args.path).expanduser()
     if not path.exists():
@@ -280,17 +274,15 @@ def cmd_baseline(args) -> int:
     import csv
 
     rows = []
-    from agent.recipe.recipe import describe
-
     for i, raw in enumerate(args.recipes, 1):
         recipe = Path(raw).expanduser().resolve()
         row = {"model": recipe.name, "recipe": raw, "status": "skipped", "prefill_ms": None,
                "decode_avg_ms": None, "device": None, "message": ""}
         print(f"[migrator] baseline {i}/{len(args.recipes)}: {raw}", file=sys.stderr, flush=True)
-        info = describe(recipe)
-        if not info.is_recipe:
-            row["message"] = ("a checkpoint, not a recipe" if info.kind == "checkpoint"
-                              else "not a recipe (no infer.sh, no repository entry point)")
+        found = Recipe.at(recipe)
+        if not found.is_recipe:
+            row["message"] = ("a checkpoint, not a recipe" if found.kind == "checkpoint"
+                              else f"not a recipe ({found.reason})")
             rows.append(row)
             continue
         try:
@@ -332,8 +324,6 @@ def cmd_baseline(args) -> int:
 
 
 def cmd_rollback(args) -> int:
-    from agent.recipe.backup import rollback
-
     recipe = Path(args.recipe)
     if not recipe.is_dir():
         raise errors.InputError(f"{args.recipe}: no such recipe directory")
@@ -354,8 +344,6 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as exc:   # --help, or a usage error already printed in one line
         return exc.code if isinstance(exc.code, int) else errors.EXIT_USAGE
-    from engine.environment import TorchImportError, import_torch
-
     try:
         import_torch()  # first torch import of the process: guarded against torch_npu without CANN
     except TorchImportError as exc:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
+from typing import Any, TypedDict
 
 from engine.backends import cpu, cuda, npu
 from engine.backends.common import dist_version
@@ -104,7 +104,27 @@ def synchronize(device) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def detect_environment(device: str = "auto") -> dict:
+class Environment(TypedDict, total=False):
+    """What `detect_environment` records: the device really used and the software found."""
+    device: str                       # npu | cuda | cpu
+    npu_model: str | None
+    num_cards: int | None
+    num_chips: int | None
+    cann_version: str | None
+    pytorch_version: str | None
+    torch_npu_version: str | None
+    torch_npu_status: str             # STATUS_OK, STATUS_NO_CANN, ...
+    torch_pair_ok: bool | None        # torch and torch_npu versions match
+    cuda_device_name: str | None
+    cuda_memory_bytes: int | None
+    cpu_model: str | None
+    cpu_count: int | None
+    memory_bytes: int | None
+    device_memory_bytes: int | None   # one card's memory (the host's on cpu)
+    torch_import_error: str
+
+
+def detect_environment(device: str = "auto") -> Environment:
     """A JSON-serialisable record of the environment actually used.
 
     `device` is what the run asked for ("auto", "cpu", "npu", "npu:1", "cuda", ...); the
@@ -131,7 +151,7 @@ def detect_environment(device: str = "auto") -> dict:
                 f"set {AUTOLOAD_ENV}=0 or fix the torch install")
 
     memory_bytes = cpu.mem_total_bytes()
-    env: dict[str, Any] = {
+    env: Environment = {
         "device": kind,
         "npu_model": npu_smi["npu_model"],
         "num_cards": npu_smi["num_cards"],

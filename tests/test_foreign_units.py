@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from agent.recipe.recipe import describe
+from agent.recipe.recipe import Recipe
 from agent.recipe.npu_scan import scan_recipe, scan_source
 from agent.repair.failure import Failure, summarise_failure
 from agent.repair.diagnose import first_matching_rule
@@ -77,7 +77,7 @@ def tiny_ckpt_path(tmp_path):
 
 
 # ---- what a folder is ---------------------------------------------------------------------
-def test_describe_checkpoint_legacy_framework_and_paths(tmp_path, tiny_ckpt_path, monkeypatch):
+def test_recipe_kinds_commands_and_paths(tmp_path, tiny_ckpt_path, monkeypatch):
     write_executor(tmp_path)
     legacy = write_legacy_recipe(tmp_path, "leg", tiny_ckpt_path)
     fw = write_framework_recipe(tmp_path, "fw", tiny_ckpt_path)
@@ -86,22 +86,52 @@ def test_describe_checkpoint_legacy_framework_and_paths(tmp_path, tiny_ckpt_path
     (ckpt / "config.json").write_text("{}")
     (ckpt / "model.safetensors").write_bytes(b"\0")
     (ckpt / "infer.sh").write_text("touch ran\n")
-    assert describe(ckpt).kind == "checkpoint"                  # an infer.sh does not make it a recipe
-    assert describe(legacy).kind == "legacy" and describe(legacy).yaml == legacy / "config" / "leg.yaml"
-    info = describe(fw)
-    assert info.kind == "framework" and info.repo_root == tmp_path.resolve()
-    assert info.command() == ["bash", str(tmp_path.resolve() / "executor/scripts/infer.sh"), "--model", "fw",
-                              "--yaml", "fw_rank_1_eager.yaml"]
-    assert info.entry_files == [tmp_path.resolve() / "executor/offline/infer.py"]
+    assert Recipe.at(ckpt).kind == "checkpoint"                  # an infer.sh does not make it a recipe
+    assert Recipe.at(legacy).kind == "legacy" and Recipe.at(legacy).yaml == legacy / "config" / "leg.yaml"
+    assert Recipe.at(legacy).launch().command == ("bash", str(legacy.resolve() / "infer.sh"))
+    info = Recipe.at(fw)
+    assert info.kind == "framework" and info.repo_root == tmp_path.resolve() and info.model_name == "fw"
+    launch = info.launch()
+    assert launch.command == ("bash", str(tmp_path.resolve() / "executor/scripts/infer.sh"), "--model", "fw",
+                              "--yaml", "fw_rank_1_eager.yaml")
+    assert launch.cwd is None and launch.env["PYTHONPATH"].split(":")[0] == str(tmp_path.resolve())
+    assert info.entry_files == (tmp_path.resolve() / "executor/offline/infer.py",)
     assert info.baseline_dir() == fw.resolve() / "baseline"
     (fw / "agentic").mkdir()
-    assert describe(fw).baseline_dir() == fw.resolve() / "agentic" / "baseline"   # the repository's convention
-    assert describe(tmp_path / "executor").kind == "none"
+    assert Recipe.at(fw).baseline_dir() == fw.resolve() / "agentic" / "baseline"   # the repository's convention
+    none = Recipe.at(tmp_path / "executor")
+    assert none.kind == "none" and not none.is_recipe and "no infer.sh" in none.reason
+    readme_only = tmp_path / "models" / "hstu"
+    readme_only.mkdir()
+    (readme_only / "README.md").write_text("# hstu\n")
+    assert Recipe.at(readme_only).kind == "none" and "no config/*.yaml" in Recipe.at(readme_only).reason
     # relative, ".", and a symlinked folder all name the same recipe
     link = tmp_path / "link"
     link.symlink_to(fw)
     monkeypatch.chdir(fw)
-    assert describe(".").path == describe("../fw").path == describe(link).path == fw.resolve()
+    assert Recipe.at(".").path == Recipe.at("../fw").path == Recipe.at(link).path == fw.resolve()
+
+
+def test_standalone_recipe_yamls_and_launch(tmp_path):
+    """Our layout: the runner on engine.model_runner; the N-card YAML is named, written from the
+    single-card one when missing, and handed to infer.sh through YAML_FILE."""
+    recipe = tmp_path / "ours"
+    (recipe / "config").mkdir(parents=True)
+    (recipe / "infer.sh").write_text("exit 0\n")
+    (recipe / "runner_ours.py").write_text("from engine.model_runner import ModelRunner\n")
+    (recipe / "config" / "ours_1card_eager.yaml").write_text(
+        "model_name: ours\nworld_size: 1\nparallel_config:\n  attn_tp_size: 1\n")
+    found = Recipe.at(recipe)
+    assert (found.kind, found.model_name, found.yaml.name) == ("standalone", "ours", "ours_1card_eager.yaml")
+    assert found.yaml_for(2) is None and found.launch(1).env == {}
+    launch = found.launch(2)
+    assert launch.env == {"YAML_FILE": "config/ours_2card_eager.yaml"} and launch.cwd == recipe.resolve()
+    written = found.yaml_for(2)
+    assert found.settings(written)["world_size"] == 2 and found.settings(written)["parallel_config"] == {
+        "attn_tp_size": 2, "moe_tp_size": 2, "lmhead_tp_size": 2}
+    assert found.settings()["world_size"] == 1                          # the single-card YAML is kept
+    (recipe / "runner_ours.py").write_text("class Runner: pass\n")    # not on this engine: someone else's
+    assert Recipe.at(recipe).kind == "legacy"
 
 
 def test_classify_never_runs_anything_inside_a_checkpoint(tmp_path):
@@ -179,24 +209,23 @@ def _legacy_call(start):
      "", "rank 1 did not finish its formal run", False),
 ])
 def test_judge_run(tmp_path, case, logs, infer_py, problem, no_warm_up):
-    from agent.workflow.nodes import judge_run
+    from agent.recipe.trial_run import judge_run
 
     for name, lines in logs.items():
         (tmp_path / name).write_text("\n".join(lines) + "\n")
     (tmp_path / "infer.py").write_text(infer_py)
     verdict = judge_run("", tmp_path, tmp_path, framework=False)
-    assert (verdict["problem"], verdict["no_warm_up"]) == (problem, no_warm_up), case
+    assert (verdict.problem, verdict.no_warm_up) == (problem, no_warm_up), case
 
 
 def test_framework_log_needs_no_warm_up_line(tmp_path):
-    from agent.workflow.nodes import judge_run
+    from agent.recipe.trial_run import Verdict, judge_run
 
     fw = ["[INFO][2026-06-12 10:21:08.125][scheduler.py:412] [Main] Inference time (prefill): 52.31 ms",
           "[INFO][2026-06-12 10:21:08.136][scheduler.py:412] [Main] Inference time (decode): 10.00 ms",
           "[INFO][2026-06-12 10:21:08.137][infer.py:93] Request 0: outputs: Hi", ""]
     (tmp_path / "log_0.log").write_text("\n".join(fw))
-    assert judge_run("", tmp_path, tmp_path, framework=True) == {
-        "problem": None, "extra": [], "no_warm_up": False, "prefills": 1}
+    assert judge_run("", tmp_path, tmp_path, framework=True) == Verdict(None, [], False, 1)
 
 
 # ---- byte-preserving edits ----------------------------------------------------------------------
@@ -214,7 +243,8 @@ def test_restore_format(original, edited, expected):
 
 
 def test_warm_up_repair_keeps_crlf_mode_and_records_the_true_diff(tmp_path):
-    from agent.repair.diagnose import diagnose, repair
+    from agent.repair.diagnose import diagnose
+    from agent.repair.fix import repair
 
     recipe = tmp_path / "r"
     recipe.mkdir()
@@ -272,7 +302,8 @@ def test_a_chained_error_is_one_error_with_the_chain_s_recipe_frame(tmp_path, ma
 
 
 def test_yaml_line_edit_keeps_crlf_gbk_comments_and_mode(tmp_path):
-    from agent.repair.rules._util import edit_yaml_line, load_yaml
+    from agent.recipe.recipe import read_settings
+    from agent.repair.rules._util import edit_yaml_line
 
     recipe = tmp_path / "r"
     (recipe / "config").mkdir(parents=True)
@@ -280,8 +311,8 @@ def test_yaml_line_edit_keeps_crlf_gbk_comments_and_mode(tmp_path):
     text = "model_name: m  # 模型\r\nexe_mode: eager\r\ndata_config:\r\n  batch_size: 1\r\n"
     path.write_bytes(text.encode("gb18030"))
     path.chmod(0o640)
-    assert load_yaml(recipe)["data_config"] == {"batch_size": 1}
-    edit_yaml_line(recipe, "data_config", "batch_size", 4)
-    edit_yaml_line(recipe, "data_config", "max_new_tokens", 8)
+    assert read_settings(path)["data_config"] == {"batch_size": 1}
+    edit_yaml_line(path, "data_config", "batch_size", 4)
+    edit_yaml_line(path, "data_config", "max_new_tokens", 8)
     assert path.read_bytes() == (text.replace("batch_size: 1", "batch_size: 4") + "  max_new_tokens: 8\r\n").encode("gb18030")
     assert path.stat().st_mode & 0o777 == 0o640

@@ -125,6 +125,7 @@ def test_estimate_for_recipe_resolves_a_relative_model_path(tiny_checkpoints, tm
     import yaml
 
     from agent.measure.memory import estimate_for_recipe
+    from agent.recipe.recipe import Recipe
 
     recipe = tmp_path / "recipe"
     (recipe / "config").mkdir(parents=True)
@@ -132,7 +133,7 @@ def test_estimate_for_recipe_resolves_a_relative_model_path(tiny_checkpoints, tm
     settings = {"model_name": "r", "model_path": "weights", "model_config": {"dtype": "float32"},
                 "data_config": {"batch_size": 1, "input_max_len": 32, "max_new_tokens": 8}}
     (recipe / "config" / "r_1card_eager.yaml").write_text(yaml.safe_dump(settings))
-    memory = estimate_for_recipe(recipe, {"device": "npu", "device_memory_bytes": 64 * 2**30})
+    memory = estimate_for_recipe(Recipe.at(recipe), {"device": "npu", "device_memory_bytes": 64 * 2**30})
     assert memory["weights_bytes"] == weight_bytes(recipe / "weights")
     assert memory["cards_needed"] == 1 and memory["model_type"] == "llama"
 
@@ -143,6 +144,7 @@ def test_estimate_for_recipe_reads_upstream_yaml_schemas(tiny_checkpoints, tmp_p
     import yaml
 
     from agent.measure.memory import estimate_for_recipe
+    from agent.recipe.recipe import Recipe
 
     checkpoint = tiny_checkpoints("llama")
     legacy = {"model_name": "l", "model_path": str(checkpoint), "exe_mode": "eager", "world_size": 1,
@@ -156,6 +158,6 @@ def test_estimate_for_recipe_reads_upstream_yaml_schemas(tiny_checkpoints, tmp_p
         recipe = tmp_path / name
         (recipe / "config").mkdir(parents=True)
         (recipe / "config" / f"{name}.yaml").write_text(yaml.safe_dump(settings))
-        memory = estimate_for_recipe(recipe, {"device": "npu", "device_memory_bytes": 64 * 2**30})
+        memory = estimate_for_recipe(Recipe.at(recipe), {"device": "npu", "device_memory_bytes": 64 * 2**30})
         assert (memory["dtype"], memory["batch_size"], memory["seq_len"]) == ("float32", 2, 40), name
         assert memory["weights_bytes"] == weight_bytes(checkpoint) and memory["cards_needed"] == 1

@@ -51,10 +51,10 @@ def test_two_nodes_on_localhost_run_tensor_parallel_with_the_single_card_text(wo
                                                                               tmp_path):
     """Two torchrun processes (--nnodes 2, static rendezvous on localhost), one rank each, as two
     machines would run them: infer.sh passes NNODES / NODE_RANK / MASTER_ADDR / MASTER_PORT through."""
-    from agent.measure.memory import write_multicard_yaml
+    from agent.recipe.recipe import Recipe
 
     single = _texts(next((working_recipe_source / ".migrator" / "runs").glob("run_*/log_0.log")))
-    yaml_file = write_multicard_yaml(working_recipe, 2)
+    yaml_file = Recipe.at(working_recipe).write_yaml_for(2)
     port = _free_port()
     nodes = []
     for node_rank in (0, 1):

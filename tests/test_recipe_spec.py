@@ -102,7 +102,8 @@ def test_obsolete_keys_have_no_reader():
 
 def test_re_render_from_the_recipe_gives_the_same_files(tmp_path):
     """RecipeSpec.from_recipe (repair's re-render) rebuilds the spec node_render rendered from."""
-    from agent.repair.rules.files import recipe_spec
+    from agent.recipe.recipe import Recipe
+    from agent.recipe.spec import recipe_spec
 
     spec, vendored = _demo_spec(tmp_path, device="cpu", max_new_tokens=8)
     recipe = tmp_path / "demo"
@@ -110,7 +111,7 @@ def test_re_render_from_the_recipe_gives_the_same_files(tmp_path):
     (recipe / "migration_report.json").write_text(json.dumps(
         {"model_name": "demo", "model_source": "Org/Demo", "architecture": spec.architecture, "family": spec.family,
          "model_dir": spec.model_path, "vendored": vendored, "env": {"device": "cpu"}}))
-    rebuilt = recipe_spec(recipe)
+    rebuilt = recipe_spec(Recipe.at(recipe))
     assert rebuilt.settings() == spec.settings()
     again = tmp_path / "again"
     for path in _render(again, rebuilt):
@@ -121,6 +122,7 @@ def test_re_render_from_the_recipe_gives_the_same_files(tmp_path):
 def test_repair_defaults_come_from_the_spec_and_fit_the_checkpoint(tmp_path):
     """A YAML with keys missing: the defaults are the spec's, and max_new_tokens fits beside the
     prompt budget the YAML keeps (the checkpoint has 512 positions)."""
+    from agent.recipe.recipe import Recipe
     from agent.repair.rules.config import template_defaults
 
     ckpt = tmp_path / "ckpt"
@@ -132,7 +134,7 @@ def test_repair_defaults_come_from_the_spec_and_fit_the_checkpoint(tmp_path):
     (recipe / "config" / "fi_1card_eager.yaml").write_text(yaml.safe_dump(
         {"model_name": "fi", "model_path": str(ckpt), "device": "cuda", "model_config": {"dtype": 7},
          "data_config": {"input_max_len": 500}}))
-    found = template_defaults(recipe)
+    found = template_defaults(Recipe.at(recipe))
     assert found["data_config.max_new_tokens"] == 12                  # 512 - 500
     assert found["data_config.input_max_len"] == 500                  # kept
     assert found["model_config.dtype"] == "bfloat16"                  # the checkpoint's (not on CPU: device cuda)
@@ -145,7 +147,7 @@ def test_repair_defaults_come_from_the_spec_and_fit_the_checkpoint(tmp_path):
 def test_defaults_have_one_home():
     """Each default lives in engine/defaults.py; the CLI, the graph and repair read it from there."""
     from agent import cli
-    from agent.repair import diagnose as repair
+    from agent.repair.rules import rule as repair
     from agent.workflow import graph
 
     run = cli._parser().parse_args(["run", "x"])

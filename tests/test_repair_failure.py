@@ -11,7 +11,9 @@ from libcst.codemod import CodemodTest
 
 from agent.codemods.repair import InsertWarmUpCommand
 from agent.repair.failure import Failure
-from agent.repair.diagnose import catalogue, diagnose, repair, rule_named
+from agent.repair.diagnose import diagnose, rule_named
+from agent.repair.fix import repair
+from agent.repair.rules.catalogue import CATALOGUE
 from agent.repair.rules.rule import Rule
 
 TRACEBACK = ('Traceback (most recent call last):\n  File "/r/infer.py", line 3, in <module>\n    main()\n'
@@ -35,10 +37,10 @@ def test_a_timed_out_failure_says_so(tmp_path):
 
 
 def test_every_rule_is_a_row():
-    names = [rule.name for rule in catalogue()]
+    names = [rule.name for rule in CATALOGUE]
     assert len(names) == len(set(names))
     assert names[0] == "out_of_memory" and names[-1] == "llm_repairer"
-    for rule in catalogue():
+    for rule in CATALOGUE:
         assert isinstance(rule, Rule) and rule.diagnosis and "\n" not in rule.diagnosis
         assert rule.evidence is None or isinstance(rule.evidence, (str, re.Pattern))
         assert set(rule.where) <= {"error", "output", "log", "frames"}
@@ -95,7 +97,8 @@ def test_no_import_cycle_between_repair_modules():
     """Each of these imports on its own in a fresh interpreter (a cycle shows as an ImportError)."""
     for module in ("agent.repair.failure", "agent.recipe.backup", "agent.repair.rules.rule", "agent.repair.rules.code",
                    "agent.repair.rules.field", "agent.repair.rules.files", "agent.repair.rules.config",
-                   "agent.repair.rules.run", "agent.repair.llm_repair", "agent.codemods.repair", "agent.repair.diagnose"):
+                   "agent.repair.rules.run", "agent.repair.llm_repair", "agent.codemods.repair", "agent.repair.diagnose",
+                   "agent.repair.fix"):
         proc = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True)
         assert proc.returncode == 0, (module, proc.stderr[-1500:])
 

@@ -95,7 +95,8 @@ def test_tampered_store_naming_os_system_is_refused_and_runs_nothing(tmp_path):
     assert "should-not-run" not in proc.stderr
 
 
-@pytest.mark.parametrize("case", ["not_sqlite", "threads_not_json", "wrong_state_type", "threads_symlink"])
+@pytest.mark.parametrize("case", ["not_sqlite", "threads_not_json", "wrong_state_type", "wrong_record_type",
+                                  "threads_symlink"])
 def test_unreadable_store_is_one_line_exit_2(tmp_path, case):
     recipe, out = _fake_recipe(tmp_path), tmp_path / "out"
     config = _register_thread(recipe, out)
@@ -109,6 +110,9 @@ def test_unreadable_store_is_one_line_exit_2(tmp_path, case):
         (recipe / ".migrator" / "threads.json").symlink_to(victim)
     elif case == "threads_not_json":
         (recipe / ".migrator" / "threads.json").write_text("[1, 2")
+    elif case == "wrong_record_type":   # a run record whose verdict is not a bool
+        conn, _ = _put_checkpoint(db, config, {"target": str(recipe), "runs": [{"ok": "rm -rf /"}]}, StateSerializer())
+        conn.close()
     else:   # valid JSON data of the wrong shape: rounds must be a list
         conn, _ = _put_checkpoint(db, config, {"target": str(recipe), "rounds": "rm -rf /"}, StateSerializer())
         conn.close()
@@ -158,6 +162,46 @@ def test_serializer_refuses_to_write_an_object_it_cannot_read_back():
 def test_serializer_refuses_anything_but_its_own_json(entry):
     with pytest.raises(UnsafeStoreError):
         StateSerializer().loads_typed(entry)
+
+
+# A state as the previous release stored it: its run records have no `yaml`, memory's per-rank keys are ints.
+PREVIOUS_RELEASE_STATE = {
+    "target": "/r", "output_dir": "models", "device": "auto", "max_rounds": 5, "timeout_s": 1800,
+    "env": {"device": "cpu", "npu_model": None, "num_cards": None, "cpu_count": 2, "torch_pair_ok": None},
+    "scenario": "B", "recipe_dir": "/r", "vendored": {"model_class": "M", "files": {"modeling": "models/m.py"},
+                                                      "codemods": {"m.py": ["AbsoluteImportsCommand"]}},
+    "runs": [{"label": "classify", "ok": False, "returncode": 1, "timed_out": False, "seconds": 2.5,
+              "res_path": "/r/.migrator/runs/run_0_classify", "log_dir": None, "problem": "traceback in the output",
+              "output_file": "/r/.migrator/runs/run_0_classify/output.txt", "summary": "ValueError: x"}],
+    "rounds": [{"round": 1, "diagnosis": {"signature": "ValueError: x", "error": "ValueError: x", "location": None,
+                                          "oom": False, "rule": None, "diagnosis": "unknown failure: ValueError: x",
+                                          "exception": "ValueError", "message": "x", "last_lines": [],
+                                          "closest_rule": None},
+                "applied": False, "diff": "", "note": "no repair rule matched"}],
+    "memory": {"weights_bytes": 10, "per_rank": {1: {"weights_bytes": 10, "kv_cache_bytes": 1, "needed_bytes": 20,
+                                                     "fits": True}}, "cards_needed": 1},
+}
+
+
+@pytest.mark.parametrize("field, value, ok", [
+    (None, None, True),
+    ("runs", [{"ok": "yes"}], False),
+    ("rounds", [{"round": 1, "diagnosis": "not a mapping"}], False),
+    ("memory", {"per_rank": {"one": {}}}, False),
+    ("env", {"cpu_count": "two"}, False),
+    ("runs", [{"label": "classify", "ok": True, "yaml": None, "a_key_a_later_node_adds": 1}], True),
+])
+def test_a_resumed_store_is_checked_against_the_record_types(tmp_path, field, value, ok):
+    from agent.errors import InputError
+    from agent.workflow.run import _check_resumed_state
+
+    state = dict(PREVIOUS_RELEASE_STATE, **({field: value} if field else {}))
+    state = StateSerializer().loads_typed(StateSerializer().dumps_typed(state))   # as the store gives it back
+    if ok:
+        _check_resumed_state(state, tmp_path / "c.sqlite")
+    else:
+        with pytest.raises(InputError, match=f"state field '{field}'"):
+            _check_resumed_state(state, tmp_path / "c.sqlite")
 
 
 def test_stored_exception_is_data_not_the_class():

@@ -18,7 +18,7 @@ import pytest
 
 from conftest import REPO_ROOT, repair_run, run_cli
 
-from agent.repair import diagnose as repair_mod
+from agent.repair import fix as repair_mod
 from agent.errors import InputError
 from agent.recipe.backup import recipe_files, rollback, start_backup_run, take_backup
 from agent.repair.rules.rule import Rule

@@ -45,7 +45,7 @@ def test_runs_and_rounds_are_reduced_from_the_new_items_nodes_return():
     """Nodes return only new items: runs are appended, a round's repair completes its diagnosis."""
     from langgraph.graph import END, START, StateGraph
 
-    from agent.workflow.nodes import MigrationState
+    from agent.workflow.state import MigrationState
 
     graph = StateGraph(MigrationState)
     graph.add_node("run", lambda state: {"runs": [{"label": f"trial{len(state['runs'])}"}]})

@@ -5,9 +5,18 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import resource
 import struct
 from pathlib import Path
+
+from agent.errors import InputError, UnsupportedModelError
+from agent.measure.baseline import yaml_settings
+from agent.records import MemoryEstimate
+from agent.recipe.recipe import Recipe
+from engine import defaults
+from engine.environment import Environment
 
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
                "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
@@ -169,8 +178,6 @@ def estimate(model_dir: Path, config: dict, dtype: str, batch_size: int, seq_len
 
 def process_memory_limit() -> int | None:
     """The run's own cap (ulimit -d / -v), inherited by infer.sh: memory it may really use."""
-    import resource
-
     limits = []
     for which in (resource.RLIMIT_DATA, resource.RLIMIT_AS):
         soft, _ = resource.getrlimit(which)
@@ -182,35 +189,20 @@ def process_memory_limit() -> int | None:
 def simulated_card_bytes() -> int | None:
     """MIGRATOR_DEVICE_MEMORY_BYTES (tests and CPU only): the size of a simulated card, which the
     engine enforces on the weights each rank holds (engine.model_runner.check_device_memory)."""
-    import os
-
     value = os.environ.get("MIGRATOR_DEVICE_MEMORY_BYTES")
     return int(value) if value else None
 
 
-def recipe_yaml(recipe_dir: Path, world_size: int = 1) -> Path:
-    """The recipe's YAML for `world_size` cards ({name}_{N}card_eager.yaml), else its first YAML."""
-    yamls = sorted((Path(recipe_dir) / "config").glob("*.yaml"))
-    wanted = [p for p in yamls if p.name.endswith(f"_{world_size}card_eager.yaml")]
-    return (wanted or yamls)[0]
-
-
-def estimate_for_recipe(recipe_dir: Path, env: dict) -> dict:
+def estimate_for_recipe(recipe: Recipe, env: Environment) -> MemoryEstimate:
     """The estimate for the recipe's YAML, in this tool's schema or either of cann-recipes-infer's
     (agent.measure.baseline.yaml_settings reads both; an upstream recipe has no model_config.dtype: the
     checkpoint's dtype is what it loads)."""
-    import yaml
-
-    from agent.measure.baseline import yaml_settings
-    from engine import defaults
-
-    yaml_file = recipe_yaml(recipe_dir)
-    raw = yaml.safe_load(yaml_file.read_text()) or {}
+    raw = recipe.settings()
     settings = yaml_settings(raw)
-    # A relative model_path is taken from the recipe directory (as engine.config does).
-    model_dir = Path(str(settings["model_path"])).expanduser()
-    if not model_dir.is_absolute():
-        model_dir = (yaml_file.resolve().parent.parent / model_dir).resolve()
+    model_dir = recipe.checkpoint_dir()
+    if model_dir is None:
+        raise InputError(f"{recipe.path}: the YAML's model_path holds no config.json, so the memory need "
+                         "cannot be estimated; set model_path to the checkpoint folder")
     config = json.loads((model_dir / "config.json").read_text())
     model_config = raw.get("model_config") if isinstance(raw.get("model_config"), dict) else {}
     dtype = model_config.get("dtype") or config.get("dtype") or config.get("torch_dtype") or "float32"
@@ -230,17 +222,52 @@ def estimate_for_recipe(recipe_dir: Path, env: dict) -> dict:
     return memory
 
 
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def out_of_memory(recipe: Recipe, memory: MemoryEstimate) -> str:
+    """What an out-of-memory run needs, in one message. When N > 1 cards fit, the N-card YAML is
+    written beside the single-card one (kept), named in `memory`, and the README says how to run it."""
+    have = f"{_gib(memory['device_bytes'])} per {memory['device']} device" if memory["device_bytes"] \
+        else "unknown device memory"
+    message = (f"out of memory: needs about {memory['needed_gib']:.2f} GiB on one card (weights "
+               f"{_gib(memory['weights_bytes'])} + KV cache {_gib(memory['kv_cache_bytes'])} + runtime) with {have}")
+    cards = memory["cards_needed"]
+    if cards and cards > 1:
+        yaml_file = recipe.write_yaml_for(cards)
+        per_rank = _gib(memory["per_rank"][cards]["needed_bytes"])
+        run = f"YAML_FILE=config/{yaml_file.name} bash infer.sh"
+        command = f"cd {recipe.path} && {run}"
+        memory.update(multicard_yaml=yaml_file.relative_to(recipe.path).as_posix(), multicard_command=command)
+        add_readme_section(recipe.path / "README.md", "## On more cards",
+                           f"The model does not fit one card ({have}); on {cards} cards, tensor parallel "
+                           f"(about {per_rank} per rank):\n\n```bash\n{run}\n```\n")
+        return (f"{message}; {cards} cards fit (tensor parallel, {per_rank} per rank): world_size: {cards} "
+                f"written to config/{yaml_file.name}, run it with `{command}` or "
+                f"`migrator run {recipe.path} --world-size {cards}` (the single-card recipe is kept)")
+    if memory["tp_sharded_bytes"] is None:
+        return f"{message}; {memory.get('model_type')} has no tensor-parallel plan, so more cards do not help"
+    if cards is None and memory["device_bytes"]:
+        return (f"{message}; even {max(memory['per_rank'])} cards do not fit (lower batch_size / input_max_len, "
+                "or a smaller dtype)")
+    return message
+
+
+def add_readme_section(readme: Path, heading: str, body: str) -> None:
+    """Append a section to the recipe README once (a README without it, or no README: nothing)."""
+    if readme.is_file() and heading not in readme.read_text():
+        with open(readme, "a") as f:
+            f.write(f"\n{heading}\n\n{body}")
+
+
 def parallel_settings(config: dict, world_size: int) -> dict:
     """Render-context / YAML values for `world_size` cards (config: the checkpoint's config.json): all
     of them one tensor-parallel group (attention, MoE experts and lm_head sharded by the model's
     plan). Refuses a family without a plan."""
     if world_size < 1:
-        from agent.errors import InputError
-
         raise InputError(f"--world-size must be >= 1, got {world_size}")
     if world_size > 1 and _plan_patterns(config) is None:
-        from agent.errors import UnsupportedModelError
-
         raise UnsupportedModelError(
             f"{config.get('model_type')} has no tensor-parallel plan, so it cannot be split over {world_size} cards; "
             f"families with one: {', '.join(families_with_tp_plan())}")
@@ -252,20 +279,3 @@ def families_with_tp_plan() -> list[str]:
     from engine.model_runner import families_with_tp_plan as families
 
     return families()
-
-
-def write_multicard_yaml(recipe_dir: Path, world_size: int) -> Path:
-    """config/{name}_{N}card_eager.yaml next to the single-card one: the same settings on N cards,
-    tensor parallel over all of them. Returns its path."""
-    import yaml
-
-    source = recipe_yaml(recipe_dir)
-    settings = yaml.safe_load(source.read_text())
-    settings["world_size"] = world_size
-    settings["parallel_config"] = {"attn_tp_size": world_size, "moe_tp_size": world_size,
-                                   "lmhead_tp_size": world_size}
-    target = source.parent / f"{settings['model_name']}_{world_size}card_eager.yaml"
-    header = (f"# {settings['model_name']}: {world_size} cards, tensor parallel, eager mode. Written from "
-              f"{source.name} by infer-migrator.\n# Run: YAML_FILE=config/{target.name} bash infer.sh\n")
-    target.write_text(header + yaml.safe_dump(settings, sort_keys=False))
-    return target

@@ -4,7 +4,8 @@ The code is checked on a shrunk config of the same architecture (fp32, random we
 difference| on a prompt, and the recipe Runner's greedy tokens vs `generate()`'s); the real weights
 are checked in the run dtype against the trial run's own logits, one model in memory at a time. Runs
 in a subprocess from the recipe dir (its `models` package must not leak into the caller), as
-`python -m agent.measure.parity --recipe DIR [--dump FILE]`, printing one JSON object.
+`python -m agent.measure.parity --recipe DIR [--dump FILE]`, printing one JSON object (`--nll CHECKPOINT`:
+only how well the checkpoint's own model predicts the default prompt, for a recipe not on this engine).
 """
 
 from __future__ import annotations
@@ -18,25 +19,64 @@ import sys
 import tempfile
 from pathlib import Path
 
+from agent.recipe.recipe import Recipe
+
 LOGITS_TOLERANCE = 1e-4
 
 
-def run_parity(recipe_dir: Path, tokens: int = 16, timeout: int = 900, trust_remote_code: bool = False,
+def run_parity(recipe: Recipe, tokens: int = 16, timeout: int = 900, trust_remote_code: bool = False,
                dump: Path | None = None) -> dict:
+    """`check` in a subprocess from the recipe folder (its `models` package must not leak into the
+    caller)."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(recipe_dir), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(recipe.path), env.get("PYTHONPATH")]))
     env.pop("MIGRATOR_PARITY_DUMP", None)
-    cmd = [sys.executable, "-m", "agent.measure.parity", "--recipe", str(recipe_dir), "--tokens", str(tokens)]
+    cmd = [sys.executable, "-m", "agent.measure.parity", "--recipe", str(recipe.path), "--tokens", str(tokens)]
     if trust_remote_code:
         cmd.append("--trust-remote-code")
     if dump is not None:
         cmd += ["--dump", str(dump)]
-    proc = subprocess.run(cmd, cwd=recipe_dir, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, cwd=recipe.path, env=env, capture_output=True, text=True, timeout=timeout)
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
         err = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         return {"ok": False, "checked": False, "reason": f"parity check could not run: {err}"}
     return json.loads(lines[-1])
+
+
+def foreign_parity(recipe: Recipe, timeout: int = 600) -> dict:
+    """A recipe written for another runtime (cann-recipes-infer's executor): its model code is not
+    ours to compare against transformers, so parity is not applicable; whether the checkpoint's
+    weights are trained (random weights write noise by design) is still judged from the checkpoint,
+    in a subprocess (`--nll`)."""
+    result = {"ok": None, "checked": False,
+              "reason": "not a recipe on this tool's engine (e.g. a cann-recipes-infer recipe): parity not applicable"}
+    model_dir = recipe.checkpoint_dir()
+    if model_dir is None:
+        return result
+    try:
+        proc = subprocess.run([sys.executable, "-m", "agent.measure.parity", "--nll", str(model_dir)],
+                              capture_output=True, text=True, timeout=timeout)
+        if proc.returncode == 0 and proc.stdout.strip():
+            result.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+    except (OSError, ValueError, subprocess.SubprocessError):   # optional: never fail a baseline over it
+        pass
+    return result
+
+
+def checkpoint_nll(model_path: Path) -> dict:
+    """prompt_nll of transformers' own model of the checkpoint (fp32) on the default prompt."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from engine.data import DEFAULT_PROMPT
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, local_files_only=True).eval()
+    ids = tokenizer([DEFAULT_PROMPT], return_tensors="pt")
+    with torch.inference_mode():
+        logits = model(**ids).logits
+    return prompt_nll(logits, ids["input_ids"])
 
 
 def _runner_class(recipe_dir: Path):
@@ -62,8 +102,7 @@ def check(recipe_dir: Path, tokens: int, prompt: str | None = None, trust_remote
     """
     from engine.config import load_runner_settings
 
-    yaml_file = sorted((recipe_dir / "config").glob("*.yaml"))[0]
-    settings = load_runner_settings(yaml_file)
+    settings = load_runner_settings(Recipe.at(recipe_dir).yaml)
     remote = "auto_map" in json.loads((Path(settings["model_path"]) / "config.json").read_text())
     if remote and not trust_remote_code:
         # The original implementation is the repo's own code: never run it without the opt-in.
@@ -319,7 +358,9 @@ def prompt_nll(logits, input_ids) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m agent.measure.parity", description=__doc__)
-    parser.add_argument("--recipe", required=True, type=Path)
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--recipe", type=Path)
+    what.add_argument("--nll", type=Path, metavar="CHECKPOINT", help="only prompt_nll of the checkpoint's own model")
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--trust-remote-code", action="store_true")
     parser.add_argument("--dump", type=Path, help="the trial run's parity dump (MIGRATOR_PARITY_DUMP)")
@@ -329,6 +370,9 @@ def main(argv=None) -> int:
     from engine.environment import import_torch
 
     import_torch()
+    if args.nll:
+        print(json.dumps(checkpoint_nll(args.nll)))
+        return 0
     # The recipe's logs go to a temporary folder that is removed afterwards.
     with tempfile.TemporaryDirectory(prefix="parity_") as res_path:
         os.environ["RES_PATH"] = res_path

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.errors import InputError, UnsupportedModelError, VendorError
+from agent.records import Vendored
 from agent.recipe.render import is_identifier
 from agent.recipe.routing import supported_families
 
@@ -32,12 +33,23 @@ class ModelSource:
     origin: str                # "transformers <version>" or "remote code"
     attn_implementation: str = "sdpa"   # sdpa when the class supports it, else eager
 
+    def vendored(self) -> Vendored:
+        """The classes as the workflow state and the report record them."""
+        return {"model_class": self.model_class, "config_class": self.config_class,
+                "modeling_module": self.modeling_module, "configuration_module": self.configuration_module,
+                "origin": self.origin, "attn_implementation": self.attn_implementation}
+
 
 @dataclass
 class VendorResult:
     source: ModelSource
     files: dict[str, Path] = field(default_factory=dict)   # role -> written file
     codemods: dict[str, list[str]] = field(default_factory=dict)  # file name -> codemods applied
+
+    def vendored(self, recipe_dir: Path) -> Vendored:
+        return {**self.source.vendored(),
+                "files": {role: str(path.relative_to(recipe_dir)) for role, path in self.files.items()},
+                "codemods": self.codemods}
 
 
 def read_config(model_dir: Path) -> dict:

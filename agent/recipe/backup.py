@@ -15,10 +15,11 @@ import time
 from pathlib import Path
 
 from agent.errors import InputError
+from agent.recipe.recipe import NO_CODE_DIRS
 from agent.recipe.textfile import read_exact_lines
 
-# Recipe files that are backed up before a fix (the run logs and backups themselves are not).
-SKIP_DIRS = {".migrator", "res", "__pycache__", "baseline"}
+# Recipe files that are backed up before a fix: all but the run state, logs and baselines.
+SKIP_DIRS = NO_CODE_DIRS
 
 
 # ---- backup, diff, rollback ------------------------------------------------------------

@@ -23,7 +23,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SKIP_DIRS = {".migrator", "res", "baseline", "__pycache__", ".git", ".venv", "venv", "site-packages"}
+from agent.errors import EnvironmentProblem
+from agent.recipe.recipe import NO_CODE_DIRS, Recipe
+
+SKIP_DIRS = NO_CODE_DIRS
 GRAPH_MODES_RE = re.compile(r"graph", re.I)
 # torch_npu attributes that are kernels: npu_* and the private _npu_* (vllm-ascend#218), as
 # agent.codemods.device.NPU_KERNEL_RE names them.
@@ -282,3 +285,10 @@ def scan_recipe(recipe_dir: Path, repo_root: Path | None = None, entry_files: li
             scan.kernels += [Kernel(name, rel, line, shared=True)
                              for name, line in scan_source(_read(path), graph_mode, shared=True)]
     return scan
+
+
+def ensure_runnable_here(recipe: Recipe) -> None:
+    """Exit 4 before any run or edit when the recipe calls NPU kernels and this host has no NPU."""
+    scan = scan_recipe(recipe.path, recipe.repo_root, list(recipe.entry_files))
+    if scan.needs_npu and not npu_usable():
+        raise EnvironmentProblem(scan.message())

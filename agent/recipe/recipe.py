@@ -1,58 +1,187 @@
-"""What a folder is: a checkpoint, a recipe with its own infer.sh, or a framework-mode recipe.
+"""What a folder is, and everything the migrator asks of a recipe on disk: one `Recipe`.
+
+Kinds (`Recipe.at(path).kind`):
 
 - **checkpoint** (scenario A): ``config.json`` plus weights (``*.safetensors`` / ``*.bin``), even
   when it also holds an ``infer.sh``; nothing inside a checkpoint is ever executed or written.
-- **legacy** recipe: a folder with its own ``infer.sh`` (this tool's recipes, and cann-recipes-infer's
-  ``ModelRunner`` recipes whose ``infer.sh`` sources ``executor/scripts/function.sh``).
-- **framework** recipe: a ``models/NAME`` folder with ``config/*.yaml`` inside a repository whose
-  shared entry point runs it: ``executor/scripts/infer.sh --model NAME --yaml FILE`` (relative to
-  the repository root, found by walking up from the folder).
+- **standalone**: a recipe of this project's layout (SPEC §3): its own ``infer.sh`` and a runner
+  on infer-migrator's engine (``engine.model_runner``).
+- **legacy**: any other folder with its own ``infer.sh`` (cann-recipes-infer's ``ModelRunner``
+  recipes, whose ``infer.sh`` sources ``executor/scripts/function.sh``).
+- **framework**: a ``models/NAME`` folder with ``config/*.yaml`` inside a repository whose shared
+  entry point runs it: ``executor/scripts/infer.sh --model NAME --yaml FILE``.
+- **none**: anything else; `reason` says why (e.g. a README-only model folder of a checkout).
 
-Paths are resolved first (relative, ``.``, symlinked folders), so what runs never depends on the
-caller's working directory.
+The three recipe kinds are the rows of agent.recipe.targets.TARGETS: the row says how the recipe
+runs, where its baseline goes and how its YAMLs are named. Paths are resolved first (relative,
+``.``, symlinked folders), so nothing depends on the caller's working directory.
 """
 
 from __future__ import annotations
 
+import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-ENTRY = Path("executor") / "scripts" / "infer.sh"
+import yaml
+
+from agent.errors import InputError
+from agent.recipe.targets import ENTRY, TARGETS, Launch, Target
+from agent.recipe.textfile import read_source
+
 WEIGHT_GLOBS = ("*.safetensors", "*.bin")
+# Folders of a recipe that hold no recipe code: run state, run logs, baselines, caches, environments.
+NO_CODE_DIRS = frozenset({".migrator", "res", "baseline", "__pycache__", ".git", ".venv", "venv", "site-packages"})
+REPORT = "migration_report.json"
+OUR_ENGINE = "engine.model_runner"
 
 
-@dataclass
-class RecipeInfo:
-    kind: str                          # "checkpoint" | "legacy" | "framework" | "none"
+@dataclass(frozen=True)
+class Recipe:
+    kind: str                          # "checkpoint" | "standalone" | "legacy" | "framework" | "none"
     path: Path                         # the resolved folder
-    repo_root: Path | None = None      # repository holding executor/scripts/infer.sh, if any
-    yaml: Path | None = None           # the YAML the run uses
-    reason: str = ""
-    entry_files: list[Path] = field(default_factory=list)   # shared files the entry runs
+    reason: str = ""                   # why it is this kind (for "none": why it is not a recipe)
+    repo_root: Path | None = None      # the repository holding executor/scripts/infer.sh, if any
+    yaml: Path | None = None           # the YAML a single-card run uses (would use, for "none")
+    entry_files: tuple[Path, ...] = ()  # shared files the entry point runs (framework)
 
+    @classmethod
+    def at(cls, path: str | Path) -> Recipe:
+        """Classify a folder (see the module docs). Never runs or writes anything."""
+        folder = Path(path).expanduser().resolve()
+        if not folder.is_dir():
+            return cls("none", folder, "not a directory")
+        repo_root = find_repo_root(folder)
+        if is_checkpoint(folder):
+            return cls("checkpoint", folder, "config.json and weights: a checkpoint (nothing inside it is run)",
+                       repo_root)
+        if (folder / "infer.sh").is_file():
+            kind = "standalone" if _runs_on_our_engine(folder) else "legacy"
+            return cls(kind, folder, "infer.sh present", repo_root, choose_yaml(folder))
+        if repo_root is not None and folder.parent == repo_root / "models":
+            yaml_path = choose_yaml(folder)
+            if yaml_path is None:
+                return cls("none", folder, f"a model folder of the repository at {repo_root} with no config/*.yaml "
+                           f"for {ENTRY.as_posix()} to run (e.g. a README-only model)", repo_root)
+            entries = [p for p in (folder / "infer.py", repo_root / "executor" / "offline" / "infer.py",
+                                   repo_root / "executor" / "infer.py") if p.is_file()][:1]
+            return cls("framework", folder,
+                       f"framework recipe run by {ENTRY.as_posix()} --model {folder.name} "
+                       f"--yaml {yaml_path.relative_to(folder / 'config').as_posix()}", repo_root, yaml_path,
+                       tuple(p for p in entries if folder not in p.parents))
+        # Not a recipe, but maybe one with a file missing: what a repair reads is still found.
+        if (folder / "config.json").is_file():
+            return cls("none", folder, "config.json without weights: a model folder, not a recipe", repo_root,
+                       choose_yaml(folder))
+        return cls("none", folder, "no infer.sh and no repository entry point runs it", repo_root, choose_yaml(folder))
+
+    # ---- what it is ------------------------------------------------------------------------
     @property
     def is_recipe(self) -> bool:
-        return self.kind in ("legacy", "framework")
+        return self.kind in TARGETS
+
+    @property
+    def target(self) -> Target:
+        if not self.is_recipe:
+            raise ValueError(f"{self.path} is not a recipe ({self.reason})")
+        return TARGETS[self.kind]
 
     @property
     def model_name(self) -> str:
+        """The name the recipe runs under: a framework recipe's folder (`--model NAME`); else the
+        runner file, the report, the YAML, the folder, in that order."""
+        if self.kind not in ("framework", "checkpoint"):
+            runners = sorted(self.path.glob("runner_*.py"))
+            if runners:
+                return runners[0].stem.removeprefix("runner_")
+            named = self.report().get("model_name") or self.settings().get("model_name")
+            if isinstance(named, str) and named:
+                return named
         return self.path.name
 
-    def command(self) -> list[str]:
-        """The command that runs the recipe (absolute paths)."""
-        if self.kind == "legacy":
-            return ["bash", str(self.path / "infer.sh")]
-        if self.kind == "framework":
-            rel = self.yaml.relative_to(self.path / "config").as_posix()
-            return ["bash", str(self.repo_root / ENTRY), "--model", self.path.name, "--yaml", rel]
-        raise ValueError(f"{self.path} is not a recipe")
+    def report(self) -> dict:
+        """migration_report.json, if the migrator made this recipe ({} otherwise)."""
+        try:
+            data = json.loads((self.path / REPORT).read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def settings(self, yaml_path: Path | None = None) -> dict:
+        """A YAML of the recipe as data (default: the run's); {} when it is missing, unreadable or
+        not a mapping (callers read it as evidence and must not crash on a broken one)."""
+        return read_settings(yaml_path or self.yaml)
+
+    def resolve(self, model_path) -> Path | None:
+        """A YAML model_path as the engine resolves it (a relative path is taken from the recipe)."""
+        if not isinstance(model_path, str) or not model_path.strip():
+            return None
+        path = Path(model_path).expanduser()
+        return path if path.is_absolute() else (self.path / path).resolve()
+
+    def checkpoint_dir(self) -> Path | None:
+        """The checkpoint the recipe runs: the YAML's model_path (either schema), else the report's
+        model_dir; None when neither holds a config.json."""
+        settings = self.settings()
+        model_config = settings.get("model_config") if isinstance(settings.get("model_config"), dict) else {}
+        for raw in (model_config.get("model_path"), settings.get("model_path"), self.report().get("model_dir")):
+            path = self.resolve(raw)
+            if path is not None and (path / "config.json").is_file():
+                return path
+        return None
+
+    def code_files(self) -> list[Path]:
+        """The recipe's own Python files, where its layout puts them: the top level (runner_*.py,
+        infer.py, ...), then models/ (what a repair may edit; other folders may hold copies of
+        libraries, e.g. a torch_npu source tree)."""
+        top = sorted(p for p in self.path.glob("*.py") if p.is_file())
+        models = sorted(p for p in (self.path / "models").rglob("*.py") if p.is_file()
+                        and not set(p.relative_to(self.path).parts[:-1]) & NO_CODE_DIRS)
+        return top + models
+
+    # ---- its YAMLs ---------------------------------------------------------------------------
+    def yaml_name(self, world_size: int = 1) -> str:
+        target = TARGETS.get(self.kind, TARGETS["standalone"])
+        return target.yaml_name(self.model_name, world_size)
+
+    def yaml_for(self, world_size: int = 1, write: bool = False) -> Path | None:
+        """The YAML for `world_size` cards: the run's for one; for N, config/{name}_{N}card_eager.yaml
+        (written from the single-card one with `write` when the recipe lacks it)."""
+        if world_size <= 1:
+            return self.yaml
+        config = self.path / "config"
+        for candidate in (config / self.yaml_name(world_size), *sorted(config.glob(f"*_{world_size}card_eager.yaml"))):
+            if candidate.is_file():
+                return candidate
+        return self.write_yaml_for(world_size) if write else None
+
+    def write_yaml_for(self, world_size: int) -> Path:
+        """config/{name}_{N}card_eager.yaml next to the single-card one: the same settings on N cards,
+        tensor parallel over all of them. Returns its path."""
+        if self.yaml is None:
+            raise InputError(f"{self.path}/config has no YAML file")
+        settings = yaml.safe_load(self.yaml.read_text())
+        settings["world_size"] = world_size
+        settings["parallel_config"] = {"attn_tp_size": world_size, "moe_tp_size": world_size,
+                                       "lmhead_tp_size": world_size}
+        name = settings.get("model_name") or self.model_name
+        target = self.yaml.parent / TARGETS.get(self.kind, TARGETS["standalone"]).yaml_name(name, world_size)
+        header = (f"# {name}: {world_size} cards, tensor parallel, eager mode. Written from "
+                  f"{self.yaml.name} by infer-migrator.\n# Run: YAML_FILE=config/{target.name} bash infer.sh\n")
+        target.write_text(header + yaml.safe_dump(settings, sort_keys=False))
+        return target
+
+    # ---- running and measuring it ------------------------------------------------------------
+    def launch(self, world_size: int = 1) -> Launch:
+        return self.target.launch(self, world_size)
 
     def baseline_dir(self) -> Path:
-        """Where the baseline goes: the repository's convention (agentic/baseline/) when it has one."""
-        if (self.path / "agentic" / "baseline").is_dir() or (self.path / "agentic").is_dir():
+        """Where the baseline goes: the repository's convention (agentic/baseline/) when the folder
+        has agentic/, else the target's."""
+        if (self.path / "agentic").is_dir():
             return self.path / "agentic" / "baseline"
-        return self.path / "baseline"
+        return self.path / TARGETS.get(self.kind, TARGETS["standalone"]).baseline_dir
 
 
 def is_checkpoint(path: Path) -> bool:
@@ -68,20 +197,25 @@ def find_repo_root(path: Path) -> Path | None:
     return None
 
 
+def _runs_on_our_engine(folder: Path) -> bool:
+    return any(OUR_ENGINE in p.read_text(errors="replace") for p in folder.glob("runner_*.py") if p.is_file())
+
+
+def read_settings(path: Path | None) -> dict:
+    """A YAML file as a mapping; {} when missing, unreadable or not a mapping."""
+    if path is None:
+        return {}
+    try:
+        data = yaml.safe_load(read_source(path)) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 _YAML_ASSIGN_RE = re.compile(
     r"""^\s*(?:export\s+)?(?:YAML_FILE_NAME|YAML_FILE|YAML_NAME|YAML)=["']?(?:\$\{\w+:-)?"""
     r"""(?P<value>[^"'\s}]+\.ya?ml)""", re.M)
 _YAML_ARG_RE = re.compile(r"""(?:--yaml(?:_file_path|-file)?[= ]|\$\{2:-)["']?(?P<value>[^"'\s}]+\.ya?ml)""")
-
-
-def _yaml_settings(path: Path) -> dict:
-    import yaml
-
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8", errors="replace")) or {}
-    except Exception:
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _world_size(data: dict) -> int | None:
@@ -109,29 +243,5 @@ def choose_yaml(recipe_dir: Path) -> Path | None:
     if not yamls:
         return None
     top = [p for p in yamls if p.parent == config] or yamls
-    single = [p for p in top if _world_size(_yaml_settings(p)) in (1, None)]
+    single = [p for p in top if _world_size(read_settings(p)) in (1, None)]
     return (single or top)[0]
-
-
-def describe(path: str | Path) -> RecipeInfo:
-    """Classify a folder (see the module docs). Never runs or writes anything."""
-    folder = Path(path).expanduser().resolve()
-    if not folder.is_dir():
-        return RecipeInfo("none", folder, reason="not a directory")
-    repo_root = find_repo_root(folder)
-    if is_checkpoint(folder):
-        return RecipeInfo("checkpoint", folder, repo_root,
-                          reason="config.json and weights: a checkpoint (nothing inside it is run)")
-    if (folder / "infer.sh").is_file():
-        return RecipeInfo("legacy", folder, repo_root, choose_yaml(folder), "infer.sh present")
-    if repo_root is not None and folder.parent == repo_root / "models":
-        yaml_path = choose_yaml(folder)
-        if yaml_path is not None:
-            entries = [p for p in (folder / "infer.py", repo_root / "executor" / "offline" / "infer.py",
-                                   repo_root / "executor" / "infer.py") if p.is_file()][:1]
-            return RecipeInfo("framework", folder, repo_root, yaml_path,
-                              f"framework recipe run by {ENTRY.as_posix()} --model {folder.name} "
-                              f"--yaml {yaml_path.relative_to(folder / 'config').as_posix()}",
-                              entry_files=[p for p in entries if folder not in p.parents])
-    return RecipeInfo("none", folder, repo_root, reason="no infer.sh and no repository entry point runs it")
-

@@ -20,17 +20,7 @@ import yaml
 from agent.errors import InputError, VendorError
 from agent.paths import templates_dir
 from agent.recipe.routing import Family
-from engine.config import rendered_settings
-
-# template -> path inside the recipe ({name} and {yaml_name} filled in)
-RECIPE_FILES = {
-    "infer.py.j2": "infer.py",
-    "infer.sh.j2": "infer.sh",
-    "config.yaml.j2": "config/{yaml_name}",
-    "model_setting.py.j2": "models/model_setting.py",
-    "requirements.txt.j2": "requirements.txt",
-    "README.md.j2": "README.md",
-}
+from agent.recipe.targets import TARGETS, Target
 
 MODEL_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 MAX_NAME_LEN = 64
@@ -59,10 +49,6 @@ def normalise_model_name(raw: str, explicit: bool = False) -> str:
 def _shown(raw) -> str:
     text = repr(str(raw))
     return text if len(text) <= 80 else text[:77] + "...'"
-
-
-def yaml_name(model_name: str, world_size: int = 1) -> str:
-    return f"{model_name}_{world_size}card_eager.yaml"
 
 
 def runner_class_name(model_name: str) -> str:
@@ -113,7 +99,7 @@ def environment() -> jinja2.Environment:
     return env
 
 
-def template_context(context: dict, family: Family) -> dict:
+def template_context(context: dict, family: Family, target: Target = TARGETS["standalone"]) -> dict:
     """The render context with derived names, after checking every identifier it carries."""
     name = context["model_name"]
     if not (isinstance(name, str) and MODEL_NAME_RE.match(name) and len(name) <= MAX_NAME_LEN):
@@ -122,25 +108,31 @@ def template_context(context: dict, family: Family) -> dict:
     for key in ("model_class", "config_class"):
         if key in context and not is_identifier(context[key]):
             raise VendorError(f"{key} {_shown(context[key])} is not a Python identifier; refusing to render")
-    ctx = dict(context, family=family, yaml_name=yaml_name(name, int(context.get("world_size") or 1)),
+    ctx = dict(context, family=family, yaml_name=target.yaml_name(name, int(context.get("world_size") or 1)),
                runner_class=runner_class_name(name))
-    ctx["settings"] = rendered_settings(ctx)   # the YAML: engine/config.py's schema, in its order
+    ctx["settings"] = target.yaml_settings(ctx)   # the YAML: the target's schema, in its order
     return ctx
 
 
-def render_text(template: str, context: dict, family: Family) -> str:
-    return environment().get_template(template).render(**template_context(context, family))
+def render_text(template: str, context: dict, family: Family, target: Target = TARGETS["standalone"]) -> str:
+    return environment().get_template(template).render(**template_context(context, family, target))
 
 
-def render_recipe(recipe_dir: Path, context: dict, family: Family) -> list[Path]:
+def generated_files(model_name: str, family: Family, target: Target = TARGETS["standalone"],
+                    world_size: int = 1) -> dict[str, str]:
+    """recipe-relative path -> template, for every file the migrator renders."""
+    files = {path.format(name=model_name, yaml_name=target.yaml_name(model_name, world_size)): template
+             for template, path in target.files().items()}
+    files[f"runner_{model_name}.py"] = family.runner_template
+    return files
+
+
+def render_recipe(recipe_dir: Path, context: dict, family: Family, target: Target = TARGETS["standalone"]) -> list[Path]:
     """Write every generated file; returns the paths written. Deterministic for equal context."""
     env = environment()
-    ctx = template_context(context, family)   # validates before anything is written
-    name = ctx["model_name"]
-    files = dict(RECIPE_FILES)
-    files[family.runner_template] = f"runner_{name}.py"
-    texts = {recipe_dir / target.format(name=name, yaml_name=ctx["yaml_name"]): env.get_template(template).render(**ctx)
-             for template, target in files.items()}
+    ctx = template_context(context, family, target)   # validates before anything is written
+    files = generated_files(ctx["model_name"], family, target, int(ctx.get("world_size") or 1))
+    texts = {recipe_dir / rel: env.get_template(template).render(**ctx) for rel, template in files.items()}
     written = []
     for path, text in texts.items():
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -168,3 +160,22 @@ def check_parses(paths: list[Path]) -> None:
                     raise ValueError(proc.stderr.strip().splitlines()[-1:])
         except (SyntaxError, ValueError, yaml.YAMLError) as exc:
             raise VendorError(f"generated {path.name} does not parse ({exc}); this is a bug, please report it") from exc
+
+
+def render_file(rel: str, context: dict, family: Family, target: Target = TARGETS["standalone"]) -> str:
+    """The text the templates give for one recipe file (rel: recipe-relative path; any config/ YAML
+    is the YAML template's)."""
+    files = generated_files(context["model_name"], family, target)
+    if rel not in files and rel.startswith("config/") and rel.endswith((".yaml", ".yml")):
+        rel = next(path for path in files if path.startswith("config/"))
+    return render_text(files[rel], context, family, target)
+
+
+def write_rendered(recipe_dir: Path, rel: str, context: dict, family: Family) -> Path:
+    """Re-render one recipe file in place (a repair: the original is in the round's backup)."""
+    path = recipe_dir / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_file(rel, context, family))
+    if path.suffix == ".sh":
+        path.chmod(0o755)
+    return path

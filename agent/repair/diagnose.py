@@ -1,10 +1,10 @@
-"""Diagnosis and repair of failing recipes.
+"""Diagnosis of a failed run: the first catalogue rule whose evidence and facts accept it, or what
+is known of a failure no rule knows.
 
 A rule is a row (agent.repair.rules.rule.Rule): name, the evidence it matches in the failed run
 (agent.repair.failure.Failure: output, rank logs, traceback frames), a one-line diagnosis and a fix.
-The rows live in `agent/repair/rules/` (one module per kind of failure), ordered in
-agent.repair.rules.catalogue. Before a fix runs, every recipe source file is backed up
-(agent.recipe.backup); the round records the unified diff.
+The rows live in `agent/repair/rules/`, ordered in agent.repair.rules.catalogue; agent.repair.fix
+applies the matched rule's fix.
 """
 
 from __future__ import annotations
@@ -14,25 +14,20 @@ import math
 import re
 from pathlib import Path
 
-from agent.recipe.backup import diff_against_backup, recipe_files, rollback, take_backup
+from agent.records import Diagnosis, Run
 from agent.repair.failure import Failure, signature
-from agent.recipe.textfile import restore_formats, snapshot_files
 from agent.repair.rules.catalogue import CATALOGUE
-from agent.repair.rules.rule import RepairContext, Rule
+from agent.repair.rules.rule import Rule
 from agent.repair.rules.run import OUT_OF_MEMORY
 
 
-def catalogue() -> list[Rule]:
-    return CATALOGUE
-
-
 def rule_named(name: str | None) -> Rule | None:
-    return next((rule for rule in catalogue() if rule.name == name), None)
+    return next((rule for rule in CATALOGUE if rule.name == name), None)
 
 
 def first_matching_rule(failure: Failure) -> tuple[Rule, dict] | None:
     """The first catalogue rule that accepts the failure, with its facts (order = priority)."""
-    for rule in catalogue():
+    for rule in CATALOGUE:
         try:
             facts = rule.match(failure)
         except Exception:  # noqa: BLE001 - odd evidence (a broken YAML, a half-written file) is not this rule's
@@ -42,7 +37,7 @@ def first_matching_rule(failure: Failure) -> tuple[Rule, dict] | None:
     return None
 
 
-def diagnose(recipe_dir: Path, run: dict, failure: Failure | None = None) -> dict:
+def diagnose(recipe_dir: Path, run: Run, failure: Failure | None = None) -> Diagnosis:
     """The round's diagnosis of a failed run: the matched rule and its facts, or what is known of an
     unknown failure. `oom`: the out-of-memory rule matched (the graph goes to the memory estimate)."""
     failure = failure or Failure.from_run(recipe_dir, run)
@@ -74,7 +69,7 @@ def _words(text: str) -> set[str]:
 def closest_rule(failure: Failure) -> tuple[str, float] | None:
     """The catalogue rule whose name + diagnosis share the rarest words with the error (None: no word
     in common). Words are weighted by how few rules use them, so 'torch' counts for little, 'hccl' for much."""
-    rules = [(rule.name, _words(f"{rule.name} {rule.diagnosis}")) for rule in catalogue()
+    rules = [(rule.name, _words(f"{rule.name} {rule.diagnosis}")) for rule in CATALOGUE
              if rule.kind != "llm" and rule.name != OUT_OF_MEMORY]
     df: dict[str, int] = {}
     for _, words in rules:
@@ -103,31 +98,3 @@ def explain_unknown(failure: Failure, n_lines: int = 8) -> dict:
     closest = closest_rule(failure)
     return {"exception": exception.strip(), "message": message.strip(), "last_lines": before[-n_lines:],
             "closest_rule": closest[0] if closest else None}
-
-
-def repair(recipe_dir: Path, diagnosis: dict, round_no: int, context: RepairContext | None = None,
-           failure: Failure | None = None, run: dict | None = None) -> dict:
-    """Apply the matched rule's fix with a backup first; record the diff. The fix gets the full
-    failure diagnose saw: `failure`, else rebuilt from the run record `run` (without either, only
-    the diagnosis's error line and location)."""
-    context = context or RepairContext()
-    rule = rule_named(diagnosis.get("rule"))
-    if rule is None:
-        return {"applied": False, "diff": "", "note": "no repair rule matched"}
-    backup_dir, resumed = take_backup(recipe_dir, round_no)
-    if resumed:     # this round was cut short (a killed run, then --resume): start again from its backup
-        rollback(recipe_dir, round_no)
-    if failure is None:
-        failure = Failure.from_run(recipe_dir, run) if run else \
-            Failure(recipe_dir, "", diagnosis.get("error", ""), diagnosis.get("location"))
-    before = snapshot_files(recipe_files(recipe_dir))
-    try:
-        note = rule.fix(failure, diagnosis.get("facts") or {}, context)
-    except Exception as exc:  # a fix that cannot apply is reported, the loop stops on repeat
-        note = f"fix {rule.name} could not be applied: {exc.__class__.__name__}: {exc}"
-    # Whatever the fix wrote, the user's files keep their line endings, encoding, BOM and mode.
-    if rule.keeps_format:
-        restore_formats(recipe_dir, before)
-    diff = diff_against_backup(recipe_dir, backup_dir)
-    return {"applied": bool(diff), "rule": rule.name, "kind": rule.kind, "diff": diff, "note": note,
-            "backup": str(backup_dir.relative_to(recipe_dir))}

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
+
+from agent.records import Run
+from agent.recipe.recipe import NO_CODE_DIRS, Recipe, find_repo_root, read_settings
 
 TRACEBACK_LOCATION_RE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
 ERROR_LINE_RE = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Exit|Interrupt|Warning)\b.*|^\w+Error:.*")
@@ -32,37 +36,43 @@ class Failure:
     timed_out: bool = False
     log: str = ""               # the rank logs (log_*.log), concatenated
     frames: list[tuple[str, int]] = field(default_factory=list)   # every `File "...", line N`, in order
+    yaml: Path | None = None    # the YAML the run used (default: the recipe's single-card one)
 
     def __post_init__(self):
         if not self.frames:
             self.frames = [(file, int(line)) for file, line in TRACEBACK_LOCATION_RE.findall(self.output)]
         if self.timed_out and not self.error.startswith(TIMEOUT_ERROR[:37]):
             self.error = TIMEOUT_ERROR
+        if self.yaml is None:
+            self.yaml = self.recipe.yaml
+
+    @cached_property
+    def recipe(self) -> Recipe:
+        return Recipe.at(self.recipe_dir)
+
+    def settings(self) -> dict:
+        """The run's YAML as data ({} when it is missing or broken)."""
+        return read_settings(self.yaml)
 
     @classmethod
-    def from_output(cls, recipe_dir: Path, output: str, timed_out: bool = False, log: str = "") -> "Failure":
-        from agent.recipe.recipe import find_repo_root
-
+    def from_output(cls, recipe_dir: Path, output: str, timed_out: bool = False, log: str = "",
+                    yaml: Path | None = None) -> Failure:
         root = Path(recipe_dir).resolve()
         summary = summarise_failure(output, roots=[root, find_repo_root(root)])
-        return cls(recipe_dir, output, summary["error"], summary["location"], timed_out, log)
+        return cls(recipe_dir, output, summary["error"], summary["location"], timed_out, log, yaml=yaml)
 
     @classmethod
-    def from_run(cls, recipe_dir: Path, run: dict) -> "Failure":
-        """The failure a trial run recorded (its evidence file and rank logs)."""
+    def from_run(cls, recipe_dir: Path, run: Run) -> Failure:
+        """The failure a trial run recorded (its evidence file, rank logs and YAML)."""
         output = Path(run["output_file"]).read_text(errors="replace") if run.get("output_file") else ""
         log_dir = Path(run["log_dir"]) if run.get("log_dir") else None
         log = "".join(p.read_text(errors="replace") for p in sorted(log_dir.glob("log_*.log"))) \
             if log_dir is not None and log_dir.is_dir() else ""
-        failure = cls.from_output(recipe_dir, output, bool(run.get("timed_out")), log)
+        yaml = Path(run["yaml"]) if run.get("yaml") else None
+        failure = cls.from_output(recipe_dir, output, bool(run.get("timed_out")), log, yaml)
         if failure.timed_out:
             failure.error = f"{TIMEOUT_ERROR} ({run.get('summary')})"
         return failure
-
-    @property
-    def model_name(self) -> str:
-        runners = sorted(self.recipe_dir.glob("runner_*.py"))
-        return runners[0].stem.removeprefix("runner_") if runners else self.recipe_dir.name
 
     def text(self, place: str) -> str:
         if place == "frames":
@@ -82,8 +92,7 @@ class Failure:
         regex = re.compile(pattern) if isinstance(pattern, str) else pattern
         return [found for place in where for found in regex.finditer(self.text(place))]
 
-    def recipe_frames(self, skip_dirs=frozenset({".migrator", "res", "baseline", "__pycache__"})) \
-            -> list[tuple[str, int]]:
+    def recipe_frames(self) -> list[tuple[str, int]]:
         """(recipe-relative path, line) of the frames inside the recipe's own Python files, outermost first."""
         root = self.recipe_dir.resolve()
         frames = []
@@ -92,7 +101,7 @@ class Failure:
                 rel = Path(file).resolve().relative_to(root)
             except (ValueError, OSError):
                 continue
-            if rel.suffix == ".py" and not set(rel.parts) & skip_dirs and (root / rel).is_file():
+            if rel.suffix == ".py" and not set(rel.parts) & NO_CODE_DIRS and (root / rel).is_file():
                 frames.append((str(rel), line))
         return frames
 

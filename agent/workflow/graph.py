@@ -6,8 +6,8 @@ detect_env -> classify -> A: acquire -> vendor -> render -> trial_run
 trial_run -> ok: collect_baseline | fail: diagnose -> OOM: estimate_memory -> report | repair (<= max_rounds)
 collect_baseline -> verify -> report
 
-Routing functions read the state and name the next node; the nodes are agent.workflow.nodes; the graph is
-run (checkpoints, --resume) by agent.workflow.run.run_migration.
+Routing functions read the state and name the next node; the nodes are agent.workflow.nodes; the graph
+is run (checkpoints, --resume) by agent.workflow.run.run_migration.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from __future__ import annotations
 from langgraph.graph import END, START, StateGraph
 
 from agent.workflow import nodes
-from agent.workflow.nodes import MigrationState
-
+from agent.workflow.state import MigrationState, last_run
 from engine.defaults import MAX_ROUNDS as DEFAULT_MAX_ROUNDS
 
 
@@ -26,11 +25,11 @@ def after_classify(state: MigrationState) -> str:
 
 def after_trial_run(state: MigrationState) -> str:
     """A run that worked is measured; any other goes to diagnose (out of memory included: a rule)."""
-    return "collect_baseline" if nodes.last_run(state).get("ok") else "diagnose"
+    return "collect_baseline" if last_run(state).get("ok") else "diagnose"
 
 
 def after_verify(state: MigrationState) -> str:
-    run = nodes.last_run(state)
+    run = last_run(state)
     return "diagnose" if run.get("label") == "verify" and not run.get("ok") else "report"
 
 

@@ -6,6 +6,12 @@ import json
 import time
 from pathlib import Path
 
+from agent.errors import InputError
+from agent.recipe.backup import atomic_write
+from agent.recipe.recipe import REPORT
+from agent.records import Report
+from agent.workflow.state import MigrationState
+
 REPORT_KEYS = ("scenario", "classify_reason", "status", "message", "model_name", "model_source",
                "model_dir", "architecture", "family", "vendored", "rendered", "env", "runs", "rounds",
                "memory", "baseline_path", "verification")
@@ -14,15 +20,15 @@ REPORT_KEYS = ("scenario", "classify_reason", "status", "message", "model_name",
 ORIGIN_KEYS = ("model_name", "model_source", "model_dir", "architecture", "family", "vendored", "rendered")
 
 
-def write_report(state: dict) -> Path | None:
+def write_report(state: MigrationState) -> Path | None:
     if not state.get("recipe_dir"):
         return None
     recipe_dir = Path(state["recipe_dir"])
     recipe_dir.mkdir(parents=True, exist_ok=True)
-    path = recipe_dir / "migration_report.json"
+    path = recipe_dir / REPORT
     for name in (path.name, "migration_summary.md", "README.md"):
         _refuse_link(recipe_dir / name)
-    report = {"generated_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    report: Report = {"generated_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
     report.update({k: state.get(k) for k in REPORT_KEYS if state.get(k) is not None})
     # A later B/C run knows less about the recipe's origin than the migration did: keep it.
     try:
@@ -42,8 +48,6 @@ def write_report(state: dict) -> Path | None:
 
 def _refuse_link(path: Path) -> None:
     """Never write through a symlink (it may point out of the recipe) or over a folder."""
-    from agent.errors import InputError
-
     if path.is_symlink() or (path.exists() and not path.is_file()):
         raise InputError(f"{path} is a symlink or not a regular file; the migrator does not write through it: "
                          "replace it with a regular file or remove it")
@@ -52,8 +56,6 @@ def _refuse_link(path: Path) -> None:
 def _write(path: Path, text: str) -> None:
     """Replace the file (temporary file + rename, mode kept): a link placed there meanwhile is
     replaced, not followed."""
-    from agent.recipe.backup import atomic_write
-
     _refuse_link(path)
     atomic_write(path, text.encode("utf-8"), path.stat().st_mode if path.exists() else None)
 
@@ -62,7 +64,7 @@ README_BEGIN = "<!-- migration-summary:begin -->"
 README_END = "<!-- migration-summary:end -->"
 
 
-def update_readme(readme: Path, report: dict) -> None:
+def update_readme(readme: Path, report: Report) -> None:
     """Keep a short, measurement-free summary in the recipe README (same input, same README);
     the numbers are in baseline/ and migration_summary.md. Text outside the markers is kept."""
     _refuse_link(readme)
@@ -91,7 +93,7 @@ def update_readme(readme: Path, report: dict) -> None:
     _write(readme, text)
 
 
-def human_summary(report: dict, folder_name: str | None = None) -> str:
+def human_summary(report: Report, folder_name: str | None = None) -> str:
     title = report.get("model_name") or folder_name or Path(report.get("recipe_dir") or "recipe").name
     lines = [f"# Migration summary: {title}", ""]
     lines.append(f"- scenario: {report.get('scenario')} ({report.get('classify_reason', '')})")

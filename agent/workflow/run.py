@@ -9,11 +9,19 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import sqlite3
 import sys
 import time
+import types
+import typing
+import uuid
 from pathlib import Path
 
 from agent import errors
+from agent.recipe.backup import atomic_write, real_dirs, start_backup_run
+from agent.recipe.recipe import Recipe
+from agent.workflow.checkpoint_serde import StateSerializer, UnsafeStoreError
+from agent.workflow.state import MigrationState, summarise
 
 RECURSION_LIMIT = 100
 
@@ -52,11 +60,9 @@ def progress(name: str, fn):
 def compiled_graph(checkpoint_db: Path):
     """The graph with a SQLite checkpointer whose serializer reads plain JSON data only: a tampered
     store is refused (UnsafeStoreError), nothing it names is imported or called."""
-    import sqlite3
-
+    # LangGraph (and the nodes, with every module they call) load only for a command that runs the graph.
     from langgraph.checkpoint.sqlite import SqliteSaver
 
-    from agent.workflow.checkpoint_serde import StateSerializer
     from agent.workflow.graph import build_graph
 
     checkpoint_db.parent.mkdir(parents=True, exist_ok=True)
@@ -76,11 +82,9 @@ def thread_key(state: dict) -> str:
 def checkpoint_home(state: dict) -> Path:
     """Checkpoints live with what they describe: in the recipe for B/C, in the output dir for A
     (never inside a checkpoint, even one that holds an infer.sh)."""
-    from agent.recipe.recipe import describe
-
     target = Path(state["target"]).expanduser()
-    info = describe(target) if target.is_dir() else None
-    return info.path if info is not None and info.is_recipe else Path(state.get("output_dir") or "models").resolve()
+    recipe = Recipe.at(target) if target.is_dir() else None
+    return recipe.path if recipe is not None and recipe.is_recipe else Path(state.get("output_dir") or "models").resolve()
 
 
 def _unreadable_store(path: Path, why: str, resume: bool) -> errors.InputError:
@@ -102,41 +106,51 @@ def _load_threads(threads_file: Path, resume: bool) -> dict:
     return threads
 
 
+def conforms(value, hint) -> bool:
+    """`value` is what the type `hint` says (a TypedDict: a dict whose known keys conform; extra keys
+    are let through, so a record a node adds a key to still resumes)."""
+    if value is None:
+        return True
+    origin = typing.get_origin(hint)
+    if origin is typing.Annotated:
+        return conforms(value, typing.get_args(hint)[0])
+    if origin in (typing.Union, types.UnionType):
+        return any(conforms(value, arg) for arg in typing.get_args(hint))
+    if typing.is_typeddict(hint):
+        fields = typing.get_type_hints(hint)
+        return isinstance(value, dict) and all(conforms(v, fields[k]) for k, v in value.items() if k in fields)
+    if hint is typing.Any:
+        return True
+    if origin in (list, dict):
+        args = typing.get_args(hint)
+        if not isinstance(value, origin):
+            return False
+        if origin is list:
+            return not args or all(conforms(v, args[0]) for v in value)
+        return not args or all(conforms(k, args[0]) and conforms(v, args[1]) for k, v in value.items())
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, hint) and not (isinstance(value, bool) and hint is not bool)
+
+
 def _check_resumed_state(values: dict, db: Path) -> None:
-    """A store written by this serializer holds MigrationState's types: anything else is refused."""
-    import types
-    import typing
-
-    from agent.workflow.nodes import MigrationState
-
-    def allowed(hint) -> tuple:
-        if typing.get_origin(hint) in (typing.Union, types.UnionType):
-            return tuple(t for arg in typing.get_args(hint) for t in allowed(arg))
-        return (typing.get_origin(hint) or hint,)
-
-    hints = typing.get_type_hints(MigrationState)      # Annotated reducers stripped: list[dict] -> list
+    """A store holds MigrationState's types, records included (a store of an earlier release does);
+    anything else is refused."""
+    hints = typing.get_type_hints(MigrationState, include_extras=True)
     for key, value in values.items():
-        hint = hints.get(key)
-        if hint is None or value is None:
-            continue
-        kinds = allowed(hint)
-        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
-            raise _unreadable_store(db, f"state field {key!r} holds a {type(value).__name__}", True)
+        if key in hints and not conforms(value, hints[key]):
+            raise _unreadable_store(db, f"state field {key!r} holds a {type(value).__name__} that is not "
+                                        "what this release stores", True)
 
 
 def run_migration(state: dict, resume: bool = False, *, stop_after: str | None = None) -> dict:
     """Run the graph with a SQLite checkpointer (durability "sync": each finished node is on disk
     before the next starts, so a killed run resumes where it was); returns the summary
-    (agent.workflow.nodes.summarise). `resume` continues the latest interrupted run of the same
+    (agent.workflow.state.summarise). `resume` continues the latest interrupted run of the same
     target/name/output dir; a fresh run gets a new thread. `stop_after` ends the run after that
     node (e.g. "render": a recipe written, not run); `--resume` would continue it."""
-    import sqlite3
-    import uuid
-
-    from agent.workflow.checkpoint_serde import UnsafeStoreError
-    from agent.workflow.nodes import summarise
-    from agent.recipe.backup import atomic_write, real_dirs, start_backup_run
-
     output_dir = Path(state.get("output_dir") or "models").resolve()
     key = thread_key(state)
     home = checkpoint_home(state)

@@ -1,4 +1,4 @@
-"""Helpers shared by the rule modules."""
+"""Helpers shared by the rule modules: the YAML line editor."""
 
 from __future__ import annotations
 
@@ -9,28 +9,10 @@ import yaml
 from agent.recipe.textfile import read_source, write_source
 
 
-def recipe_yaml(recipe_dir: Path) -> Path | None:
-    yamls = sorted((recipe_dir / "config").glob("*.yaml"))
-    return yamls[0] if yamls else None
-
-
-def load_yaml(recipe_dir: Path) -> dict:
-    """The recipe's settings; {} when the YAML is missing, unreadable or not a mapping (the
-    rules read it as evidence and must not crash on a broken one)."""
-    path = recipe_yaml(recipe_dir)
-    try:
-        settings = yaml.safe_load(read_source(path)) if path else {}
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return {}
-    return settings if isinstance(settings, dict) else {}
-
-
-def edit_yaml_line(recipe_dir: Path, section: str | None, key: str, value) -> str:
-    """Set `section.key: value` keeping the file's comments and order (line edit, not a dump).
-
-    Returns a one-line note. Adds the key at the end of the section (or file) when absent.
+def edit_yaml_line(path: Path, section: str | None, key: str, value) -> str:
+    """Set `section.key: value` in the YAML at `path`, keeping its comments and order (a line edit,
+    not a dump). Returns a one-line note. Adds the key at the end of the section (or file) when absent.
     """
-    path = recipe_yaml(recipe_dir)
     original = path.read_bytes()
     lines = read_source(path).splitlines(keepends=True)
     rendered = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("\n...").strip()
@@ -58,14 +40,3 @@ def edit_yaml_line(recipe_dir: Path, section: str | None, key: str, value) -> st
     lines.insert(insert_at, f"{indent}{key}: {rendered}\n")
     write_source(path, "".join(lines), original)
     return f"added {section + '.' if section else ''}{key}: {rendered} to {path.name}"
-
-
-def report_data(recipe_dir: Path) -> dict:
-    """migration_report.json of the recipe, if the migrator made it ({} otherwise)."""
-    import json
-
-    path = recipe_dir / "migration_report.json"
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}

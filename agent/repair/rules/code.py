@@ -21,26 +21,13 @@ from agent.codemods.device import GUARD_FLASH_ATTN, DeviceAgnosticCudaCommand, G
 from agent.codemods.repair import (AddForwardKwargsCommand, PadTokenFallbackCommand, TrustRemoteCodeCommand, codemod,
                                    rewrite_file)
 from agent.repair.failure import Failure
-from agent.repair.rules._util import edit_yaml_line, load_yaml
+from agent.repair.rules._util import edit_yaml_line
 from agent.repair.rules.rule import RepairContext, Rule
 
-# Directories of a recipe that hold no recipe code.
-_SKIP_DIRS = {".migrator", "res", "baseline", "__pycache__"}
 GUARD_FLASH_ATTN_IMPORTS = codemod(GuardOptionalImportCommand, **GUARD_FLASH_ATTN)
 
 
 # ---- helpers -----------------------------------------------------------------------------
-def recipe_py_files(recipe_dir: Path) -> list[Path]:
-    """The recipe's own Python files: models/*.py, runner_*.py, infer.py and other top-level code."""
-    files = sorted(recipe_dir.glob("*.py")) + sorted((recipe_dir / "models").rglob("*.py"))
-    return [p for p in files if not set(p.relative_to(recipe_dir).parts[:-1]) & _SKIP_DIRS]
-
-
-def recipe_frames(failure: Failure) -> list[tuple[str, int]]:
-    """(recipe-relative path, line) of the traceback frames inside the recipe, outermost first."""
-    return failure.recipe_frames(frozenset(_SKIP_DIRS))
-
-
 def _defining_file(recipe_dir: Path, class_name: str) -> Path | None:
     """The recipe file (models/ first, then the top level) with a module-level `class class_name`."""
     pattern = re.compile(rf"^class {re.escape(class_name)}\b", re.M)
@@ -94,10 +81,10 @@ _NO_FLASH_ATTN = re.compile(r"No module named '(flash_attn[\w.]*)'|package flash
 
 
 def _flash_attn_facts(failure: Failure, found: re.Match) -> dict | None:
-    files = [_rel(failure.recipe_dir, p) for p in recipe_py_files(failure.recipe_dir)
+    files = [_rel(failure.recipe_dir, p) for p in failure.recipe.code_files()
              if "flash_attn" in p.read_text(errors="replace")
              and rewrite_file(p, [GUARD_FLASH_ATTN_IMPORTS], dry_run=True)]
-    attn = (load_yaml(failure.recipe_dir).get("model_config") or {}).get("attn_implementation")
+    attn = (failure.settings().get("model_config") or {}).get("attn_implementation")
     yaml_needs_change = isinstance(attn, str) and attn.startswith("flash_attention")
     if not files and not yaml_needs_change:
         return None
@@ -110,7 +97,7 @@ def _fix_flash_attn(failure: Failure, facts: dict, ctx: RepairContext) -> str:
         rewrite_file(failure.recipe_dir / rel, [GUARD_FLASH_ATTN_IMPORTS])
         notes.append(f"guarded flash_attn imports in {rel}")
     if facts.get("set_sdpa"):
-        notes.append(edit_yaml_line(failure.recipe_dir, "model_config", "attn_implementation", "sdpa"))
+        notes.append(edit_yaml_line(failure.yaml, "model_config", "attn_implementation", "sdpa"))
     return "; ".join(notes)
 
 
@@ -187,7 +174,7 @@ _NO_CUDA = re.compile(
 
 
 def _cuda_facts(failure: Failure, found: re.Match) -> dict | None:
-    files = [_rel(failure.recipe_dir, p) for p in recipe_py_files(failure.recipe_dir)
+    files = [_rel(failure.recipe_dir, p) for p in failure.recipe.code_files()
              if "cuda" in p.read_text(errors="replace") and rewrite_file(p, [DeviceAgnosticCudaCommand], dry_run=True)]
     return {"files": files} if files else None
 
@@ -256,7 +243,7 @@ def _state_dict_facts(failure: Failure, found: re.Match) -> dict | None:
     missing, unexpected = _key_list(found["missing"]), _key_list(found["unexpected"])
     if _key_list(found["shapes"]):
         return None                       # shapes differ: a config problem, not naming
-    model_config = load_yaml(failure.recipe_dir).get("model_config") or {}
+    model_config = failure.settings().get("model_config") or {}
     if missing == ["lm_head.weight"] and not unexpected:
         if (model_config.get("config_overrides") or {}).get("tie_word_embeddings") is True:
             return None                   # already applied: it did not help
@@ -277,8 +264,8 @@ def _state_dict_facts(failure: Failure, found: re.Match) -> dict | None:
 
 def _fix_state_dict(failure: Failure, facts: dict, ctx: RepairContext) -> str:
     if facts["fix"] == "tie_word_embeddings":
-        return edit_yaml_line(failure.recipe_dir, "model_config", "config_overrides", facts["config_overrides"])
-    return edit_yaml_line(failure.recipe_dir, "model_config", "key_mapping", facts["key_mapping"])
+        return edit_yaml_line(failure.yaml, "model_config", "config_overrides", facts["config_overrides"])
+    return edit_yaml_line(failure.yaml, "model_config", "key_mapping", facts["key_mapping"])
 
 
 # ---- 7. remote code needs trust_remote_code -----------------------------------------------
@@ -288,7 +275,7 @@ _REMOTE_CODE = re.compile(r"contains custom code which must be executed|requires
 
 def _remote_code_facts(failure: Failure, found: re.Match) -> dict | None:
     # The innermost frame in the recipe's own code whose line calls from_pretrained.
-    for rel, line in reversed(recipe_frames(failure)):
+    for rel, line in reversed(failure.recipe_frames()):
         path = failure.recipe_dir / rel
         if rewrite_file(path, [codemod(TrustRemoteCodeCommand, line=line)], dry_run=True):
             return {"file": rel, "line": line}

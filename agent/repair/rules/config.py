@@ -9,7 +9,10 @@ from pathlib import Path
 import yaml
 
 from agent.repair.failure import Failure
-from agent.repair.rules._util import edit_yaml_line, load_yaml, recipe_yaml, report_data
+from agent.recipe.recipe import Recipe
+from agent.recipe.render import write_rendered
+from agent.recipe.spec import recipe_spec
+from agent.repair.rules._util import edit_yaml_line
 from agent.repair.rules.rule import RepairContext, Rule
 from engine.config import SECTIONS, rendered_keys
 
@@ -19,12 +22,12 @@ _DTYPE_UNSUPPORTED = re.compile(
 
 
 def _dtype_facts(failure: Failure, found: re.Match) -> dict | None:
-    dtype = (load_yaml(failure.recipe_dir).get("model_config") or {}).get("dtype")
+    dtype = (failure.settings().get("model_config") or {}).get("dtype")
     return {"dtype": dtype} if dtype in ("bfloat16", "float16") else None
 
 
 def _fix_dtype(failure: Failure, facts: dict, ctx: RepairContext) -> str:
-    return edit_yaml_line(failure.recipe_dir, "model_config", "dtype", "float32")
+    return edit_yaml_line(failure.yaml, "model_config", "dtype", "float32")
 
 
 # ---- template defaults --------------------------------------------------------------------
@@ -39,13 +42,11 @@ ALIASES = {
 }
 
 
-def template_defaults(recipe_dir: Path) -> dict:
+def template_defaults(recipe: Recipe) -> dict:
     """What the template would write for this recipe: {dotted key: value}, from the recipe's spec.
     Values the YAML already has are used to keep the others consistent (e.g. max_new_tokens fits
     beside input_max_len)."""
-    from agent.repair.rules.files import recipe_spec
-
-    return recipe_spec(recipe_dir).yaml_defaults()
+    return recipe_spec(recipe).yaml_defaults()
 
 
 def _is_int(value) -> bool:
@@ -61,17 +62,17 @@ def _scalar(value) -> str:
     return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("\n...").strip()
 
 
-def _add_key(recipe_dir: Path, dotted: str, value) -> str:
+def _add_key(failure: Failure, dotted: str, value) -> str:
     """Add a missing key where the template has it (after its predecessor); else at the section end."""
     section, key = _split(dotted)
-    path = recipe_yaml(recipe_dir)
+    path = failure.yaml
     lines = path.read_text().splitlines(keepends=True)
     order = TEMPLATE_ORDER.get(section, [])
     before = order[:order.index(key)] if key in order else []
     indent = "" if section is None else "  "
     in_section = section is None
     anchor = None
-    sections = {k for k, v in load_yaml(recipe_dir).items() if isinstance(v, dict)}
+    sections = {k for k, v in failure.settings().items() if isinstance(v, dict)}
     for i, line in enumerate(lines):
         top = line[:1] not in (" ", "\t") and line.strip() and not line.lstrip().startswith("#")
         if section is not None and top:
@@ -82,14 +83,14 @@ def _add_key(recipe_dir: Path, dotted: str, value) -> str:
             if name in before and not (section is None and name in sections):
                 anchor = i
     if anchor is None:
-        return edit_yaml_line(recipe_dir, section, key, value)
+        return edit_yaml_line(path, section, key, value)
     lines.insert(anchor + 1, f"{indent}{key}: {_scalar(value)}\n")
     path.write_text("".join(lines))
     return f"added {dotted}: {_scalar(value)} to {path.name}"
 
 
-def _add_section(recipe_dir: Path, section: str, defaults: dict) -> str:
-    path = recipe_yaml(recipe_dir)
+def _add_section(failure: Failure, section: str, defaults: dict) -> str:
+    path = failure.yaml
     text = path.read_text()
     body = "".join(f"  {k}: {_scalar(defaults[f'{section}.{k}'])}\n" for k in TEMPLATE_ORDER[section])
     path.write_text(text.rstrip("\n") + f"\n\n{section}:\n{body}")
@@ -110,23 +111,23 @@ def _lookup(settings: dict, dotted: str):
 
 
 def _missing_key_facts(failure: Failure, found: re.Match) -> dict | None:
-    if recipe_yaml(failure.recipe_dir) is None:
+    if failure.yaml is None:
         return None
     key = found["key"]
-    if _lookup(load_yaml(failure.recipe_dir), key) is not KeyError:
+    if _lookup(failure.settings(), key) is not KeyError:
         return None
     known = key in TEMPLATE_ORDER or key in {f"{s}.{k}" if s else k for s, ks in TEMPLATE_ORDER.items() for k in ks}
     return {"key": key} if known else None
 
 
 def _fix_missing_key(failure: Failure, facts: dict, ctx: RepairContext) -> str:
-    defaults = template_defaults(failure.recipe_dir)
+    defaults = template_defaults(failure.recipe)
     key = facts["key"]
     if key in TEMPLATE_ORDER:
-        return _add_section(failure.recipe_dir, key, defaults)
+        return _add_section(failure, key, defaults)
     if key not in defaults:
         return f"{key} is missing and has no default here (no checkpoint found); set it in the YAML"
-    return _add_key(failure.recipe_dir, key, defaults[key])
+    return _add_key(failure, key, defaults[key])
 
 
 # ---- a value of the wrong type or not among the choices -----------------------------------
@@ -158,12 +159,12 @@ def _coerce(key: str, value, kind: str, choices: list[str] | None):
 
 
 def _wrong_type_facts(failure: Failure, _found=None) -> dict | None:
-    if recipe_yaml(failure.recipe_dir) is None:
+    if failure.yaml is None:
         return None
     for pattern, problem in ((_WRONG_TYPE, "type"), (_BAD_CHOICE, "choice"), (_TOO_SMALL, "range")):
         found = failure.search(pattern, ("output",))
         if found:
-            value = _lookup(load_yaml(failure.recipe_dir), found["key"])
+            value = _lookup(failure.settings(), found["key"])
             if value is KeyError or isinstance(value, (dict, list)):
                 return None
             choices = [c.strip() for c in found["choices"].split(",")] if problem == "choice" else None
@@ -181,12 +182,12 @@ def _fix_wrong_type(failure: Failure, facts: dict, ctx: RepairContext) -> str:
     value = _coerce(key, facts["value"], facts["kind"], facts["choices"])
     how = f"{facts['value']!r} read as {value!r}"
     if value is None:
-        value = template_defaults(failure.recipe_dir).get(key)
+        value = template_defaults(failure.recipe).get(key)
         how = f"{facts['value']!r} has no unambiguous reading; template default {value!r}"
         if value is None:
             return f"{key}: {facts['value']!r} has no unambiguous reading and no default here; set it in the YAML"
     section, name = _split(key)
-    return f"{edit_yaml_line(failure.recipe_dir, section, name, value)} ({how})"
+    return f"{edit_yaml_line(failure.yaml, section, name, value)} ({how})"
 
 
 # ---- model_path does not exist ------------------------------------------------------------
@@ -225,10 +226,8 @@ def find_moved_checkpoint(old: Path, max_dirs: int = 5000) -> tuple[Path | None,
 
 
 def _model_path_facts(failure: Failure, _found=None) -> dict | None:
-    settings = load_yaml(failure.recipe_dir)
-    from agent.repair.rules.files import resolve_model_path
-
-    path = resolve_model_path(failure.recipe_dir, settings.get("model_path"))
+    settings = failure.settings()
+    path = failure.recipe.resolve(settings.get("model_path"))
     if path is None or _checkpoint(path):
         return None
     if settings["model_path"] not in failure.output and str(path) not in failure.output \
@@ -238,9 +237,7 @@ def _model_path_facts(failure: Failure, _found=None) -> dict | None:
 
 
 def _fix_model_path(failure: Failure, facts: dict, ctx: RepairContext) -> str:
-    from agent.repair.rules.files import resolve_model_path
-
-    report_dir = resolve_model_path(failure.recipe_dir, report_data(failure.recipe_dir).get("model_dir"))
+    report_dir = failure.recipe.resolve(failure.recipe.report().get("model_dir"))
     if report_dir is not None and _checkpoint(report_dir):
         new, why = report_dir, "the checkpoint migration_report.json recorded (model_dir)"
     else:
@@ -252,7 +249,7 @@ def _fix_model_path(failure: Failure, facts: dict, ctx: RepairContext) -> str:
                     "set model_path in the YAML to the folder holding config.json and the weights")
         why = "a checkpoint of the same name near the old path" if new.name == Path(facts["resolved"]).name \
             else "the only checkpoint near the old path"
-    note = edit_yaml_line(failure.recipe_dir, None, "model_path", str(new))
+    note = edit_yaml_line(failure.yaml, None, "model_path", str(new))
     return f"{note}: {facts['model_path']} does not exist; using {why}"
 
 
@@ -262,7 +259,7 @@ _LENGTHS = re.compile(r"input_max_len \((?P<inp>\d+)\) \+ data_config\.max_new_t
 
 
 def _lengths_facts(failure: Failure, found: re.Match) -> dict | None:
-    if recipe_yaml(failure.recipe_dir) is None:
+    if failure.yaml is None:
         return None
     return {k: int(v) for k, v in found.groupdict().items()}
 
@@ -274,10 +271,10 @@ def _fix_lengths(failure: Failure, facts: dict, ctx: RepairContext) -> str:
             new //= 2
     notes = []
     if new != facts["new"]:
-        notes.append(edit_yaml_line(failure.recipe_dir, "data_config", "max_new_tokens", new))
+        notes.append(edit_yaml_line(failure.yaml, "data_config", "max_new_tokens", new))
     inp = max(1, min(facts["inp"], limit - new))
     if inp != facts["inp"]:
-        notes.append(edit_yaml_line(failure.recipe_dir, "data_config", "input_max_len", inp))
+        notes.append(edit_yaml_line(failure.yaml, "data_config", "input_max_len", inp))
     return "; ".join(notes) + f" (max_position_embeddings {limit})"
 
 
@@ -286,14 +283,14 @@ _DEVICE = re.compile(r"--device (?P<device>\w+) requested but")
 
 
 def _device_facts(failure: Failure, found: re.Match) -> dict | None:
-    device = load_yaml(failure.recipe_dir).get("device")
+    device = failure.settings().get("device")
     if not isinstance(device, str) or device.lower() != found["device"] or device == "auto":
         return None
     return {"device": device, "reason": found.string[found.start():].splitlines()[0][:300]}
 
 
 def _fix_device(failure: Failure, facts: dict, ctx: RepairContext) -> str:
-    note = edit_yaml_line(failure.recipe_dir, None, "device", "auto")
+    note = edit_yaml_line(failure.yaml, None, "device", "auto")
     return f"{note}: {facts['device']} is not usable here; the run logs the device it actually uses"
 
 
@@ -302,7 +299,7 @@ _YAML_NOT_FOUND = re.compile(r"(?P<path>\S+\.ya?ml): YAML file not found")
 
 
 def _yaml_missing_facts(failure: Failure, found: re.Match) -> dict | None:
-    if recipe_yaml(failure.recipe_dir) is not None:
+    if failure.yaml is not None:
         return None
     named = Path(found["path"])
     named = named if named.is_absolute() else failure.recipe_dir / named
@@ -310,18 +307,14 @@ def _yaml_missing_facts(failure: Failure, found: re.Match) -> dict | None:
         rel = str(named.resolve().relative_to(failure.recipe_dir.resolve()))
     except ValueError:
         rel = None
-    from agent.recipe.render import yaml_name
-    from agent.repair.rules.files import recipe_model_name
-
     if not rel or not rel.startswith("config/"):
-        rel = f"config/{yaml_name(recipe_model_name(failure.recipe_dir))}"
+        rel = f"config/{failure.recipe.yaml_name()}"
     return {"file": rel}
 
 
 def _fix_yaml_missing(failure: Failure, facts: dict, ctx: RepairContext) -> str:
-    from agent.repair.rules.files import render_context, write_rendered
-
-    context, family = render_context(failure.recipe_dir, trust_remote_code=ctx.trust_remote_code)
+    spec = recipe_spec(failure.recipe, trust_remote_code=ctx.trust_remote_code)
+    context, family = spec.context(), spec.family_spec()
     if not context["model_path"]:
         return f"{facts['file']} is missing and no checkpoint is known (no migration_report.json model_dir)"
     write_rendered(failure.recipe_dir, facts["file"], context, family)

@@ -21,8 +21,8 @@ from pathlib import Path
 from agent.codemods.device import CUDA_COMMANDS, NPU_COMMANDS, npu_kernel_uses
 from agent.codemods.repair import RopeScalingTypeKeyCommand, rewrite_file
 from agent.repair.failure import Failure
-from agent.repair.rules._util import edit_yaml_line, load_yaml, recipe_yaml
-from agent.repair.rules.code import _fix_missing_package, install_command, recipe_py_files
+from agent.repair.rules._util import edit_yaml_line
+from agent.repair.rules.code import _fix_missing_package, install_command
 from agent.repair.rules.rule import RepairContext, Rule, message_facts, report, where_it_failed
 
 
@@ -40,7 +40,7 @@ _NPU_BLOCKED = "import of torch_npu halted; None in sys.modules"
 
 def _incidental_npu_facts(failure: Failure, found: re.Match) -> dict | None:
     files, kernels = [], []
-    for path in recipe_py_files(failure.recipe_dir):
+    for path in failure.recipe.code_files():
         text = path.read_text(errors="replace")
         kernels += npu_kernel_uses(text)
         if ("npu" in text) and rewrite_file(path, NPU_COMMANDS, dry_run=True):
@@ -96,7 +96,7 @@ _CUDA_MISSING = re.compile(
 
 
 def _incidental_cuda_facts(failure: Failure, found: re.Match) -> dict | None:
-    files = [str(p.relative_to(failure.recipe_dir)) for p in recipe_py_files(failure.recipe_dir)
+    files = [str(p.relative_to(failure.recipe_dir)) for p in failure.recipe.code_files()
              if "torch.cuda." in p.read_text(errors="replace") and rewrite_file(p, CUDA_COMMANDS, dry_run=True)]
     return {"files": files} if files else None
 
@@ -131,14 +131,14 @@ _MIXED_DTYPE = re.compile(r"expected scalar type (\w+) but found (\w+)|expected 
 
 
 def _mixed_dtype_facts(failure: Failure, found: re.Match) -> dict | None:
-    dtype = (load_yaml(failure.recipe_dir).get("model_config") or {}).get("dtype")
+    dtype = (failure.settings().get("model_config") or {}).get("dtype")
     types = " and ".join(g for g in found.groups() if g)
     return {"dtype": dtype, "types": types, "where": where_it_failed(failure), "fixable": dtype in ("bfloat16", "float16")}
 
 
 def _fix_mixed_dtype(failure: Failure, facts: dict, ctx: RepairContext) -> str:
     if facts["fixable"]:
-        note = edit_yaml_line(failure.recipe_dir, "model_config", "dtype", "float32")
+        note = edit_yaml_line(failure.yaml, "model_config", "dtype", "float32")
         return f"{note}: tensors of {facts['types']} met at {facts['where']}; one dtype (float32) everywhere"
     return (f"tensors of {facts['types']} meet at {facts['where']} although model_config.dtype is {facts['dtype']}: "
             "recipe code creates a tensor in another dtype; cast it with .to(<weights>.dtype) there")
@@ -167,7 +167,7 @@ def _rope_facts(failure: Failure, found: re.Match) -> dict | None:
     key = found.group(1) or found.group(2) or "type/factor"
     files = []
     if key == "type":
-        files = [str(p.relative_to(failure.recipe_dir)) for p in recipe_py_files(failure.recipe_dir)
+        files = [str(p.relative_to(failure.recipe_dir)) for p in failure.recipe.code_files()
                  if "rope_scaling" in p.read_text(errors="replace") and rewrite_file(p, [RopeScalingTypeKeyCommand], dry_run=True)]
     return {"key": key, "where": where_it_failed(failure), "files": files}
 
@@ -189,7 +189,7 @@ _SAFETENSORS = re.compile(r"SafetensorError: Error while deserializing header: (
 
 
 def _safetensors_facts(failure: Failure, found: re.Match) -> dict | None:
-    model_path = Path(str(load_yaml(failure.recipe_dir).get("model_path") or ""))
+    model_path = Path(str(failure.settings().get("model_path") or ""))
     if model_path and not model_path.is_absolute():
         model_path = failure.recipe_dir / model_path
     pointers = []
@@ -231,7 +231,7 @@ def _yaml_syntax_facts(failure: Failure, found: re.Match) -> dict | None:
     """The recipe YAML really does not parse: where, from our own parse."""
     import yaml
 
-    path = recipe_yaml(failure.recipe_dir)
+    path = failure.yaml
     if path is None:
         return None
     try:

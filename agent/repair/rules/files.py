@@ -12,8 +12,11 @@ from pathlib import Path
 from libcst.codemod import CodemodContext
 
 from agent.codemods.repair import InsertWarmUpCommand, generate_calls, rewrite_file, warm_up_argument
+from agent.migrate.vendor import locate_source, read_config, vendor_source
+from agent.recipe.recipe import Recipe
+from agent.recipe.render import generated_files, render_file, write_rendered
+from agent.recipe.spec import recipe_spec
 from agent.repair.failure import Failure
-from agent.repair.rules._util import load_yaml, report_data
 from agent.repair.rules.rule import RepairContext, Rule
 
 
@@ -30,112 +33,6 @@ def _fix_models_init(failure: Failure, facts: dict, ctx: RepairContext) -> str:
     # (often importing modules this recipe does not have) shadows it. Backed up, then removed.
     (failure.recipe_dir / facts["file"]).unlink()
     return "removed models/__init__.py (models/ is a namespace package in a recipe)"
-
-
-# ---- shared: the recipe's identity and render context -------------------------------------
-def recipe_model_name(recipe_dir: Path) -> str:
-    """The recipe's model name: the runner file, else the report, else the YAML, else the folder."""
-    runners = sorted(recipe_dir.glob("runner_*.py"))
-    if runners:
-        return runners[0].stem.removeprefix("runner_")
-    return (report_data(recipe_dir).get("model_name") or load_yaml(recipe_dir).get("model_name")
-            or recipe_dir.name)
-
-
-def resolve_model_path(recipe_dir: Path, model_path) -> Path | None:
-    """A YAML model_path as the engine resolves it (relative paths from the recipe dir)."""
-    if not isinstance(model_path, str) or not model_path.strip():
-        return None
-    path = Path(model_path).expanduser()
-    return path if path.is_absolute() else (recipe_dir / path).resolve()
-
-
-def checkpoint_dir(recipe_dir: Path) -> Path | None:
-    """The checkpoint the recipe runs: the YAML model_path, else the report's model_dir (if it exists)."""
-    candidates = [resolve_model_path(recipe_dir, load_yaml(recipe_dir).get("model_path")),
-                  resolve_model_path(recipe_dir, report_data(recipe_dir).get("model_dir"))]
-    return next((p for p in candidates if p is not None and (p / "config.json").is_file()), None)
-
-
-def _runner_imports(recipe_dir: Path, name: str) -> dict:
-    """model/config class names from the runner's `from models.X import Cls` lines (read only)."""
-    runner = recipe_dir / f"runner_{name}.py"
-    found: dict[str, str] = {}
-    try:
-        tree = ast.parse(runner.read_text())
-    except (OSError, SyntaxError, ValueError):
-        return found
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module and node.names:
-            if node.module == f"models.modeling_{name}":
-                found["model_class"] = node.names[0].name
-            elif node.module == f"models.configuration_{name}":
-                found["config_class"] = node.names[0].name
-    return found
-
-
-def recipe_spec(recipe_dir: Path, model_name: str | None = None, trust_remote_code: bool = False):
-    """The recipe's agent.recipe.spec.RecipeSpec, rebuilt from migration_report.json, the YAML and the
-    checkpoint. YAML values that validate are kept."""
-    from agent.recipe.spec import RecipeSpec
-    from agent.migrate.vendor import locate_source, read_config
-
-    report = report_data(recipe_dir)
-    name = model_name or report.get("model_name") or recipe_model_name(recipe_dir)
-    model_dir = checkpoint_dir(recipe_dir)
-    config = read_config(model_dir) if model_dir else {}
-    vendored = dict(report.get("vendored") or {})
-    if not {"model_class", "config_class", "modeling_module", "configuration_module"} <= set(vendored):
-        if config:
-            try:
-                source = locate_source(config, model_dir, trust_remote_code=trust_remote_code)
-                vendored = {"model_class": source.model_class, "config_class": source.config_class,
-                            "modeling_module": source.modeling_module,
-                            "configuration_module": source.configuration_module,
-                            "origin": source.origin, "attn_implementation": source.attn_implementation,
-                            **vendored}
-            except Exception:  # noqa: BLE001 - fall back to what the runner imports
-                pass
-        vendored = {**_runner_imports(recipe_dir, name), **vendored}
-    return RecipeSpec.from_recipe(model_name=name, report=report, settings=load_yaml(recipe_dir),
-                                  model_dir=model_dir, config=config, vendored=vendored)
-
-
-def render_context(recipe_dir: Path, model_name: str | None = None, trust_remote_code: bool = False):
-    """(context, family) for the templates, from the recipe's spec (as node_render renders it)."""
-    spec = recipe_spec(recipe_dir, model_name, trust_remote_code)
-    return spec.context(), spec.family_spec()
-
-
-def generated_targets(name: str, family) -> dict[str, str]:
-    """recipe-relative path -> template, for every file the migrator renders."""
-    from agent.recipe.render import RECIPE_FILES, yaml_name
-
-    targets = {target.format(name=name, yaml_name=yaml_name(name)): template
-               for template, target in RECIPE_FILES.items()}
-    targets[f"runner_{name}.py"] = family.runner_template
-    return targets
-
-
-def render_file(recipe_dir: Path, rel: str, context: dict, family) -> str:
-    """The text the templates give for one recipe file (rel: recipe-relative path)."""
-    from agent.recipe.render import render_text
-
-    targets = generated_targets(context["model_name"], family)
-    if rel not in targets and rel.startswith("config/") and rel.endswith((".yaml", ".yml")):
-        template = "config.yaml.j2"
-    else:
-        template = targets[rel]
-    return render_text(template, context, family)
-
-
-def write_rendered(recipe_dir: Path, rel: str, context: dict, family) -> Path:
-    path = recipe_dir / rel
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_file(recipe_dir, rel, context, family))
-    if path.suffix == ".sh":
-        path.chmod(0o755)
-    return path
 
 
 def _inside(recipe_dir: Path, path: str) -> str | None:
@@ -195,10 +92,10 @@ def _fix_no_pythonpath(failure: Failure, facts: dict, ctx: RepairContext) -> str
 _SUBMODULE_MISSING = re.compile(r"No module named 'models\.(\w+)'")
 
 
-def _vendored_stems(recipe_dir: Path) -> set[str]:
-    name = recipe_model_name(recipe_dir)
+def _vendored_stems(recipe: Recipe) -> set[str]:
+    name = recipe.model_name
     stems = {f"modeling_{name}", f"configuration_{name}"}
-    files = ((report_data(recipe_dir).get("vendored") or {}).get("files") or {}).values()
+    files = ((recipe.report().get("vendored") or {}).get("files") or {}).values()
     stems |= {Path(f).stem for f in files if str(f).startswith("models/")}
     return stems
 
@@ -207,29 +104,27 @@ def _vendored_missing_facts(failure: Failure, found: re.Match) -> dict | None:
     if not (failure.recipe_dir / "models").is_dir():
         return None
     stem = found.group(1)
-    if (failure.recipe_dir / "models" / f"{stem}.py").exists() or stem not in _vendored_stems(failure.recipe_dir):
+    if (failure.recipe_dir / "models" / f"{stem}.py").exists() or stem not in _vendored_stems(failure.recipe):
         return None
     return {"file": f"models/{stem}.py"}
 
 
 def _fix_vendored_missing(failure: Failure, facts: dict, ctx: RepairContext) -> str:
-    from agent.migrate.vendor import locate_source, read_config, vendor_source
-
     recipe_dir = failure.recipe_dir
-    model_dir = checkpoint_dir(recipe_dir)
+    model_dir = failure.recipe.checkpoint_dir()
     if model_dir is None:
         return (f"{facts['file']} is missing and no checkpoint was found to re-vendor it from "
                 "(neither the YAML model_path nor the report's model_dir holds a config.json)")
     source = locate_source(read_config(model_dir), model_dir, trust_remote_code=ctx.trust_remote_code)
     # Vendor aside and copy back only the missing file: the other vendored files may carry edits.
     with tempfile.TemporaryDirectory(prefix="revendor_") as tmp:
-        result = vendor_source(source, Path(tmp), recipe_model_name(recipe_dir))
+        result = vendor_source(source, Path(tmp), failure.recipe.model_name)
         fresh = Path(tmp) / facts["file"]
         if not fresh.is_file():
             written = ", ".join(str(p.relative_to(tmp)) for p in result.files.values())
             return f"re-vendoring {source.model_class} gives {written}, not {facts['file']}"
         (recipe_dir / facts["file"]).write_text(fresh.read_text())
-    was = (report_data(recipe_dir).get("vendored") or {}).get("origin")
+    was = (failure.recipe.report().get("vendored") or {}).get("origin")
     drift = f" (first vendored from {was})" if was and was != source.origin else ""
     return f"re-vendored {facts['file']} ({source.model_class}) from {source.origin}{drift}"
 
@@ -241,26 +136,26 @@ _SYNTAX = re.compile(r"^(SyntaxError|IndentationError|TabError)\b")   # at the s
 _GENERATED_PY = ("infer.py", "models/model_setting.py")
 
 
-def _is_generated(recipe_dir: Path, rel: str, name: str) -> bool:
-    rendered = report_data(recipe_dir).get("rendered")
+def _is_generated(recipe: Recipe, rel: str, name: str) -> bool:
+    rendered = recipe.report().get("rendered")
     if rendered:
         return rel in rendered
     return rel in (*_GENERATED_PY, f"runner_{name}.py")
 
 
-def _carries_header(recipe_dir: Path, rel: str) -> bool:
+def _carries_header(recipe: Recipe, rel: str) -> bool:
     """The file starts with the line the template writes (it was generated, then damaged)."""
     try:
-        first = (recipe_dir / rel).read_text(errors="replace").splitlines()[:1]
-        context, family = render_context(recipe_dir)
-        return bool(first) and first == render_file(recipe_dir, rel, context, family).splitlines()[:1]
+        first = (recipe.path / rel).read_text(errors="replace").splitlines()[:1]
+        spec = recipe_spec(recipe)
+        return bool(first) and first == render_file(rel, spec.context(), spec.family_spec()).splitlines()[:1]
     except Exception:  # noqa: BLE001 - not renderable: not ours
         return False
 
 
 def _generated_facts(failure: Failure, _found=None) -> dict | None:
     recipe_dir = failure.recipe_dir
-    name = recipe_model_name(recipe_dir)
+    name = failure.recipe.model_name
     candidates: list[tuple[str, str]] = []
     if (found := failure.search(_CANT_OPEN, ("output",))) and (rel := _inside(recipe_dir, found["path"])):
         candidates.append((rel, "missing"))
@@ -275,12 +170,12 @@ def _generated_facts(failure: Failure, _found=None) -> dict | None:
             candidates.append((rel, "corrupt"))
     if not failure.output.strip() or failure.error == "no output":
         # A run that printed nothing: a generated file cut short can still be valid Python.
-        truncated = _truncated_generated(recipe_dir, name)
+        truncated = _truncated_generated(failure.recipe, name)
         if truncated:
             return {"file": truncated, "state": "corrupt", "model_name": name}
     for rel, state in candidates:
         path = recipe_dir / rel
-        if state == "missing" and not path.exists() and _is_generated(recipe_dir, rel, name):
+        if state == "missing" and not path.exists() and _is_generated(failure.recipe, rel, name):
             return {"file": rel, "state": "missing", "model_name": name}
         if state == "corrupt" and path.is_file() and rel.endswith(".py"):
             try:
@@ -288,26 +183,27 @@ def _generated_facts(failure: Failure, _found=None) -> dict | None:
                 continue                       # it compiles: the SyntaxError is elsewhere
             except (SyntaxError, ValueError):
                 pass
-            if _is_generated(recipe_dir, rel, name) or _carries_header(recipe_dir, rel):
+            if _is_generated(failure.recipe, rel, name) or _carries_header(failure.recipe, rel):
                 return {"file": rel, "state": "corrupt", "model_name": name}
     return None
 
 
-def _truncated_generated(recipe_dir: Path, name: str) -> str | None:
+def _truncated_generated(recipe: Recipe, name: str) -> str | None:
     """The generated file whose text is a strict prefix of what the templates give (a copy or a save
     interrupted halfway), if any."""
     try:
-        context, family = render_context(recipe_dir, name)
-        targets = generated_targets(name, family)
+        spec = recipe_spec(recipe, name)
+        context, family = spec.context(), spec.family_spec()
+        targets = generated_files(name, family)
     except Exception:  # noqa: BLE001 - not one of our recipes, or not enough left to tell
         return None
     for rel in targets:
-        path = recipe_dir / rel
+        path = recipe.path / rel
         if not path.is_file() or not rel.endswith((".py", ".sh")):
             continue
         current = path.read_text(errors="replace")
         try:
-            expected = render_file(recipe_dir, rel, context, family)
+            expected = render_file(rel, context, family)
         except Exception:  # noqa: BLE001
             continue
         if current and current != expected and expected.startswith(current):
@@ -317,10 +213,11 @@ def _truncated_generated(recipe_dir: Path, name: str) -> str | None:
 
 def _fix_generated(failure: Failure, facts: dict, ctx: RepairContext) -> str:
     recipe_dir = failure.recipe_dir
-    context, family = render_context(recipe_dir, facts.get("model_name"), ctx.trust_remote_code)
+    spec = recipe_spec(failure.recipe, facts.get("model_name"), ctx.trust_remote_code)
+    context, family = spec.context(), spec.family_spec()
     path = recipe_dir / facts["file"]
     old = path.read_text(errors="replace") if path.is_file() else None
-    fresh = render_file(recipe_dir, facts["file"], context, family)
+    fresh = render_file(facts["file"], context, family)
     write_rendered(recipe_dir, facts["file"], context, family)
     if old is None:
         return f"re-rendered the missing {facts['file']} from the templates"

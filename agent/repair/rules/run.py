@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 
 from agent.repair.failure import Failure
-from agent.repair.rules._util import load_yaml
 from agent.repair.rules.rule import RepairContext, Rule
 
 OOM_PATTERNS = re.compile(
@@ -21,7 +20,7 @@ def _fix_oom(failure: Failure, facts: dict, ctx: RepairContext) -> str:
 
 def _timeout_facts(failure: Failure, found: re.Match | None) -> dict:
     lines = [ln.strip() for ln in failure.output.strip().splitlines() if ln.strip()]
-    settings = load_yaml(failure.recipe_dir)
+    settings = failure.settings()
     data = settings.get("data_config") or {}
     return {"last_line": lines[-1][-300:] if lines else "(no output)",
             "max_new_tokens": data.get("max_new_tokens"), "world_size": settings.get("world_size")}

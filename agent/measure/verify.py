@@ -1,0 +1,54 @@
+"""Verify a recipe's output: parity against the original implementation where it is importable,
+the output-text check and every rank's success, as the baseline's `verification`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agent.measure.baseline import with_verification
+from agent.measure.parity import foreign_parity, run_parity
+from agent.records import Baseline, Run
+from agent.recipe.recipe import Recipe
+
+
+def verify(recipe: Recipe, run: Run, collected: Baseline, trust_remote_code: bool = False) -> Baseline:
+    """The collected baseline with its parity: the vendored model against transformers for a
+    recipe on this engine (the trial run's parity dump is its side when there is one)."""
+    if recipe.kind == "standalone":
+        dump = Path(run.get("res_path") or recipe.path) / "parity_dump.pt"
+        parity = run_parity(recipe, trust_remote_code=trust_remote_code, dump=dump if dump.is_file() else None)
+    else:
+        parity = foreign_parity(recipe)
+    return with_verification(collected, parity)
+
+
+def problems(baseline: Baseline) -> list[str]:
+    """What the verification found wrong, one phrase each."""
+    verification = baseline["verification"]
+    found = []
+    if not verification.get("all_ranks_success", False):
+        found.append("not every rank finished its formal run")
+    output_check = verification.get("output_check") or {}
+    if output_check.get("ok") is False:
+        found.append(f"abnormal output text: {'; '.join(output_check.get('reasons') or [])}")
+    parity = verification.get("parity") or {}
+    if parity.get("ok") is False:
+        found.append(f"parity check failed: {parity.get('reason') or parity_numbers(parity)}")
+    return found
+
+
+def parity_numbers(parity: dict) -> str:
+    return (f"max |logits diff| {parity.get('max_abs_logits_diff')} (tolerance {parity.get('tolerance')}), "
+            f"greedy tokens equal: {parity.get('greedy_tokens_equal')}")
+
+
+def abnormal_output_run(run: Run, baseline: Baseline) -> Run | None:
+    """Abnormal text from trained weights goes back to diagnosis like a failed run: the run again,
+    labelled `verify`, its evidence with an OutputCheckError line. None when the text is fine."""
+    output_check = baseline["verification"].get("output_check") or {}
+    if output_check.get("ok") is not False:
+        return None
+    note = Path(run["res_path"]) / "output_check.txt"
+    note.write_text(Path(run["output_file"]).read_text(errors="replace") +
+                    f"\nOutputCheckError: {'; '.join(output_check.get('reasons') or [])}\n")
+    return {**run, "label": "verify", "ok": False, "summary": "abnormal output", "output_file": str(note)}

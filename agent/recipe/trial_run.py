@@ -1,0 +1,148 @@
+"""One run of a recipe, and its verdict from evidence.
+
+`trial_run` runs what the recipe's target runs (its infer.sh, or the repository's entry point for a
+framework recipe) in a subprocess with a timeout and no stdin, keeping the output and the logs under
+`.migrator/runs/run_<N>_<label>/`; `judge_run` decides whether it worked from what it left behind,
+whatever the script's exit code (upstream's launch ends with `wait`, so it exits 0 when Python crashed).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent.measure import run_log
+from agent.records import Run
+from agent.recipe.recipe import Recipe
+from agent.repair.failure import summarise_failure
+from engine import defaults
+
+# The formal run leaves its prompt logits here for the parity check (engine.generate reads it).
+PARITY_DUMP_ENV = "MIGRATOR_PARITY_DUMP"
+NO_WARM_UP = "BaselineError: infer.py ran without a warm-up generation"
+SUMMARY_CHARS = 300
+
+
+@dataclass(frozen=True)
+class Verdict:
+    problem: str | None                # what the evidence says is wrong; None: nothing
+    extra: list[str] = field(default_factory=list)   # rank-log tracebacks missing from the output
+    no_warm_up: bool = False           # the formal generation ran without a warm-up one before it
+    prefills: int = 0                  # prefill lines in log_0.log
+
+
+def trial_run(recipe: Recipe, label: str, world_size: int = 1, timeout_s: int | None = None) -> Run:
+    """Run the recipe once; paths are absolute, so the run never depends on the caller's working
+    directory."""
+    runs_dir = recipe.path / ".migrator" / "runs"
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = runs_dir / f"run_{len(list(runs_dir.glob('run_*')))}_{label}"
+    run_dir.mkdir()
+    launch = recipe.launch(world_size)
+    cwd = launch.cwd or run_dir
+    env = dict(os.environ, RES_PATH=str(run_dir), PYTHON=sys.executable, PYTHONUNBUFFERED="1",
+               **{PARITY_DUMP_ENV: str(run_dir / "parity_dump.pt")}, **launch.env)
+    timeout = timeout_s or defaults.TIMEOUT_S
+    start, started_at = time.perf_counter(), time.time()
+    with open(run_dir / "output.txt", "w") as out:
+        try:
+            # No stdin: a prompt (e.g. "run custom code? [y/N]") must fail, not wait forever.
+            proc = subprocess.run(launch.command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                  stderr=subprocess.STDOUT, timeout=timeout)
+            returncode, timed_out = proc.returncode, False
+        except subprocess.TimeoutExpired:
+            returncode, timed_out = None, True
+    output = (run_dir / "output.txt").read_text(errors="replace")
+    log_dir = find_logs(run_dir, cwd, started_at)
+    verdict = judge_run(output, log_dir, recipe.path, recipe.kind == "framework")
+    ran_clean = returncode == 0 and not timed_out
+    ok = ran_clean and verdict.problem is None and not verdict.no_warm_up
+    evidence = output
+    if verdict.extra:
+        evidence = output.rstrip("\n") + "\n" + "\n".join(verdict.extra)
+    if verdict.no_warm_up and ran_clean:
+        # A conclusion, not an error: recorded only when the run shows no real error.
+        evidence = evidence.rstrip("\n") + f"\n{NO_WARM_UP} ({verdict.prefills} prefill in log_0.log)\n"
+    output_file = run_dir / "output.txt"
+    if evidence != output:
+        output_file = run_dir / "evidence.txt"
+        output_file.write_text(evidence)
+    yaml = recipe.yaml_for(world_size)
+    return {"label": label, "ok": ok, "returncode": returncode, "timed_out": timed_out,
+            "seconds": round(time.perf_counter() - start, 2), "res_path": str(run_dir),
+            "log_dir": str(log_dir) if log_dir is not None else None, "problem": verdict.problem,
+            "output_file": str(output_file), "yaml": str(yaml) if yaml is not None else None,
+            "summary": "ok" if ok else summarise(evidence, recipe, returncode, timed_out, timeout, verdict)}
+
+
+def summarise(evidence: str, recipe: Recipe, returncode: int | None, timed_out: bool, timeout: int,
+              verdict: Verdict) -> str:
+    """A failed run in one line: the first real error and where, or what the evidence says."""
+    if timed_out:
+        return "timed out after %ds" % timeout
+    failure = summarise_failure(evidence, roots=[recipe.path, recipe.repo_root])
+    summary = failure["error"]
+    if failure.get("location"):
+        summary += f" (at {failure['location']})"
+    elif returncode not in (0, None) and not failure.get("traceback"):
+        summary = f"exit code {returncode}: {summary}"
+    elif verdict.problem and not failure.get("traceback") and not verdict.no_warm_up:
+        summary = f"{verdict.problem}: {summary}" if summary != "no output" else verdict.problem
+    return summary[-SUMMARY_CHARS:]
+
+
+def find_logs(run_dir: Path, cwd: Path, since: float) -> Path | None:
+    """The folder with the run's log_{rank}.log: RES_PATH (run_dir) when the recipe honours it,
+    else the newest res/<date>/<case>/ the upstream launch wrote under its working directory."""
+    if any(run_dir.glob("log_*.log")):
+        return run_dir
+    found = [p for base in dict.fromkeys((run_dir, cwd)) for p in base.glob("res/*/*/log_0.log")
+             if p.stat().st_mtime >= since - 1]
+    return max(found, key=lambda p: p.stat().st_mtime).parent if found else None
+
+
+def asks_for_warm_up(recipe_dir: Path) -> bool:
+    """infer.py asks for a warm-up generation (some runners log nothing while warming up)."""
+    infer_py = recipe_dir / "infer.py"
+    return infer_py.is_file() and bool(re.search(r"warm_up\s*=\s*True", infer_py.read_text(errors="replace")))
+
+
+def judge_run(output: str, log_dir: Path | None, recipe_dir: Path, framework: bool) -> Verdict:
+    """The verdict from evidence: a traceback in the output or a rank log, a missing formal prefill
+    line, or a rank that did not finish its formal run makes the run failed."""
+    traceback_re = run_log.TRACEBACK_RE
+    problem = "traceback in the output" if traceback_re.search(output) else None
+    extra: list[str] = []
+    logs = sorted(log_dir.glob("log_*.log")) if log_dir is not None else []
+    rank0 = None
+    for path in (p for p in logs if run_log.RANK_LOG_RE.match(p.name)):
+        text = path.read_text(errors="replace")
+        if found := traceback_re.search(text):
+            problem = problem or f"traceback in {path.name}"
+            block = text[found.start():]
+            if block.strip()[:2000] not in output:
+                extra.append(f"==> {path.name} <==\n{block}")
+        parsed = run_log.parse_log_text(text, path)
+        selection = run_log.select_formal(parsed)
+        if path.name == "log_0.log":
+            rank0 = (parsed, selection)
+        elif not selection.success and problem is None:
+            problem = f"rank {path.stem.removeprefix('log_')} did not finish its formal run"
+    if rank0 is None:
+        # no rank-0 log: the output itself may carry the timing lines (a recipe logging to stdout)
+        parsed = run_log.parse_log_text(output, "output.txt")
+        rank0 = (parsed, run_log.select_formal(parsed))
+    parsed, selection = rank0
+    if problem is None and selection.segment is None:
+        problem = "no formal prefill line in log_0.log" if logs else "no log_0.log and no formal prefill line"
+    elif problem is None and not selection.success:
+        problem = "the formal run did not finish (no 'Request N: outputs:' line)"
+    run = selection.run or parsed.runs[-1]
+    no_warm_up = (problem is None and not framework and not run.warmed_up()
+                  and not asks_for_warm_up(recipe_dir))
+    return Verdict(problem, extra, no_warm_up, sum(len(r.segments) for r in parsed.runs))

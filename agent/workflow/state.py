@@ -1,0 +1,71 @@
+"""The workflow's state: what the user asked for, what the nodes found, and the records they made."""
+
+from __future__ import annotations
+
+import operator
+from typing import Annotated, TypedDict
+
+from agent.records import Baseline, Environment, MemoryEstimate, Round, Run, Vendored, Verification
+
+
+def merge_rounds(rounds: list[Round], new: list[Round]) -> list[Round]:
+    """The reducer of `rounds`: diagnose opens a round, repair completes it, so a round whose number
+    is already there replaces it; any other is appended."""
+    merged = list(rounds)
+    for item in new:
+        at = next((i for i, old in enumerate(merged) if old.get("round") == item.get("round")), None)
+        if at is None:
+            merged.append(item)
+        else:
+            merged[at] = item
+    return merged
+
+
+class MigrationState(TypedDict, total=False):
+    # inputs
+    target: str                 # what the user gave: link, Org/Name, checkpoint dir or recipe dir
+    output_dir: str
+    name: str | None
+    device: str
+    dtype: str | None
+    weights: str | None
+    trust_remote_code: bool
+    allow_install: bool
+    max_rounds: int
+    timeout_s: int
+    max_new_tokens: int
+    world_size: int             # --world-size: cards for one tensor-parallel run (default 1)
+    # derived
+    env: Environment
+    scenario: str               # "A" migrate, "B" repair, "C" baseline
+    classify_reason: str
+    recipe_dir: str
+    model_name: str
+    model_dir: str              # local checkpoint directory
+    model_source: str           # link or path recorded in the baseline
+    architecture: str
+    family: str
+    vendored: Vendored
+    rendered: list[str]
+    # Nodes return only their new items: LangGraph appends runs and merges rounds.
+    runs: Annotated[list[Run], operator.add]          # every trial run, in order
+    rounds: Annotated[list[Round], merge_rounds]      # repair rounds: diagnosis, diff
+    memory: MemoryEstimate
+    baseline: Baseline          # collected by collect_baseline; verify adds parity and writes it
+    baseline_path: str
+    verification: Verification
+    status: str                 # "ok" | "failed" | "oom" | ...
+    message: str
+
+
+SUMMARY_KEYS = ("scenario", "status", "message", "recipe_dir", "model_name", "architecture", "family",
+                "baseline_path")
+
+
+def summarise(state: MigrationState) -> dict:
+    """What `migrator run` prints (and --json gives) at the end."""
+    return {k: state.get(k) for k in SUMMARY_KEYS if state.get(k) is not None}
+
+
+def last_run(state: MigrationState) -> Run | dict:
+    return (state.get("runs") or [{}])[-1]
