@@ -19,7 +19,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from agent.measure.shrink import shrink_config
 from agent.recipe.recipe import Recipe
+from engine.config import load_runner_settings
+from engine.data import DEFAULT_PROMPT
+from engine.environment import import_torch, select_device
 
 LOGITS_TOLERANCE = 1e-4
 
@@ -69,8 +73,6 @@ def checkpoint_nll(model_path: Path) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from engine.data import DEFAULT_PROMPT
-
     tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, local_files_only=True).eval()
     ids = tokenizer([DEFAULT_PROMPT], return_tensors="pt")
@@ -100,8 +102,6 @@ def check(recipe_dir: Path, tokens: int, prompt: str | None = None, trust_remote
             or computed here and freed first) vs the reference model alone, in the run dtype, with a
             tolerance for that dtype.
     """
-    from engine.config import load_runner_settings
-
     settings = load_runner_settings(Recipe.at(recipe_dir).yaml)
     remote = "auto_map" in json.loads((Path(settings["model_path"]) / "config.json").read_text())
     if remote and not trust_remote_code:
@@ -150,9 +150,6 @@ def check_code(recipe_dir: Path, settings: dict, tokens: int, prompt: str | None
 
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
-
-    from agent.measure.shrink import shrink_config
-    from engine.data import DEFAULT_PROMPT
 
     model_path = Path(settings["model_path"])
     overrides = settings["model_config"].get("config_overrides", {})
@@ -250,8 +247,6 @@ def run_recipe(recipe_dir: Path, settings: dict, tokens: int, prompt: str | None
 
     import torch
 
-    from engine.data import DEFAULT_PROMPT
-
     runner = _runner(recipe_dir, dict(settings, world_size=1))
     inputs = runner.tokenizer([prompt or DEFAULT_PROMPT], return_tensors="pt").to(runner.device)
     with torch.inference_mode():
@@ -274,8 +269,6 @@ RELATIVE_TOLERANCE = {"float32": 1e-5, "float16": 5e-3, "bfloat16": 2e-2}
 
 def check_weights(settings: dict, recipe_side: dict, remote: bool) -> dict:
     """The reference model alone (run dtype, run device) against the recipe's dumped formal run."""
-    from engine.environment import select_device
-
     dtype_name = recipe_side.get("dtype") or settings["model_config"]["dtype"]
     device = select_device(settings.get("device", "auto"))
     try:
@@ -367,8 +360,6 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     # torch through the engine's guard, as the recipe imports it: with a torch_npu that cannot load
     # (no CANN) a plain `import torch` dies in torch's backend autoload.
-    from engine.environment import import_torch
-
     import_torch()
     if args.nll:
         print(json.dumps(checkpoint_nll(args.nll)))

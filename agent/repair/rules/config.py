@@ -14,7 +14,7 @@ from agent.recipe.render import write_rendered
 from agent.recipe.spec import recipe_spec
 from agent.repair.rules._util import edit_yaml_line
 from agent.repair.rules.rule import RepairContext, Rule
-from engine.config import SECTIONS, rendered_keys
+from engine.config import CHOICES, SECTIONS, rendered_keys
 
 _DTYPE_UNSUPPORTED = re.compile(
     r"not implemented for '(BFloat16|Half)'|does not support (bfloat16|float16)|"
@@ -176,8 +176,6 @@ def _wrong_type_facts(failure: Failure, _found=None) -> dict | None:
 def _fix_wrong_type(failure: Failure, facts: dict, ctx: RepairContext) -> str:
     key = facts["key"]
     if facts["kind"] == "str" and not facts["choices"]:
-        from engine.config import CHOICES
-
         facts["choices"] = list(CHOICES.get(key, ())) or None
     value = _coerce(key, facts["value"], facts["kind"], facts["choices"])
     how = f"{facts['value']!r} read as {value!r}"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import importlib.machinery
 import re
 import sys
