@@ -1,4 +1,5 @@
-"""Before/after tests for agent.codemods.vendor, plus a run over real transformers modeling files."""
+"""Before/after tests of the vendoring codemods (agent/codemods/commands/), the driver, and a run of
+agent.migrate.vendor's codemod sequence over real transformers modeling files."""
 
 from __future__ import annotations
 
@@ -13,22 +14,17 @@ import libcst as cst
 import pytest
 from libcst.codemod import CodemodContext, CodemodTest
 
-from agent.codemods.vendor import (
-    CODEMODS,
-    AbsoluteImportsCommand,
-    CodemodError,
-    GuardedTorchNpuImportCommand,
-    PruneUnreachableDefinitionsCommand,
-    RelativeImportError,
-    RemoveGradientCheckpointingCommand,
-    RemoveLabelsLossCommand,
-    RunnerSettingsInitCommand,
-    TransformersInitWeightsCommand,
-    VendoredImportsCommand,
-    apply_codemods,
-    find_model_class_imports,
-    transformers_model_imports,
-)
+from agent.codemods.commands.absolute_imports import AbsoluteImportsCommand, RelativeImportError
+from agent.codemods.commands.prune_unreachable_definitions import PruneUnreachableDefinitionsCommand
+from agent.codemods.commands.remove_gradient_checkpointing import RemoveGradientCheckpointingCommand
+from agent.codemods.commands.remove_labels_loss import RemoveLabelsLossCommand
+from agent.codemods.commands.runner_settings_init import RunnerSettingsInitCommand
+from agent.codemods.commands.torch_npu_guard import TorchNpuImportGuardCommand
+from agent.codemods.commands.transformers_init_weights import TransformersInitWeightsCommand
+from agent.codemods.commands.vendored_imports import VendoredImportsCommand
+from agent.codemods.driver import CodemodError, command, name_of, transform
+from agent.migrate.vendor import (apply_codemods, find_model_class_imports, transformers_model_imports,
+                                  vendoring_commands)
 
 PACKAGE = "transformers.models.llama"
 SIBLINGS = {"transformers.models.llama.configuration_llama": "models.configuration_my_model"}
@@ -36,7 +32,7 @@ SIBLINGS = {"transformers.models.llama.configuration_llama": "models.configurati
 GUARD = '''
 try:
     import torch_npu  # noqa: F401  registers the "npu" device with torch
-except Exception:  # not installed, or installed without the CANN runtime
+except Exception:  # NPU backend: not installed, or installed without the CANN runtime
     torch_npu = None
 '''
 
@@ -499,19 +495,22 @@ class TestRunnerSettingsInitCommand(CodemodTest):
         self.assertCodemod(before, after)
 
 
-class TestGuardedTorchNpuImportCommand(CodemodTest):
-    TRANSFORM = GuardedTorchNpuImportCommand
+class TestTorchNpuImportGuardEnsured(CodemodTest):
+    """The guard as vendoring runs it (ensure=True): a modeling file gets a guarded torch_npu import."""
+    TRANSFORM = functools.partial(TorchNpuImportGuardCommand, ensure=True)
 
     def test_noop_already_guarded(self) -> None:
         code = "import torch\n" + GUARD + "\nx = 1\n"
         self.assertCodemod(code, code)
 
-    def test_noop_other_top_level_import_form(self) -> None:
-        code = """
+    def test_other_import_form_is_guarded_not_doubled(self) -> None:
+        before = """
             import torch
             import torch_npu as npu
         """
-        self.assertCodemod(code, code)
+        after = ("import torch\ntry:\n    import torch_npu as npu\nexcept Exception:  # NPU backend: not installed, "
+                 "or installed without the CANN runtime\n    npu = None\n")
+        self.assertCodemod(before, after)
 
     def test_after_import_torch(self) -> None:
         before = """
@@ -555,7 +554,8 @@ class TestGuardedTorchNpuImportCommand(CodemodTest):
             import torch_npu
             x = 1
         """
-        after = "import torch\n" + GUARD + "x = 1\n"
+        after = ("import torch\n\ntry:\n    import torch_npu\nexcept Exception:  # NPU backend: not installed, "
+                 "or installed without the CANN runtime\n    torch_npu = None\nx = 1\n")
         self.assertCodemod(before, after)
 
 
@@ -1086,41 +1086,50 @@ class TestPruneUnreachableDefinitionsCommand(CodemodTest):
         self.assertIn("Typo", str(caught.exception))
 
 
-def test_codemods_registry_order() -> None:
-    assert [c.__name__ for c in CODEMODS] == [
+def test_vendoring_sequence() -> None:
+    names = [name_of(c) for c in vendoring_commands(PACKAGE, SIBLINGS, runs_model=True)]
+    assert names == [
         "AbsoluteImportsCommand",
         "RunnerSettingsInitCommand",
-        "GuardedTorchNpuImportCommand",
+        "TorchNpuImportGuardCommand",
         "RemoveGradientCheckpointingCommand",
         "RemoveLabelsLossCommand",
         "TransformersInitWeightsCommand",
     ]
+    assert "TorchNpuImportGuardCommand" not in [name_of(c) for c in vendoring_commands(PACKAGE, SIBLINGS, False)]
     assert all(c.DESCRIPTION and "\n" not in c.DESCRIPTION
-               for c in [*CODEMODS, PruneUnreachableDefinitionsCommand, VendoredImportsCommand])
+               for c in [RunnerSettingsInitCommand, AbsoluteImportsCommand, TorchNpuImportGuardCommand,
+                         RemoveGradientCheckpointingCommand, RemoveLabelsLossCommand, TransformersInitWeightsCommand,
+                         PruneUnreachableDefinitionsCommand, VendoredImportsCommand])
 
 
 def test_apply_codemods_reports_changed_codemods() -> None:
     code, applied = apply_codemods("from .configuration_llama import LlamaConfig\n", PACKAGE, SIBLINGS)
     assert code.startswith("from models.configuration_my_model import LlamaConfig\n")
-    assert applied == ["AbsoluteImportsCommand", "GuardedTorchNpuImportCommand"]
-
-
-def test_apply_codemods_custom_list_keeps_order() -> None:
-    source = "from .configuration_llama import LlamaConfig\n"
-    code, applied = apply_codemods(source, PACKAGE, SIBLINGS, codemods=[AbsoluteImportsCommand])
-    assert code == "from models.configuration_my_model import LlamaConfig\n"
+    assert applied == ["AbsoluteImportsCommand", "TorchNpuImportGuardCommand"]
+    _, applied = apply_codemods("from .configuration_llama import LlamaConfig\n", PACKAGE, SIBLINGS, runs_model=False)
     assert applied == ["AbsoluteImportsCommand"]
-    code, applied = apply_codemods(
-        source, PACKAGE, SIBLINGS, codemods=[GuardedTorchNpuImportCommand, AbsoluteImportsCommand]
-    )
-    assert applied == ["GuardedTorchNpuImportCommand", "AbsoluteImportsCommand"]
+
+
+def test_driver_runs_a_list_in_order_and_names_what_changed() -> None:
+    source = "from .configuration_llama import LlamaConfig\n"
+    absolute = command(AbsoluteImportsCommand, package=PACKAGE, sibling_modules=SIBLINGS)
+    applied: list[str] = []
+    assert transform(source, [absolute], applied=applied) == "from models.configuration_my_model import LlamaConfig\n"
+    assert applied == ["AbsoluteImportsCommand"]
+    applied = []
+    code = transform(source, [command(TorchNpuImportGuardCommand, ensure=True), absolute], applied=applied)
+    assert applied == ["TorchNpuImportGuardCommand", "AbsoluteImportsCommand"]
     assert code.startswith("from models.configuration_my_model import LlamaConfig\ntry:\n    import torch_npu")
-    assert apply_codemods(source, PACKAGE, SIBLINGS, codemods=[]) == (source, [])
+    applied = []
+    assert transform(source, [], applied=applied) == source and applied == []
 
 
-def test_apply_codemods_error_names_codemod() -> None:
+def test_driver_error_names_the_command() -> None:
     with pytest.raises(CodemodError, match="AbsoluteImportsCommand"):
         apply_codemods("from .... import x\n", PACKAGE, SIBLINGS)
+    with pytest.raises(CodemodError, match="cannot parse"):
+        transform("def f(:\n", [RunnerSettingsInitCommand])
 
 
 def test_find_model_class_imports_flags_models_and_configs_only() -> None:
@@ -1174,7 +1183,8 @@ def test_real_modeling_file(model_type: str) -> None:
 
     # Most models' PreTrainedModel keeps transformers' default _init_weights: nothing to declare.
     defines_init = "def _init_weights" in source
-    assert applied == [c.__name__ for c in CODEMODS if c is not TransformersInitWeightsCommand or defines_init]
+    assert applied == [name_of(c) for c in vendoring_commands(package, {}, True)
+                       if c is not TransformersInitWeightsCommand or defines_init]
     assert ("def is_custom_code" in code) is defines_init
     tree = ast.parse(code)
     compile(code, str(path), "exec")
@@ -1219,8 +1229,8 @@ def _vendored(model_type: str, kind: str, name: str, root: str | None = None) ->
     """`{kind}_{model_type}.py` codemodded (configuration files without the torch_npu guard) and,
     given a root, pruned to what it uses. Cached: the pruned gemma3 file serves two tests."""
     source = _modeling_file(model_type).with_name(f"{kind}_{model_type}.py").read_text()
-    codemods = [AbsoluteImportsCommand] if kind == "configuration" else None
-    code, _ = apply_codemods(source, f"transformers.models.{model_type}", _siblings(model_type, name), codemods)
+    code, _ = apply_codemods(source, f"transformers.models.{model_type}", _siblings(model_type, name),
+                             runs_model=kind != "configuration")
     return _prune(code, [root]) if root else code
 
 

@@ -1,10 +1,14 @@
-"""CodemodTest before/after tests for agent.codemods.device (incidental NPU / CUDA calls -> device_ops)."""
+"""CodemodTest before/after tests of the device commands (incidental NPU / CUDA calls -> device_ops)
+and of the torch_npu guard as the repairs run it."""
 
 from libcst.codemod import CodemodTest
 
-from agent.codemods.device import (GUARD_TORCH_NPU, CudaCallsToDeviceOpsCommand, GuardOptionalImportCommand,
-                                   NpuCallsToDeviceOpsCommand,
-                                   NpuDeviceStringCommand, NpuTensorMethodCommand, npu_kernel_uses)
+from agent.codemods.commands.cuda_calls_to_device_ops import CudaCallsToDeviceOpsCommand
+from agent.codemods.commands.npu_calls_to_device_ops import NpuCallsToDeviceOpsCommand
+from agent.codemods.commands.npu_device_string import NpuDeviceStringCommand
+from agent.codemods.commands.npu_tensor_method import NpuTensorMethodCommand
+from agent.codemods.commands.torch_npu_guard import TorchNpuImportGuardCommand
+from agent.repair.rules.field import npu_kernel_uses
 
 
 class TestNpuCallsToDeviceOps(CodemodTest):
@@ -85,23 +89,27 @@ class TestNpuDeviceString(CodemodTest):
 
 
 class TestGuardTorchNpuImport(CodemodTest):
-    TRANSFORM = GuardOptionalImportCommand
+    TRANSFORM = TorchNpuImportGuardCommand
+    CAUGHT = "except Exception:  # NPU backend: not installed, or installed without the CANN runtime\n"
 
     def test_noop(self):
         code = "import torch\ntry:\n    import torch_npu\nexcept ImportError:\n    torch_npu = None\n"
-        self.assertCodemod(code, code, **GUARD_TORCH_NPU)
+        self.assertCodemod(code, code)
 
     def test_incidental_imports_are_guarded(self):
         before = "import torch\nimport torch_npu\nfrom torch_npu.contrib import transfer_to_npu\n\nx = torch.ones(1)\n"
-        after = ("import torch\ntry:\n    import torch_npu\nexcept ImportError:  # NPU backend: optional off an NPU\n"
-                 "    torch_npu = None\ntry:\n    from torch_npu.contrib import transfer_to_npu\n"
-                 "except ImportError:  # NPU backend: optional off an NPU\n    transfer_to_npu = None\n\nx = torch.ones(1)\n")
-        self.assertCodemod(before, after, **GUARD_TORCH_NPU)
+        after = (f"import torch\ntry:\n    import torch_npu\n{self.CAUGHT}"
+                 f"    torch_npu = None\ntry:\n    from torch_npu.contrib import transfer_to_npu\n"
+                 f"{self.CAUGHT}    transfer_to_npu = None\n\nx = torch.ones(1)\n")
+        self.assertCodemod(before, after)
 
     def test_import_used_by_a_kernel_stays(self):
         code = "import torch_npu\n\ny = torch_npu.npu_rms_norm(x, w)\n"
-        self.assertCodemod(code, code, expected_warnings=["torch_npu is used beyond its import: left as is"],
-                           **GUARD_TORCH_NPU)
+        self.assertCodemod(code, code, expected_warnings=["torch_npu is used beyond its import: left as is"])
+
+    def test_a_repair_adds_no_import(self):
+        code = "import torch\n\nx = torch.ones(1)\n"
+        self.assertCodemod(code, code)
 
 
 def test_npu_kernel_uses_names_kernels_only():
@@ -148,7 +156,8 @@ def test_rewritten_recipe_code_runs_on_cpu(monkeypatch):
     """The codemods' output runs here for real (the original raises: no torch.npu on this host)."""
     import torch
 
-    from agent.codemods.device import NPU_COMMANDS, transform
+    from agent.codemods.driver import transform
+    from agent.repair.rules.field import NPU_COMMANDS
 
     monkeypatch.setenv("RECIPE_DEVICE", "cpu")
     source = ("import torch\nimport torch_npu\n\ndef step(x, i):\n    torch.npu.set_device(i)\n    x = x.npu()\n"
@@ -168,7 +177,7 @@ def test_rewritten_recipe_code_runs_on_cpu(monkeypatch):
 
 
 class TestRopeScalingTypeKey(CodemodTest):
-    from agent.codemods.repair import RopeScalingTypeKeyCommand as TRANSFORM
+    from agent.codemods.commands.rope_scaling_type_key import RopeScalingTypeKeyCommand as TRANSFORM
 
     def test_noop(self):
         code = "kind = config.rope_scaling['rope_type']\nconfig.rope_scaling['type'] = 'linear'\nx = other['type']\n"

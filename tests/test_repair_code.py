@@ -15,8 +15,11 @@ from libcst.codemod import CodemodTest
 
 from agent.repair.failure import Failure
 from agent.repair.diagnose import rule_named
-from agent.codemods.device import GUARD_FLASH_ATTN, DeviceAgnosticCudaCommand, GuardOptionalImportCommand
-from agent.codemods.repair import AddForwardKwargsCommand, PadTokenFallbackCommand, TrustRemoteCodeCommand
+from agent.codemods.commands.add_forward_kwargs import AddForwardKwargsCommand
+from agent.codemods.commands.device_agnostic_cuda import DeviceAgnosticCudaCommand
+from agent.codemods.commands.guard_optional_import import GUARD_FLASH_ATTN, GuardOptionalImportCommand
+from agent.codemods.commands.pad_token_fallback import PadTokenFallbackCommand
+from agent.codemods.commands.trust_remote_code import TrustRemoteCodeCommand
 from agent.repair.rules.code import install_command, key_prefix_mapping, pip_distribution
 from conftest import assert_repaired, first_match_name, repair_run
 

@@ -9,7 +9,7 @@ import sys
 
 from libcst.codemod import CodemodTest
 
-from agent.codemods.repair import InsertWarmUpCommand
+from agent.codemods.commands.insert_warm_up import InsertWarmUpCommand
 from agent.repair.failure import Failure
 from agent.repair.diagnose import diagnose, rule_named
 from agent.repair.fix import repair
@@ -97,7 +97,7 @@ def test_no_import_cycle_between_repair_modules():
     """Each of these imports on its own in a fresh interpreter (a cycle shows as an ImportError)."""
     for module in ("agent.repair.failure", "agent.recipe.backup", "agent.repair.rules.rule", "agent.repair.rules.code",
                    "agent.repair.rules.field", "agent.repair.rules.files", "agent.repair.rules.config",
-                   "agent.repair.rules.run", "agent.repair.llm_repair", "agent.codemods.repair", "agent.repair.diagnose",
+                   "agent.repair.rules.run", "agent.repair.llm_repair", "agent.codemods.driver", "agent.repair.diagnose",
                    "agent.repair.fix"):
         proc = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True)
         assert proc.returncode == 0, (module, proc.stderr[-1500:])

@@ -1,6 +1,7 @@
-"""Every rewrite of Python source the migrator makes, as libcst codemod commands.
-
-vendor: vendoring transformers' modeling code into a recipe · device: CUDA/NPU device code ·
-repair: the edits repair rules make. Each command has a CodemodTest (tests/test_codemods*.py,
-tests/test_repair_code.py).
+"""Every rewrite of Python source the migrator makes, as libcst codemod commands (libcst's
+`codemod/commands` layout): one command per file in `commands/`, each a small transform with a
+one-line DESCRIPTION and a CodemodTest (tests/test_codemods*.py, tests/test_repair_code.py);
+`driver.py` runs a list of them on a source or a recipe file; `_toolkit.py` is what they share.
+Who runs which, in what order, is the caller's: agent.migrate.vendor.vendoring_commands, the
+repair rules.
 """

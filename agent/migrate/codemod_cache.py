@@ -3,8 +3,8 @@ next recipe of an architecture, a re-run) reads the result instead of re-running
 most of vendoring's time on large modeling files.
 
 The key covers everything the output depends on: the source text, the package and sibling map the
-imports are rewritten against, the codemods applied and the code of the module defining them, and
-the libcst version. Entries are written atomically; an unreadable entry is ignored and rewritten.
+imports are rewritten against, which codemods run, the code of every codemod module, and the libcst
+version. Entries are written atomically; an unreadable entry is ignored and rewritten.
 `MIGRATOR_NO_CODEMOD_CACHE=1` turns the cache off.
 """
 
@@ -17,18 +17,17 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+import libcst
+
 
 def cache_dir() -> Path:
     root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return root / "infer-migrator" / "codemods"
 
 
-def _key(source: str, package: str, siblings: dict[str, str], names: list[str], code_files: list[Path]) -> str:
-    import libcst
-
+def _key(parts: list[str], code_files: list[Path]) -> str:
     digest = hashlib.sha256()
-    for part in (source, package, json.dumps(siblings, sort_keys=True), json.dumps(names),
-                 getattr(libcst, "__version__", "?")):
+    for part in (*parts, getattr(libcst, "__version__", "?")):
         digest.update(part.encode("utf-8", "surrogatepass"))
         digest.update(b"\0")
     for path in code_files:
@@ -36,13 +35,14 @@ def _key(source: str, package: str, siblings: dict[str, str], names: list[str], 
     return digest.hexdigest()
 
 
-def cached(apply: Callable[..., tuple[str, list[str]]], source: str, package: str, siblings: dict[str, str],
-           codemods: list[type], code_files: list[Path]) -> tuple[str, list[str]]:
-    """`apply(source, package=..., sibling_modules=..., codemods=...)`, through the cache."""
+def cached(compute: Callable[[], tuple[str, list[str]]], key_parts: list[str],
+           code_files: list[Path]) -> tuple[str, list[str]]:
+    """`compute()` -> (code, names of the codemods applied), through the cache. The key is
+    `key_parts` (the source and every input of the codemods), the code of `code_files` (the
+    codemods) and the libcst version."""
     if os.environ.get("MIGRATOR_NO_CODEMOD_CACHE"):
-        return apply(source, package=package, sibling_modules=siblings, codemods=codemods)
-    key = _key(source, package, siblings, [c.__name__ for c in codemods], code_files)
-    entry = cache_dir() / f"{key}.json"
+        return compute()
+    entry = cache_dir() / f"{_key(key_parts, code_files)}.json"
     try:
         data = json.loads(entry.read_text())
         if isinstance(data.get("code"), str) and isinstance(data.get("applied"), list) \
@@ -50,7 +50,7 @@ def cached(apply: Callable[..., tuple[str, list[str]]], source: str, package: st
             return data["code"], list(data["applied"])
     except (OSError, ValueError, AttributeError):
         pass
-    code, applied = apply(source, package=package, sibling_modules=siblings, codemods=codemods)
+    code, applied = compute()
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=entry.parent, suffix=".tmp", delete=False) as f:

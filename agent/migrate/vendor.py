@@ -2,18 +2,37 @@
 
 The source is located through transformers' own auto mappings and the class's source file (never
 by guessing file names), copied to `{recipe}/models/`, and rewritten by the codemods in
-`agent.codemods.vendor`. Afterwards the code must not import any model class from transformers.
+`vendoring_commands` (agent/codemods/commands/). Afterwards the code must not import any model class from
+transformers.
 """
 
 from __future__ import annotations
 
+import ast
+import importlib
+import importlib.util
 import inspect
-import re
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import libcst as cst
+import libcst.matchers as m
+
+from agent.codemods._toolkit import dotted
+from agent.codemods.commands.absolute_imports import AbsoluteImportsCommand
+from agent.codemods.commands.prune_unreachable_definitions import PruneUnreachableDefinitionsCommand
+from agent.codemods.commands.remove_gradient_checkpointing import RemoveGradientCheckpointingCommand
+from agent.codemods.commands.remove_labels_loss import RemoveLabelsLossCommand
+from agent.codemods.commands.runner_settings_init import RunnerSettingsInitCommand
+from agent.codemods.commands.torch_npu_guard import TorchNpuImportGuardCommand
+from agent.codemods.commands.transformers_init_weights import TransformersInitWeightsCommand
+from agent.codemods.commands.vendored_imports import VendoredImportsCommand
+from agent.codemods.driver import Command, command, transform
+
 from agent.errors import InputError, UnsupportedModelError, VendorError
+from agent.migrate import codemod_cache
 from agent.records import Vendored
 from agent.recipe.render import is_identifier
 from agent.recipe.routing import supported_families
@@ -228,8 +247,6 @@ def repo_file(repo: Path, name: str) -> Path:
 
 def local_modules(source: ModelSource) -> dict[str, Path]:
     """Other modules of a remote-code repo that the vendored files import relatively (transitively)."""
-    import re
-
     if not source.modeling_module.startswith(REMOTE_PACKAGE + "."):
         return {}
     repo = source.modeling_file.parent
@@ -250,8 +267,6 @@ def local_modules(source: ModelSource) -> dict[str, Path]:
 
 
 def _module_file(module: str) -> Path | None:
-    import importlib.util
-
     try:
         spec = importlib.util.find_spec(module)
     except (ImportError, ValueError):
@@ -259,97 +274,160 @@ def _module_file(module: str) -> Path | None:
     return Path(spec.origin) if spec is not None and spec.origin and spec.origin.endswith(".py") else None
 
 
-def vendor_source(source: ModelSource, recipe_dir: Path, model_name: str) -> VendorResult:
-    """Copy modeling + configuration source into recipe_dir/models and apply the codemods.
+# The vendoring codemods in order (agent/codemods/commands/); a configuration file skips the torch_npu guard.
+def vendoring_commands(package: str, siblings: dict[str, str], runs_model: bool) -> list[Command]:
+    return [command(AbsoluteImportsCommand, package=package, sibling_modules=siblings),
+            RunnerSettingsInitCommand,
+            *([command(TorchNpuImportGuardCommand, ensure=True)] if runs_model else []),
+            RemoveGradientCheckpointingCommand,
+            RemoveLabelsLossCommand,
+            TransformersInitWeightsCommand]
 
-    The copy is closed under imports: every `transformers.models.<model>.<module>` the vendored
-    code still imports after the codemods (another model's configuration, a shared module of the
-    family, ...) is vendored too, under its own name in `models/`, and the imports are pointed at
-    the copies. Only the auto registry (`transformers.models.auto`) stays a transformers import.
-    """
-    import agent.codemods.vendor
-    from agent.migrate import codemod_cache
-    from agent.codemods.vendor import (CODEMODS, GuardedTorchNpuImportCommand, VendoredImportsCommand, apply_codemods,
-                                find_model_class_imports, transformers_model_imports)
 
-    models_dir = recipe_dir / "models"
-    models_dir.mkdir(parents=True, exist_ok=True)
-    # module -> (role, file, stem, roots to keep when pruning)
-    targets: dict[str, tuple[str, Path, str, list[str]]] = {
-        source.modeling_module: ("modeling", source.modeling_file, f"modeling_{model_name}", [source.model_class]),
-    }
-    targets.setdefault(source.configuration_module,
-                       ("configuration", source.configuration_file, f"configuration_{model_name}", []))
-    reserved = {"model_setting", "__init__", *(stem for _, _, stem, _ in targets.values())}
+def apply_codemods(source: str, package: str, siblings: dict[str, str], runs_model: bool = True) -> tuple[str, list[str]]:
+    """The vendoring codemods on one file: (new code, names of the commands that changed it)."""
+    applied: list[str] = []
+    return transform(source, vendoring_commands(package, siblings, runs_model), applied=applied), applied
+
+
+CODEMOD_FILES = sorted((Path(__file__).resolve().parents[1] / "codemods").rglob("*.py"))
+
+
+@dataclass
+class Planned:
+    role: str               # "modeling" | "configuration" | module name (a local module) | "dependency"
+    path: Path              # the source file
+    stem: str               # the file name under models/
+    roots: list[str]        # the definitions kept when pruning ([]: no pruning)
+
+
+def plan_closure(source: ModelSource, model_name: str) -> tuple[dict[str, Planned], dict[str, tuple[str, list[str]]]]:
+    """Every module to vendor, with its code after the codemods: the model's modeling and
+    configuration modules, the repo's local modules, and every `transformers.models.<model>.<module>`
+    what is vendored still imports (another model's configuration, a shared module of the family)."""
+    plan = {source.modeling_module: Planned("modeling", source.modeling_file, f"modeling_{model_name}",
+                                            [source.model_class])}
+    plan.setdefault(source.configuration_module, Planned("configuration", source.configuration_file,
+                                                         f"configuration_{model_name}", []))
+    reserved = {"model_setting", "__init__", *(p.stem for p in plan.values())}
     for module, path in local_modules(source).items():
         stem = module.rpartition(".")[2]
         if stem in reserved:
             raise UnsupportedModelError(f"the model repo's module {stem}.py would overwrite the recipe's own "
                                         f"models/{stem}.py; rename it in a copy of the repo (and its imports)")
-        targets[module] = (module, path, stem, [])
-    siblings = {module: f"models.{stem}" for module, (_, _, stem, _) in targets.items()}
+        plan[module] = Planned(module, path, stem, [])
+    siblings = {module: f"models.{p.stem}" for module, p in plan.items()}
     processed: dict[str, tuple[str, list[str]]] = {}
-    queue = list(targets)
+    queue = list(plan)
     while queue:
         module = queue.pop(0)
-        role, path, stem, roots = targets[module]
-        package = module.rpartition(".")[0]
+        planned = plan[module]
         # torch_npu is imported where the model runs; configuration files don't need it.
-        runs_model = role == "modeling" or (role == "dependency" and stem.startswith("modeling"))
-        codemods = CODEMODS if runs_model else [c for c in CODEMODS if c is not GuardedTorchNpuImportCommand]
-        # Cached on disk: the same source with the same codemods gives the same code (agent/migrate/codemod_cache.py).
-        code, applied = codemod_cache.cached(apply_codemods, path.read_text(), package, siblings, codemods,
-                                             code_files=[Path(agent.codemods.vendor.__file__)])
-        if find_model_class_imports(code) and roots:
+        runs_model = planned.role == "modeling" or (planned.role == "dependency" and planned.stem.startswith("modeling"))
+        package = module.rpartition(".")[0]
+        # Cached on disk: the same source with the same codemods gives the same code.
+        code, applied = codemod_cache.cached(
+            lambda: apply_codemods(planned.path.read_text(), package, siblings, runs_model),
+            [planned.path.read_text(), package, json.dumps(siblings, sort_keys=True), str(runs_model)], CODEMOD_FILES)
+        if find_model_class_imports(code) and planned.roots:
             # Files that also hold multimodal or task classes (e.g. Gemma3ForConditionalGeneration)
             # import AutoModel & co: keep only what the classes the recipe uses reach.
-            code = prune_unreachable(code, roots=roots)
-            applied.append("PruneUnreachableDefinitionsCommand")
+            code = prune_unreachable(code, roots=planned.roots)
+            applied.append(PruneUnreachableDefinitionsCommand.__name__)
         processed[module] = (code, applied)
         for dep, names in transformers_model_imports(code).items():
-            if dep in targets:
-                continue
-            dep_file = _module_file(dep)
+            dep_file = _module_file(dep) if dep not in plan else None
             if dep_file is None:
-                continue  # not importable here: the contract check below names it
+                continue  # vendored already, or not importable here: the contract check names it
             leaf = dep.rpartition(".")[2]
-            used = {s for _, _, s, _ in targets.values()}
-            dep_stem = leaf if leaf not in used else f"{dep.split('.')[2]}_{leaf}"
+            dep_stem = leaf if leaf not in {p.stem for p in plan.values()} else f"{dep.split('.')[2]}_{leaf}"
             defined = _module_level_definitions(dep_file)
-            targets[dep] = ("dependency", dep_file, dep_stem, [n for n in names if n in defined])
+            plan[dep] = Planned("dependency", dep_file, dep_stem, [n for n in names if n in defined])
             siblings[dep] = f"models.{dep_stem}"
             queue.append(dep)
+    return plan, processed
 
+
+def vendor_source(source: ModelSource, recipe_dir: Path, model_name: str) -> VendorResult:
+    """Copy modeling + configuration source into recipe_dir/models and apply the codemods.
+
+    The copy is closed under imports (`plan_closure`) and the imports are pointed at the copies; only
+    the auto registry (`transformers.models.auto`) stays a transformers import.
+    """
+    plan, processed = plan_closure(source, model_name)
+    siblings = {module: f"models.{p.stem}" for module, p in plan.items()}
+    models_dir = recipe_dir / "models"
+    models_dir.mkdir(parents=True, exist_ok=True)
     result = VendorResult(source=source)
-    for module, (role, _, stem, _) in targets.items():
+    for module, planned in plan.items():
         code, applied = processed[module]
-        rewritten, more = apply_codemods(code, package=module.rpartition(".")[0], sibling_modules=siblings,
-                                         codemods=[VendoredImportsCommand])
-        code, applied = rewritten, applied + more
+        more: list[str] = []
+        code = transform(code, [command(VendoredImportsCommand, vendored=siblings)], applied=more)
         offending = find_model_class_imports(code)
         if offending:
             raise VendorError(
-                f"vendored {stem}.py still imports model or configuration classes from transformers "
+                f"vendored {planned.stem}.py still imports model or configuration classes from transformers "
                 f"({', '.join(offending)}); vendor those modules too or report this architecture")
-        out = models_dir / f"{stem}.py"
+        out = models_dir / f"{planned.stem}.py"
         out.write_text(code)
-        result.files[role if role in ("modeling", "configuration") else module] = out
-        result.codemods[out.name] = applied
+        result.files[planned.role if planned.role in ("modeling", "configuration") else module] = out
+        result.codemods[out.name] = applied + more
     return result
 
 
 def _module_level_definitions(path: Path) -> set[str]:
-    import ast
-
     return {n.name for n in ast.parse(path.read_text()).body
             if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))}
 
 
 def prune_unreachable(code: str, roots: list[str]) -> str:
-    import libcst as cst
-    from libcst.codemod import CodemodContext
+    return transform(code, [command(PruneUnreachableDefinitionsCommand, roots=roots)])
 
-    from agent.codemods.vendor import PruneUnreachableDefinitionsCommand
 
-    command = PruneUnreachableDefinitionsCommand(CodemodContext(), roots=roots)
-    return command.transform_module(cst.parse_module(code)).code
+def _is_model_class_object(obj: object) -> bool:
+    import torch
+    from transformers import PreTrainedConfig
+    from transformers.models.auto.auto_factory import _BaseAutoModelClass
+
+    # Auto classes are not modules but build model classes, so they count as model classes too;
+    # a configuration class of another model is part of that model's implementation as well.
+    return isinstance(obj, type) and issubclass(obj, (torch.nn.Module, _BaseAutoModelClass, PreTrainedConfig))
+
+
+def find_model_class_imports(source: str) -> list[str]:
+    """Return "module.Name" for each model or configuration class imported from a
+    `transformers.models.*` module (anywhere in the file, also inside functions)."""
+    found: list[str] = []
+    for node in m.findall(cst.parse_module(source), m.ImportFrom(relative=[])):
+        module = dotted(node.module)
+        if not module.startswith("transformers.models.") or isinstance(node.names, cst.ImportStar):
+            continue
+        try:
+            imported = importlib.import_module(module)
+        except Exception:  # noqa: BLE001 - missing optional dependency, broken module, ...
+            continue  # cannot be resolved here; the import check of the recipe will report it
+        for alias in node.names:
+            name = dotted(alias.name)
+            qualified = f"{module}.{name}"
+            if _is_model_class_object(getattr(imported, name, None)) and qualified not in found:
+                found.append(qualified)
+    return found
+
+
+def transformers_model_imports(source: str) -> dict[str, list[str]]:
+    """Modules of model implementations a file imports absolutely, with the names it takes.
+
+    ``{"transformers.models.llama.configuration_llama": ["LlamaConfig"]}``: every
+    `from transformers.models.<model>.<module> import ...` anywhere in the file, except the auto
+    registry (`transformers.models.auto.*`), which maps names to classes and is no model's code.
+    """
+    found: dict[str, list[str]] = {}
+    for node in m.findall(cst.parse_module(source), m.ImportFrom(relative=[])):
+        module = dotted(node.module)
+        parts = module.split(".")
+        if len(parts) < 4 or parts[:2] != ["transformers", "models"] or parts[2] == "auto":
+            continue
+        names = found.setdefault(module, [])
+        if not isinstance(node.names, cst.ImportStar):
+            names.extend(dotted(a.name) for a in node.names if dotted(a.name) not in names)
+    return found

@@ -1,7 +1,7 @@
 """Rules about code: vendored modeling, runner, imports, packages, devices.
 
-Fixes patch the recipe's Python files with libcst codemods (agent.codemods.vendor, agent.codemods.device,
-agent.codemods.repair), never by regenerating them; YAML fixes are line edits. A fix gets the full
+Fixes patch the recipe's Python files with libcst codemods (agent/codemods/commands/), never by
+regenerating them; YAML fixes are line edits. A fix gets the full
 failure and the facts; facts name the files and classes to patch.
 """
 
@@ -16,15 +16,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agent.codemods.vendor import RunnerSettingsInitCommand
-from agent.codemods.device import GUARD_FLASH_ATTN, DeviceAgnosticCudaCommand, GuardOptionalImportCommand
-from agent.codemods.repair import (AddForwardKwargsCommand, PadTokenFallbackCommand, TrustRemoteCodeCommand, codemod,
-                                   rewrite_file)
+from agent.codemods.commands.add_forward_kwargs import AddForwardKwargsCommand
+from agent.codemods.commands.device_agnostic_cuda import DeviceAgnosticCudaCommand
+from agent.codemods.commands.guard_optional_import import GUARD_FLASH_ATTN, GuardOptionalImportCommand
+from agent.codemods.commands.pad_token_fallback import PadTokenFallbackCommand
+from agent.codemods.commands.runner_settings_init import RunnerSettingsInitCommand
+from agent.codemods.commands.trust_remote_code import TrustRemoteCodeCommand
+from agent.codemods.driver import command, rewrite_file
 from agent.repair.failure import Failure
 from agent.repair.rules._util import edit_yaml_line
 from agent.repair.rules.rule import RepairContext, Rule
 
-GUARD_FLASH_ATTN_IMPORTS = codemod(GuardOptionalImportCommand, **GUARD_FLASH_ATTN)
+GUARD_FLASH_ATTN_IMPORTS = command(GuardOptionalImportCommand, **GUARD_FLASH_ATTN)
 
 
 # ---- helpers -----------------------------------------------------------------------------
@@ -62,7 +65,7 @@ _FORWARD_KWARG = re.compile(r"(\w+)\.(forward)\(\) got an unexpected keyword arg
 def _forward_kwarg_facts(failure: Failure, found: re.Match) -> dict | None:
     cls, method, kwarg = found.groups()
     path = _defining_file(failure.recipe_dir, cls)
-    if path is None or not rewrite_file(path, [codemod(AddForwardKwargsCommand, class_name=cls, method=method)],
+    if path is None or not rewrite_file(path, [command(AddForwardKwargsCommand, class_name=cls, method=method)],
                                         dry_run=True):
         return None
     return {"class": cls, "method": method, "kwarg": kwarg, "file": _rel(failure.recipe_dir, path)}
@@ -70,7 +73,7 @@ def _forward_kwarg_facts(failure: Failure, found: re.Match) -> dict | None:
 
 def _fix_forward_kwarg(failure: Failure, facts: dict, ctx: RepairContext) -> str:
     rewrite_file(failure.recipe_dir / facts["file"],
-                 [codemod(AddForwardKwargsCommand, class_name=facts["class"], method=facts["method"])])
+                 [command(AddForwardKwargsCommand, class_name=facts["class"], method=facts["method"])])
     return (f"added **kwargs to {facts['class']}.{facts['method']} in {facts['file']} "
             f"(it was called with {facts['kwarg']}=...)")
 
@@ -277,7 +280,7 @@ def _remote_code_facts(failure: Failure, found: re.Match) -> dict | None:
     # The innermost frame in the recipe's own code whose line calls from_pretrained.
     for rel, line in reversed(failure.recipe_frames()):
         path = failure.recipe_dir / rel
-        if rewrite_file(path, [codemod(TrustRemoteCodeCommand, line=line)], dry_run=True):
+        if rewrite_file(path, [command(TrustRemoteCodeCommand, line=line)], dry_run=True):
             return {"file": rel, "line": line}
     return None
 
@@ -286,7 +289,7 @@ def _fix_remote_code(failure: Failure, facts: dict, ctx: RepairContext) -> str:
     if not ctx.trust_remote_code:
         return (f"{facts['file']}:{facts['line']} loads a checkpoint with custom code: re-run with "
                 f"--trust-remote-code after reviewing the code; nothing changed")
-    rewrite_file(failure.recipe_dir / facts["file"], [codemod(TrustRemoteCodeCommand, line=facts["line"])])
+    rewrite_file(failure.recipe_dir / facts["file"], [command(TrustRemoteCodeCommand, line=facts["line"])])
     return f"added trust_remote_code=True to the from_pretrained call at {facts['file']}:{facts['line']}"
 
 

@@ -2,7 +2,7 @@
 
 Each rule's evidence is the message as it shows in the reports (copied into
 tests/field_faults/corpus.yaml). Rules with a safe fix apply it (codemods through
-agent.codemods.device, line-ending repair, a YAML dtype edit); the others are report-only: the
+agent/codemods/commands/, line-ending repair, a YAML dtype edit); the others are report-only: the
 fix changes nothing and returns a precise diagnosis with the next step, so the repair loop stops
 with that note instead of "unknown failure". NPU kernels with no portable equivalent
 (torch_npu.npu_*, torch.ops.npu.*) are not matched here.
@@ -18,8 +18,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from agent.codemods.device import CUDA_COMMANDS, NPU_COMMANDS, npu_kernel_uses
-from agent.codemods.repair import RopeScalingTypeKeyCommand, rewrite_file
+from agent.codemods.commands.cuda_calls_to_device_ops import CudaCallsToDeviceOpsCommand
+from agent.codemods.commands.npu_calls_to_device_ops import NpuCallsToDeviceOpsCommand
+from agent.codemods.commands.npu_device_string import NpuDeviceStringCommand
+from agent.codemods.commands.npu_tensor_method import NpuTensorMethodCommand
+from agent.codemods.commands.rope_scaling_type_key import RopeScalingTypeKeyCommand
+from agent.codemods.commands.torch_npu_guard import TorchNpuImportGuardCommand
+from agent.codemods.driver import rewrite_file
 from agent.repair.failure import Failure
 from agent.repair.rules._util import edit_yaml_line
 from agent.repair.rules.code import _fix_missing_package, install_command
@@ -27,6 +32,19 @@ from agent.repair.rules.rule import RepairContext, Rule, message_facts, report, 
 
 
 # ---- incidental NPU calls on a host without torch_npu -------------------------------------
+# NPU kernels and private ops: nothing portable stands in for them (exit 4 before any repair).
+NPU_KERNEL_RE = re.compile(r"\btorch_npu\.(?:npu_\w+|_npu_\w+|_C\b)|\btorch\.ops\.npu\b|"
+                           r"\btorch_npu\.contrib\.(?!transfer_to_npu)\w+")
+# In the order a fix applies them: calls and handles first, then the import they needed.
+NPU_COMMANDS = (NpuCallsToDeviceOpsCommand, NpuTensorMethodCommand, NpuDeviceStringCommand, TorchNpuImportGuardCommand)
+CUDA_COMMANDS = (CudaCallsToDeviceOpsCommand,)
+
+
+def npu_kernel_uses(source: str) -> list[str]:
+    """The NPU kernels / private ops a source calls (sorted, unique)."""
+    return sorted(set(NPU_KERNEL_RE.findall(source)))
+
+
 # "import of torch_npu halted": torch_npu is installed but cannot load (no CANN, a broken build);
 # engine.environment's probe imported it once, saw it fail and blocked it (None in sys.modules) so
 # that torch and transformers run without it; the recipe's own `import torch_npu` then says only this.

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from libcst.codemod import CodemodContext
 
-from agent.codemods.repair import InsertWarmUpCommand, generate_calls, rewrite_file, warm_up_argument
+from agent.codemods.commands.insert_warm_up import InsertWarmUpCommand, generate_calls, warm_up_argument
+from agent.codemods.driver import rewrite_file
 from agent.migrate.vendor import locate_source, read_config, vendor_source
 from agent.recipe.recipe import Recipe
 from agent.recipe.render import generated_files, render_file, write_rendered

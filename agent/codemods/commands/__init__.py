@@ -1,0 +1,1 @@
+"""One codemod command per module."""
