@@ -8,7 +8,7 @@ from agent.codemods.commands.npu_calls_to_device_ops import NpuCallsToDeviceOpsC
 from agent.codemods.commands.npu_device_string import NpuDeviceStringCommand
 from agent.codemods.commands.npu_tensor_method import NpuTensorMethodCommand
 from agent.codemods.commands.torch_npu_guard import TorchNpuImportGuardCommand
-from agent.repair.rules.field import npu_kernel_uses
+from agent.repair.rules.code import npu_kernel_uses
 
 
 class TestNpuCallsToDeviceOps(CodemodTest):
@@ -157,7 +157,7 @@ def test_rewritten_recipe_code_runs_on_cpu(monkeypatch):
     import torch
 
     from agent.codemods.driver import transform
-    from agent.repair.rules.field import NPU_COMMANDS
+    from agent.repair.rules.code import NPU_COMMANDS
 
     monkeypatch.setenv("RECIPE_DEVICE", "cpu")
     source = ("import torch\nimport torch_npu\n\ndef step(x, i):\n    torch.npu.set_device(i)\n    x = x.npu()\n"

@@ -22,8 +22,18 @@ import yaml
 
 from agent.repair.failure import Failure
 from agent.repair.diagnose import explain_unknown, first_matching_rule
-from agent.repair.rules.field import FIELD_RULE_NAMES
-from agent.repair.rules.run import OOM_PATTERNS
+from agent.repair.rules.reports import OOM_PATTERNS
+
+# The rules written from the field reports (tests/field_faults/corpus.yaml): none may claim an NPU kernel.
+FIELD_RULE_NAMES = frozenset({
+    "recipe_yaml_syntax_error", "torch_npu_imported_from_source_tree", "incidental_npu_call",
+    "torch_npu_backend_autoload_failed", "torch_npu_without_cann", "tokenizer_backend_missing", "incidental_cuda_call",
+    "shell_script_crlf", "shell_script_not_executable", "npu_device_id_invalid", "npu_device_busy",
+    "cann_runtime_init_failed", "hccl_init_failed", "hccl_collective_timeout", "npu_api_version_mismatch",
+    "static_tls_libgomp", "shared_library_missing", "transformers_does_not_know_model", "tokenizer_class_unknown",
+    "transformers_api_moved", "rope_scaling_schema", "safetensors_header_invalid", "checkpoint_shape_mismatch",
+    "meta_tensor_not_loaded", "mixed_dtype_in_recipe_code", "non_finite_logits", "process_group_not_initialized",
+    "rendezvous_port_in_use"})
 from tests.conftest import REPO_ROOT
 from tests.conftest import torch_npu_wheel
 from tests.field_injections import INJECTIONS, Injection, cases, run_injection

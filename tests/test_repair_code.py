@@ -20,7 +20,8 @@ from agent.codemods.commands.device_agnostic_cuda import DeviceAgnosticCudaComma
 from agent.codemods.commands.guard_optional_import import GUARD_FLASH_ATTN, GuardOptionalImportCommand
 from agent.codemods.commands.pad_token_fallback import PadTokenFallbackCommand
 from agent.codemods.commands.trust_remote_code import TrustRemoteCodeCommand
-from agent.repair.rules.code import install_command, key_prefix_mapping, pip_distribution
+from agent.repair.rules.config import key_prefix_mapping
+from agent.repair.rules.reports import install_command, pip_distribution
 from conftest import assert_repaired, first_match_name, repair_run
 
 MODELING = "models/modeling_fi.py"

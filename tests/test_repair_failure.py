@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 from libcst.codemod import CodemodTest
 
 from agent.codemods.commands.insert_warm_up import InsertWarmUpCommand
@@ -37,6 +38,8 @@ def test_a_timed_out_failure_says_so(tmp_path):
 
 
 def test_every_rule_is_a_row():
+    from agent.repair.rules.rule import Kind
+
     names = [rule.name for rule in CATALOGUE]
     assert len(names) == len(set(names))
     assert names[0] == "out_of_memory" and names[-1] == "llm_repairer"
@@ -44,6 +47,29 @@ def test_every_rule_is_a_row():
         assert isinstance(rule, Rule) and rule.diagnosis and "\n" not in rule.diagnosis
         assert rule.evidence is None or isinstance(rule.evidence, (str, re.Pattern))
         assert set(rule.where) <= {"error", "output", "log", "frames"}
+        assert isinstance(rule.kind, Kind)
+
+
+def test_the_order_names_every_rule_once():
+    from agent.repair.rules.catalogue import ORDER, ordered
+
+    assert [rule.name for rule in CATALOGUE] == list(ORDER)
+    with pytest.raises(ValueError, match="out_of_memory"):
+        ordered(CATALOGUE[1:])                       # a rule left out of the order
+    with pytest.raises(ValueError, match="made_up"):
+        ordered(CATALOGUE, (*ORDER, "made_up"))       # a name without a rule
+
+
+def test_an_advice_row_reports_and_changes_nothing(tmp_path):
+    from agent.repair.rules.reports import ADVICE, advice_rules
+
+    (rule,) = advice_rules([row for row in ADVICE if row[0] == "static_tls_libgomp"])
+    failure = Failure.from_output(tmp_path, "OSError: /usr/lib/libgomp.so.1: cannot allocate memory in static TLS block\n")
+    facts = rule.match(failure)
+    assert facts["lib"] == "/usr/lib/libgomp.so.1" and rule.kind == "report"
+    assert rule.fix(failure, facts, None) == ("/usr/lib/libgomp.so.1 cannot be loaded late: export "
+                                              "LD_PRELOAD=/usr/lib/libgomp.so.1 before infer.sh")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_out_of_memory_and_timeout_are_rules(tmp_path):
@@ -96,8 +122,8 @@ def test_llm_rule_uses_the_failure_it_is_given(tmp_path, monkeypatch):
 def test_no_import_cycle_between_repair_modules():
     """Each of these imports on its own in a fresh interpreter (a cycle shows as an ImportError)."""
     for module in ("agent.repair.failure", "agent.recipe.backup", "agent.repair.rules.rule", "agent.repair.rules.code",
-                   "agent.repair.rules.field", "agent.repair.rules.files", "agent.repair.rules.config",
-                   "agent.repair.rules.run", "agent.repair.llm_repair", "agent.codemods.driver", "agent.repair.diagnose",
+                   "agent.repair.rules.reports", "agent.repair.rules.files", "agent.repair.rules.config",
+                   "agent.repair.rules.catalogue", "agent.repair.llm_repair", "agent.codemods.driver", "agent.repair.diagnose",
                    "agent.repair.fix"):
         proc = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True)
         assert proc.returncode == 0, (module, proc.stderr[-1500:])

@@ -11,6 +11,7 @@ import libcst.matchers as m
 from libcst.codemod import VisitorBasedCodemodCommand
 from libcst.codemod.visitors import AddImportsVisitor
 
+# Order in which libcst renders the fields of `Parameters`.
 PARAM_SLOTS = ("posonly_params", "posonly_ind", "params", "star_arg", "kwonly_params", "star_kwarg")
 
 

@@ -29,7 +29,7 @@ from agent.recipe.recipe import NO_CODE_DIRS, Recipe
 SKIP_DIRS = NO_CODE_DIRS
 GRAPH_MODES_RE = re.compile(r"graph", re.I)
 # torch_npu attributes that are kernels: npu_* and the private _npu_* (vllm-ascend#218), as
-# agent.repair.rules.field.NPU_KERNEL_RE names them.
+# agent.repair.rules.code.NPU_KERNEL_RE names them.
 KERNEL_PREFIXES = ("npu_", "_npu_")
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 from agent.records import Diagnosis, Run
 from agent.repair.failure import Failure, signature
 from agent.repair.rules.catalogue import CATALOGUE
-from agent.repair.rules.rule import Rule
-from agent.repair.rules.run import OUT_OF_MEMORY
+from agent.repair.rules.rule import Kind, Rule
+from agent.repair.rules.reports import OUT_OF_MEMORY
 
 
 def rule_named(name: str | None) -> Rule | None:
@@ -70,7 +70,7 @@ def closest_rule(failure: Failure) -> tuple[str, float] | None:
     """The catalogue rule whose name + diagnosis share the rarest words with the error (None: no word
     in common). Words are weighted by how few rules use them, so 'torch' counts for little, 'hccl' for much."""
     rules = [(rule.name, _words(f"{rule.name} {rule.diagnosis}")) for rule in CATALOGUE
-             if rule.kind != "llm" and rule.name != OUT_OF_MEMORY]
+             if rule.kind is not Kind.LLM and rule.name != OUT_OF_MEMORY]
     df: dict[str, int] = {}
     for _, words in rules:
         for w in words:

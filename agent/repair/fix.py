@@ -39,5 +39,5 @@ def repair(recipe_dir: Path, diagnosis: Diagnosis, round_no: int, context: Repai
     if rule.keeps_format:
         restore_formats(recipe_dir, before)
     diff = diff_against_backup(recipe_dir, backup_dir)
-    return {"applied": bool(diff), "rule": rule.name, "kind": rule.kind, "diff": diff, "note": note,
+    return {"applied": bool(diff), "rule": rule.name, "kind": rule.kind.value, "diff": diff, "note": note,
             "backup": str(backup_dir.relative_to(recipe_dir))}

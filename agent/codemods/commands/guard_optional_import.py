@@ -81,4 +81,5 @@ class GuardOptionalImportCommand(Command):
         return guarded.with_changes(leading_lines=updated_node.leading_lines)
 
 
+# flash_attn is imported by vendored code for one attention kernel; the others work without it.
 GUARD_FLASH_ATTN = {"package": "flash_attn", "reason": "flash_attn is optional: use another attn_implementation"}

@@ -1,31 +1,32 @@
-"""Rules about code: vendored modeling, runner, imports, packages, devices.
-
-Fixes patch the recipe's Python files with libcst codemods (agent/codemods/commands/), never by
-regenerating them; YAML fixes are line edits. A fix gets the full
-failure and the facts; facts name the files and classes to patch.
-"""
+"""Rules whose fix is a codemod on the recipe's Python files (agent/codemods/commands/), never a
+regeneration: vendored modeling, runner, infer.py, imports, devices."""
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import re
-import shlex
-import struct
-import subprocess
-import sys
 from pathlib import Path
 
+import libcst as cst
+from libcst.codemod import CodemodContext
+
 from agent.codemods.commands.add_forward_kwargs import AddForwardKwargsCommand
+from agent.codemods.commands.cuda_calls_to_device_ops import CudaCallsToDeviceOpsCommand
 from agent.codemods.commands.device_agnostic_cuda import DeviceAgnosticCudaCommand
 from agent.codemods.commands.guard_optional_import import GUARD_FLASH_ATTN, GuardOptionalImportCommand
+from agent.codemods.commands.insert_warm_up import InsertWarmUpCommand, generate_calls, warm_up_argument
+from agent.codemods.commands.npu_calls_to_device_ops import NpuCallsToDeviceOpsCommand
+from agent.codemods.commands.npu_device_string import NpuDeviceStringCommand
+from agent.codemods.commands.npu_tensor_method import NpuTensorMethodCommand
 from agent.codemods.commands.pad_token_fallback import PadTokenFallbackCommand
+from agent.codemods.commands.rope_scaling_type_key import RopeScalingTypeKeyCommand
 from agent.codemods.commands.runner_settings_init import RunnerSettingsInitCommand
+from agent.codemods.commands.torch_npu_guard import TorchNpuImportGuardCommand
 from agent.codemods.commands.trust_remote_code import TrustRemoteCodeCommand
 from agent.codemods.driver import command, rewrite_file
 from agent.repair.failure import Failure
 from agent.repair.rules._util import edit_yaml_line
-from agent.repair.rules.rule import RepairContext, Rule
+from agent.repair.rules.rule import Kind, RepairContext, Rule, where_it_failed
+
 
 GUARD_FLASH_ATTN_IMPORTS = command(GuardOptionalImportCommand, **GUARD_FLASH_ATTN)
 
@@ -42,7 +43,7 @@ def _rel(recipe_dir: Path, path: Path) -> str:
     return str(path.relative_to(recipe_dir))
 
 
-# ---- 1. model __init__ without runner_settings ----------------------------------------------
+# ---- model __init__ without runner_settings ----------------------------------------------
 _INIT_RUNNER_SETTINGS = re.compile(r"(\w+)\.__init__\(\) got an unexpected keyword argument 'runner_settings'")
 
 
@@ -58,7 +59,7 @@ def _fix_runner_settings(failure: Failure, facts: dict, ctx: RepairContext) -> s
     return f"RunnerSettingsInitCommand on {facts['file']}: model __init__ accepts runner_settings=None, **kwargs"
 
 
-# ---- 2. forward() without **kwargs -------------------------------------------------------
+# ---- forward() without **kwargs -------------------------------------------------------
 _FORWARD_KWARG = re.compile(r"(\w+)\.(forward)\(\) got an unexpected keyword argument '(\w+)'")
 
 
@@ -78,7 +79,7 @@ def _fix_forward_kwarg(failure: Failure, facts: dict, ctx: RepairContext) -> str
             f"(it was called with {facts['kwarg']}=...)")
 
 
-# ---- 3. flash_attn not installed ---------------------------------------------------------
+# ---- flash_attn not installed ---------------------------------------------------------
 _NO_FLASH_ATTN = re.compile(r"No module named '(flash_attn[\w.]*)'|package flash_attn seems to be not installed|"
                             r"FlashAttention2 has been toggled on, but it cannot be used")
 
@@ -104,72 +105,7 @@ def _fix_flash_attn(failure: Failure, facts: dict, ctx: RepairContext) -> str:
     return "; ".join(notes)
 
 
-# ---- 4. missing pip package --------------------------------------------------------------
-# import name -> distribution name on PyPI, where they differ (or are often confused).
-IMPORT_TO_DIST = {
-    "yaml": "pyyaml", "sklearn": "scikit-learn", "PIL": "pillow", "cv2": "opencv-python",
-    "google.protobuf": "protobuf", "skimage": "scikit-image", "bs4": "beautifulsoup4",
-    "attr": "attrs", "dateutil": "python-dateutil", "Crypto": "pycryptodome", "jwt": "PyJWT",
-    "dotenv": "python-dotenv", "fitz": "PyMuPDF", "docx": "python-docx", "Levenshtein": "levenshtein",
-    "sentencepiece": "sentencepiece", "einops": "einops", "tiktoken": "tiktoken", "timm": "timm",
-    "flash_attn": "flash-attn", "jieba": "jieba", "tokenizers": "tokenizers", "safetensors": "safetensors",
-    "accelerate": "accelerate", "scipy": "scipy", "numpy": "numpy", "pandas": "pandas",
-    "transformers_stream_generator": "transformers-stream-generator", "triton": "triton",
-    "torchvision": "torchvision", "torchaudio": "torchaudio", "soundfile": "soundfile",
-    "librosa": "librosa", "decord": "decord", "av": "av", "msgpack": "msgpack", "regex": "regex",
-    "blobfile": "blobfile", "zmq": "pyzmq", "google.generativeai": "google-generativeai",
-}
-_NO_MODULE = re.compile(r"No module named '([\w.]+)'")
-_RECIPE_MODULES = {"models", "engine", "agent"}    # the recipe's own and infer-migrator's packages
-
-
-def pip_distribution(module: str) -> str:
-    parts = module.split(".")
-    for i in range(len(parts), 0, -1):
-        dist = IMPORT_TO_DIST.get(".".join(parts[:i]))
-        if dist:
-            return dist
-    return parts[0]
-
-
-def install_command(dist: str) -> str:
-    return f"{sys.executable} -m pip install {shlex.quote(dist)}"
-
-
-def _missing_package_facts(failure: Failure, found: re.Match) -> dict | None:
-    module = found.group(1)
-    top = module.split(".")[0]
-    recipe = failure.recipe_dir
-    if top in _RECIPE_MODULES or top.startswith("runner_") or (recipe / f"{top}.py").exists() \
-            or (recipe / top).is_dir():
-        return None           # a recipe-local module: a layout problem, not a package to install
-    if importlib.util.find_spec(top) is not None:
-        return None           # the package is there, a submodule is not: a version problem
-    dist = pip_distribution(module)
-    return {"module": module, "distribution": dist, "install": install_command(dist)}
-
-
-def _fix_missing_package(failure: Failure, facts: dict, ctx: RepairContext) -> str:
-    if not ctx.allow_install:
-        return (f"module {facts['module']} is not installed; install it with `{facts['install']}` "
-                f"(or re-run with --allow-install); nothing changed")
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", facts["distribution"]],
-                          capture_output=True, text=True, timeout=ctx.timeout_s)
-    if proc.returncode != 0:
-        tail = (proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines() or ["no output"])[-1]
-        return f"`{facts['install']}` failed: {tail}"
-    # The recipe records its dependencies: add the distribution to requirements.txt.
-    requirements = failure.recipe_dir / "requirements.txt"
-    listed = requirements.read_text() if requirements.is_file() else ""
-    names = {re.split(r"[<>=!~\[;\s]", ln.strip(), maxsplit=1)[0].lower().replace("_", "-")
-             for ln in listed.splitlines() if ln.strip() and not ln.lstrip().startswith("#")}
-    if facts["distribution"].lower().replace("_", "-") not in names:
-        requirements.write_text(listed + ("" if not listed or listed.endswith("\n") else "\n")
-                                + f"{facts['distribution']}\n")
-    return f"ran `{facts['install']}`; added {facts['distribution']} to requirements.txt"
-
-
-# ---- 5. hard-coded CUDA ------------------------------------------------------------------
+# ---- hard-coded CUDA ------------------------------------------------------------------
 _NO_CUDA = re.compile(
     r"Torch not compiled with CUDA enabled|Found no NVIDIA driver|No CUDA GPUs are available|"
     r"CUDA driver initialization failed|CUDA is not available|torch\.cuda\.is_available\(\) is False|"
@@ -188,90 +124,7 @@ def _fix_cuda(failure: Failure, facts: dict, ctx: RepairContext) -> str:
     return f"DeviceAgnosticCudaCommand on {', '.join(facts['files'])}: hard-coded CUDA replaced by the recipe device"
 
 
-# ---- 6. state dict key mismatch ----------------------------------------------------------
-_STATE_DICT = re.compile(r"state dict mismatch loading (?P<path>.+?): missing keys (?P<missing>\[.*?\]), "
-                         r"unexpected keys (?P<unexpected>\[.*?\]), mismatched shapes (?P<shapes>\[.*?\])")
-_EMBEDDING_SUFFIXES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight", "tok_embeddings.weight",
-                       "embeddings.weight", "embedding.weight")
-
-
-def _key_list(text: str) -> list[str]:
-    return re.findall(r"'([^']*)'", text)
-
-
-def _common_suffix(a: str, b: str) -> int:
-    """Number of trailing dot-components a and b share."""
-    pa, pb = a.split("."), b.split(".")
-    n = 0
-    while n < min(len(pa), len(pb)) and pa[-1 - n] == pb[-1 - n]:
-        n += 1
-    return n
-
-
-def key_prefix_mapping(missing: list[str], unexpected: list[str]) -> dict[str, str] | None:
-    """{regex: replacement} renaming the checkpoint's (unexpected) prefix to the code's (missing)
-    one, when every missing key is an unexpected key with one consistent prefix swapped."""
-    if not missing or not unexpected:
-        return None
-    pairs = set()
-    for key in missing:
-        best = max(unexpected, key=lambda u: _common_suffix(key, u))
-        n = _common_suffix(key, best)
-        ours, theirs = key.split("."), best.split(".")
-        if n < 2 or n == len(ours) and n == len(theirs):
-            return None
-        pairs.add((".".join(theirs[:len(theirs) - n]), ".".join(ours[:len(ours) - n])))
-    if len(pairs) != 1:
-        return None
-    theirs, ours = pairs.pop()
-    if theirs:
-        return {f"^{re.escape(theirs + '.')}": f"{ours}." if ours else ""}
-    return {"^": f"{ours}."}
-
-
-def checkpoint_keys(model_path: Path) -> set[str]:
-    """Tensor names of a safetensors checkpoint (headers only: no tensor is read)."""
-    index = model_path / "model.safetensors.index.json"
-    if index.is_file():
-        return set(json.loads(index.read_text()).get("weight_map", {}))
-    keys: set[str] = set()
-    for shard in model_path.glob("*.safetensors"):
-        with open(shard, "rb") as f:
-            size = struct.unpack("<Q", f.read(8))[0]
-            keys |= set(json.loads(f.read(size))) - {"__metadata__"}
-    return keys
-
-
-def _state_dict_facts(failure: Failure, found: re.Match) -> dict | None:
-    missing, unexpected = _key_list(found["missing"]), _key_list(found["unexpected"])
-    if _key_list(found["shapes"]):
-        return None                       # shapes differ: a config problem, not naming
-    model_config = failure.settings().get("model_config") or {}
-    if missing == ["lm_head.weight"] and not unexpected:
-        if (model_config.get("config_overrides") or {}).get("tie_word_embeddings") is True:
-            return None                   # already applied: it did not help
-        try:
-            keys = checkpoint_keys(Path(found["path"]))
-        except (OSError, ValueError, struct.error):
-            return None
-        if any(k.endswith(_EMBEDDING_SUFFIXES) for k in keys) and "lm_head.weight" not in keys:
-            return {"fix": "tie_word_embeddings",
-                    "config_overrides": {**(model_config.get("config_overrides") or {}), "tie_word_embeddings": True}}
-        return None
-    mapping = key_prefix_mapping(missing, unexpected)
-    current = model_config.get("key_mapping") or {}
-    if mapping is None or all(current.get(k) == v for k, v in mapping.items()):
-        return None
-    return {"fix": "key_mapping", "key_mapping": {**current, **mapping}}
-
-
-def _fix_state_dict(failure: Failure, facts: dict, ctx: RepairContext) -> str:
-    if facts["fix"] == "tie_word_embeddings":
-        return edit_yaml_line(failure.yaml, "model_config", "config_overrides", facts["config_overrides"])
-    return edit_yaml_line(failure.yaml, "model_config", "key_mapping", facts["key_mapping"])
-
-
-# ---- 7. remote code needs trust_remote_code -----------------------------------------------
+# ---- remote code needs trust_remote_code -----------------------------------------------
 _REMOTE_CODE = re.compile(r"contains custom code which must be executed|requires you to execute the "
                           r"\w+ file in that repo")
 
@@ -293,7 +146,7 @@ def _fix_remote_code(failure: Failure, facts: dict, ctx: RepairContext) -> str:
     return f"added trust_remote_code=True to the from_pretrained call at {facts['file']}:{facts['line']}"
 
 
-# ---- 8. tokenizer without pad token ------------------------------------------------------
+# ---- tokenizer without pad token ------------------------------------------------------
 _NO_PAD = re.compile(r"Asking to pad but the tokenizer does not have a padding token")
 
 
@@ -312,27 +165,155 @@ def _fix_pad_token(failure: Failure, facts: dict, ctx: RepairContext) -> str:
     return f"pad token falls back to EOS after the tokenizer is loaded in {', '.join(facts['files'])}"
 
 
+# ---- incidental NPU calls on a host without torch_npu -------------------------------------
+# NPU kernels and private ops: nothing portable stands in for them (exit 4 before any repair).
+NPU_KERNEL_RE = re.compile(r"\btorch_npu\.(?:npu_\w+|_npu_\w+|_C\b)|\btorch\.ops\.npu\b|"
+                           r"\btorch_npu\.contrib\.(?!transfer_to_npu)\w+")
+
+
+# In the order a fix applies them: calls and handles first, then the import they needed.
+NPU_COMMANDS = (NpuCallsToDeviceOpsCommand, NpuTensorMethodCommand, NpuDeviceStringCommand, TorchNpuImportGuardCommand)
+
+
+CUDA_COMMANDS = (CudaCallsToDeviceOpsCommand,)
+
+
+def npu_kernel_uses(source: str) -> list[str]:
+    """The NPU kernels / private ops a source calls (sorted, unique)."""
+    return sorted(set(NPU_KERNEL_RE.findall(source)))
+
+
+# "import of torch_npu halted": torch_npu is installed but cannot load (no CANN, a broken build);
+# engine.environment's probe imported it once, saw it fail and blocked it (None in sys.modules) so
+# that torch and transformers run without it; the recipe's own `import torch_npu` then says only this.
+_NPU_MISSING = re.compile(
+    r"module 'torch' has no attribute 'npu'|No module named 'torch_npu'|object has no attribute 'npu'|"
+    r"device type at start of device string: npu|Failed to import torch_npu|"
+    r"import of torch_npu halted; None in sys\.modules|"
+    r"(?:libhccl|libascend_hal|libascendcl)\.so: cannot open shared object file")
+
+
+def _incidental_npu_facts(failure: Failure, found: re.Match) -> dict | None:
+    files, kernels = [], []
+    for path in failure.recipe.code_files():
+        text = path.read_text(errors="replace")
+        kernels += npu_kernel_uses(text)
+        if ("npu" in text) and rewrite_file(path, NPU_COMMANDS, dry_run=True):
+            files.append(str(path.relative_to(failure.recipe_dir)))
+    if kernels or not files:
+        return None         # kernels: no portable equivalent (exit 4); nothing incidental: not ours
+    return {"files": files}
+
+
+def _fix_incidental_npu(failure: Failure, facts: dict, ctx: RepairContext) -> str:
+    for rel in facts["files"]:
+        rewrite_file(failure.recipe_dir / rel, NPU_COMMANDS)
+    return (f"incidental NPU calls in {', '.join(facts['files'])} now go through engine.device_ops "
+            "(NPU behaviour kept on an NPU; CUDA and CPU run too)")
+
+
+# ---- incidental CUDA calls on a host without CUDA ----------------------------------------
+_CUDA_MISSING = re.compile(
+    r"Torch not compiled with CUDA enabled|Found no NVIDIA driver|No CUDA GPUs are available|"
+    r"CUDA driver initialization failed|module 'torch\._C' has no attribute '_cuda_\w+'|no CUDA-capable device")
+
+
+def _incidental_cuda_facts(failure: Failure, found: re.Match) -> dict | None:
+    files = [str(p.relative_to(failure.recipe_dir)) for p in failure.recipe.code_files()
+             if "torch.cuda." in p.read_text(errors="replace") and rewrite_file(p, CUDA_COMMANDS, dry_run=True)]
+    return {"files": files} if files else None
+
+
+def _fix_incidental_cuda(failure: Failure, facts: dict, ctx: RepairContext) -> str:
+    for rel in facts["files"]:
+        rewrite_file(failure.recipe_dir / rel, CUDA_COMMANDS)
+    return f"torch.cuda bookkeeping calls in {', '.join(facts['files'])} now go through engine.device_ops"
+
+
+# ---- vendored code reads an old rope_scaling schema --------------------------------------
+_ROPE = re.compile(r"KeyError: '(type|rope_type|factor|original_max_position_embeddings)'|`rope_scaling` must be a "
+                   r"dictionary with (?:with )?two fields|Unknown RoPE scaling type (\w+)")
+
+
+def _rope_facts(failure: Failure, found: re.Match) -> dict | None:
+    if found.group(1) and "rope" not in failure.output:
+        return None
+    key = found.group(1) or found.group(2) or "type/factor"
+    files = []
+    if key == "type":
+        files = [str(p.relative_to(failure.recipe_dir)) for p in failure.recipe.code_files()
+                 if "rope_scaling" in p.read_text(errors="replace") and rewrite_file(p, [RopeScalingTypeKeyCommand], dry_run=True)]
+    return {"key": key, "where": where_it_failed(failure), "files": files}
+
+
+def _fix_rope(failure: Failure, facts: dict, ctx: RepairContext) -> str:
+    if facts["files"]:
+        for rel in facts["files"]:
+            rewrite_file(failure.recipe_dir / rel, [RopeScalingTypeKeyCommand])
+        return (f"rope_scaling['type'] now reads .get('type', .get('rope_type')) in {', '.join(facts['files'])} "
+                "(transformers >= 4.45 renamed the key)")
+    return (f"rope_scaling key {facts['key']!r} at {facts['where']}: transformers >= 4.45 stores "
+            "rope_scaling['rope_type'] (was 'type') and fills defaults; read it with .get(...) in the vendored "
+            "code, or pin the transformers release the code was written for")
+
+
+# ---- infer.py without a warm-up generation ------------------------------------------------
+_NO_WARM_UP = re.compile(re.escape("BaselineError: infer.py ran without a warm-up generation"))
+
+
+def _no_warm_up_facts(failure: Failure, found: re.Match) -> dict | None:
+    infer_py = failure.recipe_dir / "infer.py"
+    if not infer_py.is_file():
+        return None
+    try:
+        module = cst.parse_module(infer_py.read_text())
+    except cst.ParserSyntaxError:
+        return None
+    calls = generate_calls(module)
+    if any(warm_up_argument(c) for c in calls):
+        return None          # a warm-up is there but did not run: not this rule's fix
+    formal = next((c for c in calls if c.args), None)
+    return {"file": "infer.py", "call": module.code_for_node(formal)} if formal is not None else None
+
+
+def _fix_no_warm_up(failure: Failure, facts: dict, ctx: RepairContext) -> str:
+    context = CodemodContext()
+    if not rewrite_file(failure.recipe_dir / facts["file"], [InsertWarmUpCommand], context=context):
+        return f"{facts['file']}: no formal model_generate call to put a warm-up before"
+    return f"{facts['file']}: inserted `{context.scratch['inserted']}` before the formal generation"
+
+
 RULES: list[Rule] = [
     Rule("constructor_without_runner_settings", _INIT_RUNNER_SETTINGS,
          "a vendored model __init__ does not accept the runner_settings the engine passes",
-         _fix_runner_settings, facts=_runner_settings_facts, kind="codemod"),
+         _fix_runner_settings, facts=_runner_settings_facts, kind=Kind.CODEMOD),
     Rule("forward_unexpected_keyword", _FORWARD_KWARG,
          "a model forward() gets a keyword argument its signature does not accept",
-         _fix_forward_kwarg, facts=_forward_kwarg_facts, kind="codemod"),
-    # Before missing_pip_package: flash_attn is optional, not a package to install.
+         _fix_forward_kwarg, facts=_forward_kwarg_facts, kind=Kind.CODEMOD),
     Rule("flash_attn_not_installed", _NO_FLASH_ATTN, "recipe code needs flash_attn, which is not installed",
-         _fix_flash_attn, facts=_flash_attn_facts, kind="codemod"),
-    Rule("missing_pip_package", _NO_MODULE,
-         "a Python package the recipe imports is not installed (install it, or re-run with --allow-install)",
-         _fix_missing_package, facts=_missing_package_facts, where=("error",), kind="report"),
+         _fix_flash_attn, facts=_flash_attn_facts, kind=Kind.CODEMOD),
     Rule("hardcoded_cuda_device", _NO_CUDA, "recipe code hard-codes CUDA, which this device does not have",
-         _fix_cuda, facts=_cuda_facts, kind="codemod"),
-    Rule("state_dict_key_mismatch", _STATE_DICT, "checkpoint weights are named differently from the model's parameters",
-         _fix_state_dict, facts=_state_dict_facts, kind="yaml"),
+         _fix_cuda, facts=_cuda_facts, kind=Kind.CODEMOD),
     Rule("remote_code_needs_trust", _REMOTE_CODE,
          "a from_pretrained call loads a checkpoint with custom code (re-run with --trust-remote-code "
          "after reviewing the code)",
-         _fix_remote_code, facts=_remote_code_facts, kind="codemod"),
+         _fix_remote_code, facts=_remote_code_facts, kind=Kind.CODEMOD),
     Rule("tokenizer_without_pad_token", _NO_PAD, "the tokenizer has no padding token but the batch needs padding",
-         _fix_pad_token, facts=_pad_token_facts, kind="codemod"),
+         _fix_pad_token, facts=_pad_token_facts, kind=Kind.CODEMOD),
+    Rule("incidental_npu_call", _NPU_MISSING,
+         "recipe code makes NPU bookkeeping calls (torch.npu.*, .npu(), device=\"npu\", import torch_npu) on a "
+         "host without torch_npu",
+         _fix_incidental_npu,
+         facts=_incidental_npu_facts, kind=Kind.CODEMOD),
+    Rule("incidental_cuda_call", _CUDA_MISSING,
+         "recipe code makes CUDA bookkeeping calls (torch.cuda.set_device, Event, memory stats...) without CUDA",
+         _fix_incidental_cuda,
+         facts=_incidental_cuda_facts, kind=Kind.CODEMOD),
+    Rule("rope_scaling_schema", _ROPE,
+         "vendored code and config disagree on the rope_scaling schema",
+         _fix_rope,
+         facts=_rope_facts, kind=Kind.CODEMOD),
+    Rule("infer_py_without_warm_up", _NO_WARM_UP,
+         "infer.py runs the formal generation without a warm-up generation first",
+         _fix_no_warm_up, facts=_no_warm_up_facts, where=("output",), kind=Kind.CODEMOD),
 ]

@@ -1,20 +1,23 @@
-"""Rules about the recipe YAML: paths, keys, types, dtypes, lengths, devices."""
+"""Rules whose fix is a line edit of the recipe YAML the run used: paths, keys, types, dtypes, lengths,
+devices, checkpoint key names."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import struct
 from pathlib import Path
 
 import yaml
 
-from agent.repair.failure import Failure
 from agent.recipe.recipe import Recipe
-from agent.recipe.render import write_rendered
 from agent.recipe.spec import recipe_spec
+from agent.repair.failure import Failure
 from agent.repair.rules._util import edit_yaml_line
-from agent.repair.rules.rule import RepairContext, Rule
+from agent.repair.rules.rule import Kind, RepairContext, Rule, where_it_failed
 from engine.config import CHOICES, SECTIONS, rendered_keys
+
 
 _DTYPE_UNSUPPORTED = re.compile(
     r"not implemented for '(BFloat16|Half)'|does not support (bfloat16|float16)|"
@@ -33,6 +36,8 @@ def _fix_dtype(failure: Failure, facts: dict, ctx: RepairContext) -> str:
 # ---- template defaults --------------------------------------------------------------------
 # The template's keys in order (engine/config.py's schema): sections -> keys.
 TEMPLATE_ORDER = {section: rendered_keys(section) for section in (None, *SECTIONS)}
+
+
 ALIASES = {
     "model_config.dtype": {"fp16": "float16", "half": "float16", "torch.float16": "float16",
                            "bf16": "bfloat16", "torch.bfloat16": "bfloat16",
@@ -132,8 +137,14 @@ def _fix_missing_key(failure: Failure, facts: dict, ctx: RepairContext) -> str:
 
 # ---- a value of the wrong type or not among the choices -----------------------------------
 _WRONG_TYPE = re.compile(r"'(?P<key>[\w.]+)' must be (?P<kind>int|str|bool), got ")
+
+
 _BAD_CHOICE = re.compile(r"'(?P<key>[\w.]+)' is .+; expected one of (?P<choices>[\w, ]+)$", re.M)
+
+
 _TOO_SMALL = re.compile(r"'(?P<key>[\w.]+)' must be >= 1, got ")
+
+
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 
 
@@ -292,48 +303,127 @@ def _fix_device(failure: Failure, facts: dict, ctx: RepairContext) -> str:
     return f"{note}: {facts['device']} is not usable here; the run logs the device it actually uses"
 
 
-# ---- the YAML file is gone ----------------------------------------------------------------
-_YAML_NOT_FOUND = re.compile(r"(?P<path>\S+\.ya?ml): YAML file not found")
+# ---- state dict key mismatch ----------------------------------------------------------
+_STATE_DICT = re.compile(r"state dict mismatch loading (?P<path>.+?): missing keys (?P<missing>\[.*?\]), "
+                         r"unexpected keys (?P<unexpected>\[.*?\]), mismatched shapes (?P<shapes>\[.*?\])")
 
 
-def _yaml_missing_facts(failure: Failure, found: re.Match) -> dict | None:
-    if failure.yaml is not None:
+_EMBEDDING_SUFFIXES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight", "tok_embeddings.weight",
+                       "embeddings.weight", "embedding.weight")
+
+
+def _key_list(text: str) -> list[str]:
+    return re.findall(r"'([^']*)'", text)
+
+
+def _common_suffix(a: str, b: str) -> int:
+    """Number of trailing dot-components a and b share."""
+    pa, pb = a.split("."), b.split(".")
+    n = 0
+    while n < min(len(pa), len(pb)) and pa[-1 - n] == pb[-1 - n]:
+        n += 1
+    return n
+
+
+def key_prefix_mapping(missing: list[str], unexpected: list[str]) -> dict[str, str] | None:
+    """{regex: replacement} renaming the checkpoint's (unexpected) prefix to the code's (missing)
+    one, when every missing key is an unexpected key with one consistent prefix swapped."""
+    if not missing or not unexpected:
         return None
-    named = Path(found["path"])
-    named = named if named.is_absolute() else failure.recipe_dir / named
-    try:
-        rel = str(named.resolve().relative_to(failure.recipe_dir.resolve()))
-    except ValueError:
-        rel = None
-    if not rel or not rel.startswith("config/"):
-        rel = f"config/{failure.recipe.yaml_name()}"
-    return {"file": rel}
+    pairs = set()
+    for key in missing:
+        best = max(unexpected, key=lambda u: _common_suffix(key, u))
+        n = _common_suffix(key, best)
+        ours, theirs = key.split("."), best.split(".")
+        if n < 2 or n == len(ours) and n == len(theirs):
+            return None
+        pairs.add((".".join(theirs[:len(theirs) - n]), ".".join(ours[:len(ours) - n])))
+    if len(pairs) != 1:
+        return None
+    theirs, ours = pairs.pop()
+    if theirs:
+        return {f"^{re.escape(theirs + '.')}": f"{ours}." if ours else ""}
+    return {"^": f"{ours}."}
 
 
-def _fix_yaml_missing(failure: Failure, facts: dict, ctx: RepairContext) -> str:
-    spec = recipe_spec(failure.recipe, trust_remote_code=ctx.trust_remote_code)
-    context, family = spec.context(), spec.family_spec()
-    if not context["model_path"]:
-        return f"{facts['file']} is missing and no checkpoint is known (no migration_report.json model_dir)"
-    write_rendered(failure.recipe_dir, facts["file"], context, family)
-    return (f"re-rendered {facts['file']} from the template (model_path {context['model_path']}, "
-            f"device {context['device']}, dtype {context['dtype']}, max_new_tokens {context['max_new_tokens']})")
+def checkpoint_keys(model_path: Path) -> set[str]:
+    """Tensor names of a safetensors checkpoint (headers only: no tensor is read)."""
+    index = model_path / "model.safetensors.index.json"
+    if index.is_file():
+        return set(json.loads(index.read_text()).get("weight_map", {}))
+    keys: set[str] = set()
+    for shard in model_path.glob("*.safetensors"):
+        with open(shard, "rb") as f:
+            size = struct.unpack("<Q", f.read(8))[0]
+            keys |= set(json.loads(f.read(size))) - {"__metadata__"}
+    return keys
 
 
-_OUT = ("output",)
+def _state_dict_facts(failure: Failure, found: re.Match) -> dict | None:
+    missing, unexpected = _key_list(found["missing"]), _key_list(found["unexpected"])
+    if _key_list(found["shapes"]):
+        return None                       # shapes differ: a config problem, not naming
+    model_config = failure.settings().get("model_config") or {}
+    if missing == ["lm_head.weight"] and not unexpected:
+        if (model_config.get("config_overrides") or {}).get("tie_word_embeddings") is True:
+            return None                   # already applied: it did not help
+        try:
+            keys = checkpoint_keys(Path(found["path"]))
+        except (OSError, ValueError, struct.error):
+            return None
+        if any(k.endswith(_EMBEDDING_SUFFIXES) for k in keys) and "lm_head.weight" not in keys:
+            return {"fix": "tie_word_embeddings",
+                    "config_overrides": {**(model_config.get("config_overrides") or {}), "tie_word_embeddings": True}}
+        return None
+    mapping = key_prefix_mapping(missing, unexpected)
+    current = model_config.get("key_mapping") or {}
+    if mapping is None or all(current.get(k) == v for k, v in mapping.items()):
+        return None
+    return {"fix": "key_mapping", "key_mapping": {**current, **mapping}}
+
+
+def _fix_state_dict(failure: Failure, facts: dict, ctx: RepairContext) -> str:
+    if facts["fix"] == "tie_word_embeddings":
+        return edit_yaml_line(failure.yaml, "model_config", "config_overrides", facts["config_overrides"])
+    return edit_yaml_line(failure.yaml, "model_config", "key_mapping", facts["key_mapping"])
+
+
+# ---- mixed dtypes in recipe code ----------------------------------------------------------
+_MIXED_DTYPE = re.compile(r"expected scalar type (\w+) but found (\w+)|expected m(?:at)?1 and m(?:at)?2 to have the "
+                          r"same dtype, but got: ([\w:]+) != ([\w:]+)|Input type \((\w+)\) and bias type \((\w+)\)")
+
+
+def _mixed_dtype_facts(failure: Failure, found: re.Match) -> dict | None:
+    dtype = (failure.settings().get("model_config") or {}).get("dtype")
+    types = " and ".join(g for g in found.groups() if g)
+    return {"dtype": dtype, "types": types, "where": where_it_failed(failure), "fixable": dtype in ("bfloat16", "float16")}
+
+
+def _fix_mixed_dtype(failure: Failure, facts: dict, ctx: RepairContext) -> str:
+    if facts["fixable"]:
+        note = edit_yaml_line(failure.yaml, "model_config", "dtype", "float32")
+        return f"{note}: tensors of {facts['types']} met at {facts['where']}; one dtype (float32) everywhere"
+    return (f"tensors of {facts['types']} meet at {facts['where']} although model_config.dtype is {facts['dtype']}: "
+            "recipe code creates a tensor in another dtype; cast it with .to(<weights>.dtype) there")
+
+
 RULES: list[Rule] = [
     Rule("dtype_unsupported_on_device", _DTYPE_UNSUPPORTED, "the configured dtype cannot run on this device",
-         _fix_dtype, facts=_dtype_facts, where=_OUT, kind="yaml"),
+         _fix_dtype, facts=_dtype_facts, where=("output",), kind=Kind.YAML),
     Rule("yaml_missing_key", _MISSING_KEY, "the recipe YAML lacks a required key",
-         _fix_missing_key, facts=_missing_key_facts, where=_OUT, kind="yaml"),
+         _fix_missing_key, facts=_missing_key_facts, where=("output",), kind=Kind.YAML),
     Rule("yaml_wrong_type", None, "a recipe YAML value has the wrong type or is not an accepted value",
-         _fix_wrong_type, facts=_wrong_type_facts, kind="yaml"),
+         _fix_wrong_type, facts=_wrong_type_facts, kind=Kind.YAML),
     Rule("model_path_missing", None, "the YAML model_path does not point at a checkpoint",
-         _fix_model_path, facts=_model_path_facts, kind="yaml"),
+         _fix_model_path, facts=_model_path_facts, kind=Kind.YAML),
     Rule("lengths_exceed_positions", _LENGTHS, "input_max_len + max_new_tokens exceed the model's positions",
-         _fix_lengths, facts=_lengths_facts, where=_OUT, kind="yaml"),
+         _fix_lengths, facts=_lengths_facts, where=("output",), kind=Kind.YAML),
     Rule("device_unavailable", _DEVICE, "the YAML names a device this machine cannot use",
-         _fix_device, facts=_device_facts, where=_OUT, kind="yaml"),
-    Rule("yaml_file_missing", _YAML_NOT_FOUND, "the recipe YAML file is missing",
-         _fix_yaml_missing, facts=_yaml_missing_facts, where=_OUT, kind="rerender"),
+         _fix_device, facts=_device_facts, where=("output",), kind=Kind.YAML),
+    Rule("state_dict_key_mismatch", _STATE_DICT, "checkpoint weights are named differently from the model's parameters",
+         _fix_state_dict, facts=_state_dict_facts, kind=Kind.YAML),
+    Rule("mixed_dtype_in_recipe_code", _MIXED_DTYPE,
+         "tensors of two dtypes meet in one operation",
+         _fix_mixed_dtype,
+         facts=_mixed_dtype_facts, kind=Kind.YAML),
 ]

@@ -1,23 +1,22 @@
-"""Rules about the recipe's files and layout: packages, PYTHONPATH, missing or corrupt files."""
+"""Rules whose fix removes, re-renders or re-vendors a recipe file, or edits infer.sh: packages,
+PYTHONPATH, missing or corrupt files, line endings."""
 
 from __future__ import annotations
 
 import importlib.machinery
+import importlib.util
 import re
 import sys
 import tempfile
 from pathlib import Path
 
-from libcst.codemod import CodemodContext
 
-from agent.codemods.commands.insert_warm_up import InsertWarmUpCommand, generate_calls, warm_up_argument
-from agent.codemods.driver import rewrite_file
 from agent.migrate.vendor import locate_source, read_config, vendor_source
 from agent.recipe.recipe import Recipe
 from agent.recipe.render import generated_files, render_file, write_rendered
 from agent.recipe.spec import recipe_spec
 from agent.repair.failure import Failure
-from agent.repair.rules.rule import RepairContext, Rule
+from agent.repair.rules.rule import Kind, RepairContext, Rule
 
 
 _MODELS_INIT = re.compile(r"models/__init__\.py|No module named 'models[.']|'models' is not a package")
@@ -45,9 +44,15 @@ def _inside(recipe_dir: Path, path: str) -> str | None:
 
 # ---- infer.sh does not put the recipe on PYTHONPATH ---------------------------------------
 _TOP_MODULE_MISSING = re.compile(r"No module named '(\w+)'")
+
+
 _RECIPE_ON_PATH = re.compile(r"^\s*(?:export\s+)?PYTHONPATH=.*(SCRIPT_DIR|dirname|BASH_SOURCE|\$PWD|\$\(pwd\))",
                              re.M)
+
+
 _ASSIGNMENT = re.compile(r"^\s*(?:export\s+|local\s+|readonly\s+)?\w+=")
+
+
 _PYTHON_LINE = re.compile(r"^\s*(?:exec\s+)?\S*(?:PYTHON|python[\d.]*|torchrun)\S*(?:\s|$)")
 
 
@@ -131,8 +136,14 @@ def _fix_vendored_missing(failure: Failure, facts: dict, ctx: RepairContext) -> 
 
 # ---- a generated file is missing or corrupt -----------------------------------------------
 _CANT_OPEN = re.compile(r"can't open file '(?P<path>[^']+)'")
+
+
 _MODULE_MISSING = re.compile(r"No module named '(?P<module>[\w.]+)'")
+
+
 _SYNTAX = re.compile(r"^(SyntaxError|IndentationError|TabError)\b")   # at the start of the error line
+
+
 _GENERATED_PY = ("infer.py", "models/model_setting.py")
 
 
@@ -225,34 +236,6 @@ def _fix_generated(failure: Failure, facts: dict, ctx: RepairContext) -> str:
     return f"re-rendered {facts['file']} from the templates (it had a syntax error; it was {how} the template output)"
 
 
-# ---- infer.py without a warm-up generation ------------------------------------------------
-_NO_WARM_UP = re.compile(re.escape("BaselineError: infer.py ran without a warm-up generation"))
-
-
-def _no_warm_up_facts(failure: Failure, found: re.Match) -> dict | None:
-    import libcst as cst
-
-    infer_py = failure.recipe_dir / "infer.py"
-    if not infer_py.is_file():
-        return None
-    try:
-        module = cst.parse_module(infer_py.read_text())
-    except cst.ParserSyntaxError:
-        return None
-    calls = generate_calls(module)
-    if any(warm_up_argument(c) for c in calls):
-        return None          # a warm-up is there but did not run: not this rule's fix
-    formal = next((c for c in calls if c.args), None)
-    return {"file": "infer.py", "call": module.code_for_node(formal)} if formal is not None else None
-
-
-def _fix_no_warm_up(failure: Failure, facts: dict, ctx: RepairContext) -> str:
-    context = CodemodContext()
-    if not rewrite_file(failure.recipe_dir / facts["file"], [InsertWarmUpCommand], context=context):
-        return f"{facts['file']}: no formal model_generate call to put a warm-up before"
-    return f"{facts['file']}: inserted `{context.scratch['inserted']}` before the formal generation"
-
-
 # ---- a stray recipe file shadows a package ------------------------------------------------
 _SHADOW_PATTERNS = (
     re.compile(r"module '(\w+)' has no attribute"),
@@ -303,21 +286,69 @@ def _fix_shadowing(failure: Failure, facts: dict, ctx: RepairContext) -> str:
             f"'{facts['module']}' module")
 
 
-_OUT = ("output",)
+# ---- the YAML file is gone ----------------------------------------------------------------
+_YAML_NOT_FOUND = re.compile(r"(?P<path>\S+\.ya?ml): YAML file not found")
+
+
+def _yaml_missing_facts(failure: Failure, found: re.Match) -> dict | None:
+    if failure.yaml is not None:
+        return None
+    named = Path(found["path"])
+    named = named if named.is_absolute() else failure.recipe_dir / named
+    try:
+        rel = str(named.resolve().relative_to(failure.recipe_dir.resolve()))
+    except ValueError:
+        rel = None
+    if not rel or not rel.startswith("config/"):
+        rel = f"config/{failure.recipe.yaml_name()}"
+    return {"file": rel}
+
+
+def _fix_yaml_missing(failure: Failure, facts: dict, ctx: RepairContext) -> str:
+    spec = recipe_spec(failure.recipe, trust_remote_code=ctx.trust_remote_code)
+    context, family = spec.context(), spec.family_spec()
+    if not context["model_path"]:
+        return f"{facts['file']} is missing and no checkpoint is known (no migration_report.json model_dir)"
+    write_rendered(failure.recipe_dir, facts["file"], context, family)
+    return (f"re-rendered {facts['file']} from the template (model_path {context['model_path']}, "
+            f"device {context['device']}, dtype {context['dtype']}, max_new_tokens {context['max_new_tokens']})")
+
+
+# ---- shell scripts with CRLF line endings -------------------------------------------------
+# bash's complaint about a script (a run's output is read with universal newlines, so the "\r" in
+# "pipefail\r: invalid option name" may already be a line break; the script's own bytes decide).
+_CRLF_ERROR = re.compile(r"\.sh: line \d+: ")
+
+
+def _crlf_facts(failure: Failure, found: re.Match) -> dict | None:
+    files = [p.name for p in sorted(failure.recipe_dir.glob("*.sh")) if b"\r\n" in p.read_bytes()]
+    return {"files": files} if files else None
+
+
+def _fix_crlf(failure: Failure, facts: dict, ctx: RepairContext) -> str:
+    for name in facts["files"]:
+        path = failure.recipe_dir / name
+        path.write_bytes(path.read_bytes().replace(b"\r\n", b"\n"))   # mode kept: same inode
+    return f"converted {', '.join(facts['files'])} from CRLF (Windows) to LF line endings"
+
+
 RULES: list[Rule] = [
     Rule("models_init_shadows_package", _MODELS_INIT, "a models/__init__.py shadows the recipe's models package",
-         _fix_models_init, facts=_models_init_facts, where=_OUT, kind="remove"),
+         _fix_models_init, facts=_models_init_facts, where=("output",), kind=Kind.REMOVE),
     Rule("infer_sh_no_pythonpath", _TOP_MODULE_MISSING,
          "infer.sh does not put the recipe dir on PYTHONPATH, so the recipe's modules are not found",
-         _fix_no_pythonpath, facts=_no_pythonpath_facts, where=_OUT, kind="infer.sh"),
+         _fix_no_pythonpath, facts=_no_pythonpath_facts, where=("output",), kind=Kind.INFER_SH),
     Rule("vendored_module_missing", _SUBMODULE_MISSING, "a vendored model source file is missing from models/",
-         _fix_vendored_missing, facts=_vendored_missing_facts, where=_OUT, kind="rerender"),
+         _fix_vendored_missing, facts=_vendored_missing_facts, where=("output",), kind=Kind.RERENDER),
     Rule("generated_file_missing_or_corrupt", None, "a file the migrator generated is missing or has a syntax error",
-         _fix_generated, facts=_generated_facts, kind="rerender"),
-    Rule("infer_py_without_warm_up", _NO_WARM_UP,
-         "infer.py runs the formal generation without a warm-up generation first",
-         _fix_no_warm_up, facts=_no_warm_up_facts, where=_OUT, kind="codemod"),
+         _fix_generated, facts=_generated_facts, kind=Kind.RERENDER),
     Rule("recipe_file_shadows_stdlib_or_package", None,
          "a file in the recipe dir shadows a standard or installed module of the same name",
-         _fix_shadowing, facts=_shadowing_facts, kind="remove"),
+         _fix_shadowing, facts=_shadowing_facts, kind=Kind.REMOVE),
+    Rule("yaml_file_missing", _YAML_NOT_FOUND, "the recipe YAML file is missing",
+         _fix_yaml_missing, facts=_yaml_missing_facts, where=("output",), kind=Kind.RERENDER),
+    Rule("shell_script_crlf", _CRLF_ERROR,
+         "a recipe shell script has Windows (CRLF) line endings",
+         _fix_crlf,
+         facts=_crlf_facts, where=("output",), kind=Kind.INFER_SH, keeps_format=False),
 ]

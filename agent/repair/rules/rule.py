@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Callable
 
 from agent.repair.failure import Failure
@@ -55,6 +56,17 @@ def report(note: str) -> Callable[[Failure, dict, RepairContext], str]:
     return fix
 
 
+class Kind(str, Enum):
+    """What a rule's fix does (a str, so a round records it as its value)."""
+    CODEMOD = "codemod"        # a codemod on the recipe's Python files
+    YAML = "yaml"              # a line edit of the recipe YAML
+    REMOVE = "remove"          # a file moved away or removed (backed up first)
+    RERENDER = "rerender"      # a generated file rendered or vendored again
+    INFER_SH = "infer.sh"      # an edit of a shell script
+    REPORT = "report"          # nothing: a diagnosis and the next step
+    LLM = "llm"                # a diff an LLM proposed
+
+
 @dataclass(frozen=True)
 class Rule:
     name: str
@@ -63,8 +75,11 @@ class Rule:
     fix: Callable[[Failure, dict, RepairContext], str]  # applies the fix, returns a one-line note
     facts: Callable[[Failure, re.Match | None], dict | None] = message_facts  # None: not this rule after all
     where: tuple[str, ...] = ("error", "output")
-    kind: str = "edit"                                 # codemod | yaml | remove | rerender | infer.sh | report
+    kind: Kind = Kind.REPORT
     keeps_format: bool = True                          # False: the fix is the format (e.g. CRLF -> LF)
+
+    def __post_init__(self):
+        object.__setattr__(self, "kind", Kind(self.kind))
 
     def match(self, failure: Failure) -> dict | None:
         """The facts for the fix when the evidence is there and the recipe agrees, else None."""
