@@ -24,10 +24,6 @@ def templates_dir() -> Path:
     return asset_dir("templates")
 
 
-def scripts_dir() -> Path:
-    return asset_dir("scripts")
-
-
 def skills_dir() -> Path:
     return asset_dir("skills")
 

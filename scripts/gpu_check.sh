@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The #15 device check, prepared to run once on a lent CUDA machine (see ../shared/gpu/README.md):
+# The device check, prepared to run once on a lent CUDA machine (see ../shared/gpu/README.md):
 #   run(command="source .whl/setup.sh && bash scripts/gpu_check.sh", carry=[".whl"], timeout_s=540)
 # Side by side in one process each: recipe eager, recipe graph (compiled decode step) and
 # transformers generate() on the Qwen3-1.7B shape in bf16 (random weights), then the 27.7M llama;

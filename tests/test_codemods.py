@@ -848,7 +848,7 @@ class TestRemoveLabelsLossCommand(CodemodTest):
         self.assertCodemod(before, after)
 
     def test_labels_passed_positionally_becomes_none(self) -> None:
-        # XLMWithLMHeadModel: `self.pred_layer(hidden_states, labels)` (issue 11: NameError on xlm).
+        # XLMWithLMHeadModel: `self.pred_layer(hidden_states, labels)` (without the rewrite: NameError on xlm).
         before = """
             class XLMWithLMHeadModel(XLMPreTrainedModel):
                 def forward(self, input_ids, labels=None):
@@ -1142,7 +1142,7 @@ from transformers.configuration_utils import PreTrainedConfig
 def f():
     from transformers.models.mistral.configuration_mistral import MistralConfig
 """
-    # A configuration class of another model is its implementation too (issue 11: exaone -> llama's
+    # A configuration class of another model is its implementation too (exaone -> llama's
     # config slipped through); AutoConfig is the registry, not a configuration class.
     assert find_model_class_imports(source) == [
         "transformers.models.llama.modeling_llama.LlamaModel",

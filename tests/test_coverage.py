@@ -1,4 +1,4 @@
-"""Coverage of transformers' causal-LM types (issue 11).
+"""Coverage of transformers' causal-LM types.
 
 - Vendoring is closed under imports: types whose causal-LM class lives in another model's module
   (exaone -> llama's modeling, sarvam_mla -> deepseek_v3's, ...) get that model's configuration
@@ -224,7 +224,7 @@ def test_servable_types_are_not_refused(model_type, changes):
 
 
 # ---------------------------------------------------------------------------------------------
-# Run failures of issue 11, at their cause
+# Run failures the coverage sweep found, at their cause
 # ---------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("model_type,expected", [("llama", False), ("cpmant", True), ("openai-gpt", True)])
@@ -420,7 +420,7 @@ def test_shrink_keeps_a_repeated_pattern_of_layer_kinds_whole():
                                         # count derived from cycles (hrm_text), mamba's mask (falcon_mamba)
                                         "dory", "hrm_text", "falcon_mamba", "gptj", "codegen"])
 def test_issue_run_failures_migrate_with_parity(model_type, tmp_path):
-    """The run failures of issue 11, each through `scripts/try_architectures.py` (full mode:
+    """The run failures the coverage sweep found, each through `scripts/try_architectures.py` (full mode:
     `migrator run` + parity from the recipe's baseline)."""
     proc = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "try_architectures.py"), model_type,
                            "--out", str(tmp_path), "--json", str(tmp_path / "rows.json")],

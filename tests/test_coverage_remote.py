@@ -1,4 +1,4 @@
-"""Remote-code models (auto_map) of three shapes, migrated with --trust-remote-code (issue 11 item 5).
+"""Remote-code models (auto_map) of three shapes, migrated with --trust-remote-code.
 
 Built from tests/remote_fixture.py's TinyCustom checkpoint by replacing parts of its modeling code:
 

@@ -1,4 +1,4 @@
-"""Architecture coverage (issue [2/5]): every family routes, migrates, runs and matches transformers.
+"""Architecture coverage: every family routes, migrates, runs and matches transformers.
 
 Each case is a real `migrator run` on a tiny checkpoint: vendoring, rendering, `bash infer.sh`,
 baseline collection and the parity check against AutoModelForCausalLM (fp32 logits <= 1e-4,

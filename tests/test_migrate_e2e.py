@@ -14,7 +14,7 @@ import pytest
 
 from conftest import run_cli
 
-# The four of issue [1/5]; tests/test_families.py covers the other families the same way.
+# Four architectures end to end; tests/test_families.py covers the other families the same way.
 CI_ARCHITECTURES = ["llama", "qwen2", "qwen3", "mistral"]
 
 # Runs in the recipe dir: the vendored class, built from the recipe's own files, against

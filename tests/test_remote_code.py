@@ -1,4 +1,4 @@
-"""Remote-code models (auto_map): vendored only with --trust-remote-code (issue [2/5] item 4)."""
+"""Remote-code models (auto_map): vendored only with --trust-remote-code."""
 
 from __future__ import annotations
 

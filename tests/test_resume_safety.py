@@ -1,4 +1,4 @@
-"""The `--resume` checkpoint store is data, never code (issue [1/7] deliverable 4).
+"""The `--resume` checkpoint store is data, never code.
 
 A tampered `.migrator/checkpoints.sqlite` that names `os.system` in a langgraph msgpack extension
 (what langgraph's default serializer rebuilds on read) is refused with one line and exit 2; the

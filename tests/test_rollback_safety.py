@@ -1,4 +1,4 @@
-"""Backups and rollback never lose a file (issue [1/7] deliverable 5).
+"""Backups and rollback never lose a file.
 
 A round's backup is written once (temporary folder + rename) and never retaken on --resume;
 rollback restores regular files only, never through a symlink, and moves what it replaces or what

@@ -1,4 +1,4 @@
-"""The LangGraph workflow (issue [3/5]): structure, routing functions, classify, env, resume."""
+"""The LangGraph workflow: structure, routing functions, classify, env, resume."""
 
 from __future__ import annotations
 

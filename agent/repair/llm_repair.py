@@ -442,11 +442,6 @@ def plan_diff(diff: str, recipe_dir: Path) -> list[tuple[str, Path, bytes, int |
     return plan
 
 
-def validate_diff(diff: str, recipe_dir: Path) -> list[str]:
-    """Paths the diff touches, all regular text files inside the recipe; raises DiffRejected otherwise."""
-    return sorted(rel for rel, *_ in plan_diff(diff, recipe_dir))
-
-
 def apply_diff(diff: str, recipe_dir: Path) -> list[str]:
     """Check everything, then write (nothing is written unless every file applies)."""
     plan = plan_diff(diff, recipe_dir)
