@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from engine import defaults
+from engine.parallel import no_plan_error, tp_plan
 
 
 class ConfigError(ValueError):
@@ -146,25 +147,43 @@ def validate(settings: dict, path: str = "<yaml>") -> dict:
     if not isinstance(settings, dict):
         raise ConfigError(f"{path}: top level must be a mapping of settings")
     _check(settings, path)
-    _check_parallel(settings, path)
+    try:
+        check_parallel(settings)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     return settings
 
 
-def _check_parallel(settings: dict, path: str) -> None:
-    """world_size = (world_size / attn_tp_size) data-parallel groups x attn_tp_size tensor-parallel
-    ranks; moe_tp_size and lmhead_tp_size shard on that group (= attn_tp_size) or not at all (1)."""
+def check_parallel(settings: dict, config_class=None) -> None:
+    """The parallel rules, in one place (YAML validation, the recipe's check_vars and the runner use
+    them): world_size = (world_size / attn_tp_size) data-parallel groups x attn_tp_size tensor-parallel
+    ranks; moe_tp_size and lmhead_tp_size shard on that group (= attn_tp_size) or not at all (1); the
+    batch splits evenly over the groups; more than one tensor-parallel rank needs the model's plan
+    (`config_class`: its configuration class, when known)."""
     world_size, parallel = settings["world_size"], settings["parallel_config"]
     tp = parallel["attn_tp_size"]
     if world_size % tp:
-        raise ConfigError(f"{path}: 'parallel_config.attn_tp_size' ({tp}) must divide 'world_size' ({world_size})")
+        raise ConfigError(f"'parallel_config.attn_tp_size' ({tp}) must divide 'world_size' ({world_size})")
     for key in ("moe_tp_size", "lmhead_tp_size"):
-        if parallel[key] not in (1, tp):
-            raise ConfigError(f"{path}: 'parallel_config.{key}' is {parallel[key]}; expected 1 or "
-                              f"attn_tp_size ({tp})")
-    batch_size, dp = settings["data_config"]["batch_size"], world_size // tp
-    if batch_size % dp:
-        raise ConfigError(f"{path}: 'data_config.batch_size' ({batch_size}) must be a multiple of "
+        if parallel.get(key, 1) not in (1, tp):
+            raise ConfigError(f"'parallel_config.{key}' is {parallel[key]}; expected 1 or attn_tp_size ({tp})")
+    batch_size, dp = (settings.get("data_config") or {}).get("batch_size"), world_size // tp
+    if batch_size is not None and batch_size % dp:
+        raise ConfigError(f"'data_config.batch_size' ({batch_size}) must be a multiple of "
                           f"world_size / attn_tp_size ({dp} data-parallel groups)")
+    if tp > 1 and config_class is not None:
+        if tp_plan(config_class) is None:
+            raise ConfigError(str(no_plan_error(config_class, f"parallel_config.attn_tp_size={tp}")))
+
+
+def setting(settings: dict, dotted: str):
+    """A recipe setting by its dotted schema name: the YAML's value, else the schema's default."""
+    key = KEY[dotted]
+    parent = settings if key.section is None else settings.get(key.section) or {}
+    value = parent.get(key.leaf)
+    if value is None and key.default is None and key.required:
+        raise ConfigError(f"missing required key '{dotted}'")
+    return key.default if value is None else value
 
 
 def load_runner_settings(yaml_path: str | os.PathLike) -> dict:

@@ -17,7 +17,7 @@ import functools
 import os
 import time
 
-from engine.environment import import_torch, select_device
+from engine.environment import device_module, import_torch, select_device
 
 
 @functools.lru_cache(maxsize=None)
@@ -37,8 +37,7 @@ def device_type() -> str:
 
 def _backend():
     """torch.npu or torch.cuda for the current device; None on the CPU."""
-    kind = device_type()
-    return None if kind == "cpu" else getattr(import_torch(), kind)
+    return device_module(device_type())
 
 
 def device(index=None):

@@ -33,8 +33,8 @@ from engine.backends.npu import (  # noqa: F401  (public names of this module)
     torch_pair_ok,
 )
 
-# The accelerators --device can name; each module has LABEL, device_problem(torch), device_hint(problem).
-ACCELERATORS = {"npu": npu, "cuda": cuda}
+# Every device --device can name, in the order `auto` tries them (engine/backends/base.py).
+BACKENDS = {backend.name: backend for backend in (npu.BACKEND, cuda.BACKEND, cpu.BACKEND)}
 
 
 class DeviceUnavailableError(RuntimeError):
@@ -70,33 +70,35 @@ def select_device(preferred: str = "auto"):
         raise DeviceUnavailableError(
             f"--device {preferred} requested but import torch failed ({exc}); "
             f"set {AUTOLOAD_ENV}=0 or fix the torch install") from exc
-    if kind == "cpu":
-        return torch.device("cpu")
     if kind == "auto":
-        if torch_npu_installed() and npu.device_problem(torch) is None:
-            return torch.device("npu", torch.npu.current_device())
-        if cuda.device_problem(torch) is None:
-            return torch.device("cuda", torch.cuda.current_device())
-        return torch.device("cpu")
-    backend = ACCELERATORS[kind]
-    problem = backend.device_problem(torch)
+        backend = next(b for b in BACKENDS.values() if b.problem(torch) is None)
+        devices = backend.module(torch)
+        return torch.device(backend.name, devices.current_device()) if devices is not None else torch.device("cpu")
+    backend = BACKENDS[kind]
+    problem = backend.problem(torch)
     if problem is not None:
-        raise DeviceUnavailableError(
-            f"--device {preferred} requested but {problem}; {backend.device_hint(problem)}")
-    devices = getattr(torch, kind)   # torch.npu / torch.cuda
+        raise DeviceUnavailableError(f"--device {preferred} requested but {problem}; {backend.hint(problem)}")
+    devices = backend.module(torch)
+    if devices is None:
+        return torch.device("cpu")
     count = devices.device_count()
     if index is not None and index >= count:
         raise DeviceUnavailableError(
-            f"--device {preferred} requested but only {count} {backend.LABEL} device(s) are visible; "
+            f"--device {preferred} requested but only {count} {backend.label} device(s) are visible; "
             f"use {kind}:0..{kind}:{count - 1}")
     return torch.device(kind, index if index is not None else devices.current_device())
 
 
+def device_module(kind: str):
+    """torch.npu / torch.cuda for a device type; None on the CPU."""
+    return BACKENDS[kind].module(import_torch())
+
+
 def synchronize(device) -> None:
     """Wait for the device's queued work: torch.npu / torch.cuda synchronize; no-op on cpu."""
-    kind = device.type if hasattr(device, "type") else _parse_device(device)[0]
-    if kind in ACCELERATORS:
-        getattr(import_torch(), kind).synchronize(device)
+    devices = device_module(device.type if hasattr(device, "type") else _parse_device(device)[0])
+    if devices is not None:
+        devices.synchronize(device)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -170,8 +172,7 @@ def detect_environment(device: str = "auto") -> Environment:
     }
     if torch_error:
         env["torch_import_error"] = torch_error
-    if kind == "npu":
-        npu.record_device(torch, index, env)
     if torch is not None:
-        cuda.record_device(torch, kind, index, env)
+        for backend in BACKENDS.values():
+            backend.record(torch, kind, index, env)
     return env

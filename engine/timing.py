@@ -14,19 +14,12 @@ from engine import environment
 torch = environment.import_torch()
 
 
-def device_backend(device):
-    """torch.cuda / torch.npu for an accelerator device; None on CPU."""
-    if device.type in environment.ACCELERATORS:
-        return getattr(torch, device.type)
-    return None
-
-
 class StepTimer:
     """start() / stop() around each step; elapsed_ms() after the loop: one figure per step."""
 
     def __init__(self, device):
         self.device = device
-        self.backend = device_backend(device)
+        self.backend = environment.device_module(device.type)
         self.intervals = []  # (start, end): device events, or perf_counter seconds on CPU
         self._start = None
 

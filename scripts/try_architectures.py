@@ -77,7 +77,7 @@ QUICK_PROBE = textwrap.dedent("""
     warnings.filterwarnings("ignore")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
-    from engine.model_runner import check_loading_info, reuse_checkpoint_conversions
+    from engine.loading import check_loading_info, reuse_checkpoint_conversions
     ckpt, name, model_cls, config_cls, attn = sys.argv[1:6]
     leftover = [f"{f.name}: {line.strip()}" for f in sorted(Path("models").glob("*.py"))
                 for line in f.read_text().splitlines()

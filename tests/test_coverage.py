@@ -45,7 +45,7 @@ CLOSURE_PROBE = textwrap.dedent("""
     warnings.filterwarnings("ignore")
     import torch
     from transformers import AutoModelForCausalLM
-    from engine.model_runner import check_loading_info, reuse_checkpoint_conversions
+    from engine.loading import check_loading_info, reuse_checkpoint_conversions
     results = {}
     for name, ckpt, model_cls, config_cls in json.loads(sys.argv[1]):
         configuration = importlib.import_module(f"models.configuration_{name}")
@@ -233,7 +233,8 @@ def test_runner_asks_the_model_whether_it_wants_the_whole_sequence(model_type, e
     from transformers import AutoModelForCausalLM
 
     from agent.testing.tiny_checkpoint import tiny_config
-    from engine.generate import full_sequence_inputs, wants_full_sequence
+    from engine.generate import full_sequence_inputs
+    from engine.traits import wants_full_sequence
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(tiny_config(model_type, vocab_size=384))
@@ -254,7 +255,7 @@ def test_runner_asks_the_model_whether_it_builds_its_own_step(model_type, expect
     from transformers import AutoModelForCausalLM
 
     from agent.testing.tiny_checkpoint import tiny_config
-    from engine.generate import builds_own_step
+    from engine.traits import builds_own_step
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(tiny_config(model_type, vocab_size=384))
@@ -262,26 +263,22 @@ def test_runner_asks_the_model_whether_it_builds_its_own_step(model_type, expect
 
 
 def hand_built_runner(model, name: str, max_new_tokens: int, exe_mode: str = "eager"):
-    """The base ModelRunner around a transformers model, without a checkpoint: what init_model
-    asks of the model (its cache argument, whether it builds its own step), the rest fixed."""
-    import inspect
+    """The base ModelRunner around a transformers model, without a checkpoint: `use_model` asks the
+    model how it steps, as init_model does."""
     import logging
 
     import torch
 
-    from engine.generate import builds_own_step, cache_argument, decodes_without_mask, wants_full_sequence
     from engine.model_runner import ModelRunner
 
     runner = ModelRunner.__new__(ModelRunner)
-    params = set(inspect.signature(model.forward).parameters)
     runner.__dict__.update(
-        model=model, decode_forward=model, compiled_decode_step=None, static_cache=None, exe_mode=exe_mode,
-        cache_kwarg=cache_argument(params), max_new_tokens=max_new_tokens, forward_params=params, pad_token_id=0,
-        eos_ids=torch.tensor([], dtype=torch.long), device=torch.device("cpu"), logger=logging.getLogger(name),
-        model_name=name, decode_full_sequence=wants_full_sequence(model), model_builds_step=builds_own_step(model),
-        decode_without_mask=decodes_without_mask(model),
-        parity_dump=None, rank=0, dtype=torch.float32, model_bytes=1,
-        tokenizer=types.SimpleNamespace(batch_decode=lambda ids, **_: [str(r) for r in ids.tolist()]))
+        exe_mode=exe_mode, max_new_tokens=max_new_tokens, device=torch.device("cpu"), logger=logging.getLogger(name),
+        model_name=name, parity_dump=None, rank=0, dtype=torch.float32)
+    tokenizer = types.SimpleNamespace(batch_decode=lambda ids, **_: [str(r) for r in ids.tolist()], pad_token_id=0,
+                                      eos_token_id=None)
+    runner.use_model(model, tokenizer)
+    runner.eos_ids = torch.tensor([], dtype=torch.long)    # no EOS: every test generates all its tokens
     return runner
 
 
@@ -311,7 +308,7 @@ def test_runner_asks_the_model_whether_its_decode_step_takes_the_mask(model_type
     from transformers import AutoModelForCausalLM
 
     from agent.testing.tiny_checkpoint import tiny_config
-    from engine.generate import decodes_without_mask
+    from engine.traits import decodes_without_mask
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(tiny_config(model_type, vocab_size=384))
@@ -330,7 +327,7 @@ def test_engine_generates_xlm_as_transformers_does():
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(tiny_config("xlm", vocab_size=384, mask_token_id=7)).eval()
     runner = hand_built_runner(model, "xlm", 8)
-    assert runner.model_builds_step
+    assert runner.traits.builds_own_step
     ours, reference = generate_both(runner, torch.tensor([[5, 17, 33, 65, 101, 7, 9]]), 8)
     assert ours.tolist() == reference.tolist()
 
@@ -358,14 +355,14 @@ def test_engine_carries_the_models_state_as_transformers_does(model_type, tmp_pa
     from transformers import AutoModelForCausalLM
 
     from agent.testing.tiny_checkpoint import tiny_config
-    from engine.generate import PARITY_DUMP_ENV
+    from engine.parity_dump import PARITY_DUMP_ENV
 
     overrides, cache_kwarg = STATE_CASES[model_type]
     monkeypatch.setenv(PARITY_DUMP_ENV, str(tmp_path / "dump.pt"))
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(tiny_config(model_type, vocab_size=384, **overrides)).eval()
     runner = hand_built_runner(model, model_type, 16)
-    assert runner.cache_kwarg == cache_kwarg
+    assert runner.cache_kwarg == cache_kwarg == runner.traits.cache_kwarg
     ids = torch.tensor([[5, 17, 33, 65, 101, 7, 9]])
     ours, reference = generate_both(runner, ids, 16)
     assert ours.tolist() == reference.tolist()
@@ -393,10 +390,10 @@ def test_graph_mode_falls_back_to_eager_where_a_static_cache_cannot_apply(model_
     runner = hand_built_runner(model, model_type, 8, exe_mode="graph")
     warnings = []
     runner.logger = types.SimpleNamespace(warning=warnings.append, info=lambda msg: None)
-    assert runner.build_decode_forward({"dynamic": False}) is model
-    assert runner.exe_mode == "eager" and runner.compiled_decode_step is None
+    runner.use_model(model, runner.tokenizer, {"dynamic": False})
+    assert runner.exe_mode == "eager" and runner.graph is None
     assert len(warnings) == 1 and reason in warnings[0] and "running eager instead" in warnings[0], warnings
-    assert not isinstance(runner.new_cache(1, 16), StaticCache) and runner.static_cache is None
+    assert not isinstance(runner.new_cache(1, 16), StaticCache)
 
 
 def test_shrink_keeps_a_repeated_pattern_of_layer_kinds_whole():
@@ -506,7 +503,7 @@ def test_a_model_without_a_position_limit_keeps_the_default_prompt_budget():
     import types
 
     from agent.recipe.spec import input_max_len, position_limit
-    from engine.model_runner import check_lengths
+    from engine.loading import check_lengths
 
     assert position_limit({"max_position_embeddings": -1}) is None
     assert input_max_len({"max_position_embeddings": -1}, 32) == 1024

@@ -15,6 +15,7 @@ import torch
 from engine import generate as generate_module
 from engine.model_runner import ModelRunner
 from engine.timing import StepTimer
+from engine.traits import StepTraits
 
 EOS, PAD, VOCAB = 9, 0, 10
 
@@ -47,13 +48,11 @@ class FakeTokenizer:
 
 def fake_runner(script, max_new_tokens=30):
     runner = ModelRunner.__new__(ModelRunner)  # the base hooks, no checkpoint
-    runner.model = runner.decode_forward = ScriptedModel(script)
+    runner.model = ScriptedModel(script)
     runner.model_name, runner.device, runner.max_new_tokens = "fake", torch.device("cpu"), max_new_tokens
     runner.logger = logging.getLogger("test_decode_loop")
     runner.tokenizer, runner.pad_token_id, runner.eos_ids = FakeTokenizer(), PAD, torch.tensor([EOS])
-    runner.forward_params, runner.cache_kwarg, runner.static_cache = set(), "past_key_values", None
-    runner.compiled_decode_step = None
-    runner.decode_full_sequence, runner.model_bytes, runner.parity_dump = False, 1000, None
+    runner.traits, runner.graph, runner.model_bytes, runner.parity_dump = StepTraits(), None, 1000, None
     return runner
 
 

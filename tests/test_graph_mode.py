@@ -65,9 +65,9 @@ PROBE = textwrap.dedent("""
         runner.max_new_tokens += 3
         result[mode] = {"warm_up": warm_ids, "formal": formal_ids, "shorter": shorter_ids,
                         "graphs_after_warm_up": warm_graphs, "graphs_after_formal": len(graphs),
-                        "static_cache": isinstance(runner.static_cache, StaticCache),
-                        "compiled": runner.decode_forward is not runner.model,
-                        "whole_step_compiled": runner.compiled_decode_step is not None,
+                        "static_cache": runner.graph is not None and isinstance(runner.graph.cache, StaticCache),
+                        "compiled": runner.graph is not None,
+                        "whole_step_compiled": runner.graph is not None and runner.graph.step is not None,
                         "argmax_in_graph": any(argmax_in_graph)}
     print(json.dumps(result))
 """)
@@ -109,19 +109,15 @@ def test_graph_decode_matches_eager_and_compiles_only_in_warm_up(recipe, tmp_pat
 
 
 def test_graph_mode_on_npu_without_torchair_falls_back_to_eager(monkeypatch):
-    from engine.model_runner import ModelRunner
+    from engine import graph_mode
 
     monkeypatch.setitem(sys.modules, "torchair", None)  # import torchair -> ImportError
-    runner = ModelRunner.__new__(ModelRunner)
-    runner.exe_mode, runner.model_name = "graph", "m"
-    runner.device = types.SimpleNamespace(type="npu")
-    runner.model = object()
     warnings = []
-    runner.logger = types.SimpleNamespace(warning=warnings.append, info=lambda msg: None)
-    assert runner.graph_compile_options() is None
-    assert runner.exe_mode == "eager"
-    assert runner.build_decode_forward(None) is runner.model
+    logger = types.SimpleNamespace(warning=warnings.append, info=lambda msg: None)
+    assert graph_mode.compile_options(types.SimpleNamespace(type="npu"), logger, "m") is None
     assert warnings and "torchair" in warnings[0] and "eager" in warnings[0]
+    # init_model then runs eager: no compiled step, no static cache.
+    assert graph_mode.compile_options(types.SimpleNamespace(type="cpu"), logger, "m") == {"dynamic": False}
 
 
 def _run_infer_sh(recipe: Path, res: Path, exe_mode: str) -> str:

@@ -111,7 +111,7 @@ PROBE = textwrap.dedent("""
         runner.model_generate(sys.argv[1:], warm_up=True)
         texts = runner.model_generate(sys.argv[1:])
         result[mode] = {"ids": runner.last_generate_ids.tolist(), "texts": texts,
-                        "static_cache": runner.static_cache is not None}
+                        "static_cache": runner.graph is not None and runner.graph.cache is not None}
     print(json.dumps(result))
 """)
 PROMPTS = ["An attention function can be described as mapping a query", "Multi-head attention"]

@@ -12,7 +12,7 @@ import yaml
 
 from agent.paths import demo_model_dir
 from engine import defaults
-from engine.config import KEYS, OBSOLETE, ConfigError, keys_markdown, rendered_keys, validate
+from engine.config import KEY, KEYS, OBSOLETE, ConfigError, keys_markdown, rendered_keys, validate
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -160,3 +160,17 @@ def test_defaults_have_one_home():
                  if p.name != "defaults.py" for n, line in enumerate(p.read_text().splitlines(), 1)
                  if literal.search(line)]
     assert not offenders, f"timeouts written out instead of engine.defaults: {offenders}"
+
+
+def test_the_engine_reads_settings_through_the_schema_defaults():
+    from engine.config import setting
+
+    settings = {"model_config": {"dtype": "bfloat16"}, "data_config": {"max_new_tokens": 7}}
+    assert setting(settings, "model_config.dtype") == "bfloat16"
+    assert setting(settings, "data_config.max_new_tokens") == 7
+    # Not in the YAML: the schema's default, the one the migrator writes.
+    assert setting(settings, "data_config.input_max_len") == KEY["data_config.input_max_len"].default
+    assert setting(settings, "exe_mode") == "eager" and setting(settings, "parallel_config.attn_tp_size") == 1
+    # A required key the schema has no default for is named, not guessed.
+    with pytest.raises(ConfigError, match="model_config.dtype"):
+        setting({}, "model_config.dtype")

@@ -99,7 +99,7 @@ def test_a_family_without_a_plan_is_refused_naming_the_families_that_have_one():
 
     from agent.errors import EXIT_UNSUPPORTED, UnsupportedModelError
     from agent.measure.memory import parallel_settings
-    from engine.model_runner import tensor_parallel_config
+    from engine.parallel import tensor_parallel_config
 
     with pytest.raises(UnsupportedModelError) as refused:
         parallel_settings({"model_type": "falcon"}, 2)
@@ -114,6 +114,19 @@ def test_a_family_without_a_plan_is_refused_naming_the_families_that_have_one():
     # The engine refuses the same way when a YAML asks for it.
     with pytest.raises(ValueError, match=r"falcon has no tensor-parallel plan .* Families with a plan \(\d+\): .*llama"):
         tensor_parallel_config(FalconForCausalLM, FalconConfig(), 2, 1, 2, 2)
+    # ...and so does a recipe's check_vars, before any weight is read: one lookup of the plan for all three.
+    from transformers import Gemma3Config, LlamaConfig
+
+    from engine.config import check_parallel
+    from engine.parallel import tp_plan
+
+    assert tp_plan(FalconConfig) is None and tp_plan(FalconConfig()) is None
+    assert tp_plan(LlamaConfig) == tp_plan(LlamaConfig()) and "layers.*.self_attn.q_proj" in tp_plan(LlamaConfig)
+    assert tp_plan(Gemma3Config)            # composite: the text sub-configuration's plan
+    two = {"world_size": 2, "parallel_config": {"attn_tp_size": 2, "moe_tp_size": 2, "lmhead_tp_size": 2}}
+    with pytest.raises(ValueError, match=r"falcon has no tensor-parallel plan"):
+        check_parallel(two, FalconConfig)
+    check_parallel(two, LlamaConfig)
 
 
 @pytest.fixture(scope="module")
@@ -123,9 +136,10 @@ def llama_recipe(tiny_checkpoints, tmp_path_factory):
 
 @pytest.mark.parametrize("world_size,tp,moe,lmhead,error", [
     (4, 2, 2, 1, None),
-    (4, 3, 1, 1, "parallel_config.attn_tp_size=3 must divide world_size=4"),
-    (4, 2, 4, 2, "parallel_config.moe_tp_size=4 must be 1 or attn_tp_size=2"),
-    (2, 2, 2, 3, "parallel_config.lmhead_tp_size=3 must be 1 or attn_tp_size=2"),
+    (4, 3, 1, 1, "'parallel_config.attn_tp_size' (3) must divide 'world_size' (4)"),
+    (4, 2, 4, 2, "'parallel_config.moe_tp_size' is 4; expected 1 or attn_tp_size (2)"),
+    (2, 2, 2, 3, "'parallel_config.lmhead_tp_size' is 3; expected 1 or attn_tp_size (2)"),
+    (4, 1, 1, 1, "'data_config.batch_size' (2) must be a multiple of world_size / attn_tp_size (4 data-parallel"),
 ])
 def test_check_vars_validates_the_parallel_combination(world_size, tp, moe, lmhead, error, llama_recipe):
     import importlib.util
@@ -187,7 +201,7 @@ TIED_PROBE = '''
 import sys
 sys.path.insert(0, sys.argv[1])
 from transformers.distributed import DistributedConfig
-from engine.model_runner import check_tied_lm_head
+from engine.parallel import check_tied_lm_head
 from models.modeling_tied import LlamaForCausalLM
 for plan in ("auto", {"model.embed_tokens": "replicate"}):
     model = LlamaForCausalLM.from_pretrained(sys.argv[2], distributed_config=DistributedConfig(tp_size=2, tp_plan=plan))

@@ -17,6 +17,7 @@ from agent.records import MemoryEstimate
 from agent.recipe.recipe import Recipe
 from engine import defaults
 from engine.environment import Environment
+from engine.parallel import families_with_tp_plan, tp_plan
 
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
                "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
@@ -66,18 +67,17 @@ def weight_bytes(model_dir: Path, dtype: str | None = None) -> int:
 
 
 def _plan_patterns(config: dict) -> list[re.Pattern] | None:
-    """The model's tensor-parallel plan as regexes over checkpoint keys; None: the family has none.
+    """The model's tensor-parallel plan (engine.parallel.tp_plan of its configuration class) as regexes
+    over checkpoint keys; None: the family has none. Embeddings and lm_head are sharded too
+    (transformers adds them to every plan it applies)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    Embeddings and lm_head are sharded too (transformers adds them to every plan it applies)."""
+    text = config.get("text_config") or {}
     try:
-        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
-        plan = getattr(CONFIG_MAPPING[config.get("model_type")], "base_model_tp_plan", None)
-        text = config.get("text_config") or {}
-        if not plan and text.get("model_type") in CONFIG_MAPPING:
-            plan = getattr(CONFIG_MAPPING[text["model_type"]], "base_model_tp_plan", None)
-    except (KeyError, ImportError):
-        plan = None
+        classes = [CONFIG_MAPPING[t] for t in (config.get("model_type"), text.get("model_type")) if t in CONFIG_MAPPING]
+    except ImportError:   # a configuration module transformers cannot import here
+        classes = []
+    plan = next((found for cls in classes if (found := tp_plan(cls))), None)
     if not plan:
         return None
     keys = [*plan, "embed_tokens", "lm_head"]
@@ -188,7 +188,7 @@ def process_memory_limit() -> int | None:
 
 def simulated_card_bytes() -> int | None:
     """MIGRATOR_DEVICE_MEMORY_BYTES (tests and CPU only): the size of a simulated card, which the
-    engine enforces on the weights each rank holds (engine.model_runner.check_device_memory)."""
+    engine enforces on the weights each rank holds (engine.loading.check_device_memory)."""
     value = os.environ.get("MIGRATOR_DEVICE_MEMORY_BYTES")
     return int(value) if value else None
 
@@ -275,7 +275,3 @@ def parallel_settings(config: dict, world_size: int) -> dict:
             "lmhead_tp_size": world_size}
 
 
-def families_with_tp_plan() -> list[str]:
-    from engine.model_runner import families_with_tp_plan as families
-
-    return families()

@@ -287,7 +287,7 @@ def _check_weights(settings: dict, recipe_side: dict, remote: bool, dtype_name: 
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
-    from engine.model_runner import DTYPES, load_tokenizer
+    from engine.loading import DTYPES, load_tokenizer
 
     reference = AutoModelForCausalLM.from_pretrained(
         settings["model_path"], dtype=DTYPES[dtype_name], local_files_only=True, trust_remote_code=remote,

@@ -151,7 +151,9 @@ class Recipe:
         if world_size <= 1:
             return self.yaml
         config = self.path / "config"
-        for candidate in (config / self.yaml_name(world_size), *sorted(config.glob(f"*_{world_size}card_eager.yaml"))):
+        target = TARGETS.get(self.kind, TARGETS["standalone"])
+        # Named for this recipe, else for any model name (a recipe renamed since).
+        for candidate in (config / self.yaml_name(world_size), *sorted(config.glob(target.yaml_name("*", world_size)))):
             if candidate.is_file():
                 return candidate
         return self.write_yaml_for(world_size) if write else None

@@ -8,6 +8,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from engine.backends.base import Backend
+
 
 def cpu_model() -> str | None:
     try:
@@ -46,3 +48,8 @@ def mem_total_bytes() -> int | None:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return None
+
+
+# The host is always usable; its facts (cpu_model, memory) are in every environment record.
+BACKEND = Backend("cpu", "CPU", problem=lambda torch: None, hint=lambda problem: "",
+                  record=lambda torch, kind, index, env: None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from engine.backends.base import Backend
 from engine.backends.common import short_error
 
 LABEL = "CUDA"   # in "only N CUDA device(s) are visible"
@@ -36,3 +37,6 @@ def record_device(torch, kind: str, index: int | None, env: dict) -> None:
                 env["device_memory_bytes"] = int(props.total_memory)
     except Exception:
         pass
+
+
+BACKEND = Backend("cuda", LABEL, device_problem, device_hint, record_device)

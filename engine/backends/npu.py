@@ -34,6 +34,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from engine.backends.base import Backend
 from engine.backends.common import dist_version, exception_chain, first_line, short_error
 
 AUTOLOAD_ENV = "TORCH_DEVICE_BACKEND_AUTOLOAD"
@@ -438,8 +439,10 @@ def device_hint(problem: str) -> str:
     return "fix the torch_npu / CANN install, or use --device cpu"
 
 
-def record_device(torch, index: int | None, env: dict) -> None:
+def record_device(torch, kind: str, index: int | None, env: dict) -> None:
     """The environment record's facts about the NPU in use, from torch_npu (completes npu-smi's)."""
+    if kind != "npu":
+        return
     idx = index if index is not None else 0
     try:
         name = torch.npu.get_device_name(idx)
@@ -466,3 +469,6 @@ def record_device(torch, index: int | None, env: dict) -> None:
             env["cann_version"] = str(get_cann_version()) or None
         except Exception:
             pass
+
+
+BACKEND = Backend("npu", LABEL, device_problem, device_hint, record_device)

@@ -43,6 +43,18 @@ def _rel(recipe_dir: Path, path: Path) -> str:
     return str(path.relative_to(recipe_dir))
 
 
+def _files_it_changes(failure: Failure, commands, mentioning: str, files: list[Path] | None = None) -> list[str]:
+    """The recipe's Python files (default: all of them) that mention `mentioning` and that the
+    commands would change, recipe-relative."""
+    return [_rel(failure.recipe_dir, p) for p in (files if files is not None else failure.recipe.code_files())
+            if mentioning in p.read_text(errors="replace") and rewrite_file(p, commands, dry_run=True)]
+
+
+def _rewrite_each(failure: Failure, files: list[str], commands) -> None:
+    for rel in files:
+        rewrite_file(failure.recipe_dir / rel, commands)
+
+
 # ---- model __init__ without runner_settings ----------------------------------------------
 _INIT_RUNNER_SETTINGS = re.compile(r"(\w+)\.__init__\(\) got an unexpected keyword argument 'runner_settings'")
 
@@ -85,9 +97,7 @@ _NO_FLASH_ATTN = re.compile(r"No module named '(flash_attn[\w.]*)'|package flash
 
 
 def _flash_attn_facts(failure: Failure, found: re.Match) -> dict | None:
-    files = [_rel(failure.recipe_dir, p) for p in failure.recipe.code_files()
-             if "flash_attn" in p.read_text(errors="replace")
-             and rewrite_file(p, [GUARD_FLASH_ATTN_IMPORTS], dry_run=True)]
+    files = _files_it_changes(failure, [GUARD_FLASH_ATTN_IMPORTS], "flash_attn")
     attn = (failure.settings().get("model_config") or {}).get("attn_implementation")
     yaml_needs_change = isinstance(attn, str) and attn.startswith("flash_attention")
     if not files and not yaml_needs_change:
@@ -97,9 +107,8 @@ def _flash_attn_facts(failure: Failure, found: re.Match) -> dict | None:
 
 def _fix_flash_attn(failure: Failure, facts: dict, ctx: RepairContext) -> str:
     notes = []
-    for rel in facts["files"]:
-        rewrite_file(failure.recipe_dir / rel, [GUARD_FLASH_ATTN_IMPORTS])
-        notes.append(f"guarded flash_attn imports in {rel}")
+    _rewrite_each(failure, facts["files"], [GUARD_FLASH_ATTN_IMPORTS])
+    notes += [f"guarded flash_attn imports in {rel}" for rel in facts["files"]]
     if facts.get("set_sdpa"):
         notes.append(edit_yaml_line(failure.yaml, "model_config", "attn_implementation", "sdpa"))
     return "; ".join(notes)
@@ -113,14 +122,12 @@ _NO_CUDA = re.compile(
 
 
 def _cuda_facts(failure: Failure, found: re.Match) -> dict | None:
-    files = [_rel(failure.recipe_dir, p) for p in failure.recipe.code_files()
-             if "cuda" in p.read_text(errors="replace") and rewrite_file(p, [DeviceAgnosticCudaCommand], dry_run=True)]
+    files = _files_it_changes(failure, [DeviceAgnosticCudaCommand], "cuda")
     return {"files": files} if files else None
 
 
 def _fix_cuda(failure: Failure, facts: dict, ctx: RepairContext) -> str:
-    for rel in facts["files"]:
-        rewrite_file(failure.recipe_dir / rel, [DeviceAgnosticCudaCommand])
+    _rewrite_each(failure, facts["files"], [DeviceAgnosticCudaCommand])
     return f"DeviceAgnosticCudaCommand on {', '.join(facts['files'])}: hard-coded CUDA replaced by the recipe device"
 
 
@@ -152,16 +159,13 @@ _NO_PAD = re.compile(r"Asking to pad but the tokenizer does not have a padding t
 
 def _pad_token_facts(failure: Failure, found: re.Match) -> dict | None:
     recipe = failure.recipe_dir
-    candidates = sorted(recipe.glob("runner_*.py")) + sorted(recipe.glob("*.py"))
-    files = [_rel(recipe, p) for p in dict.fromkeys(candidates)
-             if "from_pretrained" in p.read_text(errors="replace") and rewrite_file(p, [PadTokenFallbackCommand],
-                                                                                   dry_run=True)]
+    candidates = list(dict.fromkeys(sorted(recipe.glob("runner_*.py")) + sorted(recipe.glob("*.py"))))
+    files = _files_it_changes(failure, [PadTokenFallbackCommand], "from_pretrained", candidates)
     return {"files": files} if files else None
 
 
 def _fix_pad_token(failure: Failure, facts: dict, ctx: RepairContext) -> str:
-    for rel in facts["files"]:
-        rewrite_file(failure.recipe_dir / rel, [PadTokenFallbackCommand])
+    _rewrite_each(failure, facts["files"], [PadTokenFallbackCommand])
     return f"pad token falls back to EOS after the tokenizer is loaded in {', '.join(facts['files'])}"
 
 
@@ -206,8 +210,7 @@ def _incidental_npu_facts(failure: Failure, found: re.Match) -> dict | None:
 
 
 def _fix_incidental_npu(failure: Failure, facts: dict, ctx: RepairContext) -> str:
-    for rel in facts["files"]:
-        rewrite_file(failure.recipe_dir / rel, NPU_COMMANDS)
+    _rewrite_each(failure, facts["files"], NPU_COMMANDS)
     return (f"incidental NPU calls in {', '.join(facts['files'])} now go through engine.device_ops "
             "(NPU behaviour kept on an NPU; CUDA and CPU run too)")
 
@@ -219,14 +222,12 @@ _CUDA_MISSING = re.compile(
 
 
 def _incidental_cuda_facts(failure: Failure, found: re.Match) -> dict | None:
-    files = [str(p.relative_to(failure.recipe_dir)) for p in failure.recipe.code_files()
-             if "torch.cuda." in p.read_text(errors="replace") and rewrite_file(p, CUDA_COMMANDS, dry_run=True)]
+    files = _files_it_changes(failure, CUDA_COMMANDS, "torch.cuda.")
     return {"files": files} if files else None
 
 
 def _fix_incidental_cuda(failure: Failure, facts: dict, ctx: RepairContext) -> str:
-    for rel in facts["files"]:
-        rewrite_file(failure.recipe_dir / rel, CUDA_COMMANDS)
+    _rewrite_each(failure, facts["files"], CUDA_COMMANDS)
     return f"torch.cuda bookkeeping calls in {', '.join(facts['files'])} now go through engine.device_ops"
 
 
@@ -241,15 +242,13 @@ def _rope_facts(failure: Failure, found: re.Match) -> dict | None:
     key = found.group(1) or found.group(2) or "type/factor"
     files = []
     if key == "type":
-        files = [str(p.relative_to(failure.recipe_dir)) for p in failure.recipe.code_files()
-                 if "rope_scaling" in p.read_text(errors="replace") and rewrite_file(p, [RopeScalingTypeKeyCommand], dry_run=True)]
+        files = _files_it_changes(failure, [RopeScalingTypeKeyCommand], "rope_scaling")
     return {"key": key, "where": where_it_failed(failure), "files": files}
 
 
 def _fix_rope(failure: Failure, facts: dict, ctx: RepairContext) -> str:
     if facts["files"]:
-        for rel in facts["files"]:
-            rewrite_file(failure.recipe_dir / rel, [RopeScalingTypeKeyCommand])
+        _rewrite_each(failure, facts["files"], [RopeScalingTypeKeyCommand])
         return (f"rope_scaling['type'] now reads .get('type', .get('rope_type')) in {', '.join(facts['files'])} "
                 "(transformers >= 4.45 renamed the key)")
     return (f"rope_scaling key {facts['key']!r} at {facts['where']}: transformers >= 4.45 stores "
