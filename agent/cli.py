@@ -19,9 +19,10 @@ from agent.recipe.npu_scan import ensure_runnable_here
 from agent.recipe.recipe import Recipe
 from agent.workflow.run import run_migration
 from engine import defaults
+from engine.config import KEY
 from engine.environment import DeviceUnavailableError, TorchImportError, detect_environment, import_torch, select_device
 
-DEVICES = ("auto", "npu", "cuda", "cpu")
+DEVICES = KEY["device"].choices
 
 
 class _Parser(argparse.ArgumentParser):
@@ -91,7 +92,7 @@ def _add_run_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--name", help="recipe name (default: derived from the model name)")
     run.add_argument("--output-dir", default="models", help="where new recipes go (default: models)")
     run.add_argument("--device", choices=DEVICES, default="auto", help="device to run on (default: auto)")
-    run.add_argument("--dtype", choices=("float32", "float16", "bfloat16"),
+    run.add_argument("--dtype", choices=KEY["model_config.dtype"].choices,
                      help="model dtype in the YAML (default: the checkpoint's)")
     run.add_argument("--weights", help="local weights directory for models too large to download")
     run.add_argument("--trust-remote-code", action="store_true",
