@@ -11,9 +11,11 @@ only how well the checkpoint's own model predicts the default prompt, for a reci
 from __future__ import annotations
 
 import argparse
+import copy
 import inspect
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -143,46 +145,51 @@ def _runner(recipe_dir: Path, settings: dict):
     return runner
 
 
+def shrunk_reference(model_path: Path, overrides: dict, remote: bool, tiny: Path):
+    """transformers' own model on a shrunk copy of the checkpoint's config, random fp32 weights saved
+    in `tiny` beside the checkpoint's tokenizer: (the model, the shrunk values), or (None, why not)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    for item in model_path.iterdir():   # tokenizer, generation config, the repo's own code
+        if item.is_file() and not item.name.endswith((".safetensors", ".bin", ".index.json", ".pt", ".pth")):
+            shutil.copy(item, tiny / item.name)
+    original = json.loads((model_path / "config.json").read_text())
+    # Fewer layers first; a config whose layer counts a cut breaks keeps them all (widths only).
+    for cut_layers in (True, False):
+        config = copy.deepcopy(original)
+        text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+        shrunk = shrink_config(text, cut_layers=cut_layers)
+        text.update(shrunk)
+        config.update(overrides)
+        (tiny / "config.json").write_text(json.dumps(config))
+        try:
+            cfg = AutoConfig.from_pretrained(tiny, trust_remote_code=remote, local_files_only=True)
+            torch.manual_seed(0)
+            reference = AutoModelForCausalLM.from_config(cfg, trust_remote_code=remote, dtype=torch.float32)
+            if cut_layers:   # a cut transformers' own model cannot run is no shrink of it (hrm_text)
+                with torch.inference_mode():
+                    reference(input_ids=torch.tensor([[1, 2, 3]]))
+            reference.save_pretrained(tiny, safe_serialization=True)
+            return reference, shrunk
+        except Exception as exc:  # noqa: BLE001 - transformers itself cannot build the shrunk config
+            error = exc
+    return None, {"ok": None, "checked": False, "shrunk": shrunk,
+                  "reason": f"transformers cannot build the shrunk config: {type(error).__name__}: {error}"[:300]}
+
+
 def check_code(recipe_dir: Path, settings: dict, tokens: int, prompt: str | None, remote: bool) -> dict:
     """Vendored code vs transformers on a shrunk config, fp32, random weights (size-independent)."""
-    import copy
-    import shutil
-
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+    from transformers import GenerationConfig
 
-    model_path = Path(settings["model_path"])
-    overrides = settings["model_config"].get("config_overrides", {})
     with tempfile.TemporaryDirectory(prefix="parity_code_") as tmp:
-        tiny = Path(tmp)
-        for item in model_path.iterdir():   # tokenizer, generation config, the repo's own code
-            if item.is_file() and not item.name.endswith((".safetensors", ".bin", ".index.json", ".pt", ".pth")):
-                shutil.copy(item, tiny / item.name)
-        original = json.loads((model_path / "config.json").read_text())
-        # Fewer layers first; a config whose layer counts a cut breaks keeps them all (widths only).
-        for cut_layers in (True, False):
-            config = copy.deepcopy(original)
-            text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-            shrunk = shrink_config(text, cut_layers=cut_layers)
-            text.update(shrunk)
-            config.update({k: v for k, v in overrides.items()})
-            (tiny / "config.json").write_text(json.dumps(config))
-            try:
-                cfg = AutoConfig.from_pretrained(tiny, trust_remote_code=remote, local_files_only=True)
-                torch.manual_seed(0)
-                reference = AutoModelForCausalLM.from_config(cfg, trust_remote_code=remote, dtype=torch.float32)
-                if cut_layers:   # a cut transformers' own model cannot run is no shrink of it (hrm_text)
-                    with torch.inference_mode():
-                        reference(input_ids=torch.tensor([[1, 2, 3]]))
-                reference.save_pretrained(tiny, safe_serialization=True)
-                break
-            except Exception as exc:  # noqa: BLE001 - transformers itself cannot build the shrunk config
-                error = exc
-        else:
-            return {"ok": None, "checked": False, "shrunk": shrunk,
-                    "reason": f"transformers cannot build the shrunk config: {type(error).__name__}: {error}"[:300]}
+        reference, shrunk = shrunk_reference(Path(settings["model_path"]),
+                                             settings["model_config"].get("config_overrides", {}), remote, Path(tmp))
+        if reference is None:
+            return shrunk
         tiny_settings = copy.deepcopy(settings)
-        tiny_settings["model_path"] = str(tiny)
+        tiny_settings["model_path"] = tmp
         tiny_settings["world_size"] = 1
         tiny_settings["model_config"]["dtype"] = "float32"
         # key_mapping stays: the reference class saves these weights under the names the checkpoint has.
@@ -205,8 +212,7 @@ def check_code(recipe_dir: Path, settings: dict, tokens: int, prompt: str | None
         max_abs_diff = (ours - theirs).abs().max().item()
         runner.model_generate([prompt])
         our_tokens = runner.last_generate_ids[0].tolist()
-        eos = runner.eos_token_ids()
-        gen_config = GenerationConfig(do_sample=False, max_new_tokens=tokens, eos_token_id=eos or None,
+        gen_config = GenerationConfig(do_sample=False, max_new_tokens=tokens, eos_token_id=runner.eos_token_ids() or None,
                                       pad_token_id=runner.tokenizer.pad_token_id)
         try:
             with torch.inference_mode():
