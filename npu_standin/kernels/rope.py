@@ -60,11 +60,14 @@ def _apply_rotary_pos_emb_fake_new(query, key, cos, sin, layout="BSND", rotary_m
            capture_schema="_standin_npu_apply_rotary_pos_emb(Tensor(a!) query, Tensor(b!) key, Tensor cos, "
                           "Tensor sin, str layout='BSND', str rotary_mode='half') -> ()",
            formulation="q*cos + rotate_half(q)*sin (and k), written into query/key in place as documented and "
-                       "returned; layouts BSND/SBND/BNSD/TND broadcast cos/sin (N=1); cos D < q D rotates the "
+                       "returned; layouts BSND (=BSH)/SBND/BNSD/TND broadcast cos/sin (N=1); cos D < q D rotates the "
                        "first D only",
            test="tests/test_standin_kernels.py::test_apply_rotary_pos_emb_matches_transformers_bsnd_and_tnd",
            fake=_apply_rotary_pos_emb_fake_new)
 def npu_apply_rotary_pos_emb(query, key, cos, sin, layout="BSND", rotary_mode="half"):
+    # "BSH" names the same 4-d (B, S, N, D) layout as "BSND" (op-plugin ApplyRotaryPosEmbNpuOpApi.cpp:
+    # LAYOUT_BSND_BSH = 1); legacy recipes pass it.
+    layout = "BSND" if layout == "BSH" else layout
     if layout not in ("BSND", "SBND", "BNSD", "TND"):
         refuse("npu_apply_rotary_pos_emb", f"layout={layout!r}")
     expected = 3 if layout == "TND" else 4
