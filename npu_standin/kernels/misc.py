@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 
 from npu_standin.kernels import refuse, reference
 
 ACL_FORMAT_ND = 2
-_formats: "weakref.WeakKeyDictionary[torch.Tensor, int]" = weakref.WeakKeyDictionary()
+FORMAT_ATTR = "_npu_standin_format"
 
 
 def _scatter_nd(data, indices, updates):
@@ -82,16 +80,13 @@ def npu_format_cast(x, acl_format, customize_dtype=None, input_dtype=None):
     if customize_dtype is not None or input_dtype is not None:
         refuse("npu_format_cast", "customize_dtype/input_dtype (a quantized storage)")
     out = x.clone()
-    _formats[out] = int(acl_format)
+    setattr(out, FORMAT_ATTR, int(acl_format))
     return out
 
 
 def get_npu_format(x) -> int:
     """torch_npu.get_npu_format: the format npu_format_cast produced the tensor in, else ND (2)."""
-    try:
-        return _formats.get(x, ACL_FORMAT_ND)
-    except TypeError:
-        return ACL_FORMAT_ND
+    return getattr(x, FORMAT_ATTR, ACL_FORMAT_ND)
 
 
 @reference("npu_prefetch(Tensor self, Tensor? dependency, int max_size, int offset=0) -> ()",
