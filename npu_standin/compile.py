@@ -57,12 +57,16 @@ class StandinBackend:
 
     def __init__(self, kind: str, label: str | None = None, config=None):
         self.kind = kind
-        self.label = label or kind
+        self.label = f"{label} [{kind}]" if label else kind
         self.config = config
         self.calls = 0
 
     def for_target(self, fn) -> "StandinBackend":
         return StandinBackend(self.kind, _label(fn), self.config)
+
+    @property
+    def target(self) -> str:
+        return self.label.rsplit(" [", 1)[0]
 
     def __call__(self, gm, example_inputs, **kwargs):
         mode = resolved_mode()

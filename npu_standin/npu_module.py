@@ -36,8 +36,11 @@ def _index(device) -> int | None:
     if type(device) is int:
         return device
     if type(device) is str:
-        mapped = _dev.map_device(device)
-        return mapped.index if isinstance(mapped, torch.device) else None
+        index = _dev._npu_index(device.strip())
+        if index is not False:
+            return index
+        mapped = torch.device(device)
+        return mapped.index
     if isinstance(device, torch.device):
         return device.index
     return None
