@@ -170,8 +170,8 @@ def coverage(names) -> dict[str, str]:
     out = {}
     for name in names:
         op = kernel_name(name)
-        if op is not None:
-            out[name] = "kernel" if kernels.has_reference(op) else "missing"
+        if op is not None and kernels.has_reference(op):
+            out[name] = "kernel"
             continue
         out[name] = "runtime" if _resolves(name) else "missing"
     return out
