@@ -37,9 +37,27 @@ def pythonpath_dir() -> Path:
     return package_dir() / "_pythonpath"
 
 
+GUARDS = ("pgrep", "rm", "taskset")
+
+
 def bin_dir() -> Path:
-    """The folder put first on PATH: guards for upstream's launch scripts (pgrep, rm)."""
-    return package_dir() / "_bin"
+    """The folder put first on PATH: guards for upstream's launch scripts (pgrep, rm, taskset).
+
+    An install that lost their executable bits (some wheel tools do) gets executable copies in a
+    private temporary folder instead."""
+    folder = package_dir() / "_bin"
+    if all(os.access(folder / name, os.X_OK) for name in GUARDS):
+        return folder
+    import shutil
+    import tempfile
+
+    copy = Path(tempfile.gettempdir()) / f"npu-standin-bin-{os.getuid() if hasattr(os, 'getuid') else 0}"
+    copy.mkdir(mode=0o700, exist_ok=True)
+    for name in GUARDS:
+        target = copy / name
+        shutil.copyfile(folder / name, target)
+        target.chmod(0o755)
+    return copy
 
 
 def free_port() -> int:

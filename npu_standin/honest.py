@@ -68,10 +68,9 @@ def mark_baseline(baseline: dict, usage: dict) -> dict:
 
 def mark_environment(env: dict) -> dict:
     """engine.environment.detect_environment() inside a stand-in process."""
-    import sys
+    from npu_standin import activate
 
-    torch_npu = sys.modules.get("torch_npu")
-    if not os.environ.get("NPU_STANDIN") or not getattr(torch_npu, "__npu_standin__", False):
+    if not os.environ.get("NPU_STANDIN") or not activate.is_active():
         return env
     host = env.get("device") or "cpu"
     env["device"] = device_label(host)

@@ -306,6 +306,41 @@ def test_rm_guard_keeps_npu_host_folders_and_removes_the_rest(tmp_path):
     assert f"kept {kept}/" in (records / "guards.log").read_text()
 
 
+def test_taskset_guard_runs_a_rank_unpinned_where_the_cpu_list_cannot_be_had(tmp_path):
+    from npu_standin.environment import bin_dir
+
+    records = tmp_path / "records"
+    env = {**os.environ, "NPU_STANDIN": "cpu", "NPU_STANDIN_RECORD_DIR": str(records),
+           "PATH": f"{bin_dir()}{os.pathsep}{os.environ['PATH']}"}
+    count = len(os.sched_getaffinity(0))
+    too_many = f"{count + 64}-{count + 71}"      # CPUs this host does not have
+    proc = subprocess.run(["taskset", "-c", too_many, "echo", "ran"], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ran", proc.stderr
+    assert f"taskset -c {too_many}: this host cannot pin" in (records / "guards.log").read_text()
+    pinned = subprocess.run(["taskset", "-c", "0", "python3", "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+                            env=env, capture_output=True, text=True)
+    assert pinned.stdout.strip() == "[0]", pinned.stderr
+
+
+def test_torchrun_ranks_run_on_the_standin(tmp_path):
+    script = tmp_path / "ranks.py"
+    script.write_text(textwrap.dedent("""
+        import os, torch, torch.distributed as dist
+        dist.init_process_group("hccl")
+        t = torch.ones(2, device=f"npu:{os.environ['LOCAL_RANK']}") * (dist.get_rank() + 1)
+        dist.all_reduce(t)
+        print("rank", dist.get_rank(), t.tolist(), dist.get_backend())
+        dist.destroy_process_group()
+    """))
+    proc = run_cli("standin", "--record", str(tmp_path / "rec"), "--", sys.executable, "-m", "torch.distributed.run",
+                   "--standalone", "--nproc_per_node", "2", str(script), cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rank 0 [3.0, 3.0] gloo" in proc.stdout and "rank 1 [3.0, 3.0] gloo" in proc.stdout
+    usage = json.loads((tmp_path / "rec" / "standin_usage.json").read_text())
+    assert usage["ranks"] == [0, 1] and usage["runtime"]["hccl->gloo"] == 2
+    assert "rendezvous" not in usage["notes"]           # torchrun's agent owns the rendezvous
+
+
 def test_check_launch_guard_lets_a_cpu_standin_run_start_beside_other_infer_py(tmp_path, upstream_copy):
     """function.sh's check_launch refuses to start while any `python ... infer.py` runs; under a cpu
     stand-in run it has no NPU to protect: it passes, and the record says what it ignored."""
@@ -402,3 +437,25 @@ def upstream_copy(tmp_path):
     for path in [target, *target.rglob("*")]:
         path.chmod(path.stat().st_mode | 0o200)
     return target
+
+
+@pytest.mark.slow
+def test_our_own_recipe_runs_under_the_standin_and_its_baseline_says_so(working_recipe, tmp_path):
+    import yaml
+
+    config = next((working_recipe / "config").glob("*.yaml"))
+    data = yaml.safe_load(config.read_text())
+    data["device"] = "npu"                      # the recipe as it would run on an NPU host
+    config.write_text(yaml.safe_dump(data))
+    proc = run_cli("standin", "--record", str(tmp_path / "rec"), "--", "bash", str(working_recipe / "infer.sh"),
+                   cwd=tmp_path, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log_dir = next((working_recipe / "res").glob("*/*"))
+    text = (log_dir / "log_0.log").read_text()
+    env_line = next(line for line in text.splitlines() if " environment: {" in line)
+    env = json.loads(env_line.split(" environment: ", 1)[1])
+    assert env["device"] == "cpu (npu stand-in)" and env["npu_model"] is None
+    from agent.baseline import collect
+
+    baseline, _ = collect(str(log_dir), str(config))
+    assert baseline["environment"]["device"] == "cpu (npu stand-in)" and "standin" in baseline
