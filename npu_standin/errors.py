@@ -13,10 +13,9 @@ class StandinError(RuntimeError):
     """Base of the stand-in's own failures."""
 
 
-class UnsupportedOp(StandinError, NotImplementedError):
-    """A torch_npu / torchair name the stand-in has no reference for.
-
-    Also an AttributeError subclass would make hasattr() lie; it is raised on call, not on access."""
+class UnsupportedOp(StandinError):
+    """A torch_npu / torchair name (or a mode of one) the stand-in has no reference for; raised when
+    called, not on attribute access (hasattr() and tables that only name an op keep working)."""
 
 
 def call_site(skip_torch: bool = True) -> str:
@@ -67,7 +66,7 @@ class _Unsupported:
         from npu_standin import record
 
         record.unsupported(self._name, site)
-        print(f"[npu-standin] error: {message}", file=sys.stderr, flush=True)
+        print(f"[npu-standin] error: {message.removeprefix('npu stand-in: ')}", file=sys.stderr, flush=True)
         raise UnsupportedOp(message)
 
     def __getattr__(self, attr):

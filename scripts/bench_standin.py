@@ -117,12 +117,13 @@ def main(argv=None) -> int:
                     lambda: upstream.rank_logs(checkout, "qwen", yaml_name)[0].parent),
     }
     results = {name: {"wall_s": [], "prefill_ms": [], "decode_ms": []} for name in systems}
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    # `python3` in both launch scripts is this interpreter (the one with torch, the engine, the stand-in)
+    env = {**os.environ, "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])}
     for repeat in range(repeats):
         order = list(systems) if repeat % 2 == 0 else list(reversed(systems))
         for name in order:
             command, cwd, log_dir = systems[name]
-            wall = timed(command, cwd, env if name == "standin" else None)
+            wall = timed(command, cwd, env)
             prefill, decode = logged(log_dir(), upstream_yaml if name == "standin" else our_yaml)
             results[name]["wall_s"].append(wall)
             results[name]["prefill_ms"].append(prefill)

@@ -272,7 +272,7 @@ def test_unknown_names_fail_with_one_line(tmp_path):
     assert lines[0].startswith("A: npu stand-in: torch.npu.not_a_thing is not provided (used at model_code.py:")
     assert lines[1].startswith("A: npu stand-in: torch_npu.not_a_thing is not provided")
     assert lines[2].startswith("I: npu stand-in: torch_npu.contrib.transfer_to_npu is not provided")
-    assert ("[npu-standin] error: npu stand-in: torch_npu.npu_dynamic_quant has no reference kernel (called at "
+    assert ("[npu-standin] error: torch_npu.npu_dynamic_quant has no reference kernel (called at "
             "model_code.py:13)") in proc.stderr
     assert usage["unsupported"] == [{"name": "torch_npu.npu_dynamic_quant", "site": "model_code.py:13"}]
 

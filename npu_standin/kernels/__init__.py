@@ -70,7 +70,7 @@ def refuse(op: str, what: str) -> None:
     message = f"npu stand-in: {op} with {what} has no reference kernel (called at {site}); run this path on an NPU"
     import sys
 
-    print(f"[npu-standin] error: {message}", file=sys.stderr, flush=True)
+    print(f"[npu-standin] error: {message.removeprefix('npu stand-in: ')}", file=sys.stderr, flush=True)
     raise UnsupportedOp(message)
 
 
