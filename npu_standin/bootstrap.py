@@ -72,6 +72,47 @@ class TorchHook(importlib.abc.MetaPathFinder):
         return spec
 
 
+# torch's compiler stack builds type tables (`type(x) in (torch.device, ...)`) when its modules are
+# imported: they must hold the real torch.device class, not the stand-in's `torch.device` (whose
+# instances are real devices). Modules under these prefixes are imported with the real class in place.
+SHIELDED = ("torch._dynamo", "torch._inductor", "torch._functorch", "torch._subclasses", "torch._export",
+            "torch.export", "torch.fx")
+
+
+class _ShieldedLoader(importlib.abc.Loader):
+    def __init__(self, real):
+        self.real = real
+
+    def create_module(self, spec):
+        return self.real.create_module(spec)
+
+    def exec_module(self, module):
+        torch = sys.modules.get("torch")
+        real_device = getattr(sys.modules.get("npu_standin.device"), "_REAL_DEVICE", None)
+        current = getattr(torch, "device", None)
+        if real_device is None or current is real_device:
+            return self.real.exec_module(module)
+        torch.device = real_device
+        try:
+            self.real.exec_module(module)
+        finally:
+            torch.device = current
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+class CompilerImportShield(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path=None, target=None):
+        if not fullname.startswith(SHIELDED) or "torch" not in sys.modules:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None or isinstance(spec.loader, _ShieldedLoader):
+            return spec
+        spec.loader = _ShieldedLoader(spec.loader)
+        return spec
+
+
 _installed = {"done": False}
 
 
@@ -80,6 +121,7 @@ def install() -> None:
         return
     _installed["done"] = True
     sys.meta_path.insert(0, ShimFinder())
+    sys.meta_path.insert(0, CompilerImportShield())
     if "torch" in sys.modules:
         from npu_standin import activate
 

@@ -136,6 +136,17 @@ class _DeviceMeta(type):
     def __getattr__(cls, name):
         return getattr(_REAL_DEVICE, name)
 
+    # The class stands for torch.device in comparisons and type tables too (torch.fx's codegen and
+    # dynamo's constant types compare classes with `torch.device`).
+    def __eq__(cls, other):
+        return other is cls or other is _REAL_DEVICE
+
+    def __ne__(cls, other):
+        return not _DeviceMeta.__eq__(cls, other)
+
+    def __hash__(cls):
+        return hash(_REAL_DEVICE)
+
 
 class device(metaclass=_DeviceMeta):  # noqa: N801 - stands for torch.device
     """torch.device under the npu stand-in: "npu" and "npu:N" give the host device."""

@@ -217,6 +217,23 @@ def test_graph_mode_compiles_with_torch_compile_and_reports_recompiles(tmp_path)
     assert "step [ge_graph] recompiled (ge_graph -> torch.compile/capture), recompile 2" in proc.stderr
 
 
+def test_compiled_code_can_name_the_npu_device(tmp_path):
+    """dynamo traces torch.device("npu", 0), device="npu" factories and .to("npu:0") in a
+    fullgraph capture (torch's compiler tables are built with the real torch.device class)."""
+    proc, _ = run_standin(tmp_path, """
+        import torch, torch_npu
+        def f(x):
+            d = torch.device("npu", 0)
+            return x + torch.zeros(x.shape, device="npu") + torch.ones(2, device=d).sum() + x.to("npu:0")
+        g = torch.compile(f, backend="eager", fullgraph=True)
+        x = torch.randn(2)
+        torch.testing.assert_close(g(x), f(x))
+        print("ok")
+    """)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "ok"
+
+
 def test_standin_is_inactive_unless_asked_for(tmp_path):
     """Its folder on PYTHONPATH without NPU_STANDIN activates nothing: no torch_npu, no npu device."""
     from npu_standin.environment import pythonpath_dir
