@@ -275,6 +275,11 @@ def cmd_standin(args) -> int:
     command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not command:
         raise errors.InputError("no command: migrator standin [--device cpu|cuda] -- COMMAND [ARGS...]")
+    if args.record:
+        check_text_args(**{"--record": args.record})
+        record = Path(args.record).expanduser()
+        if record.exists() and not record.is_dir():
+            raise errors.InputError(f"--record {args.record}: exists and is not a directory")
     try:
         result = launcher.run(command, device=args.device, record_dir=args.record, compile_mode=args.compile)
     except launcher.StandinRefused as exc:

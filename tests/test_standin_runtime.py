@@ -398,6 +398,9 @@ def test_cli_exit_codes(tmp_path):
     assert run_cli("standin").returncode == 2
     missing = run_cli("standin", "--", "no-such-command-xyz")
     assert missing.returncode == 2 and "no-such-command-xyz" in missing.stderr
+    (tmp_path / "a_file").write_text("")
+    record = run_cli("standin", "--record", str(tmp_path / "a_file"), "--", sys.executable, "-c", "pass")
+    assert record.returncode == 2 and "is not a directory" in record.stderr
     import torch
 
     if not torch.cuda.is_available():
