@@ -35,6 +35,17 @@ def usage_from_logs(paths) -> dict | None:
     return merge(records, devices)
 
 
+def usage_from_environment(env: dict | None) -> dict | None:
+    """A log whose environment line was written under the stand-in (engine.environment) but that
+    does not hold the stand-in's own lines: the host device, kernel counts unknown (in the run's
+    --record folder)."""
+    block = (env or {}).get("npu_standin") or {}
+    if not block.get("active"):
+        return None
+    return {"device": block.get("host") or "cpu", "processes": None, "ranks": [], "ops": {}, "runtime": {},
+            "compiles": {}, "unsupported": [], "counts_in_log": False}
+
+
 def standin_block(usage: dict) -> dict:
     return {
         "device": usage.get("device"),
@@ -45,7 +56,9 @@ def standin_block(usage: dict) -> dict:
         "compiles": usage.get("compiles") or {},
         "unsupported": usage.get("unsupported") or [],
         "note": "torch_npu kernels ran as the stand-in's reference implementations in plain PyTorch on the "
-                "host; " + TIMING_NOTE,
+                "host; " + TIMING_NOTE
+                + ("" if usage.get("counts_in_log", True) else
+                   "; this log holds no kernel counts (see the run's `migrator standin --record` folder)"),
     }
 
 
