@@ -82,6 +82,15 @@ def _parser() -> argparse.ArgumentParser:
     rollback.add_argument("recipe")
     rollback.add_argument("--round", type=int, help="restore the state before this round (default: the first)")
 
+    standin = sub.add_parser("standin", help="run a command with the NPU stand-in: npu on the cpu or a CUDA card, "
+                                             "torch_npu kernels as reference implementations (validation, not an NPU)")
+    standin.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="host device the npu lands on")
+    standin.add_argument("--record", metavar="DIR", help="keep the per-process records and standin_usage.json here")
+    standin.add_argument("--compile", choices=("auto", "inductor", "capture", "off"), default="auto",
+                         help="what torchair / npugraph_ex graph mode compiles with (default: inductor where the "
+                              "host can, else the captured graph eagerly)")
+    standin.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command and its arguments")
+
     classify = sub.add_parser("classify", help="print the scenario (A/B/C) for PATH and why")
     classify.add_argument("path")
     classify.add_argument("--timeout", type=TIMEOUT, default=defaults.TIMEOUT_S, help="seconds for the trial run of infer.sh")
@@ -254,6 +263,34 @@ def cmd_env(args) -> int:
     return 0
 
 
+def cmd_standin(args) -> int:
+    """Run COMMAND under the NPU stand-in; its exit code, or 8 when it called an op without a reference."""
+    from npu_standin import launcher
+
+    command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    if not command:
+        raise errors.InputError("no command: migrator standin [--device cpu|cuda] -- COMMAND [ARGS...]")
+    if args.record:
+        check_text_args(**{"--record": args.record})
+        record = Path(args.record).expanduser()
+        if record.exists() and not record.is_dir():
+            raise errors.InputError(f"--record {args.record}: exists and is not a directory")
+    try:
+        result = launcher.run(command, device=args.device, record_dir=args.record, compile_mode=args.compile)
+    except launcher.StandinRefused as exc:
+        raise errors.EnvironmentProblem(str(exc)) from None
+    except (FileNotFoundError, PermissionError) as exc:
+        raise errors.InputError(str(exc)) from None
+    launcher.main_summary(result, args.device)
+    if args.record and result.usage is not None:
+        print(f"[npu-standin] record: {Path(args.record) / launcher.USAGE_FILE}", file=sys.stderr)
+    uncovered = launcher.first_unsupported(result)
+    if uncovered:
+        print(f"migrator: error: {uncovered}", file=sys.stderr)
+        return errors.EXIT_STANDIN_UNCOVERED
+    return result.returncode
+
+
 def cmd_classify(args) -> int:
     from agent.workflow.nodes import node_classify   # loads every node's modules: only for this command
 
@@ -351,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"migrator: error: torch cannot be imported ({exc}); fix the torch installation", file=sys.stderr)
         return errors.EXIT_ENVIRONMENT
     handler = {"run": cmd_run, "demo": cmd_demo, "env": cmd_env, "classify": cmd_classify,
-               "rollback": cmd_rollback, "baseline": cmd_baseline}[args.command]
+               "rollback": cmd_rollback, "baseline": cmd_baseline, "standin": cmd_standin}[args.command]
     try:
         return handler(args)
     except MigratorError as exc:

@@ -11,6 +11,7 @@ EXIT_ENVIRONMENT = 4     # requested device not usable (e.g. --device npu withou
 EXIT_NEEDS_WEIGHTS = 5   # weights too large to download: pass --weights PATH
 EXIT_OOM = 6             # the model does not fit on one card: report written
 EXIT_VENDOR = 7          # vendoring produced code that violates the recipe contract
+EXIT_STANDIN_UNCOVERED = 8  # under the npu stand-in, a torch_npu op without a reference kernel was called
 EXIT_INTERNAL = 70       # a bug in the migrator: traceback saved to a file (EX_SOFTWARE)
 EXIT_INTERRUPTED = 130
 

@@ -36,7 +36,7 @@ def _this_checkout_in_every_subprocess() -> None:
 
     links = Path(tempfile.gettempdir()) / f"migrator-checkout-{hashlib.sha1(str(REPO_ROOT).encode()).hexdigest()[:12]}"
     links.mkdir(exist_ok=True)
-    for package in ("agent", "engine"):
+    for package in ("agent", "engine", "npu_standin"):
         try:
             (links / package).symlink_to(REPO_ROOT / package, target_is_directory=True)
         except FileExistsError:

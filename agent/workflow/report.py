@@ -14,7 +14,7 @@ from agent.workflow.state import MigrationState
 
 REPORT_KEYS = ("scenario", "classify_reason", "status", "message", "model_name", "model_source",
                "model_dir", "architecture", "family", "vendored", "rendered", "env", "runs", "rounds",
-               "memory", "baseline_path", "verification")
+               "memory", "baseline_path", "verification", "standin")
 
 
 ORIGIN_KEYS = ("model_name", "model_source", "model_dir", "architecture", "family", "vendored", "rendered")
@@ -38,12 +38,28 @@ def write_report(state: MigrationState) -> Path | None:
     for key in ORIGIN_KEYS:
         if key not in report and key in previous:
             report[key] = previous[key]
+    _standin_from_baseline(report)
     _write(path, json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n")
     _write(recipe_dir / "migration_summary.md", human_summary(report, recipe_dir.name))
     if report.get("baseline_path") and Path(report["baseline_path"]).is_file():
         # Only a run that wrote a baseline has a status worth putting in the user's README.
         update_readme(recipe_dir / "README.md", report)
     return path
+
+
+def _standin_from_baseline(report: dict) -> None:
+    """A baseline made under the npu stand-in makes the report say so too (device, reference kernels)."""
+    try:
+        baseline = json.loads(Path(report["baseline_path"]).read_text()) if report.get("baseline_path") else {}
+    except (OSError, ValueError):
+        baseline = {}
+    block = report.get("standin") or (baseline.get("standin") if isinstance(baseline, dict) else None)
+    if block:
+        report["standin"] = block
+        env = dict(report.get("env") or {})
+        env["device"] = (baseline.get("environment") or {}).get("device") or f"{env.get('device') or 'cpu'} (npu stand-in)"
+        env["npu_model"] = None
+        report["env"] = env
 
 
 def _refuse_link(path: Path) -> None:
@@ -103,6 +119,11 @@ def human_summary(report: Report, folder_name: str | None = None) -> str:
     env = report.get("env") or {}
     lines.append(f"- device: {env.get('device')} (torch {env.get('pytorch_version')}, "
                  f"torch_npu: {env.get('torch_npu_status')})")
+    if report.get("standin"):
+        kernels = report["standin"].get("reference_kernels") or {}
+        lines.append("- npu stand-in: a validation run, not an NPU run: torch_npu kernels ran as reference "
+                     f"implementations ({', '.join(f'{k} x{v}' for k, v in kernels.items()) or 'none'}); "
+                     "timings are the host's")
     for rnd in report.get("rounds") or []:
         lines.append(f"- repair round {rnd['round']}: {rnd['diagnosis'].get('diagnosis')}"
                      f" -> {'patched' if rnd.get('applied') else 'no patch'}")

@@ -1,0 +1,130 @@
+"""Import hooks installed by the stand-in's sitecustomize.py (no torch import here).
+
+* `torch_npu`, `torchair` and their submodules are served by the stand-in (a finder first on
+  sys.meta_path), whatever is installed: the launcher has already refused to start where a real
+  torch_npu works.
+* When `torch` finishes importing, the stand-in activates (npu device, torch.npu, HCCL, kernels,
+  compile backends) before any user code sees torch.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+
+SHIM_ROOTS = ("torch_npu", "torchair")
+
+
+class _ShimLoader(importlib.abc.Loader):
+    def __init__(self, fullname: str):
+        self.fullname = fullname
+
+    def create_module(self, spec):
+        import torch  # noqa: F401 - activation runs at the end of torch's import
+
+        from npu_standin import shims
+
+        module = shims.module_for(self.fullname)
+        if module is None:
+            raise shims.not_provided(self.fullname)
+        return module
+
+    def exec_module(self, module):
+        return None
+
+
+class ShimFinder(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.split(".", 1)[0] not in SHIM_ROOTS:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, _ShimLoader(fullname), is_package=True)
+
+
+class _ActivatingLoader(importlib.abc.Loader):
+    def __init__(self, real):
+        self.real = real
+
+    def create_module(self, spec):
+        return self.real.create_module(spec)
+
+    def exec_module(self, module):
+        self.real.exec_module(module)
+        from npu_standin import activate
+
+        activate.activate()
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+class TorchHook(importlib.abc.MetaPathFinder):
+    """Wraps the loader of `torch` so that the stand-in activates when torch's import completes."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "torch":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _ActivatingLoader(spec.loader)
+        return spec
+
+
+# torch's compiler stack builds type tables (`type(x) in (torch.device, ...)`) when its modules are
+# imported: they must hold the real torch.device class, not the stand-in's `torch.device` (whose
+# instances are real devices). Modules under these prefixes are imported with the real class in place.
+SHIELDED = ("torch._dynamo", "torch._inductor", "torch._functorch", "torch._subclasses", "torch._export",
+            "torch.export", "torch.fx")
+
+
+class _ShieldedLoader(importlib.abc.Loader):
+    def __init__(self, real):
+        self.real = real
+
+    def create_module(self, spec):
+        return self.real.create_module(spec)
+
+    def exec_module(self, module):
+        torch = sys.modules.get("torch")
+        real_device = getattr(sys.modules.get("npu_standin.device"), "_REAL_DEVICE", None)
+        current = getattr(torch, "device", None)
+        if real_device is None or current is real_device:
+            return self.real.exec_module(module)
+        torch.device = real_device
+        try:
+            self.real.exec_module(module)
+        finally:
+            torch.device = current
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+class CompilerImportShield(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path=None, target=None):
+        if not fullname.startswith(SHIELDED) or "torch" not in sys.modules:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None or isinstance(spec.loader, _ShieldedLoader):
+            return spec
+        spec.loader = _ShieldedLoader(spec.loader)
+        return spec
+
+
+_installed = {"done": False}
+
+
+def install() -> None:
+    if _installed["done"]:
+        return
+    _installed["done"] = True
+    sys.meta_path.insert(0, ShimFinder())
+    sys.meta_path.insert(0, CompilerImportShield())
+    if "torch" in sys.modules:
+        from npu_standin import activate
+
+        activate.activate()
+    else:
+        sys.meta_path.insert(0, TorchHook())

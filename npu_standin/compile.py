@@ -1,0 +1,142 @@
+"""Graph mode under the stand-in: torchair's GE backend and npugraph_ex are torch.compile backends.
+
+The model is captured by torch.compile (dynamo) exactly as torchair captures it on an NPU, so a graph
+break that `fullgraph=True` refuses there is refused here too. The captured graph is then compiled by
+inductor where the host can (a C++ compiler for the cpu, triton for cuda) and run as captured
+(eagerly) otherwise or when inductor fails. NPU_STANDIN_COMPILE picks: auto (default), inductor,
+capture, or off (no torch.compile at all: the function runs eagerly). Every compile of a function
+after its first is a recompile and is reported (one line) with its count.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import shutil
+import types
+
+import torch
+
+from npu_standin import record
+
+MODES = ("auto", "inductor", "capture", "off")
+_real_compile = torch.compile
+
+
+def requested_mode() -> str:
+    mode = os.environ.get("NPU_STANDIN_COMPILE", "auto")
+    return mode if mode in MODES else "auto"
+
+
+def host_can_compile() -> bool:
+    from npu_standin import device as _dev
+
+    if _dev.host_type() == "cuda":
+        return importlib.util.find_spec("triton") is not None
+    return any(shutil.which(cxx) for cxx in ("g++", "c++", "clang++"))
+
+
+def resolved_mode() -> str:
+    mode = requested_mode()
+    if mode == "auto":
+        return "inductor" if host_can_compile() else "capture"
+    return mode
+
+
+def _label(fn) -> str:
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+    owner = getattr(fn, "__self__", None)
+    if owner is not None and "." not in name:
+        name = f"{type(owner).__name__}.{name}"
+    return name
+
+
+class StandinBackend:
+    """A dynamo backend standing for torchair's npu backend ("ge_graph") or "npugraph_ex"."""
+
+    def __init__(self, kind: str, label: str | None = None, config=None):
+        self.kind = kind
+        self.label = f"{label} [{kind}]" if label else kind
+        self.config = config
+        self.calls = 0
+
+    def for_target(self, fn) -> "StandinBackend":
+        return StandinBackend(self.kind, _label(fn), self.config)
+
+    @property
+    def target(self) -> str:
+        return self.label.rsplit(" [", 1)[0]
+
+    def __call__(self, gm, example_inputs, **kwargs):
+        mode = resolved_mode()
+        self.calls += 1
+        record.compile_event(self.label, backend=self.kind, mode=mode, compiles=1,
+                             recompiles=1 if self.calls > 1 else 0)
+        if self.calls > 1:
+            record.note(f"recompile:{self.label}:{self.calls}",
+                        f"{self.label} recompiled ({self.kind} -> torch.compile/{mode}), recompile "
+                        f"{self.calls - 1}: a guard on its inputs failed (changed shapes, Python values)")
+        if mode == "inductor":
+            try:
+                from torch._inductor.compile_fx import compile_fx
+
+                return compile_fx(gm, example_inputs)
+            except Exception as exc:  # noqa: BLE001 - the host cannot compile: run what was captured
+                record.compile_event(self.label, eager_fallback=f"{type(exc).__name__}: {str(exc)[:200]}")
+                record.note(f"inductor-failed:{self.label}",
+                            f"{self.label}: inductor failed on this host ({type(exc).__name__}); "
+                            "the captured graph runs eagerly")
+        return gm.forward
+
+
+def compile(model=None, *, fullgraph: bool = False, dynamic=None, backend="inductor", mode=None,  # noqa: A001
+            options=None, disable: bool = False):
+    """torch.compile, with the NPU backends ("npugraph_ex", torchair's) standing on the host."""
+    if model is None:
+        return lambda fn: compile(fn, fullgraph=fullgraph, dynamic=dynamic, backend=backend, mode=mode,
+                                  options=options, disable=disable)
+    if backend == "npugraph_ex":
+        backend = StandinBackend("npugraph_ex")
+    if not isinstance(backend, StandinBackend):
+        return _real_compile(model, fullgraph=fullgraph, dynamic=dynamic, backend=backend, mode=mode,
+                             options=options, disable=disable)
+    backend = backend.for_target(model)
+    if resolved_mode() == "off" or disable:
+        record.compile_event(backend.label, backend=backend.kind, mode="off")
+        record.note(f"compile-off:{backend.label}", f"{backend.label}: not compiled (NPU_STANDIN_COMPILE=off); "
+                                                    "runs eagerly")
+        return model
+    return _real_compile(model, fullgraph=fullgraph, dynamic=dynamic, backend=backend, disable=disable)
+
+
+def cache_compile(kind: str):
+    def cache_compile(func, *, cache_dir=None, config=None, dynamic=False, fullgraph=True, ge_cache=False,
+                      options=None, **kwargs):
+        record.note(f"cache-compile:{kind}", f"{kind} cache_compile: no compile cache on the stand-in "
+                                             "(compiled in-process each run)", echo=False)
+        return compile(func, fullgraph=True, dynamic=dynamic, backend=StandinBackend(kind, config=config))
+
+    return cache_compile
+
+
+def npugraph_ex_module() -> types.ModuleType:
+    module = types.ModuleType("torch.npu.npugraph_ex")
+    module.inference = types.SimpleNamespace(cache_compile=cache_compile("npugraph_ex"))
+    module.compile = functools.partial(compile, backend="npugraph_ex")
+    return module
+
+
+def get_npu_backend(*, compiler_config=None, custom_decompositions=None, **kwargs) -> StandinBackend:
+    record.runtime("torchair.get_npu_backend")
+    return StandinBackend("ge_graph", config=compiler_config)
+
+
+_installed = {"done": False}
+
+
+def install() -> None:
+    if _installed["done"]:
+        return
+    _installed["done"] = True
+    torch.compile = compile

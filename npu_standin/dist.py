@@ -1,0 +1,140 @@
+"""HCCL on the host: process groups asked for with backend "hccl" are gloo (cpu) or nccl (cuda).
+
+`torch_npu._C._distributed_c10d.ProcessGroupHCCL.Options` exists so that upstream's group code runs;
+its `hccl_config` (buffer size, op expansion mode) has no meaning for gloo/nccl and is dropped
+with a note naming the values. Stand-in runs are single-host: outside torchrun (whose agent owns
+the rendezvous), ranks meet on 127.0.0.1 at the port the launcher chose for this run, whatever
+MASTER_ADDR / MASTER_PORT the launch script exported (upstream's function.sh fixes port 6038,
+which two runs on one host would share).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import types
+
+import torch
+import torch.distributed as dist
+
+from npu_standin import device as _dev
+from npu_standin import record
+from npu_standin.environment import ENV_MASTER_ADDR, ENV_MASTER_PORT
+
+
+class ProcessGroupHCCL:
+    """Placeholder of torch_npu's ProcessGroupHCCL type (its Options are what upstream uses)."""
+
+    class Options:
+        def __init__(self, is_high_priority_stream: bool = False):
+            self.hccl_config: dict = {}
+            self.is_high_priority_stream = is_high_priority_stream
+            self._timeout = None
+            self.global_ranks_in_group: list = []
+            self.group_id = ""
+
+        def __repr__(self):
+            return f"<ProcessGroupHCCL.Options (npu stand-in) hccl_config={self.hccl_config}>"
+
+
+def host_backend() -> str:
+    return "nccl" if _dev.host_type() == "cuda" else "gloo"
+
+
+def map_backend(backend):
+    """"hccl" (or "npu:hccl" in a device:backend list) -> the host's backend."""
+    if not isinstance(backend, str):
+        return backend
+    text = backend.lower()
+    if "hccl" not in text:
+        return backend
+    if ":" in text:
+        parts = []
+        for item in text.split(","):
+            dev, _, name = item.partition(":")
+            if name == "hccl" or dev == "npu":
+                parts.append(f"{_dev.host_type()}:{host_backend()}")
+            else:
+                parts.append(item)
+        return ",".join(dict.fromkeys(parts))
+    return host_backend()
+
+
+def _drop_options(options, where: str):
+    if isinstance(options, ProcessGroupHCCL.Options):
+        record.runtime("hccl options dropped")
+        config = ", ".join(f"{k}={v}" for k, v in sorted(options.hccl_config.items())) or "none"
+        record.note(f"hccl-options:{config}",
+                    f"{where}: ProcessGroupHCCL.Options ({config}) have no meaning for {host_backend()}: dropped")
+        return None
+    return options
+
+
+def _single_host_rendezvous(init_method) -> None:
+    if init_method not in (None, "env://") or os.environ.get("TORCHELASTIC_RUN_ID"):
+        return
+    addr, port = os.environ.get(ENV_MASTER_ADDR), os.environ.get(ENV_MASTER_PORT)
+    if not (addr and port):
+        return
+    before = f"{os.environ.get('MASTER_ADDR', '-')}:{os.environ.get('MASTER_PORT', '-')}"
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = addr, port
+    if before != f"{addr}:{port}":
+        record.note("rendezvous", f"rendezvous {before} (from the launch script) -> {addr}:{port}: "
+                                  "stand-in runs are single-host, each on a port of its own", echo=False)
+
+
+def _wrap_init(real):
+    @functools.wraps(real)
+    def init_process_group(backend=None, init_method=None, timeout=None, world_size=-1, rank=-1,
+                           store=None, group_name="", pg_options=None, device_id=None):
+        mapped = map_backend(backend)
+        if mapped != backend:
+            record.runtime(f"hccl->{host_backend()}")
+            record.note("hccl", f"init_process_group(backend={backend!r}) runs on {mapped}", echo=False)
+        pg_options = _drop_options(pg_options, "init_process_group")
+        if device_id is not None and _dev.needs_map(device_id):
+            device_id = _dev.map_device(device_id)
+        if isinstance(device_id, torch.device) and device_id.type == "cpu":
+            device_id = None          # gloo binds no device
+        if store is None:
+            _single_host_rendezvous(init_method)
+        kwargs = {}
+        if timeout is not None:
+            kwargs["timeout"] = timeout
+        return real(backend=mapped, init_method=init_method, world_size=world_size, rank=rank, store=store,
+                    group_name=group_name, pg_options=pg_options, device_id=device_id, **kwargs)
+
+    return init_process_group
+
+
+def _wrap_new_group(real):
+    @functools.wraps(real)
+    def new_group(ranks=None, timeout=None, backend=None, pg_options=None, *args, **kwargs):
+        mapped = map_backend(backend)
+        if mapped != backend:
+            record.runtime(f"hccl->{host_backend()}")
+        pg_options = _drop_options(pg_options, "new_group")
+        return real(ranks, timeout, mapped, pg_options, *args, **kwargs)
+
+    return new_group
+
+
+_installed = {"done": False}
+
+
+def install() -> None:
+    if _installed["done"] or not dist.is_available():
+        return
+    _installed["done"] = True
+    dist.init_process_group = _wrap_init(dist.init_process_group)
+    dist.distributed_c10d.init_process_group = dist.init_process_group
+    dist.new_group = _wrap_new_group(dist.new_group)
+    dist.distributed_c10d.new_group = dist.new_group
+    dist.is_hccl_available = lambda: True
+
+
+def c10d_module() -> types.ModuleType:
+    module = types.ModuleType("torch_npu._C._distributed_c10d")
+    module.ProcessGroupHCCL = ProcessGroupHCCL
+    module.__npu_standin__ = True
+    return module

@@ -1,0 +1,144 @@
+"""npu_grouped_matmul: y_i = x_i @ weight_i + bias_i over groups (m-axis grouping), unquantized."""
+
+from __future__ import annotations
+
+import torch
+
+from npu_standin.kernels import overload, refuse, reference
+
+_ACTIVATIONS = {
+    0: lambda y: y,
+    1: torch.relu,
+    2: lambda y: torch.nn.functional.gelu(y, approximate="tanh"),
+    4: lambda y: torch.nn.functional.gelu(y, approximate="tanh"),   # FAST_GELU: the tanh approximation
+    5: torch.nn.functional.silu,
+}
+
+
+def _group_sizes(group_list, group_list_type, m: int) -> list[int]:
+    if group_list is None:
+        return [m]
+    values = group_list.tolist() if isinstance(group_list, torch.Tensor) else list(group_list)
+    if group_list_type in (None, 0):        # cumulative ends
+        ends = [int(v) for v in values]
+        sizes = [ends[0]] + [b - a for a, b in zip(ends, ends[1:])]
+    elif group_list_type == 1:              # sizes
+        sizes = [int(v) for v in values]
+    else:                                   # [[group, size], ...]
+        sizes = [int(pair[1]) for pair in values]
+    if sum(sizes) > m or any(s < 0 for s in sizes):
+        raise ValueError(f"npu_grouped_matmul: group_list {values} does not split {m} rows")
+    return sizes
+
+
+def _weights(weight: list, groups: int) -> list[torch.Tensor]:
+    if len(weight) == 1 and weight[0].dim() == 3:
+        return list(weight[0].unbind(0))
+    return list(weight)
+
+
+def _biases(bias, groups: int):
+    if bias is None:
+        return [None] * groups
+    if len(bias) == 1 and bias[0].dim() == 2:
+        return list(bias[0].unbind(0))
+    return list(bias)
+
+
+def _grouped_matmul(x, weight, *, bias=None, scale=None, offset=None, antiquant_scale=None, antiquant_offset=None,
+                    per_token_scale=None, group_list=None, activation_input=None, activation_quant_scale=None,
+                    activation_quant_offset=None, split_item=0, group_type=None, group_list_type=0, act_type=0,
+                    tuning_config=None, output_dtype=None, x_dtype=None, weight_dtype=None, scale_dtype=None,
+                    per_token_scale_dtype=None):
+    quantized = [n for n, v in (("scale", scale), ("offset", offset), ("antiquant_scale", antiquant_scale),
+                                ("antiquant_offset", antiquant_offset), ("per_token_scale", per_token_scale))
+                 if v is not None]
+    if quantized or any(t.dtype in (torch.int8, torch.int32) for t in [*x, *weight]):
+        refuse("npu_grouped_matmul", f"{', '.join(quantized) or 'int8 inputs'} (a quantized path)")
+    if output_dtype is not None or x_dtype is not None or weight_dtype is not None:
+        refuse("npu_grouped_matmul", "output_dtype/x_dtype/weight_dtype")
+    if group_type not in (None, -1, 0):
+        refuse("npu_grouped_matmul", f"group_type={group_type} (k-axis grouping)")
+    activation = _ACTIVATIONS.get(act_type or 0)
+    if activation is None:
+        refuse("npu_grouped_matmul", f"act_type={act_type}")
+    out_dtype = x[0].dtype
+    results: list[torch.Tensor] = []
+    ws_all = _weights(weight, 0)
+    if group_list is None and group_type in (None, -1) and not (len(x) == 1 and len(ws_all) > 1):
+        # "multi-multi-multi": independent matmuls
+        ws = _weights(weight, len(x))
+        bs = _biases(bias, len(ws))
+        for xi, wi, bi in zip(x, ws, bs):
+            yi = xi.float() @ wi.float()
+            if bi is not None:
+                yi = yi + bi.float()
+            results.append(activation(yi).to(out_dtype))
+    else:
+        ws = _weights(weight, 0)
+        bs = _biases(bias, len(ws))
+        if len(x) == 1:
+            sizes = _group_sizes(group_list, group_list_type, x[0].shape[0])
+            pieces = list(x[0][: sum(sizes)].split(sizes))
+        else:
+            pieces = list(x)
+        if len(pieces) != len(ws):
+            raise ValueError(f"npu_grouped_matmul: {len(pieces)} groups of x for {len(ws)} weights")
+        for xi, wi, bi in zip(pieces, ws, bs):
+            yi = xi.float() @ wi.float()
+            if bi is not None:
+                yi = yi + bi.float()
+            results.append(activation(yi).to(out_dtype))
+    if split_item in (2, 3):
+        return [torch.cat(results, dim=0)]
+    return results
+
+
+def _grouped_matmul_fake(x, weight, *, bias=None, scale=None, offset=None, antiquant_scale=None,
+                         antiquant_offset=None, per_token_scale=None, group_list=None, activation_input=None,
+                         activation_quant_scale=None, activation_quant_offset=None, split_item=0, group_type=None,
+                         group_list_type=0, act_type=0, tuning_config=None, output_dtype=None, x_dtype=None,
+                         weight_dtype=None, scale_dtype=None, per_token_scale_dtype=None):
+    ws = _weights(weight, 0)
+    n = ws[0].shape[-1]
+    if split_item in (2, 3):
+        rows = sum(t.shape[0] for t in x)
+        return [x[0].new_empty((rows, n))]
+    if len(x) == len(ws):
+        return [xi.new_empty((*xi.shape[:-1], wi.shape[-1])) for xi, wi in zip(x, ws)]
+    raise NotImplementedError("npu stand-in: npu_grouped_matmul with a single x split into several outputs "
+                              "has data-dependent shapes; not capturable")
+
+
+@reference("npu_grouped_matmul(Tensor[] x, Tensor[] weight, *, Tensor[]? bias=None, Tensor[]? scale=None, "
+           "Tensor[]? offset=None, Tensor[]? antiquant_scale=None, Tensor[]? antiquant_offset=None, "
+           "Tensor[]? per_token_scale=None, Tensor? group_list=None, Tensor[]? activation_input=None, "
+           "Tensor[]? activation_quant_scale=None, Tensor[]? activation_quant_offset=None, int? split_item=0, "
+           "int? group_type=None, int? group_list_type=0, int? act_type=0, int[]? tuning_config=None, "
+           "int? output_dtype=None, int? x_dtype=None, int? weight_dtype=None, int? scale_dtype=None, "
+           "int? per_token_scale_dtype=None) -> Tensor[]",
+           formulation="x split into groups by group_list (cumsum / counts / pairs), y_g = x_g @ w_g + b_g in fp32, "
+                       "optional activation; split_item 2/3 concatenate; unquantized only",
+           test="tests/test_standin_kernels.py::test_grouped_matmul_matches_per_expert_loop",
+           fake=_grouped_matmul_fake)
+def npu_grouped_matmul(x, weight, **kwargs):
+    return _grouped_matmul(x, weight, **kwargs)
+
+
+def _grouped_matmul_list(x, weight, *, bias=None, scale=None, offset=None, antiquant_scale=None,
+                         antiquant_offset=None, per_token_scale=None, group_list=None, activation_input=None,
+                         activation_quant_scale=None, activation_quant_offset=None, split_item=0, group_type=None,
+                         group_list_type=0, act_type=0, output_dtype=None):
+    return _grouped_matmul(x, weight, bias=bias, scale=scale, offset=offset, antiquant_scale=antiquant_scale,
+                           antiquant_offset=antiquant_offset, per_token_scale=per_token_scale,
+                           group_list=group_list, split_item=split_item, group_type=group_type,
+                           group_list_type=0, act_type=act_type)
+
+
+overload("npu_grouped_matmul",
+         "npu_grouped_matmul.List(Tensor[] x, Tensor[] weight, *, Tensor[]? bias=None, Tensor[]? scale=None, "
+         "Tensor[]? offset=None, Tensor[]? antiquant_scale=None, Tensor[]? antiquant_offset=None, "
+         "Tensor[]? per_token_scale=None, int[]? group_list=None, Tensor[]? activation_input=None, "
+         "Tensor[]? activation_quant_scale=None, Tensor[]? activation_quant_offset=None, int? split_item=0, "
+         "int? group_type=None, int? group_list_type=0, int? act_type=0, ScalarType? output_dtype=None) -> Tensor[]",
+         _grouped_matmul_list)

@@ -1,0 +1,59 @@
+"""RMSNorm and SwiGLU. Computed in float32 and rounded once to the input's dtype."""
+
+from __future__ import annotations
+
+import torch
+
+from npu_standin.kernels import reference
+
+
+def _rms(x32: torch.Tensor, dims: int, eps: float) -> torch.Tensor:
+    axes = tuple(range(x32.dim() - dims, x32.dim()))
+    return torch.rsqrt(x32.pow(2).mean(dim=axes, keepdim=True) + eps)
+
+
+def _rms_norm_fake(x, gamma, epsilon=1e-6):
+    shape = list(x.shape[: x.dim() - gamma.dim()]) + [1] * gamma.dim()
+    return torch.empty_like(x), x.new_empty(shape, dtype=torch.float32)
+
+
+@reference("npu_rms_norm(Tensor self, Tensor gamma, float epsilon=1e-06) -> (Tensor, Tensor)",
+           formulation="y = x * rsqrt(mean(x^2 over gamma's dims) + eps) * gamma in fp32, one rounding; "
+                       "rstd (fp32, reduced dims kept as 1)",
+           test="tests/test_standin_kernels.py::test_rms_norm_matches_transformers",
+           fake=_rms_norm_fake)
+def npu_rms_norm(x, gamma, epsilon=1e-6):
+    x32 = x.float()
+    rstd = _rms(x32, gamma.dim(), epsilon)
+    y = (x32 * rstd * gamma.float()).to(x.dtype)
+    return y, rstd
+
+
+def _add_rms_norm_fake(x1, x2, gamma, epsilon=1e-6):
+    y, rstd = _rms_norm_fake(x1, gamma, epsilon)
+    return y, rstd, torch.empty_like(x1)
+
+
+@reference("npu_add_rms_norm(Tensor x1, Tensor x2, Tensor gamma, float epsilon=1e-06) -> (Tensor, Tensor, Tensor)",
+           formulation="x = x1 + x2 (in the input dtype, returned as xOut), then npu_rms_norm(x): (y, rstd, x)",
+           test="tests/test_standin_kernels.py::test_add_rms_norm_is_residual_add_then_transformers_norm",
+           fake=_add_rms_norm_fake)
+def npu_add_rms_norm(x1, x2, gamma, epsilon=1e-6):
+    x = x1 + x2
+    y, rstd = npu_rms_norm(x, gamma, epsilon)
+    return y, rstd, x
+
+
+def _swiglu_fake(x, dim=-1):
+    shape = list(x.shape)
+    shape[dim] //= 2
+    return x.new_empty(shape)
+
+
+@reference("npu_swiglu(Tensor self, int dim=-1) -> Tensor",
+           formulation="a, b = x.chunk(2, dim); silu(a) * b in fp32",
+           test="tests/test_standin_kernels.py::test_swiglu_matches_transformers_silu_gate",
+           fake=_swiglu_fake)
+def npu_swiglu(x, dim=-1):
+    a, b = x.float().chunk(2, dim=dim)
+    return (torch.nn.functional.silu(a) * b).to(x.dtype)

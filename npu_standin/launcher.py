@@ -1,0 +1,134 @@
+"""Run a command under the stand-in and read back what its processes did.
+
+`run()` refuses where a real torch_npu works (the stand-in never shadows an NPU), builds the
+environment (`standin_env`), runs the command in this terminal's process group (Ctrl-C reaches it),
+then merges the per-process records of the run into `standin_usage.json` in the record folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from npu_standin import record as _record
+from npu_standin.environment import DEVICES, host_problem, probe_real_torch_npu, standin_env
+
+USAGE_FILE = "standin_usage.json"
+GUARDS_FILE = "guards.log"
+
+
+class StandinRefused(RuntimeError):
+    """The stand-in cannot or must not run here (a working NPU, no CUDA for --device cuda)."""
+
+
+@dataclass
+class StandinRun:
+    returncode: int
+    usage: dict | None
+    record_dir: Path
+    elapsed_s: float
+    guards: list[str] = field(default_factory=list)
+
+    @property
+    def unsupported(self) -> list[dict]:
+        return (self.usage or {}).get("unsupported") or []
+
+
+def check_can_run(device: str) -> None:
+    if device not in DEVICES:
+        raise StandinRefused(f"--device {device}: the stand-in maps the NPU onto cpu or cuda")
+    problem = host_problem(device)
+    if problem:
+        raise StandinRefused(f"--device {device}: {problem}; use --device cpu")
+    real = probe_real_torch_npu()
+    if real["status"] == "working":
+        raise StandinRefused(f"a working torch_npu is installed here ({real['detail']}): run the command "
+                             "directly on the NPU; the stand-in never shadows a real NPU")
+
+
+def run(command: list[str], device: str = "cpu", record_dir: str | os.PathLike | None = None,
+        cwd: str | os.PathLike | None = None, env: dict | None = None, timeout: float | None = None,
+        compile_mode: str | None = None, stdout=None, stderr=None, check: bool = True) -> StandinRun:
+    """Run `command` under the stand-in on `device`; returns its exit code and merged usage record.
+
+    `record_dir`: where the processes' records go (default: a temporary folder, removed after
+    reading). Raises StandinRefused (see check_can_run) before anything runs, FileNotFoundError when
+    the command does not exist."""
+    if not command:
+        raise ValueError("no command to run")
+    if check:
+        check_can_run(device)
+    keep = record_dir is not None
+    folder = Path(record_dir) if keep else Path(tempfile.mkdtemp(prefix="npu-standin-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in list(folder.glob("standin-*.json")) + [folder / GUARDS_FILE, folder / USAGE_FILE]:
+        if stale.is_file():
+            stale.unlink()
+    run_env = standin_env(device, base=env, record_dir=folder)
+    if compile_mode:
+        run_env["NPU_STANDIN_COMPILE"] = compile_mode
+    executable = shutil.which(command[0], path=run_env["PATH"]) if os.sep not in command[0] else command[0]
+    if executable is None or not os.path.exists(executable):
+        raise FileNotFoundError(f"{command[0]}: command not found")
+    start = time.perf_counter()
+    proc = subprocess.Popen([executable, *command[1:]], cwd=cwd, env=run_env, stdout=stdout, stderr=stderr)
+    try:
+        returncode = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        returncode = 124
+    except KeyboardInterrupt:
+        proc.wait()
+        raise
+    elapsed = time.perf_counter() - start
+    usage = _record.read_op_usage(folder)
+    guards = []
+    if (folder / GUARDS_FILE).is_file():
+        guards = list(dict.fromkeys(line.strip() for line in (folder / GUARDS_FILE).read_text().splitlines()
+                                    if line.strip()))
+    if usage is not None:
+        usage["guards"] = guards
+        (folder / USAGE_FILE).write_text(json.dumps(usage, indent=1) + "\n")
+    if not keep:
+        shutil.rmtree(folder, ignore_errors=True)
+    return StandinRun(returncode, usage, folder, elapsed, guards)
+
+
+def summary_lines(result: StandinRun, device: str) -> list[str]:
+    usage = result.usage
+    if usage is None:
+        return [f"[npu-standin] exit {result.returncode} after {result.elapsed_s:.1f} s: no process activated the "
+                "stand-in (no Python process imported torch)"]
+    ops = usage.get("ops") or {}
+    kernels = ", ".join(f"{name} x{count}" for name, count in ops.items()) or "none"
+    ranks = ",".join(str(r) for r in usage.get("ranks") or []) or "-"
+    lines = [f"[npu-standin] exit {result.returncode} after {result.elapsed_s:.1f} s (host time, {device}): "
+             f"{usage.get('processes', 0)} process(es), ranks {ranks}; reference kernels: {kernels}"]
+    for key, entry in sorted((usage.get("compiles") or {}).items()):
+        lines.append(f"[npu-standin] compiled {key}: {entry.get('backend')} -> torch.compile/{entry.get('mode')}, "
+                     f"{entry.get('compiles', 0)} compile(s), {entry.get('recompiles', 0)} recompile(s)")
+    for line in result.guards:
+        lines.append(f"[npu-standin] {line}")
+    return lines
+
+
+def first_unsupported(result: StandinRun) -> str | None:
+    calls = result.unsupported
+    if not calls:
+        return None
+    names = list(dict.fromkeys(c["name"] for c in calls))
+    return (f"{names[0]} has no reference kernel in the npu stand-in (first call at {calls[0]['site']})"
+            + (f"; also: {', '.join(names[1:5])}" if len(names) > 1 else ""))
+
+
+def main_summary(result: StandinRun, device: str) -> None:
+    for line in summary_lines(result, device):
+        print(line, file=sys.stderr)

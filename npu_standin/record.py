@@ -1,0 +1,211 @@
+"""What ran through the stand-in in this process, and reading it back from a run.
+
+Each process the stand-in is active in says so on stderr when it activates (the `ACTIVE` line) and
+writes, when it exits, one `USAGE` line (JSON) on stderr and, with NPU_STANDIN_RECORD_DIR set, a
+`standin-<pid>.json` file there. A rank's log (`log_N.log`: upstream's launcher sends stdout and
+stderr there) therefore carries its own record: `read_op_usage` reads record folders, log folders
+or single logs alike.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import re
+import sys
+import threading
+from collections import Counter
+from pathlib import Path
+
+ACTIVE_PREFIX = "[npu-standin] active:"
+USAGE_PREFIX = "[npu-standin] usage "
+ACTIVE_RE = re.compile(r"^\[npu-standin\] active: npu -> (?P<device>[a-z]+(?::\d+)?)\b", re.M)
+USAGE_RE = re.compile(r"^\[npu-standin\] usage (?P<json>\{.*\})\s*$", re.M)
+
+_lock = threading.Lock()
+OPS: Counter = Counter()        # reference kernels: op name -> calls
+RUNTIME: Counter = Counter()    # runtime stand-ins used: "hccl->gloo", "profiler (no-op)", ...
+NOTES: dict[str, str] = {}      # one line each, first occurrence kept
+UNSUPPORTED: list[dict] = []    # names called that the stand-in has no reference for
+COMPILES: dict[str, dict] = {}  # compiled callable -> {"backend", "mode", "compiles", "recompiles", "eager_fallback"}
+_state = {"device": None, "written": False}
+
+
+def rank_from_env(env=os.environ) -> int | None:
+    for key in ("RANK",):
+        if env.get(key, "").isdigit():
+            return int(env[key])
+    if env.get("LOCAL_RANK", "").isdigit():
+        return int(env["LOCAL_RANK"]) + int(env.get("RANK_OFFSET", "0") or 0)
+    if env.get("RANK_ID", "").isdigit():
+        return int(env["RANK_ID"])
+    return None
+
+
+def op(name: str) -> None:
+    with _lock:
+        OPS[name] += 1
+
+
+def runtime(name: str) -> None:
+    with _lock:
+        RUNTIME[name] += 1
+
+
+def note(key: str, text: str, echo: bool = True) -> None:
+    """A one-line note, kept once per key (and printed once on stderr)."""
+    with _lock:
+        if key in NOTES:
+            return
+        NOTES[key] = text
+    if echo:
+        print(f"[npu-standin] {text}", file=sys.stderr, flush=True)
+
+
+def unsupported(name: str, site: str) -> None:
+    with _lock:
+        UNSUPPORTED.append({"name": name, "site": site})
+
+
+def compile_event(key: str, **fields) -> dict:
+    with _lock:
+        entry = COMPILES.setdefault(key, {"compiles": 0, "recompiles": 0})
+        for field, value in fields.items():
+            if field in ("compiles", "recompiles"):
+                entry[field] += value
+            else:
+                entry[field] = value
+        return entry
+
+
+def snapshot() -> dict:
+    with _lock:
+        return {
+            "pid": os.getpid(),
+            "rank": rank_from_env(),
+            "device": _state["device"],
+            "argv": sys.argv[:8],
+            "ops": dict(sorted(OPS.items())),
+            "runtime": dict(sorted(RUNTIME.items())),
+            "notes": dict(NOTES),
+            "compiles": {k: dict(v) for k, v in COMPILES.items()},
+            "unsupported": list(UNSUPPORTED),
+        }
+
+
+def announce(device: str) -> None:
+    """The ACTIVE line, and the exit-time record."""
+    _state["device"] = device
+    rank = rank_from_env()
+    print(f"{ACTIVE_PREFIX} npu -> {device} in pid {os.getpid()}"
+          + (f" (rank {rank})" if rank is not None else "")
+          + "; torch_npu and torchair are the stand-in's, torch_npu kernels run as reference "
+            "implementations, timings are the host's", file=sys.stderr, flush=True)
+    atexit.register(write)
+
+
+def write() -> None:
+    if _state["written"]:
+        return
+    _state["written"] = True
+    data = snapshot()
+    try:
+        print(USAGE_PREFIX + json.dumps(data, separators=(",", ":")), file=sys.stderr, flush=True)
+    except (OSError, ValueError):      # stderr already closed
+        pass
+    folder = os.environ.get("NPU_STANDIN_RECORD_DIR")
+    if folder:
+        try:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            tmp = Path(folder) / f".standin-{os.getpid()}.json.tmp"
+            tmp.write_text(json.dumps(data, indent=1) + "\n")
+            os.replace(tmp, Path(folder) / f"standin-{os.getpid()}.json")
+        except OSError:
+            pass
+
+
+# ---- reading a run back --------------------------------------------------------------------
+def parse_log_text(text: str) -> dict | None:
+    """The stand-in's facts in one log: {"device", "records": [...]} or None when it was not active."""
+    active = ACTIVE_RE.search(text)
+    records = []
+    for m in USAGE_RE.finditer(text):
+        try:
+            records.append(json.loads(m.group("json")))
+        except ValueError:
+            continue
+    if active is None and not records:
+        return None
+    device = active.group("device") if active else (records[0].get("device") if records else None)
+    return {"device": device, "records": records}
+
+
+def read_op_usage(path: str | os.PathLike) -> dict | None:
+    """Merged usage of a run: a record folder (standin-*.json), a log folder (*.log) or one log.
+
+    Returns None when nothing there was made under the stand-in, else
+    {"device", "processes", "ranks", "ops": {op: calls}, "runtime", "notes", "compiles",
+     "unsupported": [...], "per_process": [...]}. Each process counts once: a process that wrote
+    both a JSON record and a USAGE line in a log is taken from the JSON record."""
+    path = Path(path)
+    records: dict[int, dict] = {}
+    devices = []
+    if path.is_dir():
+        for item in sorted(path.glob("standin-*.json")):
+            try:
+                data = json.loads(item.read_text())
+            except (OSError, ValueError):
+                continue
+            records[data.get("pid", id(item))] = data
+        logs = sorted(p for p in path.rglob("*.log") if p.is_file())
+    elif path.is_file():
+        logs = [path]
+    else:
+        return None
+    for log in logs:
+        try:
+            parsed = parse_log_text(log.read_text(encoding="utf-8", errors="replace"))
+        except OSError:
+            continue
+        if parsed is None:
+            continue
+        devices.append(parsed["device"])
+        for data in parsed["records"]:
+            records.setdefault(data.get("pid", id(data)), data)
+    if not records and not devices:
+        return None
+    return merge(list(records.values()), devices)
+
+
+def merge(records: list[dict], devices: list | None = None) -> dict:
+    ops: Counter = Counter()
+    runtime_uses: Counter = Counter()
+    notes: dict = {}
+    compiles: dict = {}
+    unsupported_calls: list = []
+    for data in records:
+        ops.update(data.get("ops") or {})
+        runtime_uses.update(data.get("runtime") or {})
+        for key, text in (data.get("notes") or {}).items():
+            notes.setdefault(key, text)
+        for key, entry in (data.get("compiles") or {}).items():
+            merged = compiles.setdefault(key, {"compiles": 0, "recompiles": 0})
+            for field, value in entry.items():
+                merged[field] = merged.get(field, 0) + value if field in ("compiles", "recompiles") else value
+        unsupported_calls += data.get("unsupported") or []
+    device = next((d.get("device") for d in records if d.get("device")), None) or next(
+        (d for d in devices or [] if d), None)
+    ranks = sorted({d["rank"] for d in records if d.get("rank") is not None})
+    return {
+        "device": device,
+        "processes": len(records),
+        "ranks": ranks,
+        "ops": dict(ops.most_common()),
+        "runtime": dict(sorted(runtime_uses.items())),
+        "notes": notes,
+        "compiles": compiles,
+        "unsupported": unsupported_calls,
+        "per_process": [{"pid": d.get("pid"), "rank": d.get("rank"), "argv": d.get("argv"),
+                         "ops": d.get("ops") or {}} for d in records],
+    }
