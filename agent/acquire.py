@@ -50,7 +50,11 @@ class Acquired:
 class HubRef:
     repo_id: str
     revision: str | None
-    url: str           # canonical https://huggingface.co/Org/Name[/tree/<rev>]
+    url: str           # canonical https://huggingface.co/Org/Name[/tree/<rev>] or https://modelscope.cn/models/...
+    hub: str = "hf"    # "hf" or "modelscope" (agent.hub_modelscope)
+
+
+HUBS = ("hf", "modelscope")
 
 
 def parse_hub_ref(text: str) -> HubRef | None:
@@ -58,8 +62,9 @@ def parse_hub_ref(text: str) -> HubRef | None:
 
     Accepted: `https://huggingface.co/Org/Name` (also `hf.co`, the host of HF_ENDPOINT, or no scheme),
     with `/tree/<rev>`, `/blob/<rev>/<file>`, `/resolve/<rev>/<file>` (the file is ignored: the whole
-    model is meant); `hf://Org/Name[@rev]`; and `Org/Name`. Dataset/space links, other hosts and
-    malformed ids give None (`hub_ref_problem` says why).
+    model is meant); `hf://Org/Name[@rev]`; and `Org/Name`. ModelScope links
+    (`https://modelscope.cn/models/Org/Name[...]`, agent.hub_modelscope) give a ref with hub="modelscope".
+    Dataset/space links, other hosts and malformed ids give None (`hub_ref_problem` says why).
     """
     return _parse(text)[0]
 
@@ -73,6 +78,14 @@ def _parse(text: str) -> tuple[HubRef | None, str | None]:
     text = text.strip()
     if not text:
         return None, None
+    from agent import hub_modelscope
+
+    if hub_modelscope.is_modelscope_link(text):
+        parsed, problem = hub_modelscope.parse(text)
+        if parsed is None:
+            return None, problem
+        repo_id, revision = parsed
+        return HubRef(repo_id, revision, hub_modelscope.canonical_url(repo_id, revision), "modelscope"), None
     try:
         from huggingface_hub import constants, parse_hf_uri
         from huggingface_hub.errors import HfUriError, HFValidationError
@@ -108,7 +121,41 @@ def _ref(repo_id: str, revision: str | None) -> HubRef:
     return HubRef(repo_id, revision, url)
 
 
+def hub_target(target: str, hub: str | None) -> str:
+    """The workflow's target for `--hub HUB TARGET`: a ModelScope id becomes its canonical link (the link
+    is what --resume reads and the baseline records); a link must be on the hub named."""
+    if hub is None or Path(target).expanduser().exists():
+        return target
+    from agent import hub_modelscope
+
+    text = target.strip()
+    on_modelscope = hub_modelscope.is_modelscope_link(text)
+    if hub == "hf":
+        if on_modelscope:
+            raise InputError(f"{target}: a ModelScope link, but --hub hf was given; drop --hub or use --hub modelscope")
+        return target
+    if on_modelscope:
+        return target
+    from huggingface_hub import constants
+
+    if "://" in text or text.lower().split("/", 1)[0] in constants.HF_URL_HOSTS:
+        raise InputError(f"{target}: not a ModelScope link, but --hub modelscope was given; give Org/Name or "
+                         "https://modelscope.cn/models/Org/Name")
+    problem = local_path_problem(target) or hub_modelscope.id_problem(text)
+    if problem:
+        raise InputError(problem)
+    return hub_modelscope.canonical_url(text, None)
+
+
 def acquire(target: str, weights: str | None = None) -> Acquired:
+    from agent.transformers_range import check_checkpoint_supported
+
+    got = _acquire(target, weights)
+    check_checkpoint_supported(got.model_dir)
+    return got
+
+
+def _acquire(target: str, weights: str | None) -> Acquired:
     path = Path(target).expanduser()
     if path.exists():
         if not path.is_dir():
@@ -125,7 +172,12 @@ def acquire(target: str, weights: str | None = None) -> Acquired:
     if ref is None:
         why = f" ({problem})" if problem else ""
         raise InputError(_one_line(f"{target}: no such directory, and not a Hugging Face model link "
-                                   f"(https://huggingface.co/Org/Name[/tree/<rev>]) or repo id (Org/Name){why}"))
+                                   f"(https://huggingface.co/Org/Name[/tree/<rev>]), repo id (Org/Name) or "
+                                   f"ModelScope link (https://modelscope.cn/models/Org/Name){why}"))
+    if ref.hub == "modelscope":
+        from agent import hub_modelscope
+
+        return hub_modelscope.download(ref, weights)
     return download(ref, weights)
 
 
