@@ -92,6 +92,9 @@ def _add_run_options(run: argparse.ArgumentParser) -> None:
                      help="where Org/Name lives (default: hf; a modelscope.cn link says it itself)")
     run.add_argument("--trust-remote-code", action="store_true",
                      help="allow vendoring the model repo's own code (auto_map)")
+    run.add_argument("--apply-llm-patches", action="store_true",
+                     help="apply the optional LLM repairer's diffs when they change only files the failure's "
+                          "traceback names (default: keep them as proposals in .migrator/llm/)")
     run.add_argument("--allow-install", action="store_true",
                      help="let repairs pip-install missing packages (otherwise the install line is reported)")
     run.add_argument("--max-rounds", type=ROUNDS, default=defaults.MAX_ROUNDS,
@@ -186,6 +189,10 @@ def cmd_run(args) -> int:
     from agent.acquire import hub_target
 
     args.target = hub_target(args.target, args.hub)
+    if args.apply_llm_patches:
+        from agent.llm_repair import APPLY_ENV
+
+        os.environ[APPLY_ENV] = "1"     # read by the LLM repairer in this process; children never need it
     if not args.resume:
         check_target(args.target, args.trust_remote_code)
     if (Path(args.target).expanduser() / "config.json").is_file():
@@ -360,6 +367,9 @@ def cmd_rollback(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from agent.secrets import hold_secrets
+
+    hold_secrets()      # the LLM API key stays in this process: no child sees it, no file holds it
     try:
         args = _parser().parse_args(argv)
     except SystemExit as exc:   # --help, or a usage error already printed in one line
