@@ -6,11 +6,12 @@ only when the bytes still to download (sizes from metadata, read before download
 Otherwise the user is asked for `--weights PATH` (exit code EXIT_NEEDS_WEIGHTS).
 
 Where the weight sizes come from, most trusted first:
-1. the tree listing huggingface_hub caches per commit (`models--Org--Name/trees/<commit>.json`), written
+1. online: `snapshot_download(dry_run=True)`, the hub's own account of what a download would fetch;
+2. the tree listing huggingface_hub caches per commit (`models--Org--Name/trees/<commit>.json`), written
    from the Hub's own file listing by any earlier online `snapshot_download` (this run's first call when
    online): exact sizes for every file of that commit, usable offline;
-2. online: `HfApi.model_info(files_metadata=True)`;
-3. the cached snapshot itself: sizes of weight files already there, and for absent shards the
+3. online: `get_safetensors_metadata` (tensor bytes per file, from the safetensors headers);
+4. the cached snapshot itself: sizes of weight files already there, and for absent shards the
    `metadata.total_size` of `model.safetensors.index.json` (tensor bytes written by `save_pretrained`).
 When none says how big the missing weights are, nothing is downloaded.
 
@@ -250,27 +251,62 @@ def download(ref: HubRef, weights: str | None) -> Acquired:
 
 
 def _listing(ref: HubRef, commit: str | None) -> dict[str, int] | None:
-    """{repo path: size} of the commit's files, from hub metadata; None when no metadata is at hand."""
-    from huggingface_hub import constants, get_cached_repo_tree
-    from huggingface_hub.errors import CachedRepoTreeNotFoundError
+    """{repo path: size} of the commit's weight files and indexes from hub metadata; None when none is at hand.
+
+    Online: `snapshot_download(dry_run=True)` (the hub's own answer to what a download would fetch, sizes
+    included, nothing written); then the tree listing huggingface_hub cached for the commit; then
+    `get_safetensors_metadata` (tensor bytes per safetensors file, read with range requests). Offline:
+    the cached tree listing only; without it the caller falls back to the index's total_size."""
+    from huggingface_hub import constants
 
     revision = commit or ref.revision
+    online = not constants.HF_HUB_OFFLINE
+    if online:
+        listing = _dry_run_listing(ref, revision)
+        if listing is not None:
+            return listing
+    listing = _cached_tree_listing(ref, revision)
+    if listing is not None or not online:
+        return listing
+    return _safetensors_listing(ref, revision)
+
+
+WEIGHT_METADATA_PATTERNS = ["*.safetensors", "*.bin", "*.json"]
+
+
+def _dry_run_listing(ref: HubRef, revision: str | None) -> dict[str, int] | None:
+    from huggingface_hub import snapshot_download
+
+    try:
+        infos = snapshot_download(ref.repo_id, revision=revision, allow_patterns=WEIGHT_METADATA_PATTERNS,
+                                  dry_run=True)
+    except Exception:  # noqa: BLE001 - metadata is optional: the cache and the index are the fallbacks
+        return None
+    if not infos or any(info.file_size is None for info in infos):
+        return None
+    return {info.filename: int(info.file_size) for info in infos}
+
+
+def _cached_tree_listing(ref: HubRef, revision: str | None) -> dict[str, int] | None:
+    from huggingface_hub import get_cached_repo_tree
+    from huggingface_hub.errors import CachedRepoTreeNotFoundError
+
     try:
         return {f.path: int(f.size or 0) for f in get_cached_repo_tree(ref.repo_id, revision=revision)}
     except (CachedRepoTreeNotFoundError, OSError, ValueError):
-        pass
-    if constants.HF_HUB_OFFLINE:
         return None
-    try:
-        from huggingface_hub import HfApi
 
-        info = HfApi().model_info(ref.repo_id, revision=revision, files_metadata=True)
-    except Exception:  # noqa: BLE001 - metadata is optional here: the cache is the fallback
+
+def _safetensors_listing(ref: HubRef, revision: str | None) -> dict[str, int] | None:
+    """Tensor bytes of each safetensors file (header excluded: a lower bound by a few KB)."""
+    from huggingface_hub import get_safetensors_metadata
+
+    try:
+        meta = get_safetensors_metadata(ref.repo_id, revision=revision)
+    except Exception:  # noqa: BLE001 - not a safetensors repo, or the hub cannot be reached
         return None
-    siblings = info.siblings or []
-    if not siblings or any(s.size is None for s in siblings):
-        return None
-    return {s.rfilename: int(s.size) for s in siblings}
+    return {name: max((t.data_offsets[1] for t in fm.tensors.values()), default=0)
+            for name, fm in meta.files_metadata.items()} or None
 
 
 def _plan_weights(snapshot: Path, listing: dict[str, int] | None):
