@@ -1,4 +1,8 @@
-"""Resolve what the user gave (HF link, Org/Name, local dir) to a local checkpoint directory.
+"""Resolve what the user gave (HF link, Org/Name, ModelScope link, local dir) to a local checkpoint directory.
+
+ModelScope links (and `--hub modelscope Org/Name`, which the CLI turns into one) go to agent.hub_modelscope,
+with the same policy through the `modelscope` library and its cache. Every checkpoint is then held to
+agent.transformers_range (an architecture the installed transformers is too old for: exit 3).
 
 Hub downloads go through huggingface_hub, which honours HF_ENDPOINT (mirrors), HF_HOME and
 HF_HUB_OFFLINE. Small files (config, tokenizer, generation config, `*.py`) first; then the weights,
