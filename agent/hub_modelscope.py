@@ -117,9 +117,9 @@ def id_problem(repo_id: str) -> str | None:
 
 # ---- download ------------------------------------------------------------------------------
 def download(ref, weights: str | None):
-    """Like agent.acquire.download, for a ModelScope ref (agent.acquire.HubRef with hub="modelscope")."""
-    from agent.acquire import (SMALL_FILE_PATTERNS, WEIGHTS_LIMIT_BYTES, Acquired, _check_shards, _merge_weights,
-                               _plan_weights, _weights_dir)
+    """The ModelScope counterpart of agent.acquire.download, for a ref with hub="modelscope"."""
+    from agent.checkpoint_files import (SMALL_FILE_PATTERNS, WEIGHTS_LIMIT_BYTES, Acquired, _check_shards,
+                                        _merge_weights, _plan_weights, _weights_dir)
 
     _quiet()
     name = ref.repo_id.split("/")[-1]
