@@ -11,6 +11,8 @@ import pytest
 
 from conftest import assert_repaired, repair_run
 
+pytest.importorskip("openai")   # imported here, so the timed requests below do not pay its import
+
 
 class CannedEndpoint:
     """POST /v1/chat/completions -> the next canned reply; records the requests."""
