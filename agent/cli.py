@@ -55,7 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     run = sub.add_parser("run", help="migrate a model, repair a recipe, or regenerate its baseline")
-    run.add_argument("target", help="https://huggingface.co/Org/Name, Org/Name, a local HF model dir, or a recipe dir")
+    run.add_argument("target", help="https://huggingface.co/Org/Name, Org/Name, https://modelscope.cn/models/Org/Name, "
+                                    "a local HF model dir, or a recipe dir")
     _add_run_options(run)
 
     demo = sub.add_parser("demo", help="migrate the shipped demo model (or --arch: a tiny random checkpoint) end to end")
@@ -104,8 +105,13 @@ def _add_run_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--dtype", choices=KEY["model_config.dtype"].choices,
                      help="model dtype in the YAML (default: the checkpoint's)")
     run.add_argument("--weights", help="local weights directory for models too large to download")
+    run.add_argument("--hub", choices=("hf", "modelscope"),
+                     help="where Org/Name lives (default: hf; a modelscope.cn link says it itself)")
     run.add_argument("--trust-remote-code", action="store_true",
                      help="allow vendoring the model repo's own code (auto_map)")
+    run.add_argument("--apply-llm-patches", action="store_true",
+                     help="apply the optional LLM repairer's diffs when they change only files the failure's "
+                          "traceback names (default: keep them as proposals in .migrator/llm/)")
     run.add_argument("--allow-install", action="store_true",
                      help="let repairs pip-install missing packages (otherwise the install line is reported)")
     run.add_argument("--max-rounds", type=ROUNDS, default=defaults.MAX_ROUNDS,
@@ -138,8 +144,12 @@ def check_target(target: str, trust_remote_code: bool = False) -> None:
     elif local_path_problem(target):
         raise errors.InputError(local_path_problem(target))
     elif parse_hub_ref(target) is None:
+        from agent.migrate.acquire import hub_ref_problem
+
+        why = hub_ref_problem(target)
         raise errors.InputError(f"{target}: no such directory, and not a Hugging Face link "
-                                "(https://huggingface.co/Org/Name) or repo id (Org/Name)")
+                                "(https://huggingface.co/Org/Name), repo id (Org/Name) or ModelScope link "
+                                f"(https://modelscope.cn/models/Org/Name)" + (f" ({why})" if why else ""))
 
 
 def resolve_target(target: str) -> str:
@@ -186,6 +196,13 @@ def check_output_dir(output_dir: str) -> None:
 def cmd_run(args) -> int:
     check_text_args(target=args.target, **{"--name": args.name, "--output-dir": args.output_dir,
                                            "--weights": args.weights})
+    from agent.migrate.acquire import hub_target
+
+    args.target = hub_target(args.target, args.hub)
+    if args.apply_llm_patches:
+        from agent.repair.llm_repair import APPLY_ENV
+
+        os.environ[APPLY_ENV] = "1"     # read by the LLM repairer in this process; children never need it
     if not args.resume:
         check_target(args.target, args.trust_remote_code)
     if (Path(args.target).expanduser() / "config.json").is_file():
@@ -378,6 +395,9 @@ def cmd_rollback(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from agent.secrets import hold_secrets
+
+    hold_secrets()      # the LLM API key stays in this process: no child sees it, no file holds it
     try:
         args = _parser().parse_args(argv)
     except SystemExit as exc:   # --help, or a usage error already printed in one line

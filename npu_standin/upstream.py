@@ -1,6 +1,6 @@
 """Running cann-recipes-infer's own recipes under the stand-in with tiny random weights.
 
-* `tiny_checkpoint(model_type, out)`: agent.tiny_checkpoint's builder (random weights in the HF
+* `tiny_checkpoint(model_type, out)`: agent.testing.tiny_checkpoint's builder (random weights in the HF
   shapes, a byte-level BPE tokenizer) plus a ChatML chat template, which upstream's scheduler applies
   to every prompt.
 * `tiny_yaml(src, dst, model_path, ...)`: a copy of a recipe YAML pointed at the tiny checkpoint,
@@ -29,7 +29,7 @@ OUTPUT_RE = re.compile(r"Request (\d+): outputs: (.*)$")
 def tiny_checkpoint(model_type: str, out_dir: str | Path, seed: int = 0, **overrides) -> Path:
     from transformers import AutoTokenizer
 
-    from agent.tiny_checkpoint import build_tiny_checkpoint
+    from agent.testing.tiny_checkpoint import build_tiny_checkpoint
 
     out = Path(build_tiny_checkpoint(model_type, out_dir, seed=seed, **overrides))
     _hub_style_config(out / "config.json")

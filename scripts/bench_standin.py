@@ -11,7 +11,7 @@ about 28M parameters; --quick: the 2-layer test model), run two ways on this hos
 
 Both generate --new-tokens tokens greedily from the default prompt after their own warm-up. Per
 system: the wall time of the whole command (start-up, load, warm-up, generation) and the prefill /
-mean decode forward times from its own log, read the standard way (agent.baseline.collect). The
+mean decode forward times from its own log, read the standard way (agent.measure.baseline.collect). The
 runs interleave, the order alternating each repeat; the median over the repeats and the ratio
 (b) / (a) are reported. CPU figures are ratios of one host: neither is an NPU figure.
 """
@@ -74,7 +74,7 @@ def timed(command: list[str], cwd: Path, env: dict | None = None) -> float:
 
 
 def logged(log_dir: Path, yaml_path: Path) -> tuple[float, float]:
-    from agent.baseline import collect
+    from agent.measure.baseline import collect
 
     baseline, _ = collect(str(log_dir), str(yaml_path))
     return baseline["performance"]["prefill_ms"], baseline["performance"]["decode_avg_ms"]

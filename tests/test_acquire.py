@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from agent.migrate.acquire import SMALL_FILE_PATTERNS, WEIGHTS_LIMIT_BYTES, parse_hub_ref
+from agent.errors import EXIT_NEEDS_WEIGHTS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MAIN = "a" * 40
@@ -402,3 +403,31 @@ def test_hub_link_migrates_end_to_end_offline(full_cache, tmp_path):
     settings = (recipe / "config" / "tiny_model_1card_eager.yaml").read_text()
     assert f"snapshots/{DEV}" in settings                                           # the dev snapshot was used
     assert baseline["verification"]["parity"]["ok"]
+
+
+# ---- online, against a local server speaking the Hub API (tests/hf_fixture.py) ----------------------
+@pytest.fixture
+def hub_server(tiny_files):
+    from hf_fixture import HubServer
+
+    server = HubServer({"Org/Tiny-Model": tiny_files, "Org/Big": tiny_files},
+                       listed_sizes={"Org/Big/model.safetensors": 7 * 10**9})
+    yield server
+    server.close()
+
+
+def test_online_sizes_from_a_dry_run_then_the_weights(hf_home, hub_server):
+    out = run_acquire("Org/Tiny-Model", hf_home, offline=False, endpoint=hub_server.url)
+    assert out["ok"], out
+    assert "model.safetensors" in out["files"]
+    weights = [i for i, (m, p) in enumerate(hub_server.requests) if p.endswith("/model.safetensors")]
+    methods = [hub_server.requests[i][0] for i in weights]
+    assert methods[0] == "HEAD" and methods.count("GET") == 1 and methods[-1] == "GET"  # sized, then fetched once
+
+
+def test_online_dry_run_too_large_fetches_no_weights(hf_home, hub_server):
+    out = run_acquire("Org/Big", hf_home, offline=False, endpoint=hub_server.url)
+    assert not out["ok"] and out["exit_code"] == EXIT_NEEDS_WEIGHTS and "7.0 GB" in out["error"]
+    weights = [m for m, p in hub_server.requests if p.endswith("/model.safetensors")]
+    assert weights == ["HEAD"]          # the dry run asked for its size; nothing fetched it
+    assert (hf_home / "hub" / "models--Org--Big" / "snapshots" / hub_server.commit / "config.json").is_file()

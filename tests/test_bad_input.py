@@ -161,6 +161,13 @@ CASES = [
     Case("link_other_host", args("run", "https://example.com/Org/Model"), 2, "not a Hugging Face"),
     Case("link_dataset", args("run", "https://huggingface.co/datasets/Org/Data"), 2, "dataset"),
     Case("link_no_repo", args("run", "https://huggingface.co/"), 2, "not a Hugging Face"),
+    Case("modelscope_dataset_link", args("run", "https://modelscope.cn/datasets/Org/Data"), 2, "not a model"),
+    Case("modelscope_bad_id", args("run", "--hub", "modelscope", "Org/Na me"), 2, "not a ModelScope model id"),
+    Case("modelscope_link_with_hub_hf", args("run", "--hub", "hf", "https://modelscope.cn/models/Org/M"), 2, "--hub hf"),
+    Case("hf_link_with_hub_modelscope", args("run", "--hub", "modelscope", "https://huggingface.co/Org/M"), 2,
+         "not a ModelScope link"),
+    Case("modelscope_not_cached_offline", args("run", "https://modelscope.cn/models/Org/Absent"), 2,
+         "not in the local ModelScope cache"),
     # options
     Case("max_rounds_huge", args("run", "{ckpt}", "--max-rounds", "99999999999999999999"), 2, "out of range"),
     Case("max_rounds_negative", args("run", "{ckpt}", "--max-rounds", "-1"), 2, "out of range"),
@@ -265,6 +272,7 @@ def test_bad_input(case: Case, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    monkeypatch.setenv("MODELSCOPE_CACHE", str(tmp_path / "out" / "ms_cache"))   # inside --output-dir: not "outside"
     (tmp_path / "ckpt").mkdir()
     ckpt = tmp_path / "ckpt" / "model"
     shutil.copytree(demo_model_dir(), ckpt)

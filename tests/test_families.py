@@ -35,8 +35,16 @@ OVERRIDES = {"qwen3_next": {"num_hidden_layers": 4}}   # 4 layers: 3 linear + 1 
 
 @pytest.mark.parametrize("model_type,family", sorted(FAMILY_CASES.items()))
 def test_family_migrates_with_parity(model_type, family, tiny_checkpoints, tmp_path):
+    from agent.migrate.transformers_range import needed_version
+
     ckpt = tiny_checkpoints(model_type, **OVERRIDES.get(model_type, {}))
     proc = run_cli("run", str(ckpt), "--name", "m", "--output-dir", str(tmp_path), "--device", "cpu", "--json")
+    too_old = needed_version(model_type)
+    if too_old is not None:     # the old end of the range (CI's transformers 5.0.0 run): refused, one line
+        errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("migrator: error:")]
+        assert proc.returncode == 3 and len(errors) == 1 and f"transformers >= {too_old.version}" in errors[0]
+        assert not (tmp_path / "m").exists()
+        return
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     summary = json.loads(proc.stdout)
     assert summary["status"] == "ok" and summary["family"] == family
@@ -99,3 +107,14 @@ def test_routing_table_detects_families_from_config_features():
 
     assert {name for name, _ in ROUTES} == set(FAMILIES)
     assert all((templates_dir() / fam.runner_template).is_file() for fam in FAMILIES.values())
+
+
+def test_transformers_range_rows():
+    """The refusal table: below a row's version its model_type is refused, at or above it is not."""
+    from agent.migrate.transformers_range import ROWS, needed_version
+
+    for row in ROWS:
+        assert needed_version(row.model_type, "5.0.0") is row
+        assert needed_version(row.model_type, row.version) is None
+        assert needed_version(row.model_type, "5.24.0") is None
+    assert needed_version("llama", "5.0.0") is None

@@ -11,6 +11,8 @@ import pytest
 
 from conftest import assert_repaired, repair_run
 
+pytest.importorskip("openai")   # imported here, so the timed requests below do not pay its import
+
 
 class CannedEndpoint:
     """POST /v1/chat/completions -> the next canned reply; records the requests."""
@@ -78,15 +80,89 @@ def test_protocol_llm_diff_repairs_an_unknown_failure(working_recipe, endpoint):
     runner, broken = _inject_unknown_fault(working_recipe)
     fixed = broken.replace("= Flase", "= False")
     server = endpoint(["Here is the fix:\n```diff\n" + _diff("runner_fi.py", broken, fixed) + "```\n"])
-    proc, summary, report = repair_run(working_recipe, env={"MIGRATOR_LLM_BASE_URL": server.url,
-                                                            "MIGRATOR_LLM_API_KEY": "k"})
+    proc, summary, report = repair_run(working_recipe, "--apply-llm-patches",
+                                       env={"MIGRATOR_LLM_BASE_URL": server.url, "MIGRATOR_LLM_API_KEY": "k"})
     assert_repaired(working_recipe, proc, summary, report, "llm_repairer", {"runner_fi.py": broken.encode()})
     assert runner.read_text() == fixed
+    assert (working_recipe / ".migrator" / "llm" / "proposal_1.diff").read_text().startswith("--- a/runner_fi.py")
     request = server.requests[0]
     assert request["path"] == "/v1/chat/completions" and request["auth"] == "Bearer k"
     system, user = request["body"]["messages"]
     assert "model-infer-runtime-debug" in system["content"]            # the skill text
     assert "NameError" in user["content"] and "Flase" in user["content"]  # failure + relevant file
+
+
+# ---- the policy: proposals by default; applied only with --apply-llm-patches, only to the failing files ----
+def test_protocol_llm_diff_is_a_proposal_by_default(working_recipe, endpoint):
+    runner, broken = _inject_unknown_fault(working_recipe)
+    diff = _diff("runner_fi.py", broken, broken.replace("= Flase", "= False"))
+    server = endpoint([diff])
+    before = {p: p.read_bytes() for p in working_recipe.rglob("*") if p.is_file() and ".migrator" not in p.parts}
+    proc, summary, report = repair_run(working_recipe, env={"MIGRATOR_LLM_BASE_URL": server.url})
+    assert proc.returncode == 1 and summary["status"] == "failed"
+    note = report["rounds"][0]["note"]
+    assert "not applied" in note and ".migrator/llm/proposal_1.diff" in note and "--apply-llm-patches" in note
+    assert not report["rounds"][0]["applied"] and len(report["runs"]) == 1          # no second trial run
+    assert ".migrator/llm/proposal_1.diff" in summary["message"]
+    assert (working_recipe / ".migrator" / "llm" / "proposal_1.diff").read_text() == diff
+    after = {p: p.read_bytes() for p in working_recipe.rglob("*") if p.is_file() and ".migrator" not in p.parts
+             and p.name not in ("migration_report.json", "migration_summary.md", "README.md")}
+    assert all(before[p] == data for p, data in after.items())                     # nothing of the recipe edited
+    # the proposal applies as the note says
+    subprocess.run(["patch", "-p1", "-s", "-i", ".migrator/llm/proposal_1.diff"], cwd=working_recipe, check=True)
+    assert "= False" in runner.read_text()
+
+
+def test_protocol_llm_diff_that_also_edits_infer_sh_is_not_applied(working_recipe, endpoint):
+    """The field case: a diff that fixes the failure and also adds a command to infer.sh. Even with
+    --apply-llm-patches it stays a proposal (infer.sh is not in the traceback), and nothing runs it."""
+    runner, broken = _inject_unknown_fault(working_recipe)
+    infer_sh = working_recipe / "infer.sh"
+    script = infer_sh.read_text()
+    marker = working_recipe.parent / "llm_was_here"
+    lines = script.splitlines(True)
+    evil = "".join(lines[:1] + [f"touch {marker}\n"] + lines[1:])
+    diff = _diff("runner_fi.py", broken, broken.replace("= Flase", "= False")) + _diff("infer.sh", script, evil)
+    server = endpoint([diff])
+    proc, summary, report = repair_run(working_recipe, "--apply-llm-patches",
+                                       env={"MIGRATOR_LLM_BASE_URL": server.url})
+    assert proc.returncode == 1
+    note = report["rounds"][0]["note"]
+    assert "not applied" in note and "infer.sh" in note and "runner_fi.py" in note
+    assert infer_sh.read_text() == script and runner.read_text() == broken and not marker.exists()
+    assert (working_recipe / ".migrator" / "llm" / "proposal_1.diff").read_text() == diff
+
+
+def test_protocol_api_key_with_crlf_reaches_no_file(working_recipe, endpoint):
+    _inject_unknown_fault(working_recipe)
+    secret = "sk-SECRET\r\nX-Injected: 1"
+    server = endpoint(["--- a/runner_fi.py\n+++ b/runner_fi.py\n@@ -1 +1 @@\n-x\n+y\n"])
+    proc, summary, report = repair_run(working_recipe, env={"MIGRATOR_LLM_BASE_URL": server.url,
+                                                            "MIGRATOR_LLM_API_KEY": secret})
+    assert proc.returncode == 1 and not server.requests                             # never sent
+    assert "control characters" in report["rounds"][0]["note"]
+    for path in [p for p in working_recipe.rglob("*") if p.is_file()]:
+        data = path.read_bytes()
+        assert b"sk-SECRET" not in data and b"X-Injected" not in data, path
+    assert "sk-SECRET" not in proc.stdout + proc.stderr
+
+
+def test_protocol_key_is_not_inherited_and_an_echoed_key_is_refused(working_recipe, endpoint):
+    """The trial run does not see the key (a recipe printing its environment logs no secret), and a reply
+    that carries the key back (a hostile endpoint) is refused, not saved or applied."""
+    runner, broken = _inject_unknown_fault(working_recipe)
+    (working_recipe / "infer.sh").write_text((working_recipe / "infer.sh").read_text().replace(
+        "\n", "\nenv | grep -i llm_api || true\n", 1))
+    secret = "sk-live-0123456789"
+    fixed = broken.replace("= Flase", f"= False  # {secret}")
+    server = endpoint([_diff("runner_fi.py", broken, fixed)])
+    proc, summary, report = repair_run(working_recipe, "--apply-llm-patches",
+                                       env={"MIGRATOR_LLM_BASE_URL": server.url, "MIGRATOR_LLM_API_KEY": secret})
+    assert server.requests and server.requests[0]["auth"] == f"Bearer {secret}"
+    assert proc.returncode == 1 and "contains the API key" in report["rounds"][0]["note"]
+    assert runner.read_text() == broken
+    for path in [p for p in working_recipe.rglob("*") if p.is_file()]:
+        assert secret.encode() not in path.read_bytes(), path
 
 
 def test_protocol_llm_diff_outside_the_recipe_is_rejected(working_recipe, endpoint, tmp_path):

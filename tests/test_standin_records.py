@@ -33,7 +33,7 @@ def test_read_op_usage_merges_ranks_once_from_logs_and_record_files(tmp_path):
 
 
 def test_report_of_a_standin_baseline_says_it_was_no_npu_run(tmp_path):
-    from agent.report import write_report
+    from agent.workflow.report import write_report
 
     recipe = tmp_path / "recipe"
     (recipe / "baseline").mkdir(parents=True)

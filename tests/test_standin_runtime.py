@@ -475,7 +475,7 @@ def test_our_own_recipe_runs_under_the_standin_and_its_baseline_says_so(working_
     env_line = next(line for line in text.splitlines() if " environment: {" in line)
     env = json.loads(env_line.split(" environment: ", 1)[1])
     assert env["device"] == "cpu (npu stand-in)" and env["npu_model"] is None
-    from agent.baseline import collect
+    from agent.measure.baseline import collect
 
     baseline, _ = collect(str(log_dir), str(config))
     assert baseline["environment"]["device"] == "cpu (npu stand-in)" and "standin" in baseline

@@ -1,4 +1,8 @@
-"""Resolve what the user gave (HF link, Org/Name, local dir) to a local checkpoint directory.
+"""Resolve what the user gave (HF link, Org/Name, ModelScope link, local dir) to a local checkpoint directory.
+
+ModelScope links (and `--hub modelscope Org/Name`, which the CLI turns into one) go to agent.migrate.hub_modelscope,
+with the same policy through the `modelscope` library and its cache. Every checkpoint is then held to
+agent.migrate.transformers_range (an architecture the installed transformers is too old for: exit 3).
 
 Hub downloads go through huggingface_hub, which honours HF_ENDPOINT (mirrors), HF_HOME and
 HF_HUB_OFFLINE. Small files (config, tokenizer, generation config, `*.py`) first; then the weights,
@@ -6,11 +10,12 @@ only when the bytes still to download (sizes from metadata, read before download
 Otherwise the user is asked for `--weights PATH` (exit code EXIT_NEEDS_WEIGHTS).
 
 Where the weight sizes come from, most trusted first:
-1. the tree listing huggingface_hub caches per commit (`models--Org--Name/trees/<commit>.json`), written
+1. online: `snapshot_download(dry_run=True)`, the hub's own account of what a download would fetch;
+2. the tree listing huggingface_hub caches per commit (`models--Org--Name/trees/<commit>.json`), written
    from the Hub's own file listing by any earlier online `snapshot_download` (this run's first call when
    online): exact sizes for every file of that commit, usable offline;
-2. online: `HfApi.model_info(files_metadata=True)`;
-3. the cached snapshot itself: sizes of weight files already there, and for absent shards the
+3. online: `get_safetensors_metadata` (tensor bytes per file, from the safetensors headers);
+4. the cached snapshot itself: sizes of weight files already there, and for absent shards the
    `metadata.total_size` of `model.safetensors.index.json` (tensor bytes written by `save_pretrained`).
 When none says how big the missing weights are, nothing is downloaded.
 
@@ -20,37 +25,30 @@ repos/revisions not found, caches that miss what is needed; exit 5 for weights t
 
 from __future__ import annotations
 
-import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
+from agent.migrate.checkpoint_files import (SMALL_FILE_PATTERNS, WEIGHT_INDEXES, WEIGHT_SUFFIXES,  # noqa: F401 - re-exported
+                                    WEIGHTS_LIMIT_BYTES, Acquired, _check_shards, _merge_weights, _plan_weights,
+                                    _weights_dir)
 from agent.errors import EXIT_NEEDS_WEIGHTS, InputError, MigratorError
 
-WEIGHTS_LIMIT_BYTES = 5 * 10**9
-SMALL_FILE_PATTERNS = ["*.json", "*.py", "*.txt", "*.model", "*.tiktoken", "tokenizer*", "*.jinja"]
-WEIGHT_SUFFIXES = (".safetensors", ".bin")
-WEIGHT_INDEXES = (("model.safetensors.index.json", "model.safetensors"),
-                  ("pytorch_model.bin.index.json", "pytorch_model.bin"))
 REPO_ID_RE = re.compile(r"^(?P<org>[\w.-]+)/(?P<name>[\w.-]+)$")
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 CANONICAL_HOST = "https://huggingface.co"
 
 
 @dataclass
-class Acquired:
-    model_dir: Path
-    source: str        # what the baseline records as model_source
-    name_hint: str     # recipe name before normalisation
-
-
-@dataclass
 class HubRef:
     repo_id: str
     revision: str | None
-    url: str           # canonical https://huggingface.co/Org/Name[/tree/<rev>]
+    url: str           # canonical https://huggingface.co/Org/Name[/tree/<rev>] or https://modelscope.cn/models/...
+    hub: str = "hf"    # "hf" or "modelscope" (agent.migrate.hub_modelscope)
+
+
+HUBS = ("hf", "modelscope")
 
 
 def parse_hub_ref(text: str) -> HubRef | None:
@@ -58,8 +56,9 @@ def parse_hub_ref(text: str) -> HubRef | None:
 
     Accepted: `https://huggingface.co/Org/Name` (also `hf.co`, the host of HF_ENDPOINT, or no scheme),
     with `/tree/<rev>`, `/blob/<rev>/<file>`, `/resolve/<rev>/<file>` (the file is ignored: the whole
-    model is meant); `hf://Org/Name[@rev]`; and `Org/Name`. Dataset/space links, other hosts and
-    malformed ids give None (`hub_ref_problem` says why).
+    model is meant); `hf://Org/Name[@rev]`; and `Org/Name`. ModelScope links
+    (`https://modelscope.cn/models/Org/Name[...]`, agent.migrate.hub_modelscope) give a ref with hub="modelscope".
+    Dataset/space links, other hosts and malformed ids give None (`hub_ref_problem` says why).
     """
     return _parse(text)[0]
 
@@ -73,6 +72,14 @@ def _parse(text: str) -> tuple[HubRef | None, str | None]:
     text = text.strip()
     if not text:
         return None, None
+    from agent.migrate import hub_modelscope
+
+    if hub_modelscope.is_modelscope_link(text):
+        parsed, problem = hub_modelscope.parse(text)
+        if parsed is None:
+            return None, problem
+        repo_id, revision = parsed
+        return HubRef(repo_id, revision, hub_modelscope.canonical_url(repo_id, revision), "modelscope"), None
     try:
         from huggingface_hub import constants, parse_hf_uri
         from huggingface_hub.errors import HfUriError, HFValidationError
@@ -108,7 +115,41 @@ def _ref(repo_id: str, revision: str | None) -> HubRef:
     return HubRef(repo_id, revision, url)
 
 
+def hub_target(target: str, hub: str | None) -> str:
+    """The workflow's target for `--hub HUB TARGET`: a ModelScope id becomes its canonical link (the link
+    is what --resume reads and the baseline records); a link must be on the hub named."""
+    if hub is None or Path(target).expanduser().exists():
+        return target
+    from agent.migrate import hub_modelscope
+
+    text = target.strip()
+    on_modelscope = hub_modelscope.is_modelscope_link(text)
+    if hub == "hf":
+        if on_modelscope:
+            raise InputError(f"{target}: a ModelScope link, but --hub hf was given; drop --hub or use --hub modelscope")
+        return target
+    if on_modelscope:
+        return target
+    from huggingface_hub import constants
+
+    if "://" in text or text.lower().split("/", 1)[0] in constants.HF_URL_HOSTS:
+        raise InputError(f"{target}: not a ModelScope link, but --hub modelscope was given; give Org/Name or "
+                         "https://modelscope.cn/models/Org/Name")
+    problem = local_path_problem(target) or hub_modelscope.id_problem(text)
+    if problem:
+        raise InputError(problem)
+    return hub_modelscope.canonical_url(text, None)
+
+
 def acquire(target: str, weights: str | None = None) -> Acquired:
+    from agent.migrate.transformers_range import check_checkpoint_supported
+
+    got = _acquire(target, weights)
+    check_checkpoint_supported(got.model_dir)
+    return got
+
+
+def _acquire(target: str, weights: str | None) -> Acquired:
     path = Path(target).expanduser()
     if path.exists():
         if not path.is_dir():
@@ -125,7 +166,12 @@ def acquire(target: str, weights: str | None = None) -> Acquired:
     if ref is None:
         why = f" ({problem})" if problem else ""
         raise InputError(_one_line(f"{target}: no such directory, and not a Hugging Face model link "
-                                   f"(https://huggingface.co/Org/Name[/tree/<rev>]) or repo id (Org/Name){why}"))
+                                   f"(https://huggingface.co/Org/Name[/tree/<rev>]), repo id (Org/Name) or "
+                                   f"ModelScope link (https://modelscope.cn/models/Org/Name){why}"))
+    if ref.hub == "modelscope":
+        from agent.migrate import hub_modelscope
+
+        return hub_modelscope.download(ref, weights)
     return download(ref, weights)
 
 
@@ -198,66 +244,62 @@ def download(ref: HubRef, weights: str | None) -> Acquired:
 
 
 def _listing(ref: HubRef, commit: str | None) -> dict[str, int] | None:
-    """{repo path: size} of the commit's files, from hub metadata; None when no metadata is at hand."""
-    from huggingface_hub import constants, get_cached_repo_tree
-    from huggingface_hub.errors import CachedRepoTreeNotFoundError
+    """{repo path: size} of the commit's weight files and indexes from hub metadata; None when none is at hand.
+
+    Online: `snapshot_download(dry_run=True)` (the hub's own answer to what a download would fetch, sizes
+    included, nothing written); then the tree listing huggingface_hub cached for the commit; then
+    `get_safetensors_metadata` (tensor bytes per safetensors file, read with range requests). Offline:
+    the cached tree listing only; without it the caller falls back to the index's total_size."""
+    from huggingface_hub import constants
 
     revision = commit or ref.revision
+    online = not constants.HF_HUB_OFFLINE
+    if online:
+        listing = _dry_run_listing(ref, revision)
+        if listing is not None:
+            return listing
+    listing = _cached_tree_listing(ref, revision)
+    if listing is not None or not online:
+        return listing
+    return _safetensors_listing(ref, revision)
+
+
+WEIGHT_METADATA_PATTERNS = ["*.safetensors", "*.bin", "*.json"]
+
+
+def _dry_run_listing(ref: HubRef, revision: str | None) -> dict[str, int] | None:
+    from huggingface_hub import snapshot_download
+
+    try:
+        infos = snapshot_download(ref.repo_id, revision=revision, allow_patterns=WEIGHT_METADATA_PATTERNS,
+                                  dry_run=True)
+    except Exception:  # noqa: BLE001 - metadata is optional: the cache and the index are the fallbacks
+        return None
+    if not infos or any(info.file_size is None for info in infos):
+        return None
+    return {info.filename: int(info.file_size) for info in infos}
+
+
+def _cached_tree_listing(ref: HubRef, revision: str | None) -> dict[str, int] | None:
+    from huggingface_hub import get_cached_repo_tree
+    from huggingface_hub.errors import CachedRepoTreeNotFoundError
+
     try:
         return {f.path: int(f.size or 0) for f in get_cached_repo_tree(ref.repo_id, revision=revision)}
     except (CachedRepoTreeNotFoundError, OSError, ValueError):
-        pass
-    if constants.HF_HUB_OFFLINE:
         return None
+
+
+def _safetensors_listing(ref: HubRef, revision: str | None) -> dict[str, int] | None:
+    """Tensor bytes of each safetensors file (header excluded: a lower bound by a few KB)."""
+    from huggingface_hub import get_safetensors_metadata
+
     try:
-        from huggingface_hub import HfApi
-
-        info = HfApi().model_info(ref.repo_id, revision=revision, files_metadata=True)
-    except Exception:  # noqa: BLE001 - metadata is optional here: the cache is the fallback
+        meta = get_safetensors_metadata(ref.repo_id, revision=revision)
+    except Exception:  # noqa: BLE001 - not a safetensors repo, or the hub cannot be reached
         return None
-    siblings = info.siblings or []
-    if not siblings or any(s.size is None for s in siblings):
-        return None
-    return {s.rfilename: int(s.size) for s in siblings}
-
-
-def _plan_weights(snapshot: Path, listing: dict[str, int] | None):
-    """(weight files, total bytes or None, files not yet in `snapshot`, bytes to fetch or None)."""
-    names = set(listing) if listing is not None else {p.name for p in snapshot.iterdir()}
-    files: list[str] = []
-    index_total: int | None = None
-    for index_name, single in WEIGHT_INDEXES:
-        index = snapshot / index_name
-        if index_name in names and index.is_file():
-            try:
-                data = json.loads(index.read_text())
-                files = sorted(set(data["weight_map"].values()))
-                index_total = int(data.get("metadata", {}).get("total_size") or 0) or None
-            except (OSError, ValueError, KeyError, TypeError, AttributeError):
-                files, index_total = [], None
-        elif single in names:
-            files = [single]
-        if files:
-            break
-    if not files:
-        for suffix in WEIGHT_SUFFIXES:
-            files = sorted(n for n in names if "/" not in n and n.endswith(suffix))
-            if files:
-                break
-    to_fetch = [f for f in files if not (snapshot / f).is_file()]
-    present = sum((snapshot / f).stat().st_size for f in files if f not in to_fetch)
-    if listing is not None:
-        sizes = [listing.get(f) for f in files]
-        total = sum(s for s in sizes if s) if all(s is not None for s in sizes) else index_total
-        fetch = sum(listing.get(f, 0) for f in to_fetch)
-        if any(f not in listing for f in to_fetch):
-            fetch = None if index_total is None else max(index_total - present, fetch)
-        return files, total, to_fetch, fetch
-    if not to_fetch:
-        return files, present, to_fetch, 0
-    if index_total is None:
-        return files, None, to_fetch, None
-    return files, index_total, to_fetch, max(index_total - present, 0)
+    return {name: max((t.data_offsets[1] for t in fm.tensors.values()), default=0)
+            for name, fm in meta.files_metadata.items()} or None
 
 
 class _hub_errors:
@@ -339,46 +381,3 @@ def _one_line(text: str, limit: int = 400) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-# ---- --weights ----------------------------------------------------------------------------
-def _weights_dir(weights: str) -> Path:
-    path = Path(weights).expanduser()
-    if not path.is_dir():
-        raise InputError(f"--weights {weights}: not a directory")
-    if not any(p.name.endswith(WEIGHT_SUFFIXES) for p in path.iterdir()):
-        raise InputError(f"--weights {weights}: no *.safetensors or *.bin weight files in it")
-    return path.resolve()
-
-
-def _merge_weights(ref: HubRef, small_dir: Path, weights_dir: Path) -> Path:
-    """A directory of symlinks: the hub's config/tokenizer files plus the user's weight files.
-
-    Lives under $XDG_CACHE_HOME/infer-migrator (default ~/.cache) so the path stays valid for the recipe.
-    """
-    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "infer-migrator" / "checkpoints"
-    merged = root / f"{ref.repo_id.replace('/', '--')}--{small_dir.name[:12]}"
-    merged.mkdir(parents=True, exist_ok=True)
-    for old in merged.iterdir():
-        if old.is_symlink() or old.is_file():
-            old.unlink()
-    for src_dir in (small_dir, weights_dir):   # the user's files win on name clashes
-        for src in src_dir.iterdir():
-            link = merged / src.name
-            if link.is_symlink() or link.exists():
-                link.unlink()
-            link.symlink_to(src.resolve())
-    return merged
-
-
-def _check_shards(model_dir: Path, what: str) -> None:
-    for index_name, _ in WEIGHT_INDEXES:
-        index = model_dir / index_name
-        if index.is_file():
-            try:
-                shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-            except (OSError, ValueError, KeyError, TypeError, AttributeError):
-                raise InputError(f"{what}: {index_name} is not a valid weight index") from None
-            missing = [s for s in shards if not (model_dir / s).is_file()]
-            if missing:
-                raise InputError(f"{what}: {len(missing)} shard(s) named in {index_name} are missing, "
-                                 f"e.g. {missing[0]}")
-            return

@@ -1,5 +1,13 @@
 """Optional LLM repairer: an OpenAI-compatible endpoint proposes a unified diff for failures no
-rule knows. Off unless MIGRATOR_LLM_BASE_URL is set.
+rule knows. Off unless MIGRATOR_LLM_BASE_URL is set; the client is the `openai` library (the [llm] extra).
+
+Policy (README "LLM diffs"): a diff is code from an untrusted source. By default it is only a proposal:
+checked like any diff below, saved as `.migrator/llm/proposal_N.diff` and named in the report, the recipe
+left as it was. With `migrator run --apply-llm-patches` it is applied, and only when every file it changes
+is a recipe Python file that the failure's traceback names (or the file shown to the model); a diff that
+also touches infer.sh, the YAML or a new file stays a proposal. The API key is taken out of the
+environment at start (no trial run, parity check or install sees it), refused when it holds control
+characters, and replaced by *** in every note; a reply that contains it is refused.
 
 The reply is untrusted. It is read with a size cap (1 MB) and an overall deadline; the diff in it
 is parsed here (not only its ---/+++ lines) and accepted only as edits or creations of regular
@@ -11,17 +19,16 @@ nothing is written unless every hunk of every file applies.
 
     MIGRATOR_LLM_BASE_URL   e.g. http://127.0.0.1:8000/v1   (…/chat/completions is appended)
     MIGRATOR_LLM_MODEL      model name sent in the request (default: "default")
-    MIGRATOR_LLM_API_KEY    bearer token, if the endpoint wants one
+    MIGRATOR_LLM_API_KEY    bearer token, if the endpoint wants one (else "EMPTY" is sent)
+    MIGRATOR_LLM_APPLY      1: apply diffs within the policy (what --apply-llm-patches sets)
     MIGRATOR_LLM_TIMEOUT_S  overall deadline for one request, reply included (default: 120)
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import re
-import socket
 import threading
 import time
 import urllib.parse
@@ -31,6 +38,7 @@ from pathlib import Path
 from agent.recipe.backup import UnsafeRecipePath, atomic_write, real_dirs
 from agent.repair.failure import Failure
 from agent.repair.rules.rule import RepairContext, Rule
+from agent.secrets import held, redact
 
 TIMEOUT_S = 120
 MAX_RESPONSE_BYTES = 1_000_000
@@ -86,77 +94,81 @@ def _deadline_s() -> float:
     return value
 
 
-def post_json(url: str, payload: dict, headers: dict, *, max_bytes: int = MAX_RESPONSE_BYTES,
-              deadline_s: float | None = None) -> dict:
-    """POST JSON, read the reply incrementally: past `max_bytes` or past the overall deadline
-    (connection, headers and body together) the request is abandoned and DiffRejected raised."""
-    deadline_s = _deadline_s() if deadline_s is None else deadline_s
+def api_key() -> str | None:
+    key = held("MIGRATOR_LLM_API_KEY")
+    if key is not None and re.search(r"[\x00-\x1f\x7f]", key):
+        raise DiffRejected("MIGRATOR_LLM_API_KEY contains control characters (CR, LF, ...); not sent: "
+                           "set it to the bare key")
+    return key or None
+
+
+def base_url() -> str:
+    url = os.environ.get("MIGRATOR_LLM_BASE_URL", "").strip().rstrip("/")
     parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise DiffRejected(f"MIGRATOR_LLM_BASE_URL is not an http(s) URL: {url[:100]!r}")
+    if parts.scheme not in ("http", "https") or not parts.hostname or any(c in url for c in "\0\r\n\t "):
+        raise DiffRejected(f"MIGRATOR_LLM_BASE_URL is not an http(s) URL: {redact(url)[:100]!r}")
+    return url
+
+
+def request_reply(messages: list[dict], *, max_bytes: int = MAX_RESPONSE_BYTES, deadline_s: float | None = None) -> str:
+    """The assistant's message text (untrusted), through the openai client (the optional [llm] extra).
+
+    Around it: one overall deadline for connection, headers and body together (a watchdog closes the
+    connection), the reply read incrementally and abandoned past `max_bytes`, no retries, and every
+    failure mapped to one DiffRejected line with no secret in it."""
+    deadline_s = _deadline_s() if deadline_s is None else deadline_s
+    url, key = base_url(), api_key()
+    try:
+        import httpx
+        import openai
+    except ImportError:
+        raise DiffRejected("the LLM repairer needs the openai library: pip install 'infer-migrator[llm]'") from None
+    http = httpx.Client(timeout=httpx.Timeout(deadline_s))
+    # "EMPTY" is the placeholder OpenAI-compatible servers (vLLM, llama.cpp, ...) take when they want no key.
+    client = openai.OpenAI(base_url=url, api_key=key or "EMPTY", max_retries=0, timeout=deadline_s, http_client=http)
     start = time.monotonic()
     expired = threading.Event()
-    conn_cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    conn = conn_cls(parts.hostname, parts.port, timeout=deadline_s)
 
     def cut():                  # the deadline: unblock whatever read is waiting
         expired.set()
-        sock = conn.sock
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        http.close()
 
     watchdog = threading.Timer(deadline_s, cut)
     watchdog.daemon = True
     watchdog.start()
     data = bytearray()
     try:
-        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        conn.request("POST", path, json.dumps(payload).encode(), dict(headers, **{"Content-Type": "application/json"}))
-        response = conn.getresponse()
-        length = response.getheader("Content-Length")
-        if length and length.strip().isdigit() and int(length) > max_bytes:
-            raise DiffRejected(f"reply larger than {max_bytes} bytes (Content-Length {int(length)})")
-        while True:
-            chunk = response.read1(64 * 1024) if hasattr(response, "read1") else response.read(64 * 1024)
-            if not chunk:
-                break
-            data += chunk
-            if len(data) > max_bytes:
-                raise DiffRejected(f"reply larger than {max_bytes} bytes")
-            if expired.is_set():
-                break
-        status = response.status
+        with client.chat.completions.with_streaming_response.create(
+                model=os.environ.get("MIGRATOR_LLM_MODEL", "default"), messages=messages, temperature=0) as response:
+            length = response.headers.get("content-length")
+            if length and length.strip().isdigit() and int(length) > max_bytes:
+                raise DiffRejected(f"reply larger than {max_bytes} bytes (Content-Length {int(length)})")
+            for chunk in response.iter_bytes(64 * 1024):
+                data += chunk
+                if len(data) > max_bytes:
+                    raise DiffRejected(f"reply larger than {max_bytes} bytes")
+                if expired.is_set():
+                    break
     except DiffRejected:
         raise
-    except (OSError, http.client.HTTPException, ValueError) as exc:
-        if expired.is_set() or isinstance(exc, TimeoutError) or time.monotonic() - start >= deadline_s:
+    except openai.APIStatusError as exc:
+        raise DiffRejected(f"endpoint answered HTTP {exc.status_code}") from None
+    except (openai.OpenAIError, httpx.HTTPError, OSError, RuntimeError, ValueError) as exc:
+        if expired.is_set() or isinstance(exc, openai.APITimeoutError) or time.monotonic() - start >= deadline_s:
             raise DiffRejected(f"no complete reply within the deadline of {deadline_s:g} s") from None
-        raise DiffRejected(f"endpoint {parts.hostname}:{parts.port or ''} failed: "
-                           f"{exc.__class__.__name__}: {str(exc)[:200]}") from None
+        cause = exc.__cause__ or exc
+        host = urllib.parse.urlsplit(url)
+        raise DiffRejected(redact(f"endpoint {host.hostname}:{host.port or ''} failed: "
+                                  f"{cause.__class__.__name__}: {' '.join(str(cause).split())[:200]}")) from None
     finally:
         watchdog.cancel()
-        conn.close()
+        http.close()
     if expired.is_set() or time.monotonic() - start > deadline_s:
         raise DiffRejected(f"no complete reply within the deadline of {deadline_s:g} s")
-    if status != 200:
-        raise DiffRejected(f"endpoint answered HTTP {status}")
     try:
-        return json.loads(bytes(data))
+        reply = json.loads(bytes(data))
     except ValueError:
         raise DiffRejected("the reply is not JSON") from None
-
-
-def request_reply(messages: list[dict], **limits) -> str:
-    """The assistant's message text (untrusted)."""
-    url = os.environ["MIGRATOR_LLM_BASE_URL"].rstrip("/") + "/chat/completions"
-    headers = {}
-    if os.environ.get("MIGRATOR_LLM_API_KEY"):
-        headers["Authorization"] = f"Bearer {os.environ['MIGRATOR_LLM_API_KEY']}"
-    reply = post_json(url, {"model": os.environ.get("MIGRATOR_LLM_MODEL", "default"), "messages": messages,
-                            "temperature": 0}, headers, **limits)
     try:
         content = reply["choices"][0]["message"]["content"]
     except (KeyError, IndexError, TypeError):
@@ -171,7 +183,6 @@ def request_diff(messages: list[dict], **limits) -> str:
 
 
 # ---- unified diff: parse, check, apply ------------------------------------------------------
-HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 REGULAR_MODES = ("100644", "100755")
 FORBIDDEN_DIRS = {".migrator", ".git"}
 
@@ -245,77 +256,55 @@ def _check_header(line: str) -> str | None:
 
 
 def parse_diff(diff: str) -> list[FilePatch]:
-    lines = _lines(diff)
+    """The diff's files and hunks, parsed with unidiff; every extended git header but the index line of a
+    regular file is refused (_check_header), and so is what unidiff accepts but an applier must not guess
+    at: a file section without hunks, text between two hunks, hunks whose line counts do not match."""
+    from unidiff import PatchSet
+    from unidiff.errors import UnidiffParseError
+
+    text = "\n".join(_lines(diff))
+    try:
+        parsed = PatchSet(text)
+    except UnidiffParseError as exc:
+        message = str(exc)
+        if any(k in message for k in ("shorter than expected", "longer than expected", "Hunk diff line expected")):
+            raise DiffRejected("malformed hunk (its line counts do not match)") from None
+        if message.startswith("Unexpected hunk"):
+            raise DiffRejected("a hunk outside a file section (text between hunks?)") from None
+        raise DiffRejected(f"malformed diff: {message[:120]}") from None
     patches: list[FilePatch] = []
-    i, n = 0, len(lines)
-    while i < n:
-        line = lines[i]
-        git_header = new_mode = None
-        if line.startswith("diff --git "):
-            git_header = line[len("diff --git "):]
-            i += 1
-            while i < n and not lines[i].startswith(("--- ", "diff --git ", "@@")):
-                if lines[i].startswith(("Binary files ", "GIT binary patch")) or lines[i].strip():
-                    new_mode = _check_header(lines[i]) or new_mode
-                i += 1
-            if i >= n or not lines[i].startswith("--- "):
-                raise DiffRejected(f"the diff section {git_header[:80]!r} has no ---/+++ lines and hunks")
-            line = lines[i]
-        if not (line.startswith("--- ") and i + 1 < n and lines[i + 1].startswith("+++ ")):
-            if git_header is not None:
-                raise DiffRejected(f"the diff section {git_header[:80]!r} has no +++ line")
-            if patches and line.startswith("@@"):
-                raise DiffRejected("a hunk outside a file section (text between hunks?)")
-            i += 1               # text around the diff (a fence, prose): skipped, as patch(1) does
-            continue
-        old, new = _path(line[4:]), _path(lines[i + 1][4:])
-        i += 2
+    for pf in parsed:
+        info = list(pf.patch_info or [])
+        git = next((i for i, ln in enumerate(info) if ln.startswith("diff --git ")), None)
+        new_mode = None
+        if git is not None:
+            for line in info[git + 1:]:
+                if line.strip():
+                    new_mode = _check_header(line.rstrip("\n")) or new_mode
+        if pf.is_binary_file:
+            raise DiffRejected("the diff is a binary patch")
+        header = info[git].rstrip("\n")[len("diff --git "):] if git is not None else None
+        if not len(pf):
+            raise DiffRejected(f"no hunks for {pf.target_file or pf.source_file}"
+                               if header is None else f"the diff section {header[:80]!r} has no ---/+++ lines and hunks")
         hunks = []
-        while i < n and lines[i].startswith("@@"):
-            hunk, i = _parse_hunk(lines, i)
+        for k, uh in enumerate(pf):
+            hunk = Hunk(uh.source_start, uh.source_length, uh.target_start, uh.target_length)
+            for line in uh:
+                if line.line_type == "\\":
+                    if not hunk.lines:
+                        raise DiffRejected("malformed hunk: a no-newline marker before any line")
+                    hunk.lines[-1][2] = False
+                elif line.line_type == "":          # unidiff: a blank line after a complete hunk
+                    if k + 1 < len(pf):
+                        raise DiffRejected("a hunk outside a file section (text between hunks?)")
+                else:
+                    hunk.lines.append([line.line_type, line.value.rstrip("\n"), True])
             hunks.append(hunk)
-        if not hunks:
-            raise DiffRejected(f"no hunks for {new or old}")
-        patches.append(FilePatch(old, new, hunks, git_header, new_mode))
+        patches.append(FilePatch(_path(pf.source_file), _path(pf.target_file), hunks, header, new_mode))
     if not patches:
         raise DiffRejected("not a unified diff")
     return patches
-
-
-def _parse_hunk(lines: list[str], i: int) -> tuple[Hunk, int]:
-    m = HUNK_RE.match(lines[i])
-    if not m:
-        raise DiffRejected(f"malformed hunk header {lines[i][:80]!r}")
-    old_len = 1 if m.group(2) is None else int(m.group(2))
-    new_len = 1 if m.group(4) is None else int(m.group(4))
-    hunk = Hunk(int(m.group(1)), old_len, int(m.group(3)), new_len)
-    i += 1
-    old_left, new_left = old_len, new_len
-    while old_left > 0 or new_left > 0:
-        if i >= len(lines):
-            raise DiffRejected("the diff ends inside a hunk (its line counts do not match)")
-        line = lines[i]
-        if line.startswith("\\"):
-            if not hunk.lines:
-                raise DiffRejected("malformed hunk: a no-newline marker before any line")
-            hunk.lines[-1][2] = False
-            i += 1
-            continue
-        tag, text = (line[:1] or " "), line[1:]       # an empty line: context whose space was stripped
-        if tag == " " and old_left > 0 and new_left > 0:
-            old_left, new_left = old_left - 1, new_left - 1
-        elif tag == "-" and old_left > 0:
-            old_left -= 1
-        elif tag == "+" and new_left > 0:
-            new_left -= 1
-        else:
-            raise DiffRejected(f"malformed hunk near {line[:80]!r} (its line counts do not match)")
-        hunk.lines.append([tag, text, True])
-        i += 1
-    if i < len(lines) and lines[i].startswith("\\") and hunk.lines:
-        hunk.lines[-1][2] = False
-        i += 1
-    return hunk, i
 
 
 def _target(root: Path, raw: str) -> tuple[str, Path]:
@@ -455,16 +444,62 @@ def apply_diff(diff: str, recipe_dir: Path) -> list[str]:
     return sorted(rel for rel, *_ in plan)
 
 
+# ---- the policy: an LLM diff is a proposal; applied only when asked, and only to the failing files ----
+APPLY_ENV = "MIGRATOR_LLM_APPLY"        # set by `migrator run --apply-llm-patches`
+PROPOSALS_DIR = (".migrator", "llm")
+
+
+def apply_requested() -> bool:
+    return os.environ.get(APPLY_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def editable_files(failure: Failure) -> set[str]:
+    """What an applied LLM diff may change: the recipe's Python files the failure's traceback names, and
+    the file the request showed (the runner when no frame is in the recipe). Never infer.sh, the YAML,
+    a new file."""
+    allowed = {rel for rel, _line in failure.recipe_frames()}
+    shown = relevant_file(failure)
+    if shown is not None:
+        allowed.add(str(shown.resolve().relative_to(failure.recipe_dir.resolve())))
+    return allowed
+
+
+def save_proposal(recipe_dir: Path, diff: str) -> Path:
+    """The checked diff, kept for review as .migrator/llm/proposal_N.diff (recipe-relative)."""
+    folder = real_dirs(recipe_dir.resolve(), *PROPOSALS_DIR)
+    n = 1 + sum(1 for p in folder.glob("proposal_*.diff"))
+    path = folder / f"proposal_{n}.diff"
+    atomic_write(path, diff.encode("utf-8"), 0o100644)
+    return path.relative_to(recipe_dir.resolve())
+
+
 def _configured(failure: Failure, found=None) -> dict | None:
     return {} if configured() else None
 
 
 def _fix(failure: Failure, facts: dict, ctx: RepairContext) -> str:
+    recipe = failure.recipe_dir
     try:
-        touched = apply_diff(request_diff(build_messages(failure)), failure.recipe_dir)
+        diff = request_diff(build_messages(failure))
+        if redact(diff) != diff:
+            raise DiffRejected("the reply contains the API key; nothing is kept or applied")
+        touched = validate_diff(diff, recipe)
+        saved = save_proposal(recipe, diff)
+    except (DiffRejected, UnsafeRecipePath, OSError) as exc:
+        return redact(f"LLM diff rejected: {exc}")
+    if not apply_requested():
+        return (f"an LLM proposed a diff to {', '.join(touched)}, not applied (LLM diffs are proposals by default): "
+                f"review {saved}, then `cd {recipe} && patch -p1 < {saved}` or rerun with --apply-llm-patches")
+    outside = [rel for rel in touched if rel not in editable_files(failure)]
+    if outside:
+        return (f"LLM diff not applied: it changes {', '.join(outside)}, which the failure's traceback does not "
+                f"name (an applied LLM diff may change only {', '.join(sorted(editable_files(failure)))}); "
+                f"the proposal is in {saved}")
+    try:
+        applied = apply_diff(diff, recipe)
     except DiffRejected as exc:
-        return f"LLM diff rejected: {exc}"
-    return f"applied LLM diff to {', '.join(touched)}"
+        return redact(f"LLM diff rejected: {exc}")
+    return f"applied LLM diff to {', '.join(applied)} (kept in {saved})"
 
 
 RULE = Rule("llm_repairer", None, "no rule matched; an LLM proposed a patch", _fix, facts=_configured, kind="llm")

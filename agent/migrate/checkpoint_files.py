@@ -1,0 +1,109 @@
+"""What every hub path shares (agent.migrate.acquire for Hugging Face, agent.migrate.hub_modelscope for ModelScope): the
+file patterns fetched first, the 5 GB weights policy and its plan, `--weights PATH` merged with a hub's
+config and tokenizer, the shard check."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.errors import InputError
+
+WEIGHTS_LIMIT_BYTES = 5 * 10**9
+SMALL_FILE_PATTERNS = ["*.json", "*.py", "*.txt", "*.model", "*.tiktoken", "tokenizer*", "*.jinja"]
+WEIGHT_SUFFIXES = (".safetensors", ".bin")
+WEIGHT_INDEXES = (("model.safetensors.index.json", "model.safetensors"),
+                  ("pytorch_model.bin.index.json", "pytorch_model.bin"))
+
+
+@dataclass
+class Acquired:
+    model_dir: Path
+    source: str        # what the baseline records as model_source
+    name_hint: str     # recipe name before normalisation
+
+
+def _plan_weights(snapshot: Path, listing: dict[str, int] | None):
+    """(weight files, total bytes or None, files not yet in `snapshot`, bytes to fetch or None)."""
+    names = set(listing) if listing is not None else {p.name for p in snapshot.iterdir()}
+    files: list[str] = []
+    index_total: int | None = None
+    for index_name, single in WEIGHT_INDEXES:
+        index = snapshot / index_name
+        if index_name in names and index.is_file():
+            try:
+                data = json.loads(index.read_text())
+                files = sorted(set(data["weight_map"].values()))
+                index_total = int(data.get("metadata", {}).get("total_size") or 0) or None
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                files, index_total = [], None
+        elif single in names:
+            files = [single]
+        if files:
+            break
+    if not files:
+        for suffix in WEIGHT_SUFFIXES:
+            files = sorted(n for n in names if "/" not in n and n.endswith(suffix))
+            if files:
+                break
+    to_fetch = [f for f in files if not (snapshot / f).is_file()]
+    present = sum((snapshot / f).stat().st_size for f in files if f not in to_fetch)
+    if listing is not None:
+        sizes = [listing.get(f) for f in files]
+        total = sum(s for s in sizes if s) if all(s is not None for s in sizes) else index_total
+        fetch = sum(listing.get(f, 0) for f in to_fetch)
+        if any(f not in listing for f in to_fetch):
+            fetch = None if index_total is None else max(index_total - present, fetch)
+        return files, total, to_fetch, fetch
+    if not to_fetch:
+        return files, present, to_fetch, 0
+    if index_total is None:
+        return files, None, to_fetch, None
+    return files, index_total, to_fetch, max(index_total - present, 0)
+
+
+# ---- --weights ----------------------------------------------------------------------------
+def _weights_dir(weights: str) -> Path:
+    path = Path(weights).expanduser()
+    if not path.is_dir():
+        raise InputError(f"--weights {weights}: not a directory")
+    if not any(p.name.endswith(WEIGHT_SUFFIXES) for p in path.iterdir()):
+        raise InputError(f"--weights {weights}: no *.safetensors or *.bin weight files in it")
+    return path.resolve()
+
+
+def _merge_weights(ref, small_dir: Path, weights_dir: Path) -> Path:
+    """A directory of symlinks: the hub's config/tokenizer files plus the user's weight files.
+
+    Lives under $XDG_CACHE_HOME/infer-migrator (default ~/.cache) so the path stays valid for the recipe.
+    """
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "infer-migrator" / "checkpoints"
+    merged = root / f"{ref.repo_id.replace('/', '--')}--{small_dir.name[:12]}"
+    merged.mkdir(parents=True, exist_ok=True)
+    for old in merged.iterdir():
+        if old.is_symlink() or old.is_file():
+            old.unlink()
+    for src_dir in (small_dir, weights_dir):   # the user's files win on name clashes
+        for src in src_dir.iterdir():
+            link = merged / src.name
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to(src.resolve())
+    return merged
+
+
+def _check_shards(model_dir: Path, what: str) -> None:
+    for index_name, _ in WEIGHT_INDEXES:
+        index = model_dir / index_name
+        if index.is_file():
+            try:
+                shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                raise InputError(f"{what}: {index_name} is not a valid weight index") from None
+            missing = [s for s in shards if not (model_dir / s).is_file()]
+            if missing:
+                raise InputError(f"{what}: {len(missing)} shard(s) named in {index_name} are missing, "
+                                 f"e.g. {missing[0]}")
+            return
