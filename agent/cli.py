@@ -146,7 +146,18 @@ def preflight(target: str) -> None:
     if path.is_dir():
         info = describe(path)
         if info.is_recipe:
+            check_recipe_destinations(info)
             ensure_runnable_here(info)
+
+
+def check_recipe_destinations(info) -> None:
+    """What a run of the recipe writes (its run logs, baseline, report) can be written inside it."""
+    from agent.fs_guard import check_write_destinations
+
+    baseline = info.baseline_dir().relative_to(info.path).as_posix()
+    check_write_destinations(info.path, {".migrator": "dir", "agentic": "dir", baseline: "dir",
+                                         "migration_report.json": "file", "migration_summary.md": "file",
+                                         "README.md": "file"})
 
 
 def check_text_args(**values) -> None:

@@ -174,16 +174,17 @@ def scan_source(source: str, graph_mode: bool = False, shared: bool = False) -> 
 
 # ---- recipes ------------------------------------------------------------------------------
 def _py_files(root: Path) -> list[Path]:
-    files = []
-    for path in sorted(root.rglob("*.py")):
-        rel = path.relative_to(root)
-        if not set(rel.parts[:-1]) & SKIP_DIRS:
-            files.append(path)
-    return files
+    """The recipe's Python files: regular files only (a FIFO or a link to a device named x.py is
+    refused with one line, a folder named x.py is a folder), folder links never followed."""
+    from agent.fs_guard import source_files
+
+    return source_files(root, (".py",), SKIP_DIRS)
 
 
 def _read(path: Path) -> str:
-    data = path.read_bytes()
+    from agent.fs_guard import read_bytes
+
+    data = read_bytes(path)
     for encoding in ("utf-8-sig", "gb18030"):
         try:
             return data.decode(encoding)
@@ -196,7 +197,10 @@ def _graph_mode(recipe_dir: Path) -> bool:
     """Any YAML of the recipe selects a graph exe_mode (ge_graph, npugraph_ex, ...)."""
     import yaml
 
-    for path in sorted((recipe_dir / "config").rglob("*.y*ml")) if (recipe_dir / "config").is_dir() else []:
+    from agent.fs_guard import source_files
+
+    config = recipe_dir / "config"
+    for path in source_files(config, (".yaml", ".yml")) if config.is_dir() else []:
         try:
             data = yaml.safe_load(_read(path)) or {}
         except Exception:

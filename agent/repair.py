@@ -14,9 +14,10 @@ import math
 import re
 from pathlib import Path
 
-from agent.backup import diff_against_backup, recipe_files, rollback, take_backup
+from agent.backup import backup_round, diff_against_backup, rollback, round_originals
 from agent.failure import Failure, signature
-from agent.repair_rules._util import restore_formats, snapshot_files
+from agent.fs_guard import WriteOutsideRecipe
+from agent.repair_rules._util import restore_formats
 from agent.repair_rules.catalogue import CATALOGUE
 from agent.repair_rules.rule import RepairContext, Rule
 from agent.repair_rules.run import OUT_OF_MEMORY
@@ -114,20 +115,28 @@ def repair(recipe_dir: Path, diagnosis: dict, round_no: int, context: RepairCont
     rule = rule_named(diagnosis.get("rule"))
     if rule is None:
         return {"applied": False, "diff": "", "note": "no repair rule matched"}
-    backup_dir, resumed = take_backup(recipe_dir, round_no)
-    if resumed:     # this round was cut short (a killed run, then --resume): start again from its backup
-        rollback(recipe_dir, round_no)
     if failure is None:
         failure = Failure.from_run(recipe_dir, run) if run else \
             Failure(recipe_dir, "", diagnosis.get("error", ""), diagnosis.get("location"))
-    before = snapshot_files(recipe_files(recipe_dir))
-    try:
-        note = rule.fix(failure, diagnosis.get("facts") or {}, context)
-    except Exception as exc:  # a fix that cannot apply is reported, the loop stops on repeat
-        note = f"fix {rule.name} could not be applied: {exc.__class__.__name__}: {exc}"
+    # Copy-on-write: each file is backed up just before the fix first changes it, and a write that
+    # would land outside the recipe (through a symlink) is refused, whatever the rule does.
+    with backup_round(recipe_dir, round_no) as round_backup:
+        if round_backup.resumed:   # this round was cut short (a killed run, then --resume): undo it first
+            rollback(recipe_dir, round_no)
+        try:
+            note = rule.fix(failure, diagnosis.get("facts") or {}, context)
+        except WriteOutsideRecipe:
+            raise
+        except Exception as exc:  # a fix that cannot apply is reported, the loop stops on repeat
+            note = f"fix {rule.name} could not be applied: {exc.__class__.__name__}: {exc}"
+    guard_refusal = round_backup.guard.refused     # refused even if the fix caught the exception
+    if guard_refusal is not None:
+        raise guard_refusal
+    backup_dir = round_backup.dir
     # Whatever the fix wrote, the user's files keep their line endings, encoding, BOM and mode.
     if rule.keeps_format:
-        restore_formats(recipe_dir, before)
+        restore_formats(recipe_dir, round_originals(recipe_dir, backup_dir))
     diff = diff_against_backup(recipe_dir, backup_dir)
     return {"applied": bool(diff), "rule": rule.name, "kind": rule.kind, "diff": diff, "note": note,
-            "backup": str(backup_dir.relative_to(recipe_dir))}
+            "backup": str(backup_dir.relative_to(round_backup.recipe_dir)),
+            "backup_bytes": round_backup.bytes_copied}
