@@ -115,6 +115,10 @@ def check_target(target: str, trust_remote_code: bool = False) -> None:
         if not path.is_dir():
             raise errors.InputError(f"{target}: not a directory; give a Hugging Face model directory, "
                                     "a recipe directory, an https://huggingface.co/Org/Name link or Org/Name")
+        if os.path.lexists(path / "config.json"):
+            from agent.fs_guard import check_regular
+
+            check_regular(path / "config.json")      # a loop, a FIFO, a device: refused by type, never read
         if not (path / "config.json").is_file() and not describe(path).is_recipe:
             raise errors.InputError(f"{target}: no config.json — point at a Hugging Face model directory "
                                     "(the folder that holds config.json and the weights) or a recipe with infer.sh")
@@ -372,6 +376,14 @@ def main(argv: list[str] | None = None) -> int:
     except TorchImportError as exc:
         print(f"migrator: error: torch cannot be imported ({exc}); fix the torch installation", file=sys.stderr)
         return errors.EXIT_ENVIRONMENT
+    if args.command in ("run", "demo", "baseline", "classify"):
+        from engine.environment import simulated_card_bytes
+
+        try:
+            simulated_card_bytes()       # recipes read it too: a bad value is refused before anything runs
+        except ValueError as exc:
+            print(f"migrator: error: {exc}", file=sys.stderr)
+            return errors.EXIT_USAGE
     handler = {"run": cmd_run, "demo": cmd_demo, "env": cmd_env, "classify": cmd_classify,
                "rollback": cmd_rollback, "baseline": cmd_baseline}[args.command]
     try:

@@ -182,10 +182,14 @@ def process_memory_limit() -> int | None:
 def simulated_card_bytes() -> int | None:
     """MIGRATOR_DEVICE_MEMORY_BYTES (tests and CPU only): the size of a simulated card, which the
     engine enforces on the weights each rank holds (engine.model_runner.check_device_memory)."""
-    import os
+    from engine.environment import simulated_card_bytes as parse
 
-    value = os.environ.get("MIGRATOR_DEVICE_MEMORY_BYTES")
-    return int(value) if value else None
+    try:
+        return parse()
+    except ValueError as exc:
+        from agent.errors import InputError
+
+        raise InputError(str(exc)) from None
 
 
 def recipe_yaml(recipe_dir: Path, world_size: int = 1) -> Path:

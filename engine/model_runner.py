@@ -538,10 +538,12 @@ def check_device_memory(device, held_bytes: int) -> None:
     A CPU has no per-card memory to run out of; with this set, a rank whose weights exceed the
     "card" fails as a full NPU would. Ignored on real devices.
     """
-    card = os.environ.get("MIGRATOR_DEVICE_MEMORY_BYTES")
-    if card and device.type == "cpu" and held_bytes > int(card):
+    from engine.environment import simulated_card_bytes
+
+    card = simulated_card_bytes()
+    if card and device.type == "cpu" and held_bytes > card:
         raise torch.OutOfMemoryError(
-            f"CPU out of memory (simulated card of {int(card)} bytes, MIGRATOR_DEVICE_MEMORY_BYTES): "
+            f"CPU out of memory (simulated card of {card} bytes, MIGRATOR_DEVICE_MEMORY_BYTES): "
             f"this rank holds {held_bytes} bytes of weights")
 
 
