@@ -36,6 +36,7 @@ class Kernel:
     file: str        # path shown to the user (relative to the recipe, or to the repository for shared code)
     line: int
     shared: bool = False
+    kind: str = "call"   # "call": a kernel used at this line; "import": an import line that needs the NPU
 
     @property
     def where(self) -> str:
@@ -52,10 +53,19 @@ class NpuScan:
         return bool(self.kernels)
 
     def message(self) -> str:
-        first = self.kernels[0]
-        n = len(self.kernels)
-        return (f"needs an Ascend NPU: {n} torch_npu kernel{'s' if n != 1 else ''} "
-                f"(first: {first.name} at {first.where}); run on an NPU host")
+        """Distinct kernels, how many places call them and the first call (an import line only when
+        nothing is called: e.g. a module-level torchair import)."""
+        calls = [k for k in self.kernels if k.kind == "call"]
+        if not calls:
+            names = list(dict.fromkeys(k.name for k in self.kernels))
+            first = self.kernels[0]
+            return (f"needs an Ascend NPU: NPU-only import{'s' if len(self.kernels) != 1 else ''} with no portable "
+                    f"path ({', '.join(names)}; first: {first.name} at {first.where}); run on an NPU host")
+        ops = list(dict.fromkeys(k.name for k in calls))
+        shown = ", ".join(ops[:6]) + (", …" if len(ops) > 6 else "")
+        return (f"needs an Ascend NPU: {len(ops)} torch_npu kernel{'s' if len(ops) != 1 else ''} ({shown}) "
+                f"at {len(calls)} call site{'s' if len(calls) != 1 else ''}; first call: {calls[0].name} at "
+                f"{calls[0].where}; run on an NPU host")
 
 
 def npu_usable() -> bool:
@@ -76,8 +86,9 @@ class _Visitor(ast.NodeVisitor):
     def __init__(self, graph_mode: bool, shared: bool):
         self.graph_mode = graph_mode
         self.shared = shared
-        self.found: list[tuple[str, int]] = []
+        self.found: list[tuple[str, int, str]] = []
         self.npu_aliases: set[str] = set()     # names bound to the torch_npu module
+        self.kernel_aliases: dict[str, str] = {}   # names bound to a kernel (from torch_npu import npu_x as y)
         self.torch_aliases: set[str] = {"torch"}
         self._guard = 0                        # inside try/if: an optional import
         self._func = 0                         # inside a function: a lazy import
@@ -115,7 +126,7 @@ class _Visitor(ast.NodeVisitor):
             if alias.name == "torch_npu" or (top == "torch_npu" and alias.asname is None):
                 self.npu_aliases.add(bound)
                 if self.shared and not self._guard and not self._func:
-                    self.found.append(("import torch_npu", node.lineno))
+                    self.found.append(("import torch_npu", node.lineno, "import"))
             elif top == "torch" and alias.asname is None:
                 self.torch_aliases.add("torch")
             elif top == "torchair":
@@ -127,14 +138,19 @@ class _Visitor(ast.NodeVisitor):
         if top == "torch_npu":
             for alias in node.names:
                 if module == "torch_npu" and alias.name.startswith(KERNEL_PREFIXES):
-                    self.found.append((alias.name, node.lineno))
+                    self.kernel_aliases[alias.asname or alias.name] = alias.name
+                    self.found.append((alias.name, node.lineno, "import"))
         elif top == "torchair":
             self._torchair(node)
 
     def _torchair(self, node):
         lazy = self._func or self._guard
         if not lazy or self.graph_mode:
-            self.found.append(("torchair", node.lineno))
+            self.found.append(("torchair", node.lineno, "import"))
+
+    def visit_Name(self, node):
+        if node.id in self.kernel_aliases and isinstance(node.ctx, ast.Load):
+            self.found.append((self.kernel_aliases[node.id], node.lineno, "call"))
 
     # uses
     def visit_Attribute(self, node):
@@ -142,10 +158,10 @@ class _Visitor(ast.NodeVisitor):
         if chain:
             parts = chain.split(".")
             if parts[0] in self.npu_aliases and len(parts) >= 2 and parts[1].startswith(KERNEL_PREFIXES):
-                self.found.append((parts[1], node.lineno))
+                self.found.append((parts[1], node.lineno, "call"))
                 return
             if parts[0] in self.torch_aliases and parts[1:3] == ["ops", "npu"] and len(parts) >= 4:
-                self.found.append((f"torch.ops.npu.{parts[3]}", node.lineno))
+                self.found.append((f"torch.ops.npu.{parts[3]}", node.lineno, "call"))
                 return
         self.generic_visit(node)
 
@@ -161,8 +177,8 @@ def _dotted(node: ast.AST) -> str | None:
     return ".".join(reversed(parts))
 
 
-def scan_source(source: str, graph_mode: bool = False, shared: bool = False) -> list[tuple[str, int]]:
-    """(kernel name, line) in one Python source, in line order; [] when it does not parse."""
+def scan_source_kinds(source: str, graph_mode: bool = False, shared: bool = False) -> list[tuple[str, int, str]]:
+    """(kernel name, line, "call" | "import") in one Python source, in line order; [] when it does not parse."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
@@ -170,6 +186,11 @@ def scan_source(source: str, graph_mode: bool = False, shared: bool = False) -> 
     visitor = _Visitor(graph_mode, shared)
     visitor.visit(tree)
     return sorted(dict.fromkeys(visitor.found), key=lambda item: item[1])
+
+
+def scan_source(source: str, graph_mode: bool = False, shared: bool = False) -> list[tuple[str, int]]:
+    """(kernel name, line) in one Python source, in line order; [] when it does not parse."""
+    return list(dict.fromkeys((name, line) for name, line, _ in scan_source_kinds(source, graph_mode, shared)))
 
 
 # ---- recipes ------------------------------------------------------------------------------
@@ -272,7 +293,7 @@ def scan_recipe(recipe_dir: Path, repo_root: Path | None = None, entry_files: li
     for path, source in own.items():
         scan.files += 1
         rel = path.relative_to(recipe_dir).as_posix()
-        scan.kernels += [Kernel(name, rel, line) for name, line in scan_source(source, graph_mode)]
+        scan.kernels += [Kernel(name, rel, line, kind=kind) for name, line, kind in scan_source_kinds(source, graph_mode)]
     if repo_root is not None:
         repo_root = Path(repo_root).resolve()
         roots = dict(own)
@@ -283,6 +304,6 @@ def scan_recipe(recipe_dir: Path, repo_root: Path | None = None, entry_files: li
         for path in sorted({*shared, *(p.resolve() for p in entry_files or [] if p.is_file())}):
             scan.files += 1
             rel = path.relative_to(repo_root).as_posix()
-            scan.kernels += [Kernel(name, rel, line, shared=True)
-                             for name, line in scan_source(_read(path), graph_mode, shared=True)]
+            scan.kernels += [Kernel(name, rel, line, shared=True, kind=kind)
+                             for name, line, kind in scan_source_kinds(_read(path), graph_mode, shared=True)]
     return scan

@@ -211,8 +211,8 @@ def test_injected_field_fault(injection, layout, working_recipe_source, tmp_path
         line = next(n for n, text in enumerate(result["injected"][runner][0].decode().splitlines(), 1)
                     if f"torch_npu.{kernel}(" in text)
         assert result["returncode"] == 4, context
-        assert (f"needs an Ascend NPU: 1 torch_npu kernel (first: {kernel} at {runner}:{line}); run on an NPU host"
-                in result["stderr"]), result["stderr"]
+        assert (f"needs an Ascend NPU: 1 torch_npu kernel ({kernel}) at 1 call site; first call: {kernel} at "
+                f"{runner}:{line}; run on an NPU host" in result["stderr"]), result["stderr"]
         assert not (result["recipe"] / ".migrator").exists() and result["rollback"] == "untouched"
     else:                          # unknown: no rule, but the diagnosis says what is known
         entry = injection.entry
