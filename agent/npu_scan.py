@@ -5,8 +5,9 @@ A recipe *needs* an NPU when it calls NPU kernels that have no portable equivale
 - ``torch_npu.npu_*`` (``torch_npu.npu_rms_norm(...)``, ``from torch_npu import npu_rotary_mul``) and
   the private ``torch_npu._npu_*`` kernels (``torch_npu._npu_rotary_embedding``),
 - ``torch.ops.npu.*``,
-- torchair-only paths (``import torchair`` at module level, or a lazy one when the recipe's YAML
-  selects a graph ``exe_mode``),
+- torchair-only paths (``import torchair`` at module level whose names the module uses, or a lazy
+  one when the recipe's YAML selects a graph ``exe_mode``; a bare unused import in the recipe's own
+  code is guarded by a repair instead),
 - an unguarded module-level ``import torch_npu`` in shared code the recipe imports but does not
   own (e.g. the repository's ``executor/``): nothing in the recipe can make that import portable.
 
@@ -89,6 +90,8 @@ class _Visitor(ast.NodeVisitor):
         self.found: list[tuple[str, int, str]] = []
         self.npu_aliases: set[str] = set()     # names bound to the torch_npu module
         self.kernel_aliases: dict[str, str] = {}   # names bound to a kernel (from torch_npu import npu_x as y)
+        self.torchair_imports: list[tuple[int, set[str]]] = []
+        self.loaded: set[str] = set()
         self.torch_aliases: set[str] = {"torch"}
         self._guard = 0                        # inside try/if: an optional import
         self._func = 0                         # inside a function: a lazy import
@@ -130,7 +133,7 @@ class _Visitor(ast.NodeVisitor):
             elif top == "torch" and alias.asname is None:
                 self.torch_aliases.add("torch")
             elif top == "torchair":
-                self._torchair(node)
+                self._torchair(node, [alias.asname or top])
 
     def visit_ImportFrom(self, node):
         module = node.module or ""
@@ -141,14 +144,22 @@ class _Visitor(ast.NodeVisitor):
                     self.kernel_aliases[alias.asname or alias.name] = alias.name
                     self.found.append((alias.name, node.lineno, "import"))
         elif top == "torchair":
-            self._torchair(node)
+            self._torchair(node, [a.asname or a.name for a in node.names])
 
-    def _torchair(self, node):
+    def _torchair(self, node, names):
         lazy = self._func or self._guard
         if not lazy or self.graph_mode:
             self.found.append(("torchair", node.lineno, "import"))
+            self.torchair_imports.append((node.lineno, set(names)))
+
+    def unused_torchair_lines(self) -> set[int]:
+        """Lines of torchair imports whose names the module never reads: a bare import the recipe can
+        guard (agent.repair_rules), not a torchair-only path."""
+        return {line for line, names in self.torchair_imports if not names & self.loaded}
 
     def visit_Name(self, node):
+        if isinstance(node.ctx, ast.Load):
+            self.loaded.add(node.id)
         if node.id in self.kernel_aliases and isinstance(node.ctx, ast.Load):
             self.found.append((self.kernel_aliases[node.id], node.lineno, "call"))
 
@@ -185,7 +196,9 @@ def scan_source_kinds(source: str, graph_mode: bool = False, shared: bool = Fals
         return []
     visitor = _Visitor(graph_mode, shared)
     visitor.visit(tree)
-    return sorted(dict.fromkeys(visitor.found), key=lambda item: item[1])
+    unused = set() if graph_mode or shared else visitor.unused_torchair_lines()
+    found = [f for f in visitor.found if not (f[0] == "torchair" and f[1] in unused)]
+    return sorted(dict.fromkeys(found), key=lambda item: item[1])
 
 
 def scan_source(source: str, graph_mode: bool = False, shared: bool = False) -> list[tuple[str, int]]:

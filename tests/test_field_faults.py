@@ -25,7 +25,7 @@ from agent.repair import explain_unknown, first_matching_rule
 from agent.repair_rules.field import FIELD_RULE_NAMES
 from agent.repair_rules.run import OOM_PATTERNS
 from tests.conftest import REPO_ROOT
-from tests.conftest import torch_npu_wheel
+from tests.conftest import assert_round_backup, torch_npu_wheel
 from tests.field_injections import INJECTIONS, Injection, cases, run_injection
 
 ERROR_LINE = re.compile(r"^\s*(\w*(?:Error|Exception)): .+$", re.M)
@@ -186,8 +186,7 @@ def test_injected_field_fault(injection, layout, working_recipe_source, tmp_path
     if expected == "repaired":
         assert result["returncode"] == 0 and result["summary"]["status"] == "ok", context
         assert first["applied"] and first["diff"] and result["rounds"] == 1
-        for rel, (content, _) in result["injected"].items():       # the backup holds the injected bytes
-            assert (result["backup"] / rel).read_bytes() == content, rel
+        assert_round_backup(result["recipe"], first, {rel: c for rel, (c, _) in result["injected"].items()})
         assert result["rollback"] == "restored"
     elif expected == "reported":
         last = result["last"]
@@ -197,8 +196,9 @@ def test_injected_field_fault(injection, layout, working_recipe_source, tmp_path
         note = injection.expected_note(layout).replace("{runner}", runner)
         assert note in last["note"], last["note"]
         assert last["note"] in result["summary"]["message"]
-        for rel, (content, _) in result["injected"].items():
-            assert (result["backup"] / rel).read_bytes() == content, rel
+        for rnd in result["round_records"][:1]:
+            if rnd.get("applied"):
+                assert_round_backup(result["recipe"], rnd, {rel: c for rel, (c, _) in result["injected"].items()})
         assert result["rollback"] == "restored"
     elif expected == "oom":        # the out-of-memory path: the memory estimate, exit 6, nothing edited
         assert result["returncode"] == 6 and result["summary"]["status"] == "oom", context

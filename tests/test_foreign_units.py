@@ -31,7 +31,9 @@ from foreign_fixture import write_executor, write_framework_recipe, write_legacy
     ("import torch_npu\nq = torch_npu._npu_rotary_embedding(pos, q, k, 64, cache, True)\n", [("_npu_rotary_embedding", 2)]),
     ("from torch_npu import _npu_reshape_and_cache\n", [("_npu_reshape_and_cache", 1)]),
     ("import torch\ny = torch.ops.npu.npu_add_rms_norm(a, b, w)\n", [("torch.ops.npu.npu_add_rms_norm", 2)]),
-    ("import torchair as tng\n", [("torchair", 1)]),
+    ("import torchair as tng\nbackend = tng.get_npu_backend()\n", [("torchair", 1)]),
+    # a bare torchair import nothing uses: guarded by a repair, not a torchair-only path
+    ("import torchair as tng\n", []),
     # a lazy torchair import (graph mode only) is no kernel for an eager recipe
     ("def graph_compile(self):\n    import torchair as tng\n", []),
     ("try:\n    import torchair\nexcept ImportError:\n    torchair = None\n", []),

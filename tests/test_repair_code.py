@@ -18,7 +18,7 @@ from agent.repair import rule_named
 from agent.codemods.device import GUARD_FLASH_ATTN, DeviceAgnosticCudaCommand, GuardOptionalImportCommand
 from agent.codemods.repair import AddForwardKwargsCommand, PadTokenFallbackCommand, TrustRemoteCodeCommand
 from agent.repair_rules.code import install_command, key_prefix_mapping, pip_distribution
-from conftest import assert_repaired, first_match_name, repair_run
+from conftest import assert_repaired, assert_round_backup, first_match_name, repair_run
 
 MODELING = "models/modeling_fi.py"
 RUNNER = "runner_fi.py"
@@ -61,9 +61,7 @@ def _assert_run_repaired(recipe: Path, report: dict, rule: str, injected: dict[s
     trial = [r for r in report["runs"] if r["label"].startswith("trial")][-1]
     assert trial["ok"], trial
     assert (recipe / "baseline" / "baseline_metadata.json").is_file()
-    backup = recipe / ".migrator" / "backup" / "round_1"
-    for rel, content in injected.items():
-        assert (backup / rel).read_bytes() == content, rel
+    assert_round_backup(recipe, first, injected)
 
 
 def _assert_reported_unchanged(recipe: Path, before: dict, proc, summary: dict, report: dict, rule: str,

@@ -224,6 +224,8 @@ class GuardOptionalImportCommand(VisitorBasedCodemodCommand):
 # The two optional packages recipes import: torch_npu only for bookkeeping, flash_attn for one attention kernel.
 GUARD_TORCH_NPU = {"package": "torch_npu", "reason": "NPU backend: optional off an NPU", "submodules": False,
                    "also": ("torch_npu.contrib.transfer_to_npu",), "unless_used": True}
+GUARD_TORCHAIR = {"package": "torchair", "reason": "torchair (NPU graph mode): optional off an NPU",
+                  "unless_used": True}
 GUARD_FLASH_ATTN = {"package": "flash_attn", "reason": "flash_attn is optional: use another attn_implementation"}
 
 
@@ -238,6 +240,13 @@ class _NameUses(cst.CSTVisitor):
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
         return False
+
+    def visit_Try(self, node: cst.Try) -> bool:
+        # `try: import torch_npu / except ...: torch_npu = None`: a guard; its fallback binding is no use
+        imports_only = all(isinstance(stmt, cst.SimpleStatementLine) and
+                           all(isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body)
+                           for stmt in node.body.body)
+        return not imports_only
 
     def visit_Name(self, node: cst.Name) -> None:
         self.used.add(node.value)
@@ -359,7 +368,8 @@ class DeviceAgnosticCudaCommand(VisitorBasedCodemodCommand):
 
 # In the order a fix applies them: calls and handles first, then the import they needed.
 NPU_COMMANDS = (NpuCallsToDeviceOpsCommand, NpuTensorMethodCommand, NpuDeviceStringCommand,
-                partial(GuardOptionalImportCommand, **GUARD_TORCH_NPU))
+                partial(GuardOptionalImportCommand, **GUARD_TORCH_NPU),
+                partial(GuardOptionalImportCommand, **GUARD_TORCHAIR))
 CUDA_COMMANDS = (CudaCallsToDeviceOpsCommand,)
 
 

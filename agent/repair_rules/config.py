@@ -238,20 +238,21 @@ def _model_path_facts(failure: Failure, _found=None) -> dict | None:
 
 
 def _fix_model_path(failure: Failure, facts: dict, ctx: RepairContext) -> str:
+    """model_path is re-pointed only to the checkpoint this recipe was migrated from (the one the
+    user named then, recorded as model_dir in migration_report.json). A checkpoint that merely sits
+    near the old path may be anyone's: it is named in the note, never written into the YAML."""
     from agent.repair_rules.files import resolve_model_path
 
     report_dir = resolve_model_path(failure.recipe_dir, report_data(failure.recipe_dir).get("model_dir"))
     if report_dir is not None and _checkpoint(report_dir):
         new, why = report_dir, "the checkpoint migration_report.json recorded (model_dir)"
     else:
-        new, candidates = find_moved_checkpoint(Path(facts["resolved"]))
-        if new is None:
-            listed = ", ".join(map(str, candidates[:5])) or "none"
-            return (f"model_path {facts['model_path']} does not exist and no checkpoint could be chosen "
-                    f"(report model_dir: {report_dir or 'none'}; checkpoints nearby: {listed}); "
-                    "set model_path in the YAML to the folder holding config.json and the weights")
-        why = "a checkpoint of the same name near the old path" if new.name == Path(facts["resolved"]).name \
-            else "the only checkpoint near the old path"
+        found, candidates = find_moved_checkpoint(Path(facts["resolved"]))
+        nearby = list(dict.fromkeys([found, *candidates])) if found is not None else candidates
+        listed = ", ".join(map(str, nearby[:5])) or "none"
+        return (f"model_path {facts['model_path']} does not exist (report model_dir: {report_dir or 'none'}; "
+                f"checkpoints nearby, not chosen for you: {listed}); set model_path in the YAML to the folder "
+                "holding config.json and the weights")
     note = edit_yaml_line(failure.recipe_dir, None, "model_path", str(new))
     return f"{note}: {facts['model_path']} does not exist; using {why}"
 

@@ -31,7 +31,8 @@ from agent.repair_rules.rule import RepairContext, Rule, message_facts, report, 
 # engine.environment's probe imported it once, saw it fail and blocked it (None in sys.modules) so
 # that torch and transformers run without it; the recipe's own `import torch_npu` then says only this.
 _NPU_MISSING = re.compile(
-    r"module 'torch' has no attribute 'npu'|No module named 'torch_npu'|object has no attribute 'npu'|"
+    r"module 'torch' has no attribute 'npu'|No module named 'torch_npu'|No module named 'torchair'|"
+    r"object has no attribute 'npu'|"
     r"device type at start of device string: npu|Failed to import torch_npu|"
     r"import of torch_npu halted; None in sys\.modules|"
     r"(?:libhccl|libascend_hal|libascendcl)\.so: cannot open shared object file")
@@ -43,7 +44,7 @@ def _incidental_npu_facts(failure: Failure, found: re.Match) -> dict | None:
     for path in recipe_py_files(failure.recipe_dir):
         text = path.read_text(errors="replace")
         kernels += npu_kernel_uses(text)
-        if ("npu" in text) and rewrite_file(path, NPU_COMMANDS, dry_run=True):
+        if ("npu" in text or "torchair" in text) and rewrite_file(path, NPU_COMMANDS, dry_run=True):
             files.append(str(path.relative_to(failure.recipe_dir)))
     if kernels or not files:
         return None         # kernels: no portable equivalent (exit 4); nothing incidental: not ours
@@ -248,14 +249,75 @@ def _yaml_syntax_facts(failure: Failure, found: re.Match) -> dict | None:
         return {"file": str(path.relative_to(failure.recipe_dir)), "line": 0, "col": 0,
                 "kind": type(exc).__name__, "problem": str(exc).splitlines()[0], "text": ""}
 
+def _fix_one_slip(lines: list[str], exc) -> str | None:
+    """Fix the slip PyYAML points at (a tab in the indentation, a missing space after ':', an
+    indentation off by a space, an unquoted value holding ': '), in place; returns what was done."""
+    import json
+    import re
+
+    mark = exc.context_mark if exc.context == "while scanning a simple key" and exc.context_mark else exc.problem_mark
+    if mark is None or mark.line >= len(lines):
+        return None
+    at = mark.line
+    line = lines[at]
+    indent = re.match(r"[ \t]*", line).group(0)
+    if "\t" in indent:
+        lines[at] = indent.replace("\t", "  ") + line[len(indent):]
+        return f"line {at + 1}: a tab in the indentation replaced by spaces"
+    key = re.match(r"^(\s*)([A-Za-z_][\w.-]*):(\S.*)$", line)
+    if exc.problem == "could not find expected ':'" and key and not key.group(3).startswith(("//", ":")):
+        lines[at] = f"{key.group(1)}{key.group(2)}: {key.group(3)}"
+        return f"line {at + 1}: a space added after '{key.group(2)}:'"
+    if exc.problem == "mapping values are not allowed here":
+        previous = next((ln for ln in reversed(lines[:at]) if ln.strip() and not ln.lstrip().startswith("#")), "")
+        prev_indent = len(previous) - len(previous.lstrip())
+        want = prev_indent + 2 if previous.rstrip().endswith(":") else prev_indent
+        if len(indent) != want and abs(len(indent) - want) == 1:
+            lines[at] = " " * want + line.lstrip()
+            return f"line {at + 1}: indentation aligned with the line above"
+        pair = re.match(r"^(\s*)([A-Za-z_][\w.-]*):\s+(.*\S)\s*$", line)
+        if pair and ": " in pair.group(3) and not pair.group(3).startswith(("'", '"', "{", "[")):
+            lines[at] = f"{pair.group(1)}{pair.group(2)}: {json.dumps(pair.group(3), ensure_ascii=False)}"
+            return f"line {at + 1}: the value of '{pair.group(2)}' (it holds ': ') quoted"
+    return None
+
+
+def _fix_yaml_syntax(failure: Failure, facts: dict, ctx: RepairContext) -> str:
+    """The slips the diagnosis names, fixed one at a time at the place PyYAML reports, until the
+    YAML parses as a mapping; if it does not, nothing is written and the diagnosis stands."""
+    import yaml
+
+    from agent.repair_rules._util import read_source, write_source
+
+    path = failure.recipe_dir / facts["file"]
+    original = path.read_bytes()
+    lines = read_source(path).split("\n")
+    done = []
+    for _ in range(20):
+        try:
+            data = yaml.safe_load("\n".join(lines))
+        except yaml.MarkedYAMLError as exc:
+            what = _fix_one_slip(lines, exc)
+            if what is None:
+                break
+            done.append(what)
+            continue
+        except yaml.YAMLError:
+            break
+        if isinstance(data, dict) and done:
+            write_source(path, "\n".join(lines), original)
+            return f"{facts['file']}: " + "; ".join(done)
+        break
+    return report("{file} line {line} column {col} is not valid YAML ({kind}): {problem}: {text!r}; typical "
+                  "causes: a missing space after ':', a tab in the indentation, an unquoted value containing ': ' "
+                  "(quote it)")(failure, facts, ctx)
+
+
 # Before every other rule: matchers of later rules read the recipe YAML, which does not parse.
 EARLIEST: list[Rule] = [
     Rule("recipe_yaml_syntax_error", _YAML_ERROR,
          "the recipe YAML is not valid YAML",
-         report("{file} line {line} column {col} is not valid YAML ({kind}): {problem}: {text!r}; typical "
-                "causes: a missing space after ':', a tab in the indentation, an unquoted value containing ': ' "
-                "(quote it)"),
-         facts=_yaml_syntax_facts, kind="report"),
+         _fix_yaml_syntax, facts=_yaml_syntax_facts, kind="yaml"),
 ]
 
 FIRST: list[Rule] = [
