@@ -239,3 +239,81 @@ class InsertWarmUpCommand(VisitorBasedCodemodCommand):
         # The warm-up takes the formal call's leading comments/blank lines: directly before it.
         return cst.FlattenSentinel([warm.with_changes(leading_lines=updated_node.leading_lines),
                                     updated_node.with_changes(leading_lines=())])
+
+
+# ---- upstream's common issues (model-infer-migrator references/common_issues.md) -------------------
+def _ends_with(node: cst.BaseExpression, name: str) -> bool:
+    """`forward_metadata`, `self.forward_metadata`, `kwargs.forward_metadata`, ... (a dotted name)."""
+    try:
+        return _dotted(node).split(".")[-1] == name
+    except Exception:  # noqa: BLE001 - a call or subscript: not a plain dotted name
+        return False
+
+
+class DecodeAttentionMaskCommand(VisitorBasedCodemodCommand):
+    DESCRIPTION = ("At decode, no prefill causal mask: `m = forward_metadata.attention_mask` becomes "
+                   "`m = forward_metadata.attention_mask if forward_metadata.is_prefill else None`.")
+
+    def __init__(self, context: CodemodContext):
+        super().__init__(context)
+        self._has_branch: list[bool] = []
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        # a function that already looks at is_prefill decides the mask itself
+        self._has_branch.append(bool(m.findall(node, m.Attribute(attr=m.Name("is_prefill")))))
+
+    def leave_FunctionDef(self, original_node, updated_node):
+        self._has_branch.pop()
+        return updated_node
+
+    def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
+        value = updated_node.value
+        if not self._has_branch or self._has_branch[-1] or len(updated_node.targets) != 1:
+            return updated_node
+        if not (isinstance(value, cst.Attribute) and value.attr.value == "attention_mask"
+                and _ends_with(value.value, "forward_metadata")):
+            return updated_node
+        metadata = value.value
+        return updated_node.with_changes(value=cst.IfExp(
+            test=cst.Attribute(value=metadata, attr=cst.Name("is_prefill")), body=value, orelse=cst.Name("None")))
+
+
+_PROCESS_WEIGHTS = '''
+def process_weights_after_loading(self):
+    """Called by the framework after loading: each module's quant_method repacks its weights."""
+    for _, module in self.named_modules():
+        quant_method = getattr(module, "quant_method", None)
+        if quant_method is not None and hasattr(quant_method, "process_weights_after_loading"):
+            quant_method.process_weights_after_loading(module)
+'''
+
+
+class AddProcessWeightsAfterLoadingCommand(VisitorBasedCodemodCommand):
+    DESCRIPTION = "Give one model class the process_weights_after_loading hook the framework calls after loading."
+
+    def __init__(self, context: CodemodContext, class_name: str):
+        super().__init__(context)
+        self.class_name = class_name
+
+    def leave_ClassDef(self, original_node: cst.ClassDef, updated_node: cst.ClassDef) -> cst.ClassDef:
+        if updated_node.name.value != self.class_name or not isinstance(updated_node.body, cst.IndentedBlock):
+            return updated_node
+        body = list(updated_node.body.body)
+        if any(isinstance(s, cst.FunctionDef) and s.name.value == "process_weights_after_loading" for s in body):
+            return updated_node
+        method = cst.parse_statement(_PROCESS_WEIGHTS.lstrip("\n"))
+        method = method.with_changes(leading_lines=[cst.EmptyLine(indent=False)])
+        return updated_node.with_changes(body=updated_node.body.with_changes(body=[*body, method]))
+
+
+class PerRankBatchSizeCommand(VisitorBasedCodemodCommand):
+    DESCRIPTION = ("Size per-rank buffers by scheduler_config.batch_size_per_dp_rank, not the global "
+                   "scheduler_config.batch_size.")
+
+    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.Attribute:
+        if updated_node.attr.value == "batch_size" and _ends_with(updated_node.value, "scheduler_config"):
+            return updated_node.with_changes(attr=cst.Name("batch_size_per_dp_rank"))
+        return updated_node
+
+    def leave_AssignTarget(self, original_node: cst.AssignTarget, updated_node: cst.AssignTarget):
+        return updated_node.with_changes(target=original_node.target)    # a write of batch_size stays one

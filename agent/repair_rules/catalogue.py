@@ -7,7 +7,7 @@ no rule knows.
 """
 
 from agent import llm_repair
-from agent.repair_rules import code, config, field, files, run
+from agent.repair_rules import code, config, field, files, run, upstream
 
-CATALOGUE = [*run.FIRST, *field.EARLIEST, *files.RULES, *run.RULES, *config.RULES, *field.FIRST, *code.RULES,
+CATALOGUE = [*run.FIRST, *field.EARLIEST, *files.RULES, *upstream.RULES, *run.RULES, *config.RULES, *field.FIRST, *code.RULES,
              *field.RULES, llm_repair.RULE]

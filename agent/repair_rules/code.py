@@ -32,8 +32,10 @@ GUARD_FLASH_ATTN_IMPORTS = codemod(GuardOptionalImportCommand, **GUARD_FLASH_ATT
 # ---- helpers -----------------------------------------------------------------------------
 def recipe_py_files(recipe_dir: Path) -> list[Path]:
     """The recipe's own Python files: models/*.py, runner_*.py, infer.py and other top-level code."""
+    from agent.fs_guard import is_regular
+
     files = sorted(recipe_dir.glob("*.py")) + sorted((recipe_dir / "models").rglob("*.py"))
-    return [p for p in files if not set(p.relative_to(recipe_dir).parts[:-1]) & _SKIP_DIRS]
+    return [p for p in files if not set(p.relative_to(recipe_dir).parts[:-1]) & _SKIP_DIRS and is_regular(p)]
 
 
 def recipe_frames(failure: Failure) -> list[tuple[str, int]]:
