@@ -386,6 +386,9 @@ def main(argv: list[str] | None = None) -> int:
             return errors.EXIT_USAGE
     handler = {"run": cmd_run, "demo": cmd_demo, "env": cmd_env, "classify": cmd_classify,
                "rollback": cmd_rollback, "baseline": cmd_baseline}[args.command]
+    from agent.processes import Terminated, install_signal_handlers
+
+    install_signal_handlers()     # SIGTERM like Ctrl-C: the running tree is stopped, one line, --resume works
     try:
         return handler(args)
     except MigratorError as exc:
@@ -394,6 +397,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("migrator: interrupted; continue with --resume", file=sys.stderr)
         return errors.EXIT_INTERRUPTED
+    except Terminated:
+        print("migrator: terminated (SIGTERM); continue with --resume", file=sys.stderr)
+        return errors.EXIT_TERMINATED
     except Exception as exc:  # noqa: BLE001 - a bug: one line here, the traceback in a file
         return _internal_error(exc)
 

@@ -12,7 +12,8 @@ EXIT_NEEDS_WEIGHTS = 5   # weights too large to download: pass --weights PATH
 EXIT_OOM = 6             # the model does not fit on one card: report written
 EXIT_VENDOR = 7          # vendoring produced code that violates the recipe contract
 EXIT_INTERNAL = 70       # a bug in the migrator: traceback saved to a file (EX_SOFTWARE)
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = 130   # SIGINT (Ctrl-C): the run's process tree is stopped; --resume continues
+EXIT_TERMINATED = 143    # SIGTERM: the same
 
 
 class MigratorError(Exception):

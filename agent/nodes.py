@@ -289,17 +289,16 @@ def trial_run(recipe_dir: Path, state: MigrationState, label: str) -> dict:
     if (state.get("world_size") or 1) > 1:  # --world-size N: the N-card YAML (written if the recipe lacks it)
         env["YAML_FILE"] = str(_recipe_yaml(recipe_dir, state["world_size"]).relative_to(recipe_dir))
     timeout = state.get("timeout_s") or defaults.TIMEOUT_S
+    from agent.processes import run_tree, stop_leftovers
+
+    stop_leftovers(runs_dir / "running.pids")       # a tree a killed migrator left behind
     start = time.perf_counter()
     started_at = time.time()
     with open(run_dir / "output.txt", "w") as out:
-        try:
-            # No stdin: a prompt (e.g. "run custom code? [y/N]") must fail, not wait forever.
-            proc = subprocess.run(command, cwd=cwd, env=env,
-                                  stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                  timeout=timeout)
-            returncode, timed_out = proc.returncode, False
-        except subprocess.TimeoutExpired:
-            returncode, timed_out = None, True
+        # No stdin: a prompt (e.g. "run custom code? [y/N]") must fail, not wait forever. The whole
+        # tree (torchrun ranks, `&` launches) is stopped on a timeout or a signal, and measured.
+        tree = run_tree(command, cwd=cwd, env=env, stdout=out, timeout=timeout, pids_file=runs_dir / "running.pids")
+        returncode, timed_out = tree.returncode, tree.timed_out
     output = (run_dir / "output.txt").read_text(errors="replace")
     log_dir = find_logs(run_dir, Path(cwd), started_at)
     verdict = judge_run(output, log_dir, recipe_dir, info.kind == "framework")
@@ -329,7 +328,8 @@ def trial_run(recipe_dir: Path, state: MigrationState, label: str) -> dict:
             summary = f"{verdict['problem']}: {summary}" if summary != "no output" else verdict["problem"]
         summary = summary[-300:]
     return {"label": label, "ok": ok, "returncode": returncode, "timed_out": timed_out,
-            "seconds": round(time.perf_counter() - start, 2), "res_path": str(run_dir),
+            "seconds": round(time.perf_counter() - start, 2), "peak_rss_bytes": tree.peak_rss_bytes,
+            "processes": tree.processes, "res_path": str(run_dir),
             "log_dir": str(log_dir) if log_dir is not None else None, "problem": verdict["problem"],
             "output_file": str(output_file), "summary": summary}
 
@@ -507,10 +507,17 @@ def _foreign_parity(recipe_dir: Path) -> dict:
             model_path = (recipe_dir / model_path).resolve()
         if model_path is None or not (model_path / "config.json").is_file():
             return result
-        proc = subprocess.run([sys.executable, "-c", _NLL_SNIPPET, str(model_path)], capture_output=True,
-                              text=True, timeout=600)
-        if proc.returncode == 0 and proc.stdout.strip():
-            result.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+        import tempfile
+
+        from agent.processes import run_tree
+
+        with tempfile.TemporaryFile("w+") as out:
+            tree = run_tree([sys.executable, "-c", _NLL_SNIPPET, str(model_path)], cwd=recipe_dir, env=dict(os.environ),
+                            stdout=out, stderr=subprocess.DEVNULL, timeout=600)
+            out.seek(0)
+            text = out.read().strip()
+        if tree.returncode == 0 and text:
+            result.update(json.loads(text.splitlines()[-1]))
     except Exception:   # the judgement is optional: never fail a baseline over it
         pass
     return result

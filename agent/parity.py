@@ -31,10 +31,17 @@ def run_parity(recipe_dir: Path, tokens: int = 16, timeout: int = 900, trust_rem
         cmd.append("--trust-remote-code")
     if dump is not None:
         cmd += ["--dump", str(dump)]
-    proc = subprocess.run(cmd, cwd=recipe_dir, env=env, capture_output=True, text=True, timeout=timeout)
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        err = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    from agent.processes import run_tree
+
+    # one process tree the migrator owns: stopped with it on SIGINT / SIGTERM or the timeout
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err_file:
+        tree = run_tree(cmd, cwd=recipe_dir, env=env, stdout=out, stderr=err_file, timeout=timeout)
+        out.seek(0)
+        err_file.seek(0)
+        stdout, stderr = out.read(), err_file.read()
+    lines = stdout.strip().splitlines()
+    if tree.returncode != 0 or not lines:
+        err = "timed out" if tree.timed_out else (stderr.strip().splitlines() or ["no output"])[-1]
         return {"ok": False, "checked": False, "reason": f"parity check could not run: {err}"}
     return json.loads(lines[-1])
 

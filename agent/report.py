@@ -101,6 +101,10 @@ def human_summary(report: dict, folder_name: str | None = None) -> str:
     env = report.get("env") or {}
     lines.append(f"- device: {env.get('device')} (torch {env.get('pytorch_version')}, "
                  f"torch_npu: {env.get('torch_npu_status')})")
+    for run in report.get("runs") or []:
+        if run.get("peak_rss_bytes"):
+            lines.append(f"- run {run.get('label')}: {'ok' if run.get('ok') else 'failed'} in {run.get('seconds')} s, "
+                         f"peak RSS {run['peak_rss_bytes'] / 2**20:.0f} MiB over {run.get('processes')} process(es)")
     for rnd in report.get("rounds") or []:
         lines.append(f"- repair round {rnd['round']}: {rnd['diagnosis'].get('diagnosis')}"
                      f" -> {'patched' if rnd.get('applied') else 'no patch'}")
