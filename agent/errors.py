@@ -11,6 +11,7 @@ EXIT_ENVIRONMENT = 4     # requested device not usable (e.g. --device npu withou
 EXIT_NEEDS_WEIGHTS = 5   # weights too large to download: pass --weights PATH
 EXIT_OOM = 6             # the model does not fit on one card: report written
 EXIT_VENDOR = 7          # vendoring produced code that violates the recipe contract
+EXIT_BUSY = 75           # another run of the same recipe / migration holds its lock (EX_TEMPFAIL)
 EXIT_INTERNAL = 70       # a bug in the migrator: traceback saved to a file (EX_SOFTWARE)
 EXIT_INTERRUPTED = 130   # SIGINT (Ctrl-C): the run's process tree is stopped; --resume continues
 EXIT_TERMINATED = 143    # SIGTERM: the same

@@ -175,3 +175,39 @@ def test_a_tree_left_by_a_sigkilled_migrator_is_stopped_by_the_next_run(working_
     assert again.returncode == 0, again.stderr[-2000:]
     assert _tagged(tag) == []
     assert not mark.exists()
+
+
+def test_two_identical_migrations_at_once_the_second_is_refused(tiny_checkpoints, tmp_path):
+    ckpt = tiny_checkpoints("llama")
+    out = tmp_path / "out"
+    args = ["run", str(ckpt), "--name", "m", "--output-dir", str(out), "--device", "cpu", "--max-new-tokens", "4"]
+    tag = uuid.uuid4().hex
+    first = _start(args, tag)
+    seen: list[str] = []
+    _wait_for(first, "[migrator] detect_env ...", seen)
+    second = subprocess.run([sys.executable, "-m", "agent.cli", *args], cwd=REPO_ROOT, capture_output=True,
+                            text=True, timeout=300)
+    assert second.returncode == 75, second.stderr[-2000:]
+    lines = [ln for ln in second.stderr.splitlines() if ln.startswith("migrator:")]
+    assert len(lines) == 1 and "another migrator run" in lines[0] and "in progress" in lines[0], second.stderr
+    rest_out, rest_err = first.communicate(timeout=600)
+    assert first.returncode == 0, ("".join(seen) + rest_err)[-2000:]
+
+
+def test_killed_after_render_then_the_same_command_keeps_the_saved_run_and_resume_works(tiny_checkpoints, tmp_path):
+    ckpt = tiny_checkpoints("llama")
+    out = tmp_path / "out"
+    args = ["run", str(ckpt), "--name", "m", "--output-dir", str(out), "--device", "cpu", "--max-new-tokens", "4"]
+    proc = _start(args, uuid.uuid4().hex)
+    seen: list[str] = []
+    _wait_for(proc, "[migrator] trial_run ...", seen)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    threads = (out / ".migrator" / "threads.json").read_bytes()
+    again = subprocess.run([sys.executable, "-m", "agent.cli", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                           timeout=300)
+    assert again.returncode == 2 and "--resume" in again.stderr and "Traceback" not in again.stderr, again.stderr
+    assert (out / ".migrator" / "threads.json").read_bytes() == threads            # the saved run is kept
+    resumed = subprocess.run([sys.executable, "-m", "agent.cli", *args, "--resume"], cwd=REPO_ROOT,
+                             capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0 and "resuming at trial_run" in resumed.stderr, resumed.stderr[-2000:]
