@@ -276,7 +276,11 @@ def _fix_one_slip(lines: list[str], exc) -> str | None:
             lines[at] = " " * want + line.lstrip()
             return f"line {at + 1}: indentation aligned with the line above"
         pair = re.match(r"^(\s*)([A-Za-z_][\w.-]*):\s+(.*\S)\s*$", line)
-        if pair and ": " in pair.group(3) and not pair.group(3).startswith(("'", '"', "{", "[")):
+        from engine.config import KEYS
+
+        choices = {key.leaf for key in KEYS if key.choices}      # exe_mode: eager: fast has no one reading
+        if pair and ": " in pair.group(3) and not pair.group(3).startswith(("'", '"', "{", "[")) \
+                and pair.group(2) not in choices:
             lines[at] = f"{pair.group(1)}{pair.group(2)}: {json.dumps(pair.group(3), ensure_ascii=False)}"
             return f"line {at + 1}: the value of '{pair.group(2)}' (it holds ': ') quoted"
     return None
