@@ -31,11 +31,16 @@ def run_parity(recipe_dir: Path, tokens: int = 16, timeout: int = 900, trust_rem
         cmd.append("--trust-remote-code")
     if dump is not None:
         cmd += ["--dump", str(dump)]
-    from agent.processes import run_tree
+    from agent.processes import run_tree, stop_leftovers
 
-    # one process tree the migrator owns: stopped with it on SIGINT / SIGTERM or the timeout
+    # one process tree the migrator owns: stopped with it on SIGINT / SIGTERM or the timeout, and by
+    # the next check when a SIGKILLed migrator left it running
+    runs = Path(recipe_dir) / ".migrator" / "runs"
+    pids = runs / "parity.pids" if runs.is_dir() and not runs.is_symlink() else None
+    if pids is not None:
+        stop_leftovers(pids)
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err_file:
-        tree = run_tree(cmd, cwd=recipe_dir, env=env, stdout=out, stderr=err_file, timeout=timeout)
+        tree = run_tree(cmd, cwd=recipe_dir, env=env, stdout=out, stderr=err_file, timeout=timeout, pids_file=pids)
         out.seek(0)
         err_file.seek(0)
         stdout, stderr = out.read(), err_file.read()
