@@ -396,12 +396,27 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         print("migrator: interrupted; continue with --resume", file=sys.stderr)
-        return errors.EXIT_INTERRUPTED
+        return _exit_after_signal(errors.EXIT_INTERRUPTED)
     except Terminated:
         print("migrator: terminated (SIGTERM); continue with --resume", file=sys.stderr)
-        return errors.EXIT_TERMINATED
+        return _exit_after_signal(errors.EXIT_TERMINATED)
     except Exception as exc:  # noqa: BLE001 - a bug: one line here, the traceback in a file
         return _internal_error(exc)
+
+
+def _exit_after_signal(code: int) -> int:
+    """The process ends with `code`, nothing after it: the interpreter would otherwise report a
+    KeyboardInterrupt that a library let through once as death by SIGINT (-2), and run atexit
+    handlers a second Ctrl-C could interrupt. Registered last, this atexit handler runs first."""
+    import atexit
+
+    def leave():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+    atexit.register(leave)
+    return code
 
 
 def _one_line(text: str) -> str:
