@@ -160,3 +160,28 @@ def test_a_round_backs_up_what_it_changes_not_the_whole_recipe(working_recipe):
     assert rolled.returncode == 0, rolled.stderr
     assert init.read_bytes() == injected
     assert len(list(data.rglob("*.txt"))) == 3000
+
+
+# ---- repairs a person makes without thinking ----------------------------------------------------------
+@pytest.mark.parametrize("line", ["import torch_npu\n", "import torchair\n"])
+def test_a_bare_npu_import_is_guarded_on_a_host_without_npu(working_recipe, line):
+    """upstream's skill tells every recipe to `import torch_npu`; on a host without a usable NPU the
+    fix is the guard, not "install torch_npu" (torchair: the same, when nothing uses it)."""
+    modeling = working_recipe / "models" / "modeling_fi.py"
+    modeling.write_text(line + modeling.read_text())
+    proc, summary, report = repair_run(working_recipe)
+    assert proc.returncode == 0, (summary, proc.stderr[-2000:])
+    first = report["rounds"][0]
+    assert first["diagnosis"]["rule"] == "incidental_npu_call" and first["applied"], first
+    assert "except ImportError:" in modeling.read_text()
+
+
+@pytest.mark.parametrize("slip", ["\tbatch_size: 1\n", "  batch_size:1\n", "   batch_size: 1\n"])
+def test_a_yaml_formatting_slip_the_diagnosis_names_is_fixed(working_recipe, slip):
+    yaml_file = _yaml(working_recipe)
+    yaml_file.write_text(yaml_file.read_text().replace("  batch_size: 1\n", slip))
+    proc, summary, report = repair_run(working_recipe)
+    assert proc.returncode == 0, (summary, proc.stderr[-2000:])
+    first = report["rounds"][0]
+    assert first["diagnosis"]["rule"] == "recipe_yaml_syntax_error" and first["applied"], first
+    assert "  batch_size: 1\n" in yaml_file.read_text()
