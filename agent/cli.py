@@ -15,12 +15,15 @@ from agent.migrate.acquire import local_path_problem, parse_hub_ref
 from agent.migrate.checkpoint_check import check_checkpoint, check_output_outside, weight_files
 from agent.paths import demo_model_dir
 from agent.recipe.backup import rollback
+from agent.recipe.fs_guard import check_regular, check_write_destinations
 from agent.recipe.npu_scan import ensure_runnable_here
 from agent.recipe.recipe import Recipe
+from agent.processes import Terminated, install_signal_handlers
 from agent.workflow.run import run_migration
 from engine import defaults
 from engine.config import KEY
-from engine.environment import DeviceUnavailableError, TorchImportError, detect_environment, import_torch, select_device
+from engine.environment import (DeviceUnavailableError, TorchImportError, detect_environment, import_torch, select_device,
+                                simulated_card_bytes)
 
 DEVICES = KEY["device"].choices
 
@@ -134,6 +137,8 @@ def check_target(target: str, trust_remote_code: bool = False) -> None:
         if not path.is_dir():
             raise errors.InputError(f"{target}: not a directory; give a Hugging Face model directory, "
                                     "a recipe directory, an https://huggingface.co/Org/Name link or Org/Name")
+        if os.path.lexists(path / "config.json"):
+            check_regular(path / "config.json")      # a loop, a FIFO, a device: refused by type, never read
         recipe = Recipe.at(path)
         if not (path / "config.json").is_file() and not recipe.is_recipe:
             raise errors.InputError(f"{target}: no config.json — point at a Hugging Face model directory "
@@ -166,7 +171,16 @@ def preflight(target: str) -> None:
     if path.is_dir():
         recipe = Recipe.at(path)
         if recipe.is_recipe:
+            check_recipe_destinations(recipe)
             ensure_runnable_here(recipe)
+
+
+def check_recipe_destinations(recipe: Recipe) -> None:
+    """What a run of the recipe writes (its run logs, baseline, report) can be written inside it."""
+    baseline = recipe.baseline_dir().relative_to(recipe.path).as_posix()
+    check_write_destinations(recipe.path, {".migrator": "dir", "agentic": "dir", baseline: "dir",
+                                         "migration_report.json": "file", "migration_summary.md": "file",
+                                         "README.md": "file"})
 
 
 def check_text_args(**values) -> None:
@@ -407,8 +421,15 @@ def main(argv: list[str] | None = None) -> int:
     except TorchImportError as exc:
         print(f"migrator: error: torch cannot be imported ({exc}); fix the torch installation", file=sys.stderr)
         return errors.EXIT_ENVIRONMENT
+    if args.command in ("run", "demo", "baseline", "classify"):
+        try:
+            simulated_card_bytes()       # recipes read it too: a bad value is refused before anything runs
+        except ValueError as exc:
+            print(f"migrator: error: {exc}", file=sys.stderr)
+            return errors.EXIT_USAGE
     handler = {"run": cmd_run, "demo": cmd_demo, "env": cmd_env, "classify": cmd_classify,
                "rollback": cmd_rollback, "baseline": cmd_baseline, "standin": cmd_standin}[args.command]
+    install_signal_handlers()     # SIGTERM like Ctrl-C: the running tree is stopped, one line, --resume works
     try:
         return handler(args)
     except MigratorError as exc:
@@ -416,9 +437,27 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         print("migrator: interrupted; continue with --resume", file=sys.stderr)
-        return errors.EXIT_INTERRUPTED
+        return _exit_after_signal(errors.EXIT_INTERRUPTED)
+    except Terminated:
+        print("migrator: terminated (SIGTERM); continue with --resume", file=sys.stderr)
+        return _exit_after_signal(errors.EXIT_TERMINATED)
     except Exception as exc:  # noqa: BLE001 - a bug: one line here, the traceback in a file
         return _internal_error(exc)
+
+
+def _exit_after_signal(code: int) -> int:
+    """The process ends with `code`, nothing after it: the interpreter would otherwise report a
+    KeyboardInterrupt that a library let through once as death by SIGINT (-2), and run atexit
+    handlers a second Ctrl-C could interrupt. Registered last, this atexit handler runs first."""
+    import atexit
+
+    def leave():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+    atexit.register(leave)
+    return code
 
 
 def _one_line(text: str) -> str:

@@ -12,8 +12,10 @@ EXIT_NEEDS_WEIGHTS = 5   # weights too large to download: pass --weights PATH
 EXIT_OOM = 6             # the model does not fit on one card: report written
 EXIT_VENDOR = 7          # vendoring produced code that violates the recipe contract
 EXIT_STANDIN_UNCOVERED = 8  # under the npu stand-in, a torch_npu op without a reference kernel was called
+EXIT_BUSY = 75           # another run of the same recipe / migration holds its lock (EX_TEMPFAIL)
 EXIT_INTERNAL = 70       # a bug in the migrator: traceback saved to a file (EX_SOFTWARE)
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = 130   # SIGINT (Ctrl-C): the run's process tree is stopped; --resume continues
+EXIT_TERMINATED = 143    # SIGTERM: the same
 
 
 class MigratorError(Exception):

@@ -40,6 +40,8 @@ class Run(TypedDict):
     output_file: str                      # output.txt, or evidence.txt with rank-log tracebacks added
     summary: str                          # "ok", or the first real error
     yaml: NotRequired[str | None]         # the YAML it ran (not in stores of earlier releases)
+    peak_rss_bytes: NotRequired[int]      # peak summed RSS over the run's whole process tree
+    processes: NotRequired[int]           # how many processes the tree had at most
 
 
 class Diagnosis(TypedDict, total=False):
@@ -68,6 +70,7 @@ class Round(TypedDict, total=False):
     diff: str                             # unified diff against the round's backup
     note: str
     backup: str                           # recipe-relative backup folder
+    backup_bytes: int                     # what the round copied (copy-on-write: the files it changed)
 
 
 class RankEstimate(TypedDict):

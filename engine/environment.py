@@ -187,3 +187,20 @@ def _standin_facts(env: dict) -> dict:
         return env
     env["npu_standin"] = availability()
     return honest.mark_environment(env)
+
+
+def simulated_card_bytes(environ=None) -> int | None:
+    """MIGRATOR_DEVICE_MEMORY_BYTES (tests and CPU only): the size of a simulated card in bytes —
+    a positive integer, optionally with a K/M/G/T suffix (powers of 1024: 8G, 512MiB). Unset or
+    empty: None. Anything else is a ValueError with one line that says what is accepted."""
+    raw = (os.environ if environ is None else environ).get("MIGRATOR_DEVICE_MEMORY_BYTES", "")
+    text = raw.strip()
+    if not text:
+        return None
+    found = re.fullmatch(r"([0-9]{1,20})\s*(?:([KMGT])(?:i?B)?|B)?", text, re.I)
+    value = int(found.group(1)) * 1024 ** " KMGT".index(found.group(2).upper() if found.group(2) else " ") \
+        if found else 0
+    if value <= 0:
+        raise ValueError(f"MIGRATOR_DEVICE_MEMORY_BYTES={raw!r} is not a size of a card: give a positive number of "
+                         "bytes (e.g. 8589934592 or 8G), or unset it")
+    return value

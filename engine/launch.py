@@ -41,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("script", help="the recipe's infer.py")
     args = parser.parse_args(argv)
     try:
+        from engine.environment import simulated_card_bytes
+
+        simulated_card_bytes()          # a malformed MIGRATOR_DEVICE_MEMORY_BYTES: one line, before any load
         settings = load_runner_settings(args.yaml_file_path)
         world_size = settings["world_size"]
         launch = torchrun_args(world_size, os.environ) if world_size > 1 else []

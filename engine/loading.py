@@ -115,8 +115,8 @@ def check_device_memory(device, held_bytes: int) -> None:
     A CPU has no per-card memory to run out of; with this set, a rank whose weights exceed the
     "card" fails as a full NPU would. Ignored on real devices.
     """
-    card = os.environ.get(SIMULATED_CARD_ENV)
-    if card and device.type == "cpu" and held_bytes > int(card):
+    card = environment.simulated_card_bytes()      # parsed strictly: a bad value is one line, never a crash
+    if card and device.type == "cpu" and held_bytes > card:
         raise torch.OutOfMemoryError(
-            f"CPU out of memory (simulated card of {int(card)} bytes, {SIMULATED_CARD_ENV}): "
+            f"CPU out of memory (simulated card of {card} bytes, {SIMULATED_CARD_ENV}): "
             f"this rank holds {held_bytes} bytes of weights")

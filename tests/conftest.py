@@ -152,11 +152,22 @@ def assert_repaired(recipe: Path, proc, summary: dict, report: dict, rule: str, 
     assert first["applied"] and first["diff"]
     assert report["runs"][-1]["ok"]
     assert (recipe / "baseline" / "baseline_metadata.json").is_file()
+    assert_round_backup(recipe, first, injected)
+
+
+def assert_round_backup(recipe: Path, first_round: dict, injected: dict[str, bytes | None]) -> None:
+    """Round 1's backup is copy-on-write: it holds exactly the files the round's diff changed (as
+    they were before), and each injected file among them with its injected bytes."""
+    import re
+
     backup = recipe / ".migrator" / "backup" / "round_1"
+    changed = set(re.findall(r"^--- a/(.+)$", first_round["diff"], re.M))
+    held = {p.relative_to(backup).as_posix() for p in backup.rglob("*") if p.is_file()}
+    assert held == changed, (held, changed)
     for rel, content in injected.items():
         if content is None:
             assert not (backup / rel).exists(), rel
-        else:
+        elif rel in held:
             assert (backup / rel).read_bytes() == content, rel
 
 

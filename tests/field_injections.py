@@ -722,8 +722,10 @@ def run_injection(injection: Injection, layout: str, work: Path, source: Path) -
     had_backup = backup.is_dir()
     back = cli("rollback", t.rel, cwd=t.cwd, env=t.env)
     after = snapshot(t.dir)
+    own = RECORDS | {"README.md"}     # the migrator's records (and the README's status block): not a repair's
     if had_backup:
-        rollback = "restored" if back.returncode == 0 and after == injected else "FAILED"
+        rollback = "restored" if back.returncode == 0 and {k: v for k, v in after.items() if k not in own} == \
+            {k: v for k, v in injected.items() if k not in own} else "FAILED"
     else:   # no repair round ran (out of memory, exit 4, unknown): nothing to restore, nothing changed
         same = {k: v for k, v in after.items() if k not in RECORDS} == \
             {k: v for k, v in injected.items() if k not in RECORDS}

@@ -90,6 +90,37 @@ def missing_shard(tmp: Path, ckpt: Path) -> list[str]:
     return ["run", str(ckpt)]
 
 
+def json_file(name: str, **changes):
+    """Setup: change (None = delete) fields of one JSON file of the checkpoint."""
+    def setup(tmp: Path, ckpt: Path) -> list[str]:
+        path = ckpt / name
+        data = json.loads(path.read_text()) if path.is_file() else {}
+        for key, value in changes.items():
+            if value is None:
+                data.pop(key, None)
+            else:
+                data[key] = value
+        path.write_text(json.dumps(data))
+        return ["run", str(ckpt)]
+    return setup
+
+
+def special_file(name: str, kind: str):
+    """Setup: one file of the checkpoint replaced by a symlink loop, a FIFO or a link to /dev/zero."""
+    def setup(tmp: Path, ckpt: Path) -> list[str]:
+        path = ckpt / name
+        if path.exists():
+            path.unlink()
+        if kind == "loop":
+            path.symlink_to(path.name)
+        elif kind == "fifo":
+            os.mkfifo(path)
+        else:
+            path.symlink_to("/dev/zero")
+        return ["run", str(ckpt)]
+    return setup
+
+
 def args(*argv: str):
     """Setup: the checkpoint with extra options (`{ckpt}` / `{tmp}` are filled in)."""
     def setup(tmp: Path, ckpt: Path) -> list[str]:
@@ -218,6 +249,33 @@ CASES = [
     # weights do not match the config
     Case("config_of_another_vocab", config(vocab_size=1000), 2, "vocab_size"),
     Case("config_with_more_layers", config(num_hidden_layers=8), 2, "num_hidden_layers"),
+    # weights that do not match the config in a size, or a count the files cannot hold
+    Case("num_hidden_layers_million", config(num_hidden_layers=1000000), 2, "num_hidden_layers 1000000"),
+    Case("hidden_size_of_another_model", config(hidden_size=256, head_dim=64), 2, "hidden_size 256"),
+    Case("intermediate_size_of_another_model", config(intermediate_size=384 * 64), 2, "intermediate_size 24576"),
+    # config fields transformers itself rejects or cannot build
+    Case("hidden_act_number", config(hidden_act=5), 2, "hidden_act"),
+    Case("attention_bias_string", config(attention_bias="yes"), 2, "attention_bias"),
+    Case("heads_do_not_divide_hidden", config(num_attention_heads=3), 2, "multiple of the number of attention heads"),
+    Case("hidden_act_unknown", config(hidden_act="not_an_activation"), 2, "cannot be built"),
+    # files that are not files
+    Case("config_symlink_loop", special_file("config.json", "loop"), 2, "symlink loop"),
+    Case("config_fifo", special_file("config.json", "fifo"), 2, "FIFO"),
+    Case("config_dev_zero", special_file("config.json", "dev_zero"), 2, "character device"),
+    Case("weights_symlink_loop", special_file("loop.safetensors", "loop"), 2, "symlink loop"),
+    Case("tokenizer_json_dev_zero", special_file("tokenizer.json", "dev_zero"), 2, "character device"),
+    Case("tokenizer_config_fifo", special_file("tokenizer_config.json", "fifo"), 2, "FIFO"),
+    # tokenizer_config.json / generation_config.json fields of the wrong kind
+    Case("tokenizer_eos_token_number", json_file("tokenizer_config.json", eos_token=5), 2, "eos_token"),
+    Case("tokenizer_model_max_length_string", json_file("tokenizer_config.json", model_max_length="long"), 2,
+         "model_max_length"),
+    Case("tokenizer_padding_side_unknown", json_file("tokenizer_config.json", padding_side="middle"), 2,
+         "padding_side"),
+    Case("tokenizer_chat_template_number", json_file("tokenizer_config.json", chat_template=5), 2, "chat_template"),
+    Case("generation_eos_token_id_string", json_file("generation_config.json", eos_token_id="2"), 2,
+         "generation_config.json: 'eos_token_id'"),
+    Case("generation_do_sample_string", json_file("generation_config.json", do_sample="yes"), 2, "do_sample"),
+    Case("generation_config_array", file_bytes("generation_config.json", b"[1]"), 2, "generation_config.json"),
     # tokenizer
     Case("tokenizer_missing", lambda tmp, ckpt: [(ckpt / n).unlink() for n in ("tokenizer.json", "tokenizer_config.json")]
          and ["run", str(ckpt)], 2, "no tokenizer"),
@@ -304,6 +362,46 @@ def test_bad_input(case: Case, tmp_path, monkeypatch, capsys):
         assert leftovers == expected, leftovers
     if case.id == "recipe_dir_exists":
         assert (out / "my_model" / "keep.txt").read_text() == "user's file"
+
+
+def test_a_million_layers_on_two_layer_weights_is_refused_in_seconds(tmp_path):
+    """The pre-flight costs what the files cost: the config's layer count is compared with the
+    weights before any model is built (transformers would build 1000000 layers: minutes, GBs)."""
+    import time
+    import tracemalloc
+
+    from agent.migrate.checkpoint_check import check_checkpoint
+
+    ckpt = tmp_path / "model"
+    shutil.copytree(demo_model_dir(), ckpt)
+    data = _cfg(ckpt)
+    (ckpt / "config.json").write_text(json.dumps(dict(data, num_hidden_layers=1000000)))
+    tracemalloc.start()
+    start = time.perf_counter()
+    with pytest.raises(errors.InputError, match="num_hidden_layers 1000000"):
+        check_checkpoint(ckpt)
+    seconds = time.perf_counter() - start
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert seconds < 10 and peak < 200 * 2**20, (seconds, peak)
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "0", "1.5G", "8 bytes"])
+def test_malformed_simulated_card_size_is_one_line_exit_2(value, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MIGRATOR_DEVICE_MEMORY_BYTES", value)
+    code = main(["run", str(demo_model_dir()), "--output-dir", str(tmp_path / "out"), "--device", "cpu"])
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("migrator")]
+    assert code == 2 and len(lines) == 1 and "MIGRATOR_DEVICE_MEMORY_BYTES" in lines[0] and "8G" in lines[0], err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("value, expected", [("8589934592", 8 * 2**30), ("8G", 8 * 2**30), ("512MiB", 512 * 2**20),
+                                             (" 64k ", 64 * 1024), ("", None)])
+def test_simulated_card_size_accepts_bytes_and_suffixes(value, expected):
+    from engine.environment import simulated_card_bytes
+
+    assert simulated_card_bytes({"MIGRATOR_DEVICE_MEMORY_BYTES": value}) == expected
 
 
 def test_layer_count_is_what_the_code_builds_not_the_config_name(tmp_path):

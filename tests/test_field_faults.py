@@ -35,7 +35,7 @@ FIELD_RULE_NAMES = frozenset({
     "meta_tensor_not_loaded", "mixed_dtype_in_recipe_code", "non_finite_logits", "process_group_not_initialized",
     "rendezvous_port_in_use"})
 from tests.conftest import REPO_ROOT
-from tests.conftest import torch_npu_wheel
+from tests.conftest import assert_round_backup, torch_npu_wheel
 from tests.field_injections import INJECTIONS, Injection, cases, run_injection
 
 ERROR_LINE = re.compile(r"^\s*(\w*(?:Error|Exception)): .+$", re.M)
@@ -196,8 +196,7 @@ def test_injected_field_fault(injection, layout, working_recipe_source, tmp_path
     if expected == "repaired":
         assert result["returncode"] == 0 and result["summary"]["status"] == "ok", context
         assert first["applied"] and first["diff"] and result["rounds"] == 1
-        for rel, (content, _) in result["injected"].items():       # the backup holds the injected bytes
-            assert (result["backup"] / rel).read_bytes() == content, rel
+        assert_round_backup(result["recipe"], first, {rel: c for rel, (c, _) in result["injected"].items()})
         assert result["rollback"] == "restored"
     elif expected == "reported":
         last = result["last"]
@@ -207,8 +206,9 @@ def test_injected_field_fault(injection, layout, working_recipe_source, tmp_path
         note = injection.expected_note(layout).replace("{runner}", runner)
         assert note in last["note"], last["note"]
         assert last["note"] in result["summary"]["message"]
-        for rel, (content, _) in result["injected"].items():
-            assert (result["backup"] / rel).read_bytes() == content, rel
+        for rnd in result["round_records"][:1]:
+            if rnd.get("applied"):
+                assert_round_backup(result["recipe"], rnd, {rel: c for rel, (c, _) in result["injected"].items()})
         assert result["rollback"] == "restored"
     elif expected == "oom":        # the out-of-memory path: the memory estimate, exit 6, nothing edited
         assert result["returncode"] == 6 and result["summary"]["status"] == "oom", context
@@ -221,8 +221,8 @@ def test_injected_field_fault(injection, layout, working_recipe_source, tmp_path
         line = next(n for n, text in enumerate(result["injected"][runner][0].decode().splitlines(), 1)
                     if f"torch_npu.{kernel}(" in text)
         assert result["returncode"] == 4, context
-        assert (f"needs an Ascend NPU: 1 torch_npu kernel (first: {kernel} at {runner}:{line}); run on an NPU host"
-                in result["stderr"]), result["stderr"]
+        assert (f"needs an Ascend NPU: 1 torch_npu kernel ({kernel}) at 1 call site; first call: {kernel} at "
+                f"{runner}:{line}; run on an NPU host" in result["stderr"]), result["stderr"]
         assert not (result["recipe"] / ".migrator").exists() and result["rollback"] == "untouched"
     else:                          # unknown: no rule, but the diagnosis says what is known
         entry = injection.entry

@@ -39,13 +39,13 @@ def test_every_command_both_ways_from_another_working_directory(working_recipe, 
     assert json.loads((recipe / "baseline" / "baseline_metadata.json").read_text())["performance"]["prefill_ms"] > 0
 
     # rollback: relative and absolute (symlink); a backup made as a repair round would
-    from agent.recipe.backup import backup
+    from agent.recipe.backup import backup_round
 
     infer_py = recipe / "infer.py"
     original = infer_py.read_bytes()
-    backup(recipe, 1)
     for target, cwd in (("fi", tmp_path), (str(link), elsewhere)):
-        infer_py.write_bytes(original + b"# edited\n")
+        with backup_round(recipe, 1):
+            infer_py.write_bytes(original + b"# edited\n")
         proc = run_cli("rollback", target, cwd=cwd, timeout=300)
         assert proc.returncode == 0, (target, proc.stdout, proc.stderr)
         assert infer_py.read_bytes() == original

@@ -14,11 +14,12 @@ import pytest
 from conftest import run_cli
 from foreign_fixture import tree_bytes, write_repo
 
+KERNELS = "3 torch_npu kernels (npu_rms_norm, npu_rotary_mul, torch.ops.npu.npu_fused_infer_attention_score) at 3 call sites"
 NEEDS_NPU = {
-    "npu_legacy": "needs an Ascend NPU: 3 torch_npu kernels (first: npu_rms_norm at "
-                  "models/modeling_npu_legacy.py:15); run on an NPU host",
-    "npu_fw": "needs an Ascend NPU: 3 torch_npu kernels (first: npu_rms_norm at "
-              "models/modeling_npu_fw.py:15); run on an NPU host",
+    "npu_legacy": f"needs an Ascend NPU: {KERNELS}; first call: npu_rms_norm at models/modeling_npu_legacy.py:15; "
+                  "run on an NPU host",
+    "npu_fw": f"needs an Ascend NPU: {KERNELS}; first call: npu_rms_norm at models/modeling_npu_fw.py:15; "
+              "run on an NPU host",
 }
 
 

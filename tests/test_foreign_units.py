@@ -24,11 +24,16 @@ from foreign_fixture import write_executor, write_framework_recipe, write_legacy
     ("import torch_npu\nout = torch_npu.npu_rms_norm(x, w)[0]\n", [("npu_rms_norm", 2)]),
     ("import torch_npu as tnpu\n\ndef f(q):\n    return tnpu.npu_rotary_mul(q, c, s)\n", [("npu_rotary_mul", 4)]),
     ("from torch_npu import npu_fused_infer_attention_score as fia\n", [("npu_fused_infer_attention_score", 1)]),
+    # a kernel imported by name is called by that name: each call is a call site
+    ("from torch_npu import npu_rms_norm as rms\ny = rms(x, w)\nz = rms(y, w)\n",
+     [("npu_rms_norm", 1), ("npu_rms_norm", 2), ("npu_rms_norm", 3)]),
     # private kernels (vllm-ascend#218): no portable equivalent either
     ("import torch_npu\nq = torch_npu._npu_rotary_embedding(pos, q, k, 64, cache, True)\n", [("_npu_rotary_embedding", 2)]),
     ("from torch_npu import _npu_reshape_and_cache\n", [("_npu_reshape_and_cache", 1)]),
     ("import torch\ny = torch.ops.npu.npu_add_rms_norm(a, b, w)\n", [("torch.ops.npu.npu_add_rms_norm", 2)]),
-    ("import torchair as tng\n", [("torchair", 1)]),
+    ("import torchair as tng\nbackend = tng.get_npu_backend()\n", [("torchair", 1)]),
+    # a bare torchair import nothing uses: guarded by a repair, not a torchair-only path
+    ("import torchair as tng\n", []),
     # a lazy torchair import (graph mode only) is no kernel for an eager recipe
     ("def graph_compile(self):\n    import torchair as tng\n", []),
     ("try:\n    import torchair\nexcept ImportError:\n    torchair = None\n", []),
@@ -56,8 +61,16 @@ def test_scan_follows_the_recipe_into_shared_code_it_imports(tmp_path, tiny_ckpt
     scan = scan_recipe(recipe, tmp_path)
     assert [(k.name, k.where, k.shared) for k in scan.kernels] == [
         ("import torch_npu", "executor/utils/__init__.py:1", True), ("torchair", "executor/utils/__init__.py:2", True)]
-    assert scan.message() == ("needs an Ascend NPU: 2 torch_npu kernels (first: import torch_npu at "
-                              "executor/utils/__init__.py:1); run on an NPU host")
+    assert scan.message() == ("needs an Ascend NPU: NPU-only imports with no portable path (import torch_npu, "
+                              "torchair; first: import torch_npu at executor/utils/__init__.py:1); run on an NPU host")
+    # a kernel called later is the first real call, ahead of the import lines
+    utils.write_text(utils.read_text() + "\ndef norm(x, w):\n    return torch_npu.npu_rms_norm(x, w)[0]\n")
+    calls = scan_recipe(recipe, tmp_path)
+    last = len(utils.read_text().splitlines())
+    assert calls.message() == ("needs an Ascend NPU: 1 torch_npu kernel (npu_rms_norm) at 1 call site; first call: "
+                               f"npu_rms_norm at executor/utils/__init__.py:{last}; run on an NPU host")
+    utils.write_text("import torch_npu\nimport torchair as tng\n" + utils.read_text().split("\n", 2)[2]
+                     .rsplit("\ndef norm", 1)[0])
     # a shared module the recipe does not import does not count
     (tmp_path / "executor" / "other.py").write_text("import torch_npu\n")
     assert len(scan_recipe(recipe, tmp_path).kernels) == 2

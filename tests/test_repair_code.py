@@ -22,7 +22,7 @@ from agent.codemods.commands.pad_token_fallback import PadTokenFallbackCommand
 from agent.codemods.commands.trust_remote_code import TrustRemoteCodeCommand
 from agent.repair.rules.config import key_prefix_mapping
 from agent.repair.rules.reports import install_command, pip_distribution
-from conftest import assert_repaired, first_match_name, repair_run
+from conftest import assert_repaired, assert_round_backup, first_match_name, repair_run
 
 MODELING = "models/modeling_fi.py"
 RUNNER = "runner_fi.py"
@@ -65,9 +65,7 @@ def _assert_run_repaired(recipe: Path, report: dict, rule: str, injected: dict[s
     trial = [r for r in report["runs"] if r["label"].startswith("trial")][-1]
     assert trial["ok"], trial
     assert (recipe / "baseline" / "baseline_metadata.json").is_file()
-    backup = recipe / ".migrator" / "backup" / "round_1"
-    for rel, content in injected.items():
-        assert (backup / rel).read_bytes() == content, rel
+    assert_round_backup(recipe, first, injected)
 
 
 def _assert_reported_unchanged(recipe: Path, before: dict, proc, summary: dict, report: dict, rule: str,

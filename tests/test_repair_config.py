@@ -86,6 +86,25 @@ def test_model_path_that_does_not_exist_uses_the_report_s_model_dir(working_reci
     assert report["rounds"][0]["diff"].count("\n-model_path") == 1 and report["rounds"][0]["diff"].count("\n+") == 2
 
 
+def test_model_path_missing_never_points_at_a_neighbouring_checkpoint(working_recipe, tmp_path):
+    """No report model_dir to go back to (the report was removed), and another user's checkpoint sits
+    where the old path was: the YAML is left alone, the run says which folders it saw (exit 1)."""
+    import shutil
+
+    model_dir = Path(json.loads((working_recipe / "migration_report.json").read_text())["model_dir"])
+    (working_recipe / "migration_report.json").unlink()
+    gone = tmp_path / "shared" / "ckpt"
+    neighbour = tmp_path / "shared" / "someone_elses_ckpt"
+    shutil.copytree(model_dir, neighbour)
+    old_line = next(ln for ln in _yaml(working_recipe).read_text().splitlines(True) if ln.startswith("model_path:"))
+    path, original, injected = _inject(working_recipe, old_line, f'model_path: "{gone}"\n')
+    proc, summary, report = repair_run(working_recipe)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert path.read_bytes() == injected[path.relative_to(working_recipe).as_posix()]
+    assert report["rounds"][0]["diagnosis"]["rule"] == "model_path_missing" and not report["rounds"][0]["applied"]
+    assert str(neighbour) in summary["message"] and "not chosen for you" in summary["message"], summary
+
+
 def test_input_max_len_beyond_the_positions_is_lowered(working_recipe):
     path, original, injected = _inject(working_recipe, "  input_max_len: 504\n", "  input_max_len: 100000\n")
     proc, summary, report = repair_run(working_recipe)
@@ -231,8 +250,11 @@ def test_model_path_matcher_and_moved_checkpoint(fake_recipe, tmp_path):
     (tmp_path / "models").mkdir()
     (tmp_path / "ckpt").rename(tmp_path / "models" / "ckpt")
     assert _first_match_name(fake_recipe, out) == "model_path_missing"
+    before = path.read_bytes()
     note = _apply(fake_recipe, "model_path_missing", out)
-    assert yaml.safe_load(path.read_text())["model_path"] == str(tmp_path / "models" / "ckpt"), note
+    # a checkpoint near the old path may be anyone's: named, never written into the YAML
+    assert path.read_bytes() == before
+    assert str(tmp_path / "models" / "ckpt") in note and "not chosen for you" in note, note
 
 
 def test_model_path_nothing_found_changes_nothing(fake_recipe, tmp_path):

@@ -1,8 +1,10 @@
 """Backups and rollback never lose a file.
 
-A round's backup is written once (temporary folder + rename) and never retaken on --resume;
-rollback restores regular files only, never through a symlink, and moves what it replaces or what
-was created since into .migrator/trash/<time>/. The report never writes through a symlink.
+A round's backup is copy-on-write: each file is copied (temporary file + rename, journalled) just
+before the round first changes it, so the backup holds what the round changed and nothing else, and
+it is never retaken on --resume. Rollback undoes what the rounds' journals list, never through a
+symlink, moves what it replaces or what a round created into .migrator/trash/<time>/, and leaves
+files no repair touched alone. The report never writes through a symlink.
 In-process tests use a small recipe-like folder; the kill tests run `migrator run` for real.
 """
 
@@ -20,7 +22,8 @@ from conftest import REPO_ROOT, repair_run, run_cli
 
 from agent.repair import fix as repair_mod
 from agent.errors import InputError
-from agent.recipe.backup import recipe_files, rollback, start_backup_run, take_backup
+from agent.recipe.backup import backup_round, recipe_files, rollback, start_backup_run
+from agent.recipe.fs_guard import WriteOutsideRecipe
 from agent.repair.rules.rule import Rule
 
 
@@ -52,15 +55,22 @@ def _rule(fix):
     return Rule("test_rule", None, "test rule", fix, facts=lambda failure, found: {}, kind="edit")
 
 
-def test_backup_is_written_once_and_reused_by_the_same_run(recipe):
+def _backed_up(dest):
+    return sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file())
+
+
+def test_backup_copies_what_the_round_changes_once_and_is_reused_by_the_same_run(recipe):
     original = _snapshot(recipe)
-    dest, reused = take_backup(recipe, 1)
-    assert not reused and dest.name == "round_1"
-    (recipe / "runner_x.py").write_bytes(b"repaired\n")
-    again, reused = take_backup(recipe, 1)
-    assert reused and again == dest
-    assert (dest / "runner_x.py").read_bytes() == original["runner_x.py"][0]
-    assert not [p for p in dest.parent.iterdir() if p.name.startswith(".round_")]   # no temporary left
+    with backup_round(recipe, 1) as first:
+        assert not first.resumed and first.dir.name == "round_1"
+        (recipe / "runner_x.py").write_bytes(b"repaired\n")
+        (recipe / "runner_x.py").write_bytes(b"repaired twice\n")     # copied once, before the first write
+    with backup_round(recipe, 1) as again:
+        assert again.resumed and again.dir == first.dir
+    assert (first.dir / "runner_x.py").read_bytes() == original["runner_x.py"][0]
+    assert _backed_up(first.dir) == ["runner_x.py"]                 # not infer.sh, not models/
+    assert first.bytes_copied == len(original["runner_x.py"][0])
+    assert not [p for p in first.dir.parent.iterdir() if p.name.startswith(".round_")]   # no temporary left
 
 
 def test_repair_killed_halfway_then_resumed_keeps_the_original(recipe, monkeypatch):
@@ -91,31 +101,74 @@ def test_repair_killed_halfway_then_resumed_keeps_the_original(recipe, monkeypat
 
 
 def test_a_fresh_run_keeps_the_earlier_runs_backups(recipe):
-    take_backup(recipe, 1)
     first = (recipe / "runner_x.py").read_bytes()
+    with backup_round(recipe, 1):
+        (recipe / "runner_x.py").write_bytes(b"repaired by the first run\n")
     (recipe / "runner_x.py").write_bytes(b"edited by the user later\n")
     start_backup_run(recipe, "second-run")
-    dest, reused = take_backup(recipe, 1)
-    assert not reused and (dest / "runner_x.py").read_bytes() == b"edited by the user later\n"
+    with backup_round(recipe, 1) as second:
+        assert not second.resumed
+        (recipe / "runner_x.py").write_bytes(b"repaired by the second run\n")
+    assert (second.dir / "runner_x.py").read_bytes() == b"edited by the user later\n"
     earlier = list((recipe / ".migrator" / "backup" / "earlier").glob("*/round_1/runner_x.py"))
     assert len(earlier) == 1 and earlier[0].read_bytes() == first
-    assert take_backup(recipe, 1) == (dest, True)                 # --resume of the second run
+    with backup_round(recipe, 1) as resumed:                       # --resume of the second run
+        assert resumed.resumed and resumed.dir == second.dir
 
 
-def test_rollback_moves_later_files_to_trash_and_keeps_mode_and_line_endings(recipe):
+def test_rollback_undoes_the_round_keeps_mode_and_line_endings_and_leaves_the_user_s_files(recipe):
     original = _snapshot(recipe)
-    take_backup(recipe, 1)
-    (recipe / "infer.sh").write_bytes(b"#!/bin/bash\nexport X=1\necho hi\n")
-    os.chmod(recipe / "infer.sh", 0o644)
+    with backup_round(recipe, 1):
+        (recipe / "infer.sh").write_bytes(b"#!/bin/bash\nexport X=1\necho hi\n")
+        os.chmod(recipe / "infer.sh", 0o644)
+        (recipe / "helper.py").write_text("created by the fix\n")
+        (recipe / "models" / "modeling_x.py").unlink()
     (recipe / "notes.txt").write_text("the user's own notes, written after the repair\n")
-    (recipe / "models" / "modeling_x.py").unlink()
     round_no, changes = rollback(recipe)
+    assert (recipe / "notes.txt").read_text() == "the user's own notes, written after the repair\n"
+    (recipe / "notes.txt").unlink()
     assert round_no == 1 and _snapshot(recipe) == original
     trash = _trash_files(recipe)
-    assert any(t.endswith("/notes.txt") for t in trash) and any(t.endswith("/infer.sh") for t in trash)
-    kept = next((recipe / ".migrator" / "trash").rglob("notes.txt"))
-    assert kept.read_text() == "the user's own notes, written after the repair\n"
-    assert any(c.startswith("moved notes.txt to .migrator/trash/") for c in changes)
+    assert any(t.endswith("/helper.py") for t in trash) and any(t.endswith("/infer.sh") for t in trash)
+    assert any(c.startswith("moved helper.py (created by the repair) to .migrator/trash/") for c in changes)
+
+
+def test_rollback_undoes_later_rounds_too(recipe):
+    original = _snapshot(recipe)
+    with backup_round(recipe, 1):
+        (recipe / "runner_x.py").write_bytes(b"round 1\n")
+    with backup_round(recipe, 2):
+        (recipe / "runner_x.py").write_bytes(b"round 2\n")
+        (recipe / "models" / "modeling_x.py").write_bytes(b"round 2\n")
+    rollback(recipe, 2)
+    assert (recipe / "runner_x.py").read_bytes() == b"round 1\n"
+    rollback(recipe, 1)
+    assert _snapshot(recipe) == original
+
+
+def test_a_round_never_writes_through_a_symlink_out_of_the_recipe(recipe, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victim = outside / "victim.py"
+    victim.write_bytes(b"outside, must not change\n")
+    (outside / "__init__.py").write_bytes(b"shared\n")
+    (recipe / "secret.py").symlink_to(victim)
+    (recipe / "shared").symlink_to(outside, target_is_directory=True)
+    import shutil
+
+    for attempt in (lambda: (recipe / "secret.py").write_bytes(b"x"),
+                    lambda: open(recipe / "secret.py", "a").close(),
+                    lambda: (recipe / "shared" / "__init__.py").unlink(),
+                    lambda: (recipe / "shared" / "new.py").write_text("x"),
+                    lambda: os.replace(recipe / "runner_x.py", recipe / "shared" / "runner_x.py"),
+                    lambda: (recipe / "secret.py").unlink(),
+                    lambda: shutil.rmtree(recipe / "shared" / "."),
+                    lambda: os.chmod(recipe / "secret.py", 0o600)):
+        with backup_round(recipe, 1), pytest.raises(WriteOutsideRecipe, match="outside the recipe"):
+            attempt()
+    assert victim.read_bytes() == b"outside, must not change\n"
+    assert sorted(p.name for p in outside.iterdir()) == ["__init__.py", "victim.py"]
+    assert (recipe / "runner_x.py").is_file() and (recipe / "secret.py").is_symlink()
 
 
 def test_rollback_never_writes_through_a_symlink(recipe, tmp_path):
@@ -126,8 +179,10 @@ def test_rollback_never_writes_through_a_symlink(recipe, tmp_path):
     (outside / "modeling_x.py").write_bytes(b"outside modeling\n")
     (recipe / "secret").symlink_to(victim)                     # a link present at backup time
     original = _snapshot(recipe)
-    dest, _ = take_backup(recipe, 1)
-    assert not (dest / "secret").exists() and not (dest / "secret").is_symlink()   # links are not copied
+    with backup_round(recipe, 1) as round_backup:
+        (recipe / "runner_x.py").write_bytes(b"repaired\n")
+        (recipe / "models" / "modeling_x.py").write_bytes(b"repaired\n")
+    assert not (round_backup.dir / "secret").exists()
     # After the repair, a file and a folder of the recipe became links out of it.
     (recipe / "runner_x.py").unlink()
     (recipe / "runner_x.py").symlink_to(victim)
@@ -143,13 +198,29 @@ def test_rollback_never_writes_through_a_symlink(recipe, tmp_path):
     assert any(t.endswith("/runner_x.py") for t in trash) and any(t.endswith("/models") for t in trash)
 
 
+def test_a_full_backup_of_an_earlier_release_is_still_restored(recipe):
+    """Releases before copy-on-write copied every file and listed them in round_N.manifest.json."""
+    import shutil
+
+    original = _snapshot(recipe)
+    backups = recipe / ".migrator" / "backup"
+    shutil.copytree(recipe, backups / "round_1", ignore=shutil.ignore_patterns(".migrator"))
+    (backups / "round_1.manifest.json").write_text(json.dumps(sorted(recipe_files(recipe))))
+    (recipe / "runner_x.py").write_bytes(b"repaired\n")
+    (recipe / "added_by_fix.py").write_text("x\n")
+    rollback(recipe)
+    assert _snapshot(recipe) == original
+
+
 def test_a_symlinked_backup_file_is_refused(recipe, tmp_path):
-    dest, _ = take_backup(recipe, 1)
+    with backup_round(recipe, 1) as round_backup:
+        (recipe / "runner_x.py").write_bytes(b"repaired\n")
+    dest = round_backup.dir
     (dest / "runner_x.py").unlink()
     (dest / "runner_x.py").symlink_to("/etc/hostname")
     with pytest.raises(InputError, match="not a regular file"):
         rollback(recipe, 1)
-    assert (recipe / "runner_x.py").read_bytes() == b"print('original runner')\n"
+    assert (recipe / "runner_x.py").read_bytes() == b"repaired\n"
 
 
 @pytest.mark.parametrize("case", ["no_backups", "only_stray_round_x", "missing_round", "manifest_escapes",
@@ -159,8 +230,12 @@ def test_rollback_bad_input_is_one_line_exit_2(recipe, capsys, case):
 
     backups = recipe / ".migrator" / "backup"
     args = ["rollback", str(recipe)]
+    journal = backups / "round_1.journal"
     if case != "no_backups":
-        take_backup(recipe, 1)
+        with backup_round(recipe, 1):
+            (recipe / "runner_x.py").write_bytes(b"changed\n")
+    else:
+        (recipe / "runner_x.py").write_bytes(b"changed\n")
     if case in ("only_stray_round_x", "stray_and_valid"):
         (backups / "round_x").mkdir(parents=True, exist_ok=True)
         (backups / "round_").mkdir()
@@ -169,13 +244,13 @@ def test_rollback_bad_input_is_one_line_exit_2(recipe, capsys, case):
             os.rename(backups / "round_1", backups / "round_1_old")
     if case == "missing_round":
         args += ["--round", "7"]
+    entry = lambda rel: json.dumps({"path": rel, "was": "absent"}) + "\n"   # noqa: E731
     if case == "manifest_escapes":
-        (backups / "round_1.manifest.json").write_text(json.dumps(["runner_x.py", "../../escape.py"]))
+        journal.write_text(journal.read_text() + entry("../../escape.py"))
     if case == "manifest_not_json":
-        (backups / "round_1.manifest.json").write_text("{")
+        journal.write_text("{\n" + journal.read_text())
     if case == "manifest_into_migrator":
-        (backups / "round_1.manifest.json").write_text(json.dumps([".migrator/threads.json"]))
-    (recipe / "runner_x.py").write_bytes(b"changed\n")
+        journal.write_text(journal.read_text() + entry(".migrator/threads.json"))
     code = main(args)
     captured = capsys.readouterr()
     if case == "stray_and_valid":
@@ -274,4 +349,7 @@ def test_sigkill_at_node_then_resume_then_rollback_returns_the_injected_bytes(wo
     assert backup.read_bytes() == injected["models/__init__.py"][0]
     rolled = run_cli("rollback", str(working_recipe))
     assert rolled.returncode == 0, rolled.stderr
-    assert _snapshot(working_recipe) == injected
+    # the migrator's records (report, summary, the README's status block) are not a repair's changes
+    records = ("migration_report.json", "migration_summary.md", "README.md")
+    assert {k: v for k, v in _snapshot(working_recipe).items() if k not in records} == \
+        {k: v for k, v in injected.items() if k not in records}

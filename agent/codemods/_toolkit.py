@@ -272,6 +272,14 @@ def name_of(expr: cst.BaseExpression) -> str | None:
     return None
 
 
+def ends_with(node: cst.BaseExpression, name: str) -> bool:
+    """`forward_metadata`, `self.forward_metadata`, `kwargs.forward_metadata`, ... (a dotted name)."""
+    try:
+        return dotted(node).split(".")[-1] == name
+    except ValueError:   # a call or subscript: not a plain dotted name
+        return False
+
+
 def dotted(expr: cst.BaseExpression | None) -> str:
     if expr is None:
         return ""
@@ -369,6 +377,13 @@ class NameUses(cst.CSTVisitor):
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
         return False
+
+    def visit_Try(self, node: cst.Try) -> bool:
+        # `try: import torch_npu / except ...: torch_npu = None`: a guard; its fallback binding is no use
+        imports_only = all(isinstance(stmt, cst.SimpleStatementLine) and
+                           all(isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body)
+                           for stmt in node.body.body)
+        return not imports_only
 
     def visit_Name(self, node: cst.Name) -> None:
         self.used.add(node.value)

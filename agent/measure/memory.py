@@ -17,6 +17,7 @@ from agent.records import MemoryEstimate
 from agent.recipe.recipe import Recipe
 from engine import defaults
 from engine.environment import Environment
+from engine.environment import simulated_card_bytes as parse_card_bytes
 from engine.parallel import families_with_tp_plan, tp_plan
 
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
@@ -188,9 +189,12 @@ def process_memory_limit() -> int | None:
 
 def simulated_card_bytes() -> int | None:
     """MIGRATOR_DEVICE_MEMORY_BYTES (tests and CPU only): the size of a simulated card, which the
-    engine enforces on the weights each rank holds (engine.loading.check_device_memory)."""
-    value = os.environ.get("MIGRATOR_DEVICE_MEMORY_BYTES")
-    return int(value) if value else None
+    engine enforces on the weights each rank holds (engine.loading.check_device_memory); a value
+    that is not a size is one line (exit 2)."""
+    try:
+        return parse_card_bytes()
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
 
 
 def estimate_for_recipe(recipe: Recipe, env: Environment) -> MemoryEstimate:

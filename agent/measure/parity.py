@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 from agent.measure.shrink import shrink_config
+from agent.processes import run_tree, stop_leftovers
 from agent.recipe.recipe import Recipe
 from engine.config import load_runner_settings
 from engine.data import DEFAULT_PROMPT
@@ -42,10 +43,20 @@ def run_parity(recipe: Recipe, tokens: int = 16, timeout: int = 900, trust_remot
         cmd.append("--trust-remote-code")
     if dump is not None:
         cmd += ["--dump", str(dump)]
-    proc = subprocess.run(cmd, cwd=recipe.path, env=env, capture_output=True, text=True, timeout=timeout)
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        err = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    # one process tree the migrator owns: stopped with it on SIGINT / SIGTERM or the timeout, and by
+    # the next check when a SIGKILLed migrator left it running
+    runs = recipe.path / ".migrator" / "runs"
+    pids = runs / "parity.pids" if runs.is_dir() and not runs.is_symlink() else None
+    if pids is not None:
+        stop_leftovers(pids)
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err_file:
+        tree = run_tree(cmd, cwd=recipe.path, env=env, stdout=out, stderr=err_file, timeout=timeout, pids_file=pids)
+        out.seek(0)
+        err_file.seek(0)
+        stdout, stderr = out.read(), err_file.read()
+    lines = stdout.strip().splitlines()
+    if tree.returncode != 0 or not lines:
+        err = "timed out" if tree.timed_out else (stderr.strip().splitlines() or ["no output"])[-1]
         return {"ok": False, "checked": False, "reason": f"parity check could not run: {err}"}
     return json.loads(lines[-1])
 
@@ -61,10 +72,14 @@ def foreign_parity(recipe: Recipe, timeout: int = 600) -> dict:
     if model_dir is None:
         return result
     try:
-        proc = subprocess.run([sys.executable, "-m", "agent.measure.parity", "--nll", str(model_dir)],
-                              capture_output=True, text=True, timeout=timeout)
-        if proc.returncode == 0 and proc.stdout.strip():
-            result.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+        # one process tree the migrator owns (stopped with it on SIGINT / SIGTERM or the timeout)
+        with tempfile.TemporaryFile("w+") as out:
+            tree = run_tree([sys.executable, "-m", "agent.measure.parity", "--nll", str(model_dir)], cwd=recipe.path,
+                            env=dict(os.environ), stdout=out, stderr=subprocess.DEVNULL, timeout=timeout)
+            out.seek(0)
+            text = out.read().strip()
+        if tree.returncode == 0 and text:
+            result.update(json.loads(text.splitlines()[-1]))
     except (OSError, ValueError, subprocess.SubprocessError):   # optional: never fail a baseline over it
         pass
     return result

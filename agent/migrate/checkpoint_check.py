@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import struct
 from pathlib import Path
 from typing import Any
 
 from agent.errors import InputError
+from agent.recipe.fs_guard import JSON_LIMIT, check_regular, read_bytes
 from agent.recipe.render import is_identifier
 
 MAX_DIM = 2**31 - 1
@@ -51,7 +53,7 @@ def read_json_file(path: Path, what: str | None = None) -> Any:
     """A JSON file of the checkpoint, with one-line errors for every way it can be broken."""
     what = what or path.name
     try:
-        raw = path.read_bytes()
+        raw = read_bytes(path, JSON_LIMIT)       # a FIFO, a device, a loop: refused by type, never read
     except OSError as exc:
         raise InputError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     if raw.startswith(b"\xef\xbb\xbf"):
@@ -161,22 +163,98 @@ def _check_fields(config: dict, where: str) -> None:
 
 
 def check_tokenizer(model_dir: Path) -> None:
-    present = [name for name in TOKENIZER_FILES if (model_dir / name).is_file()]
+    present = [name for name in TOKENIZER_FILES if os.path.lexists(model_dir / name)]   # a link to /dev/zero too
     present += [p.name for p in model_dir.glob("*.tiktoken")]
     if not present:
         raise InputError(f"{model_dir}: no tokenizer files (tokenizer.json, tokenizer.model, vocab.json, …); "
                          "copy the model's tokenizer into the directory")
     for name in present:
         path = model_dir / name
-        if path.stat().st_size == 0:
+        if check_regular(path).st_size == 0:
             raise InputError(f"{path}: the tokenizer file is empty; re-download it")
         if name in JSON_TOKENIZER_FILES:
-            if not isinstance(read_json_file(path), dict):
+            data = read_json_file(path)
+            if not isinstance(data, dict):
                 raise InputError(f"{path}: must be a JSON object; re-download it")
+            if name == "tokenizer_config.json":
+                check_tokenizer_config(data, path)
+    generation = model_dir / "generation_config.json"
+    if os.path.lexists(generation):
+        data = read_json_file(generation)
+        if not isinstance(data, dict):
+            raise InputError(f"{generation}: must be a JSON object of settings; re-download it")
+        check_generation_config(data, generation)
+
+
+def _token(value) -> bool:
+    """A special token as tokenizer_config.json writes it: text, or an AddedToken object."""
+    return value is None or isinstance(value, str) or (isinstance(value, dict) and isinstance(value.get("content"), str))
+
+
+# tokenizer_config.json fields transformers reads when the recipe loads its tokenizer
+TOKENIZER_FIELDS = {
+    **{k: (_token, "a token (text)") for k in ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token",
+                                                "cls_token", "mask_token")},
+    "model_max_length": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0,
+                         "a positive number"),
+    "padding_side": (lambda v: v in ("left", "right"), '"left" or "right"'),
+    "truncation_side": (lambda v: v in ("left", "right"), '"left" or "right"'),
+    "chat_template": (lambda v: v is None or isinstance(v, str) or (isinstance(v, list) and all(
+        isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str) for t in v)),
+                      "a Jinja template (text) or a list of {name, template}"),
+    "tokenizer_class": (lambda v: v is None or (isinstance(v, str) and is_identifier(v)), "a class name"),
+    **{k: (lambda v: v is None or isinstance(v, bool), "true or false")
+       for k in ("add_bos_token", "add_eos_token", "clean_up_tokenization_spaces", "legacy", "use_fast",
+                 "do_lower_case", "add_prefix_space", "split_special_tokens")},
+    "added_tokens_decoder": (lambda v: isinstance(v, dict) and all(isinstance(t, dict) for t in v.values()),
+                             "a JSON object of token id -> token"),
+    "additional_special_tokens": (lambda v: v is None or (isinstance(v, list) and all(_token(t) for t in v)),
+                                  "a list of tokens"),
+}
+
+
+def check_tokenizer_config(data: dict, path: Path) -> None:
+    for key, (ok, kind) in TOKENIZER_FIELDS.items():
+        if key in data and not ok(data[key]):
+            raise InputError(f"{path}: '{key}' must be {kind}, got {_shown(data[key])}; fix tokenizer_config.json "
+                             "or re-download it")
+
+
+_COUNT = (lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_DIM), "an integer >= 0")
+_NUMBER = (lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                                   and v >= 0), "a number >= 0")
+GENERATION_FIELDS = {
+    **{k: _COUNT for k in ("max_new_tokens", "max_length", "min_length", "min_new_tokens", "top_k", "num_beams",
+                           "num_return_sequences", "no_repeat_ngram_size")},
+    **{k: _NUMBER for k in ("temperature", "top_p", "repetition_penalty", "length_penalty", "typical_p", "min_p")},
+    **{k: (lambda v: v is None or isinstance(v, bool), "true or false") for k in ("do_sample", "use_cache",
+                                                                                 "early_stopping")},
+}
+
+
+def check_generation_config(data: dict, path: Path) -> None:
+    """generation_config.json: the engine stops on its eos_token_id; transformers reads the rest."""
+    for key in TOKEN_IDS:
+        value = data.get(key)
+        ids = value if isinstance(value, list) else [value]
+        if any(v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= MAX_DIM)
+               for v in ids):
+            raise InputError(f"{path}: '{key}' must be a token id (integer >= 0) or a list of them, got "
+                             f"{_shown(value)}; fix generation_config.json")
+    for key, (ok, kind) in GENERATION_FIELDS.items():
+        if key in data and not ok(data[key]):
+            raise InputError(f"{path}: '{key}' must be {kind}, got {_shown(data[key])}; fix generation_config.json")
 
 
 def weight_files(model_dir: Path) -> list[Path]:
-    return sorted(p for p in model_dir.iterdir() if p.name.endswith(WEIGHT_SUFFIXES) and not p.is_dir())
+    """The weight files; one that is not a regular file (a symlink loop, a FIFO, a device) is
+    refused by type (a folder named like one is a folder)."""
+    found = []
+    for p in sorted(model_dir.iterdir()):
+        if p.name.endswith(WEIGHT_SUFFIXES) and not p.is_dir():
+            check_regular(p)
+            found.append(p)
+    return found
 
 
 def check_safetensors(path: Path) -> dict[str, list[int]]:
@@ -220,6 +298,41 @@ def check_safetensors(path: Path) -> dict[str, list[int]]:
 
 
 LAYER_INDEX_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+EXPERT_INDEX_RE = re.compile(r"\.experts\.(\d+)\.")
+EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts")
+# Errors transformers raises for a config it cannot build (not those of building on the meta device).
+CONFIG_ERRORS = (ValueError, KeyError, TypeError, AttributeError, AssertionError, ZeroDivisionError, IndexError)
+
+
+def _config_fields(config: dict) -> dict:
+    return {k: v for k, v in config.items() if k not in ("model_type", "transformers_version")}
+
+
+def check_config_class(config: dict, where: str) -> None:
+    """transformers' own configuration class accepts the fields (types and consistency: transformers
+    5 validates them, e.g. hidden_act must be a string, hidden_size a multiple of the heads). Cheap:
+    no model is built. Remote configuration code is never run here."""
+    if config.get("auto_map"):
+        return
+    try:
+        from transformers import AutoConfig
+
+        AutoConfig.for_model(config["model_type"], **_config_fields(config))
+    except Exception as exc:  # noqa: BLE001 - transformers' validation errors have several classes
+        if not isinstance(exc, CONFIG_ERRORS) and "Validation" not in type(exc).__name__:
+            return
+        detail = " ".join(line.strip() for line in str(exc).splitlines()[1:] or str(exc).splitlines())[:300]
+        raise InputError(f"{where}: transformers rejects this configuration ({detail or type(exc).__name__}); "
+                         "fix config.json") from None
+
+
+def _build_on_meta(config: dict):
+    """transformers' own class for the config on the meta device: no memory, no weights."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(AutoConfig.for_model(config["model_type"], **_config_fields(config)))
 
 
 def layers_the_code_builds(config: dict) -> int | None:
@@ -228,43 +341,73 @@ def layers_the_code_builds(config: dict) -> int | None:
     if config.get("auto_map"):
         return None     # remote code runs only with --trust-remote-code, never in a check
     try:
-        import torch
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        fields = {k: v for k, v in config.items() if k not in ("model_type", "transformers_version")}
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(AutoConfig.for_model(config["model_type"], **fields))
+        model = _build_on_meta(config)
     except Exception:  # noqa: BLE001 - unknown type or invalid config: the name-based check stands
         return None
     indices = {int(m.group(1)) for name in model.state_dict() for m in [LAYER_INDEX_RE.search(name)] if m}
     return max(indices) + 1 if indices else None
 
 
+def _mismatch(model_dir: Path, what: str) -> InputError:
+    return InputError(f"{model_dir}: the weights do not match config.json: {what}; use the config.json that came "
+                      "with these weights")
+
+
+def _fields_equal_to(config: dict, value: int) -> list[str]:
+    return [k for k, v in config.items() if isinstance(v, int) and not isinstance(v, bool) and v == value][:2]
+
+
 def check_weights_match_config(model_dir: Path, config: dict, shapes: dict[str, list[int]]) -> None:
     """The weights (`shapes`: tensor name -> shape, from the safetensors headers) are the config's
-    model: no fewer embedding rows than vocab_size, and no fewer decoder layers than
-    num_hidden_layers (a config of another size gives shape errors deep in loading). More rows than
-    vocab_size are not refused here: some models build them (moshi: vocab_size + 1)."""
+    model. Costs what the files cost, never what the config claims: counts (vocabulary rows, decoder
+    layers, experts) are compared with the weights first, and only then is transformers' own class
+    built — on the meta device, with the layer count the weights hold — to compare every tensor's
+    shape (hidden_size, intermediate_size, heads, ...). More rows than vocab_size are not refused:
+    some models build them (moshi: vocab_size + 1)."""
     if isinstance(config.get("text_config"), dict) or not shapes:
         return   # multimodal wrappers name their weights by their own scheme
     vocab = config.get("vocab_size")
     for name, shape in shapes.items():
         if name.endswith(("model.embed_tokens.weight", "transformer.wte.weight")) and isinstance(vocab, int) \
                 and len(shape) == 2 and shape[0] < vocab:
-            raise InputError(f"{model_dir}: the weights do not match config.json: {name} has {shape[0]} rows, "
-                             f"config.json says vocab_size {vocab}; use the config.json that came with "
-                             "these weights")
+            raise _mismatch(model_dir, f"{name} has {shape[0]} rows, config.json says vocab_size {vocab}")
     layers = config.get("num_hidden_layers")
     found = {int(m.group(1)) for name in shapes for m in [LAYER_INDEX_RE.search(name)] if m}
-    if isinstance(layers, int) and found and max(found) + 1 < layers:
+    held = max(found) + 1 if found else None
+    if isinstance(layers, int) and held is not None and held < layers:
         # num_hidden_layers is a name, not the model: some build another count from it (dory's
-        # layer_types and loop counts). Where transformers' own code can be asked, it decides.
-        built = layers_the_code_builds(config)
-        if built is not None and max(found) + 1 >= built:
-            return
-        raise InputError(f"{model_dir}: the weights do not match config.json: they hold {max(found) + 1} decoder "
-                         f"layers, config.json says num_hidden_layers {layers}; use the config.json that came "
-                         "with these weights")
+        # layer_types and loop counts). transformers' own code decides — asked with one layer more
+        # than the weights hold, never with the config's number (1000000 layers would take minutes).
+        built = layers_the_code_builds(dict(config, num_hidden_layers=held + 1))
+        if built is None and layers <= 4 * held + 64:
+            # the shortened config does not validate (layer_types lists every layer): the config's
+            # own number, when it is within a small multiple of what the files hold
+            built = layers_the_code_builds(config)
+        if built is None or built > held:
+            raise _mismatch(model_dir, f"they hold {held} decoder layers, config.json says num_hidden_layers {layers}")
+    experts = {int(m.group(1)) for name in shapes for m in [EXPERT_INDEX_RE.search(name)] if m}
+    claimed = next((config[k] for k in EXPERT_COUNTS if isinstance(config.get(k), int)), None)
+    if experts and claimed is not None and max(experts) + 1 < claimed:
+        field = next(k for k in EXPERT_COUNTS if isinstance(config.get(k), int))
+        raise _mismatch(model_dir, f"they hold {max(experts) + 1} experts per layer, config.json says {field} {claimed}")
+    if config.get("auto_map") or (held is not None and isinstance(layers, int) and layers > held):
+        return      # remote code is never built here; a model that builds its own layer count: loading decides
+    try:
+        model = _build_on_meta(config)
+    except Exception as exc:  # noqa: BLE001
+        if isinstance(exc, CONFIG_ERRORS) and "meta" not in str(exc).lower():
+            line = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:200]
+            raise InputError(f"{model_dir}/config.json: transformers' own model class cannot be built from it "
+                             f"({type(exc).__name__}: {line}); fix config.json") from None
+        return
+    for name, tensor in model.state_dict().items():
+        want, have = list(tensor.shape), shapes.get(name)
+        if have is None or have == want or math.prod(have) == math.prod(want):
+            continue        # not in the files, or the same numbers in another layout (converted at load)
+        differs = [w for w, h in zip(want, have) if w != h] if len(want) == len(have) else []
+        fields = _fields_equal_to(config, differs[0]) if differs else []
+        because = f" ({', '.join(f'{k} {config[k]}' for k in fields)})" if fields else ""
+        raise _mismatch(model_dir, f"{name} is {have} in the weights, config.json makes it {want}{because}")
 
 
 def check_weights(model_dir: Path) -> dict[str, list[int]]:
@@ -311,11 +454,14 @@ def check_checkpoint(model_dir: Path, trust_remote_code: bool = False) -> dict:
     from agent.migrate.vendor import locate_source
 
     config_file = model_dir / "config.json"
+    if os.path.lexists(config_file):
+        check_regular(config_file)         # a loop, a FIFO, a device: refused by type
     if not config_file.is_file():
         raise InputError(f"{model_dir}: no config.json — point at a Hugging Face model directory "
                          "(the folder that holds config.json and the weights)")
     config = check_config(read_json_file(config_file), str(config_file))
     locate_source(config, model_dir, trust_remote_code=trust_remote_code)   # reads code, runs none
+    check_config_class(config, str(config_file))
     check_tokenizer(model_dir)
     check_weights_match_config(model_dir, config, check_weights(model_dir))
     return config

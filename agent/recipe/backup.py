@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from agent.errors import InputError
+from agent.recipe.fs_guard import WriteGuard
 from agent.recipe.recipe import NO_CODE_DIRS
 from agent.recipe.textfile import read_exact_lines
 
@@ -109,7 +110,7 @@ def start_backup_run(recipe_dir: Path, run_id: str) -> None:
 
 
 def _archive_rounds(backups: Path) -> None:
-    entries = [p for p in backups.iterdir() if re.fullmatch(r"round_[0-9]+(\.manifest\.json|\.run)?", p.name)]
+    entries = [p for p in backups.iterdir() if re.fullmatch(r"round_[0-9]+(\.manifest\.json|\.journal|\.run)?", p.name)]
     if not entries:
         return
     dest = real_dirs(backups, "earlier") / time.strftime("%Y%m%dT%H%M%S")
@@ -120,11 +121,9 @@ def _archive_rounds(backups: Path) -> None:
         os.rename(entry, dest / entry.name)
 
 
-def take_backup(recipe_dir: Path, round_no: int) -> tuple[Path, bool]:
-    """Copy every regular recipe source file to .migrator/backup/round_N/ (with a manifest) once.
-    The copy is made in a temporary folder renamed into place, so round_N exists only complete.
-    Returns (backup dir, reused): a backup this run already took (a resumed run) is never retaken;
-    one left by an earlier run is moved to earlier/ first."""
+def _open_round(recipe_dir: Path, round_no: int) -> tuple[Path, bool]:
+    """.migrator/backup/round_N/ for this run, and whether this run had already opened it (a
+    resumed round). A round left by an earlier run is moved to earlier/ first."""
     backups = _backups(recipe_dir)
     dest = backups / f"round_{round_no}"
     run_id = _current_run(backups)
@@ -133,32 +132,168 @@ def take_backup(recipe_dir: Path, round_no: int) -> tuple[Path, bool]:
         raise UnsafeRecipePath(f"{dest} is a symlink or not a directory: move it away")
     if dest.is_dir():
         taken_by = stamp.read_text(errors="replace").strip() if stamp.is_file() and not stamp.is_symlink() else ""
-        if taken_by == run_id and (backups / f"round_{round_no}.manifest.json").is_file():
+        if taken_by == run_id and ((backups / f"round_{round_no}.journal").is_file()
+                                   or (backups / f"round_{round_no}.manifest.json").is_file()):
             return dest, True
         _archive_rounds(backups)
     for stale in backups.glob(f".round_{round_no}.*"):      # a copy a killed run left unfinished
         if stale.is_dir() and not stale.is_symlink():
             shutil.rmtree(stale)
     tmp = Path(tempfile.mkdtemp(prefix=f".round_{round_no}.", dir=backups))
-    files = recipe_files(recipe_dir)
-    for rel, path in files.items():
-        target = tmp / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(path, target, follow_symlinks=False)
-    atomic_write(backups / f"round_{round_no}.manifest.json", json.dumps(sorted(files), indent=1).encode())
+    (tmp.parent / f"round_{round_no}.journal").unlink(missing_ok=True)
+    atomic_write(backups / f"round_{round_no}.journal", b"")
     atomic_write(stamp, (run_id + "\n").encode())
     os.chmod(tmp, 0o755)
     os.rename(tmp, dest)
     return dest, False
 
 
+def take_backup(recipe_dir: Path, round_no: int) -> tuple[Path, bool]:
+    """Open round N's copy-on-write backup (see RoundBackup): files are copied into it only as a
+    fix is about to change them. Returns (backup dir, reused): a round this run already opened (a
+    resumed run) is reused, never retaken."""
+    return _open_round(recipe_dir, round_no)
+
+
 def backup(recipe_dir: Path, round_no: int) -> Path:
     return take_backup(recipe_dir, round_no)[0]
 
 
+class RoundBackup:
+    """Copy-on-write backup of one repair round: `save(rel)` copies a recipe path the first time
+    it is about to change (a file's bytes and mode, a symlink's target, a folder's contents, or
+    that it did not exist) and appends it to round_N.journal, durably, before the change happens.
+    The round's backup is what the round changed, however large the recipe."""
+
+    def __init__(self, recipe_dir: Path, round_no: int):
+        self.recipe_dir = Path(recipe_dir).resolve()
+        self.dir, self.resumed = _open_round(self.recipe_dir, round_no)
+        self.round_no = round_no
+        self.journal = self.dir.parent / f"round_{round_no}.journal"
+        self.entries = {e["path"]: e for e in read_journal(self.journal)} if self.journal.is_file() else {}
+        self.bytes_copied = 0
+
+    def _append(self, entry: dict) -> None:
+        self.entries[entry["path"]] = entry
+        with open(self.journal, "ab") as f:
+            f.write((json.dumps(entry, sort_keys=True) + "\n").encode())
+            f.flush()
+            os.fsync(f.fileno())
+
+    def save(self, rel: str, what: str = "write") -> None:
+        if rel in self.entries or rel == "." or rel.split("/")[0] in SKIP_DIRS:
+            return
+        path = self.recipe_dir / rel
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            self._append({"path": rel, "was": "absent"})
+            return
+        if stat.S_ISLNK(st.st_mode):
+            self._append({"path": rel, "was": "link", "target": os.readlink(path)})
+        elif stat.S_ISREG(st.st_mode):
+            dest = self.dir / rel
+            real_dirs(self.dir, *Path(rel).parts[:-1])
+            fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+            os.close(fd)
+            shutil.copy2(path, tmp, follow_symlinks=False)
+            os.replace(tmp, dest)
+            self.bytes_copied += st.st_size
+            self._append({"path": rel, "was": "file", "mode": stat.S_IMODE(st.st_mode)})
+        elif stat.S_ISDIR(st.st_mode):
+            self._append({"path": rel, "was": "dir"})
+            if what in ("rmtree", "rename"):           # its contents go with it: save them too
+                for entry in sorted(os.listdir(path)):
+                    self.save(f"{rel}/{entry}", what)
+
+    def changed(self) -> list[str]:
+        return sorted(self.entries)
+
+
+def backup_round(recipe_dir: Path, round_no: int):
+    """Context manager for a repair round: every write into the recipe while it is open is checked
+    (nothing written outside the recipe through a symlink) and backed up before it happens."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def guarded():
+        round_backup = RoundBackup(recipe_dir, round_no)
+        with WriteGuard(round_backup.recipe_dir, on_change=round_backup.save,
+                        exempt=frozenset(SKIP_DIRS)) as round_backup.guard:
+            yield round_backup
+    return guarded()
+
+
+JOURNAL_KINDS = {"file": {"path", "was", "mode"}, "absent": {"path", "was"}, "link": {"path", "was", "target"},
+                 "dir": {"path", "was"}}
+
+
+def read_journal(path: Path) -> list[dict]:
+    """round_N.journal, read with an allow-list: each line one JSON object of a known kind with a
+    recipe-relative path; a torn last line (a run killed while appending) is ignored."""
+    if path.is_symlink():
+        raise BackupError(f"{path}: a symlink; the migrator does not read backups through links")
+    try:
+        lines = path.read_bytes().split(b"\n")
+    except OSError as exc:
+        raise BackupError(f"{path}: unreadable journal ({exc.__class__.__name__})") from exc
+    entries = []
+    for i, raw in enumerate(lines):
+        if not raw.strip():
+            continue
+        try:
+            entry = json.loads(raw.decode("utf-8"))
+        except ValueError:
+            if i == len(lines) - 1 or all(not rest.strip() for rest in lines[i + 1:]):
+                break           # the torn last line of a killed run
+            raise BackupError(f"{path}: line {i + 1} is not JSON") from None
+        kind = entry.get("was") if isinstance(entry, dict) else None
+        if kind not in JOURNAL_KINDS or set(entry) != JOURNAL_KINDS[kind]:
+            raise BackupError(f"{path}: line {i + 1} is not a backup entry")
+        if ("mode" in entry and (not isinstance(entry["mode"], int) or isinstance(entry["mode"], bool)
+                                 or not 0 <= entry["mode"] <= 0o7777)) \
+                or ("target" in entry and (not isinstance(entry["target"], str) or "\0" in entry["target"])):
+            raise BackupError(f"{path}: line {i + 1} is not a backup entry")
+        _check_rel(path, entry["path"])
+        entries.append(entry)
+    return entries
+
+
+def _check_rel(where: Path, rel) -> None:
+    parts = Path(rel).parts if isinstance(rel, str) else ()
+    if (not isinstance(rel, str) or not rel or Path(rel).is_absolute() or ".." in parts or "\0" in rel
+            or rel != Path(rel).as_posix() or parts[0] in SKIP_DIRS or set(parts[:-1]) & SKIP_DIRS):
+        raise BackupError(f"{where}: entry {str(rel)[:80]!r} is not a recipe file path")
+
+
+def round_originals(recipe_dir: Path, backup_dir: Path) -> dict[str, tuple[bytes, int]]:
+    """(original bytes, mode) of the regular files a copy-on-write round changed."""
+    journal = backup_dir.parent / f"{backup_dir.name}.journal"
+    originals = {}
+    for entry in read_journal(journal) if journal.is_file() else []:
+        if entry["was"] == "file" and (backup_dir / entry["path"]).is_file():
+            originals[entry["path"]] = ((backup_dir / entry["path"]).read_bytes(), entry["mode"])
+    return originals
+
+
 def diff_against_backup(recipe_dir: Path, backup_dir: Path) -> str:
-    before = set(_regular_files(backup_dir))
-    after = set(recipe_files(recipe_dir))
+    """The round's unified diff: over what its journal lists (copy-on-write), else, for a full
+    backup of an earlier release, over every recipe file."""
+    journal = backup_dir.parent / f"{backup_dir.name}.journal"
+    if journal.is_file():
+        before, after = set(), set()
+        for entry in read_journal(journal):
+            rel = entry["path"]
+            if entry["was"] == "file":
+                before.add(rel)
+            if entry["was"] in ("file", "absent") and (recipe_dir / rel).is_file() \
+                    and not (recipe_dir / rel).is_symlink():
+                after.add(rel)
+        return _diff(recipe_dir, backup_dir, before, after)
+    return _diff(recipe_dir, backup_dir, set(_regular_files(backup_dir)), set(recipe_files(recipe_dir)))
+
+
+def _diff(recipe_dir: Path, backup_dir: Path, before: set[str], after: set[str]) -> str:
     chunks = []
     for rel in sorted(before | after):
         old = read_exact_lines(backup_dir / rel) if rel in before else []   # true bytes: CRLF stays CRLF
@@ -220,9 +355,12 @@ class _Trash:
 
 
 def rollback(recipe_dir: Path, round_no: int | None = None) -> tuple[int, list[str]]:
-    """Restore the recipe's regular files as they were before round N (default: the first round).
-    Files created since and files replaced are moved to .migrator/trash/<time>/, never deleted;
-    nothing is written through a symlink (one in the way is moved to the trash)."""
+    """Restore the recipe as it was before round N (default: the first round): each round from the
+    last back to N undoes what its journal lists — changed files get their original bytes and mode,
+    removed links and files come back, files the round created move to .migrator/trash/<time>/.
+    Files nobody's repair touched (the user's own, made since) are left alone. Nothing is written
+    through a symlink (one in the way is moved to the trash). A full backup of an earlier release
+    (round_N.manifest.json) is restored as that release did."""
     recipe_dir = Path(recipe_dir)
     rounds = backup_rounds(recipe_dir)
     if not rounds:
@@ -230,6 +368,72 @@ def rollback(recipe_dir: Path, round_no: int | None = None) -> tuple[int, list[s
     round_no = rounds[0] if round_no is None else round_no
     if round_no not in rounds:
         raise FileNotFoundError(f"{recipe_dir}: no backup for round {round_no} (have {rounds})")
+    backups = recipe_dir / ".migrator" / "backup"
+    if not (backups / f"round_{round_no}.journal").is_file():
+        return round_no, _rollback_full(recipe_dir, round_no)
+    undo = [r for r in rounds if r >= round_no and (backups / f"round_{r}.journal").is_file()]
+    journals = {r: read_journal(backups / f"round_{r}.journal") for r in undo}   # all checked before any change
+    for r, entries in journals.items():
+        saved = _regular_files(backups / f"round_{r}")
+        for entry in entries:
+            if entry["was"] == "file" and entry["path"] not in saved:
+                raise BackupError(f"{backups / f'round_{r}'}: {entry['path']} is missing from the backup or not "
+                                  "a regular file")
+    trash = _Trash(recipe_dir)
+    changes: list[str] = []
+    with WriteGuard(recipe_dir, keep_links=False):      # nothing restored or moved through a link out of the recipe
+        for r in sorted(undo, reverse=True):
+            changes += _undo_round(recipe_dir, backups / f"round_{r}", journals[r], trash)
+    return round_no, changes
+
+
+def _make_parents(recipe_dir: Path, rel: str, trash: "_Trash", changes: list[str]) -> None:
+    parent = recipe_dir
+    for part in Path(rel).parts[:-1]:
+        parent = parent / part
+        if parent.is_symlink() or (parent.exists() and not parent.is_dir()):
+            moved = trash.put(parent.relative_to(recipe_dir).as_posix())
+            changes.append(f"moved {parent.relative_to(recipe_dir).as_posix()} to {moved}")
+        parent.mkdir(exist_ok=True)
+
+
+def _undo_round(recipe_dir: Path, source: Path, entries: list[dict], trash: "_Trash") -> list[str]:
+    changes: list[str] = []
+    # folders first (files go back into them), created paths deepest first
+    order = sorted(entries, key=lambda e: (e["was"] != "dir", e["path"].count("/")))
+    for entry in order:
+        rel, was = entry["path"], entry["was"]
+        target = recipe_dir / rel
+        if was == "dir":
+            _make_parents(recipe_dir, rel + "/x", trash, changes)
+        elif was == "absent":
+            inside = Path(os.path.realpath(target.parent)) == (recipe_dir.resolve() / rel).parent
+            if inside and os.path.lexists(target):
+                changes.append(f"moved {rel} (created by the repair) to {trash.put(rel)}")
+        elif was == "link":
+            if target.is_symlink() and os.readlink(target) == entry["target"]:
+                continue
+            _make_parents(recipe_dir, rel, trash, changes)
+            if os.path.lexists(target):
+                trash.put(rel)
+            os.symlink(entry["target"], target)
+            changes.append(f"restored link {rel}")
+        else:
+            data = (source / rel).read_bytes()
+            _make_parents(recipe_dir, rel, trash, changes)
+            if target.is_symlink() or (target.exists() and not target.is_file()):
+                changes.append(f"moved {rel} to {trash.put(rel)}")
+            elif target.exists():
+                if target.read_bytes() == data and stat.S_IMODE(os.lstat(target).st_mode) == entry["mode"]:
+                    continue
+                trash.put(rel)
+            atomic_write(target, data, entry["mode"])
+            changes.append(f"restored {rel}")
+    return changes
+
+
+def _rollback_full(recipe_dir: Path, round_no: int) -> list[str]:
+    """A full backup (every regular recipe file, written by earlier releases)."""
     backups = recipe_dir / ".migrator" / "backup"
     source = backups / f"round_{round_no}"
     manifest = _manifest(backups, round_no)
@@ -261,4 +465,4 @@ def rollback(recipe_dir: Path, round_no: int | None = None) -> tuple[int, list[s
             trash.put(rel)
         atomic_write(target, data, mode)
         restored.append(f"restored {rel}")
-    return round_no, restored
+    return restored

@@ -5,8 +5,9 @@ A recipe *needs* an NPU when it calls NPU kernels that have no portable equivale
 - ``torch_npu.npu_*`` (``torch_npu.npu_rms_norm(...)``, ``from torch_npu import npu_rotary_mul``) and
   the private ``torch_npu._npu_*`` kernels (``torch_npu._npu_rotary_embedding``),
 - ``torch.ops.npu.*``,
-- torchair-only paths (``import torchair`` at module level, or a lazy one when the recipe's YAML
-  selects a graph ``exe_mode``),
+- torchair-only paths (``import torchair`` at module level whose names the module uses, or a lazy
+  one when the recipe's YAML selects a graph ``exe_mode``; a bare unused import in the recipe's own
+  code is guarded by a repair instead),
 - an unguarded module-level ``import torch_npu`` in shared code the recipe imports but does not
   own (e.g. the repository's ``executor/``): nothing in the recipe can make that import portable.
 
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.errors import EnvironmentProblem
+from agent.recipe.fs_guard import read_bytes, source_files
 from agent.recipe.recipe import NO_CODE_DIRS, Recipe
 
 SKIP_DIRS = NO_CODE_DIRS
@@ -39,6 +41,7 @@ class Kernel:
     file: str        # path shown to the user (relative to the recipe, or to the repository for shared code)
     line: int
     shared: bool = False
+    kind: str = "call"   # "call": a kernel used at this line; "import": an import line that needs the NPU
 
     @property
     def where(self) -> str:
@@ -55,10 +58,19 @@ class NpuScan:
         return bool(self.kernels)
 
     def message(self) -> str:
-        first = self.kernels[0]
-        n = len(self.kernels)
-        return (f"needs an Ascend NPU: {n} torch_npu kernel{'s' if n != 1 else ''} "
-                f"(first: {first.name} at {first.where}); run on an NPU host")
+        """Distinct kernels, how many places call them and the first call (an import line only when
+        nothing is called: e.g. a module-level torchair import)."""
+        calls = [k for k in self.kernels if k.kind == "call"]
+        if not calls:
+            names = list(dict.fromkeys(k.name for k in self.kernels))
+            first = self.kernels[0]
+            return (f"needs an Ascend NPU: NPU-only import{'s' if len(self.kernels) != 1 else ''} with no portable "
+                    f"path ({', '.join(names)}; first: {first.name} at {first.where}); run on an NPU host")
+        ops = list(dict.fromkeys(k.name for k in calls))
+        shown = ", ".join(ops[:6]) + (", …" if len(ops) > 6 else "")
+        return (f"needs an Ascend NPU: {len(ops)} torch_npu kernel{'s' if len(ops) != 1 else ''} ({shown}) "
+                f"at {len(calls)} call site{'s' if len(calls) != 1 else ''}; first call: {calls[0].name} at "
+                f"{calls[0].where}; run on an NPU host")
 
 
 def npu_usable() -> bool:
@@ -79,8 +91,11 @@ class _Visitor(ast.NodeVisitor):
     def __init__(self, graph_mode: bool, shared: bool):
         self.graph_mode = graph_mode
         self.shared = shared
-        self.found: list[tuple[str, int]] = []
+        self.found: list[tuple[str, int, str]] = []
         self.npu_aliases: set[str] = set()     # names bound to the torch_npu module
+        self.kernel_aliases: dict[str, str] = {}   # names bound to a kernel (from torch_npu import npu_x as y)
+        self.torchair_imports: list[tuple[int, set[str]]] = []
+        self.loaded: set[str] = set()
         self.torch_aliases: set[str] = {"torch"}
         self._guard = 0                        # inside try/if: an optional import
         self._func = 0                         # inside a function: a lazy import
@@ -118,11 +133,11 @@ class _Visitor(ast.NodeVisitor):
             if alias.name == "torch_npu" or (top == "torch_npu" and alias.asname is None):
                 self.npu_aliases.add(bound)
                 if self.shared and not self._guard and not self._func:
-                    self.found.append(("import torch_npu", node.lineno))
+                    self.found.append(("import torch_npu", node.lineno, "import"))
             elif top == "torch" and alias.asname is None:
                 self.torch_aliases.add("torch")
             elif top == "torchair":
-                self._torchair(node)
+                self._torchair(node, [alias.asname or top])
 
     def visit_ImportFrom(self, node):
         module = node.module or ""
@@ -130,14 +145,27 @@ class _Visitor(ast.NodeVisitor):
         if top == "torch_npu":
             for alias in node.names:
                 if module == "torch_npu" and alias.name.startswith(KERNEL_PREFIXES):
-                    self.found.append((alias.name, node.lineno))
+                    self.kernel_aliases[alias.asname or alias.name] = alias.name
+                    self.found.append((alias.name, node.lineno, "import"))
         elif top == "torchair":
-            self._torchair(node)
+            self._torchair(node, [a.asname or a.name for a in node.names])
 
-    def _torchair(self, node):
+    def _torchair(self, node, names):
         lazy = self._func or self._guard
         if not lazy or self.graph_mode:
-            self.found.append(("torchair", node.lineno))
+            self.found.append(("torchair", node.lineno, "import"))
+            self.torchair_imports.append((node.lineno, set(names)))
+
+    def unused_torchair_lines(self) -> set[int]:
+        """Lines of torchair imports whose names the module never reads: a bare import the recipe can
+        guard (agent.repair.rules), not a torchair-only path."""
+        return {line for line, names in self.torchair_imports if not names & self.loaded}
+
+    def visit_Name(self, node):
+        if isinstance(node.ctx, ast.Load):
+            self.loaded.add(node.id)
+        if node.id in self.kernel_aliases and isinstance(node.ctx, ast.Load):
+            self.found.append((self.kernel_aliases[node.id], node.lineno, "call"))
 
     # uses
     def visit_Attribute(self, node):
@@ -145,10 +173,10 @@ class _Visitor(ast.NodeVisitor):
         if chain:
             parts = chain.split(".")
             if parts[0] in self.npu_aliases and len(parts) >= 2 and parts[1].startswith(KERNEL_PREFIXES):
-                self.found.append((parts[1], node.lineno))
+                self.found.append((parts[1], node.lineno, "call"))
                 return
             if parts[0] in self.torch_aliases and parts[1:3] == ["ops", "npu"] and len(parts) >= 4:
-                self.found.append((f"torch.ops.npu.{parts[3]}", node.lineno))
+                self.found.append((f"torch.ops.npu.{parts[3]}", node.lineno, "call"))
                 return
         self.generic_visit(node)
 
@@ -164,29 +192,33 @@ def _dotted(node: ast.AST) -> str | None:
     return ".".join(reversed(parts))
 
 
-def scan_source(source: str, graph_mode: bool = False, shared: bool = False) -> list[tuple[str, int]]:
-    """(kernel name, line) in one Python source, in line order; [] when it does not parse."""
+def scan_source_kinds(source: str, graph_mode: bool = False, shared: bool = False) -> list[tuple[str, int, str]]:
+    """(kernel name, line, "call" | "import") in one Python source, in line order; [] when it does not parse."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return []
     visitor = _Visitor(graph_mode, shared)
     visitor.visit(tree)
-    return sorted(dict.fromkeys(visitor.found), key=lambda item: item[1])
+    unused = set() if graph_mode or shared else visitor.unused_torchair_lines()
+    found = [f for f in visitor.found if not (f[0] == "torchair" and f[1] in unused)]
+    return sorted(dict.fromkeys(found), key=lambda item: item[1])
+
+
+def scan_source(source: str, graph_mode: bool = False, shared: bool = False) -> list[tuple[str, int]]:
+    """(kernel name, line) in one Python source, in line order; [] when it does not parse."""
+    return list(dict.fromkeys((name, line) for name, line, _ in scan_source_kinds(source, graph_mode, shared)))
 
 
 # ---- recipes ------------------------------------------------------------------------------
 def _py_files(root: Path) -> list[Path]:
-    files = []
-    for path in sorted(root.rglob("*.py")):
-        rel = path.relative_to(root)
-        if not set(rel.parts[:-1]) & SKIP_DIRS:
-            files.append(path)
-    return files
+    """The recipe's Python files: regular files only (a FIFO or a link to a device named x.py is
+    refused with one line, a folder named x.py is a folder), folder links never followed."""
+    return source_files(root, (".py",), SKIP_DIRS)
 
 
 def _read(path: Path) -> str:
-    data = path.read_bytes()
+    data = read_bytes(path)
     for encoding in ("utf-8-sig", "gb18030"):
         try:
             return data.decode(encoding)
@@ -199,7 +231,8 @@ def _graph_mode(recipe_dir: Path) -> bool:
     """Any YAML of the recipe selects a graph exe_mode (ge_graph, npugraph_ex, ...)."""
     import yaml
 
-    for path in sorted((recipe_dir / "config").rglob("*.y*ml")) if (recipe_dir / "config").is_dir() else []:
+    config = recipe_dir / "config"
+    for path in source_files(config, (".yaml", ".yml")) if config.is_dir() else []:
         try:
             data = yaml.safe_load(_read(path)) or {}
         except Exception:
@@ -271,7 +304,7 @@ def scan_recipe(recipe_dir: Path, repo_root: Path | None = None, entry_files: li
     for path, source in own.items():
         scan.files += 1
         rel = path.relative_to(recipe_dir).as_posix()
-        scan.kernels += [Kernel(name, rel, line) for name, line in scan_source(source, graph_mode)]
+        scan.kernels += [Kernel(name, rel, line, kind=kind) for name, line, kind in scan_source_kinds(source, graph_mode)]
     if repo_root is not None:
         repo_root = Path(repo_root).resolve()
         roots = dict(own)
@@ -282,8 +315,8 @@ def scan_recipe(recipe_dir: Path, repo_root: Path | None = None, entry_files: li
         for path in sorted({*shared, *(p.resolve() for p in entry_files or [] if p.is_file())}):
             scan.files += 1
             rel = path.relative_to(repo_root).as_posix()
-            scan.kernels += [Kernel(name, rel, line, shared=True)
-                             for name, line in scan_source(_read(path), graph_mode, shared=True)]
+            scan.kernels += [Kernel(name, rel, line, shared=True, kind=kind)
+                             for name, line, kind in scan_source_kinds(_read(path), graph_mode, shared=True)]
     return scan
 
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.measure import run_log
+from agent.processes import run_tree, stop_leftovers
 from agent.records import Run
 from agent.recipe.recipe import Recipe
 from agent.repair.failure import summarise_failure
@@ -48,15 +48,14 @@ def trial_run(recipe: Recipe, label: str, world_size: int = 1, timeout_s: int | 
     env = dict(os.environ, RES_PATH=str(run_dir), PYTHON=sys.executable, PYTHONUNBUFFERED="1",
                **{PARITY_DUMP_ENV: str(run_dir / "parity_dump.pt")}, **launch.env)
     timeout = timeout_s or defaults.TIMEOUT_S
+    stop_leftovers(runs_dir / "running.pids")       # a tree a killed migrator left behind
     start, started_at = time.perf_counter(), time.time()
     with open(run_dir / "output.txt", "w") as out:
-        try:
-            # No stdin: a prompt (e.g. "run custom code? [y/N]") must fail, not wait forever.
-            proc = subprocess.run(launch.command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                  stderr=subprocess.STDOUT, timeout=timeout)
-            returncode, timed_out = proc.returncode, False
-        except subprocess.TimeoutExpired:
-            returncode, timed_out = None, True
+        # No stdin: a prompt (e.g. "run custom code? [y/N]") must fail, not wait forever. The whole
+        # tree (torchrun ranks, `&` launches) is stopped on a timeout or a signal, and measured.
+        tree = run_tree(launch.command, cwd=cwd, env=env, stdout=out, timeout=timeout,
+                        pids_file=runs_dir / "running.pids")
+        returncode, timed_out = tree.returncode, tree.timed_out
     output = (run_dir / "output.txt").read_text(errors="replace")
     log_dir = find_logs(run_dir, cwd, started_at)
     verdict = judge_run(output, log_dir, recipe.path, recipe.kind == "framework")
@@ -74,7 +73,8 @@ def trial_run(recipe: Recipe, label: str, world_size: int = 1, timeout_s: int | 
         output_file.write_text(evidence)
     yaml = recipe.yaml_for(world_size)
     return {"label": label, "ok": ok, "returncode": returncode, "timed_out": timed_out,
-            "seconds": round(time.perf_counter() - start, 2), "res_path": str(run_dir),
+            "seconds": round(time.perf_counter() - start, 2), "peak_rss_bytes": tree.peak_rss_bytes,
+            "processes": tree.processes, "res_path": str(run_dir),
             "log_dir": str(log_dir) if log_dir is not None else None, "problem": verdict.problem,
             "output_file": str(output_file), "yaml": str(yaml) if yaml is not None else None,
             "summary": "ok" if ok else summarise(evidence, recipe, returncode, timed_out, timeout, verdict)}

@@ -1,6 +1,7 @@
 """Repair: apply the matched rule's fix to the recipe, with a backup first, and record the diff.
 
-Before a fix runs every recipe source file is backed up (agent.recipe.backup); whatever the fix
+Copy-on-write: each file is backed up just before the fix first changes it (agent.recipe.backup),
+and a write through a symlink out of the recipe is refused (agent.recipe.fs_guard); whatever the fix
 wrote, the user's files keep their line endings, encoding, BOM and mode (agent.recipe.textfile).
 """
 
@@ -8,8 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent.recipe.backup import diff_against_backup, recipe_files, rollback, take_backup
-from agent.recipe.textfile import restore_formats, snapshot_files
+from agent.recipe.backup import backup_round, diff_against_backup, rollback, round_originals
+from agent.recipe.fs_guard import WriteOutsideRecipe
+from agent.recipe.textfile import restore_formats
 from agent.records import Diagnosis, Round, Run
 from agent.repair.diagnose import rule_named
 from agent.repair.failure import Failure
@@ -25,19 +27,28 @@ def repair(recipe_dir: Path, diagnosis: Diagnosis, round_no: int, context: Repai
     rule = rule_named(diagnosis.get("rule"))
     if rule is None:
         return {"applied": False, "diff": "", "note": "no repair rule matched"}
-    backup_dir, resumed = take_backup(recipe_dir, round_no)
-    if resumed:     # this round was cut short (a killed run, then --resume): start again from its backup
-        rollback(recipe_dir, round_no)
     if failure is None:
         failure = Failure.from_run(recipe_dir, run) if run else \
             Failure(recipe_dir, "", diagnosis.get("error", ""), diagnosis.get("location"))
-    before = snapshot_files(recipe_files(recipe_dir))
-    try:
-        note = rule.fix(failure, diagnosis.get("facts") or {}, context)
-    except Exception as exc:  # a fix that cannot apply is reported, the loop stops on repeat
-        note = f"fix {rule.name} could not be applied: {exc.__class__.__name__}: {exc}"
+    # Copy-on-write: each file is backed up just before the fix first changes it, and a write that
+    # would land outside the recipe (through a symlink) is refused, whatever the rule does.
+    with backup_round(recipe_dir, round_no) as round_backup:
+        if round_backup.resumed:   # this round was cut short (a killed run, then --resume): undo it first
+            rollback(recipe_dir, round_no)
+        try:
+            note = rule.fix(failure, diagnosis.get("facts") or {}, context)
+        except WriteOutsideRecipe:
+            raise
+        except Exception as exc:  # a fix that cannot apply is reported, the loop stops on repeat
+            note = f"fix {rule.name} could not be applied: {exc.__class__.__name__}: {exc}"
+    guard_refusal = round_backup.guard.refused     # refused even if the fix caught the exception
+    if guard_refusal is not None:
+        raise guard_refusal
+    backup_dir = round_backup.dir
+    # Whatever the fix wrote, the user's files keep their line endings, encoding, BOM and mode.
     if rule.keeps_format:
-        restore_formats(recipe_dir, before)
+        restore_formats(recipe_dir, round_originals(recipe_dir, backup_dir))
     diff = diff_against_backup(recipe_dir, backup_dir)
     return {"applied": bool(diff), "rule": rule.name, "kind": rule.kind.value, "diff": diff, "note": note,
-            "backup": str(backup_dir.relative_to(recipe_dir))}
+            "backup": str(backup_dir.relative_to(round_backup.recipe_dir)),
+            "backup_bytes": round_backup.bytes_copied}

@@ -124,6 +124,10 @@ def human_summary(report: Report, folder_name: str | None = None) -> str:
         lines.append("- npu stand-in: a validation run, not an NPU run: torch_npu kernels ran as reference "
                      f"implementations ({', '.join(f'{k} x{v}' for k, v in kernels.items()) or 'none'}); "
                      "timings are the host's")
+    for run in report.get("runs") or []:
+        if run.get("peak_rss_bytes"):
+            lines.append(f"- run {run.get('label')}: {'ok' if run.get('ok') else 'failed'} in {run.get('seconds')} s, "
+                         f"peak RSS {run['peak_rss_bytes'] / 2**20:.0f} MiB over {run.get('processes')} process(es)")
     for rnd in report.get("rounds") or []:
         lines.append(f"- repair round {rnd['round']}: {rnd['diagnosis'].get('diagnosis')}"
                      f" -> {'patched' if rnd.get('applied') else 'no patch'}")

@@ -6,9 +6,11 @@ thread key of a run, and what `--resume` accepts from the store.
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import json
+import os
 import sqlite3
 import sys
 import time
@@ -145,6 +147,35 @@ def _check_resumed_state(values: dict, db: Path) -> None:
                                         "what this release stores", True)
 
 
+def _hold_run_lock(path: Path, state: dict) -> int:
+    """One run per recipe (and per identical migration) at a time: an exclusive flock, held until the
+    run returns (the kernel drops it when the process dies, even on SIGKILL); a second run is refused
+    with one line (exit 75, try again later). Returns the lock's file descriptor."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 64).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise errors.MigratorError(f"another migrator run of {state.get('target')} is in progress (pid {holder}, "
+                                   f"lock {path}); wait for it to end or stop it, then re-run",
+                                   errors.EXIT_BUSY) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    return fd
+
+
+def _refuse_replacing_interrupted(app, thread_id: str) -> None:
+    """A migration killed after it wrote its recipe, run again without --resume: its saved state is
+    kept and the run refused (the recipe folder exists), so `--resume` still continues it."""
+    snapshot = app.get_state({"configurable": {"thread_id": thread_id}, "recursion_limit": RECURSION_LIMIT})
+    recipe = (snapshot.values or {}).get("recipe_dir")
+    if snapshot.next and recipe and Path(recipe).is_dir() and any(Path(recipe).iterdir()):
+        raise errors.InputError(f"{recipe}: an interrupted migration of this target is saved (it stopped before "
+                                f"{', '.join(snapshot.next)}); continue it with --resume, or remove {recipe} to "
+                                "start again")
+
+
 def run_migration(state: dict, resume: bool = False, *, stop_after: str | None = None) -> dict:
     """Run the graph with a SQLite checkpointer (durability "sync": each finished node is on disk
     before the next starts, so a killed run resumes where it was); returns the summary
@@ -161,6 +192,15 @@ def run_migration(state: dict, resume: bool = False, *, stop_after: str | None =
     for path in (threads_file, db):
         if path.is_symlink():
             raise _unreadable_store(path, "it is a symlink", resume)
+    lock = _hold_run_lock(home / ".migrator" / ("run.lock" if home != output_dir else f"run-{key}.lock"), state)
+    try:
+        return _run_locked(state, resume, stop_after, key, home, output_dir, threads_file, db)
+    finally:
+        os.close(lock)
+
+
+def _run_locked(state, resume, stop_after, key, home, output_dir, threads_file, db) -> dict:
+    """run_migration, under the run's lock."""
     app = compiled_graph(db)
     threads = _load_threads(threads_file, resume)
     invoke = functools.partial(app.invoke, durability="sync", interrupt_after=[stop_after] if stop_after else None)
@@ -176,6 +216,8 @@ def run_migration(state: dict, resume: bool = False, *, stop_after: str | None =
             return summarise(snapshot.values)
         if resume:
             print("[migrator] no interrupted run of this target: starting from the beginning", file=sys.stderr)
+        elif key in threads and home == output_dir:
+            _refuse_replacing_interrupted(app, threads[key])
         threads[key] = f"{key}-{uuid.uuid4().hex[:8]}"
         if home != output_dir:
             start_backup_run(home, threads[key])   # a fresh run's rounds start at 1; earlier ones are kept

@@ -83,3 +83,7 @@ class GuardOptionalImportCommand(Command):
 
 # flash_attn is imported by vendored code for one attention kernel; the others work without it.
 GUARD_FLASH_ATTN = {"package": "flash_attn", "reason": "flash_attn is optional: use another attn_implementation"}
+
+# torchair (NPU graph mode) is imported by upstream's recipes next to torch_npu; unused off an NPU.
+GUARD_TORCHAIR = {"package": "torchair", "reason": "torchair (NPU graph mode): optional off an NPU",
+                  "unless_used": True}

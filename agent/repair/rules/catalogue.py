@@ -24,6 +24,11 @@ ORDER = (
     "generated_file_missing_or_corrupt",
     "infer_py_without_warm_up",
     "recipe_file_shadows_stdlib_or_package",
+    # upstream's common issues (references/common_issues.md of its model-infer-migrator skill)
+    "decode_keeps_prefill_attention_mask",
+    "infer_sh_without_repository_root",
+    "process_weights_after_loading_missing",
+    "per_rank_buffers_sized_by_global_batch",
     "run_timed_out",
     # The YAML's values.
     "dtype_unsupported_on_device",

@@ -10,14 +10,17 @@ import libcst as cst
 from libcst.codemod import CodemodContext
 
 from agent.codemods.commands.add_forward_kwargs import AddForwardKwargsCommand
+from agent.codemods.commands.add_process_weights_after_loading import AddProcessWeightsAfterLoadingCommand
 from agent.codemods.commands.cuda_calls_to_device_ops import CudaCallsToDeviceOpsCommand
+from agent.codemods.commands.decode_attention_mask import DecodeAttentionMaskCommand
 from agent.codemods.commands.device_agnostic_cuda import DeviceAgnosticCudaCommand
-from agent.codemods.commands.guard_optional_import import GUARD_FLASH_ATTN, GuardOptionalImportCommand
+from agent.codemods.commands.guard_optional_import import GUARD_FLASH_ATTN, GUARD_TORCHAIR, GuardOptionalImportCommand
 from agent.codemods.commands.insert_warm_up import InsertWarmUpCommand, generate_calls, warm_up_argument
 from agent.codemods.commands.npu_calls_to_device_ops import NpuCallsToDeviceOpsCommand
 from agent.codemods.commands.npu_device_string import NpuDeviceStringCommand
 from agent.codemods.commands.npu_tensor_method import NpuTensorMethodCommand
 from agent.codemods.commands.pad_token_fallback import PadTokenFallbackCommand
+from agent.codemods.commands.per_rank_batch_size import PerRankBatchSizeCommand
 from agent.codemods.commands.rope_scaling_type_key import RopeScalingTypeKeyCommand
 from agent.codemods.commands.runner_settings_init import RunnerSettingsInitCommand
 from agent.codemods.commands.torch_npu_guard import TorchNpuImportGuardCommand
@@ -176,7 +179,8 @@ NPU_KERNEL_RE = re.compile(r"\btorch_npu\.(?:npu_\w+|_npu_\w+|_C\b)|\btorch\.ops
 
 
 # In the order a fix applies them: calls and handles first, then the import they needed.
-NPU_COMMANDS = (NpuCallsToDeviceOpsCommand, NpuTensorMethodCommand, NpuDeviceStringCommand, TorchNpuImportGuardCommand)
+NPU_COMMANDS = (NpuCallsToDeviceOpsCommand, NpuTensorMethodCommand, NpuDeviceStringCommand, TorchNpuImportGuardCommand,
+                command(GuardOptionalImportCommand, **GUARD_TORCHAIR))
 
 
 CUDA_COMMANDS = (CudaCallsToDeviceOpsCommand,)
@@ -191,7 +195,8 @@ def npu_kernel_uses(source: str) -> list[str]:
 # engine.environment's probe imported it once, saw it fail and blocked it (None in sys.modules) so
 # that torch and transformers run without it; the recipe's own `import torch_npu` then says only this.
 _NPU_MISSING = re.compile(
-    r"module 'torch' has no attribute 'npu'|No module named 'torch_npu'|object has no attribute 'npu'|"
+    r"module 'torch' has no attribute 'npu'|No module named 'torch_npu'|No module named 'torchair'|"
+    r"object has no attribute 'npu'|"
     r"device type at start of device string: npu|Failed to import torch_npu|"
     r"import of torch_npu halted; None in sys\.modules|"
     r"(?:libhccl|libascend_hal|libascendcl)\.so: cannot open shared object file")
@@ -202,7 +207,7 @@ def _incidental_npu_facts(failure: Failure, found: re.Match) -> dict | None:
     for path in failure.recipe.code_files():
         text = path.read_text(errors="replace")
         kernels += npu_kernel_uses(text)
-        if ("npu" in text) and rewrite_file(path, NPU_COMMANDS, dry_run=True):
+        if ("npu" in text or "torchair" in text) and rewrite_file(path, NPU_COMMANDS, dry_run=True):
             files.append(str(path.relative_to(failure.recipe_dir)))
     if kernels or not files:
         return None         # kernels: no portable equivalent (exit 4); nothing incidental: not ours
@@ -282,6 +287,60 @@ def _fix_no_warm_up(failure: Failure, facts: dict, ctx: RepairContext) -> str:
     return f"{facts['file']}: inserted `{context.scratch['inserted']}` before the formal generation"
 
 
+# ---- upstream's common issues (cann-recipes-infer's model-infer-migrator skill,
+# references/common_issues.md; issue 1 is models_init_shadows_package, issue 3 infer.sh's
+# infer_sh_without_repository_root in agent.repair.rules.files) ------------------------------
+_UPSTREAM_WHERE = ("error", "output", "log")
+
+
+def _codemod_fix(commands, what: str):
+    def fix(failure: Failure, facts: dict, ctx: RepairContext) -> str:
+        _rewrite_each(failure, facts["files"], commands)
+        return f"{what} in {', '.join(facts['files'])}"
+    return fix
+
+
+# 2. the decode step keeps the prefill causal mask (`forward_metadata.attention_mask`):
+# aclnnFusedInferAttentionScoreV3 rejects `batchSize[2048] of atten_mask != batchSize[1] of query`.
+_DECODE_MASK = re.compile(r"batchSize\[\d+\] of atten_mask != batchSize\[\d+\] of query")
+
+
+def _decode_mask_facts(failure: Failure, found: re.Match) -> dict | None:
+    files = _files_it_changes(failure, [DecodeAttentionMaskCommand], "attention_mask")
+    return {"files": files} if files else None
+
+
+# 4. a MoE / quantized model class without `process_weights_after_loading`: the framework skips the
+# weight repacking and aclnnGroupedMatmul reports `Dim 1 mismatch`.
+_GROUPED_MATMUL = re.compile(r"aclnnGroupedMatmul\S*.*Dim 1 mismatch|GroupedMatmul.*[Dd]im 1 mismatch")
+_MODEL_CLASS = re.compile(r"^class (\w+ForCausalLM)\b", re.M)
+
+
+def _process_weights_facts(failure: Failure, found: re.Match) -> dict | None:
+    for path in failure.recipe.code_files():
+        for name in _MODEL_CLASS.findall(path.read_text(errors="replace")):
+            if rewrite_file(path, [command(AddProcessWeightsAfterLoadingCommand, class_name=name)], dry_run=True):
+                return {"file": _rel(failure.recipe_dir, path), "class": name}
+    return None
+
+
+def _fix_process_weights(failure: Failure, facts: dict, ctx: RepairContext) -> str:
+    rewrite_file(failure.recipe_dir / facts["file"],
+                 [command(AddProcessWeightsAfterLoadingCommand, class_name=facts["class"])])
+    return (f"{facts['class']} ({facts['file']}) has process_weights_after_loading: the framework now repacks "
+            "MoE / quantized weights after loading")
+
+
+# 5. per-rank MoE buffers sized by the global `scheduler_config.batch_size` instead of
+# `batch_size_per_dp_rank`: aclnnMoeInitRouting reports `row_idx shape mismatch` (graph mode).
+_ROW_IDX = re.compile(r"aclnnMoeInitRouting\S*.*row_idx shape mismatch|MoeInitRouting.*row_idx.*mismatch")
+
+
+def _per_rank_facts(failure: Failure, found: re.Match) -> dict | None:
+    files = _files_it_changes(failure, [PerRankBatchSizeCommand], "scheduler_config")
+    return {"files": files} if files else None
+
+
 RULES: list[Rule] = [
     Rule("constructor_without_runner_settings", _INIT_RUNNER_SETTINGS,
          "a vendored model __init__ does not accept the runner_settings the engine passes",
@@ -315,4 +374,18 @@ RULES: list[Rule] = [
     Rule("infer_py_without_warm_up", _NO_WARM_UP,
          "infer.py runs the formal generation without a warm-up generation first",
          _fix_no_warm_up, facts=_no_warm_up_facts, where=("output",), kind=Kind.CODEMOD),
+    Rule("decode_keeps_prefill_attention_mask", _DECODE_MASK,
+         "the decode step passes the prefill causal mask to the attention kernel (upstream common issue 2)",
+         _codemod_fix([DecodeAttentionMaskCommand], "the attention mask is forward_metadata.attention_mask at "
+                                                    "prefill only (None at decode)"),
+         facts=_decode_mask_facts, where=_UPSTREAM_WHERE, kind=Kind.CODEMOD),
+    Rule("process_weights_after_loading_missing", _GROUPED_MATMUL,
+         "the model class lacks process_weights_after_loading, so MoE / quantized weights are not repacked "
+         "(upstream common issue 4)",
+         _fix_process_weights, facts=_process_weights_facts, where=_UPSTREAM_WHERE, kind=Kind.CODEMOD),
+    Rule("per_rank_buffers_sized_by_global_batch", _ROW_IDX,
+         "per-rank MoE buffers are sized by the global batch_size, not batch_size_per_dp_rank "
+         "(upstream common issue 5)",
+         _codemod_fix([PerRankBatchSizeCommand], "per-rank buffers use scheduler_config.batch_size_per_dp_rank"),
+         facts=_per_rank_facts, where=_UPSTREAM_WHERE, kind=Kind.CODEMOD),
 ]

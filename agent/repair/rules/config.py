@@ -13,10 +13,11 @@ import yaml
 
 from agent.recipe.recipe import Recipe
 from agent.recipe.spec import recipe_spec
+from agent.recipe.textfile import read_source, write_source
 from agent.repair.failure import Failure
 from agent.repair.rules._util import edit_yaml_line
-from agent.repair.rules.rule import Kind, RepairContext, Rule, where_it_failed
-from engine.config import CHOICES, SECTIONS, rendered_keys
+from agent.repair.rules.rule import Kind, RepairContext, Rule, report, where_it_failed
+from engine.config import CHOICES, KEYS, SECTIONS, rendered_keys
 
 
 _DTYPE_UNSUPPORTED = re.compile(
@@ -246,18 +247,19 @@ def _model_path_facts(failure: Failure, _found=None) -> dict | None:
 
 
 def _fix_model_path(failure: Failure, facts: dict, ctx: RepairContext) -> str:
+    """model_path is re-pointed only to the checkpoint this recipe was migrated from (the one the
+    user named then, recorded as model_dir in migration_report.json). A checkpoint that merely sits
+    near the old path may be anyone's: it is named in the note, never written into the YAML."""
     report_dir = failure.recipe.resolve(failure.recipe.report().get("model_dir"))
     if report_dir is not None and _checkpoint(report_dir):
         new, why = report_dir, "the checkpoint migration_report.json recorded (model_dir)"
     else:
-        new, candidates = find_moved_checkpoint(Path(facts["resolved"]))
-        if new is None:
-            listed = ", ".join(map(str, candidates[:5])) or "none"
-            return (f"model_path {facts['model_path']} does not exist and no checkpoint could be chosen "
-                    f"(report model_dir: {report_dir or 'none'}; checkpoints nearby: {listed}); "
-                    "set model_path in the YAML to the folder holding config.json and the weights")
-        why = "a checkpoint of the same name near the old path" if new.name == Path(facts["resolved"]).name \
-            else "the only checkpoint near the old path"
+        found, candidates = find_moved_checkpoint(Path(facts["resolved"]))
+        nearby = list(dict.fromkeys([found, *candidates])) if found is not None else candidates
+        listed = ", ".join(map(str, nearby[:5])) or "none"
+        return (f"model_path {facts['model_path']} does not exist (report model_dir: {report_dir or 'none'}; "
+                f"checkpoints nearby, not chosen for you: {listed}); set model_path in the YAML to the folder "
+                "holding config.json and the weights")
     note = edit_yaml_line(failure.yaml, None, "model_path", str(new))
     return f"{note}: {facts['model_path']} does not exist; using {why}"
 
@@ -407,7 +409,92 @@ def _fix_mixed_dtype(failure: Failure, facts: dict, ctx: RepairContext) -> str:
             "recipe code creates a tensor in another dtype; cast it with .to(<weights>.dtype) there")
 
 
+# ---- the recipe YAML does not parse -------------------------------------------------------
+_YAML_ERROR = re.compile(r"\b(ScannerError|ParserError|ComposerError|ConstructorError)\b|not valid YAML")
+
+
+def _yaml_syntax_facts(failure: Failure, found: re.Match) -> dict | None:
+    """The recipe YAML really does not parse: where, from our own parse."""
+    path = failure.yaml
+    if path is None:
+        return None
+    try:
+        yaml.safe_load(path.read_text())
+        return None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        lines = path.read_text().splitlines()
+        text = lines[mark.line].rstrip() if mark and mark.line < len(lines) else ""
+        return {"file": str(path.relative_to(failure.recipe_dir)), "line": mark.line + 1 if mark else 0,
+                "col": mark.column + 1 if mark else 0, "kind": type(exc).__name__, "problem": exc.problem or "",
+                "text": text}
+    except yaml.YAMLError as exc:
+        return {"file": str(path.relative_to(failure.recipe_dir)), "line": 0, "col": 0,
+                "kind": type(exc).__name__, "problem": str(exc).splitlines()[0], "text": ""}
+
+
+def _fix_one_slip(lines: list[str], exc) -> str | None:
+    """Fix the slip PyYAML points at (a tab in the indentation, a missing space after ':', an
+    indentation off by a space, an unquoted value holding ': '), in place; returns what was done."""
+    mark = exc.context_mark if exc.context == "while scanning a simple key" and exc.context_mark else exc.problem_mark
+    if mark is None or mark.line >= len(lines):
+        return None
+    at = mark.line
+    line = lines[at]
+    indent = re.match(r"[ \t]*", line).group(0)
+    if "\t" in indent:
+        lines[at] = indent.replace("\t", "  ") + line[len(indent):]
+        return f"line {at + 1}: a tab in the indentation replaced by spaces"
+    key = re.match(r"^(\s*)([A-Za-z_][\w.-]*):(\S.*)$", line)
+    if exc.problem == "could not find expected ':'" and key and not key.group(3).startswith(("//", ":")):
+        lines[at] = f"{key.group(1)}{key.group(2)}: {key.group(3)}"
+        return f"line {at + 1}: a space added after '{key.group(2)}:'"
+    if exc.problem == "mapping values are not allowed here":
+        previous = next((ln for ln in reversed(lines[:at]) if ln.strip() and not ln.lstrip().startswith("#")), "")
+        prev_indent = len(previous) - len(previous.lstrip())
+        want = prev_indent + 2 if previous.rstrip().endswith(":") else prev_indent
+        if len(indent) != want and abs(len(indent) - want) == 1:
+            lines[at] = " " * want + line.lstrip()
+            return f"line {at + 1}: indentation aligned with the line above"
+        pair = re.match(r"^(\s*)([A-Za-z_][\w.-]*):\s+(.*\S)\s*$", line)
+        choices = {key.leaf for key in KEYS if key.choices}      # exe_mode: eager: fast has no one reading
+        if pair and ": " in pair.group(3) and not pair.group(3).startswith(("'", '"', "{", "[")) \
+                and pair.group(2) not in choices:
+            lines[at] = f"{pair.group(1)}{pair.group(2)}: {json.dumps(pair.group(3), ensure_ascii=False)}"
+            return f"line {at + 1}: the value of '{pair.group(2)}' (it holds ': ') quoted"
+    return None
+
+
+def _fix_yaml_syntax(failure: Failure, facts: dict, ctx: RepairContext) -> str:
+    """The slips the diagnosis names, fixed one at a time at the place PyYAML reports, until the
+    YAML parses as a mapping; if it does not, nothing is written and the diagnosis stands."""
+    path = failure.recipe_dir / facts["file"]
+    original = path.read_bytes()
+    lines = read_source(path).split("\n")
+    done = []
+    for _ in range(20):
+        try:
+            data = yaml.safe_load("\n".join(lines))
+        except yaml.MarkedYAMLError as exc:
+            what = _fix_one_slip(lines, exc)
+            if what is None:
+                break
+            done.append(what)
+            continue
+        except yaml.YAMLError:
+            break
+        if isinstance(data, dict) and done:
+            write_source(path, "\n".join(lines), original)
+            return f"{facts['file']}: " + "; ".join(done)
+        break
+    return report("{file} line {line} column {col} is not valid YAML ({kind}): {problem}: {text!r}; typical "
+                  "causes: a missing space after ':', a tab in the indentation, an unquoted value containing ': ' "
+                  "(quote it)")(failure, facts, ctx)
+
+
 RULES: list[Rule] = [
+    Rule("recipe_yaml_syntax_error", _YAML_ERROR, "the recipe YAML is not valid YAML",
+         _fix_yaml_syntax, facts=_yaml_syntax_facts, kind=Kind.YAML),
     Rule("dtype_unsupported_on_device", _DTYPE_UNSUPPORTED, "the configured dtype cannot run on this device",
          _fix_dtype, facts=_dtype_facts, where=("output",), kind=Kind.YAML),
     Rule("yaml_missing_key", _MISSING_KEY, "the recipe YAML lacks a required key",

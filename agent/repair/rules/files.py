@@ -15,6 +15,7 @@ from agent.migrate.vendor import locate_source, read_config, vendor_source
 from agent.recipe.recipe import Recipe
 from agent.recipe.render import generated_files, render_file, write_rendered
 from agent.recipe.spec import recipe_spec
+from agent.recipe.textfile import read_source, write_source
 from agent.repair.failure import Failure
 from agent.repair.rules.rule import Kind, RepairContext, Rule
 
@@ -332,12 +333,50 @@ def _fix_crlf(failure: Failure, facts: dict, ctx: RepairContext) -> str:
     return f"converted {', '.join(facts['files'])} from CRLF (Windows) to LF line endings"
 
 
+# ---- infer.sh does not put the repository root on PYTHONPATH (upstream's common issue 3) ----------
+# a sibling model (models.gpt_oss, imported by executor/core/support_models.py), or the shared executor itself
+_SIBLING_MISSING = re.compile(r"No module named '(?P<sibling>models\.\w+|executor|module)'")
+_REPO_ON_PATH = re.compile(r"^\s*(?:export\s+)?PYTHONPATH=.*(?:/\.\./\.\.|recipes_path|REPO_ROOT)", re.M)
+
+
+def _repo_root_facts(failure: Failure, found: re.Match) -> dict | None:
+    recipe = failure.recipe.path
+    root = failure.recipe.repo_root
+    infer_sh = recipe / "infer.sh"
+    sibling = found.group("sibling")
+    if root is None or recipe.parent != root / "models" or not infer_sh.is_file():
+        return None
+    if (recipe / "models" / "__init__.py").exists() or not (root / sibling.replace(".", "/")).is_dir():
+        return None     # issue 1 (the shadowing __init__.py) first; a sibling that does not exist is not this
+    text = infer_sh.read_text(errors="replace")
+    if _REPO_ON_PATH.search(text):
+        return None
+    return {"sibling": sibling, "script_path": "SCRIPT_PATH=" in text}
+
+
+def _fix_repo_root(failure: Failure, facts: dict, ctx: RepairContext) -> str:
+    infer_sh = failure.recipe_dir / "infer.sh"
+    original = infer_sh.read_bytes()
+    lines = read_source(infer_sh).splitlines(keepends=True)
+    line = ('export PYTHONPATH="${SCRIPT_PATH}/../..:${PYTHONPATH}"\n' if facts["script_path"] else
+            'export PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)${PYTHONPATH:+:$PYTHONPATH}"\n')
+    at = _python_line(lines)
+    # after the set_env / function.sh lines, as the issue says: right before the line that runs Python
+    lines.insert(len(lines) if at is None else at, line)
+    write_source(infer_sh, "".join(lines), original)
+    return f"infer.sh exports the repository root on PYTHONPATH ({facts['sibling']} is in the repository)"
+
+
 RULES: list[Rule] = [
     Rule("models_init_shadows_package", _MODELS_INIT, "a models/__init__.py shadows the recipe's models package",
          _fix_models_init, facts=_models_init_facts, where=("output",), kind=Kind.REMOVE),
     Rule("infer_sh_no_pythonpath", _TOP_MODULE_MISSING,
          "infer.sh does not put the recipe dir on PYTHONPATH, so the recipe's modules are not found",
          _fix_no_pythonpath, facts=_no_pythonpath_facts, where=("output",), kind=Kind.INFER_SH),
+    Rule("infer_sh_without_repository_root", _SIBLING_MISSING,
+         "infer.sh does not put the repository root on PYTHONPATH, so sibling models are not found "
+         "(upstream common issue 3)",
+         _fix_repo_root, facts=_repo_root_facts, where=("error", "output", "log"), kind=Kind.INFER_SH),
     Rule("vendored_module_missing", _SUBMODULE_MISSING, "a vendored model source file is missing from models/",
          _fix_vendored_missing, facts=_vendored_missing_facts, where=("output",), kind=Kind.RERENDER),
     Rule("generated_file_missing_or_corrupt", None, "a file the migrator generated is missing or has a syntax error",

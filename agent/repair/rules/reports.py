@@ -13,8 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import yaml
-
 
 from agent.repair.failure import Failure
 from agent.repair.rules.rule import Kind, RepairContext, Rule, message_facts, report
@@ -204,41 +202,10 @@ def _shape_facts(failure: Failure, found: re.Match) -> dict:
     return facts
 
 
-# ---- the recipe YAML does not parse -------------------------------------------------------
-_YAML_ERROR = re.compile(r"\b(ScannerError|ParserError|ComposerError|ConstructorError)\b|not valid YAML")
-
-
-def _yaml_syntax_facts(failure: Failure, found: re.Match) -> dict | None:
-    """The recipe YAML really does not parse: where, from our own parse."""
-    path = failure.yaml
-    if path is None:
-        return None
-    try:
-        yaml.safe_load(path.read_text())
-        return None
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        lines = path.read_text().splitlines()
-        text = lines[mark.line].rstrip() if mark and mark.line < len(lines) else ""
-        return {"file": str(path.relative_to(failure.recipe_dir)), "line": mark.line + 1 if mark else 0,
-                "col": mark.column + 1 if mark else 0, "kind": type(exc).__name__, "problem": exc.problem or "",
-                "text": text}
-    except yaml.YAMLError as exc:
-        return {"file": str(path.relative_to(failure.recipe_dir)), "line": 0, "col": 0,
-                "kind": type(exc).__name__, "problem": str(exc).splitlines()[0], "text": ""}
-
-
 # The advice-only rules: name | evidence (a regex, searched in the error line, then the output) | diagnosis |
 # advice, a template of {where}, {message} and the evidence's named groups | facts (None: message_facts).
 # Their fix changes nothing: the repair loop stops with the advice instead of "unknown failure".
 ADVICE = (
-    ("recipe_yaml_syntax_error",
-     _YAML_ERROR,
-     "the recipe YAML is not valid YAML",
-     "{file} line {line} column {col} is not valid YAML ({kind}): {problem}: {text!r}; typical "
-     "causes: a missing space after ':', a tab in the indentation, an unquoted value containing ': ' "
-     "(quote it)",
-     _yaml_syntax_facts),
     ("torch_npu_imported_from_source_tree",
      _NPU_SOURCE_TREE,
      "torch_npu is imported from its own source tree (torch_npu._C is missing)",

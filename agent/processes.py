@@ -1,0 +1,232 @@
+"""Subprocesses the migrator starts (a recipe's infer.sh with its torchrun ranks, the parity check),
+run as one process tree it owns (psutil).
+
+- Each command starts in its own session (process group), so a Ctrl-C at the terminal reaches the
+  migrator alone and the migrator decides: on a timeout, SIGINT or SIGTERM the *whole tree* is
+  stopped — bash, torchrun, every rank, and what upstream's launch started with `&` and `wait` —
+  SIGTERM first, SIGKILL after a grace period. Descendants are found through the process group and
+  psutil's children, and, on Linux, the migrator is a child subreaper, so a rank orphaned by a dying
+  bash is still its descendant.
+- While it runs, the tree is sampled: the peak of the summed RSS of all its processes is recorded
+  beside the run's time (`peak_rss_bytes`).
+- The tree's pids are written to a file while it runs: a migrator killed with SIGKILL cannot stop
+  its tree, so the next run of the same recipe stops what is left (`stop_leftovers`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+GRACE_S = 5.0          # SIGTERM -> SIGKILL
+SAMPLE_S = 0.2
+
+
+class Terminated(BaseException):
+    """SIGTERM reached the migrator (raised in the main thread like KeyboardInterrupt for SIGINT)."""
+
+
+@dataclass
+class TreeResult:
+    returncode: int | None
+    timed_out: bool
+    seconds: float
+    peak_rss_bytes: int
+    processes: int          # how many distinct processes the tree had
+
+
+def become_subreaper() -> None:
+    """Orphaned descendants are re-parented to this process, not to init (Linux; elsewhere a no-op)."""
+    if sys.platform != "linux":
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)     # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def _tree(root: psutil.Process, pgid: int, known: dict[int, float]) -> list[psutil.Process]:
+    """The live processes of the tree: root's descendants, the process group, and pids seen before
+    (checked against their start time, so a reused pid is never touched)."""
+    found: dict[int, psutil.Process] = {}
+    try:
+        found[root.pid] = root
+        for child in root.children(recursive=True):
+            found[child.pid] = child
+    except psutil.Error:
+        pass
+    for pid, started in list(known.items()):
+        if pid in found:
+            continue
+        try:
+            proc = psutil.Process(pid)
+            if abs(proc.create_time() - started) < 0.01:
+                found[pid] = proc
+        except psutil.Error:
+            continue
+    for proc in psutil.process_iter(["pid"]):
+        if proc.pid in found:
+            continue
+        try:
+            if os.getpgid(proc.pid) == pgid:
+                found[proc.pid] = proc
+        except (OSError, psutil.Error):
+            continue
+    return list(found.values())
+
+
+def stop_tree(processes: list[psutil.Process], grace: float = GRACE_S) -> None:
+    """SIGTERM every process, SIGKILL what is still alive after `grace` seconds; reap zombies."""
+    for proc in processes:
+        try:
+            proc.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(processes, timeout=grace)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=grace)
+
+
+def _reap() -> None:
+    """Collect exited orphans re-parented to us (a subreaper's duty), never blocking."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def run_tree(command: list[str], *, cwd: Path, env: dict, stdout, timeout: float | None,
+             pids_file: Path | None = None, stderr=subprocess.STDOUT) -> TreeResult:
+    """Run `command` as a process tree (see the module docs). On a timeout the tree is stopped and
+    returncode is None; on KeyboardInterrupt / Terminated the tree is stopped and the exception goes on."""
+    become_subreaper()
+    start = time.perf_counter()
+    proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+                            start_new_session=True)
+    root = psutil.Process(proc.pid)
+    pgid = proc.pid
+    known: dict[int, float] = {}
+    peak = 0
+    deadline = None if timeout is None else start + timeout
+    timed_out = False
+    try:
+        while True:
+            members = _tree(root, pgid, known)
+            rss = 0
+            for member in members:
+                try:
+                    known.setdefault(member.pid, member.create_time())
+                    rss += member.memory_info().rss
+                except psutil.Error:
+                    continue
+            peak = max(peak, rss)
+            if pids_file is not None:
+                _write_pids(pids_file, pgid, known)
+            if proc.poll() is not None:
+                # the launcher exited: anything it left behind (a rank started with `&`) is stopped too
+                leftovers = [p for p in _tree(root, pgid, known) if p.pid != proc.pid and _alive(p)]
+                if leftovers:
+                    stop_tree(leftovers)
+                break
+            if deadline is not None and time.perf_counter() >= deadline:
+                timed_out = True
+                stop_tree(_tree(root, pgid, known))
+                proc.wait()
+                break
+            try:
+                proc.wait(timeout=SAMPLE_S)
+            except subprocess.TimeoutExpired:
+                pass
+    except BaseException:
+        stop_tree(_tree(root, pgid, known))
+        try:
+            proc.wait(timeout=GRACE_S)
+        except subprocess.TimeoutExpired:
+            pass
+        raise
+    finally:
+        if pids_file is not None:
+            pids_file.unlink(missing_ok=True)
+    _reap()
+    return TreeResult(None if timed_out else proc.returncode, timed_out, round(time.perf_counter() - start, 2),
+                      peak, len(known))
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _write_pids(path: Path, pgid: int, known: dict[int, float]) -> None:
+    data = json.dumps({"pgid": pgid, "pids": {str(k): v for k, v in sorted(known.items())}}).encode()
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def stop_leftovers(pids_file: Path) -> int:
+    """A tree a killed migrator left running (its pids file survived): stop the processes that are
+    still the ones recorded (same pid and start time). Returns how many were stopped."""
+    try:
+        data = json.loads(pids_file.read_text())
+        pids = {int(k): float(v) for k, v in data["pids"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pids_file.unlink(missing_ok=True)
+        return 0
+    alive = []
+    for pid, started in pids.items():
+        try:
+            proc = psutil.Process(pid)
+            if abs(proc.create_time() - started) < 0.01 and _alive(proc):
+                alive.append(proc)
+        except psutil.Error:
+            continue
+    if alive:
+        stop_tree(alive)
+    pids_file.unlink(missing_ok=True)
+    return len(alive)
+
+
+def install_signal_handlers() -> None:
+    """SIGTERM raises Terminated in the main thread (so the running tree is stopped and the CLI
+    prints one line); after the first SIGINT or SIGTERM further ones are ignored while the migrator
+    cleans up, so a second Ctrl-C never interrupts the cleanup (no atexit traceback)."""
+    def on_term(signum, frame):
+        _ignore_more()
+        raise Terminated()
+
+    def on_int(signum, frame):
+        _ignore_more()
+        raise KeyboardInterrupt()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_term)
+        signal.signal(signal.SIGINT, on_int)
+
+
+def _ignore_more() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
