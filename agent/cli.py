@@ -15,7 +15,7 @@ from agent.migrate.acquire import local_path_problem, parse_hub_ref
 from agent.migrate.checkpoint_check import check_checkpoint, check_output_outside, weight_files
 from agent.paths import demo_model_dir
 from agent.recipe.backup import rollback
-from agent.recipe.fs_guard import check_regular, check_write_destinations
+from agent.recipe.fs_guard import check_regular, check_writable, check_write_destinations
 from agent.recipe.npu_scan import ensure_runnable_here
 from agent.recipe.recipe import Recipe
 from agent.processes import Terminated, install_signal_handlers
@@ -32,7 +32,11 @@ class _Parser(argparse.ArgumentParser):
     """Usage errors are one line too (argparse prints the whole usage block first)."""
 
     def error(self, message):
-        self.exit(errors.EXIT_USAGE, f"migrator: error: {message}; see `{self.prog} --help`\n")
+        _USAGE_ERRORS.append(f"{message}; see `{self.prog} --help`")
+        self.exit(errors.EXIT_USAGE, f"migrator: error: {_USAGE_ERRORS[-1]}\n")
+
+
+_USAGE_ERRORS: list[str] = []      # the line a usage error printed (for --json)
 
 
 def _bounded_int(low: int, high: int):
@@ -177,6 +181,7 @@ def preflight(target: str) -> None:
 
 def check_recipe_destinations(recipe: Recipe) -> None:
     """What a run of the recipe writes (its run logs, baseline, report) can be written inside it."""
+    check_writable(recipe.path)       # a read-only recipe: one line before anything runs
     baseline = recipe.baseline_dir().relative_to(recipe.path).as_posix()
     check_write_destinations(recipe.path, {".migrator": "dir", "agentic": "dir", baseline: "dir",
                                          "migration_report.json": "file", "migration_summary.md": "file",
@@ -207,6 +212,22 @@ def check_output_dir(output_dir: str) -> None:
         raise errors.InputError(f"--output-dir {output_dir}: not writable")
 
 
+def check_device_here(device: str) -> None:
+    """`--device npu` (or npu:N) on a host without a usable NPU: one line saying so, before any
+    check of the target (whose NPU kernels would otherwise be the message) and before any write."""
+    if not device.startswith("npu"):
+        return
+    try:
+        select_device(device)
+    except DeviceUnavailableError as exc:
+        raise errors.EnvironmentProblem(f"no NPU here: {exc}") from exc
+
+
+def _is_recipe_folder(target: str) -> bool:
+    path = Path(target).expanduser()
+    return path.is_dir() and Recipe.at(path).is_recipe
+
+
 def cmd_run(args) -> int:
     check_text_args(target=args.target, **{"--name": args.name, "--output-dir": args.output_dir,
                                            "--weights": args.weights})
@@ -217,11 +238,13 @@ def cmd_run(args) -> int:
         from agent.repair.llm_repair import APPLY_ENV
 
         os.environ[APPLY_ENV] = "1"     # read by the LLM repairer in this process; children never need it
+    check_device_here(args.device)
     if not args.resume:
         check_target(args.target, args.trust_remote_code)
     if (Path(args.target).expanduser() / "config.json").is_file():
         check_output_outside(Path(args.target), Path(args.output_dir), args.output_dir)
-    check_output_dir(args.output_dir)
+    if not _is_recipe_folder(args.target):     # a recipe is repaired in place: no output dir is made
+        check_output_dir(args.output_dir)
     args.target = resolve_target(args.target)
     if not args.resume:
         preflight(args.target)
@@ -281,16 +304,24 @@ def cmd_env(args) -> int:
         env = detect_environment(args.device)
     except DeviceUnavailableError as exc:
         raise errors.EnvironmentProblem(str(exc)) from exc
-    if args.json:
-        print(json.dumps(env, indent=2))
-    else:
-        for key, value in env.items():
-            print(f"{key:20} {value}")
+    problem = None
     if args.device != "auto":
         try:
             select_device(args.device)
         except DeviceUnavailableError as exc:
-            raise errors.EnvironmentProblem(str(exc)) from exc
+            problem = errors.EnvironmentProblem(str(exc))
+    if args.json:
+        # one object: the environment, and the device problem with its exit code when there is one
+        extra = {"status": "error", "exit_code": problem.exit_code, "error": _one_line(str(problem))} if problem else {}
+        print(json.dumps({**env, **extra}, indent=2))
+        if problem:
+            print(f"migrator: error: {_one_line(str(problem))}", file=sys.stderr)
+            return problem.exit_code
+    else:
+        for key, value in env.items():
+            print(f"{key:20} {value}")
+    if problem:
+        raise problem
     return 0
 
 
@@ -412,37 +443,71 @@ def main(argv: list[str] | None = None) -> int:
     from agent.secrets import hold_secrets
 
     hold_secrets()      # the LLM API key stays in this process: no child sees it, no file holds it
+    argv = sys.argv[1:] if argv is None else list(argv)
+    as_json = "--json" in argv     # before parsing: a usage error answers in JSON too
     try:
         args = _parser().parse_args(argv)
     except SystemExit as exc:   # --help, or a usage error already printed in one line
-        return exc.code if isinstance(exc.code, int) else errors.EXIT_USAGE
+        code = exc.code if isinstance(exc.code, int) else errors.EXIT_USAGE
+        if code and as_json and _USAGE_ERRORS:
+            _print_json_error(code, _USAGE_ERRORS[-1])
+        return code
+    as_json = bool(getattr(args, "json", False))
     try:
         import_torch()  # first torch import of the process: guarded against torch_npu without CANN
     except TorchImportError as exc:
-        print(f"migrator: error: torch cannot be imported ({exc}); fix the torch installation", file=sys.stderr)
-        return errors.EXIT_ENVIRONMENT
+        return _fail(f"torch cannot be imported ({exc}); fix the torch installation", errors.EXIT_ENVIRONMENT,
+                     as_json)
     if args.command in ("run", "demo", "baseline", "classify"):
         try:
             simulated_card_bytes()       # recipes read it too: a bad value is refused before anything runs
         except ValueError as exc:
-            print(f"migrator: error: {exc}", file=sys.stderr)
-            return errors.EXIT_USAGE
+            return _fail(str(exc), errors.EXIT_USAGE, as_json)
     handler = {"run": cmd_run, "demo": cmd_demo, "env": cmd_env, "classify": cmd_classify,
                "rollback": cmd_rollback, "baseline": cmd_baseline, "standin": cmd_standin}[args.command]
     install_signal_handlers()     # SIGTERM like Ctrl-C: the running tree is stopped, one line, --resume works
     try:
         return handler(args)
     except MigratorError as exc:
-        print(f"migrator: error: {_one_line(str(exc))}", file=sys.stderr)
-        return exc.exit_code
+        return _fail(str(exc), exc.exit_code, as_json)
     except KeyboardInterrupt:
         print("migrator: interrupted; continue with --resume", file=sys.stderr)
+        if as_json:
+            _print_json_error(errors.EXIT_INTERRUPTED, "interrupted; continue with --resume", "interrupted")
         return _exit_after_signal(errors.EXIT_INTERRUPTED)
     except Terminated:
         print("migrator: terminated (SIGTERM); continue with --resume", file=sys.stderr)
+        if as_json:
+            _print_json_error(errors.EXIT_TERMINATED, "terminated (SIGTERM); continue with --resume", "terminated")
         return _exit_after_signal(errors.EXIT_TERMINATED)
     except Exception as exc:  # noqa: BLE001 - a bug: one line here, the traceback in a file
-        return _internal_error(exc)
+        fault = errors.filesystem_fault(exc, _written_place(args))   # disk full, read-only, removed: not a bug
+        if fault is not None:
+            return _fail(str(fault), fault.exit_code, as_json)
+        return _internal_error(exc, as_json)
+
+
+def _written_place(args) -> str | None:
+    """Where a command writes (for a filesystem fault whose error names no file): the recipe it
+    repairs or measures, else the output dir."""
+    target = getattr(args, "target", None)
+    if target and (args.command in ("baseline", "rollback") or _is_recipe_folder(target)):
+        return str(Path(target).expanduser().resolve())
+    output_dir = getattr(args, "output_dir", None)
+    return str(Path(output_dir).expanduser().resolve()) if output_dir else None
+
+
+def _fail(message: str, code: int, as_json: bool) -> int:
+    """One line on stderr; with --json, the same as a JSON object on stdout."""
+    line = _one_line(message)
+    print(f"migrator: error: {line}", file=sys.stderr)
+    if as_json:
+        _print_json_error(code, line)
+    return code
+
+
+def _print_json_error(code: int, line: str, status: str = "error") -> None:
+    print(json.dumps({"status": status, "exit_code": code, "error": line}, indent=2), flush=True)
 
 
 def _exit_after_signal(code: int) -> int:
@@ -464,14 +529,17 @@ def _one_line(text: str) -> str:
     return " ".join(text.split()) or "(no message)"
 
 
-def _internal_error(exc: Exception) -> int:
+def _internal_error(exc: Exception, as_json: bool = False) -> int:
     import tempfile
     import traceback
 
     with tempfile.NamedTemporaryFile("w", prefix="migrator-crash-", suffix=".txt", delete=False) as f:
         traceback.print_exc(file=f)
-    print(f"migrator: internal error: {type(exc).__name__}: {_one_line(str(exc))[:300]} (a bug; traceback "
-          f"saved to {f.name}, please report it)", file=sys.stderr)
+    line = (f"internal error: {type(exc).__name__}: {_one_line(str(exc))[:300]} (a bug; traceback "
+            f"saved to {f.name}, please report it)")
+    print(f"migrator: {line}", file=sys.stderr)
+    if as_json:
+        _print_json_error(errors.EXIT_INTERNAL, line)
     return errors.EXIT_INTERNAL
 
 

@@ -52,7 +52,7 @@ class Killed(BaseException):
 
 
 def _rule(fix):
-    return Rule("test_rule", None, "test rule", fix, facts=lambda failure, found: {}, kind="edit")
+    return Rule("test_rule", None, "test rule", fix, facts=lambda failure, found: {}, kind="codemod")
 
 
 def _backed_up(dest):

@@ -23,7 +23,7 @@ import sys
 import threading
 from pathlib import Path
 
-from agent.errors import InputError
+from agent.errors import InputError, describe_fault
 
 SOURCE_LIMIT = 16 * 2**20          # a recipe's Python, YAML, shell: far larger is not a source file
 JSON_LIMIT = 1 * 2**30             # tokenizer.json and the like can be large; /dev/zero cannot pass
@@ -287,3 +287,19 @@ def check_write_destinations(recipe_dir: Path, destinations: dict[str, str]) -> 
         if kind == "file" and path.exists() and not path.is_file():
             raise InputError(f"{path} is not a regular file; the migrator writes {rel} there: move it away "
                              "and re-run")
+
+
+def check_writable(folder: Path) -> None:
+    """The migrator can create files in `folder` (a read-only mount, a folder without write
+    permission, a full quota are one line, exit 74, before anything runs). The probe is an unnamed
+    temporary file: nothing appears in the folder."""
+    import tempfile
+
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        fault = describe_fault(exc.errno, folder)
+        if fault is not None:
+            raise fault from None
+        raise

@@ -8,6 +8,7 @@ whatever the script's exit code (upstream's launch ends with `wait`, so it exits
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import sys
@@ -15,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent.errors import describe_fault
 from agent.measure import run_log
 from agent.processes import run_tree, stop_leftovers
 from agent.records import Run
@@ -26,6 +28,7 @@ from engine import defaults
 PARITY_DUMP_ENV = "MIGRATOR_PARITY_DUMP"
 NO_WARM_UP = "BaselineError: infer.py ran without a warm-up generation"
 SUMMARY_CHARS = 300
+NO_SPACE = re.compile(r"\[Errno 28\]|No space left on device|database or disk is full")
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,9 @@ def trial_run(recipe: Recipe, label: str, world_size: int = 1, timeout_s: int | 
                         pids_file=runs_dir / "running.pids")
         returncode, timed_out = tree.returncode, tree.timed_out
     output = (run_dir / "output.txt").read_text(errors="replace")
+    if returncode != 0 and NO_SPACE.search(output):
+        # the disk the run writes to is full: nothing a repair can change (one line, exit 74)
+        raise describe_fault(errno.ENOSPC, run_dir)
     log_dir = find_logs(run_dir, cwd, started_at)
     verdict = judge_run(output, log_dir, recipe.path, recipe.kind == "framework")
     ran_clean = returncode == 0 and not timed_out

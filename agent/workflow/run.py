@@ -227,4 +227,7 @@ def _run_locked(state, resume, stop_after, key, home, output_dir, threads_file, 
     except UnsafeStoreError as exc:
         raise _unreadable_store(db, str(exc), resume) from None
     except sqlite3.DatabaseError as exc:
+        fault = errors.filesystem_fault(exc, db)     # disk full / read-only / removed: the store is fine
+        if fault is not None:
+            raise fault from None
         raise _unreadable_store(db, f"{exc.__class__.__name__}: {exc}", resume) from None
