@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.measure import run_log
+from agent.progress import trial_run_counter
 from agent.records import Run
 from agent.recipe.recipe import Recipe
 from agent.repair.failure import summarise_failure
@@ -49,7 +50,9 @@ def trial_run(recipe: Recipe, label: str, world_size: int = 1, timeout_s: int | 
                **{PARITY_DUMP_ENV: str(run_dir / "parity_dump.pt")}, **launch.env)
     timeout = timeout_s or defaults.TIMEOUT_S
     start, started_at = time.perf_counter(), time.time()
-    with open(run_dir / "output.txt", "w") as out:
+    counter = trial_run_counter(label, lambda: find_logs(run_dir, cwd, started_at),
+                                expected_tokens(recipe, world_size))
+    with counter, open(run_dir / "output.txt", "w") as out:
         try:
             # No stdin: a prompt (e.g. "run custom code? [y/N]") must fail, not wait forever.
             proc = subprocess.run(launch.command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out,
@@ -78,6 +81,17 @@ def trial_run(recipe: Recipe, label: str, world_size: int = 1, timeout_s: int | 
             "log_dir": str(log_dir) if log_dir is not None else None, "problem": verdict.problem,
             "output_file": str(output_file), "yaml": str(yaml) if yaml is not None else None,
             "summary": "ok" if ok else summarise(evidence, recipe, returncode, timed_out, timeout, verdict)}
+
+
+def expected_tokens(recipe: Recipe, world_size: int = 1) -> int:
+    """Tokens one generate call of the run makes at most: the YAML's max_new_tokens (either schema)."""
+    from agent.measure.baseline import yaml_settings
+
+    try:
+        value = int(yaml_settings(recipe.settings(recipe.yaml_for(world_size)))["max_new_tokens"] or 0)
+    except (TypeError, ValueError):
+        value = 0
+    return value if value > 0 else defaults.MAX_NEW_TOKENS
 
 
 def summarise(evidence: str, recipe: Recipe, returncode: int | None, timed_out: bool, timeout: int,
