@@ -448,7 +448,8 @@ def device_hint(problem: str) -> str:
 
 
 def record_device(torch, kind: str, index: int | None, env: dict) -> None:
-    """The environment record's facts about the NPU in use, from torch_npu (completes npu-smi's)."""
+    """The environment record's facts about the NPU in use, from torch_npu (completes npu-smi's).
+    The memory is this rank's card only (see engine.backends.cuda.record_device for accelerate's)."""
     if kind != "npu":
         return
     idx = index if index is not None else 0
