@@ -56,7 +56,7 @@ class _Display:
         self.console = Console(file=sys.stderr, force_terminal=True)
         self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), CounterBar(bar_width=24),
                                  TokenCount(), TimeElapsedColumn(), console=self.console, transient=True,
-                                 refresh_per_second=8)
+                                 refresh_per_second=8, redirect_stdout=False)   # stdout may be --json for a pipe
         self.depth = 0
 
     def add(self, description: str, total: float | None = None):

@@ -90,6 +90,8 @@ def test_trial_run_in_a_terminal_shows_the_live_token_counter(tmp_path):
     seen = {int(n) for n in re.findall(r"trial run probe: formal call\s.*?(\d)/4 tokens", frames)}
     assert seen & {1, 2, 3}, frames[-3000:]
     assert "waiting for log_0.log" in frames
+    # The step's own line ticks: its elapsed time passes a second while the formal call runs.
+    assert re.search(r"trial_run\s+0:00:0[1-9]", frames), frames[-3000:]
     assert "[migrator] trial run probe: warm-up call 4/4 tokens" in frames
     assert "[migrator] trial run probe: formal call 4/4 tokens" in frames
     assert re.search(r"\[migrator\] trial_run done in \d+\.\ds", frames)
