@@ -155,3 +155,17 @@ def test_counter_waits_for_the_log_folder(tmp_path):
     counter = RankLogCounter(lambda: None)
     counter.poll()
     assert counter.calls == [] and counter.path is None
+
+
+def test_expected_tokens_come_from_either_yaml_schema(tmp_path):
+    from agent.recipe.recipe import Recipe
+    from agent.recipe.trial_run import expected_tokens
+    from engine import defaults
+
+    recipe = _recipe(tmp_path)
+    assert expected_tokens(Recipe.at(recipe)) == 4
+    (recipe / "config" / "probe.yaml").write_text("model_config: {model_name: probe}\n"
+                                                  "scheduler_config: {max_new_tokens: 7, batch_size: 1}\n")
+    assert expected_tokens(Recipe.at(recipe)) == 7
+    (recipe / "config" / "probe.yaml").write_text("data_config: {max_new_tokens: lots}\n")
+    assert expected_tokens(Recipe.at(recipe)) == defaults.MAX_NEW_TOKENS
