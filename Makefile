@@ -7,6 +7,10 @@ STAMP := $(VENV)/.installed
 # its pins. ~20 s to build instead of a second full install.
 VENV_TF50 ?= .venv-tf5.0
 STAMP_TF50 := $(VENV_TF50)/.installed
+# The end-to-end tests run again on transformers 5.0.0. The framework-target tests (a framework
+# recipe run by upstream's executor/scripts/infer.sh) join this list when they land, e.g.
+#   OLD_END_TESTS ?= tests/test_families.py tests/test_framework_target.py
+# `make test` (test-main + test-tf50) has to stay within its budget with them.
 OLD_END_TESTS ?= tests/test_families.py
 
 .PHONY: install install-tf50 demo test test-main test-tf50 test-all

@@ -97,6 +97,8 @@ class MemoryEstimate(TypedDict, total=False):
     cards_needed: int | None
     suggested_world_size: int | None
     model_type: str | None
+    device_memory_source: str | None      # what device_bytes was read from (agent.measure.memory.card_memory)
+    device_memory_fallback: str | None    # why accelerate's answer was not used; None: it was
     multicard_yaml: str                   # the N-card YAML written, recipe-relative
     multicard_command: str
 

@@ -112,6 +112,7 @@ class Environment(TypedDict, total=False):
     npu_model: str | None
     num_cards: int | None
     num_chips: int | None
+    npu_chip_memory_bytes: int | None  # one chip's memory as npu-smi reports it (works without torch_npu)
     cann_version: str | None
     pytorch_version: str | None
     torch_npu_version: str | None
@@ -158,6 +159,7 @@ def detect_environment(device: str = "auto") -> Environment:
         "npu_model": npu_smi["npu_model"],
         "num_cards": npu_smi["num_cards"],
         "num_chips": npu_smi["num_chips"],
+        "npu_chip_memory_bytes": npu_smi["chip_memory_bytes"],
         "cann_version": detect_cann_version(),
         "pytorch_version": pytorch_version,
         "torch_npu_version": probe["version"],

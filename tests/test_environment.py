@@ -120,7 +120,7 @@ def test_detect_npu_failing_npu_smi(tmp_path, monkeypatch):
 def test_detect_npu_without_npu_smi(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory: no npu-smi
     info = detect_npu()
-    assert info == {"npu_model": None, "num_cards": 0, "num_chips": 0, "npu_models": [],
+    assert info == {"npu_model": None, "num_cards": 0, "num_chips": 0, "npu_models": [], "chip_memory_bytes": None,
                     "npu_smi": "not found"}
 
 

@@ -9,7 +9,11 @@ import os
 import re
 import resource
 import struct
+import subprocess
+import sys
+import time
 from pathlib import Path
+from typing import Callable
 
 from agent.errors import InputError, UnsupportedModelError
 from agent.measure.baseline import yaml_settings
@@ -197,6 +201,97 @@ def simulated_card_bytes() -> int | None:
         raise InputError(str(exc)) from None
 
 
+# accelerate's own answer, asked in a child process: get_max_memory() puts a tensor on every visible
+# card, and a context held by this process would take memory from the runs it starts next; a broken
+# torch_npu cannot break this process's torch either. TORCH_DEVICE_BACKEND_AUTOLOAD=0 as in the engine:
+# accelerate imports torch_npu itself (is_npu_available), and why that fails is recorded.
+_ACCELERATE_QUERY = r"""
+import importlib.util, json
+def why(exc):
+    while exc.__cause__ is not None or exc.__context__ is not None:
+        exc = exc.__cause__ or exc.__context__
+    text = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "(no message)")
+    return f"{type(exc).__name__}: {text[:200]}"
+out = {}
+try:
+    import torch
+    from accelerate.utils import get_max_memory, is_npu_available
+    npu = is_npu_available()
+    if not npu and importlib.util.find_spec("torch_npu") is not None:
+        try:
+            import torch_npu
+        except Exception as exc:
+            out["torch_npu"] = why(exc)
+    out["kind"] = "npu" if npu else ("cuda" if torch.cuda.is_available() else None)
+    out["memory"] = {str(k): int(v) for k, v in get_max_memory().items()}
+except Exception as exc:
+    out["error"] = why(exc)
+print("MEMORY " + json.dumps(out))
+"""
+ACCELERATE_SOURCE = "accelerate.utils.get_max_memory"
+ACCELERATE_TIMEOUT_S = 120
+_ACCELERATE_CACHE_S = 60.0
+_accelerate_answer: tuple[float, dict] | None = None
+
+
+def ask_accelerate() -> dict:
+    """{"kind": "npu" | "cuda" | None, "memory": get_max_memory() with str keys (free bytes per card,
+    "cpu": available host memory), "torch_npu": why it did not import} or {"error": why not}.
+    Kept for a minute (one OOM estimate asks once)."""
+    global _accelerate_answer
+    if _accelerate_answer is not None and time.monotonic() - _accelerate_answer[0] < _ACCELERATE_CACHE_S:
+        return _accelerate_answer[1]
+    env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    try:
+        proc = subprocess.run([sys.executable, "-c", _ACCELERATE_QUERY], capture_output=True, text=True,
+                              timeout=ACCELERATE_TIMEOUT_S, env=env, stdin=subprocess.DEVNULL)
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("MEMORY ")]
+        if lines:
+            answer = json.loads(lines[-1][len("MEMORY "):])
+        else:
+            tail = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
+            answer = {"error": f"the query process printed no answer ({tail[:200]})"}
+    except subprocess.TimeoutExpired:
+        answer = {"error": f"no answer within {ACCELERATE_TIMEOUT_S} s"}
+    except (OSError, ValueError) as exc:
+        answer = {"error": f"{type(exc).__name__}: {exc}"}
+    _accelerate_answer = (time.monotonic(), answer)
+    return answer
+
+
+def card_memory(env: Environment, ask: Callable[[], dict] = ask_accelerate) -> dict:
+    """One card's memory for a run on env's device: {"bytes", "source", "fallback_reason"}.
+
+    accelerate.utils.get_max_memory where it answers for that device (free memory of the tightest
+    visible card; on the CPU the available host memory). Where it does not (accelerate or torch_npu
+    broken, no such card seen), what the environment record read: torch's total for the card, else
+    npu-smi's chip memory for an NPU, the host's MemTotal for the CPU; fallback_reason says why."""
+    device = env.get("device", "cpu")
+    answer = ask()
+    memory = answer.get("memory") or {}
+    if device == "cpu" and memory.get("cpu"):
+        return {"bytes": int(memory["cpu"]), "source": f"{ACCELERATE_SOURCE} (available host memory)",
+                "fallback_reason": None}
+    cards = [int(v) for k, v in memory.items() if k.isdigit()]
+    if device != "cpu" and answer.get("kind") == device and cards:
+        return {"bytes": min(cards), "source": f"{ACCELERATE_SOURCE} (free memory, smallest of "
+                f"{len(cards)} {device} card(s))", "fallback_reason": None}
+    if "error" in answer:
+        reason = f"{ACCELERATE_SOURCE} failed: {answer['error']}"
+    else:
+        reason = f"{ACCELERATE_SOURCE} saw no {device} card"
+        if answer.get("torch_npu") and device == "npu":
+            reason += f" (import torch_npu: {answer['torch_npu']})"
+    fallbacks = {"cpu": [("device_memory_bytes", "/proc/meminfo MemTotal")],
+                 "cuda": [("device_memory_bytes", "torch.cuda.get_device_properties")],
+                 "npu": [("device_memory_bytes", "torch.npu.mem_get_info"),
+                         ("npu_chip_memory_bytes", "npu-smi info")]}.get(device, [])
+    for key, source in fallbacks:
+        if env.get(key):
+            return {"bytes": int(env[key]), "source": source, "fallback_reason": reason}
+    return {"bytes": None, "source": None, "fallback_reason": reason}
+
+
 def estimate_for_recipe(recipe: Recipe, env: Environment) -> MemoryEstimate:
     """The estimate for the recipe's YAML, in this tool's schema or either of cann-recipes-infer's
     (agent.measure.baseline.yaml_settings reads both; an upstream recipe has no model_config.dtype: the
@@ -213,16 +308,22 @@ def estimate_for_recipe(recipe: Recipe, env: Environment) -> MemoryEstimate:
     batch_size = int(settings["batch_size"] or 1)
     seq_len = int(settings["input_len"] or defaults.INPUT_MAX_LEN) + int(settings["max_new_tokens"] or defaults.MAX_NEW_TOKENS)
     device = env.get("device", "cpu")
-    device_bytes = env.get("device_memory_bytes")
     runtime = None
-    if device == "cpu":
+    simulated = simulated_card_bytes() if device == "cpu" else None
+    if simulated:  # tests / CPU only: the "card" holds the model; the runtime lives on the host
+        card = {"bytes": simulated, "source": "MIGRATOR_DEVICE_MEMORY_BYTES (a simulated card)",
+                "fallback_reason": None}
+        runtime = 0
+    else:
+        card = card_memory(env)
+    device_bytes = card["bytes"]
+    if device == "cpu" and not simulated:
         limit = process_memory_limit()
-        device_bytes = min(filter(None, [device_bytes, limit]), default=None)
-        simulated = simulated_card_bytes()
-        if simulated:  # tests / CPU only: the "card" holds the model; the runtime lives on the host
-            device_bytes, runtime = simulated, 0
+        if limit is not None and (device_bytes is None or limit < device_bytes):
+            device_bytes, card["source"] = limit, "the process's memory limit (ulimit -d / -v)"
     memory = estimate(model_dir, config, dtype, batch_size, seq_len, device_bytes, device, runtime_bytes=runtime)
-    memory["model_type"] = config.get("model_type")
+    memory.update(model_type=config.get("model_type"), device_memory_source=card["source"],
+                  device_memory_fallback=card["fallback_reason"])
     return memory
 
 

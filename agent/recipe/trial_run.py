@@ -19,6 +19,7 @@ from pathlib import Path
 from agent.errors import describe_fault
 from agent.measure import run_log
 from agent.processes import run_tree, stop_leftovers
+from agent.progress import trial_run_counter
 from agent.records import Run
 from agent.recipe.recipe import Recipe
 from agent.repair.failure import summarise_failure
@@ -53,7 +54,9 @@ def trial_run(recipe: Recipe, label: str, world_size: int = 1, timeout_s: int | 
     timeout = timeout_s or defaults.TIMEOUT_S
     stop_leftovers(runs_dir / "running.pids")       # a tree a killed migrator left behind
     start, started_at = time.perf_counter(), time.time()
-    with open(run_dir / "output.txt", "w") as out:
+    counter = trial_run_counter(label, lambda: find_logs(run_dir, cwd, started_at),
+                                expected_tokens(recipe, world_size))
+    with counter, open(run_dir / "output.txt", "w") as out:
         # No stdin: a prompt (e.g. "run custom code? [y/N]") must fail, not wait forever. The whole
         # tree (torchrun ranks, `&` launches) is stopped on a timeout or a signal, and measured.
         tree = run_tree(launch.command, cwd=cwd, env=env, stdout=out, timeout=timeout,
@@ -84,6 +87,17 @@ def trial_run(recipe: Recipe, label: str, world_size: int = 1, timeout_s: int | 
             "log_dir": str(log_dir) if log_dir is not None else None, "problem": verdict.problem,
             "output_file": str(output_file), "yaml": str(yaml) if yaml is not None else None,
             "summary": "ok" if ok else summarise(evidence, recipe, returncode, timed_out, timeout, verdict)}
+
+
+def expected_tokens(recipe: Recipe, world_size: int = 1) -> int:
+    """Tokens one generate call of the run makes at most: the YAML's max_new_tokens (either schema)."""
+    from agent.measure.baseline import yaml_settings
+
+    try:
+        value = int(yaml_settings(recipe.settings(recipe.yaml_for(world_size)))["max_new_tokens"] or 0)
+    except (TypeError, ValueError):
+        value = 0
+    return value if value > 0 else defaults.MAX_NEW_TOKENS
 
 
 def summarise(evidence: str, recipe: Recipe, returncode: int | None, timed_out: bool, timeout: int,

@@ -13,13 +13,13 @@ import json
 import os
 import sqlite3
 import sys
-import time
 import types
 import typing
 import uuid
 from pathlib import Path
 
 from agent import errors
+from agent.progress import step
 from agent.recipe.backup import atomic_write, real_dirs, start_backup_run
 from agent.recipe.recipe import Recipe
 from agent.workflow.checkpoint_serde import StateSerializer, UnsafeStoreError
@@ -29,33 +29,12 @@ RECURSION_LIMIT = 100
 
 
 def progress(name: str, fn):
-    """Each node's start, end and elapsed time on stderr; on a terminal the line ticks live."""
-    import threading
-
+    """Each node as a step of agent.progress: its start, end and elapsed time on stderr (live on a
+    terminal, plain lines otherwise)."""
     @functools.wraps(fn)
     def wrapper(state):
-        start = time.perf_counter()
-        live = sys.stderr.isatty()
-        stop = threading.Event()
-        if live:
-            def tick():
-                while not stop.wait(0.5):
-                    print(f"\r[migrator] {name} ... {time.perf_counter() - start:.0f}s", end="", file=sys.stderr,
-                          flush=True)
-            threading.Thread(target=tick, daemon=True).start()
-        else:
-            print(f"[migrator] {name} ...", file=sys.stderr, flush=True)
-        try:
-            result = fn(state)
-        except BaseException:
-            stop.set()
-            if live:
-                print(file=sys.stderr)   # keep the error off the progress line
-            raise
-        stop.set()
-        prefix = "\r\033[K" if live else ""
-        print(f"{prefix}[migrator] {name} done in {time.perf_counter() - start:.1f}s", file=sys.stderr, flush=True)
-        return result
+        with step(name):
+            return fn(state)
     return wrapper
 
 

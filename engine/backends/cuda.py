@@ -26,7 +26,9 @@ def device_hint(problem: str) -> str:
 
 def record_device(torch, kind: str, index: int | None, env: dict) -> None:
     """The CUDA device's name and memory, recorded whenever one is visible (also on npu / cpu
-    runs); its memory is the run's device memory when the run is on CUDA."""
+    runs); its memory is the run's device memory when the run is on CUDA. Each rank records its own
+    card only: accelerate's get_max_memory (agent.measure.memory.card_memory) puts a tensor on every
+    visible card, so it is asked once, in a child process, for the out-of-memory estimate."""
     try:
         if torch.cuda.is_available():
             idx = index if kind == "cuda" and index is not None else 0

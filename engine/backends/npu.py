@@ -82,7 +82,8 @@ def parse_npu_smi(text: str) -> dict:
     Parsing stops at the process table ("| NPU  Chip | Process id | ...").
 
     Returns {"npu_model": "Ascend <name>" | None, "num_cards": int, "num_chips": int,
-    "npu_models": [distinct models]}. Garbage or empty text gives no cards and model None.
+    "npu_models": [distinct models], "chip_memory_bytes": the smallest chip's memory | None}. Garbage
+    or empty text gives no cards and model None.
     """
     blocks: list[list[list[str]]] = []
     current: list[list[str]] = []
@@ -110,6 +111,7 @@ def parse_npu_smi(text: str) -> dict:
     bus_id = re.compile(r"^(?:[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]|NA|-)$")
     cards: list[str] = []
     names: list[str] = []
+    chip_memory: list[int] = []
     chips = 0
     for block in blocks:
         if len(block) < 2 or len(block[0]) < 2 or len(block[1]) < 2:
@@ -127,11 +129,17 @@ def parse_npu_smi(text: str) -> dict:
         model = _normalise_npu_name(name)
         if model not in names:
             names.append(model)
+        # "AICore(%)  Memory-Usage(MB)  HBM-Usage(MB)": the last "used / total" is the chip's own
+        # memory (HBM; a 310P has only the first pair, its DDR).
+        pairs = re.findall(r"(\d+)\s*/\s*(\d+)", second[2]) if len(second) > 2 else []
+        if pairs and int(pairs[-1][1]) > 0:
+            chip_memory.append(int(pairs[-1][1]) * 2**20)
     return {
         "npu_model": names[0] if names else None,
         "num_cards": len(cards),
         "num_chips": chips,
         "npu_models": names,
+        "chip_memory_bytes": min(chip_memory) if chip_memory else None,   # the smallest chip's
     }
 
 
@@ -140,7 +148,7 @@ def detect_npu(timeout: float = 10.0) -> dict:
 
     The result also carries "npu_smi": "ok" | "not found" | "failed: <reason>".
     """
-    empty = {"npu_model": None, "num_cards": 0, "num_chips": 0, "npu_models": []}
+    empty = {"npu_model": None, "num_cards": 0, "num_chips": 0, "npu_models": [], "chip_memory_bytes": None}
     exe = shutil.which("npu-smi")
     if exe is None:
         return {**empty, "npu_smi": "not found"}
@@ -440,7 +448,8 @@ def device_hint(problem: str) -> str:
 
 
 def record_device(torch, kind: str, index: int | None, env: dict) -> None:
-    """The environment record's facts about the NPU in use, from torch_npu (completes npu-smi's)."""
+    """The environment record's facts about the NPU in use, from torch_npu (completes npu-smi's).
+    The memory is this rank's card only (see engine.backends.cuda.record_device for accelerate's)."""
     if kind != "npu":
         return
     idx = index if index is not None else 0
