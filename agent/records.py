@@ -40,6 +40,7 @@ class Run(TypedDict):
     output_file: str                      # output.txt, or evidence.txt with rank-log tracebacks added
     summary: str                          # "ok", or the first real error
     yaml: NotRequired[str | None]         # the YAML it ran (not in stores of earlier releases)
+    standin_unsupported: NotRequired[str]  # under the npu stand-in: the op without a reference kernel it hit
 
 
 class Diagnosis(TypedDict, total=False):

@@ -291,4 +291,8 @@ def ensure_runnable_here(recipe: Recipe) -> None:
     """Exit 4 before any run or edit when the recipe calls NPU kernels and this host has no NPU."""
     scan = scan_recipe(recipe.path, recipe.repo_root, list(recipe.entry_files))
     if scan.needs_npu and not npu_usable():
-        raise EnvironmentProblem(scan.message())
+        hint = ""
+        if recipe.kind in ("framework", "legacy"):
+            hint = (f"; off an NPU, `migrator run {recipe.path} --standin --tiny` can validate it (the npu "
+                    "stand-in, torch_npu kernels as reference implementations)")
+        raise EnvironmentProblem(scan.message() + hint)

@@ -1,0 +1,179 @@
+"""Upstream cann-recipes-infer recipes validated off an NPU: `migrator run RECIPE --standin --tiny` on a
+copy of the snapshot (agent.measure.upstream_check): the plan (which YAML, which weights, the copy of
+the YAML), the exit-4 line without --standin, and a real run through the checkout's
+`executor/scripts/infer.sh` with parity against transformers recorded in the baseline.
+
+The default suite runs Qwen3 at one rank end to end; the other models, two ranks, the deliberately
+broken copy and the legacy recipe are `slow` (`pytest -m slow tests/test_upstream_check.py`)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from agent.errors import InputError
+from agent.measure import upstream_check
+from agent.recipe.recipe import Recipe
+from conftest import REPO_ROOT, run_cli
+
+SNAPSHOT = REPO_ROOT.parent / "shared" / "upstream" / "cann-recipes-infer"
+# graph mode's decode step as the captured graph run eagerly: inductor's compile takes minutes on 2 cores
+FAST = {"NPU_STANDIN_COMPILE": "capture"}
+
+
+def copy_snapshot(target: Path) -> Path:
+    if not SNAPSHOT.is_dir():
+        pytest.skip(f"no upstream snapshot at {SNAPSHOT} (../shared is absent)")
+    shutil.copytree(SNAPSHOT, target)
+    for path in [target, *target.rglob("*")]:
+        path.chmod(path.stat().st_mode | 0o200)
+    return target
+
+
+def digests(root: Path) -> dict[str, str]:
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    return copy_snapshot(tmp_path_factory.mktemp("pristine") / "cann-recipes-infer")
+
+
+@pytest.fixture
+def checkout(tmp_path):
+    return copy_snapshot(tmp_path / "cann-recipes-infer")
+
+
+# ---- the plan (in-process) -------------------------------------------------------------------
+@pytest.mark.parametrize("model,yaml_name,model_type", [
+    ("qwen", "qwen3_8b_1tp.yaml", "qwen3"),
+    ("qwen", "qwen25_7b_instruct_1tp.yaml", "qwen2"),
+    ("gpt_oss", "gpt_oss_20b.yaml", "gpt_oss"),
+    ("deepseek_r1", "decode_r1_rank_16_16ep_a8w8.yaml", "deepseek_v3"),
+    ("pangu_7b", "openpangu_v5_7b_mxfp8.yaml", "PanguEmbedded"),
+])
+def test_the_recipes_own_config_class_names_the_architecture(pristine, model, yaml_name, model_type):
+    """The YAML's model_name -> the checkout's registry -> the config class -> its model_type (the
+    legacy recipe: the config class in its own models/)."""
+    recipe = Recipe.at(pristine / "models" / model)
+    settings = recipe.settings(recipe.path / "config" / yaml_name)
+    assert upstream_check.recipe_model_type(recipe, settings) == model_type
+
+
+def test_absent_weights_without_tiny_are_bad_input_that_names_tiny(pristine):
+    with pytest.raises(InputError, match=r"model_path '/data/models/origin/Qwen3-8B' is not here.*--tiny"):
+        upstream_check.plan(Recipe.at(pristine / "models" / "qwen"), yaml_name="qwen3_8b_1tp.yaml")
+    with pytest.raises(InputError, match=r"--yaml nope.yaml: no such file .*qwen3_8b_2tp.yaml"):
+        upstream_check.plan(Recipe.at(pristine / "models" / "qwen"), yaml_name="nope.yaml", tiny=True)
+
+
+def test_tiny_plan_points_a_copy_of_the_yaml_at_a_tiny_checkpoint(checkout):
+    before = digests(checkout)
+    recipe = Recipe.at(checkout / "models" / "deepseek_r1")
+    plan = upstream_check.plan(recipe, yaml_name="decode_r1_rank_16_16ep_a8w8.yaml", world_size=2, tiny=True)
+    copy = Path(plan["yaml"])
+    assert copy.parent == recipe.path / "config" / ".standin" and plan["tiny"] and plan["model_type"] == "deepseek_v3"
+    data = recipe.settings(copy)
+    assert data["model_config"]["model_path"] == plan["checkpoint"]
+    assert json.loads((Path(plan["checkpoint"]) / "config.json").read_text())["model_type"] == "deepseek_v3"
+    # 16 ranks (embed/lmhead tp 16) cut to 2; the 1s stay 1
+    assert data["parallel_config"] == {"world_size": 2, "attn_tp_size": 1, "dense_tp_size": 1, "moe_tp_size": 1,
+                                       "embed_tp_size": 2, "lmhead_tp_size": 2}
+    assert data["scheduler_config"]["batch_size"] == 4 and data["data_config"]["input_truncated_len"] == 128
+    assert data["model_config"]["exe_mode"] == "npugraph_ex"     # the recipe's own mode is kept
+    assert any("tiny random deepseek_v3" in note for note in plan["notes"])
+    after = digests(checkout)
+    assert {k: v for k, v in after.items() if k in before} == before      # upstream's bytes untouched
+    assert all(k.startswith(("models/deepseek_r1/config/.standin/", "models/deepseek_r1/.migrator/"))
+               for k in set(after) - set(before))
+
+
+def test_real_weights_run_the_yaml_as_it_is(checkout, tmp_path):
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    (weights / "config.json").write_text("{}")
+    yaml_path = checkout / "models" / "qwen" / "config" / "qwen3_8b_1tp.yaml"
+    yaml_path.write_text(yaml_path.read_text().replace("/data/models/origin/Qwen3-8B", str(weights)))
+    plan = upstream_check.plan(Recipe.at(checkout / "models" / "qwen"), yaml_name="qwen3_8b_1tp.yaml", tiny=True)
+    assert plan["yaml"] == str(yaml_path) and not plan["tiny"] and plan["checkpoint"] == str(weights)
+
+
+def test_legacy_infer_sh_runs_its_own_text_with_only_the_yaml_name_changed(checkout):
+    recipe = Recipe.at(checkout / "models" / "pangu_7b")
+    assert recipe.kind == "legacy"
+    plan = {"yaml": str(recipe.path / "config" / ".standin" / "openpangu_v5_7b_mxfp8.yaml"),
+            "source_yaml": str(recipe.path / "config" / "openpangu_v5_7b_mxfp8.yaml")}
+    command = upstream_check.legacy_command(recipe, plan)
+    original = (recipe.path / "infer.sh").read_text()
+    assert command[:2] == ("bash", "-c") and command[3] == str(recipe.path / "infer.sh")
+    changed = [(a, b) for a, b in zip(original.splitlines(), command[2].splitlines()) if a != b]
+    assert changed == [('export YAML_FILE_NAME="openpangu_v5_7b_mxfp8.yaml" # modify to your yaml file name',
+                        'export YAML_FILE_NAME=".standin/openpangu_v5_7b_mxfp8.yaml" # modify to your yaml file name')]
+    assert upstream_check.legacy_command(recipe, {**plan, "yaml": plan["source_yaml"]}) is None
+
+
+def test_without_standin_the_answer_stays_exit_4_and_names_standin(pristine):
+    proc = run_cli("run", str(pristine / "models" / "qwen"))
+    assert proc.returncode == 4, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "needs an Ascend NPU" in lines[0] and "--standin --tiny" in lines[0]
+
+
+def test_standin_refuses_what_is_not_an_upstream_recipe(tmp_path, pristine):
+    proc = run_cli("run", str(pristine / "models" / "qwen"), "--tiny")
+    assert proc.returncode == 2 and "--tiny needs --standin" in proc.stderr
+    proc = run_cli("run", str(pristine / "models" / "qwen"), "--standin")
+    assert proc.returncode == 2 and "pass --tiny" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# ---- runs --------------------------------------------------------------------------------------
+def run_standin(checkout: Path, model: str, *args: str, timeout: int = 1800):
+    proc = run_cli("run", str(checkout / "models" / model), "--standin", "--tiny", "--max-rounds", "0", "--json",
+                   *args, env=FAST, timeout=timeout)
+    summary = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {}
+    return proc, summary
+
+
+def test_qwen3_one_rank_reaches_a_baseline_with_parity_against_transformers(checkout):
+    before = digests(checkout)
+    proc, summary = run_standin(checkout, "qwen", "--yaml", "qwen3_8b_1tp.yaml")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert summary["scenario"] == "C" and summary["status"] == "ok"
+    baseline = json.loads(Path(summary["baseline_path"]).read_text())
+    assert Path(summary["baseline_path"]).name == "baseline_metadata.standin.json"
+    assert baseline["environment"]["device"] == "cpu (npu stand-in)"
+    parity = baseline["verification"]["parity"]
+    assert parity["reference"] == "transformers Qwen3ForCausalLM (npu stand-in)"
+    assert parity["ok"] is True and parity["checked"] is True and parity["greedy_equal_up_to_ties"] is True
+    assert parity["max_abs_logits_diff"] <= parity["tolerance"]
+    assert len(parity["layer_relative_errors"]) == 2 and max(parity["layer_relative_errors"]) < 0.05
+    assert parity["prompt_tokens"] > 50
+    report = json.loads((checkout / "models" / "qwen" / "migration_report.json").read_text())
+    assert any("tiny random qwen3 checkpoint" in n for n in report["upstream_standin"]["notes"])
+    after = digests(checkout)
+    assert {k: v for k, v in after.items() if k in before} == before      # upstream's files as they were
+
+
+@pytest.mark.slow
+def test_a_sign_flipped_in_one_layer_is_a_located_finding(checkout):
+    """A broken copy (layer 1's MLP output negated): the run works, parity locates layer 1."""
+    modeling = checkout / "models" / "qwen" / "models" / "modeling_qwen.py"
+    old = "        hidden_states = self.mlp(hidden_states)\n\n        outputs = (residual, hidden_states)"
+    text = modeling.read_text()
+    assert text.count(old) == 1
+    modeling.write_text(text.replace(old, "        hidden_states = self.mlp(hidden_states)\n"
+                                          "        if self.self_attn.layer_idx == 1:\n"
+                                          "            hidden_states = -hidden_states\n\n"
+                                          "        outputs = (residual, hidden_states)"))
+    proc, summary = run_standin(checkout, "qwen", "--yaml", "qwen3_8b_1tp.yaml")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "diverges from transformers at decoder layer 1" in summary["message"]
+    parity = json.loads(Path(summary["baseline_path"]).read_text())["verification"]["parity"]
+    assert parity["ok"] is False and parity["first_divergent_layer"] == 1
+    errors = parity["layer_relative_errors"]
+    assert errors[0] < 0.05 < 0.5 < errors[1]
