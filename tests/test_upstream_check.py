@@ -177,3 +177,55 @@ def test_a_sign_flipped_in_one_layer_is_a_located_finding(checkout):
     assert parity["ok"] is False and parity["first_divergent_layer"] == 1
     errors = parity["layer_relative_errors"]
     assert errors[0] < 0.05 < 0.5 < errors[1]
+
+
+# ---- one line for every model folder; exit 4 only where it must ---------------------------------
+def test_every_model_folder_gets_one_true_line(checkout):
+    """Each models/* folder of the checkout (plus a README-only one and one that imports a compiled
+    custom op, as the full repository has) gets one stderr line and the exit code that says what it is."""
+    (checkout / "models" / "readme_only").mkdir()
+    (checkout / "models" / "readme_only" / "README.md").write_text("# weights and code elsewhere\n")
+    shutil.copytree(checkout / "models" / "qwen", checkout / "models" / "qwen_ascendc")
+    modeling = checkout / "models" / "qwen_ascendc" / "models" / "modeling_qwen.py"
+    text = modeling.read_text()
+    modeling.write_text(text.replace("import torch\n", "import torch\nimport custom_ops\n", 1))
+    line_no = modeling.read_text().splitlines().index("import custom_ops") + 1
+    answers = {}
+    for folder in sorted((checkout / "models").iterdir()):
+        proc = run_cli("run", str(folder))
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in proc.stderr, (folder.name, proc.stderr)
+        answers[folder.name] = (proc.returncode, lines[0])
+    assert set(answers) == {"deepseek_r1", "gpt_oss", "pangu_7b", "qwen", "readme_only", "qwen_ascendc"}
+    for name in ("deepseek_r1", "gpt_oss", "pangu_7b", "qwen"):
+        code, line = answers[name]
+        assert code == 4 and "needs an Ascend NPU" in line and f"models/{name} --standin --tiny" in line, line
+    code, line = answers["readme_only"]
+    assert code == 2 and "no config/*.yaml" in line
+    code, line = answers["qwen_ascendc"]
+    assert code == 4 and "--standin" not in line
+    assert f"import custom_ops (AscendC) at models/qwen_ascendc/models/modeling_qwen.py:{line_no}" in line
+    # with --standin too: nothing runs, nothing is written
+    proc = run_cli("run", str(checkout / "models" / "qwen_ascendc"), "--standin", "--tiny")
+    assert proc.returncode == 4 and "import custom_ops (AscendC)" in proc.stderr
+    assert not (checkout / "models" / "qwen_ascendc" / ".migrator").exists()
+
+
+def test_a_compiled_op_reached_at_run_time_is_named_at_its_call_site(tmp_path):
+    """The op behind a switch: named from the run's own traceback (torch's real error), innermost
+    frame inside the checkout."""
+    import subprocess
+    import sys
+
+    from agent.recipe.compiled_ops import from_evidence
+
+    module = tmp_path / "models" / "m" / "models" / "mhc.py"
+    module.parent.mkdir(parents=True)
+    module.write_text("import torch\n\n\ndef hc_pre(x):\n    return torch.ops.custom.npu_hc_pre(x)\n")
+    proc = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(module.parent)!r}); "
+                           "import torch, mhc; mhc.hc_pre(torch.ones(1))"], capture_output=True, text=True)
+    assert proc.returncode == 1
+    op = from_evidence(proc.stderr, [tmp_path])
+    assert (op.name, op.kind, op.where) == ("torch.ops.custom.npu_hc_pre", "AscendC", "models/m/models/mhc.py:5")
+    assert from_evidence("ModuleNotFoundError: No module named 'tilelang'", [tmp_path]).kind == "TileLang"
+    assert from_evidence("ModuleNotFoundError: No module named 'yaml'", [tmp_path]) is None

@@ -89,7 +89,8 @@ def trial_run(recipe: Recipe, label: str, world_size: int = 1, timeout_s: int | 
                    "log_dir": str(log_dir) if log_dir is not None else None, "problem": verdict.problem,
                    "output_file": str(output_file), "yaml": str(yaml) if yaml is not None else None,
                    "summary": "ok" if ok else summarise(evidence, recipe, returncode, timed_out, timeout, verdict)}
-    if standin and (missing := upstream_check.unsupported(run_dir)):
+    if standin and (missing := upstream_check.unsupported(run_dir, "" if ok else evidence,
+                                                         [p for p in (recipe.repo_root, recipe.path) if p])):
         record["standin_unsupported"] = missing
     return record
 
