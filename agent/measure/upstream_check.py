@@ -77,8 +77,7 @@ def plan(recipe: Recipe, *, yaml_name: str | None = None, world_size: int = 1, t
         raise EnvironmentProblem(compiled_ops.message(certain))
     source = _source_yaml(recipe, yaml_name, world_size)
     settings = read_settings(source)
-    framework = isinstance(settings.get("model_config"), dict)
-    section = settings["model_config"] if framework else settings
+    section = settings["model_config"] if _framework_schema(settings) else settings
     model_path = recipe.resolve(section.get("model_path"))
     ranks = _world_size(settings)
     result = {"device": device, "source_yaml": str(source), "yaml": str(source), "world_size": world_size,
@@ -105,7 +104,16 @@ def plan(recipe: Recipe, *, yaml_name: str | None = None, world_size: int = 1, t
                   input_len=_input_len(copied))
     result["notes"] += [how, f"ran a copy of {source.name}: {copy.relative_to(recipe.path)} (upstream's files "
                              "untouched)"]
+    dataset = (settings.get("data_config") or {}).get("dataset", "default")
+    if result["tiny"] and dataset != "default":
+        result["notes"].append(f"dataset {dataset!r} -> 'default' (the checkout's default prompt) in the copy")
     return result
+
+
+def _framework_schema(settings: dict) -> bool:
+    """The framework's four-section YAML (model_config.model_name); a legacy YAML is flat, though it
+    may have a model_config of quantization and mode switches."""
+    return isinstance(settings.get("model_config"), dict) and "model_name" in settings["model_config"]
 
 
 def _world_size(settings: dict) -> int:
@@ -233,13 +241,15 @@ def write_yaml_copy(recipe: Recipe, source: Path, checkpoint: Path, world_size: 
     """config/.standin/<name>: `source` on `checkpoint` at `world_size` ranks; with `max_new_tokens`
     (a tiny checkpoint) lengths and batch cut too. Both YAML schemas (framework four sections, legacy flat)."""
     data = yamllib.safe_load(source.read_text(encoding="utf-8")) or {}
-    framework = isinstance(data.get("model_config"), dict)
+    framework = _framework_schema(data)
     section = data["model_config"] if framework else data
     section["model_path"] = str(checkpoint)
     if framework:
         data["parallel_config"] = _parallel_for(data.get("parallel_config") or {}, world_size)
         if max_new_tokens:
             data.setdefault("data_config", {})["input_truncated_len"] = TINY_INPUT_LEN
+            # the checkout's default prompt: a hub data set (LongBench) is neither here nor what parity uses
+            data["data_config"]["dataset"] = "default"
             scheduler = data.setdefault("scheduler_config", {})
             scheduler["max_new_tokens"] = max_new_tokens
             scheduler["batch_size"] = min(int(scheduler.get("batch_size") or 1), TINY_MAX_BATCH)
