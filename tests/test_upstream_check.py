@@ -229,3 +229,16 @@ def test_a_compiled_op_reached_at_run_time_is_named_at_its_call_site(tmp_path):
     assert (op.name, op.kind, op.where) == ("torch.ops.custom.npu_hc_pre", "AscendC", "models/m/models/mhc.py:5")
     assert from_evidence("ModuleNotFoundError: No module named 'tilelang'", [tmp_path]).kind == "TileLang"
     assert from_evidence("ModuleNotFoundError: No module named 'yaml'", [tmp_path]) is None
+
+
+@pytest.mark.parametrize("parallel,ranks,expected", [
+    # a 16-rank YAML on 2: the layout kept, scaled down
+    ({"world_size": 16, "attn_tp_size": 1, "embed_tp_size": 16, "lmhead_tp_size": 16, "moe_ep_size": 16}, 2,
+     {"world_size": 2, "attn_tp_size": 1, "embed_tp_size": 2, "lmhead_tp_size": 2, "moe_ep_size": 2}),
+    ({"world_size": 32, "attn_tp_size": 32, "moe_tp_size": 1}, 1, {"world_size": 1, "attn_tp_size": 1, "moe_tp_size": 1}),
+    # a single-card YAML on 2: tensor parallel over both, as upstream's 2tp YAMLs are
+    ({"world_size": 1, "attn_tp_size": 1, "moe_tp_size": 1, "embed_tp_size": 1, "lmhead_tp_size": 1}, 2,
+     {"world_size": 2, "attn_tp_size": 2, "moe_tp_size": 2, "embed_tp_size": 1, "lmhead_tp_size": 2}),
+])
+def test_parallel_config_for_the_ranks_asked(parallel, ranks, expected):
+    assert upstream_check._parallel_for(parallel, ranks) == expected

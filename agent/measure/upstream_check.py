@@ -225,11 +225,21 @@ def build_tiny(recipe: Recipe, model_type: str) -> Path:
     return out
 
 
+TP_KEYS = ("attn_tp_size", "moe_tp_size", "lmhead_tp_size")
+
+
 def _parallel_for(parallel: dict, world_size: int) -> dict:
-    """parallel_config for `world_size` ranks: each *_size the YAML sets above 1 becomes the largest
-    divisor of world_size it does not exceed."""
+    """parallel_config for `world_size` ranks. Fewer ranks than the YAML's: each *_size above 1
+    becomes the largest divisor of world_size it does not exceed (the layout kept, scaled down). More
+    (a single-card YAML on N): attention, MoE and lm_head tensor parallel over all of them, as
+    upstream's N-card YAMLs are (embedding and dense TP as the YAML has them)."""
     out = dict(parallel)
+    before = int(parallel.get("world_size") or 1)
     out["world_size"] = world_size
+    if world_size > before:
+        for key in TP_KEYS:
+            out[key] = world_size
+        return out
     for key, value in parallel.items():
         if key != "world_size" and key.endswith("_size") and isinstance(value, int) and value > 1:
             out[key] = max(d for d in range(1, world_size + 1) if world_size % d == 0 and d <= value)
@@ -252,7 +262,10 @@ def write_yaml_copy(recipe: Recipe, source: Path, checkpoint: Path, world_size: 
             data["data_config"]["dataset"] = "default"
             scheduler = data.setdefault("scheduler_config", {})
             scheduler["max_new_tokens"] = max_new_tokens
-            scheduler["batch_size"] = min(int(scheduler.get("batch_size") or 1), TINY_MAX_BATCH)
+            # a whole number of requests per attention data-parallel rank (executor/offline/infer.py checks it)
+            dp = max(1, world_size // int(data["parallel_config"].get("attn_tp_size") or 1))
+            batch = min(int(scheduler.get("batch_size") or 1), TINY_MAX_BATCH)
+            scheduler["batch_size"] = -(-batch // dp) * dp
             for key in ("max_prefill_tokens",):
                 if key in scheduler:
                     scheduler[key] = max(int(scheduler[key]), TINY_INPUT_LEN * scheduler["batch_size"])
