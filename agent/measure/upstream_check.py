@@ -31,7 +31,7 @@ from pathlib import Path
 
 import yaml as yamllib
 
-from agent.errors import EnvironmentProblem, InputError
+from agent.errors import EnvironmentProblem, InputError, UnsupportedModelError
 from agent.recipe.recipe import Recipe, read_settings
 from agent.recipe.targets import REGISTRY
 
@@ -168,8 +168,9 @@ def recipe_model_type(recipe: Recipe, settings: dict) -> str:
         found = _class_model_type(path, cls) if path.is_file() else None
         if found:
             return found
-    raise InputError(f"{recipe.path}: no config class with a model_type for the YAML's model_name {name!r}; "
-                     "--tiny cannot tell which architecture to build")
+    named = f" for the YAML's model_name {name!r}" if name else " in the recipe's files"
+    raise InputError(f"{recipe.path}: no config class with a model_type{named}; --tiny cannot tell which "
+                     "architecture to build (point the YAML's model_path at local weights)")
 
 
 def _registry(path: Path) -> dict[str, list[tuple[str, str]]]:
@@ -216,7 +217,12 @@ def build_tiny(recipe: Recipe, model_type: str) -> Path:
                          "point the YAML's model_path at local weights")
     out.parent.mkdir(parents=True, exist_ok=True)
     if twin is None:
-        return tiny_checkpoint(model_type, out)
+        try:
+            return tiny_checkpoint(model_type, out)
+        except (ValueError, TypeError, KeyError, AttributeError, RuntimeError) as exc:
+            raise UnsupportedModelError(f"--tiny: transformers cannot build a {model_type} causal LM to make a "
+                                        f"checkpoint from ({type(exc).__name__}: {str(exc).splitlines()[0][:160]}); "
+                                        "point the YAML's model_path at local weights") from None
     base, overrides, keys = twin
     tiny_checkpoint(base, out, **overrides)
     config = json.loads((out / "config.json").read_text())
