@@ -94,6 +94,8 @@ def plan(recipe: Recipe, *, yaml_name: str | None = None, world_size: int = 1, t
                          "architecture, or point model_path at local weights")
     else:
         model_type = recipe_model_type(recipe, settings)
+        print(f"[migrator] --tiny: a tiny random {model_type} checkpoint in {recipe.path / TINY_HOME} "
+              f"({section.get('model_path')!r} is not here)", file=sys.stderr, flush=True)
         checkpoint = build_tiny(recipe, model_type)
         how = (f"weights: tiny random {model_type} checkpoint {checkpoint} (the YAML's model_path "
                f"{section.get('model_path')!r} is not here)")
