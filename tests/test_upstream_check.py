@@ -274,3 +274,19 @@ def test_baseline_standin_tiny_writes_one_row_per_model(checkout, tmp_path):
     assert rows[0].startswith("model,status") and len(rows) == 3
     assert ",ok," in rows[1] and "cpu (npu stand-in)" in rows[1]
     assert proc.returncode == 1          # pangu_7b stops in its own modeling code (see the note)
+
+
+@pytest.mark.slow
+def test_deepseek_r1_goes_as_far_as_the_stand_in_has_kernels(checkout):
+    """DeepSeek-R1 (MLA, MoE) on one rank: its YaRN tiny checkpoint loads through upstream's own code and
+    the run stops at the first MLA cache kernel the stand-in has no reference for: exit 4, named."""
+    import importlib.util
+
+    pytest.importorskip("compressed_tensors", reason="deepseek_r1's requirements.txt: compressed-tensors")
+    if importlib.util.find_spec("transformers.modeling_attn_mask_utils") is None:
+        pytest.skip("deepseek_r1's modules import transformers.modeling_attn_mask_utils (upstream pins 5.0.0)")
+    proc, _ = run_standin(checkout, "deepseek_r1", "--yaml", "decode_r1_rank_16_16ep_a8w8.yaml")
+    assert proc.returncode == 4, proc.stderr[-3000:]
+    line = proc.stderr.strip().splitlines()[-1]
+    assert "needs an Ascend NPU: torch_npu.npu_kv_rmsnorm_rope_cache_v2 has no reference kernel" in line
+    assert "models/deepseek_r1/models/modeling_deepseek.py:" in line

@@ -51,6 +51,14 @@ BF16_NOISE_FACTOR = 2.0
 LAYER_RELATIVE_TOLERANCE = 0.1
 # model_type of a recipe's config class that transformers lacks -> (the HF type with the same
 # weights' shapes, its build overrides, config.json keys the recipe's class reads).
+# Settings of the published checkpoints a recipe's code relies on that transformers' defaults lack:
+# DeepSeek-V3/R1's config.json has YaRN rope scaling, which its modeling code reads (rope_scaling["factor"]);
+# the tiny one scales 128 positions to its 512.
+TINY_SETTINGS = {
+    "deepseek_v3": {"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                        "original_max_position_embeddings": 128, "beta_fast": 32.0,
+                                        "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}},
+}
 SHAPE_TWINS = {
     "PanguEmbedded": ("llama", {"attention_bias": True}, {"bias": True}),
 }
@@ -220,7 +228,7 @@ def build_tiny(recipe: Recipe, model_type: str) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     if twin is None:
         try:
-            return tiny_checkpoint(model_type, out)
+            return tiny_checkpoint(model_type, out, **TINY_SETTINGS.get(model_type, {}))
         except (ValueError, TypeError, KeyError, AttributeError, RuntimeError) as exc:
             raise UnsupportedModelError(f"--tiny: transformers cannot build a {model_type} causal LM to make a "
                                         f"checkpoint from ({type(exc).__name__}: {str(exc).splitlines()[0][:160]}); "
