@@ -290,3 +290,20 @@ def test_deepseek_r1_goes_as_far_as_the_stand_in_has_kernels(checkout):
     line = proc.stderr.strip().splitlines()[-1]
     assert "needs an Ascend NPU: torch_npu.npu_kv_rmsnorm_rope_cache_v2 has no reference kernel" in line
     assert "models/deepseek_r1/models/modeling_deepseek.py:" in line
+
+
+def test_standin_process_groups_answer_get_hccl_comm_name(tmp_path):
+    """executor/utils/hccl_utils.get_group_name asks the group's npu backend for its HCCL name."""
+    import subprocess
+    import sys
+
+    from npu_standin.environment import standin_env
+
+    code = ("import torch, torch_npu, torch.distributed as dist\n"
+            "dist.init_process_group('hccl', init_method='tcp://127.0.0.1:0', world_size=1, rank=0)\n"
+            "name = dist.group.WORLD._get_backend(torch.device('npu')).get_hccl_comm_name(0)\n"
+            "print(type(name).__name__, name.startswith('npu-standin-gloo-'))\n")
+    proc = subprocess.run([sys.executable, "-c", code], env=standin_env("cpu", record_dir=tmp_path),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "str True"
