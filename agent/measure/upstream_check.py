@@ -350,8 +350,20 @@ def unsupported(run_dir: Path, evidence: str = "", roots: list[Path] | None = No
         op = from_evidence(evidence, roots or []) if evidence else None
         return f"compiled custom op {op.line()}: the npu stand-in cannot run it" if op else None
     names = list(dict.fromkeys(c["name"] for c in calls))
-    return (f"{names[0]} has no reference kernel in the npu stand-in (first call at {calls[0]['site']})"
+    return (f"{names[0]} has no reference kernel in the npu stand-in (first call at "
+            f"{_relative_site(calls[0]['site'], roots or [])})"
             + (f"; also: {', '.join(names[1:5])}" if len(names) > 1 else ""))
+
+
+def _relative_site(site: str, roots: list[Path]) -> str:
+    """FILE:LINE with FILE relative to the first of `roots` holding it (the checkout), else as given."""
+    file, sep, line = str(site).rpartition(":")
+    for root in roots:
+        try:
+            return f"{Path(file).resolve().relative_to(Path(root).resolve()).as_posix()}{sep}{line}"
+        except (ValueError, OSError):
+            continue
+    return str(site)
 
 
 # ---- precision -----------------------------------------------------------------------------
