@@ -85,6 +85,7 @@ def _parser() -> argparse.ArgumentParser:
     baseline.add_argument("--max-rounds", type=ROUNDS, default=0,
                           help="repair rounds for a failing recipe (default: 0, report only)")
     baseline.add_argument("--timeout", type=TIMEOUT, default=defaults.TIMEOUT_S, help="seconds for each run of infer.sh")
+    _add_standin_options(baseline)
 
     rollback = sub.add_parser("rollback", help="restore a recipe's files from before a repair round")
     rollback.add_argument("recipe")
@@ -130,7 +131,33 @@ def _add_run_options(run: argparse.ArgumentParser) -> None:
                           "over them (default: 1)")
     run.add_argument("--timeout", type=TIMEOUT, default=defaults.TIMEOUT_S, help="seconds for each run of infer.sh")
     run.add_argument("--resume", action="store_true", help="continue an interrupted run from its last finished node")
+    _add_standin_options(run)
+    run.add_argument("--yaml", help="a cann-recipes-infer recipe's YAML to run (a file in its config/; default: "
+                                    "the one for --world-size ranks)")
     run.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
+
+
+def _add_standin_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--standin", action="store_true",
+                        help="run a cann-recipes-infer recipe off an NPU under the npu stand-in (npu on the cpu, "
+                             "torch_npu kernels as reference implementations) and check it against transformers")
+    parser.add_argument("--tiny", action="store_true",
+                        help="with --standin, where the YAML's model_path is not here: a tiny random checkpoint of "
+                             "the recipe's architecture, run through a copy of the YAML")
+
+
+def standin_plan(args, target: str) -> dict | None:
+    """--standin: the plan of agent.measure.upstream_check for a recipe (None without --standin)."""
+    if getattr(args, "tiny", False) and not args.standin:
+        raise errors.InputError("--tiny needs --standin (a tiny checkpoint is for a run under the npu stand-in)")
+    if not args.standin:
+        return None
+    from agent.measure import upstream_check
+
+    recipe = Recipe.at(target)
+    return upstream_check.plan(recipe, yaml_name=getattr(args, "yaml", None),
+                               world_size=getattr(args, "world_size", 1) or 1, tiny=args.tiny,
+                               max_new_tokens=min(getattr(args, "max_new_tokens", 16), 16))
 
 
 # ---- commands ---------------------------------------------------------------------------
@@ -246,12 +273,15 @@ def cmd_run(args) -> int:
     if not _is_recipe_folder(args.target):     # a recipe is repaired in place: no output dir is made
         check_output_dir(args.output_dir)
     args.target = resolve_target(args.target)
-    if not args.resume:
+    plan = None if args.resume else standin_plan(args, args.target)
+    if args.yaml and not args.standin:
+        raise errors.InputError("--yaml picks the YAML of a --standin run; without it the recipe runs its own")
+    if not args.resume and plan is None:
         preflight(args.target)
     state = {"target": args.target, "output_dir": args.output_dir, "name": args.name, "device": args.device,
              "dtype": args.dtype, "weights": args.weights, "trust_remote_code": args.trust_remote_code,
              "max_rounds": args.max_rounds, "allow_install": args.allow_install, "timeout_s": args.timeout, "max_new_tokens": args.max_new_tokens,
-             "world_size": args.world_size}
+             "world_size": args.world_size, **({"upstream_standin": plan} if plan else {})}
     summary = run_migration(state, resume=args.resume)
     return _finish(summary, args.json)
 
@@ -386,9 +416,12 @@ def cmd_baseline(args) -> int:
             rows.append(row)
             continue
         try:
-            preflight(str(recipe))
+            plan = standin_plan(args, str(recipe))
+            if plan is None:
+                preflight(str(recipe))
             summary = run_migration({"target": str(recipe), "output_dir": str(recipe.parent),
-                                    "max_rounds": args.max_rounds, "timeout_s": args.timeout, "device": "auto"})
+                                    "max_rounds": args.max_rounds, "timeout_s": args.timeout, "device": "auto",
+                                    **({"upstream_standin": plan} if plan else {})})
             row.update(status=summary.get("status"), message=summary.get("message", ""))
             if summary.get("baseline_path"):
                 data = json.loads(Path(summary["baseline_path"]).read_text())

@@ -42,6 +42,7 @@ class Run(TypedDict):
     yaml: NotRequired[str | None]         # the YAML it ran (not in stores of earlier releases)
     peak_rss_bytes: NotRequired[int]      # peak summed RSS over the run's whole process tree
     processes: NotRequired[int]           # how many processes the tree had at most
+    standin_unsupported: NotRequired[str]  # under the npu stand-in: the op without a reference kernel it hit
 
 
 class Diagnosis(TypedDict, total=False):

@@ -131,6 +131,23 @@ def install() -> None:
     dist.new_group = _wrap_new_group(dist.new_group)
     dist.distributed_c10d.new_group = dist.new_group
     dist.is_hccl_available = lambda: True
+    _comm_names()
+
+
+def _comm_names() -> None:
+    """ProcessGroupHCCL.get_hccl_comm_name(rank) on the host's backend: upstream passes the name to
+    the MC2 / EP kernels (npu_moe_distribute_dispatch, ...), which the stand-in refuses with their own
+    name; a run must get that far rather than stop at a missing method of gloo / nccl."""
+    import torch._C._distributed_c10d as c10d
+
+    def get_hccl_comm_name(self, rank):
+        record.runtime("get_hccl_comm_name")
+        return f"npu-standin-{host_backend()}-{id(self):x}"
+
+    for name in ("ProcessGroupGloo", "ProcessGroupNCCL"):
+        cls = getattr(c10d, name, None)
+        if cls is not None and not hasattr(cls, "get_hccl_comm_name"):
+            cls.get_hccl_comm_name = get_hccl_comm_name
 
 
 def c10d_module() -> types.ModuleType:

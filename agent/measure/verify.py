@@ -11,10 +11,17 @@ from agent.records import Baseline, Run
 from agent.recipe.recipe import Recipe
 
 
-def verify(recipe: Recipe, run: Run, collected: Baseline, trust_remote_code: bool = False) -> Baseline:
+def verify(recipe: Recipe, run: Run, collected: Baseline, trust_remote_code: bool = False,
+           standin: dict | None = None) -> Baseline:
     """The collected baseline with its parity: the vendored model against transformers for a
-    recipe on this engine (the trial run's parity dump is its side when there is one)."""
-    if recipe.kind == "standalone":
+    recipe on this engine (the trial run's parity dump is its side when there is one); for an
+    upstream recipe run under the npu stand-in (`standin`: its plan), its own model against
+    transformers on the run's checkpoint (agent.measure.upstream_check)."""
+    if standin:
+        from agent.measure.upstream_check import parity as upstream_parity
+
+        parity = upstream_parity(recipe, run, standin)
+    elif recipe.kind == "standalone":
         dump = Path(run.get("res_path") or recipe.path) / "parity_dump.pt"
         parity = run_parity(recipe, trust_remote_code=trust_remote_code, dump=dump if dump.is_file() else None)
     else:

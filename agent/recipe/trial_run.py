@@ -13,7 +13,7 @@ import os
 import re
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from agent.errors import describe_fault
@@ -40,9 +40,14 @@ class Verdict:
     prefills: int = 0                  # prefill lines in log_0.log
 
 
-def trial_run(recipe: Recipe, label: str, world_size: int = 1, timeout_s: int | None = None) -> Run:
+def trial_run(recipe: Recipe, label: str, world_size: int = 1, timeout_s: int | None = None,
+              standin: dict | None = None) -> Run:
     """Run the recipe once; paths are absolute, so the run never depends on the caller's working
-    directory."""
+    directory. `standin`: a plan of agent.measure.upstream_check (the run is under the npu stand-in,
+    on the plan's YAML)."""
+    if standin:
+        # the plan's YAML is the run's, whatever world_size: it is set for that many ranks
+        recipe, world_size = replace(recipe, yaml=Path(standin["yaml"])), 1
     runs_dir = recipe.path / ".migrator" / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
     run_dir = runs_dir / f"run_{len(list(runs_dir.glob('run_*')))}_{label}"
@@ -51,22 +56,28 @@ def trial_run(recipe: Recipe, label: str, world_size: int = 1, timeout_s: int | 
     cwd = launch.cwd or run_dir
     env = dict(os.environ, RES_PATH=str(run_dir), PYTHON=sys.executable, PYTHONUNBUFFERED="1",
                **{PARITY_DUMP_ENV: str(run_dir / "parity_dump.pt")}, **launch.env)
+    command = launch.command
+    if standin:
+        from agent.measure import upstream_check
+
+        env = upstream_check.launch_env(standin, env, run_dir)
+        command = upstream_check.legacy_command(recipe, standin) or command
     timeout = timeout_s or defaults.TIMEOUT_S
     stop_leftovers(runs_dir / "running.pids")       # a tree a killed migrator left behind
     start, started_at = time.perf_counter(), time.time()
-    counter = trial_run_counter(label, lambda: find_logs(run_dir, cwd, started_at),
+    counter = trial_run_counter(label, lambda: find_logs(run_dir, cwd, started_at, recipe.path),
                                 expected_tokens(recipe, world_size))
     with counter, open(run_dir / "output.txt", "w") as out:
         # No stdin: a prompt (e.g. "run custom code? [y/N]") must fail, not wait forever. The whole
         # tree (torchrun ranks, `&` launches) is stopped on a timeout or a signal, and measured.
-        tree = run_tree(launch.command, cwd=cwd, env=env, stdout=out, timeout=timeout,
+        tree = run_tree(command, cwd=cwd, env=env, stdout=out, timeout=timeout,
                         pids_file=runs_dir / "running.pids")
         returncode, timed_out = tree.returncode, tree.timed_out
     output = (run_dir / "output.txt").read_text(errors="replace")
     if returncode != 0 and NO_SPACE.search(output):
         # the disk the run writes to is full: nothing a repair can change (one line, exit 74)
         raise describe_fault(errno.ENOSPC, run_dir)
-    log_dir = find_logs(run_dir, cwd, started_at)
+    log_dir = find_logs(run_dir, cwd, started_at, recipe.path)
     verdict = judge_run(output, log_dir, recipe.path, recipe.kind == "framework")
     ran_clean = returncode == 0 and not timed_out
     ok = ran_clean and verdict.problem is None and not verdict.no_warm_up
@@ -81,12 +92,16 @@ def trial_run(recipe: Recipe, label: str, world_size: int = 1, timeout_s: int | 
         output_file = run_dir / "evidence.txt"
         output_file.write_text(evidence)
     yaml = recipe.yaml_for(world_size)
-    return {"label": label, "ok": ok, "returncode": returncode, "timed_out": timed_out,
-            "seconds": round(time.perf_counter() - start, 2), "peak_rss_bytes": tree.peak_rss_bytes,
-            "processes": tree.processes, "res_path": str(run_dir),
-            "log_dir": str(log_dir) if log_dir is not None else None, "problem": verdict.problem,
-            "output_file": str(output_file), "yaml": str(yaml) if yaml is not None else None,
-            "summary": "ok" if ok else summarise(evidence, recipe, returncode, timed_out, timeout, verdict)}
+    record: Run = {"label": label, "ok": ok, "returncode": returncode, "timed_out": timed_out,
+                   "seconds": round(time.perf_counter() - start, 2), "peak_rss_bytes": tree.peak_rss_bytes,
+                   "processes": tree.processes, "res_path": str(run_dir),
+                   "log_dir": str(log_dir) if log_dir is not None else None, "problem": verdict.problem,
+                   "output_file": str(output_file), "yaml": str(yaml) if yaml is not None else None,
+                   "summary": "ok" if ok else summarise(evidence, recipe, returncode, timed_out, timeout, verdict)}
+    if standin and (missing := upstream_check.unsupported(run_dir, "" if ok else evidence,
+                                                         [p for p in (recipe.repo_root, recipe.path) if p])):
+        record["standin_unsupported"] = missing
+    return record
 
 
 def expected_tokens(recipe: Recipe, world_size: int = 1) -> int:
@@ -116,12 +131,14 @@ def summarise(evidence: str, recipe: Recipe, returncode: int | None, timed_out: 
     return summary[-SUMMARY_CHARS:]
 
 
-def find_logs(run_dir: Path, cwd: Path, since: float) -> Path | None:
+def find_logs(run_dir: Path, cwd: Path, since: float, recipe_dir: Path | None = None) -> Path | None:
     """The folder with the run's log_{rank}.log: RES_PATH (run_dir) when the recipe honours it,
-    else the newest res/<date>/<case>/ the upstream launch wrote under its working directory."""
+    else the newest res/<date>/<case>/ the upstream launch wrote under its working directory or the
+    recipe folder (function.sh's WORK_DIR: models/<MODEL_DIR>)."""
     if any(run_dir.glob("log_*.log")):
         return run_dir
-    found = [p for base in dict.fromkeys((run_dir, cwd)) for p in base.glob("res/*/*/log_0.log")
+    bases = dict.fromkeys(p for p in (run_dir, cwd, recipe_dir) if p is not None)
+    found = [p for base in bases for p in base.glob("res/*/*/log_0.log")
              if p.stat().st_mtime >= since - 1]
     return max(found, key=lambda p: p.stat().st_mtime).parent if found else None
 

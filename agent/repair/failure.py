@@ -18,6 +18,7 @@ from agent.recipe.recipe import NO_CODE_DIRS, Recipe, find_repo_root, read_setti
 TRACEBACK_LOCATION_RE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
 ERROR_LINE_RE = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Exit|Interrupt|Warning)\b.*|^\w+Error:.*")
 TRACEBACK_START = "Traceback (most recent call last):"
+RANK_PREFIX_RE = re.compile(r"^\[rank\d+\]: ?", re.M)
 CHAINED_RE = re.compile(r"^(During handling of the above exception|The above exception was the direct cause)")
 LIBRARY_PARTS = ("site-packages", "dist-packages")
 FRAME_RE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)')
@@ -58,6 +59,8 @@ class Failure:
     def from_output(cls, recipe_dir: Path, output: str, timed_out: bool = False, log: str = "",
                     yaml: Path | None = None) -> Failure:
         root = Path(recipe_dir).resolve()
+        # torch.distributed prefixes each line a rank prints with "[rankN]: ": the traceback is the same
+        output, log = RANK_PREFIX_RE.sub("", output), RANK_PREFIX_RE.sub("", log)
         summary = summarise_failure(output, roots=[root, find_repo_root(root)])
         return cls(recipe_dir, output, summary["error"], summary["location"], timed_out, log, yaml=yaml)
 

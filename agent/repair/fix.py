@@ -49,6 +49,8 @@ def repair(recipe_dir: Path, diagnosis: Diagnosis, round_no: int, context: Repai
     if rule.keeps_format:
         restore_formats(recipe_dir, round_originals(recipe_dir, backup_dir))
     diff = diff_against_backup(recipe_dir, backup_dir)
-    return {"applied": bool(diff), "rule": rule.name, "kind": rule.kind.value, "diff": diff, "note": note,
+    # A package installed is a change too, whether or not a file records it.
+    applied = bool(diff) or (rule.installs and note.startswith("ran `"))
+    return {"applied": applied, "rule": rule.name, "kind": rule.kind.value, "diff": diff, "note": note,
             "backup": str(backup_dir.relative_to(round_backup.recipe_dir)),
             "backup_bytes": round_backup.bytes_copied}

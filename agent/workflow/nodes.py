@@ -47,8 +47,10 @@ def node_classify(state: MigrationState) -> dict:
             reason = ("a checkpoint (config.json and weights): its infer.sh is not run; "
                       "migrate the model into a new recipe")
         return {"scenario": "A", "classify_reason": reason}
-    ensure_runnable_here(recipe)
-    run = trial_run(recipe, "classify", state.get("world_size") or 1, state.get("timeout_s"))
+    standin = state.get("upstream_standin")
+    if not standin:
+        ensure_runnable_here(recipe)
+    run = _needs_npu(trial_run(recipe, "classify", state.get("world_size") or 1, state.get("timeout_s"), standin))
     how = f"{recipe.reason} and it runs" if run["ok"] else f"{recipe.reason} but it fails: {run['summary']}"
     return {"scenario": "C" if run["ok"] else "B", "classify_reason": how, "recipe_dir": str(recipe.path),
             "runs": [run]}
@@ -106,8 +108,15 @@ def node_render(state: MigrationState) -> dict:
 
 def node_trial_run(state: MigrationState) -> dict:
     run = trial_run(Recipe.at(state["recipe_dir"]), f"trial{len(state.get('rounds') or [])}",
-                    state.get("world_size") or 1, state.get("timeout_s"))
-    return {"runs": [run]}
+                    state.get("world_size") or 1, state.get("timeout_s"), state.get("upstream_standin"))
+    return {"runs": [_needs_npu(run)]}
+
+
+def _needs_npu(run):
+    """A stand-in run that called an op without a reference kernel: only an NPU can run it (exit 4)."""
+    if run.get("standin_unsupported"):
+        raise EnvironmentProblem(f"needs an Ascend NPU: {run['standin_unsupported']}")
+    return run
 
 
 def node_diagnose(state: MigrationState) -> dict:
@@ -145,7 +154,9 @@ def node_collect_baseline(state: MigrationState) -> dict:
                                                 model_source=state.get("model_source"))
     except Exception as exc:  # reported like the collector script reports it, one line
         raise MigratorError(f"baseline collection failed: {baseline.error_line(exc)}") from None
-    return {"baseline_path": str(recipe.baseline_dir() / "baseline_metadata.json"), "baseline": collected}
+    # A stand-in baseline never replaces an NPU one.
+    name = "baseline_metadata.standin.json" if state.get("upstream_standin") else "baseline_metadata.json"
+    return {"baseline_path": str(recipe.baseline_dir() / name), "baseline": collected}
 
 
 def node_verify(state: MigrationState) -> dict:
@@ -155,7 +166,7 @@ def node_verify(state: MigrationState) -> dict:
     # A store of an earlier release, whose collect node wrote the file, has no baseline in its state.
     collected = state.get("baseline") or json.loads(baseline_path.read_text())
     checked = verify.verify(Recipe.at(state["recipe_dir"]), last_run(state), collected,
-                            bool(state.get("trust_remote_code")))
+                            bool(state.get("trust_remote_code")), state.get("upstream_standin"))
     baseline.write_baseline(baseline_path, checked)
     problems = verify.problems(checked)
     update = {"verification": checked["verification"], "status": "failed" if problems else "ok"}

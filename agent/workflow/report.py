@@ -14,7 +14,7 @@ from agent.workflow.state import MigrationState
 
 REPORT_KEYS = ("scenario", "classify_reason", "status", "message", "model_name", "model_source",
                "model_dir", "architecture", "family", "vendored", "rendered", "env", "runs", "rounds",
-               "memory", "baseline_path", "verification", "standin")
+               "memory", "baseline_path", "verification", "standin", "upstream_standin")
 
 
 ORIGIN_KEYS = ("model_name", "model_source", "model_dir", "architecture", "family", "vendored", "rendered")
@@ -41,8 +41,9 @@ def write_report(state: MigrationState) -> Path | None:
     _standin_from_baseline(report)
     _write(path, json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n")
     _write(recipe_dir / "migration_summary.md", human_summary(report, recipe_dir.name))
-    if report.get("baseline_path") and Path(report["baseline_path"]).is_file():
-        # Only a run that wrote a baseline has a status worth putting in the user's README.
+    if report.get("baseline_path") and Path(report["baseline_path"]).is_file() and not report.get("upstream_standin"):
+        # Only a run that wrote a baseline has a status worth putting in the user's README (not a
+        # stand-in run of upstream's recipe: its files stay as upstream wrote them).
         update_readme(recipe_dir / "README.md", report)
     return path
 
@@ -119,6 +120,8 @@ def human_summary(report: Report, folder_name: str | None = None) -> str:
     env = report.get("env") or {}
     lines.append(f"- device: {env.get('device')} (torch {env.get('pytorch_version')}, "
                  f"torch_npu: {env.get('torch_npu_status')})")
+    for note in (report.get("upstream_standin") or {}).get("notes") or []:
+        lines.append(f"- npu stand-in run: {note}")
     if report.get("standin"):
         kernels = report["standin"].get("reference_kernels") or {}
         lines.append("- npu stand-in: a validation run, not an NPU run: torch_npu kernels ran as reference "

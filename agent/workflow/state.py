@@ -35,6 +35,7 @@ class MigrationState(TypedDict, total=False):
     timeout_s: int
     max_new_tokens: int
     world_size: int             # --world-size: cards for one tensor-parallel run (default 1)
+    upstream_standin: dict      # --standin: agent.measure.upstream_check.plan (YAML, weights, notes)
     # derived
     env: Environment
     scenario: str               # "A" migrate, "B" repair, "C" baseline

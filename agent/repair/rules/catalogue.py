@@ -9,7 +9,7 @@ optional LLM repairer (agent.repair.llm_repair) comes last: it only sees failure
 from __future__ import annotations
 
 from agent.repair import llm_repair
-from agent.repair.rules import code, config, files, reports
+from agent.repair.rules import code, config, files, reports, upstream
 from agent.repair.rules.rule import Rule
 
 ORDER = (
@@ -20,6 +20,7 @@ ORDER = (
     # The recipe's own files and layout: what is missing or shadowed decides what else can be read.
     "models_init_shadows_package",
     "infer_sh_no_pythonpath",
+    "checkout_not_on_pythonpath",
     "vendored_module_missing",
     "generated_file_missing_or_corrupt",
     "infer_py_without_warm_up",
@@ -34,6 +35,7 @@ ORDER = (
     "dtype_unsupported_on_device",
     "yaml_missing_key",
     "yaml_wrong_type",
+    "vocab_not_divisible_by_lmhead_tp",
     "model_path_missing",
     "lengths_exceed_positions",
     "device_unavailable",
@@ -90,4 +92,4 @@ def ordered(rules: list[Rule], order: tuple[str, ...] = ORDER) -> list[Rule]:
     return [by_name[name] for name in order]
 
 
-CATALOGUE = ordered([*code.RULES, *config.RULES, *files.RULES, *reports.RULES, llm_repair.RULE])
+CATALOGUE = ordered([*code.RULES, *config.RULES, *files.RULES, *reports.RULES, *upstream.RULES, llm_repair.RULE])

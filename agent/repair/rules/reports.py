@@ -100,20 +100,24 @@ def _fix_missing_package(failure: Failure, facts: dict, ctx: RepairContext) -> s
     if not ctx.allow_install:
         return (f"module {facts['module']} is not installed; install it with `{facts['install']}` "
                 f"(or re-run with --allow-install); nothing changed")
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", facts["distribution"]],
+    # The recipe records its dependencies: a line of its requirements.txt for it is what gets installed.
+    requirements = failure.recipe_dir / "requirements.txt"
+    listed = requirements.read_text() if requirements.is_file() else ""
+    lines = {re.split(r"[<>=!~\[;\s]", ln.strip(), maxsplit=1)[0].lower().replace("_", "-"): ln.split("#")[0].strip()
+             for ln in listed.splitlines() if ln.strip() and not ln.lstrip().startswith("#")}
+    pinned = lines.get(facts["distribution"].lower().replace("_", "-"))
+    spec = pinned or facts["distribution"]
+    install = install_command(spec)
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", spec],
                           capture_output=True, text=True, timeout=ctx.timeout_s)
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines() or ["no output"])[-1]
-        return f"`{facts['install']}` failed: {tail}"
-    # The recipe records its dependencies: add the distribution to requirements.txt.
-    requirements = failure.recipe_dir / "requirements.txt"
-    listed = requirements.read_text() if requirements.is_file() else ""
-    names = {re.split(r"[<>=!~\[;\s]", ln.strip(), maxsplit=1)[0].lower().replace("_", "-")
-             for ln in listed.splitlines() if ln.strip() and not ln.lstrip().startswith("#")}
-    if facts["distribution"].lower().replace("_", "-") not in names:
-        requirements.write_text(listed + ("" if not listed or listed.endswith("\n") else "\n")
-                                + f"{facts['distribution']}\n")
-    return f"ran `{facts['install']}`; added {facts['distribution']} to requirements.txt"
+        return f"`{install}` failed: {tail}"
+    if pinned:
+        return f"ran `{install}` (as the recipe's requirements.txt pins it)"
+    requirements.write_text(listed + ("" if not listed or listed.endswith("\n") else "\n")
+                            + f"{facts['distribution']}\n")
+    return f"ran `{install}`; added {facts['distribution']} to requirements.txt"
 
 
 # ---- the SentencePiece / tiktoken / protobuf backend of a tokenizer is missing -------------
@@ -356,10 +360,10 @@ RULES: list[Rule] = [
          _fix_timeout, facts=_timeout_facts, where=("error",), kind=Kind.REPORT),
     Rule("missing_pip_package", _NO_MODULE,
          "a Python package the recipe imports is not installed (install it, or re-run with --allow-install)",
-         _fix_missing_package, facts=_missing_package_facts, where=("error",), kind=Kind.REPORT),
+         _fix_missing_package, facts=_missing_package_facts, where=("error",), kind=Kind.REPORT, installs=True),
     Rule("tokenizer_backend_missing", _TOKENIZER_BACKEND,
          "the tokenizer needs a library (SentencePiece, protobuf, tiktoken) not installed",
          _fix_missing_package,
-         facts=_tokenizer_backend_facts, kind=Kind.REPORT),
+         facts=_tokenizer_backend_facts, kind=Kind.REPORT, installs=True),
     *advice_rules(),
 ]

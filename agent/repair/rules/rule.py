@@ -77,6 +77,7 @@ class Rule:
     where: tuple[str, ...] = ("error", "output")
     kind: Kind = Kind.REPORT
     keeps_format: bool = True                          # False: the fix is the format (e.g. CRLF -> LF)
+    installs: bool = False                             # the fix may change the environment, not a file
 
     def __post_init__(self):
         object.__setattr__(self, "kind", Kind(self.kind))

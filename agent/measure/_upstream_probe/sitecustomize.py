@@ -1,0 +1,44 @@
+"""sitecustomize of the upstream precision probe (its folder is on PYTHONPATH for a `--standin` run,
+after the npu stand-in's, whose sitecustomize runs this one).
+
+Runs the sitecustomize it shadows first (one after it on sys.path), then, only when MIGRATOR_UPSTREAM_PROBE names a file, loads
+agent/measure/upstream_probe.py by its path (the recipe's process must not import `agent`: the
+project's own `models` folder would shadow the checkout's) and installs its hooks.
+"""
+
+import os
+import sys
+
+
+def _run_shadowed_sitecustomize():
+    import importlib.machinery
+    import importlib.util
+
+    # Only the entries after this folder: one before it (the npu stand-in's) has already run this one.
+    here = os.path.dirname(os.path.abspath(__file__))
+    paths = [os.path.abspath(p or os.curdir) for p in sys.path]
+    others = sys.path[paths.index(here) + 1:] if here in paths else list(sys.path)
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", others)
+    if spec is None or spec.origin is None or os.path.abspath(spec.origin) == os.path.abspath(__file__):
+        return
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # noqa: BLE001 - as site.py does: report, continue
+        print(f"Error in sitecustomize ({spec.origin}): {type(exc).__name__}: {exc}", file=sys.stderr)
+
+
+def _install_probe():
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "upstream_probe.py")
+    spec = importlib.util.spec_from_file_location("_migrator_upstream_probe", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    module.install(os.environ["MIGRATOR_UPSTREAM_PROBE"])
+
+
+_run_shadowed_sitecustomize()
+if os.environ.get("MIGRATOR_UPSTREAM_PROBE"):
+    _install_probe()

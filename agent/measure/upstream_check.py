@@ -1,0 +1,548 @@
+"""cann-recipes-infer's own recipes validated off an NPU: `migrator run RECIPE --standin [--tiny]`.
+
+A framework model (`models/M` run by the checkout's `executor/scripts/infer.sh --model M --yaml F`) or
+a legacy recipe (its own `infer.sh`) runs under the npu stand-in (npu_standin: npu on the host device,
+torch_npu kernels as reference implementations). What this module adds to the workflow:
+
+* `plan(recipe, ...)`: which YAML runs and on which weights. With the YAML's `model_path` present here
+  the recipe runs on them; absent (the usual case: weights live on the NPU host), `--tiny` builds a
+  random checkpoint of the recipe's own architecture in a shrunk shape (the config class's
+  `model_type`) and runs a *copy* of the YAML pointed at it (`config/.standin/`), lengths cut;
+  upstream's files are not touched. The plan is JSON data in the workflow state.
+* `launch_env(plan, run_dir)` / `legacy_command(...)`: the stand-in's environment plus the precision
+  probe (agent/measure/upstream_probe.py, loaded in the recipe's processes), and for a legacy recipe
+  whose infer.sh names its YAML itself, its own script text with only that name pointed at the copy.
+* `unsupported(run)`: the op without a reference kernel a stand-in run stopped at (exit 4).
+* `parity(plan, run)`: the recipe's greedy text and prefill logits against transformers' own model
+  on the same checkpoint (`python -m agent.measure.upstream_check`); a mismatch is located at the
+  first decoder layer whose hidden states diverge.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml as yamllib
+
+from agent.errors import EnvironmentProblem, InputError, UnsupportedModelError
+from agent.recipe.recipe import Recipe, read_settings
+from agent.recipe.targets import REGISTRY
+
+STANDIN_DIR = ".standin"                 # config/.standin/: the YAML copies a --tiny run uses
+TINY_HOME = Path(".migrator") / "standin"  # in the recipe: tiny checkpoints
+PROBE_ENV = "MIGRATOR_UPSTREAM_PROBE"
+PROBE_FILE = "upstream_probe.pt"
+RECORD_DIR = "standin"
+TINY_INPUT_LEN = 128
+TINY_MAX_BATCH = 4
+# bf16 (the framework models' dtype) against transformers in fp32: logits agree to a few 1e-3 of the
+# largest logit; a layer's hidden states to ~1e-2 (relative L2). A real bug is O(1).
+LOGITS_RELATIVE_TOLERANCE = 2e-2
+# ... or, where transformers' own model moves more than that between fp32 and bf16 on this prompt,
+# twice its own move: the recipe rounds along another path, by as much.
+BF16_NOISE_FACTOR = 2.0
+LAYER_RELATIVE_TOLERANCE = 0.1
+# model_type of a recipe's config class that transformers lacks -> (the HF type with the same
+# weights' shapes, its build overrides, config.json keys the recipe's class reads).
+# Settings of the published checkpoints a recipe's code relies on that transformers' defaults lack:
+# DeepSeek-V3/R1's config.json has YaRN rope scaling, which its modeling code reads (rope_scaling["factor"]);
+# the tiny one scales 128 positions to its 512.
+TINY_SETTINGS = {
+    "deepseek_v3": {"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                        "original_max_position_embeddings": 128, "beta_fast": 32.0,
+                                        "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}},
+}
+SHAPE_TWINS = {
+    "PanguEmbedded": ("llama", {"attention_bias": True}, {"bias": True}),
+}
+
+
+def plan(recipe: Recipe, *, yaml_name: str | None = None, world_size: int = 1, tiny: bool = False,
+         max_new_tokens: int = 16, device: str = "cpu") -> dict:
+    """What a `--standin` run of `recipe` runs (see the module docs); InputError (exit 2) for a YAML
+    that is not there or weights that are absent without --tiny, EnvironmentProblem (exit 4) where
+    the stand-in must not run (a working NPU is here)."""
+    from npu_standin.launcher import StandinRefused, check_can_run
+
+    if recipe.kind not in ("framework", "legacy"):
+        raise InputError(f"{recipe.path}: --standin runs a cann-recipes-infer recipe (a models/NAME folder of a "
+                         f"checkout, or a recipe with its own infer.sh); this is {recipe.kind} ({recipe.reason})")
+    try:
+        check_can_run(device)
+    except StandinRefused as exc:
+        raise EnvironmentProblem(str(exc)) from None
+    from agent.recipe import compiled_ops
+
+    certain, _ = compiled_ops.scan(recipe)
+    if certain:
+        raise EnvironmentProblem(compiled_ops.message(certain))
+    source = _source_yaml(recipe, yaml_name, world_size)
+    settings = read_settings(source)
+    section = settings["model_config"] if _framework_schema(settings) else settings
+    model_path = recipe.resolve(section.get("model_path"))
+    ranks = _world_size(settings)
+    result = {"device": device, "source_yaml": str(source), "yaml": str(source), "world_size": world_size,
+              "checkpoint": str(model_path) if model_path else None, "tiny": False, "notes": [],
+              "max_new_tokens": _max_new_tokens(settings), "input_len": _input_len(settings)}
+    if model_path is not None and (model_path / "config.json").is_file() and ranks == world_size:
+        result["notes"].append(f"weights: {model_path} (the YAML's model_path)")
+        return result
+    if model_path is not None and (model_path / "config.json").is_file():
+        checkpoint, how = model_path, f"weights: {model_path} (the YAML's model_path)"
+    elif not tiny:
+        raise InputError(f"{source.name}: model_path {section.get('model_path')!r} is not here (the weights live on "
+                         "the NPU host); pass --tiny to run the recipe on a tiny random checkpoint of its own "
+                         "architecture, or point model_path at local weights")
+    else:
+        model_type = recipe_model_type(recipe, settings)
+        print(f"[migrator] --tiny: a tiny random {model_type} checkpoint in {recipe.path / TINY_HOME} "
+              f"({section.get('model_path')!r} is not here)", file=sys.stderr, flush=True)
+        checkpoint = build_tiny(recipe, model_type)
+        how = (f"weights: tiny random {model_type} checkpoint {checkpoint} (the YAML's model_path "
+               f"{section.get('model_path')!r} is not here)")
+        result.update(tiny=True, model_type=model_type)
+    copy = write_yaml_copy(recipe, source, checkpoint, world_size, max_new_tokens if result["tiny"] else None)
+    copied = read_settings(copy)
+    result.update(yaml=str(copy), checkpoint=str(checkpoint), max_new_tokens=_max_new_tokens(copied),
+                  input_len=_input_len(copied))
+    result["notes"] += [how, f"ran a copy of {source.name}: {copy.relative_to(recipe.path)} (upstream's files "
+                             "untouched)"]
+    dataset = (settings.get("data_config") or {}).get("dataset", "default")
+    if result["tiny"] and dataset != "default":
+        result["notes"].append(f"dataset {dataset!r} -> 'default' (the checkout's default prompt) in the copy")
+    return result
+
+
+def _framework_schema(settings: dict) -> bool:
+    """The framework's four-section YAML (model_config.model_name); a legacy YAML is flat, though it
+    may have a model_config of quantization and mode switches."""
+    return isinstance(settings.get("model_config"), dict) and "model_name" in settings["model_config"]
+
+
+def _world_size(settings: dict) -> int:
+    parallel = settings.get("parallel_config") if isinstance(settings.get("parallel_config"), dict) else {}
+    try:
+        return int(parallel.get("world_size", settings.get("world_size", 1)))
+    except (TypeError, ValueError):
+        return 1
+
+
+def _max_new_tokens(settings: dict) -> int:
+    scheduler = settings.get("scheduler_config") or {}
+    data = settings.get("data_config") or {}
+    return int(scheduler.get("max_new_tokens") or data.get("max_new_tokens") or 32)
+
+
+def _input_len(settings: dict) -> int:
+    data = settings.get("data_config") or {}
+    return int(data.get("input_truncated_len") or data.get("input_max_len") or 1024)
+
+
+def _source_yaml(recipe: Recipe, yaml_name: str | None, world_size: int) -> Path:
+    config = recipe.path / "config"
+    available = sorted(p.relative_to(config).as_posix() for p in config.rglob("*.y*ml")
+                       if p.is_file() and STANDIN_DIR not in p.relative_to(config).parts) if config.is_dir() else []
+    if yaml_name:
+        path = (config / yaml_name).resolve()
+        if not path.is_file() or config.resolve() not in path.parents:
+            raise InputError(f"--yaml {yaml_name}: no such file in {config} (there: {', '.join(available) or 'none'})")
+        return path
+    if recipe.yaml is None:
+        raise InputError(f"{config} has no YAML file")
+    if world_size == _world_size(read_settings(recipe.yaml)):
+        return recipe.yaml
+    for name in available:
+        if _world_size(read_settings(config / name)) == world_size:
+            return config / name
+    return recipe.yaml        # its copy is set to world_size ranks (write_yaml_copy)
+
+
+def recipe_model_type(recipe: Recipe, settings: dict) -> str:
+    """The HF model_type of the recipe's own config class: for a framework model the class the
+    checkout's registry names for the YAML's model_name; else the config class in the recipe's models/."""
+    name = (settings.get("model_config") or {}).get("model_name") if recipe.kind == "framework" else None
+    candidates: list[tuple[Path, str | None]] = []
+    if name and recipe.repo_root is not None and (recipe.repo_root / REGISTRY).is_file():
+        for module, attr in _registry(recipe.repo_root / REGISTRY).get(name, []):
+            if attr.endswith("Config"):
+                candidates.append((recipe.repo_root.joinpath(*module.split(".")).with_suffix(".py"), attr))
+    candidates += [(p, None) for p in sorted(recipe.path.rglob("configuration_*.py"))]
+    for path, cls in candidates:
+        found = _class_model_type(path, cls) if path.is_file() else None
+        if found:
+            return found
+    named = f" for the YAML's model_name {name!r}" if name else " in the recipe's files"
+    raise InputError(f"{recipe.path}: no config class with a model_type{named}; --tiny cannot tell which "
+                     "architecture to build (point the YAML's model_path at local weights)")
+
+
+def _registry(path: Path) -> dict[str, list[tuple[str, str]]]:
+    tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+    for node in ast.walk(tree):
+        value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+        if isinstance(value, ast.Dict):
+            try:
+                data = ast.literal_eval(value)
+            except ValueError:
+                continue
+            if isinstance(data, dict) and all(isinstance(v, list) for v in data.values()):
+                return data
+    return {}
+
+
+def _class_model_type(path: Path, cls: str | None) -> str | None:
+    tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and (cls is None or node.name == cls):
+            for stmt in node.body:
+                if (isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "model_type"
+                                                         for t in stmt.targets)
+                        and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)):
+                    return stmt.value.value
+    return None
+
+
+def build_tiny(recipe: Recipe, model_type: str) -> Path:
+    """A tiny random checkpoint of `model_type` in the recipe's .migrator/standin/ (built once):
+    transformers' shapes, a byte-level BPE tokenizer, a ChatML template (upstream's scheduler applies
+    one to every prompt). A type transformers lacks is built as its shape twin (SHAPE_TWINS) and
+    relabelled with the recipe's model_type."""
+    from transformers import CONFIG_MAPPING
+
+    from npu_standin.upstream import tiny_checkpoint
+
+    out = recipe.path / TINY_HOME / f"tiny_{model_type}"
+    if (out / "config.json").is_file() and any(out.glob("*.safetensors")):
+        return out
+    twin = SHAPE_TWINS.get(model_type)
+    if model_type not in CONFIG_MAPPING and twin is None:
+        raise InputError(f"--tiny: transformers has no {model_type!r} architecture to build a checkpoint from; "
+                         "point the YAML's model_path at local weights")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if twin is None:
+        try:
+            return tiny_checkpoint(model_type, out, **TINY_SETTINGS.get(model_type, {}))
+        except (ValueError, TypeError, KeyError, AttributeError, RuntimeError) as exc:
+            raise UnsupportedModelError(f"--tiny: transformers cannot build a {model_type} causal LM to make a "
+                                        f"checkpoint from ({type(exc).__name__}: {str(exc).splitlines()[0][:160]}); "
+                                        "point the YAML's model_path at local weights") from None
+    base, overrides, keys = twin
+    tiny_checkpoint(base, out, **overrides)
+    config = json.loads((out / "config.json").read_text())
+    config.update(model_type=model_type, architectures=[f"{model_type}ForCausalLM"], **keys)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out
+
+
+TP_KEYS = ("attn_tp_size", "moe_tp_size", "lmhead_tp_size")
+
+
+def _parallel_for(parallel: dict, world_size: int) -> dict:
+    """parallel_config for `world_size` ranks. Fewer ranks than the YAML's: each *_size above 1
+    becomes the largest divisor of world_size it does not exceed (the layout kept, scaled down). More
+    (a single-card YAML on N): attention, MoE and lm_head tensor parallel over all of them, as
+    upstream's N-card YAMLs are (embedding and dense TP as the YAML has them)."""
+    out = dict(parallel)
+    before = int(parallel.get("world_size") or 1)
+    out["world_size"] = world_size
+    if world_size > before:
+        for key in TP_KEYS:
+            out[key] = world_size
+        return out
+    for key, value in parallel.items():
+        if key != "world_size" and key.endswith("_size") and isinstance(value, int) and value > 1:
+            out[key] = max(d for d in range(1, world_size + 1) if world_size % d == 0 and d <= value)
+    return out
+
+
+def write_yaml_copy(recipe: Recipe, source: Path, checkpoint: Path, world_size: int,
+                    max_new_tokens: int | None) -> Path:
+    """config/.standin/<name>: `source` on `checkpoint` at `world_size` ranks; with `max_new_tokens`
+    (a tiny checkpoint) lengths and batch cut too. Both YAML schemas (framework four sections, legacy flat)."""
+    data = yamllib.safe_load(source.read_text(encoding="utf-8")) or {}
+    framework = _framework_schema(data)
+    section = data["model_config"] if framework else data
+    section["model_path"] = str(checkpoint)
+    if framework:
+        data["parallel_config"] = _parallel_for(data.get("parallel_config") or {}, world_size)
+        if max_new_tokens:
+            data.setdefault("data_config", {})["input_truncated_len"] = TINY_INPUT_LEN
+            # the checkout's default prompt: a hub data set (LongBench) is neither here nor what parity uses
+            data["data_config"]["dataset"] = "default"
+            scheduler = data.setdefault("scheduler_config", {})
+            scheduler["max_new_tokens"] = max_new_tokens
+            # a whole number of requests per attention data-parallel rank (executor/offline/infer.py checks it)
+            dp = max(1, world_size // int(data["parallel_config"].get("attn_tp_size") or 1))
+            batch = min(int(scheduler.get("batch_size") or 1), TINY_MAX_BATCH)
+            scheduler["batch_size"] = -(-batch // dp) * dp
+            for key in ("max_prefill_tokens",):
+                if key in scheduler:
+                    scheduler[key] = max(int(scheduler[key]), TINY_INPUT_LEN * scheduler["batch_size"])
+    else:
+        data["world_size"] = world_size
+        if isinstance(data.get("parallel_config"), dict):
+            data["parallel_config"] = _parallel_for(data["parallel_config"], world_size)
+        if max_new_tokens:
+            data.setdefault("data_config", {}).update(input_max_len=TINY_INPUT_LEN, max_new_tokens=max_new_tokens)
+    target = recipe.path / "config" / STANDIN_DIR / source.name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    header = (f"# {source.name} for a stand-in run (npu stand-in, not an NPU), written by infer-migrator:\n"
+              f"# model_path -> {checkpoint}, {world_size} rank(s).\n")
+    target.write_text(header + yamllib.safe_dump(data, sort_keys=False))
+    return target
+
+
+# ---- running it --------------------------------------------------------------------------
+def probe_dir() -> Path:
+    return Path(__file__).resolve().parent / "_upstream_probe"
+
+
+def launch_env(plan: dict, env: dict, run_dir: Path) -> dict:
+    """`env` for a stand-in run: the stand-in's variables, the probe's sitecustomize after the
+    stand-in's on PYTHONPATH, the probe's dump and the stand-in's records in the run folder."""
+    from npu_standin.environment import standin_env
+
+    env = dict(env)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(probe_dir()), env.get("PYTHONPATH")]))
+    env[PROBE_ENV] = str(run_dir / PROBE_FILE)
+    return standin_env(plan.get("device", "cpu"), base=env, record_dir=run_dir / RECORD_DIR)
+
+
+_LEGACY_YAML_RE = re.compile(r"""^(\s*(?:export\s+)?(?:YAML_FILE_NAME|YAML_FILE)=)["']?[^"'\s#]+\.ya?ml["']?""", re.M)
+
+
+def legacy_command(recipe: Recipe, plan: dict) -> tuple[str, ...] | None:
+    """A legacy recipe whose infer.sh names its YAML itself, run on the copy: its own script text
+    (`bash -c`, in the recipe folder, so its paths resolve as they do) with only that name changed.
+    None when no change is needed (the plan runs the recipe's own YAML)."""
+    if recipe.kind != "legacy" or plan["yaml"] == plan["source_yaml"]:
+        return None
+    text = (recipe.path / "infer.sh").read_text(encoding="utf-8", errors="replace")
+    rel = Path(plan["yaml"]).relative_to(recipe.path / "config").as_posix()
+    changed, n = _LEGACY_YAML_RE.subn(lambda m: f'{m.group(1)}"{rel}"', text)
+    if n == 0:
+        raise InputError(f"{recipe.path / 'infer.sh'}: no YAML_FILE_NAME= line to point at {rel}")
+    return ("bash", "-c", changed, str(recipe.path / "infer.sh"))
+
+
+def usage(run_dir: Path) -> dict | None:
+    from npu_standin.record import read_op_usage
+
+    return read_op_usage(Path(run_dir) / RECORD_DIR)
+
+
+def unsupported(run_dir: Path, evidence: str = "", roots: list[Path] | None = None) -> str | None:
+    """"OP has no reference kernel in the npu stand-in (first call at FILE:LINE)" for the first op the
+    run called that the stand-in cannot run, or the compiled custom op it stopped at (from the run's
+    `evidence`, located inside `roots`); None when there is none."""
+    from agent.recipe.compiled_ops import from_evidence
+
+    found = usage(run_dir) or {}
+    calls = found.get("unsupported") or []
+    if not calls:
+        op = from_evidence(evidence, roots or []) if evidence else None
+        return f"compiled custom op {op.line()}: the npu stand-in cannot run it" if op else None
+    names = list(dict.fromkeys(c["name"] for c in calls))
+    return (f"{names[0]} has no reference kernel in the npu stand-in (first call at "
+            f"{_relative_site(calls[0]['site'], roots or [])})"
+            + (f"; also: {', '.join(names[1:5])}" if len(names) > 1 else ""))
+
+
+def _relative_site(site: str, roots: list[Path]) -> str:
+    """FILE:LINE with FILE relative to the first of `roots` holding it (the checkout), else as given."""
+    file, sep, line = str(site).rpartition(":")
+    for root in roots:
+        try:
+            return f"{Path(file).resolve().relative_to(Path(root).resolve()).as_posix()}{sep}{line}"
+        except (ValueError, OSError):
+            continue
+    return str(site)
+
+
+# ---- precision -----------------------------------------------------------------------------
+def parity(recipe: Recipe, run: dict, plan: dict, timeout: int = 1800) -> dict:
+    """verification.parity of a stand-in run: rank 0's greedy text and the probe's prefill record
+    against transformers on the same checkpoint, in a subprocess (one JSON line)."""
+    from npu_standin.upstream import outputs
+
+    base = {"ok": None, "checked": False}
+    checkpoint = Path(plan.get("checkpoint") or "")
+    if not (checkpoint / "config.json").is_file():
+        return {**base, "reason": "no local checkpoint to compare on"}
+    model_type = json.loads((checkpoint / "config.json").read_text()).get("model_type")
+    from transformers import CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING:
+        return {**base, "reason": f"transformers has no {model_type!r} architecture: no reference to compare with"}
+    log0 = Path(run.get("log_dir") or "") / "log_0.log"
+    text = outputs(log0).get(0) if log0.is_file() else None
+    if text is None:
+        return {**base, "reason": "rank 0 logged no 'Request 0: outputs:' line"}
+    prompt = default_prompt(recipe)
+    if prompt is None:
+        return {**base, "reason": "no dataset/default_prompt.json in the checkout: the prompt is unknown"}
+    probe = Path(run["res_path"]) / PROBE_FILE
+    cmd = [sys.executable, "-m", "agent.measure.upstream_check", "--checkpoint", str(checkpoint),
+           "--text", text, "--prompt", prompt, "--max-new-tokens", str(plan["max_new_tokens"]),
+           "--input-len", str(plan["input_len"])]
+    if probe.is_file():
+        cmd += ["--probe", str(probe)]
+    if plan.get("tiny"):
+        cmd.append("--random-weights")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NPU_STANDIN") and k != PROBE_ENV}
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {**base, "reason": f"the comparison with transformers took over {timeout} s"}
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        err = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {**base, "reason": f"the comparison with transformers could not run: {err[:300]}"}
+    return json.loads(lines[-1])
+
+
+def default_prompt(recipe: Recipe) -> str | None:
+    for root in filter(None, (recipe.repo_root, recipe.path.parent.parent)):
+        path = root / "dataset" / "default_prompt.json"
+        if path.is_file():
+            try:
+                return json.loads(path.read_text(encoding="utf-8"))["text"]
+            except (ValueError, KeyError, TypeError):
+                return None
+    return None
+
+
+def compare(checkpoint: Path, text: str, prompt: str, max_new_tokens: int, input_len: int,
+            probe: Path | None) -> dict:
+    """The recipe (its greedy `text`, its probe record) against transformers' own model on `checkpoint`."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from npu_standin.upstream import greedy_parity
+
+    greedy = greedy_parity(checkpoint, prompt, text, max_new_tokens, input_len)
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                         add_generation_prompt=True)
+    ids = tokenizer(chat, return_tensors="pt", truncation=True, max_length=input_len).input_ids
+    reference = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    name = f"transformers {type(reference).__name__} (npu stand-in)"
+    result = {"reference": name, "dtype": "bfloat16", "checked": True,
+              "greedy_tokens": greedy.get("tokens"), "greedy_tokens_equal": greedy["equal"],
+              "greedy_equal_up_to_ties": greedy["equal_up_to_ties"], "ties": greedy.get("ties"),
+              "min_margin": greedy.get("min_margin"), "recipe_text": text, "reference_text": greedy["reference_text"]}
+    layers_out: list = []
+    hooks = [layer.register_forward_hook(lambda m, a, out: layers_out.append(
+        (out[0] if isinstance(out, tuple) else out).detach().float()[0])) for layer in _decoder_layers(reference)]
+    with torch.no_grad():
+        logits = reference(ids).logits[0].float()
+    for hook in hooks:
+        hook.remove()
+    from agent.measure.parity import prompt_nll
+
+    result.update(prompt_nll(logits[None], ids))
+    # how far transformers' own model moves in bf16: the scale of rounding the recipe's bf16 run has
+    rounded = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16).eval()
+    with torch.no_grad():
+        result["reference_bf16_logits_diff"] = round(
+            (rounded(ids).logits[0, -1].float() - logits[-1]).abs().max().item(), 6)
+    del rounded
+    record = _matching_prefill(probe, ids[0]) if probe is not None else None
+    logits_ok = None
+    if record is None:
+        result["logits"] = ("no prefill record of the recipe on this prompt" if probe is not None else
+                            "the recipe's process left no prefill record")
+    else:
+        ours = record["logits"][0]
+        theirs = logits[-1]
+        diff = (ours - theirs).abs().max().item()
+        scale = max(theirs.abs().max().item(), 1e-6)
+        tolerance = max(LOGITS_RELATIVE_TOLERANCE * scale, BF16_NOISE_FACTOR * result["reference_bf16_logits_diff"])
+        logits_ok = diff <= tolerance
+        n = ids.shape[1]
+        errors = []
+        for mine, ref in zip(record["layers"], layers_out):
+            mine = mine[:n]
+            if mine.shape != ref.shape:
+                errors.append(None)
+                continue
+            errors.append(round((mine - ref).norm().item() / max(ref.norm().item(), 1e-12), 6))
+        result.update(max_abs_logits_diff=round(diff, 6), tolerance=round(tolerance, 6),
+                      relative_tolerance=LOGITS_RELATIVE_TOLERANCE, bf16_noise_factor=BF16_NOISE_FACTOR,
+                      layer_relative_errors=errors,
+                      layer_tolerance=LAYER_RELATIVE_TOLERANCE, prompt_tokens=n)
+    ok = bool(greedy["equal_up_to_ties"]) and logits_ok is not False
+    result["ok"] = ok
+    if not ok:
+        errors = result.get("layer_relative_errors") or []
+        first = next((i for i, e in enumerate(errors) if e is not None and e > LAYER_RELATIVE_TOLERANCE), None)
+        result["first_divergent_layer"] = first
+        if first is not None:
+            where = f"decoder layer {first} (relative error {errors[first]} of its hidden states; tolerance " \
+                    f"{LAYER_RELATIVE_TOLERANCE})"
+        elif errors:
+            where = "the final norm or lm_head (every decoder layer's hidden states agree)"
+        else:
+            where = "an unknown layer (no per-layer record)"
+        what = []
+        if logits_ok is False:
+            what.append(f"prefill logits differ by {result['max_abs_logits_diff']} (tolerance {result['tolerance']})")
+        if not greedy["equal_up_to_ties"]:
+            what.append("greedy text differs")
+        result["reason"] = f"{' and '.join(what)}: the recipe diverges from transformers at {where}"
+    return result
+
+
+def _decoder_layers(model):
+    count = model.config.get_text_config().num_hidden_layers
+    import torch
+
+    for _, child in model.named_modules():
+        if isinstance(child, torch.nn.ModuleList) and len(child) == count:
+            return list(child)
+    return []
+
+
+def _matching_prefill(probe: Path, ids) -> dict | None:
+    import torch
+
+    try:
+        data = torch.load(probe, weights_only=True)
+    except Exception:  # noqa: BLE001 - a partial record of a killed run
+        return None
+    n = ids.numel()
+    for record in data.get("prefills") or []:
+        got = record["input_ids"]
+        if got.numel() >= n and torch.equal(got[:n].long(), ids.long()):
+            return record
+    return None
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m agent.measure.upstream_check", description=parity.__doc__)
+    parser.add_argument("--checkpoint", type=Path, required=True)
+    parser.add_argument("--text", required=True, help="rank 0's 'Request 0: outputs:' text")
+    parser.add_argument("--prompt", required=True)
+    parser.add_argument("--max-new-tokens", type=int, required=True)
+    parser.add_argument("--input-len", type=int, required=True)
+    parser.add_argument("--probe", type=Path)
+    parser.add_argument("--random-weights", action="store_true", help="a tiny random checkpoint: its text is noise")
+    args = parser.parse_args(argv)
+    result = compare(args.checkpoint, args.text, args.prompt, args.max_new_tokens, args.input_len, args.probe)
+    if args.random_weights:
+        result["untrained_weights"] = True
+    print(json.dumps(result, default=lambda v: None if isinstance(v, float) and math.isnan(v) else str(v)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""Rules for cann-recipes-infer's own recipes, as people break them (its model-infer-migrator skill's
+references/common_issues.md), that a run off an NPU (the npu stand-in) shows:
+
+* `checkout_not_on_pythonpath` (common issue 3): a legacy recipe's infer.sh relies on set_env.sh to
+  put the checkout on PYTHONPATH; where it does not, `executor` / `module` / a sibling `models.X` are
+  not found. The fix is the skill's: one `export PYTHONPATH=...` line after the sourced scripts.
+* `vocab_not_divisible_by_lmhead_tp`: the lm_head is split over `lmhead_tp_size` ranks, which must
+  divide the checkpoint's vocab (module.utils.ensure_divisibility). The fix sets it to the largest
+  divisor of world_size that divides the vocab (a YAML line edit).
+
+A models/<name>/models/__init__.py that shadows the namespace (common issue 1) is
+agent.repair.rules.files' `models_init_shadows_package`, which applies to these recipes as they are.
+Every fix is a line inserted or a value set; the rest of upstream's bytes stay, backed up first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+from agent.repair.failure import Failure
+from agent.repair.rules._util import edit_yaml_line
+from agent.repair.rules.rule import Kind, RepairContext, Rule
+
+# ---- the checkout is not on PYTHONPATH ------------------------------------------------------
+_CHECKOUT_MODULE_MISSING = re.compile(r"No module named '(?P<module>\w+)(?:\.(?P<sub>\w+))?")
+_SOURCED = re.compile(r"^\s*(?:source|\.)\s+\S+", re.M)
+_CHECKOUT_ON_PATH = re.compile(r"^\s*(?:export\s+)?PYTHONPATH=.*(?:\.\./\.\.|RECIPES_PATH|PARENT_PARENT_DIR)", re.M)
+_SCRIPT_PATH = re.compile(r"^\s*(?:export\s+)?(?P<var>SCRIPT_PATH|SCRIPT_DIR)=", re.M)
+
+
+def _pythonpath_facts(failure: Failure, found: re.Match) -> dict | None:
+    recipe = failure.recipe
+    infer_sh = failure.recipe_dir / "infer.sh"
+    root = recipe.repo_root
+    if recipe.kind != "legacy" or root is None or not infer_sh.is_file():
+        return None
+    module, sub = found.group("module"), found.group("sub")
+    in_checkout = (root / module).is_dir() and not (failure.recipe_dir / module).is_dir()
+    sibling = module == "models" and sub and (root / "models" / sub).is_dir() and \
+        not (failure.recipe_dir / "models" / f"{sub}.py").is_file()
+    if not (in_checkout or sibling):
+        return None
+    text = infer_sh.read_text(errors="replace")
+    if _CHECKOUT_ON_PATH.search(text) or not _SOURCED.search(text):
+        return None
+    return {"module": f"{module}.{sub}" if sibling else module,
+            "relative": os.path.relpath(root, failure.recipe_dir)}
+
+
+def _fix_pythonpath(failure: Failure, facts: dict, ctx: RepairContext) -> str:
+    infer_sh = failure.recipe_dir / "infer.sh"
+    original = infer_sh.read_bytes()
+    text = original.decode("utf-8", errors="surrogateescape")
+    last = list(_SOURCED.finditer(text))[-1]
+    at = text.index("\n", last.end()) + 1 if "\n" in text[last.end():] else len(text)
+    defined = _SCRIPT_PATH.search(text[:last.start()])
+    here = f"${{{defined.group('var')}}}" if defined else '$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)'
+    line = f'export PYTHONPATH="{here}/{facts["relative"]}:${{PYTHONPATH}}"\n'
+    infer_sh.write_bytes((text[:at] + line + text[at:]).encode("utf-8", errors="surrogateescape"))
+    number = text[:at].count("\n") + 1
+    return (f"infer.sh: {line.strip()} at line {number}, after the sourced scripts (the checkout's "
+            f"'{facts['module']}' was not importable)")
+
+
+# ---- lmhead_tp_size does not divide the vocab -----------------------------------------------
+_NOT_DIVISIBLE = re.compile(r"ValueError: (?P<numerator>\d+) is not divisible by (?P<denominator>\d+)")
+
+
+def _parallel(settings: dict) -> dict:
+    return settings.get("parallel_config") if isinstance(settings.get("parallel_config"), dict) else {}
+
+
+def _vocab_facts(failure: Failure, found: re.Match) -> dict | None:
+    settings = failure.settings()
+    parallel = _parallel(settings)
+    model_config = settings.get("model_config") if isinstance(settings.get("model_config"), dict) else {}
+    path = failure.recipe.resolve(model_config.get("model_path") or settings.get("model_path"))
+    try:
+        config = json.loads((path / "config.json").read_text()) if path else {}
+    except (OSError, ValueError):
+        return None
+    vocab = (config.get("text_config") or config).get("vocab_size")
+    tp = parallel.get("lmhead_tp_size")
+    if not isinstance(vocab, int) or not isinstance(tp, int) or vocab != int(found.group("numerator")) \
+            or tp != int(found.group("denominator")):
+        return None
+    world = int(parallel.get("world_size") or tp)
+    size = max(d for d in range(1, world + 1) if world % d == 0 and vocab % d == 0)
+    return {"vocab": vocab, "lmhead_tp_size": tp, "size": size}
+
+
+def _fix_vocab(failure: Failure, facts: dict, ctx: RepairContext) -> str:
+    note = edit_yaml_line(failure.yaml, "parallel_config", "lmhead_tp_size", facts["size"])
+    return f"{note} (vocab {facts['vocab']} is not divisible by lmhead_tp_size {facts['lmhead_tp_size']})"
+
+
+RULES = [
+    Rule("checkout_not_on_pythonpath", _CHECKOUT_MODULE_MISSING,
+         "the recipe's infer.sh does not put the checkout on PYTHONPATH: its shared modules are not found",
+         _fix_pythonpath, facts=_pythonpath_facts, where=("output",), kind=Kind.INFER_SH),
+    Rule("vocab_not_divisible_by_lmhead_tp", _NOT_DIVISIBLE,
+         "the checkpoint's vocab is not divisible by parallel_config.lmhead_tp_size",
+         _fix_vocab, facts=_vocab_facts, where=("output",), kind=Kind.YAML),
+]

@@ -1,0 +1,309 @@
+"""Upstream cann-recipes-infer recipes validated off an NPU: `migrator run RECIPE --standin --tiny` on a
+copy of the snapshot (agent.measure.upstream_check): the plan (which YAML, which weights, the copy of
+the YAML), the exit-4 line without --standin, and a real run through the checkout's
+`executor/scripts/infer.sh` with parity against transformers recorded in the baseline.
+
+The default suite runs Qwen3 at one rank end to end; the other models, two ranks, the deliberately
+broken copy and the legacy recipe are `slow` (`pytest -m slow tests/test_upstream_check.py`)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from agent.errors import InputError
+from agent.measure import upstream_check
+from agent.recipe.recipe import Recipe
+from conftest import REPO_ROOT, run_cli
+
+SNAPSHOT = REPO_ROOT.parent / "shared" / "upstream" / "cann-recipes-infer"
+# graph mode's decode step as the captured graph run eagerly: inductor's compile takes minutes on 2 cores
+FAST = {"NPU_STANDIN_COMPILE": "capture"}
+
+
+def copy_snapshot(target: Path) -> Path:
+    if not SNAPSHOT.is_dir():
+        pytest.skip(f"no upstream snapshot at {SNAPSHOT} (../shared is absent)")
+    shutil.copytree(SNAPSHOT, target)
+    for path in [target, *target.rglob("*")]:
+        path.chmod(path.stat().st_mode | 0o200)
+    return target
+
+
+def digests(root: Path) -> dict[str, str]:
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    return copy_snapshot(tmp_path_factory.mktemp("pristine") / "cann-recipes-infer")
+
+
+@pytest.fixture
+def checkout(tmp_path):
+    return copy_snapshot(tmp_path / "cann-recipes-infer")
+
+
+# ---- the plan (in-process) -------------------------------------------------------------------
+@pytest.mark.parametrize("model,yaml_name,model_type", [
+    ("qwen", "qwen3_8b_1tp.yaml", "qwen3"),
+    ("qwen", "qwen25_7b_instruct_1tp.yaml", "qwen2"),
+    ("gpt_oss", "gpt_oss_20b.yaml", "gpt_oss"),
+    ("deepseek_r1", "decode_r1_rank_16_16ep_a8w8.yaml", "deepseek_v3"),
+    ("pangu_7b", "openpangu_v5_7b_mxfp8.yaml", "PanguEmbedded"),
+])
+def test_the_recipes_own_config_class_names_the_architecture(pristine, model, yaml_name, model_type):
+    """The YAML's model_name -> the checkout's registry -> the config class -> its model_type (the
+    legacy recipe: the config class in its own models/)."""
+    recipe = Recipe.at(pristine / "models" / model)
+    settings = recipe.settings(recipe.path / "config" / yaml_name)
+    assert upstream_check.recipe_model_type(recipe, settings) == model_type
+
+
+def test_absent_weights_without_tiny_are_bad_input_that_names_tiny(pristine):
+    with pytest.raises(InputError, match=r"model_path '/data/models/origin/Qwen3-8B' is not here.*--tiny"):
+        upstream_check.plan(Recipe.at(pristine / "models" / "qwen"), yaml_name="qwen3_8b_1tp.yaml")
+    with pytest.raises(InputError, match=r"--yaml nope.yaml: no such file .*qwen3_8b_2tp.yaml"):
+        upstream_check.plan(Recipe.at(pristine / "models" / "qwen"), yaml_name="nope.yaml", tiny=True)
+
+
+def test_tiny_plan_points_a_copy_of_the_yaml_at_a_tiny_checkpoint(checkout):
+    before = digests(checkout)
+    recipe = Recipe.at(checkout / "models" / "deepseek_r1")
+    plan = upstream_check.plan(recipe, yaml_name="decode_r1_rank_16_16ep_a8w8.yaml", world_size=2, tiny=True)
+    copy = Path(plan["yaml"])
+    assert copy.parent == recipe.path / "config" / ".standin" and plan["tiny"] and plan["model_type"] == "deepseek_v3"
+    data = recipe.settings(copy)
+    assert data["model_config"]["model_path"] == plan["checkpoint"]
+    assert json.loads((Path(plan["checkpoint"]) / "config.json").read_text())["model_type"] == "deepseek_v3"
+    # 16 ranks (embed/lmhead tp 16) cut to 2; the 1s stay 1
+    assert data["parallel_config"] == {"world_size": 2, "attn_tp_size": 1, "dense_tp_size": 1, "moe_tp_size": 1,
+                                       "embed_tp_size": 2, "lmhead_tp_size": 2}
+    assert data["scheduler_config"]["batch_size"] == 4 and data["data_config"]["input_truncated_len"] == 128
+    assert data["model_config"]["exe_mode"] == "npugraph_ex"     # the recipe's own mode is kept
+    assert any("tiny random deepseek_v3" in note for note in plan["notes"])
+    after = digests(checkout)
+    assert {k: v for k, v in after.items() if k in before} == before      # upstream's bytes untouched
+    assert all(k.startswith(("models/deepseek_r1/config/.standin/", "models/deepseek_r1/.migrator/"))
+               for k in set(after) - set(before))
+
+
+def test_real_weights_run_the_yaml_as_it_is(checkout, tmp_path):
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    (weights / "config.json").write_text("{}")
+    yaml_path = checkout / "models" / "qwen" / "config" / "qwen3_8b_1tp.yaml"
+    yaml_path.write_text(yaml_path.read_text().replace("/data/models/origin/Qwen3-8B", str(weights)))
+    plan = upstream_check.plan(Recipe.at(checkout / "models" / "qwen"), yaml_name="qwen3_8b_1tp.yaml", tiny=True)
+    assert plan["yaml"] == str(yaml_path) and not plan["tiny"] and plan["checkpoint"] == str(weights)
+
+
+def test_legacy_infer_sh_runs_its_own_text_with_only_the_yaml_name_changed(checkout):
+    recipe = Recipe.at(checkout / "models" / "pangu_7b")
+    assert recipe.kind == "legacy"
+    plan = {"yaml": str(recipe.path / "config" / ".standin" / "openpangu_v5_7b_mxfp8.yaml"),
+            "source_yaml": str(recipe.path / "config" / "openpangu_v5_7b_mxfp8.yaml")}
+    command = upstream_check.legacy_command(recipe, plan)
+    original = (recipe.path / "infer.sh").read_text()
+    assert command[:2] == ("bash", "-c") and command[3] == str(recipe.path / "infer.sh")
+    changed = [(a, b) for a, b in zip(original.splitlines(), command[2].splitlines()) if a != b]
+    assert changed == [('export YAML_FILE_NAME="openpangu_v5_7b_mxfp8.yaml" # modify to your yaml file name',
+                        'export YAML_FILE_NAME=".standin/openpangu_v5_7b_mxfp8.yaml" # modify to your yaml file name')]
+    assert upstream_check.legacy_command(recipe, {**plan, "yaml": plan["source_yaml"]}) is None
+
+
+def test_without_standin_the_answer_stays_exit_4_and_names_standin(pristine):
+    proc = run_cli("run", str(pristine / "models" / "qwen"))
+    assert proc.returncode == 4, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "needs an Ascend NPU" in lines[0] and "--standin --tiny" in lines[0]
+
+
+def test_standin_refuses_what_is_not_an_upstream_recipe(tmp_path, pristine):
+    proc = run_cli("run", str(pristine / "models" / "qwen"), "--tiny")
+    assert proc.returncode == 2 and "--tiny needs --standin" in proc.stderr
+    proc = run_cli("run", str(pristine / "models" / "qwen"), "--standin")
+    assert proc.returncode == 2 and "pass --tiny" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# ---- runs --------------------------------------------------------------------------------------
+def run_standin(checkout: Path, model: str, *args: str, timeout: int = 1800):
+    proc = run_cli("run", str(checkout / "models" / model), "--standin", "--tiny", "--max-rounds", "0", "--json",
+                   *args, env=FAST, timeout=timeout)
+    summary = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {}
+    return proc, summary
+
+
+def test_qwen3_one_rank_reaches_a_baseline_with_parity_against_transformers(checkout):
+    before = digests(checkout)
+    proc, summary = run_standin(checkout, "qwen", "--yaml", "qwen3_8b_1tp.yaml")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert summary["scenario"] == "C" and summary["status"] == "ok"
+    baseline = json.loads(Path(summary["baseline_path"]).read_text())
+    assert Path(summary["baseline_path"]).name == "baseline_metadata.standin.json"
+    assert baseline["environment"]["device"] == "cpu (npu stand-in)"
+    parity = baseline["verification"]["parity"]
+    assert parity["reference"] == "transformers Qwen3ForCausalLM (npu stand-in)"
+    assert parity["ok"] is True and parity["checked"] is True and parity["greedy_equal_up_to_ties"] is True
+    assert parity["max_abs_logits_diff"] <= parity["tolerance"]
+    assert len(parity["layer_relative_errors"]) == 2 and max(parity["layer_relative_errors"]) < 0.05
+    assert parity["prompt_tokens"] > 50
+    report = json.loads((checkout / "models" / "qwen" / "migration_report.json").read_text())
+    assert any("tiny random qwen3 checkpoint" in n for n in report["upstream_standin"]["notes"])
+    after = digests(checkout)
+    assert {k: v for k, v in after.items() if k in before} == before      # upstream's files as they were
+
+
+@pytest.mark.slow
+def test_a_sign_flipped_in_one_layer_is_a_located_finding(checkout):
+    """A broken copy (layer 1's MLP output negated): the run works, parity locates layer 1."""
+    modeling = checkout / "models" / "qwen" / "models" / "modeling_qwen.py"
+    old = "        hidden_states = self.mlp(hidden_states)\n\n        outputs = (residual, hidden_states)"
+    text = modeling.read_text()
+    assert text.count(old) == 1
+    modeling.write_text(text.replace(old, "        hidden_states = self.mlp(hidden_states)\n"
+                                          "        if self.self_attn.layer_idx == 1:\n"
+                                          "            hidden_states = -hidden_states\n\n"
+                                          "        outputs = (residual, hidden_states)"))
+    proc, summary = run_standin(checkout, "qwen", "--yaml", "qwen3_8b_1tp.yaml")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "diverges from transformers at decoder layer 1" in summary["message"]
+    parity = json.loads(Path(summary["baseline_path"]).read_text())["verification"]["parity"]
+    assert parity["ok"] is False and parity["first_divergent_layer"] == 1
+    errors = parity["layer_relative_errors"]
+    assert errors[0] < 0.05 < 0.5 < errors[1]
+
+
+# ---- one line for every model folder; exit 4 only where it must ---------------------------------
+def test_every_model_folder_gets_one_true_line(checkout):
+    """Each models/* folder of the checkout (plus a README-only one and one that imports a compiled
+    custom op, as the full repository has) gets one stderr line and the exit code that says what it is."""
+    (checkout / "models" / "readme_only").mkdir()
+    (checkout / "models" / "readme_only" / "README.md").write_text("# weights and code elsewhere\n")
+    shutil.copytree(checkout / "models" / "qwen", checkout / "models" / "qwen_ascendc")
+    modeling = checkout / "models" / "qwen_ascendc" / "models" / "modeling_qwen.py"
+    text = modeling.read_text()
+    modeling.write_text(text.replace("import torch\n", "import torch\nimport custom_ops\n", 1))
+    line_no = modeling.read_text().splitlines().index("import custom_ops") + 1
+    answers = {}
+    for folder in sorted((checkout / "models").iterdir()):
+        proc = run_cli("run", str(folder))
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in proc.stderr, (folder.name, proc.stderr)
+        answers[folder.name] = (proc.returncode, lines[0])
+    assert set(answers) == {"deepseek_r1", "gpt_oss", "pangu_7b", "qwen", "readme_only", "qwen_ascendc"}
+    for name in ("deepseek_r1", "gpt_oss", "pangu_7b", "qwen"):
+        code, line = answers[name]
+        assert code == 4 and "needs an Ascend NPU" in line and f"models/{name} --standin --tiny" in line, line
+    code, line = answers["readme_only"]
+    assert code == 2 and "no config/*.yaml" in line
+    code, line = answers["qwen_ascendc"]
+    assert code == 4 and "--standin" not in line
+    assert f"import custom_ops (AscendC) at models/qwen_ascendc/models/modeling_qwen.py:{line_no}" in line
+    # with --standin too: nothing runs, nothing is written
+    proc = run_cli("run", str(checkout / "models" / "qwen_ascendc"), "--standin", "--tiny")
+    assert proc.returncode == 4 and "import custom_ops (AscendC)" in proc.stderr
+    assert not (checkout / "models" / "qwen_ascendc" / ".migrator").exists()
+
+
+def test_a_compiled_op_reached_at_run_time_is_named_at_its_call_site(tmp_path):
+    """The op behind a switch: named from the run's own traceback (torch's real error), innermost
+    frame inside the checkout."""
+    import subprocess
+    import sys
+
+    from agent.recipe.compiled_ops import from_evidence
+
+    module = tmp_path / "models" / "m" / "models" / "mhc.py"
+    module.parent.mkdir(parents=True)
+    module.write_text("import torch\n\n\ndef hc_pre(x):\n    return torch.ops.custom.npu_hc_pre(x)\n")
+    proc = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(module.parent)!r}); "
+                           "import torch, mhc; mhc.hc_pre(torch.ones(1))"], capture_output=True, text=True)
+    assert proc.returncode == 1
+    op = from_evidence(proc.stderr, [tmp_path])
+    assert (op.name, op.kind, op.where) == ("torch.ops.custom.npu_hc_pre", "AscendC", "models/m/models/mhc.py:5")
+    assert from_evidence("ModuleNotFoundError: No module named 'tilelang'", [tmp_path]).kind == "TileLang"
+    assert from_evidence("ModuleNotFoundError: No module named 'yaml'", [tmp_path]) is None
+
+
+@pytest.mark.parametrize("parallel,ranks,expected", [
+    # a 16-rank YAML on 2: the layout kept, scaled down
+    ({"world_size": 16, "attn_tp_size": 1, "embed_tp_size": 16, "lmhead_tp_size": 16, "moe_ep_size": 16}, 2,
+     {"world_size": 2, "attn_tp_size": 1, "embed_tp_size": 2, "lmhead_tp_size": 2, "moe_ep_size": 2}),
+    ({"world_size": 32, "attn_tp_size": 32, "moe_tp_size": 1}, 1, {"world_size": 1, "attn_tp_size": 1, "moe_tp_size": 1}),
+    # a single-card YAML on 2: tensor parallel over both, as upstream's 2tp YAMLs are
+    ({"world_size": 1, "attn_tp_size": 1, "moe_tp_size": 1, "embed_tp_size": 1, "lmhead_tp_size": 1}, 2,
+     {"world_size": 2, "attn_tp_size": 2, "moe_tp_size": 2, "embed_tp_size": 1, "lmhead_tp_size": 2}),
+])
+def test_parallel_config_for_the_ranks_asked(parallel, ranks, expected):
+    assert upstream_check._parallel_for(parallel, ranks) == expected
+
+
+# ---- model x ranks (slow) --------------------------------------------------------------------
+TABLE = [
+    pytest.param("qwen", "qwen3_8b_2tp.yaml", 2, "Qwen3ForCausalLM", id="qwen3-2ranks"),
+    pytest.param("qwen", "qwen25_7b_instruct_1tp.yaml", 1, "Qwen2ForCausalLM", id="qwen2-1rank"),
+    pytest.param("qwen", "qwen25_7b_instruct_2tp.yaml", 2, "Qwen2ForCausalLM", id="qwen2-2ranks"),
+    pytest.param("gpt_oss", "gpt_oss_20b.yaml", 1, "GptOssForCausalLM", id="gpt_oss-1rank"),
+    pytest.param("gpt_oss", "gpt_oss_20b.yaml", 2, "GptOssForCausalLM", id="gpt_oss-2ranks"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model,yaml_name,ranks,reference", TABLE)
+def test_upstream_model_reaches_a_baseline_with_parity(checkout, model, yaml_name, ranks, reference):
+    proc, summary = run_standin(checkout, model, "--yaml", yaml_name, "--world-size", str(ranks))
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    baseline = json.loads(Path(summary["baseline_path"]).read_text())
+    parity = baseline["verification"]["parity"]
+    assert parity["reference"] == f"transformers {reference} (npu stand-in)" and parity["ok"] is True
+    assert baseline["standin"]["world_size"] == ranks and baseline["verification"]["all_ranks_success"]
+
+
+@pytest.mark.slow
+def test_baseline_standin_tiny_writes_one_row_per_model(checkout, tmp_path):
+    summary = tmp_path / "summary"
+    proc = run_cli("baseline", str(checkout / "models" / "qwen"), str(checkout / "models" / "pangu_7b"),
+                   "--standin", "--tiny", "--summary", str(summary), env=FAST, timeout=3600)
+    rows = (summary.with_suffix(".csv")).read_text().splitlines()
+    assert rows[0].startswith("model,status") and len(rows) == 3
+    assert ",ok," in rows[1] and "cpu (npu stand-in)" in rows[1]
+    assert proc.returncode == 1          # pangu_7b stops in its own modeling code (see the note)
+
+
+@pytest.mark.slow
+def test_deepseek_r1_goes_as_far_as_the_stand_in_has_kernels(checkout):
+    """DeepSeek-R1 (MLA, MoE) on one rank: its YaRN tiny checkpoint loads through upstream's own code and
+    the run stops at the first MLA cache kernel the stand-in has no reference for: exit 4, named."""
+    import importlib.util
+
+    pytest.importorskip("compressed_tensors", reason="deepseek_r1's requirements.txt: compressed-tensors")
+    if importlib.util.find_spec("transformers.modeling_attn_mask_utils") is None:
+        pytest.skip("deepseek_r1's modules import transformers.modeling_attn_mask_utils (upstream pins 5.0.0)")
+    proc, _ = run_standin(checkout, "deepseek_r1", "--yaml", "decode_r1_rank_16_16ep_a8w8.yaml")
+    assert proc.returncode == 4, proc.stderr[-3000:]
+    line = proc.stderr.strip().splitlines()[-1]
+    assert "needs an Ascend NPU: torch_npu.npu_kv_rmsnorm_rope_cache_v2 has no reference kernel" in line
+    assert "models/deepseek_r1/models/modeling_deepseek.py:" in line
+
+
+def test_standin_process_groups_answer_get_hccl_comm_name(tmp_path):
+    """executor/utils/hccl_utils.get_group_name asks the group's npu backend for its HCCL name."""
+    import subprocess
+    import sys
+
+    from npu_standin.environment import standin_env
+
+    code = ("import torch, torch_npu, torch.distributed as dist\n"
+            "dist.init_process_group('hccl', init_method='tcp://127.0.0.1:0', world_size=1, rank=0)\n"
+            "name = dist.group.WORLD._get_backend(torch.device('npu')).get_hccl_comm_name(0)\n"
+            "print(type(name).__name__, name.startswith('npu-standin-gloo-'))\n")
+    proc = subprocess.run([sys.executable, "-c", code], env=standin_env("cpu", record_dir=tmp_path),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "str True"

@@ -1,0 +1,129 @@
+"""Repair rules for cann-recipes-infer's own recipes as people break them (common_issues.md), with the
+faults injected into a copy of the snapshot: the rule matches the real failure, its fix changes one
+line and keeps every other byte, the original is backed up, `migrator rollback` restores it.
+
+In-process cases use the failure the recipe's own code raises (a real subprocess or upstream's own
+function); `slow` ones run the broken copy through `migrator run --standin --tiny` and its repair round."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.recipe.backup import rollback
+from agent.repair.diagnose import diagnose
+from agent.repair.failure import Failure
+from agent.repair.fix import repair
+from agent.testing.tiny_checkpoint import build_tiny_checkpoint
+from conftest import run_cli
+from test_upstream_check import FAST, copy_snapshot
+
+
+@pytest.fixture
+def checkout(tmp_path):
+    return copy_snapshot(tmp_path / "cann-recipes-infer")
+
+
+def drop_set_env_pythonpath(checkout: Path) -> None:
+    """The injection: a checkout whose set_env.sh does not export PYTHONPATH (an older one, or a
+    user's own), so a legacy recipe's infer.sh has nothing putting the checkout on it."""
+    set_env = checkout / "executor" / "scripts" / "set_env.sh"
+    lines = set_env.read_text().splitlines(keepends=True)
+    kept = [line for line in lines if not line.startswith("export PYTHONPATH=")]
+    assert len(kept) == len(lines) - 1
+    set_env.write_text("".join(kept))
+
+
+def test_legacy_infer_sh_gets_the_checkout_on_pythonpath(checkout):
+    drop_set_env_pythonpath(checkout)
+    recipe = checkout / "models" / "pangu_7b"
+    env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "infer.py"], cwd=recipe, capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert "No module named 'executor'" in proc.stderr      # the recipe's own import, as a run shows it
+    failure = Failure.from_output(recipe, proc.stderr)
+    diagnosis = diagnose(recipe, {}, failure=failure)
+    assert diagnosis["rule"] == "checkout_not_on_pythonpath", diagnosis
+    before = (recipe / "infer.sh").read_bytes()
+    done = repair(recipe, diagnosis, round_no=1, failure=failure)
+    assert done["applied"], done
+    after = (recipe / "infer.sh").read_bytes()
+    added = [line for line in after.decode().splitlines() if line not in before.decode().splitlines()]
+    assert added == ['export PYTHONPATH="${SCRIPT_PATH}/../..:${PYTHONPATH}"']
+    assert after.replace(b'export PYTHONPATH="${SCRIPT_PATH}/../..:${PYTHONPATH}"\n', b"") == before
+    # the line comes after the sourced scripts, before launch
+    text = after.decode()
+    assert text.index("source ${FUNCTION_ABS_PATH}") < text.index("export PYTHONPATH") < text.index("\nlaunch")
+    # with it, infer.py's imports of the checkout resolve (it gets to argument parsing)
+    proc = subprocess.run(["bash", "-c", f'SCRIPT_PATH=$(pwd); {added[0]}; {sys.executable} -c "import importlib.util; '
+                           'assert importlib.util.find_spec(\'executor.utils\')"'],
+                          cwd=recipe, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rollback(recipe, 1)
+    assert (recipe / "infer.sh").read_bytes() == before
+    # not this rule: the recipe's own module missing, or a checkout already on the path
+    assert diagnose(recipe, {}, failure=Failure.from_output(recipe, "ModuleNotFoundError: No module named 'yaml'")
+                    )["rule"] != "checkout_not_on_pythonpath"
+
+
+def test_vocab_not_divisible_by_lmhead_tp_sets_a_divisor(checkout, tmp_path):
+    weights = build_tiny_checkpoint("qwen3", tmp_path / "weights")
+    config = json.loads((weights / "config.json").read_text())
+    (weights / "config.json").write_text(json.dumps({**config, "vocab_size": 385}))   # an odd vocab
+    recipe = checkout / "models" / "qwen"
+    yaml_path = recipe / "config" / "qwen3_8b_2tp.yaml"
+    original = yaml_path.read_text().replace("/data/models/origin/Qwen3-8B", str(weights))
+    yaml_path.write_text(original)
+    # upstream's own check raising its own error, in a process under the npu stand-in (module/ imports torch_npu)
+    from npu_standin.environment import standin_env
+
+    env = standin_env("cpu", base={**__import__("os").environ, "PYTHONPATH": str(checkout)})
+    proc = subprocess.run([sys.executable, "-c", "from module.utils import ensure_divisibility; "
+                           "ensure_divisibility(385, 2)"], cwd=checkout, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert "ValueError: 385 is not divisible by 2" in proc.stderr, proc.stderr[-2000:]
+    output = proc.stderr
+    failure = Failure.from_output(recipe, output, yaml=yaml_path)
+    diagnosis = diagnose(recipe, {}, failure=failure)
+    assert diagnosis["rule"] == "vocab_not_divisible_by_lmhead_tp", diagnosis
+    done = repair(recipe, diagnosis, round_no=1, failure=failure)
+    assert done["applied"] and "lmhead_tp_size: 1" in done["note"]
+    changed = [(a, b) for a, b in zip(original.splitlines(), yaml_path.read_text().splitlines()) if a != b]
+    assert changed == [("  lmhead_tp_size: 2", "  lmhead_tp_size: 1")]
+    rollback(recipe, 1)
+    assert yaml_path.read_text() == original
+
+
+@pytest.mark.slow
+def test_models_init_that_shadows_the_framework_model_is_removed_and_the_run_passes(checkout):
+    """common issue 1 on a framework model: a models/__init__.py copied from another model (importing a
+    file this one does not have) breaks the registry's import; the round removes it, parity holds."""
+    init = checkout / "models" / "qwen" / "models" / "__init__.py"
+    init.write_text("from .modeling_qwen3 import Qwen3ForCausalLM\n")
+    proc = run_cli("run", str(checkout / "models" / "qwen"), "--standin", "--tiny", "--yaml", "qwen3_8b_1tp.yaml",
+                   "--max-rounds", "1", "--json", env=FAST, timeout=2400)
+    summary = json.loads(proc.stdout)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    report = json.loads((checkout / "models" / "qwen" / "migration_report.json").read_text())
+    assert [r["diagnosis"]["rule"] for r in report["rounds"]] == ["models_init_shadows_package"]
+    assert not init.exists() and summary["status"] == "ok"
+    assert json.loads(Path(summary["baseline_path"]).read_text())["verification"]["parity"]["ok"] is True
+    proc = run_cli("rollback", str(checkout / "models" / "qwen"))
+    assert proc.returncode == 0 and init.read_text() == "from .modeling_qwen3 import Qwen3ForCausalLM\n"
+
+
+@pytest.mark.slow
+def test_legacy_recipe_without_the_checkout_on_pythonpath_is_repaired_in_a_round(checkout):
+    drop_set_env_pythonpath(checkout)
+    proc = run_cli("run", str(checkout / "models" / "pangu_7b"), "--standin", "--tiny", "--max-rounds", "1",
+                   "--json", env=FAST, timeout=2400)
+    report = json.loads((checkout / "models" / "pangu_7b" / "migration_report.json").read_text())
+    assert report["rounds"][0]["diagnosis"]["rule"] == "checkout_not_on_pythonpath", report["rounds"]
+    assert report["rounds"][0]["applied"]
+    # the next run gets past the imports into the recipe's own modeling code
+    assert "No module named 'executor'" not in Path(report["runs"][-1]["output_file"]).read_text()
+    assert proc.returncode in (0, 1)
