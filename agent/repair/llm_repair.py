@@ -483,7 +483,7 @@ def _fix(failure: Failure, facts: dict, ctx: RepairContext) -> str:
         diff = request_diff(build_messages(failure))
         if redact(diff) != diff:
             raise DiffRejected("the reply contains the API key; nothing is kept or applied")
-        touched = validate_diff(diff, recipe)
+        touched = sorted(rel for rel, *_ in plan_diff(diff, recipe))   # checks every path, raises DiffRejected
         saved = save_proposal(recipe, diff)
     except (DiffRejected, UnsafeRecipePath, OSError) as exc:
         return redact(f"LLM diff rejected: {exc}")
