@@ -16,6 +16,7 @@ from pathlib import Path
 
 from agent.errors import InputError
 from agent.recipe.recipe import NO_CODE_DIRS
+from agent.recipe.targets import state_dir, state_parts
 from agent.recipe.textfile import read_exact_lines
 
 # Recipe files that are backed up before a fix: all but the run state, logs and baselines.
@@ -92,7 +93,7 @@ def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
 
 
 def _backups(recipe_dir: Path) -> Path:
-    return real_dirs(recipe_dir, ".migrator", "backup")
+    return real_dirs(recipe_dir, *state_parts(recipe_dir), "backup")
 
 
 def _current_run(backups: Path) -> str:
@@ -103,7 +104,7 @@ def _current_run(backups: Path) -> str:
 def start_backup_run(recipe_dir: Path, run_id: str) -> None:
     """A fresh run (not --resume): its round N backups are new; the earlier run's go to earlier/ when
     this run takes its own. Nothing to do (nothing written) when the recipe has no backups yet."""
-    backups = recipe_dir / ".migrator" / "backup"
+    backups = state_dir(recipe_dir) / "backup"
     if backups.is_dir() or backups.is_symlink():
         atomic_write(_backups(recipe_dir) / "run", (run_id + "\n").encode())
 
@@ -174,8 +175,8 @@ class BackupError(InputError):
 
 
 def backup_rounds(recipe_dir: Path) -> list[int]:
-    backups = recipe_dir / ".migrator" / "backup"
-    if not backups.is_dir() or backups.is_symlink() or (recipe_dir / ".migrator").is_symlink():
+    backups = state_dir(recipe_dir) / "backup"
+    if not backups.is_dir() or backups.is_symlink() or state_dir(recipe_dir).is_symlink():
         return []
     return sorted(int(m.group(1)) for p in backups.iterdir()
                   if (m := ROUND_DIR_RE.fullmatch(p.name)) and p.is_dir() and not p.is_symlink())
@@ -208,7 +209,7 @@ class _Trash:
 
     def put(self, rel: str) -> str:
         if self.dir is None:
-            base = real_dirs(self.recipe_dir, ".migrator", "trash") / time.strftime("%Y%m%dT%H%M%S")
+            base = real_dirs(self.recipe_dir, *state_parts(self.recipe_dir), "trash") / time.strftime("%Y%m%dT%H%M%S")
             while base.exists():
                 base = base.with_name(base.name + "_")
             base.mkdir()
@@ -230,7 +231,7 @@ def rollback(recipe_dir: Path, round_no: int | None = None) -> tuple[int, list[s
     round_no = rounds[0] if round_no is None else round_no
     if round_no not in rounds:
         raise FileNotFoundError(f"{recipe_dir}: no backup for round {round_no} (have {rounds})")
-    backups = recipe_dir / ".migrator" / "backup"
+    backups = state_dir(recipe_dir) / "backup"
     source = backups / f"round_{round_no}"
     manifest = _manifest(backups, round_no)
     saved = _regular_files(source)
@@ -262,3 +263,11 @@ def rollback(recipe_dir: Path, round_no: int | None = None) -> tuple[int, list[s
         atomic_write(target, data, mode)
         restored.append(f"restored {rel}")
     return round_no, restored
+
+
+def has_backups(recipe_dir: Path) -> bool:
+    """Whether a repair round backed the recipe up (what `rollback` restores)."""
+    try:
+        return bool(backup_rounds(recipe_dir))
+    except (OSError, UnsafeRecipePath):
+        return False

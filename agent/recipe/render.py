@@ -8,6 +8,7 @@ string is ever template source. After rendering, each file is parsed (Python, YA
 
 from __future__ import annotations
 
+import json
 import keyword
 import re
 import shlex
@@ -87,6 +88,33 @@ def _to_yaml(value) -> str:
     return yaml.safe_dump(value, sort_keys=False, allow_unicode=False, default_flow_style=False, width=4096)
 
 
+def _yaml_scalar(value) -> str:
+    """One YAML scalar in upstream's style: True / False, numbers bare, strings double-quoted
+    (JSON's escaping is valid YAML)."""
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    raise VendorError(f"refusing to write {type(value).__name__} {value!r} as a YAML scalar")
+
+
+def _yaml_sections(settings: dict) -> str:
+    """A YAML of sections of scalars (upstream's four-section schema), a blank line between sections."""
+    blocks = []
+    for section, values in settings.items():
+        if not is_identifier(section) or not isinstance(values, dict):
+            raise VendorError(f"refusing to write YAML section {section!r}")
+        lines = [f"{section}:"]
+        for key, value in values.items():
+            if not is_identifier(key):
+                raise VendorError(f"refusing to write YAML key {key!r}")
+            lines.append(f"  {key}: {_yaml_scalar(value)}")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir())),
@@ -95,7 +123,7 @@ def environment() -> jinja2.Environment:
         autoescape=False,
     )
     env.filters.update(py=repr, ident=_identifier, sh=shlex.quote, comment=_one_line, doc=_docstring,
-                       md=_markdown, to_yaml=_to_yaml)
+                       md=_markdown, to_yaml=_to_yaml, yaml_scalar=_yaml_scalar, yaml_sections=_yaml_sections)
     return env
 
 
@@ -111,6 +139,8 @@ def template_context(context: dict, family: Family, target: Target = TARGETS["st
     ctx = dict(context, family=family, yaml_name=target.yaml_name(name, int(context.get("world_size") or 1)),
                runner_class=runner_class_name(name))
     ctx["settings"] = target.yaml_settings(ctx)   # the YAML: the target's schema, in its order
+    if target.context is not None:
+        ctx.update(target.context(ctx))
     return ctx
 
 
@@ -123,7 +153,8 @@ def generated_files(model_name: str, family: Family, target: Target = TARGETS["s
     """recipe-relative path -> template, for every file the migrator renders."""
     files = {path.format(name=model_name, yaml_name=target.yaml_name(model_name, world_size)): template
              for template, path in target.files().items()}
-    files[f"runner_{model_name}.py"] = family.runner_template
+    if target.family_runner:
+        files[f"runner_{model_name}.py"] = family.runner_template
     return files
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from agent.measure import run_log
 from agent.records import Run
 from agent.recipe.recipe import Recipe
+from agent.recipe.targets import state_dir
 from agent.repair.failure import summarise_failure
 from engine import defaults
 
@@ -39,7 +40,7 @@ class Verdict:
 def trial_run(recipe: Recipe, label: str, world_size: int = 1, timeout_s: int | None = None) -> Run:
     """Run the recipe once; paths are absolute, so the run never depends on the caller's working
     directory."""
-    runs_dir = recipe.path / ".migrator" / "runs"
+    runs_dir = state_dir(recipe.path) / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
     run_dir = runs_dir / f"run_{len(list(runs_dir.glob('run_*')))}_{label}"
     run_dir.mkdir()
@@ -58,7 +59,7 @@ def trial_run(recipe: Recipe, label: str, world_size: int = 1, timeout_s: int | 
         except subprocess.TimeoutExpired:
             returncode, timed_out = None, True
     output = (run_dir / "output.txt").read_text(errors="replace")
-    log_dir = find_logs(run_dir, cwd, started_at)
+    log_dir = find_logs(run_dir, cwd, started_at, recipe.path)
     verdict = judge_run(output, log_dir, recipe.path, recipe.kind == "framework")
     ran_clean = returncode == 0 and not timed_out
     ok = ran_clean and verdict.problem is None and not verdict.no_warm_up
@@ -96,12 +97,14 @@ def summarise(evidence: str, recipe: Recipe, returncode: int | None, timed_out: 
     return summary[-SUMMARY_CHARS:]
 
 
-def find_logs(run_dir: Path, cwd: Path, since: float) -> Path | None:
+def find_logs(run_dir: Path, cwd: Path, since: float, recipe_dir: Path | None = None) -> Path | None:
     """The folder with the run's log_{rank}.log: RES_PATH (run_dir) when the recipe honours it,
-    else the newest res/<date>/<case>/ the upstream launch wrote under its working directory."""
+    else the newest res/<date>/<case>/ the upstream launch wrote under its working directory or,
+    for the checkout's entry point (which sets RES_PATH itself), under the model's folder."""
     if any(run_dir.glob("log_*.log")):
         return run_dir
-    found = [p for base in dict.fromkeys((run_dir, cwd)) for p in base.glob("res/*/*/log_0.log")
+    bases = dict.fromkeys(p for p in (run_dir, cwd, recipe_dir) if p is not None)
+    found = [p for base in bases for p in base.glob("res/*/*/log_0.log")
              if p.stat().st_mtime >= since - 1]
     return max(found, key=lambda p: p.stat().st_mtime).parent if found else None
 

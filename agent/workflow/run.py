@@ -20,6 +20,7 @@ from pathlib import Path
 from agent import errors
 from agent.recipe.backup import atomic_write, real_dirs, start_backup_run
 from agent.recipe.recipe import Recipe
+from agent.recipe.targets import state_parts
 from agent.workflow.checkpoint_serde import StateSerializer, UnsafeStoreError
 from agent.workflow.state import MigrationState, summarise
 
@@ -155,9 +156,9 @@ def run_migration(state: dict, resume: bool = False, *, stop_after: str | None =
     key = thread_key(state)
     home = checkpoint_home(state)
     home.mkdir(parents=True, exist_ok=True)
-    real_dirs(home, ".migrator")          # a symlinked .migrator is refused, never written through
-    threads_file = home / ".migrator" / "threads.json"
-    db = home / ".migrator" / "checkpoints.sqlite"
+    store = real_dirs(home, *state_parts(home))   # a symlinked .migrator is refused, never written through
+    threads_file = store / "threads.json"
+    db = store / "checkpoints.sqlite"
     for path in (threads_file, db):
         if path.is_symlink():
             raise _unreadable_store(path, "it is a symlink", resume)

@@ -35,6 +35,7 @@ class MigrationState(TypedDict, total=False):
     timeout_s: int
     max_new_tokens: int
     world_size: int             # --world-size: cards for one tensor-parallel run (default 1)
+    recipe_target: str | None   # --target: a row of agent.recipe.targets.TARGETS (None: the output dir's default)
     # derived
     env: Environment
     scenario: str               # "A" migrate, "B" repair, "C" baseline
