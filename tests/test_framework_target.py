@@ -252,3 +252,28 @@ def test_framework_recipe_at_two_ranks_data_parallel(migrated, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     check_two_prompts(logs, migrated["checkpoint"], 2)
     assert usage["ranks"] == [0, 1] and usage["runtime"]["hccl->gloo"] == 2
+
+
+def test_migrator_run_into_a_checkout_end_to_end_under_the_standin(tmp_path, tiny_checkpoints):
+    """What a user without an NPU runs: `migrator standin -- migrator run CKPT --output-dir CHECKOUT/models`:
+    the default target there is framework; the trial run is upstream's infer.sh; the baseline goes to
+    agentic/baseline/ with parity against transformers; the checkout's tree shows only the recipe
+    and the registry line."""
+    checkout = copy_checkout(tmp_path)
+    checkpoint = upstream.tiny_checkpoint("llama", tmp_path / "ckpt")
+    proc = run_cli("standin", "--", sys.executable, "-m", "agent.cli", "run", str(checkpoint), "--output-dir",
+                   str(checkout / "models"), "--name", "e2e_llama", "--max-new-tokens", str(MAX_NEW_TOKENS),
+                   "--max-rounds", "0", "--json", cwd=tmp_path, timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout[proc.stdout.index("{"):proc.stdout.rindex("}") + 1])
+    recipe = checkout / "models" / "e2e_llama"
+    assert summary["status"] == "ok" and summary["baseline_path"] == str(recipe / "agentic/baseline/baseline_metadata.json")
+    baseline = json.loads((recipe / "agentic/baseline/baseline_metadata.json").read_text())
+    assert baseline["yaml_path"] == "config/e2e_llama.yaml"
+    assert baseline["environment"]["device"] == "cpu (npu stand-in)"
+    parity = baseline["verification"]["parity"]
+    assert parity["ok"] and parity["checked"] and parity["equal_bfloat16"] == "1/1", parity
+    status = _git(checkout, "status", "--porcelain", "--untracked-files=all").splitlines()
+    assert all(line[3:].startswith("models/e2e_llama/") or line[3:] == REGISTRY.as_posix() for line in status), status
+    assert not any("res/" in line or ".migrator" in line or line.endswith((".pt", ".json.orig")) for line in status)
+    assert (recipe / "res" / ".migrator" / "migration_report.json").is_file()     # ours, where git ignores it
