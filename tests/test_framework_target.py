@@ -64,8 +64,9 @@ def test_default_target_follows_the_output_dir(tmp_path):
         choose_target("framework", tmp_path / "out")
     with pytest.raises(InputError, match="models/ folder"):
         choose_target("framework", fake)
-    with pytest.raises(InputError, match="does not write legacy recipes yet"):
-        choose_target("legacy", fake / "models")
+    assert choose_target("legacy", fake / "models") == "legacy"
+    with pytest.raises(InputError, match="inside a cann-recipes-infer checkout"):
+        choose_target("legacy", tmp_path / "out")
     # where our state goes: .migrator/ outside a checkout, res/.migrator/ (ignored upstream) inside
     assert state_dir(tmp_path / "out" / "m") == tmp_path / "out" / "m" / ".migrator"
     assert state_dir(fake / "models" / "m") == fake / "models" / "m" / "res" / ".migrator"
@@ -209,7 +210,7 @@ def two_prompt_yaml(recipe: Path, tmp_path: Path, world_size: int) -> str:
     return name
 
 
-def check_two_prompts(logs, checkpoint, ranks):
+def check_two_prompts(logs, checkpoint, ranks, input_len: int = 504):
     """Each prompt's text (rank r of N holds prompt r when data parallel) against transformers: equal
     to its bf16 greedy generation (the run's dtype), and its float32 one up to bf16 ties."""
     assert len(logs) == ranks, logs
@@ -220,7 +221,6 @@ def check_two_prompts(logs, checkpoint, ranks):
         for request, text in outputs.items():
             texts[rank * (2 // ranks) + request] = text
     assert sorted(texts) == [0, 1]
-    input_len = 504
     figures = []
     for index, prompt in enumerate(PROMPTS):
         reference = upstream.reference_generation(checkpoint, prompt, MAX_NEW_TOKENS, input_len, "bfloat16")
@@ -254,6 +254,7 @@ def test_framework_recipe_at_two_ranks_data_parallel(migrated, tmp_path):
     assert usage["ranks"] == [0, 1] and usage["runtime"]["hccl->gloo"] == 2
 
 
+@pytest.mark.slow
 def test_migrator_run_into_a_checkout_end_to_end_under_the_standin(tmp_path, tiny_checkpoints):
     """What a user without an NPU runs: `migrator standin -- migrator run CKPT --output-dir CHECKOUT/models`:
     the default target there is framework; the trial run is upstream's infer.sh; the baseline goes to
@@ -277,3 +278,122 @@ def test_migrator_run_into_a_checkout_end_to_end_under_the_standin(tmp_path, tin
     assert all(line[3:].startswith("models/e2e_llama/") or line[3:] == REGISTRY.as_posix() for line in status), status
     assert not any("res/" in line or ".migrator" in line or line.endswith((".pt", ".json.orig")) for line in status)
     assert (recipe / "res" / ".migrator" / "migration_report.json").is_file()     # ours, where git ignores it
+
+
+# ---- the other families of the routing table ---------------------------------------------------
+FAMILIES = [
+    pytest.param("qwen3_moe", {}, "moe", id="moe-qwen3_moe"),
+    pytest.param("deepseek_v3", {}, "mla", id="mla-deepseek_v3"),
+    pytest.param("mistral", {"sliding_window": 16}, "sliding_window", id="sliding_window-mistral"),  # < the prompts
+]
+
+
+@pytest.fixture(scope="module")
+def family_checkout(tmp_path_factory):
+    root = tmp_path_factory.mktemp("families")
+    return {"root": root, "checkout": copy_checkout(root), "migrated": {}}
+
+
+def migrate_family(family_checkout, model_type: str, overrides: dict, family: str) -> tuple[Path, Path]:
+    from agent.workflow.run import run_migration
+
+    if model_type not in family_checkout["migrated"]:
+        root, checkout = family_checkout["root"], family_checkout["checkout"]
+        checkpoint = upstream.tiny_checkpoint(model_type, root / f"ckpt_{model_type}", **overrides)
+        name = f"tiny_{family}"
+        run_migration({"target": str(checkpoint), "output_dir": str(checkout / "models"), "name": name,
+                       "device": "cpu", "max_new_tokens": MAX_NEW_TOKENS, "max_rounds": 0, "world_size": 1,
+                       "recipe_target": "framework"}, stop_after="render")
+        family_checkout["migrated"][model_type] = (checkout / "models" / name, checkpoint)
+    return family_checkout["migrated"][model_type]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks", [1, 2])
+@pytest.mark.parametrize("model_type,overrides,family", FAMILIES)
+def test_framework_recipe_of_each_family_matches_transformers(family_checkout, tmp_path, model_type, overrides,
+                                                              family, ranks):
+    recipe, checkpoint = migrate_family(family_checkout, model_type, overrides, family)
+    report = json.loads((state_dir(recipe) / "migration_report.json").read_text()) \
+        if (state_dir(recipe) / "migration_report.json").is_file() else {}
+    assert report.get("family", family) == family
+    yaml_name = two_prompt_yaml(recipe, tmp_path, ranks)
+    proc, logs, usage = run_framework(family_checkout["checkout"], recipe.name, yaml_name, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    input_len = yaml.safe_load((recipe / "config" / yaml_name).read_text())["data_config"]["input_truncated_len"]
+    check_two_prompts(logs, checkpoint, ranks, input_len)
+    assert usage["ranks"] == list(range(ranks)) and not usage["unsupported"]
+
+
+# ---- the legacy target: a ModelRunner recipe as models/pangu_7b ---------------------------------
+@pytest.fixture(scope="module")
+def legacy(tmp_path_factory):
+    from agent.workflow.run import run_migration
+
+    root = tmp_path_factory.mktemp("legacy")
+    checkout = copy_checkout(root)
+    checkpoint = upstream.tiny_checkpoint("llama", root / "ckpt")
+    run_migration({"target": str(checkpoint), "output_dir": str(checkout / "models"), "name": "leg_llama",
+                   "device": "cpu", "max_new_tokens": MAX_NEW_TOKENS, "max_rounds": 0, "world_size": 1,
+                   "recipe_target": "legacy"}, stop_after="render")
+    return {"checkout": checkout, "checkpoint": checkpoint, "recipe": checkout / "models" / "leg_llama"}
+
+
+def test_legacy_recipe_is_a_modelrunner_recipe_of_upstreams_layout(legacy):
+    recipe, checkout = legacy["recipe"], legacy["checkout"]
+    assert Recipe.at(recipe).kind == "legacy"
+    runner = (recipe / "runner_leg_llama.py").read_text()
+    assert "from executor.model_runner import ModelRunner" in runner and "class LegLlamaRunner(ModelRunner):" in runner
+    infer_sh = (recipe / "infer.sh").read_text()
+    assert 'source ${FUNCTION_ABS_PATH}' in infer_sh and "executor/scripts/function.sh" in infer_sh
+    assert infer_sh.rstrip().endswith("launch")
+    settings = yaml.safe_load((recipe / "config" / "leg_llama.yaml").read_text())
+    assert [settings[k] for k in ("model_name", "exe_mode", "world_size")] == ["leg_llama", "eager", 1]
+    assert settings["data_config"]["max_new_tokens"] == MAX_NEW_TOKENS
+    # nothing outside the recipe: a ModelRunner recipe is not registered
+    status = _git(checkout, "status", "--porcelain", "--untracked-files=all").splitlines()
+    assert status and all(line[3:].startswith("models/leg_llama/") for line in status), status
+    assert "leg_llama" not in registered_names(checkout / REGISTRY)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_legacy_recipe_runs_under_upstreams_launcher(legacy, tmp_path, ranks):
+    """infer.sh -> function.sh's launch (LOCAL_RANK, RANK_ID, WORLD_SIZE per process); a batch of two
+    prompts of unequal length, left-padded at one rank, one per RANK_ID at two; each prompt's text is
+    transformers' greedy generation of it alone (bf16, the run's dtype)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    recipe, checkout, checkpoint = legacy["recipe"], legacy["checkout"], legacy["checkpoint"]
+    (checkout / "dataset" / "default_prompt.json").write_text(json.dumps({"text": PROMPTS}))   # the copy's
+    yaml_path = Recipe.at(recipe).yaml_for(ranks, write=True) if ranks > 1 else recipe / "config" / "leg_llama.yaml"
+    settings = yaml.safe_load(yaml_path.read_text())
+    settings["data_config"]["batch_size"] = 2
+    run_yaml = recipe / "config" / f"{yaml_path.stem}_two.yaml"
+    run_yaml.write_text(yaml.safe_dump(settings, sort_keys=False))
+    shutil.rmtree(recipe / "res", ignore_errors=True)
+    record = tmp_path / "record"
+    proc = run_cli("standin", "--record", str(record), "--", "bash", str(recipe / "infer.sh"), cwd=tmp_path,
+                   env={"YAML_FILE": f"config/{run_yaml.name}"}, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    logs = sorted((recipe / "res").glob("2*/*/log_*.log"))
+    assert len(logs) == ranks
+    texts = {}
+    for rank, log in enumerate(logs):
+        assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+        for request, text in upstream.outputs(log).items():
+            texts[rank * (2 // ranks) + request] = text
+    assert sorted(texts) == [0, 1]
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16).eval()
+    lengths = []
+    for index, prompt in enumerate(PROMPTS):
+        ids = tokenizer(prompt, return_tensors="pt", truncation=True, max_length=settings["data_config"]["input_max_len"]).input_ids
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=MAX_NEW_TOKENS)
+        assert texts[index] == tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True), index
+        lengths.append(ids.shape[1])
+    assert lengths[0] != lengths[1]
+    usage = json.loads((record / "standin_usage.json").read_text())
+    assert usage["ranks"] == list(range(ranks)) and not usage["unsupported"]
+    print(f"legacy parity ranks={ranks}: prompt tokens {lengths}, bf16 greedy equal for both")

@@ -101,18 +101,22 @@ def _yaml_scalar(value) -> str:
 
 
 def _yaml_sections(settings: dict) -> str:
-    """A YAML of sections of scalars (upstream's four-section schema), a blank line between sections."""
-    blocks = []
-    for section, values in settings.items():
-        if not is_identifier(section) or not isinstance(values, dict):
-            raise VendorError(f"refusing to write YAML section {section!r}")
-        lines = [f"{section}:"]
-        for key, value in values.items():
-            if not is_identifier(key):
-                raise VendorError(f"refusing to write YAML key {key!r}")
-            lines.append(f"  {key}: {_yaml_scalar(value)}")
+    """A YAML of top-level scalars and sections of scalars (upstream's schemas: four sections for the
+    framework, scalars then sections for a ModelRunner recipe), a blank line before each section."""
+    blocks, scalars = [], []
+    for key, value in settings.items():
+        if not is_identifier(key):
+            raise VendorError(f"refusing to write YAML key {key!r}")
+        if not isinstance(value, dict):
+            scalars.append(f"{key}: {_yaml_scalar(value)}")
+            continue
+        lines = [f"{key}:"]
+        for leaf, leaf_value in value.items():
+            if not is_identifier(leaf):
+                raise VendorError(f"refusing to write YAML key {leaf!r}")
+            lines.append(f"  {leaf}: {_yaml_scalar(leaf_value)}")
         blocks.append("\n".join(lines))
-    return "\n\n".join(blocks)
+    return "\n\n".join((["\n".join(scalars)] if scalars else []) + blocks)
 
 
 def environment() -> jinja2.Environment:

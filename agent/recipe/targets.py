@@ -155,6 +155,39 @@ def data_parallel_yaml(settings: dict, world_size: int) -> dict:
     return settings
 
 
+def legacy_settings(ctx: dict) -> dict:
+    """A ModelRunner recipe's YAML (models/pangu_7b's schema: top-level model_name, model_path,
+    exe_mode, world_size; model_config, data_config, parallel_config)."""
+    world_size = int(ctx.get("world_size") or 1)
+    return {
+        "model_name": ctx["model_name"], "model_path": ctx["model_path"], "exe_mode": "eager", "world_size": world_size,
+        # enable_online_split_weight: every rank reads model_path itself (not model_path/rank_N)
+        "model_config": {"dtype": "bfloat16", "enable_profiler": False, "with_ckpt": True,
+                         "enable_online_split_weight": True},
+        "data_config": {"dataset": "default", "input_max_len": int(ctx["input_max_len"]),
+                        "max_new_tokens": int(ctx["max_new_tokens"]), "batch_size": int(ctx.get("batch_size") or world_size)},
+        "parallel_config": {"attn_tp_size": 1, "moe_tp_size": 1, "embed_tp_size": 1, "lmhead_tp_size": 1},
+    }
+
+
+def legacy_data_parallel_yaml(settings: dict, world_size: int) -> dict:
+    """A ModelRunner YAML on N cards: every rank the whole model, the batch split by RANK_ID."""
+    settings = {key: dict(value) if isinstance(value, dict) else value for key, value in settings.items()}
+    settings["world_size"] = world_size
+    settings.setdefault("parallel_config", {}).update(attn_tp_size=1, moe_tp_size=1, embed_tp_size=1, lmhead_tp_size=1)
+    data = settings.setdefault("data_config", {})
+    data["batch_size"] = max(1, int(data.get("batch_size") or 1)) * world_size
+    return settings
+
+
+def legacy_context(ctx: dict) -> dict:
+    return {**framework_context(ctx), "runner_class": runner_class_name(ctx["model_name"])}
+
+
+def runner_class_name(model_name: str) -> str:
+    return "".join(part.capitalize() for part in model_name.split("_")) + "Runner"
+
+
 def _run_infer_sh(recipe: Recipe, world_size: int) -> Launch:
     """`bash infer.sh` in the recipe folder; on N cards the N-card YAML through YAML_FILE
     (written from the single-card one when the recipe lacks it)."""
@@ -216,8 +249,20 @@ TARGETS: dict[str, Target] = {
             "requirements.txt.j2": "requirements.txt",
         },
         readme_template="README.md.j2", yaml_schema=KEYS, yaml_settings=rendered_settings, family_runner=True),
-    # cann-recipes-infer's ModelRunner recipes: their own infer.sh (sourcing executor/scripts/function.sh).
-    "legacy": Target("legacy", "the recipe's infer.sh", _run_infer_sh, standalone_yaml_name),
+    # cann-recipes-infer's ModelRunner recipes: their own infer.sh (sourcing executor/scripts/function.sh),
+    # a runner subclassing executor.model_runner.ModelRunner (models/pangu_7b's layout).
+    "legacy": Target(
+        "legacy", "the recipe's infer.sh (executor/scripts/function.sh's launch)", _run_infer_sh, framework_yaml_name,
+        baseline_dir="agentic/baseline",
+        layout={
+            "legacy/runner.py.j2": "runner_{name}.py",
+            "legacy/infer.py.j2": "infer.py",
+            "legacy/infer.sh.j2": "infer.sh",
+            "legacy/config.yaml.j2": "config/{yaml_name}",
+            "framework/requirements.txt.j2": "requirements.txt",
+        },
+        readme_template="legacy/README.md.j2", yaml_settings=legacy_settings, context=legacy_context,
+        inside_checkout=True, scale_yaml=legacy_data_parallel_yaml, scaled_how=lambda n: "data parallel"),
     # cann-recipes-infer's framework models: config/*.yaml run by the checkout's shared entry point;
     # the model class is a generic adapter of the vendored HF code to the executor's contract.
     "framework": Target(
