@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -397,3 +398,28 @@ def test_legacy_recipe_runs_under_upstreams_launcher(legacy, tmp_path, ranks):
     usage = json.loads((record / "standin_usage.json").read_text())
     assert usage["ranks"] == list(range(ranks)) and not usage["unsupported"]
     print(f"legacy parity ranks={ranks}: prompt tokens {lengths}, bf16 greedy equal for both")
+
+
+# ---- standalone: runs where infer-migrator is not installed -------------------------------------
+def test_standalone_recipe_runs_without_infer_migrator_installed(working_recipe_source, tmp_path):
+    """A Python that has torch and transformers but not this project (a venv whose site-packages
+    only point at the dependencies' folder: our editable-install hook is not among what it reads)
+    runs the recipe's infer.sh: the recipe carries the engine it imports (engine/)."""
+    import sysconfig
+
+    recipe = tmp_path / "recipe"
+    shutil.copytree(working_recipe_source, recipe, ignore=shutil.ignore_patterns(".migrator", "res", "baseline"))
+    assert (recipe / "engine" / "model_runner.py").is_file()
+    assert "infer-migrator" not in [line.strip() for line in (recipe / "requirements.txt").read_text().splitlines()]
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next((venv / "lib").glob("python*/site-packages"))
+    (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    python = venv / "bin" / "python"
+    probe = subprocess.run([str(python), "-c", "import agent"], capture_output=True, text=True, cwd=tmp_path)
+    assert probe.returncode != 0 and "No module named 'agent'" in probe.stderr
+    proc = subprocess.run(["bash", str(recipe / "infer.sh")], capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                          env={**os.environ, "PYTHON": str(python), "PYTHONPATH": ""})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    logs = list((recipe / "res").glob("*/*/log_0.log"))
+    assert logs and upstream.outputs(logs[0]), proc.stdout[-2000:]

@@ -177,10 +177,13 @@ def scan_source(source: str, graph_mode: bool = False, shared: bool = False) -> 
 
 # ---- recipes ------------------------------------------------------------------------------
 def _py_files(root: Path) -> list[Path]:
+    # a standalone recipe carries this project's engine (engine/), which picks its device backend at
+    # run time (npu, cuda or cpu): its torch_npu calls are not the recipe's
+    skip = SKIP_DIRS | ({"engine"} if (root / "engine" / "backends" / "npu.py").is_file() else set())
     files = []
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root)
-        if not set(rel.parts[:-1]) & SKIP_DIRS:
+        if not set(rel.parts[:-1]) & skip:
             files.append(path)
     return files
 

@@ -176,7 +176,26 @@ def render_recipe(recipe_dir: Path, context: dict, family: Family, target: Targe
             path.chmod(0o755)
         written.append(path)
     check_parses(written)
+    for package in target.carries:
+        written += carry_package(package, recipe_dir)
     return written
+
+
+def carry_package(package: str, recipe_dir: Path) -> list[Path]:
+    """Copy one of this project's packages (its .py files) into the recipe, so that the recipe runs
+    where infer-migrator is not installed; infer.sh puts the recipe first on PYTHONPATH."""
+    import importlib
+
+    source = Path(importlib.import_module(package).__file__).parent
+    copied = []
+    for file in sorted(source.rglob("*.py")):
+        if "__pycache__" in file.parts:
+            continue
+        dest = recipe_dir / package / file.relative_to(source)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(file.read_bytes())
+        copied.append(dest)
+    return copied
 
 
 def check_parses(paths: list[Path]) -> None:

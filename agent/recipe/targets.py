@@ -222,6 +222,7 @@ class Target:
     yaml_settings: Callable[[dict], dict] | None = None   # render context -> the YAML as data
     family_runner: bool = False                     # renders the family's runner_NAME.py (agent.recipe.routing)
     context: Callable[[dict], dict] | None = None   # render context -> what the target's templates add
+    carries: tuple[str, ...] = ()                   # packages of this project copied into the recipe
     vendored_package: str = "models"                # the vendored copies' package as the recipe imports them
     scale_yaml: Callable[[dict, int], dict] = tensor_parallel_yaml   # (1-card YAML, N) -> the N-card one
     scaled_how: Callable[[int], str] = lambda n: "tensor parallel"
@@ -248,7 +249,9 @@ TARGETS: dict[str, Target] = {
             "model_setting.py.j2": "models/model_setting.py",
             "requirements.txt.j2": "requirements.txt",
         },
-        readme_template="README.md.j2", yaml_schema=KEYS, yaml_settings=rendered_settings, family_runner=True),
+        readme_template="README.md.j2", yaml_schema=KEYS, yaml_settings=rendered_settings, family_runner=True,
+        # the engine the runner subclasses travels with the recipe: it runs where infer-migrator is not installed
+        carries=("engine",)),
     # cann-recipes-infer's ModelRunner recipes: their own infer.sh (sourcing executor/scripts/function.sh),
     # a runner subclassing executor.model_runner.ModelRunner (models/pangu_7b's layout).
     "legacy": Target(
