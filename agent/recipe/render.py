@@ -176,6 +176,8 @@ def render_recipe(recipe_dir: Path, context: dict, family: Family, target: Targe
             path.chmod(0o755)
         written.append(path)
     check_parses(written)
+    for folder in target.folders:
+        (recipe_dir / folder).mkdir(parents=True, exist_ok=True)
     for package in target.carries:
         written += carry_package(package, recipe_dir)
     return written

@@ -222,6 +222,8 @@ class Target:
     yaml_settings: Callable[[dict], dict] | None = None   # render context -> the YAML as data
     family_runner: bool = False                     # renders the family's runner_NAME.py (agent.recipe.routing)
     context: Callable[[dict], dict] | None = None   # render context -> what the target's templates add
+    # folders the migrator creates: agentic/ makes Recipe.baseline_dir() upstream's agentic/baseline/
+    folders: tuple[str, ...] = ()
     carries: tuple[str, ...] = ()                   # packages of this project copied into the recipe
     vendored_package: str = "models"                # the vendored copies' package as the recipe imports them
     scale_yaml: Callable[[dict, int], dict] = tensor_parallel_yaml   # (1-card YAML, N) -> the N-card one
@@ -256,7 +258,7 @@ TARGETS: dict[str, Target] = {
     # a runner subclassing executor.model_runner.ModelRunner (models/pangu_7b's layout).
     "legacy": Target(
         "legacy", "the recipe's infer.sh (executor/scripts/function.sh's launch)", _run_infer_sh, framework_yaml_name,
-        baseline_dir="agentic/baseline",
+        folders=("agentic",),
         layout={
             "legacy/runner.py.j2": "runner_{name}.py",
             "legacy/infer.py.j2": "infer.py",
@@ -270,7 +272,7 @@ TARGETS: dict[str, Target] = {
     # the model class is a generic adapter of the vendored HF code to the executor's contract.
     "framework": Target(
         "framework", f"{ENTRY.as_posix()} --model NAME --yaml FILE", _run_entry_point, framework_yaml_name,
-        baseline_dir="agentic/baseline",
+        folders=("agentic",),
         layout={
             "framework/modeling_framework.py.j2": "models/modeling_{name}_framework.py",
             "framework/config.yaml.j2": "config/{yaml_name}",
