@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # its pins. ~20 s to build instead of a second full install.
 VENV_TF50 ?= .venv-tf5.0
 STAMP_TF50 := $(VENV_TF50)/.installed
-OLD_END_TESTS ?= tests/test_families.py
+OLD_END_TESTS ?= tests/test_families.py tests/test_framework_target.py::test_framework_recipe_runs_through_upstreams_infer_sh_with_parity
 
 .PHONY: install install-tf50 demo test test-main test-tf50 test-all
 install: $(STAMP)
