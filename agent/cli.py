@@ -14,11 +14,12 @@ from agent.errors import MigratorError
 from agent.migrate.acquire import local_path_problem, parse_hub_ref
 from agent.migrate.checkpoint_check import check_checkpoint, check_output_outside, weight_files
 from agent.paths import demo_model_dir
-from agent.recipe.backup import rollback
+from agent.recipe.backup import has_backups, rollback
 from agent.recipe.fs_guard import check_regular, check_writable, check_write_destinations
 from agent.recipe.npu_scan import ensure_runnable_here
 from agent.recipe.recipe import Recipe
 from agent.processes import Terminated, install_signal_handlers
+from agent.recipe.targets import TARGETS, choose_target
 from agent.workflow.run import run_migration
 from engine import defaults
 from engine.config import KEY
@@ -109,6 +110,11 @@ def _parser() -> argparse.ArgumentParser:
 def _add_run_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--name", help="recipe name (default: derived from the model name)")
     run.add_argument("--output-dir", default="models", help="where new recipes go (default: models)")
+    run.add_argument("--target", dest="recipe_target", choices=tuple(TARGETS),
+                     help="what kind of recipe to write: framework (models/NAME registered in the checkout's "
+                          "executor/core/support_models.py, run by executor/scripts/infer.sh), legacy, or standalone "
+                          "(its own infer.sh on this tool's engine); default: framework when --output-dir lies in a "
+                          "cann-recipes-infer checkout, else standalone")
     run.add_argument("--device", choices=DEVICES, default="auto", help="device to run on (default: auto)")
     run.add_argument("--dtype", choices=KEY["model_config.dtype"].choices,
                      help="model dtype in the YAML (default: the checkpoint's)")
@@ -278,10 +284,12 @@ def cmd_run(args) -> int:
         raise errors.InputError("--yaml picks the YAML of a --standin run; without it the recipe runs its own")
     if not args.resume and plan is None:
         preflight(args.target)
+    if args.recipe_target and not Recipe.at(args.target).is_recipe:
+        choose_target(args.recipe_target, Path(args.output_dir))     # a bad --target is exit 2 before acquiring
     state = {"target": args.target, "output_dir": args.output_dir, "name": args.name, "device": args.device,
              "dtype": args.dtype, "weights": args.weights, "trust_remote_code": args.trust_remote_code,
              "max_rounds": args.max_rounds, "allow_install": args.allow_install, "timeout_s": args.timeout, "max_new_tokens": args.max_new_tokens,
-             "world_size": args.world_size, **({"upstream_standin": plan} if plan else {})}
+             "world_size": args.world_size, "recipe_target": args.recipe_target, **({"upstream_standin": plan} if plan else {})}
     summary = run_migration(state, resume=args.resume)
     return _finish(summary, args.json)
 
@@ -460,6 +468,18 @@ def cmd_rollback(args) -> int:
     recipe = Path(args.recipe)
     if not recipe.is_dir():
         raise errors.InputError(f"{args.recipe}: no such recipe directory")
+    from agent.recipe.registry import unregister, was_registered
+    from agent.recipe.targets import state_dir
+
+    if was_registered(state_dir(recipe)) and args.round is None and not has_backups(recipe):
+        # a framework recipe no repair touched: what its migration changed outside it is the registry line
+        registry = unregister(state_dir(recipe))
+        if registry is not None:
+            print(f"removed {recipe.resolve().name} from {registry} (its other bytes kept); "
+                  f"the recipe folder {recipe} is left for you to delete")
+        else:
+            print(f"{recipe}: its registry line is gone already; nothing to roll back")
+        return 0
     try:
         round_no, changes = rollback(recipe, args.round)
     except FileNotFoundError as exc:

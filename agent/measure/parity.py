@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 from agent.measure.shrink import shrink_config
+from agent.recipe.targets import state_dir
 from agent.processes import run_tree, stop_leftovers
 from agent.recipe.recipe import Recipe
 from engine.config import load_runner_settings
@@ -45,7 +46,7 @@ def run_parity(recipe: Recipe, tokens: int = 16, timeout: int = 900, trust_remot
         cmd += ["--dump", str(dump)]
     # one process tree the migrator owns: stopped with it on SIGINT / SIGTERM or the timeout, and by
     # the next check when a SIGKILLed migrator left it running
-    runs = recipe.path / ".migrator" / "runs"
+    runs = state_dir(recipe.path) / "runs"
     pids = runs / "parity.pids" if runs.is_dir() and not runs.is_symlink() else None
     if pids is not None:
         stop_leftovers(pids)

@@ -31,12 +31,12 @@ from pathlib import Path
 
 import yaml as yamllib
 
+from agent.recipe.targets import state_dir
 from agent.errors import EnvironmentProblem, InputError, UnsupportedModelError
 from agent.recipe.recipe import Recipe, read_settings
 from agent.recipe.targets import REGISTRY
 
 STANDIN_DIR = ".standin"                 # config/.standin/: the YAML copies a --tiny run uses
-TINY_HOME = Path(".migrator") / "standin"  # in the recipe: tiny checkpoints
 PROBE_ENV = "MIGRATOR_UPSTREAM_PROBE"
 PROBE_FILE = "upstream_probe.pt"
 RECORD_DIR = "standin"
@@ -102,7 +102,7 @@ def plan(recipe: Recipe, *, yaml_name: str | None = None, world_size: int = 1, t
                          "architecture, or point model_path at local weights")
     else:
         model_type = recipe_model_type(recipe, settings)
-        print(f"[migrator] --tiny: a tiny random {model_type} checkpoint in {recipe.path / TINY_HOME} "
+        print(f"[migrator] --tiny: a tiny random {model_type} checkpoint in {state_dir(recipe.path) / "standin"} "
               f"({section.get('model_path')!r} is not here)", file=sys.stderr, flush=True)
         checkpoint = build_tiny(recipe, model_type)
         how = (f"weights: tiny random {model_type} checkpoint {checkpoint} (the YAML's model_path "
@@ -218,7 +218,7 @@ def build_tiny(recipe: Recipe, model_type: str) -> Path:
 
     from npu_standin.upstream import tiny_checkpoint
 
-    out = recipe.path / TINY_HOME / f"tiny_{model_type}"
+    out = state_dir(recipe.path) / "standin" / f"tiny_{model_type}"   # beside our state: git-ignored in a checkout
     if (out / "config.json").is_file() and any(out.glob("*.safetensors")):
         return out
     twin = SHAPE_TWINS.get(model_type)

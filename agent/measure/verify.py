@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from agent.measure.baseline import with_verification
+from agent.measure.framework_parity import framework_parity
 from agent.measure.parity import foreign_parity, run_parity
 from agent.records import Baseline, Run
 from agent.recipe.recipe import Recipe
@@ -24,6 +25,9 @@ def verify(recipe: Recipe, run: Run, collected: Baseline, trust_remote_code: boo
     elif recipe.kind == "standalone":
         dump = Path(run.get("res_path") or recipe.path) / "parity_dump.pt"
         parity = run_parity(recipe, trust_remote_code=trust_remote_code, dump=dump if dump.is_file() else None)
+    elif recipe.kind == "framework" and any(recipe.path.glob("models/modeling_*_framework.py")) and run.get("log_dir"):
+        # a framework recipe of ours: the executor's generated text against transformers
+        parity = framework_parity(Path(run.get("yaml") or recipe.yaml), Path(run["log_dir"]), recipe.repo_root)
     else:
         parity = foreign_parity(recipe)
     return with_verification(collected, parity)

@@ -301,7 +301,7 @@ class Planned:
     roots: list[str]        # the definitions kept when pruning ([]: no pruning)
 
 
-def plan_closure(source: ModelSource, model_name: str) -> tuple[dict[str, Planned], dict[str, tuple[str, list[str]]]]:
+def plan_closure(source: ModelSource, model_name: str, package: str = "models") -> tuple[dict[str, Planned], dict[str, tuple[str, list[str]]]]:
     """Every module to vendor, with its code after the codemods: the model's modeling and
     configuration modules, the repo's local modules, and every `transformers.models.<model>.<module>`
     what is vendored still imports (another model's configuration, a shared module of the family)."""
@@ -316,7 +316,7 @@ def plan_closure(source: ModelSource, model_name: str) -> tuple[dict[str, Planne
             raise UnsupportedModelError(f"the model repo's module {stem}.py would overwrite the recipe's own "
                                         f"models/{stem}.py; rename it in a copy of the repo (and its imports)")
         plan[module] = Planned(module, path, stem, [])
-    siblings = {module: f"models.{p.stem}" for module, p in plan.items()}
+    siblings = {module: f"{package}.{p.stem}" for module, p in plan.items()}
     processed: dict[str, tuple[str, list[str]]] = {}
     queue = list(plan)
     while queue:
@@ -343,19 +343,21 @@ def plan_closure(source: ModelSource, model_name: str) -> tuple[dict[str, Planne
             dep_stem = leaf if leaf not in {p.stem for p in plan.values()} else f"{dep.split('.')[2]}_{leaf}"
             defined = _module_level_definitions(dep_file)
             plan[dep] = Planned("dependency", dep_file, dep_stem, [n for n in names if n in defined])
-            siblings[dep] = f"models.{dep_stem}"
+            siblings[dep] = f"{package}.{dep_stem}"
             queue.append(dep)
     return plan, processed
 
 
-def vendor_source(source: ModelSource, recipe_dir: Path, model_name: str) -> VendorResult:
+def vendor_source(source: ModelSource, recipe_dir: Path, model_name: str, package: str = "models") -> VendorResult:
     """Copy modeling + configuration source into recipe_dir/models and apply the codemods.
 
-    The copy is closed under imports (`plan_closure`) and the imports are pointed at the copies; only
-    the auto registry (`transformers.models.auto`) stays a transformers import.
+    The copy is closed under imports (`plan_closure`) and the imports are pointed at the copies
+    (`package`: the copies' package as the recipe runs them, `models` for a recipe on sys.path,
+    `models.NAME.models` in a cann-recipes-infer checkout); only the auto registry
+    (`transformers.models.auto`) stays a transformers import.
     """
-    plan, processed = plan_closure(source, model_name)
-    siblings = {module: f"models.{p.stem}" for module, p in plan.items()}
+    plan, processed = plan_closure(source, model_name, package)
+    siblings = {module: f"{package}.{p.stem}" for module, p in plan.items()}
     models_dir = recipe_dir / "models"
     models_dir.mkdir(parents=True, exist_ok=True)
     result = VendorResult(source=source)

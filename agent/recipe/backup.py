@@ -17,6 +17,7 @@ from pathlib import Path
 from agent.errors import InputError
 from agent.recipe.fs_guard import WriteGuard
 from agent.recipe.recipe import NO_CODE_DIRS
+from agent.recipe.targets import state_dir, state_parts
 from agent.recipe.textfile import read_exact_lines
 
 # Recipe files that are backed up before a fix: all but the run state, logs and baselines.
@@ -93,7 +94,7 @@ def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
 
 
 def _backups(recipe_dir: Path) -> Path:
-    return real_dirs(recipe_dir, ".migrator", "backup")
+    return real_dirs(recipe_dir, *state_parts(recipe_dir), "backup")
 
 
 def _current_run(backups: Path) -> str:
@@ -104,7 +105,7 @@ def _current_run(backups: Path) -> str:
 def start_backup_run(recipe_dir: Path, run_id: str) -> None:
     """A fresh run (not --resume): its round N backups are new; the earlier run's go to earlier/ when
     this run takes its own. Nothing to do (nothing written) when the recipe has no backups yet."""
-    backups = recipe_dir / ".migrator" / "backup"
+    backups = state_dir(recipe_dir) / "backup"
     if backups.is_dir() or backups.is_symlink():
         atomic_write(_backups(recipe_dir) / "run", (run_id + "\n").encode())
 
@@ -309,8 +310,8 @@ class BackupError(InputError):
 
 
 def backup_rounds(recipe_dir: Path) -> list[int]:
-    backups = recipe_dir / ".migrator" / "backup"
-    if not backups.is_dir() or backups.is_symlink() or (recipe_dir / ".migrator").is_symlink():
+    backups = state_dir(recipe_dir) / "backup"
+    if not backups.is_dir() or backups.is_symlink() or state_dir(recipe_dir).is_symlink():
         return []
     return sorted(int(m.group(1)) for p in backups.iterdir()
                   if (m := ROUND_DIR_RE.fullmatch(p.name)) and p.is_dir() and not p.is_symlink())
@@ -343,7 +344,7 @@ class _Trash:
 
     def put(self, rel: str) -> str:
         if self.dir is None:
-            base = real_dirs(self.recipe_dir, ".migrator", "trash") / time.strftime("%Y%m%dT%H%M%S")
+            base = real_dirs(self.recipe_dir, *state_parts(self.recipe_dir), "trash") / time.strftime("%Y%m%dT%H%M%S")
             while base.exists():
                 base = base.with_name(base.name + "_")
             base.mkdir()
@@ -368,7 +369,7 @@ def rollback(recipe_dir: Path, round_no: int | None = None) -> tuple[int, list[s
     round_no = rounds[0] if round_no is None else round_no
     if round_no not in rounds:
         raise FileNotFoundError(f"{recipe_dir}: no backup for round {round_no} (have {rounds})")
-    backups = recipe_dir / ".migrator" / "backup"
+    backups = state_dir(recipe_dir) / "backup"
     if not (backups / f"round_{round_no}.journal").is_file():
         return round_no, _rollback_full(recipe_dir, round_no)
     undo = [r for r in rounds if r >= round_no and (backups / f"round_{r}.journal").is_file()]
@@ -434,7 +435,7 @@ def _undo_round(recipe_dir: Path, source: Path, entries: list[dict], trash: "_Tr
 
 def _rollback_full(recipe_dir: Path, round_no: int) -> list[str]:
     """A full backup (every regular recipe file, written by earlier releases)."""
-    backups = recipe_dir / ".migrator" / "backup"
+    backups = state_dir(recipe_dir) / "backup"
     source = backups / f"round_{round_no}"
     manifest = _manifest(backups, round_no)
     saved = _regular_files(source)
@@ -466,3 +467,11 @@ def _rollback_full(recipe_dir: Path, round_no: int) -> list[str]:
         atomic_write(target, data, mode)
         restored.append(f"restored {rel}")
     return restored
+
+
+def has_backups(recipe_dir: Path) -> bool:
+    """Whether a repair round backed the recipe up (what `rollback` restores)."""
+    try:
+        return bool(backup_rounds(recipe_dir))
+    except (OSError, UnsafeRecipePath):
+        return False

@@ -214,7 +214,10 @@ def scan_source(source: str, graph_mode: bool = False, shared: bool = False) -> 
 def _py_files(root: Path) -> list[Path]:
     """The recipe's Python files: regular files only (a FIFO or a link to a device named x.py is
     refused with one line, a folder named x.py is a folder), folder links never followed."""
-    return source_files(root, (".py",), SKIP_DIRS)
+    # a standalone recipe carries this project's engine (engine/), which picks its device backend at
+    # run time (npu, cuda or cpu): its torch_npu calls are not the recipe's
+    skip = SKIP_DIRS | ({"engine"} if (root / "engine" / "backends" / "npu.py").is_file() else set())
+    return source_files(root, (".py",), skip)
 
 
 def _read(path: Path) -> str:

@@ -27,7 +27,7 @@ from pathlib import Path
 import yaml
 
 from agent.errors import InputError
-from agent.recipe.targets import ENTRY, TARGETS, Launch, Target
+from agent.recipe.targets import ENTRY, TARGETS, Launch, Target, checkout_root, state_dir
 from agent.recipe.textfile import read_source
 
 WEIGHT_GLOBS = ("*.safetensors", "*.bin")
@@ -103,7 +103,7 @@ class Recipe:
     def report(self) -> dict:
         """migration_report.json, if the migrator made this recipe ({} otherwise)."""
         try:
-            data = json.loads((self.path / REPORT).read_text())
+            data = json.loads(report_path(self.path).read_text())
         except (OSError, ValueError):
             return {}
         return data if isinstance(data, dict) else {}
@@ -163,14 +163,15 @@ class Recipe:
         tensor parallel over all of them. Returns its path."""
         if self.yaml is None:
             raise InputError(f"{self.path}/config has no YAML file")
-        settings = yaml.safe_load(self.yaml.read_text())
-        settings["world_size"] = world_size
-        settings["parallel_config"] = {"attn_tp_size": world_size, "moe_tp_size": world_size,
-                                       "lmhead_tp_size": world_size}
-        name = settings.get("model_name") or self.model_name
-        target = self.yaml.parent / TARGETS.get(self.kind, TARGETS["standalone"]).yaml_name(name, world_size)
-        header = (f"# {name}: {world_size} cards, tensor parallel, eager mode. Written from "
-                  f"{self.yaml.name} by infer-migrator.\n# Run: YAML_FILE=config/{target.name} bash infer.sh\n")
+        row = TARGETS.get(self.kind, TARGETS["standalone"])
+        settings = row.scale_yaml(yaml.safe_load(self.yaml.read_text()), world_size)
+        model_config = settings.get("model_config") if isinstance(settings.get("model_config"), dict) else {}
+        name = settings.get("model_name") or model_config.get("model_name") or self.model_name
+        target = self.yaml.parent / row.yaml_name(name, world_size)
+        how = row.scaled_how(world_size)
+        run = row.launch_hint(self.path.name, target.name)
+        header = (f"# {name}: {world_size} cards, {how}, eager mode. Written from "
+                  f"{self.yaml.name} by infer-migrator.\n# Run: {run}\n")
         target.write_text(header + yaml.safe_dump(settings, sort_keys=False))
         return target
 
@@ -184,6 +185,15 @@ class Recipe:
         if (self.path / "agentic").is_dir():
             return self.path / "agentic" / "baseline"
         return self.path / TARGETS.get(self.kind, TARGETS["standalone"]).baseline_dir
+
+
+def report_path(folder: Path) -> Path:
+    """migration_report.json of a recipe: in the recipe; inside a checkout in our state folder
+    (agent.recipe.targets.state_dir), so that upstream's tree holds nothing of ours but the recipe."""
+    folder = Path(folder)
+    if checkout_root(folder) is None or (folder / REPORT).is_file():
+        return folder / REPORT
+    return state_dir(folder) / REPORT
 
 
 def is_checkpoint(path: Path) -> bool:

@@ -8,6 +8,7 @@ string is ever template source. After rendering, each file is parsed (Python, YA
 
 from __future__ import annotations
 
+import json
 import keyword
 import re
 import shlex
@@ -87,6 +88,37 @@ def _to_yaml(value) -> str:
     return yaml.safe_dump(value, sort_keys=False, allow_unicode=False, default_flow_style=False, width=4096)
 
 
+def _yaml_scalar(value) -> str:
+    """One YAML scalar in upstream's style: True / False, numbers bare, strings double-quoted
+    (JSON's escaping is valid YAML)."""
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    raise VendorError(f"refusing to write {type(value).__name__} {value!r} as a YAML scalar")
+
+
+def _yaml_sections(settings: dict) -> str:
+    """A YAML of top-level scalars and sections of scalars (upstream's schemas: four sections for the
+    framework, scalars then sections for a ModelRunner recipe), a blank line before each section."""
+    blocks, scalars = [], []
+    for key, value in settings.items():
+        if not is_identifier(key):
+            raise VendorError(f"refusing to write YAML key {key!r}")
+        if not isinstance(value, dict):
+            scalars.append(f"{key}: {_yaml_scalar(value)}")
+            continue
+        lines = [f"{key}:"]
+        for leaf, leaf_value in value.items():
+            if not is_identifier(leaf):
+                raise VendorError(f"refusing to write YAML key {leaf!r}")
+            lines.append(f"  {leaf}: {_yaml_scalar(leaf_value)}")
+        blocks.append("\n".join(lines))
+    return "\n\n".join((["\n".join(scalars)] if scalars else []) + blocks)
+
+
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir())),
@@ -95,7 +127,7 @@ def environment() -> jinja2.Environment:
         autoescape=False,
     )
     env.filters.update(py=repr, ident=_identifier, sh=shlex.quote, comment=_one_line, doc=_docstring,
-                       md=_markdown, to_yaml=_to_yaml)
+                       md=_markdown, to_yaml=_to_yaml, yaml_scalar=_yaml_scalar, yaml_sections=_yaml_sections)
     return env
 
 
@@ -111,6 +143,8 @@ def template_context(context: dict, family: Family, target: Target = TARGETS["st
     ctx = dict(context, family=family, yaml_name=target.yaml_name(name, int(context.get("world_size") or 1)),
                runner_class=runner_class_name(name))
     ctx["settings"] = target.yaml_settings(ctx)   # the YAML: the target's schema, in its order
+    if target.context is not None:
+        ctx.update(target.context(ctx))
     return ctx
 
 
@@ -123,7 +157,8 @@ def generated_files(model_name: str, family: Family, target: Target = TARGETS["s
     """recipe-relative path -> template, for every file the migrator renders."""
     files = {path.format(name=model_name, yaml_name=target.yaml_name(model_name, world_size)): template
              for template, path in target.files().items()}
-    files[f"runner_{model_name}.py"] = family.runner_template
+    if target.family_runner:
+        files[f"runner_{model_name}.py"] = family.runner_template
     return files
 
 
@@ -141,7 +176,28 @@ def render_recipe(recipe_dir: Path, context: dict, family: Family, target: Targe
             path.chmod(0o755)
         written.append(path)
     check_parses(written)
+    for folder in target.folders:
+        (recipe_dir / folder).mkdir(parents=True, exist_ok=True)
+    for package in target.carries:
+        written += carry_package(package, recipe_dir)
     return written
+
+
+def carry_package(package: str, recipe_dir: Path) -> list[Path]:
+    """Copy one of this project's packages (its .py files) into the recipe, so that the recipe runs
+    where infer-migrator is not installed; infer.sh puts the recipe first on PYTHONPATH."""
+    import importlib
+
+    source = Path(importlib.import_module(package).__file__).parent
+    copied = []
+    for file in sorted(source.rglob("*.py")):
+        if "__pycache__" in file.parts:
+            continue
+        dest = recipe_dir / package / file.relative_to(source)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(file.read_bytes())
+        copied.append(dest)
+    return copied
 
 
 def check_parses(paths: list[Path]) -> None:

@@ -1,9 +1,10 @@
 """Targets as data (SPEC §7): where a recipe lives, what its files are, what runs it.
 
 A target is one row of TARGETS. `standalone` is this project's own layout (SPEC §3) on its engine;
-`legacy` and `framework` are cann-recipes-infer's two kinds of model folder. Today the migrator
-renders `standalone` only; the other two rows say how to run and measure a folder of that kind
-(scenarios B and C), and become renderable when they get a `layout`.
+`legacy` and `framework` are cann-recipes-infer's two kinds of model folder. A row says how a
+folder of that kind runs and is measured (scenarios B and C) and, when it has a `layout`, what the
+migrator renders for it (scenario A): the files, the YAML schema and names, the README, where the
+baseline goes and whether the checkout's registry gets a line (`registers`).
 
 Adding a target is a row here plus its templates.
 """
@@ -44,6 +45,149 @@ def standalone_yaml_name(model_name: str, world_size: int = 1) -> str:
     return f"{model_name}_{world_size}card_eager.yaml"
 
 
+def framework_yaml_name(model_name: str, world_size: int = 1) -> str:
+    """upstream's names: config/{model_name}.yaml for one card (its skill's product layout); on N cards
+    "model_rank_N_topology" (the generic model class runs data parallel: NdP)."""
+    return f"{model_name}.yaml" if world_size <= 1 else f"{model_name}_rank_{world_size}_{world_size}dp.yaml"
+
+
+def framework_settings(ctx: dict) -> dict:
+    """The four-section YAML upstream's InferenceConfig reads (docs/common/inference_config_guide.md),
+    as data in its order. The generic model class replicates the weights on every rank, so N ranks
+    run data parallel (attn_tp_size 1: attn_dp_size = world_size), each rank its share of the batch."""
+    world_size = int(ctx.get("world_size") or 1)
+    batch_size = int(ctx.get("batch_size") or world_size)
+    input_len = int(ctx["input_max_len"])
+    return {
+        "model_config": {"model_name": ctx["model_name"], "model_path": ctx["model_path"],
+                         "exe_mode": ctx.get("exe_mode") or "eager", "enable_profiler": False, "with_ckpt": True},
+        "data_config": {"dataset": "default", "input_truncated_len": input_len},
+        "parallel_config": {"world_size": world_size, "attn_tp_size": 1, "moe_tp_size": world_size,
+                            "embed_tp_size": 1, "lmhead_tp_size": 1},
+        "scheduler_config": {"batch_size": batch_size, "max_new_tokens": int(ctx["max_new_tokens"]),
+                             "max_prefill_tokens": input_len * max(1, batch_size // world_size)},
+    }
+
+
+FAMILY_LABELS = {"standard": "Dense（MHA / GQA）", "sliding_window": "Dense（滑动窗口注意力）",
+                 "moe": "MoE", "mla": "MLA + MoE", "hybrid_recurrent": "线性注意力 / Mamba 混合"}
+
+
+def framework_class_name(model_name: str) -> str:
+    return "".join(part.capitalize() for part in model_name.split("_")) + "ForCausalLM"
+
+
+def framework_registry_entry(ctx: dict) -> list[tuple[str, str]]:
+    """The support_models.py line: (module, class) of the model, then of its configuration."""
+    name = ctx["model_name"]
+    return [(f"models.{name}.models.modeling_{name}_framework", framework_class_name(name)),
+            (f"models.{name}.models.configuration_{name}", ctx["config_class"])]
+
+
+def hub_link(source: str) -> str:
+    """A link to where the checkpoint came from; never a path of this machine."""
+    source = str(source or "")
+    if source.startswith(("https://huggingface.co/", "https://modelscope.cn/")):
+        return source
+    parts = source.split("/")
+    if len(parts) == 2 and all(parts) and not source.startswith((".", "~")) and not Path(source).exists():
+        return f"https://huggingface.co/{source}"
+    return "本地权重（来源未注明）"
+
+
+def parameter_count(model_path: str) -> str:
+    """Parameters of the checkpoint from its safetensors headers (no tensor is read); "—" if unknown."""
+    import json
+    import struct
+
+    total = 0
+    try:
+        for file in sorted(Path(model_path).glob("*.safetensors")):
+            with open(file, "rb") as f:
+                (size,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(size))
+            for key, info in header.items():
+                if key != "__metadata__":
+                    count = 1
+                    for dim in info["shape"]:
+                        count *= dim
+                    total += count
+    except (OSError, ValueError, KeyError, struct.error):
+        return "—"
+    if not total:
+        return "—"
+    return f"{total / 1e9:.1f}B" if total >= 1e8 else f"{total / 1e6:.2f}M"
+
+
+def framework_context(ctx: dict) -> dict:
+    name = ctx["model_name"]
+    world_size = int(ctx.get("world_size") or 1)
+    files = [(framework_yaml_name(name, 1), "单卡 eager")]
+    if world_size > 1:
+        files.append((framework_yaml_name(name, world_size), f"{world_size} 卡数据并行"))
+    return {"framework_class": framework_class_name(name),
+            "display_name": str(ctx.get("architecture") or name).removesuffix("ForCausalLM") or name,
+            "family_label": FAMILY_LABELS.get(ctx["family"].name, ctx["family"].name),
+            "hub_link": hub_link(ctx.get("model_source", "")),
+            "parameter_count": parameter_count(ctx.get("model_path", "")),
+            "yaml_list": "\n".join(f"   - `config/{file}` — {what}" for file, what in files),
+            "dtype_label": "BF16"}
+
+
+def tensor_parallel_yaml(settings: dict, world_size: int) -> dict:
+    """This project's YAML on N cards: tensor parallel over all of them."""
+    settings = dict(settings, world_size=world_size)
+    settings["parallel_config"] = {"attn_tp_size": world_size, "moe_tp_size": world_size,
+                                   "lmhead_tp_size": world_size}
+    return settings
+
+
+def data_parallel_yaml(settings: dict, world_size: int) -> dict:
+    """A four-section YAML on N cards for the generic framework model class: data parallel (it
+    holds the whole model on every rank); the batch grows to a multiple of N, each rank's prefill
+    budget stays the single card's."""
+    settings = {key: dict(value) if isinstance(value, dict) else value for key, value in settings.items()}
+    parallel = settings.setdefault("parallel_config", {})
+    parallel.update(world_size=world_size, attn_tp_size=1, moe_tp_size=world_size, embed_tp_size=1, lmhead_tp_size=1)
+    scheduler = settings.setdefault("scheduler_config", {})
+    per_rank = max(1, int(scheduler.get("batch_size") or 1))
+    scheduler["batch_size"] = per_rank * world_size
+    return settings
+
+
+def legacy_settings(ctx: dict) -> dict:
+    """A ModelRunner recipe's YAML (models/pangu_7b's schema: top-level model_name, model_path,
+    exe_mode, world_size; model_config, data_config, parallel_config)."""
+    world_size = int(ctx.get("world_size") or 1)
+    return {
+        "model_name": ctx["model_name"], "model_path": ctx["model_path"], "exe_mode": "eager", "world_size": world_size,
+        # enable_online_split_weight: every rank reads model_path itself (not model_path/rank_N)
+        "model_config": {"dtype": "bfloat16", "enable_profiler": False, "with_ckpt": True,
+                         "enable_online_split_weight": True},
+        "data_config": {"dataset": "default", "input_max_len": int(ctx["input_max_len"]),
+                        "max_new_tokens": int(ctx["max_new_tokens"]), "batch_size": int(ctx.get("batch_size") or world_size)},
+        "parallel_config": {"attn_tp_size": 1, "moe_tp_size": 1, "embed_tp_size": 1, "lmhead_tp_size": 1},
+    }
+
+
+def legacy_data_parallel_yaml(settings: dict, world_size: int) -> dict:
+    """A ModelRunner YAML on N cards: every rank the whole model, the batch split by RANK_ID."""
+    settings = {key: dict(value) if isinstance(value, dict) else value for key, value in settings.items()}
+    settings["world_size"] = world_size
+    settings.setdefault("parallel_config", {}).update(attn_tp_size=1, moe_tp_size=1, embed_tp_size=1, lmhead_tp_size=1)
+    data = settings.setdefault("data_config", {})
+    data["batch_size"] = max(1, int(data.get("batch_size") or 1)) * world_size
+    return settings
+
+
+def legacy_context(ctx: dict) -> dict:
+    return {**framework_context(ctx), "runner_class": runner_class_name(ctx["model_name"])}
+
+
+def runner_class_name(model_name: str) -> str:
+    return "".join(part.capitalize() for part in model_name.split("_")) + "Runner"
+
+
 def _run_infer_sh(recipe: Recipe, world_size: int) -> Launch:
     """`bash infer.sh` in the recipe folder; on N cards the N-card YAML through YAML_FILE
     (written from the single-card one when the recipe lacks it)."""
@@ -76,6 +220,17 @@ class Target:
     readme_template: str | None = None
     yaml_schema: tuple[Key, ...] = ()
     yaml_settings: Callable[[dict], dict] | None = None   # render context -> the YAML as data
+    family_runner: bool = False                     # renders the family's runner_NAME.py (agent.recipe.routing)
+    context: Callable[[dict], dict] | None = None   # render context -> what the target's templates add
+    # folders the migrator creates: agentic/ makes Recipe.baseline_dir() upstream's agentic/baseline/
+    folders: tuple[str, ...] = ()
+    carries: tuple[str, ...] = ()                   # packages of this project copied into the recipe
+    vendored_package: str = "models"                # the vendored copies' package as the recipe imports them
+    scale_yaml: Callable[[dict, int], dict] = tensor_parallel_yaml   # (1-card YAML, N) -> the N-card one
+    scaled_how: Callable[[int], str] = lambda n: "tensor parallel"
+    launch_hint: Callable[[str, str], str] = lambda folder, yaml: f"YAML_FILE=config/{yaml} bash infer.sh"
+    registers: bool = False                         # adds a line to the checkout's REGISTRY (framework)
+    inside_checkout: bool = False                   # needs --output-dir inside a cann-recipes-infer checkout
 
     @property
     def renders(self) -> bool:
@@ -96,12 +251,37 @@ TARGETS: dict[str, Target] = {
             "model_setting.py.j2": "models/model_setting.py",
             "requirements.txt.j2": "requirements.txt",
         },
-        readme_template="README.md.j2", yaml_schema=KEYS, yaml_settings=rendered_settings),
-    # cann-recipes-infer's ModelRunner recipes: their own infer.sh (sourcing executor/scripts/function.sh).
-    "legacy": Target("legacy", "the recipe's infer.sh", _run_infer_sh, standalone_yaml_name),
-    # cann-recipes-infer's framework models: config/*.yaml run by the checkout's shared entry point.
-    "framework": Target("framework", f"{ENTRY.as_posix()} --model NAME --yaml FILE", _run_entry_point,
-                        standalone_yaml_name),
+        readme_template="README.md.j2", yaml_schema=KEYS, yaml_settings=rendered_settings, family_runner=True,
+        # the engine the runner subclasses travels with the recipe: it runs where infer-migrator is not installed
+        carries=("engine",)),
+    # cann-recipes-infer's ModelRunner recipes: their own infer.sh (sourcing executor/scripts/function.sh),
+    # a runner subclassing executor.model_runner.ModelRunner (models/pangu_7b's layout).
+    "legacy": Target(
+        "legacy", "the recipe's infer.sh (executor/scripts/function.sh's launch)", _run_infer_sh, framework_yaml_name,
+        folders=("agentic",),
+        layout={
+            "legacy/runner.py.j2": "runner_{name}.py",
+            "legacy/infer.py.j2": "infer.py",
+            "legacy/infer.sh.j2": "infer.sh",
+            "legacy/config.yaml.j2": "config/{yaml_name}",
+            "framework/requirements.txt.j2": "requirements.txt",
+        },
+        readme_template="legacy/README.md.j2", yaml_settings=legacy_settings, context=legacy_context,
+        inside_checkout=True, scale_yaml=legacy_data_parallel_yaml, scaled_how=lambda n: "data parallel"),
+    # cann-recipes-infer's framework models: config/*.yaml run by the checkout's shared entry point;
+    # the model class is a generic adapter of the vendored HF code to the executor's contract.
+    "framework": Target(
+        "framework", f"{ENTRY.as_posix()} --model NAME --yaml FILE", _run_entry_point, framework_yaml_name,
+        folders=("agentic",),
+        layout={
+            "framework/modeling_framework.py.j2": "models/modeling_{name}_framework.py",
+            "framework/config.yaml.j2": "config/{yaml_name}",
+            "framework/requirements.txt.j2": "requirements.txt",
+        },
+        readme_template="framework/README.md.j2", yaml_settings=framework_settings, context=framework_context,
+        vendored_package="models.{name}.models", registers=True, inside_checkout=True,
+        scale_yaml=data_parallel_yaml, scaled_how=lambda n: "data parallel",
+        launch_hint=lambda folder, yaml: f"bash {ENTRY.as_posix()} --model {folder} --yaml {yaml}"),
 }
 
 
@@ -118,3 +298,41 @@ def default_target(output_dir: Path) -> str:
     if checkout_root(output_dir) is not None and TARGETS["framework"].renders:
         return "framework"
     return "standalone"
+
+
+def renderable_targets() -> list[str]:
+    return [name for name, target in TARGETS.items() if target.renders]
+
+
+def choose_target(requested: str | None, output_dir: Path) -> str:
+    """The target a migration renders: the one asked for (checked against the output dir), else the
+    default for the output dir. A bad choice is an InputError (exit 2) that says what to do."""
+    from agent.errors import InputError
+
+    if requested is None:
+        return default_target(output_dir)
+    if requested not in TARGETS:
+        raise InputError(f"--target {requested!r}: choose one of {', '.join(TARGETS)}")
+    target = TARGETS[requested]
+    if not target.renders:
+        raise InputError(f"--target {requested}: this release does not write {requested} recipes yet; "
+                         f"use --target {' or --target '.join(renderable_targets())}")
+    if target.inside_checkout and checkout_root(output_dir) is None:
+        raise InputError(f"--target {requested} needs --output-dir inside a cann-recipes-infer checkout "
+                         f"(a folder above it with {REGISTRY.as_posix()}); {output_dir} is not; "
+                         "use --target standalone or point --output-dir at CHECKOUT/models")
+    if target.inside_checkout and Path(output_dir).expanduser().resolve() != checkout_root(output_dir) / "models":
+        raise InputError(f"--target {requested}: --output-dir must be the checkout's models/ folder "
+                         f"({checkout_root(output_dir) / 'models'}), where {ENTRY.as_posix()} --model NAME looks")
+    return requested
+
+
+def state_parts(folder: Path) -> tuple[str, ...]:
+    """Where this tool keeps its state, runs, backups and parity dumps under `folder`: `.migrator/`;
+    inside a cann-recipes-infer checkout `res/.migrator/`, which upstream's .gitignore (`**/res/**`)
+    keeps out of the checkout's tree, as it does the launcher's own res/ logs."""
+    return ("res", ".migrator") if checkout_root(folder) is not None else (".migrator",)
+
+
+def state_dir(folder: Path) -> Path:
+    return Path(folder).joinpath(*state_parts(folder))

@@ -22,6 +22,7 @@ from agent.processes import run_tree, stop_leftovers
 from agent.progress import trial_run_counter
 from agent.records import Run
 from agent.recipe.recipe import Recipe
+from agent.recipe.targets import state_dir
 from agent.repair.failure import summarise_failure
 from engine import defaults
 
@@ -48,7 +49,7 @@ def trial_run(recipe: Recipe, label: str, world_size: int = 1, timeout_s: int | 
     if standin:
         # the plan's YAML is the run's, whatever world_size: it is set for that many ranks
         recipe, world_size = replace(recipe, yaml=Path(standin["yaml"])), 1
-    runs_dir = recipe.path / ".migrator" / "runs"
+    runs_dir = state_dir(recipe.path) / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
     run_dir = runs_dir / f"run_{len(list(runs_dir.glob('run_*')))}_{label}"
     run_dir.mkdir()
@@ -134,7 +135,7 @@ def summarise(evidence: str, recipe: Recipe, returncode: int | None, timed_out: 
 def find_logs(run_dir: Path, cwd: Path, since: float, recipe_dir: Path | None = None) -> Path | None:
     """The folder with the run's log_{rank}.log: RES_PATH (run_dir) when the recipe honours it,
     else the newest res/<date>/<case>/ the upstream launch wrote under its working directory or the
-    recipe folder (function.sh's WORK_DIR: models/<MODEL_DIR>)."""
+    recipe folder (function.sh's WORK_DIR: models/<MODEL_DIR>; the checkout's entry point sets RES_PATH itself)."""
     if any(run_dir.glob("log_*.log")):
         return run_dir
     bases = dict.fromkeys(p for p in (run_dir, cwd, recipe_dir) if p is not None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import shutil
+import sys
 from pathlib import Path
 
 from agent.errors import EnvironmentProblem, InputError, MigratorError
@@ -15,7 +16,9 @@ from agent.migrate.checkpoint_check import check_checkpoint, check_output_outsid
 from agent.migrate.vendor import locate_source, read_config, vendor_source
 from agent.recipe.npu_scan import ensure_runnable_here
 from agent.recipe.recipe import Recipe
-from agent.recipe.render import normalise_model_name, render_recipe
+from agent.recipe.registry import register, registered_names
+from agent.recipe.render import normalise_model_name, render_recipe, template_context
+from agent.recipe.targets import REGISTRY, TARGETS, checkout_root, choose_target, framework_registry_entry, state_dir
 from agent.recipe.routing import route
 from agent.recipe.spec import RecipeSpec
 from agent.recipe.trial_run import trial_run
@@ -67,8 +70,13 @@ def node_acquire(state: MigrationState) -> dict:
     if recipe_dir.exists() and any(recipe_dir.iterdir()):
         raise InputError(f"{recipe_dir} already exists; run `migrator run {recipe_dir}` to repair or "
                          "re-baseline it, or choose another --name / --output-dir")
+    recipe_target = choose_target(state.get("recipe_target"), output_dir)
+    if TARGETS[recipe_target].registers:
+        registry = checkout_root(output_dir) / REGISTRY
+        if name in registered_names(registry):
+            raise InputError(f"{registry} registers {name!r} already; choose another --name")
     return {"model_dir": str(got.model_dir), "model_source": got.source, "model_name": name,
-            "recipe_dir": str(recipe_dir)}
+            "recipe_dir": str(recipe_dir), "recipe_target": recipe_target}
 
 
 def removes_half_built_recipe(node):
@@ -89,7 +97,9 @@ def node_vendor(state: MigrationState) -> dict:
     model_dir, recipe_dir = Path(state["model_dir"]), Path(state["recipe_dir"])
     config = read_config(model_dir)
     source = locate_source(config, model_dir, trust_remote_code=bool(state.get("trust_remote_code")))
-    result = vendor_source(source, recipe_dir, state["model_name"])
+    target = TARGETS[state.get("recipe_target") or "standalone"]
+    result = vendor_source(source, recipe_dir, state["model_name"],
+                           target.vendored_package.format(name=state["model_name"]))
     return {"architecture": source.architecture, "family": route(config.get("text_config") or config).name,
             "vendored": result.vendored(recipe_dir)}
 
@@ -102,8 +112,15 @@ def node_render(state: MigrationState) -> dict:
         architecture=state["architecture"], family=state["family"], vendored=state["vendored"],
         config=read_config(model_dir), device=state.get("device", "auto"), dtype=state.get("dtype"),
         max_new_tokens=state.get("max_new_tokens"), world_size=state.get("world_size"))
-    written = render_recipe(recipe_dir, spec.context(), spec.family_spec())
-    return {"rendered": [str(p.relative_to(recipe_dir)) for p in written]}
+    target = TARGETS[state.get("recipe_target") or "standalone"]
+    written = render_recipe(recipe_dir, spec.context(), spec.family_spec(), target)
+    rendered = [str(p.relative_to(recipe_dir)) for p in written]
+    if target.registers:
+        # the one change outside the recipe: its line in the checkout's registry (backed up, undone by rollback)
+        ctx = template_context(spec.context(), spec.family_spec(), target)
+        edit = register(checkout_root(recipe_dir), spec.model_name, framework_registry_entry(ctx), state_dir(recipe_dir))
+        print(f"[migrator] registered {spec.model_name} in {edit.registry} (before: {edit.backup})", file=sys.stderr)
+    return {"rendered": rendered}
 
 
 def node_trial_run(state: MigrationState) -> dict:

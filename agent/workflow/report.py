@@ -8,7 +8,7 @@ from pathlib import Path
 
 from agent.errors import InputError
 from agent.recipe.backup import atomic_write
-from agent.recipe.recipe import REPORT
+from agent.recipe.recipe import REPORT, report_path
 from agent.records import Report
 from agent.workflow.state import MigrationState
 
@@ -25,9 +25,11 @@ def write_report(state: MigrationState) -> Path | None:
         return None
     recipe_dir = Path(state["recipe_dir"])
     recipe_dir.mkdir(parents=True, exist_ok=True)
-    path = recipe_dir / REPORT
-    for name in (path.name, "migration_summary.md", "README.md"):
-        _refuse_link(recipe_dir / name)
+    path = report_path(recipe_dir)
+    in_checkout = path.parent != recipe_dir     # upstream's tree: our report beside our state, README untouched
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for file in (path, path.parent / "migration_summary.md", recipe_dir / "README.md"):
+        _refuse_link(file)
     report: Report = {"generated_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
     report.update({k: state.get(k) for k in REPORT_KEYS if state.get(k) is not None})
     # A later B/C run knows less about the recipe's origin than the migration did: keep it.
@@ -40,8 +42,9 @@ def write_report(state: MigrationState) -> Path | None:
             report[key] = previous[key]
     _standin_from_baseline(report)
     _write(path, json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n")
-    _write(recipe_dir / "migration_summary.md", human_summary(report, recipe_dir.name))
-    if report.get("baseline_path") and Path(report["baseline_path"]).is_file() and not report.get("upstream_standin"):
+    _write(path.parent / "migration_summary.md", human_summary(report, recipe_dir.name))
+    if report.get("baseline_path") and Path(report["baseline_path"]).is_file() and not in_checkout \
+            and not report.get("upstream_standin"):
         # Only a run that wrote a baseline has a status worth putting in the user's README (not a
         # stand-in run of upstream's recipe: its files stay as upstream wrote them).
         update_readme(recipe_dir / "README.md", report)

@@ -22,6 +22,7 @@ from agent import errors
 from agent.progress import step
 from agent.recipe.backup import atomic_write, real_dirs, start_backup_run
 from agent.recipe.recipe import Recipe
+from agent.recipe.targets import state_parts
 from agent.workflow.checkpoint_serde import StateSerializer, UnsafeStoreError
 from agent.workflow.state import MigrationState, summarise
 
@@ -165,13 +166,13 @@ def run_migration(state: dict, resume: bool = False, *, stop_after: str | None =
     key = thread_key(state)
     home = checkpoint_home(state)
     home.mkdir(parents=True, exist_ok=True)
-    real_dirs(home, ".migrator")          # a symlinked .migrator is refused, never written through
-    threads_file = home / ".migrator" / "threads.json"
-    db = home / ".migrator" / "checkpoints.sqlite"
+    store = real_dirs(home, *state_parts(home))   # a symlinked .migrator is refused, never written through
+    threads_file = store / "threads.json"
+    db = store / "checkpoints.sqlite"
     for path in (threads_file, db):
         if path.is_symlink():
             raise _unreadable_store(path, "it is a symlink", resume)
-    lock = _hold_run_lock(home / ".migrator" / ("run.lock" if home != output_dir else f"run-{key}.lock"), state)
+    lock = _hold_run_lock(store / ("run.lock" if home != output_dir else f"run-{key}.lock"), state)
     try:
         return _run_locked(state, resume, stop_after, key, home, output_dir, threads_file, db)
     finally:

@@ -36,6 +36,7 @@ class MigrationState(TypedDict, total=False):
     max_new_tokens: int
     world_size: int             # --world-size: cards for one tensor-parallel run (default 1)
     upstream_standin: dict      # --standin: agent.measure.upstream_check.plan (YAML, weights, notes)
+    recipe_target: str | None   # --target: a row of agent.recipe.targets.TARGETS (None: the output dir's default)
     # derived
     env: Environment
     scenario: str               # "A" migrate, "B" repair, "C" baseline

@@ -1,0 +1,139 @@
+"""The line a framework recipe adds to its checkout's `executor/core/support_models.py`, and its undo.
+
+upstream's registry is a dict literal `_specs = {name: [(module, class), ...], ...}` that
+`load_model_classes(name)` imports from lazily. `register` inserts one entry before the dict's
+closing brace: the file's other bytes (its line endings, comments, the other entries) are kept, the
+original is copied to the recipe's state folder first, and what was inserted is recorded there.
+`unregister` takes exactly those bytes out again (it refuses when they are no longer in the file
+as written, e.g. edited by hand since).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.errors import InputError
+from agent.recipe.targets import REGISTRY
+
+RECORD = "registry_edit.json"
+
+
+@dataclass(frozen=True)
+class RegistryEdit:
+    registry: Path            # the checkout's support_models.py
+    offset: int               # where the entry was inserted (bytes)
+    inserted: bytes
+    backup: Path              # the file as it was before
+
+
+def _specs_dict(tree: ast.Module) -> ast.Dict | None:
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        if any(isinstance(t, ast.Name) and t.id == "_specs" for t in targets) and isinstance(node.value, ast.Dict):
+            return node.value
+    return None
+
+
+def registered_names(registry: Path) -> set[str]:
+    """The model names the registry knows (keys of `_specs`); empty when it has no such dict."""
+    try:
+        specs = _specs_dict(ast.parse(registry.read_bytes()))
+    except (OSError, SyntaxError, ValueError):
+        return set()
+    if specs is None:
+        return set()
+    return {k.value for k in specs.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+
+
+def entry_text(name: str, classes: list[tuple[str, str]], newline: str = "\n") -> str:
+    lines = [f"    {json.dumps(name)}: ["]
+    lines += [f"        ({json.dumps(module)}, {json.dumps(cls)})," for module, cls in classes]
+    lines.append("    ],")
+    return newline.join(lines) + newline
+
+
+def register(checkout: Path, name: str, classes: list[tuple[str, str]], state_dir: Path) -> RegistryEdit:
+    """Add `name` to the checkout's registry (see the module docs). InputError when the registry
+    cannot take it (no `_specs` dict, the name already there)."""
+    registry = checkout / REGISTRY
+    data = registry.read_bytes()
+    try:
+        specs = _specs_dict(ast.parse(data))
+    except SyntaxError as exc:
+        raise InputError(f"{registry}: does not parse ({exc.msg}, line {exc.lineno}); fix it before migrating") from None
+    if specs is None:
+        raise InputError(f"{registry}: no `_specs = {{...}}` dict to register {name} in; is this a cann-recipes-infer "
+                         "checkout of 2026 or later?")
+    if name in registered_names(registry):
+        raise InputError(f"{registry}: {name!r} is registered already; choose another --name")
+    lines = data.splitlines(keepends=True)
+    close_line = lines[specs.end_lineno - 1]
+    # the closing brace; end_col_offset counts UTF-8 bytes, as we do
+    brace = specs.end_col_offset - 1
+    if close_line[brace:brace + 1] != b"}":
+        raise InputError(f"{registry}: cannot find the end of `_specs`; add the entry by hand")
+    newline = "\r\n" if b"\r\n" in data else "\n"
+    offset = sum(len(line) for line in lines[:specs.end_lineno - 1])
+    if close_line[:brace].strip():
+        # `... }` on a line with entries: put ours on lines of its own before the brace
+        offset += brace
+        inserted = (newline + entry_text(name, classes, newline)).encode()
+    else:
+        inserted = entry_text(name, classes, newline).encode()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    backup = state_dir / "support_models.py.orig"
+    backup.write_bytes(data)
+    new = data[:offset] + inserted + data[offset:]
+    registry.write_bytes(new)
+    if name not in registered_names(registry):       # never leave the checkout's registry broken
+        registry.write_bytes(data)
+        raise InputError(f"{registry}: the entry for {name} did not take; left the file as it was")
+    (state_dir / RECORD).write_text(json.dumps({
+        "registry": str(registry), "name": name, "offset": offset, "inserted": inserted.decode(),
+        "backup": str(backup), "sha256_before": hashlib.sha256(data).hexdigest(),
+        "sha256_after": hashlib.sha256(new).hexdigest()}, indent=2) + "\n")
+    return RegistryEdit(registry, offset, inserted, backup)
+
+
+def was_registered(state_dir: Path) -> bool:
+    """Whether this recipe's migration added a registry entry (taken out since or not)."""
+    return (state_dir / RECORD).is_file() or (state_dir / (RECORD + ".undone")).is_file()
+
+
+def recorded_edit(state_dir: Path) -> dict | None:
+    try:
+        record = json.loads((state_dir / RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and {"registry", "inserted"} <= set(record) else None
+
+
+def unregister(state_dir: Path) -> Path | None:
+    """Take the recorded entry out of the registry, keeping every other byte (edits made since
+    elsewhere in the file stay). Returns the registry path; None when nothing was recorded or it
+    is out already. InputError when the entry was changed by hand."""
+    record = recorded_edit(state_dir)
+    if record is None:
+        return None
+    registry = Path(record["registry"])
+    data = registry.read_bytes()
+    inserted = record["inserted"].encode()
+    count = data.count(inserted)
+    if count == 0:
+        if record.get("name") in registered_names(registry):
+            raise InputError(f"{registry}: the entry for {record.get('name')!r} was edited since it was added; "
+                             f"remove it by hand (the file before the migration: {record.get('backup')})")
+        (state_dir / RECORD).rename(state_dir / (RECORD + ".undone"))
+        return None
+    offset = record.get("offset")
+    if not (isinstance(offset, int) and data[offset:offset + len(inserted)] == inserted):
+        if count > 1:
+            raise InputError(f"{registry}: the entry for {record.get('name')!r} appears {count} times; remove it by hand")
+        offset = data.index(inserted)
+    registry.write_bytes(data[:offset] + data[offset + len(inserted):])
+    (state_dir / RECORD).rename(state_dir / (RECORD + ".undone"))
+    return registry

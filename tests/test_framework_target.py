@@ -1,0 +1,425 @@
+"""Targets as rows (agent/recipe/targets.py) and the framework target end to end on a copy of the
+cann-recipes-infer snapshot: `migrator run CKPT --output-dir COPY/models` writes models/NAME/ and one
+registry entry; upstream's InferenceConfig parses the YAML; upstream's real
+executor/scripts/infer.sh runs the recipe under the npu stand-in with a packed batch of two prompts
+of unequal length, greedy tokens equal to transformers' own model; rollback takes the entry out.
+
+The default suite runs one rank; two ranks (gloo, data parallel) are `slow`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agent.errors import InputError
+from agent.recipe.recipe import Recipe
+from agent.recipe.registry import registered_names
+from agent.recipe.targets import REGISTRY, TARGETS, choose_target, default_target, state_dir
+from conftest import REPO_ROOT, run_cli
+from npu_standin import upstream
+
+SNAPSHOT = REPO_ROOT.parent / "shared" / "upstream" / "cann-recipes-infer"
+PROMPTS = ["An attention function can be described as mapping a query and a set of key-value pairs to an "
+           "output, where the query, keys, values, and output are all vectors. The output is",
+           "The capital of France is"]
+MAX_NEW_TOKENS = 8
+
+
+def _git(checkout: Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=checkout,
+                          capture_output=True, text=True, check=True).stdout
+
+
+def copy_checkout(dest: Path) -> Path:
+    if not SNAPSHOT.is_dir():
+        pytest.skip(f"no upstream snapshot at {SNAPSHOT} (../shared is absent)")
+    target = dest / "cann-recipes-infer"
+    shutil.copytree(SNAPSHOT, target)
+    for path in [target, *target.rglob("*")]:
+        path.chmod(path.stat().st_mode | 0o200)
+    _git(target, "init", "-q")
+    _git(target, "add", "-A")
+    _git(target, "commit", "-qm", "snapshot")
+    return target
+
+
+# ---- the rows, without a checkout --------------------------------------------------------------
+def test_default_target_follows_the_output_dir(tmp_path):
+    fake = tmp_path / "co"
+    (fake / REGISTRY).parent.mkdir(parents=True)
+    (fake / REGISTRY).write_text("_specs = {}\n")
+    (fake / "models").mkdir()
+    assert default_target(tmp_path / "out") == "standalone"
+    assert default_target(fake / "models") == "framework"
+    assert choose_target(None, fake / "models") == "framework"
+    assert choose_target("standalone", fake / "models") == "standalone"
+    with pytest.raises(InputError, match="inside a cann-recipes-infer checkout"):
+        choose_target("framework", tmp_path / "out")
+    with pytest.raises(InputError, match="models/ folder"):
+        choose_target("framework", fake)
+    assert choose_target("legacy", fake / "models") == "legacy"
+    with pytest.raises(InputError, match="inside a cann-recipes-infer checkout"):
+        choose_target("legacy", tmp_path / "out")
+    # where our state goes: .migrator/ outside a checkout, res/.migrator/ (ignored upstream) inside
+    assert state_dir(tmp_path / "out" / "m") == tmp_path / "out" / "m" / ".migrator"
+    assert state_dir(fake / "models" / "m") == fake / "models" / "m" / "res" / ".migrator"
+
+
+def test_every_rendered_target_has_its_templates():
+    from agent.paths import templates_dir
+
+    for target in TARGETS.values():
+        for template in target.files():
+            assert (templates_dir() / template).is_file(), (target.name, template)
+
+
+def test_bad_target_is_one_line_and_exit_2(tmp_path, tiny_checkpoints):
+    proc = run_cli("run", str(tiny_checkpoints("llama")), "--output-dir", str(tmp_path / "out"),
+                   "--target", "framework")
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert "--target framework needs --output-dir inside a cann-recipes-infer checkout" in proc.stderr
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+# ---- the framework target on a copy of the snapshot ---------------------------------------------
+@pytest.fixture(scope="module")
+def migrated(tmp_path_factory):
+    """A tiny llama migrated into a copy of the snapshot up to the rendered recipe (no run)."""
+    from agent.workflow.run import run_migration
+
+    root = tmp_path_factory.mktemp("framework")
+    checkout = copy_checkout(root)
+    registry_before = (checkout / REGISTRY).read_bytes()
+    checkpoint = upstream.tiny_checkpoint("llama", root / "tiny_llama_ckpt")
+    summary = run_migration({"target": str(checkpoint), "output_dir": str(checkout / "models"), "name": "tiny_llama",
+                             "device": "cpu", "max_new_tokens": MAX_NEW_TOKENS, "max_rounds": 0, "world_size": 1,
+                             "recipe_target": None}, stop_after="render")
+    assert summary["recipe_dir"] == str(checkout / "models" / "tiny_llama")
+    return {"checkout": checkout, "checkpoint": checkpoint, "recipe": checkout / "models" / "tiny_llama",
+            "registry_before": registry_before, "root": root}
+
+
+def test_framework_recipe_is_upstreams_layout_and_nothing_else_changes(migrated):
+    checkout, recipe = migrated["checkout"], migrated["recipe"]
+    assert Recipe.at(recipe).kind == "framework"
+    files = sorted(p.relative_to(recipe).as_posix() for p in recipe.rglob("*")
+                   if p.is_file() and "res" not in p.relative_to(recipe).parts)
+    assert files == ["README.md", "config/tiny_llama.yaml", "models/configuration_tiny_llama.py",
+                     "models/modeling_tiny_llama.py", "models/modeling_tiny_llama_framework.py", "requirements.txt"]
+    assert not (recipe / "models" / "__init__.py").exists()        # upstream: no __init__.py there
+    # git sees the recipe folder and the registry, nothing else (our state is under ignored res/)
+    status = _git(checkout, "status", "--porcelain", "--untracked-files=all").splitlines()
+    assert f" M {REGISTRY.as_posix()}" in status
+    assert all(line[3:].startswith("models/tiny_llama/") or line[3:] == REGISTRY.as_posix() for line in status), status
+    assert (state_dir(recipe) / "registry_edit.json").is_file()
+    # the registry edit: only added lines, the entry `load_model_classes` will import
+    diff = _git(checkout, "diff", "-U0", "--", REGISTRY.as_posix())
+    changed = [line for line in diff.splitlines() if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+    assert all(line.startswith("+") for line in changed) and len(changed) == 4
+    after = (checkout / REGISTRY).read_bytes()
+    removed = after.replace("".join(line[1:] + "\n" for line in changed).encode(), b"", 1)
+    assert removed == migrated["registry_before"]
+    assert "tiny_llama" in registered_names(checkout / REGISTRY)
+    assert '("models.tiny_llama.models.modeling_tiny_llama_framework", "TinyLlamaForCausalLM")' in after.decode()
+    # the vendored code imports its sibling as the registry does
+    modeling = (recipe / "models" / "modeling_tiny_llama.py").read_text()
+    assert "from models.tiny_llama.models.configuration_tiny_llama import LlamaConfig" in modeling
+
+
+def test_framework_yaml_is_upstreams_four_sections_and_its_inferenceconfig_parses_it(migrated):
+    checkout, recipe = migrated["checkout"], migrated["recipe"]
+    yaml_path = recipe / "config" / "tiny_llama.yaml"
+    data = yaml.safe_load(yaml_path.read_text())
+    assert list(data) == ["model_config", "data_config", "parallel_config", "scheduler_config"]
+    assert "enable_profiler: False" in yaml_path.read_text()                 # upstream's True/False style
+    probe = ("import json, sys, yaml\n"
+             "from executor.core.config import InferenceConfig\n"
+             "c = InferenceConfig.from_dict(yaml.safe_load(open(sys.argv[1])), global_rank=0, local_rank=0)\n"
+             "print('CONFIG', json.dumps([c.model_config.model_name, c.model_config.model_path, c.model_config.exe_mode,"
+             " c.parallel_config.world_size, c.parallel_config.attn_dp_size, c.scheduler_config.batch_size,"
+             " c.scheduler_config.max_new_tokens, c.scheduler_config.max_prefill_tokens,"
+             " c.data_config.input_truncated_len]))\n")
+    proc = run_cli("standin", "--", sys.executable, "-c", probe, str(yaml_path), cwd=checkout,
+                   env={"PYTHONPATH": str(checkout)}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("CONFIG "))
+    name, path, mode, world, dp, batch, new, prefill, input_len = json.loads(line[7:])
+    assert (name, path, mode, world, dp, batch, new) == ("tiny_llama", str(migrated["checkpoint"]), "eager", 1, 1, 1,
+                                                         MAX_NEW_TOKENS)
+    assert prefill == input_len == data["data_config"]["input_truncated_len"]
+
+
+def test_framework_readme_is_upstreams_template_without_local_paths(migrated):
+    text = (migrated["recipe"] / "README.md").read_text()
+    for heading in ("## 概述", "## 支持的产品型号", "## Agent 优化说明", "## 环境准备", "## 权重准备", "## 推理执行",
+                    "## 性能基线"):
+        assert f"\n{heading}\n" in text, heading
+    assert "bash executor/scripts/infer.sh --model tiny_llama --yaml tiny_llama.yaml" in text
+    assert str(migrated["root"]) not in text and "/tmp" not in text and str(Path.home()) not in text
+    assert "框架部署" in text
+
+
+def test_rollback_takes_the_registry_entry_out_byte_for_byte(tmp_path, migrated):
+    checkout = copy_checkout(tmp_path)
+    recipe = checkout / "models" / "tiny_llama"
+    shutil.copytree(migrated["recipe"], recipe)
+    shutil.copy2(migrated["checkout"] / REGISTRY, checkout / REGISTRY)
+    record = json.loads((state_dir(recipe) / "registry_edit.json").read_text())
+    record["registry"] = str(checkout / REGISTRY)
+    (state_dir(recipe) / "registry_edit.json").write_text(json.dumps(record))
+    # an edit elsewhere in the file after ours is kept
+    edited = (checkout / REGISTRY).read_bytes() + b"# a later line of the user's\n"
+    (checkout / REGISTRY).write_bytes(edited)
+    proc = run_cli("rollback", str(recipe))
+    assert proc.returncode == 0, proc.stderr
+    assert "removed tiny_llama from" in proc.stdout
+    assert (checkout / REGISTRY).read_bytes() == migrated["registry_before"] + b"# a later line of the user's\n"
+    again = run_cli("rollback", str(recipe))
+    assert again.returncode == 0 and "nothing to roll back" in again.stdout
+
+
+def run_framework(checkout: Path, model: str, yaml_name: str, tmp_path: Path):
+    record = tmp_path / "record"
+    proc = run_cli("standin", "--record", str(record), "--", *upstream.framework_command(checkout, model, yaml_name),
+                   cwd=tmp_path, timeout=1200)
+    logs = upstream.rank_logs(checkout, model, yaml_name)
+    usage = json.loads((record / "standin_usage.json").read_text()) if (record / "standin_usage.json").is_file() else {}
+    return proc, logs, usage
+
+
+def two_prompt_yaml(recipe: Path, tmp_path: Path, world_size: int) -> str:
+    """The recipe's YAML (N cards: as `Recipe.yaml_for` writes it) on a batch of two prompts of
+    unequal length (upstream's data_config.dataset_path: a folder with default_prompt.json)."""
+    prompts = tmp_path / "prompts"
+    prompts.mkdir(exist_ok=True)
+    (prompts / "default_prompt.json").write_text(json.dumps({"text": PROMPTS}))
+    source = Recipe.at(recipe).yaml_for(world_size, write=True)
+    data = yaml.safe_load(source.read_text())
+    data["data_config"]["dataset_path"] = str(prompts)
+    data["scheduler_config"]["batch_size"] = 2
+    name = f"{source.stem}_two_prompts.yaml"
+    (recipe / "config" / name).write_text(yaml.safe_dump(data, sort_keys=False))
+    return name
+
+
+def check_two_prompts(logs, checkpoint, ranks, input_len: int = 504):
+    """Each prompt's text (rank r of N holds prompt r when data parallel) against transformers: equal
+    to its bf16 greedy generation (the run's dtype), and its float32 one up to bf16 ties."""
+    assert len(logs) == ranks, logs
+    texts = {}
+    for rank, log in enumerate(logs):
+        outputs = upstream.outputs(log)
+        assert outputs, log.read_text()[-3000:]
+        for request, text in outputs.items():
+            texts[rank * (2 // ranks) + request] = text
+    assert sorted(texts) == [0, 1]
+    figures = []
+    for index, prompt in enumerate(PROMPTS):
+        reference = upstream.reference_generation(checkpoint, prompt, MAX_NEW_TOKENS, input_len, "bfloat16")
+        assert texts[index] == reference["text"], (index, texts[index], reference["text"])
+        parity = upstream.greedy_parity(checkpoint, prompt, texts[index], MAX_NEW_TOKENS, input_len)
+        assert parity["equal_up_to_ties"], parity
+        figures.append((len(reference["input_ids"]), parity["equal"], len(parity["ties"] or [])))
+    assert figures[0][0] != figures[1][0]                  # unequal lengths, packed into one prefill
+    print(f"parity ranks={ranks}: prompt tokens, fp32-equal, bf16 ties = {figures}")
+
+
+def test_framework_recipe_runs_through_upstreams_infer_sh_with_parity(migrated, tmp_path):
+    checkout, recipe = migrated["checkout"], migrated["recipe"]
+    yaml_name = two_prompt_yaml(recipe, tmp_path, 1)
+    proc, logs, usage = run_framework(checkout, "tiny_llama", yaml_name, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = logs[0].read_text()
+    assert "Traceback" not in text and "Initializing KV cache with PageAttention management" in text
+    check_two_prompts(logs, migrated["checkpoint"], 1)
+    assert usage["ranks"] == [0] and not usage["unsupported"]
+
+
+@pytest.mark.slow
+def test_framework_recipe_at_two_ranks_data_parallel(migrated, tmp_path):
+    checkout, recipe = migrated["checkout"], migrated["recipe"]
+    yaml_name = two_prompt_yaml(recipe, tmp_path, 2)
+    assert (recipe / "config" / "tiny_llama_rank_2_2dp.yaml").is_file()
+    proc, logs, usage = run_framework(checkout, "tiny_llama", yaml_name, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    check_two_prompts(logs, migrated["checkpoint"], 2)
+    assert usage["ranks"] == [0, 1] and usage["runtime"]["hccl->gloo"] == 2
+
+
+@pytest.mark.slow
+def test_migrator_run_into_a_checkout_end_to_end_under_the_standin(tmp_path, tiny_checkpoints):
+    """What a user without an NPU runs: `migrator standin -- migrator run CKPT --output-dir CHECKOUT/models`:
+    the default target there is framework; the trial run is upstream's infer.sh; the baseline goes to
+    agentic/baseline/ with parity against transformers; the checkout's tree shows only the recipe
+    and the registry line."""
+    checkout = copy_checkout(tmp_path)
+    checkpoint = upstream.tiny_checkpoint("llama", tmp_path / "ckpt")
+    proc = run_cli("standin", "--", sys.executable, "-m", "agent.cli", "run", str(checkpoint), "--output-dir",
+                   str(checkout / "models"), "--name", "e2e_llama", "--max-new-tokens", str(MAX_NEW_TOKENS),
+                   "--max-rounds", "0", "--json", cwd=tmp_path, timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout[proc.stdout.index("{"):proc.stdout.rindex("}") + 1])
+    recipe = checkout / "models" / "e2e_llama"
+    assert summary["status"] == "ok" and summary["baseline_path"] == str(recipe / "agentic/baseline/baseline_metadata.json")
+    baseline = json.loads((recipe / "agentic/baseline/baseline_metadata.json").read_text())
+    assert baseline["yaml_path"] == "config/e2e_llama.yaml"
+    assert baseline["environment"]["device"] == "cpu (npu stand-in)"
+    parity = baseline["verification"]["parity"]
+    assert parity["ok"] and parity["checked"] and parity["equal_bfloat16"] == "1/1", parity
+    status = _git(checkout, "status", "--porcelain", "--untracked-files=all").splitlines()
+    assert all(line[3:].startswith("models/e2e_llama/") or line[3:] == REGISTRY.as_posix() for line in status), status
+    assert not any("res/" in line or ".migrator" in line or line.endswith((".pt", ".json.orig")) for line in status)
+    assert (recipe / "res" / ".migrator" / "migration_report.json").is_file()     # ours, where git ignores it
+
+
+# ---- the other families of the routing table ---------------------------------------------------
+FAMILIES = [
+    pytest.param("qwen3_moe", {}, "moe", id="moe-qwen3_moe"),
+    pytest.param("deepseek_v3", {}, "mla", id="mla-deepseek_v3"),
+    pytest.param("mistral", {"sliding_window": 16}, "sliding_window", id="sliding_window-mistral"),  # < the prompts
+]
+
+
+@pytest.fixture(scope="module")
+def family_checkout(tmp_path_factory):
+    root = tmp_path_factory.mktemp("families")
+    return {"root": root, "checkout": copy_checkout(root), "migrated": {}}
+
+
+def migrate_family(family_checkout, model_type: str, overrides: dict, family: str) -> tuple[Path, Path]:
+    from agent.workflow.run import run_migration
+
+    if model_type not in family_checkout["migrated"]:
+        root, checkout = family_checkout["root"], family_checkout["checkout"]
+        checkpoint = upstream.tiny_checkpoint(model_type, root / f"ckpt_{model_type}", **overrides)
+        name = f"tiny_{family}"
+        run_migration({"target": str(checkpoint), "output_dir": str(checkout / "models"), "name": name,
+                       "device": "cpu", "max_new_tokens": MAX_NEW_TOKENS, "max_rounds": 0, "world_size": 1,
+                       "recipe_target": "framework"}, stop_after="render")
+        family_checkout["migrated"][model_type] = (checkout / "models" / name, checkpoint)
+    return family_checkout["migrated"][model_type]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks", [1, 2])
+@pytest.mark.parametrize("model_type,overrides,family", FAMILIES)
+def test_framework_recipe_of_each_family_matches_transformers(family_checkout, tmp_path, model_type, overrides,
+                                                              family, ranks):
+    recipe, checkpoint = migrate_family(family_checkout, model_type, overrides, family)
+    report = json.loads((state_dir(recipe) / "migration_report.json").read_text()) \
+        if (state_dir(recipe) / "migration_report.json").is_file() else {}
+    assert report.get("family", family) == family
+    yaml_name = two_prompt_yaml(recipe, tmp_path, ranks)
+    proc, logs, usage = run_framework(family_checkout["checkout"], recipe.name, yaml_name, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    input_len = yaml.safe_load((recipe / "config" / yaml_name).read_text())["data_config"]["input_truncated_len"]
+    check_two_prompts(logs, checkpoint, ranks, input_len)
+    assert usage["ranks"] == list(range(ranks)) and not usage["unsupported"]
+
+
+# ---- the legacy target: a ModelRunner recipe as models/pangu_7b ---------------------------------
+@pytest.fixture(scope="module")
+def legacy(tmp_path_factory):
+    from agent.workflow.run import run_migration
+
+    root = tmp_path_factory.mktemp("legacy")
+    checkout = copy_checkout(root)
+    checkpoint = upstream.tiny_checkpoint("llama", root / "ckpt")
+    run_migration({"target": str(checkpoint), "output_dir": str(checkout / "models"), "name": "leg_llama",
+                   "device": "cpu", "max_new_tokens": MAX_NEW_TOKENS, "max_rounds": 0, "world_size": 1,
+                   "recipe_target": "legacy"}, stop_after="render")
+    return {"checkout": checkout, "checkpoint": checkpoint, "recipe": checkout / "models" / "leg_llama"}
+
+
+def test_legacy_recipe_is_a_modelrunner_recipe_of_upstreams_layout(legacy):
+    recipe, checkout = legacy["recipe"], legacy["checkout"]
+    assert Recipe.at(recipe).kind == "legacy"
+    runner = (recipe / "runner_leg_llama.py").read_text()
+    assert "from executor.model_runner import ModelRunner" in runner and "class LegLlamaRunner(ModelRunner):" in runner
+    infer_sh = (recipe / "infer.sh").read_text()
+    assert 'source ${FUNCTION_ABS_PATH}' in infer_sh and "executor/scripts/function.sh" in infer_sh
+    assert infer_sh.rstrip().endswith("launch")
+    settings = yaml.safe_load((recipe / "config" / "leg_llama.yaml").read_text())
+    assert [settings[k] for k in ("model_name", "exe_mode", "world_size")] == ["leg_llama", "eager", 1]
+    assert settings["data_config"]["max_new_tokens"] == MAX_NEW_TOKENS
+    # nothing outside the recipe: a ModelRunner recipe is not registered
+    status = _git(checkout, "status", "--porcelain", "--untracked-files=all").splitlines()
+    assert status and all(line[3:].startswith("models/leg_llama/") for line in status), status
+    assert "leg_llama" not in registered_names(checkout / REGISTRY)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_legacy_recipe_runs_under_upstreams_launcher(legacy, tmp_path, ranks):
+    """infer.sh -> function.sh's launch (LOCAL_RANK, RANK_ID, WORLD_SIZE per process); a batch of two
+    prompts of unequal length, left-padded at one rank, one per RANK_ID at two; each prompt's text is
+    transformers' greedy generation of it alone (bf16, the run's dtype)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    recipe, checkout, checkpoint = legacy["recipe"], legacy["checkout"], legacy["checkpoint"]
+    (checkout / "dataset" / "default_prompt.json").write_text(json.dumps({"text": PROMPTS}))   # the copy's
+    yaml_path = Recipe.at(recipe).yaml_for(ranks, write=True) if ranks > 1 else recipe / "config" / "leg_llama.yaml"
+    settings = yaml.safe_load(yaml_path.read_text())
+    settings["data_config"]["batch_size"] = 2
+    run_yaml = recipe / "config" / f"{yaml_path.stem}_two.yaml"
+    run_yaml.write_text(yaml.safe_dump(settings, sort_keys=False))
+    shutil.rmtree(recipe / "res", ignore_errors=True)
+    record = tmp_path / "record"
+    proc = run_cli("standin", "--record", str(record), "--", "bash", str(recipe / "infer.sh"), cwd=tmp_path,
+                   env={"YAML_FILE": f"config/{run_yaml.name}"}, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    logs = sorted((recipe / "res").glob("2*/*/log_*.log"))
+    assert len(logs) == ranks
+    texts = {}
+    for rank, log in enumerate(logs):
+        assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+        for request, text in upstream.outputs(log).items():
+            texts[rank * (2 // ranks) + request] = text
+    assert sorted(texts) == [0, 1]
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16).eval()
+    lengths = []
+    for index, prompt in enumerate(PROMPTS):
+        ids = tokenizer(prompt, return_tensors="pt", truncation=True, max_length=settings["data_config"]["input_max_len"]).input_ids
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=MAX_NEW_TOKENS)
+        assert texts[index] == tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True), index
+        lengths.append(ids.shape[1])
+    assert lengths[0] != lengths[1]
+    usage = json.loads((record / "standin_usage.json").read_text())
+    assert usage["ranks"] == list(range(ranks)) and not usage["unsupported"]
+    print(f"legacy parity ranks={ranks}: prompt tokens {lengths}, bf16 greedy equal for both")
+
+
+# ---- standalone: runs where infer-migrator is not installed -------------------------------------
+def test_standalone_recipe_runs_without_infer_migrator_installed(working_recipe_source, tmp_path):
+    """A Python that has torch and transformers but not this project (a venv whose site-packages
+    only point at the dependencies' folder: our editable-install hook is not among what it reads)
+    runs the recipe's infer.sh: the recipe carries the engine it imports (engine/)."""
+    import sysconfig
+
+    recipe = tmp_path / "recipe"
+    shutil.copytree(working_recipe_source, recipe, ignore=shutil.ignore_patterns(".migrator", "res", "baseline"))
+    assert (recipe / "engine" / "model_runner.py").is_file()
+    assert "infer-migrator" not in [line.strip() for line in (recipe / "requirements.txt").read_text().splitlines()]
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next((venv / "lib").glob("python*/site-packages"))
+    (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    python = venv / "bin" / "python"
+    probe = subprocess.run([str(python), "-c", "import agent"], capture_output=True, text=True, cwd=tmp_path)
+    assert probe.returncode != 0 and "No module named 'agent'" in probe.stderr
+    proc = subprocess.run(["bash", str(recipe / "infer.sh")], capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                          env={**os.environ, "PYTHON": str(python), "PYTHONPATH": ""})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    logs = list((recipe / "res").glob("*/*/log_0.log"))
+    assert logs and upstream.outputs(logs[0]), proc.stdout[-2000:]
