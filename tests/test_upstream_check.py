@@ -89,7 +89,7 @@ def test_tiny_plan_points_a_copy_of_the_yaml_at_a_tiny_checkpoint(checkout):
     assert any("tiny random deepseek_v3" in note for note in plan["notes"])
     after = digests(checkout)
     assert {k: v for k, v in after.items() if k in before} == before      # upstream's bytes untouched
-    assert all(k.startswith(("models/deepseek_r1/config/.standin/", "models/deepseek_r1/.migrator/"))
+    assert all(k.startswith(("models/deepseek_r1/config/.standin/", "models/deepseek_r1/res/.migrator/"))
                for k in set(after) - set(before))
 
 
@@ -208,7 +208,7 @@ def test_every_model_folder_gets_one_true_line(checkout):
     # with --standin too: nothing runs, nothing is written
     proc = run_cli("run", str(checkout / "models" / "qwen_ascendc"), "--standin", "--tiny")
     assert proc.returncode == 4 and "import custom_ops (AscendC)" in proc.stderr
-    assert not (checkout / "models" / "qwen_ascendc" / ".migrator").exists()
+    assert not (checkout / "models" / "qwen_ascendc" / "res" / ".migrator").exists() and not (checkout / "models" / "qwen_ascendc" / ".migrator").exists()
 
 
 def test_a_compiled_op_reached_at_run_time_is_named_at_its_call_site(tmp_path):
