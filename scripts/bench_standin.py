@@ -37,7 +37,7 @@ FULL_DIMS = dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, n
 NAME = "bench_qwen3"
 RENDER = """
 import json, sys
-from agent.workflow import run_migration
+from agent.workflow.run import run_migration
 summary = run_migration({"target": sys.argv[1], "output_dir": sys.argv[2], "name": sys.argv[3], "device": "cpu",
                          "dtype": "bfloat16", "max_new_tokens": int(sys.argv[4])}, stop_after="render")
 print(json.dumps({"recipe_dir": summary["recipe_dir"]}))
