@@ -16,7 +16,7 @@ from agent.migrate.checkpoint_check import check_checkpoint, check_output_outsid
 from agent.paths import demo_model_dir
 from agent.recipe.backup import has_backups, rollback
 from agent.recipe.fs_guard import check_regular, check_writable, check_write_destinations
-from agent.recipe.npu_scan import ensure_runnable_here
+from agent.recipe.runnable import ensure_runnable_here
 from agent.recipe.recipe import Recipe
 from agent.processes import Terminated, install_signal_handlers
 from agent.recipe.targets import TARGETS, choose_target

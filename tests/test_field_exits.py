@@ -121,7 +121,8 @@ def _remount(point: Path, options: str) -> None:
 
 
 def _bytes_of(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    """What the folder takes on a tmpfs: every file and folder rounded up to whole 4 KiB pages."""
+    return sum(-(-max(p.stat().st_size, 1) // 4096) * 4096 for p in folder.rglob("*") if p.is_file() or p.is_dir())
 
 
 def test_read_only_recipe_is_one_line_and_untouched(working_recipe, tmpfs):

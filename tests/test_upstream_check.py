@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.recipe.recipe import report_path
 from agent.errors import InputError
 from agent.measure import upstream_check
 from agent.recipe.recipe import Recipe
@@ -153,7 +154,7 @@ def test_qwen3_one_rank_reaches_a_baseline_with_parity_against_transformers(chec
     assert parity["max_abs_logits_diff"] <= parity["tolerance"]
     assert len(parity["layer_relative_errors"]) == 2 and max(parity["layer_relative_errors"]) < 0.05
     assert parity["prompt_tokens"] > 50
-    report = json.loads((checkout / "models" / "qwen" / "migration_report.json").read_text())
+    report = json.loads(report_path(checkout / "models" / "qwen").read_text())
     assert any("tiny random qwen3 checkpoint" in n for n in report["upstream_standin"]["notes"])
     after = digests(checkout)
     assert {k: v for k, v in after.items() if k in before} == before      # upstream's files as they were

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.recipe.recipe import report_path
 from agent.recipe.backup import rollback
 from agent.repair.diagnose import diagnose
 from agent.repair.failure import Failure
@@ -108,7 +109,7 @@ def test_models_init_that_shadows_the_framework_model_is_removed_and_the_run_pas
                    "--max-rounds", "1", "--json", env=FAST, timeout=2400)
     summary = json.loads(proc.stdout)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    report = json.loads((checkout / "models" / "qwen" / "migration_report.json").read_text())
+    report = json.loads(report_path(checkout / "models" / "qwen").read_text())
     assert [r["diagnosis"]["rule"] for r in report["rounds"]] == ["models_init_shadows_package"]
     assert not init.exists() and summary["status"] == "ok"
     assert json.loads(Path(summary["baseline_path"]).read_text())["verification"]["parity"]["ok"] is True
@@ -121,7 +122,7 @@ def test_legacy_recipe_without_the_checkout_on_pythonpath_is_repaired_in_a_round
     drop_set_env_pythonpath(checkout)
     proc = run_cli("run", str(checkout / "models" / "pangu_7b"), "--standin", "--tiny", "--max-rounds", "1",
                    "--json", env=FAST, timeout=2400)
-    report = json.loads((checkout / "models" / "pangu_7b" / "migration_report.json").read_text())
+    report = json.loads(report_path(checkout / "models" / "pangu_7b").read_text())
     assert report["rounds"][0]["diagnosis"]["rule"] == "checkout_not_on_pythonpath", report["rounds"]
     assert report["rounds"][0]["applied"]
     # the next run gets past the imports into the recipe's own modeling code

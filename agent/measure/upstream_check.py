@@ -20,7 +20,7 @@ torch_npu kernels as reference implementations). What this module adds to the wo
 
 from __future__ import annotations
 
-import ast
+
 import json
 import math
 import os
@@ -34,7 +34,8 @@ import yaml as yamllib
 from agent.recipe.targets import state_dir
 from agent.errors import EnvironmentProblem, InputError, UnsupportedModelError
 from agent.recipe.recipe import Recipe, read_settings
-from agent.recipe.targets import REGISTRY
+from agent.recipe.model_type import recipe_model_type
+from engine import defaults
 
 STANDIN_DIR = ".standin"                 # config/.standin/: the YAML copies a --tiny run uses
 PROBE_ENV = "MIGRATOR_UPSTREAM_PROBE"
@@ -102,7 +103,7 @@ def plan(recipe: Recipe, *, yaml_name: str | None = None, world_size: int = 1, t
                          "architecture, or point model_path at local weights")
     else:
         model_type = recipe_model_type(recipe, settings)
-        print(f"[migrator] --tiny: a tiny random {model_type} checkpoint in {state_dir(recipe.path) / "standin"} "
+        print(f"[migrator] --tiny: a tiny random {model_type} checkpoint in {state_dir(recipe.path) / 'standin'} "
               f"({section.get('model_path')!r} is not here)", file=sys.stderr, flush=True)
         checkpoint = build_tiny(recipe, model_type)
         how = (f"weights: tiny random {model_type} checkpoint {checkpoint} (the YAML's model_path "
@@ -162,51 +163,6 @@ def _source_yaml(recipe: Recipe, yaml_name: str | None, world_size: int) -> Path
         if _world_size(read_settings(config / name)) == world_size:
             return config / name
     return recipe.yaml        # its copy is set to world_size ranks (write_yaml_copy)
-
-
-def recipe_model_type(recipe: Recipe, settings: dict) -> str:
-    """The HF model_type of the recipe's own config class: for a framework model the class the
-    checkout's registry names for the YAML's model_name; else the config class in the recipe's models/."""
-    name = (settings.get("model_config") or {}).get("model_name") if recipe.kind == "framework" else None
-    candidates: list[tuple[Path, str | None]] = []
-    if name and recipe.repo_root is not None and (recipe.repo_root / REGISTRY).is_file():
-        for module, attr in _registry(recipe.repo_root / REGISTRY).get(name, []):
-            if attr.endswith("Config"):
-                candidates.append((recipe.repo_root.joinpath(*module.split(".")).with_suffix(".py"), attr))
-    candidates += [(p, None) for p in sorted(recipe.path.rglob("configuration_*.py"))]
-    for path, cls in candidates:
-        found = _class_model_type(path, cls) if path.is_file() else None
-        if found:
-            return found
-    named = f" for the YAML's model_name {name!r}" if name else " in the recipe's files"
-    raise InputError(f"{recipe.path}: no config class with a model_type{named}; --tiny cannot tell which "
-                     "architecture to build (point the YAML's model_path at local weights)")
-
-
-def _registry(path: Path) -> dict[str, list[tuple[str, str]]]:
-    tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
-    for node in ast.walk(tree):
-        value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
-        if isinstance(value, ast.Dict):
-            try:
-                data = ast.literal_eval(value)
-            except ValueError:
-                continue
-            if isinstance(data, dict) and all(isinstance(v, list) for v in data.values()):
-                return data
-    return {}
-
-
-def _class_model_type(path: Path, cls: str | None) -> str | None:
-    tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and (cls is None or node.name == cls):
-            for stmt in node.body:
-                if (isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "model_type"
-                                                         for t in stmt.targets)
-                        and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)):
-                    return stmt.value.value
-    return None
 
 
 def build_tiny(recipe: Recipe, model_type: str) -> Path:
@@ -367,7 +323,7 @@ def _relative_site(site: str, roots: list[Path]) -> str:
 
 
 # ---- precision -----------------------------------------------------------------------------
-def parity(recipe: Recipe, run: dict, plan: dict, timeout: int = 1800) -> dict:
+def parity(recipe: Recipe, run: dict, plan: dict, timeout: int = defaults.TIMEOUT_S) -> dict:
     """verification.parity of a stand-in run: rank 0's greedy text and the probe's prefill record
     against transformers on the same checkpoint, in a subprocess (one JSON line)."""
     from npu_standin.upstream import outputs

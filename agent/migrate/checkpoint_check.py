@@ -392,6 +392,8 @@ def check_weights_match_config(model_dir: Path, config: dict, shapes: dict[str, 
         raise _mismatch(model_dir, f"they hold {max(experts) + 1} experts per layer, config.json says {field} {claimed}")
     if config.get("auto_map") or (held is not None and isinstance(layers, int) and layers > held):
         return      # remote code is never built here; a model that builds its own layer count: loading decides
+    if not isinstance(config.get("model_type"), str):
+        return      # no class to build it with (checked where config.json is read)
     try:
         model = _build_on_meta(config)
     except Exception as exc:  # noqa: BLE001

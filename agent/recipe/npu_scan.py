@@ -24,9 +24,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.errors import EnvironmentProblem
 from agent.recipe.fs_guard import read_bytes, source_files
-from agent.recipe.recipe import NO_CODE_DIRS, Recipe
+from agent.recipe.recipe import NO_CODE_DIRS
 
 SKIP_DIRS = NO_CODE_DIRS
 GRAPH_MODES_RE = re.compile(r"graph", re.I)
@@ -321,31 +320,3 @@ def scan_recipe(recipe_dir: Path, repo_root: Path | None = None, entry_files: li
             scan.kernels += [Kernel(name, rel, line, shared=True, kind=kind)
                              for name, line, kind in scan_source_kinds(_read(path), graph_mode, shared=True)]
     return scan
-
-
-def ensure_runnable_here(recipe: Recipe) -> None:
-    """Exit 4 before any run or edit when the recipe calls NPU kernels and this host has no NPU."""
-    scan = scan_recipe(recipe.path, recipe.repo_root, list(recipe.entry_files))
-    if scan.needs_npu and not npu_usable():
-        hint = ""
-        if recipe.kind in ("framework", "legacy"):
-            from agent.recipe import compiled_ops
-
-            certain, _ = compiled_ops.scan(recipe)
-            if certain:
-                raise EnvironmentProblem(compiled_ops.message(certain))
-            hint = (f"; off an NPU, `migrator run {recipe.path} --standin{' --tiny' if _tiny_possible(recipe) else ''}` "
-                    "can validate it (the npu stand-in, torch_npu kernels as reference implementations"
-                    f"{'' if _tiny_possible(recipe) else '; with local weights: no config class of it names an architecture for --tiny'})")
-        raise EnvironmentProblem(scan.message() + hint)
-
-
-def _tiny_possible(recipe: Recipe) -> bool:
-    """Whether `--tiny` can build a checkpoint for the recipe: a config class of it names a model_type."""
-    from agent.errors import InputError
-    from agent.measure.upstream_check import recipe_model_type
-
-    try:
-        return bool(recipe_model_type(recipe, recipe.settings()))
-    except (InputError, OSError, SyntaxError, ValueError):
-        return False

@@ -14,7 +14,7 @@ from agent.measure import baseline, memory, verify
 from agent.migrate.acquire import acquire
 from agent.migrate.checkpoint_check import check_checkpoint, check_output_outside
 from agent.migrate.vendor import locate_source, read_config, vendor_source
-from agent.recipe.npu_scan import ensure_runnable_here
+from agent.recipe.runnable import ensure_runnable_here
 from agent.recipe.recipe import Recipe
 from agent.recipe.registry import register, registered_names
 from agent.recipe.render import normalise_model_name, render_recipe, template_context

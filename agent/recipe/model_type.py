@@ -1,0 +1,57 @@
+"""Which Hugging Face architecture a recipe is: the `model_type` of its own configuration class, read
+with `ast` (nothing imported or run) — for a framework model the class the checkout's registry
+(executor/core/support_models.py) names for the YAML's model_name, else a configuration_*.py of the recipe."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from agent.errors import InputError
+from agent.recipe.recipe import Recipe
+from agent.recipe.targets import REGISTRY
+
+
+def recipe_model_type(recipe: Recipe, settings: dict) -> str:
+    """The HF model_type of the recipe's own config class: for a framework model the class the
+    checkout's registry names for the YAML's model_name; else the config class in the recipe's models/."""
+    name = (settings.get("model_config") or {}).get("model_name") if recipe.kind == "framework" else None
+    candidates: list[tuple[Path, str | None]] = []
+    if name and recipe.repo_root is not None and (recipe.repo_root / REGISTRY).is_file():
+        for module, attr in _registry(recipe.repo_root / REGISTRY).get(name, []):
+            if attr.endswith("Config"):
+                candidates.append((recipe.repo_root.joinpath(*module.split(".")).with_suffix(".py"), attr))
+    candidates += [(p, None) for p in sorted(recipe.path.rglob("configuration_*.py"))]
+    for path, cls in candidates:
+        found = _class_model_type(path, cls) if path.is_file() else None
+        if found:
+            return found
+    named = f" for the YAML's model_name {name!r}" if name else " in the recipe's files"
+    raise InputError(f"{recipe.path}: no config class with a model_type{named}; --tiny cannot tell which "
+                     "architecture to build (point the YAML's model_path at local weights)")
+
+
+def _registry(path: Path) -> dict[str, list[tuple[str, str]]]:
+    tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+    for node in ast.walk(tree):
+        value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+        if isinstance(value, ast.Dict):
+            try:
+                data = ast.literal_eval(value)
+            except ValueError:
+                continue
+            if isinstance(data, dict) and all(isinstance(v, list) for v in data.values()):
+                return data
+    return {}
+
+
+def _class_model_type(path: Path, cls: str | None) -> str | None:
+    tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and (cls is None or node.name == cls):
+            for stmt in node.body:
+                if (isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "model_type"
+                                                         for t in stmt.targets)
+                        and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)):
+                    return stmt.value.value
+    return None
