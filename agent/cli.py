@@ -177,10 +177,8 @@ def check_target(target: str, trust_remote_code: bool = False) -> None:
         if os.path.lexists(path / "config.json"):
             check_regular(path / "config.json")      # a loop, a FIFO, a device: refused by type, never read
         recipe = Recipe.at(path)
-        if not (path / "config.json").is_file() and not recipe.is_recipe:
-            raise errors.InputError(f"{target}: no config.json — point at a Hugging Face model directory "
-                                    "(the folder that holds config.json and the weights) or a recipe with infer.sh "
-                                    f"({recipe.reason})")
+        if recipe.refusal:
+            raise errors.InputError(recipe.refusal)     # the same line classify and baseline give
         if (path / "config.json").is_file() and (not (path / "infer.sh").is_file() or weight_files(path)):
             check_checkpoint(path, trust_remote_code)   # a checkpoint (even one holding an infer.sh): checked before any step
     elif local_path_problem(target):
@@ -398,6 +396,9 @@ def cmd_classify(args) -> int:
     if not path.exists():
         raise errors.InputError(f"{args.path}: no such file or directory")
     path = path.resolve()
+    refusal = Recipe.at(path).refusal
+    if refusal:
+        raise errors.InputError(refusal)     # the same line run and baseline give
     preflight(str(path))
     result = node_classify({"target": str(path), "timeout_s": args.timeout})
     print(f"{result['scenario']}: {result['classify_reason']}")
@@ -411,13 +412,19 @@ def cmd_baseline(args) -> int:
     """Regenerate baselines one recipe after another; a failure is recorded, not fatal."""
     import csv
 
-    rows = []
+    rows, refused = [], 0
     for i, raw in enumerate(args.recipes, 1):
         recipe = Path(raw).expanduser().resolve()
         row = {"model": recipe.name, "recipe": raw, "status": "skipped", "prefill_ms": None,
                "decode_avg_ms": None, "device": None, "message": ""}
         print(f"[migrator] baseline {i}/{len(args.recipes)}: {raw}", file=sys.stderr, flush=True)
         found = Recipe.at(recipe)
+        if found.refusal:                      # the same line classify and run give
+            row["message"] = found.refusal
+            refused += 1
+            print(f"migrator: error: {found.refusal}", file=sys.stderr)
+            rows.append(row)
+            continue
         if not found.is_recipe:
             row["message"] = ("a checkpoint, not a recipe" if found.kind == "checkpoint"
                               else f"not a recipe ({found.reason})")
@@ -455,6 +462,8 @@ def cmd_baseline(args) -> int:
     print(f"summary: {summary_path.with_suffix('.md')} and {summary_path.with_suffix('.csv')}")
     if all(r["status"] == "ok" for r in rows):
         return errors.EXIT_OK
+    if refused == len(rows):
+        return errors.EXIT_USAGE           # no folder given is a recipe or a model: bad input, as for run
     # Recipes that only need an NPU host are not failures of the recipe: exit 4 when that is all.
     if all(r["status"] in ("ok", "needs_npu") for r in rows):
         for r in rows:

@@ -161,6 +161,40 @@ def test_diagnose_of_unknown_failure_names_the_closest_rule(tmp_path):
     assert result["last_lines"] == ["step 1"]
 
 
+@pytest.mark.parametrize("error", [
+    "ZeroDivisionError: division by zero",                             # injected into infer.py
+    "RuntimeError: unreadable output: the run printed no token ids",   # was: closest tokenizer_without_pad_token
+    "ValueError: expected 4 token ids in the output, got 3",          # was: the same; 'expected … got' is no evidence
+])
+def test_unrelated_unknown_failure_gets_no_closest_rule_hint(tmp_path, error):
+    """A "closest known rule" hint only where the rule shares evidence with the failure: an error
+    with only plain words (or a builtin exception's name) in common with a rule gets none."""
+    from agent.repair.diagnose import closest_rule, diagnose
+
+    recipe = mini_recipe(tmp_path, {"id": "unrelated"})
+    out = tmp_path / "output.txt"
+    out.write_text(f"step 1\nTraceback (most recent call last):\n  File \"{recipe}/infer.py\", line 12, in <module>\n"
+                   f"    main()\n{error}\n")
+    result = diagnose(recipe, {"output_file": str(out)})
+    assert result["rule"] is None and result["closest_rule"] is None, result
+    assert "closest known rule" not in result["diagnosis"], result["diagnosis"]
+    assert closest_rule(Failure.from_output(recipe, out.read_text())) is None
+
+
+@pytest.mark.parametrize("error, rule", [
+    ("KeyError: 'pad_token_id'", "tokenizer_without_pad_token"),          # an identifier the rule is about
+    ("RuntimeError: HCCL timeout on rank 1", "hccl_collective_timeout"),
+    ("AssertionError: Torch not compiled with CUDA enabled", "incidental_cuda_call"),   # its pattern matches
+])
+def test_related_unknown_failure_keeps_its_closest_rule_hint(tmp_path, error, rule):
+    from agent.repair.diagnose import closest_rule
+
+    recipe = mini_recipe(tmp_path, {"id": "related"})
+    failure = Failure(recipe, output=f"Traceback (most recent call last):\n  File \"x.py\", line 3\n{error}\n",
+                      error=error, location=None)
+    assert closest_rule(failure)[0] == rule
+
+
 # ---- fault injection: every corpus entry, for real (tests/field_injections.py) ---------------
 def _case(injection: Injection, layout: str):
     fast = injection.fast if layout == "ours" else injection.fast_upstream

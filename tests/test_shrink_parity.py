@@ -110,3 +110,48 @@ def test_bench_pipeline_memory_ratio(tmp_path):
     [result] = json.loads(out.read_text())
     assert result["peak_ratio"] <= 1.3, result
     assert result["parity_code"]["ok"] and result["parity_weights"]["ok"], result
+
+
+def _trial_dump(path, prompt_nll: float, uniform_nll: float):
+    import torch
+
+    torch.save({"input_ids": torch.tensor([[1, 2, 3]]), "attention_mask": torch.ones(1, 3, dtype=torch.long),
+                "logits": torch.zeros(1, 8), "generate_ids": torch.tensor([[4, 5]]),
+                "prompt_nll": prompt_nll, "uniform_nll": uniform_nll}, path)
+    return path
+
+
+@pytest.mark.parametrize("nll, untrained", [(2.2, True), (0.5, False)])
+def test_config_transformers_cannot_run_is_one_line_and_keeps_the_untrained_check(tmp_path, monkeypatch, capsys,
+                                                                                 nll, untrained):
+    """transformers itself fails on the config (here: a model type it does not know, raised inside
+    transformers): parity says so in one line naming transformers' error (was: "parity check could
+    not run" from a traceback's last line, no verdict on the weights), and whether the weights are
+    untrained is still judged from the recipe's own trial-run dump (ln 8 = 2.08 is the uniform NLL)."""
+    from agent.measure import parity
+
+    def fails_in_transformers(*args, **kwargs):
+        from transformers import AutoConfig
+
+        AutoConfig.for_model("no_such_model_type")
+
+    monkeypatch.setattr(parity, "check", fails_in_transformers)
+    dump = _trial_dump(tmp_path / "dump.pt", nll, 2.0794)
+    assert parity.main(["--recipe", str(tmp_path), "--dump", str(dump)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    result = json.loads(lines[-1])
+    assert result["ok"] is None and result["checked"] is False
+    assert result["reason"].startswith("transformers cannot build or run this config: ValueError: "), result
+    assert "no_such_model_type" in result["reason"] and "\n" not in result["reason"]
+    assert result["untrained_weights"] is untrained and result["prompt_nll"] == pytest.approx(nll, abs=1e-3)
+
+
+def test_a_failure_of_our_own_code_in_parity_is_not_blamed_on_transformers(tmp_path, monkeypatch):
+    from agent.measure import parity
+
+    def fails_here(*args, **kwargs):
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr(parity, "check", fails_here)
+    with pytest.raises(ZeroDivisionError):
+        parity.main(["--recipe", str(tmp_path)])

@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from pathlib import Path
 
@@ -389,9 +390,44 @@ def main(argv=None) -> int:
     # The recipe's logs go to a temporary folder that is removed afterwards.
     with tempfile.TemporaryDirectory(prefix="parity_") as res_path:
         os.environ["RES_PATH"] = res_path
-        result = check(args.recipe.resolve(), args.tokens, trust_remote_code=args.trust_remote_code, dump=args.dump)
+        try:
+            result = check(args.recipe.resolve(), args.tokens, trust_remote_code=args.trust_remote_code,
+                           dump=args.dump)
+        except Exception as exc:  # noqa: BLE001 - only transformers' own failures are answered here
+            result = transformers_failed(exc, args.dump)
+            if result is None:
+                raise
     print(json.dumps(result))
     return 0
+
+
+def _raised_by_transformers(exc: BaseException) -> bool:
+    """The innermost frame of `exc` outside torch and the standard library is transformers' own code."""
+    import traceback
+
+    import transformers
+
+    package = Path(transformers.__file__).resolve().parent
+    frames = [Path(f.filename).resolve() for f in traceback.extract_tb(exc.__traceback__)]
+    # transformers' frames and the code of this tool or the recipe; torch and other libraries are skipped
+    stdlib = Path(sysconfig.get_paths()["stdlib"]).resolve()
+    kept = [f for f in frames if package in f.parents or ("site-packages" not in f.parts and stdlib not in f.parents)]
+    return bool(kept) and package in kept[-1].parents
+
+
+def transformers_failed(exc: Exception, dump: Path | None) -> dict | None:
+    """A check that failed inside transformers (it cannot build or run this config): one line naming
+    its error, and whether the weights are untrained judged from the recipe's own run (the trial
+    run's dump), which needs no reference. None: not transformers' failure."""
+    if not _raised_by_transformers(exc):
+        return None
+    first = (str(exc).splitlines() or [""])[0][:200]
+    result = {"ok": None, "checked": False, "reference": None,
+              "reason": f"transformers cannot build or run this config: {type(exc).__name__}: {first}"}
+    ours = _load_dump(dump) if dump else None
+    if ours and "prompt_nll" in ours:
+        result.update({k: ours[k] for k in ("prompt_nll", "uniform_nll", "untrained_weights")})
+    return result
 
 
 if __name__ == "__main__":

@@ -82,6 +82,16 @@ class Recipe:
         return self.kind in TARGETS
 
     @property
+    def refusal(self) -> str | None:
+        """Why no command takes this folder, as the one line `classify`, `run` and `baseline` all give
+        (exit 2); None for a checkpoint, a recipe, or a model folder with a config.json (migrated
+        into a new recipe, scenario A)."""
+        if self.is_recipe or self.kind == "checkpoint" or (self.path / "config.json").is_file():
+            return None
+        return (f"{self.path}: not a recipe and no config.json — {self.reason}; point at a Hugging Face model "
+                "directory (the folder that holds config.json and the weights) or a recipe with infer.sh")
+
+    @property
     def target(self) -> Target:
         if not self.is_recipe:
             raise ValueError(f"{self.path} is not a recipe ({self.reason})")

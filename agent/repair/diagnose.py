@@ -9,6 +9,7 @@ applies the matched rule's fix.
 
 from __future__ import annotations
 
+import builtins
 import json
 import math
 import re
@@ -66,24 +67,52 @@ def _words(text: str) -> set[str]:
     return {w for w in _WORD.findall(text.lower().replace("_", " ")) if w not in _NOISE and len(w) > 2}
 
 
+# A word of an error written as an identifier (HCCL, SentencePiece, pad_token_id, EI0006, torch.npu):
+# shared with a rule's evidence, one such word relates the two; plain words ("token ids") need two.
+_IDENTIFIER = re.compile(r"\b(?:[A-Z]{3,}\w*|[A-Z][a-z]+[A-Z]\w*|\w+_\w+|\w*\d\w*|\w+(?:\.\w+)+)\b")
+
+# "ValueError" names no subsystem: a builtin exception's name relates no rule to a failure.
+_BUILTIN_EXCEPTIONS = frozenset(n for n, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, BaseException))
+
+
+def _evidence_text(rule) -> str:
+    return rule.evidence.pattern if isinstance(rule.evidence, re.Pattern) else (rule.evidence or "")
+
+
+def _related(rule, failure: Failure, error: set[str], identifiers: set[str]) -> bool:
+    """The rule shares evidence with the failure: its pattern is found in the run (its facts
+    declined), or the error names what the pattern looks for (one identifier-like word, or two words)."""
+    if rule.evidence is not None and failure.search(rule.evidence, rule.where) is not None:
+        return True
+    if len(error & _words(_evidence_text(rule))) >= 2:
+        return True
+    return bool(identifiers & _words(f"{rule.name} {rule.diagnosis} {_evidence_text(rule)}"))
+
+
 def closest_rule(failure: Failure) -> tuple[str, float] | None:
-    """The catalogue rule whose name + diagnosis share the rarest words with the error (None: no word
-    in common). Words are weighted by how few rules use them, so 'torch' counts for little, 'hccl' for much."""
-    rules = [(rule.name, _words(f"{rule.name} {rule.diagnosis}")) for rule in CATALOGUE
+    """Among the catalogue rules that share evidence with the failure (`_related`), the one whose
+    name + diagnosis share the rarest words with the error; None when no rule is related (a hint
+    with nothing in common with the failure misleads more than no hint). Words are weighted by how
+    few rules use them, so 'torch' counts for little, 'hccl' for much."""
+    rules = [(rule, _words(f"{rule.name} {rule.diagnosis}")) for rule in CATALOGUE
              if rule.kind is not Kind.LLM and rule.name != OUT_OF_MEMORY]
     df: dict[str, int] = {}
     for _, words in rules:
         for w in words:
             df[w] = df.get(w, 0) + 1
     error = _words(failure.error)
+    identifiers = set().union(*(_words(m.group(0)) for m in _IDENTIFIER.finditer(failure.error)
+                                if m.group(0) not in _BUILTIN_EXCEPTIONS))
     best = None
-    for name, words in rules:
-        shared = error & words
-        if not shared:
+    for rule, words in rules:
+        if not _related(rule, failure, error, identifiers):
             continue
+        shared = error & words
+        if not shared and (rule.evidence is None or failure.search(rule.evidence, rule.where) is None):
+            continue           # related by evidence words alone, nothing of what the rule is about
         score = sum(math.log(len(rules) / df[w]) for w in shared) / math.sqrt(len(words))
         if best is None or score > best[1]:
-            best = (name, round(score, 2))
+            best = (rule.name, round(score, 2))
     return best
 
 
