@@ -32,8 +32,9 @@ from urllib.parse import quote
 
 from agent.migrate.checkpoint_files import (SMALL_FILE_PATTERNS, WEIGHT_INDEXES, WEIGHT_SUFFIXES,  # noqa: F401 - re-exported
                                     WEIGHTS_LIMIT_BYTES, Acquired, _check_shards, _merge_weights, _plan_weights,
+                                    check_download_size,
                                     _weights_dir)
-from agent.errors import EXIT_NEEDS_WEIGHTS, InputError, MigratorError
+from agent.errors import InputError, MigratorError
 
 REPO_ID_RE = re.compile(r"^(?P<org>[\w.-]+)/(?P<name>[\w.-]+)$")
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -222,14 +223,7 @@ def download(ref: HubRef, weights: str | None) -> Acquired:
     if not files:
         raise InputError(f"{_label(ref)}: the repository has no weight files (*.safetensors / *.bin) at "
                          "this revision; pass --weights PATH with the weights")
-    if fetch_bytes is not None and fetch_bytes >= WEIGHTS_LIMIT_BYTES:
-        cached = len(files) - len(to_fetch)
-        have = f" ({cached} of {len(files)} files already cached)" if cached else ""
-        raise MigratorError(
-            f"{_label(ref)}: weights to download are {fetch_bytes / 1e9:.1f} GB (>= "
-            f"{WEIGHTS_LIMIT_BYTES / 1e9:.0f} GB){have}; download them yourself "
-            f"(e.g. `hf download {ref.repo_id} --local-dir DIR`) and pass --weights DIR",
-            exit_code=EXIT_NEEDS_WEIGHTS)
+    check_download_size(_label(ref), files, to_fetch, fetch_bytes, f"hf download {ref.repo_id} --local-dir DIR")
     if to_fetch and fetch_bytes is None:
         raise _missing_weights(ref, to_fetch, "no metadata gives their size, so nothing was downloaded")
     model_dir = small_dir

@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.errors import InputError
+from agent.errors import EXIT_NEEDS_WEIGHTS, InputError, MigratorError
 
 WEIGHTS_LIMIT_BYTES = 5 * 10**9
 SMALL_FILE_PATTERNS = ["*.json", "*.py", "*.txt", "*.model", "*.tiktoken", "tokenizer*", "*.jinja"]
@@ -65,6 +65,20 @@ def _plan_weights(snapshot: Path, listing: dict[str, int] | None):
 
 
 # ---- --weights ----------------------------------------------------------------------------
+def check_download_size(label: str, files: list, to_fetch: list, fetch_bytes: int | None, download: str) -> None:
+    """Weights to download at or over WEIGHTS_LIMIT_BYTES: one line asking the user to fetch them
+    (`download`: the hub's own command for it) and pass --weights (exit EXIT_NEEDS_WEIGHTS)."""
+    if fetch_bytes is None or fetch_bytes < WEIGHTS_LIMIT_BYTES:
+        return
+    cached = len(files) - len(to_fetch)
+    have = f" ({cached} of {len(files)} files already cached)" if cached else ""
+    raise MigratorError(
+        f"{label}: weights to download are {fetch_bytes / 1e9:.1f} GB (>= "
+        f"{WEIGHTS_LIMIT_BYTES / 1e9:.0f} GB){have}; download them yourself "
+        f"(e.g. `{download}`) and pass --weights DIR",
+        exit_code=EXIT_NEEDS_WEIGHTS)
+
+
 def _weights_dir(weights: str) -> Path:
     path = Path(weights).expanduser()
     if not path.is_dir():

@@ -27,7 +27,7 @@ import re
 from pathlib import Path
 from urllib.parse import parse_qs, quote, urlsplit
 
-from agent.errors import EXIT_NEEDS_WEIGHTS, InputError, MigratorError
+from agent.errors import InputError, MigratorError
 
 CANONICAL_HOST = "https://modelscope.cn"
 HOSTS = ("modelscope.cn", "www.modelscope.cn", "modelscope.ai", "www.modelscope.ai")
@@ -118,7 +118,7 @@ def id_problem(repo_id: str) -> str | None:
 # ---- download ------------------------------------------------------------------------------
 def download(ref, weights: str | None):
     """The ModelScope counterpart of agent.migrate.acquire.download, for a ref with hub="modelscope"."""
-    from agent.migrate.checkpoint_files import (SMALL_FILE_PATTERNS, WEIGHTS_LIMIT_BYTES, Acquired, _check_shards,
+    from agent.migrate.checkpoint_files import (SMALL_FILE_PATTERNS, Acquired, _check_shards, check_download_size,
                                         _merge_weights, _plan_weights, _weights_dir)
 
     _quiet()
@@ -146,14 +146,7 @@ def download(ref, weights: str | None):
                                    "the file listing could not be read")
         raise InputError(f"{_label(ref)}: the repository has no weight files (*.safetensors / *.bin) at this "
                          "revision; pass --weights PATH with the weights")
-    if fetch_bytes is not None and fetch_bytes >= WEIGHTS_LIMIT_BYTES:
-        cached = len(files) - len(to_fetch)
-        have = f" ({cached} of {len(files)} files already cached)" if cached else ""
-        raise MigratorError(
-            f"{_label(ref)}: weights to download are {fetch_bytes / 1e9:.1f} GB (>= "
-            f"{WEIGHTS_LIMIT_BYTES / 1e9:.0f} GB){have}; download them yourself "
-            f"(e.g. `modelscope download --model {ref.repo_id} --local_dir DIR`) and pass --weights DIR",
-            exit_code=EXIT_NEEDS_WEIGHTS)
+    check_download_size(_label(ref), files, to_fetch, fetch_bytes, f"modelscope download --model {ref.repo_id} --local_dir DIR")
     if to_fetch and is_offline:
         raise _missing_weights(ref, to_fetch, small_dir, _offline_reason())
     if to_fetch and fetch_bytes is None:
