@@ -112,10 +112,14 @@ def test_upstreams_pre_commit_hooks_pass_on_a_framework_recipe(tmp_path):
         config_file = tmp_path / "upstream-pre-commit-local.yaml"
         config_file.write_text(yaml.safe_dump(local_config(config, pre_commit.parent), sort_keys=False))
     before = {f: (checkout / f).read_bytes() for f in files}
-    proc = subprocess.run([str(pre_commit), "run", "--config", str(config_file), "--color", "never", "--files", *files],
-                          cwd=checkout, capture_output=True, text=True, timeout=600,
-                          env={"PATH": f"{pre_commit.parent}:/usr/bin:/bin", "HOME": str(tmp_path),
-                               "PRE_COMMIT_HOME": str(tmp_path / "pre-commit-home")})
+
+    def run_hooks(*paths: str):
+        return subprocess.run([str(pre_commit), "run", "--config", str(config_file), "--color", "never", "--files", *paths],
+                              cwd=checkout, capture_output=True, text=True, timeout=600,
+                              env={"PATH": f"{pre_commit.parent}:/usr/bin:/bin", "HOME": str(tmp_path),
+                                   "PRE_COMMIT_HOME": str(tmp_path / "pre-commit-home")})
+
+    proc = run_hooks(*files)
     print(how)
     print(proc.stdout)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
@@ -126,3 +130,10 @@ def test_upstreams_pre_commit_hooks_pass_on_a_framework_recipe(tmp_path):
     # fixers changed nothing: what we wrote was already clean
     assert {f: (checkout / f).read_bytes() for f in files} == before
     assert (recipe / "models" / f"modeling_{recipe.name}_framework.py").is_file()
+    # the hooks bite: a file with a trailing blank, no final newline and a debugger import fails them
+    probe = recipe / "models" / "probe.py"
+    probe.write_text("import pdb\nx = 1 \ny = 2")
+    _git(checkout, "add", "-A")
+    bad = run_hooks(probe.relative_to(checkout).as_posix())
+    failed = [line.split(".")[0] for line in bad.stdout.splitlines() if line.rstrip().endswith("Failed")]
+    assert bad.returncode != 0 and len(failed) == 3, bad.stdout
