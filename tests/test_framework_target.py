@@ -427,3 +427,24 @@ def test_standalone_recipe_runs_without_infer_migrator_installed(working_recipe_
     assert proc.returncode == 0, proc.stderr[-3000:]
     logs = list((recipe / "res").glob("*/*/log_0.log"))
     assert logs and upstream.outputs(logs[0]), proc.stdout[-2000:]
+
+
+@pytest.mark.slow
+def test_migrator_run_of_a_legacy_recipe_reports_its_parity(tmp_path):
+    """`migrator standin -- migrator run CKPT --target legacy`: the trial run is the recipe's infer.sh
+    (function.sh's launch); verify holds the runner's text to transformers on the prompts upstream's
+    generate_prompt gave the rank — a parity verdict in the baseline, not "not applicable"."""
+    checkout = copy_checkout(tmp_path)
+    (checkout / "dataset" / "default_prompt.json").write_text(json.dumps({"text": PROMPTS}))
+    checkpoint = upstream.tiny_checkpoint("llama", tmp_path / "ckpt")
+    proc = run_cli("standin", "--", sys.executable, "-m", "agent.cli", "run", str(checkpoint), "--output-dir",
+                   str(checkout / "models"), "--name", "leg_run", "--target", "legacy", "--max-new-tokens",
+                   str(MAX_NEW_TOKENS), "--max-rounds", "0", "--transformers-source", "installed", "--json",
+                   cwd=tmp_path, timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout[proc.stdout.index("{"):proc.stdout.rindex("}") + 1])
+    baseline = json.loads(Path(summary["baseline_path"]).read_text())
+    parity = baseline["verification"]["parity"]
+    assert parity["checked"] and parity["ok"] and parity["ranks"] == 1, parity
+    assert [r["request"] for r in parity["requests"]] == [0] and parity["requests"][0]["prompt_tokens"] > 1, parity
+    assert "as the runner tokenizes it" in parity["method"]

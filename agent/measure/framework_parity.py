@@ -6,7 +6,8 @@ dataset/default_prompt.json of the checkout or of data_config.dataset_path, repe
 each data-parallel rank its slice) and tokenized as its scheduler does (chat template, truncated to
 input_truncated_len); transformers' own model on the same checkpoint generates greedily in the run's
 dtype (bfloat16: upstream's loader builds every model in it) and in float32. The run is at parity
-when every request's text is one of the two.
+when every request's text is one of the two. A ModelRunner recipe of ours (the legacy target, `--legacy`)
+the same way, its prompts chosen by upstream's own generate_prompt and tokenized as its runner does.
 
 Runs in a subprocess (`python -m agent.measure.framework_parity --yaml Y --logs DIR --checkout C`,
 one JSON object on stdout), so that the recipe's modules never enter the caller.

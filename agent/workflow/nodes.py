@@ -215,7 +215,7 @@ def node_verify(state: MigrationState) -> dict:
     collected = state.get("baseline") or json.loads(baseline_path.read_text())
     checked = verify.verify(Recipe.at(state["recipe_dir"]), last_run(state), collected,
                             bool(state.get("trust_remote_code")), state.get("upstream_standin"),
-                            python=recipe_python(state))
+                            python=recipe_python(state), ours=bool(state.get("vendored")))
     baseline.write_baseline(baseline_path, checked)
     problems = verify.problems(checked)
     update = {"verification": checked["verification"], "status": "failed" if problems else "ok"}
