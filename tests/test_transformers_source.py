@@ -164,3 +164,31 @@ def test_bad_transformers_source_on_the_command_line_is_one_line_and_exit_10(tmp
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "no transformers/ package in that folder" in proc.stderr
     assert not (checkout / "models" / "tiny_llama").exists()
+
+
+@pytest.mark.slow
+def test_migrator_run_with_5_24_installed_runs_and_checks_the_recipe_on_5_0(tmp_path):
+    """The whole workflow: `migrator standin -- migrator run CKPT --output-dir CHECKOUT/models
+    --transformers-source DIR --reference-python PY`: vendored from 5.0.0, the trial run under
+    upstream's infer.sh in PY, the baseline's parity against transformers 5.0.0."""
+    import transformers
+
+    from npu_standin import upstream
+    from test_framework_target import copy_checkout
+
+    python, site = tf50_site()
+    if transformers.__version__ == "5.0.0":
+        pytest.skip("the installed transformers is the checkout's own 5.0.0: nothing to vendor across")
+    checkout = copy_checkout(tmp_path)
+    checkpoint = upstream.tiny_checkpoint("llama", tmp_path / "ckpt")
+    proc = run_cli("standin", "--", sys.executable, "-m", "agent.cli", "run", str(checkpoint), "--output-dir",
+                   str(checkout / "models"), "--name", "xv_run", "--max-new-tokens", "8", "--max-rounds", "0",
+                   "--transformers-source", str(site), "--reference-python", str(python), "--json",
+                   cwd=tmp_path, timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout[proc.stdout.index("{"):proc.stdout.rindex("}") + 1])
+    recipe = checkout / "models" / "xv_run"
+    report = json.loads((recipe / "res" / ".migrator" / "migration_report.json").read_text())
+    assert report["vendored"]["origin"] == "transformers 5.0.0" and report["transformers"]["python"] == str(python)
+    parity = json.loads(Path(summary["baseline_path"]).read_text())["verification"]["parity"]
+    assert parity["ok"] and parity["checked"] and "transformers 5.0.0's" in parity["method"], parity
