@@ -293,6 +293,10 @@ def cmd_run(args) -> int:
         preflight(args.target)
     if args.recipe_target and not Recipe.at(args.target).is_recipe:
         choose_target(args.recipe_target, Path(args.output_dir))     # a bad --target is exit 2 before acquiring
+    if args.transformers_source and args.transformers_source != "installed":
+        from agent.migrate.transformers_source import open_source
+
+        open_source(args.transformers_source)       # a bad source is exit 10 before the workflow starts
     state = {"target": args.target, "output_dir": args.output_dir, "name": args.name, "device": args.device,
              "dtype": args.dtype, "weights": args.weights, "trust_remote_code": args.trust_remote_code,
              "max_rounds": args.max_rounds, "allow_install": args.allow_install, "timeout_s": args.timeout, "max_new_tokens": args.max_new_tokens,

@@ -153,17 +153,19 @@ def test_a_recipe_vendored_from_the_checkouts_5_0_runs_on_5_0_under_upstreams_in
 
 
 def test_bad_transformers_source_on_the_command_line_is_one_line_and_exit_10(tmp_path, tiny_checkpoints):
-    if not SNAPSHOT.is_dir():
-        pytest.skip(f"no upstream snapshot at {SNAPSHOT} (../shared is absent)")
-    from test_framework_target import copy_checkout
+    from agent.recipe.targets import REGISTRY
 
-    checkout = copy_checkout(tmp_path)
+    checkout = tmp_path / "co"          # a checkout as far as the target rows look: its registry and its pin
+    (checkout / REGISTRY).parent.mkdir(parents=True)
+    (checkout / REGISTRY).write_text("_specs = {}\n")
+    (checkout / "models").mkdir()
+    (checkout / "AGENTS.md").write_text("CANN 9.0.0 + PyTorch 2.8.0 + torch_npu 2.8.0 + transformers 5.0.0\n")
     proc = run_cli("run", str(tiny_checkpoints("llama")), "--output-dir", str(checkout / "models"),
                    "--transformers-source", str(tmp_path))
     assert proc.returncode == 10, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "no transformers/ package in that folder" in proc.stderr
-    assert not (checkout / "models" / "tiny_llama").exists()
+    assert not any((checkout / "models").iterdir())
 
 
 @pytest.mark.slow
