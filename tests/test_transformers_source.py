@@ -98,6 +98,25 @@ def test_an_unreachable_index_is_one_line_naming_transformers_source(tmp_path, m
     assert caught.value.exit_code == ts.EXIT_NO_SOURCE == 9 and "\n" not in str(caught.value)
 
 
+def test_the_plan_follows_the_pin_and_needs_an_interpreter_with_it(tmp_path, monkeypatch):
+    from agent.errors import EnvironmentProblem
+
+    installed = ts.installed_version()
+    co = tmp_path / "co"
+    (co / "models" / "a").mkdir(parents=True)
+    (co / "models" / "a" / "requirements.txt").write_text(f"transformers=={installed}\n")
+    assert ts.plan_for(co, None, None) == ts.Plan(installed, None, None)          # the pin is installed
+    assert ts.plan_for(None, None, None) == ts.Plan(installed, None, None)        # no checkout
+    assert ts.plan_for(co, "installed", None).version == installed
+    other = fake_tree(tmp_path / "site", "5.0.0" if installed != "5.0.0" else "5.1.0")
+    monkeypatch.setenv("PATH", str(Path(sys.executable).parent))      # python3 here has the installed release
+    with pytest.raises(EnvironmentProblem, match="pass --reference-python PY") as caught:
+        ts.plan_for(co, str(other), None)
+    assert caught.value.exit_code == 4 and "\n" not in str(caught.value)
+    with pytest.raises(EnvironmentProblem, match=f"has transformers {installed}, the recipe pins"):
+        ts.plan_for(co, str(other), sys.executable)
+
+
 def test_a_release_that_lacks_the_model_is_refused_before_anything_is_written(tmp_path):
     from agent.errors import UnsupportedModelError
     from agent.migrate.vendor import from_tree, locate_source
@@ -194,3 +213,20 @@ def test_migrator_run_with_5_24_installed_runs_and_checks_the_recipe_on_5_0(tmp_
     assert report["vendored"]["origin"] == "transformers 5.0.0" and report["transformers"]["python"] == str(python)
     parity = json.loads(Path(summary["baseline_path"]).read_text())["verification"]["parity"]
     assert parity["ok"] and parity["checked"] and "transformers 5.0.0's" in parity["method"], parity
+
+
+@pytest.mark.slow
+def test_the_pinned_release_is_fetched_once_into_the_cache(tmp_path, monkeypatch):
+    """Where PyPI is reachable: `pip download transformers==5.0.0 --no-deps` into the cache, unpacked
+    there; a second call reads the cache."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    try:
+        tree = ts.fetch_source("5.0.0", timeout=600)
+    except ts.NoTransformersSource as exc:
+        pytest.skip(f"no package index reachable here: {exc}")
+    assert tree.version == "5.0.0" and tree.origin == "transformers 5.0.0 wheel (pip download)"
+    assert tree.module_file("transformers.models.llama.modeling_llama") is not None
+    wheels = list((tmp_path / "cache" / "infer-migrator" / "transformers" / "wheels").glob("*.whl"))
+    assert len(wheels) == 1
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")     # the cache answers now
+    assert ts.fetch_source("5.0.0").root == tree.root

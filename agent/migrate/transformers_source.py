@@ -228,10 +228,7 @@ def plan_for(checkout: Path | None, given_source: str | None, given_python: str 
     tree = open_source(given_source) if given_source else None
     pin = checkout_pin(checkout) if checkout is not None else None
     version = tree.version if tree else (pin[0] if pin else installed)
-    if tree is None and version != installed:
-        tree = fetch_source(version)
-    if tree is not None and tree.version == installed:
-        tree = None         # the installed release's own files
     if version == installed:
-        return Plan(version, None, given_python)
-    return Plan(version, tree, reference_python(version, given_python))
+        return Plan(version, None, given_python)    # the installed release's own files
+    python = reference_python(version, given_python)     # before a download: without it nothing can run
+    return Plan(version, tree or fetch_source(version), python)
