@@ -213,6 +213,13 @@ def test_migrator_run_with_5_24_installed_runs_and_checks_the_recipe_on_5_0(tmp_
     assert report["vendored"]["origin"] == "transformers 5.0.0" and report["transformers"]["python"] == str(python)
     parity = json.loads(Path(summary["baseline_path"]).read_text())["verification"]["parity"]
     assert parity["ok"] and parity["checked"] and "transformers 5.0.0's" in parity["method"], parity
+    # re-baselined later without --reference-python: the interpreter its migration ran it with
+    again = run_cli("standin", "--", sys.executable, "-m", "agent.cli", "run", str(recipe), "--max-rounds", "0", "--json",
+                    cwd=tmp_path, timeout=1500)
+    assert again.returncode == 0, again.stderr[-3000:]
+    summary = json.loads(again.stdout[again.stdout.index("{"):again.stdout.rindex("}") + 1])
+    parity = json.loads(Path(summary["baseline_path"]).read_text())["verification"]["parity"]
+    assert summary["scenario"] == "C" and parity["ok"] and "transformers 5.0.0's" in parity["method"], (summary, parity)
 
 
 @pytest.mark.slow

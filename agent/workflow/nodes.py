@@ -55,7 +55,7 @@ def node_classify(state: MigrationState) -> dict:
     if not standin:
         ensure_runnable_here(recipe)
     run = _needs_npu(trial_run(recipe, "classify", state.get("world_size") or 1, state.get("timeout_s"), standin,
-                               python=recipe_python(state)))
+                               python=recipe_python(state, recipe.path)))
     how = f"{recipe.reason} and it runs" if run["ok"] else f"{recipe.reason} but it fails: {run['summary']}"
     return {"scenario": "C" if run["ok"] else "B", "classify_reason": how, "recipe_dir": str(recipe.path),
             "runs": [run]}
@@ -155,9 +155,15 @@ def node_trial_run(state: MigrationState) -> dict:
     return {"runs": [_needs_npu(run)]}
 
 
-def recipe_python(state: MigrationState) -> str | None:
-    """The interpreter the recipe runs with when it is not this one (another transformers: --reference-python)."""
-    return (state.get("transformers") or {}).get("python") or state.get("reference_python")
+def recipe_python(state: MigrationState, recipe_dir: str | Path | None = None) -> str | None:
+    """The interpreter the recipe runs with when it is not this one (another transformers): this run's
+    --reference-python, else the one its migration ran it with (its report), while it exists."""
+    python = (state.get("transformers") or {}).get("python") or state.get("reference_python")
+    recipe_dir = recipe_dir or state.get("recipe_dir")
+    if python or not recipe_dir or not Path(recipe_dir).is_dir():
+        return python
+    stored = (Recipe.at(recipe_dir).report().get("transformers") or {}).get("python")
+    return stored if stored and Path(stored).is_file() else None
 
 
 def _needs_npu(run):
