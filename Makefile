@@ -36,7 +36,8 @@ demo: install
 # the tested transformers (constraints.txt), then the end-to-end family tests on transformers 5.0.0.
 test: test-main test-tf50
 
-test-main: install
+# install-tf50 first: tests/test_transformers_source.py vendors from .venv-tf5.0's 5.0.0 and runs the recipe in it
+test-main: install install-tf50
 	$(PY) -m pytest -q -n 2
 
 test-tf50: install-tf50

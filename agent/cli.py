@@ -115,6 +115,15 @@ def _add_run_options(run: argparse.ArgumentParser) -> None:
                           "executor/core/support_models.py, run by executor/scripts/infer.sh), legacy, or standalone "
                           "(its own infer.sh on this tool's engine); default: framework when --output-dir lies in a "
                           "cann-recipes-infer checkout, else standalone")
+    run.add_argument("--transformers-source", metavar="WHEEL|DIR",
+                     help="the transformers release a recipe for a checkout is vendored from when it is not the "
+                          "installed one (default: the checkout's pin, fetched with pip download): a wheel, or a "
+                          "folder holding transformers/ (an unpacked wheel, a venv's site-packages); `installed`: "
+                          "the installed release whatever the checkout pins")
+    run.add_argument("--reference-python", metavar="PY",
+                     help="an interpreter with that transformers (e.g. the checkout's launcher environment): the "
+                          "recipe's trial runs and the parity reference run in it (default: python3 on PATH when "
+                          "it has the pinned release)")
     run.add_argument("--device", choices=DEVICES, default="auto", help="device to run on (default: auto)")
     run.add_argument("--dtype", choices=KEY["model_config.dtype"].choices,
                      help="model dtype in the YAML (default: the checkpoint's)")
@@ -284,10 +293,16 @@ def cmd_run(args) -> int:
         preflight(args.target)
     if args.recipe_target and not Recipe.at(args.target).is_recipe:
         choose_target(args.recipe_target, Path(args.output_dir))     # a bad --target is exit 2 before acquiring
+    if args.transformers_source and args.transformers_source != "installed":
+        from agent.migrate.transformers_source import open_source
+
+        open_source(args.transformers_source)       # a bad source is exit 10 before the workflow starts
     state = {"target": args.target, "output_dir": args.output_dir, "name": args.name, "device": args.device,
              "dtype": args.dtype, "weights": args.weights, "trust_remote_code": args.trust_remote_code,
              "max_rounds": args.max_rounds, "allow_install": args.allow_install, "timeout_s": args.timeout, "max_new_tokens": args.max_new_tokens,
-             "world_size": args.world_size, "recipe_target": args.recipe_target, **({"upstream_standin": plan} if plan else {})}
+             "world_size": args.world_size, "recipe_target": args.recipe_target,
+             "transformers_source": args.transformers_source, "reference_python": args.reference_python,
+             **({"upstream_standin": plan} if plan else {})}
     summary = run_migration(state, resume=args.resume)
     return _finish(summary, args.json)
 

@@ -22,6 +22,7 @@ class Vendored(TypedDict, total=False):
     modeling_module: str
     configuration_module: str
     origin: str                           # "transformers <version>" or "remote code"
+    transformers_version: str             # the release the recipe pins (the checkout's, when it has one)
     attn_implementation: str
     files: dict[str, str]                 # role -> recipe-relative path
     codemods: dict[str, list[str]]        # file name -> codemods applied

@@ -31,6 +31,9 @@ PROMPTS = ["An attention function can be described as mapping a query and a set 
            "output, where the query, keys, values, and output are all vectors. The output is",
            "The capital of France is"]
 MAX_NEW_TOKENS = 8
+# The recipes here are vendored from the installed transformers (the tested newest release; `make test-tf50`
+# runs them on 5.0.0); tests/test_transformers_source.py vendors from the checkout's pin.
+INSTALLED = {"transformers_source": "installed"}
 
 
 def _git(checkout: Path, *args: str) -> str:
@@ -102,7 +105,7 @@ def migrated(tmp_path_factory):
     checkpoint = upstream.tiny_checkpoint("llama", root / "tiny_llama_ckpt")
     summary = run_migration({"target": str(checkpoint), "output_dir": str(checkout / "models"), "name": "tiny_llama",
                              "device": "cpu", "max_new_tokens": MAX_NEW_TOKENS, "max_rounds": 0, "world_size": 1,
-                             "recipe_target": None}, stop_after="render")
+                             "recipe_target": None, **INSTALLED}, stop_after="render")
     assert summary["recipe_dir"] == str(checkout / "models" / "tiny_llama")
     return {"checkout": checkout, "checkpoint": checkpoint, "recipe": checkout / "models" / "tiny_llama",
             "registry_before": registry_before, "root": root}
@@ -265,6 +268,7 @@ def test_migrator_run_into_a_checkout_end_to_end_under_the_standin(tmp_path, tin
     checkpoint = upstream.tiny_checkpoint("llama", tmp_path / "ckpt")
     proc = run_cli("standin", "--", sys.executable, "-m", "agent.cli", "run", str(checkpoint), "--output-dir",
                    str(checkout / "models"), "--name", "e2e_llama", "--max-new-tokens", str(MAX_NEW_TOKENS),
+                   "--transformers-source", "installed",
                    "--max-rounds", "0", "--json", cwd=tmp_path, timeout=1500)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout[proc.stdout.index("{"):proc.stdout.rindex("}") + 1])
@@ -304,7 +308,7 @@ def migrate_family(family_checkout, model_type: str, overrides: dict, family: st
         name = f"tiny_{family}"
         run_migration({"target": str(checkpoint), "output_dir": str(checkout / "models"), "name": name,
                        "device": "cpu", "max_new_tokens": MAX_NEW_TOKENS, "max_rounds": 0, "world_size": 1,
-                       "recipe_target": "framework"}, stop_after="render")
+                       "recipe_target": "framework", **INSTALLED}, stop_after="render")
         family_checkout["migrated"][model_type] = (checkout / "models" / name, checkpoint)
     return family_checkout["migrated"][model_type]
 
@@ -336,7 +340,7 @@ def legacy(tmp_path_factory):
     checkpoint = upstream.tiny_checkpoint("llama", root / "ckpt")
     run_migration({"target": str(checkpoint), "output_dir": str(checkout / "models"), "name": "leg_llama",
                    "device": "cpu", "max_new_tokens": MAX_NEW_TOKENS, "max_rounds": 0, "world_size": 1,
-                   "recipe_target": "legacy"}, stop_after="render")
+                   "recipe_target": "legacy", **INSTALLED}, stop_after="render")
     return {"checkout": checkout, "checkpoint": checkpoint, "recipe": checkout / "models" / "leg_llama"}
 
 
@@ -423,3 +427,24 @@ def test_standalone_recipe_runs_without_infer_migrator_installed(working_recipe_
     assert proc.returncode == 0, proc.stderr[-3000:]
     logs = list((recipe / "res").glob("*/*/log_0.log"))
     assert logs and upstream.outputs(logs[0]), proc.stdout[-2000:]
+
+
+@pytest.mark.slow
+def test_migrator_run_of_a_legacy_recipe_reports_its_parity(tmp_path):
+    """`migrator standin -- migrator run CKPT --target legacy`: the trial run is the recipe's infer.sh
+    (function.sh's launch); verify holds the runner's text to transformers on the prompts upstream's
+    generate_prompt gave the rank — a parity verdict in the baseline, not "not applicable"."""
+    checkout = copy_checkout(tmp_path)
+    (checkout / "dataset" / "default_prompt.json").write_text(json.dumps({"text": PROMPTS}))
+    checkpoint = upstream.tiny_checkpoint("llama", tmp_path / "ckpt")
+    proc = run_cli("standin", "--", sys.executable, "-m", "agent.cli", "run", str(checkpoint), "--output-dir",
+                   str(checkout / "models"), "--name", "leg_run", "--target", "legacy", "--max-new-tokens",
+                   str(MAX_NEW_TOKENS), "--max-rounds", "0", "--transformers-source", "installed", "--json",
+                   cwd=tmp_path, timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout[proc.stdout.index("{"):proc.stdout.rindex("}") + 1])
+    baseline = json.loads(Path(summary["baseline_path"]).read_text())
+    parity = baseline["verification"]["parity"]
+    assert parity["checked"] and parity["ok"] and parity["ranks"] == 1, parity
+    assert [r["request"] for r in parity["requests"]] == [0] and parity["requests"][0]["prompt_tokens"] > 1, parity
+    assert "as the runner tokenizes it" in parity["method"]

@@ -13,11 +13,13 @@ from agent.recipe.recipe import Recipe
 
 
 def verify(recipe: Recipe, run: Run, collected: Baseline, trust_remote_code: bool = False,
-           standin: dict | None = None) -> Baseline:
+           standin: dict | None = None, python: str | None = None, ours: bool = False) -> Baseline:
     """The collected baseline with its parity: the vendored model against transformers for a
     recipe on this engine (the trial run's parity dump is its side when there is one); for an
     upstream recipe run under the npu stand-in (`standin`: its plan), its own model against
-    transformers on the run's checkpoint (agent.measure.upstream_check)."""
+    transformers on the run's checkpoint (agent.measure.upstream_check). `python`: the interpreter
+    with the recipe's transformers, where the reference side of a framework recipe runs. `ours`: the
+    recipe is one this migration wrote (a legacy recipe of ours is checked like a framework one)."""
     if standin:
         from agent.measure.upstream_check import parity as upstream_parity
 
@@ -27,7 +29,12 @@ def verify(recipe: Recipe, run: Run, collected: Baseline, trust_remote_code: boo
         parity = run_parity(recipe, trust_remote_code=trust_remote_code, dump=dump if dump.is_file() else None)
     elif recipe.kind == "framework" and any(recipe.path.glob("models/modeling_*_framework.py")) and run.get("log_dir"):
         # a framework recipe of ours: the executor's generated text against transformers
-        parity = framework_parity(Path(run.get("yaml") or recipe.yaml), Path(run["log_dir"]), recipe.repo_root)
+        parity = framework_parity(Path(run.get("yaml") or recipe.yaml), Path(run["log_dir"]), recipe.repo_root,
+                                  python=python)
+    elif recipe.kind == "legacy" and recipe.repo_root and run.get("log_dir") and (ours or recipe.report().get("vendored")):
+        # a ModelRunner recipe of ours (the legacy target): its runner's text against transformers
+        parity = framework_parity(Path(run.get("yaml") or recipe.yaml), Path(run["log_dir"]), recipe.repo_root,
+                                  python=python, legacy=True)
     else:
         parity = foreign_parity(recipe)
     return with_verification(collected, parity)

@@ -14,8 +14,9 @@ import importlib.util
 import inspect
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Callable
 
 import libcst as cst
 import libcst.matchers as m
@@ -231,6 +232,28 @@ def locate_remote_source(config: dict, model_dir: Path | None, trust_remote_code
     )
 
 
+def from_tree(source: ModelSource, tree) -> ModelSource:
+    """`source` (located with the installed transformers) read from another release's source tree
+    (agent.migrate.transformers_source.SourceTree): the same modules, that release's files."""
+    from agent.migrate.transformers_range import needed_version
+
+    if source.modeling_module.startswith(REMOTE_PACKAGE + "."):
+        return source       # the model repo's own code: the same files whatever transformers
+    row = needed_version(source.model_type, tree.version)
+    if row is not None:
+        raise UnsupportedModelError(f"model_type {source.model_type!r} needs transformers >= {row.version} "
+                                    f"({row.why} before that); the recipe's transformers is {tree.version}")
+    files = {}
+    for module, cls in ((source.modeling_module, source.model_class), (source.configuration_module, source.config_class)):
+        path = tree.module_file(module)
+        if path is None or not re.search(rf"^class {re.escape(cls)}\b", path.read_text(), re.M):
+            raise UnsupportedModelError(f"{source.architecture}: transformers {tree.version} has no {cls} in {module}; "
+                                        f"migrate it for a transformers that has it (--transformers-source)")
+        files[module] = path
+    return replace(source, modeling_file=files[source.modeling_module],
+                   configuration_file=files[source.configuration_module], origin=f"transformers {tree.version}")
+
+
 def repo_file(repo: Path, name: str) -> Path:
     """A .py file of a remote-code repo, refused unless it is a regular file inside the repo (a
     symlink may point elsewhere in the repo, never out of it)."""
@@ -301,10 +324,13 @@ class Planned:
     roots: list[str]        # the definitions kept when pruning ([]: no pruning)
 
 
-def plan_closure(source: ModelSource, model_name: str, package: str = "models") -> tuple[dict[str, Planned], dict[str, tuple[str, list[str]]]]:
+def plan_closure(source: ModelSource, model_name: str, package: str = "models",
+                 module_file: Callable[[str], Path | None] | None = None) -> tuple[dict[str, Planned], dict[str, tuple[str, list[str]]]]:
     """Every module to vendor, with its code after the codemods: the model's modeling and
     configuration modules, the repo's local modules, and every `transformers.models.<model>.<module>`
-    what is vendored still imports (another model's configuration, a shared module of the family)."""
+    what is vendored still imports (another model's configuration, a shared module of the family).
+    `module_file`: where a transformers module's source is (default: the installed transformers)."""
+    module_file = module_file or _module_file
     plan = {source.modeling_module: Planned("modeling", source.modeling_file, f"modeling_{model_name}",
                                             [source.model_class])}
     plan.setdefault(source.configuration_module, Planned("configuration", source.configuration_file,
@@ -336,7 +362,7 @@ def plan_closure(source: ModelSource, model_name: str, package: str = "models") 
             applied.append(PruneUnreachableDefinitionsCommand.__name__)
         processed[module] = (code, applied)
         for dep, names in transformers_model_imports(code).items():
-            dep_file = _module_file(dep) if dep not in plan else None
+            dep_file = module_file(dep) if dep not in plan else None
             if dep_file is None:
                 continue  # vendored already, or not importable here: the contract check names it
             leaf = dep.rpartition(".")[2]
@@ -348,15 +374,19 @@ def plan_closure(source: ModelSource, model_name: str, package: str = "models") 
     return plan, processed
 
 
-def vendor_source(source: ModelSource, recipe_dir: Path, model_name: str, package: str = "models") -> VendorResult:
+def vendor_source(source: ModelSource, recipe_dir: Path, model_name: str, package: str = "models",
+                  tree=None) -> VendorResult:
     """Copy modeling + configuration source into recipe_dir/models and apply the codemods.
 
     The copy is closed under imports (`plan_closure`) and the imports are pointed at the copies
     (`package`: the copies' package as the recipe runs them, `models` for a recipe on sys.path,
     `models.NAME.models` in a cann-recipes-infer checkout); only the auto registry
-    (`transformers.models.auto`) stays a transformers import.
+    (`transformers.models.auto`) stays a transformers import. `tree`: another release's source
+    (agent.migrate.transformers_source.SourceTree) to copy from instead of the installed one's.
     """
-    plan, processed = plan_closure(source, model_name, package)
+    if tree is not None:
+        source = from_tree(source, tree)
+    plan, processed = plan_closure(source, model_name, package, tree.module_file if tree is not None else None)
     siblings = {module: f"{package}.{p.stem}" for module, p in plan.items()}
     models_dir = recipe_dir / "models"
     models_dir.mkdir(parents=True, exist_ok=True)

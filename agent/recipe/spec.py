@@ -102,7 +102,8 @@ class RecipeSpec:
         return cls(model_name=model_name, model_path=str(Path(model_dir).resolve()), model_source=model_source,
                    architecture=architecture, family=family, device=device or "auto",
                    dtype=dtype or checkpoint_dtype(config), input_max_len=input_max_len(config, max_new),
-                   max_new_tokens=max_new, transformers_version=transformers.__version__,
+                   max_new_tokens=max_new,
+                   transformers_version=vendored.get("transformers_version") or transformers.__version__,
                    modeling_codemods=tuple(codemods), **{k: vendored[k] for k in VENDORED_KEYS},
                    # world_size, attn_tp_size, moe_tp_size, lmhead_tp_size
                    **parallel_settings(config, world_size or defaults.WORLD_SIZE))
@@ -144,7 +145,7 @@ class RecipeSpec:
             attn_implementation=kept("model_config.attn_implementation") or vendored.get("attn_implementation")
             or KEY["model_config.attn_implementation"].default,
             origin=vendored.get("origin") or "unknown origin",
-            transformers_version=transformers.__version__,
+            transformers_version=vendored.get("transformers_version") or transformers.__version__,
             modeling_codemods=tuple((vendored.get("codemods") or {}).get(f"modeling_{model_name}.py", [])),
             **{k: vendored.get(k) for k in ("model_class", "config_class", "modeling_module", "configuration_module")},
         )

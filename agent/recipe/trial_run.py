@@ -42,10 +42,11 @@ class Verdict:
 
 
 def trial_run(recipe: Recipe, label: str, world_size: int = 1, timeout_s: int | None = None,
-              standin: dict | None = None) -> Run:
+              standin: dict | None = None, python: str | None = None) -> Run:
     """Run the recipe once; paths are absolute, so the run never depends on the caller's working
     directory. `standin`: a plan of agent.measure.upstream_check (the run is under the npu stand-in,
-    on the plan's YAML)."""
+    on the plan's YAML). `python`: the interpreter the recipe runs with (`python3` and $PYTHON of
+    its scripts; default: this one)."""
     if standin:
         # the plan's YAML is the run's, whatever world_size: it is set for that many ranks
         recipe, world_size = replace(recipe, yaml=Path(standin["yaml"])), 1
@@ -63,6 +64,10 @@ def trial_run(recipe: Recipe, label: str, world_size: int = 1, timeout_s: int | 
 
         env = upstream_check.launch_env(standin, env, run_dir)
         command = upstream_check.legacy_command(recipe, standin) or command
+    if python:
+        # first on PATH: upstream's scripts call `python3`; the stand-in's hook is on PYTHONPATH either way
+        env["PYTHON"] = python
+        env["PATH"] = os.pathsep.join([os.path.dirname(os.path.abspath(python)), env.get("PATH", "")])
     timeout = timeout_s or defaults.TIMEOUT_S
     stop_leftovers(runs_dir / "running.pids")       # a tree a killed migrator left behind
     start, started_at = time.perf_counter(), time.time()

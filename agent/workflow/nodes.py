@@ -12,6 +12,7 @@ from pathlib import Path
 from agent.errors import EnvironmentProblem, InputError, MigratorError
 from agent.measure import baseline, memory, verify
 from agent.migrate.acquire import acquire
+from agent.migrate import transformers_source
 from agent.migrate.checkpoint_check import check_checkpoint, check_output_outside
 from agent.migrate.vendor import locate_source, read_config, vendor_source
 from agent.recipe.runnable import ensure_runnable_here
@@ -53,7 +54,8 @@ def node_classify(state: MigrationState) -> dict:
     standin = state.get("upstream_standin")
     if not standin:
         ensure_runnable_here(recipe)
-    run = _needs_npu(trial_run(recipe, "classify", state.get("world_size") or 1, state.get("timeout_s"), standin))
+    run = _needs_npu(trial_run(recipe, "classify", state.get("world_size") or 1, state.get("timeout_s"), standin,
+                               python=recipe_python(state, recipe.path)))
     how = f"{recipe.reason} and it runs" if run["ok"] else f"{recipe.reason} but it fails: {run['summary']}"
     return {"scenario": "C" if run["ok"] else "B", "classify_reason": how, "recipe_dir": str(recipe.path),
             "runs": [run]}
@@ -76,7 +78,24 @@ def node_acquire(state: MigrationState) -> dict:
         if name in registered_names(registry):
             raise InputError(f"{registry} registers {name!r} already; choose another --name")
     return {"model_dir": str(got.model_dir), "model_source": got.source, "model_name": name,
-            "recipe_dir": str(recipe_dir), "recipe_target": recipe_target}
+            "recipe_dir": str(recipe_dir), "recipe_target": recipe_target,
+            "transformers": transformers_plan(state, output_dir, recipe_target)}
+
+
+def transformers_plan(state: MigrationState, output_dir: Path, recipe_target: str) -> dict:
+    """The transformers the recipe is vendored from and runs with (agent.migrate.transformers_source):
+    a checkout's pin, its source and the interpreter that has it; settled before anything is written."""
+    target = TARGETS[recipe_target]
+    if state.get("transformers_source") not in (None, transformers_source.INSTALLED) and not target.inside_checkout:
+        raise InputError("--transformers-source is for a recipe in a cann-recipes-infer checkout (--target framework "
+                         "or legacy): a standalone recipe is vendored from the installed transformers")
+    checkout = checkout_root(output_dir) if target.inside_checkout else None
+    plan = transformers_source.plan_for(checkout, state.get("transformers_source"), state.get("reference_python"))
+    if plan.tree is not None:
+        print(f"[migrator] vendoring from {plan.tree.origin} (the checkout's; {transformers_source.installed_version()} "
+              f"is installed); trial runs and parity with {plan.python}", file=sys.stderr)
+    return {"version": plan.version, "source_root": str(plan.tree.root) if plan.tree else None,
+            "origin": plan.tree.origin if plan.tree else None, "python": plan.python}
 
 
 def removes_half_built_recipe(node):
@@ -98,10 +117,16 @@ def node_vendor(state: MigrationState) -> dict:
     config = read_config(model_dir)
     source = locate_source(config, model_dir, trust_remote_code=bool(state.get("trust_remote_code")))
     target = TARGETS[state.get("recipe_target") or "standalone"]
+    plan = state.get("transformers") or {}
+    tree = transformers_source.SourceTree(plan["version"], Path(plan["source_root"]), plan["origin"]) \
+        if plan.get("source_root") else None
     result = vendor_source(source, recipe_dir, state["model_name"],
-                           target.vendored_package.format(name=state["model_name"]))
+                           target.vendored_package.format(name=state["model_name"]), tree=tree)
+    vendored = result.vendored(recipe_dir)
+    if plan.get("version"):
+        vendored["transformers_version"] = plan["version"]
     return {"architecture": source.architecture, "family": route(config.get("text_config") or config).name,
-            "vendored": result.vendored(recipe_dir)}
+            "vendored": vendored}
 
 
 @removes_half_built_recipe
@@ -125,8 +150,20 @@ def node_render(state: MigrationState) -> dict:
 
 def node_trial_run(state: MigrationState) -> dict:
     run = trial_run(Recipe.at(state["recipe_dir"]), f"trial{len(state.get('rounds') or [])}",
-                    state.get("world_size") or 1, state.get("timeout_s"), state.get("upstream_standin"))
+                    state.get("world_size") or 1, state.get("timeout_s"), state.get("upstream_standin"),
+                    python=recipe_python(state))
     return {"runs": [_needs_npu(run)]}
+
+
+def recipe_python(state: MigrationState, recipe_dir: str | Path | None = None) -> str | None:
+    """The interpreter the recipe runs with when it is not this one (another transformers): this run's
+    --reference-python, else the one its migration ran it with (its report), while it exists."""
+    python = (state.get("transformers") or {}).get("python") or state.get("reference_python")
+    recipe_dir = recipe_dir or state.get("recipe_dir")
+    if python or not recipe_dir or not Path(recipe_dir).is_dir():
+        return python
+    stored = (Recipe.at(recipe_dir).report().get("transformers") or {}).get("python")
+    return stored if stored and Path(stored).is_file() else None
 
 
 def _needs_npu(run):
@@ -183,7 +220,8 @@ def node_verify(state: MigrationState) -> dict:
     # A store of an earlier release, whose collect node wrote the file, has no baseline in its state.
     collected = state.get("baseline") or json.loads(baseline_path.read_text())
     checked = verify.verify(Recipe.at(state["recipe_dir"]), last_run(state), collected,
-                            bool(state.get("trust_remote_code")), state.get("upstream_standin"))
+                            bool(state.get("trust_remote_code")), state.get("upstream_standin"),
+                            python=recipe_python(state), ours=bool(state.get("vendored")))
     baseline.write_baseline(baseline_path, checked)
     problems = verify.problems(checked)
     update = {"verification": checked["verification"], "status": "failed" if problems else "ok"}

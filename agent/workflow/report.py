@@ -14,7 +14,7 @@ from agent.workflow.state import MigrationState
 
 REPORT_KEYS = ("scenario", "classify_reason", "status", "message", "model_name", "model_source",
                "model_dir", "architecture", "family", "vendored", "rendered", "env", "runs", "rounds",
-               "memory", "baseline_path", "verification", "standin", "upstream_standin")
+               "memory", "baseline_path", "verification", "standin", "upstream_standin", "transformers")
 
 
 ORIGIN_KEYS = ("model_name", "model_source", "model_dir", "architecture", "family", "vendored", "rendered")

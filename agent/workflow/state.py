@@ -36,6 +36,8 @@ class MigrationState(TypedDict, total=False):
     max_new_tokens: int
     world_size: int             # --world-size: cards for one tensor-parallel run (default 1)
     upstream_standin: dict      # --standin: agent.measure.upstream_check.plan (YAML, weights, notes)
+    transformers_source: str | None   # --transformers-source WHEEL|DIR: the checkout's transformers release
+    reference_python: str | None      # --reference-python: the interpreter that has it
     recipe_target: str | None   # --target: a row of agent.recipe.targets.TARGETS (None: the output dir's default)
     # derived
     env: Environment
@@ -48,6 +50,7 @@ class MigrationState(TypedDict, total=False):
     architecture: str
     family: str
     vendored: Vendored
+    transformers: dict          # agent.workflow.nodes.transformers_plan: version, source_root, origin, python
     rendered: list[str]
     # Nodes return only their new items: LangGraph appends runs and merges rounds.
     runs: Annotated[list[Run], operator.add]          # every trial run, in order

@@ -122,9 +122,20 @@ def _fix_vendored_missing(failure: Failure, facts: dict, ctx: RepairContext) -> 
         return (f"{facts['file']} is missing and no checkpoint was found to re-vendor it from "
                 "(neither the YAML model_path nor the report's model_dir holds a config.json)")
     source = locate_source(read_config(model_dir), model_dir, trust_remote_code=ctx.trust_remote_code)
+    # From the release it was vendored from (a checkout's transformers, agent.migrate.transformers_source),
+    # with the imports of its target's layout.
+    from agent.migrate.transformers_source import SourceTree
+    from agent.recipe.targets import TARGETS
+
+    plan = failure.recipe.report().get("transformers") or {}
+    tree = SourceTree(plan["version"], Path(plan["source_root"]), plan.get("origin") or "") \
+        if plan.get("source_root") and Path(plan["source_root"], "transformers").is_dir() else None
+    target = TARGETS.get(failure.recipe.kind) or TARGETS["standalone"]
+    package = target.vendored_package.format(name=failure.recipe.model_name)
     # Vendor aside and copy back only the missing file: the other vendored files may carry edits.
     with tempfile.TemporaryDirectory(prefix="revendor_") as tmp:
-        result = vendor_source(source, Path(tmp), failure.recipe.model_name)
+        result = vendor_source(source, Path(tmp), failure.recipe.model_name, package, tree=tree)
+        source = result.source
         fresh = Path(tmp) / facts["file"]
         if not fresh.is_file():
             written = ", ".join(str(p.relative_to(tmp)) for p in result.files.values())

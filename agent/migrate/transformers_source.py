@@ -1,0 +1,234 @@
+"""The transformers a recipe is vendored from when it is not the one installed.
+
+A recipe for a cann-recipes-infer checkout runs with the transformers that checkout pins (its
+AGENTS.md stack line, else its framework models' requirements.txt: 5.0.0 at fbc225d). When the
+installed transformers is another release, the modeling code is copied from that release's *source
+files* — a wheel, an unpacked folder or a site-packages folder holding `transformers/`
+(`--transformers-source`), else a wheel `pip download` fetches into the cache — and never imported
+here: the classes are still located with the installed transformers' auto mappings (the same module
+paths in every 5.x), their files then read from the other tree.
+
+The recipe's trial runs and the parity reference then need an interpreter with that release
+(`reference_python`): `--reference-python PY`, else `python3` on PATH when its transformers is the
+pinned one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.errors import EXIT_BAD_TRANSFORMERS_SOURCE, EXIT_NO_TRANSFORMERS_SOURCE, MigratorError
+from agent.migrate.transformers_range import _version_tuple
+
+EXIT_NO_SOURCE, EXIT_BAD_SOURCE = EXIT_NO_TRANSFORMERS_SOURCE, EXIT_BAD_TRANSFORMERS_SOURCE
+SUPPORTED = ((5, 0, 0), (6, 0, 0))      # pyproject: transformers>=5.0,<6
+_VERSION = re.compile(r"""^__version__\s*=\s*["']([^"']+)["']""", re.M)
+_STACK_LINE = re.compile(r"\btransformers[ =]=?\s*(\d+\.\d+\.\d+)\b")
+_REQUIREMENT = re.compile(r"^\s*transformers\s*==\s*(\d+\.\d+\.\d+)\s*$", re.M)
+
+
+class NoTransformersSource(MigratorError):
+    exit_code = EXIT_NO_SOURCE
+
+
+class BadTransformersSource(MigratorError):
+    exit_code = EXIT_BAD_SOURCE
+
+
+@dataclass(frozen=True)
+class SourceTree:
+    version: str
+    root: Path          # the folder holding transformers/
+    origin: str         # what it was made from, for the report
+
+    def module_file(self, module: str) -> Path | None:
+        """The .py file of `transformers.x.y` in this tree, or None."""
+        parts = module.split(".")
+        if parts[0] != "transformers":
+            return None
+        path = self.root.joinpath(*parts).with_suffix(".py")
+        return path if path.is_file() else None
+
+
+def installed_version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+def in_range(version: str) -> bool:
+    return SUPPORTED[0] <= _version_tuple(version) < SUPPORTED[1]
+
+
+def checkout_pin(checkout: Path) -> tuple[str, str] | None:
+    """(version, where it is written) of the transformers `checkout` pins, or None.
+
+    Its AGENTS.md names the stack ("CANN 9.0.0 + PyTorch 2.8.0 + torch_npu 2.8.0 + transformers
+    5.0.0"); without it, the release most of its models' requirements.txt pin within 5.x."""
+    agents = checkout / "AGENTS.md"
+    if agents.is_file():
+        for line in agents.read_text(errors="replace").splitlines():
+            if "torch" in line.lower() and (found := _STACK_LINE.search(line)) and in_range(found.group(1)):
+                return found.group(1), "AGENTS.md"
+    pins = Counter()
+    for requirements in sorted((checkout / "models").glob("*/requirements.txt")):
+        pins.update(v for v in _REQUIREMENT.findall(requirements.read_text(errors="replace")) if in_range(v))
+    if pins:
+        version, _ = pins.most_common(1)[0]
+        return version, "models/*/requirements.txt"
+    return None
+
+
+def _tree_version(root: Path, what: str) -> str:
+    init = root / "transformers" / "__init__.py"
+    found = _VERSION.search(init.read_text(errors="replace")) if init.is_file() else None
+    if not found:
+        raise BadTransformersSource(f"{what}: transformers/__init__.py has no __version__; give a transformers "
+                                    "wheel or a folder holding transformers/ (an unpacked wheel, a site-packages)")
+    version = found.group(1)
+    if not in_range(version):
+        raise BadTransformersSource(f"{what}: transformers {version} is outside the supported range >=5.0,<6; "
+                                    "give the source of a 5.x release")
+    return version
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "infer-migrator" / "transformers"
+
+
+def _unpack_wheel(wheel: Path) -> Path:
+    """The wheel's files in the cache (once per wheel content): only `transformers/` is extracted."""
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            names = [n for n in archive.namelist() if n.startswith("transformers/")]
+            if "transformers/__init__.py" not in names:
+                raise BadTransformersSource(f"{wheel}: not a transformers wheel (no transformers/__init__.py in it)")
+            digest = hashlib.sha256(wheel.read_bytes()).hexdigest()[:16]
+            dest = cache_root() / "unpacked" / digest
+            if not (dest / "transformers" / "__init__.py").is_file():
+                partial = dest.with_name(dest.name + f".part{os.getpid()}")
+                shutil.rmtree(partial, ignore_errors=True)
+                for name in names:
+                    if ".." in Path(name).parts or name.startswith("/"):
+                        raise BadTransformersSource(f"{wheel}: member {name!r} leaves the archive; not a wheel to trust")
+                    archive.extract(name, partial)
+                shutil.rmtree(dest, ignore_errors=True)
+                partial.rename(dest)
+            return dest
+    except zipfile.BadZipFile:
+        raise BadTransformersSource(f"{wheel}: not a wheel (not a zip archive); give a transformers-X.whl or a "
+                                    "folder holding transformers/") from None
+
+
+def open_source(given: str | os.PathLike) -> SourceTree:
+    """A transformers source tree from a wheel file or a folder holding transformers/ (bad input:
+    BadTransformersSource, exit 10)."""
+    path = Path(given).expanduser()
+    if path.is_file():
+        root = _unpack_wheel(path)
+    elif path.is_dir():
+        root = path.parent if path.name == "transformers" and (path / "__init__.py").is_file() else path
+        if not (root / "transformers" / "__init__.py").is_file():
+            raise BadTransformersSource(f"--transformers-source {given}: no transformers/ package in that folder; "
+                                        "give a wheel or a folder holding transformers/ (e.g. a venv's site-packages)")
+    else:
+        raise BadTransformersSource(f"--transformers-source {given}: no such file or folder")
+    version = _tree_version(root, f"--transformers-source {given}")
+    return SourceTree(version, root.resolve(), f"transformers {version} source from {path.name}")
+
+
+def fetch_source(version: str, timeout: int = 300) -> SourceTree:
+    """transformers==version's wheel by `pip download` into the cache (once), unpacked there.
+    Where the index cannot be reached: NoTransformersSource (exit 9) naming --transformers-source."""
+    wheels = cache_root() / "wheels"
+    found = sorted(wheels.glob(f"transformers-{version}-*.whl"))
+    if not found:
+        wheels.mkdir(parents=True, exist_ok=True)
+        print(f"[migrator] fetching transformers {version}'s source (pip download, no dependencies) into {wheels}",
+              file=sys.stderr)
+        try:
+            proc = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                                   "-d", str(wheels), f"transformers=={version}"],
+                                  capture_output=True, text=True, timeout=timeout)
+            failed = proc.returncode != 0
+        except (OSError, subprocess.TimeoutExpired):
+            failed = True
+        found = sorted(wheels.glob(f"transformers-{version}-*.whl"))
+        if failed or not found:
+            raise NoTransformersSource(
+                f"transformers {version}'s source could not be downloaded here (pip download transformers=={version} "
+                f"failed); pass --transformers-source WHEEL|DIR (a transformers-{version} wheel, or a site-packages "
+                "holding its transformers/)")
+    tree = open_source(found[-1])
+    if tree.version != version:
+        raise BadTransformersSource(f"{found[-1]}: holds transformers {tree.version}, not {version}")
+    return SourceTree(tree.version, tree.root, f"transformers {version} wheel (pip download)")
+
+
+def python_version_of(python: str) -> str | None:
+    """The transformers version `python` imports, or None when it cannot run or has none."""
+    try:
+        proc = subprocess.run([python, "-c", "import transformers; print(transformers.__version__)"],
+                              capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": ""})
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = proc.stdout.strip().splitlines()
+    return lines[-1].strip() if proc.returncode == 0 and lines else None
+
+
+def reference_python(version: str, given: str | None) -> str:
+    """The interpreter the recipe and its parity reference run with: `given` (checked to have
+    transformers==version), else `python3` on PATH when it has it. EnvironmentProblem (exit 4) otherwise."""
+    from agent.errors import EnvironmentProblem
+
+    if given:
+        python = shutil.which(given) or given
+        found = python_version_of(python)
+        if found != version:
+            raise EnvironmentProblem(f"--reference-python {given}: " + (f"has transformers {found}" if found else
+                                     "cannot import transformers") + f", the recipe pins {version}; give an "
+                                     f"interpreter with transformers=={version} (the checkout's launcher environment)")
+        return python
+    python3 = shutil.which("python3")
+    if python3 and python_version_of(python3) == version:
+        return python3
+    raise EnvironmentProblem(
+        f"the recipe pins transformers {version} (the checkout's) and runs with it, but this interpreter has "
+        f"{installed_version()} and python3 on PATH has not {version}: pass --reference-python PY (an interpreter "
+        f"with transformers=={version}, e.g. the checkout's launcher environment) for its trial runs and parity")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a migration vendors from and runs with (None tree: the installed transformers)."""
+    version: str
+    tree: SourceTree | None
+    python: str | None
+
+
+INSTALLED = "installed"     # --transformers-source installed: the installed release, whatever the checkout pins
+
+
+def plan_for(checkout: Path | None, given_source: str | None, given_python: str | None) -> Plan:
+    """The transformers a recipe is vendored from: the checkout's pin when it differs from the
+    installed one (its source given, else fetched), else the installed one. A source of another
+    release than the pin vendors from that source; `installed` vendors from the installed release."""
+    installed = installed_version()
+    if given_source == INSTALLED:
+        return Plan(installed, None, given_python)
+    tree = open_source(given_source) if given_source else None
+    pin = checkout_pin(checkout) if checkout is not None else None
+    version = tree.version if tree else (pin[0] if pin else installed)
+    if version == installed:
+        return Plan(version, None, given_python)    # the installed release's own files
+    python = reference_python(version, given_python)     # before a download: without it nothing can run
+    return Plan(version, tree or fetch_source(version), python)
