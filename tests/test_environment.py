@@ -399,6 +399,7 @@ def test_torch_npu_without_cann_reports_cann_runtime_not_found(torch_npu_target_
     assert out["autoload_env"] is None  # the guard leaves the caller's environment as it was
 
 
+@pytest.mark.slow  # by default the env report and `migrator env` tests here cover the no-CANN state
 def test_torch_npu_without_cann_breaks_plain_import_torch(torch_npu_target_dir):
     """Why engine.environment guards `import torch`: torch's backend autoload imports torch_npu,
     whose failure makes `import torch` itself fail; TORCH_DEVICE_BACKEND_AUTOLOAD=0 avoids it."""
@@ -416,6 +417,7 @@ def test_torch_npu_without_cann_breaks_plain_import_torch(torch_npu_target_dir):
     assert guarded.stdout.strip().endswith("2.0")
 
 
+@pytest.mark.slow  # by default the env report and `migrator env` tests here cover the no-CANN state
 def test_recipe_runs_with_torch_npu_installed_without_cann(torch_npu_target_dir, working_recipe, tmp_path):
     """A rendered recipe imports torch only through the engine's guard, so the real
     torch-npu==<torch release> install without CANN (on PYTHONPATH) does not break `bash infer.sh`."""

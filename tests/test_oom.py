@@ -10,6 +10,8 @@ import resource
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO_ROOT, run_cli
 
 
@@ -17,6 +19,7 @@ def _texts(log) -> list[str]:
     return re.findall(r"Request 0: outputs: (.*)", log.read_text())
 
 
+@pytest.mark.slow  # a 400 MB model under a real memory cap; the simulated card below covers the OOM hand-off by default
 def test_memory_capped_run_ends_in_the_oom_report(tiny_checkpoints, tmp_path):
     # ~400 MB of fp32 weights and a batch (64) whose activations (and KV cache: 1.6 GB) do not fit the cap.
     ckpt = tiny_checkpoints("llama", hidden_size=1024, intermediate_size=4096, num_hidden_layers=6,
