@@ -128,3 +128,49 @@ def test_legacy_recipe_without_the_checkout_on_pythonpath_is_repaired_in_a_round
     # the next run gets past the imports into the recipe's own modeling code
     assert "No module named 'executor'" not in Path(report["runs"][-1]["output_file"]).read_text()
     assert proc.returncode in (0, 1)
+
+
+def test_a_yaml_key_of_the_old_schema_is_found_before_the_run_and_moved_into_its_section(checkout):
+    """The flat schema's `model_path:` at the top of a framework YAML: upstream's InferenceConfig reads
+    model_config.model_path and ignores the top-level key without a word (its own from_dict shows it);
+    the check (fields read from the checkout's executor) names it, the rule moves the line."""
+    from agent.measure import upstream_check
+    from agent.recipe.recipe import Recipe
+    from npu_standin.environment import standin_env
+
+    recipe_dir = checkout / "models" / "qwen"
+    yaml_path = recipe_dir / "config" / "qwen3_8b_1tp.yaml"
+    lines = yaml_path.read_text().splitlines(keepends=True)
+    line = next(ln for ln in lines if ln.strip().startswith("model_path:"))
+    injected = line.lstrip() + "".join(ln for ln in lines if ln is not line)       # the key at the top
+    yaml_path.write_text(injected)
+    env = standin_env("cpu", base={**__import__("os").environ, "PYTHONPATH": str(checkout)})
+    code = ("import yaml; from executor.core.config import InferenceConfig; "
+            f"c = InferenceConfig.from_dict(yaml.safe_load(open({str(yaml_path)!r})), global_rank=0, local_rank=0); "
+            "print(repr(c.model_config.model_path))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=checkout, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip().splitlines()[-1] == "''", proc.stderr[-2000:]
+    recipe = Recipe.at(recipe_dir)
+    plan = {"source_yaml": str(yaml_path)}
+    found = upstream_check.old_schema_keys(recipe, plan)
+    assert found == ["InferenceConfig ignores the top-level key 'model_path' of config/qwen3_8b_1tp.yaml (old "
+                     "schema): executor/core/config/inference_config.py reads it as model_config.model_path"]
+    # without --tiny the plan says so, not "model_path None is not here"
+    with pytest.raises(Exception, match="ignores the top-level key 'model_path'"):
+        upstream_check.plan(recipe, yaml_name="qwen3_8b_1tp.yaml")
+    failure = Failure.from_output(recipe_dir, "\n".join(found) + "\n")
+    diagnosis = diagnose(recipe_dir, {}, failure=failure)
+    assert diagnosis["rule"] == "yaml_key_of_old_schema", diagnosis
+    done = repair(recipe_dir, diagnosis, round_no=1, failure=failure)
+    assert done["applied"] and "moved the top-level 'model_path'" in done["note"], done
+    after = yaml_path.read_text()
+    assert after.splitlines()[:3] == ["model_config:", '  model_path: "/data/models/origin/Qwen3-8B"',
+                                      '  model_name: "qwen3_8b"']
+    assert sorted(after.splitlines()) == sorted(injected.replace(line.lstrip(), line).splitlines())   # one line moved
+    assert upstream_check.old_schema_keys(recipe, plan) == []
+    rollback(recipe_dir, 1)
+    assert yaml_path.read_text() == injected
+    # the snapshot's own framework YAMLs: no finding
+    assert all(upstream_check.old_schema_keys(recipe, {"source_yaml": str(p)}) == []
+               for p in (recipe_dir / "config").glob("*.yaml") if p != yaml_path)

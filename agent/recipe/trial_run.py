@@ -88,6 +88,10 @@ def trial_run(recipe: Recipe, label: str, world_size: int = 1, timeout_s: int | 
     if verdict.no_warm_up and ran_clean:
         # A conclusion, not an error: recorded only when the run shows no real error.
         evidence = evidence.rstrip("\n") + f"\n{NO_WARM_UP} ({verdict.prefills} prefill in log_0.log)\n"
+    # a key of the old YAML schema: the executor ignores it silently, so the run is not taken as it is
+    old_keys = upstream_check.old_schema_keys(recipe, standin) if standin else []
+    if old_keys:
+        ok, evidence = False, evidence.rstrip("\n") + "\n" + "\n".join(old_keys) + "\n"
     output_file = run_dir / "output.txt"
     if evidence != output:
         output_file = run_dir / "evidence.txt"
@@ -98,7 +102,8 @@ def trial_run(recipe: Recipe, label: str, world_size: int = 1, timeout_s: int | 
                    "processes": tree.processes, "res_path": str(run_dir),
                    "log_dir": str(log_dir) if log_dir is not None else None, "problem": verdict.problem,
                    "output_file": str(output_file), "yaml": str(yaml) if yaml is not None else None,
-                   "summary": "ok" if ok else summarise(evidence, recipe, returncode, timed_out, timeout, verdict)}
+                   "summary": "ok" if ok else old_keys[0] if old_keys and ran_clean else
+                   summarise(evidence, recipe, returncode, timed_out, timeout, verdict)}
     if standin and (missing := upstream_check.unsupported(run_dir, "" if ok else evidence,
                                                          [p for p in (recipe.repo_root, recipe.path) if p])):
         record["standin_unsupported"] = missing

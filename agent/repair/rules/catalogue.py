@@ -36,6 +36,7 @@ ORDER = (
     "yaml_missing_key",
     "yaml_wrong_type",
     "vocab_not_divisible_by_lmhead_tp",
+    "yaml_key_of_old_schema",
     "model_path_missing",
     "lengths_exceed_positions",
     "device_unavailable",
