@@ -174,3 +174,55 @@ def test_a_yaml_key_of_the_old_schema_is_found_before_the_run_and_moved_into_its
     # the snapshot's own framework YAMLs: no finding
     assert all(upstream_check.old_schema_keys(recipe, {"source_yaml": str(p)}) == []
                for p in (recipe_dir / "config").glob("*.yaml") if p != yaml_path)
+
+
+def inject_decode_mode_0(checkout: Path) -> tuple[Path, bytes]:
+    """common issue 2 as it is written: the decode step switched to sparse_mode 0 ("decode 0 + None",
+    the MLA pattern of the runtime-debug skill) while the prefill's 2048x2048 causal mask is still passed."""
+    modeling = checkout / "models" / "qwen" / "models" / "modeling_qwen.py"
+    text = modeling.read_text()
+    assert text.count("        sparse_mode = 3\n") == 1
+    modeling.write_text(text.replace("        sparse_mode = 3\n", "        sparse_mode = 3 if is_prefill else 0\n"))
+    return modeling, modeling.read_bytes()
+
+
+def test_decode_with_the_prefill_mask_raises_the_npus_error_and_the_mask_becomes_none_at_decode(checkout):
+    """The stand-in's FIA checks a mode-0 mask at one query token as the NPU does (2-D: (B, KV_S)) and
+    raises its text; the rule's codemod makes the mask the prefill's only; rollback restores the bytes."""
+    from npu_standin.environment import standin_env
+
+    modeling, injected = inject_decode_mode_0(checkout)
+    env = standin_env("cpu", base={**__import__("os").environ, "PYTHONPATH": str(checkout)})
+    code = ("import torch, torch_npu; from executor.utils.common_utils import get_init_attn_mask; "
+            "q = torch.randn(1, 2, 8); kv = torch.randn(4, 16, 8); "
+            "torch_npu.npu_fused_infer_attention_score_v2(q, kv.view(4, 16, 8), kv.view(4, 16, 8), num_query_heads=2, "
+            "num_key_value_heads=1, input_layout='TND', sparse_mode=0, atten_mask=get_init_attn_mask(2048, 'cpu'), "
+            "actual_seq_qlen=[1], actual_seq_kvlen=[5], block_table=torch.zeros(1, 1, dtype=torch.int32), block_size=16)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=checkout, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert "batchSize[2048] of atten_mask != batchSize[1] of query" in proc.stderr, proc.stderr[-2000:]
+    recipe = checkout / "models" / "qwen"
+    failure = Failure.from_output(recipe, proc.stderr)
+    diagnosis = diagnose(recipe, {}, failure=failure)
+    assert diagnosis["rule"] == "decode_keeps_prefill_attention_mask", diagnosis
+    done = repair(recipe, diagnosis, round_no=1, failure=failure)
+    assert done["applied"], done
+    changed = [(a, b) for a, b in zip(injected.decode().splitlines(), modeling.read_text().splitlines()) if a != b]
+    assert changed == [("        attention_mask = forward_metadata.attention_mask",
+                        "        attention_mask = forward_metadata.attention_mask if forward_metadata.is_prefill "
+                        "else None")]
+    rollback(recipe, 1)
+    assert modeling.read_bytes() == injected
+
+
+@pytest.mark.slow
+def test_decode_with_the_prefill_mask_is_repaired_in_a_round_and_parity_holds(checkout):
+    inject_decode_mode_0(checkout)
+    proc = run_cli("run", str(checkout / "models" / "qwen"), "--standin", "--tiny", "--yaml", "qwen3_8b_1tp.yaml",
+                   "--max-rounds", "1", "--json", env=FAST, timeout=2400)
+    report = json.loads(report_path(checkout / "models" / "qwen").read_text())
+    assert [r["diagnosis"]["rule"] for r in report["rounds"]] == ["decode_keeps_prefill_attention_mask"], \
+        (proc.stdout + proc.stderr)[-3000:]
+    summary = json.loads(proc.stdout)
+    assert proc.returncode == 0 and summary["status"] == "ok", (proc.stdout + proc.stderr)[-3000:]
+    assert json.loads(Path(summary["baseline_path"]).read_text())["verification"]["parity"]["ok"] is True
