@@ -226,3 +226,122 @@ def test_decode_with_the_prefill_mask_is_repaired_in_a_round_and_parity_holds(ch
     summary = json.loads(proc.stdout)
     assert proc.returncode == 0 and summary["status"] == "ok", (proc.stdout + proc.stderr)[-3000:]
     assert json.loads(Path(summary["baseline_path"]).read_text())["verification"]["parity"]["ok"] is True
+
+
+@pytest.mark.slow
+def test_rank0_log_empty_because_the_launch_line_sends_its_stdout_away_is_reported_with_the_line(checkout):
+    """The runtime-debug skill's 'rank 0's stdout goes through tee and can be cut': a launch line whose
+    redirect sends rank 0's stdout to /dev/null before `| tee`. The real run (pangu_7b's infer.sh through the
+    checkout's function.sh, failing: its weights are not here) leaves an empty log_0.log; the report names
+    the line and upstream's form; nothing is edited (the skill reports it)."""
+    from agent.recipe.recipe import Recipe
+    from agent.recipe.trial_run import trial_run
+
+    function_sh = checkout / "executor" / "scripts" / "function.sh"
+    text = function_sh.read_text()
+    tee = '"${cmd[@]}" 2>&1 | tee ${WORK_DIR}/${RES_PATH}/log_${LOCAL_RANK}.log &'
+    assert text.count(tee) == 1
+    function_sh.write_text(text.replace(tee, tee.replace("2>&1 |", "> /dev/null 2>&1 |")))
+    number = text[:text.index(tee)].count("\n") + 1
+    recipe = Recipe.at(checkout / "models" / "pangu_7b")
+    weights = checkout.parent / "broken_weights"                 # here, but not loadable: the run fails fast
+    weights.mkdir()
+    (weights / "config.json").write_text("{}")
+    yaml_path = str(recipe.path / "config" / "broken.yaml")
+    Path(yaml_path).write_text(recipe.yaml.read_text().replace(recipe.settings()["model_path"], str(weights)))
+    run = trial_run(recipe, "classify", 1, 600, {"yaml": yaml_path, "source_yaml": yaml_path, "device": "cpu"})
+    log0 = Path(run["log_dir"]) / "log_0.log"
+    assert not run["ok"] and log0.is_file() and log0.stat().st_size == 0, run
+    assert run["problem"].startswith("rank 0's log log_0.log is empty")
+    before = {p: p.read_bytes() for p in (function_sh, recipe.path / "infer.sh")}
+    failure = Failure.from_run(recipe.path, run)
+    diagnosis = diagnose(recipe.path, {}, failure=failure)
+    assert diagnosis["rule"] == "rank0_log_empty", diagnosis
+    done = repair(recipe.path, diagnosis, round_no=1, failure=failure)
+    assert f"executor/scripts/function.sh:{number} sends it to '> /dev/null' before `| tee`" in done["note"], done
+    assert tee in done["note"] and "read log_1.log" not in done["note"]          # one rank: no other log
+    assert {p: p.read_bytes() for p in before} == before
+
+
+def test_rank0_log_empty_is_reported_with_the_line_that_cut_it_or_the_skills_advice(checkout):
+    """In-process: the evidence line the run check writes (test above: a real run), with 2 ranks."""
+    from agent.recipe.trial_run import RANK0_SILENT
+
+    function_sh = checkout / "executor" / "scripts" / "function.sh"
+    text = function_sh.read_text()
+    tee = '"${cmd[@]}" 2>&1 | tee ${WORK_DIR}/${RES_PATH}/log_${LOCAL_RANK}.log &'
+    number = text[:text.index(tee)].count("\n") + 1
+    function_sh.write_text(text.replace(tee, tee.replace("2>&1 |", "> /dev/null 2>&1 |")))
+    recipe = checkout / "models" / "qwen"
+    evidence = f"{RANK0_SILENT} (0 bytes); log_1.log: model run success\n"
+    diagnosis = diagnose(recipe, {}, failure=Failure.from_output(recipe, evidence))
+    assert diagnosis["rule"] == "rank0_log_empty", diagnosis
+    done = repair(recipe, diagnosis, round_no=1, failure=Failure.from_output(recipe, evidence))
+    assert f"function.sh:{number} sends it to '> /dev/null' before `| tee`" in done["note"] and tee in done["note"]
+    assert "read log_1.log, which the other ranks write without tee (log_1.log: model run success)" in done["note"]
+    # upstream's own line, the log still empty (a tee cut short): the skill's advice, no line blamed
+    function_sh.write_text(text)
+    diagnosis = diagnose(recipe, {}, failure=Failure.from_output(recipe, evidence))
+    done = repair(recipe, diagnosis, round_no=2, failure=Failure.from_output(recipe, evidence))
+    assert "cut or not flushed (executor/scripts/function.sh:%d tees it)" % number in done["note"], done
+    assert function_sh.read_text() == text
+
+
+PROCESS_WEIGHTS = '''    def process_weights_after_loading(self):
+        for _, module in self.named_modules():
+            quant_method = getattr(module, "quant_method", None)
+            if quant_method is not None:
+                quant_method.process_weights_after_loading(module, is_nz=False)
+
+'''
+
+
+def drop_process_weights(checkout: Path) -> tuple[Path, bytes]:
+    """common issue 4: gpt_oss's model class without process_weights_after_loading, so the MoE's fused
+    w13 / w2 weights stay as loaded (not transposed for npu_grouped_matmul)."""
+    modeling = checkout / "models" / "gpt_oss" / "models" / "modeling_gpt_oss.py"
+    text = modeling.read_text()
+    assert text.count(PROCESS_WEIGHTS) == 1
+    modeling.write_text(text.replace(PROCESS_WEIGHTS, ""))
+    return modeling, modeling.read_bytes()
+
+
+def test_moe_weights_left_as_loaded_fail_grouped_matmul_and_the_model_gets_the_hook(checkout):
+    """The stand-in's npu_grouped_matmul checks K as the NPU does (the error common_issues.md quotes);
+    the rule adds the catalogue's process_weights_after_loading to the model class; rollback restores it."""
+    from npu_standin.environment import standin_env
+
+    modeling, injected = drop_process_weights(checkout)
+    env = standin_env("cpu", base={**__import__("os").environ, "PYTHONPATH": str(checkout)})
+    code = ("import torch, torch_npu; x = torch.randn(6, 64); w13 = torch.randn(2, 128, 64); "   # (E, 2I, H) as loaded
+            "torch_npu.npu_grouped_matmul([x], [w13], group_list=torch.tensor([3, 6]), group_type=0, "
+            "group_list_type=0, split_item=3)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=checkout, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert "aclnnGroupedMatmul (npu stand-in): Dim 1 mismatch (64 vs 128)" in proc.stderr, proc.stderr[-2000:]
+    recipe = checkout / "models" / "gpt_oss"
+    failure = Failure.from_output(recipe, proc.stderr)
+    diagnosis = diagnose(recipe, {}, failure=failure)
+    assert diagnosis["rule"] == "process_weights_after_loading_missing", diagnosis
+    done = repair(recipe, diagnosis, round_no=1, failure=failure)
+    assert done["applied"] and "GptOssForCausalLM" in done["note"], done
+    after = modeling.read_text()
+    assert "def process_weights_after_loading(self):" in after and after.count("class GptOssForCausalLM") == 1
+    added = [line for line in after.splitlines() if line not in injected.decode().splitlines()]
+    assert all("process_weights_after_loading" in line or "quant_method" in line or "named_modules" in line
+               or not line.strip() for line in added), added
+    rollback(recipe, 1)
+    assert modeling.read_bytes() == injected
+
+
+@pytest.mark.slow
+def test_moe_weights_left_as_loaded_are_repaired_in_a_round_and_parity_holds(checkout):
+    drop_process_weights(checkout)
+    proc = run_cli("run", str(checkout / "models" / "gpt_oss"), "--standin", "--tiny", "--max-rounds", "1",
+                   "--json", env=FAST, timeout=2400)
+    report = json.loads(report_path(checkout / "models" / "gpt_oss").read_text())
+    assert [r["diagnosis"]["rule"] for r in report["rounds"]] == ["process_weights_after_loading_missing"], \
+        (proc.stdout + proc.stderr)[-3000:]
+    summary = json.loads(proc.stdout)
+    assert proc.returncode == 0 and summary["status"] == "ok", (proc.stdout + proc.stderr)[-3000:]
+    assert json.loads(Path(summary["baseline_path"]).read_text())["verification"]["parity"]["ok"] is True

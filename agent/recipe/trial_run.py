@@ -155,6 +155,9 @@ def asks_for_warm_up(recipe_dir: Path) -> bool:
     return infer_py.is_file() and bool(re.search(r"warm_up\s*=\s*True", infer_py.read_text(errors="replace")))
 
 
+RANK0_SILENT = "rank 0's log log_0.log is empty although the run did not succeed"
+
+
 def judge_run(output: str, log_dir: Path | None, recipe_dir: Path, framework: bool) -> Verdict:
     """The verdict from evidence: a traceback in the output or a rank log, a missing formal prefill
     line, or a rank that did not finish its formal run makes the run failed."""
@@ -181,6 +184,13 @@ def judge_run(output: str, log_dir: Path | None, recipe_dir: Path, framework: bo
         parsed = run_log.parse_log_text(output, "output.txt")
         rank0 = (parsed, run_log.select_formal(parsed))
     parsed, selection = rank0
+    silent = log_dir / "log_0.log" if log_dir is not None else None
+    if silent is not None and silent.is_file() and not silent.read_text(errors="replace").strip() and problem is None:
+        # rank 0's stdout was cut (function.sh tees it; the other ranks write theirs directly)
+        problem = f"{RANK0_SILENT} ({silent.stat().st_size} bytes)"
+        others = [f"{p.name}: " + ("model run success" if "model run success" in p.read_text(errors="replace")
+                                   else "no 'model run success'") for p in logs if p.name != "log_0.log"]
+        extra.append(problem + (f"; {'; '.join(others)}" if others else ""))
     if problem is None and selection.segment is None:
         problem = "no formal prefill line in log_0.log" if logs else "no log_0.log and no formal prefill line"
     elif problem is None and not selection.success:

@@ -81,6 +81,8 @@ ORDER = (
     "non_finite_logits",
     "process_group_not_initialized",
     "rendezvous_port_in_use",
+    # last but the LLM: it only says why the evidence is missing
+    "rank0_log_empty",
     "llm_repairer",
 )
 
