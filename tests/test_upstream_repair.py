@@ -332,6 +332,21 @@ def test_moe_weights_left_as_loaded_fail_grouped_matmul_and_the_model_gets_the_h
                or not line.strip() for line in added), added
     rollback(recipe, 1)
     assert modeling.read_bytes() == injected
+    # before any MoE layer the first linear shows it: upstream's UnquantizedLinearMethod.apply multiplies by
+    # the weight its process_weights_after_loading transposes
+    code = ("import torch; from module.linear import UnquantizedLinearMethod; layer = torch.nn.Module(); "
+            "layer.weight = torch.nn.Parameter(torch.randn(128, 64), requires_grad=False); "
+            "UnquantizedLinearMethod().apply(layer, torch.randn(5, 64))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=checkout, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert "mat1 and mat2 shapes cannot be multiplied" in proc.stderr, proc.stderr[-2000:]
+    assert diagnose(recipe, {}, failure=Failure.from_output(recipe, proc.stderr))["rule"] == \
+        "process_weights_after_loading_missing"
+    # the same error elsewhere (not in a layer method the hook prepares) is not this rule
+    other = "Traceback (most recent call last):\n  File \"/x/y.py\", line 3, in f\n" \
+            "RuntimeError: mat1 and mat2 shapes cannot be multiplied (5x64 and 128x64)\n"
+    assert diagnose(recipe, {}, failure=Failure.from_output(recipe, other))["rule"] != \
+        "process_weights_after_loading_missing"
 
 
 @pytest.mark.slow
@@ -345,3 +360,21 @@ def test_moe_weights_left_as_loaded_are_repaired_in_a_round_and_parity_holds(che
     summary = json.loads(proc.stdout)
     assert proc.returncode == 0 and summary["status"] == "ok", (proc.stdout + proc.stderr)[-3000:]
     assert json.loads(Path(summary["baseline_path"]).read_text())["verification"]["parity"]["ok"] is True
+
+
+@pytest.mark.slow
+def test_an_old_schema_key_stops_the_stand_in_run_and_is_moved_in_a_round(checkout):
+    """Nothing fails on its own (the --tiny copy even sets model_config.model_path): the check before the
+    run names the key, the round moves it, the run after it reaches a baseline."""
+    yaml_path = checkout / "models" / "qwen" / "config" / "qwen3_8b_1tp.yaml"
+    lines = yaml_path.read_text().splitlines(keepends=True)
+    line = next(ln for ln in lines if ln.strip().startswith("model_path:"))
+    yaml_path.write_text(line.lstrip() + "".join(ln for ln in lines if ln is not line))
+    proc = run_cli("run", str(checkout / "models" / "qwen"), "--standin", "--tiny", "--yaml", "qwen3_8b_1tp.yaml",
+                   "--max-rounds", "1", "--json", env=FAST, timeout=2400)
+    report = json.loads(report_path(checkout / "models" / "qwen").read_text())
+    assert [r["diagnosis"]["rule"] for r in report["rounds"]] == ["yaml_key_of_old_schema"], \
+        (proc.stdout + proc.stderr)[-3000:]
+    assert report["runs"][0]["summary"].startswith("InferenceConfig ignores the top-level key 'model_path'")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["status"] == "ok", (proc.stdout + proc.stderr)[-3000:]
+    assert yaml_path.read_text().startswith('model_config:\n  model_path: "/data/models/origin/Qwen3-8B"\n')
