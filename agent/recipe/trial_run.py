@@ -156,6 +156,7 @@ def asks_for_warm_up(recipe_dir: Path) -> bool:
 
 
 RANK0_SILENT = "rank 0's log log_0.log is empty although the run did not succeed"
+_ERROR_LINE = re.compile(r"^\s*\w*(?:Error|Exception)\b.*:", re.M)     # the output says what failed itself
 
 
 def judge_run(output: str, log_dir: Path | None, recipe_dir: Path, framework: bool) -> Verdict:
@@ -185,7 +186,8 @@ def judge_run(output: str, log_dir: Path | None, recipe_dir: Path, framework: bo
         rank0 = (parsed, run_log.select_formal(parsed))
     parsed, selection = rank0
     silent = log_dir / "log_0.log" if log_dir is not None else None
-    if silent is not None and silent.is_file() and not silent.read_text(errors="replace").strip() and problem is None:
+    if silent is not None and silent.is_file() and not silent.read_text(errors="replace").strip() and problem is None \
+            and not _ERROR_LINE.search(output):
         # rank 0's stdout was cut (function.sh tees it; the other ranks write theirs directly)
         problem = f"{RANK0_SILENT} ({silent.stat().st_size} bytes)"
         others = [f"{p.name}: " + ("model run success" if "model run success" in p.read_text(errors="replace")

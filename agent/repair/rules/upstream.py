@@ -161,7 +161,7 @@ _STDOUT_AWAY = re.compile(r"(?<![&2])>\s*(?!&)\S+|&>\s*\S+|>\s*/dev/null")
 UPSTREAM_TEE = '"${cmd[@]}" 2>&1 | tee ${WORK_DIR}/${RES_PATH}/log_${LOCAL_RANK}.log &'
 
 
-def _rank0_facts(failure: Failure, found: re.Match) -> dict:
+def _rank0_facts(failure: Failure, found: re.Match) -> dict | None:
     facts = {"others": found.group(0).partition("; ")[2], "line": None}
     root = failure.recipe.repo_root
     for script in filter(None, [failure.recipe_dir / "infer.sh",
@@ -174,7 +174,7 @@ def _rank0_facts(failure: Failure, found: re.Match) -> dict:
             away = _STDOUT_AWAY.search(tee.group("cmd"))
             facts["away"] = away.group(0).strip() if away else None
             return facts
-    return facts
+    return None         # no launch line tees rank 0: not upstream's launch, not this rule
 
 
 def _report_rank0(failure: Failure, facts: dict, ctx: RepairContext) -> str:
@@ -185,7 +185,7 @@ def _report_rank0(failure: Failure, facts: dict, ctx: RepairContext) -> str:
         return (f"rank 0's stdout was cut: {facts['file']}:{facts['number']} sends it to "
                 f"'{facts['away']}' before `| tee` (`{facts['line']}`); upstream's launch line is "
                 f"`{UPSTREAM_TEE}`: restore it; meanwhile {read} (nothing changed)")
-    where = f" ({facts['file']}:{facts['number']} tees it)" if facts.get("line") else ""
+    where = f" ({facts['file']}:{facts['number']} tees it)"
     return (f"rank 0's stdout was cut or not flushed{where}: the runtime-debug skill's 'tee 截断'; {read}; "
             "judge the run by its processes and the other ranks' 'model run success' (nothing changed)")
 
