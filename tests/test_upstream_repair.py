@@ -313,14 +313,20 @@ def test_moe_weights_left_as_loaded_fail_grouped_matmul_and_the_model_gets_the_h
 
     modeling, injected = drop_process_weights(checkout)
     env = standin_env("cpu", base={**__import__("os").environ, "PYTHONPATH": str(checkout)})
-    code = ("import torch, torch_npu; x = torch.randn(6, 64); w13 = torch.randn(2, 128, 64); "   # (E, 2I, H) as loaded
-            "torch_npu.npu_grouped_matmul([x], [w13], group_list=torch.tensor([3, 6]), group_type=0, "
-            "group_list_type=0, split_item=3)")
+    # one process, two calls (each traceback printed, split by a marker): the MoE layer's grouped matmul
+    # on (E, 2I, H) as loaded, and upstream's UnquantizedLinearMethod.apply on a weight not transposed
+    code = ("import sys, traceback, torch, torch_npu\nfrom module.linear import UnquantizedLinearMethod\n"
+            "try:\n    torch_npu.npu_grouped_matmul([torch.randn(6, 64)], [torch.randn(2, 128, 64)], "
+            "group_list=torch.tensor([3, 6]), group_type=0, group_list_type=0, split_item=3)\n"
+            "except Exception:\n    traceback.print_exc()\nprint('=====', file=sys.stderr)\n"
+            "layer = torch.nn.Module()\nlayer.weight = torch.nn.Parameter(torch.randn(128, 64), requires_grad=False)\n"
+            "UnquantizedLinearMethod().apply(layer, torch.randn(5, 64))\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=checkout, env=env, capture_output=True, text=True,
                           timeout=300)
-    assert "aclnnGroupedMatmul (npu stand-in): Dim 1 mismatch (64 vs 128)" in proc.stderr, proc.stderr[-2000:]
+    grouped, _, linear = proc.stderr.partition("=====\n")
+    assert "aclnnGroupedMatmul (npu stand-in): Dim 1 mismatch (64 vs 128)" in grouped, proc.stderr[-2000:]
     recipe = checkout / "models" / "gpt_oss"
-    failure = Failure.from_output(recipe, proc.stderr)
+    failure = Failure.from_output(recipe, grouped)
     diagnosis = diagnose(recipe, {}, failure=failure)
     assert diagnosis["rule"] == "process_weights_after_loading_missing", diagnosis
     done = repair(recipe, diagnosis, round_no=1, failure=failure)
@@ -334,13 +340,8 @@ def test_moe_weights_left_as_loaded_fail_grouped_matmul_and_the_model_gets_the_h
     assert modeling.read_bytes() == injected
     # before any MoE layer the first linear shows it: upstream's UnquantizedLinearMethod.apply multiplies by
     # the weight its process_weights_after_loading transposes
-    code = ("import torch; from module.linear import UnquantizedLinearMethod; layer = torch.nn.Module(); "
-            "layer.weight = torch.nn.Parameter(torch.randn(128, 64), requires_grad=False); "
-            "UnquantizedLinearMethod().apply(layer, torch.randn(5, 64))")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=checkout, env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert "mat1 and mat2 shapes cannot be multiplied" in proc.stderr, proc.stderr[-2000:]
-    assert diagnose(recipe, {}, failure=Failure.from_output(recipe, proc.stderr))["rule"] == \
+    assert "mat1 and mat2 shapes cannot be multiplied" in linear and "module/linear.py" in linear, linear[-2000:]
+    assert diagnose(recipe, {}, failure=Failure.from_output(recipe, linear))["rule"] == \
         "process_weights_after_loading_missing"
     # the same error elsewhere (not in a layer method the hook prepares) is not this rule
     other = "Traceback (most recent call last):\n  File \"/x/y.py\", line 3, in f\n" \
