@@ -126,6 +126,14 @@ def test_legacy_infer_sh_runs_its_own_text_with_only_the_yaml_name_changed(check
     assert changed == [('export YAML_FILE_NAME="openpangu_v5_7b_mxfp8.yaml" # modify to your yaml file name',
                         'export YAML_FILE_NAME="../res/.migrator/standin/config/openpangu_v5_7b_mxfp8.yaml" # modify to your yaml file name')]
     assert upstream_check.legacy_command(recipe, {**plan, "yaml": plan["source_yaml"]}) is None
+    # the full repository's kimi_k3 names its YAML as a default the environment may override
+    infer_sh = recipe.path / "infer.sh"
+    infer_sh.write_text(original.replace('export YAML_FILE_NAME="openpangu_v5_7b_mxfp8.yaml"',
+                                         'export YAML_FILE_NAME="${YAML_FILE_NAME:-openpangu_v5_7b_mxfp8.yaml}"'))
+    changed = [b for a, b in zip(infer_sh.read_text().splitlines(), upstream_check.legacy_command(recipe, plan)[2]
+                                 .splitlines()) if a != b]
+    assert changed == ['export YAML_FILE_NAME="../res/.migrator/standin/config/openpangu_v5_7b_mxfp8.yaml" # modify '
+                       'to your yaml file name']
 
 
 def test_without_standin_the_answer_stays_exit_4_and_names_standin(pristine):

@@ -296,7 +296,9 @@ def launch_env(plan: dict, env: dict, run_dir: Path) -> dict:
     return standin_env(plan.get("device", "cpu"), base=env, record_dir=run_dir / RECORD_DIR)
 
 
-_LEGACY_YAML_RE = re.compile(r"""^(\s*(?:export\s+)?(?:YAML_FILE_NAME|YAML_FILE)=)["']?[^"'\s#]+\.ya?ml["']?""", re.M)
+# NAME=file.yaml, "file.yaml", or a default the environment may override: "${NAME:-file.yaml}" (kimi_k3)
+_LEGACY_YAML_RE = re.compile(r"""^(\s*(?:export\s+)?(?:YAML_FILE_NAME|YAML_FILE)=)["']?(?:\$\{\w+:-)?[^"'\s#}]+\.ya?ml\}?["']?""",
+                             re.M)
 
 
 def legacy_command(recipe: Recipe, plan: dict) -> tuple[str, ...] | None:
