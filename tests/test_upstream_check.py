@@ -76,6 +76,19 @@ def test_a_legacy_recipes_draft_model_config_does_not_name_its_architecture(chec
     assert upstream_check.recipe_model_type(recipe, recipe.settings()) == "PanguEmbedded"
 
 
+def test_cann_ops_transformer_imported_at_module_level_is_exit_4_before_anything_runs(checkout):
+    """kimi_k3 (full repository) imports CANN ops-transformer's package at the top of its modeling file:
+    compiled kernels the stand-in cannot run, named with the line before a checkpoint is built."""
+    from agent.errors import EnvironmentProblem
+
+    recipe = Recipe.at(checkout / "models" / "pangu_7b")
+    modeling = next((recipe.path / "models").glob("modeling_*.py"))
+    modeling.write_text("import cann_ops_transformer.ops\n" + modeling.read_text())
+    with pytest.raises(EnvironmentProblem, match=r"import cann_ops_transformer\.ops \(CANN ops-transformer\) at "
+                                                 rf"models/pangu_7b/models/{modeling.name}:1"):
+        upstream_check.plan(recipe, tiny=True)
+
+
 def test_absent_weights_without_tiny_are_bad_input_that_names_tiny(pristine):
     with pytest.raises(InputError, match=r"model_path '/data/models/origin/Qwen3-8B' is not here.*--tiny"):
         upstream_check.plan(Recipe.at(pristine / "models" / "qwen"), yaml_name="qwen3_8b_1tp.yaml")
