@@ -30,6 +30,24 @@ class TestDecodeAttentionMaskCommand(CodemodTest):
         """
         self.assertCodemod(code, code)
 
+    def test_a_function_reading_is_prefill_for_other_things_still_gets_the_branch(self) -> None:
+        """upstream qwen's attention: is_prefill decides the prompt padding, the mask is read for both."""
+        before = """
+            def forward(self, x, forward_metadata):
+                is_prefill = forward_metadata.is_prefill
+                if is_prefill:
+                    x = x[:4]
+                attention_mask = forward_metadata.attention_mask
+        """
+        after = """
+            def forward(self, x, forward_metadata):
+                is_prefill = forward_metadata.is_prefill
+                if is_prefill:
+                    x = x[:4]
+                attention_mask = forward_metadata.attention_mask if forward_metadata.is_prefill else None
+        """
+        self.assertCodemod(before, after)
+
     def test_prefill_mask_only_at_prefill(self) -> None:
         before = """
             def forward(self, x, kwargs):

@@ -66,6 +66,29 @@ def test_the_recipes_own_config_class_names_the_architecture(pristine, model, ya
     assert upstream_check.recipe_model_type(recipe, settings) == model_type
 
 
+def test_a_legacy_recipes_draft_model_config_does_not_name_its_architecture(checkout):
+    """kimi_k3's shape (the full repository): beside its model's config a draft model's
+    configuration_dspark.py says model_type "qwen3" and sorts first; the runner's
+    `init_model(XForCausalLM, XConfig)` names the architecture."""
+    recipe = Recipe.at(checkout / "models" / "pangu_7b")
+    (recipe.path / "models" / "configuration_dspark.py").write_text(
+        "from transformers import PretrainedConfig\n\n\nclass DraftConfig(PretrainedConfig):\n    model_type = \"qwen3\"\n")
+    assert upstream_check.recipe_model_type(recipe, recipe.settings()) == "PanguEmbedded"
+
+
+def test_cann_ops_transformer_imported_at_module_level_is_exit_4_before_anything_runs(checkout):
+    """kimi_k3 (full repository) imports CANN ops-transformer's package at the top of its modeling file:
+    compiled kernels the stand-in cannot run, named with the line before a checkpoint is built."""
+    from agent.errors import EnvironmentProblem
+
+    recipe = Recipe.at(checkout / "models" / "pangu_7b")
+    modeling = next((recipe.path / "models").glob("modeling_*.py"))
+    modeling.write_text("import cann_ops_transformer.ops\n" + modeling.read_text())
+    with pytest.raises(EnvironmentProblem, match=r"import cann_ops_transformer\.ops \(CANN ops-transformer\) at "
+                                                 rf"models/pangu_7b/models/{modeling.name}:1"):
+        upstream_check.plan(recipe, tiny=True)
+
+
 def test_absent_weights_without_tiny_are_bad_input_that_names_tiny(pristine):
     with pytest.raises(InputError, match=r"model_path '/data/models/origin/Qwen3-8B' is not here.*--tiny"):
         upstream_check.plan(Recipe.at(pristine / "models" / "qwen"), yaml_name="qwen3_8b_1tp.yaml")
@@ -78,7 +101,7 @@ def test_tiny_plan_points_a_copy_of_the_yaml_at_a_tiny_checkpoint(checkout):
     recipe = Recipe.at(checkout / "models" / "deepseek_r1")
     plan = upstream_check.plan(recipe, yaml_name="decode_r1_rank_16_16ep_a8w8.yaml", world_size=2, tiny=True)
     copy = Path(plan["yaml"])
-    assert copy.parent == recipe.path / "config" / ".standin" and plan["tiny"] and plan["model_type"] == "deepseek_v3"
+    assert copy.parent == recipe.path / "res" / ".migrator" / "standin" / "config" and plan["tiny"] and plan["model_type"] == "deepseek_v3"
     data = recipe.settings(copy)
     assert data["model_config"]["model_path"] == plan["checkpoint"]
     assert json.loads((Path(plan["checkpoint"]) / "config.json").read_text())["model_type"] == "deepseek_v3"
@@ -90,7 +113,7 @@ def test_tiny_plan_points_a_copy_of_the_yaml_at_a_tiny_checkpoint(checkout):
     assert any("tiny random deepseek_v3" in note for note in plan["notes"])
     after = digests(checkout)
     assert {k: v for k, v in after.items() if k in before} == before      # upstream's bytes untouched
-    assert all(k.startswith(("models/deepseek_r1/config/.standin/", "models/deepseek_r1/res/.migrator/"))
+    assert all(k.startswith("models/deepseek_r1/res/.migrator/")
                for k in set(after) - set(before))
 
 
@@ -107,15 +130,23 @@ def test_real_weights_run_the_yaml_as_it_is(checkout, tmp_path):
 def test_legacy_infer_sh_runs_its_own_text_with_only_the_yaml_name_changed(checkout):
     recipe = Recipe.at(checkout / "models" / "pangu_7b")
     assert recipe.kind == "legacy"
-    plan = {"yaml": str(recipe.path / "config" / ".standin" / "openpangu_v5_7b_mxfp8.yaml"),
+    plan = {"yaml": str(upstream_check.yaml_copy_dir(recipe) / "openpangu_v5_7b_mxfp8.yaml"),
             "source_yaml": str(recipe.path / "config" / "openpangu_v5_7b_mxfp8.yaml")}
     command = upstream_check.legacy_command(recipe, plan)
     original = (recipe.path / "infer.sh").read_text()
     assert command[:2] == ("bash", "-c") and command[3] == str(recipe.path / "infer.sh")
     changed = [(a, b) for a, b in zip(original.splitlines(), command[2].splitlines()) if a != b]
     assert changed == [('export YAML_FILE_NAME="openpangu_v5_7b_mxfp8.yaml" # modify to your yaml file name',
-                        'export YAML_FILE_NAME=".standin/openpangu_v5_7b_mxfp8.yaml" # modify to your yaml file name')]
+                        'export YAML_FILE_NAME="../res/.migrator/standin/config/openpangu_v5_7b_mxfp8.yaml" # modify to your yaml file name')]
     assert upstream_check.legacy_command(recipe, {**plan, "yaml": plan["source_yaml"]}) is None
+    # the full repository's kimi_k3 names its YAML as a default the environment may override
+    infer_sh = recipe.path / "infer.sh"
+    infer_sh.write_text(original.replace('export YAML_FILE_NAME="openpangu_v5_7b_mxfp8.yaml"',
+                                         'export YAML_FILE_NAME="${YAML_FILE_NAME:-openpangu_v5_7b_mxfp8.yaml}"'))
+    changed = [b for a, b in zip(infer_sh.read_text().splitlines(), upstream_check.legacy_command(recipe, plan)[2]
+                                 .splitlines()) if a != b]
+    assert changed == ['export YAML_FILE_NAME="../res/.migrator/standin/config/openpangu_v5_7b_mxfp8.yaml" # modify '
+                       'to your yaml file name']
 
 
 def test_without_standin_the_answer_stays_exit_4_and_names_standin(pristine):
@@ -140,7 +171,23 @@ def run_standin(checkout: Path, model: str, *args: str, timeout: int = 1800):
     return proc, summary
 
 
+def git_snapshot(checkout: Path) -> None:
+    """The copy as a git checkout (upstream's .gitignore in force), committed: `git status` is clean."""
+    import subprocess
+
+    for args in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "s"]):
+        subprocess.run(["git", *args], cwd=checkout, check=True, capture_output=True)
+
+
+def git_status(checkout: Path) -> str:
+    import subprocess
+
+    return subprocess.run(["git", "status", "--porcelain"], cwd=checkout, check=True, capture_output=True,
+                          text=True).stdout
+
+
 def test_qwen3_one_rank_reaches_a_baseline_with_parity_against_transformers(checkout):
+    git_snapshot(checkout)
     before = digests(checkout)
     proc, summary = run_standin(checkout, "qwen", "--yaml", "qwen3_8b_1tp.yaml")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
@@ -158,6 +205,10 @@ def test_qwen3_one_rank_reaches_a_baseline_with_parity_against_transformers(chec
     assert any("tiny random qwen3 checkpoint" in n for n in report["upstream_standin"]["notes"])
     after = digests(checkout)
     assert {k: v for k, v in after.items() if k in before} == before      # upstream's files as they were
+    # the YAML copy, the tiny checkpoint, the runs and the report: all in git-ignored res/.migrator/; the
+    # one new file in upstream's tree is the run's product, the stand-in baseline
+    assert git_status(checkout) == "?? models/qwen/baseline/\n" and any((checkout / "models" / "qwen" / "res" / ".migrator" / "standin" /
+                                               "config").glob("*.yaml"))
 
 
 @pytest.mark.slow

@@ -7,8 +7,9 @@ torch_npu kernels as reference implementations). What this module adds to the wo
 * `plan(recipe, ...)`: which YAML runs and on which weights. With the YAML's `model_path` present here
   the recipe runs on them; absent (the usual case: weights live on the NPU host), `--tiny` builds a
   random checkpoint of the recipe's own architecture in a shrunk shape (the config class's
-  `model_type`) and runs a *copy* of the YAML pointed at it (`config/.standin/`), lengths cut;
-  upstream's files are not touched. The plan is JSON data in the workflow state.
+  `model_type`) and runs a *copy* of the YAML pointed at it (in our state folder,
+  `res/.migrator/standin/config/`, which upstream's .gitignore keeps out of `git status`), lengths
+  cut; upstream's files are not touched. The plan is JSON data in the workflow state.
 * `launch_env(plan, run_dir)` / `legacy_command(...)`: the stand-in's environment plus the precision
   probe (agent/measure/upstream_probe.py, loaded in the recipe's processes), and for a legacy recipe
   whose infer.sh names its YAML itself, its own script text with only that name pointed at the copy.
@@ -37,7 +38,7 @@ from agent.recipe.recipe import Recipe, read_settings
 from agent.recipe.model_type import recipe_model_type
 from engine import defaults
 
-STANDIN_DIR = ".standin"                 # config/.standin/: the YAML copies a --tiny run uses
+STANDIN_DIR = ".standin"                 # config/.standin/: where earlier releases put the YAML copies
 PROBE_ENV = "MIGRATOR_UPSTREAM_PROBE"
 PROBE_FILE = "upstream_probe.pt"
 RECORD_DIR = "standin"
@@ -98,9 +99,11 @@ def plan(recipe: Recipe, *, yaml_name: str | None = None, world_size: int = 1, t
     if model_path is not None and (model_path / "config.json").is_file():
         checkpoint, how = model_path, f"weights: {model_path} (the YAML's model_path)"
     elif not tiny:
-        raise InputError(f"{source.name}: model_path {section.get('model_path')!r} is not here (the weights live on "
+        old = [line for line in old_schema_keys(recipe, result) if "'model_path'" in line]
+        raise InputError(f"{source.name}: " + (old[0] if old else
+                         f"model_path {section.get('model_path')!r} is not here (the weights live on "
                          "the NPU host); pass --tiny to run the recipe on a tiny random checkpoint of its own "
-                         "architecture, or point model_path at local weights")
+                         "architecture, or point model_path at local weights"))
     else:
         model_type = recipe_model_type(recipe, settings)
         print(f"[migrator] --tiny: a tiny random {model_type} checkpoint in {state_dir(recipe.path) / 'standin'} "
@@ -119,6 +122,22 @@ def plan(recipe: Recipe, *, yaml_name: str | None = None, world_size: int = 1, t
     if result["tiny"] and dataset != "default":
         result["notes"].append(f"dataset {dataset!r} -> 'default' (the checkout's default prompt) in the copy")
     return result
+
+
+def old_schema_keys(recipe: Recipe, plan: dict) -> list[str]:
+    """A framework YAML's keys of the old, flat schema, which the executor ignores silently: one
+    evidence line each (agent.recipe.upstream_schema; the source YAML, read again at every run, so a
+    repaired one passes)."""
+    from agent.recipe.upstream_schema import check
+
+    source = Path(plan.get("source_yaml") or "")
+    if recipe.kind != "framework" or not source.is_file():
+        return []
+    try:
+        shown = source.relative_to(recipe.path).as_posix()
+    except ValueError:
+        shown = source.name
+    return check(source, recipe.repo_root, shown)
 
 
 def _framework_schema(settings: dict) -> bool:
@@ -218,9 +237,15 @@ def _parallel_for(parallel: dict, world_size: int) -> dict:
     return out
 
 
+def yaml_copy_dir(recipe: Recipe) -> Path:
+    """Where a stand-in run's YAML copies go: our state folder (agent.recipe.targets.state_dir;
+    `res/.migrator/` in a checkout, git-ignored by upstream's `**/res/**`), not the recipe's config/."""
+    return state_dir(recipe.path) / "standin" / "config"
+
+
 def write_yaml_copy(recipe: Recipe, source: Path, checkpoint: Path, world_size: int,
                     max_new_tokens: int | None) -> Path:
-    """config/.standin/<name>: `source` on `checkpoint` at `world_size` ranks; with `max_new_tokens`
+    """yaml_copy_dir()/<name>: `source` on `checkpoint` at `world_size` ranks; with `max_new_tokens`
     (a tiny checkpoint) lengths and batch cut too. Both YAML schemas (framework four sections, legacy flat)."""
     data = yamllib.safe_load(source.read_text(encoding="utf-8")) or {}
     framework = _framework_schema(data)
@@ -247,7 +272,7 @@ def write_yaml_copy(recipe: Recipe, source: Path, checkpoint: Path, world_size: 
             data["parallel_config"] = _parallel_for(data["parallel_config"], world_size)
         if max_new_tokens:
             data.setdefault("data_config", {}).update(input_max_len=TINY_INPUT_LEN, max_new_tokens=max_new_tokens)
-    target = recipe.path / "config" / STANDIN_DIR / source.name
+    target = yaml_copy_dir(recipe) / source.name
     target.parent.mkdir(parents=True, exist_ok=True)
     header = (f"# {source.name} for a stand-in run (npu stand-in, not an NPU), written by infer-migrator:\n"
               f"# model_path -> {checkpoint}, {world_size} rank(s).\n")
@@ -271,7 +296,9 @@ def launch_env(plan: dict, env: dict, run_dir: Path) -> dict:
     return standin_env(plan.get("device", "cpu"), base=env, record_dir=run_dir / RECORD_DIR)
 
 
-_LEGACY_YAML_RE = re.compile(r"""^(\s*(?:export\s+)?(?:YAML_FILE_NAME|YAML_FILE)=)["']?[^"'\s#]+\.ya?ml["']?""", re.M)
+# NAME=file.yaml, "file.yaml", or a default the environment may override: "${NAME:-file.yaml}" (kimi_k3)
+_LEGACY_YAML_RE = re.compile(r"""^(\s*(?:export\s+)?(?:YAML_FILE_NAME|YAML_FILE)=)["']?(?:\$\{\w+:-)?[^"'\s#}]+\.ya?ml\}?["']?""",
+                             re.M)
 
 
 def legacy_command(recipe: Recipe, plan: dict) -> tuple[str, ...] | None:
@@ -281,7 +308,7 @@ def legacy_command(recipe: Recipe, plan: dict) -> tuple[str, ...] | None:
     if recipe.kind != "legacy" or plan["yaml"] == plan["source_yaml"]:
         return None
     text = (recipe.path / "infer.sh").read_text(encoding="utf-8", errors="replace")
-    rel = Path(plan["yaml"]).relative_to(recipe.path / "config").as_posix()
+    rel = Path(os.path.relpath(plan["yaml"], recipe.path / "config")).as_posix()
     changed, n = _LEGACY_YAML_RE.subn(lambda m: f'{m.group(1)}"{rel}"', text)
     if n == 0:
         raise InputError(f"{recipe.path / 'infer.sh'}: no YAML_FILE_NAME= line to point at {rel}")

@@ -1,6 +1,8 @@
 """Which Hugging Face architecture a recipe is: the `model_type` of its own configuration class, read
 with `ast` (nothing imported or run) — for a framework model the class the checkout's registry
-(executor/core/support_models.py) names for the YAML's model_name, else a configuration_*.py of the recipe."""
+(executor/core/support_models.py) names for the YAML's model_name; for a legacy recipe the class its
+runner passes to `init_model(XForCausalLM, XConfig)` (a recipe may hold other configs too: kimi_k3's
+draft model `configuration_dspark.py` says "qwen3"); else a configuration_*.py of the recipe."""
 
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ def recipe_model_type(recipe: Recipe, settings: dict) -> str:
         for module, attr in _registry(recipe.repo_root / REGISTRY).get(name, []):
             if attr.endswith("Config"):
                 candidates.append((recipe.repo_root.joinpath(*module.split(".")).with_suffix(".py"), attr))
+    if recipe.kind == "legacy":
+        candidates += _runner_config_classes(recipe.path)
     candidates += [(p, None) for p in sorted(recipe.path.rglob("configuration_*.py"))]
     for path, cls in candidates:
         found = _class_model_type(path, cls) if path.is_file() else None
@@ -29,6 +33,30 @@ def recipe_model_type(recipe: Recipe, settings: dict) -> str:
     named = f" for the YAML's model_name {name!r}" if name else " in the recipe's files"
     raise InputError(f"{recipe.path}: no config class with a model_type{named}; --tiny cannot tell which "
                      "architecture to build (point the YAML's model_path at local weights)")
+
+
+def _runner_config_classes(recipe_dir: Path) -> list[tuple[Path, str]]:
+    """(file, class) of the config classes a legacy recipe's runner_*.py / infer.py passes to
+    `init_model(MODEL, CONFIG)` (upstream's ModelRunner.init_model), resolved through the file's
+    `from models.X import Y [as Z]` imports; the main model's call (…ForCausalLM) first."""
+    found: list[tuple[int, Path, str]] = []
+    for source in sorted(recipe_dir.glob("runner_*.py")) + [recipe_dir / "infer.py"]:
+        try:
+            tree = ast.parse(source.read_text(encoding="utf-8", errors="replace"))
+        except (OSError, SyntaxError, ValueError):
+            continue
+        imported = {alias.asname or alias.name: (node.module, alias.name) for node in ast.walk(tree)
+                    if isinstance(node, ast.ImportFrom) and node.module for alias in node.names}
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "init_model"
+                    and len(node.args) >= 2 and all(isinstance(a, ast.Name) for a in node.args[:2])):
+                continue
+            model, config = (imported.get(a.id, (None, a.id)) for a in node.args[:2])
+            if config[0] is None or not config[1].endswith("Config"):
+                continue
+            path = recipe_dir.joinpath(*config[0].split(".")).with_suffix(".py")
+            found.append((0 if model[1].endswith("ForCausalLM") else 1, path, config[1]))
+    return [(path, cls) for _, path, cls in sorted(found, key=lambda item: item[0])]
 
 
 def _registry(path: Path) -> dict[str, list[tuple[str, str]]]:

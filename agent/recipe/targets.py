@@ -201,7 +201,8 @@ def _run_entry_point(recipe: Recipe, world_size: int) -> Launch:
     """The checkout's `executor/scripts/infer.sh --model NAME --yaml FILE`, with the checkout on
     PYTHONPATH; it runs in the run's own folder (it writes res/ under its working directory)."""
     yaml = recipe.yaml_for(world_size) or recipe.yaml
-    rel = yaml.relative_to(recipe.path / "config").as_posix()
+    # relative to config/ (infer.sh joins it to models/NAME/config/): a stand-in run's copy in our state folder is ../res/...
+    rel = Path(os.path.relpath(yaml, recipe.path / "config")).as_posix()
     pythonpath = os.pathsep.join(filter(None, [str(recipe.repo_root), os.environ.get("PYTHONPATH")]))
     return Launch(("bash", str(recipe.repo_root / ENTRY), "--model", recipe.path.name, "--yaml", rel), None,
                   {"PYTHONPATH": pythonpath})

@@ -93,6 +93,10 @@ def trial_run(recipe: Recipe, label: str, world_size: int = 1, timeout_s: int | 
     if verdict.no_warm_up and ran_clean:
         # A conclusion, not an error: recorded only when the run shows no real error.
         evidence = evidence.rstrip("\n") + f"\n{NO_WARM_UP} ({verdict.prefills} prefill in log_0.log)\n"
+    # a key of the old YAML schema: the executor ignores it silently, so the run is not taken as it is
+    old_keys = upstream_check.old_schema_keys(recipe, standin) if standin else []
+    if old_keys:
+        ok, evidence = False, evidence.rstrip("\n") + "\n" + "\n".join(old_keys) + "\n"
     output_file = run_dir / "output.txt"
     if evidence != output:
         output_file = run_dir / "evidence.txt"
@@ -103,7 +107,8 @@ def trial_run(recipe: Recipe, label: str, world_size: int = 1, timeout_s: int | 
                    "processes": tree.processes, "res_path": str(run_dir),
                    "log_dir": str(log_dir) if log_dir is not None else None, "problem": verdict.problem,
                    "output_file": str(output_file), "yaml": str(yaml) if yaml is not None else None,
-                   "summary": "ok" if ok else summarise(evidence, recipe, returncode, timed_out, timeout, verdict)}
+                   "summary": "ok" if ok else old_keys[0] if old_keys and ran_clean else
+                   summarise(evidence, recipe, returncode, timed_out, timeout, verdict)}
     if standin and (missing := upstream_check.unsupported(run_dir, "" if ok else evidence,
                                                          [p for p in (recipe.repo_root, recipe.path) if p])):
         record["standin_unsupported"] = missing
@@ -155,6 +160,10 @@ def asks_for_warm_up(recipe_dir: Path) -> bool:
     return infer_py.is_file() and bool(re.search(r"warm_up\s*=\s*True", infer_py.read_text(errors="replace")))
 
 
+RANK0_SILENT = "rank 0's log log_0.log is empty although the run did not succeed"
+_ERROR_LINE = re.compile(r"^\s*\w*(?:Error|Exception)\b.*:", re.M)     # the output says what failed itself
+
+
 def judge_run(output: str, log_dir: Path | None, recipe_dir: Path, framework: bool) -> Verdict:
     """The verdict from evidence: a traceback in the output or a rank log, a missing formal prefill
     line, or a rank that did not finish its formal run makes the run failed."""
@@ -181,6 +190,14 @@ def judge_run(output: str, log_dir: Path | None, recipe_dir: Path, framework: bo
         parsed = run_log.parse_log_text(output, "output.txt")
         rank0 = (parsed, run_log.select_formal(parsed))
     parsed, selection = rank0
+    silent = log_dir / "log_0.log" if log_dir is not None else None
+    if silent is not None and silent.is_file() and not silent.read_text(errors="replace").strip() and problem is None \
+            and not _ERROR_LINE.search(output):
+        # rank 0's stdout was cut (function.sh tees it; the other ranks write theirs directly)
+        problem = f"{RANK0_SILENT} ({silent.stat().st_size} bytes)"
+        others = [f"{p.name}: " + ("model run success" if "model run success" in p.read_text(errors="replace")
+                                   else "no 'model run success'") for p in logs if p.name != "log_0.log"]
+        extra.append(problem + (f"; {'; '.join(others)}" if others else ""))
     if problem is None and selection.segment is None:
         problem = "no formal prefill line in log_0.log" if logs else "no log_0.log and no formal prefill line"
     elif problem is None and not selection.success:

@@ -15,7 +15,9 @@ for paged KV) and the documented sparse modes, anchored as torch_npu anchors the
 
 For modes 2-4 the mask passed is the compressed 2048x2048 one: required when S_q > 1, its contents
 unused. When every query has one token (decode) and there is no rope input, sparse_mode, pre_tokens
-and next_tokens have no effect, as documented ("Q_S为1时该参数无效"): only a mode 0/1 mask applies.
+and next_tokens have no effect, as documented ("Q_S为1时该参数无效"): only a mode 0/1 mask applies,
+read as (B, KV_S) when 2-D; any other first dimension (the prefill's 2048x2048 mask passed at
+decode) raises the NPU's `batchSize[2048] of atten_mask != batchSize[1] of query`.
 A learnable sink adds one logit per head to the softmax denominator (gpt-oss). Rows with every key
 masked give zeros.
 """
@@ -211,6 +213,12 @@ def _attention(op, query, key, value, *, layout, num_heads, num_kv_heads, scale,
     if not decode and sparse_mode in (2, 3, 4) and atten_mask is None:
         raise ValueError(f"{op}: sparse_mode={sparse_mode} needs atten_mask (the 2048x2048 lower-triangular "
                          "mask), as on the NPU")
+    if decode and sparse_mode in (0, 1) and atten_mask is not None and atten_mask.dim() == 2 \
+            and atten_mask.shape[0] not in (1, len(queries)):
+        # one query token: a 2-D mask is (B, KV_S); the prefill's (2048, 2048) causal one is not (the
+        # NPU's check, as upstream's common_issues.md quotes it)
+        raise RuntimeError(f"{op}: batchSize[{atten_mask.shape[0]}] of atten_mask != batchSize[{len(queries)}] "
+                           "of query (npu stand-in: a 2-D atten_mask at Q_S=1 is (B, KV_S))")
     outs, stats = [], []
     for b, (q, (k, v)) in enumerate(zip(queries, pairs)):
         sq, skv = q.shape[1], k.shape[1]

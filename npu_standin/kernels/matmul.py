@@ -84,6 +84,12 @@ def _grouped_matmul(x, weight, *, bias=None, scale=None, offset=None, antiquant_
             pieces = list(x)
         if len(pieces) != len(ws):
             raise ValueError(f"npu_grouped_matmul: {len(pieces)} groups of x for {len(ws)} weights")
+        for wi in ws[:1]:
+            if x[0].shape[-1] != wi.shape[-2]:
+                # x (M, K) against weight (K, N): a weight left as loaded, (N, K) (no
+                # process_weights_after_loading), as upstream's common_issues.md quotes the NPU's error
+                raise RuntimeError(f"aclnnGroupedMatmul (npu stand-in): Dim 1 mismatch ({x[0].shape[-1]} vs "
+                                   f"{wi.shape[-2]}): x {tuple(x[0].shape)}, weight {tuple(wi.shape)}")
         for xi, wi, bi in zip(pieces, ws, bs):
             yi = xi.float() @ wi.float()
             if bi is not None:

@@ -16,19 +16,36 @@ class DecodeAttentionMaskCommand(Command):
 
     def __init__(self, context: CodemodContext):
         super().__init__(context)
-        self._has_branch: list[bool] = []
+        self._decided: list[set[str]] = []      # per function: the names it sets to None itself
+        self._in_prefill_branch = 0             # inside `if ...is_prefill...:`, the branch decides
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        # a function that already looks at is_prefill decides the mask itself
-        self._has_branch.append(bool(m.findall(node, m.Attribute(attr=m.Name("is_prefill")))))
+        # a function that sets the mask to None itself (`else: atten_mask = None`) decides it; one that
+        # only reads is_prefill for other things (upstream qwen: the prompt padding) does not
+        self._decided.append({target.target.value for assign in m.findall(node, m.Assign(value=m.Name("None")))
+                              for target in assign.targets if isinstance(target.target, cst.Name)})
 
     def leave_FunctionDef(self, original_node, updated_node):
-        self._has_branch.pop()
+        self._decided.pop()
+        return updated_node
+
+    def visit_If(self, node: cst.If) -> None:
+        if m.findall(node.test, m.Attribute(attr=m.Name("is_prefill"))) or \
+                m.findall(node.test, m.Name("is_prefill")):
+            self._in_prefill_branch += 1
+
+    def leave_If(self, original_node: cst.If, updated_node: cst.If):
+        if m.findall(original_node.test, m.Attribute(attr=m.Name("is_prefill"))) or \
+                m.findall(original_node.test, m.Name("is_prefill")):
+            self._in_prefill_branch -= 1
         return updated_node
 
     def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
         value = updated_node.value
-        if not self._has_branch or self._has_branch[-1] or len(updated_node.targets) != 1:
+        if not self._decided or self._in_prefill_branch or len(updated_node.targets) != 1:
+            return updated_node
+        target = updated_node.targets[0].target
+        if isinstance(target, cst.Name) and target.value in self._decided[-1]:
             return updated_node
         if not (isinstance(value, cst.Attribute) and value.attr.value == "attention_mask"
                 and ends_with(value.value, "forward_metadata")):

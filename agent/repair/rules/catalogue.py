@@ -36,6 +36,7 @@ ORDER = (
     "yaml_missing_key",
     "yaml_wrong_type",
     "vocab_not_divisible_by_lmhead_tp",
+    "yaml_key_of_old_schema",
     "model_path_missing",
     "lengths_exceed_positions",
     "device_unavailable",
@@ -80,6 +81,8 @@ ORDER = (
     "non_finite_logits",
     "process_group_not_initialized",
     "rendezvous_port_in_use",
+    # last but the LLM: it only says why the evidence is missing
+    "rank0_log_empty",
     "llm_repairer",
 )
 

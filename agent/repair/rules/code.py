@@ -312,11 +312,21 @@ def _decode_mask_facts(failure: Failure, found: re.Match) -> dict | None:
 
 # 4. a MoE / quantized model class without `process_weights_after_loading`: the framework skips the
 # weight repacking and aclnnGroupedMatmul reports `Dim 1 mismatch`.
-_GROUPED_MATMUL = re.compile(r"aclnnGroupedMatmul\S*.*Dim 1 mismatch|GroupedMatmul.*[Dd]im 1 mismatch")
+_GROUPED_MATMUL = re.compile(r"aclnnGroupedMatmul\S*.*Dim 1 mismatch|GroupedMatmul.*[Dd]im 1 mismatch"
+                             r"|(?P<matmul>mat1 and mat2 shapes cannot be multiplied)")
+# ... or, before any MoE layer, the first linear layer: upstream's UnquantizedLinearMethod.apply multiplies by
+# the weight its process_weights_after_loading transposes (module/linear.py), so a model without the hook
+# stops at `torch.matmul(x, layer.weight.data)` (off an NPU the stand-in's run shows it first)
+_HOOK_DEF = "def process_weights_after_loading"
 _MODEL_CLASS = re.compile(r"^class (\w+ForCausalLM)\b", re.M)
 
 
 def _process_weights_facts(failure: Failure, found: re.Match) -> dict | None:
+    if found.group("matmul"):
+        # only where the shape error is in a layer method whose weights the hook prepares
+        files = {Path(file) for file, _ in failure.frames[-3:]}
+        if not any(path.is_file() and _HOOK_DEF in path.read_text(errors="replace") for path in files):
+            return None
     for path in failure.recipe.code_files():
         for name in _MODEL_CLASS.findall(path.read_text(errors="replace")):
             if rewrite_file(path, [command(AddProcessWeightsAfterLoadingCommand, class_name=name)], dry_run=True):

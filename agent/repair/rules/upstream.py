@@ -8,6 +8,17 @@ references/common_issues.md), that a run off an NPU (the npu stand-in) shows:
   divide the checkpoint's vocab (module.utils.ensure_divisibility). The fix sets it to the largest
   divisor of world_size that divides the vocab (a YAML line edit).
 
+* `yaml_key_of_old_schema`: a framework YAML with a key of the old, flat schema at the top
+  (`model_path:` where InferenceConfig reads `model_config.model_path`), which the executor ignores
+  silently (agent.recipe.upstream_schema checks it before a stand-in run). The fix moves the line
+  into its section (a line edit: its value and comment kept); where the section already has the key
+  the top-level one is dead and only reported.
+
+* `rank0_log_empty` (the runtime-debug skill's "rank 0's stdout goes through tee and can be cut"):
+  log_0.log is empty while the run did not succeed. Reported, as the skill does (read log_1.log,
+  which is not tee'd), with the launch line when it is what cut it: a redirect of rank 0's stdout
+  before `| tee` in the checkout's function.sh (or the recipe's own launch), and upstream's form of it.
+
 A models/<name>/models/__init__.py that shadows the namespace (common issue 1) is
 agent.repair.rules.files' `models_init_shadows_package`, which applies to these recipes as they are.
 Every fix is a line inserted or a value set; the rest of upstream's bytes stay, backed up first.
@@ -18,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from pathlib import Path
 
 from agent.repair.failure import Failure
 from agent.repair.rules._util import edit_yaml_line
@@ -96,6 +108,88 @@ def _fix_vocab(failure: Failure, facts: dict, ctx: RepairContext) -> str:
     return f"{note} (vocab {facts['vocab']} is not divisible by lmhead_tp_size {facts['lmhead_tp_size']})"
 
 
+# ---- a key of the old schema at the top of a framework YAML ------------------------------------
+_OLD_KEY = re.compile(r"InferenceConfig ignores the top-level key '(?P<key>\w+)' of (?P<yaml>\S+) \(old schema\): "
+                      r"\S+ reads it as (?P<section>\w+)\.")
+
+
+def _old_key_facts(failure: Failure, found: re.Match) -> dict | None:
+    from agent.recipe.upstream_schema import check
+
+    path = failure.recipe_dir / found.group("yaml")
+    if not path.is_file() or not any(f"'{found.group('key')}'" in line
+                                     for line in check(path, failure.recipe.repo_root)):
+        return None
+    section = failure.recipe.settings(path).get(found.group("section"))
+    return {**found.groupdict(), "path": str(path),
+            "already": isinstance(section, dict) and found.group("key") in section}
+
+
+def _fix_old_key(failure: Failure, facts: dict, ctx: RepairContext) -> str:
+    from agent.recipe.textfile import read_source, write_source
+
+    key, section, path = facts["key"], facts["section"], Path(facts["path"])
+    if facts["already"]:
+        return (f"{facts['yaml']}: the top-level {key!r} is ignored (old schema) and {section}.{key} is set: "
+                f"the top-level line is dead; remove it (nothing changed)")
+    original = path.read_bytes()
+    lines = read_source(path).splitlines(keepends=True)
+    start = next(i for i, line in enumerate(lines) if re.match(rf"{key}\s*:", line))
+    end = start + 1
+    while end < len(lines) and lines[end].startswith((" ", "\t")):     # a block value: its lines move too
+        end += 1
+    moved, rest = lines[start:end], lines[:start] + lines[end:]
+    header = next((i for i, line in enumerate(rest) if re.match(rf"{section}\s*:", line)), None)
+    if header is None:
+        rest = rest + ([] if not rest or rest[-1].endswith("\n") else ["\n"]) + [f"{section}:\n"]
+        header, indent = len(rest) - 1, "  "
+    else:
+        child = next((ln for ln in rest[header + 1:] if ln.strip() and not ln.lstrip().startswith("#")), "  ")
+        indent = child[:len(child) - len(child.lstrip())] or "  "
+    moved = [indent + line if line.strip() else line for line in moved]
+    if not moved[-1].endswith("\n"):
+        moved[-1] += "\n"
+    write_source(path, "".join(rest[:header + 1] + moved + rest[header + 1:]), original)
+    return (f"{facts['yaml']}: moved the top-level {key!r} (old schema, ignored by InferenceConfig) into "
+            f"{section} (line {header + 2})")
+
+
+# ---- rank 0's log is empty: its stdout was cut ------------------------------------------------
+_RANK0_SILENT = re.compile(r"rank 0's log log_0\.log is empty although the run did not succeed[^\n]*")
+_TEE_LINE = re.compile(r"^\s*(?P<cmd>.*)\|\s*tee\s+\S*log_\$\{?LOCAL_RANK\}?\.log.*$", re.M)
+_STDOUT_AWAY = re.compile(r"(?<![&2])>\s*(?!&)\S+|&>\s*\S+|>\s*/dev/null")
+UPSTREAM_TEE = '"${cmd[@]}" 2>&1 | tee ${WORK_DIR}/${RES_PATH}/log_${LOCAL_RANK}.log &'
+
+
+def _rank0_facts(failure: Failure, found: re.Match) -> dict | None:
+    facts = {"others": found.group(0).partition("; ")[2], "line": None}
+    root = failure.recipe.repo_root
+    for script in filter(None, [failure.recipe_dir / "infer.sh",
+                                root / "executor" / "scripts" / "function.sh" if root else None]):
+        text = script.read_text(errors="replace") if script.is_file() else ""
+        for tee in _TEE_LINE.finditer(text):
+            base = root if root and root in script.parents else failure.recipe_dir
+            facts.update(file=script.relative_to(base).as_posix(), number=text[:tee.start()].count("\n") + 1,
+                         line=tee.group(0).strip())
+            away = _STDOUT_AWAY.search(tee.group("cmd"))
+            facts["away"] = away.group(0).strip() if away else None
+            return facts
+    return None         # no launch line tees rank 0: not upstream's launch, not this rule
+
+
+def _report_rank0(failure: Failure, facts: dict, ctx: RepairContext) -> str:
+    others = f" ({facts['others']})" if facts["others"] else ""
+    read = "read log_1.log, which the other ranks write without tee" + others if facts["others"] else \
+        "run it again with 2 ranks or read the output of the command itself"
+    if facts.get("away"):
+        return (f"rank 0's stdout was cut: {facts['file']}:{facts['number']} sends it to "
+                f"'{facts['away']}' before `| tee` (`{facts['line']}`); upstream's launch line is "
+                f"`{UPSTREAM_TEE}`: restore it; meanwhile {read} (nothing changed)")
+    where = f" ({facts['file']}:{facts['number']} tees it)"
+    return (f"rank 0's stdout was cut or not flushed{where}: the runtime-debug skill's 'tee 截断'; {read}; "
+            "judge the run by its processes and the other ranks' 'model run success' (nothing changed)")
+
+
 RULES = [
     Rule("checkout_not_on_pythonpath", _CHECKOUT_MODULE_MISSING,
          "the recipe's infer.sh does not put the checkout on PYTHONPATH: its shared modules are not found",
@@ -103,4 +197,10 @@ RULES = [
     Rule("vocab_not_divisible_by_lmhead_tp", _NOT_DIVISIBLE,
          "the checkpoint's vocab is not divisible by parallel_config.lmhead_tp_size",
          _fix_vocab, facts=_vocab_facts, where=("output",), kind=Kind.YAML),
+    Rule("rank0_log_empty", _RANK0_SILENT,
+         "rank 0's log is empty although the run did not succeed: its stdout (tee'd by the launch script) was cut",
+         _report_rank0, facts=_rank0_facts, where=("output",), kind=Kind.REPORT),
+    Rule("yaml_key_of_old_schema", _OLD_KEY,
+         "a framework YAML has a key of the old, flat schema at the top, which InferenceConfig ignores silently",
+         _fix_old_key, facts=_old_key_facts, where=("output",), kind=Kind.YAML),
 ]
