@@ -125,6 +125,7 @@ def _bytes_of(folder: Path) -> int:
     return sum(-(-max(p.stat().st_size, 1) // 4096) * 4096 for p in folder.rglob("*") if p.is_file() or p.is_dir())
 
 
+@pytest.mark.slow  # exit 74 is covered by default by the disk-full case below
 def test_read_only_recipe_is_one_line_and_untouched(working_recipe, tmpfs):
     point = tmpfs("64m")
     recipe = point / "fi"
