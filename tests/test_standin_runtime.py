@@ -479,3 +479,23 @@ def test_our_own_recipe_runs_under_the_standin_and_its_baseline_says_so(working_
 
     baseline, _ = collect(str(log_dir), str(config))
     assert baseline["environment"]["device"] == "cpu (npu stand-in)" and "standin" in baseline
+
+
+def test_record_stream_on_a_host_stream_is_captured_as_nothing(tmp_path):
+    """upstream's multi-stream decode (executor/utils/stream_utils.record_stream) in a fullgraph capture:
+    dynamo takes only torch.Stream objects; recording on a host stream keeps nothing alive, in a graph too."""
+    proc, usage = run_standin(tmp_path, """
+        import torch, torch_npu
+        side = torch.npu.Stream()
+        def step(x):
+            y = x * 2
+            y.record_stream(side)
+            return y + 1
+        compiled = torch.compile(step, fullgraph=True, backend="npugraph_ex")
+        x = torch.randn(3)
+        torch.testing.assert_close(compiled(x), x * 2 + 1)
+        print("ok")
+    """, env={"NPU_STANDIN_COMPILE": "capture"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert usage["runtime"]["record_stream on a host stream (captured: nothing to keep alive)"] >= 1
+    assert usage["compiles"]["step [npugraph_ex]"]["mode"] == "capture"
