@@ -148,7 +148,8 @@ def _trace_host_record_stream() -> None:
 
     def method_record_stream(self, tx, stream):
         if isinstance(getattr(stream, "value", None), HostStream):
-            record.runtime("record_stream on a host stream (captured: nothing to keep alive)")
+            record.note("captured-record-stream", "record_stream on a host stream in a captured graph: nothing "
+                                                  "to keep alive (host program order)", echo=False)
             return ConstantVariable.create(None)
         return real(self, tx, stream)
 
@@ -160,4 +161,5 @@ def install() -> None:
         return
     _installed["done"] = True
     torch.compile = compile
+    record.compiling = torch.compiler.is_compiling
     _trace_host_record_stream()
