@@ -507,3 +507,16 @@ def test_record_stream_on_a_host_stream_is_captured_as_nothing(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "nothing to keep alive" in usage["notes"]["captured-record-stream"]
     assert usage["compiles"]["step [npugraph_ex]"]["mode"] == "capture"
+
+
+def test_the_npugraph_ex_package_is_served_as_torch_npu_npugraph_ex(tmp_path):
+    """longcat_flash imports `npugraph_ex` itself: the same compile entry points as torch.npu.npugraph_ex."""
+    proc, usage = run_standin(tmp_path, """
+        import torch, npugraph_ex
+        step = lambda x: x * 3
+        compiled = npugraph_ex.inference.cache_compile(step)
+        torch.testing.assert_close(compiled(torch.ones(2)), torch.full((2,), 3.0))
+        print("ok")
+    """, env={"NPU_STANDIN_COMPILE": "capture"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert any(key.endswith("[npugraph_ex]") for key in usage["compiles"])

@@ -121,6 +121,40 @@ def test_legacy_infer_sh_runs_its_own_text_with_only_the_yaml_name_changed(check
     assert upstream_check.legacy_command(recipe, {**plan, "yaml": plan["source_yaml"]}) is None
 
 
+def test_legacy_infer_sh_with_an_overridable_yaml_name_keeps_its_quotes(checkout):
+    """kimi_k3's infer.sh: export YAML_FILE_NAME="${YAML_FILE_NAME:-NAME.yaml}" — the whole quoted value
+    is replaced, so the script stays valid bash."""
+    import subprocess
+
+    recipe = Recipe.at(checkout / "models" / "pangu_7b")
+    script = recipe.path / "infer.sh"
+    script.write_text(script.read_text().replace(
+        'export YAML_FILE_NAME="openpangu_v5_7b_mxfp8.yaml"',
+        'export YAML_FILE_NAME="${YAML_FILE_NAME:-openpangu_v5_7b_mxfp8.yaml}"'))
+    plan = {"yaml": str(recipe.path / "config" / ".standin" / "openpangu_v5_7b_mxfp8.yaml"),
+            "source_yaml": str(recipe.path / "config" / "openpangu_v5_7b_mxfp8.yaml")}
+    command = upstream_check.legacy_command(Recipe.at(recipe.path), plan)
+    assert 'export YAML_FILE_NAME=".standin/openpangu_v5_7b_mxfp8.yaml" #' in command[2]
+    assert subprocess.run(["bash", "-n", "-c", command[2]], capture_output=True).returncode == 0
+
+
+def test_tiny_config_json_states_what_hub_config_files_state(tmp_path):
+    """rope_scaling with "type" (DeepSeek-V3 / Kimi-K2 read rope_scaling["type"]) and head_dim
+    (Qwen3-MoE's recipe reads config.head_dim, which transformers 5.0's class derives)."""
+    from npu_standin.upstream import _hub_style_config
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4, "rope_parameters": {
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0}}))
+    _hub_style_config(path)
+    config = json.loads(path.read_text())
+    assert config["rope_scaling"]["type"] == config["rope_scaling"]["rope_type"] == "yarn"
+    assert config["head_dim"] == 16 and config["rope_theta"] == 10000.0
+    path.write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4, "head_dim": 32}))
+    _hub_style_config(path)
+    assert json.loads(path.read_text())["head_dim"] == 32                      # stated: kept
+
+
 def test_without_standin_the_answer_stays_exit_4_and_names_standin(pristine):
     proc = run_cli("run", str(pristine / "models" / "qwen"))
     assert proc.returncode == 4, proc.stderr

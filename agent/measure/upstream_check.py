@@ -272,7 +272,9 @@ def launch_env(plan: dict, env: dict, run_dir: Path) -> dict:
     return standin_env(plan.get("device", "cpu"), base=env, record_dir=run_dir / RECORD_DIR)
 
 
-_LEGACY_YAML_RE = re.compile(r"""^(\s*(?:export\s+)?(?:YAML_FILE_NAME|YAML_FILE)=)["']?[^"'\s#]+\.ya?ml["']?""", re.M)
+# the value: a quoted word (which may be "${YAML_FILE_NAME:-default.yaml}") or a bare one, ending in .yaml
+_LEGACY_YAML_RE = re.compile(r"""^(\s*(?:export\s+)?(?:YAML_FILE_NAME|YAML_FILE)=)"""
+                             r"""("[^"\n]*\.ya?ml\}?"|'[^'\n]*\.ya?ml\}?'|[^"'\s#]+\.ya?ml)""", re.M)
 
 
 def legacy_command(recipe: Recipe, plan: dict) -> tuple[str, ...] | None:
