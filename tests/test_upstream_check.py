@@ -266,6 +266,8 @@ def test_a_compiled_op_reached_at_run_time_is_named_at_its_call_site(tmp_path):
     op = from_evidence(proc.stderr, [tmp_path])
     assert (op.name, op.kind, op.where) == ("torch.ops.custom.npu_hc_pre", "AscendC", "models/m/models/mhc.py:5")
     assert from_evidence("ModuleNotFoundError: No module named 'tilelang'", [tmp_path]).kind == "TileLang"
+    # kimi_k3's `import cann_ops_transformer.ops` (CANN ops-transformer kernels)
+    assert from_evidence("No module named 'cann_ops_transformer'", [tmp_path]).kind == "CANN ops-transformer"
     assert from_evidence("ModuleNotFoundError: No module named 'yaml'", [tmp_path]) is None
 
 

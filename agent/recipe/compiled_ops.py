@@ -28,7 +28,7 @@ OP_NAMESPACES = {"custom": "AscendC", "custom_pypto": "PyPTO", "cann_ops_transfo
 # imported module (prefix) -> the kind
 PACKAGES = {"custom_ops": "AscendC", "ops.ascendc": "AscendC", "ops.pypto_python": "PyPTO", "ops.pypto": "PyPTO",
             "pypto": "PyPTO", "tilelang": "TileLang", "tilelang_kernels": "TileLang", "ops.tilelang": "TileLang",
-            "ops.cannbot_dsl": "cannbot DSL"}
+            "ops.cannbot_dsl": "cannbot DSL", "cann_ops_transformer": "CANN ops-transformer"}
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ def message(ops: list[CompiledOp]) -> str:
 
 
 _EVIDENCE = [
-    (re.compile(r"No module named '(?P<name>(?:custom_ops|tilelang|tilelang_kernels|pypto|ops\.(?:pypto_python|pypto|"
+    (re.compile(r"No module named '(?P<name>(?:custom_ops|cann_ops_transformer|tilelang|tilelang_kernels|pypto|ops\.(?:pypto_python|pypto|"
                 r"ascendc|tilelang|cannbot_dsl))[\w.]*)'"), None),
     (re.compile(r"'_OpNamespace' '(?P<ns>custom|custom_pypto|cann_ops_transformer)' object has no attribute "
                 r"'(?P<name>\w+)'"), "ns"),
