@@ -13,7 +13,7 @@ import importlib.abc
 import importlib.machinery
 import sys
 
-SHIM_ROOTS = ("torch_npu", "torchair")
+SHIM_ROOTS = ("torch_npu", "torchair", "npugraph_ex")
 
 
 class _ShimLoader(importlib.abc.Loader):

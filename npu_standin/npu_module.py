@@ -263,6 +263,8 @@ class HostEvent:
 
     def record(self, stream=None):
         record.runtime("torch.npu.Event.record")
+        if record.compiling():         # inside a captured graph: an ordering mark, no host time to take
+            return
         self._time = time.perf_counter()
 
     def wait(self, stream=None) -> None:

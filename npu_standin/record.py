@@ -48,7 +48,19 @@ def op(name: str) -> None:
         OPS[name] += 1
 
 
+def _not_compiling() -> bool:
+    return False
+
+
+# torch.compiler.is_compiling once torch is active (npu_standin.compile.install); record is imported before torch.
+compiling = _not_compiling
+
+
 def runtime(name: str) -> None:
+    # Traced by dynamo (a stream or event call inside a captured region): the count is the eager calls';
+    # the lock is nothing a graph can hold.
+    if compiling():
+        return
     with _lock:
         RUNTIME[name] += 1
 

@@ -182,7 +182,14 @@ def build_torchair() -> dict[str, types.ModuleType]:
                                    experimental, hcom)}
 
 
-BUILDERS = {"torch_npu": build_torch_npu, "torchair": build_torchair}
+def build_npugraph_ex() -> dict:
+    """`import npugraph_ex` (the package behind torch.npu.npugraph_ex): the same compile entry points."""
+    from npu_standin import compile as _compile
+
+    return {"npugraph_ex": _compile.npugraph_ex_module()}
+
+
+BUILDERS = {"torch_npu": build_torch_npu, "torchair": build_torchair, "npugraph_ex": build_npugraph_ex}
 _built: dict[str, types.ModuleType] = {}
 
 
@@ -197,8 +204,8 @@ def module_for(fullname: str) -> types.ModuleType | None:
 
 def not_provided(fullname: str) -> ModuleNotFoundError:
     return ModuleNotFoundError(f"npu stand-in: {fullname} is not provided (the stand-in serves torch_npu, "
-                               "torch_npu.npu, torch_npu.profiler, torch_npu._C._distributed_c10d and torchair's "
-                               "compile, scope and ops)", name=fullname)
+                               "torch_npu.npu, torch_npu.profiler, torch_npu._C._distributed_c10d, torchair's "
+                               "compile, scope and ops, and npugraph_ex)", name=fullname)
 
 
 def register_all() -> None:

@@ -50,7 +50,12 @@ def _hub_style_config(path: Path) -> None:
     if isinstance(rope, dict) and "rope_theta" in rope and "rope_theta" not in config:
         config["rope_theta"] = rope["rope_theta"]
         if rope.get("rope_type", "default") != "default":
-            config.setdefault("rope_scaling", dict(rope))
+            # the hub's files name the scaling "type" (DeepSeek-V3, Kimi-K2), newer ones "rope_type": both
+            config.setdefault("rope_scaling", {**rope, "type": rope["rope_type"]})
+    heads, hidden = config.get("num_attention_heads"), config.get("hidden_size")
+    if "head_dim" not in config and isinstance(heads, int) and isinstance(hidden, int) and heads:
+        # the hub's config.json states it (Qwen3-MoE); transformers' class may derive it (hidden / heads)
+        config["head_dim"] = hidden // heads
     path.write_text(json.dumps(config, indent=2) + "\n")
 
 

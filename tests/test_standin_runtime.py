@@ -479,3 +479,44 @@ def test_our_own_recipe_runs_under_the_standin_and_its_baseline_says_so(working_
 
     baseline, _ = collect(str(log_dir), str(config))
     assert baseline["environment"]["device"] == "cpu (npu stand-in)" and "standin" in baseline
+
+
+def test_record_stream_on_a_host_stream_is_captured_as_nothing(tmp_path):
+    """upstream's multi-stream decode (executor/utils/stream_utils: record_stream, events, a side stream)
+    in a fullgraph capture: dynamo takes only torch.Stream objects; recording on a host stream keeps
+    nothing alive, in a graph too, and the host's program order needs no event inside one."""
+    proc, usage = run_standin(tmp_path, """
+        import torch, torch_npu
+        side = torch.npu.Stream()
+        events = [torch.npu.Event(), torch.npu.Event()]
+        def step(x):
+            y = x * 2
+            y.record_stream(side)
+            events[0].record()
+            with torch.npu.stream(side):
+                events[0].wait()
+                z = y + 1
+                events[1].record()
+            events[1].wait()
+            return z
+        compiled = torch.compile(step, fullgraph=True, backend="npugraph_ex")
+        x = torch.randn(3)
+        torch.testing.assert_close(compiled(x), x * 2 + 1)
+        print("ok")
+    """, env={"NPU_STANDIN_COMPILE": "capture"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "nothing to keep alive" in usage["notes"]["captured-record-stream"]
+    assert usage["compiles"]["step [npugraph_ex]"]["mode"] == "capture"
+
+
+def test_the_npugraph_ex_package_is_served_as_torch_npu_npugraph_ex(tmp_path):
+    """longcat_flash imports `npugraph_ex` itself: the same compile entry points as torch.npu.npugraph_ex."""
+    proc, usage = run_standin(tmp_path, """
+        import torch, npugraph_ex
+        step = lambda x: x * 3
+        compiled = npugraph_ex.inference.cache_compile(step)
+        torch.testing.assert_close(compiled(torch.ones(2)), torch.full((2,), 3.0))
+        print("ok")
+    """, env={"NPU_STANDIN_COMPILE": "capture"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert any(key.endswith("[npugraph_ex]") for key in usage["compiles"])

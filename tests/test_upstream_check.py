@@ -104,7 +104,10 @@ def test_tiny_plan_points_a_copy_of_the_yaml_at_a_tiny_checkpoint(checkout):
     assert copy.parent == recipe.path / "res" / ".migrator" / "standin" / "config" and plan["tiny"] and plan["model_type"] == "deepseek_v3"
     data = recipe.settings(copy)
     assert data["model_config"]["model_path"] == plan["checkpoint"]
-    assert json.loads((Path(plan["checkpoint"]) / "config.json").read_text())["model_type"] == "deepseek_v3"
+    config = json.loads((Path(plan["checkpoint"]) / "config.json").read_text())
+    assert config["model_type"] == "deepseek_v3"
+    # its MLA caches are FRACTAL_NZ, 16-wide blocks (modeling_deepseek.py's KV_CACHE_NZ_DIM)
+    assert config["kv_lora_rank"] % 16 == 0 and config["qk_rope_head_dim"] % 16 == 0
     # 16 ranks (embed/lmhead tp 16) cut to 2; the 1s stay 1
     assert data["parallel_config"] == {"world_size": 2, "attn_tp_size": 1, "dense_tp_size": 1, "moe_tp_size": 1,
                                        "embed_tp_size": 2, "lmhead_tp_size": 2}
@@ -147,6 +150,40 @@ def test_legacy_infer_sh_runs_its_own_text_with_only_the_yaml_name_changed(check
                                  .splitlines()) if a != b]
     assert changed == ['export YAML_FILE_NAME="../res/.migrator/standin/config/openpangu_v5_7b_mxfp8.yaml" # modify '
                        'to your yaml file name']
+
+
+def test_legacy_infer_sh_with_an_overridable_yaml_name_keeps_its_quotes(checkout):
+    """kimi_k3's infer.sh: export YAML_FILE_NAME="${YAML_FILE_NAME:-NAME.yaml}" — the whole quoted value
+    is replaced, so the script stays valid bash."""
+    import subprocess
+
+    recipe = Recipe.at(checkout / "models" / "pangu_7b")
+    script = recipe.path / "infer.sh"
+    script.write_text(script.read_text().replace(
+        'export YAML_FILE_NAME="openpangu_v5_7b_mxfp8.yaml"',
+        'export YAML_FILE_NAME="${YAML_FILE_NAME:-openpangu_v5_7b_mxfp8.yaml}"'))
+    plan = {"yaml": str(recipe.path / "config" / ".standin" / "openpangu_v5_7b_mxfp8.yaml"),
+            "source_yaml": str(recipe.path / "config" / "openpangu_v5_7b_mxfp8.yaml")}
+    command = upstream_check.legacy_command(Recipe.at(recipe.path), plan)
+    assert 'export YAML_FILE_NAME=".standin/openpangu_v5_7b_mxfp8.yaml" #' in command[2]
+    assert subprocess.run(["bash", "-n", "-c", command[2]], capture_output=True).returncode == 0
+
+
+def test_tiny_config_json_states_what_hub_config_files_state(tmp_path):
+    """rope_scaling with "type" (DeepSeek-V3 / Kimi-K2 read rope_scaling["type"]) and head_dim
+    (Qwen3-MoE's recipe reads config.head_dim, which transformers 5.0's class derives)."""
+    from npu_standin.upstream import _hub_style_config
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4, "rope_parameters": {
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0}}))
+    _hub_style_config(path)
+    config = json.loads(path.read_text())
+    assert config["rope_scaling"]["type"] == config["rope_scaling"]["rope_type"] == "yarn"
+    assert config["head_dim"] == 16 and config["rope_theta"] == 10000.0
+    path.write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4, "head_dim": 32}))
+    _hub_style_config(path)
+    assert json.loads(path.read_text())["head_dim"] == 32                      # stated: kept
 
 
 def test_without_standin_the_answer_stays_exit_4_and_names_standin(pristine):
@@ -280,6 +317,8 @@ def test_a_compiled_op_reached_at_run_time_is_named_at_its_call_site(tmp_path):
     op = from_evidence(proc.stderr, [tmp_path])
     assert (op.name, op.kind, op.where) == ("torch.ops.custom.npu_hc_pre", "AscendC", "models/m/models/mhc.py:5")
     assert from_evidence("ModuleNotFoundError: No module named 'tilelang'", [tmp_path]).kind == "TileLang"
+    # kimi_k3's `import cann_ops_transformer.ops` (CANN ops-transformer kernels)
+    assert from_evidence("No module named 'cann_ops_transformer'", [tmp_path]).kind == "CANN ops-transformer"
     assert from_evidence("ModuleNotFoundError: No module named 'yaml'", [tmp_path]) is None
 
 
@@ -328,20 +367,42 @@ def test_baseline_standin_tiny_writes_one_row_per_model(checkout, tmp_path):
     assert proc.returncode == 1          # pangu_7b stops in its own modeling code (see the note)
 
 
-@pytest.mark.slow
-def test_deepseek_r1_goes_as_far_as_the_stand_in_has_kernels(checkout):
-    """DeepSeek-R1 (MLA, MoE) on one rank: its YaRN tiny checkpoint loads through upstream's own code and
-    the run stops at the first MLA cache kernel the stand-in has no reference for: exit 4, named."""
+def _deepseek_r1_runnable():
     import importlib.util
 
     pytest.importorskip("compressed_tensors", reason="deepseek_r1's requirements.txt: compressed-tensors")
     if importlib.util.find_spec("transformers.modeling_attn_mask_utils") is None:
         pytest.skip("deepseek_r1's modules import transformers.modeling_attn_mask_utils (upstream pins 5.0.0)")
-    proc, _ = run_standin(checkout, "deepseek_r1", "--yaml", "decode_r1_rank_16_16ep_a8w8.yaml")
-    assert proc.returncode == 4, proc.stderr[-3000:]
-    line = proc.stderr.strip().splitlines()[-1]
-    assert "needs an Ascend NPU: torch_npu.npu_kv_rmsnorm_rope_cache_v2 has no reference kernel" in line
-    assert "models/deepseek_r1/models/modeling_deepseek.py:" in line
+
+
+@pytest.mark.slow
+def test_deepseek_r1_two_ranks_runs_mla_and_moe_tp_through_upstreams_code_to_a_parity_record(checkout):
+    """DeepSeek-R1 (MLA with FRACTAL_NZ caches, npu_mla_prolog_v3 decode, MoE TP) at 2 ranks on upstream's
+    16-rank TP YAML: prefill and graph-mode decode run; the parity record is located layer by layer
+    (layer 0, dense, at bf16 noise; the MoE layer's routing near-ties on random weights are the finding)."""
+    _deepseek_r1_runnable()
+    proc, summary = run_standin(checkout, "deepseek_r1", "--yaml", "decode_r1_rank_16_16tp_a8w8.yaml",
+                                "--world-size", "2")
+    assert proc.returncode in (0, 1) and "Traceback" not in proc.stderr, (proc.stdout + proc.stderr)[-3000:]
+    baseline = json.loads(Path(summary["baseline_path"]).read_text())
+    assert baseline["standin"]["world_size"] == 2 and baseline["verification"]["all_ranks_success"]
+    parity = baseline["verification"]["parity"]
+    assert parity["reference"] == "transformers DeepseekV3ForCausalLM (npu stand-in)" and parity["checked"]
+    assert parity["max_abs_logits_diff"] <= parity["tolerance"]
+    assert len(parity["layer_relative_errors"]) == 2 and parity["layer_relative_errors"][0] < 0.05
+    if proc.returncode == 1:
+        assert "diverges from transformers at decoder layer" in summary["message"]
+
+
+@pytest.mark.slow
+def test_deepseek_r1_one_rank_stops_in_its_own_moe_ep_code(checkout):
+    """At one rank moe_tp_size is 1, so the MoE runs its EP path, whose all_to_all needs a process group
+    upstream's engine creates only for world_size > 1: the recipe's own limit, named at its line."""
+    _deepseek_r1_runnable()
+    proc, summary = run_standin(checkout, "deepseek_r1", "--yaml", "decode_r1_rank_16_16ep_a8w8.yaml")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "without an initialised process group" in summary["message"]
+    assert "models/deepseek_r1/models/modeling_deepseek.py:" in summary["message"]
 
 
 def test_standin_process_groups_answer_get_hccl_comm_name(tmp_path):

@@ -55,9 +55,10 @@ LAYER_RELATIVE_TOLERANCE = 0.1
 # weights' shapes, its build overrides, config.json keys the recipe's class reads).
 # Settings of the published checkpoints a recipe's code relies on that transformers' defaults lack:
 # DeepSeek-V3/R1's config.json has YaRN rope scaling, which its modeling code reads (rope_scaling["factor"]);
-# the tiny one scales 128 positions to its 512.
+# the tiny one scales 128 positions to its 512. Its attention keeps the KV caches in FRACTAL_NZ, 16-wide
+# blocks (KV_CACHE_NZ_DIM = 16 in modeling_deepseek.py): the latent and rope widths are multiples of 16.
 TINY_SETTINGS = {
-    "deepseek_v3": {"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+    "deepseek_v3": {"kv_lora_rank": 32, "qk_rope_head_dim": 16, "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                                         "original_max_position_embeddings": 128, "beta_fast": 32.0,
                                         "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}},
 }
@@ -296,9 +297,9 @@ def launch_env(plan: dict, env: dict, run_dir: Path) -> dict:
     return standin_env(plan.get("device", "cpu"), base=env, record_dir=run_dir / RECORD_DIR)
 
 
-# NAME=file.yaml, "file.yaml", or a default the environment may override: "${NAME:-file.yaml}" (kimi_k3)
-_LEGACY_YAML_RE = re.compile(r"""^(\s*(?:export\s+)?(?:YAML_FILE_NAME|YAML_FILE)=)["']?(?:\$\{\w+:-)?[^"'\s#}]+\.ya?ml\}?["']?""",
-                             re.M)
+# the value: a quoted word (which may be "${YAML_FILE_NAME:-default.yaml}") or a bare one, ending in .yaml
+_LEGACY_YAML_RE = re.compile(r"""^(\s*(?:export\s+)?(?:YAML_FILE_NAME|YAML_FILE)=)"""
+                             r"""("[^"\n]*\.ya?ml\}?"|'[^'\n]*\.ya?ml\}?'|[^"'\s#]+\.ya?ml)""", re.M)
 
 
 def legacy_command(recipe: Recipe, plan: dict) -> tuple[str, ...] | None:

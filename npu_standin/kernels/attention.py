@@ -277,6 +277,8 @@ def _to_layout(bnsd: torch.Tensor, dst: str) -> torch.Tensor:
 
 def _value_d(value, block_table, layout, kv_heads):
     if block_table is not None:
+        if value.dim() == 5:                    # FRACTAL_NZ (blocks, KV_N, D // c0, block_size, c0)
+            return value.shape[2] * value.shape[4]
         return value.shape[-1] // kv_heads if value.dim() == 3 else value.shape[-1]
     src, _ = _split_layout(layout)
     return value.shape[-1] // kv_heads if src == "BSH" else value.shape[-1]
@@ -307,6 +309,32 @@ def _refuse_quant(op, **tensors):
     given = [name for name, value in tensors.items() if value is not None]
     if given:
         refuse(op, f"{', '.join(given)} (a quantized path)")
+
+
+def nd_paged(cache):
+    """A paged cache given in FRACTAL_NZ, (blocks, KV_N, D // c0, block_size, c0), as the documented ND
+    (blocks, KV_N, block_size, D); any other tensor as it is."""
+    if cache is None or cache.dim() != 5:
+        return cache
+    blocks, heads, d1, block_size, c0 = cache.shape
+    return cache.permute(0, 1, 3, 2, 4).reshape(blocks, heads, block_size, d1 * c0)
+
+
+def _mla_inputs(op, query, key, value, query_rope, key_rope, layout, block_table):
+    """MLA (query_rope and key_rope given): the scores are q.k + q_rope.k_rope, i.e. the attention of
+    the concatenated (q, q_rope) and (k, k_rope) over value as it is. Paged NZ caches read as ND."""
+    if block_table is not None:
+        key, value, key_rope = nd_paged(key), nd_paged(value), nd_paged(key_rope)
+    if query_rope is None and key_rope is None:
+        return query, key, value, False
+    if query_rope is None or key_rope is None:
+        raise ValueError(f"{op}: query_rope and key_rope are given together or not at all (MLA)")
+    src, _ = _split_layout(layout)
+    if src == "BSH" or (block_table is not None and key.dim() == 3):
+        refuse(op, f"query_rope/key_rope with input_layout={layout!r} or a (blocks, block_size, H) cache")
+    query = torch.cat((query, query_rope.to(query.dtype)), dim=-1)
+    key = torch.cat((key, key_rope.to(key.dtype)), dim=-1)
+    return query, key, value, True
 
 
 # ---- v1 -------------------------------------------------------------------------------------
@@ -343,13 +371,12 @@ def _v1(query, key, value, *, pse_shift=None, atten_mask=None, actual_seq_length
         refuse(op, "query_padding_size/kv_padding_size (left padding)")
     if key_shared_prefix is not None or value_shared_prefix is not None:
         refuse(op, "key_shared_prefix/value_shared_prefix")
-    if query_rope is not None or key_rope is not None:
-        refuse(op, "query_rope/key_rope (MLA)")
+    query, key, value, rope = _mla_inputs(op, query, key, value, query_rope, key_rope, input_layout, block_table)
     return _attention(op, query, key, value, layout=input_layout, num_heads=num_heads,
                       num_kv_heads=num_key_value_heads, scale=scale, atten_mask=atten_mask, pse_shift=pse_shift,
                       actual_q=actual_seq_lengths, actual_kv=actual_seq_lengths_kv, block_table=block_table,
                       block_size=block_size, sparse_mode=sparse_mode, pre_tokens=pre_tokens,
-                      next_tokens=next_tokens, sink=None, want_lse=softmax_lse_flag)
+                      next_tokens=next_tokens, sink=None, want_lse=softmax_lse_flag, rope=rope)
 
 
 def _v1_fake(query, key, value, *, block_table=None, num_heads=1, input_layout="BSH", num_key_value_heads=0,
@@ -400,8 +427,7 @@ def _v2(query, key, value, *, query_rope=None, key_rope=None, pse_shift=None, at
                   quant_scale_out=quant_scale_out, quant_offset_out=quant_offset_out, quant_scale_p=quant_scale_p)
     if out_dtype is not None or query.dtype in (torch.int8, torch.uint8):
         refuse(op, "int8 / fp8 inputs or out_dtype (a quantized path)")
-    if query_rope is not None or key_rope is not None:
-        refuse(op, "query_rope/key_rope (MLA)")
+    query, key, value, rope = _mla_inputs(op, query, key, value, query_rope, key_rope, input_layout, block_table)
     if learnable_sink is not None and _split_layout(input_layout)[0] not in ("TND", "NTD"):
         raise ValueError(f"{op}: learnable_sink is supported with TND / NTD_TND only, got {input_layout}")
     return _attention(op, query, key, value, layout=input_layout, num_heads=num_query_heads,
@@ -409,7 +435,7 @@ def _v2(query, key, value, *, query_rope=None, key_rope=None, pse_shift=None, at
                       pse_shift=pse_shift, actual_q=actual_seq_qlen, actual_kv=actual_seq_kvlen,
                       block_table=block_table, block_size=block_size, sparse_mode=sparse_mode,
                       pre_tokens=pre_tokens, next_tokens=next_tokens, sink=learnable_sink,
-                      want_lse=return_softmax_lse)
+                      want_lse=return_softmax_lse, rope=rope)
 
 
 def _v2_fake(query, key, value, *, block_table=None, num_query_heads=1, num_key_value_heads=0, input_layout="BSH",

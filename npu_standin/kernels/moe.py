@@ -127,20 +127,23 @@ def _finalize_fake(expanded_permuted_rows, skip1, skip2, bias, scales, expanded_
            "Tensor? scales, Tensor expanded_src_to_dst_row, Tensor? export_for_source_row, int? drop_pad_mode=0, "
            "int? k=1) -> Tensor",
            formulation="out[i] = skip1[i] + skip2[i] + sum_k scales[i,k] * (rows[src_to_dst[i + k*R]] "
-                       "+ bias[expert[i,k]]), fp32 accumulate",
+                       "+ bias[expert[i,k]]), fp32 accumulate; drop_pad_mode 2: src_to_dst[i*K + k] (by row)",
            test="tests/test_standin_kernels.py::test_moe_routing_chain_matches_transformers_gpt_oss_experts",
            fake=_finalize_fake)
 def npu_moe_finalize_routing(expanded_permuted_rows, skip1, skip2, bias, scales, expanded_src_to_dst_row,
                              export_for_source_row, drop_pad_mode=0, k=1):
-    if drop_pad_mode not in (None, 0):
-        refuse("npu_moe_finalize_routing", f"drop_pad_mode={drop_pad_mode}")
+    if drop_pad_mode not in (None, 0, 2):
+        refuse("npu_moe_finalize_routing", f"drop_pad_mode={drop_pad_mode} (expert capacity dropping)")
     if scales is not None:
         rows, topk = scales.shape
     else:
         topk = k or 1
         rows = expanded_src_to_dst_row.shape[0] // topk
     permuted = expanded_permuted_rows.float()
-    src_to_dst = expanded_src_to_dst_row.long().reshape(topk, rows)       # [k, rows]: position i + k*rows
+    if drop_pad_mode == 2:         # "by row": position i*k + j, as npu_moe_init_routing_v2 writes it
+        src_to_dst = expanded_src_to_dst_row.long().reshape(rows, topk).t()
+    else:                          # "by column": position i + j*rows
+        src_to_dst = expanded_src_to_dst_row.long().reshape(topk, rows)       # [k, rows]
     gathered = permuted[src_to_dst]                                         # [k, rows, H]
     if bias is not None:
         experts = export_for_source_row.long().t()                          # [k, rows]
