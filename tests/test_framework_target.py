@@ -113,7 +113,8 @@ def test_framework_recipe_is_upstreams_layout_and_nothing_else_changes(migrated)
     assert Recipe.at(recipe).kind == "framework"
     files = sorted(p.relative_to(recipe).as_posix() for p in recipe.rglob("*")
                    if p.is_file() and "res" not in p.relative_to(recipe).parts)
-    assert files == ["README.md", "config/tiny_llama.yaml", "models/configuration_tiny_llama.py",
+    assert files == ["README.md", "config/tiny_llama.yaml", "config/tiny_llama_npugraph_ex.yaml",
+                     "models/configuration_tiny_llama.py",
                      "models/modeling_tiny_llama.py", "models/modeling_tiny_llama_framework.py", "requirements.txt"]
     assert not (recipe / "models" / "__init__.py").exists()        # upstream: no __init__.py there
     # git sees the recipe folder and the registry, nothing else (our state is under ignored res/)
@@ -233,15 +234,49 @@ def check_two_prompts(logs, checkpoint, ranks, input_len: int = 504):
     print(f"parity ranks={ranks}: prompt tokens, fp32-equal, bf16 ties = {figures}")
 
 
-def test_framework_recipe_runs_through_upstreams_infer_sh_with_parity(migrated, tmp_path):
-    checkout, recipe = migrated["checkout"], migrated["recipe"]
-    yaml_name = two_prompt_yaml(recipe, tmp_path, 1)
-    proc, logs, usage = run_framework(checkout, "tiny_llama", yaml_name, tmp_path)
+@pytest.fixture(scope="module")
+def eager_run(migrated, tmp_path_factory):
+    """The recipe's eager YAML on the batch of two prompts through upstream's infer.sh (one rank)."""
+    tmp_path = tmp_path_factory.mktemp("eager_run")
+    yaml_name = two_prompt_yaml(migrated["recipe"], tmp_path, 1)
+    proc, logs, usage = run_framework(migrated["checkout"], "tiny_llama", yaml_name, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return {"logs": logs, "usage": usage, "texts": {i: upstream.outputs(log) for i, log in enumerate(logs)}}
+
+
+def test_framework_recipe_runs_through_upstreams_infer_sh_with_parity(migrated, eager_run):
+    logs, usage = eager_run["logs"], eager_run["usage"]
     text = logs[0].read_text()
     assert "Traceback" not in text and "Initializing KV cache with PageAttention management" in text
     check_two_prompts(logs, migrated["checkpoint"], 1)
     assert usage["ranks"] == [0] and not usage["unsupported"]
+
+
+def test_npugraph_ex_yaml_compiles_the_decode_once_and_generates_the_eager_tokens(migrated, eager_run, tmp_path):
+    """config/NAME_npugraph_ex.yaml (exe_mode npugraph_ex, otherwise the eager YAML) under upstream's
+    executor: its warm-up compiles main_decode (torch.compile, fullgraph, backend npugraph_ex: the
+    stand-in's capture of it), the formal decode steps of the two-prompt batch reuse that graph
+    (no recompile), and the texts are the eager run's."""
+    checkout, recipe = migrated["checkout"], migrated["recipe"]
+    graph_yaml = recipe / "config" / "tiny_llama_npugraph_ex.yaml"
+    settings = yaml.safe_load(graph_yaml.read_text())
+    eager_settings = yaml.safe_load((recipe / "config" / "tiny_llama.yaml").read_text())
+    assert settings["model_config"].pop("exe_mode") == "npugraph_ex"
+    assert eager_settings["model_config"].pop("exe_mode") == "eager" and settings == eager_settings
+    eager_name = two_prompt_yaml(recipe, tmp_path, 1)
+    run_settings = yaml.safe_load((recipe / "config" / eager_name).read_text())
+    run_settings["model_config"]["exe_mode"] = "npugraph_ex"
+    (recipe / "config" / "graph_two_prompts.yaml").write_text(yaml.safe_dump(run_settings, sort_keys=False))
+    proc, logs, usage = run_framework(checkout, "tiny_llama", "graph_two_prompts.yaml", tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = logs[0].read_text()
+    assert "Warm-up: triggering graph compilation" in text and "Traceback" not in text, text[-3000:]
+    compiled = {key: entry for key, entry in usage["compiles"].items() if entry.get("backend") == "npugraph_ex"}
+    assert list(compiled) == ["TinyLlamaForCausalLM.main_decode [npugraph_ex]"], usage["compiles"]
+    entry = compiled["TinyLlamaForCausalLM.main_decode [npugraph_ex]"]
+    assert (entry["compiles"], entry["recompiles"]) == (1, 0), entry
+    assert upstream.outputs(logs[0]) == eager_run["texts"][0]
+    print(f"npugraph_ex: {entry}; texts equal to the eager run's: {eager_run['texts'][0]}")
 
 
 @pytest.mark.slow

@@ -51,6 +51,12 @@ def framework_yaml_name(model_name: str, world_size: int = 1) -> str:
     return f"{model_name}.yaml" if world_size <= 1 else f"{model_name}_rank_{world_size}_{world_size}dp.yaml"
 
 
+def framework_graph_yaml_name(model_name: str) -> str:
+    """The single-card npugraph_ex YAML: upstream's "model_rank_N_topology_backend" with the
+    single card's rank and topology left out, as in config/{model_name}.yaml."""
+    return f"{model_name}_npugraph_ex.yaml"
+
+
 def framework_settings(ctx: dict) -> dict:
     """The four-section YAML upstream's InferenceConfig reads (docs/common/inference_config_guide.md),
     as data in its order. The generic model class replicates the weights on every rank, so N ranks
@@ -119,13 +125,21 @@ def parameter_count(model_path: str) -> str:
     return f"{total / 1e9:.1f}B" if total >= 1e8 else f"{total / 1e6:.2f}M"
 
 
-def framework_context(ctx: dict) -> dict:
+def framework_context(ctx: dict, graph: bool = True) -> dict:
+    """What the framework templates add; `graph`: the npugraph_ex YAML too (not for legacy)."""
     name = ctx["model_name"]
     world_size = int(ctx.get("world_size") or 1)
     files = [(framework_yaml_name(name, 1), "单卡 eager")]
+    if graph:
+        files.append((framework_graph_yaml_name(name), "单卡 npugraph_ex 图模式（decode 在 warm-up 编译一次，正式推理复用）"))
     if world_size > 1:
         files.append((framework_yaml_name(name, world_size), f"{world_size} 卡数据并行"))
-    return {"framework_class": framework_class_name(name),
+    extra = {}
+    if graph:
+        extra["graph_settings"] = {section: dict(values) for section, values in ctx["settings"].items()}
+        extra["graph_settings"]["model_config"]["exe_mode"] = "npugraph_ex"
+        extra["graph_yaml_name"] = framework_graph_yaml_name(name)
+    return {**extra, "framework_class": framework_class_name(name),
             "display_name": str(ctx.get("architecture") or name).removesuffix("ForCausalLM") or name,
             "family_label": FAMILY_LABELS.get(ctx["family"].name, ctx["family"].name),
             "hub_link": hub_link(ctx.get("model_source", "")),
@@ -181,7 +195,7 @@ def legacy_data_parallel_yaml(settings: dict, world_size: int) -> dict:
 
 
 def legacy_context(ctx: dict) -> dict:
-    return {**framework_context(ctx), "runner_class": runner_class_name(ctx["model_name"])}
+    return {**framework_context(ctx, graph=False), "runner_class": runner_class_name(ctx["model_name"])}
 
 
 def runner_class_name(model_name: str) -> str:
@@ -276,6 +290,7 @@ TARGETS: dict[str, Target] = {
         layout={
             "framework/modeling_framework.py.j2": "models/modeling_{name}_framework.py",
             "framework/config.yaml.j2": "config/{yaml_name}",
+            "framework/config_npugraph_ex.yaml.j2": "config/{name}_npugraph_ex.yaml",
             "framework/requirements.txt.j2": "requirements.txt",
         },
         readme_template="framework/README.md.j2", yaml_settings=framework_settings, context=framework_context,
