@@ -438,6 +438,9 @@ def test_framework_recipe_of_each_family_matches_transformers(family_checkout, t
     input_len = yaml.safe_load((recipe / "config" / yaml_name).read_text())["data_config"]["input_truncated_len"]
     check_two_prompts(logs, checkpoint, ranks, input_len, tensor_parallel=ranks > 1)
     assert usage["ranks"] == list(range(ranks)) and not usage["unsupported"]
+    # a sliding-window model's cache is upstream's SlidingWindow kind (only the window's blocks kept)
+    kind = "SlidingWindow" if family == "sliding_window" else "FullAttention"
+    assert f"manager_key={kind}, attn_type={kind}" in logs[0].read_text()
 
 
 # ---- the legacy target: a ModelRunner recipe as models/pangu_7b ---------------------------------
