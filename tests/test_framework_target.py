@@ -118,6 +118,9 @@ def test_framework_recipe_is_upstreams_layout_and_nothing_else_changes(migrated)
                      "models/configuration_tiny_llama.py",
                      "models/modeling_tiny_llama.py", "models/modeling_tiny_llama_framework.py", "requirements.txt"]
     assert not (recipe / "models" / "__init__.py").exists()        # upstream: no __init__.py there
+    for name in files:                                             # upstream's end-of-file-fixer hook
+        text = (recipe / name).read_text()
+        assert text.endswith("\n") and not text.endswith("\n\n"), name
     # git sees the recipe folder and the registry, nothing else (our state is under ignored res/)
     status = _git(checkout, "status", "--porcelain", "--untracked-files=all").splitlines()
     assert f" M {REGISTRY.as_posix()}" in status
