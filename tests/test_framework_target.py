@@ -359,14 +359,25 @@ def test_tensor_parallel_plan_splits_the_vendored_model_by_its_own_plan(migrated
 
 
 @pytest.mark.slow
-def test_framework_recipe_at_two_ranks_tensor_parallel(migrated, tmp_path):
+@pytest.mark.parametrize("exe_mode", ["eager", "npugraph_ex"])
+def test_framework_recipe_at_two_ranks_tensor_parallel(migrated, tmp_path, exe_mode):
+    """Two ranks split the model by its plan (all-reduce over gloo); in npugraph_ex mode each rank's
+    decode step, all-reduces included, compiles once and does not recompile."""
     checkout, recipe = migrated["checkout"], migrated["recipe"]
     yaml_name = two_prompt_yaml(recipe, tmp_path, 2)
     parallel = yaml.safe_load((recipe / "config" / "tiny_llama_rank_2_2tp.yaml").read_text())["parallel_config"]
     assert parallel == {"world_size": 2, "attn_tp_size": 2, "moe_tp_size": 2, "embed_tp_size": 1, "lmhead_tp_size": 2}
+    if exe_mode != "eager":
+        settings = yaml.safe_load((recipe / "config" / yaml_name).read_text())
+        settings["model_config"]["exe_mode"] = exe_mode
+        yaml_name = f"tp_{exe_mode}.yaml"
+        (recipe / "config" / yaml_name).write_text(yaml.safe_dump(settings, sort_keys=False))
     proc, logs, usage = run_framework(checkout, "tiny_llama", yaml_name, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     check_two_prompts(logs, migrated["checkpoint"], 2, tensor_parallel=True)
+    if exe_mode != "eager":
+        entry = usage["compiles"]["TinyLlamaForCausalLM.main_decode [npugraph_ex]"]
+        assert (entry["compiles"], entry["recompiles"]) == (2, 0), entry       # one per rank
     assert usage["ranks"] == [0, 1] and usage["runtime"]["hccl->gloo"] == 2
 
 
