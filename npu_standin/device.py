@@ -226,7 +226,6 @@ def _wrap_autocast_init(init):
 
 
 def _wrap_device_type_first(fn):
-    @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         if args and type(args[0]) is str and args[0].startswith("npu"):
             args = (HOST["type"], *args[1:])
@@ -234,6 +233,12 @@ def _wrap_device_type_first(fn):
             kwargs["device_type"] = HOST["type"]
         return fn(*args, **kwargs)
 
+    wrapper = functools.wraps(fn)(wrapper)
+    if fn.__name__.startswith(("is_", "get_")):
+        # Autocast state is fixed while a graph is captured: dynamo takes the getter's answer as a
+        # constant, as it does the real one's (otherwise "torch.* op returned non-Tensor": no graph;
+        # transformers 5.0's rotary embeddings ask torch.is_autocast_enabled(device_type)).
+        wrapper._dynamo_marked_constant = True    # torch.compiler.assume_constant_result, without importing dynamo
     return wrapper
 
 

@@ -234,6 +234,27 @@ def test_compiled_code_can_name_the_npu_device(tmp_path):
     assert proc.stdout.strip() == "ok"
 
 
+def test_compiled_code_can_ask_the_autocast_state(tmp_path):
+    """torch.is_autocast_enabled / get_autocast_dtype, which the stand-in wraps to map "npu" onto the
+    host, are constants in a fullgraph capture as the real ones are (transformers 5.0's rotary
+    embeddings ask them inside the decode step npugraph_ex compiles); the setters still run."""
+    proc, _ = run_standin(tmp_path, """
+        import torch, torch_npu
+        def f(x):
+            if torch.is_autocast_enabled("npu") or torch.is_autocast_enabled(x.device.type):
+                return x + 1
+            return x * 2 if torch.get_autocast_dtype("cpu") == torch.bfloat16 else x * 3
+        g = torch.compile(f, backend="eager", fullgraph=True)
+        x = torch.ones(2)
+        torch.testing.assert_close(g(x), f(x))
+        torch.set_autocast_enabled("npu", True)
+        assert torch.is_autocast_enabled("cpu")
+        print("ok")
+    """)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "ok"
+
+
 def test_standin_is_inactive_unless_asked_for(tmp_path):
     """Its folder on PYTHONPATH without NPU_STANDIN activates nothing: no torch_npu, no npu device."""
     from npu_standin.environment import pythonpath_dir

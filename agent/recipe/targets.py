@@ -47,26 +47,37 @@ def standalone_yaml_name(model_name: str, world_size: int = 1) -> str:
 
 def framework_yaml_name(model_name: str, world_size: int = 1) -> str:
     """upstream's names: config/{model_name}.yaml for one card (its skill's product layout); on N cards
-    "model_rank_N_topology" (the generic model class runs data parallel: NdP)."""
-    return f"{model_name}.yaml" if world_size <= 1 else f"{model_name}_rank_{world_size}_{world_size}dp.yaml"
+    "model_rank_N_topology": N-way tensor parallel (NtP, as models/qwen's qwen3_8b_2tp.yaml)."""
+    return f"{model_name}.yaml" if world_size <= 1 else f"{model_name}_rank_{world_size}_{world_size}tp.yaml"
+
+
+def framework_graph_yaml_name(model_name: str) -> str:
+    """The single-card npugraph_ex YAML: upstream's "model_rank_N_topology_backend" with the
+    single card's rank and topology left out, as in config/{model_name}.yaml."""
+    return f"{model_name}_npugraph_ex.yaml"
 
 
 def framework_settings(ctx: dict) -> dict:
     """The four-section YAML upstream's InferenceConfig reads (docs/common/inference_config_guide.md),
-    as data in its order. The generic model class replicates the weights on every rank, so N ranks
-    run data parallel (attn_tp_size 1: attn_dp_size = world_size), each rank its share of the batch."""
+    as data in its order. On N ranks the model class splits the model N ways by its own
+    tensor-parallel plan (attention, MLP and experts; lm_head over lmhead_tp_group), so one
+    data-parallel group holds the whole batch."""
     world_size = int(ctx.get("world_size") or 1)
-    batch_size = int(ctx.get("batch_size") or world_size)
+    batch_size = int(ctx.get("batch_size") or 1)
     input_len = int(ctx["input_max_len"])
     return {
         "model_config": {"model_name": ctx["model_name"], "model_path": ctx["model_path"],
                          "exe_mode": ctx.get("exe_mode") or "eager", "enable_profiler": False, "with_ckpt": True},
         "data_config": {"dataset": "default", "input_truncated_len": input_len},
-        "parallel_config": {"world_size": world_size, "attn_tp_size": 1, "moe_tp_size": world_size,
-                            "embed_tp_size": 1, "lmhead_tp_size": 1},
+        "parallel_config": framework_parallel(world_size),
         "scheduler_config": {"batch_size": batch_size, "max_new_tokens": int(ctx["max_new_tokens"]),
-                             "max_prefill_tokens": input_len * max(1, batch_size // world_size)},
+                             "max_prefill_tokens": input_len * batch_size},
     }
+
+
+def framework_parallel(world_size: int) -> dict:
+    return {"world_size": world_size, "attn_tp_size": world_size, "moe_tp_size": world_size, "embed_tp_size": 1,
+            "lmhead_tp_size": world_size}
 
 
 FAMILY_LABELS = {"standard": "Dense（MHA / GQA）", "sliding_window": "Dense（滑动窗口注意力）",
@@ -119,13 +130,21 @@ def parameter_count(model_path: str) -> str:
     return f"{total / 1e9:.1f}B" if total >= 1e8 else f"{total / 1e6:.2f}M"
 
 
-def framework_context(ctx: dict) -> dict:
+def framework_context(ctx: dict, graph: bool = True) -> dict:
+    """What the framework templates add; `graph`: the npugraph_ex YAML too (not for legacy)."""
     name = ctx["model_name"]
     world_size = int(ctx.get("world_size") or 1)
     files = [(framework_yaml_name(name, 1), "单卡 eager")]
+    if graph:
+        files.append((framework_graph_yaml_name(name), "单卡 npugraph_ex 图模式（decode 在 warm-up 编译一次，正式推理复用）"))
     if world_size > 1:
-        files.append((framework_yaml_name(name, world_size), f"{world_size} 卡数据并行"))
-    return {"framework_class": framework_class_name(name),
+        files.append((framework_yaml_name(name, world_size), f"{world_size} 卡张量并行"))
+    extra = {}
+    if graph:
+        extra["graph_settings"] = {section: dict(values) for section, values in ctx["settings"].items()}
+        extra["graph_settings"]["model_config"]["exe_mode"] = "npugraph_ex"
+        extra["graph_yaml_name"] = framework_graph_yaml_name(name)
+    return {**extra, "framework_class": framework_class_name(name),
             "display_name": str(ctx.get("architecture") or name).removesuffix("ForCausalLM") or name,
             "family_label": FAMILY_LABELS.get(ctx["family"].name, ctx["family"].name),
             "hub_link": hub_link(ctx.get("model_source", "")),
@@ -142,16 +161,11 @@ def tensor_parallel_yaml(settings: dict, world_size: int) -> dict:
     return settings
 
 
-def data_parallel_yaml(settings: dict, world_size: int) -> dict:
-    """A four-section YAML on N cards for the generic framework model class: data parallel (it
-    holds the whole model on every rank); the batch grows to a multiple of N, each rank's prefill
-    budget stays the single card's."""
+def framework_tensor_parallel_yaml(settings: dict, world_size: int) -> dict:
+    """A four-section YAML on N cards: N-way tensor parallel (see framework_settings); the batch and
+    the prefill budget stay the single card's."""
     settings = {key: dict(value) if isinstance(value, dict) else value for key, value in settings.items()}
-    parallel = settings.setdefault("parallel_config", {})
-    parallel.update(world_size=world_size, attn_tp_size=1, moe_tp_size=world_size, embed_tp_size=1, lmhead_tp_size=1)
-    scheduler = settings.setdefault("scheduler_config", {})
-    per_rank = max(1, int(scheduler.get("batch_size") or 1))
-    scheduler["batch_size"] = per_rank * world_size
+    settings.setdefault("parallel_config", {}).update(framework_parallel(world_size))
     return settings
 
 
@@ -181,7 +195,7 @@ def legacy_data_parallel_yaml(settings: dict, world_size: int) -> dict:
 
 
 def legacy_context(ctx: dict) -> dict:
-    return {**framework_context(ctx), "runner_class": runner_class_name(ctx["model_name"])}
+    return {**framework_context(ctx, graph=False), "runner_class": runner_class_name(ctx["model_name"])}
 
 
 def runner_class_name(model_name: str) -> str:
@@ -277,11 +291,12 @@ TARGETS: dict[str, Target] = {
         layout={
             "framework/modeling_framework.py.j2": "models/modeling_{name}_framework.py",
             "framework/config.yaml.j2": "config/{yaml_name}",
+            "framework/config_npugraph_ex.yaml.j2": "config/{name}_npugraph_ex.yaml",
             "framework/requirements.txt.j2": "requirements.txt",
         },
         readme_template="framework/README.md.j2", yaml_settings=framework_settings, context=framework_context,
         vendored_package="models.{name}.models", registers=True, inside_checkout=True,
-        scale_yaml=data_parallel_yaml, scaled_how=lambda n: "data parallel",
+        scale_yaml=framework_tensor_parallel_yaml, scaled_how=lambda n: f"{n}-way tensor parallel",
         launch_hint=lambda folder, yaml: f"bash {ENTRY.as_posix()} --model {folder} --yaml {yaml}"),
 }
 
