@@ -6,9 +6,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO_ROOT
 
 
+@pytest.mark.slow  # a benchmark run; `python scripts/bench_recipe.py --quick` runs the same
 def test_bench_quick_prints_the_ratios_and_writes_json(tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.run(

@@ -33,9 +33,9 @@ FAMILY_CASES = {
 OVERRIDES = {"qwen3_next": {"num_hidden_layers": 4}}   # 4 layers: 3 linear + 1 full attention
 
 
-# One case per family runs by default (gpt_oss too: its attention sinks are a path of their own); the
-# others repeat a family's path on another model type and are `slow` (`make test-all`).
-DEFAULT_CASES = {"gemma", "gemma2", "qwen3_moe", "deepseek_v3", "gpt_oss", "qwen3_next"}
+# One case per family runs by default; the others repeat a family's path on another model type and are
+# `slow` (`make test-all`).
+DEFAULT_CASES = {"gemma", "gemma2", "qwen3_moe", "deepseek_v3", "qwen3_next"}
 
 
 @pytest.mark.parametrize("model_type,family", [

@@ -86,8 +86,9 @@ def test_a_timeout_stops_the_whole_tree(working_recipe, tmp_path):
     assert not mark.exists()
 
 
-@pytest.mark.parametrize("sig, code, says", [(signal.SIGTERM, 143, "terminated (SIGTERM)"),
-                                             (signal.SIGINT, 130, "interrupted")])
+@pytest.mark.parametrize("sig, code, says", [
+    pytest.param(signal.SIGTERM, 143, "terminated (SIGTERM)", marks=pytest.mark.slow),   # the same path as SIGINT
+    (signal.SIGINT, 130, "interrupted")])
 def test_a_signal_during_the_trial_run_stops_its_tree_and_resume_continues(working_recipe, tmp_path, sig, code, says):
     """The background helper would write its file 6 s later: it must not (the reports saw one write
     12 s after the migrator died)."""
@@ -126,6 +127,7 @@ def test_two_ctrl_c_give_one_line_and_no_atexit_traceback(working_recipe):
     assert _tagged(tag) == []
 
 
+@pytest.mark.slow  # the timeout and SIGINT tests here stop the same process tree by default
 def test_sigterm_during_verify_stops_the_parity_subprocess(working_recipe):
     tag = uuid.uuid4().hex
     proc = _start(["run", str(working_recipe)], tag)
@@ -159,6 +161,7 @@ def test_peak_rss_is_summed_over_the_tree(working_recipe):
     assert re.search(r"peak RSS \d+ MiB over \d+ process", summary), summary
 
 
+@pytest.mark.slow  # the timeout and SIGINT tests here stop the same process tree by default
 def test_a_tree_left_by_a_sigkilled_migrator_is_stopped_by_the_next_run(working_recipe, tmp_path):
     tag, mark = uuid.uuid4().hex, tmp_path / "mark"
     _background_child(working_recipe, mark, after_s=40)

@@ -164,7 +164,7 @@ def test_a_round_backs_up_what_it_changes_not_the_whole_recipe(working_recipe):
 
 
 # ---- repairs a person makes without thinking ----------------------------------------------------------
-@pytest.mark.parametrize("line", ["import torch_npu\n", "import torchair\n"])
+@pytest.mark.parametrize("line", ["import torch_npu\n", pytest.param("import torchair\n", marks=pytest.mark.slow)])
 def test_a_bare_npu_import_is_guarded_on_a_host_without_npu(working_recipe, line):
     """upstream's skill tells every recipe to `import torch_npu`; on a host without a usable NPU the
     fix is the guard, not "install torch_npu" (torchair: the same, when nothing uses it)."""
@@ -178,7 +178,9 @@ def test_a_bare_npu_import_is_guarded_on_a_host_without_npu(working_recipe, line
     assert re.search(r"^try:\n    import (torch_npu|torchair)\nexcept (ImportError|Exception):", modeling.read_text(), re.M)
 
 
-@pytest.mark.parametrize("slip", ["\tbatch_size: 1\n", "  batch_size:1\n", "   batch_size: 1\n"])
+# one slip by default: all three go through the same diagnosis and fix
+@pytest.mark.parametrize("slip", ["\tbatch_size: 1\n", pytest.param("  batch_size:1\n", marks=pytest.mark.slow),
+                                  pytest.param("   batch_size: 1\n", marks=pytest.mark.slow)])
 def test_a_yaml_formatting_slip_the_diagnosis_names_is_fixed(working_recipe, slip):
     yaml_file = _yaml(working_recipe)
     yaml_file.write_text(yaml_file.read_text().replace("  batch_size: 1\n", slip))

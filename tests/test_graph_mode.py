@@ -139,6 +139,7 @@ def _run_infer_sh(recipe: Path, res: Path, exe_mode: str) -> str:
     return baseline["performance"]["output_text"]
 
 
+@pytest.mark.slow  # the graph decode test covers compile and parity by default
 def test_infer_sh_in_graph_mode_matches_eager(recipe, tmp_path):
     """The real thing: `bash infer.sh` with exe_mode graph (inductor): ~45 s on 2 cores with a cold
     inductor cache, ~20 s warm."""

@@ -80,6 +80,7 @@ def _transformers_tokens(recipe: Path, dump: dict) -> list[list[int]]:
     return out[:, dump["input_ids"].shape[1]:].tolist()
 
 
+@pytest.mark.slow  # the legacy target's own run-through is in tests/test_framework_target.py
 def test_legacy_runner_matches_transformers_and_the_current_runner(current_recipe, tmp_path):
     current = _formal_run(current_recipe, tmp_path / "current")
     legacy = _legacy_copy(current_recipe, tmp_path / "legacy")
@@ -124,6 +125,7 @@ def _probe(recipe: Path) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # the legacy runner's parity test covers it by default
 def test_legacy_runner_left_padding_and_graph_mode(current_recipe, tmp_path):
     import torch
     from transformers import AutoTokenizer

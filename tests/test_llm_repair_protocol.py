@@ -165,6 +165,7 @@ def test_protocol_key_is_not_inherited_and_an_echoed_key_is_refused(working_reci
         assert secret.encode() not in path.read_bytes(), path
 
 
+@pytest.mark.slow  # in-process: test_rejected_diff_kinds_write_nothing[dotdot, absolute]
 def test_protocol_llm_diff_outside_the_recipe_is_rejected(working_recipe, endpoint, tmp_path):
     runner, broken = _inject_unknown_fault(working_recipe)
     outside = "--- a/../evil.py\n+++ b/../evil.py\n@@ -0,0 +1 @@\n+print('pwned')\n"
@@ -175,6 +176,7 @@ def test_protocol_llm_diff_outside_the_recipe_is_rejected(working_recipe, endpoi
     assert not (working_recipe.parent / "evil.py").exists() and runner.read_text() == broken
 
 
+@pytest.mark.slow  # in-process: test_rejected_diff_kinds_write_nothing[stale_context, missing_file]
 def test_protocol_llm_diff_that_does_not_apply_is_rejected(working_recipe, endpoint):
     runner, broken = _inject_unknown_fault(working_recipe)
     stale = "--- a/runner_fi.py\n+++ b/runner_fi.py\n@@ -1,2 +1,2 @@\n-not in the file\n+whatever\n ctx\n"

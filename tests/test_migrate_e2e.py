@@ -65,7 +65,9 @@ def migrated(tiny_checkpoints, tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("model_type", CI_ARCHITECTURES)
+# llama by default; the others repeat its path (tests/test_families.py has one case per family) and are slow
+@pytest.mark.parametrize("model_type", [
+    pytest.param(m, marks=() if m == "llama" else pytest.mark.slow) for m in CI_ARCHITECTURES])
 def test_migrated_recipe_matches_transformers_and_runs(model_type, migrated, tmp_path):
     recipe, summary = migrated(model_type)
     name = f"tiny_{model_type}"
@@ -126,6 +128,7 @@ def test_migrated_recipe_matches_transformers_and_runs(model_type, migrated, tmp
     assert baseline["verification"]["all_ranks_success"] is True
 
 
+@pytest.mark.slow  # two full migrations compared file by file
 def test_migration_is_deterministic(tiny_checkpoints, tmp_path):
     ckpt = tiny_checkpoints("llama")
     trees = []

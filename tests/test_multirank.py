@@ -14,6 +14,7 @@ import pytest
 from conftest import repair_run
 
 
+@pytest.mark.slow  # test_run_world_size_2_… covers two ranks by default
 def test_two_rank_cpu_run_logs_both_ranks_and_a_green_baseline(working_recipe):
     yaml_file = next((working_recipe / "config").glob("*.yaml"))
     text = yaml_file.read_text().replace("world_size: 1", "world_size: 2").replace("batch_size: 1", "batch_size: 2")
@@ -47,6 +48,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.mark.slow  # test_run_world_size_2_… covers two ranks by default
 def test_two_nodes_on_localhost_run_tensor_parallel_with_the_single_card_text(working_recipe, working_recipe_source,
                                                                               tmp_path):
     """Two torchrun processes (--nnodes 2, static rendezvous on localhost), one rank each, as two

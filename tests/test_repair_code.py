@@ -81,6 +81,7 @@ def _assert_reported_unchanged(recipe: Path, before: dict, proc, summary: dict, 
     assert _snapshot(recipe) == before
 
 
+@pytest.mark.slow  # end-to-end round; the in-process matcher and fix tests of this rule stay in the default suite
 # ---- fault injection ---------------------------------------------------------------------
 def test_model_init_without_runner_settings_gets_it_back(working_recipe):
     # In practice: a modeling file copied fresh from transformers over the vendored one.
@@ -103,6 +104,7 @@ def test_model_init_without_runner_settings_gets_it_back(working_recipe):
         ["-    def __init__(self, config: LlamaConfig):"]
 
 
+@pytest.mark.slow  # end-to-end round; the in-process matcher and fix tests of this rule stay in the default suite
 def test_forward_without_kwargs_accepts_extra_keywords(working_recipe):
     # In practice: a runner written for older transformers passes cache_position, and the
     # vendored forward (as remote/custom code often does) has no **kwargs to take it.
@@ -154,6 +156,7 @@ def _tiny_wheel(dist_dir: Path, name: str) -> Path:
     return wheel
 
 
+@pytest.mark.slow  # end-to-end round; the in-process matcher and fix tests of this rule stay in the default suite
 def test_missing_package_is_installed_with_allow_install(working_recipe, tmp_path):
     # The install path for real, offline: pip finds the package in a local wheel folder and
     # installs into a target folder on PYTHONPATH (the shared environment stays untouched).
@@ -179,6 +182,7 @@ def test_missing_package_is_installed_with_allow_install(working_recipe, tmp_pat
     assert modeling.read_bytes() == injected[MODELING]
 
 
+@pytest.mark.slow  # end-to-end round; the in-process matcher and fix tests of this rule stay in the default suite
 def test_unguarded_flash_attn_import_is_guarded(working_recipe):
     # In practice: vendored code edited on a GPU box with flash-attn installed. (A YAML with
     # flash_attention_2 is refused by engine.launch before any import; the rule's YAML edit is
@@ -210,6 +214,7 @@ def test_hardcoded_cuda_is_made_device_agnostic(working_recipe):
     assert "def _recipe_synchronize():" in text and "def _recipe_device():" in text
 
 
+@pytest.mark.slow  # end-to-end round; the in-process matcher and fix tests of this rule stay in the default suite
 def test_renamed_base_model_gets_a_key_mapping(working_recipe):
     # In practice: vendored code whose base model attribute was renamed (model -> transformer).
     modeling = working_recipe / MODELING
@@ -227,6 +232,7 @@ def test_renamed_base_model_gets_a_key_mapping(working_recipe):
     assert modeling.read_bytes() == injected[MODELING]
 
 
+@pytest.mark.slow  # end-to-end round; the in-process matcher and fix tests of this rule stay in the default suite
 def test_checkpoint_with_tied_embeddings_gets_config_override(working_recipe, tmp_path):
     # In practice: a checkpoint saved with tied embeddings (no lm_head in the safetensors) whose
     # config.json says tie_word_embeddings: false.
@@ -307,6 +313,7 @@ def test_remote_code_without_opt_in_is_reported(working_recipe, tmp_path):
     assert report["rounds"][0]["diagnosis"]["facts"]["file"] == RUNNER
 
 
+@pytest.mark.slow  # end-to-end round; the in-process matcher and fix tests of this rule stay in the default suite
 def test_remote_code_with_opt_in_patches_the_call(working_recipe, tmp_path):
     runner = _remote_code_recipe(working_recipe, tmp_path)
     injected = {RUNNER: runner.read_bytes()}
@@ -318,6 +325,7 @@ def test_remote_code_with_opt_in_patches_the_call(working_recipe, tmp_path):
         "+        self.hf_config = AutoConfig.from_pretrained(self.model_path, trust_remote_code=True)"]
 
 
+@pytest.mark.slow  # end-to-end round; the in-process matcher test of this rule stays in the default suite
 def test_tokenizer_without_pad_token_falls_back_to_eos(working_recipe, tmp_path):
     # In practice: a runner that reloads the tokenizer itself, a checkpoint without a pad token,
     # and a batch of 2 prompts (padding needed).

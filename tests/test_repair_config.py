@@ -15,6 +15,7 @@ from agent.repair.rules import config
 from conftest import first_match_name as _first_match_name
 
 
+@pytest.mark.slow  # end-to-end round; the in-process matcher and fix tests of this rule stay in the default suite
 def test_dtype_the_device_cannot_run_is_set_to_float32(working_recipe, monkeypatch):
     # In practice: a recipe written for NPU (float16) run on a CPU that lacks a half kernel.
     # The tiny model runs float16 on CPU, so the fault is the kernel error an older torch raises.
@@ -49,6 +50,7 @@ def _inject(recipe: Path, old: str, new: str) -> tuple[Path, bytes, dict]:
     return path, original, {str(path.relative_to(recipe)): path.read_bytes()}
 
 
+@pytest.mark.slow  # end-to-end round; the in-process matcher and fix tests of this rule stay in the default suite
 def test_missing_max_new_tokens_is_added_back(working_recipe):
     # In practice: a YAML trimmed by hand, or copied from an older recipe version.
     path, original, injected = _inject(working_recipe, "  max_new_tokens: 8\n", "")
@@ -60,6 +62,7 @@ def test_missing_max_new_tokens_is_added_back(working_recipe):
     assert len(report["rounds"]) == 1
 
 
+@pytest.mark.slow  # end-to-end round; the in-process matcher and fix tests of this rule stay in the default suite
 def test_quoted_batch_size_is_read_as_int(working_recipe):
     path, original, injected = _inject(working_recipe, "  batch_size: 1\n", '  batch_size: "1"\n')
     proc, summary, report = repair_run(working_recipe)
@@ -67,6 +70,7 @@ def test_quoted_batch_size_is_read_as_int(working_recipe):
     assert path.read_bytes() == original
 
 
+@pytest.mark.slow  # end-to-end round; this rule's matcher and fix are tested in-process in this file
 def test_dtype_alias_bf16_is_mapped_to_bfloat16(working_recipe):
     path, original, injected = _inject(working_recipe, "  dtype: float32\n", "  dtype: bf16\n")
     proc, summary, report = repair_run(working_recipe)
@@ -105,6 +109,7 @@ def test_model_path_missing_never_points_at_a_neighbouring_checkpoint(working_re
     assert str(neighbour) in summary["message"] and "not chosen for you" in summary["message"], summary
 
 
+@pytest.mark.slow  # end-to-end round; the in-process matcher and fix tests of this rule stay in the default suite
 def test_input_max_len_beyond_the_positions_is_lowered(working_recipe):
     path, original, injected = _inject(working_recipe, "  input_max_len: 504\n", "  input_max_len: 100000\n")
     proc, summary, report = repair_run(working_recipe)
@@ -112,6 +117,7 @@ def test_input_max_len_beyond_the_positions_is_lowered(working_recipe):
     assert path.read_bytes() == original                    # 512 positions - 8 new tokens
 
 
+@pytest.mark.slow  # end-to-end round; the in-process matcher and fix tests of this rule stay in the default suite
 def test_device_this_machine_lacks_is_set_to_auto(working_recipe):
     # In practice: a recipe written on a GPU/NPU machine run on another one.
     import torch
@@ -127,6 +133,7 @@ def test_device_this_machine_lacks_is_set_to_auto(working_recipe):
     assert report["runs"][-1]["ok"] and "DeviceUnavailableError" in report["rounds"][0]["diagnosis"]["error"]
 
 
+@pytest.mark.slow  # end-to-end round; this rule's matcher and fix are tested in-process in this file
 def test_deleted_yaml_is_re_rendered(working_recipe):
     path = _yaml(working_recipe)
     before = yaml.safe_load(path.read_text())
@@ -295,6 +302,7 @@ def test_yaml_missing_matcher(fake_recipe):
     assert rule_named("yaml_file_missing").match(Failure.from_output(fake_recipe, out)) == {"file": "config/fi_1card_eager.yaml"}
 
 
+@pytest.mark.slow  # end-to-end round; the in-process matcher and fix tests of this rule stay in the default suite
 def test_hanging_run_is_reported_with_where_it_stopped(working_recipe):
     # In practice: a rank waiting forever (here: infer.py blocks right after loading the model).
     infer = working_recipe / "infer.py"

@@ -25,6 +25,7 @@ def test_models_init_shadowing_the_package_is_removed(working_recipe):
     assert not init.exists()
 
 
+@pytest.mark.slow  # end-to-end round; re-vendoring, models/__init__ shadowing and rollback stay by default
 # ---- fault injection (a real `migrator run` on a broken recipe) ---------------------------
 def test_infer_sh_without_pythonpath_gets_the_export_back(working_recipe):
     # In practice: an infer.sh written by hand, run where the script dir is not on sys.path
@@ -56,6 +57,7 @@ def test_deleted_vendored_modeling_file_is_re_vendored(working_recipe):
     assert report["rounds"][0]["diff"].count("+++ ") == 1         # only the missing file
 
 
+@pytest.mark.slow  # end-to-end round; re-vendoring, models/__init__ shadowing and rollback stay by default
 def test_truncated_infer_py_is_re_rendered(working_recipe):
     # In practice: a copy interrupted halfway, or an editor that saved half a file.
     infer_py = working_recipe / "infer.py"
@@ -70,6 +72,7 @@ def test_truncated_infer_py_is_re_rendered(working_recipe):
     assert report["rounds"][0]["diff"].count("+++ ") == 1
 
 
+@pytest.mark.slow  # end-to-end round; re-vendoring, models/__init__ shadowing and rollback stay by default
 def test_deleted_model_setting_is_re_rendered(working_recipe):
     model_setting = working_recipe / "models" / "model_setting.py"
     original = model_setting.read_bytes()
@@ -81,6 +84,7 @@ def test_deleted_model_setting_is_re_rendered(working_recipe):
     assert report["rounds"][0]["diff"].count("+++ ") == 1
 
 
+@pytest.mark.slow  # end-to-end round; re-vendoring, models/__init__ shadowing and rollback stay by default
 def test_infer_py_without_warm_up_gets_it_inserted(working_recipe):
     # In practice: someone "cleaned up" infer.py and dropped the warm-up generation.
     infer_py = working_recipe / "infer.py"
@@ -94,6 +98,7 @@ def test_infer_py_without_warm_up_gets_it_inserted(working_recipe):
     assert infer_py.read_text() == original          # the line is back, right before the formal call
 
 
+@pytest.mark.slow  # end-to-end round; re-vendoring, models/__init__ shadowing and rollback stay by default
 def test_stray_yaml_py_shadowing_pyyaml_is_moved_aside(working_recipe):
     # In practice: a helper script named after the format it handles, dropped in the recipe dir.
     stray = working_recipe / "yaml.py"
