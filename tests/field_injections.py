@@ -550,10 +550,10 @@ INJECTIONS: list[Injection] = [
                    "LD_PRELOAD=/root/workspaces/mamba/envs/cann/bin/../lib/libgomp.so.1 before infer.sh"),
     _real("nccl-shared-library-missing", nccl_shared_library_missing, note="libnccl.so.2 is not found ({runner}:"),
     # device calls
-    _real("npu-kernel-geglu-missing", npu_kernel_geglu_missing, fast=True, upstream=True),
+    _real("npu-kernel-geglu-missing", npu_kernel_geglu_missing, fast=False, upstream=True),
     _real("npu-kernel-rotary-missing", npu_kernel_rotary_missing),
     _replayed("torch-npu-profile-api-moved", "generate", note="torch_npu has no profile"),
-    _replayed("integer-device-means-cuda", "init", fast=True,
+    _replayed("integer-device-means-cuda", "init", fast=False,
               replayed_why="torch 2.13 says 'Cannot access accelerator device when none is available.' for .to(0) "
                            "on a CPU-only build, not the report's CUDA assertion"),
     _real("cuda-synchronize-on-cpu", cuda_synchronize_on_cpu, upstream=True),
@@ -568,11 +568,11 @@ INJECTIONS: list[Injection] = [
               note="because the device is used. ret is -8020: another process holds the NPU"),
     _replayed("hccp-last-process-running", "init",
               note="Maybe the last training process is running: another process holds the NPU"),
-    _replayed("hccl-comm-init-root-info", "init", fast=True,
+    _replayed("hccl-comm-init-root-info", "init", fast=False,
               note="HcclCommInitRootInfo(numRanks, &rootInfo, rank, &(comm->hcclComm_)): the ranks could not form "
                    "an HCCL group"),
     _replayed("hccl-allreduce-socket-timeout", "generate", note="a rank is stuck or dead"),
-    _real("torchrun-port-in-use", torchrun_port_in_use, fast=True,
+    _real("torchrun-port-in-use", torchrun_port_in_use, fast=False,
           note="EADDRINUSE, message: address already in use: another job holds the master port: stop it or export "
                "MASTER_PORT=<free port> before infer.sh"),
     _replayed("torchrun-port-in-use-errno98", "init",

@@ -370,6 +370,7 @@ def test_hf_endpoint_mirror_offline(full_cache):
     assert not out["ok"] and "HF_ENDPOINT" in out["error"]
 
 
+@pytest.mark.slow  # the offline hub-link migration covers the cache path by default
 def test_hf_endpoint_unreachable_falls_back_to_cache(full_cache):
     """Not offline, HF_ENDPOINT on a closed local port: the library's real request fails at once and
     the cached snapshot is served; a repo not cached names the endpoint that could not be reached."""

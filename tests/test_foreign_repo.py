@@ -30,7 +30,8 @@ def repo(tmp_path, tiny_checkpoints):
     return root
 
 
-@pytest.mark.parametrize("command", ["run", "classify", "baseline"])
+@pytest.mark.parametrize("command", ["run", pytest.param("classify", marks=pytest.mark.slow),
+                                     pytest.param("baseline", marks=pytest.mark.slow)])   # one answer, three commands
 def test_npu_only_recipes_end_in_exit_4_byte_identical_on_a_host_without_npu(repo, tmp_path, command):
     before = tree_bytes(repo)
     # (baseline's summary table is the user's requested output: written outside the repository here)

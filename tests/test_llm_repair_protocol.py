@@ -113,6 +113,7 @@ def test_protocol_llm_diff_is_a_proposal_by_default(working_recipe, endpoint):
     assert "= False" in runner.read_text()
 
 
+@pytest.mark.slow  # a protocol run; the diff-repairs and proposal-by-default runs stay by default
 def test_protocol_llm_diff_that_also_edits_infer_sh_is_not_applied(working_recipe, endpoint):
     """The field case: a diff that fixes the failure and also adds a command to infer.sh. Even with
     --apply-llm-patches it stays a proposal (infer.sh is not in the traceback), and nothing runs it."""
@@ -133,6 +134,7 @@ def test_protocol_llm_diff_that_also_edits_infer_sh_is_not_applied(working_recip
     assert (working_recipe / ".migrator" / "llm" / "proposal_1.diff").read_text() == diff
 
 
+@pytest.mark.slow  # a protocol run; the key-not-inherited run stays by default
 def test_protocol_api_key_with_crlf_reaches_no_file(working_recipe, endpoint):
     _inject_unknown_fault(working_recipe)
     secret = "sk-SECRET\r\nX-Injected: 1"

@@ -128,6 +128,7 @@ def test_forward_without_kwargs_accepts_extra_keywords(working_recipe):
     assert _added(first["diff"]) == ["+        **kwargs,"]
 
 
+@pytest.mark.slow  # end-to-end round; test_match_missing_pip_package tests the rule in-process
 def test_missing_package_is_reported_with_the_install_line(working_recipe):
     # In practice: modeling code that imports a package this environment lacks.
     if importlib.util.find_spec("einops") is not None:      # the fault needs einops absent
@@ -199,6 +200,7 @@ def test_unguarded_flash_attn_import_is_guarded(working_recipe):
     assert yaml_file.read_bytes() == yaml_before
 
 
+@pytest.mark.slow  # end-to-end round; TestDeviceAgnosticCudaCommand tests the codemod in-process
 def test_hardcoded_cuda_is_made_device_agnostic(working_recipe):
     # In practice: vendored code edited on a GPU box (.cuda(), torch.cuda.synchronize for timing).
     modeling = working_recipe / MODELING

@@ -44,6 +44,7 @@ def test_infer_sh_without_pythonpath_gets_the_export_back(working_recipe):
     assert after[after.index(added[0]) + 1].startswith("exec ")                            # right before the exec
 
 
+@pytest.mark.slow  # end-to-end round; rollback and models/__init__ shadowing stay by default
 def test_deleted_vendored_modeling_file_is_re_vendored(working_recipe):
     modeling = working_recipe / "models" / "modeling_fi.py"
     original = modeling.read_bytes()

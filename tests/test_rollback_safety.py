@@ -325,7 +325,7 @@ def _forget_the_repair_step(recipe):
 
 
 @pytest.mark.parametrize("node", [
-    "repair_after_fix",
+    pytest.param("repair_after_fix", marks=pytest.mark.slow),   # scripts/signal_matrix.py runs every node
     pytest.param("repair", marks=pytest.mark.slow),
     pytest.param("diagnose", marks=pytest.mark.slow),
     pytest.param("trial_run", marks=pytest.mark.slow),

@@ -367,7 +367,8 @@ def test_torchrun_ranks_run_on_the_standin(tmp_path):
         dist.init_process_group("hccl")
         t = torch.ones(2, device=f"npu:{os.environ['LOCAL_RANK']}") * (dist.get_rank() + 1)
         dist.all_reduce(t)
-        print("rank", dist.get_rank(), t.tolist(), dist.get_backend())
+        # one write per rank: the two ranks share a pipe, and print() writes its arguments one by one
+        os.write(1, f"rank {dist.get_rank()} {t.tolist()} {dist.get_backend()}\\n".encode())
         dist.destroy_process_group()
     """))
     proc = run_cli("standin", "--record", str(tmp_path / "rec"), "--", sys.executable, "-m", "torch.distributed.run",

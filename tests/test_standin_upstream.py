@@ -79,6 +79,7 @@ def check_parity(checkout, logs, checkpoint, ranks):
     return result
 
 
+@pytest.mark.slow  # tests/test_upstream_check.py runs the same Qwen3 rank through `migrator run --standin` by default
 def test_qwen3_one_rank_runs_through_upstreams_infer_sh_with_parity(checkout, tiny, tmp_path):
     checkpoint = tiny("qwen3")
     proc, logs, usage, yaml_name = run_recipe(checkout, tmp_path, "qwen", "qwen3_8b_1tp.yaml", checkpoint,

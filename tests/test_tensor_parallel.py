@@ -67,7 +67,7 @@ def assert_tp_parity(tiny_checkpoints, tmp_path, model_type: str, tp: int = 2, s
 
 @pytest.mark.parametrize("model_type", [
     "llama",
-    "qwen3_moe",
+    pytest.param("qwen3_moe", marks=pytest.mark.slow),   # llama covers the tensor-parallel path by default
     pytest.param("qwen3", marks=pytest.mark.slow),
     pytest.param("mistral", marks=pytest.mark.slow),
     pytest.param("gemma2", marks=pytest.mark.slow),

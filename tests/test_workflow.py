@@ -141,6 +141,7 @@ def recipe(tiny_checkpoints, tmp_path_factory):
     return out / "wf"
 
 
+@pytest.mark.slow  # scenarios B and C have their own default cases below; this one runs all three in a row
 def test_classify_a_b_c(tiny_checkpoints, recipe, tmp_path):
     proc = run_cli("classify", str(tiny_checkpoints("llama")))
     assert proc.returncode == 0 and proc.stdout.startswith("A:")
@@ -184,6 +185,7 @@ def test_scenario_b_unknown_failure_is_reported_with_file_and_line(recipe, tmp_p
     assert report["rounds"][0]["diagnosis"]["location"].endswith(tuple(f"runner_wf.py:{n}" for n in range(1, 200)))
 
 
+@pytest.mark.slow  # resume after a kill is covered by default by tests/test_field_processes.py (killed after render, then --resume)
 # ---- resume ------------------------------------------------------------------------------
 def test_killed_run_resumes_to_the_same_recipe(tiny_checkpoints, tmp_path):
     ckpt = tiny_checkpoints("llama")
