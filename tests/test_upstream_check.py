@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -390,8 +391,8 @@ def test_deepseek_r1_two_ranks_runs_mla_and_moe_tp_through_upstreams_code_to_a_p
     assert parity["reference"] == "transformers DeepseekV3ForCausalLM (npu stand-in)" and parity["checked"]
     assert parity["max_abs_logits_diff"] <= parity["tolerance"]
     assert len(parity["layer_relative_errors"]) == 2 and parity["layer_relative_errors"][0] < 0.05
-    if proc.returncode == 1:
-        assert "diverges from transformers at decoder layer" in summary["message"]
+    if proc.returncode == 1:   # located: a decoder layer, or the decode steps when the whole prefill agrees
+        assert re.search(r"diverges from transformers at (decoder layer \d|its decode steps)", summary["message"])
 
 
 @pytest.mark.slow

@@ -485,6 +485,9 @@ def compare(checkpoint: Path, text: str, prompt: str, max_new_tokens: int, input
         if first is not None:
             where = f"decoder layer {first} (relative error {errors[first]} of its hidden states; tolerance " \
                     f"{tolerances[first] if first < len(tolerances) else LAYER_RELATIVE_TOLERANCE})"
+        elif errors and logits_ok:
+            where = ("its decode steps (the prefill's logits and every decoder layer's hidden states agree "
+                     "within bf16 rounding)")
         elif errors:
             where = "the final norm or lm_head (every decoder layer's hidden states agree)"
         else:
