@@ -149,21 +149,31 @@ def test_framework_yaml_is_upstreams_four_sections_and_its_inferenceconfig_parse
     data = yaml.safe_load(yaml_path.read_text())
     assert list(data) == ["model_config", "data_config", "parallel_config", "scheduler_config"]
     assert "enable_profiler: False" in yaml_path.read_text()                 # upstream's True/False style
+    # every YAML the recipe writes (eager, npugraph_ex, the N-card one), read by upstream's own InferenceConfig
+    written = sorted((recipe / "config").glob("*.yaml"))
+    assert {p.name for p in written} >= {"tiny_llama.yaml", "tiny_llama_npugraph_ex.yaml"}, written
     probe = ("import json, sys, yaml\n"
              "from executor.core.config import InferenceConfig\n"
-             "c = InferenceConfig.from_dict(yaml.safe_load(open(sys.argv[1])), global_rank=0, local_rank=0)\n"
-             "print('CONFIG', json.dumps([c.model_config.model_name, c.model_config.model_path, c.model_config.exe_mode,"
-             " c.parallel_config.world_size, c.parallel_config.attn_dp_size, c.scheduler_config.batch_size,"
-             " c.scheduler_config.max_new_tokens, c.scheduler_config.max_prefill_tokens,"
-             " c.data_config.input_truncated_len]))\n")
-    proc = run_cli("standin", "--", sys.executable, "-c", probe, str(yaml_path), cwd=checkout,
+             "for path in sys.argv[1:]:\n"
+             "    c = InferenceConfig.from_dict(yaml.safe_load(open(path)), global_rank=0, local_rank=0)\n"
+             "    print('CONFIG', json.dumps([path, c.model_config.model_name, c.model_config.model_path,"
+             " c.model_config.exe_mode, c.parallel_config.world_size, c.parallel_config.attn_dp_size,"
+             " c.scheduler_config.batch_size, c.scheduler_config.max_new_tokens,"
+             " c.scheduler_config.max_prefill_tokens, c.data_config.input_truncated_len]))\n")
+    proc = run_cli("standin", "--", sys.executable, "-c", probe, *map(str, written), cwd=checkout,
                    env={"PYTHONPATH": str(checkout)}, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    line = next(line for line in proc.stdout.splitlines() if line.startswith("CONFIG "))
-    name, path, mode, world, dp, batch, new, prefill, input_len = json.loads(line[7:])
+    parsed = {Path(row[0]).name: row[1:] for row in
+              (json.loads(line[7:]) for line in proc.stdout.splitlines() if line.startswith("CONFIG "))}
+    assert set(parsed) == {p.name for p in written}
+    name, path, mode, world, dp, batch, new, prefill, input_len = parsed["tiny_llama.yaml"]
     assert (name, path, mode, world, dp, batch, new) == ("tiny_llama", str(migrated["checkpoint"]), "eager", 1, 1, 1,
                                                          MAX_NEW_TOKENS)
     assert prefill == input_len == data["data_config"]["input_truncated_len"]
+    assert parsed["tiny_llama_npugraph_ex.yaml"][:3] == ["tiny_llama", str(migrated["checkpoint"]), "npugraph_ex"]
+    for other, (name, path, mode, world, *_rest) in parsed.items():
+        assert name == "tiny_llama" and path == str(migrated["checkpoint"]), (other, name, path)
+        assert world == (int(other.split("_rank_")[1].split("_")[0]) if "_rank_" in other else 1), (other, world)
 
 
 def test_framework_readme_is_upstreams_template_without_local_paths(migrated):
