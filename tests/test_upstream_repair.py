@@ -39,6 +39,18 @@ def drop_set_env_pythonpath(checkout: Path) -> None:
     set_env.write_text("".join(kept))
 
 
+def repaired_in_one_round(checkout, model: str, rule: str, *args: str) -> tuple[dict, dict]:
+    """`migrator run models/MODEL --standin --tiny --max-rounds 1`: the one round took `rule` and the run after
+    it ended ok. Returns (report, summary)."""
+    proc = run_cli("run", str(checkout / "models" / model), "--standin", "--tiny", *args, "--max-rounds", "1",
+                   "--json", env=FAST, timeout=2400)
+    report = json.loads(report_path(checkout / "models" / model).read_text())
+    assert [r["diagnosis"]["rule"] for r in report["rounds"]] == [rule], (proc.stdout + proc.stderr)[-3000:]
+    summary = json.loads(proc.stdout)
+    assert proc.returncode == 0 and summary["status"] == "ok", (proc.stdout + proc.stderr)[-3000:]
+    return report, summary
+
+
 def test_legacy_infer_sh_gets_the_checkout_on_pythonpath(checkout):
     drop_set_env_pythonpath(checkout)
     recipe = checkout / "models" / "pangu_7b"
@@ -218,13 +230,7 @@ def test_decode_with_the_prefill_mask_raises_the_npus_error_and_the_mask_becomes
 @pytest.mark.slow
 def test_decode_with_the_prefill_mask_is_repaired_in_a_round_and_parity_holds(checkout):
     inject_decode_mode_0(checkout)
-    proc = run_cli("run", str(checkout / "models" / "qwen"), "--standin", "--tiny", "--yaml", "qwen3_8b_1tp.yaml",
-                   "--max-rounds", "1", "--json", env=FAST, timeout=2400)
-    report = json.loads(report_path(checkout / "models" / "qwen").read_text())
-    assert [r["diagnosis"]["rule"] for r in report["rounds"]] == ["decode_keeps_prefill_attention_mask"], \
-        (proc.stdout + proc.stderr)[-3000:]
-    summary = json.loads(proc.stdout)
-    assert proc.returncode == 0 and summary["status"] == "ok", (proc.stdout + proc.stderr)[-3000:]
+    _, summary = repaired_in_one_round(checkout, "qwen", "decode_keeps_prefill_attention_mask", "--yaml", "qwen3_8b_1tp.yaml")
     assert json.loads(Path(summary["baseline_path"]).read_text())["verification"]["parity"]["ok"] is True
 
 
@@ -353,13 +359,7 @@ def test_moe_weights_left_as_loaded_fail_grouped_matmul_and_the_model_gets_the_h
 @pytest.mark.slow
 def test_moe_weights_left_as_loaded_are_repaired_in_a_round_and_parity_holds(checkout):
     drop_process_weights(checkout)
-    proc = run_cli("run", str(checkout / "models" / "gpt_oss"), "--standin", "--tiny", "--max-rounds", "1",
-                   "--json", env=FAST, timeout=2400)
-    report = json.loads(report_path(checkout / "models" / "gpt_oss").read_text())
-    assert [r["diagnosis"]["rule"] for r in report["rounds"]] == ["process_weights_after_loading_missing"], \
-        (proc.stdout + proc.stderr)[-3000:]
-    summary = json.loads(proc.stdout)
-    assert proc.returncode == 0 and summary["status"] == "ok", (proc.stdout + proc.stderr)[-3000:]
+    _, summary = repaired_in_one_round(checkout, "gpt_oss", "process_weights_after_loading_missing")
     assert json.loads(Path(summary["baseline_path"]).read_text())["verification"]["parity"]["ok"] is True
 
 
@@ -371,11 +371,6 @@ def test_an_old_schema_key_stops_the_stand_in_run_and_is_moved_in_a_round(checko
     lines = yaml_path.read_text().splitlines(keepends=True)
     line = next(ln for ln in lines if ln.strip().startswith("model_path:"))
     yaml_path.write_text(line.lstrip() + "".join(ln for ln in lines if ln is not line))
-    proc = run_cli("run", str(checkout / "models" / "qwen"), "--standin", "--tiny", "--yaml", "qwen3_8b_1tp.yaml",
-                   "--max-rounds", "1", "--json", env=FAST, timeout=2400)
-    report = json.loads(report_path(checkout / "models" / "qwen").read_text())
-    assert [r["diagnosis"]["rule"] for r in report["rounds"]] == ["yaml_key_of_old_schema"], \
-        (proc.stdout + proc.stderr)[-3000:]
+    report, _ = repaired_in_one_round(checkout, "qwen", "yaml_key_of_old_schema", "--yaml", "qwen3_8b_1tp.yaml")
     assert report["runs"][0]["summary"].startswith("InferenceConfig ignores the top-level key 'model_path'")
-    assert proc.returncode == 0 and json.loads(proc.stdout)["status"] == "ok", (proc.stdout + proc.stderr)[-3000:]
     assert yaml_path.read_text().startswith('model_config:\n  model_path: "/data/models/origin/Qwen3-8B"\n')
