@@ -34,7 +34,7 @@ LOGITS_TOLERANCE = 1e-4
 
 
 def run_parity(recipe: Recipe, tokens: int = 16, timeout: int = 900, trust_remote_code: bool = False,
-               dump: Path | None = None) -> dict:
+               dump: Path | None = None, code_only: bool = False) -> dict:
     """`check` in a subprocess from the recipe folder (its `models` package must not leak into the
     caller)."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
@@ -45,6 +45,8 @@ def run_parity(recipe: Recipe, tokens: int = 16, timeout: int = 900, trust_remot
         cmd.append("--trust-remote-code")
     if dump is not None:
         cmd += ["--dump", str(dump)]
+    if code_only:
+        cmd.append("--code-only")
     # one process tree the migrator owns: stopped with it on SIGINT / SIGTERM or the timeout, and by
     # the next check when a SIGKILLed migrator left it running
     runs = state_dir(recipe.path) / "runs"
@@ -112,7 +114,7 @@ def _runner_class(recipe_dir: Path):
 
 
 def check(recipe_dir: Path, tokens: int, prompt: str | None = None, trust_remote_code: bool = False,
-          dump: Path | None = None) -> dict:
+          dump: Path | None = None, code_only: bool = False) -> dict:
     """Two checks, never two models of the checkpoint's size in memory at once:
 
     code    the vendored classes vs transformers on a shrunk config of the same architecture
@@ -131,6 +133,8 @@ def check(recipe_dir: Path, tokens: int, prompt: str | None = None, trust_remote
     settings["parallel_config"] = {key: 1 for key in settings["parallel_config"]}
     sys.path.insert(0, str(recipe_dir))
     code = check_code(recipe_dir, settings, tokens, prompt, remote)
+    if code_only:   # the run itself is held to transformers step by step by agent.measure.precision
+        return code
     recipe_side = _load_dump(dump) if dump else None
     if recipe_side is None:
         recipe_side = run_recipe(recipe_dir, settings, tokens, prompt)
@@ -380,6 +384,7 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--trust-remote-code", action="store_true")
     parser.add_argument("--dump", type=Path, help="the trial run's parity dump (MIGRATOR_PARITY_DUMP)")
+    parser.add_argument("--code-only", action="store_true", help="only the vendored code on a shrunk config")
     args = parser.parse_args(argv)
     # torch through the engine's guard, as the recipe imports it: with a torch_npu that cannot load
     # (no CANN) a plain `import torch` dies in torch's backend autoload.
@@ -392,7 +397,7 @@ def main(argv=None) -> int:
         os.environ["RES_PATH"] = res_path
         try:
             result = check(args.recipe.resolve(), args.tokens, trust_remote_code=args.trust_remote_code,
-                           dump=args.dump)
+                           dump=args.dump, code_only=args.code_only)
         except Exception as exc:  # noqa: BLE001 - only transformers' own failures are answered here
             result = transformers_failed(exc, args.dump)
             if result is None:

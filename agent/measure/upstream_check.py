@@ -10,23 +10,18 @@ torch_npu kernels as reference implementations). What this module adds to the wo
   `model_type`) and runs a *copy* of the YAML pointed at it (in our state folder,
   `res/.migrator/standin/config/`, which upstream's .gitignore keeps out of `git status`), lengths
   cut; upstream's files are not touched. The plan is JSON data in the workflow state.
-* `launch_env(plan, run_dir)` / `legacy_command(...)`: the stand-in's environment plus the precision
-  probe (agent/measure/upstream_probe.py, loaded in the recipe's processes), and for a legacy recipe
-  whose infer.sh names its YAML itself, its own script text with only that name pointed at the copy.
+* `launch_env(plan, run_dir)` / `legacy_command(...)`: the stand-in's environment, and for a legacy
+  recipe whose infer.sh names its YAML itself, its own script text with only that name pointed at the copy.
 * `unsupported(run)`: the op without a reference kernel a stand-in run stopped at (exit 4).
-* `parity(plan, run)`: the recipe's greedy text and prefill logits against transformers' own model
-  on the same checkpoint (`python -m agent.measure.upstream_check`); a mismatch is located at the
-  first decoder layer whose hidden states diverge.
+The run's precision is checked as every run's is (agent.measure.precision), on the plan's checkpoint.
 """
 
 from __future__ import annotations
 
 
 import json
-import math
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -36,21 +31,11 @@ from agent.recipe.targets import state_dir
 from agent.errors import EnvironmentProblem, InputError, UnsupportedModelError
 from agent.recipe.recipe import Recipe, read_settings
 from agent.recipe.model_type import recipe_model_type
-from engine import defaults
 
 STANDIN_DIR = ".standin"                 # config/.standin/: where earlier releases put the YAML copies
-PROBE_ENV = "MIGRATOR_UPSTREAM_PROBE"
-PROBE_FILE = "upstream_probe.pt"
 RECORD_DIR = "standin"
 TINY_INPUT_LEN = 128
 TINY_MAX_BATCH = 4
-# bf16 (the framework models' dtype) against transformers in fp32: logits agree to a few 1e-3 of the
-# largest logit; a layer's hidden states to ~1e-2 (relative L2). A real bug is O(1).
-LOGITS_RELATIVE_TOLERANCE = 2e-2
-# ... or, where transformers' own model moves more than that between fp32 and bf16 on this prompt,
-# twice its own move: the recipe rounds along another path, by as much.
-BF16_NOISE_FACTOR = 2.0
-LAYER_RELATIVE_TOLERANCE = 0.1   # ... or, per layer, twice transformers' own bf16 move there
 # model_type of a recipe's config class that transformers lacks -> (the HF type with the same
 # weights' shapes, its build overrides, config.json keys the recipe's class reads).
 # Settings of the published checkpoints a recipe's code relies on that transformers' defaults lack:
@@ -282,18 +267,11 @@ def write_yaml_copy(recipe: Recipe, source: Path, checkpoint: Path, world_size: 
 
 
 # ---- running it --------------------------------------------------------------------------
-def probe_dir() -> Path:
-    return Path(__file__).resolve().parent / "_upstream_probe"
-
-
 def launch_env(plan: dict, env: dict, run_dir: Path) -> dict:
-    """`env` for a stand-in run: the stand-in's variables, the probe's sitecustomize after the
-    stand-in's on PYTHONPATH, the probe's dump and the stand-in's records in the run folder."""
+    """`env` for a stand-in run: the stand-in's variables and its records in the run folder (the
+    precision probe is in every trial run: agent.recipe.trial_run)."""
     from npu_standin.environment import standin_env
 
-    env = dict(env)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(probe_dir()), env.get("PYTHONPATH")]))
-    env[PROBE_ENV] = str(run_dir / PROBE_FILE)
     return standin_env(plan.get("device", "cpu"), base=env, record_dir=run_dir / RECORD_DIR)
 
 
@@ -348,209 +326,3 @@ def _relative_site(site: str, roots: list[Path]) -> str:
         except (ValueError, OSError):
             continue
     return str(site)
-
-
-# ---- precision -----------------------------------------------------------------------------
-def parity(recipe: Recipe, run: dict, plan: dict, timeout: int = defaults.TIMEOUT_S) -> dict:
-    """verification.parity of a stand-in run: rank 0's greedy text and the probe's prefill record
-    against transformers on the same checkpoint, in a subprocess (one JSON line)."""
-    from npu_standin.upstream import outputs
-
-    base = {"ok": None, "checked": False}
-    checkpoint = Path(plan.get("checkpoint") or "")
-    if not (checkpoint / "config.json").is_file():
-        return {**base, "reason": "no local checkpoint to compare on"}
-    model_type = json.loads((checkpoint / "config.json").read_text()).get("model_type")
-    from transformers import CONFIG_MAPPING
-
-    if model_type not in CONFIG_MAPPING:
-        return {**base, "reason": f"transformers has no {model_type!r} architecture: no reference to compare with"}
-    log0 = Path(run.get("log_dir") or "") / "log_0.log"
-    text = outputs(log0).get(0) if log0.is_file() else None
-    if text is None:
-        return {**base, "reason": "rank 0 logged no 'Request 0: outputs:' line"}
-    prompt = default_prompt(recipe)
-    if prompt is None:
-        return {**base, "reason": "no dataset/default_prompt.json in the checkout: the prompt is unknown"}
-    probe = Path(run["res_path"]) / PROBE_FILE
-    cmd = [sys.executable, "-m", "agent.measure.upstream_check", "--checkpoint", str(checkpoint),
-           "--text", text, "--prompt", prompt, "--max-new-tokens", str(plan["max_new_tokens"]),
-           "--input-len", str(plan["input_len"])]
-    if probe.is_file():
-        cmd += ["--probe", str(probe)]
-    if plan.get("tiny"):
-        cmd.append("--random-weights")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NPU_STANDIN") and k != PROBE_ENV}
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return {**base, "reason": f"the comparison with transformers took over {timeout} s"}
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        err = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return {**base, "reason": f"the comparison with transformers could not run: {err[:300]}"}
-    return json.loads(lines[-1])
-
-
-def default_prompt(recipe: Recipe) -> str | None:
-    for root in filter(None, (recipe.repo_root, recipe.path.parent.parent)):
-        path = root / "dataset" / "default_prompt.json"
-        if path.is_file():
-            try:
-                return json.loads(path.read_text(encoding="utf-8"))["text"]
-            except (ValueError, KeyError, TypeError):
-                return None
-    return None
-
-
-def compare(checkpoint: Path, text: str, prompt: str, max_new_tokens: int, input_len: int,
-            probe: Path | None) -> dict:
-    """The recipe (its greedy `text`, its probe record) against transformers' own model on `checkpoint`."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from npu_standin.upstream import greedy_parity
-
-    greedy = greedy_parity(checkpoint, prompt, text, max_new_tokens, input_len)
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
-    chat = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                         add_generation_prompt=True)
-    ids = tokenizer(chat, return_tensors="pt", truncation=True, max_length=input_len).input_ids
-    reference = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
-    name = f"transformers {type(reference).__name__} (npu stand-in)"
-    result = {"reference": name, "dtype": "bfloat16", "checked": True,
-              "greedy_tokens": greedy.get("tokens"), "greedy_tokens_equal": greedy["equal"],
-              "greedy_equal_up_to_ties": greedy["equal_up_to_ties"], "ties": greedy.get("ties"),
-              "min_margin": greedy.get("min_margin"), "recipe_text": text, "reference_text": greedy["reference_text"]}
-    layers_out: list = []
-    hooks = [layer.register_forward_hook(lambda m, a, out: layers_out.append(
-        (out[0] if isinstance(out, tuple) else out).detach().float()[0])) for layer in _decoder_layers(reference)]
-    with torch.no_grad():
-        logits = reference(ids).logits[0].float()
-    for hook in hooks:
-        hook.remove()
-    from agent.measure.parity import prompt_nll
-
-    result.update(prompt_nll(logits[None], ids))
-    # how far transformers' own model moves in bf16, at the logits and at each layer: the scale of
-    # rounding the recipe's bf16 run has (a MoE router near a tie moves a few tokens a long way)
-    rounded = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16).eval()
-    rounded_layers: list = []
-    hooks = [layer.register_forward_hook(lambda m, a, out: rounded_layers.append(
-        (out[0] if isinstance(out, tuple) else out).detach().float()[0])) for layer in _decoder_layers(rounded)]
-    with torch.no_grad():
-        result["reference_bf16_logits_diff"] = round(
-            (rounded(ids).logits[0, -1].float() - logits[-1]).abs().max().item(), 6)
-    for hook in hooks:
-        hook.remove()
-    del rounded
-    reference_bf16_layer_errors = [_relative_error(mine, ref) for mine, ref in zip(rounded_layers, layers_out)]
-    if not greedy["equal_up_to_ties"]:
-        # transformers' own bf16 model: where it leaves the fp32 path too, the same text is parity at bf16
-        from npu_standin.upstream import reference_generation
-
-        result["reference_bf16_text"] = reference_generation(checkpoint, prompt, max_new_tokens, input_len,
-                                                             "bfloat16")["text"]
-    greedy_ok = bool(greedy["equal_up_to_ties"]) or result.get("reference_bf16_text") == text
-    result["greedy_equal_to_reference_bf16"] = result.get("reference_bf16_text") == text if not greedy[
-        "equal_up_to_ties"] else None
-    record = _matching_prefill(probe, ids[0]) if probe is not None else None
-    logits_ok = None
-    if record is None:
-        result["logits"] = ("no prefill record of the recipe on this prompt" if probe is not None else
-                            "the recipe's process left no prefill record")
-    else:
-        ours = record["logits"][0]
-        theirs = logits[-1]
-        diff = (ours - theirs).abs().max().item()
-        scale = max(theirs.abs().max().item(), 1e-6)
-        tolerance = max(LOGITS_RELATIVE_TOLERANCE * scale, BF16_NOISE_FACTOR * result["reference_bf16_logits_diff"])
-        logits_ok = diff <= tolerance
-        n = ids.shape[1]
-        errors = [_relative_error(mine[:n], ref) for mine, ref in zip(record["layers"], layers_out)]
-        layer_tolerances = [round(max(LAYER_RELATIVE_TOLERANCE, BF16_NOISE_FACTOR * (own or 0.0)), 6)
-                            for own in reference_bf16_layer_errors]
-        result.update(max_abs_logits_diff=round(diff, 6), tolerance=round(tolerance, 6),
-                      relative_tolerance=LOGITS_RELATIVE_TOLERANCE, bf16_noise_factor=BF16_NOISE_FACTOR,
-                      layer_relative_errors=errors, reference_bf16_layer_errors=reference_bf16_layer_errors,
-                      layer_tolerance=LAYER_RELATIVE_TOLERANCE, layer_tolerances=layer_tolerances, prompt_tokens=n)
-    ok = greedy_ok and logits_ok is not False
-    result["ok"] = ok
-    if not ok:
-        errors = result.get("layer_relative_errors") or []
-        tolerances = result.get("layer_tolerances") or []
-        first = next((i for i, e in enumerate(errors) if e is not None
-                      and e > (tolerances[i] if i < len(tolerances) else LAYER_RELATIVE_TOLERANCE)), None)
-        result["first_divergent_layer"] = first
-        if first is not None:
-            where = f"decoder layer {first} (relative error {errors[first]} of its hidden states; tolerance " \
-                    f"{tolerances[first] if first < len(tolerances) else LAYER_RELATIVE_TOLERANCE})"
-        elif errors and logits_ok:
-            where = ("its decode steps (the prefill's logits and every decoder layer's hidden states agree "
-                     "within bf16 rounding)")
-        elif errors:
-            where = "the final norm or lm_head (every decoder layer's hidden states agree)"
-        else:
-            where = "an unknown layer (no per-layer record)"
-        what = []
-        if logits_ok is False:
-            what.append(f"prefill logits differ by {result['max_abs_logits_diff']} (tolerance {result['tolerance']})")
-        if not greedy_ok:
-            what.append("greedy text differs (from transformers in fp32 beyond bf16 ties, and in bf16)")
-        result["reason"] = f"{' and '.join(what)}: the recipe diverges from transformers at {where}"
-    return result
-
-
-def _relative_error(mine, ref) -> float | None:
-    """Relative L2 distance of one layer's hidden states; None where the shapes differ."""
-    if mine.shape != ref.shape:
-        return None
-    return round((mine - ref).norm().item() / max(ref.norm().item(), 1e-12), 6)
-
-
-def _decoder_layers(model):
-    count = model.config.get_text_config().num_hidden_layers
-    import torch
-
-    for _, child in model.named_modules():
-        if isinstance(child, torch.nn.ModuleList) and len(child) == count:
-            return list(child)
-    return []
-
-
-def _matching_prefill(probe: Path, ids) -> dict | None:
-    import torch
-
-    try:
-        data = torch.load(probe, weights_only=True)
-    except Exception:  # noqa: BLE001 - a partial record of a killed run
-        return None
-    n = ids.numel()
-    for record in data.get("prefills") or []:
-        got = record["input_ids"]
-        if got.numel() >= n and torch.equal(got[:n].long(), ids.long()):
-            return record
-    return None
-
-
-def main(argv=None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m agent.measure.upstream_check", description=parity.__doc__)
-    parser.add_argument("--checkpoint", type=Path, required=True)
-    parser.add_argument("--text", required=True, help="rank 0's 'Request 0: outputs:' text")
-    parser.add_argument("--prompt", required=True)
-    parser.add_argument("--max-new-tokens", type=int, required=True)
-    parser.add_argument("--input-len", type=int, required=True)
-    parser.add_argument("--probe", type=Path)
-    parser.add_argument("--random-weights", action="store_true", help="a tiny random checkpoint: its text is noise")
-    args = parser.parse_args(argv)
-    result = compare(args.checkpoint, args.text, args.prompt, args.max_new_tokens, args.input_len, args.probe)
-    if args.random_weights:
-        result["untrained_weights"] = True
-    print(json.dumps(result, default=lambda v: None if isinstance(v, float) and math.isnan(v) else str(v)))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,43 +1,81 @@
-"""Verify a recipe's output: parity against the original implementation where it is importable,
+"""Verify a recipe's output: the precision check (agent.measure.precision) for every recipe kind,
 the output-text check and every rank's success, as the baseline's `verification`."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+from agent.measure import precision
 from agent.measure.baseline import with_verification
-from agent.measure.framework_parity import framework_parity
 from agent.measure.parity import foreign_parity, run_parity
 from agent.records import Baseline, Run
 from agent.recipe.recipe import Recipe
+from agent.recipe.targets import state_dir
 
 
 def verify(recipe: Recipe, run: Run, collected: Baseline, trust_remote_code: bool = False,
            standin: dict | None = None, python: str | None = None, ours: bool = False) -> Baseline:
-    """The collected baseline with its parity: the vendored model against transformers for a
-    recipe on this engine (the trial run's parity dump is its side when there is one); for an
-    upstream recipe run under the npu stand-in (`standin`: its plan), its own model against
-    transformers on the run's checkpoint (agent.measure.upstream_check). `python`: the interpreter
-    with the recipe's transformers, where the reference side of a framework recipe runs. `ours`: the
-    recipe is one this migration wrote (a legacy recipe of ours is checked like a framework one)."""
-    if standin:
-        from agent.measure.upstream_check import parity as upstream_parity
-
-        parity = upstream_parity(recipe, run, standin)
-    elif recipe.kind == "standalone":
-        dump = Path(run.get("res_path") or recipe.path) / "parity_dump.pt"
-        parity = run_parity(recipe, trust_remote_code=trust_remote_code, dump=dump if dump.is_file() else None)
-    elif recipe.kind == "framework" and any(recipe.path.glob("models/modeling_*_framework.py")) and run.get("log_dir"):
-        # a framework recipe of ours: the executor's generated text against transformers
-        parity = framework_parity(Path(run.get("yaml") or recipe.yaml), Path(run["log_dir"]), recipe.repo_root,
-                                  python=python)
-    elif recipe.kind == "legacy" and recipe.repo_root and run.get("log_dir") and (ours or recipe.report().get("vendored")):
-        # a ModelRunner recipe of ours (the legacy target): its runner's text against transformers
-        parity = framework_parity(Path(run.get("yaml") or recipe.yaml), Path(run["log_dir"]), recipe.repo_root,
-                                  python=python, legacy=True)
-    else:
-        parity = foreign_parity(recipe)
+    """The collected baseline with its parity: the run's own record of every step held to
+    transformers on the checkpoint it ran (`standin`: the plan of a `--standin` run of an upstream
+    recipe, whose checkpoint may be a tiny one; `python`: the interpreter with the recipe's
+    transformers; `ours`: the recipe is one this migration wrote). A standalone recipe's vendored code
+    is also held to transformers on a shrunk config (agent.measure.parity, fp32). A recipe neither ours
+    nor run under the stand-in has no reference here: parity not applicable."""
+    checkpoint = Path(standin["checkpoint"]) if standin and standin.get("checkpoint") else recipe.checkpoint_dir()
+    ours = ours or recipe.kind == "standalone" or bool(recipe.report().get("vendored"))
+    if checkpoint is None or not (standin or ours):
+        return with_verification(collected, foreign_parity(recipe))
+    parity = precision_of(recipe, run, checkpoint, trust_remote_code, python, bool(standin and standin.get("tiny")))
+    if "untrained_weights" not in parity:
+        parity.update(recipe_nll(run))
+    if recipe.kind == "standalone" and parity.get("ok") is not None:
+        code = run_parity(recipe, trust_remote_code=trust_remote_code, code_only=True)
+        parity["code"] = code
+        if code.get("ok") is False:
+            parity["ok"] = False
+            parity["reason"] = f"the vendored code on a shrunk config: {code.get('reason') or code_numbers(code)}"
     return with_verification(collected, parity)
+
+
+def precision_of(recipe: Recipe, run: Run, checkpoint: Path, trust_remote_code: bool, python: str | None,
+                 tiny: bool) -> dict:
+    config = json.loads((checkpoint / "config.json").read_text())
+    if "auto_map" in config and not trust_remote_code:
+        # The original implementation is the repo's own code: never run it without the opt-in.
+        return {"ok": None, "checked": False,
+                "reason": "original implementation is remote code; pass --trust-remote-code to compare"}
+    settings = recipe.settings()
+    model_config = settings.get("model_config") if isinstance(settings.get("model_config"), dict) else {}
+    overrides = model_config.get("config_overrides") if recipe.kind == "standalone" else None
+    runs = state_dir(recipe.path) / "runs"
+    return precision.check(precision.record_dir(Path(run["res_path"])), checkpoint, python=python,
+                           overrides=overrides or None, trust_remote_code=trust_remote_code, random_weights=tiny,
+                           pids_file=runs / "precision.pids" if runs.is_dir() and not runs.is_symlink() else None)
+
+
+def recipe_nll(run: Run) -> dict:
+    """Whether the weights are untrained, judged on the recipe's own prompt logits (this tool's engine
+    leaves them in parity_dump.pt) where the reference could not say (transformers fails on it)."""
+    dump = Path(run.get("res_path") or ".") / "parity_dump.pt"
+    if not dump.is_file():
+        return {}
+    try:
+        import torch
+
+        data = torch.load(dump, weights_only=True)
+        nll, uniform = float(data["prompt_nll"]), float(data["uniform_nll"])
+    except Exception:  # noqa: BLE001 - a partial dump of a killed run: nothing to say
+        return {}
+    from agent.measure.parity import UNTRAINED_NLL_FRACTION
+
+    return {"prompt_nll": round(nll, 4), "uniform_nll": round(uniform, 4),
+            "untrained_weights": nll >= UNTRAINED_NLL_FRACTION * uniform}
+
+
+def code_numbers(code: dict) -> str:
+    return (f"max |logits diff| {code.get('max_abs_logits_diff')} (tolerance {code.get('tolerance')}), "
+            f"greedy tokens equal: {code.get('greedy_tokens_equal')}")
 
 
 def problems(baseline: Baseline) -> list[str]:
@@ -51,13 +89,8 @@ def problems(baseline: Baseline) -> list[str]:
         found.append(f"abnormal output text: {'; '.join(output_check.get('reasons') or [])}")
     parity = verification.get("parity") or {}
     if parity.get("ok") is False:
-        found.append(f"parity check failed: {parity.get('reason') or parity_numbers(parity)}")
+        found.append(f"parity check failed: {parity.get('reason') or code_numbers(parity)}")
     return found
-
-
-def parity_numbers(parity: dict) -> str:
-    return (f"max |logits diff| {parity.get('max_abs_logits_diff')} (tolerance {parity.get('tolerance')}), "
-            f"greedy tokens equal: {parity.get('greedy_tokens_equal')}")
 
 
 def abnormal_output_run(run: Run, baseline: Baseline) -> Run | None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from agent.errors import describe_fault
-from agent.measure import run_log
+from agent.measure import precision, run_log
 from agent.processes import run_tree, stop_leftovers
 from agent.progress import trial_run_counter
 from agent.records import Run
@@ -64,6 +64,7 @@ def trial_run(recipe: Recipe, label: str, world_size: int = 1, timeout_s: int | 
 
         env = upstream_check.launch_env(standin, env, run_dir)
         command = upstream_check.legacy_command(recipe, standin) or command
+    env = precision.probe_env(env, run_dir)       # every step of every rank recorded for the precision check
     if python:
         # first on PATH: upstream's scripts call `python3`; the stand-in's hook is on PYTHONPATH either way
         env["PYTHON"] = python

@@ -1,0 +1,462 @@
+"""The precision check: one verdict for every recipe kind, per step, teacher-forced.
+
+The recipe's own processes record what their model computed at every step (agent.measure.
+precision_probe: each rank's prefill and decode calls, the logits of each request's last position
+and every decoder layer's hidden states). From that record each request's prompt and tokens are
+read back (the tokens are the recipe's greedy picks, each checked against the token the recipe fed
+to its next step), and transformers' own model of the checkpoint — the recipe's pinned release —
+runs once per request on prompt + tokens, without a cache: in float32, and in the recipe's dtype
+where that is lower. Step k (the prefill's last position is step 0, decode step k is step k) passes
+when
+
+* the recipe's token is transformers' argmax on that same prefix in float32 or in the recipe's
+  dtype, or a tie at that step: a token whose float32 logit is within that step's tolerance of the
+  argmax's (kernels that round in another order may pick either; every tie is listed), and
+* the recipe's logits are within `tolerance(...)` of transformers' float32 logits at that step.
+
+THE TOLERANCE RULE (the one place it is defined): at each step, NOISE_FACTOR times the largest
+|logit| difference between transformers' own model in the recipe's dtype and in float32 on that
+prefix — the rounding that dtype causes there — and never below FLOOR[dtype] of the largest float32
+|logit| (float32 runs: arithmetic order only). Per decoder layer the same rule locates a failure:
+NOISE_FACTOR times transformers' own relative move of that layer's hidden states at that position,
+never below LAYER_FLOOR[dtype].
+
+A failure names the first failing step (rank, request, prefill or decode step k) and the first
+decoder layer at that step whose hidden states are beyond their tolerance. An empty output never
+passes. `closest` is the step that came nearest its tolerance (error / tolerance).
+
+Runs as `python -m agent.measure.precision --record DIR --checkpoint C` (one JSON object on stdout)
+in the interpreter with the recipe's transformers; `check(...)` starts it as one process tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+NOISE_FACTOR = 2.0
+FLOOR = {"float32": 1e-4, "float16": 1e-3, "bfloat16": 1e-3}
+LAYER_FLOOR = {"float32": 1e-4, "float16": 5e-3, "bfloat16": 5e-3}
+RECORD_ENV = "MIGRATOR_PRECISION_RECORD"
+RULE = (f"step k passes when the recipe's token is transformers' argmax on the same prefix (float32 or the "
+        f"run's dtype) or within the step's tolerance of it in float32 (a tie), and max |recipe - float32 logits| "
+        f"<= the step's tolerance: max({NOISE_FACTOR} x transformers' own max |run dtype - float32| at step k, "
+        f"floor x max |float32 logit|) (agent.measure.precision)")
+
+
+def tolerance(own_move: float, scale: float, dtype: str) -> float:
+    """The logits tolerance at one step (see the module docs)."""
+    return max(NOISE_FACTOR * own_move, FLOOR.get(dtype, FLOOR["bfloat16"]) * scale)
+
+
+def layer_tolerance(own_move: float, dtype: str) -> float:
+    return max(NOISE_FACTOR * own_move, LAYER_FLOOR.get(dtype, LAYER_FLOOR["bfloat16"]))
+
+
+# ---- the record: requests with their steps ------------------------------------------------------
+@dataclass
+class Step:
+    phase: str
+    logits: object                    # [V] float32
+    layers: list | None               # per layer [tokens, H]: the prompt's rows at prefill, one row at decode
+    fed: int | None = None            # the token the recipe fed to the step after this one
+
+
+@dataclass
+class Request:
+    rank: int
+    index: int
+    prompt: list[int]
+    steps: list[Step] = field(default_factory=list)
+    eos: frozenset = frozenset()
+
+    @property
+    def tokens(self) -> list[int]:
+        return [int(step.logits.argmax()) for step in self.steps]
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.steps) and self.tokens[-1] in self.eos
+
+
+def load_calls(folder: Path) -> list[dict]:
+    import torch
+
+    calls = []
+    for path in sorted(folder.glob("call_*.pt")):
+        try:
+            calls.append(torch.load(path, weights_only=True))
+        except Exception:  # noqa: BLE001 - a file a killed run left half written: the record ends there
+            break
+    return calls
+
+
+def _prefill_rows(call: dict) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, the rows of the call's layer tensors that hold them) per request of a prefill."""
+    ids = call["input_ids"].tolist()
+    shape = call.get("shape") or [len(ids)]
+    rows = call["rows"]
+    if call.get("seq_ends"):
+        ends = call["seq_ends"][:rows]
+        starts = [0, *ends[:-1]]
+        return [(ids[s:e], list(range(s, e))) for s, e in zip(starts, ends)]
+    if len(shape) == 2:
+        width = shape[1]
+        mask = call.get("attention_mask")
+        out = []
+        for b in range(shape[0]):
+            kept = [t for t in range(width) if mask is None or int(mask[b, t]) == 1]
+            out.append(([ids[b * width + t] for t in kept], [b * width + t for t in kept]))
+        return out
+    return [(ids, list(range(len(ids))))] if rows == 1 else []
+
+
+def requests_of(calls: list[dict], rank: int, eos: set[int]) -> tuple[list[Request], list[str]]:
+    """The last generation of one rank's record (a warm-up before it is the same run again): prefills
+    with no decode between them are one generation; decode rows follow its unfinished requests in order."""
+    generations: list[list[Request]] = []
+    decoded = True
+    problems: list[str] = []
+    for call in calls:
+        if call["phase"] == "prefill":
+            if decoded:
+                generations.append([])
+                decoded = False
+            for b, (prompt, token_rows) in enumerate(_prefill_rows(call)):
+                layers = None
+                if call.get("layers") and all(t.shape[0] > max(token_rows, default=-1) for t in call["layers"]):
+                    layers = [t[token_rows] for t in call["layers"]]
+                request = Request(rank, len(generations[-1]), prompt, eos=frozenset(eos))
+                request.steps.append(Step("prefill", call["logits"][b], layers))
+                generations[-1].append(request)
+        elif generations:
+            decoded = True
+            active = [r for r in generations[-1] if not r.finished]
+            ids = call["input_ids"].tolist()
+            for b, request in enumerate(active[:call["rows"]]):
+                request.steps[-1].fed = ids[b] if b < len(ids) else None
+                layers = None
+                if call.get("layers") and all(t.shape[0] > b for t in call["layers"]):
+                    layers = [t[b:b + 1] for t in call["layers"]]
+                request.steps.append(Step("decode", call["logits"][b], layers))
+            if len(active) > call["rows"]:
+                problems.append(f"rank {rank}: a decode call with {call['rows']} rows for {len(active)} unfinished requests")
+    return (generations[-1] if generations else []), problems
+
+
+# ---- transformers on prompt + the recipe's tokens ---------------------------------------------
+def _decoder_layers(model):
+    import torch
+
+    count = model.config.get_text_config().num_hidden_layers
+    for _, child in model.named_modules():
+        if isinstance(child, torch.nn.ModuleList) and len(child) == count:
+            return list(child)
+    return []
+
+
+class Reference:
+    """transformers' own model of the checkpoint in one dtype: logits and per-layer hidden states of
+    a whole sequence in one forward (no cache: the oracle of every step at once)."""
+
+    def __init__(self, checkpoint: Path, dtype: str, overrides: dict, trust_remote_code: bool):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(
+            checkpoint, dtype=getattr(torch, dtype), local_files_only=True, trust_remote_code=trust_remote_code,
+            **overrides).eval()
+        self.name = type(self.model).__name__
+        self.layers = _decoder_layers(self.model)
+
+    def run(self, ids: list[int]):
+        import torch
+
+        captured: list = []
+        hooks = [layer.register_forward_hook(lambda m, a, out: captured.append(
+            (out[0] if isinstance(out, tuple) else out).detach().float()[0])) for layer in self.layers]
+        try:
+            with torch.no_grad():
+                logits = self.model(torch.tensor([ids], dtype=torch.long)).logits[0].float()
+        finally:
+            for hook in hooks:
+                hook.remove()
+        return logits, captured
+
+
+def _relative(mine, ref) -> float | None:
+    if mine is None or ref is None or tuple(mine.shape) != tuple(ref.shape):
+        return None
+    return (mine - ref).norm().item() / max(ref.norm().item(), 1e-12)
+
+
+def judge_request(request: Request, exact: Reference, rounded: Reference | None, dtype: str,
+                  decode_text) -> dict:
+    """Every step of one request against the references (see the module docs)."""
+    tokens = request.tokens
+    prompt = request.prompt
+    sequence = prompt + tokens[:-1]
+    fp_logits, fp_layers = exact.run(sequence)
+    lo_logits, lo_layers = rounded.run(sequence) if rounded is not None else (None, None)
+    vocab = fp_logits.shape[-1]
+    steps, first = [], None
+    for k, step in enumerate(request.steps):
+        position = len(prompt) - 1 + k
+        mine = step.logits[:vocab].float()
+        fp = fp_logits[position]
+        lo = lo_logits[position] if lo_logits is not None else fp
+        own = (lo - fp).abs().max().item()
+        error = (mine - fp).abs().max().item()
+        allowed = tolerance(own, fp.abs().max().item(), dtype)
+        token = tokens[k]
+        argmax = {int(fp.argmax()), int(lo.argmax())}
+        gap = (fp.max() - fp[token]).item()
+        record = {"step": k, "phase": step.phase, "token": token, "reference_argmax_float32": int(fp.argmax()),
+                  f"reference_argmax_{dtype}": int(lo.argmax()), "max_abs_logits_diff": round(error, 6),
+                  "reference_own_move": round(own, 6), "tolerance": round(allowed, 6),
+                  "ratio": round(error / allowed, 4) if allowed > 0 else (0.0 if error == 0 else math.inf),
+                  "token_ok": token in argmax or gap <= allowed, "logits_ok": error <= allowed}
+        if token not in argmax:
+            record["tie"] = {"float32_gap": round(gap, 6)}
+        fed_ok = step.fed is None or step.fed == token
+        if not fed_ok:
+            record["fed"] = step.fed
+        record["ok"] = record["token_ok"] and record["logits_ok"] and fed_ok
+        if not record["ok"] and first is None:
+            first = record
+            record["layer"] = locate(step, fp_layers, lo_layers, prompt, position, dtype)
+        steps.append(record)
+    text = decode_text(tokens)
+    return {"rank": request.rank, "request": request.index, "prompt_tokens": len(prompt), "tokens": len(tokens),
+            "text": text, "empty": not text.strip(), "steps": steps, "first_failure": first,
+            "ok": first is None and bool(text.strip())}
+
+
+def locate(step: Step, fp_layers, lo_layers, prompt, position: int, dtype: str) -> dict:
+    """The first decoder layer at this step whose hidden states leave transformers' beyond rounding."""
+    if not step.layers:
+        return {"layer": None, "why": "no per-layer record at this step (a compiled step runs no hooks)"}
+    if step.phase == "prefill":
+        rows = slice(0, len(prompt))
+    else:
+        rows = slice(position, position + 1)
+    errors, tolerances = [], []
+    for index, mine in enumerate(step.layers):
+        if index >= len(fp_layers):
+            break
+        ref = fp_layers[index][rows]
+        own = _relative(lo_layers[index][rows], ref) if lo_layers else 0.0
+        errors.append(_relative(mine.float(), ref))
+        tolerances.append(layer_tolerance(own or 0.0, dtype))
+    first = next((i for i, (e, t) in enumerate(zip(errors, tolerances)) if e is not None and e > t), None)
+    return {"layer": first, "layer_relative_errors": [None if e is None else round(e, 6) for e in errors],
+            "layer_tolerances": [round(t, 6) for t in tolerances]}
+
+
+def step_name(record: dict) -> str:
+    return "the prefill" if record["phase"] == "prefill" else f"decode step {record['step']}"
+
+
+def verify_record(record_dir: Path, checkpoint: Path, dtype: str | None = None, overrides: dict | None = None,
+                  trust_remote_code: bool = False) -> dict:
+    """The check itself, in this process (see the module docs)."""
+    import torch
+    import transformers
+    from transformers import AutoTokenizer
+
+    ranks = sorted((p for p in record_dir.glob("rank_*") if p.is_dir()), key=lambda p: int(p.name[5:] or 0))
+    calls = {int(p.name[5:]): load_calls(p) for p in ranks}
+    calls = {rank: found for rank, found in calls.items() if found}
+    base = {"ok": False, "checked": False, "method": "precision, per step, teacher-forced", "rule": RULE}
+    if not calls:
+        return {**base, "reason": f"the recipe's processes left no precision record in {record_dir}"}
+    dtype = dtype or next((c.get("dtype") for found in calls.values() for c in found if c.get("dtype")), "float32")
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
+    exact = Reference(checkpoint, "float32", overrides or {}, trust_remote_code)
+    eos: set[int] = set()
+    for source in (exact.model.config, exact.model.generation_config, tokenizer):
+        value = getattr(source, "eos_token_id", None)
+        eos |= set(value) if isinstance(value, (list, tuple)) else ({value} if value is not None else set())
+    rounded = Reference(checkpoint, dtype, overrides or {}, trust_remote_code) if dtype != "float32" else None
+
+    def decode_text(tokens):
+        return tokenizer.decode(torch.tensor(tokens, dtype=torch.long), skip_special_tokens=True)
+
+    results, problems, cache = [], [], {}
+    for rank, found in calls.items():
+        requests, trouble = requests_of(found, rank, eos)
+        problems += trouble
+        for request in requests:
+            if not request.steps:
+                continue
+            key = (tuple(request.prompt), tuple(request.tokens))
+            if key not in cache:
+                cache[key] = judge_request(request, exact, rounded, dtype, decode_text)
+            results.append({**cache[key], "rank": rank, "request": request.index})
+    if not results:
+        return {**base, "reason": f"the precision record in {record_dir} holds no request with a prefill"}
+    every = [(r, s) for r in results for s in r["steps"]]
+    closest_r, closest_s = max(every, key=lambda rs: rs[1]["ratio"])
+    failed = next((r for r in results if not r["ok"]), None)
+    summary = {**base, "checked": True, "ok": failed is None and not problems,
+               "reference": f"transformers {transformers.__version__} {exact.name}",
+               "dtype": dtype, "reference_dtypes": ["float32", *([dtype] if rounded else [])],
+               "ranks": len(calls), "requests": len(results), "steps_checked": len(every),
+               "decode_steps_checked": sum(1 for _, s in every if s["phase"] == "decode"),
+               "closest": {"rank": closest_r["rank"], "request": closest_r["request"], "step": closest_s["step"],
+                           "phase": closest_s["phase"], "ratio": closest_s["ratio"],
+                           "max_abs_logits_diff": closest_s["max_abs_logits_diff"],
+                           "tolerance": closest_s["tolerance"]},
+               "max_abs_logits_diff": max(s["max_abs_logits_diff"] for _, s in every),
+               "greedy_tokens": max(r["tokens"] for r in results),
+               "greedy_tokens_equal": all(s["token"] == s["reference_argmax_float32"] for _, s in every),
+               "ties": [{"rank": r["rank"], "request": r["request"], "step": s["step"], **s["tie"]}
+                        for r, s in every if "tie" in s][:16],
+               "tokens_off_float32_argmax": sum(1 for _, s in every if s["token"] != s["reference_argmax_float32"]),
+               "per_request": [{k: v for k, v in r.items() if k != "steps"} for r in results]}
+    summary.update(prompt_nll(exact, tokenizer))
+    if problems:
+        summary["reason"] = "; ".join(problems[:3])
+    elif failed is not None:
+        summary["reason"] = failure_reason(failed, dtype)
+        summary["first_failure"] = {"rank": failed["rank"], "request": failed["request"],
+                                    **(failed["first_failure"] or {"empty": True})}
+        layer = (failed["first_failure"] or {}).get("layer") or {}
+        summary["first_divergent_layer"] = layer.get("layer")
+        summary["first_failing_step"] = (step_name(failed["first_failure"]) if failed["first_failure"]
+                                         else "the whole output (empty)")
+    return summary
+
+
+def prompt_nll(exact: Reference, tokenizer) -> dict:
+    """How well the checkpoint's own model predicts the default prompt (random weights write noise)."""
+    import torch
+
+    from engine.data import DEFAULT_PROMPT
+    from agent.measure.parity import prompt_nll as nll
+
+    ids = tokenizer([DEFAULT_PROMPT], return_tensors="pt").input_ids
+    with torch.no_grad():
+        logits = exact.model(ids).logits.float()
+    return nll(logits, ids)
+
+
+def failure_reason(failed: dict, dtype: str) -> str:
+    where = f"(rank {failed['rank']}, request {failed['request']})"
+    first = failed["first_failure"]
+    if first is None:
+        return f"the recipe's output is empty {where}"
+    what = []
+    if not first["token_ok"]:
+        what.append(f"its token {first['token']} is not transformers' argmax on the same prefix "
+                    f"({first['reference_argmax_float32']} in float32, {first[f'reference_argmax_{dtype}']} in {dtype})")
+    if not first["logits_ok"]:
+        what.append(f"its logits differ by {first['max_abs_logits_diff']} (tolerance {first['tolerance']}: "
+                    f"{NOISE_FACTOR} x transformers' own {dtype} move {first['reference_own_move']} there)")
+    if "fed" in first:
+        what.append(f"it fed token {first['fed']} to the next step, not its own greedy token {first['token']}")
+    layer = first.get("layer") or {}
+    if layer.get("layer") is not None:
+        index = layer["layer"]
+        located = (f", first at decoder layer {index} (relative error {layer['layer_relative_errors'][index]} of "
+                   f"its hidden states; tolerance {layer['layer_tolerances'][index]})")
+    elif layer.get("why"):
+        located = f" ({layer['why']})"
+    elif layer.get("layer_relative_errors"):
+        located = ", after every decoder layer (the final norm or lm_head)"
+    else:
+        located = ""
+    return f"the recipe diverges from transformers at {step_name(first)} {where}{located}: {' and '.join(what)}"
+
+
+# ---- from the migrator: the probe in every run, the check as one process tree ------------------
+def probe_dir() -> Path:
+    return Path(__file__).resolve().parent / "_precision_probe"
+
+
+def record_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "precision"
+
+
+def probe_env(env: dict, run_dir: Path) -> dict:
+    """`env` with the probe installed (its sitecustomize first on PYTHONPATH; it runs the one it
+    shadows, the npu stand-in's among them) and recording into the run folder."""
+    env = dict(env)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(probe_dir()), env.get("PYTHONPATH")]))
+    env[RECORD_ENV] = str(record_dir(run_dir))
+    return env
+
+
+def check(record_dir: Path, checkpoint: Path, *, python: str | None = None, dtype: str | None = None,
+          overrides: dict | None = None, trust_remote_code: bool = False, random_weights: bool = False,
+          timeout: int = 1800, pids_file: Path | None = None, cwd: Path | None = None) -> dict:
+    """`verify_record` in `python` (default: this interpreter), as one process tree the migrator owns
+    (stopped with it on SIGINT / SIGTERM or the timeout)."""
+    from agent.processes import run_tree, stop_leftovers
+
+    root = str(Path(__file__).resolve().parents[2])
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("NPU_STANDIN") and k not in (RECORD_ENV, "RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    cmd = [python or sys.executable, "-m", "agent.measure.precision", "--record", str(record_dir),
+           "--checkpoint", str(checkpoint)]
+    if dtype:
+        cmd += ["--dtype", dtype]
+    if overrides:
+        cmd += ["--overrides", json.dumps(overrides)]
+    if trust_remote_code:
+        cmd.append("--trust-remote-code")
+    if pids_file is not None:
+        stop_leftovers(pids_file)
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        tree = run_tree(cmd, cwd=cwd or record_dir, env=env, stdout=out, stderr=err, timeout=timeout,
+                        pids_file=pids_file)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    lines = stdout.strip().splitlines()
+    if tree.returncode != 0 or not lines:
+        why = "timed out" if tree.timed_out else (stderr.strip().splitlines() or ["no output"])[-1]
+        return {"ok": False, "checked": False, "method": "precision, per step, teacher-forced",
+                "reason": f"the precision check could not run: {why[:300]}"}
+    result = json.loads(lines[-1])
+    if random_weights:
+        result["untrained_weights"] = True
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m agent.measure.precision", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--record", type=Path, required=True, help="the run's precision record folder")
+    parser.add_argument("--checkpoint", type=Path, required=True)
+    parser.add_argument("--dtype", help="the run's dtype (default: the record's)")
+    parser.add_argument("--overrides", default="{}", help="config overrides (JSON) the recipe applies")
+    parser.add_argument("--trust-remote-code", action="store_true")
+    args = parser.parse_args(argv)
+    from engine.environment import import_torch
+
+    import_torch()
+    try:
+        result = verify_record(args.record, args.checkpoint, args.dtype, json.loads(args.overrides),
+                               args.trust_remote_code)
+    except Exception as exc:  # noqa: BLE001 - only transformers' own failures are answered here
+        from agent.measure.parity import _raised_by_transformers
+
+        if not _raised_by_transformers(exc):
+            raise
+        first = (str(exc).splitlines() or [""])[0][:200]
+        result = {"ok": None, "checked": False, "method": "precision, per step, teacher-forced", "reference": None,
+                  "reason": f"transformers cannot build or run this checkpoint: {type(exc).__name__}: {first}"}
+    print(json.dumps(result, default=lambda v: None if isinstance(v, float) and math.isnan(v) else str(v)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

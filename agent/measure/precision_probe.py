@@ -1,0 +1,241 @@
+"""Inside a recipe's process: record what its model computed at every step, for the precision check.
+
+Loaded by `_precision_probe/sitecustomize.py` when MIGRATOR_PRECISION_RECORD names a folder; imports
+torch only (this file runs in the recipe's process, not the migrator's: the project's own `models`
+folder must not shadow a checkout's). Every rank writes `rank_<R>/call_<N>.pt`, one file per forward
+call of the model, so a killed run keeps what it recorded and no file is rewritten:
+
+    {"phase": "prefill" | "decode", "input_ids": 1-D long, "rows": int,
+     "seq_ends": cumulative token counts per request (packed prefill) or None,
+     "attention_mask": the [B, T] mask of a padded prefill or None,
+     "logits": [rows, V] float32 (each request's last position),
+     "layers": per decoder layer, its output hidden states [tokens, H] float32 (a layer that returns
+               `(residual, hidden)` is their sum: the stream the next layer reads), or None,
+     "dtype": the model's parameter dtype}
+
+Where the calls are seen:
+* upstream's executor (`executor.core.model_worker.model_worker.ModelWorker.inference`, wrapped when
+  that module is imported): every prefill and decode call, eager or compiled (graph mode's decode runs
+  a compiled function whose inside no hook sees: its logits are taken from what `inference` returns);
+  the warm-up (`forward_metadata.is_warm_up`) and MTP calls are skipped;
+* anything else (this tool's engine, a ModelRunner recipe): the first `*ForCausalLM` module called,
+  by forward hooks; calls with `use_cache=False` (a full-prompt forward after the run) are skipped.
+Decoder layers (the ModuleList of `config.num_hidden_layers` modules) are hooked in both cases; inside
+a compiled region the hooks do nothing, so a compiled decode step has logits and no layers.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+RECORD_ENV = "MIGRATOR_PRECISION_RECORD"
+WORKER_MODULE = "executor.core.model_worker.model_worker"
+# prefill hidden states of every token are kept up to this many floats over all layers; past it,
+# only each request's last token (enough to locate a fault; a long real prompt stays small)
+MAX_PREFILL_LAYER_FLOATS = 1 << 24
+MAX_CALLS = 4096
+
+_state = {"dir": None, "models": set(), "calls": 0, "current": None, "worker": False, "dtype": None}
+
+
+def install(folder: str) -> None:
+    import torch
+
+    _state["dir"] = os.path.join(folder, f"rank_{_rank()}")
+    torch.nn.modules.module.register_module_forward_pre_hook(_find_model)
+    sys.meta_path.insert(0, _WorkerFinder())
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")) or 0)
+
+
+def _compiling() -> bool:
+    import torch
+
+    return bool(getattr(torch.compiler, "is_compiling", lambda: False)())
+
+
+# ---- upstream's ModelWorker: the one place every step's logits pass, compiled or not ----------
+class _WorkerFinder:
+    """Wraps ModelWorker.inference once its module has run (a meta-path finder that delegates the
+    import to the real one)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != WORKER_MODULE:
+            return None
+        import importlib.machinery
+
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        run_module = spec.loader.exec_module
+
+        def exec_module(module):
+            run_module(module)
+            worker = getattr(module, "ModelWorker", None)
+            if worker is not None and hasattr(worker, "inference"):
+                worker.inference = _wrap_inference(worker.inference)
+                _state["worker"] = True
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def _wrap_inference(inference):
+    def wrapped(self, model_inputs, is_prefill, *args, **kwargs):
+        metadata = model_inputs.get("forward_metadata") if isinstance(model_inputs, dict) else None
+        warm_up = bool(getattr(metadata, "is_warm_up", False) or (isinstance(model_inputs, dict)
+                                                                   and model_inputs.get("is_warm_up")))
+        is_mtp = bool(kwargs.get("is_mtp") or (args and args[0]))
+        if warm_up or is_mtp:
+            return inference(self, model_inputs, is_prefill, *args, **kwargs)
+        ids = model_inputs.get("input_ids")
+        ends = getattr(metadata, "actual_seq_lengths_cu_q", None) if is_prefill else None
+        _begin("prefill" if is_prefill else "decode", ids, ends, None)
+        try:
+            result = inference(self, model_inputs, is_prefill, *args, **kwargs)
+        except BaseException:
+            _state["current"] = None
+            raise
+        output = result[0] if isinstance(result, tuple) else result
+        _end(output)
+        return result
+    return wrapped
+
+
+# ---- the model and its layers ---------------------------------------------------------------
+def _find_model(module, args):
+    if _compiling() or id(module) in _state["models"] or not type(module).__name__.endswith("ForCausalLM"):
+        return None
+    _state["models"].add(id(module))
+    if len(_state["models"]) > 1:      # a draft / MTP model: the main model is the first one called
+        return None
+    import torch
+
+    config = getattr(module, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    count = getattr(text, "num_hidden_layers", None)
+    try:
+        _state["dtype"] = str(next(module.parameters()).dtype).removeprefix("torch.")
+    except StopIteration:
+        pass
+    for _, child in module.named_modules():
+        if isinstance(child, torch.nn.ModuleList) and count and len(child) == count:
+            for index, layer in enumerate(child):
+                layer.register_forward_hook(_layer_hook(index))
+            break
+    module.register_forward_pre_hook(_model_pre_hook, with_kwargs=True)
+    module.register_forward_hook(_model_hook, with_kwargs=True)
+    return None
+
+
+def _model_pre_hook(module, args, kwargs):
+    if _state["worker"] or _compiling() or kwargs.get("use_cache") is False:
+        return None
+    ids = kwargs.get("input_ids")
+    if ids is None and args:
+        ids = args[0]
+    if ids is None or not hasattr(ids, "numel"):
+        return None
+    metadata = kwargs.get("forward_metadata")
+    prefill = bool(metadata.is_prefill) if metadata is not None and hasattr(metadata, "is_prefill") else (
+        ids.dim() >= 2 and ids.shape[-1] > 1)
+    if metadata is not None and getattr(metadata, "is_warm_up", False):
+        return None
+    ends = getattr(metadata, "actual_seq_lengths_cu_q", None) if prefill and metadata is not None else None
+    mask = kwargs.get("attention_mask")
+    mask = mask if prefill and hasattr(mask, "shape") and mask.shape == ids.shape and ids.dim() == 2 else None
+    _begin("prefill" if prefill else "decode", ids, ends, mask)
+    return None
+
+
+def _model_hook(module, args, kwargs, output):
+    if _state["worker"] or _compiling() or _state["current"] is None:
+        return None
+    _end(output)
+    return None
+
+
+def _layer_hook(index):
+    def hook(module, args, output):
+        current = _state["current"]
+        if current is None or _compiling():
+            return None
+        hidden = _hidden(output)
+        if hidden is not None:
+            current["layers"][index] = hidden.detach().float().reshape(-1, hidden.shape[-1]).cpu().clone()
+        return None
+    return hook
+
+
+def _hidden(output):
+    import torch
+
+    if isinstance(output, torch.Tensor):
+        return output
+    logits = getattr(output, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    if isinstance(output, (tuple, list)):
+        tensors = [t for t in output if isinstance(t, torch.Tensor)]
+        if len(tensors) == 2 and tensors[0].shape == tensors[1].shape:
+            return tensors[0].float() + tensors[1].float()
+        if tensors:
+            return tensors[0]
+    return None
+
+
+# ---- one call: begin, its layers, end ---------------------------------------------------------
+def _as_list(value):
+    if value is None:
+        return None
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    try:
+        return [int(v) for v in value]
+    except (TypeError, ValueError):
+        return None
+
+
+def _begin(phase, ids, ends, mask) -> None:
+    if ids is None or not hasattr(ids, "numel") or _state["calls"] >= MAX_CALLS:
+        _state["current"] = None
+        return
+    _state["current"] = {"phase": phase, "input_ids": ids.detach().reshape(-1).long().cpu().clone(),
+                         "shape": list(ids.shape), "seq_ends": _as_list(ends),
+                         "attention_mask": None if mask is None else mask.detach().long().cpu().clone(),
+                         "layers": {}}
+
+
+def _end(output) -> None:
+    import torch
+
+    current, _state["current"] = _state["current"], None
+    if current is None:
+        return
+    logits = _hidden(output)
+    if logits is None:
+        return
+    logits = logits.detach().float()
+    shape = current["shape"]
+    if logits.dim() == 3 and logits.shape[1] > 1:          # [B, T, V]: each row's last position
+        logits = logits[:, -1, :]
+    elif logits.dim() == 2 and current["phase"] == "prefill" and current["seq_ends"] and \
+            logits.shape[0] == current["input_ids"].numel() and len(current["seq_ends"]) > 0:
+        logits = logits[torch.tensor(current["seq_ends"]) - 1]   # packed [T, V]: each request's last token
+    logits = logits.reshape(-1, logits.shape[-1])
+    layers = [current["layers"][i] for i in sorted(current["layers"])] or None
+    if layers and current["phase"] == "prefill" and sum(t.numel() for t in layers) > MAX_PREFILL_LAYER_FLOATS:
+        layers = None
+    record = {"phase": current["phase"], "input_ids": current["input_ids"], "shape": shape,
+              "rows": int(logits.shape[0]), "seq_ends": current["seq_ends"],
+              "attention_mask": current["attention_mask"], "logits": logits.cpu().clone(),
+              "layers": layers, "dtype": _state["dtype"]}
+    os.makedirs(_state["dir"], exist_ok=True)
+    path = os.path.join(_state["dir"], f"call_{_state['calls']:05d}.pt")
+    _state["calls"] += 1
+    torch.save(record, path + ".tmp")
+    os.replace(path + ".tmp", path)

@@ -1,0 +1,132 @@
+"""The precision check in both directions (agent.measure.precision): faults that touch only the decode
+steps — the prefill untouched — end exit 1 naming a decode step; untouched runs, low-margin ones
+included, pass.
+
+Each fault is a textual edit of a model's code (upstream's own models/qwen, and the framework model
+this tool writes), guarded by `not is_prefill`-style conditions so the prefill computes exactly what
+it did. The default suite runs one fault per model; `pytest -m slow tests/test_precision_faults.py`
+runs the whole table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from test_upstream_check import copy_snapshot, run_standin
+
+QWEN = "models/qwen/models/modeling_qwen.py"
+# fault -> (old text, new text) in upstream's modeling_qwen.py: each changes the decode steps only
+QWEN_FAULTS = {
+    # the decode attention admits the 8 slots past the sequence (not yet written)
+    "mask": ("            actual_seq_kvlen = forward_metadata.actual_seq_lengths_kv\n",
+             "            actual_seq_kvlen = forward_metadata.actual_seq_lengths_kv\n"
+             "            if not is_prefill:\n"
+             "                actual_seq_kvlen = ([n + 8 for n in actual_seq_kvlen] if isinstance(actual_seq_kvlen, list)\n"
+             "                                    else actual_seq_kvlen + 8)\n"),
+    # a decode step writes its key and value one slot on: the slot it attends to holds zeros
+    "cache_slot": ("        tmp_slot_mapping = slot_mapping.view(-1)\n",
+                   "        tmp_slot_mapping = slot_mapping.view(-1)\n"
+                   "        if not is_prefill:\n"
+                   "            tmp_slot_mapping = tmp_slot_mapping + 1\n"),
+    # a decode step's rotary position one on
+    "position": ("        position_ids = position_ids.view(-1).long()\n",
+                 "        position_ids = position_ids.view(-1).long()\n"
+                 "        if not is_prefill:\n"
+                 "            position_ids = position_ids + 1\n"),
+    # a decode step scales the scores by 1/head_dim instead of 1/sqrt(head_dim)
+    "scale": ("            softmax_scale=self.scale_fa,\n",
+              "            softmax_scale=self.scale_fa if is_prefill else self.scale_fa ** 2,\n"),
+}
+DEFAULT_QWEN_FAULT = "cache_slot"
+
+
+def inject(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert text.count(old) == 1, f"{path}: the fault's anchor is not there once"
+    path.write_text(text.replace(old, new))
+
+
+def parity_of(summary: dict) -> dict:
+    return json.loads(Path(summary["baseline_path"]).read_text())["verification"]["parity"]
+
+
+def assert_located_in_decode(proc, summary):
+    assert proc.returncode == 1, (proc.stdout + proc.stderr)[-3000:]
+    assert "Traceback" not in proc.stderr
+    parity = parity_of(summary)
+    assert parity["ok"] is False and parity["checked"] is True
+    first = parity["first_failure"]
+    assert first["phase"] == "decode" and first["step"] >= 1, first
+    assert f"decode step {first['step']}" in summary["message"]
+    # the prefill was untouched: it passed
+    prefill = [r for r in parity["per_request"] if r["rank"] == first["rank"] and r["request"] == first["request"]]
+    assert prefill and prefill[0]["first_failure"]["step"] >= 1
+    return parity
+
+
+@pytest.mark.parametrize("fault", [
+    pytest.param(name, marks=() if name == DEFAULT_QWEN_FAULT else pytest.mark.slow) for name in QWEN_FAULTS])
+def test_a_decode_only_fault_in_upstreams_qwen_is_exit_1_naming_a_decode_step(tmp_path, fault):
+    checkout = copy_snapshot(tmp_path / "cann-recipes-infer")
+    inject(checkout / QWEN, *QWEN_FAULTS[fault])
+    proc, summary = run_standin(checkout, "qwen", "--yaml", "qwen3_8b_1tp.yaml")
+    parity = assert_located_in_decode(proc, summary)
+    print(fault, parity["first_failing_step"], parity["first_failure"]["max_abs_logits_diff"],
+          parity["first_failure"]["tolerance"])
+
+
+# ---- the framework model this tool writes ------------------------------------------------------
+FRAMEWORK_FAULTS = {
+    # the decode window's mask admits 8 padded columns (they hold position 0's key and value)
+    "mask": ("        valid = positions >= 0\n", "        valid = positions >= -8\n"),
+    # a decode step writes its key and value one slot on
+    "cache_slot": ("            self._write(layer, slots, keys[:, :, past], values[:, :, past])\n",
+                   "            self._write(layer, slots + 1, keys[:, :, past], values[:, :, past])\n"),
+    # a decode step's rotary position one on
+    "position": ("        out = self.hf(input_ids=input_ids.view(rows, 1), position_ids=position_ids.view(rows, 1),",
+                 "        out = self.hf(input_ids=input_ids.view(rows, 1), position_ids=position_ids.view(rows, 1) + 1,"),
+    # a decode step scales the scores by 1/head_dim instead of 1/sqrt(head_dim)
+    "scale": ("        cache_position = torch.arange(past, past + 1, device=input_ids.device)\n",
+              "        cache_position = torch.arange(past, past + 1, device=input_ids.device)\n"
+              "        for module in self.hf.modules():\n"
+              "            if hasattr(module, 'scaling') and hasattr(module, 'head_dim'):\n"
+              "                module.scaling = module.head_dim ** -1.0\n"
+              "        restore = [m for m in self.hf.modules() if hasattr(m, 'scaling') and hasattr(m, 'head_dim')]\n"),
+}
+DEFAULT_FRAMEWORK_FAULT = "position"
+
+
+def framework_recipe(tmp_path: Path, model_type: str = "llama", **overrides) -> tuple[Path, Path, str]:
+    """A tiny checkpoint migrated by this tool into a copy of the snapshot, up to the rendered recipe."""
+    from agent.workflow.run import run_migration
+    from npu_standin import upstream
+
+    checkout = copy_snapshot(tmp_path / "cann-recipes-infer")
+    checkpoint = upstream.tiny_checkpoint(model_type, tmp_path / f"tiny_{model_type}", **overrides)
+    name = f"pf_{model_type}"
+    run_migration({"target": str(checkpoint), "output_dir": str(checkout / "models"), "name": name,
+                   "device": "cpu", "max_new_tokens": 16, "max_rounds": 0, "world_size": 1,
+                   "recipe_target": "framework", "transformers_source": "installed"}, stop_after="render")
+    return checkout, checkout / "models" / name, name
+
+
+@pytest.mark.parametrize("fault", [
+    pytest.param(name, marks=() if name == DEFAULT_FRAMEWORK_FAULT else pytest.mark.slow) for name in FRAMEWORK_FAULTS])
+def test_a_decode_only_fault_in_our_framework_model_is_exit_1_naming_a_decode_step(tmp_path, fault):
+    checkout, recipe, name = framework_recipe(tmp_path)
+    modeling = next((recipe / "models").glob("modeling_*_framework.py"))
+    inject(modeling, *FRAMEWORK_FAULTS[fault])
+    if fault == "scale":   # the scale is put back after the decode step: the prefill keeps its own
+        inject(modeling, "        return out.logits[:, -1:].float()\n",
+               "        for module in restore:\n"
+               "            module.scaling = module.head_dim ** -0.5\n"
+               "        return out.logits[:, -1:].float()\n")
+    proc, summary = run_standin(checkout, name)
+    parity = assert_located_in_decode(proc, summary)
+    layer = parity["first_failure"]["layer"]
+    # an eager decode step has its layers recorded: the fault is located in one of them
+    assert layer["layer"] is not None, layer
+    print(fault, parity["first_failing_step"], "layer", layer["layer"], parity["first_failure"]["max_abs_logits_diff"],
+          parity["first_failure"]["tolerance"])
