@@ -435,27 +435,31 @@ PARITY_WITH_FAILING_REFERENCE = textwrap.dedent("""
         raise ValueError("get_seq_length can only be called on Attention layers")
 
     transformers.AutoModelForCausalLM.from_pretrained = classmethod(fails)
-    from agent.measure.parity import main
-    sys.exit(main(["--recipe", sys.argv[1]]))
+    from agent.measure.precision import main
+    sys.exit(main(["--record", sys.argv[1], "--checkpoint", sys.argv[2]]))
 """)
 
 
 @pytest.mark.slow  # the untrained-weight verdict is also checked by tests/test_shrink_parity.py
-def test_untrained_weights_are_judged_without_the_reference_simulated_failure(working_recipe):
+def test_untrained_weights_are_judged_without_the_reference_simulated_failure(working_recipe_source, working_recipe):
     """The reference fails to load (simulated: transformers' loader raises, as it does for lfm3 with
-    two layers): the recipe's own logits still say the weights are untrained, and parity says why it
-    could not compare instead of crashing."""
+    two layers): the precision check says why it could not compare instead of crashing, and the
+    recipe's own logits (its parity dump) still say the weights are untrained."""
+    from agent.measure.verify import recipe_nll
+    from agent.recipe.recipe import Recipe
+
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["PYTHONPATH"] = os.pathsep.join([str(working_recipe), str(REPO_ROOT)])
-    proc = subprocess.run([sys.executable, "-c", PARITY_WITH_FAILING_REFERENCE, str(working_recipe)],
-                          cwd=working_recipe, env=env, capture_output=True, text=True, timeout=600)
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    runs = sorted((working_recipe_source / ".migrator" / "runs").glob("run_*"))
+    checkpoint = Recipe.at(working_recipe_source).checkpoint_dir()
+    proc = subprocess.run([sys.executable, "-c", PARITY_WITH_FAILING_REFERENCE, str(runs[-1] / "precision"),
+                           str(checkpoint)], cwd=working_recipe, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     parity = json.loads(proc.stdout.strip().splitlines()[-1])
-    # The code check (shrunk config, built with from_config) still ran; the real-weight check could not.
-    assert parity["ok"] is None and parity["weights"]["checked"] is False, parity
-    assert "the reference (transformers) fails to run on this checkpoint: ValueError: get_seq_length" \
-        in parity["reason"]
-    assert parity["untrained_weights"] is True and parity["prompt_nll"] >= 0.8 * parity["uniform_nll"]
+    assert parity["ok"] is None and parity["checked"] is False, parity
+    assert "transformers cannot build or run this checkpoint: ValueError: get_seq_length" in parity["reason"]
+    nll = recipe_nll({"res_path": str(runs[-1])})
+    assert nll["untrained_weights"] is True and nll["prompt_nll"] >= 0.8 * nll["uniform_nll"]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -133,7 +133,7 @@ def test_a_release_that_lacks_the_model_is_refused_before_anything_is_written(tm
 def test_a_recipe_vendored_from_the_checkouts_5_0_runs_on_5_0_under_upstreams_infer_sh(tmp_path):
     import transformers
 
-    from agent.measure.framework_parity import framework_parity
+    from agent.measure import precision
     from agent.workflow.run import run_migration
     from npu_standin import upstream
     from test_framework_target import copy_checkout, two_prompt_yaml
@@ -157,18 +157,21 @@ def test_a_recipe_vendored_from_the_checkouts_5_0_runs_on_5_0_under_upstreams_in
     assert only_50 and sum(line in modeling for line in only_50) >= len(only_50) // 2, only_50[:5]
     # the recipe under upstream's launcher, on 5.0.0 (the stand-in puts its interpreter's python3 first on PATH)
     yaml_name = two_prompt_yaml(recipe, tmp_path, 1)
+    record = tmp_path / "record"
     proc = subprocess.run([str(python), "-m", "agent.cli", "standin", "--",
                            *upstream.framework_command(checkout, recipe.name, yaml_name)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=1200)
+                          cwd=tmp_path, capture_output=True, text=True, timeout=1200,
+                          env=precision.probe_env(dict(os.environ), record.parent) | {
+                              precision.RECORD_ENV: str(record)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     logs = upstream.rank_logs(checkout, recipe.name, yaml_name)
     text = logs[0].read_text()
     assert "Traceback" not in text and "Initializing KV cache with PageAttention management" in text, text[-3000:]
     # parity against 5.0.0, in 5.0.0's interpreter
-    parity = framework_parity(recipe / "config" / yaml_name, logs[0].parent, checkout, python=str(python))
-    assert parity["ok"] and parity["equal_bfloat16"] == "2/2", parity
-    assert "transformers 5.0.0'" in parity["method"], parity["method"]
-    assert len({r["prompt_tokens"] for r in parity["requests"]}) == 2         # unequal lengths, one packed batch
+    parity = precision.check(record, checkpoint, python=str(python))
+    assert parity["ok"] and parity["requests"] == 2 and parity["decode_steps_checked"] >= 2, parity
+    assert parity["reference"].startswith("transformers 5.0.0 "), parity["reference"]
+    assert len({r["prompt_tokens"] for r in parity["per_request"]}) == 2       # unequal lengths, one packed batch
 
 
 def test_bad_transformers_source_on_the_command_line_is_one_line_and_exit_10(tmp_path, tiny_checkpoints):
@@ -212,14 +215,15 @@ def test_migrator_run_with_5_24_installed_runs_and_checks_the_recipe_on_5_0(tmp_
     report = json.loads((recipe / "res" / ".migrator" / "migration_report.json").read_text())
     assert report["vendored"]["origin"] == "transformers 5.0.0" and report["transformers"]["python"] == str(python)
     parity = json.loads(Path(summary["baseline_path"]).read_text())["verification"]["parity"]
-    assert parity["ok"] and parity["checked"] and "transformers 5.0.0's" in parity["method"], parity
+    assert parity["ok"] and parity["checked"] and parity["reference"].startswith("transformers 5.0.0 "), parity
     # re-baselined later without --reference-python: the interpreter its migration ran it with
     again = run_cli("standin", "--", sys.executable, "-m", "agent.cli", "run", str(recipe), "--max-rounds", "0", "--json",
                     cwd=tmp_path, timeout=1500)
     assert again.returncode == 0, again.stderr[-3000:]
     summary = json.loads(again.stdout[again.stdout.index("{"):again.stdout.rindex("}") + 1])
     parity = json.loads(Path(summary["baseline_path"]).read_text())["verification"]["parity"]
-    assert summary["scenario"] == "C" and parity["ok"] and "transformers 5.0.0's" in parity["method"], (summary, parity)
+    assert summary["scenario"] == "C" and parity["ok"] and parity["reference"].startswith("transformers 5.0.0 "), \
+        (summary, parity)
 
 
 @pytest.mark.slow

@@ -97,7 +97,7 @@ def update_readme(readme: Path, report: Report) -> None:
     if report.get("message"):
         lines.append(f"- {report['message']}")
     if parity.get("checked"):
-        lines.append(f"- parity with transformers (fp32 logits, greedy tokens): {'ok' if parity.get('ok') else 'FAILED'}")
+        lines.append(f"- precision against transformers: {parity_line(parity)}")
     for rnd in report.get("rounds") or []:
         lines.append(f"- repair round {rnd['round']}: {rnd['diagnosis'].get('rule') or 'no rule'}"
                      f" ({'patched' if rnd.get('applied') else 'no patch'})")
@@ -145,7 +145,26 @@ def human_summary(report: Report, folder_name: str | None = None) -> str:
             lines.append(f"- baseline: {report['baseline_path']}")
     parity = (report.get("verification") or {}).get("parity")
     if parity:
-        lines.append(f"- parity vs transformers: {'ok' if parity.get('ok') else 'FAILED'} "
-                     f"(max |dlogits| {parity.get('max_abs_logits_diff')}, greedy tokens equal: "
-                     f"{parity.get('greedy_tokens_equal')})")
+        lines.append(f"- precision against transformers: {parity_line(parity)}")
     return "\n".join(lines) + "\n"
+
+
+def parity_line(parity: dict) -> str:
+    """Which check ran, its verdict, and how close the closest step came to its tolerance."""
+    verdict = {True: "ok", False: "FAILED", None: "not checked"}[parity.get("ok")]
+    method = parity.get("method") or "parity"
+    if not parity.get("checked"):
+        return f"{verdict} ({method}: {parity.get('reason')})"
+    closest = parity.get("closest") or {}
+    where = ""
+    if closest:
+        step = "the prefill" if closest.get("phase") == "prefill" else f"decode step {closest.get('step')}"
+        where = (f"; closest: {step} of request {closest.get('request')} on rank {closest.get('rank')}, "
+                 f"|dlogits| {closest.get('max_abs_logits_diff')} = {closest.get('ratio')} x its tolerance "
+                 f"{closest.get('tolerance')}")
+    counted = (f"{parity.get('steps_checked')} steps ({parity.get('decode_steps_checked')} decode) of "
+               f"{parity.get('requests')} request(s) on {parity.get('ranks')} rank(s), {parity.get('dtype')}"
+               if parity.get("steps_checked") is not None else
+               f"max |dlogits| {parity.get('max_abs_logits_diff')}, greedy tokens equal: {parity.get('greedy_tokens_equal')}")
+    failed = f"; {parity.get('reason')}" if parity.get("ok") is False and parity.get("reason") else ""
+    return f"{verdict} ({method}: {counted}{where}{failed})"

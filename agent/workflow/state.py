@@ -69,7 +69,15 @@ SUMMARY_KEYS = ("scenario", "status", "message", "recipe_dir", "model_name", "ar
 
 def summarise(state: MigrationState) -> dict:
     """What `migrator run` prints (and --json gives) at the end."""
-    return {k: state.get(k) for k in SUMMARY_KEYS if state.get(k) is not None}
+    summary = {k: state.get(k) for k in SUMMARY_KEYS if state.get(k) is not None}
+    parity = (state.get("verification") or {}).get("parity")
+    if parity:
+        # which check ran, its verdict, and how close the closest step came to its tolerance
+        summary["precision"] = {k: parity.get(k) for k in (
+            "method", "ok", "checked", "reference", "dtype", "ranks", "requests", "steps_checked",
+            "decode_steps_checked", "closest", "first_failing_step", "first_divergent_layer", "reason")
+            if parity.get(k) is not None}
+    return summary
 
 
 def last_run(state: MigrationState) -> Run | dict:
