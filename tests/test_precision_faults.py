@@ -158,3 +158,32 @@ def test_a_low_margin_correct_run_passes_where_bf16_flips_a_token(tmp_path, mode
     assert parity["tokens_off_float32_argmax"] >= 1, parity["per_request"]
     print(model_type, "off-fp32-argmax steps", parity["tokens_off_float32_argmax"], "ties", parity["ties"],
           "closest", parity["closest"])
+
+
+# ---- untouched runs at 1 and 2 ranks --------------------------------------------------------------
+@pytest.mark.parametrize("model,yaml_name,ranks", [
+    pytest.param("qwen", "qwen3_8b_1tp.yaml", 2, id="qwen-2"),
+    pytest.param("gpt_oss", "gpt_oss_20b.yaml", 1, marks=pytest.mark.slow, id="gpt_oss-1"),
+    pytest.param("gpt_oss", "gpt_oss_20b.yaml", 2, marks=pytest.mark.slow, id="gpt_oss-2"),
+])
+def test_upstreams_own_model_untouched_passes_on_every_rank(tmp_path, model, yaml_name, ranks):
+    checkout = copy_snapshot(tmp_path / "cann-recipes-infer")
+    proc, summary = run_standin(checkout, model, "--yaml", yaml_name, "--world-size", str(ranks))
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    parity = parity_of(summary)
+    assert parity["ok"] is True and parity["ranks"] == ranks, parity
+    assert sorted({r["rank"] for r in parity["per_request"]}) == list(range(ranks))
+    print(model, ranks, parity["closest"], parity["ties"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks", [1, 2])
+@pytest.mark.parametrize("model_type,overrides", [("phi3", {}), ("mistral", {"sliding_window": 16}),
+                                                  ("gemma2", {"sliding_window": 16}), ("mixtral", {})])
+def test_our_framework_recipe_untouched_passes_on_every_rank(tmp_path, model_type, overrides, ranks):
+    checkout, recipe, name = framework_recipe(tmp_path, model_type, **overrides)
+    proc, summary = run_standin(checkout, name, "--world-size", str(ranks))
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    parity = parity_of(summary)
+    assert parity["ok"] is True and parity["ranks"] == ranks, parity
+    print(model_type, ranks, parity["closest"], parity["ties"])
