@@ -263,8 +263,47 @@ def step_name(record: dict) -> str:
     return "the prefill" if record["phase"] == "prefill" else f"decode step {record['step']}"
 
 
+def logged_texts(log_dir: Path | None) -> dict[int, dict[int, str]]:
+    """rank -> request -> the text its log says it generated (`Request i: outputs: TEXT`)."""
+    import re
+
+    found: dict[int, dict[int, str]] = {}
+    if log_dir is None or not Path(log_dir).is_dir():
+        return found
+    line = re.compile(r"Request (\d+): outputs: (.*)$")
+    for log in Path(log_dir).glob("log_*.log"):
+        rank = int(re.sub(r"\D", "", log.stem) or 0)
+        texts: dict[int, str] = {}
+        with open(log, encoding="utf-8", errors="replace", newline="") as f:
+            for row in f.read().split("\n"):
+                m = line.search(row)
+                if m:
+                    texts[int(m.group(1))] = m.group(2)   # the last generation's (the formal run) wins
+        found[rank] = texts
+    return found
+
+
+def against_logs(results: list[dict], logs: dict[int, dict[int, str]]) -> tuple[list[str], list[str]]:
+    """(missing, differing): requests whose recorded tokens are only the start of what the log says was
+    generated (steps the probe did not see: a compiled step), and those whose text is another. A record
+    may hold more than the log (a step computed and not output)."""
+    def plain(text: str) -> str:
+        # a byte-level BPE text may end inside a character: the executor and the tokenizer mark it apart
+        return text.replace("\ufffd", "").strip()
+
+    missing, differing = [], []
+    for r in results:
+        logged = logs.get(r["rank"], {}).get(r["request"])
+        # the executor may compute a step more than it outputs (upstream's scheduler: max_new_tokens + 1 calls)
+        if logged is None or plain(r["text"]).startswith(plain(logged)):
+            continue
+        where = f"rank {r['rank']} request {r['request']}"
+        (missing if plain(logged).startswith(plain(r["text"])) else differing).append(where)
+    return missing, differing
+
+
 def verify_record(record_dir: Path, checkpoint: Path, dtype: str | None = None, overrides: dict | None = None,
-                  trust_remote_code: bool = False) -> dict:
+                  trust_remote_code: bool = False, log_dir: Path | None = None) -> dict:
     """The check itself, in this process (see the module docs)."""
     import torch
     import transformers
@@ -321,8 +360,17 @@ def verify_record(record_dir: Path, checkpoint: Path, dtype: str | None = None, 
                "tokens_off_float32_argmax": sum(1 for _, s in every if s["token"] != s["reference_argmax_float32"]),
                "per_request": [{k: v for k, v in r.items() if k != "steps"} for r in results]}
     summary.update(prompt_nll(exact, tokenizer))
+    missing, differing = against_logs(results, logged_texts(log_dir))
+    if differing:
+        problems.append(f"the text logged for {', '.join(differing[:3])} is not the text of the tokens its steps "
+                        "computed")
     if problems:
+        summary["ok"] = False
         summary["reason"] = "; ".join(problems[:3])
+    elif failed is None and missing:
+        # no verdict from a record that lacks steps: never "parity ok" on what was not seen
+        summary.update(ok=None, reason=f"the record lacks decode steps of {', '.join(missing[:3])} (a compiled decode "
+                                       "step runs no hooks): not checked")
     elif failed is not None:
         summary["reason"] = failure_reason(failed, dtype)
         summary["first_failure"] = {"rank": failed["rank"], "request": failed["request"],
@@ -395,7 +443,8 @@ def probe_env(env: dict, run_dir: Path) -> dict:
 
 def check(record_dir: Path, checkpoint: Path, *, python: str | None = None, dtype: str | None = None,
           overrides: dict | None = None, trust_remote_code: bool = False, random_weights: bool = False,
-          timeout: int = 1800, pids_file: Path | None = None, cwd: Path | None = None) -> dict:
+          timeout: int = 1800, pids_file: Path | None = None, cwd: Path | None = None,
+          log_dir: Path | None = None) -> dict:
     """`verify_record` in `python` (default: this interpreter), as one process tree the migrator owns
     (stopped with it on SIGINT / SIGTERM or the timeout)."""
     from agent.processes import run_tree, stop_leftovers
@@ -412,6 +461,8 @@ def check(record_dir: Path, checkpoint: Path, *, python: str | None = None, dtyp
         cmd += ["--overrides", json.dumps(overrides)]
     if trust_remote_code:
         cmd.append("--trust-remote-code")
+    if log_dir is not None:
+        cmd += ["--logs", str(log_dir)]
     if pids_file is not None:
         stop_leftovers(pids_file)
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
@@ -439,13 +490,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", help="the run's dtype (default: the record's)")
     parser.add_argument("--overrides", default="{}", help="config overrides (JSON) the recipe applies")
     parser.add_argument("--trust-remote-code", action="store_true")
+    parser.add_argument("--logs", type=Path, help="the run's rank logs: their texts must be the record's")
     args = parser.parse_args(argv)
     from engine.environment import import_torch
 
     import_torch()
     try:
         result = verify_record(args.record, args.checkpoint, args.dtype, json.loads(args.overrides),
-                               args.trust_remote_code)
+                               args.trust_remote_code, args.logs)
     except Exception as exc:  # noqa: BLE001 - only transformers' own failures are answered here
         from agent.measure.parity import _raised_by_transformers
 

@@ -51,6 +51,7 @@ def precision_of(recipe: Recipe, run: Run, checkpoint: Path, trust_remote_code: 
     runs = state_dir(recipe.path) / "runs"
     return precision.check(precision.record_dir(Path(run["res_path"])), checkpoint, python=python,
                            overrides=overrides or None, trust_remote_code=trust_remote_code, random_weights=tiny,
+                           log_dir=Path(run["log_dir"]) if run.get("log_dir") else None,
                            pids_file=runs / "precision.pids" if runs.is_dir() and not runs.is_symlink() else None)
 
 

@@ -1,0 +1,156 @@
+"""The precision verdict in-process (agent.measure.precision.verify_record), on records written as the
+probe writes them: transformers' own bf16 model with its cache plays the recipe, then single steps are
+broken. Both directions: an untouched record passes; a fault at one decode step fails naming that step;
+an empty output, a token fed that is not the step's own, a log that says other text fail; a record
+that lacks decode steps the log shows gives no verdict."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from agent.measure import precision
+
+PROMPTS = ["An attention function can be described as mapping a query and a set of key-value pairs",
+           "The capital of France is"]
+NEW_TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tiny_checkpoints):
+    return tiny_checkpoints("llama")
+
+
+def write_record(folder: Path, checkpoint: Path, prompts=PROMPTS, packed=True, steps=NEW_TOKENS, edit=None) -> dict:
+    """A bf16 run of transformers' model on `prompts`, one call file per step (packed prefill as the
+    executor's TND: one call, sequence ends); `edit(k, logits)` may change step k's logits before the
+    token is picked. Returns {request: tokens}."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16).eval()
+    folder = folder / "rank_0"
+    folder.mkdir(parents=True)
+    calls = []
+    rows = []
+    for prompt in prompts:
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        with torch.no_grad():
+            out = model(ids, use_cache=True)
+        rows.append({"ids": ids[0], "cache": out.past_key_values, "logits": out.logits[0, -1].float(), "tokens": []})
+    ends = torch.tensor([len(r["ids"]) for r in rows]).cumsum(0).tolist()
+    prefill = torch.stack([r["logits"] for r in rows])
+    if edit:
+        prefill = edit(0, prefill)
+    calls.append({"phase": "prefill", "input_ids": torch.cat([r["ids"] for r in rows]), "shape": [ends[-1]],
+                  "rows": len(rows), "seq_ends": ends if packed else None, "attention_mask": None,
+                  "logits": prefill, "layers": None, "dtype": "bfloat16"})
+    for r, logits in zip(rows, prefill):
+        r["tokens"].append(int(logits.argmax()))
+    for k in range(1, steps):
+        step_logits = []
+        for r in rows:
+            with torch.no_grad():
+                out = model(torch.tensor([[r["tokens"][-1]]]), past_key_values=r["cache"], use_cache=True)
+            r["cache"] = out.past_key_values
+            step_logits.append(out.logits[0, -1].float())
+        logits = torch.stack(step_logits)
+        if edit:
+            logits = edit(k, logits)
+        calls.append({"phase": "decode", "input_ids": torch.tensor([r["tokens"][-1] for r in rows]), "shape": [len(rows)],
+                      "rows": len(rows), "seq_ends": None, "attention_mask": None, "logits": logits,
+                      "layers": None, "dtype": "bfloat16"})
+        for r, row in zip(rows, logits):
+            r["tokens"].append(int(row.argmax()))
+    for n, call in enumerate(calls):
+        torch.save(call, folder / f"call_{n:05d}.pt")
+    return {i: r["tokens"] for i, r in enumerate(rows)}
+
+
+def write_log(folder: Path, checkpoint: Path, tokens: dict, change=None) -> Path:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    lines = [f"Request {i}: outputs: {change(tokenizer.decode(t, skip_special_tokens=True)) if change else tokenizer.decode(t, skip_special_tokens=True)}"
+             for i, t in tokens.items()]
+    (folder / "logs").mkdir(parents=True)
+    (folder / "logs" / "log_0.log").write_text("\n".join(lines) + "\n")
+    return folder / "logs"
+
+
+def test_an_untouched_record_passes_every_step(tmp_path, checkpoint):
+    tokens = write_record(tmp_path / "rec", checkpoint)
+    result = precision.verify_record(tmp_path / "rec", checkpoint, log_dir=write_log(tmp_path, checkpoint, tokens))
+    assert result["ok"] is True and result["checked"] is True, result
+    assert result["requests"] == 2 and result["steps_checked"] == 2 * NEW_TOKENS
+    assert result["decode_steps_checked"] == 2 * (NEW_TOKENS - 1) and result["closest"]["ratio"] <= 1
+    assert {r["prompt_tokens"] for r in result["per_request"]} == {5, 17} or len({r["prompt_tokens"] for r in result["per_request"]}) == 2
+
+
+@pytest.mark.parametrize("step,row,shift", [(3, 0, 3.0), (1, 1, 2.0), (NEW_TOKENS - 1, 0, -3.0)])
+def test_one_decode_steps_logits_moved_fail_at_that_step(tmp_path, checkpoint, step, row, shift):
+    def edit(k, logits):
+        if k == step:
+            logits = logits.clone()
+            logits[row, 7] += shift            # one logit off by ~10x bf16 rounding here (its logits reach ~30)
+        return logits
+
+    write_record(tmp_path / "rec", checkpoint, edit=edit)
+    result = precision.verify_record(tmp_path / "rec", checkpoint)
+    assert result["ok"] is False, result
+    assert result["first_failure"]["request"] == row and result["first_failure"]["step"] == step
+    assert result["first_failing_step"] == f"decode step {step}"
+    assert f"decode step {step} (rank 0, request {row})" in result["reason"]
+
+
+def test_a_token_that_is_not_the_references_argmax_fails(tmp_path, checkpoint):
+    def edit(k, logits):
+        if k == 2:
+            logits = logits.clone()
+            far = logits[0].topk(20).indices[-1]
+            logits[0, far] = logits[0].max() + 0.01       # picks the 20th token, logits otherwise untouched
+        return logits
+
+    write_record(tmp_path / "rec", checkpoint, edit=edit)
+    result = precision.verify_record(tmp_path / "rec", checkpoint)
+    assert result["ok"] is False and result["first_failure"]["step"] == 2, result
+
+
+def test_an_empty_output_never_passes(tmp_path, checkpoint):
+    """Every step at parity, and a text that decodes to nothing (special tokens only): not a pass."""
+    write_record(tmp_path / "rec", checkpoint)
+    requests, _ = precision.requests_of(precision.load_calls(tmp_path / "rec" / "rank_0"), 0, set())
+    exact = precision.Reference(checkpoint, "float32", {}, False)
+    rounded = precision.Reference(checkpoint, "bfloat16", {}, False)
+    judged = precision.judge_request(requests[0], exact, rounded, "bfloat16", lambda tokens: " \n")
+    assert judged["first_failure"] is None and judged["empty"] and judged["ok"] is False
+    assert "output is empty" in precision.failure_reason(judged, "bfloat16")
+
+
+def test_a_log_that_says_other_text_fails_and_one_that_says_more_gives_no_verdict(tmp_path, checkpoint):
+    tokens = write_record(tmp_path / "rec", checkpoint)
+    other = precision.verify_record(tmp_path / "rec", checkpoint,
+                                    log_dir=write_log(tmp_path / "a", checkpoint, tokens, lambda t: "x" + t))
+    assert other["ok"] is False and "is not the text of the tokens" in other["reason"]
+    more = precision.verify_record(tmp_path / "rec", checkpoint,
+                                   log_dir=write_log(tmp_path / "b", checkpoint, tokens, lambda t: t + " and more"))
+    assert more["ok"] is None and "lacks decode steps" in more["reason"]
+
+
+def test_decode_rows_follow_the_unfinished_requests_of_a_packed_prefill(tmp_path, checkpoint):
+    write_record(tmp_path / "rec", checkpoint)
+    calls = precision.load_calls(tmp_path / "rec" / "rank_0")
+    requests, problems = precision.requests_of(calls, 0, set())
+    assert not problems and [len(r.steps) for r in requests] == [NEW_TOKENS, NEW_TOKENS]
+    assert [r.prompt for r in requests] == [calls[0]["input_ids"][:calls[0]["seq_ends"][0]].tolist(),
+                                            calls[0]["input_ids"][calls[0]["seq_ends"][0]:].tolist()]
+    # every decode step fed the token the step before it picked
+    assert all(step.fed == token for r in requests for step, token in zip(r.steps[:-1], r.tokens))
+
+
+def test_no_record_is_no_pass(tmp_path, checkpoint):
+    (tmp_path / "rec").mkdir()
+    result = precision.verify_record(tmp_path / "rec", checkpoint)
+    assert result["ok"] is False and result["checked"] is False and "no precision record" in result["reason"]
