@@ -35,6 +35,7 @@ import argparse
 import json
 import math
 import os
+import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -465,18 +466,19 @@ def check(record_dir: Path, checkpoint: Path, *, python: str | None = None, dtyp
         cmd += ["--logs", str(log_dir)]
     if pids_file is not None:
         stop_leftovers(pids_file)
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        tree = run_tree(cmd, cwd=cwd or record_dir, env=env, stdout=out, stderr=err, timeout=timeout,
-                        pids_file=pids_file)
-        out.seek(0)
+    # the verdict goes to a file of its own: the model's code (remote code) may print anything
+    with tempfile.TemporaryDirectory(prefix="precision_") as tmp, tempfile.TemporaryFile("w+") as err:
+        answer = Path(tmp) / "verdict.json"
+        tree = run_tree([*cmd, "--out", str(answer)], cwd=cwd or record_dir, env=env, stdout=subprocess.DEVNULL,
+                        stderr=err, timeout=timeout, pids_file=pids_file)
         err.seek(0)
-        stdout, stderr = out.read(), err.read()
-    lines = stdout.strip().splitlines()
-    if tree.returncode != 0 or not lines:
+        stderr = err.read()
+        text = answer.read_text() if answer.is_file() else ""
+    if tree.returncode != 0 or not text:
         why = "timed out" if tree.timed_out else (stderr.strip().splitlines() or ["no output"])[-1]
         return {"ok": False, "checked": False, "method": "precision, per step, teacher-forced",
                 "reason": f"the precision check could not run: {why[:300]}"}
-    result = json.loads(lines[-1])
+    result = json.loads(text)
     if random_weights:
         result["untrained_weights"] = True
     return result
@@ -491,6 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overrides", default="{}", help="config overrides (JSON) the recipe applies")
     parser.add_argument("--trust-remote-code", action="store_true")
     parser.add_argument("--logs", type=Path, help="the run's rank logs: their texts must be the record's")
+    parser.add_argument("--out", type=Path, help="write the verdict there (default: stdout)")
     args = parser.parse_args(argv)
     from engine.environment import import_torch
 
@@ -506,7 +509,11 @@ def main(argv: list[str] | None = None) -> int:
         first = (str(exc).splitlines() or [""])[0][:200]
         result = {"ok": None, "checked": False, "method": "precision, per step, teacher-forced", "reference": None,
                   "reason": f"transformers cannot build or run this checkpoint: {type(exc).__name__}: {first}"}
-    print(json.dumps(result, default=lambda v: None if isinstance(v, float) and math.isnan(v) else str(v)))
+    text = json.dumps(result, default=lambda v: None if isinstance(v, float) and math.isnan(v) else str(v))
+    if args.out:
+        args.out.write_text(text)
+    else:
+        print(text)
     return 0
 
 
