@@ -121,7 +121,8 @@ def node_vendor(state: MigrationState) -> dict:
     tree = transformers_source.SourceTree(plan["version"], Path(plan["source_root"]), plan["origin"]) \
         if plan.get("source_root") else None
     result = vendor_source(source, recipe_dir, state["model_name"],
-                           target.vendored_package.format(name=state["model_name"]), tree=tree)
+                           target.vendored_package.format(name=state["model_name"]), tree=tree,
+                           model_source=state.get("model_source"), model_dir=model_dir)
     vendored = result.vendored(recipe_dir)
     if plan.get("version"):
         vendored["transformers_version"] = plan["version"]
