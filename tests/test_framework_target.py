@@ -410,8 +410,9 @@ def test_migrator_run_into_a_checkout_end_to_end_under_the_standin(tmp_path, tin
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout[proc.stdout.index("{"):proc.stdout.rindex("}") + 1])
     recipe = checkout / "models" / "e2e_llama"
-    assert summary["status"] == "ok" and summary["baseline_path"] == str(recipe / "agentic/baseline/baseline_metadata.json")
-    baseline = json.loads((recipe / "agentic/baseline/baseline_metadata.json").read_text())
+    # a stand-in run's baseline is named as one (never the canonical NPU baseline's name)
+    assert summary["status"] == "ok" and summary["baseline_path"] == str(recipe / "agentic/baseline/baseline_metadata.standin.json")
+    baseline = json.loads((recipe / "agentic/baseline/baseline_metadata.standin.json").read_text())
     assert baseline["yaml_path"] == "config/e2e_llama.yaml"
     assert baseline["environment"]["device"] == "cpu (npu stand-in)"
     parity = baseline["verification"]["parity"]
