@@ -67,10 +67,12 @@ def performance_section(baseline: dict | None, baseline_file: str, settings: dic
     parallel = settings.get("parallel_config") or {}
     env = baseline.get("environment") or {}
     perf = baseline.get("performance") or {}
-    batch = scheduler.get("batch_size")
+    # the framework schema (scheduler_config, data_config.input_truncated_len) or a ModelRunner recipe's (data_config)
+    batch = scheduler.get("batch_size", data.get("batch_size"))
     decode = perf.get("decode_avg_ms")
     throughput = batch * 1000.0 / decode if isinstance(batch, int) and decode else None
-    length = f"≤{data.get('input_truncated_len', '—')}/{scheduler.get('max_new_tokens', '—')}"
+    length = (f"≤{data.get('input_truncated_len', data.get('input_max_len', '—'))}/"
+              f"{scheduler.get('max_new_tokens', data.get('max_new_tokens', '—'))}")
     if ran_on_npu(baseline):
         cards = f"{env.get('num_cards') or parallel.get('world_size') or 1}×{env['npu_model']}"
         note = f"在 {env['npu_model']} 上采集（详见 `{baseline_file}`）。"
@@ -81,7 +83,7 @@ def performance_section(baseline: dict | None, baseline_file: str, settings: dic
         note = (f"尚未在 NPU 上运行：下表是在 {host} 上的验证运行所测的主机耗时，不代表 NPU 性能"
                 f"（详见 `{baseline_file}`）。")
     row = f"| {dtype_label} | {batch if batch is not None else '—'} | {length} | {cards} | {_fmt(decode)} | {_fmt(throughput, 1)} |"
-    return f"{note}Seq Length 的输入为截断上限（`data_config.input_truncated_len`）。\n\n{TABLE_HEAD}\n{row}"
+    return f"{note}Seq Length 的输入为 YAML 的输入长度上限。\n\n{TABLE_HEAD}\n{row}"
 
 
 def replace_section(text: str, heading: str, body: str) -> str:
