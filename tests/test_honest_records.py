@@ -189,3 +189,33 @@ def test_a_standin_run_of_a_framework_recipe_records_itself_as_one(tmp_path):
     assert sorted(p.name for p in out.parent.iterdir()) == ["baseline_metadata.standin.json"]
     assert (recipe / "res" / ".migrator" / "baseline_metadata.standin.previous.json").is_file()
     _only_recipe_and_registry(_ignored_status(checkout), "sr_llama")
+
+
+# ---- where a vendored file comes from (#35.1) ----------------------------------------------------
+def test_provenance_names_the_exact_source(tmp_path):
+    import transformers
+
+    from agent.migrate import provenance
+
+    tf = Path(transformers.__file__).parent / "models"
+    # a file generated from a modular file without a header of its own: its model folder's copyright line
+    prov = provenance.of_module("transformers.models.mistral.modeling_mistral", tf / "mistral" / "modeling_mistral.py",
+                                "5.0.0")
+    assert prov.adapted_from == ("https://github.com/huggingface/transformers/blob/v5.0.0/src/transformers/models/"
+                                 "mistral/modeling_mistral.py")
+    assert prov.copyrights and all("Mistral AI" in line for line in prov.copyrights) and prov.apache
+    assert "/blob/main/" in provenance.of_module("transformers.models.mistral.modeling_mistral",
+                                                 tf / "mistral" / "modeling_mistral.py", "5.1.0.dev0").adapted_from
+    # remote code: the hub repository at the revision the cache snapshot (or the link) names
+    snap = tmp_path / "models--Org--Name" / "snapshots" / "0123abcd"
+    snap.mkdir(parents=True)
+    (snap / "modeling_x.py").write_text("# Copyright 2025 Org. All rights reserved.\nimport torch\n")
+    prov = provenance.of_module("hf_remote_code.modeling_x", snap / "modeling_x.py", None, "Org/Name", snap)
+    assert prov.adapted_from == "https://huggingface.co/Org/Name/blob/0123abcd/modeling_x.py"
+    assert prov.copyrights == ("Copyright 2025 Org. All rights reserved.",) and not prov.apache
+    assert "see the model repository" in provenance.header_text(prov)       # no licence notice it does not state
+    prov = provenance.of_module("hf_remote_code.modeling_x", snap / "modeling_x.py", None,
+                                "https://huggingface.co/Org/Name/tree/v2", tmp_path)
+    assert prov.adapted_from == "https://huggingface.co/Org/Name/blob/v2/modeling_x.py"
+    local = provenance.of_module("hf_remote_code.modeling_x", snap / "modeling_x.py", None, str(tmp_path), tmp_path)
+    assert "not recorded" in local.adapted_from
