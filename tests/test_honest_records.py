@@ -93,12 +93,16 @@ def test_the_one_writer_names_a_standin_baseline_and_fills_the_readme(tmp_path):
     perf = text.split("## 性能基线\n", 1)[1].split("\n## ", 1)[0]
     assert "| BF16 | 2 | ≤480/32 | 0（1 进程，cpu (npu stand-in)） | 4.00 | 500.0 |" in perf, perf
     assert "尚未在 NPU 上运行" in perf and "agentic/baseline/baseline_metadata.standin.json" in perf
+    assert "精度" not in perf                                   # no parity recorded: no precision claim
     assert "Atlas" not in text and text.endswith("## 附录\n\nkept\n")
     # an NPU baseline: the product line and its figures
     npu = _baseline("npu", "Ascend910B3", 8.0, False)
+    npu["verification"]["parity"] = {"checked": True, "ok": True, "reference": "transformers LlamaForCausalLM",
+                                     "max_abs_logits_diff": 0.0123, "tolerance": 0.05}
     bl.write_baseline(out_dir / bl.file_name(npu), npu, recipe_dir=recipe)
     text = (recipe / "README.md").read_text()
     assert "<term>Atlas A2 系列产品</term>" in text and "| 1×Ascend910B3 | 8.00 | 250.0 |" in text
+    assert "精度：与 transformers LlamaForCausalLM 的参考输出对比一致（最大 logits 偏差 0.0123，容差 0.05）。" in text
     # a stand-in run after it leaves the NPU baseline the README's (a stand-in never replaces an NPU one)
     bl.write_baseline(out, _baseline("cpu (npu stand-in)", None, 3.0, True), recipe_dir=recipe)
     assert (recipe / "README.md").read_text() == text

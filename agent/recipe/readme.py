@@ -82,8 +82,23 @@ def performance_section(baseline: dict | None, baseline_file: str, settings: dic
         cards = f"0（{ranks} 进程，{host}）"
         note = (f"尚未在 NPU 上运行：下表是在 {host} 上的验证运行所测的主机耗时，不代表 NPU 性能"
                 f"（详见 `{baseline_file}`）。")
+    note += precision_sentence(baseline)
     row = f"| {dtype_label} | {batch if batch is not None else '—'} | {length} | {cards} | {_fmt(decode)} | {_fmt(throughput, 1)} |"
     return f"{note}Seq Length 的输入为 YAML 的输入长度上限。\n\n{TABLE_HEAD}\n{row}"
+
+
+def precision_sentence(baseline: dict) -> str:
+    """How the run's output was checked, as the baseline's verification.parity records it ('' when not checked)."""
+    parity = ((baseline or {}).get("verification") or {}).get("parity") or {}
+    if not parity.get("checked"):
+        return ""
+    verdict = "一致" if parity.get("ok") else "不一致"
+    figures = [f"{label} {parity[key]:.4g}" for key, label in (("max_abs_logits_diff", "最大 logits 偏差"),
+                                                               ("tolerance", "容差"))
+               if isinstance(parity.get(key), (int, float)) and not isinstance(parity.get(key), bool)]
+    reference = parity.get("reference") or "transformers"
+    return (f"精度：与 {reference} 的参考输出对比{verdict}" + (f"（{'，'.join(figures)}）" if figures else "")
+            + ("；权重为随机初始化，仅验证计算一致性" if parity.get("untrained_weights") else "") + "。")
 
 
 def replace_section(text: str, heading: str, body: str) -> str:
