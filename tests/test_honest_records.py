@@ -181,6 +181,9 @@ def test_a_standin_run_of_a_framework_recipe_records_itself_as_one(tmp_path):
     assert f"| {first['performance']['decode_avg_ms']:.2f} |" in perf and "尚无基线" not in perf, perf
     assert "尚未在 NPU 上运行" in text and "Atlas" not in text
     assert "Agent Skills 完成迁移与优化" not in text
+    for written in (recipe / "README.md", out):              # upstream's trailing-whitespace / end-of-file hooks
+        body = written.read_text()
+        assert body.endswith("\n") and not body.endswith("\n\n") and all(l == l.rstrip() for l in body.splitlines())
     _only_recipe_and_registry(_ignored_status(checkout), "sr_llama")
     # `migrator baseline RECIPE` re-collects it: the table is rewritten from the new baseline
     proc = run_cli("standin", "--", sys.executable, "-m", "agent.cli", "baseline", str(recipe),
