@@ -185,6 +185,13 @@ def test_a_standin_run_of_a_framework_recipe_records_itself_as_one(tmp_path):
         body = written.read_text()
         assert body.endswith("\n") and not body.endswith("\n\n") and all(l == l.rstrip() for l in body.splitlines())
     _only_recipe_and_registry(_ignored_status(checkout), "sr_llama")
+    # the migration's resume store (outside the checkout) is gone once the run ended: nothing to resume
+    import hashlib
+    import os
+    import tempfile
+    store = (Path(tempfile.gettempdir()) / f"infer-migrator-{os.getuid()}" / "checkouts"
+             / hashlib.sha256(str((checkout / "models").resolve()).encode()).hexdigest()[:16])
+    assert not store.exists(), sorted(store.rglob("*"))
     # `migrator baseline RECIPE` re-collects it: the table is rewritten from the new baseline
     proc = run_cli("standin", "--", sys.executable, "-m", "agent.cli", "baseline", str(recipe),
                    "--summary", str(tmp_path / "summary"), cwd=tmp_path, timeout=1500)

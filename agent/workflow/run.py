@@ -192,14 +192,36 @@ def run_migration(state: dict, resume: bool = False, *, stop_after: str | None =
         if path.is_symlink():
             raise _unreadable_store(path, "it is a symlink", resume)
     lock = _hold_run_lock(store / ("run.lock" if home != output_dir else f"run-{key}.lock"), state)
+    finished = []
     try:
-        return _run_locked(state, resume, stop_after, key, home, output_dir, threads_file, db)
+        return _run_locked(state, resume, stop_after, key, home, output_dir, threads_file, db, finished)
     finally:
         os.close(lock)
+        if finished and store.parent.parent.name == "checkouts":
+            _drop_finished_store(store)
 
 
-def _run_locked(state, resume, stop_after, key, home, output_dir, threads_file, db) -> dict:
-    """run_migration, under the run's lock."""
+def _drop_finished_store(store: Path) -> None:
+    """A checkout migration's store outside the checkout (store_dir) once its run has ended (nothing to
+    resume): removed unless another run of the same output dir holds its lock meanwhile."""
+    import shutil
+
+    held = []
+    try:
+        for lock_file in store.glob("run-*.lock"):
+            fd = os.open(lock_file, os.O_RDWR)
+            held.append(fd)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        shutil.rmtree(store.parent, ignore_errors=True)
+    except (BlockingIOError, OSError):
+        pass          # another run is in progress: its store stays
+    finally:
+        for fd in held:
+            os.close(fd)
+
+
+def _run_locked(state, resume, stop_after, key, home, output_dir, threads_file, db, finished=None) -> dict:
+    """run_migration, under the run's lock; `finished` gets True appended when the run ended (no node left)."""
     app = compiled_graph(db)
     threads = _load_threads(threads_file, resume)
     invoke = functools.partial(app.invoke, durability="sync", interrupt_after=[stop_after] if stop_after else None)
@@ -222,7 +244,10 @@ def _run_locked(state, resume, stop_after, key, home, output_dir, threads_file, 
             start_backup_run(home, threads[key])   # a fresh run's rounds start at 1; earlier ones are kept
         atomic_write(threads_file, json.dumps(threads, indent=2).encode())
         config = {"configurable": {"thread_id": threads[key]}, "recursion_limit": RECURSION_LIMIT}
-        return summarise(invoke(state, config))
+        result = summarise(invoke(state, config))
+        if finished is not None and not app.get_state(config).next:
+            finished.append(True)
+        return result
     except UnsafeStoreError as exc:
         raise _unreadable_store(db, str(exc), resume) from None
     except sqlite3.DatabaseError as exc:
