@@ -184,6 +184,16 @@ def test_framework_readme_is_upstreams_template_without_local_paths(migrated):
     assert "bash executor/scripts/infer.sh --model tiny_llama --yaml tiny_llama.yaml" in text
     assert str(migrated["root"]) not in text and "/tmp" not in text and str(Path.home()) not in text
     assert "框架部署" in text
+    # the model's own facts, from its configuration (#35.4), and only claims a run can back (#30.4)
+    config = json.loads((migrated["checkpoint"] / "config.json").read_text())
+    overview = text.split("## 概述\n", 1)[1].split("\n## ", 1)[0]
+    for fact in (f"{config['num_hidden_layers']} 层", f"隐藏维度为 {config['hidden_size']}",
+                 f"{config['num_attention_heads']} 个查询头、{config['num_key_value_heads']} 个 KV 头",
+                 f"最大上下文长度为 {config['max_position_embeddings']}", f"词表大小为 {config['vocab_size']}",
+                 "src/transformers/models/llama/modeling_llama.py"):
+        assert fact in overview, (fact, overview)
+    assert "Atlas" not in text and "尚未在 NPU 上运行" in text and "Agent Skills 完成迁移与优化" not in text
+    assert "尚无基线" in text.split("## 性能基线\n", 1)[1]
 
 
 def test_rollback_takes_the_registry_entry_out_byte_for_byte(tmp_path, migrated):
@@ -410,8 +420,9 @@ def test_migrator_run_into_a_checkout_end_to_end_under_the_standin(tmp_path, tin
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout[proc.stdout.index("{"):proc.stdout.rindex("}") + 1])
     recipe = checkout / "models" / "e2e_llama"
-    assert summary["status"] == "ok" and summary["baseline_path"] == str(recipe / "agentic/baseline/baseline_metadata.json")
-    baseline = json.loads((recipe / "agentic/baseline/baseline_metadata.json").read_text())
+    # a stand-in run's baseline is named as one (never the canonical NPU baseline's name)
+    assert summary["status"] == "ok" and summary["baseline_path"] == str(recipe / "agentic/baseline/baseline_metadata.standin.json")
+    baseline = json.loads((recipe / "agentic/baseline/baseline_metadata.standin.json").read_text())
     assert baseline["yaml_path"] == "config/e2e_llama.yaml"
     assert baseline["environment"]["device"] == "cpu (npu stand-in)"
     parity = baseline["verification"]["parity"]

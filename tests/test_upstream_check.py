@@ -243,9 +243,10 @@ def test_qwen3_one_rank_reaches_a_baseline_with_parity_against_transformers(chec
     assert any("tiny random qwen3 checkpoint" in n for n in report["upstream_standin"]["notes"])
     after = digests(checkout)
     assert {k: v for k, v in after.items() if k in before} == before      # upstream's files as they were
-    # the YAML copy, the tiny checkpoint, the runs and the report: all in git-ignored res/.migrator/; the
-    # one new file in upstream's tree is the run's product, the stand-in baseline
-    assert git_status(checkout) == "?? models/qwen/baseline/\n" and any((checkout / "models" / "qwen" / "res" / ".migrator" / "standin" /
+    # the YAML copy, the tiny checkpoint, the runs, the report and the stand-in baseline: all in git-ignored
+    # res/.migrator/; upstream's tree shows nothing new
+    assert Path(summary["baseline_path"]).parent == checkout / "models" / "qwen" / "res" / ".migrator" / "baseline"
+    assert git_status(checkout) == "" and any((checkout / "models" / "qwen" / "res" / ".migrator" / "standin" /
                                                "config").glob("*.yaml"))
 
 

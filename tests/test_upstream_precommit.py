@@ -71,7 +71,24 @@ def local_config(config: dict, bin_dir: Path) -> dict:
     return {**{k: v for k, v in config.items() if k != "repos"}, "repos": repos}
 
 
-def test_upstreams_pre_commit_hooks_pass_on_a_framework_recipe(tmp_path):
+def pre_commit_script() -> Path | None:
+    """pre-commit's script: next to this interpreter, else in the environment its package is installed in
+    (a venv layered on another one's site-packages)."""
+    import pre_commit
+
+    for folder in (Path(sys.executable).parent, Path(pre_commit.__file__).resolve().parents[4] / "bin"):
+        if (folder / "pre-commit").is_file():
+            return folder / "pre-commit"
+    return None
+
+
+# Every family the tests migrate into a checkout (tests/test_framework_target.py's and the parity tests'),
+# with the overrides those tests use: each one's files go through the hooks.
+FAMILIES = [("llama", {}), ("mistral", {"sliding_window": 16}), ("gemma2", {}), ("phi3", {}), ("mixtral", {}),
+            ("qwen3_moe", {}), ("deepseek_v3", {"num_key_value_heads": 4})]
+
+
+def test_upstreams_pre_commit_hooks_pass_on_a_framework_recipe_of_every_family(tmp_path):
     from importlib.metadata import PackageNotFoundError, version
 
     from agent.recipe.targets import REGISTRY
@@ -84,23 +101,33 @@ def test_upstreams_pre_commit_hooks_pass_on_a_framework_recipe(tmp_path):
         version("pre-commit")
     except PackageNotFoundError as exc:
         pytest.skip(f"{exc.name} is not installed (the test extra installs it)")
-    pre_commit = Path(sys.executable).parent / "pre-commit"
-    if not pre_commit.is_file():
-        pytest.skip(f"no pre-commit next to {sys.executable}")
+    pre_commit = pre_commit_script()
+    if pre_commit is None:
+        pytest.skip(f"no pre-commit next to {sys.executable} or its installed package")
     checkout = copy_checkout(tmp_path)
     config = yaml.safe_load((checkout / ".pre-commit-config.yaml").read_text())
-    checkpoint = upstream.tiny_checkpoint("llama", tmp_path / "ckpt")
-    summary = run_migration({"target": str(checkpoint), "output_dir": str(checkout / "models"), "name": "pc_llama",
-                             "device": "cpu", "max_new_tokens": 8, "max_rounds": 0, "world_size": 1,
-                             "recipe_target": "framework", "transformers_source": "installed"}, stop_after="render")
-    recipe = Path(summary["recipe_dir"])
+    recipes = []
+    for model_type, overrides in FAMILIES:
+        checkpoint = upstream.tiny_checkpoint(model_type, tmp_path / f"ckpt_{model_type}", **overrides)
+        summary = run_migration({"target": str(checkpoint), "output_dir": str(checkout / "models"),
+                                 "name": f"pc_{model_type}", "device": "cpu", "max_new_tokens": 8, "max_rounds": 0,
+                                 "world_size": 1, "recipe_target": "framework", "transformers_source": "installed"},
+                                stop_after="render")
+        recipes.append(Path(summary["recipe_dir"]))
+        # the N-card YAML `--world-size` writes is one of the files a contributor commits too
+        from agent.recipe.recipe import Recipe
+        ncard = Recipe.at(recipes[-1]).write_yaml_for(2)
+        check_ncard_yaml(ncard, moe=model_type in ("mixtral", "qwen3_moe", "deepseek_v3"))
     # a contributor's commit: on a branch of its own (no-commit-to-branch protects main), files staged
-    _git(checkout, "checkout", "-qb", "add-pc-llama")
+    _git(checkout, "checkout", "-qb", "add-pc-models")
     _git(checkout, "add", "-A")
     files = [line for line in _git(checkout, "diff", "--cached", "--name-only").splitlines()]
-    assert REGISTRY.as_posix() in files and all(f.startswith("models/pc_llama/") or f == REGISTRY.as_posix()
+    assert REGISTRY.as_posix() in files and all(f.startswith("models/pc_") or f == REGISTRY.as_posix()
                                                 for f in files), files
-    assert any(f.endswith(".py") for f in files) and any(f.endswith(".yaml") for f in files)
+    for recipe in recipes:
+        mine = [f for f in files if f.startswith(f"models/{recipe.name}/")]
+        assert any(f.endswith(".py") for f in mine) and any(f.endswith(".yaml") for f in mine), (recipe, mine)
+        check_headers(recipe)
     if github_reachable():
         how = f"upstream's config as it is ({HOOKS_REPO} {config['repos'][0]['rev']})"
         config_file = checkout / ".pre-commit-config.yaml"
@@ -122,18 +149,61 @@ def test_upstreams_pre_commit_hooks_pass_on_a_framework_recipe(tmp_path):
     proc = run_hooks(*files)
     print(how)
     print(proc.stdout)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    # the fixers' changes, if any, name the file and line that failed
+    changed = _git(checkout, "diff", "--", *files)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:] + changed[-3000:]
     results = [line for line in proc.stdout.splitlines() if line.rstrip().endswith(("Passed", "Skipped", "Failed"))]
     assert len(results) == sum(len(repo["hooks"]) for repo in config["repos"]), proc.stdout   # every hook ran
     assert not any(line.rstrip().endswith("Failed") for line in results)
     assert sum(line.rstrip().endswith("Passed") for line in results) >= 8, results    # text, python, yaml ... files
     # fixers changed nothing: what we wrote was already clean
     assert {f: (checkout / f).read_bytes() for f in files} == before
-    assert (recipe / "models" / f"modeling_{recipe.name}_framework.py").is_file()
     # the hooks bite: a file with a trailing blank, no final newline and a debugger import fails them
-    probe = recipe / "models" / "probe.py"
+    probe = recipes[0] / "models" / "probe.py"
     probe.write_text("import pdb\nx = 1 \ny = 2")
     _git(checkout, "add", "-A")
     bad = run_hooks(probe.relative_to(checkout).as_posix())
     failed = [line.split(".")[0] for line in bad.stdout.splitlines() if line.rstrip().endswith("Failed")]
     assert bad.returncode != 0 and len(failed) == 3, bad.stdout
+
+
+def check_headers(recipe: Path) -> None:
+    """Checklist 二.9 on every Python file of the recipe: a licence header, "Adapted from" and the exact
+    source (a transformers release's file), the source's copyright lines; no generated-file banner."""
+    import transformers
+
+    pys = sorted((recipe / "models").glob("*.py"))
+    assert pys, recipe
+    for py in pys:
+        head = py.read_text().split("\n\"\"\"", 1)[0][:4000]
+        lines = head.splitlines()
+        assert lines[0] == "# coding=utf-8", (py, lines[:3])
+        at = lines.index("# Adapted from")
+        source = lines[at + 1].removeprefix("# ")
+        assert source.startswith("https://github.com/huggingface/transformers/blob/v"), (py, source)
+        # the named file is the release's: its path exists in the installed tree (the same layout)
+        rel = source.split("/blob/", 1)[1].split("/", 1)[1]
+        assert (Path(transformers.__file__).parents[1] / rel.removeprefix("src/")).is_file(), (py, rel)
+        assert any(line.startswith("# Copyright ") for line in lines), (py, lines[:8])
+        assert "Licensed under the Apache License, Version 2.0" in head, py
+        text = py.read_text()
+        assert "automatically generated from" not in text and "Do NOT edit this file manually" not in text, py
+
+
+def check_ncard_yaml(path: Path, moe: bool) -> None:
+    """The `--world-size 2` YAML as upstream's 2tp YAMLs write it: True / False (never true / false),
+    strings quoted, a dense model's moe_tp_size 1 with upstream's comment, an MoE model's split."""
+    import re
+
+    text = path.read_text()
+    values = [line.split(":", 1)[1].split("#", 1)[0].strip() for line in text.splitlines()
+              if ":" in line and not line.lstrip().startswith("#") and line.startswith("  ")]
+    assert not [v for v in values if v in ("true", "false", "yes", "no")], text
+    assert {"True", "False"} <= set(values) and '"eager"' in values, text
+    data = yaml.safe_load(text)
+    assert data["parallel_config"]["attn_tp_size"] == 2
+    line = next(line for line in text.splitlines() if line.strip().startswith("moe_tp_size:"))
+    if moe:
+        assert data["parallel_config"]["moe_tp_size"] == 2 and "#" not in line, text
+    else:
+        assert re.fullmatch(r"  moe_tp_size: 1 +# Dense model has no MoE layer.*", line), line

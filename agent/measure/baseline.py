@@ -244,22 +244,34 @@ def _as_int(value: Any) -> Optional[int]:
 # --------------------------------------------------------------------------- output
 
 
-def keep_previous(out: Path) -> Optional[Path]:
-    """Move an existing ``out`` beside itself as ``<stem>.previous-<mtime>.json``."""
+CANONICAL_NAME = "baseline_metadata.json"
+STANDIN_NAME = "baseline_metadata.standin.json"      # upstream recipes' and ours alike: never the canonical file
+
+
+def file_name(baseline: dict, standin: bool = False) -> str:
+    """The baseline's file name, from what it records: a run made under the npu stand-in (its
+    `standin` block, or `standin` for a run the caller knows was one) is baseline_metadata.standin.json,
+    so that a stand-in result never takes the name (or the place) of an NPU baseline."""
+    return STANDIN_NAME if standin or (baseline or {}).get("standin") else CANONICAL_NAME
+
+
+def keep_previous(out: Path, previous_dir: Optional[Path] = None) -> Optional[Path]:
+    """Move an existing ``out`` to ``<stem>.previous.json`` in ``previous_dir`` (default: beside it),
+    replacing the one kept before: one previous baseline is kept, never a growing pile."""
     if not out.exists():
         return None
-    stamp = _dt.datetime.fromtimestamp(out.stat().st_mtime).strftime("%Y%m%dT%H%M%S")
-    kept = out.with_name(f"{out.stem}.previous-{stamp}{out.suffix}")
-    n = 1
-    while kept.exists():
-        kept = out.with_name(f"{out.stem}.previous-{stamp}-{n}{out.suffix}")
-        n += 1
+    folder = previous_dir or out.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    kept = folder / f"{out.stem}.previous{out.suffix}"
     os.replace(out, kept)
     return kept
 
 
-def write_baseline(out: Path, baseline: dict) -> Optional[Path]:
-    """Write ``baseline`` to ``out`` atomically, keeping a previous file; returns the kept path.
+def write_baseline(out: Path, baseline: dict, previous_dir: Optional[Path] = None,
+                   recipe_dir: Optional[Path] = None) -> Optional[Path]:
+    """Write ``baseline`` to ``out`` atomically, keeping the previous file (in ``previous_dir``, default
+    beside it); returns the kept path. ``recipe_dir``: a recipe this tool wrote, whose README's
+    product and performance sections are rewritten from the baseline (agent.recipe.readme).
 
     The only writer of baseline_metadata.json: the CLI writes what `collect` built, the workflow
     what `with_verification` added to it."""
@@ -270,7 +282,7 @@ def write_baseline(out: Path, baseline: dict) -> Optional[Path]:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 json.dump(baseline, fh, indent=2, ensure_ascii=False)
                 fh.write("\n")
-            kept = keep_previous(out)
+            kept = keep_previous(out, previous_dir)
             os.replace(tmp, out)
         except BaseException:
             if os.path.exists(tmp):
@@ -279,7 +291,36 @@ def write_baseline(out: Path, baseline: dict) -> Optional[Path]:
     except OSError as exc:
         raise CollectError(f"cannot write {out}: {exc.strerror or exc}",
                            "check that the output directory is writable") from None
+    if recipe_dir is not None:
+        refresh_readme(Path(recipe_dir), out, baseline)
     return kept
+
+
+def refresh_readme(recipe_dir: Path, out: Path, baseline: dict) -> bool:
+    """The recipe README's 支持的产品型号 and 性能基线 from the baseline of record: an NPU baseline beside
+    a stand-in one stays the README's (a stand-in result never replaces an NPU one)."""
+    from agent.recipe import readme
+
+    record, record_path = baseline, out
+    canonical = out.with_name(CANONICAL_NAME)
+    if out.name != CANONICAL_NAME and canonical.is_file():
+        try:
+            npu = json.loads(canonical.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            npu = None
+        if readme.ran_on_npu(npu):
+            record, record_path = npu, canonical
+    settings = {}
+    if record.get("yaml_path"):
+        try:
+            settings = load_yaml(str(recipe_dir / record["yaml_path"]))
+        except CollectError:
+            settings = {}
+    try:
+        rel = record_path.resolve().relative_to(recipe_dir.resolve()).as_posix()
+    except ValueError:
+        rel = record_path.name
+    return readme.refresh(recipe_dir / "README.md", record, rel, settings)
 
 
 def with_verification(baseline: dict, parity: dict) -> dict:

@@ -23,17 +23,19 @@ import libcst.matchers as m
 
 from agent.codemods._toolkit import dotted
 from agent.codemods.commands.absolute_imports import AbsoluteImportsCommand
+from agent.codemods.commands.blank_line_whitespace import BlankLineWhitespaceCommand
 from agent.codemods.commands.prune_unreachable_definitions import PruneUnreachableDefinitionsCommand
 from agent.codemods.commands.remove_gradient_checkpointing import RemoveGradientCheckpointingCommand
 from agent.codemods.commands.remove_labels_loss import RemoveLabelsLossCommand
 from agent.codemods.commands.runner_settings_init import RunnerSettingsInitCommand
+from agent.codemods.commands.source_header import SourceHeaderCommand
 from agent.codemods.commands.torch_npu_guard import TorchNpuImportGuardCommand
 from agent.codemods.commands.transformers_init_weights import TransformersInitWeightsCommand
 from agent.codemods.commands.vendored_imports import VendoredImportsCommand
 from agent.codemods.driver import Command, command, transform
 
 from agent.errors import InputError, UnsupportedModelError, VendorError
-from agent.migrate import codemod_cache
+from agent.migrate import codemod_cache, provenance
 from agent.records import Vendored
 from agent.recipe.render import is_identifier
 from agent.recipe.routing import supported_families
@@ -375,7 +377,7 @@ def plan_closure(source: ModelSource, model_name: str, package: str = "models",
 
 
 def vendor_source(source: ModelSource, recipe_dir: Path, model_name: str, package: str = "models",
-                  tree=None) -> VendorResult:
+                  tree=None, model_source: str | None = None, model_dir: Path | None = None) -> VendorResult:
     """Copy modeling + configuration source into recipe_dir/models and apply the codemods.
 
     The copy is closed under imports (`plan_closure`) and the imports are pointed at the copies
@@ -383,6 +385,11 @@ def vendor_source(source: ModelSource, recipe_dir: Path, model_name: str, packag
     `models.NAME.models` in a cann-recipes-infer checkout); only the auto registry
     (`transformers.models.auto`) stays a transformers import. `tree`: another release's source
     (agent.migrate.transformers_source.SourceTree) to copy from instead of the installed one's.
+
+    Every file written here goes through `finish_file`: its header names the exact source
+    (agent.migrate.provenance: the transformers release and file, or the hub repository and revision
+    `model_source` / `model_dir` say), the source's copyright lines and licence, and no line ends in
+    whitespace (upstream's pre-commit hooks).
     """
     if tree is not None:
         source = from_tree(source, tree)
@@ -395,6 +402,7 @@ def vendor_source(source: ModelSource, recipe_dir: Path, model_name: str, packag
         code, applied = processed[module]
         more: list[str] = []
         code = transform(code, [command(VendoredImportsCommand, vendored=siblings)], applied=more)
+        code = finish_file(code, module, planned.path, source, tree, applied + more, model_source, model_dir)
         offending = find_model_class_imports(code)
         if offending:
             raise VendorError(
@@ -405,6 +413,24 @@ def vendor_source(source: ModelSource, recipe_dir: Path, model_name: str, packag
         result.files[planned.role if planned.role in ("modeling", "configuration") else module] = out
         result.codemods[out.name] = applied + more
     return result
+
+
+def transformers_version_of(source: ModelSource, tree=None) -> str | None:
+    """The transformers release the files are copied from."""
+    if tree is not None:
+        return tree.version
+    return source.origin.removeprefix("transformers ") if source.origin.startswith("transformers ") else None
+
+
+def finish_file(code: str, module: str, path: Path, source: ModelSource, tree, applied: list[str],
+                model_source: str | None = None, model_dir: Path | None = None) -> str:
+    """The last step of every vendored file: its provenance header (SourceHeaderCommand), then no
+    whitespace at a line's end (BlankLineWhitespaceCommand)."""
+    prov = provenance.of_module(module, path, transformers_version_of(source, tree), model_source, model_dir)
+    edits = ", ".join(name.removesuffix("Command") for name in applied) or "none"
+    what = f"Vendored copy for cann-recipes-infer, rewritten by codemods: {edits}."
+    header = provenance.header_lines(prov, what)
+    return transform(code, [command(SourceHeaderCommand, header=header), BlankLineWhitespaceCommand])
 
 
 def _module_level_definitions(path: Path) -> set[str]:

@@ -174,7 +174,7 @@ class Recipe:
         if self.yaml is None:
             raise InputError(f"{self.path}/config has no YAML file")
         row = TARGETS.get(self.kind, TARGETS["standalone"])
-        settings = row.scale_yaml(yaml.safe_load(self.yaml.read_text()), world_size)
+        settings = row.scale_yaml(yaml.safe_load(self.yaml.read_text()), world_size, moe=self.is_moe())
         model_config = settings.get("model_config") if isinstance(settings.get("model_config"), dict) else {}
         name = settings.get("model_name") or model_config.get("model_name") or self.model_name
         target = self.yaml.parent / row.yaml_name(name, world_size)
@@ -182,8 +182,32 @@ class Recipe:
         run = row.launch_hint(self.path.name, target.name)
         header = (f"# {name}: {world_size} cards, {how}, eager mode. Written from "
                   f"{self.yaml.name} by infer-migrator.\n# Run: {run}\n")
-        target.write_text(header + yaml.safe_dump(settings, sort_keys=False))
+        if row.inside_checkout:
+            # upstream's schemas, written as upstream's YAMLs write them (True / False, quoted strings)
+            from agent.recipe.render import yaml_text
+            body = yaml_text(settings)
+        else:
+            body = yaml.safe_dump(settings, sort_keys=False)
+        target.write_text(header + body)
         return target
+
+    def is_moe(self) -> bool:
+        """The model has MoE layers: its migration's family says so, else its checkpoint's config
+        names experts (unknown: True, every parallel size kept as it was)."""
+        from agent.recipe.targets import MOE_FAMILIES
+
+        family = self.report().get("family")
+        if family:
+            return family in MOE_FAMILIES
+        checkpoint = self.checkpoint_dir()
+        try:
+            config = json.loads((checkpoint / "config.json").read_text()) if checkpoint else None
+        except (OSError, ValueError):
+            config = None
+        if not isinstance(config, dict):
+            return True
+        text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+        return any(text.get(k) for k in ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"))
 
     # ---- running and measuring it ------------------------------------------------------------
     def launch(self, world_size: int = 1) -> Launch:

@@ -102,7 +102,11 @@ def _yaml_scalar(value) -> str:
 
 def _yaml_sections(settings: dict) -> str:
     """A YAML of top-level scalars and sections of scalars (upstream's schemas: four sections for the
-    framework, scalars then sections for a ModelRunner recipe), a blank line before each section."""
+    framework, scalars then sections for a ModelRunner recipe), a blank line before each section;
+    the comments upstream's YAMLs carry (agent.recipe.targets.yaml_comments) after their values."""
+    from agent.recipe.targets import yaml_comments
+
+    comments = yaml_comments(settings)
     blocks, scalars = [], []
     for key, value in settings.items():
         if not is_identifier(key):
@@ -114,9 +118,15 @@ def _yaml_sections(settings: dict) -> str:
         for leaf, leaf_value in value.items():
             if not is_identifier(leaf):
                 raise VendorError(f"refusing to write YAML key {leaf!r}")
-            lines.append(f"  {leaf}: {_yaml_scalar(leaf_value)}")
+            note = comments.get((key, leaf))
+            lines.append(f"  {leaf}: {_yaml_scalar(leaf_value)}" + (f"    # {_one_line(note)}" if note else ""))
         blocks.append("\n".join(lines))
     return "\n\n".join((["\n".join(scalars)] if scalars else []) + blocks)
+
+
+def yaml_text(settings: dict) -> str:
+    """A YAML of upstream's schemas as upstream writes it (True / False, strings double-quoted)."""
+    return _yaml_sections(settings) + "\n"
 
 
 def environment() -> jinja2.Environment:

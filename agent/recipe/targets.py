@@ -69,15 +69,34 @@ def framework_settings(ctx: dict) -> dict:
         "model_config": {"model_name": ctx["model_name"], "model_path": ctx["model_path"],
                          "exe_mode": ctx.get("exe_mode") or "eager", "enable_profiler": False, "with_ckpt": True},
         "data_config": {"dataset": "default", "input_truncated_len": input_len},
-        "parallel_config": framework_parallel(world_size),
+        "parallel_config": framework_parallel(world_size, is_moe(ctx)),
         "scheduler_config": {"batch_size": batch_size, "max_new_tokens": int(ctx["max_new_tokens"]),
                              "max_prefill_tokens": input_len * batch_size},
     }
 
 
-def framework_parallel(world_size: int) -> dict:
-    return {"world_size": world_size, "attn_tp_size": world_size, "moe_tp_size": world_size, "embed_tp_size": 1,
-            "lmhead_tp_size": world_size}
+MOE_FAMILIES = frozenset({"moe", "mla"})
+DENSE_MOE_TP_NOTE = "Dense model has no MoE layer; fixed to 1 to avoid confusion with attn_tp_size"
+
+
+def is_moe(ctx: dict) -> bool:
+    family = ctx.get("family")
+    return getattr(family, "name", family) in MOE_FAMILIES
+
+
+def framework_parallel(world_size: int, moe: bool = True) -> dict:
+    """N-way tensor parallel; a dense model's moe_tp_size stays 1, as upstream's 2tp YAMLs write it."""
+    return {"world_size": world_size, "attn_tp_size": world_size, "moe_tp_size": world_size if moe else 1,
+            "embed_tp_size": 1, "lmhead_tp_size": world_size}
+
+
+def yaml_comments(settings: dict) -> dict[tuple[str, str], str]:
+    """(section, key) -> the comment upstream's YAMLs put there (a dense model's moe_tp_size of 1 beside
+    a split attention)."""
+    parallel = settings.get("parallel_config") if isinstance(settings.get("parallel_config"), dict) else {}
+    if parallel.get("moe_tp_size") == 1 and isinstance(parallel.get("attn_tp_size"), int) and parallel["attn_tp_size"] > 1:
+        return {("parallel_config", "moe_tp_size"): DENSE_MOE_TP_NOTE}
+    return {}
 
 
 FAMILY_LABELS = {"standard": "Dense（MHA / GQA）", "sliding_window": "Dense（滑动窗口注意力）",
@@ -150,10 +169,52 @@ def framework_context(ctx: dict, graph: bool = True) -> dict:
             "hub_link": hub_link(ctx.get("model_source", "")),
             "parameter_count": parameter_count(ctx.get("model_path", "")),
             "yaml_list": "\n".join(f"   - `config/{file}` — {what}" for file, what in files),
-            "dtype_label": "BF16"}
+            "dtype_label": "BF16", **readme_context(ctx)}
 
 
-def tensor_parallel_yaml(settings: dict, world_size: int) -> dict:
+# What the vendoring codemods did, as the README says it (agent/migrate/vendor.py's sequence).
+CODEMOD_LABELS = {
+    "AbsoluteImportsCommand": "相对导入改为本目录内的绝对导入",
+    "VendoredImportsCommand": "相对导入改为本目录内的绝对导入",
+    "RunnerSettingsInitCommand": "模型类构造函数增加 runner_settings 参数",
+    "TorchNpuImportGuardCommand": "导入 torch_npu（未安装时跳过）",
+    "RemoveGradientCheckpointingCommand": "删除梯度检查点（训练专用）",
+    "RemoveLabelsLossCommand": "删除 labels 与 loss 计算（训练专用）",
+    "TransformersInitWeightsCommand": "权重初始化按 transformers 自身代码的方式进行",
+    "PruneUnreachableDefinitionsCommand": "删除模型用不到的定义",
+}
+
+
+def readme_context(ctx: dict) -> dict:
+    """The README's model-specific text: the configuration's facts, where the code comes from and
+    what was changed in it, and the sections only a run fills (agent.recipe.readme)."""
+    import json
+
+    from agent.migrate.provenance import source_file
+    from agent.recipe import readme
+
+    try:
+        config = json.loads((Path(ctx.get("model_path", "")) / "config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    names = [n.strip() for n in str(ctx.get("modeling_codemods") or "").split(",") if n.strip() and n.strip() != "none"]
+    edits = list(dict.fromkeys(CODEMOD_LABELS.get(n, n) for n in names))
+    from agent.migrate import provenance
+
+    prov = provenance.of_vendored_model(str(ctx.get("modeling_module") or ""), ctx.get("transformers_version"),
+                                        ctx.get("model_source"), ctx.get("model_path")) if ctx.get("modeling_module") else None
+    what = (f"{ctx['model_name']}: the framework model of cann-recipes-infer's unified executor for "
+            f"{ctx.get('architecture') or ctx['model_name']}, around the modeling code vendored in modeling_{ctx['model_name']}.py")
+    header = provenance.header_text(prov, " ".join(what.split())) if prov else f"# coding=utf-8\n# {what}\n"
+    return {"source_header": header,
+            "model_facts": "".join(readme.model_facts(config if isinstance(config, dict) else {})),
+            "source_file": source_file(str(ctx.get("modeling_module") or "")) if ctx.get("modeling_module") else "—",
+            "vendor_edits": ("改动：" + "；".join(edits)) if edits else "未作改动",
+            "product_section": readme.product_section(None),
+            "performance_section": readme.performance_section(None, "agentic/baseline/")}
+
+
+def tensor_parallel_yaml(settings: dict, world_size: int, moe: bool = True) -> dict:
     """This project's YAML on N cards: tensor parallel over all of them."""
     settings = dict(settings, world_size=world_size)
     settings["parallel_config"] = {"attn_tp_size": world_size, "moe_tp_size": world_size,
@@ -161,11 +222,11 @@ def tensor_parallel_yaml(settings: dict, world_size: int) -> dict:
     return settings
 
 
-def framework_tensor_parallel_yaml(settings: dict, world_size: int) -> dict:
+def framework_tensor_parallel_yaml(settings: dict, world_size: int, moe: bool = True) -> dict:
     """A four-section YAML on N cards: N-way tensor parallel (see framework_settings); the batch and
     the prefill budget stay the single card's."""
     settings = {key: dict(value) if isinstance(value, dict) else value for key, value in settings.items()}
-    settings.setdefault("parallel_config", {}).update(framework_parallel(world_size))
+    settings.setdefault("parallel_config", {}).update(framework_parallel(world_size, moe))
     return settings
 
 
@@ -184,7 +245,7 @@ def legacy_settings(ctx: dict) -> dict:
     }
 
 
-def legacy_data_parallel_yaml(settings: dict, world_size: int) -> dict:
+def legacy_data_parallel_yaml(settings: dict, world_size: int, moe: bool = True) -> dict:
     """A ModelRunner YAML on N cards: every rank the whole model, the batch split by RANK_ID."""
     settings = {key: dict(value) if isinstance(value, dict) else value for key, value in settings.items()}
     settings["world_size"] = world_size
@@ -241,7 +302,7 @@ class Target:
     folders: tuple[str, ...] = ()
     carries: tuple[str, ...] = ()                   # packages of this project copied into the recipe
     vendored_package: str = "models"                # the vendored copies' package as the recipe imports them
-    scale_yaml: Callable[[dict, int], dict] = tensor_parallel_yaml   # (1-card YAML, N) -> the N-card one
+    scale_yaml: Callable[..., dict] = tensor_parallel_yaml   # (1-card YAML, N, moe=) -> the N-card one
     scaled_how: Callable[[int], str] = lambda n: "tensor parallel"
     launch_hint: Callable[[str, str], str] = lambda folder, yaml: f"YAML_FILE=config/{yaml} bash infer.sh"
     registers: bool = False                         # adds a line to the checkout's REGISTRY (framework)

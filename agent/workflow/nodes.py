@@ -121,7 +121,8 @@ def node_vendor(state: MigrationState) -> dict:
     tree = transformers_source.SourceTree(plan["version"], Path(plan["source_root"]), plan["origin"]) \
         if plan.get("source_root") else None
     result = vendor_source(source, recipe_dir, state["model_name"],
-                           target.vendored_package.format(name=state["model_name"]), tree=tree)
+                           target.vendored_package.format(name=state["model_name"]), tree=tree,
+                           model_source=state.get("model_source"), model_dir=model_dir)
     vendored = result.vendored(recipe_dir)
     if plan.get("version"):
         vendored["transformers_version"] = plan["version"]
@@ -208,9 +209,11 @@ def node_collect_baseline(state: MigrationState) -> dict:
                                                 model_source=state.get("model_source"))
     except Exception as exc:  # reported like the collector script reports it, one line
         raise MigratorError(f"baseline collection failed: {baseline.error_line(exc)}") from None
-    # A stand-in baseline never replaces an NPU one.
-    name = "baseline_metadata.standin.json" if state.get("upstream_standin") else "baseline_metadata.json"
-    return {"baseline_path": str(recipe.baseline_dir() / name), "baseline": collected}
+    # A stand-in baseline never replaces an NPU one: named from what it records (baseline.file_name).
+    name = baseline.file_name(collected, standin=bool(state.get("upstream_standin")))
+    # upstream's own recipe checked under the stand-in: only under its ignored res/ (our state folder)
+    folder = state_dir(recipe.path) / "baseline" if state.get("upstream_standin") else recipe.baseline_dir()
+    return {"baseline_path": str(folder / name), "baseline": collected}
 
 
 def node_verify(state: MigrationState) -> dict:
@@ -222,7 +225,13 @@ def node_verify(state: MigrationState) -> dict:
     checked = verify.verify(Recipe.at(state["recipe_dir"]), last_run(state), collected,
                             bool(state.get("trust_remote_code")), state.get("upstream_standin"),
                             python=recipe_python(state), ours=bool(state.get("vendored")))
-    baseline.write_baseline(baseline_path, checked)
+    recipe_dir = Path(state["recipe_dir"])
+    # inside a checkout the previous baseline goes to our ignored state folder; the README of a recipe
+    # this tool wrote (never upstream's own) gets its product and performance sections from the baseline
+    ours = not state.get("upstream_standin") and bool(state.get("vendored") or Recipe.at(recipe_dir).report().get("vendored"))
+    baseline.write_baseline(baseline_path, checked,
+                            previous_dir=state_dir(recipe_dir) if checkout_root(recipe_dir) else None,
+                            recipe_dir=recipe_dir if ours else None)
     problems = verify.problems(checked)
     update = {"verification": checked["verification"], "status": "failed" if problems else "ok"}
     if problems:

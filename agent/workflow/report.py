@@ -101,8 +101,12 @@ def update_readme(readme: Path, report: Report) -> None:
     for rnd in report.get("rounds") or []:
         lines.append(f"- repair round {rnd['round']}: {rnd['diagnosis'].get('rule') or 'no rule'}"
                      f" ({'patched' if rnd.get('applied') else 'no patch'})")
-    lines += ["- details: `migration_report.json`, `migration_summary.md`, `baseline/baseline_metadata.json`",
-              README_END]
+    baseline = Path(report["baseline_path"]) if report.get("baseline_path") else None
+    try:
+        shown = baseline.relative_to(readme.parent).as_posix() if baseline else "baseline/"
+    except ValueError:
+        shown = baseline.name
+    lines += [f"- details: `migration_report.json`, `migration_summary.md`, `{shown}`", README_END]
     text = readme.read_text()
     block = "\n".join(lines) + "\n"
     if README_BEGIN in text and README_END in text:

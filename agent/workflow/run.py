@@ -22,7 +22,7 @@ from agent import errors
 from agent.progress import step
 from agent.recipe.backup import atomic_write, real_dirs, start_backup_run
 from agent.recipe.recipe import Recipe
-from agent.recipe.targets import state_parts
+from agent.recipe.targets import checkout_root, state_parts
 from agent.workflow.checkpoint_serde import StateSerializer, UnsafeStoreError
 from agent.workflow.state import MigrationState, summarise
 
@@ -67,6 +67,25 @@ def checkpoint_home(state: dict) -> Path:
     target = Path(state["target"]).expanduser()
     recipe = Recipe.at(target) if target.is_dir() else None
     return recipe.path if recipe is not None and recipe.is_recipe else Path(state.get("output_dir") or "models").resolve()
+
+
+def store_dir(home: Path, output_dir: Path) -> Path:
+    """Where the run's checkpoint store and lock live: `.migrator/` of the recipe (B/C), or of the
+    output dir (A). A migration into a cann-recipes-infer checkout's models/ keeps them outside the
+    checkout, in this user's folder under the temporary directory (one per output dir), so that a run
+    leaves nothing of ours at the checkout's models root on any exit, a killed one included (upstream's
+    validate_infer_args.py lists every folder there as a model); --resume finds them there again."""
+    if home != output_dir or checkout_root(output_dir) is None:
+        return real_dirs(home, *state_parts(home))   # a symlinked .migrator is refused, never written through
+    import tempfile
+
+    base = Path(tempfile.gettempdir()) / f"infer-migrator-{os.getuid()}"
+    base.mkdir(mode=0o700, exist_ok=True)
+    info = os.lstat(base)
+    if base.is_symlink() or not base.is_dir() or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise errors.InputError(f"{base} is not a private folder of this user; the migrator keeps a checkout "
+                                "migration's resume store there: remove it, then re-run")
+    return real_dirs(base, "checkouts", hashlib.sha256(str(output_dir).encode()).hexdigest()[:16], ".migrator")
 
 
 def _unreadable_store(path: Path, why: str, resume: bool) -> errors.InputError:
@@ -166,21 +185,43 @@ def run_migration(state: dict, resume: bool = False, *, stop_after: str | None =
     key = thread_key(state)
     home = checkpoint_home(state)
     home.mkdir(parents=True, exist_ok=True)
-    store = real_dirs(home, *state_parts(home))   # a symlinked .migrator is refused, never written through
+    store = store_dir(home, output_dir)
     threads_file = store / "threads.json"
     db = store / "checkpoints.sqlite"
     for path in (threads_file, db):
         if path.is_symlink():
             raise _unreadable_store(path, "it is a symlink", resume)
     lock = _hold_run_lock(store / ("run.lock" if home != output_dir else f"run-{key}.lock"), state)
+    finished = []
     try:
-        return _run_locked(state, resume, stop_after, key, home, output_dir, threads_file, db)
+        return _run_locked(state, resume, stop_after, key, home, output_dir, threads_file, db, finished)
     finally:
         os.close(lock)
+        if finished and store.parent.parent.name == "checkouts":
+            _drop_finished_store(store)
 
 
-def _run_locked(state, resume, stop_after, key, home, output_dir, threads_file, db) -> dict:
-    """run_migration, under the run's lock."""
+def _drop_finished_store(store: Path) -> None:
+    """A checkout migration's store outside the checkout (store_dir) once its run has ended (nothing to
+    resume): removed unless another run of the same output dir holds its lock meanwhile."""
+    import shutil
+
+    held = []
+    try:
+        for lock_file in store.glob("run-*.lock"):
+            fd = os.open(lock_file, os.O_RDWR)
+            held.append(fd)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        shutil.rmtree(store.parent, ignore_errors=True)
+    except (BlockingIOError, OSError):
+        pass          # another run is in progress: its store stays
+    finally:
+        for fd in held:
+            os.close(fd)
+
+
+def _run_locked(state, resume, stop_after, key, home, output_dir, threads_file, db, finished=None) -> dict:
+    """run_migration, under the run's lock; `finished` gets True appended when the run ended (no node left)."""
     app = compiled_graph(db)
     threads = _load_threads(threads_file, resume)
     invoke = functools.partial(app.invoke, durability="sync", interrupt_after=[stop_after] if stop_after else None)
@@ -203,7 +244,10 @@ def _run_locked(state, resume, stop_after, key, home, output_dir, threads_file, 
             start_backup_run(home, threads[key])   # a fresh run's rounds start at 1; earlier ones are kept
         atomic_write(threads_file, json.dumps(threads, indent=2).encode())
         config = {"configurable": {"thread_id": threads[key]}, "recursion_limit": RECURSION_LIMIT}
-        return summarise(invoke(state, config))
+        result = summarise(invoke(state, config))
+        if finished is not None and not app.get_state(config).next:
+            finished.append(True)
+        return result
     except UnsafeStoreError as exc:
         raise _unreadable_store(db, str(exc), resume) from None
     except sqlite3.DatabaseError as exc:

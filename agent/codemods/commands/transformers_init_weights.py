@@ -59,5 +59,5 @@ class TransformersInitWeightsCommand(Command):
         at = next((i for i, stmt in enumerate(body) if m.matches(stmt, _INIT_WEIGHTS)), None)
         if at is None or any(m.matches(stmt, _IS_CUSTOM_CODE) for stmt in body):
             return updated_node
-        body.insert(at + 1, _NOT_CUSTOM_CODE.with_changes(leading_lines=[cst.EmptyLine()]))
+        body.insert(at + 1, _NOT_CUSTOM_CODE.with_changes(leading_lines=[cst.EmptyLine(indent=False)]))
         return updated_node.with_changes(body=updated_node.body.with_changes(body=body))
