@@ -65,8 +65,8 @@ def _parity(summary: dict) -> dict:
     except ValueError:
         return {}
     parity = (baseline.get("verification") or {}).get("parity") or {}
-    keep = ("reference", "ok", "checked", "reason", "max_abs_logits_diff", "tolerance", "greedy_equal_up_to_ties",
-            "first_divergent_layer", "layer_relative_errors")
+    keep = ("reference", "ok", "checked", "reason", "max_abs_logits_diff", "steps_checked", "closest", "ties",
+            "first_failing_step", "first_divergent_layer")
     return {k: parity[k] for k in keep if k in parity}
 
 
