@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.errors import EXIT_NEEDS_WEIGHTS, InputError, MigratorError
+from agent.migrate.hub_refs import checked_filenames
 
 WEIGHTS_LIMIT_BYTES = 5 * 10**9
 SMALL_FILE_PATTERNS = ["*.json", "*.py", "*.txt", "*.model", "*.tiktoken", "tokenizer*", "*.jinja"]
@@ -39,6 +40,7 @@ def _plan_weights(snapshot: Path, listing: dict[str, int] | None):
                 index_total = int(data.get("metadata", {}).get("total_size") or 0) or None
             except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 files, index_total = [], None
+            files = checked_filenames(files, f"{snapshot / index_name}: weight_map")   # '..', '/abs', globs
         elif single in names:
             files = [single]
         if files:
@@ -116,6 +118,7 @@ def _check_shards(model_dir: Path, what: str) -> None:
                 shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
             except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 raise InputError(f"{what}: {index_name} is not a valid weight index") from None
+            shards = checked_filenames(shards, f"{what}: {index_name}: weight_map")
             missing = [s for s in shards if not (model_dir / s).is_file()]
             if missing:
                 raise InputError(f"{what}: {len(missing)} shard(s) named in {index_name} are missing, "
