@@ -25,6 +25,7 @@ from engine import defaults
 from engine.config import KEY
 from engine.environment import (DeviceUnavailableError, TorchImportError, detect_environment, import_torch, select_device,
                                 simulated_card_bytes)
+from engine.safe_load import LoadError, load_json
 
 DEVICES = KEY["device"].choices
 
@@ -215,8 +216,24 @@ def preflight(target: str) -> None:
     if path.is_dir():
         recipe = Recipe.at(path)
         if recipe.is_recipe:
+            check_recipe_files(recipe)
             check_recipe_destinations(recipe)
             ensure_runnable_here(recipe)
+
+
+def check_recipe_files(recipe: Recipe) -> None:
+    """The recipe's YAML files loaded with the bounded loader before anything runs: one too large, an
+    alias bomb, nested too deep, with duplicate keys or bytes that are not UTF-8 is exit 2 naming the file
+    and line. A plain syntax slip is left to the repair rounds (scenario B)."""
+    from agent.recipe.recipe import recipe_yaml_files
+    from engine.safe_load import load_yaml
+
+    for path in recipe_yaml_files(recipe):
+        try:
+            load_yaml(path)
+        except LoadError as exc:
+            if exc.kind != "syntax":
+                raise errors.InputError(str(exc)) from None
 
 
 def check_recipe_destinations(recipe: Recipe) -> None:
@@ -345,7 +362,7 @@ def cmd_demo(args) -> int:
     summary = run_migration(state)
     code = _finish(summary, args.json)
     if code == 0 and not args.json and summary.get("baseline_path"):
-        perf = json.loads(Path(summary["baseline_path"]).read_text())["performance"]
+        perf = load_json(Path(summary["baseline_path"]))["performance"]
         print(f"prefill {perf['prefill_ms']} ms, decode {perf['decode_avg_ms']} ms/token; output: {perf['output_text']!r}")
     return code
 
@@ -454,7 +471,7 @@ def cmd_baseline(args) -> int:
                                     **({"upstream_standin": plan} if plan else {})})
             row.update(status=summary.get("status"), message=summary.get("message", ""))
             if summary.get("baseline_path"):
-                data = json.loads(Path(summary["baseline_path"]).read_text())
+                data = load_json(Path(summary["baseline_path"]))
                 row.update(model=data["model_config"]["model_name"], device=data["environment"].get("device"),
                            prefill_ms=data["performance"]["prefill_ms"],
                            decode_avg_ms=data["performance"]["decode_avg_ms"])
@@ -547,6 +564,8 @@ def main(argv: list[str] | None = None) -> int:
         return handler(args)
     except MigratorError as exc:
         return _fail(str(exc), exc.exit_code, as_json)
+    except LoadError as exc:      # a YAML / JSON file we were given, refused by engine.safe_load: file and line
+        return _fail(str(exc), errors.EXIT_USAGE, as_json)
     except KeyboardInterrupt:
         print("migrator: interrupted; continue with --resume", file=sys.stderr)
         if as_json:

@@ -171,6 +171,43 @@ def remote_code(auto_map: dict, files: dict[str, str] | None = None, trust: bool
     return setup
 
 
+def recipe_yaml(raw: bytes, name: str = "r_1card_eager.yaml", *extra: str):
+    """Setup: a recipe folder (infer.sh, config/NAME) whose YAML is `raw`; `migrator run RECIPE [extra]`."""
+    def setup(tmp: Path, ckpt: Path) -> list[str]:
+        recipe = tmp / "recipe"
+        (recipe / "config").mkdir(parents=True)
+        (recipe / "infer.sh").write_text("#!/bin/bash\necho never run > PWNED\n")
+        (recipe / "config" / name).parent.mkdir(parents=True, exist_ok=True)
+        (recipe / "config" / name).write_bytes(raw)
+        return ["run", str(recipe), *extra]
+    return setup
+
+
+def alias_bomb(levels: int, width: int) -> bytes:
+    lines = ["model_name: r", "model_path: ../ckpt", "model_config:", "  config_overrides:",
+             f"    l0: &l0 [{', '.join(['lol'] * width)}]"]
+    lines += [f"    l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * width)}]" for i in range(1, levels)]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def wheel_of_zeros(member: str, size: int, version: str = "5.3.1"):
+    """Setup: --transformers-source a small wheel one of whose members inflates to `size` zero bytes."""
+    def setup(tmp: Path, ckpt: Path) -> list[str]:
+        import zipfile
+
+        wheel = tmp / f"transformers-{version}-py3-none-any.whl"
+        with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as archive:
+            if member != "transformers/__init__.py":
+                archive.writestr("transformers/__init__.py", f'__version__ = "{version}"\n')
+            info = zipfile.ZipInfo(member)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            with archive.open(info, "w") as sink:
+                for _ in range(size // 2**22):
+                    sink.write(bytes(2**22))
+        return ["run", str(ckpt), "--transformers-source", str(wheel)]
+    return setup
+
+
 HOSTILE_ARCH = 'X"""\nimport os; os.system("touch PWNED")\n"""'
 REMOTE_OK = {"AutoConfig": "configuration_custom.CustomConfig",
              "AutoModelForCausalLM": "modeling_custom.CustomForCausalLM"}
@@ -317,6 +354,27 @@ CASES = [
                                                 link="modeling_custom.py"), 2, "outside the model directory"),
     Case("remote_module_collides_with_recipe", remote_code(REMOTE_OK, REMOTE_FILES), 3, "model_setting"),
     Case("remote_auto_map_not_string", config(auto_map={"AutoConfig": 5}), 2, "auto_map"),
+    # YAML / JSON through the one bounded loader (engine.safe_load): refused with file and line, never expanded
+    Case("recipe_yaml_alias_bomb_in_config_overrides", recipe_yaml(alias_bomb(9, 9)), 2, "expands to more than"),
+    Case("recipe_yaml_alias_bomb_wide", recipe_yaml(alias_bomb(4, 60), "deep/other.yml"), 2, "expands to more than"),
+    Case("recipe_yaml_recursive_alias", recipe_yaml(b"model_name: r\nmodel_config: &m\n  config_overrides: *m\n"), 2,
+         "recursive"),
+    Case("recipe_yaml_duplicate_key", recipe_yaml(b"model_name: r\nmodel_config:\n  dtype: float16\n  dtype: float32\n"),
+         2, "duplicate key 'dtype'"),
+    Case("recipe_yaml_not_utf8", recipe_yaml(b"model_name: r\n# caf\xe9\nmodel_config: {}\n"), 2, "not UTF-8"),
+    Case("recipe_yaml_binary", recipe_yaml(bytes(range(256)) * 4), 2, "not UTF-8"),
+    Case("recipe_yaml_nested_deep", recipe_yaml(b"model_name: " + b"[" * 5000 + b"]" * 5000 + b"\n"), 2, "nested deeper"),
+    Case("config_duplicate_key", lambda tmp, ckpt: config_bytes(
+        (ckpt / "config.json").read_bytes().rstrip()[:-1] + b', "vocab_size": 5}')(tmp, ckpt), 2, "duplicate key 'vocab_size'"),
+    Case("tokenizer_config_duplicate_key", file_bytes("tokenizer_config.json", b'{"eos_token": "a",\n "eos_token": "b"}'),
+         2, "duplicate key 'eos_token' at line 2"),
+    Case("generation_config_not_utf8", file_bytes("generation_config.json", b'{"eos_token_id": 2, "x": "\xc3"}'), 2,
+         "not UTF-8"),
+    # archives: --transformers-source read member by member, the version first, sizes capped
+    Case("transformers_source_member_of_zeros", wheel_of_zeros("transformers/zeros.py", 64 * 2**20), 10, "unpacks to"),
+    Case("transformers_source_init_of_zeros", wheel_of_zeros("transformers/__init__.py", 48 * 2**20), 10, "unpacks to"),
+    Case("transformers_source_old_release_of_zeros", wheel_of_zeros("transformers/big.py", 8 * 2**20, "4.57.1"), 10,
+         "outside the supported range"),
     # other commands
     Case("classify_missing_path", args("classify", "{tmp}/nope"), 2, "no such file"),
     Case("rollback_not_a_recipe", args("rollback", "{tmp}/nope"), 2, "no such recipe"),

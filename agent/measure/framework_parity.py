@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 import yaml
+from engine.safe_load import load_json, load_yaml, loads_json
 
 
 def request_prompts(settings: dict, checkout: Path) -> list[str]:
@@ -31,7 +32,7 @@ def request_prompts(settings: dict, checkout: Path) -> list[str]:
     if data.get("dataset", "default") != "default":
         raise ValueError(f"data_config.dataset {data.get('dataset')!r}: only the default prompt set is checked")
     folder = Path(data.get("dataset_path") or checkout / "dataset")
-    text = json.loads((folder / "default_prompt.json").read_text())["text"]
+    text = load_json((folder / "default_prompt.json"))["text"]
     prompts = text if isinstance(text, list) else [text]
     batch = int((settings.get("scheduler_config") or {}).get("batch_size") or 1)
     return (prompts * (batch // len(prompts) + 1))[:batch]
@@ -51,7 +52,7 @@ def rank_prompts(settings: dict, prompts: list[str], rank: int) -> list[str]:
 def check(yaml_path: Path, log_dir: Path, checkout: Path) -> dict:
     from npu_standin.upstream import outputs, reference_generation
 
-    settings = yaml.safe_load(yaml_path.read_text()) or {}
+    settings = load_yaml(yaml_path) or {}
     model_path = settings["model_config"]["model_path"]
     new_tokens = int(settings["scheduler_config"]["max_new_tokens"])
     input_len = int(settings["data_config"]["input_truncated_len"])
@@ -119,7 +120,7 @@ def check_legacy(yaml_path: Path, log_dir: Path, checkout: Path) -> dict:
     each rank log against transformers on the prompt upstream's generate_prompt gave that rank."""
     from npu_standin.upstream import outputs
 
-    settings = yaml.safe_load(yaml_path.read_text()) or {}
+    settings = load_yaml(yaml_path) or {}
     data = settings.get("data_config") or {}
     model_path, world_size = settings["model_path"], int(settings.get("world_size") or 1)
     new_tokens, input_len = int(data["max_new_tokens"]), int(data["input_max_len"])
@@ -171,7 +172,7 @@ def framework_parity(yaml_path: Path, log_dir: Path, checkout: Path, timeout: in
     if proc.returncode != 0 or not lines:
         err = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         return {"ok": False, "checked": False, "reason": f"parity check could not run: {err}"}
-    return json.loads(lines[-1])
+    return loads_json(lines[-1])
 
 
 def main(argv: list[str] | None = None) -> int:

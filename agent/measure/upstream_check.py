@@ -37,6 +37,7 @@ from agent.errors import EnvironmentProblem, InputError, UnsupportedModelError
 from agent.recipe.recipe import Recipe, read_settings
 from agent.recipe.model_type import recipe_model_type
 from engine import defaults
+from engine.safe_load import load_json, load_yaml, loads_json
 
 STANDIN_DIR = ".standin"                 # config/.standin/: where earlier releases put the YAML copies
 PROBE_ENV = "MIGRATOR_UPSTREAM_PROBE"
@@ -211,7 +212,7 @@ def build_tiny(recipe: Recipe, model_type: str) -> Path:
                                         "point the YAML's model_path at local weights") from None
     base, overrides, keys = twin
     tiny_checkpoint(base, out, **overrides)
-    config = json.loads((out / "config.json").read_text())
+    config = load_json((out / "config.json"))
     config.update(model_type=model_type, architectures=[f"{model_type}ForCausalLM"], **keys)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out
@@ -248,7 +249,7 @@ def write_yaml_copy(recipe: Recipe, source: Path, checkpoint: Path, world_size: 
                     max_new_tokens: int | None) -> Path:
     """yaml_copy_dir()/<name>: `source` on `checkpoint` at `world_size` ranks; with `max_new_tokens`
     (a tiny checkpoint) lengths and batch cut too. Both YAML schemas (framework four sections, legacy flat)."""
-    data = yamllib.safe_load(source.read_text(encoding="utf-8")) or {}
+    data = load_yaml(source) or {}
     framework = _framework_schema(data)
     section = data["model_config"] if framework else data
     section["model_path"] = str(checkpoint)
@@ -360,7 +361,7 @@ def parity(recipe: Recipe, run: dict, plan: dict, timeout: int = defaults.TIMEOU
     checkpoint = Path(plan.get("checkpoint") or "")
     if not (checkpoint / "config.json").is_file():
         return {**base, "reason": "no local checkpoint to compare on"}
-    model_type = json.loads((checkpoint / "config.json").read_text()).get("model_type")
+    model_type = load_json((checkpoint / "config.json")).get("model_type")
     from transformers import CONFIG_MAPPING
 
     if model_type not in CONFIG_MAPPING:
@@ -389,7 +390,7 @@ def parity(recipe: Recipe, run: dict, plan: dict, timeout: int = defaults.TIMEOU
     if proc.returncode != 0 or not lines:
         err = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         return {**base, "reason": f"the comparison with transformers could not run: {err[:300]}"}
-    return json.loads(lines[-1])
+    return loads_json(lines[-1])
 
 
 def default_prompt(recipe: Recipe) -> str | None:
@@ -397,7 +398,7 @@ def default_prompt(recipe: Recipe) -> str | None:
         path = root / "dataset" / "default_prompt.json"
         if path.is_file():
             try:
-                return json.loads(path.read_text(encoding="utf-8"))["text"]
+                return load_json(path)["text"]
             except (ValueError, KeyError, TypeError):
                 return None
     return None

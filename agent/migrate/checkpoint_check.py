@@ -20,6 +20,7 @@ from typing import Any
 from agent.errors import InputError
 from agent.recipe.fs_guard import JSON_LIMIT, check_regular, read_bytes
 from agent.recipe.render import is_identifier
+from engine.safe_load import LoadError, loads_json
 
 MAX_DIM = 2**31 - 1
 # Sizes a model's shapes are built from: non-negative integers (or lists of them) when present.
@@ -66,17 +67,13 @@ def read_json_file(path: Path, what: str | None = None) -> Any:
     except UnicodeDecodeError as exc:
         raise InputError(f"{path}: not UTF-8 text (byte {exc.start}); re-save {what} as UTF-8") from None
     try:
-        return json.loads(text, parse_constant=_reject_constant)
-    except ValueError as exc:
-        where = f" at line {exc.lineno}" if isinstance(exc, json.JSONDecodeError) else ""
-        msg = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
-        raise InputError(f"{path}: not valid JSON ({msg}{where}); re-download {what}") from None
-    except RecursionError:
-        raise InputError(f"{path}: JSON nested too deeply; re-download {what}") from None
-
-
-def _reject_constant(name: str):
-    raise ValueError(f"{name} is not a JSON number")
+        return loads_json(text, str(path), allow_nan=False, max_bytes=JSON_LIMIT, hint=f"re-download {what}")
+    except LoadError as exc:
+        if exc.kind == "syntax":
+            where = f" at line {exc.line}" if exc.line else ""
+            raise InputError(f"{path}: not valid JSON ({exc.problem}{where}); re-download {what}") from None
+        raise InputError(f"{path}: JSON {exc.problem}{f' at line {exc.line}' if exc.line else ''}; "
+                         f"re-download {what}") from None
 
 
 def _type_name(value: Any) -> str:
@@ -271,7 +268,7 @@ def check_safetensors(path: Path) -> dict[str, list[int]]:
                              f"{size}-byte file); re-download it")
         raw = f.read(header_len)
     try:
-        header = json.loads(raw.decode("utf-8"))
+        header = loads_json(raw.decode("utf-8"), f"{path}: safetensors header", max_bytes=MAX_HEADER_BYTES)
     except (UnicodeDecodeError, ValueError):
         raise InputError(f"{path}: corrupt safetensors header; re-download it") from None
     if not isinstance(header, dict):

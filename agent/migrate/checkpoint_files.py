@@ -11,6 +11,7 @@ from pathlib import Path
 
 from agent.errors import EXIT_NEEDS_WEIGHTS, InputError, MigratorError
 from agent.migrate.hub_refs import checked_filenames
+from engine.safe_load import load_json
 
 WEIGHTS_LIMIT_BYTES = 5 * 10**9
 SMALL_FILE_PATTERNS = ["*.json", "*.py", "*.txt", "*.model", "*.tiktoken", "tokenizer*", "*.jinja"]
@@ -35,7 +36,7 @@ def _plan_weights(snapshot: Path, listing: dict[str, int] | None):
         index = snapshot / index_name
         if index_name in names and index.is_file():
             try:
-                data = json.loads(index.read_text())
+                data = load_json(index)
                 files = sorted(set(data["weight_map"].values()))
                 index_total = int(data.get("metadata", {}).get("total_size") or 0) or None
             except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -115,7 +116,7 @@ def _check_shards(model_dir: Path, what: str) -> None:
         index = model_dir / index_name
         if index.is_file():
             try:
-                shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+                shards = sorted(set(load_json(index)["weight_map"].values()))
             except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 raise InputError(f"{what}: {index_name} is not a valid weight index") from None
             shards = checked_filenames(shards, f"{what}: {index_name}: weight_map")

@@ -19,6 +19,7 @@ from agent.recipe.fs_guard import WriteGuard
 from agent.recipe.recipe import NO_CODE_DIRS
 from agent.recipe.targets import state_dir, state_parts
 from agent.recipe.textfile import read_exact_lines
+from engine.safe_load import load_json, loads_json
 
 # Recipe files that are backed up before a fix: all but the run state, logs and baselines.
 SKIP_DIRS = NO_CODE_DIRS
@@ -243,7 +244,7 @@ def read_journal(path: Path) -> list[dict]:
         if not raw.strip():
             continue
         try:
-            entry = json.loads(raw.decode("utf-8"))
+            entry = loads_json(raw.decode("utf-8"))
         except ValueError:
             if i == len(lines) - 1 or all(not rest.strip() for rest in lines[i + 1:]):
                 break           # the torn last line of a killed run
@@ -322,7 +323,7 @@ def _manifest(backups: Path, round_no: int) -> list[str]:
     try:
         if path.is_symlink():
             raise ValueError("a symlink")
-        entries = json.loads(path.read_text(encoding="utf-8"))
+        entries = load_json(path)
     except (OSError, ValueError) as exc:
         raise BackupError(f"{path}: unreadable manifest ({exc.__class__.__name__})") from exc
     if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):

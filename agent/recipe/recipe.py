@@ -29,6 +29,7 @@ import yaml
 from agent.errors import InputError
 from agent.recipe.targets import ENTRY, TARGETS, Launch, Target, checkout_root, state_dir
 from agent.recipe.textfile import read_source
+from engine.safe_load import load_json, load_yaml, loads_yaml
 
 WEIGHT_GLOBS = ("*.safetensors", "*.bin")
 # Folders of a recipe that hold no recipe code: run state, run logs, baselines, caches, environments.
@@ -113,7 +114,7 @@ class Recipe:
     def report(self) -> dict:
         """migration_report.json, if the migrator made this recipe ({} otherwise)."""
         try:
-            data = json.loads(report_path(self.path).read_text())
+            data = load_json(report_path(self.path))
         except (OSError, ValueError):
             return {}
         return data if isinstance(data, dict) else {}
@@ -174,7 +175,7 @@ class Recipe:
         if self.yaml is None:
             raise InputError(f"{self.path}/config has no YAML file")
         row = TARGETS.get(self.kind, TARGETS["standalone"])
-        settings = row.scale_yaml(yaml.safe_load(self.yaml.read_text()), world_size)
+        settings = row.scale_yaml(load_yaml(self.yaml), world_size)
         model_config = settings.get("model_config") if isinstance(settings.get("model_config"), dict) else {}
         name = settings.get("model_name") or model_config.get("model_name") or self.model_name
         target = self.yaml.parent / row.yaml_name(name, world_size)
@@ -228,7 +229,7 @@ def read_settings(path: Path | None) -> dict:
     if path is None:
         return {}
     try:
-        data = yaml.safe_load(read_source(path)) or {}
+        data = loads_yaml(read_source(path)) or {}
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -247,6 +248,19 @@ def _world_size(data: dict) -> int | None:
         return int(value)
     except (TypeError, ValueError):
         return None
+
+
+def recipe_yaml_files(recipe: Recipe, limit: int = 200) -> list[Path]:
+    """The YAML a run of the recipe reads, then every other config/*.yaml (at most `limit`)."""
+    found = [recipe.yaml] if recipe.yaml is not None else []
+    config = recipe.path / "config"
+    if config.is_dir() and not config.is_symlink():
+        for path in sorted(config.rglob("*.y*ml")):
+            if len(found) >= limit:
+                break
+            if path.suffix in (".yaml", ".yml") and path.is_file() and path not in found:
+                found.append(path)
+    return found
 
 
 def choose_yaml(recipe_dir: Path) -> Path | None:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from agent.errors import InputError
 from agent.recipe.targets import REGISTRY
+from engine.safe_load import load_json
 
 RECORD = "registry_edit.json"
 
@@ -106,7 +107,7 @@ def was_registered(state_dir: Path) -> bool:
 
 def recorded_edit(state_dir: Path) -> dict | None:
     try:
-        record = json.loads((state_dir / RECORD).read_text())
+        record = load_json((state_dir / RECORD))
     except (OSError, ValueError):
         return None
     return record if isinstance(record, dict) and {"registry", "inserted"} <= set(record) else None

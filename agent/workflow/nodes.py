@@ -30,6 +30,7 @@ from agent.workflow.report import write_report
 from agent.workflow.state import MigrationState, last_run
 from engine import defaults
 from engine.environment import DeviceUnavailableError, detect_environment, select_device
+from engine.safe_load import load_json
 
 
 def node_detect_env(state: MigrationState) -> dict:
@@ -218,7 +219,7 @@ def node_verify(state: MigrationState) -> dict:
     write); abnormal output goes back to diagnosis as a failed run."""
     baseline_path = Path(state["baseline_path"])
     # A store of an earlier release, whose collect node wrote the file, has no baseline in its state.
-    collected = state.get("baseline") or json.loads(baseline_path.read_text())
+    collected = state.get("baseline") or load_json(baseline_path)
     checked = verify.verify(Recipe.at(state["recipe_dir"]), last_run(state), collected,
                             bool(state.get("trust_remote_code")), state.get("upstream_standin"),
                             python=recipe_python(state), ours=bool(state.get("vendored")))
