@@ -208,6 +208,31 @@ def wheel_of_zeros(member: str, size: int, version: str = "5.3.1"):
     return setup
 
 
+def forged_state(journal: list | None = None, manifest: list | None = None, record: dict | None = None,
+                 saved: dict[str, bytes] | None = None):
+    """Setup: a received recipe whose .migrator state (round 1's journal or manifest, its saved copies, a
+    registry record) is forged; `migrator rollback RECIPE`. Entries may name `{tmp}`."""
+    def setup(tmp: Path, ckpt: Path) -> list[str]:
+        recipe = tmp / "recipe"
+        backups = recipe / ".migrator" / "backup"
+        (backups / "round_1").mkdir(parents=True)
+        (recipe / "infer.sh").write_text("#!/bin/bash\necho ok\n")
+        for rel, data in (saved or {"infer.sh": b"#!/bin/bash\necho saved\n"}).items():
+            (backups / "round_1" / rel).parent.mkdir(parents=True, exist_ok=True)
+            (backups / "round_1" / rel).write_bytes(data)
+        fill = lambda v: json.loads(json.dumps(v).replace("{tmp}", str(tmp)))   # noqa: E731
+        if journal is not None:
+            (backups / "round_1.journal").write_text("".join(json.dumps(fill(e)) + "\n" for e in journal))
+        if manifest is not None:
+            (backups / "round_1.manifest.json").write_text(json.dumps(fill(manifest)))
+        if record is not None:
+            (tmp / "victim.py").write_text("keep = 1\nINSERTED = 2\n")
+            (recipe / ".migrator" / "registry_edit.json").write_text(json.dumps(fill(record)))
+            shutil.rmtree(backups)
+        return ["rollback", str(recipe)]
+    return setup
+
+
 HOSTILE_ARCH = 'X"""\nimport os; os.system("touch PWNED")\n"""'
 REMOTE_OK = {"AutoConfig": "configuration_custom.CustomConfig",
              "AutoModelForCausalLM": "modeling_custom.CustomForCausalLM"}
@@ -375,6 +400,37 @@ CASES = [
     Case("transformers_source_init_of_zeros", wheel_of_zeros("transformers/__init__.py", 48 * 2**20), 10, "unpacks to"),
     Case("transformers_source_old_release_of_zeros", wheel_of_zeros("transformers/big.py", 8 * 2**20, "4.57.1"), 10,
          "outside the supported range"),
+    # a received recipe's own state is input: journals, manifests, records schema-checked before any change
+    Case("rollback_journal_setuid_mode", forged_state([{"path": "infer.sh", "was": "file", "mode": 0o4755}]), 2,
+         "not permission bits"),
+    Case("rollback_journal_setgid_sticky_mode", forged_state([{"path": "infer.sh", "was": "file", "mode": 0o3777}]), 2,
+         "setuid, setgid and sticky"),
+    Case("rollback_journal_mode_huge", forged_state([{"path": "infer.sh", "was": "file", "mode": 2**40}]), 2,
+         "not permission bits"),
+    Case("rollback_journal_mode_string", forged_state([{"path": "infer.sh", "was": "file", "mode": "4755"}]), 2,
+         "not permission bits"),
+    Case("rollback_journal_link_absolute", forged_state([{"path": "models/x.py", "was": "link", "target": "/etc/passwd"}]),
+         2, "outside the recipe"),
+    Case("rollback_journal_link_dotdot", forged_state([{"path": "a/b.py", "was": "link", "target": "../../../victim.py"}]),
+         2, "outside the recipe"),
+    Case("rollback_journal_path_dotdot", forged_state([{"path": "../victim.py", "was": "file", "mode": 0o644}],
+                                                      saved={"x": b"x"}), 2, "not a recipe file path"),
+    Case("rollback_journal_path_absolute", forged_state([{"path": "{tmp}/victim.py", "was": "absent"}]), 2,
+         "not a recipe file path"),
+    Case("rollback_journal_path_backslash", forged_state([{"path": "..\\victim.py", "was": "absent"}]), 2,
+         "not a recipe file path"),
+    Case("rollback_journal_unknown_kind", forged_state([{"path": "dev", "was": "device", "major": 1}]), 2,
+         "not a backup entry"),
+    Case("rollback_journal_extra_field", forged_state([{"path": "infer.sh", "was": "file", "mode": 0o755,
+                                                        "owner": "root"}]), 2, "not a backup entry"),
+    Case("rollback_journal_file_never_saved", forged_state([{"path": "evil.sh", "was": "file", "mode": 0o755}]), 2,
+         "missing from the backup"),
+    Case("rollback_manifest_absolute", forged_state(manifest=["{tmp}/victim.py"]), 2, "not a recipe file path"),
+    Case("rollback_manifest_not_list", forged_state(manifest={"infer.sh": 1}), 2, "not a list"),
+    Case("rollback_registry_record_names_another_file", forged_state(record={
+        "registry": "{tmp}/victim.py", "name": "x", "offset": 9, "inserted": "INSERTED = 2\n"}), 2, "edits no other file"),
+    Case("rollback_registry_record_wrong_type", forged_state(record={
+        "registry": "{tmp}/victim.py", "name": "x", "offset": "9", "inserted": "INSERTED = 2\n"}), 2, "not a int"),
     # other commands
     Case("classify_missing_path", args("classify", "{tmp}/nope"), 2, "no such file"),
     Case("rollback_not_a_recipe", args("rollback", "{tmp}/nope"), 2, "no such recipe"),

@@ -112,12 +112,13 @@ class Recipe:
         return self.path.name
 
     def report(self) -> dict:
-        """migration_report.json, if the migrator made this recipe ({} otherwise)."""
+        """migration_report.json, if the migrator made this recipe ({} otherwise), schema-checked
+        (checked_report): a received recipe's report is untrusted input."""
         try:
-            data = load_json(report_path(self.path))
+            data = load_json(report_path(self.path), max_bytes=REPORT_MAX_BYTES)
         except (OSError, ValueError):
             return {}
-        return data if isinstance(data, dict) else {}
+        return checked_report(data)
 
     def settings(self, yaml_path: Path | None = None) -> dict:
         """A YAML of the recipe as data (default: the run's); {} when it is missing, unreadable or
@@ -196,6 +197,41 @@ class Recipe:
         if (self.path / "agentic").is_dir():
             return self.path / "agentic" / "baseline"
         return self.path / TARGETS.get(self.kind, TARGETS["standalone"]).baseline_dir
+
+
+REPORT_MAX_BYTES = 64 * 2**20
+
+
+def _str(value) -> bool:
+    return isinstance(value, str) and "\0" not in value and len(value) <= 4096
+
+
+def _relative(value) -> bool:
+    return _str(value) and value and not value.startswith(("/", "\\")) and ".." not in value.split("/") \
+        and "\\" not in value
+
+
+# the report fields the tool reads back, each with its check; any other field is kept as data only
+REPORT_SCHEMA = {
+    "model_name": _str,
+    "model_dir": _str,
+    "recipe_dir": _str,
+    "baseline_path": _str,
+    "rendered": lambda v: isinstance(v, list) and all(_relative(x) for x in v),
+    "vendored": lambda v: isinstance(v, dict) and (v.get("origin") is None or _str(v["origin"])) and (
+        v.get("files") is None or (isinstance(v["files"], dict) and all(_relative(x) for x in v["files"].values()))),
+    "transformers": lambda v: isinstance(v, dict) and all(v.get(k) is None or _str(v[k])
+                                                          for k in ("version", "source_root", "origin", "python")),
+    "rounds": lambda v: isinstance(v, list) and all(isinstance(r, dict) for r in v),
+}
+
+
+def checked_report(data) -> dict:
+    """A report with every field the tool reads back of the right shape: a field that is not is dropped
+    (as if the report never had it), never used. Not a JSON object: {}."""
+    if not isinstance(data, dict):
+        return {}
+    return {k: v for k, v in data.items() if k not in REPORT_SCHEMA or v is None or REPORT_SCHEMA[k](v)}
 
 
 def report_path(folder: Path) -> Path:

@@ -34,8 +34,10 @@ def write_report(state: MigrationState) -> Path | None:
     report: Report = {"generated_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
     report.update({k: state.get(k) for k in REPORT_KEYS if state.get(k) is not None})
     # A later B/C run knows less about the recipe's origin than the migration did: keep it.
+    from agent.recipe.recipe import REPORT_MAX_BYTES, checked_report
+
     try:
-        previous = load_json(path)
+        previous = checked_report(load_json(path, max_bytes=REPORT_MAX_BYTES))   # untrusted: schema-checked
     except (OSError, ValueError):
         previous = {}
     for key in ORIGIN_KEYS:
