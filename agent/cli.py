@@ -171,6 +171,8 @@ def standin_plan(args, target: str) -> dict | None:
     from agent.measure import upstream_check
 
     recipe = Recipe.at(target)
+    if recipe.is_recipe:
+        check_recipe_files(recipe)      # a binary / bomb / duplicate-key upstream YAML: exit 2, not a crash
     return upstream_check.plan(recipe, yaml_name=getattr(args, "yaml", None),
                                world_size=getattr(args, "world_size", 1) or 1, tiny=args.tiny,
                                max_new_tokens=min(getattr(args, "max_new_tokens", 16), 16))
@@ -526,6 +528,9 @@ def cmd_rollback(args) -> int:
     except FileNotFoundError as exc:
         raise errors.InputError(str(exc)) from exc
     except OSError as exc:      # e.g. a read-only recipe: what was restored so far is kept
+        fault = errors.filesystem_fault(exc, recipe)     # EPERM / EROFS / EACCES / ENOSPC: exit 74
+        if fault is not None:
+            raise errors.FilesystemFault(f"rollback stopped: {fault}") from exc
         raise errors.InputError(f"{args.recipe}: rollback stopped: {exc}") from exc
     for change in changes:
         print(change)

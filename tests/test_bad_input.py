@@ -105,6 +105,17 @@ def json_file(name: str, **changes):
     return setup
 
 
+def tokenizer_json(**changes):
+    """Setup: tokenizer.json with top-level fields set (None is JSON null, not a deletion)."""
+    def setup(tmp: Path, ckpt: Path) -> list[str]:
+        path = ckpt / "tokenizer.json"
+        data = json.loads(path.read_text())
+        data.update(changes)
+        path.write_text(json.dumps(data))
+        return ["run", str(ckpt)]
+    return setup
+
+
 def special_file(name: str, kind: str):
     """Setup: one file of the checkpoint replaced by a symlink loop, a FIFO or a link to /dev/zero."""
     def setup(tmp: Path, ckpt: Path) -> list[str]:
@@ -361,6 +372,23 @@ CASES = [
          and ["run", str(ckpt)], 2, "no tokenizer"),
     Case("tokenizer_json_empty", file_bytes("tokenizer.json", b""), 2, "empty"),
     Case("tokenizer_config_broken", file_bytes("tokenizer_config.json", b"{"), 2, "not valid JSON"),
+    # tokenizer files the recipe's tokenizer reads: checked in pre-flight, before anything is written
+    Case("special_tokens_map_list", file_bytes("special_tokens_map.json", b'["<s>", "</s>"]'), 2,
+         "special_tokens_map.json: must be a JSON object, got a JSON array"),
+    Case("special_tokens_map_string", file_bytes("special_tokens_map.json", b'"<s>"'), 2, "special_tokens_map.json"),
+    Case("special_tokens_map_token_number", file_bytes("special_tokens_map.json", b'{"eos_token": 5}'), 2,
+         "'eos_token' must be a token"),
+    Case("special_tokens_map_additional_nested", file_bytes("special_tokens_map.json",
+                                                            b'{"additional_special_tokens": [["<a>"]]}'), 2,
+         "additional_special_tokens"),
+    Case("tokenizer_json_model_null", tokenizer_json(model=None), 2, "tokenizer.json: 'model' must be a JSON object"),
+    Case("tokenizer_json_model_list", tokenizer_json(model=["BPE"]), 2, "'model' must be a JSON object"),
+    Case("tokenizer_json_model_empty", tokenizer_json(model={}), 2, "neither a 'type' nor a 'vocab'"),
+    Case("tokenizer_json_added_tokens_strings", tokenizer_json(added_tokens=["<s>"]), 2, "added_tokens"),
+    Case("tokenizer_json_decoder_string", tokenizer_json(decoder="ByteLevel"), 2, "'decoder' must be"),
+    Case("tokenizer_json_missing_config_needs_it", file_bytes("tokenizer.json", None), 2,
+         "tokenizer.json: missing, and nothing else here holds the vocabulary"),
+    Case("added_tokens_json_list", file_bytes("added_tokens.json", b"[1]"), 2, "added_tokens.json: must be a JSON object"),
     # weights
     Case("weights_missing", file_bytes("model.safetensors", None), 2, "no weight files"),
     Case("weights_empty", file_bytes("model.safetensors", b""), 2, "empty"),
@@ -388,6 +416,10 @@ CASES = [
          2, "duplicate key 'dtype'"),
     Case("recipe_yaml_not_utf8", recipe_yaml(b"model_name: r\n# caf\xe9\nmodel_config: {}\n"), 2, "not UTF-8"),
     Case("recipe_yaml_binary", recipe_yaml(bytes(range(256)) * 4), 2, "not UTF-8"),
+    Case("standin_upstream_yaml_binary", recipe_yaml(bytes(range(256)) * 4, "legacy.yaml", "--standin"), 2,
+         "not UTF-8"),
+    Case("standin_upstream_yaml_bomb", recipe_yaml(alias_bomb(8, 12), "legacy.yaml", "--standin", "--tiny"), 2,
+         "expands to more than"),
     Case("recipe_yaml_nested_deep", recipe_yaml(b"model_name: " + b"[" * 5000 + b"]" * 5000 + b"\n"), 2, "nested deeper"),
     Case("config_duplicate_key", lambda tmp, ckpt: config_bytes(
         (ckpt / "config.json").read_bytes().rstrip()[:-1] + b', "vocab_size": 5}')(tmp, ckpt), 2, "duplicate key 'vocab_size'"),

@@ -208,6 +208,11 @@ def node_collect_baseline(state: MigrationState) -> dict:
         collected, _warnings = baseline.collect(run.get("log_dir") or run["res_path"], str(yaml_file),
                                                 model_source=state.get("model_source"))
     except Exception as exc:  # reported like the collector script reports it, one line
+        from agent.errors import filesystem_fault
+
+        fault = filesystem_fault(exc, recipe.path)      # a read-only / immutable / full recipe: exit 74
+        if fault is not None:
+            raise fault from None
         raise MigratorError(f"baseline collection failed: {baseline.error_line(exc)}") from None
     # A stand-in baseline never replaces an NPU one.
     name = "baseline_metadata.standin.json" if state.get("upstream_standin") else "baseline_metadata.json"
