@@ -236,3 +236,13 @@ def test_an_index_naming_files_outside_the_snapshot_is_refused(tmp_path, tiny_fi
     add_snapshot(hf_home, "Org/Tiny-Model", MAIN, files, refs=("main",))
     out = run_acquire("Org/Tiny-Model", hf_home)
     assert not out["ok"] and out["exit_code"] == EXIT_USAGE and "weight_map" in out["error"], out
+
+
+@pytest.mark.parametrize("listed", ["*.safetensors", "[a-z]*.bin", "model?.safetensors", "a\\b.safetensors"])
+def test_a_listing_naming_glob_or_odd_files_is_never_a_download_pattern(tmp_path, listed):
+    """A hub's listing names the weight files (no index): a '*' there would fetch every file past the size policy."""
+    from agent.migrate.checkpoint_files import _plan_weights
+
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(hub_refs.BadHubReference, match="file listing"):
+        _plan_weights(tmp_path, {"config.json": 2, listed: 10})

@@ -51,6 +51,8 @@ def _plan_weights(snapshot: Path, listing: dict[str, int] | None):
             files = sorted(n for n in names if "/" not in n and n.endswith(suffix))
             if files:
                 break
+        # names from the hub's listing become download patterns: a '*' or '..' there is refused, never fetched
+        files = checked_filenames(files, f"{snapshot}: the repository's file listing")
     to_fetch = [f for f in files if not (snapshot / f).is_file()]
     present = sum((snapshot / f).stat().st_size for f in files if f not in to_fetch)
     if listing is not None:
