@@ -289,7 +289,8 @@ CASES = [
     Case("modelscope_revision_git_forbidden", args("run", "https://modelscope.cn/models/Org/Model/tree/v1~2"), 2,
          "does not allow"),
     Case("modelscope_revision_lock", args("run", "--hub", "modelscope",
-                                          "https://modelscope.ai/models/Org/Model?revision=x.lock"), 2, ".lock"),
+                                          "https://modelscope.ai/models/Org/Model?revision=x.lock"), 2,
+         "component ending with '.lock'"),
     # options
     Case("max_rounds_huge", args("run", "{ckpt}", "--max-rounds", "99999999999999999999"), 2, "out of range"),
     Case("max_rounds_negative", args("run", "{ckpt}", "--max-rounds", "-1"), 2, "out of range"),
