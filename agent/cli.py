@@ -25,6 +25,7 @@ from engine import defaults
 from engine.config import KEY
 from engine.environment import (DeviceUnavailableError, TorchImportError, detect_environment, import_torch, select_device,
                                 simulated_card_bytes)
+from engine.safe_load import LoadError, load_json
 
 DEVICES = KEY["device"].choices
 
@@ -170,6 +171,8 @@ def standin_plan(args, target: str) -> dict | None:
     from agent.measure import upstream_check
 
     recipe = Recipe.at(target)
+    if recipe.is_recipe:
+        check_recipe_files(recipe)      # a binary / bomb / duplicate-key upstream YAML: exit 2, not a crash
     return upstream_check.plan(recipe, yaml_name=getattr(args, "yaml", None),
                                world_size=getattr(args, "world_size", 1) or 1, tiny=args.tiny,
                                max_new_tokens=min(getattr(args, "max_new_tokens", 16), 16))
@@ -215,8 +218,24 @@ def preflight(target: str) -> None:
     if path.is_dir():
         recipe = Recipe.at(path)
         if recipe.is_recipe:
+            check_recipe_files(recipe)
             check_recipe_destinations(recipe)
             ensure_runnable_here(recipe)
+
+
+def check_recipe_files(recipe: Recipe) -> None:
+    """The recipe's YAML files loaded with the bounded loader before anything runs: one too large, an
+    alias bomb, nested too deep, with duplicate keys or bytes that are not UTF-8 is exit 2 naming the file
+    and line. A plain syntax slip is left to the repair rounds (scenario B)."""
+    from agent.recipe.recipe import recipe_yaml_files
+    from engine.safe_load import load_yaml
+
+    for path in recipe_yaml_files(recipe):
+        try:
+            load_yaml(path)
+        except LoadError as exc:
+            if exc.kind != "syntax":
+                raise errors.InputError(str(exc)) from None
 
 
 def check_recipe_destinations(recipe: Recipe) -> None:
@@ -345,7 +364,7 @@ def cmd_demo(args) -> int:
     summary = run_migration(state)
     code = _finish(summary, args.json)
     if code == 0 and not args.json and summary.get("baseline_path"):
-        perf = json.loads(Path(summary["baseline_path"]).read_text())["performance"]
+        perf = load_json(Path(summary["baseline_path"]))["performance"]
         print(f"prefill {perf['prefill_ms']} ms, decode {perf['decode_avg_ms']} ms/token; output: {perf['output_text']!r}")
     return code
 
@@ -454,7 +473,7 @@ def cmd_baseline(args) -> int:
                                     **({"upstream_standin": plan} if plan else {})})
             row.update(status=summary.get("status"), message=summary.get("message", ""))
             if summary.get("baseline_path"):
-                data = json.loads(Path(summary["baseline_path"]).read_text())
+                data = load_json(Path(summary["baseline_path"]))
                 row.update(model=data["model_config"]["model_name"], device=data["environment"].get("device"),
                            prefill_ms=data["performance"]["prefill_ms"],
                            decode_avg_ms=data["performance"]["decode_avg_ms"])
@@ -509,6 +528,9 @@ def cmd_rollback(args) -> int:
     except FileNotFoundError as exc:
         raise errors.InputError(str(exc)) from exc
     except OSError as exc:      # e.g. a read-only recipe: what was restored so far is kept
+        fault = errors.filesystem_fault(exc, recipe)     # EPERM / EROFS / EACCES / ENOSPC: exit 74
+        if fault is not None:
+            raise errors.FilesystemFault(f"rollback stopped: {fault}") from exc
         raise errors.InputError(f"{args.recipe}: rollback stopped: {exc}") from exc
     for change in changes:
         print(change)
@@ -547,6 +569,8 @@ def main(argv: list[str] | None = None) -> int:
         return handler(args)
     except MigratorError as exc:
         return _fail(str(exc), exc.exit_code, as_json)
+    except LoadError as exc:      # a YAML / JSON file we were given, refused by engine.safe_load: file and line
+        return _fail(str(exc), errors.EXIT_USAGE, as_json)
     except KeyboardInterrupt:
         print("migrator: interrupted; continue with --resume", file=sys.stderr)
         if as_json:

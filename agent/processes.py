@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+from engine.safe_load import load_json
 
 GRACE_S = 5.0          # SIGTERM -> SIGKILL
 SAMPLE_S = 0.2
@@ -191,7 +192,7 @@ def stop_leftovers(pids_file: Path) -> int:
     """A tree a killed migrator left running (its pids file survived): stop the processes that are
     still the ones recorded (same pid and start time). Returns how many were stopped."""
     try:
-        data = json.loads(pids_file.read_text())
+        data = load_json(pids_file)
         pids = {int(k): float(v) for k, v in data["pids"].items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pids_file.unlink(missing_ok=True)

@@ -15,6 +15,7 @@ import yaml
 
 from engine import defaults
 from engine.parallel import no_plan_error, tp_plan
+from engine.safe_load import LoadError, load_yaml
 
 
 class ConfigError(ValueError):
@@ -192,7 +193,13 @@ def load_runner_settings(yaml_path: str | os.PathLike) -> dict:
     if not path.is_file():
         raise ConfigError(f"{path}: YAML file not found")
     try:
-        settings = yaml.safe_load(path.read_text())
+        settings = load_yaml(path, hint="fix it or re-render the recipe")
+    except LoadError as exc:
+        if exc.syntax is None:       # too large, an alias bomb, too deep, duplicate keys, not UTF-8, not a file
+            raise ConfigError(str(exc)) from exc
+        mark, problem = exc.syntax.problem_mark, exc.syntax.problem or exc.syntax.__class__.__name__
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}: not valid YAML{where} ({problem}); fix it or re-render the recipe") from exc
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from engine.safe_load import loads_json
 
 DEVICES = ("cpu", "cuda")
 
@@ -135,7 +136,7 @@ def probe_real_torch_npu(python: str | None = None, timeout: float = 120.0) -> d
             return {"status": "absent", "devices": 0, "detail": "torch_npu is not installed"}
         return {"status": "broken", "devices": 0, "detail": detail[:300]}
     try:
-        data = json.loads(proc.stdout.strip().splitlines()[-1])
+        data = loads_json(proc.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         return {"status": "broken", "devices": 0, "detail": "probe printed no result"}
     devices = int(data.get("devices", 0))

@@ -17,6 +17,7 @@ import sys
 import threading
 from collections import Counter
 from pathlib import Path
+from engine.safe_load import load_json, loads_json
 
 ACTIVE_PREFIX = "[npu-standin] active:"
 USAGE_PREFIX = "[npu-standin] usage "
@@ -144,7 +145,7 @@ def parse_log_text(text: str) -> dict | None:
     records = []
     for m in USAGE_RE.finditer(text):
         try:
-            records.append(json.loads(m.group("json")))
+            records.append(loads_json(m.group("json")))
         except ValueError:
             continue
     if active is None and not records:
@@ -166,7 +167,7 @@ def read_op_usage(path: str | os.PathLike) -> dict | None:
     if path.is_dir():
         for item in sorted(path.glob("standin-*.json")):
             try:
-                data = json.loads(item.read_text())
+                data = load_json(item)
             except (OSError, ValueError):
                 continue
             records[data.get("pid", id(item))] = data

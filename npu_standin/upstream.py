@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from engine.safe_load import load_json, load_yaml
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -45,7 +46,7 @@ def _hub_style_config(path: Path) -> None:
     have them at the top level: write both, as a published checkpoint does."""
     import json
 
-    config = json.loads(path.read_text())
+    config = load_json(path)
     rope = config.get("rope_parameters") or {}
     if isinstance(rope, dict) and "rope_theta" in rope and "rope_theta" not in config:
         config["rope_theta"] = rope["rope_theta"]
@@ -65,7 +66,7 @@ def tiny_yaml(src: str | Path, dst: str | Path, model_path: str | Path, *, max_n
     replaces keys of parallel_config (framework) or the top level (legacy: world_size)."""
     import yaml
 
-    data = yaml.safe_load(Path(src).read_text()) or {}
+    data = load_yaml(Path(src)) or {}
     framework = isinstance(data.get("model_config"), dict) and "model_name" in data["model_config"]
     if framework:
         data["model_config"]["model_path"] = str(model_path)
@@ -94,7 +95,7 @@ def rank_logs(checkout: str | Path, model: str, yaml_name: str) -> list[Path]:
     import yaml
 
     folder = Path(checkout) / "models" / model
-    cfg = yaml.safe_load((folder / "config" / yaml_name).read_text()) or {}
+    cfg = load_yaml((folder / "config" / yaml_name)) or {}
     name = (cfg.get("model_config") or {}).get("model_name", cfg.get("model_name"))
     case = f"{name}_{Path(yaml_name).stem}"
     runs = sorted((folder / "res").glob(f"*/{case}"))

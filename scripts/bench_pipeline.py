@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from engine.safe_load import load_json
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
@@ -119,7 +120,7 @@ def bench(preset: str, work: Path, layers: int | None, new_tokens: int) -> dict:
                                        {**env, "PYTHON": sys.executable, "RES_PATH": str(work / "res")})
     if infer.returncode != 0:
         raise SystemExit(f"bash infer.sh failed for {preset}:\n{infer.stderr[-3000:]}")
-    baseline = json.loads((recipe / "baseline" / "baseline_metadata.json").read_text())
+    baseline = load_json((recipe / "baseline" / "baseline_metadata.json"))
     parity = baseline["verification"]["parity"]
     return {
         "preset": preset, "layers": layers or PRESETS[preset]["num_hidden_layers"], "weights_bytes": weights,

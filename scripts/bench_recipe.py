@@ -55,6 +55,7 @@ RENDER = """
 import json, sys, time
 t0 = time.perf_counter()
 from agent.workflow.run import run_migration
+from engine.safe_load import loads_json
 state = {"target": sys.argv[1], "output_dir": sys.argv[2], "name": sys.argv[3], "device": sys.argv[4],
          "max_new_tokens": int(sys.argv[5])}
 summary = run_migration(state, stop_after="render")
@@ -71,7 +72,7 @@ def render(ckpt: Path, out_dir: Path, device: str, new_tokens: int) -> dict:
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         sys.exit(f"rendering the recipe failed:\n{proc.stderr[-3000:]}")
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = loads_json(proc.stdout.strip().splitlines()[-1])
     result["steps_s"] = {m.group(1): float(m.group(2)) for m in STEP_RE.finditer(proc.stderr)}
     result["wall_s"] = round(wall, 3)
     return result

@@ -38,6 +38,7 @@ NAME = "bench_qwen3"
 RENDER = """
 import json, sys
 from agent.workflow.run import run_migration
+from engine.safe_load import loads_json
 summary = run_migration({"target": sys.argv[1], "output_dir": sys.argv[2], "name": sys.argv[3], "device": "cpu",
                          "dtype": "bfloat16", "max_new_tokens": int(sys.argv[4])}, stop_after="render")
 print(json.dumps({"recipe_dir": summary["recipe_dir"]}))
@@ -61,7 +62,7 @@ def render_our_recipe(checkpoint: Path, out: Path, new_tokens: int) -> Path:
                           cwd=REPO_ROOT, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"rendering our recipe failed:\n{proc.stderr[-3000:]}")
-    return Path(json.loads(proc.stdout.strip().splitlines()[-1])["recipe_dir"])
+    return Path(loads_json(proc.stdout.strip().splitlines()[-1])["recipe_dir"])
 
 
 def timed(command: list[str], cwd: Path, env: dict | None = None) -> float:

@@ -26,6 +26,7 @@ import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
+from engine.safe_load import load_yaml, loads_json
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -37,7 +38,7 @@ README = ROOT / "tests" / "field_faults" / "README.md"
 def load_corpus() -> list[dict]:
     import yaml
 
-    return yaml.safe_load(CORPUS_FILE.read_text())
+    return load_yaml(CORPUS_FILE)
 
 
 def classify(entry: dict, root: Path) -> tuple[str, str | None]:
@@ -53,7 +54,7 @@ def classify(entry: dict, root: Path) -> tuple[str, str | None]:
         return ("exit4" if entry["outcome"] == "exit4" else "unknown"), None
     rule, facts = matched
     before = {p: p.read_bytes() for p in recipe.rglob("*") if p.is_file()}
-    rule.fix(Failure.from_output(recipe, entry["log"]), json.loads(json.dumps(facts, default=str)), RepairContext())
+    rule.fix(Failure.from_output(recipe, entry["log"]), loads_json(json.dumps(facts, default=str)), RepairContext())
     changed = before != {p: p.read_bytes() for p in recipe.rglob("*") if p.is_file()}
     return ("repaired" if changed else "reported"), rule.name
 

@@ -33,14 +33,17 @@ def classify(names: list[str]) -> dict[str, str]:
     import npu_standin
 
     code = ("import json, sys, torch\nfrom npu_standin.scan import coverage\n"
-            "print(json.dumps(coverage(json.loads(sys.stdin.read()))))\n")
+            "from engine.safe_load import loads_json\n"
+            "print(json.dumps(coverage(loads_json(sys.stdin.read()))))\n")
     env = npu_standin.standin_env("cpu", base={**os.environ, "PYTHONPATH": os.pathsep.join(
         filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))})
     proc = subprocess.run([sys.executable, "-c", code], input=json.dumps(names), capture_output=True, text=True,
                           env=env, timeout=300)
     if proc.returncode != 0:
         sys.exit(f"classifying on the stand-in failed:\n{proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    from engine.safe_load import loads_json
+
+    return loads_json(proc.stdout.strip().splitlines()[-1])
 
 
 def main(argv=None) -> int:

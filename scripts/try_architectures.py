@@ -35,6 +35,7 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
+from engine.safe_load import load_json, loads_json
 
 REPO = Path(__file__).resolve().parent.parent
 # Tiny configs tried in order until transformers itself runs one: hybrids with 2 layers may have no
@@ -217,7 +218,7 @@ def quick_check(model_type: str, out: Path) -> dict:
         except subprocess.TimeoutExpired:
             return {"status": "failed", "message": "probe timed out after 600 s"}
         try:
-            result = json.loads(proc.stdout.strip().splitlines()[-1])
+            result = loads_json(proc.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
             return {"status": "failed", "message": f"vendored model: {_last_error(proc.stderr)}"}
         if "reference_error" in result:
@@ -241,14 +242,14 @@ def full_check(ckpt: Path, out: Path) -> dict:
     if proc.returncode == 3:
         return {"status": "refused", "message": _last_error(proc.stderr)}
     try:
-        summary = json.loads(proc.stdout)
+        summary = loads_json(proc.stdout)
     except ValueError:
         return {"status": "failed", "message": f"exit {proc.returncode}: {_last_error(proc.stderr)}"}
     row = {"family": summary.get("family"), "message": (summary.get("message") or "")[:300]}
     baseline = out / "recipes" / NAME / "baseline" / "baseline_metadata.json"
     parity = {}
     if baseline.is_file():
-        parity = json.loads(baseline.read_text())["verification"].get("parity") or {}
+        parity = load_json(baseline)["verification"].get("parity") or {}
         row.update(max_abs_logits_diff=parity.get("max_abs_logits_diff"),
                    greedy_tokens_equal=parity.get("greedy_tokens_equal"))
     ok = summary.get("status") == "ok" and parity.get("ok") is True
@@ -309,7 +310,7 @@ def run_batch(model_types: list[str], out: Path, timeout: int) -> list[dict]:
     rows = {}
     for line in stdout.splitlines():
         if line.startswith("{"):
-            row = json.loads(line)
+            row = loads_json(line)
             rows[row["model_type"]] = row
     missing = [t for t in model_types if t not in rows]
     if missing and len(model_types) > 1:
@@ -334,7 +335,7 @@ def run_isolated(model_type: str, out: Path, quick: bool, timeout: int) -> dict:
                 "seconds": timeout}
     for line in reversed(proc.stdout.strip().splitlines()):
         if line.startswith("{"):
-            return json.loads(line)
+            return loads_json(line)
     return {"model_type": model_type, "status": "failed", "seconds": round(time.perf_counter() - start, 1),
             "message": f"sweep worker crashed: {_last_error(proc.stderr)}"}
 
@@ -399,7 +400,7 @@ def main() -> int:
     rows = []
     if args.resume and args.resume.is_file():
         # Settled rows only: a failure or a transformers failure is tried again.
-        rows = [r for r in json.loads(args.resume.read_text())
+        rows = [r for r in load_json(args.resume)
                 if r["model_type"] in model_types and r["status"] in ("parity", "refused")]
     done = {r["model_type"] for r in rows}
     todo = [t for t in model_types if t not in done]

@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from engine.safe_load import load_json, loads_json
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -61,7 +62,7 @@ def _parity(summary: dict) -> dict:
     if not path or not Path(path).is_file():
         return {}
     try:
-        baseline = json.loads(Path(path).read_text())
+        baseline = load_json(Path(path))
     except ValueError:
         return {}
     parity = (baseline.get("verification") or {}).get("parity") or {}
@@ -87,7 +88,7 @@ def run_one(models_dir: Path, name: str, world_size: int, timeout: int, niceness
     summary = {}
     if out.strip().startswith("{"):
         try:
-            summary = json.loads(out)
+            summary = loads_json(out)
         except ValueError:
             summary = {}
     stages = [ln for ln in err.splitlines() if ln.startswith("[migrator]") and ln.endswith("...")]

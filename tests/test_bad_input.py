@@ -105,6 +105,17 @@ def json_file(name: str, **changes):
     return setup
 
 
+def tokenizer_json(**changes):
+    """Setup: tokenizer.json with top-level fields set (None is JSON null, not a deletion)."""
+    def setup(tmp: Path, ckpt: Path) -> list[str]:
+        path = ckpt / "tokenizer.json"
+        data = json.loads(path.read_text())
+        data.update(changes)
+        path.write_text(json.dumps(data))
+        return ["run", str(ckpt)]
+    return setup
+
+
 def special_file(name: str, kind: str):
     """Setup: one file of the checkpoint replaced by a symlink loop, a FIFO or a link to /dev/zero."""
     def setup(tmp: Path, ckpt: Path) -> list[str]:
@@ -171,6 +182,68 @@ def remote_code(auto_map: dict, files: dict[str, str] | None = None, trust: bool
     return setup
 
 
+def recipe_yaml(raw: bytes, name: str = "r_1card_eager.yaml", *extra: str):
+    """Setup: a recipe folder (infer.sh, config/NAME) whose YAML is `raw`; `migrator run RECIPE [extra]`."""
+    def setup(tmp: Path, ckpt: Path) -> list[str]:
+        recipe = tmp / "recipe"
+        (recipe / "config").mkdir(parents=True)
+        (recipe / "infer.sh").write_text("#!/bin/bash\necho never run > PWNED\n")
+        (recipe / "config" / name).parent.mkdir(parents=True, exist_ok=True)
+        (recipe / "config" / name).write_bytes(raw)
+        return ["run", str(recipe), *extra]
+    return setup
+
+
+def alias_bomb(levels: int, width: int) -> bytes:
+    lines = ["model_name: r", "model_path: ../ckpt", "model_config:", "  config_overrides:",
+             f"    l0: &l0 [{', '.join(['lol'] * width)}]"]
+    lines += [f"    l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * width)}]" for i in range(1, levels)]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def wheel_of_zeros(member: str, size: int, version: str = "5.3.1"):
+    """Setup: --transformers-source a small wheel one of whose members inflates to `size` zero bytes."""
+    def setup(tmp: Path, ckpt: Path) -> list[str]:
+        import zipfile
+
+        wheel = tmp / f"transformers-{version}-py3-none-any.whl"
+        with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as archive:
+            if member != "transformers/__init__.py":
+                archive.writestr("transformers/__init__.py", f'__version__ = "{version}"\n')
+            info = zipfile.ZipInfo(member)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            with archive.open(info, "w") as sink:
+                for _ in range(size // 2**22):
+                    sink.write(bytes(2**22))
+        return ["run", str(ckpt), "--transformers-source", str(wheel)]
+    return setup
+
+
+def forged_state(journal: list | None = None, manifest: list | None = None, record: dict | None = None,
+                 saved: dict[str, bytes] | None = None):
+    """Setup: a received recipe whose .migrator state (round 1's journal or manifest, its saved copies, a
+    registry record) is forged; `migrator rollback RECIPE`. Entries may name `{tmp}`."""
+    def setup(tmp: Path, ckpt: Path) -> list[str]:
+        recipe = tmp / "recipe"
+        backups = recipe / ".migrator" / "backup"
+        (backups / "round_1").mkdir(parents=True)
+        (recipe / "infer.sh").write_text("#!/bin/bash\necho ok\n")
+        for rel, data in (saved or {"infer.sh": b"#!/bin/bash\necho saved\n"}).items():
+            (backups / "round_1" / rel).parent.mkdir(parents=True, exist_ok=True)
+            (backups / "round_1" / rel).write_bytes(data)
+        fill = lambda v: json.loads(json.dumps(v).replace("{tmp}", str(tmp)))   # noqa: E731
+        if journal is not None:
+            (backups / "round_1.journal").write_text("".join(json.dumps(fill(e)) + "\n" for e in journal))
+        if manifest is not None:
+            (backups / "round_1.manifest.json").write_text(json.dumps(fill(manifest)))
+        if record is not None:
+            (tmp / "victim.py").write_text("keep = 1\nINSERTED = 2\n")
+            (recipe / ".migrator" / "registry_edit.json").write_text(json.dumps(fill(record)))
+            shutil.rmtree(backups)
+        return ["rollback", str(recipe)]
+    return setup
+
+
 HOSTILE_ARCH = 'X"""\nimport os; os.system("touch PWNED")\n"""'
 REMOTE_OK = {"AutoConfig": "configuration_custom.CustomConfig",
              "AutoModelForCausalLM": "modeling_custom.CustomForCausalLM"}
@@ -199,6 +272,25 @@ CASES = [
          "not a ModelScope link"),
     Case("modelscope_not_cached_offline", args("run", "https://modelscope.cn/models/Org/Absent"), 2,
          "not in the local ModelScope cache"),
+    # hub references: revision / repo id decoded (repeatedly) and checked before any cache lookup (hub_refs)
+    Case("hf_revision_encoded_dotdot", args("run", "https://huggingface.co/Org/Model/tree/..%2F..%2F..%2F..%2Fckpt%2Fmodel"),
+         2, "contains '..'"),
+    Case("hf_revision_double_encoded_dotdot", args("run", "https://huggingface.co/Org/Model/tree/..%252F..%252Fckpt"),
+         2, "contains '..'"),
+    Case("hf_revision_absolute_path", args("run", "https://hf.co/Org/Model/tree/%2Fetc"), 2, "absolute path"),
+    Case("hf_uri_revision_control_char", args("run", "hf://Org/Model@main%0Ax"), 2, "control"),
+    Case("hf_revision_backslash", args("run", "https://huggingface.co/Org/Model/tree/..%5C..%5Cx"), 2, "backslash"),
+    Case("modelscope_query_revision_dotdot", args("run", "https://modelscope.cn/models/Org/Model?revision=../../../ckpt/model"),
+         2, "contains '..'"),
+    Case("modelscope_query_revision_absolute", args("run", "https://modelscope.cn/models/Org/Model?revision={ckpt}"),
+         2, "absolute path"),
+    Case("modelscope_tree_revision_triple_encoded", args("run", "https://www.modelscope.cn/models/Org/Model/tree/"
+                                                                "..%25252F..%25252Fckpt"), 2, "contains '..'"),
+    Case("modelscope_revision_git_forbidden", args("run", "https://modelscope.cn/models/Org/Model/tree/v1~2"), 2,
+         "does not allow"),
+    Case("modelscope_revision_lock", args("run", "--hub", "modelscope",
+                                          "https://modelscope.ai/models/Org/Model?revision=x.lock"), 2,
+         "component ending with '.lock'"),
     # options
     Case("max_rounds_huge", args("run", "{ckpt}", "--max-rounds", "99999999999999999999"), 2, "out of range"),
     Case("max_rounds_negative", args("run", "{ckpt}", "--max-rounds", "-1"), 2, "out of range"),
@@ -281,6 +373,23 @@ CASES = [
          and ["run", str(ckpt)], 2, "no tokenizer"),
     Case("tokenizer_json_empty", file_bytes("tokenizer.json", b""), 2, "empty"),
     Case("tokenizer_config_broken", file_bytes("tokenizer_config.json", b"{"), 2, "not valid JSON"),
+    # tokenizer files the recipe's tokenizer reads: checked in pre-flight, before anything is written
+    Case("special_tokens_map_list", file_bytes("special_tokens_map.json", b'["<s>", "</s>"]'), 2,
+         "special_tokens_map.json: must be a JSON object, got a JSON array"),
+    Case("special_tokens_map_string", file_bytes("special_tokens_map.json", b'"<s>"'), 2, "special_tokens_map.json"),
+    Case("special_tokens_map_token_number", file_bytes("special_tokens_map.json", b'{"eos_token": 5}'), 2,
+         "'eos_token' must be a token"),
+    Case("special_tokens_map_additional_nested", file_bytes("special_tokens_map.json",
+                                                            b'{"additional_special_tokens": [["<a>"]]}'), 2,
+         "additional_special_tokens"),
+    Case("tokenizer_json_model_null", tokenizer_json(model=None), 2, "tokenizer.json: 'model' must be a JSON object"),
+    Case("tokenizer_json_model_list", tokenizer_json(model=["BPE"]), 2, "'model' must be a JSON object"),
+    Case("tokenizer_json_model_empty", tokenizer_json(model={}), 2, "neither a 'type' nor a 'vocab'"),
+    Case("tokenizer_json_added_tokens_strings", tokenizer_json(added_tokens=["<s>"]), 2, "added_tokens"),
+    Case("tokenizer_json_decoder_string", tokenizer_json(decoder="ByteLevel"), 2, "'decoder' must be"),
+    Case("tokenizer_json_missing_config_needs_it", file_bytes("tokenizer.json", None), 2,
+         "tokenizer.json: missing, and nothing else here holds the vocabulary"),
+    Case("added_tokens_json_list", file_bytes("added_tokens.json", b"[1]"), 2, "added_tokens.json: must be a JSON object"),
     # weights
     Case("weights_missing", file_bytes("model.safetensors", None), 2, "no weight files"),
     Case("weights_empty", file_bytes("model.safetensors", b""), 2, "empty"),
@@ -299,6 +408,62 @@ CASES = [
                                                 link="modeling_custom.py"), 2, "outside the model directory"),
     Case("remote_module_collides_with_recipe", remote_code(REMOTE_OK, REMOTE_FILES), 3, "model_setting"),
     Case("remote_auto_map_not_string", config(auto_map={"AutoConfig": 5}), 2, "auto_map"),
+    # YAML / JSON through the one bounded loader (engine.safe_load): refused with file and line, never expanded
+    Case("recipe_yaml_alias_bomb_in_config_overrides", recipe_yaml(alias_bomb(9, 9)), 2, "expands to more than"),
+    Case("recipe_yaml_alias_bomb_wide", recipe_yaml(alias_bomb(4, 60), "deep/other.yml"), 2, "expands to more than"),
+    Case("recipe_yaml_recursive_alias", recipe_yaml(b"model_name: r\nmodel_config: &m\n  config_overrides: *m\n"), 2,
+         "recursive"),
+    Case("recipe_yaml_duplicate_key", recipe_yaml(b"model_name: r\nmodel_config:\n  dtype: float16\n  dtype: float32\n"),
+         2, "duplicate key 'dtype'"),
+    Case("recipe_yaml_not_utf8", recipe_yaml(b"model_name: r\n# caf\xe9\nmodel_config: {}\n"), 2, "not UTF-8"),
+    Case("recipe_yaml_binary", recipe_yaml(bytes(range(256)) * 4), 2, "not UTF-8"),
+    Case("standin_upstream_yaml_binary", recipe_yaml(bytes(range(256)) * 4, "legacy.yaml", "--standin"), 2,
+         "not UTF-8"),
+    Case("standin_upstream_yaml_bomb", recipe_yaml(alias_bomb(8, 12), "legacy.yaml", "--standin", "--tiny"), 2,
+         "expands to more than"),
+    Case("recipe_yaml_nested_deep", recipe_yaml(b"model_name: " + b"[" * 5000 + b"]" * 5000 + b"\n"), 2, "nested deeper"),
+    Case("config_duplicate_key", lambda tmp, ckpt: config_bytes(
+        (ckpt / "config.json").read_bytes().rstrip()[:-1] + b', "vocab_size": 5}')(tmp, ckpt), 2, "duplicate key 'vocab_size'"),
+    Case("tokenizer_config_duplicate_key", file_bytes("tokenizer_config.json", b'{"eos_token": "a",\n "eos_token": "b"}'),
+         2, "duplicate key 'eos_token' at line 2"),
+    Case("generation_config_not_utf8", file_bytes("generation_config.json", b'{"eos_token_id": 2, "x": "\xc3"}'), 2,
+         "not UTF-8"),
+    # archives: --transformers-source read member by member, the version first, sizes capped
+    Case("transformers_source_member_of_zeros", wheel_of_zeros("transformers/zeros.py", 64 * 2**20), 10, "unpacks to"),
+    Case("transformers_source_init_of_zeros", wheel_of_zeros("transformers/__init__.py", 48 * 2**20), 10, "unpacks to"),
+    Case("transformers_source_old_release_of_zeros", wheel_of_zeros("transformers/big.py", 8 * 2**20, "4.57.1"), 10,
+         "outside the supported range"),
+    # a received recipe's own state is input: journals, manifests, records schema-checked before any change
+    Case("rollback_journal_setuid_mode", forged_state([{"path": "infer.sh", "was": "file", "mode": 0o4755}]), 2,
+         "not permission bits"),
+    Case("rollback_journal_setgid_sticky_mode", forged_state([{"path": "infer.sh", "was": "file", "mode": 0o3777}]), 2,
+         "setuid, setgid and sticky"),
+    Case("rollback_journal_mode_huge", forged_state([{"path": "infer.sh", "was": "file", "mode": 2**40}]), 2,
+         "not permission bits"),
+    Case("rollback_journal_mode_string", forged_state([{"path": "infer.sh", "was": "file", "mode": "4755"}]), 2,
+         "not permission bits"),
+    Case("rollback_journal_link_absolute", forged_state([{"path": "models/x.py", "was": "link", "target": "/etc/passwd"}]),
+         2, "outside the recipe"),
+    Case("rollback_journal_link_dotdot", forged_state([{"path": "a/b.py", "was": "link", "target": "../../../victim.py"}]),
+         2, "outside the recipe"),
+    Case("rollback_journal_path_dotdot", forged_state([{"path": "../victim.py", "was": "file", "mode": 0o644}],
+                                                      saved={"x": b"x"}), 2, "not a recipe file path"),
+    Case("rollback_journal_path_absolute", forged_state([{"path": "{tmp}/victim.py", "was": "absent"}]), 2,
+         "not a recipe file path"),
+    Case("rollback_journal_path_backslash", forged_state([{"path": "..\\victim.py", "was": "absent"}]), 2,
+         "not a recipe file path"),
+    Case("rollback_journal_unknown_kind", forged_state([{"path": "dev", "was": "device", "major": 1}]), 2,
+         "not a backup entry"),
+    Case("rollback_journal_extra_field", forged_state([{"path": "infer.sh", "was": "file", "mode": 0o755,
+                                                        "owner": "root"}]), 2, "not a backup entry"),
+    Case("rollback_journal_file_never_saved", forged_state([{"path": "evil.sh", "was": "file", "mode": 0o755}]), 2,
+         "missing from the backup"),
+    Case("rollback_manifest_absolute", forged_state(manifest=["{tmp}/victim.py"]), 2, "not a recipe file path"),
+    Case("rollback_manifest_not_list", forged_state(manifest={"infer.sh": 1}), 2, "not a list"),
+    Case("rollback_registry_record_names_another_file", forged_state(record={
+        "registry": "{tmp}/victim.py", "name": "x", "offset": 9, "inserted": "INSERTED = 2\n"}), 2, "edits no other file"),
+    Case("rollback_registry_record_wrong_type", forged_state(record={
+        "registry": "{tmp}/victim.py", "name": "x", "offset": "9", "inserted": "INSERTED = 2\n"}), 2, "not a int"),
     # other commands
     Case("classify_missing_path", args("classify", "{tmp}/nope"), 2, "no such file"),
     Case("rollback_not_a_recipe", args("rollback", "{tmp}/nope"), 2, "no such recipe"),

@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional
 
 from agent.measure.run_log import RANK_LOG_RE, ParsedLog, measure, parse_log_text, select_formal
 from agent.measure.peak_bandwidth import peak_bandwidth_gbps
+from engine.safe_load import load_yaml as safe_load_yaml
 
 PROG = "collect_baseline"
 
@@ -107,13 +108,15 @@ def load_yaml(yaml_arg: str) -> dict:
     except ImportError:
         raise CollectError("PyYAML is not installed", "pip install pyyaml") from None
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = safe_load_yaml(path)
     except OSError as exc:
         raise CollectError(f"cannot read YAML file {path}: {exc.strerror or exc}",
                            "check its permissions") from None
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         where = ""
-        mark = getattr(exc, "problem_mark", None)
+        mark = getattr(exc, "problem_mark", None) or getattr(getattr(exc, "syntax", None), "problem_mark", None)
+        if mark is None and getattr(exc, "line", None):
+            where = f" at line {exc.line}"
         if mark is not None:
             where = f" at line {mark.line + 1}"
         problem = getattr(exc, "problem", None) or type(exc).__name__

@@ -23,6 +23,7 @@ from engine import defaults
 from engine.environment import Environment
 from engine.environment import simulated_card_bytes as parse_card_bytes
 from engine.parallel import families_with_tp_plan, tp_plan
+from engine.safe_load import load_json, loads_json
 
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
                "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
@@ -33,7 +34,7 @@ TP_SIZES = (1, 2, 4, 8, 16)
 def safetensors_header(path: Path) -> dict:
     with open(path, "rb") as f:
         (length,) = struct.unpack("<Q", f.read(8))
-        return json.loads(f.read(length))
+        return loads_json(f.read(length))
 
 
 def checkpoint_tensors(model_dir: Path) -> dict[str, tuple[int, str]]:
@@ -247,7 +248,7 @@ def ask_accelerate() -> dict:
                               timeout=ACCELERATE_TIMEOUT_S, env=env, stdin=subprocess.DEVNULL)
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("MEMORY ")]
         if lines:
-            answer = json.loads(lines[-1][len("MEMORY "):])
+            answer = loads_json(lines[-1][len("MEMORY "):])
         else:
             tail = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
             answer = {"error": f"the query process printed no answer ({tail[:200]})"}
@@ -302,7 +303,7 @@ def estimate_for_recipe(recipe: Recipe, env: Environment) -> MemoryEstimate:
     if model_dir is None:
         raise InputError(f"{recipe.path}: the YAML's model_path holds no config.json, so the memory need "
                          "cannot be estimated; set model_path to the checkpoint folder")
-    config = json.loads((model_dir / "config.json").read_text())
+    config = load_json((model_dir / "config.json"))
     model_config = raw.get("model_config") if isinstance(raw.get("model_config"), dict) else {}
     dtype = model_config.get("dtype") or config.get("dtype") or config.get("torch_dtype") or "float32"
     batch_size = int(settings["batch_size"] or 1)

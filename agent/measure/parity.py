@@ -29,6 +29,7 @@ from agent.recipe.recipe import Recipe
 from engine.config import load_runner_settings
 from engine.data import DEFAULT_PROMPT
 from engine.environment import import_torch, select_device
+from engine.safe_load import load_json, loads_json
 
 LOGITS_TOLERANCE = 1e-4
 
@@ -62,7 +63,7 @@ def run_parity(recipe: Recipe, tokens: int = 16, timeout: int = 900, trust_remot
     if tree.returncode != 0 or not lines:
         err = "timed out" if tree.timed_out else (stderr.strip().splitlines() or ["no output"])[-1]
         return {"ok": False, "checked": False, "reason": f"parity check could not run: {err}"}
-    return json.loads(lines[-1])
+    return loads_json(lines[-1])
 
 
 def foreign_parity(recipe: Recipe, timeout: int = 600) -> dict:
@@ -83,7 +84,7 @@ def foreign_parity(recipe: Recipe, timeout: int = 600) -> dict:
             out.seek(0)
             text = out.read().strip()
         if tree.returncode == 0 and text:
-            result.update(json.loads(text.splitlines()[-1]))
+            result.update(loads_json(text.splitlines()[-1]))
     except (OSError, ValueError, subprocess.SubprocessError):   # optional: never fail a baseline over it
         pass
     return result
@@ -124,7 +125,7 @@ def check(recipe_dir: Path, tokens: int, prompt: str | None = None, trust_remote
             tolerance for that dtype.
     """
     settings = load_runner_settings(Recipe.at(recipe_dir).yaml)
-    remote = "auto_map" in json.loads((Path(settings["model_path"]) / "config.json").read_text())
+    remote = "auto_map" in load_json((Path(settings["model_path"]) / "config.json"))
     if remote and not trust_remote_code:
         # The original implementation is the repo's own code: never run it without the opt-in.
         return {"ok": None, "checked": False,
@@ -175,7 +176,7 @@ def shrunk_reference(model_path: Path, overrides: dict, remote: bool, tiny: Path
     for item in model_path.iterdir():   # tokenizer, generation config, the repo's own code
         if item.is_file() and not item.name.endswith((".safetensors", ".bin", ".index.json", ".pt", ".pth")):
             shutil.copy(item, tiny / item.name)
-    original = json.loads((model_path / "config.json").read_text())
+    original = load_json((model_path / "config.json"))
     # Fewer layers first; a config whose layer counts a cut breaks keeps them all (widths only).
     for cut_layers in (True, False):
         config = copy.deepcopy(original)

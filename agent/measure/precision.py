@@ -41,6 +41,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.safe_load import loads_json
+
 NOISE_FACTOR = 2.0
 FLOOR = {"float32": 1e-4, "float16": 1e-3, "bfloat16": 1e-3}
 LAYER_FLOOR = {"float32": 1e-4, "float16": 5e-3, "bfloat16": 5e-3}
@@ -478,7 +480,7 @@ def check(record_dir: Path, checkpoint: Path, *, python: str | None = None, dtyp
         why = "timed out" if tree.timed_out else (stderr.strip().splitlines() or ["no output"])[-1]
         return {"ok": False, "checked": False, "method": "precision, per step, teacher-forced",
                 "reason": f"the precision check could not run: {why[:300]}"}
-    result = json.loads(text)
+    result = loads_json(text)
     if random_weights:
         result["untrained_weights"] = True
     return result
@@ -499,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import_torch()
     try:
-        result = verify_record(args.record, args.checkpoint, args.dtype, json.loads(args.overrides),
+        result = verify_record(args.record, args.checkpoint, args.dtype, loads_json(args.overrides),
                                args.trust_remote_code, args.logs)
     except Exception as exc:  # noqa: BLE001 - only transformers' own failures are answered here
         from agent.measure.parity import _raised_by_transformers

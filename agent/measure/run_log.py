@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from engine.safe_load import loads_json_prefix
+
 # --------------------------------------------------------------------------- log grammar
 
 # Our engine: "[2026-11-29 17:40:01,123] [INFO] message".
@@ -254,7 +256,7 @@ class _LogParser:
         run = self.new_run(rec.line_no)
         raw = "\n".join([m.group("json"), *rec.continuation])
         try:
-            env, _ = json.JSONDecoder().raw_decode(raw)
+            env, _ = loads_json_prefix(raw, f"{self.parsed.path.name}:{rec.line_no}")
         except ValueError:
             env = None
         if isinstance(env, dict):

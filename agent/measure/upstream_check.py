@@ -31,6 +31,7 @@ from agent.recipe.targets import state_dir
 from agent.errors import EnvironmentProblem, InputError, UnsupportedModelError
 from agent.recipe.recipe import Recipe, read_settings
 from agent.recipe.model_type import recipe_model_type
+from engine.safe_load import load_json, load_yaml
 
 STANDIN_DIR = ".standin"                 # config/.standin/: where earlier releases put the YAML copies
 RECORD_DIR = "standin"
@@ -196,7 +197,7 @@ def build_tiny(recipe: Recipe, model_type: str) -> Path:
                                         "point the YAML's model_path at local weights") from None
     base, overrides, keys = twin
     tiny_checkpoint(base, out, **overrides)
-    config = json.loads((out / "config.json").read_text())
+    config = load_json((out / "config.json"))
     config.update(model_type=model_type, architectures=[f"{model_type}ForCausalLM"], **keys)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out
@@ -233,7 +234,7 @@ def write_yaml_copy(recipe: Recipe, source: Path, checkpoint: Path, world_size: 
                     max_new_tokens: int | None) -> Path:
     """yaml_copy_dir()/<name>: `source` on `checkpoint` at `world_size` ranks; with `max_new_tokens`
     (a tiny checkpoint) lengths and batch cut too. Both YAML schemas (framework four sections, legacy flat)."""
-    data = yamllib.safe_load(source.read_text(encoding="utf-8")) or {}
+    data = load_yaml(source) or {}
     framework = _framework_schema(data)
     section = data["model_config"] if framework else data
     section["model_path"] = str(checkpoint)

@@ -12,6 +12,7 @@ from agent.measure.parity import foreign_parity, run_parity
 from agent.records import Baseline, Run
 from agent.recipe.recipe import Recipe
 from agent.recipe.targets import state_dir
+from engine.safe_load import load_json
 
 
 def verify(recipe: Recipe, run: Run, collected: Baseline, trust_remote_code: bool = False,
@@ -40,7 +41,7 @@ def verify(recipe: Recipe, run: Run, collected: Baseline, trust_remote_code: boo
 
 def precision_of(recipe: Recipe, run: Run, checkpoint: Path, trust_remote_code: bool, python: str | None,
                  tiny: bool) -> dict:
-    config = json.loads((checkpoint / "config.json").read_text())
+    config = load_json(checkpoint / "config.json")
     if "auto_map" in config and not trust_remote_code:
         # The original implementation is the repo's own code: never run it without the opt-in.
         return {"ok": None, "checked": False,

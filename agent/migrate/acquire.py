@@ -35,6 +35,7 @@ from agent.migrate.checkpoint_files import (SMALL_FILE_PATTERNS, WEIGHT_INDEXES,
                                     check_download_size,
                                     _weights_dir)
 from agent.errors import InputError, MigratorError
+from agent.migrate.hub_refs import BadHubReference, checked_repo_id, checked_revision, inside_cache_tree
 
 REPO_ID_RE = re.compile(r"^(?P<org>[\w.-]+)/(?P<name>[\w.-]+)$")
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -48,6 +49,12 @@ class HubRef:
     url: str           # canonical https://huggingface.co/Org/Name[/tree/<rev>] or https://modelscope.cn/models/...
     hub: str = "hf"    # "hf" or "modelscope" (agent.migrate.hub_modelscope)
 
+    def __post_init__(self):
+        # every reference, however it was built, holds a decoded, valid repo id and revision (hub_refs)
+        hub = "ModelScope" if self.hub == "modelscope" else "Hugging Face"
+        self.repo_id = checked_repo_id(self.repo_id, self.repo_id, hub)
+        self.revision = checked_revision(self.revision, self.repo_id)
+
 
 HUBS = ("hf", "modelscope")
 
@@ -59,14 +66,19 @@ def parse_hub_ref(text: str) -> HubRef | None:
     with `/tree/<rev>`, `/blob/<rev>/<file>`, `/resolve/<rev>/<file>` (the file is ignored: the whole
     model is meant); `hf://Org/Name[@rev]`; and `Org/Name`. ModelScope links
     (`https://modelscope.cn/models/Org/Name[...]`, agent.migrate.hub_modelscope) give a ref with hub="modelscope".
-    Dataset/space links, other hosts and malformed ids give None (`hub_ref_problem` says why).
+    Dataset/space links, other hosts and malformed ids give None (`hub_ref_problem` says why). A hub
+    reference whose revision or repo id is unsafe (`..`, an absolute path, control characters, after
+    URL-decoding: agent.migrate.hub_refs) raises BadHubReference (an InputError, exit 2).
     """
     return _parse(text)[0]
 
 
 def hub_ref_problem(text: str) -> str | None:
     """Why `text` is not a model repo reference (None when it is one, or is not link-like at all)."""
-    return _parse(text)[1]
+    try:
+        return _parse(text)[1]
+    except BadHubReference as exc:
+        return str(exc)
 
 
 def _parse(text: str) -> tuple[HubRef | None, str | None]:
@@ -79,7 +91,8 @@ def _parse(text: str) -> tuple[HubRef | None, str | None]:
         parsed, problem = hub_modelscope.parse(text)
         if parsed is None:
             return None, problem
-        repo_id, revision = parsed
+        repo_id = checked_repo_id(parsed[0], text, "ModelScope")
+        revision = checked_revision(parsed[1], text)
         return HubRef(repo_id, revision, hub_modelscope.canonical_url(repo_id, revision), "modelscope"), None
     try:
         from huggingface_hub import constants, parse_hf_uri
@@ -98,7 +111,7 @@ def _parse(text: str) -> tuple[HubRef | None, str | None]:
             return None, _one_line(str(exc))
         if uri.type != "model":
             return None, f"a {uri.type} repository, not a model"
-        return _ref(uri.id, uri.revision), None
+        return _ref(checked_repo_id(uri.id, text), checked_revision(uri.revision, text)), None
     match = REPO_ID_RE.match(text)
     if not match or text.startswith((".", "~")):
         return None, None
@@ -196,7 +209,7 @@ def local_path_problem(target: str) -> str | None:
 
 # ---- hub ----------------------------------------------------------------------------------
 def download(ref: HubRef, weights: str | None) -> Acquired:
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import constants, snapshot_download
 
     name = ref.repo_id.split("/")[-1]
     weights_dir = _weights_dir(weights) if weights else None
@@ -207,6 +220,7 @@ def download(ref: HubRef, weights: str | None) -> Acquired:
     with _hub_errors(ref, stage="config and tokenizer"):
         small_dir = Path(snapshot_download(ref.repo_id, revision=ref.revision,
                                            allow_patterns=SMALL_FILE_PATTERNS))
+    small_dir = inside_cache_tree(small_dir, constants.HF_HUB_CACHE, _label(ref))
     if not (small_dir / "config.json").is_file():
         raise InputError(f"{_label(ref)}: the repository has no config.json at this revision; "
                          "it is not a transformers model")
@@ -231,6 +245,7 @@ def download(ref: HubRef, weights: str | None) -> Acquired:
         with _hub_errors(ref, stage="weights", weights=to_fetch):
             model_dir = Path(snapshot_download(ref.repo_id, revision=commit or ref.revision,
                                                allow_patterns=SMALL_FILE_PATTERNS + to_fetch))
+        model_dir = inside_cache_tree(model_dir, constants.HF_HUB_CACHE, _label(ref))
         still = [f for f in to_fetch if not (model_dir / f).is_file()]
         if still:
             raise _missing_weights(ref, still, _offline_reason())

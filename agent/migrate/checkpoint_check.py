@@ -20,6 +20,7 @@ from typing import Any
 from agent.errors import InputError
 from agent.recipe.fs_guard import JSON_LIMIT, check_regular, read_bytes
 from agent.recipe.render import is_identifier
+from engine.safe_load import LoadError, loads_json
 
 MAX_DIM = 2**31 - 1
 # Sizes a model's shapes are built from: non-negative integers (or lists of them) when present.
@@ -42,7 +43,11 @@ DICTS = ("quantization_config", "rope_scaling", "rope_parameters", "auto_map", "
 STRINGS = ("model_type", "torch_dtype", "dtype", "hidden_act", "transformers_version")
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "tokenizer_config.json")
-JSON_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json")
+JSON_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                        "added_tokens.json")
+# files a tokenizer can be built from when there is no tokenizer.json (a slow tokenizer's vocabulary)
+VOCAB_FILES = ("tokenizer.model", "vocab.json", "vocab.txt", "spiece.model", "sentencepiece.bpe.model", "merges.txt",
+               "qwen.tiktoken", "tokenizer.tiktoken")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 SAFETENSORS_DTYPES = {"F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8", "U8", "BOOL", "F8_E4M3",
                       "F8_E5M2", "U16", "U32", "U64", "F8_E8M0", "F4", "F6_E2M3", "F6_E3M2", "C64"}
@@ -66,17 +71,13 @@ def read_json_file(path: Path, what: str | None = None) -> Any:
     except UnicodeDecodeError as exc:
         raise InputError(f"{path}: not UTF-8 text (byte {exc.start}); re-save {what} as UTF-8") from None
     try:
-        return json.loads(text, parse_constant=_reject_constant)
-    except ValueError as exc:
-        where = f" at line {exc.lineno}" if isinstance(exc, json.JSONDecodeError) else ""
-        msg = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
-        raise InputError(f"{path}: not valid JSON ({msg}{where}); re-download {what}") from None
-    except RecursionError:
-        raise InputError(f"{path}: JSON nested too deeply; re-download {what}") from None
-
-
-def _reject_constant(name: str):
-    raise ValueError(f"{name} is not a JSON number")
+        return loads_json(text, str(path), allow_nan=False, max_bytes=JSON_LIMIT, hint=f"re-download {what}")
+    except LoadError as exc:
+        if exc.kind == "syntax":
+            where = f" at line {exc.line}" if exc.line else ""
+            raise InputError(f"{path}: not valid JSON ({exc.problem}{where}); re-download {what}") from None
+        raise InputError(f"{path}: JSON {exc.problem}{f' at line {exc.line}' if exc.line else ''}; "
+                         f"re-download {what}") from None
 
 
 def _type_name(value: Any) -> str:
@@ -163,27 +164,81 @@ def _check_fields(config: dict, where: str) -> None:
 
 
 def check_tokenizer(model_dir: Path) -> None:
+    """Every tokenizer file the recipe's tokenizer will read, checked before anything is written: present
+    (a tokenizer_config.json alone cannot build one), a regular non-empty file, JSON of the shape
+    transformers and tokenizers expect (tokenizer.json's `model` an object, special_tokens_map.json an
+    object of tokens); one line naming the file, exit 2."""
     present = [name for name in TOKENIZER_FILES if os.path.lexists(model_dir / name)]   # a link to /dev/zero too
     present += [p.name for p in model_dir.glob("*.tiktoken")]
     if not present:
         raise InputError(f"{model_dir}: no tokenizer files (tokenizer.json, tokenizer.model, vocab.json, …); "
                          "copy the model's tokenizer into the directory")
-    for name in present:
+    checked = sorted(set(present) | {n for n in JSON_TOKENIZER_FILES if os.path.lexists(model_dir / n)})
+    for name in checked:
         path = model_dir / name
         if check_regular(path).st_size == 0:
             raise InputError(f"{path}: the tokenizer file is empty; re-download it")
         if name in JSON_TOKENIZER_FILES:
             data = read_json_file(path)
             if not isinstance(data, dict):
-                raise InputError(f"{path}: must be a JSON object; re-download it")
+                raise InputError(f"{path}: must be a JSON object, got a JSON {_json_kind(data)}; re-download it")
             if name == "tokenizer_config.json":
                 check_tokenizer_config(data, path)
+            elif name == "tokenizer.json":
+                check_tokenizer_json(data, path)
+            elif name == "special_tokens_map.json":
+                check_special_tokens_map(data, path)
     generation = model_dir / "generation_config.json"
     if os.path.lexists(generation):
         data = read_json_file(generation)
         if not isinstance(data, dict):
             raise InputError(f"{generation}: must be a JSON object of settings; re-download it")
         check_generation_config(data, generation)
+    has_vocab = any(os.path.lexists(model_dir / n) for n in ("tokenizer.json", *VOCAB_FILES)) or \
+        any(model_dir.glob("*.tiktoken"))
+    if not has_vocab:
+        config = model_dir / "tokenizer_config.json"
+        cls = None
+        if config.is_file():
+            cls = (read_json_file(config) or {}).get("tokenizer_class")
+        raise InputError(f"{model_dir / 'tokenizer.json'}: missing, and nothing else here holds the vocabulary "
+                         f"({'tokenizer_config.json names ' + repr(cls) + ', which needs it' if cls else 'tokenizer_config.json alone builds no tokenizer'}); "
+                         "copy the model's tokenizer.json (or its tokenizer.model / vocab files) into the directory")
+
+
+TOKENIZER_JSON_SECTIONS = ("normalizer", "pre_tokenizer", "post_processor", "decoder", "truncation", "padding")
+
+
+def check_tokenizer_json(data: dict, path: Path) -> None:
+    """tokenizer.json as the `tokenizers` library reads it: `model` an object with a `type` or a `vocab`."""
+    model = data.get("model")
+    if not isinstance(model, dict):
+        raise InputError(f"{path}: 'model' must be a JSON object (the tokenizer's model: BPE, Unigram, WordPiece…), "
+                         f"got {_shown(model)}; re-download tokenizer.json")
+    if not isinstance(model.get("type"), str) and "vocab" not in model:
+        raise InputError(f"{path}: 'model' has neither a 'type' nor a 'vocab'; re-download tokenizer.json")
+    if "vocab" in model and not isinstance(model["vocab"], (dict, list)):
+        raise InputError(f"{path}: 'model.vocab' must be a JSON object or array, got {_shown(model['vocab'])}; "
+                         "re-download tokenizer.json")
+    added = data.get("added_tokens")
+    if added is not None and (not isinstance(added, list) or not all(
+            isinstance(t, dict) and isinstance(t.get("content"), str) and isinstance(t.get("id"), int)
+            for t in added)):
+        raise InputError(f"{path}: 'added_tokens' must be a list of {{id, content, ...}} objects; re-download "
+                         "tokenizer.json")
+    for key in TOKENIZER_JSON_SECTIONS:
+        if data.get(key) is not None and not isinstance(data[key], dict):
+            raise InputError(f"{path}: '{key}' must be a JSON object or null, got {_shown(data[key])}; re-download "
+                             "tokenizer.json")
+
+
+def check_special_tokens_map(data: dict, path: Path) -> None:
+    """special_tokens_map.json: each token text or an AddedToken object; additional_special_tokens a list of them."""
+    for key, value in data.items():
+        values = value if isinstance(value, list) and key == "additional_special_tokens" else [value]
+        if not all(_token(v) and v is not None for v in values):
+            raise InputError(f"{path}: '{key}' must be a token (text or {{\"content\": ...}}), got {_shown(value)}; "
+                             "fix special_tokens_map.json or re-download it")
 
 
 def _token(value) -> bool:
@@ -271,7 +326,7 @@ def check_safetensors(path: Path) -> dict[str, list[int]]:
                              f"{size}-byte file); re-download it")
         raw = f.read(header_len)
     try:
-        header = json.loads(raw.decode("utf-8"))
+        header = loads_json(raw.decode("utf-8"), f"{path}: safetensors header", max_bytes=MAX_HEADER_BYTES)
     except (UnicodeDecodeError, ValueError):
         raise InputError(f"{path}: corrupt safetensors header; re-download it") from None
     if not isinstance(header, dict):

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.errors import EXIT_NEEDS_WEIGHTS, InputError, MigratorError
+from agent.migrate.hub_refs import checked_filenames
+from engine.safe_load import load_json
 
 WEIGHTS_LIMIT_BYTES = 5 * 10**9
 SMALL_FILE_PATTERNS = ["*.json", "*.py", "*.txt", "*.model", "*.tiktoken", "tokenizer*", "*.jinja"]
@@ -34,11 +36,12 @@ def _plan_weights(snapshot: Path, listing: dict[str, int] | None):
         index = snapshot / index_name
         if index_name in names and index.is_file():
             try:
-                data = json.loads(index.read_text())
+                data = load_json(index)
                 files = sorted(set(data["weight_map"].values()))
                 index_total = int(data.get("metadata", {}).get("total_size") or 0) or None
             except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 files, index_total = [], None
+            files = checked_filenames(files, f"{snapshot / index_name}: weight_map")   # '..', '/abs', globs
         elif single in names:
             files = [single]
         if files:
@@ -48,6 +51,8 @@ def _plan_weights(snapshot: Path, listing: dict[str, int] | None):
             files = sorted(n for n in names if "/" not in n and n.endswith(suffix))
             if files:
                 break
+        # names from the hub's listing become download patterns: a '*' or '..' there is refused, never fetched
+        files = checked_filenames(files, f"{snapshot}: the repository's file listing")
     to_fetch = [f for f in files if not (snapshot / f).is_file()]
     present = sum((snapshot / f).stat().st_size for f in files if f not in to_fetch)
     if listing is not None:
@@ -113,9 +118,10 @@ def _check_shards(model_dir: Path, what: str) -> None:
         index = model_dir / index_name
         if index.is_file():
             try:
-                shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+                shards = sorted(set(load_json(index)["weight_map"].values()))
             except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 raise InputError(f"{what}: {index_name} is not a valid weight index") from None
+            shards = checked_filenames(shards, f"{what}: {index_name}: weight_map")
             missing = [s for s in shards if not (model_dir / s).is_file()]
             if missing:
                 raise InputError(f"{what}: {len(missing)} shard(s) named in {index_name} are missing, "

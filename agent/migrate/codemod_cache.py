@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 import libcst
+from engine.safe_load import load_json
 
 
 def cache_dir() -> Path:
@@ -44,7 +45,7 @@ def cached(compute: Callable[[], tuple[str, list[str]]], key_parts: list[str],
         return compute()
     entry = cache_dir() / f"{_key(key_parts, code_files)}.json"
     try:
-        data = json.loads(entry.read_text())
+        data = load_json(entry)
         if isinstance(data.get("code"), str) and isinstance(data.get("applied"), list) \
                 and all(isinstance(a, str) for a in data["applied"]):
             return data["code"], list(data["applied"])

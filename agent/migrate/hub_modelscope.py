@@ -165,18 +165,21 @@ def _snapshot(ref, patterns: list[str], stage: str) -> tuple[Path, bool]:
     back to the cache."""
     from modelscope import snapshot_download
 
+    from agent.migrate.hub_refs import inside_cache_tree
+
     if not offline():
         try:
-            return Path(snapshot_download(ref.repo_id, revision=ref.revision, allow_patterns=patterns)), False
+            got = snapshot_download(ref.repo_id, revision=ref.revision, allow_patterns=patterns)
         except Exception as exc:  # noqa: BLE001 - translated below; only "unreachable" falls back to the cache
             if not _unreachable(exc):
                 raise _translate(ref, exc, stage) from None
             reason = f"the hub ({endpoint()}) cannot be reached"
+        else:
+            return inside_cache_tree(got, cache_root(), _label(ref)), False
     else:
         reason = _offline_reason()
     try:
-        return Path(snapshot_download(ref.repo_id, revision=ref.revision, allow_patterns=patterns,
-                                      local_files_only=True)), True
+        got = snapshot_download(ref.repo_id, revision=ref.revision, allow_patterns=patterns, local_files_only=True)
     except Exception as exc:  # noqa: BLE001
         if type(exc).__name__ == "CacheNotFound":
             fix = ("unset HF_HUB_OFFLINE / MODELSCOPE_OFFLINE (with network) or set MODELSCOPE_ENDPOINT to a "
@@ -186,6 +189,7 @@ def _snapshot(ref, patterns: list[str], stage: str) -> tuple[Path, bool]:
                              f"{f' ({detail})' if detail else ''}; {fix}, or download the model and pass its "
                              "directory") from None
         raise _translate(ref, exc, stage) from None
+    return inside_cache_tree(got, cache_root(), _label(ref)), True
 
 
 def _listing(ref) -> dict[str, int] | None:

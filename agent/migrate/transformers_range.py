@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.errors import UnsupportedModelError
+from engine.safe_load import load_json
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ def needed_version(model_type: str, installed: str | None = None) -> NeedsNewer 
 def check_checkpoint_supported(model_dir: Path) -> None:
     """Exit 3 with one line when the installed transformers is too old for this checkpoint's model_type."""
     try:
-        model_type = json.loads((Path(model_dir) / "config.json").read_text()).get("model_type")
+        model_type = load_json((Path(model_dir) / "config.json")).get("model_type")
     except (OSError, ValueError, AttributeError):
         return          # the checkpoint checks say what is wrong with config.json
     if not isinstance(model_type, str):

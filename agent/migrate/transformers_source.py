@@ -90,7 +90,11 @@ def checkout_pin(checkout: Path) -> tuple[str, str] | None:
 
 def _tree_version(root: Path, what: str) -> str:
     init = root / "transformers" / "__init__.py"
-    found = _VERSION.search(init.read_text(errors="replace")) if init.is_file() else None
+    return _version_of(init.read_text(errors="replace") if init.is_file() else "", what)
+
+
+def _version_of(init_text: str, what: str) -> str:
+    found = _VERSION.search(init_text)
     if not found:
         raise BadTransformersSource(f"{what}: transformers/__init__.py has no __version__; give a transformers "
                                     "wheel or a folder holding transformers/ (an unpacked wheel, a site-packages)")
@@ -105,27 +109,112 @@ def cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "infer-migrator" / "transformers"
 
 
+# A transformers wheel unpacks to ~60 MB in ~2000 files; its largest .py is well under 2 MB.
+WHEEL_MAX_MEMBERS = 20_000
+WHEEL_MAX_MEMBER_BYTES = 32 * 2**20
+WHEEL_MAX_TOTAL_BYTES = 512 * 2**20
+WHEEL_MAX_BYTES = 1 * 2**30
+INIT_MAX_BYTES = 4 * 2**20
+_MEMBER_RE = re.compile(r"^[\w.+-]+(?:/[\w.+-]+)*$")
+
+
+def _member_problem(info: zipfile.ZipInfo) -> str | None:
+    name = info.filename
+    if not _MEMBER_RE.match(name.rstrip("/")) or any(p in ("", ".", "..") for p in name.rstrip("/").split("/")):
+        return f"member {name!r} is not a plain relative path"
+    mode = (info.external_attr >> 16) & 0o170000
+    if mode and mode not in (0o100000, 0o040000):
+        return f"member {name!r} is not a regular file (a link or a special file)"
+    if info.file_size > WHEEL_MAX_MEMBER_BYTES:
+        return f"member {name!r} unpacks to {info.file_size} bytes (limit {WHEEL_MAX_MEMBER_BYTES})"
+    return None
+
+
+def _read_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, limit: int, sink=None) -> bytes:
+    """A member's bytes, read in chunks and never past `limit` (whatever its header claims); with `sink`,
+    written there and b"" returned."""
+    got, chunks = 0, []
+    with archive.open(info) as member:
+        while True:
+            chunk = member.read(2**20)
+            if not chunk:
+                break
+            got += len(chunk)
+            if got > limit:
+                raise BadTransformersSource(f"member {info.filename!r} unpacks to more than {limit} bytes")
+            if sink is not None:
+                sink.write(chunk)
+            else:
+                chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _wheel_digest(wheel: Path) -> str:
+    size = wheel.stat().st_size
+    if size > WHEEL_MAX_BYTES:
+        raise BadTransformersSource(f"{wheel}: {size} bytes, larger than any transformers wheel "
+                                    f"(limit {WHEEL_MAX_BYTES}); not a wheel to unpack")
+    digest = hashlib.sha256()
+    with open(wheel, "rb") as f:
+        for chunk in iter(lambda: f.read(2**20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()[:16]
+
+
 def _unpack_wheel(wheel: Path) -> Path:
-    """The wheel's files in the cache (once per wheel content): only `transformers/` is extracted."""
+    """The wheel's `transformers/` in the cache (once per wheel content), read member by member: its version
+    is read first (a wheel outside the supported range is refused before anything is written); every member
+    is checked (a plain relative path, a regular file, its size) and read with a cap, so a small archive that
+    claims or holds gigabytes is refused without being unpacked, and a refused or failed unpacking leaves
+    nothing in the cache."""
     try:
         with zipfile.ZipFile(wheel) as archive:
-            names = [n for n in archive.namelist() if n.startswith("transformers/")]
-            if "transformers/__init__.py" not in names:
+            infos = [i for i in archive.infolist() if i.filename.startswith("transformers/")]
+            if len(archive.infolist()) > WHEEL_MAX_MEMBERS:
+                raise BadTransformersSource(f"{wheel}: more than {WHEEL_MAX_MEMBERS} members; not a transformers wheel")
+            init = next((i for i in infos if i.filename == "transformers/__init__.py"), None)
+            if init is None:
                 raise BadTransformersSource(f"{wheel}: not a transformers wheel (no transformers/__init__.py in it)")
-            digest = hashlib.sha256(wheel.read_bytes()).hexdigest()[:16]
-            dest = cache_root() / "unpacked" / digest
-            if not (dest / "transformers" / "__init__.py").is_file():
-                partial = dest.with_name(dest.name + f".part{os.getpid()}")
-                shutil.rmtree(partial, ignore_errors=True)
-                for name in names:
-                    if ".." in Path(name).parts or name.startswith("/"):
-                        raise BadTransformersSource(f"{wheel}: member {name!r} leaves the archive; not a wheel to trust")
-                    archive.extract(name, partial)
+            for info in infos:
+                problem = _member_problem(info)
+                if problem:
+                    raise BadTransformersSource(f"{wheel}: {problem}; not a wheel to trust")
+            total = sum(i.file_size for i in infos)
+            if total > WHEEL_MAX_TOTAL_BYTES:
+                raise BadTransformersSource(f"{wheel}: transformers/ unpacks to {total} bytes (limit "
+                                            f"{WHEEL_MAX_TOTAL_BYTES}); not a transformers wheel")
+            try:
+                init_text = _read_member(archive, init, INIT_MAX_BYTES).decode("utf-8", errors="replace")
+            except BadTransformersSource as exc:
+                raise BadTransformersSource(f"{wheel}: {exc}") from None
+            _version_of(init_text, f"--transformers-source {wheel}")      # the version first, nothing written yet
+            dest = cache_root() / "unpacked" / _wheel_digest(wheel)
+            if (dest / "transformers" / "__init__.py").is_file():
+                return dest
+            partial = dest.with_name(dest.name + f".part{os.getpid()}")
+            shutil.rmtree(partial, ignore_errors=True)
+            try:
+                written = 0
+                for info in infos:
+                    if info.is_dir():
+                        continue
+                    target = partial.joinpath(*info.filename.split("/"))
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    with open(target, "xb") as sink:
+                        _read_member(archive, info, min(info.file_size, WHEEL_MAX_MEMBER_BYTES), sink)
+                    written += target.stat().st_size
+                    if written > WHEEL_MAX_TOTAL_BYTES:
+                        raise BadTransformersSource(f"unpacks to more than {WHEEL_MAX_TOTAL_BYTES} bytes")
                 shutil.rmtree(dest, ignore_errors=True)
                 partial.rename(dest)
+            except BadTransformersSource as exc:
+                raise BadTransformersSource(f"{wheel}: {exc}; not a transformers wheel") from None
+            finally:
+                shutil.rmtree(partial, ignore_errors=True)
             return dest
-    except zipfile.BadZipFile:
-        raise BadTransformersSource(f"{wheel}: not a wheel (not a zip archive); give a transformers-X.whl or a "
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, EOFError) as exc:
+        raise BadTransformersSource(f"{wheel}: not a wheel, or a damaged one ({type(exc).__name__}: "
+                                    f"{' '.join(str(exc).split())[:120]}); give a transformers-X.whl or a "
                                     "folder holding transformers/") from None
 
 

@@ -39,6 +39,7 @@ from agent.migrate import codemod_cache, provenance
 from agent.records import Vendored
 from agent.recipe.render import is_identifier
 from agent.recipe.routing import supported_families
+from engine.safe_load import load_json
 
 
 @dataclass
@@ -80,7 +81,7 @@ def read_config(model_dir: Path) -> dict:
         raise InputError(f"{model_dir}: no config.json — point at a Hugging Face model directory "
                          "(the folder that holds config.json and the weights)")
     try:
-        return json.loads(config_file.read_text())
+        return load_json(config_file)
     except json.JSONDecodeError as exc:
         raise InputError(f"{config_file}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
 

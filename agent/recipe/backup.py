@@ -19,6 +19,7 @@ from agent.recipe.fs_guard import WriteGuard
 from agent.recipe.recipe import NO_CODE_DIRS
 from agent.recipe.targets import state_dir, state_parts
 from agent.recipe.textfile import read_exact_lines
+from engine.safe_load import load_json, loads_json
 
 # Recipe files that are backed up before a fix: all but the run state, logs and baselines.
 SKIP_DIRS = NO_CODE_DIRS
@@ -31,6 +32,10 @@ SKIP_DIRS = NO_CODE_DIRS
 # .migrator/backup/earlier/<time>/   the rounds of earlier runs, kept
 # .migrator/trash/<time>/            files a rollback replaced or that were created after the backup
 ROUND_DIR_RE = re.compile(r"round_([0-9]{1,9})")
+PERMISSION_BITS = 0o777          # the only mode bits a backup records or a rollback restores
+JOURNAL_MAX_BYTES = 64 * 2**20
+JOURNAL_MAX_ENTRIES = 100_000
+MAX_REL_PATH = 4096
 
 
 class UnsafeRecipePath(InputError):
@@ -86,7 +91,7 @@ def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
             umask = os.umask(0)
             os.umask(umask)
             mode = 0o666 & ~umask
-        os.chmod(tmp, stat.S_IMODE(mode))
+        os.chmod(tmp, stat.S_IMODE(mode) & PERMISSION_BITS)     # never setuid / setgid / sticky
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -200,7 +205,7 @@ class RoundBackup:
             shutil.copy2(path, tmp, follow_symlinks=False)
             os.replace(tmp, dest)
             self.bytes_copied += st.st_size
-            self._append({"path": rel, "was": "file", "mode": stat.S_IMODE(st.st_mode)})
+            self._append({"path": rel, "was": "file", "mode": stat.S_IMODE(st.st_mode) & PERMISSION_BITS})
         elif stat.S_ISDIR(st.st_mode):
             self._append({"path": rel, "was": "dir"})
             if what in ("rmtree", "rename"):           # its contents go with it: save them too
@@ -230,20 +235,28 @@ JOURNAL_KINDS = {"file": {"path", "was", "mode"}, "absent": {"path", "was"}, "li
 
 
 def read_journal(path: Path) -> list[dict]:
-    """round_N.journal, read with an allow-list: each line one JSON object of a known kind with a
-    recipe-relative path; a torn last line (a run killed while appending) is ignored."""
+    """round_N.journal, read with an allow-list (a received recipe's journal is untrusted input): each line
+    one JSON object of a known kind with a recipe-relative path, a mode of permission bits only (0..0o777:
+    never setuid, setgid or sticky), a link target that stays inside the recipe; size and entry count capped.
+    A torn last line (a run killed while appending) is ignored."""
+    from engine.safe_load import LoadError, read_capped
+
     if path.is_symlink():
         raise BackupError(f"{path}: a symlink; the migrator does not read backups through links")
     try:
-        lines = path.read_bytes().split(b"\n")
+        lines = read_capped(path, JOURNAL_MAX_BYTES).split(b"\n")
+    except LoadError as exc:
+        raise BackupError(f"{path}: not a journal ({exc.problem})") from None
     except OSError as exc:
         raise BackupError(f"{path}: unreadable journal ({exc.__class__.__name__})") from exc
     entries = []
     for i, raw in enumerate(lines):
         if not raw.strip():
             continue
+        if len(entries) >= JOURNAL_MAX_ENTRIES:
+            raise BackupError(f"{path}: more than {JOURNAL_MAX_ENTRIES} entries; not a journal this tool wrote")
         try:
-            entry = json.loads(raw.decode("utf-8"))
+            entry = loads_json(raw, f"{path}:{i + 1}", max_depth=2)
         except ValueError:
             if i == len(lines) - 1 or all(not rest.strip() for rest in lines[i + 1:]):
                 break           # the torn last line of a killed run
@@ -251,19 +264,35 @@ def read_journal(path: Path) -> list[dict]:
         kind = entry.get("was") if isinstance(entry, dict) else None
         if kind not in JOURNAL_KINDS or set(entry) != JOURNAL_KINDS[kind]:
             raise BackupError(f"{path}: line {i + 1} is not a backup entry")
-        if ("mode" in entry and (not isinstance(entry["mode"], int) or isinstance(entry["mode"], bool)
-                                 or not 0 <= entry["mode"] <= 0o7777)) \
-                or ("target" in entry and (not isinstance(entry["target"], str) or "\0" in entry["target"])):
-            raise BackupError(f"{path}: line {i + 1} is not a backup entry")
         _check_rel(path, entry["path"])
+        if "mode" in entry:
+            mode = entry["mode"]
+            if not isinstance(mode, int) or isinstance(mode, bool) or not 0 <= mode <= PERMISSION_BITS:
+                shown = oct(mode) if isinstance(mode, int) and not isinstance(mode, bool) else repr(mode)[:40]
+                raise BackupError(f"{path}: line {i + 1}: mode {shown} of {entry['path']!r} is not permission bits "
+                                  "(0..0o777); setuid, setgid and sticky modes are never restored")
+        if "target" in entry:
+            _check_link_target(path, i + 1, entry["path"], entry["target"])
         entries.append(entry)
     return entries
 
 
+def _check_link_target(where: Path, line: int, rel: str, target) -> None:
+    """A journal's link target: text, relative, resolving (lexically) inside the recipe."""
+    if not isinstance(target, str) or not target or "\0" in target or len(target) > MAX_REL_PATH \
+            or re.search(r"[\x00-\x1f]", target):
+        raise BackupError(f"{where}: line {line}: link {rel!r} has no usable target")
+    joined = os.path.normpath(os.path.join(os.path.dirname(rel), target))
+    if os.path.isabs(target) or joined == ".." or joined.startswith("../") or os.path.isabs(joined):
+        raise BackupError(f"{where}: line {line}: link {rel!r} -> {target[:80]!r} points outside the recipe; "
+                          "a rollback restores links inside the recipe only")
+
+
 def _check_rel(where: Path, rel) -> None:
     parts = Path(rel).parts if isinstance(rel, str) else ()
-    if (not isinstance(rel, str) or not rel or Path(rel).is_absolute() or ".." in parts or "\0" in rel
-            or rel != Path(rel).as_posix() or parts[0] in SKIP_DIRS or set(parts[:-1]) & SKIP_DIRS):
+    if (not isinstance(rel, str) or not parts or len(rel) > MAX_REL_PATH or re.search(r"[\x00-\x1f\\]", rel)
+            or Path(rel).is_absolute() or ".." in parts or rel != Path(rel).as_posix()
+            or parts[0] in SKIP_DIRS or set(parts[:-1]) & SKIP_DIRS):
         raise BackupError(f"{where}: entry {str(rel)[:80]!r} is not a recipe file path")
 
 
@@ -322,16 +351,13 @@ def _manifest(backups: Path, round_no: int) -> list[str]:
     try:
         if path.is_symlink():
             raise ValueError("a symlink")
-        entries = json.loads(path.read_text(encoding="utf-8"))
+        entries = load_json(path, max_bytes=JOURNAL_MAX_BYTES)
     except (OSError, ValueError) as exc:
         raise BackupError(f"{path}: unreadable manifest ({exc.__class__.__name__})") from exc
     if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
         raise BackupError(f"{path}: not a list of recipe paths")
     for rel in entries:
-        parts = Path(rel).parts
-        if (not rel or Path(rel).is_absolute() or ".." in parts or "\0" in rel or rel != Path(rel).as_posix()
-                or parts[0] in SKIP_DIRS or set(parts[:-1]) & SKIP_DIRS):
-            raise BackupError(f"{path}: entry {rel[:80]!r} is not a recipe file path")
+        _check_rel(path, rel)
     return sorted(set(entries))
 
 

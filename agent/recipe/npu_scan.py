@@ -26,6 +26,7 @@ from pathlib import Path
 
 from agent.recipe.fs_guard import read_bytes, source_files
 from agent.recipe.recipe import NO_CODE_DIRS
+from engine.safe_load import loads_yaml
 
 SKIP_DIRS = NO_CODE_DIRS
 GRAPH_MODES_RE = re.compile(r"graph", re.I)
@@ -236,7 +237,7 @@ def _graph_mode(recipe_dir: Path) -> bool:
     config = recipe_dir / "config"
     for path in source_files(config, (".yaml", ".yml")) if config.is_dir() else []:
         try:
-            data = yaml.safe_load(_read(path)) or {}
+            data = loads_yaml(_read(path)) or {}
         except Exception:
             continue
         if not isinstance(data, dict):

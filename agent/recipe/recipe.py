@@ -29,6 +29,7 @@ import yaml
 from agent.errors import InputError
 from agent.recipe.targets import ENTRY, TARGETS, Launch, Target, checkout_root, state_dir
 from agent.recipe.textfile import read_source
+from engine.safe_load import load_json, load_yaml, loads_yaml
 
 WEIGHT_GLOBS = ("*.safetensors", "*.bin")
 # Folders of a recipe that hold no recipe code: run state, run logs, baselines, caches, environments.
@@ -111,12 +112,13 @@ class Recipe:
         return self.path.name
 
     def report(self) -> dict:
-        """migration_report.json, if the migrator made this recipe ({} otherwise)."""
+        """migration_report.json, if the migrator made this recipe ({} otherwise), schema-checked
+        (checked_report): a received recipe's report is untrusted input."""
         try:
-            data = json.loads(report_path(self.path).read_text())
+            data = load_json(report_path(self.path), max_bytes=REPORT_MAX_BYTES)
         except (OSError, ValueError):
             return {}
-        return data if isinstance(data, dict) else {}
+        return checked_report(data)
 
     def settings(self, yaml_path: Path | None = None) -> dict:
         """A YAML of the recipe as data (default: the run's); {} when it is missing, unreadable or
@@ -174,7 +176,7 @@ class Recipe:
         if self.yaml is None:
             raise InputError(f"{self.path}/config has no YAML file")
         row = TARGETS.get(self.kind, TARGETS["standalone"])
-        settings = row.scale_yaml(yaml.safe_load(self.yaml.read_text()), world_size, moe=self.is_moe())
+        settings = row.scale_yaml(load_yaml(self.yaml), world_size, moe=self.is_moe())
         model_config = settings.get("model_config") if isinstance(settings.get("model_config"), dict) else {}
         name = settings.get("model_name") or model_config.get("model_name") or self.model_name
         target = self.yaml.parent / row.yaml_name(name, world_size)
@@ -221,6 +223,41 @@ class Recipe:
         return self.path / TARGETS.get(self.kind, TARGETS["standalone"]).baseline_dir
 
 
+REPORT_MAX_BYTES = 64 * 2**20
+
+
+def _str(value) -> bool:
+    return isinstance(value, str) and "\0" not in value and len(value) <= 4096
+
+
+def _relative(value) -> bool:
+    return _str(value) and value and not value.startswith(("/", "\\")) and ".." not in value.split("/") \
+        and "\\" not in value
+
+
+# the report fields the tool reads back, each with its check; any other field is kept as data only
+REPORT_SCHEMA = {
+    "model_name": _str,
+    "model_dir": _str,
+    "recipe_dir": _str,
+    "baseline_path": _str,
+    "rendered": lambda v: isinstance(v, list) and all(_relative(x) for x in v),
+    "vendored": lambda v: isinstance(v, dict) and (v.get("origin") is None or _str(v["origin"])) and (
+        v.get("files") is None or (isinstance(v["files"], dict) and all(_relative(x) for x in v["files"].values()))),
+    "transformers": lambda v: isinstance(v, dict) and all(v.get(k) is None or _str(v[k])
+                                                          for k in ("version", "source_root", "origin", "python")),
+    "rounds": lambda v: isinstance(v, list) and all(isinstance(r, dict) for r in v),
+}
+
+
+def checked_report(data) -> dict:
+    """A report with every field the tool reads back of the right shape: a field that is not is dropped
+    (as if the report never had it), never used. Not a JSON object: {}."""
+    if not isinstance(data, dict):
+        return {}
+    return {k: v for k, v in data.items() if k not in REPORT_SCHEMA or v is None or REPORT_SCHEMA[k](v)}
+
+
 def report_path(folder: Path) -> Path:
     """migration_report.json of a recipe: in the recipe; inside a checkout in our state folder
     (agent.recipe.targets.state_dir), so that upstream's tree holds nothing of ours but the recipe."""
@@ -252,7 +289,7 @@ def read_settings(path: Path | None) -> dict:
     if path is None:
         return {}
     try:
-        data = yaml.safe_load(read_source(path)) or {}
+        data = loads_yaml(read_source(path)) or {}
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -271,6 +308,19 @@ def _world_size(data: dict) -> int | None:
         return int(value)
     except (TypeError, ValueError):
         return None
+
+
+def recipe_yaml_files(recipe: Recipe, limit: int = 200) -> list[Path]:
+    """The YAML a run of the recipe reads, then every other config/*.yaml (at most `limit`)."""
+    found = [recipe.yaml] if recipe.yaml is not None else []
+    config = recipe.path / "config"
+    if config.is_dir() and not config.is_symlink():
+        for path in sorted(config.rglob("*.y*ml")):
+            if len(found) >= limit:
+                break
+            if path.suffix in (".yaml", ".yml") and path.is_file() and path not in found:
+                found.append(path)
+    return found
 
 
 def choose_yaml(recipe_dir: Path) -> Path | None:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from agent.errors import InputError
 from agent.recipe.targets import REGISTRY
+from engine.safe_load import load_json
 
 RECORD = "registry_edit.json"
 
@@ -104,12 +105,34 @@ def was_registered(state_dir: Path) -> bool:
     return (state_dir / RECORD).is_file() or (state_dir / (RECORD + ".undone")).is_file()
 
 
+RECORD_SCHEMA = {"registry": str, "name": str, "offset": int, "inserted": str, "backup": str, "sha256_before": str,
+                 "sha256_after": str}
+
+
 def recorded_edit(state_dir: Path) -> dict | None:
+    """The recorded registry edit, schema-checked (a received recipe's state is untrusted): the fields of
+    RECORD_SCHEMA with their types, and a `registry` that is the support_models.py of the checkout holding
+    the recipe, nothing else; InputError (exit 2) for a record that names another file."""
     try:
-        record = json.loads((state_dir / RECORD).read_text())
+        record = load_json((state_dir / RECORD), max_bytes=2**20)
     except (OSError, ValueError):
         return None
-    return record if isinstance(record, dict) and {"registry", "inserted"} <= set(record) else None
+    if not isinstance(record, dict) or not {"registry", "inserted"} <= set(record):
+        return None
+    for key, kind in RECORD_SCHEMA.items():
+        value = record.get(key)
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+            raise InputError(f"{state_dir / RECORD}: {key!r} is not a {kind.__name__}; not a record this tool wrote")
+    from agent.recipe.targets import checkout_root
+
+    folder = state_dir.parent.parent if state_dir.parent.name == "res" else state_dir.parent
+    checkout = checkout_root(folder)
+    expected = (checkout / REGISTRY).resolve() if checkout is not None else None
+    if expected is None or Path(record["registry"]).resolve() != expected or not record["inserted"].strip():
+        raise InputError(f"{state_dir / RECORD}: names {record['registry'][:200]!r} as the registry it edited, not "
+                         f"{expected or 'the support_models.py of a checkout holding the recipe'}; the migrator "
+                         "edits no other file: remove the record if the recipe was received from elsewhere")
+    return record
 
 
 def unregister(state_dir: Path) -> Path | None:

@@ -22,6 +22,7 @@ from agent.errors import InputError, VendorError
 from agent.paths import templates_dir
 from agent.recipe.routing import Family
 from agent.recipe.targets import TARGETS, Target
+from engine.safe_load import loads_yaml
 
 MODEL_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 MAX_NAME_LEN = 64
@@ -218,7 +219,7 @@ def check_parses(paths: list[Path]) -> None:
             if path.suffix == ".py":
                 compile(text, str(path), "exec", dont_inherit=True)
             elif path.suffix in (".yaml", ".yml"):
-                if not isinstance(yaml.safe_load(text), dict):
+                if not isinstance(loads_yaml(text), dict):
                     raise ValueError("top level is not a mapping")
             elif path.suffix == ".sh":
                 proc = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)

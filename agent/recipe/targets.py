@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Protocol
 
 from engine.config import KEYS, Key, rendered_settings
+from engine.safe_load import loads_json
 
 # The shared entry point of a cann-recipes-infer checkout, and the file that marks a checkout.
 ENTRY = Path("executor") / "scripts" / "infer.sh"
@@ -135,7 +136,7 @@ def parameter_count(model_path: str) -> str:
         for file in sorted(Path(model_path).glob("*.safetensors")):
             with open(file, "rb") as f:
                 (size,) = struct.unpack("<Q", f.read(8))
-                header = json.loads(f.read(size))
+                header = loads_json(f.read(size))
             for key, info in header.items():
                 if key != "__metadata__":
                     count = 1

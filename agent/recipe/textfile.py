@@ -92,7 +92,7 @@ def write_source(path: Path, text: str, original: bytes | None = None) -> None:
     data = text.encode("utf-8")
     path.write_bytes(restore_format(original, data) if original else data)
     if mode is not None:
-        path.chmod(mode & 0o7777)
+        path.chmod(mode & 0o777)
 
 
 def snapshot_files(files: dict[str, Path]) -> dict[str, tuple[bytes, int]]:
@@ -102,7 +102,7 @@ def snapshot_files(files: dict[str, Path]) -> dict[str, tuple[bytes, int]]:
         try:
             st = path.stat()
             if st.st_size <= SNAPSHOT_LIMIT:
-                snap[rel] = (path.read_bytes(), st.st_mode & 0o7777)
+                snap[rel] = (path.read_bytes(), st.st_mode & 0o777)
         except OSError:
             continue
     return snap
@@ -124,8 +124,8 @@ def restore_formats(recipe_dir: Path, snapshot: dict[str, tuple[bytes, int]]) ->
                 if restored != current:
                     path.write_bytes(restored)
                     changed = True
-            if path.stat().st_mode & 0o7777 != mode:
-                path.chmod(mode)
+            if path.stat().st_mode & 0o777 != mode & 0o777:
+                path.chmod(mode & 0o777)
                 changed = True
         except OSError:
             continue

@@ -15,6 +15,7 @@ import ast
 from pathlib import Path
 
 import yaml as yamllib
+from engine.safe_load import load_yaml
 
 SCHEMA_FILE = Path("executor/core/config/inference_config.py")
 ROOT_CLASS = "InferenceConfig"
@@ -68,7 +69,7 @@ def check(yaml_path: Path, repo_root: Path | None, shown: str | None = None) -> 
     if not sections:
         return []
     try:
-        settings = yamllib.safe_load(Path(yaml_path).read_text(encoding="utf-8")) or {}
+        settings = load_yaml(Path(yaml_path)) or {}
     except (OSError, UnicodeDecodeError, yamllib.YAMLError):
         return []
     if not isinstance(settings, dict):

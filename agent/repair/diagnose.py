@@ -20,6 +20,7 @@ from agent.repair.failure import Failure, signature
 from agent.repair.rules.catalogue import CATALOGUE
 from agent.repair.rules.rule import Kind, Rule
 from agent.repair.rules.reports import OUT_OF_MEMORY
+from engine.safe_load import loads_json
 
 
 def rule_named(name: str | None) -> Rule | None:
@@ -54,7 +55,7 @@ def diagnose(recipe_dir: Path, run: Run, failure: Failure | None = None) -> Diag
 
 
 def _jsonable(facts: dict) -> dict:
-    return json.loads(json.dumps(facts, default=str))
+    return loads_json(json.dumps(facts, default=str))
 
 
 # ---- unknown failures: still say what is known --------------------------------------------

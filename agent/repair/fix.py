@@ -40,6 +40,11 @@ def repair(recipe_dir: Path, diagnosis: Diagnosis, round_no: int, context: Repai
         except WriteOutsideRecipe:
             raise
         except Exception as exc:  # a fix that cannot apply is reported, the loop stops on repeat
+            from agent.errors import filesystem_fault
+
+            fault = filesystem_fault(exc, recipe_dir)   # EPERM / EROFS / EACCES / ENOSPC: the filesystem, exit 74
+            if fault is not None:
+                raise fault from None
             note = f"fix {rule.name} could not be applied: {exc.__class__.__name__}: {exc}"
     guard_refusal = round_backup.guard.refused     # refused even if the fix caught the exception
     if guard_refusal is not None:

@@ -39,6 +39,7 @@ from agent.recipe.backup import UnsafeRecipePath, atomic_write, real_dirs
 from agent.repair.failure import Failure
 from agent.repair.rules.rule import RepairContext, Rule
 from agent.secrets import held, redact
+from engine.safe_load import loads_json
 
 TIMEOUT_S = 120
 MAX_RESPONSE_BYTES = 1_000_000
@@ -166,7 +167,7 @@ def request_reply(messages: list[dict], *, max_bytes: int = MAX_RESPONSE_BYTES, 
     if expired.is_set() or time.monotonic() - start > deadline_s:
         raise DiffRejected(f"no complete reply within the deadline of {deadline_s:g} s")
     try:
-        reply = json.loads(bytes(data))
+        reply = loads_json(bytes(data))
     except ValueError:
         raise DiffRejected("the reply is not JSON") from None
     try:

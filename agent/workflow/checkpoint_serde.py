@@ -14,6 +14,7 @@ import base64
 import json
 import os
 from typing import Any
+from engine.safe_load import loads_json
 
 FORMAT = "migrator-json-v1"
 TAG = "__migrator_type__"
@@ -109,7 +110,7 @@ class StateSerializer:
         if not isinstance(payload, (bytes, bytearray, str)):
             raise UnsafeStoreError("entry is not text")
         try:
-            return _decode(json.loads(payload))
+            return _decode(loads_json(payload))
         except UnsafeStoreError:
             raise
         except (ValueError, RecursionError) as exc:

@@ -30,6 +30,7 @@ from agent.workflow.report import write_report
 from agent.workflow.state import MigrationState, last_run
 from engine import defaults
 from engine.environment import DeviceUnavailableError, detect_environment, select_device
+from engine.safe_load import load_json
 
 
 def node_detect_env(state: MigrationState) -> dict:
@@ -208,6 +209,11 @@ def node_collect_baseline(state: MigrationState) -> dict:
         collected, _warnings = baseline.collect(run.get("log_dir") or run["res_path"], str(yaml_file),
                                                 model_source=state.get("model_source"))
     except Exception as exc:  # reported like the collector script reports it, one line
+        from agent.errors import filesystem_fault
+
+        fault = filesystem_fault(exc, recipe.path)      # a read-only / immutable / full recipe: exit 74
+        if fault is not None:
+            raise fault from None
         raise MigratorError(f"baseline collection failed: {baseline.error_line(exc)}") from None
     # A stand-in baseline never replaces an NPU one: named from what it records (baseline.file_name).
     name = baseline.file_name(collected, standin=bool(state.get("upstream_standin")))
@@ -221,7 +227,7 @@ def node_verify(state: MigrationState) -> dict:
     write); abnormal output goes back to diagnosis as a failed run."""
     baseline_path = Path(state["baseline_path"])
     # A store of an earlier release, whose collect node wrote the file, has no baseline in its state.
-    collected = state.get("baseline") or json.loads(baseline_path.read_text())
+    collected = state.get("baseline") or load_json(baseline_path)
     checked = verify.verify(Recipe.at(state["recipe_dir"]), last_run(state), collected,
                             bool(state.get("trust_remote_code")), state.get("upstream_standin"),
                             python=recipe_python(state), ours=bool(state.get("vendored")))

@@ -11,6 +11,7 @@ from agent.recipe.backup import atomic_write
 from agent.recipe.recipe import REPORT, report_path
 from agent.records import Report
 from agent.workflow.state import MigrationState
+from engine.safe_load import load_json
 
 REPORT_KEYS = ("scenario", "classify_reason", "status", "message", "model_name", "model_source",
                "model_dir", "architecture", "family", "vendored", "rendered", "env", "runs", "rounds",
@@ -33,8 +34,10 @@ def write_report(state: MigrationState) -> Path | None:
     report: Report = {"generated_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
     report.update({k: state.get(k) for k in REPORT_KEYS if state.get(k) is not None})
     # A later B/C run knows less about the recipe's origin than the migration did: keep it.
+    from agent.recipe.recipe import REPORT_MAX_BYTES, checked_report
+
     try:
-        previous = json.loads(path.read_text())
+        previous = checked_report(load_json(path, max_bytes=REPORT_MAX_BYTES))   # untrusted: schema-checked
     except (OSError, ValueError):
         previous = {}
     for key in ORIGIN_KEYS:
@@ -54,7 +57,7 @@ def write_report(state: MigrationState) -> Path | None:
 def _standin_from_baseline(report: dict) -> None:
     """A baseline made under the npu stand-in makes the report say so too (device, reference kernels)."""
     try:
-        baseline = json.loads(Path(report["baseline_path"]).read_text()) if report.get("baseline_path") else {}
+        baseline = load_json(Path(report["baseline_path"])) if report.get("baseline_path") else {}
     except (OSError, ValueError):
         baseline = {}
     block = report.get("standin") or (baseline.get("standin") if isinstance(baseline, dict) else None)
@@ -143,7 +146,7 @@ def human_summary(report: Report, folder_name: str | None = None) -> str:
                      f" -> {'patched' if rnd.get('applied') else 'no patch'}")
     if report.get("baseline_path"):
         try:
-            perf = json.loads(Path(report["baseline_path"]).read_text())["performance"]
+            perf = load_json(Path(report["baseline_path"]))["performance"]
             lines.append(f"- baseline: prefill {perf['prefill_ms']} ms, decode {perf['decode_avg_ms']} ms/token")
         except (OSError, KeyError, ValueError):
             lines.append(f"- baseline: {report['baseline_path']}")

@@ -25,6 +25,7 @@ from agent.recipe.recipe import Recipe
 from agent.recipe.targets import checkout_root, state_parts
 from agent.workflow.checkpoint_serde import StateSerializer, UnsafeStoreError
 from agent.workflow.state import MigrationState, summarise
+from engine.safe_load import load_json
 
 RECURSION_LIMIT = 100
 
@@ -98,7 +99,7 @@ def _load_threads(threads_file: Path, resume: bool) -> dict:
     if not threads_file.is_file():
         return {}
     try:
-        threads = json.loads(threads_file.read_text(encoding="utf-8"))
+        threads = load_json(threads_file)
     except (OSError, ValueError) as exc:
         raise _unreadable_store(threads_file, f"{exc.__class__.__name__}", resume) from exc
     if not isinstance(threads, dict) or not all(isinstance(k, str) and isinstance(v, str)

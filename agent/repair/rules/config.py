@@ -18,6 +18,7 @@ from agent.repair.failure import Failure
 from agent.repair.rules._util import edit_yaml_line
 from agent.repair.rules.rule import Kind, RepairContext, Rule, report, where_it_failed
 from engine.config import CHOICES, KEYS, SECTIONS, rendered_keys
+from engine.safe_load import LoadError, load_json, load_yaml, loads_json, loads_yaml
 
 
 _DTYPE_UNSUPPORTED = re.compile(
@@ -352,12 +353,12 @@ def checkpoint_keys(model_path: Path) -> set[str]:
     """Tensor names of a safetensors checkpoint (headers only: no tensor is read)."""
     index = model_path / "model.safetensors.index.json"
     if index.is_file():
-        return set(json.loads(index.read_text()).get("weight_map", {}))
+        return set(load_json(index).get("weight_map", {}))
     keys: set[str] = set()
     for shard in model_path.glob("*.safetensors"):
         with open(shard, "rb") as f:
             size = struct.unpack("<Q", f.read(8))[0]
-            keys |= set(json.loads(f.read(size))) - {"__metadata__"}
+            keys |= set(loads_json(f.read(size))) - {"__metadata__"}
     return keys
 
 
@@ -419,18 +420,22 @@ def _yaml_syntax_facts(failure: Failure, found: re.Match) -> dict | None:
     if path is None:
         return None
     try:
-        yaml.safe_load(path.read_text())
+        load_yaml(path)
         return None
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        lines = path.read_text().splitlines()
+    except LoadError as exc:
+        rel = str(path.relative_to(failure.recipe_dir))
+        syntax = exc.syntax
+        if syntax is None:
+            return {"file": rel, "line": exc.line or 0, "col": exc.column or 0, "kind": "LoadError",
+                    "problem": exc.problem, "text": ""}
+        mark = syntax.problem_mark
+        lines = read_source(path).splitlines()
         text = lines[mark.line].rstrip() if mark and mark.line < len(lines) else ""
-        return {"file": str(path.relative_to(failure.recipe_dir)), "line": mark.line + 1 if mark else 0,
-                "col": mark.column + 1 if mark else 0, "kind": type(exc).__name__, "problem": exc.problem or "",
+        return {"file": rel, "line": mark.line + 1 if mark else 0,
+                "col": mark.column + 1 if mark else 0, "kind": type(syntax).__name__, "problem": syntax.problem or "",
                 "text": text}
-    except yaml.YAMLError as exc:
-        return {"file": str(path.relative_to(failure.recipe_dir)), "line": 0, "col": 0,
-                "kind": type(exc).__name__, "problem": str(exc).splitlines()[0], "text": ""}
+    except OSError:
+        return None
 
 
 def _fix_one_slip(lines: list[str], exc) -> str | None:
@@ -474,15 +479,13 @@ def _fix_yaml_syntax(failure: Failure, facts: dict, ctx: RepairContext) -> str:
     done = []
     for _ in range(20):
         try:
-            data = yaml.safe_load("\n".join(lines))
-        except yaml.MarkedYAMLError as exc:
-            what = _fix_one_slip(lines, exc)
+            data = loads_yaml("\n".join(lines), str(path))
+        except LoadError as exc:
+            what = _fix_one_slip(lines, exc.syntax) if exc.syntax is not None else None
             if what is None:
                 break
             done.append(what)
             continue
-        except yaml.YAMLError:
-            break
         if isinstance(data, dict) and done:
             write_source(path, "\n".join(lines), original)
             return f"{facts['file']}: " + "; ".join(done)

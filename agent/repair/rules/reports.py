@@ -26,6 +26,29 @@ OOM_PATTERNS = re.compile(
 OUT_OF_MEMORY = "out_of_memory"
 
 
+# Where a bare Python MemoryError (not torch's OutOfMemoryError / allocator messages) is the *model's*: raised
+# inside the model's run (torch, transformers, safetensors, the engine's model code, the recipe's models/).
+# Raised anywhere else (a YAML or JSON loader, tokenizer files, copy/json of settings, an archive) it is the
+# input's size, not the model's memory: not this rule, never the memory estimate (exit 6).
+_MODEL_FRAMES = re.compile(r"(/torch/|/torch_npu/|/transformers/|/safetensors/|/accelerate/|/engine/(model_runner|generate|"
+                           r"loading|parallel|device_ops|graph_mode|backends/)|/models/)")
+_BARE_MEMORY_ERROR = re.compile(r"^(?:\[rank\d+\]:\s*)?MemoryError\b")
+
+
+def _oom_facts(failure: Failure, found: re.Match) -> dict | None:
+    if found.group(0) != "MemoryError":
+        return {"message": found.group(0)}
+    from agent.repair.failure import _tracebacks
+
+    raised = [frames for frames, error, _link in _tracebacks(failure.output) if _BARE_MEMORY_ERROR.match(error)]
+    if not raised:
+        return {"message": found.group(0)} if not failure.frames else None
+    innermost = raised[0][-1][0] if raised[0] else ""
+    if _MODEL_FRAMES.search(innermost.replace("\\", "/")):
+        return {"message": found.group(0)}
+    return None
+
+
 def _fix_oom(failure: Failure, facts: dict, ctx: RepairContext) -> str:
     return f"the run ran out of memory ({facts['message']}): see the memory estimate"
 
@@ -355,7 +378,7 @@ def advice_rules(table=ADVICE) -> list[Rule]:
 
 RULES: list[Rule] = [
     Rule(OUT_OF_MEMORY, OOM_PATTERNS, "out of memory", _fix_oom,
-         facts=lambda failure, found: {"message": found.group(0)}, where=("output",), kind=Kind.REPORT),
+         facts=_oom_facts, where=("output",), kind=Kind.REPORT),
     Rule("run_timed_out", re.compile(r"^TimeoutError: infer\.sh did not finish"), "infer.sh hangs or runs past the timeout",
          _fix_timeout, facts=_timeout_facts, where=("error",), kind=Kind.REPORT),
     Rule("missing_pip_package", _NO_MODULE,

@@ -34,6 +34,7 @@ from pathlib import Path
 from agent.repair.failure import Failure
 from agent.repair.rules._util import edit_yaml_line
 from agent.repair.rules.rule import Kind, RepairContext, Rule
+from engine.safe_load import load_json
 
 # ---- the checkout is not on PYTHONPATH ------------------------------------------------------
 _CHECKOUT_MODULE_MISSING = re.compile(r"No module named '(?P<module>\w+)(?:\.(?P<sub>\w+))?")
@@ -90,7 +91,7 @@ def _vocab_facts(failure: Failure, found: re.Match) -> dict | None:
     model_config = settings.get("model_config") if isinstance(settings.get("model_config"), dict) else {}
     path = failure.recipe.resolve(model_config.get("model_path") or settings.get("model_path"))
     try:
-        config = json.loads((path / "config.json").read_text()) if path else {}
+        config = load_json((path / "config.json")) if path else {}
     except (OSError, ValueError):
         return None
     vocab = (config.get("text_config") or config).get("vocab_size")
