@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional
 
 from agent.measure.run_log import RANK_LOG_RE, ParsedLog, measure, parse_log_text, select_formal
 from agent.measure.peak_bandwidth import peak_bandwidth_gbps
-from engine.safe_load import load_yaml as safe_load_yaml
+from engine.safe_load import load_json, load_yaml as safe_load_yaml
 
 PROG = "collect_baseline"
 
@@ -308,7 +308,7 @@ def refresh_readme(recipe_dir: Path, out: Path, baseline: dict) -> bool:
     canonical = out.with_name(CANONICAL_NAME)
     if out.name != CANONICAL_NAME and canonical.is_file():
         try:
-            npu = json.loads(canonical.read_text(encoding="utf-8"))
+            npu = load_json(canonical)
         except (OSError, ValueError):
             npu = None
         if readme.ran_on_npu(npu):

@@ -3,7 +3,6 @@ the output-text check and every rank's success, as the baseline's `verification`
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from agent.measure import precision

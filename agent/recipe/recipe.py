@@ -203,7 +203,7 @@ class Recipe:
             return family in MOE_FAMILIES
         checkpoint = self.checkpoint_dir()
         try:
-            config = json.loads((checkpoint / "config.json").read_text()) if checkpoint else None
+            config = load_json(checkpoint / "config.json") if checkpoint else None
         except (OSError, ValueError):
             config = None
         if not isinstance(config, dict):

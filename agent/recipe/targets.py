@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Protocol
 
 from engine.config import KEYS, Key, rendered_settings
-from engine.safe_load import loads_json
+from engine.safe_load import load_json, loads_json
 
 # The shared entry point of a cann-recipes-infer checkout, and the file that marks a checkout.
 ENTRY = Path("executor") / "scripts" / "infer.sh"
@@ -195,7 +195,7 @@ def readme_context(ctx: dict) -> dict:
     from agent.recipe import readme
 
     try:
-        config = json.loads((Path(ctx.get("model_path", "")) / "config.json").read_text())
+        config = load_json(Path(ctx.get("model_path", "")) / "config.json")
     except (OSError, ValueError):
         config = {}
     names = [n.strip() for n in str(ctx.get("modeling_codemods") or "").split(",") if n.strip() and n.strip() != "none"]
