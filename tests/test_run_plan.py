@@ -106,7 +106,12 @@ def check_records_against_logs(recipe: Path, baseline_path: Path, world_size: in
     parity = baseline["verification"]["parity"]
     assert parity["ok"] is True and parity["checked"] is True, parity
     assert parity["ranks"] == len(logs) == world_size, parity
-    assert {r["rank"] for r in parity["requests"]} <= set(range(world_size)), parity["requests"]
+    assert {r["rank"] for r in parity["per_request"]} == set(range(world_size)), parity["per_request"]
+    assert parity["closest"]["rank"] in range(world_size), parity["closest"]
+    from agent.measure import precision
+
+    records = sorted(p.name for p in precision.record_dir(Path(run["res_path"])).glob("rank_*"))
+    assert records == [f"rank_{r}" for r in range(world_size)], records
     standin = baseline["standin"]
     assert standin["ranks"] == list(range(world_size)) and standin.get("world_size", 1) == world_size, standin
     # the run record the baseline was collected from
@@ -121,19 +126,48 @@ def tf50() -> tuple[Path, Path]:
     return tf50_site()
 
 
-def migrate_phi3(tmp_path: Path, *extra: str):
+def migrate(tmp_path: Path, *extra: str, model_type: str = "phi3", name: str = "phi3"):
+    """A tiny `model_type` checkpoint migrated into a copy of the checkout as models/<name>,
+    vendored from and run on transformers 5.0.0 (the checkout's pin), under the stand-in."""
     from npu_standin import upstream
     from test_framework_target import copy_checkout
 
     python, site = tf50()
     checkout = copy_checkout(tmp_path)
-    checkpoint = upstream.tiny_checkpoint("phi3", tmp_path / "ckpt_phi3")
+    checkpoint = upstream.tiny_checkpoint(model_type, tmp_path / f"ckpt_{model_type}")
     proc = run_cli("standin", "--", sys.executable, "-m", "agent.cli", "run", str(checkpoint), "--output-dir",
-                   str(checkout / "models"), "--name", "phi3", "--max-new-tokens", "8", "--max-rounds", "0",
+                   str(checkout / "models"), "--name", name, "--max-new-tokens", "8", "--max-rounds", "0",
                    "--transformers-source", str(site), "--reference-python", str(python), "--json", *extra,
                    cwd=tmp_path, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return checkout, checkout / "models" / "phi3", _summary(proc)
+    return checkout, checkout / "models" / name, _summary(proc)
+
+
+def existing_recipe_at_two_ranks(tmp_path: Path, model_type: str, name: str, same_text: bool = True):
+    """Migrated at one rank, then `migrator run RECIPE --world-size 2`: the records of both runs
+    against their logs (the precision check of each run included), both ranks' texts equal, and with
+    `same_text` the one rank's. Returns the logs."""
+    checkout, recipe, summary = migrate(tmp_path, model_type=model_type, name=name)
+    baseline_path = Path(summary["baseline_path"])
+    single = check_records_against_logs(recipe, baseline_path, 1, f"{name}.yaml")
+    single_text = _texts(single[0])
+    assert single_text and json.loads(baseline_path.read_text())["performance"]["output_text"] == single_text[0]
+    proc = run_cli("standin", "--", sys.executable, "-m", "agent.cli", "run", str(recipe), "--world-size", "2",
+                   "--max-rounds", "0", "--json", cwd=tmp_path, timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    again = _summary(proc)
+    assert again["scenario"] == "C" and again["status"] == "ok", again
+    logs = check_records_against_logs(recipe, Path(again["baseline_path"]), 2, f"{name}_rank_2_2tp.yaml")
+    for rank, log in enumerate(logs):
+        text = log.read_text()
+        assert re.search(rf"tensor parallel rank {rank} of 2: \d+ parameters split by the model's plan", text), \
+            text[-3000:]
+        assert "replicated" not in text
+        assert _texts(log) == _texts(logs[0]), (rank, _texts(log), _texts(logs[0]))
+        assert _texts(log) == single_text or not same_text, (rank, _texts(log), single_text)
+    print(f"{model_type} (transformers 5.0.0 plan) text at 1 rank {single_text}, at 2 ranks "
+          f"{[_texts(p) for p in logs]}")
+    return checkout, logs
 
 
 def _summary(proc) -> dict:
@@ -190,27 +224,12 @@ print("QKV", json.dumps(out))
 def test_world_size_2_on_an_existing_framework_recipe_runs_2_ranks_and_its_records_say_so(tmp_path):
     """phi3 (5.0.0's plan: fused qkv_proj / gate_up_proj colwise_rep) migrated at one rank, then
     `migrator run RECIPE --world-size 2`: config/phi3_rank_2_2tp.yaml written and given to both ranks
-    by upstream's launcher, the model split by its plan on each, the one-rank text on both, and every
-    record names that YAML and two ranks."""
-    checkout, recipe, summary = migrate_phi3(tmp_path)
-    baseline_path = Path(summary["baseline_path"])
-    single = check_records_against_logs(recipe, baseline_path, 1, "phi3.yaml")
-    single_text = _texts(single[0])
-    assert single_text and json.loads(baseline_path.read_text())["performance"]["output_text"] == single_text[0]
-    proc = run_cli("standin", "--", sys.executable, "-m", "agent.cli", "run", str(recipe), "--world-size", "2",
-                   "--max-rounds", "0", "--json", cwd=tmp_path, timeout=1500)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    again = _summary(proc)
-    assert again["scenario"] == "C" and again["status"] == "ok", again
-    logs = check_records_against_logs(recipe, Path(again["baseline_path"]), 2, "phi3_rank_2_2tp.yaml")
+    by upstream's launcher, the model split by its plan on each (qkv per head group), the one-rank
+    text on both, and every record names that YAML and two ranks."""
+    checkout, logs = existing_recipe_at_two_ranks(tmp_path, "phi3", "phi3")
+    layers = json.loads((tmp_path / "ckpt_phi3" / "config.json").read_text())["num_hidden_layers"]
     for rank, log in enumerate(logs):
-        text = log.read_text()
-        # qkv_proj split per head group on every layer (each rank its heads of q, k and v), gate_up per half
-        layers = json.loads((tmp_path / "ckpt_phi3" / "config.json").read_text())["num_hidden_layers"]
-        assert re.search(rf"tensor parallel rank {rank} of 2: \d+ parameters split by the model's plan; "
-                         rf"{layers} fused qkv attention modules on this rank's heads", text), text[-3000:]
-        assert "replicated" not in text
-        assert _texts(log) == single_text, (rank, _texts(log), single_text)
+        assert f"; {layers} fused qkv attention modules on this rank's heads" in log.read_text()
     # each rank's shards: its head group of q, k and v, its half of gate and of up; its attention counts its heads
     python, _site = tf50()
     probe = run_cli("standin", "--", str(python), "-c", QKV_PROBE, str(tmp_path / "ckpt_phi3"), cwd=checkout,
@@ -222,14 +241,26 @@ def test_world_size_2_on_an_existing_framework_recipe_runs_2_ranks_and_its_recor
         assert shards[rank]["qkv_per_head_group"] and shards[rank]["gate_up_per_half"], shards
         assert shards[rank]["heads"] == [config["num_attention_heads"] // 2, config["num_key_value_heads"] // 2]
         assert shards[rank]["model_heads"] == [config["num_attention_heads"], config["num_key_value_heads"]]
-    print(f"phi3 (transformers 5.0.0 plan) text at 1 rank {single_text} == at 2 ranks {[_texts(p) for p in logs]}")
 
 
 @pytest.mark.slow  # the existing recipe's re-run above covers the plan's path through classify
 def test_a_fresh_framework_migration_with_world_size_2_runs_and_records_2_ranks(tmp_path):
-    checkout, recipe, summary = migrate_phi3(tmp_path, "--world-size", "2")
+    checkout, recipe, summary = migrate(tmp_path, "--world-size", "2")
     assert summary["scenario"] == "A" and summary["status"] == "ok", summary
     graph = Recipe.at(recipe).settings(recipe / "config" / "phi3_npugraph_ex.yaml")
     assert graph["parallel_config"]["world_size"] == 1                  # the single card's graph YAML
     logs = check_records_against_logs(recipe, Path(summary["baseline_path"]), 2, "phi3_rank_2_2tp.yaml")
     assert _texts(logs[0]) == _texts(logs[1])
+
+
+@pytest.mark.slow  # phi3 above is the default case: the fused projections; these are the other families of #30
+# (not qwen3_moe: transformers 5.0.0 cannot load the tiny checkpoint 5.24 writes for it, ignore_mismatched_sizes)
+@pytest.mark.parametrize("model_type", ["mistral", "gemma2", "mixtral"])
+def test_world_size_2_on_an_existing_recipe_of_other_families(tmp_path, model_type):
+    """mixtral (5.0.0's local_colwise / local_rowwise expert styles: split per half on the
+    intermediate dim, the experts' output all-reduced; the MoE block of both ranks sums to one rank's
+    within 2e-6) is held to transformers by the per-step precision check of the 2-rank run, not to the
+    1-rank text: on these tiny random weights mixtral's 2-rank text leaves the 1-rank one at its third
+    token, in float32 as in bfloat16 (a low-margin step the router's discrete top-k amplifies), and the
+    precision check accepts that token as transformers' own pick on the same prefix."""
+    existing_recipe_at_two_ranks(tmp_path, model_type, f"t_{model_type}", same_text=model_type != "mixtral")

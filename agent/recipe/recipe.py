@@ -227,11 +227,11 @@ class Recipe:
 
     def run_plan(self, world_size: int | None = None) -> RunPlan:
         """The one place a run's YAML and rank count are decided. `world_size` None: the recipe's own
-        YAML (`yaml`) at the ranks it sets; N: a YAML that sets N ranks — the recipe's own when it does,
-        else config/'s N-rank one, written from the single-card one when the recipe has none. Refused
-        (InputError, one line, before anything runs) when no YAML for N ranks can be run: the YAML named
-        for N sets another world_size, or the recipe's infer.sh picks its YAML itself (it never reads
-        YAML_FILE), so the N-rank one would be written and not run."""
+        YAML (`yaml`) at the ranks it sets; N: config/'s N-rank YAML (named for N ranks), else the
+        recipe's own when it sets N, else one written from the single-card one. Refused (InputError,
+        one line, before anything runs) when no YAML for N ranks can be run: the YAML named for N sets
+        another world_size, the recipe has no single-card YAML for N = 1, or its infer.sh picks its YAML
+        itself (it never reads YAML_FILE), so another YAML would be written and not run."""
         if self.yaml is None:
             raise InputError(f"{self.path}/config has no YAML file")
         own = _world_size(read_settings(self.yaml)) or 1
@@ -239,7 +239,7 @@ class Recipe:
         if world_size is None or (world_size == own and named is None):
             return RunPlan(self.yaml, own)
         if named is not None and named.resolve() == self.yaml.resolve():
-            pass
+            pass                    # the recipe's own YAML is the N-rank one: its infer.sh runs it as it is
         elif world_size <= 1:
             raise InputError(f"--world-size 1: {self.path.name}'s YAML {self._shown(self.yaml)} sets world_size {own} "
                              f"and the recipe has no single-card YAML; run it without --world-size (its {own} ranks)")
