@@ -142,9 +142,10 @@ def _add_run_options(run: argparse.ArgumentParser) -> None:
                      help=f"repair rounds at most, 0 .. {defaults.MAX_ROUNDS_LIMIT} (default: {defaults.MAX_ROUNDS})")
     run.add_argument("--max-new-tokens", type=NEW_TOKENS, default=defaults.MAX_NEW_TOKENS,
                      help=f"tokens generated per run (default: {defaults.MAX_NEW_TOKENS})")
-    run.add_argument("--world-size", type=WORLD_SIZE, default=1,
-                     help="cards: run config/NAME_{N}card_eager.yaml with torchrun, the model tensor-parallel "
-                          "over them (default: 1)")
+    run.add_argument("--world-size", type=WORLD_SIZE, default=None,
+                     help="ranks: run the recipe's N-rank YAML on N ranks (written from the single-card one when "
+                          "it has none), the model tensor-parallel over them, or refuse (exit 2) when the recipe "
+                          "cannot run one (default: a new recipe's single card, an existing recipe's own YAML)")
     run.add_argument("--timeout", type=TIMEOUT, default=defaults.TIMEOUT_S, help="seconds for each run of infer.sh")
     run.add_argument("--resume", action="store_true", help="continue an interrupted run from its last finished node")
     _add_standin_options(run)

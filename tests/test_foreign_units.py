@@ -130,13 +130,13 @@ def test_standalone_recipe_yamls_and_launch(tmp_path):
     single-card one when missing, and handed to infer.sh through YAML_FILE."""
     recipe = tmp_path / "ours"
     (recipe / "config").mkdir(parents=True)
-    (recipe / "infer.sh").write_text("exit 0\n")
+    (recipe / "infer.sh").write_text('YAML_FILE="${YAML_FILE:-config/ours_1card_eager.yaml}"\n')
     (recipe / "runner_ours.py").write_text("from engine.model_runner import ModelRunner\n")
     (recipe / "config" / "ours_1card_eager.yaml").write_text(
         "model_name: ours\nworld_size: 1\nparallel_config:\n  attn_tp_size: 1\n")
     found = Recipe.at(recipe)
     assert (found.kind, found.model_name, found.yaml.name) == ("standalone", "ours", "ours_1card_eager.yaml")
-    assert found.yaml_for(2) is None and found.launch(1).env == {}
+    assert found.yaml_for(2) is None and found.launch(1).env == {"YAML_FILE": "config/ours_1card_eager.yaml"}
     launch = found.launch(2)
     assert launch.env == {"YAML_FILE": "config/ours_2card_eager.yaml"} and launch.cwd == recipe.resolve()
     written = found.yaml_for(2)

@@ -347,9 +347,11 @@ for model in ranks:
 params = [dict(m.hf.named_parameters()) for m in ranks]
 full = {name.removeprefix("hf."): t for name, t in weights.items()}
 out = {"split": sorted(ranks[0].tp.styles), "replicated": build(0, num_key_value_heads=1).tp is None}
-for name, style in ranks[0].tp.styles.items():
-    dim = 1 if style == "rowwise" else 0
-    out[name] = [list(params[0][name].shape), torch.equal(torch.cat([p[name] for p in params], dim=dim), full[name])]
+for name in ranks[0].tp.styles:
+    dim, parts = ranks[0].tp.split(name)
+    halves = [p[name].chunk(parts, dim=dim) for p in params]
+    joined = torch.cat([torch.cat([h[i] for h in halves], dim=dim) for i in range(parts)], dim=dim)
+    out[name] = [list(params[0][name].shape), torch.equal(joined, full[name])]
 head = [m.hf.get_output_embeddings().weight for m in ranks]
 out["lm_head"] = [list(head[0].shape), torch.equal(torch.cat(head), full.get("lm_head.weight", full["model.embed_tokens.weight"]))]
 out["embed"] = list(params[0]["model.embed_tokens.weight"].shape)

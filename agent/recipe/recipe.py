@@ -27,7 +27,7 @@ from pathlib import Path
 import yaml
 
 from agent.errors import InputError
-from agent.recipe.targets import ENTRY, TARGETS, Launch, Target, checkout_root, state_dir
+from agent.recipe.targets import ENTRY, TARGETS, Launch, Target, checkout_root, reads_yaml_file, state_dir
 from agent.recipe.textfile import read_source
 from engine.safe_load import load_json, load_yaml, loads_yaml
 
@@ -36,6 +36,22 @@ WEIGHT_GLOBS = ("*.safetensors", "*.bin")
 NO_CODE_DIRS = frozenset({".migrator", "res", "baseline", "__pycache__", ".git", ".venv", "venv", "site-packages"})
 REPORT = "migration_report.json"
 OUR_ENGINE = "engine.model_runner"
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What one run of a recipe is: the YAML its launcher gets and the ranks that YAML starts (its
+    world_size). Decided once (`Recipe.run_plan`), carried in the workflow's state, and what every
+    record of the run (the run, the baseline's yaml_path, the parity's ranks) is read from."""
+    yaml: Path
+    world_size: int
+
+    def as_dict(self) -> dict:
+        return {"yaml": str(self.yaml), "world_size": self.world_size}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RunPlan:
+        return cls(Path(data["yaml"]), int(data["world_size"]))
 
 
 @dataclass(frozen=True)
@@ -211,9 +227,49 @@ class Recipe:
         text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
         return any(text.get(k) for k in ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"))
 
+    def run_plan(self, world_size: int | None = None) -> RunPlan:
+        """The one place a run's YAML and rank count are decided. `world_size` None: the recipe's own
+        YAML (`yaml`) at the ranks it sets; N: config/'s N-rank YAML (named for N ranks), else the
+        recipe's own when it sets N, else one written from the single-card one. Refused (InputError,
+        one line, before anything runs) when no YAML for N ranks can be run: the YAML named for N sets
+        another world_size, the recipe has no single-card YAML for N = 1, or its infer.sh picks its YAML
+        itself (it never reads YAML_FILE), so another YAML would be written and not run."""
+        if self.yaml is None:
+            raise InputError(f"{self.path}/config has no YAML file")
+        own = _world_size(read_settings(self.yaml)) or 1
+        named = self.yaml_for(world_size) if world_size is not None and world_size > 1 else None
+        if world_size is None or (world_size == own and named is None):
+            return RunPlan(self.yaml, own)
+        if named is not None and named.resolve() == self.yaml.resolve():
+            pass                    # the recipe's own YAML is the N-rank one: its infer.sh runs it as it is
+        elif world_size <= 1:
+            raise InputError(f"--world-size 1: {self.path.name}'s YAML {self._shown(self.yaml)} sets world_size {own} "
+                             f"and the recipe has no single-card YAML; run it without --world-size (its {own} ranks)")
+        elif self.kind in ("standalone", "legacy") and not reads_yaml_file(self.path / "infer.sh"):
+            raise InputError(f"--world-size {world_size}: {self.path.name}/infer.sh runs {self._shown(self.yaml)} "
+                             f"({own} rank(s)) and does not read YAML_FILE, so no other YAML can be run through it; "
+                             f"make it honour YAML_FILE (YAML_FILE=config/X.yaml bash infer.sh) or run it without "
+                             "--world-size")
+        yaml_path = named or self.write_yaml_for(world_size)
+        ranks = _world_size(read_settings(yaml_path)) or 1
+        if ranks != world_size:
+            raise InputError(f"--world-size {world_size}: {self._shown(yaml_path)} is named for {world_size} ranks "
+                             f"but sets world_size {ranks}; fix its world_size or remove it (it is then written "
+                             f"from {self.yaml.name})")
+        return RunPlan(yaml_path, ranks)
+
+    def _shown(self, yaml_path: Path) -> str:
+        try:
+            return yaml_path.relative_to(self.path).as_posix()
+        except ValueError:
+            return str(yaml_path)
+
     # ---- running and measuring it ------------------------------------------------------------
-    def launch(self, world_size: int = 1) -> Launch:
-        return self.target.launch(self, world_size)
+    def launch(self, plan: RunPlan | int | None = None) -> Launch:
+        """The command that runs `plan` (a RunPlan, or a world_size for `run_plan`)."""
+        if not isinstance(plan, RunPlan):
+            plan = self.run_plan(plan)
+        return self.target.launch(self, plan.yaml)
 
     def baseline_dir(self) -> Path:
         """Where the baseline goes: the repository's convention (agentic/baseline/) when the folder

@@ -12,6 +12,7 @@ Adding a target is a row here plus its templates.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Protocol
@@ -38,8 +39,6 @@ class Recipe(Protocol):
     path: Path
     repo_root: Path | None
     yaml: Path | None
-
-    def yaml_for(self, world_size: int = 1, write: bool = False) -> Path | None: ...
 
 
 def standalone_yaml_name(model_name: str, world_size: int = 1) -> str:
@@ -163,6 +162,7 @@ def framework_context(ctx: dict, graph: bool = True) -> dict:
     if graph:
         extra["graph_settings"] = {section: dict(values) for section, values in ctx["settings"].items()}
         extra["graph_settings"]["model_config"]["exe_mode"] = "npugraph_ex"
+        extra["graph_settings"]["parallel_config"] = framework_parallel(1)     # the single card's, as its name says
         extra["graph_yaml_name"] = framework_graph_yaml_name(name)
     return {**extra, "framework_class": framework_class_name(name),
             "display_name": str(ctx.get("architecture") or name).removesuffix("ForCausalLM") or name,
@@ -264,19 +264,29 @@ def runner_class_name(model_name: str) -> str:
     return "".join(part.capitalize() for part in model_name.split("_")) + "Runner"
 
 
-def _run_infer_sh(recipe: Recipe, world_size: int) -> Launch:
-    """`bash infer.sh` in the recipe folder; on N cards the N-card YAML through YAML_FILE
-    (written from the single-card one when the recipe lacks it)."""
+# an infer.sh that takes its YAML from $YAML_FILE ($YAML_FILE, ${YAML_FILE}, ${YAML_FILE:-default})
+_READS_YAML_FILE = re.compile(r"\$\{?YAML_FILE(?![A-Za-z0-9_])")
+
+
+def reads_yaml_file(infer_sh: Path) -> bool:
+    try:
+        return bool(_READS_YAML_FILE.search(infer_sh.read_text(errors="replace")))
+    except OSError:
+        return False
+
+
+def _run_infer_sh(recipe: Recipe, yaml: Path) -> Launch:
+    """`bash infer.sh` in the recipe folder, given the plan's YAML through YAML_FILE when it reads
+    that variable (Recipe.run_plan refuses another YAML than its own for one that does not)."""
     env = {}
-    if world_size > 1:
-        env["YAML_FILE"] = recipe.yaml_for(world_size, write=True).relative_to(recipe.path).as_posix()
+    if reads_yaml_file(recipe.path / "infer.sh"):
+        env["YAML_FILE"] = os.path.relpath(yaml, recipe.path).replace(os.sep, "/")
     return Launch(("bash", str(recipe.path / "infer.sh")), recipe.path, env)
 
 
-def _run_entry_point(recipe: Recipe, world_size: int) -> Launch:
+def _run_entry_point(recipe: Recipe, yaml: Path) -> Launch:
     """The checkout's `executor/scripts/infer.sh --model NAME --yaml FILE`, with the checkout on
     PYTHONPATH; it runs in the run's own folder (it writes res/ under its working directory)."""
-    yaml = recipe.yaml_for(world_size) or recipe.yaml
     # relative to config/ (infer.sh joins it to models/NAME/config/): a stand-in run's copy in our state folder is ../res/...
     rel = Path(os.path.relpath(yaml, recipe.path / "config")).as_posix()
     pythonpath = os.pathsep.join(filter(None, [str(recipe.repo_root), os.environ.get("PYTHONPATH")]))
@@ -288,7 +298,7 @@ def _run_entry_point(recipe: Recipe, world_size: int) -> Launch:
 class Target:
     name: str
     summary: str                                    # what runs it, for messages and --help
-    launch: Callable[[Recipe, int], Launch]         # (recipe, world_size) -> the run
+    launch: Callable[[Recipe, Path], Launch]        # (recipe, the run plan's YAML) -> the run
     yaml_name: Callable[[str, int], str]            # (model_name, world_size) -> file name in config/
     baseline_dir: str = "baseline"                  # relative to the recipe (see Recipe.baseline_dir)
     # What the migrator renders: template -> path in the recipe ({name}, {yaml_name} filled in); the

@@ -21,7 +21,7 @@ from agent.measure import precision, run_log
 from agent.processes import run_tree, stop_leftovers
 from agent.progress import trial_run_counter
 from agent.records import Run
-from agent.recipe.recipe import Recipe
+from agent.recipe.recipe import Recipe, RunPlan
 from agent.recipe.targets import state_dir
 from agent.repair.failure import summarise_failure
 from engine import defaults
@@ -41,20 +41,22 @@ class Verdict:
     prefills: int = 0                  # prefill lines in log_0.log
 
 
-def trial_run(recipe: Recipe, label: str, world_size: int = 1, timeout_s: int | None = None,
+def trial_run(recipe: Recipe, label: str, plan: RunPlan | dict | int | None = None, timeout_s: int | None = None,
               standin: dict | None = None, python: str | None = None) -> Run:
-    """Run the recipe once; paths are absolute, so the run never depends on the caller's working
+    """Run the recipe once, as `plan` says (agent.recipe.recipe.RunPlan, or its dict; an int or None:
+    `Recipe.run_plan` of it); paths are absolute, so the run never depends on the caller's working
     directory. `standin`: a plan of agent.measure.upstream_check (the run is under the npu stand-in,
-    on the plan's YAML). `python`: the interpreter the recipe runs with (`python3` and $PYTHON of
-    its scripts; default: this one)."""
+    on the copy of the YAML it set for its ranks: that is the run plan). `python`: the interpreter the
+    recipe runs with (`python3` and $PYTHON of its scripts; default: this one). The record names the
+    plan's YAML and world_size; a run that left fewer rank logs than the plan's ranks failed."""
+    plan = run_plan_of(recipe, plan, standin)
     if standin:
-        # the plan's YAML is the run's, whatever world_size: it is set for that many ranks
-        recipe, world_size = replace(recipe, yaml=Path(standin["yaml"])), 1
+        recipe = replace(recipe, yaml=plan.yaml)
     runs_dir = state_dir(recipe.path) / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
     run_dir = runs_dir / f"run_{len(list(runs_dir.glob('run_*')))}_{label}"
     run_dir.mkdir()
-    launch = recipe.launch(world_size)
+    launch = recipe.launch(plan)
     cwd = launch.cwd or run_dir
     env = dict(os.environ, RES_PATH=str(run_dir), PYTHON=sys.executable, PYTHONUNBUFFERED="1",
                **{PARITY_DUMP_ENV: str(run_dir / "parity_dump.pt")}, **launch.env)
@@ -73,7 +75,7 @@ def trial_run(recipe: Recipe, label: str, world_size: int = 1, timeout_s: int | 
     stop_leftovers(runs_dir / "running.pids")       # a tree a killed migrator left behind
     start, started_at = time.perf_counter(), time.time()
     counter = trial_run_counter(label, lambda: find_logs(run_dir, cwd, started_at, recipe.path),
-                                expected_tokens(recipe, world_size))
+                                expected_tokens(recipe, plan.yaml))
     with counter, open(run_dir / "output.txt", "w") as out:
         # No stdin: a prompt (e.g. "run custom code? [y/N]") must fail, not wait forever. The whole
         # tree (torchrun ranks, `&` launches) is stopped on a timeout or a signal, and measured.
@@ -85,7 +87,7 @@ def trial_run(recipe: Recipe, label: str, world_size: int = 1, timeout_s: int | 
         # the disk the run writes to is full: nothing a repair can change (one line, exit 74)
         raise describe_fault(errno.ENOSPC, run_dir)
     log_dir = find_logs(run_dir, cwd, started_at, recipe.path)
-    verdict = judge_run(output, log_dir, recipe.path, recipe.kind == "framework")
+    verdict = judge_run(output, log_dir, recipe.path, recipe.kind == "framework", plan.world_size)
     ran_clean = returncode == 0 and not timed_out
     ok = ran_clean and verdict.problem is None and not verdict.no_warm_up
     evidence = output
@@ -102,12 +104,11 @@ def trial_run(recipe: Recipe, label: str, world_size: int = 1, timeout_s: int | 
     if evidence != output:
         output_file = run_dir / "evidence.txt"
         output_file.write_text(evidence)
-    yaml = recipe.yaml_for(world_size)
     record: Run = {"label": label, "ok": ok, "returncode": returncode, "timed_out": timed_out,
                    "seconds": round(time.perf_counter() - start, 2), "peak_rss_bytes": tree.peak_rss_bytes,
                    "processes": tree.processes, "res_path": str(run_dir),
                    "log_dir": str(log_dir) if log_dir is not None else None, "problem": verdict.problem,
-                   "output_file": str(output_file), "yaml": str(yaml) if yaml is not None else None,
+                   "output_file": str(output_file), "yaml": str(plan.yaml), "world_size": plan.world_size,
                    "summary": "ok" if ok else old_keys[0] if old_keys and ran_clean else
                    summarise(evidence, recipe, returncode, timed_out, timeout, verdict)}
     if standin and (missing := upstream_check.unsupported(run_dir, "" if ok else evidence,
@@ -116,12 +117,24 @@ def trial_run(recipe: Recipe, label: str, world_size: int = 1, timeout_s: int | 
     return record
 
 
-def expected_tokens(recipe: Recipe, world_size: int = 1) -> int:
+def run_plan_of(recipe: Recipe, plan: RunPlan | dict | int | None, standin: dict | None = None) -> RunPlan:
+    """The RunPlan of a run: as given (a RunPlan or its dict), a stand-in plan's YAML copy at its
+    ranks, else Recipe.run_plan(world_size)."""
+    if isinstance(plan, RunPlan):
+        return plan
+    if isinstance(plan, dict):
+        return RunPlan.from_dict(plan)
+    if standin:
+        return RunPlan(Path(standin["yaml"]), int(standin.get("world_size") or plan or 1))
+    return recipe.run_plan(plan)
+
+
+def expected_tokens(recipe: Recipe, yaml: Path | None = None) -> int:
     """Tokens one generate call of the run makes at most: the YAML's max_new_tokens (either schema)."""
     from agent.measure.baseline import yaml_settings
 
     try:
-        value = int(yaml_settings(recipe.settings(recipe.yaml_for(world_size)))["max_new_tokens"] or 0)
+        value = int(yaml_settings(recipe.settings(yaml))["max_new_tokens"] or 0)
     except (TypeError, ValueError):
         value = 0
     return value if value > 0 else defaults.MAX_NEW_TOKENS
@@ -165,9 +178,10 @@ RANK0_SILENT = "rank 0's log log_0.log is empty although the run did not succeed
 _ERROR_LINE = re.compile(r"^\s*\w*(?:Error|Exception)\b.*:", re.M)     # the output says what failed itself
 
 
-def judge_run(output: str, log_dir: Path | None, recipe_dir: Path, framework: bool) -> Verdict:
+def judge_run(output: str, log_dir: Path | None, recipe_dir: Path, framework: bool, world_size: int = 1) -> Verdict:
     """The verdict from evidence: a traceback in the output or a rank log, a missing formal prefill
-    line, or a rank that did not finish its formal run makes the run failed."""
+    line, a rank that did not finish its formal run, or fewer rank logs than the run's `world_size`
+    makes the run failed."""
     traceback_re = run_log.TRACEBACK_RE
     problem = "traceback in the output" if traceback_re.search(output) else None
     extra: list[str] = []
@@ -199,6 +213,11 @@ def judge_run(output: str, log_dir: Path | None, recipe_dir: Path, framework: bo
         others = [f"{p.name}: " + ("model run success" if "model run success" in p.read_text(errors="replace")
                                    else "no 'model run success'") for p in logs if p.name != "log_0.log"]
         extra.append(problem + (f"; {'; '.join(others)}" if others else ""))
+    ranks = {int(p.stem.removeprefix("log_")) for p in logs if run_log.RANK_LOG_RE.match(p.name)}
+    if problem is None and logs and world_size > 1 and not set(range(world_size)) <= ranks:
+        missing = sorted(set(range(world_size)) - ranks)
+        problem = (f"a {world_size}-rank run without the log of rank(s) {', '.join(map(str, missing))} "
+                   f"(log_{{rank}}.log of {len(ranks)} rank(s) only)")
     if problem is None and selection.segment is None:
         problem = "no formal prefill line in log_0.log" if logs else "no log_0.log and no formal prefill line"
     elif problem is None and not selection.success:

@@ -16,7 +16,7 @@ from agent.migrate import transformers_source
 from agent.migrate.checkpoint_check import check_checkpoint, check_output_outside
 from agent.migrate.vendor import locate_source, read_config, vendor_source
 from agent.recipe.runnable import ensure_runnable_here
-from agent.recipe.recipe import Recipe
+from agent.recipe.recipe import Recipe, RunPlan
 from agent.recipe.registry import register, registered_names
 from agent.recipe.render import normalise_model_name, render_recipe, template_context
 from agent.recipe.targets import REGISTRY, TARGETS, checkout_root, choose_target, framework_registry_entry, state_dir
@@ -55,11 +55,22 @@ def node_classify(state: MigrationState) -> dict:
     standin = state.get("upstream_standin")
     if not standin:
         ensure_runnable_here(recipe)
-    run = _needs_npu(trial_run(recipe, "classify", state.get("world_size") or 1, state.get("timeout_s"), standin,
+    plan = plan_run(recipe, state)          # before anything runs: a --world-size it cannot run is refused here
+    run = _needs_npu(trial_run(recipe, "classify", plan, state.get("timeout_s"), standin,
                                python=recipe_python(state, recipe.path)))
     how = f"{recipe.reason} and it runs" if run["ok"] else f"{recipe.reason} but it fails: {run['summary']}"
     return {"scenario": "C" if run["ok"] else "B", "classify_reason": how, "recipe_dir": str(recipe.path),
-            "runs": [run]}
+            "run_plan": plan, "runs": [run]}
+
+
+def plan_run(recipe: Recipe, state: MigrationState) -> dict:
+    """The run plan (agent.recipe.recipe.RunPlan: the YAML and its ranks) every trial run of this
+    migration uses, decided once: the stand-in plan's YAML copy under --standin, else the recipe's
+    YAML for --world-size (None: its own)."""
+    standin = state.get("upstream_standin")
+    if standin:
+        return RunPlan(Path(standin["yaml"]), int(standin.get("world_size") or 1)).as_dict()
+    return recipe.run_plan(state.get("world_size")).as_dict()
 
 
 def node_acquire(state: MigrationState) -> dict:
@@ -147,14 +158,16 @@ def node_render(state: MigrationState) -> dict:
         ctx = template_context(spec.context(), spec.family_spec(), target)
         edit = register(checkout_root(recipe_dir), spec.model_name, framework_registry_entry(ctx), state_dir(recipe_dir))
         print(f"[migrator] registered {spec.model_name} in {edit.registry} (before: {edit.backup})", file=sys.stderr)
-    return {"rendered": rendered}
+    return {"rendered": rendered, "run_plan": plan_run(Recipe.at(recipe_dir), state)}
 
 
 def node_trial_run(state: MigrationState) -> dict:
-    run = trial_run(Recipe.at(state["recipe_dir"]), f"trial{len(state.get('rounds') or [])}",
-                    state.get("world_size") or 1, state.get("timeout_s"), state.get("upstream_standin"),
-                    python=recipe_python(state))
-    return {"runs": [_needs_npu(run)]}
+    recipe = Recipe.at(state["recipe_dir"])
+    # the plan classify or render decided (a store of an earlier release has none: decided now, once)
+    plan = state.get("run_plan") or plan_run(recipe, state)
+    run = trial_run(recipe, f"trial{len(state.get('rounds') or [])}", plan, state.get("timeout_s"),
+                    state.get("upstream_standin"), python=recipe_python(state))
+    return {"runs": [_needs_npu(run)], "run_plan": plan}
 
 
 def recipe_python(state: MigrationState, recipe_dir: str | Path | None = None) -> str | None:
@@ -202,9 +215,10 @@ def node_estimate_memory(state: MigrationState) -> dict:
 def node_collect_baseline(state: MigrationState) -> dict:
     """The baseline of the last run, kept in the state: verify adds parity and writes the file."""
     recipe, run = Recipe.at(state["recipe_dir"]), last_run(state)
-    yaml_file = run.get("yaml") or recipe.yaml_for(state.get("world_size") or 1, write=True)
+    # the YAML of the run that made these logs (its run plan), never one chosen again here
+    yaml_file = run.get("yaml") or (state.get("run_plan") or {}).get("yaml")
     if yaml_file is None:
-        raise InputError(f"{recipe.path}/config has no YAML file")
+        raise InputError(f"{recipe.path}: the run names no YAML (config/ has none)")
     try:
         collected, _warnings = baseline.collect(run.get("log_dir") or run["res_path"], str(yaml_file),
                                                 model_source=state.get("model_source"))

@@ -34,7 +34,7 @@ class MigrationState(TypedDict, total=False):
     max_rounds: int
     timeout_s: int
     max_new_tokens: int
-    world_size: int             # --world-size: cards for one tensor-parallel run (default 1)
+    world_size: int | None      # --world-size: the run's ranks (None: the recipe's own YAML; 1 for a new one)
     upstream_standin: dict      # --standin: agent.measure.upstream_check.plan (YAML, weights, notes)
     transformers_source: str | None   # --transformers-source WHEEL|DIR: the checkout's transformers release
     reference_python: str | None      # --reference-python: the interpreter that has it
@@ -52,6 +52,7 @@ class MigrationState(TypedDict, total=False):
     vendored: Vendored
     transformers: dict          # agent.workflow.nodes.transformers_plan: version, source_root, origin, python
     rendered: list[str]
+    run_plan: dict              # agent.recipe.recipe.RunPlan.as_dict(): the YAML and ranks of every trial run
     # Nodes return only their new items: LangGraph appends runs and merges rounds.
     runs: Annotated[list[Run], operator.add]          # every trial run, in order
     rounds: Annotated[list[Round], merge_rounds]      # repair rounds: diagnosis, diff
