@@ -492,6 +492,13 @@ def cmd_rollback(args) -> int:
     recipe = Path(args.recipe)
     if not recipe.is_dir():
         raise errors.InputError(f"{args.recipe}: no such recipe directory")
+    from agent.recipe import folder_lock
+
+    with folder_lock.holding(recipe, "roll it back"):     # never while a run or baseline writes the recipe
+        return _rollback(args, recipe)
+
+
+def _rollback(args, recipe: Path) -> int:
     from agent.recipe.registry import unregister, was_registered
     from agent.recipe.targets import state_dir
 
@@ -530,6 +537,26 @@ def main(argv: list[str] | None = None) -> int:
             _print_json_error(code, _USAGE_ERRORS[-1])
         return code
     as_json = bool(getattr(args, "json", False))
+    args.typed = argv          # what the user typed: advice that repeats the command repeats it
+    install_signal_handlers()     # SIGTERM like Ctrl-C: the running tree is stopped, one line (run: --resume works)
+    # only `run` has --resume: the other commands' interrupt line names nothing to continue with
+    again = "; continue with --resume" if args.command == "run" else ""
+    try:
+        return _command(args, as_json)
+    except KeyboardInterrupt:
+        print(f"migrator: interrupted{again}", file=sys.stderr)
+        if as_json:
+            _print_json_error(errors.EXIT_INTERRUPTED, f"interrupted{again}", "interrupted")
+        return _exit_after_signal(errors.EXIT_INTERRUPTED)
+    except Terminated:
+        print(f"migrator: terminated (SIGTERM){again}", file=sys.stderr)
+        if as_json:
+            _print_json_error(errors.EXIT_TERMINATED, f"terminated (SIGTERM){again}", "terminated")
+        return _exit_after_signal(errors.EXIT_TERMINATED)
+
+
+def _command(args, as_json: bool) -> int:
+    """The command, from its first import of torch (a probe of torch_npu in a child, bounded) on."""
     try:
         import_torch()  # first torch import of the process: guarded against torch_npu without CANN
     except TorchImportError as exc:
@@ -542,21 +569,10 @@ def main(argv: list[str] | None = None) -> int:
             return _fail(str(exc), errors.EXIT_USAGE, as_json)
     handler = {"run": cmd_run, "demo": cmd_demo, "env": cmd_env, "classify": cmd_classify,
                "rollback": cmd_rollback, "baseline": cmd_baseline, "standin": cmd_standin}[args.command]
-    install_signal_handlers()     # SIGTERM like Ctrl-C: the running tree is stopped, one line, --resume works
     try:
         return handler(args)
     except MigratorError as exc:
         return _fail(str(exc), exc.exit_code, as_json)
-    except KeyboardInterrupt:
-        print("migrator: interrupted; continue with --resume", file=sys.stderr)
-        if as_json:
-            _print_json_error(errors.EXIT_INTERRUPTED, "interrupted; continue with --resume", "interrupted")
-        return _exit_after_signal(errors.EXIT_INTERRUPTED)
-    except Terminated:
-        print("migrator: terminated (SIGTERM); continue with --resume", file=sys.stderr)
-        if as_json:
-            _print_json_error(errors.EXIT_TERMINATED, "terminated (SIGTERM); continue with --resume", "terminated")
-        return _exit_after_signal(errors.EXIT_TERMINATED)
     except Exception as exc:  # noqa: BLE001 - a bug: one line here, the traceback in a file
         fault = errors.filesystem_fault(exc, _written_place(args))   # disk full, read-only, removed: not a bug
         if fault is not None:
@@ -610,7 +626,11 @@ def _internal_error(exc: Exception, as_json: bool = False) -> int:
     import tempfile
     import traceback
 
-    with tempfile.NamedTemporaryFile("w", prefix="migrator-crash-", suffix=".txt", delete=False) as f:
+    from agent.processes import OUTER_TMP_ENV
+
+    outer = os.environ.get(OUTER_TMP_ENV)       # in a tree's own temporary folder: the one outside it (kept)
+    with tempfile.NamedTemporaryFile("w", prefix="migrator-crash-", suffix=".txt", delete=False,
+                                     dir=outer if outer and os.path.isdir(outer) else None) as f:
         traceback.print_exc(file=f)
     line = (f"internal error: {type(exc).__name__}: {_one_line(str(exc))[:300]} (a bug; traceback "
             f"saved to {f.name}, please report it)")

@@ -109,7 +109,7 @@ def is_active(env=os.environ) -> bool:
 
 
 # ---- a real torch_npu ------------------------------------------------------------------------
-def probe_real_torch_npu(python: str | None = None, timeout: float = 120.0) -> dict:
+def probe_real_torch_npu(python: str | None = None, timeout: float | None = None) -> dict:
     """What a real torch_npu does here, tried in a subprocess without the stand-in.
 
     {"status": "absent" | "broken" | "no-device" | "working", "devices": int, "detail": str}.
@@ -117,6 +117,13 @@ def probe_real_torch_npu(python: str | None = None, timeout: float = 120.0) -> d
     shadows a working torch_npu. Skipped (absent) when this interpreter has no torch_npu at all."""
     if python is None and importlib.util.find_spec("torch_npu") is None:
         return {"status": "absent", "devices": 0, "detail": "torch_npu is not installed"}
+    from engine.backends.npu import import_blocks, import_timeout_s
+
+    if python is None:
+        blocked = import_blocks()      # this interpreter's torch_npu, bounded once per process
+        if blocked:
+            return {"status": "broken", "devices": 0, "detail": blocked}
+    timeout = import_timeout_s() if timeout is None else timeout
     code = ("import json, torch, torch_npu\n"
             "print(json.dumps({'devices': int(torch.npu.device_count()), 'version': torch_npu.__version__}))")
     env = {k: v for k, v in os.environ.items() if not k.startswith("NPU_STANDIN")}
