@@ -22,6 +22,7 @@ ENV_RECORD_DIR = "NPU_STANDIN_RECORD_DIR"  # where each process writes standin-<
 ENV_MASTER_ADDR = "NPU_STANDIN_MASTER_ADDR"
 ENV_MASTER_PORT = "NPU_STANDIN_MASTER_PORT"
 ENV_KEEP = "NPU_STANDIN_KEEP"              # folders the rm guard keeps (os.pathsep separated)
+ENV_OUTER_PATH = "NPU_STANDIN_OUTER_PATH"  # PATH as the command was given it, before the stand-in's entries
 
 # Folders upstream's launch scripts delete on an NPU host that the stand-in keeps: set_env.sh
 # removes the ATC compile cache (/root/atc_data/) on every launch.
@@ -79,6 +80,7 @@ def standin_env(device: str = "cpu", base: dict | None = None, record_dir: str |
     env[ENV_DEVICE] = device
     env[ENV_HOME] = str(package_dir())
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath_dir()), env.get("PYTHONPATH")]))
+    env.setdefault(ENV_OUTER_PATH, env.get("PATH") or "")    # the outermost stand-in's: the user's own PATH
     path_entries = [str(bin_dir()), os.path.dirname(os.path.abspath(sys.executable))]
     env["PATH"] = os.pathsep.join(dict.fromkeys(path_entries + (env.get("PATH") or "").split(os.pathsep)))
     # A real but broken torch_npu (no CANN) must not be auto-loaded by `import torch`.
@@ -92,6 +94,15 @@ def standin_env(device: str = "cpu", base: dict | None = None, record_dir: str |
     if record_dir is not None:
         env[ENV_RECORD_DIR] = str(record_dir)
     return env
+
+
+def launcher_path(env=None) -> str | None:
+    """The PATH the user's launcher environment has: inside a stand-in run the one the command was given
+    (its `python3`, not the stand-in's interpreter put first), else PATH."""
+    env = os.environ if env is None else env
+    if is_active(env) and ENV_OUTER_PATH in env:
+        return env[ENV_OUTER_PATH]
+    return env.get("PATH")
 
 
 def _loopback_name() -> str:
