@@ -520,6 +520,12 @@ def _rollback(args, recipe: Path) -> int:
     for change in changes:
         print(change)
     print(f"rolled back {recipe} to before repair round {round_no} ({len(changes)} file(s) changed)")
+    if was_registered(state_dir(recipe)):
+        # what the migration changed outside the recipe goes too, after repair rounds as without them
+        registry = unregister(state_dir(recipe))
+        if registry is not None:
+            print(f"removed {recipe.resolve().name} from {registry} (its other bytes kept); "
+                  f"the recipe folder {recipe} is left for you to delete")
     return 0
 
 
