@@ -252,6 +252,31 @@ def check_output_dir(output_dir: str) -> None:
         raise errors.InputError(f"--output-dir {output_dir}: not writable")
 
 
+def check_npu_for_checkout(args) -> None:
+    """A migration into a cann-recipes-infer checkout (--target framework or legacy) runs upstream's
+    executor, which imports torch_npu: on a host without a usable NPU it ends here with exit 4, before
+    anything is written or downloaded, naming the stand-in run that validates it. Under the stand-in
+    (`migrator standin -- migrator run ...`) the run goes on."""
+    from agent.recipe.npu_scan import npu_usable
+    from agent.recipe.targets import TARGETS
+    from npu_standin.environment import is_active
+
+    kind = choose_target(args.recipe_target, Path(args.output_dir))     # a bad --target is exit 2 first
+    if not TARGETS[kind].inside_checkout or is_active() or npu_usable():
+        return
+    import shlex
+
+    from engine.environment import probe_torch_npu
+
+    status = probe_torch_npu()["status"]
+    why = status if status != "ok" else "torch_npu sees no NPU"
+    again = shlex.join(["migrator", "standin", "--", "migrator", *getattr(args, "typed", ["run", args.target])])
+    raise errors.EnvironmentProblem(
+        f"a {kind} recipe in {Path(args.output_dir).expanduser().resolve()} runs on upstream's executor, which needs "
+        f"an Ascend NPU (torch_npu), and this host has none ({why}); nothing was written. Off an NPU, validate "
+        f"the migration under the npu stand-in: `{again}`")
+
+
 def check_device_here(device: str) -> None:
     """`--device npu` (or npu:N) on a host without a usable NPU: one line saying so, before any
     check of the target (whose NPU kernels would otherwise be the message) and before any write."""
@@ -297,6 +322,8 @@ def cmd_run(args) -> int:
         from agent.migrate.transformers_source import open_source
 
         open_source(args.transformers_source)       # a bad source is exit 10 before the workflow starts
+    if not args.resume and not _is_recipe_folder(args.target):
+        check_npu_for_checkout(args)     # bad input first (above), then the host: exit 4 before the workflow writes
     state = {"target": args.target, "output_dir": args.output_dir, "name": args.name, "device": args.device,
              "dtype": args.dtype, "weights": args.weights, "trust_remote_code": args.trust_remote_code,
              "max_rounds": args.max_rounds, "allow_install": args.allow_install, "timeout_s": args.timeout, "max_new_tokens": args.max_new_tokens,
