@@ -6,6 +6,7 @@ folder of the test's own, so what a command leaves there is seen."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -160,10 +161,11 @@ def test_two_migrations_into_one_recipe_folder_the_second_is_refused(tiny_checkp
     if second == "other_checkpoint_same_name":
         second_args = ["run", str(tiny_checkpoints("qwen2")), "--name", "m", "--output-dir", str(out),
                        "--device", "cpu", "--max-new-tokens", "4"]
-    else:   # the same folder named through a symlinked output dir, other options: another run key
+    else:   # the same folder named through a symlinked output dir, a copy of the source: another run key
         out.mkdir()
         (tmp_path / "link").symlink_to(out, target_is_directory=True)
-        second_args = ["run", str(tiny_checkpoints("llama")), "--name", "m", "--output-dir", str(tmp_path / "link"),
+        shutil.copytree(tiny_checkpoints("llama"), tmp_path / "copy of llama")
+        second_args = ["run", str(tmp_path / "copy of llama"), "--name", "m", "--output-dir", str(tmp_path / "link"),
                        "--device", "cpu", "--max-new-tokens", "6", "--max-rounds", "1"]
     tag = uuid.uuid4().hex
     first = _start(first_args, tag, {})
