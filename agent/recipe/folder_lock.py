@@ -22,8 +22,17 @@ from agent import errors
 _HELD: dict[str, list] = {}       # resolved folder -> [fd, depth]
 
 
-def lock_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "infer-migrator" / "locks"
+def lock_dirs() -> list[Path]:
+    """Where locks live: the user's cache, else (a read-only home) a folder of the user's in the temporary
+    folder outside every process tree's own (agent.processes), so nested commands meet the same locks."""
+    import tempfile
+
+    from agent.processes import OUTER_TMP_ENV
+
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    outer = os.environ.get(OUTER_TMP_ENV) or tempfile.gettempdir()
+    return [Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "infer-migrator" / "locks",
+            Path(outer) / f"infer-migrator-locks-{uid}"]
 
 
 def _key(folder: Path) -> str:
@@ -37,15 +46,19 @@ def hold(folder: Path, what: str) -> None:
     if key in _HELD:
         _HELD[key][1] += 1
         return
-    root = lock_dir()
-    try:
-        root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        path = root / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".lock")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0),
-                     0o600)
-    except OSError as exc:
-        raise errors.EnvironmentProblem(f"{root}: the lock of {key} cannot be made ({exc.strerror or exc}); "
-                                        "set XDG_CACHE_HOME to a writable folder") from None
+    fd, problem = None, None
+    for root in lock_dirs():
+        try:
+            root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            path = root / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".lock")
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0),
+                         0o600)
+            break
+        except OSError as exc:
+            problem = problem or f"{root}: {exc.strerror or exc}"
+    if fd is None:
+        raise errors.EnvironmentProblem(f"the lock of {key} cannot be made ({problem}); set XDG_CACHE_HOME to a "
+                                        "writable folder")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
