@@ -216,3 +216,20 @@ def test_rollback_after_repair_rounds_takes_the_registry_line_out(tmp_path, migr
     assert yaml.read_bytes() == restored
     assert "removed tiny_llama from" in proc.stdout, proc.stdout
     assert (checkout / REGISTRY).read_bytes() == migrated["registry_before"]
+
+
+@pytest.mark.slow
+def test_the_checkout_advice_works_when_followed(tmp_path, tiny_checkpoints):
+    """The exit-4 line's `migrator standin -- migrator run …`, run as printed, migrates into the checkout."""
+    from npu_standin import upstream
+
+    checkout = copy_checkout(tmp_path)
+    checkpoint = upstream.tiny_checkpoint("llama", tmp_path / "ckpt")
+    args = ["run", str(checkpoint), "--output-dir", str(checkout / "models"), "--name", "adv", "--max-new-tokens", "4",
+            "--transformers-source", "installed", "--max-rounds", "0"]
+    refused = run_cli(*args, cwd=tmp_path)
+    assert refused.returncode == 4, refused.stderr[-2000:]
+    command = shlex.split(re.search(r"`(migrator standin -- migrator run [^`]+)`", refused.stderr).group(1))
+    followed = run_cli(*command[1:], cwd=tmp_path, timeout=1500)
+    assert followed.returncode == 0, followed.stderr[-3000:]
+    assert (checkout / "models" / "adv" / "agentic" / "baseline" / "baseline_metadata.json").is_file()
