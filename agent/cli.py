@@ -272,6 +272,31 @@ def check_output_dir(output_dir: str) -> None:
         raise errors.InputError(f"--output-dir {output_dir}: not writable")
 
 
+def check_npu_for_checkout(args) -> None:
+    """A migration into a cann-recipes-infer checkout (--target framework or legacy) runs upstream's
+    executor, which imports torch_npu: on a host without a usable NPU it ends here with exit 4, before
+    anything is written or downloaded, naming the stand-in run that validates it. Under the stand-in
+    (`migrator standin -- migrator run ...`) the run goes on."""
+    from agent.recipe.npu_scan import npu_usable
+    from agent.recipe.targets import TARGETS
+    from npu_standin.environment import is_active
+
+    kind = choose_target(args.recipe_target, Path(args.output_dir))     # a bad --target is exit 2 first
+    if not TARGETS[kind].inside_checkout or is_active() or npu_usable():
+        return
+    import shlex
+
+    from engine.environment import probe_torch_npu
+
+    status = probe_torch_npu()["status"]
+    why = status if status != "ok" else "torch_npu sees no NPU"
+    again = shlex.join(["migrator", "standin", "--", "migrator", *getattr(args, "typed", ["run", args.target])])
+    raise errors.EnvironmentProblem(
+        f"a {kind} recipe in {Path(args.output_dir).expanduser().resolve()} runs on upstream's executor, which needs "
+        f"an Ascend NPU (torch_npu), and this host has none ({why}); nothing was written. Off an NPU, validate "
+        f"the migration under the npu stand-in: `{again}`")
+
+
 def check_device_here(device: str) -> None:
     """`--device npu` (or npu:N) on a host without a usable NPU: one line saying so, before any
     check of the target (whose NPU kernels would otherwise be the message) and before any write."""
@@ -317,6 +342,8 @@ def cmd_run(args) -> int:
         from agent.migrate.transformers_source import open_source
 
         open_source(args.transformers_source)       # a bad source is exit 10 before the workflow starts
+    if not args.resume and not _is_recipe_folder(args.target):
+        check_npu_for_checkout(args)     # bad input first (above), then the host: exit 4 before the workflow writes
     state = {"target": args.target, "output_dir": args.output_dir, "name": args.name, "device": args.device,
              "dtype": args.dtype, "weights": args.weights, "trust_remote_code": args.trust_remote_code,
              "max_rounds": args.max_rounds, "allow_install": args.allow_install, "timeout_s": args.timeout, "max_new_tokens": args.max_new_tokens,
@@ -512,6 +539,13 @@ def cmd_rollback(args) -> int:
     recipe = Path(args.recipe)
     if not recipe.is_dir():
         raise errors.InputError(f"{args.recipe}: no such recipe directory")
+    from agent.recipe import folder_lock
+
+    with folder_lock.holding(recipe, "roll it back"):     # never while a run or baseline writes the recipe
+        return _rollback(args, recipe)
+
+
+def _rollback(args, recipe: Path) -> int:
     from agent.recipe.registry import unregister, was_registered
     from agent.recipe.targets import state_dir
 
@@ -536,6 +570,12 @@ def cmd_rollback(args) -> int:
     for change in changes:
         print(change)
     print(f"rolled back {recipe} to before repair round {round_no} ({len(changes)} file(s) changed)")
+    if was_registered(state_dir(recipe)):
+        # what the migration changed outside the recipe goes too, after repair rounds as without them
+        registry = unregister(state_dir(recipe))
+        if registry is not None:
+            print(f"removed {recipe.resolve().name} from {registry} (its other bytes kept); "
+                  f"the recipe folder {recipe} is left for you to delete")
     return 0
 
 
@@ -553,6 +593,26 @@ def main(argv: list[str] | None = None) -> int:
             _print_json_error(code, _USAGE_ERRORS[-1])
         return code
     as_json = bool(getattr(args, "json", False))
+    args.typed = argv          # what the user typed: advice that repeats the command repeats it
+    install_signal_handlers()     # SIGTERM like Ctrl-C: the running tree is stopped, one line (run: --resume works)
+    # only `run` has --resume: the other commands' interrupt line names nothing to continue with
+    again = "; continue with --resume" if args.command == "run" else ""
+    try:
+        return _command(args, as_json)
+    except KeyboardInterrupt:
+        print(f"migrator: interrupted{again}", file=sys.stderr)
+        if as_json:
+            _print_json_error(errors.EXIT_INTERRUPTED, f"interrupted{again}", "interrupted")
+        return _exit_after_signal(errors.EXIT_INTERRUPTED)
+    except Terminated:
+        print(f"migrator: terminated (SIGTERM){again}", file=sys.stderr)
+        if as_json:
+            _print_json_error(errors.EXIT_TERMINATED, f"terminated (SIGTERM){again}", "terminated")
+        return _exit_after_signal(errors.EXIT_TERMINATED)
+
+
+def _command(args, as_json: bool) -> int:
+    """The command, from its first import of torch (a probe of torch_npu in a child, bounded) on."""
     try:
         import_torch()  # first torch import of the process: guarded against torch_npu without CANN
     except TorchImportError as exc:
@@ -565,23 +625,12 @@ def main(argv: list[str] | None = None) -> int:
             return _fail(str(exc), errors.EXIT_USAGE, as_json)
     handler = {"run": cmd_run, "demo": cmd_demo, "env": cmd_env, "classify": cmd_classify,
                "rollback": cmd_rollback, "baseline": cmd_baseline, "standin": cmd_standin}[args.command]
-    install_signal_handlers()     # SIGTERM like Ctrl-C: the running tree is stopped, one line, --resume works
     try:
         return handler(args)
     except MigratorError as exc:
         return _fail(str(exc), exc.exit_code, as_json)
     except LoadError as exc:      # a YAML / JSON file we were given, refused by engine.safe_load: file and line
         return _fail(str(exc), errors.EXIT_USAGE, as_json)
-    except KeyboardInterrupt:
-        print("migrator: interrupted; continue with --resume", file=sys.stderr)
-        if as_json:
-            _print_json_error(errors.EXIT_INTERRUPTED, "interrupted; continue with --resume", "interrupted")
-        return _exit_after_signal(errors.EXIT_INTERRUPTED)
-    except Terminated:
-        print("migrator: terminated (SIGTERM); continue with --resume", file=sys.stderr)
-        if as_json:
-            _print_json_error(errors.EXIT_TERMINATED, "terminated (SIGTERM); continue with --resume", "terminated")
-        return _exit_after_signal(errors.EXIT_TERMINATED)
     except Exception as exc:  # noqa: BLE001 - a bug: one line here, the traceback in a file
         fault = errors.filesystem_fault(exc, _written_place(args))   # disk full, read-only, removed: not a bug
         if fault is not None:
@@ -635,7 +684,11 @@ def _internal_error(exc: Exception, as_json: bool = False) -> int:
     import tempfile
     import traceback
 
-    with tempfile.NamedTemporaryFile("w", prefix="migrator-crash-", suffix=".txt", delete=False) as f:
+    from agent.processes import OUTER_TMP_ENV
+
+    outer = os.environ.get(OUTER_TMP_ENV)       # in a tree's own temporary folder: the one outside it (kept)
+    with tempfile.NamedTemporaryFile("w", prefix="migrator-crash-", suffix=".txt", delete=False,
+                                     dir=outer if outer and os.path.isdir(outer) else None) as f:
         traceback.print_exc(file=f)
     line = (f"internal error: {type(exc).__name__}: {_one_line(str(exc))[:300]} (a bug; traceback "
             f"saved to {f.name}, please report it)")

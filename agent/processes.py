@@ -9,6 +9,9 @@ run as one process tree it owns (psutil).
   bash is still its descendant.
 - While it runs, the tree is sampled: the peak of the summed RSS of all its processes is recorded
   beside the run's time (`peak_rss_bytes`).
+- The tree gets a temporary folder of its own (TMPDIR, TMP, TEMP), removed when the tree ends however it
+  ends (a stopped parity check leaves no `parity_*` copy of the checkpoint's config and tokenizer, a
+  stopped stand-in run no `npu-standin-*`); torch's compile cache keeps its usual place.
 - The tree's pids are written to a file while it runs: a migrator killed with SIGKILL cannot stop
   its tree, so the next run of the same recipe stops what is left (`stop_leftovers`).
 """
@@ -17,9 +20,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -30,6 +35,7 @@ from engine.safe_load import load_json
 
 GRACE_S = 5.0          # SIGTERM -> SIGKILL
 SAMPLE_S = 0.2
+OUTER_TMP_ENV = "MIGRATOR_OUTER_TMPDIR"   # the temporary folder outside every tree's own
 
 
 class Terminated(BaseException):
@@ -115,12 +121,39 @@ def _reap() -> None:
 
 
 def run_tree(command: list[str], *, cwd: Path, env: dict, stdout, timeout: float | None,
-             pids_file: Path | None = None, stderr=subprocess.STDOUT) -> TreeResult:
+             pids_file: Path | None = None, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL) -> TreeResult:
     """Run `command` as a process tree (see the module docs). On a timeout the tree is stopped and
     returncode is None; on KeyboardInterrupt / Terminated the tree is stopped and the exception goes on."""
     become_subreaper()
+    private_tmp = Path(tempfile.mkdtemp(prefix="migrator-tree-"))
+    try:
+        return _run_tree(command, cwd, _with_private_tmp(env, private_tmp), stdout, timeout, pids_file, stderr,
+                         stdin)
+    finally:
+        shutil.rmtree(private_tmp, ignore_errors=True)
+
+
+def _with_private_tmp(env: dict, folder: Path) -> dict:
+    """The tree's environment with its temporary folder; torch inductor's cache stays where it is by
+    default (a folder under the real temporary folder), so compiled graphs are reused across runs."""
+    env = dict(os.environ if env is None else env)
+    if "TORCHINDUCTOR_CACHE_DIR" not in env:
+        import getpass
+
+        try:
+            user = getpass.getuser()
+        except (KeyError, OSError):
+            user = str(os.getuid())
+        env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), f"torchinductor_{user}")
+    env.setdefault(OUTER_TMP_ENV, tempfile.gettempdir())     # where a child migrator's crash report goes
+    for name in ("TMPDIR", "TMP", "TEMP"):
+        env[name] = str(folder)
+    return env
+
+
+def _run_tree(command, cwd, env, stdout, timeout, pids_file, stderr, stdin) -> TreeResult:
     start = time.perf_counter()
-    proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+    proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=stdin, stdout=stdout, stderr=stderr,
                             start_new_session=True)
     root = psutil.Process(proc.pid)
     pgid = proc.pid

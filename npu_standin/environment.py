@@ -23,6 +23,7 @@ ENV_RECORD_DIR = "NPU_STANDIN_RECORD_DIR"  # where each process writes standin-<
 ENV_MASTER_ADDR = "NPU_STANDIN_MASTER_ADDR"
 ENV_MASTER_PORT = "NPU_STANDIN_MASTER_PORT"
 ENV_KEEP = "NPU_STANDIN_KEEP"              # folders the rm guard keeps (os.pathsep separated)
+ENV_OUTER_PATH = "NPU_STANDIN_OUTER_PATH"  # PATH as the command was given it, before the stand-in's entries
 
 # Folders upstream's launch scripts delete on an NPU host that the stand-in keeps: set_env.sh
 # removes the ATC compile cache (/root/atc_data/) on every launch.
@@ -80,6 +81,7 @@ def standin_env(device: str = "cpu", base: dict | None = None, record_dir: str |
     env[ENV_DEVICE] = device
     env[ENV_HOME] = str(package_dir())
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath_dir()), env.get("PYTHONPATH")]))
+    env.setdefault(ENV_OUTER_PATH, env.get("PATH") or "")    # the outermost stand-in's: the user's own PATH
     path_entries = [str(bin_dir()), os.path.dirname(os.path.abspath(sys.executable))]
     env["PATH"] = os.pathsep.join(dict.fromkeys(path_entries + (env.get("PATH") or "").split(os.pathsep)))
     # A real but broken torch_npu (no CANN) must not be auto-loaded by `import torch`.
@@ -93,6 +95,15 @@ def standin_env(device: str = "cpu", base: dict | None = None, record_dir: str |
     if record_dir is not None:
         env[ENV_RECORD_DIR] = str(record_dir)
     return env
+
+
+def launcher_path(env=None) -> str | None:
+    """The PATH the user's launcher environment has: inside a stand-in run the one the command was given
+    (its `python3`, not the stand-in's interpreter put first), else PATH."""
+    env = os.environ if env is None else env
+    if is_active(env) and ENV_OUTER_PATH in env:
+        return env[ENV_OUTER_PATH]
+    return env.get("PATH")
 
 
 def _loopback_name() -> str:
@@ -110,7 +121,7 @@ def is_active(env=os.environ) -> bool:
 
 
 # ---- a real torch_npu ------------------------------------------------------------------------
-def probe_real_torch_npu(python: str | None = None, timeout: float = 120.0) -> dict:
+def probe_real_torch_npu(python: str | None = None, timeout: float | None = None) -> dict:
     """What a real torch_npu does here, tried in a subprocess without the stand-in.
 
     {"status": "absent" | "broken" | "no-device" | "working", "devices": int, "detail": str}.
@@ -118,6 +129,13 @@ def probe_real_torch_npu(python: str | None = None, timeout: float = 120.0) -> d
     shadows a working torch_npu. Skipped (absent) when this interpreter has no torch_npu at all."""
     if python is None and importlib.util.find_spec("torch_npu") is None:
         return {"status": "absent", "devices": 0, "detail": "torch_npu is not installed"}
+    from engine.backends.npu import import_blocks, import_timeout_s
+
+    if python is None:
+        blocked = import_blocks()      # this interpreter's torch_npu, bounded once per process
+        if blocked:
+            return {"status": "broken", "devices": 0, "detail": blocked}
+    timeout = import_timeout_s() if timeout is None else timeout
     code = ("import json, torch, torch_npu\n"
             "print(json.dumps({'devices': int(torch.npu.device_count()), 'version': torch_npu.__version__}))")
     env = {k: v for k, v in os.environ.items() if not k.startswith("NPU_STANDIN")}

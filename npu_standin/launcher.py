@@ -1,7 +1,8 @@
 """Run a command under the stand-in and read back what its processes did.
 
 `run()` refuses where a real torch_npu works (the stand-in never shadows an NPU), builds the
-environment (`standin_env`), runs the command in this terminal's process group (Ctrl-C reaches it),
+environment (`standin_env`), runs the command as a process tree of its own (agent.processes.run_tree: Ctrl-C
+or SIGTERM to the migrator stops the whole tree),
 then merges the per-process records of the run into `standin_usage.json` in the record folder.
 """
 
@@ -10,10 +11,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,6 +66,16 @@ def run(command: list[str], device: str = "cpu", record_dir: str | os.PathLike |
         check_can_run(device)
     keep = record_dir is not None
     folder = Path(record_dir) if keep else Path(tempfile.mkdtemp(prefix="npu-standin-"))
+    try:      # a temporary record folder never outlives the run: removed on an error, Ctrl-C, SIGTERM too
+        return _run_in(folder, keep, command, device, cwd, env, timeout, compile_mode, stdout, stderr)
+    finally:
+        if not keep:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _run_in(folder: Path, keep: bool, command, device, cwd, env, timeout, compile_mode, stdout, stderr) -> StandinRun:
+    from agent.processes import run_tree     # the one way the tool starts a process tree
+
     folder.mkdir(parents=True, exist_ok=True)
     for stale in list(folder.glob("standin-*.json")) + [folder / GUARDS_FILE, folder / USAGE_FILE]:
         if stale.is_file():
@@ -77,18 +86,12 @@ def run(command: list[str], device: str = "cpu", record_dir: str | os.PathLike |
     executable = shutil.which(command[0], path=run_env["PATH"]) if os.sep not in command[0] else command[0]
     if executable is None or not os.path.exists(executable):
         raise FileNotFoundError(f"{command[0]}: command not found")
-    start = time.perf_counter()
-    proc = subprocess.Popen([executable, *command[1:]], cwd=cwd, env=run_env, stdout=stdout, stderr=stderr)
-    try:
-        returncode = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        returncode = 124
-    except KeyboardInterrupt:
-        proc.wait()
-        raise
-    elapsed = time.perf_counter() - start
+    # The command is a process tree of its own session: on a timeout, Ctrl-C (which reaches the
+    # migrator) or SIGTERM the whole tree is stopped (agent.processes), never left running.
+    tree = run_tree([executable, *command[1:]], cwd=Path(cwd) if cwd else None, env=run_env, stdout=stdout,
+                    stderr=stderr, stdin=None, timeout=timeout)
+    returncode = 124 if tree.timed_out else tree.returncode
+    elapsed = tree.seconds
     usage = _record.read_op_usage(folder)
     guards = []
     if (folder / GUARDS_FILE).is_file():
@@ -97,8 +100,6 @@ def run(command: list[str], device: str = "cpu", record_dir: str | os.PathLike |
     if usage is not None:
         usage["guards"] = guards
         (folder / USAGE_FILE).write_text(json.dumps(usage, indent=1) + "\n")
-    if not keep:
-        shutil.rmtree(folder, ignore_errors=True)
     return StandinRun(returncode, usage, folder, elapsed, guards)
 
 

@@ -287,7 +287,9 @@ def reference_python(version: str, given: str | None) -> str:
                                      "cannot import transformers") + f", the recipe pins {version}; give an "
                                      f"interpreter with transformers=={version} (the checkout's launcher environment)")
         return python
-    python3 = shutil.which("python3")
+    from npu_standin.environment import launcher_path
+
+    python3 = shutil.which("python3", path=launcher_path())     # under the stand-in too: the user's python3
     if python3 and python_version_of(python3) == version:
         return python3
     raise EnvironmentProblem(

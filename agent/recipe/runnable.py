@@ -5,6 +5,8 @@ validate it."""
 
 from __future__ import annotations
 
+import shlex
+
 from agent.errors import EnvironmentProblem, InputError
 from agent.recipe import compiled_ops, npu_scan
 from agent.recipe.model_type import recipe_model_type
@@ -23,6 +25,9 @@ def ensure_runnable_here(recipe: Recipe) -> None:
             hint = (f"; off an NPU, `migrator run {recipe.path} --standin{' --tiny' if _tiny_possible(recipe) else ''}` "
                     "can validate it (the npu stand-in, torch_npu kernels as reference implementations"
                     f"{'' if _tiny_possible(recipe) else '; with local weights: no config class of it names an architecture for --tiny'})")
+        elif recipe.kind == "standalone":      # its own infer.sh, from any working directory
+            hint = (f"; off an NPU, `migrator standin -- bash {shlex.quote(str(recipe.path / 'infer.sh'))}` runs it "
+                    "under the npu stand-in (torch_npu kernels as reference implementations)")
         raise EnvironmentProblem(scan.message() + hint)
 
 

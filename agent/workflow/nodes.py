@@ -15,6 +15,7 @@ from agent.migrate.acquire import acquire
 from agent.migrate import transformers_source
 from agent.migrate.checkpoint_check import check_checkpoint, check_output_outside
 from agent.migrate.vendor import locate_source, read_config, vendor_source
+from agent.recipe import folder_lock
 from agent.recipe.runnable import ensure_runnable_here
 from agent.recipe.recipe import Recipe, RunPlan
 from agent.recipe.registry import register, registered_names
@@ -81,6 +82,7 @@ def node_acquire(state: MigrationState) -> dict:
     output_dir = Path(state.get("output_dir") or "models").resolve()
     check_output_outside(Path(got.model_dir), output_dir, str(state.get("output_dir")))
     recipe_dir = output_dir / name
+    folder_lock.hold(recipe_dir, "run it")    # another migration into this folder, of any source: refused (exit 75)
     if recipe_dir.exists() and any(recipe_dir.iterdir()):
         raise InputError(f"{recipe_dir} already exists; run `migrator run {recipe_dir}` to repair or "
                          "re-baseline it, or choose another --name / --output-dir")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from agent import errors
 from agent.progress import step
+from agent.recipe import folder_lock
 from agent.recipe.backup import atomic_write, real_dirs, start_backup_run
 from agent.recipe.recipe import Recipe
 from agent.recipe.targets import checkout_root, state_parts
@@ -185,6 +186,13 @@ def run_migration(state: dict, resume: bool = False, *, stop_after: str | None =
     output_dir = Path(state.get("output_dir") or "models").resolve()
     key = thread_key(state)
     home = checkpoint_home(state)
+    with folder_lock.released_at_end():    # the recipe folder's lock (agent.recipe.folder_lock), whoever takes it
+        if home != output_dir:             # a recipe, repaired or measured in place: its folder, before any write
+            folder_lock.hold(home, "run it")
+        return _run_with_store(state, resume, stop_after, key, home, output_dir)
+
+
+def _run_with_store(state, resume, stop_after, key, home, output_dir) -> dict:
     home.mkdir(parents=True, exist_ok=True)
     store = store_dir(home, output_dir)
     threads_file = store / "threads.json"
@@ -231,6 +239,8 @@ def _run_locked(state, resume, stop_after, key, home, output_dir, threads_file, 
             config = {"configurable": {"thread_id": threads[key]}, "recursion_limit": RECURSION_LIMIT}
             snapshot = app.get_state(config)
             _check_resumed_state(snapshot.values or {}, db)
+            if (snapshot.values or {}).get("recipe_dir") and snapshot.next:
+                folder_lock.hold(Path(snapshot.values["recipe_dir"]), "resume it")   # the folder it goes on writing
             if snapshot.next:
                 print(f"[migrator] resuming at {', '.join(snapshot.next)}", file=sys.stderr)
                 return summarise(invoke(None, config))

@@ -42,6 +42,13 @@ AUTOLOAD_ENV = "TORCH_DEVICE_BACKEND_AUTOLOAD"
 STATUS_NOT_INSTALLED = "torch_npu not installed"
 STATUS_NO_CANN = "torch_npu present, CANN runtime not found"
 STATUS_IMPORT_FAILED = "torch_npu import failed"  # followed by ": <short reason>"
+STATUS_TIMED_OUT = "torch_npu import timed out"  # followed by " after N s (...)"
+
+# An `import torch_npu` (and the CANN it loads) can block: a hung driver, a device held by another
+# process. It is tried first in a child process, bounded by this many seconds (env override).
+IMPORT_TIMEOUT_ENV = "MIGRATOR_IMPORT_TIMEOUT_S"
+DEFAULT_IMPORT_TIMEOUT_S = 90.0
+_PROBED_ENV = "MIGRATOR_TORCH_NPU_IMPORTS"   # set after a child import worked: this interpreter's children skip it
 STATUS_OK = "ok"
 
 DEFAULT_TOOLKIT_HOMES = (
@@ -299,6 +306,13 @@ def import_torch():
     if _TORCH_IMPORT_ERROR is not None:  # a failed `import torch` cannot be retried
         raise TorchImportError(short_error(_TORCH_IMPORT_ERROR)) from _TORCH_IMPORT_ERROR
     guard = AUTOLOAD_ENV not in os.environ and torch_npu_installed()
+    if not guard and os.environ.get(AUTOLOAD_ENV, "1") != "0" and torch_npu_installed():
+        # the user's autoload would import torch_npu inside `import torch`: bounded in a child first
+        blocked = import_blocks()
+        if blocked:
+            _TORCH_IMPORT_ERROR = TimeoutError(blocked)
+            raise TorchImportError(f"{blocked}; torch's backend autoload ({AUTOLOAD_ENV}="
+                                   f"{os.environ.get(AUTOLOAD_ENV)}) imports it")
     if guard:
         os.environ[AUTOLOAD_ENV] = "0"
     try:
@@ -312,6 +326,56 @@ def import_torch():
     if guard and not _PROBING:
         probe_torch_npu()   # a torch_npu that cannot load is blocked before transformers tries it
     return torch
+
+
+def import_timeout_s(environ=None) -> float:
+    """Seconds an import that may block (torch_npu, CANN) is given in a child: MIGRATOR_IMPORT_TIMEOUT_S, a
+    positive number (default 90); anything else is the default."""
+    raw = (os.environ if environ is None else environ).get(IMPORT_TIMEOUT_ENV, "")
+    try:
+        value = float(raw)
+    except ValueError:
+        return DEFAULT_IMPORT_TIMEOUT_S
+    return value if 0 < value < 1e6 else DEFAULT_IMPORT_TIMEOUT_S
+
+
+_CHILD_PROBE: str | None = None     # "" (imports) or the line saying it blocked, once per process
+
+
+def import_blocks() -> str | None:
+    """`import torch, torch_npu` tried in a child process (its own session) bounded by import_timeout_s():
+    None when it finished (worked or failed: the in-process import then says how), else one line saying
+    it timed out. A Ctrl-C or SIGTERM meanwhile stops the child too. Inside the npu stand-in (whose
+    torch_npu is its own) and in a child of a process whose probe finished, nothing is tried."""
+    global _CHILD_PROBE
+    if _CHILD_PROBE is not None:
+        return _CHILD_PROBE or None
+    if os.environ.get("NPU_STANDIN") in ("cpu", "cuda") or os.environ.get(_PROBED_ENV) == sys.executable:
+        _CHILD_PROBE = ""
+        return None
+    import signal
+
+    timeout = import_timeout_s()
+    env = {k: v for k, v in os.environ.items() if k != _PROBED_ENV}
+    proc = subprocess.Popen([sys.executable, "-c", "import torch, torch_npu"], env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _CHILD_PROBE = (f"{STATUS_TIMED_OUT} after {timeout:g} s (a blocked driver or device? "
+                        f"{IMPORT_TIMEOUT_ENV} sets the bound)")
+        return _CHILD_PROBE
+    finally:
+        if proc.poll() is None:        # timed out, or Ctrl-C / SIGTERM while waiting: the child's group goes
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            proc.wait()
+    _CHILD_PROBE = ""
+    if proc.returncode == 0:
+        os.environ[_PROBED_ENV] = sys.executable
+    return None
 
 
 def _is_missing_cann(exc: BaseException) -> bool:
@@ -343,7 +407,11 @@ def probe_torch_npu(refresh: bool = False) -> dict:
     installed = version is not None or torch_npu_installed()
     result = {"installed": installed, "importable": False, "version": version,
               "status": STATUS_NOT_INSTALLED, "error": None}
-    if installed:
+    blocked = import_blocks() if installed and "torch_npu" not in sys.modules else None
+    if blocked:        # never imported here: it would hang this process
+        result.update(status=blocked, error=blocked)
+        _block_torch_npu()
+    elif installed:
         if "torch_npu" in sys.modules and sys.modules["torch_npu"] is None:
             del sys.modules["torch_npu"]     # refresh: try the real import again
         global _PROBING

@@ -17,6 +17,7 @@ ORDER = (
     "out_of_memory",
     # A YAML that does not parse breaks the matchers of later rules, which read it.
     "recipe_yaml_syntax_error",
+    "another_launch_running",
     # The recipe's own files and layout: what is missing or shadowed decides what else can be read.
     "models_init_shadows_package",
     "infer_sh_no_pythonpath",

@@ -191,7 +191,49 @@ def _report_rank0(failure: Failure, facts: dict, ctx: RepairContext) -> str:
             "judge the run by its processes and the other ranks' 'model run success' (nothing changed)")
 
 
+# ---- upstream's launch guard: another infer.py / server.py runs on the host --------------------
+# executor/scripts/function.sh check_launch: `pgrep -f "python.*[ /](infer|server)\.py"` finds one and
+# the launch exits 1 with this line, before any rank starts (two jobs would share the NPUs).
+_LAUNCH_GUARD = re.compile(r"A Python process executing infer\.py or server\.py was detected to be running, "
+                           r"and the script was interrupted and exited\.?")
+_GUARD_PATTERN = re.compile(r"python.*[ /](infer|server)\.py")
+
+
+def _other_launches() -> list[str]:
+    """`pid N: COMMAND` of each live process the guard's pattern finds (the failed run's own tree has ended)."""
+    import os
+
+    import psutil
+
+    mine = {os.getpid()}
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            line = " ".join(proc.info["cmdline"] or [])
+        except psutil.Error:
+            continue
+        if proc.info["pid"] not in mine and _GUARD_PATTERN.search(line):
+            found.append(f"pid {proc.info['pid']}: {' '.join(line.split())[:240]}")
+    return found
+
+
+def _launch_guard_facts(failure: Failure, found: re.Match) -> dict:
+    return {"others": _other_launches(), "message": found.group(0)}
+
+
+def _report_launch_guard(failure: Failure, facts: dict, ctx: RepairContext) -> str:
+    others = facts["others"]
+    who = ("; ".join(others[:3]) + (f" (and {len(others) - 3} more)" if len(others) > 3 else "")) if others else \
+        "it has ended since (run `pgrep -af \"python.*[ /](infer|server)\\.py\"` to see one that is back)"
+    return (f"upstream's launch guard (check_launch, executor/scripts/function.sh) refused to start: another "
+            f"`python … infer.py|server.py` runs on this host, {who}; wait for it to end or stop it, then run "
+            "again (nothing changed)")
+
+
 RULES = [
+    Rule("another_launch_running", _LAUNCH_GUARD,
+         "upstream's launch guard (check_launch) found another python infer.py / server.py on the host",
+         _report_launch_guard, facts=_launch_guard_facts, where=("output",), kind=Kind.REPORT),
     Rule("checkout_not_on_pythonpath", _CHECKOUT_MODULE_MISSING,
          "the recipe's infer.sh does not put the checkout on PYTHONPATH: its shared modules are not found",
          _fix_pythonpath, facts=_pythonpath_facts, where=("output",), kind=Kind.INFER_SH),
