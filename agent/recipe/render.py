@@ -20,8 +20,9 @@ import yaml
 
 from agent.errors import InputError, VendorError
 from agent.paths import templates_dir
+from agent.recipe.requirements import recipe_requirements
 from agent.recipe.routing import Family
-from agent.recipe.targets import TARGETS, Target
+from agent.recipe.targets import TARGETS, Target, checkout_root
 from engine.safe_load import loads_yaml
 
 MODEL_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -177,6 +178,9 @@ def render_recipe(recipe_dir: Path, context: dict, family: Family, target: Targe
     """Write every generated file; returns the paths written. Deterministic for equal context."""
     env = environment()
     ctx = template_context(context, family, target)   # validates before anything is written
+    if target.inside_checkout:      # requirements.txt: the checkout's pinned stack (agent.recipe.requirements)
+        ctx["requirements"] = recipe_requirements(checkout_root(recipe_dir), ctx["transformers_version"],
+                                                  sorted((recipe_dir / "models").glob("*.py")))
     files = generated_files(ctx["model_name"], family, target, int(ctx.get("world_size") or 1))
     texts = {recipe_dir / rel: env.get_template(template).render(**ctx) for rel, template in files.items()}
     written = []

@@ -318,6 +318,7 @@ class Target:
     launch_hint: Callable[[str, str], str] = lambda folder, yaml: f"YAML_FILE=config/{yaml} bash infer.sh"
     registers: bool = False                         # adds a line to the checkout's REGISTRY (framework)
     inside_checkout: bool = False                   # needs --output-dir inside a cann-recipes-infer checkout
+    chat_template: bool = False                     # every prompt goes through the tokenizer's chat template
 
     @property
     def renders(self) -> bool:
@@ -367,7 +368,7 @@ TARGETS: dict[str, Target] = {
             "framework/requirements.txt.j2": "requirements.txt",
         },
         readme_template="framework/README.md.j2", yaml_settings=framework_settings, context=framework_context,
-        vendored_package="models.{name}.models", registers=True, inside_checkout=True,
+        vendored_package="models.{name}.models", registers=True, inside_checkout=True, chat_template=True,
         scale_yaml=framework_tensor_parallel_yaml, scaled_how=lambda n: f"{n}-way tensor parallel",
         launch_hint=lambda folder, yaml: f"bash {ENTRY.as_posix()} --model {folder} --yaml {yaml}"),
 }

@@ -16,6 +16,7 @@ from agent.migrate import transformers_source
 from agent.migrate.checkpoint_check import check_checkpoint, check_output_outside
 from agent.migrate.vendor import locate_source, read_config, vendor_source
 from agent.recipe import folder_lock
+from agent.recipe.chat_template import check_chat_template
 from agent.recipe.runnable import ensure_runnable_here
 from agent.recipe.recipe import Recipe, RunPlan
 from agent.recipe.registry import register, registered_names
@@ -91,9 +92,13 @@ def node_acquire(state: MigrationState) -> dict:
         registry = checkout_root(output_dir) / REGISTRY
         if name in registered_names(registry):
             raise InputError(f"{registry} registers {name!r} already; choose another --name")
+    plan = transformers_plan(state, output_dir, recipe_target)
+    check_chat_template(Path(got.model_dir), TARGETS[recipe_target])   # a base model upstream's scheduler cannot take
+    if plan["origin"]:
+        print(f"[migrator] vendoring from {plan['origin']} (the checkout's; {transformers_source.installed_version()} "
+              f"is installed); trial runs and parity with {plan['python']}", file=sys.stderr)
     return {"model_dir": str(got.model_dir), "model_source": got.source, "model_name": name,
-            "recipe_dir": str(recipe_dir), "recipe_target": recipe_target,
-            "transformers": transformers_plan(state, output_dir, recipe_target)}
+            "recipe_dir": str(recipe_dir), "recipe_target": recipe_target, "transformers": plan}
 
 
 def transformers_plan(state: MigrationState, output_dir: Path, recipe_target: str) -> dict:
@@ -105,9 +110,6 @@ def transformers_plan(state: MigrationState, output_dir: Path, recipe_target: st
                          "or legacy): a standalone recipe is vendored from the installed transformers")
     checkout = checkout_root(output_dir) if target.inside_checkout else None
     plan = transformers_source.plan_for(checkout, state.get("transformers_source"), state.get("reference_python"))
-    if plan.tree is not None:
-        print(f"[migrator] vendoring from {plan.tree.origin} (the checkout's; {transformers_source.installed_version()} "
-              f"is installed); trial runs and parity with {plan.python}", file=sys.stderr)
     return {"version": plan.version, "source_root": str(plan.tree.root) if plan.tree else None,
             "origin": plan.tree.origin if plan.tree else None, "python": plan.python}
 
