@@ -542,3 +542,21 @@ def test_the_npugraph_ex_package_is_served_as_torch_npu_npugraph_ex(tmp_path):
     """, env={"NPU_STANDIN_COMPILE": "capture"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert any(key.endswith("[npugraph_ex]") for key in usage["compiles"])
+
+
+def test_mixed_dtype_matmul_on_npu_tensors_promotes_as_the_npu_does(tmp_path):
+    """bf16 activations into an fp32 weight (upstream's qwen3_moe router, module/linear.py's torch.matmul):
+    eager and traced, torch.matmul / `@` / mm compute in fp32 and return bf16, noted in the record."""
+    proc, usage = run_standin(tmp_path, """
+        import torch, torch_npu
+        x = torch.randn(6, 32, dtype=torch.bfloat16).npu()
+        w = torch.randn(32, 4, dtype=torch.float32).npu()
+        want = (x.float() @ w).to(torch.bfloat16)
+        for y in (torch.matmul(x, w), x.matmul(w), x @ w, torch.mm(x, w), x.mm(w)):
+            assert y.dtype == torch.bfloat16 and torch.equal(y, want), y.dtype
+        compiled = torch.compile(lambda a, b: torch.matmul(a, b).float().softmax(-1), backend="eager", fullgraph=True)
+        assert torch.equal(compiled(x, w), want.float().softmax(-1))
+        print("OK")
+    """)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
+    assert "computed in torch.float32" in usage["notes"]["matmul-mixed-dtypes"]

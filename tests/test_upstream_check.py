@@ -185,6 +185,12 @@ def test_tiny_config_json_states_what_hub_config_files_state(tmp_path):
     path.write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4, "head_dim": 32}))
     _hub_style_config(path)
     assert json.loads(path.read_text())["head_dim"] == 32                      # stated: kept
+    # Qwen3-MoE: transformers 5 writes num_local_experts, the hub's file (and upstream's class) num_experts
+    path.write_text(json.dumps({"model_type": "qwen3_moe", "hidden_size": 64, "num_attention_heads": 4,
+                                "num_local_experts": 4}))
+    _hub_style_config(path)
+    config = json.loads(path.read_text())
+    assert config["num_experts"] == config["num_local_experts"] == 4
 
 
 def test_without_standin_the_answer_stays_exit_4_and_names_standin(pristine):
