@@ -343,6 +343,16 @@ def test_grouped_matmul_refuses_quantized_path_in_one_line():
                                  group_list=torch.tensor([2]), split_item=3, group_type=0)
 
 
+def test_grouped_matmul_refuses_mixed_float_dtypes_as_aclnn_does():
+    """aclnnGroupedMatmul's unquantized path needs x's dtype == weight's (ops-transformer
+    aclnn_grouped_matmul.cpp, CheckFunctionParams): no promotion, unlike torch.matmul on the NPU."""
+    x, w = torch.randn(4, 8).bfloat16(), torch.randn(2, 8, 3)
+    with pytest.raises(RuntimeError, match="x dtype DT_BF16 and weight dtype DT_FLOAT is not supported"):
+        ops().npu_grouped_matmul([x], [w], group_list=torch.tensor([1, 4]), split_item=3, group_type=0)
+    y = ops().npu_grouped_matmul([x], [w.bfloat16()], group_list=torch.tensor([1, 4]), split_item=3, group_type=0)
+    assert y[0].dtype == torch.bfloat16                        # the output takes x's dtype (op-plugin)
+
+
 def test_moe_routing_chain_matches_transformers_gpt_oss_experts():
     """gpt-oss's path in upstream's modeling: gating softmax top-k -> init_routing -> expert tokens ->
     grouped matmuls -> finalize_routing, against transformers' GptOssMLP on the same weights."""

@@ -560,3 +560,17 @@ def test_mixed_dtype_matmul_on_npu_tensors_promotes_as_the_npu_does(tmp_path):
     """)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
     assert "computed in torch.float32" in usage["notes"]["matmul-mixed-dtypes"]
+
+
+def test_an_op_without_reference_in_a_compiled_region_fails_with_the_standins_line(tmp_path):
+    proc, usage = run_standin(tmp_path, """
+        import torch, torch_npu
+        f = torch.compile(lambda x: torch_npu.npu_moe_distribute_dispatch_v2(x=x, expert_ids=x) + 1, backend="eager")
+        try:
+            f(torch.randn(2, 4).npu())
+        except Exception as e:
+            print(type(e).__name__, str(e).splitlines()[0])
+    """)
+    assert "UnsupportedOp npu stand-in: torch_npu.npu_moe_distribute_dispatch_v2 has no reference kernel" in proc.stdout, \
+        proc.stdout + proc.stderr[-2000:]
+    assert "script.py:" in proc.stdout and "marked as skipped" not in proc.stdout

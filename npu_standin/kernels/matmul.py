@@ -57,6 +57,16 @@ def _grouped_matmul(x, weight, *, bias=None, scale=None, offset=None, antiquant_
         refuse("npu_grouped_matmul", f"{', '.join(quantized) or 'int8 inputs'} (a quantized path)")
     if output_dtype is not None or x_dtype is not None or weight_dtype is not None:
         refuse("npu_grouped_matmul", "output_dtype/x_dtype/weight_dtype")
+    mixed = [w.dtype for w in weight if w.dtype != x[0].dtype]
+    if mixed:
+        # Unlike torch.matmul (mixed_matmul_dtypes), the NPU does not promote here: hicann/ops-transformer
+        # gmm/grouped_matmul/op_host/op_api/aclnn_grouped_matmul.cpp, CheckFunctionParams, takes the
+        # unquantized path only `if ((xDtype == DT_BF16 || ... DT_FLOAT16 || ... DT_FLOAT) && xDtype ==
+        # weightDtype)`; a float x with another float weight matches no pattern and is refused with this line.
+        names = {torch.bfloat16: "DT_BF16", torch.float16: "DT_FLOAT16", torch.float32: "DT_FLOAT"}
+        raise RuntimeError("aclnnGroupedMatmul (npu stand-in): GMM: there is no matching xDtype and weightDtype "
+                           f"pattern. case with x dtype {names.get(x[0].dtype, x[0].dtype)} and weight dtype "
+                           f"{names.get(mixed[0], mixed[0])} is not supported.")
     if group_type not in (None, -1, 0):
         refuse("npu_grouped_matmul", f"group_type={group_type} (k-axis grouping)")
     activation = _ACTIVATIONS.get(act_type or 0)
