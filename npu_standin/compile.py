@@ -163,14 +163,4 @@ def install() -> None:
     torch.compile = compile
     record.compiling = torch.compiler.is_compiling
     _trace_host_record_stream()
-    _refuse_unsupported_eagerly()
 
-
-def _refuse_unsupported_eagerly() -> None:
-    """A torch_npu name without a reference, called in a captured region (upstream's MC2 dispatch in a
-    ge_graph decode step): dynamo cannot trace the placeholder's call-site lookup (sys._getframe) and
-    would fail with its own "Attempted to call function marked as skipped"; run the placeholder outside
-    the graph instead, so the failure is the stand-in's one line naming the op and its call site."""
-    from npu_standin.errors import _Unsupported
-
-    _Unsupported.__call__ = torch.compiler.disable(_Unsupported.__call__)

@@ -563,14 +563,21 @@ def test_mixed_dtype_matmul_on_npu_tensors_promotes_as_the_npu_does(tmp_path):
 
 
 def test_an_op_without_reference_in_a_compiled_region_fails_with_the_standins_line(tmp_path):
+    """Traced with fullgraph (as a ge_graph decode step is): dynamo reports the stand-in's line as the
+    cause, not its own "Attempted to call function marked as skipped" (sys._getframe)."""
     proc, usage = run_standin(tmp_path, """
         import torch, torch_npu
-        f = torch.compile(lambda x: torch_npu.npu_moe_distribute_dispatch_v2(x=x, expert_ids=x) + 1, backend="eager")
-        try:
-            f(torch.randn(2, 4).npu())
-        except Exception as e:
-            print(type(e).__name__, str(e).splitlines()[0])
+        for fullgraph in (True, False):
+            f = torch.compile(lambda x: torch_npu.npu_moe_distribute_dispatch_v2(x=x, expert_ids=x) + 1,
+                              backend="eager", fullgraph=fullgraph)
+            try:
+                f(torch.randn(2, 4).npu())
+            except Exception as e:
+                print(fullgraph, type(e).__name__, "marked as skipped" in str(e), str(e).replace(chr(10), " "))
     """)
-    assert "UnsupportedOp npu stand-in: torch_npu.npu_moe_distribute_dispatch_v2 has no reference kernel" in proc.stdout, \
-        proc.stdout + proc.stderr[-2000:]
-    assert "script.py:" in proc.stdout and "marked as skipped" not in proc.stdout
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 2, proc.stdout + proc.stderr[-2000:]
+    want = "npu stand-in: torch_npu.npu_moe_distribute_dispatch_v2 has no reference kernel"
+    assert all(want in line and " False " in line[:30] for line in lines), proc.stdout
+    assert "(called at a captured region (torch.compile))" in lines[0]
+    assert lines[1].startswith("False UnsupportedOp") and "script.py:" in lines[1]

@@ -402,6 +402,27 @@ def test_deepseek_r1_two_ranks_runs_mla_and_moe_tp_through_upstreams_code_to_a_p
 
 
 @pytest.mark.slow
+def test_qwen3_moe_two_ranks_moe_tp_reaches_a_checked_baseline(checkout):
+    """Upstream's qwen3_moe keeps its router in fp32 and feeds it bf16 through module/linear.py's torch.matmul:
+    the stand-in computes that in fp32 and returns bf16, as op-plugin's matmul and aclnnMatmul do on the NPU
+    (npu_standin/kernels/matmul.py, mixed_matmul_dtypes). At 2 ranks on its 16tp YAML (moe_tp_size 2: the
+    TP MoE path; the EP paths need a moe_ep_group at 1 rank and MC2 dispatch in decode) prefill and
+    graph-mode decode run and pass the per-step check. The snapshot may lack the recipe (it is a subset)."""
+    if not (checkout / "models" / "qwen3_moe").is_dir():
+        pytest.skip("this upstream snapshot has no models/qwen3_moe (hicann/cann-recipes-infer fbc225d2de31 has it)")
+    proc, summary = run_standin(checkout, "qwen3_moe", "--yaml", "qwen3_235b_16tp.yaml", "--world-size", "2")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert summary["scenario"] == "C" and summary["status"] == "ok"
+    precision = summary["precision"]
+    assert precision["ok"] and precision["checked"] and precision["ranks"] == 2 and precision["decode_steps_checked"] > 0
+    baseline = json.loads(Path(summary["baseline_path"]).read_text())
+    kernels = baseline["standin"]["reference_kernels"]
+    assert all(op in str(kernels) for op in ("npu_moe_gating_top_k_softmax", "npu_moe_init_routing_v2",
+                                             "npu_grouped_matmul", "npu_moe_finalize_routing"))
+    assert baseline["standin"]["unsupported"] == []
+
+
+@pytest.mark.slow
 def test_deepseek_r1_one_rank_stops_in_its_own_moe_ep_code(checkout):
     """At one rank moe_tp_size is 1, so the MoE runs its EP path, whose all_to_all needs a process group
     upstream's engine creates only for world_size > 1: the recipe's own limit, named at its line."""
