@@ -448,3 +448,16 @@ def test_standin_process_groups_answer_get_hccl_comm_name(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().splitlines()[-1] == "str True"
+
+
+def test_an_op_refused_in_a_captured_region_is_named_from_the_evidence(tmp_path):
+    """Traced by dynamo the stand-in raises without a record (npu_standin.errors): the op is named from
+    the line dynamo reports, as a recorded refusal would be."""
+    evidence = ("[rank0]: torch._dynamo.exc.ObservedUnsupportedOpError: raised exception UnsupportedOp('npu stand-in: "
+                "torch_npu.npu_moe_distribute_dispatch_v2 has no reference kernel (called at a captured region "
+                "(torch.compile)); the stand-in runs only what it can reproduce on the host: run this path on an NPU')\n"
+                "[rank0]: torch._dynamo.exc.Unsupported: Observed exception\n")
+    assert upstream_check.unsupported(tmp_path, evidence) == (
+        "torch_npu.npu_moe_distribute_dispatch_v2 has no reference kernel in the npu stand-in "
+        "(called in a captured region (torch.compile))")
+    assert upstream_check.unsupported(tmp_path, "RuntimeError: something else") is None
