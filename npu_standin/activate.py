@@ -1,5 +1,6 @@
 """Activate the stand-in in this process: `npu` is the host device, torch.npu / torch_npu / torchair
-are the stand-in's, HCCL is gloo/nccl, torch_npu kernels are the references, NPU compile backends
+are the stand-in's, HCCL is gloo/nccl, torch_npu kernels are the references (torch.matmul / mm of mixed dtypes
+promote as on the NPU: kernels/matmul.py), NPU compile backends
 are torch.compile's. Called at the end of `import torch` (bootstrap.TorchHook), once.
 """
 
@@ -36,6 +37,7 @@ def activate(device: str | None = None) -> None:
     npu_module.install()
     dist.install()
     kernels.install()
+    kernels.install_torch_ops()
     _compile.install()
     host = "cpu" if device == "cpu" else f"cuda:{torch.cuda.current_device()}"
     if os.environ.get(ENV_DEVICE) != device:

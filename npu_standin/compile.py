@@ -163,3 +163,4 @@ def install() -> None:
     torch.compile = compile
     record.compiling = torch.compiler.is_compiling
     _trace_host_record_stream()
+

@@ -61,10 +61,15 @@ class _Unsupported:
         self._what = what
 
     def __call__(self, *args, **kwargs):
-        site = call_site()
-        message = unsupported_message(self._name, site, self._what)
         from npu_standin import record
 
+        if record.compiling():
+            # traced by dynamo (a ge_graph / npugraph_ex step, fullgraph): it cannot trace the frame walk
+            # of call_site (sys._getframe) and would fail with its own "marked as skipped"; raised here
+            # instead, the stand-in's line is the cause dynamo reports ("Observed exception").
+            raise UnsupportedOp(unsupported_message(self._name, "a captured region (torch.compile)", self._what))
+        site = call_site()
+        message = unsupported_message(self._name, site, self._what)
         record.unsupported(self._name, site)
         print(f"[npu-standin] error: {message.removeprefix('npu stand-in: ')}", file=sys.stderr, flush=True)
         raise UnsupportedOp(message)

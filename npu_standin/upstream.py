@@ -40,10 +40,18 @@ def tiny_checkpoint(model_type: str, out_dir: str | Path, seed: int = 0, **overr
     return Path(out)
 
 
+# Fields transformers 5 saves under its canonical name (the class's attribute_map) that the hub's
+# config.json files, and the config classes upstream vendors, name otherwise: Qwen3-235B-A22B's
+# config.json states "num_experts" (upstream's models/qwen3_moe/models/configuration_qwen3_moe.py reads
+# `num_experts`, default 128); transformers 5.x's Qwen3MoeConfig writes "num_local_experts".
+HUB_NAMES = {"qwen3_moe": {"num_experts": "num_local_experts"}}
+
+
 def _hub_style_config(path: Path) -> None:
     """transformers 5 saves rope settings only under "rope_parameters"; the hub's config.json files (and
     the config classes upstream vendors, which read `rope_theta` and default to their model's value)
-    have them at the top level: write both, as a published checkpoint does."""
+    have them at the top level: write both, as a published checkpoint does. The same for the fields
+    of HUB_NAMES (both names, one value)."""
     import json
 
     config = load_json(path)
@@ -53,6 +61,9 @@ def _hub_style_config(path: Path) -> None:
         if rope.get("rope_type", "default") != "default":
             # the hub's files name the scaling "type" (DeepSeek-V3, Kimi-K2), newer ones "rope_type": both
             config.setdefault("rope_scaling", {**rope, "type": rope["rope_type"]})
+    for alias, canonical in HUB_NAMES.get(config.get("model_type"), {}).items():
+        if canonical in config and alias not in config:
+            config[alias] = config[canonical]
     heads, hidden = config.get("num_attention_heads"), config.get("hidden_size")
     if "head_dim" not in config and isinstance(heads, int) and isinstance(hidden, int) and heads:
         # the hub's config.json states it (Qwen3-MoE); transformers' class may derive it (hidden / heads)

@@ -343,6 +343,16 @@ def test_grouped_matmul_refuses_quantized_path_in_one_line():
                                  group_list=torch.tensor([2]), split_item=3, group_type=0)
 
 
+def test_grouped_matmul_refuses_mixed_float_dtypes_as_aclnn_does():
+    """aclnnGroupedMatmul's unquantized path needs x's dtype == weight's (ops-transformer
+    aclnn_grouped_matmul.cpp, CheckFunctionParams): no promotion, unlike torch.matmul on the NPU."""
+    x, w = torch.randn(4, 8).bfloat16(), torch.randn(2, 8, 3)
+    with pytest.raises(RuntimeError, match="x dtype DT_BF16 and weight dtype DT_FLOAT is not supported"):
+        ops().npu_grouped_matmul([x], [w], group_list=torch.tensor([1, 4]), split_item=3, group_type=0)
+    y = ops().npu_grouped_matmul([x], [w.bfloat16()], group_list=torch.tensor([1, 4]), split_item=3, group_type=0)
+    assert y[0].dtype == torch.bfloat16                        # the output takes x's dtype (op-plugin)
+
+
 def test_moe_routing_chain_matches_transformers_gpt_oss_experts():
     """gpt-oss's path in upstream's modeling: gating softmax top-k -> init_routing -> expert tokens ->
     grouped matmuls -> finalize_routing, against transformers' GptOssMLP on the same weights."""
@@ -431,3 +441,33 @@ def test_schemas_are_the_torch_npu_wheels():
         assert declared.get(ref.name) == ref.schema, ref.name
         checked += 1
     assert checked >= 20
+
+
+# ---- torch.matmul / mm of mixed dtypes: the NPU promotes (kernels/matmul.py, mixed_matmul_dtypes) ----
+def test_mixed_dtype_matmul_computes_in_fp32_and_returns_the_first_inputs_dtype():
+    """op-plugin's matmul allocates its output as `self.options()` and aclnnMatmul casts both inputs to
+    the promoted FP32 (ops-nn Dav2201MatMulRule): bf16 x fp32 -> fp32 product, bf16 result. The host's
+    own matmul refuses the pair ("same dtype"), which is not what the NPU does."""
+    from npu_standin.kernels.matmul import _npu_dtype_rule, _real, mixed_matmul_dtypes
+
+    bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
+    host_matmul = _real.get((torch, "matmul"), torch.matmul)
+    rules = {(bf16, fp32): (fp32, bf16), (fp32, bf16): (fp32, fp32), (fp16, fp32): (fp32, fp16),
+             (fp16, bf16): (fp32, fp16), (bf16, bf16): None, (fp32, fp32): None, (torch.int32, fp32): None}
+    for (a, b), want in rules.items():
+        assert mixed_matmul_dtypes(torch.zeros(1, dtype=a), torch.zeros(1, dtype=b)) == want, (a, b)
+    torch.manual_seed(3)
+    x, w = torch.randn(5, 64).to(bf16), torch.randn(64, 8)       # qwen3_moe's router: bf16 x fp32 gate
+    with pytest.raises(RuntimeError, match="same dtype"):
+        host_matmul(x, w)
+    matmul = _npu_dtype_rule("matmul", host_matmul)
+    y = matmul(x, w)
+    assert y.dtype == bf16 and torch.equal(y, host_matmul(x.float(), w).to(bf16))
+    assert matmul(w.T, x.T).dtype == fp32                        # fp32 first: an fp32 result
+    x3 = x.view(1, 5, 64).expand(2, 5, 64)
+    assert torch.equal(matmul(x3, w), host_matmul(x3.float(), w).to(bf16))          # batched x 2-D
+    assert matmul(x[0], w[:, 0]).dtype == bf16 and matmul(x[0], w[:, 0]).dim() == 0  # dot
+    out = torch.empty(5, 8, dtype=bf16)
+    assert matmul(x, w, out=out) is out and torch.equal(out, y)
+    same = torch.randn(5, 64)
+    assert torch.equal(matmul(same, w), host_matmul(same, w))    # equal dtypes: torch's own call

@@ -542,3 +542,42 @@ def test_the_npugraph_ex_package_is_served_as_torch_npu_npugraph_ex(tmp_path):
     """, env={"NPU_STANDIN_COMPILE": "capture"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert any(key.endswith("[npugraph_ex]") for key in usage["compiles"])
+
+
+def test_mixed_dtype_matmul_on_npu_tensors_promotes_as_the_npu_does(tmp_path):
+    """bf16 activations into an fp32 weight (upstream's qwen3_moe router, module/linear.py's torch.matmul):
+    eager and traced, torch.matmul / `@` / mm compute in fp32 and return bf16, noted in the record."""
+    proc, usage = run_standin(tmp_path, """
+        import torch, torch_npu
+        x = torch.randn(6, 32, dtype=torch.bfloat16).npu()
+        w = torch.randn(32, 4, dtype=torch.float32).npu()
+        want = (x.float() @ w).to(torch.bfloat16)
+        for y in (torch.matmul(x, w), x.matmul(w), x @ w, torch.mm(x, w), x.mm(w)):
+            assert y.dtype == torch.bfloat16 and torch.equal(y, want), y.dtype
+        compiled = torch.compile(lambda a, b: torch.matmul(a, b).float().softmax(-1), backend="eager", fullgraph=True)
+        assert torch.equal(compiled(x, w), want.float().softmax(-1))
+        print("OK")
+    """)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
+    assert "computed in torch.float32" in usage["notes"]["matmul-mixed-dtypes"]
+
+
+def test_an_op_without_reference_in_a_compiled_region_fails_with_the_standins_line(tmp_path):
+    """Traced with fullgraph (as a ge_graph decode step is): dynamo reports the stand-in's line as the
+    cause, not its own "Attempted to call function marked as skipped" (sys._getframe)."""
+    proc, usage = run_standin(tmp_path, """
+        import torch, torch_npu
+        for fullgraph in (True, False):
+            f = torch.compile(lambda x: torch_npu.npu_moe_distribute_dispatch_v2(x=x, expert_ids=x) + 1,
+                              backend="eager", fullgraph=fullgraph)
+            try:
+                f(torch.randn(2, 4).npu())
+            except Exception as e:
+                print(fullgraph, type(e).__name__, "marked as skipped" in str(e), str(e).replace(chr(10), " "))
+    """)
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 2, proc.stdout + proc.stderr[-2000:]
+    want = "npu stand-in: torch_npu.npu_moe_distribute_dispatch_v2 has no reference kernel"
+    assert all(want in line and " False " in line[:30] for line in lines), proc.stdout
+    assert "(called at a captured region (torch.compile))" in lines[0]
+    assert lines[1].startswith("False UnsupportedOp") and "script.py:" in lines[1]

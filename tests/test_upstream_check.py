@@ -185,6 +185,12 @@ def test_tiny_config_json_states_what_hub_config_files_state(tmp_path):
     path.write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4, "head_dim": 32}))
     _hub_style_config(path)
     assert json.loads(path.read_text())["head_dim"] == 32                      # stated: kept
+    # Qwen3-MoE: transformers 5 writes num_local_experts, the hub's file (and upstream's class) num_experts
+    path.write_text(json.dumps({"model_type": "qwen3_moe", "hidden_size": 64, "num_attention_heads": 4,
+                                "num_local_experts": 4}))
+    _hub_style_config(path)
+    config = json.loads(path.read_text())
+    assert config["num_experts"] == config["num_local_experts"] == 4
 
 
 def test_without_standin_the_answer_stays_exit_4_and_names_standin(pristine):
@@ -396,6 +402,27 @@ def test_deepseek_r1_two_ranks_runs_mla_and_moe_tp_through_upstreams_code_to_a_p
 
 
 @pytest.mark.slow
+def test_qwen3_moe_two_ranks_moe_tp_reaches_a_checked_baseline(checkout):
+    """Upstream's qwen3_moe keeps its router in fp32 and feeds it bf16 through module/linear.py's torch.matmul:
+    the stand-in computes that in fp32 and returns bf16, as op-plugin's matmul and aclnnMatmul do on the NPU
+    (npu_standin/kernels/matmul.py, mixed_matmul_dtypes). At 2 ranks on its 16tp YAML (moe_tp_size 2: the
+    TP MoE path; the EP paths need a moe_ep_group at 1 rank and MC2 dispatch in decode) prefill and
+    graph-mode decode run and pass the per-step check. The snapshot may lack the recipe (it is a subset)."""
+    if not (checkout / "models" / "qwen3_moe").is_dir():
+        pytest.skip("this upstream snapshot has no models/qwen3_moe (hicann/cann-recipes-infer fbc225d2de31 has it)")
+    proc, summary = run_standin(checkout, "qwen3_moe", "--yaml", "qwen3_235b_16tp.yaml", "--world-size", "2")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert summary["scenario"] == "C" and summary["status"] == "ok"
+    precision = summary["precision"]
+    assert precision["ok"] and precision["checked"] and precision["ranks"] == 2 and precision["decode_steps_checked"] > 0
+    baseline = json.loads(Path(summary["baseline_path"]).read_text())
+    kernels = baseline["standin"]["reference_kernels"]
+    assert all(op in str(kernels) for op in ("npu_moe_gating_top_k_softmax", "npu_moe_init_routing_v2",
+                                             "npu_grouped_matmul", "npu_moe_finalize_routing"))
+    assert baseline["standin"]["unsupported"] == []
+
+
+@pytest.mark.slow
 def test_deepseek_r1_one_rank_stops_in_its_own_moe_ep_code(checkout):
     """At one rank moe_tp_size is 1, so the MoE runs its EP path, whose all_to_all needs a process group
     upstream's engine creates only for world_size > 1: the recipe's own limit, named at its line."""
@@ -421,3 +448,16 @@ def test_standin_process_groups_answer_get_hccl_comm_name(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().splitlines()[-1] == "str True"
+
+
+def test_an_op_refused_in_a_captured_region_is_named_from_the_evidence(tmp_path):
+    """Traced by dynamo the stand-in raises without a record (npu_standin.errors): the op is named from
+    the line dynamo reports, as a recorded refusal would be."""
+    evidence = ("[rank0]: torch._dynamo.exc.ObservedUnsupportedOpError: raised exception UnsupportedOp('npu stand-in: "
+                "torch_npu.npu_moe_distribute_dispatch_v2 has no reference kernel (called at a captured region "
+                "(torch.compile)); the stand-in runs only what it can reproduce on the host: run this path on an NPU')\n"
+                "[rank0]: torch._dynamo.exc.Unsupported: Observed exception\n")
+    assert upstream_check.unsupported(tmp_path, evidence) == (
+        "torch_npu.npu_moe_distribute_dispatch_v2 has no reference kernel in the npu stand-in "
+        "(called in a captured region (torch.compile))")
+    assert upstream_check.unsupported(tmp_path, "RuntimeError: something else") is None

@@ -301,6 +301,10 @@ def usage(run_dir: Path) -> dict | None:
     return read_op_usage(Path(run_dir) / RECORD_DIR)
 
 
+_CAPTURED_UNSUPPORTED = re.compile(r"npu stand-in: (?P<name>[\w.]+) has no reference kernel "
+                                   r"\(called at (?P<site>a captured region \(torch\.compile\))\)")
+
+
 def unsupported(run_dir: Path, evidence: str = "", roots: list[Path] | None = None) -> str | None:
     """"OP has no reference kernel in the npu stand-in (first call at FILE:LINE)" for the first op the
     run called that the stand-in cannot run, or the compiled custom op it stopped at (from the run's
@@ -309,6 +313,9 @@ def unsupported(run_dir: Path, evidence: str = "", roots: list[Path] | None = No
 
     found = usage(run_dir) or {}
     calls = found.get("unsupported") or []
+    if not calls and evidence and (line := _CAPTURED_UNSUPPORTED.search(evidence)):
+        # raised while dynamo traced a captured region (no record there: npu_standin.errors): the line itself
+        return f"{line['name']} has no reference kernel in the npu stand-in (called in {line['site']})"
     if not calls:
         op = from_evidence(evidence, roots or []) if evidence else None
         return f"compiled custom op {op.line()}: the npu stand-in cannot run it" if op else None

@@ -114,6 +114,14 @@ def install() -> None:
     _install_op_namespace()
 
 
+def install_torch_ops() -> None:
+    """torch's own ops whose NPU semantics differ from the host's where upstream's recipes meet them
+    (matmul / mm of mixed dtypes: kernels/matmul.py, mixed_matmul_dtypes). Activation calls it."""
+    from npu_standin.kernels.matmul import install_torch_ops as _matmul
+
+    _matmul()
+
+
 def _discard(impl: Callable) -> Callable:
     @functools.wraps(impl)
     def kernel(*args, **kwargs):

@@ -57,6 +57,16 @@ def _grouped_matmul(x, weight, *, bias=None, scale=None, offset=None, antiquant_
         refuse("npu_grouped_matmul", f"{', '.join(quantized) or 'int8 inputs'} (a quantized path)")
     if output_dtype is not None or x_dtype is not None or weight_dtype is not None:
         refuse("npu_grouped_matmul", "output_dtype/x_dtype/weight_dtype")
+    mixed = [w.dtype for w in weight if w.dtype != x[0].dtype]
+    if mixed:
+        # Unlike torch.matmul (mixed_matmul_dtypes), the NPU does not promote here: hicann/ops-transformer
+        # gmm/grouped_matmul/op_host/op_api/aclnn_grouped_matmul.cpp, CheckFunctionParams, takes the
+        # unquantized path only `if ((xDtype == DT_BF16 || ... DT_FLOAT16 || ... DT_FLOAT) && xDtype ==
+        # weightDtype)`; a float x with another float weight matches no pattern and is refused with this line.
+        names = {torch.bfloat16: "DT_BF16", torch.float16: "DT_FLOAT16", torch.float32: "DT_FLOAT"}
+        raise RuntimeError("aclnnGroupedMatmul (npu stand-in): GMM: there is no matching xDtype and weightDtype "
+                           f"pattern. case with x dtype {names.get(x[0].dtype, x[0].dtype)} and weight dtype "
+                           f"{names.get(mixed[0], mixed[0])} is not supported.")
     if group_type not in (None, -1, 0):
         refuse("npu_grouped_matmul", f"group_type={group_type} (k-axis grouping)")
     activation = _ACTIVATIONS.get(act_type or 0)
@@ -148,3 +158,85 @@ overload("npu_grouped_matmul",
          "Tensor[]? activation_quant_scale=None, Tensor[]? activation_quant_offset=None, int? split_item=0, "
          "int? group_type=None, int? group_list_type=0, int? act_type=0, ScalarType? output_dtype=None) -> Tensor[]",
          _grouped_matmul_list)
+
+
+# ---- torch.matmul / torch.mm on npu tensors: the NPU's rule for mixed input dtypes --------------
+_CUBE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_real: dict = {}
+
+
+def mixed_matmul_dtypes(a: torch.Tensor, b: torch.Tensor):
+    """(compute dtype, result dtype) of an NPU matmul/mm of `a` and `b` whose dtypes differ, or None where
+    the NPU has no mixed-dtype rule for them (equal dtypes, or a dtype outside float32/float16/bfloat16).
+
+    As on the NPU (Atlas A2/A3, the chips upstream's bf16 recipes run on), from the source:
+
+    * torch_npu's `matmul` is op-plugin's own kernel, not ATen's composite (which would call `mm` and
+      fail on the host's "expected m1 and m2 to have the same dtype"): Ascend/op-plugin
+      op_plugin/config/op_plugin_functions.yaml registers `matmul(Tensor self, Tensor other)` (op_api
+      [v2.1, newest]) and op_plugin/config/derivatives.yaml gives it its own backward
+      (`self, other: matmul_backward(grad, self, other, grad_input_mask)`), so the Autograd key does not
+      fall back to the composite.
+    * op_plugin/ops/opapi/MatmulKernelNpuOpApi.cpp, `matmul_forward`: no dtype check; the output takes
+      the FIRST input's dtype, `auto out = ...apply_tensor_without_format(output_size, self.options());`
+      then `EXEC_NPU_CMD(aclnnMatmul, self, mat2, out, cube_math_type);` (`mm` in MmKernelNpuOpApi.cpp:
+      `apply_tensor_without_format(output_size, self.options())` and `aclnnMm`, the same).
+    * hicann/ops-nn (CANN's aclnnMatmul / aclnnMm), matmul/common/op_host/op_api/matmul_util.cpp:
+      `CheckDtypeValid`: "// self和mat2的dtype不相等时，会做promote处理。" (unequal dtypes are promoted),
+      OP_LOGW "Self's dtype [%s] and mat2's dtype [%s] are not equal. Promotion of Data Type will be
+      applied"; `Dav2201MatMulRule::GetUpperDtypeByLookUpTable` (DAV_2201 = A2/A3): rows
+      `/*1: FP32+FP16*/` -> FP32, `/*3: FP32+BF16*/` -> FP32, `/*4: FP16+BF16*/` -> FP32 for every
+      cubeMathType torch_npu passes by default (KEEP_DTYPE; HF32 / ALLOW_FP32_DOWN_PRECISION when
+      allow_hf32 is set: still FP32 inputs); both inputs are cast to it (`ExecMmOpWithBias`:
+      `ContiguousAndCast(..., mmOpInfo.support_info.self_dtype, ...)`) and the product is cast to the
+      output's dtype (`MatmulGraphImpl::CommonPostProcessWithReshape`:
+      `convOut = l0op::Cast(convOut, output->GetDataType(), executor);`). The same promotion is there
+      since the repository's first commit (e11fe07f3, `SetMmSupportDType`: "BF16或者存在FP32输入则全部
+      dtype统一到FP32").
+    * ops-nn's page matmul/mat_mul_v3/docs/aclnnMatmul.md says otherwise in its constraints ("Atlas A2
+      / A3: 不支持两个输入分别为BFLOAT16和FLOAT32的数据类型推导"); the code above is what runs.
+
+    So bf16 x fp32 is computed in fp32 and comes back in bf16 (the first input's dtype); fp32 x bf16
+    comes back in fp32. (Atlas 训练/推理系列, DefaultMatMulRule, have no bf16 at all.)"""
+    if a.dtype == b.dtype or a.dtype not in _CUBE_DTYPES or b.dtype not in _CUBE_DTYPES:
+        return None
+    return torch.float32, a.dtype
+
+
+def _npu_dtype_rule(name: str, real):
+    import functools
+
+    from npu_standin import record
+
+    @functools.wraps(real)
+    def op(input, other, *args, **kwargs):
+        rule = (mixed_matmul_dtypes(input, other)
+                if isinstance(input, torch.Tensor) and isinstance(other, torch.Tensor) else None)
+        if rule is None:
+            return real(input, other, *args, **kwargs)
+        compute, result_dtype = rule
+        if not record.compiling():
+            record.note(f"{name}-mixed-dtypes",
+                        f"torch.{name} of {input.dtype} and {other.dtype}: computed in {compute}, result "
+                        f"{result_dtype} (the first input's dtype), as op-plugin's {name} and aclnn promote on "
+                        "Atlas A2/A3")
+        out = kwargs.pop("out", None)
+        result = real(input.to(compute), other.to(compute), *args, **kwargs).to(result_dtype)
+        if out is not None:
+            return out.copy_(result)
+        return result
+
+    return op
+
+
+def install_torch_ops() -> None:
+    """torch.matmul / Tensor.matmul / `@` / torch.mm / Tensor.mm follow mixed_matmul_dtypes (once per process);
+    everything else (equal dtypes) is torch's own call."""
+    if _real:
+        return
+    for owner, attr, name in ((torch, "matmul", "matmul"), (torch.Tensor, "matmul", "matmul"),
+                              (torch.Tensor, "__matmul__", "matmul"), (torch, "mm", "mm"),
+                              (torch.Tensor, "mm", "mm")):
+        real = getattr(owner, attr)
+        _real[(owner, attr)] = real
+        setattr(owner, attr, _npu_dtype_rule(name, real))
