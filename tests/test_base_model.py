@@ -8,6 +8,8 @@ is_chat=False) takes it."""
 
 from __future__ import annotations
 
+import sys
+
 import json
 import re
 import shutil
@@ -72,10 +74,13 @@ def test_a_base_model_is_refused_for_the_framework_target_before_anything_is_wri
     checkout, checkpoint = base_setup
     assert not has_chat_template(checkpoint)
     registry = (checkout / REGISTRY).read_bytes()
-    proc = run_cli("run", str(checkpoint), "--output-dir", str(checkout / "models"), "--name", "base_llama",
-                   "--transformers-source", "installed", "--max-rounds", "0")
+    # under the stand-in, as a user off an NPU runs it (without it, the answer is the exit-4 stand-in line)
+    proc = run_cli("standin", "--", sys.executable, "-m", "agent.cli", "run", str(checkpoint), "--output-dir",
+                   str(checkout / "models"), "--name", "base_llama", "--transformers-source", "installed",
+                   "--max-rounds", "0")
     assert proc.returncode == 2, proc.stderr[-2000:]
-    lines = [line for line in proc.stderr.strip().splitlines() if not line.startswith("[migrator]")]   # progress
+    progress = ("[migrator]", "[npu-standin]")
+    lines = [line for line in proc.stderr.strip().splitlines() if not line.startswith(progress)]
     assert len(lines) == 1 and lines[0].startswith("migrator: error: ") and "Traceback" not in proc.stderr, proc.stderr
     assert "no chat template" in lines[0] and '"chat_template" to tokenizer_config.json' in lines[0], lines[0]
     assert "--target legacy" in lines[0]

@@ -41,6 +41,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine import defaults
 from engine.safe_load import loads_json
 
 NOISE_FACTOR = 2.0
@@ -446,7 +447,7 @@ def probe_env(env: dict, run_dir: Path) -> dict:
 
 def check(record_dir: Path, checkpoint: Path, *, python: str | None = None, dtype: str | None = None,
           overrides: dict | None = None, trust_remote_code: bool = False, random_weights: bool = False,
-          timeout: int = 1800, pids_file: Path | None = None, cwd: Path | None = None,
+          timeout: int = defaults.TIMEOUT_S, pids_file: Path | None = None, cwd: Path | None = None,
           log_dir: Path | None = None) -> dict:
     """`verify_record` in `python` (default: this interpreter), as one process tree the migrator owns
     (stopped with it on SIGINT / SIGTERM or the timeout)."""

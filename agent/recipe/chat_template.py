@@ -12,10 +12,10 @@ prompts and takes it as it is.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from agent.errors import InputError
+from engine.safe_load import load_json
 
 # Where transformers (5.x) finds a tokenizer's chat template beside tokenizer_config.json's "chat_template".
 TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
@@ -28,7 +28,7 @@ def has_chat_template(model_dir: Path) -> bool:
     config = model_dir / "tokenizer_config.json"
     if config.is_file():
         try:
-            data = json.loads(config.read_text(encoding="utf-8"))
+            data = load_json(config)
         except (OSError, ValueError):
             data = {}
         if isinstance(data, dict) and data.get("chat_template"):
@@ -38,7 +38,7 @@ def has_chat_template(model_dir: Path) -> bool:
         if path.is_file() and path.stat().st_size > 0:
             if name.endswith(".json"):
                 try:
-                    if not json.loads(path.read_text(encoding="utf-8")).get("chat_template"):
+                    if not load_json(path).get("chat_template"):
                         continue
                 except (OSError, ValueError, AttributeError):
                     continue

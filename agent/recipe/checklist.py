@@ -15,10 +15,10 @@ import subprocess
 from pathlib import Path
 from typing import Callable
 
-import yaml
 
 from agent.recipe import requirements, upstream_schema
 from agent.recipe.registry import _specs_dict
+from engine.safe_load import load_yaml
 
 REGISTRY = Path("executor") / "core" / "support_models.py"
 # 一.1: the YAML keys the checklist names (the tp sizes "by the split": at least attn and lmhead)
@@ -55,7 +55,7 @@ class Recipe:
         self.path = Path(path).resolve()
         self.name = self.path.name
         self.checkout = self.path.parent.parent
-        self.yamls = {p: yaml.safe_load(p.read_text(encoding="utf-8")) for p in sorted((self.path / "config").glob("*.yaml"))}
+        self.yamls = {p: load_yaml(p) for p in sorted((self.path / "config").glob("*.yaml"))}
         self.readme = (self.path / "README.md").read_text(encoding="utf-8") if (self.path / "README.md").is_file() else ""
         self.python = {p: p.read_text(encoding="utf-8") for p in sorted(self.path.rglob("*.py"))
                        if "res" not in p.relative_to(self.path).parts}
