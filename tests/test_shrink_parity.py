@@ -110,7 +110,7 @@ def test_bench_pipeline_memory_ratio(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     [result] = json.loads(out.read_text())
     assert result["peak_ratio"] <= 1.3, result
-    assert result["parity_code"]["ok"] and result["parity_weights"]["ok"], result
+    assert result["parity_code"]["ok"] and result["parity_steps"]["ok"], result
 
 
 def _trial_dump(path, prompt_nll: float, uniform_nll: float):

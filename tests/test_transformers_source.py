@@ -157,12 +157,11 @@ def test_a_recipe_vendored_from_the_checkouts_5_0_runs_on_5_0_under_upstreams_in
     assert only_50 and sum(line in modeling for line in only_50) >= len(only_50) // 2, only_50[:5]
     # the recipe under upstream's launcher, on 5.0.0 (the stand-in puts its interpreter's python3 first on PATH)
     yaml_name = two_prompt_yaml(recipe, tmp_path, 1)
-    record = tmp_path / "record"
+    record = precision.record_dir(tmp_path)
     proc = subprocess.run([str(python), "-m", "agent.cli", "standin", "--",
                            *upstream.framework_command(checkout, recipe.name, yaml_name)],
                           cwd=tmp_path, capture_output=True, text=True, timeout=1200,
-                          env=precision.probe_env(dict(os.environ), record.parent) | {
-                              precision.RECORD_ENV: str(record)})
+                          env=precision.probe_env(dict(os.environ), tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     logs = upstream.rank_logs(checkout, recipe.name, yaml_name)
     text = logs[0].read_text()

@@ -1,18 +1,17 @@
 """Parity check: the recipe's vendored model vs the original transformers implementation.
 
 The code is checked on a shrunk config of the same architecture (fp32, random weights: max |logits
-difference| on a prompt, and the recipe Runner's greedy tokens vs `generate()`'s); the real weights
-are checked in the run dtype against the trial run's own logits, one model in memory at a time. Runs
-in a subprocess from the recipe dir (its `models` package must not leak into the caller), as
-`python -m agent.measure.parity --recipe DIR [--dump FILE]`, printing one JSON object (`--nll CHECKPOINT`:
-only how well the checkpoint's own model predicts the default prompt, for a recipe not on this engine).
+difference| on a prompt, and the recipe Runner's greedy tokens vs `generate()`'s); the run itself, on
+the real weights, is held to transformers step by step by agent.measure.precision. Runs in a
+subprocess from the recipe dir (its `models` package must not leak into the caller), as
+`python -m agent.measure.parity --recipe DIR`, printing one JSON object (`--nll CHECKPOINT`: only how
+well the checkpoint's own model predicts the default prompt, for a recipe not on this engine).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import inspect
 import json
 import os
 import shutil
@@ -28,14 +27,13 @@ from agent.processes import run_tree, stop_leftovers
 from agent.recipe.recipe import Recipe
 from engine.config import load_runner_settings
 from engine.data import DEFAULT_PROMPT
-from engine.environment import import_torch, select_device
+from engine.environment import import_torch
 from engine.safe_load import load_json, loads_json
 
 LOGITS_TOLERANCE = 1e-4
 
 
-def run_parity(recipe: Recipe, tokens: int = 16, timeout: int = 900, trust_remote_code: bool = False,
-               dump: Path | None = None, code_only: bool = False) -> dict:
+def run_parity(recipe: Recipe, tokens: int = 16, timeout: int = 900, trust_remote_code: bool = False) -> dict:
     """`check` in a subprocess from the recipe folder (its `models` package must not leak into the
     caller)."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
@@ -44,10 +42,6 @@ def run_parity(recipe: Recipe, tokens: int = 16, timeout: int = 900, trust_remot
     cmd = [sys.executable, "-m", "agent.measure.parity", "--recipe", str(recipe.path), "--tokens", str(tokens)]
     if trust_remote_code:
         cmd.append("--trust-remote-code")
-    if dump is not None:
-        cmd += ["--dump", str(dump)]
-    if code_only:
-        cmd.append("--code-only")
     # one process tree the migrator owns: stopped with it on SIGINT / SIGTERM or the timeout, and by
     # the next check when a SIGKILLed migrator left it running
     runs = state_dir(recipe.path) / "runs"
@@ -114,16 +108,9 @@ def _runner_class(recipe_dir: Path):
                 if isinstance(obj, type) and issubclass(obj, ModelRunner) and obj is not ModelRunner)
 
 
-def check(recipe_dir: Path, tokens: int, prompt: str | None = None, trust_remote_code: bool = False,
-          dump: Path | None = None, code_only: bool = False) -> dict:
-    """Two checks, never two models of the checkpoint's size in memory at once:
-
-    code    the vendored classes vs transformers on a shrunk config of the same architecture
-            (`agent.measure.shrink`), random fp32 weights: max |logits diff| <= 1e-4, same greedy tokens;
-    weights the recipe's formal run (its prompt logits and greedy tokens, dumped by the trial run,
-            or computed here and freed first) vs the reference model alone, in the run dtype, with a
-            tolerance for that dtype.
-    """
+def check(recipe_dir: Path, tokens: int, prompt: str | None = None, trust_remote_code: bool = False) -> dict:
+    """The vendored classes vs transformers on a shrunk config of the same architecture
+    (`agent.measure.shrink`), random fp32 weights: max |logits diff| <= 1e-4, same greedy tokens."""
     settings = load_runner_settings(Recipe.at(recipe_dir).yaml)
     remote = "auto_map" in load_json((Path(settings["model_path"]) / "config.json"))
     if remote and not trust_remote_code:
@@ -133,32 +120,7 @@ def check(recipe_dir: Path, tokens: int, prompt: str | None = None, trust_remote
     settings["world_size"] = 1          # one process, one prompt: parity is not a parallel run
     settings["parallel_config"] = {key: 1 for key in settings["parallel_config"]}
     sys.path.insert(0, str(recipe_dir))
-    code = check_code(recipe_dir, settings, tokens, prompt, remote)
-    if code_only:   # the run itself is held to transformers step by step by agent.measure.precision
-        return code
-    recipe_side = _load_dump(dump) if dump else None
-    if recipe_side is None:
-        recipe_side = run_recipe(recipe_dir, settings, tokens, prompt)
-    weights = check_weights(settings, recipe_side, remote)
-    # Whether the weights are untrained is judged on the recipe's own logits, never on the reference's
-    # (transformers may fail on the checkpoint: lfm3 with 2 layers).
-    nll_source = recipe_side if "prompt_nll" in recipe_side else (weights if weights["ok"] else None)
-    if nll_source is None:
-        import gc
-
-        gc.collect()     # the reference is gone before the recipe's model is loaded
-        recipe_side = run_recipe(recipe_dir, settings, tokens, prompt)
-        nll_source = recipe_side
-    results = [r["ok"] for r in (code, weights)]
-    ok = False if False in results else (None if None in results else True)
-    return {"ok": ok, "checked": any(r["checked"] for r in (code, weights)), "reference": weights["reference"],
-            # The headline figures are the code check's (fp32, exact); the run-dtype ones are under "weights".
-            "dtype": "float32", "max_abs_logits_diff": code.get("max_abs_logits_diff"), "tolerance": LOGITS_TOLERANCE,
-            "greedy_tokens": code.get("greedy_tokens"), "greedy_tokens_equal": code.get("greedy_tokens_equal"),
-            "code": code, "weights": weights,
-            **({"reason": "; ".join(r["reason"] for r in (code, weights) if r.get("reason"))}
-               if ok is None else {}),
-            **{k: nll_source[k] for k in ("prompt_nll", "uniform_nll", "untrained_weights") if k in nll_source}}
+    return check_code(recipe_dir, settings, tokens, prompt, remote)
 
 
 def _runner(recipe_dir: Path, settings: dict):
@@ -251,112 +213,9 @@ def check_code(recipe_dir: Path, settings: dict, tokens: int, prompt: str | None
                 "recipe_tokens": our_tokens, "reference_tokens": their_tokens}
 
 
-def _load_dump(path: Path) -> dict | None:
-    import torch
-
-    if not path or not Path(path).is_file():
-        return None
-    try:
-        dump = torch.load(path, weights_only=True)
-    except Exception:  # noqa: BLE001 - a partial dump (killed run): compute instead
-        return None
-    if not {"input_ids", "attention_mask", "logits", "generate_ids"} <= set(dump):
-        return None
-    if "prompt_nll" in dump:
-        dump["untrained_weights"] = dump["prompt_nll"] >= UNTRAINED_NLL_FRACTION * dump["uniform_nll"]
-        dump["prompt_nll"], dump["uniform_nll"] = round(dump["prompt_nll"], 4), round(dump["uniform_nll"], 4)
-    return dump
-
-
-def run_recipe(recipe_dir: Path, settings: dict, tokens: int, prompt: str | None) -> dict:
-    """What the trial run would have dumped: the recipe's prompt logits and greedy tokens in the run
-    dtype. The model is freed before the reference is loaded."""
-    import gc
-
-    import torch
-
-    runner = _runner(recipe_dir, dict(settings, world_size=1))
-    inputs = runner.tokenizer([prompt or DEFAULT_PROMPT], return_tensors="pt").to(runner.device)
-    with torch.inference_mode():
-        full = runner.model(**inputs).logits.float()
-    runner.model_generate([prompt or DEFAULT_PROMPT])
-    dump = {"input_ids": inputs["input_ids"].cpu(), "attention_mask": inputs["attention_mask"].cpu(),
-            "logits": full[:, -1, :].cpu(), "generate_ids": runner.last_generate_ids.cpu(),
-            "dtype": str(runner.dtype).removeprefix("torch."), "device": runner.device.type,
-            **prompt_nll(full, inputs["input_ids"])}
-    del full
-    del runner
-    gc.collect()
-    return dump
-
-
-# Logits of the same code on the same weights differ only by accumulation order: relative to the
-# largest logit, fp32 agrees to ~1e-6, bf16 (8-bit mantissa) to a few 1e-3.
-RELATIVE_TOLERANCE = {"float32": 1e-5, "float16": 5e-3, "bfloat16": 2e-2}
-
-
-def check_weights(settings: dict, recipe_side: dict, remote: bool) -> dict:
-    """The reference model alone (run dtype, run device) against the recipe's dumped formal run."""
-    dtype_name = recipe_side.get("dtype") or settings["model_config"]["dtype"]
-    device = select_device(settings.get("device", "auto"))
-    try:
-        return _check_weights(settings, recipe_side, remote, dtype_name, device)
-    except Exception as exc:  # noqa: BLE001 - transformers itself cannot run this checkpoint
-        return {"ok": None, "checked": False, "dtype": dtype_name, "reference": None,
-                "reason": _reference_failed("run", exc)}
-
-
 def _reference_failed(what: str, exc: Exception) -> str:
     return (f"the reference (transformers) fails to {what} on this checkpoint: {type(exc).__name__}: "
             f"{(str(exc).splitlines() or [''])[0][:200]}")
-
-
-def _check_weights(settings: dict, recipe_side: dict, remote: bool, dtype_name: str, device) -> dict:
-    import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig
-
-    from engine.loading import DTYPES, load_tokenizer
-
-    reference = AutoModelForCausalLM.from_pretrained(
-        settings["model_path"], dtype=DTYPES[dtype_name], local_files_only=True, trust_remote_code=remote,
-        # The recipe's config corrections (e.g. tied embeddings) describe the weights, so the
-        # reference gets them too; key_mapping is not passed: it renames for the vendored code.
-        **settings["model_config"].get("config_overrides", {}),
-        attn_implementation=settings["model_config"].get("attn_implementation", "sdpa")).to(device).eval()
-    input_ids = recipe_side["input_ids"].to(device)
-    mask = recipe_side["attention_mask"].to(device)
-    extra = {}
-    if "position_ids" in inspect.signature(reference.forward).parameters:
-        # Left-padded rows: positions count real tokens only, as the recipe's runner does.
-        extra["position_ids"] = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
-    with torch.inference_mode():
-        logits = reference(input_ids=input_ids, attention_mask=mask, **extra).logits.float()
-    ours = recipe_side["logits"].to(device)
-    max_abs_diff = (logits[:, -1, :] - ours).abs().max().item()
-    scale = max(ours.abs().max().item(), 1e-6)
-    tolerance = RELATIVE_TOLERANCE.get(dtype_name, 2e-2) * scale
-    tokenizer = load_tokenizer(settings["model_path"])
-    eos = reference.generation_config.eos_token_id if reference.generation_config else None
-    eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
-    recipe_tokens = recipe_side["generate_ids"][0].tolist()
-    first_eos = next((i for i, t in enumerate(recipe_tokens) if t in eos_ids), None)
-    if first_eos is not None:
-        recipe_tokens = recipe_tokens[:first_eos + 1]   # the recipe pads a finished request
-    gen_config = GenerationConfig(do_sample=False, max_new_tokens=max(1, len(recipe_tokens)),
-                                  eos_token_id=eos, pad_token_id=tokenizer.pad_token_id)
-    with torch.inference_mode():
-        generated = reference.generate(input_ids=input_ids[:1], attention_mask=mask[:1], generation_config=gen_config)
-    reference_tokens = generated[0, input_ids.shape[1]:].tolist()
-    agree = next((i for i, (a, b) in enumerate(zip(recipe_tokens, reference_tokens)) if a != b),
-                 min(len(recipe_tokens), len(reference_tokens)))
-    # In bf16/fp16 greedy paths may part after many tokens on near-ties; the first token must agree.
-    tokens_ok = agree == len(recipe_tokens) if dtype_name == "float32" else agree >= 1
-    nll = prompt_nll(logits[:1], input_ids[:1])
-    return {"ok": max_abs_diff <= tolerance and tokens_ok, "checked": True, "dtype": dtype_name,
-            "reference": f"transformers {reference.__class__.__name__}", "max_abs_logits_diff": max_abs_diff,
-            "tolerance": tolerance, "relative_tolerance": RELATIVE_TOLERANCE.get(dtype_name, 2e-2),
-            "greedy_tokens": len(recipe_tokens), "greedy_tokens_agree": agree,
-            "greedy_tokens_equal": recipe_tokens == reference_tokens, **nll}
 
 
 # Random weights predict the prompt no better than chance (or worse: random logits are peaked);
@@ -384,8 +243,8 @@ def main(argv=None) -> int:
     what.add_argument("--nll", type=Path, metavar="CHECKPOINT", help="only prompt_nll of the checkpoint's own model")
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--trust-remote-code", action="store_true")
-    parser.add_argument("--dump", type=Path, help="the trial run's parity dump (MIGRATOR_PARITY_DUMP)")
-    parser.add_argument("--code-only", action="store_true", help="only the vendored code on a shrunk config")
+    parser.add_argument("--dump", type=Path, help="the trial run's parity dump (MIGRATOR_PARITY_DUMP): whether the "
+                        "weights are untrained, where transformers cannot say")
     args = parser.parse_args(argv)
     # torch through the engine's guard, as the recipe imports it: with a torch_npu that cannot load
     # (no CANN) a plain `import torch` dies in torch's backend autoload.
@@ -397,10 +256,9 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="parity_") as res_path:
         os.environ["RES_PATH"] = res_path
         try:
-            result = check(args.recipe.resolve(), args.tokens, trust_remote_code=args.trust_remote_code,
-                           dump=args.dump, code_only=args.code_only)
+            result = check(args.recipe.resolve(), args.tokens, trust_remote_code=args.trust_remote_code)
         except Exception as exc:  # noqa: BLE001 - only transformers' own failures are answered here
-            result = transformers_failed(exc, args.dump)
+            result = transformers_failed(exc, dump=args.dump)
             if result is None:
                 raise
     print(json.dumps(result))
@@ -421,19 +279,32 @@ def _raised_by_transformers(exc: BaseException) -> bool:
     return bool(kept) and package in kept[-1].parents
 
 
-def transformers_failed(exc: Exception, dump: Path | None) -> dict | None:
-    """A check that failed inside transformers (it cannot build or run this config): one line naming
-    its error, and whether the weights are untrained judged from the recipe's own run (the trial
-    run's dump), which needs no reference. None: not transformers' failure."""
+def transformers_failed(exc: Exception, what: str = "config", dump: Path | None = None) -> dict | None:
+    """A check that failed inside transformers (it cannot build or run this config / checkpoint): no
+    verdict, one line naming its error, and whether the weights are untrained judged from the
+    recipe's own run (the trial run's dump), which needs no reference. None: not transformers' failure."""
     if not _raised_by_transformers(exc):
         return None
     first = (str(exc).splitlines() or [""])[0][:200]
-    result = {"ok": None, "checked": False, "reference": None,
-              "reason": f"transformers cannot build or run this config: {type(exc).__name__}: {first}"}
-    ours = _load_dump(dump) if dump else None
-    if ours and "prompt_nll" in ours:
-        result.update({k: ours[k] for k in ("prompt_nll", "uniform_nll", "untrained_weights")})
-    return result
+    return {"ok": None, "checked": False, "reference": None,
+            "reason": f"transformers cannot build or run this {what}: {type(exc).__name__}: {first}",
+            **dump_nll(dump)}
+
+
+def dump_nll(dump: Path | None) -> dict:
+    """prompt_nll / uniform_nll / untrained_weights of the recipe's own prompt logits, from the trial
+    run's parity dump (engine.parity_dump); {} without a complete one."""
+    import torch
+
+    if dump is None or not Path(dump).is_file():
+        return {}
+    try:
+        data = torch.load(dump, weights_only=True)
+        nll, uniform = float(data["prompt_nll"]), float(data["uniform_nll"])
+    except Exception:  # noqa: BLE001 - a partial dump of a killed run: nothing to say
+        return {}
+    return {"prompt_nll": round(nll, 4), "uniform_nll": round(uniform, 4),
+            "untrained_weights": nll >= UNTRAINED_NLL_FRACTION * uniform}
 
 
 if __name__ == "__main__":

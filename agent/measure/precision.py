@@ -505,13 +505,12 @@ def main(argv: list[str] | None = None) -> int:
         result = verify_record(args.record, args.checkpoint, args.dtype, loads_json(args.overrides),
                                args.trust_remote_code, args.logs)
     except Exception as exc:  # noqa: BLE001 - only transformers' own failures are answered here
-        from agent.measure.parity import _raised_by_transformers
+        from agent.measure.parity import transformers_failed
 
-        if not _raised_by_transformers(exc):
+        result = transformers_failed(exc, "checkpoint")
+        if result is None:
             raise
-        first = (str(exc).splitlines() or [""])[0][:200]
-        result = {"ok": None, "checked": False, "method": "precision, per step, teacher-forced", "reference": None,
-                  "reason": f"transformers cannot build or run this checkpoint: {type(exc).__name__}: {first}"}
+        result["method"] = "precision, per step, teacher-forced"
     text = json.dumps(result, default=lambda v: None if isinstance(v, float) and math.isnan(v) else str(v))
     if args.out:
         args.out.write_text(text)

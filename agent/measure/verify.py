@@ -7,7 +7,7 @@ from pathlib import Path
 
 from agent.measure import precision
 from agent.measure.baseline import with_verification
-from agent.measure.parity import foreign_parity, run_parity
+from agent.measure.parity import dump_nll, foreign_parity, run_parity
 from agent.records import Baseline, Run
 from agent.recipe.recipe import Recipe
 from agent.recipe.targets import state_dir
@@ -30,7 +30,7 @@ def verify(recipe: Recipe, run: Run, collected: Baseline, trust_remote_code: boo
     if "untrained_weights" not in parity:
         parity.update(recipe_nll(run))
     if recipe.kind == "standalone" and parity.get("ok") is not None:
-        code = run_parity(recipe, trust_remote_code=trust_remote_code, code_only=True)
+        code = run_parity(recipe, trust_remote_code=trust_remote_code)
         parity["code"] = code
         if code.get("ok") is False:
             parity["ok"] = False
@@ -58,20 +58,7 @@ def precision_of(recipe: Recipe, run: Run, checkpoint: Path, trust_remote_code: 
 def recipe_nll(run: Run) -> dict:
     """Whether the weights are untrained, judged on the recipe's own prompt logits (this tool's engine
     leaves them in parity_dump.pt) where the reference could not say (transformers fails on it)."""
-    dump = Path(run.get("res_path") or ".") / "parity_dump.pt"
-    if not dump.is_file():
-        return {}
-    try:
-        import torch
-
-        data = torch.load(dump, weights_only=True)
-        nll, uniform = float(data["prompt_nll"]), float(data["uniform_nll"])
-    except Exception:  # noqa: BLE001 - a partial dump of a killed run: nothing to say
-        return {}
-    from agent.measure.parity import UNTRAINED_NLL_FRACTION
-
-    return {"prompt_nll": round(nll, 4), "uniform_nll": round(uniform, 4),
-            "untrained_weights": nll >= UNTRAINED_NLL_FRACTION * uniform}
+    return dump_nll(Path(run.get("res_path") or ".") / "parity_dump.pt")
 
 
 def code_numbers(code: dict) -> str:
