@@ -103,13 +103,14 @@ def test_parity_report_has_code_and_weight_checks(working_recipe_source):
 @pytest.mark.slow
 def test_bench_pipeline_memory_ratio(tmp_path):
     """scripts/bench_pipeline.py on the Qwen3-0.6B shape cut to 4 layers: the whole `migrator run`
-    peaks at <= 1.3x the recipe's own `bash infer.sh` (both under /usr/bin/time -v)."""
+    peaks at <= 1.1x what the recipe's own `bash infer.sh` holds plus the float32 copy of the weights the
+    precision check's oracle needs (both under /usr/bin/time -v), and its bf16 output passes that check."""
     out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, "scripts/bench_pipeline.py", "--preset", "qwen3-0.6b", "--layers", "4",
                            "--json", str(out)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     [result] = json.loads(out.read_text())
-    assert result["peak_ratio"] <= 1.3, result
+    assert result["budget_ratio"] <= 1.1, result
     assert result["parity_code"]["ok"] and result["parity_steps"]["ok"], result
 
 

@@ -193,6 +193,25 @@ class Reference:
                 hook.remove()
         return logits, captured
 
+    def release(self) -> None:
+        """Free the weights: the float32 and the run-dtype models are never held at once."""
+        import gc
+
+        self.model = self.layers = None
+        gc.collect()
+
+
+class Replayed:
+    """What one Reference computed for a set of sequences, kept after its weights were released (the
+    float32 model alone is twice a bf16 checkpoint; both at once would be three times)."""
+
+    def __init__(self, reference: Reference, sequences) -> None:
+        self.name = reference.name
+        self.outputs = {tuple(ids): reference.run(list(ids)) for ids in sequences}
+
+    def run(self, ids: list[int]):
+        return self.outputs[tuple(ids)]
+
 
 def _relative(mine, ref) -> float | None:
     if mine is None or ref is None or tuple(mine.shape) != tuple(ref.shape):
@@ -200,8 +219,8 @@ def _relative(mine, ref) -> float | None:
     return (mine - ref).norm().item() / max(ref.norm().item(), 1e-12)
 
 
-def judge_request(request: Request, exact: Reference, rounded: Reference | None, dtype: str,
-                  decode_text) -> dict:
+def judge_request(request: Request, exact: Reference | Replayed, rounded: Reference | Replayed | None,
+                  dtype: str, decode_text) -> dict:
     """Every step of one request against the references (see the module docs)."""
     tokens = request.tokens
     prompt = request.prompt
@@ -321,27 +340,37 @@ def verify_record(record_dir: Path, checkpoint: Path, dtype: str | None = None, 
         return {**base, "reason": f"the recipe's processes left no precision record in {record_dir}"}
     dtype = dtype or next((c.get("dtype") for found in calls.values() for c in found if c.get("dtype")), "float32")
     tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
-    exact = Reference(checkpoint, "float32", overrides or {}, trust_remote_code)
+    model = Reference(checkpoint, "float32", overrides or {}, trust_remote_code)
     eos: set[int] = set()
-    for source in (exact.model.config, exact.model.generation_config, tokenizer):
+    for source in (model.model.config, model.model.generation_config, tokenizer):
         value = getattr(source, "eos_token_id", None)
         eos |= set(value) if isinstance(value, (list, tuple)) else ({value} if value is not None else set())
-    rounded = Reference(checkpoint, dtype, overrides or {}, trust_remote_code) if dtype != "float32" else None
 
     def decode_text(tokens):
         return tokenizer.decode(torch.tensor(tokens, dtype=torch.long), skip_special_tokens=True)
 
-    results, problems, cache = [], [], {}
+    problems, judged = [], []
     for rank, found in calls.items():
         requests, trouble = requests_of(found, rank, eos)
         problems += trouble
-        for request in requests:
-            if not request.steps:
-                continue
-            key = (tuple(request.prompt), tuple(request.tokens))
-            if key not in cache:
-                cache[key] = judge_request(request, exact, rounded, dtype, decode_text)
-            results.append({**cache[key], "rank": rank, "request": request.index})
+        judged += [(rank, request) for request in requests if request.steps]
+    # every sequence through the float32 model, then its weights released before the run dtype's load
+    sequences = {tuple(request.prompt + request.tokens[:-1]) for _, request in judged}
+    nll = prompt_nll(model, tokenizer)
+    exact = Replayed(model, sequences)
+    model.release()
+    rounded = None
+    if dtype != "float32":
+        model = Reference(checkpoint, dtype, overrides or {}, trust_remote_code)
+        rounded = Replayed(model, sequences)
+        model.release()
+
+    results, cache = [], {}
+    for rank, request in judged:
+        key = (tuple(request.prompt), tuple(request.tokens))
+        if key not in cache:
+            cache[key] = judge_request(request, exact, rounded, dtype, decode_text)
+        results.append({**cache[key], "rank": rank, "request": request.index})
     if not results:
         return {**base, "reason": f"the precision record in {record_dir} holds no request with a prefill"}
     every = [(r, s) for r in results for s in r["steps"]]
@@ -363,7 +392,7 @@ def verify_record(record_dir: Path, checkpoint: Path, dtype: str | None = None, 
                         for r, s in every if "tie" in s][:16],
                "tokens_off_float32_argmax": sum(1 for _, s in every if s["token"] != s["reference_argmax_float32"]),
                "per_request": [{k: v for k, v in r.items() if k != "steps"} for r in results]}
-    summary.update(prompt_nll(exact, tokenizer))
+    summary.update(nll)
     missing, differing = against_logs(results, logged_texts(log_dir))
     if differing:
         problems.append(f"the text logged for {', '.join(differing[:3])} is not the text of the tokens its steps "
