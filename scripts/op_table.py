@@ -6,8 +6,8 @@
 In a copy of the checkout (`--checkout`, default ../shared/upstream/cann-recipes-infer), on one tiny random
 checkpoint of `--model-type` (agent.measure.upstream_check's --tiny builder, or `--checkpoint`): each
 `--upstream MODEL[:YAML]` runs as it is, on a copy of its YAML shrunk as `migrator run --standin --tiny`
-shrinks it; `--ours` (the default) migrates the checkpoint into the copy's models/ with the framework
-target and runs it the same way. Every column runs through upstream's launcher (`executor/scripts/infer.sh
+shrinks it; and (unless `--no-ours`) the checkpoint is migrated into the copy's models/ by the framework
+target and run the same way. Every column runs through upstream's launcher (`executor/scripts/infer.sh
 --model M --yaml F`) under the npu stand-in, in `--exe-mode` (eager by default), and its counts are the
 stand-in's record of that run (npu_standin.record: per step, per decoder layer; warm-up and MTP calls are
 not steps). Writes op_table.md and op_table.json in --out and prints the table.
@@ -25,7 +25,6 @@ import argparse
 import json
 import shutil
 import sys
-from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -46,8 +45,9 @@ KNOWN_DIFFERENCES: dict[str, str] = {}
 def column_counts(usage: dict | None) -> dict:
     """One run's steps: the first rank's (lowest) process that has steps. {"rank", "decode_steps",
     "prefill_steps", "excluded", "compiled", "layers", "exe_mode", "decode": {op: [calls per decode
-    step]}, "per_layer": {op: [calls per layer]} (one decode step's; a list of lists where the decode
-    steps differ), "outside_layers": {op: calls}}; None without any step in the record."""
+    step]}, "prefill": {op: [calls per prefill step]}, "per_layer": {op: [[calls per layer], ..]} (one
+    list per distinct decode step), "outside_layers": {op: [distinct calls outside the layers]}}; None
+    without any step in the record."""
     processes = [p for p in (usage or {}).get("per_process") or [] if p.get("steps")]
     if not processes:
         return None
@@ -55,7 +55,7 @@ def column_counts(usage: dict | None) -> dict:
     groups = process["steps"]
     decode = [g for g in groups if g.get("phase") == "decode"]
     prefill = [g for g in groups if g.get("phase") == "prefill"]
-    steps = sorted((n, g) for g in decode for n in g.get("steps") or [])
+    steps = sorted(((n, g) for g in decode for n in g.get("steps") or []), key=lambda item: item[0])
     per_step: dict[str, list[int]] = {}
     names = sorted({name for g in decode for name in g.get("ops") or {}})
     for name in names:
@@ -67,7 +67,10 @@ def column_counts(usage: dict | None) -> dict:
         shapes = {json.dumps((g.get("per_layer") or {}).get(name, [0] * (g.get("layers") or 0))) for g in layered}
         per_layer[name] = [json.loads(s) for s in sorted(shapes)]
         outside[name] = sorted({(g.get("outside_layers") or {}).get(name, 0) for g in layered})
+    prefill_ops = sorted({name for g in prefill for name in g.get("ops") or {}})
     return {"rank": process.get("rank"), "decode_steps": len(steps),
+            "prefill": {name: [(g.get("ops") or {}).get(name, 0) for g in prefill for _ in g.get("steps") or []]
+                        for name in prefill_ops},
             "prefill_steps": sum(len(g.get("steps") or []) for g in prefill),
             "excluded": process.get("steps_excluded") or {},
             "compiled": any(g.get("compiled") for g in decode),
@@ -177,20 +180,20 @@ def tiny_checkpoint(model_type: str, out: Path, layers: int | None = None) -> Pa
 
 
 def shrunk_yaml(recipe_dir: Path, yaml_name: str | None, checkpoint: Path, exe_mode: str,
-                max_new_tokens: int) -> str:
-    """config/optable_<yaml> in the recipe: its YAML on `checkpoint` at one rank, lengths and batch cut as
+                max_new_tokens: int, world_size: int = 1) -> str:
+    """config/optable_<yaml> in the recipe: its YAML on `checkpoint` at `world_size` ranks, lengths and batch cut as
     `migrator run --standin --tiny` cuts them, in `exe_mode`. Returns its name."""
     import yaml
 
-    from agent.measure.upstream_check import _source_yaml, write_yaml_copy
+    from agent.measure.upstream_check import write_yaml_copy
     from agent.recipe.recipe import Recipe
     from engine.safe_load import load_yaml
 
     recipe = Recipe.at(recipe_dir)
-    source = _source_yaml(recipe, yaml_name, 1)
-    data = load_yaml(write_yaml_copy(recipe, source, checkpoint, 1, max_new_tokens)) or {}
+    source = recipe_dir / "config" / yaml_name if yaml_name else recipe.yaml
+    data = load_yaml(write_yaml_copy(recipe, source, checkpoint, world_size, max_new_tokens)) or {}
     data.setdefault("model_config", {})["exe_mode"] = exe_mode
-    name = f"optable_{source.stem}_{exe_mode}.yaml"
+    name = f"optable_{source.stem}_{exe_mode}_{world_size}rank.yaml"
     (recipe_dir / "config" / name).write_text(yaml.safe_dump(data, sort_keys=False))
     return name
 
@@ -229,11 +232,16 @@ def parse_args(argv=None):
                         help="an upstream models/MODEL column, its YAML under config/ (default: the recipe's); repeatable")
     parser.add_argument("--no-ours", dest="ours", action="store_false",
                         help="no column of our framework model of the checkpoint")
+    parser.add_argument("--explanations", help="a JSON file {op: why the columns differ} for the difference column "
+                                               "(default: KNOWN_DIFFERENCES in this script)")
     parser.add_argument("--checkout", default=str(DEFAULT_CHECKOUT), help="the cann-recipes-infer checkout to copy")
     parser.add_argument("--exe-mode", default="eager", choices=EXE_MODES, help="every column's exe_mode (default eager)")
     parser.add_argument("--compile", default="auto", choices=("auto", "inductor", "capture", "off"),
                         help="how the stand-in compiles a graph-mode decode (NPU_STANDIN_COMPILE; default auto)")
     parser.add_argument("--num-layers", type=int, help="with --model-type: the tiny checkpoint's decoder layers")
+    parser.add_argument("--world-size", type=int, default=1,
+                        help="ranks of every column (its YAML's parallel_config scaled as --standin --tiny does); "
+                             "the table shows the lowest rank's calls")
     parser.add_argument("--max-new-tokens", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=1200, help="seconds per column run")
     parser.add_argument("--out", required=True, help="folder for op_table.md / op_table.json and the runs")
@@ -263,9 +271,22 @@ def main(argv=None) -> int:
     if args.num_layers is not None and (args.num_layers < 1 or args.checkpoint):
         print("op_table: --num-layers takes a positive count, with --model-type only", file=sys.stderr)
         return 2
+    if args.world_size < 1:
+        print("op_table: --world-size takes a positive count", file=sys.stderr)
+        return 2
     if args.max_new_tokens < 2:
         print("op_table: --max-new-tokens must be at least 2 (one decode step)", file=sys.stderr)
         return 2
+    explanations = None
+    if args.explanations:
+        try:
+            explanations = json.loads(Path(args.explanations).expanduser().read_text())
+        except (OSError, ValueError) as exc:
+            print(f"op_table: --explanations {args.explanations}: not a readable JSON file ({exc})", file=sys.stderr)
+            return 2
+        if not isinstance(explanations, dict) or not all(isinstance(v, str) for v in explanations.values()):
+            print(f"op_table: --explanations {args.explanations}: want a JSON object {{op: text}}", file=sys.stderr)
+            return 2
     out = Path(args.out).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
     checkout = out / "cann-recipes-infer"
@@ -289,12 +310,14 @@ def main(argv=None) -> int:
         plan.append(("ours", OURS_NAME, None))
     columns = []
     for label, model, yaml_name in plan:
-        shrunk = shrunk_yaml(checkout / "models" / model, yaml_name, checkpoint, args.exe_mode, args.max_new_tokens)
+        shrunk = shrunk_yaml(checkout / "models" / model, yaml_name, checkpoint, args.exe_mode, args.max_new_tokens,
+                             args.world_size)
         print(f"[op_table] {label}: infer.sh --model {model} --yaml {shrunk} under the npu stand-in", file=sys.stderr)
         run = run_column(checkout, model, shrunk, out / "records" / model, args.timeout, args.compile)
         columns.append({"label": label, "model": model, "yaml": shrunk, **run})
-    table = build_table(columns)
+    table = build_table(columns, explanations)
     table.update(checkpoint=str(checkpoint), model_type=args.model_type, exe_mode=args.exe_mode, compile=args.compile,
+                 world_size=args.world_size,
                  checkout=str(source), max_new_tokens=args.max_new_tokens)
     text = markdown(table)
     (out / "op_table.md").write_text(text)
