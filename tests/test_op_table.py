@@ -39,9 +39,10 @@ class Layer(torch.nn.Module):
             x = torch_npu.npu_rms_norm(x, torch.ones(x.shape[-1]))[0]
         return x
 
-class Model(torch.nn.Module):
+class TinyForCausalLM(torch.nn.Module):
     def __init__(self, layers):
         super().__init__()
+        self.config = types.SimpleNamespace(num_hidden_layers=layers)
         self.layers = torch.nn.ModuleList(Layer() for _ in range(layers))
     def forward(self, x, is_prefill):
         for layer in self.layers:
@@ -49,20 +50,26 @@ class Model(torch.nn.Module):
         return torch_npu.npu_rms_norm(x, torch.ones(x.shape[-1]))[0]
 
 class ModelWorker:
-    def __init__(self, layers):
-        self.model = Model(layers)
+    def __init__(self, layers, exe_mode):
+        self.model = TinyForCausalLM(layers)
         self.hf_config = types.SimpleNamespace(num_hidden_layers=layers)
-        self.exe_mode = "eager"
+        self.exe_mode = exe_mode
+        self.model_compiled = None
     def inference(self, model_inputs, is_prefill, is_mtp=False):
+        if self.exe_mode == "npugraph_ex" and not is_prefill:   # as upstream: compiled at the warm-up's decode
+            if self.model_compiled is None:
+                self.model_compiled = torch.compile(self.model, backend="npugraph_ex", fullgraph=True, dynamic=False)
+            return self.model_compiled(model_inputs["x"], False), 0.0
         return self.model(model_inputs["x"], is_prefill), 0.0
 '''
 
 DRIVER = '''
 import types
 import torch
+import sys
 from executor.core.model_worker.model_worker import ModelWorker
 
-worker = ModelWorker(3)
+worker = ModelWorker(3, sys.argv[1])
 x, ids = torch.randn(2, 8), torch.tensor([1, 2])
 warm = types.SimpleNamespace(is_warm_up=True)
 worker.inference({"x": x, "input_ids": ids, "forward_metadata": warm}, True)
@@ -76,9 +83,11 @@ print("ok")
 '''
 
 
-def test_record_counts_each_step_and_layer_without_warm_up_or_mtp(tmp_path):
+@pytest.mark.parametrize("exe_mode", ["eager", "npugraph_ex"])
+def test_record_counts_each_step_and_layer_without_warm_up_or_mtp(tmp_path, exe_mode):
     """With the precision probe in the same process (every trial run has it, its sitecustomize first on
-    PYTHONPATH): both hooks on ModelWorker see every call."""
+    PYTHONPATH): both hooks on ModelWorker see every call, and neither's layer hooks make the compiled
+    decode recompile. A compiled decode step's calls are counted as its graph runs them, none per layer."""
     from agent.measure.precision import probe_env
 
     package = tmp_path / "executor" / "core" / "model_worker"
@@ -90,7 +99,8 @@ def test_record_counts_each_step_and_layer_without_warm_up_or_mtp(tmp_path):
     records = tmp_path / "records"
     env = probe_env(standin_env("cpu", record_dir=records), tmp_path / "run")
     env["PYTHONPATH"] = f"{env['PYTHONPATH']}:{tmp_path}"
-    proc = subprocess.run([sys.executable, "driver.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+    env["NPU_STANDIN_COMPILE"] = "capture"
+    proc = subprocess.run([sys.executable, "driver.py", exe_mode], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
     # the probe recorded the prefill and the four decode steps
@@ -101,16 +111,21 @@ def test_record_counts_each_step_and_layer_without_warm_up_or_mtp(tmp_path):
     (process,) = usage["per_process"]
     assert process["steps_excluded"] == {"mtp": 1, "warm-up": 2}
     prefill, decode = process["steps"]
-    assert prefill == {"phase": "prefill", "steps": [1], "exe_mode": "eager", "compiled": False, "layers": 3,
+    assert prefill == {"phase": "prefill", "steps": [1], "exe_mode": exe_mode, "compiled": False, "layers": 3,
                        "ops": {"npu_rms_norm": 7}, "per_layer": {"npu_rms_norm": [2, 2, 2]},
                        "outside_layers": {"npu_rms_norm": 1}}
-    assert decode["steps"] == [1, 2, 3, 4] and decode["per_layer"] == {"npu_rms_norm": [1, 1, 1]}
-    assert decode["ops"] == {"npu_rms_norm": 4} and decode["outside_layers"] == {"npu_rms_norm": 1}
-
+    assert decode["steps"] == [1, 2, 3, 4] and decode["ops"] == {"npu_rms_norm": 4}
     table = op_table().build_table([{"label": "a", "model": "m", "yaml": "y.yaml", "usage": usage, "returncode": 0}])
     (row,) = table["rows"]
     assert row["op"] == "npu_rms_norm" and row["cells"]["a"]["calls_per_decode_step"] == "4"
-    assert row["cells"]["a"]["per_layer"] == "1 + 1 outside layers"
+    if exe_mode == "eager":
+        assert decode["per_layer"] == {"npu_rms_norm": [1, 1, 1]} and decode["outside_layers"] == {"npu_rms_norm": 1}
+        assert row["cells"]["a"]["per_layer"] == "1 + 1 outside layers"
+        return
+    assert decode["compiled"] is True and decode["layers"] is None and "per_layer" not in decode
+    assert row["cells"]["a"]["per_layer"] == "n/a (compiled step)"
+    (entry,) = usage["compiles"].values()
+    assert entry["compiles"] == 1 and entry["recompiles"] == 0, usage["compiles"]
 
 
 def _usage(decode_groups: list[dict], rank: int = 0) -> dict:

@@ -165,8 +165,12 @@ def _model_hook(module, args, kwargs, output):
 
 def _layer_hook(index):
     def hook(module, args, output):
+        # _compiling() first: a traced hook that read the state would guard on it (None in the warm-up
+        # that compiles, a dict in the steps after it) and recompile the decode graph
+        if _compiling():
+            return None
         current = _state["current"]
-        if current is None or _compiling():
+        if current is None:
             return None
         hidden = _hidden(output)
         if hidden is not None:
