@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -153,8 +154,9 @@ def markdown(table: dict) -> str:
     for c in columns:
         counts = c["counts"]
         if counts is None:
-            notes.append(f"- {c['label']}: no steps in the stand-in's record (exit {c.get('returncode')}; "
-                         f"log: {c.get('log')})")
+            error = f"; it ends: {c['error']}" if c.get("error") else ""
+            notes.append(f"- {c['label']}: no steps in the stand-in's record (launcher exit {c.get('returncode')}"
+                         f"{error}; log: {c.get('log')})")
             continue
         excluded = ", ".join(f"{n} {k}" for k, n in sorted(counts["excluded"].items())) or "none"
         notes.append(f"- {c['label']}: models/{c['model']} with {c['yaml']}, exe_mode {counts['exe_mode']}"
@@ -206,8 +208,20 @@ def run_column(checkout: Path, model: str, yaml_name: str, record: Path, timeout
     result = launcher.run(upstream.framework_command(checkout, model, yaml_name), record_dir=record, cwd=checkout,
                           timeout=timeout, compile_mode=compile_mode)
     logs = upstream.rank_logs(checkout, model, yaml_name)
-    return {"usage": result.usage, "returncode": result.returncode,
+    return {"usage": result.usage, "returncode": result.returncode, "error": last_error(logs[0]) if logs else None,
             "log": str(logs[0]) if logs else None, "record": str(record / launcher.USAGE_FILE)}
+
+
+ERROR_LINE = re.compile(r"^(?:\[rank\d+\]: )?((?:[\w.]+Error|[\w.]+Exception|UnsupportedOp): .*)$", re.M)
+
+
+def last_error(log: Path) -> str | None:
+    """The last exception line of a rank's log (upstream's launcher may exit 0 when a rank failed)."""
+    try:
+        found = ERROR_LINE.findall(log.read_text(encoding="utf-8", errors="replace"))
+    except OSError:
+        return None
+    return found[-1][:300] if found else None
 
 
 def migrate_ours(checkout: Path, checkpoint: Path, name: str) -> Path:

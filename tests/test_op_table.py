@@ -158,7 +158,7 @@ def test_table_has_a_row_for_every_op_of_either_side_and_the_callers_explanation
     assert rows["npu_mm_all_reduce_base"]["difference"] == "only in ours"
     text = module.markdown(table)
     assert "| `npu_swiglu` | 2 | 1 | — | — | run failed | run failed | ours keeps the activation in torch |" in text
-    assert "failed: no steps in the stand-in's record (exit 1" in text
+    assert "failed: no steps in the stand-in's record (launcher exit 1" in text
     assert "ours: models/o with o.yaml, exe_mode npugraph_ex (decode compiled" in text
 
 
