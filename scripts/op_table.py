@@ -2,6 +2,10 @@
 
     python scripts/op_table.py --model-type qwen3 --upstream qwen:qwen3_8b_1tp.yaml --out /tmp/optable
     python scripts/op_table.py --model-type gpt_oss --upstream gpt_oss:gpt_oss_20b.yaml --out /tmp/optable_gpt_oss
+    .venv-tf5.0/bin/python scripts/op_table.py --model-type deepseek_v3 --world-size 2 --exe-mode npugraph_ex \
+        --upstream deepseek_r1:decode_r1_rank_16_16tp_a8w8.yaml --out /tmp/optable_deepseek
+      (deepseek_r1 imports transformers 5.0's modeling_attn_mask_utils, refuses eager with its multi-stream
+      settings, and at one rank takes its EP path, which needs more than one rank)
 
 In a copy of the checkout (`--checkout`, default ../shared/upstream/cann-recipes-infer), on one tiny random
 checkpoint of `--model-type` (agent.measure.upstream_check's --tiny builder, or `--checkpoint`): each
