@@ -2,7 +2,8 @@
 
     python scripts/op_table.py --model-type qwen3 --upstream qwen:qwen3_8b_1tp.yaml --out /tmp/optable
     python scripts/op_table.py --model-type gpt_oss --upstream gpt_oss:gpt_oss_20b.yaml --out /tmp/optable_gpt_oss
-    .venv-tf5.0/bin/python scripts/op_table.py --model-type deepseek_v3 --world-size 2 --exe-mode npugraph_ex \
+    .venv-tf5.0/bin/python scripts/op_table.py --model-type deepseek_v3 --set num_key_value_heads=4 \
+        --world-size 2 --exe-mode npugraph_ex \
         --upstream deepseek_r1:decode_r1_rank_16_16tp_a8w8.yaml --out /tmp/optable_deepseek
       (deepseek_r1 imports transformers 5.0's modeling_attn_mask_utils, refuses eager with its multi-stream
       settings, and at one rank takes its EP path, which needs more than one rank)
@@ -173,16 +174,16 @@ def markdown(table: dict) -> str:
 
 
 # ---- the runs -------------------------------------------------------------------------------
-def tiny_checkpoint(model_type: str, out: Path, layers: int | None = None) -> Path:
+def tiny_checkpoint(model_type: str, out: Path, layers: int | None = None, overrides: dict | None = None) -> Path:
     from agent.measure.upstream_check import TINY_SETTINGS
     from npu_standin.upstream import tiny_checkpoint as build
 
     if out.exists():
         shutil.rmtree(out)
-    overrides = dict(TINY_SETTINGS.get(model_type, {}))
+    settings = {**TINY_SETTINGS.get(model_type, {}), **(overrides or {})}
     if layers:
-        overrides["num_hidden_layers"] = layers
-    return build(model_type, out, **overrides)
+        settings["num_hidden_layers"] = layers
+    return build(model_type, out, **settings)
 
 
 def shrunk_yaml(recipe_dir: Path, yaml_name: str | None, checkpoint: Path, exe_mode: str,
@@ -257,6 +258,9 @@ def parse_args(argv=None):
     parser.add_argument("--compile", default="auto", choices=("auto", "inductor", "capture", "off"),
                         help="how the stand-in compiles a graph-mode decode (NPU_STANDIN_COMPILE; default auto)")
     parser.add_argument("--num-layers", type=int, help="with --model-type: the tiny checkpoint's decoder layers")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
+                        help="with --model-type: a config value of the tiny checkpoint (as the published model has "
+                             "it, e.g. num_key_value_heads=4 for deepseek_v3's MLA); repeatable")
     parser.add_argument("--world-size", type=int, default=1,
                         help="ranks of every column (its YAML's parallel_config scaled as --standin --tiny does); "
                              "the table shows the lowest rank's calls")
@@ -289,6 +293,16 @@ def main(argv=None) -> int:
     if args.num_layers is not None and (args.num_layers < 1 or args.checkpoint):
         print("op_table: --num-layers takes a positive count, with --model-type only", file=sys.stderr)
         return 2
+    settings = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        try:
+            settings[key] = json.loads(value)
+        except ValueError:
+            settings[key] = value
+        if not sep or not key.isidentifier() or args.checkpoint:
+            print(f"op_table: --set {item}: want KEY=VALUE (a config field), with --model-type only", file=sys.stderr)
+            return 2
     if args.world_size < 1:
         print("op_table: --world-size takes a positive count", file=sys.stderr)
         return 2
@@ -319,7 +333,7 @@ def main(argv=None) -> int:
             print(f"op_table: --checkpoint {args.checkpoint}: no config.json there", file=sys.stderr)
             return 2
     else:
-        checkpoint = tiny_checkpoint(args.model_type, out / f"tiny_{args.model_type}", args.num_layers)
+        checkpoint = tiny_checkpoint(args.model_type, out / f"tiny_{args.model_type}", args.num_layers, settings)
 
     plan = [(f"upstream {model}", model, yaml_name) for model, yaml_name in specs]
     if args.ours:
