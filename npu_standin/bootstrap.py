@@ -3,6 +3,8 @@
 * `torch_npu`, `torchair` and their submodules are served by the stand-in (a finder first on
   sys.meta_path), whatever is installed: the launcher has already refused to start where a real
   torch_npu works.
+* `executor.core.model_worker.model_worker` (upstream's executor) has its forward calls marked as
+  steps for the record (npu_standin.steps).
 * When `torch` finishes importing, the stand-in activates (npu device, torch.npu, HCCL, kernels,
   compile backends) before any user code sees torch.
 """
@@ -122,6 +124,9 @@ def install() -> None:
     _installed["done"] = True
     sys.meta_path.insert(0, ShimFinder())
     sys.meta_path.insert(0, CompilerImportShield())
+    from npu_standin import steps      # the record's per-step counts: upstream's executor's forward calls
+
+    steps.install()
     if "torch" in sys.modules:
         from npu_standin import activate
 

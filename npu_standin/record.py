@@ -5,6 +5,14 @@ writes, when it exits, one `USAGE` line (JSON) on stderr and, with NPU_STANDIN_R
 `standin-<pid>.json` file there. A rank's log (`log_N.log`: upstream's launcher sends stdout and
 stderr there) therefore carries its own record: `read_op_usage` reads record folders, log folders
 or single logs alike.
+
+`ops` counts every call of the process. Where a marker says where the model's forward calls begin and
+end (npu_standin.steps: upstream's executor), `steps` also has the calls of each prefill and decode
+step (warm-up and MTP calls left out, counted in `steps_excluded`), and per decoder layer where the
+marker found the layers. Identical steps are one entry: {"phase", "steps": [their numbers],
+"exe_mode", "compiled", "layers", "ops", "per_layer": {op: [calls in layer 0, 1, ..]},
+"outside_layers": {op: calls}}; a compiled step's ops ran inside a captured graph, where no layer
+hook runs: its calls are the step's, none attributed to a layer.
 """
 
 from __future__ import annotations
@@ -30,7 +38,10 @@ RUNTIME: Counter = Counter()    # runtime stand-ins used: "hccl->gloo", "profile
 NOTES: dict[str, str] = {}      # one line each, first occurrence kept
 UNSUPPORTED: list[dict] = []    # names called that the stand-in has no reference for
 COMPILES: dict[str, dict] = {}  # compiled callable -> {"backend", "mode", "compiles", "recompiles", "eager_fallback"}
-_state = {"device": None, "written": False}
+STEPS: list[dict] = []          # groups of identical forward steps (module docs)
+STEPS_EXCLUDED: Counter = Counter()   # forward calls left out of STEPS: "warm-up", "mtp"
+MAX_STEP_GROUPS = 64            # distinct step signatures kept; past it, "steps_truncated"
+_state = {"device": None, "written": False, "step": None, "numbers": Counter(), "steps_truncated": 0}
 
 
 def rank_from_env(env=os.environ) -> int | None:
@@ -47,6 +58,60 @@ def rank_from_env(env=os.environ) -> int | None:
 def op(name: str) -> None:
     with _lock:
         OPS[name] += 1
+        step = _state["step"]
+        if step is not None:
+            step["ops"][name] += 1
+            layer = step["layer"]
+            if layer is None:
+                step["outside"][name] += 1
+            else:
+                step["per_layer"].setdefault(name, Counter())[layer] += 1
+
+
+# ---- forward steps (marked by npu_standin.steps) -------------------------------------------
+def step_begin(phase: str, *, exe_mode: str | None = None, compiled: bool = False, layers: int | None = None) -> None:
+    """A forward call of the model begins: "prefill" or "decode"; `layers` the decoder layers the
+    marker hooked (None: the calls are the step's only)."""
+    with _lock:
+        _state["numbers"][phase] += 1
+        _state["step"] = {"phase": phase, "number": _state["numbers"][phase], "exe_mode": exe_mode,
+                          "compiled": bool(compiled), "layers": layers, "layer": None, "ops": Counter(),
+                          "outside": Counter(), "per_layer": {}}
+
+
+def step_layer(index: int | None) -> None:
+    """Calls from here on are decoder layer `index`'s (None: outside any layer)."""
+    with _lock:
+        step = _state["step"]
+        if step is not None and step["layers"] and not step["compiled"]:
+            step["layer"] = index if index is None or 0 <= index < step["layers"] else None
+
+
+def step_end() -> None:
+    with _lock:
+        step, _state["step"] = _state["step"], None
+        if step is None:
+            return
+        layers = step["layers"] if not step["compiled"] else None
+        entry = {"phase": step["phase"], "exe_mode": step["exe_mode"], "compiled": step["compiled"],
+                 "layers": layers, "ops": dict(sorted(step["ops"].items()))}
+        if layers:
+            entry["per_layer"] = {name: [calls.get(i, 0) for i in range(layers)]
+                                  for name, calls in sorted(step["per_layer"].items())}
+            entry["outside_layers"] = dict(sorted(step["outside"].items()))
+        for group in STEPS:
+            if {k: v for k, v in group.items() if k != "steps"} == entry:
+                group["steps"].append(step["number"])
+                return
+        if len(STEPS) >= MAX_STEP_GROUPS:
+            _state["steps_truncated"] += 1
+            return
+        STEPS.append({**entry, "steps": [step["number"]]})
+
+
+def step_excluded(kind: str) -> None:
+    with _lock:
+        STEPS_EXCLUDED[kind] += 1
 
 
 def _not_compiling() -> bool:
@@ -104,6 +169,9 @@ def snapshot() -> dict:
             "notes": dict(NOTES),
             "compiles": {k: dict(v) for k, v in COMPILES.items()},
             "unsupported": list(UNSUPPORTED),
+            "steps": [{**g, "steps": list(g["steps"])} for g in STEPS],
+            "steps_excluded": dict(sorted(STEPS_EXCLUDED.items())),
+            "steps_truncated": _state["steps_truncated"],
         }
 
 
@@ -220,5 +288,7 @@ def merge(records: list[dict], devices: list | None = None) -> dict:
         "compiles": compiles,
         "unsupported": unsupported_calls,
         "per_process": [{"pid": d.get("pid"), "rank": d.get("rank"), "argv": d.get("argv"),
-                         "ops": d.get("ops") or {}} for d in records],
+                         "ops": d.get("ops") or {}, "steps": d.get("steps") or [],
+                         "steps_excluded": d.get("steps_excluded") or {},
+                         "steps_truncated": d.get("steps_truncated") or 0} for d in records],
     }

@@ -59,16 +59,20 @@ def _compiling() -> bool:
 
 # ---- upstream's ModelWorker: the one place every step's logits pass, compiled or not ----------
 class _WorkerFinder:
-    """Wraps ModelWorker.inference once its module has run (a meta-path finder that delegates the
-    import to the real one)."""
+    """Wraps ModelWorker.inference once its module has run (a meta-path finder that asks the finders
+    after it for the module: another hook on it, the npu stand-in's step marker, keeps working)."""
 
     def find_spec(self, name, path=None, target=None):
         if name != WORKER_MODULE:
             return None
-        import importlib.machinery
-
-        sys.meta_path.remove(self)
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        spec = None
+        for finder in list(sys.meta_path):
+            find = getattr(finder, "find_spec", None)
+            spec = find(name, path, target) if find is not None else None
+            if spec is not None:
+                break
         if spec is None or spec.loader is None:
             return spec
         run_module = spec.loader.exec_module
@@ -161,8 +165,12 @@ def _model_hook(module, args, kwargs, output):
 
 def _layer_hook(index):
     def hook(module, args, output):
+        # _compiling() first: a traced hook that read the state would guard on it (None in the warm-up
+        # that compiles, a dict in the steps after it) and recompile the decode graph
+        if _compiling():
+            return None
         current = _state["current"]
-        if current is None or _compiling():
+        if current is None:
             return None
         hidden = _hidden(output)
         if hidden is not None:
