@@ -23,7 +23,7 @@ from agent.recipe.targets import TARGETS, choose_target
 from agent.workflow.run import run_migration
 from engine import defaults
 from engine.config import KEY
-from engine.environment import (DeviceUnavailableError, TorchImportError, detect_environment, import_torch, select_device,
+from engine.environment import (DeviceUnavailableError, TorchImportError, import_torch, select_device,
                                 simulated_card_bytes)
 from engine.safe_load import LoadError, load_json
 
@@ -398,10 +398,9 @@ def cmd_demo(args) -> int:
 
 
 def cmd_env(args) -> int:
-    try:
-        env = detect_environment(args.device)
-    except DeviceUnavailableError as exc:
-        raise errors.EnvironmentProblem(str(exc)) from exc
+    from agent.workflow.inputs import host_environment
+
+    env = host_environment(args.device)
     problem = None
     if args.device != "auto":
         try:

@@ -5,6 +5,9 @@
   torch_npu works.
 * When `torch` finishes importing, the stand-in activates (npu device, torch.npu, HCCL, kernels,
   compile backends) before any user code sees torch.
+* When a recipe's `engine.environment` finishes importing, its `detect_environment` is wrapped so
+  that the record it returns is the stand-in's (honest.mark_environment): the engine never names
+  the stand-in.
 """
 
 from __future__ import annotations
@@ -72,6 +75,39 @@ class TorchHook(importlib.abc.MetaPathFinder):
         return spec
 
 
+class _MarkingLoader(importlib.abc.Loader):
+    def __init__(self, real):
+        self.real = real
+
+    def create_module(self, spec):
+        return self.real.create_module(spec)
+
+    def exec_module(self, module):
+        self.real.exec_module(module)
+        from npu_standin import honest
+
+        honest.mark_environment_module(module)
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+class EnvironmentRecordHook(importlib.abc.MetaPathFinder):
+    """Wraps the loader of the engine's environment module (a recipe's or ours: both are
+    `engine.environment`), so that its records are marked as made under the stand-in."""
+
+    MODULE = "engine.environment"
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.MODULE:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None or isinstance(spec.loader, _MarkingLoader):
+            return spec
+        spec.loader = _MarkingLoader(spec.loader)
+        return spec
+
+
 # torch's compiler stack builds type tables (`type(x) in (torch.device, ...)`) when its modules are
 # imported: they must hold the real torch.device class, not the stand-in's `torch.device` (whose
 # instances are real devices). Modules under these prefixes are imported with the real class in place.
@@ -122,9 +158,14 @@ def install() -> None:
     _installed["done"] = True
     sys.meta_path.insert(0, ShimFinder())
     sys.meta_path.insert(0, CompilerImportShield())
+    sys.meta_path.insert(0, EnvironmentRecordHook())
     if "torch" in sys.modules:
         from npu_standin import activate
 
         activate.activate()
     else:
         sys.meta_path.insert(0, TorchHook())
+    if EnvironmentRecordHook.MODULE in sys.modules:
+        from npu_standin import honest
+
+        honest.mark_environment_module(sys.modules[EnvironmentRecordHook.MODULE])

@@ -28,20 +28,15 @@ from agent.recipe.trial_run import trial_run
 from agent.repair.diagnose import diagnose
 from agent.repair.fix import repair
 from agent.repair.rules.rule import RepairContext
+from agent.workflow.inputs import host_environment
 from agent.workflow.report import write_report
 from agent.workflow.state import MigrationState, last_run
 from engine import defaults
-from engine.environment import DeviceUnavailableError, detect_environment, select_device
 from engine.safe_load import load_json
 
 
 def node_detect_env(state: MigrationState) -> dict:
-    device = state.get("device", "auto")
-    try:
-        select_device(device)
-    except DeviceUnavailableError as exc:
-        raise EnvironmentProblem(str(exc)) from exc
-    return {"env": detect_environment(device)}
+    return {"env": host_environment(state.get("device", "auto"))}
 
 
 def node_classify(state: MigrationState) -> dict:
