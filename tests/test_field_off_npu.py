@@ -221,7 +221,7 @@ def test_rollback_after_repair_rounds_takes_the_registry_line_out(tmp_path, migr
 @pytest.mark.slow
 def test_the_checkout_advice_works_when_followed(tmp_path, tiny_checkpoints):
     """The exit-4 line's `migrator standin -- migrator run …`, run as printed, migrates into the checkout."""
-    from npu_standin import upstream
+    from agent.measure import reference as upstream
 
     checkout = copy_checkout(tmp_path)
     checkpoint = upstream.tiny_checkpoint("llama", tmp_path / "ckpt")

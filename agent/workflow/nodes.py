@@ -24,7 +24,7 @@ from agent.recipe.render import normalise_model_name, render_recipe, template_co
 from agent.recipe.targets import REGISTRY, TARGETS, checkout_root, choose_target, framework_registry_entry, state_dir
 from agent.recipe.routing import route
 from agent.recipe.spec import RecipeSpec
-from agent.recipe.trial_run import trial_run
+from agent.run.trial_run import trial_run
 from agent.repair.diagnose import diagnose
 from agent.repair.fix import repair
 from agent.repair.rules.rule import RepairContext
