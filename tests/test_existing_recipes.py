@@ -189,7 +189,7 @@ def test_classify_never_runs_anything_inside_a_checkpoint(tmp_path):
     (ckpt / "model.safetensors").write_bytes(b"\0" * 8)
     (ckpt / "infer.sh").write_text(f"touch {tmp_path / 'ran'}\n")
     before = {p.name: p.read_bytes() for p in ckpt.iterdir()}
-    result = node_classify({"target": str(ckpt)})
+    result = node_classify({"target": str(ckpt)}, {})
     assert result["scenario"] == "A" and "checkpoint" in result["classify_reason"]
     assert not (tmp_path / "ran").exists()
     assert {p.name: p.read_bytes() for p in ckpt.iterdir()} == before
