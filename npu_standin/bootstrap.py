@@ -44,21 +44,34 @@ class ShimFinder(importlib.abc.MetaPathFinder):
         return importlib.machinery.ModuleSpec(fullname, _ShimLoader(fullname), is_package=True)
 
 
-class _ActivatingLoader(importlib.abc.Loader):
-    def __init__(self, real):
+class _ThenLoader(importlib.abc.Loader):
+    """The real loader of a module, then `then(module)` once the module has executed."""
+
+    def __init__(self, real, then):
         self.real = real
+        self.then = then
 
     def create_module(self, spec):
         return self.real.create_module(spec)
 
     def exec_module(self, module):
         self.real.exec_module(module)
-        from npu_standin import activate
-
-        activate.activate()
+        self.then(module)
 
     def __getattr__(self, name):
         return getattr(self.real, name)
+
+
+def _activate(_torch) -> None:
+    from npu_standin import activate
+
+    activate.activate()
+
+
+def _mark_environment(module) -> None:
+    from npu_standin import honest
+
+    honest.mark_environment_module(module)
 
 
 class TorchHook(importlib.abc.MetaPathFinder):
@@ -71,25 +84,8 @@ class TorchHook(importlib.abc.MetaPathFinder):
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or spec.loader is None:
             return None
-        spec.loader = _ActivatingLoader(spec.loader)
+        spec.loader = _ThenLoader(spec.loader, _activate)
         return spec
-
-
-class _MarkingLoader(importlib.abc.Loader):
-    def __init__(self, real):
-        self.real = real
-
-    def create_module(self, spec):
-        return self.real.create_module(spec)
-
-    def exec_module(self, module):
-        self.real.exec_module(module)
-        from npu_standin import honest
-
-        honest.mark_environment_module(module)
-
-    def __getattr__(self, name):
-        return getattr(self.real, name)
 
 
 class EnvironmentRecordHook(importlib.abc.MetaPathFinder):
@@ -102,9 +98,9 @@ class EnvironmentRecordHook(importlib.abc.MetaPathFinder):
         if fullname != self.MODULE:
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None or isinstance(spec.loader, _MarkingLoader):
+        if spec is None or spec.loader is None or isinstance(spec.loader, _ThenLoader):
             return spec
-        spec.loader = _MarkingLoader(spec.loader)
+        spec.loader = _ThenLoader(spec.loader, _mark_environment)
         return spec
 
 
@@ -166,6 +162,4 @@ def install() -> None:
     else:
         sys.meta_path.insert(0, TorchHook())
     if EnvironmentRecordHook.MODULE in sys.modules:
-        from npu_standin import honest
-
-        honest.mark_environment_module(sys.modules[EnvironmentRecordHook.MODULE])
+        _mark_environment(sys.modules[EnvironmentRecordHook.MODULE])

@@ -19,6 +19,7 @@ from agent.measure import baseline as bl
 from agent.recipe import readme
 from agent.recipe.targets import REGISTRY
 from conftest import run_cli
+from npu_standin import honest
 
 TEMPLATE_README = """# M模型在NPU上推理
 
@@ -66,9 +67,9 @@ def _baseline(device: str, npu_model: str | None, decode: float, standin: bool) 
 
 
 def test_file_name_follows_the_evidence():
-    assert bl.file_name({"standin": {"device": "cpu"}}) == "baseline_metadata.standin.json"
-    assert bl.file_name({}, standin=True) == "baseline_metadata.standin.json"
-    assert bl.file_name({"environment": {"device": "npu"}}) == "baseline_metadata.json"
+    assert honest.baseline_file_name({"standin": {"device": "cpu"}}) == "baseline_metadata.standin.json"
+    assert honest.baseline_file_name({}, standin=True) == "baseline_metadata.standin.json"
+    assert honest.baseline_file_name({"environment": {"device": "npu"}}) == "baseline_metadata.json"
 
 
 def test_product_line_only_from_an_npu_run():
@@ -86,7 +87,7 @@ def test_the_one_writer_names_a_standin_baseline_and_fills_the_readme(tmp_path):
     recipe = _recipe(tmp_path)
     out_dir = recipe / "agentic" / "baseline"
     standin = _baseline("cpu (npu stand-in)", None, 4.0, True)
-    out = out_dir / bl.file_name(standin)
+    out = out_dir / honest.baseline_file_name(standin)
     bl.write_baseline(out, standin, recipe_dir=recipe)
     text = (recipe / "README.md").read_text()
     assert out.name == "baseline_metadata.standin.json" and not (out_dir / "baseline_metadata.json").exists()
@@ -99,7 +100,7 @@ def test_the_one_writer_names_a_standin_baseline_and_fills_the_readme(tmp_path):
     npu = _baseline("npu", "Ascend910B3", 8.0, False)
     npu["verification"]["parity"] = {"checked": True, "ok": True, "reference": "transformers LlamaForCausalLM",
                                      "max_abs_logits_diff": 0.0123, "tolerance": 0.05}
-    bl.write_baseline(out_dir / bl.file_name(npu), npu, recipe_dir=recipe)
+    bl.write_baseline(out_dir / honest.baseline_file_name(npu), npu, recipe_dir=recipe)
     text = (recipe / "README.md").read_text()
     assert "<term>Atlas A2 系列产品</term>" in text and "| 1×Ascend910B3 | 8.00 | 250.0 |" in text
     assert "精度：与 transformers LlamaForCausalLM 的参考输出对比一致（最大 logits 偏差 0.0123，容差 0.05）。" in text

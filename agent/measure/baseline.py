@@ -248,9 +248,7 @@ def _as_int(value: Any) -> Optional[int]:
 # --------------------------------------------------------------------------- output
 
 
-CANONICAL_NAME = honest.CANONICAL_BASELINE
-# A stand-in baseline never takes the name (or the place) of an NPU one: named by npu_standin.honest.
-file_name = honest.baseline_file_name
+CANONICAL_NAME = honest.CANONICAL_BASELINE    # a stand-in baseline is named by npu_standin.honest.baseline_file_name
 
 
 def keep_previous(out: Path, previous_dir: Optional[Path] = None) -> Optional[Path]:

@@ -35,6 +35,7 @@ from agent.workflow.report import write_report
 from agent.workflow.state import MigrationState, last_run, run_options
 from engine import defaults
 from engine.safe_load import load_json
+from npu_standin import honest
 
 
 def node_detect_env(state: MigrationState, config: RunnableConfig) -> MigrationState:
@@ -233,8 +234,8 @@ def node_collect_baseline(state: MigrationState) -> MigrationState:
         if fault is not None:
             raise fault from None
         raise MigratorError(f"baseline collection failed: {baseline.error_line(exc)}") from None
-    # A stand-in baseline never replaces an NPU one: named from what it records (baseline.file_name).
-    name = baseline.file_name(collected, standin=bool(state.get("upstream_standin")))
+    # A stand-in baseline never replaces an NPU one: named from what it records (npu_standin.honest).
+    name = honest.baseline_file_name(collected, standin=bool(state.get("upstream_standin")))
     # upstream's own recipe checked under the stand-in: only under its ignored res/ (our state folder)
     folder = state_dir(recipe.path) / "baseline" if state.get("upstream_standin") else recipe.baseline_dir()
     return {"baseline_path": str(folder / name), "baseline": collected}
