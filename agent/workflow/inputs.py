@@ -35,17 +35,17 @@ from engine.safe_load import LoadError
 def validate_run(args) -> tuple[MigrationState, RunOptions]:
     """`migrator run TARGET ...`: every check of what the user gave, once, in the order a user meets
     them (text, device, target, output dir, stand-in plan, NPU kernels, target kind, transformers
-    source, the host for a checkout), then the state and options. `--resume` continues a run whose
-    input was checked when it started: the target is not checked again."""
+    source, the host for a checkout), then the state and options. With `--resume` the input is checked
+    too (a resume with nothing saved starts from the beginning, and no node checks it again); the
+    stand-in plan (it writes a YAML copy) and the host check of a checkout migration are the stored
+    run's."""
     check_text_args(target=args.target, **{"--name": args.name, "--output-dir": args.output_dir,
                                            "--weights": args.weights})
     args.target = hub_target(args.target, args.hub)
     check_device_here(args.device)
     path = Path(args.target).expanduser()
     # the input step's one look-up of the folder (after check_target refused what must not be read)
-    recipe = None if args.resume else check_target(args.target, args.trust_remote_code)
-    if recipe is None and path.is_dir():
-        recipe = Recipe.at(path)
+    recipe = check_target(args.target, args.trust_remote_code)
     is_recipe = recipe is not None and recipe.is_recipe
     if (path / "config.json").is_file():
         check_output_outside(path, Path(args.output_dir), args.output_dir)
@@ -55,7 +55,7 @@ def validate_run(args) -> tuple[MigrationState, RunOptions]:
     plan = None if args.resume else standin_plan(args, recipe)
     if args.yaml and not args.standin:
         raise errors.InputError("--yaml picks the YAML of a --standin run; without it the recipe runs its own")
-    if not args.resume and plan is None:
+    if plan is None and not (args.resume and args.standin):     # a resumed stand-in run keeps its plan
         preflight(recipe)
     # the kind of recipe a migration writes: a bad --target is exit 2 before acquiring
     recipe_target = None if is_recipe else choose_target(args.recipe_target, Path(args.output_dir))
