@@ -11,20 +11,16 @@ from pathlib import Path
 
 from agent import errors
 from agent.errors import MigratorError
-from agent.migrate.acquire import local_path_problem, parse_hub_ref
-from agent.migrate.checkpoint_check import check_checkpoint, check_output_outside, weight_files
 from agent.paths import demo_model_dir
 from agent.recipe.backup import has_backups, rollback
-from agent.recipe.fs_guard import check_regular, check_writable, check_write_destinations
-from agent.recipe.runnable import ensure_runnable_here
 from agent.recipe.recipe import Recipe
 from agent.processes import Terminated, install_signal_handlers
-from agent.recipe.targets import TARGETS, choose_target
+from agent.recipe.targets import TARGETS
+from agent.workflow import inputs
 from agent.workflow.run import run_migration
 from engine import defaults
 from engine.config import KEY
-from engine.environment import (DeviceUnavailableError, TorchImportError, detect_environment, import_torch, select_device,
-                                simulated_card_bytes)
+from engine.environment import DeviceUnavailableError, TorchImportError, import_torch, select_device, simulated_card_bytes
 from engine.safe_load import LoadError, load_json
 
 DEVICES = KEY["device"].choices
@@ -163,194 +159,14 @@ def _add_standin_options(parser: argparse.ArgumentParser) -> None:
                              "the recipe's architecture, run through a copy of the YAML")
 
 
-def standin_plan(args, target: str) -> dict | None:
-    """--standin: the plan of agent.measure.upstream_check for a recipe (None without --standin)."""
-    if getattr(args, "tiny", False) and not args.standin:
-        raise errors.InputError("--tiny needs --standin (a tiny checkpoint is for a run under the npu stand-in)")
-    if not args.standin:
-        return None
-    from agent.measure import upstream_check
-
-    recipe = Recipe.at(target)
-    if recipe.is_recipe:
-        check_recipe_files(recipe)      # a binary / bomb / duplicate-key upstream YAML: exit 2, not a crash
-    return upstream_check.plan(recipe, yaml_name=getattr(args, "yaml", None),
-                               world_size=getattr(args, "world_size", 1) or 1, tiny=args.tiny,
-                               max_new_tokens=min(getattr(args, "max_new_tokens", 16), 16))
-
-
 # ---- commands ---------------------------------------------------------------------------
-def check_target(target: str, trust_remote_code: bool = False) -> None:
-    """Reject bad input before the workflow starts: one line, exit code 2."""
-    path = Path(target).expanduser()
-    if path.exists():
-        if not path.is_dir():
-            raise errors.InputError(f"{target}: not a directory; give a Hugging Face model directory, "
-                                    "a recipe directory, an https://huggingface.co/Org/Name link or Org/Name")
-        if os.path.lexists(path / "config.json"):
-            check_regular(path / "config.json")      # a loop, a FIFO, a device: refused by type, never read
-        recipe = Recipe.at(path)
-        if recipe.refusal:
-            raise errors.InputError(recipe.refusal)     # the same line classify and baseline give
-        if (path / "config.json").is_file() and (not (path / "infer.sh").is_file() or weight_files(path)):
-            check_checkpoint(path, trust_remote_code)   # a checkpoint (even one holding an infer.sh): checked before any step
-    elif local_path_problem(target):
-        raise errors.InputError(local_path_problem(target))
-    elif parse_hub_ref(target) is None:
-        from agent.migrate.acquire import hub_ref_problem
-
-        why = hub_ref_problem(target)
-        raise errors.InputError(f"{target}: no such directory, and not a Hugging Face link "
-                                "(https://huggingface.co/Org/Name), repo id (Org/Name) or ModelScope link "
-                                f"(https://modelscope.cn/models/Org/Name)" + (f" ({why})" if why else ""))
-
-
-def resolve_target(target: str) -> str:
-    """A local folder as an absolute, symlink-free path (relative paths, `.`, symlinked folders all
-    work from any working directory); links and repo ids are kept as given."""
-    path = Path(target).expanduser()
-    return str(path.resolve()) if path.exists() else target
-
-
-def preflight(target: str) -> None:
-    """Before anything runs or is written: a recipe that calls NPU kernels on a host without a
-    usable NPU ends here with exit 4 (no repair round, no file touched)."""
-    path = Path(target)
-    if path.is_dir():
-        recipe = Recipe.at(path)
-        if recipe.is_recipe:
-            check_recipe_files(recipe)
-            check_recipe_destinations(recipe)
-            ensure_runnable_here(recipe)
-
-
-def check_recipe_files(recipe: Recipe) -> None:
-    """The recipe's YAML files loaded with the bounded loader before anything runs: one too large, an
-    alias bomb, nested too deep, with duplicate keys or bytes that are not UTF-8 is exit 2 naming the file
-    and line. A plain syntax slip is left to the repair rounds (scenario B)."""
-    from agent.recipe.recipe import recipe_yaml_files
-    from engine.safe_load import load_yaml
-
-    for path in recipe_yaml_files(recipe):
-        try:
-            load_yaml(path)
-        except LoadError as exc:
-            if exc.kind != "syntax":
-                raise errors.InputError(str(exc)) from None
-
-
-def check_recipe_destinations(recipe: Recipe) -> None:
-    """What a run of the recipe writes (its run logs, baseline, report) can be written inside it."""
-    check_writable(recipe.path)       # a read-only recipe: one line before anything runs
-    baseline = recipe.baseline_dir().relative_to(recipe.path).as_posix()
-    check_write_destinations(recipe.path, {".migrator": "dir", "agentic": "dir", baseline: "dir",
-                                         "migration_report.json": "file", "migration_summary.md": "file",
-                                         "README.md": "file"})
-
-
-def check_text_args(**values) -> None:
-    """Paths and names with control characters (a newline, a tab, NUL) end up broken in logs,
-    YAML and shell lines: refuse them (exit 2)."""
-    import re
-
-    for option, value in values.items():
-        if value is not None and re.search(r"[\x00-\x1f\x7f]", str(value)):
-            raise errors.InputError(f"{option} {str(value)!r} contains control characters (newline, tab, …); "
-                                    "rename it")
-
-
-def check_output_dir(output_dir: str) -> None:
-    """The output dir is created if needed; a file in the way or no permission is exit 2."""
-    path = Path(output_dir).expanduser()
-    if path.exists() and not path.is_dir():
-        raise errors.InputError(f"--output-dir {output_dir}: exists and is not a directory")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise errors.InputError(f"--output-dir {output_dir}: cannot be created ({exc.strerror or exc})") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise errors.InputError(f"--output-dir {output_dir}: not writable")
-
-
-def check_npu_for_checkout(args) -> None:
-    """A migration into a cann-recipes-infer checkout (--target framework or legacy) runs upstream's
-    executor, which imports torch_npu: on a host without a usable NPU it ends here with exit 4, before
-    anything is written or downloaded, naming the stand-in run that validates it. Under the stand-in
-    (`migrator standin -- migrator run ...`) the run goes on."""
-    from agent.recipe.npu_scan import npu_usable
-    from agent.recipe.targets import TARGETS
-    from npu_standin.environment import is_active
-
-    kind = choose_target(args.recipe_target, Path(args.output_dir))     # a bad --target is exit 2 first
-    if not TARGETS[kind].inside_checkout or is_active() or npu_usable():
-        return
-    import shlex
-
-    from engine.environment import probe_torch_npu
-
-    status = probe_torch_npu()["status"]
-    why = status if status != "ok" else "torch_npu sees no NPU"
-    again = shlex.join(["migrator", "standin", "--", "migrator", *getattr(args, "typed", ["run", args.target])])
-    raise errors.EnvironmentProblem(
-        f"a {kind} recipe in {Path(args.output_dir).expanduser().resolve()} runs on upstream's executor, which needs "
-        f"an Ascend NPU (torch_npu), and this host has none ({why}); nothing was written. Off an NPU, validate "
-        f"the migration under the npu stand-in: `{again}`")
-
-
-def check_device_here(device: str) -> None:
-    """`--device npu` (or npu:N) on a host without a usable NPU: one line saying so, before any
-    check of the target (whose NPU kernels would otherwise be the message) and before any write."""
-    if not device.startswith("npu"):
-        return
-    try:
-        select_device(device)
-    except DeviceUnavailableError as exc:
-        raise errors.EnvironmentProblem(f"no NPU here: {exc}") from exc
-
-
-def _is_recipe_folder(target: str) -> bool:
-    path = Path(target).expanduser()
-    return path.is_dir() and Recipe.at(path).is_recipe
-
-
 def cmd_run(args) -> int:
-    check_text_args(target=args.target, **{"--name": args.name, "--output-dir": args.output_dir,
-                                           "--weights": args.weights})
-    from agent.migrate.acquire import hub_target
-
-    args.target = hub_target(args.target, args.hub)
     if args.apply_llm_patches:
         from agent.repair.llm_repair import APPLY_ENV
 
         os.environ[APPLY_ENV] = "1"     # read by the LLM repairer in this process; children never need it
-    check_device_here(args.device)
-    if not args.resume:
-        check_target(args.target, args.trust_remote_code)
-    if (Path(args.target).expanduser() / "config.json").is_file():
-        check_output_outside(Path(args.target), Path(args.output_dir), args.output_dir)
-    if not _is_recipe_folder(args.target):     # a recipe is repaired in place: no output dir is made
-        check_output_dir(args.output_dir)
-    args.target = resolve_target(args.target)
-    plan = None if args.resume else standin_plan(args, args.target)
-    if args.yaml and not args.standin:
-        raise errors.InputError("--yaml picks the YAML of a --standin run; without it the recipe runs its own")
-    if not args.resume and plan is None:
-        preflight(args.target)
-    if args.recipe_target and not Recipe.at(args.target).is_recipe:
-        choose_target(args.recipe_target, Path(args.output_dir))     # a bad --target is exit 2 before acquiring
-    if args.transformers_source and args.transformers_source != "installed":
-        from agent.migrate.transformers_source import open_source
-
-        open_source(args.transformers_source)       # a bad source is exit 10 before the workflow starts
-    if not args.resume and not _is_recipe_folder(args.target):
-        check_npu_for_checkout(args)     # bad input first (above), then the host: exit 4 before the workflow writes
-    state = {"target": args.target, "output_dir": args.output_dir, "name": args.name, "device": args.device,
-             "dtype": args.dtype, "weights": args.weights, "trust_remote_code": args.trust_remote_code,
-             "max_rounds": args.max_rounds, "allow_install": args.allow_install, "timeout_s": args.timeout, "max_new_tokens": args.max_new_tokens,
-             "world_size": args.world_size, "recipe_target": args.recipe_target,
-             "transformers_source": args.transformers_source, "reference_python": args.reference_python,
-             **({"upstream_standin": plan} if plan else {})}
-    summary = run_migration(state, resume=args.resume)
+    state, options = inputs.validate_run(args)
+    summary = run_migration(state, resume=args.resume, options=options)
     return _finish(summary, args.json)
 
 
@@ -386,10 +202,10 @@ def cmd_demo(args) -> int:
         previous = recipe.with_name(name + ".previous")
         shutil.rmtree(previous, ignore_errors=True)
         recipe.rename(previous)
-    state = {"target": str(checkpoint), "output_dir": str(output_dir), "name": name, "device": args.device,
-             "max_rounds": defaults.MAX_ROUNDS, "timeout_s": defaults.DEMO_TIMEOUT_S,
+    state = {"target": str(checkpoint), "output_dir": str(output_dir), "name": name,
              "max_new_tokens": defaults.MAX_NEW_TOKENS}
-    summary = run_migration(state)
+    summary = run_migration(state, options={"max_rounds": defaults.MAX_ROUNDS, "timeout_s": defaults.DEMO_TIMEOUT_S,
+                                            "device": args.device})
     code = _finish(summary, args.json)
     if code == 0 and not args.json and summary.get("baseline_path"):
         perf = load_json(Path(summary["baseline_path"]))["performance"]
@@ -398,10 +214,9 @@ def cmd_demo(args) -> int:
 
 
 def cmd_env(args) -> int:
-    try:
-        env = detect_environment(args.device)
-    except DeviceUnavailableError as exc:
-        raise errors.EnvironmentProblem(str(exc)) from exc
+    from agent.workflow.inputs import host_environment
+
+    env = host_environment(args.device)
     problem = None
     if args.device != "auto":
         try:
@@ -431,7 +246,7 @@ def cmd_standin(args) -> int:
     if not command:
         raise errors.InputError("no command: migrator standin [--device cpu|cuda] -- COMMAND [ARGS...]")
     if args.record:
-        check_text_args(**{"--record": args.record})
+        inputs.check_text_args(**{"--record": args.record})
         record = Path(args.record).expanduser()
         if record.exists() and not record.is_dir():
             raise errors.InputError(f"--record {args.record}: exists and is not a directory")
@@ -457,12 +272,8 @@ def cmd_classify(args) -> int:
     path = Path(args.path).expanduser()
     if not path.exists():
         raise errors.InputError(f"{args.path}: no such file or directory")
-    path = path.resolve()
-    refusal = Recipe.at(path).refusal
-    if refusal:
-        raise errors.InputError(refusal)     # the same line run and baseline give
-    preflight(str(path))
-    result = node_classify({"target": str(path), "timeout_s": args.timeout})
+    state, options = inputs.validate_recipe(Recipe.at(path.resolve()), args)  # refusal: the line run and baseline give
+    result = node_classify(state, {"configurable": options})
     print(f"{result['scenario']}: {result['classify_reason']}")
     return 0
 
@@ -493,12 +304,8 @@ def cmd_baseline(args) -> int:
             rows.append(row)
             continue
         try:
-            plan = standin_plan(args, str(recipe))
-            if plan is None:
-                preflight(str(recipe))
-            summary = run_migration({"target": str(recipe), "output_dir": str(recipe.parent),
-                                    "max_rounds": args.max_rounds, "timeout_s": args.timeout, "device": "auto",
-                                    **({"upstream_standin": plan} if plan else {})})
+            state, options = inputs.validate_recipe(found, args, args.max_rounds)
+            summary = run_migration(state, options=options)
             row.update(status=summary.get("status"), message=summary.get("message", ""))
             if summary.get("baseline_path"):
                 data = load_json(Path(summary["baseline_path"]))
@@ -642,7 +449,7 @@ def _written_place(args) -> str | None:
     """Where a command writes (for a filesystem fault whose error names no file): the recipe it
     repairs or measures, else the output dir."""
     target = getattr(args, "target", None)
-    if target and (args.command in ("baseline", "rollback") or _is_recipe_folder(target)):
+    if target and (args.command in ("baseline", "rollback") or inputs.is_recipe_folder(target)):
         return str(Path(target).expanduser().resolve())
     output_dir = getattr(args, "output_dir", None)
     return str(Path(output_dir).expanduser().resolve()) if output_dir else None

@@ -29,7 +29,7 @@ class Vendored(TypedDict, total=False):
 
 
 class Run(TypedDict):
-    """One run of the recipe (agent.recipe.trial_run)."""
+    """One run of the recipe (agent.run.trial_run)."""
     label: str                            # classify | trial<N> | verify
     ok: bool
     returncode: int | None                # None: timed out

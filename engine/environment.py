@@ -177,18 +177,7 @@ def detect_environment(device: str = "auto") -> Environment:
     if torch is not None:
         for backend in BACKENDS.values():
             backend.record(torch, kind, index, env)
-    return _standin_facts(env)
-
-
-def _standin_facts(env: dict) -> dict:
-    """Whether the npu stand-in can run here (`migrator standin`), and, inside a stand-in process,
-    the record made honest: the host device, never an NPU (npu_standin.honest)."""
-    try:
-        from npu_standin import availability, honest
-    except ImportError:
-        return env
-    env["npu_standin"] = availability()
-    return honest.mark_environment(env)
+    return env
 
 
 def simulated_card_bytes(environ=None) -> int | None:

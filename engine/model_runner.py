@@ -79,9 +79,7 @@ class ModelRunner:
         if options is None:
             self.exe_mode = "eager"
         env = environment.detect_environment(self.device.type)
-        # Under the npu stand-in the record names the host device as the stand-in's (environment.py).
-        device = env["device"] if (env.get("npu_standin") or {}).get("active") else self.device.type
-        env.update(device=device, exe_mode=self.exe_mode, world_size=self.world_size)
+        env.update(exe_mode=self.exe_mode, world_size=self.world_size)
         self.logger.info(f"{self.model_name} environment: {json.dumps(env, sort_keys=True)}")
         model_config = self.runner_settings.get("model_config", {})
         # config_overrides: recipe-level corrections (e.g. tie_word_embeddings) without touching the checkpoint.

@@ -315,8 +315,3 @@ def _check_tree(data: Any, name: str, max_depth: int, max_nodes: int, hint: str)
             stack.extend((v, depth + 1) for v in value.values())
         elif isinstance(value, list):
             stack.extend((v, depth + 1) for v in value)
-
-
-def text_of(path: str | os.PathLike, max_bytes: int = YAML_MAX_BYTES) -> str:
-    """A small text file (capped, UTF-8 named) for callers that parse it themselves line by line."""
-    return decode_utf8(read_capped(path, max_bytes), str(Path(path)))

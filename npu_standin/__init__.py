@@ -30,15 +30,6 @@ from npu_standin.environment import (  # noqa: F401
 )
 from npu_standin.record import parse_log_text, read_op_usage  # noqa: F401
 
-STANDIN_LABEL = "npu stand-in"
-
-
-def device_label(host: str | None) -> str:
-    """How records name a device the stand-in ran on: "cpu (npu stand-in)", "cuda (npu stand-in)"."""
-    kind = (host or "cpu").split(":", 1)[0]
-    return f"{kind} ({STANDIN_LABEL})"
-
-
 def run(*args, **kwargs):
     from npu_standin.launcher import run as _run
 

@@ -7,6 +7,9 @@
   steps for the record (npu_standin.steps).
 * When `torch` finishes importing, the stand-in activates (npu device, torch.npu, HCCL, kernels,
   compile backends) before any user code sees torch.
+* When a recipe's `engine.environment` finishes importing, its `detect_environment` is wrapped so
+  that the record it returns is the stand-in's (honest.mark_environment): the engine never names
+  the stand-in.
 """
 
 from __future__ import annotations
@@ -43,21 +46,34 @@ class ShimFinder(importlib.abc.MetaPathFinder):
         return importlib.machinery.ModuleSpec(fullname, _ShimLoader(fullname), is_package=True)
 
 
-class _ActivatingLoader(importlib.abc.Loader):
-    def __init__(self, real):
+class _ThenLoader(importlib.abc.Loader):
+    """The real loader of a module, then `then(module)` once the module has executed."""
+
+    def __init__(self, real, then):
         self.real = real
+        self.then = then
 
     def create_module(self, spec):
         return self.real.create_module(spec)
 
     def exec_module(self, module):
         self.real.exec_module(module)
-        from npu_standin import activate
-
-        activate.activate()
+        self.then(module)
 
     def __getattr__(self, name):
         return getattr(self.real, name)
+
+
+def _activate(_torch) -> None:
+    from npu_standin import activate
+
+    activate.activate()
+
+
+def _mark_environment(module) -> None:
+    from npu_standin import honest
+
+    honest.mark_environment_module(module)
 
 
 class TorchHook(importlib.abc.MetaPathFinder):
@@ -70,7 +86,23 @@ class TorchHook(importlib.abc.MetaPathFinder):
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or spec.loader is None:
             return None
-        spec.loader = _ActivatingLoader(spec.loader)
+        spec.loader = _ThenLoader(spec.loader, _activate)
+        return spec
+
+
+class EnvironmentRecordHook(importlib.abc.MetaPathFinder):
+    """Wraps the loader of the engine's environment module (a recipe's or ours: both are
+    `engine.environment`), so that its records are marked as made under the stand-in."""
+
+    MODULE = "engine.environment"
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.MODULE:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None or isinstance(spec.loader, _ThenLoader):
+            return spec
+        spec.loader = _ThenLoader(spec.loader, _mark_environment)
         return spec
 
 
@@ -124,6 +156,7 @@ def install() -> None:
     _installed["done"] = True
     sys.meta_path.insert(0, ShimFinder())
     sys.meta_path.insert(0, CompilerImportShield())
+    sys.meta_path.insert(0, EnvironmentRecordHook())
     from npu_standin import steps      # the record's per-step counts: upstream's executor's forward calls
 
     steps.install()
@@ -133,3 +166,5 @@ def install() -> None:
         activate.activate()
     else:
         sys.meta_path.insert(0, TorchHook())
+    if EnvironmentRecordHook.MODULE in sys.modules:
+        _mark_environment(sys.modules[EnvironmentRecordHook.MODULE])

@@ -137,17 +137,17 @@ _installed = {"done": False}
 
 def _trace_host_record_stream() -> None:
     """`tensor.record_stream(torch.npu.Stream())` inside a captured region: dynamo takes only torch.Stream
-    objects there, and a host stream (program order, npu_module.HostStream) is a Python object; as in
+    objects there, and a host stream (program order, device.HostOrderedStream) is a Python object; as in
     eager (device._record_stream), recording on it keeps nothing alive, so it traces to nothing."""
     from torch._dynamo.variables.constant import ConstantVariable
     from torch._dynamo.variables.tensor import TensorVariable
 
-    from npu_standin.npu_module import HostStream
+    from npu_standin.device import HostOrderedStream
 
     real = TensorVariable.method_record_stream
 
     def method_record_stream(self, tx, stream):
-        if isinstance(getattr(stream, "value", None), HostStream):
+        if isinstance(getattr(stream, "value", None), HostOrderedStream):
             record.note("captured-record-stream", "record_stream on a host stream in a captured graph: nothing "
                                                   "to keep alive (host program order)", echo=False)
             return ConstantVariable.create(None)

@@ -260,12 +260,15 @@ def _wrap_set_default_device(fn):
     return wrapper
 
 
+class HostOrderedStream:
+    """A stream that is the host's program order (npu_module.HostStream): work is done when a call
+    returns, so recording a tensor on it keeps nothing alive (here and in compile's captured regions)."""
+
+
 def _record_stream(real):
     @functools.wraps(real)
     def record_stream(self, stream):
-        from npu_standin import npu_module
-
-        if isinstance(stream, npu_module.HostStream):
+        if isinstance(stream, HostOrderedStream):
             return None            # every host stream is the program order: nothing to keep alive for
         return real(self, stream)
 

@@ -287,7 +287,7 @@ class HostEvent:
         return f"<torch.npu.Event (npu stand-in, cpu) recorded={self._time is not None}>"
 
 
-class HostStream:
+class HostStream(_dev.HostOrderedStream):
     """torch.npu.Stream on the cpu: the host's program order (work is done when a call returns)."""
 
     def __init__(self, device=None, priority: int = 0, **kwargs):

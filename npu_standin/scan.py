@@ -1,5 +1,12 @@
 """Static scan: which torch_npu / torch.npu / torch.ops.npu / torchair names a source tree uses.
 
+`SourceScan` is the one `ast` walker every NPU scan of this project is written on: it parses a source
+(one that does not parse scans to nothing), follows the scopes that make an import lazy (a function),
+optional (the body of a try, or of an if) or not certain to run (any of those, or a with), and reads
+dotted attribute chains. The rule sets on it: this module's (every NPU name, for the stand-in's
+coverage), agent.recipe.npu_scan's (NPU kernels with no portable path) and agent.recipe.compiled_ops's
+(compiled custom operators).
+
 Reads Python files with `ast` (never imports them). Names are written the way the stand-in
 resolves them: ``torch_npu.npu_rms_norm``, ``torch.npu.synchronize``,
 ``torch.ops.npu.npu_fused_infer_attention_score_v2``, ``torchair.scope.npu_stream_switch``,
@@ -63,9 +70,84 @@ def kernel_name(name: str) -> str | None:
     return None
 
 
-class _Visitor(ast.NodeVisitor):
+def chain(node: ast.AST) -> tuple[str, list[str]] | None:
+    """`a.b.c` as ("a", ["b", "c"]); None when the chain does not start at a name (a call, a subscript)."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return node.id, list(reversed(parts))
+
+
+def dotted(node: ast.AST) -> str | None:
+    found = chain(node)
+    return ".".join([found[0], *found[1]]) if found else None
+
+
+class SourceScan(ast.NodeVisitor):
+    """The walker the rule sets subclass: `found` is what they record; the counters say where the
+    node being visited is: `functions` (inside a function: a lazy import), `guards` (in the body of a
+    try, or of an if: an optional import) and `blocks` (inside a function, try, if or with: not certain
+    to run)."""
+
     def __init__(self):
-        self.found: list[tuple[str, int]] = []
+        self.found: list = []
+        self.functions = 0
+        self.guards = 0
+        self.blocks = 0
+
+    @classmethod
+    def scan(cls, source: str, *args, **kwargs):
+        """The visitor after a walk of `source`; None when it does not parse."""
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError):
+            return None
+        visitor = cls(*args, **kwargs)
+        visitor.visit(tree)
+        return visitor
+
+    def visit_Try(self, node):
+        self.blocks += 1
+        self.guards += 1
+        for stmt in node.body:
+            self.visit(stmt)
+        self.guards -= 1
+        for part in (*node.handlers, *node.orelse, *node.finalbody):
+            self.visit(part)
+        self.blocks -= 1
+
+    visit_TryStar = visit_Try
+
+    def visit_If(self, node):
+        self.blocks += 1
+        self.visit(node.test)
+        self.guards += 1
+        for stmt in (*node.body, *node.orelse):
+            self.visit(stmt)
+        self.guards -= 1
+        self.blocks -= 1
+
+    def visit_With(self, node):
+        self.blocks += 1
+        self.generic_visit(node)
+        self.blocks -= 1
+
+    def _visit_function(self, node):
+        self.functions += 1
+        self.blocks += 1
+        self.generic_visit(node)
+        self.blocks -= 1
+        self.functions -= 1
+
+    visit_FunctionDef = visit_AsyncFunctionDef = _visit_function
+
+
+class _Visitor(SourceScan):
+    def __init__(self):
+        super().__init__()
         self.aliases: dict[str, str] = {"torch": "torch"}     # local name -> dotted module/attr
 
     # imports bind names to dotted paths
@@ -91,9 +173,9 @@ class _Visitor(ast.NodeVisitor):
             self.found.append((full, node.lineno))
 
     def visit_Attribute(self, node):
-        chain = _chain(node)
-        if chain is not None:
-            head, rest = chain
+        found = chain(node)
+        if found is not None:
+            head, rest = found
             base = self.aliases.get(head)
             if base is not None:
                 full = ".".join([base, *rest])
@@ -119,28 +201,13 @@ def _interesting(full: str) -> bool:
 
 
 def _is_module_chain(node, aliases) -> bool:
-    chain = _chain(node) if isinstance(node, ast.Attribute) else ((node.id, []) if isinstance(node, ast.Name) else None)
-    return chain is not None and chain[0] in aliases and aliases[chain[0]].split(".")[0] in ROOTS + ("torch",)
-
-
-def _chain(node: ast.Attribute):
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    return node.id, list(reversed(parts))
+    found = chain(node) if isinstance(node, (ast.Attribute, ast.Name)) else None
+    return found is not None and found[0] in aliases and aliases[found[0]].split(".")[0] in ROOTS + ("torch",)
 
 
 def scan_source(source: str) -> list[tuple[str, int]]:
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
-        return []
-    visitor = _Visitor()
-    visitor.visit(tree)
-    return visitor.found
+    visitor = _Visitor.scan(source)
+    return visitor.found if visitor is not None else []
 
 
 def scan_tree(root: str | Path) -> ScanResult:

@@ -206,11 +206,3 @@ def not_provided(fullname: str) -> ModuleNotFoundError:
     return ModuleNotFoundError(f"npu stand-in: {fullname} is not provided (the stand-in serves torch_npu, "
                                "torch_npu.npu, torch_npu.profiler, torch_npu._C._distributed_c10d, torchair's "
                                "compile, scope and ops, and npugraph_ex)", name=fullname)
-
-
-def register_all() -> None:
-    """Put every built module in sys.modules (for code that looks them up directly)."""
-    for name in BUILDERS:
-        module_for(name)
-    for name, module in _built.items():
-        sys.modules.setdefault(name, module)

@@ -96,7 +96,7 @@ def main(argv=None) -> int:
         sys.exit(f"{checkout_src}: not a cann-recipes-infer checkout (no executor/scripts/infer.sh)")
     work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="bench-standin-"))
     work.mkdir(parents=True, exist_ok=True)
-    from npu_standin import upstream
+    from agent.measure import reference as upstream
 
     dims = {} if args.quick else FULL_DIMS
     checkpoint = upstream.tiny_checkpoint("qwen3", work / "checkpoint", **dims)

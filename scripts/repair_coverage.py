@@ -127,7 +127,7 @@ def write_readme(corpus: list[dict], results: list[dict] | None = None) -> None:
             "Every entry also has a fault injection (`tests/field_injections.py`, run by",
             "`tests/test_field_faults.py::test_injected_field_fault[TEST_ID]` and `repair_coverage.py --inject`):",
             "the fault put into a working recipe (`ours`: this tool's layout; `upstream`: the cann-recipes-infer",
-            "layout of `tests/foreign_fixture.py`), `migrator run REL` and `migrator rollback REL` for real.",
+            "layout of `tests/checkout_fixture.py`), `migrator run REL` and `migrator rollback REL` for real.",
             "`real-...`: the fault itself fails on this host; `replayed-...`: a failure this CPU host cannot",
             "have (NPU, CANN, HCCL, accelerator memory) is replayed by recipe code that writes the report's log",
             "lines where it happened and exits. Tests marked (fast) run in `make test`, the others with `-m ''`.",

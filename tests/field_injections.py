@@ -2,7 +2,7 @@
 
 Each corpus entry gets one injection: the fault put into a copy of a working recipe, then
 `migrator run RECIPE --json` with a relative path from the recipe's parent (our layout) or from the
-repository root (the cann-recipes-infer layout of tests/foreign_fixture.py), then `migrator rollback
+repository root (the cann-recipes-infer layout of tests/checkout_fixture.py), then `migrator rollback
 RECIPE` (relative too). Two kinds, and every test id starts with its kind:
 
 - **real**: the fault itself (code calling torch.cuda / torch.npu, a CRLF infer.sh, a YAML syntax
@@ -659,13 +659,13 @@ def build_working_recipe(work: Path) -> Path:
 
 def make_target(layout: str, work: Path, source: Path) -> Target:
     """A fresh copy to inject into: ours copies `source` (a working recipe), upstream writes a
-    cann-recipes-infer stand-in (tests/foreign_fixture.py) whose recipes use the checkpoint of `source`."""
+    cann-recipes-infer stand-in (tests/checkout_fixture.py) whose recipes use the checkpoint of `source`."""
     work.mkdir(parents=True, exist_ok=True)
     if layout == "ours":
         recipe = work / "fi"
         shutil.copytree(source, recipe, ignore=shutil.ignore_patterns(".migrator", "res", "baseline", "__pycache__"))
         return Target("ours", recipe, work, "fi", work / "scratch")
-    from tests.foreign_fixture import write_repo
+    from tests.checkout_fixture import write_repo
 
     checkpoint = Target("ours", source, source.parent, source.name, work).model_path()
     root = work / "cann-recipes-infer"

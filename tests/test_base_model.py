@@ -20,7 +20,7 @@ from agent.recipe.chat_template import has_chat_template
 from agent.recipe.targets import REGISTRY
 from conftest import run_cli
 from test_framework_target import SNAPSHOT, _git, copy_checkout
-from npu_standin import upstream
+from agent.measure import reference as upstream
 
 
 def test_upstreams_offline_path_has_no_plain_prompt_switch():

@@ -67,17 +67,18 @@ def test_a_migration_into_a_checkout_off_an_npu_is_exit_4_before_anything_is_wri
 def test_under_the_standin_the_checkout_check_lets_the_migration_go_on(monkeypatch, tmp_path):
     from types import SimpleNamespace
 
-    from agent import cli, errors
+    from agent import errors
+    from agent.workflow import inputs
 
     checkout = _fake_checkout(tmp_path)
     args = SimpleNamespace(recipe_target=None, output_dir=str(checkout / "models"), target="x", typed=["run", "x"])
     with pytest.raises(errors.EnvironmentProblem, match="migrator standin -- migrator run x"):
-        cli.check_npu_for_checkout(args)
+        inputs.check_npu_for_checkout(args)
     monkeypatch.setenv("NPU_STANDIN", "cpu")
-    cli.check_npu_for_checkout(args)        # the stand-in's own run: nothing refused
+    inputs.check_npu_for_checkout(args)        # the stand-in's own run: nothing refused
     monkeypatch.delenv("NPU_STANDIN")
     args.output_dir = str(tmp_path / "elsewhere")      # a standalone recipe: runs on this host's engine
-    cli.check_npu_for_checkout(args)
+    inputs.check_npu_for_checkout(args)
 
 
 def _needs_npu(recipe: Path) -> None:
@@ -221,7 +222,7 @@ def test_rollback_after_repair_rounds_takes_the_registry_line_out(tmp_path, migr
 @pytest.mark.slow
 def test_the_checkout_advice_works_when_followed(tmp_path, tiny_checkpoints):
     """The exit-4 line's `migrator standin -- migrator run …`, run as printed, migrates into the checkout."""
-    from npu_standin import upstream
+    from agent.measure import reference as upstream
 
     checkout = copy_checkout(tmp_path)
     checkpoint = upstream.tiny_checkpoint("llama", tmp_path / "ckpt")

@@ -25,7 +25,7 @@ from agent.recipe.recipe import Recipe
 from agent.recipe.registry import registered_names
 from agent.recipe.targets import REGISTRY, TARGETS, choose_target, default_target, state_dir
 from conftest import REPO_ROOT, run_cli
-from npu_standin import upstream
+from agent.measure import reference as upstream
 
 SNAPSHOT = REPO_ROOT.parent / "shared" / "upstream" / "cann-recipes-infer"
 PROMPTS = ["An attention function can be described as mapping a query and a set of key-value pairs to an "

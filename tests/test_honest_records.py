@@ -19,6 +19,7 @@ from agent.measure import baseline as bl
 from agent.recipe import readme
 from agent.recipe.targets import REGISTRY
 from conftest import run_cli
+from npu_standin import honest
 
 TEMPLATE_README = """# M模型在NPU上推理
 
@@ -66,9 +67,9 @@ def _baseline(device: str, npu_model: str | None, decode: float, standin: bool) 
 
 
 def test_file_name_follows_the_evidence():
-    assert bl.file_name({"standin": {"device": "cpu"}}) == "baseline_metadata.standin.json"
-    assert bl.file_name({}, standin=True) == "baseline_metadata.standin.json"
-    assert bl.file_name({"environment": {"device": "npu"}}) == "baseline_metadata.json"
+    assert honest.baseline_file_name({"standin": {"device": "cpu"}}) == "baseline_metadata.standin.json"
+    assert honest.baseline_file_name({}, standin=True) == "baseline_metadata.standin.json"
+    assert honest.baseline_file_name({"environment": {"device": "npu"}}) == "baseline_metadata.json"
 
 
 def test_product_line_only_from_an_npu_run():
@@ -86,7 +87,7 @@ def test_the_one_writer_names_a_standin_baseline_and_fills_the_readme(tmp_path):
     recipe = _recipe(tmp_path)
     out_dir = recipe / "agentic" / "baseline"
     standin = _baseline("cpu (npu stand-in)", None, 4.0, True)
-    out = out_dir / bl.file_name(standin)
+    out = out_dir / honest.baseline_file_name(standin)
     bl.write_baseline(out, standin, recipe_dir=recipe)
     text = (recipe / "README.md").read_text()
     assert out.name == "baseline_metadata.standin.json" and not (out_dir / "baseline_metadata.json").exists()
@@ -99,7 +100,7 @@ def test_the_one_writer_names_a_standin_baseline_and_fills_the_readme(tmp_path):
     npu = _baseline("npu", "Ascend910B3", 8.0, False)
     npu["verification"]["parity"] = {"checked": True, "ok": True, "reference": "transformers LlamaForCausalLM",
                                      "max_abs_logits_diff": 0.0123, "tolerance": 0.05}
-    bl.write_baseline(out_dir / bl.file_name(npu), npu, recipe_dir=recipe)
+    bl.write_baseline(out_dir / honest.baseline_file_name(npu), npu, recipe_dir=recipe)
     text = (recipe / "README.md").read_text()
     assert "<term>Atlas A2 系列产品</term>" in text and "| 1×Ascend910B3 | 8.00 | 250.0 |" in text
     assert "精度：与 transformers LlamaForCausalLM 的参考输出对比一致（最大 logits 偏差 0.0123，容差 0.05）。" in text
@@ -135,7 +136,7 @@ def _only_recipe_and_registry(status: list[str], name: str) -> None:
 
 def test_a_checkout_after_a_migration_and_after_an_exit_4_run_shows_only_the_recipe(tmp_path):
     from agent.workflow.run import run_migration
-    from npu_standin import upstream
+    from agent.measure import reference as upstream
     from test_framework_target import copy_checkout
 
     checkout = copy_checkout(tmp_path)
@@ -162,7 +163,7 @@ def test_a_standin_run_of_a_framework_recipe_records_itself_as_one(tmp_path):
     baseline is the .standin.json one, the README says it has not run on an NPU and its table holds the
     baseline's figures, the previous baseline is kept once under the ignored res/, and the checkout
     shows only the recipe and the registry line."""
-    from npu_standin import upstream
+    from agent.measure import reference as upstream
     from test_framework_target import copy_checkout
 
     checkout = copy_checkout(tmp_path)
@@ -233,3 +234,24 @@ def test_provenance_names_the_exact_source(tmp_path):
     assert prov.adapted_from == "https://huggingface.co/Org/Name/blob/v2/modeling_x.py"
     local = provenance.of_module("hf_remote_code.modeling_x", snap / "modeling_x.py", None, str(tmp_path), tmp_path)
     assert "not recorded" in local.adapted_from
+
+
+def test_the_standin_marks_the_engines_environment_record_once(monkeypatch):
+    """The stand-in's bootstrap wraps engine.environment.detect_environment (the engine never names the
+    stand-in); a record an older recipe's engine marked itself is not marked twice."""
+    import types
+
+    from npu_standin import activate, honest
+
+    monkeypatch.setenv("NPU_STANDIN", "cpu")
+    monkeypatch.setitem(activate._state, "active", True)
+    module = types.SimpleNamespace(detect_environment=lambda device="auto": {
+        "device": "cpu", "npu_model": "Ascend910B3", "torch_npu_version": "2.1"})
+    honest.mark_environment_module(module)
+    honest.mark_environment_module(module)
+    env = module.detect_environment("auto")
+    assert env["device"] == "cpu (npu stand-in)" and env["npu_model"] is None and env["torch_npu_version"] is None
+    assert env["npu_standin"]["active"] is True and env["npu_standin"]["host"] == "cpu"
+    assert honest.mark_environment(dict(env)) == env
+    monkeypatch.setitem(activate._state, "active", False)        # outside a stand-in process: as found
+    assert module.detect_environment()["device"] == "cpu"

@@ -1,4 +1,5 @@
-"""No import cycle among agent/ and engine/ modules, counting imports inside functions too.
+"""No import cycle among agent/, engine/ and npu_standin/ modules, counting imports inside functions
+too, and the layers: what a lower layer imports never reaches up.
 
 A function-level import that only dodges a cycle at load time is still a cycle in the design:
 the two modules cannot be understood (or tested) apart.
@@ -10,7 +11,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("agent", "engine")
+PACKAGES = ("agent", "engine", "npu_standin")
 
 
 def module_name(path: Path) -> str:
@@ -90,6 +91,41 @@ def test_the_checker_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
-def test_agent_and_engine_have_no_import_cycle():
+def test_agent_engine_and_the_standin_have_no_import_cycle():
     found = cycles(import_graph())
     assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+# (importer, imported): a module under the first never imports one under the second. The engine ships
+# inside every standalone recipe: it needs neither the migrator nor the stand-in (which marks the
+# engine's environment record itself, npu_standin.bootstrap). A recipe on disk is what the run,
+# measure and repair layers read; it never reaches up into them.
+FORBIDDEN = (("engine", "agent"), ("engine", "npu_standin"),
+             ("agent.recipe", "agent.measure"), ("agent.recipe", "agent.repair"), ("agent.recipe", "agent.run"),
+             ("agent.recipe", "agent.workflow"), ("npu_standin", "agent.testing"), ("npu_standin", "agent.measure"))
+
+
+def under(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{name} -> {target}" for name, targets in graph.items() for target in targets
+                  for low, high in FORBIDDEN if under(name, low) and under(target, high))
+
+
+def test_the_layer_check_finds_an_edge_up():
+    assert layer_violations({"agent.recipe.spec": {"agent.measure.memory"}, "agent.measure.memory": {"agent.recipe"},
+                             "engine.environment": {"npu_standin"}}) == \
+        ["agent.recipe.spec -> agent.measure.memory", "engine.environment -> npu_standin"]
+
+
+def test_no_layer_imports_one_above_it():
+    found = layer_violations(import_graph())
+    assert not found, "imports up a layer: " + "; ".join(found)
+
+
+def test_the_engine_never_names_the_standin():
+    """Not even through importlib or a module-name string: a recipe's engine runs where no stand-in is."""
+    named = [str(p.relative_to(ROOT)) for p in (ROOT / "engine").rglob("*.py") if "npu_standin" in p.read_text()]
+    assert not named, f"engine files naming npu_standin: {named}"

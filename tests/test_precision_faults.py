@@ -101,7 +101,7 @@ DEFAULT_FRAMEWORK_FAULT = "position"
 def framework_recipe(tmp_path: Path, model_type: str = "llama", **overrides) -> tuple[Path, Path, str]:
     """A tiny checkpoint migrated by this tool into a copy of the snapshot, up to the rendered recipe."""
     from agent.workflow.run import run_migration
-    from npu_standin import upstream
+    from agent.measure import reference as upstream
 
     checkout = copy_snapshot(tmp_path / "cann-recipes-infer")
     checkpoint = upstream.tiny_checkpoint(model_type, tmp_path / f"tiny_{model_type}", **overrides)
@@ -142,7 +142,7 @@ LOW_MARGIN = [("phi3", 2, 0.05), ("mistral", 0, 0.05), ("gemma2", 1, 0.02)]
     pytest.param(*row, marks=() if row[0] == "phi3" else pytest.mark.slow, id=row[0]) for row in LOW_MARGIN])
 def test_a_low_margin_correct_run_passes_where_bf16_flips_a_token(tmp_path, model_type, seed, initializer_range):
     from agent.workflow.run import run_migration
-    from npu_standin import upstream
+    from agent.measure import reference as upstream
 
     checkout = copy_snapshot(tmp_path / "cann-recipes-infer")
     checkpoint = upstream.tiny_checkpoint(model_type, tmp_path / "ckpt", seed=seed, initializer_range=initializer_range)

@@ -103,7 +103,7 @@ def test_rendered_requirements_install_into_a_fresh_venv_and_run_the_executors_i
     wheel (torch==2.8.0, the checkout's, has no wheel here); then, under the stand-in, the executor's
     imports, its InferenceConfig on the recipe's YAML, the registry's load of the recipe's classes, and
     the recipe itself through upstream's executor/scripts/infer.sh, all in that venv."""
-    from npu_standin import upstream
+    from agent.measure import reference as upstream
     from npu_standin.environment import standin_env
 
     checkout, recipe = migrated["checkout"], migrated["recipe"]

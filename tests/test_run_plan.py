@@ -129,7 +129,7 @@ def tf50() -> tuple[Path, Path]:
 def migrate(tmp_path: Path, *extra: str, model_type: str = "phi3", name: str = "phi3"):
     """A tiny `model_type` checkpoint migrated into a copy of the checkout as models/<name>,
     vendored from and run on transformers 5.0.0 (the checkout's pin), under the stand-in."""
-    from npu_standin import upstream
+    from agent.measure import reference as upstream
     from test_framework_target import copy_checkout
 
     python, site = tf50()

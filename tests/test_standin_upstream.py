@@ -1,6 +1,6 @@
 """Upstream cann-recipes-infer's own recipes on the npu stand-in (a copy of the snapshot), through its
 real entry point `executor/scripts/infer.sh --model M --yaml F`, with tiny random weights in the HF
-shapes; greedy tokens against transformers' own model (npu_standin.upstream.greedy_parity).
+shapes; greedy tokens against transformers' own model (agent.measure.reference.greedy_parity).
 
 The default suite runs one rank of Qwen3 (eager); the other variants, two ranks, graph mode and the
 legacy pangu_7b recipe are marked slow (`pytest -m slow tests/test_standin_upstream.py`)."""
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO_ROOT, run_cli
-from npu_standin import upstream
+from agent.measure import reference as upstream
 
 SNAPSHOT = REPO_ROOT.parent / "shared" / "upstream" / "cann-recipes-infer"
 MAX_NEW_TOKENS = 16

@@ -98,7 +98,7 @@ def test_a_family_without_a_plan_is_refused_naming_the_families_that_have_one():
     from transformers import FalconConfig, FalconForCausalLM
 
     from agent.errors import EXIT_UNSUPPORTED, UnsupportedModelError
-    from agent.measure.memory import parallel_settings
+    from agent.recipe.parallel import parallel_settings
     from engine.parallel import tensor_parallel_config
 
     with pytest.raises(UnsupportedModelError) as refused:

@@ -135,7 +135,7 @@ def test_a_recipe_vendored_from_the_checkouts_5_0_runs_on_5_0_under_upstreams_in
 
     from agent.measure import precision
     from agent.workflow.run import run_migration
-    from npu_standin import upstream
+    from agent.measure import reference as upstream
     from test_framework_target import copy_checkout, two_prompt_yaml
 
     python, site = tf50_site()
@@ -196,7 +196,7 @@ def test_migrator_run_with_5_24_installed_runs_and_checks_the_recipe_on_5_0(tmp_
     upstream's infer.sh in PY, the baseline's parity against transformers 5.0.0."""
     import transformers
 
-    from npu_standin import upstream
+    from agent.measure import reference as upstream
     from test_framework_target import copy_checkout
 
     python, site = tf50_site()

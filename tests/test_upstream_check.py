@@ -173,7 +173,7 @@ def test_legacy_infer_sh_with_an_overridable_yaml_name_keeps_its_quotes(checkout
 def test_tiny_config_json_states_what_hub_config_files_state(tmp_path):
     """rope_scaling with "type" (DeepSeek-V3 / Kimi-K2 read rope_scaling["type"]) and head_dim
     (Qwen3-MoE's recipe reads config.head_dim, which transformers 5.0's class derives)."""
-    from npu_standin.upstream import _hub_style_config
+    from agent.measure.reference import _hub_style_config
 
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4, "rope_parameters": {

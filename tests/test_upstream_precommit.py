@@ -93,7 +93,7 @@ def test_upstreams_pre_commit_hooks_pass_on_a_framework_recipe_of_every_family(t
 
     from agent.recipe.targets import REGISTRY
     from agent.workflow.run import run_migration
-    from npu_standin import upstream
+    from agent.measure import reference as upstream
     from test_framework_target import _git, copy_checkout
 
     try:

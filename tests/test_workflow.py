@@ -79,9 +79,9 @@ def test_after_trial_run_routes_success_failure_and_oom(tmp_path):
         assert after_trial_run(state) == "diagnose"
         diagnosis = diagnose(tmp_path, state["runs"][-1])
         assert diagnosis["rule"] == "out_of_memory" and diagnosis["oom"]
-        assert after_diagnose({"rounds": [{"diagnosis": diagnosis}], "max_rounds": 0}) == "estimate_memory"
+        assert after_diagnose({"rounds": [{"diagnosis": diagnosis}]}, {"configurable": {"max_rounds": 0}}) == "estimate_memory"
     bad = diagnose(tmp_path, _state_with_run(tmp_path, False, "ValueError: bad")["runs"][-1])
-    assert not bad["oom"] and after_diagnose({"rounds": [{"diagnosis": bad}], "max_rounds": 5}) == "give_up"
+    assert not bad["oom"] and after_diagnose({"rounds": [{"diagnosis": bad}]}, {"configurable": {"max_rounds": 5}}) == "give_up"
 
 
 def _round(signature, rule="some_rule"):
@@ -91,21 +91,21 @@ def _round(signature, rule="some_rule"):
 def test_after_diagnose_counts_rounds_and_stops_on_repeats():
     from agent.workflow.graph import after_diagnose
 
-    assert after_diagnose({"rounds": [_round("a")], "max_rounds": 5}) == "repair"
-    assert after_diagnose({"rounds": [_round("a"), _round("b")], "max_rounds": 5}) == "repair"
-    assert after_diagnose({"rounds": [_round("a"), _round("a")], "max_rounds": 5}) == "give_up"
+    assert after_diagnose({"rounds": [_round("a")]}, {"configurable": {"max_rounds": 5}}) == "repair"
+    assert after_diagnose({"rounds": [_round("a"), _round("b")]}, {"configurable": {"max_rounds": 5}}) == "repair"
+    assert after_diagnose({"rounds": [_round("a"), _round("a")]}, {"configurable": {"max_rounds": 5}}) == "give_up"
     # the same failure, now taken by another rule (the first fix removed what it matched): that rule runs
-    assert after_diagnose({"rounds": [_round("a", "r1"), _round("a", "r2")], "max_rounds": 5}) == "repair"
-    assert after_diagnose({"rounds": [_round("a", "r1"), _round("a", "r2"), _round("a", "r1")],
-                           "max_rounds": 5}) == "give_up"
-    assert after_diagnose({"rounds": [_round(str(i)) for i in range(6)], "max_rounds": 5}) == "give_up"
-    assert after_diagnose({"rounds": [_round("x", rule=None)], "max_rounds": 5}) == "give_up"
+    assert after_diagnose({"rounds": [_round("a", "r1"), _round("a", "r2")]}, {"configurable": {"max_rounds": 5}}) == "repair"
+    assert after_diagnose({"rounds": [_round("a", "r1"), _round("a", "r2"), _round("a", "r1")]},
+                          {"configurable": {"max_rounds": 5}}) == "give_up"
+    assert after_diagnose({"rounds": [_round(str(i)) for i in range(6)]}, {"configurable": {"max_rounds": 5}}) == "give_up"
+    assert after_diagnose({"rounds": [_round("x", rule=None)]}, {"configurable": {"max_rounds": 5}}) == "give_up"
 
 
 def test_classify_node_alone_gives_a_for_a_checkpoint(tiny_checkpoints):
     from agent.workflow.nodes import node_classify
 
-    result = node_classify({"target": str(tiny_checkpoints("llama"))})
+    result = node_classify({"target": str(tiny_checkpoints("llama"))}, {})
     assert result["scenario"] == "A" and "no infer.sh" in result["classify_reason"]
 
 
@@ -223,3 +223,36 @@ def test_after_repair_reruns_only_when_something_changed():
 
     assert after_repair({"rounds": [{"applied": True}]}) == "trial_run"
     assert after_repair({"rounds": [{"applied": False, "note": "pip install einops"}]}) == "give_up"
+
+
+# ---- the input step ----------------------------------------------------------------------
+def test_the_input_step_gives_the_state_and_the_run_options_apart(tiny_checkpoints, tmp_path):
+    """`migrator run` is checked once into the state the graph runs on; the run options go to the
+    graph's config (agent.workflow.state.RunOptions), never into the stored state."""
+    from agent.cli import _parser
+    from agent.workflow import inputs
+    from agent.workflow.state import OPTION_KEYS, MigrationState, run_options
+
+    checkpoint = tiny_checkpoints("llama")
+    args = _parser().parse_args(["run", str(checkpoint), "--output-dir", str(tmp_path / "out"), "--max-rounds", "2",
+                                 "--timeout", "30", "--device", "cpu"])
+    state, options = inputs.validate_run(args)
+    assert options == {"max_rounds": 2, "timeout_s": 30, "device": "cpu"}
+    assert not set(OPTION_KEYS) & set(state) and not set(OPTION_KEYS) & set(MigrationState.__annotations__)
+    assert state["target"] == str(checkpoint.resolve()) and state["recipe_target"] == "standalone"
+    assert (tmp_path / "out").is_dir()                       # the output dir was checked by making it
+    assert run_options({"configurable": options}) == options
+    from engine import defaults
+
+    assert run_options(None) == {"max_rounds": defaults.MAX_ROUNDS, "timeout_s": None, "device": "auto"}
+
+
+def test_the_input_step_refuses_a_target_kind_the_output_dir_cannot_hold(tiny_checkpoints, tmp_path):
+    from agent import errors
+    from agent.cli import _parser
+    from agent.workflow import inputs
+
+    args = _parser().parse_args(["run", str(tiny_checkpoints("llama")), "--output-dir", str(tmp_path / "out"),
+                                 "--target", "framework"])
+    with pytest.raises(errors.InputError, match="--target framework needs --output-dir inside a cann-recipes-infer"):
+        inputs.validate_run(args)

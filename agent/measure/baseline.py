@@ -26,6 +26,7 @@ from typing import Any, Callable, Optional
 from agent.measure.run_log import RANK_LOG_RE, ParsedLog, measure, parse_log_text, select_formal
 from agent.measure.peak_bandwidth import peak_bandwidth_gbps
 from engine.safe_load import load_json, load_yaml as safe_load_yaml
+from npu_standin import honest
 
 PROG = "collect_baseline"
 
@@ -247,15 +248,7 @@ def _as_int(value: Any) -> Optional[int]:
 # --------------------------------------------------------------------------- output
 
 
-CANONICAL_NAME = "baseline_metadata.json"
-STANDIN_NAME = "baseline_metadata.standin.json"      # upstream recipes' and ours alike: never the canonical file
-
-
-def file_name(baseline: dict, standin: bool = False) -> str:
-    """The baseline's file name, from what it records: a run made under the npu stand-in (its
-    `standin` block, or `standin` for a run the caller knows was one) is baseline_metadata.standin.json,
-    so that a stand-in result never takes the name (or the place) of an NPU baseline."""
-    return STANDIN_NAME if standin or (baseline or {}).get("standin") else CANONICAL_NAME
+CANONICAL_NAME = honest.CANONICAL_BASELINE    # a stand-in baseline is named by npu_standin.honest.baseline_file_name
 
 
 def keep_previous(out: Path, previous_dir: Optional[Path] = None) -> Optional[Path]:
@@ -421,17 +414,6 @@ def collect(log_arg: str, yaml_arg: str, rank: int = 0,
             "collection_warnings": warnings,
         },
     }
-    _mark_standin(baseline, [p for _, p in rank_logs] or [log_path], run_env)
+    # a run under the npu stand-in says so: host device, no NPU, host timings, its reference kernels
+    honest.mark_run_baseline(baseline, [p for _, p in rank_logs] or [log_path], run_env)
     return baseline, warnings
-
-
-def _mark_standin(baseline: dict, logs: list, run_env: Optional[dict]) -> None:
-    """A run made under the npu stand-in says so (its logs carry the stand-in's lines, or its
-    environment line names it): host device, no NPU, host timings, the reference kernels it ran."""
-    try:
-        from npu_standin import honest
-    except ImportError:
-        return
-    usage = honest.usage_from_logs(logs) or honest.usage_from_environment(run_env)
-    if usage is not None:
-        honest.mark_baseline(baseline, usage)

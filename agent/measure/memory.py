@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import resource
 import struct
 import subprocess
@@ -15,14 +14,14 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from agent.errors import InputError, UnsupportedModelError
+from agent.errors import InputError
 from agent.measure.baseline import yaml_settings
 from agent.records import MemoryEstimate
+from agent.recipe.parallel import plan_patterns
 from agent.recipe.recipe import Recipe
 from engine import defaults
 from engine.environment import Environment
 from engine.environment import simulated_card_bytes as parse_card_bytes
-from engine.parallel import families_with_tp_plan, tp_plan
 from engine.safe_load import load_json, loads_json
 
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
@@ -72,28 +71,9 @@ def weight_bytes(model_dir: Path, dtype: str | None = None) -> int:
     return sum(_tensor_bytes(n, d, dtype) for n, d in checkpoint_tensors(model_dir).values())
 
 
-def _plan_patterns(config: dict) -> list[re.Pattern] | None:
-    """The model's tensor-parallel plan (engine.parallel.tp_plan of its configuration class) as regexes
-    over checkpoint keys; None: the family has none. Embeddings and lm_head are sharded too
-    (transformers adds them to every plan it applies)."""
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
-    text = config.get("text_config") or {}
-    try:
-        classes = [CONFIG_MAPPING[t] for t in (config.get("model_type"), text.get("model_type")) if t in CONFIG_MAPPING]
-    except ImportError:   # a configuration module transformers cannot import here
-        classes = []
-    plan = next((found for cls in classes if (found := tp_plan(cls))), None)
-    if not plan:
-        return None
-    keys = [*plan, "embed_tokens", "lm_head"]
-    return [re.compile(r"(^|\.)" + re.escape(k).replace(r"\*", r"\d+") + r"(\.|$)") for k in keys
-            if not plan.get(k, "").startswith("replicated")]
-
-
 def sharded_bytes(model_dir: Path, config: dict, dtype: str | None = None) -> int | None:
     """Bytes of the weights the model's tensor-parallel plan shards; None: no plan."""
-    patterns = _plan_patterns(config)
+    patterns = plan_patterns(config)
     if patterns is None:
         return None
     return sum(_tensor_bytes(n, d, dtype) for key, (n, d) in checkpoint_tensors(model_dir).items()
@@ -365,19 +345,5 @@ def add_readme_section(readme: Path, heading: str, body: str) -> None:
     if readme.is_file() and heading not in readme.read_text():
         with open(readme, "a") as f:
             f.write(f"\n{heading}\n\n{body}")
-
-
-def parallel_settings(config: dict, world_size: int) -> dict:
-    """Render-context / YAML values for `world_size` cards (config: the checkpoint's config.json): all
-    of them one tensor-parallel group (attention, MoE experts and lm_head sharded by the model's
-    plan). Refuses a family without a plan."""
-    if world_size < 1:
-        raise InputError(f"--world-size must be >= 1, got {world_size}")
-    if world_size > 1 and _plan_patterns(config) is None:
-        raise UnsupportedModelError(
-            f"{config.get('model_type')} has no tensor-parallel plan, so it cannot be split over {world_size} cards; "
-            f"families with one: {', '.join(families_with_tp_plan())}")
-    return {"world_size": world_size, "attn_tp_size": world_size, "moe_tp_size": world_size,
-            "lmhead_tp_size": world_size}
 
 

@@ -178,7 +178,7 @@ def build_tiny(recipe: Recipe, model_type: str) -> Path:
     relabelled with the recipe's model_type."""
     from transformers import CONFIG_MAPPING
 
-    from npu_standin.upstream import tiny_checkpoint
+    from agent.measure.reference import tiny_checkpoint
 
     out = state_dir(recipe.path) / "standin" / f"tiny_{model_type}"   # beside our state: git-ignored in a checkout
     if (out / "config.json").is_file() and any(out.glob("*.safetensors")):
@@ -270,7 +270,7 @@ def write_yaml_copy(recipe: Recipe, source: Path, checkpoint: Path, world_size: 
 # ---- running it --------------------------------------------------------------------------
 def launch_env(plan: dict, env: dict, run_dir: Path) -> dict:
     """`env` for a stand-in run: the stand-in's variables and its records in the run folder (the
-    precision probe is in every trial run: agent.recipe.trial_run)."""
+    precision probe is in every trial run: agent.run.trial_run)."""
     from npu_standin.environment import standin_env
 
     return standin_env(plan.get("device", "cpu"), base=env, record_dir=run_dir / RECORD_DIR)

@@ -15,13 +15,13 @@ are the one thing that needs an Ascend NPU (exit 4), named by distinct op and it
 
 from __future__ import annotations
 
-import ast
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from agent.recipe.npu_scan import SKIP_DIRS, _read, shared_modules
 from agent.recipe.recipe import Recipe
+from npu_standin.scan import SourceScan, chain
 
 # torch.ops namespace -> the kind of compiled op it holds
 OP_NAMESPACES = {"custom": "AscendC", "custom_pypto": "PyPTO", "cann_ops_transformer": "CANN ops-transformer"}
@@ -50,37 +50,25 @@ def _package_kind(module: str) -> str | None:
     return None
 
 
-class _Visitor(ast.NodeVisitor):
-    def __init__(self):
-        self.depth = 0          # inside a function, try or if: not certain to run
-        self.found: list[tuple[str, str, int, bool]] = []   # name, kind, line, certain
-
-    def _scoped(self, node):
-        self.depth += 1
-        self.generic_visit(node)
-        self.depth -= 1
-
-    visit_FunctionDef = visit_AsyncFunctionDef = visit_If = visit_Try = visit_With = _scoped
+class _Visitor(SourceScan):
+    """Compiled ops on the project's one AST walker (npu_standin.scan.SourceScan): an import outside
+    every function, try, if and with is certain to run."""
 
     def visit_Import(self, node):
         for alias in node.names:
             if kind := _package_kind(alias.name):
-                self.found.append((f"import {alias.name}", kind, node.lineno, self.depth == 0))
+                self.found.append((f"import {alias.name}", kind, node.lineno, self.blocks == 0))
 
     def visit_ImportFrom(self, node):
         module = node.module or ""
         if node.level == 0 and (kind := _package_kind(module)):
             self.found.append((f"from {module} import {', '.join(a.name for a in node.names)}", kind,
-                               node.lineno, self.depth == 0))
+                               node.lineno, self.blocks == 0))
 
     def visit_Attribute(self, node):
-        parts = []
-        value = node
-        while isinstance(value, ast.Attribute):
-            parts.append(value.attr)
-            value = value.value
-        if isinstance(value, ast.Name) and value.id == "torch":
-            parts.reverse()
+        found = chain(node)
+        if found is not None and found[0] == "torch":
+            parts = found[1]
             if len(parts) >= 3 and parts[0] == "ops" and parts[1] in OP_NAMESPACES:
                 self.found.append((f"torch.ops.{parts[1]}.{parts[2]}", OP_NAMESPACES[parts[1]], node.lineno,
                                    False))
@@ -89,13 +77,8 @@ class _Visitor(ast.NodeVisitor):
 
 
 def scan_source(source: str) -> list[tuple[str, str, int, bool]]:
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
-        return []
-    visitor = _Visitor()
-    visitor.visit(tree)
-    return visitor.found
+    visitor = _Visitor.scan(source)
+    return visitor.found if visitor is not None else []
 
 
 def scan(recipe: Recipe) -> tuple[list[CompiledOp], list[CompiledOp]]:

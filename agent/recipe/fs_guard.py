@@ -102,14 +102,6 @@ def read_text(path: Path, limit: int = SOURCE_LIMIT, root: Path | None = None, e
     return read_bytes(path, limit, root).decode("utf-8", errors=errors)
 
 
-def is_regular(path: Path) -> bool:
-    """A regular file (following symlinks); False for anything else, loops included — never raises."""
-    try:
-        return stat.S_ISREG(os.stat(path).st_mode)
-    except (OSError, ValueError):
-        return False
-
-
 def source_files(root: Path, suffixes: tuple[str, ...] = (".py",), skip_dirs=frozenset()) -> list[Path]:
     """Files under `root` with these suffixes, sorted, folders symlinked inside never followed (a loop
     cannot recurse). Entries that are not regular files (a FIFO named x.py, a link to /dev/zero, a
@@ -261,10 +253,6 @@ class WriteGuard:
         if self.on_change is not None and real_rel not in self.seen and real_rel.split("/")[0] not in self.exempt:
             self.seen.add(real_rel)
             self.on_change(real_rel, what)
-
-
-def guard_active() -> bool:
-    return bool(_active)
 
 
 def check_write_destinations(recipe_dir: Path, destinations: dict[str, str]) -> None:

@@ -27,6 +27,7 @@ from pathlib import Path
 from agent.recipe.fs_guard import read_bytes, source_files
 from agent.recipe.recipe import NO_CODE_DIRS
 from engine.safe_load import loads_yaml
+from npu_standin.scan import SourceScan, dotted
 
 SKIP_DIRS = NO_CODE_DIRS
 GRAPH_MODES_RE = re.compile(r"graph", re.I)
@@ -86,9 +87,10 @@ def npu_usable() -> bool:
     return True
 
 
-# ---- the AST visitor ----------------------------------------------------------------------
-class _Visitor(ast.NodeVisitor):
+# ---- the rules, on the project's one AST walker (npu_standin.scan.SourceScan) ------------------
+class _Visitor(SourceScan):
     def __init__(self, graph_mode: bool, shared: bool):
+        super().__init__()
         self.graph_mode = graph_mode
         self.shared = shared
         self.found: list[tuple[str, int, str]] = []
@@ -97,42 +99,15 @@ class _Visitor(ast.NodeVisitor):
         self.torchair_imports: list[tuple[int, set[str]]] = []
         self.loaded: set[str] = set()
         self.torch_aliases: set[str] = {"torch"}
-        self._guard = 0                        # inside try/if: an optional import
-        self._func = 0                         # inside a function: a lazy import
 
-    # scopes that make an import optional or lazy
-    def visit_Try(self, node):
-        self._guard += 1
-        for stmt in node.body:
-            self.visit(stmt)
-        self._guard -= 1
-        for part in (*node.handlers, *node.orelse, *node.finalbody):
-            self.visit(part)
-
-    visit_TryStar = visit_Try
-
-    def visit_If(self, node):
-        self.visit(node.test)
-        self._guard += 1
-        for stmt in (*node.body, *node.orelse):
-            self.visit(stmt)
-        self._guard -= 1
-
-    def _visit_func(self, node):
-        self._func += 1
-        self.generic_visit(node)
-        self._func -= 1
-
-    visit_FunctionDef = visit_AsyncFunctionDef = _visit_func
-
-    # imports
+    # imports (lazy inside a function, optional inside try/if)
     def visit_Import(self, node):
         for alias in node.names:
             top = alias.name.split(".")[0]
             bound = alias.asname or top
             if alias.name == "torch_npu" or (top == "torch_npu" and alias.asname is None):
                 self.npu_aliases.add(bound)
-                if self.shared and not self._guard and not self._func:
+                if self.shared and not self.guards and not self.functions:
                     self.found.append(("import torch_npu", node.lineno, "import"))
             elif top == "torch" and alias.asname is None:
                 self.torch_aliases.add("torch")
@@ -151,7 +126,7 @@ class _Visitor(ast.NodeVisitor):
             self._torchair(node, [a.asname or a.name for a in node.names])
 
     def _torchair(self, node, names):
-        lazy = self._func or self._guard
+        lazy = self.functions or self.guards
         if not lazy or self.graph_mode:
             self.found.append(("torchair", node.lineno, "import"))
             self.torchair_imports.append((node.lineno, set(names)))
@@ -169,9 +144,9 @@ class _Visitor(ast.NodeVisitor):
 
     # uses
     def visit_Attribute(self, node):
-        chain = _dotted(node)
-        if chain:
-            parts = chain.split(".")
+        name = dotted(node)
+        if name:
+            parts = name.split(".")
             if parts[0] in self.npu_aliases and len(parts) >= 2 and parts[1].startswith(KERNEL_PREFIXES):
                 self.found.append((parts[1], node.lineno, "call"))
                 return
@@ -181,25 +156,11 @@ class _Visitor(ast.NodeVisitor):
         self.generic_visit(node)
 
 
-def _dotted(node: ast.AST) -> str | None:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    parts.append(node.id)
-    return ".".join(reversed(parts))
-
-
 def scan_source_kinds(source: str, graph_mode: bool = False, shared: bool = False) -> list[tuple[str, int, str]]:
     """(kernel name, line, "call" | "import") in one Python source, in line order; [] when it does not parse."""
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
+    visitor = _Visitor.scan(source, graph_mode, shared)
+    if visitor is None:
         return []
-    visitor = _Visitor(graph_mode, shared)
-    visitor.visit(tree)
     unused = set() if graph_mode or shared else visitor.unused_torchair_lines()
     found = [f for f in visitor.found if not (f[0] == "torchair" and f[1] in unused)]
     return sorted(dict.fromkeys(found), key=lambda item: item[1])

@@ -11,8 +11,8 @@ import ast
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from agent.measure.memory import parallel_settings
 from agent.migrate.vendor import locate_source, read_config
+from agent.recipe.parallel import parallel_settings
 from agent.recipe.recipe import Recipe
 from agent.recipe.routing import FAMILIES, Family, route
 from engine import defaults

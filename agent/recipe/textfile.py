@@ -7,7 +7,6 @@ import difflib
 from pathlib import Path
 
 BOMS = (b"\xef\xbb\xbf",)
-SNAPSHOT_LIMIT = 4 * 2**20
 
 
 def detect_format(data: bytes) -> dict:
@@ -93,19 +92,6 @@ def write_source(path: Path, text: str, original: bytes | None = None) -> None:
     path.write_bytes(restore_format(original, data) if original else data)
     if mode is not None:
         path.chmod(mode & 0o777)
-
-
-def snapshot_files(files: dict[str, Path]) -> dict[str, tuple[bytes, int]]:
-    """(bytes, mode) of each file before a fix runs (files over 4 MiB are left out)."""
-    snap = {}
-    for rel, path in files.items():
-        try:
-            st = path.stat()
-            if st.st_size <= SNAPSHOT_LIMIT:
-                snap[rel] = (path.read_bytes(), st.st_mode & 0o777)
-        except OSError:
-            continue
-    return snap
 
 
 def restore_formats(recipe_dir: Path, snapshot: dict[str, tuple[bytes, int]]) -> list[str]:

@@ -6,17 +6,18 @@ detect_env -> classify -> A: acquire -> vendor -> render -> trial_run
 trial_run -> ok: collect_baseline | fail: diagnose -> OOM: estimate_memory -> report | repair (<= max_rounds)
 collect_baseline -> verify -> report
 
-Routing functions read the state and name the next node; the nodes are agent.workflow.nodes; the graph
-is run (checkpoints, --resume) by agent.workflow.run.run_migration.
+Routing functions read the state (and the run options of the graph's config) and name the next node;
+the nodes are agent.workflow.nodes; the graph is run (checkpoints, --resume) by
+agent.workflow.run.run_migration.
 """
 
 from __future__ import annotations
 
+from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 
 from agent.workflow import nodes
-from agent.workflow.state import MigrationState, last_run
-from engine.defaults import MAX_ROUNDS as DEFAULT_MAX_ROUNDS
+from agent.workflow.state import MigrationState, last_run, run_options
 
 
 def after_classify(state: MigrationState) -> str:
@@ -33,11 +34,11 @@ def after_verify(state: MigrationState) -> str:
     return "diagnose" if run.get("label") == "verify" and not run.get("ok") else "report"
 
 
-def after_diagnose(state: MigrationState) -> str:
+def after_diagnose(state: MigrationState, config: RunnableConfig) -> str:
     rounds = state.get("rounds") or []
     if rounds and rounds[-1]["diagnosis"].get("oom"):     # the out_of_memory rule matched
         return "estimate_memory"
-    if len(rounds) > state.get("max_rounds", DEFAULT_MAX_ROUNDS):
+    if len(rounds) > run_options(config)["max_rounds"]:
         return "give_up"
     # Stop early when the same failure repeats after a fix: the fix did not help. Unless another rule
     # now takes it (the first one's fix removed what it matched): that rule has not been tried on it.

@@ -1,52 +1,51 @@
-"""The workflow's nodes: each takes the state and returns the keys it changes (SPEC §2). The work
-is done by the modules of the scenario it belongs to; a node only reads the state and calls them."""
+"""The workflow's nodes: each takes the state (and, when it needs a run option, the graph's config)
+and returns the keys it changes, a partial MigrationState (SPEC §2). The work is done by the modules of
+the scenario it belongs to; a node only reads the state and calls them. What the user gave was checked
+once, before the graph started (agent.workflow.inputs): no node checks it again."""
 
 from __future__ import annotations
 
 import functools
-import json
 import shutil
 import sys
 from pathlib import Path
+
+from langchain_core.runnables import RunnableConfig
 
 from agent.errors import EnvironmentProblem, InputError, MigratorError
 from agent.measure import baseline, memory, verify
 from agent.migrate.acquire import acquire
 from agent.migrate import transformers_source
 from agent.migrate.checkpoint_check import check_checkpoint, check_output_outside
+from agent.run.trial_run import trial_run
 from agent.migrate.vendor import locate_source, read_config, vendor_source
 from agent.recipe import folder_lock
 from agent.recipe.chat_template import check_chat_template
-from agent.recipe.runnable import ensure_runnable_here
 from agent.recipe.recipe import Recipe, RunPlan
 from agent.recipe.registry import register, registered_names
 from agent.recipe.render import normalise_model_name, render_recipe, template_context
-from agent.recipe.targets import REGISTRY, TARGETS, checkout_root, choose_target, framework_registry_entry, state_dir
+from agent.recipe.targets import REGISTRY, TARGETS, checkout_root, default_target, framework_registry_entry, state_dir
 from agent.recipe.routing import route
 from agent.recipe.spec import RecipeSpec
-from agent.recipe.trial_run import trial_run
 from agent.repair.diagnose import diagnose
 from agent.repair.fix import repair
 from agent.repair.rules.rule import RepairContext
+from agent.workflow.inputs import host_environment
 from agent.workflow.report import write_report
-from agent.workflow.state import MigrationState, last_run
+from agent.workflow.state import MigrationState, last_run, run_options
 from engine import defaults
-from engine.environment import DeviceUnavailableError, detect_environment, select_device
 from engine.safe_load import load_json
+from npu_standin import honest
 
 
-def node_detect_env(state: MigrationState) -> dict:
-    device = state.get("device", "auto")
-    try:
-        select_device(device)
-    except DeviceUnavailableError as exc:
-        raise EnvironmentProblem(str(exc)) from exc
-    return {"env": detect_environment(device)}
+def node_detect_env(state: MigrationState, config: RunnableConfig) -> MigrationState:
+    return {"env": host_environment(run_options(config)["device"])}
 
 
-def node_classify(state: MigrationState) -> dict:
+def node_classify(state: MigrationState, config: RunnableConfig) -> MigrationState:
     """A checkpoint, or no recipe -> A; a recipe (agent.recipe.recipe) that runs -> C; one that fails -> B.
-    Nothing inside a checkpoint is run, even an infer.sh."""
+    Nothing inside a checkpoint is run, even an infer.sh. Whether this host can run the recipe was
+    settled by the input step (agent.workflow.inputs.preflight)."""
     recipe = Recipe.at(state["target"]) if Path(state["target"]).expanduser().exists() else None
     if recipe is None or not recipe.is_recipe:
         reason = "no infer.sh: migrate the model into a new recipe"
@@ -54,12 +53,9 @@ def node_classify(state: MigrationState) -> dict:
             reason = ("a checkpoint (config.json and weights): its infer.sh is not run; "
                       "migrate the model into a new recipe")
         return {"scenario": "A", "classify_reason": reason}
-    standin = state.get("upstream_standin")
-    if not standin:
-        ensure_runnable_here(recipe)
     plan = plan_run(recipe, state)          # before anything runs: a --world-size it cannot run is refused here
-    run = _needs_npu(trial_run(recipe, "classify", plan, state.get("timeout_s"), standin,
-                               python=recipe_python(state, recipe.path)))
+    run = _needs_npu(trial_run(recipe, "classify", plan, run_options(config)["timeout_s"],
+                               state.get("upstream_standin"), python=recipe_python(state, recipe)))
     how = f"{recipe.reason} and it runs" if run["ok"] else f"{recipe.reason} but it fails: {run['summary']}"
     return {"scenario": "C" if run["ok"] else "B", "classify_reason": how, "recipe_dir": str(recipe.path),
             "run_plan": plan, "runs": [run]}
@@ -75,19 +71,25 @@ def plan_run(recipe: Recipe, state: MigrationState) -> dict:
     return recipe.run_plan(state.get("world_size")).as_dict()
 
 
-def node_acquire(state: MigrationState) -> dict:
+def node_acquire(state: MigrationState) -> MigrationState:
     got = acquire(state["target"], weights=state.get("weights"))
-    check_checkpoint(Path(got.model_dir), bool(state.get("trust_remote_code")))    # before anything is written: bad input is exit 2
+    # downloaded from a hub: checked here, where it arrived, before anything is written (exit 2); a
+    # local checkpoint was checked by the input step (agent.workflow.inputs)
+    downloaded = not Path(state["target"]).expanduser().is_dir()
+    if downloaded:
+        check_checkpoint(Path(got.model_dir), bool(state.get("trust_remote_code")))
     name = normalise_model_name(state["name"], explicit=True) if state.get("name") \
         else normalise_model_name(got.name_hint)
     output_dir = Path(state.get("output_dir") or "models").resolve()
-    check_output_outside(Path(got.model_dir), output_dir, str(state.get("output_dir")))
+    if downloaded:
+        check_output_outside(Path(got.model_dir), output_dir, str(state.get("output_dir")))
     recipe_dir = output_dir / name
     folder_lock.hold(recipe_dir, "run it")    # another migration into this folder, of any source: refused (exit 75)
     if recipe_dir.exists() and any(recipe_dir.iterdir()):
         raise InputError(f"{recipe_dir} already exists; run `migrator run {recipe_dir}` to repair or "
                          "re-baseline it, or choose another --name / --output-dir")
-    recipe_target = choose_target(state.get("recipe_target"), output_dir)
+    # the input step chose and checked it; a state built without it (a store of an earlier release): the default
+    recipe_target = state.get("recipe_target") or default_target(output_dir)
     if TARGETS[recipe_target].registers:
         registry = checkout_root(output_dir) / REGISTRY
         if name in registered_names(registry):
@@ -118,9 +120,9 @@ def removes_half_built_recipe(node):
     """A failed vendor/render leaves no half-built recipe behind to block the next run (the
     recipe directory did not exist or was empty before: node_acquire checked)."""
     @functools.wraps(node)
-    def wrapper(state: MigrationState) -> dict:
+    def wrapper(state: MigrationState, **config) -> MigrationState:
         try:
-            return node(state)
+            return node(state, **config)
         except BaseException:
             shutil.rmtree(state["recipe_dir"], ignore_errors=True)
             raise
@@ -128,7 +130,7 @@ def removes_half_built_recipe(node):
 
 
 @removes_half_built_recipe
-def node_vendor(state: MigrationState) -> dict:
+def node_vendor(state: MigrationState) -> MigrationState:
     model_dir, recipe_dir = Path(state["model_dir"]), Path(state["recipe_dir"])
     config = read_config(model_dir)
     source = locate_source(config, model_dir, trust_remote_code=bool(state.get("trust_remote_code")))
@@ -147,12 +149,12 @@ def node_vendor(state: MigrationState) -> dict:
 
 
 @removes_half_built_recipe
-def node_render(state: MigrationState) -> dict:
+def node_render(state: MigrationState, config: RunnableConfig) -> MigrationState:
     recipe_dir, model_dir = Path(state["recipe_dir"]), Path(state["model_dir"])
     spec = RecipeSpec.for_checkpoint(
         model_name=state["model_name"], model_dir=model_dir, model_source=state["model_source"],
         architecture=state["architecture"], family=state["family"], vendored=state["vendored"],
-        config=read_config(model_dir), device=state.get("device", "auto"), dtype=state.get("dtype"),
+        config=read_config(model_dir), device=run_options(config)["device"], dtype=state.get("dtype"),
         max_new_tokens=state.get("max_new_tokens"), world_size=state.get("world_size"))
     target = TARGETS[state.get("recipe_target") or "standalone"]
     written = render_recipe(recipe_dir, spec.context(), spec.family_spec(), target)
@@ -165,23 +167,22 @@ def node_render(state: MigrationState) -> dict:
     return {"rendered": rendered, "run_plan": plan_run(Recipe.at(recipe_dir), state)}
 
 
-def node_trial_run(state: MigrationState) -> dict:
+def node_trial_run(state: MigrationState, config: RunnableConfig) -> MigrationState:
     recipe = Recipe.at(state["recipe_dir"])
     # the plan classify or render decided (a store of an earlier release has none: decided now, once)
     plan = state.get("run_plan") or plan_run(recipe, state)
-    run = trial_run(recipe, f"trial{len(state.get('rounds') or [])}", plan, state.get("timeout_s"),
-                    state.get("upstream_standin"), python=recipe_python(state))
+    run = trial_run(recipe, f"trial{len(state.get('rounds') or [])}", plan, run_options(config)["timeout_s"],
+                    state.get("upstream_standin"), python=recipe_python(state, recipe))
     return {"runs": [_needs_npu(run)], "run_plan": plan}
 
 
-def recipe_python(state: MigrationState, recipe_dir: str | Path | None = None) -> str | None:
+def recipe_python(state: MigrationState, recipe: Recipe) -> str | None:
     """The interpreter the recipe runs with when it is not this one (another transformers): this run's
     --reference-python, else the one its migration ran it with (its report), while it exists."""
     python = (state.get("transformers") or {}).get("python") or state.get("reference_python")
-    recipe_dir = recipe_dir or state.get("recipe_dir")
-    if python or not recipe_dir or not Path(recipe_dir).is_dir():
+    if python or not recipe.path.is_dir():
         return python
-    stored = (Recipe.at(recipe_dir).report().get("transformers") or {}).get("python")
+    stored = (recipe.report().get("transformers") or {}).get("python")
     return stored if stored and Path(stored).is_file() else None
 
 
@@ -192,14 +193,14 @@ def _needs_npu(run):
     return run
 
 
-def node_diagnose(state: MigrationState) -> dict:
+def node_diagnose(state: MigrationState) -> MigrationState:
     diagnosis = diagnose(Path(state["recipe_dir"]), last_run(state))
     return {"rounds": [{"round": len(state.get("rounds") or []) + 1, "diagnosis": diagnosis}]}
 
 
-def node_repair(state: MigrationState) -> dict:
+def node_repair(state: MigrationState, config: RunnableConfig) -> MigrationState:
     context = RepairContext(allow_install=bool(state.get("allow_install")),
-                            timeout_s=state.get("timeout_s") or defaults.TIMEOUT_S,
+                            timeout_s=run_options(config)["timeout_s"] or defaults.TIMEOUT_S,
                             trust_remote_code=bool(state.get("trust_remote_code")))
     last = state["rounds"][-1]
     # The fix sees the failure diagnose saw: rebuilt from the same run record.
@@ -208,7 +209,7 @@ def node_repair(state: MigrationState) -> dict:
     return {"rounds": [{**last, **done}]}
 
 
-def node_estimate_memory(state: MigrationState) -> dict:
+def node_estimate_memory(state: MigrationState) -> MigrationState:
     """After an out-of-memory run: the estimate per rank for tp = 1, 2, 4, ... 16 against one card;
     the single-card recipe is kept and the smallest N that fits is written as an N-card YAML."""
     recipe = Recipe.at(state["recipe_dir"])
@@ -216,7 +217,7 @@ def node_estimate_memory(state: MigrationState) -> dict:
     return {"memory": estimate, "status": "oom", "message": memory.out_of_memory(recipe, estimate)}
 
 
-def node_collect_baseline(state: MigrationState) -> dict:
+def node_collect_baseline(state: MigrationState) -> MigrationState:
     """The baseline of the last run, kept in the state: verify adds parity and writes the file."""
     recipe, run = Recipe.at(state["recipe_dir"]), last_run(state)
     # the YAML of the run that made these logs (its run plan), never one chosen again here
@@ -233,26 +234,27 @@ def node_collect_baseline(state: MigrationState) -> dict:
         if fault is not None:
             raise fault from None
         raise MigratorError(f"baseline collection failed: {baseline.error_line(exc)}") from None
-    # A stand-in baseline never replaces an NPU one: named from what it records (baseline.file_name).
-    name = baseline.file_name(collected, standin=bool(state.get("upstream_standin")))
+    # A stand-in baseline never replaces an NPU one: named from what it records (npu_standin.honest).
+    name = honest.baseline_file_name(collected, standin=bool(state.get("upstream_standin")))
     # upstream's own recipe checked under the stand-in: only under its ignored res/ (our state folder)
     folder = state_dir(recipe.path) / "baseline" if state.get("upstream_standin") else recipe.baseline_dir()
     return {"baseline_path": str(folder / name), "baseline": collected}
 
 
-def node_verify(state: MigrationState) -> dict:
+def node_verify(state: MigrationState) -> MigrationState:
     """The collected baseline with parity and the output checks, written to baseline_path (its one
     write); abnormal output goes back to diagnosis as a failed run."""
     baseline_path = Path(state["baseline_path"])
     # A store of an earlier release, whose collect node wrote the file, has no baseline in its state.
     collected = state.get("baseline") or load_json(baseline_path)
-    checked = verify.verify(Recipe.at(state["recipe_dir"]), last_run(state), collected,
+    recipe = Recipe.at(state["recipe_dir"])
+    checked = verify.verify(recipe, last_run(state), collected,
                             bool(state.get("trust_remote_code")), state.get("upstream_standin"),
-                            python=recipe_python(state), ours=bool(state.get("vendored")))
+                            python=recipe_python(state, recipe), ours=bool(state.get("vendored")))
     recipe_dir = Path(state["recipe_dir"])
     # inside a checkout the previous baseline goes to our ignored state folder; the README of a recipe
     # this tool wrote (never upstream's own) gets its product and performance sections from the baseline
-    ours = not state.get("upstream_standin") and bool(state.get("vendored") or Recipe.at(recipe_dir).report().get("vendored"))
+    ours = not state.get("upstream_standin") and bool(state.get("vendored") or recipe.report().get("vendored"))
     baseline.write_baseline(baseline_path, checked,
                             previous_dir=state_dir(recipe_dir) if checkout_root(recipe_dir) else None,
                             recipe_dir=recipe_dir if ours else None)
@@ -265,12 +267,12 @@ def node_verify(state: MigrationState) -> dict:
     return update
 
 
-def node_report(state: MigrationState) -> dict:
+def node_report(state: MigrationState) -> MigrationState:
     write_report(state)
     return {}
 
 
-def node_give_up(state: MigrationState) -> dict:
+def node_give_up(state: MigrationState) -> MigrationState:
     last = state["rounds"][-1]
     diagnosis = last["diagnosis"]
     where = f" at {diagnosis['location']}" if diagnosis.get("location") else ""

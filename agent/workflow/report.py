@@ -12,6 +12,7 @@ from agent.recipe.recipe import REPORT, report_path
 from agent.records import Report
 from agent.workflow.state import MigrationState
 from engine.safe_load import load_json
+from npu_standin import honest
 
 REPORT_KEYS = ("scenario", "classify_reason", "status", "message", "model_name", "model_source",
                "model_dir", "architecture", "family", "vendored", "rendered", "env", "runs", "rounds",
@@ -43,7 +44,7 @@ def write_report(state: MigrationState) -> Path | None:
     for key in ORIGIN_KEYS:
         if key not in report and key in previous:
             report[key] = previous[key]
-    _standin_from_baseline(report)
+    _standin_from_baseline(report)      # a stand-in baseline makes the report say so (npu_standin.honest)
     _write(path, json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n")
     _write(path.parent / "migration_summary.md", human_summary(report, recipe_dir.name))
     if report.get("baseline_path") and Path(report["baseline_path"]).is_file() and not in_checkout \
@@ -60,13 +61,7 @@ def _standin_from_baseline(report: dict) -> None:
         baseline = load_json(Path(report["baseline_path"])) if report.get("baseline_path") else {}
     except (OSError, ValueError):
         baseline = {}
-    block = report.get("standin") or (baseline.get("standin") if isinstance(baseline, dict) else None)
-    if block:
-        report["standin"] = block
-        env = dict(report.get("env") or {})
-        env["device"] = (baseline.get("environment") or {}).get("device") or f"{env.get('device') or 'cpu'} (npu stand-in)"
-        env["npu_model"] = None
-        report["env"] = env
+    honest.mark_report(report, baseline)
 
 
 def _refuse_link(path: Path) -> None:
@@ -130,13 +125,7 @@ def human_summary(report: Report, folder_name: str | None = None) -> str:
     env = report.get("env") or {}
     lines.append(f"- device: {env.get('device')} (torch {env.get('pytorch_version')}, "
                  f"torch_npu: {env.get('torch_npu_status')})")
-    for note in (report.get("upstream_standin") or {}).get("notes") or []:
-        lines.append(f"- npu stand-in run: {note}")
-    if report.get("standin"):
-        kernels = report["standin"].get("reference_kernels") or {}
-        lines.append("- npu stand-in: a validation run, not an NPU run: torch_npu kernels ran as reference "
-                     f"implementations ({', '.join(f'{k} x{v}' for k, v in kernels.items()) or 'none'}); "
-                     "timings are the host's")
+    lines += honest.summary_lines(report)
     for run in report.get("runs") or []:
         if run.get("peak_rss_bytes"):
             lines.append(f"- run {run.get('label')}: {'ok' if run.get('ok') else 'failed'} in {run.get('seconds')} s, "

@@ -1,7 +1,9 @@
-"""`run_migration(state, resume)`: the one way to run the graph (the CLI, the benchmarks, the tests).
+"""`run_migration(state, resume, options=...)`: the one way to run the graph (the CLI, the benchmarks,
+the tests).
 
 It owns the compiled graph with its progress output, where the checkpoint store lives, the
-thread key of a run, and what `--resume` accepts from the store.
+thread key of a run, what `--resume` accepts from the store, and the graph's config: the thread and
+the run options (agent.workflow.state.RunOptions), which are not part of the stored state.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from agent.recipe.backup import atomic_write, real_dirs, start_backup_run
 from agent.recipe.recipe import Recipe
 from agent.recipe.targets import checkout_root, state_parts
 from agent.workflow.checkpoint_serde import StateSerializer, UnsafeStoreError
-from agent.workflow.state import MigrationState, summarise
+from agent.workflow.state import OPTION_KEYS, MigrationState, RunOptions, summarise
 from engine.safe_load import load_json
 
 RECURSION_LIMIT = 100
@@ -34,10 +36,10 @@ RECURSION_LIMIT = 100
 def progress(name: str, fn):
     """Each node as a step of agent.progress: its start, end and elapsed time on stderr (live on a
     terminal, plain lines otherwise)."""
-    @functools.wraps(fn)
-    def wrapper(state):
+    @functools.wraps(fn)            # the node's signature: LangGraph passes `config` to a node that takes it
+    def wrapper(state, **config):
         with step(name):
-            return fn(state)
+            return fn(state, **config)
     return wrapper
 
 
@@ -177,22 +179,27 @@ def _refuse_replacing_interrupted(app, thread_id: str) -> None:
                                 "start again")
 
 
-def run_migration(state: dict, resume: bool = False, *, stop_after: str | None = None) -> dict:
+def run_migration(state: dict, resume: bool = False, *, stop_after: str | None = None,
+                  options: RunOptions | None = None) -> dict:
     """Run the graph with a SQLite checkpointer (durability "sync": each finished node is on disk
     before the next starts, so a killed run resumes where it was); returns the summary
     (agent.workflow.state.summarise). `resume` continues the latest interrupted run of the same
     target/name/output dir; a fresh run gets a new thread. `stop_after` ends the run after that
-    node (e.g. "render": a recipe written, not run); `--resume` would continue it."""
+    node (e.g. "render": a recipe written, not run); `--resume` would continue it. `options`: the
+    run options, in the graph's config (a state that holds them, as the benchmarks and tests build
+    it, gives them up to the config)."""
+    state = dict(state)
+    options = {**{k: state.pop(k) for k in OPTION_KEYS if k in state}, **(options or {})}
     output_dir = Path(state.get("output_dir") or "models").resolve()
     key = thread_key(state)
     home = checkpoint_home(state)
     with folder_lock.released_at_end():    # the recipe folder's lock (agent.recipe.folder_lock), whoever takes it
         if home != output_dir:             # a recipe, repaired or measured in place: its folder, before any write
             folder_lock.hold(home, "run it")
-        return _run_with_store(state, resume, stop_after, key, home, output_dir)
+        return _run_with_store(state, resume, stop_after, key, home, output_dir, options)
 
 
-def _run_with_store(state, resume, stop_after, key, home, output_dir) -> dict:
+def _run_with_store(state, resume, stop_after, key, home, output_dir, options) -> dict:
     home.mkdir(parents=True, exist_ok=True)
     store = store_dir(home, output_dir)
     threads_file = store / "threads.json"
@@ -203,7 +210,7 @@ def _run_with_store(state, resume, stop_after, key, home, output_dir) -> dict:
     lock = _hold_run_lock(store / ("run.lock" if home != output_dir else f"run-{key}.lock"), state)
     finished = []
     try:
-        return _run_locked(state, resume, stop_after, key, home, output_dir, threads_file, db, finished)
+        return _run_locked(state, resume, stop_after, key, home, output_dir, threads_file, db, options, finished)
     finally:
         os.close(lock)
         if finished and store.parent.parent.name == "checkouts":
@@ -229,14 +236,14 @@ def _drop_finished_store(store: Path) -> None:
             os.close(fd)
 
 
-def _run_locked(state, resume, stop_after, key, home, output_dir, threads_file, db, finished=None) -> dict:
+def _run_locked(state, resume, stop_after, key, home, output_dir, threads_file, db, options, finished=None) -> dict:
     """run_migration, under the run's lock; `finished` gets True appended when the run ended (no node left)."""
     app = compiled_graph(db)
     threads = _load_threads(threads_file, resume)
     invoke = functools.partial(app.invoke, durability="sync", interrupt_after=[stop_after] if stop_after else None)
     try:
         if resume and key in threads:
-            config = {"configurable": {"thread_id": threads[key]}, "recursion_limit": RECURSION_LIMIT}
+            config = {"configurable": {**options, "thread_id": threads[key]}, "recursion_limit": RECURSION_LIMIT}
             snapshot = app.get_state(config)
             _check_resumed_state(snapshot.values or {}, db)
             if (snapshot.values or {}).get("recipe_dir") and snapshot.next:
@@ -254,7 +261,7 @@ def _run_locked(state, resume, stop_after, key, home, output_dir, threads_file, 
         if home != output_dir:
             start_backup_run(home, threads[key])   # a fresh run's rounds start at 1; earlier ones are kept
         atomic_write(threads_file, json.dumps(threads, indent=2).encode())
-        config = {"configurable": {"thread_id": threads[key]}, "recursion_limit": RECURSION_LIMIT}
+        config = {"configurable": {**options, "thread_id": threads[key]}, "recursion_limit": RECURSION_LIMIT}
         result = summarise(invoke(state, config))
         if finished is not None and not app.get_state(config).next:
             finished.append(True)

@@ -1,4 +1,7 @@
-"""The workflow's state: what the user asked for, what the nodes found, and the records they made."""
+"""The workflow's state: what the user asked for, what the nodes found, and the records they made; and
+the run options, which travel in the graph's config (LangGraph `configurable`), not in the state.
+
+Nodes return a partial MigrationState (total=False): only the keys they change."""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ import operator
 from typing import Annotated, TypedDict
 
 from agent.records import Baseline, Environment, MemoryEstimate, Round, Run, Vendored, Verification
+from engine import defaults
 
 
 def merge_rounds(rounds: list[Round], new: list[Round]) -> list[Round]:
@@ -26,19 +30,17 @@ class MigrationState(TypedDict, total=False):
     target: str                 # what the user gave: link, Org/Name, checkpoint dir or recipe dir
     output_dir: str
     name: str | None
-    device: str
     dtype: str | None
     weights: str | None
     trust_remote_code: bool
     allow_install: bool
-    max_rounds: int
-    timeout_s: int
     max_new_tokens: int
     world_size: int | None      # --world-size: the run's ranks (None: the recipe's own YAML; 1 for a new one)
     upstream_standin: dict      # --standin: agent.measure.upstream_check.plan (YAML, weights, notes)
     transformers_source: str | None   # --transformers-source WHEEL|DIR: the checkout's transformers release
     reference_python: str | None      # --reference-python: the interpreter that has it
-    recipe_target: str | None   # --target: a row of agent.recipe.targets.TARGETS (None: the output dir's default)
+    recipe_target: str | None   # the row of agent.recipe.targets.TARGETS a migration writes (--target, else the
+                                # output dir's default: agent.workflow.inputs); None for a recipe
     # derived
     env: Environment
     scenario: str               # "A" migrate, "B" repair, "C" baseline
@@ -62,6 +64,23 @@ class MigrationState(TypedDict, total=False):
     verification: Verification
     status: str                 # "ok" | "failed" | "oom" | ...
     message: str
+
+
+class RunOptions(TypedDict, total=False):
+    """How this invocation runs the graph (the graph's config; `--resume` runs with the options given now)."""
+    max_rounds: int             # repair rounds at most
+    timeout_s: int | None       # seconds for each run of the recipe (None: engine.defaults.TIMEOUT_S)
+    device: str                 # --device: auto, cpu, cuda[:N], npu[:N]
+
+
+OPTION_KEYS = tuple(RunOptions.__annotations__)
+
+
+def run_options(config: dict | None) -> RunOptions:
+    """The run options of a node's or a route's config, with their defaults."""
+    given = (config or {}).get("configurable") or {}
+    return {"max_rounds": given.get("max_rounds", defaults.MAX_ROUNDS), "timeout_s": given.get("timeout_s"),
+            "device": given.get("device") or "auto"}
 
 
 SUMMARY_KEYS = ("scenario", "status", "message", "recipe_dir", "model_name", "architecture", "family",

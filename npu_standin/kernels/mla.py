@@ -70,14 +70,6 @@ def write_cache(op: str, cache: torch.Tensor, index: torch.Tensor, values: torch
     nz[block, :, offset] = rows.reshape(-1, heads, dim // c0, c0).transpose(1, 2)
 
 
-def read_nz_cache(cache: torch.Tensor, heads: int = 1) -> torch.Tensor:
-    """A PA_NZ cache (block_num, block_size, N, D) as it holds its values: the same shape, ND."""
-    blocks, block_size, n, dim = cache.shape
-    c0 = nz_c0(cache.dtype)
-    nz = cache.contiguous().view(blocks, dim // c0, block_size, n, c0)
-    return nz.permute(0, 2, 3, 1, 4).reshape(blocks, block_size, n, dim)
-
-
 # ---- npu_kv_rmsnorm_rope_cache_v2 ---------------------------------------------------------------
 def _kv_cache_v2_fake(kv, gamma, cos, sin, index, k_cache, ckv_cache, *, k_rope_scale=None, c_kv_scale=None,
                       k_rope_offset=None, c_kv_offset=None, v=None, epsilon=1e-5, cache_mode="Norm",

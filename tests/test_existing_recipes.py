@@ -1,4 +1,4 @@
-"""Foreign recipes, in process: NPU kernel scan, what a folder is, the run verdict from evidence,
+"""Recipes this tool did not write, in process: NPU kernel scan, what a folder is, the run verdict from evidence,
 the first real error, byte-preserving repairs, and what the report writes."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from agent.repair.failure import Failure, summarise_failure
 from agent.repair.diagnose import first_matching_rule
 from agent.recipe.textfile import detect_format, restore_format
 
-from foreign_fixture import write_executor, write_framework_recipe, write_legacy_recipe
+from checkout_fixture import write_executor, write_framework_recipe, write_legacy_recipe
 
 
 # ---- NPU kernel scan ----------------------------------------------------------------------
@@ -50,6 +50,39 @@ def test_unguarded_torch_npu_import_counts_in_shared_code_only():
     assert scan_source(unguarded, shared=True) == [("import torch_npu", 2)]
     assert scan_source(guarded, shared=True) == []
     assert scan_source("def f():\n    import torch_npu\n", shared=True) == []
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("import custom_ops\n", [("import custom_ops", "AscendC", 1, True)]),
+    ("from ops.pypto_python import mla\n", [("from ops.pypto_python import mla", "PyPTO", 1, True)]),
+    # behind a function, try, if or with: reached only when that runs
+    ("def f():\n    import tilelang\n", [("import tilelang", "TileLang", 2, False)]),
+    ("try:\n    import custom_ops\nexcept ImportError:\n    import cann_ops_transformer\n",
+     [("import custom_ops", "AscendC", 2, False), ("import cann_ops_transformer", "CANN ops-transformer", 4, False)]),
+    ("if fast:\n    import ops.cannbot_dsl\n", [("import ops.cannbot_dsl", "cannbot DSL", 2, False)]),
+    ("with ctx():\n    import pypto\n", [("import pypto", "PyPTO", 2, False)]),
+    # a torch.ops call may sit behind a YAML switch: possible, never certain
+    ("import torch\ny = torch.ops.custom.npu_hc_pre(x)\n", [("torch.ops.custom.npu_hc_pre", "AscendC", 2, False)]),
+    ("import torch\nimport torch_npu\ntorch_npu.npu_rms_norm(x)\nimport ops_local\n", []),   # not compiled ops
+    ("def f(:\n", []),
+])
+def test_compiled_op_scan_says_which_ops_are_certain_to_run(source, expected):
+    from agent.recipe.compiled_ops import scan_source as compiled_ops
+
+    assert compiled_ops(source) == expected
+
+
+def test_the_npu_scans_share_one_walker():
+    """The kernel scan, the compiled-op scan and the stand-in's coverage scan walk sources the same way
+    (npu_standin.scan.SourceScan): one scope rule for what is lazy, optional or not certain to run."""
+    from agent.recipe import compiled_ops, npu_scan
+    from npu_standin import scan
+
+    assert all(issubclass(v, scan.SourceScan) for v in (npu_scan._Visitor, compiled_ops._Visitor, scan._Visitor))
+    source = "import torch_npu\nif x:\n    torch_npu.npu_swiglu(y)\ndef f():\n    import custom_ops\n"
+    assert scan.scan_source(source) == [("torch_npu", 1), ("torch_npu.npu_swiglu", 3)]
+    assert scan_source(source) == [("npu_swiglu", 3)]
+    assert compiled_ops.scan_source(source) == [("import custom_ops", "AscendC", 5, False)]
 
 
 def test_scan_follows_the_recipe_into_shared_code_it_imports(tmp_path, tiny_ckpt_path):
@@ -156,7 +189,7 @@ def test_classify_never_runs_anything_inside_a_checkpoint(tmp_path):
     (ckpt / "model.safetensors").write_bytes(b"\0" * 8)
     (ckpt / "infer.sh").write_text(f"touch {tmp_path / 'ran'}\n")
     before = {p.name: p.read_bytes() for p in ckpt.iterdir()}
-    result = node_classify({"target": str(ckpt)})
+    result = node_classify({"target": str(ckpt)}, {})
     assert result["scenario"] == "A" and "checkpoint" in result["classify_reason"]
     assert not (tmp_path / "ran").exists()
     assert {p.name: p.read_bytes() for p in ckpt.iterdir()} == before
@@ -222,7 +255,7 @@ def _legacy_call(start):
      "", "rank 1 did not finish its formal run", False),
 ])
 def test_judge_run(tmp_path, case, logs, infer_py, problem, no_warm_up):
-    from agent.recipe.trial_run import judge_run
+    from agent.run.trial_run import judge_run
 
     for name, lines in logs.items():
         (tmp_path / name).write_text("\n".join(lines) + "\n")
@@ -232,7 +265,7 @@ def test_judge_run(tmp_path, case, logs, infer_py, problem, no_warm_up):
 
 
 def test_framework_log_needs_no_warm_up_line(tmp_path):
-    from agent.recipe.trial_run import Verdict, judge_run
+    from agent.run.trial_run import Verdict, judge_run
 
     fw = ["[INFO][2026-06-12 10:21:08.125][scheduler.py:412] [Main] Inference time (prefill): 52.31 ms",
           "[INFO][2026-06-12 10:21:08.136][scheduler.py:412] [Main] Inference time (decode): 10.00 ms",

@@ -1,4 +1,4 @@
-"""A repository laid out like cann-recipes-infer (tests/foreign_fixture.py, a CPU stand-in executor),
+"""A repository laid out like cann-recipes-infer (tests/checkout_fixture.py, a CPU stand-in executor),
 driven through the CLI as a user would, with relative paths from the repository root.
 
 Real parts: the CLI in a subprocess, bash, the stand-in's launch (per-rank `python ... | tee &`
@@ -12,7 +12,7 @@ import json
 import pytest
 
 from conftest import run_cli
-from foreign_fixture import tree_bytes, write_repo
+from checkout_fixture import tree_bytes, write_repo
 
 KERNELS = "3 torch_npu kernels (npu_rms_norm, npu_rotary_mul, torch.ops.npu.npu_fused_infer_attention_score) at 3 call sites"
 NEEDS_NPU = {

@@ -1,4 +1,5 @@
-"""Running cann-recipes-infer's own recipes under the stand-in with tiny random weights.
+"""transformers' reference for a recipe's run, and cann-recipes-infer's own recipes run on tiny random
+weights (under the npu stand-in off an NPU, on an NPU as they are).
 
 * `tiny_checkpoint(model_type, out)`: agent.testing.tiny_checkpoint's builder (random weights in the HF
   shapes, a byte-level BPE tokenizer) plus a ChatML chat template, which upstream's scheduler applies
