@@ -176,7 +176,7 @@ def markdown(table: dict) -> str:
 # ---- the runs -------------------------------------------------------------------------------
 def tiny_checkpoint(model_type: str, out: Path, layers: int | None = None, overrides: dict | None = None) -> Path:
     from agent.measure.upstream_check import TINY_SETTINGS
-    from npu_standin.upstream import tiny_checkpoint as build
+    from agent.measure.reference import tiny_checkpoint as build
 
     if out.exists():
         shutil.rmtree(out)
@@ -206,7 +206,8 @@ def shrunk_yaml(recipe_dir: Path, yaml_name: str | None, checkpoint: Path, exe_m
 
 
 def run_column(checkout: Path, model: str, yaml_name: str, record: Path, timeout: float, compile_mode: str) -> dict:
-    from npu_standin import launcher, upstream
+    from agent.measure import reference as upstream
+    from npu_standin import launcher
 
     if record.exists():
         shutil.rmtree(record)
