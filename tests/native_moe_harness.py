@@ -4,11 +4,13 @@ schemas). Used in-process by tests/test_native_moe.py and, as a script, by its 2
 
     python -m torch.distributed.run --nproc-per-node=2 tests/native_moe_harness.py CASE OUT.json
 
-The checkpoint tensors are the ones transformers writes (`save_pretrained` turns its fused 3-D experts
-back into the checkpoint's per-expert names), loaded through the block's own load_weights."""
+The checkpoint tensors are the ones transformers writes (save_pretrained's `revert_weight_conversion` turns
+its fused 3-D experts back into the checkpoint's per-expert names), loaded through the block's own load_weights."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import importlib.util
 import json
 import sys
@@ -53,11 +55,36 @@ def torch_npu_module() -> types.ModuleType:
     return module
 
 
+_TORCH_NPU: list = []
+
+
+@contextlib.contextmanager
+def torch_npu_importable():
+    """`import torch_npu` gives the reference-kernel module while upstream's layers and the generated
+    file are imported, and only then: left in sys.modules, transformers would take this host for an NPU."""
+    if not _TORCH_NPU:
+        _TORCH_NPU.append(torch_npu_module())
+    saved = sys.modules.get("torch_npu")
+    sys.modules["torch_npu"] = _TORCH_NPU[0]
+    try:
+        yield _TORCH_NPU[0]
+    finally:
+        if saved is None:
+            sys.modules.pop("torch_npu", None)
+        else:
+            sys.modules["torch_npu"] = saved
+
+
 def ensure_imports() -> None:
-    if "torch_npu" not in sys.modules:
-        sys.modules["torch_npu"] = torch_npu_module()
+    import transformers.activations  # noqa: F401 - what upstream's layers import, imported before torch_npu exists
+    from transformers import AutoModelForCausalLM  # noqa: F401
+    if importlib.util.find_spec("accelerate") is not None:
+        importlib.import_module("accelerate")      # it asks whether torch_npu exists when imported
     if str(UPSTREAM) not in sys.path:
         sys.path.insert(0, str(UPSTREAM))
+    with torch_npu_importable():
+        importlib.import_module("module.fuse_moe_gmm")
+        importlib.import_module("module.linear")
 
 
 def shrunk_config(case: str):
@@ -73,8 +100,8 @@ def shrunk_config(case: str):
 def reference(case: str, seed: int = 0):
     """(config, transformers' MoE block of the first sparse layer, the checkpoint's tensors of that block
     named relative to it, features)."""
-    from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
+    from transformers.core_model_loading import revert_weight_conversion
 
     from agent.recipe.native.moe_features import derive_moe
 
@@ -90,11 +117,9 @@ def reference(case: str, seed: int = 0):
                 b.copy_(torch.rand(b.shape) * 0.3)
     layer = features.sparse_layers[0]
     block = getattr(model.model.layers[layer], features.block_name)
-    with tempfile.TemporaryDirectory() as folder:
-        model.save_pretrained(folder)
-        tensors = {}
-        for file in Path(folder).glob("*.safetensors"):
-            tensors.update(load_file(file))
+    # what save_pretrained writes (its fused experts turned back into the checkpoint's names), on every
+    # rank (save_pretrained itself writes on one rank only under torch.distributed)
+    tensors = revert_weight_conversion(model, dict(model.state_dict()))
     prefix = f"model.layers.{layer}.{features.ckpt_block_name}."
     checkpoint = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
     return config, block, checkpoint, features
@@ -107,7 +132,8 @@ def load_generated(source: str, name: str):
     path.write_text(source)
     spec = importlib.util.spec_from_file_location(f"native_moe_{name}", path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    with torch_npu_importable():
+        spec.loader.exec_module(module)
     return module
 
 
@@ -152,7 +178,7 @@ def run(case: str, *, features=None, source_edit=None, checkpoint_edit=None, moe
     counted = {n: getattr(torch.ops.npu, n) for n in ("npu_moe_gating_top_k_softmax", "npu_moe_gating_top_k",
                                                        "npu_moe_init_routing_v2", "npu_grouped_matmul",
                                                        "npu_moe_finalize_routing", "npu_swiglu")}
-    torch_npu = sys.modules["torch_npu"]
+    torch_npu = _TORCH_NPU[0]
     previous = torch_npu.__dict__.copy()
     for n, op in counted.items():
         setattr(torch_npu, n, (lambda n, op: lambda *a, **k: (calls.append(n), op(*a, **k))[1])(n, op))
