@@ -97,7 +97,7 @@ def shrunk_config(case: str):
     return config
 
 
-def reference(case: str, seed: int = 0):
+def reference(case: str, seed: int = 0, fused_names: bool = False):
     """(config, transformers' MoE block of the first sparse layer, the checkpoint's tensors of that block
     named relative to it, features)."""
     from transformers import AutoModelForCausalLM
@@ -119,8 +119,8 @@ def reference(case: str, seed: int = 0):
     block = getattr(model.model.layers[layer], features.block_name)
     # what save_pretrained writes (its fused experts turned back into the checkpoint's names), on every
     # rank (save_pretrained itself writes on one rank only under torch.distributed)
-    tensors = revert_weight_conversion(model, dict(model.state_dict()))
-    prefix = f"model.layers.{layer}.{features.ckpt_block_name}."
+    tensors = dict(model.state_dict()) if fused_names else revert_weight_conversion(model, dict(model.state_dict()))
+    prefix = f"model.layers.{layer}.{features.block_name if fused_names else features.ckpt_block_name}."
     checkpoint = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
     return config, block, checkpoint, features
 
@@ -153,11 +153,11 @@ def infer_config(moe_tp_size: int = 1, moe_ep_size: int = 1):
 
 
 def run(case: str, *, features=None, source_edit=None, checkpoint_edit=None, moe_tp_size: int = 1,
-        tokens: int = TOKENS) -> dict:
+        tokens: int = TOKENS, fused_names: bool = False) -> dict:
     """Ours against transformers' block on the same tokens: {"max_abs", "rel", "ops"}."""
     from agent.recipe.native.moe_features import render_moe
 
-    config, block, checkpoint, derived = reference(case)
+    config, block, checkpoint, derived = reference(case, fused_names=fused_names)
     features = features or derived
     source = render_moe(features)
     if source_edit is not None:

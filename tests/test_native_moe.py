@@ -34,6 +34,14 @@ def test_generated_block_matches_transformers_moe_block(case):
     assert {"npu_moe_init_routing_v2", "npu_grouped_matmul", "npu_moe_finalize_routing"} <= set(result["ops"])
 
 
+@pytest.mark.parametrize("case", ["mixtral", "deepseek_v3_64"])
+def test_transformers_fused_expert_tensors_load_as_well(case):
+    """A checkpoint saved without transformers' conversion holds experts.gate_up_proj / down_proj as 3-D
+    tensors (transformers' own state_dict names): the block splits them per expert."""
+    result = harness.run(case, fused_names=True)
+    assert result["rel"] < TOLERANCE and result["unloaded"] == [], result
+
+
 # facts each architecture's transformers code states, as the probe reads them
 FEATURES = {
     "mixtral": dict(ckpt_block_name="block_sparse_moe", ckpt_expert_names=("w1", "w3", "w2"), scoring="softmax",
@@ -55,6 +63,22 @@ def test_features_read_from_the_transformers_block(case):
     features = derive_moe(harness.shrunk_config(case))
     for key, want in FEATURES[case].items():
         assert getattr(features, key) == want, (key, getattr(features, key))
+
+
+def test_expert_width_is_the_config_key_that_sizes_the_experts():
+    """A config carrying both widths (mixtral with a stray moe_intermediate_size): the key is the one
+    transformers' experts are built from, and a checkpoint of another width is refused, not narrowed."""
+    from agent.recipe.native.moe_features import derive_moe
+
+    config = harness.shrunk_config("mixtral")
+    config.moe_intermediate_size = 16
+    features = derive_moe(config)
+    assert features.width_key == "intermediate_size"
+    module = harness.load_generated(harness_render(features.with_changes(width_key="moe_intermediate_size")), "mixtral_w")
+    block = module.MixtralSparseMoeBlock(config, harness.infer_config(), None)
+    _, _, checkpoint, _ = harness.reference("mixtral")
+    with pytest.raises(ValueError, match=r"experts\.0\.w[123]\.weight \(\d+, \d+\): an expert of width 16"):
+        block.load_weights(list(checkpoint.items()))
 
 
 def test_sparse_layers_follow_the_configs_rule():

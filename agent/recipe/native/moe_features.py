@@ -31,7 +31,7 @@ MOE_WIDTH_KEYS = ("moe_intermediate_size", "intermediate_size")
 ROUTER_NAMES = ("gate", "router")
 SHARED_NAMES = ("shared_experts", "shared_expert")
 # The shrunk probe: small widths, the real counts where routing depends on them (groups), capped.
-PROBE_HIDDEN, PROBE_WIDTH, PROBE_EXPERT_CAP = 32, 24, 256   # 2 * width != hidden: layouts tell apart
+PROBE_HIDDEN, PROBE_WIDTH, PROBE_EXPERT_CAP = 40, 24, 256   # no width (24, 28, 32) nor twice one equals hidden
 
 
 class NotNative(Exception):
@@ -128,9 +128,10 @@ def _probe_config(config):
 
     probe = copy.deepcopy(config)
     probe.hidden_size = PROBE_HIDDEN
-    for key in MOE_WIDTH_KEYS + ("shared_expert_intermediate_size",):
+    # distinct widths: which config key sizes the experts (and the shared experts) is read off their shapes
+    for offset, key in enumerate(MOE_WIDTH_KEYS + ("shared_expert_intermediate_size",)):
         if isinstance(getattr(probe, key, None), int):
-            setattr(probe, key, PROBE_WIDTH)
+            setattr(probe, key, PROBE_WIDTH + 4 * offset)
     experts_key = _config_key(probe, EXPERT_COUNT_KEYS, "routed expert count")
     count = getattr(probe, experts_key)
     if count > PROBE_EXPERT_CAP:
@@ -338,7 +339,6 @@ def derive_moe(config, checkpoint_keys=()) -> MoeFeatures:
     from transformers import AutoModelForCausalLM
 
     experts_key = _config_key(config, EXPERT_COUNT_KEYS, "routed expert count", checkpoint_keys)
-    width_key = _config_key(config, MOE_WIDTH_KEYS, "expert intermediate size", checkpoint_keys)
     try:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(copy.deepcopy(config))
@@ -360,6 +360,11 @@ def derive_moe(config, checkpoint_keys=()) -> MoeFeatures:
     probe = _probe_config(config)
     torch.manual_seed(0)
     block = block_cls(probe).float().eval()
+    width = block.experts.down_proj.shape[-1] if block.experts.down_proj.shape[-2] == PROBE_HIDDEN \
+        else block.experts.down_proj.shape[-2]
+    width_key = next((k for k in MOE_WIDTH_KEYS if getattr(probe, k, None) == width), None)
+    if width_key is None:
+        raise NotNative("moe", f"the experts' width {width} is none of the config's {' / '.join(MOE_WIDTH_KEYS)}")
     router_name = next((n for n in ROUTER_NAMES if getattr(block, n, None) is not None
                         and getattr(getattr(block, n), "weight", None) is not None), None)
     if router_name is None:
