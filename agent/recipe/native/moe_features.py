@@ -319,6 +319,8 @@ def _checkpoint_names(model_type: str, block_name: str) -> tuple[str, tuple[str,
             for s, t in zip(sources, targets):
                 if t.strip(".").startswith(block_name) and s.strip(".") != t.strip("."):
                     ckpt_block = s.strip(".").split(".")[0]
+        elif not all("experts.*." in src for src in sources):
+            continue          # not a per-expert merge (a rename or a dequantisation of fused tensors)
         elif any(t.endswith("experts.gate_up_proj") for t in targets) and len(sources) == 2:
             gate, up = (s.split("experts.*.", 1)[1].rsplit(".weight", 1)[0] for s in sources)
             names = (gate, up) + names[2:] if len(names) == 3 else (gate, up)
