@@ -393,11 +393,13 @@ def derive_moe(config, checkpoint_keys=()) -> MoeFeatures:
     unfused = []
     if gating["scoring"] == "softmax" and not gating["groups"] and not gating["selection_bias"]:
         fused.insert(0, "npu_moe_gating_top_k_softmax")
-    elif gating["scoring"] == "sigmoid" and gating["renormalize"] and experts in (256, 384):
+    elif (gating["scoring"] == "sigmoid" and gating["renormalize"] and gating["selection_bias"] and gating["groups"]
+          and experts in (256, 384) and (getattr(config, "n_group", None), getattr(config, "topk_group", None)) == (8, 4)
+          and config.num_experts_per_tok <= 32):
         fused.insert(0, "npu_moe_gating_top_k")
     else:
-        unfused.append("gating in plain torch (npu_moe_gating_top_k takes 256 or 384 experts with "
-                       "renormalised sigmoid weights, as upstream's deepseek_r1 uses it)")
+        unfused.append("gating in plain torch (npu_moe_gating_top_k takes renormalised sigmoid weights with a "
+                       "selection bias, 256 (or 384, upstream's deepseek_r1) experts in 8 groups keeping 4, k <= 32)")
     if activation == "swiglu":
         fused.append("npu_swiglu")
     else:
