@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import native_moe_harness as harness
 
@@ -150,13 +151,12 @@ def test_expert_parallel_is_refused_with_what_to_set():
 def test_a_routing_no_op_expresses_is_not_native():
     from agent.recipe.native.moe_features import NotNative, _probe_gating
 
-    class Block(__import__("torch").nn.Module):      # picks the k LOWEST scores: no candidate routes so
+    class Block(torch.nn.Module):      # picks the k LOWEST scores: no candidate routes so
         def __init__(self, inner):
             super().__init__()
             self.gate, self.experts = inner.gate, inner.experts
 
         def forward(self, x):
-            import torch
             x = x.view(-1, x.shape[-1])
             probs = torch.softmax(torch.nn.functional.linear(x, self.gate.weight), -1)
             weights, index = torch.topk(-probs, 2, dim=-1)
