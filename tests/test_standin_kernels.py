@@ -471,3 +471,57 @@ def test_mixed_dtype_matmul_computes_in_fp32_and_returns_the_first_inputs_dtype(
     assert matmul(x, w, out=out) is out and torch.equal(out, y)
     same = torch.randn(5, 64)
     assert torch.equal(matmul(same, w), host_matmul(same, w))    # equal dtypes: torch's own call
+
+
+def test_mixed_dtype_bmm_addmm_and_linear_follow_op_plugins_kernels():
+    """bmm: op-plugin allocates `self.options()`, aclnnBatchMatMul promotes as aclnnMatmul (first input's
+    dtype back). addmm: the output takes the ADDED term's dtype (`self.options()`, aclnnAddmm). F.linear
+    is aten's composite: addmm with a bias on a 2-D / contiguous input (the bias's dtype), else matmul
+    then add_ (the input's dtype). The host's own kernels refuse every one of these pairs."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from npu_standin.kernels.matmul import _npu_addmm_rule, _npu_dtype_rule, mixed_addmm_dtypes, npu_linear
+
+    bf16, fp32 = torch.bfloat16, torch.float32
+    torch.manual_seed(4)
+    x, w, b = torch.randn(5, 64).to(bf16), torch.randn(8, 64), torch.randn(8)
+    for host, args in ((torch.bmm, (x[None], w.T[None])), (torch.addmm, (b, x, w.T)),
+                       (torch.nn.functional.linear, (x, w, b)), (torch.nn.functional.linear, (x, w))):
+        with pytest.raises(RuntimeError):
+            host(*args)
+    bmm = _npu_dtype_rule("bmm", torch.bmm)
+    y = bmm(x[None].expand(3, 5, 64), w.T[None].expand(3, 64, 8))
+    assert y.dtype == bf16 and torch.equal(y[1], (x.float() @ w.T).to(bf16))
+    assert bmm(w[None], x.T[None]).dtype == fp32
+
+    assert mixed_addmm_dtypes(b, x, w.T) == (fp32, fp32)
+    assert mixed_addmm_dtypes(b.to(bf16), x, w.T.to(bf16)) is None
+    assert mixed_addmm_dtypes(b.to(bf16), x, w.T) == (fp32, bf16)
+    addmm = _npu_addmm_rule(torch.addmm)
+    y = addmm(b, x, w.T, beta=0.5, alpha=2.0)
+    assert y.dtype == fp32 and torch.allclose(y, 0.5 * b + 2.0 * (x.float() @ w.T))
+    assert addmm(b.to(bf16), x, w.T).dtype == bf16
+
+    strided = torch.randn(5, 2, 64).to(bf16).transpose(0, 1)          # a non-contiguous 3-D input
+    for inp, bias, dtype in ((x, b, fp32), (x, None, bf16), (x.view(1, 5, 64), b, fp32),
+                             (strided, b, bf16), (strided, b.to(bf16), bf16)):
+        y = npu_linear(inp, w, bias)
+        assert y.dtype == dtype and y.shape == (*inp.shape[:-1], 8), (inp.shape, bias is None, y.dtype)
+        ref = inp.float() @ w.T + (bias.float() if bias is not None else 0)
+        torch.testing.assert_close(y.float(), ref, atol=0.1, rtol=0.02)
+    same = torch.randn(5, 64)
+    assert torch.equal(npu_linear(same, w, b), torch.nn.functional.linear(same, w, b))
+
+    class Calls(TorchDispatchMode):      # aten's composite linear on this torch: which kernel each case meets
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    f = torch.randn(5, 64)
+    for inp, bias, kernel in ((f, b, "addmm"), (f.view(1, 5, 64), b, "addmm"), (f, None, "mm"),
+                              (torch.randn(5, 2, 64).transpose(0, 1), b, "bmm")):
+        mode = Calls()
+        mode.seen = []
+        with mode:
+            torch.nn.functional.linear(inp, w, bias)
+        assert kernel in mode.seen and ("addmm" in mode.seen) == (kernel == "addmm"), mode.seen

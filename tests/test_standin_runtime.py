@@ -546,7 +546,8 @@ def test_the_npugraph_ex_package_is_served_as_torch_npu_npugraph_ex(tmp_path):
 
 def test_mixed_dtype_matmul_on_npu_tensors_promotes_as_the_npu_does(tmp_path):
     """bf16 activations into an fp32 weight (upstream's qwen3_moe router, module/linear.py's torch.matmul):
-    eager and traced, torch.matmul / `@` / mm compute in fp32 and return bf16, noted in the record."""
+    eager and traced, torch.matmul / `@` / mm / bmm / F.linear without a bias compute in fp32 and return bf16;
+    nn.Linear with an fp32 bias is aten's addmm and returns the bias's fp32. Noted in the record."""
     proc, usage = run_standin(tmp_path, """
         import torch, torch_npu
         x = torch.randn(6, 32, dtype=torch.bfloat16).npu()
@@ -554,6 +555,10 @@ def test_mixed_dtype_matmul_on_npu_tensors_promotes_as_the_npu_does(tmp_path):
         want = (x.float() @ w).to(torch.bfloat16)
         for y in (torch.matmul(x, w), x.matmul(w), x @ w, torch.mm(x, w), x.mm(w)):
             assert y.dtype == torch.bfloat16 and torch.equal(y, want), y.dtype
+        assert torch.equal(torch.bmm(x[None], w[None])[0], want)
+        assert torch.equal(torch.nn.functional.linear(x, w.T), want)           # aten's linear: matmul path
+        gate = torch.nn.Linear(32, 4, dtype=torch.float32).npu()                 # with a bias: addmm path
+        assert gate(x).dtype == torch.float32 and torch.equal(gate(x), torch.addmm(gate.bias, x.float(), gate.weight.T))
         compiled = torch.compile(lambda a, b: torch.matmul(a, b).float().softmax(-1), backend="eager", fullgraph=True)
         assert torch.equal(compiled(x, w), want.float().softmax(-1))
         print("OK")

@@ -116,7 +116,7 @@ def install() -> None:
 
 def install_torch_ops() -> None:
     """torch's own ops whose NPU semantics differ from the host's where upstream's recipes meet them
-    (matmul / mm of mixed dtypes: kernels/matmul.py, mixed_matmul_dtypes). Activation calls it."""
+    (matmul / mm / bmm / addmm / F.linear of mixed dtypes: kernels/matmul.py). Activation calls it."""
     from npu_standin.kernels.matmul import install_torch_ops as _matmul
 
     _matmul()

@@ -203,10 +203,43 @@ def mixed_matmul_dtypes(a: torch.Tensor, b: torch.Tensor):
     return torch.float32, a.dtype
 
 
-def _npu_dtype_rule(name: str, real):
-    import functools
+def mixed_addmm_dtypes(self: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor):
+    """(compute dtype, result dtype) of an NPU `addmm(self, mat1, mat2)` (self: the added term, a
+    linear layer's bias) whose three dtypes are not all equal, or None where the NPU has no mixed rule.
 
+    * op-plugin@517f2e7d op_plugin/ops/opapi/AddmmKernelNpuOpApi.cpp, `addmm`: the output is
+      `apply_tensor_without_format(output_size, self.options())` (the ADDED term's dtype, not mat1's),
+      then `EXEC_NPU_CMD(aclnnAddmm, self, mat1, mat2, beta, alpha, result, cube_math_type)`; no dtype check.
+    * hicann/ops-nn@e5c3fa93 matmul/mat_mul_v3/op_host/op_api/aclnn_addmm.cpp, `CheckInputParams`:
+      `archRule->CheckInput(mat1, mat2, self, out, ...)`, Dav2201MatMulRule (matmul_util.cpp): each of
+      mat1 / mat2 / bias / out only has to be FP32, FP16 or BF16; `PromoteDtype` takes the mat1 x mat2
+      type from the same table as matmul (FP32+BF16 -> FP32), `UpdateBiasDtype` keeps an FP32 bias in
+      FP32; the sum is taken at `op::PromoteType(mulOut, matmulOut)` and cast to the output
+      (`l0op::Cast(addOut, addmmTensor.out->GetDataType(), ...)`).
+
+    The reference computes the whole of beta*self + alpha*(mat1 @ mat2) in fp32 (exact for the bf16 /
+    fp16 inputs) and returns self's dtype."""
+    dtypes = {self.dtype, mat1.dtype, mat2.dtype}
+    if len(dtypes) == 1 or not dtypes <= set(_CUBE_DTYPES):
+        return None
+    return torch.float32, self.dtype
+
+
+def _note(name: str, detail: str) -> None:
     from npu_standin import record
+
+    if not record.compiling():
+        record.note(f"{name}-mixed-dtypes", detail)
+
+
+def _npu_dtype_rule(name: str, real):
+    """torch.matmul / mm / bmm on the NPU: mixed_matmul_dtypes (bmm: op-plugin@517f2e7d
+    op_plugin/ops/opapi/BmmKernelNpuOpApi.cpp `bmm` allocates `self.options()` and calls
+    aclnnBatchMatMul, whose CheckParamsV2 runs the same Dav2201MatMulRule (`BuildRule()->CheckInput`),
+    hicann/ops-nn@e5c3fa93 common/op_host/op_api/batch_matmul_util.cpp casts both inputs to
+    `support_info.self_dtype` / `mat2_dtype` and aclnn_batch_matmul.cpp `PostProcess` casts the product
+    to the output's dtype)."""
+    import functools
 
     @functools.wraps(real)
     def op(input, other, *args, **kwargs):
@@ -215,11 +248,9 @@ def _npu_dtype_rule(name: str, real):
         if rule is None:
             return real(input, other, *args, **kwargs)
         compute, result_dtype = rule
-        if not record.compiling():
-            record.note(f"{name}-mixed-dtypes",
-                        f"torch.{name} of {input.dtype} and {other.dtype}: computed in {compute}, result "
-                        f"{result_dtype} (the first input's dtype), as op-plugin's {name} and aclnn promote on "
-                        "Atlas A2/A3")
+        _note(name, f"torch.{name} of {input.dtype} and {other.dtype}: computed in {compute}, result "
+                    f"{result_dtype} (the first input's dtype), as op-plugin's {name} and aclnn promote on "
+                    "Atlas A2/A3")
         out = kwargs.pop("out", None)
         result = real(input.to(compute), other.to(compute), *args, **kwargs).to(result_dtype)
         if out is not None:
@@ -229,14 +260,88 @@ def _npu_dtype_rule(name: str, real):
     return op
 
 
+def _npu_addmm_rule(real):
+    import functools
+
+    @functools.wraps(real)
+    def op(input, mat1, mat2, *args, beta=1, alpha=1, out=None, **kwargs):
+        rule = (mixed_addmm_dtypes(input, mat1, mat2)
+                if all(isinstance(t, torch.Tensor) for t in (input, mat1, mat2)) and not args and not kwargs
+                else None)
+        if rule is None:
+            if out is not None:
+                kwargs["out"] = out
+            return real(input, mat1, mat2, *args, beta=beta, alpha=alpha, **kwargs)
+        compute, result_dtype = rule
+        if out is not None:
+            result_dtype = out.dtype
+        _note("addmm", f"torch.addmm of {input.dtype} + {mat1.dtype} x {mat2.dtype}: computed in {compute}, "
+                       f"result {result_dtype} (the added term's dtype), as op-plugin's addmm and aclnnAddmm "
+                       "promote on Atlas A2/A3")
+        result = real(input.to(compute), mat1.to(compute), mat2.to(compute), beta=beta, alpha=alpha).to(result_dtype)
+        if out is not None:
+            return out.copy_(result)
+        return result
+
+    return op
+
+
+def npu_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear on the NPU where its dtypes differ. torch_npu registers no `linear`
+    (op-plugin@517f2e7d op_plugin/config/op_plugin_functions.yaml has `npu_linear`, not `linear`), so
+    `aten::linear` is torch's CompositeImplicitAutograd one (aten/src/ATen/native/Linear.cpp `linear`),
+    whose calls land on op-plugin's kernels:
+
+    * 2-D input with a bias: `at::addmm(bias, input, weight.t())`; a contiguous 3-D input with a bias, or
+      any contiguous input with a 1-D bias: `_flatten_nd_linear`, the same addmm on the flattened rows.
+      These follow mixed_addmm_dtypes: computed in fp32, result in the BIAS's dtype.
+    * otherwise `at::matmul(input, weight.t())` (op-plugin's own matmul: mixed_matmul_dtypes, the
+      input's dtype), then `output.add_(bias)` in place (the result keeps the input's dtype).
+
+    The same decomposition on the host is checked in tests/test_standin_kernels.py (TorchDispatchMode)."""
+    if bias is not None and input.layout == torch.strided and weight.layout == torch.strided and (
+            input.dim() == 2 or (input.is_contiguous() and (input.dim() == 3 or bias.dim() == 1))):
+        compute, result_dtype = mixed_addmm_dtypes(bias, input, weight) or (None, None)
+        if compute is not None:
+            _note("linear", f"F.linear of {input.dtype} x {weight.dtype} + {bias.dtype} bias: aten's addmm path, "
+                            f"computed in {compute}, result {result_dtype} (the bias's dtype)")
+            rows = input.reshape(-1, input.shape[-1]).to(compute)
+            y = torch.addmm(bias.to(compute), rows, weight.to(compute).t())
+            return y.reshape(*input.shape[:-1], weight.shape[0]).to(result_dtype)
+        return _real_linear()(input, weight, bias)
+    rule = mixed_matmul_dtypes(input, weight)
+    if rule is None:
+        if bias is None or bias.dtype == input.dtype:
+            return _real_linear()(input, weight, bias)
+        output = _real_linear()(input, weight)
+    else:
+        compute, result_dtype = rule
+        _note("linear", f"F.linear of {input.dtype} x {weight.dtype}: aten's matmul path, computed in {compute}, "
+                        f"result {result_dtype} (the input's dtype)")
+        output = torch.matmul(input.to(compute), weight.to(compute).t()).to(result_dtype)
+    if bias is not None:
+        output = output.add_(bias)
+    return output
+
+
+def _real_linear():
+    return _real.get((torch.nn.functional, "linear"), torch.nn.functional.linear)
+
+
 def install_torch_ops() -> None:
-    """torch.matmul / Tensor.matmul / `@` / torch.mm / Tensor.mm follow mixed_matmul_dtypes (once per process);
-    everything else (equal dtypes) is torch's own call."""
+    """torch.matmul / Tensor.matmul / `@` / torch.mm / Tensor.mm / torch.bmm / Tensor.bmm follow
+    mixed_matmul_dtypes, torch.addmm / Tensor.addmm mixed_addmm_dtypes, torch.nn.functional.linear (what
+    nn.Linear calls) npu_linear (once per process); equal dtypes are torch's own call."""
     if _real:
         return
     for owner, attr, name in ((torch, "matmul", "matmul"), (torch.Tensor, "matmul", "matmul"),
                               (torch.Tensor, "__matmul__", "matmul"), (torch, "mm", "mm"),
-                              (torch.Tensor, "mm", "mm")):
+                              (torch.Tensor, "mm", "mm"), (torch, "bmm", "bmm"), (torch.Tensor, "bmm", "bmm")):
         real = getattr(owner, attr)
         _real[(owner, attr)] = real
         setattr(owner, attr, _npu_dtype_rule(name, real))
+    for owner in (torch, torch.Tensor):
+        _real[(owner, "addmm")] = owner.addmm
+        owner.addmm = _npu_addmm_rule(owner.addmm)
+    _real[(torch.nn.functional, "linear")] = torch.nn.functional.linear
+    torch.nn.functional.linear = npu_linear
