@@ -24,6 +24,7 @@ import threading
 from pathlib import Path
 
 from agent.errors import InputError, describe_fault
+from engine.safe_write import TEMP_PREFIX, UserTree, WriteRefused
 
 SOURCE_LIMIT = 16 * 2**20          # a recipe's Python, YAML, shell: far larger is not a source file
 JSON_LIMIT = 1 * 2**30             # tokenizer.json and the like can be large; /dev/zero cannot pass
@@ -35,8 +36,21 @@ class UnreadableFile(InputError):
     """A path that is not a regular file (or too large) where the migrator expects one."""
 
 
-class WriteOutsideRecipe(InputError):
-    """A write into a recipe that would land outside it (through a symlink)."""
+class WriteOutsideRecipe(InputError, WriteRefused):
+    """A write into a recipe that would land outside it (through a symlink): exit 2."""
+
+
+def user_tree(root: Path, what: str = "the recipe", **options) -> UserTree:
+    """engine.safe_write's UserTree anchored at `root` (a recipe, a checkout, a cache we fill), its
+    refusals exit 2: the one way agent/ writes a user's files. `options`: create, keep_links."""
+    return UserTree(root, what, WriteOutsideRecipe, **options)
+
+
+
+def parent_tree(path: Path, what: str = "its folder") -> UserTree:
+    """The tree of `path`'s own folder: for a file whose caller knows no larger root (a recipe file
+    handed to a codemod, a file the user named); a link at `path` out of that folder is refused."""
+    return UserTree(Path(os.path.abspath(path)).parent, what, WriteOutsideRecipe)
 
 
 def _kind(mode: int) -> str:
@@ -258,7 +272,8 @@ class WriteGuard:
                 f"writes only inside a recipe ({what} of {rel} refused): replace the link with a copy "
                 "(e.g. cp -r --remove-destination) and re-run")
             raise self.refused
-        if self.on_change is not None and real_rel not in self.seen and real_rel.split("/")[0] not in self.exempt:
+        if self.on_change is not None and real_rel not in self.seen and real_rel.split("/")[0] not in self.exempt \
+                and not target.name.startswith(TEMP_PREFIX):      # a write's own file, renamed over its target
             self.seen.add(real_rel)
             self.on_change(real_rel, what)
 

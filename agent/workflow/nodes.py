@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from agent.migrate import transformers_source
 from agent.migrate.checkpoint_check import check_checkpoint, check_output_outside
 from agent.migrate.vendor import locate_source, read_config, vendor_source
 from agent.recipe import folder_lock
+from agent.recipe.fs_guard import user_tree
 from agent.recipe.chat_template import check_chat_template
 from agent.recipe.runnable import ensure_runnable_here
 from agent.recipe.recipe import Recipe, RunPlan
@@ -122,8 +122,12 @@ def removes_half_built_recipe(node):
         try:
             return node(state)
         except BaseException:
-            shutil.rmtree(state["recipe_dir"], ignore_errors=True)
+            try:
+                user_tree(Path(state["recipe_dir"]).parent, "the output folder").rmtree(state["recipe_dir"])
+            except (OSError, ValueError):
+                pass      # the node's own error is the one to report
             raise
+
     return wrapper
 
 
