@@ -119,7 +119,12 @@ class UserTree:
         `follow`: a symlink at `path` itself counts as what it points at (a write into the file);
         False: the entry itself (an unlink or rename of the link) — its folder must be inside."""
         lexical = self._lexical(path)
+        if lexical in (self.root, self.real_root):
+            if action != "mkdir":
+                raise self.error(f"{lexical}: is {self.what} itself; refusing to {action} it")
+            return self.real_root
         real_parent = Path(os.path.realpath(lexical.parent))
+
         if not self._inside(real_parent):
             raise self._refuse_link(lexical, action)
         target = real_parent / lexical.name

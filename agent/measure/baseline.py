@@ -278,7 +278,8 @@ def _baseline_tree(out: Path, previous_dir: Optional[Path] = None, recipe_dir: O
     if recipe_dir is not None:
         return UserTree(recipe_dir, "the recipe")
     return UserTree(os.path.commonpath([os.path.abspath(out.parent), os.path.abspath(previous_dir or out.parent)]),
-                    "the baseline's folder")
+                    "the baseline's folder", create=True)
+
 
 
 def write_baseline(out: Path, baseline: dict, previous_dir: Optional[Path] = None,

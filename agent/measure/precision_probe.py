@@ -238,7 +238,7 @@ def _end(output) -> None:
 
     _state["calls"] += 1
     # the folder the migrator named for this run (it made and checked it); nothing through a link out of it
-    _safe_write().UserTree(os.path.dirname(_state["dir"]), "the run's precision folder").write_with(
+    _safe_write().UserTree(os.path.dirname(_state["dir"]), "the run's precision folder", create=True).write_with(
 
         path, lambda tmp: torch.save(record, tmp))
 
