@@ -52,8 +52,9 @@ ALLOWED = {
         "the per-user private folder (0700, owner checked) under the temporary folder for a checkout migration's store",
     "agent/workflow/run.py::_drop_finished_store::shutil.rmtree": "that private folder's store, once its run ended",
     "agent/workflow/run.py::_drop_finished_store::os.open(write flags)": "its lock files, opened to test the lock",
-    "agent/workflow/run.py::compiled_graph::.mkdir()": "the store folder store_dir made (real_dirs: no symlink); "
-                                                       "SQLite writes its own file there",
+    "agent/workflow/run.py::compiled_graph::.mkdir()": "the store folder store_dir made (real_dirs: no symlink)",
+    "agent/workflow/run.py::compiled_graph::sqlite3.connect": "SQLite's own file in that store folder (the path was "
+                                                              "checked not to be a symlink by _run_with_store)",
     "npu_standin/environment.py::bin_dir::.mkdir()": "a private copy (0700) of the stand-in's guards in the temporary folder",
     "npu_standin/environment.py::bin_dir::shutil.copyfile": "the same private copy",
     "npu_standin/environment.py::bin_dir::.chmod()": "the same private copy",
@@ -116,7 +117,7 @@ def direct_writes(path: Path, root: Path = REPO) -> list[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                if alias.name in ("os", "shutil", "tempfile", "torch", "io"):
+                if alias.name in ("os", "shutil", "tempfile", "torch", "io", "sqlite3"):
                     modules[alias.asname or alias.name] = alias.name
         elif isinstance(node, ast.ImportFrom) and node.module in ("os", "shutil"):
             for alias in node.names:
@@ -145,7 +146,9 @@ def direct_writes(path: Path, root: Path = REPO) -> list[str]:
             continue
         func, what = node.func, None
         if isinstance(func, ast.Name):
-            if func.id == "open" and _writes_mode(_mode(node, 1)):
+            if func.id in ("FileHandler", "RotatingFileHandler"):
+                what = f"{func.id}()"
+            elif func.id == "open" and _writes_mode(_mode(node, 1)):
                 what = f"open(mode={_mode(node, 1)!r})"
             elif modules.get(func.id, "").startswith(("os.", "shutil.")):
                 what = modules[func.id]
@@ -166,6 +169,10 @@ def direct_writes(path: Path, root: Path = REPO) -> list[str]:
                     what = f"tempfile.{func.attr}(dir=...)"       # without dir: a private temporary file
             elif base == "torch" and func.attr == "save":
                 what = "torch.save"
+            elif base == "sqlite3" and func.attr == "connect":
+                what = "sqlite3.connect"
+            elif func.attr in ("FileHandler", "RotatingFileHandler", "TimedRotatingFileHandler", "WatchedFileHandler"):
+                what = f".{func.attr}()"
             elif _is_tree(func.value, trees):
                 continue
             elif func.attr in PATH_WRITES:
@@ -215,7 +222,7 @@ def test_every_allowed_entry_still_writes():
 def test_the_walk_finds_every_spelling(tmp_path):
     """The walk can fail: each way of spelling a direct write is found; the tree's own calls are not."""
     (tmp_path / "x.py").write_text(
-        "import os, shutil, tempfile, torch\nfrom os import replace as mv\nfrom pathlib import Path\n"
+        "import os, shutil, tempfile, torch, sqlite3, logging\nfrom os import replace as mv\nfrom pathlib import Path\n"
         "def f(p, q, tree):\n"
         "    open(p, 'w'); open(p, mode='ab'); open(p, m)\n"
         "    p.write_text('x'); p.write_bytes(b''); p.mkdir(); p.unlink(); p.chmod(0o755); p.touch()\n"
@@ -223,10 +230,11 @@ def test_the_walk_finds_every_spelling(tmp_path):
         "    os.rename(p, q); os.chmod(p, 1); mv(p, q); os.makedirs(p); os.open(p, os.O_WRONLY | os.O_CREAT)\n"
         "    shutil.copy(p, q); shutil.rmtree(p); shutil.move(p, q)\n"
         "    tempfile.mkstemp(dir=p); torch.save({}, p); model.save_pretrained(p)\n"
+        "    sqlite3.connect(p); logging.FileHandler(p)\n"
         "    'a'.replace('a', 'b'); open(p); p.open(); os.open(p, os.O_RDONLY); tempfile.mkdtemp()\n"
         "    tree.write_text(p, 'x'); user_tree(p).mkdir(p); tree.write_with(p, lambda t: torch.save({}, t))\n")
     found = direct_writes(tmp_path / "x.py", tmp_path)
-    assert len(found) == 24, "\n".join(found)
+    assert len(found) == 26, "\n".join(found)
     assert all(w.startswith("x.py::f:") for w in found)
 
 
