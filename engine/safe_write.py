@@ -26,7 +26,10 @@ import errno
 import os
 import shutil
 import stat
+import sys
 import tempfile
+import threading
+
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
@@ -145,17 +148,28 @@ class UserTree:
     @contextmanager
     def _parent_fd(self, real: Path, action: str, create: bool = False) -> Iterator[int]:
         """An fd of `real`'s folder, opened component by component from the root with O_NOFOLLOW
-        (created when `create`): a link swapped in since `resolve` is refused, not followed."""
+        (created when `create`): a link swapped in since `resolve` is refused, not followed. While it is
+        open, the write is announced (see `in_tree_write`)."""
         rel = real.parent.relative_to(self.real_root)
-        fd = os.open(self.real_root, _DIR_FLAGS)
+        _announce(action, real)
+        _op.depth = getattr(_op, "depth", 0) + 1
         try:
+            fd = os.open(self.real_root, _DIR_FLAGS)
+        except BaseException:
+            _op.depth -= 1
+            raise
+        try:
+
+            here = self.real_root
             for part in rel.parts:
+                here = here / part
                 try:
                     nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
                 except FileNotFoundError:
                     if not create:
                         raise
                     try:
+                        _announce("mkdir", here)
                         os.mkdir(part, 0o777, dir_fd=fd)
                     except FileExistsError:
                         pass
@@ -171,6 +185,7 @@ class UserTree:
             yield fd
         finally:
             os.close(fd)
+            _op.depth -= 1
 
     # ---- writes ---------------------------------------------------------------------------------
     def write_bytes(self, path: str | os.PathLike, data: bytes, mode: int | None = None,
@@ -414,6 +429,24 @@ class UserTree:
             writer(tmp)
             self.copy_tree(tmp, real)
         return real
+
+
+# ---- what other guards see ------------------------------------------------------------------------
+# A tree's operations use file descriptors (openat, renameat, fchmod), whose audit events name a path
+# relative to a folder descriptor or no path at all. Each operation is therefore announced first as
+# the audit event "migrator.write" (action, (real path,)), and a process-wide guard (agent.recipe.fs_guard's
+# WriteGuard: checks and backs up every write of a repair round) reads that, and ignores the raw events
+# while `in_tree_write()`.
+_op = threading.local()
+WRITE_EVENT = "migrator.write"
+
+
+def _announce(action: str, real: Path) -> None:
+    sys.audit(WRITE_EVENT, action, (str(real),))
+
+
+def in_tree_write() -> bool:
+    return getattr(_op, "depth", 0) > 0
 
 
 def tree_of(path: str | os.PathLike, what: str = "the folder", error: type[WriteRefused] = WriteRefused) -> UserTree:

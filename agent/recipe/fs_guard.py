@@ -24,7 +24,7 @@ import threading
 from pathlib import Path
 
 from agent.errors import InputError, describe_fault
-from engine.safe_write import TEMP_PREFIX, UserTree, WriteRefused
+from engine.safe_write import TEMP_PREFIX, WRITE_EVENT, UserTree, WriteRefused, in_tree_write
 
 SOURCE_LIMIT = 16 * 2**20          # a recipe's Python, YAML, shell: far larger is not a source file
 JSON_LIMIT = 1 * 2**30             # tokenizer.json and the like can be large; /dev/zero cannot pass
@@ -193,10 +193,19 @@ def _written_paths(event: str, args: tuple) -> list[tuple[str, str]]:
     return []
 
 
+_TREE_ACTIONS = {"lock": "write", "unlink": "remove"}      # engine.safe_write's action names, as this guard's
+
+
 def _audit(event: str, args: tuple) -> None:
     if not _active or getattr(_local, "busy", False):
         return
-    changes = _written_paths(event, args)
+    if event == WRITE_EVENT:        # a UserTree's write, announced with its real path
+        changes = [(p, _TREE_ACTIONS.get(args[0], args[0])) for p in args[1]]
+    elif in_tree_write():           # the raw events of that write (paths relative to folder descriptors)
+        return
+    else:
+        changes = _written_paths(event, args)
+
     if not changes:
         return
     guard = _active[-1]
