@@ -122,7 +122,9 @@ class UserTree:
         `follow`: a symlink at `path` itself counts as what it points at (a write into the file);
         False: the entry itself (an unlink or rename of the link) — its folder must be inside."""
         lexical = self._lexical(path)
+        _announce(action, lexical)    # a process-wide guard (a repair round's) checks it first, by its own root
         if lexical in (self.root, self.real_root):
+
             if action != "mkdir":
                 raise self.error(f"{lexical}: is {self.what} itself; refusing to {action} it")
             return self.real_root
@@ -433,8 +435,11 @@ class UserTree:
 
 # ---- what other guards see ------------------------------------------------------------------------
 # A tree's operations use file descriptors (openat, renameat, fchmod), whose audit events name a path
-# relative to a folder descriptor or no path at all. Each operation is therefore announced first as
-# the audit event "migrator.write" (action, (real path,)), and a process-wide guard (agent.recipe.fs_guard's
+# relative to a folder descriptor or no path at all. Each operation is therefore announced as the audit
+# event "migrator.write" (action, (path,)): the path as given before the tree checks it (so a guard with a
+# wider root refuses it first, naming the link from its root), and its real path as it is written. A
+# process-wide guard (agent.recipe.fs_guard's
+
 # WriteGuard: checks and backs up every write of a repair round) reads that, and ignores the raw events
 # while `in_tree_write()`.
 _op = threading.local()
