@@ -5,7 +5,9 @@ Reads: only regular files are read, at most a bounded number of bytes. A FIFO, a
 /dev/zero), a socket, a folder where a file is expected or a symlink loop is refused by its type
 with one line (exit 2), before it is opened for reading — never read, never waited on.
 
-Writes: while a `WriteGuard` is active, every write the process makes to a path inside the guarded
+Writes go through engine/safe_write.py's UserTree (`user_tree(root)` here: refusals exit 2), the one
+writer of a user's files. In addition, while a `WriteGuard` is active, every write the process makes to a path inside the guarded
+
 recipe (open for writing, unlink, rename, rmtree, chmod, ...) is checked before it happens, through
 Python's audit hooks: a path that lies in the recipe but resolves outside it (a symlinked file,
 `config/` or `models/` linked to a shared folder) is refused with one line naming the link, so the
