@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from agent import errors
 from agent.errors import MigratorError
 from agent.paths import demo_model_dir
 from agent.recipe.backup import has_backups, rollback
+from agent.recipe.fs_guard import parent_tree, user_tree
 from agent.recipe.recipe import Recipe
 from agent.processes import Terminated, install_signal_handlers
 from agent.recipe.targets import TARGETS
@@ -22,6 +22,7 @@ from engine import defaults
 from engine.config import KEY
 from engine.environment import DeviceUnavailableError, TorchImportError, import_torch, select_device, simulated_card_bytes
 from engine.safe_load import LoadError, load_json
+from engine.safe_write import WriteRefused
 
 DEVICES = KEY["device"].choices
 
@@ -200,8 +201,9 @@ def cmd_demo(args) -> int:
     if recipe.exists():
         # The demo recipe is regenerated each time; the previous one is kept, not deleted.
         previous = recipe.with_name(name + ".previous")
-        shutil.rmtree(previous, ignore_errors=True)
-        recipe.rename(previous)
+        output_tree = user_tree(output_dir, "the output folder")
+        output_tree.rmtree(previous)
+        output_tree.replace(recipe, previous)
     state = {"target": str(checkpoint), "output_dir": str(output_dir), "name": name,
              "max_new_tokens": defaults.MAX_NEW_TOKENS}
     summary = run_migration(state, options={"max_rounds": defaults.MAX_ROUNDS, "timeout_s": defaults.DEMO_TIMEOUT_S,
@@ -318,15 +320,15 @@ def cmd_baseline(args) -> int:
             row.update(status="error", message=str(exc))
         rows.append(row)
     summary_path = Path(args.summary)
-    summary_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(summary_path.with_suffix(".csv"), "w", newline="") as f:
+    summary_path.parent.mkdir(parents=True, exist_ok=True)     # where the user asked for it
+    with parent_tree(summary_path).open(summary_path.with_suffix(".csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=SUMMARY_COLUMNS)
         writer.writeheader()
         writer.writerows(rows)
     lines = ["| " + " | ".join(SUMMARY_COLUMNS[:5]) + " |", "|" + " --- |" * 5]
     for row in rows:
         lines.append("| " + " | ".join("" if row[c] is None else str(row[c]) for c in SUMMARY_COLUMNS[:5]) + " |")
-    summary_path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    parent_tree(summary_path).write_text(summary_path.with_suffix(".md"), "\n".join(lines) + "\n")
     print("\n".join(lines))
     print(f"summary: {summary_path.with_suffix('.md')} and {summary_path.with_suffix('.csv')}")
     if all(r["status"] == "ok" for r in rows):
@@ -438,6 +440,9 @@ def _command(args, as_json: bool) -> int:
         return _fail(str(exc), exc.exit_code, as_json)
     except LoadError as exc:      # a YAML / JSON file we were given, refused by engine.safe_load: file and line
         return _fail(str(exc), errors.EXIT_USAGE, as_json)
+    except WriteRefused as exc:   # a write engine.safe_write refused (a link out of the folder): the link named
+        return _fail(str(exc), errors.EXIT_USAGE, as_json)
+
     except Exception as exc:  # noqa: BLE001 - a bug: one line here, the traceback in a file
         fault = errors.filesystem_fault(exc, _written_place(args))   # disk full, read-only, removed: not a bug
         if fault is not None:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import psutil
 from engine.safe_load import load_json
+from engine.safe_write import tree_of
 
 GRACE_S = 5.0          # SIGTERM -> SIGKILL
 SAMPLE_S = 0.2
@@ -198,7 +199,7 @@ def _run_tree(command, cwd, env, stdout, timeout, pids_file, stderr, stdin) -> T
         raise
     finally:
         if pids_file is not None:
-            pids_file.unlink(missing_ok=True)
+            tree_of(pids_file, "the runs folder").unlink(pids_file)
     _reap()
     return TreeResult(None if timed_out else proc.returncode, timed_out, round(time.perf_counter() - start, 2),
                       peak, len(known))
@@ -213,12 +214,11 @@ def _alive(proc: psutil.Process) -> bool:
 
 def _write_pids(path: Path, pgid: int, known: dict[int, float]) -> None:
     data = json.dumps({"pgid": pgid, "pids": {str(k): v for k, v in sorted(known.items())}}).encode()
-    tmp = path.with_name(path.name + ".tmp")
     try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        tree_of(path, "the runs folder").write_bytes(path, data)
     except OSError:
         pass
+
 
 
 def stop_leftovers(pids_file: Path) -> int:
@@ -228,7 +228,7 @@ def stop_leftovers(pids_file: Path) -> int:
         data = load_json(pids_file)
         pids = {int(k): float(v) for k, v in data["pids"].items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        pids_file.unlink(missing_ok=True)
+        tree_of(pids_file, "the runs folder").unlink(pids_file)
         return 0
     alive = []
     for pid, started in pids.items():
@@ -240,7 +240,7 @@ def stop_leftovers(pids_file: Path) -> int:
             continue
     if alive:
         stop_tree(alive)
-    pids_file.unlink(missing_ok=True)
+    tree_of(pids_file, "the runs folder").unlink(pids_file)
     return len(alive)
 
 

@@ -8,6 +8,9 @@ import sys
 import time
 from pathlib import Path
 
+from engine.safe_write import UserTree
+
+
 LOG_FORMAT = "[%(asctime)s] [%(levelname)s] %(message)s"
 
 
@@ -24,9 +27,13 @@ def get_logger(model_name: str, rank: int = 0) -> logging.Logger:
     logger.setLevel(logging.INFO)
     logger.propagate = False
     out_dir = res_path(model_name)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    # RES_PATH: the run folder the launcher named; else res/ under the recipe, nothing through a link out of it
+    tree = UserTree(out_dir, "the run folder", create=True) if os.environ.get("RES_PATH") else UserTree(Path.cwd())
+    tree.mkdir(out_dir)
     formatter = logging.Formatter(LOG_FORMAT)
-    for handler in (logging.FileHandler(out_dir / f"log_{rank}.log"), logging.StreamHandler(sys.stdout)):
+    log_file = tree.open(out_dir / f"log_{rank}.log", "a")
+    for handler in (logging.StreamHandler(log_file), logging.StreamHandler(sys.stdout)):
+
         handler.setFormatter(formatter)
         logger.addHandler(handler)
     return logger

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 import os
 
+from engine.safe_write import UserTree
+
 PARITY_DUMP_ENV = "MIGRATOR_PARITY_DUMP"
 
 
@@ -56,4 +58,7 @@ class ParityDump:
             pass
         if runner.rank == 0:
             # Written once, when the formal run is complete: a partial dump never exists.
-            torch.save(dump, os.environ[PARITY_DUMP_ENV])
+            path = os.environ[PARITY_DUMP_ENV]      # in the run folder the migrator made and checked
+            UserTree(os.path.dirname(os.path.abspath(path)), "the run folder").write_with(
+                path, lambda tmp: torch.save(dump, tmp))
+

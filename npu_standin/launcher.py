@@ -18,6 +18,7 @@ from pathlib import Path
 
 from npu_standin import record as _record
 from npu_standin.environment import DEVICES, host_problem, probe_real_torch_npu, standin_env
+from engine.safe_write import UserTree
 
 USAGE_FILE = "standin_usage.json"
 GUARDS_FILE = "guards.log"
@@ -76,10 +77,10 @@ def run(command: list[str], device: str = "cpu", record_dir: str | os.PathLike |
 def _run_in(folder: Path, keep: bool, command, device, cwd, env, timeout, compile_mode, stdout, stderr) -> StandinRun:
     from agent.processes import run_tree     # the one way the tool starts a process tree
 
-    folder.mkdir(parents=True, exist_ok=True)
+    record_tree = UserTree(folder, "the stand-in's record folder", create=True)
     for stale in list(folder.glob("standin-*.json")) + [folder / GUARDS_FILE, folder / USAGE_FILE]:
         if stale.is_file():
-            stale.unlink()
+            record_tree.unlink(stale)
     run_env = standin_env(device, base=env, record_dir=folder)
     if compile_mode:
         run_env["NPU_STANDIN_COMPILE"] = compile_mode
@@ -99,7 +100,8 @@ def _run_in(folder: Path, keep: bool, command, device, cwd, env, timeout, compil
                                     if line.strip()))
     if usage is not None:
         usage["guards"] = guards
-        (folder / USAGE_FILE).write_text(json.dumps(usage, indent=1) + "\n")
+        record_tree.write_text(folder / USAGE_FILE, json.dumps(usage, indent=1) + "\n")
+
     return StandinRun(returncode, usage, folder, elapsed, guards)
 
 

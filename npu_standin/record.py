@@ -26,6 +26,7 @@ import threading
 from collections import Counter
 from pathlib import Path
 from engine.safe_load import load_json, loads_json
+from engine.safe_write import UserTree
 
 ACTIVE_PREFIX = "[npu-standin] active:"
 USAGE_PREFIX = "[npu-standin] usage "
@@ -197,13 +198,12 @@ def write() -> None:
         pass
     folder = os.environ.get("NPU_STANDIN_RECORD_DIR")
     if folder:
-        try:
-            Path(folder).mkdir(parents=True, exist_ok=True)
-            tmp = Path(folder) / f".standin-{os.getpid()}.json.tmp"
-            tmp.write_text(json.dumps(data, indent=1) + "\n")
-            os.replace(tmp, Path(folder) / f"standin-{os.getpid()}.json")
-        except OSError:
+        try:      # the record folder the launcher named: nothing through a link out of it
+            UserTree(folder, "the stand-in's record folder", create=True).write_text(
+                Path(folder) / f"standin-{os.getpid()}.json", json.dumps(data, indent=1) + "\n")
+        except (OSError, ValueError):
             pass
+
 
 
 # ---- reading a run back --------------------------------------------------------------------

@@ -15,6 +15,7 @@ from typing import Callable, Union
 
 import libcst as cst
 from libcst.codemod import Codemod, CodemodContext
+from engine.safe_write import tree_of
 
 logger = logging.getLogger(__name__)
 
@@ -73,5 +74,6 @@ def rewrite_file(path: Path, commands: Sequence[Command], dry_run: bool = False,
     if new == source:
         return False
     if not dry_run:
-        path.write_bytes(((BOM if bom else "") + new).encode("utf-8"))
+        tree_of(path, "the recipe").write_bytes(path, ((BOM if bom else "") + new).encode("utf-8"))
+
     return True

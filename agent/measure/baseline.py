@@ -19,7 +19,6 @@ import importlib
 import importlib.metadata
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -251,16 +250,29 @@ def _as_int(value: Any) -> Optional[int]:
 CANONICAL_NAME = honest.CANONICAL_BASELINE    # a stand-in baseline is named by npu_standin.honest.baseline_file_name
 
 
-def keep_previous(out: Path, previous_dir: Optional[Path] = None) -> Optional[Path]:
+def keep_previous(out: Path, previous_dir: Optional[Path] = None, tree=None) -> Optional[Path]:
     """Move an existing ``out`` to ``<stem>.previous.json`` in ``previous_dir`` (default: beside it),
     replacing the one kept before: one previous baseline is kept, never a growing pile."""
     if not out.exists():
         return None
     folder = previous_dir or out.parent
-    folder.mkdir(parents=True, exist_ok=True)
+    tree = tree or _baseline_tree(out, folder)
+    tree.mkdir(folder)
     kept = folder / f"{out.stem}.previous{out.suffix}"
-    os.replace(out, kept)
+    tree.replace(out, kept)
     return kept
+
+
+def _baseline_tree(out: Path, previous_dir: Optional[Path] = None, recipe_dir: Optional[Path] = None):
+    """The tree a baseline is written in: the recipe's when known, else the folder holding both `out`
+    and where the previous one is kept (a --output file the user named: its folder)."""
+    from engine.safe_write import UserTree
+
+    if recipe_dir is not None:
+        return UserTree(recipe_dir, "the recipe")
+    return UserTree(os.path.commonpath([os.path.abspath(out.parent), os.path.abspath(previous_dir or out.parent)]),
+                    "the baseline's folder", create=True)
+
 
 
 def write_baseline(out: Path, baseline: dict, previous_dir: Optional[Path] = None,
@@ -272,19 +284,13 @@ def write_baseline(out: Path, baseline: dict, previous_dir: Optional[Path] = Non
     The only writer of baseline_metadata.json: the CLI writes what `collect` built, the workflow
     what `with_verification` added to it."""
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(baseline, fh, indent=2, ensure_ascii=False)
-                fh.write("\n")
-            kept = keep_previous(out, previous_dir)
-            os.replace(tmp, out)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        data = (json.dumps(baseline, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+        tree = _baseline_tree(out, previous_dir, recipe_dir)
+        kept = keep_previous(out, previous_dir, tree)
+        tree.write_bytes(out, data)
+
     except OSError as exc:
+
         raise CollectError(f"cannot write {out}: {exc.strerror or exc}",
                            "check that the output directory is writable") from None
     if recipe_dir is not None:

@@ -342,8 +342,10 @@ def out_of_memory(recipe: Recipe, memory: MemoryEstimate) -> str:
 
 def add_readme_section(readme: Path, heading: str, body: str) -> None:
     """Append a section to the recipe README once (a README without it, or no README: nothing)."""
-    if readme.is_file() and heading not in readme.read_text():
-        with open(readme, "a") as f:
-            f.write(f"\n{heading}\n\n{body}")
+    if readme.is_file() and heading not in (text := readme.read_text()):
+        from engine.safe_write import tree_of
+
+        tree_of(readme, "the recipe").write_text(readme, f"{text}\n{heading}\n\n{body}")
+
 
 

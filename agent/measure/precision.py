@@ -43,6 +43,7 @@ from pathlib import Path
 
 from engine import defaults
 from engine.safe_load import loads_json
+from engine.safe_write import tree_of
 
 NOISE_FACTOR = 2.0
 FLOOR = {"float32": 1e-4, "float16": 1e-3, "bfloat16": 1e-3}
@@ -542,7 +543,8 @@ def main(argv: list[str] | None = None) -> int:
         result["method"] = "precision, per step, teacher-forced"
     text = json.dumps(result, default=lambda v: None if isinstance(v, float) and math.isnan(v) else str(v))
     if args.out:
-        args.out.write_text(text)
+        tree_of(args.out).write_text(args.out, text)
+
     else:
         print(text)
     return 0

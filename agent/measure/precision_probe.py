@@ -242,8 +242,27 @@ def _end(output) -> None:
               "rows": int(logits.shape[0]), "seq_ends": current["seq_ends"],
               "attention_mask": current["attention_mask"], "logits": logits.cpu().clone(),
               "layers": layers, "dtype": _state["dtype"]}
-    os.makedirs(_state["dir"], exist_ok=True)
     path = os.path.join(_state["dir"], f"call_{_state['calls']:05d}.pt")
+
     _state["calls"] += 1
-    torch.save(record, path + ".tmp")
-    os.replace(path + ".tmp", path)
+    # the folder the migrator named for this run (it made and checked it); nothing through a link out of it
+    _safe_write().UserTree(os.path.dirname(_state["dir"]), "the run's precision folder", create=True).write_with(
+
+        path, lambda tmp: torch.save(record, tmp))
+
+
+
+def _safe_write():
+    """engine/safe_write.py of infer-migrator, loaded by its path: the recipe's process may carry an
+    `engine` package of its own (a standalone recipe's copy), which must not be the one imported here."""
+    module = sys.modules.get("_migrator_safe_write")
+    if module is None:
+        import importlib.util
+
+        path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                            "engine", "safe_write.py")
+        spec = importlib.util.spec_from_file_location("_migrator_safe_write", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    return module

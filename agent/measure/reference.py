@@ -20,6 +20,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from engine.safe_load import load_json, load_yaml
+from engine.safe_write import UserTree, tree_of
+
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -37,7 +39,7 @@ def tiny_checkpoint(model_type: str, out_dir: str | Path, seed: int = 0, **overr
     _hub_style_config(out / "config.json")
     tokenizer = AutoTokenizer.from_pretrained(out)
     tokenizer.chat_template = CHATML_TEMPLATE
-    tokenizer.save_pretrained(out)
+    UserTree(out, "the checkpoint folder").fill_with(out, lambda tmp: tokenizer.save_pretrained(tmp))
     return Path(out)
 
 
@@ -69,7 +71,7 @@ def _hub_style_config(path: Path) -> None:
     if "head_dim" not in config and isinstance(heads, int) and isinstance(hidden, int) and heads:
         # the hub's config.json states it (Qwen3-MoE); transformers' class may derive it (hidden / heads)
         config["head_dim"] = hidden // heads
-    path.write_text(json.dumps(config, indent=2) + "\n")
+    tree_of(path, "the checkpoint folder").write_text(path, json.dumps(config, indent=2) + "\n")
 
 
 def tiny_yaml(src: str | Path, dst: str | Path, model_path: str | Path, *, max_new_tokens: int = 16,
@@ -94,7 +96,7 @@ def tiny_yaml(src: str | Path, dst: str | Path, model_path: str | Path, *, max_n
         data.setdefault("data_config", {}).update(input_max_len=input_len, max_new_tokens=max_new_tokens)
         data.update(parallel or {})
     dst = Path(dst)
-    dst.write_text(yaml.safe_dump(data, sort_keys=False))
+    tree_of(dst).write_text(dst, yaml.safe_dump(data, sort_keys=False))
     return dst
 
 

@@ -32,6 +32,7 @@ from agent.errors import EnvironmentProblem, InputError, UnsupportedModelError
 from agent.recipe.recipe import Recipe, read_settings
 from agent.recipe.model_type import recipe_model_type
 from engine.safe_load import load_json, load_yaml
+from agent.recipe.fs_guard import user_tree
 
 STANDIN_DIR = ".standin"                 # config/.standin/: where earlier releases put the YAML copies
 RECORD_DIR = "standin"
@@ -187,7 +188,8 @@ def build_tiny(recipe: Recipe, model_type: str) -> Path:
     if model_type not in CONFIG_MAPPING and twin is None:
         raise InputError(f"--tiny: transformers has no {model_type!r} architecture to build a checkpoint from; "
                          "point the YAML's model_path at local weights")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    tree = user_tree(recipe.path)
+    tree.mkdir(out)            # refused before anything is built when .migrator/ or res/ leads out of the recipe
     if twin is None:
         try:
             return tiny_checkpoint(model_type, out, **TINY_SETTINGS.get(model_type, {}))
@@ -199,7 +201,7 @@ def build_tiny(recipe: Recipe, model_type: str) -> Path:
     tiny_checkpoint(base, out, **overrides)
     config = load_json((out / "config.json"))
     config.update(model_type=model_type, architectures=[f"{model_type}ForCausalLM"], **keys)
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    tree.write_text(out / "config.json", json.dumps(config, indent=2) + "\n")
     return out
 
 
@@ -260,10 +262,10 @@ def write_yaml_copy(recipe: Recipe, source: Path, checkpoint: Path, world_size: 
         if max_new_tokens:
             data.setdefault("data_config", {}).update(input_max_len=TINY_INPUT_LEN, max_new_tokens=max_new_tokens)
     target = yaml_copy_dir(recipe) / source.name
-    target.parent.mkdir(parents=True, exist_ok=True)
     header = (f"# {source.name} for a stand-in run (npu stand-in, not an NPU), written by infer-migrator:\n"
               f"# model_path -> {checkpoint}, {world_size} rank(s).\n")
-    target.write_text(header + yamllib.safe_dump(data, sort_keys=False))
+    user_tree(recipe.path).write_text(target, header + yamllib.safe_dump(data, sort_keys=False))
+
     return target
 
 

@@ -12,6 +12,8 @@ from agent.records import Baseline, Run
 from agent.recipe.recipe import Recipe
 from agent.recipe.targets import state_dir
 from engine.safe_load import load_json
+from engine.safe_write import tree_of
+
 
 
 def verify(recipe: Recipe, run: Run, collected: Baseline, trust_remote_code: bool = False,
@@ -88,6 +90,6 @@ def abnormal_output_run(run: Run, baseline: Baseline) -> Run | None:
     if output_check.get("ok") is not False:
         return None
     note = Path(run["res_path"]) / "output_check.txt"
-    note.write_text(Path(run["output_file"]).read_text(errors="replace") +
-                    f"\nOutputCheckError: {'; '.join(output_check.get('reasons') or [])}\n")
+    tree_of(note, "the run folder").write_text(note, Path(run["output_file"]).read_text(errors="replace") +
+                                               f"\nOutputCheckError: {'; '.join(output_check.get('reasons') or [])}\n")
     return {**run, "label": "verify", "ok": False, "summary": "abnormal output", "output_file": str(note)}

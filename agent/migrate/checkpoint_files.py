@@ -11,6 +11,7 @@ from pathlib import Path
 
 from agent.errors import EXIT_NEEDS_WEIGHTS, InputError, MigratorError
 from agent.migrate.hub_refs import checked_filenames
+from agent.recipe.fs_guard import user_tree
 from engine.safe_load import load_json
 
 WEIGHTS_LIMIT_BYTES = 5 * 10**9
@@ -100,17 +101,16 @@ def _merge_weights(ref, small_dir: Path, weights_dir: Path) -> Path:
     """
     root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "infer-migrator" / "checkpoints"
     merged = root / f"{ref.repo_id.replace('/', '--')}--{small_dir.name[:12]}"
-    merged.mkdir(parents=True, exist_ok=True)
+    cache_tree = user_tree(root, "the migrator's checkpoint cache", create=True, keep_links=False)
+    cache_tree.mkdir(merged)
     for old in merged.iterdir():
         if old.is_symlink() or old.is_file():
-            old.unlink()
+            cache_tree.unlink(old)
     for src_dir in (small_dir, weights_dir):   # the user's files win on name clashes
         for src in src_dir.iterdir():
-            link = merged / src.name
-            if link.is_symlink() or link.exists():
-                link.unlink()
-            link.symlink_to(src.resolve())
+            cache_tree.symlink(src.resolve(), merged / src.name)     # replaces an entry of the same name
     return merged
+
 
 
 def _check_shards(model_dir: Path, what: str) -> None:

@@ -13,11 +13,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Callable
 
 import libcst
+from agent.recipe.fs_guard import user_tree
 from engine.safe_load import load_json
 
 
@@ -53,10 +53,9 @@ def cached(compute: Callable[[], tuple[str, list[str]]], key_parts: list[str],
         pass
     code, applied = compute()
     try:
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=entry.parent, suffix=".tmp", delete=False) as f:
-            json.dump({"code": code, "applied": applied}, f)
-        os.replace(f.name, entry)
-    except OSError:
-        pass   # a read-only home: vendoring still works, only slower next time
+        user_tree(entry.parent, "the codemod cache", create=True).write_text(
+            entry, json.dumps({"code": code, "applied": applied}))
+    except (OSError, ValueError):
+        pass   # a read-only home (or a link in the cache): vendoring still works, only slower next time
+
     return code, applied

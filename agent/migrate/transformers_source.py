@@ -28,6 +28,7 @@ from pathlib import Path
 
 from agent.errors import EXIT_BAD_TRANSFORMERS_SOURCE, EXIT_NO_TRANSFORMERS_SOURCE, MigratorError
 from agent.migrate.transformers_range import _version_tuple
+from agent.recipe.fs_guard import user_tree
 
 EXIT_NO_SOURCE, EXIT_BAD_SOURCE = EXIT_NO_TRANSFORMERS_SOURCE, EXIT_BAD_TRANSFORMERS_SOURCE
 SUPPORTED = ((5, 0, 0), (6, 0, 0))      # pyproject: transformers>=5.0,<6
@@ -192,25 +193,25 @@ def _unpack_wheel(wheel: Path) -> Path:
             if (dest / "transformers" / "__init__.py").is_file():
                 return dest
             partial = dest.with_name(dest.name + f".part{os.getpid()}")
-            shutil.rmtree(partial, ignore_errors=True)
+            cache_tree = user_tree(cache_root(), "the transformers source cache", create=True, keep_links=False)
+            cache_tree.rmtree(partial)
             try:
                 written = 0
                 for info in infos:
                     if info.is_dir():
                         continue
                     target = partial.joinpath(*info.filename.split("/"))
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    with open(target, "xb") as sink:
+                    with cache_tree.open(target, "xb") as sink:
                         _read_member(archive, info, min(info.file_size, WHEEL_MAX_MEMBER_BYTES), sink)
                     written += target.stat().st_size
                     if written > WHEEL_MAX_TOTAL_BYTES:
                         raise BadTransformersSource(f"unpacks to more than {WHEEL_MAX_TOTAL_BYTES} bytes")
-                shutil.rmtree(dest, ignore_errors=True)
-                partial.rename(dest)
+                cache_tree.rmtree(dest)
+                cache_tree.replace(partial, dest)
             except BadTransformersSource as exc:
                 raise BadTransformersSource(f"{wheel}: {exc}; not a transformers wheel") from None
             finally:
-                shutil.rmtree(partial, ignore_errors=True)
+                cache_tree.rmtree(partial)
             return dest
     except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, EOFError) as exc:
         raise BadTransformersSource(f"{wheel}: not a wheel, or a damaged one ({type(exc).__name__}: "
@@ -241,7 +242,8 @@ def fetch_source(version: str, timeout: int = 300) -> SourceTree:
     wheels = cache_root() / "wheels"
     found = sorted(wheels.glob(f"transformers-{version}-*.whl"))
     if not found:
-        wheels.mkdir(parents=True, exist_ok=True)
+        user_tree(cache_root(), "the transformers source cache", create=True).mkdir(wheels)
+
         print(f"[migrator] fetching transformers {version}'s source (pip download, no dependencies) into {wheels}",
               file=sys.stderr)
         try:

@@ -21,6 +21,7 @@ from typing import Callable
 import libcst as cst
 import libcst.matchers as m
 
+from agent.recipe.fs_guard import user_tree
 from agent.codemods._toolkit import dotted
 from agent.codemods.commands.absolute_imports import AbsoluteImportsCommand
 from agent.codemods.commands.blank_line_whitespace import BlankLineWhitespaceCommand
@@ -397,7 +398,8 @@ def vendor_source(source: ModelSource, recipe_dir: Path, model_name: str, packag
     plan, processed = plan_closure(source, model_name, package, tree.module_file if tree is not None else None)
     siblings = {module: f"{package}.{p.stem}" for module, p in plan.items()}
     models_dir = recipe_dir / "models"
-    models_dir.mkdir(parents=True, exist_ok=True)
+    recipe_tree = user_tree(recipe_dir, create=True)
+    recipe_tree.mkdir(models_dir)
     result = VendorResult(source=source)
     for module, planned in plan.items():
         code, applied = processed[module]
@@ -410,7 +412,8 @@ def vendor_source(source: ModelSource, recipe_dir: Path, model_name: str, packag
                 f"vendored {planned.stem}.py still imports model or configuration classes from transformers "
                 f"({', '.join(offending)}); vendor those modules too or report this architecture")
         out = models_dir / f"{planned.stem}.py"
-        out.write_text(code)
+        recipe_tree.write_text(out, code)
+
         result.files[planned.role if planned.role in ("modeling", "configuration") else module] = out
         result.codemods[out.name] = applied + more
     return result

@@ -8,14 +8,13 @@ import difflib
 import json
 import os
 import re
-import shutil
 import stat
-import tempfile
 import time
 from pathlib import Path
 
 from agent.errors import InputError
-from agent.recipe.fs_guard import WriteGuard
+from agent.recipe.fs_guard import WriteGuard, parent_tree, user_tree
+
 from agent.recipe.recipe import NO_CODE_DIRS
 from agent.recipe.targets import state_dir, state_parts
 from agent.recipe.textfile import read_exact_lines
@@ -76,26 +75,15 @@ def real_dirs(root: Path, *parts: str, create: bool = True) -> Path:
             raise UnsafeRecipePath(f"{path} is a symlink or not a directory; the migrator does not write "
                                    "through it: move it away")
         if create:
-            path.mkdir(exist_ok=True)
+            user_tree(root).mkdir(path, parents=False)
     return path
 
 
 def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
-    """Write a temporary file beside `path` and rename it over: a symlink at `path` is replaced,
-    never followed, and a reader never sees half a file."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        if mode is None:
-            umask = os.umask(0)
-            os.umask(umask)
-            mode = 0o666 & ~umask
-        os.chmod(tmp, stat.S_IMODE(mode) & PERMISSION_BITS)     # never setuid / setgid / sticky
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """engine.safe_write's write-and-rename in `path`'s folder: a reader never sees half a file, a
+    hard-linked file is replaced (its other names keep their bytes), a symlink out of the folder is
+    refused, and the mode (default: the umask's) is permission bits only (never setuid / setgid / sticky)."""
+    parent_tree(path).write_bytes(path, data, mode, keep_mode=False)
 
 
 def _backups(recipe_dir: Path) -> Path:
@@ -122,9 +110,10 @@ def _archive_rounds(backups: Path) -> None:
     dest = real_dirs(backups, "earlier") / time.strftime("%Y%m%dT%H%M%S")
     while dest.exists():
         dest = dest.with_name(dest.name + "_")
-    dest.mkdir()
+    backups_tree = user_tree(backups, "the backups folder")
+    backups_tree.mkdir(dest, exist_ok=False)
     for entry in entries:
-        os.rename(entry, dest / entry.name)
+        backups_tree.replace(entry, dest / entry.name)
 
 
 def _open_round(recipe_dir: Path, round_no: int) -> tuple[Path, bool]:
@@ -142,15 +131,17 @@ def _open_round(recipe_dir: Path, round_no: int) -> tuple[Path, bool]:
                                    or (backups / f"round_{round_no}.manifest.json").is_file()):
             return dest, True
         _archive_rounds(backups)
+    backups_tree = user_tree(backups, "the backups folder")
     for stale in backups.glob(f".round_{round_no}.*"):      # a copy a killed run left unfinished
         if stale.is_dir() and not stale.is_symlink():
-            shutil.rmtree(stale)
-    tmp = Path(tempfile.mkdtemp(prefix=f".round_{round_no}.", dir=backups))
-    (tmp.parent / f"round_{round_no}.journal").unlink(missing_ok=True)
+            backups_tree.rmtree(stale)
+    tmp = backups / f".round_{round_no}.{os.urandom(6).hex()}"
+    backups_tree.mkdir(tmp, exist_ok=False)
+    backups_tree.unlink(backups / f"round_{round_no}.journal")
     atomic_write(backups / f"round_{round_no}.journal", b"")
     atomic_write(stamp, (run_id + "\n").encode())
-    os.chmod(tmp, 0o755)
-    os.rename(tmp, dest)
+    backups_tree.chmod(tmp, 0o755)
+    backups_tree.replace(tmp, dest)
     return dest, False
 
 
@@ -181,10 +172,8 @@ class RoundBackup:
 
     def _append(self, entry: dict) -> None:
         self.entries[entry["path"]] = entry
-        with open(self.journal, "ab") as f:
-            f.write((json.dumps(entry, sort_keys=True) + "\n").encode())
-            f.flush()
-            os.fsync(f.fileno())
+        parent_tree(self.journal, "the backups folder").append_bytes(
+            self.journal, (json.dumps(entry, sort_keys=True) + "\n").encode(), sync=True)
 
     def save(self, rel: str, what: str = "write") -> None:
         if rel in self.entries or rel == "." or rel.split("/")[0] in SKIP_DIRS:
@@ -200,10 +189,7 @@ class RoundBackup:
         elif stat.S_ISREG(st.st_mode):
             dest = self.dir / rel
             real_dirs(self.dir, *Path(rel).parts[:-1])
-            fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
-            os.close(fd)
-            shutil.copy2(path, tmp, follow_symlinks=False)
-            os.replace(tmp, dest)
+            user_tree(self.dir, "the round's backup").copy(path, dest)
             self.bytes_copied += st.st_size
             self._append({"path": rel, "was": "file", "mode": stat.S_IMODE(st.st_mode) & PERMISSION_BITS})
         elif stat.S_ISDIR(st.st_mode):
@@ -373,11 +359,11 @@ class _Trash:
             base = real_dirs(self.recipe_dir, *state_parts(self.recipe_dir), "trash") / time.strftime("%Y%m%dT%H%M%S")
             while base.exists():
                 base = base.with_name(base.name + "_")
-            base.mkdir()
+            _rollback_tree(self.recipe_dir).mkdir(base, exist_ok=False)
             self.dir = base
         dest = self.dir / rel
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        os.rename(self.recipe_dir / rel, dest)     # a symlink is moved itself, never followed
+        # a symlink is moved itself, never followed (one out of the recipe too: rollback's tree keeps no links)
+        _rollback_tree(self.recipe_dir).replace(self.recipe_dir / rel, dest)
         return dest.relative_to(self.recipe_dir).as_posix()
 
 
@@ -421,7 +407,7 @@ def _make_parents(recipe_dir: Path, rel: str, trash: "_Trash", changes: list[str
         if parent.is_symlink() or (parent.exists() and not parent.is_dir()):
             moved = trash.put(parent.relative_to(recipe_dir).as_posix())
             changes.append(f"moved {parent.relative_to(recipe_dir).as_posix()} to {moved}")
-        parent.mkdir(exist_ok=True)
+        _rollback_tree(recipe_dir).mkdir(parent, parents=False)
 
 
 def _undo_round(recipe_dir: Path, source: Path, entries: list[dict], trash: "_Trash") -> list[str]:
@@ -443,7 +429,7 @@ def _undo_round(recipe_dir: Path, source: Path, entries: list[dict], trash: "_Tr
             _make_parents(recipe_dir, rel, trash, changes)
             if os.path.lexists(target):
                 trash.put(rel)
-            os.symlink(entry["target"], target)
+            _rollback_tree(recipe_dir).symlink(entry["target"], target)    # read_journal: the target stays inside
             changes.append(f"restored link {rel}")
         else:
             data = (source / rel).read_bytes()
@@ -482,7 +468,7 @@ def _rollback_full(recipe_dir: Path, round_no: int) -> list[str]:
             if parent.is_symlink() or (parent.exists() and not parent.is_dir()):
                 moved = trash.put(parent.relative_to(recipe_dir).as_posix())
                 restored.append(f"moved {parent.relative_to(recipe_dir).as_posix()} to {moved}")
-            parent.mkdir(exist_ok=True)
+            _rollback_tree(recipe_dir).mkdir(parent, parents=False)
         target = recipe_dir / rel
         if target.is_symlink() or (target.exists() and not target.is_file()):
             restored.append(f"moved {rel} to {trash.put(rel)}")
@@ -493,6 +479,11 @@ def _rollback_full(recipe_dir: Path, round_no: int) -> list[str]:
         atomic_write(target, data, mode)
         restored.append(f"restored {rel}")
     return restored
+
+
+def _rollback_tree(recipe_dir: Path):
+    """The recipe's tree for rollback: a link out of the recipe may itself be moved to the trash."""
+    return user_tree(recipe_dir, keep_links=False)
 
 
 def has_backups(recipe_dir: Path) -> bool:

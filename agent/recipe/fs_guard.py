@@ -5,7 +5,9 @@ Reads: only regular files are read, at most a bounded number of bytes. A FIFO, a
 /dev/zero), a socket, a folder where a file is expected or a symlink loop is refused by its type
 with one line (exit 2), before it is opened for reading — never read, never waited on.
 
-Writes: while a `WriteGuard` is active, every write the process makes to a path inside the guarded
+Writes go through engine/safe_write.py's UserTree (`user_tree(root)` here: refusals exit 2), the one
+writer of a user's files. In addition, while a `WriteGuard` is active, every write the process makes to a path inside the guarded
+
 recipe (open for writing, unlink, rename, rmtree, chmod, ...) is checked before it happens, through
 Python's audit hooks: a path that lies in the recipe but resolves outside it (a symlinked file,
 `config/` or `models/` linked to a shared folder) is refused with one line naming the link, so the
@@ -24,6 +26,7 @@ import threading
 from pathlib import Path
 
 from agent.errors import InputError, describe_fault
+from engine.safe_write import TEMP_PREFIX, WRITE_EVENT, UserTree, WriteRefused, in_tree_write
 
 SOURCE_LIMIT = 16 * 2**20          # a recipe's Python, YAML, shell: far larger is not a source file
 JSON_LIMIT = 1 * 2**30             # tokenizer.json and the like can be large; /dev/zero cannot pass
@@ -35,8 +38,21 @@ class UnreadableFile(InputError):
     """A path that is not a regular file (or too large) where the migrator expects one."""
 
 
-class WriteOutsideRecipe(InputError):
-    """A write into a recipe that would land outside it (through a symlink)."""
+class WriteOutsideRecipe(InputError, WriteRefused):
+    """A write into a recipe that would land outside it (through a symlink): exit 2."""
+
+
+def user_tree(root: Path, what: str = "the recipe", **options) -> UserTree:
+    """engine.safe_write's UserTree anchored at `root` (a recipe, a checkout, a cache we fill), its
+    refusals exit 2: the one way agent/ writes a user's files. `options`: create, keep_links."""
+    return UserTree(root, what, WriteOutsideRecipe, **options)
+
+
+
+def parent_tree(path: Path, what: str = "its folder") -> UserTree:
+    """The tree of `path`'s own folder: for a file whose caller knows no larger root (a recipe file
+    handed to a codemod, a file the user named); a link at `path` out of that folder is refused."""
+    return UserTree(Path(os.path.abspath(path)).parent, what, WriteOutsideRecipe)
 
 
 def _kind(mode: int) -> str:
@@ -171,10 +187,19 @@ def _written_paths(event: str, args: tuple) -> list[tuple[str, str]]:
     return []
 
 
+_TREE_ACTIONS = {"lock": "write", "unlink": "remove"}      # engine.safe_write's action names, as this guard's
+
+
 def _audit(event: str, args: tuple) -> None:
     if not _active or getattr(_local, "busy", False):
         return
-    changes = _written_paths(event, args)
+    if event == WRITE_EVENT:        # a UserTree's write, announced with its real path
+        changes = [(p, _TREE_ACTIONS.get(args[0], args[0])) for p in args[1]]
+    elif in_tree_write():           # the raw events of that write (paths relative to folder descriptors)
+        return
+    else:
+        changes = _written_paths(event, args)
+
     if not changes:
         return
     guard = _active[-1]
@@ -250,7 +275,8 @@ class WriteGuard:
                 f"writes only inside a recipe ({what} of {rel} refused): replace the link with a copy "
                 "(e.g. cp -r --remove-destination) and re-run")
             raise self.refused
-        if self.on_change is not None and real_rel not in self.seen and real_rel.split("/")[0] not in self.exempt:
+        if self.on_change is not None and real_rel not in self.seen and real_rel.split("/")[0] not in self.exempt \
+                and not target.name.startswith(TEMP_PREFIX):      # a write's own file, renamed over its target
             self.seen.add(real_rel)
             self.on_change(real_rel, what)
 

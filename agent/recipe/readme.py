@@ -14,6 +14,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from engine.safe_write import tree_of
+
 NOT_RUN_ON_NPU = "尚未在 NPU 上运行（not yet run on an NPU）：本样例的产品型号支持待 NPU 实测后填写。"
 PRODUCT_HEADING = "## 支持的产品型号"
 PERFORMANCE_HEADING = "## 性能基线"
@@ -127,7 +129,8 @@ def refresh(readme: Path, baseline: dict, baseline_file: str, settings: dict | N
     new = replace_section(new, PERFORMANCE_HEADING, performance_section(baseline, baseline_file, settings))
     if new == text:
         return False
-    readme.write_text(new, encoding="utf-8")
+    tree_of(readme, "the recipe").write_text(readme, new)
+
     return True
 
 

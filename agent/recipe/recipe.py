@@ -28,6 +28,7 @@ import yaml
 
 from agent.errors import InputError
 from agent.recipe.targets import ENTRY, TARGETS, Launch, Target, checkout_root, reads_yaml_file, state_dir
+from agent.recipe.fs_guard import user_tree
 from agent.recipe.textfile import read_source
 from engine.safe_load import load_json, load_yaml, loads_yaml
 
@@ -206,8 +207,9 @@ class Recipe:
             body = yaml_text(settings)
         else:
             body = yaml.safe_dump(settings, sort_keys=False)
-        target.write_text(header + body)
+        user_tree(self.path).write_text(target, header + body)
         return target
+
 
     def is_moe(self) -> bool:
         """The model has MoE layers: its migration's family says so, else its checkpoint's config

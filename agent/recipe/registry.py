@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.errors import InputError
+from agent.recipe.fs_guard import user_tree
 from agent.recipe.targets import REGISTRY
 from engine.safe_load import load_json
 
@@ -61,6 +62,10 @@ def register(checkout: Path, name: str, classes: list[tuple[str, str]], state_di
     """Add `name` to the checkout's registry (see the module docs). InputError when the registry
     cannot take it (no `_specs` dict, the name already there)."""
     registry = checkout / REGISTRY
+    checkout_tree = user_tree(checkout, "the checkout")
+    checkout_tree.resolve(registry)          # a link out of the checkout: refused before anything is written
+    state_tree = _state_tree(state_dir)
+    state_tree.resolve(state_dir / RECORD)
     data = registry.read_bytes()
     try:
         specs = _specs_dict(ast.parse(data))
@@ -85,15 +90,14 @@ def register(checkout: Path, name: str, classes: list[tuple[str, str]], state_di
         inserted = (newline + entry_text(name, classes, newline)).encode()
     else:
         inserted = entry_text(name, classes, newline).encode()
-    state_dir.mkdir(parents=True, exist_ok=True)
     backup = state_dir / "support_models.py.orig"
-    backup.write_bytes(data)
+    state_tree.write_bytes(backup, data)
     new = data[:offset] + inserted + data[offset:]
-    registry.write_bytes(new)
+    checkout_tree.write_bytes(registry, new)     # write-and-rename: another hard link keeps the old bytes
     if name not in registered_names(registry):       # never leave the checkout's registry broken
-        registry.write_bytes(data)
+        checkout_tree.write_bytes(registry, data)
         raise InputError(f"{registry}: the entry for {name} did not take; left the file as it was")
-    (state_dir / RECORD).write_text(json.dumps({
+    state_tree.write_text(state_dir / RECORD, json.dumps({
         "registry": str(registry), "name": name, "offset": offset, "inserted": inserted.decode(),
         "backup": str(backup), "sha256_before": hashlib.sha256(data).hexdigest(),
         "sha256_after": hashlib.sha256(new).hexdigest()}, indent=2) + "\n")
@@ -150,13 +154,26 @@ def unregister(state_dir: Path) -> Path | None:
         if record.get("name") in registered_names(registry):
             raise InputError(f"{registry}: the entry for {record.get('name')!r} was edited since it was added; "
                              f"remove it by hand (the file before the migration: {record.get('backup')})")
-        (state_dir / RECORD).rename(state_dir / (RECORD + ".undone"))
+        _state_tree(state_dir).replace(state_dir / RECORD, state_dir / (RECORD + ".undone"))
         return None
     offset = record.get("offset")
     if not (isinstance(offset, int) and data[offset:offset + len(inserted)] == inserted):
         if count > 1:
             raise InputError(f"{registry}: the entry for {record.get('name')!r} appears {count} times; remove it by hand")
         offset = data.index(inserted)
-    registry.write_bytes(data[:offset] + data[offset + len(inserted):])
-    (state_dir / RECORD).rename(state_dir / (RECORD + ".undone"))
+    # recorded_edit: `registry` is the checkout's own executor/core/support_models.py
+    user_tree(registry.parents[len(REGISTRY.parts) - 1], "the checkout").write_bytes(
+        registry, data[:offset] + data[offset + len(inserted):])
+
+    _state_tree(state_dir).replace(state_dir / RECORD, state_dir / (RECORD + ".undone"))
     return registry
+
+
+def _recipe_folder(state_dir: Path) -> Path:
+    """The recipe (model folder) whose state folder `state_dir` is (`res/.migrator` in a checkout)."""
+    return state_dir.parent.parent if state_dir.parent.name == "res" else state_dir.parent
+
+
+def _state_tree(state_dir: Path):
+    return user_tree(_recipe_folder(state_dir), "the recipe")
+

@@ -19,6 +19,7 @@ import jinja2
 import yaml
 
 from agent.errors import InputError, VendorError
+from agent.recipe.fs_guard import user_tree
 from agent.paths import templates_dir
 from agent.recipe.requirements import recipe_requirements
 from agent.recipe.routing import Family
@@ -184,15 +185,13 @@ def render_recipe(recipe_dir: Path, context: dict, family: Family, target: Targe
     files = generated_files(ctx["model_name"], family, target, int(ctx.get("world_size") or 1))
     texts = {recipe_dir / rel: env.get_template(template).render(**ctx) for rel, template in files.items()}
     written = []
+    recipe_tree = user_tree(recipe_dir, create=True)
     for path, text in texts.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        if path.suffix == ".sh":
-            path.chmod(0o755)
+        recipe_tree.write_text(path, text, mode=0o755 if path.suffix == ".sh" else None)
         written.append(path)
     check_parses(written)
     for folder in target.folders:
-        (recipe_dir / folder).mkdir(parents=True, exist_ok=True)
+        recipe_tree.mkdir(recipe_dir / folder)
     for package in target.carries:
         written += carry_package(package, recipe_dir)
     return written
@@ -209,8 +208,7 @@ def carry_package(package: str, recipe_dir: Path) -> list[Path]:
         if "__pycache__" in file.parts:
             continue
         dest = recipe_dir / package / file.relative_to(source)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_bytes(file.read_bytes())
+        user_tree(recipe_dir).write_bytes(dest, file.read_bytes())
         copied.append(dest)
     return copied
 
@@ -245,8 +243,6 @@ def render_file(rel: str, context: dict, family: Family, target: Target = TARGET
 def write_rendered(recipe_dir: Path, rel: str, context: dict, family: Family) -> Path:
     """Re-render one recipe file in place (a repair: the original is in the round's backup)."""
     path = recipe_dir / rel
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_file(rel, context, family))
-    if path.suffix == ".sh":
-        path.chmod(0o755)
+    user_tree(recipe_dir).write_text(path, render_file(rel, context, family), mode=0o755 if path.suffix == ".sh" else None)
     return path
+

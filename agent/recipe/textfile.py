@@ -6,6 +6,9 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
+from engine.safe_write import UserTree, tree_of
+
+
 BOMS = (b"\xef\xbb\xbf",)
 
 
@@ -89,15 +92,15 @@ def write_source(path: Path, text: str, original: bytes | None = None) -> None:
         original = path.read_bytes() if path.is_file() else b""
     mode = path.stat().st_mode if path.exists() else None
     data = text.encode("utf-8")
-    path.write_bytes(restore_format(original, data) if original else data)
-    if mode is not None:
-        path.chmod(mode & 0o777)
+    tree_of(path, "the recipe").write_bytes(path, restore_format(original, data) if original else data,
+                                            None if mode is None else mode & 0o777)
 
 
 def restore_formats(recipe_dir: Path, snapshot: dict[str, tuple[bytes, int]]) -> list[str]:
     """After a fix: every file it changed gets its original line endings, encoding, BOM and mode
     back (the edit itself is kept). Returns the files whose format was restored."""
     fixed = []
+    recipe_tree = UserTree(recipe_dir, "the recipe")
     for rel, (original, mode) in snapshot.items():
         path = recipe_dir / rel
         try:
@@ -108,10 +111,10 @@ def restore_formats(recipe_dir: Path, snapshot: dict[str, tuple[bytes, int]]) ->
             if current != original:
                 restored = restore_format(original, current)
                 if restored != current:
-                    path.write_bytes(restored)
+                    recipe_tree.write_bytes(path, restored)
                     changed = True
             if path.stat().st_mode & 0o777 != mode & 0o777:
-                path.chmod(mode & 0o777)
+                recipe_tree.chmod(path, mode & 0o777)
                 changed = True
         except OSError:
             continue

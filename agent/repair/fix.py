@@ -11,6 +11,8 @@ from pathlib import Path
 
 from agent.recipe.backup import backup_round, diff_against_backup, rollback, round_originals
 from agent.recipe.fs_guard import WriteOutsideRecipe
+from engine.safe_write import WriteRefused
+
 from agent.recipe.textfile import restore_formats
 from agent.records import Diagnosis, Round, Run
 from agent.repair.diagnose import rule_named
@@ -37,7 +39,7 @@ def repair(recipe_dir: Path, diagnosis: Diagnosis, round_no: int, context: Repai
             rollback(recipe_dir, round_no)
         try:
             note = rule.fix(failure, diagnosis.get("facts") or {}, context)
-        except WriteOutsideRecipe:
+        except (WriteOutsideRecipe, WriteRefused):      # a write refused (a link out of the recipe): exit 2
             raise
         except Exception as exc:  # a fix that cannot apply is reported, the loop stops on repeat
             from agent.errors import filesystem_fault

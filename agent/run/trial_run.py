@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from agent.errors import describe_fault
+from agent.recipe.fs_guard import user_tree
 from agent.measure import precision, run_log
 from agent.processes import run_tree, stop_leftovers
 from agent.progress import trial_run_counter
@@ -53,9 +54,10 @@ def trial_run(recipe: Recipe, label: str, plan: RunPlan | dict | int | None = No
     if standin:
         recipe = replace(recipe, yaml=plan.yaml)
     runs_dir = state_dir(recipe.path) / "runs"
-    runs_dir.mkdir(parents=True, exist_ok=True)
+    recipe_tree = user_tree(recipe.path)      # .migrator/ or res/ linked out of the recipe: refused here, first
+    recipe_tree.mkdir(runs_dir)
     run_dir = runs_dir / f"run_{len(list(runs_dir.glob('run_*')))}_{label}"
-    run_dir.mkdir()
+    recipe_tree.mkdir(run_dir, exist_ok=False)
     launch = recipe.launch(plan)
     cwd = launch.cwd or run_dir
     env = dict(os.environ, RES_PATH=str(run_dir), PYTHON=sys.executable, PYTHONUNBUFFERED="1",
@@ -76,7 +78,7 @@ def trial_run(recipe: Recipe, label: str, plan: RunPlan | dict | int | None = No
     start, started_at = time.perf_counter(), time.time()
     counter = trial_run_counter(label, lambda: find_logs(run_dir, cwd, started_at, recipe.path),
                                 expected_tokens(recipe, plan.yaml))
-    with counter, open(run_dir / "output.txt", "w") as out:
+    with counter, recipe_tree.open(run_dir / "output.txt", "w") as out:
         # No stdin: a prompt (e.g. "run custom code? [y/N]") must fail, not wait forever. The whole
         # tree (torchrun ranks, `&` launches) is stopped on a timeout or a signal, and measured.
         tree = run_tree(command, cwd=cwd, env=env, stdout=out, timeout=timeout,
@@ -103,7 +105,8 @@ def trial_run(recipe: Recipe, label: str, plan: RunPlan | dict | int | None = No
     output_file = run_dir / "output.txt"
     if evidence != output:
         output_file = run_dir / "evidence.txt"
-        output_file.write_text(evidence)
+        recipe_tree.write_text(output_file, evidence)
+
     record: Run = {"label": label, "ok": ok, "returncode": returncode, "timed_out": timed_out,
                    "seconds": round(time.perf_counter() - start, 2), "peak_rss_bytes": tree.peak_rss_bytes,
                    "processes": tree.processes, "res_path": str(run_dir),

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from agent.measure.shrink import TINY_DIMS
 from engine.data import DEFAULT_PROMPT
+from engine.safe_write import UserTree
 
 SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|unk|>"]
 
@@ -58,7 +59,7 @@ def train_bpe_tokenizer(corpus: list[str], vocab_size: int, **init_kwargs):
 def build_tokenizer(out_dir: str | Path, vocab_size: int = 384):
     """Train a byte-level BPE tokenizer on CORPUS and save it as a fast HF tokenizer."""
     fast = train_bpe_tokenizer(CORPUS, vocab_size)
-    fast.save_pretrained(out_dir)
+    UserTree(out_dir, "the checkpoint folder", create=True).fill_with(out_dir, lambda tmp: fast.save_pretrained(tmp))
     return fast
 
 
@@ -114,7 +115,7 @@ def build_tiny_checkpoint(model_type: str, out_dir: str | Path, seed: int = 0, t
     from transformers import AutoModelForCausalLM
 
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    checkpoint_tree = UserTree(out, "the checkpoint folder", create=True)
     tokenizer = build_tokenizer(out)
     config = tiny_config(model_type, vocab_size=len(tokenizer), tiny_dims=tiny_dims, **overrides)
     if max_params is not None:
@@ -126,8 +127,9 @@ def build_tiny_checkpoint(model_type: str, out_dir: str | Path, seed: int = 0, t
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(out, safe_serialization=True)
-    (out / "tiny_checkpoint.json").write_text(json.dumps({"model_type": model_type, "seed": seed}) + "\n")
+    checkpoint_tree.fill_with(out, lambda tmp: model.save_pretrained(tmp, safe_serialization=True))
+    checkpoint_tree.write_text(out / "tiny_checkpoint.json", json.dumps({"model_type": model_type, "seed": seed}) + "\n")
+
     return out
 
 

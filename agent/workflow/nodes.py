@@ -6,7 +6,6 @@ once, before the graph started (agent.workflow.inputs): no node checks it again.
 from __future__ import annotations
 
 import functools
-import shutil
 import sys
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from agent.migrate.checkpoint_check import check_checkpoint, check_output_outsid
 from agent.run.trial_run import trial_run
 from agent.migrate.vendor import locate_source, read_config, vendor_source
 from agent.recipe import folder_lock
+from agent.recipe.fs_guard import user_tree
 from agent.recipe.chat_template import check_chat_template
 from agent.recipe.recipe import Recipe, RunPlan
 from agent.recipe.registry import register, registered_names
@@ -124,8 +124,12 @@ def removes_half_built_recipe(node):
         try:
             return node(state, **config)
         except BaseException:
-            shutil.rmtree(state["recipe_dir"], ignore_errors=True)
+            try:
+                user_tree(Path(state["recipe_dir"]).parent, "the output folder").rmtree(state["recipe_dir"])
+            except (OSError, ValueError):
+                pass      # the node's own error is the one to report
             raise
+
     return wrapper
 
 

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from agent.errors import InputError
+from agent.recipe.fs_guard import user_tree
 from agent.recipe.backup import atomic_write
 from agent.recipe.recipe import REPORT, report_path
 from agent.records import Report
@@ -26,10 +27,11 @@ def write_report(state: MigrationState) -> Path | None:
     if not state.get("recipe_dir"):
         return None
     recipe_dir = Path(state["recipe_dir"])
-    recipe_dir.mkdir(parents=True, exist_ok=True)
+    recipe_tree = user_tree(recipe_dir, create=True)
     path = report_path(recipe_dir)
     in_checkout = path.parent != recipe_dir     # upstream's tree: our report beside our state, README untouched
-    path.parent.mkdir(parents=True, exist_ok=True)
+    recipe_tree.mkdir(path.parent)
+
     for file in (path, path.parent / "migration_summary.md", recipe_dir / "README.md"):
         _refuse_link(file)
     report: Report = {"generated_at": time.strftime("%Y-%m-%dT%H:%M:%S")}

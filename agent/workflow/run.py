@@ -23,6 +23,7 @@ from pathlib import Path
 from agent import errors
 from agent.progress import step
 from agent.recipe import folder_lock
+from agent.recipe.fs_guard import user_tree
 from agent.recipe.backup import atomic_write, real_dirs, start_backup_run
 from agent.recipe.recipe import Recipe
 from agent.recipe.targets import checkout_root, state_parts
@@ -154,7 +155,7 @@ def _hold_run_lock(path: Path, state: dict) -> int:
     """One run per recipe (and per identical migration) at a time: an exclusive flock, held until the
     run returns (the kernel drops it when the process dies, even on SIGKILL); a second run is refused
     with one line (exit 75, try again later). Returns the lock's file descriptor."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    fd = user_tree(path.parent, "the run's state folder").open_lock(path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -200,8 +201,9 @@ def run_migration(state: dict, resume: bool = False, *, stop_after: str | None =
 
 
 def _run_with_store(state, resume, stop_after, key, home, output_dir, options) -> dict:
-    home.mkdir(parents=True, exist_ok=True)
+    user_tree(home, "the output folder", create=True)
     store = store_dir(home, output_dir)
+
     threads_file = store / "threads.json"
     db = store / "checkpoints.sqlite"
     for path in (threads_file, db):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import yaml
 
+from agent.recipe.fs_guard import user_tree
 from agent.recipe.recipe import Recipe
 from agent.recipe.spec import recipe_spec
 from agent.recipe.textfile import read_source, write_source
@@ -92,7 +93,7 @@ def _add_key(failure: Failure, dotted: str, value) -> str:
     if anchor is None:
         return edit_yaml_line(path, section, key, value)
     lines.insert(anchor + 1, f"{indent}{key}: {_scalar(value)}\n")
-    path.write_text("".join(lines))
+    user_tree(failure.recipe_dir).write_text(path, "".join(lines))
     return f"added {dotted}: {_scalar(value)} to {path.name}"
 
 
@@ -100,7 +101,8 @@ def _add_section(failure: Failure, section: str, defaults: dict) -> str:
     path = failure.yaml
     text = path.read_text()
     body = "".join(f"  {k}: {_scalar(defaults[f'{section}.{k}'])}\n" for k in TEMPLATE_ORDER[section])
-    path.write_text(text.rstrip("\n") + f"\n\n{section}:\n{body}")
+    user_tree(failure.recipe_dir).write_text(path, text.rstrip("\n") + f"\n\n{section}:\n{body}")
+
     return f"added section {section} with the template defaults to {path.name}"
 
 

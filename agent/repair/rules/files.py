@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 
+from agent.recipe.fs_guard import user_tree
 from agent.migrate.vendor import locate_source, read_config, vendor_source
 from agent.recipe.recipe import Recipe
 from agent.recipe.render import generated_files, render_file, write_rendered
@@ -31,7 +32,7 @@ def _models_init_facts(failure: Failure, found: re.Match) -> dict | None:
 def _fix_models_init(failure: Failure, facts: dict, ctx: RepairContext) -> str:
     # The recipe's models/ is a namespace package: an __init__.py copied from elsewhere
     # (often importing modules this recipe does not have) shadows it. Backed up, then removed.
-    (failure.recipe_dir / facts["file"]).unlink()
+    user_tree(failure.recipe_dir).unlink(failure.recipe_dir / facts["file"], missing_ok=False)
     return "removed models/__init__.py (models/ is a namespace package in a recipe)"
 
 
@@ -90,7 +91,7 @@ def _fix_no_pythonpath(failure: Failure, facts: dict, ctx: RepairContext) -> str
     defines_script_dir = any(re.match(r"\s*(?:export\s+)?SCRIPT_DIR=", ln) for ln in lines[:at])
     recipe = "$SCRIPT_DIR" if defines_script_dir else '$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)'
     lines.insert(at, f'{indent}export PYTHONPATH="{recipe}${{PYTHONPATH:+:$PYTHONPATH}}"\n')
-    infer_sh.write_text("".join(lines))
+    user_tree(failure.recipe_dir).write_text(infer_sh, "".join(lines))
     return f"infer.sh: export PYTHONPATH with the recipe dir before line {at + 1} (import of '{facts['module']}')"
 
 
@@ -140,7 +141,7 @@ def _fix_vendored_missing(failure: Failure, facts: dict, ctx: RepairContext) -> 
         if not fresh.is_file():
             written = ", ".join(str(p.relative_to(tmp)) for p in result.files.values())
             return f"re-vendoring {source.model_class} gives {written}, not {facts['file']}"
-        (recipe_dir / facts["file"]).write_text(fresh.read_text())
+        user_tree(recipe_dir).write_text(recipe_dir / facts["file"], fresh.read_text())
     was = (failure.recipe.report().get("vendored") or {}).get("origin")
     drift = f" (first vendored from {was})" if was and was != source.origin else ""
     return f"re-vendored {facts['file']} ({source.model_class}) from {source.origin}{drift}"
@@ -293,7 +294,7 @@ def _shadowing_facts(failure: Failure, _found=None) -> dict | None:
 def _fix_shadowing(failure: Failure, facts: dict, ctx: RepairContext) -> str:
     path = failure.recipe_dir / facts["file"]
     aside = path.with_name(path.name + ".shadowing")
-    path.rename(aside)
+    user_tree(failure.recipe_dir).replace(path, aside)
     return (f"renamed {facts['file']} to {aside.name}: on the recipe's sys.path it shadowed the "
             f"'{facts['module']}' module")
 
@@ -340,7 +341,8 @@ def _crlf_facts(failure: Failure, found: re.Match) -> dict | None:
 def _fix_crlf(failure: Failure, facts: dict, ctx: RepairContext) -> str:
     for name in facts["files"]:
         path = failure.recipe_dir / name
-        path.write_bytes(path.read_bytes().replace(b"\r\n", b"\n"))   # mode kept: same inode
+        user_tree(failure.recipe_dir).write_bytes(path, path.read_bytes().replace(b"\r\n", b"\n"))   # mode kept
+
     return f"converted {', '.join(facts['files'])} from CRLF (Windows) to LF line endings"
 
 

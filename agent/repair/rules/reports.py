@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 
+from agent.recipe.fs_guard import user_tree
 from agent.repair.failure import Failure
 from agent.repair.rules.rule import Kind, RepairContext, Rule, message_facts, report
 
@@ -138,8 +139,9 @@ def _fix_missing_package(failure: Failure, facts: dict, ctx: RepairContext) -> s
         return f"`{install}` failed: {tail}"
     if pinned:
         return f"ran `{install}` (as the recipe's requirements.txt pins it)"
-    requirements.write_text(listed + ("" if not listed or listed.endswith("\n") else "\n")
-                            + f"{facts['distribution']}\n")
+    user_tree(failure.recipe_dir).write_text(requirements, listed + ("" if not listed or listed.endswith("\n") else "\n")
+                                             + f"{facts['distribution']}\n")
+
     return f"ran `{install}`; added {facts['distribution']} to requirements.txt"
 
 

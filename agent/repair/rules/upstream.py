@@ -31,6 +31,7 @@ import os
 import re
 from pathlib import Path
 
+from agent.recipe.fs_guard import user_tree
 from agent.repair.failure import Failure
 from agent.repair.rules._util import edit_yaml_line
 from agent.repair.rules.rule import Kind, RepairContext, Rule
@@ -71,7 +72,8 @@ def _fix_pythonpath(failure: Failure, facts: dict, ctx: RepairContext) -> str:
     defined = _SCRIPT_PATH.search(text[:last.start()])
     here = f"${{{defined.group('var')}}}" if defined else '$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)'
     line = f'export PYTHONPATH="{here}/{facts["relative"]}:${{PYTHONPATH}}"\n'
-    infer_sh.write_bytes((text[:at] + line + text[at:]).encode("utf-8", errors="surrogateescape"))
+    user_tree(failure.recipe_dir).write_bytes(infer_sh, (text[:at] + line + text[at:]).encode("utf-8", errors="surrogateescape"))
+
     number = text[:at].count("\n") + 1
     return (f"infer.sh: {line.strip()} at line {number}, after the sourced scripts (the checkout's "
             f"'{facts['module']}' was not importable)")
