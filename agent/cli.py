@@ -164,19 +164,19 @@ def _add_standin_options(parser: argparse.ArgumentParser) -> None:
 
 
 def standin_plan(args, target: str) -> dict | None:
-    """--standin: the plan of agent.measure.upstream_check for a recipe (None without --standin)."""
+    """--standin: the run plan of a recipe under the npu stand-in (agent.run.plan; None without --standin)."""
     if getattr(args, "tiny", False) and not args.standin:
         raise errors.InputError("--tiny needs --standin (a tiny checkpoint is for a run under the npu stand-in)")
     if not args.standin:
         return None
-    from agent.measure import upstream_check
+    from agent.run.plan import plan_run
 
     recipe = Recipe.at(target)
     if recipe.is_recipe:
         check_recipe_files(recipe)      # a binary / bomb / duplicate-key upstream YAML: exit 2, not a crash
-    return upstream_check.plan(recipe, yaml_name=getattr(args, "yaml", None),
-                               world_size=getattr(args, "world_size", 1) or 1, tiny=args.tiny,
-                               max_new_tokens=min(getattr(args, "max_new_tokens", 16), 16))
+    return plan_run(recipe, getattr(args, "world_size", None) or 1, yaml_name=getattr(args, "yaml", None),
+                    standin="cpu", tiny=args.tiny,
+                    max_new_tokens=min(getattr(args, "max_new_tokens", 16), 16)).as_dict()
 
 
 # ---- commands ---------------------------------------------------------------------------

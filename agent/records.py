@@ -29,7 +29,7 @@ class Vendored(TypedDict, total=False):
 
 
 class Run(TypedDict):
-    """One run of the recipe (agent.recipe.trial_run)."""
+    """One run of the recipe (agent.run.trial_run)."""
     label: str                            # classify | trial<N> | verify
     ok: bool
     returncode: int | None                # None: timed out
@@ -41,6 +41,7 @@ class Run(TypedDict):
     output_file: str                      # output.txt, or evidence.txt with rank-log tracebacks added
     summary: str                          # "ok", or the first real error
     yaml: NotRequired[str | None]         # the YAML it ran (not in stores of earlier releases)
+    repaired_yaml: NotRequired[str]       # the YAML a repair of it edits (agent.recipe.recipe.RunPlan.repaired_yaml)
     peak_rss_bytes: NotRequired[int]      # peak summed RSS over the run's whole process tree
     processes: NotRequired[int]           # how many processes the tree had at most
     standin_unsupported: NotRequired[str]  # under the npu stand-in: the op without a reference kernel it hit

@@ -40,7 +40,7 @@ RUN = textwrap.dedent("""
     import sys
     from agent.progress import step
     from agent.recipe.recipe import Recipe
-    from agent.recipe.trial_run import trial_run
+    from agent.run.trial_run import trial_run
     with step("trial_run"):
         run = trial_run(Recipe.at(sys.argv[1]), "probe")
     print("OK" if run["ok"] else "FAILED")
@@ -159,7 +159,7 @@ def test_counter_waits_for_the_log_folder(tmp_path):
 
 def test_expected_tokens_come_from_either_yaml_schema(tmp_path):
     from agent.recipe.recipe import Recipe
-    from agent.recipe.trial_run import expected_tokens
+    from agent.run.trial_run import expected_tokens
     from engine import defaults
 
     recipe = _recipe(tmp_path)

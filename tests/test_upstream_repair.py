@@ -241,7 +241,7 @@ def test_rank0_log_empty_because_the_launch_line_sends_its_stdout_away_is_report
     checkout's function.sh, failing: its weights are not here) leaves an empty log_0.log; the report names
     the line and upstream's form; nothing is edited (the skill reports it)."""
     from agent.recipe.recipe import Recipe
-    from agent.recipe.trial_run import trial_run
+    from agent.run.trial_run import trial_run
 
     function_sh = checkout / "executor" / "scripts" / "function.sh"
     text = function_sh.read_text()
@@ -271,7 +271,7 @@ def test_rank0_log_empty_because_the_launch_line_sends_its_stdout_away_is_report
 
 def test_rank0_log_empty_is_reported_with_the_line_that_cut_it_or_the_skills_advice(checkout):
     """In-process: the evidence line the run check writes (test above: a real run), with 2 ranks."""
-    from agent.recipe.trial_run import RANK0_SILENT
+    from agent.run.trial_run import RANK0_SILENT
 
     function_sh = checkout / "executor" / "scripts" / "function.sh"
     text = function_sh.read_text()

@@ -125,12 +125,12 @@ def _fix_vendored_missing(failure: Failure, facts: dict, ctx: RepairContext) -> 
     # From the release it was vendored from (a checkout's transformers, agent.migrate.transformers_source),
     # with the imports of its target's layout.
     from agent.migrate.transformers_source import SourceTree
-    from agent.recipe.targets import TARGETS
+    from agent.recipe.targets import OWN_LAYOUT
 
     plan = failure.recipe.report().get("transformers") or {}
     tree = SourceTree(plan["version"], Path(plan["source_root"]), plan.get("origin") or "") \
         if plan.get("source_root") and Path(plan["source_root"], "transformers").is_dir() else None
-    target = TARGETS.get(failure.recipe.kind) or TARGETS["standalone"]
+    target = failure.recipe.target if failure.recipe.is_recipe else OWN_LAYOUT
     package = target.vendored_package.format(name=failure.recipe.model_name)
     # Vendor aside and copy back only the missing file: the other vendored files may carry edits.
     with tempfile.TemporaryDirectory(prefix="revendor_") as tmp:
