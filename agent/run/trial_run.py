@@ -108,7 +108,7 @@ def trial_run(recipe: Recipe, label: str, plan: RunPlan | dict | int | None = No
                    "processes": tree.processes, "res_path": str(run_dir),
                    "log_dir": str(log_dir) if log_dir is not None else None, "problem": verdict.problem,
                    "output_file": str(output_file), "yaml": str(plan.yaml), "world_size": plan.world_size,
-                   "repaired_yaml": str(plan.repaired_yaml),
+                   "source_yaml": str(plan.source_yaml or plan.yaml), "repaired_yaml": str(plan.repaired_yaml),
                    "summary": "ok" if ok else old_keys[0] if old_keys and ran_clean else
                    summarise(evidence, recipe, returncode, timed_out, timeout, verdict)}
     if plan.standin and (missing := run_standin.unsupported(run_dir, "" if ok else evidence,
