@@ -93,6 +93,13 @@ def test_each_row_answers_what_differs_by_target():
     data = {"model_config": {"model_path": "your_model_path"}, "parallel_config": {"world_size": 2},
             "scheduler_config": {"max_new_tokens": 8}, "data_config": {"input_truncated_len": 64}}
     assert framework.schema.settings(data)["max_new_tokens"] == 8 and framework.schema.world_size(data) == 2
-    assert legacy.schema.settings(data)["max_new_tokens"] is None          # the flat schema has none there
+    assert standalone.schema.settings(data)["max_new_tokens"] is None      # the flat schema has none there
+    assert legacy.schema.settings(data)["max_new_tokens"] == 8             # a legacy folder's YAML: either schema
     assert framework.schema.set({}, "model_path", "/w") == {"model_config": {"model_path": "/w"}}
-    assert legacy.schema.set({}, "model_path", "/w") == {"model_path": "/w"}
+    assert standalone.schema.set({}, "model_path", "/w") == {"model_path": "/w"}
+    # either schema keeps a YAML's own form: the key where it is, else where its section is
+    assert legacy.schema.set({"model_path": "x", "model_config": {"dtype": "bf16"}}, "model_path", "/w") == \
+        {"model_path": "/w", "model_config": {"dtype": "bf16"}}
+    assert legacy.schema.set({"data_config": {}}, "input_len", 8) == {"data_config": {"input_truncated_len": 8}}
+    assert legacy.schema.set({"model_config": {"model_name": "m"}}, "model_path", "/w") == \
+        {"model_config": {"model_name": "m", "model_path": "/w"}}

@@ -69,9 +69,19 @@ class YamlSchema:
     def get(self, data, field_name: str):
         return self.settings(data)[field_name]
 
+    def key_for(self, data, field_name: str) -> str:
+        """The key `field_name` is written at in `data`: the first of its keys present, else the first
+        whose section is there, else the first (a YAML of either schema keeps its own form)."""
+        keys = self.fields[field_name]
+        present = next((k for k in keys if _first(data, k) is not None), None)
+        if present is None:
+            present = next((k for k in keys if "." not in k or isinstance(_first(data, k.rpartition(".")[0]), dict)),
+                           keys[0])
+        return present
+
     def set(self, data: dict, field_name: str, value) -> dict:
-        """`data` with `field_name` set at its first key (its sections made where missing)."""
-        *sections, leaf = self.fields[field_name][0].split(".")
+        """`data` with `field_name` set at its key (key_for; its sections made where missing)."""
+        *sections, leaf = self.key_for(data, field_name).split(".")
         node = data
         for section in sections:
             if not isinstance(node.get(section), dict):
@@ -460,6 +470,8 @@ TARGETS: dict[str, Target] = {
         readme_template="legacy/README.md.j2", yaml_settings=legacy_settings, context=legacy_context,
         inside_checkout=True, scale_yaml=legacy_data_parallel_yaml, scaled_how=lambda n: "data parallel",
         standin_runnable=True, model_path_placeholder=MODEL_PATH_PLACEHOLDER,
+        # any folder with its own infer.sh: its YAML may be the flat ModelRunner one or the four sections
+        schema=ANY_SCHEMA,
         launch_hint=lambda folder, yaml: f"YAML_FILE=config/{yaml} bash models/{folder}/infer.sh",
         model_type_sources=("runner_init", "configuration_files")),
     # cann-recipes-infer's framework models: config/*.yaml run by the checkout's shared entry point;

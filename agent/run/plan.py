@@ -80,10 +80,8 @@ def plan_run(recipe: Recipe, world_size: int | None = None, *, yaml_name: str | 
         return replace(plan, notes=())
     notes.append(how)
     plan = replace(plan, checkpoint=checkpoint)
-    if checkpoint == own and ranks == plan.world_size and standin is None:
-        return replace(plan, notes=tuple(notes))
-    if checkpoint == own and ranks == plan.world_size and not plan.tiny:
-        return replace(plan, notes=tuple(notes))
+    if checkpoint == own and ranks == plan.world_size:
+        return replace(plan, notes=tuple(notes))           # the recipe's YAML as it is
     plan = replace(plan, yaml=copy_path(recipe, base.yaml, standin is not None),
                    max_new_tokens=max_new_tokens if plan.tiny else None)
     write_copy(recipe, plan)
@@ -151,21 +149,20 @@ def write_copy(recipe: Recipe, plan: RunPlan) -> Path:
     (plan.max_new_tokens) lengths and batch cut too. The target's schema says where each key is."""
     data = load_yaml(plan.source_yaml) or {}
     schema = recipe.target.schema
-    schema.set(data, "model_path", str(plan.checkpoint))
     world_size = plan.world_size
-    if isinstance(data.get("parallel_config"), dict) or schema.fields["world_size"][0].startswith("parallel_config."):
-        data["parallel_config"] = parallel_for(data.get("parallel_config") or {}, world_size)
-    if not schema.fields["world_size"][0].startswith("parallel_config."):
-        data["world_size"] = world_size
+    schema.set(data, "model_path", str(plan.checkpoint))
+    schema.set(data, "world_size", world_size)
+    if isinstance(data.get("parallel_config"), dict):
+        data["parallel_config"] = parallel_for(data["parallel_config"], world_size)
     if plan.max_new_tokens:
         schema.set(data, "input_len", TINY_INPUT_LEN)
         schema.set(data, "max_new_tokens", plan.max_new_tokens)
-        if schema.fields["batch_size"][0].startswith("scheduler_config."):
+        if isinstance(data.get("scheduler_config"), dict):
             # the checkout's default prompt: a hub data set (LongBench) is neither here nor what parity uses
             schema.set(data, "dataset", "default")
             scheduler = data["scheduler_config"]
             # a whole number of requests per attention data-parallel rank (executor/offline/infer.py checks it)
-            dp = max(1, world_size // int(data["parallel_config"].get("attn_tp_size") or 1))
+            dp = max(1, world_size // int((data.get("parallel_config") or {}).get("attn_tp_size") or 1))
             batch = min(int(scheduler.get("batch_size") or 1), TINY_MAX_BATCH)
             scheduler["batch_size"] = -(-batch // dp) * dp
             if "max_prefill_tokens" in scheduler:
