@@ -103,3 +103,20 @@ def test_each_row_answers_what_differs_by_target():
     assert legacy.schema.set({"data_config": {}}, "input_len", 8) == {"data_config": {"input_truncated_len": 8}}
     assert legacy.schema.set({"model_config": {"model_name": "m"}}, "model_path", "/w") == \
         {"model_config": {"model_name": "m", "model_path": "/w"}}
+
+
+def test_the_launch_line_a_person_is_told_is_the_targets_own(tmp_path):
+    """The out-of-memory message and README (agent.measure.memory.out_of_memory) give Target.launch_line:
+    a framework recipe is run by the checkout's entry point from the checkout's root, never by the
+    standalone `bash infer.sh`."""
+    from types import SimpleNamespace
+
+    checkout = tmp_path / "checkout"
+    recipe = SimpleNamespace(path=checkout / "models" / "m", repo_root=checkout, yaml=None)
+    assert TARGETS["framework"].launch_line(recipe, "m_rank_2_2tp.yaml") == \
+        f"cd {checkout} && bash executor/scripts/infer.sh --model m --yaml m_rank_2_2tp.yaml"
+    assert TARGETS["legacy"].launch_line(recipe, "m_rank_2_2tp.yaml") == \
+        f"cd {checkout} && YAML_FILE=config/m_rank_2_2tp.yaml bash models/m/infer.sh"
+    own = SimpleNamespace(path=tmp_path / "ours", repo_root=None, yaml=None)
+    assert TARGETS["standalone"].launch_line(own, "ours_2card_eager.yaml") == \
+        f"cd {tmp_path / 'ours'} && YAML_FILE=config/ours_2card_eager.yaml bash infer.sh"
