@@ -24,7 +24,7 @@ from pathlib import Path
 from agent.measure.shrink import shrink_config
 from agent.recipe.targets import state_dir
 from agent.processes import run_tree, stop_leftovers
-from agent.recipe.recipe import Recipe
+from agent.recipe.recipe import Recipe, runner_files
 from engine.config import load_runner_settings
 from engine.data import DEFAULT_PROMPT
 from engine.environment import import_torch
@@ -105,7 +105,7 @@ def _runner_class(recipe_dir: Path):
 
     from engine.model_runner import ModelRunner
 
-    name = next(recipe_dir.glob("runner_*.py")).stem
+    name = runner_files(recipe_dir)[0].stem
     module = importlib.import_module(name)
     return next(obj for obj in vars(module).values()
                 if isinstance(obj, type) and issubclass(obj, ModelRunner) and obj is not ModelRunner)

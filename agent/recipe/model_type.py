@@ -10,7 +10,7 @@ import ast
 from pathlib import Path
 
 from agent.errors import InputError
-from agent.recipe.recipe import Recipe
+from agent.recipe.recipe import Recipe, runner_files
 from agent.recipe.targets import REGISTRY
 
 
@@ -47,7 +47,7 @@ def _runner_config_classes(recipe_dir: Path) -> list[tuple[Path, str]]:
     `init_model(MODEL, CONFIG)` (upstream's ModelRunner.init_model), resolved through the file's
     `from models.X import Y [as Z]` imports; the main model's call (…ForCausalLM) first."""
     found: list[tuple[int, Path, str]] = []
-    for source in sorted(recipe_dir.glob("runner_*.py")) + [recipe_dir / "infer.py"]:
+    for source in runner_files(recipe_dir) + [recipe_dir / "infer.py"]:
         try:
             tree = ast.parse(source.read_text(encoding="utf-8", errors="replace"))
         except (OSError, SyntaxError, ValueError):

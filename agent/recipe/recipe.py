@@ -145,7 +145,7 @@ class Recipe:
         """The name the recipe runs under: a framework recipe's folder (`--model NAME`); else the
         runner file, the report, the YAML, the folder, in that order."""
         if not self.target.model_name_is_folder and not is_checkpoint(self.path):
-            runners = sorted(self.path.glob("runner_*.py"))
+            runners = runner_files(self.path)
             if runners:
                 return runners[0].stem.removeprefix("runner_")
             named = self.report().get("model_name") or self.settings().get("model_name")
@@ -366,8 +366,14 @@ def find_repo_root(path: Path) -> Path | None:
     return None
 
 
+def runner_files(folder: Path) -> list[Path]:
+    """A recipe's runner files (runner_NAME.py at its top level, sorted): the one answer to "which runner
+    file" (its model name, whether it runs on our engine, the config class it builds, the code check)."""
+    return sorted(p for p in Path(folder).glob("runner_*.py") if p.is_file())
+
+
 def _runs_on_our_engine(folder: Path) -> bool:
-    return any(OUR_ENGINE in p.read_text(errors="replace") for p in folder.glob("runner_*.py") if p.is_file())
+    return any(OUR_ENGINE in p.read_text(errors="replace") for p in runner_files(folder))
 
 
 def read_settings(path: Path | None) -> dict:

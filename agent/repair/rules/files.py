@@ -12,7 +12,7 @@ from pathlib import Path
 
 
 from agent.migrate.vendor import locate_source, read_config, vendor_source
-from agent.recipe.recipe import Recipe
+from agent.recipe.recipe import Recipe, runner_files
 from agent.recipe.render import generated_files, render_file, write_rendered
 from agent.recipe.spec import recipe_spec
 from agent.recipe.textfile import read_source, write_source
@@ -283,7 +283,7 @@ def _shadowing_facts(failure: Failure, _found=None) -> dict | None:
         if rel and "/" not in rel and rel.endswith(".py") and \
                 re.search(rf"\b(import|from)\s+{re.escape(rel[:-3])}\b", caller_code):
             stems.append(rel[:-3])
-    own = {"infer"} | {p.stem for p in recipe_dir.glob("runner_*.py")}
+    own = {"infer"} | {p.stem for p in runner_files(recipe_dir)}
     for stem in dict.fromkeys(stems):
         if stem not in own and (recipe_dir / f"{stem}.py").is_file() and _shadows(recipe_dir, stem):
             return {"file": f"{stem}.py", "module": stem}
