@@ -41,11 +41,12 @@ class Recipe(Protocol):
     yaml: Path | None
 
 
-def _first(data: dict, dotted: str):
+def dotted(data, key: str, missing=None):
+    """data["a"]["b"] for key "a.b"; `missing` where a part is absent or not a mapping."""
     node = data
-    for part in dotted.split("."):
+    for part in key.split("."):
         if not isinstance(node, dict) or part not in node:
-            return None
+            return missing
         node = node[part]
     return node
 
@@ -62,7 +63,7 @@ class YamlSchema:
         data = data if isinstance(data, dict) else {}
         out = {}
         for name, keys in self.fields.items():
-            values = (_first(data, key) for key in keys)
+            values = (dotted(data, key) for key in keys)
             out[name] = next((v for v in values if v is not None and v != ""), None)
         return out
 
@@ -73,9 +74,9 @@ class YamlSchema:
         """The key `field_name` is written at in `data`: the first of its keys present, else the first
         whose section is there, else the first (a YAML of either schema keeps its own form)."""
         keys = self.fields[field_name]
-        present = next((k for k in keys if _first(data, k) is not None), None)
+        present = next((k for k in keys if dotted(data, k) is not None), None)
         if present is None:
-            present = next((k for k in keys if "." not in k or isinstance(_first(data, k.rpartition(".")[0]), dict)),
+            present = next((k for k in keys if "." not in k or isinstance(dotted(data, k.rpartition(".")[0]), dict)),
                            keys[0])
         return present
 

@@ -8,8 +8,9 @@ checkout has), or a path of the NPU host — the run gets a *copy* of the YAML w
 in (and, on a tiny random checkpoint, its lengths cut), in our state folder
 (agent.recipe.targets.state_dir; `res/.migrator/` in a checkout, which upstream's .gitignore keeps out
 of `git status`). The recipe's own files are never edited for a run. The real path comes from
-`--weights`-like callers (`weights`: the checkpoint a migration vendored from), the recipe's report
-(its `model_dir`), or `--tiny`.
+`weights` (the checkpoint a migration vendored from), the recipe's report (its `model_dir`) — for a
+target whose YAMLs carry the placeholder (Target.model_path_placeholder: framework, legacy) — or, under
+the stand-in, `--tiny`. A standalone recipe's YAML names its weights itself: it runs as it is.
 """
 
 from __future__ import annotations
@@ -53,11 +54,14 @@ def plan_run(recipe: Recipe, world_size: int | None = None, *, yaml_name: str | 
     plan = replace(base, source_yaml=base.yaml, standin=standin)
     notes: list[str] = []
     ranks = schema.world_size(settings) or 1
+    # a target whose YAMLs carry a placeholder gets the real path at run time; a standalone YAML names its
+    # weights itself (a wrong one is a fault its repair fixes in the YAML, never hidden by a copy)
+    fills = recipe.target.model_path_placeholder is not None
     if own is not None and (own / "config.json").is_file():
         checkpoint, how = own, f"weights: {own} (the YAML's model_path)"
-    elif weights is not None and (Path(weights) / "config.json").is_file():
+    elif fills and weights is not None and (Path(weights) / "config.json").is_file():
         checkpoint, how = Path(weights).resolve(), f"weights: {weights} (the YAML's model_path is {written!r})"
-    elif (stored := recipe.report().get("model_dir")) and (Path(stored) / "config.json").is_file():
+    elif fills and (stored := recipe.report().get("model_dir")) and (Path(stored) / "config.json").is_file():
         checkpoint, how = Path(stored), f"weights: {stored} (the migration's checkpoint; the YAML's model_path is {written!r})"
     elif standin is not None and not tiny:
         old = [line for line in old_schema_keys(recipe, base.yaml) if "'model_path'" in line]
