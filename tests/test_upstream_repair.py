@@ -239,7 +239,7 @@ def test_rank0_log_empty_because_the_launch_line_sends_its_stdout_away_is_report
     redirect sends rank 0's stdout to /dev/null before `| tee`. The real run (pangu_7b's infer.sh through the
     checkout's function.sh, failing: its weights are not here) leaves an empty log_0.log; the report names
     the line and upstream's form; nothing is edited (the skill reports it)."""
-    from agent.recipe.recipe import Recipe
+    from agent.recipe.recipe import Recipe, RunPlan
     from agent.run.trial_run import trial_run
 
     function_sh = checkout / "executor" / "scripts" / "function.sh"
@@ -254,7 +254,7 @@ def test_rank0_log_empty_because_the_launch_line_sends_its_stdout_away_is_report
     (weights / "config.json").write_text("{}")
     yaml_path = str(recipe.path / "config" / "broken.yaml")
     Path(yaml_path).write_text(recipe.yaml.read_text().replace(recipe.settings()["model_path"], str(weights)))
-    run = trial_run(recipe, "classify", 1, 600, {"yaml": yaml_path, "source_yaml": yaml_path, "device": "cpu"})
+    run = trial_run(recipe, "classify", RunPlan(Path(yaml_path), 1, Path(yaml_path), standin="cpu"), 600)
     log0 = Path(run["log_dir"]) / "log_0.log"
     assert not run["ok"] and log0.is_file() and log0.stat().st_size == 0, run
     assert run["problem"].startswith("rank 0's log log_0.log is empty")
