@@ -24,7 +24,7 @@ import yaml as yamllib
 
 from agent.errors import EnvironmentProblem, InputError
 from agent.recipe.recipe import Recipe, RunPlan, read_settings
-from agent.recipe.targets import MODEL_PATH_PLACEHOLDER, state_dir
+from agent.recipe.targets import state_dir
 from engine.safe_load import load_yaml
 
 TINY_INPUT_LEN = 128
