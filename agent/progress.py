@@ -176,7 +176,7 @@ class RankLogCounter:
                 current.decoded = True
         elif fmt.kind == "time":
             # The framework logs a prefill line per prefill batch of one call: the first starts it.
-            if current is None or current.done or current.decoded or fmt.style != "framework":
+            if current is None or current.done or current.decoded or fmt.style != "executor":
                 self.calls.append(Call(self.in_warmup))
         elif fmt.kind == "output" and current is not None:
             current.done = True

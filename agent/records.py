@@ -41,6 +41,8 @@ class Run(TypedDict):
     output_file: str                      # output.txt, or evidence.txt with rank-log tracebacks added
     summary: str                          # "ok", or the first real error
     yaml: NotRequired[str | None]         # the YAML it ran (not in stores of earlier releases)
+    source_yaml: NotRequired[str]         # the recipe's YAML `yaml` is a copy of (RunPlan.source_yaml)
+    repaired_yaml: NotRequired[str]       # the YAML a repair of it edits (agent.recipe.recipe.RunPlan.repaired_yaml)
     peak_rss_bytes: NotRequired[int]      # peak summed RSS over the run's whole process tree
     processes: NotRequired[int]           # how many processes the tree had at most
     standin_unsupported: NotRequired[str]  # under the npu stand-in: the op without a reference kernel it hit

@@ -9,7 +9,7 @@
       settings, and at one rank takes its EP path, which needs more than one rank)
 
 In a copy of the checkout (`--checkout`, default ../shared/upstream/cann-recipes-infer), on one tiny random
-checkpoint of `--model-type` (agent.measure.upstream_check's --tiny builder, or `--checkpoint`): each
+checkpoint of `--model-type` (agent.run.standin's --tiny builder, or `--checkpoint`): each
 `--upstream MODEL[:YAML]` runs as it is, on a copy of its YAML shrunk as `migrator run --standin --tiny`
 shrinks it; and (unless `--no-ours`) the checkpoint is migrated into the copy's models/ by the framework
 target and run the same way. Every column runs through upstream's launcher (`executor/scripts/infer.sh
@@ -175,7 +175,7 @@ def markdown(table: dict) -> str:
 
 # ---- the runs -------------------------------------------------------------------------------
 def tiny_checkpoint(model_type: str, out: Path, layers: int | None = None, overrides: dict | None = None) -> Path:
-    from agent.measure.upstream_check import TINY_SETTINGS
+    from agent.run.standin import TINY_SETTINGS
     from agent.measure.reference import tiny_checkpoint as build
 
     if out.exists():
@@ -192,13 +192,15 @@ def shrunk_yaml(recipe_dir: Path, yaml_name: str | None, checkpoint: Path, exe_m
     `migrator run --standin --tiny` cuts them, in `exe_mode`. Returns its name."""
     import yaml
 
-    from agent.measure.upstream_check import write_yaml_copy
-    from agent.recipe.recipe import Recipe
+    from agent.recipe.recipe import Recipe, RunPlan
+    from agent.run.plan import copy_path, write_copy
     from engine.safe_load import load_yaml
 
     recipe = Recipe.at(recipe_dir)
     source = recipe_dir / "config" / yaml_name if yaml_name else recipe.yaml
-    data = load_yaml(write_yaml_copy(recipe, source, checkpoint, world_size, max_new_tokens)) or {}
+    plan = RunPlan(copy_path(recipe, source, standin=True), world_size, source_yaml=source, checkpoint=checkpoint,
+                   standin="cpu", tiny=True, max_new_tokens=max_new_tokens)
+    data = load_yaml(write_copy(recipe, plan)) or {}
     data.setdefault("model_config", {})["exe_mode"] = exe_mode
     name = f"optable_{source.stem}_{exe_mode}_{world_size}rank.yaml"
     (recipe_dir / "config" / name).write_text(yaml.safe_dump(data, sort_keys=False))

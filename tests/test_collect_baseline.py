@@ -282,11 +282,11 @@ def test_rank_dir_missing_rank_log(tmp_path, recipe, capsys):
 
 LINE_SAMPLES = [
     ("[INFO][2026-09-29 14:03:10.121][scheduler.py:412] [Main] Inference time (prefill): 53.90 ms",
-     "time", "framework"),
+     "time", "executor"),
     ("[2026-11-29 17:40:01,123] [INFO] qwen inference time cost of decode is 71.00 ms", "time", "engine"),
     ("[2026-11-29 17:40:01,123] [INFO] Request 0: outputs: Paris", "output", "engine"),
     ("Inference decode result for batch 0: ", "output", "upstream"),
-    ("qwen decode average inference time cost is 70.00 ms", "average", "framework"),
+    ("qwen decode average inference time cost is 70.00 ms", "average", "executor"),
     ("qwen average inference time cost is 70.00 ms", "average", "engine"),
     ("[2026-11-29 17:40:01,123] [INFO] qwen decode 285.1 steps/s x batch 2, achieved bandwidth 0.11 GB/s",
      "bandwidth", "engine"),

@@ -260,7 +260,7 @@ def test_judge_run(tmp_path, case, logs, infer_py, problem, no_warm_up):
     for name, lines in logs.items():
         (tmp_path / name).write_text("\n".join(lines) + "\n")
     (tmp_path / "infer.py").write_text(infer_py)
-    verdict = judge_run("", tmp_path, tmp_path, framework=False)
+    verdict = judge_run("", tmp_path, tmp_path, log_style="runner")
     assert (verdict.problem, verdict.no_warm_up) == (problem, no_warm_up), case
 
 
@@ -271,7 +271,7 @@ def test_framework_log_needs_no_warm_up_line(tmp_path):
           "[INFO][2026-06-12 10:21:08.136][scheduler.py:412] [Main] Inference time (decode): 10.00 ms",
           "[INFO][2026-06-12 10:21:08.137][infer.py:93] Request 0: outputs: Hi", ""]
     (tmp_path / "log_0.log").write_text("\n".join(fw))
-    assert judge_run("", tmp_path, tmp_path, framework=True) == Verdict(None, [], False, 1)
+    assert judge_run("", tmp_path, tmp_path, log_style="executor") == Verdict(None, [], False, 1)
 
 
 # ---- byte-preserving edits ----------------------------------------------------------------------

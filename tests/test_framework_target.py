@@ -4,6 +4,8 @@ registry entry; upstream's InferenceConfig parses the YAML; upstream's real
 executor/scripts/infer.sh runs the recipe under the npu stand-in with a packed batch of two prompts
 of unequal length, greedy tokens equal to transformers' own model; rollback takes the entry out.
 
+The recipe's one YAML per topology is written in npugraph_ex with upstream's `your_model_path`
+placeholder (checklist 二.4); the runs here fill the path in a copy, as the run plan does.
 The default suite runs one rank (eager, and npugraph_ex: the decode step compiled once); two ranks
 (gloo, tensor parallel by the model's own plan) are `slow`."""
 
@@ -117,7 +119,7 @@ def test_framework_recipe_is_upstreams_layout_and_nothing_else_changes(migrated)
     assert Recipe.at(recipe).kind == "framework"
     files = sorted(p.relative_to(recipe).as_posix() for p in recipe.rglob("*")
                    if p.is_file() and "res" not in p.relative_to(recipe).parts)
-    assert files == ["README.md", "config/tiny_llama.yaml", "config/tiny_llama_npugraph_ex.yaml",
+    assert files == ["README.md", "config/tiny_llama.yaml",
                      "models/configuration_tiny_llama.py",
                      "models/modeling_tiny_llama.py", "models/modeling_tiny_llama_framework.py", "requirements.txt"]
     assert not (recipe / "models" / "__init__.py").exists()        # upstream: no __init__.py there
@@ -149,9 +151,10 @@ def test_framework_yaml_is_upstreams_four_sections_and_its_inferenceconfig_parse
     data = yaml.safe_load(yaml_path.read_text())
     assert list(data) == ["model_config", "data_config", "parallel_config", "scheduler_config"]
     assert "enable_profiler: False" in yaml_path.read_text()                 # upstream's True/False style
-    # every YAML the recipe writes (eager, npugraph_ex, the N-card one), read by upstream's own InferenceConfig
+    # every YAML the recipe writes (one per topology: the single card's, the N-card one), read by upstream's
+    # own InferenceConfig; no second YAML that differs only in exe_mode (checklist 二.4)
     written = sorted((recipe / "config").glob("*.yaml"))
-    assert {p.name for p in written} >= {"tiny_llama.yaml", "tiny_llama_npugraph_ex.yaml"}, written
+    assert {p.name for p in written} >= {"tiny_llama.yaml"} and not any("npugraph" in p.name for p in written), written
     probe = ("import json, sys, yaml\n"
              "from executor.core.config import InferenceConfig\n"
              "for path in sys.argv[1:]:\n"
@@ -167,12 +170,12 @@ def test_framework_yaml_is_upstreams_four_sections_and_its_inferenceconfig_parse
               (json.loads(line[7:]) for line in proc.stdout.splitlines() if line.startswith("CONFIG "))}
     assert set(parsed) == {p.name for p in written}
     name, path, mode, world, dp, batch, new, prefill, input_len = parsed["tiny_llama.yaml"]
-    assert (name, path, mode, world, dp, batch, new) == ("tiny_llama", str(migrated["checkpoint"]), "eager", 1, 1, 1,
+    assert (name, path, mode, world, dp, batch, new) == ("tiny_llama", "your_model_path", "npugraph_ex", 1, 1, 1,
                                                          MAX_NEW_TOKENS)
     assert prefill == input_len == data["data_config"]["input_truncated_len"]
-    assert parsed["tiny_llama_npugraph_ex.yaml"][:3] == ["tiny_llama", str(migrated["checkpoint"]), "npugraph_ex"]
+    assert 'model_path: "your_model_path"' in yaml_path.read_text()          # upstream's placeholder, as gpt_oss's
     for other, (name, path, mode, world, *_rest) in parsed.items():
-        assert name == "tiny_llama" and path == str(migrated["checkpoint"]), (other, name, path)
+        assert name == "tiny_llama" and path == "your_model_path", (other, name, path)
         assert world == (int(other.split("_rank_")[1].split("_")[0]) if "_rank_" in other else 1), (other, world)
 
 
@@ -224,17 +227,20 @@ def run_framework(checkout: Path, model: str, yaml_name: str, tmp_path: Path, co
     return proc, logs, usage
 
 
-def two_prompt_yaml(recipe: Path, tmp_path: Path, world_size: int) -> str:
-    """The recipe's YAML (N cards: as `Recipe.yaml_for` writes it) on a batch of two prompts of
-    unequal length (upstream's data_config.dataset_path: a folder with default_prompt.json)."""
+def two_prompt_yaml(recipe: Path, tmp_path: Path, world_size: int, checkpoint: Path, exe_mode: str = "eager") -> str:
+    """The recipe's YAML (N cards: as `Recipe.yaml_for` writes it) on `checkpoint` (its model_path is
+    upstream's placeholder) in `exe_mode`, on a batch of two prompts of unequal length (upstream's
+    data_config.dataset_path: a folder with default_prompt.json)."""
     prompts = tmp_path / "prompts"
     prompts.mkdir(exist_ok=True)
     (prompts / "default_prompt.json").write_text(json.dumps({"text": PROMPTS}))
     source = Recipe.at(recipe).yaml_for(world_size, write=True)
     data = yaml.safe_load(source.read_text())
+    assert data["model_config"]["model_path"] == "your_model_path"
+    data["model_config"].update(model_path=str(checkpoint), exe_mode=exe_mode)
     data["data_config"]["dataset_path"] = str(prompts)
     data["scheduler_config"]["batch_size"] = 2
-    name = f"{source.stem}_two_prompts.yaml"
+    name = f"{source.stem}_{exe_mode}_two_prompts.yaml"
     (recipe / "config" / name).write_text(yaml.safe_dump(data, sort_keys=False))
     return name
 
@@ -271,7 +277,7 @@ def check_two_prompts(logs, checkpoint, ranks, input_len: int = 504, tensor_para
 def eager_run(migrated, tmp_path_factory):
     """The recipe's eager YAML on the batch of two prompts through upstream's infer.sh (one rank)."""
     tmp_path = tmp_path_factory.mktemp("eager_run")
-    yaml_name = two_prompt_yaml(migrated["recipe"], tmp_path, 1)
+    yaml_name = two_prompt_yaml(migrated["recipe"], tmp_path, 1, migrated["checkpoint"])
     proc, logs, usage = run_framework(migrated["checkout"], "tiny_llama", yaml_name, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {"logs": logs, "usage": usage, "texts": {i: upstream.outputs(log) for i, log in enumerate(logs)}}
@@ -286,22 +292,16 @@ def test_framework_recipe_runs_through_upstreams_infer_sh_with_parity(migrated, 
 
 
 def test_npugraph_ex_yaml_compiles_the_decode_once_and_generates_the_eager_tokens(migrated, eager_run, tmp_path):
-    """config/NAME_npugraph_ex.yaml (exe_mode npugraph_ex, otherwise the eager YAML) under upstream's
-    executor: its warm-up compiles main_decode (torch.compile, fullgraph, backend npugraph_ex: the
-    stand-in's capture of it), the formal decode steps of the two-prompt batch reuse that graph
-    (no recompile), and the texts are the eager run's."""
+    """config/NAME.yaml as written (exe_mode npugraph_ex) under upstream's executor: its warm-up compiles
+    main_decode (torch.compile, fullgraph, backend npugraph_ex: the stand-in's capture of it), the formal
+    decode steps of the two-prompt batch reuse that graph (no recompile), and the texts are those of
+    the same YAML with exe_mode eager (the one-field change its README describes)."""
     checkout, recipe = migrated["checkout"], migrated["recipe"]
-    graph_yaml = recipe / "config" / "tiny_llama_npugraph_ex.yaml"
-    settings = yaml.safe_load(graph_yaml.read_text())
-    eager_settings = yaml.safe_load((recipe / "config" / "tiny_llama.yaml").read_text())
-    assert settings["model_config"].pop("exe_mode") == "npugraph_ex"
-    assert eager_settings["model_config"].pop("exe_mode") == "eager" and settings == eager_settings
-    eager_name = two_prompt_yaml(recipe, tmp_path, 1)
-    run_settings = yaml.safe_load((recipe / "config" / eager_name).read_text())
-    run_settings["model_config"]["exe_mode"] = "npugraph_ex"
-    (recipe / "config" / "graph_two_prompts.yaml").write_text(yaml.safe_dump(run_settings, sort_keys=False))
+    settings = yaml.safe_load((recipe / "config" / "tiny_llama.yaml").read_text())
+    assert settings["model_config"]["exe_mode"] == "npugraph_ex"
+    graph_name = two_prompt_yaml(recipe, tmp_path, 1, migrated["checkpoint"], "npugraph_ex")
     # capture: dynamo's fullgraph capture and its guards, as on an NPU, without inductor's compile time
-    proc, logs, usage = run_framework(checkout, "tiny_llama", "graph_two_prompts.yaml", tmp_path, "capture")
+    proc, logs, usage = run_framework(checkout, "tiny_llama", graph_name, tmp_path, "capture")
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = logs[0].read_text()
     assert "Warm-up: triggering graph compilation" in text and "Traceback" not in text, text[-3000:]
@@ -390,14 +390,11 @@ def test_framework_recipe_at_two_ranks_tensor_parallel(migrated, tmp_path, exe_m
     """Two ranks split the model by its plan (all-reduce over gloo); in npugraph_ex mode each rank's
     decode step, all-reduces included, compiles once and does not recompile."""
     checkout, recipe = migrated["checkout"], migrated["recipe"]
-    yaml_name = two_prompt_yaml(recipe, tmp_path, 2)
+    yaml_name = two_prompt_yaml(recipe, tmp_path, 2, migrated["checkpoint"])
     parallel = yaml.safe_load((recipe / "config" / "tiny_llama_rank_2_2tp.yaml").read_text())["parallel_config"]
     assert parallel == {"world_size": 2, "attn_tp_size": 2, "moe_tp_size": 2, "embed_tp_size": 1, "lmhead_tp_size": 2}
     if exe_mode != "eager":
-        settings = yaml.safe_load((recipe / "config" / yaml_name).read_text())
-        settings["model_config"]["exe_mode"] = exe_mode
-        yaml_name = f"tp_{exe_mode}.yaml"
-        (recipe / "config" / yaml_name).write_text(yaml.safe_dump(settings, sort_keys=False))
+        yaml_name = two_prompt_yaml(recipe, tmp_path, 2, migrated["checkpoint"], exe_mode)
     proc, logs, usage = run_framework(checkout, "tiny_llama", yaml_name, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     check_two_prompts(logs, migrated["checkpoint"], 2, tensor_parallel=True)
@@ -474,7 +471,7 @@ def test_framework_recipe_of_each_family_matches_transformers(family_checkout, t
     report = json.loads((state_dir(recipe) / "migration_report.json").read_text()) \
         if (state_dir(recipe) / "migration_report.json").is_file() else {}
     assert report.get("family", family) == family
-    yaml_name = two_prompt_yaml(recipe, tmp_path, ranks)
+    yaml_name = two_prompt_yaml(recipe, tmp_path, ranks, checkpoint)
     proc, logs, usage = run_framework(family_checkout["checkout"], recipe.name, yaml_name, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     input_len = yaml.safe_load((recipe / "config" / yaml_name).read_text())["data_config"]["input_truncated_len"]
@@ -529,6 +526,8 @@ def test_legacy_recipe_runs_under_upstreams_launcher(legacy, tmp_path, ranks):
     (checkout / "dataset" / "default_prompt.json").write_text(json.dumps({"text": PROMPTS}))   # the copy's
     yaml_path = Recipe.at(recipe).yaml_for(ranks, write=True) if ranks > 1 else recipe / "config" / "leg_llama.yaml"
     settings = yaml.safe_load(yaml_path.read_text())
+    assert settings["model_path"] == "your_model_path"       # upstream's placeholder: the run fills it in
+    settings["model_path"] = str(checkpoint)
     settings["data_config"]["batch_size"] = 2
     run_yaml = recipe / "config" / f"{yaml_path.stem}_two.yaml"
     run_yaml.write_text(yaml.safe_dump(settings, sort_keys=False))

@@ -18,10 +18,7 @@ from test_framework_target import (FAMILIES, _git, copy_checkout, family_checkou
                                    migrated)
 
 # checklist items whose fix is another part of issue #35 (on another branch when this was written)
-PENDING = {
-    "二.4.few_yamls": "#35.2: one YAML per topology (the npugraph_ex YAML differs only in exe_mode)",
-    "二.4.placeholder_paths": "#35.2: model_path a placeholder in upstream's form",
-}
+PENDING: dict[str, str] = {}
 RECIPES = ["llama", *(p.values[0] for p in FAMILIES)]
 
 
@@ -85,7 +82,10 @@ def _mutations():
         "一.1.files": lambda r: (r / "models" / f"configuration_{r.name}.py").unlink(),
         "一.1.yaml_keys": yaml_edit(lambda d: d["scheduler_config"].pop("max_prefill_tokens")),
         "一.2.kv_cache": text_edit(framework, lambda t: t.replace("def get_cache_info(", "def cache_info_gone(")),
-        "一.4.npugraph_ex_yaml": lambda r: (r / "config" / f"{r.name}_npugraph_ex.yaml").unlink(),
+        "一.4.npugraph_ex_yaml": yaml_edit(lambda d: d["model_config"].update(exe_mode="eager")),
+        "二.4.few_yamls": lambda r: (r / "config" / f"{r.name}_eager.yaml").write_text(
+            (r / "config" / f"{r.name}.yaml").read_text().replace('exe_mode: "npugraph_ex"', 'exe_mode: "eager"')),
+        "二.4.placeholder_paths": yaml_edit(lambda d: d["model_config"].update(model_path="/data/models/tiny_llama")),
         "二.1.versions": text_edit("requirements.txt", lambda t: re.sub(r"^torch==.*$", "torch>=2.4", t, flags=re.M)
                                    + "tiktoken==0.9.0\n"),
         "二.2.environment_variables": text_edit(framework, lambda t: t + "\nimport os\nSWITCH = os.environ.get('MY_SWITCH')\n"),

@@ -96,7 +96,9 @@ def check_records_against_logs(recipe: Path, baseline_path: Path, world_size: in
     assert [p.name for p in logs] == [f"log_{r}.log" for r in range(world_size)], logs
     for rank, log in enumerate(logs):
         text = log.read_text()
-        assert launcher_yaml(log) == (recipe / "config" / yaml_name).resolve(), (rank, launcher_yaml(log))
+        # the run plan's copy of the recipe's YAML with the real weights (its model_path is upstream's placeholder)
+        assert launcher_yaml(log) == (recipe / "res" / ".migrator" / "plan" / "config" / yaml_name).resolve(), \
+            (rank, launcher_yaml(log))
         assert PARALLEL.search(text).groups() == (str(world_size), str(rank)), text[:3000]
     # the baseline
     assert baseline["yaml_path"] == f"config/{yaml_name}"
@@ -115,7 +117,9 @@ def check_records_against_logs(recipe: Path, baseline_path: Path, world_size: in
     standin = baseline["standin"]
     assert standin["ranks"] == list(range(world_size)) and standin.get("world_size", 1) == world_size, standin
     # the run record the baseline was collected from
-    assert Path(run["yaml"]).resolve() == (recipe / "config" / yaml_name).resolve() and run["world_size"] == world_size
+    assert Path(run["source_yaml"]).resolve() == (recipe / "config" / yaml_name).resolve() and run["world_size"] == world_size
+    assert Path(run["yaml"]).resolve() == launcher_yaml(logs[0])
+    assert Recipe.at(recipe).settings(Path(run["source_yaml"]))["model_config"]["model_path"] == "your_model_path"
     assert report["baseline_path"] == str(baseline_path)
     return logs
 
@@ -247,8 +251,9 @@ def test_world_size_2_on_an_existing_framework_recipe_runs_2_ranks_and_its_recor
 def test_a_fresh_framework_migration_with_world_size_2_runs_and_records_2_ranks(tmp_path):
     checkout, recipe, summary = migrate(tmp_path, "--world-size", "2")
     assert summary["scenario"] == "A" and summary["status"] == "ok", summary
-    graph = Recipe.at(recipe).settings(recipe / "config" / "phi3_npugraph_ex.yaml")
-    assert graph["parallel_config"]["world_size"] == 1                  # the single card's graph YAML
+    single = Recipe.at(recipe).settings(recipe / "config" / "phi3.yaml")
+    assert single["parallel_config"]["world_size"] == 1                  # the single card's YAML is kept
+    assert not (recipe / "config" / "phi3_npugraph_ex.yaml").exists()   # one YAML per topology
     logs = check_records_against_logs(recipe, Path(summary["baseline_path"]), 2, "phi3_rank_2_2tp.yaml")
     assert _texts(logs[0]) == _texts(logs[1])
 

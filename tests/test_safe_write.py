@@ -519,7 +519,7 @@ def test_a_trial_run_through_a_linked_runs_folder_is_refused_before_it_starts(tm
 def test_the_tiny_checkpoint_is_not_built_through_a_linked_res(tmp_path, linked):
     """`--standin --tiny` builds its checkpoint under res/.migrator/standin/: a link out of the recipe on
     the way is refused before a byte of the checkpoint is written."""
-    from agent.measure.upstream_check import build_tiny
+    from agent.run.standin import build_tiny
 
     outside = _outside(tmp_path)
     recipe = _checkout(tmp_path) / "models" / "mine"

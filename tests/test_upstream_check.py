@@ -1,5 +1,5 @@
 """Upstream cann-recipes-infer recipes validated off an NPU: `migrator run RECIPE --standin --tiny` on a
-copy of the snapshot (agent.measure.upstream_check): the plan (which YAML, which weights, the copy of
+copy of the snapshot (agent.run.plan, agent.run.standin): the plan (which YAML, which weights, the copy of
 the YAML), the exit-4 line without --standin, and a real run through the checkout's
 `executor/scripts/infer.sh` with parity against transformers recorded in the baseline.
 
@@ -18,13 +18,26 @@ import pytest
 
 from agent.recipe.recipe import report_path
 from agent.errors import InputError
-from agent.measure import upstream_check
-from agent.recipe.recipe import Recipe
+from agent.recipe.model_type import recipe_model_type
+from agent.recipe.recipe import Recipe, RunPlan
+from agent.run import standin as standin_hooks
+from agent.run.plan import copy_path, parallel_for, plan_run
 from conftest import REPO_ROOT, run_cli
 
 SNAPSHOT = REPO_ROOT.parent / "shared" / "upstream" / "cann-recipes-infer"
 # graph mode's decode step as the captured graph run eagerly: inductor's compile takes minutes on 2 cores
 FAST = {"NPU_STANDIN_COMPILE": "capture"}
+
+
+def standin_plan(recipe: Recipe, world_size: int = 1, **options) -> dict:
+    """The plan `migrator run RECIPE --standin` makes (agent.cli.standin_plan), as the state keeps it."""
+    return plan_run(recipe, world_size, standin="cpu", **options).as_dict()
+
+
+def legacy_command(recipe: Recipe, plan: dict) -> tuple[str, ...] | None:
+    """The command a legacy recipe's launch gives for `plan`; None when it is its infer.sh unchanged."""
+    command = recipe.launch(RunPlan(Path(plan["yaml"]), 1, Path(plan["source_yaml"]))).command
+    return None if command == ("bash", str(recipe.path / "infer.sh")) else command
 
 
 def copy_snapshot(target: Path) -> Path:
@@ -64,7 +77,7 @@ def test_the_recipes_own_config_class_names_the_architecture(pristine, model, ya
     legacy recipe: the config class in its own models/)."""
     recipe = Recipe.at(pristine / "models" / model)
     settings = recipe.settings(recipe.path / "config" / yaml_name)
-    assert upstream_check.recipe_model_type(recipe, settings) == model_type
+    assert recipe_model_type(recipe, settings) == model_type
 
 
 def test_a_legacy_recipes_draft_model_config_does_not_name_its_architecture(checkout):
@@ -74,7 +87,7 @@ def test_a_legacy_recipes_draft_model_config_does_not_name_its_architecture(chec
     recipe = Recipe.at(checkout / "models" / "pangu_7b")
     (recipe.path / "models" / "configuration_dspark.py").write_text(
         "from transformers import PretrainedConfig\n\n\nclass DraftConfig(PretrainedConfig):\n    model_type = \"qwen3\"\n")
-    assert upstream_check.recipe_model_type(recipe, recipe.settings()) == "PanguEmbedded"
+    assert recipe_model_type(recipe, recipe.settings()) == "PanguEmbedded"
 
 
 def test_cann_ops_transformer_imported_at_module_level_is_exit_4_before_anything_runs(checkout):
@@ -87,20 +100,20 @@ def test_cann_ops_transformer_imported_at_module_level_is_exit_4_before_anything
     modeling.write_text("import cann_ops_transformer.ops\n" + modeling.read_text())
     with pytest.raises(EnvironmentProblem, match=r"import cann_ops_transformer\.ops \(CANN ops-transformer\) at "
                                                  rf"models/pangu_7b/models/{modeling.name}:1"):
-        upstream_check.plan(recipe, tiny=True)
+        standin_plan(recipe, tiny=True)
 
 
 def test_absent_weights_without_tiny_are_bad_input_that_names_tiny(pristine):
     with pytest.raises(InputError, match=r"model_path '/data/models/origin/Qwen3-8B' is not here.*--tiny"):
-        upstream_check.plan(Recipe.at(pristine / "models" / "qwen"), yaml_name="qwen3_8b_1tp.yaml")
+        standin_plan(Recipe.at(pristine / "models" / "qwen"), yaml_name="qwen3_8b_1tp.yaml")
     with pytest.raises(InputError, match=r"--yaml nope.yaml: no such file .*qwen3_8b_2tp.yaml"):
-        upstream_check.plan(Recipe.at(pristine / "models" / "qwen"), yaml_name="nope.yaml", tiny=True)
+        standin_plan(Recipe.at(pristine / "models" / "qwen"), yaml_name="nope.yaml", tiny=True)
 
 
 def test_tiny_plan_points_a_copy_of_the_yaml_at_a_tiny_checkpoint(checkout):
     before = digests(checkout)
     recipe = Recipe.at(checkout / "models" / "deepseek_r1")
-    plan = upstream_check.plan(recipe, yaml_name="decode_r1_rank_16_16ep_a8w8.yaml", world_size=2, tiny=True)
+    plan = standin_plan(recipe, yaml_name="decode_r1_rank_16_16ep_a8w8.yaml", world_size=2, tiny=True)
     copy = Path(plan["yaml"])
     assert copy.parent == recipe.path / "res" / ".migrator" / "standin" / "config" and plan["tiny"] and plan["model_type"] == "deepseek_v3"
     data = recipe.settings(copy)
@@ -127,27 +140,27 @@ def test_real_weights_run_the_yaml_as_it_is(checkout, tmp_path):
     (weights / "config.json").write_text("{}")
     yaml_path = checkout / "models" / "qwen" / "config" / "qwen3_8b_1tp.yaml"
     yaml_path.write_text(yaml_path.read_text().replace("/data/models/origin/Qwen3-8B", str(weights)))
-    plan = upstream_check.plan(Recipe.at(checkout / "models" / "qwen"), yaml_name="qwen3_8b_1tp.yaml", tiny=True)
+    plan = standin_plan(Recipe.at(checkout / "models" / "qwen"), yaml_name="qwen3_8b_1tp.yaml", tiny=True)
     assert plan["yaml"] == str(yaml_path) and not plan["tiny"] and plan["checkpoint"] == str(weights)
 
 
 def test_legacy_infer_sh_runs_its_own_text_with_only_the_yaml_name_changed(checkout):
     recipe = Recipe.at(checkout / "models" / "pangu_7b")
     assert recipe.kind == "legacy"
-    plan = {"yaml": str(upstream_check.yaml_copy_dir(recipe) / "openpangu_v5_7b_mxfp8.yaml"),
+    plan = {"yaml": str(copy_path(recipe, Path("openpangu_v5_7b_mxfp8.yaml"), standin=True)),
             "source_yaml": str(recipe.path / "config" / "openpangu_v5_7b_mxfp8.yaml")}
-    command = upstream_check.legacy_command(recipe, plan)
+    command = legacy_command(recipe, plan)
     original = (recipe.path / "infer.sh").read_text()
     assert command[:2] == ("bash", "-c") and command[3] == str(recipe.path / "infer.sh")
     changed = [(a, b) for a, b in zip(original.splitlines(), command[2].splitlines()) if a != b]
     assert changed == [('export YAML_FILE_NAME="openpangu_v5_7b_mxfp8.yaml" # modify to your yaml file name',
                         'export YAML_FILE_NAME="../res/.migrator/standin/config/openpangu_v5_7b_mxfp8.yaml" # modify to your yaml file name')]
-    assert upstream_check.legacy_command(recipe, {**plan, "yaml": plan["source_yaml"]}) is None
+    assert legacy_command(recipe, {**plan, "yaml": plan["source_yaml"]}) is None
     # the full repository's kimi_k3 names its YAML as a default the environment may override
     infer_sh = recipe.path / "infer.sh"
     infer_sh.write_text(original.replace('export YAML_FILE_NAME="openpangu_v5_7b_mxfp8.yaml"',
                                          'export YAML_FILE_NAME="${YAML_FILE_NAME:-openpangu_v5_7b_mxfp8.yaml}"'))
-    changed = [b for a, b in zip(infer_sh.read_text().splitlines(), upstream_check.legacy_command(recipe, plan)[2]
+    changed = [b for a, b in zip(infer_sh.read_text().splitlines(), legacy_command(recipe, plan)[2]
                                  .splitlines()) if a != b]
     assert changed == ['export YAML_FILE_NAME="../res/.migrator/standin/config/openpangu_v5_7b_mxfp8.yaml" # modify '
                        'to your yaml file name']
@@ -165,7 +178,7 @@ def test_legacy_infer_sh_with_an_overridable_yaml_name_keeps_its_quotes(checkout
         'export YAML_FILE_NAME="${YAML_FILE_NAME:-openpangu_v5_7b_mxfp8.yaml}"'))
     plan = {"yaml": str(recipe.path / "config" / ".standin" / "openpangu_v5_7b_mxfp8.yaml"),
             "source_yaml": str(recipe.path / "config" / "openpangu_v5_7b_mxfp8.yaml")}
-    command = upstream_check.legacy_command(Recipe.at(recipe.path), plan)
+    command = legacy_command(Recipe.at(recipe.path), plan)
     assert 'export YAML_FILE_NAME=".standin/openpangu_v5_7b_mxfp8.yaml" #' in command[2]
     assert subprocess.run(["bash", "-n", "-c", command[2]], capture_output=True).returncode == 0
 
@@ -340,7 +353,7 @@ def test_a_compiled_op_reached_at_run_time_is_named_at_its_call_site(tmp_path):
      {"world_size": 2, "attn_tp_size": 2, "moe_tp_size": 2, "embed_tp_size": 1, "lmhead_tp_size": 2}),
 ])
 def test_parallel_config_for_the_ranks_asked(parallel, ranks, expected):
-    assert upstream_check._parallel_for(parallel, ranks) == expected
+    assert parallel_for(parallel, ranks) == expected
 
 
 # ---- model x ranks (slow) --------------------------------------------------------------------
@@ -457,7 +470,7 @@ def test_an_op_refused_in_a_captured_region_is_named_from_the_evidence(tmp_path)
                 "torch_npu.npu_moe_distribute_dispatch_v2 has no reference kernel (called at a captured region "
                 "(torch.compile)); the stand-in runs only what it can reproduce on the host: run this path on an NPU')\n"
                 "[rank0]: torch._dynamo.exc.Unsupported: Observed exception\n")
-    assert upstream_check.unsupported(tmp_path, evidence) == (
+    assert standin_hooks.unsupported(tmp_path, evidence) == (
         "torch_npu.npu_moe_distribute_dispatch_v2 has no reference kernel in the npu stand-in "
         "(called in a captured region (torch.compile))")
-    assert upstream_check.unsupported(tmp_path, "RuntimeError: something else") is None
+    assert standin_hooks.unsupported(tmp_path, "RuntimeError: something else") is None

@@ -146,8 +146,8 @@ def test_a_yaml_key_of_the_old_schema_is_found_before_the_run_and_moved_into_its
     """The flat schema's `model_path:` at the top of a framework YAML: upstream's InferenceConfig reads
     model_config.model_path and ignores the top-level key without a word (its own from_dict shows it);
     the check (fields read from the checkout's executor) names it, the rule moves the line."""
-    from agent.measure import upstream_check
     from agent.recipe.recipe import Recipe
+    from agent.run.plan import old_schema_keys, plan_run
     from npu_standin.environment import standin_env
 
     recipe_dir = checkout / "models" / "qwen"
@@ -164,13 +164,12 @@ def test_a_yaml_key_of_the_old_schema_is_found_before_the_run_and_moved_into_its
                           timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip().splitlines()[-1] == "''", proc.stderr[-2000:]
     recipe = Recipe.at(recipe_dir)
-    plan = {"source_yaml": str(yaml_path)}
-    found = upstream_check.old_schema_keys(recipe, plan)
+    found = old_schema_keys(recipe, yaml_path)
     assert found == ["InferenceConfig ignores the top-level key 'model_path' of config/qwen3_8b_1tp.yaml (old "
                      "schema): executor/core/config/inference_config.py reads it as model_config.model_path"]
     # without --tiny the plan says so, not "model_path None is not here"
     with pytest.raises(Exception, match="ignores the top-level key 'model_path'"):
-        upstream_check.plan(recipe, yaml_name="qwen3_8b_1tp.yaml")
+        plan_run(recipe, 1, yaml_name="qwen3_8b_1tp.yaml", standin="cpu")
     failure = Failure.from_output(recipe_dir, "\n".join(found) + "\n")
     diagnosis = diagnose(recipe_dir, {}, failure=failure)
     assert diagnosis["rule"] == "yaml_key_of_old_schema", diagnosis
@@ -180,11 +179,11 @@ def test_a_yaml_key_of_the_old_schema_is_found_before_the_run_and_moved_into_its
     assert after.splitlines()[:3] == ["model_config:", '  model_path: "/data/models/origin/Qwen3-8B"',
                                       '  model_name: "qwen3_8b"']
     assert sorted(after.splitlines()) == sorted(injected.replace(line.lstrip(), line).splitlines())   # one line moved
-    assert upstream_check.old_schema_keys(recipe, plan) == []
+    assert old_schema_keys(recipe, yaml_path) == []
     rollback(recipe_dir, 1)
     assert yaml_path.read_text() == injected
     # the snapshot's own framework YAMLs: no finding
-    assert all(upstream_check.old_schema_keys(recipe, {"source_yaml": str(p)}) == []
+    assert all(old_schema_keys(recipe, p) == []
                for p in (recipe_dir / "config").glob("*.yaml") if p != yaml_path)
 
 
@@ -240,7 +239,7 @@ def test_rank0_log_empty_because_the_launch_line_sends_its_stdout_away_is_report
     redirect sends rank 0's stdout to /dev/null before `| tee`. The real run (pangu_7b's infer.sh through the
     checkout's function.sh, failing: its weights are not here) leaves an empty log_0.log; the report names
     the line and upstream's form; nothing is edited (the skill reports it)."""
-    from agent.recipe.recipe import Recipe
+    from agent.recipe.recipe import Recipe, RunPlan
     from agent.run.trial_run import trial_run
 
     function_sh = checkout / "executor" / "scripts" / "function.sh"
@@ -255,7 +254,7 @@ def test_rank0_log_empty_because_the_launch_line_sends_its_stdout_away_is_report
     (weights / "config.json").write_text("{}")
     yaml_path = str(recipe.path / "config" / "broken.yaml")
     Path(yaml_path).write_text(recipe.yaml.read_text().replace(recipe.settings()["model_path"], str(weights)))
-    run = trial_run(recipe, "classify", 1, 600, {"yaml": yaml_path, "source_yaml": yaml_path, "device": "cpu"})
+    run = trial_run(recipe, "classify", RunPlan(Path(yaml_path), 1, Path(yaml_path), standin="cpu"), 600)
     log0 = Path(run["log_dir"]) / "log_0.log"
     assert not run["ok"] and log0.is_file() and log0.stat().st_size == 0, run
     assert run["problem"].startswith("rank 0's log log_0.log is empty")

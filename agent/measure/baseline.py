@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional
 
 from agent.measure.run_log import RANK_LOG_RE, ParsedLog, measure, parse_log_text, select_formal
 from agent.measure.peak_bandwidth import peak_bandwidth_gbps
+from agent.recipe.targets import ANY_SCHEMA
 from engine.safe_load import load_json, load_yaml as safe_load_yaml
 from npu_standin import honest
 
@@ -128,39 +129,14 @@ def load_yaml(yaml_arg: str) -> dict:
     return data
 
 
-def _section(cfg: dict, name: str) -> dict:
-    value = cfg.get(name)
-    return value if isinstance(value, dict) else {}
-
-
 def yaml_settings(cfg: dict) -> dict:
-    """The settings a baseline records, from either YAML schema of cann-recipes-infer.
-
-    Legacy (ModelRunner): top-level ``model_name / model_path / exe_mode / world_size`` and
-    ``data_config.{max_new_tokens, batch_size, input_max_len}``. Framework: ``model_config.{model_name,
-    model_path, exe_mode}``, ``parallel_config.world_size``, ``scheduler_config.{max_new_tokens,
-    batch_size}``, ``data_config.input_truncated_len``. Where both are present the framework's
-    section wins (it is what the framework reads; the top-level keys are kept for compatibility).
-    ``exe_mode`` is recorded as written (``eager``, ``ge_graph``, ``npugraph_ex``, or anything else).
-    """
-    model = _section(cfg, "model_config")
-    parallel = _section(cfg, "parallel_config")
-    scheduler = _section(cfg, "scheduler_config")
-    data = _section(cfg, "data_config")
-
-    def first(*values):
-        return next((v for v in values if v is not None and v != ""), None)
-
-    return {
-        "model_name": first(model.get("model_name"), cfg.get("model_name")),
-        "model_path": first(model.get("model_path"), cfg.get("model_path")),
-        "model_source": first(model.get("model_source"), cfg.get("model_source")),
-        "exe_mode": first(model.get("exe_mode"), cfg.get("exe_mode")),
-        "world_size": first(parallel.get("world_size"), cfg.get("world_size")),
-        "max_new_tokens": first(scheduler.get("max_new_tokens"), data.get("max_new_tokens")),
-        "batch_size": first(scheduler.get("batch_size"), data.get("batch_size")),
-        "input_len": first(data.get("input_truncated_len"), data.get("input_max_len")),
-    }
+    """The settings a baseline records, from either YAML schema of cann-recipes-infer: the targets'
+    one normaliser (agent.recipe.targets.ANY_SCHEMA; the collector reads a YAML without its recipe, so
+    the four-section keys win where both are present: they are what the executor reads). ``exe_mode``
+    is recorded as written (``eager``, ``ge_graph``, ``npugraph_ex``, or anything else)."""
+    settings = ANY_SCHEMA.settings(cfg)
+    settings.pop("dataset", None)
+    return settings
 
 
 def yaml_relpath(yaml_arg: str) -> str:

@@ -15,10 +15,9 @@ from pathlib import Path
 from typing import Callable
 
 from agent.errors import InputError
-from agent.measure.baseline import yaml_settings
 from agent.records import MemoryEstimate
 from agent.recipe.parallel import plan_patterns
-from agent.recipe.recipe import Recipe
+from agent.recipe.recipe import Recipe, RunPlan
 from engine import defaults
 from engine.environment import Environment
 from engine.environment import simulated_card_bytes as parse_card_bytes
@@ -273,13 +272,13 @@ def card_memory(env: Environment, ask: Callable[[], dict] = ask_accelerate) -> d
     return {"bytes": None, "source": None, "fallback_reason": reason}
 
 
-def estimate_for_recipe(recipe: Recipe, env: Environment) -> MemoryEstimate:
-    """The estimate for the recipe's YAML, in this tool's schema or either of cann-recipes-infer's
-    (agent.measure.baseline.yaml_settings reads both; an upstream recipe has no model_config.dtype: the
-    checkpoint's dtype is what it loads)."""
-    raw = recipe.settings()
-    settings = yaml_settings(raw)
-    model_dir = recipe.checkpoint_dir()
+def estimate_for_recipe(recipe: Recipe, env: Environment, plan: RunPlan | None = None) -> MemoryEstimate:
+    """The estimate for the YAML and weights of the run plan (default: the recipe's own), read through
+    the target's schema (an upstream recipe has no model_config.dtype: the checkpoint's dtype is what
+    it loads)."""
+    raw = recipe.settings(plan.yaml if plan else None)
+    settings = recipe.target.schema.settings(raw)
+    model_dir = plan.checkpoint if plan is not None and plan.checkpoint else recipe.checkpoint_dir()
     if model_dir is None:
         raise InputError(f"{recipe.path}: the YAML's model_path holds no config.json, so the memory need "
                          "cannot be estimated; set model_path to the checkpoint folder")
@@ -323,13 +322,13 @@ def out_of_memory(recipe: Recipe, memory: MemoryEstimate) -> str:
     if cards and cards > 1:
         yaml_file = recipe.write_yaml_for(cards)
         per_rank = _gib(memory["per_rank"][cards]["needed_bytes"])
-        run = f"YAML_FILE=config/{yaml_file.name} bash infer.sh"
-        command = f"cd {recipe.path} && {run}"
+        command = recipe.target.launch_line(recipe, yaml_file.name)     # the target's own launch, not one kind's
+        run = command.partition(" && ")[2]
         memory.update(multicard_yaml=yaml_file.relative_to(recipe.path).as_posix(), multicard_command=command)
         add_readme_section(recipe.path / "README.md", "## On more cards",
-                           f"The model does not fit one card ({have}); on {cards} cards, tensor parallel "
+                           f"The model does not fit one card ({have}); on {cards} cards, {recipe.target.scaled_how(cards)} "
                            f"(about {per_rank} per rank):\n\n```bash\n{run}\n```\n")
-        return (f"{message}; {cards} cards fit (tensor parallel, {per_rank} per rank): world_size: {cards} "
+        return (f"{message}; {cards} cards fit ({recipe.target.scaled_how(cards)}, {per_rank} per rank): world_size: {cards} "
                 f"written to config/{yaml_file.name}, run it with `{command}` or "
                 f"`migrator run {recipe.path} --world-size {cards}` (the single-card recipe is kept)")
     if memory["tp_sharded_bytes"] is None:

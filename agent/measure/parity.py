@@ -24,7 +24,7 @@ from pathlib import Path
 from agent.measure.shrink import shrink_config
 from agent.recipe.targets import state_dir
 from agent.processes import run_tree, stop_leftovers
-from agent.recipe.recipe import Recipe
+from agent.recipe.recipe import Recipe, runner_files
 from engine.config import load_runner_settings
 from engine.data import DEFAULT_PROMPT
 from engine.environment import import_torch
@@ -33,15 +33,18 @@ from engine.safe_load import load_json, loads_json
 LOGITS_TOLERANCE = 1e-4
 
 
-def run_parity(recipe: Recipe, tokens: int = 16, timeout: int = 900, trust_remote_code: bool = False) -> dict:
+def run_parity(recipe: Recipe, tokens: int = 16, timeout: int = 900, trust_remote_code: bool = False,
+               yaml: Path | None = None) -> dict:
     """`check` in a subprocess from the recipe folder (its `models` package must not leak into the
-    caller)."""
+    caller), on `yaml` (the run plan's; default: the recipe's own)."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(recipe.path), env.get("PYTHONPATH")]))
     env.pop("MIGRATOR_PARITY_DUMP", None)
     cmd = [sys.executable, "-m", "agent.measure.parity", "--recipe", str(recipe.path), "--tokens", str(tokens)]
     if trust_remote_code:
         cmd.append("--trust-remote-code")
+    if yaml is not None:
+        cmd += ["--yaml", str(yaml)]
     # one process tree the migrator owns: stopped with it on SIGINT / SIGTERM or the timeout, and by
     # the next check when a SIGKILLed migrator left it running
     runs = state_dir(recipe.path) / "runs"
@@ -102,16 +105,18 @@ def _runner_class(recipe_dir: Path):
 
     from engine.model_runner import ModelRunner
 
-    name = next(recipe_dir.glob("runner_*.py")).stem
+    name = runner_files(recipe_dir)[0].stem
     module = importlib.import_module(name)
     return next(obj for obj in vars(module).values()
                 if isinstance(obj, type) and issubclass(obj, ModelRunner) and obj is not ModelRunner)
 
 
-def check(recipe_dir: Path, tokens: int, prompt: str | None = None, trust_remote_code: bool = False) -> dict:
+def check(recipe_dir: Path, tokens: int, prompt: str | None = None, trust_remote_code: bool = False,
+          yaml: Path | None = None) -> dict:
     """The vendored classes vs transformers on a shrunk config of the same architecture
-    (`agent.measure.shrink`), random fp32 weights: max |logits diff| <= 1e-4, same greedy tokens."""
-    settings = load_runner_settings(Recipe.at(recipe_dir).yaml)
+    (`agent.measure.shrink`), random fp32 weights: max |logits diff| <= 1e-4, same greedy tokens.
+    `yaml`: the run plan's YAML (default: the recipe's own)."""
+    settings = load_runner_settings(yaml or Recipe.at(recipe_dir).yaml)
     remote = "auto_map" in load_json((Path(settings["model_path"]) / "config.json"))
     if remote and not trust_remote_code:
         # The original implementation is the repo's own code: never run it without the opt-in.
@@ -242,6 +247,7 @@ def main(argv=None) -> int:
     what.add_argument("--recipe", type=Path)
     what.add_argument("--nll", type=Path, metavar="CHECKPOINT", help="only prompt_nll of the checkpoint's own model")
     parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--yaml", type=Path, help="the run plan's YAML (default: the recipe's own)")
     parser.add_argument("--trust-remote-code", action="store_true")
     parser.add_argument("--dump", type=Path, help="the trial run's parity dump (MIGRATOR_PARITY_DUMP): whether the "
                         "weights are untrained, where transformers cannot say")
@@ -256,7 +262,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="parity_") as res_path:
         os.environ["RES_PATH"] = res_path
         try:
-            result = check(args.recipe.resolve(), args.tokens, trust_remote_code=args.trust_remote_code)
+            result = check(args.recipe.resolve(), args.tokens, trust_remote_code=args.trust_remote_code, yaml=args.yaml)
         except Exception as exc:  # noqa: BLE001 - only transformers' own failures are answered here
             result = transformers_failed(exc, dump=args.dump)
             if result is None:

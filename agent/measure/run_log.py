@@ -41,7 +41,7 @@ class LineFormat:
     """One kind of log line: what it reports (`kind`), which logger writes it (`style`)."""
 
     kind: str        # time | output | average | bandwidth | warmup | environment | traceback
-    style: str       # engine (this tool and upstream ModelRunner) | framework | upstream | any
+    style: str       # engine (this tool and upstream ModelRunner) | executor (upstream's shared executor) | upstream | any
     pattern: re.Pattern
 
 
@@ -50,7 +50,7 @@ LINE_FORMATS = (
     # cann-recipes-infer framework mode (executor/core/scheduler): one line per forward step, logged
     # with "[%(levelname)s][%(asctime)s.%(msecs)03d][%(filename)s:%(lineno)d] %(message)s". The
     # engine warms up inside OfflineInference before the formal call without logging these lines.
-    LineFormat("time", "framework", re.compile(
+    LineFormat("time", "executor", re.compile(
         r"\[Main\] Inference time \((?P<stage>prefill|decode)\): (?P<ms>" + _NUM + r") ms")),
     LineFormat("time", "engine", re.compile(
         r"(?P<model>\S+) inference time cost of (?P<stage>prefill|decode) is (?P<ms>" + _NUM + r") ms")),
@@ -58,7 +58,7 @@ LINE_FORMATS = (
     # Some upstream versions: "Inference decode result for batch 0: \n<text>".
     LineFormat("output", "upstream", re.compile(
         r"Inference decode result for batch (?P<idx>\d+): ?(?P<text>.*)$")),
-    LineFormat("average", "framework", re.compile(
+    LineFormat("average", "executor", re.compile(
         r"(?P<model>\S+) decode average inference time cost is (?P<ms>" + _NUM + r") ms")),
     # Upstream ModelRunner logs this after the decode loop of non-warm-up calls only.
     LineFormat("average", "engine", re.compile(
@@ -205,7 +205,7 @@ class _LogParser:
 
     def on_time(self, rec: Record, fmt: LineFormat, m: re.Match) -> None:
         ms = float(m.group("ms"))
-        framework = fmt.style == "framework"
+        framework = fmt.style == "executor"
         if m.group("stage") == "decode":
             if self.seg is not None:
                 self.seg.decode_ms.append(ms)

@@ -9,7 +9,7 @@ from agent.measure import precision
 from agent.measure.baseline import with_verification
 from agent.measure.parity import dump_nll, foreign_parity, run_parity
 from agent.records import Baseline, Run
-from agent.recipe.recipe import Recipe
+from agent.recipe.recipe import Recipe, RunPlan
 from agent.recipe.targets import state_dir
 from engine.safe_load import load_json
 from engine.safe_write import tree_of
@@ -17,22 +17,24 @@ from engine.safe_write import tree_of
 
 
 def verify(recipe: Recipe, run: Run, collected: Baseline, trust_remote_code: bool = False,
-           standin: dict | None = None, python: str | None = None, ours: bool = False) -> Baseline:
+           plan: RunPlan | None = None, python: str | None = None, ours: bool = False) -> Baseline:
     """The collected baseline with its parity: the run's own record of every step held to
-    transformers on the checkpoint it ran (`standin`: the plan of a `--standin` run of an upstream
-    recipe, whose checkpoint may be a tiny one; `python`: the interpreter with the recipe's
-    transformers; `ours`: the recipe is one this migration wrote). A standalone recipe's vendored code
-    is also held to transformers on a shrunk config (agent.measure.parity, fp32). A recipe neither ours
-    nor run under the stand-in has no reference here: parity not applicable."""
-    checkpoint = Path(standin["checkpoint"]) if standin and standin.get("checkpoint") else recipe.checkpoint_dir()
-    ours = ours or recipe.kind == "standalone" or bool(recipe.report().get("vendored"))
+    transformers on the checkpoint its run plan ran (a `--standin` run's may be a tiny one; `python`:
+    the interpreter with the recipe's transformers; `ours`: the recipe is one this migration wrote).
+    The target's `code_check` also holds the vendored code to transformers on a shrunk config
+    (agent.measure.parity, fp32). A recipe neither ours nor run under the stand-in has no reference
+    here: parity not applicable."""
+    checkpoint = plan.checkpoint if plan is not None and plan.checkpoint else recipe.checkpoint_dir()
+    standin = bool(plan is not None and plan.standin)
+    ours = ours or recipe.target.code_check or bool(recipe.report().get("vendored"))
     if checkpoint is None or not (standin or ours):
         return with_verification(collected, foreign_parity(recipe))
-    parity = precision_of(recipe, run, checkpoint, trust_remote_code, python, bool(standin and standin.get("tiny")))
+    parity = precision_of(recipe, run, checkpoint, trust_remote_code, python, bool(plan and plan.tiny),
+                          plan.yaml if plan else None)
     if "untrained_weights" not in parity:
         parity.update(recipe_nll(run))
-    if recipe.kind == "standalone" and parity.get("ok") is not None:
-        code = run_parity(recipe, trust_remote_code=trust_remote_code)
+    if recipe.target.code_check and parity.get("ok") is not None:
+        code = run_parity(recipe, trust_remote_code=trust_remote_code, yaml=plan.yaml if plan else None)
         parity["code"] = code
         if code.get("ok") is False:
             parity["ok"] = False
@@ -41,15 +43,15 @@ def verify(recipe: Recipe, run: Run, collected: Baseline, trust_remote_code: boo
 
 
 def precision_of(recipe: Recipe, run: Run, checkpoint: Path, trust_remote_code: bool, python: str | None,
-                 tiny: bool) -> dict:
+                 tiny: bool, yaml: Path | None = None) -> dict:
     config = load_json(checkpoint / "config.json")
     if "auto_map" in config and not trust_remote_code:
         # The original implementation is the repo's own code: never run it without the opt-in.
         return {"ok": None, "checked": False,
                 "reason": "original implementation is remote code; pass --trust-remote-code to compare"}
-    settings = recipe.settings()
+    settings = recipe.settings(yaml)
     model_config = settings.get("model_config") if isinstance(settings.get("model_config"), dict) else {}
-    overrides = model_config.get("config_overrides") if recipe.kind == "standalone" else None
+    overrides = model_config.get("config_overrides") if recipe.target.code_check else None
     runs = state_dir(recipe.path) / "runs"
     return precision.check(precision.record_dir(Path(run["res_path"])), checkpoint, python=python,
                            overrides=overrides or None, trust_remote_code=trust_remote_code, random_weights=tiny,

@@ -17,6 +17,7 @@ from typing import Callable
 
 
 from agent.recipe import requirements, upstream_schema
+from agent.recipe.targets import dotted
 from agent.recipe.registry import _specs_dict
 from engine.safe_load import load_yaml
 
@@ -68,13 +69,8 @@ class Recipe:
         return []
 
 
-def _leaf(settings: dict, dotted: str):
-    node = settings
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return KeyError
-        node = node[part]
-    return node
+def _leaf(settings: dict, key: str):
+    return dotted(settings, key, KeyError)
 
 
 def _flat(settings, prefix=""):

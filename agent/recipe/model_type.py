@@ -10,22 +10,17 @@ import ast
 from pathlib import Path
 
 from agent.errors import InputError
-from agent.recipe.recipe import Recipe
+from agent.recipe.recipe import Recipe, runner_files
 from agent.recipe.targets import REGISTRY
 
 
 def recipe_model_type(recipe: Recipe, settings: dict) -> str:
-    """The HF model_type of the recipe's own config class: for a framework model the class the
-    checkout's registry names for the YAML's model_name; else the config class in the recipe's models/."""
-    name = (settings.get("model_config") or {}).get("model_name") if recipe.kind == "framework" else None
+    """The HF model_type of the recipe's own config class, read from the sources its target names
+    (Target.model_type_sources, in order: SOURCES)."""
+    name = recipe.target.schema.get(settings, "model_name") if "registry" in recipe.target.model_type_sources else None
     candidates: list[tuple[Path, str | None]] = []
-    if name and recipe.repo_root is not None and (recipe.repo_root / REGISTRY).is_file():
-        for module, attr in _registry(recipe.repo_root / REGISTRY).get(name, []):
-            if attr.endswith("Config"):
-                candidates.append((recipe.repo_root.joinpath(*module.split(".")).with_suffix(".py"), attr))
-    if recipe.kind == "legacy":
-        candidates += _runner_config_classes(recipe.path)
-    candidates += [(p, None) for p in sorted(recipe.path.rglob("configuration_*.py"))]
+    for source in recipe.target.model_type_sources:
+        candidates += SOURCES[source](recipe, name)
     for path, cls in candidates:
         found = _class_model_type(path, cls) if path.is_file() else None
         if found:
@@ -35,12 +30,24 @@ def recipe_model_type(recipe: Recipe, settings: dict) -> str:
                      "architecture to build (point the YAML's model_path at local weights)")
 
 
+def _registry_config_classes(recipe: Recipe, name: str | None) -> list[tuple[Path, str]]:
+    """The config class the checkout's registry names for the YAML's model_name (a framework model)."""
+    if not name or recipe.repo_root is None or not (recipe.repo_root / REGISTRY).is_file():
+        return []
+    return [(recipe.repo_root.joinpath(*module.split(".")).with_suffix(".py"), attr)
+            for module, attr in _registry(recipe.repo_root / REGISTRY).get(name, []) if attr.endswith("Config")]
+
+
+def _configuration_files(recipe: Recipe, name: str | None) -> list[tuple[Path, None]]:
+    return [(p, None) for p in sorted(recipe.path.rglob("configuration_*.py"))]
+
+
 def _runner_config_classes(recipe_dir: Path) -> list[tuple[Path, str]]:
     """(file, class) of the config classes a legacy recipe's runner_*.py / infer.py passes to
     `init_model(MODEL, CONFIG)` (upstream's ModelRunner.init_model), resolved through the file's
     `from models.X import Y [as Z]` imports; the main model's call (…ForCausalLM) first."""
     found: list[tuple[int, Path, str]] = []
-    for source in sorted(recipe_dir.glob("runner_*.py")) + [recipe_dir / "infer.py"]:
+    for source in runner_files(recipe_dir) + [recipe_dir / "infer.py"]:
         try:
             tree = ast.parse(source.read_text(encoding="utf-8", errors="replace"))
         except (OSError, SyntaxError, ValueError):
@@ -83,3 +90,11 @@ def _class_model_type(path: Path, cls: str | None) -> str | None:
                         and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)):
                     return stmt.value.value
     return None
+
+
+# where a model_type is read: a target's model_type_sources name these, in its order
+SOURCES = {
+    "registry": _registry_config_classes,
+    "runner_init": lambda recipe, name: _runner_config_classes(recipe.path),
+    "configuration_files": _configuration_files,
+}

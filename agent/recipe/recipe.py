@@ -27,7 +27,7 @@ from pathlib import Path
 import yaml
 
 from agent.errors import InputError
-from agent.recipe.targets import ENTRY, TARGETS, Launch, Target, checkout_root, reads_yaml_file, state_dir
+from agent.recipe.targets import ANY_SCHEMA, ENTRY, Launch, Target, checkout_root, reads_yaml_file, state_dir, target_of
 from agent.recipe.fs_guard import user_tree
 from agent.recipe.textfile import read_source
 from engine.safe_load import load_json, load_yaml, loads_yaml
@@ -41,18 +41,45 @@ OUR_ENGINE = "engine.model_runner"
 
 @dataclass(frozen=True)
 class RunPlan:
-    """What one run of a recipe is: the YAML its launcher gets and the ranks that YAML starts (its
-    world_size). Decided once (`Recipe.run_plan`), carried in the workflow's state, and what every
-    record of the run (the run, the baseline's yaml_path, the parity's ranks) is read from."""
+    """What one run of a recipe is, decided once (agent.run.plan.plan_run, from `Recipe.run_plan`),
+    carried in the workflow's state and read by every record of the run (the run, the baseline's
+    yaml_path, the precision check's ranks and weights, the memory estimate, the report):
+
+    - `yaml`: the file its launcher gets; `source_yaml`: the recipe's YAML it is (a copy with the real
+      weights filled in when they differ: agent.run.plan);
+    - `world_size`: the ranks it starts; `checkpoint`: the weights it runs (None: as the YAML says);
+    - `standin`: the npu stand-in's device, None off the stand-in; `tiny`: a tiny random checkpoint
+      of `model_type` (`max_new_tokens`: the copy's cut length); `notes`: what the plan did, for the report."""
     yaml: Path
     world_size: int
+    source_yaml: Path | None = None
+    checkpoint: Path | None = None
+    standin: str | None = None
+    tiny: bool = False
+    model_type: str | None = None
+    max_new_tokens: int | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def repaired_yaml(self) -> Path:
+        """The YAML a repair of this run edits: the recipe's own (its copy is written from it before
+        every run), but a stand-in run's copy (upstream's files are never edited)."""
+        return self.yaml if self.standin or self.source_yaml is None else self.source_yaml
 
     def as_dict(self) -> dict:
-        return {"yaml": str(self.yaml), "world_size": self.world_size}
+        return {"yaml": str(self.yaml), "world_size": self.world_size,
+                "source_yaml": str(self.source_yaml or self.yaml),
+                "checkpoint": str(self.checkpoint) if self.checkpoint else None, "standin": self.standin,
+                "tiny": self.tiny, "model_type": self.model_type, "max_new_tokens": self.max_new_tokens,
+                "notes": list(self.notes)}
 
     @classmethod
     def from_dict(cls, data: dict) -> RunPlan:
-        return cls(Path(data["yaml"]), int(data["world_size"]))
+        """A plan as the state stores it; a store of an earlier release has only yaml and world_size."""
+        path = lambda key: Path(data[key]) if data.get(key) else None   # noqa: E731
+        return cls(Path(data["yaml"]), int(data["world_size"]), path("source_yaml") or Path(data["yaml"]),
+                   path("checkpoint"), data.get("standin"), bool(data.get("tiny")), data.get("model_type"),
+                   data.get("max_new_tokens"), tuple(data.get("notes") or ()))
 
 
 @dataclass(frozen=True)
@@ -97,7 +124,7 @@ class Recipe:
     # ---- what it is ------------------------------------------------------------------------
     @property
     def is_recipe(self) -> bool:
-        return self.kind in TARGETS
+        return self.target.is_recipe
 
     @property
     def refusal(self) -> str | None:
@@ -111,16 +138,15 @@ class Recipe:
 
     @property
     def target(self) -> Target:
-        if not self.is_recipe:
-            raise ValueError(f"{self.path} is not a recipe ({self.reason})")
-        return TARGETS[self.kind]
+        """The row of its kind (agent.recipe.targets); NOT_A_RECIPE for a folder that is none."""
+        return target_of(self.kind)
 
     @property
     def model_name(self) -> str:
         """The name the recipe runs under: a framework recipe's folder (`--model NAME`); else the
         runner file, the report, the YAML, the folder, in that order."""
-        if self.kind not in ("framework", "checkpoint"):
-            runners = sorted(self.path.glob("runner_*.py"))
+        if not self.target.model_name_is_folder and not is_checkpoint(self.path):
+            runners = runner_files(self.path)
             if runners:
                 return runners[0].stem.removeprefix("runner_")
             named = self.report().get("model_name") or self.settings().get("model_name")
@@ -152,9 +178,7 @@ class Recipe:
     def checkpoint_dir(self) -> Path | None:
         """The checkpoint the recipe runs: the YAML's model_path (either schema), else the report's
         model_dir; None when neither holds a config.json."""
-        settings = self.settings()
-        model_config = settings.get("model_config") if isinstance(settings.get("model_config"), dict) else {}
-        for raw in (model_config.get("model_path"), settings.get("model_path"), self.report().get("model_dir")):
+        for raw in (self.target.schema.get(self.settings(), "model_path"), self.report().get("model_dir")):
             path = self.resolve(raw)
             if path is not None and (path / "config.json").is_file():
                 return path
@@ -171,8 +195,7 @@ class Recipe:
 
     # ---- its YAMLs ---------------------------------------------------------------------------
     def yaml_name(self, world_size: int = 1) -> str:
-        target = TARGETS.get(self.kind, TARGETS["standalone"])
-        return target.yaml_name(self.model_name, world_size)
+        return self.target.yaml_name(self.model_name, world_size)
 
     def yaml_for(self, world_size: int = 1, write: bool = False) -> Path | None:
         """The YAML for `world_size` cards: the run's for one; for N, config/{name}_{N}card_eager.yaml
@@ -180,7 +203,7 @@ class Recipe:
         if world_size <= 1:
             return self.yaml
         config = self.path / "config"
-        target = TARGETS.get(self.kind, TARGETS["standalone"])
+        target = self.target
         # Named for this recipe, else for any model name (a recipe renamed since).
         for candidate in (config / self.yaml_name(world_size), *sorted(config.glob(target.yaml_name("*", world_size)))):
             if candidate.is_file():
@@ -192,10 +215,9 @@ class Recipe:
         tensor parallel over all of them. Returns its path."""
         if self.yaml is None:
             raise InputError(f"{self.path}/config has no YAML file")
-        row = TARGETS.get(self.kind, TARGETS["standalone"])
+        row = self.target
         settings = row.scale_yaml(load_yaml(self.yaml), world_size, moe=self.is_moe())
-        model_config = settings.get("model_config") if isinstance(settings.get("model_config"), dict) else {}
-        name = settings.get("model_name") or model_config.get("model_name") or self.model_name
+        name = row.schema.get(settings, "model_name") or self.model_name
         target = self.yaml.parent / row.yaml_name(name, world_size)
         how = row.scaled_how(world_size)
         run = row.launch_hint(self.path.name, target.name)
@@ -229,36 +251,44 @@ class Recipe:
         text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
         return any(text.get(k) for k in ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"))
 
-    def run_plan(self, world_size: int | None = None) -> RunPlan:
-        """The one place a run's YAML and rank count are decided. `world_size` None: the recipe's own
-        YAML (`yaml`) at the ranks it sets; N: config/'s N-rank YAML (named for N ranks), else the
-        recipe's own when it sets N, else one written from the single-card one. Refused (InputError,
-        one line, before anything runs) when no YAML for N ranks can be run: the YAML named for N sets
-        another world_size, the recipe has no single-card YAML for N = 1, or its infer.sh picks its YAML
-        itself (it never reads YAML_FILE), so another YAML would be written and not run."""
+    def run_plan(self, world_size: int | None = None, write: bool = True) -> RunPlan:
+        """The one place a run's YAML and rank count are decided (agent.run.plan.plan_run adds the
+        weights). `world_size` None: the recipe's own YAML (`yaml`) at the ranks it sets; N: config/'s
+        YAML named for N ranks, else the recipe's own when it sets N, else a top-level config/ YAML that
+        sets N, else one written from the single-card one (`write`; without it the plan is the own YAML
+        at N ranks, scaled in the run's copy). Refused (InputError, one line, before anything runs) when
+        no YAML for N ranks can be run: the YAML named for N sets another world_size, the recipe has no
+        single-card YAML for N = 1, or its infer.sh picks its YAML itself (it never reads YAML_FILE), so
+        another YAML would be written and not run."""
         if self.yaml is None:
             raise InputError(f"{self.path}/config has no YAML file")
-        own = _world_size(read_settings(self.yaml)) or 1
+        schema = self.target.schema
+        own = schema.world_size(read_settings(self.yaml)) or 1
         named = self.yaml_for(world_size) if world_size is not None and world_size > 1 else None
         if world_size is None or (world_size == own and named is None):
-            return RunPlan(self.yaml, own)
+            return RunPlan(self.yaml, own, self.yaml)
+        if named is None:
+            named = next((p for p in recipe_yaml_files(self)[1:] if p.parent == self.path / "config"
+                          and schema.world_size(read_settings(p)) == world_size), None)
         if named is not None and named.resolve() == self.yaml.resolve():
             pass                    # the recipe's own YAML is the N-rank one: its infer.sh runs it as it is
-        elif world_size <= 1:
+        elif world_size <= 1 and named is None and write:
             raise InputError(f"--world-size 1: {self.path.name}'s YAML {self._shown(self.yaml)} sets world_size {own} "
                              f"and the recipe has no single-card YAML; run it without --world-size (its {own} ranks)")
-        elif self.kind in ("standalone", "legacy") and not reads_yaml_file(self.path / "infer.sh"):
+        elif self.target.runs_own_infer_sh and not reads_yaml_file(self.path / "infer.sh") and write:
             raise InputError(f"--world-size {world_size}: {self.path.name}/infer.sh runs {self._shown(self.yaml)} "
                              f"({own} rank(s)) and does not read YAML_FILE, so no other YAML can be run through it; "
                              f"make it honour YAML_FILE (YAML_FILE=config/X.yaml bash infer.sh) or run it without "
                              "--world-size")
+        if named is None and not write:
+            return RunPlan(self.yaml, world_size, self.yaml)
         yaml_path = named or self.write_yaml_for(world_size)
-        ranks = _world_size(read_settings(yaml_path)) or 1
+        ranks = schema.world_size(read_settings(yaml_path)) or 1
         if ranks != world_size:
             raise InputError(f"--world-size {world_size}: {self._shown(yaml_path)} is named for {world_size} ranks "
                              f"but sets world_size {ranks}; fix its world_size or remove it (it is then written "
                              f"from {self.yaml.name})")
-        return RunPlan(yaml_path, ranks)
+        return RunPlan(yaml_path, ranks, yaml_path)
 
     def _shown(self, yaml_path: Path) -> str:
         try:
@@ -268,7 +298,7 @@ class Recipe:
 
     # ---- running and measuring it ------------------------------------------------------------
     def launch(self, plan: RunPlan | int | None = None) -> Launch:
-        """The command that runs `plan` (a RunPlan, or a world_size for `run_plan`)."""
+        """The command that runs `plan` (a RunPlan, or a world_size for `run_plan`): the target's launch."""
         if not isinstance(plan, RunPlan):
             plan = self.run_plan(plan)
         return self.target.launch(self, plan.yaml)
@@ -278,7 +308,7 @@ class Recipe:
         has agentic/, else the target's."""
         if (self.path / "agentic").is_dir():
             return self.path / "agentic" / "baseline"
-        return self.path / TARGETS.get(self.kind, TARGETS["standalone"]).baseline_dir
+        return self.path / self.target.baseline_dir
 
 
 REPORT_MAX_BYTES = 64 * 2**20
@@ -338,8 +368,14 @@ def find_repo_root(path: Path) -> Path | None:
     return None
 
 
+def runner_files(folder: Path) -> list[Path]:
+    """A recipe's runner files (runner_NAME.py at its top level, sorted): the one answer to "which runner
+    file" (its model name, whether it runs on our engine, the config class it builds, the code check)."""
+    return sorted(p for p in Path(folder).glob("runner_*.py") if p.is_file())
+
+
 def _runs_on_our_engine(folder: Path) -> bool:
-    return any(OUR_ENGINE in p.read_text(errors="replace") for p in folder.glob("runner_*.py") if p.is_file())
+    return any(OUR_ENGINE in p.read_text(errors="replace") for p in runner_files(folder))
 
 
 def read_settings(path: Path | None) -> dict:
@@ -360,12 +396,8 @@ _YAML_ARG_RE = re.compile(r"""(?:--yaml(?:_file_path|-file)?[= ]|\$\{2:-)["']?(?
 
 
 def _world_size(data: dict) -> int | None:
-    parallel = data.get("parallel_config") if isinstance(data.get("parallel_config"), dict) else {}
-    value = parallel.get("world_size", data.get("world_size"))
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
+    """The ranks a YAML of either schema sets (a folder's YAMLs are read before its kind is known)."""
+    return ANY_SCHEMA.world_size(data)
 
 
 def recipe_yaml_files(recipe: Recipe, limit: int = 200) -> list[Path]:

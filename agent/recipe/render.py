@@ -23,7 +23,7 @@ from agent.recipe.fs_guard import user_tree
 from agent.paths import templates_dir
 from agent.recipe.requirements import recipe_requirements
 from agent.recipe.routing import Family
-from agent.recipe.targets import TARGETS, Target, checkout_root
+from agent.recipe.targets import OWN_LAYOUT, Target, checkout_root
 from engine.safe_load import loads_yaml
 
 MODEL_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -144,7 +144,7 @@ def environment() -> jinja2.Environment:
     return env
 
 
-def template_context(context: dict, family: Family, target: Target = TARGETS["standalone"]) -> dict:
+def template_context(context: dict, family: Family, target: Target = OWN_LAYOUT) -> dict:
     """The render context with derived names, after checking every identifier it carries."""
     name = context["model_name"]
     if not (isinstance(name, str) and MODEL_NAME_RE.match(name) and len(name) <= MAX_NAME_LEN):
@@ -155,17 +155,19 @@ def template_context(context: dict, family: Family, target: Target = TARGETS["st
             raise VendorError(f"{key} {_shown(context[key])} is not a Python identifier; refusing to render")
     ctx = dict(context, family=family, yaml_name=target.yaml_name(name, int(context.get("world_size") or 1)),
                runner_class=runner_class_name(name))
-    ctx["settings"] = target.yaml_settings(ctx)   # the YAML: the target's schema, in its order
+    # the YAML: the target's schema, in its order; a checkout's YAMLs carry upstream's model_path placeholder
+    # (checklist 二.4: the run plan runs a copy with the real path, agent.run.plan)
+    ctx["settings"] = target.yaml_settings(dict(ctx, model_path=target.model_path_placeholder or ctx["model_path"]))
     if target.context is not None:
         ctx.update(target.context(ctx))
     return ctx
 
 
-def render_text(template: str, context: dict, family: Family, target: Target = TARGETS["standalone"]) -> str:
+def render_text(template: str, context: dict, family: Family, target: Target = OWN_LAYOUT) -> str:
     return environment().get_template(template).render(**template_context(context, family, target))
 
 
-def generated_files(model_name: str, family: Family, target: Target = TARGETS["standalone"],
+def generated_files(model_name: str, family: Family, target: Target = OWN_LAYOUT,
                     world_size: int = 1) -> dict[str, str]:
     """recipe-relative path -> template, for every file the migrator renders."""
     files = {path.format(name=model_name, yaml_name=target.yaml_name(model_name, world_size)): template
@@ -175,7 +177,7 @@ def generated_files(model_name: str, family: Family, target: Target = TARGETS["s
     return files
 
 
-def render_recipe(recipe_dir: Path, context: dict, family: Family, target: Target = TARGETS["standalone"]) -> list[Path]:
+def render_recipe(recipe_dir: Path, context: dict, family: Family, target: Target = OWN_LAYOUT) -> list[Path]:
     """Write every generated file; returns the paths written. Deterministic for equal context."""
     env = environment()
     ctx = template_context(context, family, target)   # validates before anything is written
@@ -231,7 +233,7 @@ def check_parses(paths: list[Path]) -> None:
             raise VendorError(f"generated {path.name} does not parse ({exc}); this is a bug, please report it") from exc
 
 
-def render_file(rel: str, context: dict, family: Family, target: Target = TARGETS["standalone"]) -> str:
+def render_file(rel: str, context: dict, family: Family, target: Target = OWN_LAYOUT) -> str:
     """The text the templates give for one recipe file (rel: recipe-relative path; any config/ YAML
     is the YAML template's)."""
     files = generated_files(context["model_name"], family, target)

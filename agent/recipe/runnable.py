@@ -18,14 +18,14 @@ def ensure_runnable_here(recipe: Recipe) -> None:
     scan = npu_scan.scan_recipe(recipe.path, recipe.repo_root, list(recipe.entry_files))
     if scan.needs_npu and not npu_scan.npu_usable():
         hint = ""
-        if recipe.kind in ("framework", "legacy"):
+        if recipe.target.standin_runnable:
             certain, _ = compiled_ops.scan(recipe)
             if certain:
                 raise EnvironmentProblem(compiled_ops.message(certain))
             hint = (f"; off an NPU, `migrator run {recipe.path} --standin{' --tiny' if _tiny_possible(recipe) else ''}` "
                     "can validate it (the npu stand-in, torch_npu kernels as reference implementations"
                     f"{'' if _tiny_possible(recipe) else '; with local weights: no config class of it names an architecture for --tiny'})")
-        elif recipe.kind == "standalone":      # its own infer.sh, from any working directory
+        elif recipe.target.runs_own_infer_sh:      # its own infer.sh, from any working directory
             hint = (f"; off an NPU, `migrator standin -- bash {shlex.quote(str(recipe.path / 'infer.sh'))}` runs it "
                     "under the npu stand-in (torch_npu kernels as reference implementations)")
         raise EnvironmentProblem(scan.message() + hint)

@@ -41,6 +41,83 @@ class Recipe(Protocol):
     yaml: Path | None
 
 
+def dotted(data, key: str, missing=None):
+    """data["a"]["b"] for key "a.b"; `missing` where a part is absent or not a mapping."""
+    node = data
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return missing
+        node = node[part]
+    return node
+
+
+@dataclass(frozen=True)
+class YamlSchema:
+    """Where one YAML schema keeps each setting the tool reads or fills: field -> dotted keys, the first
+    present and non-empty wins. `settings(data)` is the one normaliser every reader of a YAML goes
+    through (the baseline, the run plan, the memory estimate, the stand-in's copy)."""
+    name: str
+    fields: Mapping[str, tuple[str, ...]]
+
+    def settings(self, data) -> dict:
+        data = data if isinstance(data, dict) else {}
+        out = {}
+        for name, keys in self.fields.items():
+            values = (dotted(data, key) for key in keys)
+            out[name] = next((v for v in values if v is not None and v != ""), None)
+        return out
+
+    def get(self, data, field_name: str):
+        return self.settings(data)[field_name]
+
+    def key_for(self, data, field_name: str) -> str:
+        """The key `field_name` is written at in `data`: the first of its keys present, else the first
+        whose section is there, else the first (a YAML of either schema keeps its own form)."""
+        keys = self.fields[field_name]
+        present = next((k for k in keys if dotted(data, k) is not None), None)
+        if present is None:
+            present = next((k for k in keys if "." not in k or isinstance(dotted(data, k.rpartition(".")[0]), dict)),
+                           keys[0])
+        return present
+
+    def set(self, data: dict, field_name: str, value) -> dict:
+        """`data` with `field_name` set at its key (key_for; its sections made where missing)."""
+        *sections, leaf = self.key_for(data, field_name).split(".")
+        node = data
+        for section in sections:
+            if not isinstance(node.get(section), dict):
+                node[section] = {}
+            node = node[section]
+        node[leaf] = value
+        return data
+
+    def world_size(self, data) -> int | None:
+        try:
+            return int(self.get(data, "world_size"))
+        except (TypeError, ValueError):
+            return None
+
+
+# upstream's four-section InferenceConfig schema (docs/common/inference_config_guide.md)
+SECTIONS_SCHEMA = YamlSchema("sections", {
+    "model_name": ("model_config.model_name",), "model_path": ("model_config.model_path",),
+    "model_source": ("model_config.model_source",), "exe_mode": ("model_config.exe_mode",),
+    "world_size": ("parallel_config.world_size",), "max_new_tokens": ("scheduler_config.max_new_tokens",),
+    "batch_size": ("scheduler_config.batch_size",), "input_len": ("data_config.input_truncated_len",),
+    "dataset": ("data_config.dataset",)})
+# the flat schema of ModelRunner recipes (models/pangu_7b) and of this project's engine (engine.config.KEYS)
+FLAT_SCHEMA = YamlSchema("flat", {
+    "model_name": ("model_name",), "model_path": ("model_path",), "model_source": ("model_source",),
+    "exe_mode": ("exe_mode",), "world_size": ("world_size",), "max_new_tokens": ("data_config.max_new_tokens",),
+    "batch_size": ("data_config.batch_size",), "input_len": ("data_config.input_max_len",),
+    "dataset": ("data_config.dataset",)})
+# a YAML of unknown kind: the sections first (what the executor reads where both are present), then flat
+ANY_SCHEMA = YamlSchema("any", {name: SECTIONS_SCHEMA.fields[name] + FLAT_SCHEMA.fields[name]
+                                for name in SECTIONS_SCHEMA.fields})
+# upstream's placeholder for a path the user fills in (models/gpt_oss/config/*.yaml; checklist 二.4)
+MODEL_PATH_PLACEHOLDER = "your_model_path"
+
+
 def standalone_yaml_name(model_name: str, world_size: int = 1) -> str:
     return f"{model_name}_{world_size}card_eager.yaml"
 
@@ -51,10 +128,10 @@ def framework_yaml_name(model_name: str, world_size: int = 1) -> str:
     return f"{model_name}.yaml" if world_size <= 1 else f"{model_name}_rank_{world_size}_{world_size}tp.yaml"
 
 
-def framework_graph_yaml_name(model_name: str) -> str:
-    """The single-card npugraph_ex YAML: upstream's "model_rank_N_topology_backend" with the
-    single card's rank and topology left out, as in config/{model_name}.yaml."""
-    return f"{model_name}_npugraph_ex.yaml"
+# The exe_mode a framework YAML is written with: upstream's graph mode (checklist 一.4: a YAML enables it).
+# The trial runs validate the YAML as written (under the stand-in the decode step is captured once, as
+# on an NPU); eager is one field away (the README says so): no second YAML differs only in it (二.4).
+FRAMEWORK_EXE_MODE = "npugraph_ex"
 
 
 def framework_settings(ctx: dict) -> dict:
@@ -67,7 +144,7 @@ def framework_settings(ctx: dict) -> dict:
     input_len = int(ctx["input_max_len"])
     return {
         "model_config": {"model_name": ctx["model_name"], "model_path": ctx["model_path"],
-                         "exe_mode": ctx.get("exe_mode") or "eager", "enable_profiler": False, "with_ckpt": True},
+                         "exe_mode": FRAMEWORK_EXE_MODE, "enable_profiler": False, "with_ckpt": True},
         "data_config": {"dataset": "default", "input_truncated_len": input_len},
         "parallel_config": framework_parallel(world_size, is_moe(ctx)),
         "scheduler_config": {"batch_size": batch_size, "max_new_tokens": int(ctx["max_new_tokens"]),
@@ -149,22 +226,15 @@ def parameter_count(model_path: str) -> str:
     return f"{total / 1e9:.1f}B" if total >= 1e8 else f"{total / 1e6:.2f}M"
 
 
-def framework_context(ctx: dict, graph: bool = True) -> dict:
-    """What the framework templates add; `graph`: the npugraph_ex YAML too (not for legacy)."""
+def framework_context(ctx: dict) -> dict:
+    """What the framework (and legacy) templates add: one YAML per topology, in its exe_mode."""
     name = ctx["model_name"]
     world_size = int(ctx.get("world_size") or 1)
-    files = [(framework_yaml_name(name, 1), "单卡 eager")]
-    if graph:
-        files.append((framework_graph_yaml_name(name), "单卡 npugraph_ex 图模式（decode 在 warm-up 编译一次，正式推理复用）"))
+    mode = ctx["settings"].get("exe_mode") or ctx["settings"].get("model_config", {}).get("exe_mode")
+    files = [(framework_yaml_name(name, 1), f"单卡，{mode}")]
     if world_size > 1:
-        files.append((framework_yaml_name(name, world_size), f"{world_size} 卡张量并行"))
-    extra = {}
-    if graph:
-        extra["graph_settings"] = {section: dict(values) for section, values in ctx["settings"].items()}
-        extra["graph_settings"]["model_config"]["exe_mode"] = "npugraph_ex"
-        extra["graph_settings"]["parallel_config"] = framework_parallel(1)     # the single card's, as its name says
-        extra["graph_yaml_name"] = framework_graph_yaml_name(name)
-    return {**extra, "framework_class": framework_class_name(name),
+        files.append((framework_yaml_name(name, world_size), f"{world_size} 卡张量并行，{mode}"))
+    return {"framework_class": framework_class_name(name), "exe_mode": mode,
             "display_name": str(ctx.get("architecture") or name).removesuffix("ForCausalLM") or name,
             "family_label": FAMILY_LABELS.get(ctx["family"].name, ctx["family"].name),
             "hub_link": hub_link(ctx.get("model_source", "")),
@@ -257,7 +327,7 @@ def legacy_data_parallel_yaml(settings: dict, world_size: int, moe: bool = True)
 
 
 def legacy_context(ctx: dict) -> dict:
-    return {**framework_context(ctx, graph=False), "runner_class": runner_class_name(ctx["model_name"])}
+    return {**framework_context(ctx), "runner_class": runner_class_name(ctx["model_name"])}
 
 
 def runner_class_name(model_name: str) -> str:
@@ -275,13 +345,30 @@ def reads_yaml_file(infer_sh: Path) -> bool:
         return False
 
 
+# an infer.sh's own YAML line (upstream's legacy recipes): the value a quoted word (which may be
+# "${YAML_FILE_NAME:-default.yaml}") or a bare one, ending in .yaml
+_OWN_YAML_LINE = re.compile(r"""^(\s*(?:export\s+)?(?:YAML_FILE_NAME|YAML_FILE)=)"""
+                            r"""("[^"\n]*\.ya?ml\}?"|'[^'\n]*\.ya?ml\}?'|[^"'\s#]+\.ya?ml)""", re.M)
+
+
 def _run_infer_sh(recipe: Recipe, yaml: Path) -> Launch:
-    """`bash infer.sh` in the recipe folder, given the plan's YAML through YAML_FILE when it reads
-    that variable (Recipe.run_plan refuses another YAML than its own for one that does not)."""
-    env = {}
-    if reads_yaml_file(recipe.path / "infer.sh"):
-        env["YAML_FILE"] = os.path.relpath(yaml, recipe.path).replace(os.sep, "/")
-    return Launch(("bash", str(recipe.path / "infer.sh")), recipe.path, env)
+    """`bash infer.sh` in the recipe folder, given the plan's YAML through YAML_FILE when it reads that
+    variable. One that names its YAML itself runs its own text (`bash -c`, in the recipe folder, so its
+    paths resolve as they do) with only that name pointed at the plan's YAML (a run's copy); with no
+    such line another YAML cannot be run (InputError; Recipe.run_plan refuses it before)."""
+    infer_sh = recipe.path / "infer.sh"
+    if reads_yaml_file(infer_sh):
+        return Launch(("bash", str(infer_sh)), recipe.path,
+                      {"YAML_FILE": os.path.relpath(yaml, recipe.path).replace(os.sep, "/")})
+    if recipe.yaml is None or Path(yaml).resolve() == Path(recipe.yaml).resolve():
+        return Launch(("bash", str(infer_sh)), recipe.path)
+    from agent.errors import InputError
+
+    rel = Path(os.path.relpath(yaml, recipe.path / "config")).as_posix()
+    changed, n = _OWN_YAML_LINE.subn(lambda m: f'{m.group(1)}"{rel}"', infer_sh.read_text(encoding="utf-8", errors="replace"))
+    if n == 0:
+        raise InputError(f"{infer_sh}: no YAML_FILE_NAME= line to point at {rel}")
+    return Launch(("bash", "-c", changed, str(infer_sh)), recipe.path)
 
 
 def _run_entry_point(recipe: Recipe, yaml: Path) -> Launch:
@@ -319,10 +406,37 @@ class Target:
     registers: bool = False                         # adds a line to the checkout's REGISTRY (framework)
     inside_checkout: bool = False                   # needs --output-dir inside a cann-recipes-infer checkout
     chat_template: bool = False                     # every prompt goes through the tokenizer's chat template
+    schema: YamlSchema = FLAT_SCHEMA                # its YAMLs' schema: the one normaliser of their settings
+    # the model_path its written YAMLs carry: upstream's placeholder (the run plan runs a copy with the
+    # real path); None: the checkpoint's own path (a standalone recipe runs by itself, anywhere)
+    model_path_placeholder: str | None = None
+    # verify: also hold the vendored code to transformers on a shrunk config (agent.measure.parity),
+    # with the YAML's config_overrides; every recipe of this target is this tool's own
+    code_check: bool = False
+    # how its rank logs read (agent.measure.run_log): "runner" (a ModelRunner: warm-up then the formal
+    # generate) or "executor" (upstream's executor: its own warm-up, no warm-up check)
+    log_style: str = "runner"
+    standin_runnable: bool = False                  # `--standin` runs it (a cann-recipes-infer recipe)
+    upstream_schema_check: bool = False             # old flat keys the executor ignores are refused (upstream_schema)
+    # where its model's model_type is read (agent.recipe.model_type.SOURCES), in order
+    model_type_sources: tuple[str, ...] = ("configuration_files",)
+    model_name_is_folder: bool = False              # the name it runs under is its folder's (--model NAME)
+    is_recipe: bool = True
 
     @property
     def renders(self) -> bool:
         return bool(self.layout)
+
+    def launch_line(self, recipe: Recipe, yaml_name: str) -> str:
+        """The shell line a person types to run `yaml_name` (a file in config/) of `recipe`: from the
+        checkout's root for a recipe inside one, else from the recipe folder."""
+        where = recipe.repo_root if self.inside_checkout and recipe.repo_root is not None else recipe.path
+        return f"cd {where} && {self.launch_hint(recipe.path.name, yaml_name)}"
+
+    @property
+    def runs_own_infer_sh(self) -> bool:
+        """Its launch is the recipe's own infer.sh (which picks its YAML itself unless it reads YAML_FILE)."""
+        return self.launch is _run_infer_sh
 
     def files(self) -> dict[str, str]:
         """template -> recipe path of every file rendered for this target (the runner aside)."""
@@ -341,7 +455,7 @@ TARGETS: dict[str, Target] = {
         },
         readme_template="README.md.j2", yaml_schema=KEYS, yaml_settings=rendered_settings, family_runner=True,
         # the engine the runner subclasses travels with the recipe: it runs where infer-migrator is not installed
-        carries=("engine",)),
+        carries=("engine",), code_check=True),
     # cann-recipes-infer's ModelRunner recipes: their own infer.sh (sourcing executor/scripts/function.sh),
     # a runner subclassing executor.model_runner.ModelRunner (models/pangu_7b's layout).
     "legacy": Target(
@@ -355,7 +469,12 @@ TARGETS: dict[str, Target] = {
             "framework/requirements.txt.j2": "requirements.txt",
         },
         readme_template="legacy/README.md.j2", yaml_settings=legacy_settings, context=legacy_context,
-        inside_checkout=True, scale_yaml=legacy_data_parallel_yaml, scaled_how=lambda n: "data parallel"),
+        inside_checkout=True, scale_yaml=legacy_data_parallel_yaml, scaled_how=lambda n: "data parallel",
+        standin_runnable=True, model_path_placeholder=MODEL_PATH_PLACEHOLDER,
+        # any folder with its own infer.sh: its YAML may be the flat ModelRunner one or the four sections
+        schema=ANY_SCHEMA,
+        launch_hint=lambda folder, yaml: f"YAML_FILE=config/{yaml} bash models/{folder}/infer.sh",
+        model_type_sources=("runner_init", "configuration_files")),
     # cann-recipes-infer's framework models: config/*.yaml run by the checkout's shared entry point;
     # the model class is a generic adapter of the vendored HF code to the executor's contract.
     "framework": Target(
@@ -364,14 +483,38 @@ TARGETS: dict[str, Target] = {
         layout={
             "framework/modeling_framework.py.j2": "models/modeling_{name}_framework.py",
             "framework/config.yaml.j2": "config/{yaml_name}",
-            "framework/config_npugraph_ex.yaml.j2": "config/{name}_npugraph_ex.yaml",
             "framework/requirements.txt.j2": "requirements.txt",
         },
         readme_template="framework/README.md.j2", yaml_settings=framework_settings, context=framework_context,
         vendored_package="models.{name}.models", registers=True, inside_checkout=True, chat_template=True,
         scale_yaml=framework_tensor_parallel_yaml, scaled_how=lambda n: f"{n}-way tensor parallel",
-        launch_hint=lambda folder, yaml: f"bash {ENTRY.as_posix()} --model {folder} --yaml {yaml}"),
+        launch_hint=lambda folder, yaml: f"bash {ENTRY.as_posix()} --model {folder} --yaml {yaml}",
+        schema=SECTIONS_SCHEMA, model_path_placeholder=MODEL_PATH_PLACEHOLDER, log_style="executor",
+        standin_runnable=True, upstream_schema_check=True, model_name_is_folder=True,
+        model_type_sources=("registry", "configuration_files")),
 }
+
+
+def _not_runnable(recipe: Recipe, yaml: Path) -> Launch:
+    from agent.errors import InputError
+
+    raise InputError(f"{recipe.path}: not a recipe; nothing runs it")
+
+
+# What a folder that is no recipe (a checkpoint, a model folder, anything else) answers: its YAMLs read
+# in either schema, nothing launches it, its baseline and names are those of this project's layout.
+NOT_A_RECIPE = Target("none", "nothing (not a recipe)", _not_runnable, standalone_yaml_name, schema=ANY_SCHEMA,
+                      is_recipe=False, model_type_sources=("registry", "runner_init", "configuration_files"))
+
+
+# The layout this project renders for itself (SPEC §3): what render.py renders when no row is named, and
+# what a damaged recipe of it is re-rendered in (agent.repair.rules.files).
+OWN_LAYOUT = TARGETS["standalone"]
+
+
+def target_of(kind: str) -> Target:
+    """The row of a folder's kind (agent.recipe.recipe.Recipe.kind); NOT_A_RECIPE for any other kind."""
+    return TARGETS.get(kind, NOT_A_RECIPE)
 
 
 def checkout_root(path: Path) -> Path | None:

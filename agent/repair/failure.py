@@ -37,7 +37,7 @@ class Failure:
     timed_out: bool = False
     log: str = ""               # the rank logs (log_*.log), concatenated
     frames: list[tuple[str, int]] = field(default_factory=list)   # every `File "...", line N`, in order
-    yaml: Path | None = None    # the YAML the run used (default: the recipe's single-card one)
+    yaml: Path | None = None    # the YAML a fix edits: the run's (RunPlan.repaired_yaml; default: the recipe's)
 
     def __post_init__(self):
         if not self.frames:
@@ -71,7 +71,8 @@ class Failure:
         log_dir = Path(run["log_dir"]) if run.get("log_dir") else None
         log = "".join(p.read_text(errors="replace") for p in sorted(log_dir.glob("log_*.log"))) \
             if log_dir is not None and log_dir.is_dir() else ""
-        yaml = Path(run["yaml"]) if run.get("yaml") else None
+        # the recipe's YAML the run's copy was written from (a repair edits it), else the one it ran
+        yaml = Path(run.get("repaired_yaml") or run["yaml"]) if run.get("yaml") else None
         failure = cls.from_output(recipe_dir, output, bool(run.get("timed_out")), log, yaml)
         if failure.timed_out:
             failure.error = f"{TIMEOUT_ERROR} ({run.get('summary')})"

@@ -35,6 +35,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent.recipe.recipe import runner_files
 from agent.recipe.backup import UnsafeRecipePath, atomic_write, real_dirs
 from agent.repair.failure import Failure
 from agent.repair.rules.rule import RepairContext, Rule
@@ -63,7 +64,7 @@ def relevant_file(failure: Failure) -> Path | None:
             return candidate
         except ValueError:
             continue
-    runners = sorted(failure.recipe_dir.glob("runner_*.py"))
+    runners = runner_files(failure.recipe_dir)
     return runners[0] if runners else None
 
 

@@ -13,7 +13,7 @@ import os
 import re
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.errors import describe_fault
@@ -25,6 +25,8 @@ from agent.records import Run
 from agent.recipe.recipe import Recipe, RunPlan
 from agent.recipe.targets import state_dir
 from agent.repair.failure import summarise_failure
+from agent.run import plan as run_plan
+from agent.run import standin as run_standin
 from engine import defaults
 
 # The formal run leaves its prompt logits here for the parity check (engine.generate reads it).
@@ -43,16 +45,16 @@ class Verdict:
 
 
 def trial_run(recipe: Recipe, label: str, plan: RunPlan | dict | int | None = None, timeout_s: int | None = None,
-              standin: dict | None = None, python: str | None = None) -> Run:
+              python: str | None = None) -> Run:
     """Run the recipe once, as `plan` says (agent.recipe.recipe.RunPlan, or its dict; an int or None:
-    `Recipe.run_plan` of it); paths are absolute, so the run never depends on the caller's working
-    directory. `standin`: a plan of agent.measure.upstream_check (the run is under the npu stand-in,
-    on the copy of the YAML it set for its ranks: that is the run plan). `python`: the interpreter the
-    recipe runs with (`python3` and $PYTHON of its scripts; default: this one). The record names the
-    plan's YAML and world_size; a run that left fewer rank logs than the plan's ranks failed."""
-    plan = run_plan_of(recipe, plan, standin)
-    if standin:
-        recipe = replace(recipe, yaml=plan.yaml)
+    agent.run.plan.plan_run of it): its YAML (a copy with the real weights, written again from the
+    recipe's YAML first: agent.run.plan.refresh), its ranks, under the npu stand-in when it says so.
+    Paths are absolute, so the run never depends on the caller's working directory. `python`: the
+    interpreter the recipe runs with (`python3` and $PYTHON of its scripts; default: this one). The
+    record names the plan's YAML and world_size; a run that left fewer rank logs than the plan's ranks
+    failed."""
+    plan = run_plan_of(recipe, plan)
+    run_plan.refresh(recipe, plan)
     runs_dir = state_dir(recipe.path) / "runs"
     recipe_tree = user_tree(recipe.path)      # .migrator/ or res/ linked out of the recipe: refused here, first
     recipe_tree.mkdir(runs_dir)
@@ -63,11 +65,8 @@ def trial_run(recipe: Recipe, label: str, plan: RunPlan | dict | int | None = No
     env = dict(os.environ, RES_PATH=str(run_dir), PYTHON=sys.executable, PYTHONUNBUFFERED="1",
                **{PARITY_DUMP_ENV: str(run_dir / "parity_dump.pt")}, **launch.env)
     command = launch.command
-    if standin:
-        from agent.measure import upstream_check
-
-        env = upstream_check.launch_env(standin, env, run_dir)
-        command = upstream_check.legacy_command(recipe, standin) or command
+    if plan.standin:
+        env = run_standin.launch_env(plan.standin, env, run_dir)
     env = precision.probe_env(env, run_dir)       # every step of every rank recorded for the precision check
     if python:
         # first on PATH: upstream's scripts call `python3`; the stand-in's hook is on PYTHONPATH either way
@@ -89,7 +88,7 @@ def trial_run(recipe: Recipe, label: str, plan: RunPlan | dict | int | None = No
         # the disk the run writes to is full: nothing a repair can change (one line, exit 74)
         raise describe_fault(errno.ENOSPC, run_dir)
     log_dir = find_logs(run_dir, cwd, started_at, recipe.path)
-    verdict = judge_run(output, log_dir, recipe.path, recipe.kind == "framework", plan.world_size)
+    verdict = judge_run(output, log_dir, recipe.path, recipe.target.log_style, plan.world_size)
     ran_clean = returncode == 0 and not timed_out
     ok = ran_clean and verdict.problem is None and not verdict.no_warm_up
     evidence = output
@@ -99,7 +98,7 @@ def trial_run(recipe: Recipe, label: str, plan: RunPlan | dict | int | None = No
         # A conclusion, not an error: recorded only when the run shows no real error.
         evidence = evidence.rstrip("\n") + f"\n{NO_WARM_UP} ({verdict.prefills} prefill in log_0.log)\n"
     # a key of the old YAML schema: the executor ignores it silently, so the run is not taken as it is
-    old_keys = upstream_check.old_schema_keys(recipe, standin) if standin else []
+    old_keys = run_plan.old_schema_keys(recipe, plan.source_yaml) if plan.standin else []
     if old_keys:
         ok, evidence = False, evidence.rstrip("\n") + "\n" + "\n".join(old_keys) + "\n"
     output_file = run_dir / "output.txt"
@@ -112,32 +111,28 @@ def trial_run(recipe: Recipe, label: str, plan: RunPlan | dict | int | None = No
                    "processes": tree.processes, "res_path": str(run_dir),
                    "log_dir": str(log_dir) if log_dir is not None else None, "problem": verdict.problem,
                    "output_file": str(output_file), "yaml": str(plan.yaml), "world_size": plan.world_size,
+                   "source_yaml": str(plan.source_yaml or plan.yaml), "repaired_yaml": str(plan.repaired_yaml),
                    "summary": "ok" if ok else old_keys[0] if old_keys and ran_clean else
                    summarise(evidence, recipe, returncode, timed_out, timeout, verdict)}
-    if standin and (missing := upstream_check.unsupported(run_dir, "" if ok else evidence,
-                                                         [p for p in (recipe.repo_root, recipe.path) if p])):
+    if plan.standin and (missing := run_standin.unsupported(run_dir, "" if ok else evidence,
+                                                             [p for p in (recipe.repo_root, recipe.path) if p])):
         record["standin_unsupported"] = missing
     return record
 
 
-def run_plan_of(recipe: Recipe, plan: RunPlan | dict | int | None, standin: dict | None = None) -> RunPlan:
-    """The RunPlan of a run: as given (a RunPlan or its dict), a stand-in plan's YAML copy at its
-    ranks, else Recipe.run_plan(world_size)."""
+def run_plan_of(recipe: Recipe, plan: RunPlan | dict | int | None) -> RunPlan:
+    """The RunPlan of a run: as given (a RunPlan or its dict), else agent.run.plan.plan_run(world_size)."""
     if isinstance(plan, RunPlan):
         return plan
     if isinstance(plan, dict):
         return RunPlan.from_dict(plan)
-    if standin:
-        return RunPlan(Path(standin["yaml"]), int(standin.get("world_size") or plan or 1))
-    return recipe.run_plan(plan)
+    return run_plan.plan_run(recipe, plan)
 
 
 def expected_tokens(recipe: Recipe, yaml: Path | None = None) -> int:
     """Tokens one generate call of the run makes at most: the YAML's max_new_tokens (either schema)."""
-    from agent.measure.baseline import yaml_settings
-
     try:
-        value = int(yaml_settings(recipe.settings(yaml))["max_new_tokens"] or 0)
+        value = int(recipe.target.schema.get(recipe.settings(yaml), "max_new_tokens") or 0)
     except (TypeError, ValueError):
         value = 0
     return value if value > 0 else defaults.MAX_NEW_TOKENS
@@ -181,10 +176,11 @@ RANK0_SILENT = "rank 0's log log_0.log is empty although the run did not succeed
 _ERROR_LINE = re.compile(r"^\s*\w*(?:Error|Exception)\b.*:", re.M)     # the output says what failed itself
 
 
-def judge_run(output: str, log_dir: Path | None, recipe_dir: Path, framework: bool, world_size: int = 1) -> Verdict:
+def judge_run(output: str, log_dir: Path | None, recipe_dir: Path, log_style: str = "runner",
+              world_size: int = 1) -> Verdict:
     """The verdict from evidence: a traceback in the output or a rank log, a missing formal prefill
     line, a rank that did not finish its formal run, or fewer rank logs than the run's `world_size`
-    makes the run failed."""
+    makes the run failed. `log_style` (the target's): a ModelRunner's ("runner") must warm up first."""
     traceback_re = run_log.TRACEBACK_RE
     problem = "traceback in the output" if traceback_re.search(output) else None
     extra: list[str] = []
@@ -226,6 +222,6 @@ def judge_run(output: str, log_dir: Path | None, recipe_dir: Path, framework: bo
     elif problem is None and not selection.success:
         problem = "the formal run did not finish (no 'Request N: outputs:' line)"
     run = selection.run or parsed.runs[-1]
-    no_warm_up = (problem is None and not framework and not run.warmed_up()
+    no_warm_up = (problem is None and log_style == "runner" and not run.warmed_up()
                   and not asks_for_warm_up(recipe_dir))
     return Verdict(problem, extra, no_warm_up, sum(len(r.segments) for r in parsed.runs))

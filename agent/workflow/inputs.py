@@ -99,19 +99,19 @@ def host_environment(device: str = "auto") -> dict:
 
 # ---- the checks ---------------------------------------------------------------------------
 def standin_plan(args, recipe: Recipe | None) -> dict | None:
-    """--standin: the plan of agent.measure.upstream_check for a recipe (None without --standin)."""
+    """--standin: the run plan of a recipe under the npu stand-in (agent.run.plan; None without --standin)."""
     if getattr(args, "tiny", False) and not args.standin:
         raise errors.InputError("--tiny needs --standin (a tiny checkpoint is for a run under the npu stand-in)")
     if not args.standin:
         return None
-    from agent.measure import upstream_check
+    from agent.run.plan import plan_run
 
     recipe = recipe or Recipe.at(args.target)
     if recipe.is_recipe:
         check_recipe_files(recipe)      # a binary / bomb / duplicate-key upstream YAML: exit 2, not a crash
-    return upstream_check.plan(recipe, yaml_name=getattr(args, "yaml", None),
-                               world_size=getattr(args, "world_size", 1) or 1, tiny=args.tiny,
-                               max_new_tokens=min(getattr(args, "max_new_tokens", 16), 16))
+    return plan_run(recipe, getattr(args, "world_size", None) or 1, yaml_name=getattr(args, "yaml", None),
+                    standin="cpu", tiny=args.tiny,
+                    max_new_tokens=min(getattr(args, "max_new_tokens", 16), 16)).as_dict()
 
 
 def check_target(target: str, trust_remote_code: bool = False) -> Recipe | None:

@@ -27,6 +27,7 @@ from agent.recipe.render import normalise_model_name, render_recipe, template_co
 from agent.recipe.targets import REGISTRY, TARGETS, checkout_root, default_target, framework_registry_entry, state_dir
 from agent.recipe.routing import route
 from agent.recipe.spec import RecipeSpec
+from agent.run import plan as run_plan
 from agent.repair.diagnose import diagnose
 from agent.repair.fix import repair
 from agent.repair.rules.rule import RepairContext
@@ -55,20 +56,25 @@ def node_classify(state: MigrationState, config: RunnableConfig) -> MigrationSta
         return {"scenario": "A", "classify_reason": reason}
     plan = plan_run(recipe, state)          # before anything runs: a --world-size it cannot run is refused here
     run = _needs_npu(trial_run(recipe, "classify", plan, run_options(config)["timeout_s"],
-                               state.get("upstream_standin"), python=recipe_python(state, recipe)))
+                               python=recipe_python(state, recipe)))
     how = f"{recipe.reason} and it runs" if run["ok"] else f"{recipe.reason} but it fails: {run['summary']}"
     return {"scenario": "C" if run["ok"] else "B", "classify_reason": how, "recipe_dir": str(recipe.path),
             "run_plan": plan, "runs": [run]}
 
 
 def plan_run(recipe: Recipe, state: MigrationState) -> dict:
-    """The run plan (agent.recipe.recipe.RunPlan: the YAML and its ranks) every trial run of this
-    migration uses, decided once: the stand-in plan's YAML copy under --standin, else the recipe's
-    YAML for --world-size (None: its own)."""
+    """The run plan (agent.recipe.recipe.RunPlan) every trial run, the baseline, the precision check and
+    the memory estimate of this migration read, decided once (agent.run.plan): the --standin plan the
+    CLI made, else the recipe's YAML for --world-size (None: its own) on the checkpoint migrated from."""
     standin = state.get("upstream_standin")
     if standin:
-        return RunPlan(Path(standin["yaml"]), int(standin.get("world_size") or 1)).as_dict()
-    return recipe.run_plan(state.get("world_size")).as_dict()
+        return RunPlan.from_dict(standin).as_dict()
+    return run_plan.plan_run(recipe, state.get("world_size"), weights=state.get("model_dir")).as_dict()
+
+
+def current_plan(state: MigrationState, recipe: Recipe) -> RunPlan:
+    """The plan of this migration's runs (a store of an earlier release has none: decided now)."""
+    return RunPlan.from_dict(state.get("run_plan") or plan_run(recipe, state))
 
 
 def node_acquire(state: MigrationState) -> MigrationState:
@@ -138,7 +144,7 @@ def node_vendor(state: MigrationState) -> MigrationState:
     model_dir, recipe_dir = Path(state["model_dir"]), Path(state["recipe_dir"])
     config = read_config(model_dir)
     source = locate_source(config, model_dir, trust_remote_code=bool(state.get("trust_remote_code")))
-    target = TARGETS[state.get("recipe_target") or "standalone"]
+    target = TARGETS[state["recipe_target"]]
     plan = state.get("transformers") or {}
     tree = transformers_source.SourceTree(plan["version"], Path(plan["source_root"]), plan["origin"]) \
         if plan.get("source_root") else None
@@ -160,7 +166,7 @@ def node_render(state: MigrationState, config: RunnableConfig) -> MigrationState
         architecture=state["architecture"], family=state["family"], vendored=state["vendored"],
         config=read_config(model_dir), device=run_options(config)["device"], dtype=state.get("dtype"),
         max_new_tokens=state.get("max_new_tokens"), world_size=state.get("world_size"))
-    target = TARGETS[state.get("recipe_target") or "standalone"]
+    target = TARGETS[state["recipe_target"]]
     written = render_recipe(recipe_dir, spec.context(), spec.family_spec(), target)
     rendered = [str(p.relative_to(recipe_dir)) for p in written]
     if target.registers:
@@ -176,7 +182,7 @@ def node_trial_run(state: MigrationState, config: RunnableConfig) -> MigrationSt
     # the plan classify or render decided (a store of an earlier release has none: decided now, once)
     plan = state.get("run_plan") or plan_run(recipe, state)
     run = trial_run(recipe, f"trial{len(state.get('rounds') or [])}", plan, run_options(config)["timeout_s"],
-                    state.get("upstream_standin"), python=recipe_python(state, recipe))
+                    python=recipe_python(state, recipe))
     return {"runs": [_needs_npu(run)], "run_plan": plan}
 
 
@@ -217,7 +223,7 @@ def node_estimate_memory(state: MigrationState) -> MigrationState:
     """After an out-of-memory run: the estimate per rank for tp = 1, 2, 4, ... 16 against one card;
     the single-card recipe is kept and the smallest N that fits is written as an N-card YAML."""
     recipe = Recipe.at(state["recipe_dir"])
-    estimate = memory.estimate_for_recipe(recipe, state.get("env") or {})
+    estimate = memory.estimate_for_recipe(recipe, state.get("env") or {}, current_plan(state, recipe))
     return {"memory": estimate, "status": "oom", "message": memory.out_of_memory(recipe, estimate)}
 
 
@@ -252,9 +258,9 @@ def node_verify(state: MigrationState) -> MigrationState:
     # A store of an earlier release, whose collect node wrote the file, has no baseline in its state.
     collected = state.get("baseline") or load_json(baseline_path)
     recipe = Recipe.at(state["recipe_dir"])
-    checked = verify.verify(recipe, last_run(state), collected,
-                            bool(state.get("trust_remote_code")), state.get("upstream_standin"),
-                            python=recipe_python(state, recipe), ours=bool(state.get("vendored")))
+    checked = verify.verify(recipe, last_run(state), collected, bool(state.get("trust_remote_code")),
+                            current_plan(state, recipe), python=recipe_python(state, recipe),
+                            ours=bool(state.get("vendored")))
     recipe_dir = Path(state["recipe_dir"])
     # inside a checkout the previous baseline goes to our ignored state folder; the README of a recipe
     # this tool wrote (never upstream's own) gets its product and performance sections from the baseline

@@ -36,7 +36,7 @@ class MigrationState(TypedDict, total=False):
     allow_install: bool
     max_new_tokens: int
     world_size: int | None      # --world-size: the run's ranks (None: the recipe's own YAML; 1 for a new one)
-    upstream_standin: dict      # --standin: agent.measure.upstream_check.plan (YAML, weights, notes)
+    upstream_standin: dict      # --standin: the run plan agent.run.plan.plan_run made (RunPlan.as_dict)
     transformers_source: str | None   # --transformers-source WHEEL|DIR: the checkout's transformers release
     reference_python: str | None      # --reference-python: the interpreter that has it
     recipe_target: str | None   # the row of agent.recipe.targets.TARGETS a migration writes (--target, else the
@@ -54,7 +54,7 @@ class MigrationState(TypedDict, total=False):
     vendored: Vendored
     transformers: dict          # agent.workflow.nodes.transformers_plan: version, source_root, origin, python
     rendered: list[str]
-    run_plan: dict              # agent.recipe.recipe.RunPlan.as_dict(): the YAML and ranks of every trial run
+    run_plan: dict              # agent.recipe.recipe.RunPlan.as_dict(): what every trial run, check and record reads
     # Nodes return only their new items: LangGraph appends runs and merges rounds.
     runs: Annotated[list[Run], operator.add]          # every trial run, in order
     rounds: Annotated[list[Round], merge_rounds]      # repair rounds: diagnosis, diff

@@ -26,6 +26,7 @@ from agent.codemods.commands.runner_settings_init import RunnerSettingsInitComma
 from agent.codemods.commands.torch_npu_guard import TorchNpuImportGuardCommand
 from agent.codemods.commands.trust_remote_code import TrustRemoteCodeCommand
 from agent.codemods.driver import command, rewrite_file
+from agent.recipe.recipe import runner_files
 from agent.repair.failure import Failure
 from agent.repair.rules._util import edit_yaml_line
 from agent.repair.rules.rule import Kind, RepairContext, Rule, where_it_failed
@@ -162,7 +163,7 @@ _NO_PAD = re.compile(r"Asking to pad but the tokenizer does not have a padding t
 
 def _pad_token_facts(failure: Failure, found: re.Match) -> dict | None:
     recipe = failure.recipe_dir
-    candidates = list(dict.fromkeys(sorted(recipe.glob("runner_*.py")) + sorted(recipe.glob("*.py"))))
+    candidates = list(dict.fromkeys(runner_files(recipe) + sorted(recipe.glob("*.py"))))
     files = _files_it_changes(failure, [PadTokenFallbackCommand], "from_pretrained", candidates)
     return {"files": files} if files else None
 

@@ -15,6 +15,7 @@ from agent.recipe.fs_guard import user_tree
 from agent.recipe.recipe import Recipe
 from agent.recipe.spec import recipe_spec
 from agent.recipe.textfile import read_source, write_source
+from agent.recipe.targets import dotted
 from agent.repair.failure import Failure
 from agent.repair.rules._util import edit_yaml_line
 from agent.repair.rules.rule import Kind, RepairContext, Rule, report, where_it_failed
@@ -110,13 +111,8 @@ def _add_section(failure: Failure, section: str, defaults: dict) -> str:
 _MISSING_KEY = re.compile(r"missing required key '(?P<key>[\w.]+)'")
 
 
-def _lookup(settings: dict, dotted: str):
-    node = settings
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return KeyError
-        node = node[part]
-    return node
+def _lookup(settings: dict, key: str):
+    return dotted(settings, key, KeyError)
 
 
 def _missing_key_facts(failure: Failure, found: re.Match) -> dict | None:

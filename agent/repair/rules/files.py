@@ -13,7 +13,7 @@ from pathlib import Path
 
 from agent.recipe.fs_guard import user_tree
 from agent.migrate.vendor import locate_source, read_config, vendor_source
-from agent.recipe.recipe import Recipe
+from agent.recipe.recipe import Recipe, runner_files
 from agent.recipe.render import generated_files, render_file, write_rendered
 from agent.recipe.spec import recipe_spec
 from agent.recipe.textfile import read_source, write_source
@@ -126,12 +126,12 @@ def _fix_vendored_missing(failure: Failure, facts: dict, ctx: RepairContext) -> 
     # From the release it was vendored from (a checkout's transformers, agent.migrate.transformers_source),
     # with the imports of its target's layout.
     from agent.migrate.transformers_source import SourceTree
-    from agent.recipe.targets import TARGETS
+    from agent.recipe.targets import OWN_LAYOUT
 
     plan = failure.recipe.report().get("transformers") or {}
     tree = SourceTree(plan["version"], Path(plan["source_root"]), plan.get("origin") or "") \
         if plan.get("source_root") and Path(plan["source_root"], "transformers").is_dir() else None
-    target = TARGETS.get(failure.recipe.kind) or TARGETS["standalone"]
+    target = failure.recipe.target if failure.recipe.is_recipe else OWN_LAYOUT
     package = target.vendored_package.format(name=failure.recipe.model_name)
     # Vendor aside and copy back only the missing file: the other vendored files may carry edits.
     with tempfile.TemporaryDirectory(prefix="revendor_") as tmp:
@@ -284,7 +284,7 @@ def _shadowing_facts(failure: Failure, _found=None) -> dict | None:
         if rel and "/" not in rel and rel.endswith(".py") and \
                 re.search(rf"\b(import|from)\s+{re.escape(rel[:-3])}\b", caller_code):
             stems.append(rel[:-3])
-    own = {"infer"} | {p.stem for p in recipe_dir.glob("runner_*.py")}
+    own = {"infer"} | {p.stem for p in runner_files(recipe_dir)}
     for stem in dict.fromkeys(stems):
         if stem not in own and (recipe_dir / f"{stem}.py").is_file() and _shadows(recipe_dir, stem):
             return {"file": f"{stem}.py", "module": stem}

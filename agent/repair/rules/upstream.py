@@ -48,7 +48,8 @@ def _pythonpath_facts(failure: Failure, found: re.Match) -> dict | None:
     recipe = failure.recipe
     infer_sh = failure.recipe_dir / "infer.sh"
     root = recipe.repo_root
-    if recipe.kind != "legacy" or root is None or not infer_sh.is_file():
+    # a recipe whose own infer.sh sources the checkout's launcher (no infer.sh of ours puts it on the path)
+    if not (recipe.target.runs_own_infer_sh and recipe.target.inside_checkout) or root is None or not infer_sh.is_file():
         return None
     module, sub = found.group("module"), found.group("sub")
     in_checkout = (root / module).is_dir() and not (failure.recipe_dir / module).is_dir()

@@ -1,0 +1,207 @@
+"""The plan of every run of a recipe, built once (`plan_run`) and read by trial runs, the precision
+check, the memory estimate, the baseline and the report: agent.recipe.recipe.RunPlan.
+
+`Recipe.run_plan` answers which of the recipe's YAMLs and how many ranks; `plan_run` adds on which
+weights and whether under the npu stand-in. Where the YAML's `model_path` is not a checkpoint here —
+upstream's placeholder (`your_model_path`, checklist 二.4, the form every YAML this tool writes into a
+checkout has), or a path of the NPU host — the run gets a *copy* of the YAML with the real path filled
+in (and, on a tiny random checkpoint, its lengths cut), in our state folder
+(agent.recipe.targets.state_dir; `res/.migrator/` in a checkout, which upstream's .gitignore keeps out
+of `git status`). The recipe's own files are never edited for a run. The real path comes from
+`weights` (the checkpoint a migration vendored from), the recipe's report (its `model_dir`) — for a
+target whose YAMLs carry the placeholder (Target.model_path_placeholder: framework, legacy) — or, under
+the stand-in, `--tiny`. A standalone recipe's YAML names its weights itself: it runs as it is.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import yaml as yamllib
+
+from agent.errors import EnvironmentProblem, InputError
+from agent.recipe.recipe import Recipe, RunPlan, read_settings
+from agent.recipe.targets import state_dir
+from engine.safe_load import load_yaml
+from agent.recipe.fs_guard import user_tree
+
+TINY_INPUT_LEN = 128
+TINY_MAX_BATCH = 4
+TP_KEYS = ("attn_tp_size", "moe_tp_size", "lmhead_tp_size")
+
+
+def plan_run(recipe: Recipe, world_size: int | None = None, *, yaml_name: str | None = None,
+             weights: str | Path | None = None, standin: str | None = None, tiny: bool = False,
+             max_new_tokens: int = 16) -> RunPlan:
+    """The run plan (see the module docs). `standin`: the stand-in's device (None: not under the
+    stand-in); `yaml_name`: a file of config/ to run (a --standin run; default: Recipe.run_plan's).
+    InputError (exit 2) for a YAML that is not there, or weights that are absent without --tiny under
+    the stand-in; EnvironmentProblem (exit 4) where the stand-in must not run."""
+    if standin is not None:
+        check_standin(recipe, standin)
+    if yaml_name is not None:
+        source = named_yaml(recipe, yaml_name)
+        base = RunPlan(source, world_size or recipe.target.schema.world_size(read_settings(source)) or 1)
+    else:
+        # under the stand-in upstream's config/ is never written: a YAML for other ranks is scaled in the copy
+        base = recipe.run_plan(world_size, write=standin is None)
+    schema = recipe.target.schema
+    settings = read_settings(base.yaml)
+    written = schema.get(settings, "model_path")
+    own = recipe.resolve(written)
+    plan = replace(base, source_yaml=base.yaml, standin=standin)
+    notes: list[str] = []
+    ranks = schema.world_size(settings) or 1
+    # a target whose YAMLs carry a placeholder gets the real path at run time; a standalone YAML names its
+    # weights itself (a wrong one is a fault its repair fixes in the YAML, never hidden by a copy)
+    fills = recipe.target.model_path_placeholder is not None
+    if own is not None and (own / "config.json").is_file():
+        checkpoint, how = own, f"weights: {own} (the YAML's model_path)"
+    elif fills and weights is not None and (Path(weights) / "config.json").is_file():
+        checkpoint, how = Path(weights).resolve(), f"weights: {weights} (the YAML's model_path is {written!r})"
+    elif fills and (stored := recipe.report().get("model_dir")) and (Path(stored) / "config.json").is_file():
+        checkpoint, how = Path(stored), f"weights: {stored} (the migration's checkpoint; the YAML's model_path is {written!r})"
+    elif standin is not None and not tiny:
+        old = [line for line in old_schema_keys(recipe, base.yaml) if "'model_path'" in line]
+        raise InputError(f"{base.yaml.name}: " + (old[0] if old else
+                         f"model_path {written!r} is not here (the weights live on the NPU host); pass --tiny "
+                         "to run the recipe on a tiny random checkpoint of its own architecture, or point "
+                         "model_path at local weights"))
+    elif standin is not None:
+        from agent.recipe.model_type import recipe_model_type
+        from agent.run.standin import build_tiny
+
+        model_type = recipe_model_type(recipe, settings)
+        print(f"[migrator] --tiny: a tiny random {model_type} checkpoint in {state_dir(recipe.path) / 'standin'} "
+              f"({written!r} is not here)", file=sys.stderr, flush=True)
+        checkpoint = build_tiny(recipe, model_type)
+        how = f"weights: tiny random {model_type} checkpoint {checkpoint} (the YAML's model_path {written!r} is not here)"
+        plan = replace(plan, tiny=True, model_type=model_type)
+    else:
+        # nothing to fill in: the run goes as the recipe is (a repair may point model_path at weights)
+        return replace(plan, notes=())
+    notes.append(how)
+    plan = replace(plan, checkpoint=checkpoint)
+    if checkpoint == own and ranks == plan.world_size:
+        return replace(plan, notes=tuple(notes))           # the recipe's YAML as it is
+    plan = replace(plan, yaml=copy_path(recipe, base.yaml, standin is not None),
+                   max_new_tokens=max_new_tokens if plan.tiny else None)
+    write_copy(recipe, plan)
+    notes.append(f"ran a copy of {base.yaml.name}: {_shown(recipe, plan.yaml)} (the recipe's files untouched)")
+    dataset = schema.get(settings, "dataset") or "default"
+    if plan.tiny and dataset != "default":
+        notes.append(f"dataset {dataset!r} -> 'default' (the checkout's default prompt) in the copy")
+    return replace(plan, notes=tuple(notes))
+
+
+def check_standin(recipe: Recipe, device: str) -> None:
+    from npu_standin.launcher import StandinRefused, check_can_run
+
+    if not recipe.target.standin_runnable:
+        raise InputError(f"{recipe.path}: --standin runs a cann-recipes-infer recipe (a models/NAME folder of a "
+                         f"checkout, or a recipe with its own infer.sh); this is {recipe.kind} ({recipe.reason})")
+    try:
+        check_can_run(device)
+    except StandinRefused as exc:
+        raise EnvironmentProblem(str(exc)) from None
+    from agent.recipe import compiled_ops
+
+    certain, _ = compiled_ops.scan(recipe)
+    if certain:
+        raise EnvironmentProblem(compiled_ops.message(certain))
+
+
+def named_yaml(recipe: Recipe, yaml_name: str) -> Path:
+    config = recipe.path / "config"
+    path = (config / yaml_name).resolve()
+    if not path.is_file() or config.resolve() not in path.parents:
+        available = sorted(p.relative_to(config).as_posix() for p in config.rglob("*.y*ml") if p.is_file()) \
+            if config.is_dir() else []
+        raise InputError(f"--yaml {yaml_name}: no such file in {config} (there: {', '.join(available) or 'none'})")
+    return path
+
+
+def copy_path(recipe: Recipe, source: Path, standin: bool) -> Path:
+    """Where a run's copy of `source` goes: our state folder, `standin/config/` for a stand-in run
+    (repairs of it edit the copy, never upstream's file), else `plan/config/` (written again from the
+    recipe's YAML before every run, so a repair of the recipe's YAML is what runs)."""
+    return state_dir(recipe.path) / ("standin" if standin else "plan") / "config" / source.name
+
+
+def parallel_for(parallel: dict, world_size: int) -> dict:
+    """parallel_config for `world_size` ranks. Fewer ranks than the YAML's: each *_size above 1
+    becomes the largest divisor of world_size it does not exceed (the layout kept, scaled down). More
+    (a single-card YAML on N): attention, MoE and lm_head tensor parallel over all of them, as
+    upstream's N-card YAMLs are (embedding and dense TP as the YAML has them)."""
+    out = dict(parallel)
+    before = int(parallel.get("world_size") or 1)
+    out["world_size"] = world_size
+    if world_size > before:
+        for key in TP_KEYS:
+            out[key] = world_size
+        return out
+    for key, value in parallel.items():
+        if key != "world_size" and key.endswith("_size") and isinstance(value, int) and value > 1:
+            out[key] = max(d for d in range(1, world_size + 1) if world_size % d == 0 and d <= value)
+    return out
+
+
+def write_copy(recipe: Recipe, plan: RunPlan) -> Path:
+    """plan.yaml: plan.source_yaml on plan.checkpoint at plan.world_size ranks; on a tiny checkpoint
+    (plan.max_new_tokens) lengths and batch cut too. The target's schema says where each key is."""
+    data = load_yaml(plan.source_yaml) or {}
+    schema = recipe.target.schema
+    world_size = plan.world_size
+    schema.set(data, "model_path", str(plan.checkpoint))
+    schema.set(data, "world_size", world_size)
+    if isinstance(data.get("parallel_config"), dict):
+        data["parallel_config"] = parallel_for(data["parallel_config"], world_size)
+    if plan.max_new_tokens:
+        schema.set(data, "input_len", TINY_INPUT_LEN)
+        schema.set(data, "max_new_tokens", plan.max_new_tokens)
+        if isinstance(data.get("scheduler_config"), dict):
+            # the checkout's default prompt: a hub data set (LongBench) is neither here nor what parity uses
+            schema.set(data, "dataset", "default")
+            scheduler = data["scheduler_config"]
+            # a whole number of requests per attention data-parallel rank (executor/offline/infer.py checks it)
+            dp = max(1, world_size // int((data.get("parallel_config") or {}).get("attn_tp_size") or 1))
+            batch = min(int(scheduler.get("batch_size") or 1), TINY_MAX_BATCH)
+            scheduler["batch_size"] = -(-batch // dp) * dp
+            if "max_prefill_tokens" in scheduler:
+                scheduler["max_prefill_tokens"] = max(int(scheduler["max_prefill_tokens"]),
+                                                      TINY_INPUT_LEN * scheduler["batch_size"])
+    what = "a stand-in run (npu stand-in, not an NPU)" if plan.standin else "a run"
+    header = (f"# {plan.source_yaml.name} for {what}, written by infer-migrator:\n"
+              f"# model_path -> {plan.checkpoint}, {world_size} rank(s).\n")
+    user_tree(recipe.path).write_text(plan.yaml, header + yamllib.safe_dump(data, sort_keys=False))
+    return plan.yaml
+
+
+def refresh(recipe: Recipe, plan: RunPlan) -> RunPlan:
+    """Before a run: a plan's copy written again from the recipe's YAML (a repair edits that one),
+    except a stand-in copy, which is what repairs of a stand-in run edit."""
+    if plan.yaml != plan.source_yaml and plan.checkpoint is not None and not plan.standin \
+            and plan.source_yaml is not None and plan.source_yaml.is_file():
+        write_copy(recipe, plan)
+    return plan
+
+
+def old_schema_keys(recipe: Recipe, source: Path | None) -> list[str]:
+    """A YAML's keys of the old, flat schema, which upstream's executor ignores silently, for a target
+    that checks them: one evidence line each (agent.recipe.upstream_schema; the recipe's YAML, read
+    again at every run, so a repaired one passes)."""
+    from agent.recipe.upstream_schema import check
+
+    if not recipe.target.upstream_schema_check or source is None or not Path(source).is_file():
+        return []
+    return check(Path(source), recipe.repo_root, _shown(recipe, Path(source)))
+
+
+def _shown(recipe: Recipe, path: Path) -> str:
+    try:
+        return path.relative_to(recipe.path).as_posix()
+    except ValueError:
+        return os.path.basename(path)
