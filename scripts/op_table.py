@@ -37,6 +37,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from engine.safe_load import load_json, loads_json  # noqa: E402 - after the checkout is on sys.path
+
 # the project's checkout sits beside ../shared; a worktree of it one level further down
 DEFAULT_CHECKOUT = next((root / "shared" / "upstream" / "cann-recipes-infer" for root in (REPO.parent, REPO.parent.parent)
                          if (root / "shared" / "upstream" / "cann-recipes-infer").is_dir()),
@@ -71,7 +73,7 @@ def column_counts(usage: dict | None) -> dict:
     outside: dict[str, list] = {}
     for name in names:
         shapes = {json.dumps((g.get("per_layer") or {}).get(name, [0] * (g.get("layers") or 0))) for g in layered}
-        per_layer[name] = [json.loads(s) for s in sorted(shapes)]
+        per_layer[name] = [loads_json(s) for s in sorted(shapes)]
         outside[name] = sorted({(g.get("outside_layers") or {}).get(name, 0) for g in layered})
     prefill_ops = sorted({name for g in prefill for name in g.get("ops") or {}})
     return {"rank": process.get("rank"), "decode_steps": len(steps),
@@ -300,7 +302,7 @@ def main(argv=None) -> int:
     for item in args.set:
         key, sep, value = item.partition("=")
         try:
-            settings[key] = json.loads(value)
+            settings[key] = loads_json(value, f"--set {key}")
         except ValueError:
             settings[key] = value
         if not sep or not key.isidentifier() or args.checkpoint:
@@ -315,7 +317,7 @@ def main(argv=None) -> int:
     explanations = None
     if args.explanations:
         try:
-            explanations = json.loads(Path(args.explanations).expanduser().read_text())
+            explanations = load_json(Path(args.explanations).expanduser())
         except (OSError, ValueError) as exc:
             print(f"op_table: --explanations {args.explanations}: not a readable JSON file ({exc})", file=sys.stderr)
             return 2

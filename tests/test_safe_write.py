@@ -37,7 +37,7 @@ PRIVATE_TMP = "a private temporary folder of the migrator's own (mkdtemp / Tempo
 ALLOWED = {
     "agent/cli.py::_internal_error::tempfile.NamedTemporaryFile(dir=...)":
         "the crash report: a new file in the temporary folder outside the tree's own",
-    "agent/cli.py::check_output_dir::.mkdir()":
+    "agent/workflow/inputs.py::check_output_dir::.mkdir()":
         "the --output-dir the user named, created as named; what goes in it is written through user_tree",
     "agent/cli.py::cmd_baseline::.mkdir()": "the folder of the --summary file the user named, created as named",
     "agent/measure/parity.py::shrunk_reference::shutil.copy": PRIVATE_TMP + " (`tiny`, made by its caller)",
