@@ -119,7 +119,7 @@ def test_framework_recipe_is_upstreams_layout_and_nothing_else_changes(migrated)
                    if p.is_file() and "res" not in p.relative_to(recipe).parts)
     assert files == ["README.md", "config/tiny_llama.yaml", "config/tiny_llama_npugraph_ex.yaml",
                      "models/configuration_tiny_llama.py",
-                     "models/modeling_tiny_llama.py", "models/modeling_tiny_llama_framework.py", "requirements.txt"]
+                     "models/modeling_tiny_llama.py", "requirements.txt"]
     assert not (recipe / "models" / "__init__.py").exists()        # upstream: no __init__.py there
     for name in files:                                             # upstream's end-of-file-fixer hook
         text = (recipe / name).read_text()
@@ -137,10 +137,34 @@ def test_framework_recipe_is_upstreams_layout_and_nothing_else_changes(migrated)
     removed = after.replace("".join(line[1:] + "\n" for line in changed).encode(), b"", 1)
     assert removed == migrated["registry_before"]
     assert "tiny_llama" in registered_names(checkout / REGISTRY)
-    assert '("models.tiny_llama.models.modeling_tiny_llama_framework", "TinyLlamaForCausalLM")' in after.decode()
-    # the vendored code imports its sibling as the registry does
-    modeling = (recipe / "models" / "modeling_tiny_llama.py").read_text()
-    assert "from models.tiny_llama.models.configuration_tiny_llama import LlamaConfig" in modeling
+    assert '("models.tiny_llama.models.modeling_tiny_llama", "TinyLlamaForCausalLM")' in after.decode()
+    # the model file is native: upstream's shape, none of transformers' runtime classes
+    check_native_model(recipe / "models" / "modeling_tiny_llama.py")
+
+
+FORBIDDEN_RUNTIME = ("PreTrainedModel", "GenerationMixin", "DynamicCache", "create_causal_mask",
+                     "ALL_ATTENTION_FUNCTIONS", "use_kernel_forward_from_hub", "GradientCheckpointingLayer")
+
+
+def check_native_model(path: Path) -> None:
+    """A native framework model: transformers imported only for activations and rope initialisation,
+    none of its runtime classes named, upstream's module.linear layers and the kvcache kernels."""
+    import ast
+
+    text = path.read_text()
+    tree = ast.parse(text)
+    transformers_imports = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                            and (node.module or "").startswith("transformers")}
+    assert transformers_imports <= {"transformers.activations", "transformers.modeling_rope_utils"}, transformers_imports
+    names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)} | \
+        {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+    assert not names & set(FORBIDDEN_RUNTIME), names & set(FORBIDDEN_RUNTIME)
+    assert "Cache" not in names and "past_key_values" not in text
+    for needed in ("QKVParallelLinear", "MergedColumnParallelLinear", "RowParallelLinear", "ColumnParallelLinear",
+                   "npu_scatter_nd_update_", "npu_apply_rotary_pos_emb", "npu_rms_norm", "npu_add_rms_norm",
+                   "def get_cache_info", "def load_weights", "def process_weights_after_loading", "cache_entries",
+                   '"attn_tp_group"', '"lmhead_tp_group"', "Adapted from"):
+        assert needed in text, needed
 
 
 def test_framework_yaml_is_upstreams_four_sections_and_its_inferenceconfig_parses_it(migrated):

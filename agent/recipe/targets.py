@@ -108,10 +108,40 @@ def framework_class_name(model_name: str) -> str:
 
 
 def framework_registry_entry(ctx: dict) -> list[tuple[str, str]]:
-    """The support_models.py line: (module, class) of the model, then of its configuration."""
+    """The support_models.py line: (module, class) of the model, then of its configuration. A native
+    model is modeling_NAME.py itself; the adapter wraps the vendored modeling_NAME.py."""
     name = ctx["model_name"]
-    return [(f"models.{name}.models.modeling_{name}_framework", framework_class_name(name)),
+    module = f"modeling_{name}" if ctx.get("native_model") else f"modeling_{name}_framework"
+    return [(f"models.{name}.models.{module}", framework_class_name(name)),
             (f"models.{name}.models.configuration_{name}", ctx["config_class"])]
+
+
+# the framework model's file: native (agent.recipe.native) where the generator writes the architecture,
+# else the adapter around the vendored code
+FRAMEWORK_MODEL = {"framework/modeling_framework.py.j2": "models/modeling_{name}_framework.py"}
+NATIVE_MODEL = {"framework/native/modeling.py.j2": "models/modeling_{name}.py"}
+
+
+def framework_layout(layout: Mapping[str, str], ctx: dict) -> Mapping[str, str]:
+    """The framework row's files for this render context: the native model in place of the adapter."""
+    if not ctx.get("native_model"):
+        return layout
+    return {**NATIVE_MODEL, **{t: p for t, p in layout.items() if t not in FRAMEWORK_MODEL}}
+
+
+def native_decision(ctx: dict):
+    """agent.recipe.native's decision for this recipe (None: not a framework render of a checkpoint)."""
+    from agent.recipe.native.decide import decide
+
+    try:
+        config = load_json(Path(ctx.get("model_path", "")) / "config.json")
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    recipe_dir = ctx.get("recipe_dir")
+    checkout = checkout_root(Path(recipe_dir)) if recipe_dir else None
+    return decide(ctx, config, checkout)
 
 
 def hub_link(source: str) -> str:
@@ -164,8 +194,17 @@ def framework_context(ctx: dict, graph: bool = True) -> dict:
         extra["graph_settings"]["model_config"]["exe_mode"] = "npugraph_ex"
         extra["graph_settings"]["parallel_config"] = framework_parallel(1)     # the single card's, as its name says
         extra["graph_yaml_name"] = framework_graph_yaml_name(name)
-    return {**extra, "framework_class": framework_class_name(name),
-            "display_name": str(ctx.get("architecture") or name).removesuffix("ForCausalLM") or name,
+    names = {"framework_class": framework_class_name(name),
+             "display_name": str(ctx.get("architecture") or name).removesuffix("ForCausalLM") or name}
+    if graph:
+        decision = native_decision({**ctx, **names})
+        if decision is not None:
+            extra["native_decision"] = decision.summary()
+            if decision.native:
+                from agent.recipe.native.decide import native_context
+
+                extra.update(native_model=True, **native_context({**ctx, **names}, decision.features))
+    return {**extra, **names,
             "family_label": FAMILY_LABELS.get(ctx["family"].name, ctx["family"].name),
             "hub_link": hub_link(ctx.get("model_source", "")),
             "parameter_count": parameter_count(ctx.get("model_path", "")),
@@ -309,6 +348,8 @@ class Target:
     yaml_settings: Callable[[dict], dict] | None = None   # render context -> the YAML as data
     family_runner: bool = False                     # renders the family's runner_NAME.py (agent.recipe.routing)
     context: Callable[[dict], dict] | None = None   # render context -> what the target's templates add
+    # (layout, render context) -> the files for that context (the framework row: native or adapter model)
+    layout_for: Callable[[Mapping[str, str], dict], Mapping[str, str]] | None = None
     # folders the migrator creates: agentic/ makes Recipe.baseline_dir() upstream's agentic/baseline/
     folders: tuple[str, ...] = ()
     carries: tuple[str, ...] = ()                   # packages of this project copied into the recipe
@@ -324,9 +365,11 @@ class Target:
     def renders(self) -> bool:
         return bool(self.layout)
 
-    def files(self) -> dict[str, str]:
-        """template -> recipe path of every file rendered for this target (the runner aside)."""
-        return {**self.layout, **({self.readme_template: "README.md"} if self.readme_template else {})}
+    def files(self, ctx: dict | None = None) -> dict[str, str]:
+        """template -> recipe path of every file rendered for this target (the runner aside); with a
+        render context, the files for it (layout_for)."""
+        layout = self.layout_for(self.layout, ctx) if ctx is not None and self.layout_for else self.layout
+        return {**layout, **({self.readme_template: "README.md"} if self.readme_template else {})}
 
 
 TARGETS: dict[str, Target] = {
@@ -368,7 +411,7 @@ TARGETS: dict[str, Target] = {
             "framework/requirements.txt.j2": "requirements.txt",
         },
         readme_template="framework/README.md.j2", yaml_settings=framework_settings, context=framework_context,
-        vendored_package="models.{name}.models", registers=True, inside_checkout=True, chat_template=True,
+        layout_for=framework_layout, vendored_package="models.{name}.models", registers=True, inside_checkout=True, chat_template=True,
         scale_yaml=framework_tensor_parallel_yaml, scaled_how=lambda n: f"{n}-way tensor parallel",
         launch_hint=lambda folder, yaml: f"bash {ENTRY.as_posix()} --model {folder} --yaml {yaml}"),
 }

@@ -15,10 +15,12 @@ from engine.safe_load import load_json
 
 REPORT_KEYS = ("scenario", "classify_reason", "status", "message", "model_name", "model_source",
                "model_dir", "architecture", "family", "vendored", "rendered", "env", "runs", "rounds",
-               "memory", "baseline_path", "verification", "standin", "upstream_standin", "transformers")
+               "memory", "baseline_path", "verification", "standin", "upstream_standin", "transformers",
+               "native_model")
 
 
-ORIGIN_KEYS = ("model_name", "model_source", "model_dir", "architecture", "family", "vendored", "rendered")
+ORIGIN_KEYS = ("model_name", "model_source", "model_dir", "architecture", "family", "vendored", "rendered",
+               "native_model")
 
 
 def write_report(state: MigrationState) -> Path | None:

@@ -44,7 +44,7 @@ def native_context(ctx: dict, features: NativeFeatures) -> dict:
     """What the native template reads beyond the framework target's context."""
     return {"native": features, "class_prefix": class_prefix(ctx["framework_class"]),
             "qkv_name": "qkv_proj" if features.fused_qkv else "merged_qkv_proj",
-            "source_header": native_header(ctx)}
+            "native_source_header": native_header(ctx)}
 
 
 def native_header(ctx: dict) -> str:
