@@ -307,6 +307,11 @@ def test_framework_recipe_runs_through_upstreams_infer_sh_with_parity(migrated, 
     assert "Traceback" not in text and "Initializing KV cache with PageAttention management" in text
     check_two_prompts(logs, migrated["checkpoint"], 1)
     assert usage["ranks"] == [0] and not usage["unsupported"]
+    # the native model's kernels ran: fused attention on the paged cache, the paged write, the fused norms
+    ops = usage["ops"]
+    for op in ("npu_fused_infer_attention_score_v2", "npu_scatter_nd_update_", "npu_rms_norm", "npu_add_rms_norm",
+               "npu_apply_rotary_pos_emb", "npu_swiglu"):
+        assert ops.get(op, 0) > 0, (op, ops)
 
 
 def test_npugraph_ex_yaml_compiles_the_decode_once_and_generates_the_eager_tokens(migrated, eager_run, tmp_path):
