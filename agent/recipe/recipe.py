@@ -239,7 +239,7 @@ class Recipe:
         own = _world_size(read_settings(self.yaml)) or 1
         named = self.yaml_for(world_size) if world_size is not None and world_size > 1 else None
         if world_size is None or (world_size == own and named is None):
-            return RunPlan(self.yaml, own)
+            return self._tensor_parallel_checked(RunPlan(self.yaml, own))
         if named is not None and named.resolve() == self.yaml.resolve():
             pass                    # the recipe's own YAML is the N-rank one: its infer.sh runs it as it is
         elif world_size <= 1:
@@ -256,7 +256,16 @@ class Recipe:
             raise InputError(f"--world-size {world_size}: {self._shown(yaml_path)} is named for {world_size} ranks "
                              f"but sets world_size {ranks}; fix its world_size or remove it (it is then written "
                              f"from {self.yaml.name})")
-        return RunPlan(yaml_path, ranks)
+        return self._tensor_parallel_checked(RunPlan(yaml_path, ranks))
+
+    def _tensor_parallel_checked(self, plan: "RunPlan") -> "RunPlan":
+        """A native framework model whose heads or widths do not split at the plan YAML's tensor-parallel
+        sizes is refused here, one line, before anything runs (agent.recipe.native.preflight)."""
+        if self.kind == "framework":
+            from agent.recipe.native import preflight
+
+            preflight.check(self.path, self.checkpoint_dir(), read_settings(plan.yaml), self._shown(plan.yaml))
+        return plan
 
     def _shown(self, yaml_path: Path) -> str:
         try:
