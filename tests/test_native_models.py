@@ -118,3 +118,56 @@ def test_a_fault_in_the_native_file_fails_the_check(checked, model_type, what):
     result = checked[(what, model_type)]
     assert not result["ok"], what
     assert "differ from transformers" in result["reason"] or "Error" in result["reason"], result["reason"]
+
+
+# ---- slow: each type's native recipe through upstream's launcher, held to transformers per step ------
+# (tiny checkpoints; a sliding window shorter than the prompts)
+RECIPE_TYPES = {"llama": {}, "qwen2": {}, "qwen3": {}, "mistral": {"sliding_window": 16}, "phi3": {}, "gemma": {},
+                "gemma2": {"sliding_window": 16}, "gemma3_text": {"sliding_window": 16}}
+
+
+@pytest.fixture(scope="module")
+def native_checkout(tmp_path_factory):
+    from test_upstream_check import copy_snapshot
+
+    if not SNAPSHOT.is_dir():
+        pytest.skip(f"no upstream snapshot at {SNAPSHOT}")
+    root = tmp_path_factory.mktemp("native_recipes")
+    return {"root": root, "checkout": copy_snapshot(root / "cann-recipes-infer"), "recipes": {}}
+
+
+def native_recipe(native_checkout, model_type: str) -> tuple[Path, str]:
+    from agent.workflow.run import run_migration
+    from npu_standin import upstream
+
+    if model_type not in native_checkout["recipes"]:
+        root, checkout = native_checkout["root"], native_checkout["checkout"]
+        checkpoint = upstream.tiny_checkpoint(model_type, root / f"ckpt_{model_type}", **RECIPE_TYPES[model_type])
+        name = f"nat_{model_type}"
+        run_migration({"target": str(checkpoint), "output_dir": str(checkout / "models"), "name": name,
+                       "device": "cpu", "max_new_tokens": 16, "max_rounds": 0, "world_size": 1,
+                       "recipe_target": "framework", "transformers_source": "installed"}, stop_after="render")
+        native_checkout["recipes"][model_type] = (checkout / "models" / name, name)
+    return native_checkout["recipes"][model_type]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks", [1, 2])
+@pytest.mark.parametrize("model_type", list(RECIPE_TYPES))
+def test_native_recipe_of_each_type_passes_the_per_step_precision_check(native_checkout, model_type, ranks):
+    """`migrator run RECIPE --standin --world-size N`: upstream's launcher runs the native model (N-way
+    tensor parallel by module.linear), every prefill and decode step held to transformers per layer."""
+    import json
+
+    from test_framework_target import check_native_model
+    from test_upstream_check import run_standin
+
+    recipe, name = native_recipe(native_checkout, model_type)
+    check_native_model(recipe / "models" / f"modeling_{name}.py")
+    assert not (recipe / "models" / f"modeling_{name}_framework.py").exists()
+    proc, summary = run_standin(native_checkout["checkout"], name, "--world-size", str(ranks))
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    parity = json.loads(Path(summary["baseline_path"]).read_text())["verification"]["parity"]
+    assert parity["ok"] is True and parity["ranks"] == ranks, parity
+    print(f"NATIVE-TABLE {model_type} ranks={ranks} ok={parity['ok']} closest={parity.get('closest')} "
+          f"decode_steps={parity.get('decode_steps_checked')}")
