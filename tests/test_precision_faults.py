@@ -80,13 +80,13 @@ def test_a_decode_only_fault_in_upstreams_qwen_is_exit_1_naming_a_decode_step(tm
 # ---- the framework model this tool writes ------------------------------------------------------
 FRAMEWORK_FAULTS = {
     # our native framework model (templates/framework/native/modeling.py.j2), faults in its decode step only:
-    # the decode attends one key past each sequence (a slot nothing was written to)
+    # the decode attends to the 8 slots past each sequence (nothing written there)
     "mask": ("            mask, sparse_mode = (forward_metadata.attention_mask, 3) if is_prefill else "
              "(self._decode_mask(block_table, forward_metadata), 0)\n",
              "            mask, sparse_mode = (forward_metadata.attention_mask, 3) if is_prefill else "
              "(self._decode_mask(block_table, forward_metadata), 0)\n"
              "            if not is_prefill:\n"
-             "                actual_seq_kvlen = actual_seq_kvlen + 1\n"),
+             "                actual_seq_kvlen = actual_seq_kvlen + 8\n"),
     # a decode step writes its key and value one slot on
     "cache_slot": ("        slots = forward_metadata.slot_mapping[self.attn_type].view(-1)[:q_len].view(-1, 1)\n",
                    "        slots = forward_metadata.slot_mapping[self.attn_type].view(-1)[:q_len].view(-1, 1)\n"
