@@ -196,6 +196,7 @@ def framework_context(ctx: dict, graph: bool = True) -> dict:
         extra["graph_yaml_name"] = framework_graph_yaml_name(name)
     names = {"framework_class": framework_class_name(name),
              "display_name": str(ctx.get("architecture") or name).removesuffix("ForCausalLM") or name}
+    extra.update(native_model=False, native_decision=None)
     if graph:
         decision = native_decision({**ctx, **names})
         if decision is not None:
