@@ -12,7 +12,6 @@ with the layer kind and the reason: the recipe keeps the adapter.
 
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import asdict, dataclass, field
 
@@ -360,7 +359,3 @@ def _probe_embed_scale(model, base, hidden: int) -> str:
     if torch.allclose(got, table * torch.tensor(hidden ** 0.5, dtype=table.dtype), rtol=1e-5, atol=1e-6):
         return "sqrt_hidden"
     raise NotNative("model", "the embedding is scaled by something other than 1 or sqrt(hidden_size)")
-
-
-def copy_config(config):
-    return copy.deepcopy(config)
