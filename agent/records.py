@@ -138,6 +138,7 @@ class Report(TypedDict, total=False):
     family: str
     vendored: Vendored
     rendered: list[str]
+    native_model: dict[str, Any]
     env: Environment
     runs: list[Run]
     rounds: list[Round]

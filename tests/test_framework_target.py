@@ -121,7 +121,7 @@ def test_framework_recipe_is_upstreams_layout_and_nothing_else_changes(migrated)
                    if p.is_file() and "res" not in p.relative_to(recipe).parts)
     assert files == ["README.md", "config/tiny_llama.yaml",
                      "models/configuration_tiny_llama.py",
-                     "models/modeling_tiny_llama.py", "models/modeling_tiny_llama_framework.py", "requirements.txt"]
+                     "models/modeling_tiny_llama.py", "requirements.txt"]
     assert not (recipe / "models" / "__init__.py").exists()        # upstream: no __init__.py there
     for name in files:                                             # upstream's end-of-file-fixer hook
         text = (recipe / name).read_text()
@@ -139,10 +139,34 @@ def test_framework_recipe_is_upstreams_layout_and_nothing_else_changes(migrated)
     removed = after.replace("".join(line[1:] + "\n" for line in changed).encode(), b"", 1)
     assert removed == migrated["registry_before"]
     assert "tiny_llama" in registered_names(checkout / REGISTRY)
-    assert '("models.tiny_llama.models.modeling_tiny_llama_framework", "TinyLlamaForCausalLM")' in after.decode()
-    # the vendored code imports its sibling as the registry does
-    modeling = (recipe / "models" / "modeling_tiny_llama.py").read_text()
-    assert "from models.tiny_llama.models.configuration_tiny_llama import LlamaConfig" in modeling
+    assert '("models.tiny_llama.models.modeling_tiny_llama", "TinyLlamaForCausalLM")' in after.decode()
+    # the model file is native: upstream's shape, none of transformers' runtime classes
+    check_native_model(recipe / "models" / "modeling_tiny_llama.py")
+
+
+FORBIDDEN_RUNTIME = ("PreTrainedModel", "GenerationMixin", "DynamicCache", "create_causal_mask",
+                     "ALL_ATTENTION_FUNCTIONS", "use_kernel_forward_from_hub", "GradientCheckpointingLayer")
+
+
+def check_native_model(path: Path) -> None:
+    """A native framework model: transformers imported only for activations and rope initialisation,
+    none of its runtime classes named, upstream's module.linear layers and the kvcache kernels."""
+    import ast
+
+    text = path.read_text()
+    tree = ast.parse(text)
+    transformers_imports = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                            and (node.module or "").startswith("transformers")}
+    assert transformers_imports <= {"transformers.activations", "transformers.modeling_rope_utils"}, transformers_imports
+    names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)} | \
+        {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+    assert not names & set(FORBIDDEN_RUNTIME), names & set(FORBIDDEN_RUNTIME)
+    assert "Cache" not in names and "past_key_values" not in text
+    for needed in ("QKVParallelLinear", "MergedColumnParallelLinear", "RowParallelLinear", "ColumnParallelLinear",
+                   "npu_scatter_nd_update_", "npu_apply_rotary_pos_emb", "npu_rms_norm", "npu_add_rms_norm",
+                   "def get_cache_info", "def load_weights", "def process_weights_after_loading", "cache_entries",
+                   '"attn_tp_group"', '"lmhead_tp_group"', "Adapted from"):
+        assert needed in text, needed
 
 
 def test_framework_yaml_is_upstreams_four_sections_and_its_inferenceconfig_parses_it(migrated):
@@ -289,6 +313,11 @@ def test_framework_recipe_runs_through_upstreams_infer_sh_with_parity(migrated, 
     assert "Traceback" not in text and "Initializing KV cache with PageAttention management" in text
     check_two_prompts(logs, migrated["checkpoint"], 1)
     assert usage["ranks"] == [0] and not usage["unsupported"]
+    # the native model's kernels ran: fused attention on the paged cache, the paged write, the fused norms
+    ops = usage["ops"]
+    for op in ("npu_fused_infer_attention_score_v2", "npu_scatter_nd_update_", "npu_rms_norm", "npu_add_rms_norm",
+               "npu_apply_rotary_pos_emb", "npu_swiglu"):
+        assert ops.get(op, 0) > 0, (op, ops)
 
 
 def test_npugraph_ex_yaml_compiles_the_decode_once_and_generates_the_eager_tokens(migrated, eager_run, tmp_path):
@@ -318,7 +347,7 @@ import json, sys, types
 import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig
-import models.tiny_llama.models.modeling_tiny_llama_framework as adapter
+import models.tiny_llama.models.modeling_tiny_llama as native
 
 class Comm:
     def __init__(self, rank):
@@ -334,54 +363,57 @@ def build(rank, **overrides):
     config = AutoConfig.from_pretrained(sys.argv[1])
     for key, value in overrides.items():
         setattr(config, key, value)
-    parallel = types.SimpleNamespace(world_size=2, attn_tp_size=2, moe_tp_size=2, lmhead_tp_size=2)
-    infer = types.SimpleNamespace(parallel_config=parallel, scheduler_config=types.SimpleNamespace(block_size=128))
-    model = adapter.TinyLlamaForCausalLM(config, infer, Comm(rank))
-    return model
+    parallel = types.SimpleNamespace(world_size=2, attn_tp_size=2, moe_tp_size=1, lmhead_tp_size=2)
+    infer = types.SimpleNamespace(parallel_config=parallel, scheduler_config=types.SimpleNamespace(block_size=128),
+                                  model_config=types.SimpleNamespace(exe_mode="eager", enable_weight_nz=False))
+    return native.TinyLlamaForCausalLM(config, infer, Comm(rank))
 
 weights = load_file(sys.argv[1] + "/model.safetensors")
 ranks = [build(r) for r in (0, 1)]
 for model in ranks:
     model.load_weights(weights.items())
-    model.process_weights_after_loading()
-params = [dict(m.hf.named_parameters()) for m in ranks]
-full = {name.removeprefix("hf."): t for name, t in weights.items()}
-out = {"split": sorted(ranks[0].tp.styles), "replicated": build(0, num_key_value_heads=1).tp is None}
-for name in ranks[0].tp.styles:
-    dim, parts = ranks[0].tp.split(name)
-    halves = [p[name].chunk(parts, dim=dim) for p in params]
-    joined = torch.cat([torch.cat([h[i] for h in halves], dim=dim) for i in range(parts)], dim=dim)
-    out[name] = [list(params[0][name].shape), torch.equal(joined, full[name])]
-head = [m.hf.get_output_embeddings().weight for m in ranks]
-out["lm_head"] = [list(head[0].shape), torch.equal(torch.cat(head), full.get("lm_head.weight", full["model.embed_tokens.weight"]))]
-out["embed"] = list(params[0]["model.embed_tokens.weight"].shape)
+params = [dict(m.named_parameters()) for m in ranks]
+out = {name: list(p.shape) for name, p in params[0].items() if name.startswith("model.layers.0.") or "layers" not in name}
+def rows(name, rank, parts=2):
+    return weights[name].chunk(parts, dim=0)[rank]
+layer = "model.layers.0."
+for rank in (0, 1):
+    qkv = torch.cat([rows(layer + f"self_attn.{p}_proj.weight", rank) for p in "qkv"])
+    gate_up = torch.cat([rows(layer + f"mlp.{p}_proj.weight", rank) for p in ("gate", "up")])
+    out[f"rank{rank}"] = [
+        torch.equal(params[rank][layer + "self_attn.merged_qkv_proj.weight"], qkv),
+        torch.equal(params[rank][layer + "self_attn.o_proj.weight"], weights[layer + "self_attn.o_proj.weight"].chunk(2, dim=1)[rank]),
+        torch.equal(params[rank][layer + "mlp.gate_up_proj.weight"], gate_up),
+        torch.equal(params[rank][layer + "mlp.down_proj.weight"], weights[layer + "mlp.down_proj.weight"].chunk(2, dim=1)[rank]),
+        torch.equal(params[rank]["lm_head.weight"], rows("lm_head.weight", rank)),
+        torch.equal(params[rank]["model.embed_tokens.weight"], weights["model.embed_tokens.weight"])]
+try:
+    build(0, num_attention_heads=3)
+    out["refused"] = None
+except ValueError as exc:
+    out["refused"] = str(exc)
 print("TP", json.dumps(out))
 """
 
 
-def test_tensor_parallel_plan_splits_the_vendored_model_by_its_own_plan(migrated):
-    """The adapter's TensorParallelPlan on tiny llama, tp 2, both ranks in one process: the plan's
-    colwise weights (q/k/v, gate/up) split by rows, rowwise (o_proj, down_proj) by columns, the two
-    shards of each concatenating to the checkpoint's tensor; lm_head split by vocabulary rows, the
-    input embeddings whole; a model whose heads do not split runs replicated."""
-    checkout, recipe = migrated["checkout"], migrated["recipe"]
+def test_native_model_splits_by_upstreams_parallel_linears(migrated):
+    """The native model at tp 2, both ranks in one process: module.linear's QKVParallelLinear holds each
+    rank's heads of q, k and v, MergedColumnParallelLinear its rows of gate and up, RowParallelLinear
+    (o_proj, down_proj) its columns, ColumnParallelLinear lm_head its vocabulary rows, the embedding
+    whole; heads that do not divide are refused with one line."""
+    checkout = migrated["checkout"]
     proc = run_cli("standin", "--", sys.executable, "-c", TP_PROBE, str(migrated["checkpoint"]), cwd=checkout,
                    env={"PYTHONPATH": str(checkout)}, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("TP "))[3:])
     config = json.loads((migrated["checkpoint"] / "config.json").read_text())
     hidden, inter, heads = config["hidden_size"], config["intermediate_size"], config["num_attention_heads"]
-    head_dim, kv = hidden // heads, config["num_key_value_heads"]
-    layers = config["num_hidden_layers"]
-    assert len(out["split"]) == 7 * layers, out["split"]
-    expected = {"self_attn.q_proj": [heads * head_dim // 2, hidden], "self_attn.k_proj": [kv * head_dim // 2, hidden],
-                "self_attn.o_proj": [hidden, heads * head_dim // 2], "mlp.gate_proj": [inter // 2, hidden],
-                "mlp.down_proj": [hidden, inter // 2]}
-    for module, shape in expected.items():
-        assert out[f"model.layers.0.{module}.weight"] == [shape, True], module
-    assert out["lm_head"] == [[config["vocab_size"] // 2, hidden], True]
-    assert out["embed"] == [config["vocab_size"], hidden]
-    assert out["replicated"] is True
+    head_dim, kv = config.get("head_dim") or hidden // heads, config["num_key_value_heads"]
+    assert out["model.layers.0.self_attn.merged_qkv_proj.weight"] == [(heads + 2 * kv) * head_dim // 2, hidden]
+    assert out["model.layers.0.mlp.down_proj.weight"] == [hidden, inter // 2]
+    assert out["lm_head.weight"] == [config["vocab_size"] // 2, hidden]
+    assert out["rank0"] == [True] * 6 and out["rank1"] == [True] * 6, out
+    assert out["refused"] == "num_attention_heads 3 does not divide by tensor-parallel size 2: choose a size that divides it"
 
 
 @pytest.mark.slow
@@ -602,3 +634,16 @@ def test_migrator_run_of_a_legacy_recipe_reports_its_parity(tmp_path):
     assert parity["checked"] and parity["ok"] and parity["ranks"] == 1, parity
     assert [r["request"] for r in parity["per_request"]] == [0] and parity["per_request"][0]["prompt_tokens"] > 1, parity
     assert parity["method"] == "precision, per step, teacher-forced" and parity["decode_steps_checked"] >= 1
+
+
+def test_native_model_heads_that_do_not_split_are_refused_before_anything_runs(migrated):
+    """--world-size 3 on tiny llama (4 heads): the run plan refuses it in one line, naming the count."""
+    recipe = Recipe.at(migrated["recipe"])
+    with pytest.raises(InputError) as caught:
+        recipe.run_plan(3)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "num_attention_heads 4 does not divide by parallel_config's tensor-parallel size 3" in message
+    assert recipe.run_plan(2).world_size == 2                   # 2 divides every count: planned
+    for written in (migrated["recipe"] / "config").glob("*_rank_3_*"):
+        written.unlink()

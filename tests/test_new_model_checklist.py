@@ -77,7 +77,7 @@ def _mutations():
             path.write_text(fn(path.read_text()))
         return edit
 
-    framework = "models/modeling_{name}_framework.py"
+    framework = "models/modeling_{name}.py"          # llama's framework model: the native one
     return {
         "一.1.files": lambda r: (r / "models" / f"configuration_{r.name}.py").unlink(),
         "一.1.yaml_keys": yaml_edit(lambda d: d["scheduler_config"].pop("max_prefill_tokens")),

@@ -79,21 +79,26 @@ def test_a_decode_only_fault_in_upstreams_qwen_is_exit_1_naming_a_decode_step(tm
 
 # ---- the framework model this tool writes ------------------------------------------------------
 FRAMEWORK_FAULTS = {
-    # the decode window's mask admits 8 padded columns (they hold position 0's key and value)
-    "mask": ("        valid = positions >= 0\n", "        valid = positions >= -8\n"),
+    # our native framework model (templates/framework/native/modeling.py.j2), faults in its decode step only:
+    # the decode attends to the 8 slots past each sequence (nothing written there)
+    "mask": ("            mask, sparse_mode = (forward_metadata.attention_mask, 3) if is_prefill else "
+             "(self._decode_mask(block_table, forward_metadata), 0)\n",
+             "            mask, sparse_mode = (forward_metadata.attention_mask, 3) if is_prefill else "
+             "(self._decode_mask(block_table, forward_metadata), 0)\n"
+             "            if not is_prefill:\n"
+             "                actual_seq_kvlen = actual_seq_kvlen + 8\n"),
     # a decode step writes its key and value one slot on
-    "cache_slot": ("            self._write(layer, slots, keys[:, :, past], values[:, :, past])\n",
-                   "            self._write(layer, slots + 1, keys[:, :, past], values[:, :, past])\n"),
+    "cache_slot": ("        slots = forward_metadata.slot_mapping[self.attn_type].view(-1)[:q_len].view(-1, 1)\n",
+                   "        slots = forward_metadata.slot_mapping[self.attn_type].view(-1)[:q_len].view(-1, 1)\n"
+                   "        if not is_prefill:\n"
+                   "            slots = slots + 1\n"),
     # a decode step's rotary position one on
-    "position": ("        out = self.hf(input_ids=input_ids.view(rows, 1), position_ids=position_ids.view(rows, 1),",
-                 "        out = self.hf(input_ids=input_ids.view(rows, 1), position_ids=position_ids.view(rows, 1) + 1,"),
+    "position": ("        position_ids = position_ids.view(-1).long()\n",
+                 "        position_ids = position_ids.view(-1).long() + (0 if forward_metadata.is_prefill else 1)\n"),
     # a decode step scales the scores by 1/head_dim instead of 1/sqrt(head_dim)
-    "scale": ("        cache_position = torch.arange(past, past + 1, device=input_ids.device)\n",
-              "        cache_position = torch.arange(past, past + 1, device=input_ids.device)\n"
-              "        for module in self.hf.modules():\n"
-              "            if hasattr(module, 'scaling') and hasattr(module, 'head_dim'):\n"
-              "                module.scaling = module.head_dim ** -1.0\n"
-              "        restore = [m for m in self.hf.modules() if hasattr(m, 'scaling') and hasattr(m, 'head_dim')]\n"),
+    "scale": ('                softmax_scale=self.scaling, input_layout="TND", sparse_mode=sparse_mode, atten_mask=mask,\n',
+              '                softmax_scale=self.scaling if is_prefill else self.head_dim ** -1.0, input_layout="TND",'
+              ' sparse_mode=sparse_mode, atten_mask=mask,\n'),
 }
 DEFAULT_FRAMEWORK_FAULT = "position"
 
@@ -116,13 +121,8 @@ def framework_recipe(tmp_path: Path, model_type: str = "llama", **overrides) -> 
     pytest.param(name, marks=() if name == DEFAULT_FRAMEWORK_FAULT else pytest.mark.slow) for name in FRAMEWORK_FAULTS])
 def test_a_decode_only_fault_in_our_framework_model_is_exit_1_naming_a_decode_step(tmp_path, fault):
     checkout, recipe, name = framework_recipe(tmp_path)
-    modeling = next((recipe / "models").glob("modeling_*_framework.py"))
+    modeling = recipe / "models" / f"modeling_{name}.py"          # the native model
     inject(modeling, *FRAMEWORK_FAULTS[fault])
-    if fault == "scale":   # the scale is put back after the decode step: the prefill keeps its own
-        inject(modeling, "        return out.logits[:, -1:].float()\n",
-               "        for module in restore:\n"
-               "            module.scaling = module.head_dim ** -0.5\n"
-               "        return out.logits[:, -1:].float()\n")
     proc, summary = run_standin(checkout, name)
     parity = assert_located_in_decode(proc, summary)
     layer = parity["first_failure"]["layer"]

@@ -266,7 +266,7 @@ class Recipe:
         own = schema.world_size(read_settings(self.yaml)) or 1
         named = self.yaml_for(world_size) if world_size is not None and world_size > 1 else None
         if world_size is None or (world_size == own and named is None):
-            return RunPlan(self.yaml, own, self.yaml)
+            return self._tensor_parallel_checked(RunPlan(self.yaml, own, self.yaml))
         if named is None:
             named = next((p for p in recipe_yaml_files(self)[1:] if p.parent == self.path / "config"
                           and schema.world_size(read_settings(p)) == world_size), None)
@@ -288,7 +288,16 @@ class Recipe:
             raise InputError(f"--world-size {world_size}: {self._shown(yaml_path)} is named for {world_size} ranks "
                              f"but sets world_size {ranks}; fix its world_size or remove it (it is then written "
                              f"from {self.yaml.name})")
-        return RunPlan(yaml_path, ranks, yaml_path)
+        return self._tensor_parallel_checked(RunPlan(yaml_path, ranks, yaml_path))
+
+    def _tensor_parallel_checked(self, plan: "RunPlan") -> "RunPlan":
+        """A native framework model whose heads or widths do not split at the plan YAML's tensor-parallel
+        sizes is refused here, one line, before anything runs (agent.recipe.native.preflight)."""
+        if self.target.writes_native_models:
+            from agent.recipe.native import preflight
+
+            preflight.check(self.path, self.checkpoint_dir(), read_settings(plan.yaml), self._shown(plan.yaml))
+        return plan
 
     def _shown(self, yaml_path: Path) -> str:
         try:

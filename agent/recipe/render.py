@@ -168,10 +168,11 @@ def render_text(template: str, context: dict, family: Family, target: Target = O
 
 
 def generated_files(model_name: str, family: Family, target: Target = OWN_LAYOUT,
-                    world_size: int = 1) -> dict[str, str]:
-    """recipe-relative path -> template, for every file the migrator renders."""
+                    world_size: int = 1, ctx: dict | None = None) -> dict[str, str]:
+    """recipe-relative path -> template, for every file the migrator renders (for render context
+    `ctx` when given: the target may choose its files by it)."""
     files = {path.format(name=model_name, yaml_name=target.yaml_name(model_name, world_size)): template
-             for template, path in target.files().items()}
+             for template, path in target.files(ctx).items()}
     if target.family_runner:
         files[f"runner_{model_name}.py"] = family.runner_template
     return files
@@ -180,11 +181,12 @@ def generated_files(model_name: str, family: Family, target: Target = OWN_LAYOUT
 def render_recipe(recipe_dir: Path, context: dict, family: Family, target: Target = OWN_LAYOUT) -> list[Path]:
     """Write every generated file; returns the paths written. Deterministic for equal context."""
     env = environment()
-    ctx = template_context(context, family, target)   # validates before anything is written
+    # validates before anything is written; the recipe's folder tells a target its checkout
+    ctx = template_context(dict(context, recipe_dir=str(recipe_dir)), family, target)
     if target.inside_checkout:      # requirements.txt: the checkout's pinned stack (agent.recipe.requirements)
         ctx["requirements"] = recipe_requirements(checkout_root(recipe_dir), ctx["transformers_version"],
                                                   sorted((recipe_dir / "models").glob("*.py")))
-    files = generated_files(ctx["model_name"], family, target, int(ctx.get("world_size") or 1))
+    files = generated_files(ctx["model_name"], family, target, int(ctx.get("world_size") or 1), ctx)
     texts = {recipe_dir / rel: env.get_template(template).render(**ctx) for rel, template in files.items()}
     written = []
     recipe_tree = user_tree(recipe_dir, create=True)

@@ -185,10 +185,40 @@ def framework_class_name(model_name: str) -> str:
 
 
 def framework_registry_entry(ctx: dict) -> list[tuple[str, str]]:
-    """The support_models.py line: (module, class) of the model, then of its configuration."""
+    """The support_models.py line: (module, class) of the model, then of its configuration. A native
+    model is modeling_NAME.py itself; the adapter wraps the vendored modeling_NAME.py."""
     name = ctx["model_name"]
-    return [(f"models.{name}.models.modeling_{name}_framework", framework_class_name(name)),
+    module = f"modeling_{name}" if ctx.get("native_model") else f"modeling_{name}_framework"
+    return [(f"models.{name}.models.{module}", framework_class_name(name)),
             (f"models.{name}.models.configuration_{name}", ctx["config_class"])]
+
+
+# the framework model's file: native (agent.recipe.native) where the generator writes the architecture,
+# else the adapter around the vendored code
+FRAMEWORK_MODEL = {"framework/modeling_framework.py.j2": "models/modeling_{name}_framework.py"}
+NATIVE_MODEL = {"framework/native/modeling.py.j2": "models/modeling_{name}.py"}
+
+
+def framework_layout(layout: Mapping[str, str], ctx: dict) -> Mapping[str, str]:
+    """The framework row's files for this render context: the native model in place of the adapter."""
+    if not ctx.get("native_model"):
+        return layout
+    return {**NATIVE_MODEL, **{t: p for t, p in layout.items() if t not in FRAMEWORK_MODEL}}
+
+
+def native_decision(ctx: dict):
+    """agent.recipe.native's decision for this recipe (None: not a framework render of a checkpoint)."""
+    from agent.recipe.native.decide import decide
+
+    try:
+        config = load_json(Path(ctx.get("model_path", "")) / "config.json")
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    recipe_dir = ctx.get("recipe_dir")
+    checkout = checkout_root(Path(recipe_dir)) if recipe_dir else None
+    return decide(ctx, config, checkout)
 
 
 def hub_link(source: str) -> str:
@@ -226,16 +256,27 @@ def parameter_count(model_path: str) -> str:
     return f"{total / 1e9:.1f}B" if total >= 1e8 else f"{total / 1e6:.2f}M"
 
 
-def framework_context(ctx: dict) -> dict:
-    """What the framework (and legacy) templates add: one YAML per topology, in its exe_mode."""
+def framework_context(ctx: dict, native: bool = True) -> dict:
+    """What the framework (and legacy) templates add: one YAML per topology, in its exe_mode; `native`:
+    agent.recipe.native's decision and the native model's context (a framework model, not legacy's runner)."""
     name = ctx["model_name"]
     world_size = int(ctx.get("world_size") or 1)
     mode = ctx["settings"].get("exe_mode") or ctx["settings"].get("model_config", {}).get("exe_mode")
     files = [(framework_yaml_name(name, 1), f"单卡，{mode}")]
     if world_size > 1:
         files.append((framework_yaml_name(name, world_size), f"{world_size} 卡张量并行，{mode}"))
-    return {"framework_class": framework_class_name(name), "exe_mode": mode,
-            "display_name": str(ctx.get("architecture") or name).removesuffix("ForCausalLM") or name,
+    names = {"framework_class": framework_class_name(name),
+             "display_name": str(ctx.get("architecture") or name).removesuffix("ForCausalLM") or name}
+    extra = {"exe_mode": mode, "native_model": False, "native_decision": None}
+    if native:
+        decision = native_decision({**ctx, **names})
+        if decision is not None:
+            extra["native_decision"] = decision.summary()
+            if decision.native:
+                from agent.recipe.native.decide import native_context
+
+                extra.update(native_model=True, **native_context({**ctx, **names}, decision.features))
+    return {**extra, **names,
             "family_label": FAMILY_LABELS.get(ctx["family"].name, ctx["family"].name),
             "hub_link": hub_link(ctx.get("model_source", "")),
             "parameter_count": parameter_count(ctx.get("model_path", "")),
@@ -327,7 +368,7 @@ def legacy_data_parallel_yaml(settings: dict, world_size: int, moe: bool = True)
 
 
 def legacy_context(ctx: dict) -> dict:
-    return {**framework_context(ctx), "runner_class": runner_class_name(ctx["model_name"])}
+    return {**framework_context(ctx, native=False), "runner_class": runner_class_name(ctx["model_name"])}
 
 
 def runner_class_name(model_name: str) -> str:
@@ -396,6 +437,8 @@ class Target:
     yaml_settings: Callable[[dict], dict] | None = None   # render context -> the YAML as data
     family_runner: bool = False                     # renders the family's runner_NAME.py (agent.recipe.routing)
     context: Callable[[dict], dict] | None = None   # render context -> what the target's templates add
+    # (layout, render context) -> the files for that context (the framework row: native or adapter model)
+    layout_for: Callable[[Mapping[str, str], dict], Mapping[str, str]] | None = None
     # folders the migrator creates: agentic/ makes Recipe.baseline_dir() upstream's agentic/baseline/
     folders: tuple[str, ...] = ()
     carries: tuple[str, ...] = ()                   # packages of this project copied into the recipe
@@ -438,9 +481,16 @@ class Target:
         """Its launch is the recipe's own infer.sh (which picks its YAML itself unless it reads YAML_FILE)."""
         return self.launch is _run_infer_sh
 
-    def files(self) -> dict[str, str]:
-        """template -> recipe path of every file rendered for this target (the runner aside)."""
-        return {**self.layout, **({self.readme_template: "README.md"} if self.readme_template else {})}
+    @property
+    def writes_native_models(self) -> bool:
+        """Its model files are chosen per render (agent.recipe.native: the native model, or the adapter)."""
+        return self.layout_for is not None
+
+    def files(self, ctx: dict | None = None) -> dict[str, str]:
+        """template -> recipe path of every file rendered for this target (the runner aside); with a
+        render context, the files for it (layout_for)."""
+        layout = self.layout_for(self.layout, ctx) if ctx is not None and self.layout_for else self.layout
+        return {**layout, **({self.readme_template: "README.md"} if self.readme_template else {})}
 
 
 TARGETS: dict[str, Target] = {
@@ -486,7 +536,7 @@ TARGETS: dict[str, Target] = {
             "framework/requirements.txt.j2": "requirements.txt",
         },
         readme_template="framework/README.md.j2", yaml_settings=framework_settings, context=framework_context,
-        vendored_package="models.{name}.models", registers=True, inside_checkout=True, chat_template=True,
+        layout_for=framework_layout, vendored_package="models.{name}.models", registers=True, inside_checkout=True, chat_template=True,
         scale_yaml=framework_tensor_parallel_yaml, scaled_how=lambda n: f"{n}-way tensor parallel",
         launch_hint=lambda folder, yaml: f"bash {ENTRY.as_posix()} --model {folder} --yaml {yaml}",
         schema=SECTIONS_SCHEMA, model_path_placeholder=MODEL_PATH_PLACEHOLDER, log_style="executor",

@@ -169,12 +169,18 @@ def node_render(state: MigrationState, config: RunnableConfig) -> MigrationState
     target = TARGETS[state["recipe_target"]]
     written = render_recipe(recipe_dir, spec.context(), spec.family_spec(), target)
     rendered = [str(p.relative_to(recipe_dir)) for p in written]
+    extra = {}
     if target.registers:
         # the one change outside the recipe: its line in the checkout's registry (backed up, undone by rollback)
-        ctx = template_context(spec.context(), spec.family_spec(), target)
+        ctx = template_context(dict(spec.context(), recipe_dir=str(recipe_dir)), spec.family_spec(), target)
         edit = register(checkout_root(recipe_dir), spec.model_name, framework_registry_entry(ctx), state_dir(recipe_dir))
         print(f"[migrator] registered {spec.model_name} in {edit.registry} (before: {edit.backup})", file=sys.stderr)
-    return {"rendered": rendered, "run_plan": plan_run(Recipe.at(recipe_dir), state)}
+        if ctx.get("native_decision"):
+            extra["native_model"] = ctx["native_decision"]
+            decision = ctx["native_decision"]
+            print("[migrator] framework model: " + ("native (upstream's layers and fused kernels)" if decision["native"]
+                  else f"adapter ({decision['fell_back']} fell back: {decision['reason']})"), file=sys.stderr)
+    return {"rendered": rendered, "run_plan": plan_run(Recipe.at(recipe_dir), state), **extra}
 
 
 def node_trial_run(state: MigrationState, config: RunnableConfig) -> MigrationState:

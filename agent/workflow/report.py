@@ -17,10 +17,12 @@ from npu_standin import honest
 
 REPORT_KEYS = ("scenario", "classify_reason", "status", "message", "model_name", "model_source",
                "model_dir", "architecture", "family", "vendored", "rendered", "env", "runs", "rounds",
-               "memory", "baseline_path", "verification", "standin", "upstream_standin", "transformers")
+               "memory", "baseline_path", "verification", "standin", "upstream_standin", "transformers",
+               "native_model")
 
 
-ORIGIN_KEYS = ("model_name", "model_source", "model_dir", "architecture", "family", "vendored", "rendered")
+ORIGIN_KEYS = ("model_name", "model_source", "model_dir", "architecture", "family", "vendored", "rendered",
+               "native_model")
 
 
 def write_report(state: MigrationState) -> Path | None:

@@ -1,0 +1,121 @@
+"""Native or adapter: derive the architecture's features, write the native file, hold it to
+transformers (agent.recipe.native.selfcheck, in a stand-in subprocess); any step that fails keeps the
+adapter, with the layer kind and the reason."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.recipe.native.features import NativeFeatures, NotNative, derive
+
+TEMPLATE = "framework/native/modeling.py.j2"
+SELFCHECK_TIMEOUT_S = 600
+_decisions: dict[str, "NativeDecision"] = {}
+
+
+@dataclass(frozen=True)
+class NativeDecision:
+    native: bool
+    features: NativeFeatures | None = None
+    kind: str | None = None          # the layer kind that fell back
+    reason: str | None = None
+    max_rel: float | None = None     # the self-check's largest logit difference, relative
+
+    def summary(self) -> dict:
+        """What the report and README say."""
+        if self.native:
+            return {"native": True, "selfcheck_max_rel": self.max_rel, "fused": list(self.features.fused),
+                    "not_fused": list(self.features.unfused)}
+        return {"native": False, "fell_back": self.kind, "reason": self.reason}
+
+
+def class_prefix(framework_class: str) -> str:
+    return framework_class.removesuffix("ForCausalLM") or framework_class
+
+
+def native_context(ctx: dict, features: NativeFeatures) -> dict:
+    """What the native template reads beyond the framework target's context."""
+    return {"native": features, "class_prefix": class_prefix(ctx["framework_class"]),
+            "qkv_name": "qkv_proj" if features.fused_qkv else "merged_qkv_proj",
+            "native_source_header": native_header(ctx)}
+
+
+def native_header(ctx: dict) -> str:
+    from agent.migrate import provenance
+
+    what = (f"{ctx['model_name']}: {ctx.get('architecture') or ctx['model_name']} for cann-recipes-infer's executor, "
+            "written by infer-migrator's native generator from the transformers code below")
+    if not ctx.get("modeling_module"):
+        return f"# coding=utf-8\n# {what}\n"
+    prov = provenance.of_vendored_model(str(ctx["modeling_module"]), ctx.get("transformers_version"),
+                                        ctx.get("model_source"), ctx.get("model_path"))
+    return provenance.header_text(prov, what)
+
+
+def render_native(ctx: dict, features: NativeFeatures) -> str:
+    from agent.recipe.render import environment
+
+    return environment().get_template(TEMPLATE).render(**{**ctx, **native_context(ctx, features)})
+
+
+def selfcheck(jobs: list[dict], checkout: Path, timeout: float = SELFCHECK_TIMEOUT_S) -> list[dict]:
+    """Run agent.recipe.native.selfcheck on `jobs` ({"config", "file", "class_name"}) under the stand-in,
+    the checkout's module/ and executor/ importable."""
+    from npu_standin.environment import standin_env
+
+    project = Path(__file__).resolve().parents[3]
+    with tempfile.TemporaryDirectory(prefix="native-selfcheck-") as tmp:
+        job_file = Path(tmp) / "jobs.json"
+        job_file.write_text(json.dumps(jobs))
+        env = standin_env("cpu")
+        env["PYTHONPATH"] = os.pathsep.join([str(checkout), str(project), env.get("PYTHONPATH", "")])
+        proc = subprocess.run([sys.executable, "-m", "agent.recipe.native.selfcheck", str(job_file)], cwd=tmp,
+                              env=env, capture_output=True, text=True, timeout=timeout)
+    line = next((l for l in proc.stdout.splitlines() if l.startswith("SELFCHECK ")), None)
+    if line is None:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        return [{"ok": False, "max_rel": None, "reason": f"self-check did not run: {tail[0]}"}] * len(jobs)
+    return json.loads(line[len("SELFCHECK "):])
+
+
+def checked(ctx: dict, config: dict, features: NativeFeatures, checkout: Path) -> NativeDecision:
+    """The native file of `features` held to transformers on `config`'s shrunk copy."""
+    with tempfile.TemporaryDirectory(prefix="native-model-") as tmp:
+        path = Path(tmp) / f"modeling_{ctx['model_name']}.py"
+        path.write_text(render_native(ctx, features))
+        result = selfcheck([{"config": config, "file": str(path), "class_name": ctx["framework_class"]}], checkout)[0]
+    if not result["ok"]:
+        return NativeDecision(False, features, "self-check", result["reason"])
+    return NativeDecision(True, features, max_rel=result["max_rel"])
+
+
+def decide(ctx: dict, config: dict, checkout: Path | None) -> NativeDecision:
+    """Native or not for the architecture of `config` (a checkpoint's config.json), once per
+    configuration and generator in this process."""
+    from agent.migrate.vendor import REMOTE_PACKAGE
+    from agent.paths import templates_dir
+
+    key = hashlib.sha256(json.dumps([config, ctx.get("model_name"), ctx.get("framework_class"), str(checkout),
+                                     (templates_dir() / TEMPLATE).read_text()], sort_keys=True, default=str)
+                         .encode()).hexdigest()
+    if key in _decisions:
+        return _decisions[key]
+    if str(ctx.get("modeling_module") or "").startswith(REMOTE_PACKAGE + "."):
+        decision = NativeDecision(False, kind="model", reason="remote code (trust_remote_code): only transformers' "
+                                                              "own architectures are written natively")
+    elif checkout is None:
+        decision = NativeDecision(False, kind="model", reason="no cann-recipes-infer checkout to check the native file in")
+    else:
+        try:
+            decision = checked(ctx, config, derive(config), checkout)
+        except NotNative as exc:
+            decision = NativeDecision(False, kind=exc.kind, reason=exc.reason)
+    _decisions[key] = decision
+    return decision
