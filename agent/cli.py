@@ -507,8 +507,8 @@ def cmd_baseline(args) -> int:
                            decode_avg_ms=data["performance"]["decode_avg_ms"])
         except errors.EnvironmentProblem as exc:
             row.update(status="needs_npu" if "needs an Ascend NPU" in str(exc) else "error", message=str(exc))
-        except MigratorError as exc:
-            row.update(status="error", message=str(exc))
+        except MigratorError as exc:     # another command writing the recipe: busy (exit 75), not a failure of it
+            row.update(status="busy" if exc.exit_code == errors.EXIT_BUSY else "error", message=str(exc))
         rows.append(row)
     summary_path = Path(args.summary)
     summary_path.parent.mkdir(parents=True, exist_ok=True)
@@ -526,6 +526,12 @@ def cmd_baseline(args) -> int:
         return errors.EXIT_OK
     if refused == len(rows):
         return errors.EXIT_USAGE           # no folder given is a recipe or a model: bad input, as for run
+    # A recipe another command holds (folder_lock): exit 75 naming the holder, as run and rollback answer.
+    if any(r["status"] == "busy" for r in rows) and all(r["status"] in ("ok", "needs_npu", "busy") for r in rows):
+        for r in rows:
+            if r["status"] == "busy":
+                print(f"migrator: error: {r['message']}", file=sys.stderr)
+        return errors.EXIT_BUSY
     # Recipes that only need an NPU host are not failures of the recipe: exit 4 when that is all.
     if all(r["status"] in ("ok", "needs_npu") for r in rows):
         for r in rows:

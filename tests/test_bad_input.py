@@ -244,6 +244,34 @@ def forged_state(journal: list | None = None, manifest: list | None = None, reco
     return setup
 
 
+_HELD_ELSEWHERE: list[int] = []     # lock fds a row holds "as another command"; closed after the row
+
+
+def recipe_locked(command: str, *extra: str):
+    """Setup: a legacy recipe whose folder lock another command holds (agent.recipe.folder_lock: an flock
+    on a second open file description is another holder, as another process would be); `migrator COMMAND`."""
+    def setup(tmp: Path, ckpt: Path) -> list[str]:
+        import fcntl
+        import hashlib
+
+        from agent.recipe import folder_lock
+
+        recipe = tmp / "recipe"
+        (recipe / "config").mkdir(parents=True)
+        (recipe / "infer.sh").write_text("#!/bin/bash\necho never run > PWNED\n")
+        (recipe / "config" / "r.yaml").write_text("model_name: r\n")
+        root = folder_lock.lock_dirs()[0]
+        root.mkdir(parents=True, exist_ok=True)
+        key = str(recipe.resolve())
+        fd = os.open(root / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.ftruncate(fd, 0)
+        os.write(fd, b"pid 4242: migrator run other")
+        _HELD_ELSEWHERE.append(fd)
+        return [a.format(tmp=tmp) for a in (command, str(recipe), *extra)]
+    return setup
+
+
 HOSTILE_ARCH = 'X"""\nimport os; os.system("touch PWNED")\n"""'
 REMOTE_OK = {"AutoConfig": "configuration_custom.CustomConfig",
              "AutoModelForCausalLM": "modeling_custom.CustomForCausalLM"}
@@ -464,6 +492,11 @@ CASES = [
         "registry": "{tmp}/victim.py", "name": "x", "offset": 9, "inserted": "INSERTED = 2\n"}), 2, "edits no other file"),
     Case("rollback_registry_record_wrong_type", forged_state(record={
         "registry": "{tmp}/victim.py", "name": "x", "offset": "9", "inserted": "INSERTED = 2\n"}), 2, "not a int"),
+    # a recipe folder another command writes (folder_lock): every writer answers 75 naming the holder
+    Case("run_recipe_locked", recipe_locked("run"), 75, "being written by another migrator command (pid 4242"),
+    Case("baseline_recipe_locked", recipe_locked("baseline", "--summary", "{tmp}/out/summary"), 75,
+         "being written by another migrator command (pid 4242"),
+    Case("rollback_recipe_locked", recipe_locked("rollback"), 75, "being written by another migrator command"),
     # other commands
     Case("classify_missing_path", args("classify", "{tmp}/nope"), 2, "no such file"),
     Case("rollback_not_a_recipe", args("rollback", "{tmp}/nope"), 2, "no such recipe"),
@@ -508,7 +541,11 @@ def test_bad_input(case: Case, tmp_path, monkeypatch, capsys):
     before = _tree(tmp_path, skip=out)
     capsys.readouterr()
 
-    code = main(argv)
+    try:
+        code = main(argv)
+    finally:
+        while _HELD_ELSEWHERE:
+            os.close(_HELD_ELSEWHERE.pop())
 
     err = capsys.readouterr().err
     assert "Traceback" not in err, err
@@ -522,7 +559,7 @@ def test_bad_input(case: Case, tmp_path, monkeypatch, capsys):
     assert not any(p.name == MARKER for p in tmp_path.rglob("*"))
     # No half-built recipe: the output dir holds at most the checkpoint store, and what the user had.
     if out.is_dir():
-        leftovers = {p.name for p in out.iterdir()} - {".migrator"}
+        leftovers = {p.name for p in out.iterdir()} - {".migrator", "summary.md", "summary.csv"}   # baseline's table
         expected = {"my_model"} if case.id == "recipe_dir_exists" else set()
         assert leftovers == expected, leftovers
     if case.id == "recipe_dir_exists":

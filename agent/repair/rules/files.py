@@ -12,6 +12,7 @@ from pathlib import Path
 
 
 from agent.migrate.vendor import locate_source, read_config, vendor_source
+from agent.processes import owned_temp_prefix
 from agent.recipe.recipe import Recipe
 from agent.recipe.render import generated_files, render_file, write_rendered
 from agent.recipe.spec import recipe_spec
@@ -133,7 +134,7 @@ def _fix_vendored_missing(failure: Failure, facts: dict, ctx: RepairContext) -> 
     target = TARGETS.get(failure.recipe.kind) or TARGETS["standalone"]
     package = target.vendored_package.format(name=failure.recipe.model_name)
     # Vendor aside and copy back only the missing file: the other vendored files may carry edits.
-    with tempfile.TemporaryDirectory(prefix="revendor_") as tmp:
+    with tempfile.TemporaryDirectory(prefix=owned_temp_prefix("revendor")) as tmp:
         result = vendor_source(source, Path(tmp), failure.recipe.model_name, package, tree=tree)
         source = result.source
         fresh = Path(tmp) / facts["file"]
