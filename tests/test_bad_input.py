@@ -117,13 +117,16 @@ def tokenizer_json(**changes):
 
 
 def special_file(name: str, kind: str):
-    """Setup: one file of the checkpoint replaced by a symlink loop, a FIFO or a link to /dev/zero."""
+    """Setup: one file of the checkpoint replaced by a symlink loop, a dangling symlink, a FIFO or a link to
+    /dev/zero."""
     def setup(tmp: Path, ckpt: Path) -> list[str]:
         path = ckpt / name
         if path.exists():
             path.unlink()
         if kind == "loop":
             path.symlink_to(path.name)
+        elif kind == "dangling":
+            path.symlink_to(tmp / "moved away" / name)
         elif kind == "fifo":
             os.mkfifo(path)
         else:
@@ -385,6 +388,11 @@ CASES = [
     Case("weights_symlink_loop", special_file("loop.safetensors", "loop"), 2, "symlink loop"),
     Case("tokenizer_json_dev_zero", special_file("tokenizer.json", "dev_zero"), 2, "character device"),
     Case("tokenizer_config_fifo", special_file("tokenizer_config.json", "fifo"), 2, "FIFO"),
+    # found by tests/test_fuzz_inputs.py: a dangling link was a FileNotFoundError traceback (exit 70), not bad input
+    Case("added_tokens_dangling_symlink", special_file("added_tokens.json", "dangling"), 2, "dangling link"),
+    Case("config_dangling_symlink", special_file("config.json", "dangling"), 2, "dangling link"),
+    Case("weights_dangling_symlink", special_file("model.safetensors", "dangling"), 2, "dangling link"),
+    Case("tokenizer_json_dangling_symlink", special_file("tokenizer.json", "dangling"), 2, "dangling link"),
     # tokenizer_config.json / generation_config.json fields of the wrong kind
     Case("tokenizer_eos_token_number", json_file("tokenizer_config.json", eos_token=5), 2, "eos_token"),
     Case("tokenizer_model_max_length_string", json_file("tokenizer_config.json", model_max_length="long"), 2,

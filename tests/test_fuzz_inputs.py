@@ -1,0 +1,290 @@
+"""A fuzz pass over every input class (#31.8): checkpoint and recipe trees with links and special files,
+the YAML / JSON a recipe carries (its YAMLs, migration_report.json, journals, the run store), tokenizer
+files, hub references, --transformers-source archives, the environment variables the tool reads, and
+signals at every node of the LangGraph run.
+
+Every example runs the CLI in-process (agent.cli.main) as a user would and holds it to one property: the
+documented exit code with exactly one `migrator: error:` line (2 bad input, 3 unsupported, 4 needs an NPU,
+10 bad transformers source, 74 unwritable, 75 busy) — never a traceback, never 70 (a bug) or 1 (a failed
+recipe) for a file the user gave us, never a hang — and nothing written outside the output folder or the
+recipe. An input that is accepted runs the real workflow up to `render` (a recipe written, no trial run);
+under `-m slow` the same tests draw more examples (FUZZ_PROFILES). What a pass found is a row of
+tests/test_bad_input.py, fixed where its class goes through."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import json
+import os
+import shutil
+import signal
+import socket
+import stat
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings, strategies as st
+
+from agent.paths import demo_model_dir
+
+@dataclass(frozen=True)
+class Profile:
+    examples: int
+    stop_after: str          # the node an accepted input's run stops after
+
+
+# the default run stays well under two minutes for the whole file; -m slow draws more and runs further
+FUZZ_PROFILES = [pytest.param(Profile(10, "acquire"), id="quick"),
+                 pytest.param(Profile(100, "render"), id="long", marks=pytest.mark.slow)]
+
+
+def fuzz_settings(profile: Profile):
+    """No shrinking, no explain phase (its tracer slows a run tenfold): a failure names its example itself.
+    FUZZ_EXAMPLES=N overrides the count (a longer hunt by hand)."""
+    return settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES") or profile.examples), deadline=None, suppress_health_check=list(HealthCheck),
+                    database=None, phases=[Phase.explicit, Phase.generate], report_multiple_bugs=False)
+HANG_S = 60            # an example that runs longer is a hang (a FIFO opened for reading, a lock waited on)
+USER_FAULT_CODES = {2, 3, 4, 10, 74, 75}
+
+
+class Hung(BaseException):
+    """An example ran past HANG_S (raised by SIGALRM; a BaseException, so the CLI cannot swallow it)."""
+
+
+@dataclass
+class Answer:
+    code: int | None
+    err: str
+    out: str
+    reached: list[dict] = field(default_factory=list)    # the summaries of the runs the CLI started
+
+    @property
+    def error_lines(self) -> list[str]:
+        return [ln for ln in self.err.splitlines() if not ln.startswith("[migrator]")]
+
+
+def _tree(root: Path, skip: Path) -> dict[str, tuple]:
+    """Every entry under root (links not followed) with its kind, size, mtime and mode; `skip` left out."""
+    found = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        if here == skip or skip in here.parents:
+            dirnames[:] = []
+            continue
+        for name in filenames + dirnames:
+            path = here / name
+            if path == skip:
+                continue
+            st_ = path.lstat()
+            found[str(path.relative_to(root))] = (stat.S_IFMT(st_.st_mode), st_.st_size, st_.st_mtime_ns,
+                                                  stat.S_IMODE(st_.st_mode), st_.st_nlink)
+    return found
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str | None]):
+    saved = {k: os.environ.get(k) for k in values}
+    try:
+        for key, value in values.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _on_alarm(signum, frame):
+    raise Hung()
+
+
+def run_cli(argv: list[str], root: Path, env: dict[str, str | None] | None = None,
+            stop_after: str | None = "render") -> Answer:
+    """`migrator ARGV` in-process, cwd `root`, HF / ModelScope caches and locks under root/out; a run that
+    starts stops after `stop_after` (None: runs to the end)."""
+    import agent.cli as cli
+    from agent.workflow import run as workflow_run
+
+    reached: list[dict] = []
+    real = workflow_run.run_migration
+
+    def run_migration(state, resume=False, **kw):
+        summary = real(state, resume, stop_after=stop_after, **kw) if stop_after else real(state, resume, **kw)
+        reached.append(summary)
+        if stop_after and summary.get("status") is None:
+            summary = dict(summary, status="ok")          # stopped where asked: not a failure
+        return summary
+
+    base = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(root / "out" / "hf"), "HF_HUB_CACHE": None,
+            "MODELSCOPE_CACHE": str(root / "out" / "ms"), "XDG_CACHE_HOME": str(root / "out" / "xdg"),
+            "MIGRATOR_NO_CODEMOD_CACHE": "1"}
+    out, err = io.StringIO(), io.StringIO()
+    cwd = os.getcwd()
+    old_alarm = signal.signal(signal.SIGALRM, _on_alarm)
+    old_int, old_term = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    try:
+        os.chdir(root)
+        with _environment({**base, **(env or {})}), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+                _patched(cli, "run_migration", run_migration):
+            signal.alarm(HANG_S)
+            try:
+                code = cli.main(argv)
+            finally:
+                signal.alarm(0)
+    finally:
+        os.chdir(cwd)
+        signal.signal(signal.SIGALRM, old_alarm)
+        signal.signal(signal.SIGINT, old_int)
+        signal.signal(signal.SIGTERM, old_term)
+    return Answer(code, err.getvalue(), out.getvalue(), reached)
+
+
+@contextlib.contextmanager
+def _patched(owner, name, value):
+    saved = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, saved)
+
+
+def assert_documented_answer(answer: Answer, what: str) -> None:
+    """The property every class is held to (see the module docs)."""
+    shown = f"{what}\n--- stderr ---\n{answer.err[-3000:]}"
+    assert "Traceback" not in answer.err, shown
+    if answer.code == 0:
+        assert answer.reached, shown                # accepted: the workflow ran
+        return
+    lines = answer.error_lines
+    assert len(lines) == 1 and lines[0].startswith("migrator: error: "), shown
+    assert answer.code in USER_FAULT_CODES, f"exit {answer.code}: {shown}"
+
+
+def _example_root(tmp: Path) -> Path:
+    root = Path(tempfile.mkdtemp(dir=tmp))
+    (root / "outside").mkdir()
+    (root / "outside" / "secret.txt").write_text("the user's own file\n")
+    return root
+
+
+def _cleanup(root: Path) -> None:
+    shutil.rmtree(root, ignore_errors=True)
+
+
+# ---- file kinds a tree may hold where a file (or a folder) is expected ---------------------------
+KINDS = ["symlink_to_outside_copy", "symlink_to_outside_dir", "dangling_symlink", "self_loop", "two_link_loop",
+         "fifo", "socket", "link_to_dev_null", "link_to_dev_zero", "link_to_dev_urandom", "directory",
+         "directory_with_file", "empty_file", "hard_link_to_outside", "unreadable", "sparse_4_gib", "random_bytes",
+         "absolute_link_to_proc_self", "link_to_parent"]
+
+
+def make_kind(path: Path, kind: str, root: Path, data: bytes, seed: int) -> None:
+    """Put `kind` at `path` (whatever was there goes); `data` is what a regular file there would hold."""
+    if path.is_symlink() or path.is_file() or path.is_fifo() or path.is_socket():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    outside = root / "outside"
+    if kind == "symlink_to_outside_copy":
+        copy = outside / f"copy_{seed}_{path.name}"
+        copy.write_bytes(data)
+        path.symlink_to(copy)
+    elif kind == "symlink_to_outside_dir":
+        path.symlink_to(outside, target_is_directory=True)
+    elif kind == "dangling_symlink":
+        path.symlink_to(outside / "no such file")
+    elif kind == "self_loop":
+        path.symlink_to(path.name)
+    elif kind == "two_link_loop":
+        other = path.with_name(path.name + ".other")
+        if not os.path.lexists(other):
+            other.symlink_to(path.name)
+        path.symlink_to(other.name)
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "socket":
+        sock = socket.socket(socket.AF_UNIX)
+        here = os.getcwd()
+        try:
+            os.chdir(path.parent)          # a socket's path is limited to ~100 bytes: bind relative
+            sock.bind(path.name)
+        finally:
+            os.chdir(here)
+            sock.close()
+    elif kind.startswith("link_to_dev_"):
+        path.symlink_to("/dev/" + kind.removeprefix("link_to_dev_"))
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "directory_with_file":
+        path.mkdir()
+        (path / "inner.json").write_bytes(data)
+    elif kind == "empty_file":
+        path.write_bytes(b"")
+    elif kind == "hard_link_to_outside":
+        copy = outside / f"hard_{seed}_{path.name}"
+        copy.write_bytes(data)
+        os.link(copy, path)
+    elif kind == "unreadable":
+        path.write_bytes(data)
+        path.chmod(0)
+    elif kind == "sparse_4_gib":
+        with open(path, "wb") as f:
+            f.truncate(4 * 2**30)
+    elif kind == "random_bytes":
+        path.write_bytes(os.urandom(64 + seed % 4096))
+    elif kind == "absolute_link_to_proc_self":
+        path.symlink_to("/proc/self/environ")
+    elif kind == "link_to_parent":
+        path.symlink_to("..", target_is_directory=True)
+    else:
+        raise AssertionError(kind)
+
+
+# ---- checkpoint trees ----------------------------------------------------------------------------
+CKPT_NAMES = ["config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json", "model.safetensors",
+              "special_tokens_map.json", "added_tokens.json", "model.safetensors.index.json", "vocab.json",
+              "merges.txt", "tokenizer.model", "chat_template.jinja", "pytorch_model.bin",
+              "model-00001-of-00002.safetensors", "training_info.json", "README.md", "sub/nested.json", ".cache"]
+
+
+def _ckpt(root: Path) -> Path:
+    ckpt = root / "ckpt" / "model"
+    shutil.copytree(demo_model_dir(), ckpt)
+    return ckpt
+
+
+def _checkpoint_tree_examples(profile: Profile):
+    @fuzz_settings(profile)
+    @given(st.lists(st.tuples(st.sampled_from(CKPT_NAMES), st.sampled_from(KINDS)), min_size=1, max_size=3),
+           st.integers(0, 2**16))
+    def example(tmp: Path, changes, seed):
+        root = _example_root(tmp)
+        try:
+            ckpt = _ckpt(root)
+            originals = {p.name: p.read_bytes() for p in ckpt.iterdir()}
+            for name, kind in changes:
+                make_kind(ckpt / name, kind, root, originals.get(name, b"{}"), seed)
+            before = _tree(root, skip=root / "out")
+            answer = run_cli(["run", str(ckpt), "--output-dir", str(root / "out"), "--device", "cpu"], root,
+                             stop_after=profile.stop_after)
+            assert_documented_answer(answer, f"checkpoint files {changes}")
+            assert _tree(root, skip=root / "out") == before, f"written outside the output folder: {changes}"
+        finally:
+            _cleanup(root)
+    return example
+
+
+@pytest.mark.parametrize("profile", FUZZ_PROFILES)
+def test_fuzz_checkpoint_trees_with_links_and_special_files(profile, tmp_path):
+    _checkpoint_tree_examples(profile)(tmp_path)
