@@ -197,6 +197,22 @@ def recipe_yaml(raw: bytes, name: str = "r_1card_eager.yaml", *extra: str):
     return setup
 
 
+def as_baseline(setup):
+    """Setup: the same input given to `migrator baseline` (its table under the output dir)."""
+    def wrapped(tmp: Path, ckpt: Path) -> list[str]:
+        argv = setup(tmp, ckpt)
+        return ["baseline", *[a for a in argv[1:] if a != "--standin"], "--summary", str(tmp / "out" / "summary")]
+    return wrapped
+
+
+def recipe_entry_loop(tmp: Path, ckpt: Path) -> list[str]:
+    """Setup: a recipe whose infer.py is a two-link symlink loop."""
+    argv = recipe_yaml(b"model_name: r\n")(tmp, ckpt)
+    (tmp / "recipe" / "infer.py").symlink_to("infer2.py")
+    (tmp / "recipe" / "infer2.py").symlink_to("infer.py")
+    return argv
+
+
 def alias_bomb(levels: int, width: int) -> bytes:
     lines = ["model_name: r", "model_path: ../ckpt", "model_config:", "  config_overrides:",
              f"    l0: &l0 [{', '.join(['lol'] * width)}]"]
@@ -502,6 +518,12 @@ CASES = [
         "registry": "{tmp}/victim.py", "name": "x", "offset": "9", "inserted": "INSERTED = 2\n"}), 2, "not a int"),
     # a recipe folder another command writes (folder_lock): every writer answers 75 naming the holder
     Case("run_recipe_locked", recipe_locked("run"), 75, "being written by another migrator command (pid 4242"),
+    # found by tests/test_fuzz_inputs.py: `baseline` recorded a bad recipe file as an error row, exit 1, no line
+    Case("baseline_recipe_yaml_alias_bomb", as_baseline(recipe_yaml(alias_bomb(9, 9))), 2, "expands to more than"),
+    Case("baseline_recipe_yaml_not_utf8", as_baseline(recipe_yaml(b"model_name: r\n# caf\xe9\n")), 2, "not UTF-8"),
+    Case("baseline_recipe_entry_symlink_loop", as_baseline(recipe_entry_loop), 2, "symlink loop"),
+    Case("baseline_of_a_checkpoint", args("baseline", "{ckpt}", "--summary", "{tmp}/out/summary"), 2,
+         "a checkpoint, not a recipe"),
     Case("baseline_recipe_locked", recipe_locked("baseline", "--summary", "{tmp}/out/summary"), 75,
          "being written by another migrator command (pid 4242"),
     Case("rollback_recipe_locked", recipe_locked("rollback"), 75, "being written by another migrator command"),

@@ -47,7 +47,7 @@ def fuzz_settings(profile: Profile):
     FUZZ_EXAMPLES=N overrides the count (a longer hunt by hand)."""
     return settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES") or profile.examples), deadline=None, suppress_health_check=list(HealthCheck),
                     database=None, phases=[Phase.explicit, Phase.generate], report_multiple_bugs=False)
-HANG_S = 60            # an example that runs longer is a hang (a FIFO opened for reading, a lock waited on)
+HANG_S = 180           # an example that runs longer is a hang (a FIFO opened for reading, a lock waited on)
 USER_FAULT_CODES = {2, 3, 4, 10, 74, 75}
 
 
@@ -108,7 +108,7 @@ def _on_alarm(signum, frame):
 
 
 def run_cli(argv: list[str], root: Path, env: dict[str, str | None] | None = None,
-            stop_after: str | None = "render") -> Answer:
+            stop_after: str | None = "render", hang_s: int = HANG_S) -> Answer:
     """`migrator ARGV` in-process, cwd `root`, HF / ModelScope caches and locks under root/out; a run that
     starts stops after `stop_after` (None: runs to the end)."""
     import agent.cli as cli
@@ -135,7 +135,7 @@ def run_cli(argv: list[str], root: Path, env: dict[str, str | None] | None = Non
         os.chdir(root)
         with _environment({**base, **(env or {})}), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
                 _patched(cli, "run_migration", run_migration):
-            signal.alarm(HANG_S)
+            signal.alarm(hang_s)
             try:
                 code = cli.main(argv)
             finally:
@@ -288,3 +288,69 @@ def _checkpoint_tree_examples(profile: Profile):
 @pytest.mark.parametrize("profile", FUZZ_PROFILES)
 def test_fuzz_checkpoint_trees_with_links_and_special_files(profile, tmp_path):
     _checkpoint_tree_examples(profile)(tmp_path)
+
+
+# ---- recipe trees and the state a recipe carries -------------------------------------------------
+RECIPE_NAMES = ["infer.sh", "infer.py", "runner_r.py", "requirements.txt", "README.md", "config",
+                "config/r_1card_eager.yaml", "config/other.yaml", "config/deep/x.yml", "models", "models/modeling_r.py",
+                "models/__init__.py", "engine", "engine/safe_load.py", ".migrator", ".migrator/runs", ".migrator/backup",
+                ".migrator/backup/round_1.journal", ".migrator/backup/round_1.manifest.json",
+                ".migrator/backup/round_1", ".migrator/registry_edit.json", ".migrator/threads.json",
+                ".migrator/checkpoints.sqlite", "migration_report.json", "baseline", "baseline/r_baseline.json", "res"]
+CONTENT_KINDS = ["json_value", "yaml_doc"]
+COMMANDS = [["run"], ["run", "--resume"], ["rollback"], ["baseline", "--summary", "{out}/summary"], ["rollback", "--round", "1"]]
+JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() |
+                           st.text(max_size=8) | st.sampled_from(["../x", "/etc/passwd", "infer.sh", "file", "link", ".."]),
+                           lambda kids: st.lists(kids, max_size=4) |
+                           st.dictionaries(st.sampled_from(["path", "was", "mode", "target", "runs", "rounds", "registry",
+                                                            "name", "offset", "inserted", "status", "model_name",
+                                                            "transformers", "x"]), kids, max_size=5), max_leaves=20)
+
+
+@pytest.fixture(scope="module")
+def recipe_template(tmp_path_factory) -> Path:
+    """A recipe of the demo model as `render` writes it (no trial run): copied by each example."""
+    root = tmp_path_factory.mktemp("template")
+    answer = run_cli(["run", str(demo_model_dir()), "--name", "r", "--output-dir", str(root / "out"), "--device", "cpu"],
+                     root, stop_after="render", hang_s=0)
+    assert answer.code == 0, answer.err[-2000:]
+    return root / "out" / "r"
+
+
+def _recipe_tree_examples(profile: Profile, template: Path):
+    from test_safe_load import yaml_docs
+
+    @fuzz_settings(profile)
+    @given(st.lists(st.tuples(st.sampled_from(RECIPE_NAMES), st.sampled_from(KINDS + CONTENT_KINDS * 4)),
+                    min_size=1, max_size=3),
+           st.sampled_from(COMMANDS), st.integers(0, 2**16), st.data())
+    def example(tmp: Path, changes, command, seed, data):
+        root = _example_root(tmp)
+        try:
+            recipe = root / "recipe"
+            shutil.copytree(template, recipe, symlinks=True)
+            for name, kind in changes:
+                path = recipe / name
+                if kind == "json_value":
+                    make_kind(path, "empty_file", root, b"", seed)
+                    path.write_text(json.dumps(data.draw(JSON_VALUES, label=name), default=str))
+                elif kind == "yaml_doc":
+                    make_kind(path, "empty_file", root, b"", seed)
+                    path.write_text(data.draw(yaml_docs(), label=name))
+                else:
+                    make_kind(path, kind, root, path.read_bytes() if path.is_file() else b"x: 1\n", seed)
+            before = _tree(root, skip=recipe)
+            argv = [command[0], str(recipe), *[a.format(out=root / "out") for a in command[1:]]]
+            answer = run_cli(argv, root, stop_after="detect_env")
+            assert_documented_answer(answer, f"recipe {changes}, {argv[0]} {' '.join(argv[2:])}")
+            after = {k: v for k, v in _tree(root, skip=recipe).items() if not k.startswith("out")}
+            assert after == {k: v for k, v in before.items() if not k.startswith("out")}, \
+                f"written outside the recipe: {changes} {argv}"
+        finally:
+            _cleanup(root)
+    return example
+
+
+@pytest.mark.parametrize("profile", FUZZ_PROFILES)
+def test_fuzz_recipe_trees_and_their_state(profile, recipe_template, tmp_path):
+    _recipe_tree_examples(profile, recipe_template)(tmp_path)
