@@ -257,7 +257,8 @@ def forged_state(journal: list | None = None, manifest: list | None = None, reco
             (backups / "round_1.manifest.json").write_text(json.dumps(fill(manifest)))
         if record is not None:
             (tmp / "victim.py").write_text("keep = 1\nINSERTED = 2\n")
-            (recipe / ".migrator" / "registry_edit.json").write_text(json.dumps(fill(record)))
+            text = record.format(tmp=tmp) if isinstance(record, str) else json.dumps(fill(record))   # str: raw text
+            (recipe / ".migrator" / "registry_edit.json").write_text(text)
             shutil.rmtree(backups)
         return ["rollback", str(recipe)]
     return setup
@@ -514,6 +515,11 @@ CASES = [
     Case("rollback_manifest_not_list", forged_state(manifest={"infer.sh": 1}), 2, "not a list"),
     Case("rollback_registry_record_names_another_file", forged_state(record={
         "registry": "{tmp}/victim.py", "name": "x", "offset": 9, "inserted": "INSERTED = 2\n"}), 2, "edits no other file"),
+    # found by tests/test_fuzz_inputs.py: a record of another shape was "nothing recorded" (exit 0), not refused
+    Case("rollback_registry_record_missing_fields", forged_state(record={"runs": -5}), 2, "no registry or inserted"),
+    Case("rollback_registry_record_a_list", forged_state(record=["{tmp}/victim.py"]), 2, "not a JSON object"),
+    Case("rollback_registry_record_not_json", forged_state(record="{{'registry': '{tmp}/victim.py'"), 2,
+         "not a record this tool wrote"),
     Case("rollback_registry_record_wrong_type", forged_state(record={
         "registry": "{tmp}/victim.py", "name": "x", "offset": "9", "inserted": "INSERTED = 2\n"}), 2, "not a int"),
     # a recipe folder another command writes (folder_lock): every writer answers 75 naming the holder
