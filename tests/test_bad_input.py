@@ -443,6 +443,12 @@ CASES = [
     Case("tokenizer_json_missing_config_needs_it", file_bytes("tokenizer.json", None), 2,
          "tokenizer.json: missing, and nothing else here holds the vocabulary"),
     Case("added_tokens_json_list", file_bytes("added_tokens.json", b"[1]"), 2, "added_tokens.json: must be a JSON object"),
+    # found by tests/test_fuzz_inputs.py: ids of another kind passed pre-flight, then broke the recipe's tokenizer
+    Case("added_tokens_json_id_null", file_bytes("added_tokens.json", b'{"<|new|>": null}'), 2,
+         "'<|new|>' must be a non-negative integer"),
+    Case("added_tokens_json_id_string", file_bytes("added_tokens.json", b'{"<|new|>": "7"}'), 2, "non-negative integer"),
+    Case("added_tokens_json_id_negative", file_bytes("added_tokens.json", b'{"<|new|>": -3}'), 2, "non-negative integer"),
+    Case("vocab_json_id_float", file_bytes("vocab.json", b'{"a": 1.5}'), 2, "vocab.json: the id of 'a'"),
     # weights
     Case("weights_missing", file_bytes("model.safetensors", None), 2, "no weight files"),
     Case("weights_empty", file_bytes("model.safetensors", b""), 2, "empty"),

@@ -355,3 +355,92 @@ def _recipe_tree_examples(profile: Profile, template: Path):
 @pytest.mark.parametrize("profile", FUZZ_PROFILES)
 def test_fuzz_recipe_trees_and_their_state(profile, recipe_template, tmp_path):
     _recipe_tree_examples(profile, recipe_template)(tmp_path)
+
+
+# ---- tokenizer files: what pre-flight accepts, the recipe's tokenizer loads ------------------------
+TOKENIZER_PATHS = {
+    "tokenizer.json": [("version",), ("truncation",), ("padding",), ("added_tokens",), ("added_tokens", 0),
+                       ("added_tokens", 0, "content"), ("added_tokens", 0, "id"), ("added_tokens", 0, "special"),
+                       ("normalizer",), ("pre_tokenizer",), ("pre_tokenizer", "type"), ("post_processor",),
+                       ("post_processor", "type"), ("post_processor", "special_tokens"), ("decoder",),
+                       ("decoder", "type"), ("model",), ("model", "type"), ("model", "vocab"), ("model", "merges"),
+                       ("model", "unk_token"), ("model", "dropout"), ("model", "byte_fallback"), ("model", "merges", 0)],
+    "tokenizer_config.json": [("bos_token",), ("eos_token",), ("pad_token",), ("unk_token",), ("model_max_length",),
+                              ("tokenizer_class",), ("backend",), ("chat_template",), ("padding_side",),
+                              ("added_tokens_decoder",), ("added_tokens_decoder", "0"), ("additional_special_tokens",),
+                              ("clean_up_tokenization_spaces",), ("truncation_side",), ("model_input_names",)],
+    "special_tokens_map.json": [("bos_token",), ("eos_token",), ("pad_token",), ("additional_special_tokens",),
+                                ("eos_token", "content")],
+    "added_tokens.json": [("<|new|>",), ("<|eos|>",)],
+}
+TOKEN_VALUES = st.one_of(JSON_VALUES, st.sampled_from(["<|eos|>", "<|bos|>", "", "BPE", "WordPiece", "Unigram",
+                                                       "ByteLevel", "TemplateProcessing", "PreTrainedTokenizerFast",
+                                                       "LlamaTokenizer", "NoSuchTokenizer", "left", "right", 10**9,
+                                                       -1, 0.5, {"content": "<|eos|>"}, {"content": 5},
+                                                       [["a", "b"]], ["a b"], {"type": "BPE"}, {"a": 0}]))
+
+
+def _set_path(data, path: tuple, value, delete: bool):
+    """`data` with the value at `path` set (or deleted); a path through something that is not a container
+    makes the container there."""
+    if not path:
+        return value
+    head, rest = path[0], path[1:]
+    if isinstance(head, int):
+        if not isinstance(data, list):
+            data = []
+        if not data:
+            data.append({})
+        head = head % len(data)
+        if delete and not rest:
+            del data[head]
+        else:
+            data[head] = _set_path(data[head], rest, value, delete)
+        return data
+    if not isinstance(data, dict):
+        data = {}
+    if delete and not rest:
+        data.pop(head, None)
+    else:
+        data[head] = _set_path(data.get(head), rest, value, delete)
+    return data
+
+
+def _tokenizer_examples(profile: Profile):
+    from agent.errors import InputError
+    from agent.migrate.checkpoint_check import check_tokenizer
+    from engine.loading import load_tokenizer
+    from engine.safe_load import LoadError
+
+    @fuzz_settings(profile)
+    @given(st.lists(st.tuples(st.sampled_from(sorted(TOKENIZER_PATHS)), st.integers(0, 100), TOKEN_VALUES,
+                              st.booleans()), min_size=1, max_size=3))
+    def example(tmp: Path, edits):
+        root = _example_root(tmp)
+        try:
+            ckpt = _ckpt(root)
+            for name, which, value, delete in edits:
+                path = ckpt / name
+                data = json.loads(path.read_text()) if path.is_file() else {}
+                key = TOKENIZER_PATHS[name][which % len(TOKENIZER_PATHS[name])]
+                path.write_text(json.dumps(_set_path(data, key, value, delete), default=str))
+            try:
+                check_tokenizer(ckpt)
+            except (InputError, LoadError) as exc:
+                assert "\n" not in str(exc) and str(ckpt) in str(exc), str(exc)
+                return
+            try:    # accepted by pre-flight: the recipe's own tokenizer loading must work on it
+                tokenizer = load_tokenizer(str(ckpt))
+                ids = tokenizer(["hello world", "a"], return_tensors="pt", padding=True, truncation=True)["input_ids"]
+                tokenizer.decode(ids[0])
+            except Exception as exc:  # noqa: BLE001 - any failure here is a finding: pre-flight let it through
+                raise AssertionError(f"pre-flight accepted tokenizer files the recipe cannot load ({edits}): "
+                                     f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            _cleanup(root)
+    return example
+
+
+@pytest.mark.parametrize("profile", FUZZ_PROFILES)
+def test_fuzz_tokenizer_files_preflight_accepts_only_what_loads(profile, tmp_path):
+    _tokenizer_examples(profile)(tmp_path)

@@ -188,6 +188,8 @@ def check_tokenizer(model_dir: Path) -> None:
                 check_tokenizer_json(data, path)
             elif name == "special_tokens_map.json":
                 check_special_tokens_map(data, path)
+            elif name in ("added_tokens.json", "vocab.json"):
+                check_token_ids(data, path)
     generation = model_dir / "generation_config.json"
     if os.path.lexists(generation):
         data = read_json_file(generation)
@@ -239,6 +241,14 @@ def check_special_tokens_map(data: dict, path: Path) -> None:
         if not all(_token(v) and v is not None for v in values):
             raise InputError(f"{path}: '{key}' must be a token (text or {{\"content\": ...}}), got {_shown(value)}; "
                              "fix special_tokens_map.json or re-download it")
+
+
+def check_token_ids(data: dict, path: Path) -> None:
+    """added_tokens.json / vocab.json: token text -> a non-negative integer id (tokenizers sorts and indexes by it)."""
+    for token, index in data.items():
+        if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+            raise InputError(f"{path}: the id of {token[:60]!r} must be a non-negative integer, got {_shown(index)}; "
+                             f"fix {path.name} or re-download it")
 
 
 def _token(value) -> bool:
