@@ -180,18 +180,27 @@ def standin_plan(args, target: str) -> dict | None:
 
 
 # ---- commands ---------------------------------------------------------------------------
+def check_target_folder(target: str) -> None:
+    """A local target that is a file, or a folder that is neither a model nor a recipe: one line, exit 2
+    (with --resume too: nothing was saved for it, and the run would write its store elsewhere)."""
+    path = Path(target).expanduser()
+    if not path.exists():
+        return
+    if not path.is_dir():
+        raise errors.InputError(f"{target}: not a directory; give a Hugging Face model directory, "
+                                "a recipe directory, an https://huggingface.co/Org/Name link or Org/Name")
+    if os.path.lexists(path / "config.json"):
+        check_regular(path / "config.json")      # a loop, a FIFO, a device: refused by type, never read
+    recipe = Recipe.at(path)
+    if recipe.refusal:
+        raise errors.InputError(recipe.refusal)     # the same line classify and baseline give
+
+
 def check_target(target: str, trust_remote_code: bool = False) -> None:
     """Reject bad input before the workflow starts: one line, exit code 2."""
     path = Path(target).expanduser()
     if path.exists():
-        if not path.is_dir():
-            raise errors.InputError(f"{target}: not a directory; give a Hugging Face model directory, "
-                                    "a recipe directory, an https://huggingface.co/Org/Name link or Org/Name")
-        if os.path.lexists(path / "config.json"):
-            check_regular(path / "config.json")      # a loop, a FIFO, a device: refused by type, never read
-        recipe = Recipe.at(path)
-        if recipe.refusal:
-            raise errors.InputError(recipe.refusal)     # the same line classify and baseline give
+        check_target_folder(target)
         if (path / "config.json").is_file() and (not (path / "infer.sh").is_file() or weight_files(path)):
             check_checkpoint(path, trust_remote_code)   # a checkpoint (even one holding an infer.sh): checked before any step
     elif local_path_problem(target):
@@ -326,6 +335,8 @@ def cmd_run(args) -> int:
     check_device_here(args.device)
     if not args.resume:
         check_target(args.target, args.trust_remote_code)
+    else:
+        check_target_folder(args.target)
     if (Path(args.target).expanduser() / "config.json").is_file():
         check_output_outside(Path(args.target), Path(args.output_dir), args.output_dir)
     if not _is_recipe_folder(args.target):     # a recipe is repaired in place: no output dir is made

@@ -539,6 +539,14 @@ CASES = [
     Case("baseline_recipe_locked", recipe_locked("baseline", "--summary", "{tmp}/out/summary"), 75,
          "being written by another migrator command (pid 4242"),
     Case("rollback_recipe_locked", recipe_locked("rollback"), 75, "being written by another migrator command"),
+    # found by tests/test_fuzz_inputs.py: with --resume the target was not checked; a folder that is no recipe
+    # (its infer.sh a folder) started a migration whose store went to ./models
+    Case("resume_recipe_infer_sh_a_folder", lambda tmp, ckpt: recipe_yaml(b"model_name: r\n")(tmp, ckpt) and
+         ((tmp / "recipe" / "infer.sh").unlink() or (tmp / "recipe" / "infer.sh").mkdir() or
+          ["run", str(tmp / "recipe"), "--resume", "--output-dir", str(tmp / "out")]), 2, "not a recipe"),
+    Case("resume_a_file", args("run", "{ckpt}/config.json", "--resume"), 2, "not a directory"),
+    Case("resume_config_json_fifo", lambda tmp, ckpt: special_file("config.json", "fifo")(tmp, ckpt) + ["--resume"], 2,
+         "FIFO"),
     # other commands
     Case("classify_missing_path", args("classify", "{tmp}/nope"), 2, "no such file"),
     Case("rollback_not_a_recipe", args("rollback", "{tmp}/nope"), 2, "no such recipe"),
