@@ -440,6 +440,15 @@ CASES = [
     Case("tokenizer_json_model_empty", tokenizer_json(model={}), 2, "neither a 'type' nor a 'vocab'"),
     Case("tokenizer_json_added_tokens_strings", tokenizer_json(added_tokens=["<s>"]), 2, "added_tokens"),
     Case("tokenizer_json_decoder_string", tokenizer_json(decoder="ByteLevel"), 2, "'decoder' must be"),
+    # found by tests/test_fuzz_inputs.py: the rest of tokenizer.json's schema is the tokenizers library's own
+    Case("tokenizer_json_version_null", tokenizer_json(version=None), 2, "tokenizers library cannot build"),
+    Case("tokenizer_json_pre_tokenizer_unknown", tokenizer_json(pre_tokenizer={"type": "NoSuchSplit"}), 2,
+         "tokenizers library cannot build"),
+    Case("tokenizer_json_truncation_max_length_string", tokenizer_json(truncation={"max_length": "512"}), 2,
+         "tokenizers library cannot build"),
+    Case("tokenizer_json_merge_of_three_words", lambda tmp, ckpt: tokenizer_json(model=dict(
+        json.loads((ckpt / "tokenizer.json").read_text())["model"], merges=["a b c"]))(tmp, ckpt), 2,
+         "tokenizers library cannot build"),
     Case("tokenizer_json_missing_config_needs_it", file_bytes("tokenizer.json", None), 2,
          "tokenizer.json: missing, and nothing else here holds the vocabulary"),
     Case("added_tokens_json_list", file_bytes("added_tokens.json", b"[1]"), 2, "added_tokens.json: must be a JSON object"),

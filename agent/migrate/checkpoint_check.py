@@ -232,6 +232,22 @@ def check_tokenizer_json(data: dict, path: Path) -> None:
         if data.get(key) is not None and not isinstance(data[key], dict):
             raise InputError(f"{path}: '{key}' must be a JSON object or null, got {_shown(data[key])}; re-download "
                              "tokenizer.json")
+    _tokenizers_reads(data, path)
+
+
+def _tokenizers_reads(data: dict, path: Path) -> None:
+    """The rest of tokenizer.json's schema is the `tokenizers` library's: it builds the tokenizer from the
+    parsed file here, as the recipe will (a `version` of null, a merge of three words, an unknown pre-tokenizer)."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:           # transformers' tokenizers backend missing: the environment check's business
+        return
+    try:
+        Tokenizer.from_str(json.dumps(data))
+    except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception for every schema error
+        why = re.sub(r" at line \d+ column \d+$", "", " ".join(str(exc).split()))[:300]
+        raise InputError(f"{path}: the tokenizers library cannot build a tokenizer from it ({why}); re-download "
+                         "tokenizer.json") from None
 
 
 def check_special_tokens_map(data: dict, path: Path) -> None:
