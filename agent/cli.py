@@ -350,8 +350,11 @@ def cmd_run(args) -> int:
     if args.recipe_target and not Recipe.at(args.target).is_recipe:
         choose_target(args.recipe_target, Path(args.output_dir))     # a bad --target is exit 2 before acquiring
     if args.transformers_source and args.transformers_source != "installed":
-        from agent.migrate.transformers_source import open_source
+        from agent.migrate.transformers_source import check_source_fits, open_source
 
+        if not Recipe.at(args.target).is_recipe:    # a standalone migration takes none: exit 2, nothing unpacked
+            check_source_fits(args.transformers_source,
+                              TARGETS[choose_target(args.recipe_target, Path(args.output_dir))].inside_checkout)
         open_source(args.transformers_source)       # a bad source is exit 10 before the workflow starts
     if not args.resume and not _is_recipe_folder(args.target):
         check_npu_for_checkout(args)     # bad input first (above), then the host: exit 4 before the workflow writes

@@ -234,8 +234,17 @@ def wheel_of_zeros(member: str, size: int, version: str = "5.3.1"):
             with archive.open(info, "w") as sink:
                 for _ in range(size // 2**22):
                     sink.write(bytes(2**22))
-        return ["run", str(ckpt), "--transformers-source", str(wheel)]
+        return ["run", str(ckpt), "--transformers-source", str(wheel), "--output-dir", str(checkout_models(tmp))]
     return setup
+
+
+def checkout_models(tmp: Path) -> Path:
+    """A checkout's models/ folder (executor/core/support_models.py above it): where --transformers-source applies."""
+    registry = tmp / "checkout" / "executor" / "core" / "support_models.py"
+    registry.parent.mkdir(parents=True, exist_ok=True)
+    registry.write_text("SUPPORTED_MODELS = {}\n")
+    (tmp / "checkout" / "models").mkdir(exist_ok=True)
+    return tmp / "checkout" / "models"
 
 
 def forged_state(journal: list | None = None, manifest: list | None = None, record: dict | None = None,
@@ -499,6 +508,10 @@ CASES = [
     # archives: --transformers-source read member by member, the version first, sizes capped
     Case("transformers_source_member_of_zeros", wheel_of_zeros("transformers/zeros.py", 64 * 2**20), 10, "unpacks to"),
     Case("transformers_source_init_of_zeros", wheel_of_zeros("transformers/__init__.py", 48 * 2**20), 10, "unpacks to"),
+    # found by tests/test_fuzz_inputs.py: a source given to a standalone migration was unpacked into the cache and
+    # the workflow started before the "only for a checkout" refusal
+    Case("transformers_source_for_a_standalone_recipe", lambda tmp, ckpt: wheel_of_zeros("transformers/x.py", 0)(
+        tmp, ckpt)[:-2] + ["--output-dir", str(tmp / "out")], 2, "is for a recipe in a cann-recipes-infer checkout"),
     Case("transformers_source_old_release_of_zeros", wheel_of_zeros("transformers/big.py", 8 * 2**20, "4.57.1"), 10,
          "outside the supported range"),
     # a received recipe's own state is input: journals, manifests, records schema-checked before any change

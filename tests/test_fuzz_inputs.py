@@ -444,3 +444,103 @@ def _tokenizer_examples(profile: Profile):
 @pytest.mark.parametrize("profile", FUZZ_PROFILES)
 def test_fuzz_tokenizer_files_preflight_accepts_only_what_loads(profile, tmp_path):
     _tokenizer_examples(profile)(tmp_path)
+
+
+# ---- archives: --transformers-source wheels and folders -----------------------------------------
+MEMBER_NAMES = ["transformers/__init__.py", "transformers/models/llama/modeling_llama.py", "transformers/utils.py",
+                "transformers/a", "transformers/a/b.py", "transformers/../evil.py", "/transformers/abs.py",
+                "transformers\\win.py", "transformers//double.py", "transformers/./dot.py", "transformers/",
+                "transformers/sub/", "transformers/" + "x" * 300 + ".py", "transformers/ünï.py", "other/x.py",
+                "transformers-5.3.1.dist-info/METADATA", "transformers/__init__.py/"]
+INIT_TEXTS = [b'__version__ = "5.3.1"\n', b'__version__ = "5.0.0"\n', b'__version__ = "4.57.1"\n',
+              b'__version__ = "99.0"\n', b'__version__ = "5.3.1.dev0"\n', b'__version__ = "five"\n', b"",
+              b"\xff\xfe\x00\x00", b'__version__ = "' + b"5" * 5000 + b'"\n', b"raise SystemExit('ran')\n",
+              b'__version__ = "5.3.1"\n' * 1000]
+MEMBER_FLAWS = ["none", "symlink_mode", "fifo_mode", "corrupt_data", "encrypted_flag", "stored", "bzip2", "lzma",
+                "claims_huge", "duplicate"]
+
+
+def build_wheel(path: Path, members: list[tuple[str, bytes, str]]) -> None:
+    """A zip of `members` (name, data, flaw): each flaw is one way a member's header or data lies."""
+    import zipfile
+
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data, flaw in members:
+            info = zipfile.ZipInfo(name)
+            info.compress_type = {"stored": zipfile.ZIP_STORED, "bzip2": zipfile.ZIP_BZIP2,
+                                  "lzma": zipfile.ZIP_LZMA}.get(flaw, zipfile.ZIP_DEFLATED)
+            if flaw == "symlink_mode":
+                info.external_attr = (0o120777 << 16)
+            elif flaw == "fifo_mode":
+                info.external_attr = (0o010644 << 16)
+            with contextlib.suppress(UserWarning):
+                archive.writestr(info, data)
+                if flaw == "duplicate":
+                    archive.writestr(zipfile.ZipInfo(name), data + b"# again\n")
+    raw = bytearray(path.read_bytes())
+    for name, data, flaw in members:            # flaws in the written bytes: the local header, the data
+        at = raw.find(name.encode("utf-8", "surrogateescape"))
+        if at < 0:
+            continue
+        if flaw == "corrupt_data" and len(raw) > at + len(name) + 4:
+            for i in range(at + len(name), min(len(raw), at + len(name) + 12)):
+                raw[i] ^= 0x5A
+        elif flaw == "encrypted_flag":
+            header = raw.rfind(b"PK\x03\x04", 0, at)
+            if header >= 0:
+                raw[header + 6] |= 0x01
+        elif flaw == "claims_huge":
+            header = raw.rfind(b"PK\x03\x04", 0, at)
+            if header >= 0:
+                raw[header + 22:header + 26] = (2**31).to_bytes(4, "little")
+    path.write_bytes(bytes(raw))
+
+
+def _archive_examples(profile: Profile):
+    @fuzz_settings(profile)
+    @given(st.lists(st.tuples(st.sampled_from(MEMBER_NAMES), st.sampled_from(INIT_TEXTS), st.sampled_from(MEMBER_FLAWS)),
+                    min_size=0, max_size=5),
+           st.sampled_from(["wheel", "truncated_wheel", "folder", "folder_with_links"]))
+    def example(tmp: Path, members, shape):
+        root = _example_root(tmp)
+        try:
+            ckpt = _ckpt(root)
+            source = root / "transformers-5.3.1-py3-none-any.whl"
+            if shape in ("wheel", "truncated_wheel"):
+                build_wheel(source, members)
+                if shape == "truncated_wheel":
+                    source.write_bytes(source.read_bytes()[: max(0, source.stat().st_size // 2)])
+            else:
+                source = root / "site-packages"
+                for name, data, flaw in members:
+                    target = source / name.lstrip("/")
+                    with contextlib.suppress(OSError, ValueError):
+                        if name.endswith("/"):
+                            target.mkdir(parents=True, exist_ok=True)
+                        elif shape == "folder_with_links" and flaw != "none":
+                            target.parent.mkdir(parents=True, exist_ok=True)
+                            make_kind(target, KINDS[hash(flaw) % len(KINDS)], root, data, 0)
+                        else:
+                            target.parent.mkdir(parents=True, exist_ok=True)
+                            target.write_bytes(data)
+                source.mkdir(exist_ok=True)
+            registry = root / "checkout" / "executor" / "core" / "support_models.py"   # where a source applies
+            registry.parent.mkdir(parents=True)
+            registry.write_text("SUPPORTED_MODELS = {}\n")
+            (root / "checkout" / "models").mkdir()
+            before = _tree(root, skip=root / "out")
+            answer = run_cli(["run", str(ckpt), "--output-dir", str(root / "checkout" / "models"), "--device", "cpu",
+                              "--transformers-source", str(source)], root, stop_after=profile.stop_after)
+            assert_documented_answer(answer, f"--transformers-source {shape} {members}")
+            assert _tree(root, skip=root / "out") == before, f"written outside the output folder: {members}"
+            if answer.code != 0:        # refused: nothing of it left in the cache
+                cache = root / "out" / "xdg" / "infer-migrator" / "transformers" / "unpacked"
+                assert not cache.exists() or not any(cache.iterdir()), list(cache.iterdir())
+        finally:
+            _cleanup(root)
+    return example
+
+
+@pytest.mark.parametrize("profile", FUZZ_PROFILES)
+def test_fuzz_transformers_source_archives(profile, tmp_path):
+    _archive_examples(profile)(tmp_path)

@@ -309,6 +309,16 @@ class Plan:
 INSTALLED = "installed"     # --transformers-source installed: the installed release, whatever the checkout pins
 
 
+def check_source_fits(given: str | None, inside_checkout: bool) -> None:
+    """--transformers-source is for a recipe vendored into a checkout: refused (exit 2) for a standalone one,
+    before its archive is opened or anything is written."""
+    if given not in (None, INSTALLED) and not inside_checkout:
+        from agent.errors import InputError
+
+        raise InputError("--transformers-source is for a recipe in a cann-recipes-infer checkout (--target framework "
+                         "or legacy): a standalone recipe is vendored from the installed transformers")
+
+
 def plan_for(checkout: Path | None, given_source: str | None, given_python: str | None) -> Plan:
     """The transformers a recipe is vendored from: the checkout's pin when it differs from the
     installed one (its source given, else fetched), else the installed one. A source of another
