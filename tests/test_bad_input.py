@@ -458,6 +458,11 @@ CASES = [
     Case("tokenizer_json_merge_of_three_words", lambda tmp, ckpt: tokenizer_json(model=dict(
         json.loads((ckpt / "tokenizer.json").read_text())["model"], merges=["a b c"]))(tmp, ckpt), 2,
          "tokenizers library cannot build"),
+    Case("tokenizer_json_without_added_tokens", lambda tmp, ckpt: file_bytes("tokenizer.json", json.dumps(
+        {k: v for k, v in json.loads((ckpt / "tokenizer.json").read_text()).items() if k != "added_tokens"}).encode())(
+        tmp, ckpt), 2, "transformers cannot build the tokenizer"),
+    Case("tokenizer_config_added_tokens_decoder_bad_id", json_file("tokenizer_config.json", added_tokens_decoder={
+        "x": {"content": "<|eos|>"}}), 2, "tokenizer"),
     Case("tokenizer_json_missing_config_needs_it", file_bytes("tokenizer.json", None), 2,
          "tokenizer.json: missing, and nothing else here holds the vocabulary"),
     Case("added_tokens_json_list", file_bytes("added_tokens.json", b"[1]"), 2, "added_tokens.json: must be a JSON object"),

@@ -206,6 +206,26 @@ def check_tokenizer(model_dir: Path) -> None:
         raise InputError(f"{model_dir / 'tokenizer.json'}: missing, and nothing else here holds the vocabulary "
                          f"({'tokenizer_config.json names ' + repr(cls) + ', which needs it' if cls else 'tokenizer_config.json alone builds no tokenizer'}); "
                          "copy the model's tokenizer.json (or its tokenizer.model / vocab files) into the directory")
+    _recipe_loads_tokenizer(model_dir)
+
+
+def _recipe_loads_tokenizer(model_dir: Path) -> None:
+    """Last, the files are loaded as the recipe loads them (engine.loading.load_tokenizer: transformers,
+    no remote code): what transformers itself requires of them (tokenizer.json's `added_tokens`, the
+    interplay of tokenizer_config.json and the vocabulary) is its own to say. A tokenizer library this
+    environment lacks (sentencepiece, tiktoken) is the environment's business, not the files'."""
+    from engine.loading import load_tokenizer
+
+    try:
+        load_tokenizer(str(model_dir))
+    except ImportError:
+        return
+    except Exception as exc:  # noqa: BLE001 - transformers and tokenizers raise anything on a bad file
+        why = " ".join(str(exc).split())[:300]
+        if re.search(r"requires? the \w+ library|pip install|not installed", why, re.IGNORECASE):
+            return
+        raise InputError(f"{model_dir}: transformers cannot build the tokenizer from these files "
+                         f"({type(exc).__name__}: {why}); re-download the tokenizer files") from None
 
 
 TOKENIZER_JSON_SECTIONS = ("normalizer", "pre_tokenizer", "post_processor", "decoder", "truncation", "padding")
