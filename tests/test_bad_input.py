@@ -31,6 +31,7 @@ class Case:
     setup: Callable[[Path, Path], list[str]]   # (tmp, checkpoint copy) -> argv
     code: int
     says: str                                  # a fragment the error line must contain
+    env: dict | None = None                    # environment variables set for the row
 
 
 def _cfg(ckpt: Path) -> dict:
@@ -361,6 +362,9 @@ CASES = [
     Case("output_dir_inside_checkpoint", args("run", "{ckpt}", "--output-dir", "{ckpt}/recipes"), 2,
          "inside the checkpoint"),
     Case("recipe_dir_exists", recipe_exists, 2, "already exists"),
+    # found by tests/test_fuzz_inputs.py: a relative XDG_CACHE_HOME put the folder locks (and caches) under the
+    # working directory; the XDG spec says to ignore it (agent.paths.cache_home)
+    Case("xdg_cache_home_relative", recipe_exists, 2, "already exists", env={"XDG_CACHE_HOME": "nan"}),
     Case("weights_option_missing", args("run", "Org/Model", "--weights", "{tmp}/nope"), 2, "--weights"),
     Case("device_npu_without_npu", args("run", "{ckpt}", "--device", "npu"), 4, "npu"),
     # config.json: not an object, not JSON, wrong encoding
@@ -606,6 +610,8 @@ def test_bad_input(case: Case, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
     monkeypatch.setenv("MODELSCOPE_CACHE", str(tmp_path / "out" / "ms_cache"))   # inside --output-dir: not "outside"
+    for key, value in (case.env or {}).items():
+        monkeypatch.setenv(key, value)
     (tmp_path / "ckpt").mkdir()
     ckpt = tmp_path / "ckpt" / "model"
     shutil.copytree(demo_model_dir(), ckpt)
@@ -637,9 +643,9 @@ def test_bad_input(case: Case, tmp_path, monkeypatch, capsys):
     # No half-built recipe: the output dir holds at most the checkpoint store, and what the user had.
     if out.is_dir():
         leftovers = {p.name for p in out.iterdir()} - {".migrator", "summary.md", "summary.csv"}   # baseline's table
-        expected = {"my_model"} if case.id == "recipe_dir_exists" else set()
+        expected = {"my_model"} if case.setup is recipe_exists else set()
         assert leftovers == expected, leftovers
-    if case.id == "recipe_dir_exists":
+    if case.setup is recipe_exists:
         assert (out / "my_model" / "keep.txt").read_text() == "user's file"
 
 

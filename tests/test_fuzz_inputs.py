@@ -544,3 +544,42 @@ def _archive_examples(profile: Profile):
 @pytest.mark.parametrize("profile", FUZZ_PROFILES)
 def test_fuzz_transformers_source_archives(profile, tmp_path):
     _archive_examples(profile)(tmp_path)
+
+
+# ---- environment variables the tool reads ---------------------------------------------------------
+ENV_NAMES = ["HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_TOKEN", "MODELSCOPE_CACHE",
+             "MODELSCOPE_DOMAIN", "MODELSCOPE_ENDPOINT", "XDG_CACHE_HOME", "MIGRATOR_DEVICE_MEMORY_BYTES",
+             "MIGRATOR_IMPORT_TIMEOUT_S", "MIGRATOR_LLM_BASE_URL", "MIGRATOR_LLM_TIMEOUT_S", "MIGRATOR_LLM_MODEL",
+             "MIGRATOR_LLM_API_KEY", "MIGRATOR_LLM_APPLY", "MIGRATOR_PARITY_DUMP", "MIGRATOR_PRECISION_RECORD",
+             "MIGRATOR_NO_CODEMOD_CACHE", "MIGRATOR_TORCH_NPU_IMPORTS", "MIGRATOR_OUTER_TMPDIR"]
+ENV_VALUES = ["", "0", "1", "-1", "abc", "1e309", "nan", "99999999999999999999", "8G", "/dev/null", "/nonexistent/x",
+              "relative/dir", "{root}/outside/secret.txt", "{root}/outside", "http://", "ftp://x", "http://[::1",
+              "https://huggingface.co/../../x", "\t", "x" * 5000, "true", "é", "{root}/outside/../../.."]
+ENV_COMMANDS = [["run", "{ckpt}", "--output-dir", "{root}/out", "--device", "cpu"], ["env"], ["env", "--json"],
+                ["run", "Org/Model", "--output-dir", "{root}/out", "--device", "cpu"],
+                ["run", "https://modelscope.cn/models/Org/Model", "--output-dir", "{root}/out", "--device", "cpu"]]
+
+
+def _environment_examples(profile: Profile):
+    @fuzz_settings(profile)
+    @given(st.dictionaries(st.sampled_from(ENV_NAMES), st.sampled_from(ENV_VALUES), min_size=1, max_size=4),
+           st.sampled_from(ENV_COMMANDS))
+    def example(tmp: Path, values, command):
+        root = _example_root(tmp)
+        try:
+            ckpt = _ckpt(root)
+            env = {k: v.format(root=root) for k, v in values.items()}
+            argv = [a.format(root=root, ckpt=ckpt) for a in command]
+            before = _tree(root, skip=root / "out")
+            answer = run_cli(argv, root, env=env, stop_after=profile.stop_after)
+            assert_documented_answer(answer, f"environment {values}, {' '.join(command)}",
+                                     runs_workflow=command[0] == "run")
+            assert _tree(root, skip=root / "out") == before, f"written outside the output folder: {values}"
+        finally:
+            _cleanup(root)
+    return example
+
+
+@pytest.mark.parametrize("profile", FUZZ_PROFILES)
+def test_fuzz_environment_variables(profile, tmp_path):
+    _environment_examples(profile)(tmp_path)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from agent.errors import EXIT_BAD_TRANSFORMERS_SOURCE, EXIT_NO_TRANSFORMERS_SOURCE, MigratorError
 from agent.migrate.transformers_range import _version_tuple
+from agent.paths import cache_home
 
 EXIT_NO_SOURCE, EXIT_BAD_SOURCE = EXIT_NO_TRANSFORMERS_SOURCE, EXIT_BAD_TRANSFORMERS_SOURCE
 SUPPORTED = ((5, 0, 0), (6, 0, 0))      # pyproject: transformers>=5.0,<6
@@ -106,7 +107,7 @@ def _version_of(init_text: str, what: str) -> str:
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "infer-migrator" / "transformers"
+    return cache_home() / "infer-migrator" / "transformers"
 
 
 # A transformers wheel unpacks to ~60 MB in ~2000 files; its largest .py is well under 2 MB.
