@@ -583,3 +583,65 @@ def _environment_examples(profile: Profile):
 @pytest.mark.parametrize("profile", FUZZ_PROFILES)
 def test_fuzz_environment_variables(profile, tmp_path):
     _environment_examples(profile)(tmp_path)
+
+
+# ---- hub references through the CLI (tests/test_hub_refs.py fuzzes the parser; here repo ids as well) ----
+def _hub_examples(profile: Profile):
+    from test_hub_refs import PIECES
+
+    @fuzz_settings(profile)
+    @given(st.lists(PIECES, min_size=1, max_size=4), st.lists(PIECES, min_size=1, max_size=4),
+           st.lists(PIECES, min_size=0, max_size=4),
+           st.sampled_from(["hf_link", "hf_tree", "hf_uri", "repo_id", "ms_link", "ms_query", "ms_hub_repo_id"]))
+    def example(tmp: Path, org, name, revision, form):
+        root = _example_root(tmp)
+        try:
+            org_, name_, rev = "".join(org), "".join(name), "".join(revision)
+            target = {"hf_link": f"https://huggingface.co/{org_}/{name_}",
+                      "hf_tree": f"https://huggingface.co/{org_}/{name_}/tree/{rev}",
+                      "hf_uri": f"hf://{org_}/{name_}@{rev}", "repo_id": f"{org_}/{name_}",
+                      "ms_link": f"https://modelscope.cn/models/{org_}/{name_}",
+                      "ms_query": f"https://modelscope.cn/models/{org_}/{name_}?revision={rev}",
+                      "ms_hub_repo_id": f"{org_}/{name_}"}[form]
+            argv = ["run", target, "--output-dir", str(root / "out"), "--device", "cpu"]
+            if form == "ms_hub_repo_id":
+                argv += ["--hub", "modelscope"]
+            before = _tree(root, skip=root / "out")
+            answer = run_cli(argv, root, stop_after=profile.stop_after)
+            assert_documented_answer(answer, f"hub reference {target!r}")
+            # offline, with empty caches: nothing is found, so every reference is refused (no local folder taken)
+            assert answer.code in (2, 3, 4), f"{target!r}: exit {answer.code}"
+            assert _tree(root, skip=root / "out") == before, f"written outside the output folder: {target!r}"
+        finally:
+            _cleanup(root)
+    return example
+
+
+@pytest.mark.parametrize("profile", FUZZ_PROFILES)
+def test_fuzz_hub_references_through_the_cli(profile, tmp_path):
+    _hub_examples(profile)(tmp_path)
+
+
+# ---- signals at every node of the LangGraph run (scripts/signal_matrix.py, one pair per case) --------
+HAPPY_PATH = ["detect_env", "classify", "acquire", "vendor", "render", "trial_run", "collect_baseline", "verify",
+              "report"]
+
+
+@pytest.mark.slow      # a real `migrator run` subprocess and its --resume per pair: minutes each
+@pytest.mark.parametrize("sig", ["INT", "TERM", "KILL"])
+@pytest.mark.parametrize("node", HAPPY_PATH)
+def test_a_signal_at_every_node_stops_the_tree_and_resume_finishes(sig, node, tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("signal_matrix", Path(__file__).parents[1] / "scripts" /
+                                                  "signal_matrix.py")
+    matrix = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(matrix)
+    row = matrix.one(sig, node, tmp_path)
+    assert not row["traceback"], row
+    if row["exit"] != 0:            # a node faster than the signal: the run had finished
+        assert row["exit"] == {"INT": 130, "TERM": 143, "KILL": -9}[sig], row
+        if sig != "KILL":
+            assert row["left"] == 0, row                 # the whole tree stopped with the migrator
+            assert "--resume" in row["line"], row        # the one line names how to continue
+    assert row["resume_exit"] == 0, row
