@@ -32,6 +32,7 @@ class Case:
     code: int
     says: str                                  # a fragment the error line must contain
     env: dict | None = None                    # environment variables set for the row
+    known: str | None = None                   # an open issue the row fails on until it lands (xfail, strict)
 
 
 def _cfg(ckpt: Path) -> dict:
@@ -212,6 +213,22 @@ def recipe_entry_loop(tmp: Path, ckpt: Path) -> list[str]:
     (tmp / "recipe" / "infer.py").symlink_to("infer2.py")
     (tmp / "recipe" / "infer2.py").symlink_to("infer.py")
     return argv
+
+
+def rendered_recipe_with_link(rel: str):
+    """Setup: a recipe of the demo model as `render` writes it, `rel` symlinked to a folder outside it;
+    `migrator run RECIPE` (a trial run: what it writes must not go through the link)."""
+    def setup(tmp: Path, ckpt: Path) -> list[str]:
+        from agent.workflow.run import run_migration
+
+        run_migration({"target": str(ckpt), "output_dir": str(tmp / "out"), "name": "r", "device": "cpu",
+                       "max_new_tokens": 4}, stop_after="render")
+        recipe = tmp / "out" / "r"                  # a recipe is written in place: inside the output dir
+        (tmp / "shared").mkdir()
+        (recipe / rel).parent.mkdir(parents=True, exist_ok=True)
+        (recipe / rel).symlink_to(tmp / "shared", target_is_directory=True)
+        return ["run", str(recipe)]
+    return setup
 
 
 def alias_bomb(levels: int, width: int) -> bytes:
@@ -578,6 +595,9 @@ CASES = [
     Case("resume_a_file", args("run", "{ckpt}/config.json", "--resume"), 2, "not a directory"),
     Case("resume_config_json_fifo", lambda tmp, ckpt: special_file("config.json", "fifo")(tmp, ckpt) + ["--resume"], 2,
          "FIFO"),
+    # found by tests/test_fuzz_inputs.py (a full run): writes through a link out of the recipe, #31.1's class
+    Case("recipe_runs_folder_symlinked_out", rendered_recipe_with_link(".migrator/runs"), 2, ".migrator/runs",
+         known="#31.1 one write choke point: run logs are written through a symlinked .migrator/runs (exit 0)"),
     # other commands
     Case("classify_missing_path", args("classify", "{tmp}/nope"), 2, "no such file"),
     Case("rollback_not_a_recipe", args("rollback", "{tmp}/nope"), 2, "no such recipe"),
@@ -604,7 +624,13 @@ def _tree(root: Path, skip: Path) -> dict[str, tuple[int, int]]:
     return found
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def _param(case: Case):
+    if case.known:            # a trial run: slow; fails until the issue named lands
+        return pytest.param(case, id=case.id, marks=[pytest.mark.slow, pytest.mark.xfail(reason=case.known, strict=True)])
+    return pytest.param(case, id=case.id)
+
+
+@pytest.mark.parametrize("case", [_param(c) for c in CASES])
 def test_bad_input(case: Case, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -622,6 +648,7 @@ def test_bad_input(case: Case, tmp_path, monkeypatch, capsys):
     if argv[0] == "run" and "--device" not in argv:
         argv += ["--device", "cpu"]
     before = _tree(tmp_path, skip=out)
+    had = {p.name for p in out.iterdir()} if out.is_dir() else set()      # what the setup put there
     capsys.readouterr()
 
     try:
@@ -643,8 +670,7 @@ def test_bad_input(case: Case, tmp_path, monkeypatch, capsys):
     # No half-built recipe: the output dir holds at most the checkpoint store, and what the user had.
     if out.is_dir():
         leftovers = {p.name for p in out.iterdir()} - {".migrator", "summary.md", "summary.csv"}   # baseline's table
-        expected = {"my_model"} if case.setup is recipe_exists else set()
-        assert leftovers == expected, leftovers
+        assert leftovers == had - {".migrator"}, leftovers
     if case.setup is recipe_exists:
         assert (out / "my_model" / "keep.txt").read_text() == "user's file"
 
