@@ -243,7 +243,7 @@ def wheel_of_zeros(member: str, size: int, version: str = "5.3.1"):
     def setup(tmp: Path, ckpt: Path) -> list[str]:
         import zipfile
 
-        wheel = tmp / f"transformers-{version}-py3-none-any.whl"
+        wheel = tmp / f"transformers-{version[:20]}-py3-none-any.whl"
         with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as archive:
             if member != "transformers/__init__.py":
                 archive.writestr("transformers/__init__.py", f'__version__ = "{version}"\n')
@@ -538,6 +538,9 @@ CASES = [
     # the workflow started before the "only for a checkout" refusal
     Case("transformers_source_for_a_standalone_recipe", lambda tmp, ckpt: wheel_of_zeros("transformers/x.py", 0)(
         tmp, ckpt)[:-2] + ["--output-dir", str(tmp / "out")], 2, "is for a recipe in a cann-recipes-infer checkout"),
+    # found by tests/test_fuzz_inputs.py: a __version__ of 5000 digits was a ValueError traceback (exit 70)
+    Case("transformers_source_version_of_5000_digits", wheel_of_zeros("transformers/x.py", 0, "5" * 5000), 10,
+         "outside the supported range"),
     Case("transformers_source_old_release_of_zeros", wheel_of_zeros("transformers/big.py", 8 * 2**20, "4.57.1"), 10,
          "outside the supported range"),
     # a received recipe's own state is input: journals, manifests, records schema-checked before any change
