@@ -601,6 +601,13 @@ CASES = [
     # found by tests/test_fuzz_inputs.py (a full run): writes through a link out of the recipe, #31.1's class
     Case("recipe_runs_folder_symlinked_out", rendered_recipe_with_link(".migrator/runs"), 2, ".migrator/runs",
          known="#31.1 one write choke point: run logs are written through a symlinked .migrator/runs (exit 0)"),
+    # found by tests/test_fuzz_inputs.py: a store file that is a folder was an IsADirectoryError traceback (exit 70)
+    Case("resume_store_threads_json_a_folder", lambda tmp, ckpt: recipe_yaml(b"model_name: r\n")(tmp, ckpt) and
+         ((tmp / "recipe" / ".migrator" / "threads.json").mkdir(parents=True) or
+          ["run", str(tmp / "recipe"), "--resume"]), 2, "not a regular file"),
+    Case("recipe_store_checkpoints_sqlite_a_fifo", lambda tmp, ckpt: recipe_yaml(b"model_name: r\n")(tmp, ckpt) and
+         ((tmp / "recipe" / ".migrator").mkdir() or os.mkfifo(tmp / "recipe" / ".migrator" / "checkpoints.sqlite") or
+          ["run", str(tmp / "recipe")]), 2, "not a regular file"),
     # other commands
     Case("classify_missing_path", args("classify", "{tmp}/nope"), 2, "no such file"),
     Case("rollback_not_a_recipe", args("rollback", "{tmp}/nope"), 2, "no such recipe"),
