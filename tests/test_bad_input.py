@@ -608,6 +608,9 @@ CASES = [
     Case("recipe_store_checkpoints_sqlite_a_fifo", lambda tmp, ckpt: recipe_yaml(b"model_name: r\n")(tmp, ckpt) and
          ((tmp / "recipe" / ".migrator").mkdir() or os.mkfifo(tmp / "recipe" / ".migrator" / "checkpoints.sqlite") or
           ["run", str(tmp / "recipe")]), 2, "not a regular file"),
+    # found by tests/test_fuzz_inputs.py: classifying a recipe read a sparse 4 GiB infer.sh in full (a hang)
+    Case("recipe_infer_sh_sparse_4_gib", lambda tmp, ckpt: recipe_yaml(bytes(range(256)) * 4)(tmp, ckpt) and
+         (os.truncate(tmp / "recipe" / "infer.sh", 4 * 2**30) or ["run", str(tmp / "recipe")]), 2, "not UTF-8"),
     # other commands
     Case("classify_missing_path", args("classify", "{tmp}/nope"), 2, "no such file"),
     Case("rollback_not_a_recipe", args("rollback", "{tmp}/nope"), 2, "no such recipe"),
