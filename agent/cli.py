@@ -257,6 +257,19 @@ def check_recipe_destinations(recipe: Recipe) -> None:
                                          "README.md": "file"})
 
 
+def check_home_references(args) -> None:
+    """A path argument of every command that starts `~name` where no user `name` exists: one line, exit 2
+    (pathlib's expanduser raises a RuntimeError for it wherever the path is used)."""
+    values = [getattr(args, key, None) for key in ("target", "path", "recipe", "output_dir", "weights", "summary",
+                                                   "transformers_source", "reference_python", "record")]
+    values += list(getattr(args, "recipes", None) or [])
+    for value in values:
+        if isinstance(value, str) and value.startswith("~") and os.path.expanduser(value) == value:
+            user = value[1:].split("/", 1)[0]
+            raise errors.InputError(f"{value}: '~{user}' names no user on this host; give the path without it, "
+                                    "or an absolute one")
+
+
 def check_text_args(**values) -> None:
     """Paths and names with control characters (a newline, a tab, NUL) end up broken in logs,
     YAML and shell lines: refuse them (exit 2)."""
@@ -639,6 +652,10 @@ def _command(args, as_json: bool) -> int:
             simulated_card_bytes()       # recipes read it too: a bad value is refused before anything runs
         except ValueError as exc:
             return _fail(str(exc), errors.EXIT_USAGE, as_json)
+    try:
+        check_home_references(args)
+    except MigratorError as exc:
+        return _fail(str(exc), exc.exit_code, as_json)
     handler = {"run": cmd_run, "demo": cmd_demo, "env": cmd_env, "classify": cmd_classify,
                "rollback": cmd_rollback, "baseline": cmd_baseline, "standin": cmd_standin}[args.command]
     try:

@@ -611,6 +611,13 @@ CASES = [
     # found by tests/test_fuzz_inputs.py: classifying a recipe read a sparse 4 GiB infer.sh in full (a hang)
     Case("recipe_infer_sh_sparse_4_gib", lambda tmp, ckpt: recipe_yaml(bytes(range(256)) * 4)(tmp, ckpt) and
          (os.truncate(tmp / "recipe" / "infer.sh", 4 * 2**30) or ["run", str(tmp / "recipe")]), 2, "not UTF-8"),
+    # found by tests/test_fuzz_inputs.py: `~name` of no user was a RuntimeError traceback (exit 70) wherever used
+    Case("target_tilde_of_no_user", args("run", "~no_such_user_x/Model"), 2, "names no user"),
+    Case("output_dir_tilde_of_no_user", args("run", "{ckpt}", "--output-dir", "~no_such_user_x/out"), 2,
+         "names no user"),
+    Case("baseline_tilde_of_no_user", args("baseline", "~no_such_user_x", "--summary", "{tmp}/out/summary"), 2,
+         "names no user"),
+    Case("rollback_tilde_of_no_user", args("rollback", "~no_such_user_x/r"), 2, "names no user"),
     # other commands
     Case("classify_missing_path", args("classify", "{tmp}/nope"), 2, "no such file"),
     Case("rollback_not_a_recipe", args("rollback", "{tmp}/nope"), 2, "no such recipe"),
