@@ -284,45 +284,48 @@ SUMMARY_COLUMNS = ["model", "status", "prefill_ms", "decode_avg_ms", "device", "
 
 
 def cmd_baseline(args) -> int:
-    """Regenerate baselines one recipe after another; a failure is recorded, not fatal."""
+    """Regenerate baselines one recipe after another; a failure is recorded, not fatal. The exit code is
+    the class of what went wrong: 1 when a recipe ran and failed, else the one code every other row shares
+    (2 not a recipe or a bad file in it, 4 needs an NPU, 74 unwritable, 75 another command holds it), each
+    such row also one `migrator: error:` line."""
     import csv
 
-    rows, refused = [], 0
+    rows = []
     for i, raw in enumerate(args.recipes, 1):
         recipe = Path(raw).expanduser().resolve()
         row = {"model": recipe.name, "recipe": raw, "status": "skipped", "prefill_ms": None,
-               "decode_avg_ms": None, "device": None, "message": ""}
+               "decode_avg_ms": None, "device": None, "message": "", "exit": errors.EXIT_USAGE}
         print(f"[migrator] baseline {i}/{len(args.recipes)}: {raw}", file=sys.stderr, flush=True)
+        rows.append(row)
         found = Recipe.at(recipe)
         if found.refusal:                      # the same line classify and run give
             row["message"] = found.refusal
-            refused += 1
-            print(f"migrator: error: {found.refusal}", file=sys.stderr)
-            rows.append(row)
             continue
         if not found.is_recipe:
-            row["message"] = ("a checkpoint, not a recipe" if found.kind == "checkpoint"
-                              else f"not a recipe ({found.reason})")
-            rows.append(row)
+            row["message"] = (f"{raw}: a checkpoint, not a recipe; `migrator run {raw}` migrates it"
+                              if found.kind == "checkpoint" else f"{raw}: not a recipe ({found.reason})")
             continue
         try:
             state, options = inputs.validate_recipe(found, args, args.max_rounds)
             summary = run_migration(state, options=options)
-            row.update(status=summary.get("status"), message=summary.get("message", ""))
+            row.update(status=summary.get("status"), message=summary.get("message", ""),
+                       exit=errors.EXIT_OK if summary.get("status") == "ok" else errors.EXIT_FAILED)
             if summary.get("baseline_path"):
                 data = load_json(Path(summary["baseline_path"]))
                 row.update(model=data["model_config"]["model_name"], device=data["environment"].get("device"),
                            prefill_ms=data["performance"]["prefill_ms"],
                            decode_avg_ms=data["performance"]["decode_avg_ms"])
-        except errors.EnvironmentProblem as exc:
-            row.update(status="needs_npu" if "needs an Ascend NPU" in str(exc) else "error", message=str(exc))
-        except MigratorError as exc:
-            row.update(status="error", message=str(exc))
-        rows.append(row)
+        except MigratorError as exc:       # refused before it ran: bad input, no NPU, unwritable, busy
+            status = {errors.EXIT_BUSY: "busy", errors.EXIT_USAGE: "refused"}.get(exc.exit_code, "error")
+            if isinstance(exc, errors.EnvironmentProblem):
+                status = "needs_npu" if "needs an Ascend NPU" in str(exc) else "error"
+            row.update(status=status, message=str(exc), exit=exc.exit_code)
+        except LoadError as exc:           # a YAML / JSON file of the recipe, refused by engine.safe_load
+            row.update(status="refused", message=str(exc), exit=errors.EXIT_USAGE)
     summary_path = Path(args.summary)
     summary_path.parent.mkdir(parents=True, exist_ok=True)     # where the user asked for it
     with parent_tree(summary_path).open(summary_path.with_suffix(".csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=SUMMARY_COLUMNS)
+        writer = csv.DictWriter(f, fieldnames=SUMMARY_COLUMNS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
     lines = ["| " + " | ".join(SUMMARY_COLUMNS[:5]) + " |", "|" + " --- |" * 5]
@@ -331,17 +334,16 @@ def cmd_baseline(args) -> int:
     parent_tree(summary_path).write_text(summary_path.with_suffix(".md"), "\n".join(lines) + "\n")
     print("\n".join(lines))
     print(f"summary: {summary_path.with_suffix('.md')} and {summary_path.with_suffix('.csv')}")
-    if all(r["status"] == "ok" for r in rows):
+    problems = [r for r in rows if r["exit"] != errors.EXIT_OK]
+    if not problems:
         return errors.EXIT_OK
-    if refused == len(rows):
-        return errors.EXIT_USAGE           # no folder given is a recipe or a model: bad input, as for run
-    # Recipes that only need an NPU host are not failures of the recipe: exit 4 when that is all.
-    if all(r["status"] in ("ok", "needs_npu") for r in rows):
-        for r in rows:
-            if r["status"] == "needs_npu":
-                print(f"migrator: error: {r['recipe']}: {r['message']}", file=sys.stderr)
-        return errors.EXIT_ENVIRONMENT
-    return errors.EXIT_FAILED
+    if any(r["exit"] == errors.EXIT_FAILED for r in problems):
+        return errors.EXIT_FAILED          # a recipe ran and fails: the table says which
+    for r in problems:                    # refused before running: one line each, the class as the exit code
+        named = r["recipe"] in r["message"] or str(Path(r["recipe"]).expanduser().resolve()) in r["message"]
+        print(f"migrator: error: {r['message'] if named else r['recipe'] + ': ' + r['message']}", file=sys.stderr)
+    codes = {r["exit"] for r in problems}
+    return codes.pop() if len(codes) == 1 else errors.EXIT_FAILED
 
 
 def cmd_rollback(args) -> int:
@@ -432,6 +434,10 @@ def _command(args, as_json: bool) -> int:
             simulated_card_bytes()       # recipes read it too: a bad value is refused before anything runs
         except ValueError as exc:
             return _fail(str(exc), errors.EXIT_USAGE, as_json)
+    try:
+        inputs.check_home_references(args)
+    except MigratorError as exc:
+        return _fail(str(exc), exc.exit_code, as_json)
     handler = {"run": cmd_run, "demo": cmd_demo, "env": cmd_env, "classify": cmd_classify,
                "rollback": cmd_rollback, "baseline": cmd_baseline, "standin": cmd_standin}[args.command]
     try:

@@ -3,6 +3,7 @@ install) or under <prefix>/share/infer-migrator/ (regular install)."""
 
 from __future__ import annotations
 
+import os
 import sys
 import sysconfig
 from pathlib import Path
@@ -31,3 +32,10 @@ def skills_dir() -> Path:
 def demo_model_dir() -> Path:
     """The shipped demo checkpoint (trained by scripts/train_demo_model.py)."""
     return asset_dir("demo/tiny-attention-llama")
+
+
+def cache_home() -> Path:
+    """The user's cache folder: $XDG_CACHE_HOME when it is an absolute path, else ~/.cache. A relative one is
+    ignored, as the XDG spec says (it would put our caches and locks under whatever folder a command runs in)."""
+    given = os.environ.get("XDG_CACHE_HOME") or ""
+    return Path(given) if os.path.isabs(given) else Path.home() / ".cache"

@@ -11,7 +11,10 @@ run as one process tree it owns (psutil).
   beside the run's time (`peak_rss_bytes`).
 - The tree gets a temporary folder of its own (TMPDIR, TMP, TEMP), removed when the tree ends however it
   ends (a stopped parity check leaves no `parity_*` copy of the checkpoint's config and tokenizer, a
-  stopped stand-in run no `npu-standin-*`); torch's compile cache keeps its usual place.
+  stopped stand-in run no record folder); torch's compile cache keeps its usual place. Its name
+  carries the owner's pid and start time (`owned_temp_prefix`): a migrator killed with SIGKILL cannot
+  remove it, so the next tree started in the same temporary folder removes every such folder whose
+  owner is gone (`remove_orphaned_temp`).
 - The tree's pids are written to a file while it runs: a migrator killed with SIGKILL cannot stop
   its tree, so the next run of the same recipe stops what is left (`stop_leftovers`).
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -37,6 +41,8 @@ from engine.safe_write import tree_of
 GRACE_S = 5.0          # SIGTERM -> SIGKILL
 SAMPLE_S = 0.2
 OUTER_TMP_ENV = "MIGRATOR_OUTER_TMPDIR"   # the temporary folder outside every tree's own
+# migrator-<owner pid>-<owner start time, ms>-<what>-<random>: a temporary folder a migrator process owns
+_OWNED_TEMP = re.compile(r"^migrator-(\d+)-(\d+)-[a-z_]+-")
 
 
 class Terminated(BaseException):
@@ -126,12 +132,54 @@ def run_tree(command: list[str], *, cwd: Path, env: dict, stdout, timeout: float
     """Run `command` as a process tree (see the module docs). On a timeout the tree is stopped and
     returncode is None; on KeyboardInterrupt / Terminated the tree is stopped and the exception goes on."""
     become_subreaper()
-    private_tmp = Path(tempfile.mkdtemp(prefix="migrator-tree-"))
+    remove_orphaned_temp()
+    private_tmp = Path(tempfile.mkdtemp(prefix=owned_temp_prefix("tree")))
     try:
         return _run_tree(command, cwd, _with_private_tmp(env, private_tmp), stdout, timeout, pids_file, stderr,
                          stdin)
     finally:
         shutil.rmtree(private_tmp, ignore_errors=True)
+
+
+def _started_ms(pid: int) -> int | None:
+    try:
+        return int(psutil.Process(pid).create_time() * 1000)
+    except psutil.Error:
+        return None
+
+
+def owned_temp_prefix(what: str) -> str:
+    """A prefix for a temporary folder of this process (tempfile.mkdtemp / TemporaryDirectory): its name
+    says whose it is, so one a SIGKILL left behind is recognised as orphaned (remove_orphaned_temp)."""
+    return f"migrator-{os.getpid()}-{_started_ms(os.getpid()) or 0}-{what}-"
+
+
+def remove_orphaned_temp(folder: Path | None = None) -> list[Path]:
+    """Remove the owned temporary folders (owned_temp_prefix) in `folder` (default: the temporary folder)
+    whose owner process is gone, or whose pid now names another process (its start time differs).
+    Only the user's own plain folders are touched, never through a link. Returns what was removed."""
+    root = Path(folder or tempfile.gettempdir())
+    removed = []
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _OWNED_TEMP.match(entry.name)
+        if not match:
+            continue
+        try:
+            if not entry.is_dir(follow_symlinks=False) or entry.stat(follow_symlinks=False).st_uid != os.getuid():
+                continue
+        except OSError:
+            continue
+        pid, started = int(match.group(1)), int(match.group(2))
+        now = _started_ms(pid)
+        if now is not None and (started == 0 or abs(now - started) <= 10):
+            continue            # its owner runs (a start time it could not read: the pid alone decides)
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(Path(entry.path))
+    return removed
 
 
 def _with_private_tmp(env: dict, folder: Path) -> dict:

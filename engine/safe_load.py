@@ -78,7 +78,12 @@ def read_capped(path: str | os.PathLike, max_bytes: int, hint: str = "fix the fi
     except OSError as exc:
         if exc.errno == 40:   # ELOOP
             raise LoadError(name, "a symlink loop", hint="remove the link or point it at a real file", kind="file") from None
-        raise
+        if exc.errno == 2 and os.path.islink(path):      # ENOENT through a link: a dangling one
+            raise LoadError(name, f"a symlink to {os.readlink(path)}, which does not exist",
+                            hint="remove the link or point it at the real file", kind="file") from None
+        if exc.errno == 6:    # ENXIO: a socket
+            raise LoadError(name, "a socket, not a regular file", hint="remove it", kind="file") from None
+        raise               # a file that is not there: the caller's "absent"; permissions: the caller's fault class
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

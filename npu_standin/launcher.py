@@ -66,7 +66,9 @@ def run(command: list[str], device: str = "cpu", record_dir: str | os.PathLike |
     if check:
         check_can_run(device)
     keep = record_dir is not None
-    folder = Path(record_dir) if keep else Path(tempfile.mkdtemp(prefix="npu-standin-"))
+    from agent.processes import owned_temp_prefix    # named by its owner: one a SIGKILL left is removed later
+
+    folder = Path(record_dir) if keep else Path(tempfile.mkdtemp(prefix=owned_temp_prefix("npu_standin")))
     try:      # a temporary record folder never outlives the run: removed on an error, Ctrl-C, SIGTERM too
         return _run_in(folder, keep, command, device, cwd, env, timeout, compile_mode, stdout, stderr)
     finally:

@@ -31,6 +31,8 @@ class Case:
     setup: Callable[[Path, Path], list[str]]   # (tmp, checkpoint copy) -> argv
     code: int
     says: str                                  # a fragment the error line must contain
+    env: dict | None = None                    # environment variables set for the row
+    known: str | None = None                   # an open issue the row fails on until it lands (xfail, strict)
 
 
 def _cfg(ckpt: Path) -> dict:
@@ -117,13 +119,16 @@ def tokenizer_json(**changes):
 
 
 def special_file(name: str, kind: str):
-    """Setup: one file of the checkpoint replaced by a symlink loop, a FIFO or a link to /dev/zero."""
+    """Setup: one file of the checkpoint replaced by a symlink loop, a dangling symlink, a FIFO or a link to
+    /dev/zero."""
     def setup(tmp: Path, ckpt: Path) -> list[str]:
         path = ckpt / name
         if path.exists():
             path.unlink()
         if kind == "loop":
             path.symlink_to(path.name)
+        elif kind == "dangling":
+            path.symlink_to(tmp / "moved away" / name)
         elif kind == "fifo":
             os.mkfifo(path)
         else:
@@ -194,6 +199,38 @@ def recipe_yaml(raw: bytes, name: str = "r_1card_eager.yaml", *extra: str):
     return setup
 
 
+def as_baseline(setup):
+    """Setup: the same input given to `migrator baseline` (its table under the output dir)."""
+    def wrapped(tmp: Path, ckpt: Path) -> list[str]:
+        argv = setup(tmp, ckpt)
+        return ["baseline", *[a for a in argv[1:] if a != "--standin"], "--summary", str(tmp / "out" / "summary")]
+    return wrapped
+
+
+def recipe_entry_loop(tmp: Path, ckpt: Path) -> list[str]:
+    """Setup: a recipe whose infer.py is a two-link symlink loop."""
+    argv = recipe_yaml(b"model_name: r\n")(tmp, ckpt)
+    (tmp / "recipe" / "infer.py").symlink_to("infer2.py")
+    (tmp / "recipe" / "infer2.py").symlink_to("infer.py")
+    return argv
+
+
+def rendered_recipe_with_link(rel: str):
+    """Setup: a recipe of the demo model as `render` writes it, `rel` symlinked to a folder outside it;
+    `migrator run RECIPE` (a trial run: what it writes must not go through the link)."""
+    def setup(tmp: Path, ckpt: Path) -> list[str]:
+        from agent.workflow.run import run_migration
+
+        run_migration({"target": str(ckpt), "output_dir": str(tmp / "out"), "name": "r", "device": "cpu",
+                       "max_new_tokens": 4}, stop_after="render")
+        recipe = tmp / "out" / "r"                  # a recipe is written in place: inside the output dir
+        (tmp / "shared").mkdir()
+        (recipe / rel).parent.mkdir(parents=True, exist_ok=True)
+        (recipe / rel).symlink_to(tmp / "shared", target_is_directory=True)
+        return ["run", str(recipe)]
+    return setup
+
+
 def alias_bomb(levels: int, width: int) -> bytes:
     lines = ["model_name: r", "model_path: ../ckpt", "model_config:", "  config_overrides:",
              f"    l0: &l0 [{', '.join(['lol'] * width)}]"]
@@ -206,7 +243,7 @@ def wheel_of_zeros(member: str, size: int, version: str = "5.3.1"):
     def setup(tmp: Path, ckpt: Path) -> list[str]:
         import zipfile
 
-        wheel = tmp / f"transformers-{version}-py3-none-any.whl"
+        wheel = tmp / f"transformers-{version[:20]}-py3-none-any.whl"
         with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as archive:
             if member != "transformers/__init__.py":
                 archive.writestr("transformers/__init__.py", f'__version__ = "{version}"\n')
@@ -215,8 +252,17 @@ def wheel_of_zeros(member: str, size: int, version: str = "5.3.1"):
             with archive.open(info, "w") as sink:
                 for _ in range(size // 2**22):
                     sink.write(bytes(2**22))
-        return ["run", str(ckpt), "--transformers-source", str(wheel)]
+        return ["run", str(ckpt), "--transformers-source", str(wheel), "--output-dir", str(checkout_models(tmp))]
     return setup
+
+
+def checkout_models(tmp: Path) -> Path:
+    """A checkout's models/ folder (executor/core/support_models.py above it): where --transformers-source applies."""
+    registry = tmp / "checkout" / "executor" / "core" / "support_models.py"
+    registry.parent.mkdir(parents=True, exist_ok=True)
+    registry.write_text("SUPPORTED_MODELS = {}\n")
+    (tmp / "checkout" / "models").mkdir(exist_ok=True)
+    return tmp / "checkout" / "models"
 
 
 def forged_state(journal: list | None = None, manifest: list | None = None, record: dict | None = None,
@@ -238,9 +284,38 @@ def forged_state(journal: list | None = None, manifest: list | None = None, reco
             (backups / "round_1.manifest.json").write_text(json.dumps(fill(manifest)))
         if record is not None:
             (tmp / "victim.py").write_text("keep = 1\nINSERTED = 2\n")
-            (recipe / ".migrator" / "registry_edit.json").write_text(json.dumps(fill(record)))
+            text = record.format(tmp=tmp) if isinstance(record, str) else json.dumps(fill(record))   # str: raw text
+            (recipe / ".migrator" / "registry_edit.json").write_text(text)
             shutil.rmtree(backups)
         return ["rollback", str(recipe)]
+    return setup
+
+
+_HELD_ELSEWHERE: list[int] = []     # lock fds a row holds "as another command"; closed after the row
+
+
+def recipe_locked(command: str, *extra: str):
+    """Setup: a legacy recipe whose folder lock another command holds (agent.recipe.folder_lock: an flock
+    on a second open file description is another holder, as another process would be); `migrator COMMAND`."""
+    def setup(tmp: Path, ckpt: Path) -> list[str]:
+        import fcntl
+        import hashlib
+
+        from agent.recipe import folder_lock
+
+        recipe = tmp / "recipe"
+        (recipe / "config").mkdir(parents=True)
+        (recipe / "infer.sh").write_text("#!/bin/bash\necho never run > PWNED\n")
+        (recipe / "config" / "r.yaml").write_text("model_name: r\n")
+        root = folder_lock.lock_dirs()[0]
+        root.mkdir(parents=True, exist_ok=True)
+        key = str(recipe.resolve())
+        fd = os.open(root / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.ftruncate(fd, 0)
+        os.write(fd, b"pid 4242: migrator run other")
+        _HELD_ELSEWHERE.append(fd)
+        return [a.format(tmp=tmp) for a in (command, str(recipe), *extra)]
     return setup
 
 
@@ -304,6 +379,9 @@ CASES = [
     Case("output_dir_inside_checkpoint", args("run", "{ckpt}", "--output-dir", "{ckpt}/recipes"), 2,
          "inside the checkpoint"),
     Case("recipe_dir_exists", recipe_exists, 2, "already exists"),
+    # found by tests/test_fuzz_inputs.py: a relative XDG_CACHE_HOME put the folder locks (and caches) under the
+    # working directory; the XDG spec says to ignore it (agent.paths.cache_home)
+    Case("xdg_cache_home_relative", recipe_exists, 2, "already exists", env={"XDG_CACHE_HOME": "nan"}),
     Case("weights_option_missing", args("run", "Org/Model", "--weights", "{tmp}/nope"), 2, "--weights"),
     Case("device_npu_without_npu", args("run", "{ckpt}", "--device", "npu"), 4, "npu"),
     # config.json: not an object, not JSON, wrong encoding
@@ -357,6 +435,11 @@ CASES = [
     Case("weights_symlink_loop", special_file("loop.safetensors", "loop"), 2, "symlink loop"),
     Case("tokenizer_json_dev_zero", special_file("tokenizer.json", "dev_zero"), 2, "character device"),
     Case("tokenizer_config_fifo", special_file("tokenizer_config.json", "fifo"), 2, "FIFO"),
+    # found by tests/test_fuzz_inputs.py: a dangling link was a FileNotFoundError traceback (exit 70), not bad input
+    Case("added_tokens_dangling_symlink", special_file("added_tokens.json", "dangling"), 2, "dangling link"),
+    Case("config_dangling_symlink", special_file("config.json", "dangling"), 2, "dangling link"),
+    Case("weights_dangling_symlink", special_file("model.safetensors", "dangling"), 2, "dangling link"),
+    Case("tokenizer_json_dangling_symlink", special_file("tokenizer.json", "dangling"), 2, "dangling link"),
     # tokenizer_config.json / generation_config.json fields of the wrong kind
     Case("tokenizer_eos_token_number", json_file("tokenizer_config.json", eos_token=5), 2, "eos_token"),
     Case("tokenizer_model_max_length_string", json_file("tokenizer_config.json", model_max_length="long"), 2,
@@ -387,9 +470,29 @@ CASES = [
     Case("tokenizer_json_model_empty", tokenizer_json(model={}), 2, "neither a 'type' nor a 'vocab'"),
     Case("tokenizer_json_added_tokens_strings", tokenizer_json(added_tokens=["<s>"]), 2, "added_tokens"),
     Case("tokenizer_json_decoder_string", tokenizer_json(decoder="ByteLevel"), 2, "'decoder' must be"),
+    # found by tests/test_fuzz_inputs.py: the rest of tokenizer.json's schema is the tokenizers library's own
+    Case("tokenizer_json_version_null", tokenizer_json(version=None), 2, "tokenizers library cannot build"),
+    Case("tokenizer_json_pre_tokenizer_unknown", tokenizer_json(pre_tokenizer={"type": "NoSuchSplit"}), 2,
+         "tokenizers library cannot build"),
+    Case("tokenizer_json_truncation_max_length_string", tokenizer_json(truncation={"max_length": "512"}), 2,
+         "tokenizers library cannot build"),
+    Case("tokenizer_json_merge_of_three_words", lambda tmp, ckpt: tokenizer_json(model=dict(
+        json.loads((ckpt / "tokenizer.json").read_text())["model"], merges=["a b c"]))(tmp, ckpt), 2,
+         "tokenizers library cannot build"),
+    Case("tokenizer_json_without_added_tokens", lambda tmp, ckpt: file_bytes("tokenizer.json", json.dumps(
+        {k: v for k, v in json.loads((ckpt / "tokenizer.json").read_text()).items() if k != "added_tokens"}).encode())(
+        tmp, ckpt), 2, "transformers cannot build the tokenizer"),
+    Case("tokenizer_config_added_tokens_decoder_bad_id", json_file("tokenizer_config.json", added_tokens_decoder={
+        "x": {"content": "<|eos|>"}}), 2, "tokenizer"),
     Case("tokenizer_json_missing_config_needs_it", file_bytes("tokenizer.json", None), 2,
          "tokenizer.json: missing, and nothing else here holds the vocabulary"),
     Case("added_tokens_json_list", file_bytes("added_tokens.json", b"[1]"), 2, "added_tokens.json: must be a JSON object"),
+    # found by tests/test_fuzz_inputs.py: ids of another kind passed pre-flight, then broke the recipe's tokenizer
+    Case("added_tokens_json_id_null", file_bytes("added_tokens.json", b'{"<|new|>": null}'), 2,
+         "'<|new|>' must be a non-negative integer"),
+    Case("added_tokens_json_id_string", file_bytes("added_tokens.json", b'{"<|new|>": "7"}'), 2, "non-negative integer"),
+    Case("added_tokens_json_id_negative", file_bytes("added_tokens.json", b'{"<|new|>": -3}'), 2, "non-negative integer"),
+    Case("vocab_json_id_float", file_bytes("vocab.json", b'{"a": 1.5}'), 2, "vocab.json: the id of 'a'"),
     # weights
     Case("weights_missing", file_bytes("model.safetensors", None), 2, "no weight files"),
     Case("weights_empty", file_bytes("model.safetensors", b""), 2, "empty"),
@@ -431,6 +534,13 @@ CASES = [
     # archives: --transformers-source read member by member, the version first, sizes capped
     Case("transformers_source_member_of_zeros", wheel_of_zeros("transformers/zeros.py", 64 * 2**20), 10, "unpacks to"),
     Case("transformers_source_init_of_zeros", wheel_of_zeros("transformers/__init__.py", 48 * 2**20), 10, "unpacks to"),
+    # found by tests/test_fuzz_inputs.py: a source given to a standalone migration was unpacked into the cache and
+    # the workflow started before the "only for a checkout" refusal
+    Case("transformers_source_for_a_standalone_recipe", lambda tmp, ckpt: wheel_of_zeros("transformers/x.py", 0)(
+        tmp, ckpt)[:-2] + ["--output-dir", str(tmp / "out")], 2, "is for a recipe in a cann-recipes-infer checkout"),
+    # found by tests/test_fuzz_inputs.py: a __version__ of 5000 digits was a ValueError traceback (exit 70)
+    Case("transformers_source_version_of_5000_digits", wheel_of_zeros("transformers/x.py", 0, "5" * 5000), 10,
+         "outside the supported range"),
     Case("transformers_source_old_release_of_zeros", wheel_of_zeros("transformers/big.py", 8 * 2**20, "4.57.1"), 10,
          "outside the supported range"),
     # a received recipe's own state is input: journals, manifests, records schema-checked before any change
@@ -462,8 +572,52 @@ CASES = [
     Case("rollback_manifest_not_list", forged_state(manifest={"infer.sh": 1}), 2, "not a list"),
     Case("rollback_registry_record_names_another_file", forged_state(record={
         "registry": "{tmp}/victim.py", "name": "x", "offset": 9, "inserted": "INSERTED = 2\n"}), 2, "edits no other file"),
+    # found by tests/test_fuzz_inputs.py: a record of another shape was "nothing recorded" (exit 0), not refused
+    Case("rollback_registry_record_missing_fields", forged_state(record={"runs": -5}), 2, "no registry or inserted"),
+    Case("rollback_registry_record_a_list", forged_state(record=["{tmp}/victim.py"]), 2, "not a JSON object"),
+    Case("rollback_registry_record_not_json", forged_state(record="{{'registry': '{tmp}/victim.py'"), 2,
+         "not a record this tool wrote"),
     Case("rollback_registry_record_wrong_type", forged_state(record={
         "registry": "{tmp}/victim.py", "name": "x", "offset": "9", "inserted": "INSERTED = 2\n"}), 2, "not a int"),
+    # a recipe folder another command writes (folder_lock): every writer answers 75 naming the holder
+    Case("run_recipe_locked", recipe_locked("run"), 75, "being written by another migrator command (pid 4242"),
+    # found by tests/test_fuzz_inputs.py: `baseline` recorded a bad recipe file as an error row, exit 1, no line
+    Case("baseline_recipe_yaml_alias_bomb", as_baseline(recipe_yaml(alias_bomb(9, 9))), 2, "expands to more than"),
+    Case("baseline_recipe_yaml_not_utf8", as_baseline(recipe_yaml(b"model_name: r\n# caf\xe9\n")), 2, "not UTF-8"),
+    Case("baseline_recipe_entry_symlink_loop", as_baseline(recipe_entry_loop), 2, "symlink loop"),
+    Case("baseline_of_a_checkpoint", args("baseline", "{ckpt}", "--summary", "{tmp}/out/summary"), 2,
+         "a checkpoint, not a recipe"),
+    Case("baseline_recipe_locked", recipe_locked("baseline", "--summary", "{tmp}/out/summary"), 75,
+         "being written by another migrator command (pid 4242"),
+    Case("rollback_recipe_locked", recipe_locked("rollback"), 75, "being written by another migrator command"),
+    # found by tests/test_fuzz_inputs.py: with --resume the target was not checked; a folder that is no recipe
+    # (its infer.sh a folder) started a migration whose store went to ./models
+    Case("resume_recipe_infer_sh_a_folder", lambda tmp, ckpt: recipe_yaml(b"model_name: r\n")(tmp, ckpt) and
+         ((tmp / "recipe" / "infer.sh").unlink() or (tmp / "recipe" / "infer.sh").mkdir() or
+          ["run", str(tmp / "recipe"), "--resume", "--output-dir", str(tmp / "out")]), 2, "not a recipe"),
+    Case("resume_a_file", args("run", "{ckpt}/config.json", "--resume"), 2, "not a directory"),
+    Case("resume_config_json_fifo", lambda tmp, ckpt: special_file("config.json", "fifo")(tmp, ckpt) + ["--resume"], 2,
+         "FIFO"),
+    # found by tests/test_fuzz_inputs.py (a full run): writes through a link out of the recipe, #31.1's class
+    Case("recipe_runs_folder_symlinked_out", rendered_recipe_with_link(".migrator/runs"), 2, ".migrator/runs",
+         known="#31.1 one write choke point: run logs are written through a symlinked .migrator/runs (exit 0)"),
+    # found by tests/test_fuzz_inputs.py: a store file that is a folder was an IsADirectoryError traceback (exit 70)
+    Case("resume_store_threads_json_a_folder", lambda tmp, ckpt: recipe_yaml(b"model_name: r\n")(tmp, ckpt) and
+         ((tmp / "recipe" / ".migrator" / "threads.json").mkdir(parents=True) or
+          ["run", str(tmp / "recipe"), "--resume"]), 2, "not a regular file"),
+    Case("recipe_store_checkpoints_sqlite_a_fifo", lambda tmp, ckpt: recipe_yaml(b"model_name: r\n")(tmp, ckpt) and
+         ((tmp / "recipe" / ".migrator").mkdir() or os.mkfifo(tmp / "recipe" / ".migrator" / "checkpoints.sqlite") or
+          ["run", str(tmp / "recipe")]), 2, "not a regular file"),
+    # found by tests/test_fuzz_inputs.py: classifying a recipe read a sparse 4 GiB infer.sh in full (a hang)
+    Case("recipe_infer_sh_sparse_4_gib", lambda tmp, ckpt: recipe_yaml(bytes(range(256)) * 4)(tmp, ckpt) and
+         (os.truncate(tmp / "recipe" / "infer.sh", 4 * 2**30) or ["run", str(tmp / "recipe")]), 2, "not UTF-8"),
+    # found by tests/test_fuzz_inputs.py: `~name` of no user was a RuntimeError traceback (exit 70) wherever used
+    Case("target_tilde_of_no_user", args("run", "~no_such_user_x/Model"), 2, "names no user"),
+    Case("output_dir_tilde_of_no_user", args("run", "{ckpt}", "--output-dir", "~no_such_user_x/out"), 2,
+         "names no user"),
+    Case("baseline_tilde_of_no_user", args("baseline", "~no_such_user_x", "--summary", "{tmp}/out/summary"), 2,
+         "names no user"),
+    Case("rollback_tilde_of_no_user", args("rollback", "~no_such_user_x/r"), 2, "names no user"),
     # other commands
     Case("classify_missing_path", args("classify", "{tmp}/nope"), 2, "no such file"),
     Case("rollback_not_a_recipe", args("rollback", "{tmp}/nope"), 2, "no such recipe"),
@@ -490,12 +644,20 @@ def _tree(root: Path, skip: Path) -> dict[str, tuple[int, int]]:
     return found
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def _param(case: Case):
+    if case.known:            # a trial run: slow; fails until the issue named lands
+        return pytest.param(case, id=case.id, marks=[pytest.mark.slow, pytest.mark.xfail(reason=case.known, strict=True)])
+    return pytest.param(case, id=case.id)
+
+
+@pytest.mark.parametrize("case", [_param(c) for c in CASES])
 def test_bad_input(case: Case, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
     monkeypatch.setenv("MODELSCOPE_CACHE", str(tmp_path / "out" / "ms_cache"))   # inside --output-dir: not "outside"
+    for key, value in (case.env or {}).items():
+        monkeypatch.setenv(key, value)
     (tmp_path / "ckpt").mkdir()
     ckpt = tmp_path / "ckpt" / "model"
     shutil.copytree(demo_model_dir(), ckpt)
@@ -506,9 +668,14 @@ def test_bad_input(case: Case, tmp_path, monkeypatch, capsys):
     if argv[0] == "run" and "--device" not in argv:
         argv += ["--device", "cpu"]
     before = _tree(tmp_path, skip=out)
+    had = {p.name for p in out.iterdir()} if out.is_dir() else set()      # what the setup put there
     capsys.readouterr()
 
-    code = main(argv)
+    try:
+        code = main(argv)
+    finally:
+        while _HELD_ELSEWHERE:
+            os.close(_HELD_ELSEWHERE.pop())
 
     err = capsys.readouterr().err
     assert "Traceback" not in err, err
@@ -522,10 +689,9 @@ def test_bad_input(case: Case, tmp_path, monkeypatch, capsys):
     assert not any(p.name == MARKER for p in tmp_path.rglob("*"))
     # No half-built recipe: the output dir holds at most the checkpoint store, and what the user had.
     if out.is_dir():
-        leftovers = {p.name for p in out.iterdir()} - {".migrator"}
-        expected = {"my_model"} if case.id == "recipe_dir_exists" else set()
-        assert leftovers == expected, leftovers
-    if case.id == "recipe_dir_exists":
+        leftovers = {p.name for p in out.iterdir()} - {".migrator", "summary.md", "summary.csv"}   # baseline's table
+        assert leftovers == had - {".migrator"}, leftovers
+    if case.setup is recipe_exists:
         assert (out / "my_model" / "keep.txt").read_text() == "user's file"
 
 

@@ -37,7 +37,7 @@ def _left(tmpdir: Path) -> list[str]:
     return sorted(p.name for p in tmpdir.iterdir())
 
 
-# ---- migrator standin: the whole tree, no npu-standin-* -----------------------------------------
+# ---- migrator standin: the whole tree, no npu_standin folder --------------------------------------
 @pytest.mark.parametrize("sig, code, says", [(signal.SIGTERM, 143, "terminated (SIGTERM)"),
                                              (signal.SIGINT, 130, "interrupted")])
 @pytest.mark.parametrize("shape", ["grandchild_in_background", "python_child_ignoring_sigint"])
@@ -53,7 +53,7 @@ def test_a_signal_to_standin_stops_its_whole_command_tree(tmp_path, sig, code, s
     proc = _start(["standin", "--", *command], tag, {"TMPDIR": str(tmpdir)})
     _until(lambda: started.exists() or proc.poll() is not None, 120, "the command never started")
     assert proc.poll() is None
-    assert any(p.startswith("npu-standin-") for p in _left(tmpdir)), _left(tmpdir)   # the point: it exists now
+    assert any("-npu_standin-" in p for p in _left(tmpdir)), _left(tmpdir)   # the point: it exists now
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == code, err[-2000:]
@@ -66,6 +66,53 @@ def test_a_signal_to_standin_stops_its_whole_command_tree(tmp_path, sig, code, s
     assert _left(tmpdir) == []
     time.sleep(7)
     assert not mark.exists(), "the command's child ran on after the migrator stopped"
+
+
+def test_the_temp_folder_of_a_sigkilled_migrators_tree_is_removed_by_the_next_command(tmp_path):
+    """SIGKILL leaves the migrator no chance to remove its tree's TMPDIR; its name carries the owner's pid
+    and start time, so the next command that starts a tree in the same temporary folder removes it."""
+    tag, tmpdir, started = uuid.uuid4().hex, tmp_path / "tmp", tmp_path / "started"
+    tmpdir.mkdir()
+    proc = _start(["standin", "--", "bash", "-c", f"touch {started}; sleep 60"], tag, {"TMPDIR": str(tmpdir)})
+    _until(lambda: started.exists() or proc.poll() is not None, 120, "the command never started")
+    left = [p for p in _left(tmpdir) if p.startswith(f"migrator-{proc.pid}-")]
+    assert sorted(p.split("-")[3] for p in left) == ["npu_standin", "tree"], _left(tmpdir)   # records, the tree's TMPDIR
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    for pid in _tagged(tag):              # the killed migrator's command, started by this test: stopped here
+        os.kill(pid, signal.SIGKILL)
+    assert set(left) <= set(_left(tmpdir))
+    again = _start(["standin", "--", "true"], uuid.uuid4().hex, {"TMPDIR": str(tmpdir)})
+    out, err = again.communicate(timeout=120)
+    assert again.returncode == 0, err[-2000:]
+    assert _left(tmpdir) == [], _left(tmpdir)
+
+
+def test_only_temp_folders_whose_owner_is_gone_are_removed(tmp_path):
+    """remove_orphaned_temp: a dead owner's folder goes; the live owner's stays, a reused pid (another
+    start time) does not keep a folder, and links, files and other names are never touched."""
+    import psutil
+
+    from agent.processes import owned_temp_prefix, remove_orphaned_temp
+
+    mine = tmp_path / (owned_temp_prefix("tree") + "a1")
+    gone = 4194304 + 17                            # above Linux's pid_max: never a live process
+    dead = tmp_path / f"migrator-{gone}-1700000000000-precision-b2"
+    reused = tmp_path / f"migrator-{os.getpid()}-{int(psutil.Process().create_time() * 1000) - 5000}-revendor-c3"
+    victim = tmp_path / "victim"
+    for folder in (mine, dead, reused, victim):
+        folder.mkdir()
+        (folder / "config.json").write_text("{}")
+    (tmp_path / f"migrator-{gone}-1-tree-link").symlink_to(victim, target_is_directory=True)
+    (tmp_path / f"migrator-{gone}-1-tree-file").write_text("x")
+    (tmp_path / "migrator-crash-x.txt").write_text("x")
+    (tmp_path / f"parity_{gone}").mkdir()
+    removed = remove_orphaned_temp(tmp_path)
+    assert sorted(p.name for p in removed) == sorted([dead.name, reused.name])
+    assert sorted(_left(tmp_path)) == sorted([mine.name, "victim", f"migrator-{gone}-1-tree-link",
+                                              f"migrator-{gone}-1-tree-file", "migrator-crash-x.txt",
+                                              f"parity_{gone}"])
+    assert (victim / "config.json").is_file()
 
 
 # ---- a torch_npu whose import blocks --------------------------------------------------------------
@@ -203,7 +250,9 @@ def test_rollback_and_baseline_wait_for_the_run_that_holds_the_recipe(working_re
         first.communicate(timeout=60)
     assert rolled.returncode == 75, rolled.stderr[-2000:]
     assert "being written by another migrator command" in rolled.stderr and str(working_recipe) in rolled.stderr
-    assert measured.returncode != 0
+    assert measured.returncode == 75, measured.stderr[-2000:]
+    said = [ln for ln in measured.stderr.splitlines() if ln.startswith("migrator:")]
+    assert len(said) == 1 and "being written by another migrator command" in said[0], measured.stderr
     assert "being written by another migrator command" in (tmp_path / "summary.csv").read_text()
 
 

@@ -481,7 +481,7 @@ def check(record_dir: Path, checkpoint: Path, *, python: str | None = None, dtyp
           log_dir: Path | None = None) -> dict:
     """`verify_record` in `python` (default: this interpreter), as one process tree the migrator owns
     (stopped with it on SIGINT / SIGTERM or the timeout)."""
-    from agent.processes import run_tree, stop_leftovers
+    from agent.processes import owned_temp_prefix, run_tree, stop_leftovers
 
     root = str(Path(__file__).resolve().parents[2])
     env = {k: v for k, v in os.environ.items()
@@ -500,7 +500,7 @@ def check(record_dir: Path, checkpoint: Path, *, python: str | None = None, dtyp
     if pids_file is not None:
         stop_leftovers(pids_file)
     # the verdict goes to a file of its own: the model's code (remote code) may print anything
-    with tempfile.TemporaryDirectory(prefix="precision_") as tmp, tempfile.TemporaryFile("w+") as err:
+    with tempfile.TemporaryDirectory(prefix=owned_temp_prefix("precision")) as tmp, tempfile.TemporaryFile("w+") as err:
         answer = Path(tmp) / "verdict.json"
         tree = run_tree([*cmd, "--out", str(answer)], cwd=cwd or record_dir, env=env, stdout=subprocess.DEVNULL,
                         stderr=err, timeout=timeout, pids_file=pids_file)

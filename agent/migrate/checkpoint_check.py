@@ -188,6 +188,8 @@ def check_tokenizer(model_dir: Path) -> None:
                 check_tokenizer_json(data, path)
             elif name == "special_tokens_map.json":
                 check_special_tokens_map(data, path)
+            elif name in ("added_tokens.json", "vocab.json"):
+                check_token_ids(data, path)
     generation = model_dir / "generation_config.json"
     if os.path.lexists(generation):
         data = read_json_file(generation)
@@ -204,6 +206,26 @@ def check_tokenizer(model_dir: Path) -> None:
         raise InputError(f"{model_dir / 'tokenizer.json'}: missing, and nothing else here holds the vocabulary "
                          f"({'tokenizer_config.json names ' + repr(cls) + ', which needs it' if cls else 'tokenizer_config.json alone builds no tokenizer'}); "
                          "copy the model's tokenizer.json (or its tokenizer.model / vocab files) into the directory")
+    _recipe_loads_tokenizer(model_dir)
+
+
+def _recipe_loads_tokenizer(model_dir: Path) -> None:
+    """Last, the files are loaded as the recipe loads them (engine.loading.load_tokenizer: transformers,
+    no remote code): what transformers itself requires of them (tokenizer.json's `added_tokens`, the
+    interplay of tokenizer_config.json and the vocabulary) is its own to say. A tokenizer library this
+    environment lacks (sentencepiece, tiktoken) is the environment's business, not the files'."""
+    from engine.loading import load_tokenizer
+
+    try:
+        load_tokenizer(str(model_dir))
+    except ImportError:
+        return
+    except Exception as exc:  # noqa: BLE001 - transformers and tokenizers raise anything on a bad file
+        why = " ".join(str(exc).split())[:300]
+        if re.search(r"requires? the \w+ library|pip install|not installed", why, re.IGNORECASE):
+            return
+        raise InputError(f"{model_dir}: transformers cannot build the tokenizer from these files "
+                         f"({type(exc).__name__}: {why}); re-download the tokenizer files") from None
 
 
 TOKENIZER_JSON_SECTIONS = ("normalizer", "pre_tokenizer", "post_processor", "decoder", "truncation", "padding")
@@ -230,6 +252,22 @@ def check_tokenizer_json(data: dict, path: Path) -> None:
         if data.get(key) is not None and not isinstance(data[key], dict):
             raise InputError(f"{path}: '{key}' must be a JSON object or null, got {_shown(data[key])}; re-download "
                              "tokenizer.json")
+    _tokenizers_reads(data, path)
+
+
+def _tokenizers_reads(data: dict, path: Path) -> None:
+    """The rest of tokenizer.json's schema is the `tokenizers` library's: it builds the tokenizer from the
+    parsed file here, as the recipe will (a `version` of null, a merge of three words, an unknown pre-tokenizer)."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:           # transformers' tokenizers backend missing: the environment check's business
+        return
+    try:
+        Tokenizer.from_str(json.dumps(data))
+    except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception for every schema error
+        why = re.sub(r" at line \d+ column \d+$", "", " ".join(str(exc).split()))[:300]
+        raise InputError(f"{path}: the tokenizers library cannot build a tokenizer from it ({why}); re-download "
+                         "tokenizer.json") from None
 
 
 def check_special_tokens_map(data: dict, path: Path) -> None:
@@ -239,6 +277,14 @@ def check_special_tokens_map(data: dict, path: Path) -> None:
         if not all(_token(v) and v is not None for v in values):
             raise InputError(f"{path}: '{key}' must be a token (text or {{\"content\": ...}}), got {_shown(value)}; "
                              "fix special_tokens_map.json or re-download it")
+
+
+def check_token_ids(data: dict, path: Path) -> None:
+    """added_tokens.json / vocab.json: token text -> a non-negative integer id (tokenizers sorts and indexes by it)."""
+    for token, index in data.items():
+        if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+            raise InputError(f"{path}: the id of {token[:60]!r} must be a non-negative integer, got {_shown(index)}; "
+                             f"fix {path.name} or re-download it")
 
 
 def _token(value) -> bool:

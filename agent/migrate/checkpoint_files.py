@@ -13,6 +13,7 @@ from agent.errors import EXIT_NEEDS_WEIGHTS, InputError, MigratorError
 from agent.migrate.hub_refs import checked_filenames
 from agent.recipe.fs_guard import user_tree
 from engine.safe_load import load_json
+from agent.paths import cache_home
 
 WEIGHTS_LIMIT_BYTES = 5 * 10**9
 SMALL_FILE_PATTERNS = ["*.json", "*.py", "*.txt", "*.model", "*.tiktoken", "tokenizer*", "*.jinja"]
@@ -99,7 +100,7 @@ def _merge_weights(ref, small_dir: Path, weights_dir: Path) -> Path:
 
     Lives under $XDG_CACHE_HOME/infer-migrator (default ~/.cache) so the path stays valid for the recipe.
     """
-    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "infer-migrator" / "checkpoints"
+    root = cache_home() / "infer-migrator" / "checkpoints"
     merged = root / f"{ref.repo_id.replace('/', '--')}--{small_dir.name[:12]}"
     cache_tree = user_tree(root, "the migrator's checkpoint cache", create=True, keep_links=False)
     cache_tree.mkdir(merged)

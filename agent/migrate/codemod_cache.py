@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import Callable
 
 import libcst
+from agent.paths import cache_home
 from agent.recipe.fs_guard import user_tree
 from engine.safe_load import load_json
 
 
 def cache_dir() -> Path:
-    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    root = cache_home()
     return root / "infer-migrator" / "codemods"
 
 

@@ -36,7 +36,7 @@ def _version_tuple(text: str) -> tuple[int, ...]:
     out = []
     for piece in text.split(".")[:3]:
         digits = "".join(ch for ch in piece if ch.isdigit()) if piece[:1].isdigit() else ""
-        out.append(int(digits or 0))
+        out.append(int(digits[:12] or 0))     # a version of 5000 digits (a forged __init__.py): huge, never a crash
     return tuple(out)
 
 

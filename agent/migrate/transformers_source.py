@@ -28,6 +28,7 @@ from pathlib import Path
 
 from agent.errors import EXIT_BAD_TRANSFORMERS_SOURCE, EXIT_NO_TRANSFORMERS_SOURCE, MigratorError
 from agent.migrate.transformers_range import _version_tuple
+from agent.paths import cache_home
 from agent.recipe.fs_guard import user_tree
 
 EXIT_NO_SOURCE, EXIT_BAD_SOURCE = EXIT_NO_TRANSFORMERS_SOURCE, EXIT_BAD_TRANSFORMERS_SOURCE
@@ -107,7 +108,7 @@ def _version_of(init_text: str, what: str) -> str:
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "infer-migrator" / "transformers"
+    return cache_home() / "infer-migrator" / "transformers"
 
 
 # A transformers wheel unpacks to ~60 MB in ~2000 files; its largest .py is well under 2 MB.
@@ -309,6 +310,16 @@ class Plan:
 
 
 INSTALLED = "installed"     # --transformers-source installed: the installed release, whatever the checkout pins
+
+
+def check_source_fits(given: str | None, inside_checkout: bool) -> None:
+    """--transformers-source is for a recipe vendored into a checkout: refused (exit 2) for a standalone one,
+    before its archive is opened or anything is written."""
+    if given not in (None, INSTALLED) and not inside_checkout:
+        from agent.errors import InputError
+
+        raise InputError("--transformers-source is for a recipe in a cann-recipes-infer checkout (--target framework "
+                         "or legacy): a standalone recipe is vendored from the installed transformers")
 
 
 def plan_for(checkout: Path | None, given_source: str | None, given_python: str | None) -> Plan:

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from agent import errors
+from agent.paths import cache_home
 
 _HELD: dict[str, list] = {}       # resolved folder -> [fd, depth]
 
@@ -31,7 +32,7 @@ def lock_dirs() -> list[Path]:
 
     uid = os.getuid() if hasattr(os, "getuid") else 0
     outer = os.environ.get(OUTER_TMP_ENV) or tempfile.gettempdir()
-    return [Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "infer-migrator" / "locks",
+    return [cache_home() / "infer-migrator" / "locks",
             Path(outer) / f"infer-migrator-locks-{uid}"]
 
 

@@ -75,10 +75,7 @@ def check_regular(path: Path, root: Path | None = None, limit: int | None = None
     try:
         st = os.stat(path)
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise UnreadableFile(f"{shown}: a symlink loop (it points back at itself); remove it or point it at "
-                                 "a real file") from None
-        raise
+        raise _unreadable(path, shown, exc) from None
     if not stat.S_ISREG(st.st_mode):
         target = f" (a link to {os.path.realpath(path)})" if path.is_symlink() else ""
         raise UnreadableFile(f"{shown} is {_kind(st.st_mode)}{target}, not a regular file; the migrator reads "
@@ -89,12 +86,33 @@ def check_regular(path: Path, root: Path | None = None, limit: int | None = None
     return st
 
 
+def _unreadable(path: Path, shown: str, exc: OSError) -> UnreadableFile:
+    """Why a file handed to us cannot be stat'ed or opened, in one line: every errno, not only the ones
+    foreseen (a dangling link, a folder without x permission, a name too long)."""
+    if exc.errno == errno.ELOOP:
+        return UnreadableFile(f"{shown}: a symlink loop (it points back at itself); remove it or point it at "
+                              "a real file")
+    if exc.errno == errno.ENOENT and os.path.islink(path):
+        return UnreadableFile(f"{shown}: a symlink to {os.readlink(path)}, which does not exist (a dangling link); "
+                              "remove it or point it at the real file")
+    if exc.errno == errno.ENOENT:
+        return UnreadableFile(f"{shown}: does not exist (removed while the migrator read the folder?); put it back "
+                              "or remove what names it")
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return UnreadableFile(f"{shown}: cannot be read by this user (permission denied); make it readable "
+                              "(chmod u+r, and u+x on its folders)")
+    return UnreadableFile(f"{shown}: cannot be read ({exc.strerror or exc}); replace it with the file it should be")
+
+
 def read_bytes(path: Path, limit: int = SOURCE_LIMIT, root: Path | None = None) -> bytes:
     """The bytes of a regular file, refused (one line) when it is anything else or larger than
     `limit`. Opened non-blocking and checked again on the open file, so a FIFO swapped in meanwhile
     is not waited on either."""
     check_regular(path, root, limit)
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise _unreadable(path, _shown(path, root), exc) from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

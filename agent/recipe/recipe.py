@@ -384,7 +384,20 @@ def runner_files(folder: Path) -> list[Path]:
 
 
 def _runs_on_our_engine(folder: Path) -> bool:
-    return any(OUR_ENGINE in p.read_text(errors="replace") for p in runner_files(folder))
+    return any(OUR_ENGINE in _head(p) for p in runner_files(folder))
+
+
+CLASSIFY_READ_LIMIT = 1 * 2**20     # classifying a folder reads at most this much of a file (a 4 GiB infer.sh too)
+
+
+def _head(path: Path) -> str:
+    """The first CLASSIFY_READ_LIMIT bytes of a regular file as text: classification stays bounded,
+    whatever size a received file claims (a sparse infer.sh of gigabytes was read in full)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(CLASSIFY_READ_LIMIT).decode("utf-8", errors="replace")
+    except OSError:
+        return ""
 
 
 def read_settings(path: Path | None) -> dict:
@@ -426,7 +439,7 @@ def choose_yaml(recipe_dir: Path) -> Path | None:
     """The YAML a run uses: the one infer.sh names, else a single-card one, else the first."""
     infer_sh = recipe_dir / "infer.sh"
     if infer_sh.is_file():
-        text = infer_sh.read_text(errors="replace")
+        text = _head(infer_sh)
         for rx in (_YAML_ASSIGN_RE, _YAML_ARG_RE):
             for found in rx.finditer(text):
                 value = found.group("value").replace("${SCRIPT_PATH}/", "").replace("${SCRIPT_DIR}/", "")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,12 +118,18 @@ def recorded_edit(state_dir: Path) -> dict | None:
     """The recorded registry edit, schema-checked (a received recipe's state is untrusted): the fields of
     RECORD_SCHEMA with their types, and a `registry` that is the support_models.py of the checkout holding
     the recipe, nothing else; InputError (exit 2) for a record that names another file."""
+    path = state_dir / RECORD
+    if not os.path.lexists(path):
+        return None
+    forged = "not a record this tool wrote: remove it if the recipe was received from elsewhere"
     try:
-        record = load_json((state_dir / RECORD), max_bytes=2**20)
-    except (OSError, ValueError):
-        return None
+        record = load_json(path, max_bytes=2**20)
+    except (OSError, ValueError) as exc:      # a FIFO, a folder, a link loop, bad JSON: refused, not "nothing"
+        shown = " ".join(str(exc).split())
+        raise InputError(f"{shown if str(path) in shown else f'{path}: {shown}'}; {forged}") from None
     if not isinstance(record, dict) or not {"registry", "inserted"} <= set(record):
-        return None
+        raise InputError(f"{path}: {'no registry or inserted field' if isinstance(record, dict) else 'not a JSON object'}; "
+                         f"{forged}")
     for key, kind in RECORD_SCHEMA.items():
         value = record.get(key)
         if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):

@@ -60,8 +60,10 @@ def validate_run(args) -> tuple[MigrationState, RunOptions]:
     # the kind of recipe a migration writes: a bad --target is exit 2 before acquiring
     recipe_target = None if is_recipe else choose_target(args.recipe_target, Path(args.output_dir))
     if args.transformers_source and args.transformers_source != "installed":
-        from agent.migrate.transformers_source import open_source
+        from agent.migrate.transformers_source import check_source_fits, open_source
 
+        if recipe_target is not None:     # a standalone migration takes none: exit 2, nothing unpacked
+            check_source_fits(args.transformers_source, TARGETS[recipe_target].inside_checkout)
         open_source(args.transformers_source)       # a bad source is exit 10 before the workflow starts
     if not args.resume and not is_recipe:
         check_npu_for_checkout(args, recipe_target)     # bad input first (above), then the host: exit 4 before any write
@@ -181,6 +183,19 @@ def check_recipe_destinations(recipe: Recipe) -> None:
     check_write_destinations(recipe.path, {".migrator": "dir", "agentic": "dir", baseline: "dir",
                                          "migration_report.json": "file", "migration_summary.md": "file",
                                          "README.md": "file"})
+
+
+def check_home_references(args) -> None:
+    """A path argument of every command that starts `~name` where no user `name` exists: one line, exit 2
+    (pathlib's expanduser raises a RuntimeError for it wherever the path is used)."""
+    values = [getattr(args, key, None) for key in ("target", "path", "recipe", "output_dir", "weights", "summary",
+                                                   "transformers_source", "reference_python", "record")]
+    values += list(getattr(args, "recipes", None) or [])
+    for value in values:
+        if isinstance(value, str) and value.startswith("~") and os.path.expanduser(value) == value:
+            user = value[1:].split("/", 1)[0]
+            raise errors.InputError(f"{value}: '~{user}' names no user on this host; give the path without it, "
+                                    "or an absolute one")
 
 
 def check_text_args(**values) -> None:

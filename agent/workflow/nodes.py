@@ -113,9 +113,7 @@ def transformers_plan(state: MigrationState, output_dir: Path, recipe_target: st
     """The transformers the recipe is vendored from and runs with (agent.migrate.transformers_source):
     a checkout's pin, its source and the interpreter that has it; settled before anything is written."""
     target = TARGETS[recipe_target]
-    if state.get("transformers_source") not in (None, transformers_source.INSTALLED) and not target.inside_checkout:
-        raise InputError("--transformers-source is for a recipe in a cann-recipes-infer checkout (--target framework "
-                         "or legacy): a standalone recipe is vendored from the installed transformers")
+    transformers_source.check_source_fits(state.get("transformers_source"), target.inside_checkout)
     checkout = checkout_root(output_dir) if target.inside_checkout else None
     plan = transformers_source.plan_for(checkout, state.get("transformers_source"), state.get("reference_python"))
     return {"version": plan.version, "source_root": str(plan.tree.root) if plan.tree else None,

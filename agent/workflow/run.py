@@ -94,7 +94,8 @@ def store_dir(home: Path, output_dir: Path) -> Path:
 
 
 def _unreadable_store(path: Path, why: str, resume: bool) -> errors.InputError:
-    hint = f"remove it (rm {path}) or run without --resume" if resume else f"remove it (rm {path})"
+    rm = f"rm {'-r ' if path.is_dir() and not path.is_symlink() else ''}{path}"
+    hint = f"remove it ({rm}) or run without --resume" if resume else f"remove it ({rm})"
     why = " ".join(str(why).split())[:200]
     return errors.InputError(f"{path}: the --resume checkpoint store cannot be read safely ({why}); {hint}")
 
@@ -209,6 +210,8 @@ def _run_with_store(state, resume, stop_after, key, home, output_dir, options) -
     for path in (threads_file, db):
         if path.is_symlink():
             raise _unreadable_store(path, "it is a symlink", resume)
+        if os.path.lexists(path) and not path.is_file():     # a folder, a FIFO, a socket in its place
+            raise _unreadable_store(path, "it is not a regular file", resume)
     lock = _hold_run_lock(store / ("run.lock" if home != output_dir else f"run-{key}.lock"), state)
     finished = []
     try:
