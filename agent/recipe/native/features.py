@@ -54,7 +54,6 @@ class NativeFeatures:
     final_softcap: bool              # logits soft-capped
     tie_word_embeddings: bool
     eps_key: str = "rms_norm_eps"
-    moe: "MoeFeatures | None" = None                 # the sparse-MoE layers (agent.recipe.native.moe_features)
     fused: tuple[str, ...] = field(default=())       # what runs as a torch_npu fused kernel
     unfused: tuple[str, ...] = field(default=())     # what stays plain torch, and why
 
@@ -63,7 +62,7 @@ class NativeFeatures:
 
     def with_changes(self, **changes) -> "NativeFeatures":
         """A copy with some facts changed (the self-check's fault cases)."""
-        data = {**self.as_dict(), "moe": self.moe, **changes}
+        data = {**self.as_dict(), **changes}
         data["fused"], data["unfused"] = tuple(data["fused"]), tuple(data["unfused"])
         data["rope_types"] = tuple(data["rope_types"])
         return NativeFeatures(**data)
@@ -220,17 +219,8 @@ def derive(config_dict: dict) -> NativeFeatures:
     from transformers import AutoModelForCausalLM
     from transformers.activations import ACT2FN
 
-    if "kv_lora_rank" in config_dict:
-        raise NotNative("attention", "MLA layers are not written natively yet (issue #34)")
-    moe = None
-    if any(k in config_dict for k in ("num_local_experts", "num_experts", "n_routed_experts")):
-        from transformers import AutoConfig
-
-        from agent.recipe.native.moe_features import derive_moe
-
-        data = {k: v for k, v in config_dict.items() if k not in ("auto_map", "quantization_config", "architectures",
-                                                                    "model_type", "transformers_version")}
-        moe = derive_moe(AutoConfig.for_model(config_dict["model_type"], **data), checkpoint_keys=set(config_dict))
+    if any(k in config_dict for k in ("num_local_experts", "num_experts", "n_routed_experts", "kv_lora_rank")):
+        raise NotNative("mlp", "mixture of experts / MLA layers are not written natively yet (issue #34)")
     config = shrunk_config(config_dict)
     torch.manual_seed(0)
     try:
@@ -285,19 +275,13 @@ def derive(config_dict: dict) -> NativeFeatures:
         scale = getattr(attention, "scaling", None)
         if not isinstance(scale, float):
             raise NotNative("attention", f"{type(attention).__name__} has no float `scaling`")
-        if moe is not None and getattr(mlp, "experts", None) is not None:
-            m = None          # the sparse-MoE block: probed by derive_moe
-        else:
-            m = _children(mlp)
-        if m is None:
-            pass
-        elif set(m) - MLP_CHILDREN or "down_proj" not in m or not ({"gate_proj", "up_proj"} <= set(m) or "gate_up_proj" in m):
+        m = _children(mlp)
+        if set(m) - MLP_CHILDREN or "down_proj" not in m or not ({"gate_proj", "up_proj"} <= set(m) or "gate_up_proj" in m):
             raise NotNative("mlp", f"{type(mlp).__name__} ({sorted(m)}) is not a gated MLP")
-        if m is not None and any(getattr(p, "bias", None) is not None for p in m.values() if isinstance(p, torch.nn.Linear)):
+        if any(getattr(p, "bias", None) is not None for p in m.values() if isinstance(p, torch.nn.Linear)):
             raise NotNative("mlp", "MLP projections with biases")
-        if m is not None:
-            fused_gate_up = "gate_up_proj" in m
-            _probe_mlp(mlp, hidden, activation)
+        fused_gate_up = "gate_up_proj" in m
+        _probe_mlp(mlp, hidden, activation)
         present = tuple(n for n in LAYER_NORMS if n in kinds)
         if present not in (LAYER_NORMS[:2], LAYER_NORMS):
             raise NotNative("decoder layer", f"norms {present}: neither pre-norm nor sandwich")
@@ -349,7 +333,7 @@ def derive(config_dict: dict) -> NativeFeatures:
         sandwich=next(iter(sandwich_kinds)), embed_scale=embed_scale, scaling=scaling, rope_by_layer_type=by_type,
         rope_types=rope_types, partial_rotary=partial, sliding=sliding, windows_from_layer_types=from_types,
         attn_softcap=attn_softcap, final_softcap=final_softcap, tie_word_embeddings=tied,
-        fused=tuple(fused) + (moe.fused if moe else ()), unfused=tuple(unfused) + (moe.unfused if moe else ()), moe=moe)
+        fused=tuple(fused), unfused=tuple(unfused))
 
 
 def _probe_embed_scale(model, base, hidden: int) -> str:
