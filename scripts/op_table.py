@@ -46,7 +46,13 @@ DEFAULT_CHECKOUT = next((root / "shared" / "upstream" / "cann-recipes-infer" for
 EXE_MODES = ("eager", "npugraph_ex", "ge_graph")
 OURS_NAME = "optable_ours"
 # Explanations of a row's difference, keyed by op: the caller's words. The counts never come from here.
-KNOWN_DIFFERENCES: dict[str, str] = {}
+# Why an op is on one side only (a row whose counts differ gets its explanation; the counts always come
+# from the runs). Keyed by op.
+KNOWN_DIFFERENCES: dict[str, str] = {
+    "npu_swiglu": "ours fuses the MLP's silu(gate) * up into npu_swiglu (the fusion stage, upstream's "
+                  "model-infer-fusion skill); upstream's models/qwen computes ACT2FN[silu](gate) * up in plain torch "
+                  "(QwenMLP._forward_normal), so the op is ours alone",
+}
 
 
 # ---- the table, from the runs' records (pure) --------------------------------------------------
