@@ -400,7 +400,7 @@ def test_shrink_keeps_a_repeated_pattern_of_layer_kinds_whole():
     """The parity check's shrunk config of a 4-layer recurrent_gemma: block_types [recurrent,
     recurrent, attention] repeats over the layers, so 3 layers (every kind), the pattern kept.
     Cut to 2 it had no attention layer and neither transformers nor the recipe could run it."""
-    from agent.measure.shrink import shrink_config
+    from agent.recipe.shrink import shrink_config
 
     pattern = ["recurrent", "recurrent", "attention"]
     config = {"num_hidden_layers": 4, "block_types": pattern, "hidden_size": 64}

@@ -39,7 +39,7 @@ def features():
 
 # ---- what the architecture is, read from its code -------------------------------------------------
 @pytest.mark.parametrize("model_type,expected", [
-    ("llama", dict(fused_qkv=False, qk_norm=False, norm_offset=0.0, sandwich=False, embed_scale="none", sliding=False)),
+    ("llama", dict(fused_qkv=False, qk_norm=False, norm_offset=0.0, sandwich=False, embed_scale="unscaled", sliding=False)),
     ("qwen2", dict(qkv_bias=True, qk_norm=False, sliding=False)),
     ("qwen3", dict(qkv_bias=False, qk_norm=True)),
     ("mistral", dict(sliding=True, windows_from_layer_types=False)),

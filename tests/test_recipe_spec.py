@@ -150,12 +150,12 @@ def test_defaults_have_one_home():
     """Each default lives in engine/defaults.py; the CLI, the graph and repair read it from there."""
     from agent import cli
     from agent.repair.rules import rule as repair
-    from agent.workflow import graph
+    from agent.workflow.state import run_options
 
     run = cli._parser().parse_args(["run", "x"])
     assert (run.timeout, run.max_new_tokens, run.max_rounds) == \
         (defaults.TIMEOUT_S, defaults.MAX_NEW_TOKENS, defaults.MAX_ROUNDS)
-    assert graph.DEFAULT_MAX_ROUNDS == defaults.MAX_ROUNDS
+    assert run_options(None)["max_rounds"] == defaults.MAX_ROUNDS     # the graph's run options
     assert repair.RepairContext().timeout_s == defaults.TIMEOUT_S
     literal = re.compile(r"(default=|or |= |, )1800\b")
     offenders = [f"{p.relative_to(ROOT)}:{n}" for base in ("agent", "engine") for p in (ROOT / base).rglob("*.py")

@@ -48,6 +48,10 @@ ALLOWED = {
     "agent/recipe/folder_lock.py::hold::.mkdir()": "the migrator's own lock folder under XDG_CACHE_HOME (0700)",
     "agent/recipe/folder_lock.py::hold::os.open(write flags)": "a lock file in that folder, opened O_NOFOLLOW",
     "agent/processes.py::run_tree::shutil.rmtree": PRIVATE_TMP + " (the tree's TMPDIR)",
+    "agent/processes.py::remove_orphaned_temp::shutil.rmtree":
+        "our own temp folders of migrator processes that are gone (owned_temp_prefix), never a link or another's",
+    "agent/recipe/native/decide.py::selfcheck::.write_text()": PRIVATE_TMP + " (the self-check's job file)",
+    "agent/recipe/native/decide.py::checked::.write_text()": PRIVATE_TMP + " (the native file being checked)",
     "agent/workflow/run.py::store_dir::.mkdir()":
         "the per-user private folder (0700, owner checked) under the temporary folder for a checkout migration's store",
     "agent/workflow/run.py::_drop_finished_store::shutil.rmtree": "that private folder's store, once its run ended",
@@ -499,7 +503,7 @@ def test_a_trial_run_through_a_linked_runs_folder_is_refused_before_it_starts(tm
     """`.migrator/runs` (or `res/.migrator/runs` of an upstream recipe) linked out of the recipe: exit 2
     naming the link before the run starts; no log, no parity dump, no pids file outside."""
     from agent.recipe.recipe import RunPlan
-    from agent.recipe.trial_run import trial_run
+    from agent.run.trial_run import trial_run
 
     outside = _outside(tmp_path)
     recipe = tmp_path / "recipe" if where == "standalone" else _checkout(tmp_path) / "models" / "mine"
@@ -577,7 +581,7 @@ def test_a_hard_linked_recipe_yaml_is_repaired_as_a_copy_and_rolled_back(tmp_pat
     """A recipe YAML hard-linked to a file outside: the repair writes the recipe's own copy (the file
     outside keeps its bytes), and rollback restores the recipe's side to what it was."""
     from agent.recipe.backup import backup_round, rollback
-    from agent.recipe.textfile import restore_formats, snapshot_files, write_source
+    from agent.recipe.textfile import restore_formats, write_source
     from agent.repair.rules._util import edit_yaml_line
 
     outside = tmp_path / "shared"
@@ -595,7 +599,7 @@ def test_a_hard_linked_recipe_yaml_is_repaired_as_a_copy_and_rolled_back(tmp_pat
         elif edit == "write_source":
             write_source(yaml_file, "model_config:\n  dtype: float32\n")
         else:
-            snap = snapshot_files({"config/x.yaml": yaml_file})
+            snap = {"config/x.yaml": (yaml_file.read_bytes(), yaml_file.stat().st_mode & 0o777)}   # before the fix
             UserTree(recipe).write_bytes(yaml_file, b"model_config:\n  dtype: float32\n")
             restore_formats(recipe, snap)
     assert b"float32" in yaml_file.read_bytes()

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from agent.measure.shrink import shrink_config
+from agent.recipe.shrink import shrink_config
 from tests.conftest import REPO_ROOT
 
 

@@ -21,7 +21,7 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-from agent.measure.shrink import shrink_config
+from agent.recipe.shrink import shrink_config
 from agent.recipe.targets import state_dir
 from agent.processes import run_tree, stop_leftovers
 from agent.recipe.recipe import Recipe, runner_files
@@ -114,7 +114,7 @@ def _runner_class(recipe_dir: Path):
 def check(recipe_dir: Path, tokens: int, prompt: str | None = None, trust_remote_code: bool = False,
           yaml: Path | None = None) -> dict:
     """The vendored classes vs transformers on a shrunk config of the same architecture
-    (`agent.measure.shrink`), random fp32 weights: max |logits diff| <= 1e-4, same greedy tokens.
+    (`agent.recipe.shrink`), random fp32 weights: max |logits diff| <= 1e-4, same greedy tokens.
     `yaml`: the run plan's YAML (default: the recipe's own)."""
     settings = load_runner_settings(yaml or Recipe.at(recipe_dir).yaml)
     remote = "auto_map" in load_json((Path(settings["model_path"]) / "config.json"))

@@ -197,7 +197,7 @@ def locate_source(config: dict, model_dir: Path | None = None, trust_remote_code
     )
 
 
-REMOTE_PACKAGE = "hf_remote_code"   # pseudo package the repo's relative imports resolve against
+from agent.migrate.provenance import REMOTE_PACKAGE   # the pseudo package the repo's relative imports resolve against
 
 
 def locate_remote_source(config: dict, model_dir: Path | None, trust_remote_code: bool) -> ModelSource:

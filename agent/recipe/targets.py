@@ -19,6 +19,7 @@ from typing import Callable, Mapping, Protocol
 
 from engine.config import KEYS, Key, rendered_settings
 from engine.safe_load import load_json, loads_json
+from agent.recipe.templating import DENSE_MOE_TP_NOTE, yaml_comments  # noqa: F401 - the YAMLs' comments
 
 # The shared entry point of a cann-recipes-infer checkout, and the file that marks a checkout.
 ENTRY = Path("executor") / "scripts" / "infer.sh"
@@ -153,7 +154,6 @@ def framework_settings(ctx: dict) -> dict:
 
 
 MOE_FAMILIES = frozenset({"moe", "mla"})
-DENSE_MOE_TP_NOTE = "Dense model has no MoE layer; fixed to 1 to avoid confusion with attn_tp_size"
 
 
 def is_moe(ctx: dict) -> bool:
@@ -165,15 +165,6 @@ def framework_parallel(world_size: int, moe: bool = True) -> dict:
     """N-way tensor parallel; a dense model's moe_tp_size stays 1, as upstream's 2tp YAMLs write it."""
     return {"world_size": world_size, "attn_tp_size": world_size, "moe_tp_size": world_size if moe else 1,
             "embed_tp_size": 1, "lmhead_tp_size": world_size}
-
-
-def yaml_comments(settings: dict) -> dict[tuple[str, str], str]:
-    """(section, key) -> the comment upstream's YAMLs put there (a dense model's moe_tp_size of 1 beside
-    a split attention)."""
-    parallel = settings.get("parallel_config") if isinstance(settings.get("parallel_config"), dict) else {}
-    if parallel.get("moe_tp_size") == 1 and isinstance(parallel.get("attn_tp_size"), int) and parallel["attn_tp_size"] > 1:
-        return {("parallel_config", "moe_tp_size"): DENSE_MOE_TP_NOTE}
-    return {}
 
 
 FAMILY_LABELS = {"standard": "Dense（MHA / GQA）", "sliding_window": "Dense（滑动窗口注意力）",

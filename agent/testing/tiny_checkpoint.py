@@ -9,7 +9,7 @@ import json
 import re
 from pathlib import Path
 
-from agent.measure.shrink import TINY_DIMS
+from agent.recipe.shrink import TINY_DIMS
 from engine.data import DEFAULT_PROMPT
 from engine.safe_write import UserTree
 

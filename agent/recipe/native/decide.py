@@ -13,6 +13,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.safe_load import loads_json
 from agent.recipe.native.features import NativeFeatures, NotNative, derive
 
 TEMPLATE = "framework/native/modeling.py.j2"
@@ -60,7 +61,7 @@ def native_header(ctx: dict) -> str:
 
 
 def render_native(ctx: dict, features: NativeFeatures) -> str:
-    from agent.recipe.render import environment
+    from agent.recipe.templating import environment
 
     return environment().get_template(TEMPLATE).render(**{**ctx, **native_context(ctx, features)})
 
@@ -82,7 +83,7 @@ def selfcheck(jobs: list[dict], checkout: Path, timeout: float = SELFCHECK_TIMEO
     if line is None:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
         return [{"ok": False, "max_rel": None, "reason": f"self-check did not run: {tail[0]}"}] * len(jobs)
-    return json.loads(line[len("SELFCHECK "):])
+    return loads_json(line[len("SELFCHECK "):], "the self-check's answer")
 
 
 def checked(ctx: dict, config: dict, features: NativeFeatures, checkout: Path) -> NativeDecision:
@@ -99,7 +100,7 @@ def checked(ctx: dict, config: dict, features: NativeFeatures, checkout: Path) -
 def decide(ctx: dict, config: dict, checkout: Path | None) -> NativeDecision:
     """Native or not for the architecture of `config` (a checkpoint's config.json), once per
     configuration and generator in this process."""
-    from agent.migrate.vendor import REMOTE_PACKAGE
+    from agent.migrate.provenance import REMOTE_PACKAGE
     from agent.paths import templates_dir
 
     key = hashlib.sha256(json.dumps([config, ctx.get("model_name"), ctx.get("framework_class"), str(checkout),

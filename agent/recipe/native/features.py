@@ -43,7 +43,7 @@ class NativeFeatures:
     act_key: str                     # the config attribute naming it
     norm_offset: float               # RMSNorm scales by (offset + w): 0 (llama) or 1 (gemma)
     sandwich: bool                   # post-attention and pre/post-feedforward norms (gemma2, gemma3)
-    embed_scale: str                 # "none" or "sqrt_hidden" (the embedding times sqrt(hidden_size))
+    embed_scale: str                 # "unscaled" or "sqrt_hidden" (the embedding times sqrt(hidden_size))
     scaling: str                     # "head_dim" or "query_pre_attn_scalar": softmax scale = that ** -0.5
     rope_by_layer_type: bool         # rope_parameters per layer type (gemma3's local and global bases)
     rope_types: tuple[str, ...]      # the rope initialisations used
@@ -70,12 +70,12 @@ class NativeFeatures:
 
 def shrunk_config(config_dict: dict):
     """The transformers config of `config_dict` with tiny widths and the first layers that hold every
-    layer kind (agent.measure.shrink), in fp32, eager attention, a small sliding window (when the
+    layer kind (agent.recipe.shrink), in fp32, eager attention, a small sliding window (when the
     architecture has one) so that a short sequence crosses it, and a query_pre_attn_scalar unequal
     to head_dim so that the two scales differ."""
     from transformers import AutoConfig
 
-    from agent.measure.shrink import shrink_config
+    from agent.recipe.shrink import shrink_config
 
     data = {k: v for k, v in config_dict.items() if k not in ("auto_map", "quantization_config", "architectures")}
     overrides = shrink_config(data)
@@ -323,7 +323,7 @@ def derive(config_dict: dict) -> NativeFeatures:
         fused.append("npu_swiglu (gate/up)")
     else:
         unfused.append(f"MLP activation {getattr(config, act_key)} * up: plain torch (npu_swiglu is silu only)")
-    if embed_scale != "none":
+    if embed_scale != "unscaled":
         unfused.append("embedding scale sqrt(hidden_size): plain torch multiply")
     if final_softcap:
         unfused.append("final logit soft-capping: plain torch tanh")
@@ -355,7 +355,7 @@ def _probe_embed_scale(model, base, hidden: int) -> str:
     table = base.embed_tokens.weight.detach()[ids[0]]
     got = seen["x"].reshape(table.shape)
     if torch.allclose(got, table, rtol=1e-5, atol=1e-6):
-        return "none"
+        return "unscaled"
     if torch.allclose(got, table * torch.tensor(hidden ** 0.5, dtype=table.dtype), rtol=1e-5, atol=1e-6):
         return "sqrt_hidden"
     raise NotNative("model", "the embedding is scaled by something other than 1 or sqrt(hidden_size)")

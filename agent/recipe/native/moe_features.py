@@ -422,7 +422,7 @@ def class_prefix(model_type: str) -> str:
 def render_moe(features: MoeFeatures, standalone: bool = True) -> str:
     """templates/framework/native/moe.py.j2 for `features`: a module of its own (`standalone`), or the
     fragment a native modeling file includes after its imports."""
-    from agent.recipe.render import environment
+    from agent.recipe.templating import environment
 
     template = environment().get_template("framework/native/moe.py.j2")
     return template.render(features=features, prefix=class_prefix(features.model_type), standalone=standalone,

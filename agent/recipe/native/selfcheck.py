@@ -20,6 +20,8 @@ import sys
 import traceback
 from types import SimpleNamespace
 
+from engine.safe_load import load_json
+
 BLOCK_SIZE = 4
 PROMPT_LENGTHS = (13, 6)
 DECODE_STEPS = 5
@@ -173,7 +175,7 @@ def check(job: dict) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    jobs = json.loads(open(argv[0]).read())
+    jobs = load_json(argv[0])
     results = []
     for index, job in enumerate(jobs):
         job.setdefault("index", index)
