@@ -81,7 +81,11 @@ class UserTree:
     # ---- where a path lands --------------------------------------------------------------------
     def _lexical(self, path: str | os.PathLike) -> Path:
         path = Path(path)
-        full = Path(os.path.abspath(path if path.is_absolute() else self.root / path))
+        # a relative path is the caller's, from the working directory (a recipe named `fi` on the command
+        # line), as every file API reads it; one that lands outside the root is taken from the root instead
+        full = Path(os.path.abspath(path))
+        if not path.is_absolute() and not any(full == root or root in full.parents for root in (self.root, self.real_root)):
+            full = Path(os.path.abspath(self.root / path))
         for root in (self.root, self.real_root):
             try:
                 full.relative_to(root)

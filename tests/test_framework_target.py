@@ -638,12 +638,14 @@ def test_migrator_run_of_a_legacy_recipe_reports_its_parity(tmp_path):
 
 def test_native_model_heads_that_do_not_split_are_refused_before_anything_runs(migrated):
     """--world-size 3 on tiny llama (4 heads): the run plan refuses it in one line, naming the count."""
+    from agent.run.plan import plan_run
+
     recipe = Recipe.at(migrated["recipe"])
     with pytest.raises(InputError) as caught:
-        recipe.run_plan(3)
+        plan_run(recipe, 3, weights=migrated["checkpoint"])
     message = str(caught.value)
     assert "\n" not in message
     assert "num_attention_heads 4 does not divide by parallel_config's tensor-parallel size 3" in message
-    assert recipe.run_plan(2).world_size == 2                   # 2 divides every count: planned
+    assert plan_run(recipe, 2, weights=migrated["checkpoint"]).world_size == 2     # 2 divides every count: planned
     for written in (migrated["recipe"] / "config").glob("*_rank_3_*"):
         written.unlink()

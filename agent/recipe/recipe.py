@@ -247,7 +247,13 @@ class Recipe:
         except (OSError, ValueError):
             config = None
         if not isinstance(config, dict):
-            return True
+            # no checkpoint yet (a YAML's model_path placeholder, no report): the vendored configuration
+            # class says whether the architecture has an experts count at all
+            sources = sorted((self.path / "models").glob("configuration_*.py")) + sorted(self.path.glob("configuration_*.py"))
+            if not sources:
+                return True
+            return any(re.search(r"\b(num_local_experts|num_experts|n_routed_experts|moe_num_experts)\b", _head(p))
+                       for p in sources)
         text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
         return any(text.get(k) for k in ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"))
 

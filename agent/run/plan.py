@@ -85,6 +85,15 @@ def plan_run(recipe: Recipe, world_size: int | None = None, *, yaml_name: str | 
         return replace(plan, notes=())
     notes.append(how)
     plan = replace(plan, checkpoint=checkpoint)
+    if recipe.target.writes_native_models:
+        # a native framework model whose heads or widths do not split at the run's tensor-parallel sizes:
+        # refused here, one line, before anything is written or run (agent.recipe.native.preflight)
+        from agent.recipe.native import preflight
+
+        at_ranks = dict(settings)
+        if isinstance(settings.get("parallel_config"), dict):
+            at_ranks["parallel_config"] = parallel_for(settings["parallel_config"], plan.world_size)
+        preflight.check(recipe.path, checkpoint, at_ranks, base.yaml.name)
     if checkpoint == own and ranks == plan.world_size:
         return replace(plan, notes=tuple(notes))           # the recipe's YAML as it is
     plan = replace(plan, yaml=copy_path(recipe, base.yaml, standin is not None),
