@@ -103,8 +103,16 @@ FRAMEWORK_FAULTS = {
 DEFAULT_FRAMEWORK_FAULT = "position"
 
 
+def in_eager_mode(recipe: Path) -> None:
+    """The recipe's YAML switched to exe_mode eager (the one-field change its README names): every decode
+    step then runs the layers' hooks, so a failure is located in a layer, as these tests were measured."""
+    for path in (recipe / "config").glob("*.yaml"):
+        text = path.read_text()
+        path.write_text(text.replace('exe_mode: "npugraph_ex"', 'exe_mode: "eager"'))
+
+
 def framework_recipe(tmp_path: Path, model_type: str = "llama", **overrides) -> tuple[Path, Path, str]:
-    """A tiny checkpoint migrated by this tool into a copy of the snapshot, up to the rendered recipe."""
+    """A tiny checkpoint migrated by this tool into a copy of the snapshot, up to the rendered recipe, eager."""
     from agent.workflow.run import run_migration
     from agent.measure import reference as upstream
 
@@ -114,6 +122,7 @@ def framework_recipe(tmp_path: Path, model_type: str = "llama", **overrides) -> 
     run_migration({"target": str(checkpoint), "output_dir": str(checkout / "models"), "name": name,
                    "device": "cpu", "max_new_tokens": 16, "max_rounds": 0, "world_size": 1,
                    "recipe_target": "framework", "transformers_source": "installed"}, stop_after="render")
+    in_eager_mode(checkout / "models" / name)
     return checkout, checkout / "models" / name, name
 
 
@@ -135,12 +144,16 @@ def test_a_decode_only_fault_in_our_framework_model_is_exit_1_naming_a_decode_st
 # ---- low-margin weights: bf16 flips a token, the run is still correct ---------------------------
 # (model_type, seed, initializer_range): random weights whose top-2 logits are so close at some step that
 # transformers' own bf16 model picks another token than its fp32 one there (found by a sweep of seeds)
-LOW_MARGIN = [("phi3", 2, 0.05), ("mistral", 0, 0.05), ("gemma2", 1, 0.02)]
+# flips: the run leaves fp32's argmax somewhere (measured on the native models: mistral's seed does; phi3's
+# and gemma2's seeds, found on the old adapter, no longer flip under the native kernels' rounding, and must
+# still pass)
+LOW_MARGIN = [("phi3", 2, 0.05, False), ("mistral", 0, 0.05, True), ("gemma2", 1, 0.02, False)]
 
 
-@pytest.mark.parametrize("model_type,seed,initializer_range", [
-    pytest.param(*row, marks=() if row[0] == "phi3" else pytest.mark.slow, id=row[0]) for row in LOW_MARGIN])
-def test_a_low_margin_correct_run_passes_where_bf16_flips_a_token(tmp_path, model_type, seed, initializer_range):
+@pytest.mark.parametrize("model_type,seed,initializer_range,flips", [
+    pytest.param(*row, marks=() if row[0] == "mistral" else pytest.mark.slow, id=row[0]) for row in LOW_MARGIN])
+def test_a_low_margin_correct_run_passes_where_bf16_flips_a_token(tmp_path, model_type, seed, initializer_range,
+                                                                  flips):
     from agent.workflow.run import run_migration
     from agent.measure import reference as upstream
 
@@ -150,12 +163,13 @@ def test_a_low_margin_correct_run_passes_where_bf16_flips_a_token(tmp_path, mode
     run_migration({"target": str(checkpoint), "output_dir": str(checkout / "models"), "name": name,
                    "device": "cpu", "max_new_tokens": 16, "max_rounds": 0, "world_size": 1,
                    "recipe_target": "framework", "transformers_source": "installed"}, stop_after="render")
+    in_eager_mode(checkout / "models" / name)
     proc, summary = run_standin(checkout, name)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     parity = parity_of(summary)
     assert parity["ok"] is True and parity["decode_steps_checked"] >= 8, parity
     # the run's own path left transformers' fp32 argmax somewhere, and that step was still a pass
-    assert parity["tokens_off_float32_argmax"] >= 1, parity["per_request"]
+    assert (parity["tokens_off_float32_argmax"] >= 1) == flips, parity["per_request"]
     print(model_type, "off-fp32-argmax steps", parity["tokens_off_float32_argmax"], "ties", parity["ties"],
           "closest", parity["closest"])
 

@@ -149,14 +149,17 @@ def test_a_recipe_vendored_from_the_checkouts_5_0_runs_on_5_0_under_upstreams_in
                              "reference_python": str(python)}, stop_after="render")
     recipe = Path(summary["recipe_dir"])
     assert "transformers==5.0.0" in (recipe / "requirements.txt").read_text().splitlines()
+    # llama's framework model is the native one, written from 5.0.0's architecture ("Adapted from" its file);
+    # its configuration is 5.0.0's code, not the installed release's: the 5.0.0 file's own lines are in the copy
     modeling = (recipe / "models" / "modeling_xv_llama.py").read_text()
-    # 5.0.0's code, not the installed release's: the 5.0.0 file's own lines are in the copy
-    original = (site / "transformers" / "models" / "llama" / "modeling_llama.py").read_text()
-    installed = Path(transformers.__file__).parent.joinpath("models", "llama", "modeling_llama.py").read_text()
+    assert "5.0.0" in "\n".join(modeling.splitlines()[:30]), modeling[:2000]
+    configuration = (recipe / "models" / "configuration_xv_llama.py").read_text()
+    original = (site / "transformers" / "models" / "llama" / "configuration_llama.py").read_text()
+    installed = Path(transformers.__file__).parent.joinpath("models", "llama", "configuration_llama.py").read_text()
     only_50 = [line for line in set(original.splitlines()) - set(installed.splitlines()) if len(line.strip()) > 20]
-    assert only_50 and sum(line in modeling for line in only_50) >= len(only_50) // 2, only_50[:5]
+    assert sum(line in configuration for line in only_50) >= len(only_50) // 2, only_50[:5]
     # the recipe under upstream's launcher, on 5.0.0 (the stand-in puts its interpreter's python3 first on PATH)
-    yaml_name = two_prompt_yaml(recipe, tmp_path, 1)
+    yaml_name = two_prompt_yaml(recipe, tmp_path, 1, checkpoint)
     record = precision.record_dir(tmp_path)
     proc = subprocess.run([str(python), "-m", "agent.cli", "standin", "--",
                            *upstream.framework_command(checkout, recipe.name, yaml_name)],
