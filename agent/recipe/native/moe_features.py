@@ -26,21 +26,14 @@ from __future__ import annotations
 import copy
 from dataclasses import asdict, dataclass, field
 
+from agent.recipe.native.features import NotNative   # one fall-back answer for every layer kind
+
 EXPERT_COUNT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts")
 MOE_WIDTH_KEYS = ("moe_intermediate_size", "intermediate_size")
 ROUTER_NAMES = ("gate", "router")
 SHARED_NAMES = ("shared_experts", "shared_expert")
 # The shrunk probe: small widths, the real counts where routing depends on them (groups), capped.
 PROBE_HIDDEN, PROBE_WIDTH, PROBE_EXPERT_CAP = 40, 24, 256   # no width (24, 28, 32) nor twice one equals hidden
-
-
-class NotNative(Exception):
-    """The MoE layers are not written natively: `kind` is the layer kind that fell back, `reason` why
-    (the same shape as agent.recipe.native.features.NotNative)."""
-
-    def __init__(self, kind: str, reason: str):
-        super().__init__(f"{kind}: {reason}")
-        self.kind, self.reason = kind, reason
 
 
 @dataclass(frozen=True)
