@@ -20,7 +20,7 @@ from agent.workflow import inputs
 from agent.workflow.run import run_migration
 from engine import defaults
 from engine.config import KEY
-from engine.environment import DeviceUnavailableError, TorchImportError, import_torch, select_device, simulated_card_bytes
+from engine.environment import DeviceUnavailableError, TorchImportError, import_torch, select_device
 from engine.safe_load import LoadError, load_json
 from engine.safe_write import WriteRefused
 
@@ -429,12 +429,8 @@ def _command(args, as_json: bool) -> int:
     except TorchImportError as exc:
         return _fail(f"torch cannot be imported ({exc}); fix the torch installation", errors.EXIT_ENVIRONMENT,
                      as_json)
-    if args.command in ("run", "demo", "baseline", "classify"):
-        try:
-            simulated_card_bytes()       # recipes read it too: a bad value is refused before anything runs
-        except ValueError as exc:
-            return _fail(str(exc), errors.EXIT_USAGE, as_json)
     try:
+        inputs.check_environment(args.command)
         inputs.check_home_references(args)
     except MigratorError as exc:
         return _fail(str(exc), exc.exit_code, as_json)

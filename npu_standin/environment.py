@@ -13,7 +13,9 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from engine.safe_load import loads_json
+from npu_standin.engine_files import safe_load
+
+loads_json = safe_load.loads_json
 
 DEVICES = ("cpu", "cuda")
 

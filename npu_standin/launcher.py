@@ -18,7 +18,9 @@ from pathlib import Path
 
 from npu_standin import record as _record
 from npu_standin.environment import DEVICES, host_problem, probe_real_torch_npu, standin_env
-from engine.safe_write import UserTree
+from npu_standin.engine_files import safe_write
+
+UserTree = safe_write.UserTree
 
 USAGE_FILE = "standin_usage.json"
 GUARDS_FILE = "guards.log"

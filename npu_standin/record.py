@@ -25,8 +25,10 @@ import sys
 import threading
 from collections import Counter
 from pathlib import Path
-from engine.safe_load import load_json, loads_json
-from engine.safe_write import UserTree
+
+from npu_standin.engine_files import safe_load, safe_write
+
+load_json, loads_json, UserTree = safe_load.load_json, safe_load.loads_json, safe_write.UserTree
 
 ACTIVE_PREFIX = "[npu-standin] active:"
 USAGE_PREFIX = "[npu-standin] usage "

@@ -382,6 +382,13 @@ CASES = [
     # found by tests/test_fuzz_inputs.py: a relative XDG_CACHE_HOME put the folder locks (and caches) under the
     # working directory; the XDG spec says to ignore it (agent.paths.cache_home)
     Case("xdg_cache_home_relative", recipe_exists, 2, "already exists", env={"XDG_CACHE_HOME": "nan"}),
+    # found by tests/test_fuzz_inputs.py: MODELSCOPE_ENDPOINT='http://[::1' was a ValueError of urlsplit (exit 70);
+    # every URL-valued variable is checked once at the start of the commands that read it (inputs.check_environment)
+    *[Case(f"url_variable_{name.lower()}_{kind}", args("run", "Org/Model"), 2, name, env={name: value})
+      for name in ("HF_ENDPOINT", "MODELSCOPE_ENDPOINT", "MODELSCOPE_DOMAIN", "MIGRATOR_LLM_BASE_URL")
+      for kind, value in (("bad_ipv6", "http://[::1"), ("port_out_of_range", "https://mirror.example:70000"),
+                          ("port_not_a_number", "http://h:p/"), ("scheme_ftp", "ftp://mirror.example"),
+                          ("no_host", "https://"), ("space", "https://a b.example"))],
     Case("weights_option_missing", args("run", "Org/Model", "--weights", "{tmp}/nope"), 2, "--weights"),
     Case("device_npu_without_npu", args("run", "{ckpt}", "--device", "npu"), 4, "npu"),
     # config.json: not an object, not JSON, wrong encoding
@@ -750,3 +757,12 @@ def test_layer_count_is_what_the_code_builds_not_the_config_name(tmp_path):
     assert config["n_recurrent_layers"] >= 1        # the tiny config is a real looped model (TYPE_DIMS)
     assert check_checkpoint(ckpt)["model_type"] == "dory"
     assert layers_the_code_builds({**config, "auto_map": {"AutoConfig": "x.Y"}}) is None   # runs no remote code
+
+
+@pytest.mark.parametrize("name, value", [("HF_ENDPOINT", "https://hf-mirror.com"), ("HF_ENDPOINT", "http://[::1]:8080/"),
+                                         ("MODELSCOPE_ENDPOINT", "modelscope.cn"), ("MODELSCOPE_DOMAIN", "www.modelscope.ai"),
+                                         ("MIGRATOR_LLM_BASE_URL", "http://127.0.0.1:8000/v1"), ("HF_ENDPOINT", "")])
+def test_url_variables_that_their_readers_accept_pass_the_input_step(name, value):
+    from agent.workflow.inputs import check_environment
+
+    check_environment("run", {name: value})       # raises InputError for a value the tool would refuse

@@ -16,6 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import yaml
 
 from agent.recipe.requirements import canonical, recipe_requirements
 from test_framework_target import SNAPSHOT, legacy, migrated  # noqa: F401 - the module's fixtures
@@ -135,9 +136,14 @@ def test_rendered_requirements_install_into_a_fresh_venv_and_run_the_executors_i
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout.split()
     assert out[:2] == ["OK", str(venv)] and out[2] == "3.6.0" and out[5] == "tiny_llama", proc.stdout
-    # the recipe through upstream's launcher, on the venv's python3
-    run = subprocess.run(upstream.framework_command(checkout, recipe.name, "tiny_llama.yaml"), env=env,
+    # the recipe through upstream's launcher, on the venv's python3; its model_path is upstream's placeholder,
+    # so the YAML runs as a copy on the checkpoint (the second substitution, the one a migrator run makes)
+    settings = yaml.safe_load((recipe / "config" / "tiny_llama.yaml").read_text())
+    assert settings["model_config"]["model_path"] == "your_model_path", settings["model_config"]
+    settings["model_config"]["model_path"] = str(migrated["checkpoint"])
+    (recipe / "config" / "tiny_llama_here.yaml").write_text(yaml.safe_dump(settings, sort_keys=False))
+    run = subprocess.run(upstream.framework_command(checkout, recipe.name, "tiny_llama_here.yaml"), env=env,
                          cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
-    log = upstream.rank_logs(checkout, recipe.name, "tiny_llama.yaml")[0].read_text()
+    log = upstream.rank_logs(checkout, recipe.name, "tiny_llama_here.yaml")[0].read_text()
     assert "Traceback" not in log and "Request 0: outputs:" in log, log[-3000:]

@@ -17,6 +17,7 @@ RunOptions), not in its state.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from agent import errors
@@ -185,6 +186,48 @@ def check_recipe_destinations(recipe: Recipe) -> None:
                                          "README.md": "file"})
 
 
+# The environment variables that name a server: checked once, at the start of the commands that may reach it,
+# so a value no URL parser accepts is one line (exit 2), not a ValueError deep in a hub lookup.
+URL_VARIABLES = {     # name: (the commands that read it, an example, a bare host allowed as the reader does)
+    "HF_ENDPOINT": (("run", "classify", "baseline"), "https://hf-mirror.com", False),
+    "MODELSCOPE_ENDPOINT": (("run", "classify", "baseline"), "https://modelscope.cn", True),
+    "MODELSCOPE_DOMAIN": (("run", "classify", "baseline"), "modelscope.cn", True),    # modelscope's deprecated name
+    "MIGRATOR_LLM_BASE_URL": (("run",), "http://127.0.0.1:8000/v1", False),
+}
+
+
+def check_environment(command: str, environ=None) -> None:
+    """Every URL-valued environment variable `command` reads (URL_VARIABLES) is an http(s) URL with a host and a
+    valid port, or unset / empty; MIGRATOR_DEVICE_MEMORY_BYTES a card size. Anything else: exit 2, naming the
+    variable."""
+    from urllib.parse import urlsplit
+
+    from engine.environment import simulated_card_bytes
+
+    environ = os.environ if environ is None else environ
+    for name, (commands, example, bare_host) in URL_VARIABLES.items():
+        raw = environ.get(name, "")
+        if command not in commands or not raw.strip():
+            continue
+        text = raw.strip()
+        text = text if "://" in text or not bare_host else f"https://{text}"
+        try:
+            parts = urlsplit(text)
+            parts.port                      # noqa: B018 - raises ValueError for a port out of range or not a number
+            good = parts.scheme in ("http", "https") and bool(parts.hostname) and not re.search(r"[\x00-\x20\x7f]", text)
+        except ValueError:
+            good = False
+        if not good:
+            shown = raw if len(raw) <= 80 else raw[:77] + "..."
+            raise errors.InputError(f"{name}={shown!r} is not an http(s) URL with a host (e.g. {example}); "
+                                    "set it to one, or unset it")
+    if command in ("run", "demo", "baseline", "classify"):
+        try:
+            simulated_card_bytes(environ)       # recipes read it too: a bad value is refused before anything runs
+        except ValueError as exc:
+            raise errors.InputError(str(exc)) from None
+
+
 def check_home_references(args) -> None:
     """A path argument of every command that starts `~name` where no user `name` exists: one line, exit 2
     (pathlib's expanduser raises a RuntimeError for it wherever the path is used)."""
@@ -201,8 +244,6 @@ def check_home_references(args) -> None:
 def check_text_args(**values) -> None:
     """Paths and names with control characters (a newline, a tab, NUL) end up broken in logs,
     YAML and shell lines: refuse them (exit 2)."""
-    import re
-
     for option, value in values.items():
         if value is not None and re.search(r"[\x00-\x1f\x7f]", str(value)):
             raise errors.InputError(f"{option} {str(value)!r} contains control characters (newline, tab, …); "
