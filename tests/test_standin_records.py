@@ -57,3 +57,34 @@ def test_migrator_env_says_whether_a_standin_run_is_possible():
     env = json.loads(proc.stdout)
     assert env["npu_standin"]["possible"] is True and "cpu" in env["npu_standin"]["devices"]
     assert env["device"] in ("cpu", "cuda")            # outside the stand-in: the real device
+
+
+def test_the_standins_records_load_our_engine_files_wherever_its_process_runs(tmp_path):
+    """In a process whose `engine` is not infer-migrator's (a standalone recipe's copy, here one that cannot even
+    import; or none, a checkout's launcher venv) the stand-in's record and environment modules still load and use
+    this project's safe_load / safe_write; where `engine` is ours, they use it (one LoadError class for the CLI)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import npu_standin
+
+    home = Path(npu_standin.__file__).parent
+    probe = ("import importlib.util, sys\n"
+             f"spec = importlib.util.spec_from_file_location('npu_standin', {str(home / '__init__.py')!r}, "
+             f"submodule_search_locations=[{str(home)!r}])\n"
+             "m = importlib.util.module_from_spec(spec); sys.modules['npu_standin'] = m; spec.loader.exec_module(m)\n"
+             "from npu_standin import environment, record\n"
+             "print(record.UserTree.__module__, record.load_json.__module__, environment.loads_json.__module__)\n")
+    (tmp_path / "engine").mkdir()
+    (tmp_path / "engine" / "__init__.py").write_text("raise ImportError('a recipe of its own')\n")
+    # `python -c` puts its working directory first on sys.path: that `engine` shadows ours
+    foreign = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                             env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert foreign.returncode == 0, foreign.stderr
+    assert foreign.stdout.split() == ["_npu_standin_engine_safe_write", "_npu_standin_engine_safe_load",
+                                      "_npu_standin_engine_safe_load"], foreign.stdout
+    from npu_standin import record
+
+    assert (record.UserTree.__module__, record.load_json.__module__) == ("engine.safe_write", "engine.safe_load")
