@@ -32,16 +32,18 @@ $(STAMP_TF50): $(STAMP) constraints-transformers-5.0.txt
 demo: install
 	$(VENV)/bin/migrator demo --output-dir models
 
-# Two workers: most tests are subprocess runs of one Python thread each. `make test` runs the suite on
-# the tested transformers (constraints.txt), then the end-to-end family tests on transformers 5.0.0.
+# Two workers: most tests are subprocess runs of one Python thread each. A module goes to one worker
+# (--dist loadscope), so its module-scoped fixtures (a migrated recipe, a copied checkout) are built once,
+# not once per worker. `make test` runs the suite on the tested transformers (constraints.txt), then the
+# end-to-end family tests on transformers 5.0.0.
 test: test-main test-tf50
 
 # install-tf50 first: tests/test_transformers_source.py vendors from .venv-tf5.0's 5.0.0 and runs the recipe in it
 test-main: install install-tf50
-	$(PY) -m pytest -q -n 2
+	$(PY) -m pytest -q -n 2 --dist loadscope
 
 test-tf50: install-tf50
 	$(VENV_TF50)/bin/python -m pytest -q -n 2 -p no:cacheprovider $(OLD_END_TESTS)
 
 test-all: install
-	$(PY) -m pytest -q -n 2 -m ''
+	$(PY) -m pytest -q -n 2 --dist loadscope -m ''
