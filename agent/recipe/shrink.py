@@ -75,6 +75,8 @@ def shrink_config(config: dict, cut_layers: bool = True) -> dict:
     if isinstance(heads, int) and isinstance(kv, int) and "num_attention_heads" in overrides:
         # Keep the attention kind: MHA stays MHA, MQA stays MQA, GQA stays grouped.
         overrides["num_key_value_heads"] = overrides["num_attention_heads"] if kv == heads else min(kv, 2)
+    elif isinstance(heads, int) and kv == heads and "num_key_value_heads" in overrides:
+        overrides.pop("num_key_value_heads")        # heads already tiny: MHA stays MHA (MLA's key heads are its heads)
     if config.get("q_lora_rank") is None:
         overrides.pop("q_lora_rank", None)
     if "kv_lora_rank" in config:
