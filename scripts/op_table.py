@@ -141,9 +141,9 @@ def build_table(columns: list[dict], explanations: dict[str, str] | None = None)
                                  "per_layer": _layer_cell(counts, name)}
         present = [bool(c["counts"] and name in c["counts"]["decode"]) for c in out_columns]
         same = len({cells[c["label"]]["calls_per_decode_step"] for c in out_columns}) == 1
-        difference = explanations.get(name) or ("" if same else
-                                                 "only in " + ", ".join(c["label"] for c, p in zip(out_columns, present) if p)
-                                                 if not all(present) else "")
+        # an explanation is for a row whose counts differ; a row the same on every side says so
+        difference = "" if same else (explanations.get(name) or (
+            "only in " + ", ".join(c["label"] for c, p in zip(out_columns, present) if p) if not all(present) else ""))
         rows.append({"op": name, "cells": cells, "same": same, "difference": difference})
     return {"columns": out_columns, "rows": rows}
 

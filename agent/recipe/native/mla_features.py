@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from agent.recipe.native.features import NotNative
+from agent.recipe.native.not_native import NotNative
 
 Q_LORA_CHILDREN = {"q_a_proj", "q_a_layernorm", "q_b_proj"}
 KV_CHILDREN = {"kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj"}
