@@ -352,7 +352,7 @@ def _latent_attention(config, layers, model):
     if kinds == {True}:
         return derive_mla(config, layers, model, _probe_norm)
     if len(kinds) > 1:
-        raise NotNative("attention", "latent (MLA) and dense attention layers in one model")
+        raise NotNative("attention", "latent (MLA) and other attention layers in one model (linear, dense)")
     return None
 
 
