@@ -141,9 +141,9 @@ def build_table(columns: list[dict], explanations: dict[str, str] | None = None)
                                  "per_layer": _layer_cell(counts, name)}
         present = [bool(c["counts"] and name in c["counts"]["decode"]) for c in out_columns]
         same = len({cells[c["label"]]["calls_per_decode_step"] for c in out_columns}) == 1
-        difference = explanations.get(name) or ("" if same else
-                                                 "only in " + ", ".join(c["label"] for c, p in zip(out_columns, present) if p)
-                                                 if not all(present) else "")
+        # an explanation is for a row whose counts differ; a row the same on every side says so
+        difference = "" if same else (explanations.get(name) or (
+            "only in " + ", ".join(c["label"] for c, p in zip(out_columns, present) if p) if not all(present) else ""))
         rows.append({"op": name, "cells": cells, "same": same, "difference": difference})
     return {"columns": out_columns, "rows": rows}
 
@@ -176,6 +176,8 @@ def markdown(table: dict) -> str:
                      f"{' (decode compiled: counts as the captured graph ran them, no per-layer split)' if counts['compiled'] else ''}"
                      f"; rank {counts['rank']}: {counts['prefill_steps']} prefill, {counts['decode_steps']} decode "
                      f"step(s) counted, calls left out: {excluded}; exit {c.get('returncode')}")
+    if table.get("ours_custom_params"):
+        notes.append(f"- ours: model_config.custom_params {json.dumps(table['ours_custom_params'])} in its YAML")
     if not table["rows"]:
         notes.append("- no torch_npu op ran in any decode step")
     return "\n".join(lines + [""] + notes) + "\n"
@@ -195,9 +197,9 @@ def tiny_checkpoint(model_type: str, out: Path, layers: int | None = None, overr
 
 
 def shrunk_yaml(recipe_dir: Path, yaml_name: str | None, checkpoint: Path, exe_mode: str,
-                max_new_tokens: int, world_size: int = 1) -> str:
+                max_new_tokens: int, world_size: int = 1, custom_params: dict | None = None) -> str:
     """config/optable_<yaml> in the recipe: its YAML on `checkpoint` at `world_size` ranks, lengths and batch cut as
-    `migrator run --standin --tiny` cuts them, in `exe_mode`. Returns its name."""
+    `migrator run --standin --tiny` cuts them, in `exe_mode`, `custom_params` set in model_config. Returns its name."""
     import yaml
 
     from agent.recipe.recipe import Recipe, RunPlan
@@ -210,6 +212,8 @@ def shrunk_yaml(recipe_dir: Path, yaml_name: str | None, checkpoint: Path, exe_m
                    standin="cpu", tiny=True, max_new_tokens=max_new_tokens)
     data = load_yaml(write_copy(recipe, plan)) or {}
     data.setdefault("model_config", {})["exe_mode"] = exe_mode
+    if custom_params:
+        data["model_config"].setdefault("custom_params", {}).update(custom_params)
     name = f"optable_{source.stem}_{exe_mode}_{world_size}rank.yaml"
     (recipe_dir / "config" / name).write_text(yaml.safe_dump(data, sort_keys=False))
     return name
@@ -272,6 +276,9 @@ def parse_args(argv=None):
     parser.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
                         help="with --model-type: a config value of the tiny checkpoint (as the published model has "
                              "it, e.g. num_key_value_heads=4 for deepseek_v3's MLA); repeatable")
+    parser.add_argument("--ours-custom-param", action="append", default=[], metavar="KEY=JSON",
+                        help="a model_config.custom_params value of our recipe's YAML only (e.g. enable_mla_prolog=true, "
+                             "as upstream's deepseek_r1 YAMLs set it); repeatable")
     parser.add_argument("--world-size", type=int, default=1,
                         help="ranks of every column (its YAML's parallel_config scaled as --standin --tiny does); "
                              "the table shows the lowest rank's calls")
@@ -317,6 +324,17 @@ def main(argv=None) -> int:
     if args.world_size < 1:
         print("op_table: --world-size takes a positive count", file=sys.stderr)
         return 2
+    ours_params = {}
+    for item in args.ours_custom_param:
+        key, sep, value = item.partition("=")
+        if not sep or not key.isidentifier() or not args.ours:
+            print(f"op_table: --ours-custom-param {item}: want KEY=VALUE (a custom_params field), with our column",
+                  file=sys.stderr)
+            return 2
+        try:
+            ours_params[key] = loads_json(value, f"--ours-custom-param {key}")
+        except ValueError:
+            ours_params[key] = value
     if args.max_new_tokens < 2:
         print("op_table: --max-new-tokens must be at least 2 (one decode step)", file=sys.stderr)
         return 2
@@ -354,13 +372,13 @@ def main(argv=None) -> int:
     columns = []
     for label, model, yaml_name in plan:
         shrunk = shrunk_yaml(checkout / "models" / model, yaml_name, checkpoint, args.exe_mode, args.max_new_tokens,
-                             args.world_size)
+                             args.world_size, ours_params if model == OURS_NAME else None)
         print(f"[op_table] {label}: infer.sh --model {model} --yaml {shrunk} under the npu stand-in", file=sys.stderr)
         run = run_column(checkout, model, shrunk, out / "records" / model, args.timeout, args.compile)
         columns.append({"label": label, "model": model, "yaml": shrunk, **run})
     table = build_table(columns, explanations)
     table.update(checkpoint=str(checkpoint), model_type=args.model_type, exe_mode=args.exe_mode, compile=args.compile,
-                 world_size=args.world_size,
+                 world_size=args.world_size, ours_custom_params=ours_params,
                  checkout=str(source), max_new_tokens=args.max_new_tokens)
     text = markdown(table)
     (out / "op_table.md").write_text(text)

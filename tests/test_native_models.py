@@ -138,7 +138,7 @@ def native_checkout(tmp_path_factory):
 
 def native_recipe(native_checkout, model_type: str) -> tuple[Path, str]:
     from agent.workflow.run import run_migration
-    from npu_standin import upstream
+    from agent.measure import reference as upstream
 
     if model_type not in native_checkout["recipes"]:
         root, checkout = native_checkout["root"], native_checkout["checkout"]

@@ -160,6 +160,13 @@ def test_table_has_a_row_for_every_op_of_either_side_and_the_callers_explanation
     assert "| `npu_swiglu` | 2 | 1 | — | — | run failed | run failed | ours keeps the activation in torch |" in text
     assert "failed: no steps in the stand-in's record (launcher exit 1" in text
     assert "ours: models/o with o.yaml, exe_mode npugraph_ex (decode compiled" in text
+    # an explanation of a difference is not shown on a row whose counts are the same on both sides
+    same = module.build_table([{"label": "up", "model": "qwen", "yaml": "q.yaml", "usage": upstream},
+                               {"label": "again", "model": "qwen", "yaml": "q.yaml", "usage": upstream}],
+                              explanations={"npu_swiglu": "ours keeps the activation in torch"})
+    assert {row["op"]: (row["same"], row["difference"]) for row in same["rows"]} == \
+        {"npu_rms_norm": (True, ""), "npu_swiglu": (True, "")}
+    assert "| `npu_swiglu` | 2 | 1 | 2 | 1 | same |" in module.markdown(same)
 
 
 def test_op_table_of_upstreams_qwen_and_ours_on_one_tiny_qwen3(tmp_path):

@@ -75,10 +75,18 @@ def shrink_config(config: dict, cut_layers: bool = True) -> dict:
     if isinstance(heads, int) and isinstance(kv, int) and "num_attention_heads" in overrides:
         # Keep the attention kind: MHA stays MHA, MQA stays MQA, GQA stays grouped.
         overrides["num_key_value_heads"] = overrides["num_attention_heads"] if kv == heads else min(kv, 2)
+    elif isinstance(heads, int) and kv == heads and "num_key_value_heads" in overrides:
+        overrides.pop("num_key_value_heads")        # heads already tiny: MHA stays MHA (MLA's key heads are its heads)
     if config.get("q_lora_rank") is None:
         overrides.pop("q_lora_rank", None)
     if "kv_lora_rank" in config:
         overrides.pop("head_dim", None)   # MLA derives head_dim from the rope / nope dims
+        # a config.json that states the widths transformers derives (it saves them): derived from the shrunk ones
+        rope = overrides.get("qk_rope_head_dim", config.get("qk_rope_head_dim"))
+        if "qk_rope_head_dim" in overrides and config.get("head_dim") == config.get("qk_rope_head_dim"):
+            overrides["head_dim"] = rope             # the rope table's width
+        if isinstance(config.get("qk_head_dim"), int) and isinstance(rope, int):
+            overrides["qk_head_dim"] = overrides.get("qk_nope_head_dim", config.get("qk_nope_head_dim", 0)) + rope
     if cut_layers:
         overrides.update(_layers(config))
     return overrides
@@ -109,5 +117,7 @@ def _layers(config: dict) -> dict:
     for k, values in per_layer.items():
         result[k] = values[:count]
     if isinstance(config.get("first_k_dense_replace"), int):
-        result["first_k_dense_replace"] = min(config["first_k_dense_replace"], 1, count - 1)
+        dense_first = config["first_k_dense_replace"]
+        # dense layers first, then at least one sparse one; a config whose every layer is dense stays so
+        result["first_k_dense_replace"] = count if dense_first >= total else min(dense_first, 1, count - 1)
     return result

@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from agent.recipe.native.not_native import NotNative
+
 # the rope initialisations whose inverse frequencies do not depend on the sequence length
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 ACT_KEYS = ("hidden_act", "hidden_activation")
@@ -22,14 +24,6 @@ ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "q_nor
 MLP_CHILDREN = {"gate_proj", "up_proj", "gate_up_proj", "down_proj", "act_fn", "activation_fn"}
 LAYER_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
 MODEL_CHILDREN = {"embed_tokens", "layers", "norm", "rotary_emb"}
-
-
-class NotNative(Exception):
-    """The architecture is not written natively: `kind` is the layer kind that fell back, `reason` why."""
-
-    def __init__(self, kind: str, reason: str):
-        super().__init__(f"{kind}: {reason}")
-        self.kind, self.reason = kind, reason
 
 
 @dataclass(frozen=True)
@@ -56,6 +50,7 @@ class NativeFeatures:
     eps_key: str = "rms_norm_eps"
     fused: tuple[str, ...] = field(default=())       # what runs as a torch_npu fused kernel
     unfused: tuple[str, ...] = field(default=())     # what stays plain torch, and why
+    mla: "MlaFeatures | None" = None                 # latent attention (agent.recipe.native.mla_features)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -65,6 +60,8 @@ class NativeFeatures:
         data = {**self.as_dict(), **changes}
         data["fused"], data["unfused"] = tuple(data["fused"]), tuple(data["unfused"])
         data["rope_types"] = tuple(data["rope_types"])
+        if "mla" not in changes:
+            data["mla"] = self.mla          # asdict turned it into a dict
         return NativeFeatures(**data)
 
 
@@ -219,8 +216,6 @@ def derive(config_dict: dict) -> NativeFeatures:
     from transformers import AutoModelForCausalLM
     from transformers.activations import ACT2FN
 
-    if any(k in config_dict for k in ("num_local_experts", "num_experts", "n_routed_experts", "kv_lora_rank")):
-        raise NotNative("mlp", "mixture of experts / MLA layers are not written natively yet (issue #34)")
     config = shrunk_config(config_dict)
     torch.manual_seed(0)
     try:
@@ -244,6 +239,7 @@ def derive(config_dict: dict) -> NativeFeatures:
     activation = ACT2FN[getattr(config, act_key)]
     offsets, sandwich_kinds, qk_norms = set(), set(), set()
     fused_qkv = qkv_bias = fused_gate_up = False
+    mla = _latent_attention(config, layers, model)   # the attention kind: MLA (None: dense / sliding window)
     for index, layer in enumerate(layers):
         kinds = _children(layer)
         unknown = set(kinds) - {"self_attn", "mlp", *LAYER_NORMS}
@@ -253,25 +249,28 @@ def derive(config_dict: dict) -> NativeFeatures:
         if attention is None or mlp is None:
             raise NotNative("decoder layer", f"layer {index} has no self_attn / mlp")
         a = _children(attention)
-        if set(a) - ATTENTION_CHILDREN:
-            raise NotNative("attention", f"{type(attention).__name__} has {sorted(set(a) - ATTENTION_CHILDREN)}")
-        if getattr(attention, "sinks", None) is not None:
-            raise NotNative("attention", "attention sinks")
-        fused_qkv = "qkv_proj" in a
-        projections = [a["qkv_proj"]] if fused_qkv else [a.get("q_proj"), a.get("k_proj"), a.get("v_proj")]
-        if any(p is None or not isinstance(p, torch.nn.Linear) for p in projections) or not isinstance(a.get("o_proj"), torch.nn.Linear):
-            raise NotNative("attention", f"{type(attention).__name__}: q/k/v/o are not plain linears")
-        if a["o_proj"].bias is not None:
-            raise NotNative("attention", "o_proj has a bias (a row-parallel bias is not written natively)")
-        qkv_bias = projections[0].bias is not None
-        if fused_qkv and projections[0].out_features != (heads + 2 * kv_heads) * head_dim:
-            raise NotNative("attention", "qkv_proj is not [q; k; v] of the config's heads")
-        if not fused_qkv and (projections[0].out_features, projections[1].out_features) != (heads * head_dim, kv_heads * head_dim):
-            raise NotNative("attention", "q/k projections are not the config's heads x head_dim")
-        qk_norms.add(("q_norm" in a, "k_norm" in a))
-        for name in ("q_norm", "k_norm"):
-            if name in a:
-                offsets.add(_probe_norm(a[name], head_dim))
+        if mla is not None:
+            qk_norms.add((False, False))      # latent attention: read by agent.recipe.native.mla_features
+        else:
+            if set(a) - ATTENTION_CHILDREN:
+                raise NotNative("attention", f"{type(attention).__name__} has {sorted(set(a) - ATTENTION_CHILDREN)}")
+            if getattr(attention, "sinks", None) is not None:
+                raise NotNative("attention", "attention sinks")
+            fused_qkv = "qkv_proj" in a
+            projections = [a["qkv_proj"]] if fused_qkv else [a.get("q_proj"), a.get("k_proj"), a.get("v_proj")]
+            if any(p is None or not isinstance(p, torch.nn.Linear) for p in projections) or not isinstance(a.get("o_proj"), torch.nn.Linear):
+                raise NotNative("attention", f"{type(attention).__name__}: q/k/v/o are not plain linears")
+            if a["o_proj"].bias is not None:
+                raise NotNative("attention", "o_proj has a bias (a row-parallel bias is not written natively)")
+            qkv_bias = projections[0].bias is not None
+            if fused_qkv and projections[0].out_features != (heads + 2 * kv_heads) * head_dim:
+                raise NotNative("attention", "qkv_proj is not [q; k; v] of the config's heads")
+            if not fused_qkv and (projections[0].out_features, projections[1].out_features) != (heads * head_dim, kv_heads * head_dim):
+                raise NotNative("attention", "q/k projections are not the config's heads x head_dim")
+            qk_norms.add(("q_norm" in a, "k_norm" in a))
+            for name in ("q_norm", "k_norm"):
+                if name in a:
+                    offsets.add(_probe_norm(a[name], head_dim))
         scale = getattr(attention, "scaling", None)
         if not isinstance(scale, float):
             raise NotNative("attention", f"{type(attention).__name__} has no float `scaling`")
@@ -296,11 +295,14 @@ def derive(config_dict: dict) -> NativeFeatures:
     if isinstance(getattr(config, "query_pre_attn_scalar", None), (int, float)):
         scales["query_pre_attn_scalar"] = config.query_pre_attn_scalar ** -0.5
     scaling = next((name for name, value in scales.items() if math.isclose(layers[0].self_attn.scaling, value, rel_tol=1e-6)), None)
-    if scaling is None:
+    if mla is not None:
+        scaling = "mla"            # MlaFeatures.scale: probed with the whole attention
+    elif scaling is None:
         raise NotNative("attention", f"softmax scale {layers[0].self_attn.scaling} is neither head_dim ** -0.5 "
                                      "nor query_pre_attn_scalar ** -0.5")
     embed_scale = _probe_embed_scale(model, base, hidden)
-    _probe_rotary(modeling)
+    if mla is None:
+        _probe_rotary(modeling)
     by_type, rope_types, partial = _rope_facts(config)
     sliding, from_types = _window_rule(config, len(layers))
     attn_softcap = getattr(config, "attn_logit_softcapping", None) is not None
@@ -313,7 +315,12 @@ def derive(config_dict: dict) -> NativeFeatures:
              "npu_apply_rotary_pos_emb (TND, rotate-half" + (", on the rotary slice" if partial else "") + ")"]
     fused.append("npu_rms_norm / npu_add_rms_norm (residual add fused)" +
                  (", gemma's 1 + w folded into the weight after loading" if offset else ""))
-    if attn_softcap:
+    if mla is not None:
+        # MLA writes its latent caches and rotates by its own kernels: no q/k/v scatter, no rotate-half op
+        fused = [item for item in fused if not item.startswith(("npu_scatter_nd_update_", "npu_apply_rotary_pos_emb"))]
+        fused.extend(mla.fused)
+        unfused.extend(mla.unfused)
+    elif attn_softcap:
         unfused.append("attention: plain torch over the paged cache (logit soft-capping: "
                        "npu_fused_infer_attention_score has no soft-cap)")
     else:
@@ -333,7 +340,20 @@ def derive(config_dict: dict) -> NativeFeatures:
         sandwich=next(iter(sandwich_kinds)), embed_scale=embed_scale, scaling=scaling, rope_by_layer_type=by_type,
         rope_types=rope_types, partial_rotary=partial, sliding=sliding, windows_from_layer_types=from_types,
         attn_softcap=attn_softcap, final_softcap=final_softcap, tie_word_embeddings=tied,
-        fused=tuple(fused), unfused=tuple(unfused))
+        fused=tuple(fused), unfused=tuple(unfused), mla=mla)
+
+
+def _latent_attention(config, layers, model):
+    """MlaFeatures when the layers' attention is multi-head latent attention (agent.recipe.native.mla_features),
+    None when it is not; a mix is not native."""
+    from agent.recipe.native.mla_features import derive_mla, is_mla
+
+    kinds = {is_mla(set(_children(layer.self_attn))) for layer in layers if hasattr(layer, "self_attn")}
+    if kinds == {True}:
+        return derive_mla(config, layers, model, _probe_norm)
+    if len(kinds) > 1:
+        raise NotNative("attention", "latent (MLA) and other attention layers in one model (linear, dense)")
+    return None
 
 
 def _probe_embed_scale(model, base, hidden: int) -> str:

@@ -26,7 +26,9 @@ def parallel_problem(config: dict, parallel: dict) -> str | None:
     kv_heads = config.get("num_key_value_heads") or heads
     checks = [("num_attention_heads", heads, attn), ("intermediate_size", config.get("intermediate_size"), attn),
               ("vocab_size", config.get("vocab_size"), lmhead)]
-    if isinstance(kv_heads, int) and kv_heads >= attn:
+    if config.get("kv_lora_rank"):
+        pass                 # MLA: one latent key / value head, whole on every rank; the query heads split
+    elif isinstance(kv_heads, int) and kv_heads >= attn:
         checks.append(("num_key_value_heads", kv_heads, attn))
     elif isinstance(kv_heads, int) and kv_heads and attn % kv_heads:
         checks.append(("attn_tp_size over num_key_value_heads (replicated)", attn, kv_heads))
