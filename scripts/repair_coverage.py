@@ -63,8 +63,8 @@ def run_injections(jobs: int = 2, only: list[str] | None = None) -> list[dict]:
     """Every injection of tests/field_injections.py, run for real (~10-60 s each)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from tests.conftest import torch_npu_wheel
-    from tests.field_injections import build_working_recipe, cases, run_injection
+    from npu_wheel import torch_npu_wheel
+    from field_injections import build_working_recipe, cases, run_injection
 
     todo = [(i, layout) for i, layout in cases() if not only or i.id in only or i.test_id(layout) in only]
     wheel, why_not = torch_npu_wheel()
@@ -115,7 +115,7 @@ def injection_totals(results: list[dict]) -> list[str]:
 
 
 def write_readme(corpus: list[dict], results: list[dict] | None = None) -> None:
-    from tests.field_injections import BY_ID
+    from field_injections import BY_ID
 
     measured = {r["test_id"]: r for r in results or []}
     rows = ["# Field failure corpus", "",

@@ -18,8 +18,8 @@ from agent.migrate import hub_modelscope
 from agent.migrate.acquire import hub_target, parse_hub_ref
 from agent.errors import InputError
 from modelscope_fixture import ModelScopeServer, fill_cache, modelscope_env
+from locations import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 REPO = "Org/Tiny-Model"
 
 SCRIPT = r"""

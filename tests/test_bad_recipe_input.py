@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import repair_run
+from migrator_cli import repair_run
 
 BROKEN_YAML = {
     "list_valued": (b"- a\n- b\n", "top level must be a mapping"),

@@ -18,8 +18,8 @@ import pytest
 
 from agent.recipe.chat_template import has_chat_template
 from agent.recipe.targets import REGISTRY
-from conftest import run_cli
-from test_framework_target import SNAPSHOT, _git, copy_checkout
+from migrator_cli import run_cli
+from upstream_checkout import SNAPSHOT, _git, copy_checkout
 from agent.measure import reference as upstream
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import shutil
 
-from conftest import run_cli
+from migrator_cli import run_cli
 
 
 def test_baseline_over_several_recipes_writes_the_table(working_recipe, tmp_path):

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import REPO_ROOT
+from locations import REPO_ROOT
 
 
 @pytest.mark.slow  # a benchmark run; `python scripts/bench_recipe.py --quick` runs the same

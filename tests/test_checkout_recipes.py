@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from conftest import run_cli
+from migrator_cli import run_cli
 from checkout_fixture import tree_bytes, write_repo
 
 KERNELS = "3 torch_npu kernels (npu_rms_norm, npu_rotary_mul, torch.ops.npu.npu_fused_infer_attention_score) at 3 call sites"

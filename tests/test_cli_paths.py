@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from conftest import run_cli
+from migrator_cli import run_cli
 
 
 @pytest.mark.slow

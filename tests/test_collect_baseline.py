@@ -18,10 +18,11 @@ import pytest
 
 from agent.measure import baseline, run_log
 from engine.output_check import check_output_text
+from locations import REPO_ROOT, DATA
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 SCRIPT = ROOT / "scripts" / "collect_baseline.py"
-LOGS = Path(__file__).resolve().parent / "data" / "logs"
+LOGS = DATA / "logs"
 
 # The CLI, run in-process (so fixtures can stub engine.environment); the library is agent.measure.baseline.
 _spec = importlib.util.spec_from_file_location("collect_baseline_cli", SCRIPT)

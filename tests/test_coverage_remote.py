@@ -19,7 +19,7 @@ import json
 import pytest
 
 import remote_fixture
-from conftest import run_cli
+from migrator_cli import run_cli
 
 MOE_SRC = '''
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import run_cli
+from migrator_cli import run_cli
 
 
 def test_demo_migrates_the_shipped_model_with_readable_checked_output(tmp_path):

@@ -11,8 +11,8 @@ import pytest
 
 from engine.data import DEFAULT_PROMPT
 from engine.output_check import check_output_text
+from locations import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 DEMO_DIR = REPO_ROOT / "demo" / "tiny-attention-llama"
 SCRIPT = REPO_ROOT / "scripts" / "train_demo_model.py"
 MAX_BYTES = 10 * 1024 * 1024

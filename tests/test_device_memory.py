@@ -16,8 +16,9 @@ from agent.measure.memory import ACCELERATE_SOURCE, ask_accelerate, card_memory
 from engine.backends.cpu import mem_total_bytes
 from engine.backends.npu import detect_npu, parse_npu_smi
 from engine.environment import probe_torch_npu
+from locations import DATA
 
-NPU_SMI_DATA = Path(__file__).parent / "data" / "npu_smi"
+NPU_SMI_DATA = DATA / "npu_smi"
 GIB = 2**30
 
 
@@ -97,7 +98,7 @@ def _fake_npu_smi(bin_dir: Path, sample: Path) -> None:
 def test_a_broken_torch_npu_falls_back_to_npu_smi_with_the_reason(tmp_path, monkeypatch, tiny_checkpoints):
     """The real torch-npu wheel without CANN on the query's path: accelerate sees no NPU, the reason
     is torch_npu's own import error, and the estimate uses npu-smi's chip memory."""
-    from conftest import torch_npu_wheel
+    from npu_wheel import torch_npu_wheel
 
     import yaml
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import torch_npu_wheel
+from npu_wheel import torch_npu_wheel
 from engine.backends import npu as npu_backend   # where the CANN default install paths live
 from engine.environment import (
     DeviceUnavailableError,
@@ -29,9 +29,10 @@ from engine.environment import (
     synchronize,
     torch_pair_ok,
 )
+from locations import REPO_ROOT, DATA
 
-REPO = Path(__file__).resolve().parents[1]
-NPU_SMI_DATA = Path(__file__).parent / "data" / "npu_smi"
+REPO = REPO_ROOT
+NPU_SMI_DATA = DATA / "npu_smi"
 
 # file -> (npu_model, num_cards, num_chips)
 NPU_SMI_SAMPLES = {

@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from conftest import run_cli
+from migrator_cli import run_cli
 
 # model_type -> family the routing table must pick (from config features, not names)
 FAMILY_CASES = {

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT, run_cli
+from locations import REPO_ROOT
+from migrator_cli import run_cli
 
 UPSTREAM = REPO_ROOT.parent / "shared" / "upstream" / "cann-recipes-infer"
 

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT, run_cli
+from locations import REPO_ROOT
+from migrator_cli import run_cli
 
 EXIT_FILESYSTEM = 74
 

@@ -34,9 +34,10 @@ FIELD_RULE_NAMES = frozenset({
     "transformers_api_moved", "rope_scaling_schema", "safetensors_header_invalid", "checkpoint_shape_mismatch",
     "meta_tensor_not_loaded", "mixed_dtype_in_recipe_code", "non_finite_logits", "process_group_not_initialized",
     "rendezvous_port_in_use"})
-from tests.conftest import REPO_ROOT
-from tests.conftest import assert_round_backup, torch_npu_wheel
-from tests.field_injections import INJECTIONS, Injection, cases, run_injection
+from locations import REPO_ROOT
+from migrator_cli import assert_round_backup
+from npu_wheel import torch_npu_wheel
+from field_injections import INJECTIONS, Injection, cases, run_injection
 
 ERROR_LINE = re.compile(r"^\s*(\w*(?:Error|Exception)): .+$", re.M)
 

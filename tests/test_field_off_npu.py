@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT, run_cli
+from locations import REPO_ROOT
+from migrator_cli import run_cli
 from agent.recipe.targets import REGISTRY, state_dir
 
 
@@ -189,7 +190,8 @@ def test_the_launcher_environments_python3_with_the_pin_is_used_with_or_without_
 
 
 # ---- rollback after repair rounds: the registry line goes too ---------------------------------
-from test_framework_target import copy_checkout, migrated  # noqa: E402,F401  (the module's fixture)
+from framework_recipes import migrated  # noqa: E402,F401  (the module's fixture)
+from upstream_checkout import copy_checkout
 
 
 @pytest.mark.parametrize("rounds, asked", [(1, None), (2, "2"), (2, "1")])

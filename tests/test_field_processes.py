@@ -18,23 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT
-
-
-def _tagged(tag: str) -> list[int]:
-    """Live processes whose environment carries the tag."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if f"FIELD_TAG={tag}".encode() in (entry / "environ").read_bytes():
-                status = (entry / "status").read_text()
-                if "State:\tZ" not in status:
-                    found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
+from locations import REPO_ROOT
+from process_tags import _tagged
 
 
 def _start(args: list[str], tag: str, cwd: Path = REPO_ROOT) -> subprocess.Popen:

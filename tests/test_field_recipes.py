@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import repair_run, run_cli
+from migrator_cli import repair_run, run_cli
 
 
 def _one_error_line(proc) -> str:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT
-from test_field_processes import _tagged
+from locations import REPO_ROOT
+from process_tags import _tagged
 
 
 def _start(args: list[str], tag: str, env: dict) -> subprocess.Popen:

@@ -26,35 +26,11 @@ from agent.errors import InputError
 from agent.recipe.recipe import Recipe
 from agent.recipe.registry import registered_names
 from agent.recipe.targets import REGISTRY, TARGETS, choose_target, default_target, state_dir
-from conftest import REPO_ROOT, run_cli
+from migrator_cli import run_cli
 from agent.measure import reference as upstream
-
-SNAPSHOT = REPO_ROOT.parent / "shared" / "upstream" / "cann-recipes-infer"
-PROMPTS = ["An attention function can be described as mapping a query and a set of key-value pairs to an "
-           "output, where the query, keys, values, and output are all vectors. The output is",
-           "The capital of France is"]
-MAX_NEW_TOKENS = 8
-# The recipes here are vendored from the installed transformers (the tested newest release; `make test-tf50`
-# runs them on 5.0.0); tests/test_transformers_source.py vendors from the checkout's pin.
-INSTALLED = {"transformers_source": "installed"}
-
-
-def _git(checkout: Path, *args: str) -> str:
-    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=checkout,
-                          capture_output=True, text=True, check=True).stdout
-
-
-def copy_checkout(dest: Path) -> Path:
-    if not SNAPSHOT.is_dir():
-        pytest.skip(f"no upstream snapshot at {SNAPSHOT} (../shared is absent)")
-    target = dest / "cann-recipes-infer"
-    shutil.copytree(SNAPSHOT, target)
-    for path in [target, *target.rglob("*")]:
-        path.chmod(path.stat().st_mode | 0o200)
-    _git(target, "init", "-q")
-    _git(target, "add", "-A")
-    _git(target, "commit", "-qm", "snapshot")
-    return target
+from framework_recipes import (FAMILIES, MAX_NEW_TOKENS, PROMPTS, check_native_model, family_checkout,  # noqa: F401 - fixtures
+                               legacy, migrate_family, migrated, two_prompt_yaml)
+from upstream_checkout import _git, copy_checkout
 
 
 # ---- the rows, without a checkout --------------------------------------------------------------
@@ -96,24 +72,6 @@ def test_bad_target_is_one_line_and_exit_2(tmp_path, tiny_checkpoints):
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
-# ---- the framework target on a copy of the snapshot ---------------------------------------------
-@pytest.fixture(scope="module")
-def migrated(tmp_path_factory):
-    """A tiny llama migrated into a copy of the snapshot up to the rendered recipe (no run)."""
-    from agent.workflow.run import run_migration
-
-    root = tmp_path_factory.mktemp("framework")
-    checkout = copy_checkout(root)
-    registry_before = (checkout / REGISTRY).read_bytes()
-    checkpoint = upstream.tiny_checkpoint("llama", root / "tiny_llama_ckpt")
-    summary = run_migration({"target": str(checkpoint), "output_dir": str(checkout / "models"), "name": "tiny_llama",
-                             "device": "cpu", "max_new_tokens": MAX_NEW_TOKENS, "max_rounds": 0, "world_size": 1,
-                             "recipe_target": None, **INSTALLED}, stop_after="render")
-    assert summary["recipe_dir"] == str(checkout / "models" / "tiny_llama")
-    return {"checkout": checkout, "checkpoint": checkpoint, "recipe": checkout / "models" / "tiny_llama",
-            "registry_before": registry_before, "root": root}
-
-
 def test_framework_recipe_is_upstreams_layout_and_nothing_else_changes(migrated):
     checkout, recipe = migrated["checkout"], migrated["recipe"]
     assert Recipe.at(recipe).kind == "framework"
@@ -142,31 +100,6 @@ def test_framework_recipe_is_upstreams_layout_and_nothing_else_changes(migrated)
     assert '("models.tiny_llama.models.modeling_tiny_llama", "TinyLlamaForCausalLM")' in after.decode()
     # the model file is native: upstream's shape, none of transformers' runtime classes
     check_native_model(recipe / "models" / "modeling_tiny_llama.py")
-
-
-FORBIDDEN_RUNTIME = ("PreTrainedModel", "GenerationMixin", "DynamicCache", "create_causal_mask",
-                     "ALL_ATTENTION_FUNCTIONS", "use_kernel_forward_from_hub", "GradientCheckpointingLayer")
-
-
-def check_native_model(path: Path) -> None:
-    """A native framework model: transformers imported only for activations and rope initialisation,
-    none of its runtime classes named, upstream's module.linear layers and the kvcache kernels."""
-    import ast
-
-    text = path.read_text()
-    tree = ast.parse(text)
-    transformers_imports = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-                            and (node.module or "").startswith("transformers")}
-    assert transformers_imports <= {"transformers.activations", "transformers.modeling_rope_utils"}, transformers_imports
-    names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)} | \
-        {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
-    assert not names & set(FORBIDDEN_RUNTIME), names & set(FORBIDDEN_RUNTIME)
-    assert "Cache" not in names and "past_key_values" not in text
-    for needed in ("QKVParallelLinear", "MergedColumnParallelLinear", "RowParallelLinear", "ColumnParallelLinear",
-                   "npu_scatter_nd_update_", "npu_apply_rotary_pos_emb", "npu_rms_norm", "npu_add_rms_norm",
-                   "def get_cache_info", "def load_weights", "def process_weights_after_loading", "cache_entries",
-                   '"attn_tp_group"', '"lmhead_tp_group"', "Adapted from"):
-        assert needed in text, needed
 
 
 def test_framework_yaml_is_upstreams_four_sections_and_its_inferenceconfig_parses_it(migrated):
@@ -249,24 +182,6 @@ def run_framework(checkout: Path, model: str, yaml_name: str, tmp_path: Path, co
     logs = upstream.rank_logs(checkout, model, yaml_name)
     usage = json.loads((record / "standin_usage.json").read_text()) if (record / "standin_usage.json").is_file() else {}
     return proc, logs, usage
-
-
-def two_prompt_yaml(recipe: Path, tmp_path: Path, world_size: int, checkpoint: Path, exe_mode: str = "eager") -> str:
-    """The recipe's YAML (N cards: as `Recipe.yaml_for` writes it) on `checkpoint` (its model_path is
-    upstream's placeholder) in `exe_mode`, on a batch of two prompts of unequal length (upstream's
-    data_config.dataset_path: a folder with default_prompt.json)."""
-    prompts = tmp_path / "prompts"
-    prompts.mkdir(exist_ok=True)
-    (prompts / "default_prompt.json").write_text(json.dumps({"text": PROMPTS}))
-    source = Recipe.at(recipe).yaml_for(world_size, write=True)
-    data = yaml.safe_load(source.read_text())
-    assert data["model_config"]["model_path"] == "your_model_path"
-    data["model_config"].update(model_path=str(checkpoint), exe_mode=exe_mode)
-    data["data_config"]["dataset_path"] = str(prompts)
-    data["scheduler_config"]["batch_size"] = 2
-    name = f"{source.stem}_{exe_mode}_two_prompts.yaml"
-    (recipe / "config" / name).write_text(yaml.safe_dump(data, sort_keys=False))
-    return name
 
 
 def check_two_prompts(logs, checkpoint, ranks, input_len: int = 504, tensor_parallel: bool = False):
@@ -464,36 +379,6 @@ def test_migrator_run_into_a_checkout_end_to_end_under_the_standin(tmp_path, tin
     assert (recipe / "res" / ".migrator" / "migration_report.json").is_file()     # ours, where git ignores it
 
 
-# ---- the other families of the routing table ---------------------------------------------------
-FAMILIES = [
-    pytest.param("qwen3_moe", {}, "moe", id="moe-qwen3_moe"),
-    # as DeepSeek-V3's own config (128 / 128): transformers' sdpa GQA packing assumes num_key_value_heads
-    # key heads, which MLA's expanded keys do not have, so a padded batch fails with 4 heads over 2
-    pytest.param("deepseek_v3", {"num_key_value_heads": 4}, "mla", id="mla-deepseek_v3"),
-    pytest.param("mistral", {"sliding_window": 16}, "sliding_window", id="sliding_window-mistral"),  # < the prompts
-]
-
-
-@pytest.fixture(scope="module")
-def family_checkout(tmp_path_factory):
-    root = tmp_path_factory.mktemp("families")
-    return {"root": root, "checkout": copy_checkout(root), "migrated": {}}
-
-
-def migrate_family(family_checkout, model_type: str, overrides: dict, family: str) -> tuple[Path, Path]:
-    from agent.workflow.run import run_migration
-
-    if model_type not in family_checkout["migrated"]:
-        root, checkout = family_checkout["root"], family_checkout["checkout"]
-        checkpoint = upstream.tiny_checkpoint(model_type, root / f"ckpt_{model_type}", **overrides)
-        name = f"tiny_{family}"
-        run_migration({"target": str(checkpoint), "output_dir": str(checkout / "models"), "name": name,
-                       "device": "cpu", "max_new_tokens": MAX_NEW_TOKENS, "max_rounds": 0, "world_size": 1,
-                       "recipe_target": "framework", **INSTALLED}, stop_after="render")
-        family_checkout["migrated"][model_type] = (checkout / "models" / name, checkpoint)
-    return family_checkout["migrated"][model_type]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("ranks", [1, 2])
 @pytest.mark.parametrize("model_type,overrides,family", FAMILIES)
@@ -512,20 +397,6 @@ def test_framework_recipe_of_each_family_matches_transformers(family_checkout, t
     # a sliding-window model's cache is upstream's SlidingWindow kind (only the window's blocks kept)
     kind = "SlidingWindow" if family == "sliding_window" else "FullAttention"
     assert f"manager_key={kind}, attn_type={kind}" in logs[0].read_text()
-
-
-# ---- the legacy target: a ModelRunner recipe as models/pangu_7b ---------------------------------
-@pytest.fixture(scope="module")
-def legacy(tmp_path_factory):
-    from agent.workflow.run import run_migration
-
-    root = tmp_path_factory.mktemp("legacy")
-    checkout = copy_checkout(root)
-    checkpoint = upstream.tiny_checkpoint("llama", root / "ckpt")
-    run_migration({"target": str(checkpoint), "output_dir": str(checkout / "models"), "name": "leg_llama",
-                   "device": "cpu", "max_new_tokens": MAX_NEW_TOKENS, "max_rounds": 0, "world_size": 1,
-                   "recipe_target": "legacy", **INSTALLED}, stop_after="render")
-    return {"checkout": checkout, "checkpoint": checkpoint, "recipe": checkout / "models" / "leg_llama"}
 
 
 def test_legacy_recipe_is_a_modelrunner_recipe_of_upstreams_layout(legacy):

@@ -31,6 +31,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
 from agent.paths import demo_model_dir
+from locations import REPO_ROOT
 
 @dataclass(frozen=True)
 class Profile:
@@ -321,7 +322,7 @@ def recipe_template(tmp_path_factory) -> Path:
 
 
 def _recipe_tree_examples(profile: Profile, template: Path):
-    from test_safe_load import yaml_docs
+    from fuzz_strategies import yaml_docs
 
     @fuzz_settings(profile)
     @given(st.lists(st.tuples(st.sampled_from(RECIPE_NAMES), st.sampled_from(KINDS + CONTENT_KINDS * 4)),
@@ -594,7 +595,7 @@ def test_fuzz_environment_variables(profile, tmp_path):
 
 # ---- hub references through the CLI (tests/test_hub_refs.py fuzzes the parser; here repo ids as well) ----
 def _hub_examples(profile: Profile):
-    from test_hub_refs import PIECES
+    from fuzz_strategies import PIECES
 
     @fuzz_settings(profile)
     @given(st.lists(PIECES, min_size=1, max_size=4), st.lists(PIECES, min_size=1, max_size=4),
@@ -640,7 +641,7 @@ HAPPY_PATH = ["detect_env", "classify", "acquire", "vendor", "render", "trial_ru
 def test_a_signal_at_every_node_stops_the_tree_and_resume_finishes(sig, node, tmp_path):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("signal_matrix", Path(__file__).parents[1] / "scripts" /
+    spec = importlib.util.spec_from_file_location("signal_matrix", REPO_ROOT / "scripts" /
                                                   "signal_matrix.py")
     matrix = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(matrix)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO_ROOT
+from locations import REPO_ROOT
 
 # Runs in the recipe dir: the recipe's Runner in eager and in graph mode, warm-up then formal run
 # (as infer.py), on a batch of two prompts of different lengths (left padding). Graph mode

@@ -18,7 +18,7 @@ import pytest
 from agent.measure import baseline as bl
 from agent.recipe import readme
 from agent.recipe.targets import REGISTRY
-from conftest import run_cli
+from migrator_cli import run_cli
 from npu_standin import honest
 
 TEMPLATE_README = """# M模型在NPU上推理
@@ -124,7 +124,7 @@ def test_one_previous_baseline_is_kept_where_it_is_told(tmp_path):
 
 
 def _ignored_status(checkout: Path) -> list[str]:
-    from test_framework_target import _git
+    from upstream_checkout import _git
 
     return _git(checkout, "status", "--porcelain", "--ignored", "--untracked-files=all").splitlines()
 
@@ -137,7 +137,7 @@ def _only_recipe_and_registry(status: list[str], name: str) -> None:
 def test_a_checkout_after_a_migration_and_after_an_exit_4_run_shows_only_the_recipe(tmp_path):
     from agent.workflow.run import run_migration
     from agent.measure import reference as upstream
-    from test_framework_target import copy_checkout
+    from upstream_checkout import copy_checkout
 
     checkout = copy_checkout(tmp_path)
     checkpoint = upstream.tiny_checkpoint("llama", tmp_path / "ckpt")
@@ -164,7 +164,7 @@ def test_a_standin_run_of_a_framework_recipe_records_itself_as_one(tmp_path):
     baseline's figures, the previous baseline is kept once under the ignored res/, and the checkout
     shows only the recipe and the registry line."""
     from agent.measure import reference as upstream
-    from test_framework_target import copy_checkout
+    from upstream_checkout import copy_checkout
 
     checkout = copy_checkout(tmp_path)
     checkpoint = upstream.tiny_checkpoint("llama", tmp_path / "ckpt")

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from agent.errors import MigratorError
 from agent.paths import demo_model_dir
-from tests.conftest import run_cli
+from migrator_cli import run_cli
 
 MARKER = "PWNED"
 PAYLOADS = ['"""; import os; os.system("touch PWNED"); """', "'; touch PWNED; '", "$(touch PWNED)",

@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from agent.errors import EXIT_USAGE, InputError
 from agent.migrate import hub_refs
 from agent.migrate.acquire import HubRef, hub_ref_problem, parse_hub_ref
-from test_acquire import MAIN, add_snapshot, run_acquire, small_only
+from hub_cache import MAIN, add_snapshot, run_acquire, small_only
+from fuzz_strategies import PIECES
 
 
 def encode(text: str, rounds: int, upper: bool = True) -> str:
@@ -137,10 +138,6 @@ def test_decoding_stops_on_endless_encodings():
 def _escapes(revision: str, root: Path = Path("/cache/hub/models--Org--Name/snapshots")) -> bool:
     resolved = Path(os.path.normpath(root / revision))
     return resolved != root and root not in resolved.parents or resolved == root
-
-
-PIECES = st.sampled_from(["..", ".", "/", "\\", "%2F", "%2f", "%252F", "%25252F", "%2E", "%2e%2E", "%5C", "%00",
-                          "\x00", "\n", "main", "v1", "refs", "pr", "~", "/etc", "C:", "%", "%25", "a", "-", "@{"])
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

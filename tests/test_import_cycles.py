@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from locations import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 PACKAGES = ("agent", "engine", "npu_standin")
 
 

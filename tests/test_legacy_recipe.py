@@ -21,9 +21,11 @@ import textwrap
 import pytest
 import yaml
 
-from conftest import REPO_ROOT, run_cli
+from locations import REPO_ROOT
+from migrator_cli import run_cli
+from locations import DATA
 
-LEGACY = Path(__file__).parent / "data" / "legacy_recipe"
+LEGACY = DATA / "legacy_recipe"
 
 
 @pytest.fixture(scope="module")

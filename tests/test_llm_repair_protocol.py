@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from conftest import assert_repaired, repair_run
+from migrator_cli import assert_repaired, repair_run
 
 pytest.importorskip("openai")   # imported here, so the timed requests below do not pay its import
 

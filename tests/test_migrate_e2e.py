@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from migrator_cli import run_cli
 
 # Four architectures end to end; tests/test_families.py covers the other families the same way.
 CI_ARCHITECTURES = ["llama", "qwen2", "qwen3", "mistral"]

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import repair_run
+from migrator_cli import repair_run
+from locations import REPO_ROOT
 
 
 @pytest.mark.slow  # test_run_world_size_2_… covers two ranks by default
@@ -80,9 +81,9 @@ def test_two_nodes_on_localhost_run_tensor_parallel_with_the_single_card_text(wo
 def test_run_world_size_2_renders_the_2card_yaml_and_runs_the_demo_model_tensor_parallel(tmp_path):
     """`migrator run SOURCE --world-size 2` on the shipped demo model (tied embeddings: lm_head shares
     the sharded embedding) with the vendored classes: rank 0's text is the single card's."""
-    from conftest import run_cli
+    from migrator_cli import run_cli
 
-    demo = Path(__file__).resolve().parent.parent / "demo" / "tiny-attention-llama"
+    demo = REPO_ROOT / "demo" / "tiny-attention-llama"
     proc = run_cli("run", str(demo), "--name", "dl", "--output-dir", str(tmp_path), "--device", "cpu",
                    "--max-new-tokens", "8", "--world-size", "2", "--json", env={"OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]

@@ -13,7 +13,7 @@ import pytest
 
 from agent.recipe.native.decide import render_native, selfcheck
 from agent.recipe.native.features import NotNative, derive
-from conftest import REPO_ROOT
+from locations import REPO_ROOT
 
 SNAPSHOT = REPO_ROOT.parent / "shared" / "upstream" / "cann-recipes-infer"
 # the tested dense and sliding-window types; mistral with a window (its default has none)
@@ -128,7 +128,7 @@ RECIPE_TYPES = {"llama": {}, "qwen2": {}, "qwen3": {}, "mistral": {"sliding_wind
 
 @pytest.fixture(scope="module")
 def native_checkout(tmp_path_factory):
-    from test_upstream_check import copy_snapshot
+    from upstream_checkout import copy_snapshot
 
     if not SNAPSHOT.is_dir():
         pytest.skip(f"no upstream snapshot at {SNAPSHOT}")
@@ -159,8 +159,8 @@ def test_native_recipe_of_each_type_passes_the_per_step_precision_check(native_c
     tensor parallel by module.linear), every prefill and decode step held to transformers per layer."""
     import json
 
-    from test_framework_target import check_native_model
-    from test_upstream_check import run_standin
+    from framework_recipes import check_native_model
+    from upstream_checkout import run_standin
 
     recipe, name = native_recipe(native_checkout, model_type)
     check_native_model(recipe / "models" / f"modeling_{name}.py")

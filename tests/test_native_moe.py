@@ -174,7 +174,7 @@ def test_two_ranks_split_experts_by_moe_tp(case, tmp_path):
     shared experts), the all-reduce joins them; rank 0's output equals transformers' block."""
     out = tmp_path / "result.json"
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           str(harness.REPO_ROOT / "tests" / "native_moe_harness.py"), case, str(out)],
+                           str(harness.REPO_ROOT / "tests" / "support" / "native_moe_harness.py"), case, str(out)],
                           capture_output=True, text=True, timeout=600, cwd=harness.REPO_ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from agent.recipe import checklist
-from test_framework_target import (FAMILIES, _git, copy_checkout, family_checkout, migrate_family,  # noqa: F401
-                                   migrated)
+from framework_recipes import FAMILIES, family_checkout, migrate_family, migrated  # noqa: F401
+from upstream_checkout import _git, copy_checkout  # noqa: F401
 
 # checklist items whose fix is another part of issue #35 (on another branch when this was written)
 PENDING: dict[str, str] = {}

@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from conftest import REPO_ROOT, run_cli
+from locations import REPO_ROOT
+from migrator_cli import run_cli
 
 
 def _texts(log) -> list[str]:

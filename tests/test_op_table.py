@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT
+from locations import REPO_ROOT
 from npu_standin import read_op_usage, standin_env
 
 SCRIPT = REPO_ROOT / "scripts" / "op_table.py"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from test_upstream_check import copy_snapshot, run_standin
+from upstream_checkout import copy_snapshot, run_standin
 
 QWEN = "models/qwen/models/modeling_qwen.py"
 # fault -> (old text, new text) in upstream's modeling_qwen.py: each changes the decode steps only

@@ -13,8 +13,9 @@ import textwrap
 from pathlib import Path
 
 from agent.progress import RankLogCounter
+from locations import REPO_ROOT
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = REPO_ROOT
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 # A legacy recipe (its own infer.sh) whose run logs like this tool's engine: a warm-up call logged at

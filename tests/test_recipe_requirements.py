@@ -19,7 +19,8 @@ import pytest
 import yaml
 
 from agent.recipe.requirements import canonical, recipe_requirements
-from test_framework_target import SNAPSHOT, legacy, migrated  # noqa: F401 - the module's fixtures
+from framework_recipes import legacy, migrated  # noqa: F401 - the module's fixtures
+from upstream_checkout import SNAPSHOT
 
 # This machine's torch wheel (/opt/wheels): the checkout pins torch==2.8.0, which is not installable here.
 LOCAL_TORCH = "torch==2.13.0"

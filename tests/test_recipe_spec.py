@@ -13,8 +13,9 @@ import yaml
 from agent.paths import demo_model_dir
 from engine import defaults
 from engine.config import KEY, KEYS, OBSOLETE, ConfigError, keys_markdown, rendered_keys, validate
+from locations import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 
 
 def _structure(settings: dict) -> dict:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import run_cli
+from migrator_cli import run_cli
 from remote_fixture import build_remote_code_checkpoint
 
 

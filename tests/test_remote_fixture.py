@@ -10,8 +10,6 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 from remote_fixture import AUTO_MAP, MODULE_FILES, build_remote_code_checkpoint  # noqa: E402
 
 torch = pytest.importorskip("torch")

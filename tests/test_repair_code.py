@@ -22,7 +22,7 @@ from agent.codemods.commands.pad_token_fallback import PadTokenFallbackCommand
 from agent.codemods.commands.trust_remote_code import TrustRemoteCodeCommand
 from agent.repair.rules.config import key_prefix_mapping
 from agent.repair.rules.reports import install_command, pip_distribution
-from conftest import assert_repaired, assert_round_backup, first_match_name, repair_run
+from migrator_cli import assert_repaired, assert_round_backup, first_match_name, repair_run
 
 MODELING = "models/modeling_fi.py"
 RUNNER = "runner_fi.py"
@@ -171,7 +171,7 @@ def test_missing_package_is_installed_with_allow_install(working_recipe, tmp_pat
     injected = {MODELING: modeling.read_bytes(), "requirements.txt": requirements.read_bytes()}
     env = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels), "PIP_TARGET": str(site),
            "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PYTHONPATH": str(site)}
-    from conftest import run_cli
+    from migrator_cli import run_cli
 
     run_cli("run", str(working_recipe), "--json", "--allow-install", env=env)
     report = json.loads((working_recipe / "migration_report.json").read_text())

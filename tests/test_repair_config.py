@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import assert_repaired, repair_run
+from migrator_cli import assert_repaired, repair_run
 
 from agent.repair.failure import Failure
 from agent.repair.diagnose import rule_named
 from agent.repair.rules import config
-from conftest import first_match_name as _first_match_name
+from migrator_cli import first_match_name as _first_match_name
 
 
 @pytest.mark.slow  # end-to-end round; the in-process matcher and fix tests of this rule stay in the default suite

@@ -6,13 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import assert_repaired, repair_run, run_cli
+from migrator_cli import assert_repaired, repair_run, run_cli
 
 from agent.recipe.backup import recipe_files
 from agent.repair.failure import Failure
 from agent.repair.diagnose import rule_named
 from agent.repair.rules import files
-from conftest import first_match_name as _first_match_name
+from migrator_cli import first_match_name as _first_match_name
 
 
 def test_models_init_shadowing_the_package_is_removed(working_recipe):

@@ -14,7 +14,7 @@ from typing import Annotated, TypedDict
 
 import pytest
 
-from conftest import run_cli
+from migrator_cli import run_cli
 
 from agent.workflow.checkpoint_serde import FORMAT, StateSerializer, UnsafeStoreError
 

@@ -18,7 +18,8 @@ import sys
 
 import pytest
 
-from conftest import REPO_ROOT, repair_run, run_cli
+from locations import REPO_ROOT
+from migrator_cli import repair_run, run_cli
 
 from agent.repair import fix as repair_mod
 from agent.errors import InputError

@@ -20,7 +20,8 @@ import pytest
 
 from agent.errors import InputError
 from agent.recipe.recipe import Recipe
-from conftest import REPO_ROOT, run_cli
+from locations import REPO_ROOT
+from migrator_cli import run_cli
 
 TF50_PYTHON = REPO_ROOT / ".venv-tf5.0" / "bin" / "python"
 USAGE_ARGV = re.compile(r'^\[npu-standin\] usage .*?"argv":(\[[^\]]*\])', re.M)
@@ -125,7 +126,7 @@ def check_records_against_logs(recipe: Path, baseline_path: Path, world_size: in
 
 
 def tf50() -> tuple[Path, Path]:
-    from test_transformers_source import tf50_site
+    from transformers_5_0 import tf50_site
 
     return tf50_site()
 
@@ -134,7 +135,7 @@ def migrate(tmp_path: Path, *extra: str, model_type: str = "phi3", name: str = "
     """A tiny `model_type` checkpoint migrated into a copy of the checkout as models/<name>,
     vendored from and run on transformers 5.0.0 (the checkout's pin), under the stand-in."""
     from agent.measure import reference as upstream
-    from test_framework_target import copy_checkout
+    from upstream_checkout import copy_checkout
 
     python, site = tf50()
     checkout = copy_checkout(tmp_path)

@@ -17,8 +17,10 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from engine.safe_load import (JSON_MAX_BYTES, LoadError, load_json, load_yaml, loads_json, loads_yaml,
                               read_capped)
+from locations import REPO_ROOT
+from fuzz_strategies import yaml_docs
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = REPO_ROOT
 CODE = ("agent", "engine", "npu_standin", "scripts")
 LOADER = REPO / "engine" / "safe_load.py"
 # what reads YAML or JSON text: only engine/safe_load.py may call these
@@ -180,36 +182,6 @@ def test_load_error_is_caught_by_the_handlers_callers_had():
 
 
 # ---- fuzz (bounded: a few seconds in the default suite) --------------------------------------------
-SCALARS = st.sampled_from(["1", "x", "'q'", "null", "true", "1.5", "\"\\u00e9\"", "~"])
-
-
-@st.composite
-def yaml_docs(draw):
-    """Documents mixing anchors, aliases, nesting and repeated keys in shapes no test lists."""
-    anchors: list[str] = []
-    lines = []
-    for i in range(draw(st.integers(1, 12))):
-        depth = draw(st.integers(0, 3))
-        kind = draw(st.sampled_from(["anchor_list", "alias_list", "scalar", "dup", "nested"]))
-        key = draw(st.sampled_from([f"k{i}", "k0", "dtype"])) if kind == "dup" else f"k{i}"
-        if kind == "anchor_list" or (kind == "alias_list" and not anchors):
-            name = f"a{i}"
-            items = [draw(SCALARS) for _ in range(draw(st.integers(1, 8)))]
-            lines.append(f"{key}: &{name} [{', '.join(items)}]")
-            anchors.append(name)
-        elif kind == "alias_list":
-            width = draw(st.integers(1, 30))
-            refs = [f"*{draw(st.sampled_from(anchors))}" for _ in range(width)]
-            name = f"a{i}"
-            lines.append(f"{key}: &{name} [{', '.join(refs)}]")
-            anchors.append(name)
-        elif kind == "nested":
-            lines.append(f"{key}: " + "[" * (depth * 40) + draw(SCALARS) + "]" * (depth * 40))
-        else:
-            lines.append(f"{key}: {draw(SCALARS)}")
-    return "\n".join(lines) + "\n"
-
-
 def _expanded(value, seen_depth=0) -> tuple[int, int]:
     """(nodes, depth) of a loaded value walked as a consumer would (json.dumps, deepcopy)."""
     stack, nodes, depth = [(value, 1)], 0, 0

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from engine.safe_write import UserTree, WriteRefused, tree_of
+from locations import REPO_ROOT
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = REPO_ROOT
 CODE = ("agent", "engine", "npu_standin", "scripts/collect_baseline.py")
 WRITER = REPO / "engine" / "safe_write.py"
 
@@ -627,7 +628,7 @@ def test_a_journal_is_never_appended_through_a_hard_link(tmp_path):
 def test_run_of_a_recipe_whose_runs_folder_links_out_is_exit_2_naming_the_link(working_recipe, tmp_path):
     """End to end, as a user sees it: `migrator run RECIPE` with .migrator/runs linked to a folder outside
     the recipe is one line, exit 2, naming the link; nothing is written in the folder outside."""
-    from conftest import run_cli
+    from migrator_cli import run_cli
 
     outside = tmp_path / "elsewhere"
     outside.mkdir()

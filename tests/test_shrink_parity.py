@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from agent.recipe.shrink import shrink_config
-from tests.conftest import REPO_ROOT
+from locations import REPO_ROOT
 
 
 def test_shrink_keeps_structure_and_only_reduces():

@@ -400,10 +400,11 @@ def test_every_reference_names_its_formulation_and_an_existing_test():
 
     rows = kernels.table()
     assert len({r["op"].split("torchair.ops.")[-1] for r in rows}) >= 20
-    here = Path(__file__).parent
+    from locations import REPO_ROOT
+
     for row in rows:
         path, _, name = row["test"].partition("::")
-        module_file = here.parent / path
+        module_file = REPO_ROOT / path
         assert module_file.is_file(), row
         assert f"def {name}(" in module_file.read_text(), row
         assert row["reference"]
@@ -421,7 +422,7 @@ def test_an_op_without_reference_fails_with_one_line_naming_it_and_the_call_site
 def test_schemas_are_the_torch_npu_wheels():
     """Each reference is declared with the schema torch-npu 2.13.0 declares (its codegen YAML), except
     the documented in-place npu_apply_rotary_pos_emb, whose capturable twin says what it writes."""
-    from conftest import torch_npu_wheel
+    from npu_wheel import torch_npu_wheel
 
     folder, why = torch_npu_wheel()
     if folder is None:

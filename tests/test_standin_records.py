@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import run_cli
+from migrator_cli import run_cli
 from npu_standin import read_op_usage
 from npu_standin.record import ACTIVE_PREFIX, USAGE_PREFIX
 

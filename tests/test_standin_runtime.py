@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT, run_cli
+from locations import REPO_ROOT
+from migrator_cli import run_cli
 from npu_standin import read_op_usage, standin_env
 
 
@@ -456,7 +457,7 @@ def test_cli_refuses_where_a_working_torch_npu_sees_an_npu(tmp_path):
 def test_cli_shadows_the_real_torch_npu_wheel_when_cann_is_missing(tmp_path):
     """torch-npu 2.13.0 installed without CANN does not import (libhccl.so): not a working NPU, so the
     stand-in runs, and its torch_npu is the stand-in's."""
-    from conftest import torch_npu_wheel
+    from npu_wheel import torch_npu_wheel
 
     folder, why = torch_npu_wheel()
     if folder is None:

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import REPO_ROOT
+from locations import REPO_ROOT
 from npu_standin import standin_env
 from npu_standin.scan import kernel_name, scan_source, scan_tree
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT, run_cli
+from locations import REPO_ROOT
+from migrator_cli import run_cli
 from agent.measure import reference as upstream
 
 SNAPSHOT = REPO_ROOT.parent / "shared" / "upstream" / "cann-recipes-infer"

@@ -11,8 +11,9 @@ import pytest
 
 from agent.recipe.recipe import Recipe
 from agent.recipe.targets import NOT_A_RECIPE, TARGETS, target_of
+from locations import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 PACKAGES = ("agent", "engine", "npu_standin", "scripts")
 OWNER = ROOT / "agent" / "recipe" / "targets.py"
 NAMES = frozenset(TARGETS) | {NOT_A_RECIPE.name}

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT
+from locations import REPO_ROOT
 
-PROBE = Path(__file__).resolve().parent / "tp_probe.py"
+PROBE = REPO_ROOT / "tests" / "support" / "tp_probe.py"
 
 
 def vendor_recipe(ckpt: Path, out: Path, name: str) -> Path:

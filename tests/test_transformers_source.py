@@ -21,21 +21,11 @@ from pathlib import Path
 import pytest
 
 from agent.migrate import transformers_source as ts
-from conftest import REPO_ROOT, run_cli
+from locations import REPO_ROOT
+from migrator_cli import run_cli
+from transformers_5_0 import tf50_site
 
 SNAPSHOT = REPO_ROOT.parent / "shared" / "upstream" / "cann-recipes-infer"
-TF50_PYTHON = REPO_ROOT / ".venv-tf5.0" / "bin" / "python"
-
-
-def tf50_site() -> tuple[Path, Path]:
-    """(.venv-tf5.0's python, its site-packages holding transformers 5.0.0), or skip."""
-    if not TF50_PYTHON.is_file():
-        pytest.skip(f"no {TF50_PYTHON} (make install-tf50 builds it)")
-    site = subprocess.run([str(TF50_PYTHON), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
-    if not (Path(site) / "transformers" / "__init__.py").is_file():
-        pytest.skip(f"{site} holds no transformers")
-    return TF50_PYTHON, Path(site)
 
 
 def fake_tree(root: Path, version: str) -> Path:
@@ -136,7 +126,8 @@ def test_a_recipe_vendored_from_the_checkouts_5_0_runs_on_5_0_under_upstreams_in
     from agent.measure import precision
     from agent.workflow.run import run_migration
     from agent.measure import reference as upstream
-    from test_framework_target import copy_checkout, two_prompt_yaml
+    from framework_recipes import two_prompt_yaml
+    from upstream_checkout import copy_checkout
 
     python, site = tf50_site()
     if transformers.__version__ == "5.0.0":
@@ -200,7 +191,7 @@ def test_migrator_run_with_5_24_installed_runs_and_checks_the_recipe_on_5_0(tmp_
     import transformers
 
     from agent.measure import reference as upstream
-    from test_framework_target import copy_checkout
+    from upstream_checkout import copy_checkout
 
     python, site = tf50_site()
     if transformers.__version__ == "5.0.0":

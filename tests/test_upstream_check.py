@@ -22,11 +22,8 @@ from agent.recipe.model_type import recipe_model_type
 from agent.recipe.recipe import Recipe, RunPlan
 from agent.run import standin as standin_hooks
 from agent.run.plan import copy_path, parallel_for, plan_run
-from conftest import REPO_ROOT, run_cli
-
-SNAPSHOT = REPO_ROOT.parent / "shared" / "upstream" / "cann-recipes-infer"
-# graph mode's decode step as the captured graph run eagerly: inductor's compile takes minutes on 2 cores
-FAST = {"NPU_STANDIN_COMPILE": "capture"}
+from migrator_cli import run_cli
+from upstream_checkout import FAST, copy_snapshot, run_standin
 
 
 def standin_plan(recipe: Recipe, world_size: int = 1, **options) -> dict:
@@ -38,15 +35,6 @@ def legacy_command(recipe: Recipe, plan: dict) -> tuple[str, ...] | None:
     """The command a legacy recipe's launch gives for `plan`; None when it is its infer.sh unchanged."""
     command = recipe.launch(RunPlan(Path(plan["yaml"]), 1, Path(plan["source_yaml"]))).command
     return None if command == ("bash", str(recipe.path / "infer.sh")) else command
-
-
-def copy_snapshot(target: Path) -> Path:
-    if not SNAPSHOT.is_dir():
-        pytest.skip(f"no upstream snapshot at {SNAPSHOT} (../shared is absent)")
-    shutil.copytree(SNAPSHOT, target)
-    for path in [target, *target.rglob("*")]:
-        path.chmod(path.stat().st_mode | 0o200)
-    return target
 
 
 def digests(root: Path) -> dict[str, str]:
@@ -221,13 +209,6 @@ def test_standin_refuses_what_is_not_an_upstream_recipe(tmp_path, pristine):
 
 
 # ---- runs --------------------------------------------------------------------------------------
-def run_standin(checkout: Path, model: str, *args: str, timeout: int = 1800):
-    proc = run_cli("run", str(checkout / "models" / model), "--standin", "--tiny", "--max-rounds", "0", "--json",
-                   *args, env=FAST, timeout=timeout)
-    summary = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {}
-    return proc, summary
-
-
 def git_snapshot(checkout: Path) -> None:
     """The copy as a git checkout (upstream's .gitignore in force), committed: `git status` is clean."""
     import subprocess

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO_ROOT
+from locations import REPO_ROOT
 
 SNAPSHOT = REPO_ROOT.parent / "shared" / "upstream" / "cann-recipes-infer"
 HOOKS_REPO = "https://github.com/pre-commit/pre-commit-hooks"
@@ -94,7 +94,7 @@ def test_upstreams_pre_commit_hooks_pass_on_a_framework_recipe_of_every_family(t
     from agent.recipe.targets import REGISTRY
     from agent.workflow.run import run_migration
     from agent.measure import reference as upstream
-    from test_framework_target import _git, copy_checkout
+    from upstream_checkout import _git, copy_checkout
 
     try:
         hooks_version = version("pre-commit-hooks")

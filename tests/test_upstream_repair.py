@@ -20,8 +20,8 @@ from agent.repair.diagnose import diagnose
 from agent.repair.failure import Failure
 from agent.repair.fix import repair
 from agent.testing.tiny_checkpoint import build_tiny_checkpoint
-from conftest import run_cli
-from test_upstream_check import FAST, copy_snapshot
+from migrator_cli import run_cli
+from upstream_checkout import FAST, copy_snapshot
 
 
 @pytest.fixture

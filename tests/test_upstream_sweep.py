@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from conftest import REPO_ROOT
-from test_upstream_check import copy_snapshot
+from locations import REPO_ROOT
+from upstream_checkout import copy_snapshot
 
 sys.path.insert(0, str(REPO_ROOT / "scripts"))
 import upstream_standin_sweep as sweep  # noqa: E402

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 # the shared upstream snapshot beside the checkout (../shared), or beside the worktrees' folder (../../shared)
 UPSTREAM = next((p / "shared" / "upstream" / "cann-recipes-infer" for p in REPO_ROOT.parents[:2]
                  if (p / "shared" / "upstream" / "cann-recipes-infer").is_dir()),

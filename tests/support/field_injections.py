@@ -34,9 +34,10 @@ from typing import Callable
 
 import yaml
 
-from tests.conftest import run_cli, torch_npu_wheel
+from migrator_cli import run_cli
+from npu_wheel import torch_npu_wheel
+from locations import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 CORPUS = {e["id"]: e for e in yaml.safe_load((REPO_ROOT / "tests" / "field_faults" / "corpus.yaml").read_text())}
 
 # The migrator's own records, rewritten by every run (not recipe code: compared apart).
@@ -665,7 +666,7 @@ def make_target(layout: str, work: Path, source: Path) -> Target:
         recipe = work / "fi"
         shutil.copytree(source, recipe, ignore=shutil.ignore_patterns(".migrator", "res", "baseline", "__pycache__"))
         return Target("ours", recipe, work, "fi", work / "scratch")
-    from tests.checkout_fixture import write_repo
+    from checkout_fixture import write_repo
 
     checkpoint = Target("ours", source, source.parent, source.name, work).model_path()
     root = work / "cann-recipes-infer"
