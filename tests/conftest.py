@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny local checkpoints (SPEC §5) and a helper to run the CLI for real."""
+"""Fixtures every folder shares: tiny local checkpoints (SPEC §5), a recipe migrated once per session; the e2e
+mark of tests/e2e/. Helpers tests import are in tests/support/."""
 
 from __future__ import annotations
 
@@ -49,6 +50,17 @@ def _this_checkout_in_every_subprocess() -> None:
 if not os.environ.get("MIGRATOR_TEST_CHECKOUT_LINKED"):
     os.environ["MIGRATOR_TEST_CHECKOUT_LINKED"] = "1"
     _this_checkout_in_every_subprocess()
+
+
+E2E = Path(__file__).resolve().parent / "e2e"
+
+
+@pytest.hookimpl(tryfirst=True)      # before `-m` selects on the marks
+def pytest_collection_modifyitems(config, items):
+    """Every test under tests/e2e/ carries the e2e mark: `-m "not e2e and not slow"` is the quick run."""
+    for item in items:
+        if E2E in item.path.resolve().parents:
+            item.add_marker(pytest.mark.e2e)
 
 
 @pytest.fixture(scope="session")
