@@ -379,10 +379,10 @@ CASES = [
     Case("output_dir_inside_checkpoint", args("run", "{ckpt}", "--output-dir", "{ckpt}/recipes"), 2,
          "inside the checkpoint"),
     Case("recipe_dir_exists", recipe_exists, 2, "already exists"),
-    # found by tests/test_fuzz_inputs.py: a relative XDG_CACHE_HOME put the folder locks (and caches) under the
+    # found by tests/e2e/test_fuzz_inputs.py: a relative XDG_CACHE_HOME put the folder locks (and caches) under the
     # working directory; the XDG spec says to ignore it (agent.paths.cache_home)
     Case("xdg_cache_home_relative", recipe_exists, 2, "already exists", env={"XDG_CACHE_HOME": "nan"}),
-    # found by tests/test_fuzz_inputs.py: MODELSCOPE_ENDPOINT='http://[::1' was a ValueError of urlsplit (exit 70);
+    # found by tests/e2e/test_fuzz_inputs.py: MODELSCOPE_ENDPOINT='http://[::1' was a ValueError of urlsplit (exit 70);
     # every URL-valued variable is checked once at the start of the commands that read it (inputs.check_environment)
     *[Case(f"url_variable_{name.lower()}_{kind}", args("run", "Org/Model"), 2, name, env={name: value})
       for name in ("HF_ENDPOINT", "MODELSCOPE_ENDPOINT", "MODELSCOPE_DOMAIN", "MIGRATOR_LLM_BASE_URL")
@@ -442,7 +442,7 @@ CASES = [
     Case("weights_symlink_loop", special_file("loop.safetensors", "loop"), 2, "symlink loop"),
     Case("tokenizer_json_dev_zero", special_file("tokenizer.json", "dev_zero"), 2, "character device"),
     Case("tokenizer_config_fifo", special_file("tokenizer_config.json", "fifo"), 2, "FIFO"),
-    # found by tests/test_fuzz_inputs.py: a dangling link was a FileNotFoundError traceback (exit 70), not bad input
+    # found by tests/e2e/test_fuzz_inputs.py: a dangling link was a FileNotFoundError traceback (exit 70), not bad input
     Case("added_tokens_dangling_symlink", special_file("added_tokens.json", "dangling"), 2, "dangling link"),
     Case("config_dangling_symlink", special_file("config.json", "dangling"), 2, "dangling link"),
     Case("weights_dangling_symlink", special_file("model.safetensors", "dangling"), 2, "dangling link"),
@@ -477,7 +477,7 @@ CASES = [
     Case("tokenizer_json_model_empty", tokenizer_json(model={}), 2, "neither a 'type' nor a 'vocab'"),
     Case("tokenizer_json_added_tokens_strings", tokenizer_json(added_tokens=["<s>"]), 2, "added_tokens"),
     Case("tokenizer_json_decoder_string", tokenizer_json(decoder="ByteLevel"), 2, "'decoder' must be"),
-    # found by tests/test_fuzz_inputs.py: the rest of tokenizer.json's schema is the tokenizers library's own
+    # found by tests/e2e/test_fuzz_inputs.py: the rest of tokenizer.json's schema is the tokenizers library's own
     Case("tokenizer_json_version_null", tokenizer_json(version=None), 2, "tokenizers library cannot build"),
     Case("tokenizer_json_pre_tokenizer_unknown", tokenizer_json(pre_tokenizer={"type": "NoSuchSplit"}), 2,
          "tokenizers library cannot build"),
@@ -494,7 +494,7 @@ CASES = [
     Case("tokenizer_json_missing_config_needs_it", file_bytes("tokenizer.json", None), 2,
          "tokenizer.json: missing, and nothing else here holds the vocabulary"),
     Case("added_tokens_json_list", file_bytes("added_tokens.json", b"[1]"), 2, "added_tokens.json: must be a JSON object"),
-    # found by tests/test_fuzz_inputs.py: ids of another kind passed pre-flight, then broke the recipe's tokenizer
+    # found by tests/e2e/test_fuzz_inputs.py: ids of another kind passed pre-flight, then broke the recipe's tokenizer
     Case("added_tokens_json_id_null", file_bytes("added_tokens.json", b'{"<|new|>": null}'), 2,
          "'<|new|>' must be a non-negative integer"),
     Case("added_tokens_json_id_string", file_bytes("added_tokens.json", b'{"<|new|>": "7"}'), 2, "non-negative integer"),
@@ -541,11 +541,11 @@ CASES = [
     # archives: --transformers-source read member by member, the version first, sizes capped
     Case("transformers_source_member_of_zeros", wheel_of_zeros("transformers/zeros.py", 64 * 2**20), 10, "unpacks to"),
     Case("transformers_source_init_of_zeros", wheel_of_zeros("transformers/__init__.py", 48 * 2**20), 10, "unpacks to"),
-    # found by tests/test_fuzz_inputs.py: a source given to a standalone migration was unpacked into the cache and
+    # found by tests/e2e/test_fuzz_inputs.py: a source given to a standalone migration was unpacked into the cache and
     # the workflow started before the "only for a checkout" refusal
     Case("transformers_source_for_a_standalone_recipe", lambda tmp, ckpt: wheel_of_zeros("transformers/x.py", 0)(
         tmp, ckpt)[:-2] + ["--output-dir", str(tmp / "out")], 2, "is for a recipe in a cann-recipes-infer checkout"),
-    # found by tests/test_fuzz_inputs.py: a __version__ of 5000 digits was a ValueError traceback (exit 70)
+    # found by tests/e2e/test_fuzz_inputs.py: a __version__ of 5000 digits was a ValueError traceback (exit 70)
     Case("transformers_source_version_of_5000_digits", wheel_of_zeros("transformers/x.py", 0, "5" * 5000), 10,
          "outside the supported range"),
     Case("transformers_source_old_release_of_zeros", wheel_of_zeros("transformers/big.py", 8 * 2**20, "4.57.1"), 10,
@@ -579,7 +579,7 @@ CASES = [
     Case("rollback_manifest_not_list", forged_state(manifest={"infer.sh": 1}), 2, "not a list"),
     Case("rollback_registry_record_names_another_file", forged_state(record={
         "registry": "{tmp}/victim.py", "name": "x", "offset": 9, "inserted": "INSERTED = 2\n"}), 2, "edits no other file"),
-    # found by tests/test_fuzz_inputs.py: a record of another shape was "nothing recorded" (exit 0), not refused
+    # found by tests/e2e/test_fuzz_inputs.py: a record of another shape was "nothing recorded" (exit 0), not refused
     Case("rollback_registry_record_missing_fields", forged_state(record={"runs": -5}), 2, "no registry or inserted"),
     Case("rollback_registry_record_a_list", forged_state(record=["{tmp}/victim.py"]), 2, "not a JSON object"),
     Case("rollback_registry_record_not_json", forged_state(record="{{'registry': '{tmp}/victim.py'"), 2,
@@ -588,7 +588,7 @@ CASES = [
         "registry": "{tmp}/victim.py", "name": "x", "offset": "9", "inserted": "INSERTED = 2\n"}), 2, "not a int"),
     # a recipe folder another command writes (folder_lock): every writer answers 75 naming the holder
     Case("run_recipe_locked", recipe_locked("run"), 75, "being written by another migrator command (pid 4242"),
-    # found by tests/test_fuzz_inputs.py: `baseline` recorded a bad recipe file as an error row, exit 1, no line
+    # found by tests/e2e/test_fuzz_inputs.py: `baseline` recorded a bad recipe file as an error row, exit 1, no line
     Case("baseline_recipe_yaml_alias_bomb", as_baseline(recipe_yaml(alias_bomb(9, 9))), 2, "expands to more than"),
     Case("baseline_recipe_yaml_not_utf8", as_baseline(recipe_yaml(b"model_name: r\n# caf\xe9\n")), 2, "not UTF-8"),
     Case("baseline_recipe_entry_symlink_loop", as_baseline(recipe_entry_loop), 2, "symlink loop"),
@@ -597,7 +597,7 @@ CASES = [
     Case("baseline_recipe_locked", recipe_locked("baseline", "--summary", "{tmp}/out/summary"), 75,
          "being written by another migrator command (pid 4242"),
     Case("rollback_recipe_locked", recipe_locked("rollback"), 75, "being written by another migrator command"),
-    # found by tests/test_fuzz_inputs.py: with --resume the target was not checked; a folder that is no recipe
+    # found by tests/e2e/test_fuzz_inputs.py: with --resume the target was not checked; a folder that is no recipe
     # (its infer.sh a folder) started a migration whose store went to ./models
     Case("resume_recipe_infer_sh_a_folder", lambda tmp, ckpt: recipe_yaml(b"model_name: r\n")(tmp, ckpt) and
          ((tmp / "recipe" / "infer.sh").unlink() or (tmp / "recipe" / "infer.sh").mkdir() or
@@ -605,20 +605,20 @@ CASES = [
     Case("resume_a_file", args("run", "{ckpt}/config.json", "--resume"), 2, "not a directory"),
     Case("resume_config_json_fifo", lambda tmp, ckpt: special_file("config.json", "fifo")(tmp, ckpt) + ["--resume"], 2,
          "FIFO"),
-    # found by tests/test_fuzz_inputs.py (a full run): writes through a link out of the recipe, #31.1's class
+    # found by tests/e2e/test_fuzz_inputs.py (a full run): writes through a link out of the recipe, #31.1's class
     # (refused by engine.safe_write before the run starts)
     Case("recipe_runs_folder_symlinked_out", rendered_recipe_with_link(".migrator/runs"), 2, ".migrator/runs"),
-    # found by tests/test_fuzz_inputs.py: a store file that is a folder was an IsADirectoryError traceback (exit 70)
+    # found by tests/e2e/test_fuzz_inputs.py: a store file that is a folder was an IsADirectoryError traceback (exit 70)
     Case("resume_store_threads_json_a_folder", lambda tmp, ckpt: recipe_yaml(b"model_name: r\n")(tmp, ckpt) and
          ((tmp / "recipe" / ".migrator" / "threads.json").mkdir(parents=True) or
           ["run", str(tmp / "recipe"), "--resume"]), 2, "not a regular file"),
     Case("recipe_store_checkpoints_sqlite_a_fifo", lambda tmp, ckpt: recipe_yaml(b"model_name: r\n")(tmp, ckpt) and
          ((tmp / "recipe" / ".migrator").mkdir() or os.mkfifo(tmp / "recipe" / ".migrator" / "checkpoints.sqlite") or
           ["run", str(tmp / "recipe")]), 2, "not a regular file"),
-    # found by tests/test_fuzz_inputs.py: classifying a recipe read a sparse 4 GiB infer.sh in full (a hang)
+    # found by tests/e2e/test_fuzz_inputs.py: classifying a recipe read a sparse 4 GiB infer.sh in full (a hang)
     Case("recipe_infer_sh_sparse_4_gib", lambda tmp, ckpt: recipe_yaml(bytes(range(256)) * 4)(tmp, ckpt) and
          (os.truncate(tmp / "recipe" / "infer.sh", 4 * 2**30) or ["run", str(tmp / "recipe")]), 2, "not UTF-8"),
-    # found by tests/test_fuzz_inputs.py: `~name` of no user was a RuntimeError traceback (exit 70) wherever used
+    # found by tests/e2e/test_fuzz_inputs.py: `~name` of no user was a RuntimeError traceback (exit 70) wherever used
     Case("target_tilde_of_no_user", args("run", "~no_such_user_x/Model"), 2, "names no user"),
     Case("output_dir_tilde_of_no_user", args("run", "{ckpt}", "--output-dir", "~no_such_user_x/out"), 2,
          "names no user"),

@@ -14,7 +14,7 @@ BROKEN_YAML = {
 
 
 # A YAML no repair can fix (bytes that are not UTF-8, an alias bomb, duplicate keys) is refused in
-# pre-flight instead (exit 2, tests/test_bad_input.py's recipe_yaml_* rows).
+# pre-flight instead (exit 2, tests/e2e/test_bad_input.py's recipe_yaml_* rows).
 @pytest.mark.parametrize("kind", sorted(BROKEN_YAML))
 def test_broken_recipe_yaml_is_diagnosed_not_crashed(working_recipe, kind):
     raw, says = BROKEN_YAML[kind]

@@ -1,4 +1,4 @@
-"""A repository laid out like cann-recipes-infer (tests/checkout_fixture.py, a CPU stand-in executor),
+"""A repository laid out like cann-recipes-infer (tests/support/checkout_fixture.py, a CPU stand-in executor),
 driven through the CLI as a user would, with relative paths from the repository root.
 
 Real parts: the CLI in a subprocess, bash, the stand-in's launch (per-rank `python ... | tee &`

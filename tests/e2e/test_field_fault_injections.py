@@ -19,7 +19,7 @@ from field_injections import Injection, cases, run_injection
 ERROR_LINE = re.compile(r"^\s*(\w*(?:Error|Exception)): .+$", re.M)
 
 
-# ---- fault injection: every corpus entry, for real (tests/field_injections.py) ---------------
+# ---- fault injection: every corpus entry, for real (tests/support/field_injections.py) ---------------
 def _case(injection: Injection, layout: str):
     fast = injection.fast if layout == "ours" else injection.fast_upstream
     return pytest.param(injection, layout, id=injection.test_id(layout), marks=[] if fast else [pytest.mark.slow])

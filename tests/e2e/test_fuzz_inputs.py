@@ -9,7 +9,7 @@ documented exit code with exactly one `migrator: error:` line (2 bad input, 3 un
 recipe) for a file the user gave us, never a hang — and nothing written outside the output folder or the
 recipe. An input that is accepted runs the real workflow up to `render` (a recipe written, no trial run);
 under `-m slow` the same tests draw more examples (FUZZ_PROFILES). What a pass found is a row of
-tests/test_bad_input.py, fixed where its class goes through."""
+tests/e2e/test_bad_input.py, fixed where its class goes through."""
 
 from __future__ import annotations
 
@@ -593,7 +593,7 @@ def test_fuzz_environment_variables(profile, tmp_path):
     _environment_examples(profile)(tmp_path)
 
 
-# ---- hub references through the CLI (tests/test_hub_refs.py fuzzes the parser; here repo ids as well) ----
+# ---- hub references through the CLI (tests/unit/agent/migrate/test_hub_refs.py fuzzes the parser; here repo ids as well) ----
 def _hub_examples(profile: Profile):
     from fuzz_strategies import PIECES
 

@@ -82,7 +82,7 @@ def _transformers_tokens(recipe: Path, dump: dict) -> list[list[int]]:
     return out[:, dump["input_ids"].shape[1]:].tolist()
 
 
-@pytest.mark.slow  # the legacy target's own run-through is in tests/test_framework_target.py
+@pytest.mark.slow  # the legacy target's own run-through is in tests/e2e/test_framework_target.py
 def test_legacy_runner_matches_transformers_and_the_current_runner(current_recipe, tmp_path):
     current = _formal_run(current_recipe, tmp_path / "current")
     legacy = _legacy_copy(current_recipe, tmp_path / "legacy")
@@ -96,7 +96,7 @@ def test_legacy_runner_matches_transformers_and_the_current_runner(current_recip
 
 # In the recipe dir: the runner on two prompts of different lengths (left padding), warm-up then
 # formal, eager and graph. Graph mode compiles with a backend that runs the traced graph as is
-# (tests/test_graph_mode.py): the legacy runner's own new_cache call gets the StaticCache.
+# (tests/e2e/test_graph_mode.py): the legacy runner's own new_cache call gets the StaticCache.
 PROBE = textwrap.dedent("""
     import functools, json, sys, torch
     from pathlib import Path

@@ -14,7 +14,7 @@ import pytest
 
 from migrator_cli import run_cli
 
-# Four architectures end to end; tests/test_families.py covers the other families the same way.
+# Four architectures end to end; tests/e2e/test_families.py covers the other families the same way.
 CI_ARCHITECTURES = ["llama", "qwen2", "qwen3", "mistral"]
 
 # Runs in the recipe dir: the vendored class, built from the recipe's own files, against
@@ -65,7 +65,7 @@ def migrated(tiny_checkpoints, tmp_path_factory):
     return get
 
 
-# llama by default; the others repeat its path (tests/test_families.py has one case per family) and are slow
+# llama by default; the others repeat its path (tests/e2e/test_families.py has one case per family) and are slow
 @pytest.mark.parametrize("model_type", [
     pytest.param(m, marks=() if m == "llama" else pytest.mark.slow) for m in CI_ARCHITECTURES])
 def test_migrated_recipe_matches_transformers_and_runs(model_type, migrated, tmp_path):

@@ -77,7 +77,7 @@ def test_two_nodes_on_localhost_run_tensor_parallel_with_the_single_card_text(wo
         assert _texts(log) == single
 
 
-@pytest.mark.slow  # tests/test_oom.py's simulated card runs the 2-card tensor-parallel YAML by default
+@pytest.mark.slow  # tests/e2e/test_oom.py's simulated card runs the 2-card tensor-parallel YAML by default
 def test_run_world_size_2_renders_the_2card_yaml_and_runs_the_demo_model_tensor_parallel(tmp_path):
     """`migrator run SOURCE --world-size 2` on the shipped demo model (tied embeddings: lm_head shares
     the sharded embedding) with the vendored classes: rank 0's text is the single card's."""

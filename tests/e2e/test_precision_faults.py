@@ -4,7 +4,7 @@ included, pass.
 
 Each fault is a textual edit of a model's code (upstream's own models/qwen, and the framework model
 this tool writes), guarded by `not is_prefill`-style conditions so the prefill computes exactly what
-it did. The default suite runs one fault per model; `pytest -m slow tests/test_precision_faults.py`
+it did. The default suite runs one fault per model; `pytest -m slow tests/e2e/test_precision_faults.py`
 runs the whole table."""
 
 from __future__ import annotations

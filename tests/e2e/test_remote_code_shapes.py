@@ -1,6 +1,6 @@
 """Remote-code models (auto_map) of three shapes, migrated with --trust-remote-code.
 
-Built from tests/remote_fixture.py's TinyCustom checkpoint by replacing parts of its modeling code:
+Built from tests/support/remote_fixture.py's TinyCustom checkpoint by replacing parts of its modeling code:
 
 - attention: the fixture as it is (its own GQA attention, rotary embeddings and mask builder);
 - moe: every MLP is a mixture of experts with its own top-k router (softmax, top 2 of 4,

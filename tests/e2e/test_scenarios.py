@@ -95,7 +95,7 @@ def test_scenario_b_unknown_failure_is_reported_with_file_and_line(recipe, tmp_p
     assert report["rounds"][0]["diagnosis"]["location"].endswith(tuple(f"runner_wf.py:{n}" for n in range(1, 200)))
 
 
-@pytest.mark.slow  # resume after a kill is covered by default by tests/test_field_processes.py (killed after render, then --resume)
+@pytest.mark.slow  # resume after a kill is covered by default by tests/e2e/test_trial_run_signals.py (killed after render, then --resume)
 # ---- resume ------------------------------------------------------------------------------
 def test_killed_run_resumes_to_the_same_recipe(tiny_checkpoints, tmp_path):
     ckpt = tiny_checkpoints("llama")

@@ -82,7 +82,7 @@ def pre_commit_script() -> Path | None:
     return None
 
 
-# Every family the tests migrate into a checkout (tests/test_framework_target.py's and the parity tests'),
+# Every family the tests migrate into a checkout (tests/e2e/test_framework_target.py's and the parity tests'),
 # with the overrides those tests use: each one's files go through the hooks.
 FAMILIES = [("llama", {}), ("mistral", {"sliding_window": 16}), ("gemma2", {}), ("phi3", {}), ("mixtral", {}),
             ("qwen3_moe", {}), ("deepseek_v3", {"num_key_value_heads": 4})]

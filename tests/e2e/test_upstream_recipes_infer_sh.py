@@ -3,7 +3,7 @@ real entry point `executor/scripts/infer.sh --model M --yaml F`, with tiny rando
 shapes; greedy tokens against transformers' own model (agent.measure.reference.greedy_parity).
 
 The default suite runs one rank of Qwen3 (eager); the other variants, two ranks, graph mode and the
-legacy pangu_7b recipe are marked slow (`pytest -m slow tests/test_standin_upstream.py`)."""
+legacy pangu_7b recipe are marked slow (`pytest -m slow tests/e2e/test_upstream_recipes_infer_sh.py`)."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def check_parity(checkout, logs, checkpoint, ranks):
     return result
 
 
-@pytest.mark.slow  # tests/test_upstream_check.py runs the same Qwen3 rank through `migrator run --standin` by default
+@pytest.mark.slow  # tests/e2e/test_upstream_recipes_standin.py runs the same Qwen3 rank through `migrator run --standin` by default
 def test_qwen3_one_rank_runs_through_upstreams_infer_sh_with_parity(checkout, tiny, tmp_path):
     checkpoint = tiny("qwen3")
     proc, logs, usage, yaml_name = run_recipe(checkout, tmp_path, "qwen", "qwen3_8b_1tp.yaml", checkpoint,

@@ -4,7 +4,7 @@ the YAML), the exit-4 line without --standin, and a real run through the checkou
 `executor/scripts/infer.sh` with parity against transformers recorded in the baseline.
 
 The default suite runs Qwen3 at one rank end to end; the other models, two ranks, the deliberately
-broken copy and the legacy recipe are `slow` (`pytest -m slow tests/test_upstream_check.py`)."""
+broken copy and the legacy recipe are `slow` (`pytest -m slow tests/e2e/test_upstream_recipes_standin.py`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The tiny remote-code checkpoint (tests/remote_fixture.py) loads through auto_map and honours the
+"""The tiny remote-code checkpoint (tests/support/remote_fixture.py) loads through auto_map and honours the
 engine's cache/mask contract: DynamicCache as `past_key_values=`, a growing 2D attention mask and
 explicit position_ids, with results identical to transformers' own greedy `generate()`."""
 

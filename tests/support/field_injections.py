@@ -2,7 +2,7 @@
 
 Each corpus entry gets one injection: the fault put into a copy of a working recipe, then
 `migrator run RECIPE --json` with a relative path from the recipe's parent (our layout) or from the
-repository root (the cann-recipes-infer layout of tests/checkout_fixture.py), then `migrator rollback
+repository root (the cann-recipes-infer layout of tests/support/checkout_fixture.py), then `migrator rollback
 RECIPE` (relative too). Two kinds, and every test id starts with its kind:
 
 - **real**: the fault itself (code calling torch.cuda / torch.npu, a CRLF infer.sh, a YAML syntax
@@ -14,7 +14,7 @@ RECIPE` (relative too). Two kinds, and every test id starts with its kind:
   `log`, copied from the report) to stderr and exits 1, as the report's process did. What is
   tested is everything after the failure: the run record, diagnosis, repair or report, rollback.
 
-`run_injection` returns what happened; tests/test_field_faults.py asserts it against the corpus and
+`run_injection` returns what happened; tests/unit/agent/repair/test_field_corpus.py asserts it against the corpus and
 scripts/repair_coverage.py --inject tabulates it.
 """
 
@@ -660,7 +660,7 @@ def build_working_recipe(work: Path) -> Path:
 
 def make_target(layout: str, work: Path, source: Path) -> Target:
     """A fresh copy to inject into: ours copies `source` (a working recipe), upstream writes a
-    cann-recipes-infer stand-in (tests/checkout_fixture.py) whose recipes use the checkpoint of `source`."""
+    cann-recipes-infer stand-in (tests/support/checkout_fixture.py) whose recipes use the checkpoint of `source`."""
     work.mkdir(parents=True, exist_ok=True)
     if layout == "ours":
         recipe = work / "fi"
@@ -675,7 +675,7 @@ def make_target(layout: str, work: Path, source: Path) -> Target:
 
 
 def cli(*args: str, cwd: Path, env: dict):
-    """`migrator ARGS` as tests.conftest.run_cli runs it, with `env` applied (None: unset)."""
+    """`migrator ARGS` as migrator_cli.run_cli runs it, with `env` applied (None: unset)."""
     environ = {k: v for k, v in os.environ.items() if env.get(k, v) is not None}
     environ.update({k: v for k, v in env.items() if v is not None})
     return subprocess.run([sys.executable, "-m", "agent.cli", *args], cwd=cwd, capture_output=True, text=True,

@@ -25,7 +25,7 @@ MAX_NEW_TOKENS = 8
 
 
 # The recipes here are vendored from the installed transformers (the tested newest release; `make test-tf50`
-# runs them on 5.0.0); tests/test_transformers_source.py vendors from the checkout's pin.
+# runs them on 5.0.0); tests/e2e/test_recipe_on_transformers_5_0.py vendors from the checkout's pin.
 INSTALLED = {"transformers_source": "installed"}
 
 

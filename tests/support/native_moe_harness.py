@@ -1,8 +1,8 @@
 """The generated sparse-MoE block (templates/framework/native/moe.py.j2) against transformers' own MoE
 block on a shrunk config, fp32, under the stand-in's reference kernels (torch.ops.npu, their torch_npu
-schemas). Used in-process by tests/test_native_moe.py and, as a script, by its 2-rank run:
+schemas). Used in-process by tests/unit/agent/recipe/native/test_moe_features.py and, as a script, by its 2-rank run:
 
-    python -m torch.distributed.run --nproc-per-node=2 tests/native_moe_harness.py CASE OUT.json
+    python -m torch.distributed.run --nproc-per-node=2 tests/support/native_moe_harness.py CASE OUT.json
 
 The checkpoint tensors are the ones transformers writes (save_pretrained's `revert_weight_conversion` turns
 its fused 3-D experts back into the checkpoint's per-expert names), loaded through the block's own load_weights."""

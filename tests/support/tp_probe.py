@@ -1,4 +1,4 @@
-"""Probe for tests/test_tensor_parallel.py (not a test module): load a recipe through its runner
+"""Probe for tests/e2e/test_tensor_parallel.py (not a test module): load a recipe through its runner
 under the given parallel sizes, write per rank the logits of a fixed input, the greedy tokens and
 the weight bytes it holds.
 

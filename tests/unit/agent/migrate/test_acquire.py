@@ -328,7 +328,7 @@ def test_hub_link_migrates_end_to_end_offline(full_cache, tmp_path):
     assert baseline["verification"]["parity"]["ok"]
 
 
-# ---- online, against a local server speaking the Hub API (tests/hf_fixture.py) ----------------------
+# ---- online, against a local server speaking the Hub API (tests/support/hf_fixture.py) ----------------------
 @pytest.fixture
 def hub_server(tiny_files):
     from hf_fixture import HubServer

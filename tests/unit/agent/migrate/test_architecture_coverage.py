@@ -391,7 +391,7 @@ PARITY_WITH_FAILING_REFERENCE = textwrap.dedent("""
 """)
 
 
-@pytest.mark.slow  # the untrained-weight verdict is also checked by tests/test_shrink_parity.py
+@pytest.mark.slow  # the untrained-weight verdict is also checked by tests/unit/agent/measure/test_parity.py
 def test_untrained_weights_are_judged_without_the_reference_simulated_failure(working_recipe_source, working_recipe):
     """The reference fails to load (simulated: transformers' loader raises, as it does for lfm3 with
     two layers): the precision check says why it could not compare instead of crashing, and the

@@ -1,7 +1,7 @@
 """ModelScope as a model source (agent.migrate.hub_modelscope) against the real `modelscope` library and its cache.
 
 The cache is filled by modelscope's own `snapshot_download`, from a local server that speaks the two hub
-endpoints it uses (tests/modelscope_fixture.py); then the tests go offline (HF_HUB_OFFLINE=1) or point
+endpoints it uses (tests/support/modelscope_fixture.py); then the tests go offline (HF_HUB_OFFLINE=1) or point
 MODELSCOPE_ENDPOINT at that server and run acquire() / `migrator run` in a subprocess, as a user would.
 """
 

@@ -1,6 +1,6 @@
 """Upstream's docs/common/new_model_checklist.md as a test (issue #35.7): every item a program can check
 (agent/recipe/checklist.py) on every framework recipe this file migrates (stop_after="render", as
-tests/test_framework_target.py does: a tiny llama and one checkpoint per family of the routing table).
+tests/e2e/test_framework_target.py does: a tiny llama and one checkpoint per family of the routing table).
 
 Items another change delivers are strict xfails naming it (they turn into failures once it lands, to be
 unmarked). The items left to a person are checklist.PERSON."""

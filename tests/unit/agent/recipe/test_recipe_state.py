@@ -1,6 +1,6 @@
 """A recipe's own state is untrusted input (SPEC §6): a received recipe's journals, manifests, reports and
 registry records are schema-checked; modes are permission bits only; paths and link targets stay inside the
-recipe. The table rows (tests/test_bad_input.py, rollback_*) run the CLI; here: the one place each is
+recipe. The table rows (tests/e2e/test_bad_input.py, rollback_*) run the CLI; here: the one place each is
 enforced, and a small hypothesis pass over journal entries built from pieces no row lists."""
 
 from __future__ import annotations

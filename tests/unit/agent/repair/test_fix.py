@@ -1,7 +1,7 @@
 """Answers in the right class (SPEC §6): a file the filesystem will not let us write (EPERM: an immutable
 file, EROFS: a read-only mount, EACCES) is exit 74 wherever the write happens, never "a fix could not be
 applied" (exit 1) or a usage error (exit 2). The tokenizer and upstream-YAML cases are rows of
-tests/test_bad_input.py."""
+tests/e2e/test_bad_input.py."""
 
 from __future__ import annotations
 

@@ -142,7 +142,7 @@ def test_apply_rotary_pos_emb_refuses_undocumented_mode_in_one_line(capsys):
                                        "BSND", "quarter")
     message = str(info.value)
     assert "\n" not in message and "npu_apply_rotary_pos_emb" in message and "rotary_mode='quarter'" in message
-    assert "test_standin_kernels.py:" in message     # where it was called
+    assert "test_reference_kernels.py:" in message     # where it was called
 
 
 def test_interleave_rope_matches_naive_loop():
@@ -416,7 +416,7 @@ def test_an_op_without_reference_fails_with_one_line_naming_it_and_the_call_site
     with pytest.raises(UnsupportedOp) as info:
         torch.ops.npu.npu_dynamic_quant(torch.randn(2, 2))
     text = str(info.value)
-    assert "\n" not in text and "torch.ops.npu.npu_dynamic_quant" in text and "test_standin_kernels.py:" in text
+    assert "\n" not in text and "torch.ops.npu.npu_dynamic_quant" in text and "test_reference_kernels.py:" in text
 
 
 def test_schemas_are_the_torch_npu_wheels():

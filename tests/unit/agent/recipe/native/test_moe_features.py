@@ -1,7 +1,7 @@
 """The NPU-native sparse-MoE block (agent/recipe/native/moe_features.py, templates/framework/native/moe.py.j2)
 against transformers' own MoE block of each architecture on a shrunk config, fp32, under the stand-in's
 reference kernels: the same output, the kernel chain in the record, and faults that must fail.
-The harness: tests/native_moe_harness.py (also the 2-rank script)."""
+The harness: tests/support/native_moe_harness.py (also the 2-rank script)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ architecture's transformers code, and the written file held to transformers in f
 stand-in (agent.recipe.native.selfcheck) for llama, qwen2, qwen3, mistral, phi3, gemma, gemma2 and
 gemma3_text; faults written into a correct file (a window off by one, rotary on the wrong pairs, the
 gemma norm's missing 1 + w, ...) must fail the same check. The end-to-end run of a native recipe through
-upstream's launcher is tests/test_framework_target.py's."""
+upstream's launcher is tests/e2e/test_framework_target.py's."""
 
 from __future__ import annotations
 
