@@ -176,8 +176,8 @@ def test_a_low_margin_correct_run_passes_where_bf16_flips_a_token(tmp_path, mode
 
 # ---- untouched runs at 1 and 2 ranks --------------------------------------------------------------
 @pytest.mark.parametrize("model,yaml_name,ranks", [
-    # slow: by default an untouched upstream run passes at one rank (tests/test_upstream_check.py, Qwen3) and an
-    # untouched run at two ranks of upstream's executor passes in tests/test_run_plan.py (ours, phi3)
+    # slow: by default an untouched upstream run passes at one rank (tests/e2e/test_upstream_recipes_standin.py, Qwen3) and an
+    # untouched run at two ranks of upstream's executor passes in tests/e2e/test_run_plan.py (ours, phi3)
     pytest.param("qwen", "qwen3_8b_1tp.yaml", 2, marks=pytest.mark.slow, id="qwen-2"),
     pytest.param("gpt_oss", "gpt_oss_20b.yaml", 1, marks=pytest.mark.slow, id="gpt_oss-1"),
     pytest.param("gpt_oss", "gpt_oss_20b.yaml", 2, marks=pytest.mark.slow, id="gpt_oss-2"),
