@@ -1,8 +1,8 @@
 """Re-apply the test layout of tests/unit/, tests/e2e/, tests/lint/ and tests/support/ (issue #32.5) to a tree
 that still has flat test files: a branch cut from main before the layout, merged after it.
 
-    python scripts/relayout_tests.py            # what it would do
-    python scripts/relayout_tests.py --apply    # do it: git mv, rewrite imports and path mentions
+    python tests/support/relayout.py            # what it would do
+    python tests/support/relayout.py --apply    # do it: git mv, rewrite imports and path mentions
 
 What it does, in order:
 1. every tests/test_*.py that is still flat goes where MOVES says (the file the old one was renamed to;
@@ -29,7 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # old file under tests/ -> the file it was renamed to (git mv), relative to tests/
 MOVES = {
