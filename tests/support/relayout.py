@@ -12,7 +12,8 @@ What it does, in order:
    `from migrator_cli import run_cli`, `from test_framework_target import copy_checkout` ->
    `from upstream_checkout import copy_checkout`, ...): test modules never import one another now;
 3. a test file's paths computed from its own place (`Path(__file__).resolve().parent.parent`,
-   `Path(__file__).parent / "data"`) become tests/support/locations.py's REPO_ROOT / DATA;
+   `...parents[2]`, `Path(__file__).parent / "data"`) become tests/support/locations.py's REPO_ROOT,
+   REPO_ROOT.parent, DATA;
 4. mentions of old paths (`tests/test_x.py`, `tests/test_x.py::test_name`, `tests/hf_fixture.py`) in
    README.md, Makefile, pyproject.toml, skills/, scripts/, agent/, engine/, npu_standin/ and tests/ are
    rewritten; a bare mention of a split file is printed, to be checked by hand (its parts went to several
@@ -426,6 +427,7 @@ def rewrite_imports(text: str, where: str) -> str:
 
 
 ROOT_EXPR = re.compile(r"Path\(__file__\)\.resolve\(\)\.(?:parent\.parent|parents\[1\])(?![\w.\[])")
+ABOVE_EXPR = re.compile(r"(?:\w+\.)?Path\(__file__\)\.resolve\(\)\.parents\[2\](?![\w.\[])")
 DATA_EXPR = re.compile(r"Path\(__file__\)(?:\.resolve\(\))?\.parent / \"data\"")
 
 
@@ -445,7 +447,7 @@ def add_import(text: str, line: str) -> str:
 
 
 def rewrite_own_paths(text: str) -> str:
-    new = DATA_EXPR.sub("DATA", ROOT_EXPR.sub("REPO_ROOT", text))
+    new = DATA_EXPR.sub("DATA", ROOT_EXPR.sub("REPO_ROOT", ABOVE_EXPR.sub("REPO_ROOT.parent", text)))
     new = re.sub(r"^REPO_ROOT = REPO_ROOT\n", "", new, flags=re.M)
     names = [n for n in ("REPO_ROOT", "DATA") if re.search(rf"\b{n}\b", new)
              and not re.search(rf"^{n} = ", new, re.M) and not re.search(rf"^from locations import .*\b{n}\b", new, re.M)]

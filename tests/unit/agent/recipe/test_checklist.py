@@ -16,6 +16,7 @@ import yaml
 from agent.recipe import checklist
 from framework_recipes import FAMILIES, family_checkout, migrate_family, migrated  # noqa: F401
 from upstream_checkout import _git, copy_checkout  # noqa: F401
+from locations import REPO_ROOT
 
 # checklist items whose fix is another part of issue #35 (on another branch when this was written)
 PENDING: dict[str, str] = {}
@@ -46,7 +47,7 @@ def test_framework_recipe_passes_the_checklist_item(results, recipe, item):
 
 def test_every_item_of_upstreams_checklist_is_checked_or_left_to_a_person():
     """The checklist's own sections, each covered by a check or a PERSON line (a new section upstream fails here)."""
-    text = (checklist.Path(__file__).resolve().parents[2] / "shared" / "upstream" / "cann-recipes-infer" / "docs"
+    text = (REPO_ROOT.parent / "shared" / "upstream" / "cann-recipes-infer" / "docs"
             / "common" / "new_model_checklist.md")
     if not text.is_file():
         pytest.skip("no upstream snapshot")
