@@ -79,6 +79,7 @@ MOVES = {
     'test_multirank.py': 'e2e/test_multirank.py',
     'test_native_models.py': 'unit/agent/recipe/native/test_native_models.py',
     'test_native_moe.py': 'unit/agent/recipe/native/test_moe_features.py',
+    'test_native_mla.py': 'unit/agent/recipe/native/test_mla_features.py',
     'test_new_model_checklist.py': 'unit/agent/recipe/test_checklist.py',
     'test_oom.py': 'e2e/test_oom.py',
     'test_op_table.py': 'e2e/test_op_table.py',
@@ -482,6 +483,7 @@ def main() -> int:
     parser.add_argument("--new", action="store_true", help="with --apply: also move files PREFIXES places")
     args = parser.parse_args()
     tests = ROOT / "tests"
+    moved: set[Path] = set()         # the files this run moves: their paths from their own place are stale
     for path in sorted(tests.glob("*.py")):
         if path.name == "conftest.py":
             continue
@@ -493,6 +495,7 @@ def main() -> int:
         if args.apply and (known or args.new):
             (tests / new).parent.mkdir(parents=True, exist_ok=True)
             subprocess.run(["git", "mv", str(path), str(tests / new)], cwd=ROOT, check=True)
+        moved.add((tests / new) if args.apply and (known or args.new) else path)
     files = [p for entry in MENTIONED_IN for p in ([ROOT / entry] if (ROOT / entry).is_file() else
                                                     sorted((ROOT / entry).rglob("*")))
              if p.is_file() and p.suffix in (".py", ".md", ".j2", ".json", ".toml", ".yaml", "") and "__pycache__" not in p.parts
@@ -506,7 +509,7 @@ def main() -> int:
         new = rewrite_mentions(old, rel)
         if rel.startswith("tests/") and path.suffix == ".py":
             new = rewrite_imports(new, rel)
-            if rel.count("/") > 1:               # deeper than tests/: its own place is no longer tests/
+            if path in moved:                    # its own place is no longer tests/
                 new = rewrite_own_paths(new)
         if new != old:
             print(f"rewrite {rel}")

@@ -1,6 +1,6 @@
 """The NPU-native multi-head latent attention (agent/recipe/native/mla_features.py, templates/framework/native/
 mla.py.j2) of DeepSeek-V3-shaped models, every layer dense (first_k_dense_replace >= num_hidden_layers: the
-MoE block is tests/test_native_moe.py's).
+MoE block is tests/unit/agent/recipe/native/test_moe_features.py's).
 
 Default suite, in-process (the stand-in's reference kernels as torch_npu, upstream's module/ and executor/
 imported from the snapshot): the MLA facts read from transformers' attention module for each variant (q LoRA
@@ -211,7 +211,7 @@ def mla_recipe(tmp_path_factory):
     from agent.measure import reference
     from agent.run.standin import TINY_SETTINGS
     from agent.workflow.run import run_migration
-    from test_upstream_check import copy_snapshot
+    from upstream_checkout import copy_snapshot
 
     root = tmp_path_factory.mktemp("native_mla")
     checkout = copy_snapshot(root / "cann-recipes-infer")
@@ -244,8 +244,8 @@ def packed_yaml(recipe_info: dict, world_size: int, custom_params: dict | None =
 
 
 def run_recipe(recipe_info: dict, yaml_name: str, ranks: int):
-    from test_upstream_check import FAST
-    from conftest import run_cli
+    from upstream_checkout import FAST
+    from migrator_cli import run_cli
 
     proc = run_cli("run", str(recipe_info["recipe"]), "--standin", "--yaml", yaml_name, "--world-size", str(ranks),
                    "--max-rounds", "0", "--json", env=FAST, timeout=2400)
