@@ -9,7 +9,7 @@ VENV_TF50 ?= .venv-tf5.0
 STAMP_TF50 := $(VENV_TF50)/.installed
 # The end-to-end tests run again on transformers 5.0.0 (upstream's pin): the family tests and one
 # framework recipe run by upstream's executor/scripts/infer.sh. `make test` has to stay within its budget.
-OLD_END_TESTS ?= tests/test_families.py tests/test_framework_target.py::test_framework_recipe_runs_through_upstreams_infer_sh_with_parity
+OLD_END_TESTS ?= tests/e2e/test_families.py tests/e2e/test_framework_target.py::test_framework_recipe_runs_through_upstreams_infer_sh_with_parity
 
 .PHONY: install install-tf50 demo test test-main test-tf50 test-all
 install: $(STAMP)
@@ -38,7 +38,7 @@ demo: install
 # end-to-end family tests on transformers 5.0.0.
 test: test-main test-tf50
 
-# install-tf50 first: tests/test_transformers_source.py vendors from .venv-tf5.0's 5.0.0 and runs the recipe in it
+# install-tf50 first: tests/e2e/test_recipe_on_transformers_5_0.py vendors from .venv-tf5.0's 5.0.0 and runs the recipe in it
 test-main: install install-tf50
 	$(PY) -m pytest -q -n 2 --dist loadscope
 

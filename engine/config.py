@@ -109,7 +109,7 @@ def rendered_settings(values: dict) -> dict:
 
 
 def keys_markdown() -> str:
-    """README's table of the YAML keys (tests/test_recipe_spec.py checks README against it)."""
+    """README's table of the YAML keys (tests/lint/test_one_home.py checks README against it)."""
     rows = ["| key | type | required | default | values | meaning |", "|---|---|---|---|---|---|"]
     for key in KEYS:
         if key.is_section:

@@ -4,7 +4,7 @@ folder goes through a `UserTree` anchored at that folder (its root).
 
 It lives in engine/ because a standalone recipe carries engine/ and writes its own files (baselines,
 parity dumps, logs) the same way without infer-migrator installed: stdlib only, nothing from agent/.
-tests/test_safe_write.py walks the code and fails on a direct write anywhere else.
+tests/lint/test_writes_through_safe_write.py walks the code and fails on a direct write anywhere else.
 
 What a UserTree promises:
 - **Nothing lands outside its root.** Before anything is written, the path is resolved: every

@@ -6,7 +6,6 @@ import os
 import sys
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-_INTERNAL = (_PACKAGE_DIR, os.path.dirname(os.path.abspath(os.__file__)))
 
 
 class StandinError(RuntimeError):

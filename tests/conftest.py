@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny local checkpoints (SPEC §5) and a helper to run the CLI for real."""
+"""Fixtures every folder shares: tiny local checkpoints (SPEC §5), a recipe migrated once per session; the e2e
+mark of tests/e2e/. Helpers tests import are in tests/support/."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from locations import REPO_ROOT
+from migrator_cli import run_cli
+
 
 # Tests run two workers side by side on small models: one BLAS thread per process avoids
 # oversubscribing the cores (timings in test baselines are not benchmarks).
@@ -49,44 +52,15 @@ if not os.environ.get("MIGRATOR_TEST_CHECKOUT_LINKED"):
     _this_checkout_in_every_subprocess()
 
 
-def torch_npu_wheel(download: bool = True) -> tuple[Path | None, str]:
-    """(folder, "") with the real torch-npu wheel of torch's release pip-installed with --no-deps
-    --target into a cache dir reused across runs (~44 MB wheel, ~150 MB unpacked, about 7 s), or
-    (None, why not). Without CANN its import fails for real (libhccl.so)."""
-    import platform
-    import shutil
-    from importlib.metadata import version
+E2E = Path(__file__).resolve().parent / "e2e"
 
-    if sys.platform != "linux" or platform.machine() not in ("x86_64", "aarch64"):
-        return None, "torch-npu wheels exist for Linux x86_64/aarch64 only"
-    release = version("torch").split("+", 1)[0]
-    cache_root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    target = cache_root / "infer-migrator" / f"torch-npu-{release}-py{sys.version_info[0]}{sys.version_info[1]}"
-    if (target / ".complete").exists():
-        return target, ""
-    if not download:
-        return None, f"torch-npu=={release} is not in {target.parent}"
-    tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-input", "--quiet",
-           "--disable-pip-version-check", "--timeout", "30", "--target", str(tmp), f"torch-npu=={release}"]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        return None, f"could not pip install torch-npu=={release}: {exc}"
-    if proc.returncode != 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
-        return None, f"pip cannot install torch-npu=={release} (package index unreachable or no such release): {tail}"
-    (tmp / ".complete").write_text(release + "\n")
-    shutil.rmtree(target, ignore_errors=True)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        tmp.rename(target)
-    except OSError:             # another worker got there first
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target, ""
+
+@pytest.hookimpl(tryfirst=True)      # before `-m` selects on the marks
+def pytest_collection_modifyitems(config, items):
+    """Every test under tests/e2e/ carries the e2e mark: `-m "not e2e and not slow"` is the quick run."""
+    for item in items:
+        if E2E in item.path.resolve().parents:
+            item.add_marker(pytest.mark.e2e)
 
 
 @pytest.fixture(scope="session")
@@ -104,13 +78,6 @@ def tiny_checkpoints(tmp_path_factory):
         return cache[key]
 
     return get
-
-
-def run_cli(*args: str, cwd: Path | None = None, timeout: int = 900, env: dict | None = None):
-    """Run `migrator ...` in a subprocess, as a user would."""
-    return subprocess.run([sys.executable, "-m", "agent.cli", *args], cwd=cwd or REPO_ROOT,
-                          capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
 
 
 @pytest.fixture(scope="session")
@@ -133,48 +100,3 @@ def working_recipe(working_recipe_source, tmp_path):
     return recipe
 
 
-def repair_run(recipe: Path, *extra: str, env: dict | None = None):
-    """`migrator run RECIPE --json` on a (broken) recipe: returns (process, summary, report)."""
-    proc = run_cli("run", str(recipe), "--json", *extra, env=env)
-    summary = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {}
-    report_file = recipe / "migration_report.json"
-    report = json.loads(report_file.read_text()) if report_file.is_file() else {}
-    return proc, summary, report
-
-
-def assert_repaired(recipe: Path, proc, summary: dict, report: dict, rule: str, injected: dict[str, bytes | None]):
-    """Repaired by `rule` in round 1, the re-run succeeded, and the round-1 backup holds exactly the
-    injected originals (`injected`: recipe-relative path -> bytes, None = file absent)."""
-    assert proc.returncode == 0, (proc.stdout[-1500:], proc.stderr[-2500:])
-    assert summary["scenario"] == "B" and summary["status"] == "ok", summary
-    first = report["rounds"][0]
-    assert first["diagnosis"]["rule"] == rule, first["diagnosis"]
-    assert first["applied"] and first["diff"]
-    assert report["runs"][-1]["ok"]
-    assert (recipe / "baseline" / "baseline_metadata.json").is_file()
-    assert_round_backup(recipe, first, injected)
-
-
-def assert_round_backup(recipe: Path, first_round: dict, injected: dict[str, bytes | None]) -> None:
-    """Round 1's backup is copy-on-write: it holds exactly the files the round's diff changed (as
-    they were before), and each injected file among them with its injected bytes."""
-    import re
-
-    backup = recipe / ".migrator" / "backup" / "round_1"
-    changed = set(re.findall(r"^--- a/(.+)$", first_round["diff"], re.M))
-    held = {p.relative_to(backup).as_posix() for p in backup.rglob("*") if p.is_file()}
-    assert held == changed, (held, changed)
-    for rel, content in injected.items():
-        if content is None:
-            assert not (backup / rel).exists(), rel
-        elif rel in held:
-            assert (backup / rel).read_bytes() == content, rel
-
-
-def first_match_name(recipe: Path, output: str) -> str | None:
-    """Name of the catalogue rule that would take this run output (None: no rule)."""
-    from agent.repair.failure import Failure
-    from agent.repair.diagnose import first_matching_rule
-
-    matched = first_matching_rule(Failure.from_output(recipe, output))
-    return matched[0].name if matched else None

@@ -63,7 +63,7 @@ def run_parity(recipe: Recipe, tokens: int = 16, timeout: int = 900, trust_remot
     return loads_json(lines[-1])
 
 
-def foreign_parity(recipe: Recipe, timeout: int = 600) -> dict:
+def parity_not_applicable(recipe: Recipe, timeout: int = 600) -> dict:
     """A recipe written for another runtime (cann-recipes-infer's executor): its model code is not
     ours to compare against transformers, so parity is not applicable; whether the checkpoint's
     weights are trained (random weights write noise by design) is still judged from the checkpoint,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from agent.measure import precision
 from agent.measure.baseline import with_verification
-from agent.measure.parity import dump_nll, foreign_parity, run_parity
+from agent.measure.parity import dump_nll, parity_not_applicable, run_parity
 from agent.records import Baseline, Run
 from agent.recipe.recipe import Recipe, RunPlan
 from agent.recipe.targets import state_dir
@@ -28,7 +28,7 @@ def verify(recipe: Recipe, run: Run, collected: Baseline, trust_remote_code: boo
     standin = bool(plan is not None and plan.standin)
     ours = ours or recipe.target.code_check or bool(recipe.report().get("vendored"))
     if checkpoint is None or not (standin or ours):
-        return with_verification(collected, foreign_parity(recipe))
+        return with_verification(collected, parity_not_applicable(recipe))
     parity = precision_of(recipe, run, checkpoint, trust_remote_code, python, bool(plan and plan.tiny),
                           plan.yaml if plan else None)
     if "untrained_weights" not in parity:

@@ -56,9 +56,6 @@ class HubRef:
         self.revision = checked_revision(self.revision, self.repo_id)
 
 
-HUBS = ("hf", "modelscope")
-
-
 def parse_hub_ref(text: str) -> HubRef | None:
     """A model repo reference, or None when `text` is not one.
 

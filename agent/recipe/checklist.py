@@ -37,9 +37,9 @@ LICENSE = re.compile(r"Licensed under|SPDX-License-Identifier|Apache License|MIT
 PERSON = (
     ("一.1.environment", "function and precision on the README's declared environment (CANN, torch_npu, an NPU)"),
     ("一.3.packed_sequence", "batch_size_per_dp_rank > 1 with unequal lengths on an NPU (the stand-in runs check "
-                             "it on CPU: tests/test_framework_target.py)"),
+                             "it on CPU: tests/e2e/test_framework_target.py)"),
     ("一.4.npugraph_ex_compile", "the warm-up compile and no recompile in the formal decode on an NPU (the "
-                                 "stand-in's compile-once check: tests/test_framework_target.py)"),
+                                 "stand-in's compile-once check: tests/e2e/test_framework_target.py)"),
     ("一.5.online", "online serving (recommended): prefill/decode/router configs and a full-link run"),
     ("一.6.dataset_score", "a data-set score (recommended), e.g. GSM8K through evalscope on the online service"),
     ("二.3.readme_reproducible", "the README's steps reproduce the run for another developer"),

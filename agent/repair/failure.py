@@ -23,8 +23,6 @@ CHAINED_RE = re.compile(r"^(During handling of the above exception|The above exc
 LIBRARY_PARTS = ("site-packages", "dist-packages")
 FRAME_RE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)')
 TIMEOUT_ERROR = "TimeoutError: infer.sh did not finish within the timeout"
-# The places evidence is searched, in the order a rule names them.
-PLACES = ("error", "output", "log", "frames")
 
 
 @dataclass

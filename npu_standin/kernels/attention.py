@@ -388,7 +388,7 @@ def _v1_fake(query, key, value, *, block_table=None, num_heads=1, input_layout="
 reference(V1_SCHEMA, fake=_v1_fake,
           formulation="per batch softmax(scale*q@k^T + pse, sparse_mode mask) @ v in fp32; BSH/BSND/BNSD/TND(+_NTD), "
                       "GQA, paged block_table, actual_seq_lengths(_kv)",
-          test="tests/test_standin_attention.py::test_fia_v1_bsh_and_bnsd_match_sdpa")(
+          test="tests/unit/npu_standin/kernels/test_attention.py::test_fia_v1_bsh_and_bnsd_match_sdpa")(
     lambda *args, **kwargs: _v1(*args, **kwargs))
 
 
@@ -447,13 +447,14 @@ def _v2_fake(query, key, value, *, block_table=None, num_query_heads=1, num_key_
 reference(_v2_schema("npu_fused_infer_attention_score_v2", "SymInt[]?"), fake=_v2_fake,
           formulation="as npu_fused_infer_attention_score, v2 names; learnable_sink adds a per-head logit to the "
                       "softmax denominator",
-          test="tests/test_standin_attention.py::test_fia_v2_tnd_paged_causal_matches_transformers_qwen3_attention")(
+          test="tests/unit/npu_standin/kernels/test_attention.py"
+               "::test_fia_v2_tnd_paged_causal_matches_transformers_qwen3_attention")(
     lambda *args, **kwargs: _v2(*args, **kwargs))
 
 # torchair.ops.npu_fused_infer_attention_score_v2: the same op taking the lengths as tensors (air::).
 reference(_v2_schema("npu_fused_infer_attention_score_v2", "Tensor?"), namespace="air", fake=_v2_fake,
           formulation="torch_npu's v2 with actual_seq_qlen/kvlen as tensors (torchair's graph-mode op)",
-          test="tests/test_standin_attention.py::test_torchair_fia_v2_equals_torch_npu_v2")(
+          test="tests/unit/npu_standin/kernels/test_attention.py::test_torchair_fia_v2_equals_torch_npu_v2")(
     lambda *args, **kwargs: _v2(*args, op="torchair.ops.npu_fused_infer_attention_score_v2", **kwargs))
 
 
@@ -464,7 +465,7 @@ def _air_v1_schema() -> str:
 
 reference(_air_v1_schema(), namespace="air", fake=_v1_fake,
           formulation="torch_npu's v1 with actual_seq_lengths(_kv) as tensors (torchair's graph-mode op)",
-          test="tests/test_standin_attention.py::test_torchair_fia_v2_equals_torch_npu_v2")(
+          test="tests/unit/npu_standin/kernels/test_attention.py::test_torchair_fia_v2_equals_torch_npu_v2")(
     lambda *args, **kwargs: _v1(*args, op="torchair.ops.npu_fused_infer_attention_score", **kwargs))
 
 
@@ -502,7 +503,7 @@ def _fusion_kv_heads(query, key, head_num, layout):
            "Tensor? dropout_mask=None, int seed=0, int offset=0) -> (Tensor, Tensor, Tensor, Tensor, int, int, int)",
            formulation="the attention reference (modes 0-4, TND cumulative lengths); softmax_max / softmax_sum "
                        "(fp32, 8 copies on the last axis); keep_prob 1 only",
-           test="tests/test_standin_attention.py::test_fusion_attention_causal_matches_sdpa",
+           test="tests/unit/npu_standin/kernels/test_attention.py::test_fusion_attention_causal_matches_sdpa",
            fake=_fusion_fake)
 def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, padding_mask=None, atten_mask=None,
                          scale=1.0, keep_prob=1.0, pre_tockens=INT_MAX, next_tockens=INT_MAX, inner_precise=0,

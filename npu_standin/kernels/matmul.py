@@ -135,7 +135,7 @@ def _grouped_matmul_fake(x, weight, *, bias=None, scale=None, offset=None, antiq
            "int? per_token_scale_dtype=None) -> Tensor[]",
            formulation="x split into groups by group_list (cumsum / counts / pairs), y_g = x_g @ w_g + b_g in fp32, "
                        "optional activation; split_item 2/3 concatenate; unquantized only",
-           test="tests/test_standin_kernels.py::test_grouped_matmul_matches_per_expert_loop",
+           test="tests/unit/npu_standin/kernels/test_reference_kernels.py::test_grouped_matmul_matches_per_expert_loop",
            fake=_grouped_matmul_fake)
 def npu_grouped_matmul(x, weight, **kwargs):
     return _grouped_matmul(x, weight, **kwargs)
@@ -298,7 +298,8 @@ def npu_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     * otherwise `at::matmul(input, weight.t())` (op-plugin's own matmul: mixed_matmul_dtypes, the
       input's dtype), then `output.add_(bias)` in place (the result keeps the input's dtype).
 
-    The same decomposition on the host is checked in tests/test_standin_kernels.py (TorchDispatchMode)."""
+    The same decomposition on the host is checked in
+    tests/unit/npu_standin/kernels/test_reference_kernels.py (TorchDispatchMode)."""
     if bias is not None and input.layout == torch.strided and weight.layout == torch.strided and (
             input.dim() == 2 or (input.is_contiguous() and (input.dim() == 3 or bias.dim() == 1))):
         compute, result_dtype = mixed_addmm_dtypes(bias, input, weight) or (None, None)

@@ -28,7 +28,7 @@ def _same_fake(data, indices, updates):
            mutates=("data",),
            capture_schema="_standin_npu_scatter_nd_update_(Tensor(a!) self, Tensor indices, Tensor updates) -> ()",
            formulation="self[tuple(indices[..., :a].T)] = updates (a = indices.shape[-1]), in place",
-           test="tests/test_standin_kernels.py::test_scatter_nd_update_matches_naive_loop",
+           test="tests/unit/npu_standin/kernels/test_reference_kernels.py::test_scatter_nd_update_matches_naive_loop",
            fake=_same_fake)
 def npu_scatter_nd_update_(data, indices, updates):
     return _scatter_nd(data, indices, updates)
@@ -36,7 +36,7 @@ def npu_scatter_nd_update_(data, indices, updates):
 
 @reference("npu_scatter_nd_update(Tensor self, Tensor indices, Tensor updates) -> Tensor",
            formulation="npu_scatter_nd_update_ on a copy",
-           test="tests/test_standin_kernels.py::test_scatter_nd_update_matches_naive_loop",
+           test="tests/unit/npu_standin/kernels/test_reference_kernels.py::test_scatter_nd_update_matches_naive_loop",
            fake=lambda data, indices, updates: torch.empty_like(data))
 def npu_scatter_nd_update(data, indices, updates):
     return _scatter_nd(data.clone(), indices, updates)
@@ -57,7 +57,8 @@ def _scatter_update(data, indices, updates, axis):
            mutates=("data",),
            capture_schema="_standin_scatter_update_(Tensor(a!) self, Tensor indices, Tensor updates, int axis) -> ()",
            formulation="for each batch b: self[b] along axis, from indices[b], = updates[b] (1-d indices), in place",
-           test="tests/test_standin_kernels.py::test_scatter_update_writes_each_batch_at_its_offset",
+           test="tests/unit/npu_standin/kernels/test_reference_kernels.py"
+                "::test_scatter_update_writes_each_batch_at_its_offset",
            fake=lambda data, indices, updates, axis: data)
 def scatter_update_(data, indices, updates, axis):
     return _scatter_update(data, indices, updates, axis)
@@ -65,7 +66,8 @@ def scatter_update_(data, indices, updates, axis):
 
 @reference("scatter_update(Tensor self, Tensor indices, Tensor updates, int axis) -> Tensor",
            formulation="scatter_update_ on a copy",
-           test="tests/test_standin_kernels.py::test_scatter_update_writes_each_batch_at_its_offset",
+           test="tests/unit/npu_standin/kernels/test_reference_kernels.py"
+                "::test_scatter_update_writes_each_batch_at_its_offset",
            fake=lambda data, indices, updates, axis: torch.empty_like(data))
 def scatter_update(data, indices, updates, axis):
     return _scatter_update(data.clone(), indices, updates, axis)
@@ -74,7 +76,8 @@ def scatter_update(data, indices, updates, axis):
 @reference("npu_format_cast(Tensor self, int acl_format, *, int? customize_dtype=None, int? input_dtype=None) -> Tensor",
            formulation="a copy with the same values (a storage format is invisible to the values); "
                        "torch_npu.get_npu_format reports the format asked for",
-           test="tests/test_standin_kernels.py::test_format_cast_keeps_values_and_reports_format",
+           test="tests/unit/npu_standin/kernels/test_reference_kernels.py"
+                "::test_format_cast_keeps_values_and_reports_format",
            fake=lambda x, acl_format, customize_dtype=None, input_dtype=None: torch.empty_like(x))
 def npu_format_cast(x, acl_format, customize_dtype=None, input_dtype=None):
     if customize_dtype is not None or input_dtype is not None:
@@ -91,7 +94,7 @@ def get_npu_format(x) -> int:
 
 @reference("npu_prefetch(Tensor self, Tensor? dependency, int max_size, int offset=0) -> ()",
            formulation="nothing: a prefetch into the NPU's L2 cache has no effect on values",
-           test="tests/test_standin_kernels.py::test_prefetch_changes_nothing",
+           test="tests/unit/npu_standin/kernels/test_reference_kernels.py::test_prefetch_changes_nothing",
            fake=lambda x, dependency, max_size, offset=0: None)
 def npu_prefetch(x, dependency, max_size, offset=0):
     return None
@@ -112,7 +115,8 @@ def _tbmm_fake(input_, weight, *, bias=None, scale=None, perm_x1=None, perm_x2=N
 @reference("npu_transpose_batchmatmul(Tensor input, Tensor weight, *, Tensor? bias=None, Tensor? scale=None, "
            "int[]? perm_x1=None, int[]? perm_x2=None, int[]? perm_y=None, int? batch_split_factor=1) -> Tensor",
            formulation="Y = (input.permute(perm_x1) @ weight.permute(perm_x2)).permute(perm_y), fp32 accumulate",
-           test="tests/test_standin_kernels.py::test_transpose_batchmatmul_matches_permute_bmm",
+           test="tests/unit/npu_standin/kernels/test_reference_kernels.py"
+                "::test_transpose_batchmatmul_matches_permute_bmm",
            fake=_tbmm_fake)
 def npu_transpose_batchmatmul(input_, weight, *, bias=None, scale=None, perm_x1=None, perm_x2=None, perm_y=None,
                               batch_split_factor=1):

@@ -86,7 +86,8 @@ def _kv_cache_v2_fake(kv, gamma, cos, sin, index, k_cache, ckv_cache, *, k_rope_
            formulation="kv (..., Dv + Dk) split; y = RMSNorm(kv[..., :Dv]) * gamma, k = interleave-half "
                        "RoPE(kv[..., Dv:]) in fp32; scattered into ckv_cache / k_cache at index (Norm, PA, "
                        "PA_BNSD, PA_NZ layouts) in place; returns (k, y) in kv's dtype",
-           test="tests/test_standin_mla.py::test_kv_rmsnorm_rope_cache_v2_matches_rmsnorm_rope_and_scatter",
+           test="tests/unit/npu_standin/kernels/test_mla.py"
+                "::test_kv_rmsnorm_rope_cache_v2_matches_rmsnorm_rope_and_scatter",
            fake=_kv_cache_v2_fake)
 def npu_kv_rmsnorm_rope_cache_v2(kv, gamma, cos, sin, index, k_cache, ckv_cache, *, k_rope_scale=None,
                                  c_kv_scale=None, k_rope_offset=None, c_kv_offset=None, v=None, epsilon=1e-5,
@@ -145,7 +146,8 @@ def _mla_prolog_v3_fake(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_
                        "q_rope = RoPE(q[..., D:]); kv = x @ W_dkv_kr: RMSNorm(kv[:Hckv]) -> kv_cache, "
                        "RoPE(kv[Hckv:]) -> kr_cache at cache_index (interleave-half RoPE, fp32, bf16 between "
                        "the matmuls); non-quantized modes only",
-           test="tests/test_standin_mla.py::test_mla_prolog_v3_is_the_composition_of_its_matmuls_norms_and_rope",
+           test="tests/unit/npu_standin/kernels/test_mla.py"
+                "::test_mla_prolog_v3_is_the_composition_of_its_matmuls_norms_and_rope",
            fake=_mla_prolog_v3_fake)
 def npu_mla_prolog_v3(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, rmsnorm_gamma_cq,
                       rmsnorm_gamma_ckv, rope_sin, rope_cos, kv_cache, kr_cache, *, cache_index=None,

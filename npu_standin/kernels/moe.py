@@ -20,7 +20,8 @@ def _gating_softmax_fake(x, finished=None, k=1):
 @reference("npu_moe_gating_top_k_softmax(Tensor x, Tensor? finished=None, int k=1) -> (Tensor, Tensor, Tensor)",
            formulation="softmax(x, -1) in fp32, top-k (values, int32 indices); row_idx = arange(rows*k)"
                        ".reshape(k, rows).T",
-           test="tests/test_standin_kernels.py::test_moe_gating_top_k_softmax_matches_per_row_sort",
+           test="tests/unit/npu_standin/kernels/test_reference_kernels.py"
+                "::test_moe_gating_top_k_softmax_matches_per_row_sort",
            fake=_gating_softmax_fake)
 def npu_moe_gating_top_k_softmax(x, finished=None, k=1):
     if finished is not None and bool(finished.any()):
@@ -45,7 +46,8 @@ def _gating_top_k_fake(x, k, *, bias=None, input_ids=None, tid2eid=None, k_group
            formulation="softmax (norm_type 0) or sigmoid (1) of x, + bias for selection, top k_group groups by max "
                        "(mode 0) or top-2 sum (mode 1), top-k experts; y = norm(x)[idx], renormalised for "
                        "sigmoid, * routed_scaling_factor",
-           test="tests/test_standin_kernels.py::test_moe_gating_top_k_matches_deepseek_v3_router",
+           test="tests/unit/npu_standin/kernels/test_reference_kernels.py"
+                "::test_moe_gating_top_k_matches_deepseek_v3_router",
            fake=_gating_top_k_fake)
 def npu_moe_gating_top_k(x, k, *, bias=None, input_ids=None, tid2eid=None, k_group=1, group_count=1,
                          group_select_mode=0, renorm=0, norm_type=0, out_flag=False, routed_scaling_factor=1.0,
@@ -90,7 +92,8 @@ def _init_routing_fake(x, row_idx, expert_idx, active_num):
 @reference("npu_moe_init_routing(Tensor x, Tensor row_idx, Tensor expert_idx, int active_num) -> (Tensor, Tensor, Tensor)",
            formulation="stable sort of expert_idx (row-major); sorted_row = row_idx taken in that order; "
                        "expanded_row_idx[sorted_row[i]] = i; expanded_x[i] = x[sorted_row[i] % rows]",
-           test="tests/test_standin_kernels.py::test_moe_init_routing_matches_op_plugin_numpy_logic",
+           test="tests/unit/npu_standin/kernels/test_reference_kernels.py"
+                "::test_moe_init_routing_matches_op_plugin_numpy_logic",
            fake=_init_routing_fake)
 def npu_moe_init_routing(x, row_idx, expert_idx, active_num):
     rows, k = expert_idx.shape
@@ -105,7 +108,8 @@ def npu_moe_init_routing(x, row_idx, expert_idx, active_num):
 
 @reference("npu_moe_compute_expert_tokens(Tensor sorted_expert_for_source_row, int num_expert) -> Tensor",
            formulation="for each expert e, the end row of its run: searchsorted(sorted, e, right) (cumulative counts)",
-           test="tests/test_standin_kernels.py::test_moe_compute_expert_tokens_is_cumulative_count",
+           test="tests/unit/npu_standin/kernels/test_reference_kernels.py"
+                "::test_moe_compute_expert_tokens_is_cumulative_count",
            fake=lambda sorted_experts, num_expert: sorted_experts.new_empty((num_expert,)))
 def npu_moe_compute_expert_tokens(sorted_expert_for_source_row, num_expert):
     experts = torch.arange(num_expert, device=sorted_expert_for_source_row.device,
@@ -128,7 +132,8 @@ def _finalize_fake(expanded_permuted_rows, skip1, skip2, bias, scales, expanded_
            "int? k=1) -> Tensor",
            formulation="out[i] = skip1[i] + skip2[i] + sum_k scales[i,k] * (rows[src_to_dst[i + k*R]] "
                        "+ bias[expert[i,k]]), fp32 accumulate; drop_pad_mode 2: src_to_dst[i*K + k] (by row)",
-           test="tests/test_standin_kernels.py::test_moe_routing_chain_matches_transformers_gpt_oss_experts",
+           test="tests/unit/npu_standin/kernels/test_reference_kernels.py"
+                "::test_moe_routing_chain_matches_transformers_gpt_oss_experts",
            fake=_finalize_fake)
 def npu_moe_finalize_routing(expanded_permuted_rows, skip1, skip2, bias, scales, expanded_src_to_dst_row,
                              export_for_source_row, drop_pad_mode=0, k=1):
@@ -175,7 +180,8 @@ def _init_routing_v2_fake(x, expert_idx, *, scale=None, offset=None, active_num=
            formulation="op-plugin's cpu_op_exec without quantization: stable sort of experts in the active range, "
                        "expanded_x[i] = x[sorted[i] // k]; gather (0) or scatter (1) row index; per-expert counts "
                        "(1), cumsum (0) or (expert, count) pairs (2); drop_pad_mode 0",
-           test="tests/test_standin_kernels.py::test_moe_init_routing_v2_matches_op_plugin_numpy_logic",
+           test="tests/unit/npu_standin/kernels/test_reference_kernels.py"
+                "::test_moe_init_routing_v2_matches_op_plugin_numpy_logic",
            fake=_init_routing_v2_fake)
 def npu_moe_init_routing_v2(x, expert_idx, *, scale=None, offset=None, active_num=-1, expert_capacity=-1,
                             expert_num=-1, drop_pad_mode=0, expert_tokens_num_type=0, expert_tokens_num_flag=False,
@@ -229,7 +235,7 @@ def _re_routing_fake(tokens, expert_token_num_per_rank, *, per_token_scales=None
            "int expert_token_num_type=1, int idx_type=0, int? tokens_dtype=None) -> (Tensor, Tensor, Tensor, Tensor)",
            formulation="tokens arrive grouped by (source rank, expert); reorder to (expert, source rank); gather "
                        "index permute_token_idx; per-expert counts",
-           test="tests/test_standin_kernels.py::test_moe_re_routing_regroups_by_expert",
+           test="tests/unit/npu_standin/kernels/test_reference_kernels.py::test_moe_re_routing_regroups_by_expert",
            fake=_re_routing_fake)
 def npu_moe_re_routing(tokens, expert_token_num_per_rank, *, per_token_scales=None, expert_token_num_type=1,
                        idx_type=0, tokens_dtype=None):

@@ -20,7 +20,7 @@ def _rms_norm_fake(x, gamma, epsilon=1e-6):
 @reference("npu_rms_norm(Tensor self, Tensor gamma, float epsilon=1e-06) -> (Tensor, Tensor)",
            formulation="y = x * rsqrt(mean(x^2 over gamma's dims) + eps) * gamma in fp32, one rounding; "
                        "rstd (fp32, reduced dims kept as 1)",
-           test="tests/test_standin_kernels.py::test_rms_norm_matches_transformers",
+           test="tests/unit/npu_standin/kernels/test_reference_kernels.py::test_rms_norm_matches_transformers",
            fake=_rms_norm_fake)
 def npu_rms_norm(x, gamma, epsilon=1e-6):
     x32 = x.float()
@@ -36,7 +36,8 @@ def _add_rms_norm_fake(x1, x2, gamma, epsilon=1e-6):
 
 @reference("npu_add_rms_norm(Tensor x1, Tensor x2, Tensor gamma, float epsilon=1e-06) -> (Tensor, Tensor, Tensor)",
            formulation="x = x1 + x2 (in the input dtype, returned as xOut), then npu_rms_norm(x): (y, rstd, x)",
-           test="tests/test_standin_kernels.py::test_add_rms_norm_is_residual_add_then_transformers_norm",
+           test="tests/unit/npu_standin/kernels/test_reference_kernels.py"
+                "::test_add_rms_norm_is_residual_add_then_transformers_norm",
            fake=_add_rms_norm_fake)
 def npu_add_rms_norm(x1, x2, gamma, epsilon=1e-6):
     x = x1 + x2
@@ -52,7 +53,7 @@ def _swiglu_fake(x, dim=-1):
 
 @reference("npu_swiglu(Tensor self, int dim=-1) -> Tensor",
            formulation="a, b = x.chunk(2, dim); silu(a) * b in fp32",
-           test="tests/test_standin_kernels.py::test_swiglu_matches_transformers_silu_gate",
+           test="tests/unit/npu_standin/kernels/test_reference_kernels.py::test_swiglu_matches_transformers_silu_gate",
            fake=_swiglu_fake)
 def npu_swiglu(x, dim=-1):
     a, b = x.float().chunk(2, dim=dim)

@@ -32,7 +32,8 @@ def _rotary_mul_fake(x, r1, r2, rotary_mode="half", rotate=None):
 @reference("npu_rotary_mul(Tensor self, Tensor r1, Tensor r2, str rotary_mode='half', Tensor? rotate=None) -> Tensor",
            formulation="out = r1 * x + r2 * x_new; x_new = cat(-x2, x1) (half) | interleaved pairs (interleave) "
                        "| x @ rotate; fp32",
-           test="tests/test_standin_kernels.py::test_rotary_mul_half_matches_transformers_rope",
+           test="tests/unit/npu_standin/kernels/test_reference_kernels.py"
+                "::test_rotary_mul_half_matches_transformers_rope",
            fake=_rotary_mul_fake)
 def npu_rotary_mul(x, r1, r2, rotary_mode="half", rotate=None):
     x32 = x.float()
@@ -62,7 +63,8 @@ def _apply_rotary_pos_emb_fake_new(query, key, cos, sin, layout="BSND", rotary_m
            formulation="q*cos + rotate_half(q)*sin (and k), written into query/key in place as documented and "
                        "returned; layouts BSND (=BSH)/SBND/BNSD/TND broadcast cos/sin (N=1); cos D < q D rotates the "
                        "first D only",
-           test="tests/test_standin_kernels.py::test_apply_rotary_pos_emb_matches_transformers_bsnd_and_tnd",
+           test="tests/unit/npu_standin/kernels/test_reference_kernels.py"
+                "::test_apply_rotary_pos_emb_matches_transformers_bsnd_and_tnd",
            fake=_apply_rotary_pos_emb_fake_new)
 def npu_apply_rotary_pos_emb(query, key, cos, sin, layout="BSND", rotary_mode="half"):
     # "BSH" names the same 4-d (B, S, N, D) layout as "BSND" (op-plugin ApplyRotaryPosEmbNpuOpApi.cpp:
@@ -85,7 +87,7 @@ def _interleave_rope_fake(x, cos, sin):
 
 @reference("npu_interleave_rope(Tensor x, Tensor cos, Tensor sin) -> Tensor",
            formulation="q = x.reshape(B,N,S,D/2,2).transpose(-1,-2).reshape(B,N,S,D); q*cos + rotate_half(q)*sin",
-           test="tests/test_standin_kernels.py::test_interleave_rope_matches_naive_loop",
+           test="tests/unit/npu_standin/kernels/test_reference_kernels.py::test_interleave_rope_matches_naive_loop",
            fake=_interleave_rope_fake)
 def npu_interleave_rope(x, cos, sin):
     b, n, s, d = x.shape

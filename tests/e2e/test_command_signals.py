@@ -1,0 +1,279 @@
+"""#31.5 processes: every command stops its whole tree on SIGINT/SIGTERM (`migrator standin`
+included), an import that blocks (torch_npu, CANN) is probed in a child with a bound, and no
+temporary folder outlives its command. Real `migrator` subprocesses and real signals; TMPDIR is a
+folder of the test's own, so what a command leaves there is seen."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from locations import REPO_ROOT
+from process_tags import _tagged
+
+
+def _start(args: list[str], tag: str, env: dict) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "agent.cli", *args], cwd=REPO_ROOT,
+                            env={**os.environ, "FIELD_TAG": tag, "PYTHONUNBUFFERED": "1", **env},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _until(check, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def _left(tmpdir: Path) -> list[str]:
+    return sorted(p.name for p in tmpdir.iterdir())
+
+
+# ---- migrator standin: the whole tree, no npu_standin folder --------------------------------------
+@pytest.mark.parametrize("sig, code, says", [(signal.SIGTERM, 143, "terminated (SIGTERM)"),
+                                             (signal.SIGINT, 130, "interrupted")])
+@pytest.mark.parametrize("shape", ["grandchild_in_background", "python_child_ignoring_sigint"])
+def test_a_signal_to_standin_stops_its_whole_command_tree(tmp_path, sig, code, says, shape):
+    tag, tmpdir, mark, started = uuid.uuid4().hex, tmp_path / "tmp", tmp_path / "mark", tmp_path / "started"
+    tmpdir.mkdir()
+    late = f"import time; time.sleep(6); open({str(mark)!r}, 'w').write('ran on')"
+    if shape == "grandchild_in_background":      # bash starts a python with `&`, then waits on a sleep
+        command = ["bash", "-c", f"python3 -c {late!r} & touch {started}; sleep 60; wait"]
+    else:                                         # a Python command that ignores SIGINT itself
+        command = [sys.executable, "-c", "import signal, pathlib; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                   f"pathlib.Path({str(started)!r}).touch(); {late}"]
+    proc = _start(["standin", "--", *command], tag, {"TMPDIR": str(tmpdir)})
+    _until(lambda: started.exists() or proc.poll() is not None, 120, "the command never started")
+    assert proc.poll() is None
+    assert any("-npu_standin-" in p for p in _left(tmpdir)), _left(tmpdir)   # the point: it exists now
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err[-2000:]
+    lines = [ln for ln in err.splitlines() if ln.startswith("migrator:")]
+    assert len(lines) == 1 and says in lines[0], err[-2000:]
+    assert "--resume" not in err                    # standin has nothing to resume
+    assert "Traceback" not in err
+    time.sleep(0.5)
+    assert _tagged(tag) == [], "a process of the stopped standin command runs on"
+    assert _left(tmpdir) == []
+    time.sleep(7)
+    assert not mark.exists(), "the command's child ran on after the migrator stopped"
+
+
+def test_the_temp_folder_of_a_sigkilled_migrators_tree_is_removed_by_the_next_command(tmp_path):
+    """SIGKILL leaves the migrator no chance to remove its tree's TMPDIR; its name carries the owner's pid
+    and start time, so the next command that starts a tree in the same temporary folder removes it."""
+    tag, tmpdir, started = uuid.uuid4().hex, tmp_path / "tmp", tmp_path / "started"
+    tmpdir.mkdir()
+    proc = _start(["standin", "--", "bash", "-c", f"touch {started}; sleep 60"], tag, {"TMPDIR": str(tmpdir)})
+    _until(lambda: started.exists() or proc.poll() is not None, 120, "the command never started")
+    left = [p for p in _left(tmpdir) if p.startswith(f"migrator-{proc.pid}-")]
+    assert sorted(p.split("-")[3] for p in left) == ["npu_standin", "tree"], _left(tmpdir)   # records, the tree's TMPDIR
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    for pid in _tagged(tag):              # the killed migrator's command, started by this test: stopped here
+        os.kill(pid, signal.SIGKILL)
+    assert set(left) <= set(_left(tmpdir))
+    again = _start(["standin", "--", "true"], uuid.uuid4().hex, {"TMPDIR": str(tmpdir)})
+    out, err = again.communicate(timeout=120)
+    assert again.returncode == 0, err[-2000:]
+    assert _left(tmpdir) == [], _left(tmpdir)
+
+
+def test_only_temp_folders_whose_owner_is_gone_are_removed(tmp_path):
+    """remove_orphaned_temp: a dead owner's folder goes; the live owner's stays, a reused pid (another
+    start time) does not keep a folder, and links, files and other names are never touched."""
+    import psutil
+
+    from agent.processes import owned_temp_prefix, remove_orphaned_temp
+
+    mine = tmp_path / (owned_temp_prefix("tree") + "a1")
+    gone = 4194304 + 17                            # above Linux's pid_max: never a live process
+    dead = tmp_path / f"migrator-{gone}-1700000000000-precision-b2"
+    reused = tmp_path / f"migrator-{os.getpid()}-{int(psutil.Process().create_time() * 1000) - 5000}-revendor-c3"
+    victim = tmp_path / "victim"
+    for folder in (mine, dead, reused, victim):
+        folder.mkdir()
+        (folder / "config.json").write_text("{}")
+    (tmp_path / f"migrator-{gone}-1-tree-link").symlink_to(victim, target_is_directory=True)
+    (tmp_path / f"migrator-{gone}-1-tree-file").write_text("x")
+    (tmp_path / "migrator-crash-x.txt").write_text("x")
+    (tmp_path / f"parity_{gone}").mkdir()
+    removed = remove_orphaned_temp(tmp_path)
+    assert sorted(p.name for p in removed) == sorted([dead.name, reused.name])
+    assert sorted(_left(tmp_path)) == sorted([mine.name, "victim", f"migrator-{gone}-1-tree-link",
+                                              f"migrator-{gone}-1-tree-file", "migrator-crash-x.txt",
+                                              f"parity_{gone}"])
+    assert (victim / "config.json").is_file()
+
+
+# ---- a torch_npu whose import blocks --------------------------------------------------------------
+def _fake_torch_npu(root: Path, how: str) -> Path:
+    """A torch_npu on PYTHONPATH whose import never finishes, in one of several ways."""
+    root.mkdir()
+    if how == "package_sleeps":
+        (root / "torch_npu").mkdir()
+        (root / "torch_npu" / "__init__.py").write_text("import time\ntime.sleep(3600)\n")
+    elif how == "module_waits_on_an_event":
+        (root / "torch_npu.py").write_text("import threading\nthreading.Event().wait()\n")
+    else:   # the import waits on a child of its own (a hung driver tool): the child must go too
+        (root / "torch_npu").mkdir()
+        (root / "torch_npu" / "__init__.py").write_text(
+            "import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'import time; time.sleep(3600)'])\n")
+    return root
+
+
+@pytest.mark.parametrize("how", ["package_sleeps", "module_waits_on_an_event", "waits_on_its_own_child"])
+def test_env_with_a_blocking_torch_npu_import_answers_within_a_bound(tmp_path, how):
+    tag = uuid.uuid4().hex
+    fake = _fake_torch_npu(tmp_path / "site", how)
+    start = time.monotonic()
+    proc = _start(["env"], tag, {"PYTHONPATH": str(fake), "MIGRATOR_IMPORT_TIMEOUT_S": "4",
+                                 "TMPDIR": str(tmp_path)})
+    try:
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    took = time.monotonic() - start
+    assert proc.returncode == 0, err[-2000:]
+    assert took < 60, took
+    said = [ln for ln in (out + err).splitlines() if "timed out" in ln]
+    assert len(said) == 1 and "torch_npu import timed out after 4 s" in said[0], out + err
+    assert "Traceback" not in err
+    time.sleep(0.5)
+    assert _tagged(tag) == [], "the probe's child (or its own child) runs on"
+
+
+def test_standin_with_a_blocking_torch_npu_import_runs_its_command(tmp_path):
+    """The stand-in is refused only where a real torch_npu works: a blocked one is not, and is not waited
+    on twice (engine's probe and the stand-in's share one bound)."""
+    tag = uuid.uuid4().hex
+    fake = _fake_torch_npu(tmp_path / "site", "package_sleeps")
+    start = time.monotonic()
+    proc = _start(["standin", "--", "bash", "-c", "echo ran"], tag,
+                  {"PYTHONPATH": str(fake), "MIGRATOR_IMPORT_TIMEOUT_S": "4"})
+    out, err = proc.communicate(timeout=90)
+    assert proc.returncode == 0 and "ran" in out, err[-2000:]
+    assert time.monotonic() - start < 4 * 2 + 30
+    time.sleep(0.5)
+    assert _tagged(tag) == []
+
+
+# ---- the parity check's temporary folders -------------------------------------------------------
+def test_interrupted_verify_leaves_no_parity_folder(working_recipe, tmp_path):
+    """SIGINT while the parity subprocess holds its `parity_*` folders (a copy of the checkpoint's
+    config, tokenizer and a shrunk reference): they go with the command."""
+    tag, tmpdir = uuid.uuid4().hex, tmp_path / "tmp"
+    tmpdir.mkdir()
+    proc = _start(["run", str(working_recipe)], tag, {"TMPDIR": str(tmpdir)})
+
+    def parity_folder() -> bool:
+        return proc.poll() is not None or any(p.name.startswith("parity_") for p in tmpdir.rglob("parity_*"))
+
+    _until(parity_folder, 400, "the parity check never made its folder")
+    assert proc.poll() is None, proc.communicate()[1][-2000:]
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    time.sleep(0.5)
+    assert _tagged(tag) == []
+    assert _left(tmpdir) == [], list(tmpdir.rglob("*"))[:20]
+
+
+# ---- locks on the folder written ----------------------------------------------------------------
+def _wait_line(proc: subprocess.Popen, marker: str, seen: list[str], timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    for line in proc.stderr:
+        seen.append(line)
+        if line.startswith(marker):
+            return
+        assert time.monotonic() < deadline, "".join(seen)[-2000:]
+    raise AssertionError("".join(seen)[-2000:])
+
+
+@pytest.mark.parametrize("second", ["other_checkpoint_same_name", "same_checkpoint_other_options_via_a_link"])
+def test_two_migrations_into_one_recipe_folder_the_second_is_refused(tiny_checkpoints, tmp_path, second):
+    out = tmp_path / "out"
+    first_args = ["run", str(tiny_checkpoints("llama")), "--name", "m", "--output-dir", str(out), "--device", "cpu",
+                  "--max-new-tokens", "4"]
+    if second == "other_checkpoint_same_name":
+        second_args = ["run", str(tiny_checkpoints("qwen2")), "--name", "m", "--output-dir", str(out),
+                       "--device", "cpu", "--max-new-tokens", "4"]
+    else:   # the same folder named through a symlinked output dir, a copy of the source: another run key
+        out.mkdir()
+        (tmp_path / "link").symlink_to(out, target_is_directory=True)
+        shutil.copytree(tiny_checkpoints("llama"), tmp_path / "copy of llama")
+        second_args = ["run", str(tmp_path / "copy of llama"), "--name", "m", "--output-dir", str(tmp_path / "link"),
+                       "--device", "cpu", "--max-new-tokens", "6", "--max-rounds", "1"]
+    tag = uuid.uuid4().hex
+    first = _start(first_args, tag, {})
+    seen: list[str] = []
+    _wait_line(first, "[migrator] vendor ...", seen)
+    other = subprocess.run([sys.executable, "-m", "agent.cli", *second_args], cwd=REPO_ROOT, capture_output=True,
+                           text=True, timeout=300)
+    assert other.returncode == 75, other.stderr[-2000:]
+    lines = [ln for ln in other.stderr.splitlines() if ln.startswith("migrator:")]
+    assert len(lines) == 1 and str(out / "m") in lines[0] and "another migrator command" in lines[0], other.stderr
+    rest_out, rest_err = first.communicate(timeout=600)
+    assert first.returncode == 0, ("".join(seen) + rest_err)[-2000:]
+    # the refused run wrote nothing of its own: the recipe is the first run's, its YAML for 4 tokens
+    assert "max_new_tokens: 4" in "".join(p.read_text() for p in (out / "m").rglob("*.yaml"))
+
+
+@pytest.mark.parametrize("via", ["real_path", "symlink"])
+def test_rollback_and_baseline_wait_for_the_run_that_holds_the_recipe(working_recipe, tmp_path, via):
+    tag = uuid.uuid4().hex
+    first = _start(["run", str(working_recipe)], tag, {})
+    seen: list[str] = []
+    _wait_line(first, "[migrator] classify ...", seen)
+    named = working_recipe
+    if via == "symlink":
+        named = tmp_path / "alias"
+        named.symlink_to(working_recipe, target_is_directory=True)
+    try:
+        rolled = subprocess.run([sys.executable, "-m", "agent.cli", "rollback", str(named)], cwd=REPO_ROOT,
+                                capture_output=True, text=True, timeout=120)
+        measured = subprocess.run([sys.executable, "-m", "agent.cli", "baseline", str(named), "--summary",
+                                   str(tmp_path / "summary")], cwd=REPO_ROOT, capture_output=True, text=True,
+                                  timeout=120)
+    finally:
+        first.send_signal(signal.SIGINT)
+        first.communicate(timeout=60)
+    assert rolled.returncode == 75, rolled.stderr[-2000:]
+    assert "being written by another migrator command" in rolled.stderr and str(working_recipe) in rolled.stderr
+    assert measured.returncode == 75, measured.stderr[-2000:]
+    said = [ln for ln in measured.stderr.splitlines() if ln.startswith("migrator:")]
+    assert len(said) == 1 and "being written by another migrator command" in said[0], measured.stderr
+    assert "being written by another migrator command" in (tmp_path / "summary.csv").read_text()
+
+
+@pytest.mark.parametrize("cache", ["writable", "unwritable_home"])
+def test_a_folder_lock_refuses_a_second_process_by_resolved_path(tmp_path, monkeypatch, cache):
+    from agent.recipe import folder_lock
+
+    if cache == "unwritable_home":       # a read-only home: the locks go to the user's temporary folder
+        monkeypatch.setenv("XDG_CACHE_HOME", "/proc/no-such-cache")
+    else:
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "alias").symlink_to(tmp_path / "out", target_is_directory=True)
+    with folder_lock.holding(tmp_path / "out" / "not made yet", "run it"):
+        code = ("import sys; from pathlib import Path; from agent.recipe import folder_lock\n"
+                "try:\n    folder_lock.hold(Path(sys.argv[1]), 'run it')\n"
+                "except Exception as exc:\n    print(getattr(exc, 'exit_code', None), exc); sys.exit(3)\n")
+        other = subprocess.run([sys.executable, "-c", code, str(tmp_path / "alias" / "." / "not made yet")],
+                               cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+        assert other.returncode == 3 and other.stdout.startswith("75 "), other.stdout + other.stderr
+        assert f"pid {os.getpid()}" in other.stdout
+    after = subprocess.run([sys.executable, "-c", code, str(tmp_path / "alias" / "not made yet")], cwd=REPO_ROOT,
+                           capture_output=True, text=True, timeout=120)
+    assert after.returncode == 0, after.stdout + after.stderr     # released: the next writer goes on

@@ -1,0 +1,214 @@
+"""The generated sparse-MoE block (templates/framework/native/moe.py.j2) against transformers' own MoE
+block on a shrunk config, fp32, under the stand-in's reference kernels (torch.ops.npu, their torch_npu
+schemas). Used in-process by tests/unit/agent/recipe/native/test_moe_features.py and, as a script, by its 2-rank run:
+
+    python -m torch.distributed.run --nproc-per-node=2 tests/support/native_moe_harness.py CASE OUT.json
+
+The checkpoint tensors are the ones transformers writes (save_pretrained's `revert_weight_conversion` turns
+its fused 3-D experts back into the checkpoint's per-expert names), loaded through the block's own load_weights."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import json
+import sys
+import tempfile
+import types
+from pathlib import Path
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# the shared upstream snapshot beside the checkout (../shared), or beside the worktrees' folder (../../shared)
+UPSTREAM = next((p / "shared" / "upstream" / "cann-recipes-infer" for p in REPO_ROOT.parents[:2]
+                 if (p / "shared" / "upstream" / "cann-recipes-infer").is_dir()),
+                REPO_ROOT.parent / "shared" / "upstream" / "cann-recipes-infer")
+TOKENS = 13
+SHRUNK = dict(hidden_size=64, intermediate_size=48, moe_intermediate_size=48, num_hidden_layers=2, vocab_size=128,
+              num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+
+# model_type and the config facts that choose its routing code paths
+CASES = {
+    "mixtral": ("mixtral", dict(num_local_experts=8, num_experts_per_tok=2)),
+    "qwen3_moe": ("qwen3_moe", dict(num_experts=8, num_experts_per_tok=2, norm_topk_prob=True)),
+    "qwen3_moe_unnormalised": ("qwen3_moe", dict(num_experts=8, num_experts_per_tok=2, norm_topk_prob=False)),
+    # 256 experts: npu_moe_gating_top_k's fused kernel; 64: the plain-torch gate (upstream's condition)
+    "deepseek_v3": ("deepseek_v3", dict(n_routed_experts=256, n_group=8, topk_group=4, num_experts_per_tok=8,
+                                        n_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=2.5,
+                                        norm_topk_prob=True)),
+    "deepseek_v3_64": ("deepseek_v3", dict(n_routed_experts=64, n_group=4, topk_group=2, num_experts_per_tok=4,
+                                           n_shared_experts=2, first_k_dense_replace=1, routed_scaling_factor=2.5,
+                                           norm_topk_prob=True)),
+    "gpt_oss": ("gpt_oss", dict(num_local_experts=8, num_experts_per_tok=2, swiglu_limit=7.0)),
+}
+
+
+def torch_npu_module() -> types.ModuleType:
+    """`torch_npu` whose npu_* calls are the stand-in's registered reference kernels."""
+    from npu_standin import kernels
+
+    kernels.install()
+    module = types.ModuleType("torch_npu")
+    module.__getattr__ = lambda name: getattr(torch.ops.npu, name)
+    return module
+
+
+_TORCH_NPU: list = []
+
+
+@contextlib.contextmanager
+def torch_npu_importable():
+    """`import torch_npu` gives the reference-kernel module while upstream's layers and the generated
+    file are imported, and only then: left in sys.modules, transformers would take this host for an NPU."""
+    if not _TORCH_NPU:
+        _TORCH_NPU.append(torch_npu_module())
+    saved = sys.modules.get("torch_npu")
+    sys.modules["torch_npu"] = _TORCH_NPU[0]
+    try:
+        yield _TORCH_NPU[0]
+    finally:
+        if saved is None:
+            sys.modules.pop("torch_npu", None)
+        else:
+            sys.modules["torch_npu"] = saved
+
+
+def ensure_imports() -> None:
+    import transformers.activations  # noqa: F401 - what upstream's layers import, imported before torch_npu exists
+    from transformers import AutoModelForCausalLM  # noqa: F401
+    if importlib.util.find_spec("accelerate") is not None:
+        importlib.import_module("accelerate")      # it asks whether torch_npu exists when imported
+    if str(UPSTREAM) not in sys.path:
+        sys.path.insert(0, str(UPSTREAM))
+    with torch_npu_importable():
+        importlib.import_module("module.fuse_moe_gmm")
+        importlib.import_module("module.linear")
+
+
+def shrunk_config(case: str):
+    from transformers import AutoConfig
+
+    model_type, overrides = CASES[case]
+    config = AutoConfig.for_model(model_type, **SHRUNK, **overrides)
+    config._experts_implementation = "eager"
+    config._attn_implementation = "eager"
+    return config
+
+
+def reference(case: str, seed: int = 0, fused_names: bool = False):
+    """(config, transformers' MoE block of the first sparse layer, the checkpoint's tensors of that block
+    named relative to it, features)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.core_model_loading import revert_weight_conversion
+
+    from agent.recipe.native.moe_features import derive_moe
+
+    config = shrunk_config(case)
+    features = derive_moe(config)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.randn(p.shape) * (0.3 if p.dim() > 1 else 0.5))
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(torch.rand(b.shape) * 0.3)
+    layer = features.sparse_layers[0]
+    block = getattr(model.model.layers[layer], features.block_name)
+    # what save_pretrained writes (its fused experts turned back into the checkpoint's names), on every
+    # rank (save_pretrained itself writes on one rank only under torch.distributed)
+    tensors = dict(model.state_dict()) if fused_names else revert_weight_conversion(model, dict(model.state_dict()))
+    prefix = f"model.layers.{layer}.{features.block_name if fused_names else features.ckpt_block_name}."
+    checkpoint = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+    return config, block, checkpoint, features
+
+
+def load_generated(source: str, name: str):
+    ensure_imports()
+    folder = Path(tempfile.mkdtemp(prefix="native_moe_"))
+    path = folder / f"{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(f"native_moe_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    with torch_npu_importable():
+        spec.loader.exec_module(module)
+    return module
+
+
+class WorldComm:
+    """The two calls the block makes on upstream's CommManager, over the default (gloo) group."""
+
+    def get_rank(self, name):
+        return torch.distributed.get_rank()
+
+    def get_group(self, name):
+        return torch.distributed.group.WORLD
+
+
+def infer_config(moe_tp_size: int = 1, moe_ep_size: int = 1):
+    return types.SimpleNamespace(parallel_config=types.SimpleNamespace(moe_tp_size=moe_tp_size, moe_ep_size=moe_ep_size),
+                                 model_config=types.SimpleNamespace(enable_weight_nz=False))
+
+
+def run(case: str, *, features=None, source_edit=None, checkpoint_edit=None, moe_tp_size: int = 1,
+        tokens: int = TOKENS, fused_names: bool = False) -> dict:
+    """Ours against transformers' block on the same tokens: {"max_abs", "rel", "ops"}."""
+    from agent.recipe.native.moe_features import render_moe
+
+    config, block, checkpoint, derived = reference(case, fused_names=fused_names)
+    features = features or derived
+    source = render_moe(features)
+    if source_edit is not None:
+        source = source_edit(source)
+    module = load_generated(source, case)
+    cls = next(getattr(module, n) for n in dir(module) if n.endswith("SparseMoeBlock"))
+    comm = WorldComm() if moe_tp_size > 1 else None
+    ours = cls(config, infer_config(moe_tp_size), comm, prefix="model.layers.1.mlp")
+    items = list(checkpoint.items())
+    if checkpoint_edit is not None:
+        items = checkpoint_edit(items)
+    loaded = ours.load_weights(items)
+    ours.process_weights_after_loading()
+    unloaded = sorted(set(dict(ours.named_parameters())) - loaded)
+    torch.manual_seed(1)
+    x = torch.randn(tokens, config.hidden_size)
+    calls = []
+    counted = {n: getattr(torch.ops.npu, n) for n in ("npu_moe_gating_top_k_softmax", "npu_moe_gating_top_k",
+                                                       "npu_moe_init_routing_v2", "npu_grouped_matmul",
+                                                       "npu_moe_finalize_routing", "npu_swiglu")}
+    torch_npu = _TORCH_NPU[0]
+    previous = torch_npu.__dict__.copy()
+    for n, op in counted.items():
+        setattr(torch_npu, n, (lambda n, op: lambda *a, **k: (calls.append(n), op(*a, **k))[1])(n, op))
+    try:
+        with torch.no_grad():
+            got = ours(x)
+            want = block(x[None])
+    finally:
+        for n in counted:
+            if n in previous:
+                setattr(torch_npu, n, previous[n])
+            else:
+                delattr(torch_npu, n)
+    want = (want[0] if isinstance(want, tuple) else want).reshape(tokens, -1)
+    diff = (got.float() - want.float()).abs().max().item()
+    return {"max_abs": diff, "rel": diff / want.abs().max().item(), "ops": sorted(set(calls)),
+            "unloaded": unloaded, "shape": list(got.shape)}
+
+
+def main() -> int:
+    case, out = sys.argv[1], Path(sys.argv[2])
+    torch.distributed.init_process_group("gloo")
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    result = run(case, moe_tp_size=world)
+    if rank == 0:
+        out.write_text(json.dumps(result))
+    torch.distributed.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO_ROOT))
+    sys.exit(main())

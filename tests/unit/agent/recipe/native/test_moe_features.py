@@ -1,0 +1,181 @@
+"""The NPU-native sparse-MoE block (agent/recipe/native/moe_features.py, templates/framework/native/moe.py.j2)
+against transformers' own MoE block of each architecture on a shrunk config, fp32, under the stand-in's
+reference kernels: the same output, the kernel chain in the record, and faults that must fail.
+The harness: tests/support/native_moe_harness.py (also the 2-rank script)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import native_moe_harness as harness
+
+TOLERANCE = 1e-5      # relative to the output's largest magnitude: fp32, only summation order differs
+FAULT = 1e-3          # a fault moves the output by far more
+
+
+@pytest.fixture(scope="module", autouse=True)
+def upstream_modules():
+    if not harness.UPSTREAM.is_dir():
+        pytest.skip(f"no upstream snapshot at {harness.UPSTREAM} (module/fuse_moe_gmm.py, module/linear.py)")
+    harness.ensure_imports()
+
+
+@pytest.mark.parametrize("case", sorted(harness.CASES))
+def test_generated_block_matches_transformers_moe_block(case):
+    result = harness.run(case)
+    _, _, _, features = harness.reference(case)
+    assert result["rel"] < TOLERANCE, result
+    assert result["unloaded"] == [], result
+    assert set(result["ops"]) == set(features.fused), result          # the chain each architecture runs
+    assert {"npu_moe_init_routing_v2", "npu_grouped_matmul", "npu_moe_finalize_routing"} <= set(result["ops"])
+
+
+@pytest.mark.parametrize("case", ["mixtral", "deepseek_v3_64"])
+def test_transformers_fused_expert_tensors_load_as_well(case):
+    """A checkpoint saved without transformers' conversion holds experts.gate_up_proj / down_proj as 3-D
+    tensors (transformers' own state_dict names): the block splits them per expert."""
+    result = harness.run(case, fused_names=True)
+    assert result["rel"] < TOLERANCE and result["unloaded"] == [], result
+
+
+# facts each architecture's transformers code states, as the probe reads them
+FEATURES = {
+    "mixtral": dict(ckpt_block_name="block_sparse_moe", ckpt_expert_names=("w1", "w3", "w2"), scoring="softmax",
+                    renormalize=True, experts="gmm", sparse_rule="all", shared="none"),
+    "qwen3_moe_unnormalised": dict(ckpt_expert_names=("gate_proj", "up_proj", "down_proj"), renormalize=False,
+                                   router_fp32=False),
+    "deepseek_v3": dict(scoring="sigmoid", selection_bias=True, groups=True, group_select="top2_sum",
+                        routed_scaling=True, router_fp32=True, shared="plain", sparse_rule="first_k_dense_replace",
+                        sparse_layers=(1,)),
+    "gpt_oss": dict(router_name="router", router_bias=True, experts="biased_interleaved", activation="clamped_swiglu",
+                    gate_up_layout="E,H,2I", ckpt_expert_names=()),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FEATURES))
+def test_features_read_from_the_transformers_block(case):
+    from agent.recipe.native.moe_features import derive_moe
+
+    features = derive_moe(harness.shrunk_config(case))
+    for key, want in FEATURES[case].items():
+        assert getattr(features, key) == want, (key, getattr(features, key))
+
+
+def test_expert_width_is_the_config_key_that_sizes_the_experts():
+    """A config carrying both widths (mixtral with a stray moe_intermediate_size): the key is the one
+    transformers' experts are built from, and a checkpoint of another width is refused, not narrowed."""
+    from agent.recipe.native.moe_features import derive_moe
+
+    config = harness.shrunk_config("mixtral")
+    config.moe_intermediate_size = 16
+    features = derive_moe(config)
+    assert features.width_key == "intermediate_size"
+    module = harness.load_generated(harness_render(features.with_changes(width_key="moe_intermediate_size")), "mixtral_w")
+    block = module.MixtralSparseMoeBlock(config, harness.infer_config(), None)
+    _, _, checkpoint, _ = harness.reference("mixtral")
+    with pytest.raises(ValueError, match=r"experts\.0\.w[123]\.weight \(\d+, \d+\): an expert of width 16"):
+        block.load_weights(list(checkpoint.items()))
+
+
+def test_sparse_layers_follow_the_configs_rule():
+    from transformers import AutoConfig
+
+    from agent.recipe.native.moe_features import derive_moe
+
+    config = AutoConfig.for_model("qwen3_moe", **{**harness.SHRUNK, "num_hidden_layers": 4}, num_experts=4, num_experts_per_tok=2,
+                                  decoder_sparse_step=2, mlp_only_layers=[1])
+    features = derive_moe(config)
+    assert features.sparse_layers == (3,) and features.sparse_rule == "decoder_sparse_step"
+    module = harness.load_generated(harness_render(features), "qwen3_moe_layers")
+    assert [module.is_moe_layer(config, i) for i in range(4)] == [False, False, False, True]
+
+
+def harness_render(features):
+    from agent.recipe.native.moe_features import render_moe
+
+    return render_moe(features)
+
+
+def _swap_experts(items):
+    """The checkpoint's experts 0 and 1 exchanged (a wrong expert order)."""
+    def rename(name):
+        for a, b in (("experts.0.", "experts.1."), ("experts.1.", "experts.0.")):
+            if name.startswith(a):
+                return b + name[len(a):]
+        return name
+    return [(rename(n), w) for n, w in items]
+
+
+FAULTS = {
+    "top-k renormalisation dropped": ("qwen3_moe", dict(features=dict(renormalize=False))),
+    "selection bias dropped (fused gating)": ("deepseek_v3", dict(
+        source_edit=lambda s: s.replace("bias=self.gate.e_score_correction_bias.float(),", "bias=None,"))),
+    "selection bias used for the weights": ("deepseek_v3_64", dict(
+        source_edit=lambda s: s.replace("weights = scores.gather(1, expert_ids)", "weights = choice.gather(1, expert_ids)"))),
+    "routed scaling dropped": ("deepseek_v3_64", dict(features=dict(routed_scaling=False))),
+    "experts in the wrong order": ("mixtral", dict(checkpoint_edit=_swap_experts)),
+    "gate and up exchanged": ("mixtral", dict(features=dict(ckpt_expert_names=("w3", "w1", "w2")))),
+    "gpt_oss gate/up read as halves": ("gpt_oss", dict(
+        source_edit=lambda s: s.replace("gate_up[..., ::2], gate_up[..., 1::2]", "gate_up.chunk(2, dim=-1)"))),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_a_fault_in_the_generated_block_fails_the_check(fault):
+    case, change = FAULTS[fault]
+    kwargs = dict(change)
+    if "features" in kwargs:
+        _, _, _, derived = harness.reference(case)
+        kwargs["features"] = derived.with_changes(**kwargs["features"])
+    if "source_edit" in kwargs:        # the edit must hit the generated text
+        _, _, _, derived = harness.reference(case)
+        assert kwargs["source_edit"](harness_render(derived)) != harness_render(derived), fault
+    result = harness.run(case, **kwargs)
+    assert result["rel"] > FAULT, (fault, result)
+
+
+def test_expert_parallel_is_refused_with_what_to_set():
+    from agent.recipe.native.moe_features import derive_moe
+
+    config = harness.shrunk_config("mixtral")
+    module = harness.load_generated(harness_render(derive_moe(config)), "mixtral_ep")
+    with pytest.raises(ValueError, match="moe_ep_size=2: .* set moe_ep_size: 1"):
+        module.MixtralSparseMoeBlock(config, harness.infer_config(moe_ep_size=2), None)
+
+
+def test_a_routing_no_op_expresses_is_not_native():
+    from agent.recipe.native.moe_features import NotNative, _probe_gating
+
+    class Block(torch.nn.Module):      # picks the k LOWEST scores: no candidate routes so
+        def __init__(self, inner):
+            super().__init__()
+            self.gate, self.experts = inner.gate, inner.experts
+
+        def forward(self, x):
+            x = x.view(-1, x.shape[-1])
+            probs = torch.softmax(torch.nn.functional.linear(x, self.gate.weight), -1)
+            weights, index = torch.topk(-probs, 2, dim=-1)
+            return self.experts(x, index, -weights)
+
+    config, block, _, _ = harness.reference("mixtral")
+    with pytest.raises(NotNative, match="routes by no gating"):
+        _probe_gating(Block(block), block.gate, config, config.hidden_size)
+
+
+@pytest.mark.parametrize("case", ["deepseek_v3_64", pytest.param("gpt_oss", marks=pytest.mark.slow),
+                                  pytest.param("mixtral", marks=pytest.mark.slow)])
+def test_two_ranks_split_experts_by_moe_tp(case, tmp_path):
+    """moe_tp_size 2 over gloo: each rank holds half of every expert's intermediate axis (and of the
+    shared experts), the all-reduce joins them; rank 0's output equals transformers' block."""
+    out = tmp_path / "result.json"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           str(harness.REPO_ROOT / "tests" / "support" / "native_moe_harness.py"), case, str(out)],
+                          capture_output=True, text=True, timeout=600, cwd=harness.REPO_ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["rel"] < TOLERANCE and result["unloaded"] == [], result

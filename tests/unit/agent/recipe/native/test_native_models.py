@@ -1,0 +1,173 @@
+"""The native generator (agent/recipe/native): features derived from each dense and sliding-window
+architecture's transformers code, and the written file held to transformers in float32 under the npu
+stand-in (agent.recipe.native.selfcheck) for llama, qwen2, qwen3, mistral, phi3, gemma, gemma2 and
+gemma3_text; faults written into a correct file (a window off by one, rotary on the wrong pairs, the
+gemma norm's missing 1 + w, ...) must fail the same check. The end-to-end run of a native recipe through
+upstream's launcher is tests/e2e/test_framework_target.py's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agent.recipe.native.decide import render_native, selfcheck
+from agent.recipe.native.features import NotNative, derive
+from locations import REPO_ROOT
+
+SNAPSHOT = REPO_ROOT.parent / "shared" / "upstream" / "cann-recipes-infer"
+# the tested dense and sliding-window types; mistral with a window (its default has none)
+TYPES = {"llama": {}, "qwen2": {}, "qwen3": {}, "mistral": {"sliding_window": 4096}, "phi3": {}, "gemma": {},
+         "gemma2": {}, "gemma3_text": {}}
+
+
+def type_config(model_type: str) -> dict:
+    from transformers import AutoConfig
+
+    return {**AutoConfig.for_model(model_type).to_dict(), **TYPES.get(model_type, {})}
+
+
+def ctx_for(model_type: str) -> dict:
+    return {"model_name": f"tiny_{model_type}", "framework_class": "TinyForCausalLM", "display_name": model_type,
+            "model_class": "ForCausalLM", "transformers_version": "5.0.0"}
+
+
+@pytest.fixture(scope="module")
+def features():
+    return {model_type: derive(type_config(model_type)) for model_type in TYPES}
+
+
+# ---- what the architecture is, read from its code -------------------------------------------------
+@pytest.mark.parametrize("model_type,expected", [
+    ("llama", dict(fused_qkv=False, qk_norm=False, norm_offset=0.0, sandwich=False, embed_scale="unscaled", sliding=False)),
+    ("qwen2", dict(qkv_bias=True, qk_norm=False, sliding=False)),
+    ("qwen3", dict(qkv_bias=False, qk_norm=True)),
+    ("mistral", dict(sliding=True, windows_from_layer_types=False)),
+    ("phi3", dict(fused_qkv=True, fused_gate_up=True)),
+    ("gemma", dict(norm_offset=1.0, embed_scale="sqrt_hidden", activation="gelu_pytorch_tanh", tie_word_embeddings=True)),
+    ("gemma2", dict(sandwich=True, attn_softcap=True, final_softcap=True, scaling="query_pre_attn_scalar",
+                    sliding=True, windows_from_layer_types=True)),
+    ("gemma3_text", dict(sandwich=True, qk_norm=True, rope_by_layer_type=True, attn_softcap=False, sliding=True)),
+])
+def test_features_are_read_from_the_architecture(features, model_type, expected):
+    got = features[model_type].as_dict()
+    assert {key: got[key] for key in expected} == expected
+    fused = " ".join(features[model_type].fused)
+    assert ("npu_fused_infer_attention_score_v2" in fused) is not got["attn_softcap"]
+    assert ("npu_swiglu" in fused) is (got["activation"] == "silu")
+
+
+@pytest.mark.parametrize("model_type,kind", [("qwen3_moe", "mlp"), ("deepseek_v3", "mlp"), ("olmo2", "norm")])
+def test_architectures_the_generator_does_not_write_fall_back_with_the_layer_kind(model_type, kind):
+    from transformers import AutoConfig
+
+    with pytest.raises(NotNative) as caught:
+        derive(AutoConfig.for_model(model_type).to_dict())
+    assert caught.value.kind == kind and caught.value.reason
+
+
+# ---- the written file against transformers, and faults the check must catch ----------------------------
+# (type, what the fault is, text of the correct file, its faulty replacement)
+FAULTS = [
+    ("mistral", "prefill window one token too wide", "pre_tokens=self.sliding_window - 1", "pre_tokens=self.sliding_window"),
+    ("mistral", "decode window one token too wide", "columns.view(1, -1) < kv_lens - self.sliding_window",
+     "columns.view(1, -1) < kv_lens - self.sliding_window - 1"),
+    ("llama", "rotary on interleaved pairs", 'layout="TND")', 'layout="TND", rotary_mode="interleave")'),
+    ("gemma", "norm without gemma's 1 + w", "module.weight.add_(1.0)", "module.weight.add_(0.0)"),
+    ("gemma", "embedding not scaled", "hidden_states = hidden_states * torch.tensor(", "hidden_states = hidden_states / torch.tensor("),
+    ("gemma2", "no attention soft-capping at decode", "scores = torch.tanh(scores / self.softcap) * self.softcap\n        allowed",
+     "allowed"),
+    ("gemma3_text", "the global rope base on local layers", "cos, sin = cos_sin[self.layer_type]", 'cos, sin = cos_sin["full_attention"]'),
+    ("qwen3", "q/k norms skipped", "query, key = self.q_norm(query), self.k_norm(key)", "pass"),
+]
+
+
+@pytest.fixture(scope="module")
+def checked(features, tmp_path_factory):
+    """Every type's written file and every fault, in one stand-in process."""
+    if not SNAPSHOT.is_dir():
+        pytest.skip(f"no upstream snapshot at {SNAPSHOT}")
+    folder = tmp_path_factory.mktemp("native")
+    jobs, labels = [], []
+    texts = {t: render_native(ctx_for(t), f) for t, f in features.items()}
+    for model_type, text in texts.items():
+        path = folder / f"good_{model_type}.py"
+        path.write_text(text)
+        jobs.append({"config": type_config(model_type), "file": str(path), "class_name": "TinyForCausalLM"})
+        labels.append(("good", model_type))
+    for index, (model_type, what, correct, faulty) in enumerate(FAULTS):
+        assert texts[model_type].count(correct) == 1, (model_type, correct)
+        path = folder / f"fault_{index}.py"
+        path.write_text(texts[model_type].replace(correct, faulty))
+        jobs.append({"config": type_config(model_type), "file": str(path), "class_name": "TinyForCausalLM"})
+        labels.append((what, model_type))
+    results = selfcheck(jobs, SNAPSHOT)
+    return dict(zip(labels, results))
+
+
+@pytest.mark.parametrize("model_type", list(TYPES))
+def test_native_file_matches_transformers_per_step(checked, model_type):
+    result = checked[("good", model_type)]
+    assert result["ok"], result["reason"]
+    assert result["max_rel"] < 1e-4
+    print(f"{model_type}: native, prefill + decode logits within {result['max_rel']:.1e} of transformers (fp32)")
+
+
+@pytest.mark.parametrize("model_type,what", [(t, w) for t, w, _, _ in FAULTS])
+def test_a_fault_in_the_native_file_fails_the_check(checked, model_type, what):
+    result = checked[(what, model_type)]
+    assert not result["ok"], what
+    assert "differ from transformers" in result["reason"] or "Error" in result["reason"], result["reason"]
+
+
+# ---- slow: each type's native recipe through upstream's launcher, held to transformers per step ------
+# (tiny checkpoints; a sliding window shorter than the prompts)
+RECIPE_TYPES = {"llama": {}, "qwen2": {}, "qwen3": {}, "mistral": {"sliding_window": 16}, "phi3": {}, "gemma": {},
+                "gemma2": {"sliding_window": 16}, "gemma3_text": {"sliding_window": 16}}
+
+
+@pytest.fixture(scope="module")
+def native_checkout(tmp_path_factory):
+    from upstream_checkout import copy_snapshot
+
+    if not SNAPSHOT.is_dir():
+        pytest.skip(f"no upstream snapshot at {SNAPSHOT}")
+    root = tmp_path_factory.mktemp("native_recipes")
+    return {"root": root, "checkout": copy_snapshot(root / "cann-recipes-infer"), "recipes": {}}
+
+
+def native_recipe(native_checkout, model_type: str) -> tuple[Path, str]:
+    from agent.workflow.run import run_migration
+    from agent.measure import reference as upstream
+
+    if model_type not in native_checkout["recipes"]:
+        root, checkout = native_checkout["root"], native_checkout["checkout"]
+        checkpoint = upstream.tiny_checkpoint(model_type, root / f"ckpt_{model_type}", **RECIPE_TYPES[model_type])
+        name = f"nat_{model_type}"
+        run_migration({"target": str(checkpoint), "output_dir": str(checkout / "models"), "name": name,
+                       "device": "cpu", "max_new_tokens": 16, "max_rounds": 0, "world_size": 1,
+                       "recipe_target": "framework", "transformers_source": "installed"}, stop_after="render")
+        native_checkout["recipes"][model_type] = (checkout / "models" / name, name)
+    return native_checkout["recipes"][model_type]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks", [1, 2])
+@pytest.mark.parametrize("model_type", list(RECIPE_TYPES))
+def test_native_recipe_of_each_type_passes_the_per_step_precision_check(native_checkout, model_type, ranks):
+    """`migrator run RECIPE --standin --world-size N`: upstream's launcher runs the native model (N-way
+    tensor parallel by module.linear), every prefill and decode step held to transformers per layer."""
+    import json
+
+    from framework_recipes import check_native_model
+    from upstream_checkout import run_standin
+
+    recipe, name = native_recipe(native_checkout, model_type)
+    check_native_model(recipe / "models" / f"modeling_{name}.py")
+    assert not (recipe / "models" / f"modeling_{name}_framework.py").exists()
+    proc, summary = run_standin(native_checkout["checkout"], name, "--world-size", str(ranks))
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    parity = json.loads(Path(summary["baseline_path"]).read_text())["verification"]["parity"]
+    assert parity["ok"] is True and parity["ranks"] == ranks, parity
+    print(f"NATIVE-TABLE {model_type} ranks={ranks} ok={parity['ok']} closest={parity.get('closest')} "
+          f"decode_steps={parity.get('decode_steps_checked')}")

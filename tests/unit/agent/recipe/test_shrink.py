@@ -1,0 +1,80 @@
+"""agent/recipe/shrink.py, the shrunk config the parity code check runs on: the same architecture (every layer
+kind, MHA, MoE and MLA shapes, partial rotary inside the heads) with only sizes reduced; a layer cut the
+config rejects falls back to widths only."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.recipe.shrink import shrink_config
+
+
+def test_shrink_keeps_structure_and_only_reduces():
+    qwen3_06b = {"model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+                 "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+                 "max_position_embeddings": 40960, "tie_word_embeddings": True}
+    shrunk = shrink_config(qwen3_06b)
+    assert shrunk["hidden_size"] == 64 and shrunk["num_hidden_layers"] == 2 and shrunk["head_dim"] == 16
+    assert shrunk["num_key_value_heads"] < shrunk["num_attention_heads"]          # GQA stays GQA
+    for kept in ("vocab_size", "max_position_embeddings", "tie_word_embeddings", "model_type"):
+        assert kept not in shrunk
+    small = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2}
+    assert "hidden_size" not in shrink_config(small) and shrink_config(small)["num_hidden_layers"] == 1
+
+
+def test_shrink_keeps_every_layer_kind_and_mha():
+    gemma3 = {"hidden_size": 2560, "num_hidden_layers": 34, "num_attention_heads": 8, "num_key_value_heads": 8,
+              "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 5 + ["sliding_attention"] * 4}
+    shrunk = shrink_config(gemma3)
+    assert shrunk["num_hidden_layers"] == 6
+    assert shrunk["layer_types"] == ["sliding_attention"] * 5 + ["full_attention"]
+    assert shrunk["num_key_value_heads"] == shrunk["num_attention_heads"]          # MHA stays MHA
+
+
+def test_shrink_moe_and_mla():
+    dsv2 = {"hidden_size": 2048, "num_hidden_layers": 27, "num_attention_heads": 16, "num_key_value_heads": 16,
+            "kv_lora_rank": 512, "q_lora_rank": None, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
+            "v_head_dim": 128, "n_routed_experts": 64, "num_experts_per_tok": 6, "moe_intermediate_size": 1408,
+            "first_k_dense_replace": 1}
+    shrunk = shrink_config(dsv2)
+    assert shrunk["n_routed_experts"] == 4 and shrunk["num_experts_per_tok"] == 2
+    assert shrunk["kv_lora_rank"] == 16 and "q_lora_rank" not in shrunk and "head_dim" not in shrunk
+    assert shrunk["first_k_dense_replace"] == 1 and shrunk["num_hidden_layers"] == 2   # a dense and an MoE layer
+
+
+def test_shrink_keeps_partial_rotary_inside_the_heads():
+    """GPT-J-6B's published shape (n_embd 4096, 16 heads of 256, rotary_dim 64): the shrunk heads are
+    16 wide, so rotary_dim must shrink too (it stayed 64 and transformers failed on the shrunk config;
+    found by the --all sweep on gptj and codegen)."""
+    from transformers import AutoConfig
+
+    gptj_6b = {"n_embd": 4096, "n_head": 16, "n_layer": 28, "rotary_dim": 64, "n_positions": 2048,
+               "vocab_size": 50400}
+    shrunk = shrink_config(gptj_6b)
+    config = AutoConfig.for_model("gptj", **{**gptj_6b, **shrunk})
+    assert (config.n_embd, config.n_head, config.n_layer) == (64, 4, 2)      # GPT-2-era names shrink too
+    assert config.rotary_dim <= config.n_embd // config.n_head
+    # xlnet names its width d_model: its heads are not cut alone (d_model // n_head must stay d_head;
+    # the final --all sweep caught that regression).
+    xlnet_large = {"d_model": 1024, "n_head": 16, "d_head": 64, "n_layer": 24, "vocab_size": 32000}
+    config = AutoConfig.for_model("xlnet", **{**xlnet_large, **shrink_config(xlnet_large)})
+    assert config.d_model // config.n_head == config.d_head
+
+
+def test_a_layer_cut_the_config_rejects_falls_back_to_widths_only(tmp_path):
+    """dory's input + recurrent + output sections must add up to its layer count (config.json stores
+    each doubled): cutting layers breaks the config, so the code check keeps every layer and shrinks
+    only the widths (found by the --all sweep: "transformers cannot build the shrunk config")."""
+    from transformers import AutoConfig
+
+    from agent.testing.tiny_checkpoint import tiny_config
+
+    saved = tiny_config("dory", 384, hidden_size=256, intermediate_size=512).to_dict()
+    saved.pop("model_type")
+    cut, widths = shrink_config(saved), shrink_config(saved, cut_layers=False)
+    assert cut["num_hidden_layers"] < saved["num_hidden_layers"]
+    with pytest.raises(Exception, match="must equal num_hidden_layers"):
+        AutoConfig.for_model("dory", **{**saved, **cut})
+    assert widths["hidden_size"] == 64 and not set(widths) & {"num_hidden_layers", "layer_types"}
+    config = AutoConfig.for_model("dory", **{**saved, **widths})
+    assert (config.hidden_size, config.num_hidden_layers, config.n_recurrent_layers) == (64, 3, 1)
