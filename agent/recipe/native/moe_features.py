@@ -170,9 +170,9 @@ def _router_logits(router, x):
         return torch.nn.functional.linear(x.to(weight.dtype), weight, bias if isinstance(bias, torch.Tensor) else None)
 
 
-def reference_gating(logits, *, k, scoring, renormalize, selection_bias=None, n_group=1, topk_group=1,
-                     group_select="top2_sum", routed_scaling_factor=1.0):
-    """The gatings the generated code expresses, in plain torch (fp32): (weights [T, k], indices [T, k])."""
+def selection(logits, *, scoring, selection_bias=None, n_group=1, topk_group=1, group_select="top2_sum"):
+    """(scores, choice) in fp32: the gate's scores of every expert, and what the top-k picks by (the
+    scores plus the selection bias, experts outside the kept groups at -inf)."""
     import torch
 
     logits = logits.float()
@@ -184,8 +184,18 @@ def reference_gating(logits, *, k, scoring, renormalize, selection_bias=None, n_
         keep = torch.zeros_like(group_scores, dtype=torch.bool)
         keep.scatter_(1, group_scores.topk(topk_group, dim=-1).indices, True)
         choice = grouped.masked_fill(~keep[..., None], float("-inf")).view(choice.shape[0], -1)
-    index = choice.topk(k, dim=-1).indices
-    weights = scores.gather(1, index)
+    return scores, choice
+
+
+def reference_gating(logits, *, k, scoring, renormalize, selection_bias=None, n_group=1, topk_group=1,
+                     group_select="top2_sum", routed_scaling_factor=1.0, index=None):
+    """The gatings the generated code expresses, in plain torch (fp32): (weights [T, k], indices [T, k]);
+    `index`: these experts rather than the top-k (their weights by the same formula)."""
+    scores, choice = selection(logits, scoring=scoring, selection_bias=selection_bias, n_group=n_group,
+                               topk_group=topk_group, group_select=group_select)
+    if index is None:
+        index = choice.topk(k, dim=-1).indices
+    weights = scores.gather(1, index.long())
     if renormalize:
         weights = weights / (weights.sum(-1, keepdim=True) + (1e-20 if scoring == "sigmoid" else 0.0))
     return weights * routed_scaling_factor, index
@@ -327,13 +337,12 @@ def _checkpoint_names(model_type: str, block_name: str) -> tuple[str, tuple[str,
     return ckpt_block, tuple(names)
 
 
-def derive_moe(config, checkpoint_keys=()) -> MoeFeatures:
-    """The MoE features of `config` (a transformers config: the checkpoint's, not shrunk);
-    `checkpoint_keys`: the keys of its config.json, which name the config attributes the code reads."""
+def _sparse_blocks(config):
+    """(block attribute, block class, sparse flags per layer, sparse rule) of `config`'s model, built on the
+    meta device (every layer, no memory)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    experts_key = _config_key(config, EXPERT_COUNT_KEYS, "routed expert count", checkpoint_keys)
     try:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(copy.deepcopy(config))
@@ -348,22 +357,49 @@ def derive_moe(config, checkpoint_keys=()) -> MoeFeatures:
     classes = {type(b[1]) for b in blocks if b is not None}
     if len(names) != 1 or len(classes) != 1:
         raise NotNative("moe", f"MoE blocks of several kinds: {sorted(names)} {sorted(c.__name__ for c in classes)}")
-    block_name, block_cls = names.pop(), classes.pop()
-    rule = _sparse_rule(config, sparse)
-    del model
+    return names.pop(), classes.pop(), sparse, _sparse_rule(config, sparse)
+
+
+def _probe_block(config, block_cls):
+    """(the shrunk probe config, the block built on it, its router's attribute name)."""
+    import torch
 
     probe = _probe_config(config)
     torch.manual_seed(0)
     block = block_cls(probe).float().eval()
+    router_name = next((n for n in ROUTER_NAMES if getattr(block, n, None) is not None
+                        and getattr(getattr(block, n), "weight", None) is not None), None)
+    if router_name is None:
+        raise NotNative("moe", f"{block_cls.__name__} has no gate / router with a weight")
+    return probe, block, router_name
+
+
+def gating_of(config) -> dict:
+    """How `config`'s sparse-MoE blocks route, probed as derive_moe probes it: {"block_name", "router_name",
+    "k", "scoring", "renormalize", "selection_bias", "groups", "group_select", "routed_scaling",
+    "n_group", "topk_group", "routed_scaling_factor"} (NotNative: a routing none of the candidates is)."""
+    block_name, block_cls, _, _ = _sparse_blocks(config)
+    probe, block, router_name = _probe_block(config, block_cls)
+    gating = _probe_gating(block, getattr(block, router_name), probe, PROBE_HIDDEN)
+    factor = getattr(config, "routed_scaling_factor", None)
+    return {**gating, "block_name": block_name, "router_name": router_name, "k": int(config.num_experts_per_tok),
+            "n_group": int(getattr(config, "n_group", None) or 1), "topk_group": int(getattr(config, "topk_group", None) or 1),
+            "routed_scaling_factor": float(factor) if gating["routed_scaling"] else 1.0}
+
+
+def derive_moe(config, checkpoint_keys=()) -> MoeFeatures:
+    """The MoE features of `config` (a transformers config: the checkpoint's, not shrunk);
+    `checkpoint_keys`: the keys of its config.json, which name the config attributes the code reads."""
+    import torch
+
+    experts_key = _config_key(config, EXPERT_COUNT_KEYS, "routed expert count", checkpoint_keys)
+    block_name, block_cls, sparse, rule = _sparse_blocks(config)
+    probe, block, router_name = _probe_block(config, block_cls)
     width = block.experts.down_proj.shape[-1] if block.experts.down_proj.shape[-2] == PROBE_HIDDEN \
         else block.experts.down_proj.shape[-2]
     width_key = next((k for k in MOE_WIDTH_KEYS if getattr(probe, k, None) == width), None)
     if width_key is None:
         raise NotNative("moe", f"the experts' width {width} is none of the config's {' / '.join(MOE_WIDTH_KEYS)}")
-    router_name = next((n for n in ROUTER_NAMES if getattr(block, n, None) is not None
-                        and getattr(getattr(block, n), "weight", None) is not None), None)
-    if router_name is None:
-        raise NotNative("moe", f"{block_cls.__name__} has no gate / router with a weight")
     router = getattr(block, router_name)
     router_bias = isinstance(getattr(router, "bias", None), torch.Tensor)
     previous = torch.get_default_dtype()
