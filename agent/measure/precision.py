@@ -191,17 +191,16 @@ class Routing:
     without sparse-MoE blocks, or with a gating the probe does not recognise."""
 
     def __init__(self, model, layers):
-        from agent.recipe.native.features import NotNative
-        from agent.recipe.native.moe_features import _moe_block, gating_of
+        from agent.recipe.native.moe_features import moe_block, gating_of
 
         self.gating, self.blocks, self.forced, self.seen = None, [], {}, {}
-        if not any(_moe_block(layer) for layer in layers):
+        if not any(moe_block(layer) for layer in layers):
             return
         try:
             self.gating = gating_of(model.config.get_text_config())
-        except NotNative:
+        except Exception:  # noqa: BLE001 - NotNative, or the probe failed in code it does not know: the plain rule
             return
-        self.blocks = [(index, found[1]) for index, layer in enumerate(layers) for found in [_moe_block(layer)] if found]
+        self.blocks = [(index, found[1]) for index, layer in enumerate(layers) for found in [moe_block(layer)] if found]
 
     def hooks(self):
         return [block.experts.register_forward_pre_hook(self._hook(index, block), with_kwargs=True)

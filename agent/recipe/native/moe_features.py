@@ -88,7 +88,7 @@ def _config_key(config, keys: tuple[str, ...], what: str, checkpoint_keys=()) ->
     raise NotNative("moe", f"no {what} in the config ({' / '.join(keys)})")
 
 
-def _moe_block(layer):
+def moe_block(layer):
     """(attribute name, module) of the layer's sparse-MoE block: a child with an `experts` module
     holding fused 3-D expert parameters; None for a dense layer."""
     for name, child in layer.named_children():
@@ -374,7 +374,7 @@ def _sparse_blocks(config):
     except Exception as exc:  # noqa: BLE001 - a class transformers cannot build here
         raise NotNative("moe", f"transformers cannot build it as a causal LM ({_first_line(exc)})") from exc
     layers = list(getattr(getattr(model, "model", None), "layers", None) or [])
-    blocks = [_moe_block(layer) for layer in layers]
+    blocks = [moe_block(layer) for layer in layers]
     sparse = [b is not None for b in blocks]
     if not any(sparse):
         raise NotNative("moe", "no layer has a sparse-MoE block with fused 3-D expert weights")
