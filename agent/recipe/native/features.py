@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from agent.recipe.native.fallback import NotNative  # noqa: F401 - the generator's answer, importable from here
+
 # the rope initialisations whose inverse frequencies do not depend on the sequence length
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 ACT_KEYS = ("hidden_act", "hidden_activation")
@@ -22,14 +24,6 @@ ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "q_nor
 MLP_CHILDREN = {"gate_proj", "up_proj", "gate_up_proj", "down_proj", "act_fn", "activation_fn"}
 LAYER_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
 MODEL_CHILDREN = {"embed_tokens", "layers", "norm", "rotary_emb"}
-
-
-class NotNative(Exception):
-    """The architecture is not written natively: `kind` is the layer kind that fell back, `reason` why."""
-
-    def __init__(self, kind: str, reason: str):
-        super().__init__(f"{kind}: {reason}")
-        self.kind, self.reason = kind, reason
 
 
 @dataclass(frozen=True)

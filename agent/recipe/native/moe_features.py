@@ -27,7 +27,7 @@ import copy
 import re
 from dataclasses import asdict, dataclass, field
 
-from agent.recipe.native.features import NotNative   # one fall-back answer for every layer kind
+from agent.recipe.native.fallback import NotNative   # one fall-back answer for every layer kind
 
 EXPERT_COUNT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
 MOE_WIDTH_KEYS = ("moe_intermediate_size", "intermediate_size")
