@@ -188,7 +188,8 @@ def test_native_recipe_of_each_type_passes_the_per_step_precision_check(native_c
     parity = baseline["verification"]["parity"]
     assert parity["ok"] is True and parity["ranks"] == ranks, parity
     compiled = {k: v for k, v in (baseline.get("standin") or {}).get("compiles", {}).items() if "npugraph_ex" in k}
-    assert [(v["compiles"], v["recompiles"]) for v in compiled.values()] == [(1, 0)], compiled
+    # the decode graph compiled once in each rank's warm-up (the record sums the ranks' processes), never again
+    assert [(v["compiles"], v["recompiles"]) for v in compiled.values()] == [(ranks, 0)], compiled
     ops = (baseline.get("standin") or {}).get("reference_kernels", {})
     if model_type in MOE_RECIPE_TYPES:      # the MoE kernel chain ran, the experts split by moe_tp_size
         assert {"npu_moe_init_routing_v2", "npu_grouped_matmul", "npu_moe_finalize_routing"} <= set(ops), ops
