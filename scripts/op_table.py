@@ -52,6 +52,18 @@ KNOWN_DIFFERENCES: dict[str, str] = {
     "npu_swiglu": "ours fuses the MLP's silu(gate) * up into npu_swiglu (the fusion stage, upstream's "
                   "model-infer-fusion skill); upstream's models/qwen computes ACT2FN[silu](gate) * up in plain torch "
                   "(QwenMLP._forward_normal), so the op is ours alone",
+    # upstream's models/gpt_oss routes with the first routing API; ours with the second, as upstream's
+    # newer MoE models (module/fuse_moe_gmm.py's callers: qwen3_moe's moe_infer_tp, deepseek_r1) do
+    "npu_moe_init_routing": "upstream's models/gpt_oss permutes tokens with the v1 op (GptOssMLP.moe_infer_fusion: "
+                            "npu_moe_init_routing on the gating's row_idx, then npu_moe_compute_expert_tokens for "
+                            "each expert's cumulative end row); ours calls npu_moe_init_routing_v2, which returns "
+                            "the per-expert token counts itself (expert_tokens_num_type 1) as upstream's qwen3_moe "
+                            "routes: one op for upstream's two, the same grouped matmuls after it",
+    "npu_moe_compute_expert_tokens": "upstream's gpt_oss counts each expert's tokens after its v1 routing op; "
+                                     "ours has npu_moe_init_routing_v2 return the counts (see npu_moe_init_routing)",
+    "npu_moe_init_routing_v2": "ours routes with the v2 op (per-expert counts included, finalize_routing in its "
+                               "drop_pad_mode 2 row order); upstream's gpt_oss with npu_moe_init_routing + "
+                               "npu_moe_compute_expert_tokens (see npu_moe_init_routing)",
 }
 
 

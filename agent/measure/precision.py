@@ -14,6 +14,20 @@ when
   argmax's (kernels that round in another order may pick either; every tie is listed), and
 * the recipe's logits are within `tolerance(...)` of transformers' float32 logits at that step.
 
+A sparse-MoE model's top-k routing is discrete: where two experts' selection scores lie within
+rounding of each other (a routing tie), the recipe's kernels may pick either, and the other pick
+moves that position's output — and, through attention, later steps — by a whole expert's share, far
+beyond rounding. So a failing step of an MoE model is judged again against transformers' float32
+model with routing ties resolved the other way (`Routing`: the k-th expert exchanged for the best one
+left out, at one layer and position, its weights by the gating's own formula), one tie at a time,
+earliest failure first: a tie is taken when it makes the first failing step pass, and is kept for the
+later steps (the recipe routed that position once; its cache holds the result). A routing tie is a
+(layer, position) whose float32 gap between the k-th and the next selection score is within
+NOISE_FACTOR times transformers' own move of those scores in the run's dtype (at that position or the
+layer's median over the sequence, the larger), never below FLOOR[dtype] of the largest score. Every
+tie taken is listed (`routing_ties`); a routing that is wrong (weights not renormalised, another top-k)
+moves every position, not a tie's, and fails.
+
 THE TOLERANCE RULE (the one place it is defined): at each step, NOISE_FACTOR times the largest
 |logit| difference between transformers' own model in the recipe's dtype and in float32 on that
 prefix — the rounding that dtype causes there — and never below FLOOR[dtype] of the largest float32
@@ -48,11 +62,13 @@ from engine.safe_write import tree_of
 NOISE_FACTOR = 2.0
 FLOOR = {"float32": 1e-4, "float16": 1e-3, "bfloat16": 1e-3}
 LAYER_FLOOR = {"float32": 1e-4, "float16": 5e-3, "bfloat16": 5e-3}
+ROUTING_SEARCH_BUDGET = 256      # float32 forwards with a tie resolved the other way, per request
 RECORD_ENV = "MIGRATOR_PRECISION_RECORD"
 RULE = (f"step k passes when the recipe's token is transformers' argmax on the same prefix (float32 or the "
         f"run's dtype) or within the step's tolerance of it in float32 (a tie), and max |recipe - float32 logits| "
         f"<= the step's tolerance: max({NOISE_FACTOR} x transformers' own max |run dtype - float32| at step k, "
-        f"floor x max |float32 logit|) (agent.measure.precision)")
+        f"floor x max |float32 logit|); a sparse-MoE model's routing ties may be resolved either way "
+        f"(agent.measure.precision)")
 
 
 def tolerance(own_move: float, scale: float, dtype: str) -> float:
@@ -166,9 +182,78 @@ def _decoder_layers(model):
     return []
 
 
+class Routing:
+    """The sparse-MoE routing of a transformers model, seen and steered at each block's experts call
+    (hidden states, top-k index, top-k weights): per MoE layer, every position's selection scores
+    (agent.recipe.native.moe_features.selection under the gating probed from the block) and the gap
+    between the k-th and the next; at the (layer, position) pairs of `forced`, the k-th expert
+    exchanged for the best one left out, the weights by the gating's formula. None of it for a model
+    without sparse-MoE blocks, or with a gating the probe does not recognise."""
+
+    def __init__(self, model, layers):
+        from agent.recipe.native.moe_features import moe_block, gating_of
+
+        self.gating, self.blocks, self.forced, self.seen = None, [], {}, {}
+        if not any(moe_block(layer) for layer in layers):
+            return
+        try:
+            self.gating = gating_of(model.config.get_text_config())
+        except Exception:  # noqa: BLE001 - NotNative, or the probe failed in code it does not know: the plain rule
+            return
+        self.blocks = [(index, found[1]) for index, layer in enumerate(layers) for found in [moe_block(layer)] if found]
+
+    def hooks(self):
+        return [block.experts.register_forward_pre_hook(self._hook(index, block), with_kwargs=True)
+                for index, block in self.blocks]
+
+    def _hook(self, layer: int, block):
+        import torch
+
+        from agent.recipe.native.moe_features import reference_gating, selection
+
+        g = self.gating
+        router = getattr(block, g["router_name"])
+        bias = getattr(router, "e_score_correction_bias", None) if g["selection_bias"] else None
+        gating = dict(scoring=g["scoring"], selection_bias=bias, n_group=g["n_group"], topk_group=g["topk_group"],
+                      group_select=g["group_select"])
+
+        def hook(module, args, kwargs):
+            if len(args) < 3:
+                return None
+            hidden, index, weights = args[:3]
+            with torch.no_grad():
+                logits = torch.nn.functional.linear(hidden.to(router.weight.dtype), router.weight,
+                                                    getattr(router, "bias", None))
+                _, choice = selection(logits, **gating)
+                ordered = choice.sort(dim=-1, descending=True, stable=True)
+            k = index.shape[-1]
+            if choice.shape[-1] <= k:
+                return None
+            gap = ordered.values[:, k - 1] - ordered.values[:, k]
+            agrees = torch.equal(index.sort(-1).values.long(), ordered.indices[:, :k].sort(-1).values)
+            self.seen[layer] = {"choice": choice.detach().float().cpu(), "gap": gap.detach().float().cpu(),
+                                "agrees": agrees}
+            rows = sorted(p for p in self.forced.get(layer, ()) if p < index.shape[0])
+            if not rows or not agrees:
+                return None
+            chosen = ordered.indices[:, :k].clone()
+            chosen[rows, k - 1] = ordered.indices[rows, k]
+            forced_weights, _ = reference_gating(logits, k=k, scoring=g["scoring"], renormalize=g["renormalize"],
+                                                 selection_bias=bias, n_group=g["n_group"], topk_group=g["topk_group"],
+                                                 group_select=g["group_select"],
+                                                 routed_scaling_factor=g["routed_scaling_factor"], index=chosen)
+            index, weights = index.clone(), weights.clone()
+            index[rows] = chosen[rows].to(index.dtype)
+            weights[rows] = forced_weights[rows].to(weights.dtype)
+            return (hidden, index, weights, *args[3:]), kwargs
+
+        return hook
+
+
 class Reference:
     """transformers' own model of the checkpoint in one dtype: logits and per-layer hidden states of
-    a whole sequence in one forward (no cache: the oracle of every step at once)."""
+    a whole sequence in one forward (no cache: the oracle of every step at once), and, for a
+    sparse-MoE model, its routing (`Routing`), which `forced` can steer."""
 
     def __init__(self, checkpoint: Path, dtype: str, overrides: dict, trust_remote_code: bool):
         import torch
@@ -179,26 +264,31 @@ class Reference:
             **overrides).eval()
         self.name = type(self.model).__name__
         self.layers = _decoder_layers(self.model)
+        self.routing = Routing(self.model, self.layers)
 
-    def run(self, ids: list[int]):
+    def run(self, ids: list[int], forced: dict | None = None):
+        """(logits [T, V], per-layer hidden states, routing {layer: {"choice", "gap", "agrees"}} or None)."""
         import torch
 
         captured: list = []
         hooks = [layer.register_forward_hook(lambda m, a, out: captured.append(
             (out[0] if isinstance(out, tuple) else out).detach().float()[0])) for layer in self.layers]
+        self.routing.forced, self.routing.seen = dict(forced or {}), {}
+        hooks += self.routing.hooks()
         try:
             with torch.no_grad():
                 logits = self.model(torch.tensor([ids], dtype=torch.long)).logits[0].float()
         finally:
             for hook in hooks:
                 hook.remove()
-        return logits, captured
+            self.routing.forced = {}
+        return logits, captured, (dict(self.routing.seen) if self.routing.blocks else None)
 
     def release(self) -> None:
         """Free the weights: the float32 and the run-dtype models are never held at once."""
         import gc
 
-        self.model = self.layers = None
+        self.model = self.layers = self.routing = None
         gc.collect()
 
 
@@ -214,20 +304,42 @@ class Replayed:
         return self.outputs[tuple(ids)]
 
 
+def routing_ties(routing: dict | None, exact_routing: dict | None, rounded_routing: dict | None, dtype: str) -> dict:
+    """{(layer, position): (float32 gap, its tie tolerance)} of the routing ties of `routing` (float32,
+    ties resolved so far), the tolerance from transformers' own unsteered move (`exact_routing` against
+    `rounded_routing`, see the module docs)."""
+    import torch
+
+    ties = {}
+    for layer, seen in (routing or {}).items():
+        base = (exact_routing or {}).get(layer)
+        if not seen["agrees"] or base is None or base["choice"].shape != seen["choice"].shape:
+            continue
+        choice, gap = base["choice"], seen["gap"]
+        finite = torch.isfinite(choice)
+        other = (rounded_routing or {}).get(layer)
+        if other is not None and other["choice"].shape == choice.shape:
+            both = finite & torch.isfinite(other["choice"])
+            move = torch.where(both, (other["choice"] - choice).abs(), torch.zeros_like(choice)).amax(-1)
+        else:
+            move = torch.zeros(choice.shape[0])
+        scale = torch.where(finite, choice.abs(), torch.zeros_like(choice)).amax(-1)
+        allowed = torch.maximum(NOISE_FACTOR * torch.maximum(move, move.median()),
+                                FLOOR.get(dtype, FLOOR["bfloat16"]) * scale)
+        for position in (gap <= allowed).nonzero().flatten().tolist():
+            ties[(layer, position)] = (float(gap[position]), float(allowed[position]))
+    return ties
+
+
 def _relative(mine, ref) -> float | None:
     if mine is None or ref is None or tuple(mine.shape) != tuple(ref.shape):
         return None
     return (mine - ref).norm().item() / max(ref.norm().item(), 1e-12)
 
 
-def judge_request(request: Request, exact: Reference | Replayed, rounded: Reference | Replayed | None,
-                  dtype: str, decode_text) -> dict:
-    """Every step of one request against the references (see the module docs)."""
-    tokens = request.tokens
-    prompt = request.prompt
-    sequence = prompt + tokens[:-1]
-    fp_logits, fp_layers = exact.run(sequence)
-    lo_logits, lo_layers = rounded.run(sequence) if rounded is not None else (None, None)
+def judge_steps(request: Request, fp_logits, fp_layers, lo_logits, lo_layers, dtype: str) -> tuple[list, dict | None]:
+    """Every step of one request against the float32 logits (and the run dtype's for the tolerance)."""
+    tokens, prompt = request.tokens, request.prompt
     vocab = fp_logits.shape[-1]
     steps, first = [], None
     for k, step in enumerate(request.steps):
@@ -256,10 +368,55 @@ def judge_request(request: Request, exact: Reference | Replayed, rounded: Refere
             first = record
             record["layer"] = locate(step, fp_layers, lo_layers, prompt, position, dtype)
         steps.append(record)
+    return steps, first
+
+
+def judge_request(request: Request, exact: Reference | Replayed, rounded: Reference | Replayed | None,
+                  dtype: str, decode_text, steered=None) -> dict:
+    """Every step of one request against the references (see the module docs). `steered(sequence,
+    forced)`: transformers' float32 model with routing ties resolved the other way (a sparse-MoE
+    model's failing steps are judged again with it)."""
+    tokens = request.tokens
+    prompt = request.prompt
+    sequence = prompt + tokens[:-1]
+    fp_logits, fp_layers, fp_routing = exact.run(sequence)
+    lo_logits, lo_layers, lo_routing = rounded.run(sequence) if rounded is not None else (None, None, None)
+    steps, first = judge_steps(request, fp_logits, fp_layers, lo_logits, lo_layers, dtype)
+    unsteered = fp_routing
+    forced: dict[int, set] = {}
+    taken, tried, budget_spent = [], set(), False
+    while first is not None and fp_routing and steered is not None:
+        if len(tried) >= ROUTING_SEARCH_BUDGET:
+            budget_spent = True
+            break
+        position = len(prompt) - 1 + first["step"]
+        ties = routing_ties(fp_routing, unsteered, lo_routing, dtype)
+        candidates = sorted(((gap / max(allowed, 1e-30), layer, p) for (layer, p), (gap, allowed) in ties.items()
+                             if p <= position and p not in forced.get(layer, ()) and (layer, p) not in tried),
+                            key=lambda c: (c[0], c[2], c[1]))
+        found = None
+        for _, layer, p in candidates[:max(0, ROUTING_SEARCH_BUDGET - len(tried))]:
+            tried.add((layer, p))
+            trial = {**{l: set(ps) for l, ps in forced.items()}, layer: forced.get(layer, set()) | {p}}
+            out = steered(sequence, trial)
+            trial_steps, trial_first = judge_steps(request, out[0], out[1], lo_logits, lo_layers, dtype)
+            if trial_first is None or trial_first["step"] > first["step"]:
+                found = (layer, p, trial, out, trial_steps, trial_first)
+                break
+        if found is None:
+            break
+        layer, p, forced, (fp_logits, fp_layers, fp_routing), steps, first = found
+        gap, allowed = ties[(layer, p)]
+        taken.append({"layer": layer, "position": p, "float32_gap": round(gap, 6), "tolerance": round(allowed, 6)})
     text = decode_text(tokens)
-    return {"rank": request.rank, "request": request.index, "prompt_tokens": len(prompt), "tokens": len(tokens),
-            "text": text, "empty": not text.strip(), "steps": steps, "first_failure": first,
-            "ok": first is None and bool(text.strip())}
+    result = {"rank": request.rank, "request": request.index, "prompt_tokens": len(prompt), "tokens": len(tokens),
+              "text": text, "empty": not text.strip(), "steps": steps, "first_failure": first,
+              "ok": first is None and bool(text.strip())}
+    if taken:
+        result["routing_ties"] = taken
+    if budget_spent and first is not None:
+        result["routing_search"] = f"{ROUTING_SEARCH_BUDGET} routing ties tried, none made {step_name(first)} pass"
+    return result
 
 
 def locate(step: Step, fp_layers, lo_layers, prompt, position: int, dtype: str) -> dict:
@@ -366,12 +523,23 @@ def verify_record(record_dir: Path, checkpoint: Path, dtype: str | None = None, 
         rounded = Replayed(model, sequences)
         model.release()
 
+    live: list = []
+
+    def steered(sequence, forced):
+        """float32 transformers with routing ties resolved the other way: loaded again only when a
+        sparse-MoE model's step fails (the run dtype's model is released by then)."""
+        if not live:
+            live.append(Reference(checkpoint, "float32", overrides or {}, trust_remote_code))
+        return live[0].run(list(sequence), forced)
+
     results, cache = [], {}
     for rank, request in judged:
         key = (tuple(request.prompt), tuple(request.tokens))
         if key not in cache:
-            cache[key] = judge_request(request, exact, rounded, dtype, decode_text)
+            cache[key] = judge_request(request, exact, rounded, dtype, decode_text, steered)
         results.append({**cache[key], "rank": rank, "request": request.index})
+    if live:
+        live[0].release()
     if not results:
         return {**base, "reason": f"the precision record in {record_dir} holds no request with a prefill"}
     every = [(r, s) for r in results for s in r["steps"]]
@@ -391,6 +559,9 @@ def verify_record(record_dir: Path, checkpoint: Path, dtype: str | None = None, 
                "greedy_tokens_equal": all(s["token"] == s["reference_argmax_float32"] for _, s in every),
                "ties": [{"rank": r["rank"], "request": r["request"], "step": s["step"], **s["tie"]}
                         for r, s in every if "tie" in s][:16],
+               "routing_ties": [{"rank": r["rank"], "request": r["request"], **tie}
+                                for r in results for tie in r.get("routing_ties", [])][:16],
+               "routing_ties_taken": sum(len(r.get("routing_ties", [])) for r in results),
                "tokens_off_float32_argmax": sum(1 for _, s in every if s["token"] != s["reference_argmax_float32"]),
                "per_request": [{k: v for k, v in r.items() if k != "steps"} for r in results]}
     summary.update(nll)

@@ -165,9 +165,11 @@ def write_copy(recipe: Recipe, plan: RunPlan) -> Path:
     schema = recipe.target.schema
     world_size = plan.world_size
     schema.set(data, "model_path", str(plan.checkpoint))
-    schema.set(data, "world_size", world_size)
     if isinstance(data.get("parallel_config"), dict):
+        # scaled from the YAML's own rank count (the framework schema keeps world_size in parallel_config:
+        # set first, a single-card YAML on N ranks would stay attn_tp / moe_tp 1)
         data["parallel_config"] = parallel_for(data["parallel_config"], world_size)
+    schema.set(data, "world_size", world_size)
     if plan.max_new_tokens:
         schema.set(data, "input_len", TINY_INPUT_LEN)
         schema.set(data, "max_new_tokens", plan.max_new_tokens)

@@ -166,5 +166,7 @@ def parity_line(parity: dict) -> str:
                f"{parity.get('requests')} request(s) on {parity.get('ranks')} rank(s), {parity.get('dtype')}"
                if parity.get("steps_checked") is not None else
                f"max |dlogits| {parity.get('max_abs_logits_diff')}, greedy tokens equal: {parity.get('greedy_tokens_equal')}")
+    ties = (f"; {parity['routing_ties_taken']} MoE routing tie(s) resolved as the recipe's kernels resolved them"
+            if parity.get("routing_ties_taken") else "")
     failed = f"; {parity.get('reason')}" if parity.get("ok") is False and parity.get("reason") else ""
-    return f"{verdict} ({method}: {counted}{where}{failed})"
+    return f"{verdict} ({method}: {counted}{where}{ties}{failed})"

@@ -96,7 +96,8 @@ def summarise(state: MigrationState) -> dict:
         # which check ran, its verdict, and how close the closest step came to its tolerance
         summary["precision"] = {k: parity.get(k) for k in (
             "method", "ok", "checked", "reference", "dtype", "ranks", "requests", "steps_checked",
-            "decode_steps_checked", "closest", "first_failing_step", "first_divergent_layer", "reason")
+            "decode_steps_checked", "closest", "routing_ties_taken", "first_failing_step", "first_divergent_layer",
+            "reason")
             if parity.get(k) is not None}
     return summary
 

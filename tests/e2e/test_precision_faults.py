@@ -141,6 +141,30 @@ def test_a_decode_only_fault_in_our_framework_model_is_exit_1_naming_a_decode_st
           parity["first_failure"]["tolerance"])
 
 
+# ---- a wrong routing in our native MoE model fails (routing ties resolved either way do not excuse it) ----
+# fault -> (old text, new text) in the native mixtral's sparse-MoE block (templates/framework/native/moe.py.j2)
+MOE_FAULTS = {
+    "renormalisation dropped": ("        weights = weights / weights.sum(dim=-1, keepdim=True)\n", ""),
+    "top-1 routing of a top-2 model": ("npu_moe_gating_top_k_softmax(logits, None, k=self.top_k)",
+                                       "npu_moe_gating_top_k_softmax(logits, None, k=1)"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", list(MOE_FAULTS))
+def test_a_wrong_routing_in_our_native_moe_model_fails_the_precision_check(tmp_path, fault):
+    checkout, recipe, name = framework_recipe(tmp_path, "mixtral")
+    modeling = recipe / "models" / f"modeling_{name}.py"
+    assert "class PfMixtralSparseMoeBlock" in modeling.read_text()      # written natively
+    inject(modeling, *MOE_FAULTS[fault])
+    proc, summary = run_standin(checkout, name)
+    assert proc.returncode == 1, (proc.stdout + proc.stderr)[-3000:]
+    parity = parity_of(summary)
+    assert parity["ok"] is False and parity["checked"] is True, parity
+    print(fault, parity["first_failing_step"], parity["first_failure"]["max_abs_logits_diff"],
+          parity["first_failure"]["tolerance"], "routing ties taken", parity["routing_ties_taken"])
+
+
 # ---- low-margin weights: bf16 flips a token, the run is still correct ---------------------------
 # (model_type, seed, initializer_range): random weights whose top-2 logits are so close at some step that
 # transformers' own bf16 model picks another token than its fp32 one there (found by a sweep of seeds)

@@ -65,6 +65,29 @@ def test_a_yaml_named_for_n_ranks_that_sets_another_world_size_is_refused(tmp_pa
         Recipe.at(recipe).run_plan(2)
 
 
+def test_a_single_card_framework_yaml_run_on_2_ranks_is_split_over_them_in_the_copy(tmp_path):
+    """The run's copy of a one-card four-section YAML at 2 ranks: attention, MoE and lm_head tensor parallel
+    over both (world_size lives in parallel_config: set before the scaling, the copy kept attn_tp 1 /
+    moe_tp 1, and an MoE model then ran expert-parallel)."""
+    from types import SimpleNamespace
+
+    import yaml
+
+    from agent.recipe.recipe import RunPlan
+    from agent.recipe.targets import TARGETS
+    from agent.run.plan import write_copy
+
+    recipe = tmp_path / "m"
+    (recipe / "config").mkdir(parents=True)
+    source = recipe / "config" / "m.yaml"
+    source.write_text("model_config:\n  model_name: m\n  model_path: your_model_path\nparallel_config:\n"
+                      "  world_size: 1\n  attn_tp_size: 1\n  moe_tp_size: 1\n  embed_tp_size: 1\n  lmhead_tp_size: 1\n")
+    plan = RunPlan(yaml=recipe / "copy.yaml", world_size=2, source_yaml=source, checkpoint=tmp_path / "ckpt")
+    write_copy(SimpleNamespace(target=TARGETS["framework"], path=recipe), plan)
+    parallel = yaml.safe_load((recipe / "copy.yaml").read_text())["parallel_config"]
+    assert parallel == {"world_size": 2, "attn_tp_size": 2, "moe_tp_size": 2, "embed_tp_size": 1, "lmhead_tp_size": 2}
+
+
 def test_world_size_on_a_recipe_whose_infer_sh_picks_its_own_yaml_is_one_line_exit_2_before_anything_runs(tmp_path):
     """An infer.sh that never reads YAML_FILE runs its own YAML whatever is written: refused, nothing
     written, nothing run (not even the classify run)."""

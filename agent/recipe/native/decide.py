@@ -115,8 +115,13 @@ def decide(ctx: dict, config: dict, checkout: Path | None) -> NativeDecision:
         decision = NativeDecision(False, kind="model", reason="no cann-recipes-infer checkout to check the native file in")
     else:
         try:
-            decision = checked(ctx, config, derive(config), checkout)
+            features = derive(config)
         except NotNative as exc:
-            decision = NativeDecision(False, kind=exc.kind, reason=exc.reason)
+            features, decision = None, NativeDecision(False, kind=exc.kind, reason=exc.reason)
+        except Exception as exc:  # noqa: BLE001 - transformers' own code failed under a probe: not recognised
+            text = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+            features, decision = None, NativeDecision(False, kind="model", reason=f"the architecture's probe failed ({text})")
+        if features is not None:
+            decision = checked(ctx, config, features, checkout)
     _decisions[key] = decision
     return decision

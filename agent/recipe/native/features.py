@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from agent.recipe.native.not_native import NotNative
+from agent.recipe.native.not_native import NotNative  # noqa: F401 - the generator's answer, importable from here
 
 # the rope initialisations whose inverse frequencies do not depend on the sequence length
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -48,6 +48,9 @@ class NativeFeatures:
     final_softcap: bool              # logits soft-capped
     tie_word_embeddings: bool
     eps_key: str = "rms_norm_eps"
+    attn_sinks: bool = False                         # a learnable sink logit per head in the softmax (gpt_oss)
+    o_bias: bool = False                             # o_proj has a bias (added once: module.linear's row-parallel rank 0)
+    moe: "MoeFeatures | None" = None                 # the sparse-MoE layers (agent.recipe.native.moe_features)
     fused: tuple[str, ...] = field(default=())       # what runs as a torch_npu fused kernel
     unfused: tuple[str, ...] = field(default=())     # what stays plain torch, and why
     mla: "MlaFeatures | None" = None                 # latent attention (agent.recipe.native.mla_features)
@@ -57,7 +60,7 @@ class NativeFeatures:
 
     def with_changes(self, **changes) -> "NativeFeatures":
         """A copy with some facts changed (the self-check's fault cases)."""
-        data = {**self.as_dict(), **changes}
+        data = {**self.as_dict(), "moe": self.moe, **changes}
         data["fused"], data["unfused"] = tuple(data["fused"]), tuple(data["unfused"])
         data["rope_types"] = tuple(data["rope_types"])
         if "mla" not in changes:
@@ -162,13 +165,50 @@ def _probe_rotary(modeling_module) -> None:
 
     def half(x):
         return x * cos[:, None] + torch.cat((-x[..., 4:], x[..., :4]), dim=-1) * sin[:, None]
-    try:
-        got_q, got_k = apply(q, k, cos, sin)[:2]
-    except Exception as exc:  # noqa: BLE001 - another signature: not the formula we know
-        raise NotNative("attention", f"apply_rotary_pos_emb({type(exc).__name__}): not the rotate-half form") from exc
-    if not (torch.allclose(got_q, half(q), atol=1e-5) and torch.allclose(got_k, half(k), atol=1e-5)):
+
+    def matches(c, s) -> bool:
+        """The architecture's function given cos / sin as its rotary embedding makes them: full width
+        (the angles twice) or half width (gpt_oss: the angles once, applied to each half)."""
+        try:
+            got_q, got_k = apply(q, k, c, s)[:2]
+        except Exception:  # noqa: BLE001 - another signature or width: not this form
+            return False
+        return torch.allclose(got_q, half(q), atol=1e-5) and torch.allclose(got_k, half(k), atol=1e-5)
+    if not (matches(cos, sin) or matches(angles.cos(), angles.sin())):
         raise NotNative("attention", "rotary is not rotate-half (interleaved or other): npu_apply_rotary_pos_emb "
                                      "with rotary_mode half does not compute it")
+
+
+def _probe_sinks(modeling_module, attention) -> None:
+    """The architecture's eager attention adds each head's sink as one more logit of its softmax and
+    drops it from the weights (what npu_fused_infer_attention_score_v2's learnable_sink computes)."""
+    import torch
+
+    attend = getattr(modeling_module, "eager_attention_forward", None)
+    if attend is None:
+        raise NotNative("attention", "attention sinks, and no eager_attention_forward to read them from")
+    gen = torch.Generator().manual_seed(5)
+    heads = attention.sinks.shape[0]
+    groups = getattr(attention, "num_key_value_groups", 1)
+    q = torch.randn(1, heads, 3, 8, generator=gen)
+    k, v = torch.randn(1, heads // groups, 3, 8, generator=gen), torch.randn(1, heads // groups, 3, 8, generator=gen)
+    sinks = torch.randn(heads, generator=gen)
+    causal = torch.full((3, 3), float("-inf")).triu(1)[None, None]
+    saved = attention.sinks.detach().clone()
+    try:
+        with torch.no_grad():
+            attention.sinks.copy_(sinks)
+            got = attend(attention, q, k, v, causal, scaling=0.5, dropout=0.0)[0]
+    except Exception as exc:  # noqa: BLE001 - another signature: not the form we know
+        raise NotNative("attention", f"attention sinks: eager_attention_forward ({type(exc).__name__}) is not the known form") from exc
+    finally:
+        with torch.no_grad():
+            attention.sinks.copy_(saved)
+    scores = torch.matmul(q, k.repeat_interleave(groups, dim=1).transpose(-1, -2)) * 0.5 + causal
+    scores = torch.cat([scores, sinks.view(1, heads, 1, 1).expand(1, heads, 3, 1)], dim=-1)
+    want = torch.matmul(scores.softmax(-1)[..., :-1], v.repeat_interleave(groups, dim=1)).transpose(1, 2)
+    if not torch.allclose(got.reshape(want.shape), want, atol=1e-5):
+        raise NotNative("attention", "attention sinks enter the softmax otherwise than one logit per head")
 
 
 def _rope_facts(config) -> tuple[bool, tuple[str, ...], bool]:
@@ -216,12 +256,24 @@ def derive(config_dict: dict) -> NativeFeatures:
     from transformers import AutoModelForCausalLM
     from transformers.activations import ACT2FN
 
+    from agent.recipe.native.moe_features import EXPERT_COUNT_KEYS
+
+    moe = None
+    if any(isinstance(config_dict.get(k), int) and config_dict[k] > 1 for k in EXPERT_COUNT_KEYS):
+        from transformers import AutoConfig
+
+        from agent.recipe.native.moe_features import derive_moe
+
+        data = {k: v for k, v in config_dict.items() if k not in ("auto_map", "quantization_config", "architectures",
+                                                                    "model_type", "transformers_version")}
+        moe = derive_moe(AutoConfig.for_model(config_dict["model_type"], **data), checkpoint_keys=set(config_dict))
     config = shrunk_config(config_dict)
     torch.manual_seed(0)
     try:
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     except Exception as exc:  # noqa: BLE001 - a class transformers cannot build here
-        raise NotNative("model", f"transformers cannot build it on a shrunk config ({type(exc).__name__}: {exc})") from exc
+        text = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+        raise NotNative("model", f"transformers cannot build it on a shrunk config ({text})") from exc
     model.eval()
     modeling = importlib.import_module(type(model).__module__)
     top = _children(model)
@@ -240,6 +292,7 @@ def derive(config_dict: dict) -> NativeFeatures:
     offsets, sandwich_kinds, qk_norms = set(), set(), set()
     fused_qkv = qkv_bias = fused_gate_up = False
     mla = _latent_attention(config, layers, model)   # the attention kind: MLA (None: dense / sliding window)
+    sinks, o_biases = set(), set()
     for index, layer in enumerate(layers):
         kinds = _children(layer)
         unknown = set(kinds) - {"self_attn", "mlp", *LAYER_NORMS}
@@ -251,17 +304,20 @@ def derive(config_dict: dict) -> NativeFeatures:
         a = _children(attention)
         if mla is not None:
             qk_norms.add((False, False))      # latent attention: read by agent.recipe.native.mla_features
+            sinks.add(False)
+            o_biases.add(False)
         else:
             if set(a) - ATTENTION_CHILDREN:
                 raise NotNative("attention", f"{type(attention).__name__} has {sorted(set(a) - ATTENTION_CHILDREN)}")
-            if getattr(attention, "sinks", None) is not None:
-                raise NotNative("attention", "attention sinks")
+            sink = getattr(attention, "sinks", None)
+            if sink is not None and (not isinstance(sink, torch.nn.Parameter) or tuple(sink.shape) != (heads,)):
+                raise NotNative("attention", f"attention sinks of shape {tuple(getattr(sink, 'shape', ()))}: not one per head")
+            sinks.add(sink is not None)
             fused_qkv = "qkv_proj" in a
             projections = [a["qkv_proj"]] if fused_qkv else [a.get("q_proj"), a.get("k_proj"), a.get("v_proj")]
             if any(p is None or not isinstance(p, torch.nn.Linear) for p in projections) or not isinstance(a.get("o_proj"), torch.nn.Linear):
                 raise NotNative("attention", f"{type(attention).__name__}: q/k/v/o are not plain linears")
-            if a["o_proj"].bias is not None:
-                raise NotNative("attention", "o_proj has a bias (a row-parallel bias is not written natively)")
+            o_biases.add(a["o_proj"].bias is not None)
             qkv_bias = projections[0].bias is not None
             if fused_qkv and projections[0].out_features != (heads + 2 * kv_heads) * head_dim:
                 raise NotNative("attention", "qkv_proj is not [q; k; v] of the config's heads")
@@ -274,13 +330,19 @@ def derive(config_dict: dict) -> NativeFeatures:
         scale = getattr(attention, "scaling", None)
         if not isinstance(scale, float):
             raise NotNative("attention", f"{type(attention).__name__} has no float `scaling`")
-        m = _children(mlp)
-        if set(m) - MLP_CHILDREN or "down_proj" not in m or not ({"gate_proj", "up_proj"} <= set(m) or "gate_up_proj" in m):
+        if moe is not None and getattr(mlp, "experts", None) is not None:
+            m = None          # the sparse-MoE block: probed by derive_moe
+        else:
+            m = _children(mlp)
+        if m is None:
+            pass
+        elif set(m) - MLP_CHILDREN or "down_proj" not in m or not ({"gate_proj", "up_proj"} <= set(m) or "gate_up_proj" in m):
             raise NotNative("mlp", f"{type(mlp).__name__} ({sorted(m)}) is not a gated MLP")
-        if any(getattr(p, "bias", None) is not None for p in m.values() if isinstance(p, torch.nn.Linear)):
+        if m is not None and any(getattr(p, "bias", None) is not None for p in m.values() if isinstance(p, torch.nn.Linear)):
             raise NotNative("mlp", "MLP projections with biases")
-        fused_gate_up = "gate_up_proj" in m
-        _probe_mlp(mlp, hidden, activation)
+        if m is not None:
+            fused_gate_up = "gate_up_proj" in m
+            _probe_mlp(mlp, hidden, activation)
         present = tuple(n for n in LAYER_NORMS if n in kinds)
         if present not in (LAYER_NORMS[:2], LAYER_NORMS):
             raise NotNative("decoder layer", f"norms {present}: neither pre-norm nor sandwich")
@@ -288,7 +350,8 @@ def derive(config_dict: dict) -> NativeFeatures:
         for name in present:
             offsets.add(_probe_norm(kinds[name], hidden))
     offsets.add(_probe_norm(base.norm, hidden))
-    if len(offsets) != 1 or len(sandwich_kinds) != 1 or len(qk_norms) != 1 or next(iter(qk_norms)) not in ((True, True), (False, False)):
+    if len(offsets) != 1 or len(sandwich_kinds) != 1 or len(qk_norms) != 1 or next(iter(qk_norms)) not in ((True, True), (False, False)) \
+            or len(sinks) != 1 or len(o_biases) != 1:
         raise NotNative("decoder layer", "layers of unequal structure")
     # the attention's softmax scale: head_dim ** -0.5 or query_pre_attn_scalar ** -0.5
     scales = {"head_dim": head_dim ** -0.5}
@@ -306,6 +369,12 @@ def derive(config_dict: dict) -> NativeFeatures:
     by_type, rope_types, partial = _rope_facts(config)
     sliding, from_types = _window_rule(config, len(layers))
     attn_softcap = getattr(config, "attn_logit_softcapping", None) is not None
+    attn_sinks = next(iter(sinks))
+    if attn_sinks:
+        _probe_sinks(modeling, layers[0].self_attn)
+    if attn_sinks and attn_softcap:
+        raise NotNative("attention", "attention sinks with soft-capped logits: neither the fused attention nor the "
+                                     "plain-torch one computes both")
     final_softcap = getattr(config, "final_logit_softcapping", None) is not None
     tied = bool(getattr(config, "tie_word_embeddings", False))
     offset = next(iter(offsets))
@@ -325,8 +394,11 @@ def derive(config_dict: dict) -> NativeFeatures:
                        "npu_fused_infer_attention_score has no soft-cap)")
     else:
         fused.append("npu_fused_infer_attention_score_v2 (TND, paged cache through block_table"
-                     + ("; sliding-window layers: band mode at prefill, a (B, KV) mask at decode" if sliding else "") + ")")
-    if swiglu:
+                     + ("; sliding-window layers: band mode at prefill, a (B, KV) mask at decode" if sliding else "")
+                     + ("; attention sinks as its learnable_sink" if attn_sinks else "") + ")")
+    if moe is not None and moe.sparse_rule == "all":
+        pass                      # no dense MLP layer: the experts' activation is the MoE block's
+    elif swiglu:
         fused.append("npu_swiglu (gate/up)")
     else:
         unfused.append(f"MLP activation {getattr(config, act_key)} * up: plain torch (npu_swiglu is silu only)")
@@ -339,8 +411,10 @@ def derive(config_dict: dict) -> NativeFeatures:
         fused_gate_up=fused_gate_up, activation=getattr(config, act_key), act_key=act_key, norm_offset=offset,
         sandwich=next(iter(sandwich_kinds)), embed_scale=embed_scale, scaling=scaling, rope_by_layer_type=by_type,
         rope_types=rope_types, partial_rotary=partial, sliding=sliding, windows_from_layer_types=from_types,
-        attn_softcap=attn_softcap, final_softcap=final_softcap, tie_word_embeddings=tied,
-        fused=tuple(fused), unfused=tuple(unfused), mla=mla)
+        attn_softcap=attn_softcap, final_softcap=final_softcap, tie_word_embeddings=tied, attn_sinks=attn_sinks,
+        o_bias=next(iter(o_biases)),
+        fused=tuple(fused) + (moe.fused if moe else ()), unfused=tuple(unfused) + (moe.unfused if moe else ()), moe=moe,
+        mla=mla)
 
 
 def _latent_attention(config, layers, model):

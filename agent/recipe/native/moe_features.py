@@ -24,11 +24,12 @@ Anything not recognised raises `NotNative("moe", reason)`: the recipe keeps the 
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import asdict, dataclass, field
 
-from agent.recipe.native.features import NotNative   # one fall-back answer for every layer kind
+from agent.recipe.native.not_native import NotNative   # one fall-back answer for every layer kind
 
-EXPERT_COUNT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts")
+EXPERT_COUNT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
 MOE_WIDTH_KEYS = ("moe_intermediate_size", "intermediate_size")
 ROUTER_NAMES = ("gate", "router")
 SHARED_NAMES = ("shared_experts", "shared_expert")
@@ -44,7 +45,7 @@ class MoeFeatures:
     experts_key: str                   # config attribute: the routed expert count
     width_key: str                     # config attribute: one expert's intermediate size
     sparse_layers: tuple[int, ...]     # the layers whose MLP is the MoE block (of the config probed)
-    sparse_rule: str                   # "all" | "first_k_dense_replace" | "decoder_sparse_step"
+    sparse_rule: str                   # "all" | "first_k_dense_replace" | "num_dense_layers" | "mlp_layer_types" | "decoder_sparse_step"
     router_name: str                   # "gate" | "router"
     router_bias: bool                  # the router linear has a bias (gpt_oss)
     router_fp32: bool                  # router weight and its input kept in fp32 (deepseek_v3)
@@ -87,7 +88,7 @@ def _config_key(config, keys: tuple[str, ...], what: str, checkpoint_keys=()) ->
     raise NotNative("moe", f"no {what} in the config ({' / '.join(keys)})")
 
 
-def _moe_block(layer):
+def moe_block(layer):
     """(attribute name, module) of the layer's sparse-MoE block: a child with an `experts` module
     holding fused 3-D expert parameters; None for a dense layer."""
     for name, child in layer.named_children():
@@ -102,9 +103,13 @@ def _sparse_rule(config, sparse: list[bool]) -> str:
     """The config rule that reproduces transformers' own layer choice; none: not native."""
     n = len(sparse)
     rules = {"all": [True] * n}
-    k = getattr(config, "first_k_dense_replace", None)
-    if isinstance(k, int):
-        rules["first_k_dense_replace"] = [i >= k for i in range(n)]
+    for key in ("first_k_dense_replace", "num_dense_layers"):
+        k = getattr(config, key, None)
+        if isinstance(k, int):
+            rules[key] = [i >= k for i in range(n)]
+    types = getattr(config, "mlp_layer_types", None)
+    if isinstance(types, (list, tuple)) and len(types) >= n:
+        rules["mlp_layer_types"] = [t == "sparse" for t in types[:n]]
     step, only = getattr(config, "decoder_sparse_step", None), getattr(config, "mlp_only_layers", None)
     if isinstance(step, int) and step > 0:
         rules["decoder_sparse_step"] = [i not in (only or []) and (i + 1) % step == 0 for i in range(n)]
@@ -170,9 +175,9 @@ def _router_logits(router, x):
         return torch.nn.functional.linear(x.to(weight.dtype), weight, bias if isinstance(bias, torch.Tensor) else None)
 
 
-def reference_gating(logits, *, k, scoring, renormalize, selection_bias=None, n_group=1, topk_group=1,
-                     group_select="top2_sum", routed_scaling_factor=1.0):
-    """The gatings the generated code expresses, in plain torch (fp32): (weights [T, k], indices [T, k])."""
+def selection(logits, *, scoring, selection_bias=None, n_group=1, topk_group=1, group_select="top2_sum"):
+    """(scores, choice) in fp32: the gate's scores of every expert, and what the top-k picks by (the
+    scores plus the selection bias, experts outside the kept groups at -inf)."""
     import torch
 
     logits = logits.float()
@@ -184,8 +189,18 @@ def reference_gating(logits, *, k, scoring, renormalize, selection_bias=None, n_
         keep = torch.zeros_like(group_scores, dtype=torch.bool)
         keep.scatter_(1, group_scores.topk(topk_group, dim=-1).indices, True)
         choice = grouped.masked_fill(~keep[..., None], float("-inf")).view(choice.shape[0], -1)
-    index = choice.topk(k, dim=-1).indices
-    weights = scores.gather(1, index)
+    return scores, choice
+
+
+def reference_gating(logits, *, k, scoring, renormalize, selection_bias=None, n_group=1, topk_group=1,
+                     group_select="top2_sum", routed_scaling_factor=1.0, index=None):
+    """The gatings the generated code expresses, in plain torch (fp32): (weights [T, k], indices [T, k]);
+    `index`: these experts rather than the top-k (their weights by the same formula)."""
+    scores, choice = selection(logits, scoring=scoring, selection_bias=selection_bias, n_group=n_group,
+                               topk_group=topk_group, group_select=group_select)
+    if index is None:
+        index = choice.topk(k, dim=-1).indices
+    weights = scores.gather(1, index.long())
     if renormalize:
         weights = weights / (weights.sum(-1, keepdim=True) + (1e-20 if scoring == "sigmoid" else 0.0))
     return weights * routed_scaling_factor, index
@@ -298,9 +313,19 @@ def _probe_shared(block, config, hidden: int) -> tuple[str, str, str]:
     return "none", "shared_experts", "0"
 
 
+def _plain_path(pattern: str) -> tuple[str, ...] | None:
+    """A conversion rule's pattern as module names ("\\.mlp\\.gate" -> ("mlp", "gate")); None for a regex
+    that is more than a dotted name."""
+    text = pattern.replace("\\.", ".").strip("^$").strip(".")
+    parts = tuple(text.split("."))
+    return parts if all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", p) for p in parts) else None
+
+
 def _checkpoint_names(model_type: str, block_name: str) -> tuple[str, tuple[str, ...]]:
     """(the block's name in the checkpoint, (gate, up, down) per-expert names) from transformers'
-    conversion mapping; () where the checkpoint stores the fused tensors."""
+    conversion mapping; () where the checkpoint stores the fused tensors. A rule that renames, splits or
+    merges anything else: the native loader, which reads the checkpoint's names as the modules', would
+    miss those tensors — not native."""
     from transformers import conversion_mapping
 
     rules = conversion_mapping.get_checkpoint_conversion_mapping(model_type) or []
@@ -310,60 +335,112 @@ def _checkpoint_names(model_type: str, block_name: str) -> tuple[str, tuple[str,
         targets = list(rule.target_patterns)
         if type(rule).__name__ == "WeightRenaming":
             for s, t in zip(sources, targets):
-                if t.strip(".").startswith(block_name) and s.strip(".") != t.strip("."):
-                    ckpt_block = s.strip(".").split(".")[0]
-        elif not all("experts.*." in src for src in sources):
-            continue          # not a per-expert merge (a rename or a dequantisation of fused tensors)
-        elif any(t.endswith("experts.gate_up_proj") for t in targets) and len(sources) == 2:
-            gate, up = (s.split("experts.*.", 1)[1].rsplit(".weight", 1)[0] for s in sources)
-            names = (gate, up) + names[2:] if len(names) == 3 else (gate, up)
-            if "block_sparse_moe" in sources[0]:
-                ckpt_block = sources[0].strip(".").split(".")[0]
-        elif any(t.endswith("experts.down_proj") for t in targets) and len(sources) == 1:
-            down = sources[0].split("experts.*.", 1)[1].rsplit(".weight", 1)[0]
-            names = (*names[:2], down) if len(names) >= 2 else names + (down,)
+                src, dst = _plain_path(s), _plain_path(t)
+                if src and dst and dst[0] == block_name and src[1:] == dst[1:] and src[0] != dst[0]:
+                    ckpt_block = src[0]        # the block's own name in the checkpoint (mixtral's block_sparse_moe)
+                else:
+                    raise NotNative("moe", f"transformers renames checkpoint tensors {s!r} -> {t!r} for {model_type}: "
+                                           "the native loader reads the modules' own names")
+        elif all("experts.*." in src for src in sources):
+            if any(t.endswith("experts.gate_up_proj") for t in targets) and len(sources) == 2:
+                gate, up = (src.split("experts.*.", 1)[1].rsplit(".weight", 1)[0] for src in sources)
+                names = (gate, up) + names[2:] if len(names) == 3 else (gate, up)
+            elif any(t.endswith("experts.down_proj") for t in targets) and len(sources) == 1:
+                down = sources[0].split("experts.*.", 1)[1].rsplit(".weight", 1)[0]
+                names = (*names[:2], down) if len(names) >= 2 else names + (down,)
+            else:
+                raise NotNative("moe", f"transformers merges {sources} into {targets} for {model_type}: not the "
+                                       "experts' gate/up and down")
+            head = _plain_path(sources[0].split("experts.*.", 1)[0])
+            if head and head[0] != block_name:
+                ckpt_block = head[0]
+        elif [_plain_path(src) for src in sources] != [_plain_path(t) for t in targets]:
+            raise NotNative("moe", f"transformers converts checkpoint tensors {sources} -> {targets} for {model_type}: "
+                                   "the native loader reads the modules' own names")
     if names and len(names) != 3:
         raise NotNative("moe", f"transformers' conversion mapping for {model_type} names {names} for the experts")
     return ckpt_block, tuple(names)
 
 
-def derive_moe(config, checkpoint_keys=()) -> MoeFeatures:
-    """The MoE features of `config` (a transformers config: the checkpoint's, not shrunk);
-    `checkpoint_keys`: the keys of its config.json, which name the config attributes the code reads."""
+def _sparse_blocks(config):
+    """(block attribute, block class, sparse flags per layer, sparse rule) of `config`'s model, built on the
+    meta device (every layer, no memory); None when no layer has such a block."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    experts_key = _config_key(config, EXPERT_COUNT_KEYS, "routed expert count", checkpoint_keys)
     try:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(copy.deepcopy(config))
     except Exception as exc:  # noqa: BLE001 - a class transformers cannot build here
-        raise NotNative("moe", f"transformers cannot build it ({type(exc).__name__}: {exc})") from exc
-    layers = list(model.model.layers)
-    blocks = [_moe_block(layer) for layer in layers]
+        raise NotNative("moe", f"transformers cannot build it as a causal LM ({_first_line(exc)})") from exc
+    layers = list(getattr(getattr(model, "model", None), "layers", None) or [])
+    blocks = [moe_block(layer) for layer in layers]
     sparse = [b is not None for b in blocks]
     if not any(sparse):
-        raise NotNative("moe", "no layer has a sparse-MoE block with fused 3-D expert weights")
+        return None
     names = {b[0] for b in blocks if b is not None}
     classes = {type(b[1]) for b in blocks if b is not None}
     if len(names) != 1 or len(classes) != 1:
         raise NotNative("moe", f"MoE blocks of several kinds: {sorted(names)} {sorted(c.__name__ for c in classes)}")
-    block_name, block_cls = names.pop(), classes.pop()
-    rule = _sparse_rule(config, sparse)
-    del model
+    return names.pop(), classes.pop(), sparse, _sparse_rule(config, sparse)
+
+
+def _first_line(exc: Exception, limit: int = 160) -> str:
+    text = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _probe_block(config, block_cls):
+    """(the shrunk probe config, the block built on it, its router's attribute name)."""
+    import torch
 
     probe = _probe_config(config)
     torch.manual_seed(0)
-    block = block_cls(probe).float().eval()
+    try:
+        block = block_cls(probe).float().eval()
+    except Exception as exc:  # noqa: BLE001 - a block built from more than the config (a layer index, ...)
+        raise NotNative("moe", f"{block_cls.__name__}(config) cannot be built on its own ({_first_line(exc)})") from exc
+    router_name = next((n for n in ROUTER_NAMES if getattr(block, n, None) is not None
+                        and getattr(getattr(block, n), "weight", None) is not None), None)
+    if router_name is None:
+        raise NotNative("moe", f"{block_cls.__name__} has no gate / router with a weight")
+    return probe, block, router_name
+
+
+def gating_of(config) -> dict:
+    """How `config`'s sparse-MoE blocks route, probed as derive_moe probes it: {"block_name", "router_name",
+    "k", "scoring", "renormalize", "selection_bias", "groups", "group_select", "routed_scaling",
+    "n_group", "topk_group", "routed_scaling_factor"} (NotNative: a routing none of the candidates is)."""
+    blocks = _sparse_blocks(config)
+    if blocks is None:
+        raise NotNative("moe", "no layer has a sparse-MoE block with fused 3-D expert weights")
+    block_name, block_cls, _, _ = blocks
+    probe, block, router_name = _probe_block(config, block_cls)
+    gating = _probe_gating(block, getattr(block, router_name), probe, PROBE_HIDDEN)
+    factor = getattr(config, "routed_scaling_factor", None)
+    return {**gating, "block_name": block_name, "router_name": router_name, "k": int(config.num_experts_per_tok),
+            "n_group": int(getattr(config, "n_group", None) or 1), "topk_group": int(getattr(config, "topk_group", None) or 1),
+            "routed_scaling_factor": float(factor) if gating["routed_scaling"] else 1.0}
+
+
+def derive_moe(config, checkpoint_keys=()) -> MoeFeatures | None:
+    """The MoE features of `config` (a transformers config: the checkpoint's, not shrunk); None when no layer
+    has a sparse-MoE block with fused 3-D expert weights (every layer dense, e.g. first_k_dense_replace past the
+    last layer: its MLPs are the generator's dense ones, which refuse any other block). `checkpoint_keys`: the
+    keys of its config.json, which name the config attributes the code reads."""
+    import torch
+
+    experts_key = _config_key(config, EXPERT_COUNT_KEYS, "routed expert count", checkpoint_keys)
+    blocks = _sparse_blocks(config)
+    if blocks is None:
+        return None
+    block_name, block_cls, sparse, rule = blocks
+    probe, block, router_name = _probe_block(config, block_cls)
     width = block.experts.down_proj.shape[-1] if block.experts.down_proj.shape[-2] == PROBE_HIDDEN \
         else block.experts.down_proj.shape[-2]
     width_key = next((k for k in MOE_WIDTH_KEYS if getattr(probe, k, None) == width), None)
     if width_key is None:
         raise NotNative("moe", f"the experts' width {width} is none of the config's {' / '.join(MOE_WIDTH_KEYS)}")
-    router_name = next((n for n in ROUTER_NAMES if getattr(block, n, None) is not None
-                        and getattr(getattr(block, n), "weight", None) is not None), None)
-    if router_name is None:
-        raise NotNative("moe", f"{block_cls.__name__} has no gate / router with a weight")
     router = getattr(block, router_name)
     router_bias = isinstance(getattr(router, "bias", None), torch.Tensor)
     previous = torch.get_default_dtype()

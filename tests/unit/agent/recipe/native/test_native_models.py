@@ -1,9 +1,11 @@
-"""The native generator (agent/recipe/native): features derived from each dense and sliding-window
-architecture's transformers code, and the written file held to transformers in float32 under the npu
-stand-in (agent.recipe.native.selfcheck) for llama, qwen2, qwen3, mistral, phi3, gemma, gemma2 and
-gemma3_text; faults written into a correct file (a window off by one, rotary on the wrong pairs, the
-gemma norm's missing 1 + w, ...) must fail the same check. The end-to-end run of a native recipe through
-upstream's launcher is tests/e2e/test_framework_target.py's."""
+"""The native generator (agent/recipe/native): features derived from each dense, sliding-window and
+sparse-MoE architecture's transformers code, and the written file held to transformers in float32 under
+the npu stand-in (agent.recipe.native.selfcheck) for llama, qwen2, qwen3, mistral, phi3, gemma, gemma2,
+gemma3_text and the MoE types mixtral, qwen2_moe (gated shared expert), qwen3_moe and gpt_oss (attention
+sinks, biased projections, alternating windows, clamped experts); faults written into a correct file (a
+window off by one, rotary on the wrong pairs, the gemma norm's missing 1 + w, a routing without its
+renormalisation or with another top-k, sinks dropped, ...) must fail the same check. Slow: each type's
+recipe through upstream's launcher at 1 and 2 ranks, per step against transformers."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from locations import REPO_ROOT
 SNAPSHOT = REPO_ROOT.parent / "shared" / "upstream" / "cann-recipes-infer"
 # the tested dense and sliding-window types; mistral with a window (its default has none)
 TYPES = {"llama": {}, "qwen2": {}, "qwen3": {}, "mistral": {"sliding_window": 4096}, "phi3": {}, "gemma": {},
-         "gemma2": {}, "gemma3_text": {}}
+         "gemma2": {}, "gemma3_text": {}, "mixtral": {}, "qwen2_moe": {}, "qwen3_moe": {}, "gpt_oss": {}}
 
 
 def type_config(model_type: str) -> dict:
@@ -48,16 +50,22 @@ def features():
     ("gemma2", dict(sandwich=True, attn_softcap=True, final_softcap=True, scaling="query_pre_attn_scalar",
                     sliding=True, windows_from_layer_types=True)),
     ("gemma3_text", dict(sandwich=True, qk_norm=True, rope_by_layer_type=True, attn_softcap=False, sliding=True)),
+    ("gpt_oss", dict(attn_sinks=True, o_bias=True, qkv_bias=True, sliding=True, windows_from_layer_types=True)),
 ])
 def test_features_are_read_from_the_architecture(features, model_type, expected):
     got = features[model_type].as_dict()
     assert {key: got[key] for key in expected} == expected
     fused = " ".join(features[model_type].fused)
     assert ("npu_fused_infer_attention_score_v2" in fused) is not got["attn_softcap"]
-    assert ("npu_swiglu" in fused) is (got["activation"] == "silu")
+    moe = features[model_type].moe
+    if moe is None or moe.sparse_rule != "all":      # a dense MLP layer: the config's activation fused or not
+        assert ("npu_swiglu" in fused) is (got["activation"] == "silu")
+    else:                                            # experts only: their own activation (gpt_oss's clamp: plain)
+        assert ("npu_swiglu" in fused) is (moe.activation == "swiglu")
+    assert ("npu_moe_init_routing_v2" in fused) is (moe is not None)
 
 
-@pytest.mark.parametrize("model_type,kind", [("qwen3_moe", "mlp"), ("deepseek_v3", "mlp"), ("olmo2", "norm")])
+@pytest.mark.parametrize("model_type,kind", [("phimoe", "moe"), ("deepseek_v32", "attention"), ("olmo2", "norm")])
 def test_architectures_the_generator_does_not_write_fall_back_with_the_layer_kind(model_type, kind):
     from transformers import AutoConfig
 
@@ -79,6 +87,13 @@ FAULTS = [
      "allowed"),
     ("gemma3_text", "the global rope base on local layers", "cos, sin = cos_sin[self.layer_type]", 'cos, sin = cos_sin["full_attention"]'),
     ("qwen3", "q/k norms skipped", "query, key = self.q_norm(query), self.k_norm(key)", "pass"),
+    ("mixtral", "top-k weights not renormalised", "weights = weights / weights.sum(dim=-1, keepdim=True)\n", "\n"),
+    ("qwen3_moe", "top-1 routing of a top-2 model", "npu_moe_gating_top_k_softmax(logits, None, k=self.top_k)",
+     "npu_moe_gating_top_k_softmax(logits, None, k=1)"),
+    ("qwen2_moe", "shared expert's sigmoid gate dropped", "shared = torch.sigmoid(self.shared_expert_gate(hidden_states)) * ",
+     "shared = "),
+    ("gpt_oss", "attention sinks dropped at decode", "block_size=self.block_size, learnable_sink=self.sinks)",
+     "block_size=self.block_size)"),
 ]
 
 
@@ -123,7 +138,9 @@ def test_a_fault_in_the_native_file_fails_the_check(checked, model_type, what):
 # ---- slow: each type's native recipe through upstream's launcher, held to transformers per step ------
 # (tiny checkpoints; a sliding window shorter than the prompts)
 RECIPE_TYPES = {"llama": {}, "qwen2": {}, "qwen3": {}, "mistral": {"sliding_window": 16}, "phi3": {}, "gemma": {},
-                "gemma2": {"sliding_window": 16}, "gemma3_text": {"sliding_window": 16}}
+                "gemma2": {"sliding_window": 16}, "gemma3_text": {"sliding_window": 16},
+                "mixtral": {}, "qwen3_moe": {}, "qwen2_moe": {}, "gpt_oss": {"sliding_window": 16}}
+MOE_RECIPE_TYPES = ("mixtral", "qwen3_moe", "qwen2_moe", "gpt_oss")
 
 
 @pytest.fixture(scope="module")
@@ -137,8 +154,8 @@ def native_checkout(tmp_path_factory):
 
 
 def native_recipe(native_checkout, model_type: str) -> tuple[Path, str]:
-    from agent.workflow.run import run_migration
     from agent.measure import reference as upstream
+    from agent.workflow.run import run_migration
 
     if model_type not in native_checkout["recipes"]:
         root, checkout = native_checkout["root"], native_checkout["checkout"]
@@ -167,7 +184,17 @@ def test_native_recipe_of_each_type_passes_the_per_step_precision_check(native_c
     assert not (recipe / "models" / f"modeling_{name}_framework.py").exists()
     proc, summary = run_standin(native_checkout["checkout"], name, "--world-size", str(ranks))
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    parity = json.loads(Path(summary["baseline_path"]).read_text())["verification"]["parity"]
+    baseline = json.loads(Path(summary["baseline_path"]).read_text())
+    parity = baseline["verification"]["parity"]
     assert parity["ok"] is True and parity["ranks"] == ranks, parity
+    compiled = {k: v for k, v in (baseline.get("standin") or {}).get("compiles", {}).items() if "npugraph_ex" in k}
+    # the decode graph compiled once in each rank's warm-up (the record sums the ranks' processes), never again
+    assert [(v["compiles"], v["recompiles"]) for v in compiled.values()] == [(ranks, 0)], compiled
+    ops = (baseline.get("standin") or {}).get("reference_kernels", {})
+    if model_type in MOE_RECIPE_TYPES:      # the MoE kernel chain ran, the experts split by moe_tp_size
+        assert {"npu_moe_init_routing_v2", "npu_grouped_matmul", "npu_moe_finalize_routing"} <= set(ops), ops
+        settings = [p.read_text() for p in (recipe / "res" / ".migrator" / "standin" / "config").glob("*.yaml")]
+        assert any(f"moe_tp_size: {ranks}" in text for text in settings), settings
     print(f"NATIVE-TABLE {model_type} ranks={ranks} ok={parity['ok']} closest={parity.get('closest')} "
-          f"decode_steps={parity.get('decode_steps_checked')}")
+          f"routing_ties={parity.get('routing_ties_taken')} decode_steps={parity.get('decode_steps_checked')} "
+          f"compiles={list(compiled.values())}")
