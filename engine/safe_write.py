@@ -459,6 +459,29 @@ def in_tree_write() -> bool:
 
 
 def tree_of(path: str | os.PathLike, what: str = "the folder", error: type[WriteRefused] = WriteRefused) -> UserTree:
-    """The tree whose root is `path`'s folder: for a single file we were told to write (an --output
-    file), where no larger root is known."""
+    """The tree whose root is `path`'s folder: only for a single file the user (or a caller) named to be
+    written (an --output file), where no larger root exists. A file of a recipe, a checkout or a cache is
+    written in the tree of that root, so that a link anywhere between the root and the file is refused
+    (tests/test_safe_write.py lists the few callers of this one)."""
     return UserTree(Path(os.path.abspath(path)).parent, what, error)
+
+
+# A recipe's run writes its logs, dump and records into the run folder the migrator made and checked in
+# the recipe; the migrator names that recipe here, and a run's writers anchor their tree there (a link
+# swapped in anywhere between the recipe and the run folder is refused). A run started by hand has none:
+# its folder is its tree.
+WRITE_ROOT_ENV = "MIGRATOR_WRITE_ROOT"
+
+
+def run_folder_tree(folder: str | os.PathLike, what: str = "the run folder", *, create: bool = False) -> UserTree:
+    """The tree a run's writer writes `folder` in: the recipe of WRITE_ROOT_ENV when `folder` lies in it
+    (created, when `create`, through that tree), else `folder` itself."""
+    folder = Path(os.path.abspath(folder))
+    root = os.environ.get(WRITE_ROOT_ENV)
+    if root and os.path.isabs(root):
+        tree = UserTree(root, "the recipe")
+        if folder == tree.root or tree.root in folder.parents:
+            if create:
+                tree.mkdir(folder)
+            return tree
+    return UserTree(folder, what, create=create)

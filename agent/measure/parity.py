@@ -50,9 +50,10 @@ def run_parity(recipe: Recipe, tokens: int = 16, timeout: int = 900, trust_remot
     runs = state_dir(recipe.path) / "runs"
     pids = runs / "parity.pids" if runs.is_dir() and not runs.is_symlink() else None
     if pids is not None:
-        stop_leftovers(pids)
+        stop_leftovers(pids, recipe.path)
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err_file:
-        tree = run_tree(cmd, cwd=recipe.path, env=env, stdout=out, stderr=err_file, timeout=timeout, pids_file=pids)
+        tree = run_tree(cmd, cwd=recipe.path, env=env, stdout=out, stderr=err_file, timeout=timeout, pids_file=pids,
+                        pids_root=recipe.path)
         out.seek(0)
         err_file.seek(0)
         stdout, stderr = out.read(), err_file.read()

@@ -245,8 +245,10 @@ def _end(output) -> None:
     path = os.path.join(_state["dir"], f"call_{_state['calls']:05d}.pt")
 
     _state["calls"] += 1
-    # the folder the migrator named for this run (it made and checked it); nothing through a link out of it
-    _safe_write().UserTree(os.path.dirname(_state["dir"]), "the run's precision folder", create=True).write_with(
+    # the folder the migrator named for this run (it made and checked it), written in the tree of the recipe
+    # it names (engine.safe_write.WRITE_ROOT_ENV): nothing through a link out of it
+    _safe_write().run_folder_tree(os.path.dirname(_state["dir"]), "the run's precision folder",
+                                  create=True).write_with(
 
         path, lambda tmp: torch.save(record, tmp))
 

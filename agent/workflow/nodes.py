@@ -276,7 +276,7 @@ def node_verify(state: MigrationState) -> MigrationState:
     update = {"verification": checked["verification"], "status": "failed" if problems else "ok"}
     if problems:
         update["message"] = "; ".join(problems)
-    if (again := verify.abnormal_output_run(last_run(state), checked)) is not None:
+    if (again := verify.abnormal_output_run(last_run(state), checked, recipe_dir)) is not None:
         update["runs"] = [again]
     return update
 

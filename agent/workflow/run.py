@@ -152,11 +152,18 @@ def _check_resumed_state(values: dict, db: Path) -> None:
                                         "what this release stores", True)
 
 
-def _hold_run_lock(path: Path, state: dict) -> int:
+def store_root(home: Path, store: Path) -> Path:
+    """The tree the store's files are written in: the recipe (or output folder) `home` when the store
+    is its `.migrator/`, else the store itself (the private folder of a checkout migration)."""
+    return home if home == store or home in store.parents else store
+
+
+def _hold_run_lock(path: Path, state: dict, root: Path) -> int:
     """One run per recipe (and per identical migration) at a time: an exclusive flock, held until the
     run returns (the kernel drops it when the process dies, even on SIGKILL); a second run is refused
-    with one line (exit 75, try again later). Returns the lock's file descriptor."""
-    fd = user_tree(path.parent, "the run's state folder").open_lock(path)
+    with one line (exit 75, try again later). Returns the lock's file descriptor. `root`: the tree
+    the lock file is in (store_root)."""
+    fd = user_tree(root, "the run's state folder").open_lock(path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -212,7 +219,8 @@ def _run_with_store(state, resume, stop_after, key, home, output_dir, options) -
             raise _unreadable_store(path, "it is a symlink", resume)
         if os.path.lexists(path) and not path.is_file():     # a folder, a FIFO, a socket in its place
             raise _unreadable_store(path, "it is not a regular file", resume)
-    lock = _hold_run_lock(store / ("run.lock" if home != output_dir else f"run-{key}.lock"), state)
+    lock = _hold_run_lock(store / ("run.lock" if home != output_dir else f"run-{key}.lock"), state,
+                          store_root(home, store))
     finished = []
     try:
         return _run_locked(state, resume, stop_after, key, home, output_dir, threads_file, db, options, finished)
@@ -265,7 +273,8 @@ def _run_locked(state, resume, stop_after, key, home, output_dir, threads_file, 
         threads[key] = f"{key}-{uuid.uuid4().hex[:8]}"
         if home != output_dir:
             start_backup_run(home, threads[key])   # a fresh run's rounds start at 1; earlier ones are kept
-        atomic_write(threads_file, json.dumps(threads, indent=2).encode())
+        atomic_write(threads_file, json.dumps(threads, indent=2).encode(), root=store_root(home, threads_file.parent),
+                     what="the run's state folder")
         config = {"configurable": {**options, "thread_id": threads[key]}, "recursion_limit": RECURSION_LIMIT}
         result = summarise(invoke(state, config))
         if finished is not None and not app.get_state(config).next:
