@@ -538,6 +538,19 @@ CASES = [
          2, "duplicate key 'eos_token' at line 2"),
     Case("generation_config_not_utf8", file_bytes("generation_config.json", b'{"eos_token_id": 2, "x": "\xc3"}'), 2,
          "not UTF-8"),
+    # found checking #31.2 by variants: values the parser's own type constructors reject were Python's ValueError
+    Case("recipe_yaml_impossible_date", recipe_yaml(b"model_name: r\nmodel_config:\n  released: 2001-13-45\n"), 2,
+         "'2001-13-45' cannot be read as timestamp"),
+    Case("recipe_yaml_int_tag_on_text", recipe_yaml(b"model_name: r\ndata_config:\n  batch_size: !!int 'four'\n"), 2,
+         "cannot be read as int"),
+    Case("recipe_yaml_hex_of_5000_digits", recipe_yaml(b"model_name: r\nseed: 0x" + b"f" * 5000 + b"\n"), 2,
+         "an integer of more than 4300 digits"),
+    Case("config_integer_of_5000_digits", lambda tmp, ckpt: config_bytes(
+        (ckpt / "config.json").read_bytes().rstrip()[:-1] + b', "seed": ' + b"7" * 5000 + b"}")(tmp, ckpt), 2,
+         "a number of 5000 digits"),
+    Case("tokenizer_config_integer_of_5000_digits", file_bytes("tokenizer_config.json",
+                                                               b'{"model_max_length": ' + b"9" * 5000 + b"}"), 2,
+         "a number of 5000 digits"),
     # archives: --transformers-source read member by member, the version first, sizes capped
     Case("transformers_source_member_of_zeros", wheel_of_zeros("transformers/zeros.py", 64 * 2**20), 10, "unpacks to"),
     Case("transformers_source_init_of_zeros", wheel_of_zeros("transformers/__init__.py", 48 * 2**20), 10, "unpacks to"),
