@@ -66,7 +66,11 @@ class UserTree:
     def __init__(self, root: str | os.PathLike, what: str = "the folder", error: type[WriteRefused] = WriteRefused,
                  *, create: bool = False, keep_links: bool = True):
         if create:                       # the root is where the caller writes: a cache we fill, an output folder
-            os.makedirs(root, 0o777, exist_ok=True)
+            try:
+                os.makedirs(root, 0o777, exist_ok=True)
+            except FileExistsError:      # a file, or a link to nothing, where the folder is to be
+                shown = f"a symlink to {os.readlink(root)} that leads nowhere" if os.path.islink(root) else "not a folder"
+                raise error(f"{root} is {shown}; the migrator makes {what} there: move it away and re-run") from None
         self.root = Path(os.path.abspath(root))
         self.real_root = Path(os.path.realpath(root))
         self.what = what

@@ -168,6 +168,16 @@ def recipe_exists(tmp: Path, ckpt: Path) -> list[str]:
     return ["run", str(ckpt), "--name", "my_model"]
 
 
+def recipe_folder_is(make: Callable[[Path, Path], None]):
+    """Setup: the recipe's folder under --output-dir (out/my_model) already is something `make(path, tmp)` put there."""
+    def setup(tmp: Path, ckpt: Path) -> list[str]:
+        (tmp / "out").mkdir()
+        (tmp / "elsewhere" / "empty").mkdir(parents=True)
+        make(tmp / "out" / "my_model", tmp)
+        return ["run", str(ckpt), "--name", "my_model"]
+    return setup
+
+
 def mistyped_local_path(tmp: Path, ckpt: Path) -> list[str]:
     return ["run", "ckpt/nonexist"]
 
@@ -379,6 +389,19 @@ CASES = [
     Case("output_dir_inside_checkpoint", args("run", "{ckpt}", "--output-dir", "{ckpt}/recipes"), 2,
          "inside the checkpoint"),
     Case("recipe_dir_exists", recipe_exists, 2, "already exists"),
+    # found checking #31.1 by variants: the recipe's own folder, a link out of --output-dir, was migrated into
+    # (an empty folder elsewhere: exit 0, the recipe written there) or crashed (exit 70)
+    Case("recipe_dir_linked_to_an_empty_folder_elsewhere", recipe_folder_is(
+        lambda p, tmp: p.symlink_to(tmp / "elsewhere" / "empty", target_is_directory=True)), 2,
+         "my_model is a symlink to"),
+    Case("recipe_dir_relative_link_up_and_out", recipe_folder_is(
+        lambda p, tmp: p.symlink_to("../elsewhere/empty", target_is_directory=True)), 2, "outside the output folder"),
+    Case("recipe_dir_dangling_link_out", recipe_folder_is(
+        lambda p, tmp: p.symlink_to(tmp / "elsewhere" / "not_yet", target_is_directory=True)), 2,
+         "outside the output folder"),
+    Case("recipe_dir_dangling_link_inside", recipe_folder_is(lambda p, tmp: p.symlink_to("nothing")), 2,
+         "exists and is not a folder"),
+    Case("recipe_dir_a_fifo", recipe_folder_is(lambda p, tmp: os.mkfifo(p)), 2, "exists and is not a folder"),
     # found by tests/e2e/test_fuzz_inputs.py: a relative XDG_CACHE_HOME put the folder locks (and caches) under the
     # working directory; the XDG spec says to ignore it (agent.paths.cache_home)
     Case("xdg_cache_home_relative", recipe_exists, 2, "already exists", env={"XDG_CACHE_HOME": "nan"}),
