@@ -341,7 +341,8 @@ def cmd_baseline(args) -> int:
         return errors.EXIT_FAILED          # a recipe ran and fails: the table says which
     for r in problems:                    # refused before running: one line each, the class as the exit code
         named = r["recipe"] in r["message"] or str(Path(r["recipe"]).expanduser().resolve()) in r["message"]
-        print(f"migrator: error: {r['message'] if named else r['recipe'] + ': ' + r['message']}", file=sys.stderr)
+        message = _advice_for(args, r["message"])
+        print(f"migrator: error: {message if named else r['recipe'] + ': ' + message}", file=sys.stderr)
     codes = {r["exit"] for r in problems}
     return codes.pop() if len(codes) == 1 else errors.EXIT_FAILED
 
@@ -438,6 +439,8 @@ def _command(args, as_json: bool) -> int:
                "rollback": cmd_rollback, "baseline": cmd_baseline, "standin": cmd_standin}[args.command]
     try:
         return handler(args)
+    except errors.FilesystemFault as exc:
+        return _fail(_advice_for(args, str(exc)), exc.exit_code, as_json)
     except MigratorError as exc:
         return _fail(str(exc), exc.exit_code, as_json)
     except LoadError as exc:      # a YAML / JSON file we were given, refused by engine.safe_load: file and line
@@ -448,8 +451,13 @@ def _command(args, as_json: bool) -> int:
     except Exception as exc:  # noqa: BLE001 - a bug: one line here, the traceback in a file
         fault = errors.filesystem_fault(exc, _written_place(args))   # disk full, read-only, removed: not a bug
         if fault is not None:
-            return _fail(str(fault), fault.exit_code, as_json)
+            return _fail(_advice_for(args, str(fault)), fault.exit_code, as_json)
         return _internal_error(exc, as_json)
+
+
+def _advice_for(args, message: str) -> str:
+    """A filesystem fault's advice as this command takes it: only `migrator run` has --resume."""
+    return message if args.command == "run" else message.replace(errors.RESUME_NOTE, "")
 
 
 def _written_place(args) -> str | None:

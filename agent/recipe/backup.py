@@ -378,7 +378,7 @@ def rollback(recipe_dir: Path, round_no: int | None = None) -> tuple[int, list[s
     recipe_dir = Path(recipe_dir)
     rounds = backup_rounds(recipe_dir)
     if not rounds:
-        raise FileNotFoundError(f"{recipe_dir}: no repair backups under .migrator/backup/")
+        raise FileNotFoundError(f"{recipe_dir}: no repair backups under {'/'.join((*state_parts(recipe_dir), 'backup'))}/")
     round_no = rounds[0] if round_no is None else round_no
     if round_no not in rounds:
         raise FileNotFoundError(f"{recipe_dir}: no backup for round {round_no} (have {rounds})")
