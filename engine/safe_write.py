@@ -431,11 +431,13 @@ class UserTree:
                 raise
         return real
 
-    def fill_with(self, folder: str | os.PathLike, writer: Callable[[str], object]) -> Path:
+    def fill_with(self, folder: str | os.PathLike, writer: Callable[[str], object],
+                  temp_prefix: str = "migrator-fill-") -> Path:
         """A folder filled by a library (`writer(temp_folder)`, e.g. save_pretrained): into a private
-        folder first, then copied in file by file (checked like any write)."""
+        folder first (named `temp_prefix`: infer-migrator's owned_temp_prefix, which the next command
+        removes if a SIGKILL leaves it), then copied in file by file (checked like any write)."""
         real = self.mkdir(folder)
-        with tempfile.TemporaryDirectory(prefix="migrator-fill-") as tmp:
+        with tempfile.TemporaryDirectory(prefix=temp_prefix) as tmp:
             writer(tmp)
             self.copy_tree(tmp, real)
         return real
