@@ -181,13 +181,14 @@ class _BoundedLoader(yaml.SafeLoader):
                            "bomb or a file far larger than a settings file)", mark)
 
     def construct_object(self, node, deep=False):
-        # a scalar whose type's constructor fails (a date of month 13, `!!int "x"`, a 5000-digit int): PyYAML
-        # raises Python's own ValueError / KeyError there, with no place; name the node's line instead
+        # a scalar whose type's constructor fails (a date of month 13, `!!int "x"`, `!!float ''`, a 5000-digit
+        # int): PyYAML raises Python's own ValueError / KeyError / IndexError there, with no place; name the
+        # node's line instead
         try:
             value = super().construct_object(node, deep)
         except (yaml.YAMLError, _Refused, RecursionError):
             raise
-        except (ValueError, KeyError, TypeError, OverflowError) as exc:
+        except Exception as exc:         # noqa: BLE001 - whatever a type's constructor raises on the file's text
             value = node.value if isinstance(node, yaml.ScalarNode) else ""
             shown = repr(value if len(value) <= 40 else value[:40] + "...")
             raise _Refused(f"the value {shown} cannot be read as {node.tag.rsplit(':', 1)[-1]} "

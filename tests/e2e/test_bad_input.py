@@ -566,6 +566,8 @@ CASES = [
          "'2001-13-45' cannot be read as timestamp"),
     Case("recipe_yaml_int_tag_on_text", recipe_yaml(b"model_name: r\ndata_config:\n  batch_size: !!int 'four'\n"), 2,
          "cannot be read as int"),
+    Case("recipe_yaml_empty_float_tag", recipe_yaml(b"model_name: r\nmodel_config:\n  rope_theta: !!float ''\n"), 2,
+         "cannot be read as float"),
     Case("recipe_yaml_hex_of_5000_digits", recipe_yaml(b"model_name: r\nseed: 0x" + b"f" * 5000 + b"\n"), 2,
          "an integer of more than 4300 digits"),
     Case("config_integer_of_5000_digits", lambda tmp, ckpt: config_bytes(
