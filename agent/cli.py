@@ -395,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     from agent.secrets import hold_secrets
 
     hold_secrets()      # the LLM API key stays in this process: no child sees it, no file holds it
+    entry = argv is None       # the process's own command (console script, python -m): not a caller's main(argv)
     argv = sys.argv[1:] if argv is None else list(argv)
     as_json = "--json" in argv     # before parsing: a usage error answers in JSON too
     try:
@@ -410,7 +411,10 @@ def main(argv: list[str] | None = None) -> int:
     # only `run` has --resume: the other commands' interrupt line names nothing to continue with
     again = "; continue with --resume" if args.command == "run" else ""
     try:
-        return _command(args, as_json)
+        code = _command(args, as_json)
+        if entry:
+            _exit_on_late_signal(code)
+        return code
     except KeyboardInterrupt:
         print(f"migrator: interrupted{again}", file=sys.stderr)
         if as_json:
@@ -481,6 +485,23 @@ def _fail(message: str, code: int, as_json: bool) -> int:
 
 def _print_json_error(code: int, line: str, status: str = "error") -> None:
     print(json.dumps({"status": status, "exit_code": code, "error": line}, indent=2), flush=True)
+
+
+def _exit_on_late_signal(code: int) -> None:
+    """The command has finished and printed its answer: a SIGINT / SIGTERM that lands while the interpreter
+    tears down (threads joined, stores closed) ends the process with that answer's code, not as killed by
+    the signal (-2, no line: found by scripts/signal_matrix.py, SIGINT at the last node)."""
+    import signal
+    import threading
+
+    def leave(signum, frame):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, leave)
+        signal.signal(signal.SIGTERM, leave)
 
 
 def _exit_after_signal(code: int) -> int:

@@ -222,6 +222,22 @@ def test_the_precision_probe_leaves_torch_to_the_recipes_own_guard(tmp_path):
     assert proc.returncode == 0 and "finished" in out, err[-2000:]
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_after_the_command_finished_keeps_its_exit_code(tmp_path, sig):
+    """scripts/signal_matrix.py: SIGINT at the last node landed after the command had answered, while the
+    interpreter tore down, and the process died of it (-2, no line). The answer stands: its own code."""
+    code = ("import os, signal, sys, time\n"
+            f"sys.argv = ['migrator', 'classify', {str(tmp_path / 'nope')!r}]\n"
+            "from agent import cli\n"
+            "code = cli.main()\n"
+            f"os.kill(os.getpid(), {int(sig)})\n"
+            "time.sleep(5)\n"
+            "sys.exit(code)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr and proc.stderr.count("migrator: error:") == 1, proc.stderr
+
+
 # ---- the parity check's temporary folders -------------------------------------------------------
 def test_interrupted_verify_leaves_no_parity_folder(working_recipe, tmp_path):
     """SIGINT while the parity subprocess holds its parity folders (a copy of the checkpoint's
