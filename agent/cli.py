@@ -489,19 +489,29 @@ def _print_json_error(code: int, line: str, status: str = "error") -> None:
 
 def _exit_on_late_signal(code: int) -> None:
     """The command has finished and printed its answer: a SIGINT / SIGTERM that lands while the interpreter
-    tears down (threads joined, stores closed) ends the process with that answer's code, not as killed by
-    the signal (-2, no line: found by scripts/signal_matrix.py, SIGINT at the last node)."""
+    tears down ends the process with that answer's code, not as killed by the signal (-2 / -15, no line:
+    found by scripts/signal_matrix.py at the last node). While threads are joined a signal exits at once
+    with the code; from the exit handlers on it is ignored (Python restores the default disposition of a
+    signal it handles before the rest of its teardown, where the default would kill the process)."""
+    import atexit
     import signal
     import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
 
     def leave(signum, frame):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
 
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, leave)
-        signal.signal(signal.SIGTERM, leave)
+    def ignore():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+    signal.signal(signal.SIGINT, leave)
+    signal.signal(signal.SIGTERM, leave)
+    atexit.register(ignore)         # registered last: the first exit handler to run
 
 
 def _exit_after_signal(code: int) -> int:

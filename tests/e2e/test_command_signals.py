@@ -222,17 +222,24 @@ def test_the_precision_probe_leaves_torch_to_the_recipes_own_guard(tmp_path):
     assert proc.returncode == 0 and "finished" in out, err[-2000:]
 
 
+@pytest.mark.parametrize("when", ["after_the_answer", "in_the_teardown"])
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_after_the_command_finished_keeps_its_exit_code(tmp_path, sig):
-    """scripts/signal_matrix.py: SIGINT at the last node landed after the command had answered, while the
-    interpreter tore down, and the process died of it (-2, no line). The answer stands: its own code."""
+def test_a_signal_after_the_command_finished_keeps_its_exit_code(tmp_path, sig, when):
+    """scripts/signal_matrix.py: SIGINT / SIGTERM at the last node landed after the command had answered, while
+    the interpreter tore down, and the process died of it (-2 / -15, no line). The answer stands: its code.
+    `in_the_teardown`: sent by an object finalized with the modules, after Python's own signal handling ends."""
     code = ("import os, signal, sys, time\n"
             f"sys.argv = ['migrator', 'classify', {str(tmp_path / 'nope')!r}]\n"
             "from agent import cli\n"
-            "code = cli.main()\n"
-            f"os.kill(os.getpid(), {int(sig)})\n"
-            "time.sleep(5)\n"
-            "sys.exit(code)\n")
+            "class Late:\n"
+            f"    def __del__(self, kill=os.kill, pid=os.getpid(), sig={int(sig)}):\n"
+            "        kill(pid, sig)\n"
+            "        for _ in range(10 ** 7):\n"
+            "            pass\n"
+            + ("late = Late()\n" if when == "in_the_teardown" else "")
+            + "code = cli.main()\n"
+            + (f"os.kill(os.getpid(), {int(sig)}); time.sleep(3)\n" if when == "after_the_answer" else "")
+            + "sys.exit(code)\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
     assert "Traceback" not in proc.stderr and proc.stderr.count("migrator: error:") == 1, proc.stderr
