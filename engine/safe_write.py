@@ -69,7 +69,8 @@ class UserTree:
             try:
                 os.makedirs(root, 0o777, exist_ok=True)
             except FileExistsError:      # a file, or a link to nothing, where the folder is to be
-                shown = f"a symlink to {os.readlink(root)} that leads nowhere" if os.path.islink(root) else "not a folder"
+                shown = f"a symlink to {os.readlink(root)} that leads nowhere" if os.path.islink(root) else \
+                    "not a folder"
                 raise error(f"{root} is {shown}; the migrator makes {what} there: move it away and re-run") from None
         self.root = Path(os.path.abspath(root))
         self.real_root = Path(os.path.realpath(root))
@@ -468,7 +469,7 @@ def tree_of(path: str | os.PathLike, what: str = "the folder", error: type[Write
     """The tree whose root is `path`'s folder: only for a single file the user (or a caller) named to be
     written (an --output file), where no larger root exists. A file of a recipe, a checkout or a cache is
     written in the tree of that root, so that a link anywhere between the root and the file is refused
-    (tests/test_safe_write.py lists the few callers of this one)."""
+    (tests/lint/test_writes_through_safe_write.py lists the few callers of this one)."""
     return UserTree(Path(os.path.abspath(path)).parent, what, error)
 
 

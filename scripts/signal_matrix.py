@@ -90,7 +90,7 @@ EXIT_OF = {"INT": 130, "TERM": 143, "KILL": -9}
 
 
 def holds(row: dict) -> bool:
-    """What tests/test_fuzz_inputs.py asks of a pair: no traceback; a run the signal stopped exits with the
+    """What tests/e2e/test_fuzz_inputs.py asks of a pair: no traceback; a run the signal stopped exits with the
     signal's code, and (INT / TERM) leaves no process of its tree and says --resume; --resume then finishes."""
     if row["traceback"] or row["resume_exit"] != 0:
         return False

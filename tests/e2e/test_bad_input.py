@@ -663,8 +663,8 @@ CASES = [
     Case("baseline_tilde_of_no_user", args("baseline", "~no_such_user_x", "--summary", "{tmp}/out/summary"), 2,
          "names no user"),
     Case("rollback_tilde_of_no_user", args("rollback", "~no_such_user_x/r"), 2, "names no user"),
-    # found by tests/test_fuzz_inputs.py (FUZZ_EXAMPLES=60): pathlib reads './~x' as '~x', so the check of the raw
-    # string let it through to expanduser (a RuntimeError, exit 70)
+    # found by tests/e2e/test_fuzz_inputs.py (FUZZ_EXAMPLES=60): pathlib reads './~x' as '~x', so the check of the
+    # raw string let it through to expanduser (a RuntimeError, exit 70)
     Case("target_dot_slash_tilde_of_no_user", args("run", "./~%25a%25"), 2, "'~%25a%25' names no user"),
     Case("output_dir_dot_slash_tilde_of_no_user", args("run", "{ckpt}", "--output-dir", ".//~no_such_user_x/o"), 2,
          "names no user"),

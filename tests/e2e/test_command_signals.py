@@ -115,37 +115,6 @@ def test_only_temp_folders_whose_owner_is_gone_are_removed(tmp_path):
     assert (victim / "config.json").is_file()
 
 
-# A temporary folder the migrator's own process makes is named by owned_temp_prefix, so the one a SIGKILL leaves
-# is removed by the next command; each other one with why ("file::function" -> reason)
-UNOWNED_TEMP = {
-    "engine/safe_write.py::fill_with": "engine/ carries no process bookkeeping: its callers in agent/ pass "
-                                       "owned_temp_prefix (the default is for a standalone recipe's own use)",
-}
-
-
-def test_every_temporary_folder_of_the_migrator_is_one_the_next_command_can_remove():
-    import ast
-
-    root = Path(__file__).resolve().parent.parent
-    found = set()
-    for path in sorted(p for d in ("agent", "engine", "npu_standin") for p in (root / d).rglob("*.py")):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
-        for node in ast.walk(tree):
-            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and node.func.attr in ("TemporaryDirectory", "mkdtemp")):
-                continue
-            prefix = next((k.value for k in node.keywords if k.arg == "prefix"), None)
-            owned = isinstance(prefix, ast.Call) and getattr(prefix.func, "id", getattr(prefix.func, "attr", "")) \
-                == "owned_temp_prefix"
-            if not owned:
-                up = parents.get(node)
-                while up is not None and not isinstance(up, ast.FunctionDef):
-                    up = parents.get(up)
-                found.add(f"{path.relative_to(root).as_posix()}::{up.name if up else '<module>'}")
-    assert found == set(UNOWNED_TEMP), sorted(found ^ set(UNOWNED_TEMP))
-
-
 # ---- a torch_npu whose import blocks --------------------------------------------------------------
 def _fake_torch_npu(root: Path, how: str) -> Path:
     """A torch_npu on PYTHONPATH whose import never finishes, in one of several ways."""
