@@ -341,7 +341,8 @@ def cmd_baseline(args) -> int:
         return errors.EXIT_FAILED          # a recipe ran and fails: the table says which
     for r in problems:                    # refused before running: one line each, the class as the exit code
         named = r["recipe"] in r["message"] or str(Path(r["recipe"]).expanduser().resolve()) in r["message"]
-        print(f"migrator: error: {r['message'] if named else r['recipe'] + ': ' + r['message']}", file=sys.stderr)
+        message = _advice_for(args, r["message"])
+        print(f"migrator: error: {message if named else r['recipe'] + ': ' + message}", file=sys.stderr)
     codes = {r["exit"] for r in problems}
     return codes.pop() if len(codes) == 1 else errors.EXIT_FAILED
 
@@ -394,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     from agent.secrets import hold_secrets
 
     hold_secrets()      # the LLM API key stays in this process: no child sees it, no file holds it
+    entry = argv is None       # the process's own command (console script, python -m): not a caller's main(argv)
     argv = sys.argv[1:] if argv is None else list(argv)
     as_json = "--json" in argv     # before parsing: a usage error answers in JSON too
     try:
@@ -409,7 +411,10 @@ def main(argv: list[str] | None = None) -> int:
     # only `run` has --resume: the other commands' interrupt line names nothing to continue with
     again = "; continue with --resume" if args.command == "run" else ""
     try:
-        return _command(args, as_json)
+        code = _command(args, as_json)
+        if entry:
+            _exit_on_late_signal(code)
+        return code
     except KeyboardInterrupt:
         print(f"migrator: interrupted{again}", file=sys.stderr)
         if as_json:
@@ -438,6 +443,8 @@ def _command(args, as_json: bool) -> int:
                "rollback": cmd_rollback, "baseline": cmd_baseline, "standin": cmd_standin}[args.command]
     try:
         return handler(args)
+    except errors.FilesystemFault as exc:
+        return _fail(_advice_for(args, str(exc)), exc.exit_code, as_json)
     except MigratorError as exc:
         return _fail(str(exc), exc.exit_code, as_json)
     except LoadError as exc:      # a YAML / JSON file we were given, refused by engine.safe_load: file and line
@@ -448,8 +455,13 @@ def _command(args, as_json: bool) -> int:
     except Exception as exc:  # noqa: BLE001 - a bug: one line here, the traceback in a file
         fault = errors.filesystem_fault(exc, _written_place(args))   # disk full, read-only, removed: not a bug
         if fault is not None:
-            return _fail(str(fault), fault.exit_code, as_json)
+            return _fail(_advice_for(args, str(fault)), fault.exit_code, as_json)
         return _internal_error(exc, as_json)
+
+
+def _advice_for(args, message: str) -> str:
+    """A filesystem fault's advice as this command takes it: only `migrator run` has --resume."""
+    return message if args.command == "run" else message.replace(errors.RESUME_NOTE, "")
 
 
 def _written_place(args) -> str | None:
@@ -473,6 +485,33 @@ def _fail(message: str, code: int, as_json: bool) -> int:
 
 def _print_json_error(code: int, line: str, status: str = "error") -> None:
     print(json.dumps({"status": status, "exit_code": code, "error": line}, indent=2), flush=True)
+
+
+def _exit_on_late_signal(code: int) -> None:
+    """The command has finished and printed its answer: a SIGINT / SIGTERM that lands while the interpreter
+    tears down ends the process with that answer's code, not as killed by the signal (-2 / -15, no line:
+    found by scripts/signal_matrix.py at the last node). While threads are joined a signal exits at once
+    with the code; from the exit handlers on it is ignored (Python restores the default disposition of a
+    signal it handles before the rest of its teardown, where the default would kill the process)."""
+    import atexit
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def leave(signum, frame):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+    def ignore():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+    signal.signal(signal.SIGINT, leave)
+    signal.signal(signal.SIGTERM, leave)
+    atexit.register(ignore)         # registered last: the first exit handler to run
 
 
 def _exit_after_signal(code: int) -> int:

@@ -50,6 +50,9 @@ class VendorError(MigratorError):
     exit_code = EXIT_VENDOR
 
 
+RESUME_NOTE = " (--resume continues an interrupted migration)"      # `migrator run`'s; cli drops it elsewhere
+
+
 class FilesystemFault(MigratorError):
     """The filesystem, not the migrator or the recipe: no space left, read-only, a folder removed
     while the run used it. One line naming the path; nothing to repair."""
@@ -74,7 +77,7 @@ def describe_fault(errno_: int | None, path: str | os.PathLike | None) -> Filesy
     """A FilesystemFault for an errno on a path, or None when it is not a filesystem fault."""
     where = Path(path) if path else None
     shown = f"{where}: " if where is not None else ""
-    again = "run the same command again (--resume continues an interrupted migration)"
+    again = "run the same command again" + RESUME_NOTE
     if errno_ in _NO_SPACE:
         return FilesystemFault(f"{shown}no space left on the device; free some space there, then {again}")
     if errno_ in _READ_ONLY:

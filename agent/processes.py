@@ -36,7 +36,7 @@ from pathlib import Path
 
 import psutil
 from engine.safe_load import load_json
-from engine.safe_write import tree_of
+from engine.safe_write import UserTree
 
 GRACE_S = 5.0          # SIGTERM -> SIGKILL
 SAMPLE_S = 0.2
@@ -128,15 +128,21 @@ def _reap() -> None:
 
 
 def run_tree(command: list[str], *, cwd: Path, env: dict, stdout, timeout: float | None,
-             pids_file: Path | None = None, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL) -> TreeResult:
+             pids_file: Path | None = None, pids_root: Path | None = None, stderr=subprocess.STDOUT,
+             stdin=subprocess.DEVNULL) -> TreeResult:
     """Run `command` as a process tree (see the module docs). On a timeout the tree is stopped and
-    returncode is None; on KeyboardInterrupt / Terminated the tree is stopped and the exception goes on."""
+    returncode is None; on KeyboardInterrupt / Terminated the tree is stopped and the exception goes on.
+    `pids_file`: where the tree's pids are kept while it runs, written in the tree `pids_root` (the
+    recipe it lies in)."""
+    if pids_file is not None and pids_root is None:
+        raise TypeError("run_tree: a pids_file needs its pids_root (the recipe it is written in)")
     become_subreaper()
     remove_orphaned_temp()
     private_tmp = Path(tempfile.mkdtemp(prefix=owned_temp_prefix("tree")))
     try:
-        return _run_tree(command, cwd, _with_private_tmp(env, private_tmp), stdout, timeout, pids_file, stderr,
-                         stdin)
+        pids_tree = None if pids_file is None else _pids_tree(pids_root)
+        return _run_tree(command, cwd, _with_private_tmp(env, private_tmp), stdout, timeout, pids_tree, pids_file,
+                         stderr, stdin)
     finally:
         shutil.rmtree(private_tmp, ignore_errors=True)
 
@@ -200,7 +206,11 @@ def _with_private_tmp(env: dict, folder: Path) -> dict:
     return env
 
 
-def _run_tree(command, cwd, env, stdout, timeout, pids_file, stderr, stdin) -> TreeResult:
+def _pids_tree(root: Path) -> UserTree:
+    return UserTree(root, "the recipe")
+
+
+def _run_tree(command, cwd, env, stdout, timeout, pids_tree, pids_file, stderr, stdin) -> TreeResult:
     start = time.perf_counter()
     proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=stdin, stdout=stdout, stderr=stderr,
                             start_new_session=True)
@@ -221,8 +231,8 @@ def _run_tree(command, cwd, env, stdout, timeout, pids_file, stderr, stdin) -> T
                 except psutil.Error:
                     continue
             peak = max(peak, rss)
-            if pids_file is not None:
-                _write_pids(pids_file, pgid, known)
+            if pids_tree is not None:
+                _write_pids(pids_tree, pids_file, pgid, known)
             if proc.poll() is not None:
                 # the launcher exited: anything it left behind (a rank started with `&`) is stopped too
                 leftovers = [p for p in _tree(root, pgid, known) if p.pid != proc.pid and _alive(p)]
@@ -246,8 +256,8 @@ def _run_tree(command, cwd, env, stdout, timeout, pids_file, stderr, stdin) -> T
             pass
         raise
     finally:
-        if pids_file is not None:
-            tree_of(pids_file, "the runs folder").unlink(pids_file)
+        if pids_tree is not None:
+            pids_tree.unlink(pids_file)
     _reap()
     return TreeResult(None if timed_out else proc.returncode, timed_out, round(time.perf_counter() - start, 2),
                       peak, len(known))
@@ -260,23 +270,24 @@ def _alive(proc: psutil.Process) -> bool:
         return False
 
 
-def _write_pids(path: Path, pgid: int, known: dict[int, float]) -> None:
+def _write_pids(tree: UserTree, path: Path, pgid: int, known: dict[int, float]) -> None:
     data = json.dumps({"pgid": pgid, "pids": {str(k): v for k, v in sorted(known.items())}}).encode()
     try:
-        tree_of(path, "the runs folder").write_bytes(path, data)
+        tree.write_bytes(path, data)
     except OSError:
         pass
 
 
 
-def stop_leftovers(pids_file: Path) -> int:
+def stop_leftovers(pids_file: Path, root: Path) -> int:
     """A tree a killed migrator left running (its pids file survived): stop the processes that are
-    still the ones recorded (same pid and start time). Returns how many were stopped."""
+    still the ones recorded (same pid and start time). Returns how many were stopped. `root`: the
+    recipe the pids file lies in (its removal is anchored there)."""
     try:
         data = load_json(pids_file)
         pids = {int(k): float(v) for k, v in data["pids"].items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        tree_of(pids_file, "the runs folder").unlink(pids_file)
+        _pids_tree(root).unlink(pids_file)
         return 0
     alive = []
     for pid, started in pids.items():
@@ -288,7 +299,7 @@ def stop_leftovers(pids_file: Path) -> int:
             continue
     if alive:
         stop_tree(alive)
-    tree_of(pids_file, "the runs folder").unlink(pids_file)
+    _pids_tree(root).unlink(pids_file)
     return len(alive)
 
 

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from engine.safe_write import UserTree
+from engine.safe_write import UserTree, run_folder_tree
 
 
 LOG_FORMAT = "[%(asctime)s] [%(levelname)s] %(message)s"
@@ -28,7 +28,7 @@ def get_logger(model_name: str, rank: int = 0) -> logging.Logger:
     logger.propagate = False
     out_dir = res_path(model_name)
     # RES_PATH: the run folder the launcher named; else res/ under the recipe, nothing through a link out of it
-    tree = UserTree(out_dir, "the run folder", create=True) if os.environ.get("RES_PATH") else UserTree(Path.cwd())
+    tree = run_folder_tree(out_dir, create=True) if os.environ.get("RES_PATH") else UserTree(Path.cwd())
     tree.mkdir(out_dir)
     formatter = logging.Formatter(LOG_FORMAT)
     log_file = tree.open(out_dir / f"log_{rank}.log", "a")

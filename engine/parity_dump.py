@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 
-from engine.safe_write import UserTree
+from engine.safe_write import run_folder_tree
 
 PARITY_DUMP_ENV = "MIGRATOR_PARITY_DUMP"
 
@@ -59,6 +59,6 @@ class ParityDump:
         if runner.rank == 0:
             # Written once, when the formal run is complete: a partial dump never exists.
             path = os.environ[PARITY_DUMP_ENV]      # in the run folder the migrator made and checked
-            UserTree(os.path.dirname(os.path.abspath(path)), "the run folder").write_with(
+            run_folder_tree(os.path.dirname(os.path.abspath(path))).write_with(
                 path, lambda tmp: torch.save(dump, tmp))
 

@@ -11,7 +11,9 @@ Bounded by construction, never by what the machine happens to survive:
   result would visit) is bounded, so an alias bomb is refused from its few hundred bytes, before any
   Python object is built; an alias to its own enclosing node (a recursive structure) is refused;
 - depth (expanded through aliases too) and node count;
-- duplicate mapping keys (YAML and JSON) are refused, naming the key and its line.
+- duplicate mapping keys (YAML and JSON) are refused, naming the key and its line;
+- a value that cannot be built as its type (YAML's `2001-13-45` date, `!!int "x"`, an integer of more than
+  MAX_NUMBER_DIGITS digits in YAML or JSON) is refused at its line, never raised as Python's own error.
 
 Every refusal is a LoadError (a ValueError and a yaml.YAMLError, so callers' existing handlers keep
 working) whose message is one line: "FILE: PROBLEM at line N, column C; HINT".
@@ -34,6 +36,8 @@ MAX_DEPTH = 100
 YAML_MAX_NODES = 1_000_000           # expanded through aliases
 YAML_MAX_ALIASES = 10_000
 JSON_MAX_NODES = 50_000_000
+MAX_NUMBER_DIGITS = 4300             # Python's own default limit of an int's decimal digits
+MAX_INT_BITS = int(MAX_NUMBER_DIGITS * 3.32)
 
 
 class LoadError(yaml.YAMLError, ValueError):
@@ -43,7 +47,8 @@ class LoadError(yaml.YAMLError, ValueError):
                  hint: str = "fix the file", kind: str = "bound", syntax: yaml.MarkedYAMLError | None = None):
         self.name, self.problem, self.line, self.column, self.hint = str(name), problem, line, column, hint
         # kind: "syntax" (a slip a repair may fix: `syntax` is PyYAML's own error, its marks included),
-        # "encoding", "duplicate", "bound" (size, depth, nodes, aliases), "file" (not a regular file)
+        # "encoding", "duplicate", "bound" (size, depth, nodes, aliases, digits), "file" (not a regular
+        # file), "value" (a scalar that cannot be built as its type)
         self.kind, self.syntax = kind, syntax
         where = ""
         if line is not None:
@@ -175,6 +180,24 @@ class _BoundedLoader(yaml.SafeLoader):
             raise _Refused(f"expands to more than {self._limits.max_nodes} nodes (aliases included: an alias "
                            "bomb or a file far larger than a settings file)", mark)
 
+    def construct_object(self, node, deep=False):
+        # a scalar whose type's constructor fails (a date of month 13, `!!int "x"`, `!!float ''`, a 5000-digit
+        # int): PyYAML raises Python's own ValueError / KeyError / IndexError there, with no place; name the
+        # node's line instead
+        try:
+            value = super().construct_object(node, deep)
+        except (yaml.YAMLError, _Refused, RecursionError):
+            raise
+        except Exception as exc:         # noqa: BLE001 - whatever a type's constructor raises on the file's text
+            value = node.value if isinstance(node, yaml.ScalarNode) else ""
+            shown = repr(value if len(value) <= 40 else value[:40] + "...")
+            raise _Refused(f"the value {shown} cannot be read as {node.tag.rsplit(':', 1)[-1]} "
+                           f"({type(exc).__name__}: {_one_line(exc)[:120]})", node.start_mark, "value") from None
+        # 0x / base-60 integers convert without Python's digit limit, then fail wherever they are printed
+        if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
+            raise _Refused(f"an integer of more than {MAX_NUMBER_DIGITS} digits", node.start_mark)
+        return value
+
     @staticmethod
     def _check_keys(node) -> None:
         seen: dict[tuple, Any] = {}
@@ -236,6 +259,10 @@ class _Duplicate(Exception):
     pass
 
 
+class _TooLong(Exception):
+    pass
+
+
 def _key_line(text: str, key: str, nth: int = 2) -> int | None:
     """The line of the `nth` occurrence of `"key":` in `text` (a duplicate key's second occurrence)."""
     import re
@@ -268,13 +295,23 @@ def loads_json(text: str | bytes, name: str = "<json>", *, allow_nan: bool = Tru
                 seen.add(key)
         return data
 
+    def number(digits: str) -> int:
+        if len(digits) > MAX_NUMBER_DIGITS + 1:      # the sign counts once
+            raise _TooLong(digits)
+        return int(digits)
+
     def constant(word):
         at = text.find(word)
         raise LoadError(name, f"{word} is not a JSON number", text.count("\n", 0, at) + 1 if at >= 0 else None,
                         hint=hint, kind="syntax")
 
     try:
-        data = json.loads(text, object_pairs_hook=pairs, **({} if allow_nan else {"parse_constant": constant}))
+        data = json.loads(text, object_pairs_hook=pairs, parse_int=number,
+                          **({} if allow_nan else {"parse_constant": constant}))
+    except _TooLong as exc:
+        at = text.find(exc.args[0])
+        raise LoadError(name, f"a number of {len(exc.args[0])} digits (more than {MAX_NUMBER_DIGITS})",
+                        text.count("\n", 0, at) + 1 if at >= 0 else None, hint=hint) from None
     except _Duplicate as exc:
         key = exc.args[0]
         raise LoadError(name, f"duplicate key {key!r}", _key_line(text, key), hint=hint, kind="duplicate") from None

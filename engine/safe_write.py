@@ -66,7 +66,12 @@ class UserTree:
     def __init__(self, root: str | os.PathLike, what: str = "the folder", error: type[WriteRefused] = WriteRefused,
                  *, create: bool = False, keep_links: bool = True):
         if create:                       # the root is where the caller writes: a cache we fill, an output folder
-            os.makedirs(root, 0o777, exist_ok=True)
+            try:
+                os.makedirs(root, 0o777, exist_ok=True)
+            except FileExistsError:      # a file, or a link to nothing, where the folder is to be
+                shown = f"a symlink to {os.readlink(root)} that leads nowhere" if os.path.islink(root) else \
+                    "not a folder"
+                raise error(f"{root} is {shown}; the migrator makes {what} there: move it away and re-run") from None
         self.root = Path(os.path.abspath(root))
         self.real_root = Path(os.path.realpath(root))
         self.what = what
@@ -427,11 +432,13 @@ class UserTree:
                 raise
         return real
 
-    def fill_with(self, folder: str | os.PathLike, writer: Callable[[str], object]) -> Path:
+    def fill_with(self, folder: str | os.PathLike, writer: Callable[[str], object],
+                  temp_prefix: str = "migrator-fill-") -> Path:
         """A folder filled by a library (`writer(temp_folder)`, e.g. save_pretrained): into a private
-        folder first, then copied in file by file (checked like any write)."""
+        folder first (named `temp_prefix`: infer-migrator's owned_temp_prefix, which the next command
+        removes if a SIGKILL leaves it), then copied in file by file (checked like any write)."""
         real = self.mkdir(folder)
-        with tempfile.TemporaryDirectory(prefix="migrator-fill-") as tmp:
+        with tempfile.TemporaryDirectory(prefix=temp_prefix) as tmp:
             writer(tmp)
             self.copy_tree(tmp, real)
         return real
@@ -459,6 +466,29 @@ def in_tree_write() -> bool:
 
 
 def tree_of(path: str | os.PathLike, what: str = "the folder", error: type[WriteRefused] = WriteRefused) -> UserTree:
-    """The tree whose root is `path`'s folder: for a single file we were told to write (an --output
-    file), where no larger root is known."""
+    """The tree whose root is `path`'s folder: only for a single file the user (or a caller) named to be
+    written (an --output file), where no larger root exists. A file of a recipe, a checkout or a cache is
+    written in the tree of that root, so that a link anywhere between the root and the file is refused
+    (tests/lint/test_writes_through_safe_write.py lists the few callers of this one)."""
     return UserTree(Path(os.path.abspath(path)).parent, what, error)
+
+
+# A recipe's run writes its logs, dump and records into the run folder the migrator made and checked in
+# the recipe; the migrator names that recipe here, and a run's writers anchor their tree there (a link
+# swapped in anywhere between the recipe and the run folder is refused). A run started by hand has none:
+# its folder is its tree.
+WRITE_ROOT_ENV = "MIGRATOR_WRITE_ROOT"
+
+
+def run_folder_tree(folder: str | os.PathLike, what: str = "the run folder", *, create: bool = False) -> UserTree:
+    """The tree a run's writer writes `folder` in: the recipe of WRITE_ROOT_ENV when `folder` lies in it
+    (created, when `create`, through that tree), else `folder` itself."""
+    folder = Path(os.path.abspath(folder))
+    root = os.environ.get(WRITE_ROOT_ENV)
+    if root and os.path.isabs(root):
+        tree = UserTree(root, "the recipe")
+        if folder == tree.root or tree.root in folder.parents:
+            if create:
+                tree.mkdir(folder)
+            return tree
+    return UserTree(folder, what, create=create)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from npu_standin.engine_files import safe_load, safe_write
 
-load_json, loads_json, UserTree = safe_load.load_json, safe_load.loads_json, safe_write.UserTree
+load_json, loads_json, run_folder_tree = safe_load.load_json, safe_load.loads_json, safe_write.run_folder_tree
 
 ACTIVE_PREFIX = "[npu-standin] active:"
 USAGE_PREFIX = "[npu-standin] usage "
@@ -201,7 +201,7 @@ def write() -> None:
     folder = os.environ.get("NPU_STANDIN_RECORD_DIR")
     if folder:
         try:      # the record folder the launcher named: nothing through a link out of it
-            UserTree(folder, "the stand-in's record folder", create=True).write_text(
+            run_folder_tree(folder, "the stand-in's record folder", create=True).write_text(
                 Path(folder) / f"standin-{os.getpid()}.json", json.dumps(data, indent=1) + "\n")
         except (OSError, ValueError):
             pass

@@ -15,7 +15,7 @@ from typing import Callable, Union
 
 import libcst as cst
 from libcst.codemod import Codemod, CodemodContext
-from engine.safe_write import tree_of
+from engine.safe_write import UserTree
 
 logger = logging.getLogger(__name__)
 
@@ -60,20 +60,31 @@ def transform(source: str, commands: Sequence[Command], context: CodemodContext 
     return code
 
 
-def rewrite_file(path: Path, commands: Sequence[Command], dry_run: bool = False,
-                 context: CodemodContext | None = None) -> bool:
-    """Run the commands on one recipe file, keeping its BOM and mode; True if it changed (or would,
-    with `dry_run`). A file that does not decode or parse is not touched."""
+def _rewritten(path: Path, commands: Sequence[Command], context: CodemodContext | None) -> bytes | None:
+    """The file's new bytes (its BOM kept), or None when the commands change nothing or the file does not
+    decode or parse."""
     try:
         text = path.read_bytes().decode("utf-8")
         bom = text.startswith(BOM)
         source = text[1:] if bom else text
         new = transform(source, commands, context)
     except (OSError, UnicodeDecodeError, CodemodError):
-        return False
-    if new == source:
-        return False
-    if not dry_run:
-        tree_of(path, "the recipe").write_bytes(path, ((BOM if bom else "") + new).encode("utf-8"))
+        return None
+    return None if new == source else ((BOM if bom else "") + new).encode("utf-8")
 
+
+def would_rewrite(path: Path, commands: Sequence[Command], context: CodemodContext | None = None) -> bool:
+    """Whether the commands would change the file (nothing is written)."""
+    return _rewritten(path, commands, context) is not None
+
+
+def rewrite_file(path: Path, commands: Sequence[Command], context: CodemodContext | None = None, *,
+                 root: Path) -> bool:
+    """Run the commands on one recipe file, keeping its BOM and mode; True if it changed. A file that
+    does not decode or parse is not touched. `root`: the recipe the file is in; the write is anchored
+    there, so a link out anywhere between it and the file is refused."""
+    data = _rewritten(path, commands, context)
+    if data is None:
+        return False
+    UserTree(root, "the recipe").write_bytes(path, data)
     return True

@@ -298,7 +298,7 @@ def refresh_readme(recipe_dir: Path, out: Path, baseline: dict) -> bool:
         rel = record_path.resolve().relative_to(recipe_dir.resolve()).as_posix()
     except ValueError:
         rel = record_path.name
-    return readme.refresh(recipe_dir / "README.md", record, rel, settings)
+    return readme.refresh(recipe_dir, record, rel, settings)
 
 
 def with_verification(baseline: dict, parity: dict) -> dict:

@@ -325,7 +325,7 @@ def out_of_memory(recipe: Recipe, memory: MemoryEstimate) -> str:
         command = recipe.target.launch_line(recipe, yaml_file.name)     # the target's own launch, not one kind's
         run = command.partition(" && ")[2]
         memory.update(multicard_yaml=yaml_file.relative_to(recipe.path).as_posix(), multicard_command=command)
-        add_readme_section(recipe.path / "README.md", "## On more cards",
+        add_readme_section(recipe.path, "## On more cards",
                            f"The model does not fit one card ({have}); on {cards} cards, {recipe.target.scaled_how(cards)} "
                            f"(about {per_rank} per rank):\n\n```bash\n{run}\n```\n")
         return (f"{message}; {cards} cards fit ({recipe.target.scaled_how(cards)}, {per_rank} per rank): world_size: {cards} "
@@ -339,12 +339,13 @@ def out_of_memory(recipe: Recipe, memory: MemoryEstimate) -> str:
     return message
 
 
-def add_readme_section(readme: Path, heading: str, body: str) -> None:
-    """Append a section to the recipe README once (a README without it, or no README: nothing)."""
+def add_readme_section(recipe_dir: Path, heading: str, body: str) -> None:
+    """Append a section to the recipe's README once (a README without it, or no README: nothing)."""
+    readme = recipe_dir / "README.md"
     if readme.is_file() and heading not in (text := readme.read_text()):
-        from engine.safe_write import tree_of
+        from agent.recipe.fs_guard import user_tree
 
-        tree_of(readme, "the recipe").write_text(readme, f"{text}\n{heading}\n\n{body}")
+        user_tree(recipe_dir).write_text(readme, f"{text}\n{heading}\n\n{body}")
 
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from agent.recipe.shrink import shrink_config
 from agent.recipe.targets import state_dir
-from agent.processes import run_tree, stop_leftovers
+from agent.processes import owned_temp_prefix, run_tree, stop_leftovers
 from agent.recipe.recipe import Recipe, runner_files
 from engine.config import load_runner_settings
 from engine.data import DEFAULT_PROMPT
@@ -50,9 +50,10 @@ def run_parity(recipe: Recipe, tokens: int = 16, timeout: int = 900, trust_remot
     runs = state_dir(recipe.path) / "runs"
     pids = runs / "parity.pids" if runs.is_dir() and not runs.is_symlink() else None
     if pids is not None:
-        stop_leftovers(pids)
+        stop_leftovers(pids, recipe.path)
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err_file:
-        tree = run_tree(cmd, cwd=recipe.path, env=env, stdout=out, stderr=err_file, timeout=timeout, pids_file=pids)
+        tree = run_tree(cmd, cwd=recipe.path, env=env, stdout=out, stderr=err_file, timeout=timeout, pids_file=pids,
+                        pids_root=recipe.path)
         out.seek(0)
         err_file.seek(0)
         stdout, stderr = out.read(), err_file.read()
@@ -172,7 +173,7 @@ def check_code(recipe_dir: Path, settings: dict, tokens: int, prompt: str | None
     import torch
     from transformers import GenerationConfig
 
-    with tempfile.TemporaryDirectory(prefix="parity_code_") as tmp:
+    with tempfile.TemporaryDirectory(prefix=owned_temp_prefix("parity_code")) as tmp:
         reference, shrunk = shrunk_reference(Path(settings["model_path"]),
                                              settings["model_config"].get("config_overrides", {}), remote, Path(tmp))
         if reference is None:
@@ -259,7 +260,7 @@ def main(argv=None) -> int:
         print(json.dumps(checkpoint_nll(args.nll)))
         return 0
     # The recipe's logs go to a temporary folder that is removed afterwards.
-    with tempfile.TemporaryDirectory(prefix="parity_") as res_path:
+    with tempfile.TemporaryDirectory(prefix=owned_temp_prefix("parity")) as res_path:
         os.environ["RES_PATH"] = res_path
         try:
             result = check(args.recipe.resolve(), args.tokens, trust_remote_code=args.trust_remote_code, yaml=args.yaml)

@@ -648,10 +648,11 @@ def probe_env(env: dict, run_dir: Path) -> dict:
 
 def check(record_dir: Path, checkpoint: Path, *, python: str | None = None, dtype: str | None = None,
           overrides: dict | None = None, trust_remote_code: bool = False, random_weights: bool = False,
-          timeout: int = defaults.TIMEOUT_S, pids_file: Path | None = None, cwd: Path | None = None,
-          log_dir: Path | None = None) -> dict:
+          timeout: int = defaults.TIMEOUT_S, pids_file: Path | None = None, pids_root: Path | None = None,
+          cwd: Path | None = None, log_dir: Path | None = None) -> dict:
     """`verify_record` in `python` (default: this interpreter), as one process tree the migrator owns
-    (stopped with it on SIGINT / SIGTERM or the timeout)."""
+    (stopped with it on SIGINT / SIGTERM or the timeout). `pids_file`: its pids, kept in the recipe
+    `pids_root`."""
     from agent.processes import owned_temp_prefix, run_tree, stop_leftovers
 
     root = str(Path(__file__).resolve().parents[2])
@@ -669,12 +670,12 @@ def check(record_dir: Path, checkpoint: Path, *, python: str | None = None, dtyp
     if log_dir is not None:
         cmd += ["--logs", str(log_dir)]
     if pids_file is not None:
-        stop_leftovers(pids_file)
+        stop_leftovers(pids_file, pids_root)
     # the verdict goes to a file of its own: the model's code (remote code) may print anything
     with tempfile.TemporaryDirectory(prefix=owned_temp_prefix("precision")) as tmp, tempfile.TemporaryFile("w+") as err:
         answer = Path(tmp) / "verdict.json"
         tree = run_tree([*cmd, "--out", str(answer)], cwd=cwd or record_dir, env=env, stdout=subprocess.DEVNULL,
-                        stderr=err, timeout=timeout, pids_file=pids_file)
+                        stderr=err, timeout=timeout, pids_file=pids_file, pids_root=pids_root)
         err.seek(0)
         stderr = err.read()
         text = answer.read_text() if answer.is_file() else ""

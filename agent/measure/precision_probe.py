@@ -40,11 +40,19 @@ _state = {"dir": None, "models": set(), "calls": 0, "current": None, "worker": F
 
 
 def install(folder: str) -> None:
-    import torch
-
+    """Hooks on the program's torch and upstream's ModelWorker, each once the program imports it: the probe
+    never imports torch itself (the recipe's engine imports it through its torch_npu guard; a plain `import
+    torch` here would autoload a torch_npu that blocks or lacks CANN, before that guard runs)."""
     _state["dir"] = os.path.join(folder, f"rank_{_rank()}")
+    if "torch" in sys.modules:
+        _hook_torch(sys.modules["torch"])
+    else:
+        sys.meta_path.insert(0, _AfterImport("torch", _hook_torch))
+    sys.meta_path.insert(0, _AfterImport(WORKER_MODULE, _wrap_worker))
+
+
+def _hook_torch(torch) -> None:
     torch.nn.modules.module.register_module_forward_pre_hook(_find_model)
-    sys.meta_path.insert(0, _WorkerFinder())
 
 
 def _rank() -> int:
@@ -58,12 +66,15 @@ def _compiling() -> bool:
 
 
 # ---- upstream's ModelWorker: the one place every step's logits pass, compiled or not ----------
-class _WorkerFinder:
-    """Wraps ModelWorker.inference once its module has run (a meta-path finder that asks the finders
-    after it for the module: another hook on it, the npu stand-in's step marker, keeps working)."""
+class _AfterImport:
+    """Calls `then(module)` once the module `name` has run (a meta-path finder that asks the finders after
+    it for the module: another hook on it, the npu stand-in's step marker, keeps working)."""
+
+    def __init__(self, name: str, then):
+        self.name, self.then = name, then
 
     def find_spec(self, name, path=None, target=None):
-        if name != WORKER_MODULE:
+        if name != self.name:
             return None
         if self in sys.meta_path:
             sys.meta_path.remove(self)
@@ -79,13 +90,17 @@ class _WorkerFinder:
 
         def exec_module(module):
             run_module(module)
-            worker = getattr(module, "ModelWorker", None)
-            if worker is not None and hasattr(worker, "inference"):
-                worker.inference = _wrap_inference(worker.inference)
-                _state["worker"] = True
+            self.then(module)
 
         spec.loader.exec_module = exec_module
         return spec
+
+
+def _wrap_worker(module) -> None:
+    worker = getattr(module, "ModelWorker", None)
+    if worker is not None and hasattr(worker, "inference"):
+        worker.inference = _wrap_inference(worker.inference)
+        _state["worker"] = True
 
 
 def _wrap_inference(inference):
@@ -245,8 +260,10 @@ def _end(output) -> None:
     path = os.path.join(_state["dir"], f"call_{_state['calls']:05d}.pt")
 
     _state["calls"] += 1
-    # the folder the migrator named for this run (it made and checked it); nothing through a link out of it
-    _safe_write().UserTree(os.path.dirname(_state["dir"]), "the run's precision folder", create=True).write_with(
+    # the folder the migrator named for this run (it made and checked it), written in the tree of the recipe
+    # it names (engine.safe_write.WRITE_ROOT_ENV): nothing through a link out of it
+    _safe_write().run_folder_tree(os.path.dirname(_state["dir"]), "the run's precision folder",
+                                  create=True).write_with(
 
         path, lambda tmp: torch.save(record, tmp))
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+
+from agent.processes import owned_temp_prefix
 from engine.safe_load import load_json, load_yaml
 from engine.safe_write import UserTree, tree_of
 
@@ -39,7 +41,8 @@ def tiny_checkpoint(model_type: str, out_dir: str | Path, seed: int = 0, **overr
     _hub_style_config(out / "config.json")
     tokenizer = AutoTokenizer.from_pretrained(out)
     tokenizer.chat_template = CHATML_TEMPLATE
-    UserTree(out, "the checkpoint folder").fill_with(out, lambda tmp: tokenizer.save_pretrained(tmp))
+    UserTree(out, "the checkpoint folder").fill_with(out, lambda tmp: tokenizer.save_pretrained(tmp),
+                                                     owned_temp_prefix("fill"))
     return Path(out)
 
 

@@ -9,10 +9,10 @@ from agent.measure import precision
 from agent.measure.baseline import with_verification
 from agent.measure.parity import dump_nll, parity_not_applicable, run_parity
 from agent.records import Baseline, Run
+from agent.recipe.fs_guard import user_tree
 from agent.recipe.recipe import Recipe, RunPlan
 from agent.recipe.targets import state_dir
 from engine.safe_load import load_json
-from engine.safe_write import tree_of
 
 
 
@@ -56,7 +56,8 @@ def precision_of(recipe: Recipe, run: Run, checkpoint: Path, trust_remote_code: 
     return precision.check(precision.record_dir(Path(run["res_path"])), checkpoint, python=python,
                            overrides=overrides or None, trust_remote_code=trust_remote_code, random_weights=tiny,
                            log_dir=Path(run["log_dir"]) if run.get("log_dir") else None,
-                           pids_file=runs / "precision.pids" if runs.is_dir() and not runs.is_symlink() else None)
+                           pids_file=runs / "precision.pids" if runs.is_dir() and not runs.is_symlink() else None,
+                           pids_root=recipe.path)
 
 
 def recipe_nll(run: Run) -> dict:
@@ -85,13 +86,14 @@ def problems(baseline: Baseline) -> list[str]:
     return found
 
 
-def abnormal_output_run(run: Run, baseline: Baseline) -> Run | None:
+def abnormal_output_run(run: Run, baseline: Baseline, recipe_dir: Path) -> Run | None:
     """Abnormal text from trained weights goes back to diagnosis like a failed run: the run again,
-    labelled `verify`, its evidence with an OutputCheckError line. None when the text is fine."""
+    labelled `verify`, its evidence with an OutputCheckError line (written in the run's folder of the
+    recipe `recipe_dir`). None when the text is fine."""
     output_check = baseline["verification"].get("output_check") or {}
     if output_check.get("ok") is not False:
         return None
     note = Path(run["res_path"]) / "output_check.txt"
-    tree_of(note, "the run folder").write_text(note, Path(run["output_file"]).read_text(errors="replace") +
-                                               f"\nOutputCheckError: {'; '.join(output_check.get('reasons') or [])}\n")
+    user_tree(recipe_dir).write_text(note, Path(run["output_file"]).read_text(errors="replace") +
+                                     f"\nOutputCheckError: {'; '.join(output_check.get('reasons') or [])}\n")
     return {**run, "label": "verify", "ok": False, "summary": "abnormal output", "output_file": str(note)}

@@ -54,7 +54,7 @@ def cached(compute: Callable[[], tuple[str, list[str]]], key_parts: list[str],
         pass
     code, applied = compute()
     try:
-        user_tree(entry.parent, "the codemod cache", create=True).write_text(
+        user_tree(cache_dir(), "the codemod cache", create=True).write_text(
             entry, json.dumps({"code": code, "applied": applied}))
     except (OSError, ValueError):
         pass   # a read-only home (or a link in the cache): vendoring still works, only slower next time

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from agent.errors import InputError
-from agent.recipe.fs_guard import WriteGuard, parent_tree, user_tree
+from agent.recipe.fs_guard import WriteGuard, user_tree
 
 from agent.recipe.recipe import NO_CODE_DIRS
 from agent.recipe.targets import state_dir, state_parts
@@ -79,11 +79,12 @@ def real_dirs(root: Path, *parts: str, create: bool = True) -> Path:
     return path
 
 
-def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
-    """engine.safe_write's write-and-rename in `path`'s folder: a reader never sees half a file, a
-    hard-linked file is replaced (its other names keep their bytes), a symlink out of the folder is
-    refused, and the mode (default: the umask's) is permission bits only (never setuid / setgid / sticky)."""
-    parent_tree(path).write_bytes(path, data, mode, keep_mode=False)
+def atomic_write(path: Path, data: bytes, mode: int | None = None, *, root: Path, what: str = "the recipe") -> None:
+    """engine.safe_write's write-and-rename of `path` in the tree `root` (the recipe, the store it lies
+    in): a reader never sees half a file, a hard-linked file is replaced (its other names keep their
+    bytes), a symlink out of `root` anywhere on the way is refused, and the mode (default: the umask's)
+    is permission bits only (never setuid / setgid / sticky)."""
+    user_tree(root, what).write_bytes(path, data, mode, keep_mode=False)
 
 
 def _backups(recipe_dir: Path) -> Path:
@@ -100,17 +101,17 @@ def start_backup_run(recipe_dir: Path, run_id: str) -> None:
     this run takes its own. Nothing to do (nothing written) when the recipe has no backups yet."""
     backups = state_dir(recipe_dir) / "backup"
     if backups.is_dir() or backups.is_symlink():
-        atomic_write(_backups(recipe_dir) / "run", (run_id + "\n").encode())
+        atomic_write(_backups(recipe_dir) / "run", (run_id + "\n").encode(), root=recipe_dir)
 
 
-def _archive_rounds(backups: Path) -> None:
+def _archive_rounds(recipe_dir: Path, backups: Path) -> None:
     entries = [p for p in backups.iterdir() if re.fullmatch(r"round_[0-9]+(\.manifest\.json|\.journal|\.run)?", p.name)]
     if not entries:
         return
-    dest = real_dirs(backups, "earlier") / time.strftime("%Y%m%dT%H%M%S")
+    dest = real_dirs(recipe_dir, *state_parts(recipe_dir), "backup", "earlier") / time.strftime("%Y%m%dT%H%M%S")
     while dest.exists():
         dest = dest.with_name(dest.name + "_")
-    backups_tree = user_tree(backups, "the backups folder")
+    backups_tree = user_tree(recipe_dir)
     backups_tree.mkdir(dest, exist_ok=False)
     for entry in entries:
         backups_tree.replace(entry, dest / entry.name)
@@ -130,16 +131,16 @@ def _open_round(recipe_dir: Path, round_no: int) -> tuple[Path, bool]:
         if taken_by == run_id and ((backups / f"round_{round_no}.journal").is_file()
                                    or (backups / f"round_{round_no}.manifest.json").is_file()):
             return dest, True
-        _archive_rounds(backups)
-    backups_tree = user_tree(backups, "the backups folder")
+        _archive_rounds(recipe_dir, backups)
+    backups_tree = user_tree(recipe_dir)
     for stale in backups.glob(f".round_{round_no}.*"):      # a copy a killed run left unfinished
         if stale.is_dir() and not stale.is_symlink():
             backups_tree.rmtree(stale)
     tmp = backups / f".round_{round_no}.{os.urandom(6).hex()}"
     backups_tree.mkdir(tmp, exist_ok=False)
     backups_tree.unlink(backups / f"round_{round_no}.journal")
-    atomic_write(backups / f"round_{round_no}.journal", b"")
-    atomic_write(stamp, (run_id + "\n").encode())
+    atomic_write(backups / f"round_{round_no}.journal", b"", root=recipe_dir)
+    atomic_write(stamp, (run_id + "\n").encode(), root=recipe_dir)
     backups_tree.chmod(tmp, 0o755)
     backups_tree.replace(tmp, dest)
     return dest, False
@@ -172,7 +173,7 @@ class RoundBackup:
 
     def _append(self, entry: dict) -> None:
         self.entries[entry["path"]] = entry
-        parent_tree(self.journal, "the backups folder").append_bytes(
+        user_tree(self.recipe_dir).append_bytes(
             self.journal, (json.dumps(entry, sort_keys=True) + "\n").encode(), sync=True)
 
     def save(self, rel: str, what: str = "write") -> None:
@@ -188,8 +189,8 @@ class RoundBackup:
             self._append({"path": rel, "was": "link", "target": os.readlink(path)})
         elif stat.S_ISREG(st.st_mode):
             dest = self.dir / rel
-            real_dirs(self.dir, *Path(rel).parts[:-1])
-            user_tree(self.dir, "the round's backup").copy(path, dest)
+            real_dirs(self.recipe_dir, *self.dir.relative_to(self.recipe_dir).parts, *Path(rel).parts[:-1])
+            user_tree(self.recipe_dir).copy(path, dest)
             self.bytes_copied += st.st_size
             self._append({"path": rel, "was": "file", "mode": stat.S_IMODE(st.st_mode) & PERMISSION_BITS})
         elif stat.S_ISDIR(st.st_mode):
@@ -377,7 +378,7 @@ def rollback(recipe_dir: Path, round_no: int | None = None) -> tuple[int, list[s
     recipe_dir = Path(recipe_dir)
     rounds = backup_rounds(recipe_dir)
     if not rounds:
-        raise FileNotFoundError(f"{recipe_dir}: no repair backups under .migrator/backup/")
+        raise FileNotFoundError(f"{recipe_dir}: no repair backups under {'/'.join((*state_parts(recipe_dir), 'backup'))}/")
     round_no = rounds[0] if round_no is None else round_no
     if round_no not in rounds:
         raise FileNotFoundError(f"{recipe_dir}: no backup for round {round_no} (have {rounds})")
@@ -440,7 +441,7 @@ def _undo_round(recipe_dir: Path, source: Path, entries: list[dict], trash: "_Tr
                 if target.read_bytes() == data and stat.S_IMODE(os.lstat(target).st_mode) == entry["mode"]:
                     continue
                 trash.put(rel)
-            atomic_write(target, data, entry["mode"])
+            atomic_write(target, data, entry["mode"], root=recipe_dir)
             changes.append(f"restored {rel}")
     return changes
 
@@ -476,7 +477,7 @@ def _rollback_full(recipe_dir: Path, round_no: int) -> list[str]:
             if target.read_bytes() == data and stat.S_IMODE(os.lstat(target).st_mode) == stat.S_IMODE(mode):
                 continue
             trash.put(rel)
-        atomic_write(target, data, mode)
+        atomic_write(target, data, mode, root=recipe_dir)
         restored.append(f"restored {rel}")
     return restored
 

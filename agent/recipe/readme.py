@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from engine.safe_write import tree_of
+from agent.recipe.fs_guard import user_tree
 
 NOT_RUN_ON_NPU = "尚未在 NPU 上运行（not yet run on an NPU）：本样例的产品型号支持待 NPU 实测后填写。"
 PRODUCT_HEADING = "## 支持的产品型号"
@@ -116,9 +116,10 @@ def replace_section(text: str, heading: str, body: str) -> str:
         else text[:start] + "\n" + body.strip("\n") + "\n"
 
 
-def refresh(readme: Path, baseline: dict, baseline_file: str, settings: dict | None = None) -> bool:
-    """Rewrite the README's product and performance sections from `baseline`; True when it changed.
-    A README without those sections (not ours, or rewritten) is left as it is."""
+def refresh(recipe_dir: Path, baseline: dict, baseline_file: str, settings: dict | None = None) -> bool:
+    """Rewrite the recipe's README's product and performance sections from `baseline`; True when it
+    changed. A README without those sections (not ours, or rewritten) is left as it is."""
+    readme = recipe_dir / "README.md"
     try:
         text = readme.read_text(encoding="utf-8")
     except OSError:
@@ -129,7 +130,7 @@ def refresh(readme: Path, baseline: dict, baseline_file: str, settings: dict | N
     new = replace_section(new, PERFORMANCE_HEADING, performance_section(baseline, baseline_file, settings))
     if new == text:
         return False
-    tree_of(readme, "the recipe").write_text(readme, new)
+    user_tree(recipe_dir).write_text(readme, new)
 
     return True
 

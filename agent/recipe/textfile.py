@@ -6,7 +6,7 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
-from engine.safe_write import UserTree, tree_of
+from agent.recipe.fs_guard import user_tree
 
 
 BOMS = (b"\xef\xbb\xbf",)
@@ -85,22 +85,23 @@ def restore_format(original: bytes, new: bytes) -> bytes:
     return fmt["bom"] + encoded
 
 
-def write_source(path: Path, text: str, original: bytes | None = None) -> None:
+def write_source(path: Path, text: str, original: bytes | None = None, *, root: Path) -> None:
     """Write edited text back keeping the file's original bytes format (see restore_format) and
-    its mode. `original`: the file's bytes before the edit (default: what is on disk now)."""
+    its mode. `original`: the file's bytes before the edit (default: what is on disk now). `root`:
+    the recipe the file is in: a link anywhere between it and the file that leads out is refused."""
     if original is None:
         original = path.read_bytes() if path.is_file() else b""
     mode = path.stat().st_mode if path.exists() else None
     data = text.encode("utf-8")
-    tree_of(path, "the recipe").write_bytes(path, restore_format(original, data) if original else data,
-                                            None if mode is None else mode & 0o777)
+    user_tree(root).write_bytes(path, restore_format(original, data) if original else data,
+                                None if mode is None else mode & 0o777)
 
 
 def restore_formats(recipe_dir: Path, snapshot: dict[str, tuple[bytes, int]]) -> list[str]:
     """After a fix: every file it changed gets its original line endings, encoding, BOM and mode
     back (the edit itself is kept). Returns the files whose format was restored."""
     fixed = []
-    recipe_tree = UserTree(recipe_dir, "the recipe")
+    recipe_tree = user_tree(recipe_dir)
     for rel, (original, mode) in snapshot.items():
         path = recipe_dir / rel
         try:

@@ -442,7 +442,7 @@ def apply_diff(diff: str, recipe_dir: Path) -> list[str]:
             real_dirs(root, *rel.split("/")[:-1])
         except UnsafeRecipePath as exc:
             raise DiffRejected(str(exc)) from None
-        atomic_write(path, data, mode)
+        atomic_write(path, data, mode, root=recipe_dir)
     return sorted(rel for rel, *_ in plan)
 
 
@@ -471,7 +471,7 @@ def save_proposal(recipe_dir: Path, diff: str) -> Path:
     folder = real_dirs(recipe_dir.resolve(), *PROPOSALS_DIR)
     n = 1 + sum(1 for p in folder.glob("proposal_*.diff"))
     path = folder / f"proposal_{n}.diff"
-    atomic_write(path, diff.encode("utf-8"), 0o100644)
+    atomic_write(path, diff.encode("utf-8"), 0o100644, root=recipe_dir)
     return path.relative_to(recipe_dir.resolve())
 
 

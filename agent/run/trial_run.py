@@ -28,6 +28,7 @@ from agent.repair.failure import summarise_failure
 from agent.run import plan as run_plan
 from agent.run import standin as run_standin
 from engine import defaults
+from engine.safe_write import WRITE_ROOT_ENV
 
 # The formal run leaves its prompt logits here for the parity check (engine.generate reads it).
 PARITY_DUMP_ENV = "MIGRATOR_PARITY_DUMP"
@@ -63,7 +64,8 @@ def trial_run(recipe: Recipe, label: str, plan: RunPlan | dict | int | None = No
     launch = recipe.launch(plan)
     cwd = launch.cwd or run_dir
     env = dict(os.environ, RES_PATH=str(run_dir), PYTHON=sys.executable, PYTHONUNBUFFERED="1",
-               **{PARITY_DUMP_ENV: str(run_dir / "parity_dump.pt")}, **launch.env)
+               **{PARITY_DUMP_ENV: str(run_dir / "parity_dump.pt"), WRITE_ROOT_ENV: os.path.abspath(recipe.path)},
+               **launch.env)
     command = launch.command
     if plan.standin:
         env = run_standin.launch_env(plan.standin, env, run_dir)
@@ -73,7 +75,7 @@ def trial_run(recipe: Recipe, label: str, plan: RunPlan | dict | int | None = No
         env["PYTHON"] = python
         env["PATH"] = os.pathsep.join([os.path.dirname(os.path.abspath(python)), env.get("PATH", "")])
     timeout = timeout_s or defaults.TIMEOUT_S
-    stop_leftovers(runs_dir / "running.pids")       # a tree a killed migrator left behind
+    stop_leftovers(runs_dir / "running.pids", recipe.path)       # a tree a killed migrator left behind
     start, started_at = time.perf_counter(), time.time()
     counter = trial_run_counter(label, lambda: find_logs(run_dir, cwd, started_at, recipe.path),
                                 expected_tokens(recipe, plan.yaml))
@@ -81,7 +83,7 @@ def trial_run(recipe: Recipe, label: str, plan: RunPlan | dict | int | None = No
         # No stdin: a prompt (e.g. "run custom code? [y/N]") must fail, not wait forever. The whole
         # tree (torchrun ranks, `&` launches) is stopped on a timeout or a signal, and measured.
         tree = run_tree(command, cwd=cwd, env=env, stdout=out, timeout=timeout,
-                        pids_file=runs_dir / "running.pids")
+                        pids_file=runs_dir / "running.pids", pids_root=recipe.path)
         returncode, timed_out = tree.returncode, tree.timed_out
     output = (run_dir / "output.txt").read_text(errors="replace")
     if returncode != 0 and NO_SPACE.search(output):

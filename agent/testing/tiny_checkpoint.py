@@ -11,6 +11,7 @@ from pathlib import Path
 
 from agent.recipe.shrink import TINY_DIMS
 from engine.data import DEFAULT_PROMPT
+from agent.processes import owned_temp_prefix
 from engine.safe_write import UserTree
 
 SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|unk|>"]
@@ -59,7 +60,8 @@ def train_bpe_tokenizer(corpus: list[str], vocab_size: int, **init_kwargs):
 def build_tokenizer(out_dir: str | Path, vocab_size: int = 384):
     """Train a byte-level BPE tokenizer on CORPUS and save it as a fast HF tokenizer."""
     fast = train_bpe_tokenizer(CORPUS, vocab_size)
-    UserTree(out_dir, "the checkpoint folder", create=True).fill_with(out_dir, lambda tmp: fast.save_pretrained(tmp))
+    UserTree(out_dir, "the checkpoint folder", create=True).fill_with(out_dir, lambda tmp: fast.save_pretrained(tmp),
+                                                                      owned_temp_prefix("fill"))
     return fast
 
 
@@ -127,7 +129,8 @@ def build_tiny_checkpoint(model_type: str, out_dir: str | Path, seed: int = 0, t
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
-    checkpoint_tree.fill_with(out, lambda tmp: model.save_pretrained(tmp, safe_serialization=True))
+    checkpoint_tree.fill_with(out, lambda tmp: model.save_pretrained(tmp, safe_serialization=True),
+                              owned_temp_prefix("fill"))
     checkpoint_tree.write_text(out / "tiny_checkpoint.json", json.dumps({"model_type": model_type, "seed": seed}) + "\n")
 
     return out

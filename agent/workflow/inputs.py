@@ -235,9 +235,12 @@ def check_home_references(args) -> None:
                                                    "transformers_source", "reference_python", "record")]
     values += list(getattr(args, "recipes", None) or [])
     for value in values:
-        if isinstance(value, str) and value.startswith("~") and os.path.expanduser(value) == value:
-            user = value[1:].split("/", 1)[0]
-            raise errors.InputError(f"{value}: '~{user}' names no user on this host; give the path without it, "
+        if not isinstance(value, str) or "~" not in value:
+            continue
+        parts = Path(value).parts        # as pathlib reads it: './~x' is '~x' to its expanduser
+        head = parts[0] if parts else ""
+        if head.startswith("~") and os.path.expanduser(head) == head:
+            raise errors.InputError(f"{value}: '{head}' names no user on this host; give the path without it, "
                                     "or an absolute one")
 
 

@@ -6,6 +6,7 @@ once, before the graph started (agent.workflow.inputs): no node checks it again.
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from pathlib import Path
 
@@ -90,6 +91,11 @@ def node_acquire(state: MigrationState) -> MigrationState:
     if downloaded:
         check_output_outside(Path(got.model_dir), output_dir, str(state.get("output_dir")))
     recipe_dir = output_dir / name
+    # made in the output folder's tree: a link in its place that leads out (to a folder or to nothing) is refused
+    user_tree(output_dir, "the output folder").resolve(recipe_dir, "mkdir")
+    if os.path.lexists(recipe_dir) and not recipe_dir.is_dir():      # a file, a FIFO, a link to nothing
+        raise InputError(f"{recipe_dir} exists and is not a folder; move it away, or choose another --name / "
+                         "--output-dir")
     folder_lock.hold(recipe_dir, "run it")    # another migration into this folder, of any source: refused (exit 75)
     if recipe_dir.exists() and any(recipe_dir.iterdir()):
         raise InputError(f"{recipe_dir} already exists; run `migrator run {recipe_dir}` to repair or "
@@ -276,7 +282,7 @@ def node_verify(state: MigrationState) -> MigrationState:
     update = {"verification": checked["verification"], "status": "failed" if problems else "ok"}
     if problems:
         update["message"] = "; ".join(problems)
-    if (again := verify.abnormal_output_run(last_run(state), checked)) is not None:
+    if (again := verify.abnormal_output_run(last_run(state), checked, recipe_dir)) is not None:
         update["runs"] = [again]
     return update
 

@@ -49,13 +49,13 @@ def write_report(state: MigrationState) -> Path | None:
         if key not in report and key in previous:
             report[key] = previous[key]
     _standin_from_baseline(report)      # a stand-in baseline makes the report say so (npu_standin.honest)
-    _write(path, json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n")
-    _write(path.parent / "migration_summary.md", human_summary(report, recipe_dir.name))
+    _write(path, json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n", recipe_dir)
+    _write(path.parent / "migration_summary.md", human_summary(report, recipe_dir.name), recipe_dir)
     if report.get("baseline_path") and Path(report["baseline_path"]).is_file() and not in_checkout \
             and not report.get("upstream_standin"):
         # Only a run that wrote a baseline has a status worth putting in the user's README (not a
         # stand-in run of upstream's recipe: its files stay as upstream wrote them).
-        update_readme(recipe_dir / "README.md", report)
+        update_readme(recipe_dir, report)
     return path
 
 
@@ -75,20 +75,21 @@ def _refuse_link(path: Path) -> None:
                          "replace it with a regular file or remove it")
 
 
-def _write(path: Path, text: str) -> None:
-    """Replace the file (temporary file + rename, mode kept): a link placed there meanwhile is
-    replaced, not followed."""
+def _write(path: Path, text: str, recipe_dir: Path) -> None:
+    """Replace the file of the recipe `recipe_dir` (temporary file + rename, mode kept): a link placed
+    there meanwhile is replaced, not followed."""
     _refuse_link(path)
-    atomic_write(path, text.encode("utf-8"), path.stat().st_mode if path.exists() else None)
+    atomic_write(path, text.encode("utf-8"), path.stat().st_mode if path.exists() else None, root=recipe_dir)
 
 
 README_BEGIN = "<!-- migration-summary:begin -->"
 README_END = "<!-- migration-summary:end -->"
 
 
-def update_readme(readme: Path, report: Report) -> None:
-    """Keep a short, measurement-free summary in the recipe README (same input, same README);
+def update_readme(recipe_dir: Path, report: Report) -> None:
+    """Keep a short, measurement-free summary in the recipe's README (same input, same README);
     the numbers are in baseline/ and migration_summary.md. Text outside the markers is kept."""
+    readme = recipe_dir / "README.md"
     _refuse_link(readme)
     if not readme.is_file():
         return
@@ -116,7 +117,7 @@ def update_readme(readme: Path, report: Report) -> None:
         text = head + block + rest.partition(README_END)[2].lstrip("\n")
     else:
         text = text.rstrip("\n") + "\n\n" + block
-    _write(readme, text)
+    _write(readme, text, recipe_dir)
 
 
 def human_summary(report: Report, folder_name: str | None = None) -> str:

@@ -93,9 +93,12 @@ def store_dir(home: Path, output_dir: Path) -> Path:
     return real_dirs(base, "checkouts", hashlib.sha256(str(output_dir).encode()).hexdigest()[:16], ".migrator")
 
 
-def _unreadable_store(path: Path, why: str, resume: bool) -> errors.InputError:
+def _unreadable_store(path: Path, why: str, fresh_run_avoids: bool) -> errors.InputError:
+    """`fresh_run_avoids`: the fault is in the state of the run being resumed, which a run without --resume
+    never reads (its advice then names that too); a fault of the store's files themselves meets a fresh run
+    as well, so only their removal is advised."""
     rm = f"rm {'-r ' if path.is_dir() and not path.is_symlink() else ''}{path}"
-    hint = f"remove it ({rm}) or run without --resume" if resume else f"remove it ({rm})"
+    hint = f"remove it ({rm}) or run without --resume" if fresh_run_avoids else f"remove it ({rm})"
     why = " ".join(str(why).split())[:200]
     return errors.InputError(f"{path}: the --resume checkpoint store cannot be read safely ({why}); {hint}")
 
@@ -106,10 +109,10 @@ def _load_threads(threads_file: Path, resume: bool) -> dict:
     try:
         threads = load_json(threads_file)
     except (OSError, ValueError) as exc:
-        raise _unreadable_store(threads_file, f"{exc.__class__.__name__}", resume) from exc
+        raise _unreadable_store(threads_file, f"{exc.__class__.__name__}", False) from exc
     if not isinstance(threads, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                 for k, v in threads.items()):
-        raise _unreadable_store(threads_file, "not a JSON object of thread ids", resume)
+        raise _unreadable_store(threads_file, "not a JSON object of thread ids", False)
     return threads
 
 
@@ -152,11 +155,18 @@ def _check_resumed_state(values: dict, db: Path) -> None:
                                         "what this release stores", True)
 
 
-def _hold_run_lock(path: Path, state: dict) -> int:
+def store_root(home: Path, store: Path) -> Path:
+    """The tree the store's files are written in: the recipe (or output folder) `home` when the store
+    is its `.migrator/`, else the store itself (the private folder of a checkout migration)."""
+    return home if home == store or home in store.parents else store
+
+
+def _hold_run_lock(path: Path, state: dict, root: Path) -> int:
     """One run per recipe (and per identical migration) at a time: an exclusive flock, held until the
     run returns (the kernel drops it when the process dies, even on SIGKILL); a second run is refused
-    with one line (exit 75, try again later). Returns the lock's file descriptor."""
-    fd = user_tree(path.parent, "the run's state folder").open_lock(path)
+    with one line (exit 75, try again later). Returns the lock's file descriptor. `root`: the tree
+    the lock file is in (store_root)."""
+    fd = user_tree(root, "the run's state folder").open_lock(path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -209,10 +219,11 @@ def _run_with_store(state, resume, stop_after, key, home, output_dir, options) -
     db = store / "checkpoints.sqlite"
     for path in (threads_file, db):
         if path.is_symlink():
-            raise _unreadable_store(path, "it is a symlink", resume)
+            raise _unreadable_store(path, "it is a symlink", False)
         if os.path.lexists(path) and not path.is_file():     # a folder, a FIFO, a socket in its place
-            raise _unreadable_store(path, "it is not a regular file", resume)
-    lock = _hold_run_lock(store / ("run.lock" if home != output_dir else f"run-{key}.lock"), state)
+            raise _unreadable_store(path, "it is not a regular file", False)
+    lock = _hold_run_lock(store / ("run.lock" if home != output_dir else f"run-{key}.lock"), state,
+                          store_root(home, store))
     finished = []
     try:
         return _run_locked(state, resume, stop_after, key, home, output_dir, threads_file, db, options, finished)
@@ -265,7 +276,8 @@ def _run_locked(state, resume, stop_after, key, home, output_dir, threads_file, 
         threads[key] = f"{key}-{uuid.uuid4().hex[:8]}"
         if home != output_dir:
             start_backup_run(home, threads[key])   # a fresh run's rounds start at 1; earlier ones are kept
-        atomic_write(threads_file, json.dumps(threads, indent=2).encode())
+        atomic_write(threads_file, json.dumps(threads, indent=2).encode(), root=store_root(home, threads_file.parent),
+                     what="the run's state folder")
         config = {"configurable": {**options, "thread_id": threads[key]}, "recursion_limit": RECURSION_LIMIT}
         result = summarise(invoke(state, config))
         if finished is not None and not app.get_state(config).next:
@@ -277,4 +289,4 @@ def _run_locked(state, resume, stop_after, key, home, output_dir, threads_file, 
         fault = errors.filesystem_fault(exc, db)     # disk full / read-only / removed: the store is fine
         if fault is not None:
             raise fault from None
-        raise _unreadable_store(db, f"{exc.__class__.__name__}: {exc}", resume) from None
+        raise _unreadable_store(db, f"{exc.__class__.__name__}: {exc}", False) from None

@@ -168,6 +168,16 @@ def recipe_exists(tmp: Path, ckpt: Path) -> list[str]:
     return ["run", str(ckpt), "--name", "my_model"]
 
 
+def recipe_folder_is(make: Callable[[Path, Path], None]):
+    """Setup: the recipe's folder under --output-dir (out/my_model) already is something `make(path, tmp)` put there."""
+    def setup(tmp: Path, ckpt: Path) -> list[str]:
+        (tmp / "out").mkdir()
+        (tmp / "elsewhere" / "empty").mkdir(parents=True)
+        make(tmp / "out" / "my_model", tmp)
+        return ["run", str(ckpt), "--name", "my_model"]
+    return setup
+
+
 def mistyped_local_path(tmp: Path, ckpt: Path) -> list[str]:
     return ["run", "ckpt/nonexist"]
 
@@ -379,6 +389,19 @@ CASES = [
     Case("output_dir_inside_checkpoint", args("run", "{ckpt}", "--output-dir", "{ckpt}/recipes"), 2,
          "inside the checkpoint"),
     Case("recipe_dir_exists", recipe_exists, 2, "already exists"),
+    # found checking #31.1 by variants: the recipe's own folder, a link out of --output-dir, was migrated into
+    # (an empty folder elsewhere: exit 0, the recipe written there) or crashed (exit 70)
+    Case("recipe_dir_linked_to_an_empty_folder_elsewhere", recipe_folder_is(
+        lambda p, tmp: p.symlink_to(tmp / "elsewhere" / "empty", target_is_directory=True)), 2,
+         "my_model is a symlink to"),
+    Case("recipe_dir_relative_link_up_and_out", recipe_folder_is(
+        lambda p, tmp: p.symlink_to("../elsewhere/empty", target_is_directory=True)), 2, "outside the output folder"),
+    Case("recipe_dir_dangling_link_out", recipe_folder_is(
+        lambda p, tmp: p.symlink_to(tmp / "elsewhere" / "not_yet", target_is_directory=True)), 2,
+         "outside the output folder"),
+    Case("recipe_dir_dangling_link_inside", recipe_folder_is(lambda p, tmp: p.symlink_to("nothing")), 2,
+         "exists and is not a folder"),
+    Case("recipe_dir_a_fifo", recipe_folder_is(lambda p, tmp: os.mkfifo(p)), 2, "exists and is not a folder"),
     # found by tests/e2e/test_fuzz_inputs.py: a relative XDG_CACHE_HOME put the folder locks (and caches) under the
     # working directory; the XDG spec says to ignore it (agent.paths.cache_home)
     Case("xdg_cache_home_relative", recipe_exists, 2, "already exists", env={"XDG_CACHE_HOME": "nan"}),
@@ -538,6 +561,21 @@ CASES = [
          2, "duplicate key 'eos_token' at line 2"),
     Case("generation_config_not_utf8", file_bytes("generation_config.json", b'{"eos_token_id": 2, "x": "\xc3"}'), 2,
          "not UTF-8"),
+    # found checking #31.2 by variants: values the parser's own type constructors reject were Python's ValueError
+    Case("recipe_yaml_impossible_date", recipe_yaml(b"model_name: r\nmodel_config:\n  released: 2001-13-45\n"), 2,
+         "'2001-13-45' cannot be read as timestamp"),
+    Case("recipe_yaml_int_tag_on_text", recipe_yaml(b"model_name: r\ndata_config:\n  batch_size: !!int 'four'\n"), 2,
+         "cannot be read as int"),
+    Case("recipe_yaml_empty_float_tag", recipe_yaml(b"model_name: r\nmodel_config:\n  rope_theta: !!float ''\n"), 2,
+         "cannot be read as float"),
+    Case("recipe_yaml_hex_of_5000_digits", recipe_yaml(b"model_name: r\nseed: 0x" + b"f" * 5000 + b"\n"), 2,
+         "an integer of more than 4300 digits"),
+    Case("config_integer_of_5000_digits", lambda tmp, ckpt: config_bytes(
+        (ckpt / "config.json").read_bytes().rstrip()[:-1] + b', "seed": ' + b"7" * 5000 + b"}")(tmp, ckpt), 2,
+         "a number of 5000 digits"),
+    Case("tokenizer_config_integer_of_5000_digits", file_bytes("tokenizer_config.json",
+                                                               b'{"model_max_length": ' + b"9" * 5000 + b"}"), 2,
+         "a number of 5000 digits"),
     # archives: --transformers-source read member by member, the version first, sizes capped
     Case("transformers_source_member_of_zeros", wheel_of_zeros("transformers/zeros.py", 64 * 2**20), 10, "unpacks to"),
     Case("transformers_source_init_of_zeros", wheel_of_zeros("transformers/__init__.py", 48 * 2**20), 10, "unpacks to"),
@@ -625,6 +663,11 @@ CASES = [
     Case("baseline_tilde_of_no_user", args("baseline", "~no_such_user_x", "--summary", "{tmp}/out/summary"), 2,
          "names no user"),
     Case("rollback_tilde_of_no_user", args("rollback", "~no_such_user_x/r"), 2, "names no user"),
+    # found by tests/e2e/test_fuzz_inputs.py (FUZZ_EXAMPLES=60): pathlib reads './~x' as '~x', so the check of the
+    # raw string let it through to expanduser (a RuntimeError, exit 70)
+    Case("target_dot_slash_tilde_of_no_user", args("run", "./~%25a%25"), 2, "'~%25a%25' names no user"),
+    Case("output_dir_dot_slash_tilde_of_no_user", args("run", "{ckpt}", "--output-dir", ".//~no_such_user_x/o"), 2,
+         "names no user"),
     # other commands
     Case("classify_missing_path", args("classify", "{tmp}/nope"), 2, "no such file"),
     Case("rollback_not_a_recipe", args("rollback", "{tmp}/nope"), 2, "no such recipe"),

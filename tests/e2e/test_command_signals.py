@@ -168,16 +168,62 @@ def test_standin_with_a_blocking_torch_npu_import_runs_its_command(tmp_path):
     assert _tagged(tag) == []
 
 
+def test_the_precision_probe_leaves_torch_to_the_recipes_own_guard(tmp_path):
+    """Every trial run loads the precision probe at start-up (its sitecustomize): it must not import torch
+    itself. It did, so the recipe's engine found torch imported, skipped its torch_npu probe, and a torch_npu
+    whose import blocks was then imported unguarded by accelerate (found checking #31.5 by a variant:
+    `migrator classify RECIPE` hung until the trial run's timeout)."""
+    fake = _fake_torch_npu(tmp_path / "site", "package_sleeps")
+    probe = REPO_ROOT / "agent" / "measure" / "_precision_probe"
+    code = ("import sys; from engine.environment import import_torch; import_torch(); "
+            "assert sys.modules.get('torch_npu', 0) is None, 'torch_npu not blocked'; import accelerate; "
+            "import torch; torch.nn.Linear(2, 2)(torch.ones(1, 2)); print('finished')")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(probe), str(fake), str(REPO_ROOT)]),
+               MIGRATOR_PRECISION_RECORD=str(tmp_path / "record"), MIGRATOR_IMPORT_TIMEOUT_S="4")
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0 and "finished" in out, err[-2000:]
+
+
+@pytest.mark.parametrize("when", ["after_the_answer", "in_the_teardown"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_after_the_command_finished_keeps_its_exit_code(tmp_path, sig, when):
+    """scripts/signal_matrix.py: SIGINT / SIGTERM at the last node landed after the command had answered, while
+    the interpreter tore down, and the process died of it (-2 / -15, no line). The answer stands: its code.
+    `in_the_teardown`: sent by an object finalized with the modules, after Python's own signal handling ends."""
+    code = ("import os, signal, sys, time\n"
+            f"sys.argv = ['migrator', 'classify', {str(tmp_path / 'nope')!r}]\n"
+            "from agent import cli\n"
+            "class Late:\n"
+            f"    def __del__(self, kill=os.kill, pid=os.getpid(), sig={int(sig)}):\n"
+            "        kill(pid, sig)\n"
+            "        for _ in range(10 ** 7):\n"
+            "            pass\n"
+            + ("late = Late()\n" if when == "in_the_teardown" else "")
+            + "code = cli.main()\n"
+            + (f"os.kill(os.getpid(), {int(sig)}); time.sleep(3)\n" if when == "after_the_answer" else "")
+            + "sys.exit(code)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr and proc.stderr.count("migrator: error:") == 1, proc.stderr
+
+
 # ---- the parity check's temporary folders -------------------------------------------------------
 def test_interrupted_verify_leaves_no_parity_folder(working_recipe, tmp_path):
-    """SIGINT while the parity subprocess holds its `parity_*` folders (a copy of the checkpoint's
+    """SIGINT while the parity subprocess holds its parity folders (a copy of the checkpoint's
     config, tokenizer and a shrunk reference): they go with the command."""
     tag, tmpdir = uuid.uuid4().hex, tmp_path / "tmp"
     tmpdir.mkdir()
     proc = _start(["run", str(working_recipe)], tag, {"TMPDIR": str(tmpdir)})
 
-    def parity_folder() -> bool:
-        return proc.poll() is not None or any(p.name.startswith("parity_") for p in tmpdir.rglob("parity_*"))
+    def parity_folder() -> bool:       # owned_temp_prefix("parity") / ("parity_code")
+        return proc.poll() is not None or any("-parity" in p.name for p in tmpdir.rglob("*parity*"))
 
     _until(parity_folder, 400, "the parity check never made its folder")
     assert proc.poll() is None, proc.communicate()[1][-2000:]

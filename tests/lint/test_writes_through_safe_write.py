@@ -247,3 +247,74 @@ def test_the_engine_writer_needs_nothing_from_agent():
     modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | \
               {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     assert not {m for m in modules if m and m.split(".")[0] in ("agent", "npu_standin")}, modules
+
+
+# ---- every writer anchored at the root it writes into ------------------------------------------------
+# A tree rooted at the written file's own folder refuses a link at the file, but not one above it (a
+# recipe's `config/` linked out: the tree's root is the link). So a writer of a recipe's, a checkout's or a
+# cache's file anchors its tree at that root. The few trees of a file's own folder, each with why
+# ("path::function::call" -> reason):
+OWN_FOLDER_TREES = {
+    "agent/recipe/fs_guard.py::parent_tree::UserTree(<file's folder>)": "the definition of parent_tree",
+    "agent/cli.py::cmd_baseline::parent_tree": "the --summary file the user named (its folder is no recipe's)",
+    "agent/measure/precision.py::main::tree_of": "the --out file its caller named in a private temporary folder",
+    "agent/measure/reference.py::_hub_style_config::tree_of":
+        "config.json at the top of the checkpoint folder: the file's folder is that root",
+    "agent/measure/reference.py::tiny_yaml::tree_of": "the YAML a test or bench script names, in a copy it made",
+    "agent/workflow/nodes.py::wrapper::user_tree(<file's folder>)":
+        "the recipe folder a failed node made, removed from the output folder it was made in",
+}
+FILE_FOLDER_TREES = ("tree_of", "parent_tree")
+TREE_MAKERS = ("UserTree", "user_tree")
+
+
+def _is_own_folder(node: ast.AST) -> bool:
+    """`x.parent`, `os.path.dirname(x)`, `Path(...).parent`: a root taken from the written path."""
+    if isinstance(node, ast.Attribute) and node.attr == "parent":
+        return True
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "dirname"
+
+
+def own_folder_trees(path: Path, root: Path = REPO) -> list[str]:
+    """'file::function:line: call' for each tree rooted at a written file's own folder."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+        if name in FILE_FOLDER_TREES:
+            what = name
+        elif name in TREE_MAKERS and node.args and _is_own_folder(node.args[0]):
+            what = f"{name}(<file's folder>)"
+        else:
+            continue
+        up = parents.get(node)
+        while up is not None and not isinstance(up, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            up = parents.get(up)
+        found.append(f"{path.relative_to(root).as_posix()}::{up.name if up else '<module>'}:{node.lineno}: {what}")
+    return found
+
+
+def _all_own_folder_trees() -> list[str]:
+    return [w for path in _code_files() for w in own_folder_trees(path)]
+
+
+def test_every_writer_is_anchored_at_the_root_it_writes_into():
+    offenders = [w for w in _all_own_folder_trees() if _key(w) not in OWN_FOLDER_TREES]
+    assert not offenders, ("trees rooted at the written file's own folder (anchor them at the recipe / checkout / "
+                           "cache they write into):\n" + "\n".join(offenders))
+    assert not set(OWN_FOLDER_TREES) - {_key(w) for w in _all_own_folder_trees()}, "stale OWN_FOLDER_TREES entries"
+
+
+def test_the_own_folder_walk_finds_each_spelling(tmp_path):
+    (tmp_path / "x.py").write_text(
+        "import os\n"
+        "def f(p, root):\n"
+        "    tree_of(p).write_text(p, 'x'); parent_tree(p).mkdir(p); UserTree(p.parent).write_text(p, 'x')\n"
+        "    user_tree(os.path.dirname(p)).unlink(p); user_tree(Path(p).parent, 'x').mkdir(p)\n"
+        "    user_tree(root).write_text(p, 'x'); UserTree(root / 'a').mkdir(p); run_folder_tree(os.path.dirname(p))\n")
+    found = own_folder_trees(tmp_path / "x.py", tmp_path)
+    assert len(found) == 5, "\n".join(found)

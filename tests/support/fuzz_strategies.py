@@ -6,7 +6,17 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 
-SCALARS = st.sampled_from(["1", "x", "'q'", "null", "true", "1.5", "\"\\u00e9\"", "~"])
+PLAIN = st.sampled_from(["1", "x", "'q'", "null", "true", "1.5", "\"\\u00e9\"", "~"])
+# scalars whose type's constructor runs on what was drawn: dates and times of any digits, explicit tags on any
+# text, integers of any base and length (the loader answers each with a LoadError or a value, nothing else)
+DATES = st.builds(lambda y, m, d, t: f"{y:04d}-{m:02d}-{d:02d}{t}", st.integers(1, 9999), st.integers(0, 99),
+                  st.integers(0, 99), st.sampled_from(["", " 25:61:61", "t12:00:00.5-05:00", " 1:2:3"]))
+TAGGED = st.builds(lambda tag, text: f"!!{tag} '{text}'", st.sampled_from(["int", "float", "bool", "timestamp",
+                                                                           "null", "binary", "str"]),
+                   st.text(alphabet="0123456789abcdefx-+.:_ ", max_size=12))
+NUMBERS = st.builds(lambda base, n: base + "7" * n, st.sampled_from(["", "-", "0x", "0o", "0b1", "1:"]),
+                    st.sampled_from([1, 30, 4299, 4301, 5000]))
+SCALARS = st.one_of(PLAIN, DATES, TAGGED, NUMBERS)
 
 
 @st.composite

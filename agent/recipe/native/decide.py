@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -69,26 +68,37 @@ def render_native(ctx: dict, features: NativeFeatures) -> str:
 def selfcheck(jobs: list[dict], checkout: Path, timeout: float = SELFCHECK_TIMEOUT_S) -> list[dict]:
     """Run agent.recipe.native.selfcheck on `jobs` ({"config", "file", "class_name"}) under the stand-in,
     the checkout's module/ and executor/ importable."""
+    from agent.processes import owned_temp_prefix, run_tree
     from npu_standin.environment import standin_env
 
     project = Path(__file__).resolve().parents[3]
-    with tempfile.TemporaryDirectory(prefix="native-selfcheck-") as tmp:
+    # one process tree the migrator owns (stopped with it on SIGINT / SIGTERM or the timeout); its folder
+    # is one the next command removes if a SIGKILL leaves it
+    with tempfile.TemporaryDirectory(prefix=owned_temp_prefix("selfcheck")) as tmp, \
+            tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         job_file = Path(tmp) / "jobs.json"
         job_file.write_text(json.dumps(jobs))
         env = standin_env("cpu")
         env["PYTHONPATH"] = os.pathsep.join([str(checkout), str(project), env.get("PYTHONPATH", "")])
-        proc = subprocess.run([sys.executable, "-m", "agent.recipe.native.selfcheck", str(job_file)], cwd=tmp,
-                              env=env, capture_output=True, text=True, timeout=timeout)
-    line = next((l for l in proc.stdout.splitlines() if l.startswith("SELFCHECK ")), None)
+        tree = run_tree([sys.executable, "-m", "agent.recipe.native.selfcheck", str(job_file)], cwd=Path(tmp),
+                        env=env, stdout=out, stderr=err, timeout=timeout)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    line = next((l for l in stdout.splitlines() if l.startswith("SELFCHECK ")), None)
     if line is None:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        tail = (stderr or stdout).strip().splitlines()[-1:] or ["no output"]
+        if tree.timed_out:
+            tail = [f"timed out after {timeout} s"]
         return [{"ok": False, "max_rel": None, "reason": f"self-check did not run: {tail[0]}"}] * len(jobs)
     return loads_json(line[len("SELFCHECK "):], "the self-check's answer")
 
 
 def checked(ctx: dict, config: dict, features: NativeFeatures, checkout: Path) -> NativeDecision:
     """The native file of `features` held to transformers on `config`'s shrunk copy."""
-    with tempfile.TemporaryDirectory(prefix="native-model-") as tmp:
+    from agent.processes import owned_temp_prefix
+
+    with tempfile.TemporaryDirectory(prefix=owned_temp_prefix("native_model")) as tmp:
         path = Path(tmp) / f"modeling_{ctx['model_name']}.py"
         path.write_text(render_native(ctx, features))
         result = selfcheck([{"config": config, "file": str(path), "class_name": ctx["framework_class"]}], checkout)[0]

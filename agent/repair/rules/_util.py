@@ -9,9 +9,10 @@ import yaml
 from agent.recipe.textfile import read_source, write_source
 
 
-def edit_yaml_line(path: Path, section: str | None, key: str, value) -> str:
+def edit_yaml_line(path: Path, section: str | None, key: str, value, *, root: Path) -> str:
     """Set `section.key: value` in the YAML at `path`, keeping its comments and order (a line edit,
     not a dump). Returns a one-line note. Adds the key at the end of the section (or file) when absent.
+    `root`: the recipe the YAML is in (the write is anchored there).
     """
     original = path.read_bytes()
     lines = read_source(path).splitlines(keepends=True)
@@ -30,7 +31,7 @@ def edit_yaml_line(path: Path, section: str | None, key: str, value) -> str:
         if in_section and stripped.startswith(f"{key}:") and line.startswith(indent) and \
                 (section is None) == (not line.startswith((" ", "\t"))):
             lines[i] = f"{indent}{key}: {rendered}\n"
-            write_source(path, "".join(lines), original)
+            write_source(path, "".join(lines), original, root=root)
             return f"set {section + '.' if section else ''}{key}: {rendered} in {path.name}"
     if section is not None and not in_section and not any(ln.startswith(f"{section}:") for ln in lines):
         lines.append(f"{section}:\n")
@@ -38,5 +39,5 @@ def edit_yaml_line(path: Path, section: str | None, key: str, value) -> str:
     while insert_at > 0 and not lines[insert_at - 1].strip():
         insert_at -= 1
     lines.insert(insert_at, f"{indent}{key}: {rendered}\n")
-    write_source(path, "".join(lines), original)
+    write_source(path, "".join(lines), original, root=root)
     return f"added {section + '.' if section else ''}{key}: {rendered} to {path.name}"

@@ -25,7 +25,7 @@ from agent.codemods.commands.rope_scaling_type_key import RopeScalingTypeKeyComm
 from agent.codemods.commands.runner_settings_init import RunnerSettingsInitCommand
 from agent.codemods.commands.torch_npu_guard import TorchNpuImportGuardCommand
 from agent.codemods.commands.trust_remote_code import TrustRemoteCodeCommand
-from agent.codemods.driver import command, rewrite_file
+from agent.codemods.driver import command, rewrite_file, would_rewrite
 from agent.recipe.recipe import runner_files
 from agent.repair.failure import Failure
 from agent.repair.rules._util import edit_yaml_line
@@ -51,12 +51,12 @@ def _files_it_changes(failure: Failure, commands, mentioning: str, files: list[P
     """The recipe's Python files (default: all of them) that mention `mentioning` and that the
     commands would change, recipe-relative."""
     return [_rel(failure.recipe_dir, p) for p in (files if files is not None else failure.recipe.code_files())
-            if mentioning in p.read_text(errors="replace") and rewrite_file(p, commands, dry_run=True)]
+            if mentioning in p.read_text(errors="replace") and would_rewrite(p, commands)]
 
 
 def _rewrite_each(failure: Failure, files: list[str], commands) -> None:
     for rel in files:
-        rewrite_file(failure.recipe_dir / rel, commands)
+        rewrite_file(failure.recipe_dir / rel, commands, root=failure.recipe_dir)
 
 
 # ---- model __init__ without runner_settings ----------------------------------------------
@@ -65,13 +65,13 @@ _INIT_RUNNER_SETTINGS = re.compile(r"(\w+)\.__init__\(\) got an unexpected keywo
 
 def _runner_settings_facts(failure: Failure, found: re.Match) -> dict | None:
     path = _defining_file(failure.recipe_dir, found.group(1))
-    if path is None or not rewrite_file(path, [RunnerSettingsInitCommand], dry_run=True):
+    if path is None or not would_rewrite(path, [RunnerSettingsInitCommand]):
         return None
     return {"class": found.group(1), "file": _rel(failure.recipe_dir, path)}
 
 
 def _fix_runner_settings(failure: Failure, facts: dict, ctx: RepairContext) -> str:
-    rewrite_file(failure.recipe_dir / facts["file"], [RunnerSettingsInitCommand])
+    rewrite_file(failure.recipe_dir / facts["file"], [RunnerSettingsInitCommand], root=failure.recipe_dir)
     return f"RunnerSettingsInitCommand on {facts['file']}: model __init__ accepts runner_settings=None, **kwargs"
 
 
@@ -82,15 +82,15 @@ _FORWARD_KWARG = re.compile(r"(\w+)\.(forward)\(\) got an unexpected keyword arg
 def _forward_kwarg_facts(failure: Failure, found: re.Match) -> dict | None:
     cls, method, kwarg = found.groups()
     path = _defining_file(failure.recipe_dir, cls)
-    if path is None or not rewrite_file(path, [command(AddForwardKwargsCommand, class_name=cls, method=method)],
-                                        dry_run=True):
+    if path is None or not would_rewrite(path, [command(AddForwardKwargsCommand, class_name=cls, method=method)]):
         return None
     return {"class": cls, "method": method, "kwarg": kwarg, "file": _rel(failure.recipe_dir, path)}
 
 
 def _fix_forward_kwarg(failure: Failure, facts: dict, ctx: RepairContext) -> str:
     rewrite_file(failure.recipe_dir / facts["file"],
-                 [command(AddForwardKwargsCommand, class_name=facts["class"], method=facts["method"])])
+                 [command(AddForwardKwargsCommand, class_name=facts["class"], method=facts["method"])],
+                 root=failure.recipe_dir)
     return (f"added **kwargs to {facts['class']}.{facts['method']} in {facts['file']} "
             f"(it was called with {facts['kwarg']}=...)")
 
@@ -114,7 +114,8 @@ def _fix_flash_attn(failure: Failure, facts: dict, ctx: RepairContext) -> str:
     _rewrite_each(failure, facts["files"], [GUARD_FLASH_ATTN_IMPORTS])
     notes += [f"guarded flash_attn imports in {rel}" for rel in facts["files"]]
     if facts.get("set_sdpa"):
-        notes.append(edit_yaml_line(failure.yaml, "model_config", "attn_implementation", "sdpa"))
+        notes.append(edit_yaml_line(failure.yaml, "model_config", "attn_implementation", "sdpa",
+                                     root=failure.recipe_dir))
     return "; ".join(notes)
 
 
@@ -144,7 +145,7 @@ def _remote_code_facts(failure: Failure, found: re.Match) -> dict | None:
     # The innermost frame in the recipe's own code whose line calls from_pretrained.
     for rel, line in reversed(failure.recipe_frames()):
         path = failure.recipe_dir / rel
-        if rewrite_file(path, [command(TrustRemoteCodeCommand, line=line)], dry_run=True):
+        if would_rewrite(path, [command(TrustRemoteCodeCommand, line=line)]):
             return {"file": rel, "line": line}
     return None
 
@@ -153,7 +154,8 @@ def _fix_remote_code(failure: Failure, facts: dict, ctx: RepairContext) -> str:
     if not ctx.trust_remote_code:
         return (f"{facts['file']}:{facts['line']} loads a checkpoint with custom code: re-run with "
                 f"--trust-remote-code after reviewing the code; nothing changed")
-    rewrite_file(failure.recipe_dir / facts["file"], [command(TrustRemoteCodeCommand, line=facts["line"])])
+    rewrite_file(failure.recipe_dir / facts["file"], [command(TrustRemoteCodeCommand, line=facts["line"])],
+                 root=failure.recipe_dir)
     return f"added trust_remote_code=True to the from_pretrained call at {facts['file']}:{facts['line']}"
 
 
@@ -208,7 +210,7 @@ def _incidental_npu_facts(failure: Failure, found: re.Match) -> dict | None:
     for path in failure.recipe.code_files():
         text = path.read_text(errors="replace")
         kernels += npu_kernel_uses(text)
-        if ("npu" in text or "torchair" in text) and rewrite_file(path, NPU_COMMANDS, dry_run=True):
+        if ("npu" in text or "torchair" in text) and would_rewrite(path, NPU_COMMANDS):
             files.append(str(path.relative_to(failure.recipe_dir)))
     if kernels or not files:
         return None         # kernels: no portable equivalent (exit 4); nothing incidental: not ours
@@ -283,7 +285,8 @@ def _no_warm_up_facts(failure: Failure, found: re.Match) -> dict | None:
 
 def _fix_no_warm_up(failure: Failure, facts: dict, ctx: RepairContext) -> str:
     context = CodemodContext()
-    if not rewrite_file(failure.recipe_dir / facts["file"], [InsertWarmUpCommand], context=context):
+    if not rewrite_file(failure.recipe_dir / facts["file"], [InsertWarmUpCommand], context=context,
+                        root=failure.recipe_dir):
         return f"{facts['file']}: no formal model_generate call to put a warm-up before"
     return f"{facts['file']}: inserted `{context.scratch['inserted']}` before the formal generation"
 
@@ -330,14 +333,14 @@ def _process_weights_facts(failure: Failure, found: re.Match) -> dict | None:
             return None
     for path in failure.recipe.code_files():
         for name in _MODEL_CLASS.findall(path.read_text(errors="replace")):
-            if rewrite_file(path, [command(AddProcessWeightsAfterLoadingCommand, class_name=name)], dry_run=True):
+            if would_rewrite(path, [command(AddProcessWeightsAfterLoadingCommand, class_name=name)]):
                 return {"file": _rel(failure.recipe_dir, path), "class": name}
     return None
 
 
 def _fix_process_weights(failure: Failure, facts: dict, ctx: RepairContext) -> str:
     rewrite_file(failure.recipe_dir / facts["file"],
-                 [command(AddProcessWeightsAfterLoadingCommand, class_name=facts["class"])])
+                 [command(AddProcessWeightsAfterLoadingCommand, class_name=facts["class"])], root=failure.recipe_dir)
     return (f"{facts['class']} ({facts['file']}) has process_weights_after_loading: the framework now repacks "
             "MoE / quantized weights after loading")
 

@@ -34,7 +34,7 @@ def _dtype_facts(failure: Failure, found: re.Match) -> dict | None:
 
 
 def _fix_dtype(failure: Failure, facts: dict, ctx: RepairContext) -> str:
-    return edit_yaml_line(failure.yaml, "model_config", "dtype", "float32")
+    return edit_yaml_line(failure.yaml, "model_config", "dtype", "float32", root=failure.recipe_dir)
 
 
 # ---- template defaults --------------------------------------------------------------------
@@ -92,7 +92,7 @@ def _add_key(failure: Failure, dotted: str, value) -> str:
             if name in before and not (section is None and name in sections):
                 anchor = i
     if anchor is None:
-        return edit_yaml_line(path, section, key, value)
+        return edit_yaml_line(path, section, key, value, root=failure.recipe_dir)
     lines.insert(anchor + 1, f"{indent}{key}: {_scalar(value)}\n")
     user_tree(failure.recipe_dir).write_text(path, "".join(lines))
     return f"added {dotted}: {_scalar(value)} to {path.name}"
@@ -196,7 +196,7 @@ def _fix_wrong_type(failure: Failure, facts: dict, ctx: RepairContext) -> str:
         if value is None:
             return f"{key}: {facts['value']!r} has no unambiguous reading and no default here; set it in the YAML"
     section, name = _split(key)
-    return f"{edit_yaml_line(failure.yaml, section, name, value)} ({how})"
+    return f"{edit_yaml_line(failure.yaml, section, name, value, root=failure.recipe_dir)} ({how})"
 
 
 # ---- model_path does not exist ------------------------------------------------------------
@@ -259,7 +259,7 @@ def _fix_model_path(failure: Failure, facts: dict, ctx: RepairContext) -> str:
         return (f"model_path {facts['model_path']} does not exist (report model_dir: {report_dir or 'none'}; "
                 f"checkpoints nearby, not chosen for you: {listed}); set model_path in the YAML to the folder "
                 "holding config.json and the weights")
-    note = edit_yaml_line(failure.yaml, None, "model_path", str(new))
+    note = edit_yaml_line(failure.yaml, None, "model_path", str(new), root=failure.recipe_dir)
     return f"{note}: {facts['model_path']} does not exist; using {why}"
 
 
@@ -281,10 +281,10 @@ def _fix_lengths(failure: Failure, facts: dict, ctx: RepairContext) -> str:
             new //= 2
     notes = []
     if new != facts["new"]:
-        notes.append(edit_yaml_line(failure.yaml, "data_config", "max_new_tokens", new))
+        notes.append(edit_yaml_line(failure.yaml, "data_config", "max_new_tokens", new, root=failure.recipe_dir))
     inp = max(1, min(facts["inp"], limit - new))
     if inp != facts["inp"]:
-        notes.append(edit_yaml_line(failure.yaml, "data_config", "input_max_len", inp))
+        notes.append(edit_yaml_line(failure.yaml, "data_config", "input_max_len", inp, root=failure.recipe_dir))
     return "; ".join(notes) + f" (max_position_embeddings {limit})"
 
 
@@ -300,7 +300,7 @@ def _device_facts(failure: Failure, found: re.Match) -> dict | None:
 
 
 def _fix_device(failure: Failure, facts: dict, ctx: RepairContext) -> str:
-    note = edit_yaml_line(failure.yaml, None, "device", "auto")
+    note = edit_yaml_line(failure.yaml, None, "device", "auto", root=failure.recipe_dir)
     return f"{note}: {facts['device']} is not usable here; the run logs the device it actually uses"
 
 
@@ -385,8 +385,9 @@ def _state_dict_facts(failure: Failure, found: re.Match) -> dict | None:
 
 def _fix_state_dict(failure: Failure, facts: dict, ctx: RepairContext) -> str:
     if facts["fix"] == "tie_word_embeddings":
-        return edit_yaml_line(failure.yaml, "model_config", "config_overrides", facts["config_overrides"])
-    return edit_yaml_line(failure.yaml, "model_config", "key_mapping", facts["key_mapping"])
+        return edit_yaml_line(failure.yaml, "model_config", "config_overrides", facts["config_overrides"],
+                              root=failure.recipe_dir)
+    return edit_yaml_line(failure.yaml, "model_config", "key_mapping", facts["key_mapping"], root=failure.recipe_dir)
 
 
 # ---- mixed dtypes in recipe code ----------------------------------------------------------
@@ -402,7 +403,7 @@ def _mixed_dtype_facts(failure: Failure, found: re.Match) -> dict | None:
 
 def _fix_mixed_dtype(failure: Failure, facts: dict, ctx: RepairContext) -> str:
     if facts["fixable"]:
-        note = edit_yaml_line(failure.yaml, "model_config", "dtype", "float32")
+        note = edit_yaml_line(failure.yaml, "model_config", "dtype", "float32", root=failure.recipe_dir)
         return f"{note}: tensors of {facts['types']} met at {facts['where']}; one dtype (float32) everywhere"
     return (f"tensors of {facts['types']} meet at {facts['where']} although model_config.dtype is {facts['dtype']}: "
             "recipe code creates a tensor in another dtype; cast it with .to(<weights>.dtype) there")
@@ -485,7 +486,7 @@ def _fix_yaml_syntax(failure: Failure, facts: dict, ctx: RepairContext) -> str:
             done.append(what)
             continue
         if isinstance(data, dict) and done:
-            write_source(path, "\n".join(lines), original)
+            write_source(path, "\n".join(lines), original, root=failure.recipe_dir)
             return f"{facts['file']}: " + "; ".join(done)
         break
     return report("{file} line {line} column {col} is not valid YAML ({kind}): {problem}: {text!r}; typical "

@@ -377,7 +377,7 @@ def _fix_repo_root(failure: Failure, facts: dict, ctx: RepairContext) -> str:
     at = _python_line(lines)
     # after the set_env / function.sh lines, as the issue says: right before the line that runs Python
     lines.insert(len(lines) if at is None else at, line)
-    write_source(infer_sh, "".join(lines), original)
+    write_source(infer_sh, "".join(lines), original, root=failure.recipe_dir)
     return f"infer.sh exports the repository root on PYTHONPATH ({facts['sibling']} is in the repository)"
 
 

@@ -108,7 +108,8 @@ def _vocab_facts(failure: Failure, found: re.Match) -> dict | None:
 
 
 def _fix_vocab(failure: Failure, facts: dict, ctx: RepairContext) -> str:
-    note = edit_yaml_line(failure.yaml, "parallel_config", "lmhead_tp_size", facts["size"])
+    note = edit_yaml_line(failure.yaml, "parallel_config", "lmhead_tp_size", facts["size"],
+                          root=failure.recipe_dir)
     return f"{note} (vocab {facts['vocab']} is not divisible by lmhead_tp_size {facts['lmhead_tp_size']})"
 
 
@@ -153,7 +154,8 @@ def _fix_old_key(failure: Failure, facts: dict, ctx: RepairContext) -> str:
     moved = [indent + line if line.strip() else line for line in moved]
     if not moved[-1].endswith("\n"):
         moved[-1] += "\n"
-    write_source(path, "".join(rest[:header + 1] + moved + rest[header + 1:]), original)
+    write_source(path, "".join(rest[:header + 1] + moved + rest[header + 1:]), original,
+                 root=failure.recipe_dir)
     return (f"{facts['yaml']}: moved the top-level {key!r} (old schema, ignored by InferenceConfig) into "
             f"{section} (line {header + 2})")
 

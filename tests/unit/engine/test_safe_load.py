@@ -142,7 +142,8 @@ def test_fuzz_whatever_loads_is_bounded(doc):
         return
     nodes, depth = _expanded(data)
     assert nodes <= 1_000_000 and depth <= 101, (nodes, depth)
-    json.dumps(data)                    # what the parity child did with config_overrides: bounded now
+    json.dumps(data, default=str)       # what the parity child did with config_overrides: bounded now
+    str(data)                           # every value prints (an integer past Python's digit limit would not)
 
 
 @settings(max_examples=150, deadline=None)

@@ -361,9 +361,9 @@ def test_a_hard_linked_recipe_yaml_is_repaired_as_a_copy_and_rolled_back(tmp_pat
     os.link(outside / "x.yaml", yaml_file)
     with backup_round(recipe, 1):
         if edit == "edit_yaml_line":
-            edit_yaml_line(yaml_file, "model_config", "dtype", "float32")
+            edit_yaml_line(yaml_file, "model_config", "dtype", "float32", root=recipe)
         elif edit == "write_source":
-            write_source(yaml_file, "model_config:\n  dtype: float32\n")
+            write_source(yaml_file, "model_config:\n  dtype: float32\n", root=recipe)
         else:
             snap = {"config/x.yaml": (yaml_file.read_bytes(), yaml_file.stat().st_mode & 0o777)}   # before the fix
             UserTree(recipe).write_bytes(yaml_file, b"model_config:\n  dtype: float32\n")
@@ -404,3 +404,103 @@ def test_run_of_a_recipe_whose_runs_folder_links_out_is_exit_2_naming_the_link(w
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert len(lines) == 1 and ".migrator/runs is a symlink to" in lines[0], lines
     assert list(outside.iterdir()) == []
+
+
+# ---- every writer anchored at the root it writes into ------------------------------------------------
+# The writers that were handed only a file (a repair's edits, the codemod driver, the state writers, the
+# run's own writers), now anchored at the recipe: a link anywhere between the recipe and the file that
+# leads out is refused by the tree, by kind, name and depth, before a byte is written.
+def _write_source(root: Path, path: Path) -> None:
+    from agent.recipe.textfile import write_source
+    write_source(path, "model_config:\n  dtype: float32\n", root=root)
+
+
+def _edit_yaml_line(root: Path, path: Path) -> None:
+    from agent.repair.rules._util import edit_yaml_line
+    edit_yaml_line(path, "model_config", "dtype", "float32", root=root)
+
+
+def _rewrite_file(root: Path, path: Path) -> None:
+    from agent.codemods.commands.blank_line_whitespace import BlankLineWhitespaceCommand
+    from agent.codemods.driver import rewrite_file
+    assert rewrite_file(path, [BlankLineWhitespaceCommand], root=root)
+
+
+def _atomic_write(root: Path, path: Path) -> None:
+    from agent.recipe.backup import atomic_write
+    atomic_write(path, b"x: 2\n", 0o644, root=root)
+
+
+def _pids_file(root: Path, path: Path) -> None:
+    from agent.processes import stop_leftovers
+    stop_leftovers(path, root)
+
+
+def _run_folder_writer(root: Path, path: Path) -> None:
+    """A run's own writer (parity dump, logs, precision records) under the migrator's WRITE_ROOT_ENV."""
+    from engine.safe_write import WRITE_ROOT_ENV, run_folder_tree
+    old = os.environ.get(WRITE_ROOT_ENV)
+    os.environ[WRITE_ROOT_ENV] = str(root)
+    try:
+        run_folder_tree(path.parent, create=True).write_with(path, lambda tmp: Path(tmp).write_bytes(b"dump"))
+    finally:
+        os.environ.pop(WRITE_ROOT_ENV) if old is None else os.environ.__setitem__(WRITE_ROOT_ENV, old)
+
+
+def _report_writer(root: Path, path: Path) -> None:
+    from agent.workflow.report import _write
+    _write(path, "{}\n", root)
+
+
+ANCHORED_WRITERS = {
+    "write_source": (_write_source, b"model_config:\n  dtype: float16\n"),
+    "edit_yaml_line": (_edit_yaml_line, b"model_config:\n  dtype: float16\n"),
+    "rewrite_file": (_rewrite_file, b"def f():\n    x = 1\n    \n    return x\n"),
+    "atomic_write": (_atomic_write, b"x: 1\n"),
+    "stop_leftovers": (_pids_file, b'{"pgid": 1, "pids": {}}'),
+    "run_folder_tree": (_run_folder_writer, b"old dump"),
+    "report": (_report_writer, b"{\"old\": 1}\n"),
+}
+
+
+def _anchored_cases():
+    for w, writer in enumerate(ANCHORED_WRITERS):
+        for k, kind in enumerate(FOLDER_LINKS):
+            for d, depth in enumerate(DEPTHS):
+                name = NAMES[(w + k + d) % len(NAMES)]          # every name meets every writer across the grid
+                yield pytest.param(writer, kind, name, depth, id=f"{writer}-{kind}-{name}-{len(depth)}")
+
+
+@pytest.mark.parametrize("writer, kind, name, depth", list(_anchored_cases()))
+def test_a_writer_handed_a_file_refuses_a_link_above_its_folder(tmp_path, writer, kind, name, depth):
+    call, content = ANCHORED_WRITERS[writer]
+    outside = _outside(tmp_path)
+    root = tmp_path / "recipe"
+    root.mkdir()
+    link = root.joinpath(*depth, name)
+    _folder_link(kind)(root, link, outside)
+    victim = outside / "sub" / "deep" / "f.txt"          # the file the writer is handed, through the link
+    victim.parent.mkdir()
+    victim.write_bytes(content)
+    target = link / victim.relative_to(os.path.realpath(link))
+    assert target.read_bytes() == content                # the writer's own folder is real: only a link above it
+    before_out, before_root = _snapshot(outside), _snapshot(root)
+    with pytest.raises(WriteRefused) as info:
+        call(root, target)
+    line = str(info.value)
+    assert "\n" not in line and "outside the recipe" in line, line
+    assert kind == "chain" or line.startswith(f"{link.relative_to(root).as_posix()} is a symlink"), line
+    assert _snapshot(outside) == before_out and _snapshot(root) == before_root
+
+
+@pytest.mark.parametrize("writer", list(ANCHORED_WRITERS))
+def test_an_anchored_writer_still_writes_inside_the_recipe(tmp_path, writer):
+    """The same writers on a real folder of the recipe (and through a link that stays inside) write."""
+    call, content = ANCHORED_WRITERS[writer]
+    root = tmp_path / "recipe"
+    (root / "shared" / "deep").mkdir(parents=True)
+    (root / "config").symlink_to("shared", target_is_directory=True)
+    target = root / "config" / "deep" / "f.txt"
+    target.write_bytes(content)
+    call(root, target)
+    assert not target.exists() if writer == "stop_leftovers" else target.read_bytes() != content

@@ -76,7 +76,7 @@ def test_the_standins_records_load_our_engine_files_wherever_its_process_runs(tm
              f"submodule_search_locations=[{str(home)!r}])\n"
              "m = importlib.util.module_from_spec(spec); sys.modules['npu_standin'] = m; spec.loader.exec_module(m)\n"
              "from npu_standin import environment, record\n"
-             "print(record.UserTree.__module__, record.load_json.__module__, environment.loads_json.__module__)\n")
+             "print(record.run_folder_tree.__module__, record.load_json.__module__, environment.loads_json.__module__)\n")
     (tmp_path / "engine").mkdir()
     (tmp_path / "engine" / "__init__.py").write_text("raise ImportError('a recipe of its own')\n")
     # `python -c` puts its working directory first on sys.path: that `engine` shadows ours
@@ -87,4 +87,4 @@ def test_the_standins_records_load_our_engine_files_wherever_its_process_runs(tm
                                       "_npu_standin_engine_safe_load"], foreign.stdout
     from npu_standin import record
 
-    assert (record.UserTree.__module__, record.load_json.__module__) == ("engine.safe_write", "engine.safe_load")
+    assert (record.run_folder_tree.__module__, record.load_json.__module__) == ("engine.safe_write", "engine.safe_load")

@@ -358,7 +358,7 @@ def test_yaml_line_edit_keeps_crlf_gbk_comments_and_mode(tmp_path):
     path.write_bytes(text.encode("gb18030"))
     path.chmod(0o640)
     assert read_settings(path)["data_config"] == {"batch_size": 1}
-    edit_yaml_line(path, "data_config", "batch_size", 4)
-    edit_yaml_line(path, "data_config", "max_new_tokens", 8)
+    edit_yaml_line(path, "data_config", "batch_size", 4, root=recipe)
+    edit_yaml_line(path, "data_config", "max_new_tokens", 8, root=recipe)
     assert path.read_bytes() == (text.replace("batch_size: 1", "batch_size: 4") + "  max_new_tokens: 8\r\n").encode("gb18030")
     assert path.stat().st_mode & 0o777 == 0o640

@@ -19,7 +19,7 @@ from agent.recipe.backup import BackupError, atomic_write, read_journal, rollbac
 @pytest.mark.parametrize("mode", [0o4755, 0o2755, 0o1777, 0o6777, 0o7755])
 def test_atomic_write_never_sets_setuid_setgid_or_sticky(tmp_path, mode):
     target = tmp_path / "f"
-    atomic_write(target, b"x", mode)
+    atomic_write(target, b"x", mode, root=tmp_path)
     assert stat.S_IMODE(os.lstat(target).st_mode) == mode & 0o777
 
 

@@ -52,7 +52,28 @@ def test_rollback_onto_an_immutable_file_is_exit_74(tmp_path, immutable, capsys)
     err = capsys.readouterr().err
     assert code == errors.EXIT_FILESYSTEM, err
     assert len(err.strip().splitlines()) == 1 and "cannot be written" in err and "Traceback" not in err
+    assert "--resume" not in err           # rollback has no --resume: the advice names only what it takes
     assert (recipe / "infer.sh").read_text() == "after\n"
+
+
+@pytest.mark.parametrize("command", ["run", "baseline"])
+def test_the_exit_74_advice_is_what_the_command_takes(tmp_path, immutable, capsys, command):
+    """An immutable recipe folder: exit 74 for `run` and `baseline`; following the advice works — `run` names
+    --resume (it takes it), `baseline` does not (it would be a usage error)."""
+    from agent.cli import main
+
+    recipe = tmp_path / "recipe"
+    (recipe / "config").mkdir(parents=True)
+    (recipe / "infer.sh").write_text("#!/bin/bash\necho never run\n")
+    (recipe / "config" / "r_1card_eager.yaml").write_text("model_name: r\n")
+    immutable(recipe)
+    argv = ["run", str(recipe), "--device", "cpu"] if command == "run" else \
+        ["baseline", str(recipe), "--summary", str(tmp_path / "out" / "summary")]
+    code = main(argv)
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if not ln.startswith("[migrator]")]
+    assert code == errors.EXIT_FILESYSTEM and len(lines) == 1 and "cannot be written" in lines[0], err
+    assert ("--resume" in lines[0]) == (command == "run"), lines[0]
 
 
 @pytest.mark.parametrize("code", [errno.EPERM, errno.EROFS, errno.EACCES])

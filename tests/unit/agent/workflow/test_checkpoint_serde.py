@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import operator
 import sqlite3
+from pathlib import Path
 from typing import Annotated, TypedDict
 
 import pytest
@@ -121,6 +122,14 @@ def test_unreadable_store_is_one_line_exit_2(tmp_path, case):
     assert proc.returncode == 2 and "rm " in line, proc.stderr
     if case == "threads_symlink":
         assert (tmp_path / "victim.json").read_text() == "{}"
+    # the advice, followed: "run without --resume" only where a fresh run never reads the fault (the resumed
+    # run's state); the store's own files meet a fresh run too, so there only their removal is advised
+    fresh = run_cli("run", str(recipe), "--output-dir", str(out), "--max-rounds", "0", cwd=tmp_path)
+    assert ("cannot be read safely" not in fresh.stderr) == ("without --resume" in line), (line, fresh.stderr[-1500:])
+    removed = line.split("(rm ", 1)[1].split(")", 1)[0].removeprefix("-r ")
+    Path(removed).unlink()
+    again = run_cli("run", str(recipe), "--resume", "--output-dir", str(out), "--max-rounds", "0", cwd=tmp_path)
+    assert "cannot be read safely" not in again.stderr, again.stderr[-1500:]
 
 
 # ---- the serializer, in process ---------------------------------------------------------------
