@@ -46,6 +46,25 @@ class ShimFinder(importlib.abc.MetaPathFinder):
         return importlib.machinery.ModuleSpec(fullname, _ShimLoader(fullname), is_package=True)
 
 
+def spec_after(finder, fullname, path=None, target=None, once=False):
+    """The spec the finders after `finder` on sys.meta_path give (`once`: `finder` leaves the list first, so
+    none of them calls it again). A hook that wraps a module's loader asks them, not the path finder alone:
+    another hook on the same module (the precision probe's on torch and on upstream's ModelWorker) still
+    sees the import."""
+    finders = sys.meta_path
+    start = finders.index(finder) if finder in finders else 0
+    if once and finder in finders:
+        finders.remove(finder)
+    elif finder in finders:
+        start += 1
+    for other in list(finders[start:]):
+        find = getattr(other, "find_spec", None)
+        spec = find(fullname, path, target) if find is not None else None
+        if spec is not None:
+            return spec
+    return None
+
+
 class _ThenLoader(importlib.abc.Loader):
     """The real loader of a module, then `then(module)` once the module has executed."""
 
@@ -82,8 +101,7 @@ class TorchHook(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
         if fullname != "torch":
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        spec = spec_after(self, fullname, path, target, once=True)
         if spec is None or spec.loader is None:
             return None
         spec.loader = _ThenLoader(spec.loader, _activate)
@@ -99,7 +117,7 @@ class EnvironmentRecordHook(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
         if fullname != self.MODULE:
             return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        spec = spec_after(self, fullname, path, target)
         if spec is None or spec.loader is None or isinstance(spec.loader, _ThenLoader):
             return spec
         spec.loader = _ThenLoader(spec.loader, _mark_environment)
@@ -140,7 +158,7 @@ class CompilerImportShield(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
         if not fullname.startswith(SHIELDED) or "torch" not in sys.modules:
             return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        spec = spec_after(self, fullname, path, target)
         if spec is None or spec.loader is None or isinstance(spec.loader, _ShieldedLoader):
             return spec
         spec.loader = _ShieldedLoader(spec.loader)

@@ -30,10 +30,11 @@ class WorkerFinder:
     def find_spec(self, name, path=None, target=None):
         if name != WORKER_MODULE:
             return None
+        start = sys.meta_path.index(self) if self in sys.meta_path else 0
         if self in sys.meta_path:
             sys.meta_path.remove(self)
         spec = None
-        for finder in list(sys.meta_path):
+        for finder in list(sys.meta_path[start:]):     # the finders after it: one before it has declined
             find = getattr(finder, "find_spec", None)
             spec = find(name, path, target) if find is not None else None
             if spec is not None:

@@ -36,7 +36,8 @@ WORKER_MODULE = "executor.core.model_worker.model_worker"
 MAX_PREFILL_LAYER_FLOATS = 1 << 24
 MAX_CALLS = 4096
 
-_state = {"dir": None, "models": set(), "calls": 0, "current": None, "worker": False, "dtype": None}
+_state = {"dir": None, "models": set(), "calls": 0, "current": None, "worker": False, "dtype": None,
+          "unbegun": False}
 
 
 def install(folder: str) -> None:
@@ -76,10 +77,11 @@ class _AfterImport:
     def find_spec(self, name, path=None, target=None):
         if name != self.name:
             return None
+        start = sys.meta_path.index(self) if self in sys.meta_path else 0
         if self in sys.meta_path:
             sys.meta_path.remove(self)
         spec = None
-        for finder in list(sys.meta_path):
+        for finder in list(sys.meta_path[start:]):     # the finders after it: one before it has declined
             find = getattr(finder, "find_spec", None)
             spec = find(name, path, target) if find is not None else None
             if spec is not None:
@@ -148,10 +150,14 @@ def _find_model(module, args):
             break
     module.register_forward_pre_hook(_model_pre_hook, with_kwargs=True)
     module.register_forward_hook(_model_hook, with_kwargs=True)
+    # torch took this call's pre-hooks before this one registered; its forward hooks it takes after the
+    # forward, so the call is begun there (its logits recorded, its layers not)
+    _state["unbegun"] = True
     return None
 
 
 def _model_pre_hook(module, args, kwargs):
+    _state["unbegun"] = False
     if _state["worker"] or _compiling() or kwargs.get("use_cache") is False:
         return None
     ids = kwargs.get("input_ids")
@@ -172,6 +178,8 @@ def _model_pre_hook(module, args, kwargs):
 
 
 def _model_hook(module, args, kwargs, output):
+    if _state.get("unbegun") and not _compiling():
+        _model_pre_hook(module, args, kwargs)
     if _state["worker"] or _compiling() or _state["current"] is None:
         return None
     _end(output)

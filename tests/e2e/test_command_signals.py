@@ -78,9 +78,10 @@ def test_the_temp_folder_of_a_sigkilled_migrators_tree_is_removed_by_the_next_co
     left = [p for p in _left(tmpdir) if p.startswith(f"migrator-{proc.pid}-")]
     assert sorted(p.split("-")[3] for p in left) == ["npu_standin", "tree"], _left(tmpdir)   # records, the tree's TMPDIR
     proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=60)
+    proc.wait(timeout=60)
     for pid in _tagged(tag):              # the killed migrator's command, started by this test: stopped here
         os.kill(pid, signal.SIGKILL)
+    proc.communicate(timeout=60)          # only now: the orphaned command held the pipes open
     assert set(left) <= set(_left(tmpdir))
     again = _start(["standin", "--", "true"], uuid.uuid4().hex, {"TMPDIR": str(tmpdir)})
     out, err = again.communicate(timeout=120)

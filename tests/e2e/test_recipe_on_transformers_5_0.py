@@ -62,7 +62,7 @@ def test_a_recipe_vendored_from_the_checkouts_5_0_runs_on_5_0_under_upstreams_in
     assert "Traceback" not in text and "Initializing KV cache with PageAttention management" in text, text[-3000:]
     # parity against 5.0.0, in 5.0.0's interpreter
     parity = precision.check(record, checkpoint, python=str(python))
-    assert parity["ok"] and parity["requests"] == 2 and parity["decode_steps_checked"] >= 2, parity
+    assert parity["ok"] and parity["requests"] == 2 and parity["decode_steps_checked"] >= 2, json.dumps(parity)[:6000]
     assert parity["reference"].startswith("transformers 5.0.0 "), parity["reference"]
     assert len({r["prompt_tokens"] for r in parity["per_request"]}) == 2       # unequal lengths, one packed batch
 

@@ -587,3 +587,43 @@ def test_an_op_without_reference_in_a_compiled_region_fails_with_the_standins_li
     assert all(want in line and " False " in line[:30] for line in lines), proc.stdout
     assert "(called at a captured region (torch.compile))" in lines[0]
     assert lines[1].startswith("False UnsupportedOp") and "script.py:" in lines[1]
+
+
+@pytest.mark.parametrize("probe_first", [True, False], ids=["probe_next_to_standin", "probe_last_on_path"])
+def test_the_precision_probe_sees_torch_under_the_standin_whatever_the_path_order(tmp_path, probe_first):
+    """Both import hooks on torch fire: the stand-in's wraps torch's loader asking the finders after it, so
+    the precision probe's hook (after it or before it on PYTHONPATH) still registers; a bf16 model's record
+    names bfloat16 and holds its layers. Without it every stand-in run was judged as float32 (a correct
+    bf16 run failed at the floor tolerance) and had no per-layer record."""
+    from agent.measure import precision
+
+    probe = precision.probe_env({"PYTHONPATH": os.environ.get("PYTHONPATH", "")}, tmp_path)
+    if not probe_first:       # the probe's folder after the stand-in's: the stand-in runs it as the shadowed one
+        probe["PYTHONPATH"] = os.pathsep.join(reversed(probe["PYTHONPATH"].split(os.pathsep, 1)))
+    proc, _ = run_standin(tmp_path, """
+        import types, torch
+        class TinyForCausalLM(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.config = types.SimpleNamespace(num_hidden_layers=2)
+                self.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(2))
+                self.head = torch.nn.Linear(8, 16)
+            def forward(self, input_ids):
+                x = torch.nn.functional.one_hot(input_ids, 8).to(torch.bfloat16)
+                for layer in self.layers:
+                    x = layer(x)
+                return self.head(x)
+        model = TinyForCausalLM().to(torch.bfloat16)
+        with torch.no_grad():
+            model(torch.tensor([[1, 2, 3]]))        # the first call: begun after its forward
+            model(input_ids=torch.tensor([[4]]))
+    """, env=probe)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    import torch
+
+    calls = sorted(precision.record_dir(tmp_path).glob("rank_*/call_*.pt"))
+    assert len(calls) == 2, (calls, proc.stderr[-2000:])
+    first, second = (torch.load(call, weights_only=False) for call in calls)
+    assert (first["phase"], first["input_ids"].tolist(), first["dtype"]) == ("prefill", [1, 2, 3], "bfloat16")
+    assert (second["phase"], second["input_ids"].tolist(), second["dtype"]) == ("decode", [4], "bfloat16")
+    assert second["layers"] is not None and len(second["layers"]) == 2
