@@ -58,9 +58,13 @@ E2E = Path(__file__).resolve().parent / "e2e"
 @pytest.hookimpl(tryfirst=True)      # before `-m` selects on the marks
 def pytest_collection_modifyitems(config, items):
     """Every test under tests/e2e/ carries the e2e mark: `-m "not e2e and not slow"` is the quick run."""
+    from budget import slow_for_budget
+
     for item in items:
         if E2E in item.path.resolve().parents:
             item.add_marker(pytest.mark.e2e)
+        if slow_for_budget(item.nodeid):          # tests/support/budget.py: which default case covers it
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")
