@@ -203,23 +203,35 @@ PROMPTS = ["An attention function can be described as mapping a query and a set 
            "The capital of France is"]
 
 
-@pytest.fixture(scope="module")
-def mla_recipe(tmp_path_factory):
-    """A tiny all-dense deepseek_v3 checkpoint (the --tiny settings: 16-wide NZ latent / rope, YaRN) migrated
-    by the framework target into a copy of the snapshot."""
+def _migrated_mla(tmp_path_factory, name: str, first_k_dense_replace: int) -> dict:
+    """A tiny deepseek_v3 checkpoint (the --tiny settings: 16-wide NZ latent / rope, YaRN) migrated by the
+    framework target into a copy of the snapshot; dense up to layer `first_k_dense_replace` (2: all dense)."""
     from agent.measure import reference
     from agent.run.standin import TINY_SETTINGS
     from agent.workflow.run import run_migration
     from upstream_checkout import copy_snapshot
 
-    root = tmp_path_factory.mktemp("native_mla")
+    root = tmp_path_factory.mktemp(name)
     checkout = copy_snapshot(root / "cann-recipes-infer")
     checkpoint = reference.tiny_checkpoint("deepseek_v3", root / "ckpt", **TINY_SETTINGS["deepseek_v3"],
-                                           first_k_dense_replace=2)
-    run_migration({"target": str(checkpoint), "output_dir": str(checkout / "models"), "name": "nat_mla",
+                                           first_k_dense_replace=first_k_dense_replace)
+    run_migration({"target": str(checkpoint), "output_dir": str(checkout / "models"), "name": name,
                    "device": "cpu", "max_new_tokens": 8, "max_rounds": 0, "world_size": 1,
                    "recipe_target": "framework", "transformers_source": "installed"}, stop_after="render")
-    return {"root": root, "checkout": checkout, "recipe": checkout / "models" / "nat_mla", "checkpoint": checkpoint}
+    return {"root": root, "checkout": checkout, "recipe": checkout / "models" / name, "checkpoint": checkpoint,
+            "name": name}
+
+
+@pytest.fixture(scope="module")
+def mla_recipe(tmp_path_factory):
+    """Every layer dense: the MLA attention alone."""
+    return _migrated_mla(tmp_path_factory, "nat_mla", 2)
+
+
+@pytest.fixture(scope="module")
+def mla_moe_recipe(tmp_path_factory):
+    """The whole architecture: MLA on both layers, layer 1 a sparse-MoE block (routed and shared experts)."""
+    return _migrated_mla(tmp_path_factory, "nat_mla_moe", 1)
 
 
 def packed_yaml(recipe_info: dict, world_size: int, custom_params: dict | None = None) -> str:
@@ -259,12 +271,17 @@ MLA_KERNELS = ("npu_kv_rmsnorm_rope_cache_v2", "npu_interleave_rope", "npu_fused
 
 @pytest.mark.slow
 @pytest.mark.parametrize("ranks", [1, 2])
-def test_native_mla_recipe_passes_the_per_step_precision_check(mla_recipe, ranks):
+@pytest.mark.parametrize("layers", ["dense", "moe"])
+def test_native_mla_recipe_passes_the_per_step_precision_check(request, layers, ranks):
     """`migrator run RECIPE --standin --world-size N` on two packed prompts: upstream's launcher runs the native
-    MLA model (heads split by module.linear at 2 ranks) in its YAML's npugraph_ex, the decode graph compiled
-    once per rank, every prefill and decode step held to transformers."""
-    text = (mla_recipe["recipe"] / "models" / "modeling_nat_mla.py").read_text()
-    assert "is_mla_backend=True" in text and "Adapted from" in text and not (mla_recipe["recipe"] / "models" / "modeling_nat_mla_framework.py").exists()
+    MLA model (heads split by module.linear at 2 ranks; with MoE layers, the experts by moe_tp_size) in its
+    YAML's npugraph_ex, the decode graph compiled once per rank, every prefill and decode step held to
+    transformers."""
+    mla_recipe = request.getfixturevalue("mla_recipe" if layers == "dense" else "mla_moe_recipe")
+    name = mla_recipe["name"]
+    text = (mla_recipe["recipe"] / "models" / f"modeling_{name}.py").read_text()
+    assert "is_mla_backend=True" in text and "Adapted from" in text and not (mla_recipe["recipe"] / "models" / f"modeling_{name}_framework.py").exists()
+    assert ("npu_moe_init_routing_v2" in text) is (layers == "moe")
     baseline = run_recipe(mla_recipe, packed_yaml(mla_recipe, ranks), ranks)
     parity, standin = baseline["verification"]["parity"], baseline["standin"]
     assert parity["ok"] is True and parity["ranks"] == ranks, parity
@@ -278,7 +295,10 @@ def test_native_mla_recipe_passes_the_per_step_precision_check(mla_recipe, ranks
     compiled = [entry for key, entry in standin["compiles"].items() if key.endswith("main_decode [npugraph_ex]")]
     assert len(compiled) == 1 and (compiled[0]["compiles"], compiled[0]["recompiles"]) == (ranks, 0), standin["compiles"]
     assert standin["unsupported"] == []
-    print(f"NATIVE-TABLE deepseek_v3 (MLA, dense) ranks={ranks} ok={parity['ok']} closest={parity.get('closest')} "
+    if layers == "moe":
+        assert all(kernels.get(op, 0) > 0 for op in ("npu_moe_init_routing_v2", "npu_grouped_matmul",
+                                                      "npu_moe_finalize_routing")), kernels
+    print(f"NATIVE-TABLE deepseek_v3 (MLA, {layers}) ranks={ranks} ok={parity['ok']} closest={parity.get('closest')} "
           f"decode_steps={parity.get('decode_steps_checked')} requests={sorted(requests.items())}")
 
 
