@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 
+from npu_standin.meta_path import spec_after
 from npu_standin import record
 
 WORKER_MODULE = "executor.core.model_worker.model_worker"
@@ -30,15 +31,7 @@ class WorkerFinder:
     def find_spec(self, name, path=None, target=None):
         if name != WORKER_MODULE:
             return None
-        start = sys.meta_path.index(self) if self in sys.meta_path else 0
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)
-        spec = None
-        for finder in list(sys.meta_path[start:]):     # the finders after it: one before it has declined
-            find = getattr(finder, "find_spec", None)
-            spec = find(name, path, target) if find is not None else None
-            if spec is not None:
-                break
+        spec = spec_after(self, name, path, target, once=True)
         if spec is None or spec.loader is None:
             return spec
         run_module = spec.loader.exec_module

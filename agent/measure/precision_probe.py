@@ -178,7 +178,7 @@ def _model_pre_hook(module, args, kwargs):
 
 
 def _model_hook(module, args, kwargs, output):
-    if _state.get("unbegun") and not _compiling():
+    if not _compiling() and _state["unbegun"]:     # _compiling() first, as in _layer_hook: no guard on the state
         _model_pre_hook(module, args, kwargs)
     if _state["worker"] or _compiling() or _state["current"] is None:
         return None
