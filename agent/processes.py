@@ -21,6 +21,7 @@ run as one process tree it owns (psutil).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -90,13 +91,8 @@ def _tree(root: psutil.Process, pgid: int, known: dict[int, float]) -> list[psut
         except psutil.Error:
             continue
     for proc in psutil.process_iter(["pid"]):
-        if proc.pid in found:
-            continue
-        try:
-            if os.getpgid(proc.pid) == pgid:
-                found[proc.pid] = proc
-        except (OSError, psutil.Error):
-            continue
+        if proc.pid not in found and _in_group(proc, pgid):
+            found[proc.pid] = proc
     return list(found.values())
 
 
@@ -212,15 +208,17 @@ def _pids_tree(root: Path) -> UserTree:
 
 def _run_tree(command, cwd, env, stdout, timeout, pids_tree, pids_file, stderr, stdin) -> TreeResult:
     start = time.perf_counter()
-    proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=stdin, stdout=stdout, stderr=stderr,
-                            start_new_session=True)
-    root = psutil.Process(proc.pid)
-    pgid = proc.pid
+    proc = None
     known: dict[int, float] = {}
     peak = 0
     deadline = None if timeout is None else start + timeout
     timed_out = False
     try:
+        with signals_held():      # a signal while Popen forks is taken once `proc` is known, so the tree is stopped
+            proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=stdin, stdout=stdout, stderr=stderr,
+                                    start_new_session=True)
+        root = psutil.Process(proc.pid)
+        pgid = proc.pid
         while True:
             members = _tree(root, pgid, known)
             rss = 0
@@ -249,11 +247,12 @@ def _run_tree(command, cwd, env, stdout, timeout, pids_tree, pids_file, stderr, 
             except subprocess.TimeoutExpired:
                 pass
     except BaseException:
-        stop_tree(_tree(root, pgid, known))
-        try:
-            proc.wait(timeout=GRACE_S)
-        except subprocess.TimeoutExpired:
-            pass
+        if proc is not None:
+            stop_tree(_started_tree(proc, known))
+            try:
+                proc.wait(timeout=GRACE_S)
+            except subprocess.TimeoutExpired:
+                pass
         raise
     finally:
         if pids_tree is not None:
@@ -261,6 +260,20 @@ def _run_tree(command, cwd, env, stdout, timeout, pids_tree, pids_file, stderr, 
     _reap()
     return TreeResult(None if timed_out else proc.returncode, timed_out, round(time.perf_counter() - start, 2),
                       peak, len(known))
+
+
+def _started_tree(proc: subprocess.Popen, known: dict[int, float]) -> list[psutil.Process]:
+    try:
+        return _tree(psutil.Process(proc.pid), proc.pid, known)
+    except psutil.Error:      # the root is gone and reaped: what is left is in its process group
+        return [p for p in psutil.process_iter(["pid"]) if _in_group(p, proc.pid)]
+
+
+def _in_group(proc: psutil.Process, pgid: int) -> bool:
+    try:
+        return os.getpgid(proc.pid) == pgid
+    except (OSError, psutil.Error):
+        return False
 
 
 def _alive(proc: psutil.Process) -> bool:
@@ -318,6 +331,27 @@ def install_signal_handlers() -> None:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, on_term)
         signal.signal(signal.SIGINT, on_int)
+
+
+@contextlib.contextmanager
+def signals_held():
+    """SIGINT and SIGTERM that arrive inside the block are delivered when it ends, to the handlers that
+    were there before (the main thread only: elsewhere Python takes no signals). The block is short and
+    must not be interrupted halfway: a process forked but not yet known to its caller cannot be stopped."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    for signum in before:
+        signal.signal(signum, lambda got, frame: held.append(got))
+    try:
+        yield
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+        for signum in dict.fromkeys(held):
+            signal.raise_signal(signum)     # the handler before (raises Terminated / KeyboardInterrupt)
 
 
 def _ignore_more() -> None:
