@@ -67,3 +67,20 @@ def test_every_corpus_entry_has_an_injection():
     fast = [(i, layout) for i, layout in cases() if (i.fast if layout == "ours" else i.fast_upstream)]
     rules = [i.rule(layout) or i.expected(layout) for i, layout in fast]
     assert len(fast) <= 14 and len(rules) == len(set(rules)), rules
+
+
+def test_every_row_of_the_budget_table_names_a_test_that_exists_and_its_cover_runs_by_default():
+    """A row whose test was renamed would move nothing; a row whose cover is itself moved covers nothing."""
+    import ast
+    import re
+
+    from budget import SLOW_FOR_BUDGET, slow_for_budget
+
+    for nodeid, cover in SLOW_FOR_BUDGET.items():
+        rel, _, name = nodeid.partition("::")
+        path = TESTS.parent / rel
+        assert path.is_file(), nodeid
+        functions = {n.name for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.FunctionDef)}
+        assert name.split("[", 1)[0] in functions, nodeid
+        for named in re.findall(r"tests/\S+?\.py::\w+", cover):
+            assert slow_for_budget(named) is None, f"{nodeid}: its cover {named} is moved to slow as well"

@@ -41,6 +41,10 @@ SLOW_FOR_BUDGET = {
         "tests/e2e/test_llm_repair_protocol.py::test_protocol_llm_diff_repairs_an_unknown_failure and the LLM client's unit tests",
     "tests/e2e/test_llm_repair_protocol.py::test_protocol_llm_diff_is_a_proposal_by_default":
         "tests/e2e/test_llm_repair_protocol.py::test_protocol_llm_diff_repairs_an_unknown_failure",
+    "tests/e2e/test_command_signals.py::test_a_signal_to_standin_stops_its_whole_command_tree[grandchild_in_background-2-130-interrupted]":
+        "its [grandchild_in_background-15-143-terminated (SIGTERM)] and [python_child_ignoring_sigint-2-130-interrupted] cases",
+    "tests/e2e/test_command_signals.py::test_a_signal_to_standin_stops_its_whole_command_tree[python_child_ignoring_sigint-15-143-terminated (SIGTERM)]":
+        "its [grandchild_in_background-15-143-terminated (SIGTERM)] case and tests/unit/agent/test_processes.py",
     "tests/e2e/test_exits.py::test_disk_full_is_one_line_and_a_rerun_works":
         "the filesystem-fault rows of tests/e2e/test_bad_input.py",
 }
