@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import re
 import shutil
 import types
 
@@ -52,17 +53,73 @@ def _label(fn) -> str:
     return name
 
 
+# What reads a device value back to the host inside a captured graph (a scalar, a list, a copy, or an
+# output whose shape depends on the data): on an NPU each stops the stream until the device is done.
+# dynamo keeps them in the graph only where it is told to (capture_scalar_outputs,
+# capture_dynamic_output_shape_ops); otherwise they are graph breaks, which fullgraph refuses.
+HOST_SYNC_METHODS = frozenset({"item", "tolist", "cpu", "numpy", "nonzero"})
+
+
+def _host_sync_functions() -> frozenset:
+    aten = torch.ops.aten
+    return frozenset({torch.nonzero, torch.masked_select, torch.unique, torch.Tensor.item, torch.Tensor.tolist,
+                      aten._local_scalar_dense.default, aten.item.default, aten.nonzero.default,
+                      aten.masked_select.default})
+
+
+_STANDIN_DIR = os.path.dirname(os.path.realpath(__file__)) + os.sep
+_FRAME = re.compile(r'^\s*File "([^"]+)", line \d+')
+
+
+def _in_standin(node) -> bool:
+    """Whether the node was traced inside the stand-in's own code (a reference kernel reading its list
+    arguments, say): on an NPU that is one kernel taking host values, not the model's read-back."""
+    for line in (node.meta.get("stack_trace") or "").splitlines():
+        frame = _FRAME.match(line)
+        if frame and os.path.realpath(frame.group(1)).startswith(_STANDIN_DIR):
+            return True
+    return False
+
+
+def _host_scalar(node) -> bool:
+    """A graph input that was a Python number (a module's eps or scale under dynamic=True): dynamo passes
+    it as a 0-d tensor and reads it back with .item(), a host value, never on the device."""
+    return node.op == "placeholder" and bool(getattr(node.meta.get("grapharg"), "pass_arg_as_tensor", False))
+
+
+def host_syncs(gm) -> list[str]:
+    """The nodes of a captured graph, outside the stand-in's reference kernels, that read a device value
+    back to the host."""
+    functions = _host_sync_functions()
+    found = []
+    for node in gm.graph.nodes:
+        if node.op == "call_method" and node.target == "item" and node.args and _host_scalar(node.args[0]):
+            continue
+        if node.op == "call_method" and node.target in HOST_SYNC_METHODS:
+            name = f"Tensor.{node.target}"
+        elif node.op == "call_function" and node.target in functions:
+            name = getattr(node.target, "__name__", str(node.target))
+        else:
+            continue
+        if not _in_standin(node):
+            frames = [line.strip() for line in (node.meta.get("stack_trace") or "").splitlines()
+                      if _FRAME.match(line)]
+            found.append(f"{name} at {frames[-1]}" if frames else name)
+    return found
+
+
 class StandinBackend:
     """A dynamo backend standing for torchair's npu backend ("ge_graph") or "npugraph_ex"."""
 
-    def __init__(self, kind: str, label: str | None = None, config=None):
+    def __init__(self, kind: str, label: str | None = None, config=None, fullgraph: bool | None = None):
         self.kind = kind
         self.label = f"{label} [{kind}]" if label else kind
         self.config = config
+        self.fullgraph = fullgraph
         self.calls = 0
 
-    def for_target(self, fn) -> "StandinBackend":
-        return StandinBackend(self.kind, _label(fn), self.config)
+    def for_target(self, fn, fullgraph: bool | None = None) -> "StandinBackend":
+        return StandinBackend(self.kind, _label(fn), self.config, fullgraph)
 
     @property
     def target(self) -> str:
@@ -71,8 +128,15 @@ class StandinBackend:
     def __call__(self, gm, example_inputs, **kwargs):
         mode = resolved_mode()
         self.calls += 1
+        syncs = host_syncs(gm)
+        # per compile: whether the capture was whole (a graph break is refused, not split) and what in
+        # it reads back to the host; summed over compiles and the ranks' processes
         record.compile_event(self.label, backend=self.kind, mode=mode, compiles=1,
-                             recompiles=1 if self.calls > 1 else 0)
+                             recompiles=1 if self.calls > 1 else 0, fullgraph=bool(self.fullgraph),
+                             host_syncs=len(syncs))
+        if syncs:
+            record.note(f"host-sync:{self.label}", f"{self.label}: {len(syncs)} host sync(s) in the captured graph "
+                                                    f"({', '.join(sorted(set(syncs)))}): each stops the NPU stream")
         if self.calls > 1:
             record.note(f"recompile:{self.label}:{self.calls}",
                         f"{self.label} recompiled ({self.kind} -> torch.compile/{mode}), recompile "
@@ -101,7 +165,7 @@ def compile(model=None, *, fullgraph: bool = False, dynamic=None, backend="induc
     if not isinstance(backend, StandinBackend):
         return _real_compile(model, fullgraph=fullgraph, dynamic=dynamic, backend=backend, mode=mode,
                              options=options, disable=disable)
-    backend = backend.for_target(model)
+    backend = backend.for_target(model, fullgraph)
     if resolved_mode() == "off" or disable:
         record.compile_event(backend.label, backend=backend.kind, mode="off")
         record.note(f"compile-off:{backend.label}", f"{backend.label}: not compiled (NPU_STANDIN_COMPILE=off); "

@@ -40,7 +40,7 @@ OPS: Counter = Counter()        # reference kernels: op name -> calls
 RUNTIME: Counter = Counter()    # runtime stand-ins used: "hccl->gloo", "profiler (no-op)", ...
 NOTES: dict[str, str] = {}      # one line each, first occurrence kept
 UNSUPPORTED: list[dict] = []    # names called that the stand-in has no reference for
-COMPILES: dict[str, dict] = {}  # compiled callable -> {"backend", "mode", "compiles", "recompiles", "eager_fallback"}
+COMPILES: dict[str, dict] = {}  # compiled callable -> {"backend", "mode", "compiles", "recompiles", "fullgraph", "host_syncs", "eager_fallback"}
 STEPS: list[dict] = []          # groups of identical forward steps (module docs)
 STEPS_EXCLUDED: Counter = Counter()   # forward calls left out of STEPS: "warm-up", "mtp"
 MAX_STEP_GROUPS = 64            # distinct step signatures kept; past it, "steps_truncated"
@@ -153,8 +153,10 @@ def compile_event(key: str, **fields) -> dict:
     with _lock:
         entry = COMPILES.setdefault(key, {"compiles": 0, "recompiles": 0})
         for field, value in fields.items():
-            if field in ("compiles", "recompiles"):
-                entry[field] += value
+            if field in ("compiles", "recompiles", "host_syncs"):
+                entry[field] = entry.get(field, 0) + value
+            elif field == "fullgraph":        # whole only if every compile was
+                entry[field] = bool(value) and entry.get(field, True)
             else:
                 entry[field] = value
         return entry
@@ -275,7 +277,12 @@ def merge(records: list[dict], devices: list | None = None) -> dict:
         for key, entry in (data.get("compiles") or {}).items():
             merged = compiles.setdefault(key, {"compiles": 0, "recompiles": 0})
             for field, value in entry.items():
-                merged[field] = merged.get(field, 0) + value if field in ("compiles", "recompiles") else value
+                if field in ("compiles", "recompiles", "host_syncs"):
+                    merged[field] = merged.get(field, 0) + value
+                elif field == "fullgraph":
+                    merged[field] = bool(value) and merged.get(field, True)
+                else:
+                    merged[field] = value
         unsupported_calls += data.get("unsupported") or []
     device = next((d.get("device") for d in records if d.get("device")), None) or next(
         (d for d in devices or [] if d), None)

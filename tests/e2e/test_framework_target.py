@@ -222,7 +222,7 @@ def test_npugraph_ex_yaml_compiles_the_decode_once_and_generates_the_eager_token
     compiled = {key: entry for key, entry in usage["compiles"].items() if entry.get("backend") == "npugraph_ex"}
     assert list(compiled) == ["TinyLlamaForCausalLM.main_decode [npugraph_ex]"], usage["compiles"]
     entry = compiled["TinyLlamaForCausalLM.main_decode [npugraph_ex]"]
-    assert (entry["compiles"], entry["recompiles"]) == (1, 0), entry
+    assert (entry["compiles"], entry["recompiles"], entry["fullgraph"], entry["host_syncs"]) == (1, 0, True, 0), entry
     assert upstream.outputs(logs[0]) == eager_run["texts"][0]
     print(f"npugraph_ex: {entry}; texts equal to the eager run's: {eager_run['texts'][0]}")
 

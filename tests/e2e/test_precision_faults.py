@@ -81,10 +81,8 @@ def test_a_decode_only_fault_in_upstreams_qwen_is_exit_1_naming_a_decode_step(tm
 FRAMEWORK_FAULTS = {
     # our native framework model (templates/framework/native/modeling.py.j2), faults in its decode step only:
     # the decode attends to the 8 slots past each sequence (nothing written there)
-    "mask": ("            mask, sparse_mode = (forward_metadata.attention_mask, 3) if is_prefill else "
-             "(self._decode_mask(block_table, forward_metadata), 0)\n",
-             "            mask, sparse_mode = (forward_metadata.attention_mask, 3) if is_prefill else "
-             "(self._decode_mask(block_table, forward_metadata), 0)\n"
+    "mask": ("            mask, sparse_mode = (forward_metadata.attention_mask, 3) if is_prefill else (None, 0)\n",
+             "            mask, sparse_mode = (forward_metadata.attention_mask, 3) if is_prefill else (None, 0)\n"
              "            if not is_prefill:\n"
              "                actual_seq_kvlen = actual_seq_kvlen + 8\n"),
     # a decode step writes its key and value one slot on

@@ -391,10 +391,13 @@ def derive(config_dict: dict) -> NativeFeatures:
         unfused.extend(mla.unfused)
     elif attn_softcap:
         unfused.append("attention: plain torch over the paged cache (logit soft-capping: "
-                       "npu_fused_infer_attention_score has no soft-cap)")
+                       "npu_fused_infer_attention_score has no soft-cap); a decode step gathers the "
+                       + ("window's blocks on sliding-window layers and " if sliding else "")
+                       + "the block table's width on full-attention layers (one shape for graph mode)")
     else:
         fused.append("npu_fused_infer_attention_score_v2 (TND, paged cache through block_table"
-                     + ("; sliding-window layers: band mode at prefill, a (B, KV) mask at decode" if sliding else "")
+                     + ("; sliding-window layers: band mode at prefill; at decode the window's blocks "
+                        "alone, a (B, KV) mask before the window" if sliding else "")
                      + ("; attention sinks as its learnable_sink" if attn_sinks else "") + ")")
     if moe is not None and moe.sparse_rule == "all":
         pass                      # no dense MLP layer: the experts' activation is the MoE block's

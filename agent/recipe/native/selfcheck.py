@@ -5,9 +5,11 @@ sys.path (module.linear, executor.*).
 For each job: transformers' model on the shrunk config (agent.recipe.native.features.shrunk_config,
 random weights, float32, eager) and the generated file's ForCausalLM with the same weights, through
 the executor's contract as its ModelWorker drives it: a packed prefill of prompts of unequal length,
-then decode steps, on a paged cache of small blocks whose null block holds garbage and whose
-sliding-window tables point the blocks before the window at it, as upstream's SlidingWindowManager
-does. Every step's logits are compared with transformers' on the same tokens. Prints one JSON line:
+then decode steps, on a paged cache of small blocks whose sliding-window tables point the blocks before
+the window at the null block, and every table's padding too, as upstream's SlidingWindowManager and
+prepare_block_tables do. The null block holds NaN before every step (the positions before a window are written there): a step that reads it, even masked, fails (the
+reference kernels sum 0 x NaN), so a decode reads what it attends to — its window's blocks, its own
+length — or it fails. Every step's logits are compared with transformers' on the same tokens. Prints one JSON line:
 per job {"ok", "max_rel", "reason"}.
 """
 
@@ -107,17 +109,23 @@ def check(job: dict) -> dict:
     if missing:
         return {"ok": False, "max_rel": None, "reason": f"parameters no checkpoint tensor loaded: {missing[:4]}"}
     model.process_weights_after_loading()
-    # the paged cache: [blocks, block_size, kv heads, dim]; block 0 (the null block) holds garbage
+    # the paged cache: [blocks, block_size, kv heads, dim]; block 0 (the null block) holds NaN
     lengths = list(PROMPT_LENGTHS)
     final = [n + DECODE_STEPS for n in lengths]
     width = max(-(-n // BLOCK_SIZE) for n in final)
     blocks = len(lengths) * width + 2
     generator = torch.Generator().manual_seed(7)
     entries = [entry for info in model.get_cache_info().layer_infos for entry in info.caches]
+    caches = []
     for entry in entries:
-        tensor = torch.zeros(blocks, BLOCK_SIZE, entry.num_head, entry.dim, dtype=entry.dtype)
-        tensor[0] = torch.randn(BLOCK_SIZE, entry.num_head, entry.dim, generator=generator) * 3
-        entry.tensor_setter(tensor)
+        caches.append(torch.zeros(blocks, BLOCK_SIZE, entry.num_head, entry.dim, dtype=entry.dtype))
+        entry.tensor_setter(caches[-1])
+
+    def poison_null_block():
+        # every sequence's positions before its window are written to the null block (upstream's
+        # prepare_slot_mapping), so it holds anything: NaN before each step
+        for cache in caches:
+            cache[0] = float("nan")
     kinds = {entry.attn_type: entry.sliding_window for entry in entries}
     tables = {kind: PagedTables(window, BLOCK_SIZE, lengths) for kind, window in kinds.items()}
     vocab = config.vocab_size
@@ -150,6 +158,7 @@ def check(job: dict) -> dict:
         actual_seq_lengths_q=kv.clone(), prompt_tokens=int(cu[-1]),
         block_table={k: t.table(width) for k, t in tables.items()},
         slot_mapping={k: torch.cat([t.slots(r, range(n)) for r, n in enumerate(lengths)]) for k, t in tables.items()})
+    poison_null_block()
     with torch.no_grad():
         logits = model(ids, positions, meta)
     next_tokens = compare("prefill", logits)
@@ -168,6 +177,7 @@ def check(job: dict) -> dict:
             actual_seq_lengths_list_kv=lengths, actual_seq_lengths_cu_list_q=list(range(1, rows + 1)),
             block_table={k: t.table(width) for k, t in tables.items()},
             slot_mapping={k: torch.cat([t.slots(r, [n - 1]) for r, n in enumerate(lengths)]) for k, t in tables.items()})
+        poison_null_block()
         with torch.no_grad():
             logits = model(torch.tensor(next_tokens), torch.tensor([n - 1 for n in lengths]), meta)
         next_tokens = compare(f"decode step {step + 1}", logits)

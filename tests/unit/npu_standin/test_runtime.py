@@ -218,6 +218,34 @@ def test_graph_mode_compiles_with_torch_compile_and_reports_recompiles(tmp_path)
     assert "step [ge_graph] recompiled (ge_graph -> torch.compile/capture), recompile 2" in proc.stderr
 
 
+def test_the_compile_record_counts_host_syncs_in_a_captured_graph(tmp_path):
+    """A device value read back to the host inside the graph (.item() kept in the graph by
+    capture_scalar_outputs, a data-dependent nonzero) is counted per compile and named in a note; a
+    graph without one records 0 (a module's float, which dynamo passes as a 0-d input and reads back, is
+    a host value); fullgraph is recorded as the capture asked for it."""
+    proc, usage = run_standin(tmp_path, """
+        import torch, torch_npu
+        torch._dynamo.config.capture_scalar_outputs = True
+        torch._dynamo.config.capture_dynamic_output_shape_ops = True
+        class Clean(torch.nn.Module):          # its float attribute is a host scalar input (0-d, .item()): no sync
+            eps = 1e-6
+            def forward(self, x):
+                return torch_npu.npu_rms_norm(torch_npu.npu_swiglu(x), torch.ones(4), self.eps)[0]
+        clean = Clean()
+        def synced(x):
+            return x * x.sum().item() + torch.nonzero(x > 0).shape[0]
+        torch.compile(clean, dynamic=True, fullgraph=True, backend="npugraph_ex")(torch.randn(4, 8))
+        torch.compile(synced, dynamic=True, fullgraph=False, backend="npugraph_ex")(torch.randn(4, 8))
+        print("ok")
+    """, env={"NPU_STANDIN_COMPILE": "capture"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    compiles = usage["compiles"]
+    clean, synced = compiles["Clean [npugraph_ex]"], compiles["synced [npugraph_ex]"]
+    assert (clean["host_syncs"], clean["fullgraph"]) == (0, True)
+    assert synced["host_syncs"] == 2 and synced["fullgraph"] is False, synced
+    assert "synced [npugraph_ex]: 2 host sync(s)" in proc.stderr
+
+
 def test_compiled_code_can_name_the_npu_device(tmp_path):
     """dynamo traces torch.device("npu", 0), device="npu" factories and .to("npu:0") in a
     fullgraph capture (torch's compiler tables are built with the real torch.device class)."""

@@ -293,7 +293,9 @@ def test_native_mla_recipe_passes_the_per_step_precision_check(request, layers, 
     assert all(kernels.get(op, 0) > 0 for op in MLA_KERNELS), kernels
     assert "npu_scatter_nd_update_" not in kernels and "npu_mla_prolog_v3" not in kernels, kernels
     compiled = [entry for key, entry in standin["compiles"].items() if key.endswith("main_decode [npugraph_ex]")]
-    assert len(compiled) == 1 and (compiled[0]["compiles"], compiled[0]["recompiles"]) == (ranks, 0), standin["compiles"]
+    assert len(compiled) == 1, standin["compiles"]
+    assert (compiled[0]["compiles"], compiled[0]["recompiles"], compiled[0]["fullgraph"], compiled[0]["host_syncs"]) \
+        == (ranks, 0, True, 0), standin["compiles"]
     assert standin["unsupported"] == []
     if layers == "moe":
         assert all(kernels.get(op, 0) > 0 for op in ("npu_moe_init_routing_v2", "npu_grouped_matmul",

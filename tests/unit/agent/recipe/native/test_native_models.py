@@ -80,11 +80,15 @@ FAULTS = [
     ("mistral", "prefill window one token too wide", "pre_tokens=self.sliding_window - 1", "pre_tokens=self.sliding_window"),
     ("mistral", "decode window one token too wide", "columns.view(1, -1) < kv_lens - self.sliding_window",
      "columns.view(1, -1) < kv_lens - self.sliding_window - 1"),
+    ("mistral", "decode reads the whole table (right mask, but the null block before the window read)",
+     "table, start = self._window_blocks(block_table, kv_lens)", "table, start = block_table, torch.zeros_like(kv_lens)"),
+    ("gemma2", "plain-torch decode reads the whole table on a sliding layer",
+     "block_table, start = self._window_blocks(block_table, kv_lens)", "start = torch.zeros_like(kv_lens)"),
     ("llama", "rotary on interleaved pairs", 'layout="TND")', 'layout="TND", rotary_mode="interleave")'),
     ("gemma", "norm without gemma's 1 + w", "module.weight.add_(1.0)", "module.weight.add_(0.0)"),
     ("gemma", "embedding not scaled", "hidden_states = hidden_states * torch.tensor(", "hidden_states = hidden_states / torch.tensor("),
-    ("gemma2", "no attention soft-capping at decode", "scores = torch.tanh(scores / self.softcap) * self.softcap\n        allowed",
-     "allowed"),
+    ("gemma2", "no attention soft-capping at decode", "scores = torch.tanh(scores / self.softcap) * self.softcap\n        written",
+     "written"),
     ("gemma3_text", "the global rope base on local layers", "cos, sin = cos_sin[self.layer_type]", 'cos, sin = cos_sin["full_attention"]'),
     ("qwen3", "q/k norms skipped", "query, key = self.q_norm(query), self.k_norm(key)", "pass"),
     ("mixtral", "top-k weights not renormalised", "weights = weights / weights.sum(dim=-1, keepdim=True)\n", "\n"),
@@ -171,30 +175,45 @@ def native_recipe(native_checkout, model_type: str) -> tuple[Path, str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("ranks", [1, 2])
 @pytest.mark.parametrize("model_type", list(RECIPE_TYPES))
-def test_native_recipe_of_each_type_passes_the_per_step_precision_check(native_checkout, model_type, ranks):
-    """`migrator run RECIPE --standin --world-size N`: upstream's launcher runs the native model (N-way
-    tensor parallel by module.linear), every prefill and decode step held to transformers per layer."""
+def test_native_recipe_of_each_type_passes_the_per_step_precision_check(native_checkout, model_type, ranks, tmp_path):
+    """`migrator run RECIPE --standin --yaml Y --world-size N` on the type's tiny checkpoint (a sliding window
+    shorter than the prompts: the window's code runs) and two packed prompts of unequal length: upstream's
+    launcher runs the native model (N-way tensor parallel by module.linear) in npugraph_ex, every prefill
+    and decode step of each request held to transformers per layer."""
     import json
 
-    from framework_recipes import check_native_model
-    from upstream_checkout import run_standin
+    from framework_recipes import check_native_model, two_prompt_yaml
+    from migrator_cli import run_cli
+    from upstream_checkout import FAST
 
     recipe, name = native_recipe(native_checkout, model_type)
     check_native_model(recipe / "models" / f"modeling_{name}.py")
     assert not (recipe / "models" / f"modeling_{name}_framework.py").exists()
-    proc, summary = run_standin(native_checkout["checkout"], name, "--world-size", str(ranks))
+    checkpoint = native_checkout["root"] / f"ckpt_{model_type}"
+    window = json.loads((checkpoint / "config.json").read_text()).get("sliding_window")
+    assert window == RECIPE_TYPES[model_type].get("sliding_window"), window
+    settings = two_prompt_yaml(recipe, tmp_path, ranks, checkpoint, "npugraph_ex")
+    proc = run_cli("run", str(recipe), "--standin", "--yaml", settings, "--world-size", str(ranks),
+                   "--max-rounds", "0", "--json", env=FAST, timeout=2400)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    baseline = json.loads(Path(summary["baseline_path"]).read_text())
+    baseline = json.loads(Path(json.loads(proc.stdout)["baseline_path"]).read_text())
     parity = baseline["verification"]["parity"]
     assert parity["ok"] is True and parity["ranks"] == ranks, parity
+    # every rank runs both prompts, of unequal length, each longer than the window
+    requests = {(r["rank"], r["request"]): r["prompt_tokens"] for r in parity["per_request"]}
+    assert sorted(requests) == [(rank, request) for rank in range(ranks) for request in (0, 1)], requests
+    assert requests[(0, 0)] != requests[(0, 1)] and min(requests.values()) > (window or 0), requests
     compiled = {k: v for k, v in (baseline.get("standin") or {}).get("compiles", {}).items() if "npugraph_ex" in k}
-    # the decode graph compiled once in each rank's warm-up (the record sums the ranks' processes), never again
-    assert [(v["compiles"], v["recompiles"]) for v in compiled.values()] == [(ranks, 0)], compiled
+    # the decode graph compiled once in each rank's warm-up (the record sums the ranks' processes), never
+    # again, captured whole, nothing in it read back to the host
+    assert [(v["compiles"], v["recompiles"], v["fullgraph"], v["host_syncs"]) for v in compiled.values()] \
+        == [(ranks, 0, True, 0)], compiled
     ops = (baseline.get("standin") or {}).get("reference_kernels", {})
+    if model_type != "gemma2":                # gemma2's soft-capped attention is plain torch
+        assert ops.get("npu_fused_infer_attention_score_v2", 0) > 0, ops
     if model_type in MOE_RECIPE_TYPES:      # the MoE kernel chain ran, the experts split by moe_tp_size
         assert {"npu_moe_init_routing_v2", "npu_grouped_matmul", "npu_moe_finalize_routing"} <= set(ops), ops
-        settings = [p.read_text() for p in (recipe / "res" / ".migrator" / "standin" / "config").glob("*.yaml")]
-        assert any(f"moe_tp_size: {ranks}" in text for text in settings), settings
-    print(f"NATIVE-TABLE {model_type} ranks={ranks} ok={parity['ok']} closest={parity.get('closest')} "
+        assert f"moe_tp_size: {ranks}" in (recipe / "config" / settings).read_text()
+    print(f"NATIVE-TABLE {model_type} ranks={ranks} window={window} ok={parity['ok']} closest={parity.get('closest')} "
           f"routing_ties={parity.get('routing_ties_taken')} decode_steps={parity.get('decode_steps_checked')} "
-          f"compiles={list(compiled.values())}")
+          f"requests={sorted(requests.items())} compiles={list(compiled.values())}")
