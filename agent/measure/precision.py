@@ -160,7 +160,12 @@ def requests_of(calls: list[dict], rank: int, eos: set[int]) -> tuple[list[Reque
             decoded = True
             active = [r for r in generations[-1] if not r.finished]
             ids = call["input_ids"].tolist()
-            for b, request in enumerate(active[:call["rows"]]):
+            # an executor that keeps a finished request's row in the batch (upstream's static batch: it
+            # feeds that row on) decodes a row per request; one that drops it, a row per unfinished one
+            rows = generations[-1] if call["rows"] == len(generations[-1]) > len(active) else active
+            for b, request in enumerate(rows[:call["rows"]]):
+                if request.finished:
+                    continue
                 request.steps[-1].fed = ids[b] if b < len(ids) else None
                 layers = None
                 if call.get("layers") and all(t.shape[0] > b for t in call["layers"]):

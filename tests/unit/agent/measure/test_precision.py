@@ -150,6 +150,30 @@ def test_decode_rows_follow_the_unfinished_requests_of_a_packed_prefill(tmp_path
     assert all(step.fed == token for r in requests for step, token in zip(r.steps[:-1], r.tokens))
 
 
+@pytest.mark.parametrize("keeps_finished_rows", [True, False])
+def test_decode_rows_after_a_request_ends_at_eos(keeps_finished_rows):
+    """Request 0 picks EOS at decode step 1. upstream's executor keeps its row in the batch (fed on), another
+    drops it: either way request 1's steps are its own rows, and request 0 has none past its EOS."""
+    import torch
+
+    eos, vocab = 2, 8
+
+    def logits(*tokens):
+        return torch.nn.functional.one_hot(torch.tensor(tokens), vocab).float()
+
+    calls = [{"phase": "prefill", "input_ids": torch.tensor([5, 6, 7, 5, 6]), "shape": [5], "rows": 2,
+              "seq_ends": [3, 5], "logits": logits(3, 4)},
+             {"phase": "decode", "input_ids": torch.tensor([3, 4]), "rows": 2, "logits": logits(eos, 5)}]
+    for fed in ((eos, 5), (eos, 6)):      # request 1 picks 6, then 7; request 0's row (if kept) picks 1
+        kept = fed if keeps_finished_rows else fed[1:]
+        picked = (1, fed[1] + 1) if keeps_finished_rows else (fed[1] + 1,)
+        calls.append({"phase": "decode", "input_ids": torch.tensor(kept), "rows": len(kept), "logits": logits(*picked)})
+    requests, problems = precision.requests_of(calls, 0, {eos})
+    assert not problems
+    assert [r.tokens for r in requests] == [[3, eos], [4, 5, 6, 7]]
+    assert [step.fed for step in requests[1].steps[:-1]] == [4, 5, 6]
+
+
 def test_no_record_is_no_pass(tmp_path, checkpoint):
     (tmp_path / "rec").mkdir()
     result = precision.verify_record(tmp_path / "rec", checkpoint)
