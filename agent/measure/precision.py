@@ -31,7 +31,13 @@ moves every position, not a tie's, and fails.
 THE TOLERANCE RULE (the one place it is defined): at each step, NOISE_FACTOR times the largest
 |logit| difference between transformers' own model in the recipe's dtype and in float32 on that
 prefix — the rounding that dtype causes there — and never below FLOOR[dtype] of the largest float32
-|logit| (float32 runs: arithmetic order only). Per decoder layer the same rule locates a failure:
+|logit| (float32 runs: arithmetic order only). A run on N > 1 ranks also rounds where its tensor
+parallelism reduces: each row-parallel projection is N partial products, each rounded to the run's
+dtype, summed in it. So transformers' own model in the run's dtype runs a second time with its
+row-parallel projections computed so (`Reference.split_row_parallel`: the `rowwise` entries of the
+model's own tensor-parallel plan, and every attention's o_proj, which all split heads), and the
+step's own move is the larger of the two; its argmax is one more token the step may pick. 1-rank
+and float32 runs are unchanged. Per decoder layer the same rule locates a failure:
 NOISE_FACTOR times transformers' own relative move of that layer's hidden states at that position,
 never below LAYER_FLOOR[dtype].
 
@@ -66,8 +72,9 @@ ROUTING_SEARCH_BUDGET = 256      # float32 forwards with a tie resolved the othe
 RECORD_ENV = "MIGRATOR_PRECISION_RECORD"
 RULE = (f"step k passes when the recipe's token is transformers' argmax on the same prefix (float32 or the "
         f"run's dtype) or within the step's tolerance of it in float32 (a tie), and max |recipe - float32 logits| "
-        f"<= the step's tolerance: max({NOISE_FACTOR} x transformers' own max |run dtype - float32| at step k, "
-        f"floor x max |float32 logit|); a sparse-MoE model's routing ties may be resolved either way "
+        f"<= the step's tolerance: max({NOISE_FACTOR} x transformers' own max |run dtype - float32| at step k "
+        f"(N > 1 ranks: the larger of that and the same with its row-parallel projections as N partial sums in "
+        f"the run dtype), floor x max |float32 logit|); a sparse-MoE model's routing ties may be resolved either way "
         f"(agent.measure.precision)")
 
 
@@ -289,6 +296,32 @@ class Reference:
             self.routing.forced = {}
         return logits, captured, (dict(self.routing.seen) if self.routing.blocks else None)
 
+    def split_row_parallel(self, parts: int) -> int:
+        """Compute every row-parallel projection as `parts` partial products over its input features, each
+        in the model's dtype, summed in it: the rounding an N-rank run's reduction adds (see the module
+        docs). Returns how many projections were split (0: the model has none this recognises)."""
+        import fnmatch
+
+        import torch
+
+        plan = dict(getattr(self.model.config.get_text_config(), "base_model_tp_plan", None) or {})
+        rowwise = [pattern for pattern, style in plan.items() if "rowwise" in str(style) and "embedding" not in str(style)]
+        split = 0
+        for name, module in self.model.named_modules():
+            if type(module) is not torch.nn.Linear or module.in_features < parts:
+                continue
+            if not (name.endswith("self_attn.o_proj") or any(fnmatch.fnmatch(name, f"*{p}") for p in rowwise)):
+                continue
+
+            def forward(x, weight=module.weight, bias=module.bias):
+                chunks = torch.tensor_split(torch.arange(weight.shape[1]), parts)
+                out = sum(torch.nn.functional.linear(x[..., c], weight[:, c]) for c in chunks)
+                return out if bias is None else out + bias
+
+            module.forward = forward
+            split += 1
+        return split
+
     def release(self) -> None:
         """Free the weights: the float32 and the run-dtype models are never held at once."""
         import gc
@@ -342,8 +375,10 @@ def _relative(mine, ref) -> float | None:
     return (mine - ref).norm().item() / max(ref.norm().item(), 1e-12)
 
 
-def judge_steps(request: Request, fp_logits, fp_layers, lo_logits, lo_layers, dtype: str) -> tuple[list, dict | None]:
-    """Every step of one request against the float32 logits (and the run dtype's for the tolerance)."""
+def judge_steps(request: Request, fp_logits, fp_layers, lo_logits, lo_layers, dtype: str,
+                reduced=None) -> tuple[list, dict | None]:
+    """Every step of one request against the float32 logits (and the run dtype's for the tolerance;
+    `reduced`: (logits, layers) of the run dtype's model with its row-parallel reductions, N > 1 ranks)."""
     tokens, prompt = request.tokens, request.prompt
     vocab = fp_logits.shape[-1]
     steps, first = [], None
@@ -353,10 +388,13 @@ def judge_steps(request: Request, fp_logits, fp_layers, lo_logits, lo_layers, dt
         fp = fp_logits[position]
         lo = lo_logits[position] if lo_logits is not None else fp
         own = (lo - fp).abs().max().item()
+        argmax = {int(fp.argmax()), int(lo.argmax())}
+        if reduced is not None:
+            own = max(own, (reduced[0][position] - fp).abs().max().item())
+            argmax.add(int(reduced[0][position].argmax()))
         error = (mine - fp).abs().max().item()
         allowed = tolerance(own, fp.abs().max().item(), dtype)
         token = tokens[k]
-        argmax = {int(fp.argmax()), int(lo.argmax())}
         gap = (fp.max() - fp[token]).item()
         record = {"step": k, "phase": step.phase, "token": token, "reference_argmax_float32": int(fp.argmax()),
                   f"reference_argmax_{dtype}": int(lo.argmax()), "max_abs_logits_diff": round(error, 6),
@@ -371,13 +409,14 @@ def judge_steps(request: Request, fp_logits, fp_layers, lo_logits, lo_layers, dt
         record["ok"] = record["token_ok"] and record["logits_ok"] and fed_ok
         if not record["ok"] and first is None:
             first = record
-            record["layer"] = locate(step, fp_layers, lo_layers, prompt, position, dtype)
+            record["layer"] = locate(step, fp_layers, lo_layers, prompt, position, dtype,
+                                     reduced[1] if reduced is not None else None)
         steps.append(record)
     return steps, first
 
 
 def judge_request(request: Request, exact: Reference | Replayed, rounded: Reference | Replayed | None,
-                  dtype: str, decode_text, steered=None) -> dict:
+                  dtype: str, decode_text, steered=None, reduced: Reference | Replayed | None = None) -> dict:
     """Every step of one request against the references (see the module docs). `steered(sequence,
     forced)`: transformers' float32 model with routing ties resolved the other way (a sparse-MoE
     model's failing steps are judged again with it)."""
@@ -386,7 +425,8 @@ def judge_request(request: Request, exact: Reference | Replayed, rounded: Refere
     sequence = prompt + tokens[:-1]
     fp_logits, fp_layers, fp_routing = exact.run(sequence)
     lo_logits, lo_layers, lo_routing = rounded.run(sequence) if rounded is not None else (None, None, None)
-    steps, first = judge_steps(request, fp_logits, fp_layers, lo_logits, lo_layers, dtype)
+    lo_reduced = reduced.run(sequence)[:2] if reduced is not None else None
+    steps, first = judge_steps(request, fp_logits, fp_layers, lo_logits, lo_layers, dtype, lo_reduced)
     unsteered = fp_routing
     forced: dict[int, set] = {}
     taken, tried, budget_spent = [], set(), False
@@ -404,7 +444,7 @@ def judge_request(request: Request, exact: Reference | Replayed, rounded: Refere
             tried.add((layer, p))
             trial = {**{l: set(ps) for l, ps in forced.items()}, layer: forced.get(layer, set()) | {p}}
             out = steered(sequence, trial)
-            trial_steps, trial_first = judge_steps(request, out[0], out[1], lo_logits, lo_layers, dtype)
+            trial_steps, trial_first = judge_steps(request, out[0], out[1], lo_logits, lo_layers, dtype, lo_reduced)
             if trial_first is None or trial_first["step"] > first["step"]:
                 found = (layer, p, trial, out, trial_steps, trial_first)
                 break
@@ -424,7 +464,7 @@ def judge_request(request: Request, exact: Reference | Replayed, rounded: Refere
     return result
 
 
-def locate(step: Step, fp_layers, lo_layers, prompt, position: int, dtype: str) -> dict:
+def locate(step: Step, fp_layers, lo_layers, prompt, position: int, dtype: str, reduced_layers=None) -> dict:
     """The first decoder layer at this step whose hidden states leave transformers' beyond rounding."""
     if not step.layers:
         return {"layer": None, "why": "no per-layer record at this step (a compiled step runs no hooks)"}
@@ -438,6 +478,8 @@ def locate(step: Step, fp_layers, lo_layers, prompt, position: int, dtype: str) 
             break
         ref = fp_layers[index][rows]
         own = _relative(lo_layers[index][rows], ref) if lo_layers else 0.0
+        if reduced_layers and index < len(reduced_layers):
+            own = max(own or 0.0, _relative(reduced_layers[index][rows], ref) or 0.0)
         errors.append(_relative(mine.float(), ref))
         tolerances.append(layer_tolerance(own or 0.0, dtype))
     first = next((i for i, (e, t) in enumerate(zip(errors, tolerances)) if e is not None and e > t), None)
@@ -522,10 +564,14 @@ def verify_record(record_dir: Path, checkpoint: Path, dtype: str | None = None, 
     nll = prompt_nll(model, tokenizer)
     exact = Replayed(model, sequences)
     model.release()
-    rounded = None
+    rounded = reduced = None
+    split = 0
     if dtype != "float32":
         model = Reference(checkpoint, dtype, overrides or {}, trust_remote_code)
         rounded = Replayed(model, sequences)
+        if len(calls) > 1:           # N ranks: the rounding of their row-parallel reductions too
+            split = model.split_row_parallel(len(calls))
+            reduced = Replayed(model, sequences) if split else None
         model.release()
 
     live: list = []
@@ -541,7 +587,7 @@ def verify_record(record_dir: Path, checkpoint: Path, dtype: str | None = None, 
     for rank, request in judged:
         key = (tuple(request.prompt), tuple(request.tokens))
         if key not in cache:
-            cache[key] = judge_request(request, exact, rounded, dtype, decode_text, steered)
+            cache[key] = judge_request(request, exact, rounded, dtype, decode_text, steered, reduced)
         results.append({**cache[key], "rank": rank, "request": request.index})
     if live:
         live[0].release()
@@ -552,7 +598,9 @@ def verify_record(record_dir: Path, checkpoint: Path, dtype: str | None = None, 
     failed = next((r for r in results if not r["ok"]), None)
     summary = {**base, "checked": True, "ok": failed is None and not problems,
                "reference": f"transformers {transformers.__version__} {exact.name}",
-               "dtype": dtype, "reference_dtypes": ["float32", *([dtype] if rounded else [])],
+               "dtype": dtype, "reference_dtypes": ["float32", *([dtype] if rounded else []),
+                                                    *([f"{dtype}, {split} row-parallel projections as {len(calls)} "
+                                                       "partial sums"] if reduced else [])],
                "ranks": len(calls), "requests": len(results), "steps_checked": len(every),
                "decode_steps_checked": sum(1 for _, s in every if s["phase"] == "decode"),
                "closest": {"rank": closest_r["rank"], "request": closest_r["request"], "step": closest_s["step"],

@@ -178,3 +178,44 @@ def test_no_record_is_no_pass(tmp_path, checkpoint):
     (tmp_path / "rec").mkdir()
     result = precision.verify_record(tmp_path / "rec", checkpoint)
     assert result["ok"] is False and result["checked"] is False and "no precision record" in result["reason"]
+
+
+# ---- N ranks: the rounding of their row-parallel reductions ------------------------------------------
+def test_row_parallel_split_is_the_same_sum_in_float32_and_another_rounding_in_bf16(checkpoint):
+    """transformers' model with its row-parallel projections (o_proj, down_proj: its tp_plan's rowwise) as two
+    partial sums: the same arithmetic in float32, other roundings in bf16."""
+    ids = list(range(5, 40))
+    for dtype, same in (("float32", True), ("bfloat16", False)):
+        reference = precision.Reference(checkpoint, dtype, {}, False)
+        whole = reference.run(ids)[0]
+        layers = len(reference.layers)
+        assert reference.split_row_parallel(2) == 2 * layers
+        split = reference.run(ids)[0]
+        if same:
+            torch.testing.assert_close(split, whole, rtol=1e-5, atol=1e-5)
+        else:
+            assert not torch.equal(split, whole)
+        reference.release()
+
+
+def test_a_reduction_reference_widens_a_steps_tolerance_to_its_own_move():
+    """A step whose error is within 2 x the reduced model's move but beyond 2 x the plain run dtype's passes
+    only when the run had N ranks (the reduced reference given); an error beyond both fails either way."""
+    vocab = 6
+    fp = torch.zeros(1, vocab)
+    fp[0, 0] = 10.0
+    lo, reduced = fp.clone(), fp.clone()
+    lo[0, 1] += 0.05          # plain bf16 move 0.05: tolerance 0.1
+    reduced[0, 1] += 0.08     # with the reductions 0.08: tolerance 0.16
+
+    def judged(error, with_reduced):
+        mine = fp[0].clone()
+        mine[2] += error
+        request = precision.Request(0, 0, [7], [precision.Step("prefill", mine, None)])
+        steps, first = precision.judge_steps(request, fp, None, lo, None, "bfloat16",
+                                             (reduced, None) if with_reduced else None)
+        return first is None, steps[0]["tolerance"]
+
+    assert judged(0.13, with_reduced=False) == (False, 0.1)
+    assert judged(0.13, with_reduced=True) == (True, 0.16)
+    assert judged(0.2, with_reduced=True) == (False, 0.16)
