@@ -30,6 +30,10 @@ TINY_SETTINGS = {
                                         "original_max_position_embeddings": 128, "beta_fast": 32.0,
                                         "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}},
 }
+# A tiny checkpoint is there to run the recipe's code paths: a sliding window longer than every prompt and
+# its tokens leaves the window's code (the band at prefill, the window's blocks at decode) nothing to do,
+# so a sliding-window type's tiny checkpoint has a window shorter than the default prompt.
+TINY_SLIDING_WINDOW = 16
 SHAPE_TWINS = {
     "PanguEmbedded": ("llama", {"attention_bias": True}, {"bias": True}),
 }
@@ -55,7 +59,7 @@ def build_tiny(recipe: Recipe, model_type: str) -> Path:
     tree.mkdir(out)            # refused before anything is built when .migrator/ or res/ leads out of the recipe
     if twin is None:
         try:
-            return tiny_checkpoint(model_type, out, **TINY_SETTINGS.get(model_type, {}))
+            return tiny_checkpoint(model_type, out, **tiny_settings(model_type))
         except (ValueError, TypeError, KeyError, AttributeError, RuntimeError) as exc:
             raise UnsupportedModelError(f"--tiny: transformers cannot build a {model_type} causal LM to make a "
                                         f"checkpoint from ({type(exc).__name__}: {str(exc).splitlines()[0][:160]}); "
@@ -66,6 +70,18 @@ def build_tiny(recipe: Recipe, model_type: str) -> Path:
     config.update(model_type=model_type, architectures=[f"{model_type}ForCausalLM"], **keys)
     tree.write_text(out / "config.json", json.dumps(config, indent=2) + "\n")
     return out
+
+
+def tiny_settings(model_type: str) -> dict:
+    """The build overrides of `model_type`'s tiny checkpoint: TINY_SETTINGS, and TINY_SLIDING_WINDOW where
+    transformers' default config has a longer window."""
+    from transformers import CONFIG_MAPPING
+
+    settings = dict(TINY_SETTINGS.get(model_type, {}))
+    window = getattr(CONFIG_MAPPING[model_type](), "sliding_window", None)
+    if isinstance(window, int) and window > TINY_SLIDING_WINDOW:
+        settings.setdefault("sliding_window", TINY_SLIDING_WINDOW)
+    return settings
 
 
 # ---- running it --------------------------------------------------------------------------

@@ -15,9 +15,18 @@ for paged KV) and the documented sparse modes, anchored as torch_npu anchors the
 
 For modes 2-4 the mask passed is the compressed 2048x2048 one: required when S_q > 1, its contents
 unused. When every query has one token (decode) and there is no rope input, sparse_mode, pre_tokens
-and next_tokens have no effect, as documented ("Q_S为1时该参数无效"): only a mode 0/1 mask applies,
-read as (B, KV_S) when 2-D; any other first dimension (the prefill's 2048x2048 mask passed at
-decode) raises the NPU's `batchSize[2048] of atten_mask != batchSize[1] of query`.
+and next_tokens have no effect in the BSH / BSND / BNSD layouts, as documented for the incremental
+branch ("Q_S为1时该参数无效"): only a mode 0/1 mask applies, read as (B, KV_S) when 2-D; any other
+first dimension (the prefill's 2048x2048 mask passed at decode) raises the NPU's
+`batchSize[2048] of atten_mask != batchSize[1] of query`. In TND / NTD a one-token query does not take
+that branch, and mode 4's band applies at decode as at prefill, from the bottom right: the query at
+kv_len - 1 attends keys kv_len - 1 - pre_tokens .. kv_len - 1 (pre_tokens = W: W + 1 keys; next_tokens
+>= 0 changes nothing). Source, hicann/ops-transformer: attention/fused_infer_attention_score/op_host/
+fused_infer_attention_score_tiling.cpp `IsUsingIFA` (TND goes to the incremental kernel only for
+D = 512 or an antiquantized KV), prompt_flash_attention_tiling.cpp (TND with paged KV takes sparseMode
+0, 3 or 4; mode 4 sets the band from pre/next tokens, per batch `pre - kv + q`, `next + kv - q`); the
+newer arch32 FIA kernel masks a one-row query by the same band (fia_block_vec_nonquant.h, S1_EQUAL1);
+vllm-ascend's attention_v1.py passes sparse_mode 4, pre_tokens = the window at decode.
 A learnable sink adds one logit per head to the softmax denominator (gpt-oss). Rows with every key
 masked give zeros.
 """
@@ -145,9 +154,11 @@ def _user_mask(mask, b: int, sq: int, skv: int):
     return m[:sq, :skv].to(torch.bool)
 
 
-def _allowed(sq: int, skv: int, sparse_mode: int, pre: int, nxt: int, user_mask, decode: bool, device):
-    """Which (query, key) pairs take part, or None for all."""
-    if decode:
+def _allowed(sq: int, skv: int, sparse_mode: int, pre: int, nxt: int, user_mask, decode: bool, device,
+             packed: bool = False):
+    """Which (query, key) pairs take part, or None for all. `packed`: TND / NTD, whose one-token queries
+    keep mode 4's band (see the module docs)."""
+    if decode and not (packed and sparse_mode == 4):
         if user_mask is not None and sparse_mode in (0, 1):
             return ~user_mask
         return None
@@ -223,7 +234,8 @@ def _attention(op, query, key, value, *, layout, num_heads, num_kv_heads, scale,
     for b, (q, (k, v)) in enumerate(zip(queries, pairs)):
         sq, skv = q.shape[1], k.shape[1]
         mask = None if sparse_mode in (2, 3, 4) else _user_mask(atten_mask, b, sq, skv)
-        allowed = _allowed(sq, skv, sparse_mode, pre_tokens, next_tokens, mask, decode, q.device)
+        allowed = _allowed(sq, skv, sparse_mode, pre_tokens, next_tokens, mask, decode, q.device,
+                           packed=src in ("TND", "NTD"))
         pse = None
         if pse_shift is not None:
             pse = pse_shift[b if pse_shift.shape[0] > 1 else 0, :, :sq, :skv]

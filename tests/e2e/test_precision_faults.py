@@ -201,8 +201,8 @@ def test_a_low_margin_correct_run_passes_where_bf16_flips_a_token(tmp_path, mode
     # slow: by default an untouched upstream run passes at one rank (tests/e2e/test_upstream_recipes_standin.py, Qwen3) and an
     # untouched run at two ranks of upstream's executor passes in tests/e2e/test_run_plan.py (ours, phi3)
     pytest.param("qwen", "qwen3_8b_1tp.yaml", 2, marks=pytest.mark.slow, id="qwen-2"),
-    pytest.param("gpt_oss", "gpt_oss_20b.yaml", 1, marks=pytest.mark.slow, id="gpt_oss-1"),
-    pytest.param("gpt_oss", "gpt_oss_20b.yaml", 2, marks=pytest.mark.slow, id="gpt_oss-2"),
+    # upstream's gpt_oss, whose window is one key wider than transformers' under --tiny's short window, fails
+    # untouched and passes corrected at 1 and 2 ranks: tests/e2e/test_upstream_recipes_standin.py
 ])
 def test_upstreams_own_model_untouched_passes_on_every_rank(tmp_path, model, yaml_name, ranks):
     checkout = copy_snapshot(tmp_path / "cann-recipes-infer")

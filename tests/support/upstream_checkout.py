@@ -53,3 +53,18 @@ def run_standin(checkout: Path, model: str, *args: str, timeout: int = 1800):
                    *args, env=FAST, timeout=timeout)
     summary = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {}
     return proc, summary
+
+
+# upstream's models/gpt_oss passes pre_tokens=sliding_window to the fused attention's band (sparse_mode 4), which
+# keeps the query's key and `window` before it: one key more than transformers' window (key j > i - window).
+# `migrator run models/gpt_oss --standin --tiny` (a window of 16, shorter than the run's sequences) fails on it
+# (tests/e2e/test_upstream_recipes_standin.py); tests about something else run the corrected copy.
+GPT_OSS_WINDOW = "pre_tokens=self.sliding_window if self.sliding_window else"
+
+
+def correct_gpt_oss_window(checkout: Path) -> None:
+    """The checkout's models/gpt_oss with pre_tokens = window - 1 (transformers' window) at prefill and decode."""
+    modeling = checkout / "models" / "gpt_oss" / "models" / "modeling_gpt_oss.py"
+    text = modeling.read_text()
+    assert text.count(GPT_OSS_WINDOW) == 2, "upstream's gpt_oss window call changed"
+    modeling.write_text(text.replace(GPT_OSS_WINDOW, "pre_tokens=self.sliding_window - 1 if self.sliding_window else"))

@@ -396,8 +396,8 @@ def derive(config_dict: dict) -> NativeFeatures:
                        + "the block table's width on full-attention layers (one shape for graph mode)")
     else:
         fused.append("npu_fused_infer_attention_score_v2 (TND, paged cache through block_table"
-                     + ("; sliding-window layers: band mode at prefill; at decode the window's blocks "
-                        "alone, a (B, KV) mask before the window" if sliding else "")
+                     + ("; sliding-window layers: band mode (sparse_mode 4) at prefill and, on the "
+                        "window's blocks alone, at decode" if sliding else "")
                      + ("; attention sinks as its learnable_sink" if attn_sinks else "") + ")")
     if moe is not None and moe.sparse_rule == "all":
         pass                      # no dense MLP layer: the experts' activation is the MoE block's

@@ -152,7 +152,7 @@ def test_fia_v2_band_mode_counts_pre_tokens_previous_tokens_unlike_transformers_
     """sparse_mode 4 (band from the bottom right) with pre_tokens=W lets each query see W previous
     tokens and itself: transformers' sliding_window=W sees W-1 previous tokens and itself. Upstream's
     gpt_oss passes pre_tokens=sliding_window: on sequences longer than the window the two differ by a
-    key (shown here), which parity runs shorter than the window do not reach."""
+    key (shown here; the whole recipe under --tiny's short window: tests/e2e/test_upstream_recipes_standin.py)."""
     torch.manual_seed(4)
     n, d, s, window = 2, 8, 9, 3
     q, k, v = torch.randn(s, n, d), torch.randn(s, n, d), torch.randn(s, n, d)
@@ -166,13 +166,26 @@ def test_fia_v2_band_mode_counts_pre_tokens_previous_tokens_unlike_transformers_
     assert not torch.allclose(out, hf_eager(bnsd(q), bnsd(k), bnsd(v), band(window), 0.4, 1)[0], atol=1e-3)
 
 
-def test_fia_decode_ignores_sparse_mode_and_tokens_as_documented():
+def test_fia_decode_in_tnd_keeps_the_band_and_the_incremental_layouts_ignore_it():
+    """A one-token query in TND takes the prompt path, whose mode 4 band holds at decode (the last row of
+    the prefill's band: pre_tokens=2 sees the query's key and 2 before it, see the kernel's docs); in
+    BNSD (the incremental branch) sparse_mode and the tokens have no effect, as documented."""
     torch.manual_seed(6)
-    q, k, v = torch.randn(1, 2, 4), torch.randn(7, 2, 4), torch.randn(7, 2, 4)
-    banded, _ = fia2(q, k, v, num_query_heads=2, input_layout="TND", sparse_mode=4, pre_tokens=1, next_tokens=0,
-                     atten_mask=MASK_2048, actual_seq_qlen=[1], actual_seq_kvlen=[7])
-    full, _ = fia2(q, k, v, num_query_heads=2, input_layout="TND", actual_seq_qlen=[1], actual_seq_kvlen=[7])
-    torch.testing.assert_close(banded, full)
+    q, k, v = torch.randn(7, 2, 4), torch.randn(7, 2, 4), torch.randn(7, 2, 4)
+    band = dict(sparse_mode=4, pre_tokens=2, next_tokens=0, atten_mask=MASK_2048)
+    decode, _ = fia2(q[-1:], k, v, num_query_heads=2, input_layout="TND", actual_seq_qlen=[1], actual_seq_kvlen=[7],
+                     **band)
+    prefill, _ = fia2(q, k, v, num_query_heads=2, input_layout="TND", actual_seq_qlen=[7], actual_seq_kvlen=[7],
+                      **band)
+    torch.testing.assert_close(decode, prefill[-1:])
+    last3, _ = fia2(q[-1:], k[-3:], v[-3:], num_query_heads=2, input_layout="TND", actual_seq_qlen=[1],
+                    actual_seq_kvlen=[3])
+    torch.testing.assert_close(decode, last3)
+    bnsd = lambda t: t.transpose(0, 1)[None]  # noqa: E731
+    ignored, _ = fia2(bnsd(q[-1:]), bnsd(k), bnsd(v), num_query_heads=2, input_layout="BNSD", **band)
+    full, _ = fia2(bnsd(q[-1:]), bnsd(k), bnsd(v), num_query_heads=2, input_layout="BNSD")
+    torch.testing.assert_close(ignored, full)
+    assert not torch.allclose(ignored[0].transpose(0, 1), decode, atol=1e-3)
 
 
 def test_fia_prefill_without_mask_for_causal_mode_is_refused_as_on_the_npu():

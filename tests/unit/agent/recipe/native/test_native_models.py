@@ -78,8 +78,8 @@ def test_architectures_the_generator_does_not_write_fall_back_with_the_layer_kin
 # (type, what the fault is, text of the correct file, its faulty replacement)
 FAULTS = [
     ("mistral", "prefill window one token too wide", "pre_tokens=self.sliding_window - 1", "pre_tokens=self.sliding_window"),
-    ("mistral", "decode window one token too wide", "columns.view(1, -1) < kv_lens - self.sliding_window",
-     "columns.view(1, -1) < kv_lens - self.sliding_window - 1"),
+    ("mistral", "decode window one token too wide", "attention_mask, 4, self.sliding_window - 1",
+     "attention_mask, 4, self.sliding_window"),
     ("mistral", "decode reads the whole table (right mask, but the null block before the window read)",
      "table, start = self._window_blocks(block_table, kv_lens)", "table, start = block_table, torch.zeros_like(kv_lens)"),
     ("gemma2", "plain-torch decode reads the whole table on a sliding layer",
