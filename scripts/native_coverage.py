@@ -51,38 +51,72 @@ def ctx_for(model_type: str) -> dict:
             "model_class": "ForCausalLM", "transformers_version": None}
 
 
-def survey(types: list[str], checkout: Path, chunk: int) -> list[dict]:
-    from agent.recipe.native.decide import render_native, selfcheck
+# a type's derive runs in a child of its own: a default config that stays large after shrinking, or a class that
+# loops, costs that row, not the survey
+DERIVE_TIMEOUT_S = 180
+DERIVE_MEMORY_BYTES = 8 << 30
+
+
+def derive_one(model_type: str, folder: Path) -> dict:
+    """One row: derive the type's features and render its native file into `folder` (in this process)."""
+    from agent.recipe.native.decide import render_native
     from agent.recipe.native.features import NotNative, derive
 
-    rows, jobs = [], []
+    config = default_config(model_type)
+    if config is None:
+        return {"type": model_type, "result": "no config"}
+    try:
+        features = derive(config)
+    except NotNative as exc:
+        return {"type": model_type, "result": "fell back", "kind": exc.kind, "reason": exc.reason}
+    except Exception as exc:  # noqa: BLE001 - derive raising otherwise is a finding: a row, not a stop
+        return {"type": model_type, "result": "fell back", "kind": "derive",
+                "reason": f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"}
+    path = folder / f"modeling_{model_type}.py"
+    path.write_text(render_native(ctx_for(model_type), features))
+    return {"type": model_type, "result": "native", "moe": features.moe is not None, "mla": bool(features.mla),
+            "sliding": features.sliding, "not_fused": list(features.unfused), "file": str(path)}
+
+
+def _limited() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (DERIVE_MEMORY_BYTES, DERIVE_MEMORY_BYTES))
+
+
+def derive_in_child(model_type: str, folder: Path) -> dict:
+    import subprocess
+
+    out = folder / f"{model_type}.json"
+    try:
+        proc = subprocess.run([sys.executable, __file__, "--derive-one", model_type, "--into", str(folder)],
+                              capture_output=True, text=True, timeout=DERIVE_TIMEOUT_S, preexec_fn=_limited)
+    except subprocess.TimeoutExpired:
+        return {"type": model_type, "result": "fell back", "kind": "derive",
+                "reason": f"derive took over {DERIVE_TIMEOUT_S} s"}
+    if proc.returncode != 0 or not out.is_file():
+        last = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1][:160]
+        return {"type": model_type, "result": "fell back", "kind": "derive", "reason": last}
+    return json.loads(out.read_text())
+
+
+def survey(types: list[str], checkout: Path, chunk: int) -> list[dict]:
+    from agent.recipe.native.decide import selfcheck
+
+    rows = []
     with tempfile.TemporaryDirectory(prefix="native-coverage-") as tmp:
         for model_type in types:
-            config = default_config(model_type)
-            if config is None:
-                rows.append({"type": model_type, "result": "no config"})
-                continue
-            try:
-                features = derive(config)
-            except NotNative as exc:
-                rows.append({"type": model_type, "result": "fell back", "kind": exc.kind, "reason": exc.reason})
-                continue
-            except Exception as exc:  # noqa: BLE001 - derive raising otherwise is a finding: a row, not a stop
-                rows.append({"type": model_type, "result": "fell back", "kind": "derive",
-                             "reason": f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"})
-                continue
-            path = Path(tmp) / f"modeling_{model_type}.py"
-            path.write_text(render_native(ctx_for(model_type), features))
-            row = {"type": model_type, "result": "native", "moe": features.moe is not None,
-                   "mla": bool(features.mla), "sliding": features.sliding, "not_fused": list(features.unfused)}
+            row = derive_in_child(model_type, Path(tmp))
             rows.append(row)
-            jobs.append((row, {"config": config, "file": str(path), "class_name": "CovForCausalLM"}))
-            print(f"[native_coverage] {model_type}: derived", file=sys.stderr, flush=True)
+            print(f"[native_coverage] {model_type}: {row['result']} {row.get('kind', '')}", file=sys.stderr, flush=True)
+        jobs = [row for row in rows if row["result"] == "native"]
         for start in range(0, len(jobs), chunk):
             part = jobs[start:start + chunk]
             print(f"[native_coverage] self-check {start + 1}-{start + len(part)} of {len(jobs)}", file=sys.stderr,
                   flush=True)
-            for (row, _), result in zip(part, selfcheck([job for _, job in part], checkout)):
+            results = selfcheck([{"config": default_config(row["type"]), "file": row.pop("file"),
+                                  "class_name": "CovForCausalLM"} for row in part], checkout)
+            for row, result in zip(part, results):
                 row["max_rel"] = result["max_rel"]
                 if not result["ok"]:
                     row.update(result="fell back", kind="self-check", reason=result["reason"])
@@ -108,7 +142,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", type=Path)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--chunk", type=int, default=12, help="self-check jobs per stand-in process")
+    parser.add_argument("--derive-one", help=argparse.SUPPRESS)
+    parser.add_argument("--into", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.derive_one:
+        row = derive_one(args.derive_one, args.into)
+        (args.into / f"{args.derive_one}.json").write_text(json.dumps(row))
+        return 0
     checkout = Path(os.environ.get("CHECKOUT") or REPO.parent / "shared" / "upstream" / "cann-recipes-infer")
     if not (checkout / "module").is_dir():
         print(f"native_coverage: no cann-recipes-infer checkout at {checkout} (set CHECKOUT=PATH)", file=sys.stderr)

@@ -147,7 +147,9 @@ def _prefill_rows(call: dict) -> list[tuple[list[int], list[int]]]:
 
 def requests_of(calls: list[dict], rank: int, eos: set[int]) -> tuple[list[Request], list[str]]:
     """The last generation of one rank's record (a warm-up before it is the same run again): prefills
-    with no decode between them are one generation; decode rows follow its unfinished requests in order."""
+    with no decode between them are one generation; decode rows follow its requests in order, one row per
+    unfinished request or, where the executor keeps a finished request's row in the batch, one per request
+    (`_decode_order`)."""
     generations: list[list[Request]] = []
     decoded = True
     problems: list[str] = []
@@ -167,9 +169,7 @@ def requests_of(calls: list[dict], rank: int, eos: set[int]) -> tuple[list[Reque
             decoded = True
             active = [r for r in generations[-1] if not r.finished]
             ids = call["input_ids"].tolist()
-            # an executor that keeps a finished request's row in the batch (upstream's static batch: it
-            # feeds that row on) decodes a row per request; one that drops it, a row per unfinished one
-            rows = generations[-1] if call["rows"] == len(generations[-1]) > len(active) else active
+            rows = _decode_order(generations[-1], active, ids, call["rows"])
             for b, request in enumerate(rows[:call["rows"]]):
                 if request.finished:
                     continue
@@ -181,6 +181,20 @@ def requests_of(calls: list[dict], rank: int, eos: set[int]) -> tuple[list[Reque
             if len(active) > call["rows"]:
                 problems.append(f"rank {rank}: a decode call with {call['rows']} rows for {len(active)} unfinished requests")
     return (generations[-1] if generations else []), problems
+
+
+def _decode_order(requests: list[Request], active: list[Request], ids: list[int], rows: int) -> list[Request]:
+    """Which request each row of a decode call is. An executor that keeps a finished request's row in the
+    batch (upstream's static batch feeds it on, padded or not) decodes a row per request; one that drops
+    it, a row per unfinished one. Where the call has a row for every request, the order whose unfinished
+    requests were each fed their own last token is it (each step feeds the token the step before picked)."""
+    if len(active) == len(requests) or rows < len(requests):
+        return active
+
+    def fed_own(order):
+        return all(b < len(ids) and ids[b] == r.tokens[-1] for b, r in enumerate(order[:rows]) if not r.finished)
+
+    return active if fed_own(active) and not fed_own(requests) else requests
 
 
 # ---- transformers on prompt + the recipe's tokens ---------------------------------------------
@@ -296,19 +310,21 @@ class Reference:
             self.routing.forced = {}
         return logits, captured, (dict(self.routing.seen) if self.routing.blocks else None)
 
-    def split_row_parallel(self, parts: int) -> int:
-        """Compute every row-parallel projection as `parts` partial products over its input features, each
-        in the model's dtype, summed in it: the rounding an N-rank run's reduction adds (see the module
-        docs). Returns how many projections were split (0: the model has none this recognises)."""
+    def split_row_parallel(self, parts: int) -> list[str]:
+        """Compute every row-parallel projection of the decoder layers as `parts` partial products over its
+        input features, each in the model's dtype, summed in it: the rounding an N-way tensor-parallel
+        reduction adds (see the module docs). Returns the projections split (none: the model has none
+        this recognises; a fused MoE's stacked experts are parameters, not projections, and are left)."""
         import fnmatch
 
         import torch
 
         plan = dict(getattr(self.model.config.get_text_config(), "base_model_tp_plan", None) or {})
         rowwise = [pattern for pattern, style in plan.items() if "rowwise" in str(style) and "embedding" not in str(style)]
-        split = 0
+        in_layers = {id(m) for layer in self.layers for m in layer.modules()}
+        split = []
         for name, module in self.model.named_modules():
-            if type(module) is not torch.nn.Linear or module.in_features < parts:
+            if type(module) is not torch.nn.Linear or module.in_features < parts or id(module) not in in_layers:
                 continue
             if not (name.endswith("self_attn.o_proj") or any(fnmatch.fnmatch(name, f"*{p}") for p in rowwise)):
                 continue
@@ -319,7 +335,7 @@ class Reference:
                 return out if bias is None else out + bias
 
             module.forward = forward
-            split += 1
+            split.append(name)
         return split
 
     def release(self) -> None:
@@ -531,8 +547,10 @@ def against_logs(results: list[dict], logs: dict[int, dict[int, str]]) -> tuple[
 
 
 def verify_record(record_dir: Path, checkpoint: Path, dtype: str | None = None, overrides: dict | None = None,
-                  trust_remote_code: bool = False, log_dir: Path | None = None) -> dict:
-    """The check itself, in this process (see the module docs)."""
+                  trust_remote_code: bool = False, log_dir: Path | None = None,
+                  tensor_parallel: int | None = None) -> dict:
+    """The check itself, in this process (see the module docs). `tensor_parallel`: the run's attention
+    tensor-parallel size where its YAML says (default: its ranks)."""
     import torch
     import transformers
     from transformers import AutoTokenizer
@@ -565,12 +583,12 @@ def verify_record(record_dir: Path, checkpoint: Path, dtype: str | None = None, 
     exact = Replayed(model, sequences)
     model.release()
     rounded = reduced = None
-    split = 0
+    split, parts = [], tensor_parallel or len(calls)
     if dtype != "float32":
         model = Reference(checkpoint, dtype, overrides or {}, trust_remote_code)
         rounded = Replayed(model, sequences)
-        if len(calls) > 1:           # N ranks: the rounding of their row-parallel reductions too
-            split = model.split_row_parallel(len(calls))
+        if parts > 1:                # N-way tensor parallel: the rounding of its row-parallel reductions too
+            split = model.split_row_parallel(parts)
             reduced = Replayed(model, sequences) if split else None
         model.release()
 
@@ -599,7 +617,7 @@ def verify_record(record_dir: Path, checkpoint: Path, dtype: str | None = None, 
     summary = {**base, "checked": True, "ok": failed is None and not problems,
                "reference": f"transformers {transformers.__version__} {exact.name}",
                "dtype": dtype, "reference_dtypes": ["float32", *([dtype] if rounded else []),
-                                                    *([f"{dtype}, {split} row-parallel projections as {len(calls)} "
+                                                    *([f"{dtype}, {len(split)} row-parallel projections as {parts} "
                                                        "partial sums"] if reduced else [])],
                "ranks": len(calls), "requests": len(results), "steps_checked": len(every),
                "decode_steps_checked": sum(1 for _, s in every if s["phase"] == "decode"),
@@ -617,6 +635,8 @@ def verify_record(record_dir: Path, checkpoint: Path, dtype: str | None = None, 
                "routing_ties_taken": sum(len(r.get("routing_ties", [])) for r in results),
                "tokens_off_float32_argmax": sum(1 for _, s in every if s["token"] != s["reference_argmax_float32"]),
                "per_request": [{k: v for k, v in r.items() if k != "steps"} for r in results]}
+    if reduced:
+        summary["row_parallel_split"] = {"parts": parts, "projections": split[:8], "count": len(split)}
     summary.update(nll)
     missing, differing = against_logs(results, logged_texts(log_dir))
     if differing:
@@ -702,7 +722,7 @@ def probe_env(env: dict, run_dir: Path) -> dict:
 def check(record_dir: Path, checkpoint: Path, *, python: str | None = None, dtype: str | None = None,
           overrides: dict | None = None, trust_remote_code: bool = False, random_weights: bool = False,
           timeout: int = defaults.TIMEOUT_S, pids_file: Path | None = None, pids_root: Path | None = None,
-          cwd: Path | None = None, log_dir: Path | None = None) -> dict:
+          cwd: Path | None = None, log_dir: Path | None = None, tensor_parallel: int | None = None) -> dict:
     """`verify_record` in `python` (default: this interpreter), as one process tree the migrator owns
     (stopped with it on SIGINT / SIGTERM or the timeout). `pids_file`: its pids, kept in the recipe
     `pids_root`."""
@@ -722,6 +742,8 @@ def check(record_dir: Path, checkpoint: Path, *, python: str | None = None, dtyp
         cmd.append("--trust-remote-code")
     if log_dir is not None:
         cmd += ["--logs", str(log_dir)]
+    if tensor_parallel:
+        cmd += ["--tensor-parallel", str(tensor_parallel)]
     if pids_file is not None:
         stop_leftovers(pids_file, pids_root)
     # the verdict goes to a file of its own: the model's code (remote code) may print anything
@@ -752,13 +774,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trust-remote-code", action="store_true")
     parser.add_argument("--logs", type=Path, help="the run's rank logs: their texts must be the record's")
     parser.add_argument("--out", type=Path, help="write the verdict there (default: stdout)")
+    parser.add_argument("--tensor-parallel", type=int, help="the run's attention tensor-parallel size (default: "
+                                                             "its ranks)")
     args = parser.parse_args(argv)
     from engine.environment import import_torch
 
     import_torch()
     try:
         result = verify_record(args.record, args.checkpoint, args.dtype, loads_json(args.overrides),
-                               args.trust_remote_code, args.logs)
+                               args.trust_remote_code, args.logs, args.tensor_parallel)
     except Exception as exc:  # noqa: BLE001 - only transformers' own failures are answered here
         from agent.measure.parity import transformers_failed
 

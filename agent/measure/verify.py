@@ -52,12 +52,16 @@ def precision_of(recipe: Recipe, run: Run, checkpoint: Path, trust_remote_code: 
     settings = recipe.settings(yaml)
     model_config = settings.get("model_config") if isinstance(settings.get("model_config"), dict) else {}
     overrides = model_config.get("config_overrides") if recipe.target.code_check else None
+    parallel = settings.get("parallel_config") if isinstance(settings.get("parallel_config"), dict) else {}
+    tensor_parallel = parallel.get("attn_tp_size")      # upstream's schema; else the check counts the ranks
     runs = state_dir(recipe.path) / "runs"
     return precision.check(precision.record_dir(Path(run["res_path"])), checkpoint, python=python,
                            overrides=overrides or None, trust_remote_code=trust_remote_code, random_weights=tiny,
                            log_dir=Path(run["log_dir"]) if run.get("log_dir") else None,
                            pids_file=runs / "precision.pids" if runs.is_dir() and not runs.is_symlink() else None,
-                           pids_root=recipe.path)
+                           pids_root=recipe.path,
+                           tensor_parallel=tensor_parallel if isinstance(tensor_parallel, int) and tensor_parallel > 0
+                           else None)
 
 
 def recipe_nll(run: Run) -> dict:

@@ -18,10 +18,11 @@ unused. When every query has one token (decode) and there is no rope input, spar
 and next_tokens have no effect in the BSH / BSND / BNSD layouts, as documented for the incremental
 branch ("Q_S为1时该参数无效"): only a mode 0/1 mask applies, read as (B, KV_S) when 2-D; any other
 first dimension (the prefill's 2048x2048 mask passed at decode) raises the NPU's
-`batchSize[2048] of atten_mask != batchSize[1] of query`. In TND / NTD a one-token query does not take
-that branch, and mode 4's band applies at decode as at prefill, from the bottom right: the query at
-kv_len - 1 attends keys kv_len - 1 - pre_tokens .. kv_len - 1 (pre_tokens = W: W + 1 keys; next_tokens
->= 0 changes nothing). Source, hicann/ops-transformer: attention/fused_infer_attention_score/op_host/
+`batchSize[2048] of atten_mask != batchSize[1] of query`. One exception is established here: in TND /
+NTD, sparse_mode 4's band applies to a one-token query as at prefill, from the bottom right (the query at
+kv_len - 1 attends keys kv_len - 1 - pre_tokens .. kv_len - 1; pre_tokens = W: W + 1 keys; next_tokens
+>= 0 changes nothing), and needs the compressed mask as there; other modes at a TND decode keep the
+rule above. Source, hicann/ops-transformer: attention/fused_infer_attention_score/op_host/
 fused_infer_attention_score_tiling.cpp `IsUsingIFA` (TND goes to the incremental kernel only for
 D = 512 or an antiquantized KV), prompt_flash_attention_tiling.cpp (TND with paged KV takes sparseMode
 0, 3 or 4; mode 4 sets the band from pre/next tokens, per batch `pre - kv + q`, `next + kv - q`); the
@@ -221,7 +222,8 @@ def _attention(op, query, key, value, *, layout, num_heads, num_kv_heads, scale,
     pairs = _keys(key, value, src, kv_heads, actual_kv, block_table, block_size, q_lengths)
     max_q = max(q_lengths) if q_lengths else 0
     decode = incremental and (max_q <= 1) and not rope
-    if not decode and sparse_mode in (2, 3, 4) and atten_mask is None:
+    banded_decode = decode and sparse_mode == 4 and src in ("TND", "NTD")
+    if (not decode or banded_decode) and sparse_mode in (2, 3, 4) and atten_mask is None:
         raise ValueError(f"{op}: sparse_mode={sparse_mode} needs atten_mask (the 2048x2048 lower-triangular "
                          "mask), as on the NPU")
     if decode and sparse_mode in (0, 1) and atten_mask is not None and atten_mask.dim() == 2 \

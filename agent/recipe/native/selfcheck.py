@@ -25,7 +25,7 @@ from types import SimpleNamespace
 from engine.safe_load import load_json
 
 BLOCK_SIZE = 4
-PROMPT_LENGTHS = (13, 6)
+PROMPT_LENGTHS = (13, 6, 3)     # the shrunk window is 5: one prompt past it, one reaching it, one short of it
 DECODE_STEPS = 5
 TOLERANCE = 1e-4            # relative to the largest logit: float32 against float32
 

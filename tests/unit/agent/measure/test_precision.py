@@ -150,10 +150,11 @@ def test_decode_rows_follow_the_unfinished_requests_of_a_packed_prefill(tmp_path
     assert all(step.fed == token for r in requests for step, token in zip(r.steps[:-1], r.tokens))
 
 
-@pytest.mark.parametrize("keeps_finished_rows", [True, False])
-def test_decode_rows_after_a_request_ends_at_eos(keeps_finished_rows):
+@pytest.mark.parametrize("layout", ["kept", "dropped", "kept, padded", "dropped, padded"])
+def test_decode_rows_after_a_request_ends_at_eos(layout):
     """Request 0 picks EOS at decode step 1. upstream's executor keeps its row in the batch (fed on), another
-    drops it: either way request 1's steps are its own rows, and request 0 has none past its EOS."""
+    drops it, either may pad the batch with a row past the requests: every way request 1's steps are its own
+    rows, and request 0 has none past its EOS."""
     import torch
 
     eos, vocab = 2, 8
@@ -164,9 +165,12 @@ def test_decode_rows_after_a_request_ends_at_eos(keeps_finished_rows):
     calls = [{"phase": "prefill", "input_ids": torch.tensor([5, 6, 7, 5, 6]), "shape": [5], "rows": 2,
               "seq_ends": [3, 5], "logits": logits(3, 4)},
              {"phase": "decode", "input_ids": torch.tensor([3, 4]), "rows": 2, "logits": logits(eos, 5)}]
+    keeps_finished_rows, padded = layout.startswith("kept"), layout.endswith("padded")
     for fed in ((eos, 5), (eos, 6)):      # request 1 picks 6, then 7; request 0's row (if kept) picks 1
         kept = fed if keeps_finished_rows else fed[1:]
         picked = (1, fed[1] + 1) if keeps_finished_rows else (fed[1] + 1,)
+        if padded:                        # a pad row fed 0, which picks 0
+            kept, picked = (*kept, 0), (*picked, 0)
         calls.append({"phase": "decode", "input_ids": torch.tensor(kept), "rows": len(kept), "logits": logits(*picked)})
     requests, problems = precision.requests_of(calls, 0, {eos})
     assert not problems
@@ -189,7 +193,7 @@ def test_row_parallel_split_is_the_same_sum_in_float32_and_another_rounding_in_b
         reference = precision.Reference(checkpoint, dtype, {}, False)
         whole = reference.run(ids)[0]
         layers = len(reference.layers)
-        assert reference.split_row_parallel(2) == 2 * layers
+        assert len(reference.split_row_parallel(2)) == 2 * layers
         split = reference.run(ids)[0]
         if same:
             torch.testing.assert_close(split, whole, rtol=1e-5, atol=1e-5)
@@ -219,3 +223,19 @@ def test_a_reduction_reference_widens_a_steps_tolerance_to_its_own_move():
     assert judged(0.13, with_reduced=False) == (False, 0.1)
     assert judged(0.13, with_reduced=True) == (True, 0.16)
     assert judged(0.2, with_reduced=True) == (False, 0.16)
+
+
+def test_a_record_of_two_ranks_is_judged_with_the_row_parallel_reference(tmp_path, checkpoint):
+    """Two ranks' records (tensor parallel: the same requests on each): the verdict names the second reference
+    and the projections it split; the run's own tensor-parallel size of 1 (data parallel) splits none."""
+    import shutil
+
+    write_record(tmp_path / "rec", checkpoint)
+    shutil.copytree(tmp_path / "rec" / "rank_0", tmp_path / "rec" / "rank_1")
+    result = precision.verify_record(tmp_path / "rec", checkpoint)
+    assert result["ok"] is True and result["ranks"] == 2, result
+    split = result["row_parallel_split"]
+    assert split["parts"] == 2 and split["count"] == 4, split          # 2 layers: o_proj, down_proj
+    assert result["reference_dtypes"][-1] == "bfloat16, 4 row-parallel projections as 2 partial sums"
+    alone = precision.verify_record(tmp_path / "rec", checkpoint, tensor_parallel=1)
+    assert "row_parallel_split" not in alone and len(alone["reference_dtypes"]) == 2, alone

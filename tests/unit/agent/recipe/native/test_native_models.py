@@ -78,8 +78,8 @@ def test_architectures_the_generator_does_not_write_fall_back_with_the_layer_kin
 # (type, what the fault is, text of the correct file, its faulty replacement)
 FAULTS = [
     ("mistral", "prefill window one token too wide", "pre_tokens=self.sliding_window - 1", "pre_tokens=self.sliding_window"),
-    ("mistral", "decode window one token too wide", "attention_mask, 4, self.sliding_window - 1",
-     "attention_mask, 4, self.sliding_window"),
+    ("mistral", "decode window one token too wide", '{"pre_tokens": self.sliding_window - 1',
+     '{"pre_tokens": self.sliding_window'),
     ("mistral", "decode reads the whole table (right mask, but the null block before the window read)",
      "table, start = self._window_blocks(block_table, kv_lens)", "table, start = block_table, torch.zeros_like(kv_lens)"),
     ("gemma2", "plain-torch decode reads the whole table on a sliding layer",
@@ -96,8 +96,8 @@ FAULTS = [
      "npu_moe_gating_top_k_softmax(logits, None, k=1)"),
     ("qwen2_moe", "shared expert's sigmoid gate dropped", "shared = torch.sigmoid(self.shared_expert_gate(hidden_states)) * ",
      "shared = "),
-    ("gpt_oss", "attention sinks dropped at decode", "block_size=self.block_size, learnable_sink=self.sinks)",
-     "block_size=self.block_size)"),
+    ("gpt_oss", "attention sinks dropped at decode", "block_size=self.block_size, learnable_sink=self.sinks, **band)",
+     "block_size=self.block_size, **band)"),
 ]
 
 
@@ -217,3 +217,23 @@ def test_native_recipe_of_each_type_passes_the_per_step_precision_check(native_c
     print(f"NATIVE-TABLE {model_type} ranks={ranks} window={window} ok={parity['ok']} closest={parity.get('closest')} "
           f"routing_ties={parity.get('routing_ties_taken')} decode_steps={parity.get('decode_steps_checked')} "
           f"requests={sorted(requests.items())} compiles={list(compiled.values())}")
+
+
+def test_native_coverage_script_writes_a_row_per_type(tmp_path):
+    """scripts/native_coverage.py: a type the generator writes is native with its self-check figure; one whose
+    norm it does not recognise (olmo2: q/k norms over all heads) falls back naming the layer kind."""
+    import json
+    import subprocess
+    import sys
+
+    if not SNAPSHOT.is_dir():
+        pytest.skip(f"no upstream snapshot at {SNAPSHOT}")
+    out = tmp_path / "rows.json"
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "native_coverage.py"), "llama", "olmo2",
+                           "--json", str(out)], capture_output=True, text=True, timeout=600, cwd=REPO_ROOT,
+                          env={**__import__("os").environ, "CHECKOUT": str(SNAPSHOT)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {row["type"]: row for row in json.loads(out.read_text())}
+    assert rows["llama"]["result"] == "native" and rows["llama"]["max_rel"] < 1e-4, rows["llama"]
+    assert rows["olmo2"]["result"] == "fell back" and rows["olmo2"]["kind"] == "norm", rows["olmo2"]
+    assert "1 native, 1 fell back, 0 no config of 2 types" in proc.stdout
