@@ -31,8 +31,8 @@ moves every position, not a tie's, and fails.
 THE TOLERANCE RULE (the one place it is defined): at each step, NOISE_FACTOR times the largest
 |logit| difference between transformers' own model in the recipe's dtype and in float32 on that
 prefix — the rounding that dtype causes there — and never below FLOOR[dtype] of the largest float32
-|logit| (float32 runs: arithmetic order only). A run on N > 1 ranks also rounds where its tensor
-parallelism reduces: each row-parallel projection is N partial products, each rounded to the run's
+|logit| (float32 runs: arithmetic order only). A run tensor parallel N > 1 ways (the YAML's
+attn_tp_size, else its ranks) also rounds where its tensor parallelism reduces: each row-parallel projection is N partial products, each rounded to the run's
 dtype, summed in it. So transformers' own model in the run's dtype runs a second time with its
 row-parallel projections computed so (`Reference.split_row_parallel`: the `rowwise` entries of the
 model's own tensor-parallel plan, and every attention's o_proj, which all split heads), and the
