@@ -30,6 +30,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from engine.safe_load import load_json  # noqa: E402 - the repository on sys.path first
+
 
 def all_types() -> list[str]:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -97,7 +99,7 @@ def derive_in_child(model_type: str, folder: Path) -> dict:
     if proc.returncode != 0 or not out.is_file():
         last = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1][:160]
         return {"type": model_type, "result": "fell back", "kind": "derive", "reason": last}
-    return json.loads(out.read_text())
+    return load_json(out)
 
 
 def survey(types: list[str], checkout: Path, chunk: int) -> list[dict]:
