@@ -71,14 +71,16 @@ _STANDIN_DIR = os.path.dirname(os.path.realpath(__file__)) + os.sep
 _FRAME = re.compile(r'^\s*File "([^"]+)", line \d+')
 
 
-def _in_standin(node) -> bool:
+def _frames(node) -> list[tuple[str, str]]:
+    """(file, the frame's line) of each frame dynamo recorded for the node, outermost first."""
+    found = (_FRAME.match(line) for line in (node.meta.get("stack_trace") or "").splitlines())
+    return [(frame.group(1), frame.string.strip()) for frame in found if frame]
+
+
+def _in_standin(frames: list[tuple[str, str]]) -> bool:
     """Whether the node was traced inside the stand-in's own code (a reference kernel reading its list
     arguments, say): on an NPU that is one kernel taking host values, not the model's read-back."""
-    for line in (node.meta.get("stack_trace") or "").splitlines():
-        frame = _FRAME.match(line)
-        if frame and os.path.realpath(frame.group(1)).startswith(_STANDIN_DIR):
-            return True
-    return False
+    return any(os.path.realpath(path).startswith(_STANDIN_DIR) for path, _ in frames)
 
 
 def _host_scalar(node) -> bool:
@@ -101,10 +103,9 @@ def host_syncs(gm) -> list[str]:
             name = getattr(node.target, "__name__", str(node.target))
         else:
             continue
-        if not _in_standin(node):
-            frames = [line.strip() for line in (node.meta.get("stack_trace") or "").splitlines()
-                      if _FRAME.match(line)]
-            found.append(f"{name} at {frames[-1]}" if frames else name)
+        frames = _frames(node)
+        if not _in_standin(frames):
+            found.append(f"{name} at {frames[-1][1]}" if frames else name)
     return found
 
 

@@ -149,17 +149,22 @@ def unsupported(name: str, site: str) -> None:
         UNSUPPORTED.append({"name": name, "site": site})
 
 
+def fold_compile(entry: dict, fields: dict) -> dict:
+    """`fields` of one compile (or one process's entry) folded into `entry`: counts add up, the capture is
+    whole only if every one was, anything else is the latest."""
+    for field, value in fields.items():
+        if field in ("compiles", "recompiles", "host_syncs"):
+            entry[field] = entry.get(field, 0) + value
+        elif field == "fullgraph":
+            entry[field] = bool(value) and entry.get(field, True)
+        else:
+            entry[field] = value
+    return entry
+
+
 def compile_event(key: str, **fields) -> dict:
     with _lock:
-        entry = COMPILES.setdefault(key, {"compiles": 0, "recompiles": 0})
-        for field, value in fields.items():
-            if field in ("compiles", "recompiles", "host_syncs"):
-                entry[field] = entry.get(field, 0) + value
-            elif field == "fullgraph":        # whole only if every compile was
-                entry[field] = bool(value) and entry.get(field, True)
-            else:
-                entry[field] = value
-        return entry
+        return fold_compile(COMPILES.setdefault(key, {"compiles": 0, "recompiles": 0}), fields)
 
 
 def snapshot() -> dict:
@@ -275,14 +280,7 @@ def merge(records: list[dict], devices: list | None = None) -> dict:
         for key, text in (data.get("notes") or {}).items():
             notes.setdefault(key, text)
         for key, entry in (data.get("compiles") or {}).items():
-            merged = compiles.setdefault(key, {"compiles": 0, "recompiles": 0})
-            for field, value in entry.items():
-                if field in ("compiles", "recompiles", "host_syncs"):
-                    merged[field] = merged.get(field, 0) + value
-                elif field == "fullgraph":
-                    merged[field] = bool(value) and merged.get(field, True)
-                else:
-                    merged[field] = value
+            fold_compile(compiles.setdefault(key, {"compiles": 0, "recompiles": 0}), entry)
         unsupported_calls += data.get("unsupported") or []
     device = next((d.get("device") for d in records if d.get("device")), None) or next(
         (d for d in devices or [] if d), None)

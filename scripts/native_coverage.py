@@ -7,8 +7,8 @@ Without TYPE: every model type of the installed transformers' MODEL_FOR_CAUSAL_L
 on transformers' default config of the type (as `migrator run --target framework` sees a checkpoint's
 config.json): agent.recipe.native.features.derive reads the architecture from its code, or names the layer
 kind it does not write (NotNative: kind, reason); a derived type's file is rendered and held to
-transformers in float32 under the npu stand-in (agent.recipe.native.selfcheck: a packed prefill of two
-prompts and decode steps on a paged cache), as the generator does before it writes one. Each row ends in
+transformers in float32 under the npu stand-in (agent.recipe.native.selfcheck: a packed prefill of
+prompts of unequal length and decode steps on a paged cache), as the generator does before it writes one. Each row ends in
 
   native        derived and within the self-check's tolerance (its largest relative logit difference)
   fell back     the layer kind and why (the recipe keeps the adapter, as `migrator run` says)

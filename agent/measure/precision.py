@@ -32,12 +32,13 @@ THE TOLERANCE RULE (the one place it is defined): at each step, NOISE_FACTOR tim
 |logit| difference between transformers' own model in the recipe's dtype and in float32 on that
 prefix — the rounding that dtype causes there — and never below FLOOR[dtype] of the largest float32
 |logit| (float32 runs: arithmetic order only). A run tensor parallel N > 1 ways (the YAML's
-attn_tp_size, else its ranks) also rounds where its tensor parallelism reduces: each row-parallel projection is N partial products, each rounded to the run's
-dtype, summed in it. So transformers' own model in the run's dtype runs a second time with its
-row-parallel projections computed so (`Reference.split_row_parallel`: the `rowwise` entries of the
-model's own tensor-parallel plan, and every attention's o_proj, which all split heads), and the
-step's own move is the larger of the two; its argmax is one more token the step may pick. 1-rank
-and float32 runs are unchanged. Per decoder layer the same rule locates a failure:
+attn_tp_size, else its ranks) also rounds where its tensor parallelism reduces: each row-parallel
+projection is N partial products, each rounded to the run's dtype, summed in it. So transformers' own
+model in the run's dtype runs a second time with its row-parallel projections computed so
+(`Reference.split_row_parallel`: the `rowwise` entries of the model's own tensor-parallel plan, and
+every attention's o_proj, which all split heads), and the step's own move is the larger of the two;
+its argmax is one more token the step may pick. 1-rank and float32 runs are unchanged. Per decoder
+layer the same rule locates a failure:
 NOISE_FACTOR times transformers' own relative move of that layer's hidden states at that position,
 never below LAYER_FLOOR[dtype].
 

@@ -7,10 +7,11 @@ random weights, float32, eager) and the generated file's ForCausalLM with the sa
 the executor's contract as its ModelWorker drives it: a packed prefill of prompts of unequal length,
 then decode steps, on a paged cache of small blocks whose sliding-window tables point the blocks before
 the window at the null block, and every table's padding too, as upstream's SlidingWindowManager and
-prepare_block_tables do. The null block holds NaN before every step (the positions before a window are written there): a step that reads it, even masked, fails (the
-reference kernels sum 0 x NaN), so a decode reads what it attends to — its window's blocks, its own
-length — or it fails. Every step's logits are compared with transformers' on the same tokens. Prints one JSON line:
-per job {"ok", "max_rel", "reason"}.
+prepare_block_tables do. The null block holds NaN before every step (the positions before a window are
+written there): a step that reads it, even masked, fails (the reference kernels sum 0 x NaN), so a
+decode reads what it attends to — its window's blocks, its own length — or it fails. Every step's
+logits are compared with transformers' on the same tokens. Prints one JSON line: per job {"ok",
+"max_rel", "reason"}.
 """
 
 from __future__ import annotations
