@@ -68,53 +68,136 @@ def _words(text: str) -> set[str]:
     return {w for w in _WORD.findall(text.lower().replace("_", " ")) if w not in _NOISE and len(w) > 2}
 
 
-# A word of an error written as an identifier (HCCL, SentencePiece, pad_token_id, EI0006, torch.npu):
-# shared with a rule's evidence, one such word relates the two; plain words ("token ids") need two.
-_IDENTIFIER = re.compile(r"\b(?:[A-Z]{3,}\w*|[A-Z][a-z]+[A-Z]\w*|\w+_\w+|\w*\d\w*|\w+(?:\.\w+)+)\b")
-
 # "ValueError" names no subsystem: a builtin exception's name relates no rule to a failure.
 _BUILTIN_EXCEPTIONS = frozenset(n for n, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, BaseException))
+_TOKEN = re.compile(r"\w+")          # whole tokens: an identifier stays whole (attn_outputs is not "attn")
+_EXCEPTION_NAME = re.compile(r"\w*(?:Error|Exception)$")
+_ERROR_TYPE = re.compile(r"^\s*(?:[\w]+\.)*(\w+)(?::|$)")
+# a part of evidence is distinctive when at most this many rules' patterns have it ("CUDA" is in three)
+_DISTINCTIVE_DF = 2
+_MAX_ALTERNATIVES = 64
+
+
+def _identifier_like(token: str) -> bool:
+    """HCCL, EI0006, flash_attn, HcclAllreduce, FlashAttention2: a name, not a plain word. Dunders
+    (__init__), numbers and one or two letters name nothing of a subsystem."""
+    core = token.strip("_")
+    if token.startswith("__") and token.endswith("__") or len(core) < 3 or not any(c.isalpha() for c in core):
+        return False            # a dunder, a number ("1", "98"), a letter or two ("_C")
+    return "_" in core or any(c.isdigit() for c in core) or any(c.isupper() for c in core[1:])
+
+
+def _alternatives(items) -> list[tuple[list[str], str]]:
+    """Every alternative of a parsed regex sequence as (closed literal runs, the open run)."""
+    from re import _constants as c
+
+    alts: list[tuple[list[str], str]] = [([], "")]
+
+    def close(group):
+        return [(parts + ([run] if run else []), "") for parts, run in group]
+
+    def product(group, subs):
+        out = []
+        for parts, run in group:
+            for sub_parts, sub_run in subs:
+                if sub_parts:       # the sub-sequence closed runs: ours joins its first, its last stays open
+                    out.append((parts + [run + sub_parts[0], *sub_parts[1:]], sub_run))
+                else:
+                    out.append((parts, run + sub_run))
+        return out[:_MAX_ALTERNATIVES]
+
+    for op, arg in items:
+        if op is c.LITERAL:
+            alts = [(parts, run + chr(arg)) for parts, run in alts]
+        elif op is c.SUBPATTERN:
+            alts = product(alts, _alternatives(arg[3]))
+        elif op is c.BRANCH:
+            alts = product(alts, [alt for branch in arg[1] for alt in _alternatives(branch)])
+        elif op in (c.MAX_REPEAT, c.MIN_REPEAT, c.POSSESSIVE_REPEAT):
+            alts = close(alts)
+            if arg[0] >= 1:           # an item that must be there: its literals are evidence, once
+                alts = close(product(alts, _alternatives(arg[2])))
+        elif op in (c.ASSERT, c.ASSERT_NOT, c.AT):
+            continue                  # consumes nothing: neither evidence nor a break
+        else:
+            alts = close(alts)
+    return alts
+
+
+def evidence_branches(pattern: str) -> list[tuple[frozenset[str], frozenset[str]]]:
+    """The alternatives of a rule's evidence pattern, each as (its whole literal tokens, lower-cased;
+    the exception types it names). `No module named '(flash_attn[\\w.]*)'` has the tokens no, module,
+    named, flash_attn and names no exception type."""
+    from re import _parser
+
+    branches = []
+    for parts, run in _alternatives(_parser.parse(pattern)):
+        tokens = [t for part in parts + [run] for t in _TOKEN.findall(part)]
+        branches.append((frozenset(t.lower() for t in tokens), frozenset(t for t in tokens if _EXCEPTION_NAME.match(t))))
+    return branches
 
 
 def _evidence_text(rule) -> str:
     return rule.evidence.pattern if isinstance(rule.evidence, re.Pattern) else (rule.evidence or "")
 
 
-def _related(rule, failure: Failure, error: set[str], identifiers: set[str]) -> bool:
-    """The rule shares evidence with the failure: its pattern is found in the run (its facts
-    declined), or the error names what the pattern looks for (one identifier-like word, or two words)."""
-    if rule.evidence is not None and failure.search(rule.evidence, rule.where) is not None:
-        return True
-    if len(error & _words(_evidence_text(rule))) >= 2:
-        return True
-    return bool(identifiers & _words(f"{rule.name} {rule.diagnosis} {_evidence_text(rule)}"))
+def _token_rules() -> dict[str, int]:
+    """How many catalogue rules' evidence has each token."""
+    df: dict[str, int] = {}
+    for rule in CATALOGUE:
+        if rule.evidence is None:
+            continue
+        for token in set().union(*(tokens for tokens, _ in evidence_branches(_evidence_text(rule)))):
+            df[token] = df.get(token, 0) + 1
+    return df
+
+
+def shared_evidence(rule, failure: Failure, df: dict[str, int]) -> tuple[int, set[str]] | None:
+    """What of the rule's evidence the failure's error has: (2, {}) when its pattern matches the error
+    itself (the rule's facts declined it), (1, the shared parts) when a branch of the pattern shares a
+    distinctive whole identifier with the error (HCCL, flash_attn, HcclAllreduce; never a piece of one
+    such as "attn" of attn_outputs) and the error is of the exception type that branch names, if any;
+    None when nothing real is shared."""
+    if rule.evidence is None:
+        return None
+    if failure.search(rule.evidence, ("error",)) is not None:
+        return 2, set()
+    raised = _ERROR_TYPE.match(failure.error)
+    error_type = raised.group(1) if raised else None
+    named = {t.lower(): t for t in _TOKEN.findall(failure.error) if t not in _BUILTIN_EXCEPTIONS}
+    best: set[str] = set()
+    for tokens, exceptions in evidence_branches(_evidence_text(rule)):
+        if exceptions and error_type not in exceptions:
+            continue              # this branch is about another exception
+        shared = {named[t] for t in tokens & named.keys() if df.get(t, 0) <= _DISTINCTIVE_DF and _identifier_like(named[t])}
+        if len(shared) > len(best):
+            best = shared
+    return (1, best) if best else None
 
 
 def closest_rule(failure: Failure) -> tuple[str, float] | None:
-    """Among the catalogue rules that share evidence with the failure (`_related`), the one whose
-    name + diagnosis share the rarest words with the error; None when no rule is related (a hint
-    with nothing in common with the failure misleads more than no hint). Words are weighted by how
-    few rules use them, so 'torch' counts for little, 'hccl' for much."""
+    """The catalogue rule whose evidence the failure really shares (`shared_evidence`): its pattern
+    found in the error, else the most distinctive identifiers in common; ties go to the rule whose
+    name + diagnosis share the rarest words with the error. None when no rule shares evidence (a
+    hint with nothing real in common with the failure misleads more than no hint)."""
     rules = [(rule, _words(f"{rule.name} {rule.diagnosis}")) for rule in CATALOGUE
              if rule.kind is not Kind.LLM and rule.name != OUT_OF_MEMORY]
-    df: dict[str, int] = {}
+    word_df: dict[str, int] = {}
     for _, words in rules:
         for w in words:
-            df[w] = df.get(w, 0) + 1
+            word_df[w] = word_df.get(w, 0) + 1
     error = _words(failure.error)
-    identifiers = set().union(*(_words(m.group(0)) for m in _IDENTIFIER.finditer(failure.error)
-                                if m.group(0) not in _BUILTIN_EXCEPTIONS))
+    df = _token_rules()
     best = None
     for rule, words in rules:
-        if not _related(rule, failure, error, identifiers):
+        evidence = shared_evidence(rule, failure, df)
+        if evidence is None:
             continue
-        shared = error & words
-        if not shared and (rule.evidence is None or failure.search(rule.evidence, rule.where) is None):
-            continue           # related by evidence words alone, nothing of what the rule is about
-        score = sum(math.log(len(rules) / df[w]) for w in shared) / math.sqrt(len(words))
-        if best is None or score > best[1]:
-            best = (rule.name, round(score, 2))
-    return best
+        score = sum(math.log(len(rules) / word_df[w]) for w in error & words) / math.sqrt(len(words))
+        key = (evidence[0], len(evidence[1]), score)
+        if best is None or key > best[0]:
+            best = (key, rule.name, round(score, 2))
+    return (best[1], best[2]) if best else None
 
 
 def explain_unknown(failure: Failure, n_lines: int = 8) -> dict:

@@ -103,19 +103,40 @@ def test_diagnose_of_unknown_failure_names_the_closest_rule(tmp_path):
     assert result["last_lines"] == ["step 1"]
 
 
-@pytest.mark.parametrize("error", [
-    "ZeroDivisionError: division by zero",                             # injected into infer.py
-    "RuntimeError: unreadable output: the run printed no token ids",   # was: closest tokenizer_without_pad_token
-    "ValueError: expected 4 token ids in the output, got 3",          # was: the same; 'expected … got' is no evidence
+UPSTREAM_GROUPS_ERROR = ("KeyError: \"Communication group 'moe_ep_group' not found. Available groups: "
+                         "['attn_tp_group', 'moe_tp_group', 'default_pg']\"")
+
+
+@pytest.mark.parametrize("error, before", [
+    ("ZeroDivisionError: division by zero", ""),                            # injected into infer.py
+    ("RuntimeError: unreadable output: the run printed no token ids", ""),  # was: closest tokenizer_without_pad_token
+    ("ValueError: expected 4 token ids in the output, got 3", ""),         # was: the same; 'expected … got' is no evidence
+    # the field's three (issue 41): a shared piece of an identifier ("attn") or a bash line elsewhere in the
+    # output is no evidence
+    ("NameError: name 'attn_outputs' is not defined. Did you mean: 'attn_output'?", ""),   # was: flash_attn_not_installed
+    (UPSTREAM_GROUPS_ERROR, ""),                                            # was: flash_attn_not_installed
+    ("IndexError: list index out of range", "/r/infer.sh: line 40: 1234 Killed  python infer.py\n"),  # was: shell_script_crlf
+    # unlisted variants of the same class
+    ("AttributeError: 'LlamaAttention' object has no attribute 'attn_impl'", ""),
+    ("KeyError: 'attn_tp_group'", ""),
+    ("TypeError: __init__() got an unexpected keyword argument 'foo'", ""),    # a dunder is no subsystem
+    ("IndexError: index 1 is out of bounds for dimension 0 with size 1", ""),  # numbers are no names
+    ("ValueError: npu_kv_rmsnorm_rope_cache_v2: cache_mode PA_NZ needs a contiguous cache", ""),  # was: rope_scaling_schema
+    ("torch._dynamo.exc.Unsupported: Dynamo cannot determine the equality comparison of an object", ""),  # was: dtype_…
+    ("RuntimeError: CUDA error: device-side assert triggered", ""),          # CUDA: in three rules, names none
+    ("ImportError: cannot import name 'foo' from 'torch.utils'", ""),        # was: torch_npu_backend_autoload_failed
+    ("KeyError: 'pad_token_id'", ""),       # a config key named like a rule's subject (was: tokenizer_without_pad_token)
+    ("AttributeError: 'GPT2Model' object has no attribute 'rope'", ""),     # a plain word the pattern writes RoPE
 ])
-def test_unrelated_unknown_failure_gets_no_closest_rule_hint(tmp_path, error):
-    """A "closest known rule" hint only where the rule shares evidence with the failure: an error
-    with only plain words (or a builtin exception's name) in common with a rule gets none."""
+def test_unrelated_unknown_failure_gets_no_closest_rule_hint(tmp_path, error, before):
+    """A "closest known rule" hint only where the rule shares evidence with the failure: its pattern in
+    the error, or a distinctive whole identifier of its pattern; an error with only plain words, a
+    builtin exception's name, a piece of an identifier or a line elsewhere in common with a rule gets none."""
     from agent.repair.diagnose import closest_rule, diagnose
 
     recipe = mini_recipe(tmp_path, {"id": "unrelated"})
     out = tmp_path / "output.txt"
-    out.write_text(f"step 1\nTraceback (most recent call last):\n  File \"{recipe}/infer.py\", line 12, in <module>\n"
+    out.write_text(f"step 1\n{before}Traceback (most recent call last):\n  File \"{recipe}/infer.py\", line 12, in <module>\n"
                    f"    main()\n{error}\n")
     result = diagnose(recipe, {"output_file": str(out)})
     assert result["rule"] is None and result["closest_rule"] is None, result
@@ -124,9 +145,13 @@ def test_unrelated_unknown_failure_gets_no_closest_rule_hint(tmp_path, error):
 
 
 @pytest.mark.parametrize("error, rule", [
-    ("KeyError: 'pad_token_id'", "tokenizer_without_pad_token"),          # an identifier the rule is about
-    ("RuntimeError: HCCL timeout on rank 1", "hccl_collective_timeout"),
+    ("RuntimeError: HcclAllreduce failed with EI0002", "hccl_collective_timeout"),    # an identifier of its pattern
+    ("RuntimeError: HCCL communicator destroyed on rank 1", "hccl_init_failed"),      # HCCL: its pattern's `hccl`
     ("AssertionError: Torch not compiled with CUDA enabled", "incidental_cuda_call"),   # its pattern matches
+    # a real near miss: flash_attn is installed but not the release the code imports from
+    ("ImportError: cannot import name 'flash_attn_func' from 'flash_attn' (/usr/lib/flash_attn/__init__.py)",
+     "flash_attn_not_installed"),
+    ("ValueError: 96 is not divisible by 7", "vocab_not_divisible_by_lmhead_tp"),      # its pattern, facts declined
 ])
 def test_related_unknown_failure_keeps_its_closest_rule_hint(tmp_path, error, rule):
     from agent.repair.diagnose import closest_rule
@@ -134,7 +159,31 @@ def test_related_unknown_failure_keeps_its_closest_rule_hint(tmp_path, error, ru
     recipe = mini_recipe(tmp_path, {"id": "related"})
     failure = Failure(recipe, output=f"Traceback (most recent call last):\n  File \"x.py\", line 3\n{error}\n",
                       error=error, location=None)
+    assert first_matching_rule(failure) is None
     assert closest_rule(failure)[0] == rule
+
+
+def test_a_branch_that_names_an_exception_type_needs_that_type(tmp_path):
+    """rope_scaling_schema's `KeyError: '(type|rope_type|…)'` is evidence for a KeyError, not for another
+    exception that names rope_type."""
+    from agent.repair.diagnose import closest_rule, evidence_branches
+
+    assert any(exceptions == {"KeyError"} and "rope_type" in tokens
+               for tokens, exceptions in evidence_branches(r"KeyError: '(type|rope_type)'|Unknown RoPE (\w+)"))
+    recipe = mini_recipe(tmp_path, {"id": "typed"})
+    other = "ValueError: rope_type is llama3 but the config lacks rope_theta"
+    assert closest_rule(Failure(recipe, output=other, error=other, location=None)) is None
+
+
+def test_evidence_branches_keep_identifiers_whole_and_skip_what_is_not_literal():
+    from agent.repair.diagnose import evidence_branches
+
+    branches = evidence_branches(r"No module named '(flash_attn[\w.]*)'|package flash_attn seems to be not installed")
+    assert [sorted(tokens) for tokens, _ in branches] == [
+        ["flash_attn", "module", "named", "no"], ["be", "flash_attn", "installed", "not", "package", "seems", "to"]]
+    # a negative lookahead is no evidence; an optional part is none either
+    [(tokens, _)] = evidence_branches(r"module 'torch_npu(?:\.npu)?' has no attribute '(?P<api>(?!npu_|_npu)\w+)'")
+    assert "npu_" not in tokens and "npu" not in tokens and "torch_npu" in tokens
 
 
 def test_incidental_npu_fix_keeps_line_endings_bom_and_mode(tmp_path):
