@@ -40,6 +40,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
 from engine import environment  # noqa: E402
+from engine.logging_utils import res_path  # noqa: E402
+from engine.safe_load import loads_json  # noqa: E402
 
 torch = environment.import_torch()
 
@@ -55,7 +57,6 @@ RENDER = """
 import json, sys, time
 t0 = time.perf_counter()
 from agent.workflow.run import run_migration
-from engine.safe_load import loads_json
 state = {"target": sys.argv[1], "output_dir": sys.argv[2], "name": sys.argv[3], "device": sys.argv[4],
          "max_new_tokens": int(sys.argv[5])}
 summary = run_migration(state, stop_after="render")
@@ -90,7 +91,9 @@ def load_runner(recipe: Path, exe_mode: str, device: str, new_tokens: int):
     settings["data_config"]["max_new_tokens"] = new_tokens
     model_setting.check_vars(settings)
     model_setting.update_vars(settings)
-    module = importlib.import_module(f"runner_{NAME}")
+    from agent.recipe.recipe import runner_files
+
+    module = importlib.import_module(runner_files(recipe)[0].stem)
     runner = next(obj for key, obj in vars(module).items() if key.endswith("Runner") and key != "ModelRunner")
     runner = runner(settings)
     runner.init_model()
@@ -99,7 +102,7 @@ def load_runner(recipe: Path, exe_mode: str, device: str, new_tokens: int):
     runner.eos_ids = runner.eos_ids[:0]
     # One line per forward goes to log_0.log (part of the recipe's cost); not to the terminal.
     for handler in list(runner.logger.handlers):
-        if not hasattr(handler, "baseFilename"):
+        if getattr(handler, "stream", None) in (sys.stdout, sys.stderr):
             runner.logger.removeHandler(handler)
     return runner
 
@@ -107,7 +110,7 @@ def load_runner(recipe: Path, exe_mode: str, device: str, new_tokens: int):
 class RecipeSystem:
     def __init__(self, label, runner, prompts):
         self.label, self.runner, self.prompts = label, runner, prompts
-        self.log = Path(runner.logger.handlers[0].baseFilename)
+        self.log = res_path(runner.model_name) / f"log_{runner.rank}.log"    # where the engine's logger writes
 
     def generate(self, n: int) -> list[int]:
         self.runner.max_new_tokens = n

@@ -32,13 +32,14 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
+from engine.safe_load import loads_json  # noqa: E402 - the repository on sys.path first
+
 FULL_DIMS = dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
                  num_key_value_heads=8, head_dim=64)
 NAME = "bench_qwen3"
 RENDER = """
 import json, sys
 from agent.workflow.run import run_migration
-from engine.safe_load import loads_json
 summary = run_migration({"target": sys.argv[1], "output_dir": sys.argv[2], "name": sys.argv[3], "device": "cpu",
                          "dtype": "bfloat16", "max_new_tokens": int(sys.argv[4])}, stop_after="render")
 print(json.dumps({"recipe_dir": summary["recipe_dir"]}))
