@@ -49,7 +49,7 @@ class Key:
 KEYS: tuple[Key, ...] = (
     Key("model_name", str, True, doc="recipe name: log prefix, runner_{model_name}.py"),
     Key("model_path", str, True, doc="checkpoint folder; a relative path is taken from the recipe folder"),
-    Key("model_source", str, False, doc="where the checkpoint came from (link or path), kept in the baseline"),
+    Key("model_source", str, False, doc="where the checkpoint came from (link or path); the baseline keeps a link, never a local path"),
     Key("exe_mode", str, True, "eager", ("eager", "graph"), "graph compiles the decode step"),
     Key("device", str, False, "auto", ("auto", "npu", "cuda", "cpu"), "auto: npu, else cuda, else cpu"),
     Key("world_size", int, True, defaults.WORLD_SIZE, doc="ranks torchrun starts (cards)"),

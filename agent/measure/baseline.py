@@ -19,6 +19,7 @@ import importlib
 import importlib.metadata
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -251,6 +252,30 @@ def _baseline_tree(out: Path, previous_dir: Optional[Path] = None, recipe_dir: O
 
 
 
+# what a baseline records as model_source for a checkpoint of this machine (upstream's checklist: "paths
+# use placeholders such as your_model_path, never a real local path")
+MODEL_SOURCE_PLACEHOLDER = "your_model_source"
+_HF_CACHE_SNAPSHOT = re.compile(r"(?:^|[/\\])models--([^/\\]+?)--([^/\\]+)[/\\]snapshots[/\\]([0-9a-f]{7,64})[/\\]?$")
+_LINK = re.compile(r"^[a-z][a-z0-9+.-]*://", re.I)
+
+
+def public_model_source(source: Optional[str]) -> Optional[str]:
+    """model_source as a tracked file may hold it: a hub link or id as given, the hub link of a hub cache's
+    snapshot folder, and for any other path of this machine the placeholder (what upstream's checklist
+    asks of YAML paths). None stays None."""
+    if source is None:
+        return None
+    text = str(source).strip()
+    cached = _HF_CACHE_SNAPSHOT.search(text)
+    if cached:
+        return f"https://huggingface.co/{cached.group(1)}/{cached.group(2)}/tree/{cached.group(3)}"
+    if _LINK.match(text):
+        return MODEL_SOURCE_PLACEHOLDER if text.lower().startswith("file:") else text
+    if not text or text.startswith(("/", ".", "~", "\\")) or re.match(r"^[A-Za-z]:[\\/]", text) or Path(text).exists():
+        return MODEL_SOURCE_PLACEHOLDER
+    return text
+
+
 def write_baseline(out: Path, baseline: dict, previous_dir: Optional[Path] = None,
                    recipe_dir: Optional[Path] = None) -> Optional[Path]:
     """Write ``baseline`` to ``out`` atomically, keeping the previous file (in ``previous_dir``, default
@@ -258,7 +283,11 @@ def write_baseline(out: Path, baseline: dict, previous_dir: Optional[Path] = Non
     product and performance sections are rewritten from the baseline (agent.recipe.readme).
 
     The only writer of baseline_metadata.json: the CLI writes what `collect` built, the workflow
-    what `with_verification` added to it."""
+    what `with_verification` added to it. Its model_source is never a path of this machine
+    (`public_model_source`)."""
+    model = baseline.get("model_config")
+    if isinstance(model, dict) and model.get("model_source") is not None:
+        baseline = {**baseline, "model_config": {**model, "model_source": public_model_source(model["model_source"])}}
     try:
         data = (json.dumps(baseline, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
         tree = _baseline_tree(out, previous_dir, recipe_dir)

@@ -5,8 +5,9 @@ The README is rendered before anything ran (agent/recipe/render.py), so these se
 .write_baseline) rewrites them from the baseline it writes (`refresh`). Both the template and the
 rewrite take their text from the functions here, so what the README says is only what a baseline
 records: the product line from an NPU run's environment (`npu_model`), never from a stand-in or a
-host run; the performance row from the baseline's own figures, labelled with the device they were
-measured on.
+host run; the performance row from an NPU baseline's own figures only: a stand-in or host run's
+timings are never shown as performance (the table says it is not measured on an NPU and which
+command fills it; the honest stand-in record stays in its baseline file).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from agent.recipe.fs_guard import user_tree
 
 NOT_RUN_ON_NPU = "尚未在 NPU 上运行（not yet run on an NPU）：本样例的产品型号支持待 NPU 实测后填写。"
+NOT_MEASURED_ON_NPU = "尚未在 NPU 上测量性能（not measured on an NPU）："
 PRODUCT_HEADING = "## 支持的产品型号"
 PERFORMANCE_HEADING = "## 性能基线"
 TABLE_HEAD = ("| 量化模式 | Global Batch Size | Seq Length (in/out) | 卡数 | TPOT (ms) | 吞吐 (tokens/s) |\n"
@@ -75,17 +77,21 @@ def performance_section(baseline: dict | None, baseline_file: str, settings: dic
     throughput = batch * 1000.0 / decode if isinstance(batch, int) and decode else None
     length = (f"≤{data.get('input_truncated_len', data.get('input_max_len', '—'))}/"
               f"{scheduler.get('max_new_tokens', data.get('max_new_tokens', '—'))}")
-    if ran_on_npu(baseline):
-        cards = f"{env.get('num_cards') or parallel.get('world_size') or 1}×{env['npu_model']}"
-        note = f"在 {env['npu_model']} 上采集（详见 `{baseline_file}`）。"
-    else:
-        ranks = (baseline.get("standin") or {}).get("world_size") or parallel.get("world_size") or 1
+    shown_batch = batch if batch is not None else "—"
+    if not ran_on_npu(baseline):
+        # a run off an NPU (the stand-in, a host) measured the host: never shown as performance
         host = env.get("device") or "host"
-        cards = f"0（{ranks} 进程，{host}）"
-        note = (f"尚未在 NPU 上运行：下表是在 {host} 上的验证运行所测的主机耗时，不代表 NPU 性能"
-                f"（详见 `{baseline_file}`）。")
-    note += precision_sentence(baseline)
-    row = f"| {dtype_label} | {batch if batch is not None else '—'} | {length} | {cards} | {_fmt(decode)} | {_fmt(throughput, 1)} |"
+        model = settings.get("model_config") if isinstance(settings.get("model_config"), dict) else {}
+        name = (baseline.get("model_config") or {}).get("model_name") or model.get("model_name") \
+            or settings.get("model_name") or "NAME"
+        note = (f"{NOT_MEASURED_ON_NPU}在 NPU 主机上运行 `migrator run models/{name}`（它执行推理并采集基线）后，"
+                f"由它填写下表。本样例在 {host} 上的验证运行记录在 `{baseline_file}`（主机耗时，不是 NPU 性能）。"
+                + precision_sentence(baseline))
+        row = f"| {dtype_label} | {shown_batch} | {length} | — | — | — |"
+        return f"{note}Seq Length 的输入为 YAML 的输入长度上限。\n\n{TABLE_HEAD}\n{row}"
+    cards = f"{env.get('num_cards') or parallel.get('world_size') or 1}×{env['npu_model']}"
+    note = f"在 {env['npu_model']} 上采集（详见 `{baseline_file}`）。" + precision_sentence(baseline)
+    row = f"| {dtype_label} | {shown_batch} | {length} | {cards} | {_fmt(decode)} | {_fmt(throughput, 1)} |"
     return f"{note}Seq Length 的输入为 YAML 的输入长度上限。\n\n{TABLE_HEAD}\n{row}"
 
 

@@ -92,8 +92,11 @@ def test_the_one_writer_names_a_standin_baseline_and_fills_the_readme(tmp_path):
     text = (recipe / "README.md").read_text()
     assert out.name == "baseline_metadata.standin.json" and not (out_dir / "baseline_metadata.json").exists()
     perf = text.split("## 性能基线\n", 1)[1].split("\n## ", 1)[0]
-    assert "| BF16 | 2 | ≤480/32 | 0（1 进程，cpu (npu stand-in)） | 4.00 | 500.0 |" in perf, perf
-    assert "尚未在 NPU 上运行" in perf and "agentic/baseline/baseline_metadata.standin.json" in perf
+    # stand-in timings are never shown as performance: the row keeps the YAML's batch and lengths only
+    assert "| BF16 | 2 | ≤480/32 | — | — | — |" in perf, perf
+    assert "4.00" not in perf and "500.0" not in perf
+    assert perf.strip().startswith("尚未在 NPU 上测量性能（not measured on an NPU）") and "`migrator run models/m`" in perf
+    assert "agentic/baseline/baseline_metadata.standin.json" in perf     # the honest stand-in record, named
     assert "精度" not in perf                                   # no parity recorded: no precision claim
     assert "Atlas" not in text and text.endswith("## 附录\n\nkept\n")
     # an NPU baseline: the product line and its figures
@@ -111,6 +114,27 @@ def test_the_one_writer_names_a_standin_baseline_and_fills_the_readme(tmp_path):
     before = (recipe / "README.md").read_bytes()
     bl.write_baseline(out_dir / "baseline_metadata.json", _baseline("npu", "Ascend910_9391", 1.0, False))
     assert (recipe / "README.md").read_bytes() == before
+
+
+@pytest.mark.parametrize("source, recorded", [
+    ("/data/checkpoints/qwen3", "your_model_source"),                      # a local folder: the placeholder
+    ("./ck/qwen3", "your_model_source"),
+    ("file:///data/checkpoints/qwen3", "your_model_source"),
+    ("https://huggingface.co/Qwen/Qwen3-8B", "https://huggingface.co/Qwen/Qwen3-8B"),
+    ("Qwen/Qwen3-8B", "Qwen/Qwen3-8B"),
+    ("/home/u/.cache/huggingface/hub/models--Qwen--Qwen3-8B/snapshots/9c925d64d72725edaf899c6cb9c377fd0709d9c5",
+     "https://huggingface.co/Qwen/Qwen3-8B/tree/9c925d64d72725edaf899c6cb9c377fd0709d9c5"),   # a hub cache: its link
+])
+def test_a_written_baseline_names_no_path_of_this_machine(tmp_path, source, recorded):
+    """The framework recipe's tracked agentic/baseline/*.json held the local checkpoint path as model_source:
+    the one writer of baselines records the hub link or a placeholder (upstream's checklist rule for paths)."""
+    recipe = _recipe(tmp_path)
+    out = recipe / "agentic" / "baseline" / "baseline_metadata.standin.json"
+    standin = _baseline("cpu (npu stand-in)", None, 4.0, True)
+    standin["model_config"] = {"model_name": "m", "model_source": source}
+    bl.write_baseline(out, standin, recipe_dir=recipe)
+    assert json.loads(out.read_text())["model_config"] == {"model_name": "m", "model_source": recorded}
+    assert standin["model_config"]["model_source"] == source            # the caller's record is not changed
 
 
 def test_one_previous_baseline_is_kept_where_it_is_told(tmp_path):
@@ -160,8 +184,8 @@ def test_a_checkout_after_a_migration_and_after_an_exit_4_run_shows_only_the_rec
 @pytest.mark.slow
 def test_a_standin_run_of_a_framework_recipe_records_itself_as_one(tmp_path):
     """`migrator standin -- migrator run CKPT` into a checkout, then `migrator baseline RECIPE`: the
-    baseline is the .standin.json one, the README says it has not run on an NPU and its table holds the
-    baseline's figures, the previous baseline is kept once under the ignored res/, and the checkout
+    baseline is the .standin.json one (its model_source no path of this machine), the README says it has
+    not run on an NPU and its table shows no stand-in timing as performance, the previous baseline is kept once under the ignored res/, and the checkout
     shows only the recipe and the registry line."""
     from agent.measure import reference as upstream
     from upstream_checkout import copy_checkout
@@ -179,8 +203,12 @@ def test_a_standin_run_of_a_framework_recipe_records_itself_as_one(tmp_path):
     first = json.loads(out.read_text())
     text = (recipe / "README.md").read_text()
     perf = text.split("## 性能基线\n", 1)[1].split("\n## ", 1)[0]
-    assert f"| {first['performance']['decode_avg_ms']:.2f} |" in perf and "尚无基线" not in perf, perf
+    assert f"{first['performance']['decode_avg_ms']:.2f}" not in perf and "尚无基线" not in perf, perf
+    assert "尚未在 NPU 上测量性能" in perf and "| — | — | — |" in perf
     assert "尚未在 NPU 上运行" in text and "Atlas" not in text
+    # the tracked baseline names no path of this machine: the checkpoint was a local folder
+    assert first["model_config"]["model_source"] == "your_model_source"
+    assert str(tmp_path) not in out.read_text()
     assert "Agent Skills 完成迁移与优化" not in text
     for written in (recipe / "README.md", out):              # upstream's trailing-whitespace / end-of-file hooks
         body = written.read_text()
@@ -200,7 +228,7 @@ def test_a_standin_run_of_a_framework_recipe_records_itself_as_one(tmp_path):
     second = json.loads(out.read_text())
     assert second["timestamp"] != first["timestamp"] or second["performance"] != first["performance"]
     perf = (recipe / "README.md").read_text().split("## 性能基线\n", 1)[1].split("\n## ", 1)[0]
-    assert f"| {second['performance']['decode_avg_ms']:.2f} |" in perf, perf
+    assert f"{second['performance']['decode_avg_ms']:.2f}" not in perf and "尚未在 NPU 上测量性能" in perf, perf
     assert sorted(p.name for p in out.parent.iterdir()) == ["baseline_metadata.standin.json"]
     assert (recipe / "res" / ".migrator" / "baseline_metadata.standin.previous.json").is_file()
     _only_recipe_and_registry(_ignored_status(checkout), "sr_llama")
