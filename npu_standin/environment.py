@@ -131,6 +131,7 @@ def probe_real_torch_npu(python: str | None = None, timeout: float | None = None
     shadows a working torch_npu. Skipped (absent) when this interpreter has no torch_npu at all."""
     if python is None and importlib.util.find_spec("torch_npu") is None:
         return {"status": "absent", "devices": 0, "detail": "torch_npu is not installed"}
+    from agent.child_failure import child_failure
     from engine.backends.npu import import_blocks, import_timeout_s
 
     if python is None:
@@ -150,8 +151,7 @@ def probe_real_torch_npu(python: str | None = None, timeout: float | None = None
     except (OSError, subprocess.TimeoutExpired) as exc:
         return {"status": "broken", "devices": 0, "detail": f"probe did not finish: {exc}"}
     if proc.returncode != 0:
-        lines = [line for line in (proc.stderr or "").strip().splitlines() if line.strip()]
-        detail = lines[-1] if lines else f"exit code {proc.returncode}"
+        detail = child_failure(proc.stderr or "", proc.returncode)
         if "No module named 'torch_npu'" in detail:
             return {"status": "absent", "devices": 0, "detail": "torch_npu is not installed"}
         return {"status": "broken", "devices": 0, "detail": detail[:300]}

@@ -30,7 +30,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from engine.safe_load import load_json  # noqa: E402 - the repository on sys.path first
+from agent.child_failure import child_failure  # noqa: E402 - the repository on sys.path first
+from engine.safe_load import load_json  # noqa: E402
 
 
 def all_types() -> list[str]:
@@ -97,8 +98,8 @@ def derive_in_child(model_type: str, folder: Path) -> dict:
         return {"type": model_type, "result": "fell back", "kind": "derive",
                 "reason": f"derive took over {DERIVE_TIMEOUT_S} s"}
     if proc.returncode != 0 or not out.is_file():
-        last = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1][:160]
-        return {"type": model_type, "result": "fell back", "kind": "derive", "reason": last}
+        why = child_failure(proc.stderr, proc.returncode, no_answer=f"it wrote no {out.name}")
+        return {"type": model_type, "result": "fell back", "kind": "derive", "reason": why}
     return load_json(out)
 
 

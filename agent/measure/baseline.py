@@ -340,6 +340,9 @@ def with_verification(baseline: dict, parity: dict) -> dict:
         verification["output_check"] = dict(
             verification.get("output_check") or {}, ok=None,
             skipped="untrained weights: text checks skipped" + (", parity used" if parity.get("checked") else ""))
+    elif parity.get("empty_output") and (verification.get("output_check") or {}).get("ok") is False:
+        # transformers' own greedy text on the same prompt is empty too: no text to judge, the model writes none
+        verification["output_check"] = dict(verification["output_check"], ok=None, skipped=parity["empty_output"])
     return baseline
 
 

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from agent.child_failure import child_failure
 from agent.errors import InputError
 from agent.records import MemoryEstimate
 from agent.recipe.parallel import plan_patterns
@@ -229,8 +230,8 @@ def ask_accelerate() -> dict:
         if lines:
             answer = loads_json(lines[-1][len("MEMORY "):])
         else:
-            tail = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
-            answer = {"error": f"the query process printed no answer ({tail[:200]})"}
+            why = child_failure(proc.stderr, proc.returncode, no_answer="it printed no MEMORY line")
+            answer = {"error": f"the query process printed no answer ({why})"}
     except subprocess.TimeoutExpired:
         answer = {"error": f"no answer within {ACCELERATE_TIMEOUT_S} s"}
     except (OSError, ValueError) as exc:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from agent.recipe.shrink import shrink_config
 from agent.recipe.targets import state_dir
+from agent.child_failure import child_failure, one_line
 from agent.processes import owned_temp_prefix, run_tree, stop_leftovers
 from agent.recipe.recipe import Recipe, runner_files
 from engine.config import load_runner_settings
@@ -59,7 +60,8 @@ def run_parity(recipe: Recipe, tokens: int = 16, timeout: int = 900, trust_remot
         stdout, stderr = out.read(), err_file.read()
     lines = stdout.strip().splitlines()
     if tree.returncode != 0 or not lines:
-        err = "timed out" if tree.timed_out else (stderr.strip().splitlines() or ["no output"])[-1]
+        err = child_failure(stderr, tree.returncode, timed_out=tree.timed_out, timeout_s=timeout,
+                            no_answer="it printed no verdict")
         return {"ok": False, "checked": False, "reason": f"parity check could not run: {err}"}
     return loads_json(lines[-1])
 
@@ -142,7 +144,7 @@ def shrunk_reference(model_path: Path, overrides: dict, remote: bool, tiny: Path
     from transformers import AutoConfig, AutoModelForCausalLM
 
     for item in model_path.iterdir():   # tokenizer, generation config, the repo's own code
-        if item.is_file() and not item.name.endswith((".safetensors", ".bin", ".index.json", ".pt", ".pth")):
+        if _copied_to_shrunk(item):
             shutil.copy(item, tiny / item.name)
     original = load_json((model_path / "config.json"))
     # Fewer layers first; a config whose layer counts a cut breaks keeps them all (widths only).
@@ -168,60 +170,93 @@ def shrunk_reference(model_path: Path, overrides: dict, remote: bool, tiny: Path
                   "reason": f"transformers cannot build the shrunk config: {type(error).__name__}: {error}"[:300]}
 
 
+STAGE_NOTE = "parity stage: "      # an exception's note naming what the check was doing when it was raised
+
+
 def check_code(recipe_dir: Path, settings: dict, tokens: int, prompt: str | None, remote: bool) -> dict:
-    """Vendored code vs transformers on a shrunk config, fp32, random weights (size-independent)."""
+    """Vendored code vs transformers on a shrunk config, fp32, random weights (size-independent).
+    A failure is raised with a note of the stage it happened in; a check whose temporary copy lost its
+    files while it ran (another process removed them) did not run, and says so."""
+    with tempfile.TemporaryDirectory(prefix=owned_temp_prefix("parity_code")) as tmp:
+        stage = ["building transformers' model on a shrunk config"]
+        try:
+            return _check_code(recipe_dir, settings, tokens, prompt, remote, Path(tmp), stage)
+        except Exception as exc:
+            lost = lost_inputs(Path(settings["model_path"]), Path(tmp))
+            if lost:
+                return {"ok": None, "checked": False,
+                        "reason": one_line(f"did not run: its temporary copy of the checkpoint lost {', '.join(lost[:4])} "
+                                           f"while {stage[0]} (another process removed them; run it again): "
+                                           f"{type(exc).__name__}: {exc}")}
+            exc.add_note(STAGE_NOTE + stage[0])
+            raise
+
+
+def lost_inputs(model_path: Path, tiny: Path) -> list[str]:
+    """The files the shrunk copy took from the checkpoint (tokenizer, configs) that are no longer in it."""
+    copied = [item.name for item in model_path.iterdir() if _copied_to_shrunk(item)] if model_path.is_dir() else []
+    return sorted(name for name in copied + ["config.json"] if not (tiny / name).is_file())
+
+
+def _copied_to_shrunk(item: Path) -> bool:
+    return item.is_file() and not item.name.endswith((".safetensors", ".bin", ".index.json", ".pt", ".pth"))
+
+
+def _check_code(recipe_dir: Path, settings: dict, tokens: int, prompt: str | None, remote: bool, tmp: Path,
+                stage: list[str]) -> dict:
     import torch
     from transformers import GenerationConfig
 
-    with tempfile.TemporaryDirectory(prefix=owned_temp_prefix("parity_code")) as tmp:
-        reference, shrunk = shrunk_reference(Path(settings["model_path"]),
-                                             settings["model_config"].get("config_overrides", {}), remote, Path(tmp))
-        if reference is None:
-            return shrunk
-        tiny_settings = copy.deepcopy(settings)
-        tiny_settings["model_path"] = tmp
-        tiny_settings["world_size"] = 1
-        tiny_settings["model_config"]["dtype"] = "float32"
-        # key_mapping stays: the reference class saves these weights under the names the checkpoint has.
-        tiny_settings["model_config"]["config_overrides"] = {}
-        data = tiny_settings["data_config"]
-        data["input_max_len"] = max(1, min(data["input_max_len"], data["input_max_len"] + data["max_new_tokens"] - tokens))
-        data["max_new_tokens"] = tokens
-        runner = _runner(recipe_dir, tiny_settings)
-        reference = reference.to(runner.device).eval()
-        reference.config._attn_implementation = runner.attn_implementation   # noqa: SLF001 - same kernels on both sides
-        prompt = prompt or DEFAULT_PROMPT
-        inputs = runner.tokenizer([prompt], return_tensors="pt").to(runner.device)
+    reference, shrunk = shrunk_reference(Path(settings["model_path"]),
+                                         settings["model_config"].get("config_overrides", {}), remote, tmp)
+    if reference is None:
+        return shrunk
+    tiny_settings = copy.deepcopy(settings)
+    tiny_settings["model_path"] = str(tmp)
+    tiny_settings["world_size"] = 1
+    tiny_settings["model_config"]["dtype"] = "float32"
+    # key_mapping stays: the reference class saves these weights under the names the checkpoint has.
+    tiny_settings["model_config"]["config_overrides"] = {}
+    data = tiny_settings["data_config"]
+    data["input_max_len"] = max(1, min(data["input_max_len"], data["input_max_len"] + data["max_new_tokens"] - tokens))
+    data["max_new_tokens"] = tokens
+    stage[0] = "loading the recipe's model and tokenizer from the shrunk copy"
+    runner = _runner(recipe_dir, tiny_settings)
+    reference = reference.to(runner.device).eval()
+    reference.config._attn_implementation = runner.attn_implementation   # noqa: SLF001 - same kernels on both sides
+    prompt = prompt or DEFAULT_PROMPT
+    stage[0] = "running the recipe's model on the prompt"
+    inputs = runner.tokenizer([prompt], return_tensors="pt").to(runner.device)
+    with torch.inference_mode():
+        ours = runner.model(**inputs).logits.float()
+    try:
         with torch.inference_mode():
-            ours = runner.model(**inputs).logits.float()
-        try:
-            with torch.inference_mode():
-                theirs = reference(**inputs).logits.float()
-        except Exception as exc:  # noqa: BLE001 - transformers itself cannot run it: nothing to compare
-            return {"ok": None, "checked": False, "shrunk": shrunk, "reason": _reference_failed("run", exc)}
-        max_abs_diff = (ours - theirs).abs().max().item()
-        runner.model_generate([prompt])
-        our_tokens = runner.last_generate_ids[0].tolist()
-        gen_config = GenerationConfig(do_sample=False, max_new_tokens=tokens, eos_token_id=runner.eos_token_ids() or None,
-                                      pad_token_id=runner.tokenizer.pad_token_id)
-        try:
-            with torch.inference_mode():
-                generated = reference.generate(**inputs, generation_config=gen_config)
-        except Exception as exc:  # noqa: BLE001 - as above: transformers' own generate fails here
-            return {"ok": None, "checked": False, "shrunk": shrunk, "max_abs_logits_diff": max_abs_diff,
-                    "reason": _reference_failed("generate", exc)}
-        their_tokens = generated[0, inputs["input_ids"].shape[1]:].tolist()
-        tokens_equal = our_tokens == their_tokens
-        return {"ok": max_abs_diff <= LOGITS_TOLERANCE and tokens_equal, "checked": True, "dtype": "float32",
-                "shrunk": shrunk, "reference": f"transformers {reference.__class__.__name__}",
-                "max_abs_logits_diff": max_abs_diff, "tolerance": LOGITS_TOLERANCE,
-                "greedy_tokens": len(our_tokens), "greedy_tokens_equal": tokens_equal,
-                "recipe_tokens": our_tokens, "reference_tokens": their_tokens}
+            theirs = reference(**inputs).logits.float()
+    except Exception as exc:  # noqa: BLE001 - transformers itself cannot run it: nothing to compare
+        return {"ok": None, "checked": False, "shrunk": shrunk, "reason": _reference_failed("run", exc)}
+    max_abs_diff = (ours - theirs).abs().max().item()
+    stage[0] = "the recipe's greedy generation"
+    runner.model_generate([prompt])
+    our_tokens = runner.last_generate_ids[0].tolist()
+    gen_config = GenerationConfig(do_sample=False, max_new_tokens=tokens, eos_token_id=runner.eos_token_ids() or None,
+                                  pad_token_id=runner.tokenizer.pad_token_id)
+    try:
+        with torch.inference_mode():
+            generated = reference.generate(**inputs, generation_config=gen_config)
+    except Exception as exc:  # noqa: BLE001 - as above: transformers' own generate fails here
+        return {"ok": None, "checked": False, "shrunk": shrunk, "max_abs_logits_diff": max_abs_diff,
+                "reason": _reference_failed("generate", exc)}
+    their_tokens = generated[0, inputs["input_ids"].shape[1]:].tolist()
+    tokens_equal = our_tokens == their_tokens
+    return {"ok": max_abs_diff <= LOGITS_TOLERANCE and tokens_equal, "checked": True, "dtype": "float32",
+            "shrunk": shrunk, "reference": f"transformers {reference.__class__.__name__}",
+            "max_abs_logits_diff": max_abs_diff, "tolerance": LOGITS_TOLERANCE,
+            "greedy_tokens": len(our_tokens), "greedy_tokens_equal": tokens_equal,
+            "recipe_tokens": our_tokens, "reference_tokens": their_tokens}
 
 
 def _reference_failed(what: str, exc: Exception) -> str:
-    return (f"the reference (transformers) fails to {what} on this checkpoint: {type(exc).__name__}: "
-            f"{(str(exc).splitlines() or [''])[0][:200]}")
+    return one_line(f"the reference (transformers) fails to {what} on this checkpoint: {type(exc).__name__}: {exc}")
 
 
 # Random weights predict the prompt no better than chance (or worse: random logits are peaked);
@@ -287,14 +322,17 @@ def _raised_by_transformers(exc: BaseException) -> bool:
 
 
 def transformers_failed(exc: Exception, what: str = "config", dump: Path | None = None) -> dict | None:
-    """A check that failed inside transformers (it cannot build or run this config / checkpoint): no
-    verdict, one line naming its error, and whether the weights are untrained judged from the
-    recipe's own run (the trial run's dump), which needs no reference. None: not transformers' failure."""
+    """A check that failed inside transformers on this config / checkpoint: no verdict, one line naming
+    the stage it was in (the note check_code added) and transformers' whole error, and whether the weights
+    are untrained judged from the recipe's own run (the trial run's dump), which needs no reference.
+    None: not transformers' failure."""
     if not _raised_by_transformers(exc):
         return None
-    first = (str(exc).splitlines() or [""])[0][:200]
+    stage = next((note[len(STAGE_NOTE):] for note in getattr(exc, "__notes__", ()) if note.startswith(STAGE_NOTE)),
+                 None)
     return {"ok": None, "checked": False, "reference": None,
-            "reason": f"transformers cannot build or run this {what}: {type(exc).__name__}: {first}",
+            "reason": one_line(f"did not run: transformers failed on this {what}" + (f" while {stage}" if stage else "")
+                               + f": {type(exc).__name__}: {exc}"),
             **dump_nll(dump)}
 
 

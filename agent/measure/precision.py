@@ -43,8 +43,10 @@ NOISE_FACTOR times transformers' own relative move of that layer's hidden states
 never below LAYER_FLOOR[dtype].
 
 A failure names the first failing step (rank, request, prefill or decode step k) and the first
-decoder layer at that step whose hidden states are beyond their tolerance. An empty output never
-passes. `closest` is the step that came nearest its tolerance (error / tolerance).
+decoder layer at that step whose hidden states are beyond their tolerance. An empty output (its tokens
+decode to whitespace or nothing) fails where transformers' own greedy text on the same prompt (its
+float32 argmax at every step) is not empty; where that is empty too, the model itself writes nothing
+(untrained weights) and the verdict says so in one line (`empty_output`). `closest` is the step that came nearest its tolerance (error / tolerance).
 
 Runs as `python -m agent.measure.precision --record DIR --checkpoint C` (one JSON object on stdout)
 in the interpreter with the recipe's transformers; `check(...)` starts it as one process tree.
@@ -155,6 +157,16 @@ def requests_of(calls: list[dict], rank: int, eos: set[int]) -> tuple[list[Reque
     decoded = True
     problems: list[str] = []
     for call in calls:
+        if call["phase"] == "prefill" and generations and _recomputed(generations[-1], call):
+            decoded = True      # a model without a KV cache: each decode step runs the whole sequence again
+            for (ids, token_rows), b in zip(_prefill_rows(call), range(call["rows"])):
+                request = next(r for r in generations[-1] if _continues(r, ids))
+                request.steps[-1].fed = ids[-1]
+                layers = None
+                if call.get("layers") and all(t.shape[0] > token_rows[-1] for t in call["layers"]):
+                    layers = [t[token_rows[-1]:token_rows[-1] + 1] for t in call["layers"]]
+                request.steps.append(Step("decode", call["logits"][b], layers))
+            continue
         if call["phase"] == "prefill":
             if decoded:
                 generations.append([])
@@ -182,6 +194,19 @@ def requests_of(calls: list[dict], rank: int, eos: set[int]) -> tuple[list[Reque
             if len(active) > call["rows"]:
                 problems.append(f"rank {rank}: a decode call with {call['rows']} rows for {len(active)} unfinished requests")
     return (generations[-1] if generations else []), problems
+
+
+def _continues(request: Request, ids: list[int]) -> bool:
+    """`ids` is the request's sequence so far with one more token fed: its next step, run whole."""
+    return not request.finished and bool(request.steps) and len(ids) == len(request.prompt) + len(request.steps) \
+        and ids[:-1] == request.prompt + request.tokens[:-1]
+
+
+def _recomputed(requests: list[Request], call: dict) -> bool:
+    """Every row of a prefill call continues an unfinished request of the generation: the next decode step of
+    a model that keeps no KV cache (OpenAI GPT), which runs the whole sequence each step."""
+    rows = _prefill_rows(call)[:call["rows"]]
+    return bool(rows) and all(any(_continues(r, ids) for r in requests) for ids, _ in rows)
 
 
 def _decode_order(requests: list[Request], active: list[Request], ids: list[int], rows: int) -> list[Request]:
@@ -298,8 +323,9 @@ class Reference:
         import torch
 
         captured: list = []
+        # a layer returns its hidden states, or a tuple / list (OpenAI GPT's blocks) with them first
         hooks = [layer.register_forward_hook(lambda m, a, out: captured.append(
-            (out[0] if isinstance(out, tuple) else out).detach().float()[0])) for layer in self.layers]
+            (out[0] if isinstance(out, (tuple, list)) else out).detach().float()[0])) for layer in self.layers]
         self.routing.forced, self.routing.seen = dict(forced or {}), {}
         hooks += self.routing.hooks()
         try:
@@ -471,9 +497,14 @@ def judge_request(request: Request, exact: Reference | Replayed, rounded: Refere
         gap, allowed = ties[(layer, p)]
         taken.append({"layer": layer, "position": p, "float32_gap": round(gap, 6), "tolerance": round(allowed, 6)})
     text = decode_text(tokens)
+    # transformers' own greedy text on the same prompt: its float32 argmax at every step (the recipe's tokens
+    # where they are those, which is every step but a tie's)
+    reference_text = decode_text([step["reference_argmax_float32"] for step in steps])
+    empty, writes_nothing = not text.strip(), not reference_text.strip()
     result = {"rank": request.rank, "request": request.index, "prompt_tokens": len(prompt), "tokens": len(tokens),
-              "text": text, "empty": not text.strip(), "steps": steps, "first_failure": first,
-              "ok": first is None and bool(text.strip())}
+              "text": text, "empty": empty, "reference_text": reference_text, "steps": steps, "first_failure": first,
+              # an empty output fails only where transformers' own writes something: else the model writes nothing
+              "ok": first is None and (not empty or writes_nothing)}
     if taken:
         result["routing_ties"] = taken
     if budget_spent and first is not None:
@@ -561,7 +592,7 @@ def verify_record(record_dir: Path, checkpoint: Path, dtype: str | None = None, 
     calls = {rank: found for rank, found in calls.items() if found}
     base = {"ok": False, "checked": False, "method": "precision, per step, teacher-forced", "rule": RULE}
     if not calls:
-        return {**base, "reason": f"the recipe's processes left no precision record in {record_dir}"}
+        return {**base, "reason": saw_no_model_call(record_dir)}
     dtype = dtype or next((c.get("dtype") for found in calls.values() for c in found if c.get("dtype")), "float32")
     tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
     model = Reference(checkpoint, "float32", overrides or {}, trust_remote_code)
@@ -643,6 +674,9 @@ def verify_record(record_dir: Path, checkpoint: Path, dtype: str | None = None, 
     if differing:
         problems.append(f"the text logged for {', '.join(differing[:3])} is not the text of the tokens its steps "
                         "computed")
+    silent = [r for r in results if r["empty"] and r["ok"]]
+    if silent:
+        summary["empty_output"] = writes_nothing_line(silent)
     if problems:
         summary["ok"] = False
         summary["reason"] = "; ".join(problems[:3])
@@ -674,11 +708,19 @@ def prompt_nll(exact: Reference, tokenizer) -> dict:
     return nll(logits, ids)
 
 
+def writes_nothing_line(silent: list[dict]) -> str:
+    """The one line a report gives a run whose empty output is the model's own (see judge_request)."""
+    where = ", ".join(f"rank {r['rank']} request {r['request']}" for r in silent[:3])
+    return (f"the model itself writes nothing here ({where}): its greedy tokens decode to empty text, and so do "
+            "transformers' own on the same prompt (untrained weights write special tokens only)")
+
+
 def failure_reason(failed: dict, dtype: str) -> str:
     where = f"(rank {failed['rank']}, request {failed['request']})"
     first = failed["first_failure"]
     if first is None:
-        return f"the recipe's output is empty {where}"
+        return (f"the recipe's output is empty {where}, though transformers' own greedy text on the same prompt is "
+                f"{failed.get('reference_text', '')[:80]!r}")
     what = []
     if not first["token_ok"]:
         what.append(f"its token {first['token']} is not transformers' argmax on the same prefix "
@@ -711,6 +753,18 @@ def record_dir(run_dir: Path) -> Path:
     return Path(run_dir) / "precision"
 
 
+def recorded(record_dir: Path) -> bool:
+    """The probe wrote at least one call of the model in `record_dir`."""
+    return Path(record_dir).is_dir() and any(Path(record_dir).glob("rank_*/call_*.pt"))
+
+
+def saw_no_model_call(record_dir: Path) -> str:
+    """The verdict's reason for a run whose record the probe did not write (the one wording of it)."""
+    what = "is empty" if Path(record_dir).is_dir() else "was not written"
+    return (f"the probe saw no model call: the run's precision record {record_dir} {what} (the recipe's processes "
+            "never called a model the probe knows as a causal LM, or never reached their model)")
+
+
 def probe_env(env: dict, run_dir: Path) -> dict:
     """`env` with the probe installed (its sitecustomize first on PYTHONPATH; it runs the one it
     shadows, the npu stand-in's among them) and recording into the run folder."""
@@ -727,8 +781,12 @@ def check(record_dir: Path, checkpoint: Path, *, python: str | None = None, dtyp
     """`verify_record` in `python` (default: this interpreter), as one process tree the migrator owns
     (stopped with it on SIGINT / SIGTERM or the timeout). `pids_file`: its pids, kept in the recipe
     `pids_root`."""
+    from agent.child_failure import child_failure
     from agent.processes import owned_temp_prefix, run_tree, stop_leftovers
 
+    if not recorded(record_dir):       # nothing to hold to transformers: a verdict, no child started
+        return {"ok": False, "checked": False, "method": "precision, per step, teacher-forced", "rule": RULE,
+                "reason": saw_no_model_call(record_dir)}
     root = str(Path(__file__).resolve().parents[2])
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("NPU_STANDIN") and k not in (RECORD_ENV, "RANK", "WORLD_SIZE", "LOCAL_RANK")}
@@ -756,9 +814,11 @@ def check(record_dir: Path, checkpoint: Path, *, python: str | None = None, dtyp
         stderr = err.read()
         text = answer.read_text() if answer.is_file() else ""
     if tree.returncode != 0 or not text:
-        why = "timed out" if tree.timed_out else (stderr.strip().splitlines() or ["no output"])[-1]
+        why = child_failure(stderr, tree.returncode, timed_out=tree.timed_out, timeout_s=timeout,
+                            no_answer=f"its verdict ({answer}) is not there: its temporary folder was removed while it "
+                                      "ran")
         return {"ok": False, "checked": False, "method": "precision, per step, teacher-forced",
-                "reason": f"the precision check could not run: {why[:300]}"}
+                "reason": f"the precision check could not run: {why}"}
     result = loads_json(text)
     if random_weights:
         result["untrained_weights"] = True

@@ -18,8 +18,9 @@ Where the calls are seen:
   that module is imported): every prefill and decode call, eager or compiled (graph mode's decode runs
   a compiled function whose inside no hook sees: its logits are taken from what `inference` returns);
   the warm-up (`forward_metadata.is_warm_up`) and MTP calls are skipped;
-* anything else (this tool's engine, a ModelRunner recipe): the first `*ForCausalLM` module called,
-  by forward hooks; calls with `use_cache=False` (a full-prompt forward after the run) are skipped.
+* anything else (this tool's engine, a ModelRunner recipe): the first causal-LM module called
+  (`is_language_model`: `*ForCausalLM`, `*LMHeadModel` such as GPT-2's, or any class transformers
+  generates with), by forward hooks; calls with `use_cache=False` (a full-prompt forward after the run) are skipped.
 Decoder layers (the ModuleList of `config.num_hidden_layers` modules) are hooked in both cases; inside
 a compiled region the hooks do nothing, so a compiled decode step has logits and no layers.
 """
@@ -128,8 +129,23 @@ def _wrap_inference(inference):
 
 
 # ---- the model and its layers ---------------------------------------------------------------
+# what a causal LM's class is named, old and new (GPT2LMHeadModel, CTRLLMHeadModel, XLMWithLMHeadModel)
+LM_CLASS_ENDINGS = ("ForCausalLM", "LMHeadModel", "WithLMHead")
+_lm_classes: dict[type, bool] = {}
+
+
+def is_language_model(cls: type) -> bool:
+    """A class whose call is the model's step: named as a causal LM is, or one transformers can generate with
+    (GenerationMixin among its bases: GPT2LMHeadModel, an image-text model's ForConditionalGeneration)."""
+    known = _lm_classes.get(cls)
+    if known is None:
+        known = _lm_classes[cls] = cls.__name__.endswith(LM_CLASS_ENDINGS) or \
+            any(base.__name__ == "GenerationMixin" for base in cls.__mro__[1:])
+    return known
+
+
 def _find_model(module, args):
-    if _compiling() or id(module) in _state["models"] or not type(module).__name__.endswith("ForCausalLM"):
+    if _compiling() or id(module) in _state["models"] or not is_language_model(type(module)):
         return None
     _state["models"].add(id(module))
     if len(_state["models"]) > 1:      # a draft / MTP model: the main model is the first one called

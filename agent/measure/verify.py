@@ -90,6 +90,26 @@ def problems(baseline: Baseline) -> list[str]:
     return found
 
 
+CODE_CHECK = "the code check (the vendored code against transformers on a shrunk config)"
+
+
+def not_checked(baseline: Baseline) -> list[str]:
+    """The checks that gave no verdict (ok: null), one phrase each with why: a run that says ok names them.
+    An output text not judged because a passing precision check held every step is no gap."""
+    verification = baseline["verification"]
+    parity = verification.get("parity") or {}
+    found = []
+    if parity and parity.get("ok") is None:
+        found.append(f"{parity.get('method') or 'the precision check'}: {parity.get('reason') or 'no reason given'}")
+    code = parity.get("code") or {}
+    if code and code.get("ok") is None:
+        found.append(f"{CODE_CHECK}: {code.get('reason') or 'no reason given'}")
+    output_check = verification.get("output_check") or {}
+    if output_check.get("ok") is None and output_check and parity.get("ok") is not True:
+        found.append(f"the output text: {output_check.get('skipped') or 'not judged'}")
+    return found
+
+
 def abnormal_output_run(run: Run, baseline: Baseline, recipe_dir: Path) -> Run | None:
     """Abnormal text from trained weights goes back to diagnosis like a failed run: the run again,
     labelled `verify`, its evidence with an OutputCheckError line (written in the run's folder of the

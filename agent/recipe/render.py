@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from agent.child_failure import child_failure
 from agent.errors import InputError, VendorError
 from agent.recipe.fs_guard import user_tree
 from agent.recipe.requirements import recipe_requirements
@@ -108,7 +109,7 @@ def check_parses(paths: list[Path]) -> None:
             elif path.suffix == ".sh":
                 proc = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
                 if proc.returncode != 0:
-                    raise ValueError(proc.stderr.strip().splitlines()[-1:])
+                    raise ValueError(child_failure(proc.stderr, proc.returncode))
         except (SyntaxError, ValueError, yaml.YAMLError) as exc:
             raise VendorError(f"generated {path.name} does not parse ({exc}); this is a bug, please report it") from exc
 

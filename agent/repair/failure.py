@@ -12,16 +12,14 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+from agent.child_failure import is_progress, tracebacks
 from agent.records import Run
 from agent.recipe.recipe import NO_CODE_DIRS, Recipe, find_repo_root, read_settings
 
 TRACEBACK_LOCATION_RE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
 ERROR_LINE_RE = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Exit|Interrupt|Warning)\b.*|^\w+Error:.*")
-TRACEBACK_START = "Traceback (most recent call last):"
 RANK_PREFIX_RE = re.compile(r"^\[rank\d+\]: ?", re.M)
-CHAINED_RE = re.compile(r"^(During handling of the above exception|The above exception was the direct cause)")
 LIBRARY_PARTS = ("site-packages", "dist-packages")
-FRAME_RE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)')
 TIMEOUT_ERROR = "TimeoutError: infer.sh did not finish within the timeout"
 
 
@@ -125,44 +123,6 @@ def _inside(file: str, roots: list[Path]) -> bool:
     return any(root == path or root in path.parents for root in roots) and not _is_library(file)
 
 
-def _tracebacks(output: str) -> list[tuple[list[tuple[str, int]], str, str | None]]:
-    """Every traceback in the output: (frames, exception line, how it chains to the one before:
-    "cause" for `raise ... from`, "context" for an error while handling, None for a new one)."""
-    lines = output.splitlines()
-    blocks = []
-    link = None
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        marker = CHAINED_RE.match(line.strip())
-        if marker:
-            link = "cause" if "direct cause" in line else "context"
-            i += 1
-            continue
-        if TRACEBACK_START not in line:
-            if line.strip() and not marker and link and not line.startswith((" ", "\t")):
-                link = None     # something else came between: the next traceback is a new error
-            i += 1
-            continue
-        frames: list[tuple[str, int]] = []
-        error = ""
-        j = i + 1
-        while j < len(lines):
-            rest = lines[j]
-            m = FRAME_RE.match(rest)
-            if m:
-                frames.append((m.group("file"), int(m.group("line"))))
-            elif rest.strip() and not rest.startswith((" ", "\t")):
-                # strip a prefix some launchers put before the line ("[rank0]: ValueError: ...")
-                error = re.sub(r"^\[rank\d+\]:\s*", "", rest.strip())
-                break
-            j += 1
-        blocks.append((frames, error, link))
-        link = None
-        i = j + 1
-    return blocks
-
-
 def first_traceback(output: str) -> tuple[list[tuple[str, int]], str] | None:
     """(frames, exception line) of the first error in the output, or None.
 
@@ -170,7 +130,7 @@ def first_traceback(output: str) -> tuple[list[tuple[str, int]], str] | None:
     A chain counts as one error: for `raise X from Y` the exception is X (the message written
     for the user), for an error raised while handling another it is the first; the frames are
     the whole chain's."""
-    blocks = _tracebacks(output)
+    blocks = tracebacks(output)
     if not blocks:
         return None
     group = [blocks[0]]
@@ -192,7 +152,8 @@ def summarise_failure(output: str, roots: list[Path | None] | None = None) -> di
     """The first real error: its exception line and the innermost frame inside `roots` (the recipe and
     the repository it belongs to), else the innermost frame outside library internals.
 
-    Without a traceback: the last exception-like line. Keys: error, location, traceback (bool)."""
+    Without a traceback: the last exception-like line, else the last line that is no progress bar.
+    Keys: error, location, traceback (bool)."""
     roots = [Path(r).resolve() for r in roots or [] if r is not None]
     found = first_traceback(output)
     if found is not None and found[1]:
@@ -202,7 +163,7 @@ def summarise_failure(output: str, roots: list[Path | None] | None = None) -> di
         frame = (own or user or [None])[-1]
         where = f"{frame[0]}:{frame[1]}" if frame else None
         return {"error": error[:500], "location": where, "traceback": True}
-    lines = [ln.rstrip() for ln in output.strip().splitlines() if ln.strip()]
+    lines = [ln.rstrip() for ln in output.strip().splitlines() if ln.strip() and not is_progress(ln)]
     error = next((ln.strip() for ln in reversed(lines) if ERROR_LINE_RE.match(ln.strip())),
                  lines[-1].strip() if lines else "no output")
     locations = TRACEBACK_LOCATION_RE.findall(output)

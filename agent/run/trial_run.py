@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent.child_failure import signal_exit
 from agent.errors import describe_fault
 from agent.recipe.fs_guard import user_tree
 from agent.measure import precision, run_log
@@ -150,7 +151,7 @@ def summarise(evidence: str, recipe: Recipe, returncode: int | None, timed_out: 
     if failure.get("location"):
         summary += f" (at {failure['location']})"
     elif returncode not in (0, None) and not failure.get("traceback"):
-        summary = f"exit code {returncode}: {summary}"
+        summary = f"{signal_exit(returncode) or f'exit code {returncode}'}: {summary}"
     elif verdict.problem and not failure.get("traceback") and not verdict.no_warm_up:
         summary = f"{verdict.problem}: {summary}" if summary != "no output" else verdict.problem
     return summary[-SUMMARY_CHARS:]

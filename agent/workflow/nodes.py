@@ -282,6 +282,8 @@ def node_verify(state: MigrationState) -> MigrationState:
     update = {"verification": checked["verification"], "status": "failed" if problems else "ok"}
     if problems:
         update["message"] = "; ".join(problems)
+    elif unverified := verify.not_checked(checked):     # an ok run names every check that gave no verdict
+        update["message"] = "not checked: " + "; ".join(unverified)
     if (again := verify.abnormal_output_run(last_run(state), checked, recipe_dir)) is not None:
         update["runs"] = [again]
     return update

@@ -11,6 +11,7 @@ from agent.recipe.fs_guard import user_tree
 from agent.recipe.backup import atomic_write
 from agent.recipe.recipe import REPORT, report_path
 from agent.records import Report
+from agent.measure.verify import CODE_CHECK
 from agent.workflow.state import MigrationState
 from engine.safe_load import load_json
 from npu_standin import honest
@@ -147,7 +148,26 @@ def human_summary(report: Report, folder_name: str | None = None) -> str:
     parity = (report.get("verification") or {}).get("parity")
     if parity:
         lines.append(f"- precision against transformers: {parity_line(parity)}")
+        if parity.get("code"):
+            lines.append(f"- {CODE_CHECK}: {code_line(parity['code'])}")
+        if parity.get("empty_output"):
+            lines.append(f"- output: empty — {parity['empty_output']}")
+    output_check = (report.get("verification") or {}).get("output_check") or {}
+    if output_check:
+        verdict = {True: "ok", False: "FAILED", None: "not checked"}[output_check.get("ok")]
+        why = output_check.get("skipped") or "; ".join(output_check.get("reasons") or [])
+        lines.append(f"- output text check: {verdict}" + (f" ({why})" if why else ""))
     return "\n".join(lines) + "\n"
+
+
+def code_line(code: dict) -> str:
+    """The code check's verdict: its numbers, or why it gave none."""
+    verdict = {True: "ok", False: "FAILED", None: "not checked"}[code.get("ok")]
+    if not code.get("checked"):
+        return f"{verdict}: {code.get('reason')}"
+    return (f"{verdict} (max |dlogits| {code.get('max_abs_logits_diff')}, tolerance {code.get('tolerance')}; "
+            f"greedy tokens equal: {code.get('greedy_tokens_equal')})" +
+            (f"; {code['reason']}" if code.get("ok") is False and code.get("reason") else ""))
 
 
 def parity_line(parity: dict) -> str:

@@ -97,7 +97,7 @@ def summarise(state: MigrationState) -> dict:
         summary["precision"] = {k: parity.get(k) for k in (
             "method", "ok", "checked", "reference", "dtype", "ranks", "requests", "steps_checked",
             "decode_steps_checked", "closest", "routing_ties_taken", "first_failing_step", "first_divergent_layer",
-            "reason")
+            "reason", "empty_output")
             if parity.get(k) is not None}
     return summary
 

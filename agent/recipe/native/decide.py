@@ -68,6 +68,7 @@ def render_native(ctx: dict, features: NativeFeatures) -> str:
 def selfcheck(jobs: list[dict], checkout: Path, timeout: float = SELFCHECK_TIMEOUT_S) -> list[dict]:
     """Run agent.recipe.native.selfcheck on `jobs` ({"config", "file", "class_name"}) under the stand-in,
     the checkout's module/ and executor/ importable."""
+    from agent.child_failure import child_failure
     from agent.processes import owned_temp_prefix, run_tree
     from npu_standin.environment import standin_env
 
@@ -87,10 +88,9 @@ def selfcheck(jobs: list[dict], checkout: Path, timeout: float = SELFCHECK_TIMEO
         stdout, stderr = out.read(), err.read()
     line = next((l for l in stdout.splitlines() if l.startswith("SELFCHECK ")), None)
     if line is None:
-        tail = (stderr or stdout).strip().splitlines()[-1:] or ["no output"]
-        if tree.timed_out:
-            tail = [f"timed out after {timeout} s"]
-        return [{"ok": False, "max_rel": None, "reason": f"self-check did not run: {tail[0]}"}] * len(jobs)
+        why = child_failure(stderr, tree.returncode, timed_out=tree.timed_out, timeout_s=timeout, stdout=stdout,
+                            no_answer="it printed no SELFCHECK line")
+        return [{"ok": False, "max_rel": None, "reason": f"self-check did not run: {why}"}] * len(jobs)
     return loads_json(line[len("SELFCHECK "):], "the self-check's answer")
 
 

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 
+from agent.child_failure import child_failure
 from agent.recipe.fs_guard import user_tree
 from agent.repair.failure import Failure
 from agent.repair.rules.rule import Kind, RepairContext, Rule, message_facts, report
@@ -39,9 +40,9 @@ _BARE_MEMORY_ERROR = re.compile(r"^(?:\[rank\d+\]:\s*)?MemoryError\b")
 def _oom_facts(failure: Failure, found: re.Match) -> dict | None:
     if found.group(0) != "MemoryError":
         return {"message": found.group(0)}
-    from agent.repair.failure import _tracebacks
+    from agent.child_failure import tracebacks
 
-    raised = [frames for frames, error, _link in _tracebacks(failure.output) if _BARE_MEMORY_ERROR.match(error)]
+    raised = [frames for frames, error, _link in tracebacks(failure.output) if _BARE_MEMORY_ERROR.match(error)]
     if not raised:
         return {"message": found.group(0)} if not failure.frames else None
     innermost = raised[0][-1][0] if raised[0] else ""
@@ -135,8 +136,7 @@ def _fix_missing_package(failure: Failure, facts: dict, ctx: RepairContext) -> s
     proc = subprocess.run([sys.executable, "-m", "pip", "install", spec],
                           capture_output=True, text=True, timeout=ctx.timeout_s)
     if proc.returncode != 0:
-        tail = (proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines() or ["no output"])[-1]
-        return f"`{install}` failed: {tail}"
+        return f"`{install}` failed: {child_failure(proc.stderr, proc.returncode, stdout=proc.stdout)}"
     if pinned:
         return f"ran `{install}` (as the recipe's requirements.txt pins it)"
     user_tree(failure.recipe_dir).write_text(requirements, listed + ("" if not listed or listed.endswith("\n") else "\n")

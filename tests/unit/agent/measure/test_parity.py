@@ -72,7 +72,7 @@ def test_config_transformers_cannot_run_is_one_line_and_keeps_the_untrained_chec
     lines = capsys.readouterr().out.strip().splitlines()
     result = json.loads(lines[-1])
     assert result["ok"] is None and result["checked"] is False
-    assert result["reason"].startswith("transformers cannot build or run this config: ValueError: "), result
+    assert result["reason"].startswith("did not run: transformers failed on this config: ValueError: "), result
     assert "no_such_model_type" in result["reason"] and "\n" not in result["reason"]
     assert result["untrained_weights"] is untrained and result["prompt_nll"] == pytest.approx(nll, abs=1e-3)
 
@@ -86,3 +86,58 @@ def test_a_failure_of_our_own_code_in_parity_is_not_blamed_on_transformers(tmp_p
     monkeypatch.setattr(parity, "check", fails_here)
     with pytest.raises(ZeroDivisionError):
         parity.main(["--recipe", str(tmp_path)])
+
+
+def test_a_transformers_failure_names_the_stage_and_its_whole_message():
+    """F3: the reason named neither what the check was doing nor transformers' whole message (it stopped at
+    "from one of: ", the end of the message's first line)."""
+    from transformers import AutoTokenizer
+
+    from agent.measure import parity
+
+    try:
+        AutoTokenizer.from_pretrained(str(REPO_ROOT / "no_such_folder_here"), local_files_only=True)
+    except Exception as exc:  # noqa: BLE001 - the error transformers raises, whatever its class
+        exc.add_note(parity.STAGE_NOTE + "loading the recipe's model and tokenizer from the shrunk copy")
+        result = parity.transformers_failed(exc)
+    assert result is not None and result["ok"] is None and result["checked"] is False
+    assert result["reason"].startswith("did not run: transformers failed on this config while loading the recipe's "
+                                       "model and tokenizer from the shrunk copy: "), result["reason"]
+    assert "\n" not in result["reason"] and len(result["reason"]) <= 300
+
+
+LOSES_ITS_TOKENIZER = """
+import sys
+from pathlib import Path
+from agent.measure import parity
+
+real = parity._runner
+
+
+def runner_after_a_cleaner(recipe_dir, settings):
+    # what another process's cleaner did to the check's temporary folder (newcomer F2/F3)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (Path(settings["model_path"]) / name).unlink(missing_ok=True)
+    return real(recipe_dir, settings)
+
+
+parity._runner = runner_after_a_cleaner
+sys.exit(parity.main(["--recipe", sys.argv[1], "--tokens", "4"]))
+"""
+
+
+def test_a_code_check_whose_temporary_copy_lost_its_files_says_it_did_not_run_and_why(working_recipe, tmp_path):
+    """F3: the tokenizer files of the shrunk copy vanish while the check runs (another migrator's cleaner
+    removed them): the check did not run, and says which files its copy lost, at which stage, and what to
+    do; never "transformers cannot build or run this config"."""
+    env = {"PYTHONPATH": str(working_recipe), "PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path),
+           "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-c", LOSES_ITS_TOKENIZER, str(working_recipe)], cwd=working_recipe,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["ok"] is None and result["checked"] is False, result
+    reason = result["reason"]
+    assert reason.startswith("did not run: its temporary copy of the checkpoint lost") and "transformers cannot" not in reason
+    assert "lost tokenizer.json, tokenizer_config.json while loading the recipe's model and tokenizer" in reason
+    assert "run it again" in reason

@@ -118,15 +118,103 @@ def test_a_token_that_is_not_the_references_argmax_fails(tmp_path, checkpoint):
     assert result["ok"] is False and result["first_failure"]["step"] == 2, result
 
 
-def test_an_empty_output_never_passes(tmp_path, checkpoint):
-    """Every step at parity, and a text that decodes to nothing (special tokens only): not a pass."""
-    write_record(tmp_path / "rec", checkpoint)
-    requests, _ = precision.requests_of(precision.load_calls(tmp_path / "rec" / "rank_0"), 0, set())
-    exact = precision.Reference(checkpoint, "float32", {}, False)
-    rounded = precision.Reference(checkpoint, "bfloat16", {}, False)
-    judged = precision.judge_request(requests[0], exact, rounded, "bfloat16", lambda tokens: " \n")
-    assert judged["first_failure"] is None and judged["empty"] and judged["ok"] is False
-    assert "output is empty" in precision.failure_reason(judged, "bfloat16")
+def silent_checkpoint(checkpoint: Path, into: Path) -> Path:
+    """The checkpoint with its final norm zeroed: every logit 0 at every step, so the greedy pick is token 0,
+    the tokenizer's <|pad|> (a special token): untrained weights whose text decodes to nothing."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(checkpoint, into)
+    weights = load_file(into / "model.safetensors")
+    weights["model.norm.weight"] = torch.zeros_like(weights["model.norm.weight"])
+    save_file(weights, into / "model.safetensors", metadata={"format": "pt"})
+    return into
+
+
+def test_an_empty_output_passes_where_transformers_writes_nothing_too(tmp_path, checkpoint):
+    """The decided case (issue 41): every step within tolerance, greedy tokens all special (text empty), and
+    transformers' own greedy tokens on the same prompt decode to empty text too: the model writes nothing,
+    the verdict is ok and says so in one line."""
+    silent = silent_checkpoint(checkpoint, tmp_path / "silent")
+    tokens = write_record(tmp_path / "rec", silent)
+    assert set(tokens[0]) == {0}                               # <|pad|> at every step
+    result = precision.verify_record(tmp_path / "rec", silent, log_dir=write_log(tmp_path, silent, tokens))
+    assert result["ok"] is True and result["checked"] is True, result
+    assert all(r["empty"] and r["reference_text"] == "" for r in result["per_request"])
+    assert result["empty_output"].startswith("the model itself writes nothing here (rank 0 request 0, rank 0 request 1)")
+    assert "\n" not in result["empty_output"]
+
+
+class Crafted:
+    """Logits playing transformers' at every position of a sequence (no layers, no routing)."""
+
+    def __init__(self, logits):
+        self.logits = logits
+
+    def run(self, sequence, forced=None):
+        return self.logits[:len(sequence)], [], None
+
+
+def test_an_empty_output_fails_where_transformers_writes_text(checkpoint):
+    """The other side: every step within tolerance, the recipe's text empty, transformers' own greedy text on
+    the same prompt not. transformers' float32 logits put a word first and <|pad|> a tie behind it (within the
+    step's tolerance); the recipe picks <|pad|> at every step: each step passes as a tie, and the empty text
+    fails, naming transformers' text."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    word, pad = tokenizer("output", add_special_tokens=False).input_ids[0], tokenizer.pad_token_id
+    prompt, steps = [10, 11, 12], 4
+    torch.manual_seed(0)
+    reference = torch.randn(len(prompt) + steps, len(tokenizer))
+    reference[:, word] = reference.max() + 1.0
+    reference[:, pad] = reference[:, word] - 1e-3              # a tie: below the floor (1e-3 x max |logit|)
+    request = precision.Request(0, 0, prompt)
+    for k in range(steps):
+        mine = reference[len(prompt) - 1 + k].clone()
+        mine[pad] = mine[word] + 1e-4                          # the recipe's kernels round it the other way
+        request.steps.append(precision.Step("prefill" if k == 0 else "decode", mine, None,
+                                            fed=pad if k < steps - 1 else None))
+
+    def decode(tokens):
+        return tokenizer.decode(tokens, skip_special_tokens=True)
+
+    judged = precision.judge_request(request, Crafted(reference), Crafted(reference), "bfloat16", decode)
+    assert all(step["token_ok"] and step["logits_ok"] for step in judged["steps"]), judged["steps"]
+    assert judged["first_failure"] is None and judged["empty"] and judged["ok"] is False, judged
+    assert judged["reference_text"].strip() == decode([word] * steps).strip() != ""
+    reason = precision.failure_reason(judged, "bfloat16")
+    assert reason.startswith("the recipe's output is empty (rank 0, request 0), though transformers' own greedy text")
+
+
+def test_a_model_without_a_kv_cache_is_judged_per_step(tmp_path, checkpoint):
+    """OpenAI GPT keeps no cache: each decode step runs the whole sequence again, which the probe records as
+    a prefill of one token more. Those calls are the request's decode steps, each with the token it fed
+    (was: only the first step seen, "the record lacks decode steps": no verdict)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16).eval()
+    ids = tokenizer(PROMPTS[0], return_tensors="pt").input_ids[0].tolist()
+    folder = tmp_path / "rec" / "rank_0"
+    folder.mkdir(parents=True)
+    tokens = []
+    for k in range(NEW_TOKENS):
+        sequence = ids + tokens
+        with torch.no_grad():
+            logits = model(torch.tensor([sequence]), use_cache=False).logits[0, -1:].float()
+        torch.save({"phase": "prefill", "input_ids": torch.tensor(sequence), "shape": [1, len(sequence)], "rows": 1,
+                    "seq_ends": None, "attention_mask": None, "logits": logits, "layers": None, "dtype": "bfloat16"},
+                   folder / f"call_{k:05d}.pt")
+        tokens.append(int(logits[0].argmax()))
+    requests, problems = precision.requests_of(precision.load_calls(folder), 0, set())
+    assert not problems and len(requests) == 1 and requests[0].tokens == tokens
+    assert [step.phase for step in requests[0].steps] == ["prefill"] + ["decode"] * (NEW_TOKENS - 1)
+    assert [step.fed for step in requests[0].steps[:-1]] == tokens[:-1]
+    result = precision.verify_record(tmp_path / "rec", checkpoint,
+                                     log_dir=write_log(tmp_path, checkpoint, {0: tokens}))
+    assert result["ok"] is True and result["decode_steps_checked"] == NEW_TOKENS - 1, result
 
 
 def test_a_log_that_says_other_text_fails_and_one_that_says_more_gives_no_verdict(tmp_path, checkpoint):
@@ -181,7 +269,52 @@ def test_decode_rows_after_a_request_ends_at_eos(layout):
 def test_no_record_is_no_pass(tmp_path, checkpoint):
     (tmp_path / "rec").mkdir()
     result = precision.verify_record(tmp_path / "rec", checkpoint)
-    assert result["ok"] is False and result["checked"] is False and "no precision record" in result["reason"]
+    assert result["ok"] is False and result["checked"] is False
+    assert result["reason"].startswith("the probe saw no model call: the run's precision record")
+
+
+@pytest.mark.parametrize("made", ["missing", "empty", "ranks without calls"])
+def test_a_record_the_probe_did_not_write_is_a_verdict_not_a_crash(tmp_path, checkpoint, made):
+    """Three old-style causal LMs (GPT2LMHeadModel, CTRLLMHeadModel, OpenAIGPTLMHeadModel) ran unseen by the
+    probe: no precision folder, and the check crashed starting its child there (exit 70). A record the probe
+    did not write is the check's verdict, and no child is started for it."""
+    record = tmp_path / "run" / "precision"
+    if made != "missing":
+        record.mkdir(parents=True)
+    if made == "ranks without calls":
+        (record / "rank_0").mkdir()
+    result = precision.check(record, checkpoint, timeout=5)
+    assert result["ok"] is False and result["checked"] is False, result
+    assert result["reason"].startswith("the probe saw no model call: the run's precision record")
+    assert ("was not written" if made == "missing" else "is empty") in result["reason"]
+
+
+@pytest.mark.parametrize("name, is_lm", [("GPT2LMHeadModel", True), ("CTRLLMHeadModel", True),
+                                          ("OpenAIGPTLMHeadModel", True), ("LlamaForCausalLM", True),
+                                          ("XLMWithLMHeadModel", True), ("GPT2Model", False), ("LlamaModel", False),
+                                          ("models.gpt2.modeling_gpt2.GPT2Block", False)])
+def test_the_probe_knows_old_and_new_causal_lm_classes(name, is_lm):
+    import importlib
+
+    from agent.measure.precision_probe import is_language_model
+
+    module, _, cls = f"transformers.{name}".rpartition(".")
+    assert is_language_model(getattr(importlib.import_module(module), cls)) is is_lm
+
+
+def test_the_probe_knows_a_generating_class_of_any_name():
+    """A class transformers generates with, named otherwise (a remote-code or vendored model)."""
+    import transformers
+
+    from agent.measure.precision_probe import is_language_model
+
+    class Decoder(transformers.PreTrainedModel, transformers.GenerationMixin):
+        pass
+
+    class Plain(torch.nn.Module):
+        pass
+
+    assert is_language_model(Decoder) and not is_language_model(Plain)
 
 
 # ---- N ranks: the rounding of their row-parallel reductions ------------------------------------------

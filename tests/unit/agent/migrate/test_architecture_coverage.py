@@ -408,7 +408,7 @@ def test_untrained_weights_are_judged_without_the_reference_simulated_failure(wo
     assert proc.returncode == 0, proc.stderr[-3000:]
     parity = json.loads(proc.stdout.strip().splitlines()[-1])
     assert parity["ok"] is None and parity["checked"] is False, parity
-    assert "transformers cannot build or run this checkpoint: ValueError: get_seq_length" in parity["reason"]
+    assert "did not run: transformers failed on this checkpoint: ValueError: get_seq_length" in parity["reason"]
     nll = recipe_nll({"res_path": str(runs[-1])})
     assert nll["untrained_weights"] is True and nll["prompt_nll"] >= 0.8 * nll["uniform_nll"]
 
