@@ -474,7 +474,7 @@ def rewrite_mentions(text: str, where: str) -> str:
     return MENTION.sub(repl, text)
 
 
-MENTIONED_IN = ["README.md", "Makefile", "pyproject.toml", "skills", "scripts", "agent", "engine", "npu_standin", "tests"]
+MENTIONED_IN = ["README.md", "docs", "Makefile", "pyproject.toml", "skills", "scripts", "agent", "engine", "npu_standin", "tests"]
 
 
 def main() -> int:
