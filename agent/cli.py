@@ -1,4 +1,4 @@
-"""`migrator` command line. Errors are one line on stderr with a distinct exit code (README)."""
+"""`migrator` command line. Errors are one line on stderr with a distinct exit code (README.md, docs/exit-codes.md)."""
 
 from __future__ import annotations
 
