@@ -1,4 +1,4 @@
-"""`migrator` command line. Errors are one line on stderr with a distinct exit code (README)."""
+"""`migrator` command line. Errors are one line on stderr with a distinct exit code (README.md, docs/exit-codes.md)."""
 
 from __future__ import annotations
 
@@ -69,11 +69,12 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--output-dir", default="models", help="where the recipe goes (default: models)")
     demo.add_argument("--arch", help="instead of the shipped trained demo model, build a tiny random "
                                       "checkpoint of this model_type (e.g. qwen3) and migrate it")
-    demo.add_argument("--device", choices=DEVICES, default="auto")
+    demo.add_argument("--device", choices=DEVICES, default="auto",
+                      help="device the demo recipe runs on (default: auto: npu, else cuda, else cpu)")
     demo.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
 
     env = sub.add_parser("env", help="print the environment (NPU, CANN, torch/torch_npu, CUDA, CPU)")
-    env.add_argument("--json", action="store_true")
+    env.add_argument("--json", action="store_true", help="print the environment as one JSON object on stdout")
     env.add_argument("--device", choices=DEVICES, default="auto",
                      help="fail with exit code 4 if this device is not usable")
 
@@ -87,7 +88,8 @@ def _parser() -> argparse.ArgumentParser:
     _add_standin_options(baseline)
 
     rollback = sub.add_parser("rollback", help="restore a recipe's files from before a repair round")
-    rollback.add_argument("recipe")
+    rollback.add_argument("recipe", help="the recipe directory whose automatic repairs to undo (a framework "
+                                         "recipe: also its line in the checkout's executor/core/support_models.py)")
     rollback.add_argument("--round", type=int, help="restore the state before this round (default: the first)")
 
     standin = sub.add_parser("standin", help="run a command with the NPU stand-in: npu on the cpu or a CUDA card, "
@@ -100,7 +102,8 @@ def _parser() -> argparse.ArgumentParser:
     standin.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command and its arguments")
 
     classify = sub.add_parser("classify", help="print the scenario (A/B/C) for PATH and why")
-    classify.add_argument("path")
+    classify.add_argument("path", help="a checkpoint folder (A) or a recipe directory, which is run once: "
+                                       "B when it fails, C when it runs")
     classify.add_argument("--timeout", type=TIMEOUT, default=defaults.TIMEOUT_S, help="seconds for the trial run of infer.sh")
     return parser
 

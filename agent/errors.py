@@ -6,7 +6,7 @@ import errno
 import os
 from pathlib import Path
 
-# Exit codes (also documented in README.md).
+# Exit codes (documented in README.md and docs/exit-codes.md; tests/lint/test_readme.py holds both tables to these).
 EXIT_OK = 0
 EXIT_FAILED = 1          # the recipe still fails after the repair rounds
 EXIT_USAGE = 2           # bad command line / bad input path or link

@@ -2,7 +2,7 @@
 
 KEYS is the schema every other part reads: the renderer writes the keys in this order
 (`rendered_settings`), validation checks types, choices and ranges, the repair rules take defaults
-and key order from it, and README's key table is generated from it (`keys_markdown`).
+and key order from it, and docs/recipes.md's key table is generated from it (`keys_markdown`).
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def rendered_settings(values: dict) -> dict:
 
 
 def keys_markdown() -> str:
-    """README's table of the YAML keys (tests/lint/test_one_home.py checks README against it)."""
+    """docs/recipes.md's table of the YAML keys (tests/lint/test_one_home.py checks the page against it)."""
     rows = ["| key | type | required | default | values | meaning |", "|---|---|---|---|---|---|"]
     for key in KEYS:
         if key.is_section:

@@ -1,7 +1,7 @@
 """Optional LLM repairer: an OpenAI-compatible endpoint proposes a unified diff for failures no
 rule knows. Off unless MIGRATOR_LLM_BASE_URL is set; the client is the `openai` library (the [llm] extra).
 
-Policy (README "LLM diffs"): a diff is code from an untrusted source. By default it is only a proposal:
+Policy (docs/llm-repairer.md): a diff is code from an untrusted source. By default it is only a proposal:
 checked like any diff below, saved as `.migrator/llm/proposal_N.diff` and named in the report, the recipe
 left as it was. With `migrator run --apply-llm-patches` it is applied, and only when every file it changes
 is a recipe Python file that the failure's traceback names (or the file shown to the model); a diff that

@@ -197,3 +197,13 @@ def table() -> list[dict]:
         rows.append({"op": key if ref.namespace == "npu" else f"torchair.ops.{ref.name}",
                      "schema": ref.schema, "reference": ref.formulation, "test": ref.test})
     return rows
+
+
+def table_markdown() -> str:
+    """docs/standin.md's table of the reference kernels (tests/lint/test_readme.py checks the page
+    against it, so the list there is the registered one)."""
+    rows = ["| op | what the reference computes | its test |", "|---|---|---|"]
+    for row in table():
+        cells = (f"`{row['op']}`", row["reference"], f"`{row['test']}`")
+        rows.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return "\n".join(rows)

@@ -1,7 +1,7 @@
 """What has one home, and nothing else says otherwise: every default in engine/defaults.py (the CLI, the graph
 and repair read it there, no timeout written out elsewhere), every node of the graph in
-agent/workflow/nodes.py and added to the graph as it is, README's table of the YAML keys generated from the
-schema (engine.config)."""
+agent/workflow/nodes.py and added to the graph as it is, docs/recipes.md's table of the YAML keys generated
+from the schema (engine.config)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ from locations import REPO_ROOT
 ROOT = REPO_ROOT
 
 
-def test_readme_key_table_is_the_schema():
-    readme = (ROOT / "README.md").read_text()
-    found = re.search(r"<!-- yaml-keys[^>]*-->\n(.*?)\n<!-- /yaml-keys -->", readme, re.S)
-    assert found, "README lacks the generated YAML key table"
-    assert found.group(1) == keys_markdown(), "README's YAML key table is stale: paste engine.config.keys_markdown()"
+def test_docs_key_table_is_the_schema():
+    page = (ROOT / "docs" / "recipes.md").read_text()
+    found = re.search(r"<!-- yaml-keys[^>]*-->\n(.*?)\n<!-- /yaml-keys -->", page, re.S)
+    assert found, "docs/recipes.md lacks the generated YAML key table"
+    assert found.group(1) == keys_markdown(), \
+        "docs/recipes.md's YAML key table is stale: paste engine.config.keys_markdown()"
 
 
 def test_defaults_have_one_home():

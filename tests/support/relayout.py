@@ -15,7 +15,7 @@ What it does, in order:
    `...parents[2]`, `Path(__file__).parent / "data"`) become tests/support/locations.py's REPO_ROOT,
    REPO_ROOT.parent, DATA;
 4. mentions of old paths (`tests/test_x.py`, `tests/test_x.py::test_name`, `tests/hf_fixture.py`) in
-   README.md, Makefile, pyproject.toml, skills/, scripts/, agent/, engine/, npu_standin/ and tests/ are
+   README.md, docs/, Makefile, pyproject.toml, skills/, scripts/, agent/, engine/, npu_standin/ and tests/ are
    rewritten; a bare mention of a split file is printed, to be checked by hand (its parts went to several
    files).
 Edits other branches made to a file that was split land, on merge, in the part git matched the file to
@@ -474,7 +474,7 @@ def rewrite_mentions(text: str, where: str) -> str:
     return MENTION.sub(repl, text)
 
 
-MENTIONED_IN = ["README.md", "Makefile", "pyproject.toml", "skills", "scripts", "agent", "engine", "npu_standin", "tests"]
+MENTIONED_IN = ["README.md", "docs", "Makefile", "pyproject.toml", "skills", "scripts", "agent", "engine", "npu_standin", "tests"]
 
 
 def main() -> int:
