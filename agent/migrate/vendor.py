@@ -95,14 +95,15 @@ def _refuse(arch: str, why: str) -> UnsupportedModelError:
                                  f"(families: {supported_families()})")
 
 
-def check_servable(config: dict) -> None:
-    """Refuse, in one line, what the recipes cannot serve (before any code is touched)."""
+def check_servable(config: dict, model_dir: Path | None = None, download: str | None = None) -> None:
+    """Refuse, in one line, what the recipes cannot serve (before any code is touched). A quantized checkpoint:
+    agent.migrate.quantization names its quantization and upstream's converter where one reads it (the
+    checkpoint at `model_dir`, or fetched by `download`)."""
+    from agent.migrate import quantization
+
     arch = (config.get("architectures") or [config.get("model_type", "unknown")])[0]
-    quant = config.get("quantization_config")
-    if quant:
-        method = quant.get("quant_method", "unknown") if isinstance(quant, dict) else "unknown"
-        raise _refuse(arch, f"weights are quantized ({method}); the migrator handles unquantized "
-                            "fp32/fp16/bf16 checkpoints — use the original unquantized model")
+    if config.get("quantization_config"):
+        raise _refuse(arch, quantization.refusal(config, model_dir, download))
     if config.get("is_encoder_decoder") and not any(a.endswith(CAUSAL_LM_SUFFIXES) for a in config.get("architectures") or []):
         raise _refuse(arch, "encoder-decoder model (is_encoder_decoder: true)")
 
@@ -198,7 +199,7 @@ def text_decoder_note(config: dict) -> str:
 def locate_source(config: dict, model_dir: Path | None = None, trust_remote_code: bool = False) -> ModelSource:
     """Resolve the causal-LM class and its config class: the repo's own code (auto_map) or
     transformers' auto mappings."""
-    check_servable(config)
+    check_servable(config, model_dir)
     if config.get("auto_map"):
         return locate_remote_source(config, model_dir, trust_remote_code)
 
