@@ -254,11 +254,15 @@ def download(ref: HubRef, weights: str | None) -> Acquired:
 def _check_servable_before_weights(ref: HubRef, small_dir: Path) -> None:
     """A checkpoint its config already refuses (quantized, encoder-decoder: agent.migrate.vendor.check_servable)
     is refused before its weights are fetched or asked for: the line says what to do with them instead."""
-    from agent.migrate.checkpoint_check import check_config, read_json_file
     from agent.migrate.vendor import check_servable
+    from engine.safe_load import LoadError, load_json
 
-    config = check_config(read_json_file(small_dir / "config.json"), f"{_label(ref)}: config.json")
-    check_servable(config, download=f"hf download {ref.repo_id} --local-dir DIR")
+    try:
+        config = load_json(small_dir / "config.json")
+    except (OSError, LoadError):
+        return                  # a config that cannot be read: the checkpoint check says so where it arrives
+    if isinstance(config, dict):
+        check_servable(config, download=f"hf download {ref.repo_id} --local-dir DIR")
 
 
 def _listing(ref: HubRef, commit: str | None) -> dict[str, int] | None:

@@ -101,7 +101,9 @@ def check_servable(config: dict, model_dir: Path | None = None, download: str | 
     checkpoint at `model_dir`, or fetched by `download`)."""
     from agent.migrate import quantization
 
-    arch = (config.get("architectures") or [config.get("model_type", "unknown")])[0]
+    archs = config.get("architectures")
+    arch = archs[0] if isinstance(archs, list) and archs and is_identifier(archs[0]) else \
+        config.get("model_type") if is_identifier(str(config.get("model_type")).replace("-", "_")) else "the checkpoint"
     if config.get("quantization_config"):
         raise _refuse(arch, quantization.refusal(config, model_dir, download))
     if config.get("is_encoder_decoder") and not any(a.endswith(CAUSAL_LM_SUFFIXES) for a in config.get("architectures") or []):

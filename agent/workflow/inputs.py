@@ -281,9 +281,17 @@ def check_npu_for_checkout(args, kind: str | None = None) -> None:
 
     from engine.environment import probe_torch_npu
 
+    from agent.migrate import transformers_source
+    from agent.recipe.targets import checkout_root
+
     status = probe_torch_npu()["status"]
     why = status if status != "ok" else "torch_npu sees no NPU"
-    again = shlex.join(["migrator", "standin", "--", "migrator", *getattr(args, "typed", ["run", args.target])])
+    # the next check of that command: an interpreter with the checkout's transformers (plan_for)
+    extra, build = transformers_source.run_advice(checkout_root(Path(args.output_dir).expanduser()),
+                                                  getattr(args, "transformers_source", None),
+                                                  getattr(args, "reference_python", None))
+    again = shlex.join(["migrator", "standin", "--", "migrator", *getattr(args, "typed", ["run", args.target]), *extra])
+    again = f"{build} && {again}" if build else again
     raise errors.EnvironmentProblem(
         f"a {kind} recipe in {Path(args.output_dir).expanduser().resolve()} runs on upstream's executor, which needs "
         f"an Ascend NPU (torch_npu), and this host has none ({why}); nothing was written. Off an NPU, validate "
