@@ -267,9 +267,9 @@ def fetch_source(version: str, timeout: int = 300) -> SourceTree:
 
 
 def python_transformers(python: str) -> tuple[str | None, str | None]:
-    """(the transformers version `python` has, None; or None when it has none) and, when its transformers
-    cannot be imported, the one line that says why and what fixes it (agent.migrate.import_probe, run there:
-    the modules every model imports, not only transformers' lazy top level)."""
+    """(transformers' version in `python`, or None when it has none; None, or — when its transformers cannot be
+    imported — the one line that says why and what fixes it). agent.migrate.import_probe runs there and imports
+    the modules every model imports, not only transformers' lazy top level."""
     from agent.migrate import import_probe
 
     try:

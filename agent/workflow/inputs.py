@@ -27,7 +27,7 @@ from agent.migrate.checkpoint_check import check_checkpoint, check_output_outsid
 from agent.recipe.fs_guard import check_regular, check_writable, check_write_destinations
 from agent.recipe.recipe import Recipe
 from agent.recipe.runnable import ensure_runnable_here
-from agent.recipe.targets import TARGETS, choose_target
+from agent.recipe.targets import TARGETS, checkout_root, choose_target
 from agent.workflow.state import MigrationState, RunOptions
 from engine.environment import DeviceUnavailableError, detect_environment, select_device
 from engine.safe_load import LoadError
@@ -269,7 +269,9 @@ def check_output_dir(output_dir: str) -> None:
 def check_npu_for_checkout(args, kind: str | None = None) -> None:
     """A migration into a cann-recipes-infer checkout (--target framework or legacy) runs upstream's
     executor, which imports torch_npu: on a host without a usable NPU it ends here with exit 4, before
-    anything is written or downloaded, naming the stand-in run that validates it. Under the stand-in
+    anything is written or downloaded, naming the stand-in run that validates it — as a command that works as
+    printed: with `--reference-python` an interpreter that has the checkout's transformers where the run needs one,
+    or the command that builds it first (transformers_source.run_advice). Under the stand-in
     (`migrator standin -- migrator run ...`) the run goes on."""
     from agent.recipe.npu_scan import npu_usable
     from npu_standin.environment import is_active
@@ -279,10 +281,8 @@ def check_npu_for_checkout(args, kind: str | None = None) -> None:
         return
     import shlex
 
-    from engine.environment import probe_torch_npu
-
     from agent.migrate import transformers_source
-    from agent.recipe.targets import checkout_root
+    from engine.environment import probe_torch_npu
 
     status = probe_torch_npu()["status"]
     why = status if status != "ok" else "torch_npu sees no NPU"
