@@ -459,6 +459,11 @@ def _command(args, as_json: bool) -> int:
         fault = errors.filesystem_fault(exc, _written_place(args))   # disk full, read-only, removed: not a bug
         if fault is not None:
             return _fail(_advice_for(args, str(fault)), fault.exit_code, as_json)
+        from agent.migrate import import_probe
+
+        broken = import_probe.failure(exc)      # an installed package that cannot be imported here: not a bug
+        if broken is not None:
+            return _fail(import_probe.line(broken, sys.executable), errors.EXIT_ENVIRONMENT, as_json)
         return _internal_error(exc, as_json)
 
 

@@ -221,6 +221,8 @@ def download(ref: HubRef, weights: str | None) -> Acquired:
     if not (small_dir / "config.json").is_file():
         raise InputError(f"{_label(ref)}: the repository has no config.json at this revision; "
                          "it is not a transformers model")
+    if weights_dir is None:
+        _check_servable_before_weights(ref, small_dir)
     if weights_dir is not None:
         model_dir = _merge_weights(ref, small_dir, weights_dir)
         _check_shards(model_dir, f"--weights {weights}")
@@ -247,6 +249,20 @@ def download(ref: HubRef, weights: str | None) -> Acquired:
         if still:
             raise _missing_weights(ref, still, _offline_reason())
     return Acquired(model_dir, ref.url, name)
+
+
+def _check_servable_before_weights(ref: HubRef, small_dir: Path) -> None:
+    """A checkpoint its config already refuses (quantized, encoder-decoder: agent.migrate.vendor.check_servable)
+    is refused before its weights are fetched or asked for: the line says what to do with them instead."""
+    from agent.migrate.vendor import check_servable
+    from engine.safe_load import LoadError, load_json
+
+    try:
+        config = load_json(small_dir / "config.json")
+    except (OSError, LoadError):
+        return                  # a config that cannot be read: the checkpoint check says so where it arrives
+    if isinstance(config, dict):
+        check_servable(config, download=f"hf download {ref.repo_id} --local-dir DIR")
 
 
 def _listing(ref: HubRef, commit: str | None) -> dict[str, int] | None:

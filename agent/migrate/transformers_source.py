@@ -266,25 +266,52 @@ def fetch_source(version: str, timeout: int = 300) -> SourceTree:
     return SourceTree(tree.version, tree.root, f"transformers {version} wheel (pip download)")
 
 
-def python_version_of(python: str) -> str | None:
-    """The transformers version `python` imports, or None when it cannot run or has none."""
+def python_transformers(python: str) -> tuple[str | None, str | None]:
+    """(transformers' version in `python`, or None when it has none; None, or — when its transformers cannot be
+    imported — the one line that says why and what fixes it). agent.migrate.import_probe runs there and imports
+    the modules every model imports, not only transformers' lazy top level."""
+    from agent.migrate import import_probe
+
     try:
-        proc = subprocess.run([python, "-c", "import transformers; print(transformers.__version__)"],
-                              capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": ""})
-    except (OSError, subprocess.TimeoutExpired):
-        return None
+        proc = subprocess.run([python, import_probe.__file__], capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "PYTHONPATH": ""})
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"{python}: cannot be run ({exc.strerror if isinstance(exc, OSError) else 'timed out'})"
+    from engine.safe_load import LoadError, loads_json
+
     lines = proc.stdout.strip().splitlines()
-    return lines[-1].strip() if proc.returncode == 0 and lines else None
+    try:
+        answer = loads_json(lines[-1], "the import probe's answer") if lines else None
+    except LoadError:
+        answer = None
+    if not isinstance(answer, dict):
+        tail = (proc.stderr.strip().splitlines() or ["no answer"])[-1]
+        return None, f"{python}: cannot run the import probe ({' '.join(tail.split())[:200]})"
+    version = answer.get("version") if isinstance(answer.get("version"), str) else None
+    if isinstance(answer.get("failure"), dict):
+        return version, import_probe.line(answer["failure"], python)
+    if answer.get("error"):
+        return version, f"{python}: cannot import transformers ({answer['error']})"
+    return version, None
+
+
+def python_version_of(python: str) -> str | None:
+    """The transformers version `python` imports, or None when it cannot run, has none or cannot import it."""
+    version, problem = python_transformers(python)
+    return None if problem else version
 
 
 def reference_python(version: str, given: str | None) -> str:
     """The interpreter the recipe and its parity reference run with: `given` (checked to have
-    transformers==version), else `python3` on PATH when it has it. EnvironmentProblem (exit 4) otherwise."""
+    transformers==version, importable), else `python3` on PATH when it has it. EnvironmentProblem (exit 4)
+    otherwise, naming an import failure with its fix."""
     from agent.errors import EnvironmentProblem
 
     if given:
         python = shutil.which(given) or given
-        found = python_version_of(python)
+        found, problem = python_transformers(python)
+        if found == version and problem:
+            raise EnvironmentProblem(f"--reference-python {given}: {problem}")
         if found != version:
             raise EnvironmentProblem(f"--reference-python {given}: " + (f"has transformers {found}" if found else
                                      "cannot import transformers") + f", the recipe pins {version}; give an "
@@ -293,12 +320,99 @@ def reference_python(version: str, given: str | None) -> str:
     from npu_standin.environment import launcher_path
 
     python3 = shutil.which("python3", path=launcher_path())     # under the stand-in too: the user's python3
-    if python3 and python_version_of(python3) == version:
+    found, problem = python_transformers(python3) if python3 else (None, None)
+    if found == version and problem:        # the launcher environment the user meant, broken
+        raise EnvironmentProblem(f"python3 on PATH: {problem}")
+    if found == version:
         return python3
+    other = interpreter_with(version)
+    where = f": {other} has it" if other else f"; `{build_command(version)[1]}` builds one"
     raise EnvironmentProblem(
         f"the recipe pins transformers {version} (the checkout's) and runs with it, but this interpreter has "
-        f"{installed_version()} and python3 on PATH has not {version}: pass --reference-python PY (an interpreter "
-        f"with transformers=={version}, e.g. the checkout's launcher environment) for its trial runs and parity")
+        f"{installed_version()} and python3 on PATH has no transformers {version}: pass --reference-python PY (an "
+        f"interpreter with transformers=={version}, the checkout's launcher environment) for its trial runs and "
+        f"parity{where}")
+
+
+# ---- an interpreter with the pin, for the advice of a refusal --------------------------------------------
+PROJECT = Path(__file__).resolve().parents[2]       # a checkout of this project (make install-tf50), or site-packages
+VENV_BASE_PTH = "_infer_migrator_base.pth"
+
+
+def _make_target(version: str) -> tuple[str, Path] | None:
+    """(the make target, the interpreter it builds) when this project is a checkout whose Makefile builds a venv
+    with transformers==version (install-tf50: VENV_TF50 from constraints-transformers-5.0.txt)."""
+    makefile, constraints = PROJECT / "Makefile", PROJECT / "constraints-transformers-5.0.txt"
+    if not (makefile.is_file() and constraints.is_file()):
+        return None
+    text = makefile.read_text(errors="replace")
+    venv = re.search(r"^VENV_TF50\s*\?=\s*(\S+)\s*$", text, re.M)
+    pinned = re.search(r"^transformers==(\S+)\s*$", constraints.read_text(errors="replace"), re.M)
+    if not (venv and pinned and pinned.group(1) == version and re.search(r"^install-tf50:", text, re.M)):
+        return None
+    return "install-tf50", PROJECT / venv.group(1) / "bin" / "python"
+
+
+def cache_venv(version: str) -> Path:
+    """Where build_command's venv recipe puts an interpreter with transformers==version."""
+    return cache_root() / "venvs" / f"transformers-{version}"
+
+
+def build_command(version: str) -> tuple[Path, str]:
+    """(the interpreter, the one shell line that builds it): this checkout's `make install-tf50` where it builds
+    that release, else a venv in the cache that sees the migrator's packages (a .pth, as make's .venv-tf5.0 does)
+    and holds transformers==version of its own."""
+    import json
+    import shlex
+    import sysconfig
+
+    made = _make_target(version)
+    if made is not None:
+        return made[1], f"make -C {shlex.quote(str(PROJECT))} {made[0]}"
+    venv = cache_venv(version)
+    site = venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+    pth = f"import site; site.addsitedir({json.dumps(sysconfig.get_paths()['purelib'])})"   # one quoting for the shell
+    python = venv / "bin" / "python"
+    return python, (f"{shlex.quote(sys.executable)} -m venv {shlex.quote(str(venv))} && echo {shlex.quote(pth)} > "
+                    f"{shlex.quote(str(site / VENV_BASE_PTH))} && {shlex.quote(str(python))} -m pip install -q "
+                    f"transformers=={version}")
+
+
+def interpreter_with(version: str) -> str | None:
+    """An interpreter here, besides python3 on PATH, whose transformers==version imports: this checkout's venvs
+    (.venv-tf*), then build_command's cache venv."""
+    candidates = sorted(PROJECT.glob(".venv-tf*/bin/python")) + [cache_venv(version) / "bin" / "python"]
+    for python in candidates:
+        if python.is_file() and python_transformers(str(python)) == (version, None):
+            return str(python)
+    return None
+
+
+def run_advice(checkout: Path | None, given_source: str | None, given_python: str | None) -> tuple[list[str], str | None]:
+    """What a `migrator run` into `checkout` needs added to work as typed, for the interpreter plan_for asks
+    for: (arguments to add, a command to run first or None). An interpreter here with the pin: `--reference-python`
+    it; none: the command that builds one, and `--reference-python` the one it builds. A given --reference-python
+    is checked as plan_for checks it (its own exit-4 line)."""
+    installed = installed_version()
+    if given_source == INSTALLED:
+        return [], None
+    pin = checkout_pin(checkout) if checkout is not None else None
+    version = open_source(given_source).version if given_source else (pin[0] if pin else installed)
+    if version == installed:
+        return [], None
+    if given_python:
+        reference_python(version, given_python)
+        return [], None
+    from npu_standin.environment import launcher_path
+
+    python3 = shutil.which("python3", path=launcher_path())
+    if python3 and python_transformers(python3) == (version, None):
+        return [], None
+    found = interpreter_with(version)
+    if found:
+        return ["--reference-python", found], None
+    python, build = build_command(version)
+    return ["--reference-python", str(python)], build
 
 
 @dataclass(frozen=True)

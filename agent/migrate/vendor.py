@@ -95,21 +95,29 @@ def _refuse(arch: str, why: str) -> UnsupportedModelError:
                                  f"(families: {supported_families()})")
 
 
-def check_servable(config: dict) -> None:
-    """Refuse, in one line, what the recipes cannot serve (before any code is touched)."""
-    arch = (config.get("architectures") or [config.get("model_type", "unknown")])[0]
-    quant = config.get("quantization_config")
-    if quant:
-        method = quant.get("quant_method", "unknown") if isinstance(quant, dict) else "unknown"
-        raise _refuse(arch, f"weights are quantized ({method}); the migrator handles unquantized "
-                            "fp32/fp16/bf16 checkpoints — use the original unquantized model")
+def check_servable(config: dict, model_dir: Path | None = None, download: str | None = None) -> None:
+    """Refuse, in one line, what the recipes cannot serve (before any code is touched). A quantized checkpoint:
+    agent.migrate.quantization names its quantization and upstream's converter where one reads it (the
+    checkpoint at `model_dir`, or fetched by `download`)."""
+    from agent.migrate import quantization
+
+    archs = config.get("architectures")
+    arch = archs[0] if isinstance(archs, list) and archs and is_identifier(archs[0]) else \
+        config.get("model_type") if is_identifier(str(config.get("model_type")).replace("-", "_")) else "the checkpoint"
+    if config.get("quantization_config"):
+        raise _refuse(arch, quantization.refusal(config, model_dir, download))
     if config.get("is_encoder_decoder") and not any(a.endswith(CAUSAL_LM_SUFFIXES) for a in config.get("architectures") or []):
         raise _refuse(arch, "encoder-decoder model (is_encoder_decoder: true)")
 
 
-# Inputs of another modality: a class whose forward takes one of these is multimodal.
-NON_TEXT_INPUTS = ("pixel_values", "pixel_values_videos", "input_features", "input_values", "audio_values",
-                   "image_embeds", "input_audio_embeds", "input_image_embeds")
+# Inputs of another modality: a class whose forward takes one of these is multimodal (images: IMAGE_INPUTS).
+IMAGE_INPUTS = ("pixel_values", "pixel_values_videos", "image_embeds", "input_image_embeds", "image_pixel_values",
+                "image_patches")
+NON_TEXT_INPUTS = IMAGE_INPUTS + ("input_features", "input_values", "audio_values", "input_audio_embeds",
+                                  "audio_input_features")
+# Where an image-text checkpoint's config.json keeps its text decoder: transformers' composite configs
+# (text_config), InternVL's and DeepSeek-VL2's remote code (llm_config, language_config).
+TEXT_DECODER_KEYS = ("text_config", "llm_config", "language_config")
 # Inputs a draft model takes from the model it drafts for (assisted generation).
 TARGET_MODEL_INPUTS = ("shared_kv_states", "target_hidden_states")
 _IS_DECODER_READ = re.compile(r"^(?!\s*>>>).*\bconfig\.is_decoder\b(?!\s*=[^=])", re.M)
@@ -132,8 +140,10 @@ def refusal_reason(config: dict, model_cls: type) -> str | None:
     if modal_inputs:
         # Judged by the class, not the config: a text-only causal-LM class of a multimodal family
         # (Qwen3_5ForCausalLM for a qwen3_5 config with a vision_config) serves text fine.
-        return (f"multimodal model ({name}.forward takes {', '.join(modal_inputs)}); migrate its text-only "
-                "model checkpoint instead")
+        evidence = f"{name}.forward takes {', '.join(modal_inputs)}"
+        if params.intersection(IMAGE_INPUTS) or is_image_text(config):
+            return image_text_reason(config, evidence)
+        return f"multimodal model ({evidence}): checkpoints with audio inputs are not served"
     if config.get("is_encoder_decoder"):
         return (f"decoder half of an encoder-decoder model ({name} is the decoder, trained to attend to an "
                 "encoder's output; is_encoder_decoder: true)")
@@ -148,10 +158,50 @@ def refusal_reason(config: dict, model_cls: type) -> str | None:
     return None
 
 
+def is_image_text(config: dict) -> bool:
+    """An image-text checkpoint by its config: a vision_config, or a model_type transformers' image-text-to-text
+    mapping names (chameleon's and idefics' configs have no vision_config of that name)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    model_type = config.get("model_type")
+    return isinstance(config.get("vision_config"), dict) or (isinstance(model_type, str) and
+                                                             model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
+
+
+def image_text_reason(config: dict, evidence: str) -> str:
+    """The one line for an image-text checkpoint, until they are served (SPEC §9: by their text decoder): what it
+    is and why (`evidence`), its text decoder's model_type and whether the native generator writes that type."""
+    return (f"image-text model ({evidence}); {text_decoder_note(config)}; image-text checkpoints are not served "
+            "yet (they are to be served by their text decoder)")
+
+
+def text_decoder_note(config: dict) -> str:
+    """`its text decoder is TYPE, …`: the model_type of the config's text part, whether transformers has a
+    causal-LM class for it and whether the native generator writes it (agent.recipe.native.decide.type_note)."""
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    text = next((config[key] for key in TEXT_DECODER_KEYS if isinstance(config.get(key), dict)), None)
+    text_type = text.get("model_type") if text is not None else None
+    if not isinstance(text_type, str) or not text_type:
+        return "its text decoder has no separate config (no text_config with a model_type)"
+    shown = text_type if len(text_type) <= 60 and is_identifier(text_type.replace("-", "_")) else repr(text_type[:60])
+    version = transformers.__version__
+    if text_type not in CONFIG_MAPPING_NAMES:
+        return f"its text decoder is {shown}, a model_type transformers {version} does not know"
+    if text_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return (f"its text decoder is {shown}, which has no causal-LM class in transformers {version} (the native "
+                "generator does not write it)")
+    from agent.recipe.native.decide import type_note
+
+    return f"its text decoder is {shown} ({MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[text_type]}), {type_note(text_type)}"
+
+
 def locate_source(config: dict, model_dir: Path | None = None, trust_remote_code: bool = False) -> ModelSource:
     """Resolve the causal-LM class and its config class: the repo's own code (auto_map) or
     transformers' auto mappings."""
-    check_servable(config)
+    check_servable(config, model_dir)
     if config.get("auto_map"):
         return locate_remote_source(config, model_dir, trust_remote_code)
 
@@ -175,6 +225,9 @@ def locate_source(config: dict, model_dir: Path | None = None, trust_remote_code
             class_name = arch
             break
     if not class_name:
+        no_class = f"transformers {transformers.__version__} has no causal-LM class for model_type '{model_type}'"
+        if is_image_text(config):
+            raise _refuse(arch_name, image_text_reason(config, no_class))
         raise _refuse(arch_name, f"model_type '{model_type}' has no causal-LM head in transformers "
                                  "(encoder-only, vision/audio-only or similar)")
     model_cls = getattr(transformers, class_name)
@@ -204,6 +257,10 @@ def locate_remote_source(config: dict, model_dir: Path | None, trust_remote_code
     """auto_map models: the repo's own modeling/configuration files, never imported here."""
     auto_map = config["auto_map"]
     arch = (config.get("architectures") or [config.get("model_type", "unknown")])[0]
+    if isinstance(auto_map, dict) and not auto_map.get("AutoModelForCausalLM") and \
+            isinstance(config.get("vision_config"), dict):
+        # refused whatever --trust-remote-code says: advice to pass it would only lead here again
+        raise _refuse(arch, image_text_reason(config, "its auto_map names no AutoModelForCausalLM"))
     if not trust_remote_code:
         raise UnsupportedModelError(
             f"{arch} ships its own code (auto_map in config.json); review it, then re-run with "

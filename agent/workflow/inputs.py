@@ -27,7 +27,7 @@ from agent.migrate.checkpoint_check import check_checkpoint, check_output_outsid
 from agent.recipe.fs_guard import check_regular, check_writable, check_write_destinations
 from agent.recipe.recipe import Recipe
 from agent.recipe.runnable import ensure_runnable_here
-from agent.recipe.targets import TARGETS, choose_target
+from agent.recipe.targets import TARGETS, checkout_root, choose_target
 from agent.workflow.state import MigrationState, RunOptions
 from engine.environment import DeviceUnavailableError, detect_environment, select_device
 from engine.safe_load import LoadError
@@ -269,7 +269,9 @@ def check_output_dir(output_dir: str) -> None:
 def check_npu_for_checkout(args, kind: str | None = None) -> None:
     """A migration into a cann-recipes-infer checkout (--target framework or legacy) runs upstream's
     executor, which imports torch_npu: on a host without a usable NPU it ends here with exit 4, before
-    anything is written or downloaded, naming the stand-in run that validates it. Under the stand-in
+    anything is written or downloaded, naming the stand-in run that validates it — as a command that works as
+    printed: with `--reference-python` an interpreter that has the checkout's transformers where the run needs one,
+    or the command that builds it first (transformers_source.run_advice). Under the stand-in
     (`migrator standin -- migrator run ...`) the run goes on."""
     from agent.recipe.npu_scan import npu_usable
     from npu_standin.environment import is_active
@@ -279,11 +281,17 @@ def check_npu_for_checkout(args, kind: str | None = None) -> None:
         return
     import shlex
 
+    from agent.migrate import transformers_source
     from engine.environment import probe_torch_npu
 
     status = probe_torch_npu()["status"]
     why = status if status != "ok" else "torch_npu sees no NPU"
-    again = shlex.join(["migrator", "standin", "--", "migrator", *getattr(args, "typed", ["run", args.target])])
+    # the next check of that command: an interpreter with the checkout's transformers (plan_for)
+    extra, build = transformers_source.run_advice(checkout_root(Path(args.output_dir).expanduser()),
+                                                  getattr(args, "transformers_source", None),
+                                                  getattr(args, "reference_python", None))
+    again = shlex.join(["migrator", "standin", "--", "migrator", *getattr(args, "typed", ["run", args.target]), *extra])
+    again = f"{build} && {again}" if build else again
     raise errors.EnvironmentProblem(
         f"a {kind} recipe in {Path(args.output_dir).expanduser().resolve()} runs on upstream's executor, which needs "
         f"an Ascend NPU (torch_npu), and this host has none ({why}); nothing was written. Off an NPU, validate "

@@ -165,7 +165,7 @@ def _write(folder: Path, text: str) -> str:
 def _fake_python(folder: Path, version: str) -> Path:
     folder.mkdir(parents=True)
     python = folder / "python3"
-    python.write_text(f"#!/bin/sh\necho {version}\n")
+    python.write_text(f"#!/bin/sh\necho '{{\"version\": \"{version}\", \"failure\": null, \"error\": null}}'\n")   # the import probe's answer
     python.chmod(0o755)
     return python
 
@@ -185,8 +185,102 @@ def test_the_launcher_environments_python3_with_the_pin_is_used_with_or_without_
         assert env["PATH"].split(os.pathsep)[1] == os.path.dirname(os.path.abspath(sys.executable))
     monkeypatch.setattr(os, "environ", env)
     assert reference_python("4.99.1", None) == str(launcher)
-    with pytest.raises(EnvironmentProblem, match="python3 on PATH has not 4.0.0"):
+    with pytest.raises(EnvironmentProblem, match="python3 on PATH has no transformers 4.0.0"):
         reference_python("4.0.0", None)          # only the first python3 on the user's PATH is the launcher's
+
+
+# ---- the exit-4 command works as printed in a checkout that pins another transformers ----------------------
+def _pinned_checkout(root: Path, version: str = "5.0.0") -> Path:
+    checkout = _fake_checkout(root)
+    (checkout / "models" / "qwen").mkdir()
+    (checkout / "models" / "qwen" / "requirements.txt").write_text(f"transformers=={version}\n")
+    return checkout
+
+
+def _refusal(checkout: Path, monkeypatch, **given):
+    """check_npu_for_checkout's exit-4 line for `migrator run ck --output-dir CHECKOUT/models [given]`, python3 on
+    PATH the migrator's own (the installed transformers, not the pin): the printed command, split."""
+    from types import SimpleNamespace
+
+    from agent import errors
+    from agent.workflow import inputs
+
+    monkeypatch.setenv("PATH", os.pathsep.join([os.path.dirname(sys.executable), "/usr/bin", "/bin"]))
+    typed = ["run", "ck", "--output-dir", str(checkout / "models")]
+    for key, value in given.items():
+        typed += [f"--{key.replace('_', '-')}", value]
+    args = SimpleNamespace(recipe_target=None, output_dir=str(checkout / "models"), target="ck", typed=typed,
+                           **{"transformers_source": None, "reference_python": None, **given})
+    with pytest.raises(errors.EnvironmentProblem) as caught:
+        inputs.check_npu_for_checkout(args)
+    line = str(caught.value)
+    assert caught.value.exit_code == 4 and "\n" not in line
+    printed = re.search(r"`([^`]+)`", line).group(1)
+    return printed, typed
+
+
+def _planned_interpreter(command: list[str]) -> str:
+    """The printed `migrator standin -- migrator run …` up to the check that failed before: its arguments
+    through the CLI's parser, then the interpreter check plan_for makes (transformers_source.reference_python)."""
+    from agent import cli
+    from agent.migrate.transformers_source import reference_python
+
+    assert command[:4] == ["migrator", "standin", "--", "migrator"], command
+    args = cli._parser().parse_args(command[4:])
+    return reference_python("5.0.0", args.reference_python)
+
+
+def test_the_exit_4_command_names_an_interpreter_with_the_checkouts_pin_and_passes_that_check(tmp_path, monkeypatch):
+    """A checkout pinning transformers 5.0.0, this interpreter 5.24 and python3 on PATH too: the printed command
+    carries `--reference-python` this checkout's .venv-tf5.0 (make install-tf50's), and gets past the check that
+    refused it before ('python3 on PATH has not 5.0.0: pass --reference-python PY')."""
+    from agent.migrate import transformers_source
+
+    tf50 = transformers_source.PROJECT / ".venv-tf5.0" / "bin" / "python"
+    if not tf50.is_file():
+        pytest.skip("no .venv-tf5.0 here (make install-tf50)")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    printed, typed = _refusal(_pinned_checkout(tmp_path), monkeypatch)
+    command = shlex.split(printed)
+    assert command[4:] == typed + ["--reference-python", str(tf50)], printed
+    assert _planned_interpreter(command) == str(tf50)
+
+
+def test_without_an_interpreter_with_the_pin_the_command_builds_one_first(tmp_path, monkeypatch):
+    """None here: this checkout's `make install-tf50`, then the command `--reference-python` what it builds; outside a
+    checkout of this project (a pip install), a venv in the cache that sees the migrator's packages."""
+    from agent.migrate import transformers_source
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(transformers_source, "interpreter_with", lambda version: None)
+    printed, typed = _refusal(_pinned_checkout(tmp_path), monkeypatch)
+    build, run = printed.split(" && migrator standin -- ")
+    assert build == f"make -C {shlex.quote(str(transformers_source.PROJECT))} install-tf50"
+    assert shlex.split(run)[1:] == typed + ["--reference-python", str(transformers_source.PROJECT / ".venv-tf5.0" / "bin" / "python")]
+    monkeypatch.setattr(transformers_source, "PROJECT", tmp_path / "site-packages")
+    printed, typed = _refusal(_pinned_checkout(tmp_path / "pip"), monkeypatch)
+    venv = tmp_path / "cache" / "infer-migrator" / "transformers" / "venvs" / "transformers-5.0.0"
+    assert printed.startswith(f"{shlex.quote(sys.executable)} -m venv {venv} && echo ") and \
+        f" && {venv}/bin/python -m pip install -q transformers==5.0.0 && migrator standin -- " in printed, printed
+    assert shlex.split(printed.split(" && migrator standin -- ")[1])[1:] == typed + ["--reference-python", f"{venv}/bin/python"]
+
+
+@pytest.mark.slow
+def test_the_venv_the_exit_4_command_builds_has_the_pin(tmp_path, monkeypatch):
+    """The pip-install form, run as printed up to the migrator (pip from the index): its interpreter passes the
+    check the migration makes."""
+    from agent.migrate import transformers_source
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(transformers_source, "PROJECT", tmp_path / "site-packages")
+    printed, _ = _refusal(_pinned_checkout(tmp_path), monkeypatch)
+    build, run = printed.split(" && migrator standin -- ")
+    proc = subprocess.run(["bash", "-c", build], capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0 and "No matching distribution" in proc.stderr + proc.stdout:
+        pytest.skip("the package index cannot be reached here")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert _planned_interpreter(["migrator", "standin", "--", "migrator", *shlex.split(run)[1:]]) == \
+        str(transformers_source.cache_venv("5.0.0") / "bin" / "python")
 
 
 # ---- rollback after repair rounds: the registry line goes too ---------------------------------
@@ -222,17 +316,22 @@ def test_rollback_after_repair_rounds_takes_the_registry_line_out(tmp_path, migr
 
 
 @pytest.mark.slow
-def test_the_checkout_advice_works_when_followed(tmp_path, tiny_checkpoints):
-    """The exit-4 line's `migrator standin -- migrator run …`, run as printed, migrates into the checkout."""
+@pytest.mark.parametrize("source", ["installed", "the checkout's pin"])
+def test_the_checkout_advice_works_when_followed(tmp_path, tiny_checkpoints, source):
+    """The exit-4 line's `migrator standin -- migrator run …`, run as printed, migrates into the checkout — with the
+    installed transformers, and with the checkout's pin (5.0.0): then the line names `--reference-python` this
+    checkout's .venv-tf5.0 (make install-tf50), which the run needs. The default case of that check:
+    test_the_exit_4_command_names_an_interpreter_with_the_checkouts_pin_and_passes_that_check."""
     from agent.measure import reference as upstream
 
     checkout = copy_checkout(tmp_path)
     checkpoint = upstream.tiny_checkpoint("llama", tmp_path / "ckpt")
     args = ["run", str(checkpoint), "--output-dir", str(checkout / "models"), "--name", "adv", "--max-new-tokens", "4",
-            "--transformers-source", "installed", "--max-rounds", "0"]
+            "--max-rounds", "0"] + (["--transformers-source", "installed"] if source == "installed" else [])
     refused = run_cli(*args, cwd=tmp_path)
     assert refused.returncode == 4, refused.stderr[-2000:]
     command = shlex.split(re.search(r"`(migrator standin -- migrator run [^`]+)`", refused.stderr).group(1))
+    assert ("--reference-python" in command) is (source != "installed"), command
     followed = run_cli(*command[1:], cwd=tmp_path, timeout=1500)
     assert followed.returncode == 0, followed.stderr[-3000:]
-    assert (checkout / "models" / "adv" / "agentic" / "baseline" / "baseline_metadata.json").is_file()
+    assert (checkout / "models" / "adv" / "agentic" / "baseline" / "baseline_metadata.standin.json").is_file()   # a stand-in run's

@@ -147,9 +147,13 @@ class WorldComm:
         return torch.distributed.group.WORLD
 
 
-def infer_config(moe_tp_size: int = 1, moe_ep_size: int = 1):
-    return types.SimpleNamespace(parallel_config=types.SimpleNamespace(moe_tp_size=moe_tp_size, moe_ep_size=moe_ep_size),
-                                 model_config=types.SimpleNamespace(enable_weight_nz=False))
+def infer_config(moe_tp_size: int = 1, world_size: int | None = None, attn_tp_size: int | None = None):
+    """upstream's InferenceConfig as the block reads it: world_size and attn_tp_size default to moe_tp_size (the
+    layout the block runs); moe_ep_size derived as upstream's ParallelConfig derives it."""
+    world_size = world_size or moe_tp_size
+    parallel = types.SimpleNamespace(world_size=world_size, attn_tp_size=attn_tp_size or world_size,
+                                     moe_tp_size=moe_tp_size, moe_ep_size=world_size // moe_tp_size)
+    return types.SimpleNamespace(parallel_config=parallel, model_config=types.SimpleNamespace(enable_weight_nz=False))
 
 
 def run(case: str, *, features=None, source_edit=None, checkpoint_edit=None, moe_tp_size: int = 1,

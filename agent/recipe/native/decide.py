@@ -107,6 +107,23 @@ def checked(ctx: dict, config: dict, features: NativeFeatures, checkout: Path) -
     return NativeDecision(True, features, max_rel=result["max_rel"])
 
 
+def type_note(model_type: str) -> str:
+    """Whether the native generator writes `model_type` (a causal-LM type of the installed transformers), in a
+    few words for a one-line answer: derived on the type's default config, as scripts/native_coverage.py surveys
+    it (the self-check that follows in a migration is not run here), or the layer kind that would fall back to
+    the adapter and why."""
+    from transformers import AutoConfig
+
+    try:
+        derive(AutoConfig.for_model(model_type).to_dict())
+    except NotNative as exc:
+        return f"a type the native generator does not write ({exc.kind}: {' '.join(exc.reason.split())[:160]})"
+    except Exception as exc:  # noqa: BLE001 - transformers' own code failed under a probe: not recognised
+        text = " ".join(f"{type(exc).__name__}: {exc}".split())[:160]
+        return f"a type the native generator does not write (its probe failed: {text})"
+    return "a type the native generator writes"
+
+
 def decide(ctx: dict, config: dict, checkout: Path | None) -> NativeDecision:
     """Native or not for the architecture of `config` (a checkpoint's config.json), once per
     configuration and generator in this process."""

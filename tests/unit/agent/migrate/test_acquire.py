@@ -154,6 +154,23 @@ def test_large_weights_refused_from_index_metadata(hf_home, tiny_files):
     assert [c["allow_patterns"] for c in out["calls"]] == [SMALL_FILE_PATTERNS]
 
 
+def test_a_quantized_checkpoint_is_refused_before_its_weights_are_asked_for(hf_home, tiny_files):
+    """DeepSeek-V3's block-FP8 (690 GB, no unquantized original): refused by its config (exit 3) before the
+    weights are fetched or asked for (exit 5), the line saying how to download, convert and migrate it."""
+    small = with_config(small_only(tiny_files), num_nextn_predict_layers=1, quantization_config={
+        "activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]})
+    index = {"metadata": {"total_size": 689_000_000_000}, "weight_map": {"lm_head.weight": "model-00001-of-00163.safetensors"}}
+    add_snapshot(hf_home, "Org/Fp8", MAIN, {**small, "model.safetensors.index.json": json.dumps(index).encode()},
+                 refs=("main",))
+    out = run_acquire("Org/Fp8", hf_home)
+    assert not out["ok"] and out["exit_code"] == 3, out
+    assert "weights are quantized: block-FP8" in out["error"]
+    assert "download it (`hf download Org/Fp8 --local-dir DIR`), then convert it to bf16" in out["error"]
+    assert "`python3 models/deepseek_r1/utils/convert_model.py --input_fp8_hf_path DIR --output_hf_path DIR-bf16`, " \
+           "then migrate DIR-bf16" in out["error"]
+    assert [c["allow_patterns"] for c in out["calls"]] == [SMALL_FILE_PATTERNS]
+
+
 def test_large_weights_refused_from_cached_tree_listing(hf_home, tiny_files):
     """The tree listing huggingface_hub caches per commit has exact sizes: trusted over everything else."""
     small = small_only(tiny_files)

@@ -181,8 +181,8 @@ REFUSALS = [
     ("roberta", {}, "encoder-only model", None),
     ("bart", {}, "decoder half of an encoder-decoder model", None),
     ("whisper", {}, "decoder half of an encoder-decoder model", "multimodal"),
-    ("gemma3", {}, "multimodal model (Gemma3ForConditionalGeneration.forward takes pixel_values)", None),
-    ("git", {}, "multimodal model (GitForCausalLM.forward takes pixel_values)", None),
+    ("gemma3", {}, "image-text model (Gemma3ForConditionalGeneration.forward takes pixel_values)", "text-only"),
+    ("git", {}, "image-text model (GitForCausalLM.forward takes pixel_values)", "text-only"),
     ("gemma4_unified_assistant", {}, "draft model for assisted generation", None),
     ("llama", {"quantization_config": {"quant_method": "awq"}}, "weights are quantized (awq)", None),
 ]
@@ -200,6 +200,84 @@ def test_refusal_says_the_true_reason(model_type, changes, expected, not_expecte
     assert caught.value.exit_code == 3 and "\n" not in message
     assert expected in message, message
     assert not_expected is None or not_expected not in message.split("; supported")[0]
+
+
+# Image-text checkpoints as their config.json has them (transformers' own config classes, architectures as the
+# hub's): (model_type, architecture, the text decoder's model_type or None, whether the native generator writes it)
+IMAGE_TEXT = [
+    ("llava", "LlavaForConditionalGeneration", "llama", True),
+    ("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl_text", False),
+    ("mistral3", "Mistral3ForConditionalGeneration", "mistral", True),
+    ("paligemma", "PaliGemmaForConditionalGeneration", "gemma", True),
+    ("idefics3", "Idefics3ForConditionalGeneration", "llama", True),
+    ("gemma3", "Gemma3ForConditionalGeneration", "gemma3_text", True),     # a class in the causal-LM mapping
+    # not in the issue's list: a text decoder the generator does not write, a MoE one, one with no causal-LM
+    # class, none of its own, an image input not named pixel_values
+    ("cohere2_vision", "Cohere2VisionForConditionalGeneration", "cohere2", False),
+    ("kimi_k25", "KimiK25ForConditionalGeneration", "deepseek_v3", True),
+    ("blip-2", "Blip2ForConditionalGeneration", "opt", False),
+    ("chameleon", "ChameleonForConditionalGeneration", None, False),
+    ("fuyu", "FuyuForCausalLM", "persimmon", False),
+    ("phi4_multimodal", "Phi4MultimodalForCausalLM", None, False),
+]
+
+
+@pytest.mark.parametrize("model_type,architecture,text_type,native", IMAGE_TEXT, ids=[r[0] for r in IMAGE_TEXT])
+def test_an_image_text_checkpoint_is_named_with_its_text_decoder(model_type, architecture, text_type, native):
+    """One true line: an image-text model, why (its class's inputs, or no causal-LM class), its text decoder's
+    model_type and whether the native generator writes it; not 'encoder-only', not 'its text-only checkpoint'."""
+    import transformers
+
+    from agent.errors import UnsupportedModelError
+    from agent.migrate.vendor import locate_source
+
+    config = _config(model_type, architecture)
+    with pytest.raises(UnsupportedModelError) as caught:
+        locate_source(config)
+    message = str(caught.value)
+    assert caught.value.exit_code == 3 and "\n" not in message
+    assert message.startswith(f"{architecture}: image-text model (") and "image-text checkpoints are not served yet" in message
+    assert "encoder-only" not in message and "text-only" not in message
+    if text_type is None:
+        assert "its text decoder has no separate config" in message, message
+    else:
+        assert f"its text decoder is {text_type}" in message, message
+    no_class = text_type is not None and text_type not in transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    if no_class:
+        assert f"{text_type}, which has no causal-LM class in transformers" in message, message
+    assert ("a type the native generator writes" in message) is native, message
+
+
+def test_a_remote_code_image_text_checkpoint_is_not_sent_to_trust_remote_code():
+    """InternVL-style remote code (auto_map without AutoModelForCausalLM, llm_config): --trust-remote-code would only
+    lead to the same refusal, so the line says what it is whatever the flag."""
+    from agent.errors import UnsupportedModelError
+    from agent.migrate.vendor import locate_source
+
+    config = {"model_type": "internvl_chat", "architectures": ["InternVLChatModel"],
+              "auto_map": {"AutoConfig": "configuration_internvl_chat.InternVLChatConfig",
+                           "AutoModel": "modeling_internvl_chat.InternVLChatModel"},
+              "vision_config": {"model_type": "intern_vit_6b"}, "llm_config": {"model_type": "qwen2"}}
+    for trust in (False, True):
+        with pytest.raises(UnsupportedModelError) as caught:
+            locate_source(config, trust_remote_code=trust)
+        message = str(caught.value)
+        assert message.startswith("InternVLChatModel: image-text model (its auto_map names no AutoModelForCausalLM); "
+                                  "its text decoder is qwen2 (Qwen2ForCausalLM), a type the native generator writes")
+        assert "--trust-remote-code" not in message
+
+
+def test_an_audio_text_checkpoint_is_not_told_to_find_a_text_only_one():
+    from agent.errors import UnsupportedModelError
+    from agent.migrate.vendor import refusal_reason
+
+    class AudioForCausalLM:
+        def forward(self, input_ids, input_features=None):
+            pass
+
+    reason = refusal_reason({"model_type": "x"}, AudioForCausalLM)
+    assert reason == "multimodal model (AudioForCausalLM.forward takes input_features): checkpoints with audio inputs are not served"
+    assert UnsupportedModelError
 
 
 def test_encoder_decoder_checkpoint_is_refused_as_a_whole():

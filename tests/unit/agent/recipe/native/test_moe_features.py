@@ -139,13 +139,17 @@ def test_a_fault_in_the_generated_block_fails_the_check(fault):
     assert result["rel"] > FAULT, (fault, result)
 
 
-def test_expert_parallel_is_refused_with_what_to_set():
+def test_expert_parallel_is_refused_with_keys_a_yaml_sets():
+    """Upstream derives moe_ep_size (world_size // moe_tp_size): the advice names moe_tp_size, which a YAML sets.
+    The table of layouts: tests/unit/agent/recipe/native/test_parallel_layouts.py."""
     from agent.recipe.native.moe_features import derive_moe
 
     config = harness.shrunk_config("mixtral")
     module = harness.load_generated(harness_render(derive_moe(config)), "mixtral_ep")
-    with pytest.raises(ValueError, match="moe_ep_size=2: .* set moe_ep_size: 1"):
-        module.MixtralSparseMoeBlock(config, harness.infer_config(moe_ep_size=2), None)
+    with pytest.raises(ValueError, match=r"moe_tp_size 1 at world_size 2: .* set attn_tp_size and moe_tp_size to "
+                                         r"world_size \(2\)") as caught:
+        module.MixtralSparseMoeBlock(config, harness.infer_config(moe_tp_size=1, world_size=2), None)
+    assert "moe_ep_size:" not in str(caught.value)
 
 
 def test_a_routing_no_op_expresses_is_not_native():
