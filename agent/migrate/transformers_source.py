@@ -285,8 +285,10 @@ def python_transformers(python: str) -> tuple[str | None, str | None]:
     except LoadError:
         answer = None
     if not isinstance(answer, dict):
-        tail = (proc.stderr.strip().splitlines() or ["no answer"])[-1]
-        return None, f"{python}: cannot run the import probe ({' '.join(tail.split())[:200]})"
+        from agent.child_failure import child_failure
+
+        reason = child_failure(proc.stderr, proc.returncode, no_answer="it printed no answer")
+        return None, f"{python}: cannot run the import probe ({reason})"
     version = answer.get("version") if isinstance(answer.get("version"), str) else None
     if isinstance(answer.get("failure"), dict):
         return version, import_probe.line(answer["failure"], python)
