@@ -95,11 +95,19 @@ def _refuse(arch: str, why: str) -> UnsupportedModelError:
                                  f"(families: {supported_families()})")
 
 
+def _npu_route(config: dict) -> bool:
+    """compressed-tensors W8A8 int8, which upstream's module/quantization runs on the NPU (and `--quantize
+    w8a8` writes): served; other quantized formats are refused below."""
+    from agent.migrate.quantized_formats import is_w8a8
+
+    return is_w8a8(config)
+
+
 def check_servable(config: dict) -> None:
     """Refuse, in one line, what the recipes cannot serve (before any code is touched)."""
     arch = (config.get("architectures") or [config.get("model_type", "unknown")])[0]
     quant = config.get("quantization_config")
-    if quant:
+    if quant and not _npu_route(config):
         method = quant.get("quant_method", "unknown") if isinstance(quant, dict) else "unknown"
         raise _refuse(arch, f"weights are quantized ({method}); the migrator handles unquantized "
                             "fp32/fp16/bf16 checkpoints — use the original unquantized model")
