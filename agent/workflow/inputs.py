@@ -115,8 +115,8 @@ def standin_plan(args, recipe: Recipe | None) -> dict | None:
     if recipe.is_recipe:
         check_recipe_files(recipe)      # a binary / bomb / duplicate-key upstream YAML: exit 2, not a crash
     return plan_run(recipe, getattr(args, "world_size", None) or 1, yaml_name=getattr(args, "yaml", None),
-                    standin="cpu", tiny=args.tiny,
-                    max_new_tokens=min(getattr(args, "max_new_tokens", 16), 16)).as_dict()
+                    standin="cpu", tiny=args.tiny, max_new_tokens=min(getattr(args, "max_new_tokens", 16), 16),
+                    quantize=getattr(args, "quantize", None)).as_dict()
 
 
 def check_quantize(args, path: Path, is_recipe: bool) -> None:
@@ -127,8 +127,11 @@ def check_quantize(args, path: Path, is_recipe: bool) -> None:
     if not scheme:
         return
     if is_recipe:
+        if getattr(args, "standin", False) and getattr(args, "tiny", False):
+            return      # the stand-in's tiny checkpoint written so (agent.run.plan)
         raise errors.InputError(f"--quantize {scheme} quantizes the checkpoint a migration starts from; "
-                                f"{args.target} is a recipe, which runs the weights its YAML names")
+                                f"{args.target} is a recipe, which runs the weights its YAML names (under "
+                                "--standin --tiny its tiny checkpoint is written so)")
     if (path / "config.json").is_file():
         from agent.migrate.quantize import plan
 

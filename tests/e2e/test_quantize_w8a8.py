@@ -86,17 +86,19 @@ def test_quantize_takes_a_float_checkpoint_and_refuses_the_rest_in_one_line(tiny
 @pytest.mark.slow
 @pytest.mark.parametrize("writer", ["compressed-tensors", "migrator"])
 def test_upstream_qwen_w8a8_runs_quantized_under_the_standin_and_holds_to_transformers(tiny, tmp_path, writer):
-    from agent.migrate.quantize import quantize_w8a8
-
+    """compressed-tensors: its library's checkpoint, the YAML pointed at it; migrator: the one command,
+    `migrator run CHECKOUT/models/qwen --standin --tiny --quantize w8a8 --yaml qwen3_8b_w8a8_1tp.yaml`."""
     root, source = tiny
-    checkpoint = (_compressed_tensors_w8a8(source, tmp_path / "ct") if writer == "compressed-tensors"
-                  else Path(quantize_w8a8(source, tmp_path / "ours").checkpoint))
     checkout = copy_checkout(tmp_path)
     recipe = checkout / "models" / "qwen"
-    tiny_yaml(recipe / "config" / "qwen3_8b_w8a8_1tp.yaml", recipe / "config" / "tiny_w8a8.yaml", checkpoint)
-    assert "ge_graph" in (recipe / "config" / "tiny_w8a8.yaml").read_text()
-    proc = run_cli("run", str(recipe), "--standin", "--yaml", "tiny_w8a8.yaml", "--max-rounds", "0", "--json",
-                   env=FAST, timeout=1800)
+    if writer == "compressed-tensors":
+        checkpoint = _compressed_tensors_w8a8(source, tmp_path / "ct")
+        tiny_yaml(recipe / "config" / "qwen3_8b_w8a8_1tp.yaml", recipe / "config" / "tiny_w8a8.yaml", checkpoint)
+        assert "ge_graph" in (recipe / "config" / "tiny_w8a8.yaml").read_text()
+        args = ("--yaml", "tiny_w8a8.yaml")
+    else:
+        args = ("--tiny", "--quantize", "w8a8", "--yaml", "qwen3_8b_w8a8_1tp.yaml")
+    proc = run_cli("run", str(recipe), "--standin", *args, "--max-rounds", "0", "--json", env=FAST, timeout=1800)
     summary = json.loads(proc.stdout)
     assert proc.returncode == 0 and summary["status"] == "ok", proc.stderr[-3000:]
     precision = summary["precision"]
@@ -112,6 +114,28 @@ def test_upstream_qwen_w8a8_runs_quantized_under_the_standin_and_holds_to_transf
     assert "npu_swiglu" not in kernels                       # the float MLP never ran
     assert report["standin"]["unsupported"] == []
     assert report["standin"]["compiles"], "ge_graph's decode step was captured"
+    if writer == "migrator":
+        assert any("written W8A8 (--quantize)" in note for note in report["upstream_standin"]["notes"])
+
+
+def test_a_quantized_yaml_on_a_float_tiny_checkpoint_says_so_and_quantize_needs_tiny(tmp_path):
+    """The plan (agent.run.plan): --tiny on qwen3_8b_w8a8_1tp.yaml without --quantize runs the float path and
+    its notes say so; --quantize on a recipe without --standin --tiny is bad input."""
+    from agent.errors import InputError
+    from agent.recipe.recipe import Recipe
+    from agent.run.plan import plan_run
+    from upstream_checkout import copy_snapshot
+
+    recipe = Recipe.at(copy_snapshot(tmp_path / "ck") / "models" / "qwen")
+    plan = plan_run(recipe, 1, yaml_name="qwen3_8b_w8a8_1tp.yaml", standin="cpu", tiny=True)
+    assert any("names a quantized checkpoint and the tiny one is float" in n for n in plan.notes)
+    plain = plan_run(recipe, 1, yaml_name="qwen3_8b_1tp.yaml", standin="cpu", tiny=True)
+    assert not any("names a quantized checkpoint" in n for n in plain.notes), plain.notes
+    with pytest.raises(InputError, match="pass --standin --tiny"):
+        plan_run(recipe, 1, yaml_name="qwen3_8b_w8a8_1tp.yaml", standin="cpu", quantize="w8a8")
+    quantized = plan_run(recipe, 1, yaml_name="qwen3_8b_w8a8_1tp.yaml", standin="cpu", tiny=True, quantize="w8a8")
+    config = json.loads((Path(quantized.checkpoint) / "config.json").read_text())
+    assert config["quantization_config"]["format"] == "int-quantized" and quantized.tiny
 
 
 # ---- --quantize into a checkout (slow) -------------------------------------------------------------
