@@ -158,8 +158,6 @@ def plan(model_dir: Path) -> Plan:
             result.kept_float.append(name)
             continue
         if key not in tensors:
-            if name.startswith("lm_head") or model.get_output_embeddings() is module:
-                continue            # tied to the embeddings: no tensor of its own
             raise InputError(f"--quantize w8a8: transformers' linear layer {name} has no tensor {key} in the "
                              f"checkpoint (the class renames or fuses it at load); {config.get('model_type')} is "
                              "not supported by --quantize yet")

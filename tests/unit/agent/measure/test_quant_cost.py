@@ -23,6 +23,11 @@ def converted(tmp_path_factory):
     return Path(quantize.quantize_w8a8(DEMO, root / "w8a8").checkpoint)
 
 
+@pytest.fixture(scope="module")
+def faithful(converted):
+    return quant_cost.quantization_cost(DEMO, converted)
+
+
 def _scaled(checkpoint: Path, dest: Path, factor: float, only: str | None = None) -> Path:
     from safetensors.torch import load_file, save_file
 
@@ -35,8 +40,8 @@ def _scaled(checkpoint: Path, dest: Path, factor: float, only: str | None = None
     return dest
 
 
-def test_a_faithful_w8a8_conversion_agrees_at_every_step_at_the_same_nll(converted):
-    cost = quant_cost.quantization_cost(DEMO, converted)
+def test_a_faithful_w8a8_conversion_agrees_at_every_step_at_the_same_nll(faithful):
+    cost = faithful
     assert cost["steps"] == quant_cost.STEPS and cost["prompt_tokens"] > 10
     assert cost["top1_agreement"] == 1.0 and cost["first_disagreement"] is None
     assert abs(cost["nll"]["delta"]) < 0.05 and cost["nll"]["original"] < 1.0      # a trained model: it predicts
@@ -45,7 +50,7 @@ def test_a_faithful_w8a8_conversion_agrees_at_every_step_at_the_same_nll(convert
     assert "agreement 16/16 steps (every step)" in quant_cost.line(cost)
 
 
-@pytest.mark.parametrize("factor, only", [(4.0, None), (0.25, None), (8.0, "layers.0.self_attn.o_proj")])
+@pytest.mark.parametrize("factor, only", [(4.0, None), (8.0, "layers.0.self_attn.o_proj")])
 def test_scales_off_by_a_factor_show_as_low_agreement_and_high_nll(converted, tmp_path, factor, only):
     broken = _scaled(converted, tmp_path / "broken", factor, only)
     cost = quant_cost.quantization_cost(DEMO, broken)
@@ -54,10 +59,9 @@ def test_scales_off_by_a_factor_show_as_low_agreement_and_high_nll(converted, tm
     assert cost["mean_kl"] > 0.5
 
 
-def test_a_milder_fault_keeps_the_top_token_but_not_the_nll(converted, tmp_path):
+def test_a_milder_fault_keeps_the_top_token_but_not_the_nll(converted, faithful, tmp_path):
     """One layer's scale off where the model's margin absorbs it: top-1 holds, the NLL and KL show it,
     against the faithful conversion's ~0 (the figures are reported side by side for this reason)."""
-    faithful = quant_cost.quantization_cost(DEMO, converted)
     broken = quant_cost.quantization_cost(DEMO, _scaled(converted, tmp_path / "mild", 8.0, "layers.1.mlp.down_proj"))
     assert broken["nll"]["delta"] > 0.05 > abs(faithful["nll"]["delta"]) * 10
     assert broken["mean_kl"] > 10 * max(faithful["mean_kl"], 1e-4)
@@ -74,5 +78,8 @@ def test_the_one_line_says_what_was_not_measured():
 def test_measure_runs_it_in_a_subprocess_and_reports_a_failure_in_one_line(converted, tmp_path):
     got = quant_cost.measure(DEMO, converted, timeout=600)
     assert got["top1_agreement"] == 1.0
-    missing = quant_cost.measure(DEMO, tmp_path / "nowhere", timeout=600)
-    assert set(missing) == {"error"} and missing["error"].startswith("exit 1:")
+    script = tmp_path / "fails.sh"          # an interpreter that fails: its last stderr line is the error
+    script.write_text("#!/bin/sh\necho 'first line' >&2\necho 'OSError: no such checkpoint' >&2\nexit 3\n")
+    script.chmod(0o755)
+    failed = quant_cost.measure(DEMO, tmp_path / "nowhere", python=str(script))
+    assert failed == {"error": "exit 3: OSError: no such checkpoint"}

@@ -223,3 +223,56 @@ def test_checkpoints_it_cannot_convert_are_refused_in_one_line(written, tmp_path
             quantize.plan(folder)
         assert expected[case] in str(info.value) and "\n" not in str(info.value), (case, str(info.value))
         assert str(info.value).startswith("--quantize w8a8:")
+
+
+def _with(group: dict, **top) -> dict:
+    config = quantize.quantization_config(["lm_head"])
+    config["config_groups"]["group_0"].update(group)
+    config.update(top)
+    return {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "quantization_config": config}
+
+
+W8A8 = quantize.quantization_config([])["config_groups"]["group_0"]
+
+
+@pytest.mark.parametrize("config, served", [
+    (_with({}), True),
+    (_with({"weights": {**W8A8["weights"], "strategy": "tensor"}}), True),
+    (_with({"weights": {**W8A8["weights"], "num_bits": 4}}), False),                   # W4A8 / W4A16
+    (_with({"input_activations": None}), False),                                       # weight-only
+    (_with({"input_activations": {**W8A8["input_activations"], "dynamic": False}}), False),   # static activations
+    (_with({"input_activations": {**W8A8["input_activations"], "strategy": "tensor"}}), False),
+    (_with({"weights": {**W8A8["weights"], "type": "float"}}), False),                 # FP8
+    (_with({}, format="dense"), False),
+    (_with({}, quant_method="awq"), False),
+    ({"model_type": "llama", "compression_config": _with({})["quantization_config"]}, True),
+])
+def test_the_servability_check_takes_exactly_upstreams_w8a8_int8(config, served):
+    """compressed-tensors W8A8 int8 (what upstream's module/quantization runs on the NPU) is served; every
+    other quantized format is still refused with its method named (exit 3)."""
+    from agent.errors import UnsupportedModelError
+    from agent.migrate.vendor import check_servable
+
+    assert quantize.is_w8a8(config) is served
+    if served:
+        check_servable(config)
+    else:
+        with pytest.raises(UnsupportedModelError, match="weights are quantized"):
+            check_servable(config)
+
+
+def test_the_command_line_redoes_it_and_never_writes_over_a_folder_it_did_not_write(written, tmp_path, capsys):
+    source, checkpoint, _ = written
+    again = tmp_path / "again"
+    assert quantize.main([str(source), str(again)]) == 0
+    assert json.loads(capsys.readouterr().out)["checkpoint"] == str(again)
+    first = {p.name: p.read_bytes() for p in again.iterdir()}
+    assert quantize.main([str(source), str(again)]) == 0                 # a W8A8 checkpoint written before: redone
+    assert {p.name: p.read_bytes() for p in again.iterdir()} == first
+    other = tmp_path / "mine"
+    other.mkdir()
+    (other / "notes.txt").write_text("keep")
+    assert quantize.main([str(source), str(other)]) == 2
+    assert "is not an empty folder or a W8A8 checkpoint" in capsys.readouterr().err
+    assert (other / "notes.txt").read_text() == "keep" and len(list(other.iterdir())) == 1
+    assert quantize.main([str(tmp_path / "nothing"), str(tmp_path / "x")]) == 2
