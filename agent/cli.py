@@ -129,6 +129,11 @@ def _add_run_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--dtype", choices=KEY["model_config.dtype"].choices,
                      help="model dtype in the YAML (default: the checkpoint's)")
     run.add_argument("--weights", help="local weights directory for models too large to download")
+    run.add_argument("--quantize", choices=("w8a8",),
+                     help="migrate the checkpoint written as int8 W8A8 (compressed-tensors: int8 weights per "
+                          "channel, int8 activations per token at run time, no calibration data; the output head, "
+                          "router gates and norms stay float) beside the recipe's state, and report the cost of "
+                          "quantizing (top-1 agreement, NLL against the float original)")
     run.add_argument("--hub", choices=("hf", "modelscope"),
                      help="where Org/Name lives (default: hf; a modelscope.cn link says it itself)")
     run.add_argument("--trust-remote-code", action="store_true",

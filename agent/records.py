@@ -145,3 +145,4 @@ class Report(TypedDict, total=False):
     memory: MemoryEstimate
     baseline_path: str
     verification: Verification
+    quantization: dict[str, Any]     # --quantize: agent.migrate.quantize.for_migration

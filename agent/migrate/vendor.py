@@ -95,16 +95,24 @@ def _refuse(arch: str, why: str) -> UnsupportedModelError:
                                  f"(families: {supported_families()})")
 
 
+def _npu_route(config: dict) -> bool:
+    """compressed-tensors W8A8 int8, which upstream's module/quantization runs on the NPU (and `--quantize
+    w8a8` writes): served; other quantized formats are refused below."""
+    from agent.migrate.quantized_formats import is_w8a8
+
+    return is_w8a8(config)
+
+
 def check_servable(config: dict, model_dir: Path | None = None, download: str | None = None) -> None:
-    """Refuse, in one line, what the recipes cannot serve (before any code is touched). A quantized checkpoint:
-    agent.migrate.quantization names its quantization and upstream's converter where one reads it (the
-    checkpoint at `model_dir`, or fetched by `download`)."""
+    """Refuse, in one line, what the recipes cannot serve (before any code is touched). A quantized checkpoint
+    other than compressed-tensors W8A8 int8: agent.migrate.quantization names its quantization and upstream's
+    converter where one reads it (the checkpoint at `model_dir`, or fetched by `download`)."""
     from agent.migrate import quantization
 
     archs = config.get("architectures")
     arch = archs[0] if isinstance(archs, list) and archs and is_identifier(archs[0]) else \
         config.get("model_type") if is_identifier(str(config.get("model_type")).replace("-", "_")) else "the checkpoint"
-    if config.get("quantization_config"):
+    if config.get("quantization_config") and not _npu_route(config):
         raise _refuse(arch, quantization.refusal(config, model_dir, download))
     if config.get("is_encoder_decoder") and not any(a.endswith(CAUSAL_LM_SUFFIXES) for a in config.get("architectures") or []):
         raise _refuse(arch, "encoder-decoder model (is_encoder_decoder: true)")

@@ -141,6 +141,48 @@ def refresh(recipe_dir: Path, baseline: dict, baseline_file: str, settings: dict
     return True
 
 
+QUANTIZATION_HEADING = "## 量化"
+
+
+def quantization_section(quant: dict) -> str:
+    """The body of 量化 for a recipe migrated with --quantize: the checkpoint written, its format, the command
+    that redoes it, and the cost of quantizing against the float original (its line from
+    agent.measure.quant_cost, `cost_line`)."""
+    kept = "、".join(f"`{n}`" for n in quant.get("kept_float") or []) or "无"
+    return (f"权重由 migrator 量化为 {str(quant.get('scheme', '')).upper()}：{quant.get('format')}。"
+            f"量化配置随权重目录 config.json 的 `quantization_config`（compressed-tensors）加载，YAML 无需声明。\n\n"
+            f"- 量化权重：`{quant.get('checkpoint')}`（由 `{quant.get('source')}` 转换，{quant.get('quantized_layers')} 个线性层为 int8；"
+            f"保持浮点：{kept}）\n"
+            f"- 重新转换：`{quant.get('command')}`\n"
+            f"- 量化代价（对比浮点原始权重，transformers CPU）：{quant.get('cost_line') or 'not measured'}")
+
+
+def write_quantization(recipe_dir: Path, quant: dict) -> bool:
+    """The README's 量化 section, just before 性能基线 (its verdict), and the performance table's 量化模式
+    cell, for a recipe migrated with --quantize; True when it changed. A README without 性能基线 is left alone."""
+    readme = recipe_dir / "README.md"
+    try:
+        text = readme.read_text(encoding="utf-8")
+    except OSError:
+        return False
+    if readme.is_symlink() or f"\n{PERFORMANCE_HEADING}\n" not in text:
+        return False
+    body = quantization_section(quant)
+    if f"\n{QUANTIZATION_HEADING}\n" in text:
+        new = replace_section(text, QUANTIZATION_HEADING, body)
+    else:
+        new = text.replace(f"\n{PERFORMANCE_HEADING}\n", f"\n{QUANTIZATION_HEADING}\n\n{body}\n\n{PERFORMANCE_HEADING}\n", 1)
+    label = str(quant.get("scheme", "")).upper()
+    start = new.find(f"\n{PERFORMANCE_HEADING}\n")
+    head, table = new[:start], new[start:]
+    table = re.sub(r"^\| BF16 \|", f"| {label} |", table, count=1, flags=re.M)
+    new = head + table
+    if new == text:
+        return False
+    user_tree(recipe_dir).write_text(readme, new)
+    return True
+
+
 # ---- the model's own facts (概述), from its configuration -----------------------------------------
 def _first(config: dict, *keys):
     return next((config[k] for k in keys if isinstance(config.get(k), (int, float)) and not isinstance(config.get(k), bool)), None)

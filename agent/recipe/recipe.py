@@ -350,6 +350,9 @@ REPORT_SCHEMA = {
     "transformers": lambda v: isinstance(v, dict) and all(v.get(k) is None or _str(v[k])
                                                           for k in ("version", "source_root", "origin", "python")),
     "rounds": lambda v: isinstance(v, list) and all(isinstance(r, dict) for r in v),
+    "quantization": lambda v: isinstance(v, dict) and all(v.get(k) is None or _str(v[k]) for k in (
+        "scheme", "source", "checkpoint", "format", "command")) and (v.get("cost") is None or isinstance(v["cost"], dict))
+        and isinstance(v.get("kept_float", []), list) and all(isinstance(x, str) for x in v.get("kept_float", [])),
 }
 
 

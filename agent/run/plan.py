@@ -16,6 +16,7 @@ the stand-in, `--tiny`. A standalone recipe's YAML names its weights itself: it 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -31,11 +32,12 @@ from agent.recipe.fs_guard import user_tree
 TINY_INPUT_LEN = 128
 TINY_MAX_BATCH = 4
 TP_KEYS = ("attn_tp_size", "moe_tp_size", "lmhead_tp_size")
+QUANTIZED_YAML = re.compile(r"w8a8|a8w8|w4a8|int8", re.I)
 
 
 def plan_run(recipe: Recipe, world_size: int | None = None, *, yaml_name: str | None = None,
              weights: str | Path | None = None, standin: str | None = None, tiny: bool = False,
-             max_new_tokens: int = 16) -> RunPlan:
+             max_new_tokens: int = 16, quantize: str | None = None) -> RunPlan:
     """The run plan (see the module docs). `standin`: the stand-in's device (None: not under the
     stand-in); `yaml_name`: a file of config/ to run (a --standin run; default: Recipe.run_plan's).
     InputError (exit 2) for a YAML that is not there, or weights that are absent without --tiny under
@@ -58,7 +60,12 @@ def plan_run(recipe: Recipe, world_size: int | None = None, *, yaml_name: str | 
     # a target whose YAMLs carry a placeholder gets the real path at run time; a standalone YAML names its
     # weights itself (a wrong one is a fault its repair fixes in the YAML, never hidden by a copy)
     fills = recipe.target.model_path_placeholder is not None
+    if quantize and not (standin is not None and tiny):
+        raise InputError(f"--quantize {quantize} on a recipe writes the stand-in's tiny checkpoint so; pass --standin --tiny")
     if own is not None and (own / "config.json").is_file():
+        if quantize:
+            raise InputError(f"--quantize {quantize}: {base.yaml.name}'s model_path {written!r} holds weights, which the "
+                             "run takes as they are; --quantize writes a tiny checkpoint where the weights are not here")
         checkpoint, how = own, f"weights: {own} (the YAML's model_path)"
     elif fills and weights is not None and (Path(weights) / "config.json").is_file():
         checkpoint, how = Path(weights).resolve(), f"weights: {weights} (the YAML's model_path is {written!r})"
@@ -79,6 +86,15 @@ def plan_run(recipe: Recipe, world_size: int | None = None, *, yaml_name: str | 
               f"({written!r} is not here)", file=sys.stderr, flush=True)
         checkpoint = build_tiny(recipe, model_type)
         how = f"weights: tiny random {model_type} checkpoint {checkpoint} (the YAML's model_path {written!r} is not here)"
+        if quantize:
+            from agent.run.standin import quantize_tiny
+
+            checkpoint = quantize_tiny(recipe, checkpoint, quantize)
+            how += f", written {quantize.upper()} (--quantize): {checkpoint}"
+        elif QUANTIZED_YAML.search(base.yaml.name):
+            notes.append(f"{base.yaml.name} names a quantized checkpoint and the tiny one is float: the run takes the "
+                         "float path; --quantize w8a8 writes the tiny checkpoint W8A8")
+            print(f"[migrator] --tiny: {notes[-1]}", file=sys.stderr, flush=True)
         plan = replace(plan, tiny=True, model_type=model_type)
     else:
         # nothing to fill in: the run goes as the recipe is (a repair may point model_path at weights)

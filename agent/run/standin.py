@@ -72,6 +72,21 @@ def build_tiny(recipe: Recipe, model_type: str) -> Path:
     return out
 
 
+def quantize_tiny(recipe: Recipe, tiny: Path, scheme: str) -> Path:
+    """`--standin --tiny --quantize w8a8`: the tiny checkpoint written W8A8 (agent.migrate.quantize) beside it,
+    for a recipe's quantized YAML (upstream's models/qwen qwen3_8b_w8a8_*.yaml); built once."""
+    from agent.migrate.quantize import quantize_w8a8
+    from agent.migrate.quantized_formats import is_w8a8
+
+    out = tiny.with_name(f"{tiny.name}-{scheme}")
+    if (out / "config.json").is_file() and is_w8a8(load_json(out / "config.json")):
+        return out
+    tree = user_tree(recipe.path)
+    tree.rmtree(out)
+    quantize_w8a8(tiny, out, tree=tree)
+    return out
+
+
 def tiny_settings(model_type: str) -> dict:
     """The build overrides of `model_type`'s tiny checkpoint: TINY_SETTINGS, and TINY_SLIDING_WINDOW where
     transformers' default config has a longer window."""

@@ -48,6 +48,7 @@ def validate_run(args) -> tuple[MigrationState, RunOptions]:
     # the input step's one look-up of the folder (after check_target refused what must not be read)
     recipe = check_target(args.target, args.trust_remote_code)
     is_recipe = recipe is not None and recipe.is_recipe
+    check_quantize(args, path, is_recipe)
     if (path / "config.json").is_file():
         check_output_outside(path, Path(args.output_dir), args.output_dir)
     if not is_recipe:     # a recipe is repaired in place: no output dir is made
@@ -73,6 +74,7 @@ def validate_run(args) -> tuple[MigrationState, RunOptions]:
         "weights": args.weights, "trust_remote_code": args.trust_remote_code, "allow_install": args.allow_install,
         "max_new_tokens": args.max_new_tokens, "world_size": args.world_size, "recipe_target": recipe_target,
         "transformers_source": args.transformers_source, "reference_python": args.reference_python,
+        **({"quantize": args.quantize} if getattr(args, "quantize", None) else {}),
         **({"upstream_standin": plan} if plan else {})}
     return state, {"max_rounds": args.max_rounds, "timeout_s": args.timeout, "device": args.device}
 
@@ -113,8 +115,27 @@ def standin_plan(args, recipe: Recipe | None) -> dict | None:
     if recipe.is_recipe:
         check_recipe_files(recipe)      # a binary / bomb / duplicate-key upstream YAML: exit 2, not a crash
     return plan_run(recipe, getattr(args, "world_size", None) or 1, yaml_name=getattr(args, "yaml", None),
-                    standin="cpu", tiny=args.tiny,
-                    max_new_tokens=min(getattr(args, "max_new_tokens", 16), 16)).as_dict()
+                    standin="cpu", tiny=args.tiny, max_new_tokens=min(getattr(args, "max_new_tokens", 16), 16),
+                    quantize=getattr(args, "quantize", None)).as_dict()
+
+
+def check_quantize(args, path: Path, is_recipe: bool) -> None:
+    """--quantize: a checkpoint migration's (a recipe runs the weights its YAML names); a local
+    checkpoint it cannot convert is refused here, one line, before anything is written (a hub
+    checkpoint where it arrives: node_acquire)."""
+    scheme = getattr(args, "quantize", None)
+    if not scheme:
+        return
+    if is_recipe:
+        if getattr(args, "standin", False) and getattr(args, "tiny", False):
+            return      # the stand-in's tiny checkpoint written so (agent.run.plan)
+        raise errors.InputError(f"--quantize {scheme} quantizes the checkpoint a migration starts from; "
+                                f"{args.target} is a recipe, which runs the weights its YAML names (under "
+                                "--standin --tiny its tiny checkpoint is written so)")
+    if (path / "config.json").is_file():
+        from agent.migrate.quantize import plan
+
+        plan(path.resolve())
 
 
 def check_target(target: str, trust_remote_code: bool = False) -> Recipe | None:

@@ -19,11 +19,11 @@ from npu_standin import honest
 REPORT_KEYS = ("scenario", "classify_reason", "status", "message", "model_name", "model_source",
                "model_dir", "architecture", "family", "vendored", "rendered", "env", "runs", "rounds",
                "memory", "baseline_path", "verification", "standin", "upstream_standin", "transformers",
-               "native_model")
+               "native_model", "quantization")
 
 
 ORIGIN_KEYS = ("model_name", "model_source", "model_dir", "architecture", "family", "vendored", "rendered",
-               "native_model")
+               "native_model", "quantization")
 
 
 def write_report(state: MigrationState) -> Path | None:
@@ -57,6 +57,13 @@ def write_report(state: MigrationState) -> Path | None:
         # Only a run that wrote a baseline has a status worth putting in the user's README (not a
         # stand-in run of upstream's recipe: its files stay as upstream wrote them).
         update_readme(recipe_dir, report)
+    if report.get("quantization") and report.get("vendored") and not report.get("upstream_standin"):
+        from agent.recipe import readme
+
+        from agent.measure.quant_cost import line
+
+        quant = {**report["quantization"], "cost_line": line(report["quantization"].get("cost") or {"error": "not measured"})}
+        readme.write_quantization(recipe_dir, quant)        # a framework / legacy README's 量化
     return path
 
 
@@ -102,6 +109,7 @@ def update_readme(recipe_dir: Path, report: Report) -> None:
         lines.append(f"- {report['message']}")
     if parity.get("checked"):
         lines.append(f"- precision against transformers: {parity_line(parity)}")
+    lines += quantization_lines(report)
     for rnd in report.get("rounds") or []:
         lines.append(f"- repair round {rnd['round']}: {rnd['diagnosis'].get('rule') or 'no rule'}"
                      f" ({'patched' if rnd.get('applied') else 'no patch'})")
@@ -157,6 +165,7 @@ def human_summary(report: Report, folder_name: str | None = None) -> str:
         verdict = {True: "ok", False: "FAILED", None: "not checked"}[output_check.get("ok")]
         why = output_check.get("skipped") or "; ".join(output_check.get("reasons") or [])
         lines.append(f"- output text check: {verdict}" + (f" ({why})" if why else ""))
+    lines += quantization_lines(report)
     return "\n".join(lines) + "\n"
 
 
@@ -168,6 +177,21 @@ def code_line(code: dict) -> str:
     return (f"{verdict} (max |dlogits| {code.get('max_abs_logits_diff')}, tolerance {code.get('tolerance')}; "
             f"greedy tokens equal: {code.get('greedy_tokens_equal')})" +
             (f"; {code['reason']}" if code.get("ok") is False and code.get("reason") else ""))
+
+
+def quantization_lines(report: Report) -> list[str]:
+    """--quantize: the checkpoint written (path, format, the command that redoes it) and the cost of quantizing."""
+    quant = report.get("quantization")
+    if not quant:
+        return []
+    from agent.measure.quant_cost import line
+
+    lines = [f"- quantized ({quant.get('scheme')}): `{quant.get('checkpoint')}`, {quant.get('format')}, "
+             f"{quant.get('quantized_layers')} linear layers int8, float kept: {', '.join(quant.get('kept_float') or [])}"
+             f"; from `{quant.get('source')}`, redo: `{quant.get('command')}`"]
+    if quant.get("cost"):
+        lines.append(f"- cost of quantizing against the float original: {line(quant['cost'])}")
+    return lines
 
 
 def parity_line(parity: dict) -> str:

@@ -39,6 +39,7 @@ class MigrationState(TypedDict, total=False):
     upstream_standin: dict      # --standin: the run plan agent.run.plan.plan_run made (RunPlan.as_dict)
     transformers_source: str | None   # --transformers-source WHEEL|DIR: the checkout's transformers release
     reference_python: str | None      # --reference-python: the interpreter that has it
+    quantize: str | None        # --quantize w8a8: the migration runs the checkpoint written so (agent.migrate.quantize)
     recipe_target: str | None   # the row of agent.recipe.targets.TARGETS a migration writes (--target, else the
                                 # output dir's default: agent.workflow.inputs); None for a recipe
     # derived
@@ -47,7 +48,9 @@ class MigrationState(TypedDict, total=False):
     classify_reason: str
     recipe_dir: str
     model_name: str
-    model_dir: str              # local checkpoint directory
+    model_dir: str              # local checkpoint directory (with --quantize: the one written)
+    quantization: dict          # --quantize: what was written (agent.migrate.quantize.Written) and its cost
+                                # (agent.measure.quant_cost), with the float original's folder
     model_source: str           # link or path recorded in the baseline
     architecture: str
     family: str

@@ -50,13 +50,28 @@ def _grouped_matmul(x, weight, *, bias=None, scale=None, offset=None, antiquant_
                     activation_quant_offset=None, split_item=0, group_type=None, group_list_type=0, act_type=0,
                     tuning_config=None, output_dtype=None, x_dtype=None, weight_dtype=None, scale_dtype=None,
                     per_token_scale_dtype=None):
-    quantized = [n for n, v in (("scale", scale), ("offset", offset), ("antiquant_scale", antiquant_scale),
-                                ("antiquant_offset", antiquant_offset), ("per_token_scale", per_token_scale))
-                 if v is not None]
-    if quantized or any(t.dtype in (torch.int8, torch.int32) for t in [*x, *weight]):
-        refuse("npu_grouped_matmul", f"{', '.join(quantized) or 'int8 inputs'} (a quantized path)")
-    if output_dtype is not None or x_dtype is not None or weight_dtype is not None:
-        refuse("npu_grouped_matmul", "output_dtype/x_dtype/weight_dtype")
+    unreferenced = [n for n, v in (("offset", offset), ("antiquant_scale", antiquant_scale),
+                                   ("antiquant_offset", antiquant_offset), ("x_dtype", x_dtype),
+                                   ("weight_dtype", weight_dtype), ("scale_dtype", scale_dtype),
+                                   ("per_token_scale_dtype", per_token_scale_dtype)) if v is not None]
+    if unreferenced:
+        refuse("npu_grouped_matmul", f"{', '.join(unreferenced)} (a quantized path without a reference)")
+    if group_type not in (None, -1, 0):
+        refuse("npu_grouped_matmul", f"group_type={group_type} (k-axis grouping)")
+    if scale is not None or per_token_scale is not None or any(t.dtype in (torch.int8, torch.int32)
+                                                                for t in [*x, *weight]):
+        # int8 x int8 (W8A8): kernels/quant.py
+        from npu_standin.kernels import quant
+
+        return quant.grouped_matmul(
+            x, weight, bias=bias, scale=scale, per_token_scale=per_token_scale, output_dtype=output_dtype,
+            act_type=act_type, split_item=split_item,
+            pieces_of=lambda tensors: _pieces(tensors, group_list, group_list_type, group_type, len(_weights(weight, 0))))
+    if output_dtype is not None:
+        from npu_standin.kernels.quant import scalar_type
+
+        if scalar_type(output_dtype) != x[0].dtype:
+            refuse("npu_grouped_matmul", f"output_dtype {output_dtype} for {x[0].dtype} inputs")
     mixed = [w.dtype for w in weight if w.dtype != x[0].dtype]
     if mixed:
         # Unlike torch.matmul (mixed_matmul_dtypes), the NPU does not promote here: hicann/ops-transformer
@@ -67,8 +82,6 @@ def _grouped_matmul(x, weight, *, bias=None, scale=None, offset=None, antiquant_
         raise RuntimeError("aclnnGroupedMatmul (npu stand-in): GMM: there is no matching xDtype and weightDtype "
                            f"pattern. case with x dtype {names.get(x[0].dtype, x[0].dtype)} and weight dtype "
                            f"{names.get(mixed[0], mixed[0])} is not supported.")
-    if group_type not in (None, -1, 0):
-        refuse("npu_grouped_matmul", f"group_type={group_type} (k-axis grouping)")
     activation = _ACTIVATIONS.get(act_type or 0)
     if activation is None:
         refuse("npu_grouped_matmul", f"act_type={act_type}")
@@ -110,18 +123,30 @@ def _grouped_matmul(x, weight, *, bias=None, scale=None, offset=None, antiquant_
     return results
 
 
+def _pieces(x: list, group_list, group_list_type, group_type, groups: int) -> tuple[int, list]:
+    """(rows of the single x, its row groups), or (rows, x) for a list of x, as the unquantized path splits."""
+    if len(x) == 1 and (group_list is not None or groups > 1) and group_type not in (-1,):
+        sizes = _group_sizes(group_list, group_list_type, x[0].shape[0])
+        return x[0].shape[0], list(x[0][: sum(sizes)].split(sizes))
+    return sum(t.shape[0] for t in x), list(x)
+
+
 def _grouped_matmul_fake(x, weight, *, bias=None, scale=None, offset=None, antiquant_scale=None,
                          antiquant_offset=None, per_token_scale=None, group_list=None, activation_input=None,
                          activation_quant_scale=None, activation_quant_offset=None, split_item=0, group_type=None,
                          group_list_type=0, act_type=0, tuning_config=None, output_dtype=None, x_dtype=None,
                          weight_dtype=None, scale_dtype=None, per_token_scale_dtype=None):
+    from npu_standin.kernels.quant import scalar_type
+
     ws = _weights(weight, 0)
     n = ws[0].shape[-1]
+    dtype = scalar_type(output_dtype)
+    dtype = dtype if isinstance(dtype, torch.dtype) else x[0].dtype
     if split_item in (2, 3):
         rows = sum(t.shape[0] for t in x)
-        return [x[0].new_empty((rows, n))]
+        return [x[0].new_empty((rows, n), dtype=dtype)]
     if len(x) == len(ws):
-        return [xi.new_empty((*xi.shape[:-1], wi.shape[-1])) for xi, wi in zip(x, ws)]
+        return [xi.new_empty((*xi.shape[:-1], wi.shape[-1]), dtype=dtype) for xi, wi in zip(x, ws)]
     raise NotImplementedError("npu stand-in: npu_grouped_matmul with a single x split into several outputs "
                               "has data-dependent shapes; not capturable")
 

@@ -169,7 +169,8 @@ def _init_routing_v2_fake(x, expert_idx, *, scale=None, offset=None, active_num=
     start, end = (active_expert_range if active_expert_range else (0, expert_num))
     total = rows * k if active_num in (0, -1) else min(active_num, rows * k)
     count_shape = (end - start, 2) if expert_tokens_num_type == 2 else (end - start,)
-    return (x.new_empty((total, x.shape[-1])), x.new_empty((rows * k,), dtype=torch.int32),
+    return (x.new_empty((total, x.shape[-1]), dtype=torch.int8 if quant_mode == 1 else x.dtype),
+            x.new_empty((rows * k,), dtype=torch.int32),
             x.new_empty(count_shape, dtype=torch.int64), x.new_empty((total,), dtype=torch.float32))
 
 
@@ -177,17 +178,18 @@ def _init_routing_v2_fake(x, expert_idx, *, scale=None, offset=None, active_num=
            "int active_num=-1, int expert_capacity=-1, int expert_num=-1, int drop_pad_mode=0, "
            "int expert_tokens_num_type=0, bool expert_tokens_num_flag=False, int quant_mode=-1, "
            "int[2] active_expert_range=[], int row_idx_type=0, int? x_dtype=None) -> (Tensor, Tensor, Tensor, Tensor)",
-           formulation="op-plugin's cpu_op_exec without quantization: stable sort of experts in the active range, "
+           formulation="op-plugin's cpu_op_exec: stable sort of experts in the active range, "
                        "expanded_x[i] = x[sorted[i] // k]; gather (0) or scatter (1) row index; per-expert counts "
-                       "(1), cumsum (0) or (expert, count) pairs (2); drop_pad_mode 0",
+                       "(1), cumsum (0) or (expert, count) pairs (2); drop_pad_mode 0; quant_mode 1: per-row int8 "
+                       "of expanded_x * scale[expert] (kernels/quant.py routing_quantize)",
            test="tests/unit/npu_standin/kernels/test_reference_kernels.py"
                 "::test_moe_init_routing_v2_matches_op_plugin_numpy_logic",
            fake=_init_routing_v2_fake)
 def npu_moe_init_routing_v2(x, expert_idx, *, scale=None, offset=None, active_num=-1, expert_capacity=-1,
                             expert_num=-1, drop_pad_mode=0, expert_tokens_num_type=0, expert_tokens_num_flag=False,
                             quant_mode=-1, active_expert_range=(), row_idx_type=0, x_dtype=None):
-    if quant_mode != -1:
-        refuse("npu_moe_init_routing_v2", f"quant_mode={quant_mode} (a quantized path)")
+    if quant_mode not in (-1, 1):
+        refuse("npu_moe_init_routing_v2", f"quant_mode={quant_mode} (static quantization)")
     if drop_pad_mode != 0:
         refuse("npu_moe_init_routing_v2", f"drop_pad_mode={drop_pad_mode} (expert capacity dropping)")
     rows, k = expert_idx.shape
@@ -218,6 +220,11 @@ def npu_moe_init_routing_v2(x, expert_idx, *, scale=None, offset=None, active_nu
         tokens = torch.stack((experts, counts), dim=1)
     active = total if active_num in (0, -1) else min(active_num, total)
     expanded_x = x[sorted_indices[:active] // k]
+    if quant_mode == 1:     # dynamic int8 of each expanded row (kernels/quant.py)
+        from npu_standin.kernels.quant import routing_quantize
+
+        expanded_x, expanded_scale = routing_quantize(expanded_x, sorted_experts[:active], scale, start)
+        return expanded_x, expanded_row_idx, tokens.to(torch.int64), expanded_scale
     expanded_scale = (scale[sorted_indices[:active] // k].float() if scale is not None
                       else torch.empty((active,), dtype=torch.float32, device=x.device))
     return expanded_x, expanded_row_idx, tokens.to(torch.int64), expanded_scale

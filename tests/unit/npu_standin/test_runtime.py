@@ -332,16 +332,16 @@ def test_unknown_names_fail_with_one_line(tmp_path):
         except ImportError as exc:
             print("I:", exc)
         x = torch.randn(2, 3)
-        torch_npu.npu_dynamic_quant(x)
+        torch_npu.npu_weight_quant_batchmatmul(x)
     """, name="model_code.py")
     assert proc.returncode == 1
     lines = proc.stdout.strip().splitlines()
     assert lines[0].startswith("A: npu stand-in: torch.npu.not_a_thing is not provided (used at model_code.py:")
     assert lines[1].startswith("A: npu stand-in: torch_npu.not_a_thing is not provided")
     assert lines[2].startswith("I: npu stand-in: torch_npu.contrib.transfer_to_npu is not provided")
-    assert ("[npu-standin] error: torch_npu.npu_dynamic_quant has no reference kernel (called at "
+    assert ("[npu-standin] error: torch_npu.npu_weight_quant_batchmatmul has no reference kernel (called at "
             "model_code.py:13)") in proc.stderr
-    assert usage["unsupported"] == [{"name": "torch_npu.npu_dynamic_quant", "site": "model_code.py:13"}]
+    assert usage["unsupported"] == [{"name": "torch_npu.npu_weight_quant_batchmatmul", "site": "model_code.py:13"}]
 
 
 def test_engine_environment_under_the_standin_is_the_host(tmp_path):
@@ -458,11 +458,11 @@ def test_cli_exit_codes(tmp_path):
         cuda = run_cli("standin", "--device", "cuda", "--", sys.executable, "-c", "pass")
         assert cuda.returncode == 4 and "torch sees no CUDA device" in cuda.stderr
     script = tmp_path / "bad.py"
-    script.write_text("import torch, torch_npu\ntorch_npu.npu_dynamic_quant(torch.randn(2))\n")
+    script.write_text("import torch, torch_npu\ntorch_npu.npu_weight_quant_batchmatmul(torch.randn(2))\n")
     bad = run_cli("standin", "--", sys.executable, str(script), cwd=tmp_path)
     assert bad.returncode == 8
     last = bad.stderr.strip().splitlines()[-1]
-    assert last == ("migrator: error: torch_npu.npu_dynamic_quant has no reference kernel in the npu stand-in "
+    assert last == ("migrator: error: torch_npu.npu_weight_quant_batchmatmul has no reference kernel in the npu stand-in "
                     "(first call at bad.py:2)")
 
 

@@ -63,9 +63,10 @@ def test_the_recipes_the_standin_runs_use_only_covered_names(snapshot_scan):
             if u.file.startswith(("models/qwen/", "models/gpt_oss/models/", "executor/", "module/linear.py"))}
     status = coverage_on_standin(snapshot_scan.counts())
     in_scope = {name for name in used if status[name] == "missing"}
-    # module/linear.py holds the W8A8 path too: quantized kernels are out of scope, named here
-    assert in_scope <= {"torch_npu.npu_dynamic_quant", "torch_npu.npu_quant_matmul",
-                        "torch_npu.npu_dequant_swiglu_quant"}, in_scope
+    # module/linear.py holds the W8A8 path too: its kernels have references (kernels/quant.py)
+    assert not in_scope, in_scope
+    assert all(status[f"torch_npu.{op}"] == "kernel" for op in ("npu_dynamic_quant", "npu_quant_matmul",
+                                                                 "npu_dequant_swiglu_quant"))
     missing = {name for name, state in status.items() if state == "missing"}
     quantized = {n for n in missing if any(w in n for w in ("quant", "int4pack", "dtype_cast"))}
     # DeepSeek's MLA kernels are covered (npu_standin/kernels/mla.py); its expert-parallel MC2 ops are not

@@ -335,12 +335,18 @@ def test_grouped_matmul_matches_per_expert_loop():
     torch.testing.assert_close(separate[1], x[2:] @ w[2])
 
 
-def test_grouped_matmul_refuses_quantized_path_in_one_line():
+def test_grouped_matmul_refuses_quantized_paths_without_reference_in_one_line():
+    """int8 x int8 has a reference (kernels/quant.py, tests/unit/npu_standin/kernels/test_quant.py); a
+    scale on float inputs (weight-only / int4 schemes) and antiquant arguments do not."""
     from npu_standin.errors import UnsupportedOp
 
-    with pytest.raises(UnsupportedOp, match=r"npu_grouped_matmul with scale .*quantized"):
+    with pytest.raises(UnsupportedOp, match=r"npu_grouped_matmul with x / weight dtypes float32 "
+                                            r"\(int4 or weight-only quantization\)"):
         ops().npu_grouped_matmul([torch.randn(2, 4)], [torch.randn(1, 4, 4)], scale=[torch.ones(4)],
                                  group_list=torch.tensor([2]), split_item=3, group_type=0)
+    with pytest.raises(UnsupportedOp, match=r"npu_grouped_matmul with antiquant_scale, antiquant_offset"):
+        ops().npu_grouped_matmul([torch.randn(2, 4)], [torch.randn(1, 4, 4)], antiquant_scale=[torch.ones(4)],
+                                 antiquant_offset=[torch.ones(4)], group_list=torch.tensor([2]), split_item=3)
 
 
 def test_grouped_matmul_refuses_mixed_float_dtypes_as_aclnn_does():
@@ -414,9 +420,9 @@ def test_an_op_without_reference_fails_with_one_line_naming_it_and_the_call_site
     from npu_standin.errors import UnsupportedOp
 
     with pytest.raises(UnsupportedOp) as info:
-        torch.ops.npu.npu_dynamic_quant(torch.randn(2, 2))
+        torch.ops.npu.npu_weight_quant_batchmatmul(torch.randn(2, 2))
     text = str(info.value)
-    assert "\n" not in text and "torch.ops.npu.npu_dynamic_quant" in text and "test_reference_kernels.py:" in text
+    assert "\n" not in text and "torch.ops.npu.npu_weight_quant_batchmatmul" in text and "test_reference_kernels.py:" in text
 
 
 def test_schemas_are_the_torch_npu_wheels():
