@@ -99,12 +99,15 @@ def measure(original: str | Path, quantized: str | Path, *, python: str | None =
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout} s"}
-    if proc.returncode != 0:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]
-        return {"error": f"exit {proc.returncode}: {tail}"}
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        from agent.child_failure import child_failure
+
+        return {"error": child_failure(proc.stderr, proc.returncode, stdout=proc.stdout,
+                                       no_answer="it printed no measurement")}
     from engine.safe_load import loads_json
 
-    return loads_json(proc.stdout.strip().splitlines()[-1], "quant_cost output")
+    return loads_json(lines[-1], "quant_cost output")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -78,8 +78,8 @@ def test_the_one_line_says_what_was_not_measured():
 def test_measure_runs_it_in_a_subprocess_and_reports_a_failure_in_one_line(converted, tmp_path):
     got = quant_cost.measure(DEMO, converted, timeout=600)
     assert got["top1_agreement"] == 1.0
-    script = tmp_path / "fails.sh"          # an interpreter that fails: its last stderr line is the error
+    script = tmp_path / "fails.sh"          # an interpreter that fails: its error line is the reason
     script.write_text("#!/bin/sh\necho 'first line' >&2\necho 'OSError: no such checkpoint' >&2\nexit 3\n")
     script.chmod(0o755)
     failed = quant_cost.measure(DEMO, tmp_path / "nowhere", python=str(script))
-    assert failed == {"error": "exit 3: OSError: no such checkpoint"}
+    assert failed == {"error": "OSError: no such checkpoint"}     # its error line (agent.child_failure)
