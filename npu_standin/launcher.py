@@ -8,11 +8,11 @@ then merges the per-process records of the run into `standin_usage.json` in the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,14 +68,11 @@ def run(command: list[str], device: str = "cpu", record_dir: str | os.PathLike |
     if check:
         check_can_run(device)
     keep = record_dir is not None
-    from agent.processes import owned_temp_prefix    # named by its owner: one a SIGKILL left is removed later
+    from agent.processes import owned_temp    # locked by its owner: one a SIGKILL left is removed later
 
-    folder = Path(record_dir) if keep else Path(tempfile.mkdtemp(prefix=owned_temp_prefix("npu_standin")))
-    try:      # a temporary record folder never outlives the run: removed on an error, Ctrl-C, SIGTERM too
+    # a temporary record folder never outlives the run: removed on an error, Ctrl-C, SIGTERM too
+    with contextlib.nullcontext(Path(record_dir)) if keep else owned_temp("npu_standin") as folder:
         return _run_in(folder, keep, command, device, cwd, env, timeout, compile_mode, stdout, stderr)
-    finally:
-        if not keep:
-            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _run_in(folder: Path, keep: bool, command, device, cwd, env, timeout, compile_mode, stdout, stderr) -> StandinRun:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from agent.recipe.shrink import shrink_config
 from agent.recipe.targets import state_dir
-from agent.processes import owned_temp_prefix, run_tree, stop_leftovers
+from agent.processes import owned_temp, run_tree, stop_leftovers
 from agent.recipe.recipe import Recipe, runner_files
 from engine.config import load_runner_settings
 from engine.data import DEFAULT_PROMPT
@@ -173,13 +173,13 @@ def check_code(recipe_dir: Path, settings: dict, tokens: int, prompt: str | None
     import torch
     from transformers import GenerationConfig
 
-    with tempfile.TemporaryDirectory(prefix=owned_temp_prefix("parity_code")) as tmp:
+    with owned_temp("parity_code") as tmp:
         reference, shrunk = shrunk_reference(Path(settings["model_path"]),
                                              settings["model_config"].get("config_overrides", {}), remote, Path(tmp))
         if reference is None:
             return shrunk
         tiny_settings = copy.deepcopy(settings)
-        tiny_settings["model_path"] = tmp
+        tiny_settings["model_path"] = str(tmp)
         tiny_settings["world_size"] = 1
         tiny_settings["model_config"]["dtype"] = "float32"
         # key_mapping stays: the reference class saves these weights under the names the checkpoint has.
@@ -260,8 +260,8 @@ def main(argv=None) -> int:
         print(json.dumps(checkpoint_nll(args.nll)))
         return 0
     # The recipe's logs go to a temporary folder that is removed afterwards.
-    with tempfile.TemporaryDirectory(prefix=owned_temp_prefix("parity")) as res_path:
-        os.environ["RES_PATH"] = res_path
+    with owned_temp("parity") as res_path:
+        os.environ["RES_PATH"] = str(res_path)
         try:
             result = check(args.recipe.resolve(), args.tokens, trust_remote_code=args.trust_remote_code, yaml=args.yaml)
         except Exception as exc:  # noqa: BLE001 - only transformers' own failures are answered here

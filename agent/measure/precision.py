@@ -727,7 +727,7 @@ def check(record_dir: Path, checkpoint: Path, *, python: str | None = None, dtyp
     """`verify_record` in `python` (default: this interpreter), as one process tree the migrator owns
     (stopped with it on SIGINT / SIGTERM or the timeout). `pids_file`: its pids, kept in the recipe
     `pids_root`."""
-    from agent.processes import owned_temp_prefix, run_tree, stop_leftovers
+    from agent.processes import owned_temp, run_tree, stop_leftovers
 
     root = str(Path(__file__).resolve().parents[2])
     env = {k: v for k, v in os.environ.items()
@@ -748,7 +748,7 @@ def check(record_dir: Path, checkpoint: Path, *, python: str | None = None, dtyp
     if pids_file is not None:
         stop_leftovers(pids_file, pids_root)
     # the verdict goes to a file of its own: the model's code (remote code) may print anything
-    with tempfile.TemporaryDirectory(prefix=owned_temp_prefix("precision")) as tmp, tempfile.TemporaryFile("w+") as err:
+    with owned_temp("precision") as tmp, tempfile.TemporaryFile("w+") as err:
         answer = Path(tmp) / "verdict.json"
         tree = run_tree([*cmd, "--out", str(answer)], cwd=cwd or record_dir, env=env, stdout=subprocess.DEVNULL,
                         stderr=err, timeout=timeout, pids_file=pids_file, pids_root=pids_root)

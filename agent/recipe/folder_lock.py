@@ -26,14 +26,10 @@ _HELD: dict[str, list] = {}       # resolved folder -> [fd, depth]
 def lock_dirs() -> list[Path]:
     """Where locks live: the user's cache, else (a read-only home) a folder of the user's in the temporary
     folder outside every process tree's own (agent.processes), so nested commands meet the same locks."""
-    import tempfile
-
-    from agent.processes import OUTER_TMP_ENV
+    from agent.processes import outer_tempdir
 
     uid = os.getuid() if hasattr(os, "getuid") else 0
-    outer = os.environ.get(OUTER_TMP_ENV) or tempfile.gettempdir()
-    return [cache_home() / "infer-migrator" / "locks",
-            Path(outer) / f"infer-migrator-locks-{uid}"]
+    return [cache_home() / "infer-migrator" / "locks", outer_tempdir() / f"infer-migrator-locks-{uid}"]
 
 
 def _key(folder: Path) -> str:

@@ -66,3 +66,125 @@ def test_signals_held_changes_nothing_when_no_signal_came(migrator_handlers):
     with processes.signals_held():
         pass
     assert {s: signal.getsignal(s) for s in before} == before
+
+
+# ---- owned temporary folders: the owner's lock decides, never a pid --------------------------------
+HOLD = ("import sys, time\nfrom pathlib import Path\nfrom agent.processes import owned_temp\n"
+        "with owned_temp(sys.argv[2], Path(sys.argv[1])) as work:\n"
+        "    (work / 'config.json').write_text('{}')\n    print(work, flush=True)\n    time.sleep(600)\n")
+CLEAN = ("import sys\nfrom pathlib import Path\nfrom agent.processes import remove_orphaned_temp\n"
+         "print(' '.join(sorted(p.name for p in remove_orphaned_temp(Path(sys.argv[1])))))\n")
+
+
+def _python(code: str, *args: str) -> list[str]:
+    return [sys.executable, "-c", code, *args]
+
+
+def _env(tag: str = "") -> dict:
+    import os
+
+    from locations import REPO_ROOT
+
+    return dict(os.environ, PYTHONPATH=str(REPO_ROOT), FIELD_TAG=tag)
+
+
+def _holder(folder, command: list[str], tag: str) -> tuple[subprocess.Popen, "Path"]:
+    from pathlib import Path
+
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(tag),
+                            start_new_session=True)
+    line = proc.stdout.readline().strip()
+    assert line, proc.communicate(timeout=30)[1][-2000:]
+    return proc, Path(line).parent
+
+
+def _kill_tagged(tag: str, proc: subprocess.Popen) -> None:
+    import os
+
+    from process_tags import _tagged
+
+    for pid in _tagged(tag):
+        os.kill(pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+
+
+@pytest.mark.parametrize("holder_ns, cleaner_ns", [("other", "this"), ("this", "other"), ("other", "other")])
+def test_a_live_owned_folder_is_kept_by_a_cleaner_in_any_pid_namespace_and_removed_once_its_owner_died(
+        tmp_path, holder_ns, cleaner_ns):
+    """Newcomer F2/F2b: a cleaner judged a folder by its owner's pid as seen from its own pid namespace and
+    removed live migrators' folders across namespaces, both ways. Now the owner's flock decides."""
+    import uuid
+
+    from pid_namespace import in_other_pid_namespace
+
+    def where(command, ns):
+        return in_other_pid_namespace(command) if ns == "other" else command
+
+    tag = uuid.uuid4().hex
+    proc, folder = _holder(tmp_path, where(_python(HOLD, str(tmp_path), "precision"), holder_ns), tag)
+    try:
+        assert folder.name.startswith("migrator-precision-") and (folder / "owner.lock").is_file()
+        cleaned = subprocess.run(where(_python(CLEAN, str(tmp_path)), cleaner_ns), capture_output=True, text=True,
+                                 env=_env(), timeout=60)
+        assert cleaned.returncode == 0 and cleaned.stdout.strip() == "", cleaned.stdout + cleaned.stderr
+        assert (folder / "work" / "config.json").is_file()
+    finally:
+        _kill_tagged(tag, proc)           # SIGKILL: the owner cannot remove its folder
+    assert folder.is_dir()
+    cleaned = subprocess.run(where(_python(CLEAN, str(tmp_path)), cleaner_ns), capture_output=True, text=True,
+                             env=_env(), timeout=60)
+    assert cleaned.stdout.split() == [folder.name], cleaned.stdout + cleaned.stderr
+    assert not folder.exists()
+
+
+def test_owned_temp_is_locked_for_its_life_and_gone_after(tmp_path):
+    import fcntl
+    import os
+
+    with processes.owned_temp("tree", tmp_path) as work:
+        folder = work.parent
+        assert work.name == "work" and work.is_dir() and not any(work.iterdir())   # the caller's folder is empty
+        assert sorted(p.name for p in folder.iterdir()) == ["owner.lock", "work"]   # no half-named lock left
+        fd = os.open(folder / "owner.lock", os.O_RDONLY)
+        try:      # another open file description: refused while the owner lives (as another process would be)
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+        assert processes.remove_orphaned_temp(tmp_path) == []
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError):
+        with processes.owned_temp("../x", tmp_path):
+            pass
+
+
+def test_folders_without_a_lock_go_only_when_old_and_nothing_else_is_touched(tmp_path):
+    """A folder whose owner died between making it and locking it, or one of an earlier release (named by a
+    pid, which says nothing here): kept while young, removed once old. Links, files, other names: never."""
+    import os
+    import time
+
+    young_half_made = tmp_path / "migrator-tree-a1b2c3d4"
+    old_half_made = tmp_path / "migrator-precision-e5f6g7h8"
+    old_earlier_release = tmp_path / f"migrator-{os.getpid()}-1700000000000-revendor-c3"   # a live pid: not asked
+    young_earlier_release = tmp_path / "migrator-1-1700000000000-tree-c4"
+    lock_is_a_link = tmp_path / "migrator-tree-linked00"
+    victim = tmp_path / "victim"
+    for folder in (young_half_made, old_half_made, old_earlier_release, young_earlier_release, lock_is_a_link, victim):
+        folder.mkdir()
+        (folder / "config.json").write_text("{}")
+    (lock_is_a_link / "owner.lock").symlink_to(victim / "config.json")
+    (young_half_made / ".owner.lock.0badf00d").write_text("")          # locked under its pending name, then killed
+    long_ago = time.time() - processes.UNLOCKED_TEMP_AGE_S - 60
+    for folder in (old_half_made, old_earlier_release, lock_is_a_link):
+        os.utime(folder, (long_ago, long_ago))
+    (tmp_path / "migrator-tree-alink000").symlink_to(victim, target_is_directory=True)
+    (tmp_path / "migrator-tree-afile000").write_text("x")
+    (tmp_path / "migrator-crash-x.txt").write_text("x")
+    (tmp_path / "parity_123").mkdir()
+    removed = processes.remove_orphaned_temp(tmp_path)
+    assert sorted(p.name for p in removed) == sorted([old_half_made.name, old_earlier_release.name])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([
+        young_half_made.name, young_earlier_release.name, lock_is_a_link.name, "victim", "migrator-tree-alink000",
+        "migrator-tree-afile000", "migrator-crash-x.txt", "parity_123"])
+    assert (victim / "config.json").is_file()
