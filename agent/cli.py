@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -274,8 +275,13 @@ def cmd_classify(args) -> int:
     path = Path(args.path).expanduser()
     if not path.exists():
         raise errors.InputError(f"{args.path}: no such file or directory")
-    state, options = inputs.validate_recipe(Recipe.at(path.resolve()), args)  # refusal: the line run and baseline give
-    result = node_classify(state, {"configurable": options})
+    found = Recipe.at(path.resolve())
+    state, options = inputs.validate_recipe(found, args)  # refusal: the line run and baseline give
+    from agent.recipe import folder_lock
+
+    # a recipe is classified by running it, which writes its run folder: never beside another writer
+    with folder_lock.holding(found.path, "classify it") if found.is_recipe else contextlib.nullcontext():
+        result = node_classify(state, {"configurable": options})
     print(f"{result['scenario']}: {result['classify_reason']}")
     return 0
 

@@ -41,12 +41,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+from agent.paths import OUTER_TMP_ENV, outer_tempdir
 from engine.safe_load import load_json
 from engine.safe_write import UserTree
 
 GRACE_S = 5.0          # SIGTERM -> SIGKILL
 SAMPLE_S = 0.2
-OUTER_TMP_ENV = "MIGRATOR_OUTER_TMPDIR"   # the temporary folder outside every tree's own
 # migrator-<what>-<random>/: a temporary folder a migrator process owns (owned_temp); one of an earlier
 # release is named migrator-<pid>-<start ms>-<what>-<random>/ and has no lock
 _OWNED_TEMP = re.compile(r"^migrator-(?:\d+-\d+-)?[a-z_]+-")
@@ -143,18 +143,17 @@ def run_tree(command: list[str], *, cwd: Path, env: dict, stdout, timeout: float
     recipe it lies in)."""
     if pids_file is not None and pids_root is None:
         raise TypeError("run_tree: a pids_file needs its pids_root (the recipe it is written in)")
+    from agent.recipe import folder_lock
+
     become_subreaper()
     remove_orphaned_temp()
-    with owned_temp("tree") as private_tmp:
+    # the recipe's folder lock for the tree's life: whoever finds its pids file while the lock is free
+    # knows this process is gone (stop_leftovers)
+    with owned_temp("tree") as private_tmp, \
+            folder_lock.holding(pids_root, "run it") if pids_file is not None else contextlib.nullcontext():
         pids_tree = None if pids_file is None else _pids_tree(pids_root)
         return _run_tree(command, cwd, _with_private_tmp(env, private_tmp), stdout, timeout, pids_tree, pids_file,
                          stderr, stdin)
-
-
-def outer_tempdir() -> Path:
-    """The temporary folder outside every process tree's own (a tree's TMPDIR is removed when the tree
-    ends): where what must outlive a tree goes — a checkout migration's resume store, locks, crash reports."""
-    return Path(os.environ.get(OUTER_TMP_ENV) or tempfile.gettempdir())
 
 
 @contextlib.contextmanager
@@ -337,8 +336,23 @@ def _alive(proc: psutil.Process) -> bool:
         return False
 
 
+def pid_namespace() -> str | None:
+    """The pid namespace whose pids this process sees in /proc (psutil's view), as `<boot id>:<namespace
+    inode>`: no two hosts, boots or namespaces share one. None where it cannot be told (no /proc, or a /proc
+    mounted for another namespace than this process's)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        inode = os.stat("/proc/self/ns/pid").st_ino
+        if os.readlink("/proc/self") != str(os.getpid()):
+            return None
+    except (OSError, ValueError):
+        return None
+    return f"{boot}:{inode}" if boot else None
+
+
 def _write_pids(tree: UserTree, path: Path, pgid: int, known: dict[int, float]) -> None:
-    data = json.dumps({"pgid": pgid, "pids": {str(k): v for k, v in sorted(known.items())}}).encode()
+    data = json.dumps({"pgid": pgid, "pids": {str(k): v for k, v in sorted(known.items())},
+                       "pid_namespace": pid_namespace()}).encode()
     try:
         tree.write_bytes(path, data)
     except OSError:
@@ -347,27 +361,45 @@ def _write_pids(tree: UserTree, path: Path, pgid: int, known: dict[int, float]) 
 
 
 def stop_leftovers(pids_file: Path, root: Path) -> int:
-    """A tree a killed migrator left running (its pids file survived): stop the processes that are
-    still the ones recorded (same pid and start time). Returns how many were stopped. `root`: the
-    recipe the pids file lies in (its removal is anchored there)."""
-    try:
-        data = load_json(pids_file)
-        pids = {int(k): float(v) for k, v in data["pids"].items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        _pids_tree(root).unlink(pids_file)
+    """A tree a killed migrator left running (its pids file survived): stop the processes that are still
+    the ones recorded (same pid and start time), when they were recorded in this pid namespace; from another
+    (another container, CI job or host) nothing can be told by their pids, so that is said in one line and
+    they are left alone. Taken under the folder lock of `root` (the recipe the pids file lies in), which the
+    tree's owner held for the tree's life (run_tree): free means the owner is gone, whatever namespace it
+    ran in; another live holder is refused (exit 75) and its tree left alone. Returns how many were stopped."""
+    from agent.recipe import folder_lock
+
+    if not os.path.lexists(pids_file):
         return 0
-    alive = []
-    for pid, started in pids.items():
+    with folder_lock.holding(root, "run it"):
         try:
-            proc = psutil.Process(pid)
-            if abs(proc.create_time() - started) < 0.01 and _alive(proc):
-                alive.append(proc)
-        except psutil.Error:
-            continue
-    if alive:
-        stop_tree(alive)
-    _pids_tree(root).unlink(pids_file)
-    return len(alive)
+            data = load_json(pids_file)
+            pids = {int(k): float(v) for k, v in data["pids"].items()}
+            recorded_in = data.get("pid_namespace")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            _pids_tree(root).unlink(pids_file)
+            return 0
+        here = pid_namespace()
+        if pids and (here is None or recorded_in != here):
+            where = "an unknown pid namespace (a pids file of an earlier release)" if not isinstance(recorded_in, str) \
+                else "another pid namespace or host"
+            print(f"[migrator] {pids_file}: the {len(pids)} process(es) a killed migrator's tree left were recorded "
+                  f"in {where}; they cannot be told apart by pid from here and are left alone: stop them where "
+                  "they run", file=sys.stderr)
+            _pids_tree(root).unlink(pids_file)
+            return 0
+        alive = []
+        for pid, started in pids.items():
+            try:
+                proc = psutil.Process(pid)
+                if abs(proc.create_time() - started) < 0.01 and _alive(proc):
+                    alive.append(proc)
+            except psutil.Error:
+                continue
+        if alive:
+            stop_tree(alive)
+        _pids_tree(root).unlink(pids_file)
+        return len(alive)
 
 
 def install_signal_handlers() -> None:

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from agent import errors
-from agent.paths import cache_home
+from agent.paths import cache_home, outer_tempdir
 
 _HELD: dict[str, list] = {}       # resolved folder -> [fd, depth]
 
@@ -26,8 +26,6 @@ _HELD: dict[str, list] = {}       # resolved folder -> [fd, depth]
 def lock_dirs() -> list[Path]:
     """Where locks live: the user's cache, else (a read-only home) a folder of the user's in the temporary
     folder outside every process tree's own (agent.processes), so nested commands meet the same locks."""
-    from agent.processes import outer_tempdir
-
     uid = os.getuid() if hasattr(os, "getuid") else 0
     return [cache_home() / "infer-migrator" / "locks", outer_tempdir() / f"infer-migrator-locks-{uid}"]
 

@@ -5,6 +5,7 @@ folder of the test's own, so what a command leaves there is seen."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -300,3 +301,33 @@ def test_a_folder_lock_refuses_a_second_process_by_resolved_path(tmp_path, monke
     after = subprocess.run([sys.executable, "-c", code, str(tmp_path / "alias" / "not made yet")], cwd=REPO_ROOT,
                            capture_output=True, text=True, timeout=120)
     assert after.returncode == 0, after.stdout + after.stderr     # released: the next writer goes on
+
+
+# ---- migrators sharing one temporary folder across pid namespaces -----------------------------------
+@pytest.mark.slow   # two whole migrations; the default suite covers the decision in-process:
+# tests/unit/agent/test_processes.py::test_a_live_owned_folder_is_kept_by_a_cleaner_in_any_pid_namespace...
+def test_two_migrations_sharing_tmpdir_one_in_another_pid_namespace_both_end_ok(tiny_checkpoints, tmp_path):
+    """Newcomer F1-F3 / maintainer 0b: a migrator judged the temporary folders of others by their pid as seen
+    from its own pid namespace, so two migrators sharing TMPDIR across namespaces (containers, CI jobs,
+    `unshare`) removed each other's live folders (exit 74, a precision check that "could not run", a code check
+    that silently did not). Both run at once here, every tree of each cleaning the shared folder."""
+    from pid_namespace import in_other_pid_namespace
+
+    tmpdir = tmp_path / "shared tmp"
+    tmpdir.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmpdir), "PYTHONUNBUFFERED": "1"}
+    runs = []
+    for label, model, wrap in (("host", "llama", list), ("namespaced", "qwen2", in_other_pid_namespace)):
+        args = ["run", str(tiny_checkpoints(model)), "--name", label, "--output-dir", str(tmp_path / label),
+                "--device", "cpu", "--max-new-tokens", "4", "--json"]
+        runs.append(subprocess.Popen(wrap([sys.executable, "-m", "agent.cli", *args]), cwd=REPO_ROOT, env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     start_new_session=True))
+    answers = [proc.communicate(timeout=1200) for proc in runs]
+    for proc, (out, err) in zip(runs, answers):
+        assert proc.returncode == 0, err[-3000:]
+        summary = json.loads(out[out.index("{"):out.rindex("}") + 1])
+        assert summary["status"] == "ok" and summary["precision"]["checked"], summary     # F1: the check ran
+        parity = json.loads(Path(summary["baseline_path"]).read_text())["verification"]["parity"]
+        assert parity["code"]["checked"] and parity["code"]["ok"], parity["code"]          # F3: so did this one
+    assert _left(tmpdir) == [] or all(not p.startswith("migrator-") for p in _left(tmpdir)), _left(tmpdir)

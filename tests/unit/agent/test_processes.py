@@ -188,3 +188,134 @@ def test_folders_without_a_lock_go_only_when_old_and_nothing_else_is_touched(tmp
         young_half_made.name, young_earlier_release.name, lock_is_a_link.name, "victim", "migrator-tree-alink000",
         "migrator-tree-afile000", "migrator-crash-x.txt", "parity_123"])
     assert (victim / "config.json").is_file()
+
+
+# ---- the pids file of a tree a killed migrator left: stopped from its own pid namespace only ---------------
+def _sleeper(tag: str = "") -> subprocess.Popen:
+    return subprocess.Popen(["sleep", "600"], start_new_session=True, env=_env(tag))
+
+
+def _pids_file(root, proc: subprocess.Popen, namespace) -> "Path":
+    import json
+
+    import psutil
+
+    path = root / ".migrator" / "runs" / "running.pids"
+    path.parent.mkdir(parents=True)
+    record = {"pgid": proc.pid, "pids": {str(proc.pid): psutil.Process(proc.pid).create_time()}}
+    if namespace != "absent":
+        record["pid_namespace"] = namespace
+    path.write_text(json.dumps(record))
+    return path
+
+
+def _other_namespace() -> str:
+    from pid_namespace import in_other_pid_namespace
+
+    code = "from agent.processes import pid_namespace; print(pid_namespace())"
+    got = subprocess.run(in_other_pid_namespace([sys.executable, "-c", code]), capture_output=True, text=True,
+                         env=_env(), timeout=60)
+    assert got.returncode == 0 and got.stdout.strip() not in ("", "None"), got.stderr
+    return got.stdout.strip()
+
+
+def test_leftovers_recorded_in_this_pid_namespace_are_stopped(tmp_path):
+    proc = _sleeper()
+    try:
+        path = _pids_file(tmp_path, proc, processes.pid_namespace())
+        assert processes.stop_leftovers(path, tmp_path) == 1
+        assert proc.wait(timeout=30) is not None and not path.exists()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize("recorded_in", ["another_namespace", "absent"])
+def test_leftovers_recorded_elsewhere_are_left_alone_with_one_line(tmp_path, capsys, recorded_in):
+    """A pid recorded in another pid namespace (a container, a CI job, another host on a shared filesystem)
+    names another process here, even with the same start time: this live process stands for that collision."""
+    assert processes.pid_namespace() is not None
+    namespace = _other_namespace() if recorded_in == "another_namespace" else "absent"
+    assert namespace != processes.pid_namespace()
+    proc = _sleeper()
+    try:
+        path = _pids_file(tmp_path, proc, namespace)
+        assert processes.stop_leftovers(path, tmp_path) == 0
+        assert proc.poll() is None, "a process of this namespace was stopped for a pid recorded elsewhere"
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and "left alone" in lines[0] and str(path) in lines[0], lines
+        assert ("earlier release" in lines[0]) == (recorded_in == "absent")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_tree_left_in_another_pid_namespace_is_not_stopped_from_here(tmp_path, capsys):
+    """The real thing: a migrator in another pid namespace runs a tree with its pids file in the recipe and is
+    SIGKILLed; its namespace lives on (its pid 1 is a shell), so its tree does too. The next run here cannot
+    tell those pids apart: it says so and stops nothing."""
+    import time
+    import uuid
+
+    import psutil
+
+    from pid_namespace import in_other_pid_namespace
+    from process_tags import _tagged
+
+    tag, pids = uuid.uuid4().hex, tmp_path / "runs" / "running.pids"
+    pids.parent.mkdir()
+    code = ("import subprocess, sys\nfrom pathlib import Path\nfrom agent.processes import run_tree\n"
+            f"run_tree(['sleep', '600'], cwd=Path({str(tmp_path)!r}), env=None, stdout=subprocess.DEVNULL, "
+            f"timeout=None, pids_file=Path({str(pids)!r}), pids_root=Path({str(tmp_path)!r}))\n")
+    shell = subprocess.Popen(in_other_pid_namespace(["sh", "-c", f'{sys.executable} -c "$0" & wait; sleep 600', code]),
+                             env=_env(tag), start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not pids.exists():
+            assert time.monotonic() < deadline and shell.poll() is None, "the tree never wrote its pids"
+            time.sleep(0.1)
+        migrator = [p for p in _tagged(tag) if psutil.Process(p).cmdline()[:2] == [sys.executable, "-c"]]
+        assert len(migrator) == 1
+        os_kill(migrator[0])
+        time.sleep(0.5)
+        sleepers = [p for p in _tagged(tag) if psutil.Process(p).cmdline() == ["sleep", "600"]]
+        assert sleepers, "the killed migrator's tree should run on in its namespace"
+        assert processes.stop_leftovers(pids, tmp_path) == 0
+        assert "another pid namespace or host" in capsys.readouterr().err
+        assert all(psutil.pid_exists(p) for p in sleepers)
+    finally:
+        for pid in _tagged(tag):
+            os_kill(pid)
+        shell.wait(timeout=30)
+
+
+def os_kill(pid: int) -> None:
+    import os
+
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def test_leftovers_of_a_live_holder_of_the_recipe_are_never_stopped(tmp_path):
+    """The pids file of a tree whose owner lives (it holds the recipe's folder lock, in whatever namespace):
+    refused with one line (exit 75), nothing stopped."""
+    from agent import errors
+
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom pathlib import Path\n"
+                               "from agent.recipe import folder_lock\nfolder_lock.hold(Path(sys.argv[1]), 'run it')\n"
+                               "print('held', flush=True)\ntime.sleep(600)\n", str(tmp_path)],
+                              stdout=subprocess.PIPE, text=True, env=_env(), start_new_session=True)
+    proc = _sleeper()
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        path = _pids_file(tmp_path, proc, processes.pid_namespace())
+        with pytest.raises(errors.MigratorError) as refused:
+            processes.stop_leftovers(path, tmp_path)
+        assert refused.value.exit_code == errors.EXIT_BUSY and "being written by another" in str(refused.value)
+        assert proc.poll() is None and path.exists()
+    finally:
+        for p in (proc, holder):
+            p.kill()
+            p.wait()
