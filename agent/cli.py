@@ -90,6 +90,8 @@ def _parser() -> argparse.ArgumentParser:
     rollback = sub.add_parser("rollback", help="restore a recipe's files from before a repair round")
     rollback.add_argument("recipe")
     rollback.add_argument("--round", type=int, help="restore the state before this round (default: the first)")
+    rollback.add_argument("--force", action="store_true",
+                          help="roll back over files changed since the repair wrote them (they go to the trash)")
 
     standin = sub.add_parser("standin", help="run a command with the NPU stand-in: npu on the cpu or a CUDA card, "
                                              "torch_npu kernels as reference implementations (validation, not an NPU)")
@@ -377,7 +379,7 @@ def _rollback(args, recipe: Path) -> int:
             print(f"{recipe}: its registry line is gone already; nothing to roll back")
         return 0
     try:
-        round_no, changes = rollback(recipe, args.round)
+        round_no, changes = rollback(recipe, args.round, force=args.force)
     except FileNotFoundError as exc:
         raise errors.InputError(str(exc)) from exc
     except OSError as exc:      # e.g. a read-only recipe: what was restored so far is kept
