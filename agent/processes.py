@@ -49,7 +49,7 @@ GRACE_S = 5.0          # SIGTERM -> SIGKILL
 SAMPLE_S = 0.2
 # migrator-<what>-<random>/: a temporary folder a migrator process owns (owned_temp); one of an earlier
 # release is named migrator-<pid>-<start ms>-<what>-<random>/ and has no lock
-_OWNED_TEMP = re.compile(r"^migrator-(?:\d+-\d+-)?[a-z_]+-")
+_OWNED_TEMP = re.compile(r"^\.?migrator-(?:\d+-\d+-)?[a-z_]+-")
 OWNER_LOCK = "owner.lock"     # in an owned folder: flocked by its owner for the folder's life
 WORK = "work"                 # in an owned folder: what the owner uses
 # An owned folder without its lock file (one of an earlier release, or one whose owner died in the
@@ -157,16 +157,17 @@ def run_tree(command: list[str], *, cwd: Path, env: dict, stdout, timeout: float
 
 
 @contextlib.contextmanager
-def owned_temp(what: str, dir: Path | None = None):
+def owned_temp(what: str, dir: Path | None = None, hidden: bool = False):
     """A temporary folder of this process, yielded as a path and removed at the end of the block however
     it ends. It is made as `migrator-<what>-<random>/` holding `owner.lock`, which this process flocks for
     the folder's life, and `work/`, the folder yielded (so nothing the caller copies or lists sees the
     lock). The lock file appears only once it is held (locked under a temporary name, then renamed), so a
     cleaner never meets the unheld lock of a live owner; a SIGKILLed owner's lock is free at once, on
-    any host that shares the filesystem and in any pid namespace (remove_orphaned_temp)."""
+    any host that shares the filesystem and in any pid namespace (remove_orphaned_temp). `hidden`: named
+    `.migrator-…` (made in a folder whose other entries a tool lists, e.g. a checkout's models/)."""
     if not re.fullmatch(r"[a-z_]+", what):
         raise ValueError(f"owned_temp: {what!r} is not a lower-case word")
-    folder = Path(tempfile.mkdtemp(prefix=f"migrator-{what}-", dir=dir))
+    folder = Path(tempfile.mkdtemp(prefix=f"{'.' if hidden else ''}migrator-{what}-", dir=dir))
     fd = None
     try:
         fd = _hold_owner_lock(folder)

@@ -15,6 +15,7 @@ import fcntl
 import hashlib
 import os
 import sys
+import time
 from pathlib import Path
 
 from agent import errors
@@ -34,9 +35,10 @@ def _key(folder: Path) -> str:
     return str(Path(folder).expanduser().resolve())
 
 
-def hold(folder: Path, what: str) -> None:
+def hold(folder: Path, what: str, wait_s: float = 0.0) -> None:
     """Take the folder's lock (held until release(), or the process ends); refused with exit 75 while
-    another process holds it. Taken again by the same process: counted, not refused."""
+    another process holds it (after waiting up to `wait_s` seconds for it). Taken again by the same
+    process: counted, not refused."""
     key = _key(folder)
     if key in _HELD:
         _HELD[key][1] += 1
@@ -54,9 +56,15 @@ def hold(folder: Path, what: str) -> None:
     if fd is None:
         raise errors.EnvironmentProblem(f"the lock of {key} cannot be made ({problem}); set XDG_CACHE_HOME to a "
                                         "writable folder")
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() < deadline:
+                time.sleep(0.05)
+                continue
         holder = os.read(fd, 512).decode(errors="replace").strip() or "another migrator"
         os.close(fd)
         raise errors.MigratorError(f"{key} is being written by another migrator command ({holder}); wait for it "
@@ -78,8 +86,8 @@ def release(folder: Path) -> None:
 
 
 @contextlib.contextmanager
-def holding(folder: Path, what: str):
-    hold(folder, what)
+def holding(folder: Path, what: str, wait_s: float = 0.0):
+    hold(folder, what, wait_s)
     try:
         yield
     finally:

@@ -269,6 +269,10 @@ def test_rollback_and_baseline_wait_for_the_run_that_holds_the_recipe(working_re
         measured = subprocess.run([sys.executable, "-m", "agent.cli", "baseline", str(named), "--summary",
                                    str(tmp_path / "summary")], cwd=REPO_ROOT, capture_output=True, text=True,
                                   timeout=120)
+        # classify runs the recipe (writes its run folder, stops leftovers): it stopped the run's own tree
+        classified = subprocess.run([sys.executable, "-m", "agent.cli", "classify", str(named)], cwd=REPO_ROOT,
+                                    capture_output=True, text=True, timeout=120)
+        assert first.poll() is None, "the run died while the others were refused"
     finally:
         first.send_signal(signal.SIGINT)
         first.communicate(timeout=60)
@@ -278,6 +282,8 @@ def test_rollback_and_baseline_wait_for_the_run_that_holds_the_recipe(working_re
     said = [ln for ln in measured.stderr.splitlines() if ln.startswith("migrator:")]
     assert len(said) == 1 and "being written by another migrator command" in said[0], measured.stderr
     assert "being written by another migrator command" in (tmp_path / "summary.csv").read_text()
+    assert classified.returncode == 75 and "being written by another migrator command" in classified.stderr, \
+        classified.stderr[-2000:]
 
 
 @pytest.mark.parametrize("cache", ["writable", "unwritable_home"])

@@ -57,8 +57,11 @@ ALLOWED = {
         "our own temp folders whose owner is gone (their owner lock is free: owned_temp), never a link or another's",
     "agent/recipe/native/decide.py::selfcheck::.write_text()": PRIVATE_TMP + " (the self-check's job file)",
     "agent/recipe/native/decide.py::checked::.write_text()": PRIVATE_TMP + " (the native file being checked)",
-    "agent/workflow/run.py::store_dir::.mkdir()":
+    "agent/workflow/store.py::store_dir::.mkdir()":
         "the per-user private folder (0700, owner checked) under the temporary folder for a checkout migration's store",
+    "agent/workflow/store.py::publish::os.rename":
+        "the migration's own staging folder (in its store) renamed onto the recipe folder it holds the lock of, "
+        "the destination resolved by the output folder's tree first (no link on the way)",
     "agent/workflow/run.py::_drop_finished_store::shutil.rmtree": "that private folder's store, once its run ended",
     "agent/workflow/run.py::_drop_finished_store::os.open(write flags)": "its lock files, opened to test the lock",
     "agent/workflow/run.py::compiled_graph::.mkdir()": "the store folder store_dir made (real_dirs: no symlink)",
@@ -268,6 +271,8 @@ OWN_FOLDER_TREES = {
     "agent/measure/reference.py::tiny_yaml::tree_of": "the YAML a test or bench script names, in a copy it made",
     "agent/workflow/nodes.py::wrapper::user_tree(<file's folder>)":
         "the recipe folder a failed node made, removed from the output folder it was made in",
+    "agent/workflow/store.py::publish::user_tree(<file's folder>)":
+        "the recipe folder published into the output folder that holds it (the root a migration writes into)",
 }
 FILE_FOLDER_TREES = ("tree_of", "parent_tree")
 TREE_MAKERS = ("UserTree", "user_tree")
