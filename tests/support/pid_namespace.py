@@ -11,8 +11,8 @@ import pytest
 
 @functools.lru_cache(maxsize=None)
 def _prefix() -> tuple[str, ...] | None:
-    for prefix in (("unshare", "--pid", "--fork", "--mount-proc"),
-                   ("unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-proc")):
+    for prefix in (("unshare", "--pid", "--fork", "--kill-child", "--mount-proc"),
+                   ("unshare", "--user", "--map-root-user", "--pid", "--fork", "--kill-child", "--mount-proc")):
         try:
             probe = subprocess.run([*prefix, "sh", "-c", "echo $$"], capture_output=True, text=True, timeout=30)
         except (OSError, subprocess.TimeoutExpired):

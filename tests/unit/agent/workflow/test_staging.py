@@ -134,27 +134,32 @@ def test_a_record_whose_line_never_landed_is_undone_without_touching_the_registr
     assert (state / (RECORD + ".undone")).is_file()
 
 
-def _hold(path: Path) -> subprocess.Popen:
+def _hold(path: Path, namespace: str = "this") -> subprocess.Popen:
     from locations import REPO_ROOT
+    from pid_namespace import in_other_pid_namespace
 
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom pathlib import Path\n"
-                               "from agent.recipe import folder_lock\nfolder_lock.hold(Path(sys.argv[1]), 'run it')\n"
-                               "print('held', flush=True)\ntime.sleep(float(sys.argv[2]))\n", str(path), "600"],
+    command = [sys.executable, "-c", "import sys, time\nfrom pathlib import Path\n"
+               "from agent.recipe import folder_lock\nfolder_lock.hold(Path(sys.argv[1]), 'run it')\n"
+               "print('held', flush=True)\ntime.sleep(float(sys.argv[2]))\n", str(path), "600"]
+    holder = subprocess.Popen(in_other_pid_namespace(command) if namespace == "other" else command,
                               stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT)
     assert holder.stdout.readline().strip() == "held"
     return holder
 
 
-def test_nothing_takes_a_recipes_registry_line_while_another_command_holds_the_recipe(tmp_path, capsys):
+@pytest.mark.parametrize("holder_namespace", ["this", "other"])
+def test_nothing_takes_a_recipes_registry_line_while_another_command_holds_the_recipe(tmp_path, capsys,
+                                                                                      holder_namespace):
     """A rollback ran during a framework migration and took its registry line out: the registry line of a recipe
-    is changed only by the holder of the recipe's folder lock, whoever calls it."""
+    is changed only by the holder of the recipe's folder lock, whoever calls it, whatever pid namespace the
+    holder runs in (the lock is an flock on a file both see)."""
     from agent.cli import main
 
     registry, state, original = _checkout(tmp_path)
     register(registry.parents[2], "m", ENTRY, state)
     registered = registry.read_bytes()
     recipe = state.parent.parent
-    holder = _hold(recipe)
+    holder = _hold(recipe, holder_namespace)
     try:
         with pytest.raises(errors.MigratorError) as refused:
             unregister(state)
