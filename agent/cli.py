@@ -87,9 +87,11 @@ def _parser() -> argparse.ArgumentParser:
     baseline.add_argument("--timeout", type=TIMEOUT, default=defaults.TIMEOUT_S, help="seconds for each run of infer.sh")
     _add_standin_options(baseline)
 
-    rollback = sub.add_parser("rollback", help="restore a recipe's files from before a repair round")
-    rollback.add_argument("recipe")
-    rollback.add_argument("--round", type=int, help="restore the state before this round (default: the first)")
+    rollback = sub.add_parser("rollback", help="undo the repair rounds of a recipe's latest run, once (and a "
+                                               "framework recipe's registry line)")
+    rollback.add_argument("recipe", help="the recipe folder")
+    rollback.add_argument("--round", type=int, help="restore the state before this round of the latest run "
+                                                    "(default: its first)")
     rollback.add_argument("--force", action="store_true",
                           help="roll back over files changed since the repair wrote them (they go to the trash)")
 
