@@ -258,7 +258,10 @@ def cmd_standin(args) -> int:
         if record.exists() and not record.is_dir():
             raise errors.InputError(f"--record {args.record}: exists and is not a directory")
     try:
-        result = launcher.run(command, device=args.device, record_dir=args.record, compile_mode=args.compile)
+        # the user's command goes with this process, even when a SIGKILL ends it (a `migrator run` in it
+        # stops its own tree on the SIGTERM and keeps its state for --resume)
+        result = launcher.run(command, device=args.device, record_dir=args.record, compile_mode=args.compile,
+                              dies_with_caller=True)
     except launcher.StandinRefused as exc:
         raise errors.EnvironmentProblem(str(exc)) from None
     except (FileNotFoundError, PermissionError) as exc:

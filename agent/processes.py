@@ -136,9 +136,13 @@ def _reap() -> None:
 
 def run_tree(command: list[str], *, cwd: Path, env: dict, stdout, timeout: float | None,
              pids_file: Path | None = None, pids_root: Path | None = None, stderr=subprocess.STDOUT,
-             stdin=subprocess.DEVNULL) -> TreeResult:
+             stdin=subprocess.DEVNULL, dies_with_caller: bool = False) -> TreeResult:
     """Run `command` as a process tree (see the module docs). On a timeout the tree is stopped and
     returncode is None; on KeyboardInterrupt / Terminated the tree is stopped and the exception goes on.
+    `dies_with_caller`: the command gets SIGTERM when this process dies, even by SIGKILL (Linux; the caller
+    must start no threads: it is set between fork and exec) — for a command that is the user's own
+    (`migrator standin -- migrator run …`), which must not run on unseen once the user killed the one they
+    started.
     `pids_file`: where the tree's pids are kept while it runs, written in the tree `pids_root` (the
     recipe it lies in)."""
     if pids_file is not None and pids_root is None:
@@ -153,7 +157,7 @@ def run_tree(command: list[str], *, cwd: Path, env: dict, stdout, timeout: float
             folder_lock.holding(pids_root, "run it") if pids_file is not None else contextlib.nullcontext():
         pids_tree = None if pids_file is None else _pids_tree(pids_root)
         return _run_tree(command, cwd, _with_private_tmp(env, private_tmp), stdout, timeout, pids_tree, pids_file,
-                         stderr, stdin)
+                         stderr, stdin, _term_when_parent_dies() if dies_with_caller else None)
 
 
 @contextlib.contextmanager
@@ -260,7 +264,23 @@ def _pids_tree(root: Path) -> UserTree:
     return UserTree(root, "the recipe")
 
 
-def _run_tree(command, cwd, env, stdout, timeout, pids_tree, pids_file, stderr, stdin) -> TreeResult:
+def _term_when_parent_dies():
+    """What the child runs before exec to get SIGTERM when its parent dies (PR_SET_PDEATHSIG), resolved here
+    before the fork; None off Linux, or where another thread runs (a child forked beside a thread may only
+    exec)."""
+    if sys.platform != "linux" or threading.active_count() > 1:
+        return None
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    term = int(signal.SIGTERM)
+    return lambda: prctl(1, term, 0, 0, 0)       # 1: PR_SET_PDEATHSIG
+
+
+def _run_tree(command, cwd, env, stdout, timeout, pids_tree, pids_file, stderr, stdin, preexec=None) -> TreeResult:
     start = time.perf_counter()
     proc = None
     known: dict[int, float] = {}
@@ -270,6 +290,7 @@ def _run_tree(command, cwd, env, stdout, timeout, pids_tree, pids_file, stderr, 
     try:
         with signals_held():      # a signal while Popen forks is taken once `proc` is known, so the tree is stopped
             proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=stdin, stdout=stdout, stderr=stderr,
+                                    preexec_fn=preexec,
                                     start_new_session=True)
         root = psutil.Process(proc.pid)
         pgid = proc.pid

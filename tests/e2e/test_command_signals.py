@@ -69,6 +69,22 @@ def test_a_signal_to_standin_stops_its_whole_command_tree(tmp_path, sig, code, s
     assert not mark.exists(), "the command's child ran on after the migrator stopped"
 
 
+def test_a_sigkilled_standin_takes_its_command_along(tmp_path):
+    """`kill -9` of `migrator standin -- migrator run …` left the inner migration running unseen (its own
+    session): the user's re-run met its lock, or a --resume found it finished ("nothing to resume"). The
+    command now gets SIGTERM when the stand-in dies (a migrator in it stops its tree and keeps its state)."""
+    tag, started, mark = uuid.uuid4().hex, tmp_path / "started", tmp_path / "mark"
+    code = (f"import pathlib, time; pathlib.Path({str(started)!r}).touch(); time.sleep(8); "
+            f"pathlib.Path({str(mark)!r}).write_text('ran on')")
+    proc = _start(["standin", "--", sys.executable, "-c", code], tag, {"TMPDIR": str(tmp_path)})
+    _until(lambda: started.exists() or proc.poll() is not None, 120, "the command never started")
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    _until(lambda: _tagged(tag) == [], 30, "the stand-in's command runs on after the stand-in was killed")
+    time.sleep(9)
+    assert not mark.exists()
+
+
 def test_the_temp_folder_of_a_sigkilled_migrators_tree_is_removed_by_the_next_command(tmp_path):
     """SIGKILL leaves the migrator no chance to remove its tree's TMPDIR; the kernel drops the owner lock it
     held inside, so the next command that starts a tree in the same temporary folder removes it."""
