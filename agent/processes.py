@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+from agent.host import pid_namespace
 from agent.paths import OUTER_TMP_ENV, outer_tempdir
 from engine.safe_load import load_json
 from engine.safe_write import UserTree
@@ -356,20 +357,6 @@ def _alive(proc: psutil.Process) -> bool:
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
-
-
-def pid_namespace() -> str | None:
-    """The pid namespace whose pids this process sees in /proc (psutil's view), as `<boot id>:<namespace
-    inode>`: no two hosts, boots or namespaces share one. None where it cannot be told (no /proc, or a /proc
-    mounted for another namespace than this process's)."""
-    try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-        inode = os.stat("/proc/self/ns/pid").st_ino
-        if os.readlink("/proc/self") != str(os.getpid()):
-            return None
-    except (OSError, ValueError):
-        return None
-    return f"{boot}:{inode}" if boot else None
 
 
 def _write_pids(tree: UserTree, path: Path, pgid: int, known: dict[int, float]) -> None:

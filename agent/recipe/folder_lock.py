@@ -14,11 +14,13 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import re
 import sys
 import time
 from pathlib import Path
 
 from agent import errors
+from agent.host import pid_namespace
 from agent.paths import cache_home, outer_tempdir
 
 _HELD: dict[str, list] = {}       # resolved folder -> [fd, depth]
@@ -65,13 +67,30 @@ def hold(folder: Path, what: str, wait_s: float = 0.0) -> None:
             if time.monotonic() < deadline:
                 time.sleep(0.05)
                 continue
-        holder = os.read(fd, 512).decode(errors="replace").strip() or "another migrator"
+        holder = holder_of(os.read(fd, 512).decode(errors="replace").strip())
         os.close(fd)
         raise errors.MigratorError(f"{key} is being written by another migrator command ({holder}); wait for it "
                                    f"to end or stop it, then {what} again", errors.EXIT_BUSY) from None
     os.ftruncate(fd, 0)
-    os.write(fd, f"pid {os.getpid()}: migrator {' '.join(sys.argv[1:3])}".encode()[:500])
+    os.write(fd, holder_line().encode()[:500])
     _HELD[key] = [fd, 1]
+
+
+def holder_line() -> str:
+    """What a lock file says of its holder (read back by holder_of)."""
+    return f"pid {os.getpid()} @{pid_namespace() or '?'}: migrator {' '.join(sys.argv[1:3])}"
+
+
+def holder_of(text: str) -> str:
+    """Who holds a lock, as its file says: its pid only where that pid means something here (the same pid
+    namespace of the same host); the holder of another namespace or host is named as such."""
+    found = re.fullmatch(r"pid (\d+) @(\S+): (.*)", text, re.S)
+    if found is None:
+        return text or "another migrator"
+    pid, namespace, command = found.groups()
+    if namespace == pid_namespace():
+        return f"pid {pid}: {command}"
+    return f"{command}, in another pid namespace or on another host"
 
 
 def release(folder: Path) -> None:

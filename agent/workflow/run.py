@@ -151,13 +151,13 @@ def _hold_run_lock(path: Path, state: dict, root: Path) -> int:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = os.read(fd, 64).decode(errors="replace").strip() or "another process"
+        holder = folder_lock.holder_of(os.read(fd, 512).decode(errors="replace").strip())
         os.close(fd)
-        raise errors.MigratorError(f"another migrator run of {state.get('target')} is in progress (pid {holder}, "
+        raise errors.MigratorError(f"another migrator run of {state.get('target')} is in progress ({holder}, "
                                    f"lock {path}); wait for it to end or stop it, then re-run",
                                    errors.EXIT_BUSY) from None
     os.ftruncate(fd, 0)
-    os.write(fd, str(os.getpid()).encode())
+    os.write(fd, folder_lock.holder_line().encode()[:500])
     return fd
 
 
