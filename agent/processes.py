@@ -48,9 +48,9 @@ from engine.safe_write import UserTree
 
 GRACE_S = 5.0          # SIGTERM -> SIGKILL
 SAMPLE_S = 0.2
-# migrator-<what>-<random>/: a temporary folder a migrator process owns (owned_temp); one of an earlier
-# release is named migrator-<pid>-<start ms>-<what>-<random>/ and has no lock
-_OWNED_TEMP = re.compile(r"^\.?migrator-(?:\d+-\d+-)?[a-z_]+-")
+# migrator-<what>-<mkdtemp's 8 characters>/: a temporary folder a migrator process owns (owned_temp); one of
+# an earlier release is named migrator-<pid>-<start ms>-<what>-<8 characters>/ and has no lock
+_OWNED_TEMP = re.compile(r"\.?migrator-(?:\d+-\d+-)?[a-z_]+-[a-z0-9_]{8}")
 OWNER_LOCK = "owner.lock"     # in an owned folder: flocked by its owner for the folder's life
 WORK = "work"                 # in an owned folder: what the owner uses
 # An owned folder without its lock file (one of an earlier release, or one whose owner died in the
@@ -212,7 +212,7 @@ def remove_orphaned_temp(folder: Path | None = None, *, unlocked_age_s: float = 
     except OSError:
         return removed
     for entry in entries:
-        if not _OWNED_TEMP.match(entry.name):
+        if not _OWNED_TEMP.fullmatch(entry.name):
             continue
         try:
             info = entry.stat(follow_symlinks=False)

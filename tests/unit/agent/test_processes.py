@@ -166,8 +166,8 @@ def test_folders_without_a_lock_go_only_when_old_and_nothing_else_is_touched(tmp
 
     young_half_made = tmp_path / "migrator-tree-a1b2c3d4"
     old_half_made = tmp_path / "migrator-precision-e5f6g7h8"
-    old_earlier_release = tmp_path / f"migrator-{os.getpid()}-1700000000000-revendor-c3"   # a live pid: not asked
-    young_earlier_release = tmp_path / "migrator-1-1700000000000-tree-c4"
+    old_earlier_release = tmp_path / f"migrator-{os.getpid()}-1700000000000-revendor-c3c3c3c3"   # a live pid: not asked
+    young_earlier_release = tmp_path / "migrator-1-1700000000000-tree-c4c4c4c4"
     lock_is_a_link = tmp_path / "migrator-tree-linked00"
     victim = tmp_path / "victim"
     for folder in (young_half_made, old_half_made, old_earlier_release, young_earlier_release, lock_is_a_link, victim):
@@ -182,11 +182,13 @@ def test_folders_without_a_lock_go_only_when_old_and_nothing_else_is_touched(tmp
     (tmp_path / "migrator-tree-afile000").write_text("x")
     (tmp_path / "migrator-crash-x.txt").write_text("x")
     (tmp_path / "parity_123").mkdir()
+    (tmp_path / "migrator-checkout-2e73d321b8cd").mkdir()       # tests/conftest.py's links: not an owned folder
+    os.utime(tmp_path / "migrator-checkout-2e73d321b8cd", (long_ago, long_ago))
     removed = processes.remove_orphaned_temp(tmp_path)
     assert sorted(p.name for p in removed) == sorted([old_half_made.name, old_earlier_release.name])
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([
         young_half_made.name, young_earlier_release.name, lock_is_a_link.name, "victim", "migrator-tree-alink000",
-        "migrator-tree-afile000", "migrator-crash-x.txt", "parity_123"])
+        "migrator-tree-afile000", "migrator-crash-x.txt", "parity_123", "migrator-checkout-2e73d321b8cd"])
     assert (victim / "config.json").is_file()
 
 
