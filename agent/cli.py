@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -87,10 +88,14 @@ def _parser() -> argparse.ArgumentParser:
     baseline.add_argument("--timeout", type=TIMEOUT, default=defaults.TIMEOUT_S, help="seconds for each run of infer.sh")
     _add_standin_options(baseline)
 
-    rollback = sub.add_parser("rollback", help="restore a recipe's files from before a repair round")
+    rollback = sub.add_parser("rollback", help="undo the repair rounds of a recipe's latest run, once (and a "
+                                               "framework recipe's registry line)")
     rollback.add_argument("recipe", help="the recipe directory whose automatic repairs to undo (a framework "
                                          "recipe: also its line in the checkout's executor/core/support_models.py)")
-    rollback.add_argument("--round", type=int, help="restore the state before this round (default: the first)")
+    rollback.add_argument("--round", type=int, help="restore the state before this round of the latest run "
+                                                    "(default: its first)")
+    rollback.add_argument("--force", action="store_true",
+                          help="roll back over files changed since the repair wrote them (they go to the trash)")
 
     standin = sub.add_parser("standin", help="run a command with the NPU stand-in: npu on the cpu or a CUDA card, "
                                              "torch_npu kernels as reference implementations (validation, not an NPU)")
@@ -261,7 +266,10 @@ def cmd_standin(args) -> int:
         if record.exists() and not record.is_dir():
             raise errors.InputError(f"--record {args.record}: exists and is not a directory")
     try:
-        result = launcher.run(command, device=args.device, record_dir=args.record, compile_mode=args.compile)
+        # the user's command goes with this process, even when a SIGKILL ends it (a `migrator run` in it
+        # stops its own tree on the SIGTERM and keeps its state for --resume)
+        result = launcher.run(command, device=args.device, record_dir=args.record, compile_mode=args.compile,
+                              dies_with_caller=True)
     except launcher.StandinRefused as exc:
         raise errors.EnvironmentProblem(str(exc)) from None
     except (FileNotFoundError, PermissionError) as exc:
@@ -282,8 +290,13 @@ def cmd_classify(args) -> int:
     path = Path(args.path).expanduser()
     if not path.exists():
         raise errors.InputError(f"{args.path}: no such file or directory")
-    state, options = inputs.validate_recipe(Recipe.at(path.resolve()), args)  # refusal: the line run and baseline give
-    result = node_classify(state, {"configurable": options})
+    found = Recipe.at(path.resolve())
+    state, options = inputs.validate_recipe(found, args)  # refusal: the line run and baseline give
+    from agent.recipe import folder_lock
+
+    # a recipe is classified by running it, which writes its run folder: never beside another writer
+    with folder_lock.holding(found.path, "classify it") if found.is_recipe else contextlib.nullcontext():
+        result = node_classify(state, {"configurable": options})
     print(f"{result['scenario']}: {result['classify_reason']}")
     return 0
 
@@ -379,7 +392,7 @@ def _rollback(args, recipe: Path) -> int:
             print(f"{recipe}: its registry line is gone already; nothing to roll back")
         return 0
     try:
-        round_no, changes = rollback(recipe, args.round)
+        round_no, changes = rollback(recipe, args.round, force=args.force)
     except FileNotFoundError as exc:
         raise errors.InputError(str(exc)) from exc
     except OSError as exc:      # e.g. a read-only recipe: what was restored so far is kept

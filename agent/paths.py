@@ -39,3 +39,15 @@ def cache_home() -> Path:
     ignored, as the XDG spec says (it would put our caches and locks under whatever folder a command runs in)."""
     given = os.environ.get("XDG_CACHE_HOME") or ""
     return Path(given) if os.path.isabs(given) else Path.home() / ".cache"
+
+
+OUTER_TMP_ENV = "MIGRATOR_OUTER_TMPDIR"   # set for a process tree: the temporary folder outside its own
+
+
+def outer_tempdir() -> Path:
+    """The temporary folder outside every process tree's own (a tree's TMPDIR, agent.processes, is removed
+    when the tree ends): where what must outlive a tree goes — a checkout migration's resume store, locks,
+    crash reports, the compile cache."""
+    import tempfile
+
+    return Path(os.environ.get(OUTER_TMP_ENV) or tempfile.gettempdir())

@@ -11,17 +11,22 @@ run as one process tree it owns (psutil).
   beside the run's time (`peak_rss_bytes`).
 - The tree gets a temporary folder of its own (TMPDIR, TMP, TEMP), removed when the tree ends however it
   ends (a stopped parity check leaves no `parity_*` copy of the checkpoint's config and tokenizer, a
-  stopped stand-in run no record folder); torch's compile cache keeps its usual place. Its name
-  carries the owner's pid and start time (`owned_temp_prefix`): a migrator killed with SIGKILL cannot
-  remove it, so the next tree started in the same temporary folder removes every such folder whose
-  owner is gone (`remove_orphaned_temp`).
-- The tree's pids are written to a file while it runs: a migrator killed with SIGKILL cannot stop
-  its tree, so the next run of the same recipe stops what is left (`stop_leftovers`).
+  stopped stand-in run no record folder); torch's compile cache keeps its usual place. Every temporary
+  folder the migrator makes is an owned one (`owned_temp`): its owner holds an flock on a lock file
+  inside it for the folder's life, and the kernel drops that lock when the owner dies, even on SIGKILL.
+  So the next command that starts a tree in the same temporary folder removes exactly the folders whose
+  lock it can take (`remove_orphaned_temp`) — whatever pid namespace or host (a shared filesystem) the
+  owner ran in; a pid is never looked at.
+- The tree's pids are written to a file while it runs, with the pid namespace they are seen in: a
+  migrator killed with SIGKILL cannot stop its tree, so the next run of the same recipe stops what is
+  left (`stop_leftovers`) — only from that same pid namespace, and only while it holds the recipe's
+  folder lock (agent.recipe.folder_lock), which the tree's owner held until it died.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -36,14 +41,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+from agent.host import pid_namespace
+from agent.paths import OUTER_TMP_ENV, outer_tempdir
 from engine.safe_load import load_json
 from engine.safe_write import UserTree
 
 GRACE_S = 5.0          # SIGTERM -> SIGKILL
 SAMPLE_S = 0.2
-OUTER_TMP_ENV = "MIGRATOR_OUTER_TMPDIR"   # the temporary folder outside every tree's own
-# migrator-<owner pid>-<owner start time, ms>-<what>-<random>: a temporary folder a migrator process owns
-_OWNED_TEMP = re.compile(r"^migrator-(\d+)-(\d+)-[a-z_]+-")
+# migrator-<what>-<mkdtemp's 8 characters>/: a temporary folder a migrator process owns (owned_temp); one of
+# an earlier release is named migrator-<pid>-<start ms>-<what>-<8 characters>/ and has no lock
+_OWNED_TEMP = re.compile(r"\.?migrator-(?:\d+-\d+-)?[a-z_]+-[a-z0-9_]{8}")
+OWNER_LOCK = "owner.lock"     # in an owned folder: flocked by its owner for the folder's life
+WORK = "work"                 # in an owned folder: what the owner uses
+# An owned folder without its lock file (one of an earlier release, or one whose owner died in the
+# microseconds between making it and locking it) is removed only once it is this old.
+UNLOCKED_TEMP_AGE_S = 24 * 3600
 
 
 class Terminated(BaseException):
@@ -125,41 +137,74 @@ def _reap() -> None:
 
 def run_tree(command: list[str], *, cwd: Path, env: dict, stdout, timeout: float | None,
              pids_file: Path | None = None, pids_root: Path | None = None, stderr=subprocess.STDOUT,
-             stdin=subprocess.DEVNULL) -> TreeResult:
+             stdin=subprocess.DEVNULL, dies_with_caller: bool = False) -> TreeResult:
     """Run `command` as a process tree (see the module docs). On a timeout the tree is stopped and
     returncode is None; on KeyboardInterrupt / Terminated the tree is stopped and the exception goes on.
+    `dies_with_caller`: the command gets SIGTERM when this process dies, even by SIGKILL (Linux; the caller
+    must start no threads: it is set between fork and exec) — for a command that is the user's own
+    (`migrator standin -- migrator run …`), which must not run on unseen once the user killed the one they
+    started.
     `pids_file`: where the tree's pids are kept while it runs, written in the tree `pids_root` (the
     recipe it lies in)."""
     if pids_file is not None and pids_root is None:
         raise TypeError("run_tree: a pids_file needs its pids_root (the recipe it is written in)")
+    from agent.recipe import folder_lock
+
     become_subreaper()
     remove_orphaned_temp()
-    private_tmp = Path(tempfile.mkdtemp(prefix=owned_temp_prefix("tree")))
-    try:
+    # the recipe's folder lock for the tree's life: whoever finds its pids file while the lock is free
+    # knows this process is gone (stop_leftovers)
+    with owned_temp("tree") as private_tmp, \
+            folder_lock.holding(pids_root, "run it") if pids_file is not None else contextlib.nullcontext():
         pids_tree = None if pids_file is None else _pids_tree(pids_root)
         return _run_tree(command, cwd, _with_private_tmp(env, private_tmp), stdout, timeout, pids_tree, pids_file,
-                         stderr, stdin)
-    finally:
-        shutil.rmtree(private_tmp, ignore_errors=True)
+                         stderr, stdin, _term_when_parent_dies() if dies_with_caller else None)
 
 
-def _started_ms(pid: int) -> int | None:
+@contextlib.contextmanager
+def owned_temp(what: str, dir: Path | None = None, hidden: bool = False):
+    """A temporary folder of this process, yielded as a path and removed at the end of the block however
+    it ends. It is made as `migrator-<what>-<random>/` holding `owner.lock`, which this process flocks for
+    the folder's life, and `work/`, the folder yielded (so nothing the caller copies or lists sees the
+    lock). The lock file appears only once it is held (locked under a temporary name, then renamed), so a
+    cleaner never meets the unheld lock of a live owner; a SIGKILLed owner's lock is free at once, on
+    any host that shares the filesystem and in any pid namespace (remove_orphaned_temp). `hidden`: named
+    `.migrator-…` (made in a folder whose other entries a tool lists, e.g. a checkout's models/)."""
+    if not re.fullmatch(r"[a-z_]+", what):
+        raise ValueError(f"owned_temp: {what!r} is not a lower-case word")
+    folder = Path(tempfile.mkdtemp(prefix=f"{'.' if hidden else ''}migrator-{what}-", dir=dir))
+    fd = None
     try:
-        return int(psutil.Process(pid).create_time() * 1000)
-    except psutil.Error:
+        fd = _hold_owner_lock(folder)
+        work = folder / WORK
+        work.mkdir(mode=0o700)
+        yield work
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)     # while the lock is held: no cleaner takes it meanwhile
+        if fd is not None:
+            os.close(fd)
+
+
+def _hold_owner_lock(folder: Path) -> int | None:
+    """flock a new file in `folder` and give it its name (OWNER_LOCK) only then; the descriptor (not
+    inherited by children: PEP 446) is the lock. None where the filesystem has no flock: the folder then
+    counts as one without a lock (removed only once old)."""
+    pending = folder / f".{OWNER_LOCK}.{os.urandom(4).hex()}"
+    fd = os.open(pending, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
         return None
+    os.rename(pending, folder / OWNER_LOCK)
+    return fd
 
 
-def owned_temp_prefix(what: str) -> str:
-    """A prefix for a temporary folder of this process (tempfile.mkdtemp / TemporaryDirectory): its name
-    says whose it is, so one a SIGKILL left behind is recognised as orphaned (remove_orphaned_temp)."""
-    return f"migrator-{os.getpid()}-{_started_ms(os.getpid()) or 0}-{what}-"
-
-
-def remove_orphaned_temp(folder: Path | None = None) -> list[Path]:
-    """Remove the owned temporary folders (owned_temp_prefix) in `folder` (default: the temporary folder)
-    whose owner process is gone, or whose pid now names another process (its start time differs).
-    Only the user's own plain folders are touched, never through a link. Returns what was removed."""
+def remove_orphaned_temp(folder: Path | None = None, *, unlocked_age_s: float = UNLOCKED_TEMP_AGE_S) -> list[Path]:
+    """Remove the owned temporary folders (owned_temp) in `folder` (default: the temporary folder) whose
+    owner is gone: those whose owner lock this process can take. One without a lock file (half-made, or
+    of an earlier release) goes only when older than `unlocked_age_s`. Only the user's own plain folders
+    are touched, never through a link. Returns what was removed."""
     root = Path(folder or tempfile.gettempdir())
     removed = []
     try:
@@ -167,20 +212,34 @@ def remove_orphaned_temp(folder: Path | None = None) -> list[Path]:
     except OSError:
         return removed
     for entry in entries:
-        match = _OWNED_TEMP.match(entry.name)
-        if not match:
+        if not _OWNED_TEMP.fullmatch(entry.name):
             continue
         try:
-            if not entry.is_dir(follow_symlinks=False) or entry.stat(follow_symlinks=False).st_uid != os.getuid():
+            info = entry.stat(follow_symlinks=False)
+            if not entry.is_dir(follow_symlinks=False) or info.st_uid != os.getuid():
                 continue
         except OSError:
             continue
-        pid, started = int(match.group(1)), int(match.group(2))
-        now = _started_ms(pid)
-        if now is not None and (started == 0 or abs(now - started) <= 10):
-            continue            # its owner runs (a start time it could not read: the pid alone decides)
-        shutil.rmtree(entry.path, ignore_errors=True)
-        removed.append(Path(entry.path))
+        path = Path(entry.path)
+        try:
+            fd = os.open(path / OWNER_LOCK, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except FileNotFoundError:
+            if time.time() - info.st_mtime > unlocked_age_s:
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+            continue
+        except OSError:        # a link in the lock's place, no permission: not a folder to judge
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:        # held: its owner lives, here or anywhere (ENOLCK and the like: kept too)
+            os.close(fd)
+            continue
+        try:
+            shutil.rmtree(path, ignore_errors=True)       # the owner is gone; held meanwhile
+            removed.append(path)
+        finally:
+            os.close(fd)
     return removed
 
 
@@ -195,8 +254,8 @@ def _with_private_tmp(env: dict, folder: Path) -> dict:
             user = getpass.getuser()
         except (KeyError, OSError):
             user = str(os.getuid())
-        env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), f"torchinductor_{user}")
-    env.setdefault(OUTER_TMP_ENV, tempfile.gettempdir())     # where a child migrator's crash report goes
+        env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(outer_tempdir(), f"torchinductor_{user}")
+    env.setdefault(OUTER_TMP_ENV, str(outer_tempdir()))     # where a child migrator's crash report goes
     for name in ("TMPDIR", "TMP", "TEMP"):
         env[name] = str(folder)
     return env
@@ -206,7 +265,23 @@ def _pids_tree(root: Path) -> UserTree:
     return UserTree(root, "the recipe")
 
 
-def _run_tree(command, cwd, env, stdout, timeout, pids_tree, pids_file, stderr, stdin) -> TreeResult:
+def _term_when_parent_dies():
+    """What the child runs before exec to get SIGTERM when its parent dies (PR_SET_PDEATHSIG), resolved here
+    before the fork; None off Linux, or where another thread runs (a child forked beside a thread may only
+    exec)."""
+    if sys.platform != "linux" or threading.active_count() > 1:
+        return None
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    term = int(signal.SIGTERM)
+    return lambda: prctl(1, term, 0, 0, 0)       # 1: PR_SET_PDEATHSIG
+
+
+def _run_tree(command, cwd, env, stdout, timeout, pids_tree, pids_file, stderr, stdin, preexec=None) -> TreeResult:
     start = time.perf_counter()
     proc = None
     known: dict[int, float] = {}
@@ -216,6 +291,7 @@ def _run_tree(command, cwd, env, stdout, timeout, pids_tree, pids_file, stderr, 
     try:
         with signals_held():      # a signal while Popen forks is taken once `proc` is known, so the tree is stopped
             proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=stdin, stdout=stdout, stderr=stderr,
+                                    preexec_fn=preexec,
                                     start_new_session=True)
         root = psutil.Process(proc.pid)
         pgid = proc.pid
@@ -284,7 +360,8 @@ def _alive(proc: psutil.Process) -> bool:
 
 
 def _write_pids(tree: UserTree, path: Path, pgid: int, known: dict[int, float]) -> None:
-    data = json.dumps({"pgid": pgid, "pids": {str(k): v for k, v in sorted(known.items())}}).encode()
+    data = json.dumps({"pgid": pgid, "pids": {str(k): v for k, v in sorted(known.items())},
+                       "pid_namespace": pid_namespace()}).encode()
     try:
         tree.write_bytes(path, data)
     except OSError:
@@ -293,27 +370,45 @@ def _write_pids(tree: UserTree, path: Path, pgid: int, known: dict[int, float]) 
 
 
 def stop_leftovers(pids_file: Path, root: Path) -> int:
-    """A tree a killed migrator left running (its pids file survived): stop the processes that are
-    still the ones recorded (same pid and start time). Returns how many were stopped. `root`: the
-    recipe the pids file lies in (its removal is anchored there)."""
-    try:
-        data = load_json(pids_file)
-        pids = {int(k): float(v) for k, v in data["pids"].items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        _pids_tree(root).unlink(pids_file)
+    """A tree a killed migrator left running (its pids file survived): stop the processes that are still
+    the ones recorded (same pid and start time), when they were recorded in this pid namespace; from another
+    (another container, CI job or host) nothing can be told by their pids, so that is said in one line and
+    they are left alone. Taken under the folder lock of `root` (the recipe the pids file lies in), which the
+    tree's owner held for the tree's life (run_tree): free means the owner is gone, whatever namespace it
+    ran in; another live holder is refused (exit 75) and its tree left alone. Returns how many were stopped."""
+    from agent.recipe import folder_lock
+
+    if not os.path.lexists(pids_file):
         return 0
-    alive = []
-    for pid, started in pids.items():
+    with folder_lock.holding(root, "run it"):
         try:
-            proc = psutil.Process(pid)
-            if abs(proc.create_time() - started) < 0.01 and _alive(proc):
-                alive.append(proc)
-        except psutil.Error:
-            continue
-    if alive:
-        stop_tree(alive)
-    _pids_tree(root).unlink(pids_file)
-    return len(alive)
+            data = load_json(pids_file)
+            pids = {int(k): float(v) for k, v in data["pids"].items()}
+            recorded_in = data.get("pid_namespace")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            _pids_tree(root).unlink(pids_file)
+            return 0
+        here = pid_namespace()
+        if pids and (here is None or recorded_in != here):
+            where = "an unknown pid namespace (a pids file of an earlier release)" if not isinstance(recorded_in, str) \
+                else "another pid namespace or host"
+            print(f"[migrator] {pids_file}: the {len(pids)} process(es) a killed migrator's tree left were recorded "
+                  f"in {where}; they cannot be told apart by pid from here and are left alone: stop them where "
+                  "they run", file=sys.stderr)
+            _pids_tree(root).unlink(pids_file)
+            return 0
+        alive = []
+        for pid, started in pids.items():
+            try:
+                proc = psutil.Process(pid)
+                if abs(proc.create_time() - started) < 0.01 and _alive(proc):
+                    alive.append(proc)
+            except psutil.Error:
+                continue
+        if alive:
+            stop_tree(alive)
+        _pids_tree(root).unlink(pids_file)
+        return len(alive)
 
 
 def install_signal_handlers() -> None:

@@ -432,14 +432,14 @@ class UserTree:
                 raise
         return real
 
-    def fill_with(self, folder: str | os.PathLike, writer: Callable[[str], object],
-                  temp_prefix: str = "migrator-fill-") -> Path:
+    def fill_with(self, folder: str | os.PathLike, writer: Callable[[str], object], scratch=None) -> Path:
         """A folder filled by a library (`writer(temp_folder)`, e.g. save_pretrained): into a private
-        folder first (named `temp_prefix`: infer-migrator's owned_temp_prefix, which the next command
-        removes if a SIGKILL leaves it), then copied in file by file (checked like any write)."""
+        folder first, then copied in file by file (checked like any write). `scratch`: a context manager
+        that gives that folder (infer-migrator passes its owned_temp, which the next command removes if a
+        SIGKILL leaves it); default a plain temporary folder."""
         real = self.mkdir(folder)
-        with tempfile.TemporaryDirectory(prefix=temp_prefix) as tmp:
-            writer(tmp)
+        with scratch if scratch is not None else tempfile.TemporaryDirectory(prefix="fill-") as tmp:
+            writer(str(tmp))
             self.copy_tree(tmp, real)
         return real
 

@@ -8,11 +8,11 @@ then merges the per-process records of the run into `standin_usage.json` in the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,28 +57,29 @@ def check_can_run(device: str) -> None:
 
 def run(command: list[str], device: str = "cpu", record_dir: str | os.PathLike | None = None,
         cwd: str | os.PathLike | None = None, env: dict | None = None, timeout: float | None = None,
-        compile_mode: str | None = None, stdout=None, stderr=None, check: bool = True) -> StandinRun:
+        compile_mode: str | None = None, stdout=None, stderr=None, check: bool = True,
+        dies_with_caller: bool = False) -> StandinRun:
     """Run `command` under the stand-in on `device`; returns its exit code and merged usage record.
 
     `record_dir`: where the processes' records go (default: a temporary folder, removed after
-    reading). Raises StandinRefused (see check_can_run) before anything runs, FileNotFoundError when
-    the command does not exist."""
+    reading). `dies_with_caller`: the command gets SIGTERM when the caller dies, even by SIGKILL
+    (`migrator standin`: the user's command never runs on unseen). Raises StandinRefused (see
+    check_can_run) before anything runs, FileNotFoundError when the command does not exist."""
     if not command:
         raise ValueError("no command to run")
     if check:
         check_can_run(device)
     keep = record_dir is not None
-    from agent.processes import owned_temp_prefix    # named by its owner: one a SIGKILL left is removed later
+    from agent.processes import owned_temp    # locked by its owner: one a SIGKILL left is removed later
 
-    folder = Path(record_dir) if keep else Path(tempfile.mkdtemp(prefix=owned_temp_prefix("npu_standin")))
-    try:      # a temporary record folder never outlives the run: removed on an error, Ctrl-C, SIGTERM too
-        return _run_in(folder, keep, command, device, cwd, env, timeout, compile_mode, stdout, stderr)
-    finally:
-        if not keep:
-            shutil.rmtree(folder, ignore_errors=True)
+    # a temporary record folder never outlives the run: removed on an error, Ctrl-C, SIGTERM too
+    with contextlib.nullcontext(Path(record_dir)) if keep else owned_temp("npu_standin") as folder:
+        return _run_in(folder, keep, command, device, cwd, env, timeout, compile_mode, stdout, stderr,
+                       dies_with_caller)
 
 
-def _run_in(folder: Path, keep: bool, command, device, cwd, env, timeout, compile_mode, stdout, stderr) -> StandinRun:
+def _run_in(folder: Path, keep: bool, command, device, cwd, env, timeout, compile_mode, stdout, stderr,
+            dies_with_caller: bool = False) -> StandinRun:
     from agent.processes import run_tree     # the one way the tool starts a process tree
 
     record_tree = UserTree(folder, "the stand-in's record folder", create=True)
@@ -94,7 +95,7 @@ def _run_in(folder: Path, keep: bool, command, device, cwd, env, timeout, compil
     # The command is a process tree of its own session: on a timeout, Ctrl-C (which reaches the
     # migrator) or SIGTERM the whole tree is stopped (agent.processes), never left running.
     tree = run_tree([executable, *command[1:]], cwd=Path(cwd) if cwd else None, env=run_env, stdout=stdout,
-                    stderr=stderr, stdin=None, timeout=timeout)
+                    stderr=stderr, stdin=None, timeout=timeout, dies_with_caller=dies_with_caller)
     returncode = 124 if tree.timed_out else tree.returncode
     elapsed = tree.seconds
     usage = _record.read_op_usage(folder)

@@ -24,7 +24,7 @@ from pathlib import Path
 from agent.recipe.shrink import shrink_config
 from agent.recipe.targets import state_dir
 from agent.child_failure import child_failure, one_line
-from agent.processes import owned_temp_prefix, run_tree, stop_leftovers
+from agent.processes import owned_temp, run_tree, stop_leftovers
 from agent.recipe.recipe import Recipe, runner_files
 from engine.config import load_runner_settings
 from engine.data import DEFAULT_PROMPT
@@ -177,7 +177,7 @@ def check_code(recipe_dir: Path, settings: dict, tokens: int, prompt: str | None
     """Vendored code vs transformers on a shrunk config, fp32, random weights (size-independent).
     A failure is raised with a note of the stage it happened in; a check whose temporary copy lost its
     files while it ran (another process removed them) did not run, and says so."""
-    with tempfile.TemporaryDirectory(prefix=owned_temp_prefix("parity_code")) as tmp:
+    with owned_temp("parity_code") as tmp:
         stage = ["building transformers' model on a shrunk config"]
         try:
             return _check_code(recipe_dir, settings, tokens, prompt, remote, Path(tmp), stage)
@@ -295,8 +295,8 @@ def main(argv=None) -> int:
         print(json.dumps(checkpoint_nll(args.nll)))
         return 0
     # The recipe's logs go to a temporary folder that is removed afterwards.
-    with tempfile.TemporaryDirectory(prefix=owned_temp_prefix("parity")) as res_path:
-        os.environ["RES_PATH"] = res_path
+    with owned_temp("parity") as res_path:
+        os.environ["RES_PATH"] = str(res_path)
         try:
             result = check(args.recipe.resolve(), args.tokens, trust_remote_code=args.trust_remote_code, yaml=args.yaml)
         except Exception as exc:  # noqa: BLE001 - only transformers' own failures are answered here

@@ -782,7 +782,7 @@ def check(record_dir: Path, checkpoint: Path, *, python: str | None = None, dtyp
     (stopped with it on SIGINT / SIGTERM or the timeout). `pids_file`: its pids, kept in the recipe
     `pids_root`."""
     from agent.child_failure import child_failure
-    from agent.processes import owned_temp_prefix, run_tree, stop_leftovers
+    from agent.processes import owned_temp, run_tree, stop_leftovers
 
     if not recorded(record_dir):       # nothing to hold to transformers: a verdict, no child started
         return {"ok": False, "checked": False, "method": "precision, per step, teacher-forced", "rule": RULE,
@@ -806,7 +806,7 @@ def check(record_dir: Path, checkpoint: Path, *, python: str | None = None, dtyp
     if pids_file is not None:
         stop_leftovers(pids_file, pids_root)
     # the verdict goes to a file of its own: the model's code (remote code) may print anything
-    with tempfile.TemporaryDirectory(prefix=owned_temp_prefix("precision")) as tmp, tempfile.TemporaryFile("w+") as err:
+    with owned_temp("precision") as tmp, tempfile.TemporaryFile("w+") as err:
         answer = Path(tmp) / "verdict.json"
         tree = run_tree([*cmd, "--out", str(answer)], cwd=cwd or record_dir, env=env, stdout=subprocess.DEVNULL,
                         stderr=err, timeout=timeout, pids_file=pids_file, pids_root=pids_root)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from agent.processes import owned_temp_prefix
+from agent.processes import owned_temp
 from engine.safe_load import load_json, load_yaml
 from engine.safe_write import UserTree, tree_of
 
@@ -42,7 +42,7 @@ def tiny_checkpoint(model_type: str, out_dir: str | Path, seed: int = 0, **overr
     tokenizer = AutoTokenizer.from_pretrained(out)
     tokenizer.chat_template = CHATML_TEMPLATE
     UserTree(out, "the checkpoint folder").fill_with(out, lambda tmp: tokenizer.save_pretrained(tmp),
-                                                     owned_temp_prefix("fill"))
+                                                     owned_temp("fill"))
     return Path(out)
 
 

@@ -186,6 +186,18 @@ def _acquire(target: str, weights: str | None) -> Acquired:
     return download(ref, weights)
 
 
+def name_hint(target: str) -> str | None:
+    """The recipe name `acquire` derives (before normalisation), when it can be told without fetching
+    anything: a local folder's name, a hub repository's; None otherwise."""
+    path = Path(target).expanduser()
+    if path.is_dir():
+        return path.resolve().name
+    if path.exists() or local_path_problem(target):
+        return None
+    ref, _problem = _parse(target)
+    return ref.repo_id.split("/")[-1] if ref is not None else None
+
+
 def local_path_problem(target: str) -> str | None:
     """A missing local path that would otherwise be read as a hub repo id (`ckpt/nonexist` while
     ./ckpt exists, `./x`, `~/x`, `/x`): say it is missing instead of asking the hub for it."""

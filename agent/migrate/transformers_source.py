@@ -193,26 +193,34 @@ def _unpack_wheel(wheel: Path) -> Path:
             dest = cache_root() / "unpacked" / _wheel_digest(wheel)
             if (dest / "transformers" / "__init__.py").is_file():
                 return dest
-            partial = dest.with_name(dest.name + f".part{os.getpid()}")
+            from agent.processes import owned_temp, remove_orphaned_temp
+
             cache_tree = user_tree(cache_root(), "the transformers source cache", create=True, keep_links=False)
-            cache_tree.rmtree(partial)
+            cache_tree.mkdir(dest.parent, parents=True)
+            # unpacked aside in a folder this process holds the lock of (the cache is shared by every pid
+            # namespace and host of this user): one a SIGKILL cut short is removed by the next unpacking
+            remove_orphaned_temp(dest.parent)
             try:
-                written = 0
-                for info in infos:
-                    if info.is_dir():
-                        continue
-                    target = partial.joinpath(*info.filename.split("/"))
-                    with cache_tree.open(target, "xb") as sink:
-                        _read_member(archive, info, min(info.file_size, WHEEL_MAX_MEMBER_BYTES), sink)
-                    written += target.stat().st_size
-                    if written > WHEEL_MAX_TOTAL_BYTES:
-                        raise BadTransformersSource(f"unpacks to more than {WHEEL_MAX_TOTAL_BYTES} bytes")
-                cache_tree.rmtree(dest)
-                cache_tree.replace(partial, dest)
+                with owned_temp("unpack", dest.parent) as partial:
+                    written = 0
+                    for info in infos:
+                        if info.is_dir():
+                            continue
+                        target = partial.joinpath(*info.filename.split("/"))
+                        with cache_tree.open(target, "xb") as sink:
+                            _read_member(archive, info, min(info.file_size, WHEEL_MAX_MEMBER_BYTES), sink)
+                        written += target.stat().st_size
+                        if written > WHEEL_MAX_TOTAL_BYTES:
+                            raise BadTransformersSource(f"unpacks to more than {WHEEL_MAX_TOTAL_BYTES} bytes")
+                    if not (dest / "transformers" / "__init__.py").is_file():   # else another unpacking won
+                        cache_tree.rmtree(dest)                                 # a damaged one: replaced
+                        try:
+                            cache_tree.replace(partial, dest)
+                        except OSError:
+                            if not (dest / "transformers" / "__init__.py").is_file():
+                                raise
             except BadTransformersSource as exc:
                 raise BadTransformersSource(f"{wheel}: {exc}; not a transformers wheel") from None
-            finally:
-                cache_tree.rmtree(partial)
             return dest
     except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, EOFError) as exc:
         raise BadTransformersSource(f"{wheel}: not a wheel, or a damaged one ({type(exc).__name__}: "

@@ -1,10 +1,16 @@
 """Repair backups: every recipe source file is copied under `.migrator/backup/round_N/` before a
 fix runs; the round records the unified diff; `rollback` restores a backup. Nothing is ever
-written through a symlink, and files are replaced atomically."""
+written through a symlink, and files are replaced atomically.
+
+Rollback loses nothing: it undoes only the rounds of the latest run (the run that made them is the
+last one; a run that repaired nothing leaves nothing to undo), each once (an undone round moves to
+rolled_back/), and only over files still as those rounds left them (one changed since, by hand or
+otherwise, is named and nothing is rolled back unless forced). Anything else is refused in one line."""
 
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
 import os
 import re
@@ -27,10 +33,15 @@ SKIP_DIRS = NO_CODE_DIRS
 # ---- backup, diff, rollback ------------------------------------------------------------
 # .migrator/backup/round_N/          regular recipe files before round N's fix (written once, atomically)
 # .migrator/backup/round_N.manifest.json   their paths;  round_N.run: the run that took it
+# .migrator/backup/round_N.after.json      the state the round left each path it changed in
 # .migrator/backup/run               the current run (a fresh run starts a new one; --resume keeps it)
 # .migrator/backup/earlier/<time>/   the rounds of earlier runs, kept
+# .migrator/backup/rolled_back/<time>/   rounds a rollback undid, kept (never undone twice)
 # .migrator/trash/<time>/            files a rollback replaced or that were created after the backup
 ROUND_DIR_RE = re.compile(r"round_([0-9]{1,9})")
+ROUND_FILES_RE = re.compile(r"round_[0-9]+(\.manifest\.json|\.journal|\.run|\.after\.json)?")
+# what a path was left as: absent, a folder, a link to its target, a regular file of its mode and content
+STATE_RE = re.compile(r"absent|dir|link:.+|file:[0-7]{1,4}:[0-9a-f]{64}", re.S)
 PERMISSION_BITS = 0o777          # the only mode bits a backup records or a rollback restores
 JOURNAL_MAX_BYTES = 64 * 2**20
 JOURNAL_MAX_ENTRIES = 100_000
@@ -104,11 +115,13 @@ def start_backup_run(recipe_dir: Path, run_id: str) -> None:
         atomic_write(_backups(recipe_dir) / "run", (run_id + "\n").encode(), root=recipe_dir)
 
 
-def _archive_rounds(recipe_dir: Path, backups: Path) -> None:
-    entries = [p for p in backups.iterdir() if re.fullmatch(r"round_[0-9]+(\.manifest\.json|\.journal|\.run)?", p.name)]
+def _archive_rounds(recipe_dir: Path, backups: Path, into: str = "earlier", rounds=None) -> None:
+    """Move rounds (default: all) out of the way into backup/<into>/<time>/, kept."""
+    entries = [p for p in backups.iterdir() if ROUND_FILES_RE.fullmatch(p.name)
+               and (rounds is None or int(re.match(r"round_([0-9]+)", p.name).group(1)) in rounds)]
     if not entries:
         return
-    dest = real_dirs(recipe_dir, *state_parts(recipe_dir), "backup", "earlier") / time.strftime("%Y%m%dT%H%M%S")
+    dest = real_dirs(recipe_dir, *state_parts(recipe_dir), "backup", into) / time.strftime("%Y%m%dT%H%M%S")
     while dest.exists():
         dest = dest.with_name(dest.name + "_")
     backups_tree = user_tree(recipe_dir)
@@ -211,10 +224,63 @@ def backup_round(recipe_dir: Path, round_no: int):
     @contextlib.contextmanager
     def guarded():
         round_backup = RoundBackup(recipe_dir, round_no)
-        with WriteGuard(round_backup.recipe_dir, on_change=round_backup.save,
-                        exempt=frozenset(SKIP_DIRS)) as round_backup.guard:
-            yield round_backup
+        try:
+            with WriteGuard(round_backup.recipe_dir, on_change=round_backup.save,
+                            exempt=frozenset(SKIP_DIRS)) as round_backup.guard:
+                yield round_backup
+        finally:
+            record_after(round_backup.recipe_dir, round_backup.dir)
     return guarded()
+
+
+def _path_state(path: Path) -> str:
+    """What `path` is now, as round_N.after.json records it (STATE_RE)."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return "absent"
+    if stat.S_ISLNK(info.st_mode):
+        return "link:" + os.readlink(path)
+    if stat.S_ISDIR(info.st_mode):
+        return "dir"
+    if stat.S_ISREG(info.st_mode):
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(2**20), b""):
+                digest.update(chunk)
+        return f"file:{stat.S_IMODE(info.st_mode) & PERMISSION_BITS:o}:{digest.hexdigest()}"
+    return "other"
+
+
+def record_after(recipe_dir: Path, backup_dir: Path) -> None:
+    """round_N.after.json: the state the round left each path its journal lists in (what a rollback checks
+    is still there before it overwrites anything). Written again when the round's files change after its
+    guard closed (agent.repair.fix restores their formats)."""
+    journal = backup_dir.parent / f"{backup_dir.name}.journal"
+    if not journal.is_file():
+        return
+    states = {e["path"]: _path_state(Path(recipe_dir) / e["path"]) for e in read_journal(journal)}
+    atomic_write(backup_dir.parent / f"{backup_dir.name}.after.json", json.dumps(states, sort_keys=True).encode(),
+                 root=Path(recipe_dir))
+
+
+def _read_after(backups: Path, round_no: int) -> dict[str, str] | None:
+    """round_N.after.json, allow-listed like the journal (None: the round has none, e.g. of an earlier release
+    or cut short by a kill)."""
+    path = backups / f"round_{round_no}.after.json"
+    if not os.path.lexists(path):
+        return None
+    try:
+        if path.is_symlink():
+            raise ValueError("a symlink")
+        states = load_json(path, max_bytes=JOURNAL_MAX_BYTES)
+    except (OSError, ValueError) as exc:
+        raise BackupError(f"{path}: unreadable ({exc.__class__.__name__}); not a record this tool wrote") from None
+    if not isinstance(states, dict) or not all(isinstance(v, str) and STATE_RE.fullmatch(v) for v in states.values()):
+        raise BackupError(f"{path}: not a record of path states this tool wrote")
+    for rel in states:
+        _check_rel(path, rel)
+    return states
 
 
 JOURNAL_KINDS = {"file": {"path", "was", "mode"}, "absent": {"path", "was"}, "link": {"path", "was", "target"},
@@ -368,23 +434,123 @@ class _Trash:
         return dest.relative_to(self.recipe_dir).as_posix()
 
 
-def rollback(recipe_dir: Path, round_no: int | None = None) -> tuple[int, list[str]]:
-    """Restore the recipe as it was before round N (default: the first round): each round from the
-    last back to N undoes what its journal lists — changed files get their original bytes and mode,
-    removed links and files come back, files the round created move to .migrator/trash/<time>/.
-    Files nobody's repair touched (the user's own, made since) are left alone. Nothing is written
-    through a symlink (one in the way is moved to the trash). A full backup of an earlier release
-    (round_N.manifest.json) is restored as that release did."""
-    recipe_dir = Path(recipe_dir)
+def _stamp(backups: Path, round_no: int) -> str:
+    stamp = backups / f"round_{round_no}.run"
+    return stamp.read_text(errors="replace").strip() if stamp.is_file() and not stamp.is_symlink() else ""
+
+
+def latest_run_rounds(recipe_dir: Path) -> list[int]:
+    """The rounds a rollback may undo: those of the latest run, not undone yet (a run that repaired nothing
+    has none, whatever earlier runs left)."""
     rounds = backup_rounds(recipe_dir)
     if not rounds:
-        raise FileNotFoundError(f"{recipe_dir}: no repair backups under {'/'.join((*state_parts(recipe_dir), 'backup'))}/")
+        return []
+    backups = state_dir(recipe_dir) / "backup"
+    run_id = _current_run(backups)
+    return [r for r in rounds if _stamp(backups, r) == run_id]
+
+
+def _touched(backups: Path, rounds: list[int]) -> list[str]:
+    """The paths those rounds' undo would write (from their journals, else their full backups' manifests)."""
+    paths: list[str] = []
+    for r in rounds:
+        journal = backups / f"round_{r}.journal"
+        try:
+            entries = [e["path"] for e in read_journal(journal) if e["was"] != "dir"] if journal.is_file() \
+                else _manifest(backups, r)
+        except BackupError:
+            continue
+        paths += [p for p in entries if p not in paths]
+    return paths
+
+
+def _nothing_to_roll_back(recipe_dir: Path, round_no: int | None) -> BackupError:
+    """Why there is no round of the latest run to undo, in one line naming what an undo would overwrite."""
+    backups = state_dir(recipe_dir) / "backup"
+    where = "/".join((*state_parts(recipe_dir), "backup"))
+    rounds = backup_rounds(recipe_dir)
+    run_id = _current_run(backups) if backups.is_dir() else ""
+    undone = sorted(backups.glob("rolled_back/*/round_*.run")) if backups.is_dir() else []
+    if round_no is not None:
+        undone = [p for p in undone if p.name == f"round_{round_no}.run"]
+    which = f"repair round {round_no}" if round_no is not None else "repair rounds"
+    when = max((p.parent.name for p in undone), default="")
+    if any(_stamp(p.parent, int(ROUND_DIR_RE.match(p.name).group(1))) == run_id for p in undone):
+        return BackupError(f"{recipe_dir}: the last run's {which} were rolled back already ({when}, kept in "
+                           f"{where}/rolled_back/); nothing to roll back")
+    earlier = [r for r in rounds if round_no is None or r == round_no]
+    if earlier:
+        files = _touched(backups, earlier)
+        shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+        return BackupError(f"{recipe_dir}: the last run made no repair; round(s) {earlier} are of an earlier run, "
+                           f"and undoing them would overwrite {shown or 'the recipe'} as it is now; nothing rolled "
+                           f"back (their backup stays in {where}/)")
+    if round_no is not None and latest_run_rounds(recipe_dir):
+        return BackupError(f"{recipe_dir}: no backup for round {round_no} of the last run (have "
+                           f"{latest_run_rounds(recipe_dir)})")
+    if undone or (backups / "earlier").is_dir():
+        before = f"; the rounds of an earlier run were rolled back already ({when})" if undone else ""
+        return BackupError(f"{recipe_dir}: the last run made no repair{before}; nothing to roll back")
+    return BackupError(f"{recipe_dir}: no repair backups under {where}/; nothing to roll back")
+
+
+def _changed_since(recipe_dir: Path, backups: Path, undo: list[int]) -> list[tuple[str, int]]:
+    """Paths the undo would overwrite that are no longer as the last round touching them left them."""
+    expected: dict[str, tuple[str, int]] = {}
+    for r in sorted(undo):        # the last round that touched a path says what it left there
+        journal = backups / f"round_{r}.journal"
+        after = _read_after(backups, r)
+        for entry in read_journal(journal) if journal.is_file() else []:
+            if entry["was"] == "dir":
+                continue
+            if after is None or entry["path"] not in after:
+                expected.pop(entry["path"], None)       # nothing recorded to hold it to
+            else:
+                expected[entry["path"]] = (after[entry["path"]], r)
+    return [(rel, r) for rel, (state, r) in sorted(expected.items()) if _path_state(recipe_dir / rel) != state]
+
+
+def rollback(recipe_dir: Path, round_no: int | None = None, *, force: bool = False) -> tuple[int, list[str]]:
+    """Restore the recipe as it was before round N (default: the first) of the latest run's rounds: each
+    round from the last back to N undoes what its journal lists — changed files get their original bytes
+    and mode, removed links and files come back, files the round created move to .migrator/trash/<time>/ —
+    and then moves to backup/rolled_back/ (undone once). Files nobody's repair touched (the user's own,
+    made since) are left alone. Refused (BackupError, one line, nothing changed): the latest run made no
+    repair, the round was undone already, or a file the undo would overwrite changed since the round left
+    it (unless `force`: it goes to the trash). Nothing is written through a symlink (one in the way is moved
+    to the trash). A full backup of an earlier release (round_N.manifest.json) is restored as that release did."""
+    recipe_dir = Path(recipe_dir)
+    rounds = latest_run_rounds(recipe_dir)
+    if not rounds or (round_no is not None and round_no not in rounds):
+        raise _nothing_to_roll_back(recipe_dir, round_no)
     round_no = rounds[0] if round_no is None else round_no
+    backups = state_dir(recipe_dir) / "backup"
+    undo = [r for r in rounds if r >= round_no]
+    if not force:
+        changed = _changed_since(recipe_dir, backups, undo)
+        if changed:
+            shown = ", ".join(f"{rel} (round {r})" for rel, r in changed[:3]) + \
+                (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+            raise BackupError(f"{recipe_dir}: rolling back would overwrite {shown}, changed since the repair wrote "
+                              f"{'them' if len(changed) > 1 else 'it'}; nothing rolled back: keep your change, or "
+                              "roll back with --force (what it replaces goes to "
+                              f"{'/'.join((*state_parts(recipe_dir), 'trash'))}/)")
+    changes = undo_rounds(recipe_dir, round_no, rounds)
+    _archive_rounds(recipe_dir, backups, "rolled_back", set(undo))
+    return round_no, changes
+
+
+def undo_rounds(recipe_dir: Path, round_no: int, rounds: list[int] | None = None) -> list[str]:
+    """Undo rounds `round_no` and later (of `rounds`, default all present) as their journals say, without
+    the checks of `rollback` and keeping them in place: a round cut short by a kill is undone so before it
+    runs again (agent.repair.fix)."""
+    recipe_dir = Path(recipe_dir)
+    rounds = backup_rounds(recipe_dir) if rounds is None else rounds
     if round_no not in rounds:
         raise FileNotFoundError(f"{recipe_dir}: no backup for round {round_no} (have {rounds})")
     backups = state_dir(recipe_dir) / "backup"
     if not (backups / f"round_{round_no}.journal").is_file():
-        return round_no, _rollback_full(recipe_dir, round_no)
+        return _rollback_full(recipe_dir, round_no)
     undo = [r for r in rounds if r >= round_no and (backups / f"round_{r}.journal").is_file()]
     journals = {r: read_journal(backups / f"round_{r}.journal") for r in undo}   # all checked before any change
     for r, entries in journals.items():
@@ -398,7 +564,7 @@ def rollback(recipe_dir: Path, round_no: int | None = None) -> tuple[int, list[s
     with WriteGuard(recipe_dir, keep_links=False):      # nothing restored or moved through a link out of the recipe
         for r in sorted(undo, reverse=True):
             changes += _undo_round(recipe_dir, backups / f"round_{r}", journals[r], trash)
-    return round_no, changes
+    return changes
 
 
 def _make_parents(recipe_dir: Path, rel: str, trash: "_Trash", changes: list[str]) -> None:
@@ -488,8 +654,9 @@ def _rollback_tree(recipe_dir: Path):
 
 
 def has_backups(recipe_dir: Path) -> bool:
-    """Whether a repair round backed the recipe up (what `rollback` restores)."""
+    """Whether the latest run's repair rounds backed the recipe up and are not undone yet (what `rollback`
+    restores)."""
     try:
-        return bool(backup_rounds(recipe_dir))
+        return bool(latest_run_rounds(recipe_dir))
     except (OSError, UnsafeRecipePath):
         return False

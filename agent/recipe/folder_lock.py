@@ -14,11 +14,14 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import re
 import sys
+import time
 from pathlib import Path
 
 from agent import errors
-from agent.paths import cache_home
+from agent.host import pid_namespace
+from agent.paths import cache_home, outer_tempdir
 
 _HELD: dict[str, list] = {}       # resolved folder -> [fd, depth]
 
@@ -26,23 +29,18 @@ _HELD: dict[str, list] = {}       # resolved folder -> [fd, depth]
 def lock_dirs() -> list[Path]:
     """Where locks live: the user's cache, else (a read-only home) a folder of the user's in the temporary
     folder outside every process tree's own (agent.processes), so nested commands meet the same locks."""
-    import tempfile
-
-    from agent.processes import OUTER_TMP_ENV
-
     uid = os.getuid() if hasattr(os, "getuid") else 0
-    outer = os.environ.get(OUTER_TMP_ENV) or tempfile.gettempdir()
-    return [cache_home() / "infer-migrator" / "locks",
-            Path(outer) / f"infer-migrator-locks-{uid}"]
+    return [cache_home() / "infer-migrator" / "locks", outer_tempdir() / f"infer-migrator-locks-{uid}"]
 
 
 def _key(folder: Path) -> str:
     return str(Path(folder).expanduser().resolve())
 
 
-def hold(folder: Path, what: str) -> None:
+def hold(folder: Path, what: str, wait_s: float = 0.0) -> None:
     """Take the folder's lock (held until release(), or the process ends); refused with exit 75 while
-    another process holds it. Taken again by the same process: counted, not refused."""
+    another process holds it (after waiting up to `wait_s` seconds for it). Taken again by the same
+    process: counted, not refused."""
     key = _key(folder)
     if key in _HELD:
         _HELD[key][1] += 1
@@ -60,16 +58,39 @@ def hold(folder: Path, what: str) -> None:
     if fd is None:
         raise errors.EnvironmentProblem(f"the lock of {key} cannot be made ({problem}); set XDG_CACHE_HOME to a "
                                         "writable folder")
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.read(fd, 512).decode(errors="replace").strip() or "another migrator"
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() < deadline:
+                time.sleep(0.05)
+                continue
+        holder = holder_of(os.read(fd, 512).decode(errors="replace").strip())
         os.close(fd)
         raise errors.MigratorError(f"{key} is being written by another migrator command ({holder}); wait for it "
                                    f"to end or stop it, then {what} again", errors.EXIT_BUSY) from None
     os.ftruncate(fd, 0)
-    os.write(fd, f"pid {os.getpid()}: migrator {' '.join(sys.argv[1:3])}".encode()[:500])
+    os.write(fd, holder_line().encode()[:500])
     _HELD[key] = [fd, 1]
+
+
+def holder_line() -> str:
+    """What a lock file says of its holder (read back by holder_of)."""
+    return f"pid {os.getpid()} @{pid_namespace() or '?'}: migrator {' '.join(sys.argv[1:3])}"
+
+
+def holder_of(text: str) -> str:
+    """Who holds a lock, as its file says: its pid only where that pid means something here (the same pid
+    namespace of the same host); the holder of another namespace or host is named as such."""
+    found = re.fullmatch(r"pid (\d+) @(\S+): (.*)", text, re.S)
+    if found is None:
+        return text or "another migrator"
+    pid, namespace, command = found.groups()
+    if namespace == pid_namespace():
+        return f"pid {pid}: {command}"
+    return f"{command}, in another pid namespace or on another host"
 
 
 def release(folder: Path) -> None:
@@ -84,8 +105,8 @@ def release(folder: Path) -> None:
 
 
 @contextlib.contextmanager
-def holding(folder: Path, what: str):
-    hold(folder, what)
+def holding(folder: Path, what: str, wait_s: float = 0.0):
+    hold(folder, what, wait_s)
     try:
         yield
     finally:

@@ -61,8 +61,23 @@ def entry_text(name: str, classes: list[tuple[str, str]], newline: str = "\n") -
 
 def register(checkout: Path, name: str, classes: list[tuple[str, str]], state_dir: Path) -> RegistryEdit:
     """Add `name` to the checkout's registry (see the module docs). InputError when the registry
-    cannot take it (no `_specs` dict, the name already there)."""
+    cannot take it (no `_specs` dict, the name already there). Only while this process holds the recipe's
+    folder lock, and one registry edit at a time (another recipe's waits). The record of the edit is
+    written before the edit: a run killed between the two is resumed by registering again (this recipe's
+    own line is found, not added twice), or undone by rollback."""
+    from agent.recipe import folder_lock
+
     registry = checkout / REGISTRY
+    with folder_lock.holding(_recipe_folder(state_dir), "run it"), \
+            folder_lock.holding(registry, "register a model", wait_s=REGISTRY_WAIT_S):
+        return _register(checkout, registry, name, classes, state_dir)
+
+
+REGISTRY_WAIT_S = 60.0     # another recipe's registry edit takes milliseconds
+
+
+def _register(checkout: Path, registry: Path, name: str, classes: list[tuple[str, str]],
+              state_dir: Path) -> RegistryEdit:
     checkout_tree = user_tree(checkout, "the checkout")
     checkout_tree.resolve(registry)          # a link out of the checkout: refused before anything is written
     state_tree = _state_tree(state_dir)
@@ -75,7 +90,12 @@ def register(checkout: Path, name: str, classes: list[tuple[str, str]], state_di
     if specs is None:
         raise InputError(f"{registry}: no `_specs = {{...}}` dict to register {name} in; is this a cann-recipes-infer "
                          "checkout of 2026 or later?")
+    mine = recorded_edit(state_dir)
     if name in registered_names(registry):
+        if mine is not None and mine.get("name") == name and mine["inserted"].encode() in data:
+            # this recipe's own line, added by its migration before a kill: registered already
+            return RegistryEdit(registry, data.index(mine["inserted"].encode()), mine["inserted"].encode(),
+                                Path(mine["backup"]))
         raise InputError(f"{registry}: {name!r} is registered already; choose another --name")
     lines = data.splitlines(keepends=True)
     close_line = lines[specs.end_lineno - 1]
@@ -94,14 +114,16 @@ def register(checkout: Path, name: str, classes: list[tuple[str, str]], state_di
     backup = state_dir / "support_models.py.orig"
     state_tree.write_bytes(backup, data)
     new = data[:offset] + inserted + data[offset:]
-    checkout_tree.write_bytes(registry, new)     # write-and-rename: another hard link keeps the old bytes
-    if name not in registered_names(registry):       # never leave the checkout's registry broken
-        checkout_tree.write_bytes(registry, data)
-        raise InputError(f"{registry}: the entry for {name} did not take; left the file as it was")
+    # recorded first: a kill between the two leaves a record whose line is not in the file (rollback says so)
     state_tree.write_text(state_dir / RECORD, json.dumps({
         "registry": str(registry), "name": name, "offset": offset, "inserted": inserted.decode(),
         "backup": str(backup), "sha256_before": hashlib.sha256(data).hexdigest(),
         "sha256_after": hashlib.sha256(new).hexdigest()}, indent=2) + "\n")
+    checkout_tree.write_bytes(registry, new)     # write-and-rename: another hard link keeps the old bytes
+    if name not in registered_names(registry):       # never leave the checkout's registry broken
+        checkout_tree.write_bytes(registry, data)
+        state_tree.unlink(state_dir / RECORD)
+        raise InputError(f"{registry}: the entry for {name} did not take; left the file as it was")
     return RegistryEdit(registry, offset, inserted, backup)
 
 
@@ -149,7 +171,19 @@ def recorded_edit(state_dir: Path) -> dict | None:
 def unregister(state_dir: Path) -> Path | None:
     """Take the recorded entry out of the registry, keeping every other byte (edits made since
     elsewhere in the file stay). Returns the registry path; None when nothing was recorded or it
-    is out already. InputError when the entry was changed by hand."""
+    is out already. InputError when the entry was changed by hand. Only while this process holds the
+    recipe's folder lock (a run of the recipe in progress refuses it, exit 75), one registry edit at a time."""
+    from agent.recipe import folder_lock
+
+    record = recorded_edit(state_dir)
+    if record is None:
+        return None
+    with folder_lock.holding(_recipe_folder(state_dir), "roll it back"), \
+            folder_lock.holding(Path(record["registry"]), "register a model", wait_s=REGISTRY_WAIT_S):
+        return _unregister(state_dir)
+
+
+def _unregister(state_dir: Path) -> Path | None:
     record = recorded_edit(state_dir)
     if record is None:
         return None

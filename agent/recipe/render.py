@@ -57,26 +57,30 @@ def generated_files(model_name: str, family: Family, target: Target = OWN_LAYOUT
     return files
 
 
-def render_recipe(recipe_dir: Path, context: dict, family: Family, target: Target = OWN_LAYOUT) -> list[Path]:
-    """Write every generated file; returns the paths written. Deterministic for equal context."""
+def render_recipe(recipe_dir: Path, context: dict, family: Family, target: Target = OWN_LAYOUT,
+                  write_to: Path | None = None) -> list[Path]:
+    """Write every generated file; returns the paths written. Deterministic for equal context.
+    `write_to`: the folder the files go to when it is not `recipe_dir` itself (a migration's staging
+    folder, agent.workflow.store): `recipe_dir` still tells a target its checkout."""
     env = environment()
+    out = Path(write_to or recipe_dir)
     # validates before anything is written; the recipe's folder tells a target its checkout
     ctx = template_context(dict(context, recipe_dir=str(recipe_dir)), family, target)
     if target.inside_checkout:      # requirements.txt: the checkout's pinned stack (agent.recipe.requirements)
         ctx["requirements"] = recipe_requirements(checkout_root(recipe_dir), ctx["transformers_version"],
-                                                  sorted((recipe_dir / "models").glob("*.py")))
+                                                  sorted((out / "models").glob("*.py")))
     files = generated_files(ctx["model_name"], family, target, int(ctx.get("world_size") or 1), ctx)
-    texts = {recipe_dir / rel: env.get_template(template).render(**ctx) for rel, template in files.items()}
+    texts = {out / rel: env.get_template(template).render(**ctx) for rel, template in files.items()}
     written = []
-    recipe_tree = user_tree(recipe_dir, create=True)
+    recipe_tree = user_tree(out, create=True)
     for path, text in texts.items():
         recipe_tree.write_text(path, text, mode=0o755 if path.suffix == ".sh" else None)
         written.append(path)
     check_parses(written)
     for folder in target.folders:
-        recipe_tree.mkdir(recipe_dir / folder)
+        recipe_tree.mkdir(out / folder)
     for package in target.carries:
-        written += carry_package(package, recipe_dir)
+        written += carry_package(package, out)
     return written
 
 

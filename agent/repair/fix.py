@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent.recipe.backup import backup_round, diff_against_backup, rollback, round_originals
+from agent.recipe.backup import backup_round, diff_against_backup, record_after, round_originals, undo_rounds
 from agent.recipe.fs_guard import WriteOutsideRecipe
 from engine.safe_write import WriteRefused
 
@@ -36,7 +36,7 @@ def repair(recipe_dir: Path, diagnosis: Diagnosis, round_no: int, context: Repai
     # would land outside the recipe (through a symlink) is refused, whatever the rule does.
     with backup_round(recipe_dir, round_no) as round_backup:
         if round_backup.resumed:   # this round was cut short (a killed run, then --resume): undo it first
-            rollback(recipe_dir, round_no)
+            undo_rounds(recipe_dir, round_no)
         try:
             note = rule.fix(failure, diagnosis.get("facts") or {}, context)
         except (WriteOutsideRecipe, WriteRefused):      # a write refused (a link out of the recipe): exit 2
@@ -55,6 +55,7 @@ def repair(recipe_dir: Path, diagnosis: Diagnosis, round_no: int, context: Repai
     # Whatever the fix wrote, the user's files keep their line endings, encoding, BOM and mode.
     if rule.keeps_format:
         restore_formats(recipe_dir, round_originals(recipe_dir, backup_dir))
+        record_after(round_backup.recipe_dir, backup_dir)       # what the round left, formats restored
     diff = diff_against_backup(recipe_dir, backup_dir)
     # A package installed is a change too, whether or not a file records it.
     applied = bool(diff) or (rule.installs and note.startswith("ran `"))

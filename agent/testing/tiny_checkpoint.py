@@ -11,7 +11,7 @@ from pathlib import Path
 
 from agent.recipe.shrink import TINY_DIMS
 from engine.data import DEFAULT_PROMPT
-from agent.processes import owned_temp_prefix
+from agent.processes import owned_temp
 from engine.safe_write import UserTree
 
 SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|unk|>"]
@@ -61,7 +61,7 @@ def build_tokenizer(out_dir: str | Path, vocab_size: int = 384):
     """Train a byte-level BPE tokenizer on CORPUS and save it as a fast HF tokenizer."""
     fast = train_bpe_tokenizer(CORPUS, vocab_size)
     UserTree(out_dir, "the checkpoint folder", create=True).fill_with(out_dir, lambda tmp: fast.save_pretrained(tmp),
-                                                                      owned_temp_prefix("fill"))
+                                                                      owned_temp("fill"))
     return fast
 
 
@@ -130,7 +130,7 @@ def build_tiny_checkpoint(model_type: str, out_dir: str | Path, seed: int = 0, t
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     checkpoint_tree.fill_with(out, lambda tmp: model.save_pretrained(tmp, safe_serialization=True),
-                              owned_temp_prefix("fill"))
+                              owned_temp("fill"))
     checkpoint_tree.write_text(out / "tiny_checkpoint.json", json.dumps({"model_type": model_type, "seed": seed}) + "\n")
 
     return out

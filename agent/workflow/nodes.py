@@ -6,6 +6,7 @@ once, before the graph started (agent.workflow.inputs): no node checks it again.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import sys
 from pathlib import Path
@@ -23,9 +24,10 @@ from agent.recipe import folder_lock
 from agent.recipe.fs_guard import user_tree
 from agent.recipe.chat_template import check_chat_template
 from agent.recipe.recipe import Recipe, RunPlan
-from agent.recipe.registry import register, registered_names
+from agent.recipe.registry import register, registered_names, unregister
 from agent.recipe.render import normalise_model_name, render_recipe, template_context
-from agent.recipe.targets import REGISTRY, TARGETS, checkout_root, default_target, framework_registry_entry, state_dir
+from agent.recipe.targets import (REGISTRY, TARGETS, checkout_root, default_target, framework_registry_entry,
+                                  state_dir, state_parts)
 from agent.recipe.routing import route
 from agent.recipe.spec import RecipeSpec
 from agent.run import plan as run_plan
@@ -35,6 +37,7 @@ from agent.repair.rules.rule import RepairContext
 from agent.workflow.inputs import host_environment
 from agent.workflow.report import write_report
 from agent.workflow.state import MigrationState, last_run, run_options
+from agent.workflow.store import drop_staging, publish, staging_dir
 from engine import defaults
 from engine.safe_load import load_json
 from npu_standin import honest
@@ -135,17 +138,25 @@ def transformers_plan(state: MigrationState, output_dir: Path, recipe_target: st
 
 
 def removes_half_built_recipe(node):
-    """A failed vendor/render leaves no half-built recipe behind to block the next run (the
-    recipe directory did not exist or was empty before: node_acquire checked)."""
+    """A failed vendor/render leaves no half-built recipe behind to block the next run: its staging folder
+    goes, and the recipe folder too when this run published it (it did not exist or was empty before:
+    node_acquire checked), with its registry line. Anything else in its place is not this run's to remove."""
     @functools.wraps(node)
     def wrapper(state: MigrationState, **config) -> MigrationState:
         try:
             return node(state, **config)
         except BaseException:
-            try:
-                user_tree(Path(state["recipe_dir"]).parent, "the output folder").rmtree(state["recipe_dir"])
-            except (OSError, ValueError):
-                pass      # the node's own error is the one to report
+            recipe_dir = Path(state["recipe_dir"])
+            thread = ((config.get("config") or {}).get("configurable") or {}).get("thread_id") or ""
+            undo = [lambda: drop_staging(recipe_dir)]
+            if _rendered_by(recipe_dir, thread) is not None:
+                undo += [lambda: unregister(state_dir(recipe_dir)),
+                         lambda: user_tree(recipe_dir.parent, "the output folder").rmtree(recipe_dir)]
+            for step in undo:
+                try:
+                    step()
+                except (OSError, ValueError, MigratorError):
+                    pass      # the node's own error is the one to report
             raise
 
     return wrapper
@@ -153,6 +164,8 @@ def removes_half_built_recipe(node):
 
 @removes_half_built_recipe
 def node_vendor(state: MigrationState) -> MigrationState:
+    """The model's source, vendored into the recipe's staging folder (agent.workflow.store): nothing
+    appears in the output folder until render publishes the whole recipe."""
     model_dir, recipe_dir = Path(state["model_dir"]), Path(state["recipe_dir"])
     config = read_config(model_dir)
     source = locate_source(config, model_dir, trust_remote_code=bool(state.get("trust_remote_code")))
@@ -160,44 +173,87 @@ def node_vendor(state: MigrationState) -> MigrationState:
     plan = state.get("transformers") or {}
     tree = transformers_source.SourceTree(plan["version"], Path(plan["source_root"]), plan["origin"]) \
         if plan.get("source_root") else None
-    result = vendor_source(source, recipe_dir, state["model_name"],
+    drop_staging(recipe_dir)        # what a killed attempt left: written again whole
+    staging = staging_dir(recipe_dir)
+    result = vendor_source(source, staging, state["model_name"],
                            target.vendored_package.format(name=state["model_name"]), tree=tree,
                            model_source=state.get("model_source"), model_dir=model_dir)
-    vendored = result.vendored(recipe_dir)
+    vendored = result.vendored(staging)
     if plan.get("version"):
         vendored["transformers_version"] = plan["version"]
     return {"architecture": source.architecture, "family": route(config.get("text_config") or config).name,
             "vendored": vendored}
 
 
+RENDERED = "rendered.json"      # in a published recipe's state folder: the render node's result and its run
+
+
 @removes_half_built_recipe
 def node_render(state: MigrationState, config: RunnableConfig) -> MigrationState:
+    """The recipe's files, written into the staging folder beside the vendored ones and published whole
+    (agent.workflow.store.publish), then its registry line where the target has one. Resumed after a kill
+    that came once the recipe was published, it registers and answers what it answered then."""
     recipe_dir, model_dir = Path(state["recipe_dir"]), Path(state["model_dir"])
+    thread = config.get("configurable", {}).get("thread_id") or ""
     spec = RecipeSpec.for_checkpoint(
         model_name=state["model_name"], model_dir=model_dir, model_source=state["model_source"],
         architecture=state["architecture"], family=state["family"], vendored=state["vendored"],
         config=read_config(model_dir), device=run_options(config)["device"], dtype=state.get("dtype"),
         max_new_tokens=state.get("max_new_tokens"), world_size=state.get("world_size"))
     target = TARGETS[state["recipe_target"]]
-    written = render_recipe(recipe_dir, spec.context(), spec.family_spec(), target)
-    rendered = [str(p.relative_to(recipe_dir)) for p in written]
-    extra = {}
+    done = _rendered_by(recipe_dir, thread)
+    if done is None:
+        staging = staging_dir(recipe_dir)
+        if not (staging / "models").is_dir():
+            raise InputError(f"{recipe_dir}: the vendored files of this interrupted migration are gone ({staging}); "
+                             "run the same command without --resume to start again")
+        written = render_recipe(recipe_dir, spec.context(), spec.family_spec(), target, write_to=staging)
+        done = {"rendered": [str(p.relative_to(staging)) for p in written], "registry_entry": None}
+        if target.registers:
+            ctx = template_context(dict(spec.context(), recipe_dir=str(recipe_dir)), spec.family_spec(), target)
+            done["registry_entry"] = [list(pair) for pair in framework_registry_entry(ctx)]
+            if ctx.get("native_decision"):
+                done["native_model"] = ctx["native_decision"]
+        marker = staging.joinpath(*state_parts(recipe_dir), RENDERED)
+        user_tree(staging, "the staging folder").write_text(marker, json.dumps({"thread": thread, **done}) + "\n")
+        publish(staging, recipe_dir)
+    entry = done.pop("registry_entry")
     if target.registers:
         # the one change outside the recipe: its line in the checkout's registry (backed up, undone by rollback)
-        ctx = template_context(dict(spec.context(), recipe_dir=str(recipe_dir)), spec.family_spec(), target)
-        edit = register(checkout_root(recipe_dir), spec.model_name, framework_registry_entry(ctx), state_dir(recipe_dir))
+        edit = register(checkout_root(recipe_dir), spec.model_name, [tuple(pair) for pair in entry],
+                        state_dir(recipe_dir))
         print(f"[migrator] registered {spec.model_name} in {edit.registry} (before: {edit.backup})", file=sys.stderr)
-        if ctx.get("native_decision"):
-            extra["native_model"] = ctx["native_decision"]
-            decision = ctx["native_decision"]
+        decision = done.get("native_model")
+        if decision:
             print("[migrator] framework model: " + ("native (upstream's layers and fused kernels)" if decision["native"]
                   else f"adapter ({decision['fell_back']} fell back: {decision['reason']})"), file=sys.stderr)
-        if state.get("quantization") and not (ctx.get("native_decision") or {}).get("quant_config"):
+        if state.get("quantization") and not (decision or {}).get("quant_config"):
             # issue 43 item 2: until the generated model passes quant_config to its linears (as upstream's do),
             # the int8 weights load as floats and the precision check fails at the first layer
             print("[migrator] the framework model does not thread quant_config yet: the W8A8 checkpoint's int8 "
                   "weights load as floats (the precision check will say where it diverges)", file=sys.stderr)
-    return {"rendered": rendered, "run_plan": plan_run(Recipe.at(recipe_dir), state), **extra}
+    return {**done, "run_plan": plan_run(Recipe.at(recipe_dir), state)}
+
+
+def _rendered_by(recipe_dir: Path, thread: str) -> dict | None:
+    """The render node's result when this run (`thread`) published `recipe_dir` already (a kill came before
+    the store saved it), else None. Read as untrusted: only this run's own marker, of the expected shape."""
+    marker = state_dir(recipe_dir) / RENDERED
+    if not thread or not marker.is_file() or marker.is_symlink():
+        return None
+    try:
+        data = load_json(marker, max_bytes=2**20)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("thread") != thread:
+        return None
+    rendered, native, entry = data.get("rendered"), data.get("native_model"), data.get("registry_entry")
+    pairs = entry is None or (isinstance(entry, list) and all(
+        isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair) for pair in entry))
+    if not (isinstance(rendered, list) and all(isinstance(r, str) for r in rendered)) or not pairs \
+            or not (native is None or isinstance(native, dict)):
+        return None
+    return {"rendered": rendered, "registry_entry": entry, **({"native_model": native} if native else {})}
 
 
 def node_trial_run(state: MigrationState, config: RunnableConfig) -> MigrationState:

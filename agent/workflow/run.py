@@ -24,11 +24,11 @@ from agent import errors
 from agent.progress import step
 from agent.recipe import folder_lock
 from agent.recipe.fs_guard import user_tree
-from agent.recipe.backup import atomic_write, real_dirs, start_backup_run
+from agent.recipe.backup import atomic_write, start_backup_run
 from agent.recipe.recipe import Recipe
-from agent.recipe.targets import checkout_root, state_parts
 from agent.workflow.checkpoint_serde import StateSerializer, UnsafeStoreError
 from agent.workflow.state import OPTION_KEYS, MigrationState, RunOptions, summarise
+from agent.workflow.store import store_dir
 from engine.safe_load import load_json
 
 RECURSION_LIMIT = 100
@@ -72,25 +72,6 @@ def checkpoint_home(state: dict) -> Path:
     target = Path(state["target"]).expanduser()
     recipe = Recipe.at(target) if target.is_dir() else None
     return recipe.path if recipe is not None and recipe.is_recipe else Path(state.get("output_dir") or "models").resolve()
-
-
-def store_dir(home: Path, output_dir: Path) -> Path:
-    """Where the run's checkpoint store and lock live: `.migrator/` of the recipe (B/C), or of the
-    output dir (A). A migration into a cann-recipes-infer checkout's models/ keeps them outside the
-    checkout, in this user's folder under the temporary directory (one per output dir), so that a run
-    leaves nothing of ours at the checkout's models root on any exit, a killed one included (upstream's
-    validate_infer_args.py lists every folder there as a model); --resume finds them there again."""
-    if home != output_dir or checkout_root(output_dir) is None:
-        return real_dirs(home, *state_parts(home))   # a symlinked .migrator is refused, never written through
-    import tempfile
-
-    base = Path(tempfile.gettempdir()) / f"infer-migrator-{os.getuid()}"
-    base.mkdir(mode=0o700, exist_ok=True)
-    info = os.lstat(base)
-    if base.is_symlink() or not base.is_dir() or info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise errors.InputError(f"{base} is not a private folder of this user; the migrator keeps a checkout "
-                                "migration's resume store there: remove it, then re-run")
-    return real_dirs(base, "checkouts", hashlib.sha256(str(output_dir).encode()).hexdigest()[:16], ".migrator")
 
 
 def _unreadable_store(path: Path, why: str, fresh_run_avoids: bool) -> errors.InputError:
@@ -170,25 +151,41 @@ def _hold_run_lock(path: Path, state: dict, root: Path) -> int:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = os.read(fd, 64).decode(errors="replace").strip() or "another process"
+        holder = folder_lock.holder_of(os.read(fd, 512).decode(errors="replace").strip())
         os.close(fd)
-        raise errors.MigratorError(f"another migrator run of {state.get('target')} is in progress (pid {holder}, "
+        raise errors.MigratorError(f"another migrator run of {state.get('target')} is in progress ({holder}, "
                                    f"lock {path}); wait for it to end or stop it, then re-run",
                                    errors.EXIT_BUSY) from None
     os.ftruncate(fd, 0)
-    os.write(fd, str(os.getpid()).encode())
+    os.write(fd, folder_lock.holder_line().encode()[:500])
     return fd
 
 
 def _refuse_replacing_interrupted(app, thread_id: str) -> None:
-    """A migration killed after it wrote its recipe, run again without --resume: its saved state is
-    kept and the run refused (the recipe folder exists), so `--resume` still continues it."""
+    """A migration killed after it published its recipe, run again without --resume: its saved state is
+    kept and the run refused (the recipe folder exists), so `--resume` still continues it. (Killed before,
+    it left nothing in the output folder: the run starts again.)"""
     snapshot = app.get_state({"configurable": {"thread_id": thread_id}, "recursion_limit": RECURSION_LIMIT})
     recipe = (snapshot.values or {}).get("recipe_dir")
     if snapshot.next and recipe and Path(recipe).is_dir() and any(Path(recipe).iterdir()):
         raise errors.InputError(f"{recipe}: an interrupted migration of this target is saved (it stopped before "
-                                f"{', '.join(snapshot.next)}); continue it with --resume, or remove {recipe} to "
-                                "start again")
+                                f"{', '.join(snapshot.next)}); continue it: the same command with --resume; or undo "
+                                f"it: `migrator rollback {recipe}`, then remove {recipe}")
+
+
+def _migration_folder(state: dict, output_dir: Path) -> Path | None:
+    """The recipe folder a migration of a checkpoint will write (OUTPUT/NAME), when it can be told before
+    anything is fetched; None when only acquire can tell (it locks the folder then)."""
+    from agent.migrate.acquire import name_hint
+    from agent.recipe.templating import normalise_model_name
+
+    try:
+        if state.get("name"):
+            return output_dir / normalise_model_name(state["name"], explicit=True)
+        hint = name_hint(str(state["target"]))
+        return output_dir / normalise_model_name(hint) if hint else None
+    except (errors.MigratorError, OSError, ValueError):
+        return None
 
 
 def run_migration(state: dict, resume: bool = False, *, stop_after: str | None = None,
@@ -256,6 +253,10 @@ def _run_locked(state, resume, stop_after, key, home, output_dir, threads_file, 
     """run_migration, under the run's lock; `finished` gets True appended when the run ended (no node left)."""
     app = compiled_graph(db)
     threads = _load_threads(threads_file, resume)
+    if home == output_dir and (folder := _migration_folder(state, output_dir)) is not None:
+        # the folder this migration writes, locked from its start to its end (released_at_end): a rollback or
+        # another writer of it waits or is refused for the whole command, not only once acquire named it
+        folder_lock.hold(folder, "run it")
     invoke = functools.partial(app.invoke, durability="sync", interrupt_after=[stop_after] if stop_after else None)
     try:
         if resume and key in threads:

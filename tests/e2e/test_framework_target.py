@@ -145,6 +145,64 @@ def test_rollback_takes_the_registry_entry_out_byte_for_byte(tmp_path, migrated)
     assert again.returncode == 0 and "nothing to roll back" in again.stdout
 
 
+@pytest.mark.slow   # two real migrations under the stand-in; the default suite runs each state in process:
+# tests/unit/agent/workflow/test_staging.py
+@pytest.mark.parametrize("at", ["render ...", "render done"])
+def test_a_migration_sigkilled_at_render_is_continued_or_undone_by_every_command(tmp_path, at):
+    """A SIGKILL during the framework render left models/NAME/models/*.py with no state: re-run, --resume,
+    `migrator run models/NAME` and rollback all said exit 2. Killed before its recipe is published, a migration
+    leaves nothing in the checkout; killed after, its recipe and registry line are continued by --resume (found
+    in the store outside the stand-in's own temporary folder) or undone by rollback; the re-run says which."""
+    import re
+    import signal
+    import uuid
+
+    import psutil
+
+    from process_tags import _tagged
+
+    checkout = copy_checkout(tmp_path)
+    checkpoint = upstream.tiny_checkpoint("llama", tmp_path / "ckpt")
+    recipe = checkout / "models" / "killed"
+    command = ["standin", "--", sys.executable, "-m", "agent.cli", "run", str(checkpoint), "--output-dir",
+               str(checkout / "models"), "--name", "killed", "--max-new-tokens", str(MAX_NEW_TOKENS),
+               "--transformers-source", "installed", "--max-rounds", "0"]
+    tag = uuid.uuid4().hex
+    proc = subprocess.Popen([sys.executable, "-m", "agent.cli", *command], cwd=tmp_path, stderr=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, text=True, env={**os.environ, "FIELD_TAG": tag},
+                            start_new_session=True)
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if line.startswith(f"[migrator] {at}"):
+            break
+    inner = [p for p in _tagged(tag) if psutil.Process(p).cmdline()[1:4] == ["-m", "agent.cli", "run"]]
+    assert len(inner) == 1, "".join(seen)[-2000:]
+    os.kill(inner[0], signal.SIGKILL)                  # the migrator that renders, as `kill -9` does it
+    proc.communicate(timeout=120)
+    status = _git(checkout, "status", "--porcelain", "--untracked-files=all").splitlines()
+    if at == "render ...":
+        assert status == [], status                                          # nothing of it in the checkout
+        for other in (("rollback", str(recipe)), ("run", str(recipe))):
+            said = run_cli(*other)
+            assert said.returncode == 2 and "no such" in said.stderr and "Traceback" not in said.stderr, said.stderr
+    else:
+        assert f" M {REGISTRY.as_posix()}" in status and any("models/killed/" in line for line in status), status
+        again = run_cli(*command, cwd=tmp_path, timeout=600)
+        said = [ln for ln in again.stderr.splitlines() if ln.startswith("migrator:")]
+        assert again.returncode == 2 and len(said) == 1, again.stderr[-2000:]
+        assert "--resume" in said[0] and f"migrator rollback {recipe}" in said[0], said
+    resumed = run_cli(*command, "--resume", cwd=tmp_path, timeout=1200)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # killed at `render done`, the store may or may not have saved render: either way it goes on
+    assert re.search("resuming at render" if at == "render ..." else "resuming at (render|trial_run)", resumed.stderr)
+    assert "killed" in registered_names(checkout / REGISTRY)
+    assert (checkout / REGISTRY).read_text().count('"killed": [') == 1
+    rolled = run_cli("rollback", str(recipe))
+    assert rolled.returncode == 0 and "removed killed from" in rolled.stdout, rolled.stderr
+    assert "killed" not in registered_names(checkout / REGISTRY)
+
+
 def run_framework(checkout: Path, model: str, yaml_name: str, tmp_path: Path, compile_mode: str = "auto"):
     record = tmp_path / "record"
     proc = run_cli("standin", "--record", str(record), "--compile", compile_mode, "--",

@@ -147,6 +147,80 @@ def test_rollback_undoes_later_rounds_too(recipe):
     assert _snapshot(recipe) == original
 
 
+def _run(recipe, run_id: str, round_fix=None) -> None:
+    """What a fresh `migrator run` of the recipe does to its backups: a new run, then (if it repairs) round 1."""
+    start_backup_run(recipe, run_id)
+    if round_fix is not None:
+        with backup_round(recipe, 1):
+            round_fix()
+
+
+def test_newcomer_f4_a_run_that_repaired_nothing_leaves_nothing_to_roll_back(recipe, capsys):
+    """Newcomer F4: run (round 1 repaired the YAML) -> rollback -> the user fixes the YAML by hand and breaks
+    another file -> run (no repair) -> rollback re-applied round 1 and replaced the user's YAML. Now refused."""
+    from agent.cli import main
+
+    yaml = recipe / "config.yaml"
+    yaml.write_text("input_max_length: 480\n")                                  # the broken YAML
+    _run(recipe, "run-1", lambda: yaml.write_text("input_max_len: 480\n"))    # repaired by round 1
+    assert main(["rollback", str(recipe)]) == 0
+    assert yaml.read_text() == "input_max_length: 480\n"
+    yaml.write_text("input_max_len: 512\n")                                    # the user's own fix
+    (recipe / "runner_x.py").write_text("broken by the user\n")
+    _run(recipe, "run-2")                                                       # fails, repairs nothing
+    capsys.readouterr()
+    assert main(["rollback", str(recipe)]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and "the last run made no repair; the rounds of an earlier run were rolled back" in err[0], err
+    assert yaml.read_text() == "input_max_len: 512\n"
+    assert (recipe / "runner_x.py").read_text() == "broken by the user\n"
+
+
+@pytest.mark.parametrize("case", ["rolled_back_twice", "round_of_an_earlier_run", "round_undone_by_number",
+                                  "edited_after_the_repair", "earlier_run_then_a_baseline"])
+def test_rollback_applies_only_the_latest_runs_rounds_once_and_over_nothing_changed_since(recipe, case):
+    """Variants of F4, each refused in one line that names what it would overwrite, nothing changed."""
+    yaml = recipe / "config.yaml"
+    yaml.write_text("broken: 1\n")
+    _run(recipe, "run-1", lambda: yaml.write_text("repaired: 1\n"))
+    if case == "rolled_back_twice":
+        rollback(recipe)
+        yaml.write_text("the user's: 1\n")
+        with pytest.raises(InputError, match="rolled back already"):
+            rollback(recipe)
+    elif case == "round_of_an_earlier_run":              # no rollback between: the next run repaired nothing
+        yaml.write_text("the user's: 1\n")
+        _run(recipe, "run-2")
+        with pytest.raises(InputError, match=r"the last run made no repair; round\(s\) \[1\] are of an earlier run, "
+                                             r"and undoing them would overwrite config.yaml"):
+            rollback(recipe, 1)
+    elif case == "round_undone_by_number":
+        with backup_round(recipe, 2):
+            (recipe / "runner_x.py").write_bytes(b"round 2\n")
+        rollback(recipe, 2)
+        with pytest.raises(InputError, match="round 2 were rolled back already"):
+            rollback(recipe, 2)
+        rollback(recipe, 1)                              # round 1 of the same run is still there to undo
+        assert yaml.read_text() == "broken: 1\n"
+        return
+    elif case == "edited_after_the_repair":
+        yaml.write_text("the user's: 1\n")
+        with pytest.raises(InputError, match=r"would overwrite config.yaml \(round 1\), changed since the repair"):
+            rollback(recipe)
+        assert yaml.read_text() == "the user's: 1\n"
+        rollback(recipe, force=True)                      # asked for: the user's version goes to the trash
+        assert yaml.read_text() == "broken: 1\n"
+        assert any(t.endswith("/config.yaml") for t in _trash_files(recipe))
+        return
+    else:                                                 # `migrator baseline` is a run too: it repaired nothing
+        _run(recipe, "baseline-run")
+        with pytest.raises(InputError, match="the last run made no repair"):
+            rollback(recipe)
+        assert yaml.read_text() == "repaired: 1\n"
+        return
+    assert yaml.read_text() == "the user's: 1\n"
+
+
 def test_a_round_never_writes_through_a_symlink_out_of_the_recipe(recipe, tmp_path):
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -189,7 +263,10 @@ def test_rollback_never_writes_through_a_symlink(recipe, tmp_path):
     (recipe / "runner_x.py").symlink_to(victim)
     os.rename(recipe / "models", tmp_path / "old_models")
     (recipe / "models").symlink_to(outside, target_is_directory=True)
-    rollback(recipe, 1)
+    with pytest.raises(InputError, match="would overwrite models/modeling_x.py .round 1., runner_x.py"):
+        rollback(recipe, 1)                                      # changed since the round: named, nothing done
+    assert (recipe / "runner_x.py").is_symlink() and (recipe / "models").is_symlink()
+    rollback(recipe, 1, force=True)
     assert victim.read_bytes() == b"outside, must not change\n"
     assert (outside / "modeling_x.py").read_bytes() == b"outside modeling\n"
     assert not (recipe / "runner_x.py").is_symlink() and not (recipe / "models").is_symlink()

@@ -46,13 +46,22 @@ ALLOWED = {
         "an unnamed probe file (O_TMPFILE): nothing appears in the folder",
     "agent/recipe/folder_lock.py::hold::.mkdir()": "the migrator's own lock folder under XDG_CACHE_HOME (0700)",
     "agent/recipe/folder_lock.py::hold::os.open(write flags)": "a lock file in that folder, opened O_NOFOLLOW",
-    "agent/processes.py::run_tree::shutil.rmtree": PRIVATE_TMP + " (the tree's TMPDIR)",
+    "agent/processes.py::owned_temp::tempfile.mkdtemp(dir=...)":
+        "an owned temporary folder (the temporary folder, or the folder its caller names as its own)",
+    "agent/processes.py::owned_temp::.mkdir()": PRIVATE_TMP + " (its work/ folder)",
+    "agent/processes.py::owned_temp::shutil.rmtree": PRIVATE_TMP + " (the owned folder, at its end)",
+    "agent/processes.py::_hold_owner_lock::os.open(write flags)":
+        "the owner lock of that private folder, a new file (O_EXCL, O_NOFOLLOW)",
+    "agent/processes.py::_hold_owner_lock::os.rename": "that lock file given its name once it is held",
     "agent/processes.py::remove_orphaned_temp::shutil.rmtree":
-        "our own temp folders of migrator processes that are gone (owned_temp_prefix), never a link or another's",
+        "our own temp folders whose owner is gone (their owner lock is free: owned_temp), never a link or another's",
     "agent/recipe/native/decide.py::selfcheck::.write_text()": PRIVATE_TMP + " (the self-check's job file)",
     "agent/recipe/native/decide.py::checked::.write_text()": PRIVATE_TMP + " (the native file being checked)",
-    "agent/workflow/run.py::store_dir::.mkdir()":
+    "agent/workflow/store.py::store_dir::.mkdir()":
         "the per-user private folder (0700, owner checked) under the temporary folder for a checkout migration's store",
+    "agent/workflow/store.py::publish::os.rename":
+        "the migration's own staging folder (in its store) renamed onto the recipe folder it holds the lock of, "
+        "the destination resolved by the output folder's tree first (no link on the way)",
     "agent/workflow/run.py::_drop_finished_store::shutil.rmtree": "that private folder's store, once its run ended",
     "agent/workflow/run.py::_drop_finished_store::os.open(write flags)": "its lock files, opened to test the lock",
     "agent/workflow/run.py::compiled_graph::.mkdir()": "the store folder store_dir made (real_dirs: no symlink)",
@@ -61,7 +70,6 @@ ALLOWED = {
     "npu_standin/environment.py::bin_dir::.mkdir()": "a private copy (0700) of the stand-in's guards in the temporary folder",
     "npu_standin/environment.py::bin_dir::shutil.copyfile": "the same private copy",
     "npu_standin/environment.py::bin_dir::.chmod()": "the same private copy",
-    "npu_standin/launcher.py::run::shutil.rmtree": PRIVATE_TMP + " (the stand-in's record folder when none was named)",
 }
 
 
@@ -263,6 +271,8 @@ OWN_FOLDER_TREES = {
     "agent/measure/reference.py::tiny_yaml::tree_of": "the YAML a test or bench script names, in a copy it made",
     "agent/workflow/nodes.py::wrapper::user_tree(<file's folder>)":
         "the recipe folder a failed node made, removed from the output folder it was made in",
+    "agent/workflow/store.py::publish::user_tree(<file's folder>)":
+        "the recipe folder published into the output folder that holds it (the root a migration writes into)",
 }
 FILE_FOLDER_TREES = ("tree_of", "parent_tree")
 TREE_MAKERS = ("UserTree", "user_tree")

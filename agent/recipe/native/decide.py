@@ -69,13 +69,13 @@ def selfcheck(jobs: list[dict], checkout: Path, timeout: float = SELFCHECK_TIMEO
     """Run agent.recipe.native.selfcheck on `jobs` ({"config", "file", "class_name"}) under the stand-in,
     the checkout's module/ and executor/ importable."""
     from agent.child_failure import child_failure
-    from agent.processes import owned_temp_prefix, run_tree
+    from agent.processes import owned_temp, run_tree
     from npu_standin.environment import standin_env
 
     project = Path(__file__).resolve().parents[3]
     # one process tree the migrator owns (stopped with it on SIGINT / SIGTERM or the timeout); its folder
     # is one the next command removes if a SIGKILL leaves it
-    with tempfile.TemporaryDirectory(prefix=owned_temp_prefix("selfcheck")) as tmp, \
+    with owned_temp("selfcheck") as tmp, \
             tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         job_file = Path(tmp) / "jobs.json"
         job_file.write_text(json.dumps(jobs))
@@ -96,9 +96,9 @@ def selfcheck(jobs: list[dict], checkout: Path, timeout: float = SELFCHECK_TIMEO
 
 def checked(ctx: dict, config: dict, features: NativeFeatures, checkout: Path) -> NativeDecision:
     """The native file of `features` held to transformers on `config`'s shrunk copy."""
-    from agent.processes import owned_temp_prefix
+    from agent.processes import owned_temp
 
-    with tempfile.TemporaryDirectory(prefix=owned_temp_prefix("native_model")) as tmp:
+    with owned_temp("native_model") as tmp:
         path = Path(tmp) / f"modeling_{ctx['model_name']}.py"
         path.write_text(render_native(ctx, features))
         result = selfcheck([{"config": config, "file": str(path), "class_name": ctx["framework_class"]}], checkout)[0]

@@ -7,13 +7,12 @@ import importlib.machinery
 import importlib.util
 import re
 import sys
-import tempfile
 from pathlib import Path
 
 
 from agent.recipe.fs_guard import user_tree
 from agent.migrate.vendor import locate_source, read_config, vendor_source
-from agent.processes import owned_temp_prefix
+from agent.processes import owned_temp
 from agent.recipe.recipe import Recipe, runner_files
 from agent.recipe.render import generated_files, render_file, write_rendered
 from agent.recipe.spec import recipe_spec
@@ -135,7 +134,7 @@ def _fix_vendored_missing(failure: Failure, facts: dict, ctx: RepairContext) -> 
     target = failure.recipe.target if failure.recipe.is_recipe else OWN_LAYOUT
     package = target.vendored_package.format(name=failure.recipe.model_name)
     # Vendor aside and copy back only the missing file: the other vendored files may carry edits.
-    with tempfile.TemporaryDirectory(prefix=owned_temp_prefix("revendor")) as tmp:
+    with owned_temp("revendor") as tmp:
         result = vendor_source(source, Path(tmp), failure.recipe.model_name, package, tree=tree)
         source = result.source
         fresh = Path(tmp) / facts["file"]
