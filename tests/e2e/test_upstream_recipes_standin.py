@@ -23,7 +23,7 @@ from agent.recipe.recipe import Recipe, RunPlan
 from agent.run import standin as standin_hooks
 from agent.run.plan import copy_path, parallel_for, plan_run
 from migrator_cli import run_cli
-from upstream_checkout import FAST, copy_snapshot, run_standin
+from upstream_checkout import FAST, SNAPSHOT, copy_snapshot, run_standin
 
 
 def standin_plan(recipe: Recipe, world_size: int = 1, **options) -> dict:
@@ -130,6 +130,15 @@ def test_real_weights_run_the_yaml_as_it_is(checkout, tmp_path):
     yaml_path.write_text(yaml_path.read_text().replace("/data/models/origin/Qwen3-8B", str(weights)))
     plan = standin_plan(Recipe.at(checkout / "models" / "qwen"), yaml_name="qwen3_8b_1tp.yaml", tiny=True)
     assert plan["yaml"] == str(yaml_path) and not plan["tiny"] and plan["checkpoint"] == str(weights)
+
+
+def _changed_outside_res(recipe_dir: Path) -> list[str]:
+    """Files of the recipe folder, outside res/, that are not the snapshot's bytes."""
+    snapshot = SNAPSHOT / "models" / recipe_dir.name
+    return sorted(p.relative_to(recipe_dir).as_posix() for p in recipe_dir.rglob("*")
+                  if p.is_file() and not p.relative_to(recipe_dir).parts[0] == "res"
+                  and (not (snapshot / p.relative_to(recipe_dir)).is_file()
+                       or (snapshot / p.relative_to(recipe_dir)).read_bytes() != p.read_bytes()))
 
 
 def _qwen3_moe(checkout: Path) -> Recipe:
@@ -484,24 +493,30 @@ def test_deepseek_r1_two_ranks_runs_mla_and_moe_tp_through_upstreams_code_to_a_p
 
 
 @pytest.mark.slow
-def test_qwen3_moe_two_ranks_moe_tp_reaches_a_checked_baseline(checkout):
-    """Upstream's qwen3_moe keeps its router in fp32 and feeds it bf16 through module/linear.py's torch.matmul:
-    the stand-in computes that in fp32 and returns bf16, as op-plugin's matmul and aclnnMatmul do on the NPU
-    (npu_standin/kernels/matmul.py, mixed_matmul_dtypes). At 2 ranks on its 16tp YAML (moe_tp_size 2: the
-    TP MoE path; the EP paths need a moe_ep_group at 1 rank and MC2 dispatch in decode) prefill and
-    graph-mode decode run and pass the per-step check. The snapshot may lack the recipe (it is a subset)."""
-    if not (checkout / "models" / "qwen3_moe").is_dir():
-        pytest.skip("this upstream snapshot has no models/qwen3_moe (hicann/cann-recipes-infer fbc225d2de31 has it)")
-    proc, summary = run_standin(checkout, "qwen3_moe", "--yaml", "qwen3_235b_16tp.yaml", "--world-size", "2")
+def test_qwen3_moe_as_the_readme_says_runs_at_two_ranks_moe_tp_to_a_checked_baseline(checkout):
+    """`migrator run models/qwen3_moe --standin --tiny`, as the README says for upstream's recipes: its code does
+    not run at the default one rank (its EP path gets moe_ep_group, registered only for moe_ep_size > 1), so
+    the plan runs its 16tp YAML at 2 ranks (moe_tp_size 2: the TP MoE path, moe_ep 1) and says why. Upstream's
+    qwen3_moe keeps its router in fp32 and feeds it bf16 through module/linear.py's torch.matmul: the stand-in
+    computes that in fp32 and returns bf16, as op-plugin's matmul and aclnnMatmul do on the NPU
+    (npu_standin/kernels/matmul.py, mixed_matmul_dtypes). Prefill and graph-mode decode run and pass the
+    per-step check. The plan alone: test_qwen3_moe_at_the_default_one_rank_is_planned_at_a_layout_its_code_runs."""
+    recipe = _qwen3_moe(checkout)
+    proc, summary = run_standin(checkout, "qwen3_moe")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert summary["scenario"] == "C" and summary["status"] == "ok"
+    assert "qwen3_moe: its code does not run at 1 rank" in proc.stderr and "'moe_ep_group" in proc.stderr
     precision = summary["precision"]
     assert precision["ok"] and precision["checked"] and precision["ranks"] == 2 and precision["decode_steps_checked"] > 0
     baseline = json.loads(Path(summary["baseline_path"]).read_text())
+    assert baseline["yaml_path"] == "config/qwen3_235b_16tp.yaml"
     kernels = baseline["standin"]["reference_kernels"]
     assert all(op in str(kernels) for op in ("npu_moe_gating_top_k_softmax", "npu_moe_init_routing_v2",
                                              "npu_grouped_matmul", "npu_moe_finalize_routing"))
-    assert baseline["standin"]["unsupported"] == []
+    assert baseline["standin"]["unsupported"] == [] and baseline["standin"]["world_size"] == 2
+    compiled = baseline["standin"]["compiles"]["Qwen3MoeForCausalLM.main_decode [ge_graph]"]
+    assert (compiled["compiles"], compiled["recompiles"]) == (2, 0), compiled        # once on each rank
+    assert _changed_outside_res(recipe.path) == []                 # upstream's files untouched
 
 
 def test_deepseek_r1_at_one_rank_is_refused_before_it_runs_naming_its_own_moe_ep_code(checkout):
