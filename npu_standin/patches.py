@@ -4,7 +4,9 @@ Every replacement of a torch / torch.Tensor / torch.nn / torch.distributed attri
 `replace`, so `PATCHED` lists them all by construction. Each one may be met inside a region that
 torch.compile (dynamo) captures — a model's decode step under npugraph_ex, say — and must trace there
 as the real one does (SPEC §8): a replacement is a plain function closing over the real callable, with
-no lookup dynamo cannot guard (a dict keyed by a module or class object, a threading.local, ...).
+no lookup dynamo cannot compare or guard (a dict keyed by a module object was one: "cannot determine the
+equality comparison of an object"). dynamo's own tables name the replacements, not the real callables
+they close over: compile._trace_replaced_callables gives each real one its name's rule from `PATCHED`.
 tests/unit/npu_standin/test_capture.py compiles every entry of `PATCHED`, so a new one is covered
 (or the test names it) without a list to keep in step.
 """
