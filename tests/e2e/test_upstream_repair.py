@@ -399,6 +399,7 @@ def test_a_decode_graph_mode_cannot_capture_falls_back_to_eager_in_a_round_and_p
     report, summary = repaired_in_one_round(checkout, "qwen", "graph_mode_capture_failed", "--yaml", "qwen3_8b_1tp.yaml")
     note = report["rounds"][0]["note"]
     assert note.startswith("graph mode (ge_graph) failed: torch._dynamo.exc.") and "falls back to eager" in note, note
+    assert "models/modeling_qwen.py:" in note and "the run's copy of it" in note, note
     copy = Path(report["runs"][-1]["yaml"])
     assert "  exe_mode: eager  # was ge_graph: its capture failed (torch._dynamo.exc." in copy.read_text()
     original = checkout / "models" / "qwen" / "config" / "qwen3_8b_1tp.yaml"

@@ -278,9 +278,15 @@ def _fix_graph_mode(failure: Failure, facts: dict, ctx: RepairContext) -> str:
     section, _, key = facts["key"].rpartition(".")
     edit_yaml_line(failure.yaml, section or None, key, "eager", root=failure.recipe_dir,
                    comment=f"was {facts['mode']}: its capture failed ({facts['error'][:120]})")
+    from agent.recipe.targets import state_dir
+
+    if failure.yaml.resolve().is_relative_to(state_dir(failure.recipe_dir).resolve()):
+        kept = f"the run's copy of it, with the {facts['mode']} line in its comment; the recipe's own file untouched"
+    else:
+        kept = (f"the {facts['mode']} line kept in its comment and in this round's backup; `migrator rollback` "
+                "restores it")
     return (f"graph mode ({facts['mode']}) failed: {facts['error']} (at {facts['where']}); the recipe falls back "
-            f"to eager: set {facts['key']}: eager in {facts['yaml_name']} (the {facts['mode']} line is kept in its "
-            f"comment and in this round's backup; `migrator rollback` restores it). Making the capture work is "
+            f"to eager: set {facts['key']}: eager in {facts['yaml_name']} ({kept}). Making the capture work is "
             "model-infer-graph-mode's job")
 
 

@@ -222,3 +222,26 @@ def test_a_logged_graph_break_before_another_failure_is_not_the_capture_failing(
               "config.recompile_limit (8)\n")
     diagnosis = diagnose(repo, {}, failure=Failure.from_output(repo, logged + capture_failures["shape_mismatch_eager"]))
     assert diagnosis["rule"] != "graph_mode_capture_failed", diagnosis
+
+
+def test_a_stand_in_runs_copy_of_the_yaml_is_what_the_fix_edits_and_the_round_records(repo, capture_failures):
+    """A `--standin` run of upstream's recipe runs a copy of its YAML in our state folder, and a YAML fix edits
+    that copy (upstream's file never): the round is applied with the copy's diff, or the loop would give up
+    after a fix it cannot see (backups skip the state folder)."""
+    from agent.repair.diagnose import diagnose
+    from agent.repair.fix import repair
+
+    own = repo / "config" / "qwen.yaml"
+    own.write_text(GRAPH_YAML)
+    from agent.recipe.targets import state_dir
+
+    copy = state_dir(repo) / "standin" / "config" / "qwen.yaml"          # agent.run.plan.copy_path
+    copy.parent.mkdir(parents=True)
+    copy.write_text(GRAPH_YAML)
+    failure = Failure.from_output(repo, capture_failures["graph_break"], yaml=copy)
+    diagnosis = diagnose(repo, {}, failure=failure)
+    assert diagnosis["rule"] == "graph_mode_capture_failed", diagnosis
+    done = repair(repo, diagnosis, round_no=1, failure=failure)
+    assert done["applied"] and f"+++ b/{copy.relative_to(repo).as_posix()}" in done["diff"], done
+    assert "the run's copy of it" in done["note"] and "exe_mode: eager  # was npugraph_ex" in copy.read_text()
+    assert own.read_text() == GRAPH_YAML
