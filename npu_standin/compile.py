@@ -128,6 +128,21 @@ class StandinBackend:
 
     def __call__(self, gm, example_inputs, **kwargs):
         mode = resolved_mode()
+        compiled, failed = gm.forward, None
+        if mode == "inductor":
+            from torch._dynamo.exc import RestartAnalysis
+            from torch._inductor.compile_fx import compile_fx
+
+            try:
+                compiled = compile_fx(gm, example_inputs)
+            except RestartAnalysis:
+                # not a compile: dynamo's signal to trace again (TensorifyScalarRestartAnalysis: a Python float
+                # inductor does not take as a graph input is specialised) and call the backend with that graph.
+                # Swallowed, the first graph ran with the float unspecialised, its guard failing at each new
+                # value: a recompile per decode step, until the recompile limit fails the fullgraph capture.
+                raise
+            except Exception as exc:  # noqa: BLE001 - the host cannot compile: run what was captured
+                failed = exc
         self.calls += 1
         syncs = host_syncs(gm)
         # per compile: whether the capture was whole (a graph break is refused, not split) and what in
@@ -142,17 +157,12 @@ class StandinBackend:
             record.note(f"recompile:{self.label}:{self.calls}",
                         f"{self.label} recompiled ({self.kind} -> torch.compile/{mode}), recompile "
                         f"{self.calls - 1}: a guard on its inputs failed (changed shapes, Python values)")
-        if mode == "inductor":
-            try:
-                from torch._inductor.compile_fx import compile_fx
-
-                return compile_fx(gm, example_inputs)
-            except Exception as exc:  # noqa: BLE001 - the host cannot compile: run what was captured
-                record.compile_event(self.label, eager_fallback=f"{type(exc).__name__}: {str(exc)[:200]}")
-                record.note(f"inductor-failed:{self.label}",
-                            f"{self.label}: inductor failed on this host ({type(exc).__name__}); "
-                            "the captured graph runs eagerly")
-        return gm.forward
+        if failed is not None:
+            record.compile_event(self.label, eager_fallback=f"{type(failed).__name__}: {str(failed)[:200]}")
+            record.note(f"inductor-failed:{self.label}",
+                        f"{self.label}: inductor failed on this host ({type(failed).__name__}); "
+                        "the captured graph runs eagerly")
+        return compiled
 
 
 def compile(model=None, *, fullgraph: bool = False, dynamic=None, backend="inductor", mode=None,  # noqa: A001
@@ -221,11 +231,69 @@ def _trace_host_record_stream() -> None:
     TensorVariable.method_record_stream = method_record_stream
 
 
+class _WithReplacedObjects:
+    """One of dynamo's lazily built tables of torch objects (trace_rules.get_torch_obj_rule_map,
+    get_tensor_method), also naming the real objects the stand-in replaced: `extend(table)`."""
+
+    def __init__(self, build, extend):
+        self.build = build
+        self.extend = extend
+        self.value = None
+        functools.update_wrapper(self, build)
+
+    def __call__(self):
+        if self.value is None:
+            self.value = self.extend(self.build())
+        return self.value
+
+    def cache_clear(self) -> None:       # init_process_group clears dynamo's tables (trace_rules.clear_lru_cache)
+        self.build.cache_clear()
+        self.value = None
+
+
+def _trace_replaced_callables() -> None:
+    """dynamo builds its tables of torch objects by name the first time it traces, after the stand-in
+    replaced some of them (patches.PATCHED): the tables name the stand-in's replacement, not torch's
+    callable it closes over. A replacement that dynamo inlines (a Tensor method, F.linear, a function
+    whose rule is to inline it, like torch.set_default_device) then reaches torch's own callable, which no
+    table names: "Attempted to call function marked as skipped". So each real callable gets the rule its
+    name has (the replacement's), and a replaced Tensor method stays a Tensor method, as without the
+    stand-in."""
+    import types as _types
+
+    from torch._dynamo import trace_rules
+    from torch._dynamo.utils import hashable
+
+    from npu_standin.patches import PATCHED
+
+    def with_reals(rules: dict) -> dict:
+        for patch in PATCHED.values():
+            if not (hashable(patch.replacement) and hashable(patch.real)):
+                continue
+            rule = rules.get(patch.replacement)
+            if rule is not None and patch.real is not None and patch.real not in rules:
+                rules[patch.real] = rule
+        return rules
+
+    descriptors = (_types.MethodDescriptorType, _types.WrapperDescriptorType, _types.BuiltinFunctionType)
+
+    def with_real_methods(methods: frozenset) -> frozenset:
+        return methods | {patch.real for patch in PATCHED.values()
+                          if patch.name.startswith("torch.Tensor.") and isinstance(patch.real, descriptors)}
+
+    if not isinstance(trace_rules.get_torch_obj_rule_map, _WithReplacedObjects):
+        trace_rules.get_torch_obj_rule_map = _WithReplacedObjects(trace_rules.get_torch_obj_rule_map, with_reals)
+        trace_rules.get_tensor_method = _WithReplacedObjects(trace_rules.get_tensor_method, with_real_methods)
+
+
 def install() -> None:
     if _installed["done"]:
         return
     _installed["done"] = True
-    torch.compile = compile
+    from npu_standin.patches import replace
+
+    replace(torch, "compile", lambda real: compile)
     record.compiling = torch.compiler.is_compiling
     _trace_host_record_stream()
+    _trace_replaced_callables()
 

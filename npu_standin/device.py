@@ -21,6 +21,8 @@ import threading
 
 import torch
 
+from npu_standin.patches import replace
+
 _REAL_DEVICE = torch.device
 HOST = {"type": "cpu"}            # set by install()
 _local = threading.local()
@@ -286,31 +288,29 @@ def install(host: str) -> None:
     from torch.utils._device import _device_constructors
 
     _device_constructors()
-    torch.device = device
+    replace(torch, "device", lambda real: device)
     for name in TORCH_FACTORIES:
-        fn = getattr(torch, name, None)
-        if callable(fn):
-            setattr(torch, name, _wrap_kwargs(fn))
-    torch.load = _wrap_kwargs(torch.load)
+        if callable(getattr(torch, name, None)):
+            replace(torch, name, _wrap_kwargs)
+    replace(torch, "load", _wrap_kwargs)
     tensor = torch.Tensor
-    tensor.to = _wrap_first_and_kwargs(tensor.to)
+    replace(tensor, "to", _wrap_first_and_kwargs)
     for name in TENSOR_METHODS:
-        setattr(tensor, name, _wrap_kwargs(getattr(tensor, name)))
-    tensor.pin_memory = _wrap_first_and_kwargs(tensor.pin_memory)
-    tensor.npu = _tensor_npu
-    tensor.is_npu = property(_is_npu)
-    tensor.record_stream = _record_stream(tensor.record_stream)
+        replace(tensor, name, _wrap_kwargs)
+    replace(tensor, "pin_memory", _wrap_first_and_kwargs)
+    replace(tensor, "npu", lambda real: _tensor_npu)
+    replace(tensor, "is_npu", lambda real: property(_is_npu))
+    replace(tensor, "record_stream", _record_stream)
     module = torch.nn.Module
-    module.to = _wrap_first_and_kwargs(module.to)
-    module.to_empty = _wrap_kwargs(module.to_empty)
-    module.npu = _module_npu
-    torch.Generator = _generator_proxy()
-    torch.amp.autocast_mode.autocast.__init__ = _wrap_autocast_init(torch.amp.autocast_mode.autocast.__init__)
+    replace(module, "to", _wrap_first_and_kwargs)
+    replace(module, "to_empty", _wrap_kwargs)
+    replace(module, "npu", lambda real: _module_npu)
+    replace(torch, "Generator", lambda real: _generator_proxy())
+    replace(torch.amp.autocast_mode.autocast, "__init__", _wrap_autocast_init)
     for name in ("is_autocast_enabled", "get_autocast_dtype", "set_autocast_dtype", "set_autocast_enabled"):
-        fn = getattr(torch, name, None)
-        if callable(fn):
-            setattr(torch, name, _wrap_device_type_first(fn))
-    torch.get_device_module = _wrap_get_device_module(torch.get_device_module)
-    torch.set_default_device = _wrap_set_default_device(torch.set_default_device)
+        if callable(getattr(torch, name, None)):
+            replace(torch, name, _wrap_device_type_first)
+    replace(torch, "get_device_module", _wrap_get_device_module)
+    replace(torch, "set_default_device", _wrap_set_default_device)
     os.environ.setdefault("NPU_STANDIN_HOST", host)
 

@@ -119,6 +119,10 @@ def _wrap_new_group(real):
     return new_group
 
 
+def _hccl_available() -> bool:
+    return True
+
+
 _installed = {"done": False}
 
 
@@ -126,11 +130,12 @@ def install() -> None:
     if _installed["done"] or not dist.is_available():
         return
     _installed["done"] = True
-    dist.init_process_group = _wrap_init(dist.init_process_group)
-    dist.distributed_c10d.init_process_group = dist.init_process_group
-    dist.new_group = _wrap_new_group(dist.new_group)
-    dist.distributed_c10d.new_group = dist.new_group
-    dist.is_hccl_available = lambda: True
+    from npu_standin.patches import replace
+
+    for attr, wrap in (("init_process_group", _wrap_init), ("new_group", _wrap_new_group)):
+        wrapped = replace(dist, attr, wrap)
+        replace(dist.distributed_c10d, attr, lambda real, wrapped=wrapped: wrapped)
+    replace(dist, "is_hccl_available", lambda real: _hccl_available)
     _comm_names()
 
 

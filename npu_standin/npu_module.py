@@ -436,6 +436,8 @@ def install() -> NpuModule:
     if module is None or not getattr(module, "__npu_standin__", False):
         module = build()
         sys.modules["torch_npu.npu"] = module
-    torch.npu = module
+    from npu_standin.patches import replace
+
+    replace(torch, "npu", lambda real: module)
     sys.modules["torch.npu"] = module
     return module

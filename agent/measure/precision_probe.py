@@ -173,8 +173,13 @@ def _find_model(module, args):
 
 
 def _model_pre_hook(module, args, kwargs):
+    # _compiling() before the state is touched: a compiled step that calls the model as a module (an adapter
+    # recipe's main_decode) traces this hook, and a write to _state there makes dynamo guard on the whole
+    # dict (its call count too): a recompile at every step, until the recompile limit fails the capture
+    if _compiling():
+        return None
     _state["unbegun"] = False
-    if _state["worker"] or _compiling() or kwargs.get("use_cache") is False:
+    if _state["worker"] or kwargs.get("use_cache") is False:
         return None
     ids = kwargs.get("input_ids")
     if ids is None and args:
@@ -194,9 +199,11 @@ def _model_pre_hook(module, args, kwargs):
 
 
 def _model_hook(module, args, kwargs, output):
-    if not _compiling() and _state["unbegun"]:     # _compiling() first, as in _layer_hook: no guard on the state
+    if _compiling():                # first, as in _layer_hook: a traced hook reads no state (no guard on it)
+        return None
+    if _state["unbegun"]:
         _model_pre_hook(module, args, kwargs)
-    if _state["worker"] or _compiling() or _state["current"] is None:
+    if _state["worker"] or _state["current"] is None:
         return None
     _end(output)
     return None

@@ -49,7 +49,9 @@ class RunPlan:
       weights filled in when they differ: agent.run.plan);
     - `world_size`: the ranks it starts; `checkpoint`: the weights it runs (None: as the YAML says);
     - `standin`: the npu stand-in's device, None off the stand-in; `tiny`: a tiny random checkpoint
-      of `model_type` (`max_new_tokens`: the copy's cut length); `notes`: what the plan did, for the report."""
+      of `model_type` (`max_new_tokens`: the copy's cut length); `notes`: what the plan did, for the report;
+    - `parallel`: the copy's parallel_config where the plan chose a layout the recipe's code runs
+      (agent.recipe.layouts), None where the YAML's is scaled to `world_size` (agent.run.plan.parallel_for)."""
     yaml: Path
     world_size: int
     source_yaml: Path | None = None
@@ -59,6 +61,7 @@ class RunPlan:
     model_type: str | None = None
     max_new_tokens: int | None = None
     notes: tuple[str, ...] = ()
+    parallel: dict | None = None       # the copy's parallel_config where the plan chose the layout (agent.run.plan)
 
     @property
     def repaired_yaml(self) -> Path:
@@ -71,7 +74,7 @@ class RunPlan:
                 "source_yaml": str(self.source_yaml or self.yaml),
                 "checkpoint": str(self.checkpoint) if self.checkpoint else None, "standin": self.standin,
                 "tiny": self.tiny, "model_type": self.model_type, "max_new_tokens": self.max_new_tokens,
-                "notes": list(self.notes)}
+                "notes": list(self.notes), "parallel": dict(self.parallel) if self.parallel else None}
 
     @classmethod
     def from_dict(cls, data: dict) -> RunPlan:
@@ -79,7 +82,8 @@ class RunPlan:
         path = lambda key: Path(data[key]) if data.get(key) else None   # noqa: E731
         return cls(Path(data["yaml"]), int(data["world_size"]), path("source_yaml") or Path(data["yaml"]),
                    path("checkpoint"), data.get("standin"), bool(data.get("tiny")), data.get("model_type"),
-                   data.get("max_new_tokens"), tuple(data.get("notes") or ()))
+                   data.get("max_new_tokens"), tuple(data.get("notes") or ()),
+                   dict(data["parallel"]) if isinstance(data.get("parallel"), dict) else None)
 
 
 @dataclass(frozen=True)

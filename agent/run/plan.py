@@ -33,15 +33,20 @@ TINY_INPUT_LEN = 128
 TINY_MAX_BATCH = 4
 TP_KEYS = ("attn_tp_size", "moe_tp_size", "lmhead_tp_size")
 QUANTIZED_YAML = re.compile(r"w8a8|a8w8|w4a8|int8", re.I)
+# the most ranks a stand-in run is moved to when the recipe's code does not run at the ranks it defaults to
+MAX_FIT_RANKS = 2
 
 
 def plan_run(recipe: Recipe, world_size: int | None = None, *, yaml_name: str | None = None,
              weights: str | Path | None = None, standin: str | None = None, tiny: bool = False,
-             max_new_tokens: int = 16, quantize: str | None = None) -> RunPlan:
+             max_new_tokens: int = 16, quantize: str | None = None, fit_ranks: bool = False) -> RunPlan:
     """The run plan (see the module docs). `standin`: the stand-in's device (None: not under the
-    stand-in); `yaml_name`: a file of config/ to run (a --standin run; default: Recipe.run_plan's).
-    InputError (exit 2) for a YAML that is not there, or weights that are absent without --tiny under
-    the stand-in; EnvironmentProblem (exit 4) where the stand-in must not run."""
+    stand-in); `yaml_name`: a file of config/ to run (a --standin run; default: Recipe.run_plan's);
+    `fit_ranks`: `world_size` is a default, not asked for (a --standin run's one rank), so a recipe whose
+    code does not run there may be moved to up to MAX_FIT_RANKS (fit_layout).
+    InputError (exit 2) for a YAML that is not there, a layout the recipe's code cannot run, or weights
+    that are absent without --tiny under the stand-in; EnvironmentProblem (exit 4) where the stand-in
+    must not run."""
     if standin is not None:
         check_standin(recipe, standin)
     if yaml_name is not None:
@@ -50,12 +55,15 @@ def plan_run(recipe: Recipe, world_size: int | None = None, *, yaml_name: str | 
     else:
         # under the stand-in upstream's config/ is never written: a YAML for other ranks is scaled in the copy
         base = recipe.run_plan(world_size, write=standin is None)
+    layout_notes: tuple[str, ...] = ()
+    if standin is not None:
+        base, layout_notes = fit_layout(recipe, base, fixed_yaml=yaml_name is not None, fit_ranks=fit_ranks)
     schema = recipe.target.schema
     settings = read_settings(base.yaml)
     written = schema.get(settings, "model_path")
     own = recipe.resolve(written)
     plan = replace(base, source_yaml=base.yaml, standin=standin)
-    notes: list[str] = []
+    notes: list[str] = list(layout_notes)
     ranks = schema.world_size(settings) or 1
     # a target whose YAMLs carry a placeholder gets the real path at run time; a standalone YAML names its
     # weights itself (a wrong one is a fault its repair fixes in the YAML, never hidden by a copy)
@@ -98,7 +106,7 @@ def plan_run(recipe: Recipe, world_size: int | None = None, *, yaml_name: str | 
         plan = replace(plan, tiny=True, model_type=model_type)
     else:
         # nothing to fill in: the run goes as the recipe is (a repair may point model_path at weights)
-        return replace(plan, notes=())
+        return replace(plan, notes=tuple(notes))
     notes.append(how)
     plan = replace(plan, checkpoint=checkpoint)
     if recipe.target.writes_native_models:
@@ -108,9 +116,9 @@ def plan_run(recipe: Recipe, world_size: int | None = None, *, yaml_name: str | 
 
         at_ranks = dict(settings)
         if isinstance(settings.get("parallel_config"), dict):
-            at_ranks["parallel_config"] = parallel_for(settings["parallel_config"], plan.world_size)
+            at_ranks["parallel_config"] = plan.parallel or parallel_for(settings["parallel_config"], plan.world_size)
         preflight.check(recipe.path, checkpoint, at_ranks, base.yaml.name)
-    if checkpoint == own and ranks == plan.world_size:
+    if checkpoint == own and ranks == plan.world_size and plan.parallel is None:
         return replace(plan, notes=tuple(notes))           # the recipe's YAML as it is
     plan = replace(plan, yaml=copy_path(recipe, base.yaml, standin is not None),
                    max_new_tokens=max_new_tokens if plan.tiny else None)
@@ -174,6 +182,59 @@ def parallel_for(parallel: dict, world_size: int) -> dict:
     return out
 
 
+def tensor_parallel(parallel: dict, world_size: int) -> dict:
+    """parallel_config with attention, MoE and lm_head tensor parallel over all `world_size` ranks (so
+    moe_ep_size = world_size // moe_tp_size = 1), embedding as parallel_for scales it."""
+    return {**parallel_for(parallel, world_size), **{key: world_size for key in TP_KEYS}}
+
+
+def _all_tensor_parallel(parallel: dict) -> bool:
+    world = parallel.get("world_size")
+    return isinstance(world, int) and world > 1 and all(parallel.get(key, 1) == world for key in TP_KEYS[:2])
+
+
+def fit_layout(recipe: Recipe, base: RunPlan, *, fixed_yaml: bool, fit_ranks: bool) -> tuple[RunPlan, tuple[str, ...]]:
+    """A stand-in run's layout that the recipe's own code runs (agent.recipe.layouts), decided before
+    anything runs. The YAML scaled to the plan's ranks (parallel_for) when its code runs there; else,
+    at those ranks and then — where the ranks were a default (`fit_ranks`) — at up to MAX_FIT_RANKS:
+    each of config/'s YAMLs that is tensor parallel over all its ranks (not with `fixed_yaml`, a
+    --yaml run), then the plan's YAML made tensor parallel over the ranks, then the plan's YAML scaled.
+    Tensor parallel first: upstream's MoE recipes take their expert-parallel path at moe_tp_size 1,
+    which over several ranks dispatches through MC2 kernels the stand-in has no reference for (a
+    stand-in limit: npu_standin/kernels), and at one rank gets a group they register only for more
+    (models/qwen3_moe's moe_ep_group). A layout none of these gives: InputError, one line."""
+    from agent.recipe import layouts
+
+    parallel = read_settings(base.yaml).get("parallel_config")
+    if not isinstance(parallel, dict):
+        return base, ()
+    code = layouts.CodeFacts.of(recipe.path)
+    asked = parallel_for(parallel, base.world_size)
+    found = layouts.problems(code, asked)
+    if not found:
+        return base, ()
+    why = f"its code does not run at {layouts.describe(asked)}: {found[0]}" + \
+        (f" (and {len(found) - 1} more group(s): {', '.join(line.split(chr(39))[1] for line in found[1:])})"
+         if len(found) > 1 else "")
+    others = [] if fixed_yaml else [path for path in sorted((recipe.path / "config").glob("*.y*ml"))
+                                    if path.is_file() and path != base.yaml
+                                    and _all_tensor_parallel(read_settings(path).get("parallel_config") or {})]
+    ranks = [base.world_size] + ([MAX_FIT_RANKS] if fit_ranks and base.world_size < MAX_FIT_RANKS else [])
+    for world_size in ranks:
+        candidates = [(path, parallel_for(read_settings(path)["parallel_config"], world_size)) for path in others]
+        candidates += [(base.yaml, tensor_parallel(parallel, world_size)), (base.yaml, parallel_for(parallel, world_size))]
+        for source, layout in candidates:
+            if not layouts.problems(code, layout):
+                shown = _shown(recipe, source)
+                note = (f"{recipe.path.name}: {why}; running {shown} at {layouts.describe(layout)} instead, a "
+                        "layout its code runs")
+                print(f"[migrator] {note}", file=sys.stderr, flush=True)
+                return replace(base, yaml=source, source_yaml=source, world_size=world_size, parallel=layout), (note,)
+    tried = " or ".join(f"{n} rank{'s' if n > 1 else ''}" for n in ranks)
+    raise InputError(f"{recipe.path.name}: {why}; no YAML of it at {tried} gives a layout its code runs: pass "
+                     f"--world-size N and --yaml FILE for one that registers the groups its code gets")
+
+
 def write_copy(recipe: Recipe, plan: RunPlan) -> Path:
     """plan.yaml: plan.source_yaml on plan.checkpoint at plan.world_size ranks; on a tiny checkpoint
     (plan.max_new_tokens) lengths and batch cut too. The target's schema says where each key is."""
@@ -181,7 +242,9 @@ def write_copy(recipe: Recipe, plan: RunPlan) -> Path:
     schema = recipe.target.schema
     world_size = plan.world_size
     schema.set(data, "model_path", str(plan.checkpoint))
-    if isinstance(data.get("parallel_config"), dict):
+    if plan.parallel:
+        data["parallel_config"] = dict(plan.parallel)          # the layout fit_layout chose
+    elif isinstance(data.get("parallel_config"), dict):
         # scaled from the YAML's own rank count (the framework schema keeps world_size in parallel_config:
         # set first, a single-card YAML on N ranks would stay attn_tp / moe_tp 1)
         data["parallel_config"] = parallel_for(data["parallel_config"], world_size)

@@ -114,8 +114,9 @@ def standin_plan(args, recipe: Recipe | None) -> dict | None:
     recipe = recipe or Recipe.at(args.target)
     if recipe.is_recipe:
         check_recipe_files(recipe)      # a binary / bomb / duplicate-key upstream YAML: exit 2, not a crash
-    return plan_run(recipe, getattr(args, "world_size", None) or 1, yaml_name=getattr(args, "yaml", None),
-                    standin="cpu", tiny=args.tiny, max_new_tokens=min(getattr(args, "max_new_tokens", 16), 16),
+    asked = getattr(args, "world_size", None)
+    return plan_run(recipe, asked or 1, yaml_name=getattr(args, "yaml", None), standin="cpu", tiny=args.tiny,
+                    max_new_tokens=min(getattr(args, "max_new_tokens", 16), 16), fit_ranks=asked is None,
                     quantize=getattr(args, "quantize", None)).as_dict()
 
 

@@ -185,8 +185,10 @@ def _install_op_namespace() -> None:
                     raise
                 return unsupported(f"torch.ops.{self.name}.{op_name}")
 
+    from npu_standin.patches import replace
+
     for ns in ("npu", "air"):
-        setattr(torch.ops, ns, StandinNamespace(ns))
+        replace(torch.ops, ns, lambda real, ns=ns: StandinNamespace(ns), name=f"torch.ops.{ns}")
 
 
 def table() -> list[dict]:

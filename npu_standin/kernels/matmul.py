@@ -187,7 +187,6 @@ overload("npu_grouped_matmul",
 
 # ---- torch.matmul / torch.mm on npu tensors: the NPU's rule for mixed input dtypes --------------
 _CUBE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_real: dict = {}
 
 
 def mixed_matmul_dtypes(a: torch.Tensor, b: torch.Tensor):
@@ -311,8 +310,9 @@ def _npu_addmm_rule(real):
     return op
 
 
-def npu_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear on the NPU where its dtypes differ. torch_npu registers no `linear`
+def npu_linear_rule(real_linear):
+    """F.linear on the NPU where its dtypes differ, over the host's `real_linear` (the real F.linear,
+    closed over: a captured region traces it, no lookup at call time). torch_npu registers no `linear`
     (op-plugin@517f2e7d op_plugin/config/op_plugin_functions.yaml has `npu_linear`, not `linear`), so
     `aten::linear` is torch's CompositeImplicitAutograd one (aten/src/ATen/native/Linear.cpp `linear`),
     whose calls land on op-plugin's kernels:
@@ -325,49 +325,48 @@ def npu_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 
     The same decomposition on the host is checked in
     tests/unit/npu_standin/kernels/test_reference_kernels.py (TorchDispatchMode)."""
-    if bias is not None and input.layout == torch.strided and weight.layout == torch.strided and (
-            input.dim() == 2 or (input.is_contiguous() and (input.dim() == 3 or bias.dim() == 1))):
-        compute, result_dtype = mixed_addmm_dtypes(bias, input, weight) or (None, None)
-        if compute is not None:
-            _note("linear", f"F.linear of {input.dtype} x {weight.dtype} + {bias.dtype} bias: aten's addmm path, "
-                            f"computed in {compute}, result {result_dtype} (the bias's dtype)")
-            rows = input.reshape(-1, input.shape[-1]).to(compute)
-            y = torch.addmm(bias.to(compute), rows, weight.to(compute).t())
-            return y.reshape(*input.shape[:-1], weight.shape[0]).to(result_dtype)
-        return _real_linear()(input, weight, bias)
-    rule = mixed_matmul_dtypes(input, weight)
-    if rule is None:
-        if bias is None or bias.dtype == input.dtype:
-            return _real_linear()(input, weight, bias)
-        output = _real_linear()(input, weight)
-    else:
-        compute, result_dtype = rule
-        _note("linear", f"F.linear of {input.dtype} x {weight.dtype}: aten's matmul path, computed in {compute}, "
-                        f"result {result_dtype} (the input's dtype)")
-        output = torch.matmul(input.to(compute), weight.to(compute).t()).to(result_dtype)
-    if bias is not None:
-        output = output.add_(bias)
-    return output
+    import functools
 
+    @functools.wraps(real_linear)
+    def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if bias is not None and input.layout == torch.strided and weight.layout == torch.strided and (
+                input.dim() == 2 or (input.is_contiguous() and (input.dim() == 3 or bias.dim() == 1))):
+            compute, result_dtype = mixed_addmm_dtypes(bias, input, weight) or (None, None)
+            if compute is not None:
+                _note("linear", f"F.linear of {input.dtype} x {weight.dtype} + {bias.dtype} bias: aten's addmm "
+                                f"path, computed in {compute}, result {result_dtype} (the bias's dtype)")
+                rows = input.reshape(-1, input.shape[-1]).to(compute)
+                y = torch.addmm(bias.to(compute), rows, weight.to(compute).t())
+                return y.reshape(*input.shape[:-1], weight.shape[0]).to(result_dtype)
+            return real_linear(input, weight, bias)
+        rule = mixed_matmul_dtypes(input, weight)
+        if rule is None:
+            if bias is None or bias.dtype == input.dtype:
+                return real_linear(input, weight, bias)
+            output = real_linear(input, weight)
+        else:
+            compute, result_dtype = rule
+            _note("linear", f"F.linear of {input.dtype} x {weight.dtype}: aten's matmul path, computed in "
+                            f"{compute}, result {result_dtype} (the input's dtype)")
+            output = torch.matmul(input.to(compute), weight.to(compute).t()).to(result_dtype)
+        if bias is not None:
+            output = output.add_(bias)
+        return output
 
-def _real_linear():
-    return _real.get((torch.nn.functional, "linear"), torch.nn.functional.linear)
+    return linear
 
 
 def install_torch_ops() -> None:
     """torch.matmul / Tensor.matmul / `@` / torch.mm / Tensor.mm / torch.bmm / Tensor.bmm follow
     mixed_matmul_dtypes, torch.addmm / Tensor.addmm mixed_addmm_dtypes, torch.nn.functional.linear (what
-    nn.Linear calls) npu_linear (once per process); equal dtypes are torch's own call."""
-    if _real:
-        return
+    nn.Linear calls) npu_linear_rule (once per process: patches.replace); equal dtypes are torch's own
+    call. Each replacement closes over the real callable."""
+    from npu_standin.patches import replace
+
     for owner, attr, name in ((torch, "matmul", "matmul"), (torch.Tensor, "matmul", "matmul"),
                               (torch.Tensor, "__matmul__", "matmul"), (torch, "mm", "mm"),
                               (torch.Tensor, "mm", "mm"), (torch, "bmm", "bmm"), (torch.Tensor, "bmm", "bmm")):
-        real = getattr(owner, attr)
-        _real[(owner, attr)] = real
-        setattr(owner, attr, _npu_dtype_rule(name, real))
+        replace(owner, attr, lambda real, name=name: _npu_dtype_rule(name, real))
     for owner in (torch, torch.Tensor):
-        _real[(owner, "addmm")] = owner.addmm
-        owner.addmm = _npu_addmm_rule(owner.addmm)
-    _real[(torch.nn.functional, "linear")] = torch.nn.functional.linear
-    torch.nn.functional.linear = npu_linear
+        replace(owner, "addmm", _npu_addmm_rule)
+    replace(torch.nn.functional, "linear", npu_linear_rule)

@@ -5,9 +5,11 @@ executor/scripts/infer.sh runs the recipe under the npu stand-in with a packed b
 of unequal length, greedy tokens equal to transformers' own model; rollback takes the entry out.
 
 The recipe's one YAML per topology is written in npugraph_ex with upstream's `your_model_path`
-placeholder (checklist 二.4); the runs here fill the path in a copy, as the run plan does.
-The default suite runs one rank (eager, and npugraph_ex: the decode step compiled once); two ranks
-(gloo, tensor parallel by the model's own plan) are `slow`."""
+placeholder (checklist 二.4); the runs here fill the path in a copy, as the run plan does, and run with the
+precision probe the trial runs with (agent.run.trial_run). The default suite runs one rank (eager, and
+npugraph_ex: the decode step compiled once) of a native recipe and of an adapter recipe (an architecture the
+native generator does not write); two ranks (gloo, tensor parallel by the model's own plan), the other
+families and fall-back kinds (each in npugraph_ex) and the whole `migrator run` of an adapter are `slow`."""
 
 from __future__ import annotations
 
@@ -28,8 +30,8 @@ from agent.recipe.registry import registered_names
 from agent.recipe.targets import REGISTRY, state_dir
 from migrator_cli import run_cli
 from agent.measure import reference as upstream
-from framework_recipes import (FAMILIES, MAX_NEW_TOKENS, PROMPTS, check_native_model, family_checkout,  # noqa: F401 - fixtures
-                               legacy, migrate_family, migrated, two_prompt_yaml)
+from framework_recipes import (ADAPTERS, FAMILIES, MAX_NEW_TOKENS, PROMPTS, check_native_model,  # noqa: F401 - fixtures
+                               family_checkout, legacy, migrate_adapter, migrate_family, migrated, two_prompt_yaml)
 from upstream_checkout import _git, copy_checkout
 
 
@@ -204,12 +206,27 @@ def test_a_migration_sigkilled_at_render_is_continued_or_undone_by_every_command
 
 
 def run_framework(checkout: Path, model: str, yaml_name: str, tmp_path: Path, compile_mode: str = "auto"):
+    from agent.measure import precision
+
     record = tmp_path / "record"
+    # the precision probe, as in every trial run: its hooks run inside a compiled decode step that calls the
+    # model as a module (an adapter's main_decode), where they once made dynamo recompile at every step
+    probe = precision.probe_env({"PYTHONPATH": os.environ.get("PYTHONPATH", "")}, tmp_path / "probe")
     proc = run_cli("standin", "--record", str(record), "--compile", compile_mode, "--",
-                   *upstream.framework_command(checkout, model, yaml_name), cwd=tmp_path, timeout=1200)
+                   *upstream.framework_command(checkout, model, yaml_name), cwd=tmp_path, timeout=1200, env=probe)
     logs = upstream.rank_logs(checkout, model, yaml_name)
     usage = json.loads((record / "standin_usage.json").read_text()) if (record / "standin_usage.json").is_file() else {}
     return proc, logs, usage
+
+
+def compiled_once(compiles: dict, ranks: int = 1) -> dict:
+    """The one npugraph_ex capture of the run (a stand-in record's `compiles`): main_decode, compiled once on
+    each rank (the record sums the ranks), no recompile, a whole graph."""
+    compiled = {key: entry for key, entry in compiles.items() if entry.get("backend") == "npugraph_ex"}
+    assert len(compiled) == 1 and next(iter(compiled)).endswith(".main_decode [npugraph_ex]"), compiles
+    entry = next(iter(compiled.values()))
+    assert (entry["compiles"], entry["recompiles"], entry["fullgraph"]) == (ranks, 0, True), entry
+    return entry
 
 
 def check_two_prompts(logs, checkpoint, ranks, input_len: int = 504, tensor_parallel: bool = False):
@@ -416,15 +433,74 @@ def test_framework_recipe_of_each_family_matches_transformers(family_checkout, t
     report = json.loads((state_dir(recipe) / "migration_report.json").read_text()) \
         if (state_dir(recipe) / "migration_report.json").is_file() else {}
     assert report.get("family", family) == family
-    yaml_name = two_prompt_yaml(recipe, tmp_path, ranks, checkpoint)
-    proc, logs, usage = run_framework(family_checkout["checkout"], recipe.name, yaml_name, tmp_path)
+    # the YAML as written: npugraph_ex (the decode captured as on an NPU; run as captured)
+    yaml_name = two_prompt_yaml(recipe, tmp_path, ranks, checkpoint, "npugraph_ex")
+    proc, logs, usage = run_framework(family_checkout["checkout"], recipe.name, yaml_name, tmp_path, "capture")
     assert proc.returncode == 0, proc.stderr[-3000:]
     input_len = yaml.safe_load((recipe / "config" / yaml_name).read_text())["data_config"]["input_truncated_len"]
     check_two_prompts(logs, checkpoint, ranks, input_len, tensor_parallel=ranks > 1)
     assert usage["ranks"] == list(range(ranks)) and not usage["unsupported"]
+    compiled_once(usage["compiles"], ranks)
     # a sliding-window model's cache is upstream's SlidingWindow kind (only the window's blocks kept)
     kind = "SlidingWindow" if family == "sliding_window" else "FullAttention"
     assert f"manager_key={kind}, attn_type={kind}" in logs[0].read_text()
+
+
+def run_adapter(family_checkout, tmp_path: Path, model_type: str, fell_back: str, ranks: int):
+    recipe, checkpoint = migrate_adapter(family_checkout, model_type)
+    assert (recipe / "models" / f"modeling_{recipe.name}_framework.py").is_file()       # the adapter, not native
+    assert f"未生成原生模型：{fell_back}（" in (recipe / "README.md").read_text()          # the layer kind that fell back
+    settings = yaml.safe_load((recipe / "config" / f"{recipe.name}.yaml").read_text())
+    assert settings["model_config"]["exe_mode"] == "npugraph_ex"
+    yaml_name = two_prompt_yaml(recipe, tmp_path, ranks, checkpoint, "npugraph_ex")
+    proc, logs, usage = run_framework(family_checkout["checkout"], recipe.name, yaml_name, tmp_path, "capture")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    input_len = yaml.safe_load((recipe / "config" / yaml_name).read_text())["data_config"]["input_truncated_len"]
+    check_two_prompts(logs, checkpoint, ranks, input_len, tensor_parallel=ranks > 1)
+    entry = compiled_once(usage["compiles"], ranks)
+    print(f"{model_type} adapter, {ranks} rank(s), npugraph_ex: {entry}")
+
+
+def test_an_adapter_recipe_runs_its_npugraph_ex_yaml_with_the_decode_compiled_once(family_checkout, tmp_path):
+    """An architecture the native generator does not write (starcoder2: a non-gated MLP) keeps transformers'
+    code behind the adapter. Its YAML as written (npugraph_ex), with the precision probe of the trial, through
+    upstream's infer.sh: main_decode captured whole once, no recompile, the two prompts' texts transformers'
+    own. Every adapter recipe failed here: the stand-in's F.linear under dynamo ('cannot determine the
+    equality comparison'), then a recompile per step from the probe's hooks. The other fall-back kind, two
+    ranks and the whole `migrator run`: slow, below."""
+    run_adapter(family_checkout, tmp_path, "starcoder2", "mlp", 1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks", [1, 2])
+@pytest.mark.parametrize("model_type,fell_back", ADAPTERS)
+def test_adapter_recipe_of_each_fall_back_kind_runs_npugraph_ex_and_matches_transformers(family_checkout, tmp_path,
+                                                                                        model_type, fell_back, ranks):
+    run_adapter(family_checkout, tmp_path, model_type, fell_back, ranks)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type,fell_back", ADAPTERS)
+def test_an_adapter_recipe_migrates_and_its_npugraph_ex_trial_passes(tmp_path, model_type, fell_back):
+    """`migrator standin -- migrator run CKPT --output-dir CHECKOUT/models` for a fall-back architecture: the
+    trial runs the YAML as written (npugraph_ex, inductor where the host compiles) and passes in its first
+    run (no repair round, no fall-back to eager), the decode compiled once; parity against transformers."""
+    checkout = copy_checkout(tmp_path)
+    checkpoint = upstream.tiny_checkpoint(model_type, tmp_path / "ckpt")
+    name = f"e2e_{model_type}"
+    proc = run_cli("standin", "--", sys.executable, "-m", "agent.cli", "run", str(checkpoint), "--output-dir",
+                   str(checkout / "models"), "--name", name, "--max-new-tokens", str(MAX_NEW_TOKENS),
+                   "--transformers-source", "installed", "--json", cwd=tmp_path, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout[proc.stdout.index("{"):proc.stdout.rindex("}") + 1])
+    recipe = checkout / "models" / name
+    report = json.loads((state_dir(recipe) / "migration_report.json").read_text())
+    assert summary["status"] == "ok" and report["rounds"] == [] and [r["ok"] for r in report["runs"]] == [True]
+    assert report["native_model"]["native"] is False and report["native_model"]["fell_back"] == fell_back
+    compiled = compiled_once(report["standin"]["compiles"])
+    print(f"{model_type} adapter, migrator run's trial: {compiled}")
+    assert yaml.safe_load((recipe / "config" / f"{name}.yaml").read_text())["model_config"]["exe_mode"] == "npugraph_ex"
+    assert summary["precision"]["ok"] and summary["precision"]["decode_steps_checked"] > 0
 
 
 def test_legacy_recipe_is_a_modelrunner_recipe_of_upstreams_layout(legacy):

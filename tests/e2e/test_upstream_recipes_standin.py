@@ -23,7 +23,7 @@ from agent.recipe.recipe import Recipe, RunPlan
 from agent.run import standin as standin_hooks
 from agent.run.plan import copy_path, parallel_for, plan_run
 from migrator_cli import run_cli
-from upstream_checkout import FAST, copy_snapshot, run_standin
+from upstream_checkout import FAST, SNAPSHOT, copy_snapshot, run_standin
 
 
 def standin_plan(recipe: Recipe, world_size: int = 1, **options) -> dict:
@@ -130,6 +130,80 @@ def test_real_weights_run_the_yaml_as_it_is(checkout, tmp_path):
     yaml_path.write_text(yaml_path.read_text().replace("/data/models/origin/Qwen3-8B", str(weights)))
     plan = standin_plan(Recipe.at(checkout / "models" / "qwen"), yaml_name="qwen3_8b_1tp.yaml", tiny=True)
     assert plan["yaml"] == str(yaml_path) and not plan["tiny"] and plan["checkpoint"] == str(weights)
+
+
+def _changed_outside_res(recipe_dir: Path) -> list[str]:
+    """Files of the recipe folder, outside res/, that are not the snapshot's bytes."""
+    snapshot = SNAPSHOT / "models" / recipe_dir.name
+    return sorted(p.relative_to(recipe_dir).as_posix() for p in recipe_dir.rglob("*")
+                  if p.is_file() and not p.relative_to(recipe_dir).parts[0] == "res"
+                  and (not (snapshot / p.relative_to(recipe_dir)).is_file()
+                       or (snapshot / p.relative_to(recipe_dir)).read_bytes() != p.read_bytes()))
+
+
+def _qwen3_moe(checkout: Path) -> Recipe:
+    if not (checkout / "models" / "qwen3_moe").is_dir():
+        pytest.skip("this upstream snapshot has no models/qwen3_moe (hicann/cann-recipes-infer fbc225d2de31 has it)")
+    return Recipe.at(checkout / "models" / "qwen3_moe")
+
+
+def test_qwen3_moe_at_the_default_one_rank_is_planned_at_a_layout_its_code_runs(checkout):
+    """`migrator run models/qwen3_moe --standin --tiny` (no --world-size): at one rank moe_tp_size is 1, so its
+    MoE takes the expert-parallel path, whose moe_ep_group it registers only for moe_ep_size > 1 (KeyError
+    'moe_ep_group' not found). The plan says so and runs its own 16tp YAML at 2 ranks (MoE tensor parallel,
+    moe_ep 1), before anything runs."""
+    recipe = _qwen3_moe(checkout)
+    before = digests(checkout)
+    plan = standin_plan(recipe, tiny=True, fit_ranks=True)
+    assert plan["world_size"] == 2 and Path(plan["source_yaml"]) == recipe.path / "config" / "qwen3_235b_16tp.yaml"
+    data = recipe.settings(Path(plan["yaml"]))
+    assert data["parallel_config"] == {"world_size": 2, "attn_tp_size": 2, "moe_tp_size": 2, "embed_tp_size": 2,
+                                       "lmhead_tp_size": 2} == plan["parallel"]
+    note = plan["notes"][0]
+    assert note.startswith("qwen3_moe: its code does not run at 1 rank (attn_tp 1, moe_tp 1, so moe_ep 1): its code "
+                           "gets the communication group 'moe_ep_group"), note
+    assert note.endswith("running config/qwen3_235b_16tp.yaml at 2 ranks (attn_tp 2, moe_tp 2, so moe_ep 1) "
+                         "instead, a layout its code runs"), note
+    after = digests(checkout)
+    assert {k: v for k, v in after.items() if k in before} == before      # upstream's bytes untouched
+
+
+def test_one_rank_asked_for_a_recipe_whose_code_cannot_run_there_is_one_line_before_anything_runs(checkout):
+    recipe = _qwen3_moe(checkout)
+    with pytest.raises(InputError) as refused:
+        standin_plan(recipe, world_size=1, tiny=True)
+    line = str(refused.value)
+    assert "\n" not in line and line.startswith("qwen3_moe: its code does not run at 1 rank (attn_tp 1, moe_tp 1, "
+                                                "so moe_ep 1): its code gets the communication group 'moe_ep_group")
+    assert "only where `self.moe_ep_size > 1" in line and "--world-size N and --yaml FILE" in line
+    assert not (recipe.path / "res").exists()                              # no tiny checkpoint, no copy
+    proc = run_cli("run", str(recipe.path), "--standin", "--tiny", "--world-size", "1")
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and "moe_ep_group" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("model,yaml_name", [("qwen", "qwen3_8b_1tp.yaml"), ("gpt_oss", "gpt_oss_20b.yaml")])
+def test_a_recipe_whose_code_runs_at_one_rank_is_planned_as_before(pristine, model, yaml_name):
+    from agent.run.plan import fit_layout
+
+    recipe = Recipe.at(pristine / "models" / model)
+
+    base = RunPlan(recipe.path / "config" / yaml_name, 1)
+    assert fit_layout(recipe, base, fixed_yaml=True, fit_ranks=True) == (base, ())
+
+
+def test_a_yaml_named_with_yaml_keeps_it_and_takes_tensor_parallel_over_2_ranks(checkout):
+    """deepseek_r1's 16ep YAML (--yaml) at the default rank: its code gets moe_ep_group_mc2, registered only for
+    moe_ep > 1 with moe_tp 1; the named YAML is kept, made tensor parallel over 2 ranks."""
+    recipe = Recipe.at(checkout / "models" / "deepseek_r1")
+    from agent.run.plan import fit_layout
+
+    base = RunPlan(recipe.path / "config" / "decode_r1_rank_16_16ep_a8w8.yaml", 1)
+    plan, notes = fit_layout(recipe, base, fixed_yaml=True, fit_ranks=True)
+    assert plan.yaml == base.yaml and plan.world_size == 2
+    assert (plan.parallel["attn_tp_size"], plan.parallel["moe_tp_size"]) == (2, 2)
+    assert "'moe_ep_group_mc2'" in notes[0] and "running config/decode_r1_rank_16_16ep_a8w8.yaml at 2 ranks" in notes[0]
+    with pytest.raises(InputError, match=r"deepseek_r1: its code does not run at 1 rank .* no YAML of it at 1 rank "):
+        fit_layout(recipe, base, fixed_yaml=True, fit_ranks=False)
 
 
 def test_legacy_infer_sh_runs_its_own_text_with_only_the_yaml_name_changed(checkout):
@@ -419,35 +493,43 @@ def test_deepseek_r1_two_ranks_runs_mla_and_moe_tp_through_upstreams_code_to_a_p
 
 
 @pytest.mark.slow
-def test_qwen3_moe_two_ranks_moe_tp_reaches_a_checked_baseline(checkout):
-    """Upstream's qwen3_moe keeps its router in fp32 and feeds it bf16 through module/linear.py's torch.matmul:
-    the stand-in computes that in fp32 and returns bf16, as op-plugin's matmul and aclnnMatmul do on the NPU
-    (npu_standin/kernels/matmul.py, mixed_matmul_dtypes). At 2 ranks on its 16tp YAML (moe_tp_size 2: the
-    TP MoE path; the EP paths need a moe_ep_group at 1 rank and MC2 dispatch in decode) prefill and
-    graph-mode decode run and pass the per-step check. The snapshot may lack the recipe (it is a subset)."""
-    if not (checkout / "models" / "qwen3_moe").is_dir():
-        pytest.skip("this upstream snapshot has no models/qwen3_moe (hicann/cann-recipes-infer fbc225d2de31 has it)")
-    proc, summary = run_standin(checkout, "qwen3_moe", "--yaml", "qwen3_235b_16tp.yaml", "--world-size", "2")
+def test_qwen3_moe_as_the_readme_says_runs_at_two_ranks_moe_tp_to_a_checked_baseline(checkout):
+    """`migrator run models/qwen3_moe --standin --tiny`, as the README says for upstream's recipes: its code does
+    not run at the default one rank (its EP path gets moe_ep_group, registered only for moe_ep_size > 1), so
+    the plan runs its 16tp YAML at 2 ranks (moe_tp_size 2: the TP MoE path, moe_ep 1) and says why. Upstream's
+    qwen3_moe keeps its router in fp32 and feeds it bf16 through module/linear.py's torch.matmul: the stand-in
+    computes that in fp32 and returns bf16, as op-plugin's matmul and aclnnMatmul do on the NPU
+    (npu_standin/kernels/matmul.py, mixed_matmul_dtypes). Prefill and graph-mode decode run and pass the
+    per-step check. The plan alone: test_qwen3_moe_at_the_default_one_rank_is_planned_at_a_layout_its_code_runs."""
+    recipe = _qwen3_moe(checkout)
+    proc, summary = run_standin(checkout, "qwen3_moe")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert summary["scenario"] == "C" and summary["status"] == "ok"
+    assert "qwen3_moe: its code does not run at 1 rank" in proc.stderr and "'moe_ep_group" in proc.stderr
     precision = summary["precision"]
     assert precision["ok"] and precision["checked"] and precision["ranks"] == 2 and precision["decode_steps_checked"] > 0
     baseline = json.loads(Path(summary["baseline_path"]).read_text())
+    assert baseline["yaml_path"] == "config/qwen3_235b_16tp.yaml"
     kernels = baseline["standin"]["reference_kernels"]
     assert all(op in str(kernels) for op in ("npu_moe_gating_top_k_softmax", "npu_moe_init_routing_v2",
                                              "npu_grouped_matmul", "npu_moe_finalize_routing"))
-    assert baseline["standin"]["unsupported"] == []
+    assert baseline["standin"]["unsupported"] == [] and baseline["standin"]["world_size"] == 2
+    compiled = baseline["standin"]["compiles"]["Qwen3MoeForCausalLM.main_decode [ge_graph]"]
+    assert (compiled["compiles"], compiled["recompiles"]) == (2, 0), compiled        # once on each rank
+    assert _changed_outside_res(recipe.path) == []                 # upstream's files untouched
 
 
-@pytest.mark.slow
-def test_deepseek_r1_one_rank_stops_in_its_own_moe_ep_code(checkout):
-    """At one rank moe_tp_size is 1, so the MoE runs its EP path, whose all_to_all needs a process group
-    upstream's engine creates only for world_size > 1: the recipe's own limit, named at its line."""
-    _deepseek_r1_runnable()
-    proc, summary = run_standin(checkout, "deepseek_r1", "--yaml", "decode_r1_rank_16_16ep_a8w8.yaml")
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert "without an initialised process group" in summary["message"]
-    assert "models/deepseek_r1/models/modeling_deepseek.py:" in summary["message"]
+def test_deepseek_r1_at_one_rank_is_refused_before_it_runs_naming_its_own_moe_ep_code(checkout):
+    """At one rank moe_tp_size is 1, so the MoE runs its EP path, which gets moe_ep_group_mc2, a group its
+    code registers only for moe_ep_size > 1: the recipe's own limit, named at its lines before anything runs
+    (without --world-size the plan takes 2 ranks, tensor parallel: test_a_yaml_named_with_yaml_keeps_it...).
+    Nothing of deepseek_r1's is imported: its requirements need not be installed."""
+    proc = run_cli("run", str(checkout / "models" / "deepseek_r1"), "--standin", "--tiny", "--yaml",
+                   "decode_r1_rank_16_16ep_a8w8.yaml", "--world-size", "1")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    line = proc.stderr.strip()
+    assert "\n" not in line and "'moe_ep_group_mc2' (models/modeling_deepseek.py:" in line, line
+    assert not (checkout / "models" / "deepseek_r1" / "res").exists()
 
 
 def test_standin_process_groups_answer_get_hccl_comm_name(tmp_path):

@@ -376,3 +376,32 @@ def test_an_old_schema_key_stops_the_stand_in_run_and_is_moved_in_a_round(checko
     report, _ = repaired_in_one_round(checkout, "qwen", "yaml_key_of_old_schema", "--yaml", "qwen3_8b_1tp.yaml")
     assert report["runs"][0]["summary"].startswith("InferenceConfig ignores the top-level key 'model_path'")
     assert yaml_path.read_text().startswith('model_config:\n  model_path: "/data/models/origin/Qwen3-8B"\n')
+
+
+def inject_decode_graph_break(checkout: Path) -> Path:
+    """A data-dependent branch on a device value in the decode step of upstream's qwen (the graph-mode skill's
+    '.item() 调用 → 强制 Graph Break'): eager runs it, the fullgraph capture of the decode cannot."""
+    modeling = checkout / "models" / "qwen" / "models" / "modeling_qwen.py"
+    text = modeling.read_text()
+    anchor = "        inputs_embeds = self.embed_tokens(input_ids)\n        hidden_states = inputs_embeds\n"
+    assert text.count(anchor) == 1
+    modeling.write_text(text.replace(anchor, anchor + "        if not is_prefill and hidden_states.float().abs().sum()"
+                                                      ".item() < 0:\n            hidden_states = -hidden_states\n"))
+    return modeling
+
+
+@pytest.mark.slow
+def test_a_decode_graph_mode_cannot_capture_falls_back_to_eager_in_a_round_and_parity_holds(checkout):
+    """The real capture failure of a real trial: the round takes graph_mode_capture_failed, the stand-in copy of
+    the YAML is set to eager with the mode and the error in its comment and the round's note, and the run
+    after it reaches a checked baseline. Default case of the rule: tests/unit/agent/repair/rules/test_upstream.py."""
+    inject_decode_graph_break(checkout)
+    report, summary = repaired_in_one_round(checkout, "qwen", "graph_mode_capture_failed", "--yaml", "qwen3_8b_1tp.yaml")
+    note = report["rounds"][0]["note"]
+    assert note.startswith("graph mode (ge_graph) failed: torch._dynamo.exc.") and "falls back to eager" in note, note
+    assert "models/modeling_qwen.py:" in note and "the run's copy of it" in note, note
+    copy = Path(report["runs"][-1]["yaml"])
+    assert "  exe_mode: eager  # was ge_graph: its capture failed (torch._dynamo.exc." in copy.read_text()
+    original = checkout / "models" / "qwen" / "config" / "qwen3_8b_1tp.yaml"
+    assert 'exe_mode: "ge_graph"' in original.read_text()                 # upstream's file untouched
+    assert json.loads(Path(summary["baseline_path"]).read_text())["verification"]["parity"]["ok"] is True

@@ -120,6 +120,32 @@ def migrate_family(family_checkout, model_type: str, overrides: dict, family: st
     return family_checkout["migrated"][model_type]
 
 
+# ---- architectures the native generator does not write: the adapter -----------------------------
+# scripts/native_coverage.py's fall-backs, one per layer kind the maintainers' report (2026-12-05) found
+# failing: the recipe keeps the vendored transformers model behind models/modeling_NAME_framework.py.
+ADAPTERS = [
+    pytest.param("starcoder2", "mlp", id="nongated_mlp-starcoder2"),       # c_fc / act / c_proj: not gated
+    pytest.param("granite", "attention", id="multipliers-granite"),        # attention_multiplier as the scale
+]
+
+
+def migrate_adapter(family_checkout, model_type: str) -> tuple[Path, Path]:
+    """`model_type` migrated into the families' checkout up to the rendered recipe (`ad_<type>`); its
+    report says the native generator fell back."""
+    from agent.workflow.run import run_migration
+
+    key = f"adapter:{model_type}"
+    if key not in family_checkout["migrated"]:
+        root, checkout = family_checkout["root"], family_checkout["checkout"]
+        checkpoint = upstream.tiny_checkpoint(model_type, root / f"ckpt_{model_type}")
+        name = f"ad_{model_type}"
+        run_migration({"target": str(checkpoint), "output_dir": str(checkout / "models"), "name": name,
+                       "device": "cpu", "max_new_tokens": MAX_NEW_TOKENS, "max_rounds": 0, "world_size": 1,
+                       "recipe_target": "framework", **INSTALLED}, stop_after="render")
+        family_checkout["migrated"][key] = (checkout / "models" / name, checkpoint)
+    return family_checkout["migrated"][key]
+
+
 # ---- the legacy target: a ModelRunner recipe as models/pangu_7b ---------------------------------
 @pytest.fixture(scope="module")
 def legacy(tmp_path_factory):

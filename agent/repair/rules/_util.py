@@ -9,14 +9,17 @@ import yaml
 from agent.recipe.textfile import read_source, write_source
 
 
-def edit_yaml_line(path: Path, section: str | None, key: str, value, *, root: Path) -> str:
+def edit_yaml_line(path: Path, section: str | None, key: str, value, *, root: Path, comment: str | None = None) -> str:
     """Set `section.key: value` in the YAML at `path`, keeping its comments and order (a line edit,
     not a dump). Returns a one-line note. Adds the key at the end of the section (or file) when absent.
-    `root`: the recipe the YAML is in (the write is anchored there).
+    `root`: the recipe the YAML is in (the write is anchored there); `comment`: one line written after
+    the value (what it was, why it changed).
     """
     original = path.read_bytes()
     lines = read_source(path).splitlines(keepends=True)
     rendered = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("\n...").strip()
+    if comment:
+        rendered += "  # " + " ".join(comment.split())
     in_section = section is None
     indent = "" if section is None else "  "
     insert_at = len(lines)

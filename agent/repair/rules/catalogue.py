@@ -82,6 +82,9 @@ ORDER = (
     "non_finite_logits",
     "process_group_not_initialized",
     "rendezvous_port_in_use",
+    # After every rule that fixes what the capture met (a dtype, a shape, a missing package: the error a
+    # dynamo exception wraps): a graph-mode failure none of them explains falls back to eager.
+    "graph_mode_capture_failed",
     # last but the LLM: it only says why the evidence is missing
     "rank0_log_empty",
     "llm_repairer",

@@ -19,6 +19,13 @@ references/common_issues.md), that a run off an NPU (the npu stand-in) shows:
   which is not tee'd), with the launch line when it is what cut it: a redirect of rank 0's stdout
   before `| tee` in the checkout's function.sh (or the recipe's own launch), and upstream's form of it.
 
+* `graph_mode_capture_failed` (the graph-mode skill's "eager 正常 → bug 在图模式适配" and its runtime-debug
+  skill's "ERR03007 / graph break"): the YAML runs a graph exe_mode and torch.compile failed — dynamo's
+  capture (a graph break under fullgraph, a guard it cannot build), its backend (inductor, torchair's GE
+  compile) or a recompile limit. Making the capture work is model-infer-graph-mode's job; the recipe
+  falls back to eager: exe_mode set to eager with the original in the line's comment (and in the
+  round's backup), the note naming the mode and the error.
+
 A models/<name>/models/__init__.py that shadows the namespace (common issue 1) is
 agent.repair.rules.files' `models_init_shadows_package`, which applies to these recipes as they are.
 Every fix is a line inserted or a value set; the rest of upstream's bytes stay, backed up first.
@@ -34,7 +41,7 @@ from pathlib import Path
 from agent.recipe.fs_guard import user_tree
 from agent.repair.failure import Failure
 from agent.repair.rules._util import edit_yaml_line
-from agent.repair.rules.rule import Kind, RepairContext, Rule
+from agent.repair.rules.rule import Kind, RepairContext, Rule, where_it_failed
 from engine.safe_load import load_json
 
 # ---- the checkout is not on PYTHONPATH ------------------------------------------------------
@@ -235,7 +242,59 @@ def _report_launch_guard(failure: Failure, facts: dict, ctx: RepairContext) -> s
             "again (nothing changed)")
 
 
+# ---- graph mode failed: the capture or compile of the decode step ---------------------------------
+# dynamo's and inductor's exceptions as a traceback ends in them (torch/_dynamo/exc.py, torch/_inductor/exc.py:
+# Unsupported, UserError, TorchRuntimeError, BackendCompilerFailed, FailOnRecompileLimitHit, InductorError, ...),
+# and an exception naming torchair's graph error code; a line that only mentions them (a logged graph break, a
+# recompile-limit warning after which the frame ran eagerly) is not a failure of the capture.
+_GRAPH_FAILED = re.compile(
+    r"^(?P<exception>torch\._(?:dynamo|inductor)\.exc\.\w+)(?::[ \t]*(?P<message>[^\n]*))?"
+    r"|^(?P<ge>[\w.]*(?:Error|Exception)\b[^\n]*\bERR03007\b[^\n]*)", re.M)
+_GRAPH_MODES = ("npugraph_ex", "ge_graph", "graph")
+# The code under capture raised an exception of its own (dynamo's "Observed exception": it "may result in an
+# error when running in eager" too), or the stand-in refused a kernel in it: eager meets the same, not graph
+# mode's to fix.
+_OBSERVED = re.compile(r"^torch\._dynamo\.exc\.(?:Observed\w*|Unsupported: Observed exception)")
+_STANDIN_REFUSAL = re.compile(r"npu stand-in: \S+ (?:with .* )?has no reference kernel")
+
+
+def _graph_mode_facts(failure: Failure, found: re.Match) -> dict | None:
+    schema = failure.recipe.target.schema
+    settings = failure.settings()
+    mode = schema.get(settings, "exe_mode")
+    if mode not in _GRAPH_MODES or failure.yaml is None or _OBSERVED.match(found.group(0)) \
+            or failure.search(_STANDIN_REFUSAL, ("output", "log")):
+        return None
+    if found.group("exception"):
+        error = f"{found.group('exception')}: {found.group('message') or ''}".strip().rstrip(":")
+    else:
+        error = found.group("ge")
+    key = schema.key_for(settings, "exe_mode")
+    return {"mode": mode, "error": error.strip()[:300], "where": where_it_failed(failure), "key": key,
+            "yaml_name": failure.yaml.name}
+
+
+def _fix_graph_mode(failure: Failure, facts: dict, ctx: RepairContext) -> str:
+    section, _, key = facts["key"].rpartition(".")
+    edit_yaml_line(failure.yaml, section or None, key, "eager", root=failure.recipe_dir,
+                   comment=f"was {facts['mode']}: its capture failed ({facts['error'][:120]})")
+    from agent.recipe.targets import state_dir
+
+    if failure.yaml.resolve().is_relative_to(state_dir(failure.recipe_dir).resolve()):
+        kept = f"the run's copy of it, with the {facts['mode']} line in its comment; the recipe's own file untouched"
+    else:
+        kept = (f"the {facts['mode']} line kept in its comment and in this round's backup; `migrator rollback` "
+                "restores it")
+    return (f"graph mode ({facts['mode']}) failed: {facts['error']} (at {facts['where']}); the recipe falls back "
+            f"to eager: set {facts['key']}: eager in {facts['yaml_name']} ({kept}). Making the capture work is "
+            "model-infer-graph-mode's job")
+
+
 RULES = [
+    Rule("graph_mode_capture_failed", _GRAPH_FAILED,
+         "graph mode failed: torch.compile could not capture or compile the decode step (a graph break, a guard, "
+         "its backend or a recompile limit)",
+         _fix_graph_mode, facts=_graph_mode_facts, where=("error", "output", "log"), kind=Kind.YAML),
     Rule("another_launch_running", _LAUNCH_GUARD,
          "upstream's launch guard (check_launch) found another python infer.py / server.py on the host",
          _report_launch_guard, facts=_launch_guard_facts, where=("output",), kind=Kind.REPORT),

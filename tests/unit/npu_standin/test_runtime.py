@@ -655,3 +655,39 @@ def test_the_precision_probe_sees_torch_under_the_standin_whatever_the_path_orde
     assert (first["phase"], first["input_ids"].tolist(), first["dtype"]) == ("prefill", [1, 2, 3], "bfloat16")
     assert (second["phase"], second["input_ids"].tolist(), second["dtype"]) == ("decode", [4], "bfloat16")
     assert second["layers"] is not None and len(second["layers"]) == 2
+
+
+def test_a_compiled_step_that_calls_the_model_as_a_module_compiles_once_under_the_precision_probe(tmp_path):
+    """An adapter recipe's main_decode calls the wrapped `*ForCausalLM` module inside the compiled step, so
+    dynamo traces the probe's hooks on it; the probe's state changes at every eager step (its call count),
+    and a hook that touched it while traced made dynamo guard on it: a recompile per decode step until the
+    recompile limit failed the fullgraph capture (every adapter recipe's npugraph_ex trial)."""
+    from agent.measure import precision
+
+    probe = precision.probe_env({"PYTHONPATH": os.environ.get("PYTHONPATH", "")}, tmp_path)
+    proc, usage = run_standin(tmp_path, """
+        import types, torch
+        class TinyForCausalLM(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.config = types.SimpleNamespace(num_hidden_layers=2)
+                self.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(2))
+                self.head = torch.nn.Linear(8, 16)
+            def forward(self, input_ids):
+                x = torch.nn.functional.one_hot(input_ids, 8).float()
+                for layer in self.layers:
+                    x = layer(x)
+                return self.head(x)
+        model = TinyForCausalLM()
+        def main_decode(input_ids):                  # the adapter's: the model called as a module
+            return model(input_ids=input_ids)
+        decode = torch.compile(main_decode, backend="npugraph_ex", fullgraph=True, dynamic=True)
+        with torch.no_grad():
+            for step in range(4):
+                model(input_ids=torch.tensor([[1, 2, 3]]))      # an eager call: the probe's count moves on
+                torch.testing.assert_close(decode(torch.tensor([[step % 8]])), model(torch.tensor([[step % 8]])))
+    """, env={**probe, "NPU_STANDIN_COMPILE": "capture"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    entry = usage["compiles"]["main_decode [npugraph_ex]"]
+    assert (entry["compiles"], entry["recompiles"]) == (1, 0), entry
+    assert len(list(precision.record_dir(tmp_path).glob("rank_*/call_*.pt"))) >= 8      # the eager calls recorded

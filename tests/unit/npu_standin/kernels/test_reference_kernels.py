@@ -455,10 +455,11 @@ def test_mixed_dtype_matmul_computes_in_fp32_and_returns_the_first_inputs_dtype(
     """op-plugin's matmul allocates its output as `self.options()` and aclnnMatmul casts both inputs to
     the promoted FP32 (ops-nn Dav2201MatMulRule): bf16 x fp32 -> fp32 product, bf16 result. The host's
     own matmul refuses the pair ("same dtype"), which is not what the NPU does."""
-    from npu_standin.kernels.matmul import _npu_dtype_rule, _real, mixed_matmul_dtypes
+    from npu_standin.kernels.matmul import _npu_dtype_rule, mixed_matmul_dtypes
+    from npu_standin.patches import PATCHED
 
     bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
-    host_matmul = _real.get((torch, "matmul"), torch.matmul)
+    host_matmul = PATCHED["torch.matmul"].real if "torch.matmul" in PATCHED else torch.matmul
     rules = {(bf16, fp32): (fp32, bf16), (fp32, bf16): (fp32, fp32), (fp16, fp32): (fp32, fp16),
              (fp16, bf16): (fp32, fp16), (bf16, bf16): None, (fp32, fp32): None, (torch.int32, fp32): None}
     for (a, b), want in rules.items():
@@ -487,7 +488,7 @@ def test_mixed_dtype_bmm_addmm_and_linear_follow_op_plugins_kernels():
     then add_ (the input's dtype). The host's own kernels refuse every one of these pairs."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from npu_standin.kernels.matmul import _npu_addmm_rule, _npu_dtype_rule, mixed_addmm_dtypes, npu_linear
+    from npu_standin.kernels.matmul import _npu_addmm_rule, _npu_dtype_rule, mixed_addmm_dtypes, npu_linear_rule
 
     bf16, fp32 = torch.bfloat16, torch.float32
     torch.manual_seed(4)
@@ -509,6 +510,7 @@ def test_mixed_dtype_bmm_addmm_and_linear_follow_op_plugins_kernels():
     assert y.dtype == fp32 and torch.allclose(y, 0.5 * b + 2.0 * (x.float() @ w.T))
     assert addmm(b.to(bf16), x, w.T).dtype == bf16
 
+    npu_linear = npu_linear_rule(torch.nn.functional.linear)
     strided = torch.randn(5, 2, 64).to(bf16).transpose(0, 1)          # a non-contiguous 3-D input
     for inp, bias, dtype in ((x, b, fp32), (x, None, bf16), (x.view(1, 5, 64), b, fp32),
                              (strided, b, bf16), (strided, b.to(bf16), bf16)):

@@ -90,3 +90,158 @@ def test_sibling_model_not_found_puts_the_repository_root_on_pythonpath(repo):
     (repo / "models" / "__init__.py").write_text("")
     assert first_matching_rule(Failure.from_output(repo, "ModuleNotFoundError: No module named 'models.gpt_oss'\n"))[0] \
         .name == "models_init_shadows_package"
+
+
+# ---- graph mode: the capture of the decode step failed ------------------------------------------
+# Real failures, raised by torch.compile under the npu stand-in in one subprocess: the decode step captured as
+# upstream's executor does (npugraph_ex, fullgraph), with a fault of the kinds the graph-mode skill names, and
+# failures that are not graph mode's.
+CAPTURE_FAULTS = '''
+import traceback
+
+import torch
+import torch_npu
+
+
+def npugraph_ex(fn):
+    return torch.compile(fn, backend="npugraph_ex", fullgraph=True, dynamic=True)
+
+
+def data_dependent_branch(x):          # .item() steering Python control flow ("强制 Graph Break")
+    if x.sum().item() > 0:
+        return x + 1
+    return x - 1
+
+
+def graph_break(x):                    # a call dynamo cannot put in a graph, under fullgraph
+    torch._dynamo.graph_break()
+    return x * 2
+
+
+def shape_mismatch(x):                 # a bug of the model itself: eager fails the same way
+    return x + torch.ones(3, device=x.device)
+
+
+def raises_its_own_error(x):           # the code raises under capture (dynamo's "Observed exception"): eager too
+    raise KeyError("Communication group 'moe_ep_group' not found")
+
+
+def no_reference_kernel(x):            # a kernel the stand-in has no reference for: eager meets it too
+    return torch_npu.npu_moe_distribute_dispatch_v2(x=x, expert_ids=x) + 1
+
+
+x = torch.ones(2, 4, device="npu")
+for name, run in (("data_dependent_branch", lambda: npugraph_ex(data_dependent_branch)(x)),
+                  ("graph_break", lambda: npugraph_ex(graph_break)(x)),
+                  ("shape_mismatch_eager", lambda: shape_mismatch(x)),
+                  ("shape_mismatch_captured", lambda: npugraph_ex(shape_mismatch)(x)),
+                  ("raises_its_own_error_captured", lambda: npugraph_ex(raises_its_own_error)(x)),
+                  ("no_reference_kernel_captured", lambda: npugraph_ex(no_reference_kernel)(x))):
+    try:
+        run()
+        print(f"=== {name}\\nno failure")
+    except BaseException:
+        print(f"=== {name}\\n{traceback.format_exc()}", flush=True)
+'''
+GRAPH_YAML = ('model_config:\n  model_name: qwen\n  model_path: "your_model_path"\n'
+              '  exe_mode: "npugraph_ex"        # ["ge_graph", "eager", "npugraph_ex"]\n'
+              'parallel_config:\n  world_size: 1\n')
+
+
+@pytest.fixture(scope="module")
+def capture_failures(tmp_path_factory) -> dict[str, str]:
+    import os
+    import sys
+
+    from npu_standin.environment import standin_env
+
+    script = tmp_path_factory.mktemp("capture") / "faults.py"
+    script.write_text(CAPTURE_FAULTS)
+    env = standin_env("cpu", base={**os.environ, "NPU_STANDIN_COMPILE": "capture"})
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
+    cases = dict(part.split("\n", 1) for part in proc.stdout.split("=== ")[1:])
+    assert len(cases) == 6 and "no failure" not in cases.values(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    return cases
+
+
+@pytest.mark.parametrize("case,exception", [("data_dependent_branch", "torch._dynamo.exc.UserError"),
+                                            ("graph_break", "torch._dynamo.exc.Unsupported")])
+def test_a_graph_mode_capture_failure_falls_back_to_eager_and_the_note_names_the_mode_and_the_error(
+        repo, capture_failures, case, exception):
+    import yaml
+
+    from agent.recipe.backup import rollback
+    from agent.repair.diagnose import diagnose
+    from agent.repair.fix import repair
+
+    yaml_path = repo / "config" / "qwen.yaml"
+    yaml_path.write_text(GRAPH_YAML)
+    failure = Failure.from_output(repo, capture_failures[case])
+    assert failure.error.startswith(exception), failure.error
+    diagnosis = diagnose(repo, {}, failure=failure)
+    assert diagnosis["rule"] == "graph_mode_capture_failed", diagnosis
+    done = repair(repo, diagnosis, round_no=1, failure=failure)
+    assert done["applied"], done
+    assert done["note"].startswith(f"graph mode (npugraph_ex) failed: {exception}: "), done["note"]
+    assert "falls back to eager" in done["note"] and "qwen.yaml" in done["note"]
+    after = yaml_path.read_text()
+    changed = [(a, b) for a, b in zip(GRAPH_YAML.splitlines(), after.splitlines()) if a != b]
+    assert len(changed) == 1 and changed[0][1].startswith(f"  exe_mode: eager  # was npugraph_ex: its capture "
+                                                          f"failed ({exception}"), changed
+    assert yaml.safe_load(after)["model_config"]["exe_mode"] == "eager"
+    # eager now: the same failure is no longer graph mode's to fix
+    assert diagnose(repo, {}, failure=Failure.from_output(repo, capture_failures[case]))["rule"] != \
+        "graph_mode_capture_failed"
+    rollback(repo, 1)
+    assert yaml_path.read_text() == GRAPH_YAML
+
+
+@pytest.mark.parametrize("case,exe_mode", [
+    ("shape_mismatch_eager", "npugraph_ex"),           # the prefill (eager) failed: not the capture
+    ("raises_its_own_error_captured", "npugraph_ex"),  # the model's own KeyError under capture: eager raises it too
+    ("no_reference_kernel_captured", "npugraph_ex"),   # the stand-in's refusal inside the capture: eager meets it too
+    ("data_dependent_branch", "eager"),                # a YAML already eager: switching does nothing
+])
+def test_a_failure_that_is_not_graph_modes_is_not_taken_for_one(repo, capture_failures, case, exe_mode):
+    from agent.repair.diagnose import diagnose
+
+    (repo / "config" / "qwen.yaml").write_text(GRAPH_YAML.replace('"npugraph_ex"  ', f'"{exe_mode}"  '))
+    diagnosis = diagnose(repo, {}, failure=Failure.from_output(repo, capture_failures[case]))
+    assert diagnosis["rule"] != "graph_mode_capture_failed", diagnosis
+
+
+def test_a_logged_graph_break_before_another_failure_is_not_the_capture_failing(repo, capture_failures):
+    """A graph break logged (a partial graph, the run went on) and a later unrelated failure: the evidence
+    is a traceback that ends in dynamo's exception, not a line that mentions it."""
+    from agent.repair.diagnose import diagnose
+
+    (repo / "config" / "qwen.yaml").write_text(GRAPH_YAML)
+    logged = ("W1205 10:00:00.000000 123 torch/_dynamo/convert_frame.py:1000] Graph break: "
+              "torch._dynamo.exc.Unsupported: Dynamo does not know how to trace the builtin `time.time`\n"
+              "W1205 10:00:00.000000 123 torch/_dynamo/convert_frame.py:1000] torch._dynamo hit "
+              "config.recompile_limit (8)\n")
+    diagnosis = diagnose(repo, {}, failure=Failure.from_output(repo, logged + capture_failures["shape_mismatch_eager"]))
+    assert diagnosis["rule"] != "graph_mode_capture_failed", diagnosis
+
+
+def test_a_stand_in_runs_copy_of_the_yaml_is_what_the_fix_edits_and_the_round_records(repo, capture_failures):
+    """A `--standin` run of upstream's recipe runs a copy of its YAML in our state folder, and a YAML fix edits
+    that copy (upstream's file never): the round is applied with the copy's diff, or the loop would give up
+    after a fix it cannot see (backups skip the state folder)."""
+    from agent.repair.diagnose import diagnose
+    from agent.repair.fix import repair
+
+    own = repo / "config" / "qwen.yaml"
+    own.write_text(GRAPH_YAML)
+    from agent.recipe.targets import state_dir
+
+    copy = state_dir(repo) / "standin" / "config" / "qwen.yaml"          # agent.run.plan.copy_path
+    copy.parent.mkdir(parents=True)
+    copy.write_text(GRAPH_YAML)
+    failure = Failure.from_output(repo, capture_failures["graph_break"], yaml=copy)
+    diagnosis = diagnose(repo, {}, failure=failure)
+    assert diagnosis["rule"] == "graph_mode_capture_failed", diagnosis
+    done = repair(repo, diagnosis, round_no=1, failure=failure)
+    assert done["applied"] and f"+++ b/{copy.relative_to(repo).as_posix()}" in done["diff"], done
+    assert "the run's copy of it" in done["note"] and "exe_mode: eager  # was npugraph_ex" in copy.read_text()
+    assert own.read_text() == GRAPH_YAML
