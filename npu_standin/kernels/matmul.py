@@ -331,8 +331,11 @@ def npu_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return output
 
 
+_REAL_LINEAR = {"linear": None}     # by name: dynamo cannot trace a dict lookup keyed by a module (graph mode)
+
+
 def _real_linear():
-    return _real.get((torch.nn.functional, "linear"), torch.nn.functional.linear)
+    return _REAL_LINEAR["linear"] or torch.nn.functional.linear
 
 
 def install_torch_ops() -> None:
@@ -350,5 +353,5 @@ def install_torch_ops() -> None:
     for owner in (torch, torch.Tensor):
         _real[(owner, "addmm")] = owner.addmm
         owner.addmm = _npu_addmm_rule(owner.addmm)
-    _real[(torch.nn.functional, "linear")] = torch.nn.functional.linear
+    _real[(torch.nn.functional, "linear")] = _REAL_LINEAR["linear"] = torch.nn.functional.linear
     torch.nn.functional.linear = npu_linear

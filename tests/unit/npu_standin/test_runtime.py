@@ -590,6 +590,10 @@ def test_mixed_dtype_matmul_on_npu_tensors_promotes_as_the_npu_does(tmp_path):
         assert gate(x).dtype == torch.float32 and torch.equal(gate(x), torch.addmm(gate.bias, x.float(), gate.weight.T))
         compiled = torch.compile(lambda a, b: torch.matmul(a, b).float().softmax(-1), backend="eager", fullgraph=True)
         assert torch.equal(compiled(x, w), want.float().softmax(-1))
+        proj = torch.nn.Linear(32, 8, bias=False, dtype=torch.bfloat16).npu()    # equal dtypes: torch's own linear
+        traced = torch.compile(lambda a: proj(a) + gate(a).to(torch.bfloat16).sum(-1, keepdim=True), backend="eager",
+                               fullgraph=True)                                   # as gemma_4's ge_graph decode step
+        assert torch.equal(traced(x), proj(x) + gate(x).to(torch.bfloat16).sum(-1, keepdim=True))
         print("OK")
     """)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
