@@ -606,7 +606,7 @@ def test_an_op_without_reference_in_a_compiled_region_fails_with_the_standins_li
     proc, usage = run_standin(tmp_path, """
         import torch, torch_npu
         for fullgraph in (True, False):
-            f = torch.compile(lambda x: torch_npu.npu_moe_distribute_dispatch_v2(x=x, expert_ids=x) + 1,
+            f = torch.compile(lambda x: torch_npu.npu_moe_token_permute(x, x)[0] + 1,
                               backend="eager", fullgraph=fullgraph)
             try:
                 f(torch.randn(2, 4).npu())
@@ -615,7 +615,7 @@ def test_an_op_without_reference_in_a_compiled_region_fails_with_the_standins_li
     """)
     lines = proc.stdout.splitlines()
     assert len(lines) == 2, proc.stdout + proc.stderr[-2000:]
-    want = "npu stand-in: torch_npu.npu_moe_distribute_dispatch_v2 has no reference kernel"
+    want = "npu stand-in: torch_npu.npu_moe_token_permute has no reference kernel"
     assert all(want in line and " False " in line[:30] for line in lines), proc.stdout
     assert "(called at a captured region (torch.compile))" in lines[0]
     assert lines[1].startswith("False UnsupportedOp") and "script.py:" in lines[1]
