@@ -84,7 +84,7 @@ def _counted(name: str, impl: Callable) -> Callable:
 
 
 def _load_modules() -> None:
-    from npu_standin.kernels import attention, matmul, misc, mla, moe, norm, quant, rope  # noqa: F401
+    from npu_standin.kernels import attention, matmul, mc2, misc, mla, moe, norm, quant, rope  # noqa: F401
 
 
 def install() -> None:

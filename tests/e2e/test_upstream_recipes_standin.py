@@ -532,6 +532,46 @@ def test_deepseek_r1_at_one_rank_is_refused_before_it_runs_naming_its_own_moe_ep
     assert not (checkout / "models" / "deepseek_r1" / "res").exists()
 
 
+# upstream qwen3_moe's FusedMoEGMM takes its EP rank from the comm manager: the next rank's experts loaded instead
+QWEN3_MOE_EP_RANK = 'ep_rank=comm_manager.get_rank("moe_ep_group") if self.ep_size > 1 else 0,'
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("misrouted", [False, True], ids=["ep", "experts_of_the_next_rank"])
+def test_qwen3_moe_two_ranks_expert_parallel_runs_mc2_dispatch_and_is_checked_per_step(checkout, misrouted):
+    """Upstream's qwen3_moe on its attn4tp8dp YAML at 2 ranks: attention TP 2, moe_tp_size 1, so moe_ep_size 2 —
+    its moe_ep_group and MC2 group registered in the comm manager (get_hccl_comm_name), the prefill's all-to-all
+    double routing (npu_moe_init_routing_v2, all_to_all_single, npu_moe_re_routing) and the decode's
+    npu_moe_distribute_dispatch_v2 / combine_v2 on the stand-in's gloo group. Every step passes against
+    transformers with the expert-parallel reference named; each rank holding the next rank's experts (a wrong
+    routing: an expert's tokens computed by another rank's expert) fails the check at the prefill."""
+    if not (checkout / "models" / "qwen3_moe").is_dir():
+        pytest.skip("this upstream snapshot has no models/qwen3_moe (hicann/cann-recipes-infer fbc225d2de31 has it)")
+    if misrouted:
+        modeling = checkout / "models" / "qwen3_moe" / "models" / "modeling_qwen3_moe.py"
+        text = modeling.read_text()
+        assert text.count(QWEN3_MOE_EP_RANK) == 1, "upstream's qwen3_moe EP rank line changed"
+        modeling.write_text(text.replace(QWEN3_MOE_EP_RANK, QWEN3_MOE_EP_RANK.replace(
+            'comm_manager.get_rank("moe_ep_group")', '(comm_manager.get_rank("moe_ep_group") + 1) % self.moe_ep_size')))
+    proc, summary = run_standin(checkout, "qwen3_moe", "--yaml", "qwen3_235b_attn4tp8dp.yaml", "--world-size", "2")
+    assert "baseline_path" in summary, (proc.stdout + proc.stderr)[-3000:]
+    baseline = json.loads(Path(summary["baseline_path"]).read_text())
+    kernels = baseline["standin"]["reference_kernels"]
+    assert {"npu_moe_distribute_dispatch_v2", "npu_moe_distribute_combine_v2", "npu_moe_re_routing",
+            "npu_moe_init_routing_v2"} <= set(kernels), kernels
+    assert baseline["standin"]["unsupported"] == [] and baseline["standin"]["world_size"] == 2
+    parity = baseline["verification"]["parity"]
+    assert parity["checked"] and parity["ranks"] == 2 and parity["expert_parallel_split"]["parts"] == 2, parity
+    assert "expert-parallel partial sums" in parity["reference_dtypes"][-1]
+    if not misrouted:
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+        assert summary["status"] == "ok" and parity["ok"] and parity["decode_steps_checked"] > 0
+        assert kernels["npu_moe_distribute_dispatch_v2"] == kernels["npu_moe_distribute_combine_v2"] > 0
+    else:
+        assert proc.returncode == 1 and parity["ok"] is False, (proc.stdout + proc.stderr)[-3000:]
+        assert parity["first_failing_step"] == "the prefill" and parity["first_divergent_layer"] == 0, parity
+
+
 def test_standin_process_groups_answer_get_hccl_comm_name(tmp_path):
     """executor/utils/hccl_utils.get_group_name asks the group's npu backend for its HCCL name."""
     import subprocess
