@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from npu_standin.kernels import reference
+from npu_standin.kernels import refuse, reference
 
 
 def _rms(x32: torch.Tensor, dims: int, eps: float) -> torch.Tensor:
@@ -58,3 +58,29 @@ def _swiglu_fake(x, dim=-1):
 def npu_swiglu(x, dim=-1):
     a, b = x.float().chunk(2, dim=dim)
     return (torch.nn.functional.silu(a) * b).to(x.dtype)
+
+
+def _geglu_fake(x, dim=-1, approximate=1, activate_left=False):
+    half = _swiglu_fake(x, dim)
+    return half, x.new_empty(half.shape)
+
+
+@reference("npu_geglu(Tensor self, int dim=-1, int approximate=1, bool activate_left=False) -> (Tensor, Tensor)",
+           formulation="A, B = x.chunk(2, dim); activate_left: (gelu(A) * B, gelu(A)), else (A * gelu(B), gelu(B)); "
+                       "gelu erf (approximate 0) or tanh (1), in fp32 (fp16 with tanh: the product in fp16)",
+           test="tests/unit/npu_standin/kernels/test_reference_kernels.py::test_geglu_matches_transformers_gelu_tanh_gate",
+           fake=_geglu_fake)
+def npu_geglu(x, dim=-1, approximate=1, activate_left=False):
+    """aclnnGeGluV3 (op-plugin@517f2e7d op_plugin/ops/opapi/GeGluKernelNpuOpApi.cpp): out = Gelu(A) * B when
+    activate_left, A * Gelu(B) otherwise (A, B: the halves of self along dim), outGelu = the Gelu half (hicann/ops-nn
+    activation/ge_glu_v2/docs/aclnnGeGluV3.md). Precision as ops-nn's golden (activation/ge_glu_v2/tests/assets/
+    golden.py): computed in fp32, except fp16 with approximate=1, whose product is taken in fp16."""
+    if approximate not in (0, 1):
+        refuse("npu_geglu", f"approximate={approximate} (0: erf, 1: tanh)")
+    half_precision = x.dtype == torch.float16 and approximate == 1
+    work = x if half_precision else x.float()
+    first, second = work.chunk(2, dim=dim)
+    gate, value = (first, second) if activate_left else (second, first)
+    gelu = torch.nn.functional.gelu(gate.float(), approximate="tanh" if approximate == 1 else "none")
+    out = value * gelu.to(torch.float16) if half_precision else value * gelu
+    return out.to(x.dtype), gelu.to(x.dtype)

@@ -74,6 +74,27 @@ def test_swiglu_matches_transformers_silu_gate():
     torch.testing.assert_close(ops().npu_swiglu(y, dim=1), torch.nn.functional.silu(a) * b)
 
 
+def test_geglu_matches_transformers_gelu_tanh_gate():
+    """gemma_4's experts: npu_geglu(x, dim=-1, approximate=1, activate_left=True) is transformers'
+    gelu_pytorch_tanh(gate) * up on [gate | up]; the default (activate_left False) activates the right half; the
+    second output is the activated half; approximate 0 is the erf gelu."""
+    from transformers.activations import ACT2FN
+
+    x = torch.randn(4, 6, 16)
+    gate, up = x.chunk(2, dim=-1)
+    out, gelu = ops().npu_geglu(x, dim=-1, approximate=1, activate_left=True)
+    torch.testing.assert_close(out, ACT2FN["gelu_pytorch_tanh"](gate) * up)
+    torch.testing.assert_close(gelu, ACT2FN["gelu_pytorch_tanh"](gate))
+    right, right_gelu = ops().npu_geglu(x)
+    torch.testing.assert_close(right, gate * ACT2FN["gelu_pytorch_tanh"](up))
+    assert not torch.allclose(right, out)
+    erf, _ = ops().npu_geglu(x, dim=1, approximate=0, activate_left=True)
+    a, b = x.chunk(2, dim=1)
+    torch.testing.assert_close(erf, torch.nn.functional.gelu(a) * b)
+    bf16 = x.bfloat16()
+    assert ops().npu_geglu(bf16, activate_left=True)[0].dtype == torch.bfloat16
+
+
 # ---- rotary -----------------------------------------------------------------------------------
 def _hf_cos_sin(seq, dim, theta=10000.0):
     inv = 1.0 / theta ** (torch.arange(0, dim, 2).float() / dim)
