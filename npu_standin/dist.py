@@ -135,19 +135,58 @@ def install() -> None:
 
 
 def _comm_names() -> None:
-    """ProcessGroupHCCL.get_hccl_comm_name(rank) on the host's backend: upstream passes the name to
-    the MC2 / EP kernels (npu_moe_distribute_dispatch, ...), which the stand-in refuses with their own
-    name; a run must get that far rather than stop at a missing method of gloo / nccl."""
+    """ProcessGroupHCCL.get_hccl_comm_name(rank) on the host's backend: upstream passes the name to the
+    MC2 / EP kernels (npu_moe_distribute_dispatch_v2, ...) as `group_ep`, and their references
+    (kernels/mc2.py) turn it back into the process group (`process_group_named`) to run their
+    all-to-all on it."""
     import torch._C._distributed_c10d as c10d
 
     def get_hccl_comm_name(self, rank):
         record.runtime("get_hccl_comm_name")
-        return f"npu-standin-{host_backend()}-{id(self):x}"
+        return comm_name(self)
 
     for name in ("ProcessGroupGloo", "ProcessGroupNCCL"):
         cls = getattr(c10d, name, None)
         if cls is not None and not hasattr(cls, "get_hccl_comm_name"):
             cls.get_hccl_comm_name = get_hccl_comm_name
+
+
+_named: dict = {}      # comm name -> its backend, held so that the name stays its own (ids are reused)
+
+
+def comm_name(backend) -> str:
+    """The HCCL communicator name the stand-in gives a host backend (ProcessGroupGloo / NCCL): unique in
+    this process, as HCCL's names are (each rank asks its own)."""
+    for name, known in _named.items():
+        if known is backend:
+            return name
+    name = f"npu-standin-{host_backend()}-{id(backend):x}"
+    _named[name] = backend
+    return name
+
+
+def hccl_comm_name(group=None) -> str:
+    """`group._get_backend(npu).get_hccl_comm_name(rank)` as upstream's executor/utils/hccl_utils.py asks it,
+    for a process group of this process (default: the world group)."""
+    group = group if group is not None else dist.group.WORLD
+    return comm_name(group._get_backend(torch.device(_dev.host_type())))
+
+
+def process_group_named(name: str):
+    """The process group whose backend get_hccl_comm_name gave `name` in this process, or None."""
+    from torch.distributed.distributed_c10d import _world
+
+    backend = _named.get(name)
+    if backend is None:
+        return None
+    device = torch.device(_dev.host_type())
+    for group in list(_world.pg_map):
+        try:
+            if group._get_backend(device) is backend:
+                return group
+        except RuntimeError:
+            continue
+    return None
 
 
 def c10d_module() -> types.ModuleType:
