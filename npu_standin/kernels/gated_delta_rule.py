@@ -147,7 +147,7 @@ def npu_chunk_gated_delta_rule(query, key, value, *, beta=None, initial_state=No
     v, b = value.float().transpose(0, 1), beta.float().transpose(0, 1)
     decay = g.float().transpose(0, 1) if g is not None else torch.zeros_like(b)
     out = value.new_empty((nv, tokens, dv), dtype=torch.float32)
-    final = torch.empty_like(initial_state)
+    final = torch.empty(initial_state.shape, dtype=initial_state.dtype, device=initial_state.device)
     start = 0
     for seq, length in enumerate(lengths):
         end = start + length
@@ -156,7 +156,8 @@ def npu_chunk_gated_delta_rule(query, key, value, *, beta=None, initial_state=No
         out[:, start:end] = o
         final[seq] = state.to(final.dtype)
         start = end
-    return out.transpose(0, 1).to(torch.bfloat16), final
+    # fresh contiguous outputs, as op-plugin allocates them (upstream .view()s o)
+    return out.transpose(0, 1).to(torch.bfloat16, memory_format=torch.contiguous_format), final
 
 
 # ---- npu_recurrent_gated_delta_rule ---------------------------------------------------------------

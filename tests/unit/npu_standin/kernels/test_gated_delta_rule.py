@@ -87,6 +87,7 @@ def test_chunked_and_recurrent_forms_agree_with_transformers():
                                                 actual_seq_lengths=torch.tensor(lengths, dtype=torch.int32),
                                                 scale=scale, g=g)
     assert o.dtype == final.dtype == torch.bfloat16 and o.shape == v.shape and final.shape == state.shape
+    assert o.is_contiguous() and final.is_contiguous()          # fresh outputs (upstream .view()s o)
     ref_o, ref_state = transformers_per_sequence(torch_recurrent_gated_delta_rule, lengths, *(x.float() for x in lowered[:3]),
                                                  lowered[3].float(), g, state.bfloat16().float())
     torch.testing.assert_close(o.float(), ref_o, atol=2e-2, rtol=2e-2)
