@@ -45,6 +45,27 @@ def npu_add_rms_norm(x1, x2, gamma, epsilon=1e-6):
     return y, rstd, x
 
 
+def _add_rms_norm_cast_fake(x1, x2, gamma, epsilon=1e-6):
+    y, rstd, x = _add_rms_norm_fake(x1, x2, gamma, epsilon)
+    return torch.empty_like(x1, dtype=torch.float32), y, rstd, x
+
+
+@reference("npu_add_rms_norm_cast(Tensor x1, Tensor x2, Tensor gamma, float epsilon=1e-06) "
+           "-> (Tensor, Tensor, Tensor, Tensor)",
+           formulation="npu_add_rms_norm(x1, x2): (y2, rstd, x); y1 = float(y2): returns (y1 fp32, y2, rstd, x)",
+           test="tests/unit/npu_standin/kernels/test_reference_kernels.py"
+                "::test_add_rms_norm_cast_is_add_rms_norm_and_its_float_copy",
+           fake=_add_rms_norm_cast_fake)
+def npu_add_rms_norm_cast(x1, x2, gamma, epsilon=1e-6):
+    """CANN's AddRmsNormCast (hicann/ops-nn norm/add_rms_norm_cast/README.md, aclnnAddRmsNormCast): x = x1 + x2,
+    y2 = RmsNorm(x) * gamma, y1 = float(y2) — "the Cast after AddRmsNorm fused into it" — in torch_npu's order
+    (y1, y2, rstd, x) (op-plugin@517f2e7d _meta_registrations.py: y1 float32, the others as npu_add_rms_norm's).
+    The many-rows kernel (op_kernel/add_rms_norm_cast_multi_n.h) computes y1 as that cast; its one-row bf16
+    variant (add_rms_norm_cast_single_n.h) keeps y1 unrounded, within one bf16 rounding of this."""
+    y, rstd, x = npu_add_rms_norm(x1, x2, gamma, epsilon)
+    return y.float(), y, rstd, x
+
+
 def _swiglu_fake(x, dim=-1):
     shape = list(x.shape)
     shape[dim] //= 2

@@ -345,9 +345,19 @@ def test_a_sign_flipped_in_one_layer_is_a_located_finding(checkout):
 
 
 # ---- one line for every model folder; exit 4 only where it must ---------------------------------
+# The snapshot's model folders someone has looked at: what each calls of torch_npu, and what `migrator run
+# models/X --standin --tiny` then does with it (the slow tests below). A folder the snapshot gains fails
+# test_every_model_folder_gets_one_true_line until it has been looked at and listed.
+LOOKED_AT = ("deepseek_r1", "gemma_4", "gpt_oss", "pangu_7b", "qwen", "qwen3_5", "qwen3_moe")
+
+
 def test_every_model_folder_gets_one_true_line(checkout):
     """Each models/* folder of the checkout (plus a README-only one and one that imports a compiled
-    custom op, as the full repository has) gets one stderr line and the exit code that says what it is."""
+    custom op, as the full repository has) gets one stderr line and the exit code that says what it is.
+    A recipe's line is derived from the recipe: the torch_npu kernels its code calls (agent.recipe.npu_scan)
+    and the stand-in command that validates it, `--tiny` where a config class of it names an architecture."""
+    from agent.recipe import npu_scan
+
     (checkout / "models" / "readme_only").mkdir()
     (checkout / "models" / "readme_only" / "README.md").write_text("# weights and code elsewhere\n")
     shutil.copytree(checkout / "models" / "qwen", checkout / "models" / "qwen_ascendc")
@@ -361,10 +371,20 @@ def test_every_model_folder_gets_one_true_line(checkout):
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and "Traceback" not in proc.stderr, (folder.name, proc.stderr)
         answers[folder.name] = (proc.returncode, lines[0])
-    assert set(answers) == {"deepseek_r1", "gpt_oss", "pangu_7b", "qwen", "readme_only", "qwen_ascendc"}
-    for name in ("deepseek_r1", "gpt_oss", "pangu_7b", "qwen"):
+    assert set(answers) == {*LOOKED_AT, "readme_only", "qwen_ascendc"}, \
+        f"a model folder nobody has looked at: {sorted(set(answers) - {*LOOKED_AT, 'readme_only', 'qwen_ascendc'})}"
+    for name in LOOKED_AT:
         code, line = answers[name]
-        assert code == 4 and "needs an Ascend NPU" in line and f"models/{name} --standin --tiny" in line, line
+        recipe = Recipe.at(checkout / "models" / name)
+        calls = [k for k in npu_scan.scan_recipe(recipe.path, recipe.repo_root, list(recipe.entry_files)).kernels
+                 if k.kind == "call"]
+        kernels = len(dict.fromkeys(k.name for k in calls))
+        tiny = " --tiny" if recipe_model_type(recipe, recipe.settings()) else ""
+        assert code == 4 and line.startswith(f"migrator: error: needs an Ascend NPU: {kernels} torch_npu kernels "), line
+        assert f"at {len(calls)} call sites; first call: {calls[0].name} at {calls[0].where};" in line, line
+        assert f"`migrator run {recipe.path} --standin{tiny}` can validate it" in line, line
+    # the models of transformers 5 (their config classes in the recipe name an architecture): --tiny
+    assert all(f"models/{name} --standin --tiny`" in answers[name][1] for name in LOOKED_AT)
     code, line = answers["readme_only"]
     assert code == 2 and "no config/*.yaml" in line
     code, line = answers["qwen_ascendc"]

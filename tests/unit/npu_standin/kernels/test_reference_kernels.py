@@ -63,6 +63,24 @@ def test_add_rms_norm_is_residual_add_then_transformers_norm():
     assert rstd.shape == (2, 7, 1)
 
 
+def test_add_rms_norm_cast_is_add_rms_norm_and_its_float_copy():
+    """aclnnAddRmsNormCast: x = x1 + x2, y2 = RmsNorm(x) * gamma, y1 = float(y2); torch_npu's order (y1, y2, rstd,
+    x). Upstream's qwen3_moe feeds y1 (fp32) to its router and y2 (bf16) to the experts."""
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeRMSNorm
+
+    torch.manual_seed(2)
+    x1, x2 = torch.randn(3, 5, 64).bfloat16(), torch.randn(3, 5, 64).bfloat16()
+    norm = Qwen3MoeRMSNorm(64, eps=1e-6).bfloat16()
+    norm.weight.data = (torch.rand(64) + 0.5).bfloat16()
+    y1, y2, rstd, x = ops().npu_add_rms_norm_cast(x1, x2, norm.weight, 1e-6)
+    assert (y1.dtype, y2.dtype, rstd.dtype, x.dtype) == (torch.float32, torch.bfloat16, torch.float32, torch.bfloat16)
+    assert torch.equal(x, x1 + x2) and rstd.shape == (3, 5, 1)
+    assert torch.equal(y1, y2.float())                                   # the cast of the bf16 result
+    same = ops().npu_add_rms_norm(x1, x2, norm.weight, 1e-6)
+    assert torch.equal(y2, same[0]) and torch.equal(rstd, same[1])
+    torch.testing.assert_close(y2.float(), norm(x1 + x2).float(), atol=5e-2, rtol=BF16_RTOL)
+
+
 def test_swiglu_matches_transformers_silu_gate():
     from transformers.activations import ACT2FN
 
