@@ -1,0 +1,590 @@
+"""The sparse-MoE block (code/moe.py), read from the architecture's transformers code and config.
+
+Nothing here is a per-model table. The transformers model is built on the meta device from the config (every
+layer, no memory) to find which layers are sparse and where the MoE block sits, and again with the config's
+layout keys changed to see which key decides it (first_k_dense_replace, num_dense_layers, mlp_layer_types,
+decoder_sparse_step with mlp_only_layers; none: every layer); the block's class is then built on a shrunk copy
+(fp32, random weights, the same expert / group counts) and probed numerically:
+
+* routing: the block's experts module is called with the routing the block computed (tokens' expert
+  indices and weights, captured); candidate gatings (softmax or sigmoid scores, a selection bias,
+  grouped top-k by max or top-2 sum, renormalised or not, routed scaling) are computed from the
+  captured router logits' inputs and the one that gives the same experts and weights is the block's
+  (the renormalisation read from config.norm_topk_prob where toggling it changes the block's);
+* experts: one expert's output for a known input against the candidate formulas (gate/up halves and
+  the config's activation, as `npu_swiglu` computes it; gpt_oss's interleaved gate/up with clamp
+  limit / alpha, `up + 1` and per-expert biases);
+* checkpoint names: transformers' own conversion mapping (`transformers.conversion_mapping`), which
+  merges the checkpoint's per-expert tensors into the fused 3-D parameters (w1/w3/w2 or
+  gate_proj/up_proj/down_proj); none: the checkpoint stores the fused tensors (gpt_oss). Renames of the
+  block itself (mixtral's `block_sparse_moe`) are the skeleton's (agent.recipe.native.parts.model).
+
+Anything not recognised raises `NotNative("moe", reason)`: the recipe keeps the adapter.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+
+from agent.recipe.native.not_native import NotNative
+from agent.recipe.native.parts.part import Expr, Match, Part
+
+EXPERT_COUNT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
+MOE_WIDTH_KEYS = ("moe_intermediate_size", "intermediate_size")
+ROUTER_NAMES = ("gate", "router")
+SHARED_NAMES = ("shared_experts", "shared_expert")
+# The shrunk probe: small widths, the real counts where routing depends on them (groups), capped.
+PROBE_HIDDEN, PROBE_WIDTH, PROBE_EXPERT_CAP = 40, 24, 256   # no width (24, 28, 32) nor twice one equals hidden
+LAYOUT_LAYERS = 4        # the layers of the config copies the layout rule is checked on
+
+
+def _config_key(config, keys: tuple[str, ...], what: str, checkpoint_keys=()) -> str:
+    """The first of `keys` the config sets: a name of the checkpoint's config.json first (what the
+    generated code reads with upstream's transformers pin), then one this release stores (not an
+    attribute_map alias, which another release may lack)."""
+    stored = config.to_dict()
+    for key in sorted(keys, key=lambda k: (k not in checkpoint_keys, k not in stored)):
+        if isinstance(getattr(config, key, None), int) and getattr(config, key) > 0:
+            return key
+    raise NotNative("moe", f"no {what} in the config ({' / '.join(keys)})")
+
+
+def moe_block(layer):
+    """(attribute name, module) of the layer's sparse-MoE block: a child with an `experts` module
+    holding fused 3-D expert parameters; None for a dense layer."""
+    for name, child in layer.named_children():
+        experts = getattr(child, "experts", None)
+        if experts is not None and getattr(experts, "gate_up_proj", None) is not None \
+                and getattr(experts.gate_up_proj, "dim", lambda: 0)() == 3:
+            return name, child
+    return None
+
+
+
+def _probe_config(config):
+    """A shrunk copy: tiny widths, the routed expert count and groups kept (capped), fp32."""
+    import torch
+
+    probe = copy.deepcopy(config)
+    probe.hidden_size = PROBE_HIDDEN
+    # distinct widths: which config key sizes the experts (and the shared experts) is read off their shapes
+    for offset, key in enumerate(MOE_WIDTH_KEYS + ("shared_expert_intermediate_size",)):
+        if isinstance(getattr(probe, key, None), int):
+            setattr(probe, key, PROBE_WIDTH + 4 * offset)
+    experts_key = _config_key(probe, EXPERT_COUNT_KEYS, "routed expert count")
+    count = getattr(probe, experts_key)
+    if count > PROBE_EXPERT_CAP:
+        groups = getattr(probe, "n_group", None) or 1
+        setattr(probe, experts_key, PROBE_EXPERT_CAP - PROBE_EXPERT_CAP % groups)
+    probe.num_hidden_layers = 1
+    probe.dtype = torch.float32
+    probe._experts_implementation = "eager"    # the experts' own loop, not a hub kernel
+    return probe
+
+
+def _capture_routing(block, x):
+    """(expert indices [T, K], weights [T, K], output) as the block hands them to its experts."""
+    import torch
+
+    seen = {}
+    experts = block.experts
+
+    def hook(module, args, kwargs):
+        names = ("hidden_states", "top_k_index", "top_k_weights")
+        values = dict(zip(names, args)) | {k: v for k, v in kwargs.items()}
+        index = values.get("top_k_index", values.get("router_indices"))
+        weights = values.get("top_k_weights", values.get("routing_weights"))
+        seen["index"], seen["weights"] = index, weights
+
+    handle = experts.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            out = block(x)
+    finally:
+        handle.remove()
+    if "index" not in seen or seen["index"] is None:
+        raise NotNative("moe", f"{type(block).__name__} does not call its experts with (hidden, indices, weights)")
+    return seen["index"], seen["weights"], out[0] if isinstance(out, tuple) else out
+
+
+def _router_logits(router, x):
+    import torch
+
+    weight = router.weight
+    bias = getattr(router, "bias", None)
+    with torch.no_grad():
+        return torch.nn.functional.linear(x.to(weight.dtype), weight, bias if isinstance(bias, torch.Tensor) else None)
+
+
+def selection(logits, *, scoring, selection_bias=None, n_group=1, topk_group=1, group_select="top2_sum"):
+    """(scores, choice) in fp32: the gate's scores of every expert, and what the top-k picks by (the
+    scores plus the selection bias, experts outside the kept groups at -inf)."""
+    import torch
+
+    logits = logits.float()
+    scores = torch.softmax(logits, dim=-1) if scoring == "softmax" else torch.sigmoid(logits)
+    choice = scores + selection_bias.float() if selection_bias is not None else scores
+    if n_group > 1:
+        grouped = choice.view(choice.shape[0], n_group, -1)
+        group_scores = grouped.amax(-1) if group_select == "max" else grouped.topk(2, dim=-1).values.sum(-1)
+        keep = torch.zeros_like(group_scores, dtype=torch.bool)
+        keep.scatter_(1, group_scores.topk(topk_group, dim=-1).indices, True)
+        choice = grouped.masked_fill(~keep[..., None], float("-inf")).view(choice.shape[0], -1)
+    return scores, choice
+
+
+def reference_gating(logits, *, k, scoring, renormalize, selection_bias=None, n_group=1, topk_group=1,
+                     group_select="top2_sum", routed_scaling_factor=1.0, index=None):
+    """The gatings the generated code expresses, in plain torch (fp32): (weights [T, k], indices [T, k]);
+    `index`: these experts rather than the top-k (their weights by the same formula)."""
+    scores, choice = selection(logits, scoring=scoring, selection_bias=selection_bias, n_group=n_group,
+                               topk_group=topk_group, group_select=group_select)
+    if index is None:
+        index = choice.topk(k, dim=-1).indices
+    weights = scores.gather(1, index.long())
+    if renormalize:
+        weights = weights / (weights.sum(-1, keepdim=True) + (1e-20 if scoring == "sigmoid" else 0.0))
+    return weights * routed_scaling_factor, index
+
+
+def _same_routing(index_a, weights_a, index_b, weights_b) -> bool:
+    import torch
+
+    order_a, order_b = index_a.sort(-1), index_b.sort(-1)
+    if not torch.equal(order_a.values.long(), order_b.values.long()):
+        return False
+    wa = weights_a.float().gather(1, order_a.indices)
+    wb = weights_b.float().gather(1, order_b.indices)
+    return torch.allclose(wa, wb, rtol=1e-5, atol=1e-6)
+
+
+def _probe_gating(block, router, config, hidden: int) -> dict:
+    """The candidate gating that routes as the block does (one, or NotNative)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(24, hidden, generator=gen)
+    with torch.no_grad():
+        router.weight.copy_(torch.randn(router.weight.shape, generator=gen))
+        bias = getattr(router, "e_score_correction_bias", None)
+        if isinstance(bias, torch.Tensor):     # large enough to change which experts are chosen
+            bias.copy_(torch.rand(bias.shape, generator=gen) * 0.5)
+    index, weights, _ = _capture_routing(block, x[None])
+    index, weights = index.reshape(x.shape[0], -1), weights.reshape(x.shape[0], -1)
+    logits = _router_logits(router, x)
+    k = index.shape[-1]
+    has_bias = isinstance(getattr(router, "e_score_correction_bias", None), torch.Tensor)
+    n_group = int(getattr(config, "n_group", None) or 1)
+    topk_group = int(getattr(config, "topk_group", None) or 1)
+    factor = getattr(config, "routed_scaling_factor", None)
+    matches = []
+    for scoring in ("softmax", "sigmoid"):
+        for renormalize in (True, False):
+            for group_select in (("top2_sum", "max") if n_group > 1 else ("top2_sum",)):
+                for scaled in ((True, False) if isinstance(factor, (int, float)) and factor != 1 else (False,)):
+                    w, i = reference_gating(logits, k=k, scoring=scoring, renormalize=renormalize,
+                                            selection_bias=router.e_score_correction_bias if has_bias else None,
+                                            n_group=n_group, topk_group=topk_group, group_select=group_select,
+                                            routed_scaling_factor=float(factor) if scaled else 1.0)
+                    if _same_routing(index, weights, i, w):
+                        matches.append(dict(scoring=scoring, renormalize=renormalize, groups=n_group > 1,
+                                            group_select=group_select, routed_scaling=scaled, selection_bias=has_bias))
+    if not matches:
+        raise NotNative("moe", f"{type(block).__name__} routes by no gating the NPU ops or the plain-torch gate "
+                               "express (softmax / sigmoid, selection bias, grouped top-k, renormalised, scaled)")
+    return matches[0]
+
+
+def _probe_experts(experts, config, hidden: int) -> tuple[str, str, str]:
+    """(experts kind, activation, gate_up layout) from one expert's output against the candidates."""
+    import torch
+    from transformers.activations import ACT2FN
+
+    gen = torch.Generator().manual_seed(12)
+    gate_up = experts.gate_up_proj
+    layout = "E,2I,H" if gate_up.shape[-1] == hidden else "E,H,2I"
+    with torch.no_grad():
+        for p in experts.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 2)
+    x = torch.randn(5, hidden, generator=gen)
+    index = torch.zeros(5, 1, dtype=torch.long)
+    weights = torch.ones(5, 1)
+    with torch.no_grad():
+        got = experts(x, index, weights)
+    w13 = gate_up[0] if layout == "E,H,2I" else gate_up[0].t()         # [H, 2I]
+    down = experts.down_proj[0]
+    w2 = down if down.shape[-1] == hidden else down.t()                 # [I, H]
+    b13 = getattr(experts, "gate_up_proj_bias", None)
+    b2 = getattr(experts, "down_proj_bias", None)
+    candidates = {}
+    act = getattr(experts, "act_fn", None) or ACT2FN[getattr(config, "hidden_act", "silu")]
+    g, u = (x @ w13).chunk(2, dim=-1)
+    candidates[("gmm", "swiglu")] = (act(g) * u) @ w2
+    limit, alpha = getattr(experts, "limit", None), getattr(experts, "alpha", None)
+    if b13 is not None and b2 is not None and limit is not None and alpha is not None:
+        y = x @ w13 + b13[0]
+        g, u = y[..., ::2].clamp(max=limit), y[..., 1::2].clamp(-limit, limit)
+        candidates[("biased_interleaved", "clamped_swiglu")] = ((u + 1) * g * torch.sigmoid(g * alpha)) @ w2 + b2[0]
+    for (kind, activation), want in candidates.items():
+        if torch.allclose(got, want, rtol=1e-4, atol=1e-4):
+            if kind == "gmm" and getattr(act, "__name__", type(act).__name__).lower() not in ("silu", "siluactivation") \
+                    and not isinstance(act, torch.nn.SiLU):
+                raise NotNative("moe", f"expert activation {type(act).__name__}: npu_swiglu computes silu only")
+            return kind, activation, layout
+    raise NotNative("moe", f"{type(experts).__name__} computes none of: gate/up halves with silu (npu_swiglu), "
+                           "gpt_oss's interleaved clamped swiglu with biases")
+
+
+def _probe_shared(block, config, hidden: int) -> tuple[str, str, str]:
+    """(kind, attribute, width expression) of the block's shared experts."""
+    for name in SHARED_NAMES:
+        shared = getattr(block, name, None)
+        if shared is None:
+            continue
+        gated = getattr(block, f"{name}_gate", None) is not None
+        width = shared.down_proj.weight.shape[-1]
+        for expr in ("config.moe_intermediate_size * config.n_shared_experts", "config.shared_expert_intermediate_size",
+                     "config.intermediate_size"):
+            try:
+                if eval(expr, {"config": config}) == width:    # noqa: S307 - our own fixed expressions
+                    return ("gated" if gated else "plain"), name, expr
+            except (AttributeError, TypeError):
+                continue
+        raise NotNative("moe", f"shared experts of width {width}: no config expression gives it")
+    return None, "shared_experts", "0"
+
+
+
+def _plain_path(pattern: str) -> tuple[str, ...] | None:
+    """A conversion rule's pattern as module names ("\\.mlp\\.gate" -> ("mlp", "gate")); None for a regex
+    that is more than a dotted name."""
+    text = pattern.replace("\\.", ".").strip("^$").strip(".")
+    parts = tuple(text.split("."))
+    return parts if all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", p) for p in parts) else None
+
+
+
+def _first_line(exc: Exception, limit: int = 160) -> str:
+    text = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _probe_block(config, block_cls):
+    """(the shrunk probe config, the block built on it, its router's attribute name)."""
+    import torch
+
+    probe = _probe_config(config)
+    torch.manual_seed(0)
+    try:
+        block = block_cls(probe).float().eval()
+    except Exception as exc:  # noqa: BLE001 - a block built from more than the config (a layer index, ...)
+        raise NotNative("moe", f"{block_cls.__name__}(config) cannot be built on its own ({_first_line(exc)})") from exc
+    router_name = next((n for n in ROUTER_NAMES if getattr(block, n, None) is not None
+                        and getattr(getattr(block, n), "weight", None) is not None), None)
+    if router_name is None:
+        raise NotNative("moe", f"{block_cls.__name__} has no gate / router with a weight")
+    return probe, block, router_name
+
+
+def gating_of(config) -> dict:
+    """How `config`'s sparse-MoE blocks route, probed as derive_moe probes it: {"block_name", "router_name",
+    "k", "scoring", "renormalize", "selection_bias", "groups", "group_select", "routed_scaling",
+    "n_group", "topk_group", "routed_scaling_factor"} (NotNative: a routing none of the candidates is)."""
+    blocks = _sparse_blocks(config)
+    if blocks is None:
+        raise NotNative("moe", "no layer has a sparse-MoE block with fused 3-D expert weights")
+    block_name, block_cls, _ = blocks
+    probe, block, router_name = _probe_block(config, block_cls)
+    gating = _probe_gating(block, getattr(block, router_name), probe, PROBE_HIDDEN)
+    factor = getattr(config, "routed_scaling_factor", None)
+    return {**gating, "block_name": block_name, "router_name": router_name, "k": int(config.num_experts_per_tok),
+            "n_group": int(getattr(config, "n_group", None) or 1), "topk_group": int(getattr(config, "topk_group", None) or 1),
+            "routed_scaling_factor": float(factor) if gating["routed_scaling"] else 1.0}
+
+
+
+def _sparse_blocks(config):
+    """(block attribute, block class, sparse flags per layer) of `config`'s model, built on the meta device
+    (every layer, no memory); None when no layer has such a block."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(copy.deepcopy(config))
+    except Exception as exc:  # noqa: BLE001 - a class transformers cannot build here
+        raise NotNative("moe", f"transformers cannot build it as a causal LM ({_first_line(exc)})") from exc
+    layers = list(getattr(getattr(model, "model", None), "layers", None) or [])
+    blocks = [moe_block(layer) for layer in layers]
+    sparse = [b is not None for b in blocks]
+    if not any(sparse):
+        return None
+    names = {b[0] for b in blocks if b is not None}
+    classes = {type(b[1]) for b in blocks if b is not None}
+    if len(names) != 1 or len(classes) != 1:
+        raise NotNative("moe", f"MoE blocks of several kinds: {sorted(names)} {sorted(c.__name__ for c in classes)}")
+    return names.pop(), classes.pop(), sparse
+
+
+
+
+# ---- which layers are sparse: the config key transformers decides it by ------------------------------------
+def _predicted(config, rule: str, n: int) -> list[bool] | None:
+    """The sparse layers `rule` gives on `config` (None: the config does not state the rule's keys)."""
+    if rule in ("first_k_dense_replace", "num_dense_layers"):
+        k = getattr(config, rule, None)
+        return [i >= k for i in range(n)] if isinstance(k, int) else None
+    if rule == "mlp_layer_types":
+        types = getattr(config, "mlp_layer_types", None)
+        return [t == "sparse" for t in types[:n]] if isinstance(types, (list, tuple)) and len(types) >= n else None
+    if rule == "decoder_sparse_step":
+        step, only = getattr(config, "decoder_sparse_step", None), getattr(config, "mlp_only_layers", None)
+        if isinstance(step, int) and step > 0:
+            return [i not in (only or []) and (i + 1) % step == 0 for i in range(n)]
+    return None
+
+
+LAYOUT_RULES = ("first_k_dense_replace", "num_dense_layers", "mlp_layer_types", "decoder_sparse_step")
+
+
+def _layout_toggles(rule: str, n: int) -> list[dict]:
+    """Config changes (on a copy of LAYOUT_LAYERS layers) under which `rule` must still give transformers' layers."""
+    if rule in ("first_k_dense_replace", "num_dense_layers"):
+        return [{rule: 2}, {rule: 0}]
+    if rule == "mlp_layer_types":
+        return [{"mlp_layer_types": ["dense", "sparse"] * (n // 2)}]
+    return [{"decoder_sparse_step": 2, "mlp_only_layers": []}, {"decoder_sparse_step": 1, "mlp_only_layers": [1]}]
+
+
+def _short(config, changes: dict):
+    """A copy of `config` with LAYOUT_LAYERS layers (per-layer lists cut to them) and `changes`."""
+    short = copy.deepcopy(config)
+    total = short.num_hidden_layers
+    for key, value in list(vars(short).items()):
+        if isinstance(value, list) and len(value) == total:
+            setattr(short, key, value[:LAYOUT_LAYERS])
+    short.num_hidden_layers = LAYOUT_LAYERS
+    for key, value in changes.items():
+        setattr(short, key, value)
+    return short
+
+
+def sparse_layout(config, sparse: list[bool]) -> str:
+    """The config key that decides which layers are sparse (their rule reproduces transformers' choice on the
+    checkpoint's config and on copies with the key changed), or "all" where no key does and every layer is."""
+    n = len(sparse)
+    for rule in LAYOUT_RULES:
+        if _predicted(config, rule, n) != sparse:
+            continue
+        held = True
+        for changes in _layout_toggles(rule, LAYOUT_LAYERS):
+            short = _short(config, changes)
+            try:
+                blocks = _sparse_blocks(short)
+            except NotNative:
+                held = False
+                break
+            got = blocks[2] if blocks is not None else [False] * LAYOUT_LAYERS
+            if _predicted(short, rule, LAYOUT_LAYERS) != got:
+                held = False
+                break
+        if held:
+            return rule
+    if all(sparse):
+        return "all"
+    raise NotNative("moe", f"sparse layers {[i for i, s in enumerate(sparse) if s]} follow none of "
+                           f"{', '.join(LAYOUT_RULES)} as the config states them")
+
+
+DENSE_LAYER = {"first_k_dense_replace": {"first_k_dense_replace": 1}, "num_dense_layers": {"num_dense_layers": 1},
+               "decoder_sparse_step": {"decoder_sparse_step": 1, "mlp_only_layers": [0]}}
+
+
+def dense_layer_changes(rule: str, config) -> dict | None:
+    """Config changes that make layer 0 dense (the dense MLP's code is probed on it); None: no layer ever is."""
+    if rule == "mlp_layer_types":
+        return {"mlp_layer_types": ["dense"] + list(config.mlp_layer_types[1:])}
+    return DENSE_LAYER.get(rule)
+
+
+# ---- the checkpoint's per-expert names ----------------------------------------------------------------------
+def checkpoint_expert_names(model_type: str) -> tuple[str, ...]:
+    """(gate, up, down) per-expert names of the checkpoint from transformers' conversion mapping; () where the
+    checkpoint stores the fused tensors."""
+    from transformers import conversion_mapping
+
+    names = ()
+    for rule in conversion_mapping.get_checkpoint_conversion_mapping(model_type) or []:
+        sources, targets = list(rule.source_patterns), list(rule.target_patterns)
+        if type(rule).__name__ == "WeightRenaming" or not all("experts.*." in src for src in sources):
+            continue          # renames: the skeleton's (agent.recipe.native.parts.model)
+        if any(t.endswith("experts.gate_up_proj") for t in targets) and len(sources) == 2:
+            gate, up = (src.split("experts.*.", 1)[1].rsplit(".weight", 1)[0] for src in sources)
+            names = (gate, up) + names[2:] if len(names) == 3 else (gate, up)
+        elif any(t.endswith("experts.down_proj") for t in targets) and len(sources) == 1:
+            down = sources[0].split("experts.*.", 1)[1].rsplit(".weight", 1)[0]
+            names = (*names[:2], down) if len(names) >= 2 else names + (down,)
+        else:
+            raise NotNative("moe", f"transformers merges {sources} into {targets} for {model_type}: not the "
+                                   "experts' gate/up and down")
+    if names and len(names) != 3:
+        raise NotNative("moe", f"transformers' conversion mapping for {model_type} names {names} for the experts")
+    return tuple(names)
+
+
+SHARED_WIDTHS = {"config.moe_intermediate_size * config.n_shared_experts": "per_expert",
+                 "config.shared_expert_intermediate_size": "shared_expert_intermediate_size",
+                 "config.intermediate_size": "intermediate_size"}
+
+
+def _renormalisation(config, block_cls, scoring_match: dict):
+    """The top-k renormalisation: Expr(config.norm_topk_prob) where toggling the key changes the block's gating,
+    else the literal the probe found."""
+    value = getattr(config, "norm_topk_prob", None)
+    if not isinstance(value, bool) or getattr(config, "num_experts_per_tok", 1) < 2:
+        return scoring_match["renormalize"]
+    toggled = copy.deepcopy(config)
+    toggled.norm_topk_prob = not value
+    probe, block, router_name = _probe_block(toggled, block_cls)
+    other = _probe_gating(block, getattr(block, router_name), probe, PROBE_HIDDEN)
+    if other["renormalize"] != scoring_match["renormalize"] and scoring_match["renormalize"] == value:
+        return Expr("config.norm_topk_prob")
+    return scoring_match["renormalize"]
+
+
+def derive_moe(config, checkpoint_keys=()) -> dict | None:
+    """The MoE facts of `config` (a transformers config: the checkpoint's, not shrunk); None when no layer has a
+    sparse-MoE block with fused 3-D expert weights (every layer dense, e.g. first_k_dense_replace past the last
+    layer: its MLPs are the generator's dense ones, which refuse any other block). `checkpoint_keys`: the keys of
+    its config.json, which name the config attributes the code reads."""
+    import torch
+
+    experts_key = _config_key(config, EXPERT_COUNT_KEYS, "routed expert count", checkpoint_keys)
+    blocks = _sparse_blocks(config)
+    if blocks is None:
+        return None
+    block_name, block_cls, sparse = blocks
+    layout = sparse_layout(config, sparse)
+    probe, block, router_name = _probe_block(config, block_cls)
+    width = block.experts.down_proj.shape[-1] if block.experts.down_proj.shape[-2] == PROBE_HIDDEN \
+        else block.experts.down_proj.shape[-2]
+    width_key = next((k for k in MOE_WIDTH_KEYS if getattr(probe, k, None) == width), None)
+    if width_key is None:
+        raise NotNative("moe", f"the experts' width {width} is none of the config's {' / '.join(MOE_WIDTH_KEYS)}")
+    router = getattr(block, router_name)
+    router_bias = isinstance(getattr(router, "bias", None), torch.Tensor)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        router_fp32 = type(router)(probe).weight.dtype == torch.float32
+    except TypeError:
+        router_fp32 = False
+    finally:
+        torch.set_default_dtype(previous)
+    gating = _probe_gating(block, router, probe, PROBE_HIDDEN)
+    renormalize = _renormalisation(config, block_cls, gating)
+    kind, activation, fused_layout = _probe_experts(block.experts, probe, PROBE_HIDDEN)
+    alpha = float(getattr(block.experts, "alpha", 0.0) or 0.0) if activation == "clamped_swiglu" else 0.0
+    shared, shared_name, shared_width = _probe_shared(block, probe, PROBE_HIDDEN)
+    ckpt_names = checkpoint_expert_names(config.model_type)
+    if kind == "gmm" and not ckpt_names:
+        raise NotNative("moe", "experts stored fused in the checkpoint without biases: no per-expert names to stack")
+    experts = getattr(config, experts_key)
+    fused = ["npu_moe_init_routing_v2", "npu_grouped_matmul", "npu_moe_finalize_routing"]
+    unfused = []
+    if gating["scoring"] == "softmax" and not gating["groups"] and not gating["selection_bias"]:
+        fused.insert(0, "npu_moe_gating_top_k_softmax")
+    elif (gating["scoring"] == "sigmoid" and gating["renormalize"] and gating["selection_bias"] and gating["groups"]
+          and experts in (256, 384) and (getattr(config, "n_group", None), getattr(config, "topk_group", None)) == (8, 4)
+          and config.num_experts_per_tok <= 32):
+        fused.insert(0, "npu_moe_gating_top_k")
+    else:
+        unfused.append("gating in plain torch (npu_moe_gating_top_k takes renormalised sigmoid weights with a "
+                       "selection bias, 256 (or 384, upstream's deepseek_r1) experts in 8 groups keeping 4, k <= 32)")
+    if activation == "swiglu":
+        fused.append("npu_swiglu")
+    else:
+        unfused.append("clamped swiglu (limit / alpha, up + 1) in plain torch: npu_swiglu has no clamp")
+    return {"model_type": config.model_type, "block_name": block_name, "experts_key": experts_key,
+            "width_key": width_key, "sparse_layers": tuple(i for i, s in enumerate(sparse) if s), "sparse_rule": layout,
+            "dense_variant": dense_layer_changes(layout, config) if layout != "all" else None,
+            "router_name": router_name, "router_bias": router_bias, "router_fp32": router_fp32,
+            "scoring": gating["scoring"], "renormalize": renormalize, "selection_bias": gating["selection_bias"],
+            "groups": gating["groups"], "group_select": gating["group_select"],
+            "routed_scaling": gating["routed_scaling"], "experts": kind, "activation": activation,
+            "gate_up_layout": fused_layout, "shared": shared, "shared_name": shared_name, "shared_width": shared_width,
+            "ckpt_expert_names": ckpt_names, "swiglu_alpha": alpha, "fused": tuple(fused), "unfused": tuple(unfused)}
+
+
+def moe_options(f: dict) -> dict:
+    """The code's options (code/moe.py, the block and the skeleton) for the facts `f` of derive_moe."""
+    options = {"MOE": True, "MOE_LAYERS": f["sparse_rule"], "EXPERTS_KEY": f["experts_key"], "WIDTH_KEY": f["width_key"],
+               "ROUTER": f["router_name"], "ROUTER_BIAS": f["router_bias"], "ROUTER_FP32": f["router_fp32"],
+               "SCORING": f["scoring"], "RENORMALIZE": f["renormalize"], "SELECTION_BIAS": f["selection_bias"],
+               "GROUPS": f["groups"], "GROUP_SELECT": f["group_select"], "ROUTED_SCALING": f["routed_scaling"],
+               "EXPERTS": f["experts"], "FUSED_LAYOUT": f["gate_up_layout"], "SHARED": f["shared"],
+               "SHARED_NAME": f["shared_name"], "SHARED_WIDTH": SHARED_WIDTHS.get(f["shared_width"], "per_expert")}
+    if f["ckpt_expert_names"]:
+        options["CKPT_EXPERT_NAMES"] = tuple(f["ckpt_expert_names"])
+    if f["activation"] == "clamped_swiglu":
+        options["SWIGLU_ALPHA"] = f["swiglu_alpha"]
+    return options
+
+
+def _probe(probe, chosen):
+    data = probe.config_dict
+    if not any(isinstance(data.get(k), int) and data[k] > 1 for k in EXPERT_COUNT_KEYS):
+        return None
+    facts = derive_moe(probe.full_config, checkpoint_keys=set(data))
+    if facts is None:
+        return None
+    return Match(SPARSE_MOE, options=moe_options(facts), facts=facts)
+
+
+def _variants(match, probe):
+    """The file serves the family's MoE layout switches: the sparse layers by the other settings of the key that
+    decides them, the renormalisation where norm_topk_prob sets it, no shared experts, grouped routing."""
+    f, found = match.facts, []
+    rule = f["sparse_rule"]
+    if rule == "decoder_sparse_step":
+        found += [("decoder_sparse_step 2", {"decoder_sparse_step": 2, "mlp_only_layers": []}),
+                  ("mlp_only_layers [0]", {"decoder_sparse_step": 1, "mlp_only_layers": [0]})]
+    elif rule in ("first_k_dense_replace", "num_dense_layers"):
+        found.append((f"{rule} 0 / 1", {rule: 0 if getattr(probe.config, rule) else 1}))
+    elif rule == "mlp_layer_types":
+        types = list(probe.config.mlp_layer_types)
+        found.append(("mlp_layer_types flipped", {"mlp_layer_types": ["dense" if t == "sparse" else "sparse" for t in types]}))
+    if isinstance(f["renormalize"], Expr):
+        found.append(("norm_topk_prob", {"norm_topk_prob": not probe.config.norm_topk_prob}))
+    if f["shared"] is not None:
+        key = "n_shared_experts" if SHARED_WIDTHS.get(f["shared_width"]) == "per_expert" else SHARED_WIDTHS[f["shared_width"]]
+        found.append(("no shared experts", {key: 0}))
+    if f["groups"]:
+        experts = getattr(probe.config, f["experts_key"])
+        found.append(("grouped routing", {"n_group": 2, "topk_group": 1} if experts % 2 == 0 and probe.config.n_group == 1
+                      else {"n_group": 1, "topk_group": 1}))
+    return found
+
+
+SPARSE_MOE = Part(
+    slot="moe", name="sparse_moe", code="moe.py", provides="ModelSparseMoeBlock",
+    reads=("num_experts_per_tok", "n_routed_experts / num_experts / num_local_experts", "moe_intermediate_size",
+           "norm_topk_prob", "routed_scaling_factor", "n_group", "topk_group", "first_k_dense_replace",
+           "decoder_sparse_step", "mlp_only_layers", "n_shared_experts", "shared_expert_intermediate_size"),
+    probe=_probe, kernels=lambda m: (m.facts["fused"], m.facts["unfused"]), variants=_variants,
+    options=("MOE", "MOE_LAYERS", "EXPERTS_KEY", "WIDTH_KEY", "ROUTER", "ROUTER_BIAS", "ROUTER_FP32", "SCORING",
+             "RENORMALIZE", "SELECTION_BIAS", "GROUPS", "GROUP_SELECT", "ROUTED_SCALING", "EXPERTS", "SWIGLU_ALPHA",
+             "FUSED_LAYOUT", "CKPT_EXPERT_NAMES", "SHARED", "SHARED_NAME", "SHARED_WIDTH"))
+
+
+def render_moe(facts: dict) -> str:
+    """code/moe.py for `facts` (derive_moe's) as a module of its own: the sparse-MoE block and is_moe_layer,
+    nothing else (the block's own tests and its 2-rank harness)."""
+    from agent.recipe.native.assemble import assemble
+    from agent.recipe.native.parts import OPTION_NAMES
+
+    prefix = "".join(part[:1].upper() + part[1:] for part in facts["model_type"].split("_"))
+    return assemble(["moe.py"], options=moe_options(facts), option_names=OPTION_NAMES, roles={}, prefix=prefix,
+                    framework_class=f"{prefix}ForCausalLM", keep=("ModelSparseMoeBlock", "is_moe_layer"),
+                    header="# coding=utf-8")
