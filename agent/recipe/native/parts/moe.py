@@ -358,12 +358,13 @@ def _layout_toggles(rule: str, n: int) -> list[dict]:
 
 
 def _short(config, changes: dict):
-    """A copy of `config` with LAYOUT_LAYERS layers (per-layer lists cut to them) and `changes`."""
+    """A copy of `config` with LAYOUT_LAYERS layers (its per-layer lists made as long) and `changes`."""
     short = copy.deepcopy(config)
     total = short.num_hidden_layers
     for key, value in list(vars(short).items()):
-        if isinstance(value, list) and len(value) == total:
-            setattr(short, key, value[:LAYOUT_LAYERS])
+        if isinstance(value, list) and len(value) == total and total:
+            # cut to LAYOUT_LAYERS, or repeated up to them (a config of fewer layers)
+            setattr(short, key, (value * -(-LAYOUT_LAYERS // total))[:LAYOUT_LAYERS])
     short.num_hidden_layers = LAYOUT_LAYERS
     for key, value in changes.items():
         setattr(short, key, value)

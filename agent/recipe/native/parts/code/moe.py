@@ -279,7 +279,10 @@ class ModelSparseMoeBlock(nn.Module):
                     getattr(param, "weight_loader", lambda p, w: p.data.copy_(w))(param, weight)
                     loaded.add(name)
                 continue
-            param = params[name]
+            param = params.get(name)
+            if param is None:
+                raise ValueError(f"{name}: no parameter of the sparse-MoE block takes it (a dense layer's tensor? the "
+                                 "checkpoint's weights and its config.json's MoE layout disagree)")
             getattr(param, "weight_loader", lambda p, w: p.data.copy_(w))(param, weight)
             loaded.add(name)
         return loaded

@@ -106,6 +106,19 @@ def test_sparse_layers_follow_the_configs_rule():
     assert [module.is_moe_layer(config, i) for i in range(4)] == [False, False, False, True]
 
 
+def test_the_layout_key_is_found_on_a_config_of_two_layers():
+    """A tiny qwen2_moe (two layers, every one sparse): the layers follow decoder_sparse_step / mlp_only_layers,
+    which the file reads (not "every layer sparse", which would refuse a checkpoint with a dense layer)."""
+    from transformers import AutoConfig
+
+    from agent.recipe.native.parts.moe import derive_moe
+
+    config = AutoConfig.for_model("qwen2_moe", **{**harness.SHRUNK, "num_hidden_layers": 2}, num_experts=4,
+                                  num_experts_per_tok=2)
+    assert len(config.layer_types) == 2
+    assert derive_moe(config)["sparse_rule"] == "decoder_sparse_step"
+
+
 def harness_render(features):
     from agent.recipe.native.parts.moe import render_moe
 

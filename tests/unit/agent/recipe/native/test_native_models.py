@@ -260,6 +260,51 @@ def test_native_recipe_of_each_type_passes_the_per_step_precision_check(native_c
           f"requests={sorted(requests.items())} compiles={list(compiled.values())}")
 
 
+# a recipe generated from one tiny checkpoint, run on another of its family (model_path alone changed)
+FAMILY_CHECKPOINTS = {
+    "llama": dict(rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+                  tie_word_embeddings=True, attention_bias=True, mlp_bias=True),
+    "qwen2_moe": dict(decoder_sparse_step=2, mlp_only_layers=[], norm_topk_prob=True),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", list(FAMILY_CHECKPOINTS))
+def test_native_recipe_serves_another_checkpoint_of_its_family_per_step(native_checkout, model_type, tmp_path):
+    """The recipe generated from the type's plain tiny checkpoint (default rope, untied, no biases; every qwen2_moe
+    layer sparse, no renormalisation), its YAML's model_path pointed at a checkpoint of the family that differs
+    in what the file reads from the config (llama: llama3 rope, tied embeddings without lm_head.weight, attention
+    and MLP biases; qwen2_moe: a dense layer by decoder_sparse_step, renormalised top-k): upstream's launcher
+    runs it, every prefill and decode step held to transformers on that checkpoint."""
+    import json
+
+    from agent.measure import reference as upstream
+    from framework_recipes import two_prompt_yaml
+    from migrator_cli import run_cli
+    from upstream_checkout import FAST
+
+    recipe, name = native_recipe(native_checkout, model_type)
+    other = upstream.tiny_checkpoint(model_type, native_checkout["root"] / f"ckpt_{model_type}_family",
+                                     seed=1, **FAMILY_CHECKPOINTS[model_type])
+    stored = json.loads((other / "config.json").read_text())
+    assert {k: stored[k] for k in FAMILY_CHECKPOINTS[model_type] if k != "rope_parameters"} == \
+        {k: v for k, v in FAMILY_CHECKPOINTS[model_type].items() if k != "rope_parameters"}
+    if model_type == "llama":
+        from safetensors import safe_open
+
+        with safe_open(str(other / "model.safetensors"), "pt") as weights:
+            assert "lm_head.weight" not in weights.keys() and "model.layers.0.self_attn.q_proj.bias" in weights.keys()
+    settings = two_prompt_yaml(recipe, tmp_path, 1, other, "npugraph_ex")
+    proc = run_cli("run", str(recipe), "--standin", "--yaml", settings, "--world-size", "1",
+                   "--max-rounds", "0", "--json", env=FAST, timeout=2400)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    parity = json.loads(Path(json.loads(proc.stdout)["baseline_path"]).read_text())["verification"]["parity"]
+    assert parity["ok"] is True and len(parity["per_request"]) == 2, parity
+    print(f"NATIVE-TABLE {model_type} (family checkpoint {sorted(FAMILY_CHECKPOINTS[model_type])}) ranks=1 "
+          f"ok={parity['ok']} closest={parity.get('closest')} decode_steps={parity.get('decode_steps_checked')}")
+
+
 def test_native_coverage_script_writes_a_row_per_type(tmp_path):
     """scripts/native_coverage.py: a type the generator writes is native with its self-check figure; one whose
     norm it does not recognise (olmo2: q/k norms over all heads) falls back naming the layer kind."""
