@@ -317,3 +317,49 @@ def test_native_mla_recipe_with_the_mla_prolog(mla_recipe):
     assert kernels.get("npu_mla_prolog_v3", 0) > 0 and kernels.get("npu_format_cast", 0) > 0, kernels
     print(f"NATIVE-TABLE deepseek_v3 (MLA, dense, enable_mla_prolog) ranks=1 ok={parity['ok']} "
           f"closest={parity.get('closest')} decode_steps={parity.get('decode_steps_checked')}")
+
+
+# ---- the run dtype and the kernels' own widths (issue 42 item 5) -----------------------------------------
+NZ_FAULT = ("c0 = 32 // self.nope_cache.element_size()", "c0 = 8")
+
+
+@pytest.fixture(scope="module")
+def run_dtype_checked(tmp_path_factory):
+    """deepseek_v3 (every layer dense) in float32 and bfloat16; a file whose NZ view of the latent cache is
+    float32's in every dtype; a checkpoint whose rope width (8) the PA_NZ cache kernel does not take in bfloat16."""
+    from agent.recipe.native.decide import render_native, selfcheck
+    from agent.recipe.native.selfcheck import RUN_DTYPE
+
+    if not harness.UPSTREAM.is_dir():
+        pytest.skip(f"no upstream snapshot at {harness.UPSTREAM}")
+    folder = tmp_path_factory.mktemp("native_mla_dtype")
+    narrow = {**mla_config("deepseek_v3"), "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "kv_lora_rank": 16,
+              "head_dim": 8}
+    cases = {}
+    for name, config in (("deepseek_v3", mla_config("deepseek_v3")), ("narrow_rope", narrow)):
+        text = render_native(CTX, derive(config))
+        (folder / f"{name}.py").write_text(text)
+        cases[name] = (config, folder / f"{name}.py")
+        if name == "deepseek_v3":
+            assert text.count(NZ_FAULT[0]) == 1
+            (folder / "nz_fault.py").write_text(text.replace(*NZ_FAULT))
+            cases["nz_fault"] = (config, folder / "nz_fault.py")
+    labels = [(name, dtype) for name in cases for dtype in ("float32", RUN_DTYPE)]
+    jobs = [{"config": cases[name][0], "file": str(cases[name][1]), "class_name": CTX["framework_class"], "dtype": dtype}
+            for name, dtype in labels]
+    return dict(zip(labels, selfcheck(jobs, harness.UPSTREAM)))
+
+
+def test_the_run_dtype_and_the_kernels_widths_fail_what_float32_passes(run_dtype_checked):
+    """The MLA file in bfloat16 within the verdict's tolerance; a file correct in float32 only (the latent
+    cache's NZ inner block taken as float32's) and a checkpoint whose 8-wide rope the bfloat16 PA_NZ cache
+    cannot hold (the trial's failure in the maintainer's read) fail the self-check in the run dtype."""
+    from agent.recipe.native.selfcheck import RUN_DTYPE
+
+    results = run_dtype_checked
+    assert results[("deepseek_v3", "float32")]["ok"] and results[("deepseek_v3", RUN_DTYPE)]["ok"], results
+    assert results[("nz_fault", "float32")]["ok"], results[("nz_fault", "float32")]
+    assert not results[("nz_fault", RUN_DTYPE)]["ok"]
+    assert results[("narrow_rope", "float32")]["ok"], results[("narrow_rope", "float32")]
+    narrow = results[("narrow_rope", RUN_DTYPE)]
+    assert not narrow["ok"] and "PA_NZ needs a contiguous cache whose last dim is a multiple of 16" in narrow["reason"], narrow
