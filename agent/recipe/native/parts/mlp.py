@@ -52,7 +52,7 @@ def _probe_formula(mlp, hidden: int, activation) -> None:
         raise NotNative("mlp", f"{type(mlp).__name__} is not down(act(gate(x)) * up(x))")
 
 
-def _bias(probe, present: bool):
+def bias_option(probe, present: bool):
     """The projections' bias: Expr(config.<key>) where a key toggles it, else the literal."""
     import torch
 
@@ -93,7 +93,7 @@ def _gated(probe, chosen):
         raise NotNative("mlp", "dense MLPs of unequal structure, or biases on some of their projections only")
     fused = next(iter(kinds))
     swiglu = activation in ("silu", "swish")
-    options = {"SWIGLU": swiglu, "ACT": key, "MLP_BIAS": _bias(source, next(iter(biases))[0]),
+    options = {"SWIGLU": swiglu, "ACT": key, "MLP_BIAS": bias_option(source, next(iter(biases))[0]),
                "STACKED_PARAMS": () if fused else (("gate_up_proj", "gate_proj", 0), ("gate_up_proj", "up_proj", 1))}
     return Match(GATED_MLP, options=options, facts={"activation": activation})
 
@@ -104,7 +104,8 @@ def _kernels(match):
     return (), (f"MLP activation {match.facts['activation']} * up: plain torch (npu_swiglu is silu only)",)
 
 
-def _variants(match, probe):
+def bias_variants(match, probe):
+    """The file serves the other setting of the config key that sets the MLP's biases."""
     value = match.options["MLP_BIAS"]
     if isinstance(value, Expr):
         key = value.code.split(".", 1)[1]
@@ -115,4 +116,4 @@ def _variants(match, probe):
 GATED_MLP = Part(
     slot="mlp", name="gated_mlp", code="mlp_gated.py", provides="ModelMLP",
     reads=("hidden_size", "intermediate_size", "hidden_act", "mlp_bias"), probe=_gated, kernels=_kernels,
-    options=("SWIGLU", "ACT", "MLP_BIAS", "STACKED_PARAMS"), variants=_variants)
+    options=("SWIGLU", "ACT", "MLP_BIAS", "STACKED_PARAMS"), variants=bias_variants)
