@@ -2,7 +2,7 @@
 each slot's parts most specific first. agent.recipe.native.compose picks one part per slot from the
 architecture's own code and config; agent.recipe.native.assemble writes their code as one file."""
 
-from agent.recipe.native.parts import attention, block, embedding, head, mla, mlp, model, moe, norm, position
+from agent.recipe.native.parts import attention, block, embedding, head, mla, mlp, mlp_plain, model, moe, norm, position
 from agent.recipe.native.parts.part import ROLES, SLOTS, Composition, Match, Part
 
 __all__ = ["PARTS", "OPTION_NAMES", "TABLES", "ROLES", "SLOTS", "Composition", "Match", "Part"]
@@ -19,6 +19,7 @@ PARTS = (
     attention.FUSED_PAGED,
     moe.SPARSE_MOE,
     mlp.GATED_MLP,
+    mlp_plain.PLAIN_MLP,
     block.SANDWICH,
     block.PRE_NORM,
     head.LM_HEAD,
