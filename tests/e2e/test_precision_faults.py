@@ -140,7 +140,7 @@ def test_a_decode_only_fault_in_our_framework_model_is_exit_1_naming_a_decode_st
 
 
 # ---- a wrong routing in our native MoE model fails (routing ties resolved either way do not excuse it) ----
-# fault -> (old text, new text) in the native mixtral's sparse-MoE block (templates/framework/native/moe.py.j2)
+# fault -> (old text, new text) in the native mixtral's sparse-MoE block (agent/recipe/native/parts/code/moe.py)
 MOE_FAULTS = {
     "renormalisation dropped": ("        weights = weights / weights.sum(dim=-1, keepdim=True)\n", ""),
     "top-1 routing of a top-2 model": ("npu_moe_gating_top_k_softmax(logits, None, k=self.top_k)",
