@@ -207,7 +207,7 @@ PROMPTS = ["An attention function can be described as mapping a query and a set 
 
 
 def _migrated_mla(tmp_path_factory, name: str, first_k_dense_replace: int) -> dict:
-    """A tiny deepseek_v3 checkpoint (the --tiny settings: 16-wide NZ latent / rope, YaRN) migrated by the
+    """A tiny deepseek_v3 checkpoint (the --tiny settings: 32-wide NZ latent, the published 64-wide rope, YaRN) migrated by the
     framework target into a copy of the snapshot; dense up to layer `first_k_dense_replace` (2: all dense)."""
     from agent.measure import reference
     from agent.run.standin import TINY_SETTINGS
@@ -352,14 +352,16 @@ def run_dtype_checked(tmp_path_factory):
 
 def test_the_run_dtype_and_the_kernels_widths_fail_what_float32_passes(run_dtype_checked):
     """The MLA file in bfloat16 within the verdict's tolerance; a file correct in float32 only (the latent
-    cache's NZ inner block taken as float32's) and a checkpoint whose 8-wide rope the bfloat16 PA_NZ cache
-    cannot hold (the trial's failure in the maintainer's read) fail the self-check in the run dtype."""
+    cache's NZ inner block taken as float32's) fails the self-check in the run dtype; a checkpoint whose rope
+    width the kernels do not take (8: the maintainer's failed trial) fails it too."""
     from agent.recipe.native.selfcheck import RUN_DTYPE
 
     results = run_dtype_checked
     assert results[("deepseek_v3", "float32")]["ok"] and results[("deepseek_v3", RUN_DTYPE)]["ok"], results
     assert results[("nz_fault", "float32")]["ok"], results[("nz_fault", "float32")]
     assert not results[("nz_fault", RUN_DTYPE)]["ok"]
-    assert results[("narrow_rope", "float32")]["ok"], results[("narrow_rope", "float32")]
-    narrow = results[("narrow_rope", RUN_DTYPE)]
-    assert not narrow["ok"] and "PA_NZ needs a contiguous cache whose last dim is a multiple of 16" in narrow["reason"], narrow
+    # an 8-wide rope: npu_interleave_rope takes D 64 only (in every dtype), and the bfloat16 PA_NZ cache
+    # 16-wide blocks — the file would fail at its trial on an NPU
+    for dtype in ("float32", RUN_DTYPE):
+        narrow = results[("narrow_rope", dtype)]
+        assert not narrow["ok"] and "need a last dim (D) of 64" in narrow["reason"], narrow
