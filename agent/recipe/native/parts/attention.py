@@ -216,22 +216,24 @@ def _softcapped(probe) -> bool:
     return getattr(probe.config, "attn_logit_softcapping", None) is not None
 
 
-def _dense_match(part, probe, **extra) -> Match:
+def _dense_match(part, probe, chosen, **extra) -> Match:
     facts = dense_attention(probe)
     options = {k: v for k, v in facts.items() if k in DENSE_OPTIONS}
-    return Match(part, options={**options, **extra}, facts=facts)
+    position = chosen.get("position")
+    return Match(part, options={**options, **extra},
+                 facts={**facts, "partial": bool(position is not None and position.facts.get("partial"))})
 
 
 def _fused_paged(probe, chosen):
     if is_mla_model(probe) or _softcapped(probe) or dense_attention(probe)["sinks"]:
         return None
-    return _dense_match(FUSED_PAGED, probe)
+    return _dense_match(FUSED_PAGED, probe, chosen)
 
 
 def _fused_paged_sinks(probe, chosen):
     if is_mla_model(probe) or _softcapped(probe) or not dense_attention(probe)["sinks"]:
         return None
-    return _dense_match(FUSED_PAGED_SINKS, probe, SINKS=True)
+    return _dense_match(FUSED_PAGED_SINKS, probe, chosen, SINKS=True)
 
 
 def _softcap_paged(probe, chosen):
@@ -240,14 +242,14 @@ def _softcap_paged(probe, chosen):
     if dense_attention(probe)["sinks"]:
         raise NotNative("attention", "attention sinks with soft-capped logits: neither the fused attention nor the "
                                      "plain-torch one computes both")
-    return _dense_match(SOFTCAP_PAGED, probe)
+    return _dense_match(SOFTCAP_PAGED, probe, chosen)
 
 
 WRITE_KERNELS = ("npu_scatter_nd_update_ (paged KV write)",)
 
 
 def _rope_kernel(match) -> str:
-    return "npu_apply_rotary_pos_emb (TND, rotate-half)"
+    return "npu_apply_rotary_pos_emb (TND, rotate-half" + (", on the rotary slice)" if match.facts["partial"] else ")")
 
 
 def _fused_kernels(match):

@@ -24,9 +24,9 @@ def first_line(exc: BaseException, limit: int = 200) -> str:
 
 def shrunk_config(config_dict: dict, changes: dict | None = None):
     """The transformers config of `config_dict` with tiny widths, a small vocabulary and the first layers that
-    hold every layer kind (agent.recipe.shrink) but the kernels' head / rope / latent dims, in fp32, eager attention, a small
-    sliding window (when the architecture has one) so that a short sequence crosses it, and a
-    query_pre_attn_scalar unequal to head_dim so that the two scales differ. `changes`: config keys set (DROP:
+    hold every layer kind (agent.recipe.shrink) but the kernels' head / rope / latent dims, in fp32, eager
+    attention, a small sliding window (when the architecture has one) so that a short sequence crosses it, and
+    a query_pre_attn_scalar unequal to head_dim so that the two scales differ. `changes`: config keys set (DROP:
     removed) after the shrink, before the window is made small (a variant the file must also serve)."""
     from transformers import AutoConfig
 
