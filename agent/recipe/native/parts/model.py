@@ -15,6 +15,11 @@ MODEL_CHILDREN = {"embed_tokens", "layers", "norm", "rotary_emb"}
 LAYER_CHILDREN = {"self_attn", "mlp", *LAYER_NORMS}
 
 
+def _name(pattern: str) -> str:
+    """A pattern as the dotted name it matches ("^model\\.x$" -> "model.x")."""
+    return pattern.strip("^$").replace("\\.", ".")
+
+
 def _plain(pattern: str) -> bool:
     return "(" not in pattern and "\\1" not in pattern
 
@@ -33,9 +38,19 @@ def checkpoint_renames(model_type: str) -> tuple[tuple[str, str], ...]:
                 raise NotNative("model", f"transformers renames {sources} -> {targets} for {model_type} in a way "
                                          "the native loader does not write (a scope or a captured group)")
             renames += [(source, targets[0].replace("\\.", ".").lstrip("^")) for source in sources]
+        elif [_name(source) for source in sources] == [_name(target) for target in targets]:
+            continue          # a conversion of the stored tensor that keeps its name (5.0's gpt_oss: an alignment)
         elif not all("experts.*." in source for source in sources):
             raise NotNative("model", f"transformers converts checkpoint tensors {sources} -> {targets} for "
                                      f"{model_type}: the native loader reads the checkpoint's names")
+        else:
+            # the experts' merge (the sparse-MoE block loads them itself) under another block name in the
+            # checkpoint (transformers 5.0's mixtral: block_sparse_moe.experts.* -> mlp.experts.*)
+            stored = sources[0].split("experts.*.", 1)[0].lstrip("^").replace("\\.", ".").strip(".")
+            built = targets[0].split("experts.", 1)[0].lstrip("^").replace("\\.", ".").strip(".")
+            rename = (f"\\.{re.escape(stored)}\\.experts\\.", f".{built}.experts.")
+            if stored and built and stored != built and rename not in renames:
+                renames.append(rename)
     for pattern, _ in renames:
         re.compile(pattern)
     return tuple(renames)
