@@ -8,6 +8,7 @@ from __future__ import annotations
 from agent.recipe.native.not_native import NotNative
 from agent.recipe.native.parts.mla import is_mla_model
 from agent.recipe.native.parts.part import Match, Part
+from agent.recipe.native.parts.probe import DROP
 
 # transformers' rope initialisations the file computes (default) or calls at run time (the rest; the checkout's
 # transformers 5.0.0 knows each)
@@ -111,6 +112,8 @@ def _variants(match, probe):
                 params[key] = spec
             else:
                 params = spec
+        if "rope_scaling" in probe.config_dict:
+            changes = {**changes, "rope_scaling": DROP}     # a hub config.json's legacy copy of the rope settings
         found.append((f"rope {rope_type}", {"rope_parameters": params, **changes}))
     return found
 

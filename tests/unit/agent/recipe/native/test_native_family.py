@@ -99,3 +99,19 @@ def test_the_family_file_serves_each_switch_and_a_fault_fails_its_switch(checked
         outcome = {label: results[(what, label)] for label in fails}
         assert not any(r["ok"] for r in outcome.values()), (what, outcome)
     print(f"{family}: {len(served)} settings served: " + ", ".join(f"{k} {r['max_rel']:.1e}" for k, r in served.items()))
+
+
+def test_rope_variants_replace_a_hub_configs_legacy_rope_scaling():
+    """A published config.json states its rope twice (rope_parameters and the legacy rope_scaling, as
+    agent.measure.reference's tiny checkpoints do): each rope variant the self-check runs is the type it names,
+    not the legacy copy (which transformers would read with the variant's other settings)."""
+    from agent.recipe.native.compose import derive
+    from agent.recipe.native.parts.probe import shrunk_config
+
+    yarn = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 128,
+            "beta_fast": 32.0, "beta_slow": 1.0}
+    config = {**family_config("llama"), "rope_parameters": yarn, "rope_scaling": {**yarn, "type": "yarn"}}
+    variants = [(label, changes) for label, changes in derive(config).checked_variants if label.startswith("rope ")]
+    assert {label for label, _ in variants} == {"rope default", "rope linear", "rope dynamic", "rope longrope", "rope llama3"}
+    for label, changes in variants:
+        assert shrunk_config(config, changes).rope_parameters["rope_type"] == label.split()[1], label
