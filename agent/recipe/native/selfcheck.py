@@ -145,17 +145,22 @@ def routers(model) -> list:
 
 
 class Incremental:
-    """transformers' logits of each sequence as it decodes: one cache per sequence, the new tokens only."""
+    """transformers' logits of each sequence as it decodes: one cache per sequence, the new tokens only, and one
+    copy of the model per sequence (a dynamic rope keeps the longest length it has seen: sequences decoded
+    side by side in one model would share it)."""
 
     def __init__(self, model, rows: int):
-        self.model, self.caches, self.seen = model, [None] * rows, [0] * rows
+        import copy
+
+        self.models = [model] + [copy.deepcopy(model) for _ in range(rows - 1)]
+        self.caches, self.seen = [None] * rows, [0] * rows
 
     def logits(self, row: int, tokens: list[int]):
         import torch
 
         new = tokens[self.seen[row]:]
         with torch.no_grad():
-            out = self.model(input_ids=torch.tensor([new]), past_key_values=self.caches[row], use_cache=True)
+            out = self.models[row](input_ids=torch.tensor([new]), past_key_values=self.caches[row], use_cache=True)
         self.caches[row], self.seen[row] = out.past_key_values, len(tokens)
         return out.logits[0, -1].float()
 
