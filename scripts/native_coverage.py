@@ -5,7 +5,7 @@
 
 Without TYPE: every model type of the installed transformers' MODEL_FOR_CAUSAL_LM_MAPPING_NAMES. For each,
 on transformers' default config of the type (as `migrator run --target framework` sees a checkpoint's
-config.json): agent.recipe.native.features.derive reads the architecture from its code, or names the layer
+config.json): agent.recipe.native.compose.derive picks the architecture's parts from its code, or names the layer
 kind it does not write (NotNative: kind, reason); a derived type's file is rendered and held to
 transformers in float32 under the npu stand-in (agent.recipe.native.selfcheck: a packed prefill of
 prompts of unequal length and decode steps on a paged cache), as the generator does before it writes one. Each row ends in
@@ -62,8 +62,9 @@ DERIVE_MEMORY_BYTES = 8 << 30
 
 def derive_one(model_type: str, folder: Path) -> dict:
     """One row: derive the type's features and render its native file into `folder` (in this process)."""
+    from agent.recipe.native.compose import derive
     from agent.recipe.native.decide import render_native
-    from agent.recipe.native.features import NotNative, derive
+    from agent.recipe.native.not_native import NotNative
 
     config = default_config(model_type)
     if config is None:
@@ -77,8 +78,9 @@ def derive_one(model_type: str, folder: Path) -> dict:
                 "reason": f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"}
     path = folder / f"modeling_{model_type}.py"
     path.write_text(render_native(ctx_for(model_type), features))
-    return {"type": model_type, "result": "native", "moe": features.moe is not None, "mla": bool(features.mla),
-            "sliding": features.sliding, "not_fused": list(features.unfused), "file": str(path)}
+    return {"type": model_type, "result": "native", "parts": features.parts, "moe": "moe" in features.parts,
+            "mla": features.parts.get("attention") == "mla", "sliding": bool(features.options.get("WINDOWS")),
+            "not_fused": list(features.unfused), "file": str(path)}
 
 
 def _limited() -> None:

@@ -52,6 +52,19 @@ if not os.environ.get("MIGRATOR_TEST_CHECKOUT_LINKED"):
     _this_checkout_in_every_subprocess()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def native_files_pyflakes_clean():
+    """pyflakes on every native modeling file the session's tests wrote (tests/support/native_files.py)."""
+    import native_files
+
+    patch = pytest.MonkeyPatch()
+    native_files.recording(patch)
+    yield
+    patch.undo()
+    found = native_files.findings()
+    assert not found, "pyflakes in generated native files: " + "; ".join(found[:20])
+
+
 E2E = Path(__file__).resolve().parent / "e2e"
 
 

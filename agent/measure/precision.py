@@ -28,9 +28,9 @@ layer's median over the sequence, the larger), never below FLOOR[dtype] of the l
 tie taken is listed (`routing_ties`); a routing that is wrong (weights not renormalised, another top-k)
 moves every position, not a tie's, and fails.
 
-THE TOLERANCE RULE (the one place it is defined): at each step, NOISE_FACTOR times the largest
-|logit| difference between transformers' own model in the recipe's dtype and in float32 on that
-prefix — the rounding that dtype causes there — and never below FLOOR[dtype] of the largest float32
+THE TOLERANCE RULE (agent.precision_rule holds it, shared with the native self-check): at each step,
+NOISE_FACTOR times the largest |logit| difference between transformers' own model in the recipe's dtype and
+in float32 on that prefix — the rounding that dtype causes there — and never below FLOOR[dtype] of the largest float32
 |logit| (float32 runs: arithmetic order only). A run tensor parallel N > 1 ways (the YAML's
 attn_tp_size, else its ranks) also rounds where its tensor parallelism reduces: each row-parallel
 projection is N partial products, each rounded to the run's dtype, summed in it. So transformers' own
@@ -70,12 +70,11 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent.precision_rule import FLOOR, NOISE_FACTOR, tolerance  # noqa: F401 - the rule, read here by its users
 from engine import defaults
 from engine.safe_load import loads_json
 from engine.safe_write import tree_of
 
-NOISE_FACTOR = 2.0
-FLOOR = {"float32": 1e-4, "float16": 1e-3, "bfloat16": 1e-3}
 LAYER_FLOOR = {"float32": 1e-4, "float16": 5e-3, "bfloat16": 5e-3}
 ROUTING_SEARCH_BUDGET = 256      # float32 forwards with a tie resolved the other way, per request
 RECORD_ENV = "MIGRATOR_PRECISION_RECORD"
@@ -85,11 +84,6 @@ RULE = (f"step k passes when the recipe's token is transformers' argmax on the s
         f"(N > 1 ranks: the larger of that and the same with its row-parallel projections as N partial sums, and "
         f"E > 1 expert-parallel ranks: its MoE experts as E per-rank partial sums, in the run dtype), floor x max "
         f"|float32 logit|); a sparse-MoE model's routing ties may be resolved either way (agent.measure.precision)")
-
-
-def tolerance(own_move: float, scale: float, dtype: str) -> float:
-    """The logits tolerance at one step (see the module docs)."""
-    return max(NOISE_FACTOR * own_move, FLOOR.get(dtype, FLOOR["bfloat16"]) * scale)
 
 
 def layer_tolerance(own_move: float, dtype: str) -> float:
@@ -243,13 +237,13 @@ def _decoder_layers(model):
 class Routing:
     """The sparse-MoE routing of a transformers model, seen and steered at each block's experts call
     (hidden states, top-k index, top-k weights): per MoE layer, every position's selection scores
-    (agent.recipe.native.moe_features.selection under the gating probed from the block) and the gap
+    (agent.recipe.native.parts.moe.selection under the gating probed from the block) and the gap
     between the k-th and the next; at the (layer, position) pairs of `forced`, the k-th expert
     exchanged for the best one left out, the weights by the gating's formula. None of it for a model
     without sparse-MoE blocks, or with a gating the probe does not recognise."""
 
     def __init__(self, model, layers):
-        from agent.recipe.native.moe_features import moe_block, gating_of
+        from agent.recipe.native.parts.moe import moe_block, gating_of
 
         self.gating, self.blocks, self.forced, self.seen = None, [], {}, {}
         if not any(moe_block(layer) for layer in layers):
@@ -267,7 +261,7 @@ class Routing:
     def _hook(self, layer: int, block):
         import torch
 
-        from agent.recipe.native.moe_features import reference_gating, selection
+        from agent.recipe.native.parts.moe import reference_gating, selection
 
         g = self.gating
         router = getattr(block, g["router_name"])

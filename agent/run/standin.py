@@ -22,11 +22,12 @@ RECORD_DIR = "standin"
 # Settings of the published checkpoints a recipe's code relies on that transformers' defaults lack:
 # DeepSeek-V3/R1's config.json has YaRN rope scaling, which its modeling code reads (rope_scaling["factor"]);
 # the tiny one scales 128 positions to its 512. Its attention keeps the KV caches in FRACTAL_NZ, 16-wide
-# blocks (KV_CACHE_NZ_DIM = 16 in modeling_deepseek.py): the latent and rope widths are multiples of 16. Its
+# blocks (KV_CACHE_NZ_DIM = 16 in modeling_deepseek.py): the latent and rope widths are multiples of 16, and the
+# rope width is the published 64, the one npu_interleave_rope takes (torch_npu documents D == 64). Its
 # key heads are its query heads (num_key_value_heads = num_attention_heads, as the published config: MLA has
 # one latent; transformers' eager attention repeats MLA's per-head keys by heads // num_key_value_heads).
 TINY_SETTINGS = {
-    "deepseek_v3": {"kv_lora_rank": 32, "qk_rope_head_dim": 16, "num_key_value_heads": 4, "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+    "deepseek_v3": {"kv_lora_rank": 32, "qk_rope_head_dim": 64, "num_key_value_heads": 4, "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                                         "original_max_position_embeddings": 128, "beta_fast": 32.0,
                                         "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}},
 }

@@ -91,5 +91,10 @@ def _interleave_rope_fake(x, cos, sin):
            fake=_interleave_rope_fake)
 def npu_interleave_rope(x, cos, sin):
     b, n, s, d = x.shape
+    # torch_npu's documented constraints (Ascend Extension for PyTorch 7.0.0 API reference,
+    # torch_npu.npu_interleave_rope, ptaoplist_002369): D of x, cos and sin must equal 64; N of cos / sin is 1
+    if (d, cos.shape[-1], sin.shape[-1]) != (64, 64, 64) or cos.shape[1] != 1 or sin.shape[1] != 1:
+        raise ValueError(f"npu_interleave_rope: x, cos and sin need a last dim (D) of 64 and cos / sin one head (N 1) "
+                         f"(got x {tuple(x.shape)}, cos {tuple(cos.shape)}, sin {tuple(sin.shape)})")
     q = x.float().reshape(b, n, s, d // 2, 2).transpose(-1, -2).reshape(b, n, s, d)
     return (q * cos.float() + _rotate_half(q) * sin.float()).to(x.dtype)

@@ -79,12 +79,12 @@ def test_a_decode_only_fault_in_upstreams_qwen_is_exit_1_naming_a_decode_step(tm
 
 # ---- the framework model this tool writes ------------------------------------------------------
 FRAMEWORK_FAULTS = {
-    # our native framework model (templates/framework/native/modeling.py.j2), faults in its decode step only:
-    # the decode attends to the 8 slots past each sequence (nothing written there)
-    "mask": ("            mask, sparse_mode = (forward_metadata.attention_mask, 3) if is_prefill else (None, 0)\n",
-             "            mask, sparse_mode = (forward_metadata.attention_mask, 3) if is_prefill else (None, 0)\n"
-             "            if not is_prefill:\n"
-             "                actual_seq_kvlen = actual_seq_kvlen + 8\n"),
+    # our native framework model (agent/recipe/native/parts/code: its fused attention and skeleton), faults in
+    # its decode step only: the decode attends to the 8 slots past each sequence (nothing written there)
+    "mask": ("        mask, sparse_mode = (forward_metadata.attention_mask, 3) if is_prefill else (None, 0)\n",
+             "        mask, sparse_mode = (forward_metadata.attention_mask, 3) if is_prefill else (None, 0)\n"
+             "        if not is_prefill:\n"
+             "            actual_seq_kvlen = actual_seq_kvlen + 8\n"),
     # a decode step writes its key and value one slot on
     "cache_slot": ("        slots = forward_metadata.slot_mapping[self.attn_type].view(-1)[:q_len].view(-1, 1)\n",
                    "        slots = forward_metadata.slot_mapping[self.attn_type].view(-1)[:q_len].view(-1, 1)\n"
@@ -94,8 +94,8 @@ FRAMEWORK_FAULTS = {
     "position": ("        position_ids = position_ids.view(-1).long()\n",
                  "        position_ids = position_ids.view(-1).long() + (0 if forward_metadata.is_prefill else 1)\n"),
     # a decode step scales the scores by 1/head_dim instead of 1/sqrt(head_dim)
-    "scale": ('                softmax_scale=self.scaling, input_layout="TND", sparse_mode=sparse_mode, atten_mask=mask,\n',
-              '                softmax_scale=self.scaling if is_prefill else self.head_dim ** -1.0, input_layout="TND",'
+    "scale": ('            softmax_scale=self.scaling, input_layout="TND", sparse_mode=sparse_mode, atten_mask=mask,\n',
+              '            softmax_scale=self.scaling if is_prefill else self.head_dim ** -1.0, input_layout="TND",'
               ' sparse_mode=sparse_mode, atten_mask=mask,\n'),
 }
 DEFAULT_FRAMEWORK_FAULT = "position"
@@ -140,7 +140,7 @@ def test_a_decode_only_fault_in_our_framework_model_is_exit_1_naming_a_decode_st
 
 
 # ---- a wrong routing in our native MoE model fails (routing ties resolved either way do not excuse it) ----
-# fault -> (old text, new text) in the native mixtral's sparse-MoE block (templates/framework/native/moe.py.j2)
+# fault -> (old text, new text) in the native mixtral's sparse-MoE block (agent/recipe/native/parts/code/moe.py)
 MOE_FAULTS = {
     "renormalisation dropped": ("        weights = weights / weights.sum(dim=-1, keepdim=True)\n", ""),
     "top-1 routing of a top-2 model": ("npu_moe_gating_top_k_softmax(logits, None, k=self.top_k)",

@@ -1,11 +1,13 @@
-"""The generated sparse-MoE block (templates/framework/native/moe.py.j2) against transformers' own MoE
-block on a shrunk config, fp32, under the stand-in's reference kernels (torch.ops.npu, their torch_npu
+"""The generated sparse-MoE block (agent/recipe/native/parts/code/moe.py, written by
+agent.recipe.native.parts.moe.render_moe) against transformers' own MoE block on a shrunk config, fp32, under the stand-in's reference kernels (torch.ops.npu, their torch_npu
 schemas). Used in-process by tests/unit/agent/recipe/native/test_moe_features.py and, as a script, by its 2-rank run:
 
     python -m torch.distributed.run --nproc-per-node=2 tests/support/native_moe_harness.py CASE OUT.json
 
 The checkpoint tensors are the ones transformers writes (save_pretrained's `revert_weight_conversion` turns
-its fused 3-D experts back into the checkpoint's per-expert names), loaded through the block's own load_weights."""
+its fused 3-D experts back into the checkpoint's per-expert names, and its block under the checkpoint's name,
+which the native file's transformers renames, agent.recipe.native.parts.model.checkpoint_renames, turn back),
+loaded through the block's own load_weights."""
 
 from __future__ import annotations
 
@@ -99,14 +101,17 @@ def shrunk_config(case: str):
 
 def reference(case: str, seed: int = 0, fused_names: bool = False):
     """(config, transformers' MoE block of the first sparse layer, the checkpoint's tensors of that block
-    named relative to it, features)."""
+    named relative to it, the block's facts: agent.recipe.native.parts.moe.derive_moe)."""
+    import re
+
     from transformers import AutoModelForCausalLM
     from transformers.core_model_loading import revert_weight_conversion
 
-    from agent.recipe.native.moe_features import derive_moe
+    from agent.recipe.native.parts.model import checkpoint_renames
+    from agent.recipe.native.parts.moe import derive_moe
 
     config = shrunk_config(case)
-    features = derive_moe(config)
+    facts = derive_moe(config)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     with torch.no_grad():
@@ -115,14 +120,20 @@ def reference(case: str, seed: int = 0, fused_names: bool = False):
         for name, b in model.named_buffers():
             if name.endswith("e_score_correction_bias"):
                 b.copy_(torch.rand(b.shape) * 0.3)
-    layer = features.sparse_layers[0]
-    block = getattr(model.model.layers[layer], features.block_name)
+    layer = facts["sparse_layers"][0]
+    block = getattr(model.model.layers[layer], facts["block_name"])
     # what save_pretrained writes (its fused experts turned back into the checkpoint's names), on every
-    # rank (save_pretrained itself writes on one rank only under torch.distributed)
+    # rank (save_pretrained itself writes on one rank only under torch.distributed); renamed as the file does
     tensors = dict(model.state_dict()) if fused_names else revert_weight_conversion(model, dict(model.state_dict()))
-    prefix = f"model.layers.{layer}.{features.block_name if fused_names else features.ckpt_block_name}."
-    checkpoint = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
-    return config, block, checkpoint, features
+    renames = checkpoint_renames(config.model_type)
+
+    def renamed(name):
+        for pattern, replacement in renames:
+            name = re.sub(pattern, replacement, name, count=1)
+        return name
+    prefix = f"model.layers.{layer}.{facts['block_name']}."
+    checkpoint = {renamed(k)[len(prefix):]: v for k, v in tensors.items() if renamed(k).startswith(prefix)}
+    return config, block, checkpoint, facts
 
 
 def load_generated(source: str, name: str):
@@ -158,8 +169,9 @@ def infer_config(moe_tp_size: int = 1, world_size: int | None = None, attn_tp_si
 
 def run(case: str, *, features=None, source_edit=None, checkpoint_edit=None, moe_tp_size: int = 1,
         tokens: int = TOKENS, fused_names: bool = False) -> dict:
-    """Ours against transformers' block on the same tokens: {"max_abs", "rel", "ops"}."""
-    from agent.recipe.native.moe_features import render_moe
+    """Ours against transformers' block on the same tokens: {"max_abs", "rel", "ops"}; `features`: facts to
+    write the block from in place of the derived ones."""
+    from agent.recipe.native.parts.moe import render_moe
 
     config, block, checkpoint, derived = reference(case, fused_names=fused_names)
     features = features or derived

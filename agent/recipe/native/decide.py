@@ -1,6 +1,8 @@
-"""Native or adapter: derive the architecture's features, write the native file, hold it to
-transformers (agent.recipe.native.selfcheck, in a stand-in subprocess); any step that fails keeps the
-adapter, with the layer kind and the reason."""
+"""Native or adapter: derive the architecture's parts (agent.recipe.native.compose), write the native file from
+them (agent.recipe.native.assemble), hold it to transformers (agent.recipe.native.selfcheck, in a stand-in
+subprocess) on the checkpoint's config in float32 and in the run dtype, and on the family's other settings
+the file reads from the config (another rope type, biases, tied embeddings, the MoE layout: `checked_variants`);
+any step that fails keeps the adapter, with the layer kind and the reason."""
 
 from __future__ import annotations
 
@@ -13,9 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.safe_load import loads_json
-from agent.recipe.native.features import NativeFeatures, NotNative, derive
+from agent.recipe.native.assemble import CODE_DIR, write
+from agent.recipe.native.compose import derive
+from agent.recipe.native.not_native import NotNative
+from agent.recipe.native.parts import Composition
 
-TEMPLATE = "framework/native/modeling.py.j2"
 SELFCHECK_TIMEOUT_S = 600
 _decisions: dict[str, "NativeDecision"] = {}
 
@@ -23,51 +27,32 @@ _decisions: dict[str, "NativeDecision"] = {}
 @dataclass(frozen=True)
 class NativeDecision:
     native: bool
-    features: NativeFeatures | None = None
+    features: Composition | None = None   # the parts chosen for the architecture
     kind: str | None = None          # the layer kind that fell back
     reason: str | None = None
-    max_rel: float | None = None     # the self-check's largest logit difference, relative
+    max_rel: float | None = None     # the self-check's largest logit difference (float32), relative
 
     def summary(self) -> dict:
         """What the report and README say."""
         if self.native:
-            return {"native": True, "selfcheck_max_rel": self.max_rel, "fused": list(self.features.fused),
-                    "not_fused": list(self.features.unfused)}
+            return {"native": True, "selfcheck_max_rel": self.max_rel, "parts": dict(self.features.parts),
+                    "serves": [label for label, _ in self.features.checked_variants],
+                    "fused": list(self.features.fused), "not_fused": list(self.features.unfused)}
         return {"native": False, "fell_back": self.kind, "reason": self.reason}
 
 
-def class_prefix(framework_class: str) -> str:
-    return framework_class.removesuffix("ForCausalLM") or framework_class
+def native_context(ctx: dict, features: Composition) -> dict:
+    """What the framework target's render adds for the native model: its file's text."""
+    return {"native_source": render_native(ctx, features)}
 
 
-def native_context(ctx: dict, features: NativeFeatures) -> dict:
-    """What the native template reads beyond the framework target's context."""
-    return {"native": features, "class_prefix": class_prefix(ctx["framework_class"]),
-            "qkv_name": "qkv_proj" if features.fused_qkv else "merged_qkv_proj",
-            "native_source_header": native_header(ctx)}
-
-
-def native_header(ctx: dict) -> str:
-    from agent.migrate import provenance
-
-    what = (f"{ctx['model_name']}: {ctx.get('architecture') or ctx['model_name']} for cann-recipes-infer's executor, "
-            "written by infer-migrator's native generator from the transformers code below")
-    if not ctx.get("modeling_module"):
-        return f"# coding=utf-8\n# {what}\n"
-    prov = provenance.of_vendored_model(str(ctx["modeling_module"]), ctx.get("transformers_version"),
-                                        ctx.get("model_source"), ctx.get("model_path"))
-    return provenance.header_text(prov, what)
-
-
-def render_native(ctx: dict, features: NativeFeatures) -> str:
-    from agent.recipe.templating import environment
-
-    return environment().get_template(TEMPLATE).render(**{**ctx, **native_context(ctx, features)})
+def render_native(ctx: dict, features: Composition) -> str:
+    return write(features, ctx)
 
 
 def selfcheck(jobs: list[dict], checkout: Path, timeout: float = SELFCHECK_TIMEOUT_S) -> list[dict]:
-    """Run agent.recipe.native.selfcheck on `jobs` ({"config", "file", "class_name"}) under the stand-in,
-    the checkout's module/ and executor/ importable."""
+    """Run agent.recipe.native.selfcheck on `jobs` ({"config", "file", "class_name"}, optional "changes", "dtype")
+    under the stand-in, the checkout's module/ and executor/ importable."""
     from agent.child_failure import child_failure
     from agent.processes import owned_temp, run_tree
     from npu_standin.environment import standin_env
@@ -94,17 +79,39 @@ def selfcheck(jobs: list[dict], checkout: Path, timeout: float = SELFCHECK_TIMEO
     return loads_json(line[len("SELFCHECK "):], "the self-check's answer")
 
 
-def checked(ctx: dict, config: dict, features: NativeFeatures, checkout: Path) -> NativeDecision:
-    """The native file of `features` held to transformers on `config`'s shrunk copy."""
+def selfcheck_jobs(config: dict, composition: Composition, file: str, class_name: str) -> list[tuple[str, dict]]:
+    """(label, job): the checkpoint's config in float32 and in the run dtype, then each of the family's settings
+    the file reads from the config, in float32."""
+    from agent.recipe.native.selfcheck import RUN_DTYPE
+
+    base = {"config": config, "file": file, "class_name": class_name}
+    jobs = [("the checkpoint's config", {**base, "dtype": "float32"}),
+            (f"the checkpoint's config in {RUN_DTYPE}", {**base, "dtype": RUN_DTYPE})]
+    return jobs + [(label, {**base, "changes": changes, "dtype": "float32"})
+                   for label, changes in composition.checked_variants]
+
+
+def checked(ctx: dict, config: dict, composition: Composition, checkout: Path) -> NativeDecision:
+    """The native file of `composition` held to transformers on `config`'s shrunk copy and its variants."""
     from agent.processes import owned_temp
 
     with owned_temp("native_model") as tmp:
         path = Path(tmp) / f"modeling_{ctx['model_name']}.py"
-        path.write_text(render_native(ctx, features))
-        result = selfcheck([{"config": config, "file": str(path), "class_name": ctx["framework_class"]}], checkout)[0]
-    if not result["ok"]:
-        return NativeDecision(False, features, "self-check", result["reason"])
-    return NativeDecision(True, features, max_rel=result["max_rel"])
+        path.write_text(render_native(ctx, composition))
+        labelled = selfcheck_jobs(config, composition, str(path), ctx["framework_class"])
+        results = selfcheck([job for _, job in labelled], checkout)
+    for (label, _), result in zip(labelled, results):
+        if not result["ok"]:
+            return NativeDecision(False, composition, "self-check", f"{label}: {result['reason']}")
+    return NativeDecision(True, composition, max_rel=results[0]["max_rel"])
+
+
+def _generator_hash() -> str:
+    """The code files' text: a decision is remembered for one version of the generator."""
+    digest = hashlib.sha256()
+    for path in sorted(CODE_DIR.glob("*.py")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 def type_note(model_type: str) -> str:
@@ -128,11 +135,9 @@ def decide(ctx: dict, config: dict, checkout: Path | None) -> NativeDecision:
     """Native or not for the architecture of `config` (a checkpoint's config.json), once per
     configuration and generator in this process."""
     from agent.migrate.provenance import REMOTE_PACKAGE
-    from agent.paths import templates_dir
 
     key = hashlib.sha256(json.dumps([config, ctx.get("model_name"), ctx.get("framework_class"), str(checkout),
-                                     (templates_dir() / TEMPLATE).read_text()], sort_keys=True, default=str)
-                         .encode()).hexdigest()
+                                     _generator_hash()], sort_keys=True, default=str).encode()).hexdigest()
     if key in _decisions:
         return _decisions[key]
     if str(ctx.get("modeling_module") or "").startswith(REMOTE_PACKAGE + "."):
@@ -142,13 +147,13 @@ def decide(ctx: dict, config: dict, checkout: Path | None) -> NativeDecision:
         decision = NativeDecision(False, kind="model", reason="no cann-recipes-infer checkout to check the native file in")
     else:
         try:
-            features = derive(config)
+            composition = derive(config)
         except NotNative as exc:
-            features, decision = None, NativeDecision(False, kind=exc.kind, reason=exc.reason)
+            composition, decision = None, NativeDecision(False, kind=exc.kind, reason=exc.reason)
         except Exception as exc:  # noqa: BLE001 - transformers' own code failed under a probe: not recognised
             text = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
-            features, decision = None, NativeDecision(False, kind="model", reason=f"the architecture's probe failed ({text})")
-        if features is not None:
-            decision = checked(ctx, config, features, checkout)
+            composition, decision = None, NativeDecision(False, kind="model", reason=f"the architecture's probe failed ({text})")
+        if composition is not None:
+            decision = checked(ctx, config, composition, checkout)
     _decisions[key] = decision
     return decision

@@ -1,5 +1,6 @@
-"""The native generator's one fall-back answer, for every layer kind (agent.recipe.native.features and the
-per-kind readers it consults, mla_features / moe_features, raise it; decide keeps the adapter on it)."""
+"""The native generator's one fall-back answer, for every layer kind (the parts' probes under
+agent.recipe.native.parts raise it; agent.recipe.native.compose names the slot no part takes; decide keeps the
+adapter on it)."""
 
 
 class NotNative(Exception):

@@ -185,14 +185,23 @@ def test_apply_rotary_pos_emb_refuses_undocumented_mode_in_one_line(capsys):
 
 
 def test_interleave_rope_matches_naive_loop():
-    x = torch.randn(1, 2, 3, 8)
-    cos, sin = torch.randn(1, 1, 3, 8), torch.randn(1, 1, 3, 8)
+    x = torch.randn(1, 2, 3, 64)
+    cos, sin = torch.randn(1, 1, 3, 64), torch.randn(1, 1, 3, 64)
     q = torch.empty_like(x)
-    for i in range(4):                       # even positions first, then odd
+    for i in range(32):                      # even positions first, then odd
         q[..., i] = x[..., 2 * i]
-        q[..., 4 + i] = x[..., 2 * i + 1]
-    rot = torch.cat((-q[..., 4:], q[..., :4]), dim=-1)
+        q[..., 32 + i] = x[..., 2 * i + 1]
+    rot = torch.cat((-q[..., 32:], q[..., :32]), dim=-1)
     torch.testing.assert_close(ops().npu_interleave_rope(x, cos, sin), q * cos + rot * sin)
+
+
+def test_interleave_rope_refuses_what_the_npu_kernel_does_not_take():
+    """torch_npu documents D == 64 for x, cos and sin, and one head of cos / sin: another width fails here as on
+    the NPU, not only at a trial on one."""
+    with pytest.raises(ValueError, match="need a last dim \\(D\\) of 64"):
+        ops().npu_interleave_rope(torch.randn(1, 2, 3, 16), torch.randn(1, 1, 3, 16), torch.randn(1, 1, 3, 16))
+    with pytest.raises(ValueError, match="one head"):
+        ops().npu_interleave_rope(torch.randn(1, 2, 3, 64), torch.randn(1, 2, 3, 64), torch.randn(1, 2, 3, 64))
 
 
 # ---- cache updates ------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""The NPU-native multi-head latent attention (agent/recipe/native/mla_features.py, templates/framework/native/
-mla.py.j2) of DeepSeek-V3-shaped models, every layer dense (first_k_dense_replace >= num_hidden_layers: the
+"""The NPU-native multi-head latent attention (agent/recipe/native/parts/mla.py, its code
+parts/code/attention_mla.py) of DeepSeek-V3-shaped models, every layer dense (first_k_dense_replace >= num_hidden_layers: the
 MoE block is tests/unit/agent/recipe/native/test_moe_features.py's).
 
 Default suite, in-process (the stand-in's reference kernels as torch_npu, upstream's module/ and executor/
@@ -24,7 +24,8 @@ import pytest
 import yaml
 
 import native_moe_harness as harness
-from agent.recipe.native.features import NotNative, derive
+from agent.recipe.native.compose import derive
+from agent.recipe.native.not_native import NotNative
 
 YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 128,
         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
@@ -61,9 +62,8 @@ EXPECTED = {
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_mla_facts_are_read_from_the_attention_module(features, case):
-    mla = features[case].mla
-    assert mla is not None, case
-    got = mla.as_dict()
+    assert features[case].parts["attention"] == "mla", case
+    got = features[case]["attention"].facts
     assert {k: got[k] for k in EXPECTED[case]} == EXPECTED[case]
     fused = " ".join(features[case].fused)
     for op in ("npu_kv_rmsnorm_rope_cache_v2", "npu_interleave_rope", "npu_fused_infer_attention_score_v2",
@@ -71,9 +71,9 @@ def test_mla_facts_are_read_from_the_attention_module(features, case):
         assert op in fused, (case, op)
     assert "npu_scatter_nd_update_" not in fused and "npu_apply_rotary_pos_emb" not in fused
     # the prolog computes the q LoRA and has no biases: used where both hold
-    assert ("npu_mla_prolog_v3 (" in fused) is (mla.q_lora and not mla.q_a_bias)
+    assert ("npu_mla_prolog_v3 (" in fused) is (got["q_lora"] and not got["q_a_bias"])
     # the MoE layers' kernel chain only where the model has them
-    assert ("npu_moe_init_routing_v2" in fused) is (features[case].moe is not None) is (case == "with_moe")
+    assert ("npu_moe_init_routing_v2" in fused) is ("moe" in features[case].parts) is (case == "with_moe")
 
 
 def test_the_probe_tells_the_candidates_apart():
@@ -81,8 +81,8 @@ def test_the_probe_tells_the_candidates_apart():
     import torch
     from transformers import AutoModelForCausalLM
 
-    from agent.recipe.native import mla_features
-    from agent.recipe.native.features import shrunk_config
+    from agent.recipe.native.parts import mla as mla_features
+    from agent.recipe.native.parts.probe import shrunk_config
 
     config = shrunk_config(mla_config("yarn"))
     torch.manual_seed(0)
@@ -100,25 +100,26 @@ def test_the_probe_tells_the_candidates_apart():
     assert all(err > 1e-3 * scale for key, err in errors.items() if key != ("interleave", "yarn_mscale")), errors
 
 
-def test_mla_variants_the_kernels_do_not_compute_fall_back_with_the_attention_kind():
+def test_mla_variants_the_kernels_do_not_compute_fall_back_with_the_attention_kind(monkeypatch):
     """A latent attention with an extra module (DeepSeek-V3.2's sparse `indexer`) or a q_a_layernorm that
     scales by 1 + w is not written natively: the layer kind and the reason."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from agent.recipe.native import mla_features
-    from agent.recipe.native.features import _probe_norm, shrunk_config
+    from agent.recipe.native.parts import mla as mla_features
+    from agent.recipe.native.parts.probe import shrunk_config
 
     config = shrunk_config(mla_config("deepseek_v3"))
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     layers = list(model.model.layers)
     layers[0].self_attn.indexer = torch.nn.Linear(4, 4)
     with pytest.raises(NotNative, match="indexer") as caught:
-        mla_features.derive_mla(config, layers, model, _probe_norm)
+        mla_features.derive_mla(config, layers, model)
     assert caught.value.kind == "attention"
     del layers[0].self_attn.indexer
+    monkeypatch.setattr(mla_features, "probe_norm", lambda norm, width: 1.0)
     with pytest.raises(NotNative, match="1 \\+ w"):
-        mla_features.derive_mla(config, layers, model, lambda norm, width: 1.0)
+        mla_features.derive_mla(config, layers, model)
 
 
 # ---- the written file against transformers (fp32, in-process), and faults that must fail --------------
@@ -171,7 +172,9 @@ def test_native_mla_file_matches_transformers_per_step_and_every_fault_fails(che
         print(f"{case}: native MLA, prefill + decode logits within {result['max_rel']:.1e} of transformers (fp32)")
     for case, what, _, _ in FAULTS:
         result = results[(what, case)]
-        assert not result["ok"] and "differ from transformers" in result["reason"], (what, result)
+        # (the checkpoint's own widths: a fault that mixes nope and rope dims may fail on their shapes)
+        assert not result["ok"] and ("differ from transformers" in result["reason"] or "Error" in result["reason"]), \
+            (what, result)
     # the file is upstream-shaped: its layers, the MLA cache kinds and kernels, no transformers runtime
     text = checked["texts"]["deepseek_v3"]
     for needed in ("ReplicatedLinear(", "ColumnParallelLinear(", "RowParallelLinear(", "is_mla_backend=True",
@@ -204,7 +207,7 @@ PROMPTS = ["An attention function can be described as mapping a query and a set 
 
 
 def _migrated_mla(tmp_path_factory, name: str, first_k_dense_replace: int) -> dict:
-    """A tiny deepseek_v3 checkpoint (the --tiny settings: 16-wide NZ latent / rope, YaRN) migrated by the
+    """A tiny deepseek_v3 checkpoint (the --tiny settings: 32-wide NZ latent, the published 64-wide rope, YaRN) migrated by the
     framework target into a copy of the snapshot; dense up to layer `first_k_dense_replace` (2: all dense)."""
     from agent.measure import reference
     from agent.run.standin import TINY_SETTINGS
@@ -314,3 +317,51 @@ def test_native_mla_recipe_with_the_mla_prolog(mla_recipe):
     assert kernels.get("npu_mla_prolog_v3", 0) > 0 and kernels.get("npu_format_cast", 0) > 0, kernels
     print(f"NATIVE-TABLE deepseek_v3 (MLA, dense, enable_mla_prolog) ranks=1 ok={parity['ok']} "
           f"closest={parity.get('closest')} decode_steps={parity.get('decode_steps_checked')}")
+
+
+# ---- the run dtype and the kernels' own widths (issue 42 item 5) -----------------------------------------
+NZ_FAULT = ("c0 = 32 // self.nope_cache.element_size()", "c0 = 8")
+
+
+@pytest.fixture(scope="module")
+def run_dtype_checked(tmp_path_factory):
+    """deepseek_v3 (every layer dense) in float32 and bfloat16; a file whose NZ view of the latent cache is
+    float32's in every dtype; a checkpoint whose rope width (8) the PA_NZ cache kernel does not take in bfloat16."""
+    from agent.recipe.native.decide import render_native, selfcheck
+    from agent.recipe.native.selfcheck import RUN_DTYPE
+
+    if not harness.UPSTREAM.is_dir():
+        pytest.skip(f"no upstream snapshot at {harness.UPSTREAM}")
+    folder = tmp_path_factory.mktemp("native_mla_dtype")
+    narrow = {**mla_config("deepseek_v3"), "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "kv_lora_rank": 16,
+              "head_dim": 8}
+    cases = {}
+    for name, config in (("deepseek_v3", mla_config("deepseek_v3")), ("narrow_rope", narrow)):
+        text = render_native(CTX, derive(config))
+        (folder / f"{name}.py").write_text(text)
+        cases[name] = (config, folder / f"{name}.py")
+        if name == "deepseek_v3":
+            assert text.count(NZ_FAULT[0]) == 1
+            (folder / "nz_fault.py").write_text(text.replace(*NZ_FAULT))
+            cases["nz_fault"] = (config, folder / "nz_fault.py")
+    labels = [(name, dtype) for name in cases for dtype in ("float32", RUN_DTYPE)]
+    jobs = [{"config": cases[name][0], "file": str(cases[name][1]), "class_name": CTX["framework_class"], "dtype": dtype}
+            for name, dtype in labels]
+    return dict(zip(labels, selfcheck(jobs, harness.UPSTREAM)))
+
+
+def test_the_run_dtype_and_the_kernels_widths_fail_what_float32_passes(run_dtype_checked):
+    """The MLA file in bfloat16 within the verdict's tolerance; a file correct in float32 only (the latent
+    cache's NZ inner block taken as float32's) fails the self-check in the run dtype; a checkpoint whose rope
+    width the kernels do not take (8: the maintainer's failed trial) fails it too."""
+    from agent.recipe.native.selfcheck import RUN_DTYPE
+
+    results = run_dtype_checked
+    assert results[("deepseek_v3", "float32")]["ok"] and results[("deepseek_v3", RUN_DTYPE)]["ok"], results
+    assert results[("nz_fault", "float32")]["ok"], results[("nz_fault", "float32")]
+    assert not results[("nz_fault", RUN_DTYPE)]["ok"]
+    # an 8-wide rope: npu_interleave_rope takes D 64 only (in every dtype), and the bfloat16 PA_NZ cache
+    # 16-wide blocks — the file would fail at its trial on an NPU
+    for dtype in ("float32", RUN_DTYPE):
+        narrow = results[("narrow_rope", dtype)]
+        assert not narrow["ok"] and "need a last dim (D) of 64" in narrow["reason"], narrow

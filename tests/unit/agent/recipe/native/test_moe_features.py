@@ -1,5 +1,5 @@
-"""The NPU-native sparse-MoE block (agent/recipe/native/moe_features.py, templates/framework/native/moe.py.j2)
-against transformers' own MoE block of each architecture on a shrunk config, fp32, under the stand-in's
+"""The NPU-native sparse-MoE block (agent/recipe/native/parts/moe.py, its code parts/code/moe.py) against
+transformers' own MoE block of each architecture on a shrunk config, fp32, under the stand-in's
 reference kernels: the same output, the kernel chain in the record, and faults that must fail.
 The harness: tests/support/native_moe_harness.py (also the 2-rank script)."""
 
@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import native_moe_harness as harness
+from agent.recipe.native.parts.part import Expr
 
 TOLERANCE = 1e-5      # relative to the output's largest magnitude: fp32, only summation order differs
 FAULT = 1e-3          # a fault moves the output by far more
@@ -31,7 +32,7 @@ def test_generated_block_matches_transformers_moe_block(case):
     _, _, _, features = harness.reference(case)
     assert result["rel"] < TOLERANCE, result
     assert result["unloaded"] == [], result
-    assert set(result["ops"]) == set(features.fused), result          # the chain each architecture runs
+    assert set(result["ops"]) == set(features["fused"]), result       # the chain each architecture runs
     assert {"npu_moe_init_routing_v2", "npu_grouped_matmul", "npu_moe_finalize_routing"} <= set(result["ops"])
 
 
@@ -45,10 +46,12 @@ def test_transformers_fused_expert_tensors_load_as_well(case):
 
 # facts each architecture's transformers code states, as the probe reads them
 FEATURES = {
-    "mixtral": dict(ckpt_block_name="block_sparse_moe", ckpt_expert_names=("w1", "w3", "w2"), scoring="softmax",
-                    renormalize=True, experts="gmm", sparse_rule="all", shared="none"),
-    "qwen3_moe_unnormalised": dict(ckpt_expert_names=("gate_proj", "up_proj", "down_proj"), renormalize=False,
-                                   router_fp32=False),
+    "mixtral": dict(ckpt_expert_names=("w1", "w3", "w2"), scoring="softmax", renormalize=True, experts="gmm",
+                    sparse_rule="all", shared=None),
+    # the renormalisation is the config's norm_topk_prob, read when the model is built
+    "qwen3_moe_unnormalised": dict(ckpt_expert_names=("gate_proj", "up_proj", "down_proj"),
+                                   renormalize=Expr("config.norm_topk_prob"), router_fp32=False,
+                                   sparse_rule="decoder_sparse_step"),
     "deepseek_v3": dict(scoring="sigmoid", selection_bias=True, groups=True, group_select="top2_sum",
                         routed_scaling=True, router_fp32=True, shared="plain", sparse_rule="first_k_dense_replace",
                         sparse_layers=(1,)),
@@ -59,23 +62,40 @@ FEATURES = {
 
 @pytest.mark.parametrize("case", sorted(FEATURES))
 def test_features_read_from_the_transformers_block(case):
-    from agent.recipe.native.moe_features import derive_moe
+    from agent.recipe.native.parts.moe import derive_moe
 
     features = derive_moe(harness.shrunk_config(case))
     for key, want in FEATURES[case].items():
-        assert getattr(features, key) == want, (key, getattr(features, key))
+        assert features[key] == want, (key, features[key])
+
+
+def test_mixtral_checkpoint_block_name_is_a_rename_of_the_skeleton():
+    """mixtral's checkpoint stores the block as block_sparse_moe: transformers' rename, the file's table."""
+    import re
+
+    from agent.recipe.native.parts.model import checkpoint_renames
+
+    def renamed(name, model_type):
+        for pattern, replacement in checkpoint_renames(model_type):
+            name = re.sub(pattern, replacement, name, count=1)
+        return name
+
+    # (transformers 5.0 states the gate's and the experts' renames apart, 5.x later one block rename)
+    for name in ("model.layers.0.block_sparse_moe.gate.weight", "model.layers.0.block_sparse_moe.experts.3.w1.weight"):
+        assert renamed(name, "mixtral") == name.replace(".block_sparse_moe.", ".mlp.")
+    assert checkpoint_renames("qwen3_moe") == ()
 
 
 def test_expert_width_is_the_config_key_that_sizes_the_experts():
     """A config carrying both widths (mixtral with a stray moe_intermediate_size): the key is the one
     transformers' experts are built from, and a checkpoint of another width is refused, not narrowed."""
-    from agent.recipe.native.moe_features import derive_moe
+    from agent.recipe.native.parts.moe import derive_moe
 
     config = harness.shrunk_config("mixtral")
     config.moe_intermediate_size = 16
     features = derive_moe(config)
-    assert features.width_key == "intermediate_size"
-    module = harness.load_generated(harness_render(features.with_changes(width_key="moe_intermediate_size")), "mixtral_w")
+    assert features["width_key"] == "intermediate_size"
+    module = harness.load_generated(harness_render({**features, "width_key": "moe_intermediate_size"}), "mixtral_w")
     block = module.MixtralSparseMoeBlock(config, harness.infer_config(), None)
     _, _, checkpoint, _ = harness.reference("mixtral")
     with pytest.raises(ValueError, match=r"experts\.0\.w[123]\.weight \(\d+, \d+\): an expert of width 16"):
@@ -85,18 +105,31 @@ def test_expert_width_is_the_config_key_that_sizes_the_experts():
 def test_sparse_layers_follow_the_configs_rule():
     from transformers import AutoConfig
 
-    from agent.recipe.native.moe_features import derive_moe
+    from agent.recipe.native.parts.moe import derive_moe
 
     config = AutoConfig.for_model("qwen3_moe", **{**harness.SHRUNK, "num_hidden_layers": 4}, num_experts=4, num_experts_per_tok=2,
                                   decoder_sparse_step=2, mlp_only_layers=[1])
     features = derive_moe(config)
-    assert features.sparse_layers == (3,) and features.sparse_rule == "decoder_sparse_step"
+    assert features["sparse_layers"] == (3,) and features["sparse_rule"] == "decoder_sparse_step"
     module = harness.load_generated(harness_render(features), "qwen3_moe_layers")
     assert [module.is_moe_layer(config, i) for i in range(4)] == [False, False, False, True]
 
 
+def test_the_layout_key_is_found_on_a_config_of_two_layers():
+    """A tiny qwen2_moe (two layers, every one sparse): the layers follow decoder_sparse_step / mlp_only_layers,
+    which the file reads (not "every layer sparse", which would refuse a checkpoint with a dense layer)."""
+    from transformers import AutoConfig
+
+    from agent.recipe.native.parts.moe import derive_moe
+
+    config = AutoConfig.for_model("qwen2_moe", **{**harness.SHRUNK, "num_hidden_layers": 2}, num_experts=4,
+                                  num_experts_per_tok=2)
+    assert len(config.layer_types) == 2
+    assert derive_moe(config)["sparse_rule"] == "decoder_sparse_step"
+
+
 def harness_render(features):
-    from agent.recipe.native.moe_features import render_moe
+    from agent.recipe.native.parts.moe import render_moe
 
     return render_moe(features)
 
@@ -131,7 +164,7 @@ def test_a_fault_in_the_generated_block_fails_the_check(fault):
     kwargs = dict(change)
     if "features" in kwargs:
         _, _, _, derived = harness.reference(case)
-        kwargs["features"] = derived.with_changes(**kwargs["features"])
+        kwargs["features"] = {**derived, **kwargs["features"]}
     if "source_edit" in kwargs:        # the edit must hit the generated text
         _, _, _, derived = harness.reference(case)
         assert kwargs["source_edit"](harness_render(derived)) != harness_render(derived), fault
@@ -139,21 +172,18 @@ def test_a_fault_in_the_generated_block_fails_the_check(fault):
     assert result["rel"] > FAULT, (fault, result)
 
 
-def test_expert_parallel_is_refused_with_keys_a_yaml_sets():
-    """Upstream derives moe_ep_size (world_size // moe_tp_size): the advice names moe_tp_size, which a YAML sets.
-    The table of layouts: tests/unit/agent/recipe/native/test_parallel_layouts.py."""
-    from agent.recipe.native.moe_features import derive_moe
+def test_expert_parallel_is_refused_with_what_to_set():
+    from agent.recipe.native.parts.moe import derive_moe
 
     config = harness.shrunk_config("mixtral")
     module = harness.load_generated(harness_render(derive_moe(config)), "mixtral_ep")
-    with pytest.raises(ValueError, match=r"moe_tp_size 1 at world_size 2: .* set attn_tp_size and moe_tp_size to "
-                                         r"world_size \(2\)") as caught:
-        module.MixtralSparseMoeBlock(config, harness.infer_config(moe_tp_size=1, world_size=2), None)
-    assert "moe_ep_size:" not in str(caught.value)
+    with pytest.raises(ValueError, match=r"moe_ep_size 2 \(world_size // moe_tp_size\): .* set moe_tp_size to world_size"):
+        module.MixtralSparseMoeBlock(config, harness.infer_config(moe_ep_size=2), None)
 
 
 def test_a_routing_no_op_expresses_is_not_native():
-    from agent.recipe.native.moe_features import NotNative, _probe_gating
+    from agent.recipe.native.not_native import NotNative
+    from agent.recipe.native.parts.moe import _probe_gating
 
     class Block(torch.nn.Module):      # picks the k LOWEST scores: no candidate routes so
         def __init__(self, inner):

@@ -1,27 +1,26 @@
-"""What an architecture's multi-head latent attention (MLA: DeepSeek-V2/V3's `kv_lora_rank`) is, read from
-its transformers code and config: `derive_mla(config, layers, model) -> MlaFeatures`, rendered by
-`templates/framework/native/mla.py.j2` (included from modeling.py.j2 in place of the dense attention).
+"""Multi-head latent attention (DeepSeek-V2/V3's `kv_lora_rank`; code/attention_mla.py), as upstream's
+models/deepseek_r1 runs it, read from the architecture's attention modules.
 
-Nothing here is a per-model table. Every decoder layer's attention module is read: its children must
-be MLA's (q_a_proj / q_a_layernorm / q_b_proj or one q_proj, kv_a_proj_with_mqa, kv_a_layernorm,
-kv_b_proj, o_proj; anything more, DSA's `indexer` say, is not native), its two norms are probed as
-RMSNorm x*w, and the module itself is called on random hidden states with the model's own position
-embeddings and a causal mask; its output must equal one candidate of plain-torch MLA computed from its
-weights — q (through the q LoRA and its RMSNorm, or one projection) split per head into nope / rope,
-the latent c_kv = RMSNorm(kv_a(x)[:kv_lora_rank]) and the shared rope key, keys / values per head
-from kv_b_proj's [nope | v] rows, the softmax scale — for the rope form (interleave-half as
-npu_interleave_rope / npu_kv_rmsnorm_rope_cache_v2 compute it, or rotate-half on the rope dims) and the
-scale rule (qk_head_dim ** -0.5, times yarn's mscale(factor, mscale_all_dim) ** 2). The rotary table
-of the candidate is the generated file's (transformers' ROPE_INIT_FUNCTIONS over qk_rope_head_dim), so
-a match also holds our rope table to theirs. No candidate: `NotNative("attention", ...)`.
+Every decoder layer's attention module is read: its children must be MLA's (q_a_proj / q_a_layernorm / q_b_proj
+or one q_proj, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj; anything more, DSA's `indexer` say, is not
+native), its two norms are probed as RMSNorm x*w, and the module itself is called on random hidden states with
+the model's own position embeddings and a causal mask; its output must equal one candidate of plain-torch MLA
+computed from its weights — q (through the q LoRA and its RMSNorm, or one projection) split per head into nope /
+rope, the latent c_kv = RMSNorm(kv_a(x)[:kv_lora_rank]) and the shared rope key, keys / values per head from
+kv_b_proj's [nope | v] rows, the softmax scale — for the rope form (interleave-half as npu_interleave_rope /
+npu_kv_rmsnorm_rope_cache_v2 compute it, or rotate-half on the rope dims) and the scale rule (qk_head_dim ** -0.5,
+times yarn's mscale(factor, mscale_all_dim) ** 2). The rotary table of the candidate is the generated file's
+(transformers' ROPE_INIT_FUNCTIONS over qk_rope_head_dim), so a match also holds our rope table to theirs. No
+candidate: `NotNative("attention", ...)`.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
 
 from agent.recipe.native.not_native import NotNative
+from agent.recipe.native.parts.part import Match, Part
+from agent.recipe.native.parts.probe import children, probe_norm
 
 Q_LORA_CHILDREN = {"q_a_proj", "q_a_layernorm", "q_b_proj"}
 KV_CHILDREN = {"kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj"}
@@ -33,37 +32,19 @@ PROBE_TOKENS = 7
 TBMM_LIMIT = 65535
 
 
-@dataclass(frozen=True)
-class MlaFeatures:
-    q_lora: bool                 # q through q_a_proj -> q_a_layernorm -> q_b_proj (else one q_proj)
-    rope: str                    # "interleave" (the kernels' interleave-half) | "half" (rotate-half on the rope dims)
-    scale: str                   # "yarn_mscale" | "qk_head_dim"
-    q_a_bias: bool               # q_a_proj has a bias (npu_mla_prolog_v3 has none: the prolog is not used)
-    kv_a_bias: bool              # kv_a_proj_with_mqa has a bias (added before the fused norm/rope/cache kernel)
-    o_bias: bool                 # o_proj has a bias (added once, after the row-parallel reduction)
-    kv_norm_eps: float = 1e-6    # kv_a_layernorm's epsilon as the code builds it (DeepSeek's: the norm's default,
-    q_norm_eps: float = 1e-6     # not config.rms_norm_eps); q_a_layernorm's
-    fused: tuple[str, ...] = field(default=())
-    unfused: tuple[str, ...] = field(default=())
-
-    @property
-    def prolog(self) -> bool:
-        """npu_mla_prolog_v3 can compute the decode step's projections (upstream's condition: the q LoRA),
-        when the YAML turns it on (custom_params.enable_mla_prolog, NZ weights)."""
-        return self.q_lora and not self.q_a_bias and not self.kv_a_bias
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-    def with_changes(self, **changes) -> "MlaFeatures":
-        data = {**self.as_dict(), **changes}
-        data["fused"], data["unfused"] = tuple(data["fused"]), tuple(data["unfused"])
-        return MlaFeatures(**data)
-
-
 def is_mla(attention_children: set[str]) -> bool:
     """A decoder layer's attention is MLA (its latent down-projection and up-projection)."""
     return {"kv_a_proj_with_mqa", "kv_b_proj"} <= attention_children
+
+
+def is_mla_model(probe) -> bool:
+    """Every layer's attention is MLA (False: none is; a mix is not native)."""
+    if "mla" not in probe.memo:
+        kinds = {is_mla(set(children(layer.self_attn))) for layer in probe.layers if hasattr(layer, "self_attn")}
+        if len(kinds) > 1:
+            raise NotNative("attention", "latent (MLA) and other attention layers in one model")
+        probe.memo["mla"] = kinds == {True}
+    return probe.memo["mla"]
 
 
 def yarn_mscale(scale: float, mscale: float) -> float:
@@ -187,9 +168,10 @@ def _probe_formula(attention, model, config) -> tuple[str, str]:
                                  f"({'; '.join(tried)})")
 
 
-def derive_mla(config, layers, model, probe_norm) -> MlaFeatures:
-    """The MLA facts of `config` (transformers' shrunk config) from the built `model`'s `layers`;
-    `probe_norm(norm, width)` is agent.recipe.native.features' RMSNorm probe (0: x*w)."""
+def derive_mla(config, layers, model) -> dict:
+    """The MLA facts of `config` (transformers' shrunk config) from the built `model`'s `layers`: q_lora, rope
+    ("interleave" | "half"), scale ("yarn_mscale" | "qk_head_dim"), q_a_bias, kv_a_bias, o_bias, the norms'
+    epsilons, prolog (npu_mla_prolog_v3 can compute the decode step's projections: the q LoRA, no biases)."""
     import torch
 
     missing = [key for key in MLA_CONFIG_KEYS if not isinstance(getattr(config, key, None), int)]
@@ -229,18 +211,19 @@ def derive_mla(config, layers, model, probe_norm) -> MlaFeatures:
     if len(found) != 1:
         raise NotNative("attention", f"MLA layers of unequal structure: {sorted(found)}")
     q_lora, form, rule, q_bias, kv_bias, o_bias = next(iter(found))
-    features = MlaFeatures(q_lora=q_lora, rope=form, scale=rule, q_a_bias=q_bias and q_lora, kv_a_bias=kv_bias,
-                           o_bias=o_bias, kv_norm_eps=eps["kv_a_layernorm"],
-                           q_norm_eps=eps.get("q_a_layernorm", eps["kv_a_layernorm"]))
     if q_bias and not q_lora:
         raise NotNative("attention", "q_proj with a bias (MLA without the q LoRA): not written natively")
-    return features.with_changes(fused=_fused(features), unfused=_unfused(features))
+    return {"q_lora": q_lora, "rope": form, "scale": rule, "q_a_bias": q_bias and q_lora, "kv_a_bias": kv_bias,
+            "o_bias": o_bias, "kv_norm_eps": eps["kv_a_layernorm"],
+            "q_norm_eps": eps.get("q_a_layernorm", eps["kv_a_layernorm"]),
+            "prolog": q_lora and not (q_bias and q_lora) and not kv_bias}
 
 
-def _fused(f: MlaFeatures) -> tuple[str, ...]:
+def mla_kernels(match) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    f = match.facts
     rope = "interleave-half RoPE" + (" (the architecture's rotate-half: the rope rows of q and kv_a_proj_with_mqa "
-                                     "interleaved once after loading)" if f.rope == "half" else "")
-    items = [f"npu_kv_rmsnorm_rope_cache_v2 (RMSNorm of the compressed kv, {rope} of the shared key, scattered into "
+                                     "interleaved once after loading)" if f["rope"] == "half" else "")
+    fused = [f"npu_kv_rmsnorm_rope_cache_v2 (RMSNorm of the compressed kv, {rope} of the shared key, scattered into "
              "the nope / rope caches in PA_NZ at slot_mapping)",
              "npu_interleave_rope (the query's rope dims)",
              "npu_fused_infer_attention_score (prefill: un-absorbed keys / values of the prompt, NTD_TND, query_rope / "
@@ -248,21 +231,36 @@ def _fused(f: MlaFeatures) -> tuple[str, ...]:
              "npu_fused_infer_attention_score_v2 (decode: absorbed, TND_NTD over the NZ nope / rope caches through "
              "block_table, one key head, mask None)",
              "npu_transpose_batchmatmul (MLA absorb: kv_b_proj's W_uk into the query, W_uv on the latent output)"]
-    if f.q_lora:
-        items.append("npu_rms_norm (q_a_layernorm)")
-    if f.prolog:
-        items.append("npu_mla_prolog_v3 (decode, when the YAML sets custom_params.enable_mla_prolog and weights are NZ, "
+    if f["q_lora"]:
+        fused.append("npu_rms_norm (q_a_layernorm)")
+    if f["prolog"]:
+        fused.append("npu_mla_prolog_v3 (decode, when the YAML sets custom_params.enable_mla_prolog and weights are NZ, "
                      "as upstream's deepseek_r1)")
-    return tuple(items)
+    unfused = [f"MLA absorb beyond npu_transpose_batchmatmul's bound (heads x qk_nope_head_dim > {TBMM_LIMIT}): "
+               "torch.matmul, as upstream's deepseek_r1"]
+    if not f["q_lora"]:
+        unfused.append("npu_mla_prolog_v3: not used (no q LoRA: the op computes the q down-projection and its norm)")
+    elif not f["prolog"]:
+        unfused.append("npu_mla_prolog_v3: not used (the op has no bias for q_a_proj / kv_a_proj_with_mqa)")
+    if f["o_bias"]:
+        unfused.append("o_proj's bias: added after the tensor-parallel reduction")
+    return tuple(fused), tuple(unfused)
 
 
-def _unfused(f: MlaFeatures) -> tuple[str, ...]:
-    items = [f"MLA absorb beyond npu_transpose_batchmatmul's bound (heads x qk_nope_head_dim > {TBMM_LIMIT}): "
-             "torch.matmul, as upstream's deepseek_r1"]
-    if not f.q_lora:
-        items.append("npu_mla_prolog_v3: not used (no q LoRA: the op computes the q down-projection and its norm)")
-    elif not f.prolog:
-        items.append("npu_mla_prolog_v3: not used (the op has no bias for q_a_proj / kv_a_proj_with_mqa)")
-    if f.o_bias:
-        items.append("o_proj's bias: added after the tensor-parallel reduction")
-    return tuple(items)
+def _probe(probe, chosen):
+    if not is_mla_model(probe):
+        return None
+    f = derive_mla(probe.config, probe.layers, probe.model)
+    return Match(MLA, facts=f, options={
+        "MLA": True, "Q_LORA": f["q_lora"], "ROPE_HALF": f["rope"] == "half", "YARN_MSCALE": f["scale"] == "yarn_mscale",
+        "Q_A_BIAS": f["q_a_bias"], "KV_A_BIAS": f["kv_a_bias"], "MLA_O_BIAS": f["o_bias"],
+        "Q_NORM_EPS": f["q_norm_eps"], "KV_NORM_EPS": f["kv_norm_eps"], "PROLOG": f["prolog"]})
+
+
+MLA = Part(
+    slot="attention", name="mla", code="attention_mla.py", provides="ModelMlaAttention",
+    reads=("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "num_attention_heads",
+           "rope_parameters"),
+    probe=_probe, kernels=mla_kernels,
+    options=("MLA", "Q_LORA", "ROPE_HALF", "YARN_MSCALE", "Q_A_BIAS", "KV_A_BIAS", "MLA_O_BIAS", "Q_NORM_EPS",
+             "KV_NORM_EPS", "PROLOG"))

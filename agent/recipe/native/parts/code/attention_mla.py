@@ -1,28 +1,52 @@
-{#- Multi-head latent attention (agent.recipe.native.mla_features' MlaFeatures as `mla`), included by
-    modeling.py.j2 in place of the dense attention: the {{ class_prefix }}Attention class. -#}
+"""Multi-head latent attention (DeepSeek-V2/V3's kv_lora_rank) as upstream's models/deepseek_r1 runs it."""
+
+import math
+
+import torch
+import torch.distributed as dist
+import torch_npu
+from torch import nn
+
+from executor.core.kv_cache.cache_info import CacheEntry
+from executor.utils.forward_metadata import ForwardMetaData
+from module.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+
+from .attention_fused import FULL
+from .norm_rms import ModelRMSNorm
+from .rotary import rope_parameters
+
+Q_LORA = True           # q through q_a_proj -> q_a_layernorm -> q_b_proj (else one q_proj)
+ROPE_HALF = False       # the architecture rotates the rope dims rotate-half (else the kernels' interleave-half)
+YARN_MSCALE = True      # the softmax scale times yarn's mscale(factor, mscale_all_dim) ** 2 when the rope is scaled
+Q_A_BIAS = False        # q_a_proj's bias
+KV_A_BIAS = False       # kv_a_proj_with_mqa's bias (added before the fused norm / rope / cache kernel)
+MLA_O_BIAS = False      # o_proj's bias
+Q_NORM_EPS = 1e-6       # q_a_layernorm's and kv_a_layernorm's epsilons as the architecture builds them
+KV_NORM_EPS = 1e-6
+PROLOG = True           # npu_mla_prolog_v3 can compute the decode step's projections (q LoRA, no biases)
+# npu_transpose_batchmatmul's batch x M bound, upstream deepseek_r1's condition (65535: max of uint16)
+TBMM_LIMIT = 65535
+
+
 def mla_softmax_scale(config):
-    """qk_head_dim ** -0.5{% if mla.scale == "yarn_mscale" %}, times YaRN's mscale(factor, mscale_all_dim) ** 2 when the rope is scaled{% endif %}."""
+    """qk_head_dim ** -0.5, times YaRN's mscale(factor, mscale_all_dim) ** 2 when the rope is scaled."""
     scale = (config.qk_nope_head_dim + config.qk_rope_head_dim) ** -0.5
-{% if mla.scale == "yarn_mscale" %}    params = rope_parameters(config)
-    factor, mscale_all_dim = float(params.get("factor", 1.0)), params.get("mscale_all_dim", 0)
-    if params.get("rope_type", "default") != "default" and mscale_all_dim and factor > 1:
-        mscale = 0.1 * mscale_all_dim * math.log(factor) + 1.0
-        scale = scale * mscale * mscale
-{% endif %}    return scale
+    if YARN_MSCALE:
+        params = rope_parameters(config)
+        factor, mscale_all_dim = float(params.get("factor", 1.0)), params.get("mscale_all_dim", 0)
+        if params.get("rope_type", "default") != "default" and mscale_all_dim and factor > 1:
+            mscale = 0.1 * mscale_all_dim * math.log(factor) + 1.0
+            scale = scale * mscale * mscale
+    return scale
 
 
-class {{ class_prefix }}Attention(nn.Module):
+class ModelMlaAttention(nn.Module):
     """Multi-head latent attention as upstream's models/deepseek_r1 runs it. The cache holds, per token, the
-    RMS-normed latent (kv_lora_rank wide, `nope_cache`) and the rotated shared rope key (`rope_cache`),
-    one head each, in FRACTAL_NZ (npu_kv_rmsnorm_rope_cache_v2's PA_NZ). Prefill: keys and values of the
-    prompt expanded by kv_b_proj, npu_fused_infer_attention_score in NTD_TND. Decode: MLA absorb (kv_b_proj's
-    W_uk folded into the query, W_uv applied to the latent output, npu_transpose_batchmatmul), the attention
-    over the latent cache itself, npu_fused_infer_attention_score_v2 in TND_NTD through block_table, mask None.
-{% if mla.rope == "half" %}    The architecture rotates the rope dims rotate-half: process_weights_after_loading interleaves the rope rows of
-    {{ "q_b_proj" if mla.q_lora else "q_proj" }} and kv_a_proj_with_mqa once, so the kernels' interleave-half rope computes it exactly.
-{% endif %}{% if mla.prolog %}    custom_params.enable_mla_prolog (with NZ weights, upstream's condition): the decode step's projections,
-    norms, rope and cache writes in one npu_mla_prolog_v3.
-{% endif %}    """
+    RMS-normed latent (kv_lora_rank wide, `nope_cache`) and the rotated shared rope key (`rope_cache`), one head
+    each, in FRACTAL_NZ (npu_kv_rmsnorm_rope_cache_v2's PA_NZ). Prefill: keys and values of the prompt expanded
+    by kv_b_proj, npu_fused_infer_attention_score in NTD_TND. Decode: MLA absorb (kv_b_proj's W_uk folded into
+    the query, W_uv applied to the latent output, npu_transpose_batchmatmul), the attention over the latent cache
+    itself, npu_fused_infer_attention_score_v2 in TND_NTD through block_table, mask None."""
 
     def __init__(self, config, infer_config, comm_manager, layer_idx, prefix=""):
         super().__init__()
@@ -42,27 +66,32 @@ class {{ class_prefix }}Attention(nn.Module):
         self.q_head_dim = self.qk_nope_head_dim + self.qk_rope_head_dim
         self.softmax_scale = mla_softmax_scale(config)
         tp_rank = comm_manager.get_rank("attn_tp_group") if self.attn_tp_size > 1 else 0
-{% if mla.q_lora %}        self.q_a_proj = ReplicatedLinear(config.hidden_size, config.q_lora_rank, bias={{ mla.q_a_bias }},
-                                         prefix=f"{prefix}.q_a_proj")
-        self.q_a_layernorm = {{ class_prefix }}RMSNorm(config.q_lora_rank, eps={{ mla.q_norm_eps }})
-        self.q_b_proj = ColumnParallelLinear(config.q_lora_rank, self.num_heads * self.q_head_dim, bias=False,
-                                             tp_size=self.attn_tp_size, tp_rank=tp_rank, prefix=f"{prefix}.q_b_proj")
-{% else %}        self.q_proj = ColumnParallelLinear(config.hidden_size, self.num_heads * self.q_head_dim, bias=False,
-                                           tp_size=self.attn_tp_size, tp_rank=tp_rank, prefix=f"{prefix}.q_proj")
-{% endif %}        self.kv_a_proj_with_mqa = ReplicatedLinear(config.hidden_size, self.kv_lora_rank + self.qk_rope_head_dim,
-                                                   bias={{ mla.kv_a_bias }}, prefix=f"{prefix}.kv_a_proj_with_mqa")
-        self.kv_a_layernorm = {{ class_prefix }}RMSNorm(self.kv_lora_rank, eps={{ mla.kv_norm_eps }})
+        if Q_LORA:
+            self.q_a_proj = ReplicatedLinear(config.hidden_size, config.q_lora_rank, bias=Q_A_BIAS,
+                                             prefix=f"{prefix}.q_a_proj")
+            self.q_a_layernorm = ModelRMSNorm(config.q_lora_rank, eps=Q_NORM_EPS)
+            self.q_b_proj = ColumnParallelLinear(config.q_lora_rank, self.num_heads * self.q_head_dim, bias=False,
+                                                 tp_size=self.attn_tp_size, tp_rank=tp_rank, prefix=f"{prefix}.q_b_proj")
+        else:
+            self.q_proj = ColumnParallelLinear(config.hidden_size, self.num_heads * self.q_head_dim, bias=False,
+                                               tp_size=self.attn_tp_size, tp_rank=tp_rank, prefix=f"{prefix}.q_proj")
+        self.kv_a_proj_with_mqa = ReplicatedLinear(config.hidden_size, self.kv_lora_rank + self.qk_rope_head_dim,
+                                                   bias=KV_A_BIAS, prefix=f"{prefix}.kv_a_proj_with_mqa")
+        self.kv_a_layernorm = ModelRMSNorm(self.kv_lora_rank, eps=KV_NORM_EPS)
         # loaded by heads per rank, then split into the absorb weights (split_kv_b_weight) and dropped
         self.kv_b_proj = ColumnParallelLinear(self.kv_lora_rank, self.num_heads * (self.qk_nope_head_dim + self.v_head_dim),
                                               bias=False, tp_size=self.attn_tp_size, tp_rank=tp_rank,
                                               prefix=f"{prefix}.kv_b_proj")
-        self.o_proj = RowParallelLinear(self.num_heads * self.v_head_dim, config.hidden_size, bias={{ mla.o_bias }},
+        self.o_proj = RowParallelLinear(self.num_heads * self.v_head_dim, config.hidden_size, bias=MLA_O_BIAS,
                                         tp_size=self.attn_tp_size, tp_rank=tp_rank, input_is_parallel=True,
                                         prefix=f"{prefix}.o_proj")
-{% if mla.prolog %}        custom_params = getattr(model_config, "custom_params", None) or {}
-        self.enable_mla_prolog = bool(custom_params.get("enable_mla_prolog", False)
-                                      and getattr(model_config, "enable_weight_nz", False))
-{% endif %}        self.nope_cache = torch.Tensor([])
+        if PROLOG:
+            # custom_params.enable_mla_prolog (with NZ weights, upstream's condition): the decode step's
+            # projections, norms, rope and cache writes in one npu_mla_prolog_v3
+            custom_params = getattr(model_config, "custom_params", None) or {}
+            self.enable_mla_prolog = bool(custom_params.get("enable_mla_prolog", False)
+                                          and getattr(model_config, "enable_weight_nz", False))
+        self.nope_cache = torch.Tensor([])
         self.rope_cache = torch.Tensor([])
         cache_dtype = torch.get_default_dtype()
         self.cache_entries = [
@@ -74,28 +103,30 @@ class {{ class_prefix }}Attention(nn.Module):
 
     def split_kv_b_weight(self):
         """kv_b_proj [heads * (nope + v), kv_lora_rank] (this rank's heads) into W_uk [heads, nope, kv_lora_rank]
-        and W_uv [heads, kv_lora_rank, v], before module.linear transposes the linears{% if mla.rope == "half" %}; the rope rows
-        interleaved (rotate-half computed by the kernels' interleave-half rope){% endif %}."""
+        and W_uv [heads, kv_lora_rank, v], before module.linear transposes the linears."""
         weight = self.kv_b_proj.weight.data.view(self.num_heads_per_rank, self.qk_nope_head_dim + self.v_head_dim,
                                                  self.kv_lora_rank)
         self.kv_b_proj_w_k = nn.Parameter(weight[:, :self.qk_nope_head_dim].contiguous(), requires_grad=False)
         self.kv_b_proj_w_v = nn.Parameter(weight[:, self.qk_nope_head_dim:].transpose(1, 2).contiguous(),
                                           requires_grad=False)
         del self.kv_b_proj
-{% if mla.rope == "half" %}        half = self.qk_rope_head_dim // 2
+        if ROPE_HALF:
+            # the architecture rotates the rope dims rotate-half: their rows of the query projection and of
+            # kv_a_proj_with_mqa interleaved once, so the kernels' interleave-half rope computes it exactly
+            half = self.qk_rope_head_dim // 2
 
-        def interleaved(rows):          # [..., rope, *] -> pairs (i, half + i): x'[2i] = x[i], x'[2i + 1] = x[half + i]
-            return torch.stack((rows[:, :half], rows[:, half:]), dim=2).reshape(rows.shape)
+            def interleaved(rows):          # [..., rope, *] -> pairs (i, half + i): x'[2i] = x[i], x'[2i + 1] = x[half + i]
+                return torch.stack((rows[:, :half], rows[:, half:]), dim=2).reshape(rows.shape)
 
-        with torch.no_grad():
-            q = self.{{ "q_b_proj" if mla.q_lora else "q_proj" }}.weight.data
-            q_heads = q.view(self.num_heads_per_rank, self.q_head_dim, -1)
-            q_heads[:, self.qk_nope_head_dim:] = interleaved(q_heads[:, self.qk_nope_head_dim:].clone())
-            for param in (self.kv_a_proj_with_mqa.weight, self.kv_a_proj_with_mqa.bias):
-                if param is not None:
-                    rope = param.data[self.kv_lora_rank:]
-                    rope.copy_(interleaved(rope.clone().view(1, self.qk_rope_head_dim, -1)).view(rope.shape))
-{% endif %}
+            with torch.no_grad():
+                q = (self.q_b_proj if Q_LORA else self.q_proj).weight.data
+                q_heads = q.view(self.num_heads_per_rank, self.q_head_dim, -1)
+                q_heads[:, self.qk_nope_head_dim:] = interleaved(q_heads[:, self.qk_nope_head_dim:].clone())
+                for param in (self.kv_a_proj_with_mqa.weight, self.kv_a_proj_with_mqa.bias):
+                    if param is not None:
+                        rope = param.data[self.kv_lora_rank:]
+                        rope.copy_(interleaved(rope.clone().view(1, self.qk_rope_head_dim, -1)).view(rope.shape))
+
     def forward(self, hidden_states, cos_sin, forward_metadata: ForwardMetaData):
         is_prefill = forward_metadata.is_prefill
         padded_q_len = hidden_states.size(0)
@@ -108,12 +139,11 @@ class {{ class_prefix }}Attention(nn.Module):
         cos, sin = cos_sin
         cos, sin = cos[:q_len], sin[:q_len]                  # [T, 1, rope]
         slots = forward_metadata.slot_mapping[self.attn_type].view(-1)[:q_len]
-{% if mla.prolog %}        if not is_prefill and self.enable_mla_prolog:
+        if PROLOG and not is_prefill and self.enable_mla_prolog:
             out = self._decode_attention(*self._prolog(hidden_states, cos, sin, slots), forward_metadata)
         else:
             out = self._attention(hidden_states, cos, sin, slots, is_prefill, forward_metadata)
-{% else %}        out = self._attention(hidden_states, cos, sin, slots, is_prefill, forward_metadata)
-{% endif %}        out = self.o_proj(out.reshape(q_len, self.num_heads_per_rank * self.v_head_dim))
+        out = self.o_proj(out.reshape(q_len, self.num_heads_per_rank * self.v_head_dim))
         if q_len < padded_q_len:
             out = torch.cat([out, out.new_zeros((padded_q_len - q_len, out.size(-1)))], dim=0)
         if self.attn_tp_size > 1:
@@ -122,9 +152,11 @@ class {{ class_prefix }}Attention(nn.Module):
 
     def _attention(self, hidden_states, cos, sin, slots, is_prefill, forward_metadata):
         q_len = hidden_states.size(0)
-{% if mla.q_lora %}        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden_states)))
-{% else %}        q = self.q_proj(hidden_states)
-{% endif %}        q_nope, q_pe = q.view(q_len, self.num_heads_per_rank, self.q_head_dim).split(
+        if Q_LORA:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden_states)))
+        else:
+            q = self.q_proj(hidden_states)
+        q_nope, q_pe = q.view(q_len, self.num_heads_per_rank, self.q_head_dim).split(
             [self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
         # rope on the query's rope dims: (1, N, T, rope) as npu_interleave_rope takes it
         q_rope = torch_npu.npu_interleave_rope(q_pe.transpose(0, 1).unsqueeze(0), cos.view(1, 1, q_len, -1),
@@ -142,7 +174,7 @@ class {{ class_prefix }}Attention(nn.Module):
 
     def _absorb_query(self, q_nope):
         """q_nope [T, N, nope] times W_uk: the query in the latent space, [T, N, kv_lora_rank]."""
-        if self.num_heads_per_rank * self.qk_nope_head_dim <= 65535:     # npu_transpose_batchmatmul's bound (uint16), upstream's
+        if self.num_heads_per_rank * self.qk_nope_head_dim <= TBMM_LIMIT:
             return torch_npu.npu_transpose_batchmatmul(q_nope, self.kv_b_proj_w_k, bias=None, scale=None,
                                                        perm_x1=(1, 0, 2), perm_x2=(0, 1, 2), perm_y=(1, 0, 2))
         # plain torch beyond the op's bound, as upstream's deepseek_r1
@@ -185,7 +217,7 @@ class {{ class_prefix }}Attention(nn.Module):
             input_layout="TND_NTD", sparse_mode=0, block_size=self.block_size)       # [N, T, kv_lora_rank]
         return torch_npu.npu_transpose_batchmatmul(out, self.kv_b_proj_w_v, bias=None, scale=None,
                                                    perm_x1=(0, 1, 2), perm_x2=(0, 1, 2), perm_y=(1, 0, 2))
-{% if mla.prolog %}
+
     def _prolog(self, hidden_states, cos, sin, slots):
         """npu_mla_prolog_v3: q down-projection + RMSNorm + up-projection, W_uk absorb, query rope, and the
         latent / rope key into the caches, for one decode step. Returns (latent query, query rope)."""
@@ -198,4 +230,3 @@ class {{ class_prefix }}Attention(nn.Module):
             kr_cache=self.rope_cache, rmsnorm_epsilon_cq=self.q_a_layernorm.variance_epsilon,
             rmsnorm_epsilon_ckv=self.kv_a_layernorm.variance_epsilon, cache_mode="PA_NZ")
         return q_latent, q_rope
-{% endif %}

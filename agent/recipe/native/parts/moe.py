@@ -1,22 +1,23 @@
-"""What an architecture's sparse-MoE layers are, read from its transformers code and config:
-`derive_moe(config) -> MoeFeatures`, rendered by `templates/framework/native/moe.py.j2`.
+"""The sparse-MoE block (code/moe.py), read from the architecture's transformers code and config.
 
-Nothing here is a per-model table. The transformers model is built on the meta device from the
-config (every layer, no memory) to find which layers are sparse and where the MoE block sits; the
-block's class is then built on a shrunk copy (fp32, random weights, the same expert / group counts)
-and probed numerically:
+Nothing here is a per-model table. The transformers model is built on the meta device from the config (every
+layer, no memory) to find which layers are sparse and where the MoE block sits, and again with the config's
+layout keys changed to see which key decides it (first_k_dense_replace, num_dense_layers, mlp_layer_types,
+decoder_sparse_step with mlp_only_layers; none: every layer); the block's class is then built on a shrunk copy
+(fp32, random weights, the same expert / group counts) and probed numerically:
 
 * routing: the block's experts module is called with the routing the block computed (tokens' expert
   indices and weights, captured); candidate gatings (softmax or sigmoid scores, a selection bias,
   grouped top-k by max or top-2 sum, renormalised or not, routed scaling) are computed from the
-  captured router logits' inputs and the one that gives the same experts and weights is the block's;
+  captured router logits' inputs and the one that gives the same experts and weights is the block's
+  (the renormalisation read from config.norm_topk_prob where toggling it changes the block's);
 * experts: one expert's output for a known input against the candidate formulas (gate/up halves and
   the config's activation, as `npu_swiglu` computes it; gpt_oss's interleaved gate/up with clamp
   limit / alpha, `up + 1` and per-expert biases);
 * checkpoint names: transformers' own conversion mapping (`transformers.conversion_mapping`), which
   merges the checkpoint's per-expert tensors into the fused 3-D parameters (w1/w3/w2 or
-  gate_proj/up_proj/down_proj; mixtral's `block_sparse_moe` renamed to `mlp`); none: the checkpoint
-  stores the fused tensors (gpt_oss).
+  gate_proj/up_proj/down_proj); none: the checkpoint stores the fused tensors (gpt_oss). Renames of the
+  block itself (mixtral's `block_sparse_moe`) are the skeleton's (agent.recipe.native.parts.model).
 
 Anything not recognised raises `NotNative("moe", reason)`: the recipe keeps the adapter.
 """
@@ -25,9 +26,9 @@ from __future__ import annotations
 
 import copy
 import re
-from dataclasses import asdict, dataclass, field
 
-from agent.recipe.native.not_native import NotNative   # one fall-back answer for every layer kind
+from agent.recipe.native.not_native import NotNative
+from agent.recipe.native.parts.part import Expr, Match, Part
 
 EXPERT_COUNT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
 MOE_WIDTH_KEYS = ("moe_intermediate_size", "intermediate_size")
@@ -35,46 +36,7 @@ ROUTER_NAMES = ("gate", "router")
 SHARED_NAMES = ("shared_experts", "shared_expert")
 # The shrunk probe: small widths, the real counts where routing depends on them (groups), capped.
 PROBE_HIDDEN, PROBE_WIDTH, PROBE_EXPERT_CAP = 40, 24, 256   # no width (24, 28, 32) nor twice one equals hidden
-
-
-@dataclass(frozen=True)
-class MoeFeatures:
-    model_type: str
-    block_name: str                    # the decoder layer's attribute holding the MoE block ("mlp")
-    ckpt_block_name: str               # its name in the checkpoint ("block_sparse_moe" for mixtral)
-    experts_key: str                   # config attribute: the routed expert count
-    width_key: str                     # config attribute: one expert's intermediate size
-    sparse_layers: tuple[int, ...]     # the layers whose MLP is the MoE block (of the config probed)
-    sparse_rule: str                   # "all" | "first_k_dense_replace" | "num_dense_layers" | "mlp_layer_types" | "decoder_sparse_step"
-    router_name: str                   # "gate" | "router"
-    router_bias: bool                  # the router linear has a bias (gpt_oss)
-    router_fp32: bool                  # router weight and its input kept in fp32 (deepseek_v3)
-    scoring: str                       # "softmax" | "sigmoid"
-    renormalize: bool                  # top-k weights divided by their sum (norm_topk_prob)
-    selection_bias: bool               # e_score_correction_bias added for selection only
-    groups: bool                       # grouped top-k (n_group / topk_group)
-    group_select: str                  # "max" | "top2_sum" (the group's score)
-    routed_scaling: bool               # weights times config.routed_scaling_factor
-    experts: str                       # "gmm" (halves, no bias: FusedMoEGMM) | "biased_interleaved" (gpt_oss)
-    activation: str                    # "swiglu" (npu_swiglu) | "clamped_swiglu" (limit / alpha, up + 1)
-    gate_up_layout: str                # transformers' fused parameter: "E,2I,H" or "E,H,2I"
-    shared: str                        # "none" | "plain" | "gated" (a sigmoid gate on the shared output)
-    shared_name: str                   # the block's attribute for shared experts
-    shared_width: str                  # python expression over `config` for the shared experts' width
-    ckpt_expert_names: tuple[str, ...]  # (gate, up, down) per-expert names; () when stored fused
-    swiglu_alpha: float = 0.0          # clamped swiglu's alpha where the config has none (transformers' constant)
-    fused: tuple[str, ...] = field(default=())
-    unfused: tuple[str, ...] = field(default=())
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-    def with_changes(self, **changes) -> "MoeFeatures":
-        """A copy with some facts changed (the fault cases)."""
-        data = {**self.as_dict(), **changes}
-        for key in ("sparse_layers", "ckpt_expert_names", "fused", "unfused"):
-            data[key] = tuple(data[key])
-        return MoeFeatures(**data)
+LAYOUT_LAYERS = 4        # the layers of the config copies the layout rule is checked on
 
 
 def _config_key(config, keys: tuple[str, ...], what: str, checkpoint_keys=()) -> str:
@@ -98,26 +60,6 @@ def moe_block(layer):
             return name, child
     return None
 
-
-def _sparse_rule(config, sparse: list[bool]) -> str:
-    """The config rule that reproduces transformers' own layer choice; none: not native."""
-    n = len(sparse)
-    rules = {"all": [True] * n}
-    for key in ("first_k_dense_replace", "num_dense_layers"):
-        k = getattr(config, key, None)
-        if isinstance(k, int):
-            rules[key] = [i >= k for i in range(n)]
-    types = getattr(config, "mlp_layer_types", None)
-    if isinstance(types, (list, tuple)) and len(types) >= n:
-        rules["mlp_layer_types"] = [t == "sparse" for t in types[:n]]
-    step, only = getattr(config, "decoder_sparse_step", None), getattr(config, "mlp_only_layers", None)
-    if isinstance(step, int) and step > 0:
-        rules["decoder_sparse_step"] = [i not in (only or []) and (i + 1) % step == 0 for i in range(n)]
-    for name, pattern in rules.items():
-        if pattern == sparse:
-            return name
-    raise NotNative("moe", f"sparse layers {[i for i, s in enumerate(sparse) if s]} follow none of "
-                           f"{sorted(rules)} as the config states them")
 
 
 def _probe_config(config):
@@ -310,7 +252,8 @@ def _probe_shared(block, config, hidden: int) -> tuple[str, str, str]:
             except (AttributeError, TypeError):
                 continue
         raise NotNative("moe", f"shared experts of width {width}: no config expression gives it")
-    return "none", "shared_experts", "0"
+    return None, "shared_experts", "0"
+
 
 
 def _plain_path(pattern: str) -> tuple[str, ...] | None:
@@ -320,69 +263,6 @@ def _plain_path(pattern: str) -> tuple[str, ...] | None:
     parts = tuple(text.split("."))
     return parts if all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", p) for p in parts) else None
 
-
-def _checkpoint_names(model_type: str, block_name: str) -> tuple[str, tuple[str, ...]]:
-    """(the block's name in the checkpoint, (gate, up, down) per-expert names) from transformers'
-    conversion mapping; () where the checkpoint stores the fused tensors. A rule that renames, splits or
-    merges anything else: the native loader, which reads the checkpoint's names as the modules', would
-    miss those tensors — not native."""
-    from transformers import conversion_mapping
-
-    rules = conversion_mapping.get_checkpoint_conversion_mapping(model_type) or []
-    ckpt_block, names = block_name, ()
-    for rule in rules:
-        sources = list(rule.source_patterns)
-        targets = list(rule.target_patterns)
-        if type(rule).__name__ == "WeightRenaming":
-            for s, t in zip(sources, targets):
-                src, dst = _plain_path(s), _plain_path(t)
-                if src and dst and dst[0] == block_name and src[1:] == dst[1:] and src[0] != dst[0]:
-                    ckpt_block = src[0]        # the block's own name in the checkpoint (mixtral's block_sparse_moe)
-                else:
-                    raise NotNative("moe", f"transformers renames checkpoint tensors {s!r} -> {t!r} for {model_type}: "
-                                           "the native loader reads the modules' own names")
-        elif all("experts.*." in src for src in sources):
-            if any(t.endswith("experts.gate_up_proj") for t in targets) and len(sources) == 2:
-                gate, up = (src.split("experts.*.", 1)[1].rsplit(".weight", 1)[0] for src in sources)
-                names = (gate, up) + names[2:] if len(names) == 3 else (gate, up)
-            elif any(t.endswith("experts.down_proj") for t in targets) and len(sources) == 1:
-                down = sources[0].split("experts.*.", 1)[1].rsplit(".weight", 1)[0]
-                names = (*names[:2], down) if len(names) >= 2 else names + (down,)
-            else:
-                raise NotNative("moe", f"transformers merges {sources} into {targets} for {model_type}: not the "
-                                       "experts' gate/up and down")
-            head = _plain_path(sources[0].split("experts.*.", 1)[0])
-            if head and head[0] != block_name:
-                ckpt_block = head[0]
-        elif [_plain_path(src) for src in sources] != [_plain_path(t) for t in targets]:
-            raise NotNative("moe", f"transformers converts checkpoint tensors {sources} -> {targets} for {model_type}: "
-                                   "the native loader reads the modules' own names")
-    if names and len(names) != 3:
-        raise NotNative("moe", f"transformers' conversion mapping for {model_type} names {names} for the experts")
-    return ckpt_block, tuple(names)
-
-
-def _sparse_blocks(config):
-    """(block attribute, block class, sparse flags per layer, sparse rule) of `config`'s model, built on the
-    meta device (every layer, no memory); None when no layer has such a block."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    try:
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(copy.deepcopy(config))
-    except Exception as exc:  # noqa: BLE001 - a class transformers cannot build here
-        raise NotNative("moe", f"transformers cannot build it as a causal LM ({_first_line(exc)})") from exc
-    layers = list(getattr(getattr(model, "model", None), "layers", None) or [])
-    blocks = [moe_block(layer) for layer in layers]
-    sparse = [b is not None for b in blocks]
-    if not any(sparse):
-        return None
-    names = {b[0] for b in blocks if b is not None}
-    classes = {type(b[1]) for b in blocks if b is not None}
-    if len(names) != 1 or len(classes) != 1:
-        raise NotNative("moe", f"MoE blocks of several kinds: {sorted(names)} {sorted(c.__name__ for c in classes)}")
-    return names.pop(), classes.pop(), sparse, _sparse_rule(config, sparse)
 
 
 def _first_line(exc: Exception, limit: int = 160) -> str:
@@ -414,7 +294,7 @@ def gating_of(config) -> dict:
     blocks = _sparse_blocks(config)
     if blocks is None:
         raise NotNative("moe", "no layer has a sparse-MoE block with fused 3-D expert weights")
-    block_name, block_cls, _, _ = blocks
+    block_name, block_cls, _ = blocks
     probe, block, router_name = _probe_block(config, block_cls)
     gating = _probe_gating(block, getattr(block, router_name), probe, PROBE_HIDDEN)
     factor = getattr(config, "routed_scaling_factor", None)
@@ -423,18 +303,170 @@ def gating_of(config) -> dict:
             "routed_scaling_factor": float(factor) if gating["routed_scaling"] else 1.0}
 
 
-def derive_moe(config, checkpoint_keys=()) -> MoeFeatures | None:
-    """The MoE features of `config` (a transformers config: the checkpoint's, not shrunk); None when no layer
-    has a sparse-MoE block with fused 3-D expert weights (every layer dense, e.g. first_k_dense_replace past the
-    last layer: its MLPs are the generator's dense ones, which refuse any other block). `checkpoint_keys`: the
-    keys of its config.json, which name the config attributes the code reads."""
+
+def _sparse_blocks(config):
+    """(block attribute, block class, sparse flags per layer) of `config`'s model, built on the meta device
+    (every layer, no memory); None when no layer has such a block."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(copy.deepcopy(config))
+    except Exception as exc:  # noqa: BLE001 - a class transformers cannot build here
+        raise NotNative("moe", f"transformers cannot build it as a causal LM ({_first_line(exc)})") from exc
+    layers = list(getattr(getattr(model, "model", None), "layers", None) or [])
+    blocks = [moe_block(layer) for layer in layers]
+    sparse = [b is not None for b in blocks]
+    if not any(sparse):
+        return None
+    names = {b[0] for b in blocks if b is not None}
+    classes = {type(b[1]) for b in blocks if b is not None}
+    if len(names) != 1 or len(classes) != 1:
+        raise NotNative("moe", f"MoE blocks of several kinds: {sorted(names)} {sorted(c.__name__ for c in classes)}")
+    return names.pop(), classes.pop(), sparse
+
+
+
+
+# ---- which layers are sparse: the config key transformers decides it by ------------------------------------
+def _predicted(config, rule: str, n: int) -> list[bool] | None:
+    """The sparse layers `rule` gives on `config` (None: the config does not state the rule's keys)."""
+    if rule in ("first_k_dense_replace", "num_dense_layers"):
+        k = getattr(config, rule, None)
+        return [i >= k for i in range(n)] if isinstance(k, int) else None
+    if rule == "mlp_layer_types":
+        types = getattr(config, "mlp_layer_types", None)
+        return [t == "sparse" for t in types[:n]] if isinstance(types, (list, tuple)) and len(types) >= n else None
+    if rule == "decoder_sparse_step":
+        step, only = getattr(config, "decoder_sparse_step", None), getattr(config, "mlp_only_layers", None)
+        if isinstance(step, int) and step > 0:
+            return [i not in (only or []) and (i + 1) % step == 0 for i in range(n)]
+    return None
+
+
+LAYOUT_RULES = ("first_k_dense_replace", "num_dense_layers", "mlp_layer_types", "decoder_sparse_step")
+
+
+def _layout_toggles(rule: str, n: int) -> list[dict]:
+    """Config changes (on a copy of LAYOUT_LAYERS layers) under which `rule` must still give transformers' layers."""
+    if rule in ("first_k_dense_replace", "num_dense_layers"):
+        return [{rule: 2}, {rule: 0}]
+    if rule == "mlp_layer_types":
+        return [{"mlp_layer_types": ["dense", "sparse"] * (n // 2)}]
+    return [{"decoder_sparse_step": 2, "mlp_only_layers": []}, {"decoder_sparse_step": 1, "mlp_only_layers": [1]}]
+
+
+def _short(config, changes: dict):
+    """A copy of `config` with LAYOUT_LAYERS layers (its per-layer lists made as long) and `changes`."""
+    short = copy.deepcopy(config)
+    total = short.num_hidden_layers
+    for key, value in list(vars(short).items()):
+        if isinstance(value, list) and len(value) == total and total:
+            # cut to LAYOUT_LAYERS, or repeated up to them (a config of fewer layers)
+            setattr(short, key, (value * -(-LAYOUT_LAYERS // total))[:LAYOUT_LAYERS])
+    short.num_hidden_layers = LAYOUT_LAYERS
+    for key, value in changes.items():
+        setattr(short, key, value)
+    return short
+
+
+def sparse_layout(config, sparse: list[bool]) -> str:
+    """The config key that decides which layers are sparse (their rule reproduces transformers' choice on the
+    checkpoint's config and on copies with the key changed), or "all" where no key does and every layer is."""
+    n = len(sparse)
+    for rule in LAYOUT_RULES:
+        if _predicted(config, rule, n) != sparse:
+            continue
+        held = True
+        for changes in _layout_toggles(rule, LAYOUT_LAYERS):
+            short = _short(config, changes)
+            try:
+                blocks = _sparse_blocks(short)
+            except NotNative:
+                held = False
+                break
+            got = blocks[2] if blocks is not None else [False] * LAYOUT_LAYERS
+            if _predicted(short, rule, LAYOUT_LAYERS) != got:
+                held = False
+                break
+        if held:
+            return rule
+    if all(sparse):
+        return "all"
+    raise NotNative("moe", f"sparse layers {[i for i, s in enumerate(sparse) if s]} follow none of "
+                           f"{', '.join(LAYOUT_RULES)} as the config states them")
+
+
+DENSE_LAYER = {"first_k_dense_replace": {"first_k_dense_replace": 1}, "num_dense_layers": {"num_dense_layers": 1},
+               "decoder_sparse_step": {"decoder_sparse_step": 1, "mlp_only_layers": [0]}}
+
+
+def dense_layer_changes(rule: str, config) -> dict | None:
+    """Config changes that make layer 0 dense (the dense MLP's code is probed on it); None: no layer ever is."""
+    if rule == "mlp_layer_types":
+        return {"mlp_layer_types": ["dense"] + list(config.mlp_layer_types[1:])}
+    return DENSE_LAYER.get(rule)
+
+
+# ---- the checkpoint's per-expert names ----------------------------------------------------------------------
+def checkpoint_expert_names(model_type: str) -> tuple[str, ...]:
+    """(gate, up, down) per-expert names of the checkpoint from transformers' conversion mapping; () where the
+    checkpoint stores the fused tensors."""
+    from transformers import conversion_mapping
+
+    names = ()
+    for rule in conversion_mapping.get_checkpoint_conversion_mapping(model_type) or []:
+        sources, targets = list(rule.source_patterns), list(rule.target_patterns)
+        if type(rule).__name__ == "WeightRenaming" or not all("experts.*." in src for src in sources):
+            continue          # renames: the skeleton's (agent.recipe.native.parts.model)
+        if any(t.endswith("experts.gate_up_proj") for t in targets) and len(sources) == 2:
+            gate, up = (src.split("experts.*.", 1)[1].rsplit(".weight", 1)[0] for src in sources)
+            names = (gate, up) + names[2:] if len(names) == 3 else (gate, up)
+        elif any(t.endswith("experts.down_proj") for t in targets) and len(sources) == 1:
+            down = sources[0].split("experts.*.", 1)[1].rsplit(".weight", 1)[0]
+            names = (*names[:2], down) if len(names) >= 2 else names + (down,)
+        else:
+            raise NotNative("moe", f"transformers merges {sources} into {targets} for {model_type}: not the "
+                                   "experts' gate/up and down")
+    if names and len(names) != 3:
+        raise NotNative("moe", f"transformers' conversion mapping for {model_type} names {names} for the experts")
+    return tuple(names)
+
+
+SHARED_WIDTHS = {"config.moe_intermediate_size * config.n_shared_experts": "per_expert",
+                 "config.shared_expert_intermediate_size": "shared_expert_intermediate_size",
+                 "config.intermediate_size": "intermediate_size"}
+
+
+def _renormalisation(config, block_cls, scoring_match: dict):
+    """The top-k renormalisation: Expr(config.norm_topk_prob) where toggling the key changes the block's gating,
+    else the literal the probe found."""
+    value = getattr(config, "norm_topk_prob", None)
+    if not isinstance(value, bool) or getattr(config, "num_experts_per_tok", 1) < 2:
+        return scoring_match["renormalize"]
+    toggled = copy.deepcopy(config)
+    toggled.norm_topk_prob = not value
+    probe, block, router_name = _probe_block(toggled, block_cls)
+    other = _probe_gating(block, getattr(block, router_name), probe, PROBE_HIDDEN)
+    if other["renormalize"] != scoring_match["renormalize"] and scoring_match["renormalize"] == value:
+        return Expr("config.norm_topk_prob")
+    return scoring_match["renormalize"]
+
+
+def derive_moe(config, checkpoint_keys=()) -> dict | None:
+    """The MoE facts of `config` (a transformers config: the checkpoint's, not shrunk); None when no layer has a
+    sparse-MoE block with fused 3-D expert weights (every layer dense, e.g. first_k_dense_replace past the last
+    layer: its MLPs are the generator's dense ones, which refuse any other block). `checkpoint_keys`: the keys of
+    its config.json, which name the config attributes the code reads."""
     import torch
 
     experts_key = _config_key(config, EXPERT_COUNT_KEYS, "routed expert count", checkpoint_keys)
     blocks = _sparse_blocks(config)
     if blocks is None:
         return None
-    block_name, block_cls, sparse, rule = blocks
+    block_name, block_cls, sparse = blocks
+    layout = sparse_layout(config, sparse)
     probe, block, router_name = _probe_block(config, block_cls)
     width = block.experts.down_proj.shape[-1] if block.experts.down_proj.shape[-2] == PROBE_HIDDEN \
         else block.experts.down_proj.shape[-2]
@@ -452,10 +484,11 @@ def derive_moe(config, checkpoint_keys=()) -> MoeFeatures | None:
     finally:
         torch.set_default_dtype(previous)
     gating = _probe_gating(block, router, probe, PROBE_HIDDEN)
-    kind, activation, layout = _probe_experts(block.experts, probe, PROBE_HIDDEN)
+    renormalize = _renormalisation(config, block_cls, gating)
+    kind, activation, fused_layout = _probe_experts(block.experts, probe, PROBE_HIDDEN)
     alpha = float(getattr(block.experts, "alpha", 0.0) or 0.0) if activation == "clamped_swiglu" else 0.0
     shared, shared_name, shared_width = _probe_shared(block, probe, PROBE_HIDDEN)
-    ckpt_block, ckpt_names = _checkpoint_names(config.model_type, block_name)
+    ckpt_names = checkpoint_expert_names(config.model_type)
     if kind == "gmm" and not ckpt_names:
         raise NotNative("moe", "experts stored fused in the checkpoint without biases: no per-expert names to stack")
     experts = getattr(config, experts_key)
@@ -474,26 +507,85 @@ def derive_moe(config, checkpoint_keys=()) -> MoeFeatures | None:
         fused.append("npu_swiglu")
     else:
         unfused.append("clamped swiglu (limit / alpha, up + 1) in plain torch: npu_swiglu has no clamp")
-    return MoeFeatures(
-        model_type=config.model_type, block_name=block_name, ckpt_block_name=ckpt_block, experts_key=experts_key,
-        width_key=width_key, sparse_layers=tuple(i for i, s in enumerate(sparse) if s), sparse_rule=rule,
-        router_name=router_name, router_bias=router_bias, router_fp32=router_fp32, scoring=gating["scoring"],
-        renormalize=gating["renormalize"], selection_bias=gating["selection_bias"], groups=gating["groups"],
-        group_select=gating["group_select"], routed_scaling=gating["routed_scaling"], experts=kind,
-        activation=activation, gate_up_layout=layout, shared=shared, shared_name=shared_name,
-        shared_width=shared_width, ckpt_expert_names=ckpt_names, swiglu_alpha=alpha, fused=tuple(fused), unfused=tuple(unfused))
+    return {"model_type": config.model_type, "block_name": block_name, "experts_key": experts_key,
+            "width_key": width_key, "sparse_layers": tuple(i for i, s in enumerate(sparse) if s), "sparse_rule": layout,
+            "dense_variant": dense_layer_changes(layout, config) if layout != "all" else None,
+            "router_name": router_name, "router_bias": router_bias, "router_fp32": router_fp32,
+            "scoring": gating["scoring"], "renormalize": renormalize, "selection_bias": gating["selection_bias"],
+            "groups": gating["groups"], "group_select": gating["group_select"],
+            "routed_scaling": gating["routed_scaling"], "experts": kind, "activation": activation,
+            "gate_up_layout": fused_layout, "shared": shared, "shared_name": shared_name, "shared_width": shared_width,
+            "ckpt_expert_names": ckpt_names, "swiglu_alpha": alpha, "fused": tuple(fused), "unfused": tuple(unfused)}
 
 
-def class_prefix(model_type: str) -> str:
-    """The class-name prefix of the generated code: `qwen3_moe` -> `Qwen3Moe`."""
-    return "".join(part[:1].upper() + part[1:] for part in model_type.split("_"))
+def moe_options(f: dict) -> dict:
+    """The code's options (code/moe.py, the block and the skeleton) for the facts `f` of derive_moe."""
+    options = {"MOE": True, "MOE_LAYERS": f["sparse_rule"], "EXPERTS_KEY": f["experts_key"], "WIDTH_KEY": f["width_key"],
+               "ROUTER": f["router_name"], "ROUTER_BIAS": f["router_bias"], "ROUTER_FP32": f["router_fp32"],
+               "SCORING": f["scoring"], "RENORMALIZE": f["renormalize"], "SELECTION_BIAS": f["selection_bias"],
+               "GROUPS": f["groups"], "GROUP_SELECT": f["group_select"], "ROUTED_SCALING": f["routed_scaling"],
+               "EXPERTS": f["experts"], "FUSED_LAYOUT": f["gate_up_layout"], "SHARED": f["shared"],
+               "SHARED_NAME": f["shared_name"], "SHARED_WIDTH": SHARED_WIDTHS.get(f["shared_width"], "per_expert")}
+    if f["ckpt_expert_names"]:
+        options["CKPT_EXPERT_NAMES"] = tuple(f["ckpt_expert_names"])
+    if f["activation"] == "clamped_swiglu":
+        options["SWIGLU_ALPHA"] = f["swiglu_alpha"]
+    return options
 
 
-def render_moe(features: MoeFeatures, standalone: bool = True) -> str:
-    """templates/framework/native/moe.py.j2 for `features`: a module of its own (`standalone`), or the
-    fragment a native modeling file includes after its imports."""
-    from agent.recipe.templating import environment
+def _probe(probe, chosen):
+    data = probe.config_dict
+    if not any(isinstance(data.get(k), int) and data[k] > 1 for k in EXPERT_COUNT_KEYS):
+        return None
+    facts = derive_moe(probe.full_config, checkpoint_keys=set(data))
+    if facts is None:
+        return None
+    return Match(SPARSE_MOE, options=moe_options(facts), facts=facts)
 
-    template = environment().get_template("framework/native/moe.py.j2")
-    return template.render(features=features, prefix=class_prefix(features.model_type), standalone=standalone,
-                           swiglu_alpha=features.swiglu_alpha).lstrip("\n") + "\n"
+
+def _variants(match, probe):
+    """The file serves the family's MoE layout switches: the sparse layers by the other settings of the key that
+    decides them, the renormalisation where norm_topk_prob sets it, no shared experts, grouped routing."""
+    f, found = match.facts, []
+    rule = f["sparse_rule"]
+    if rule == "decoder_sparse_step":
+        found += [("decoder_sparse_step 2", {"decoder_sparse_step": 2, "mlp_only_layers": []}),
+                  ("mlp_only_layers [0]", {"decoder_sparse_step": 1, "mlp_only_layers": [0]})]
+    elif rule in ("first_k_dense_replace", "num_dense_layers"):
+        found.append((f"{rule} 0 / 1", {rule: 0 if getattr(probe.config, rule) else 1}))
+    elif rule == "mlp_layer_types":
+        types = list(probe.config.mlp_layer_types)
+        found.append(("mlp_layer_types flipped", {"mlp_layer_types": ["dense" if t == "sparse" else "sparse" for t in types]}))
+    if isinstance(f["renormalize"], Expr):
+        found.append(("norm_topk_prob", {"norm_topk_prob": not probe.config.norm_topk_prob}))
+    if f["shared"] is not None:
+        key = "n_shared_experts" if SHARED_WIDTHS.get(f["shared_width"]) == "per_expert" else SHARED_WIDTHS[f["shared_width"]]
+        found.append(("no shared experts", {key: 0}))
+    if f["groups"]:
+        experts = getattr(probe.config, f["experts_key"])
+        found.append(("grouped routing", {"n_group": 2, "topk_group": 1} if experts % 2 == 0 and probe.config.n_group == 1
+                      else {"n_group": 1, "topk_group": 1}))
+    return found
+
+
+SPARSE_MOE = Part(
+    slot="moe", name="sparse_moe", code="moe.py", provides="ModelSparseMoeBlock",
+    reads=("num_experts_per_tok", "n_routed_experts / num_experts / num_local_experts", "moe_intermediate_size",
+           "norm_topk_prob", "routed_scaling_factor", "n_group", "topk_group", "first_k_dense_replace",
+           "decoder_sparse_step", "mlp_only_layers", "n_shared_experts", "shared_expert_intermediate_size"),
+    probe=_probe, kernels=lambda m: (m.facts["fused"], m.facts["unfused"]), variants=_variants,
+    options=("MOE", "MOE_LAYERS", "EXPERTS_KEY", "WIDTH_KEY", "ROUTER", "ROUTER_BIAS", "ROUTER_FP32", "SCORING",
+             "RENORMALIZE", "SELECTION_BIAS", "GROUPS", "GROUP_SELECT", "ROUTED_SCALING", "EXPERTS", "SWIGLU_ALPHA",
+             "FUSED_LAYOUT", "CKPT_EXPERT_NAMES", "SHARED", "SHARED_NAME", "SHARED_WIDTH"))
+
+
+def render_moe(facts: dict) -> str:
+    """code/moe.py for `facts` (derive_moe's) as a module of its own: the sparse-MoE block and is_moe_layer,
+    nothing else (the block's own tests and its 2-rank harness)."""
+    from agent.recipe.native.assemble import assemble
+    from agent.recipe.native.parts import OPTION_NAMES
+
+    prefix = "".join(part[:1].upper() + part[1:] for part in facts["model_type"].split("_"))
+    return assemble(["moe.py"], options=moe_options(facts), option_names=OPTION_NAMES, roles={}, prefix=prefix,
+                    framework_class=f"{prefix}ForCausalLM", keep=("ModelSparseMoeBlock", "is_moe_layer"),
+                    header="# coding=utf-8")

@@ -1,0 +1,60 @@
+"""What an architecture is, as one part per slot: `derive(config) -> Composition`, from the architecture's own
+transformers code and config (agent.recipe.native.parts: each part's probe reads the transformers model built on
+a shrunk copy of the config). A slot no part recognises raises `NotNative` with the layer kind and the parts'
+reasons: the recipe keeps the adapter."""
+
+from __future__ import annotations
+
+from agent.recipe.native.not_native import NotNative
+from agent.recipe.native.parts import PARTS, SLOTS, Composition
+from agent.recipe.native.parts.probe import Probe
+
+# the layer kind a slot's refusal names (the report's and the README's fell_back)
+KINDS = {"model": "model", "embedding": "model", "norm": "norm", "position": "position", "attention": "attention",
+         "moe": "moe", "mlp": "mlp", "block": "decoder layer", "head": "model"}
+
+
+def _optional(slot: str, chosen: dict) -> bool:
+    """A slot that may stay empty: no sparse-MoE layers; no dense MLP where every layer is a sparse-MoE block."""
+    if slot == "moe":
+        return True
+    return slot == "mlp" and chosen.get("moe") is not None and chosen["moe"].options.get("MOE_LAYERS") == "all"
+
+
+def compose(probe: Probe) -> Composition:
+    chosen: dict = {}
+    for slot in SLOTS:
+        refusals = []
+        for part in (p for p in PARTS if p.slot == slot):
+            try:
+                match = part.probe(probe, chosen)
+            except NotNative as exc:
+                refusals.append(exc)
+                continue
+            if match is not None:
+                chosen[slot] = match
+                break
+        if slot in chosen:
+            continue
+        if refusals:
+            first = refusals[0]
+            raise NotNative(first.kind, "; ".join(dict.fromkeys(r.reason for r in refusals)))
+        if not _optional(slot, chosen):
+            raise NotNative(KINDS[slot], f"no part of the generator is this architecture's {slot}")
+    composition = Composition(probe.model_type, chosen)
+    return composition
+
+
+def derive(config_dict: dict) -> Composition:
+    """The composition of the architecture of `config_dict` (a checkpoint's config.json, text level), with the
+    config variants its file must also serve (`variants`: label -> config changes)."""
+    probe = Probe(config_dict)
+    composition = compose(probe)
+    variants = []
+    for label, changes in composition.variants(probe):
+        try:
+            probe.variant(changes)
+        except Exception:  # noqa: BLE001 - a config transformers does not build: no such checkpoint to serve
+            continue
+        variants.append((label, changes))
+    return Composition(composition.model_type, composition.matches, tuple(variants))

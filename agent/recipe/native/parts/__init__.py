@@ -1,0 +1,30 @@
+"""The native generator's library of layer parts (vLLM's model_executor/layers, as a registry): one row per part,
+each slot's parts most specific first. agent.recipe.native.compose picks one part per slot from the
+architecture's own code and config; agent.recipe.native.assemble writes their code as one file."""
+
+from agent.recipe.native.parts import attention, block, embedding, head, mla, mlp, mlp_plain, model, moe, norm, position
+from agent.recipe.native.parts.part import ROLES, SLOTS, Composition, Match, Part
+
+__all__ = ["PARTS", "OPTION_NAMES", "TABLES", "ROLES", "SLOTS", "Composition", "Match", "Part"]
+
+PARTS = (
+    model.CAUSAL_LM,
+    embedding.EMBEDDING,
+    norm.OFFSET_RMS_NORM,
+    norm.RMS_NORM,
+    position.ROTARY,
+    mla.MLA,
+    attention.SOFTCAP_PAGED,
+    attention.FUSED_PAGED_SINKS,
+    attention.FUSED_PAGED,
+    moe.SPARSE_MOE,
+    mlp.GATED_MLP,
+    mlp_plain.PLAIN_MLP,
+    block.SANDWICH,
+    block.PRE_NORM,
+    head.LM_HEAD,
+)
+# options every code file may hold: the assembler folds them (a part's own, and the skeleton's the others set)
+OPTION_NAMES = frozenset(name for part in PARTS for name in part.options)
+# options that stay tables of the file (module constants read in a loop), not folded into the code
+TABLES = frozenset({"STACKED_PARAMS", "CHECKPOINT_RENAMES"})

@@ -1,0 +1,298 @@
+"""Attention over the paged KV cache: fused (npu_fused_infer_attention_score_v2; full or sliding-window layers),
+with attention sinks (its learnable_sink), soft-capped logits in plain torch (no fused kernel soft-caps), and
+multi-head latent attention (agent.recipe.native.parts.mla). What the layers' attention modules are is read from
+them: separate or fused q/k/v, biases (literal, or set by a config key: the key toggled, the bias appears), q/k
+norms, the softmax scale, sinks, and the sliding windows as transformers' own cache decides them, for the
+checkpoint's config and for one with a window toggled."""
+
+from __future__ import annotations
+
+import math
+
+from agent.recipe.native.not_native import NotNative
+from agent.recipe.native.parts.part import Expr, Match, Part
+from agent.recipe.native.parts.mla import is_mla_model
+from agent.recipe.native.parts.probe import DROP, children
+
+ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "q_norm", "k_norm", "rotary_fn"}
+BIAS_KEYS = ("attention_bias",)       # config keys that may set the projections' biases
+DENSE_OPTIONS = ("QKV", "QKV_BIAS", "O_BIAS", "QK_NORM", "QUERY_PRE_ATTN_SCALAR", "WINDOWS", "LAYER_TYPE_WINDOWS",
+                 "STACKED_PARAMS")
+WINDOW = 5                            # the shrunk window (agent.recipe.native.parts.probe.shrunk_config)
+
+
+def _projections(probe, index: int = 0):
+    """(q/k/v linears, o_proj) of layer `index`'s attention."""
+    a = children(probe.layers[index].self_attn)
+    qkv = [a["qkv_proj"]] if "qkv_proj" in a else [a.get("q_proj"), a.get("k_proj"), a.get("v_proj")]
+    return qkv, a.get("o_proj")
+
+
+def _bias_option(probe, present: bool, which: str):
+    """A projection group's bias: Expr(config.<key>) where a key toggles it, else the literal."""
+    import torch
+
+    for key in BIAS_KEYS:
+        value = probe.config.to_dict().get(key)
+        if not isinstance(value, bool):
+            continue
+        try:
+            other = probe.variant({key: not value})
+        except NotNative:
+            continue
+        qkv, o = _projections(other)
+        module = qkv[0] if which == "qkv" else o
+        toggled = isinstance(getattr(module, "bias", None), torch.Tensor)
+        if toggled != present and present == value:
+            return Expr(f"config.{key}")
+    return present
+
+
+def window_rule(config, num_layers: int) -> tuple[bool, bool]:
+    """(sliding, from layer_types): the generated file's rule (config.layer_types' sliding_attention layers,
+    else every layer when config.sliding_window is set) checked against transformers' own cache decision for
+    this config; another decision is not native."""
+    from transformers.cache_utils import DynamicCache
+
+    layers = DynamicCache(config=config).layers
+    decided = [getattr(layer, "sliding_window", None) if getattr(layer, "is_sliding", False) else None
+               for layer in layers][:num_layers]
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    ours = [None] * num_layers
+    if window:
+        ours = [window if t == "sliding_attention" else None for t in types[:num_layers]] if types else [window] * num_layers
+    if len(decided) != num_layers or decided != ours:
+        raise NotNative("attention", f"sliding windows per layer {decided} are not config.layer_types' / "
+                                     f"config.sliding_window's {ours}")
+    return any(ours), bool(types)
+
+
+def _window_changes(probe, on: bool) -> dict:
+    """Config changes that turn the checkpoint's sliding windows on (a window, the switches that enable it, the
+    layer kinds recomputed from them) or off."""
+    data = probe.config_dict
+    if not on:
+        return {"sliding_window": None, **({"use_sliding_window": False} if "use_sliding_window" in data else {})}
+    changes = {"sliding_window": 4096}
+    if "use_sliding_window" in data:
+        # qwen2's switches: its layer kinds follow from them (dropped, transformers derives them again)
+        changes.update(use_sliding_window=True, max_window_layers=1, layer_types=DROP)
+    return changes
+
+
+def _logits(probe):
+    import torch
+
+    ids = (torch.arange(2 * WINDOW + 2) * 7 + 3)[None] % probe.config.vocab_size
+    with torch.no_grad():
+        return probe.model(input_ids=ids, use_cache=False).logits
+
+
+def _toggled(probe, on: bool):
+    """The probe with the window toggled, or None where transformers does not build or run that config."""
+    try:
+        other = probe.variant(_window_changes(probe, on))
+        _logits(other)
+    except Exception:  # noqa: BLE001 - a config the architecture refuses: no such checkpoint to serve
+        return None
+    return other
+
+
+def windows(probe) -> dict:
+    """WINDOWS (the architecture attends in a window where the config sets one) and LAYER_TYPE_WINDOWS (which
+    layers: config.layer_types'), held to transformers' own cache decision on the checkpoint's config and on one
+    with the window toggled (which the self-check then runs too)."""
+    import torch
+
+    if "sliding_window" not in probe.config.to_dict():
+        return {"WINDOWS": False, "LAYER_TYPE_WINDOWS": False}
+    sliding, from_types = window_rule(probe.config, len(probe.layers))
+    other = _toggled(probe, not sliding)
+    if other is not None:
+        attends = not torch.allclose(_logits(other), _logits(probe), atol=1e-6)
+        if attends:
+            other_sliding, other_types = window_rule(other.config, len(other.layers))
+            sliding, from_types = sliding or other_sliding, from_types or other_types
+    elif not sliding:
+        return {"WINDOWS": False, "LAYER_TYPE_WINDOWS": False}
+    else:
+        attends = True
+    if not attends:
+        if sliding:
+            raise NotNative("attention", "a sliding window in the config that the model does not attend by")
+        return {"WINDOWS": False, "LAYER_TYPE_WINDOWS": False}
+    facts = {"WINDOWS": True, "LAYER_TYPE_WINDOWS": from_types}
+    if other is not None:
+        facts["toggle"] = _window_changes(probe, not bool(getattr(probe.config, "sliding_window", None)))
+    return facts
+
+
+def dense_attention(probe) -> dict:
+    """The dense attention's facts (memoised on the probe); NotNative for one the fused kernels cannot run."""
+    if "dense_attention" in probe.memo:
+        return probe.memo["dense_attention"]
+    import torch
+
+    heads, kv_heads, head_dim = probe.heads, probe.kv_heads, probe.head_dim
+    shapes = set()
+    for index, layer in enumerate(probe.layers):
+        attention = layer.self_attn
+        a = children(attention)
+        if set(a) - ATTENTION_CHILDREN:
+            raise NotNative("attention", f"{type(attention).__name__} has {sorted(set(a) - ATTENTION_CHILDREN)}")
+        sink = getattr(attention, "sinks", None)
+        if sink is not None and (not isinstance(sink, torch.nn.Parameter) or tuple(sink.shape) != (heads,)):
+            raise NotNative("attention", f"attention sinks of shape {tuple(getattr(sink, 'shape', ()))}: not one per head")
+        qkv, o = _projections(probe, index)
+        if any(p is None or not isinstance(p, torch.nn.Linear) for p in qkv) or not isinstance(o, torch.nn.Linear):
+            raise NotNative("attention", f"{type(attention).__name__}: q/k/v/o are not plain linears")
+        fused = "qkv_proj" in a
+        if fused and qkv[0].out_features != (heads + 2 * kv_heads) * head_dim:
+            raise NotNative("attention", "qkv_proj is not [q; k; v] of the config's heads")
+        if not fused and (qkv[0].out_features, qkv[1].out_features) != (heads * head_dim, kv_heads * head_dim):
+            raise NotNative("attention", "q/k projections are not the config's heads x head_dim")
+        qk_norm = ("q_norm" in a, "k_norm" in a)
+        if qk_norm not in ((True, True), (False, False)):
+            raise NotNative("attention", "a q norm without a k norm, or the reverse")
+        scale = getattr(attention, "scaling", None)
+        if not isinstance(scale, float):
+            raise NotNative("attention", f"{type(attention).__name__} has no float `scaling`")
+        shapes.add((fused, qkv[0].bias is not None, o.bias is not None, qk_norm[0], sink is not None, scale))
+    if len(shapes) != 1:
+        raise NotNative("attention", "layers of unequal attention")
+    fused, qkv_bias, o_bias, qk_norm, sinks, scale = next(iter(shapes))
+    scales = {"head_dim": head_dim ** -0.5}
+    if isinstance(getattr(probe.config, "query_pre_attn_scalar", None), (int, float)):
+        scales["query_pre_attn_scalar"] = probe.config.query_pre_attn_scalar ** -0.5
+    rule = next((name for name, value in scales.items() if math.isclose(scale, value, rel_tol=1e-6)), None)
+    if rule is None:
+        raise NotNative("attention", f"softmax scale {scale} is neither head_dim ** -0.5 nor query_pre_attn_scalar ** -0.5")
+    if sinks:
+        _probe_sinks(probe.modeling, probe.layers[0].self_attn)
+    stacked = () if fused else (("merged_qkv_proj", "q_proj", "q"), ("merged_qkv_proj", "k_proj", "k"),
+                                ("merged_qkv_proj", "v_proj", "v"))
+    facts = {"QKV": "qkv_proj" if fused else "merged_qkv_proj", "QKV_BIAS": _bias_option(probe, qkv_bias, "qkv"),
+             "O_BIAS": _bias_option(probe, o_bias, "o"), "QK_NORM": qk_norm,
+             "QUERY_PRE_ATTN_SCALAR": rule == "query_pre_attn_scalar", "STACKED_PARAMS": stacked,
+             "sinks": sinks, **windows(probe)}
+    probe.memo["dense_attention"] = facts
+    return facts
+
+
+def _probe_sinks(modeling_module, attention) -> None:
+    """The architecture's eager attention adds each head's sink as one more logit of its softmax and
+    drops it from the weights (what npu_fused_infer_attention_score_v2's learnable_sink computes)."""
+    import torch
+
+    attend = getattr(modeling_module, "eager_attention_forward", None)
+    if attend is None:
+        raise NotNative("attention", "attention sinks, and no eager_attention_forward to read them from")
+    gen = torch.Generator().manual_seed(5)
+    heads = attention.sinks.shape[0]
+    groups = getattr(attention, "num_key_value_groups", 1)
+    q = torch.randn(1, heads, 3, 8, generator=gen)
+    k, v = torch.randn(1, heads // groups, 3, 8, generator=gen), torch.randn(1, heads // groups, 3, 8, generator=gen)
+    sinks = torch.randn(heads, generator=gen)
+    causal = torch.full((3, 3), float("-inf")).triu(1)[None, None]
+    saved = attention.sinks.detach().clone()
+    try:
+        with torch.no_grad():
+            attention.sinks.copy_(sinks)
+            got = attend(attention, q, k, v, causal, scaling=0.5, dropout=0.0)[0]
+    except Exception as exc:  # noqa: BLE001 - another signature: not the form we know
+        raise NotNative("attention", f"attention sinks: eager_attention_forward ({type(exc).__name__}) is not the known form") from exc
+    finally:
+        with torch.no_grad():
+            attention.sinks.copy_(saved)
+    scores = torch.matmul(q, k.repeat_interleave(groups, dim=1).transpose(-1, -2)) * 0.5 + causal
+    scores = torch.cat([scores, sinks.view(1, heads, 1, 1).expand(1, heads, 3, 1)], dim=-1)
+    want = torch.matmul(scores.softmax(-1)[..., :-1], v.repeat_interleave(groups, dim=1)).transpose(1, 2)
+    if not torch.allclose(got.reshape(want.shape), want, atol=1e-5):
+        raise NotNative("attention", "attention sinks enter the softmax otherwise than one logit per head")
+
+
+def _softcapped(probe) -> bool:
+    return getattr(probe.config, "attn_logit_softcapping", None) is not None
+
+
+def _dense_match(part, probe, chosen, **extra) -> Match:
+    facts = dense_attention(probe)
+    options = {k: v for k, v in facts.items() if k in DENSE_OPTIONS}
+    position = chosen.get("position")
+    return Match(part, options={**options, **extra},
+                 facts={**facts, "partial": bool(position is not None and position.facts.get("partial"))})
+
+
+def _fused_paged(probe, chosen):
+    if is_mla_model(probe) or _softcapped(probe) or dense_attention(probe)["sinks"]:
+        return None
+    return _dense_match(FUSED_PAGED, probe, chosen)
+
+
+def _fused_paged_sinks(probe, chosen):
+    if is_mla_model(probe) or _softcapped(probe) or not dense_attention(probe)["sinks"]:
+        return None
+    return _dense_match(FUSED_PAGED_SINKS, probe, chosen, SINKS=True)
+
+
+def _softcap_paged(probe, chosen):
+    if is_mla_model(probe) or not _softcapped(probe):
+        return None
+    if dense_attention(probe)["sinks"]:
+        raise NotNative("attention", "attention sinks with soft-capped logits: neither the fused attention nor the "
+                                     "plain-torch one computes both")
+    return _dense_match(SOFTCAP_PAGED, probe, chosen)
+
+
+WRITE_KERNELS = ("npu_scatter_nd_update_ (paged KV write)",)
+
+
+def _rope_kernel(match) -> str:
+    return "npu_apply_rotary_pos_emb (TND, rotate-half" + (", on the rotary slice)" if match.facts["partial"] else ")")
+
+
+def _fused_kernels(match):
+    window = ("; sliding-window layers: band mode (sparse_mode 4) at prefill and, on the window's blocks alone, at "
+              "decode" if match.options["WINDOWS"] else "")
+    sinks = "; attention sinks as its learnable_sink" if match.options.get("SINKS") else ""
+    return (WRITE_KERNELS + (_rope_kernel(match), f"npu_fused_infer_attention_score_v2 (TND, paged cache through "
+                                                  f"block_table{window}{sinks})"), ())
+
+
+def _softcap_kernels(match):
+    window = "window's blocks on sliding-window layers and " if match.options["WINDOWS"] else ""
+    return (WRITE_KERNELS + (_rope_kernel(match),),
+            ("attention: plain torch over the paged cache (logit soft-capping: npu_fused_infer_attention_score has "
+             f"no soft-cap); a decode step gathers the {window}the block table's width on full-attention layers "
+             "(one shape for graph mode)",))
+
+
+def _variants(match, probe):
+    """The file serves the family's switches: a bias key toggled, a sliding window on (or off)."""
+    found = []
+    for option in ("QKV_BIAS", "O_BIAS"):
+        value = match.options[option]
+        if isinstance(value, Expr):
+            key = value.code.split(".", 1)[1]
+            change = ("bias " + key, {key: not getattr(probe.config, key)})
+            if change not in found:
+                found.append(change)
+    if "toggle" in match.facts:
+        found.append(("sliding window " + ("off" if getattr(probe.config, "sliding_window", None) else "on"),
+                      match.facts["toggle"]))
+    return found
+
+
+_READS = ("num_attention_heads", "num_key_value_heads", "head_dim", "hidden_size", "attention_bias", "sliding_window",
+          "layer_types", "query_pre_attn_scalar", "rms_norm_eps")
+FUSED_PAGED = Part(
+    slot="attention", name="fused_paged", code="attention_fused.py", provides="ModelAttention", reads=_READS,
+    probe=_fused_paged, kernels=_fused_kernels, options=DENSE_OPTIONS, variants=_variants)
+FUSED_PAGED_SINKS = Part(
+    slot="attention", name="fused_paged_sinks", code="attention_fused.py", provides="ModelAttention", reads=_READS,
+    probe=_fused_paged_sinks, kernels=_fused_kernels, options=DENSE_OPTIONS + ("SINKS",), variants=_variants)
+SOFTCAP_PAGED = Part(
+    slot="attention", name="softcap_paged", code="attention_softcap.py", provides="ModelSoftcapAttention",
+    reads=_READS + ("attn_logit_softcapping",), probe=_softcap_paged, kernels=_softcap_kernels,
+    options=DENSE_OPTIONS, variants=_variants)

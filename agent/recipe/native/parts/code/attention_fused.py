@@ -1,0 +1,200 @@
+"""Attention over the paged KV cache with npu_fused_infer_attention_score_v2, as upstream's models/qwen runs it."""
+
+import torch
+import torch.distributed as dist
+import torch_npu
+from torch import nn
+
+from executor.core.kv_cache.cache_info import CacheEntry
+from executor.utils.forward_metadata import ForwardMetaData
+from module.linear import QKVParallelLinear, RowParallelLinear
+
+from .norm_rms import ModelRMSNorm as Norm
+
+# upstream's cache kinds (executor/core/kv_cache)
+FULL = "FullAttention"
+SLIDING = "SlidingWindow"
+
+QKV = "merged_qkv_proj"         # the q/k/v projection: "qkv_proj" where the checkpoint stores it fused (phi3)
+QKV_BIAS = False                # q/k/v biases: a literal, or the config key that sets them
+O_BIAS = False                  # o_proj's bias (module.linear adds it on row-parallel rank 0)
+QK_NORM = False                 # per-head RMSNorm of queries and keys before the rotary (qwen3, gemma3)
+QUERY_PRE_ATTN_SCALAR = False   # softmax scale query_pre_attn_scalar ** -0.5 (else head_dim ** -0.5)
+ROPE_BY_LAYER_TYPE = False      # cos / sin per layer type (gemma3's local and global bases)
+WINDOWS = False                 # the architecture attends in a sliding window where its config says so
+LAYER_TYPE_WINDOWS = False      # which layers: config.layer_types' sliding_attention ones (else every layer)
+SINKS = False                   # a learnable sink logit per head in the softmax (gpt_oss)
+
+
+def layer_windows(config):
+    """Per layer: its sliding window, or None for full attention, as transformers decides it from the config."""
+    window = getattr(config, "sliding_window", None)
+    if not window:
+        return [None] * config.num_hidden_layers
+    if LAYER_TYPE_WINDOWS:
+        return [window if kind == "sliding_attention" else None for kind in config.layer_types[:config.num_hidden_layers]]
+    return [window] * config.num_hidden_layers
+
+
+def window_start(kv_len, window, block_size):
+    """Where the blocks a sliding-window decode reads begin: the first position of the block holding the
+    row's first key (kv_len - window). kv_len a device tensor or a host int (sym_max: no guard on it)."""
+    if isinstance(kv_len, torch.Tensor):
+        first_key = (kv_len - window).clamp_min(0)
+    else:
+        first_key = torch.sym_max(kv_len - window, 0)
+    return first_key // block_size * block_size
+
+
+class ModelAttention(nn.Module):
+    def __init__(self, config, infer_config, comm_manager, layer_idx, prefix=""):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.comm_manager = comm_manager
+        self.attn_tp_size = infer_config.parallel_config.attn_tp_size
+        self.enable_npugraph_ex = infer_config.model_config.exe_mode == "npugraph_ex"
+        self.block_size = infer_config.scheduler_config.block_size
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.num_heads = config.num_attention_heads
+        self.num_key_value_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.num_heads_per_rank = self.num_heads // self.attn_tp_size
+        self.num_key_value_heads_per_rank = max(self.num_key_value_heads // self.attn_tp_size, 1)
+        if WINDOWS:
+            self.sliding_window = layer_windows(config)[layer_idx]
+            self.attn_type = SLIDING if self.sliding_window else FULL
+        else:
+            self.attn_type = FULL
+        if ROPE_BY_LAYER_TYPE:
+            self.layer_type = config.layer_types[layer_idx]
+        if QUERY_PRE_ATTN_SCALAR:
+            self.scaling = config.query_pre_attn_scalar ** -0.5
+        else:
+            self.scaling = self.head_dim ** -0.5
+        tp_rank = comm_manager.get_rank("attn_tp_group") if self.attn_tp_size > 1 else 0
+        setattr(self, QKV, QKVParallelLinear(
+            hidden_size=config.hidden_size, head_size=self.head_dim, total_num_heads=self.num_heads,
+            total_num_kv_heads=self.num_key_value_heads, bias=QKV_BIAS, tp_size=self.attn_tp_size,
+            tp_rank=tp_rank, prefix=f"{prefix}.{QKV}", return_bias=False))
+        self.o_proj = RowParallelLinear(
+            self.num_heads * self.head_dim, config.hidden_size, bias=O_BIAS, tp_size=self.attn_tp_size,
+            tp_rank=tp_rank, input_is_parallel=True, prefix=f"{prefix}.o_proj")
+        if SINKS:
+            # one learnable sink logit per head of this rank (fused attention's learnable_sink)
+            self.sinks = nn.Parameter(torch.empty(self.num_heads_per_rank), requires_grad=False)
+            self.sinks.weight_loader = self._load_sinks
+            self.tp_rank = tp_rank
+        if QK_NORM:
+            self.q_norm = Norm(self.head_dim, eps=config.rms_norm_eps)
+            self.k_norm = Norm(self.head_dim, eps=config.rms_norm_eps)
+        self.k_cache = torch.Tensor([])
+        self.v_cache = torch.Tensor([])
+        cache_dtype = torch.get_default_dtype()
+        self.cache_entries = [
+            CacheEntry(cache_name=name, attn_type=self.attn_type, dim=self.head_dim,
+                       num_head=self.num_key_value_heads_per_rank, dtype=cache_dtype, block_size=self.block_size,
+                       needs_block=True, **({"sliding_window": self.sliding_window} if WINDOWS else {}),
+                       tensor_setter=lambda tensor, layer=self, name=name: setattr(layer, name, tensor))
+            for name in ("k_cache", "v_cache")
+        ]
+
+    def forward(self, hidden_states, cos_sin, forward_metadata: ForwardMetaData):
+        is_prefill = forward_metadata.is_prefill
+        padded_q_len = hidden_states.size(0)
+        q_len = padded_q_len
+        if is_prefill and 0 < forward_metadata.prompt_tokens < padded_q_len:
+            hidden_states = hidden_states[:forward_metadata.prompt_tokens]
+            q_len = forward_metadata.prompt_tokens
+        qkv = getattr(self, QKV)(hidden_states)
+        query, key, value = qkv.split((self.num_heads_per_rank * self.head_dim,
+                                       self.num_key_value_heads_per_rank * self.head_dim,
+                                       self.num_key_value_heads_per_rank * self.head_dim), dim=-1)
+        query = query.reshape(q_len, self.num_heads_per_rank, self.head_dim)
+        key = key.reshape(q_len, self.num_key_value_heads_per_rank, self.head_dim)
+        value = value.reshape(q_len, self.num_key_value_heads_per_rank, self.head_dim)
+        if QK_NORM:
+            query, key = self.q_norm(query), self.k_norm(key)
+        cos, sin = cos_sin[self.layer_type] if ROPE_BY_LAYER_TYPE else cos_sin
+        cos, sin = cos[:q_len], sin[:q_len]
+        query, key = torch_npu.npu_apply_rotary_pos_emb(query.contiguous(), key.contiguous(), cos, sin, layout="TND")
+        if not self.k_cache.numel() or not self.v_cache.numel():
+            raise RuntimeError("KV cache not allocated: the executor binds it through get_cache_info()")
+        slots = forward_metadata.slot_mapping[self.attn_type].view(-1)[:q_len].view(-1, 1)
+        torch_npu.npu_scatter_nd_update_(self.k_cache.view(-1, self.num_key_value_heads_per_rank, self.head_dim), slots, key)
+        torch_npu.npu_scatter_nd_update_(self.v_cache.view(-1, self.num_key_value_heads_per_rank, self.head_dim), slots, value)
+        out = self._attention(query, key, value, forward_metadata)
+        out = self.o_proj(out.reshape(q_len, self.num_heads_per_rank * self.head_dim))
+        if q_len < padded_q_len:
+            out = torch.cat([out, out.new_zeros((padded_q_len - q_len, out.size(-1)))], dim=0)
+        if self.attn_tp_size > 1:
+            dist.all_reduce(out, group=self.comm_manager.get_group("attn_tp_group"))
+        return out
+
+    def _attention(self, query, key, value, forward_metadata):
+        """npu_fused_infer_attention_score_v2 in TND: the prompt's own keys at prefill, the paged cache
+        through block_table at decode; [tokens, heads, head_dim]."""
+        is_prefill = forward_metadata.is_prefill
+        block_table = forward_metadata.block_table[self.attn_type]
+        if WINDOWS and is_prefill and self.sliding_window:
+            # the prompt's own keys: a sliding-window table holds only the window's blocks (the
+            # earlier ones are the null block); band from the bottom right, transformers' window
+            # (key j > query i - window) is pre_tokens = window - 1
+            out, _ = torch.ops.npu.npu_fused_infer_attention_score_v2(
+                query, key, value, num_query_heads=self.num_heads_per_rank,
+                num_key_value_heads=self.num_key_value_heads_per_rank, input_layout="TND",
+                softmax_scale=self.scaling, sparse_mode=4, pre_tokens=self.sliding_window - 1, next_tokens=0,
+                atten_mask=forward_metadata.attention_mask, actual_seq_qlen=forward_metadata.actual_seq_lengths_cu_q,
+                actual_seq_kvlen=forward_metadata.actual_seq_lengths_cu_q,
+                **({"learnable_sink": self.sinks} if SINKS else {}))
+            return out
+        if not is_prefill and self.enable_npugraph_ex:
+            actual_seq_kvlen = forward_metadata.actual_seq_lengths_list_kv
+            actual_seq_qlen = forward_metadata.actual_seq_lengths_cu_list_q
+        else:
+            actual_seq_kvlen = forward_metadata.actual_seq_lengths_kv
+            actual_seq_qlen = forward_metadata.actual_seq_lengths_cu_q
+        # prefill: causal from the bottom right (sparse_mode 3, the 2048 x 2048 mask); decode: one query per
+        # sequence, no mask
+        mask, sparse_mode = (forward_metadata.attention_mask, 3) if is_prefill else (None, 0)
+        if WINDOWS:
+            band = {}
+            if not is_prefill and self.sliding_window:
+                # a sliding window reads its own blocks alone, under the prefill's band (a one-token TND
+                # query keeps sparse_mode 4, as upstream's gpt_oss decodes)
+                block_table, actual_seq_kvlen = self._decode_window(block_table, actual_seq_kvlen, forward_metadata)
+                mask, sparse_mode = forward_metadata.attention_mask, 4
+                band = {"pre_tokens": self.sliding_window - 1, "next_tokens": 0}
+        k_cache, v_cache = self.k_cache, self.v_cache
+        out, _ = torch.ops.npu.npu_fused_infer_attention_score_v2(
+            query, k_cache.view(*k_cache.shape[:2], -1), v_cache.view(*v_cache.shape[:2], -1),
+            num_query_heads=self.num_heads_per_rank, num_key_value_heads=self.num_key_value_heads_per_rank,
+            softmax_scale=self.scaling, input_layout="TND", sparse_mode=sparse_mode, atten_mask=mask,
+            actual_seq_qlen=actual_seq_qlen, actual_seq_kvlen=actual_seq_kvlen, block_table=block_table,
+            block_size=self.block_size, **({"learnable_sink": self.sinks} if SINKS else {}),
+            **(band if WINDOWS else {}))
+        return out
+
+    def _load_sinks(self, param, weight):
+        """The checkpoint's sinks of every head: this rank's heads."""
+        start = self.tp_rank * self.num_heads_per_rank
+        param.data.copy_(weight[start:start + self.num_heads_per_rank])
+
+    def _decode_window(self, block_table, actual_seq_kvlen, forward_metadata):
+        """The window's blocks of each row (_window_blocks) and the row lengths counted from the first of
+        them (host ints stay host ints): the band from the bottom right (pre_tokens = window - 1) then
+        keeps keys p - window + 1 .. p of a query at position p."""
+        kv_lens = forward_metadata.actual_seq_lengths_kv.view(-1, 1).long()
+        table, start = self._window_blocks(block_table, kv_lens)
+        if isinstance(actual_seq_kvlen, torch.Tensor):
+            return table, actual_seq_kvlen - start.view(-1).to(actual_seq_kvlen.dtype)
+        return table, [n - window_start(n, self.sliding_window, self.block_size) for n in actual_seq_kvlen]
+
+    def _window_blocks(self, block_table, kv_lens):
+        """A sliding-window decode reads what it attends to, not the whole table: per row, the blocks from
+        the one holding its first key on, a fixed count (the window's keys start anywhere in a block:
+        window + block_size - 1 positions; one shape for a compiled decode), chosen on the device from
+        kv_lens [rows, 1]. Returns (those blocks [rows, n], their first position [rows, 1])."""
+        width = block_table.shape[1]
+        count = min(-(-(self.sliding_window + self.block_size - 1) // self.block_size), width)
+        start = window_start(kv_lens, self.sliding_window, self.block_size)
+        columns = (start // self.block_size + torch.arange(count, device=block_table.device)).clamp_max(width - 1)
+        return block_table.gather(1, columns), start

@@ -1,0 +1,48 @@
+"""The decoder layer: attention and MLP (or sparse-MoE block), each behind its norm, as upstream's models/qwen
+chains them."""
+
+from torch import nn
+
+from .attention_fused import ModelAttention as Attention
+from .mlp_gated import ModelMLP as MLP
+from .moe import ModelSparseMoeBlock as SparseMoeBlock
+from .moe import is_moe_layer
+from .norm_rms import ModelRMSNorm as Norm
+
+SANDWICH = False        # post-attention and pre/post-feedforward norms around attention and MLP (gemma2, gemma3)
+# which layers' MLP is a sparse-MoE block: None, none; "all", every one; a config key (first_k_dense_replace,
+# decoder_sparse_step, ...), the layers is_moe_layer picks by it
+MOE_LAYERS = None
+
+
+class ModelDecoderLayer(nn.Module):
+    """Returns (residual, hidden) as models/qwen's layer does: the next norm adds them (npu_add_rms_norm)."""
+
+    def __init__(self, config, infer_config, comm_manager, layer_idx, prefix=""):
+        super().__init__()
+        self.self_attn = Attention(config, infer_config, comm_manager, layer_idx, prefix=f"{prefix}.self_attn")
+        if MOE_LAYERS == "all":
+            self.mlp = SparseMoeBlock(config, infer_config, comm_manager, prefix=f"{prefix}.mlp")
+        elif MOE_LAYERS is not None:
+            mlp = SparseMoeBlock if is_moe_layer(config, layer_idx) else MLP
+            self.mlp = mlp(config, infer_config, comm_manager, prefix=f"{prefix}.mlp")
+        else:
+            self.mlp = MLP(config, infer_config, comm_manager, prefix=f"{prefix}.mlp")
+        self.input_layernorm = Norm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = Norm(config.hidden_size, eps=config.rms_norm_eps)
+        if SANDWICH:
+            self.pre_feedforward_layernorm = Norm(config.hidden_size, eps=config.rms_norm_eps)
+            self.post_feedforward_layernorm = Norm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, hidden_states, cos_sin, past_residual, forward_metadata):
+        hidden_states, residual = self.input_layernorm(hidden_states, past_residual)
+        hidden_states = self.self_attn(hidden_states, cos_sin, forward_metadata)
+        if SANDWICH:
+            # the attention's and the MLP's outputs are normed before they join the residual
+            hidden_states = self.post_attention_layernorm(hidden_states)
+            hidden_states, residual = self.pre_feedforward_layernorm(hidden_states, residual)
+            hidden_states = self.post_feedforward_layernorm(self.mlp(hidden_states))
+        else:
+            hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+            hidden_states = self.mlp(hidden_states)
+        return residual, hidden_states

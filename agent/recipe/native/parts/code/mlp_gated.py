@@ -1,0 +1,40 @@
+"""The gated MLP down(act(gate(x)) * up(x)), gate and up merged into one column-parallel linear."""
+
+import torch.distributed as dist
+import torch_npu
+from torch import nn
+from transformers.activations import ACT2FN
+
+from module.linear import MergedColumnParallelLinear, RowParallelLinear
+
+SWIGLU = True           # the activation is silu: npu_swiglu computes silu(gate) * up
+ACT = "hidden_act"      # the config key naming the gate's activation
+MLP_BIAS = False        # the projections' biases: a literal, or the config key that sets them
+
+
+class ModelMLP(nn.Module):
+    def __init__(self, config, infer_config, comm_manager, prefix=""):
+        super().__init__()
+        self.attn_tp_size = infer_config.parallel_config.attn_tp_size
+        self.comm_manager = comm_manager
+        tp_rank = comm_manager.get_rank("attn_tp_group") if self.attn_tp_size > 1 else 0
+        self.gate_up_proj = MergedColumnParallelLinear(
+            input_size=config.hidden_size, output_sizes=[config.intermediate_size] * 2, bias=MLP_BIAS,
+            tp_size=self.attn_tp_size, tp_rank=tp_rank, prefix=f"{prefix}.gate_up_proj")
+        self.down_proj = RowParallelLinear(
+            input_size=config.intermediate_size, output_size=config.hidden_size, bias=MLP_BIAS,
+            tp_size=self.attn_tp_size, tp_rank=tp_rank, input_is_parallel=True, prefix=f"{prefix}.down_proj")
+        if not SWIGLU:
+            self.act_fn = ACT2FN[getattr(config, ACT)]
+
+    def forward(self, hidden_states):
+        gate_up = self.gate_up_proj(hidden_states)
+        if SWIGLU:
+            out = self.down_proj(torch_npu.npu_swiglu(gate_up, dim=-1))
+        else:
+            # act(gate) * up in plain torch: npu_swiglu computes silu only
+            gate, up = gate_up.chunk(2, dim=-1)
+            out = self.down_proj(self.act_fn(gate) * up)
+        if self.attn_tp_size > 1:
+            dist.all_reduce(out, group=self.comm_manager.get_group("attn_tp_group"))
+        return out

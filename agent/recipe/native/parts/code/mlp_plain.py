@@ -1,0 +1,34 @@
+"""The plain MLP down(act(up(x))), no gate: up column-parallel, down row-parallel."""
+
+import torch.distributed as dist
+from torch import nn
+from transformers.activations import ACT2FN
+
+from module.linear import ColumnParallelLinear, RowParallelLinear
+
+ACT = "hidden_act"      # the config key naming the activation
+MLP_BIAS = False        # the projections' biases: a literal, or the config key that sets them
+
+
+class ModelPlainMLP(nn.Module):
+    """down(act(up(x))) in plain torch between module.linear's parallel linears: no gate, so npu_swiglu does not
+    apply; the partial sums of the row-parallel down projection join over attn_tp_group."""
+
+    def __init__(self, config, infer_config, comm_manager, prefix=""):
+        super().__init__()
+        self.attn_tp_size = infer_config.parallel_config.attn_tp_size
+        self.comm_manager = comm_manager
+        tp_rank = comm_manager.get_rank("attn_tp_group") if self.attn_tp_size > 1 else 0
+        self.up_proj = ColumnParallelLinear(
+            input_size=config.hidden_size, output_size=config.intermediate_size, bias=MLP_BIAS,
+            tp_size=self.attn_tp_size, tp_rank=tp_rank, prefix=f"{prefix}.up_proj")
+        self.down_proj = RowParallelLinear(
+            input_size=config.intermediate_size, output_size=config.hidden_size, bias=MLP_BIAS,
+            tp_size=self.attn_tp_size, tp_rank=tp_rank, input_is_parallel=True, prefix=f"{prefix}.down_proj")
+        self.act_fn = ACT2FN[getattr(config, ACT)]
+
+    def forward(self, hidden_states):
+        out = self.down_proj(self.act_fn(self.up_proj(hidden_states)))
+        if self.attn_tp_size > 1:
+            dist.all_reduce(out, group=self.comm_manager.get_group("attn_tp_group"))
+        return out

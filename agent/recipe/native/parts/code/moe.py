@@ -1,0 +1,322 @@
+"""The sparse-MoE block as upstream's fastest models run experts (models/qwen3_moe, deepseek_r1, gpt_oss):
+gating, npu_moe_init_routing_v2, grouped matmuls over experts stacked once, npu_moe_finalize_routing."""
+
+import torch
+import torch.distributed as dist
+import torch_npu
+from torch import nn
+
+from module.fuse_moe_gmm import FusedMoEGMM
+from module.linear import MergedColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+
+# which layers' MLP is this block: "all", or the config key transformers decides it by
+MOE_LAYERS = "all"
+EXPERTS_KEY = "num_experts"         # the config key of the routed expert count
+WIDTH_KEY = "moe_intermediate_size"  # the config key of one expert's intermediate width
+ROUTER = "gate"                     # the router's name in the checkpoint
+ROUTER_BIAS = False
+ROUTER_FP32 = False                 # router weight and its input in fp32 (deepseek_v3)
+SCORING = "softmax"                 # "softmax" | "sigmoid"
+RENORMALIZE = True                  # top-k weights divided by their sum: a literal, or the config key that says
+SELECTION_BIAS = False              # e_score_correction_bias added to the scores for choosing experts only
+GROUPS = False                      # grouped top-k (config.n_group groups, config.topk_group kept)
+GROUP_SELECT = "top2_sum"           # a group's score: "max" | "top2_sum" (the sum of its best two)
+ROUTED_SCALING = False              # weights times config.routed_scaling_factor
+EXPERTS = "gmm"                     # "gmm" (halves, no bias: FusedMoEGMM) | "biased_interleaved" (gpt_oss)
+SWIGLU_ALPHA = 1.702                # the clamped swiglu's alpha where the config has none (transformers' constant)
+FUSED_LAYOUT = "E,2I,H"             # transformers' fused gate_up parameter: "E,2I,H" or "E,H,2I"
+CKPT_EXPERT_NAMES = ("gate_proj", "up_proj", "down_proj")   # the checkpoint's per-expert (gate, up, down) names
+SHARED = None                       # shared experts: None | "plain" | "gated" (a sigmoid gate on their output)
+SHARED_NAME = "shared_experts"
+# the shared experts' width: "per_expert" (moe_intermediate_size x n_shared_experts) or the config key holding it
+SHARED_WIDTH = "per_expert"
+
+# npu_moe_gating_top_k's fused kernel on Atlas A2 / A3: 256 experts (torch_npu's page; upstream's deepseek_r1
+# _forward_gate also takes 384), a selection bias, 8 groups of which 4 are kept, k <= 32
+GATING_TOP_K_EXPERTS = (256, 384)
+GATING_TOP_K_GROUPS = (8, 4)
+GATING_TOP_K_MAX_K = 32
+
+
+def is_moe_layer(config, layer_idx):
+    """Whether decoder layer `layer_idx` runs the sparse-MoE block (else the dense MLP), by the config key
+    transformers reads."""
+    if MOE_LAYERS in ("first_k_dense_replace", "num_dense_layers"):
+        return layer_idx >= getattr(config, MOE_LAYERS)
+    if MOE_LAYERS == "mlp_layer_types":
+        return config.mlp_layer_types[layer_idx] == "sparse"
+    if MOE_LAYERS == "decoder_sparse_step":
+        return layer_idx not in (config.mlp_only_layers or []) and (layer_idx + 1) % config.decoder_sparse_step == 0
+    return True
+
+
+def shared_experts_width(config):
+    """The shared experts' intermediate width (0: this checkpoint has none)."""
+    if SHARED_WIDTH == "per_expert":
+        return config.moe_intermediate_size * (config.n_shared_experts or 0)
+    return getattr(config, SHARED_WIDTH) or 0
+
+
+def _moe_parallel(infer_config, comm_manager):
+    """(moe_tp_size, moe_tp_rank) of this rank; expert parallelism is not generated yet."""
+    parallel = infer_config.parallel_config
+    if getattr(parallel, "moe_ep_size", 1) > 1:
+        raise ValueError(f"moe_ep_size {parallel.moe_ep_size} (world_size // moe_tp_size): the generated MoE block "
+                         "splits experts by moe_tp_size only; set moe_tp_size to world_size")
+    tp_size = parallel.moe_tp_size
+    return tp_size, (comm_manager.get_rank("moe_tp_group") if tp_size > 1 else 0)
+
+
+def _check_moe_split(what, width, tp_size):
+    if width % tp_size:
+        raise ValueError(f"{what} {width} does not divide by moe_tp_size {tp_size}: choose a size that divides it")
+
+
+class ModelExperts(nn.Module):
+    """Stacked experts with per-expert biases and gpt_oss's interleaved gate/up, clamped swiglu (limit,
+    alpha, up + 1) in plain torch: npu_swiglu has no clamp. Weights [E, H, 2I / tp] as the checkpoint
+    stores them (no transpose); the down bias only on moe-tp rank 0 (the all-reduce adds the ranks)."""
+
+    def __init__(self, config, num_experts, hidden_size, width, tp_size, tp_rank, params_dtype):
+        super().__init__()
+        self.tp_size, self.tp_rank = tp_size, tp_rank
+        self.width = width // tp_size
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, hidden_size, 2 * self.width, dtype=params_dtype),
+                                         requires_grad=False)
+        self.gate_up_proj_bias = nn.Parameter(torch.empty(num_experts, 2 * self.width, dtype=torch.float32),
+                                              requires_grad=False)
+        self.down_proj = nn.Parameter(torch.empty(num_experts, self.width, hidden_size, dtype=params_dtype),
+                                      requires_grad=False)
+        self.down_proj_bias = nn.Parameter(torch.empty(num_experts, hidden_size, dtype=torch.float32),
+                                           requires_grad=False)
+        self.limit = config.swiglu_limit
+        self.alpha = getattr(config, "swiglu_alpha", SWIGLU_ALPHA)
+
+    def forward(self, x, expert_tokens, group_list_type=1):
+        gate_up = torch_npu.npu_grouped_matmul([x], [self.gate_up_proj], bias=[self.gate_up_proj_bias],
+                                               group_list=expert_tokens, group_type=0,
+                                               group_list_type=group_list_type, split_item=3)[0]
+        gate, up = gate_up[..., ::2], gate_up[..., 1::2]
+        gate = gate.clamp(min=None, max=self.limit)
+        up = up.clamp(min=-self.limit, max=self.limit)
+        glu = gate * torch.sigmoid(gate * self.alpha)
+        return torch_npu.npu_grouped_matmul([(up + 1) * glu], [self.down_proj], bias=[self.down_proj_bias],
+                                            group_list=expert_tokens, group_type=0,
+                                            group_list_type=group_list_type, split_item=3)[0]
+
+    def load_fused(self, name, weight):
+        """The checkpoint's fused tensors, this rank's slice of the intermediate axis."""
+        start, end = self.tp_rank * self.width, (self.tp_rank + 1) * self.width
+        if name == "gate_up_proj":
+            self.gate_up_proj.data.copy_(weight[:, :, 2 * start:2 * end])
+        elif name == "gate_up_proj_bias":
+            self.gate_up_proj_bias.data.copy_(weight[:, 2 * start:2 * end])
+        elif name == "down_proj":
+            self.down_proj.data.copy_(weight[:, start:end, :])
+        elif name == "down_proj_bias":
+            self.down_proj_bias.data.copy_(weight if self.tp_rank == 0 else torch.zeros_like(weight))
+        else:
+            raise KeyError(f"experts.{name}")
+
+
+class ModelSharedExperts(nn.Module):
+    """The shared experts: gate/up merged, npu_swiglu, down; split over moe_tp like the routed experts
+    (their partial sums join the routed output before the moe-tp all-reduce)."""
+
+    def __init__(self, config, width, tp_size, tp_rank, prefix=""):
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [width] * 2, bias=False, tp_size=tp_size,
+                                                       tp_rank=tp_rank, prefix=f"{prefix}.gate_up_proj")
+        self.down_proj = RowParallelLinear(width, config.hidden_size, bias=False, tp_size=tp_size, tp_rank=tp_rank,
+                                           prefix=f"{prefix}.down_proj")
+
+    def forward(self, x):
+        return self.down_proj(torch_npu.npu_swiglu(self.gate_up_proj(x)))
+
+
+class ModelSparseMoeBlock(nn.Module):
+    """Routed experts: the gating, npu_moe_init_routing_v2, npu_grouped_matmul over experts stacked once in
+    process_weights_after_loading, npu_moe_finalize_routing, a moe-tp all-reduce. forward: hidden_states
+    [T, H] -> [T, H]. Parameter names follow the checkpoint's block; load_weights takes names relative to it."""
+
+    def __init__(self, config, infer_config, comm_manager, prefix=""):
+        super().__init__()
+        self.comm_manager = comm_manager
+        self.hidden_size = config.hidden_size
+        self.num_experts = getattr(config, EXPERTS_KEY)
+        self.top_k = config.num_experts_per_tok
+        width = self.expert_width = getattr(config, WIDTH_KEY)
+        self.moe_tp_size, tp_rank = _moe_parallel(infer_config, comm_manager)
+        _check_moe_split(WIDTH_KEY, width, self.moe_tp_size)
+        self.renormalize = RENORMALIZE
+        if ROUTED_SCALING:
+            self.routed_scaling_factor = config.routed_scaling_factor
+        if GROUPS:
+            self.n_group, self.topk_group = config.n_group, config.topk_group
+        router = ReplicatedLinear(self.hidden_size, self.num_experts, bias=ROUTER_BIAS,
+                                  params_dtype=torch.float32 if ROUTER_FP32 else None, prefix=f"{prefix}.{ROUTER}")
+        if SELECTION_BIAS:
+            # added to the scores for choosing experts only, never to the weights
+            router.e_score_correction_bias = nn.Parameter(torch.empty(self.num_experts, dtype=torch.float32),
+                                                          requires_grad=False)
+        setattr(self, ROUTER, router)
+        if EXPERTS == "gmm":
+            self.experts = FusedMoEGMM(num_experts=self.num_experts, hidden_size=self.hidden_size,
+                                       intermediate_size=width, bias=False, tp_size=self.moe_tp_size, tp_rank=tp_rank,
+                                       params_dtype=torch.get_default_dtype(), prefix=f"{prefix}.experts")
+            # (param_name, checkpoint name, expert_id, shard_id): the checkpoint's per-expert tensors
+            self.expert_params_mapping = FusedMoEGMM.make_expert_params_mapping(
+                ckpt_gate_proj_name=CKPT_EXPERT_NAMES[0], ckpt_down_proj_name=CKPT_EXPERT_NAMES[2],
+                ckpt_up_proj_name=CKPT_EXPERT_NAMES[1], num_experts=self.num_experts)
+        else:
+            self.experts = ModelExperts(config, self.num_experts, self.hidden_size, width, self.moe_tp_size, tp_rank,
+                                        torch.get_default_dtype())
+        if SHARED is not None:
+            # shared experts where the checkpoint's config gives them a width
+            self.shared_width = shared_experts_width(config)
+            if self.shared_width:
+                _check_moe_split("the shared experts' width", self.shared_width, self.moe_tp_size)
+                setattr(self, SHARED_NAME, ModelSharedExperts(
+                    config, self.shared_width, self.moe_tp_size, tp_rank, prefix=f"{prefix}.{SHARED_NAME}"))
+                if SHARED == "gated":
+                    setattr(self, SHARED_NAME + "_gate", ReplicatedLinear(
+                        self.hidden_size, 1, bias=False, prefix=f"{prefix}.{SHARED_NAME}_gate"))
+        self.enable_weight_nz = getattr(infer_config.model_config, "enable_weight_nz", False)
+
+    def gating(self, hidden_states):
+        """(top-k weights [T, K] in fp32, expert ids [T, K] int32) as transformers' router computes them."""
+        logits = getattr(self, ROUTER)(hidden_states.float() if ROUTER_FP32 else hidden_states)
+        if SCORING == "softmax" and not GROUPS and not SELECTION_BIAS:
+            weights, expert_ids, _ = torch_npu.npu_moe_gating_top_k_softmax(logits, None, k=self.top_k)
+            weights = weights.float()
+            if self.renormalize:
+                weights = weights / weights.sum(dim=-1, keepdim=True)
+            if ROUTED_SCALING:
+                weights = weights * self.routed_scaling_factor
+            return weights, expert_ids.to(torch.int32)
+        if SCORING == "sigmoid" and self.renormalize and SELECTION_BIAS and GROUPS:
+            if (self.num_experts in GATING_TOP_K_EXPERTS and (self.n_group, self.topk_group) == GATING_TOP_K_GROUPS
+                    and self.top_k <= GATING_TOP_K_MAX_K):
+                weights, expert_ids, _ = torch_npu.npu_moe_gating_top_k(
+                    logits, k=self.top_k, bias=getattr(self, ROUTER).e_score_correction_bias.float(),
+                    k_group=self.topk_group, group_count=self.n_group,
+                    group_select_mode=1 if GROUP_SELECT == "top2_sum" else 0,  # 0: group max, 1: sum of its top 2
+                    renorm=0, norm_type=1,  # sigmoid, then top-k
+                    routed_scaling_factor=self.routed_scaling_factor if ROUTED_SCALING else 1.0, eps=1e-20)
+                return weights.float(), expert_ids.to(torch.int32)
+        # plain torch where the fused gating does not take this routing
+        scores = logits.float().sigmoid() if SCORING == "sigmoid" else logits.float().softmax(dim=-1)
+        if SELECTION_BIAS:
+            choice = scores + getattr(self, ROUTER).e_score_correction_bias.float()
+        else:
+            choice = scores
+        if GROUPS:
+            grouped = choice.view(choice.shape[0], self.n_group, -1)
+            if GROUP_SELECT == "max":
+                group_scores = grouped.amax(dim=-1)
+            else:
+                group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
+            keep = torch.zeros_like(group_scores, dtype=torch.bool)
+            keep.scatter_(1, group_scores.topk(self.topk_group, dim=-1).indices, True)
+            choice = grouped.masked_fill(~keep[..., None], float("-inf")).view(choice.shape[0], -1)
+        expert_ids = choice.topk(self.top_k, dim=-1).indices
+        weights = scores.gather(1, expert_ids)
+        if self.renormalize:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + (1e-20 if SCORING == "sigmoid" else 0.0))
+        if ROUTED_SCALING:
+            weights = weights * self.routed_scaling_factor
+        return weights, expert_ids.to(torch.int32)
+
+    def forward(self, hidden_states):
+        tokens = hidden_states.shape[0]
+        weights, expert_ids = self.gating(hidden_states)
+        if SHARED is not None:
+            shared = None
+            if self.shared_width:
+                shared = getattr(self, SHARED_NAME)(hidden_states)
+                if SHARED == "gated":
+                    shared = torch.sigmoid(getattr(self, SHARED_NAME + "_gate")(hidden_states)) * shared
+        expanded_x, expanded_row_idx, tokens_per_expert, _ = torch_npu.npu_moe_init_routing_v2(
+            hidden_states, expert_ids, active_num=tokens * self.top_k, expert_num=self.num_experts,
+            expert_tokens_num_type=1, expert_tokens_num_flag=True,  # 1: tokens per expert (counts)
+            active_expert_range=[0, self.num_experts], quant_mode=-1)
+        expert_out = self.experts(expanded_x, tokens_per_expert, group_list_type=1)
+        out = torch_npu.npu_moe_finalize_routing(
+            expert_out, skip1=shared if SHARED is not None else None, skip2=None, bias=None, scales=weights.to(expert_out.dtype),
+            expanded_src_to_dst_row=expanded_row_idx, export_for_source_row=None,
+            drop_pad_mode=2)  # 2: init_routing_v2's row order (token * K + k)
+        if self.moe_tp_size > 1:
+            dist.all_reduce(out, group=self.comm_manager.get_group("moe_tp_group"))
+        return out
+
+    def load_weights(self, weights):
+        """Checkpoint tensors named relative to this block (the router's "<name>.weight", "experts.0.<gate>.weight",
+        ...); returns the parameter names loaded."""
+        params = dict(self.named_parameters())
+        loaded = set()
+        for name, weight in weights:
+            if name.startswith("experts."):
+                if EXPERTS == "gmm":
+                    for target, expert_id, shard_id, tensor in self._expert_tensors(name, weight):
+                        param = params[target]
+                        param.weight_loader(param, tensor, target, shard_id=shard_id, expert_id=expert_id)
+                        loaded.add(target)
+                else:
+                    self.experts.load_fused(name.split(".", 1)[1], weight)
+                    loaded.add(name)
+                continue
+            if SHARED is not None and name.startswith(SHARED_NAME):
+                if not self.shared_width:
+                    continue          # this checkpoint's config gives its shared experts no width: none are built
+                for shard_id, ckpt_name in enumerate(("gate_proj", "up_proj")):
+                    if name.startswith(SHARED_NAME + ".") and f".{ckpt_name}." in name:
+                        target = name.replace(ckpt_name, "gate_up_proj")
+                        params[target].weight_loader(params[target], weight, shard_id)
+                        loaded.add(target)
+                        break
+                else:
+                    param = params[name]
+                    getattr(param, "weight_loader", lambda p, w: p.data.copy_(w))(param, weight)
+                    loaded.add(name)
+                continue
+            param = params.get(name)
+            if param is None:
+                raise ValueError(f"{name}: no parameter of the sparse-MoE block takes it (a dense layer's tensor? the "
+                                 "checkpoint's weights and its config.json's MoE layout disagree)")
+            getattr(param, "weight_loader", lambda p, w: p.data.copy_(w))(param, weight)
+            loaded.add(name)
+        return loaded
+
+    def _expert_tensors(self, name, weight):
+        """(parameter, expert id, shard id, tensor) for a routed-expert tensor: the checkpoint's per-expert
+        names ("experts.0.<gate>.weight"), or transformers' fused 3-D ones ("experts.gate_up_proj",
+        "experts.down_proj") as a checkpoint saved without its conversion holds them."""
+        for param_name, ckpt_name, expert_id, shard_id in self.expert_params_mapping:
+            if name.startswith(ckpt_name):
+                # FusedMoEGMM's loader narrows whatever it is given: a tensor of another width is refused here
+                if weight.shape[1 if shard_id == "w2" else 0] != self.expert_width:
+                    raise ValueError(f"{name} {tuple(weight.shape)}: an expert of width {self.expert_width} "
+                                     f"({WIDTH_KEY}) was expected; the checkpoint and its config disagree")
+                return [(name.replace(ckpt_name, param_name), expert_id, shard_id, weight)]
+        if name == "experts.gate_up_proj":
+            if FUSED_LAYOUT == "E,H,2I":
+                weight = weight.transpose(1, 2)
+            gate, up = weight.chunk(2, dim=1)
+            return [("experts.w13_weight", e, shard, w[e]) for e in range(weight.shape[0])
+                    for shard, w in (("w1", gate), ("w3", up))]
+        if name == "experts.down_proj":
+            if FUSED_LAYOUT == "E,H,2I":
+                weight = weight.transpose(1, 2)
+            return [("experts.w2_weight", e, "w2", weight[e]) for e in range(weight.shape[0])]
+        raise KeyError(f"{name}: no routed-expert parameter takes it")
+
+    def process_weights_after_loading(self):
+        """Linear weights transposed to [in, out], routed experts stacked as [E, in, out] for
+        npu_grouped_matmul (NZ where the recipe enables it, never for fp32 weights), once."""
+        for module in self.modules():
+            method = getattr(module, "quant_method", None)
+            if method is None:
+                continue
+            weight = getattr(module, "weight", getattr(module, "w13_weight", None))
+            nz = self.enable_weight_nz and weight is not None and weight.dtype != torch.float32
+            method.process_weights_after_loading(module, is_nz=nz)

@@ -1,0 +1,72 @@
+"""Rotary position embedding: cos / sin tables of the config's rope type, looked up per token (TND)."""
+
+import torch
+from torch import nn
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+# rope types whose frequencies depend on the sequence length (transformers' dynamic_rope_update)
+LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
+
+
+def rope_parameters(config, layer_type=None):
+    """The rope settings of `config`, of one layer type where the architecture keeps them per type."""
+    params = dict(getattr(config, "rope_parameters", None) or {})
+    if layer_type is not None and isinstance(params.get(layer_type), dict):
+        params = dict(params[layer_type])
+    params.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
+    return params
+
+
+class ModelRotaryEmbedding(nn.Module):
+    """cos / sin of every position, looked up per token: [tokens, 1, rotary_dim] (TND). The rope type is the
+    config's, read at run time: default here, the others (linear, dynamic, yarn, longrope, llama3) by
+    transformers' ROPE_INIT_FUNCTIONS; a partial rotary covers the first rotary_dim dims of each head. dynamic
+    and longrope change their frequencies with the sequence's length: position p gets what transformers'
+    incremental decoding gives it (the frequencies of a sequence p + 1 long). A prompt longer than the original
+    context is the one case where the two differ: transformers rotates all of it with the whole prompt's
+    frequencies, this table each position with its own."""
+
+    def __init__(self, config, head_dim, layer_type=None):
+        super().__init__()
+        params = rope_parameters(config, layer_type)
+        rope_type = params.get("rope_type", "default")
+        positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
+        if rope_type == "default":
+            factor = float(params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) or 1.0)
+            dim = int(head_dim * factor)
+            inv_freq = 1.0 / (float(params["rope_theta"]) ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+            freqs, scaling = torch.outer(positions, inv_freq), 1.0
+        elif rope_type in LENGTH_DEPENDENT_ROPE:
+            freqs, scaling = length_dependent_freqs(config, params, rope_type, layer_type)
+        else:
+            inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, None, layer_type=layer_type)
+            freqs = torch.outer(positions, inv_freq.float())
+        self.rotary_dim = 2 * freqs.shape[-1]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos_cached", emb.cos() * scaling, persistent=False)
+        self.register_buffer("sin_cached", emb.sin() * scaling, persistent=False)
+
+    def forward(self, x, position_ids):
+        cos = self.cos_cached[position_ids].unsqueeze(1)
+        sin = self.sin_cached[position_ids].unsqueeze(1)
+        return cos.to(x.dtype), sin.to(x.dtype)
+
+
+def length_dependent_freqs(config, params, rope_type, layer_type):
+    """(position x frequency angles, attention scaling) of dynamic / longrope: position p rotated by the
+    frequencies transformers uses for a sequence p + 1 long (past the original context: dynamic's NTK base
+    of that length, longrope's long factors)."""
+    init = ROPE_INIT_FUNCTIONS[rope_type]
+    inv_freq, scaling = init(config, None, layer_type=layer_type)
+    if rope_type == "dynamic":
+        original = config.max_position_embeddings
+        total = int(original * float(params.get("factor", 1.0)))
+        per_position = [inv_freq.float()] * original
+        per_position += [init(config, None, seq_len=p + 1, layer_type=layer_type)[0].float() for p in range(original, total)]
+    else:
+        original = int(params["original_max_position_embeddings"])
+        total = config.max_position_embeddings
+        long_freq = init(config, None, seq_len=original + 1, layer_type=layer_type)[0].float()
+        per_position = [inv_freq.float()] * min(original, total) + [long_freq] * max(total - original, 0)
+    positions = torch.arange(total, dtype=torch.float32)
+    return positions[:, None] * torch.stack(per_position), scaling

@@ -1,0 +1,25 @@
+"""The head: lm_head as module.linear's ColumnParallelLinear over lmhead_tp_group, tied to the input embedding
+when the checkpoint's config says so (always written: one file serves tied and untied checkpoints), logits
+soft-capped where the architecture reads config.final_logit_softcapping."""
+
+from __future__ import annotations
+
+from agent.recipe.native.parts.part import Match, Part
+
+
+def _probe(probe, chosen):
+    softcap = "final_logit_softcapping" in probe.config.to_dict()
+    return Match(LM_HEAD, options={"FINAL_SOFTCAP": softcap},
+                 facts={"softcap": getattr(probe.config, "final_logit_softcapping", None) is not None})
+
+
+def _variants(match, probe):
+    """The file serves the other tie: a tied checkpoint (no lm_head.weight) from an untied one and back."""
+    return [("tie_word_embeddings", {"tie_word_embeddings": not bool(getattr(probe.config, "tie_word_embeddings", False))})]
+
+
+LM_HEAD = Part(
+    slot="head", name="lm_head", code=None, provides=None,
+    reads=("vocab_size", "tie_word_embeddings", "final_logit_softcapping"), probe=_probe,
+    options=("FINAL_SOFTCAP",), variants=_variants,
+    kernels=lambda m: ((), ("final logit soft-capping: plain torch tanh",) if m.facts["softcap"] else ()))

@@ -1,0 +1,54 @@
+"""The plain (non-gated) MLP: down(act(up(x))), with or without biases (arcee's ReLU², nemotron's, starcoder2's
+c_fc / c_proj once renamed), read from the layers whose MLP is not a sparse-MoE block."""
+
+from __future__ import annotations
+
+from agent.recipe.native.not_native import NotNative
+from agent.recipe.native.parts.mlp import act_key, bias_option, bias_variants, dense_mlps
+from agent.recipe.native.parts.part import Match, Part
+from agent.recipe.native.parts.probe import children
+
+PLAIN_CHILDREN = {"up_proj", "down_proj", "act_fn"}
+
+
+def _probe_formula(mlp, hidden: int, activation) -> None:
+    """The MLP is down(act(up(x))), nothing else."""
+    import torch
+
+    x = torch.randn(3, hidden, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        expected = mlp.down_proj(activation(mlp.up_proj(x)))
+        got = mlp(x)
+    if not torch.allclose(got, expected, rtol=1e-4, atol=1e-5):
+        raise NotNative("mlp", f"{type(mlp).__name__} is not down(act(up(x)))")
+
+
+def _plain(probe, chosen):
+    import torch
+    from transformers.activations import ACT2FN
+
+    found = dense_mlps(probe, chosen)
+    if not found:
+        return None
+    source, mlps = found
+    if any(set(children(mlp)) != PLAIN_CHILDREN for mlp in mlps):
+        return None
+    key = act_key(source.config)
+    biases = set()
+    for mlp in mlps:
+        if not all(isinstance(getattr(mlp, name), torch.nn.Linear) for name in ("up_proj", "down_proj")):
+            return None
+        biases.add((mlp.up_proj.bias is not None, mlp.down_proj.bias is not None))
+        _probe_formula(mlp, source.hidden, ACT2FN[getattr(source.config, key)])
+    if len(biases) != 1 or len(set(next(iter(biases)))) != 1:
+        raise NotNative("mlp", "plain MLPs with a bias on one projection only, or on some layers only")
+    return Match(PLAIN_MLP, options={"ACT": key, "MLP_BIAS": bias_option(source, next(iter(biases))[0])},
+                 facts={"activation": getattr(source.config, key)})
+
+
+PLAIN_MLP = Part(
+    slot="mlp", name="plain_mlp", code="mlp_plain.py", provides="ModelPlainMLP",
+    reads=("hidden_size", "intermediate_size", "hidden_act", "mlp_bias"), probe=_plain,
+    kernels=lambda m: ((), (f"MLP activation {m.facts['activation']}: plain torch between the parallel linears "
+                            "(no gate: npu_swiglu does not apply)",)),
+    options=("ACT", "MLP_BIAS"), variants=bias_variants)

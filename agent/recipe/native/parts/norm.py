@@ -1,0 +1,51 @@
+"""Norms: RMSNorm x * w (rms_norm) and x * (1 + w) (offset_rms_norm, gemma's), read numerically from every norm
+of the architecture's layers (input, post-attention, pre/post-feedforward, q/k) and its final norm."""
+
+from __future__ import annotations
+
+from agent.recipe.native.not_native import NotNative
+from agent.recipe.native.parts.part import Match, Part
+from agent.recipe.native.parts.probe import children, probe_norm
+
+LAYER_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
+QK_NORMS = ("q_norm", "k_norm")
+
+
+def norm_offsets(probe) -> set:
+    """The offsets (0: x * w, 1: x * (1 + w)) of the model's norms; NotNative for a norm that is neither."""
+    if "norm_offsets" not in probe.memo:
+        offsets = set()
+        for layer in probe.layers:
+            kinds = children(layer)
+            for name in LAYER_NORMS:
+                if name in kinds:
+                    offsets.add(probe_norm(kinds[name], probe.hidden))
+            attention = kinds.get("self_attn")
+            for name in QK_NORMS:
+                norm = getattr(attention, name, None) if attention is not None else None
+                if norm is not None:
+                    offsets.add(probe_norm(norm, probe.head_dim))
+        final = getattr(probe.base, "norm", None)
+        if final is not None:
+            offsets.add(probe_norm(final, probe.hidden))
+        if len(offsets) > 1:
+            raise NotNative("norm", "RMSNorms of both x * w and x * (1 + w) in one model")
+        probe.memo["norm_offsets"] = offsets
+    return probe.memo["norm_offsets"]
+
+
+def _rms(probe, chosen):
+    return Match(RMS_NORM) if norm_offsets(probe) == {0.0} else None
+
+
+def _offset(probe, chosen):
+    return Match(OFFSET_RMS_NORM) if norm_offsets(probe) == {1.0} else None
+
+
+RMS_NORM = Part(
+    slot="norm", name="rms_norm", code="norm_rms.py", provides="ModelRMSNorm", reads=("rms_norm_eps",), probe=_rms,
+    kernels=lambda m: (("npu_rms_norm / npu_add_rms_norm (residual add fused)",), ()))
+OFFSET_RMS_NORM = Part(
+    slot="norm", name="offset_rms_norm", code="norm_offset_rms.py", provides="ModelOffsetRMSNorm",
+    reads=("rms_norm_eps",), probe=_offset,
+    kernels=lambda m: (("npu_rms_norm / npu_add_rms_norm (residual add fused), gemma's 1 + w loaded into the weight",), ()))

@@ -1,0 +1,125 @@
+"""Rotary position embedding (code/rotary.py): rotate-half (npu_apply_rotary_pos_emb's formula, probed on the
+architecture's apply_rotary_pos_emb), cos / sin of the config's rope type at run time — every type transformers'
+ROPE_INIT_FUNCTIONS knows — per layer type where the architecture keeps rope settings per type (gemma3), partial
+where the config says so."""
+
+from __future__ import annotations
+
+from agent.recipe.native.not_native import NotNative
+from agent.recipe.native.parts.mla import is_mla_model
+from agent.recipe.native.parts.part import Match, Part
+from agent.recipe.native.parts.probe import DROP
+
+# transformers' rope initialisations the file computes (default) or calls at run time (the rest; the checkout's
+# transformers 5.0.0 knows each)
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
+# the self-check's lengths: the longest prompt 13 tokens, then 5 decode steps; a length-dependent rope's original
+# context between the two (past it, the decode steps' frequencies change)
+ORIGINAL_CONTEXT = 14
+
+
+def probe_rotate_half(modeling_module) -> None:
+    """The architecture's apply_rotary_pos_emb is q*cos + rotate_half(q)*sin (npu_apply_rotary_pos_emb's
+    formula); an interleaved or other rotary is not native."""
+    import torch
+
+    apply = getattr(modeling_module, "apply_rotary_pos_emb", None)
+    if apply is None:
+        raise NotNative("position", "no apply_rotary_pos_emb in the modeling code")
+    gen = torch.Generator().manual_seed(4)
+    q, k = torch.randn(1, 2, 3, 8, generator=gen), torch.randn(1, 2, 3, 8, generator=gen)
+    angles = torch.randn(1, 3, 4, generator=gen)
+    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+
+    def half(x):
+        x1, x2 = x[..., :4], x[..., 4:]
+        return x * cos[:, None] + torch.cat((-x2, x1), -1) * sin[:, None]
+
+    def matches(c, s):
+        """The architecture's function given cos / sin as its rotary embedding makes them: full width
+        (the angles twice) or half width (gpt_oss: the angles once, applied to each half)."""
+        try:
+            got_q, got_k = apply(q, k, c, s)[:2]
+        except Exception:  # noqa: BLE001 - another signature or width: not this form
+            return False
+        return torch.allclose(got_q, half(q), atol=1e-5) and torch.allclose(got_k, half(k), atol=1e-5)
+    if not (matches(cos, sin) or matches(angles.cos(), angles.sin())):
+        raise NotNative("position", "rotary is not rotate-half (interleaved or other): npu_apply_rotary_pos_emb "
+                                    "with rotary_mode half does not compute it")
+
+
+def rope_groups(config) -> tuple[bool, list]:
+    """(per layer type, the rope settings of each group)."""
+    params = getattr(config, "rope_parameters", None)
+    if not isinstance(params, dict):
+        raise NotNative("position", "no rope_parameters in the config")
+    layer_types = getattr(config, "layer_types", None) or []
+    by_type = bool(layer_types) and all(isinstance(params.get(t), dict) for t in set(layer_types))
+    return by_type, ([params[t] for t in sorted(set(layer_types))] if by_type else [params])
+
+
+def _probe(probe, chosen):
+    if not is_mla_model(probe):        # MLA rotates by its own kernels (interleave-half), probed with the attention
+        probe_rotate_half(probe.modeling)
+    by_type, groups = rope_groups(probe.config)
+    types = tuple(sorted({g.get("rope_type", "default") for g in groups}))
+    for rope_type in types:
+        if rope_type not in ROPE_TYPES:
+            raise NotNative("position", f"rope_type {rope_type!r}: the file computes {', '.join(ROPE_TYPES)}")
+    partial = any(float(g.get("partial_rotary_factor", getattr(probe.config, "partial_rotary_factor", 1.0)) or 1.0)
+                  < 1.0 for g in groups)
+    return Match(ROTARY, options={"ROPE_BY_LAYER_TYPE": by_type},
+                 facts={"rope_types": types, "partial": partial, "by_type": by_type})
+
+
+def rope_variant(rope_type: str, params: dict, rotary_dim: int) -> tuple[dict, dict]:
+    """(rope settings of `rope_type` keeping `params`' base, other config changes) for the self-check's lengths."""
+    base = {k: v for k, v in params.items() if k in ("rope_theta", "partial_rotary_factor")}
+    half = max(rotary_dim // 2, 1)
+    table = {
+        "default": ({}, {}),
+        "linear": ({"factor": 2.0}, {}),
+        "dynamic": ({"factor": 2.0}, {"max_position_embeddings": ORIGINAL_CONTEXT}),
+        "yarn": ({"factor": 4.0, "original_max_position_embeddings": 8, "beta_fast": 32.0, "beta_slow": 1.0}, {}),
+        "longrope": ({"short_factor": [1.0 + 0.05 * i for i in range(half)],
+                      "long_factor": [1.0 + 0.5 * i for i in range(half)],
+                      "original_max_position_embeddings": ORIGINAL_CONTEXT},
+                     {"max_position_embeddings": 4 * ORIGINAL_CONTEXT}),
+        "llama3": ({"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 16}, {}),
+    }
+    extra, changes = table[rope_type]
+    return {"rope_type": rope_type, **base, **extra}, changes
+
+
+def _variants(match, probe):
+    """The file serves every rope type of ROPE_INIT_FUNCTIONS: one variant per type the checkpoint does not use
+    (on every layer type's settings alike)."""
+    by_type, groups = rope_groups(probe.config)
+    head_dim = probe.config.qk_rope_head_dim if getattr(probe.config, "kv_lora_rank", None) else probe.head_dim
+    found = []
+    for rope_type in ROPE_TYPES:
+        if rope_type in match.facts["rope_types"]:
+            continue
+        params = dict(probe.config.rope_parameters)
+        changes = {}
+        for key, group in (params.items() if by_type else [(None, params)]):
+            if by_type and not isinstance(group, dict):
+                continue
+            factor = float(group.get("partial_rotary_factor", getattr(probe.config, "partial_rotary_factor", 1.0)) or 1.0)
+            spec, changes = rope_variant(rope_type, group, int(head_dim * factor))
+            if by_type:
+                params[key] = spec
+            else:
+                params = spec
+        if "rope_scaling" in probe.config_dict:
+            changes = {**changes, "rope_scaling": DROP}     # a hub config.json's legacy copy of the rope settings
+        found.append((f"rope {rope_type}", {"rope_parameters": params, **changes}))
+    return found
+
+
+ROTARY = Part(
+    slot="position", name="rotary", code="rotary.py", provides="ModelRotaryEmbedding",
+    reads=("rope_parameters", "partial_rotary_factor", "max_position_embeddings", "layer_types"),
+    probe=_probe, options=("ROPE_BY_LAYER_TYPE",), variants=_variants,
+    kernels=lambda m: ((), ()))

@@ -1,0 +1,162 @@
+"""The Probe: one architecture's transformers model, built on a shrunk copy of a checkpoint's config (tiny
+widths and vocabulary, the first layers that hold every layer kind, random weights, fp32, eager),
+that the parts read: its modeling module, its layers, its config; and copies of it with config keys changed
+(`variant`), to see what a key controls. Shared readings: `children`, `probe_norm`."""
+
+from __future__ import annotations
+
+import copy
+import importlib
+
+from agent.recipe.native.not_native import NotNative
+
+# dims the NPU kernels constrain (head widths, rope and latent widths): kept at the checkpoint's values, so that
+# a checkpoint the kernels cannot serve fails the self-check, not the trial
+PROBE_VOCAB = 512
+DROP = "<drop>"         # a Probe.variant change that removes the key (transformers' default then applies)
+KERNEL_DIMS = ("head_dim", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "kv_lora_rank")
+
+
+def first_line(exc: BaseException, limit: int = 200) -> str:
+    text = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def shrunk_config(config_dict: dict, changes: dict | None = None):
+    """The transformers config of `config_dict` with tiny widths, a small vocabulary and the first layers that
+    hold every layer kind (agent.recipe.shrink) but the kernels' head / rope / latent dims, in fp32, eager
+    attention, a small sliding window (when the architecture has one) so that a short sequence crosses it, and
+    a query_pre_attn_scalar unequal to head_dim so that the two scales differ. `changes`: config keys set (DROP:
+    removed) after the shrink, before the window is made small (a variant the file must also serve)."""
+    from transformers import AutoConfig
+
+    from agent.recipe.shrink import shrink_config
+
+    data = {k: v for k, v in config_dict.items() if k not in ("auto_map", "quantization_config", "architectures")}
+    overrides = shrink_config(data)
+    real = {key: data[key] for key in KERNEL_DIMS if isinstance(data.get(key), int)}
+    heads, hidden = data.get("num_attention_heads"), data.get("hidden_size")
+    if "kv_lora_rank" in data:
+        if "qk_head_dim" in data and {"qk_nope_head_dim", "qk_rope_head_dim"} <= set(real):
+            real["qk_head_dim"] = real["qk_nope_head_dim"] + real["qk_rope_head_dim"]
+    elif "head_dim" not in real and isinstance(heads, int) and isinstance(hidden, int) and heads:
+        # a head width the config derives (hidden_size // heads): the shrunk width keeps it
+        real["hidden_size"] = overrides.get("num_attention_heads", heads) * (hidden // heads)
+    overrides.update(real)
+    data.update(overrides)
+    # random token ids need no tokenizer: a small vocabulary, the special ids inside it
+    if isinstance(data.get("vocab_size"), int) and data["vocab_size"] > PROBE_VOCAB:
+        data["vocab_size"] = PROBE_VOCAB
+        for key in [k for k, v in data.items() if k.endswith("_token_id") and isinstance(v, int) and v >= PROBE_VOCAB]:
+            data[key] = None
+    data = apply_changes(data, changes or {})
+    if isinstance(data.get("sliding_window"), int) and data["sliding_window"]:
+        data["sliding_window"] = 5
+    if isinstance(data.get("query_pre_attn_scalar"), (int, float)):
+        data["query_pre_attn_scalar"] = 24
+    model_type = data.pop("model_type")
+    data.pop("transformers_version", None)
+    data["torch_dtype"] = "float32"
+    data["dtype"] = "float32"
+    config = AutoConfig.for_model(model_type, **data)
+    config._attn_implementation = "eager"
+    return config
+
+
+def children(module) -> dict:
+    """A module's children, dropouts left out (identities at inference)."""
+    import torch
+
+    return {name: child for name, child in module.named_children() if not isinstance(child, torch.nn.Dropout)}
+
+
+def probe_norm(norm, width: int) -> float:
+    """0 for y = w * x / rms(x), 1 for y = (1 + w) * x / rms(x); anything else is not an RMSNorm."""
+    import torch
+
+    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
+    x = torch.randn(3, width, generator=torch.Generator().manual_seed(1))
+    weight = getattr(norm, "weight", None)
+    if weight is None or tuple(weight.shape) != (width,):
+        raise NotNative("norm", f"{type(norm).__name__} has no weight of width {width}")
+    rms = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    w = torch.randn(width, generator=torch.Generator().manual_seed(2))
+    saved = weight.detach().clone()
+    try:
+        with torch.no_grad():
+            weight.copy_(w)
+            y = norm(x)
+    finally:
+        with torch.no_grad():
+            weight.copy_(saved)
+    for offset in (0.0, 1.0):
+        if torch.allclose(y, rms * (offset + w), rtol=1e-4, atol=1e-5):
+            return offset
+    raise NotNative("norm", f"{type(norm).__name__} is neither x*w nor x*(1+w) over the RMS")
+
+
+class Probe:
+    """transformers' model of `config_dict`'s architecture on its shrunk config (see shrunk_config)."""
+
+    def __init__(self, config_dict: dict, changes: dict | None = None):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.config_dict = dict(config_dict)
+        self.changes = dict(changes or {})
+        try:
+            self.config = shrunk_config(config_dict, self.changes)
+        except Exception as exc:  # noqa: BLE001 - a config transformers refuses (its own validation)
+            raise NotNative("model", f"transformers refuses the config ({first_line(exc)})") from exc
+        torch.manual_seed(0)
+        try:
+            self.model = AutoModelForCausalLM.from_config(self.config, dtype=torch.float32)
+        except Exception as exc:  # noqa: BLE001 - a class transformers cannot build here
+            raise NotNative("model", f"transformers cannot build it on a shrunk config ({first_line(exc)})") from exc
+        self.model.eval()
+        self.modeling = importlib.import_module(type(self.model).__module__)
+        self.base = getattr(self.model, "model", None)
+        self.layers = list(getattr(self.base, "layers", None) or [])
+        config = self.config
+        self.hidden = config.hidden_size
+        self.heads = config.num_attention_heads
+        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
+        self.head_dim = getattr(config, "head_dim", None) or self.hidden // self.heads
+        self._variants: dict = {}
+        self._full = None
+        self.memo: dict = {}          # readings the parts share (norm offsets, the dense attention's facts)
+
+    @property
+    def model_type(self) -> str:
+        return self.config.model_type
+
+    @property
+    def full_config(self):
+        """The checkpoint's own config (not shrunk), as transformers reads it."""
+        if self._full is None:
+            from transformers import AutoConfig
+
+            data = {k: v for k, v in self.config_dict.items() if k not in ("auto_map", "quantization_config",
+                                                                           "architectures", "model_type",
+                                                                           "transformers_version")}
+            self._full = AutoConfig.for_model(self.config_dict["model_type"], **data)
+        return self._full
+
+    def variant(self, changes: dict) -> "Probe":
+        """The probe of this checkpoint's config with `changes` applied to its shrunk copy (keys set; DROP removes
+        one)."""
+        key = repr(sorted(changes.items()))
+        if key not in self._variants:
+            self._variants[key] = Probe(self.config_dict, {**self.changes, **changes})
+        return self._variants[key]
+
+
+def apply_changes(config_dict: dict, changes: dict) -> dict:
+    """`config_dict` with `changes` (DROP: the key removed)."""
+    data = copy.deepcopy(config_dict)
+    for key, value in changes.items():
+        if value == DROP:
+            data.pop(key, None)
+        else:
+            data[key] = copy.deepcopy(value)
+    return data
