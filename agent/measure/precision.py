@@ -373,7 +373,7 @@ class Reference:
         Returns the blocks split (none: no sparse-MoE block, or experts not divisible by `parts`)."""
         import torch
 
-        from agent.recipe.native.moe_features import moe_block
+        from agent.recipe.native.parts.moe import moe_block
 
         split = []
         for index, layer in enumerate(self.layers):

@@ -2,7 +2,8 @@
 split evenly at the YAML's tensor-parallel sizes (module.linear's layers divide them), or one line saying
 what is wrong and which parallel_config keys to set, before anything runs (upstream's check_vars does the
 same for its models). The generated file keeps the same rules as guards of its own (`check_parallel` in
-templates/framework/native/modeling.py.j2, `_moe_parallel` in moe.py.j2), for a YAML run without this tool.
+the causal-LM part, agent/recipe/native/parts/code/causal_lm.py; `_moe_parallel` in parts/code/moe.py), for a YAML run
+without this tool.
 
 The layout rule: every collective of the generated file is over ranks that hold the same requests. Attention
 data-parallel (attn_tp_size < world_size) gives each group of attn_tp_size ranks its own requests, and the file
@@ -59,7 +60,7 @@ def parallel_problem(config: dict, parallel: dict) -> str | None:
 
 def is_moe(config: dict) -> bool:
     """The native file of `config` (text level) has sparse-MoE layers."""
-    from agent.recipe.native.moe_features import EXPERT_COUNT_KEYS
+    from agent.recipe.native.parts.moe import EXPERT_COUNT_KEYS
 
     return any(isinstance(config.get(k), int) and config[k] > 1 for k in EXPERT_COUNT_KEYS)
 

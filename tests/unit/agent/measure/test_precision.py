@@ -410,7 +410,7 @@ def test_a_dense_model_has_no_expert_parallel_split(checkpoint):
 def _experts_routed_to_the_next_rank(model, parts: int = 2):
     """Every MoE block's experts as a wrong expert-parallel routing computes them: expert e's tokens run on the next
     rank's expert of the same local slot (e + L mod E)."""
-    from agent.recipe.native.moe_features import moe_block
+    from agent.recipe.native.parts.moe import moe_block
 
     for layer in model.model.layers:
         experts = moe_block(layer)[1].experts

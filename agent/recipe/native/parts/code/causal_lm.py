@@ -217,6 +217,10 @@ def check_parallel(config, parallel):
     for what, value, size in checks:
         if value % size:
             raise ValueError(f"{what} {value} does not divide by tensor-parallel size {size}: choose a size that divides it")
+    if parallel.attn_tp_size % parallel.lmhead_tp_size:
+        raise ValueError(f"lmhead_tp_size {parallel.lmhead_tp_size} with attn_tp_size {parallel.attn_tp_size}: the lm "
+                         "head's all-gather would join logits of different requests (attention data parallel); set "
+                         f"lmhead_tp_size to attn_tp_size ({parallel.attn_tp_size})")
     if MOE and parallel.world_size // parallel.attn_tp_size > 1 and parallel.moe_tp_size > 1:
         raise ValueError(f"attn_tp_size {parallel.attn_tp_size} of world_size {parallel.world_size} (attention data "
                          f"parallel over {parallel.world_size // parallel.attn_tp_size}) with moe_tp_size "

@@ -58,11 +58,21 @@ def shared_experts_width(config):
 
 
 def _moe_parallel(infer_config, comm_manager):
-    """(moe_tp_size, moe_tp_rank) of this rank; expert parallelism is not generated yet."""
+    """(moe_tp_size, moe_tp_rank) of this rank: the experts split over every rank. Expert parallel (upstream derives
+    moe_ep_size = world_size // moe_tp_size) and attention data-parallel under the experts' all-reduce are not
+    written yet: refused, naming the keys to set."""
     parallel = infer_config.parallel_config
-    if getattr(parallel, "moe_ep_size", 1) > 1:
-        raise ValueError(f"moe_ep_size {parallel.moe_ep_size} (world_size // moe_tp_size): the generated MoE block "
-                         "splits experts by moe_tp_size only; set moe_tp_size to world_size")
+    world = parallel.world_size
+    if parallel.moe_tp_size != world or parallel.attn_tp_size != world:
+        if parallel.moe_tp_size != world:
+            why = (f"moe_tp_size {parallel.moe_tp_size} at world_size {world} is expert parallel (moe_ep_size = "
+                   f"world_size // moe_tp_size = {world // parallel.moe_tp_size}), which this MoE block does not run")
+        else:
+            why = (f"attn_tp_size {parallel.attn_tp_size} with moe_tp_size {parallel.moe_tp_size} is attention "
+                   "data-parallel under the experts' all-reduce over moe_tp_group, whose ranks would hold different "
+                   "requests")
+        keys = " and ".join(key for key in ("attn_tp_size", "moe_tp_size") if getattr(parallel, key) != world)
+        raise ValueError(f"{why}; set {keys} to world_size ({world})")
     tp_size = parallel.moe_tp_size
     return tp_size, (comm_manager.get_rank("moe_tp_group") if tp_size > 1 else 0)
 

@@ -1,6 +1,6 @@
 """The layouts a native framework model runs, refused before anything runs with the parallel_config keys to set
-(agent/recipe/native/preflight.py), and the generated file's own guards (templates/framework/native/
-modeling.py.j2 `check_parallel`, moe.py.j2 `_moe_parallel`) refusing the same layouts. The run that shows the
+(agent/recipe/native/preflight.py), and the generated file's own guards (agent/recipe/native/parts/code/
+causal_lm.py `check_parallel`, parts/code/moe.py `_moe_parallel`) refusing the same layouts. The run that shows the
 refusal comes before any rank starts: tests/e2e/test_framework_target.py
 (test_attention_data_parallel_with_moe_tensor_parallel_is_refused_before_any_rank_starts)."""
 
@@ -89,9 +89,9 @@ def generated_guards():
     """`check_parallel` of a rendered dense native file, and the rendered MoE block."""
     from transformers import AutoConfig
 
+    from agent.recipe.native.compose import derive
     from agent.recipe.native.decide import render_native
-    from agent.recipe.native.features import derive
-    from agent.recipe.native.moe_features import derive_moe, render_moe
+    from agent.recipe.native.parts.moe import derive_moe, render_moe
 
     if not harness.UPSTREAM.is_dir():
         pytest.skip(f"no upstream snapshot at {harness.UPSTREAM} (module/linear.py)")
@@ -124,7 +124,8 @@ def test_the_generated_file_refuses_the_same_layouts(generated_guards, model, wo
     shrunk = types.SimpleNamespace(**{**DENSE, "hidden_size": 64})     # heads and widths that split at 4
     refused = []
     try:
-        check_parallel(shrunk, attn, lmhead)
+        check_parallel(shrunk, types.SimpleNamespace(attn_tp_size=attn, lmhead_tp_size=lmhead, moe_tp_size=moe,
+                                                     world_size=world))
     except ValueError as exc:
         refused.append(str(exc))
     if model == "moe":
