@@ -99,6 +99,16 @@ def _parser() -> argparse.ArgumentParser:
                               "host can, else the captured graph eagerly)")
     standin.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command and its arguments")
 
+    convert = sub.add_parser("convert", help="dequantize a quantized checkpoint the NPU cannot compute (fp8, mxfp4, "
+                                             "awq, gptq, compressed-tensors int4/fp8) into a bf16 checkpoint, one "
+                                             "shard at a time (what `run` does at migration)")
+    convert.add_argument("source", help="the quantized checkpoint folder")
+    convert.add_argument("dest", help="the folder to write (new, or empty; never inside the source)")
+    convert.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16",
+                         help="the converted weights' dtype (default: bfloat16)")
+    convert.add_argument("--trust-remote-code", action="store_true",
+                         help="the checkpoint's tokenizer may be the repo's own code (checked like `run` does)")
+
     classify = sub.add_parser("classify", help="print the scenario (A/B/C) for PATH and why")
     classify.add_argument("path")
     classify.add_argument("--timeout", type=TIMEOUT, default=defaults.TIMEOUT_S, help="seconds for the trial run of infer.sh")
@@ -266,6 +276,29 @@ def cmd_standin(args) -> int:
         print(f"migrator: error: {uncovered}", file=sys.stderr)
         return errors.EXIT_STANDIN_UNCOVERED
     return result.returncode
+
+
+def cmd_convert(args) -> int:
+    """`migrator convert SRC DEST`: the conversion a migration does (agent.migrate.convert), by hand."""
+    from agent.migrate.checkpoint_check import check_checkpoint, check_output_outside
+    from agent.migrate.convert import convert_checkpoint
+    from agent.recipe.fs_guard import user_tree
+
+    inputs.check_text_args(source=args.source, dest=args.dest)
+    source, dest = Path(args.source).expanduser(), Path(args.dest).expanduser()
+    if not (source / "config.json").is_file():
+        raise errors.InputError(f"{args.source}: no config.json — point at the quantized checkpoint's folder")
+    check_output_outside(source, dest, args.dest)
+    check_checkpoint(source.resolve(), args.trust_remote_code)    # every tensor accounted for; refusals as in run
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise errors.InputError(f"{args.dest}: exists and is not an empty folder; choose a new folder")
+    dest = dest.resolve()
+    record = convert_checkpoint(source.resolve(), dest, user_tree(dest.parent, "the destination's folder", create=True),
+                                args.dtype)
+    peak = (record["peak_rss_bytes"] - record["rss_before_bytes"]) / 2**20
+    print(f"{record['format']} -> {record['dtype']}: {record['tensors']['quantized']} tensors dequantized, "
+          f"{record['tensors']['kept']} kept, in {record['seconds']} s (peak memory +{peak:.0f} MiB): {dest}")
+    return 0
 
 
 def cmd_classify(args) -> int:
@@ -440,7 +473,8 @@ def _command(args, as_json: bool) -> int:
     except MigratorError as exc:
         return _fail(str(exc), exc.exit_code, as_json)
     handler = {"run": cmd_run, "demo": cmd_demo, "env": cmd_env, "classify": cmd_classify,
-               "rollback": cmd_rollback, "baseline": cmd_baseline, "standin": cmd_standin}[args.command]
+               "rollback": cmd_rollback, "baseline": cmd_baseline, "standin": cmd_standin,
+               "convert": cmd_convert}[args.command]
     try:
         return handler(args)
     except errors.FilesystemFault as exc:

@@ -15,7 +15,7 @@ from langchain_core.runnables import RunnableConfig
 from agent.errors import EnvironmentProblem, InputError, MigratorError
 from agent.measure import baseline, memory, verify
 from agent.migrate.acquire import acquire
-from agent.migrate import transformers_source
+from agent.migrate import convert, transformers_source
 from agent.migrate.checkpoint_check import check_checkpoint, check_output_outside
 from agent.run.trial_run import trial_run
 from agent.migrate.vendor import locate_source, read_config, vendor_source
@@ -111,8 +111,11 @@ def node_acquire(state: MigrationState) -> MigrationState:
     if plan["origin"]:
         print(f"[migrator] vendoring from {plan['origin']} (the checkout's; {transformers_source.installed_version()} "
               f"is installed); trial runs and parity with {plan['python']}", file=sys.stderr)
-    return {"model_dir": str(got.model_dir), "model_source": got.source, "model_name": name,
-            "recipe_dir": str(recipe_dir), "recipe_target": recipe_target, "transformers": plan}
+    # a format the NPU cannot compute (fp8, mxfp4, awq, gptq, ...): converted to bf16 in the recipe's state folder
+    model_dir, conversion = convert.for_recipe(Path(got.model_dir), recipe_dir)
+    return {"model_dir": str(model_dir), "model_source": got.source, "model_name": name,
+            "recipe_dir": str(recipe_dir), "recipe_target": recipe_target, "transformers": plan,
+            **({"conversion": conversion} if conversion else {})}
 
 
 def transformers_plan(state: MigrationState, output_dir: Path, recipe_target: str) -> dict:
@@ -156,10 +159,26 @@ def node_vendor(state: MigrationState) -> MigrationState:
                            target.vendored_package.format(name=state["model_name"]), tree=tree,
                            model_source=state.get("model_source"), model_dir=model_dir)
     vendored = result.vendored(recipe_dir)
+    if source.note:
+        print(f"[migrator] {source.architecture}: {source.note}", file=sys.stderr)
     if plan.get("version"):
         vendored["transformers_version"] = plan["version"]
     return {"architecture": source.architecture, "family": route(config.get("text_config") or config).name,
             "vendored": vendored}
+
+
+CONVERSION_HEADING = "## 权重转换 (quantized checkpoint converted)"
+
+
+def conversion_readme(conversion: dict) -> str:
+    """The recipe README's account of a converted checkpoint: what, why, where, and the command that redoes it
+    (upstream's new_model_checklist: quantization config-driven, the converter documented)."""
+    return (f"The published checkpoint ({conversion['source']}) holds {conversion['format']} weights; "
+            f"{conversion['why']}. The migration wrote the {conversion['dtype']} checkpoint the YAML's `model_path` "
+            f"should name:\n\n    {conversion['path']}\n\n"
+            f"({conversion['tensors']['quantized']} tensors dequantized, {conversion['tensors']['kept']} kept as "
+            "published, `quantization_config` removed from its config.json). To convert again, e.g. on the NPU host:"
+            f"\n\n```bash\n{conversion['command']}\n```\n")
 
 
 @removes_half_built_recipe
@@ -173,6 +192,8 @@ def node_render(state: MigrationState, config: RunnableConfig) -> MigrationState
     target = TARGETS[state["recipe_target"]]
     written = render_recipe(recipe_dir, spec.context(), spec.family_spec(), target)
     rendered = [str(p.relative_to(recipe_dir)) for p in written]
+    if state.get("conversion"):
+        memory.add_readme_section(recipe_dir, CONVERSION_HEADING, conversion_readme(state["conversion"]))
     extra = {}
     if target.registers:
         # the one change outside the recipe: its line in the checkout's registry (backed up, undone by rollback)

@@ -49,6 +49,7 @@ class MigrationState(TypedDict, total=False):
     model_name: str
     model_dir: str              # local checkpoint directory
     model_source: str           # link or path recorded in the baseline
+    conversion: dict            # agent.migrate.convert: a quantized checkpoint converted for the NPU (format, path, command)
     architecture: str
     family: str
     vendored: Vendored

@@ -263,6 +263,11 @@ OWN_FOLDER_TREES = {
     "agent/measure/reference.py::tiny_yaml::tree_of": "the YAML a test or bench script names, in a copy it made",
     "agent/workflow/nodes.py::wrapper::user_tree(<file's folder>)":
         "the recipe folder a failed node made, removed from the output folder it was made in",
+    "agent/cli.py::cmd_convert::user_tree(<file's folder>)":
+        "the DEST folder `migrator convert` names, made (as a staging folder renamed into place) in its parent",
+    "agent/migrate/convert.py::for_recipe::user_tree(<file's folder>)":
+        "the new recipe's folder, where the converted checkpoint goes, in the output folder it is made in "
+        "(removed from there when the conversion fails)",
 }
 FILE_FOLDER_TREES = ("tree_of", "parent_tree")
 TREE_MAKERS = ("UserTree", "user_tree")
