@@ -171,11 +171,11 @@ def _compressed_tensors(q: dict) -> Scheme:
         if kind == "int" and bits == 8 and acts is not None and acts.get("type", "int") == "int" \
                 and acts.get("num_bits") == 8:
             strategy = "dynamic" if acts.get("dynamic") else "static"
-            kinds.add(("w8a8-int8", strategy, group_fmt))
+            kinds.add(("w8a8-int8", strategy, str(group_fmt)))
         elif kind == "int" and bits in (4, 8) and acts is None:
-            kinds.add((f"w{bits}a16-int", weights.get("strategy"), group_fmt))
+            kinds.add((f"w{bits}a16-int", str(weights.get("strategy")), str(group_fmt)))
         elif kind == "float" and bits == 8:
-            kinds.add(("fp8", weights.get("strategy"), group_fmt))
+            kinds.add(("fp8", str(weights.get("strategy")), str(group_fmt)))
         else:
             return Scheme("compressed-tensors", "refused", f"compressed-tensors {kind}{bits} weights",
                           f"group {name!r}: {kind} {bits}-bit weights"

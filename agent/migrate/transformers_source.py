@@ -283,7 +283,8 @@ def reference_python(version: str, given: str | None) -> str:
     from agent.errors import EnvironmentProblem
 
     if given:
-        python = shutil.which(given) or given
+        # absolute, links kept (a venv's python is a link out of it): the checks and runs start in other folders
+        python = os.path.abspath(shutil.which(given) or given)
         found = python_version_of(python)
         if found != version:
             raise EnvironmentProblem(f"--reference-python {given}: " + (f"has transformers {found}" if found else

@@ -205,6 +205,13 @@ def locate_source(config: dict, model_dir: Path | None = None, trust_remote_code
     )
 
 
+def runs_remote_code(config: dict, trust_remote_code: bool) -> bool:
+    """Whether the checkpoint's implementation is the repo's own code: an auto_map, and either the user chose
+    it (--trust-remote-code) or transformers does not implement the class it names. Every place that loads
+    the original implementation (vendoring, the precision and parity checks) asks this."""
+    return bool(config.get("auto_map")) and (trust_remote_code or auto_map_served_natively(config) is None)
+
+
 def auto_map_served_natively(config: dict) -> str | None:
     """A repo whose auto_map names a class transformers implements itself (DeepSeek-V3's
     DeepseekV3ForCausalLM, Phi-3.5's Phi3ForCausalLM) is served by transformers' class, as vLLM serves the

@@ -443,7 +443,11 @@ CASES = [
     Case("tie_word_embeddings_string", config(tie_word_embeddings="yes"), 2, "true or false"),
     Case("rms_norm_eps_string", config(rms_norm_eps="1e-5"), 2, "number"),
     Case("rope_parameters_list", config(rope_parameters=[1, 2]), 2, "JSON object"),
-    Case("quantized_checkpoint", config(quantization_config={"quant_method": "gptq"}), 3, "quantized"),
+    # a quantization_config over weights that are not quantized so: the config is not these weights'
+    Case("quantized_config_over_plain_weights", config(quantization_config={"quant_method": "gptq"}), 2,
+         "says the weights are gptq"),
+    Case("quantized_by_an_unread_method", config(quantization_config={"quant_method": "hqq"}), 3,
+         "quant_method 'hqq' is not one the migrator reads"),
     Case("encoder_decoder", config(is_encoder_decoder=True), 3, "encoder-decoder"),
     Case("encoder_only_bert", config(model_type="bert", architectures=["BertForMaskedLM"]), 3, "encoder"),
     # weights do not match the config

@@ -86,13 +86,15 @@ def test_unservable_architectures_are_refused(model_type, expected, tmp_path):
     assert not (tmp_path / "out" / model_type).exists()
 
 
-def test_quantized_checkpoint_is_refused(tiny_checkpoints, tmp_path):
-    import shutil
+def test_a_quantized_checkpoint_without_a_route_yet_is_refused_in_one_line(tmp_path):
+    """compressed-tensors int8 W8A8 (the form upstream's module/quantization runs on the NPU) is accounted for,
+    then refused with its true line (exit 3, nothing written) until the generated model threads quant_config;
+    the formats that are converted are tests/unit/agent/migrate/test_convert.py and test_quantized.py."""
+    import quantized_checkpoints
 
-    ckpt = tmp_path / "quant"
-    shutil.copytree(tiny_checkpoints("llama"), ckpt)
-    config = json.loads((ckpt / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "gptq", "bits": 4}
-    (ckpt / "config.json").write_text(json.dumps(config))
+    ckpt, _ = quantized_checkpoints.qwen3_w8a8(tmp_path / "w8a8")
     proc = run_cli("run", str(ckpt), "--output-dir", str(tmp_path / "out"), "--device", "cpu")
-    assert proc.returncode == 3 and "quantized (gptq)" in proc.stderr and "Traceback" not in proc.stderr
+    error = [ln for ln in proc.stderr.splitlines() if ln.startswith("migrator: error:")]
+    assert proc.returncode == 3 and len(error) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "compressed-tensors int8 W8A8" in error[0] and "quant_config" in error[0]
+    assert not (tmp_path / "out" / "w8a8").exists()

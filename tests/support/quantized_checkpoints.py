@@ -112,7 +112,14 @@ def save_shards(out: Path, tensors: dict[str, torch.Tensor], shards: int = 1) ->
 
 
 def _write_config(out: Path, config: dict) -> None:
+    """config.json and generation_config.json; the tokenizer gets a chat template, as published ones have
+    (upstream's executor applies one to every prompt)."""
+    from agent.measure.reference import CHATML_TEMPLATE
+
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    tokenizer_config = json.loads((out / "tokenizer_config.json").read_text())
+    tokenizer_config.setdefault("chat_template", CHATML_TEMPLATE)
+    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
     (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}) + "\n")
 
 
@@ -193,7 +200,8 @@ REMOTE_CODE_MARKER = "REMOTE_CODE_RAN"
 def write_remote_code(out: Path, config_module: str, config_class: str, model_module: str, model_class: str) -> None:
     """The repo's own modeling / configuration files an auto_map names: each, if ever imported, writes a
     marker file beside itself (so a test sees remote code that ran)."""
-    marker = f"import pathlib\npathlib.Path(__file__).with_name({REMOTE_CODE_MARKER!r}).write_text(__name__)\n"
+    # an absolute path: transformers imports a copy of the repo's code from its modules cache
+    marker = f"import pathlib\npathlib.Path({str(out / REMOTE_CODE_MARKER)!r}).write_text(__name__)\n"
     (out / f"{config_module}.py").write_text(
         marker + "from transformers import PretrainedConfig\n\n\n"
         f"class {config_class}(PretrainedConfig):\n    model_type = 'deepseek_v3'\n")

@@ -184,7 +184,13 @@ REFUSALS = [
     ("gemma3", {}, "multimodal model (Gemma3ForConditionalGeneration.forward takes pixel_values)", None),
     ("git", {}, "multimodal model (GitForCausalLM.forward takes pixel_values)", None),
     ("gemma4_unified_assistant", {}, "draft model for assisted generation", None),
-    ("llama", {"quantization_config": {"quant_method": "awq"}}, "weights are quantized (awq)", None),
+    # quantized: what is converted (awq, fp8, ...) is no refusal; these are (agent.migrate.quantized)
+    ("llama", {"quantization_config": {"quant_method": "hqq"}}, "quant_method 'hqq' is not one the migrator reads", None),
+    ("llama", {"quantization_config": {"quant_method": "awq", "version": "exllama"}}, "AWQ exllama", None),
+    ("llama", {"quantization_config": {"quant_method": "compressed-tensors", "format": "int-quantized", "config_groups": {
+        "group_0": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "int", "strategy": "channel"},
+                    "input_activations": {"num_bits": 8, "type": "int", "dynamic": True}}}}},
+     "compressed-tensors int8 W8A8 (dynamic activations)", "use the original unquantized model"),
 ]
 
 
