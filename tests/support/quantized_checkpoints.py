@@ -36,20 +36,20 @@ def fp8_block_quantize(weight: torch.Tensor, block=(128, 128)) -> tuple[torch.Te
     """(e4m3 weight, fp32 scale_inv [ceil(M/bm), ceil(N/bn)]): weight ~= e4m3 x scale_inv per block."""
     rows, cols = weight.shape
     bm, bn = block
-    w = weight.float()
-    scale = torch.empty(-(-rows // bm), -(-cols // bn))
-    q = torch.empty(rows, cols, dtype=torch.float8_e4m3fn)
-    for i in range(scale.shape[0]):
-        for j in range(scale.shape[1]):
-            tile = w[i * bm:(i + 1) * bm, j * bn:(j + 1) * bn]
-            s = tile.abs().max().clamp(min=1e-12) / FP8_MAX
-            scale[i, j] = s
-            q[i * bm:(i + 1) * bm, j * bn:(j + 1) * bn] = (tile / s).to(torch.float8_e4m3fn)
-    return q, scale
+    grid_rows, grid_cols = -(-rows // bm), -(-cols // bn)
+    padded = torch.zeros(grid_rows * bm, grid_cols * bn)
+    padded[:rows, :cols] = weight.float()
+    tiles = padded.reshape(grid_rows, bm, grid_cols, bn)
+    scale = tiles.abs().amax(dim=(1, 3)).clamp(min=1e-12) / FP8_MAX
+    q = (tiles / scale[:, None, :, None]).to(torch.float8_e4m3fn).reshape(grid_rows * bm, grid_cols * bn)
+    return q[:rows, :cols].contiguous(), scale
 
 
 def mxfp4_quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[..., K] -> (blocks uint8 [..., K/32, 16], scales uint8 [..., K/32]) per OCP MX (e2m1, e8m0)."""
+    if weight.dim() > 2 and weight.numel() > 2**24:      # published sizes: an expert at a time
+        parts = [mxfp4_quantize(w) for w in weight]
+        return torch.stack([b for b, _ in parts]), torch.stack([s for _, s in parts])
     *lead, k = weight.shape
     w = weight.float().reshape(*lead, k // 32, 32)
     amax = w.abs().amax(-1).clamp(min=2.0 ** -120)
@@ -254,13 +254,13 @@ LINEAR_SUFFIXES = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.we
                    "up_proj.weight", "down_proj.weight")
 
 
-def qwen3_fp8(out: str | Path, seed: int = 0, shards: int = 1) -> tuple[Path, dict]:
+def qwen3_fp8(out: str | Path, seed: int = 0, shards: int = 1, **dims) -> tuple[Path, dict]:
     """Qwen3-8B-FP8's form: every decoder linear e4m3 in 128x128 blocks + weight_scale_inv, the rest bf16."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    state, config = _bf16_model("qwen3", out, seed, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                                num_attention_heads=2, num_key_value_heads=1, head_dim=128,
-                                max_position_embeddings=512)
+    state, config = _bf16_model("qwen3", out, seed, **{**dict(
+        hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+        head_dim=128, max_position_embeddings=512), **dims})
     tensors = {}
     for name, value in state.items():
         if name.endswith(LINEAR_SUFFIXES):
@@ -274,15 +274,15 @@ def qwen3_fp8(out: str | Path, seed: int = 0, shards: int = 1) -> tuple[Path, di
     return out, state
 
 
-def gpt_oss_mxfp4(out: str | Path, seed: int = 0, shards: int = 1) -> tuple[Path, dict]:
+def gpt_oss_mxfp4(out: str | Path, seed: int = 0, shards: int = 1, **dims) -> tuple[Path, dict]:
     """gpt-oss's form: experts' gate_up_proj / down_proj as `_blocks` + `_scales` (MXFP4, transposed to
     [experts, out, in/32, 16] as published), biases, attention, router and embeddings bf16."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    state, config = _bf16_model("gpt_oss", out, seed, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
-                                num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
-                                num_experts_per_tok=2, sliding_window=16, max_position_embeddings=512,
-                                layer_types=["sliding_attention", "full_attention"])
+    state, config = _bf16_model("gpt_oss", out, seed, **{**dict(
+        hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=16, max_position_embeddings=512,
+        layer_types=["sliding_attention", "full_attention"]), **dims})
     tensors = {}
     for name, value in state.items():
         if name.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")):
