@@ -73,8 +73,10 @@ def build(form: str, out: Path, shard_mb: int) -> Path:
 def convert_in_child(src: Path, dest: Path) -> dict:
     proc = subprocess.run([sys.executable, "-c", CHILD.replace("ROOT", repr(str(ROOT))), str(src), str(dest)],
                           capture_output=True, text=True, check=True)
+    from engine.safe_load import loads_json
+
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RECORD "))
-    return json.loads(line[len("RECORD "):])
+    return loads_json(line[len("RECORD "):])
 
 
 def main() -> int:
