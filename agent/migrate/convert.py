@@ -494,17 +494,19 @@ def for_recipe(model_dir: Path, recipe_dir: Path, out_dtype: str = "bfloat16") -
     user's source folder) and the record of it. The recipe folder was empty or absent (node_acquire
     checked): a conversion that fails removes it again."""
     from agent.recipe.fs_guard import user_tree
-    from agent.recipe.targets import state_dir
+    from agent.recipe.targets import state_dir, state_parts
 
     scheme = scheme_of(load_json(Path(model_dir) / "config.json"), Path(model_dir))
     if scheme is None or scheme.route != "convert":
         return Path(model_dir), None
-    tree = user_tree(Path(recipe_dir).parent, "the output folder")
-    dest = state_dir(Path(recipe_dir)) / CONVERTED_FOLDER.format(dtype=out_dtype)
+    recipe_dir = Path(recipe_dir)
+    tree = user_tree(recipe_dir.parent, "the output folder")
+    dest = state_dir(recipe_dir) / CONVERTED_FOLDER.format(dtype=out_dtype)
+    existed = recipe_dir.exists()         # an empty folder the user made is kept; what we made in it is not
     print(f"[migrator] {Path(model_dir).name}: weights are {scheme.label}; {scheme.why} into {dest}", file=sys.stderr)
     try:
         record = convert_checkpoint(Path(model_dir), dest, tree, out_dtype)
     except BaseException:
-        tree.rmtree(recipe_dir)
+        tree.rmtree(recipe_dir / state_parts(recipe_dir)[0] if existed else recipe_dir)
         raise
     return dest, record

@@ -332,3 +332,27 @@ def test_the_cli_converts_and_refuses_what_it_must(tmp_path):
     w8a8, _ = forms.qwen3_w8a8(tmp_path / "w8a8")
     native = run_cli("convert", str(w8a8), str(tmp_path / "w8a8-bf16"), cwd=tmp_path)
     assert native.returncode == 3 and "W8A8" in native.stderr and len(native.stderr.strip().splitlines()) == 1
+
+
+def test_a_migrations_conversion_goes_to_the_recipe_state_and_a_failure_takes_back_only_what_it_made(tmp_path,
+                                                                                                      monkeypatch):
+    src, _ = forms.gpt_oss_mxfp4(tmp_path / "src")
+    models = tmp_path / "models"
+    models.mkdir()
+    dest, record = convert.for_recipe(src, models / "gpt_oss")
+    assert dest == models / "gpt_oss" / ".migrator" / "checkpoint-bfloat16" and record["path"] == str(dest)
+    assert (dest / "model.safetensors").is_file()
+    plain, _ = forms.qwen3_w8a8(tmp_path / "w8a8")
+    assert convert.for_recipe(plain, models / "w8a8") == (plain, None)        # not converted: run as published
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("disk went away")
+
+    monkeypatch.setattr(convert, "dequant_mxfp4", broken)
+    with pytest.raises(RuntimeError):
+        convert.for_recipe(src, models / "new")
+    assert not (models / "new").exists()                 # made by the migration: removed
+    (models / "empty").mkdir()
+    with pytest.raises(RuntimeError):
+        convert.for_recipe(src, models / "empty")
+    assert (models / "empty").is_dir() and not any((models / "empty").iterdir())   # the user's folder: kept
