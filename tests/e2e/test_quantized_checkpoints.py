@@ -2,9 +2,11 @@
 report and the recipe README say what, where, and the command that redoes it), the recipe run on the converted
 checkpoint and held to transformers on it.
 
-By default one standalone migration of the Qwen3-8B-FP8 form (the conversion's path through the workflow:
-acquire converts, vendor / render read the converted config, the trial run and the precision check load the
-converted weights). `-m slow`: the DeepSeek-V3 form (block-FP8, MLA + MoE, auto_map) into a copy of the upstream
+All `slow` (about 3 minutes each on 2 cores; the default suite runs the conversion's path through acquire,
+vendor and render in-process: tests/unit/agent/workflow/test_nodes.py::
+test_acquire_converts_a_checkpoint_the_npu_cannot_compute_and_render_documents_it, and the conversion itself in
+tests/unit/agent/migrate/test_convert.py): a standalone migration of the Qwen3-8B-FP8 form (the trial run and the
+precision check on the converted weights), the DeepSeek-V3 form (block-FP8, MLA + MoE, auto_map) into a copy of the upstream
 checkout under the stand-in, without its MTP layer (verdict ok) and with it (the native MLA model's load_weights
 has no MTP layer yet: IndexError on model.layers.{num_hidden_layers} — the generator rewrite skips MTP tensors
 by name; strict xfail so that this test says when it passes)."""
@@ -28,6 +30,7 @@ def _summary(proc) -> dict:
     return json.loads(proc.stdout[proc.stdout.index("{"):proc.stdout.rindex("}") + 1])
 
 
+@pytest.mark.slow
 def test_an_fp8_checkpoint_migrates_converted_and_the_report_says_how(tmp_path):
     src, _ = forms.qwen3_fp8(tmp_path / "Qwen3-8B-FP8")
     proc = run_cli("run", str(src), "--output-dir", str(tmp_path / "models"), "--device", "cpu",
