@@ -106,8 +106,6 @@ def _parser() -> argparse.ArgumentParser:
     convert.add_argument("dest", help="the folder to write (new, or empty; never inside the source)")
     convert.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16",
                          help="the converted weights' dtype (default: bfloat16)")
-    convert.add_argument("--trust-remote-code", action="store_true",
-                         help="the checkpoint's tokenizer may be the repo's own code (checked like `run` does)")
 
     classify = sub.add_parser("classify", help="print the scenario (A/B/C) for PATH and why")
     classify.add_argument("path")
@@ -280,8 +278,9 @@ def cmd_standin(args) -> int:
 
 def cmd_convert(args) -> int:
     """`migrator convert SRC DEST`: the conversion a migration does (agent.migrate.convert), by hand."""
-    from agent.migrate.checkpoint_check import check_checkpoint, check_output_outside
+    from agent.migrate.checkpoint_check import check_config, check_output_outside, check_weights, read_json_file
     from agent.migrate.convert import convert_checkpoint
+    from agent.migrate.quantized import check_quantized
     from agent.recipe.fs_guard import user_tree
 
     inputs.check_text_args(source=args.source, dest=args.dest)
@@ -289,7 +288,12 @@ def cmd_convert(args) -> int:
     if not (source / "config.json").is_file():
         raise errors.InputError(f"{args.source}: no config.json — point at the quantized checkpoint's folder")
     check_output_outside(source, dest, args.dest)
-    check_checkpoint(source.resolve(), args.trust_remote_code)    # every tensor accounted for; refusals as in run
+    # what a conversion reads: the config, whole weight files, every tensor accounted for (its refusals as in
+    # run); the architecture's code and the tokenizer are the migration's business, nothing here runs them
+    config = check_config(read_json_file(source / "config.json"), str(source / "config.json"))
+    check_weights(source)
+    if check_quantized(source, config, (config.get("architectures") or [config["model_type"]])[0]) is None:
+        raise errors.InputError(f"{args.source}: config.json has no quantization_config; nothing to convert")
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise errors.InputError(f"{args.dest}: exists and is not an empty folder; choose a new folder")
     dest = dest.resolve()

@@ -356,3 +356,19 @@ def test_a_migrations_conversion_goes_to_the_recipe_state_and_a_failure_takes_ba
     with pytest.raises(RuntimeError):
         convert.for_recipe(src, models / "empty")
     assert (models / "empty").is_dir() and not any((models / "empty").iterdir())   # the user's folder: kept
+
+
+def test_converting_by_hand_needs_no_consent_to_remote_code_and_runs_none(tmp_path):
+    """Kimi-K2's form (model_type kimi_k2, which transformers lacks, so its code is the repo's): `migrator
+    convert` reads the format only — no --trust-remote-code needed, nothing of the repo imported."""
+    from migrator_cli import run_cli
+
+    src, _ = forms.deepseek_v3_fp8(tmp_path / "Kimi-K2")
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps(dict(config, model_type="kimi_k2")))
+    proc = run_cli("convert", str(src), str(tmp_path / "bf16"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["model_type"] == "kimi_k2"
+    assert not (src / forms.REMOTE_CODE_MARKER).exists()
+    run = run_cli("run", str(src), "--output-dir", str(tmp_path / "models"), cwd=tmp_path)
+    assert run.returncode == 3 and "--trust-remote-code" in run.stderr       # migrating it is another matter
