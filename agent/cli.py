@@ -106,6 +106,9 @@ def _parser() -> argparse.ArgumentParser:
     convert.add_argument("dest", help="the folder to write (new, or empty; never inside the source)")
     convert.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16",
                          help="the converted weights' dtype (default: bfloat16)")
+    convert.add_argument("--without-remote-code", action="store_true",
+                         help="write config.json / tokenizer_config.json without auto_map (what a migration without "
+                              "--trust-remote-code runs: upstream's launcher would run the repo's code)")
 
     classify = sub.add_parser("classify", help="print the scenario (A/B/C) for PATH and why")
     classify.add_argument("path")
@@ -298,7 +301,7 @@ def cmd_convert(args) -> int:
         raise errors.InputError(f"{args.dest}: exists and is not an empty folder; choose a new folder")
     dest = dest.resolve()
     record = convert_checkpoint(source.resolve(), dest, user_tree(dest.parent, "the destination's folder", create=True),
-                                args.dtype)
+                                args.dtype, trust_remote_code=not args.without_remote_code)
     peak = (record["peak_rss_bytes"] - record["rss_before_bytes"]) / 2**20
     print(f"{record['format']} -> {record['dtype']}: {record['tensors']['quantized']} tensors dequantized, "
           f"{record['tensors']['kept']} kept, in {record['seconds']} s (peak memory +{peak:.0f} MiB): {dest}")

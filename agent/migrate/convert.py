@@ -388,15 +388,16 @@ class PeakRss:
         self.peak = max(self.peak, self.process.memory_info().rss)
 
 
-def redo_command(src: Path, dest: Path, out_dtype: str) -> str:
+def redo_command(src: Path, dest: Path, out_dtype: str, trust_remote_code: bool = True) -> str:
     import shlex
 
     extra = "" if out_dtype == "bfloat16" else f" --dtype {out_dtype}"
+    extra += "" if trust_remote_code else " --without-remote-code"
     return f"migrator convert {shlex.quote(str(src))} {shlex.quote(str(dest))}{extra}"
 
 
 def convert_checkpoint(src: Path, dest: Path, tree, out_dtype: str = "bfloat16",
-                       log: Callable[[str], None] | None = None) -> dict:
+                       log: Callable[[str], None] | None = None, trust_remote_code: bool = True) -> dict:
     """`src` (a quantized checkpoint of route `convert`) written converted to `dest` through `tree` (a
     UserTree holding dest's folder). Returns the record migration_report.json keeps (`conversion`)."""
     import torch
@@ -446,7 +447,7 @@ def convert_checkpoint(src: Path, dest: Path, tree, out_dtype: str = "bfloat16",
                         weight_map[out.name] = file
                         total += out.nbytes
                 log(f"convert: shard {i}/{len(shards)} {file} in {time.monotonic() - t0:.1f}s")
-            _write_side_files(src, staging, tree, config, out_dtype, weight_map, total)
+            _write_side_files(src, staging, tree, config, out_dtype, weight_map, total, trust_remote_code)
         tree.rmtree(dest)
         tree.replace(staging, dest)
     except BaseException:
@@ -454,7 +455,7 @@ def convert_checkpoint(src: Path, dest: Path, tree, out_dtype: str = "bfloat16",
         raise
     return {
         "format": scheme.label, "route": scheme.route, "why": scheme.why, "source": str(src), "path": str(dest),
-        "dtype": out_dtype, "command": redo_command(src, dest, out_dtype), "tensors": accounting.counts(),
+        "dtype": out_dtype, "command": redo_command(src, dest, out_dtype, trust_remote_code), "tensors": accounting.counts(),
         "dropped": sorted(accounting.dropped), "seconds": round(time.monotonic() - started, 3),
         "bytes_written": total, "largest_source_shard_bytes": largest_shard,
         "largest_read_bytes": max(sources.bytes_read(), default=0),
@@ -463,9 +464,10 @@ def convert_checkpoint(src: Path, dest: Path, tree, out_dtype: str = "bfloat16",
 
 
 def _write_side_files(src: Path, staging: Path, tree, config: dict, out_dtype: str, weight_map: dict,
-                      total: int) -> None:
+                      total: int, trust_remote_code: bool = True) -> None:
     """config.json without quantization_config (dtype the output's), the index of the new shards, and every
-    other regular file of the checkpoint (tokenizer, generation config, the repo's code) as published."""
+    other regular file of the checkpoint (tokenizer, generation config, the repo's code) as published; without
+    `trust_remote_code`, config.json and tokenizer_config.json without their auto_map (without_remote_code)."""
     from agent.migrate.checkpoint_check import WEIGHT_SUFFIXES
 
     written = dict(config)
@@ -483,30 +485,77 @@ def _write_side_files(src: Path, staging: Path, tree, config: dict, out_dtype: s
                 or path.name.endswith(".index.json") or not path.is_file():
             continue
         tree.copy(path, staging / path.name)
+    if not trust_remote_code:
+        strip_auto_map(staging, tree)
+
+
+def strip_auto_map(folder: Path, tree) -> list[str]:
+    """config.json and tokenizer_config.json of `folder` (written by the migrator) without `auto_map`: upstream's
+    executor loads the config, tokenizer and generation config with trust_remote_code=True, so a checkpoint the
+    recipe runs must not name the repo's code unless the user consented (--trust-remote-code). Returns the files
+    changed."""
+    changed = []
+    for name in ("config.json", "tokenizer_config.json"):
+        path = folder / name
+        if not path.is_file():
+            continue
+        data = load_json(path)
+        if isinstance(data, dict) and "auto_map" in data:
+            data.pop("auto_map")
+            tree.unlink(path)           # a view's link to the user's file: never written through
+            tree.write_text(path, json.dumps(data, indent=2) + "\n")
+            changed.append(name)
+    return changed
 
 
 CONVERTED_FOLDER = "checkpoint-{dtype}"
 
 
-def for_recipe(model_dir: Path, recipe_dir: Path, out_dtype: str = "bfloat16") -> tuple[Path, dict | None]:
-    """The checkpoint a new recipe runs: `model_dir` itself, or, for a format the NPU cannot compute, its
+VIEW_FOLDER = "checkpoint"
+
+
+def for_recipe(model_dir: Path, recipe_dir: Path, out_dtype: str = "bfloat16",
+               trust_remote_code: bool = False) -> tuple[Path, dict | None]:
+    """The checkpoint a new recipe runs: `model_dir` itself; for a format the NPU cannot compute, its
     conversion in the recipe's state folder (`.migrator/`, inside a checkout `res/.migrator/`: never in the
-    user's source folder) and the record of it. The recipe folder was empty or absent (node_acquire
-    checked): a conversion that fails removes it again."""
+    user's source folder) and the record of it; for a repo whose auto_map transformers' own class serves (no
+    --trust-remote-code), a view of it there — links to its files, config.json / tokenizer_config.json without
+    auto_map — since upstream's executor loads with trust_remote_code=True and would run the repo's code. The
+    recipe folder was empty or absent (node_acquire checked): a failure removes what this made."""
     from agent.recipe.fs_guard import user_tree
     from agent.recipe.targets import state_dir, state_parts
 
-    scheme = scheme_of(load_json(Path(model_dir) / "config.json"), Path(model_dir))
-    if scheme is None or scheme.route != "convert":
-        return Path(model_dir), None
-    recipe_dir = Path(recipe_dir)
+    model_dir, recipe_dir = Path(model_dir), Path(recipe_dir)
+    config = load_json(model_dir / "config.json")
+    scheme = scheme_of(config, model_dir)
+    converting = scheme is not None and scheme.route == "convert"
+    names_code = any(isinstance(data, dict) and "auto_map" in data
+                     for data in (config, _tokenizer_config(model_dir)))
+    if not converting and (trust_remote_code or not names_code):
+        return model_dir, None
     tree = user_tree(recipe_dir.parent, "the output folder")
-    dest = state_dir(recipe_dir) / CONVERTED_FOLDER.format(dtype=out_dtype)
     existed = recipe_dir.exists()         # an empty folder the user made is kept; what we made in it is not
-    print(f"[migrator] {Path(model_dir).name}: weights are {scheme.label}; {scheme.why} into {dest}", file=sys.stderr)
     try:
-        record = convert_checkpoint(Path(model_dir), dest, tree, out_dtype)
+        if converting:
+            dest = state_dir(recipe_dir) / CONVERTED_FOLDER.format(dtype=out_dtype)
+            print(f"[migrator] {model_dir.name}: weights are {scheme.label}; {scheme.why} into {dest}", file=sys.stderr)
+            return dest, convert_checkpoint(model_dir, dest, tree, out_dtype, trust_remote_code=trust_remote_code)
+        dest = state_dir(recipe_dir) / VIEW_FOLDER
+        tree.mkdir(dest)
+        for path in sorted(model_dir.iterdir()):
+            tree.symlink(path.resolve(), dest / path.name)
+        changed = strip_auto_map(dest, tree)
+        print(f"[migrator] {model_dir.name}: the recipe runs {dest}, links to its files with {' and '.join(changed)} "
+              "naming no repo code (its launcher trusts remote code; --trust-remote-code keeps it)", file=sys.stderr)
+        return dest, None
     except BaseException:
         tree.rmtree(recipe_dir / state_parts(recipe_dir)[0] if existed else recipe_dir)
         raise
-    return dest, record
+
+
+def _tokenizer_config(model_dir: Path) -> dict | None:
+    path = model_dir / "tokenizer_config.json"
+    try:
+        return load_json(path) if path.is_file() else None
+    except (OSError, ValueError):
+        return None

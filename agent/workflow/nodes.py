@@ -112,7 +112,9 @@ def node_acquire(state: MigrationState) -> MigrationState:
         print(f"[migrator] vendoring from {plan['origin']} (the checkout's; {transformers_source.installed_version()} "
               f"is installed); trial runs and parity with {plan['python']}", file=sys.stderr)
     # a format the NPU cannot compute (fp8, mxfp4, awq, gptq, ...): converted to bf16 in the recipe's state folder
-    model_dir, conversion = convert.for_recipe(Path(got.model_dir), recipe_dir)
+    # a repo whose auto_map transformers serves: a view without it (the launcher would run the repo's code)
+    model_dir, conversion = convert.for_recipe(Path(got.model_dir), recipe_dir,
+                                               trust_remote_code=bool(state.get("trust_remote_code")))
     return {"model_dir": str(model_dir), "model_source": got.source, "model_name": name,
             "recipe_dir": str(recipe_dir), "recipe_target": recipe_target, "transformers": plan,
             **({"conversion": conversion} if conversion else {})}

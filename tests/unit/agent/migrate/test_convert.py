@@ -372,3 +372,27 @@ def test_converting_by_hand_needs_no_consent_to_remote_code_and_runs_none(tmp_pa
     assert not (src / forms.REMOTE_CODE_MARKER).exists()
     run = run_cli("run", str(src), "--output-dir", str(tmp_path / "models"), cwd=tmp_path)
     assert run.returncode == 3 and "--trust-remote-code" in run.stderr       # migrating it is another matter
+
+
+def test_without_consent_the_checkpoint_a_recipe_runs_names_no_repo_code(tmp_path):
+    """Upstream's executor loads config, tokenizer and generation config with trust_remote_code=True: a checkpoint
+    whose auto_map transformers serves would run the repo's code in the recipe's run (found by the DeepSeek-V3
+    e2e run: configuration_deepseek.py imported from the converted checkpoint). Without --trust-remote-code the
+    recipe runs a checkpoint without auto_map: the conversion writes none, a checkpoint that is not converted gets
+    a view (links to its files, its JSON rewritten); with consent the repo's code stays named."""
+    src, _ = forms.deepseek_v3_fp8(tmp_path / "DeepSeek-V3")
+    (tmp_path / "models").mkdir()
+    dest, record = convert.for_recipe(src, tmp_path / "models" / "a")
+    assert "auto_map" not in json.loads((dest / "config.json").read_text())
+    assert record["command"].endswith("--without-remote-code")
+    trusted, _ = convert.for_recipe(src, tmp_path / "models" / "b", trust_remote_code=True)
+    assert json.loads((trusted / "config.json").read_text())["auto_map"] == forms.DEEPSEEK_V3["auto_map"]
+    # a bf16 checkpoint that names code transformers implements: a view for the run, the source untouched
+    view, none = convert.for_recipe(trusted, tmp_path / "models" / "c")
+    assert none is None and view == tmp_path / "models" / "c" / ".migrator" / "checkpoint"
+    assert "auto_map" not in json.loads((view / "config.json").read_text()) and not (view / "config.json").is_symlink()
+    assert (view / "model.safetensors").is_symlink() and (view / "model.safetensors").resolve() == \
+        (trusted / "model.safetensors").resolve()
+    assert "auto_map" in json.loads((trusted / "config.json").read_text())
+    assert convert.for_recipe(trusted, tmp_path / "models" / "d", trust_remote_code=True) == (trusted, None)
+    assert not (src / forms.REMOTE_CODE_MARKER).exists()
