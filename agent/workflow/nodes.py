@@ -18,7 +18,7 @@ from agent.migrate.acquire import acquire
 from agent.migrate import convert, transformers_source
 from agent.migrate.checkpoint_check import check_checkpoint, check_output_outside
 from agent.run.trial_run import trial_run
-from agent.migrate.vendor import locate_source, read_config, vendor_source
+from agent.migrate.vendor import auto_map_served_natively, locate_source, read_config, vendor_source
 from agent.recipe import folder_lock
 from agent.recipe.fs_guard import user_tree
 from agent.recipe.chat_template import check_chat_template
@@ -115,9 +115,11 @@ def node_acquire(state: MigrationState) -> MigrationState:
     # a repo whose auto_map transformers serves: a view without it (the launcher would run the repo's code)
     model_dir, conversion = convert.for_recipe(Path(got.model_dir), recipe_dir,
                                                trust_remote_code=bool(state.get("trust_remote_code")))
+    # the source's auto_map, served by transformers' class (the checkpoint the recipe runs no longer names it)
+    note = None if state.get("trust_remote_code") else auto_map_served_natively(read_config(Path(got.model_dir)))
     return {"model_dir": str(model_dir), "model_source": got.source, "model_name": name,
             "recipe_dir": str(recipe_dir), "recipe_target": recipe_target, "transformers": plan,
-            **({"conversion": conversion} if conversion else {})}
+            **({"conversion": conversion} if conversion else {}), **({"auto_map_note": note} if note else {})}
 
 
 def transformers_plan(state: MigrationState, output_dir: Path, recipe_target: str) -> dict:
@@ -161,8 +163,10 @@ def node_vendor(state: MigrationState) -> MigrationState:
                            target.vendored_package.format(name=state["model_name"]), tree=tree,
                            model_source=state.get("model_source"), model_dir=model_dir)
     vendored = result.vendored(recipe_dir)
-    if source.note:
-        print(f"[migrator] {source.architecture}: {source.note}", file=sys.stderr)
+    note = source.note or state.get("auto_map_note")
+    if note:
+        vendored["auto_map_note"] = note
+        print(f"[migrator] {source.architecture}: {note}", file=sys.stderr)
     if plan.get("version"):
         vendored["transformers_version"] = plan["version"]
     return {"architecture": source.architecture, "family": route(config.get("text_config") or config).name,

@@ -50,6 +50,7 @@ class MigrationState(TypedDict, total=False):
     model_dir: str              # local checkpoint directory
     model_source: str           # link or path recorded in the baseline
     conversion: dict            # agent.migrate.convert: a quantized checkpoint converted for the NPU (format, path, command)
+    auto_map_note: str          # the source's auto_map is served by transformers' own class (agent.migrate.vendor)
     architecture: str
     family: str
     vendored: Vendored

@@ -37,3 +37,23 @@ def test_acquire_converts_a_checkpoint_the_npu_cannot_compute_and_render_documen
         state.update(node_render(state, config={"configurable": {"device": "cpu"}}))
     readme = (recipe / "README.md").read_text()
     assert "## 权重转换" in readme and state["conversion"]["command"] in readme and str(converted) in readme
+
+
+def test_the_auto_map_note_reaches_the_vendored_record_when_the_run_checkpoint_drops_the_auto_map(tmp_path):
+    import json
+
+    import quantized_checkpoints as forms
+    from agent.recipe import folder_lock
+    from agent.workflow.nodes import node_acquire, node_vendor
+
+    src, _ = forms.deepseek_v3_fp8(tmp_path / "DeepSeek-V3")
+    (tmp_path / "models").mkdir()
+    state = {"target": str(src), "output_dir": str(tmp_path / "models"), "recipe_target": "standalone",
+             "transformers_source": None}
+    with folder_lock.released_at_end():
+        state.update(node_acquire(state))
+        assert "auto_map" not in json.loads((tmp_path / "models" / "deepseek_v3" / ".migrator" / "checkpoint-bfloat16" / "config.json").read_text())
+        state.update(node_vendor(state))
+    assert state["vendored"]["model_class"] == "DeepseekV3ForCausalLM"
+    assert "served by transformers' own class" in state["vendored"]["auto_map_note"]
+    assert not (src / forms.REMOTE_CODE_MARKER).exists()
