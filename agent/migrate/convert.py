@@ -455,7 +455,7 @@ def convert_checkpoint(src: Path, dest: Path, tree, out_dtype: str = "bfloat16",
         raise
     return {
         "format": scheme.label, "route": scheme.route, "why": scheme.why, "source": str(src), "path": str(dest),
-        "dtype": out_dtype, "command": redo_command(src, dest, out_dtype, trust_remote_code), "tensors": accounting.counts(),
+        "dtype": out_dtype, "command": redo_command(src, dest, out_dtype, trust_remote_code or not _names_code(src)), "tensors": accounting.counts(),
         "dropped": sorted(accounting.dropped), "seconds": round(time.monotonic() - started, 3),
         "bytes_written": total, "largest_source_shard_bytes": largest_shard,
         "largest_read_bytes": max(sources.bytes_read(), default=0),
@@ -529,8 +529,7 @@ def for_recipe(model_dir: Path, recipe_dir: Path, out_dtype: str = "bfloat16",
     config = load_json(model_dir / "config.json")
     scheme = scheme_of(config, model_dir)
     converting = scheme is not None and scheme.route == "convert"
-    names_code = any(isinstance(data, dict) and "auto_map" in data
-                     for data in (config, _tokenizer_config(model_dir)))
+    names_code = _names_code(model_dir)
     if not converting and (trust_remote_code or not names_code):
         return model_dir, None
     tree = user_tree(recipe_dir.parent, "the output folder")
@@ -551,6 +550,12 @@ def for_recipe(model_dir: Path, recipe_dir: Path, out_dtype: str = "bfloat16",
     except BaseException:
         tree.rmtree(recipe_dir / state_parts(recipe_dir)[0] if existed else recipe_dir)
         raise
+
+
+def _names_code(model_dir: Path) -> bool:
+    """config.json or tokenizer_config.json names the repo's own code (auto_map)."""
+    return any(isinstance(data, dict) and "auto_map" in data
+               for data in (load_json(model_dir / "config.json"), _tokenizer_config(model_dir)))
 
 
 def _tokenizer_config(model_dir: Path) -> dict | None:

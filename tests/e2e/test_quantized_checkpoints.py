@@ -44,7 +44,7 @@ def test_an_fp8_checkpoint_migrates_converted_and_the_report_says_how(tmp_path):
     conversion = report["conversion"]
     assert conversion["path"] == str(converted) == report["model_dir"]
     assert conversion["format"] == "fp8 e4m3, 128x128 blocks" and conversion["tensors"]["quantized"] == 14
-    assert conversion["command"] == f"migrator convert {src} {converted} --without-remote-code"
+    assert conversion["command"] == f"migrator convert {src} {converted}"
     assert "quantization_config" not in json.loads((converted / "config.json").read_text())
     assert "quantization_config" in json.loads((src / "config.json").read_text())      # the source is untouched
     readme = (recipe / "README.md").read_text()

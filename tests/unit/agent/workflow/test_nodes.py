@@ -30,7 +30,7 @@ def test_acquire_converts_a_checkpoint_the_npu_cannot_compute_and_render_documen
         recipe = tmp_path / "models" / "qwen3_8b_fp8"
         converted = recipe / ".migrator" / "checkpoint-bfloat16"
         assert state["model_dir"] == str(converted) == state["conversion"]["path"]
-        assert state["conversion"]["command"] == f"migrator convert {src} {converted} --without-remote-code"
+        assert state["conversion"]["command"] == f"migrator convert {src} {converted}"   # it names no code
         assert "quantization_config" not in json.loads((converted / "config.json").read_text())
         state.update(node_vendor(state))
         assert state["vendored"]["model_class"] == "Qwen3ForCausalLM"
