@@ -6,6 +6,8 @@ Several machines: the same command on each, with torchrun's settings from the en
 infer.sh passes them): NNODES (machines), NODE_RANK (this one, 0..NNODES-1), MASTER_ADDR and
 MASTER_PORT (node 0's address and a free port). world_size counts the ranks of all machines:
 each starts world_size / NNODES of them. Without NNODES (or NNODES=1): one machine, --standalone.
+On several machines the ranks talk over the interface that reaches MASTER_ADDR (engine.network: gloo,
+NCCL and HCCL are told which, unless the user's environment names one).
 """
 
 from __future__ import annotations
@@ -34,6 +36,23 @@ def torchrun_args(world_size: int, environ: dict) -> list[str]:
             f"--nproc-per-node={world_size // nnodes}"]
 
 
+def network_environment(world_size: int, environ) -> tuple[dict[str, str], str | None]:
+    """The variables that make the ranks of a multi-machine run use the interface toward MASTER_ADDR
+    (engine.network), and a line saying so; nothing on one machine. Raises ConfigError where
+    MASTER_ADDR does not resolve or has no route from here."""
+    from engine import network
+
+    if world_size <= 1 or int(environ.get("NNODES") or 1) <= 1:
+        return {}, None
+    master = environ.get("MASTER_ADDR") or "127.0.0.1"
+    try:
+        route = network.toward(master)
+    except network.NoRoute as exc:
+        raise ConfigError(f"{exc}: set MASTER_ADDR to node 0's address, reachable from every machine") from None
+    chosen = network.settings(route, environ)
+    return chosen, network.describe(route, chosen, environ)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine.launch", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -47,9 +66,13 @@ def main(argv: list[str] | None = None) -> int:
         settings = load_runner_settings(args.yaml_file_path)
         world_size = settings["world_size"]
         launch = torchrun_args(world_size, os.environ) if world_size > 1 else []
+        network, line = network_environment(world_size, os.environ)
     except (ConfigError, ValueError) as exc:
         print(f"engine.launch: error: {exc}", file=sys.stderr)
         return 2
+    if line:
+        print(f"engine.launch: {line}", file=sys.stderr)
+    os.environ.update(network)          # torchrun's workers inherit it
     script_args = [args.script, "--yaml-file-path", args.yaml_file_path]
     if world_size == 1:
         os.execv(sys.executable, [sys.executable, *script_args])

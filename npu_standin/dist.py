@@ -2,10 +2,16 @@
 
 `torch_npu._C._distributed_c10d.ProcessGroupHCCL.Options` exists so that upstream's group code runs;
 its `hccl_config` (buffer size, op expansion mode) has no meaning for gloo/nccl and is dropped
-with a note naming the values. Stand-in runs are single-host: outside torchrun (whose agent owns
-the rendezvous), ranks meet on 127.0.0.1 at the port the launcher chose for this run, whatever
-MASTER_ADDR / MASTER_PORT the launch script exported (upstream's function.sh fixes port 6038,
-which two runs on one host would share).
+with a note naming the values.
+
+Where the ranks meet: on one host, outside torchrun (whose agent owns the rendezvous), on 127.0.0.1 at
+the port the launcher chose for this run, whatever MASTER_ADDR / MASTER_PORT the launch script exported
+(upstream's function.sh fixes port 6038, which two runs on one host would share), and gloo binds the
+loopback interface. Ranks on several hosts (the launch script's LOCAL_WORLD_SIZE below the world size:
+upstream's function.sh over its `IPs` list, torchrun --nnodes) meet at the launch script's MASTER_ADDR /
+MASTER_PORT, and gloo / nccl use the interface toward MASTER_ADDR (engine/network.py: the address the
+host name resolves to, which gloo would advertise, is loopback on many hosts). A GLOO_SOCKET_IFNAME /
+NCCL_SOCKET_IFNAME the user set is kept.
 """
 
 from __future__ import annotations
@@ -19,7 +25,9 @@ import torch.distributed as dist
 
 from npu_standin import device as _dev
 from npu_standin import record
-from npu_standin.environment import ENV_MASTER_ADDR, ENV_MASTER_PORT
+from npu_standin.engine_files import network
+from npu_standin.errors import StandinError
+from npu_standin.environment import ENV_MASTER_ADDR, ENV_MASTER_PORT, loopback_name
 
 
 class ProcessGroupHCCL:
@@ -70,9 +78,18 @@ def _drop_options(options, where: str):
     return options
 
 
-def _single_host_rendezvous(init_method) -> None:
-    if init_method not in (None, "env://") or os.environ.get("TORCHELASTIC_RUN_ID"):
-        return
+def spans_hosts(world_size: int, environ=os.environ) -> bool:
+    """Whether some of the ranks run on other hosts: the launch script says how many run on this one
+    (LOCAL_WORLD_SIZE: upstream's function.sh and torchrun both export it)."""
+    try:
+        world = world_size if world_size and world_size > 0 else int(environ.get("WORLD_SIZE") or 1)
+        local = int(environ.get("LOCAL_WORLD_SIZE") or 0)
+    except ValueError:
+        return False
+    return 0 < local < world
+
+
+def _single_host_rendezvous() -> None:
     addr, port = os.environ.get(ENV_MASTER_ADDR), os.environ.get(ENV_MASTER_PORT)
     if not (addr and port):
         return
@@ -80,7 +97,38 @@ def _single_host_rendezvous(init_method) -> None:
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = addr, port
     if before != f"{addr}:{port}":
         record.note("rendezvous", f"rendezvous {before} (from the launch script) -> {addr}:{port}: "
-                                  "stand-in runs are single-host, each on a port of its own", echo=False)
+                                  "stand-in runs on one host meet on loopback, each on a port of its own", echo=False)
+
+
+def _interface(hosts: bool) -> None:
+    """GLOO_SOCKET_IFNAME (and NCCL_SOCKET_IFNAME on cuda), unless the user set them: loopback on one
+    host; on several, the interface toward MASTER_ADDR."""
+    if not hosts:
+        if host_backend() == "gloo":
+            os.environ.setdefault(network.GLOO, loopback_name())
+        return
+    master = os.environ.get("MASTER_ADDR") or "127.0.0.1"
+    try:
+        route = network.toward(master)
+    except network.NoRoute as exc:
+        raise StandinError(f"npu stand-in: ranks on several hosts: {exc}: set MASTER_ADDR (upstream's "
+                           "function.sh: the first of set_env.sh's IPs) to node 0's address, reachable from "
+                           "every host") from None
+    keys = (network.GLOO, network.NCCL)       # no HCCL here: the stand-in's HCCL is gloo / nccl
+    chosen = {key: value for key, value in network.settings(route, os.environ).items() if key in keys}
+    line = network.describe(route, chosen, os.environ, keys)
+    os.environ.update(chosen)
+    record.note("rendezvous", f"ranks on several hosts (world {os.environ.get('WORLD_SIZE', '?')}, "
+                              f"{os.environ.get('LOCAL_WORLD_SIZE')} here): rendezvous at "
+                              f"{master}:{os.environ.get('MASTER_PORT', '-')} as the launch script set it; {line}",
+                echo=False)
+
+
+def _rendezvous(init_method, world_size) -> None:
+    hosts = spans_hosts(world_size)
+    if init_method in (None, "env://") and not os.environ.get("TORCHELASTIC_RUN_ID") and not hosts:
+        _single_host_rendezvous()
+    _interface(hosts)
 
 
 def _wrap_init(real):
@@ -97,7 +145,9 @@ def _wrap_init(real):
         if isinstance(device_id, torch.device) and device_id.type == "cpu":
             device_id = None          # gloo binds no device
         if store is None:
-            _single_host_rendezvous(init_method)
+            _rendezvous(init_method, world_size)
+        else:
+            _interface(spans_hosts(world_size))
         kwargs = {}
         if timeout is not None:
             kwargs["timeout"] = timeout
@@ -140,19 +190,58 @@ def install() -> None:
 
 
 def _comm_names() -> None:
-    """ProcessGroupHCCL.get_hccl_comm_name(rank) on the host's backend: upstream passes the name to
-    the MC2 / EP kernels (npu_moe_distribute_dispatch, ...), which the stand-in refuses with their own
-    name; a run must get that far rather than stop at a missing method of gloo / nccl."""
+    """ProcessGroupHCCL.get_hccl_comm_name(rank) on the host's backend: upstream passes the name to the
+    MC2 / EP kernels (npu_moe_distribute_dispatch_v2, ...) as `group_ep`, and their references
+    (kernels/mc2.py) turn it back into the process group (`process_group_named`) to run their
+    all-to-all on it."""
     import torch._C._distributed_c10d as c10d
 
     def get_hccl_comm_name(self, rank):
         record.runtime("get_hccl_comm_name")
-        return f"npu-standin-{host_backend()}-{id(self):x}"
+        return comm_name(self)
 
     for name in ("ProcessGroupGloo", "ProcessGroupNCCL"):
         cls = getattr(c10d, name, None)
         if cls is not None and not hasattr(cls, "get_hccl_comm_name"):
             cls.get_hccl_comm_name = get_hccl_comm_name
+
+
+_named: dict = {}      # comm name -> its backend, held so that the name stays its own (ids are reused)
+
+
+def comm_name(backend) -> str:
+    """The HCCL communicator name the stand-in gives a host backend (ProcessGroupGloo / NCCL): unique in
+    this process, as HCCL's names are (each rank asks its own)."""
+    for name, known in _named.items():
+        if known is backend:
+            return name
+    name = f"npu-standin-{host_backend()}-{id(backend):x}"
+    _named[name] = backend
+    return name
+
+
+def hccl_comm_name(group=None) -> str:
+    """`group._get_backend(npu).get_hccl_comm_name(rank)` as upstream's executor/utils/hccl_utils.py asks it,
+    for a process group of this process (default: the world group)."""
+    group = group if group is not None else dist.group.WORLD
+    return comm_name(group._get_backend(torch.device(_dev.host_type())))
+
+
+def process_group_named(name: str):
+    """The process group whose backend get_hccl_comm_name gave `name` in this process, or None."""
+    from torch.distributed.distributed_c10d import _world
+
+    backend = _named.get(name)
+    if backend is None:
+        return None
+    device = torch.device(_dev.host_type())
+    for group in list(_world.pg_map):
+        try:
+            if group._get_backend(device) is backend:
+                return group
+        except RuntimeError:
+            continue
+    return None
 
 
 def c10d_module() -> types.ModuleType:

@@ -1,10 +1,10 @@
-"""infer-migrator's `engine/safe_load.py` and `engine/safe_write.py`, for the stand-in.
+"""infer-migrator's `engine/safe_load.py`, `engine/safe_write.py` and `engine/network.py`, for the stand-in.
 
 The stand-in runs inside processes that are not the migrator's: a checkout's launcher venv without
 infer-migrator (no `engine` at all) or a standalone recipe that carries an `engine` package of its own
 (an older copy). Where `engine` is this project's own it is used as it is (one `LoadError` /
-`WriteRefused` class for the CLI to catch); anywhere else the two files are loaded by their path under
-private names. Both are self-contained (the standard library and yaml)."""
+`WriteRefused` class for the CLI to catch); anywhere else the files are loaded by their path under
+private names. They are self-contained (the standard library and yaml)."""
 
 from __future__ import annotations
 
@@ -39,3 +39,4 @@ def _load(name: str):
 
 safe_load = _load("safe_load")
 safe_write = _load("safe_write")
+network = _load("network")

@@ -88,11 +88,10 @@ def standin_env(device: str = "cpu", base: dict | None = None, record_dir: str |
     env["PATH"] = os.pathsep.join(dict.fromkeys(path_entries + (env.get("PATH") or "").split(os.pathsep)))
     # A real but broken torch_npu (no CANN) must not be auto-loaded by `import torch`.
     env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
-    # Stand-in runs are single-host: ranks meet on loopback, on a port of this run's own.
+    # Ranks on one host meet on loopback, on a port of this run's own; the ranks' interface is chosen when
+    # they meet (npu_standin/dist.py: loopback on one host, the route to MASTER_ADDR across hosts).
     env[ENV_MASTER_ADDR] = "127.0.0.1"
     env[ENV_MASTER_PORT] = str(master_port or free_port())
-    if device == "cpu":
-        env.setdefault("GLOO_SOCKET_IFNAME", _loopback_name())
     env[ENV_KEEP] = os.pathsep.join(KEEP_PATHS)
     if record_dir is not None:
         env[ENV_RECORD_DIR] = str(record_dir)
@@ -108,7 +107,7 @@ def launcher_path(env=None) -> str | None:
     return env.get("PATH")
 
 
-def _loopback_name() -> str:
+def loopback_name() -> str:
     try:
         for _, name in socket.if_nameindex():
             if name.startswith("lo"):

@@ -37,8 +37,14 @@ projection is N partial products, each rounded to the run's dtype, summed in it.
 model in the run's dtype runs a second time with its row-parallel projections computed so
 (`Reference.split_row_parallel`: the `rowwise` entries of the model's own tensor-parallel plan, and
 every attention's o_proj, which all split heads), and the step's own move is the larger of the two;
-its argmax is one more token the step may pick. 1-rank and float32 runs are unchanged. Per decoder
-layer the same rule locates a failure:
+its argmax is one more token the step may pick. A run expert parallel E > 1 ways (its YAML's moe_ep_size,
+else world_size // moe_tp_size) sums each token's top-k expert outputs in another order: each EP rank
+sums the experts it holds, and the ranks' partial sums are added (a reduce-scatter / all-reduce in the
+run's dtype, as upstream's MoE-TP and all-gather paths do; MC2's combine sums in fp32, which this bounds).
+So that same second model also computes every sparse-MoE block's experts as E per-rank partial sums
+(`Reference.split_expert_parallel`: experts [r*L, (r+1)*L) of rank r, each partial as transformers sums
+it, in the run's dtype, then the partials added in it), named in the verdict beside the row-parallel
+split. 1-rank and float32 runs are unchanged. Per decoder layer the same rule locates a failure:
 NOISE_FACTOR times transformers' own relative move of that layer's hidden states at that position,
 never below LAYER_FLOOR[dtype].
 
@@ -76,9 +82,9 @@ RECORD_ENV = "MIGRATOR_PRECISION_RECORD"
 RULE = (f"step k passes when the recipe's token is transformers' argmax on the same prefix (float32 or the "
         f"run's dtype) or within the step's tolerance of it in float32 (a tie), and max |recipe - float32 logits| "
         f"<= the step's tolerance: max({NOISE_FACTOR} x transformers' own max |run dtype - float32| at step k "
-        f"(N > 1 ranks: the larger of that and the same with its row-parallel projections as N partial sums in "
-        f"the run dtype), floor x max |float32 logit|); a sparse-MoE model's routing ties may be resolved either way "
-        f"(agent.measure.precision)")
+        f"(N > 1 ranks: the larger of that and the same with its row-parallel projections as N partial sums, and "
+        f"E > 1 expert-parallel ranks: its MoE experts as E per-rank partial sums, in the run dtype), floor x max "
+        f"|float32 logit|); a sparse-MoE model's routing ties may be resolved either way (agent.measure.precision)")
 
 
 def tolerance(own_move: float, scale: float, dtype: str) -> float:
@@ -365,6 +371,41 @@ class Reference:
             split.append(name)
         return split
 
+    def split_expert_parallel(self, parts: int) -> list[str]:
+        """Compute every sparse-MoE block's experts as `parts` per-rank partial sums: rank r holds experts
+        [r*L, (r+1)*L) (L = experts / parts, upstream's EP layout); each partial is transformers' own experts
+        call with the other ranks' routing weights zeroed (so it sums what rank r holds, in transformers' order
+        and dtype), and the partials are added in the model's dtype, rank by rank (see the module docs).
+        Returns the blocks split (none: no sparse-MoE block, or experts not divisible by `parts`)."""
+        import torch
+
+        from agent.recipe.native.moe_features import moe_block
+
+        split = []
+        for index, layer in enumerate(self.layers):
+            found = moe_block(layer)
+            if found is None:
+                continue
+            name, block = found
+            experts = block.experts
+            count = getattr(experts, "num_experts", None) or experts.gate_up_proj.shape[0]
+            if parts < 2 or count % parts:
+                continue
+            local, whole = count // parts, experts.forward
+
+            def forward(hidden, top_k_index, top_k_weights, *rest, whole=whole, local=local, **kwargs):
+                owner = torch.div(top_k_index, local, rounding_mode="floor")
+                total = None
+                for rank in range(parts):
+                    weights = torch.where(owner == rank, top_k_weights, torch.zeros_like(top_k_weights))
+                    partial = whole(hidden, top_k_index, weights, *rest, **kwargs)
+                    total = partial if total is None else total + partial
+                return total
+
+            experts.forward = forward
+            split.append(f"{index}.{name}")
+        return split
+
     def release(self) -> None:
         """Free the weights: the float32 and the run-dtype models are never held at once."""
         import gc
@@ -580,9 +621,9 @@ def against_logs(results: list[dict], logs: dict[int, dict[int, str]]) -> tuple[
 
 def verify_record(record_dir: Path, checkpoint: Path, dtype: str | None = None, overrides: dict | None = None,
                   trust_remote_code: bool = False, log_dir: Path | None = None,
-                  tensor_parallel: int | None = None) -> dict:
+                  tensor_parallel: int | None = None, expert_parallel: int | None = None) -> dict:
     """The check itself, in this process (see the module docs). `tensor_parallel`: the run's attention
-    tensor-parallel size where its YAML says (default: its ranks)."""
+    tensor-parallel size where its YAML says (default: its ranks); `expert_parallel`: its moe_ep_size (default 1)."""
     import torch
     import transformers
     from transformers import AutoTokenizer
@@ -615,13 +656,14 @@ def verify_record(record_dir: Path, checkpoint: Path, dtype: str | None = None, 
     exact = Replayed(model, sequences)
     model.release()
     rounded = reduced = None
-    split, parts = [], tensor_parallel or len(calls)
+    split, parts, expert_split, experts = [], tensor_parallel or len(calls), [], expert_parallel or 1
     if dtype != "float32":
         model = Reference(checkpoint, dtype, overrides or {}, trust_remote_code)
         rounded = Replayed(model, sequences)
-        if parts > 1:                # N-way tensor parallel: the rounding of its row-parallel reductions too
-            split = model.split_row_parallel(parts)
-            reduced = Replayed(model, sequences) if split else None
+        # N-way tensor / E-way expert parallel: the rounding of their reductions too
+        split = model.split_row_parallel(parts) if parts > 1 else []
+        expert_split = model.split_expert_parallel(experts) if experts > 1 else []
+        reduced = Replayed(model, sequences) if split or expert_split else None
         model.release()
 
     live: list = []
@@ -649,8 +691,8 @@ def verify_record(record_dir: Path, checkpoint: Path, dtype: str | None = None, 
     summary = {**base, "checked": True, "ok": failed is None and not problems,
                "reference": f"transformers {transformers.__version__} {exact.name}",
                "dtype": dtype, "reference_dtypes": ["float32", *([dtype] if rounded else []),
-                                                    *([f"{dtype}, {len(split)} row-parallel projections as {parts} "
-                                                       "partial sums"] if reduced else [])],
+                                                    *([reduced_name(dtype, split, parts, expert_split, experts)]
+                                                      if reduced else [])],
                "ranks": len(calls), "requests": len(results), "steps_checked": len(every),
                "decode_steps_checked": sum(1 for _, s in every if s["phase"] == "decode"),
                "closest": {"rank": closest_r["rank"], "request": closest_r["request"], "step": closest_s["step"],
@@ -667,8 +709,10 @@ def verify_record(record_dir: Path, checkpoint: Path, dtype: str | None = None, 
                "routing_ties_taken": sum(len(r.get("routing_ties", [])) for r in results),
                "tokens_off_float32_argmax": sum(1 for _, s in every if s["token"] != s["reference_argmax_float32"]),
                "per_request": [{k: v for k, v in r.items() if k != "steps"} for r in results]}
-    if reduced:
+    if split:
         summary["row_parallel_split"] = {"parts": parts, "projections": split[:8], "count": len(split)}
+    if expert_split:
+        summary["expert_parallel_split"] = {"parts": experts, "blocks": expert_split[:8], "count": len(expert_split)}
     summary.update(nll)
     missing, differing = against_logs(results, logged_texts(log_dir))
     if differing:
@@ -693,6 +737,14 @@ def verify_record(record_dir: Path, checkpoint: Path, dtype: str | None = None, 
         summary["first_failing_step"] = (step_name(failed["first_failure"]) if failed["first_failure"]
                                          else "the whole output (empty)")
     return summary
+
+
+def reduced_name(dtype: str, split: list, parts: int, expert_split: list, experts: int) -> str:
+    """The verdict's name of the second run-dtype reference: what it computes as the run's ranks reduce."""
+    what = [f"{len(split)} row-parallel projections as {parts} partial sums"] if split else []
+    if expert_split:
+        what.append(f"{len(expert_split)} MoE blocks' experts as {experts} expert-parallel partial sums")
+    return ", ".join([dtype, *what])
 
 
 def prompt_nll(exact: Reference, tokenizer) -> dict:
@@ -777,7 +829,8 @@ def probe_env(env: dict, run_dir: Path) -> dict:
 def check(record_dir: Path, checkpoint: Path, *, python: str | None = None, dtype: str | None = None,
           overrides: dict | None = None, trust_remote_code: bool = False, random_weights: bool = False,
           timeout: int = defaults.TIMEOUT_S, pids_file: Path | None = None, pids_root: Path | None = None,
-          cwd: Path | None = None, log_dir: Path | None = None, tensor_parallel: int | None = None) -> dict:
+          cwd: Path | None = None, log_dir: Path | None = None, tensor_parallel: int | None = None,
+          expert_parallel: int | None = None) -> dict:
     """`verify_record` in `python` (default: this interpreter), as one process tree the migrator owns
     (stopped with it on SIGINT / SIGTERM or the timeout). `pids_file`: its pids, kept in the recipe
     `pids_root`."""
@@ -803,6 +856,8 @@ def check(record_dir: Path, checkpoint: Path, *, python: str | None = None, dtyp
         cmd += ["--logs", str(log_dir)]
     if tensor_parallel:
         cmd += ["--tensor-parallel", str(tensor_parallel)]
+    if expert_parallel and expert_parallel > 1:
+        cmd += ["--expert-parallel", str(expert_parallel)]
     if pids_file is not None:
         stop_leftovers(pids_file, pids_root)
     # the verdict goes to a file of its own: the model's code (remote code) may print anything
@@ -837,13 +892,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write the verdict there (default: stdout)")
     parser.add_argument("--tensor-parallel", type=int, help="the run's attention tensor-parallel size (default: "
                                                              "its ranks)")
+    parser.add_argument("--expert-parallel", type=int, help="the run's moe_ep_size (default 1)")
     args = parser.parse_args(argv)
     from engine.environment import import_torch
 
     import_torch()
     try:
         result = verify_record(args.record, args.checkpoint, args.dtype, loads_json(args.overrides),
-                               args.trust_remote_code, args.logs, args.tensor_parallel)
+                               args.trust_remote_code, args.logs, args.tensor_parallel, args.expert_parallel)
     except Exception as exc:  # noqa: BLE001 - only transformers' own failures are answered here
         from agent.measure.parity import transformers_failed
 

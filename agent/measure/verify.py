@@ -56,6 +56,7 @@ def precision_of(recipe: Recipe, run: Run, checkpoint: Path, trust_remote_code: 
     overrides = model_config.get("config_overrides") if recipe.target.code_check else None
     parallel = settings.get("parallel_config") if isinstance(settings.get("parallel_config"), dict) else {}
     tensor_parallel = parallel.get("attn_tp_size")      # upstream's schema; else the check counts the ranks
+    expert_parallel = expert_parallel_of(parallel)
     runs = state_dir(recipe.path) / "runs"
     return precision.check(precision.record_dir(Path(run["res_path"])), checkpoint, python=python,
                            overrides=overrides or None, trust_remote_code=trust_remote_code, random_weights=tiny,
@@ -63,7 +64,20 @@ def precision_of(recipe: Recipe, run: Run, checkpoint: Path, trust_remote_code: 
                            pids_file=runs / "precision.pids" if runs.is_dir() and not runs.is_symlink() else None,
                            pids_root=recipe.path,
                            tensor_parallel=tensor_parallel if isinstance(tensor_parallel, int) and tensor_parallel > 0
-                           else None)
+                           else None, expert_parallel=expert_parallel)
+
+
+def expert_parallel_of(parallel: dict) -> int | None:
+    """The run's MoE expert-parallel size as upstream derives it (ParallelConfig: moe_ep_size = world_size //
+    moe_tp_size), else its YAML's moe_ep_size where stated; None where the YAML says neither."""
+    def size(key):
+        value = parallel.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+    world, moe_tp = size("world_size"), size("moe_tp_size")
+    if world and moe_tp and world % moe_tp == 0:
+        return world // moe_tp
+    return size("moe_ep_size")
 
 
 def recipe_nll(run: Run) -> dict:

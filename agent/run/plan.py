@@ -199,10 +199,10 @@ def fit_layout(recipe: Recipe, base: RunPlan, *, fixed_yaml: bool, fit_ranks: bo
     at those ranks and then — where the ranks were a default (`fit_ranks`) — at up to MAX_FIT_RANKS:
     each of config/'s YAMLs that is tensor parallel over all its ranks (not with `fixed_yaml`, a
     --yaml run), then the plan's YAML made tensor parallel over the ranks, then the plan's YAML scaled.
-    Tensor parallel first: upstream's MoE recipes take their expert-parallel path at moe_tp_size 1,
-    which over several ranks dispatches through MC2 kernels the stand-in has no reference for (a
-    stand-in limit: npu_standin/kernels), and at one rank gets a group they register only for more
-    (models/qwen3_moe's moe_ep_group). A layout none of these gives: InputError, one line."""
+    Tensor parallel first: the YAML the user would run is changed least (its expert-parallel path over
+    several ranks runs too, through the stand-in's MC2 kernels, when asked for with --yaml / --world-size),
+    and at one rank upstream's MoE recipes get a group they register only for more (models/qwen3_moe's
+    moe_ep_group). A layout none of these gives: InputError, one line."""
     from agent.recipe import layouts
 
     parallel = read_settings(base.yaml).get("parallel_config")

@@ -34,6 +34,9 @@ CORPUS = [
 # its defaults of 8 + 8 leave a recurrent section of -14 layers, each layer then run twice).
 TYPE_DIMS = {
     "dory": {"num_hidden_layers": 3, "n_input_layers": 1, "n_output_layers": 1},
+    # Gemma 4's MoE checkpoints (gemma-4-26B-A4B: upstream's models/gemma_4) name their MoE keys apart:
+    # the type's defaults are a dense model with top_k_experts None.
+    "gemma4_text": {"enable_moe_block": True, "top_k_experts": 2},
 }
 
 

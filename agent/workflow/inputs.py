@@ -73,10 +73,19 @@ def validate_run(args) -> tuple[MigrationState, RunOptions]:
         "target": args.target, "output_dir": args.output_dir, "name": args.name, "dtype": args.dtype,
         "weights": args.weights, "trust_remote_code": args.trust_remote_code, "allow_install": args.allow_install,
         "max_new_tokens": args.max_new_tokens, "world_size": args.world_size, "recipe_target": recipe_target,
-        "transformers_source": args.transformers_source, "reference_python": args.reference_python,
+        "transformers_source": args.transformers_source, "reference_python": command_path(args.reference_python),
         **({"quantize": args.quantize} if getattr(args, "quantize", None) else {}),
         **({"upstream_standin": plan} if plan else {})}
     return state, {"max_rounds": args.max_rounds, "timeout_s": args.timeout, "device": args.device}
+
+
+def command_path(value: str | None) -> str | None:
+    """A command given as a path (`.venv-tf5.0/bin/python`), made absolute against the folder the user typed it
+    in: the recipe's runs and the precision check start it from other folders. A bare name is looked up on PATH
+    where it runs, as typed."""
+    if not value or (os.sep not in value and not value.startswith("~")):
+        return value
+    return str(Path(value).expanduser().absolute())
 
 
 def validate_recipe(recipe: Recipe, args, max_rounds: int = 0) -> tuple[MigrationState, RunOptions]:

@@ -84,7 +84,8 @@ def _counted(name: str, impl: Callable) -> Callable:
 
 
 def _load_modules() -> None:
-    from npu_standin.kernels import attention, matmul, misc, mla, moe, norm, quant, rope  # noqa: F401
+    from npu_standin.kernels import (attention, gated_delta_rule, matmul, matmul_all_reduce, mc2, misc, mla,  # noqa: F401
+                                     moe, norm, quant, rope)
 
 
 def install() -> None:

@@ -119,7 +119,13 @@ def _grouped_matmul(x, weight, *, bias=None, scale=None, offset=None, antiquant_
                 yi = yi + bi.float()
             results.append(activation(yi).to(out_dtype))
     if split_item in (2, 3):
-        return [torch.cat(results, dim=0)]
+        out = torch.cat(results, dim=0)
+        rows = sum(t.shape[0] for t in x)
+        if out.shape[0] < rows:
+            # op-plugin's output is (sum of x's rows, N) whatever group_list covers (GroupedMatmulKernelNpuOpApi.cpp,
+            # `calculate_dim_m`): an EP dispatch's expand_x has rows past its tokens, which no group reads (zeros here)
+            out = torch.cat([out, out.new_zeros((rows - out.shape[0], out.shape[1]))])
+        return [out]
     return results
 
 

@@ -345,9 +345,19 @@ def test_a_sign_flipped_in_one_layer_is_a_located_finding(checkout):
 
 
 # ---- one line for every model folder; exit 4 only where it must ---------------------------------
+# The snapshot's model folders someone has looked at: what each calls of torch_npu, and what `migrator run
+# models/X --standin --tiny` then does with it (the slow tests below). A folder the snapshot gains fails
+# test_every_model_folder_gets_one_true_line until it has been looked at and listed.
+LOOKED_AT = ("deepseek_r1", "gemma_4", "gpt_oss", "pangu_7b", "qwen", "qwen3_5", "qwen3_moe")
+
+
 def test_every_model_folder_gets_one_true_line(checkout):
     """Each models/* folder of the checkout (plus a README-only one and one that imports a compiled
-    custom op, as the full repository has) gets one stderr line and the exit code that says what it is."""
+    custom op, as the full repository has) gets one stderr line and the exit code that says what it is.
+    A recipe's line is derived from the recipe: the torch_npu kernels its code calls (agent.recipe.npu_scan)
+    and the stand-in command that validates it, `--tiny` where a config class of it names an architecture."""
+    from agent.recipe import npu_scan
+
     (checkout / "models" / "readme_only").mkdir()
     (checkout / "models" / "readme_only" / "README.md").write_text("# weights and code elsewhere\n")
     shutil.copytree(checkout / "models" / "qwen", checkout / "models" / "qwen_ascendc")
@@ -361,10 +371,20 @@ def test_every_model_folder_gets_one_true_line(checkout):
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and "Traceback" not in proc.stderr, (folder.name, proc.stderr)
         answers[folder.name] = (proc.returncode, lines[0])
-    assert set(answers) == {"deepseek_r1", "gpt_oss", "pangu_7b", "qwen", "readme_only", "qwen_ascendc"}
-    for name in ("deepseek_r1", "gpt_oss", "pangu_7b", "qwen"):
+    assert set(answers) == {*LOOKED_AT, "readme_only", "qwen_ascendc"}, \
+        f"a model folder nobody has looked at: {sorted(set(answers) - {*LOOKED_AT, 'readme_only', 'qwen_ascendc'})}"
+    for name in LOOKED_AT:
         code, line = answers[name]
-        assert code == 4 and "needs an Ascend NPU" in line and f"models/{name} --standin --tiny" in line, line
+        recipe = Recipe.at(checkout / "models" / name)
+        calls = [k for k in npu_scan.scan_recipe(recipe.path, recipe.repo_root, list(recipe.entry_files)).kernels
+                 if k.kind == "call"]
+        kernels = len(dict.fromkeys(k.name for k in calls))
+        tiny = " --tiny" if recipe_model_type(recipe, recipe.settings()) else ""
+        assert code == 4 and line.startswith(f"migrator: error: needs an Ascend NPU: {kernels} torch_npu kernels "), line
+        assert f"at {len(calls)} call sites; first call: {calls[0].name} at {calls[0].where};" in line, line
+        assert f"`migrator run {recipe.path} --standin{tiny}` can validate it" in line, line
+    # the models of transformers 5 (their config classes in the recipe name an architecture): --tiny
+    assert all(f"models/{name} --standin --tiny`" in answers[name][1] for name in LOOKED_AT)
     code, line = answers["readme_only"]
     assert code == 2 and "no config/*.yaml" in line
     code, line = answers["qwen_ascendc"]
@@ -530,6 +550,46 @@ def test_deepseek_r1_at_one_rank_is_refused_before_it_runs_naming_its_own_moe_ep
     line = proc.stderr.strip()
     assert "\n" not in line and "'moe_ep_group_mc2' (models/modeling_deepseek.py:" in line, line
     assert not (checkout / "models" / "deepseek_r1" / "res").exists()
+
+
+# upstream qwen3_moe's FusedMoEGMM takes its EP rank from the comm manager: the next rank's experts loaded instead
+QWEN3_MOE_EP_RANK = 'ep_rank=comm_manager.get_rank("moe_ep_group") if self.ep_size > 1 else 0,'
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("misrouted", [False, True], ids=["ep", "experts_of_the_next_rank"])
+def test_qwen3_moe_two_ranks_expert_parallel_runs_mc2_dispatch_and_is_checked_per_step(checkout, misrouted):
+    """Upstream's qwen3_moe on its attn4tp8dp YAML at 2 ranks: attention TP 2, moe_tp_size 1, so moe_ep_size 2 —
+    its moe_ep_group and MC2 group registered in the comm manager (get_hccl_comm_name), the prefill's all-to-all
+    double routing (npu_moe_init_routing_v2, all_to_all_single, npu_moe_re_routing) and the decode's
+    npu_moe_distribute_dispatch_v2 / combine_v2 on the stand-in's gloo group. Every step passes against
+    transformers with the expert-parallel reference named; each rank holding the next rank's experts (a wrong
+    routing: an expert's tokens computed by another rank's expert) fails the check at the prefill."""
+    if not (checkout / "models" / "qwen3_moe").is_dir():
+        pytest.skip("this upstream snapshot has no models/qwen3_moe (hicann/cann-recipes-infer fbc225d2de31 has it)")
+    if misrouted:
+        modeling = checkout / "models" / "qwen3_moe" / "models" / "modeling_qwen3_moe.py"
+        text = modeling.read_text()
+        assert text.count(QWEN3_MOE_EP_RANK) == 1, "upstream's qwen3_moe EP rank line changed"
+        modeling.write_text(text.replace(QWEN3_MOE_EP_RANK, QWEN3_MOE_EP_RANK.replace(
+            'comm_manager.get_rank("moe_ep_group")', '(comm_manager.get_rank("moe_ep_group") + 1) % self.moe_ep_size')))
+    proc, summary = run_standin(checkout, "qwen3_moe", "--yaml", "qwen3_235b_attn4tp8dp.yaml", "--world-size", "2")
+    assert "baseline_path" in summary, (proc.stdout + proc.stderr)[-3000:]
+    baseline = json.loads(Path(summary["baseline_path"]).read_text())
+    kernels = baseline["standin"]["reference_kernels"]
+    assert {"npu_moe_distribute_dispatch_v2", "npu_moe_distribute_combine_v2", "npu_moe_re_routing",
+            "npu_moe_init_routing_v2"} <= set(kernels), kernels
+    assert baseline["standin"]["unsupported"] == [] and baseline["standin"]["world_size"] == 2
+    parity = baseline["verification"]["parity"]
+    assert parity["checked"] and parity["ranks"] == 2 and parity["expert_parallel_split"]["parts"] == 2, parity
+    assert "expert-parallel partial sums" in parity["reference_dtypes"][-1]
+    if not misrouted:
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+        assert summary["status"] == "ok" and parity["ok"] and parity["decode_steps_checked"] > 0
+        assert kernels["npu_moe_distribute_dispatch_v2"] == kernels["npu_moe_distribute_combine_v2"] > 0
+    else:
+        assert proc.returncode == 1 and parity["ok"] is False, (proc.stdout + proc.stderr)[-3000:]
+        assert parity["first_failing_step"] == "the prefill" and parity["first_divergent_layer"] == 0, parity
 
 
 def test_standin_process_groups_answer_get_hccl_comm_name(tmp_path):

@@ -590,6 +590,10 @@ def test_mixed_dtype_matmul_on_npu_tensors_promotes_as_the_npu_does(tmp_path):
         assert gate(x).dtype == torch.float32 and torch.equal(gate(x), torch.addmm(gate.bias, x.float(), gate.weight.T))
         compiled = torch.compile(lambda a, b: torch.matmul(a, b).float().softmax(-1), backend="eager", fullgraph=True)
         assert torch.equal(compiled(x, w), want.float().softmax(-1))
+        proj = torch.nn.Linear(32, 8, bias=False, dtype=torch.bfloat16).npu()    # equal dtypes: torch's own linear
+        traced = torch.compile(lambda a: proj(a) + gate(a).to(torch.bfloat16).sum(-1, keepdim=True), backend="eager",
+                               fullgraph=True)                                   # as gemma_4's ge_graph decode step
+        assert torch.equal(traced(x), proj(x) + gate(x).to(torch.bfloat16).sum(-1, keepdim=True))
         print("OK")
     """)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
@@ -602,7 +606,7 @@ def test_an_op_without_reference_in_a_compiled_region_fails_with_the_standins_li
     proc, usage = run_standin(tmp_path, """
         import torch, torch_npu
         for fullgraph in (True, False):
-            f = torch.compile(lambda x: torch_npu.npu_moe_distribute_dispatch_v2(x=x, expert_ids=x) + 1,
+            f = torch.compile(lambda x: torch_npu.npu_moe_token_permute(x, x)[0] + 1,
                               backend="eager", fullgraph=fullgraph)
             try:
                 f(torch.randn(2, 4).npu())
@@ -611,7 +615,7 @@ def test_an_op_without_reference_in_a_compiled_region_fails_with_the_standins_li
     """)
     lines = proc.stdout.splitlines()
     assert len(lines) == 2, proc.stdout + proc.stderr[-2000:]
-    want = "npu stand-in: torch_npu.npu_moe_distribute_dispatch_v2 has no reference kernel"
+    want = "npu stand-in: torch_npu.npu_moe_token_permute has no reference kernel"
     assert all(want in line and " False " in line[:30] for line in lines), proc.stdout
     assert "(called at a captured region (torch.compile))" in lines[0]
     assert lines[1].startswith("False UnsupportedOp") and "script.py:" in lines[1]

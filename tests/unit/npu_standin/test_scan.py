@@ -58,19 +58,31 @@ def coverage_on_standin(names):
 
 def test_the_recipes_the_standin_runs_use_only_covered_names(snapshot_scan):
     """models/qwen, models/gpt_oss and the executor they run on: every name they use resolves on the
-    stand-in; what is left uncovered in the snapshot is quantization and DeepSeek's expert-parallel kernels."""
-    used = {u.name for u in snapshot_scan.uses
-            if u.file.startswith(("models/qwen/", "models/gpt_oss/models/", "executor/", "module/linear.py"))}
+    stand-in. models/qwen3_moe, gemma_4 and qwen3_5: every name outside their mx-quantized and expert-parallel
+    (MC2) paths does — qwen3_moe's npu_add_rms_norm_cast, gemma_4's npu_geglu, qwen3_5's npu_mm_all_reduce_base
+    and its Gated DeltaNet's chunk / recurrent gated delta rule included. What is left uncovered in the snapshot
+    is quantization (the expert-parallel MC2 kernels are covered: npu_standin/kernels/mc2.py)."""
+    def used_in(*prefixes):
+        return {u.name for u in snapshot_scan.uses if u.file.startswith(prefixes)}
+
     status = coverage_on_standin(snapshot_scan.counts())
-    in_scope = {name for name in used if status[name] == "missing"}
+    missing = {name for name, state in status.items() if state == "missing"}
+    quantized = {n for n in missing if any(w in n for w in ("quant", "int4pack", "dtype_cast"))}
     # module/linear.py holds the W8A8 path too: its kernels have references (kernels/quant.py)
+    in_scope = used_in("models/qwen/", "models/gpt_oss/models/", "executor/", "module/linear.py") & missing
     assert not in_scope, in_scope
     assert all(status[f"torch_npu.{op}"] == "kernel" for op in ("npu_dynamic_quant", "npu_quant_matmul",
                                                                  "npu_dequant_swiglu_quant"))
-    missing = {name for name, state in status.items() if state == "missing"}
-    quantized = {n for n in missing if any(w in n for w in ("quant", "int4pack", "dtype_cast"))}
-    # DeepSeek's MLA kernels are covered (npu_standin/kernels/mla.py); its expert-parallel MC2 ops are not
-    assert missing - quantized == {"torch_npu.npu_moe_distribute_dispatch_v2", "torch_npu.npu_moe_distribute_combine_v2"}
+    for model in ("qwen3_moe", "gemma_4", "qwen3_5"):
+        if not (SNAPSHOT / "models" / model).is_dir():
+            continue
+        uncovered = used_in(f"models/{model}/") & (missing - quantized)
+        assert not uncovered, (model, uncovered)
+    assert all(status[f"torch_npu.{op}"] == "kernel" for op in ("npu_add_rms_norm_cast", "npu_geglu",
+                                                                 "npu_mm_all_reduce_base", "npu_chunk_gated_delta_rule",
+                                                                 "npu_recurrent_gated_delta_rule"))
+    # DeepSeek's MLA kernels are covered (npu_standin/kernels/mla.py), and the expert-parallel MC2 ops (mc2.py)
+    assert missing - quantized == set(), missing - quantized
     kernels = snapshot_scan.kernels()
     top20 = [op for op, _ in kernels.most_common() if not any(w in op for w in ("quant", "int4pack"))][:20]
     covered = [op for op in top20 if status.get(f"torch_npu.{op}", status.get(f"torch.ops.npu.{op}")) == "kernel"]

@@ -23,14 +23,17 @@ def checkpoint(tiny_checkpoints):
     return tiny_checkpoints("llama")
 
 
-def write_record(folder: Path, checkpoint: Path, prompts=PROMPTS, packed=True, steps=NEW_TOKENS, edit=None) -> dict:
+def write_record(folder: Path, checkpoint: Path, prompts=PROMPTS, packed=True, steps=NEW_TOKENS, edit=None,
+                 model_edit=None) -> dict:
     """A bf16 run of transformers' model on `prompts`, one call file per step (packed prefill as the
     executor's TND: one call, sequence ends); `edit(k, logits)` may change step k's logits before the
-    token is picked. Returns {request: tokens}."""
+    token is picked, `model_edit(model)` the model before it runs. Returns {request: tokens}."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16).eval()
+    if model_edit is not None:
+        model_edit(model)
     folder = folder / "rank_0"
     folder.mkdir(parents=True)
     calls = []
@@ -372,3 +375,107 @@ def test_a_record_of_two_ranks_is_judged_with_the_row_parallel_reference(tmp_pat
     assert result["reference_dtypes"][-1] == "bfloat16, 4 row-parallel projections as 2 partial sums"
     alone = precision.verify_record(tmp_path / "rec", checkpoint, tensor_parallel=1)
     assert "row_parallel_split" not in alone and len(alone["reference_dtypes"]) == 2, alone
+
+
+# ---- E expert-parallel ranks: each token's expert outputs summed per rank, the ranks' partials added --------
+@pytest.fixture(scope="module")
+def moe_checkpoint(tiny_checkpoints):
+    """Top-4 of 8 experts: with 2 EP ranks a token's outputs on one rank are summed apart from the other's (a top-2
+    model's two outputs are added once whichever way: the split changes nothing there)."""
+    return tiny_checkpoints("qwen3_moe", num_experts=8, num_experts_per_tok=4)
+
+
+def test_expert_parallel_split_is_the_same_sum_in_float32_and_another_rounding_in_bf16(moe_checkpoint):
+    """transformers' MoE blocks with their experts as two per-rank partial sums (experts [0, L) and [L, 2L)): the
+    same arithmetic in float32, other roundings in bf16; a model without sparse-MoE blocks splits nothing."""
+    ids = list(range(5, 40))
+    for dtype, same in (("float32", True), ("bfloat16", False)):
+        reference = precision.Reference(moe_checkpoint, dtype, {}, False)
+        whole = reference.run(ids)[0]
+        assert len(reference.split_expert_parallel(2)) == len(reference.layers)
+        split = reference.run(ids)[0]
+        if same:
+            torch.testing.assert_close(split, whole, rtol=1e-5, atol=1e-5)
+        else:
+            assert not torch.equal(split, whole)
+        reference.release()
+
+
+def test_a_dense_model_has_no_expert_parallel_split(checkpoint):
+    reference = precision.Reference(checkpoint, "bfloat16", {}, False)
+    assert reference.split_expert_parallel(2) == []
+    reference.release()
+
+
+def _experts_routed_to_the_next_rank(model, parts: int = 2):
+    """Every MoE block's experts as a wrong expert-parallel routing computes them: expert e's tokens run on the next
+    rank's expert of the same local slot (e + L mod E)."""
+    from agent.recipe.native.moe_features import moe_block
+
+    for layer in model.model.layers:
+        experts = moe_block(layer)[1].experts
+        count = experts.gate_up_proj.shape[0]
+        whole = experts.forward
+
+        def forward(hidden, index, weights, whole=whole, count=count):
+            return whole(hidden, (index + count // parts) % count, weights)
+
+        experts.forward = forward
+
+
+def test_a_record_with_expert_parallel_is_judged_with_the_expert_parallel_reference(tmp_path, moe_checkpoint):
+    """Two ranks of one EP group (the same requests on each): the verdict names the expert-parallel reference and
+    the blocks it split; the run's expert-parallel size of 1 (or none said: a 1-rank run) splits none and is judged as before; with TP 2 too,
+    one reference names both splits."""
+    import shutil
+
+    write_record(tmp_path / "rec", moe_checkpoint)
+    shutil.copytree(tmp_path / "rec" / "rank_0", tmp_path / "rec" / "rank_1")
+    result = precision.verify_record(tmp_path / "rec", moe_checkpoint, tensor_parallel=1, expert_parallel=2)
+    assert result["ok"] is True and result["ranks"] == 2, result
+    split = result["expert_parallel_split"]
+    assert split["parts"] == 2 and split["count"] == 2, split                # 2 layers, both sparse
+    assert result["reference_dtypes"][-1] == "bfloat16, 2 MoE blocks' experts as 2 expert-parallel partial sums"
+    assert "row_parallel_split" not in result
+    plain = precision.verify_record(tmp_path / "rec", moe_checkpoint, tensor_parallel=1)
+    assert "expert_parallel_split" not in plain and len(plain["reference_dtypes"]) == 2, plain
+    assert plain == precision.verify_record(tmp_path / "rec", moe_checkpoint, tensor_parallel=1, expert_parallel=1)
+    both = precision.verify_record(tmp_path / "rec", moe_checkpoint, tensor_parallel=2, expert_parallel=2)
+    assert both["reference_dtypes"][-1] == ("bfloat16, 2 row-parallel projections as 2 partial sums, 2 MoE blocks' "
+                                            "experts as 2 expert-parallel partial sums"), both
+
+
+def test_expert_parallel_widens_the_step_tolerance_to_its_own_move_and_no_further(moe_checkpoint):
+    """Per step: the tolerance with the expert-parallel reference is 2 x the larger of its move and the plain bf16
+    move (never below the plain one); a recipe whose experts are summed per rank in bf16 passes with it, and a wrong
+    routing (each expert's tokens on the next rank's expert) fails with it, at the prefill."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(moe_checkpoint)
+    prompt = tokenizer(PROMPTS[0]).input_ids
+    exact = precision.Reference(moe_checkpoint, "float32", {}, False)
+    fp = exact.run(prompt)
+    exact.release()
+    model = precision.Reference(moe_checkpoint, "bfloat16", {}, False)
+    lo = model.run(prompt)
+    model.split_expert_parallel(2)
+    reduced = model.run(prompt)
+    model.release()
+    wrong = precision.Reference(moe_checkpoint, "bfloat16", {}, False)
+    _experts_routed_to_the_next_rank(wrong.model)
+    misrouted = wrong.run(prompt)
+    wrong.release()
+
+    def judged(logits, with_reduced):
+        request = precision.Request(0, 0, prompt, [precision.Step("prefill", logits[len(prompt) - 1], None)])
+        steps, first = precision.judge_steps(request, fp[0], fp[1], lo[0], lo[1], "bfloat16",
+                                             reduced[:2] if with_reduced else None)
+        return steps[0], first
+
+    with_ep, _ = judged(reduced[0], True)
+    without, _ = judged(reduced[0], False)
+    assert with_ep["tolerance"] >= without["tolerance"] and with_ep["ok"], (with_ep, without)
+    assert with_ep["reference_own_move"] == round(max((lo[0][-1] - fp[0][-1]).abs().max().item(),
+                                                      (reduced[0][-1] - fp[0][-1]).abs().max().item()), 6)
+    fault, first = judged(misrouted[0], True)
+    assert not fault["ok"] and first is fault and fault["max_abs_logits_diff"] > 3 * fault["tolerance"], fault

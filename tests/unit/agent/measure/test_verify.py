@@ -79,3 +79,18 @@ def test_empty_output_of_a_silent_model_is_said_once_and_the_text_check_stands_d
     assert "- output: empty — the model itself writes nothing here" in text
     failed = with_verification(baseline(None, copy.deepcopy(empty_text)), PRECISION_OK)
     assert verify.problems(failed) == ["abnormal output text: empty text"]
+
+
+@pytest.mark.parametrize("parallel,expected", [
+    ({"world_size": 2, "attn_tp_size": 2, "moe_tp_size": 1}, 2),          # attn4tp8dp at 2 ranks: EP 2
+    ({"world_size": 4, "attn_tp_size": 1, "moe_tp_size": 2}, 2),          # TP 2 x EP 2
+    ({"world_size": 16, "moe_tp_size": 16}, 1),                           # 16tp: MoE TP, no EP
+    ({"world_size": 2, "moe_tp_size": 1, "moe_ep_size": 7}, 2),           # upstream derives it, whatever is stated
+    ({"moe_ep_size": 4}, 4),                                              # stated alone
+    ({"world_size": 3, "moe_tp_size": 2}, None),                          # not a layout upstream accepts
+    ({"world_size": True, "moe_tp_size": 1}, None),
+    ({"attn_tp_size": 2}, None),                                          # says nothing of the MoE: 1-rank rule
+])
+def test_expert_parallel_size_is_upstreams_derivation(parallel, expected):
+    """moe_ep_size = world_size // moe_tp_size (upstream's ParallelConfig), the precision check's EP reference."""
+    assert verify.expert_parallel_of(parallel) == expected

@@ -78,3 +78,18 @@ def test_a_layer_cut_the_config_rejects_falls_back_to_widths_only(tmp_path):
     assert widths["hidden_size"] == 64 and not set(widths) & {"num_hidden_layers", "layer_types"}
     config = AutoConfig.for_model("dory", **{**saved, **widths})
     assert (config.hidden_size, config.num_hidden_layers, config.n_recurrent_layers) == (64, 3, 1)
+
+
+def test_a_tiny_gemma4_text_is_the_moe_model_upstream_serves():
+    """Gemma 4's MoE keys are its own (enable_moe_block, top_k_experts): the type's defaults are dense with
+    top_k_experts None, on which upstream's gemma_4 (gemma-4-26B-A4B, 8ep) sizes its MC2 buffer (None + int)."""
+    from transformers import AutoConfig
+
+    from agent.testing.tiny_checkpoint import tiny_config
+
+    try:
+        AutoConfig.for_model("gemma4_text")
+    except (ValueError, KeyError):
+        pytest.skip("this transformers has no gemma4_text")
+    config = tiny_config("gemma4_text", 384)
+    assert config.enable_moe_block is True and config.top_k_experts == 2 and config.num_experts == 4

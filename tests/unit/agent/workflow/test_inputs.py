@@ -37,3 +37,20 @@ def test_the_input_step_refuses_a_target_kind_the_output_dir_cannot_hold(tiny_ch
                                  "--target", "framework"])
     with pytest.raises(errors.InputError, match="--target framework needs --output-dir inside a cann-recipes-infer"):
         inputs.validate_run(args)
+
+
+def test_a_reference_python_given_as_a_relative_path_is_kept_absolute(tiny_checkpoints, tmp_path, monkeypatch):
+    """`--reference-python .venv-tf5.0/bin/python` (as the README writes it): the recipe's runs and the precision
+    check start it from other folders, so the state holds it against the folder it was typed in; a bare name
+    stays a name (looked up on PATH)."""
+    from agent.cli import _parser
+    from agent.workflow import inputs
+
+    monkeypatch.chdir(tmp_path)
+    checkpoint = tiny_checkpoints("llama")
+    for given, kept in ((".venv-tf5.0/bin/python", str(tmp_path / ".venv-tf5.0" / "bin" / "python")),
+                        ("python3", "python3"), (None, None)):
+        args = _parser().parse_args(["run", str(checkpoint), "--output-dir", str(tmp_path / "out"),
+                                     *(["--reference-python", given] if given else [])])
+        state, _ = inputs.validate_run(args)
+        assert state["reference_python"] == kept

@@ -63,6 +63,24 @@ def test_add_rms_norm_is_residual_add_then_transformers_norm():
     assert rstd.shape == (2, 7, 1)
 
 
+def test_add_rms_norm_cast_is_add_rms_norm_and_its_float_copy():
+    """aclnnAddRmsNormCast: x = x1 + x2, y2 = RmsNorm(x) * gamma, y1 = float(y2); torch_npu's order (y1, y2, rstd,
+    x). Upstream's qwen3_moe feeds y1 (fp32) to its router and y2 (bf16) to the experts."""
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeRMSNorm
+
+    torch.manual_seed(2)
+    x1, x2 = torch.randn(3, 5, 64).bfloat16(), torch.randn(3, 5, 64).bfloat16()
+    norm = Qwen3MoeRMSNorm(64, eps=1e-6).bfloat16()
+    norm.weight.data = (torch.rand(64) + 0.5).bfloat16()
+    y1, y2, rstd, x = ops().npu_add_rms_norm_cast(x1, x2, norm.weight, 1e-6)
+    assert (y1.dtype, y2.dtype, rstd.dtype, x.dtype) == (torch.float32, torch.bfloat16, torch.float32, torch.bfloat16)
+    assert torch.equal(x, x1 + x2) and rstd.shape == (3, 5, 1)
+    assert torch.equal(y1, y2.float())                                   # the cast of the bf16 result
+    same = ops().npu_add_rms_norm(x1, x2, norm.weight, 1e-6)
+    assert torch.equal(y2, same[0]) and torch.equal(rstd, same[1])
+    torch.testing.assert_close(y2.float(), norm(x1 + x2).float(), atol=5e-2, rtol=BF16_RTOL)
+
+
 def test_swiglu_matches_transformers_silu_gate():
     from transformers.activations import ACT2FN
 
@@ -72,6 +90,27 @@ def test_swiglu_matches_transformers_silu_gate():
     y = torch.randn(6, 10, 3)
     a, b = y.chunk(2, dim=1)
     torch.testing.assert_close(ops().npu_swiglu(y, dim=1), torch.nn.functional.silu(a) * b)
+
+
+def test_geglu_matches_transformers_gelu_tanh_gate():
+    """gemma_4's experts: npu_geglu(x, dim=-1, approximate=1, activate_left=True) is transformers'
+    gelu_pytorch_tanh(gate) * up on [gate | up]; the default (activate_left False) activates the right half; the
+    second output is the activated half; approximate 0 is the erf gelu."""
+    from transformers.activations import ACT2FN
+
+    x = torch.randn(4, 6, 16)
+    gate, up = x.chunk(2, dim=-1)
+    out, gelu = ops().npu_geglu(x, dim=-1, approximate=1, activate_left=True)
+    torch.testing.assert_close(out, ACT2FN["gelu_pytorch_tanh"](gate) * up)
+    torch.testing.assert_close(gelu, ACT2FN["gelu_pytorch_tanh"](gate))
+    right, right_gelu = ops().npu_geglu(x)
+    torch.testing.assert_close(right, gate * ACT2FN["gelu_pytorch_tanh"](up))
+    assert not torch.allclose(right, out)
+    erf, _ = ops().npu_geglu(x, dim=1, approximate=0, activate_left=True)
+    a, b = x.chunk(2, dim=1)
+    torch.testing.assert_close(erf, torch.nn.functional.gelu(a) * b)
+    bf16 = x.bfloat16()
+    assert ops().npu_geglu(bf16, activate_left=True)[0].dtype == torch.bfloat16
 
 
 # ---- rotary -----------------------------------------------------------------------------------
