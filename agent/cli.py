@@ -106,6 +106,17 @@ def _parser() -> argparse.ArgumentParser:
                               "host can, else the captured graph eagerly)")
     standin.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command and its arguments")
 
+    convert = sub.add_parser("convert", help="dequantize a quantized checkpoint (fp8, mxfp4, awq, gptq, "
+                                             "compressed-tensors) into a bf16 checkpoint, one shard at a time (what "
+                                             "`run` does at migration for what the NPU cannot compute)")
+    convert.add_argument("source", help="the quantized checkpoint folder")
+    convert.add_argument("dest", help="the folder to write (new, or empty; never inside the source)")
+    convert.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16",
+                         help="the converted weights' dtype (default: bfloat16)")
+    convert.add_argument("--without-remote-code", action="store_true",
+                         help="write config.json / tokenizer_config.json without auto_map (what a migration without "
+                              "--trust-remote-code runs: upstream's launcher would run the repo's code)")
+
     classify = sub.add_parser("classify", help="print the scenario (A/B/C) for PATH and why")
     classify.add_argument("path", help="a checkpoint folder (A) or a recipe directory, which is run once: "
                                        "B when it fails, C when it runs")
@@ -282,6 +293,35 @@ def cmd_standin(args) -> int:
         print(f"migrator: error: {uncovered}", file=sys.stderr)
         return errors.EXIT_STANDIN_UNCOVERED
     return result.returncode
+
+
+def cmd_convert(args) -> int:
+    """`migrator convert SRC DEST`: the conversion a migration does (agent.migrate.convert), by hand."""
+    from agent.migrate.checkpoint_check import check_config, check_output_outside, check_weights, read_json_file
+    from agent.migrate.convert import convert_checkpoint
+    from agent.migrate.quantization import check_quantized
+    from agent.recipe.fs_guard import user_tree
+
+    inputs.check_text_args(source=args.source, dest=args.dest)
+    source, dest = Path(args.source).expanduser(), Path(args.dest).expanduser()
+    if not (source / "config.json").is_file():
+        raise errors.InputError(f"{args.source}: no config.json — point at the quantized checkpoint's folder")
+    check_output_outside(source, dest, args.dest)
+    # what a conversion reads: the config, whole weight files, every tensor accounted for (its refusals as in
+    # run); the architecture's code and the tokenizer are the migration's business, nothing here runs them
+    config = check_config(read_json_file(source / "config.json"), str(source / "config.json"))
+    check_weights(source)
+    if check_quantized(source, config, (config.get("architectures") or [config["model_type"]])[0]) is None:
+        raise errors.InputError(f"{args.source}: config.json has no quantization_config; nothing to convert")
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise errors.InputError(f"{args.dest}: exists and is not an empty folder; choose a new folder")
+    dest = dest.resolve()
+    record = convert_checkpoint(source.resolve(), dest, user_tree(dest.parent, "the destination's folder", create=True),
+                                args.dtype, trust_remote_code=not args.without_remote_code)
+    peak = (record["peak_rss_bytes"] - record["rss_before_bytes"]) / 2**20
+    print(f"{record['format']} -> {record['dtype']}: {record['tensors']['quantized']} tensors dequantized, "
+          f"{record['tensors']['kept']} kept, in {record['seconds']} s (peak memory +{peak:.0f} MiB): {dest}")
+    return 0
 
 
 def cmd_classify(args) -> int:
@@ -461,7 +501,8 @@ def _command(args, as_json: bool) -> int:
     except MigratorError as exc:
         return _fail(str(exc), exc.exit_code, as_json)
     handler = {"run": cmd_run, "demo": cmd_demo, "env": cmd_env, "classify": cmd_classify,
-               "rollback": cmd_rollback, "baseline": cmd_baseline, "standin": cmd_standin}[args.command]
+               "rollback": cmd_rollback, "baseline": cmd_baseline, "standin": cmd_standin,
+               "convert": cmd_convert}[args.command]
     try:
         return handler(args)
     except errors.FilesystemFault as exc:

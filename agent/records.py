@@ -24,6 +24,7 @@ class Vendored(TypedDict, total=False):
     origin: str                           # "transformers <version>" or "remote code"
     transformers_version: str             # the release the recipe pins (the checkout's, when it has one)
     attn_implementation: str
+    auto_map_note: str                    # the repo ships code (auto_map) transformers' own class serves
     files: dict[str, str]                 # role -> recipe-relative path
     codemods: dict[str, list[str]]        # file name -> codemods applied
 

@@ -81,12 +81,14 @@ def check_loading_info(info: dict, model_path: str) -> None:
             f"unexpected keys {unexpected[:8]}, mismatched shapes {mismatched[:8]}")
 
 
-def load_tokenizer(model_path: str, padding_side: str = "left"):
-    """AutoTokenizer from the checkpoint, left padding, and a pad token even if none is defined."""
+def load_tokenizer(model_path: str, padding_side: str = "left", trust_remote_code: bool = False):
+    """AutoTokenizer from the checkpoint, left padding, and a pad token even if none is defined.
+    `trust_remote_code`: the repo's own tokenizer code may run (the migrator passes the user's
+    --trust-remote-code); by default never prompt, never run a repo's tokenizer code."""
     from transformers import AutoTokenizer
 
-    # trust_remote_code=False: never prompt, never run a repo's tokenizer code at recipe run time.
-    tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True, trust_remote_code=False)
+    tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True,
+                                              trust_remote_code=trust_remote_code)
     tokenizer.padding_side = padding_side
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is not None:

@@ -25,7 +25,10 @@ from engine.environment import simulated_card_bytes as parse_card_bytes
 from engine.safe_load import load_json, loads_json
 
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-               "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+               "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "U16": 2, "U32": 4, "U64": 8}
+# The tensors a run casts to its dtype; quantized data (int8 / packed int32 / fp8 / fp4 blocks, e8m0 scales)
+# stays as published, so it counts the bytes the checkpoint holds.
+RUN_DTYPE_FLOATS = ("F64", "F32", "F16", "BF16")
 TORCH_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 TP_SIZES = (1, 2, 4, 8, 16)
 
@@ -61,13 +64,15 @@ def checkpoint_tensors(model_dir: Path) -> dict[str, tuple[int, str]]:
 
 
 def _tensor_bytes(numel: int, dtype_name: str, dtype: str | None) -> int:
-    floating = dtype_name.startswith(("F", "BF"))
+    floating = dtype_name in RUN_DTYPE_FLOATS
     size = TORCH_DTYPE_BYTES[dtype] if dtype in TORCH_DTYPE_BYTES and floating else DTYPE_BYTES.get(dtype_name, 4)
     return numel * size
 
 
 def weight_bytes(model_dir: Path, dtype: str | None = None) -> int:
-    """Sum of tensor sizes over the checkpoint (safetensors headers or .bin); re-scaled to `dtype` if given."""
+    """Sum of tensor sizes over the checkpoint (safetensors headers or .bin); its float tensors re-scaled to
+    `dtype` if given, quantized data counted as published. A migration that converted the checkpoint runs
+    (and so estimates) the converted one: the plan's checkpoint."""
     return sum(_tensor_bytes(n, d, dtype) for n, d in checkpoint_tensors(model_dir).values())
 
 

@@ -120,7 +120,9 @@ def check(recipe_dir: Path, tokens: int, prompt: str | None = None, trust_remote
     (`agent.recipe.shrink`), random fp32 weights: max |logits diff| <= 1e-4, same greedy tokens.
     `yaml`: the run plan's YAML (default: the recipe's own)."""
     settings = load_runner_settings(yaml or Recipe.at(recipe_dir).yaml)
-    remote = "auto_map" in load_json((Path(settings["model_path"]) / "config.json"))
+    from agent.migrate.vendor import runs_remote_code
+
+    remote = runs_remote_code(load_json(Path(settings["model_path"]) / "config.json"), trust_remote_code)
     if remote and not trust_remote_code:
         # The original implementation is the repo's own code: never run it without the opt-in.
         return {"ok": None, "checked": False,

@@ -44,8 +44,10 @@ def verify(recipe: Recipe, run: Run, collected: Baseline, trust_remote_code: boo
 
 def precision_of(recipe: Recipe, run: Run, checkpoint: Path, trust_remote_code: bool, python: str | None,
                  tiny: bool, yaml: Path | None = None) -> dict:
+    from agent.migrate.vendor import runs_remote_code
+
     config = load_json(checkpoint / "config.json")
-    if "auto_map" in config and not trust_remote_code:
+    if runs_remote_code(config, False) and not trust_remote_code:
         # The original implementation is the repo's own code: never run it without the opt-in.
         return {"ok": None, "checked": False,
                 "reason": "original implementation is remote code; pass --trust-remote-code to compare"}

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import InputError
+from agent.migrate.quantization import check_quantized, read_tensors
 from agent.recipe.fs_guard import JSON_LIMIT, check_regular, read_bytes
 from agent.recipe.render import is_identifier
 from engine.safe_load import LoadError, loads_json
@@ -163,11 +164,36 @@ def _check_fields(config: dict, where: str) -> None:
             raise InputError(f"{where}: '{key}' must be a string, got {_shown(config[key])}")
 
 
-def check_tokenizer(model_dir: Path) -> None:
+def tokenizer_code(model_dir: Path) -> str | None:
+    """The repo's own tokenizer code that tokenizer_config.json's auto_map names (Kimi-K2's
+    `tokenization_kimi.TikTokenTokenizer`), or None. An entry that is not 'module.Class' of a file inside
+    the repo is refused (exit 2); nothing is imported here."""
+    config = model_dir / "tokenizer_config.json"
+    if not config.is_file():
+        return None
+    data = read_json_file(config)
+    auto_map = data.get("auto_map") if isinstance(data, dict) else None
+    refs = auto_map.get("AutoTokenizer") if isinstance(auto_map, dict) else None
+    refs = [r for r in (refs if isinstance(refs, list) else [refs]) if r is not None]
+    for ref in refs:
+        module, _, cls = ref.rpartition(".") if isinstance(ref, str) else ("", "", "")
+        if "--" in str(ref) or not (is_identifier(module) and is_identifier(cls)):
+            raise InputError(f"{config}: auto_map.AutoTokenizer entry {_shown(ref)} is not 'module.ClassName' naming a "
+                             ".py file of the model repo; only files inside the repo are used")
+        path = model_dir / f"{module}.py"
+        if not path.is_file() or model_dir.resolve() not in path.resolve().parents:
+            raise InputError(f"{path}: named in tokenizer_config.json's auto_map but missing from the model directory "
+                             "(or outside it); re-download the tokenizer files")
+    return refs[0] if refs else None
+
+
+def check_tokenizer(model_dir: Path, trust_remote_code: bool = False) -> None:
     """Every tokenizer file the recipe's tokenizer will read, checked before anything is written: present
     (a tokenizer_config.json alone cannot build one), a regular non-empty file, JSON of the shape
     transformers and tokenizers expect (tokenizer.json's `model` an object, special_tokens_map.json an
-    object of tokens); one line naming the file, exit 2."""
+    object of tokens); one line naming the file, exit 2. A tokenizer that is the repo's own code (an
+    auto_map in tokenizer_config.json) loads only with --trust-remote-code (exit 3 without it), where
+    transformers' own classes cannot build it."""
     present = [name for name in TOKENIZER_FILES if os.path.lexists(model_dir / name)]   # a link to /dev/zero too
     present += [p.name for p in model_dir.glob("*.tiktoken")]
     if not present:
@@ -196,9 +222,10 @@ def check_tokenizer(model_dir: Path) -> None:
         if not isinstance(data, dict):
             raise InputError(f"{generation}: must be a JSON object of settings; re-download it")
         check_generation_config(data, generation)
+    code = tokenizer_code(model_dir)
     has_vocab = any(os.path.lexists(model_dir / n) for n in ("tokenizer.json", *VOCAB_FILES)) or \
         any(model_dir.glob("*.tiktoken"))
-    if not has_vocab:
+    if not has_vocab and code is None:      # the repo's own code names its vocabulary files (Kimi-K2: tiktoken.model)
         config = model_dir / "tokenizer_config.json"
         cls = None
         if config.is_file():
@@ -206,24 +233,33 @@ def check_tokenizer(model_dir: Path) -> None:
         raise InputError(f"{model_dir / 'tokenizer.json'}: missing, and nothing else here holds the vocabulary "
                          f"({'tokenizer_config.json names ' + repr(cls) + ', which needs it' if cls else 'tokenizer_config.json alone builds no tokenizer'}); "
                          "copy the model's tokenizer.json (or its tokenizer.model / vocab files) into the directory")
-    _recipe_loads_tokenizer(model_dir)
+    _recipe_loads_tokenizer(model_dir, code=code, trust_remote_code=trust_remote_code)
 
 
-def _recipe_loads_tokenizer(model_dir: Path) -> None:
+def _recipe_loads_tokenizer(model_dir: Path, code: str | None = None, trust_remote_code: bool = False) -> None:
     """Last, the files are loaded as the recipe loads them (engine.loading.load_tokenizer: transformers,
     no remote code): what transformers itself requires of them (tokenizer.json's `added_tokens`, the
     interplay of tokenizer_config.json and the vocabulary) is its own to say. A tokenizer library this
-    environment lacks (sentencepiece, tiktoken) is the environment's business, not the files'."""
+    environment lacks (sentencepiece, tiktoken) is the environment's business, not the files'. `code`: the
+    repo's own tokenizer class, run only with `trust_remote_code` (the user's consent); without it, a
+    tokenizer transformers cannot build by itself is exit 3 naming the code."""
     from engine.loading import load_tokenizer
 
     try:
-        load_tokenizer(str(model_dir))
+        load_tokenizer(str(model_dir), trust_remote_code=bool(code and trust_remote_code))
     except ImportError:
         return
     except Exception as exc:  # noqa: BLE001 - transformers and tokenizers raise anything on a bad file
         why = " ".join(str(exc).split())[:300]
         if re.search(r"requires? the \w+ library|pip install|not installed", why, re.IGNORECASE):
             return
+        if code and not trust_remote_code:
+            from agent.errors import UnsupportedModelError
+
+            raise UnsupportedModelError(
+                f"{model_dir}: the tokenizer is the repo's own code ({code.rpartition('.')[0]}.py: "
+                f"{code.rpartition('.')[2]}, tokenizer_config.json's auto_map), which transformers' own classes "
+                "cannot replace; review it, then re-run with --trust-remote-code") from None
         raise InputError(f"{model_dir}: transformers cannot build the tokenizer from these files "
                          f"({type(exc).__name__}: {why}); re-download the tokenizer files") from None
 
@@ -563,8 +599,15 @@ def check_checkpoint(model_dir: Path, trust_remote_code: bool = False) -> dict:
         raise InputError(f"{model_dir}: no config.json — point at a Hugging Face model directory "
                          "(the folder that holds config.json and the weights)")
     config = check_config(read_json_file(config_file), str(config_file))
-    locate_source(config, model_dir, trust_remote_code=trust_remote_code)   # reads code, runs none
-    check_config_class(config, str(config_file))
-    check_tokenizer(model_dir)
-    check_weights_match_config(model_dir, config, check_weights(model_dir))
+    source = locate_source(config, model_dir, trust_remote_code=trust_remote_code)   # reads code, runs none
+    # served by transformers' own class (an auto_map it implements): checked as that class, like any other
+    built = {k: v for k, v in config.items() if k != "auto_map"} if source.note else config
+    check_config_class(built, str(config_file))
+    check_tokenizer(model_dir, trust_remote_code)
+    shapes = check_weights(model_dir)
+    quantization = check_quantized(model_dir, config, (config.get("architectures") or [config["model_type"]])[0])
+    if quantization is not None and quantization[1] is not None:
+        # the model transformers builds holds the tensors as converted (a weight, not its packed parts)
+        shapes = quantization[1].output_shapes(read_tensors(model_dir))
+    check_weights_match_config(model_dir, built, shapes)
     return config

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from agent.errors import InputError
-from agent.migrate.quantized_formats import is_w8a8  # noqa: F401 - the format this module writes
+from agent.migrate.quantization import is_w8a8  # noqa: F401 - the format this module writes
 from agent.migrate.checkpoint_check import read_json_file, weight_files
 from agent.recipe.fs_guard import user_tree
 
@@ -122,11 +122,18 @@ def plan(model_dir: Path) -> Plan:
     experts (not yet)."""
     from agent.migrate.checkpoint_check import _build_on_meta, check_safetensors
 
+    import shlex
+
+    from agent.migrate.quantization import scheme_of
+
     config = read_json_file(model_dir / "config.json")
-    quant = config.get("quantization_config") or config.get("compression_config")
-    if quant:
-        method = quant.get("quant_method", "quantized") if isinstance(quant, dict) else "quantized"
-        raise InputError(f"--quantize w8a8: {model_dir} is already quantized ({method}); give it the float "
+    scheme = scheme_of(config, model_dir)
+    if scheme is not None:
+        if scheme.route == "convert":
+            raise InputError(f"--quantize w8a8: {model_dir} is already quantized ({scheme.label}); convert it to "
+                             f"bf16 first (`migrator convert {shlex.quote(str(model_dir))} DEST`), then migrate DEST "
+                             "with --quantize w8a8")
+        raise InputError(f"--quantize w8a8: {model_dir} is already quantized ({scheme.format}); give it the float "
                          "(bf16/fp16/fp32) checkpoint")
     files = weight_files(model_dir)
     if not files or any(p.suffix != ".safetensors" for p in files):
@@ -263,12 +270,12 @@ def for_migration(scheme: str, model_dir: Path, recipe_dir: Path, output_dir: Pa
     never the user's source folder), and the cost of quantizing (agent.measure.quant_cost) where this
     host can hold both models in float32. The report's `quantization`."""
     from agent.measure import quant_cost
-    from agent.recipe.targets import state_dir
+    from agent.recipe.targets import run_checkpoints_dir
 
     if scheme not in SCHEMES:
         raise InputError(f"--quantize {scheme}: choose one of {', '.join(SCHEMES)}")
     model_dir, recipe_dir = Path(model_dir).resolve(), Path(recipe_dir)
-    destination = state_dir(recipe_dir) / "checkpoints" / f"{model_dir.name}-{scheme}"
+    destination = run_checkpoints_dir(recipe_dir) / f"{model_dir.name}-{scheme}"
     tree = user_tree(Path(output_dir), "the output folder")
     tree.rmtree(destination)            # a run that stopped half way wrote it: written again, whole
     print(f"[migrator] --quantize {scheme}: writing {destination}", file=sys.stderr, flush=True)

@@ -318,7 +318,8 @@ def reference_python(version: str, given: str | None) -> str:
     from agent.errors import EnvironmentProblem
 
     if given:
-        python = shutil.which(given) or given
+        # absolute, links kept (a venv's python is a link out of it): the checks and runs start in other folders
+        python = os.path.abspath(shutil.which(given) or given)
         found, problem = python_transformers(python)
         if found == version and problem:
             raise EnvironmentProblem(f"--reference-python {given}: {problem}")

@@ -56,12 +56,14 @@ class ModelSource:
     configuration_file: Path
     origin: str                # "transformers <version>" or "remote code"
     attn_implementation: str = "sdpa"   # sdpa when the class supports it, else eager
+    note: str | None = None    # why transformers' class serves a repo that ships its own code (auto_map)
 
     def vendored(self) -> Vendored:
         """The classes as the workflow state and the report record them."""
         return {"model_class": self.model_class, "config_class": self.config_class,
                 "modeling_module": self.modeling_module, "configuration_module": self.configuration_module,
-                "origin": self.origin, "attn_implementation": self.attn_implementation}
+                "origin": self.origin, "attn_implementation": self.attn_implementation,
+                **({"auto_map_note": self.note} if self.note else {})}
 
 
 @dataclass
@@ -95,25 +97,20 @@ def _refuse(arch: str, why: str) -> UnsupportedModelError:
                                  f"(families: {supported_families()})")
 
 
-def _npu_route(config: dict) -> bool:
-    """compressed-tensors W8A8 int8, which upstream's module/quantization runs on the NPU (and `--quantize
-    w8a8` writes): served; other quantized formats are refused below."""
-    from agent.migrate.quantized_formats import is_w8a8
-
-    return is_w8a8(config)
-
-
 def check_servable(config: dict, model_dir: Path | None = None, download: str | None = None) -> None:
     """Refuse, in one line, what the recipes cannot serve (before any code is touched). A quantized checkpoint
-    other than compressed-tensors W8A8 int8: agent.migrate.quantization names its quantization and upstream's
-    converter where one reads it (the checkpoint at `model_dir`, or fetched by `download`)."""
+    (agent.migrate.quantization, the one place its format is read): compressed-tensors W8A8 int8 is served as
+    published, what the NPU cannot compute is converted to bf16 at migration (agent.migrate.convert), the rest
+    is refused with the line naming its quantization and upstream's converter where one reads it (the
+    checkpoint at `model_dir`, or fetched by `download`)."""
     from agent.migrate import quantization
 
     archs = config.get("architectures")
     arch = archs[0] if isinstance(archs, list) and archs and is_identifier(archs[0]) else \
         config.get("model_type") if is_identifier(str(config.get("model_type")).replace("-", "_")) else "the checkpoint"
-    if config.get("quantization_config") and not _npu_route(config):
-        raise _refuse(arch, quantization.refusal(config, model_dir, download))
+    line = quantization.refusal(config, model_dir, download)
+    if line:
+        raise UnsupportedModelError(f"{arch}: {line}")
     if config.get("is_encoder_decoder") and not any(a.endswith(CAUSAL_LM_SUFFIXES) for a in config.get("architectures") or []):
         raise _refuse(arch, "encoder-decoder model (is_encoder_decoder: true)")
 
@@ -210,8 +207,12 @@ def locate_source(config: dict, model_dir: Path | None = None, trust_remote_code
     """Resolve the causal-LM class and its config class: the repo's own code (auto_map) or
     transformers' auto mappings."""
     check_servable(config, model_dir)
+    native_note = None
     if config.get("auto_map"):
-        return locate_remote_source(config, model_dir, trust_remote_code)
+        native = None if trust_remote_code else auto_map_served_natively(config)
+        if native is None:
+            return locate_remote_source(config, model_dir, trust_remote_code)
+        native_note = native
 
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
@@ -255,7 +256,37 @@ def locate_source(config: dict, model_dir: Path | None = None, trust_remote_code
         configuration_file=Path(inspect.getsourcefile(config_cls)),
         origin=f"transformers {transformers.__version__}",
         attn_implementation="sdpa" if getattr(model_cls, "_supports_sdpa", False) else "eager",
+        note=native_note,
     )
+
+
+def runs_remote_code(config: dict, trust_remote_code: bool) -> bool:
+    """Whether the checkpoint's implementation is the repo's own code: an auto_map, and either the user chose
+    it (--trust-remote-code) or transformers does not implement the class it names. Every place that loads
+    the original implementation (vendoring, the precision and parity checks) asks this."""
+    return bool(config.get("auto_map")) and (trust_remote_code or auto_map_served_natively(config) is None)
+
+
+def auto_map_served_natively(config: dict) -> str | None:
+    """A repo whose auto_map names a class transformers implements itself (DeepSeek-V3's
+    DeepseekV3ForCausalLM, Phi-3.5's Phi3ForCausalLM) is served by transformers' class, as vLLM serves the
+    architectures it registers: the one line that says so, or None (the repo's own code is needed). The
+    auto_map's config class must be the config class transformers has for the config's model_type, and its
+    causal-LM class that type's; nothing of the repo is read or run to decide."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    auto_map = config.get("auto_map") or {}
+    model_ref, config_ref = auto_map.get("AutoModelForCausalLM"), auto_map.get("AutoConfig")
+    if not isinstance(model_ref, str) or not isinstance(config_ref, str) or "--" in model_ref + config_ref:
+        return None
+    model_type = config.get("model_type")
+    model_class, config_class = model_ref.rpartition(".")[2], config_ref.rpartition(".")[2]
+    if CONFIG_MAPPING_NAMES.get(model_type) != config_class or MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type) != model_class:
+        return None
+    return (f"the repo's auto_map names {model_class}, which transformers implements ({model_type}): served by "
+            f"transformers' own class, the repo's {model_ref.rpartition('.')[0]}.py is not used "
+            "(--trust-remote-code uses it)")
 
 
 from agent.migrate.provenance import REMOTE_PACKAGE   # the pseudo package the repo's relative imports resolve against

@@ -337,6 +337,10 @@ def _str(value) -> bool:
     return isinstance(value, str) and "\0" not in value and len(value) <= 4096
 
 
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _relative(value) -> bool:
     return _str(value) and value and not value.startswith(("/", "\\")) and ".." not in value.split("/") \
         and "\\" not in value
@@ -357,6 +361,11 @@ REPORT_SCHEMA = {
     "quantization": lambda v: isinstance(v, dict) and all(v.get(k) is None or _str(v[k]) for k in (
         "scheme", "source", "checkpoint", "format", "command")) and (v.get("cost") is None or isinstance(v["cost"], dict))
         and isinstance(v.get("kept_float", []), list) and all(isinstance(x, str) for x in v.get("kept_float", [])),
+    "conversion": lambda v: isinstance(v, dict) and all(v.get(k) is None or _str(v[k]) for k in (
+        "format", "why", "source", "path", "dtype", "command", "upstream_converter")) and all(
+        v.get(k) is None or _number(v[k]) for k in ("seconds", "peak_rss_bytes", "rss_before_bytes",
+                                                    "largest_source_shard_bytes")) and (
+        v.get("tensors") is None or (isinstance(v["tensors"], dict) and all(_number(n) for n in v["tensors"].values()))),
 }
 
 

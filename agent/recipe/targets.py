@@ -609,3 +609,13 @@ def state_parts(folder: Path) -> tuple[str, ...]:
 
 def state_dir(folder: Path) -> Path:
     return Path(folder).joinpath(*state_parts(folder))
+
+
+RUN_CHECKPOINTS = "checkpoints"
+
+
+def run_checkpoints_dir(folder: Path) -> Path:
+    """Where a migration writes the checkpoints its recipe runs when they are not the source (a conversion to
+    bf16, --quantize's output, a view without the repo's code): in the recipe's state folder, never in the
+    user's checkpoint (agent.workflow.store.publish moves the staged recipe in around them)."""
+    return state_dir(folder) / RUN_CHECKPOINTS

@@ -16,10 +16,11 @@ from langchain_core.runnables import RunnableConfig
 from agent.errors import EnvironmentProblem, InputError, MigratorError
 from agent.measure import baseline, memory, verify
 from agent.migrate.acquire import acquire
-from agent.migrate import transformers_source
+from agent.migrate import convert, transformers_source
 from agent.migrate.checkpoint_check import check_checkpoint, check_output_outside
+from agent.migrate.quantization import is_w8a8
 from agent.run.trial_run import trial_run
-from agent.migrate.vendor import locate_source, read_config, vendor_source
+from agent.migrate.vendor import auto_map_served_natively, locate_source, read_config, vendor_source
 from agent.recipe import folder_lock
 from agent.recipe.fs_guard import user_tree
 from agent.recipe.chat_template import check_chat_template
@@ -37,7 +38,7 @@ from agent.repair.rules.rule import RepairContext
 from agent.workflow.inputs import host_environment
 from agent.workflow.report import write_report
 from agent.workflow.state import MigrationState, last_run, run_options
-from agent.workflow.store import drop_staging, publish, staging_dir
+from agent.workflow.store import drop_staging, held_run_checkpoints, publish, restore_run_checkpoints, staging_dir
 from engine import defaults
 from engine.safe_load import load_json
 from npu_standin import honest
@@ -100,6 +101,11 @@ def node_acquire(state: MigrationState) -> MigrationState:
         raise InputError(f"{recipe_dir} exists and is not a folder; move it away, or choose another --name / "
                          "--output-dir")
     folder_lock.hold(recipe_dir, "run it")    # another migration into this folder, of any source: refused (exit 75)
+    if held_run_checkpoints(recipe_dir) is not None:
+        # all a migration killed before publishing its recipe left (its lock is ours now): made again
+        print(f"[migrator] {recipe_dir}: removing the checkpoint an interrupted migration wrote for it",
+              file=sys.stderr)
+        user_tree(output_dir, "the output folder").rmtree(recipe_dir)
     if recipe_dir.exists() and any(recipe_dir.iterdir()):
         raise InputError(f"{recipe_dir} already exists; run `migrator run {recipe_dir}` to repair or "
                          "re-baseline it, or choose another --name / --output-dir")
@@ -114,15 +120,26 @@ def node_acquire(state: MigrationState) -> MigrationState:
     if plan["origin"]:
         print(f"[migrator] vendoring from {plan['origin']} (the checkout's; {transformers_source.installed_version()} "
               f"is installed); trial runs and parity with {plan['python']}", file=sys.stderr)
-    model_dir, extra = str(got.model_dir), {}
+    extra = {}
     if state.get("quantize"):
         from agent.migrate import quantize
 
         if downloaded:
             quantize.plan(Path(got.model_dir))      # a hub checkpoint it cannot convert: refused before any write
         extra["quantization"] = quantize.for_migration(state["quantize"], Path(got.model_dir), recipe_dir, output_dir)
-        model_dir = extra["quantization"]["checkpoint"]     # the migration runs the checkpoint written
-    return {"model_dir": model_dir, "model_source": got.source, "model_name": name,
+        model_dir = Path(extra["quantization"]["checkpoint"])     # the migration runs the checkpoint written
+    else:
+        # a format the NPU cannot compute (fp8, mxfp4, awq, gptq, ...): converted to bf16 in the recipe's state
+        # folder; a repo whose auto_map transformers serves: a view without it (the launcher would run the repo's code)
+        model_dir, conversion = convert.for_recipe(Path(got.model_dir), recipe_dir,
+                                                   trust_remote_code=bool(state.get("trust_remote_code")))
+        if conversion:
+            extra["conversion"] = conversion
+    # the source's auto_map, served by transformers' class (the checkpoint the recipe runs no longer names it)
+    note = None if state.get("trust_remote_code") else auto_map_served_natively(read_config(Path(got.model_dir)))
+    if note:
+        extra["auto_map_note"] = note
+    return {"model_dir": str(model_dir), "model_source": got.source, "model_name": name,
             "recipe_dir": str(recipe_dir), "recipe_target": recipe_target, "transformers": plan, **extra}
 
 
@@ -152,6 +169,8 @@ def removes_half_built_recipe(node):
             if _rendered_by(recipe_dir, thread) is not None:
                 undo += [lambda: unregister(state_dir(recipe_dir)),
                          lambda: user_tree(recipe_dir.parent, "the output folder").rmtree(recipe_dir)]
+            elif held_run_checkpoints(recipe_dir) is not None:       # what acquire wrote for the recipe to run
+                undo.append(lambda: user_tree(recipe_dir.parent, "the output folder").rmtree(recipe_dir))
             for step in undo:
                 try:
                     step()
@@ -179,6 +198,10 @@ def node_vendor(state: MigrationState) -> MigrationState:
                            target.vendored_package.format(name=state["model_name"]), tree=tree,
                            model_source=state.get("model_source"), model_dir=model_dir)
     vendored = result.vendored(staging)
+    note = source.note or state.get("auto_map_note")
+    if note:
+        vendored["auto_map_note"] = note
+        print(f"[migrator] {source.architecture}: {note}", file=sys.stderr)
     if plan.get("version"):
         vendored["transformers_version"] = plan["version"]
     return {"architecture": source.architecture, "family": route(config.get("text_config") or config).name,
@@ -188,12 +211,31 @@ def node_vendor(state: MigrationState) -> MigrationState:
 RENDERED = "rendered.json"      # in a published recipe's state folder: the render node's result and its run
 
 
+CONVERSION_HEADING = "## 权重转换 (quantized checkpoint converted)"
+
+
+def conversion_readme(conversion: dict) -> str:
+    """The recipe README's account of a converted checkpoint: what, why, where, and the command that redoes it
+    (upstream's new_model_checklist: quantization config-driven, the converter documented); upstream's own
+    converter of the same checkpoint where one reads it."""
+    upstream = conversion.get("upstream_converter")
+    return (f"The published checkpoint ({conversion['source']}) holds {conversion['format']} weights; "
+            f"{conversion['why']}. The migration wrote the {conversion['dtype']} checkpoint the YAML's `model_path` "
+            f"should name:\n\n    {conversion['path']}\n\n"
+            f"({conversion['tensors']['quantized']} tensors dequantized, {conversion['tensors']['kept']} kept as "
+            "published, `quantization_config` removed from its config.json). To convert again, e.g. on the NPU host:"
+            f"\n\n```bash\n{conversion['command']}\n```\n" +
+            (f"\ncann-recipes-infer's own converter reads this checkpoint too (from the checkout's root):\n\n"
+             f"```bash\n{upstream}\n```\n" if upstream else ""))
+
+
 @removes_half_built_recipe
 def node_render(state: MigrationState, config: RunnableConfig) -> MigrationState:
     """The recipe's files, written into the staging folder beside the vendored ones and published whole
     (agent.workflow.store.publish), then its registry line where the target has one. Resumed after a kill
     that came once the recipe was published, it registers and answers what it answered then."""
     recipe_dir, model_dir = Path(state["recipe_dir"]), Path(state["model_dir"])
+    restore_run_checkpoints(recipe_dir)         # a publish killed half way gave them to the staging folder
     thread = config.get("configurable", {}).get("thread_id") or ""
     spec = RecipeSpec.for_checkpoint(
         model_name=state["model_name"], model_dir=model_dir, model_source=state["model_source"],
@@ -208,6 +250,8 @@ def node_render(state: MigrationState, config: RunnableConfig) -> MigrationState
             raise InputError(f"{recipe_dir}: the vendored files of this interrupted migration are gone ({staging}); "
                              "run the same command without --resume to start again")
         written = render_recipe(recipe_dir, spec.context(), spec.family_spec(), target, write_to=staging)
+        if state.get("conversion"):
+            memory.add_readme_section(staging, CONVERSION_HEADING, conversion_readme(state["conversion"]))
         done = {"rendered": [str(p.relative_to(staging)) for p in written], "registry_entry": None}
         if target.registers:
             ctx = template_context(dict(spec.context(), recipe_dir=str(recipe_dir)), spec.family_spec(), target)
@@ -227,7 +271,7 @@ def node_render(state: MigrationState, config: RunnableConfig) -> MigrationState
         if decision:
             print("[migrator] framework model: " + ("native (upstream's layers and fused kernels)" if decision["native"]
                   else f"adapter ({decision['fell_back']} fell back: {decision['reason']})"), file=sys.stderr)
-        if state.get("quantization") and not (decision or {}).get("quant_config"):
+        if is_w8a8(read_config(model_dir)) and not (decision or {}).get("quant_config"):
             # issue 43 item 2: until the generated model passes quant_config to its linears (as upstream's do),
             # the int8 weights load as floats and the precision check fails at the first layer
             print("[migrator] the framework model does not thread quant_config yet: the W8A8 checkpoint's int8 "

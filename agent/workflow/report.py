@@ -19,11 +19,11 @@ from npu_standin import honest
 REPORT_KEYS = ("scenario", "classify_reason", "status", "message", "model_name", "model_source",
                "model_dir", "architecture", "family", "vendored", "rendered", "env", "runs", "rounds",
                "memory", "baseline_path", "verification", "standin", "upstream_standin", "transformers",
-               "native_model", "quantization")
+               "native_model", "quantization", "conversion")
 
 
 ORIGIN_KEYS = ("model_name", "model_source", "model_dir", "architecture", "family", "vendored", "rendered",
-               "native_model", "quantization")
+               "native_model", "quantization", "conversion")
 
 
 def write_report(state: MigrationState) -> Path | None:
@@ -140,6 +140,10 @@ def human_summary(report: Report, folder_name: str | None = None) -> str:
     lines.append(f"- device: {env.get('device')} (torch {env.get('pytorch_version')}, "
                  f"torch_npu: {env.get('torch_npu_status')})")
     lines += honest.summary_lines(report)
+    if report.get("conversion"):
+        lines.append(f"- weights: {conversion_line(report['conversion'])}")
+    if (report.get("vendored") or {}).get("auto_map_note"):
+        lines.append(f"- code: {report['vendored']['auto_map_note']}")
     for run in report.get("runs") or []:
         if run.get("peak_rss_bytes"):
             lines.append(f"- run {run.get('label')}: {'ok' if run.get('ok') else 'failed'} in {run.get('seconds')} s, "
@@ -192,6 +196,15 @@ def quantization_lines(report: Report) -> list[str]:
     if quant.get("cost"):
         lines.append(f"- cost of quantizing against the float original: {line(quant['cost'])}")
     return lines
+
+
+def conversion_line(conversion: dict) -> str:
+    """What was converted, where to, and the command that redoes it (the report, the summary, the README)."""
+    peak = conversion.get("peak_rss_bytes", 0) - conversion.get("rss_before_bytes", 0)
+    return (f"{conversion.get('format')} converted to {conversion.get('dtype')} ({conversion.get('why')}) in "
+            f"{conversion.get('seconds')} s, peak memory +{peak / 2**20:.0f} MiB (largest source shard "
+            f"{conversion.get('largest_source_shard_bytes', 0) / 2**20:.0f} MiB): {conversion.get('path')}; redo with "
+            f"`{conversion.get('command')}`")
 
 
 def parity_line(parity: dict) -> str:

@@ -52,6 +52,8 @@ class MigrationState(TypedDict, total=False):
     quantization: dict          # --quantize: what was written (agent.migrate.quantize.Written) and its cost
                                 # (agent.measure.quant_cost), with the float original's folder
     model_source: str           # link or path recorded in the baseline
+    conversion: dict            # agent.migrate.convert: a quantized checkpoint converted for the NPU (format, path, command)
+    auto_map_note: str          # the source's auto_map is served by transformers' own class (agent.migrate.vendor)
     architecture: str
     family: str
     vendored: Vendored

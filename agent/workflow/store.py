@@ -61,12 +61,18 @@ def publish(staging: Path, recipe_dir: Path) -> None:
     """The staged recipe moved into place whole: one rename onto `recipe_dir` (absent, or the empty folder
     the migration was told to fill; the output folder's tree resolves it: no link on the way). Across
     filesystems it is copied beside it first, into a hidden folder this process holds (owned_temp), then
-    renamed: no command ever sees half a recipe."""
+    renamed: no command ever sees half a recipe. A `recipe_dir` that holds only the checkpoints the migration
+    wrote for its recipe to run (agent.recipe.targets.run_checkpoints_dir: a conversion, --quantize's output, a
+    view; written where the recipe runs them, on its filesystem, before the recipe exists) gives them to the
+    staged recipe's state folder first, one rename (restore_run_checkpoints takes them back after a kill)."""
     from agent.processes import owned_temp, remove_orphaned_temp
 
     tree = user_tree(recipe_dir.parent, "the output folder")
     real = tree.resolve(recipe_dir, "rename", follow=False)
+    held = held_run_checkpoints(recipe_dir)
     try:
+        if held is not None:
+            _adopt_run_checkpoints(recipe_dir, held, staging)
         os.rename(staging, real)
     except OSError as exc:
         if exc.errno != errno.EXDEV:
@@ -75,5 +81,52 @@ def publish(staging: Path, recipe_dir: Path) -> None:
         remove_orphaned_temp(recipe_dir.parent)       # one a killed publish left
         with owned_temp("publish", recipe_dir.parent, hidden=True) as aside:
             tree.copy_tree(staging, aside)
+            if held is not None:
+                _adopt_run_checkpoints(recipe_dir, held, aside)
             tree.replace(aside, recipe_dir)
     drop_staging(recipe_dir)
+
+
+def held_run_checkpoints(recipe_dir: Path) -> Path | None:
+    """The run checkpoints folder of `recipe_dir` when it is all the folder holds (the migration wrote it before
+    publishing), else None (absent, empty, or holding anything else: not this migration's to move)."""
+    from agent.recipe.targets import RUN_CHECKPOINTS
+
+    parts = (*state_parts(recipe_dir), RUN_CHECKPOINTS)
+    folder = Path(recipe_dir)
+    for part in parts:
+        try:
+            entries = [entry.name for entry in os.scandir(folder)]
+        except OSError:
+            return None
+        if entries != [part] or (folder / part).is_symlink() or not (folder / part).is_dir():
+            return None
+        folder = folder / part
+    return folder
+
+
+def _adopt_run_checkpoints(recipe_dir: Path, held: Path, into: Path) -> None:
+    """`held` (recipe_dir's run checkpoints) renamed into the staged recipe `into` at the same place, then the
+    state folders it leaves empty and `recipe_dir` itself removed: the staged recipe is renamed onto its place."""
+    from agent.recipe.targets import RUN_CHECKPOINTS
+
+    parts = state_parts(recipe_dir)
+    os.rename(held, real_dirs(into, *parts) / RUN_CHECKPOINTS)
+    tree = user_tree(recipe_dir.parent, "the output folder")
+    if any(not entry.is_dir() for entry in Path(recipe_dir).rglob("*")):
+        raise errors.InputError(f"{recipe_dir}: a file appeared in it while the migration published its recipe; move "
+                                "it away and run the same command again")
+    tree.rmtree(recipe_dir)          # only the empty state folders are left
+
+
+def restore_run_checkpoints(recipe_dir: Path) -> None:
+    """A publish killed between giving the run checkpoints to the staging folder and renaming it onto
+    `recipe_dir`: the checkpoints go back where the run plan names them (--resume renders again)."""
+    from agent.recipe.targets import RUN_CHECKPOINTS, run_checkpoints_dir
+
+    staged = staging_dir(recipe_dir).joinpath(*state_parts(recipe_dir), RUN_CHECKPOINTS)
+    if not staged.is_dir() or staged.is_symlink() or run_checkpoints_dir(recipe_dir).exists():
+        return
+    tree = user_tree(recipe_dir.parent, "the output folder")
+    tree.mkdir(run_checkpoints_dir(recipe_dir).parent)
+    os.rename(staged, tree.resolve(run_checkpoints_dir(recipe_dir), "rename", follow=False))

@@ -443,7 +443,18 @@ CASES = [
     Case("tie_word_embeddings_string", config(tie_word_embeddings="yes"), 2, "true or false"),
     Case("rms_norm_eps_string", config(rms_norm_eps="1e-5"), 2, "number"),
     Case("rope_parameters_list", config(rope_parameters=[1, 2]), 2, "JSON object"),
-    Case("quantized_checkpoint", config(quantization_config={"quant_method": "gptq"}), 3, "quantized"),
+    # a quantization_config over weights that are not quantized so: the config is not these weights'
+    Case("quantized_config_over_plain_weights", config(quantization_config={"quant_method": "gptq"}), 2,
+         "says the weights are GPTQ (quant_method gptq), but no tensor is"),
+    Case("quantized_by_an_unread_method", config(quantization_config={"quant_method": "hqq"}), 3,
+         "weights are quantized: quant_method hqq, which the migrator neither serves nor converts"),
+    Case("quantized_by_a_method_that_is_no_name", config(quantization_config={"quant_method": "$(touch PWNED)"}), 3,
+         "a quant_method this line does not show"),
+    Case("quantized_fp8_blocks_of_zero", config(quantization_config={"quant_method": "fp8",
+                                                                     "weight_block_size": [0, 128]}), 2,
+         "weight_block_size must be two positive integers"),
+    Case("quantized_compressed_tensors_without_groups", config(quantization_config={
+        "quant_method": "compressed-tensors", "format": "int-quantized"}), 2, "has no config_groups"),
     Case("encoder_decoder", config(is_encoder_decoder=True), 3, "encoder-decoder"),
     Case("encoder_only_bert", config(model_type="bert", architectures=["BertForMaskedLM"]), 3, "encoder"),
     # weights do not match the config

@@ -86,13 +86,22 @@ def test_unservable_architectures_are_refused(model_type, expected, tmp_path):
     assert not (tmp_path / "out" / model_type).exists()
 
 
-def test_quantized_checkpoint_is_refused(tiny_checkpoints, tmp_path):
+def test_a_quantized_checkpoint_the_migrator_neither_serves_nor_converts_is_refused_in_one_line(tiny_checkpoints,
+                                                                                                 tmp_path):
+    """bitsandbytes (no route on the NPU, no dequantization here, no converter of upstream): the true line (exit 3,
+    nothing written), naming the quantization; compressed-tensors W8A8 int8 is served
+    (tests/e2e/test_quantize_w8a8.py), fp8 / mxfp4 / AWQ / GPTQ converted (tests/e2e/test_quantized_checkpoints.py,
+    tests/unit/agent/migrate/test_convert.py); every route: tests/unit/agent/migrate/test_quantization.py."""
     import shutil
 
-    ckpt = tmp_path / "quant"
+    ckpt = tmp_path / "bnb"
     shutil.copytree(tiny_checkpoints("llama"), ckpt)
     config = json.loads((ckpt / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "gptq", "bits": 4}
+    config["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}
     (ckpt / "config.json").write_text(json.dumps(config))
     proc = run_cli("run", str(ckpt), "--output-dir", str(tmp_path / "out"), "--device", "cpu")
-    assert proc.returncode == 3 and "quantized (gptq)" in proc.stderr and "Traceback" not in proc.stderr
+    error = [ln for ln in proc.stderr.splitlines() if ln.startswith("migrator: error:")]
+    assert proc.returncode == 3 and len(error) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "weights are quantized: bitsandbytes (4-bit nf4), which the migrator neither serves nor converts" in error[0]
+    assert "no converter of cann-recipes-infer reads it" in error[0]
+    assert not (tmp_path / "out" / "bnb").exists()

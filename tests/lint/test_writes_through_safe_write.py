@@ -62,6 +62,12 @@ ALLOWED = {
     "agent/workflow/store.py::publish::os.rename":
         "the migration's own staging folder (in its store) renamed onto the recipe folder it holds the lock of, "
         "the destination resolved by the output folder's tree first (no link on the way)",
+    "agent/workflow/store.py::_adopt_run_checkpoints::os.rename":
+        "the run checkpoints this migration wrote in the recipe folder it holds the lock of, renamed into its own "
+        "staging folder (a real folder: real_dirs) just before that is renamed onto the recipe folder",
+    "agent/workflow/store.py::restore_run_checkpoints::os.rename":
+        "the same checkpoints renamed back from the staging folder after a kill, the destination resolved by the "
+        "output folder's tree first",
     "agent/workflow/run.py::_drop_finished_store::shutil.rmtree": "that private folder's store, once its run ended",
     "agent/workflow/run.py::_drop_finished_store::os.open(write flags)": "its lock files, opened to test the lock",
     "agent/workflow/run.py::compiled_graph::.mkdir()": "the store folder store_dir made (real_dirs: no symlink)",
@@ -271,8 +277,17 @@ OWN_FOLDER_TREES = {
     "agent/measure/reference.py::tiny_yaml::tree_of": "the YAML a test or bench script names, in a copy it made",
     "agent/workflow/nodes.py::wrapper::user_tree(<file's folder>)":
         "the recipe folder a failed node made, removed from the output folder it was made in",
+    "agent/workflow/store.py::_adopt_run_checkpoints::user_tree(<file's folder>)":
+        "the recipe folder (holding only the run checkpoints just moved out) removed from the output folder it is in",
+    "agent/workflow/store.py::restore_run_checkpoints::user_tree(<file's folder>)":
+        "the recipe folder's state folder made again in the output folder that holds it, for the run checkpoints",
     "agent/workflow/store.py::publish::user_tree(<file's folder>)":
         "the recipe folder published into the output folder that holds it (the root a migration writes into)",
+    "agent/cli.py::cmd_convert::user_tree(<file's folder>)":
+        "the DEST folder `migrator convert` names, made (as a staging folder renamed into place) in its parent",
+    "agent/migrate/convert.py::for_recipe::user_tree(<file's folder>)":
+        "the new recipe's folder, where the converted checkpoint goes, in the output folder it is made in "
+        "(removed from there when the conversion fails)",
 }
 FILE_FOLDER_TREES = ("tree_of", "parent_tree")
 TREE_MAKERS = ("UserTree", "user_tree")

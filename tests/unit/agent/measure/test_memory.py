@@ -161,3 +161,36 @@ def test_estimate_for_recipe_reads_upstream_yaml_schemas(tiny_checkpoints, tmp_p
         memory = estimate_for_recipe(Recipe.at(recipe), {"device": "npu", "device_memory_bytes": 64 * 2**30})
         assert (memory["dtype"], memory["batch_size"], memory["seq_len"]) == ("float32", 2, 40), name
         assert memory["weights_bytes"] == weight_bytes(checkpoint) and memory["cards_needed"] == 1
+
+
+def test_quantized_weights_count_the_bytes_published_and_a_conversion_the_bytes_it_wrote(tmp_path):
+    """The estimate reads what a run loads: quantized data (int8, packed mxfp4 blocks, e8m0 scales) at the bytes
+    the checkpoint holds, float tensors at the run dtype; a converted checkpoint at what the conversion wrote.
+    Counting fp8 / fp4 data as floats of the run dtype (the rule before) overstates a W8A8 run and, for mxfp4,
+    understates a converted one by 4x."""
+    import math
+
+    import quantized_checkpoints as forms
+    from agent.measure import memory
+    from agent.migrate.convert import convert_checkpoint
+    from agent.migrate.quantization import read_tensors
+    from agent.recipe.fs_guard import user_tree
+
+    w8a8, _ = forms.qwen3_w8a8(tmp_path / "w8a8")
+    tensors = read_tensors(w8a8)
+    published = sum(math.prod(t.shape) * (2 if t.dtype in ("F32", "F16", "BF16") else memory.DTYPE_BYTES[t.dtype])
+                    for t in tensors.values())
+    assert memory.weight_bytes(w8a8, "bfloat16") == published
+    fp8, _ = forms.qwen3_fp8(tmp_path / "fp8")
+    fp8_tensors = read_tensors(fp8)
+    e4m3 = sum(math.prod(t.shape) for t in fp8_tensors.values() if t.dtype == "F8_E4M3")
+    others = sum(math.prod(t.shape) * (2 if t.dtype in ("F32", "F16", "BF16") else 1)
+                 for t in fp8_tensors.values() if t.dtype != "F8_E4M3")
+    assert memory.weight_bytes(fp8, "bfloat16") == e4m3 + others      # fp8 data at its published byte
+    mxfp4, _ = forms.gpt_oss_mxfp4(tmp_path / "mxfp4")
+    record = convert_checkpoint(mxfp4, tmp_path / "bf16", user_tree(tmp_path), log=lambda line: None)
+    assert memory.weight_bytes(tmp_path / "bf16", "bfloat16") == record["bytes_written"]
+    blocks = sum(math.prod(t.shape) for n, t in read_tensors(mxfp4).items() if n.endswith(("_blocks", "_scales")))
+    # the published blocks and scales are 1 byte each; converted, each block byte is two bf16 values
+    assert memory.weight_bytes(mxfp4, "bfloat16") < record["bytes_written"]
+    assert record["bytes_written"] - memory.weight_bytes(mxfp4, "bfloat16") > 2 * blocks

@@ -155,20 +155,26 @@ def test_large_weights_refused_from_index_metadata(hf_home, tiny_files):
 
 
 def test_a_quantized_checkpoint_is_refused_before_its_weights_are_asked_for(hf_home, tiny_files):
-    """DeepSeek-V3's block-FP8 (690 GB, no unquantized original): refused by its config (exit 3) before the
-    weights are fetched or asked for (exit 5), the line saying how to download, convert and migrate it."""
-    small = with_config(small_only(tiny_files), num_nextn_predict_layers=1, quantization_config={
-        "activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]})
+    """A quantization the migrator neither serves nor converts (block-FP8 e5m2 here; e4m3 is converted): refused
+    by its config (exit 3) before the weights are fetched or asked for (exit 5), the line saying how to download
+    it and convert it with upstream's converter, which reads it. DeepSeek-V3's own form (e4m3, 690 GB, no
+    unquantized original) is converted at migration: asked for as any large checkpoint is (exit 5, --weights)."""
+    fp8 = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
     index = {"metadata": {"total_size": 689_000_000_000}, "weight_map": {"lm_head.weight": "model-00001-of-00163.safetensors"}}
-    add_snapshot(hf_home, "Org/Fp8", MAIN, {**small, "model.safetensors.index.json": json.dumps(index).encode()},
-                 refs=("main",))
-    out = run_acquire("Org/Fp8", hf_home)
-    assert not out["ok"] and out["exit_code"] == 3, out
-    assert "weights are quantized: block-FP8" in out["error"]
-    assert "download it (`hf download Org/Fp8 --local-dir DIR`), then convert it to bf16" in out["error"]
-    assert "`python3 models/deepseek_r1/utils/convert_model.py --input_fp8_hf_path DIR --output_hf_path DIR-bf16`, " \
-           "then migrate DIR-bf16" in out["error"]
-    assert [c["allow_patterns"] for c in out["calls"]] == [SMALL_FILE_PATTERNS]
+    for repo, quant, code in (("Org/E5m2", dict(fp8, fmt="e5m2"), 3), ("Org/Fp8", fp8, 5)):
+        small = with_config(small_only(tiny_files), num_nextn_predict_layers=1, quantization_config=quant)
+        add_snapshot(hf_home, repo, MAIN, {**small, "model.safetensors.index.json": json.dumps(index).encode()},
+                     refs=("main",))
+        out = run_acquire(repo, hf_home)
+        assert not out["ok"] and out["exit_code"] == code, out
+        assert [c["allow_patterns"] for c in out["calls"]] == [SMALL_FILE_PATTERNS]
+        if code == 5:
+            assert "--weights" in out["error"] and "689.0 GB" in out["error"]
+            continue
+        assert "weights are quantized: block-FP8 (quant_method fp8, fmt e5m2, weight_block_size 128x128)" in out["error"]
+        assert f"download it (`hf download {repo} --local-dir DIR`), then convert it to bf16" in out["error"]
+        assert "`python3 models/deepseek_r1/utils/convert_model.py --input_fp8_hf_path DIR --output_hf_path DIR-bf16`, " \
+               "then migrate DIR-bf16" in out["error"]
 
 
 def test_large_weights_refused_from_cached_tree_listing(hf_home, tiny_files):

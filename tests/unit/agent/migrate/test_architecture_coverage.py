@@ -184,7 +184,16 @@ REFUSALS = [
     ("gemma3", {}, "image-text model (Gemma3ForConditionalGeneration.forward takes pixel_values)", "text-only"),
     ("git", {}, "image-text model (GitForCausalLM.forward takes pixel_values)", "text-only"),
     ("gemma4_unified_assistant", {}, "draft model for assisted generation", None),
-    ("llama", {"quantization_config": {"quant_method": "awq"}}, "weights are quantized (awq)", None),
+    # quantized: what is served (compressed-tensors W8A8 int8) or converted (awq, fp8, ...) is no refusal; these are
+    # (agent.migrate.quantization)
+    ("llama", {"quantization_config": {"quant_method": "hqq"}},
+     "weights are quantized: quant_method hqq, which the migrator neither serves nor converts", "unquantized model"),
+    ("llama", {"quantization_config": {"quant_method": "awq", "version": "exllama"}},
+     "weights are quantized: AWQ (quant_method awq, version exllama), which the migrator neither", None),
+    ("llama", {"quantization_config": {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {
+        "group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "strategy": "channel"},
+                    "input_activations": {"num_bits": 8, "type": "int", "dynamic": True}}}}},
+     "compressed-tensors (int4 W4A8 dynamic, format pack-quantized)", "use the original unquantized model"),
 ]
 
 

@@ -216,8 +216,13 @@ def test_checkpoints_it_cannot_convert_are_refused_in_one_line(written, tmp_path
 
     build_tiny_checkpoint("qwen3_moe", moe, seed=1)
     cases["moe"] = moe
+    import quantized_checkpoints as forms
+
+    cases["fp8"], _ = forms.qwen3_fp8(tmp_path / "fp8")      # a format migrations convert: the line says how
     expected = {"already": "is already quantized (compressed-tensors)", "bin": "not *.safetensors",
-                "remote": "repository's own code", "moe": "MoE experts"}
+                "remote": "repository's own code", "moe": "MoE experts",
+                "fp8": f"is already quantized (block-FP8 (quant_method fp8, weight_block_size 128x128)); convert it "
+                       f"to bf16 first (`migrator convert {tmp_path / 'fp8'} DEST`), then migrate DEST with --quantize w8a8"}
     for case, folder in cases.items():
         with pytest.raises(InputError) as info:
             quantize.plan(folder)
@@ -235,26 +240,31 @@ def _with(group: dict, **top) -> dict:
 W8A8 = quantize.quantization_config([])["config_groups"]["group_0"]
 
 
-@pytest.mark.parametrize("config, served", [
-    (_with({}), True),
-    (_with({"weights": {**W8A8["weights"], "strategy": "tensor"}}), True),
-    (_with({"weights": {**W8A8["weights"], "num_bits": 4}}), False),                   # W4A8 / W4A16
-    (_with({"input_activations": None}), False),                                       # weight-only
-    (_with({"input_activations": {**W8A8["input_activations"], "dynamic": False}}), False),   # static activations
-    (_with({"input_activations": {**W8A8["input_activations"], "strategy": "tensor"}}), False),
-    (_with({"weights": {**W8A8["weights"], "type": "float"}}), False),                 # FP8
-    (_with({}, format="dense"), False),
-    (_with({}, quant_method="awq"), False),
-    ({"model_type": "llama", "compression_config": _with({})["quantization_config"]}, True),
+@pytest.mark.parametrize("config, route", [
+    (_with({}), "native"),
+    (_with({"weights": {**W8A8["weights"], "strategy": "tensor"}}), "native"),
+    (_with({"weights": {**W8A8["weights"], "num_bits": 4}}), "refused"),                # W4A8
+    (_with({"weights": {**W8A8["weights"], "num_bits": 4}, "input_activations": None}), "convert"),   # W4A16
+    (_with({"input_activations": None}), "convert"),                                    # weight-only
+    (_with({"input_activations": {**W8A8["input_activations"], "dynamic": False}}), "convert"),   # static activations
+    (_with({"input_activations": {**W8A8["input_activations"], "strategy": "tensor"}}), "convert"),
+    (_with({"weights": {**W8A8["weights"], "type": "float"}}), "refused"),              # fp8 weights, int8 activations
+    (_with({}, format="dense"), "convert"),             # not upstream's (it reads the top format); the group's is read
+    (_with({"format": "dense"}, format="dense"), "refused"),                           # no quantized weights stored
+    (_with({}, quant_method="awq"), "convert"),
+    ({"model_type": "llama", "compression_config": _with({})["quantization_config"]}, "native"),
 ])
-def test_the_servability_check_takes_exactly_upstreams_w8a8_int8(config, served):
-    """compressed-tensors W8A8 int8 (what upstream's module/quantization runs on the NPU) is served; every
-    other quantized format is still refused with its method named (exit 3)."""
+def test_the_servability_check_serves_exactly_upstreams_w8a8_int8(config, route):
+    """compressed-tensors W8A8 int8 (what upstream's module/quantization runs on the NPU) is served as published;
+    its neighbours are converted at migration where the migrator reads them, else refused with the method named
+    (exit 3) — one decision, agent.migrate.quantization's."""
     from agent.errors import UnsupportedModelError
+    from agent.migrate import quantization
     from agent.migrate.vendor import check_servable
 
-    assert quantize.is_w8a8(config) is served
-    if served:
+    assert quantize.is_w8a8(config) is (route == "native")
+    assert quantization.scheme_of(config).route == route
+    if route != "refused":
         check_servable(config)
     else:
         with pytest.raises(UnsupportedModelError, match="weights are quantized"):

@@ -126,3 +126,15 @@ def test_the_pinned_release_is_fetched_once_into_the_cache(tmp_path, monkeypatch
     assert len(wheels) == 1
     monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")     # the cache answers now
     assert ts.fetch_source("5.0.0").root == tree.root
+
+
+def test_a_relative_reference_python_is_made_absolute_with_its_links_kept(tmp_path, monkeypatch):
+    """`--reference-python .venv-tf5.0/bin/python` from the checkout: the precision check runs it from the run's
+    record folder, where the relative path named nothing (exit 70, FileNotFoundError); a venv's python is a link
+    out of the venv, so it is made absolute, not resolved."""
+    import os
+
+    monkeypatch.chdir(tmp_path)
+    relative = os.path.relpath(sys.executable, tmp_path)        # ../../.venv/bin/python: a link into the venv
+    python = ts.reference_python(ts.installed_version(), relative)
+    assert python == os.path.abspath(sys.executable) and Path(python).is_absolute()

@@ -72,3 +72,29 @@ def test_summary_lines_and_the_schema_of_a_report_read_back():
     assert checked_report({"quantization": QUANT})["quantization"] == QUANT
     for bad in ({**QUANT, "checkpoint": 3}, {**QUANT, "cost": [1]}, {**QUANT, "kept_float": "lm_head"}, "w8a8"):
         assert "quantization" not in checked_report({"quantization": bad})
+
+
+CONVERSION = {"format": "block-FP8 (quant_method fp8, weight_block_size 128x128)", "route": "convert",
+              "why": "no fp8 matmul on Atlas A2/A3: dequantized to bf16 at migration", "source": "/ckpt/fp8",
+              "path": "/out/m/.migrator/checkpoints/bfloat16", "dtype": "bfloat16",
+              "command": "migrator convert /ckpt/fp8 /out/m/.migrator/checkpoints/bfloat16", "upstream_converter": None,
+              "tensors": {"quantized": 14, "kept": 15, "dropped": 0}, "seconds": 1.5, "bytes_written": 1000,
+              "largest_source_shard_bytes": 3 * 2**20, "peak_rss_bytes": 200 * 2**20, "rss_before_bytes": 190 * 2**20}
+
+
+def test_a_conversion_in_the_summary_and_the_schema_of_a_report_read_back():
+    """A converted checkpoint (agent.migrate.convert's record): the summary's line says what, why, where and the
+    redo command; read back from an untrusted report, a field of the wrong shape drops the record (the summary
+    does arithmetic on its numbers)."""
+    from agent.workflow.report import conversion_line, human_summary
+
+    line = conversion_line(CONVERSION)
+    assert line == ("block-FP8 (quant_method fp8, weight_block_size 128x128) converted to bfloat16 (no fp8 matmul on "
+                    "Atlas A2/A3: dequantized to bf16 at migration) in 1.5 s, peak memory +10 MiB (largest source "
+                    "shard 3 MiB): /out/m/.migrator/checkpoints/bfloat16; redo with "
+                    "`migrator convert /ckpt/fp8 /out/m/.migrator/checkpoints/bfloat16`")
+    assert f"- weights: {line}" in human_summary({"conversion": CONVERSION})
+    assert checked_report({"conversion": CONVERSION})["conversion"] == CONVERSION
+    for bad in ({**CONVERSION, "peak_rss_bytes": "200"}, {**CONVERSION, "path": ["/x"]},
+                {**CONVERSION, "tensors": {"quantized": "14"}}, {**CONVERSION, "seconds": True}, "fp8"):
+        assert "conversion" not in checked_report({"conversion": bad})

@@ -90,6 +90,82 @@ def test_a_render_killed_after_publishing_answers_the_same_when_resumed(tiny_che
     assert {p: p.read_bytes() for p in (out / "m").rglob("*") if p.is_file()} == before
 
 
+# ---- the checkpoint a migration writes for its recipe to run (a conversion, --quantize's output, a view) ----------
+def _with_run_checkpoint(tiny_checkpoints, out: Path) -> tuple[dict, Path]:
+    """What node_acquire leaves for a converted checkpoint: the recipe folder holding only its run checkpoint."""
+    import shutil
+
+    from agent.recipe.targets import run_checkpoints_dir
+
+    checkpoint = run_checkpoints_dir(out / "m") / "bfloat16"
+    shutil.copytree(tiny_checkpoints("llama"), checkpoint)
+    return {**_state(tiny_checkpoints("llama"), out), "model_dir": str(checkpoint)}, checkpoint
+
+
+def test_the_run_checkpoint_is_published_with_the_recipe_and_a_kill_between_is_continued(tiny_checkpoints, tmp_path,
+                                                                                          monkeypatch):
+    """The staged recipe is renamed onto a folder that already holds the run checkpoint (written on the recipe's
+    filesystem before the recipe exists): it takes the checkpoint into its state folder first. A kill between the
+    two renames leaves the checkpoint in the staging folder; --resume puts it back and publishes."""
+    import os
+
+    from agent.workflow import store
+
+    out = tmp_path / "out"
+    out.mkdir()
+    state, checkpoint = _with_run_checkpoint(tiny_checkpoints, out)
+    state = _vendored(state)
+    staging, rename = staging_dir(out / "m"), os.rename
+
+    def killed_before_the_recipe_lands(src, dst, *args, **kwargs):
+        if Path(src) == staging:
+            raise Killed()
+        return rename(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(store.os, "rename", killed_before_the_recipe_lands)
+    with pytest.raises(Killed):
+        nodes.node_render.__wrapped__(state, config=_config("t1"))
+    monkeypatch.setattr(store.os, "rename", rename)
+    assert not (out / "m").exists() and (staging / ".migrator" / "checkpoints" / "bfloat16" / "config.json").is_file()
+    nodes.node_render(state, config=_config("t1"))                      # --resume
+    assert (out / "m" / "infer.sh").is_file() and (checkpoint / "model.safetensors").is_file()
+    assert str(checkpoint) in next((out / "m" / "config").glob("*.yaml")).read_text()
+    with pytest.raises(errors.InputError, match="cannot be put in place"):      # a published recipe: not merged
+        nodes.node_render(_vendored(state), config=_config("another-run"))
+
+
+def test_a_failed_render_or_a_fresh_run_takes_back_the_run_checkpoint_an_unpublished_migration_wrote(
+        tiny_checkpoints, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    state, _ = _with_run_checkpoint(tiny_checkpoints, out)
+    state = _vendored(state)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("template error")
+
+    monkeypatch.setattr(nodes, "render_recipe", broken)
+    with pytest.raises(RuntimeError):
+        nodes.node_render(state, config=_config("t1"))
+    assert not (out / "m").exists()              # nothing in the output folder blocks the next run
+    # a migration killed after acquire: a fresh run (its lock is ours) makes the run checkpoint again
+    from agent.recipe import folder_lock
+
+    _with_run_checkpoint(tiny_checkpoints, out)
+    with folder_lock.released_at_end():
+        acquired = nodes.node_acquire({"target": str(tiny_checkpoints("llama")), "name": "m", "output_dir": str(out),
+                                       "recipe_target": "standalone", "transformers_source": None})
+    assert acquired["model_dir"] == str(tiny_checkpoints("llama")) and not (out / "m").exists()
+    assert "removing the checkpoint an interrupted migration wrote" in capsys.readouterr().err
+    # anything else in the folder is not a leftover of ours: refused as before
+    (out / "m").mkdir()
+    (out / "m" / "notes.txt").write_text("mine")
+    with folder_lock.released_at_end(), pytest.raises(errors.InputError, match="already exists"):
+        nodes.node_acquire({"target": str(tiny_checkpoints("llama")), "name": "m", "output_dir": str(out),
+                            "recipe_target": "standalone", "transformers_source": None})
+    assert (out / "m" / "notes.txt").read_text() == "mine"
+
+
 # ---- the registry line: recorded before it is written, registered once, only under the recipe's lock -------
 def _checkout(tmp_path: Path) -> tuple[Path, Path, bytes]:
     checkout = tmp_path / "co"
