@@ -537,6 +537,29 @@ def test_framework_recipe_of_each_family_matches_transformers(family_checkout, t
     assert f"manager_key={kind}, attn_type={kind}" in logs[0].read_text()
 
 
+@pytest.mark.slow   # the default ge_graph case: test_qwen3_pd_decode_yaml_compiles_once_in_ge_graph_and_holds_to_transformers
+@pytest.mark.parametrize("model_type,overrides,family", FAMILIES)
+def test_framework_recipe_of_each_family_runs_its_pd_decode_yaml_in_ge_graph(family_checkout, tmp_path, model_type,
+                                                                            overrides, family):
+    """Each family's config/NAME_pd/decode.yaml under upstream's launcher: ge_graph for a native model (the
+    attention parts' torchair.ops decode), npugraph_ex for an adapter (the tiny MLA checkpoint's rope width
+    makes it one); main_decode captured once, whole, no host read; the texts are transformers'."""
+    recipe, checkpoint = migrate_family(family_checkout, model_type, overrides, family)
+    native = not (recipe / "models" / f"modeling_{recipe.name}_framework.py").is_file()
+    mode = "ge_graph" if native else "npugraph_ex"
+    yaml_name = pd_two_prompt_yaml(recipe, tmp_path, checkpoint, "decode")
+    assert yaml.safe_load((recipe / "config" / yaml_name).read_text())["model_config"]["exe_mode"] == mode
+    proc, logs, usage = run_framework(family_checkout["checkout"], recipe.name, yaml_name, tmp_path, "capture")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    input_len = yaml.safe_load((recipe / "config" / yaml_name).read_text())["data_config"]["input_truncated_len"]
+    check_two_prompts(logs, checkpoint, 1, input_len)
+    compiled = {key: entry for key, entry in usage["compiles"].items() if entry.get("backend") == mode}
+    assert [(e["compiles"], e["recompiles"], e["fullgraph"], e["host_syncs"]) for e in compiled.values()] \
+        == [(1, 0, True, 0)], usage["compiles"]
+    assert (usage["ops"].get("torchair.ops.npu_fused_infer_attention_score_v2", 0) > 0) is native, usage["ops"]
+    print(f"{model_type} {mode}: {list(compiled.values())}")
+
+
 def run_adapter(family_checkout, tmp_path: Path, model_type: str, fell_back: str, ranks: int):
     recipe, checkpoint = migrate_adapter(family_checkout, model_type)
     assert (recipe / "models" / f"modeling_{recipe.name}_framework.py").is_file()       # the adapter, not native
