@@ -69,6 +69,29 @@ def experts_of(config: dict) -> int | None:
     return next((config[k] for k in EXPERT_COUNT_KEYS if isinstance(config.get(k), int) and config[k] > 1), None)
 
 
+def expert_parallel_layout(config: dict, world_size: int) -> dict | None:
+    """parallel_config upstream would write for a MoE model on `world_size` cards (models/qwen3_moe's 16ep /
+    1tp_16ep YAMLs): attention and lm head tensor parallel over all of them, the experts expert parallel — moe_tp_size
+    1 (moe_ep_size = world_size), or where the routed experts do not split that many ways the smallest moe_tp_size
+    whose moe_ep_size divides them. None for a dense model or one card."""
+    config = config.get("text_config") or config
+    experts = experts_of(config)
+    if experts is None or world_size < 2:
+        return None
+    moe_tp = next(m for m in range(1, world_size + 1) if world_size % m == 0 and experts % (world_size // m) == 0)
+    return {"world_size": world_size, "attn_tp_size": world_size, "moe_tp_size": moe_tp, "embed_tp_size": 1,
+            "lmhead_tp_size": world_size}
+
+
+def describe_expert_layout(layout: dict, experts: int) -> str:
+    """The layout in words, as the report names it: 'attention tensor parallel over 4, experts expert parallel over 4
+    (moe_tp_size 1, moe_ep_size 4: 2 of 8 routed experts a rank)'."""
+    world, moe_tp = layout["world_size"], layout["moe_tp_size"]
+    ep = world // moe_tp
+    return (f"attention tensor parallel over {layout['attn_tp_size']}, experts expert parallel over {ep} (moe_tp_size "
+            f"{moe_tp}, moe_ep_size {ep}: {experts // ep} of {experts} routed experts a rank)")
+
+
 def is_moe(config: dict) -> bool:
     """The native file of `config` (text level) has sparse-MoE layers."""
     from agent.recipe.native.parts.moe import EXPERT_COUNT_KEYS
