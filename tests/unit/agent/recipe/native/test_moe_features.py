@@ -187,21 +187,24 @@ EP_OPS = {"npu_moe_init_routing_v2", "npu_moe_re_routing", "npu_grouped_matmul",
           "npu_moe_distribute_dispatch_v2", "npu_moe_distribute_combine_v2"}
 
 
-def test_expert_parallel_and_attention_data_parallel_at_two_ranks(tmp_path):
-    """deepseek_v3_64 (grouped routing, shared experts) at 2 gloo ranks, each rank its own tokens of unequal
+@pytest.mark.parametrize("case", ["deepseek_v3_64", pytest.param("gpt_oss", marks=pytest.mark.slow),
+                                  pytest.param("mixtral", marks=pytest.mark.slow)])
+def test_expert_parallel_and_attention_data_parallel_at_two_ranks(case, tmp_path):
+    """deepseek_v3_64 (grouped routing, shared experts; gpt_oss: its experts in plain torch between the grouped
+    matmuls, with biases; mixtral) at 2 gloo ranks, each rank its own tokens of unequal
     count at the prefill: EP 2 under attention TP 2 (attn_tp 2, moe_tp 1), attention DP + EP 2 (attn_tp 1,
     moe_tp 1) and attention DP + MoE TP 2 (moe_tp_group gathers both ranks' tokens); every rank's output equals
     transformers' block on its own tokens at the prefill (all-to-all double routing) and the decode (MC2
     dispatch / combine). Each rank loading the next rank's experts (an expert's tokens computed by another
     rank's expert) is caught. 4 ranks, TP 2 x EP 2: test_expert_parallel_layouts_at_four_ranks (slow)."""
     layouts = [(2, 1), (1, 1), (1, 2)]
-    code, stderr, result = run_layouts("deepseek_v3_64", 2, layouts, tmp_path)
+    code, stderr, result = run_layouts(case, 2, layouts, tmp_path)
     assert code == 0, stderr[-3000:]
     for attn, moe in layouts:
         row = result[f"attn_tp {attn} moe_tp {moe}"]
         assert row["prefill"] < TOLERANCE and row["decode"] < TOLERANCE, (attn, moe, row)
     assert set(result["ops"]) == EP_OPS, result["ops"]
-    code, stderr, result = run_layouts("deepseek_v3_64", 2, [(2, 1)], tmp_path, "experts of the next EP rank")
+    code, stderr, result = run_layouts(case, 2, [(2, 1)], tmp_path, "experts of the next EP rank")
     assert code == 0, stderr[-3000:]
     row = result["attn_tp 2 moe_tp 1"]
     assert row["prefill"] > FAULT and row["decode"] > FAULT, row
