@@ -115,11 +115,11 @@ def plan_run(recipe: Recipe, world_size: int | None = None, *, yaml_name: str | 
         from agent.recipe.native import preflight
 
         at_ranks = dict(settings)
-        # a YAML scaled or written by us for more ranks (tensor parallel over all: moe_ep_size 1) of a native MoE
-        # model: the experts expert parallel, as upstream lays them out; a --yaml file runs as the user wrote it
-        own = settings.get("parallel_config") if isinstance(settings.get("parallel_config"), dict) else {}
-        scaled = yaml_name is None and plan.world_size > 1 and (plan.world_size > ranks or own.get("moe_tp_size") == ranks)
-        expert = recipe.expert_parallel_layout(plan.world_size, checkpoint) if scaled and plan.parallel is None else None
+        # the YAML scaled in the run's copy to more ranks than it sets, of a native MoE model: the experts expert
+        # parallel, as upstream lays them out (parallel_for would make them tensor parallel); a YAML for these
+        # ranks runs as it is written
+        scaled = yaml_name is None and plan.world_size > ranks and plan.parallel is None
+        expert = recipe.expert_parallel_layout(plan.world_size, checkpoint) if scaled else None
         if expert is not None:
             plan = replace(plan, parallel=expert["parallel_config"])
             notes.append(f"{plan.world_size} ranks: {expert['how']}")

@@ -134,7 +134,7 @@ def test_an_experts_tokens_sent_to_another_ranks_expert_fail_the_check(ep_recipe
 
 
 def test_more_ranks_and_the_oom_path_lay_the_experts_out_expert_parallel(ep_recipe):
-    """`--world-size 4` of the single-card recipe (the run plan) and the OOM path (a card that holds a quarter of
+    """`migrator run RECIPE --standin --world-size 4` of the single-card recipe (the run plan) and the OOM path (a card that holds a quarter of
     the model: the 4-card YAML it writes) give upstream's MoE layout: attention and lm head tensor parallel, the
     experts expert parallel (moe_tp_size 1: 1 of the 4 experts a rank), named in the plan's notes and the OOM
     message; the per-rank estimate counts rank 0's expert alone."""
@@ -146,7 +146,7 @@ def test_more_ranks_and_the_oom_path_lay_the_experts_out_expert_parallel(ep_reci
     expected = {"world_size": 4, "attn_tp_size": 4, "moe_tp_size": 1, "embed_tp_size": 1, "lmhead_tp_size": 4}
     how = ("attention tensor parallel over 4, experts expert parallel over 4 (moe_tp_size 1, moe_ep_size 4: 1 of 4 "
            "routed experts a rank)")
-    plan = plan_run(recipe, 4, weights=ep_recipe["checkpoint"])
+    plan = plan_run(recipe, 4, weights=ep_recipe["checkpoint"], standin="cpu")      # the 1-card YAML scaled to 4
     assert plan.parallel == expected and f"4 ranks: {how}" in plan.notes, plan
     assert yaml.safe_load(plan.yaml.read_text())["parallel_config"] == expected
     # the OOM path, on the recipe's YAML pointed at the weights (as on the NPU host)
