@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import resource
 import struct
 import subprocess
@@ -137,25 +138,61 @@ def kv_heads_of(config: dict) -> int | None:
 RUNTIME_BYTES = {"cpu": 512 * 2**20, "cuda": 1 * 2**30, "npu": 2 * 2**30}
 
 
+# a routed expert's tensors: per-expert ("experts.3.gate_proj") or stacked ("experts.gate_up_proj"); not the shared
+ROUTED_EXPERT = re.compile(r"(^|\.)experts\.")
+SHARED_EXPERT = re.compile(r"(^|\.)shared_experts?\.")
+
+
+def expert_bytes(model_dir: Path, config: dict, dtype: str | None = None) -> tuple[int, int, int]:
+    """(routed experts' bytes, shared experts' bytes, bytes of the other tensors the tensor-parallel plan shards)."""
+    patterns = plan_patterns(config) or []
+    routed = shared = rest = 0
+    for key, (n, d) in checkpoint_tensors(model_dir).items():
+        size = _tensor_bytes(n, d, dtype)
+        if SHARED_EXPERT.search(key):
+            shared += size
+        elif ROUTED_EXPERT.search(key):
+            routed += size
+        elif any(p.search(key) for p in patterns):
+            rest += size
+    return routed, shared, rest
+
+
 def estimate(model_dir: Path, config: dict, dtype: str, batch_size: int, seq_len: int,
              device_bytes: int | None, device: str = "cpu", slack: float = 1.2,
-             runtime_bytes: int | None = None) -> dict:
+             runtime_bytes: int | None = None, expert_parallel: bool = False) -> dict:
     """Per rank, for tp = 1, 2, 4, 8, 16: weights (the plan's sharded part / tp + the rest) + KV
     cache (split by KV heads), x slack for activations and fragmentation, + the runtime's share,
     against one card's memory. `cards_needed`: the smallest tp that fits (None: none does, or no
-    plan and one card is too small)."""
+    plan and one card is too small). `expert_parallel` (a native MoE model, whose N-card layout is
+    agent.recipe.native.preflight.expert_parallel_layout): a rank holds only its local experts (E / moe_ep_size,
+    their widths / moe_tp_size) and the shared experts split by moe_tp_size; each row names its layout."""
+    from agent.recipe.native.preflight import experts_of, expert_parallel_layout
+
     weights = weight_bytes(model_dir, dtype)
     kv = kv_cache_bytes(config, batch_size, seq_len, dtype)
     runtime = RUNTIME_BYTES.get(device, RUNTIME_BYTES["cpu"]) if runtime_bytes is None else runtime_bytes
     sharded = sharded_bytes(model_dir, config, dtype)
     kv_heads = kv_heads_of(config)
+    experts = experts_of(config.get("text_config") or config) if expert_parallel else None
+    routed, shared, rest = expert_bytes(model_dir, config, dtype) if experts else (0, 0, 0)
     per_rank = {}
-    for tp in TP_SIZES if sharded is not None else (1,):
-        rank_weights = weights - sharded + math.ceil(sharded / tp) if sharded is not None else weights
+    for tp in TP_SIZES if sharded is not None or experts else (1,):
+        layout = expert_parallel_layout(config, tp) if experts else None
+        if layout is not None:
+            # the experts by the expert-parallel layout, the rest as the tensor-parallel plan shards it
+            moe_tp = layout["moe_tp_size"]
+            ep = tp // moe_tp
+            rank_weights = (weights - routed - shared - rest + math.ceil(rest / tp)
+                            + math.ceil(routed * (experts // ep) / experts / moe_tp) + math.ceil(shared / moe_tp))
+        else:
+            rank_weights = weights - sharded + math.ceil(sharded / tp) if sharded is not None else weights
         rank_kv = math.ceil(kv / tp) if kv_heads and kv_heads % tp == 0 else kv
         need = int((rank_weights + rank_kv) * slack) + runtime
         per_rank[tp] = {"weights_bytes": rank_weights, "kv_cache_bytes": rank_kv, "needed_bytes": need,
                         "fits": None if not device_bytes else need <= device_bytes}
+        if layout is not None:
+            per_rank[tp].update(layout=layout, local_experts=experts // (tp // layout["moe_tp_size"]))
     needed = per_rank[1]["needed_bytes"]
     cards = None
     if device_bytes:
@@ -163,7 +200,7 @@ def estimate(model_dir: Path, config: dict, dtype: str, batch_size: int, seq_len
     return {"weights_bytes": weights, "kv_cache_bytes": kv, "runtime_bytes": runtime, "needed_bytes": needed,
             "needed_gib": needed / 2**30, "device": device, "device_bytes": device_bytes,
             "batch_size": batch_size, "seq_len": seq_len, "dtype": dtype,
-            "tp_sharded_bytes": sharded, "per_rank": per_rank,
+            "tp_sharded_bytes": sharded, "per_rank": per_rank, "routed_expert_bytes": routed if experts else None,
             "cards_needed": cards, "suggested_world_size": cards}
 
 
@@ -307,7 +344,11 @@ def estimate_for_recipe(recipe: Recipe, env: Environment, plan: RunPlan | None =
         limit = process_memory_limit()
         if limit is not None and (device_bytes is None or limit < device_bytes):
             device_bytes, card["source"] = limit, "the process's memory limit (ulimit -d / -v)"
-    memory = estimate(model_dir, config, dtype, batch_size, seq_len, device_bytes, device, runtime_bytes=runtime)
+    from agent.recipe.native.preflight import is_native
+
+    native = recipe.target.writes_native_models and is_native(recipe.path)
+    memory = estimate(model_dir, config, dtype, batch_size, seq_len, device_bytes, device, runtime_bytes=runtime,
+                      expert_parallel=native)
     memory.update(model_type=config.get("model_type"), device_memory_source=card["source"],
                   device_memory_fallback=card["fallback_reason"])
     return memory
@@ -328,13 +369,15 @@ def out_of_memory(recipe: Recipe, memory: MemoryEstimate) -> str:
     if cards and cards > 1:
         yaml_file = recipe.write_yaml_for(cards)
         per_rank = _gib(memory["per_rank"][cards]["needed_bytes"])
+        expert = recipe.expert_parallel_layout(cards)      # a native MoE model: the experts expert parallel
+        how = expert["how"] if expert else recipe.target.scaled_how(cards)
         command = recipe.target.launch_line(recipe, yaml_file.name)     # the target's own launch, not one kind's
         run = command.partition(" && ")[2]
         memory.update(multicard_yaml=yaml_file.relative_to(recipe.path).as_posix(), multicard_command=command)
         add_readme_section(recipe.path, "## On more cards",
-                           f"The model does not fit one card ({have}); on {cards} cards, {recipe.target.scaled_how(cards)} "
+                           f"The model does not fit one card ({have}); on {cards} cards, {how} "
                            f"(about {per_rank} per rank):\n\n```bash\n{run}\n```\n")
-        return (f"{message}; {cards} cards fit ({recipe.target.scaled_how(cards)}, {per_rank} per rank): world_size: {cards} "
+        return (f"{message}; {cards} cards fit ({how}, {per_rank} per rank): world_size: {cards} "
                 f"written to config/{yaml_file.name}, run it with `{command}` or "
                 f"`migrator run {recipe.path} --world-size {cards}` (the single-card recipe is kept)")
     if memory["tp_sharded_bytes"] is None:

@@ -224,6 +224,10 @@ class Recipe:
         name = row.schema.get(settings, "model_name") or self.model_name
         target = self.yaml.parent / row.yaml_name(name, world_size)
         how = row.scaled_how(world_size)
+        expert = self.expert_parallel_layout(world_size)
+        if expert is not None and isinstance(settings.get("parallel_config"), dict):
+            settings["parallel_config"].update(expert["parallel_config"])       # the experts expert parallel
+            how = expert["how"]
         run = row.launch_hint(self.path.name, target.name)
         header = (f"# {name}: {world_size} cards, {how}, eager mode. Written from "
                   f"{self.yaml.name} by infer-migrator.\n# Run: {run}\n")
@@ -236,6 +240,25 @@ class Recipe:
         user_tree(self.path).write_text(target, header + body)
         return target
 
+
+    def expert_parallel_layout(self, world_size: int, checkpoint: Path | None = None) -> dict | None:
+        """For a native MoE model on `world_size` cards, the layout upstream writes (the experts expert parallel,
+        agent.recipe.native.preflight.expert_parallel_layout): {"parallel_config", "how"}; None for another model
+        (the adapter's vendored code runs experts as its tensor-parallel plan splits them) or one card."""
+        from agent.recipe.native import preflight
+
+        checkpoint = checkpoint or self.checkpoint_dir()
+        if not self.target.writes_native_models or checkpoint is None or not preflight.is_native(self.path):
+            return None
+        try:
+            config = load_json(checkpoint / "config.json")
+        except (OSError, ValueError):
+            return None
+        layout = preflight.expert_parallel_layout(config, world_size) if isinstance(config, dict) else None
+        if layout is None:
+            return None
+        experts = preflight.experts_of(config.get("text_config") or config)
+        return {"parallel_config": layout, "how": preflight.describe_expert_layout(layout, experts)}
 
     def is_moe(self) -> bool:
         """The model has MoE layers: its migration's family says so, else its checkpoint's config

@@ -115,6 +115,14 @@ def plan_run(recipe: Recipe, world_size: int | None = None, *, yaml_name: str | 
         from agent.recipe.native import preflight
 
         at_ranks = dict(settings)
+        # the YAML scaled in the run's copy to more ranks than it sets, of a native MoE model: the experts expert
+        # parallel, as upstream lays them out (parallel_for would make them tensor parallel); a YAML for these
+        # ranks runs as it is written
+        scaled = yaml_name is None and plan.world_size > ranks and plan.parallel is None
+        expert = recipe.expert_parallel_layout(plan.world_size, checkpoint) if scaled else None
+        if expert is not None:
+            plan = replace(plan, parallel=expert["parallel_config"])
+            notes.append(f"{plan.world_size} ranks: {expert['how']}")
         if isinstance(settings.get("parallel_config"), dict):
             at_ranks["parallel_config"] = plan.parallel or parallel_for(settings["parallel_config"], plan.world_size)
         preflight.check(recipe.path, checkpoint, at_ranks, base.yaml.name)

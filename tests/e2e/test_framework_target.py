@@ -740,25 +740,26 @@ def test_native_model_heads_that_do_not_split_are_refused_before_anything_runs(m
         written.unlink()
 
 
-def test_attention_data_parallel_with_moe_tensor_parallel_is_refused_before_any_rank_starts(family_checkout, tmp_path):
+def test_a_layout_that_cannot_run_is_refused_before_any_rank_starts(family_checkout, tmp_path):
     """`migrator run RECIPE --standin --yaml DP.yaml --world-size 2` of a native MoE recipe, its YAML attention
-    data-parallel with MoE tensor-parallel (attn_tp_size 1, moe_tp_size 2: the generated MoE block would all-reduce
-    different requests' expert outputs): exit 2, one line with the key to set, before any rank starts — no rank log,
-    no stand-in launch, nothing written. The table of layouts: tests/unit/agent/recipe/native/test_parallel_layouts.py."""
+    data-parallel over 2 groups (attn_tp_size 1) with a batch of one request, which the groups cannot share
+    (upstream's infer.py refuses it only after its ranks start): exit 2, one line with the key to set, before any
+    rank starts — no rank log, no stand-in launch, nothing written. The table of layouts:
+    tests/unit/agent/recipe/native/test_parallel_layouts.py."""
     recipe, checkpoint = migrate_family(family_checkout, "qwen3_moe", {}, "moe")
     checkout = family_checkout["checkout"]
     data = yaml.safe_load(Recipe.at(recipe).yaml.read_text())
     data["model_config"]["model_path"] = str(checkpoint)
     data["parallel_config"].update(world_size=2, attn_tp_size=1, moe_tp_size=2, lmhead_tp_size=1)
+    data["scheduler_config"]["batch_size"] = 1
     (recipe / "config" / "dp_moe_tp.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     before = sorted(p.relative_to(checkout).as_posix() for p in checkout.rglob("*") if ".git" not in p.parts)
     proc = run_cli("run", str(recipe), "--standin", "--yaml", "dp_moe_tp.yaml", "--world-size", "2", "--max-rounds", "0",
                    cwd=tmp_path, timeout=600)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines() == [
-        "migrator: error: dp_moe_tp.yaml: attn_tp_size 1 with moe_tp_size 2 is attention data-parallel with MoE "
-        "tensor-parallel: the generated MoE block all-reduces over moe_tp_group, whose ranks would hold different "
-        "requests; set attn_tp_size to world_size (2)"], proc.stderr
+        "migrator: error: dp_moe_tp.yaml: scheduler_config's batch_size 1 does not split over 2 attention "
+        "data-parallel groups (world_size 2 // attn_tp_size 1); set batch_size to a multiple of 2"], proc.stderr
     assert "[npu-standin]" not in proc.stderr and not list(checkout.rglob("log_*.log"))
     after = sorted(p.relative_to(checkout).as_posix() for p in checkout.rglob("*") if ".git" not in p.parts)
     assert after == before

@@ -3,6 +3,14 @@ agent.recipe.native.parts.moe.render_moe) against transformers' own MoE block on
 schemas). Used in-process by tests/unit/agent/recipe/native/test_moe_features.py and, as a script, by its 2-rank run:
 
     python -m torch.distributed.run --nproc-per-node=2 tests/support/native_moe_harness.py CASE OUT.json
+    python -m torch.distributed.run --nproc-per-node=N tests/support/native_moe_harness.py CASE OUT.json \
+        --layouts A:M[,A:M...] [--fault NAME]
+
+The second runs the block at each layout of N ranks (attn_tp_size A, moe_tp_size M; moe_ep_size = N // M as
+upstream derives it), its groups registered by the block's own register_expert_groups on a comm manager that
+partitions the ranks as upstream's CommManager does, at a prefill (prompts of unequal length: each attention
+data-parallel group its own tokens, the all-to-all double routing) and a decode (the MC2 dispatch / combine):
+every rank's output against transformers' block on that rank's own tokens.
 
 The checkpoint tensors are the ones transformers writes (save_pretrained's `revert_weight_conversion` turns
 its fused 3-D experts back into the checkpoint's per-expert names, and its block under the checkpoint's name,
@@ -66,15 +74,18 @@ def torch_npu_importable():
     file are imported, and only then: left in sys.modules, transformers would take this host for an NPU."""
     if not _TORCH_NPU:
         _TORCH_NPU.append(torch_npu_module())
-    saved = sys.modules.get("torch_npu")
-    sys.modules["torch_npu"] = _TORCH_NPU[0]
+    # executor.utils imports torchair at module level and calls it only in graph mode, which the block never enters
+    shims = {"torch_npu": _TORCH_NPU[0], "torchair": types.ModuleType("torchair")}
+    saved = {name: sys.modules.get(name) for name in shims}
+    sys.modules.update(shims)
     try:
         yield _TORCH_NPU[0]
     finally:
-        if saved is None:
-            sys.modules.pop("torch_npu", None)
-        else:
-            sys.modules["torch_npu"] = saved
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
 
 
 def ensure_imports() -> None:
@@ -87,6 +98,14 @@ def ensure_imports() -> None:
     with torch_npu_importable():
         importlib.import_module("module.fuse_moe_gmm")
         importlib.import_module("module.linear")
+        # the block's MC2 buffer size and forward metadata; executor.utils names torch.npu.Event in an annotation
+        # at import, and nothing else of torch.npu until a graph-mode call the block never makes
+        torch.npu = types.SimpleNamespace(Event=object)
+        try:
+            importlib.import_module("executor.utils")
+            importlib.import_module("executor.utils.forward_metadata")
+        finally:
+            del torch.npu
 
 
 def shrunk_config(case: str):
@@ -158,13 +177,116 @@ class WorldComm:
         return torch.distributed.group.WORLD
 
 
-def infer_config(moe_tp_size: int = 1, world_size: int | None = None, attn_tp_size: int | None = None):
-    """upstream's InferenceConfig as the block reads it: world_size and attn_tp_size default to moe_tp_size (the
-    layout the block runs); moe_ep_size derived as upstream's ParallelConfig derives it."""
+def infer_config(moe_tp_size: int = 1, world_size: int | None = None, attn_tp_size: int | None = None,
+                 batch_size: int = 1):
+    """upstream's InferenceConfig as the block reads it: world_size and attn_tp_size default to moe_tp_size;
+    moe_ep_size, attn_dp_size and batch_size_per_dp_rank derived as upstream's ParallelConfig and InferenceConfig
+    derive them."""
     world_size = world_size or moe_tp_size
-    parallel = types.SimpleNamespace(world_size=world_size, attn_tp_size=attn_tp_size or world_size,
-                                     moe_tp_size=moe_tp_size, moe_ep_size=world_size // moe_tp_size)
-    return types.SimpleNamespace(parallel_config=parallel, model_config=types.SimpleNamespace(enable_weight_nz=False))
+    attn_tp_size = attn_tp_size or world_size
+    parallel = types.SimpleNamespace(world_size=world_size, attn_tp_size=attn_tp_size, moe_tp_size=moe_tp_size,
+                                     moe_ep_size=world_size // moe_tp_size, attn_dp_size=world_size // attn_tp_size,
+                                     embed_tp_size=1, lmhead_tp_size=1)
+    scheduler = types.SimpleNamespace(batch_size=batch_size, batch_size_per_dp_rank=batch_size // parallel.attn_dp_size)
+    return types.SimpleNamespace(parallel_config=parallel, scheduler_config=scheduler, model_config=types.SimpleNamespace(
+        enable_weight_nz=False, next_n=0, platform_version="A3"))
+
+
+class LayoutComm:
+    """upstream's CommManager as the generated file calls it (register_group, get_group, get_rank, get_group_name),
+    over gloo: the subgroups partitioned by upstream's own rule (CommManager._build_strided_subgroups), every rank
+    creating every subgroup (a collective); the MC2 group's name the stand-in's HCCL communicator name."""
+
+    def __init__(self):
+        self.groups: dict = {}
+
+    @staticmethod
+    def subgroups(group_num, group_size, group_stride=1):
+        """upstream's CommManager._build_strided_subgroups without start_ranks (executor.core's package imports
+        the whole engine): consecutive blocks at stride 1, interleaved groups at a larger stride."""
+        starts = [g * group_size for g in range(group_num)] if group_stride == 1 else list(range(group_num))
+        return [[start + i * group_stride for i in range(group_size)] for start in starts]
+
+    def register_group(self, name, group_num, group_size, group_stride=1, return_name=False, **_):
+        from npu_standin.dist import hccl_comm_name
+
+        rank = torch.distributed.get_rank()
+        for ranks in self.subgroups(group_num, group_size, group_stride):
+            group = torch.distributed.new_group(ranks)
+            if rank in ranks:
+                self.groups[name] = (group, ranks.index(rank), hccl_comm_name(group) if return_name else None)
+
+    def get_group(self, name):
+        return self.groups[name][0]
+
+    def get_rank(self, name):
+        return self.groups[name][1]
+
+    def get_group_name(self, name):
+        return self.groups[name][2]
+
+
+# faults a multi-rank check must catch: (text of the correct block, its faulty replacement)
+LAYOUT_FAULTS = {
+    # each EP rank loads the next rank's experts: an expert's tokens computed by another rank's expert
+    "experts of the next EP rank": ("self.first_expert = self.ep_rank * self.local_experts",
+                                    "self.first_expert = (self.ep_rank + 1) % self.ep_size * self.local_experts"),
+    # the MoE-TP partials of different requests summed (attention DP under moe_tp_group, nothing gathered)
+    "moe_tp all-reduce across requests": ("self.gather = spans_requests(self.tp_size, parallel.attn_tp_size)",
+                                          "self.gather = False"),
+}
+LAYOUT_OPS = ("npu_moe_init_routing_v2", "npu_grouped_matmul", "npu_moe_finalize_routing", "npu_moe_re_routing",
+              "npu_moe_distribute_dispatch_v2", "npu_moe_distribute_combine_v2")
+
+
+def run_layouts(case: str, layouts: list[tuple[int, int]], fault: str | None = None) -> dict:
+    """The block at each (attn_tp_size, moe_tp_size) layout of this torch.distributed world, each rank's output
+    against transformers' block on that rank's own tokens, at a prefill and a decode: {layout: {phase: the
+    largest relative difference over the ranks}, "ops": kernels called}."""
+    from agent.recipe.native.parts.moe import render_moe
+
+    ensure_imports()
+    from executor.utils.forward_metadata import set_forward_metadata
+
+    world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
+    config, block, checkpoint, facts = reference(case)
+    source = render_moe(facts)
+    if fault is not None:
+        correct, faulty = LAYOUT_FAULTS[fault]
+        assert source.count(correct) == 1, fault
+        source = source.replace(correct, faulty)
+    module = load_generated(source, f"{case}_layouts")
+    cls = next(getattr(module, n) for n in dir(module) if n.endswith("SparseMoeBlock"))
+    calls: list = []
+    torch_npu = _TORCH_NPU[0]
+    for n in LAYOUT_OPS:
+        op = getattr(torch.ops.npu, n)
+        setattr(torch_npu, n, (lambda n, op: lambda *a, **k: (calls.append(n), op(*a, **k))[1])(n, op))
+    results: dict = {}
+    for attn_tp, moe_tp in layouts:
+        settings = infer_config(moe_tp_size=moe_tp, world_size=world, attn_tp_size=attn_tp, batch_size=4 * world)
+        comm = LayoutComm()
+        comm.register_group(name="attn_tp_group", group_num=world // attn_tp, group_size=attn_tp)
+        module.register_expert_groups(comm, config, settings)
+        ours = cls(config, settings, comm, prefix="model.layers.1.mlp")
+        ours.load_weights(list(checkpoint.items()))
+        ours.process_weights_after_loading()
+        dp_rank = rank // attn_tp         # the attention data-parallel group: its own requests
+        row = {}
+        for phase, tokens in (("prefill", TOKENS + 3 * dp_rank), ("decode", 4)):
+            torch.manual_seed(100 + dp_rank)
+            x = torch.randn(tokens, config.hidden_size)
+            set_forward_metadata(is_prefill=phase == "prefill")
+            with torch.no_grad():
+                got = ours(x)
+                want = block(x[None])
+            want = (want[0] if isinstance(want, tuple) else want).reshape(tokens, -1)
+            rel = torch.tensor([(got.float() - want.float()).abs().max().item() / want.abs().max().item()])
+            torch.distributed.all_reduce(rel, op=torch.distributed.ReduceOp.MAX)
+            row[phase] = rel.item()
+        results[f"attn_tp {attn_tp} moe_tp {moe_tp}"] = row
+    results["ops"] = sorted(set(calls))
+    return results
 
 
 def run(case: str, *, features=None, source_edit=None, checkpoint_edit=None, moe_tp_size: int = 1,
@@ -215,10 +337,22 @@ def run(case: str, *, features=None, source_edit=None, checkpoint_edit=None, moe
 
 
 def main() -> int:
-    case, out = sys.argv[1], Path(sys.argv[2])
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("case")
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--layouts", help="attn_tp_size:moe_tp_size, comma-separated")
+    parser.add_argument("--fault", choices=sorted(LAYOUT_FAULTS))
+    args = parser.parse_args()
+    case, out = args.case, args.out
     torch.distributed.init_process_group("gloo")
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    result = run(case, moe_tp_size=world)
+    if args.layouts:
+        layouts = [tuple(int(n) for n in item.split(":")) for item in args.layouts.split(",")]
+        result = run_layouts(case, layouts, args.fault)
+    else:
+        result = run(case, moe_tp_size=world)
     if rank == 0:
         out.write_text(json.dumps(result))
     # both ranks past their last collective before either tears gloo down: a rank that destroys its group

@@ -2,15 +2,18 @@
 split evenly at the YAML's tensor-parallel sizes (module.linear's layers divide them), or one line saying
 what is wrong and which parallel_config keys to set, before anything runs (upstream's check_vars does the
 same for its models). The generated file keeps the same rules as guards of its own (`check_parallel` in
-the causal-LM part, agent/recipe/native/parts/code/causal_lm.py; `_moe_parallel` in parts/code/moe.py), for a YAML run
+the causal-LM part, agent/recipe/native/parts/code/causal_lm.py; `MoeLayout` in parts/code/moe.py), for a YAML run
 without this tool.
 
-The layout rule: every collective of the generated file is over ranks that hold the same requests. Attention
-data-parallel (attn_tp_size < world_size) gives each group of attn_tp_size ranks its own requests, and the file
-gathers nothing across those groups, so
-* the lm head's all-gather stays inside an attention group: lmhead_tp_size divides attn_tp_size;
-* an MoE model's expert all-reduce spans moe_tp_group, and the MoE block has no expert parallel (upstream derives
-  moe_ep_size = world_size // moe_tp_size): attn_tp_size == moe_tp_size == world_size."""
+The layout rule: every collective of the generated file is over ranks that hold the same requests, or gathers
+their rows first. Attention data-parallel (attn_tp_size < world_size) gives each group of attn_tp_size ranks its
+own requests (upstream's infer.py: batch_size // attn_dp_size prompts each), so
+* a group wider than the attention group (moe_tp_group, embed_tp_group, lmhead_tp_group) gathers the other groups'
+  rows, computes on them all and gives each rank its own back (parts/code/parallel.py);
+* the experts split over moe_ep_group (upstream derives moe_ep_size = world_size // moe_tp_size), tokens moving by
+  all-to-all at prefill and MC2 dispatch / combine at decode, which route every rank's own tokens.
+What does not run: sizes that do not divide world_size, a routed expert count moe_ep_size does not divide, and a
+batch the attention data-parallel groups do not share evenly (upstream refuses the same, after its ranks start)."""
 
 from __future__ import annotations
 
@@ -27,20 +30,21 @@ def is_native(recipe_path: Path) -> bool:
         and "def check_parallel(" in model.read_text(errors="replace")
 
 
-def parallel_problem(config: dict, parallel: dict) -> str | None:
+def parallel_problem(config: dict, parallel: dict, batch_size: int | None = None) -> str | None:
     """What the generated file would run wrong at parallel_config's sizes (layout_problem), else which head
     count or width does not divide at its attn_tp_size / lmhead_tp_size (an MoE model's expert widths: at
     moe_tp_size)."""
     config = config.get("text_config") or config
-    layout = layout_problem(parallel, is_moe(config))
+    layout = layout_problem(parallel, is_moe(config), experts_of(config), batch_size)
     if layout:
         return layout
     attn, lmhead, moe = (parallel.get(key, 1) for key in ("attn_tp_size", "lmhead_tp_size", "moe_tp_size"))
+    embed = parallel.get("embed_tp_size", 1)
     heads = config.get("num_attention_heads")
     kv_heads = config.get("num_key_value_heads") or heads
     tp = "tensor-parallel size"
     checks = [("num_attention_heads", heads, attn, tp), ("intermediate_size", config.get("intermediate_size"), attn, tp),
-              ("vocab_size", config.get("vocab_size"), lmhead, tp)]
+              ("vocab_size", config.get("vocab_size"), lmhead, tp), ("vocab_size", config.get("vocab_size"), embed, tp)]
     if is_moe(config):
         # the routed and shared experts' intermediate axis splits over moe_tp_size
         widths = ("moe_intermediate_size", "shared_expert_intermediate_size") if config.get("moe_intermediate_size") \
@@ -58,6 +62,36 @@ def parallel_problem(config: dict, parallel: dict) -> str | None:
     return None
 
 
+def experts_of(config: dict) -> int | None:
+    """The routed expert count of `config` (text level), None for a dense model."""
+    from agent.recipe.native.parts.moe import EXPERT_COUNT_KEYS
+
+    return next((config[k] for k in EXPERT_COUNT_KEYS if isinstance(config.get(k), int) and config[k] > 1), None)
+
+
+def expert_parallel_layout(config: dict, world_size: int) -> dict | None:
+    """parallel_config upstream would write for a MoE model on `world_size` cards (models/qwen3_moe's 16ep /
+    1tp_16ep YAMLs): attention and lm head tensor parallel over all of them, the experts expert parallel — moe_tp_size
+    1 (moe_ep_size = world_size), or where the routed experts do not split that many ways the smallest moe_tp_size
+    whose moe_ep_size divides them. None for a dense model or one card."""
+    config = config.get("text_config") or config
+    experts = experts_of(config)
+    if experts is None or world_size < 2:
+        return None
+    moe_tp = next(m for m in range(1, world_size + 1) if world_size % m == 0 and experts % (world_size // m) == 0)
+    return {"world_size": world_size, "attn_tp_size": world_size, "moe_tp_size": moe_tp, "embed_tp_size": 1,
+            "lmhead_tp_size": world_size}
+
+
+def describe_expert_layout(layout: dict, experts: int) -> str:
+    """The layout in words, as the report names it: 'attention tensor parallel over 4, experts expert parallel over 4
+    (moe_tp_size 1, moe_ep_size 4: 2 of 8 routed experts a rank)'."""
+    world, moe_tp = layout["world_size"], layout["moe_tp_size"]
+    ep = world // moe_tp
+    return (f"attention tensor parallel over {layout['attn_tp_size']}, experts expert parallel over {ep} (moe_tp_size "
+            f"{moe_tp}, moe_ep_size {ep}: {experts // ep} of {experts} routed experts a rank)")
+
+
 def is_moe(config: dict) -> bool:
     """The native file of `config` (text level) has sparse-MoE layers."""
     from agent.recipe.native.parts.moe import EXPERT_COUNT_KEYS
@@ -65,39 +99,35 @@ def is_moe(config: dict) -> bool:
     return any(isinstance(config.get(k), int) and config[k] > 1 for k in EXPERT_COUNT_KEYS)
 
 
-def layout_problem(parallel: dict, moe: bool) -> str | None:
-    """Why the generated file would run parallel_config's layout wrong (the module docs' rule), with the keys to
-    set; None when it runs it. Sizes that do not divide world_size are upstream's ParallelConfig's refusal, said
-    here before any rank starts."""
+def layout_problem(parallel: dict, moe: bool, experts: int | None = None, batch_size: int | None = None) -> str | None:
+    """Why the generated file would not run parallel_config's layout (the module docs' rule), with the keys to
+    set; None when it runs it. `experts`: the routed expert count of an MoE model; `batch_size`: the YAML's
+    scheduler_config.batch_size. Sizes that do not divide world_size are upstream's ParallelConfig's refusal,
+    said here before any rank starts."""
+    keys = ("attn_tp_size", "moe_tp_size", "embed_tp_size", "lmhead_tp_size")
     sizes = {}
-    for key in ("attn_tp_size", "moe_tp_size", "lmhead_tp_size", "world_size"):
+    for key in (*keys, "world_size"):
         if key not in parallel:       # upstream's default (world_size: the largest size, as its launch runs it)
             continue
         value = parallel[key]
         if type(value) is not int or value < 1:      # a YAML string, float, bool or empty key: upstream fails on it
             return f"parallel_config's {key} {value!r} is not a whole number of ranks: set it to one (1 or more)"
         sizes[key] = value
-    sizes = {key: sizes.get(key, 1) for key in ("attn_tp_size", "moe_tp_size", "lmhead_tp_size")} | \
-        {"world_size": sizes.get("world_size")}
+    sizes = {key: sizes.get(key, 1) for key in keys} | {"world_size": sizes.get("world_size")}
     world = sizes.pop("world_size") or max(sizes.values())
     for key, size in sizes.items():
         if world % size:
             return f"world_size {world} does not divide by {key} {size}: choose a size that divides it"
-    attn, moe_tp, lmhead = sizes["attn_tp_size"], sizes["moe_tp_size"], sizes["lmhead_tp_size"]
-    if moe and (moe_tp != world or attn != world):
-        if moe_tp != world:
-            why = (f"moe_tp_size {moe_tp} at world_size {world} is expert parallel (upstream derives moe_ep_size = "
-                   f"world_size // moe_tp_size = {world // moe_tp}), which the generated MoE block does not run")
-        else:
-            why = (f"attn_tp_size {attn} with moe_tp_size {moe_tp} is attention data-parallel with MoE "
-                   "tensor-parallel: the generated MoE block all-reduces over moe_tp_group, whose ranks would "
-                   "hold different requests")
-        keys = " and ".join(key for key in ("attn_tp_size", "moe_tp_size") if sizes[key] != world)
-        return f"{why}; set {keys} to world_size ({world})"
-    if attn % lmhead:
-        return (f"lmhead_tp_size {lmhead} with attn_tp_size {attn}: the lm head's all-gather would join logits of "
-                f"different requests (attention data-parallel, {world // attn} groups of {attn} rank(s)); set "
-                f"lmhead_tp_size to attn_tp_size ({attn})")
+    attn, moe_tp = sizes["attn_tp_size"], sizes["moe_tp_size"]
+    ep = world // moe_tp
+    if moe and experts and experts % ep:
+        fits = [m for m in range(1, world + 1) if world % m == 0 and experts % (world // m) == 0]
+        return (f"{experts} routed experts do not split over moe_ep_size {ep} (upstream derives world_size {world} // "
+                f"moe_tp_size {moe_tp}); set moe_tp_size to {fits[0]} (moe_ep_size {world // fits[0]})")
+    dp = world // attn
+    if dp > 1 and type(batch_size) is int and batch_size % dp:
+        return (f"scheduler_config's batch_size {batch_size} does not split over {dp} attention data-parallel groups "
+                f"(world_size {world} // attn_tp_size {attn}); set batch_size to a multiple of {dp}")
     return None
 
 
@@ -111,6 +141,7 @@ def check(recipe_path: Path, checkpoint: Path | None, settings: dict, yaml_name:
         config = load_json(Path(checkpoint) / "config.json")
     except (OSError, ValueError):
         return
-    problem = parallel_problem(config if isinstance(config, dict) else {}, parallel)
+    scheduler = settings.get("scheduler_config") if isinstance(settings.get("scheduler_config"), dict) else {}
+    problem = parallel_problem(config if isinstance(config, dict) else {}, parallel, scheduler.get("batch_size"))
     if problem:
         raise InputError(f"{yaml_name}: {problem}")

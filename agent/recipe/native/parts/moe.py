@@ -580,12 +580,12 @@ SPARSE_MOE = Part(
 
 
 def render_moe(facts: dict) -> str:
-    """code/moe.py for `facts` (derive_moe's) as a module of its own: the sparse-MoE block and is_moe_layer,
-    nothing else (the block's own tests and its 2-rank harness)."""
+    """code/moe.py for `facts` (derive_moe's) as a module of its own: the sparse-MoE block, is_moe_layer and the
+    registration of its communication groups, nothing else (the block's own tests and its multi-rank harness)."""
     from agent.recipe.native.assemble import assemble
     from agent.recipe.native.parts import OPTION_NAMES
 
     prefix = "".join(part[:1].upper() + part[1:] for part in facts["model_type"].split("_"))
     return assemble(["moe.py"], options=moe_options(facts), option_names=OPTION_NAMES, roles={}, prefix=prefix,
-                    framework_class=f"{prefix}ForCausalLM", keep=("ModelSparseMoeBlock", "is_moe_layer"),
+                    framework_class=f"{prefix}ForCausalLM", keep=("ModelSparseMoeBlock", "is_moe_layer", "register_expert_groups"),
                     header="# coding=utf-8")

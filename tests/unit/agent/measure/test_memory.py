@@ -194,3 +194,47 @@ def test_quantized_weights_count_the_bytes_published_and_a_conversion_the_bytes_
     # the published blocks and scales are 1 byte each; converted, each block byte is two bf16 values
     assert memory.weight_bytes(mxfp4, "bfloat16") < record["bytes_written"]
     assert record["bytes_written"] - memory.weight_bytes(mxfp4, "bfloat16") > 2 * blocks
+
+
+def test_expert_parallel_per_rank_counts_only_the_local_experts(tiny_checkpoints):
+    """A native MoE model on N cards is laid out expert parallel (agent.recipe.native.preflight
+    .expert_parallel_layout): rank 0 holds its E / moe_ep_size routed experts (their widths / moe_tp_size), the
+    shared expert split by moe_tp_size only, the rest as the tensor-parallel plan shards it — counted here from the
+    checkpoint's own tensor names, expert by expert."""
+    import math
+    import re
+
+    from safetensors import safe_open
+
+    from agent.measure.memory import plan_patterns
+
+    ckpt = tiny_checkpoints("qwen2_moe")
+    config = json.loads((ckpt / "config.json").read_text())
+    experts = config["num_experts"]
+    patterns = plan_patterns(config)
+    with safe_open(ckpt / "model.safetensors", "pt") as f:
+        tensors = {k: f.get_slice(k).get_shape() for k in f.keys()}
+    memory = estimate(ckpt, config, "float32", 1, 64, device_bytes=None, device="cpu", expert_parallel=True)
+    tensor_parallel = estimate(ckpt, config, "float32", 1, 64, device_bytes=None, device="cpu")
+    for ranks in (2, 4, 8):
+        row = memory["per_rank"][ranks]
+        moe_tp = row["layout"]["moe_tp_size"]
+        ep = ranks // moe_tp
+        assert experts % ep == 0 and row["local_experts"] == experts // ep
+        assert row["layout"] == {"world_size": ranks, "attn_tp_size": ranks, "moe_tp_size": moe_tp, "embed_tp_size": 1,
+                                 "lmhead_tp_size": ranks}
+        expected = 0
+        for key, shape in tensors.items():
+            size = 4 * math.prod(shape)
+            routed = re.search(r"\.experts\.(\d+)\.", key)
+            if "shared_expert." in key:
+                expected += -(-size // moe_tp)
+            elif routed:
+                expected += -(-size // moe_tp) if int(routed.group(1)) < experts // ep else 0   # rank 0's experts
+            elif any(p.search(key) for p in patterns):
+                expected += size / ranks
+            else:
+                expected += size
+        assert abs(row["weights_bytes"] - expected) <= len(tensors), (ranks, row["weights_bytes"], expected)
+        # every expert on every rank (no expert parallel) would be more by the other ranks' experts
+        assert tensor_parallel["per_rank"][1]["weights_bytes"] - row["weights_bytes"] > 0

@@ -21,14 +21,16 @@ from module.linear import (
 )
 
 from .block import ModelDecoderLayer as DecoderLayer
+from .moe import register_expert_groups
 from .norm_rms import ModelRMSNorm as Norm
+from .parallel import gather_rows, own_rows_whole, spans_requests, sum_own_rows
 from .rotary import ModelRotaryEmbedding as RotaryEmbedding
 
 EMBED_SCALE = False             # the embedding times sqrt(hidden_size), in the model's dtype (gemma's normaliser)
 FINAL_SOFTCAP = False           # logits soft-capped by config.final_logit_softcapping where it is set
 ROPE_BY_LAYER_TYPE = False      # a rotary table per layer type (gemma3's local and global bases)
 MLA = False                     # multi-head latent attention: its rope dims, latent caches and absorb weights
-MOE = False                     # sparse-MoE layers: their experts split over moe_tp_group
+MOE = False                     # sparse-MoE layers: their experts over moe_tp_group and moe_ep_group
 # transformers' renames of the checkpoint's tensor names for this architecture (pattern, replacement), in order
 CHECKPOINT_RENAMES = ()
 # (parameter, checkpoint module, shard id): checkpoint tensors stacked into one parallel linear
@@ -41,9 +43,15 @@ class ModelModel(nn.Module):
     def __init__(self, config, infer_config, comm_manager, prefix=""):
         super().__init__()
         self.config = config
+        self.comm_manager = comm_manager
+        parallel = infer_config.parallel_config
+        self.embed_tp_size = parallel.embed_tp_size
+        self.embed_tp_rank = comm_manager.get_rank("embed_tp_group") if self.embed_tp_size > 1 else 0
+        # embed_tp_group holding other attention data-parallel groups' ranks gathers their tokens first
+        self.embed_gather = spans_requests(self.embed_tp_size, parallel.attn_tp_size)
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size,
                                                    getattr(config, "pad_token_id", None), torch.get_default_dtype(),
-                                                   tp_size=1, tp_rank=0)
+                                                   tp_size=self.embed_tp_size, tp_rank=self.embed_tp_rank)
         self.layers = nn.ModuleList([
             DecoderLayer(config, infer_config, comm_manager, layer_idx, prefix=f"model.layers.{layer_idx}")
             for layer_idx in range(config.num_hidden_layers)])
@@ -61,7 +69,7 @@ class ModelModel(nn.Module):
 
     def forward(self, input_ids, position_ids, forward_metadata: ForwardMetaData):
         position_ids = position_ids.view(-1).long()
-        hidden_states = self.embed_tokens(input_ids.view(-1))
+        hidden_states = self.embed(input_ids.view(-1), forward_metadata.is_prefill)
         if EMBED_SCALE:
             # the architecture's normaliser, in the model's dtype
             hidden_states = hidden_states * torch.tensor(self.config.hidden_size ** 0.5, dtype=hidden_states.dtype)
@@ -78,6 +86,24 @@ class ModelModel(nn.Module):
             hidden_states = hidden_states.index_select(0, forward_metadata.actual_seq_lengths_cu_q.long() - 1)
         return hidden_states.view(hidden_states.shape[0], 1, hidden_states.shape[-1])
 
+    def embed(self, input_ids, is_prefill):
+        """The input embedding; split by vocabulary over embed_tp_group (embed_tp_size > 1), as upstream's qwen3_moe
+        and deepseek_r1 split it: each rank looks up the ids of its shard (the others' rows zero) and the ranks'
+        rows are summed."""
+        if self.embed_tp_size == 1:
+            return self.embed_tokens(input_ids)
+        group = self.comm_manager.get_group("embed_tp_group")
+        if self.embed_gather:
+            input_ids, rows = gather_rows(input_ids, group, self.embed_tp_size, is_prefill)
+        shard = self.embed_tokens.input_size_per_partition
+        local = input_ids - self.embed_tp_rank * shard
+        inside = (local >= 0) & (local < shard)
+        embedded = self.embed_tokens(local * inside) * inside.unsqueeze(-1).to(self.embed_tokens.weight.dtype)
+        if self.embed_gather:
+            return sum_own_rows(embedded, group, self.embed_tp_size, rows)
+        dist.all_reduce(embedded, group=group)
+        return embedded
+
 
 class ModelForCausalLM(nn.Module):
     def __init__(self, config, infer_config, comm_manager, prefix=""):
@@ -88,13 +114,11 @@ class ModelForCausalLM(nn.Module):
         parallel = infer_config.parallel_config
         self.world_size, self.attn_tp_size, self.lmhead_tp_size = parallel.world_size, parallel.attn_tp_size, parallel.lmhead_tp_size
         check_parallel(config, parallel)
-        comm_manager.register_group(name="attn_tp_group", group_num=self.world_size // self.attn_tp_size,
-                                    group_size=self.attn_tp_size)
-        comm_manager.register_group(name="lmhead_tp_group", group_num=self.world_size // self.lmhead_tp_size,
-                                    group_size=self.lmhead_tp_size)
-        if MOE and parallel.moe_tp_size > 1:      # the routed and shared experts' intermediate axis
-            comm_manager.register_group(name="moe_tp_group", group_num=self.world_size // parallel.moe_tp_size,
-                                        group_size=parallel.moe_tp_size)
+        register_parallel_groups(comm_manager, parallel)
+        if MOE:
+            register_expert_groups(comm_manager, config, infer_config)
+        # lmhead_tp_group holding other attention data-parallel groups' ranks gathers their rows first
+        self.lmhead_gather = spans_requests(self.lmhead_tp_size, self.attn_tp_size)
         self.model = ModelModel(config, infer_config, comm_manager, prefix)
         if self.attn_tp_size > 1:
             split = [p for m in self.model.modules() if isinstance(m, (QKVParallelLinear, MergedColumnParallelLinear,
@@ -107,8 +131,11 @@ class ModelForCausalLM(nn.Module):
 
     def forward(self, input_ids, position_ids=None, forward_metadata: ForwardMetaData = None, **kwargs):
         hidden_states = self.model(input_ids, position_ids, forward_metadata)
-        logits = self.lm_head(hidden_states)
-        if self.lmhead_tp_size > 1:
+        if self.lmhead_gather:
+            logits = self.lm_head_across_requests(hidden_states, forward_metadata.is_prefill)
+        else:
+            logits = self.lm_head(hidden_states)
+        if self.lmhead_tp_size > 1 and not self.lmhead_gather:
             parts = [torch.empty_like(logits) for _ in range(self.lmhead_tp_size)]
             dist.all_gather(parts, logits, group=self.comm_manager.get_group("lmhead_tp_group"))
             logits = torch.cat(parts, dim=-1)
@@ -117,6 +144,13 @@ class ModelForCausalLM(nn.Module):
             cap = self.config.final_logit_softcapping
             logits = torch.tanh(logits / cap) * cap
         return logits
+
+    def lm_head_across_requests(self, hidden_states, is_prefill):
+        """The logits where lmhead_tp_group spans attention data-parallel groups (other requests): every rank's rows
+        through this rank's vocabulary shard, then each rank its own rows with the whole vocabulary."""
+        group = self.comm_manager.get_group("lmhead_tp_group")
+        gathered, rows = gather_rows(hidden_states, group, self.lmhead_tp_size, is_prefill)
+        return own_rows_whole(self.lm_head(gathered), group, self.lmhead_tp_size, rows)
 
     def get_cache_info(self) -> ModelCacheInfo:
         infos = [LayerCacheInfo(layer_idx=i, caches=list(layer.self_attn.cache_entries))
@@ -200,12 +234,23 @@ def module_prefix(name, prefixes):
     return None
 
 
+def register_parallel_groups(comm_manager, parallel):
+    """The attention, embedding and lm-head tensor-parallel groups, consecutive ranks each, as upstream's
+    qwen3_moe registers them (init_parallel_comm_group)."""
+    world = parallel.world_size
+    for name, size in (("attn_tp_group", parallel.attn_tp_size), ("embed_tp_group", parallel.embed_tp_size),
+                       ("lmhead_tp_group", parallel.lmhead_tp_size)):
+        comm_manager.register_group(name=name, group_num=world // size, group_size=size)
+
+
 def check_parallel(config, parallel):
-    """Heads and widths split evenly at parallel_config's tensor-parallel sizes, and the MoE layout is one this
-    file runs; otherwise one line saying what to set."""
+    """Heads and widths split evenly at parallel_config's tensor-parallel sizes (module.linear's layers divide
+    them); otherwise one line saying what to set. Every layout of sizes that divide world_size runs: a group that
+    holds other attention data-parallel groups' ranks gathers their rows (parallel.py)."""
     heads = config.num_attention_heads
     checks = [("num_attention_heads", heads, parallel.attn_tp_size),
-              ("vocab_size", config.vocab_size, parallel.lmhead_tp_size)]
+              ("vocab_size", config.vocab_size, parallel.lmhead_tp_size),
+              ("vocab_size", config.vocab_size, getattr(parallel, "embed_tp_size", 1))]
     if getattr(config, "intermediate_size", None):      # the dense MLP's (a model of MoE layers only may have none)
         checks.append(("intermediate_size", config.intermediate_size, parallel.attn_tp_size))
     if not MLA:      # MLA: one latent key / value head, every rank holds it whole; the query heads split
@@ -217,12 +262,3 @@ def check_parallel(config, parallel):
     for what, value, size in checks:
         if value % size:
             raise ValueError(f"{what} {value} does not divide by tensor-parallel size {size}: choose a size that divides it")
-    if parallel.attn_tp_size % parallel.lmhead_tp_size:
-        raise ValueError(f"lmhead_tp_size {parallel.lmhead_tp_size} with attn_tp_size {parallel.attn_tp_size}: the lm "
-                         "head's all-gather would join logits of different requests (attention data parallel); set "
-                         f"lmhead_tp_size to attn_tp_size ({parallel.attn_tp_size})")
-    if MOE and parallel.world_size // parallel.attn_tp_size > 1 and parallel.moe_tp_size > 1:
-        raise ValueError(f"attn_tp_size {parallel.attn_tp_size} of world_size {parallel.world_size} (attention data "
-                         f"parallel over {parallel.world_size // parallel.attn_tp_size}) with moe_tp_size "
-                         f"{parallel.moe_tp_size}: attention data parallel beside MoE tensor parallel is not written "
-                         f"for this model; set attn_tp_size to {parallel.world_size}")

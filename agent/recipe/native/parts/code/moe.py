@@ -1,13 +1,21 @@
 """The sparse-MoE block as upstream's fastest models run experts (models/qwen3_moe, deepseek_r1, gpt_oss):
-gating, npu_moe_init_routing_v2, grouped matmuls over experts stacked once, npu_moe_finalize_routing."""
+gating, npu_moe_init_routing_v2, grouped matmuls over experts stacked once, npu_moe_finalize_routing; expert
+parallel as upstream derives it (moe_ep_size = world_size // moe_tp_size): each EP rank holds its experts, the
+prefill's tokens move by all-to-all double routing, the decode's by npu_moe_distribute_dispatch_v2 / combine_v2."""
+
+import types
 
 import torch
 import torch.distributed as dist
 import torch_npu
 from torch import nn
 
+from executor.utils import calc_moe_hccl_buffer_size
+from executor.utils.forward_metadata import get_forward_metadata
 from module.fuse_moe_gmm import FusedMoEGMM
 from module.linear import MergedColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+
+from .parallel import gather_rows, spans_requests, sum_own_rows
 
 # which layers' MLP is this block: "all", or the config key transformers decides it by
 MOE_LAYERS = "all"
@@ -57,24 +65,64 @@ def shared_experts_width(config):
     return getattr(config, SHARED_WIDTH) or 0
 
 
-def _moe_parallel(infer_config, comm_manager):
-    """(moe_tp_size, moe_tp_rank) of this rank: the experts split over every rank. Expert parallel (upstream derives
-    moe_ep_size = world_size // moe_tp_size) and attention data-parallel under the experts' all-reduce are not
-    written yet: refused, naming the keys to set."""
+class MoeLayout:
+    """This rank's place in the experts' layout, as upstream's ParallelConfig derives it: the experts' widths split
+    over moe_tp_group (moe_tp_size consecutive ranks), the experts themselves over moe_ep_group (moe_ep_size =
+    world_size // moe_tp_size ranks, one of each moe_tp_group: group_stride world_size // moe_ep_size, as
+    upstream's qwen3_moe registers it), EP rank r holding experts [r * E / moe_ep_size, (r + 1) * E / moe_ep_size).
+    `gather`: moe_tp_group holds ranks of other attention data-parallel groups (other requests), so the block
+    gathers their tokens first (parallel.py) rather than summing different tokens' partials."""
+
+    def __init__(self, infer_config, comm_manager, num_experts):
+        parallel = infer_config.parallel_config
+        self.tp_size = parallel.moe_tp_size
+        self.ep_size = parallel.world_size // self.tp_size
+        self.tp_rank = comm_manager.get_rank("moe_tp_group") if self.tp_size > 1 else 0
+        self.ep_rank = comm_manager.get_rank("moe_ep_group") if self.ep_size > 1 else 0
+        if num_experts % self.ep_size:
+            world = parallel.world_size
+            fit = next(m for m in range(1, world + 1) if world % m == 0 and num_experts % (world // m) == 0)
+            raise ValueError(f"{num_experts} routed experts do not split over moe_ep_size {self.ep_size} (upstream "
+                             f"derives world_size {world} // moe_tp_size {self.tp_size}); set moe_tp_size to {fit} "
+                             f"(moe_ep_size {world // fit})")
+        self.local_experts = num_experts // self.ep_size
+        self.first_expert = self.ep_rank * self.local_experts
+        self.gather = spans_requests(self.tp_size, parallel.attn_tp_size)
+
+
+def register_expert_groups(comm_manager, config, infer_config):
+    """moe_tp_group (moe_tp_size consecutive ranks), and for expert parallel moe_ep_group and its MC2 communicator
+    moe_ep_group_mc2 (one rank of each moe_tp_group: stride world_size // moe_ep_size; the MC2 group on a
+    communicator of its own, its HCCL buffer sized for dispatch / combine), as upstream's qwen3_moe registers them."""
     parallel = infer_config.parallel_config
-    world = parallel.world_size
-    if parallel.moe_tp_size != world or parallel.attn_tp_size != world:
-        if parallel.moe_tp_size != world:
-            why = (f"moe_tp_size {parallel.moe_tp_size} at world_size {world} is expert parallel (moe_ep_size = "
-                   f"world_size // moe_tp_size = {world // parallel.moe_tp_size}), which this MoE block does not run")
-        else:
-            why = (f"attn_tp_size {parallel.attn_tp_size} with moe_tp_size {parallel.moe_tp_size} is attention "
-                   "data-parallel under the experts' all-reduce over moe_tp_group, whose ranks would hold different "
-                   "requests")
-        keys = " and ".join(key for key in ("attn_tp_size", "moe_tp_size") if getattr(parallel, key) != world)
-        raise ValueError(f"{why}; set {keys} to world_size ({world})")
-    tp_size = parallel.moe_tp_size
-    return tp_size, (comm_manager.get_rank("moe_tp_group") if tp_size > 1 else 0)
+    world, tp_size = parallel.world_size, parallel.moe_tp_size
+    ep_size = world // tp_size
+    if tp_size > 1:
+        comm_manager.register_group(name="moe_tp_group", group_num=world // tp_size, group_size=tp_size)
+    if ep_size > 1:
+        comm_manager.register_group(name="moe_ep_group", group_num=world // ep_size, group_size=ep_size,
+                                    group_stride=world // ep_size, return_name=True)
+        # the decode's tokens entering the block on one rank: the batch, every moe-tp rank's where it gathers them
+        tokens = infer_config.scheduler_config.batch_size_per_dp_rank
+        if spans_requests(tp_size, parallel.attn_tp_size):
+            tokens *= tp_size
+        sizes = types.SimpleNamespace(num_experts=getattr(config, EXPERTS_KEY), hidden_size=config.hidden_size,
+                                      num_experts_per_tok=config.num_experts_per_tok)
+        comm_manager.register_group(name="moe_ep_group_mc2", group_num=world // ep_size, group_size=ep_size,
+                                    group_stride=world // ep_size, return_name=True, allow_physical_reuse=False,
+                                    hccl_buffer_size=calc_moe_hccl_buffer_size(
+                                        infer_config, sizes, is_full_mesh_v2=True, max_local_moe_tokens=tokens),
+                                    group_type=None)
+
+
+def mc2_kwargs(comm_manager, layout, num_experts):
+    """The MC2 kernels' group and layout arguments (upstream's set_mc2_kwargs): the EP domain is moe_ep_group's
+    MC2 communicator; the kernels' own TP domain is unused (one rank: the op-plugin pages support no other), the
+    experts' moe-tp split is summed over moe_tp_group after combine."""
+    group = comm_manager.get_group_name("moe_ep_group_mc2")
+    return {"group_ep": group, "ep_world_size": layout.ep_size, "ep_rank_id": layout.ep_rank,
+            "moe_expert_num": num_experts, "group_tp": group, "tp_world_size": 1, "tp_rank_id": 0,
+            "expert_shard_type": 0, "shared_expert_num": 0, "shared_expert_rank_num": 0, "global_bs": 0}
 
 
 def _check_moe_split(what, width, tp_size):
@@ -87,9 +135,11 @@ class ModelExperts(nn.Module):
     alpha, up + 1) in plain torch: npu_swiglu has no clamp. Weights [E, H, 2I / tp] as the checkpoint
     stores them (no transpose); the down bias only on moe-tp rank 0 (the all-reduce adds the ranks)."""
 
-    def __init__(self, config, num_experts, hidden_size, width, tp_size, tp_rank, params_dtype):
+    def __init__(self, config, num_experts, hidden_size, width, tp_size, tp_rank, params_dtype, first_expert=0):
         super().__init__()
         self.tp_size, self.tp_rank = tp_size, tp_rank
+        # this EP rank's experts [first_expert, first_expert + num_experts) of the checkpoint's
+        self.first_expert, self.num_experts = first_expert, num_experts
         self.width = width // tp_size
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, hidden_size, 2 * self.width, dtype=params_dtype),
                                          requires_grad=False)
@@ -115,7 +165,8 @@ class ModelExperts(nn.Module):
                                             group_list_type=group_list_type, split_item=3)[0]
 
     def load_fused(self, name, weight):
-        """The checkpoint's fused tensors, this rank's slice of the intermediate axis."""
+        """The checkpoint's fused tensors: this EP rank's experts, this moe-tp rank's slice of the intermediate axis."""
+        weight = weight[self.first_expert:self.first_expert + self.num_experts]
         start, end = self.tp_rank * self.width, (self.tp_rank + 1) * self.width
         if name == "gate_up_proj":
             self.gate_up_proj.data.copy_(weight[:, :, 2 * start:2 * end])
@@ -156,7 +207,8 @@ class ModelSparseMoeBlock(nn.Module):
         self.num_experts = getattr(config, EXPERTS_KEY)
         self.top_k = config.num_experts_per_tok
         width = self.expert_width = getattr(config, WIDTH_KEY)
-        self.moe_tp_size, tp_rank = _moe_parallel(infer_config, comm_manager)
+        layout = self.layout = MoeLayout(infer_config, comm_manager, self.num_experts)
+        self.moe_tp_size, self.moe_ep_size, tp_rank = layout.tp_size, layout.ep_size, layout.tp_rank
         _check_moe_split(WIDTH_KEY, width, self.moe_tp_size)
         self.renormalize = RENORMALIZE
         if ROUTED_SCALING:
@@ -171,7 +223,8 @@ class ModelSparseMoeBlock(nn.Module):
                                                           requires_grad=False)
         setattr(self, ROUTER, router)
         if EXPERTS == "gmm":
-            self.experts = FusedMoEGMM(num_experts=self.num_experts, hidden_size=self.hidden_size,
+            # this EP rank's experts alone (FusedMoEGMM's own EP filter covers moe_tp_size 1 only)
+            self.experts = FusedMoEGMM(num_experts=layout.local_experts, hidden_size=self.hidden_size,
                                        intermediate_size=width, bias=False, tp_size=self.moe_tp_size, tp_rank=tp_rank,
                                        params_dtype=torch.get_default_dtype(), prefix=f"{prefix}.experts")
             # (param_name, checkpoint name, expert_id, shard_id): the checkpoint's per-expert tensors
@@ -179,8 +232,8 @@ class ModelSparseMoeBlock(nn.Module):
                 ckpt_gate_proj_name=CKPT_EXPERT_NAMES[0], ckpt_down_proj_name=CKPT_EXPERT_NAMES[2],
                 ckpt_up_proj_name=CKPT_EXPERT_NAMES[1], num_experts=self.num_experts)
         else:
-            self.experts = ModelExperts(config, self.num_experts, self.hidden_size, width, self.moe_tp_size, tp_rank,
-                                        torch.get_default_dtype())
+            self.experts = ModelExperts(config, layout.local_experts, self.hidden_size, width, self.moe_tp_size, tp_rank,
+                                        torch.get_default_dtype(), first_expert=layout.first_expert)
         if SHARED is not None:
             # shared experts where the checkpoint's config gives them a width
             self.shared_width = shared_experts_width(config)
@@ -192,6 +245,8 @@ class ModelSparseMoeBlock(nn.Module):
                     setattr(self, SHARED_NAME + "_gate", ReplicatedLinear(
                         self.hidden_size, 1, bias=False, prefix=f"{prefix}.{SHARED_NAME}_gate"))
         self.enable_weight_nz = getattr(infer_config.model_config, "enable_weight_nz", False)
+        if self.moe_ep_size > 1:
+            self.mc2_kwargs = mc2_kwargs(comm_manager, layout, self.num_experts)
 
     def gating(self, hidden_states):
         """(top-k weights [T, K] in fp32, expert ids [T, K] int32) as transformers' router computes them."""
@@ -238,6 +293,19 @@ class ModelSparseMoeBlock(nn.Module):
         return weights, expert_ids.to(torch.int32)
 
     def forward(self, hidden_states):
+        is_prefill = get_forward_metadata().is_prefill
+        if self.layout.gather:
+            # moe_tp_group holds other requests' ranks: every rank's tokens through the experts, each its own back
+            group = self.comm_manager.get_group("moe_tp_group")
+            hidden_states, rows = gather_rows(hidden_states, group, self.moe_tp_size, is_prefill)
+            return sum_own_rows(self.experts_forward(hidden_states, is_prefill), group, self.moe_tp_size, rows)
+        out = self.experts_forward(hidden_states, is_prefill)
+        if self.moe_tp_size > 1:
+            dist.all_reduce(out, group=self.comm_manager.get_group("moe_tp_group"))
+        return out
+
+    def experts_forward(self, hidden_states, is_prefill):
+        """The routed experts' weighted sum and the shared experts' output, this moe-tp rank's partial of it."""
         tokens = hidden_states.shape[0]
         weights, expert_ids = self.gating(hidden_states)
         if SHARED is not None:
@@ -246,6 +314,9 @@ class ModelSparseMoeBlock(nn.Module):
                 shared = getattr(self, SHARED_NAME)(hidden_states)
                 if SHARED == "gated":
                     shared = torch.sigmoid(getattr(self, SHARED_NAME + "_gate")(hidden_states)) * shared
+        if self.moe_ep_size > 1:
+            exchange = self.double_routing if is_prefill else self.dispatch_combine
+            return exchange(hidden_states, weights, expert_ids, shared if SHARED is not None else None)
         expanded_x, expanded_row_idx, tokens_per_expert, _ = torch_npu.npu_moe_init_routing_v2(
             hidden_states, expert_ids, active_num=tokens * self.top_k, expert_num=self.num_experts,
             expert_tokens_num_type=1, expert_tokens_num_flag=True,  # 1: tokens per expert (counts)
@@ -255,8 +326,51 @@ class ModelSparseMoeBlock(nn.Module):
             expert_out, skip1=shared if SHARED is not None else None, skip2=None, bias=None, scales=weights.to(expert_out.dtype),
             expanded_src_to_dst_row=expanded_row_idx, export_for_source_row=None,
             drop_pad_mode=2)  # 2: init_routing_v2's row order (token * K + k)
-        if self.moe_tp_size > 1:
-            dist.all_reduce(out, group=self.comm_manager.get_group("moe_tp_group"))
+        return out
+
+    def double_routing(self, hidden_states, weights, expert_ids, shared):
+        """Prefill over moe_ep_group, as upstream's qwen3_moe and deepseek_r1 (moe_infer_double_routing): tokens
+        sorted by expert, the per-expert counts exchanged, each rank's tokens sent to their experts' ranks
+        (all_to_all_single), regrouped by local expert (npu_moe_re_routing), the grouped matmuls, and back the
+        same way; the counts are read on the host (the split sizes), as upstream does at prefill."""
+        group = self.comm_manager.get_group("moe_ep_group")
+        expanded_x, expanded_row_idx, tokens_per_expert, _ = torch_npu.npu_moe_init_routing_v2(
+            hidden_states, expert_ids, active_num=expert_ids.numel(), expert_num=self.num_experts,
+            expert_tokens_num_type=1, expert_tokens_num_flag=True,  # 1: tokens per expert (counts)
+            active_expert_range=[0, self.num_experts], quant_mode=-1)
+        # (experts,) -> (EP ranks x their local experts): what each rank sends this rank's experts
+        received_per_expert = torch.empty_like(tokens_per_expert)
+        dist.all_to_all_single(received_per_expert, tokens_per_expert, group=group)
+        splits = torch.stack([received_per_expert, tokens_per_expert]).view(2, self.moe_ep_size, -1).sum(2)
+        received_splits, sent_splits = splits.cpu().tolist()
+        received = expanded_x.new_empty((sum(received_splits), expanded_x.shape[1]))
+        dist.all_to_all_single(received, expanded_x, received_splits, sent_splits, group=group)
+        by_expert, _, unsort, tokens_per_local_expert = torch_npu.npu_moe_re_routing(
+            received, received_per_expert.view(self.moe_ep_size, -1))
+        expert_out = self.experts(by_expert, tokens_per_local_expert, group_list_type=1)
+        expert_out = expert_out.index_select(0, unsort.float().argsort().int())
+        returned = expert_out.new_empty(expanded_x.shape)
+        dist.all_to_all_single(returned, expert_out, sent_splits, received_splits, group=group)
+        return torch_npu.npu_moe_finalize_routing(
+            returned, skip1=shared, skip2=None, bias=None, scales=weights.to(returned.dtype),
+            expanded_src_to_dst_row=expanded_row_idx, export_for_source_row=None, drop_pad_mode=2)
+
+    def dispatch_combine(self, hidden_states, weights, expert_ids, shared):
+        """Decode over the MC2 group, as upstream's qwen3_moe (moe_infer_dispatch_combine): each token to the
+        ranks of its top-k experts (npu_moe_distribute_dispatch_v2), the grouped matmuls on what this rank's
+        experts received, and back, summed with the routing weights (npu_moe_distribute_combine_v2); nothing
+        is read back to the host (a compiled decode)."""
+        expand_x, _, assist_info, expert_tokens, ep_recv_counts, tp_recv_counts = \
+            torch_npu.npu_moe_distribute_dispatch_v2(x=hidden_states, expert_ids=expert_ids, **self.mc2_kwargs,
+                                                     x_active_mask=None, scales=None, quant_mode=0,
+                                                     comm_alg="fullmesh_v2")[:6]
+        expert_out = self.experts(expand_x, expert_tokens, group_list_type=1)
+        out = torch_npu.npu_moe_distribute_combine_v2(
+            expand_x=expert_out, expert_ids=expert_ids, assist_info_for_combine=assist_info,
+            ep_send_counts=ep_recv_counts, expert_scales=weights.to(torch.float32), tp_send_counts=tp_recv_counts,
+            **self.mc2_kwargs, x_active_mask=None, comm_quant_mode=0)
+        if shared is not None:
+            out = out + shared
         return out
 
     def load_weights(self, weights):
@@ -298,26 +412,30 @@ class ModelSparseMoeBlock(nn.Module):
         return loaded
 
     def _expert_tensors(self, name, weight):
-        """(parameter, expert id, shard id, tensor) for a routed-expert tensor: the checkpoint's per-expert
-        names ("experts.0.<gate>.weight"), or transformers' fused 3-D ones ("experts.gate_up_proj",
-        "experts.down_proj") as a checkpoint saved without its conversion holds them."""
+        """(parameter, expert id, shard id, tensor) for a routed-expert tensor of this EP rank's experts (their
+        ids local to it; another rank's: none): the checkpoint's per-expert names ("experts.0.<gate>.weight"), or
+        transformers' fused 3-D ones ("experts.gate_up_proj", "experts.down_proj") as a checkpoint saved without
+        its conversion holds them."""
+        first, count = self.layout.first_expert, self.layout.local_experts
         for param_name, ckpt_name, expert_id, shard_id in self.expert_params_mapping:
             if name.startswith(ckpt_name):
+                if not first <= expert_id < first + count:
+                    return []
                 # FusedMoEGMM's loader narrows whatever it is given: a tensor of another width is refused here
                 if weight.shape[1 if shard_id == "w2" else 0] != self.expert_width:
                     raise ValueError(f"{name} {tuple(weight.shape)}: an expert of width {self.expert_width} "
                                      f"({WIDTH_KEY}) was expected; the checkpoint and its config disagree")
-                return [(name.replace(ckpt_name, param_name), expert_id, shard_id, weight)]
+                return [(name.replace(ckpt_name, param_name), expert_id - first, shard_id, weight)]
         if name == "experts.gate_up_proj":
             if FUSED_LAYOUT == "E,H,2I":
                 weight = weight.transpose(1, 2)
             gate, up = weight.chunk(2, dim=1)
-            return [("experts.w13_weight", e, shard, w[e]) for e in range(weight.shape[0])
+            return [("experts.w13_weight", e, shard, w[first + e]) for e in range(count)
                     for shard, w in (("w1", gate), ("w3", up))]
         if name == "experts.down_proj":
             if FUSED_LAYOUT == "E,H,2I":
                 weight = weight.transpose(1, 2)
-            return [("experts.w2_weight", e, "w2", weight[e]) for e in range(weight.shape[0])]
+            return [("experts.w2_weight", e, "w2", weight[first + e]) for e in range(count)]
         raise KeyError(f"{name}: no routed-expert parameter takes it")
 
     def process_weights_after_loading(self):

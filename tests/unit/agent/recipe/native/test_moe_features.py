@@ -172,16 +172,58 @@ def test_a_fault_in_the_generated_block_fails_the_check(fault):
     assert result["rel"] > FAULT, (fault, result)
 
 
-def test_expert_parallel_is_refused_with_what_to_set():
-    from agent.recipe.native.parts.moe import derive_moe
+def run_layouts(case, ranks, layouts, tmp_path, fault=None):
+    """The harness's --layouts run on `ranks` gloo ranks: (returncode, stderr, result or None)."""
+    out = tmp_path / f"layouts_{ranks}_{fault or 'ok'}.json".replace(" ", "_")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
+               str(harness.REPO_ROOT / "tests" / "support" / "native_moe_harness.py"), case, str(out),
+               "--layouts", ",".join(f"{a}:{m}" for a, m in layouts)]
+    proc = subprocess.run(command + (["--fault", fault] if fault else []), capture_output=True, text=True,
+                          timeout=600, cwd=harness.REPO_ROOT)
+    return proc.returncode, proc.stderr, json.loads(out.read_text()) if out.is_file() else None
 
-    config = harness.shrunk_config("mixtral")
-    module = harness.load_generated(harness_render(derive_moe(config)), "mixtral_ep")
-    with pytest.raises(ValueError, match=r"moe_tp_size 1 at world_size 2 is expert parallel \(moe_ep_size = "
-                                         r"world_size // moe_tp_size = 2\).* set moe_tp_size to world_size \(2\)") \
-            as caught:
-        module.MixtralSparseMoeBlock(config, harness.infer_config(moe_tp_size=1, world_size=2), None)
-    assert "moe_ep_size:" not in str(caught.value)      # upstream derives it: no YAML key to set
+
+EP_OPS = {"npu_moe_init_routing_v2", "npu_moe_re_routing", "npu_grouped_matmul", "npu_moe_finalize_routing",
+          "npu_moe_distribute_dispatch_v2", "npu_moe_distribute_combine_v2"}
+
+
+@pytest.mark.parametrize("case", ["deepseek_v3_64", pytest.param("gpt_oss", marks=pytest.mark.slow),
+                                  pytest.param("mixtral", marks=pytest.mark.slow)])
+def test_expert_parallel_and_attention_data_parallel_at_two_ranks(case, tmp_path):
+    """deepseek_v3_64 (grouped routing, shared experts; gpt_oss: its experts in plain torch between the grouped
+    matmuls, with biases; mixtral) at 2 gloo ranks, each rank its own tokens of unequal
+    count at the prefill: EP 2 under attention TP 2 (attn_tp 2, moe_tp 1), attention DP + EP 2 (attn_tp 1,
+    moe_tp 1) and attention DP + MoE TP 2 (moe_tp_group gathers both ranks' tokens); every rank's output equals
+    transformers' block on its own tokens at the prefill (all-to-all double routing) and the decode (MC2
+    dispatch / combine). Each rank loading the next rank's experts (an expert's tokens computed by another
+    rank's expert) is caught. 4 ranks, TP 2 x EP 2: test_expert_parallel_layouts_at_four_ranks (slow)."""
+    layouts = [(2, 1), (1, 1), (1, 2)]
+    code, stderr, result = run_layouts(case, 2, layouts, tmp_path)
+    assert code == 0, stderr[-3000:]
+    for attn, moe in layouts:
+        row = result[f"attn_tp {attn} moe_tp {moe}"]
+        assert row["prefill"] < TOLERANCE and row["decode"] < TOLERANCE, (attn, moe, row)
+    assert set(result["ops"]) == EP_OPS, result["ops"]
+    code, stderr, result = run_layouts(case, 2, [(2, 1)], tmp_path, "experts of the next EP rank")
+    assert code == 0, stderr[-3000:]
+    row = result["attn_tp 2 moe_tp 1"]
+    assert row["prefill"] > FAULT and row["decode"] > FAULT, row
+
+
+@pytest.mark.slow
+def test_expert_parallel_layouts_at_four_ranks(tmp_path):
+    """4 gloo ranks: TP 2 x EP 2 (attn_tp 4, moe_tp 2: experts' widths over moe_tp_group, experts over the strided
+    moe_ep_group), EP 4, attention DP 2 x TP 2 with MoE TP 2 x EP 2, attention DP 4 with EP 4 and with MoE TP 2;
+    and attention DP + MoE TP without the gather (different requests' partials summed) is caught."""
+    layouts = [(4, 2), (4, 1), (2, 2), (1, 1), (1, 2)]
+    code, stderr, result = run_layouts("deepseek_v3_64", 4, layouts, tmp_path)
+    assert code == 0, stderr[-3000:]
+    for attn, moe in layouts:
+        row = result[f"attn_tp {attn} moe_tp {moe}"]
+        assert row["prefill"] < TOLERANCE and row["decode"] < TOLERANCE, (attn, moe, row)
+    code, stderr, result = run_layouts("deepseek_v3_64", 4, [(2, 4)], tmp_path, "moe_tp all-reduce across requests")
+    # summing two requests' partials: a wrong answer, or gloo refusing tensors of two sizes at the prefill
+    assert code != 0 or result["attn_tp 2 moe_tp 4"]["decode"] > FAULT, (code, result)
 
 
 def test_a_routing_no_op_expresses_is_not_native():
