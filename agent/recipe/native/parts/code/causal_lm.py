@@ -107,7 +107,7 @@ class ModelForCausalLM(nn.Module):
         self.lm_head = ColumnParallelLinear(
             input_size=config.hidden_size, output_size=config.vocab_size, bias=False, tp_size=self.lmhead_tp_size,
             tp_rank=comm_manager.get_rank("lmhead_tp_group") if self.lmhead_tp_size > 1 else 0,
-            quant_config=getattr(config, "quant_config", None), prefix="lm_head")
+            quant_config=None, prefix="lm_head")      # the output head stays float, as in upstream's models
 
     def forward(self, input_ids, position_ids=None, forward_metadata: ForwardMetaData = None, **kwargs):
         hidden_states = self.model(input_ids, position_ids, forward_metadata)
@@ -166,6 +166,10 @@ class ModelForCausalLM(nn.Module):
             if param.dtype == torch.int8 and tensor.is_floating_point():
                 raise ValueError(f"{name} is {tensor.dtype} but the checkpoint's quantization_config makes {target} "
                                  "int8: list the layer in its ignore list, or quantize its weight")
+            if param.is_floating_point() and not tensor.is_floating_point():
+                raise ValueError(f"{name} is {tensor.dtype} but {target} is {param.dtype}: the checkpoint's "
+                                 "quantization_config does not make this layer quantized (its ignore list names it, "
+                                 "or the config has none); dequantize the checkpoint, or fix its quantization_config")
             loader = getattr(param, "weight_loader", default_weight_loader)
             if shard is not None:
                 loader(param, tensor, shard)
