@@ -63,7 +63,7 @@ LINEARS = ("QKVParallelLinear", "MergedColumnParallelLinear", "RowParallelLinear
            "ReplicatedLinear", "FusedMoEGMM")
 
 
-@pytest.mark.parametrize("model_type", ["qwen3", "llama", "qwen3_moe", "deepseek_v3", "phi3", "mixtral"])
+@pytest.mark.parametrize("model_type", ["qwen3", "llama", "qwen3_moe", "deepseek_v3", "phi3", "mixtral", "gemma2", "gpt_oss"])
 def test_the_file_threads_quant_config_through_every_linear_and_the_grouped_matmul(model_type):
     """Every module.linear layer and the MoE grouped matmul the generated file builds takes
     quant_config=getattr(config, "quant_config", None), as upstream's models pass it (module.quantization picks the
