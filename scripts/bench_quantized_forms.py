@@ -44,6 +44,7 @@ def _summary(stdout: str) -> dict:
 
 def migrate(form: str, root: Path) -> dict:
     import quantized_checkpoints as forms
+    from agent.child_failure import child_failure
     from engine.safe_load import load_json
     from upstream_checkout import copy_checkout
 
@@ -82,7 +83,7 @@ def migrate(form: str, root: Path) -> dict:
         "conversion_seconds": conversion.get("seconds"),
         "conversion_peak_rss_growth_bytes": (conversion["peak_rss_bytes"] - conversion["rss_before_bytes"]
                                              if conversion.get("peak_rss_bytes") else None),
-        "error": None if proc.returncode == 0 else (proc.stderr.strip().splitlines() or [""])[-1][:300],
+        "error": None if proc.returncode == 0 else child_failure(proc.stderr, proc.returncode, stdout=proc.stdout)[:300],
     }
 
 
