@@ -31,7 +31,7 @@ FORMS = {
     "w8a8": ("qwen3_w8a8", {}, "qwen3_w8a8"),                              # compressed-tensors int8 W8A8, dense
     "awq": ("llama_awq", {}, "llama_awq"),                                 # AutoAWQ GEMM int4, dense
 }
-QUANT_KERNELS = ("npu_quant_matmul", "npu_dynamic_quant", "npu_dequant_swiglu_quant", "npu_grouped_matmul")
+QUANT_KERNELS = ("npu_quant_matmul", "npu_dynamic_quant", "npu_dequant_swiglu_quant")
 
 
 def _summary(stdout: str) -> dict:
