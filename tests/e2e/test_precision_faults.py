@@ -252,6 +252,8 @@ def test_a_wrong_scale_in_our_native_w8a8_model_fails_the_precision_check(tmp_pa
     in_eager_mode(recipe)
     inject(recipe / "models" / f"modeling_{name}.py", "weight_scale=self.gate_up_proj.weight_scale,",
            "weight_scale=self.gate_up_proj.weight_scale * 2,")
+    for path in (recipe / "config").glob("*.yaml"):       # the YAML pointed at the weights, as its README says
+        path.write_text(path.read_text().replace("your_model_path", str(quantized)))
     proc = run_cli("run", str(recipe), "--standin", "--max-rounds", "0", "--json", env=FAST, timeout=1800)
     summary = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {}
     assert proc.returncode == 1, (proc.stdout + proc.stderr)[-3000:]
