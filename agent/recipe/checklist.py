@@ -40,7 +40,8 @@ PERSON = (
                              "it on CPU: tests/e2e/test_framework_target.py)"),
     ("一.4.npugraph_ex_compile", "the warm-up compile and no recompile in the formal decode on an NPU (the "
                                  "stand-in's compile-once check: tests/e2e/test_framework_target.py)"),
-    ("一.5.online", "online serving (recommended): prefill/decode/router configs and a full-link run"),
+    ("一.5.online", "online serving (recommended): the prefill/decode/router full-link run (its KV hand-off "
+                    "writes into the decode role's NPU memory: an NPU)"),
     ("一.6.dataset_score", "a data-set score (recommended), e.g. GSM8K through evalscope on the online service"),
     ("二.3.readme_reproducible", "the README's steps reproduce the run for another developer"),
     ("二.3.docs_refreshed", "user-facing changes reflected in the docs"),
@@ -128,6 +129,26 @@ def kv_cache(r: Recipe) -> list[str]:
 def npugraph_ex_yaml(r: Recipe) -> list[str]:
     modes = {_leaf(s, "model_config.exe_mode") for s in r.yamls.values()}
     return [] if "npugraph_ex" in modes else [f"no YAML with model_config.exe_mode: npugraph_ex (modes: {sorted(map(str, modes))})"]
+
+
+PD_ROLES = ("prefill", "decode")
+
+
+def pd_yamls(r: Recipe) -> list[str]:
+    """The online prefill / decode pair infer.sh --mode online reads by default: config/<name>_pd/{role}.yaml,
+    each with the checklist's keys, the recipe's model_name and a placeholder model_path."""
+    out = []
+    for role in PD_ROLES:
+        path = r.path / "config" / f"{r.name}_pd" / f"{role}.yaml"
+        if not path.is_file():
+            out.append(f"no config/{r.name}_pd/{role}.yaml")
+            continue
+        settings = load_yaml(path)
+        settings = settings if isinstance(settings, dict) else {}
+        out += [f"{r.name}_pd/{role}.yaml: no {key}" for key in YAML_KEYS if _leaf(settings, key) is KeyError]
+        if _leaf(settings, "model_config.model_name") not in (KeyError, r.name):
+            out.append(f"{r.name}_pd/{role}.yaml: model_name is not {r.name!r}")
+    return out
 
 
 def mtp(r: Recipe) -> list[str]:
@@ -269,6 +290,7 @@ ITEMS: dict[str, tuple[str, Callable[[Recipe], list[str]]]] = {
     "一.1.interface_contract": ("the registry entry imports the recipe's classes, with the contract's methods",
                                 interface_contract),
     "一.2.kv_cache": ("the KV cache is the framework's KVCacheManager (get_cache_info)", kv_cache),
+    "一.5.pd_yamls": ("config/<name>_pd/prefill.yaml and decode.yaml, the online mode's defaults", pd_yamls),
     "一.4.npugraph_ex_yaml": ("at least one YAML with exe_mode npugraph_ex", npugraph_ex_yaml),
     "一.4.mtp": ("a registered MTP model has a YAML enabling it", mtp),
     "二.1.versions": ("requirements.txt is the checkout's stack; no library beyond what the code imports", versions),

@@ -153,6 +153,21 @@ def framework_settings(ctx: dict) -> dict:
     }
 
 
+def framework_pd_settings(settings: dict, native: bool) -> dict:
+    """The `<name>_pd/prefill.yaml` + `decode.yaml` pair, as upstream's models/*/config/*_pd/ write it: both
+    on the recipe's cards; the prefill role eager, one new token (it hands the cache to the decode role);
+    the decode role in ge_graph where the native model has the torchair.ops decode path (upstream's
+    qwen / qwen3_moe / deepseek_r1 decode.yaml), else the graph mode the adapter was verified in."""
+    def copy() -> dict:
+        return {key: dict(value) if isinstance(value, dict) else value for key, value in settings.items()}
+
+    prefill, decode = copy(), copy()
+    prefill["model_config"]["exe_mode"] = "eager"
+    prefill["scheduler_config"]["max_new_tokens"] = 1
+    decode["model_config"]["exe_mode"] = "ge_graph" if native else FRAMEWORK_EXE_MODE
+    return {"prefill": prefill, "decode": decode}
+
+
 MOE_FAMILIES = frozenset({"moe", "mla"})
 
 
@@ -267,6 +282,8 @@ def framework_context(ctx: dict, native: bool = True) -> dict:
                 from agent.recipe.native.decide import native_context
 
                 extra.update(native_model=True, **native_context({**ctx, **names}, decision.features))
+    if native:          # the framework row (legacy's flat YAML has no prefill / decode pair)
+        extra["pd_settings"] = framework_pd_settings(ctx["settings"], extra["native_model"])
     return {**extra, **names,
             "family_label": FAMILY_LABELS.get(ctx["family"].name, ctx["family"].name),
             "hub_link": hub_link(ctx.get("model_source", "")),
@@ -525,6 +542,9 @@ TARGETS: dict[str, Target] = {
             "framework/modeling_framework.py.j2": "models/modeling_{name}_framework.py",
             "framework/config.yaml.j2": "config/{yaml_name}",
             "framework/requirements.txt.j2": "requirements.txt",
+            # the online prefill / decode pair (checklist 一.5; infer.sh --mode online's defaults)
+            "framework/pd_prefill.yaml.j2": "config/{name}_pd/prefill.yaml",
+            "framework/pd_decode.yaml.j2": "config/{name}_pd/decode.yaml",
         },
         readme_template="framework/README.md.j2", yaml_settings=framework_settings, context=framework_context,
         layout_for=framework_layout, vendored_package="models.{name}.models", registers=True, inside_checkout=True, chat_template=True,

@@ -9,7 +9,8 @@ placeholder (checklist 二.4); the runs here fill the path in a copy, as the run
 precision probe the trial runs with (agent.run.trial_run). The default suite runs one rank (eager, and
 npugraph_ex: the decode step compiled once) of a native recipe and of an adapter recipe (an architecture the
 native generator does not write); two ranks (gloo, tensor parallel by the model's own plan), the other
-families and fall-back kinds (each in npugraph_ex) and the whole `migrator run` of an adapter are `slow`."""
+families and fall-back kinds (each in npugraph_ex) and the whole `migrator run` of an adapter are `slow`. A native Qwen3
+recipe's prefill / decode pair (config/NAME_pd/): the decode role in ge_graph by default, the prefill role slow."""
 
 from __future__ import annotations
 
@@ -49,8 +50,8 @@ def test_framework_recipe_is_upstreams_layout_and_nothing_else_changes(migrated)
     assert Recipe.at(recipe).kind == "framework"
     files = sorted(p.relative_to(recipe).as_posix() for p in recipe.rglob("*")
                    if p.is_file() and "res" not in p.relative_to(recipe).parts)
-    assert files == ["README.md", "config/tiny_llama.yaml",
-                     "models/configuration_tiny_llama.py",
+    assert files == ["README.md", "config/tiny_llama.yaml", "config/tiny_llama_pd/decode.yaml",
+                     "config/tiny_llama_pd/prefill.yaml", "models/configuration_tiny_llama.py",
                      "models/modeling_tiny_llama.py", "requirements.txt"]
     assert not (recipe / "models" / "__init__.py").exists()        # upstream: no __init__.py there
     for name in files:                                             # upstream's end-of-file-fixer hook
@@ -84,6 +85,8 @@ def test_framework_yaml_is_upstreams_four_sections_and_its_inferenceconfig_parse
     # own InferenceConfig; no second YAML that differs only in exe_mode (checklist 二.4)
     written = sorted((recipe / "config").glob("*.yaml"))
     assert {p.name for p in written} >= {"tiny_llama.yaml"} and not any("npugraph" in p.name for p in written), written
+    # and the online prefill / decode pair infer.sh --mode online reads by default (checklist 一.5)
+    written += [recipe / "config" / "tiny_llama_pd" / f"{role}.yaml" for role in ("prefill", "decode")]
     probe = ("import json, sys, yaml\n"
              "from executor.core.config import InferenceConfig\n"
              "for path in sys.argv[1:]:\n"
@@ -95,9 +98,14 @@ def test_framework_yaml_is_upstreams_four_sections_and_its_inferenceconfig_parse
     proc = run_cli("standin", "--", sys.executable, "-c", probe, *map(str, written), cwd=checkout,
                    env={"PYTHONPATH": str(checkout)}, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    parsed = {Path(row[0]).name: row[1:] for row in
+    parsed = {Path(row[0]).relative_to(recipe / "config").as_posix(): row[1:] for row in
               (json.loads(line[7:]) for line in proc.stdout.splitlines() if line.startswith("CONFIG "))}
-    assert set(parsed) == {p.name for p in written}
+    assert set(parsed) == {p.relative_to(recipe / "config").as_posix() for p in written}
+    # the prefill role eager, one new token (it hands its cache over); the decode role in ge_graph (the native
+    # model's torchair.ops decode path), as upstream's qwen3_moe_pd / deepseek_r1_pd; both the single card's
+    prefill_row, decode_row = parsed.pop("tiny_llama_pd/prefill.yaml"), parsed.pop("tiny_llama_pd/decode.yaml")
+    assert (prefill_row[2], prefill_row[3], prefill_row[6]) == ("eager", 1, 1), prefill_row
+    assert (decode_row[2], decode_row[3], decode_row[6]) == ("ge_graph", 1, MAX_NEW_TOKENS), decode_row
     name, path, mode, world, dp, batch, new, prefill, input_len = parsed["tiny_llama.yaml"]
     assert (name, path, mode, world, dp, batch, new) == ("tiny_llama", "your_model_path", "npugraph_ex", 1, 1, 1,
                                                          MAX_NEW_TOKENS)
@@ -116,6 +124,12 @@ def test_framework_readme_is_upstreams_template_without_local_paths(migrated):
     assert "bash executor/scripts/infer.sh --model tiny_llama --yaml tiny_llama.yaml" in text
     assert str(migrated["root"]) not in text and "/tmp" not in text and str(Path.home()) not in text
     assert "框架部署" in text
+    # the deployment section: which YAML for which cards, what each switch does, what only an NPU shows
+    deploy = text.split("\n## 部署\n", 1)[1].split("\n## ", 1)[0]
+    for fact in ("`config/tiny_llama_pd/prefill.yaml` + `decode.yaml`", "torchair.ops.npu_fused_infer_attention_score_v2",
+                 "`model_config.next_n`", "moe_chunk_max_len", "`moe_ep_size` = `world_size // moe_tp_size`",
+                 "只有 NPU 能验证的", "memfabric_hybrid", "本模型无 MoE 层"):
+        assert fact in deploy, (fact, deploy)
     # the model's own facts, from its configuration (#35.4), and only claims a run can back (#30.4)
     config = json.loads((migrated["checkpoint"] / "config.json").read_text())
     overview = text.split("## 概述\n", 1)[1].split("\n## ", 1)[0]
@@ -302,6 +316,83 @@ def test_npugraph_ex_yaml_compiles_the_decode_once_and_generates_the_eager_token
     print(f"npugraph_ex: {entry}; texts equal to the eager run's: {eager_run['texts'][0]}")
 
 
+@pytest.fixture(scope="module")
+def qwen3_recipe(tmp_path_factory):
+    """A tiny Qwen3 migrated (native) into its own copy of the snapshot, up to the rendered recipe."""
+    from agent.workflow.run import run_migration
+    from framework_recipes import INSTALLED
+
+    root = tmp_path_factory.mktemp("qwen3")
+    checkout = copy_checkout(root)
+    checkpoint = upstream.tiny_checkpoint("qwen3", root / "tiny_qwen3_ckpt")
+    run_migration({"target": str(checkpoint), "output_dir": str(checkout / "models"), "name": "tiny_qwen3",
+                   "device": "cpu", "max_new_tokens": MAX_NEW_TOKENS, "max_rounds": 0, "world_size": 1,
+                   "recipe_target": None, **INSTALLED}, stop_after="render")
+    return {"checkout": checkout, "checkpoint": checkpoint, "recipe": checkout / "models" / "tiny_qwen3"}
+
+
+def pd_two_prompt_yaml(recipe: Path, tmp_path: Path, checkpoint: Path, role: str) -> str:
+    """config/NAME_pd/ROLE.yaml as written, on `checkpoint` and the batch of two prompts, as a config/ file."""
+    prompts = tmp_path / "prompts"
+    prompts.mkdir(exist_ok=True)
+    (prompts / "default_prompt.json").write_text(json.dumps({"text": PROMPTS}))
+    data = yaml.safe_load((recipe / "config" / f"{recipe.name}_pd" / f"{role}.yaml").read_text())
+    assert data["model_config"]["model_path"] == "your_model_path"
+    data["model_config"]["model_path"] = str(checkpoint)
+    data["data_config"]["dataset_path"] = str(prompts)
+    data["scheduler_config"]["batch_size"] = 2
+    name = f"{recipe.name}_pd_{role}_two_prompts.yaml"
+    (recipe / "config" / name).write_text(yaml.safe_dump(data, sort_keys=False))
+    return name
+
+
+def pd_run(qwen3_recipe, tmp_path: Path, role: str) -> dict:
+    """`migrator run RECIPE --standin --yaml` of the role's YAML (on the two prompts): upstream's offline launcher,
+    every prefill and decode step of each request held to transformers; the baseline it writes."""
+    from upstream_checkout import FAST
+
+    recipe = qwen3_recipe["recipe"]
+    name = pd_two_prompt_yaml(recipe, tmp_path, qwen3_recipe["checkpoint"], role)
+    proc = run_cli("run", str(recipe), "--standin", "--yaml", name, "--world-size", "1", "--max-rounds", "0",
+                   "--json", env=FAST, timeout=1800)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    baseline = json.loads(Path(json.loads(proc.stdout)["baseline_path"]).read_text())
+    parity = baseline["verification"]["parity"]
+    assert parity["ok"] is True and len(parity["per_request"]) == 2, parity
+    return baseline
+
+
+def test_qwen3_pd_decode_yaml_compiles_once_in_ge_graph_and_holds_to_transformers(qwen3_recipe, tmp_path):
+    """The Qwen3 recipe's config/NAME_pd/decode.yaml (exe_mode ge_graph, as upstream's qwen3_moe_pd) through
+    upstream's offline launcher under the stand-in: torchair's GE backend captures main_decode once, whole,
+    nothing read back to the host, no recompile over the decode steps of two packed prompts of unequal
+    length; the decode's fused attention is torchair.ops' (lengths as tensors; torch.ops.npu's host lists
+    are unbacked symbols in a static graph: PendingUnbackedSymbolNotFound); every step is transformers'.
+    The per-step table in ge_graph (qwen3, mistral, gemma2, qwen3_moe at 1 and 2 ranks) is slow:
+    tests/unit/agent/recipe/native/test_native_models.py."""
+    baseline = pd_run(qwen3_recipe, tmp_path, "decode")
+    standin = baseline["standin"]
+    compiled = {key: entry for key, entry in standin["compiles"].items() if "[ge_graph]" in key}
+    assert list(compiled) == ["TinyQwen3ForCausalLM.main_decode [ge_graph]"], standin["compiles"]
+    entry = compiled["TinyQwen3ForCausalLM.main_decode [ge_graph]"]
+    assert (entry["compiles"], entry["recompiles"], entry["fullgraph"], entry["host_syncs"]) == (1, 0, True, 0), entry
+    ops = standin["reference_kernels"]
+    assert ops.get("torchair.ops.npu_fused_infer_attention_score_v2", 0) > 0, ops      # the decode's
+    assert ops.get("npu_fused_infer_attention_score_v2", 0) > 0, ops                   # the eager prefill's
+    parity = baseline["verification"]["parity"]
+    assert parity["decode_steps_checked"] >= 2 * (MAX_NEW_TOKENS - 1), parity
+    print(f"ge_graph: {entry}; decode steps held: {parity['decode_steps_checked']}")
+
+
+@pytest.mark.slow   # the decode role's run is the default case above
+def test_qwen3_pd_prefill_yaml_runs_its_one_token_eager(qwen3_recipe, tmp_path):
+    """config/NAME_pd/prefill.yaml (eager, max_new_tokens 1) through the offline launcher: each prompt's steps
+    held to transformers, nothing compiled. The online hand-off to the decode role needs an NPU (the recipe
+    README says why)."""
+    baseline = pd_run(qwen3_recipe, tmp_path, "prefill")
+    assert not baseline["standin"].get("compiles"), baseline["standin"]["compiles"]      # eager: nothing compiled
+
+
 TP_PROBE = """
 import json, sys, types
 import torch
@@ -444,6 +535,29 @@ def test_framework_recipe_of_each_family_matches_transformers(family_checkout, t
     # a sliding-window model's cache is upstream's SlidingWindow kind (only the window's blocks kept)
     kind = "SlidingWindow" if family == "sliding_window" else "FullAttention"
     assert f"manager_key={kind}, attn_type={kind}" in logs[0].read_text()
+
+
+@pytest.mark.slow   # the default ge_graph case: test_qwen3_pd_decode_yaml_compiles_once_in_ge_graph_and_holds_to_transformers
+@pytest.mark.parametrize("model_type,overrides,family", FAMILIES)
+def test_framework_recipe_of_each_family_runs_its_pd_decode_yaml_in_ge_graph(family_checkout, tmp_path, model_type,
+                                                                            overrides, family):
+    """Each family's config/NAME_pd/decode.yaml under upstream's launcher: ge_graph for a native model (the
+    attention parts' torchair.ops decode), npugraph_ex for an adapter (the tiny MLA checkpoint's rope width
+    makes it one); main_decode captured once, whole, no host read; the texts are transformers'."""
+    recipe, checkpoint = migrate_family(family_checkout, model_type, overrides, family)
+    native = not (recipe / "models" / f"modeling_{recipe.name}_framework.py").is_file()
+    mode = "ge_graph" if native else "npugraph_ex"
+    yaml_name = pd_two_prompt_yaml(recipe, tmp_path, checkpoint, "decode")
+    assert yaml.safe_load((recipe / "config" / yaml_name).read_text())["model_config"]["exe_mode"] == mode
+    proc, logs, usage = run_framework(family_checkout["checkout"], recipe.name, yaml_name, tmp_path, "capture")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    input_len = yaml.safe_load((recipe / "config" / yaml_name).read_text())["data_config"]["input_truncated_len"]
+    check_two_prompts(logs, checkpoint, 1, input_len)
+    compiled = {key: entry for key, entry in usage["compiles"].items() if entry.get("backend") == mode}
+    assert [(e["compiles"], e["recompiles"], e["fullgraph"], e["host_syncs"]) for e in compiled.values()] \
+        == [(1, 0, True, 0)], usage["compiles"]
+    assert (usage["ops"].get("torchair.ops.npu_fused_infer_attention_score_v2", 0) > 0) is native, usage["ops"]
+    print(f"{model_type} {mode}: {list(compiled.values())}")
 
 
 def run_adapter(family_checkout, tmp_path: Path, model_type: str, fell_back: str, ranks: int):

@@ -83,6 +83,7 @@ def _mutations():
         "一.1.files": lambda r: (r / "models" / f"configuration_{r.name}.py").unlink(),
         "一.1.yaml_keys": yaml_edit(lambda d: d["scheduler_config"].pop("max_prefill_tokens")),
         "一.2.kv_cache": text_edit(framework, lambda t: t.replace("def get_cache_info(", "def cache_info_gone(")),
+        "一.5.pd_yamls": lambda r: (r / "config" / f"{r.name}_pd" / "decode.yaml").unlink(),
         "一.4.npugraph_ex_yaml": yaml_edit(lambda d: d["model_config"].update(exe_mode="eager")),
         "二.4.few_yamls": lambda r: (r / "config" / f"{r.name}_eager.yaml").write_text(
             (r / "config" / f"{r.name}.yaml").read_text().replace('exe_mode: "npugraph_ex"', 'exe_mode: "eager"')),

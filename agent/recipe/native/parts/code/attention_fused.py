@@ -3,6 +3,7 @@
 import torch
 import torch.distributed as dist
 import torch_npu
+import torchair
 from torch import nn
 
 from executor.core.kv_cache.cache_info import CacheEntry
@@ -53,6 +54,7 @@ class ModelAttention(nn.Module):
         self.comm_manager = comm_manager
         self.attn_tp_size = infer_config.parallel_config.attn_tp_size
         self.enable_npugraph_ex = infer_config.model_config.exe_mode == "npugraph_ex"
+        self.enable_gegraph = infer_config.model_config.exe_mode == "ge_graph"
         self.block_size = infer_config.scheduler_config.block_size
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.num_heads = config.num_attention_heads
@@ -164,8 +166,11 @@ class ModelAttention(nn.Module):
                 block_table, actual_seq_kvlen = self._decode_window(block_table, actual_seq_kvlen, forward_metadata)
                 mask, sparse_mode = forward_metadata.attention_mask, 4
                 band = {"pre_tokens": self.sliding_window - 1, "next_tokens": 0}
+        # a GE graph (static, the lengths device tensors) decodes through torchair's op, as upstream's models/qwen:
+        # torch_npu's takes the lengths as host ints (SymInt[]), which a static graph cannot read off a tensor
+        fa_ops = torchair.ops if self.enable_gegraph and not is_prefill else torch.ops.npu
         k_cache, v_cache = self.k_cache, self.v_cache
-        out, _ = torch.ops.npu.npu_fused_infer_attention_score_v2(
+        out, _ = fa_ops.npu_fused_infer_attention_score_v2(
             query, k_cache.view(*k_cache.shape[:2], -1), v_cache.view(*v_cache.shape[:2], -1),
             num_query_heads=self.num_heads_per_rank, num_key_value_heads=self.num_key_value_heads_per_rank,
             softmax_scale=self.scaling, input_layout="TND", sparse_mode=sparse_mode, atten_mask=mask,

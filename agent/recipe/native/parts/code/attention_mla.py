@@ -5,6 +5,7 @@ import math
 import torch
 import torch.distributed as dist
 import torch_npu
+import torchair
 from torch import nn
 
 from executor.core.kv_cache.cache_info import CacheEntry
@@ -55,6 +56,7 @@ class ModelMlaAttention(nn.Module):
         self.attn_tp_size = infer_config.parallel_config.attn_tp_size
         model_config = infer_config.model_config
         self.enable_npugraph_ex = model_config.exe_mode == "npugraph_ex"
+        self.enable_gegraph = model_config.exe_mode == "ge_graph"
         self.block_size = infer_config.scheduler_config.block_size
         self.attn_type = FULL
         self.num_heads = config.num_attention_heads
@@ -226,7 +228,9 @@ class ModelMlaAttention(nn.Module):
         else:
             actual_seq_kvlen = forward_metadata.actual_seq_lengths_kv
             actual_seq_qlen = forward_metadata.actual_seq_lengths_cu_q
-        out, _ = torch.ops.npu.npu_fused_infer_attention_score_v2(
+        # a GE graph (static, the lengths device tensors) decodes through torchair's op, as upstream's deepseek_r1
+        fa_ops = torchair.ops if self.enable_gegraph else torch.ops.npu
+        out, _ = fa_ops.npu_fused_infer_attention_score_v2(
             q_latent, k_nope, k_nope, query_rope=q_rope, key_rope=k_rope, atten_mask=None,
             actual_seq_kvlen=actual_seq_kvlen, actual_seq_qlen=actual_seq_qlen,
             block_table=forward_metadata.block_table[self.attn_type], num_query_heads=self.num_heads_per_rank,

@@ -49,14 +49,17 @@ class ModelSoftcapAttention(ModelAttention):
         return torch.cat(outs, dim=0)
 
     def _decode_attention(self, query, block_table, forward_metadata):
-        """Each row's blocks gathered through its block_table row, a fixed width (one shape for a compiled
-        decode): the window's blocks (_window_blocks), or for full attention the table's width; the positions
-        past its length and before its window masked, and the values past its length never summed (the
-        table's padding is the null block, which holds anything); nothing read back to the host."""
+        """Each row reads only its own blocks (_own_blocks): the window's (_window_blocks) or, for full
+        attention, those its length fills; a fixed width in a compiled decode (one shape: the table's), in
+        eager no wider than the longest row. Positions past a row's length and before its window are masked
+        in the scores; nothing read back to the host in a compiled decode."""
         kv_lens = forward_metadata.actual_seq_lengths_kv.view(-1, 1).long()
         if WINDOWS and self.sliding_window:
             block_table, start = self._window_blocks(block_table, kv_lens)
             kv_lens = kv_lens - start
+        elif not torch.compiler.is_compiling():      # eager reads lengths back (as its prefill does)
+            block_table = block_table[:, :-(-int(kv_lens.max()) // self.block_size)]
+        block_table = self._own_blocks(block_table, kv_lens)
         rows, width = block_table.shape
         columns = torch.arange(width * self.block_size, device=block_table.device).view(1, -1)
         slots = block_table.long().repeat_interleave(self.block_size, dim=1) * self.block_size + columns % self.block_size
@@ -69,10 +72,17 @@ class ModelSoftcapAttention(ModelAttention):
         scores = torch.matmul(q, keys.float().transpose(-1, -2)) * self.scaling
         if self.softcap:
             scores = torch.tanh(scores / self.softcap) * self.softcap
-        written = columns < kv_lens
-        allowed = written
+        allowed = columns < kv_lens
         if WINDOWS and self.sliding_window:
-            allowed = written & (columns >= kv_lens - self.sliding_window)
+            allowed = allowed & (columns >= kv_lens - self.sliding_window)
         probs = scores.masked_fill(~allowed.view(rows, 1, 1, -1), float("-inf")).softmax(dim=-1)
-        values = values.float().masked_fill(~written.view(rows, 1, -1, 1), 0.0)
-        return torch.matmul(probs, values).view(rows, self.num_heads_per_rank, self.head_dim).to(query.dtype)
+        # the values unmasked: every block read is the row's own (its unwritten tail weighted 0)
+        return torch.matmul(probs, values.float()).view(rows, self.num_heads_per_rank, self.head_dim).to(query.dtype)
+
+    def _own_blocks(self, block_table, kv_lens):
+        """block_table [rows, n] with each row's columns past its last filled block pointed at that block:
+        the table's padding (the null block, which holds anything) is never read. kv_lens [rows, 1] counted
+        from the table's first column."""
+        last = ((kv_lens + self.block_size - 1) // self.block_size - 1).clamp_min(0)
+        columns = torch.arange(block_table.shape[1], device=block_table.device).view(1, -1)
+        return block_table.gather(1, torch.minimum(columns, last))

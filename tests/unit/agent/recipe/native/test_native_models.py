@@ -121,7 +121,11 @@ FAULTS = [
     ("gemma", "norm without gemma's 1 + w", "param.data.copy_(weight.float() + 1.0)", "param.data.copy_(weight.float())"),
     ("gemma", "embedding not scaled", "hidden_states = hidden_states * torch.tensor(", "hidden_states = hidden_states / torch.tensor("),
     ("gemma2", "no attention soft-capping at decode",
-     "            scores = torch.tanh(scores / self.softcap) * self.softcap\n        written", "        written"),
+     "            scores = torch.tanh(scores / self.softcap) * self.softcap\n        allowed", "        allowed"),
+    ("gemma2", "plain-torch decode reads the table's padding (the null block) past a row's own blocks",
+     "block_table = self._own_blocks(block_table, kv_lens)", "pass"),
+    ("gemma2", "plain-torch decode reads one block short of the row's length",
+     "last = ((kv_lens + self.block_size - 1) // self.block_size - 1)", "last = (kv_lens // self.block_size - 1)"),
     ("gemma3_text", "the global rope base on local layers", "cos, sin = cos_sin[self.layer_type]", 'cos, sin = cos_sin["full_attention"]'),
     ("qwen3", "q/k norms skipped", "query, key = self.q_norm(query), self.k_norm(key)", "pass"),
     ("mixtral", "top-k weights not renormalised", "weights = weights / weights.sum(dim=-1, keepdim=True)\n", "\n"),
@@ -221,6 +225,26 @@ def test_native_recipe_of_each_type_passes_the_per_step_precision_check(native_c
     shorter than the prompts: the window's code runs) and two packed prompts of unequal length: upstream's
     launcher runs the native model (N-way tensor parallel by module.linear) in npugraph_ex, every prefill
     and decode step of each request held to transformers per layer."""
+    per_step_run(native_checkout, model_type, ranks, tmp_path, "npugraph_ex")
+
+
+# ge_graph (torchair's GE backend: a static graph, the decode lengths as tensors) on a dense, a sliding-window,
+# a soft-capped and a MoE family
+GE_GRAPH_TYPES = ("qwen3", "mistral", "gemma2", "qwen3_moe")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks", [1, 2])
+@pytest.mark.parametrize("model_type", GE_GRAPH_TYPES)
+def test_native_recipe_compiles_once_in_ge_graph_per_step(native_checkout, model_type, ranks, tmp_path):
+    """The same run in `exe_mode: ge_graph`, as upstream's models/qwen and qwen3_moe run it: the decode's fused
+    attention is torchair.ops' (lengths as tensors; torch.ops.npu's takes host lists, which a static graph
+    reads back as unbacked symbols), the decode graph compiled once per rank, whole, nothing read back to the
+    host, every step held to transformers."""
+    per_step_run(native_checkout, model_type, ranks, tmp_path, "ge_graph")
+
+
+def per_step_run(native_checkout, model_type: str, ranks: int, tmp_path: Path, exe_mode: str) -> None:
     import json
 
     from framework_recipes import check_native_model, two_prompt_yaml
@@ -233,7 +257,7 @@ def test_native_recipe_of_each_type_passes_the_per_step_precision_check(native_c
     checkpoint = native_checkout["root"] / f"ckpt_{model_type}"
     window = json.loads((checkpoint / "config.json").read_text()).get("sliding_window") or None   # qwen2_moe: 0
     assert window == RECIPE_TYPES[model_type].get("sliding_window"), window
-    settings = two_prompt_yaml(recipe, tmp_path, ranks, checkpoint, "npugraph_ex")
+    settings = two_prompt_yaml(recipe, tmp_path, ranks, checkpoint, exe_mode)
     proc = run_cli("run", str(recipe), "--standin", "--yaml", settings, "--world-size", str(ranks),
                    "--max-rounds", "0", "--json", env=FAST, timeout=2400)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
@@ -244,7 +268,7 @@ def test_native_recipe_of_each_type_passes_the_per_step_precision_check(native_c
     requests = {(r["rank"], r["request"]): r["prompt_tokens"] for r in parity["per_request"]}
     assert sorted(requests) == [(rank, request) for rank in range(ranks) for request in (0, 1)], requests
     assert requests[(0, 0)] != requests[(0, 1)] and min(requests.values()) > (window or 0), requests
-    compiled = {k: v for k, v in (baseline.get("standin") or {}).get("compiles", {}).items() if "npugraph_ex" in k}
+    compiled = {k: v for k, v in (baseline.get("standin") or {}).get("compiles", {}).items() if f"[{exe_mode}]" in k}
     # the decode graph compiled once in each rank's warm-up (the record sums the ranks' processes), never
     # again, captured whole, nothing in it read back to the host
     assert [(v["compiles"], v["recompiles"], v["fullgraph"], v["host_syncs"]) for v in compiled.values()] \
@@ -252,12 +276,15 @@ def test_native_recipe_of_each_type_passes_the_per_step_precision_check(native_c
     ops = (baseline.get("standin") or {}).get("reference_kernels", {})
     if model_type != "gemma2":                # gemma2's soft-capped attention is plain torch
         assert ops.get("npu_fused_infer_attention_score_v2", 0) > 0, ops
+        # the decode's fused attention: torchair's op in a GE graph, torch_npu's otherwise
+        assert (ops.get("torchair.ops.npu_fused_infer_attention_score_v2", 0) > 0) is (exe_mode == "ge_graph"), ops
     if model_type in MOE_RECIPE_TYPES:      # the MoE kernel chain ran, the experts split by moe_tp_size
         assert {"npu_moe_init_routing_v2", "npu_grouped_matmul", "npu_moe_finalize_routing"} <= set(ops), ops
         assert f"moe_tp_size: {ranks}" in (recipe / "config" / settings).read_text()
-    print(f"NATIVE-TABLE {model_type} ranks={ranks} window={window} ok={parity['ok']} closest={parity.get('closest')} "
-          f"routing_ties={parity.get('routing_ties_taken')} decode_steps={parity.get('decode_steps_checked')} "
-          f"requests={sorted(requests.items())} compiles={list(compiled.values())}")
+    print(f"NATIVE-TABLE {model_type} {exe_mode} ranks={ranks} window={window} ok={parity['ok']} "
+          f"closest={parity.get('closest')} routing_ties={parity.get('routing_ties_taken')} "
+          f"decode_steps={parity.get('decode_steps_checked')} requests={sorted(requests.items())} "
+          f"compiles={list(compiled.values())}")
 
 
 # a recipe generated from one tiny checkpoint, run on another of its family (model_path alone changed)
