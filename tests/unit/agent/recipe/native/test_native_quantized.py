@@ -80,7 +80,7 @@ def test_the_file_threads_quant_config_through_every_linear_and_the_grouped_matm
     tree = ast.parse(render_native(ctx, derive(AutoConfig.for_model(model_type).to_dict())))
     built = [node for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
              and node.func.id in LINEARS]
-    assert len(built) >= 5, [ast.unparse(n.func) for n in built]
+    assert len(built) >= 4, [ast.unparse(n.func) for n in built]     # router, qkv, o, head at least
     without = [ast.unparse(node)[:80] for node in built if "quant_config" not in {k.arg for k in node.keywords}]
     assert without == []
     # each takes the config's quant_config (a local of that value, or the expression itself); the output head
