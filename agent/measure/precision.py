@@ -613,6 +613,23 @@ def against_logs(results: list[dict], logs: dict[int, dict[int, str]]) -> tuple[
     return missing, differing
 
 
+def quantized_weights(checkpoint: Path) -> str | None:
+    """What the reference ran for a quantized checkpoint (its quantization as agent.migrate.quantization reads it):
+    the same quantized weights as the recipe, through transformers' own quantizer; None for a float checkpoint."""
+    from agent.errors import InputError
+    from agent.migrate.quantization import scheme_of
+    from engine.safe_load import load_json
+
+    try:
+        config = load_json(Path(checkpoint) / "config.json")
+        scheme = scheme_of(config, Path(checkpoint)) if isinstance(config, dict) else None
+    except (OSError, ValueError, InputError):
+        return None
+    if scheme is None:
+        return None
+    return f"{scheme.label}, the checkpoint's quantized weights as transformers' own quantizer loads them"
+
+
 def verify_record(record_dir: Path, checkpoint: Path, dtype: str | None = None, overrides: dict | None = None,
                   trust_remote_code: bool = False, log_dir: Path | None = None,
                   tensor_parallel: int | None = None, expert_parallel: int | None = None) -> dict:
@@ -708,6 +725,9 @@ def verify_record(record_dir: Path, checkpoint: Path, dtype: str | None = None, 
     if expert_split:
         summary["expert_parallel_split"] = {"parts": experts, "blocks": expert_split[:8], "count": len(expert_split)}
     summary.update(nll)
+    quantized = quantized_weights(checkpoint)
+    if quantized:
+        summary["reference_weights"] = quantized
     missing, differing = against_logs(results, logged_texts(log_dir))
     if differing:
         problems.append(f"the text logged for {', '.join(differing[:3])} is not the text of the tokens its steps "

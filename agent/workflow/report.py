@@ -227,4 +227,5 @@ def parity_line(parity: dict) -> str:
     ties = (f"; {parity['routing_ties_taken']} MoE routing tie(s) resolved as the recipe's kernels resolved them"
             if parity.get("routing_ties_taken") else "")
     failed = f"; {parity.get('reason')}" if parity.get("ok") is False and parity.get("reason") else ""
-    return f"{verdict} ({method}: {counted}{where}{ties}{failed})"
+    weights = f"; reference: {parity['reference_weights']}" if parity.get("reference_weights") else ""
+    return f"{verdict} ({method}: {counted}{where}{ties}{weights}{failed})"

@@ -7,9 +7,8 @@ vendor and render in-process: tests/unit/agent/workflow/test_nodes.py::
 test_acquire_converts_a_checkpoint_the_npu_cannot_compute_and_render_documents_it, and the conversion itself in
 tests/unit/agent/migrate/test_convert.py): a standalone migration of the Qwen3-8B-FP8 form (the trial run and the
 precision check on the converted weights), the DeepSeek-V3 form (block-FP8, MLA + MoE, auto_map) into a copy of the upstream
-checkout under the stand-in, without its MTP layer (verdict ok) and with it (the native MLA model's load_weights
-has no MTP layer yet: IndexError on model.layers.{num_hidden_layers} — the generator rewrite skips MTP tensors
-by name; strict xfail so that this test says when it passes)."""
+checkout under the stand-in, without its MTP layer and with it (the native model skips the MTP layer's tensors
+by name), each verdict ok; the compressed-tensors W8A8 dense form run int8 natively (npu_quant_matmul)."""
 
 from __future__ import annotations
 
@@ -82,10 +81,36 @@ def test_deepseek_v3_form_without_mtp_migrates_natively_under_the_standin(tmp_pa
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="the native MLA model's load_weights has no MTP layer (model.layers."
-                                       "{num_hidden_layers}.*): the generator rewrite (issue 42) skips MTP tensors by name")
 def test_deepseek_v3_form_with_its_mtp_layer_migrates_under_the_standin(tmp_path):
+    """As published, with its MTP layer (model.layers.{num_hidden_layers}.*): the native model does not build it,
+    its tensors are skipped by name with one log line, the run's verdict is ok."""
     src, _ = forms.deepseek_v3_fp8(tmp_path / "DeepSeek-V3", shards=3)
-    _, proc = _standin_run(tmp_path, src, "deepseek_v3")
+    checkout, proc = _standin_run(tmp_path, src, "deepseek_v3")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert _summary(proc)["status"] == "ok"
+    summary = _summary(proc)
+    assert summary["status"] == "ok" and summary["precision"]["ok"] and summary["precision"]["checked"], summary
+    report = json.loads((checkout / "models/deepseek_v3/res/.migrator/migration_report.json").read_text())
+    assert report["native_model"]["native"]
+
+
+@pytest.mark.slow
+def test_a_compressed_tensors_w8a8_checkpoint_runs_int8_natively_under_the_standin(tmp_path):
+    """The compressed-tensors int8 W8A8 dense form (RedHatAI's / AMCT's Qwen3 W8A8), one command: not converted,
+    the native file's linears built by upstream's module.quantization from the checkpoint's quantization_config
+    (int8 weights, npu_dynamic_quant + npu_quant_matmul, the fused npu_dequant_swiglu_quant MLP), held per step
+    to transformers loading the same checkpoint (its compressed-tensors quantizer): ok. Default-suite cover of its
+    parts: tests/unit/agent/recipe/native/test_native_quantized.py."""
+    src, _ = forms.qwen3_w8a8(tmp_path / "Qwen3-8B-W8A8")
+    checkout, proc = _standin_run(tmp_path, src, "qwen3_w8a8")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = _summary(proc)
+    assert summary["status"] == "ok" and summary["precision"]["ok"] and summary["precision"]["checked"], summary
+    assert "does not thread quant_config" not in proc.stderr
+    report = json.loads((checkout / "models/qwen3_w8a8/res/.migrator/migration_report.json").read_text())
+    assert report["native_model"]["native"] and report["native_model"]["quant_config"]
+    assert report["model_dir"] == str(src) and not report.get("conversion")           # run as published
+    kernels = report["standin"]["reference_kernels"]
+    assert kernels["npu_quant_matmul"] > 0 and kernels["npu_dynamic_quant"] > 0, kernels
+    # per layer and step: qkv, o_proj, gate_up (int32 out) and down_proj; down_proj takes the fused op's int8
+    assert kernels["npu_quant_matmul"] == 4 * kernels["npu_dequant_swiglu_quant"], kernels
+    assert "npu_swiglu" not in kernels                       # the float MLP never ran

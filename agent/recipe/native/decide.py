@@ -35,7 +35,9 @@ class NativeDecision:
     def summary(self) -> dict:
         """What the report and README say."""
         if self.native:
-            return {"native": True, "selfcheck_max_rel": self.max_rel, "parts": dict(self.features.parts),
+            # quant_config: every linear and the MoE grouped matmul take the checkpoint's (module.quantization)
+            return {"native": True, "quant_config": True, "selfcheck_max_rel": self.max_rel,
+                    "parts": dict(self.features.parts),
                     "serves": [label for label, _ in self.features.checked_variants],
                     "fused": list(self.features.fused), "not_fused": list(self.features.unfused)}
         return {"native": False, "fell_back": self.kind, "reason": self.reason}

@@ -175,6 +175,36 @@ def checkpoint_tensors(reference, config) -> list:
     return list(tensors.items())
 
 
+def quantized_reference(checkpoint: str, dtype: str):
+    """(config, [transformers in float32, in `dtype`], the checkpoint's tensors as stored, the config the native
+    model is built on): transformers loading the quantized checkpoint with its own quantizer (compressed-tensors:
+    int8 weights dequantized, activations quantized per token as its scheme says), the native model given
+    `quant_config` as upstream's executor sets it (module.quantization.get_quant_config on the checkpoint's
+    quantization_config)."""
+    import glob
+
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from module.quantization import get_quant_config
+
+    config = AutoConfig.from_pretrained(checkpoint)
+    # executor.model_runner's _verify_quantization: the method named by the checkpoint's config
+    method = getattr(config, "quantization_config", None) or getattr(config, "compression_config", None) or {}
+    name = str(method.get("quant_method", "")).lower().replace("compressed_tensors", "compressed-tensors")
+    model_config = AutoConfig.from_pretrained(checkpoint)
+    model_config.quant_config = get_quant_config(model_config, name, checkpoint)
+    references = [Incremental(AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval(),
+                              len(PROMPT_LENGTHS))]
+    if dtype != "float32":
+        references.append(Incremental(AutoModelForCausalLM.from_pretrained(checkpoint, dtype=getattr(torch, dtype))
+                                      .eval(), len(PROMPT_LENGTHS)))
+    tensors = [item for path in sorted(glob.glob(os.path.join(checkpoint, "*.safetensors")))
+               for item in load_file(path).items()]
+    return config, references, tensors, model_config
+
+
 def check(job: dict) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
@@ -185,25 +215,31 @@ def check(job: dict) -> dict:
 
     dtype = job.get("dtype", "float32")
     torch.set_default_dtype(torch.float32)
-    config = shrunk_config(job["config"], job.get("changes"))
-    torch.manual_seed(job.get("seed", 0))
-    reference = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    randomise(reference, float(getattr(config, "initializer_range", 0.02) or 0.02))
-    references = [Incremental(reference, len(PROMPT_LENGTHS))]
-    if dtype != "float32":
-        rounded = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-        rounded.load_state_dict(reference.state_dict())
-        references.append(Incremental(rounded.to(getattr(torch, dtype)), len(PROMPT_LENGTHS)))
+    if job.get("checkpoint"):
+        # a quantized checkpoint as written: transformers' own loader of it is the reference
+        config, references, tensors, model_config = quantized_reference(job["checkpoint"], dtype)
+    else:
+        config = shrunk_config(job["config"], job.get("changes"))
+        torch.manual_seed(job.get("seed", 0))
+        reference = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+        randomise(reference, float(getattr(config, "initializer_range", 0.02) or 0.02))
+        references = [Incremental(reference, len(PROMPT_LENGTHS))]
+        if dtype != "float32":
+            rounded = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+            rounded.load_state_dict(reference.state_dict())
+            references.append(Incremental(rounded.to(getattr(torch, dtype)), len(PROMPT_LENGTHS)))
+        tensors, model_config = checkpoint_tensors(reference, config), shrunk_config(job["config"], job.get("changes"))
     module = _import(job["file"], f"native_selfcheck_{job.get('index', 0)}")
     model_class = getattr(module, job["class_name"])
     torch.set_default_dtype(getattr(torch, dtype))      # the executor builds the model in the run dtype
     try:
-        model = model_class(shrunk_config(job["config"], job.get("changes")), _infer_config(BLOCK_SIZE), _SingleRank(),
-                            "").eval()
+        model = model_class(model_config, _infer_config(BLOCK_SIZE), _SingleRank(), "").eval()
     finally:
         torch.set_default_dtype(torch.float32)
-    loaded = model.load_weights(checkpoint_tensors(reference, config))
-    missing = sorted(set(dict(model.named_parameters())) - set(loaded))
+    loaded = model.load_weights(tensors)
+    # module.quantization's parameters a checkpoint may omit (smoothing factors, ones) are no missing weight
+    missing = sorted(name for name in set(dict(model.named_parameters())) - set(loaded)
+                     if not name.endswith(getattr(module, "QUANT_DEFAULTS", ())))
     if missing:
         return {"ok": False, "max_rel": None, "reason": f"parameters no checkpoint tensor loaded: {missing[:4]}"}
     model.process_weights_after_loading()

@@ -73,13 +73,14 @@ class ModelAttention(nn.Module):
         else:
             self.scaling = self.head_dim ** -0.5
         tp_rank = comm_manager.get_rank("attn_tp_group") if self.attn_tp_size > 1 else 0
+        quant_config = getattr(config, "quant_config", None)
         setattr(self, QKV, QKVParallelLinear(
             hidden_size=config.hidden_size, head_size=self.head_dim, total_num_heads=self.num_heads,
             total_num_kv_heads=self.num_key_value_heads, bias=QKV_BIAS, tp_size=self.attn_tp_size,
-            tp_rank=tp_rank, prefix=f"{prefix}.{QKV}", return_bias=False))
+            tp_rank=tp_rank, quant_config=quant_config, prefix=f"{prefix}.{QKV}", return_bias=False))
         self.o_proj = RowParallelLinear(
             self.num_heads * self.head_dim, config.hidden_size, bias=O_BIAS, tp_size=self.attn_tp_size,
-            tp_rank=tp_rank, input_is_parallel=True, prefix=f"{prefix}.o_proj")
+            tp_rank=tp_rank, input_is_parallel=True, quant_config=quant_config, prefix=f"{prefix}.o_proj")
         if SINKS:
             # one learnable sink logit per head of this rank (fused attention's learnable_sink)
             self.sinks = nn.Parameter(torch.empty(self.num_heads_per_rank), requires_grad=False)

@@ -68,31 +68,44 @@ class ModelMlaAttention(nn.Module):
         self.q_head_dim = self.qk_nope_head_dim + self.qk_rope_head_dim
         self.softmax_scale = mla_softmax_scale(config)
         tp_rank = comm_manager.get_rank("attn_tp_group") if self.attn_tp_size > 1 else 0
+        quant_config = getattr(config, "quant_config", None)
         if Q_LORA:
             self.q_a_proj = ReplicatedLinear(config.hidden_size, config.q_lora_rank, bias=Q_A_BIAS,
-                                             prefix=f"{prefix}.q_a_proj")
+                                             quant_config=quant_config, prefix=f"{prefix}.q_a_proj")
             self.q_a_layernorm = ModelRMSNorm(config.q_lora_rank, eps=Q_NORM_EPS)
             self.q_b_proj = ColumnParallelLinear(config.q_lora_rank, self.num_heads * self.q_head_dim, bias=False,
-                                                 tp_size=self.attn_tp_size, tp_rank=tp_rank, prefix=f"{prefix}.q_b_proj")
+                                                 tp_size=self.attn_tp_size, tp_rank=tp_rank, quant_config=quant_config,
+                                                 prefix=f"{prefix}.q_b_proj")
         else:
             self.q_proj = ColumnParallelLinear(config.hidden_size, self.num_heads * self.q_head_dim, bias=False,
-                                               tp_size=self.attn_tp_size, tp_rank=tp_rank, prefix=f"{prefix}.q_proj")
+                                               tp_size=self.attn_tp_size, tp_rank=tp_rank, quant_config=quant_config,
+                                               prefix=f"{prefix}.q_proj")
         self.kv_a_proj_with_mqa = ReplicatedLinear(config.hidden_size, self.kv_lora_rank + self.qk_rope_head_dim,
-                                                   bias=KV_A_BIAS, prefix=f"{prefix}.kv_a_proj_with_mqa")
+                                                   bias=KV_A_BIAS, quant_config=quant_config,
+                                                   prefix=f"{prefix}.kv_a_proj_with_mqa")
         self.kv_a_layernorm = ModelRMSNorm(self.kv_lora_rank, eps=KV_NORM_EPS)
         # loaded by heads per rank, then split into the absorb weights (split_kv_b_weight) and dropped
         self.kv_b_proj = ColumnParallelLinear(self.kv_lora_rank, self.num_heads * (self.qk_nope_head_dim + self.v_head_dim),
                                               bias=False, tp_size=self.attn_tp_size, tp_rank=tp_rank,
-                                              prefix=f"{prefix}.kv_b_proj")
+                                              quant_config=quant_config, prefix=f"{prefix}.kv_b_proj")
         self.o_proj = RowParallelLinear(self.num_heads * self.v_head_dim, config.hidden_size, bias=MLA_O_BIAS,
                                         tp_size=self.attn_tp_size, tp_rank=tp_rank, input_is_parallel=True,
-                                        prefix=f"{prefix}.o_proj")
+                                        quant_config=quant_config, prefix=f"{prefix}.o_proj")
+        if self.kv_b_proj.weight.dtype == torch.int8:
+            # the absorb weights multiply in float (npu_transpose_batchmatmul); upstream's converters keep it so
+            raise ValueError(f"{prefix}.kv_b_proj is int8 in this checkpoint: MLA's absorb weights are float; "
+                             "quantize it with kv_b_proj in the quantization_config's ignore list, as upstream's "
+                             "deepseek converter does")
         if PROLOG:
             # custom_params.enable_mla_prolog (with NZ weights, upstream's condition): the decode step's
             # projections, norms, rope and cache writes in one npu_mla_prolog_v3
             custom_params = getattr(model_config, "custom_params", None) or {}
             self.enable_mla_prolog = bool(custom_params.get("enable_mla_prolog", False)
                                           and getattr(model_config, "enable_weight_nz", False))
+            if self.enable_mla_prolog and self.kv_a_proj_with_mqa.weight.dtype == torch.int8:
+                raise ValueError("custom_params.enable_mla_prolog with W8A8 weights: npu_mla_prolog_v3's quantized "
+                                 "form (dequant scales, weight_quant_mode) is not written for this model; set "
+                                 "enable_mla_prolog to False")
         self.nope_cache = torch.Tensor([])
         self.rope_cache = torch.Tensor([])
         cache_dtype = torch.get_default_dtype()
@@ -121,10 +134,14 @@ class ModelMlaAttention(nn.Module):
                 return torch.stack((rows[:, :half], rows[:, half:]), dim=2).reshape(rows.shape)
 
             with torch.no_grad():
-                q = (self.q_b_proj if Q_LORA else self.q_proj).weight.data
-                q_heads = q.view(self.num_heads_per_rank, self.q_head_dim, -1)
-                q_heads[:, self.qk_nope_head_dim:] = interleaved(q_heads[:, self.qk_nope_head_dim:].clone())
-                for param in (self.kv_a_proj_with_mqa.weight, self.kv_a_proj_with_mqa.bias):
+                q_proj = self.q_b_proj if Q_LORA else self.q_proj
+                # a W8A8 weight's per-row scales move with its rows
+                for param in (q_proj.weight, getattr(q_proj, "weight_scale", None)):
+                    if param is not None:
+                        q_heads = param.data.view(self.num_heads_per_rank, self.q_head_dim, -1)
+                        q_heads[:, self.qk_nope_head_dim:] = interleaved(q_heads[:, self.qk_nope_head_dim:].clone())
+                for param in (self.kv_a_proj_with_mqa.weight, self.kv_a_proj_with_mqa.bias,
+                              getattr(self.kv_a_proj_with_mqa, "weight_scale", None)):
                     if param is not None:
                         rope = param.data[self.kv_lora_rank:]
                         rope.copy_(interleaved(rope.clone().view(1, self.qk_rope_head_dim, -1)).view(rope.shape))

@@ -35,6 +35,9 @@ MOE = False                     # sparse-MoE layers: their experts over moe_tp_g
 CHECKPOINT_RENAMES = ()
 # (parameter, checkpoint module, shard id): checkpoint tensors stacked into one parallel linear
 STACKED_PARAMS = ()
+# parameters of module.quantization's W8A8 methods a checkpoint may omit: smoothing factors, all ones until a
+# smoothed checkpoint sets them
+QUANT_DEFAULTS = ("smooth_scales", "smooth_scale_1", "smooth_scale_2")
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +130,8 @@ class ModelForCausalLM(nn.Module):
                         comm_manager.get_rank("attn_tp_group"), self.attn_tp_size, len(split))
         self.lm_head = ColumnParallelLinear(
             input_size=config.hidden_size, output_size=config.vocab_size, bias=False, tp_size=self.lmhead_tp_size,
-            tp_rank=comm_manager.get_rank("lmhead_tp_group") if self.lmhead_tp_size > 1 else 0)
+            tp_rank=comm_manager.get_rank("lmhead_tp_group") if self.lmhead_tp_size > 1 else 0,
+            quant_config=None, prefix="lm_head")      # the output head stays float, as in upstream's models
 
     def forward(self, input_ids, position_ids=None, forward_metadata: ForwardMetaData = None, **kwargs):
         hidden_states = self.model(input_ids, position_ids, forward_metadata)
@@ -161,7 +165,10 @@ class ModelForCausalLM(nn.Module):
         """The checkpoint's tensors by name, after transformers' renames of this architecture; q/k/v and gate/up
         into their stacked parallel linears; a tied lm_head from the input embedding. A tensor this model does
         not build (an MTP layer past num_hidden_layers, a vision tower) is skipped and logged; a parameter no
-        tensor loads is an error that names it: never a silently random weight."""
+        tensor loads is an error that names it: never a silently random weight. A quantized checkpoint's tensors
+        (W8A8: int8 weights, their weight_scale) load into the parameters module.quantization built from its
+        quantization_config; a float tensor for an int8 parameter (a layer the checkpoint keeps float, which its
+        ignore list does not name) is an error."""
         params = dict(self.named_parameters())
         if MOE:
             # a module with a loader of its own (the sparse-MoE block) takes its tensors, named relative to it
@@ -186,8 +193,17 @@ class ModelForCausalLM(nn.Module):
             target = ".".join(parts)
             param = params.get(target)
             if param is None:
+                if name.endswith(".weight_zero_point") and not tensor.any():
+                    continue          # a symmetric scheme's zero points, all 0 (compressed-tensors writes them)
                 skipped.append(name)
                 continue
+            if param.dtype == torch.int8 and tensor.is_floating_point():
+                raise ValueError(f"{name} is {tensor.dtype} but the checkpoint's quantization_config makes {target} "
+                                 "int8: list the layer in its ignore list, or quantize its weight")
+            if param.is_floating_point() and not tensor.is_floating_point():
+                raise ValueError(f"{name} is {tensor.dtype} but {target} is {param.dtype}: the checkpoint's "
+                                 "quantization_config does not make this layer quantized (its ignore list names it, "
+                                 "or the config has none); dequantize the checkpoint, or fix its quantization_config")
             loader = getattr(param, "weight_loader", default_weight_loader)
             if shard is not None:
                 loader(param, tensor, shard)
@@ -202,7 +218,7 @@ class ModelForCausalLM(nn.Module):
         if skipped:
             logger.info("checkpoint tensors this model does not build, skipped: %s",
                         ", ".join(sorted({".".join(n.split(".")[:3]) + ".*" for n in skipped})))
-        missing = sorted(set(params) - loaded)
+        missing = sorted(name for name in set(params) - loaded if not name.endswith(QUANT_DEFAULTS))
         if missing:
             raise ValueError(f"the checkpoint has no tensor for {len(missing)} parameter(s) of this model "
                              f"({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''}): its weights and "
@@ -218,10 +234,23 @@ class ModelForCausalLM(nn.Module):
         else:
             is_nz = (getattr(self.infer_config.model_config, "enable_weight_nz", False)
                      and self.infer_config.model_config.exe_mode != "npugraph_ex")
-        for module in self.modules():
+        modules = dict(self.named_modules())
+        for name, module in modules.items():
             quant_method = getattr(module, "quant_method", None)
             if quant_method is not None:
-                quant_method.process_weights_after_loading(module, is_nz=is_nz)
+                owner, _, leaf = name.rpartition(".")
+                fused = leaf == "down_proj" and getattr(modules.get(owner), "w8a8", False)
+                quant_method.process_weights_after_loading(module, is_nz=is_nz,
+                                                           scales_dtype=scales_dtype(module, fused))
+
+
+def scales_dtype(module, fused_mlp_down):
+    """A W8A8 linear's scale dtypes after loading, as models/qwen sets them: weight_scale float32 (npu_quant_matmul's
+    per-channel scale beside the per-token one); smooth_scales float32 for the down projection of a fused W8A8 MLP
+    (npu_dequant_swiglu_quant's quant_scale), else the run dtype npu_dynamic_quant takes; {} for a layer without."""
+    if not hasattr(module, "weight_scale") or not hasattr(module, "smooth_scales"):
+        return {}
+    return {"scale_dtype": torch.float32, **({"smooth_scale_dtype": torch.float32} if fused_mlp_down else {})}
 
 
 def module_prefix(name, prefixes):

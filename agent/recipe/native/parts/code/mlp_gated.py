@@ -1,5 +1,6 @@
 """The gated MLP down(act(gate(x)) * up(x)), gate and up merged into one column-parallel linear."""
 
+import torch
 import torch.distributed as dist
 import torch_npu
 from torch import nn
@@ -18,23 +19,43 @@ class ModelMLP(nn.Module):
         self.attn_tp_size = infer_config.parallel_config.attn_tp_size
         self.comm_manager = comm_manager
         tp_rank = comm_manager.get_rank("attn_tp_group") if self.attn_tp_size > 1 else 0
+        quant_config = getattr(config, "quant_config", None)
         self.gate_up_proj = MergedColumnParallelLinear(
             input_size=config.hidden_size, output_sizes=[config.intermediate_size] * 2, bias=MLP_BIAS,
-            tp_size=self.attn_tp_size, tp_rank=tp_rank, prefix=f"{prefix}.gate_up_proj")
+            tp_size=self.attn_tp_size, tp_rank=tp_rank, quant_config=quant_config, prefix=f"{prefix}.gate_up_proj")
         self.down_proj = RowParallelLinear(
             input_size=config.intermediate_size, output_size=config.hidden_size, bias=MLP_BIAS,
-            tp_size=self.attn_tp_size, tp_rank=tp_rank, input_is_parallel=True, prefix=f"{prefix}.down_proj")
-        if not SWIGLU:
+            tp_size=self.attn_tp_size, tp_rank=tp_rank, input_is_parallel=True, quant_config=quant_config,
+            prefix=f"{prefix}.down_proj")
+        if SWIGLU:
+            # W8A8 int8 (both projections int8, models/qwen's _forward_w8a8int8): gate_up's int32 output is
+            # dequantized, swiglu'd and quantized per token for down_proj in one npu_dequant_swiglu_quant
+            # (the int32 output takes no float bias)
+            self.w8a8 = (quant_config is not None and quant_config.mm_quant_mode == "w8a8int8"
+                         and self.gate_up_proj.weight.dtype == torch.int8 and self.down_proj.weight.dtype == torch.int8
+                         and self.gate_up_proj.bias is None)
+        else:
             self.act_fn = ACT2FN[getattr(config, ACT)]
 
     def forward(self, hidden_states):
-        gate_up = self.gate_up_proj(hidden_states)
-        if SWIGLU:
-            out = self.down_proj(torch_npu.npu_swiglu(gate_up, dim=-1))
+        if SWIGLU and self.w8a8:
+            out = self._forward_w8a8int8(hidden_states)
         else:
-            # act(gate) * up in plain torch: npu_swiglu computes silu only
-            gate, up = gate_up.chunk(2, dim=-1)
-            out = self.down_proj(self.act_fn(gate) * up)
+            gate_up = self.gate_up_proj(hidden_states)
+            if SWIGLU:
+                out = self.down_proj(torch_npu.npu_swiglu(gate_up, dim=-1))
+            else:
+                # act(gate) * up in plain torch: npu_swiglu computes silu only
+                gate, up = gate_up.chunk(2, dim=-1)
+                out = self.down_proj(self.act_fn(gate) * up)
         if self.attn_tp_size > 1:
             dist.all_reduce(out, group=self.comm_manager.get_group("attn_tp_group"))
         return out
+
+    def _forward_w8a8int8(self, hidden_states):
+        gate_up, pertoken_scale = self.gate_up_proj(hidden_states, out_dtype=torch.int32)
+        intermediate, pertoken_scale = torch_npu.npu_dequant_swiglu_quant(
+            gate_up, weight_scale=self.gate_up_proj.weight_scale, activation_scale=pertoken_scale,
+            quant_scale=self.down_proj.smooth_scales, quant_mode=1,     # 1: dynamic, per token
+            activate_left=True)                                         # silu on the first half (the gate)
+        return self.down_proj(intermediate, pertoken_scale)

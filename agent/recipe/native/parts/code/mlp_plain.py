@@ -19,12 +19,14 @@ class ModelPlainMLP(nn.Module):
         self.attn_tp_size = infer_config.parallel_config.attn_tp_size
         self.comm_manager = comm_manager
         tp_rank = comm_manager.get_rank("attn_tp_group") if self.attn_tp_size > 1 else 0
+        quant_config = getattr(config, "quant_config", None)
         self.up_proj = ColumnParallelLinear(
             input_size=config.hidden_size, output_size=config.intermediate_size, bias=MLP_BIAS,
-            tp_size=self.attn_tp_size, tp_rank=tp_rank, prefix=f"{prefix}.up_proj")
+            tp_size=self.attn_tp_size, tp_rank=tp_rank, quant_config=quant_config, prefix=f"{prefix}.up_proj")
         self.down_proj = RowParallelLinear(
             input_size=config.intermediate_size, output_size=config.hidden_size, bias=MLP_BIAS,
-            tp_size=self.attn_tp_size, tp_rank=tp_rank, input_is_parallel=True, prefix=f"{prefix}.down_proj")
+            tp_size=self.attn_tp_size, tp_rank=tp_rank, input_is_parallel=True, quant_config=quant_config,
+            prefix=f"{prefix}.down_proj")
         self.act_fn = ACT2FN[getattr(config, ACT)]
 
     def forward(self, hidden_states):

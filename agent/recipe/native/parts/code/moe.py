@@ -186,10 +186,12 @@ class ModelSharedExperts(nn.Module):
 
     def __init__(self, config, width, tp_size, tp_rank, prefix=""):
         super().__init__()
+        quant_config = getattr(config, "quant_config", None)
         self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [width] * 2, bias=False, tp_size=tp_size,
-                                                       tp_rank=tp_rank, prefix=f"{prefix}.gate_up_proj")
+                                                       tp_rank=tp_rank, quant_config=quant_config,
+                                                       prefix=f"{prefix}.gate_up_proj")
         self.down_proj = RowParallelLinear(width, config.hidden_size, bias=False, tp_size=tp_size, tp_rank=tp_rank,
-                                           prefix=f"{prefix}.down_proj")
+                                           quant_config=quant_config, prefix=f"{prefix}.down_proj")
 
     def forward(self, x):
         return self.down_proj(torch_npu.npu_swiglu(self.gate_up_proj(x)))
@@ -215,8 +217,12 @@ class ModelSparseMoeBlock(nn.Module):
             self.routed_scaling_factor = config.routed_scaling_factor
         if GROUPS:
             self.n_group, self.topk_group = config.n_group, config.topk_group
+        # quant_config reaches the router and the grouped matmul as upstream's MoE models pass it (a checkpoint's
+        # ignore list keeps its router in float)
+        quant_config = getattr(config, "quant_config", None)
         router = ReplicatedLinear(self.hidden_size, self.num_experts, bias=ROUTER_BIAS,
-                                  params_dtype=torch.float32 if ROUTER_FP32 else None, prefix=f"{prefix}.{ROUTER}")
+                                  params_dtype=torch.float32 if ROUTER_FP32 else None, quant_config=quant_config,
+                                  prefix=f"{prefix}.{ROUTER}")
         if SELECTION_BIAS:
             # added to the scores for choosing experts only, never to the weights
             router.e_score_correction_bias = nn.Parameter(torch.empty(self.num_experts, dtype=torch.float32),
@@ -226,7 +232,8 @@ class ModelSparseMoeBlock(nn.Module):
             # this EP rank's experts alone (FusedMoEGMM's own EP filter covers moe_tp_size 1 only)
             self.experts = FusedMoEGMM(num_experts=layout.local_experts, hidden_size=self.hidden_size,
                                        intermediate_size=width, bias=False, tp_size=self.moe_tp_size, tp_rank=tp_rank,
-                                       params_dtype=torch.get_default_dtype(), prefix=f"{prefix}.experts")
+                                       params_dtype=torch.get_default_dtype(), quant_config=quant_config,
+                                       prefix=f"{prefix}.experts")
             # (param_name, checkpoint name, expert_id, shard_id): the checkpoint's per-expert tensors
             self.expert_params_mapping = FusedMoEGMM.make_expert_params_mapping(
                 ckpt_gate_proj_name=CKPT_EXPERT_NAMES[0], ckpt_down_proj_name=CKPT_EXPERT_NAMES[2],
@@ -243,7 +250,8 @@ class ModelSparseMoeBlock(nn.Module):
                     config, self.shared_width, self.moe_tp_size, tp_rank, prefix=f"{prefix}.{SHARED_NAME}"))
                 if SHARED == "gated":
                     setattr(self, SHARED_NAME + "_gate", ReplicatedLinear(
-                        self.hidden_size, 1, bias=False, prefix=f"{prefix}.{SHARED_NAME}_gate"))
+                        self.hidden_size, 1, bias=False, quant_config=quant_config,
+                        prefix=f"{prefix}.{SHARED_NAME}_gate"))
         self.enable_weight_nz = getattr(infer_config.model_config, "enable_weight_nz", False)
         if self.moe_ep_size > 1:
             self.mc2_kwargs = mc2_kwargs(comm_manager, layout, self.num_experts)
@@ -379,6 +387,8 @@ class ModelSparseMoeBlock(nn.Module):
         params = dict(self.named_parameters())
         loaded = set()
         for name, weight in weights:
+            if name.endswith(".weight_zero_point") and not weight.any():
+                continue          # a symmetric W8A8 scheme's zero points, all 0 (compressed-tensors writes them)
             if name.startswith("experts."):
                 if EXPERTS == "gmm":
                     for target, expert_id, shard_id, tensor in self._expert_tensors(name, weight):
@@ -421,8 +431,9 @@ class ModelSparseMoeBlock(nn.Module):
             if name.startswith(ckpt_name):
                 if not first <= expert_id < first + count:
                     return []
-                # FusedMoEGMM's loader narrows whatever it is given: a tensor of another width is refused here
-                if weight.shape[1 if shard_id == "w2" else 0] != self.expert_width:
+                # FusedMoEGMM's loader narrows whatever it is given: a weight of another width is refused here
+                # (a W8A8 weight_scale is [out, 1])
+                if name.endswith(".weight") and weight.shape[1 if shard_id == "w2" else 0] != self.expert_width:
                     raise ValueError(f"{name} {tuple(weight.shape)}: an expert of width {self.expert_width} "
                                      f"({WIDTH_KEY}) was expected; the checkpoint and its config disagree")
                 return [(name.replace(ckpt_name, param_name), expert_id - first, shard_id, weight)]
