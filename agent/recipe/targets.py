@@ -293,7 +293,7 @@ def readme_context(ctx: dict) -> dict:
     what was changed in it, and the sections only a run fills (agent.recipe.readme)."""
     import json
 
-    from agent.migrate.provenance import source_file
+    from agent.provenance import source_file
     from agent.recipe import readme
 
     try:
@@ -302,7 +302,7 @@ def readme_context(ctx: dict) -> dict:
         config = {}
     names = [n.strip() for n in str(ctx.get("modeling_codemods") or "").split(",") if n.strip() and n.strip() != "none"]
     edits = list(dict.fromkeys(CODEMOD_LABELS.get(n, n) for n in names))
-    from agent.migrate import provenance
+    from agent import provenance
 
     prov = provenance.of_vendored_model(str(ctx.get("modeling_module") or ""), ctx.get("transformers_version"),
                                         ctx.get("model_source"), ctx.get("model_path")) if ctx.get("modeling_module") else None

@@ -14,14 +14,14 @@ from pathlib import Path
 from langchain_core.runnables import RunnableConfig
 
 from agent.errors import EnvironmentProblem, InputError, MigratorError
-from agent.measure import baseline, memory, verify
+from agent.measure import baseline, memory, quant_cost, verify
 from agent.migrate.acquire import acquire
 from agent.migrate import convert, transformers_source
 from agent.migrate.checkpoint_check import check_checkpoint, check_output_outside
 from agent.migrate.quantization import is_w8a8
 from agent.run.trial_run import trial_run
 from agent.migrate.vendor import auto_map_served_natively, locate_source, read_config, vendor_source
-from agent.recipe import folder_lock
+from agent import folder_lock
 from agent.recipe.fs_guard import user_tree
 from agent.recipe.chat_template import check_chat_template
 from agent.recipe.recipe import Recipe, RunPlan
@@ -126,7 +126,10 @@ def node_acquire(state: MigrationState) -> MigrationState:
 
         if downloaded:
             quantize.plan(Path(got.model_dir))      # a hub checkpoint it cannot convert: refused before any write
-        extra["quantization"] = quantize.for_migration(state["quantize"], Path(got.model_dir), recipe_dir, output_dir)
+        written = quantize.for_migration(state["quantize"], Path(got.model_dir), recipe_dir, output_dir)
+        cost = quant_cost.of_written(written)
+        print(f"[migrator] cost of quantizing: {quant_cost.line(cost)}", file=sys.stderr, flush=True)
+        extra["quantization"] = {**written, "cost": cost}
         model_dir = Path(extra["quantization"]["checkpoint"])     # the migration runs the checkpoint written
     else:
         # a format the NPU cannot compute (fp8, mxfp4, awq, gptq, ...): converted to bf16 in the recipe's state

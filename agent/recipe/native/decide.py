@@ -134,7 +134,7 @@ def type_note(model_type: str) -> str:
 def decide(ctx: dict, config: dict, checkout: Path | None) -> NativeDecision:
     """Native or not for the architecture of `config` (a checkpoint's config.json), once per
     configuration and generator in this process."""
-    from agent.migrate.provenance import REMOTE_PACKAGE
+    from agent.provenance import REMOTE_PACKAGE
 
     key = hashlib.sha256(json.dumps([config, ctx.get("model_name"), ctx.get("framework_class"), str(checkout),
                                      _generator_hash()], sort_keys=True, default=str).encode()).hexdigest()

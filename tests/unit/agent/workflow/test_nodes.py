@@ -18,7 +18,7 @@ def test_acquire_converts_a_checkpoint_the_npu_cannot_compute_and_render_documen
     import json
 
     import quantized_checkpoints as forms
-    from agent.recipe import folder_lock
+    from agent import folder_lock
     from agent.workflow.nodes import node_acquire, node_render, node_vendor
 
     src, _ = forms.qwen3_fp8(tmp_path / "Qwen3-8B-FP8")
@@ -43,7 +43,7 @@ def test_the_auto_map_note_reaches_the_vendored_record_when_the_run_checkpoint_d
     import json
 
     import quantized_checkpoints as forms
-    from agent.recipe import folder_lock
+    from agent import folder_lock
     from agent.workflow.nodes import node_acquire, node_vendor
 
     src, _ = forms.deepseek_v3_fp8(tmp_path / "DeepSeek-V3")
