@@ -9,6 +9,7 @@ first fills it, the second reads it). Prints one line per run.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import tempfile
@@ -18,7 +19,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def main(types: list[str]) -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model_types", nargs="*", default=["llama"], metavar="MODEL_TYPE",
+                        help="transformers model types to time (default: llama)")
+    types = parser.parse_args(argv).model_types
     from engine.environment import import_torch
 
     import_torch()
@@ -27,8 +32,13 @@ def main(types: list[str]) -> int:
 
     with tempfile.TemporaryDirectory(prefix="bench_vendor_") as tmp:
         os.environ["XDG_CACHE_HOME"] = str(Path(tmp) / "cache")   # a cache of its own: cold means cold
-        for model_type in types or ["llama"]:
-            ckpt = build_tiny_checkpoint(model_type, Path(tmp) / model_type)
+        for model_type in types:
+            try:
+                ckpt = build_tiny_checkpoint(model_type, Path(tmp) / model_type)
+            except ValueError as exc:
+                print(f"bench_vendor: cannot build a tiny {model_type!r} checkpoint: {str(exc).splitlines()[0][:160]}"
+                      " — name a decoder model type transformers knows (e.g. llama, qwen3_moe)", file=sys.stderr)
+                return 2
             config = read_config(ckpt)
             for i, label in enumerate(("cache off", "cache fill", "cache hit")):
                 if i == 0:
@@ -42,4 +52,4 @@ def main(types: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

@@ -31,6 +31,18 @@ def _texts(log: Path) -> list[str]:
     return re.findall(r"Request 0: outputs: (.*)", log.read_text(errors="replace"))
 
 
+def _why(outputs: list[str], res: Path) -> str:
+    """A failed run's account, its cause last (a report keeps a message's end): each host's output tail,
+    then every line of the hosts' outputs and the ranks' logs that names an error, without the launcher's
+    own traceback."""
+    logs = [path.read_text(errors="replace") for path in sorted(res.glob("node*/log_*.log"))]
+    errors = [f"host{i}: {line.strip()}" for i, text in enumerate(outputs + logs) for line in text.splitlines()
+              if re.search(r"Error|error:|Exception|refused|Timeout|timed out", line)
+              and "elastic" not in line and "ChildFailedError" not in line]
+    return "".join(f"--- host{i} ---\n{text[-1500:]}\n" for i, text in enumerate(outputs)) + \
+        "--- error lines ---\n" + "\n".join(dict.fromkeys(errors))
+
+
 def _recipe_env(yaml_file: Path, res: Path, node_rank: int, master: str, **extra) -> dict:
     return {**os.environ, "NNODES": "2", "NODE_RANK": str(node_rank), "MASTER_ADDR": master,
             "MASTER_PORT": MASTER_PORT, "YAML_FILE": f"config/{yaml_file.name}", "PYTHON": sys.executable,
@@ -59,7 +71,7 @@ def test_a_recipes_infer_sh_runs_one_rank_per_host_with_the_one_host_text(workin
     assert unreachable.stderr.strip().splitlines() == [
         "engine.launch: error: MASTER_ADDR='192.0.2.7': no route from this host (Network is unreachable): "
         "set MASTER_ADDR to node 0's address, reachable from every machine"]
-    assert not timed_out and [n.returncode for n in nodes] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    assert not timed_out and [n.returncode for n in nodes] == [0, 0], _why(outputs, tmp_path)
     for rank, host in enumerate(hosts):
         assert (f"engine.launch: toward MASTER_ADDR={master}: interface {host.interface} ({host.address}); "
                 f"set GLOO_SOCKET_IFNAME={host.interface}") in outputs[rank]
@@ -185,7 +197,7 @@ def test_a_framework_recipe_runs_across_two_servers_through_upstreams_launcher(f
                        root / f"server_{world_size}_{i}.out", cwd=servers[i], env={**os.environ, "OMP_NUM_THREADS": "1"})
                  for i, host in enumerate(hosts)]
         outputs, timed_out = finish(nodes, 1500)
-    assert not timed_out and [n.returncode for n in nodes] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    assert not timed_out and [n.returncode for n in nodes] == [0, 0], _why(outputs, tmp_path)
     for i, host in enumerate(hosts):
         logs = upstream.rank_logs(servers[i], "hosts_llama", yaml_name)
         assert [log.name for log in logs] == [f"log_{r}.log" for r in range(per_server)]
