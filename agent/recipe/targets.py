@@ -197,21 +197,6 @@ def framework_layout(layout: Mapping[str, str], ctx: dict) -> Mapping[str, str]:
     return {**NATIVE_MODEL, **{t: p for t, p in layout.items() if t not in FRAMEWORK_MODEL}}
 
 
-def native_decision(ctx: dict):
-    """agent.recipe.native's decision for this recipe (None: not a framework render of a checkpoint)."""
-    from agent.recipe.native.decide import decide
-
-    try:
-        config = load_json(Path(ctx.get("model_path", "")) / "config.json")
-    except (OSError, ValueError):
-        return None
-    if not isinstance(config, dict):
-        return None
-    recipe_dir = ctx.get("recipe_dir")
-    checkout = checkout_root(Path(recipe_dir)) if recipe_dir else None
-    return decide(ctx, config, checkout)
-
-
 def hub_link(source: str) -> str:
     """A link to where the checkpoint came from; never a path of this machine."""
     source = str(source or "")
@@ -247,26 +232,30 @@ def parameter_count(model_path: str) -> str:
     return f"{total / 1e9:.1f}B" if total >= 1e8 else f"{total / 1e6:.2f}M"
 
 
+def framework_names(ctx: dict) -> dict:
+    """The framework model's class and the name its README and file header give the architecture."""
+    name = ctx["model_name"]
+    return {"framework_class": framework_class_name(name),
+            "display_name": str(ctx.get("architecture") or name).removesuffix("ForCausalLM") or name}
+
+
 def framework_context(ctx: dict, native: bool = True) -> dict:
-    """What the framework (and legacy) templates add: one YAML per topology, in its exe_mode; `native`:
-    agent.recipe.native's decision and the native model's context (a framework model, not legacy's runner)."""
+    """What the framework (and legacy) templates add: one YAML per topology, in its exe_mode; `native`: the
+    native-or-adapter decision the workflow recorded (ctx's `native_decision`, its summary, and `native_source`,
+    the file its self-check ran; agent.workflow.nodes.node_decide_native) — a framework model, not legacy's
+    runner. Nothing is decided here: a context without a decision renders the adapter."""
     name = ctx["model_name"]
     world_size = int(ctx.get("world_size") or 1)
     mode = ctx["settings"].get("exe_mode") or ctx["settings"].get("model_config", {}).get("exe_mode")
     files = [(framework_yaml_name(name, 1), f"单卡，{mode}")]
     if world_size > 1:
         files.append((framework_yaml_name(name, world_size), f"{world_size} 卡张量并行，{mode}"))
-    names = {"framework_class": framework_class_name(name),
-             "display_name": str(ctx.get("architecture") or name).removesuffix("ForCausalLM") or name}
-    extra = {"exe_mode": mode, "native_model": False, "native_decision": None}
-    if native:
-        decision = native_decision({**ctx, **names})
-        if decision is not None:
-            extra["native_decision"] = decision.summary()
-            if decision.native:
-                from agent.recipe.native.decide import native_context
-
-                extra.update(native_model=True, **native_context({**ctx, **names}, decision.features))
+    names = framework_names(ctx)
+    decision = ctx.get("native_decision") if native else None
+    source = ctx.get("native_source") if native else None
+    extra = {"exe_mode": mode, "native_decision": decision,
+             "native_model": bool(decision and decision.get("native") and source),
+             "native_source": source}
     return {**extra, **names,
             "family_label": FAMILY_LABELS.get(ctx["family"].name, ctx["family"].name),
             "hub_link": hub_link(ctx.get("model_source", "")),

@@ -27,8 +27,8 @@ from agent.recipe.chat_template import check_chat_template
 from agent.recipe.recipe import Recipe, RunPlan
 from agent.recipe.registry import register, registered_names, unregister
 from agent.recipe.render import normalise_model_name, render_recipe, template_context
-from agent.recipe.targets import (REGISTRY, TARGETS, checkout_root, default_target, framework_registry_entry,
-                                  state_dir, state_parts)
+from agent.recipe.targets import (REGISTRY, TARGETS, checkout_root, default_target, framework_names,
+                                  framework_registry_entry, state_dir, state_parts)
 from agent.recipe.routing import route
 from agent.recipe.spec import RecipeSpec
 from agent.run import plan as run_plan
@@ -211,6 +211,45 @@ def node_vendor(state: MigrationState) -> MigrationState:
             "vendored": vendored}
 
 
+def recipe_spec(state: MigrationState, config: RunnableConfig) -> RecipeSpec:
+    """The new recipe's spec (agent.recipe.spec): what render writes and what the native decision is made for."""
+    model_dir = Path(state["model_dir"])
+    return RecipeSpec.for_checkpoint(
+        model_name=state["model_name"], model_dir=model_dir, model_source=state["model_source"],
+        architecture=state["architecture"], family=state["family"], vendored=state["vendored"],
+        config=read_config(model_dir), device=run_options(config)["device"], dtype=state.get("dtype"),
+        max_new_tokens=state.get("max_new_tokens"), world_size=state.get("world_size"))
+
+
+def native_decision(state: MigrationState, config: RunnableConfig) -> MigrationState:
+    """Native or adapter for a target whose model file is chosen per recipe (the framework row), decided once
+    per migration (agent.recipe.native.decide): the architecture's parts, the native file written from them and
+    held to transformers in a stand-in subprocess; any step that fails keeps the adapter, with the layer kind
+    and the reason. The state records the summary (`native_model`: the report's and README's) and the file
+    its self-check ran (`native_source`), which render writes as it is."""
+    from agent.recipe.native.decide import decide
+
+    if not TARGETS[state["recipe_target"]].writes_native_models:
+        return {}
+    recipe_dir = Path(state["recipe_dir"])
+    try:
+        model_config = load_json(Path(state["model_dir"]) / "config.json")
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(model_config, dict):
+        return {}
+    spec_context = recipe_spec(state, config).context()
+    ctx = {**spec_context, **framework_names(spec_context), "recipe_dir": str(recipe_dir)}
+    decision = decide(ctx, model_config, checkout_root(recipe_dir))
+    return {"native_model": decision.summary(), **({"native_source": decision.source} if decision.source else {})}
+
+
+@removes_half_built_recipe
+def node_decide_native(state: MigrationState, config: RunnableConfig) -> MigrationState:
+    """The native-or-adapter decision, in its own step between vendor and render (see native_decision)."""
+    return native_decision(state, config)
+
+
 RENDERED = "rendered.json"      # in a published recipe's state folder: the render node's result and its run
 
 
@@ -240,27 +279,26 @@ def node_render(state: MigrationState, config: RunnableConfig) -> MigrationState
     recipe_dir, model_dir = Path(state["recipe_dir"]), Path(state["model_dir"])
     restore_run_checkpoints(recipe_dir)         # a publish killed half way gave them to the staging folder
     thread = config.get("configurable", {}).get("thread_id") or ""
-    spec = RecipeSpec.for_checkpoint(
-        model_name=state["model_name"], model_dir=model_dir, model_source=state["model_source"],
-        architecture=state["architecture"], family=state["family"], vendored=state["vendored"],
-        config=read_config(model_dir), device=run_options(config)["device"], dtype=state.get("dtype"),
-        max_new_tokens=state.get("max_new_tokens"), world_size=state.get("world_size"))
+    spec = recipe_spec(state, config)
     target = TARGETS[state["recipe_target"]]
+    # the decision decide_native recorded (a store of an earlier release, resumed here, has none: made now, once)
+    recorded = state if "native_model" in state or not target.writes_native_models else native_decision(state, config)
+    native = {"native_decision": recorded.get("native_model"), "native_source": recorded.get("native_source")}
     done = _rendered_by(recipe_dir, thread)
     if done is None:
         staging = staging_dir(recipe_dir)
         if not (staging / "models").is_dir():
             raise InputError(f"{recipe_dir}: the vendored files of this interrupted migration are gone ({staging}); "
                              "run the same command without --resume to start again")
-        written = render_recipe(recipe_dir, spec.context(), spec.family_spec(), target, write_to=staging)
+        written = render_recipe(recipe_dir, {**spec.context(), **native}, spec.family_spec(), target, write_to=staging)
         if state.get("conversion"):
             memory.add_readme_section(staging, CONVERSION_HEADING, conversion_readme(state["conversion"]))
         done = {"rendered": [str(p.relative_to(staging)) for p in written], "registry_entry": None}
         if target.registers:
-            ctx = template_context(dict(spec.context(), recipe_dir=str(recipe_dir)), spec.family_spec(), target)
+            ctx = template_context(dict(spec.context(), recipe_dir=str(recipe_dir), **native), spec.family_spec(), target)
             done["registry_entry"] = [list(pair) for pair in framework_registry_entry(ctx)]
-            if ctx.get("native_decision"):
-                done["native_model"] = ctx["native_decision"]
+            if native["native_decision"]:
+                done["native_model"] = native["native_decision"]
         marker = staging.joinpath(*state_parts(recipe_dir), RENDERED)
         user_tree(staging, "the staging folder").write_text(marker, json.dumps({"thread": thread, **done}) + "\n")
         publish(staging, recipe_dir)
@@ -279,7 +317,8 @@ def node_render(state: MigrationState, config: RunnableConfig) -> MigrationState
             # the int8 weights load as floats and the precision check fails at the first layer
             print("[migrator] the framework model does not thread quant_config yet: the W8A8 checkpoint's int8 "
                   "weights load as floats (the precision check will say where it diverges)", file=sys.stderr)
-    return {**done, "run_plan": plan_run(Recipe.at(recipe_dir), state)}
+    update = {key: recorded[key] for key in ("native_model", "native_source") if recorded is not state and key in recorded}
+    return {**done, **update, "run_plan": plan_run(Recipe.at(recipe_dir), state)}
 
 
 def _rendered_by(recipe_dir: Path, thread: str) -> dict | None:

@@ -59,7 +59,9 @@ class MigrationState(TypedDict, total=False):
     vendored: Vendored
     transformers: dict          # agent.workflow.nodes.transformers_plan: version, source_root, origin, python
     rendered: list[str]
-    native_model: dict          # framework target: agent.recipe.native's decision (native, or which kind fell back and why)
+    native_model: dict          # framework target: the decide_native step's decision, as the report and README say it
+                                # (NativeDecision.summary: native, or which kind fell back and why)
+    native_source: str          # ... and when native, the file its self-check ran: what render writes
     run_plan: dict              # agent.recipe.recipe.RunPlan.as_dict(): what every trial run, check and record reads
     # Nodes return only their new items: LangGraph appends runs and merges rounds.
     runs: Annotated[list[Run], operator.add]          # every trial run, in order
