@@ -23,12 +23,11 @@ from agent.run.trial_run import trial_run
 from agent.migrate.vendor import auto_map_served_natively, locate_source, read_config, vendor_source
 from agent import folder_lock
 from agent.recipe.fs_guard import user_tree
-from agent.recipe.chat_template import check_chat_template
 from agent.recipe.recipe import Recipe, RunPlan
 from agent.recipe.registry import register, registered_names, unregister
 from agent.recipe.render import normalise_model_name, render_recipe, template_context
-from agent.recipe.targets import (REGISTRY, TARGETS, checkout_root, default_target, framework_names,
-                                  framework_registry_entry, state_dir, state_parts)
+from agent.recipe.targets import (REGISTRY, TARGETS, checkout_root, default_target, framework_names, state_dir,
+                                  state_parts)
 from agent.recipe.routing import route
 from agent.recipe.spec import RecipeSpec
 from agent.run import plan as run_plan
@@ -37,7 +36,7 @@ from agent.repair.fix import repair
 from agent.repair.rules.rule import RepairContext
 from agent.workflow.inputs import host_environment
 from agent.workflow.report import write_report
-from agent.workflow.state import MigrationState, last_run, run_options
+from agent.workflow.state import MigrationState, last_run, run_options, standin_run
 from agent.workflow.store import drop_staging, held_run_checkpoints, publish, restore_run_checkpoints, staging_dir
 from engine import defaults
 from engine.safe_load import load_json
@@ -70,10 +69,9 @@ def node_classify(state: MigrationState, config: RunnableConfig) -> MigrationSta
 def plan_run(recipe: Recipe, state: MigrationState) -> dict:
     """The run plan (agent.recipe.recipe.RunPlan) every trial run, the baseline, the precision check and
     the memory estimate of this migration read, decided once (agent.run.plan): the --standin plan the
-    CLI made, else the recipe's YAML for --world-size (None: its own) on the checkpoint migrated from."""
-    standin = state.get("upstream_standin")
-    if standin:
-        return RunPlan.from_dict(standin).as_dict()
+    input step made, else the recipe's YAML for --world-size (None: its own) on the checkpoint migrated from."""
+    if standin_run(state):
+        return RunPlan.from_dict(state["run_plan"]).as_dict()
     return run_plan.plan_run(recipe, state.get("world_size"), weights=state.get("model_dir")).as_dict()
 
 
@@ -111,12 +109,12 @@ def node_acquire(state: MigrationState) -> MigrationState:
                          "re-baseline it, or choose another --name / --output-dir")
     # the input step chose and checked it; a state built without it (a store of an earlier release): the default
     recipe_target = state.get("recipe_target") or default_target(output_dir)
-    if TARGETS[recipe_target].registers:
+    if TARGETS[recipe_target].registry_entry is not None:
         registry = checkout_root(output_dir) / REGISTRY
         if name in registered_names(registry):
             raise InputError(f"{registry} registers {name!r} already; choose another --name")
     plan = transformers_plan(state, output_dir, recipe_target)
-    check_chat_template(Path(got.model_dir), TARGETS[recipe_target])   # a base model upstream's scheduler cannot take
+    TARGETS[recipe_target].check_checkpoint(Path(got.model_dir))   # e.g. a base model upstream's scheduler cannot take
     if plan["origin"]:
         print(f"[migrator] vendoring from {plan['origin']} (the checkout's; {transformers_source.installed_version()} "
               f"is installed); trial runs and parity with {plan['python']}", file=sys.stderr)
@@ -294,16 +292,16 @@ def node_render(state: MigrationState, config: RunnableConfig) -> MigrationState
         if state.get("conversion"):
             memory.add_readme_section(staging, CONVERSION_HEADING, conversion_readme(state["conversion"]))
         done = {"rendered": [str(p.relative_to(staging)) for p in written], "registry_entry": None}
-        if target.registers:
+        if target.registry_entry is not None:
             ctx = template_context(dict(spec.context(), recipe_dir=str(recipe_dir), **native), spec.family_spec(), target)
-            done["registry_entry"] = [list(pair) for pair in framework_registry_entry(ctx)]
+            done["registry_entry"] = [list(pair) for pair in target.registry_entry(ctx)]
             if native["native_decision"]:
                 done["native_model"] = native["native_decision"]
         marker = staging.joinpath(*state_parts(recipe_dir), RENDERED)
         user_tree(staging, "the staging folder").write_text(marker, json.dumps({"thread": thread, **done}) + "\n")
         publish(staging, recipe_dir)
     entry = done.pop("registry_entry")
-    if target.registers:
+    if target.registry_entry is not None:
         # the one change outside the recipe: its line in the checkout's registry (backed up, undone by rollback)
         edit = register(checkout_root(recipe_dir), spec.model_name, [tuple(pair) for pair in entry],
                         state_dir(recipe_dir))
@@ -410,9 +408,9 @@ def node_collect_baseline(state: MigrationState) -> MigrationState:
             raise fault from None
         raise MigratorError(f"baseline collection failed: {baseline.error_line(exc)}") from None
     # A stand-in baseline never replaces an NPU one: named from what it records (npu_standin.honest).
-    name = honest.baseline_file_name(collected, standin=bool(state.get("upstream_standin")))
+    name = honest.baseline_file_name(collected, standin=standin_run(state))
     # upstream's own recipe checked under the stand-in: only under its ignored res/ (our state folder)
-    folder = state_dir(recipe.path) / "baseline" if state.get("upstream_standin") else recipe.baseline_dir()
+    folder = state_dir(recipe.path) / "baseline" if standin_run(state) else recipe.baseline_dir()
     return {"baseline_path": str(folder / name), "baseline": collected}
 
 
@@ -429,7 +427,7 @@ def node_verify(state: MigrationState) -> MigrationState:
     recipe_dir = Path(state["recipe_dir"])
     # inside a checkout the previous baseline goes to our ignored state folder; the README of a recipe
     # this tool wrote (never upstream's own) gets its product and performance sections from the baseline
-    ours = not state.get("upstream_standin") and bool(state.get("vendored") or recipe.report().get("vendored"))
+    ours = not standin_run(state) and bool(state.get("vendored") or recipe.report().get("vendored"))
     baseline.write_baseline(baseline_path, checked,
                             previous_dir=state_dir(recipe_dir) if checkout_root(recipe_dir) else None,
                             recipe_dir=recipe_dir if ours else None)
