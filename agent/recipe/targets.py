@@ -21,7 +21,7 @@ from engine.config import KEYS, Key, rendered_settings
 from engine.safe_load import load_json, loads_json
 from agent.recipe.chat_template import require_chat_template
 from agent.recipe.templating import DENSE_MOE_TP_NOTE, yaml_comments  # noqa: F401 - the YAMLs' comments
-from agent.recipe.upstream_schema import check as old_schema_keys
+from agent.recipe import upstream_schema
 
 # The shared entry point of a cann-recipes-infer checkout, and the file that marks a checkout.
 ENTRY = Path("executor") / "scripts" / "infer.sh"
@@ -532,7 +532,7 @@ TARGETS: dict[str, Target] = {
         scale_yaml=framework_tensor_parallel_yaml, scaled_how=lambda n: f"{n}-way tensor parallel",
         launch_hint=lambda folder, yaml: f"bash {ENTRY.as_posix()} --model {folder} --yaml {yaml}",
         schema=SECTIONS_SCHEMA, model_path_placeholder=MODEL_PATH_PLACEHOLDER, log_style="executor",
-        standin_runnable=True, ignored_yaml_keys=old_schema_keys, model_name_sources=("folder",),
+        standin_runnable=True, ignored_yaml_keys=upstream_schema.check, model_name_sources=("folder",),
         model_type_sources=("registry", "configuration_files")),
 }
 
