@@ -89,32 +89,24 @@ def test_the_decision_is_made_once_and_render_writes_the_file_its_self_check_ran
     assert "[migrator] framework model: native (upstream's layers and fused kernels)" in capfd.readouterr().err
 
 
-def test_a_self_check_failure_keeps_the_adapter_with_its_reason(checkout, tiny_llama, counted, capfd):
-    """The fault: the self-check answers a mismatch. The adapter is rendered, once decided, and the README, the
-    recorded decision and the progress line name the kind and the reason."""
-    counted["selfcheck"] = _forced_failure("logits differ by 3.1e-01 at step 2 (forced)")
-    recipe = _migrate(checkout, "failed_llama", tiny_llama)
-    assert counted["decide"] == 1, counted
-    assert (recipe / "models" / "modeling_failed_llama_framework.py").is_file()
-    reason = "the checkpoint's config: logits differ by 3.1e-01 at step 2 (forced)"
-    assert _recorded(recipe)["native_model"] == {"native": False, "fell_back": "self-check", "reason": reason}
-    assert f"未生成原生模型：self-check（{reason}）" in (recipe / "README.md").read_text()
-    assert f"[migrator] framework model: adapter (self-check fell back: {reason})" in capfd.readouterr().err
-
-
-def test_render_writes_the_recorded_decision_and_decides_nothing(checkout, tiny_llama, counted, monkeypatch):
-    """Stopped after decide_native (its decision: a forced fall-back), then resumed with every decision refused:
-    render writes what the state recorded — the adapter and that reason — and decides nothing itself."""
+def test_a_self_check_failure_is_recorded_and_render_writes_the_adapter_with_its_reason(checkout, tiny_llama, counted,
+                                                                                       monkeypatch, capfd):
+    """The fault: the self-check answers a mismatch. The run stopped after decide_native (one decision, recorded),
+    then resumed with every decision refused: render writes what the state recorded — the adapter — and the
+    README, the recorded decision and the progress line name the kind and the reason."""
     from agent.recipe.native import decide
 
-    counted["selfcheck"] = _forced_failure("recorded reason")
-    recipe = _migrate(checkout, "recorded_llama", tiny_llama, stop_after="decide_native")
+    counted["selfcheck"] = _forced_failure("logits differ by 3.1e-01 at step 2 (forced)")
+    recipe = _migrate(checkout, "failed_llama", tiny_llama, stop_after="decide_native")
     assert counted["decide"] == 1 and not (recipe / "README.md").exists()
 
     def refused(*args, **kw):
         raise AssertionError("render decided again")
 
     monkeypatch.setattr(decide, "decide", refused)
-    _migrate(checkout, "recorded_llama", tiny_llama, resume=True)
-    assert (recipe / "models" / "modeling_recorded_llama_framework.py").is_file()
-    assert "未生成原生模型：self-check（the checkpoint's config: recorded reason）" in (recipe / "README.md").read_text()
+    _migrate(checkout, "failed_llama", tiny_llama, resume=True)
+    assert (recipe / "models" / "modeling_failed_llama_framework.py").is_file()
+    reason = "the checkpoint's config: logits differ by 3.1e-01 at step 2 (forced)"
+    assert _recorded(recipe)["native_model"] == {"native": False, "fell_back": "self-check", "reason": reason}
+    assert f"未生成原生模型：self-check（{reason}）" in (recipe / "README.md").read_text()
+    assert f"[migrator] framework model: adapter (self-check fell back: {reason})" in capfd.readouterr().err
