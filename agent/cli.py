@@ -332,7 +332,7 @@ def cmd_classify(args) -> int:
         raise errors.InputError(f"{args.path}: no such file or directory")
     found = Recipe.at(path.resolve())
     state, options = inputs.validate_recipe(found, args)  # refusal: the line run and baseline give
-    from agent.recipe import folder_lock
+    from agent import folder_lock
 
     # a recipe is classified by running it, which writes its run folder: never beside another writer
     with folder_lock.holding(found.path, "classify it") if found.is_recipe else contextlib.nullcontext():
@@ -412,7 +412,7 @@ def cmd_rollback(args) -> int:
     recipe = Path(args.recipe)
     if not recipe.is_dir():
         raise errors.InputError(f"{args.recipe}: no such recipe directory")
-    from agent.recipe import folder_lock
+    from agent import folder_lock
 
     with folder_lock.holding(recipe, "roll it back"):     # never while a run or baseline writes the recipe
         return _rollback(args, recipe)

@@ -20,7 +20,7 @@ run as one process tree it owns (psutil).
 - The tree's pids are written to a file while it runs, with the pid namespace they are seen in: a
   migrator killed with SIGKILL cannot stop its tree, so the next run of the same recipe stops what is
   left (`stop_leftovers`) — only from that same pid namespace, and only while it holds the recipe's
-  folder lock (agent.recipe.folder_lock), which the tree's owner held until it died.
+  folder lock (agent.folder_lock), which the tree's owner held until it died.
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def run_tree(command: list[str], *, cwd: Path, env: dict, stdout, timeout: float
     recipe it lies in)."""
     if pids_file is not None and pids_root is None:
         raise TypeError("run_tree: a pids_file needs its pids_root (the recipe it is written in)")
-    from agent.recipe import folder_lock
+    from agent import folder_lock
 
     become_subreaper()
     remove_orphaned_temp()
@@ -376,7 +376,7 @@ def stop_leftovers(pids_file: Path, root: Path) -> int:
     they are left alone. Taken under the folder lock of `root` (the recipe the pids file lies in), which the
     tree's owner held for the tree's life (run_tree): free means the owner is gone, whatever namespace it
     ran in; another live holder is refused (exit 75) and its tree left alone. Returns how many were stopped."""
-    from agent.recipe import folder_lock
+    from agent import folder_lock
 
     if not os.path.lexists(pids_file):
         return 0

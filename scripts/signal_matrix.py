@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SIGNALS = {"KILL": signal.SIGKILL, "INT": signal.SIGINT, "TERM": signal.SIGTERM}
-NODES = ["detect_env", "classify", "acquire", "vendor", "render", "trial_run", "collect_baseline", "verify", "report"]
+NODES = ["detect_env", "classify", "acquire", "vendor", "decide_native", "render", "trial_run", "collect_baseline", "verify", "report"]
 
 
 def tagged(tag: str) -> int:

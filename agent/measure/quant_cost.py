@@ -110,6 +110,42 @@ def measure(original: str | Path, quantized: str | Path, *, python: str | None =
     return loads_json(lines[-1], "quant_cost output")
 
 
+def of_written(written: dict) -> dict:
+    """The cost of a checkpoint agent.migrate.quantize wrote (`written`: its report record, with `source`
+    and `checkpoint`), where this host can hold both models in float32; else why not and the command that
+    measures it where they fit."""
+    original, quantized = Path(written["source"]), Path(written["checkpoint"])
+    need = 2 * 4 * int(written.get("bytes_before") or 0) // max(_bytes_per_value(original), 1)
+    free = _available_bytes()
+    if free is not None and need > free:
+        return {"error": f"the two float32 models need about {need / 2**30:.1f} GiB, this host has "
+                         f"{free / 2**30:.1f} GiB available; run `python -m agent.measure.quant_cost "
+                         f"{original} {quantized}` where they fit"}
+    return measure(original, quantized)
+
+
+def _bytes_per_value(model_dir: Path) -> int:
+    from engine.safe_load import load_json
+
+    try:
+        config = load_json(model_dir / "config.json")
+    except (OSError, ValueError):
+        config = {}
+    config = config if isinstance(config, dict) else {}
+    dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
+    return 4 if "32" in dtype else 2
+
+
+def _available_bytes() -> int | None:
+    try:
+        for row in Path("/proc/meminfo").read_text().splitlines():
+            if row.startswith("MemAvailable:"):
+                return int(row.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:

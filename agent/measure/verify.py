@@ -14,6 +14,10 @@ from agent.recipe.recipe import Recipe, RunPlan
 from agent.recipe.targets import state_dir
 from engine.safe_load import load_json
 
+# the checks a target's recipe_checks may name (agent.recipe.targets): the vendored code alone on a shrunk config
+VENDORED_CODE = "vendored_code"
+RECIPE_CHECKS = (VENDORED_CODE,)
+
 
 
 def verify(recipe: Recipe, run: Run, collected: Baseline, trust_remote_code: bool = False,
@@ -21,19 +25,20 @@ def verify(recipe: Recipe, run: Run, collected: Baseline, trust_remote_code: boo
     """The collected baseline with its parity: the run's own record of every step held to
     transformers on the checkpoint its run plan ran (a `--standin` run's may be a tiny one; `python`:
     the interpreter with the recipe's transformers; `ours`: the recipe is one this migration wrote).
-    The target's `code_check` also holds the vendored code to transformers on a shrunk config
-    (agent.measure.parity, fp32). A recipe neither ours nor run under the stand-in has no reference
+    A target whose recipe_checks name "vendored_code" also holds the vendored code to transformers on a shrunk
+    config (agent.measure.parity, fp32). A recipe neither ours nor run under the stand-in has no reference
     here: parity not applicable."""
     checkpoint = plan.checkpoint if plan is not None and plan.checkpoint else recipe.checkpoint_dir()
     standin = bool(plan is not None and plan.standin)
-    ours = ours or recipe.target.code_check or bool(recipe.report().get("vendored"))
+    vendored_code = VENDORED_CODE in recipe.target.recipe_checks
+    ours = ours or vendored_code or bool(recipe.report().get("vendored"))
     if checkpoint is None or not (standin or ours):
         return with_verification(collected, parity_not_applicable(recipe))
     parity = precision_of(recipe, run, checkpoint, trust_remote_code, python, bool(plan and plan.tiny),
                           plan.yaml if plan else None)
     if "untrained_weights" not in parity:
         parity.update(recipe_nll(run))
-    if recipe.target.code_check and parity.get("ok") is not None:
+    if vendored_code and parity.get("ok") is not None:
         code = run_parity(recipe, trust_remote_code=trust_remote_code, yaml=plan.yaml if plan else None)
         parity["code"] = code
         if code.get("ok") is False:
@@ -53,7 +58,7 @@ def precision_of(recipe: Recipe, run: Run, checkpoint: Path, trust_remote_code: 
                 "reason": "original implementation is remote code; pass --trust-remote-code to compare"}
     settings = recipe.settings(yaml)
     model_config = settings.get("model_config") if isinstance(settings.get("model_config"), dict) else {}
-    overrides = model_config.get("config_overrides") if recipe.target.code_check else None
+    overrides = model_config.get("config_overrides") if VENDORED_CODE in recipe.target.recipe_checks else None
     parallel = settings.get("parallel_config") if isinstance(settings.get("parallel_config"), dict) else {}
     tensor_parallel = parallel.get("attn_tp_size")      # upstream's schema; else the check counts the ranks
     expert_parallel = expert_parallel_of(parallel)

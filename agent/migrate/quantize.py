@@ -263,13 +263,11 @@ def quantize_w8a8(model_dir: str | Path, destination: str | Path, *, tree=None, 
                    seconds=round(time.monotonic() - started, 2), command=redo_command(model_dir, destination))
 
 
-def for_migration(scheme: str, model_dir: Path, recipe_dir: Path, output_dir: Path, *,
-                  measure_cost: bool = True) -> dict:
+def for_migration(scheme: str, model_dir: Path, recipe_dir: Path, output_dir: Path) -> dict:
     """`migrator run CKPT --quantize SCHEME`: the checkpoint written beside the recipe's state
     (agent.recipe.targets.state_dir: `.migrator/checkpoints/`, `res/.migrator/checkpoints/` in a checkout,
-    never the user's source folder), and the cost of quantizing (agent.measure.quant_cost) where this
-    host can hold both models in float32. The report's `quantization`."""
-    from agent.measure import quant_cost
+    never the user's source folder). The report's `quantization` (the workflow adds its cost:
+    agent.measure.quant_cost.of_written)."""
     from agent.recipe.targets import run_checkpoints_dir
 
     if scheme not in SCHEMES:
@@ -281,34 +279,7 @@ def for_migration(scheme: str, model_dir: Path, recipe_dir: Path, output_dir: Pa
     print(f"[migrator] --quantize {scheme}: writing {destination}", file=sys.stderr, flush=True)
     written = quantize_w8a8(model_dir, destination, tree=tree,
                             log=lambda line: print(line, file=sys.stderr, flush=True))
-    result = {**written.as_dict(), "source": str(model_dir)}
-    if measure_cost:
-        need = 2 * 4 * written.bytes_before // max(_bytes_per_value(model_dir), 1)
-        free = _available_bytes()
-        if free is not None and need > free:
-            result["cost"] = {"error": f"the two float32 models need about {need / 2**30:.1f} GiB, this host has "
-                                       f"{free / 2**30:.1f} GiB available; run `python -m agent.measure.quant_cost "
-                                       f"{model_dir} {destination}` where they fit"}
-        else:
-            result["cost"] = quant_cost.measure(model_dir, destination)
-        print(f"[migrator] cost of quantizing: {quant_cost.line(result['cost'])}", file=sys.stderr, flush=True)
-    return result
-
-
-def _bytes_per_value(model_dir: Path) -> int:
-    config = read_json_file(model_dir / "config.json")
-    dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
-    return 4 if "32" in dtype else 2
-
-
-def _available_bytes() -> int | None:
-    try:
-        for row in Path("/proc/meminfo").read_text().splitlines():
-            if row.startswith("MemAvailable:"):
-                return int(row.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+    return {**written.as_dict(), "source": str(model_dir)}
 
 
 def _written_before(folder: Path) -> bool:

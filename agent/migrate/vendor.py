@@ -36,7 +36,8 @@ from agent.codemods.commands.vendored_imports import VendoredImportsCommand
 from agent.codemods.driver import Command, command, transform
 
 from agent.errors import InputError, UnsupportedModelError, VendorError
-from agent.migrate import codemod_cache, provenance
+from agent import provenance
+from agent.migrate import codemod_cache
 from agent.records import Vendored
 from agent.recipe.render import is_identifier
 from agent.recipe.routing import supported_families
@@ -289,7 +290,7 @@ def auto_map_served_natively(config: dict) -> str | None:
             "(--trust-remote-code uses it)")
 
 
-from agent.migrate.provenance import REMOTE_PACKAGE   # the pseudo package the repo's relative imports resolve against
+from agent.provenance import REMOTE_PACKAGE   # the pseudo package the repo's relative imports resolve against
 
 
 def locate_remote_source(config: dict, model_dir: Path | None, trust_remote_code: bool) -> ModelSource:
@@ -485,7 +486,7 @@ def vendor_source(source: ModelSource, recipe_dir: Path, model_name: str, packag
     (agent.migrate.transformers_source.SourceTree) to copy from instead of the installed one's.
 
     Every file written here goes through `finish_file`: its header names the exact source
-    (agent.migrate.provenance: the transformers release and file, or the hub repository and revision
+    (agent.provenance: the transformers release and file, or the hub repository and revision
     `model_source` / `model_dir` say), the source's copyright lines and licence, and no line ends in
     whitespace (upstream's pre-commit hooks).
     """

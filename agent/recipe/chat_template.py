@@ -47,10 +47,10 @@ def has_chat_template(model_dir: Path) -> bool:
     return folder.is_dir() and any(p.suffix == ".jinja" for p in folder.iterdir())
 
 
-def check_chat_template(model_dir: Path, target) -> None:
-    """InputError (exit 2), one line, when `target` (a Target) runs every prompt through the tokenizer's
-    chat template and the checkpoint's tokenizer has none."""
-    if not target.chat_template or has_chat_template(model_dir):
+def require_chat_template(model_dir: Path) -> None:
+    """InputError (exit 2), one line, when the checkpoint's tokenizer has no chat template (the framework target's
+    check: upstream's executor runs every prompt through it)."""
+    if has_chat_template(model_dir):
         return
     raise InputError(
         f"{model_dir}: the tokenizer has no chat template, and upstream's offline executor applies one to every "

@@ -147,15 +147,23 @@ class Recipe:
 
     @property
     def model_name(self) -> str:
-        """The name the recipe runs under: a framework recipe's folder (`--model NAME`); else the
-        runner file, the report, the YAML, the folder, in that order."""
-        if not self.target.model_name_is_folder and not is_checkpoint(self.path):
-            runners = runner_files(self.path)
-            if runners:
-                return runners[0].stem.removeprefix("runner_")
-            named = self.report().get("model_name") or self.settings().get("model_name")
+        """The name the recipe runs under, from the first of its target's model_name_sources that names one:
+        its runner file, the report, the YAML, the folder (a framework recipe's: `--model NAME`); a checkpoint's
+        is its folder's."""
+        for source in self.target.model_name_sources if not is_checkpoint(self.path) else ():
+            named = self._model_name_from(source)
             if isinstance(named, str) and named:
                 return named
+        return self.path.name
+
+    def _model_name_from(self, source: str) -> str | None:
+        if source == "runner":
+            runners = runner_files(self.path)
+            return runners[0].stem.removeprefix("runner_") if runners else None
+        if source == "report":
+            return self.report().get("model_name")
+        if source == "yaml":
+            return self.settings().get("model_name")
         return self.path.name
 
     def report(self) -> dict:

@@ -65,7 +65,7 @@ def register(checkout: Path, name: str, classes: list[tuple[str, str]], state_di
     folder lock, and one registry edit at a time (another recipe's waits). The record of the edit is
     written before the edit: a run killed between the two is resumed by registering again (this recipe's
     own line is found, not added twice), or undone by rollback."""
-    from agent.recipe import folder_lock
+    from agent import folder_lock
 
     registry = checkout / REGISTRY
     with folder_lock.holding(_recipe_folder(state_dir), "run it"), \
@@ -173,7 +173,7 @@ def unregister(state_dir: Path) -> Path | None:
     elsewhere in the file stay). Returns the registry path; None when nothing was recorded or it
     is out already. InputError when the entry was changed by hand. Only while this process holds the
     recipe's folder lock (a run of the recipe in progress refuses it, exit 75), one registry edit at a time."""
-    from agent.recipe import folder_lock
+    from agent import folder_lock
 
     record = recorded_edit(state_dir)
     if record is None:

@@ -52,8 +52,7 @@ def generated_files(model_name: str, family: Family, target: Target = OWN_LAYOUT
     `ctx` when given: the target may choose its files by it)."""
     files = {path.format(name=model_name, yaml_name=target.yaml_name(model_name, world_size)): template
              for template, path in target.files(ctx).items()}
-    if target.family_runner:
-        files[f"runner_{model_name}.py"] = family.runner_template
+    files.update(target.family_files(model_name, family))
     return files
 
 

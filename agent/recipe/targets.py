@@ -19,7 +19,9 @@ from typing import Callable, Mapping, Protocol
 
 from engine.config import KEYS, Key, rendered_settings
 from engine.safe_load import load_json, loads_json
+from agent.recipe.chat_template import require_chat_template
 from agent.recipe.templating import DENSE_MOE_TP_NOTE, yaml_comments  # noqa: F401 - the YAMLs' comments
+from agent.recipe import upstream_schema
 
 # The shared entry point of a cann-recipes-infer checkout, and the file that marks a checkout.
 ENTRY = Path("executor") / "scripts" / "infer.sh"
@@ -212,21 +214,6 @@ def framework_layout(layout: Mapping[str, str], ctx: dict) -> Mapping[str, str]:
     return {**NATIVE_MODEL, **{t: p for t, p in layout.items() if t not in FRAMEWORK_MODEL}}
 
 
-def native_decision(ctx: dict):
-    """agent.recipe.native's decision for this recipe (None: not a framework render of a checkpoint)."""
-    from agent.recipe.native.decide import decide
-
-    try:
-        config = load_json(Path(ctx.get("model_path", "")) / "config.json")
-    except (OSError, ValueError):
-        return None
-    if not isinstance(config, dict):
-        return None
-    recipe_dir = ctx.get("recipe_dir")
-    checkout = checkout_root(Path(recipe_dir)) if recipe_dir else None
-    return decide(ctx, config, checkout)
-
-
 def hub_link(source: str) -> str:
     """A link to where the checkpoint came from; never a path of this machine."""
     source = str(source or "")
@@ -262,26 +249,30 @@ def parameter_count(model_path: str) -> str:
     return f"{total / 1e9:.1f}B" if total >= 1e8 else f"{total / 1e6:.2f}M"
 
 
+def framework_names(ctx: dict) -> dict:
+    """The framework model's class and the name its README and file header give the architecture."""
+    name = ctx["model_name"]
+    return {"framework_class": framework_class_name(name),
+            "display_name": str(ctx.get("architecture") or name).removesuffix("ForCausalLM") or name}
+
+
 def framework_context(ctx: dict, native: bool = True) -> dict:
-    """What the framework (and legacy) templates add: one YAML per topology, in its exe_mode; `native`:
-    agent.recipe.native's decision and the native model's context (a framework model, not legacy's runner)."""
+    """What the framework (and legacy) templates add: one YAML per topology, in its exe_mode; `native`: the
+    native-or-adapter decision the workflow recorded (ctx's `native_decision`, its summary, and `native_source`,
+    the file its self-check ran; agent.workflow.nodes.node_decide_native) — a framework model, not legacy's
+    runner. Nothing is decided here: a context without a decision renders the adapter."""
     name = ctx["model_name"]
     world_size = int(ctx.get("world_size") or 1)
     mode = ctx["settings"].get("exe_mode") or ctx["settings"].get("model_config", {}).get("exe_mode")
     files = [(framework_yaml_name(name, 1), f"单卡，{mode}")]
     if world_size > 1:
         files.append((framework_yaml_name(name, world_size), f"{world_size} 卡张量并行，{mode}"))
-    names = {"framework_class": framework_class_name(name),
-             "display_name": str(ctx.get("architecture") or name).removesuffix("ForCausalLM") or name}
-    extra = {"exe_mode": mode, "native_model": False, "native_decision": None}
-    if native:
-        decision = native_decision({**ctx, **names})
-        if decision is not None:
-            extra["native_decision"] = decision.summary()
-            if decision.native:
-                from agent.recipe.native.decide import native_context
-
-                extra.update(native_model=True, **native_context({**ctx, **names}, decision.features))
+    names = framework_names(ctx)
+    decision = ctx.get("native_decision") if native else None
+    source = ctx.get("native_source") if native else None
+    extra = {"exe_mode": mode, "native_decision": decision,
+             "native_model": bool(decision and decision.get("native") and source),
+             "native_source": source}
     if native:          # the framework row (legacy's flat YAML has no prefill / decode pair)
         extra["pd_settings"] = framework_pd_settings(ctx["settings"], extra["native_model"])
     return {**extra, **names,
@@ -310,7 +301,7 @@ def readme_context(ctx: dict) -> dict:
     what was changed in it, and the sections only a run fills (agent.recipe.readme)."""
     import json
 
-    from agent.migrate.provenance import source_file
+    from agent.provenance import source_file
     from agent.recipe import readme
 
     try:
@@ -319,7 +310,7 @@ def readme_context(ctx: dict) -> dict:
         config = {}
     names = [n.strip() for n in str(ctx.get("modeling_codemods") or "").split(",") if n.strip() and n.strip() != "none"]
     edits = list(dict.fromkeys(CODEMOD_LABELS.get(n, n) for n in names))
-    from agent.migrate import provenance
+    from agent import provenance
 
     prov = provenance.of_vendored_model(str(ctx.get("modeling_module") or ""), ctx.get("transformers_version"),
                                         ctx.get("model_source"), ctx.get("model_path")) if ctx.get("modeling_module") else None
@@ -443,7 +434,8 @@ class Target:
     readme_template: str | None = None
     yaml_schema: tuple[Key, ...] = ()
     yaml_settings: Callable[[dict], dict] | None = None   # render context -> the YAML as data
-    family_runner: bool = False                     # renders the family's runner_NAME.py (agent.recipe.routing)
+    # (model_name, Family) -> recipe path -> template of what the model's family adds (standalone: its runner)
+    family_files: Callable[[str, object], dict[str, str]] = lambda name, family: {}
     context: Callable[[dict], dict] | None = None   # render context -> what the target's templates add
     # (layout, render context) -> the files for that context (the framework row: native or adapter model)
     layout_for: Callable[[Mapping[str, str], dict], Mapping[str, str]] | None = None
@@ -454,24 +446,31 @@ class Target:
     scale_yaml: Callable[..., dict] = tensor_parallel_yaml   # (1-card YAML, N, moe=) -> the N-card one
     scaled_how: Callable[[int], str] = lambda n: "tensor parallel"
     launch_hint: Callable[[str, str], str] = lambda folder, yaml: f"YAML_FILE=config/{yaml} bash infer.sh"
-    registers: bool = False                         # adds a line to the checkout's REGISTRY (framework)
+    # render context -> the (module, class) lines it adds to the checkout's REGISTRY; None: it adds none
+    registry_entry: Callable[[dict], list[tuple[str, str]]] | None = None
     inside_checkout: bool = False                   # needs --output-dir inside a cann-recipes-infer checkout
-    chat_template: bool = False                     # every prompt goes through the tokenizer's chat template
+    # a checkpoint it cannot serve: InputError before anything is written (framework: every prompt goes
+    # through the tokenizer's chat template)
+    check_checkpoint: Callable[[Path], None] = lambda model_dir: None
     schema: YamlSchema = FLAT_SCHEMA                # its YAMLs' schema: the one normaliser of their settings
     # the model_path its written YAMLs carry: upstream's placeholder (the run plan runs a copy with the
     # real path); None: the checkpoint's own path (a standalone recipe runs by itself, anywhere)
     model_path_placeholder: str | None = None
-    # verify: also hold the vendored code to transformers on a shrunk config (agent.measure.parity),
-    # with the YAML's config_overrides; every recipe of this target is this tool's own
-    code_check: bool = False
+    # what verify checks beyond the run's precision, by name (agent.measure.verify.RECIPE_CHECKS): "vendored_code",
+    # the vendored code alone held to transformers on a shrunk config with the YAML's config_overrides (every
+    # recipe of a target with it is this tool's own)
+    recipe_checks: tuple[str, ...] = ()
     # how its rank logs read (agent.measure.run_log): "runner" (a ModelRunner: warm-up then the formal
     # generate) or "executor" (upstream's executor: its own warm-up, no warm-up check)
     log_style: str = "runner"
     standin_runnable: bool = False                  # `--standin` runs it (a cann-recipes-infer recipe)
-    upstream_schema_check: bool = False             # old flat keys the executor ignores are refused (upstream_schema)
+    # (YAML, checkout root, its name as shown) -> an evidence line per key the runner ignores (framework: the old
+    # flat keys upstream's executor drops silently, agent.recipe.upstream_schema)
+    ignored_yaml_keys: Callable[[Path, Path | None, str], list[str]] = lambda yaml, root, shown: []
     # where its model's model_type is read (agent.recipe.model_type.SOURCES), in order
     model_type_sources: tuple[str, ...] = ("configuration_files",)
-    model_name_is_folder: bool = False              # the name it runs under is its folder's (--model NAME)
+    # where the name it runs under is read (agent.recipe.recipe.Recipe.model_name), in order; "folder" always answers
+    model_name_sources: tuple[str, ...] = ("runner", "report", "yaml", "folder")
     is_recipe: bool = True
 
     @property
@@ -511,9 +510,10 @@ TARGETS: dict[str, Target] = {
             "model_setting.py.j2": "models/model_setting.py",
             "requirements.txt.j2": "requirements.txt",
         },
-        readme_template="README.md.j2", yaml_schema=KEYS, yaml_settings=rendered_settings, family_runner=True,
+        readme_template="README.md.j2", yaml_schema=KEYS, yaml_settings=rendered_settings,
+        family_files=lambda name, family: {f"runner_{name}.py": family.runner_template},
         # the engine the runner subclasses travels with the recipe: it runs where infer-migrator is not installed
-        carries=("engine",), code_check=True),
+        carries=("engine",), recipe_checks=("vendored_code",)),
     # cann-recipes-infer's ModelRunner recipes: their own infer.sh (sourcing executor/scripts/function.sh),
     # a runner subclassing executor.model_runner.ModelRunner (models/pangu_7b's layout).
     "legacy": Target(
@@ -547,11 +547,12 @@ TARGETS: dict[str, Target] = {
             "framework/pd_decode.yaml.j2": "config/{name}_pd/decode.yaml",
         },
         readme_template="framework/README.md.j2", yaml_settings=framework_settings, context=framework_context,
-        layout_for=framework_layout, vendored_package="models.{name}.models", registers=True, inside_checkout=True, chat_template=True,
+        layout_for=framework_layout, vendored_package="models.{name}.models", registry_entry=framework_registry_entry,
+        inside_checkout=True, check_checkpoint=require_chat_template,
         scale_yaml=framework_tensor_parallel_yaml, scaled_how=lambda n: f"{n}-way tensor parallel",
         launch_hint=lambda folder, yaml: f"bash {ENTRY.as_posix()} --model {folder} --yaml {yaml}",
         schema=SECTIONS_SCHEMA, model_path_placeholder=MODEL_PATH_PLACEHOLDER, log_style="executor",
-        standin_runnable=True, upstream_schema_check=True, model_name_is_folder=True,
+        standin_runnable=True, ignored_yaml_keys=upstream_schema.check, model_name_sources=("folder",),
         model_type_sources=("registry", "configuration_files")),
 }
 

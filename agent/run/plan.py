@@ -291,11 +291,9 @@ def old_schema_keys(recipe: Recipe, source: Path | None) -> list[str]:
     """A YAML's keys of the old, flat schema, which upstream's executor ignores silently, for a target
     that checks them: one evidence line each (agent.recipe.upstream_schema; the recipe's YAML, read
     again at every run, so a repaired one passes)."""
-    from agent.recipe.upstream_schema import check
-
-    if not recipe.target.upstream_schema_check or source is None or not Path(source).is_file():
+    if source is None or not Path(source).is_file():
         return []
-    return check(Path(source), recipe.repo_root, _shown(recipe, Path(source)))
+    return recipe.target.ignored_yaml_keys(Path(source), recipe.repo_root, _shown(recipe, Path(source)))
 
 
 def _shown(recipe: Recipe, path: Path) -> str:

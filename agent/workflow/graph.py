@@ -1,7 +1,7 @@
 """The workflow graph of SPEC §2 (LangGraph StateGraph).
 
-detect_env -> classify -> A: acquire -> vendor -> render -> trial_run
-                          B: -------------------------------> diagnose -> repair -> trial_run
+detect_env -> classify -> A: acquire -> vendor -> decide_native -> render -> trial_run
+                          B: ------------------------------------------------> diagnose -> repair -> trial_run
                           C: collect_baseline
 trial_run -> ok: collect_baseline | fail: diagnose -> OOM: estimate_memory -> report | repair (<= max_rounds)
 collect_baseline -> verify -> report
@@ -63,6 +63,7 @@ NODES = {
     "classify": nodes.node_classify,
     "acquire": nodes.node_acquire,
     "vendor": nodes.node_vendor,
+    "decide_native": nodes.node_decide_native,
     "render": nodes.node_render,
     "trial_run": nodes.node_trial_run,
     "diagnose": nodes.node_diagnose,
@@ -78,7 +79,8 @@ EDGES = [
     (START, "detect_env"),
     ("detect_env", "classify"),
     ("acquire", "vendor"),
-    ("vendor", "render"),
+    ("vendor", "decide_native"),
+    ("decide_native", "render"),
     ("render", "trial_run"),
     ("estimate_memory", "report"),
     ("give_up", "report"),

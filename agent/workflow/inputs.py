@@ -75,7 +75,7 @@ def validate_run(args) -> tuple[MigrationState, RunOptions]:
         "max_new_tokens": args.max_new_tokens, "world_size": args.world_size, "recipe_target": recipe_target,
         "transformers_source": args.transformers_source, "reference_python": command_path(args.reference_python),
         **({"quantize": args.quantize} if getattr(args, "quantize", None) else {}),
-        **({"upstream_standin": plan} if plan else {})}
+        **({"run_plan": plan} if plan else {})}
     return state, {"max_rounds": args.max_rounds, "timeout_s": args.timeout, "device": args.device}
 
 
@@ -97,7 +97,7 @@ def validate_recipe(recipe: Recipe, args, max_rounds: int = 0) -> tuple[Migratio
     if plan is None:
         preflight(recipe)
     state: MigrationState = {"target": str(recipe.path), "output_dir": str(recipe.path.parent),
-                             **({"upstream_standin": plan} if plan else {})}
+                             **({"run_plan": plan} if plan else {})}
     return state, {"max_rounds": max_rounds, "timeout_s": args.timeout, "device": "auto"}
 
 

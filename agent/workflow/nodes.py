@@ -14,21 +14,20 @@ from pathlib import Path
 from langchain_core.runnables import RunnableConfig
 
 from agent.errors import EnvironmentProblem, InputError, MigratorError
-from agent.measure import baseline, memory, verify
+from agent.measure import baseline, memory, quant_cost, verify
 from agent.migrate.acquire import acquire
 from agent.migrate import convert, transformers_source
 from agent.migrate.checkpoint_check import check_checkpoint, check_output_outside
 from agent.migrate.quantization import is_w8a8
 from agent.run.trial_run import trial_run
 from agent.migrate.vendor import auto_map_served_natively, locate_source, read_config, vendor_source
-from agent.recipe import folder_lock
+from agent import folder_lock
 from agent.recipe.fs_guard import user_tree
-from agent.recipe.chat_template import check_chat_template
 from agent.recipe.recipe import Recipe, RunPlan
 from agent.recipe.registry import register, registered_names, unregister
 from agent.recipe.render import normalise_model_name, render_recipe, template_context
-from agent.recipe.targets import (REGISTRY, TARGETS, checkout_root, default_target, framework_registry_entry,
-                                  state_dir, state_parts)
+from agent.recipe.targets import (REGISTRY, TARGETS, checkout_root, default_target, framework_names, state_dir,
+                                  state_parts)
 from agent.recipe.routing import route
 from agent.recipe.spec import RecipeSpec
 from agent.run import plan as run_plan
@@ -37,7 +36,7 @@ from agent.repair.fix import repair
 from agent.repair.rules.rule import RepairContext
 from agent.workflow.inputs import host_environment
 from agent.workflow.report import write_report
-from agent.workflow.state import MigrationState, last_run, run_options
+from agent.workflow.state import MigrationState, last_run, run_options, standin_run
 from agent.workflow.store import drop_staging, held_run_checkpoints, publish, restore_run_checkpoints, staging_dir
 from engine import defaults
 from engine.safe_load import load_json
@@ -70,10 +69,9 @@ def node_classify(state: MigrationState, config: RunnableConfig) -> MigrationSta
 def plan_run(recipe: Recipe, state: MigrationState) -> dict:
     """The run plan (agent.recipe.recipe.RunPlan) every trial run, the baseline, the precision check and
     the memory estimate of this migration read, decided once (agent.run.plan): the --standin plan the
-    CLI made, else the recipe's YAML for --world-size (None: its own) on the checkpoint migrated from."""
-    standin = state.get("upstream_standin")
-    if standin:
-        return RunPlan.from_dict(standin).as_dict()
+    input step made, else the recipe's YAML for --world-size (None: its own) on the checkpoint migrated from."""
+    if standin_run(state):
+        return RunPlan.from_dict(state["run_plan"]).as_dict()
     return run_plan.plan_run(recipe, state.get("world_size"), weights=state.get("model_dir")).as_dict()
 
 
@@ -111,12 +109,12 @@ def node_acquire(state: MigrationState) -> MigrationState:
                          "re-baseline it, or choose another --name / --output-dir")
     # the input step chose and checked it; a state built without it (a store of an earlier release): the default
     recipe_target = state.get("recipe_target") or default_target(output_dir)
-    if TARGETS[recipe_target].registers:
+    if TARGETS[recipe_target].registry_entry is not None:
         registry = checkout_root(output_dir) / REGISTRY
         if name in registered_names(registry):
             raise InputError(f"{registry} registers {name!r} already; choose another --name")
     plan = transformers_plan(state, output_dir, recipe_target)
-    check_chat_template(Path(got.model_dir), TARGETS[recipe_target])   # a base model upstream's scheduler cannot take
+    TARGETS[recipe_target].check_checkpoint(Path(got.model_dir))   # e.g. a base model upstream's scheduler cannot take
     if plan["origin"]:
         print(f"[migrator] vendoring from {plan['origin']} (the checkout's; {transformers_source.installed_version()} "
               f"is installed); trial runs and parity with {plan['python']}", file=sys.stderr)
@@ -126,7 +124,10 @@ def node_acquire(state: MigrationState) -> MigrationState:
 
         if downloaded:
             quantize.plan(Path(got.model_dir))      # a hub checkpoint it cannot convert: refused before any write
-        extra["quantization"] = quantize.for_migration(state["quantize"], Path(got.model_dir), recipe_dir, output_dir)
+        written = quantize.for_migration(state["quantize"], Path(got.model_dir), recipe_dir, output_dir)
+        cost = quant_cost.of_written(written)
+        print(f"[migrator] cost of quantizing: {quant_cost.line(cost)}", file=sys.stderr, flush=True)
+        extra["quantization"] = {**written, "cost": cost}
         model_dir = Path(extra["quantization"]["checkpoint"])     # the migration runs the checkpoint written
     else:
         # a format the NPU cannot compute (fp8, mxfp4, awq, gptq, ...): converted to bf16 in the recipe's state
@@ -208,6 +209,45 @@ def node_vendor(state: MigrationState) -> MigrationState:
             "vendored": vendored}
 
 
+def recipe_spec(state: MigrationState, config: RunnableConfig) -> RecipeSpec:
+    """The new recipe's spec (agent.recipe.spec): what render writes and what the native decision is made for."""
+    model_dir = Path(state["model_dir"])
+    return RecipeSpec.for_checkpoint(
+        model_name=state["model_name"], model_dir=model_dir, model_source=state["model_source"],
+        architecture=state["architecture"], family=state["family"], vendored=state["vendored"],
+        config=read_config(model_dir), device=run_options(config)["device"], dtype=state.get("dtype"),
+        max_new_tokens=state.get("max_new_tokens"), world_size=state.get("world_size"))
+
+
+def native_decision(state: MigrationState, config: RunnableConfig) -> MigrationState:
+    """Native or adapter for a target whose model file is chosen per recipe (the framework row), decided once
+    per migration (agent.recipe.native.decide): the architecture's parts, the native file written from them and
+    held to transformers in a stand-in subprocess; any step that fails keeps the adapter, with the layer kind
+    and the reason. The state records the summary (`native_model`: the report's and README's) and the file
+    its self-check ran (`native_source`), which render writes as it is."""
+    from agent.recipe.native.decide import decide
+
+    if not TARGETS[state["recipe_target"]].writes_native_models:
+        return {}
+    recipe_dir = Path(state["recipe_dir"])
+    try:
+        model_config = load_json(Path(state["model_dir"]) / "config.json")
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(model_config, dict):
+        return {}
+    spec_context = recipe_spec(state, config).context()
+    ctx = {**spec_context, **framework_names(spec_context), "recipe_dir": str(recipe_dir)}
+    decision = decide(ctx, model_config, checkout_root(recipe_dir))
+    return {"native_model": decision.summary(), **({"native_source": decision.source} if decision.source else {})}
+
+
+@removes_half_built_recipe
+def node_decide_native(state: MigrationState, config: RunnableConfig) -> MigrationState:
+    """The native-or-adapter decision, in its own step between vendor and render (see native_decision)."""
+    return native_decision(state, config)
+
+
 RENDERED = "rendered.json"      # in a published recipe's state folder: the render node's result and its run
 
 
@@ -237,32 +277,31 @@ def node_render(state: MigrationState, config: RunnableConfig) -> MigrationState
     recipe_dir, model_dir = Path(state["recipe_dir"]), Path(state["model_dir"])
     restore_run_checkpoints(recipe_dir)         # a publish killed half way gave them to the staging folder
     thread = config.get("configurable", {}).get("thread_id") or ""
-    spec = RecipeSpec.for_checkpoint(
-        model_name=state["model_name"], model_dir=model_dir, model_source=state["model_source"],
-        architecture=state["architecture"], family=state["family"], vendored=state["vendored"],
-        config=read_config(model_dir), device=run_options(config)["device"], dtype=state.get("dtype"),
-        max_new_tokens=state.get("max_new_tokens"), world_size=state.get("world_size"))
+    spec = recipe_spec(state, config)
     target = TARGETS[state["recipe_target"]]
+    # the decision decide_native recorded (a store of an earlier release, resumed here, has none: made now, once)
+    recorded = state if "native_model" in state or not target.writes_native_models else native_decision(state, config)
+    native = {"native_decision": recorded.get("native_model"), "native_source": recorded.get("native_source")}
     done = _rendered_by(recipe_dir, thread)
     if done is None:
         staging = staging_dir(recipe_dir)
         if not (staging / "models").is_dir():
             raise InputError(f"{recipe_dir}: the vendored files of this interrupted migration are gone ({staging}); "
                              "run the same command without --resume to start again")
-        written = render_recipe(recipe_dir, spec.context(), spec.family_spec(), target, write_to=staging)
+        written = render_recipe(recipe_dir, {**spec.context(), **native}, spec.family_spec(), target, write_to=staging)
         if state.get("conversion"):
             memory.add_readme_section(staging, CONVERSION_HEADING, conversion_readme(state["conversion"]))
         done = {"rendered": [str(p.relative_to(staging)) for p in written], "registry_entry": None}
-        if target.registers:
-            ctx = template_context(dict(spec.context(), recipe_dir=str(recipe_dir)), spec.family_spec(), target)
-            done["registry_entry"] = [list(pair) for pair in framework_registry_entry(ctx)]
-            if ctx.get("native_decision"):
-                done["native_model"] = ctx["native_decision"]
+        if target.registry_entry is not None:
+            ctx = template_context(dict(spec.context(), recipe_dir=str(recipe_dir), **native), spec.family_spec(), target)
+            done["registry_entry"] = [list(pair) for pair in target.registry_entry(ctx)]
+            if native["native_decision"]:
+                done["native_model"] = native["native_decision"]
         marker = staging.joinpath(*state_parts(recipe_dir), RENDERED)
         user_tree(staging, "the staging folder").write_text(marker, json.dumps({"thread": thread, **done}) + "\n")
         publish(staging, recipe_dir)
     entry = done.pop("registry_entry")
-    if target.registers:
+    if target.registry_entry is not None:
         # the one change outside the recipe: its line in the checkout's registry (backed up, undone by rollback)
         edit = register(checkout_root(recipe_dir), spec.model_name, [tuple(pair) for pair in entry],
                         state_dir(recipe_dir))
@@ -276,7 +315,8 @@ def node_render(state: MigrationState, config: RunnableConfig) -> MigrationState
             # the int8 weights load as floats and the precision check fails at the first layer
             print("[migrator] the framework model does not thread quant_config yet: the W8A8 checkpoint's int8 "
                   "weights load as floats (the precision check will say where it diverges)", file=sys.stderr)
-    return {**done, "run_plan": plan_run(Recipe.at(recipe_dir), state)}
+    update = {key: recorded[key] for key in ("native_model", "native_source") if recorded is not state and key in recorded}
+    return {**done, **update, "run_plan": plan_run(Recipe.at(recipe_dir), state)}
 
 
 def _rendered_by(recipe_dir: Path, thread: str) -> dict | None:
@@ -368,9 +408,9 @@ def node_collect_baseline(state: MigrationState) -> MigrationState:
             raise fault from None
         raise MigratorError(f"baseline collection failed: {baseline.error_line(exc)}") from None
     # A stand-in baseline never replaces an NPU one: named from what it records (npu_standin.honest).
-    name = honest.baseline_file_name(collected, standin=bool(state.get("upstream_standin")))
+    name = honest.baseline_file_name(collected, standin=standin_run(state))
     # upstream's own recipe checked under the stand-in: only under its ignored res/ (our state folder)
-    folder = state_dir(recipe.path) / "baseline" if state.get("upstream_standin") else recipe.baseline_dir()
+    folder = state_dir(recipe.path) / "baseline" if standin_run(state) else recipe.baseline_dir()
     return {"baseline_path": str(folder / name), "baseline": collected}
 
 
@@ -387,7 +427,7 @@ def node_verify(state: MigrationState) -> MigrationState:
     recipe_dir = Path(state["recipe_dir"])
     # inside a checkout the previous baseline goes to our ignored state folder; the README of a recipe
     # this tool wrote (never upstream's own) gets its product and performance sections from the baseline
-    ours = not state.get("upstream_standin") and bool(state.get("vendored") or recipe.report().get("vendored"))
+    ours = not standin_run(state) and bool(state.get("vendored") or recipe.report().get("vendored"))
     baseline.write_baseline(baseline_path, checked,
                             previous_dir=state_dir(recipe_dir) if checkout_root(recipe_dir) else None,
                             recipe_dir=recipe_dir if ours else None)

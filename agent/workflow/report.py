@@ -12,13 +12,13 @@ from agent.recipe.backup import atomic_write
 from agent.recipe.recipe import REPORT, report_path
 from agent.records import Report
 from agent.measure.verify import CODE_CHECK
-from agent.workflow.state import MigrationState
+from agent.workflow.state import MigrationState, standin_run
 from engine.safe_load import load_json
 from npu_standin import honest
 
 REPORT_KEYS = ("scenario", "classify_reason", "status", "message", "model_name", "model_source",
                "model_dir", "architecture", "family", "vendored", "rendered", "env", "runs", "rounds",
-               "memory", "baseline_path", "verification", "standin", "upstream_standin", "transformers",
+               "memory", "baseline_path", "verification", "standin", "transformers",
                "native_model", "quantization", "conversion")
 
 
@@ -39,6 +39,8 @@ def write_report(state: MigrationState) -> Path | None:
         _refuse_link(file)
     report: Report = {"generated_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
     report.update({k: state.get(k) for k in REPORT_KEYS if state.get(k) is not None})
+    if standin_run(state):      # the report names a --standin run's plan, its notes included (npu_standin.honest)
+        report["upstream_standin"] = state["run_plan"]
     # A later B/C run knows less about the recipe's origin than the migration did: keep it.
     from agent.recipe.recipe import REPORT_MAX_BYTES, checked_report
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from agent import errors
 from agent.progress import step
-from agent.recipe import folder_lock
+from agent import folder_lock
 from agent.recipe.fs_guard import user_tree
 from agent.recipe.backup import atomic_write, start_backup_run
 from agent.recipe.recipe import Recipe
@@ -202,7 +202,7 @@ def run_migration(state: dict, resume: bool = False, *, stop_after: str | None =
     output_dir = Path(state.get("output_dir") or "models").resolve()
     key = thread_key(state)
     home = checkpoint_home(state)
-    with folder_lock.released_at_end():    # the recipe folder's lock (agent.recipe.folder_lock), whoever takes it
+    with folder_lock.released_at_end():    # the recipe folder's lock (agent.folder_lock), whoever takes it
         if home != output_dir:             # a recipe, repaired or measured in place: its folder, before any write
             folder_lock.hold(home, "run it")
         return _run_with_store(state, resume, stop_after, key, home, output_dir, options)

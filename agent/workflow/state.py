@@ -36,7 +36,6 @@ class MigrationState(TypedDict, total=False):
     allow_install: bool
     max_new_tokens: int
     world_size: int | None      # --world-size: the run's ranks (None: the recipe's own YAML; 1 for a new one)
-    upstream_standin: dict      # --standin: the run plan agent.run.plan.plan_run made (RunPlan.as_dict)
     transformers_source: str | None   # --transformers-source WHEEL|DIR: the checkout's transformers release
     reference_python: str | None      # --reference-python: the interpreter that has it
     quantize: str | None        # --quantize w8a8: the migration runs the checkpoint written so (agent.migrate.quantize)
@@ -59,8 +58,11 @@ class MigrationState(TypedDict, total=False):
     vendored: Vendored
     transformers: dict          # agent.workflow.nodes.transformers_plan: version, source_root, origin, python
     rendered: list[str]
-    native_model: dict          # framework target: agent.recipe.native's decision (native, or which kind fell back and why)
-    run_plan: dict              # agent.recipe.recipe.RunPlan.as_dict(): what every trial run, check and record reads
+    native_model: dict          # framework target: the decide_native step's decision, as the report and README say it
+                                # (NativeDecision.summary: native, or which kind fell back and why)
+    native_source: str          # ... and when native, the file its self-check ran: what render writes
+    run_plan: dict              # agent.recipe.recipe.RunPlan.as_dict(): what every trial run, check and record reads;
+                                # --standin: the plan the input step made (its `standin` set), else classify's or render's
     # Nodes return only their new items: LangGraph appends runs and merges rounds.
     runs: Annotated[list[Run], operator.add]          # every trial run, in order
     rounds: Annotated[list[Round], merge_rounds]      # repair rounds: diagnosis, diff
@@ -105,6 +107,11 @@ def summarise(state: MigrationState) -> dict:
             "reason", "empty_output")
             if parity.get(k) is not None}
     return summary
+
+
+def standin_run(state: MigrationState) -> bool:
+    """A --standin run (of upstream's recipe or ours): its run plan is the stand-in's (agent.run.plan)."""
+    return bool((state.get("run_plan") or {}).get("standin"))
 
 
 def last_run(state: MigrationState) -> Run | dict:

@@ -305,13 +305,13 @@ _HELD_ELSEWHERE: list[int] = []     # lock fds a row holds "as another command";
 
 
 def recipe_locked(command: str, *extra: str):
-    """Setup: a legacy recipe whose folder lock another command holds (agent.recipe.folder_lock: an flock
+    """Setup: a legacy recipe whose folder lock another command holds (agent.folder_lock: an flock
     on a second open file description is another holder, as another process would be); `migrator COMMAND`."""
     def setup(tmp: Path, ckpt: Path) -> list[str]:
         import fcntl
         import hashlib
 
-        from agent.recipe import folder_lock
+        from agent import folder_lock
 
         recipe = tmp / "recipe"
         (recipe / "config").mkdir(parents=True)

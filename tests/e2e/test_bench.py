@@ -39,6 +39,6 @@ def test_bench_quick_prints_the_ratios_and_writes_json(tmp_path):
         assert abs(data["times_floor"][label] - ms / data["floor_ms"]) < 1e-9
     assert set(data["ratios"]) == {"eager_vs_transformers", "transformers_vs_graph"}
     assert data["migrator_overhead"]["wall_s"] > 0
-    assert set(data["migrator_overhead"]["steps_s"]) == {"detect_env", "classify", "acquire", "vendor", "render"}
+    assert set(data["migrator_overhead"]["steps_s"]) == {"detect_env", "classify", "acquire", "vendor", "decide_native", "render"}
     # Same weights, greedy, same number of tokens: the three agree on the tokens.
     assert data["tokens_match"] == {"graph_equals_eager": True, "eager_equals_transformers": True}

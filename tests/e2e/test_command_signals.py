@@ -304,7 +304,7 @@ def test_rollback_and_baseline_wait_for_the_run_that_holds_the_recipe(working_re
 
 @pytest.mark.parametrize("cache", ["writable", "unwritable_home"])
 def test_a_folder_lock_refuses_a_second_process_by_resolved_path(tmp_path, monkeypatch, cache):
-    from agent.recipe import folder_lock
+    from agent import folder_lock
 
     if cache == "unwritable_home":       # a read-only home: the locks go to the user's temporary folder
         monkeypatch.setenv("XDG_CACHE_HOME", "/proc/no-such-cache")
@@ -313,7 +313,7 @@ def test_a_folder_lock_refuses_a_second_process_by_resolved_path(tmp_path, monke
     (tmp_path / "out").mkdir()
     (tmp_path / "alias").symlink_to(tmp_path / "out", target_is_directory=True)
     with folder_lock.holding(tmp_path / "out" / "not made yet", "run it"):
-        code = ("import sys; from pathlib import Path; from agent.recipe import folder_lock\n"
+        code = ("import sys; from pathlib import Path; from agent import folder_lock\n"
                 "try:\n    folder_lock.hold(Path(sys.argv[1]), 'run it')\n"
                 "except Exception as exc:\n    print(getattr(exc, 'exit_code', None), exc); sys.exit(3)\n")
         other = subprocess.run([sys.executable, "-c", code, str(tmp_path / "alias" / "." / "not made yet")],

@@ -294,6 +294,31 @@ def test_framework_recipe_runs_through_upstreams_infer_sh_with_parity(migrated, 
         assert ops.get(op, 0) > 0, (op, ops)
 
 
+def test_the_llama_recipe_serves_a_llama_checkpoint_with_another_rope_tied_embeddings_and_biases(migrated, tmp_path):
+    """One file per family: the recipe generated from the plain tiny llama (default rope, untied, no biases), its
+    YAML's model_path alone pointed at a llama checkpoint with llama3 rope scaling, tied embeddings (no
+    lm_head.weight) and attention and MLP biases: upstream's infer.sh gives transformers' text for that
+    checkpoint. Every step held per step, and a MoE family across its layout switches: -m slow,
+    tests/unit/agent/recipe/native/test_native_models.py::test_native_recipe_serves_another_checkpoint_of_its_family_per_step."""
+    from safetensors import safe_open
+
+    other = upstream.tiny_checkpoint("llama", tmp_path / "llama3_tied_biased", seed=1,
+                                     rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                                                      "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                      "original_max_position_embeddings": 64},
+                                     tie_word_embeddings=True, attention_bias=True, mlp_bias=True)
+    with safe_open(str(other / "model.safetensors"), "pt") as weights:
+        names = set(weights.keys())
+    assert "lm_head.weight" not in names and {"model.layers.0.self_attn.q_proj.bias",
+                                              "model.layers.0.mlp.down_proj.bias"} <= names
+    written = two_prompt_yaml(migrated["recipe"], tmp_path, 1, other)
+    yaml_name = written.replace(".yaml", "_llama3_tied_biased.yaml")     # its own rank logs, beside eager_run's
+    os.replace(migrated["recipe"] / "config" / written, migrated["recipe"] / "config" / yaml_name)
+    proc, logs, _usage = run_framework(migrated["checkout"], "tiny_llama", yaml_name, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    check_two_prompts(logs, other, 1)
+
+
 def test_npugraph_ex_yaml_compiles_the_decode_once_and_generates_the_eager_tokens(migrated, eager_run, tmp_path):
     """config/NAME.yaml as written (exe_mode npugraph_ex) under upstream's executor: its warm-up compiles
     main_decode (torch.compile, fullgraph, backend npugraph_ex: the stand-in's capture of it), the formal
@@ -760,7 +785,9 @@ def test_a_layout_that_cannot_run_is_refused_before_any_rank_starts(family_check
     assert proc.stderr.strip().splitlines() == [
         "migrator: error: dp_moe_tp.yaml: scheduler_config's batch_size 1 does not split over 2 attention "
         "data-parallel groups (world_size 2 // attn_tp_size 1); set batch_size to a multiple of 2"], proc.stderr
-    assert "[npu-standin]" not in proc.stderr and not list(checkout.rglob("log_*.log"))
+    # no rank log of this recipe (another test's recipe in this module's checkout may have its own); nothing
+    # else written anywhere in the checkout
+    assert "[npu-standin]" not in proc.stderr and not list(recipe.rglob("log_*.log"))
     after = sorted(p.relative_to(checkout).as_posix() for p in checkout.rglob("*") if ".git" not in p.parts)
     assert after == before
     (recipe / "config" / "dp_moe_tp.yaml").unlink()

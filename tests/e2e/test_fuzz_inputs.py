@@ -631,7 +631,7 @@ def test_fuzz_hub_references_through_the_cli(profile, tmp_path):
 
 
 # ---- signals at every node of the LangGraph run (scripts/signal_matrix.py, one pair per case) --------
-HAPPY_PATH = ["detect_env", "classify", "acquire", "vendor", "render", "trial_run", "collect_baseline", "verify",
+HAPPY_PATH = ["detect_env", "classify", "acquire", "vendor", "decide_native", "render", "trial_run", "collect_baseline", "verify",
               "report"]
 
 

@@ -1,5 +1,7 @@
 """No import cycle among agent/, engine/ and npu_standin/ modules, counting imports inside functions
-too, and the layers: what a lower layer imports never reaches up.
+too; none among their packages either (agent's sub-packages, agent's own modules, engine, npu_standin: a
+cycle of packages is one no module cycle shows, e.g. recipe -> migrate -> codemods -> migrate -> recipe);
+and the layers: what a lower layer imports never reaches up.
 
 A function-level import that only dodges a cycle at load time is still a cycle in the design:
 the two modules cannot be understood (or tested) apart.
@@ -99,13 +101,64 @@ def test_agent_engine_and_the_standin_have_no_import_cycle():
     assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
 
 
+def package_of(module: str) -> str:
+    """The package a module belongs to: agent's sub-package (agent.recipe for agent.recipe.native.parts), an
+    agent module of its own (agent.processes), or the top-level package (engine, npu_standin)."""
+    parts = module.split(".")
+    if parts[0] == "agent" and len(parts) > 1 and (ROOT / "agent" / parts[1]).is_dir():
+        return ".".join(parts[:2])
+    return module if parts[0] == "agent" else parts[0]
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph folded onto packages (an import inside one package is no edge)."""
+    folded: dict[str, set[str]] = {}
+    for name, targets in graph.items():
+        folded.setdefault(package_of(name), set()).update(
+            package_of(t) for t in targets if package_of(t) != package_of(name))
+    return folded
+
+
+def edges_between(graph: dict[str, set[str]], packages: list[str]) -> list[str]:
+    """The module imports that make a package cycle: every edge between two of `packages`."""
+    return sorted(f"{name} -> {t}" for name, targets in graph.items() for t in targets
+                  if package_of(name) in packages and package_of(t) in packages and package_of(name) != package_of(t))
+
+
+def test_the_package_check_finds_a_cycle_no_module_cycle_shows():
+    """A planted cycle: recipe.spec -> migrate.vendor -> codemods.x -> migrate.provenance, and recipe.targets
+    -> migrate.provenance, migrate.vendor -> recipe.render: no module cycle, one cycle of three packages."""
+    planted = {"agent.recipe.spec": {"agent.migrate.vendor"}, "agent.migrate.vendor": {"agent.codemods.x", "agent.recipe.render"},
+               "agent.codemods.x": {"agent.migrate.provenance"}, "agent.migrate.provenance": set(),
+               "agent.recipe.render": set(), "engine.config": set(), "agent.processes": {"engine.config"}}
+    assert cycles(planted) == []
+    assert cycles(package_graph(planted)) == [["agent.codemods", "agent.migrate", "agent.recipe"]]
+    assert "agent.codemods.x -> agent.migrate.provenance" in edges_between(planted, ["agent.codemods", "agent.migrate"])
+    assert package_of("agent.recipe.native.parts.norm") == "agent.recipe" and package_of("agent.processes") == "agent.processes"
+    assert package_of("npu_standin.kernels.quant") == "npu_standin"
+    del planted["agent.migrate.vendor"]
+    assert cycles(package_graph(planted)) == []
+
+
+def test_no_import_cycle_between_packages():
+    graph = import_graph()
+    found = cycles(package_graph(graph))
+    assert not found, "package cycles: " + "; ".join(
+        " <-> ".join(c) + " (" + ", ".join(edges_between(graph, c)) + ")" for c in found)
+
+
 # (importer, imported): a module under the first never imports one under the second. The engine ships
 # inside every standalone recipe: it needs neither the migrator nor the stand-in (which marks the
 # engine's environment record itself, npu_standin.bootstrap). A recipe on disk is what the run,
 # measure and repair layers read; it never reaches up into them.
 FORBIDDEN = (("engine", "agent"), ("engine", "npu_standin"),
              ("agent.recipe", "agent.measure"), ("agent.recipe", "agent.repair"), ("agent.recipe", "agent.run"),
-             ("agent.recipe", "agent.workflow"), ("npu_standin", "agent.testing"), ("npu_standin", "agent.measure"))
+             ("agent.recipe", "agent.workflow"), ("npu_standin", "agent.testing"), ("npu_standin", "agent.measure"),
+             # the migration step vendors with the codemods into a recipe layout: neither reaches back up into it,
+             # and measuring what a migration wrote is the workflow's next step, not the migration's
+             ("agent.recipe", "agent.migrate"), ("agent.codemods", "agent.migrate"), ("agent.migrate", "agent.measure"),
+             # the lock, the process trees and the provenance texts are the ground floor every package stands on
+             ("agent.folder_lock", "agent.recipe"), ("agent.processes", "agent.recipe"), ("agent.provenance", "agent.migrate"))
 
 
 def under(module: str, package: str) -> bool:

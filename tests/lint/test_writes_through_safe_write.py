@@ -44,8 +44,8 @@ ALLOWED = {
     "agent/measure/parity.py::shrunk_reference::.save_pretrained()": PRIVATE_TMP + " (`tiny`, made by its caller)",
     "agent/recipe/fs_guard.py::check_writable::tempfile.TemporaryFile(dir=...)":
         "an unnamed probe file (O_TMPFILE): nothing appears in the folder",
-    "agent/recipe/folder_lock.py::hold::.mkdir()": "the migrator's own lock folder under XDG_CACHE_HOME (0700)",
-    "agent/recipe/folder_lock.py::hold::os.open(write flags)": "a lock file in that folder, opened O_NOFOLLOW",
+    "agent/folder_lock.py::hold::.mkdir()": "the migrator's own lock folder under XDG_CACHE_HOME (0700)",
+    "agent/folder_lock.py::hold::os.open(write flags)": "a lock file in that folder, opened O_NOFOLLOW",
     "agent/processes.py::owned_temp::tempfile.mkdtemp(dir=...)":
         "an owned temporary folder (the temporary folder, or the folder its caller names as its own)",
     "agent/processes.py::owned_temp::.mkdir()": PRIVATE_TMP + " (its work/ folder)",

@@ -857,7 +857,7 @@ def class_prefix(framework_class: str) -> str:
 
 def native_header(ctx: dict) -> str:
     """The licence header: the file is adapted from the transformers code it was derived from."""
-    from agent.migrate import provenance
+    from agent import provenance
 
     what = (f"{ctx['model_name']}: {ctx.get('architecture') or ctx['model_name']} for cann-recipes-infer's executor, "
             "written by infer-migrator's native generator from the transformers code below")

@@ -31,6 +31,7 @@ class NativeDecision:
     kind: str | None = None          # the layer kind that fell back
     reason: str | None = None
     max_rel: float | None = None     # the self-check's largest logit difference (float32), relative
+    source: str | None = None        # the native file's text, as the self-check ran it: what the recipe gets
 
     def summary(self) -> dict:
         """What the report and README say."""
@@ -41,11 +42,6 @@ class NativeDecision:
                     "serves": [label for label, _ in self.features.checked_variants],
                     "fused": list(self.features.fused), "not_fused": list(self.features.unfused)}
         return {"native": False, "fell_back": self.kind, "reason": self.reason}
-
-
-def native_context(ctx: dict, features: Composition) -> dict:
-    """What the framework target's render adds for the native model: its file's text."""
-    return {"native_source": render_native(ctx, features)}
 
 
 def render_native(ctx: dict, features: Composition) -> str:
@@ -97,15 +93,16 @@ def checked(ctx: dict, config: dict, composition: Composition, checkout: Path) -
     """The native file of `composition` held to transformers on `config`'s shrunk copy and its variants."""
     from agent.processes import owned_temp
 
+    source = render_native(ctx, composition)
     with owned_temp("native_model") as tmp:
         path = Path(tmp) / f"modeling_{ctx['model_name']}.py"
-        path.write_text(render_native(ctx, composition))
+        path.write_text(source)
         labelled = selfcheck_jobs(config, composition, str(path), ctx["framework_class"])
         results = selfcheck([job for _, job in labelled], checkout)
     for (label, _), result in zip(labelled, results):
         if not result["ok"]:
             return NativeDecision(False, composition, "self-check", f"{label}: {result['reason']}")
-    return NativeDecision(True, composition, max_rel=results[0]["max_rel"])
+    return NativeDecision(True, composition, max_rel=results[0]["max_rel"], source=source)
 
 
 def _generator_hash() -> str:
@@ -136,7 +133,7 @@ def type_note(model_type: str) -> str:
 def decide(ctx: dict, config: dict, checkout: Path | None) -> NativeDecision:
     """Native or not for the architecture of `config` (a checkpoint's config.json), once per
     configuration and generator in this process."""
-    from agent.migrate.provenance import REMOTE_PACKAGE
+    from agent.provenance import REMOTE_PACKAGE
 
     key = hashlib.sha256(json.dumps([config, ctx.get("model_name"), ctx.get("framework_class"), str(checkout),
                                      _generator_hash()], sort_keys=True, default=str).encode()).hexdigest()

@@ -13,7 +13,7 @@ import yaml
 
 from agent.recipe.fs_guard import user_tree
 from agent.recipe.recipe import Recipe
-from agent.recipe.spec import recipe_spec
+from agent.repair.recipe_spec import recipe_spec
 from agent.recipe.textfile import read_source, write_source
 from agent.recipe.targets import dotted
 from agent.repair.failure import Failure

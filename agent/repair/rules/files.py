@@ -15,7 +15,7 @@ from agent.migrate.vendor import locate_source, read_config, vendor_source
 from agent.processes import owned_temp
 from agent.recipe.recipe import Recipe, runner_files
 from agent.recipe.render import generated_files, render_file, write_rendered
-from agent.recipe.spec import recipe_spec
+from agent.repair.recipe_spec import recipe_spec
 from agent.recipe.textfile import read_source, write_source
 from agent.repair.failure import Failure
 from agent.repair.rules.rule import Kind, RepairContext, Rule

@@ -306,7 +306,7 @@ def test_leftovers_of_a_live_holder_of_the_recipe_are_never_stopped(tmp_path):
     from agent import errors
 
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom pathlib import Path\n"
-                               "from agent.recipe import folder_lock\nfolder_lock.hold(Path(sys.argv[1]), 'run it')\n"
+                               "from agent import folder_lock\nfolder_lock.hold(Path(sys.argv[1]), 'run it')\n"
                                "print('held', flush=True)\ntime.sleep(600)\n", str(tmp_path)],
                               stdout=subprocess.PIPE, text=True, env=_env(), start_new_session=True)
     proc = _sleeper()

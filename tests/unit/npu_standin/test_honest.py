@@ -238,7 +238,7 @@ def test_a_standin_run_of_a_framework_recipe_records_itself_as_one(tmp_path):
 def test_provenance_names_the_exact_source(tmp_path):
     import transformers
 
-    from agent.migrate import provenance
+    from agent import provenance
 
     tf = Path(transformers.__file__).parent / "models"
     # a file generated from a modular file without a header of its own: its model folder's copyright line

@@ -100,7 +100,7 @@ def test_obsolete_keys_have_no_reader():
 def test_re_render_from_the_recipe_gives_the_same_files(tmp_path):
     """RecipeSpec.from_recipe (repair's re-render) rebuilds the spec node_render rendered from."""
     from agent.recipe.recipe import Recipe
-    from agent.recipe.spec import recipe_spec
+    from agent.repair.recipe_spec import recipe_spec
 
     spec, vendored = _demo_spec(tmp_path, device="cpu", max_new_tokens=8)
     recipe = tmp_path / "demo"

@@ -33,7 +33,7 @@ def test_a_folder_that_is_no_recipe_gets_the_not_a_recipe_row(tmp_path, make):
 def test_each_row_answers_what_differs_by_target():
     """The columns that replaced the branches: a change of one row's value is a change of behaviour."""
     standalone, legacy, framework = TARGETS["standalone"], TARGETS["legacy"], TARGETS["framework"]
-    assert standalone.code_check and not legacy.code_check and not framework.code_check
+    assert standalone.recipe_checks == ("vendored_code",) and legacy.recipe_checks == framework.recipe_checks == ()
     assert framework.log_style == "executor" and legacy.log_style == standalone.log_style == "runner"
     assert legacy.standin_runnable and framework.standin_runnable and not standalone.standin_runnable
     assert standalone.runs_own_infer_sh and legacy.runs_own_infer_sh and not framework.runs_own_infer_sh
@@ -98,3 +98,64 @@ def test_every_rendered_target_has_its_templates():
     for target in TARGETS.values():
         for template in target.files():
             assert (templates_dir() / template).is_file(), (target.name, template)
+
+
+def one_row_flags(rows) -> list[str]:
+    """The boolean columns true for exactly one row: that row's name under another name."""
+    from dataclasses import fields
+
+    from agent.recipe.targets import Target
+
+    flags = [f.name for f in fields(Target) if isinstance(getattr(rows[0], f.name), bool)]
+    return [flag for flag in flags if sum(bool(getattr(row, flag)) for row in rows) == 1]
+
+
+def test_no_boolean_column_is_one_rows_name_under_another_name():
+    """What only one target does is that row's behaviour (a function or data on it), not a flag read elsewhere;
+    the check finds a planted one."""
+    from dataclasses import fields, replace
+
+    from agent.recipe.targets import Target
+
+    rows = list(TARGETS.values())
+    assert one_row_flags(rows) == []
+    booleans = [f.name for f in fields(Target) if isinstance(getattr(rows[0], f.name), bool)]
+    assert booleans and set(booleans) <= {"inside_checkout", "standin_runnable", "is_recipe"}, booleans
+    planted = [replace(rows[0], inside_checkout=True), *(replace(row, inside_checkout=False) for row in rows[1:])]
+    assert one_row_flags(planted) == ["inside_checkout"]
+
+
+def test_what_one_target_does_is_its_rows_behaviour(tmp_path):
+    """The framework row adds a registry line, refuses a checkpoint without a chat template and names the old flat
+    YAML keys its executor ignores, and its recipes run under their folder's name; the standalone row renders the
+    family's runner; the others do none of it."""
+    import pytest
+
+    from agent.errors import InputError
+    from agent.recipe.recipe import Recipe
+    from agent.recipe.routing import FAMILIES
+
+    standalone, legacy, framework = TARGETS["standalone"], TARGETS["legacy"], TARGETS["framework"]
+    ctx = {"model_name": "tiny", "native_model": True, "config_class": "LlamaConfig"}
+    assert framework.registry_entry(ctx)[0] == ("models.tiny.models.modeling_tiny", "TinyForCausalLM")
+    assert standalone.registry_entry is None and legacy.registry_entry is None
+    family = FAMILIES["standard"]
+    assert standalone.family_files("tiny", family) == {"runner_tiny.py": family.runner_template}
+    assert framework.family_files("tiny", family) == legacy.family_files("tiny", family) == {}
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "tokenizer_config.json").write_text("{}")
+    with pytest.raises(InputError, match="no chat template"):
+        framework.check_checkpoint(checkpoint)
+    standalone.check_checkpoint(checkpoint), legacy.check_checkpoint(checkpoint)     # plain prompts: accepted
+    (checkpoint / "tokenizer_config.json").write_text('{"chat_template": "{{ messages }}"}')
+    framework.check_checkpoint(checkpoint)
+    yaml = tmp_path / "flat.yaml"
+    yaml.write_text("model_name: tiny\nworld_size: 1\n")
+    assert standalone.ignored_yaml_keys(yaml, None, "flat.yaml") == legacy.ignored_yaml_keys(yaml, None, "x") == []
+    # a framework recipe whose runner file names it otherwise still runs as its folder
+    folder = tmp_path / "models" / "folder_name"
+    folder.mkdir(parents=True)
+    (folder / "runner_other.py").write_text("")
+    assert Recipe("framework", folder).model_name == "folder_name"
+    assert Recipe("legacy", folder).model_name == Recipe("standalone", folder).model_name == "other"

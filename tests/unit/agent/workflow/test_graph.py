@@ -12,7 +12,7 @@ def test_graph_has_the_nodes_and_edges_of_the_spec():
     edges = {(e.source, e.target) for e in graph.edges}
     for edge in [("__start__", "detect_env"), ("detect_env", "classify"), ("classify", "acquire"),
                  ("classify", "diagnose"), ("classify", "collect_baseline"), ("acquire", "vendor"),
-                 ("vendor", "render"), ("render", "trial_run"), ("trial_run", "collect_baseline"),
+                 ("vendor", "decide_native"), ("decide_native", "render"), ("render", "trial_run"), ("trial_run", "collect_baseline"),
                  ("trial_run", "diagnose"), ("diagnose", "repair"), ("diagnose", "estimate_memory"),
                  ("repair", "trial_run"), ("collect_baseline", "verify"), ("verify", "report"),
                  ("estimate_memory", "report"), ("report", "__end__")]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 
 def test_classify_node_alone_gives_a_for_a_checkpoint(tiny_checkpoints):
     from agent.workflow.nodes import node_classify
@@ -18,7 +20,7 @@ def test_acquire_converts_a_checkpoint_the_npu_cannot_compute_and_render_documen
     import json
 
     import quantized_checkpoints as forms
-    from agent.recipe import folder_lock
+    from agent import folder_lock
     from agent.workflow.nodes import node_acquire, node_render, node_vendor
 
     src, _ = forms.qwen3_fp8(tmp_path / "Qwen3-8B-FP8")
@@ -43,7 +45,7 @@ def test_the_auto_map_note_reaches_the_vendored_record_when_the_run_checkpoint_d
     import json
 
     import quantized_checkpoints as forms
-    from agent.recipe import folder_lock
+    from agent import folder_lock
     from agent.workflow.nodes import node_acquire, node_vendor
 
     src, _ = forms.deepseek_v3_fp8(tmp_path / "DeepSeek-V3")
@@ -57,3 +59,44 @@ def test_the_auto_map_note_reaches_the_vendored_record_when_the_run_checkpoint_d
     assert state["vendored"]["model_class"] == "DeepseekV3ForCausalLM"
     assert "served by transformers' own class" in state["vendored"]["auto_map_note"]
     assert not (src / forms.REMOTE_CODE_MARKER).exists()
+
+
+def test_the_state_carries_one_run_plan_and_a_standin_plan_is_kept_as_the_input_step_made_it(tmp_path, monkeypatch):
+    """--standin's plan is the state's `run_plan` (no second copy): the nodes run it as it is, the baseline is named
+    and placed as a stand-in one, and the report names it with its notes; a plan without `standin` (classify's or
+    render's) is no stand-in run, and a state without one is planned (once, by agent.run.plan)."""
+    import json
+    import typing
+
+    from agent.workflow import nodes, report
+    from agent.workflow.state import MigrationState, standin_run
+
+    assert [k for k in typing.get_type_hints(MigrationState) if "plan" in k or "standin" in k] == ["run_plan"]
+    yaml = tmp_path / "r" / "config" / "r.yaml"
+    standin = {"yaml": str(yaml), "world_size": 1, "source_yaml": str(yaml), "checkpoint": None, "standin": "cpu",
+               "tiny": True, "model_type": "qwen3", "max_new_tokens": 16, "notes": ["a tiny random qwen3 checkpoint"],
+               "parallel": None}
+    planned = []
+
+    class Planned(Exception):
+        pass
+
+    def plan_again(*args, **kw):
+        planned.append(args)
+        raise Planned
+
+    monkeypatch.setattr(nodes.run_plan, "plan_run", plan_again)
+    assert standin_run({"run_plan": standin}) and nodes.plan_run(None, {"run_plan": standin}) == standin
+    assert not planned
+    own = {**standin, "standin": None, "tiny": False, "notes": []}
+    assert not standin_run({"run_plan": own}) and not standin_run({})
+    with pytest.raises(Planned):         # not the stand-in's: the recipe's own plan is made
+        nodes.plan_run(None, {"run_plan": own})
+    assert len(planned) == 1
+    (tmp_path / "r").mkdir()
+    for plan, named in ((standin, True), (own, False)):
+        report.write_report({"recipe_dir": str(tmp_path / "r"), "run_plan": plan, "status": "ok"})
+        written = json.loads(report.report_path(tmp_path / "r").read_text())
+        assert ("upstream_standin" in written) is named, written
+        if named:
+            assert written["upstream_standin"]["notes"] == ["a tiny random qwen3 checkpoint"]

@@ -149,7 +149,7 @@ def test_a_failed_render_or_a_fresh_run_takes_back_the_run_checkpoint_an_unpubli
         nodes.node_render(state, config=_config("t1"))
     assert not (out / "m").exists()              # nothing in the output folder blocks the next run
     # a migration killed after acquire: a fresh run (its lock is ours) makes the run checkpoint again
-    from agent.recipe import folder_lock
+    from agent import folder_lock
 
     _with_run_checkpoint(tiny_checkpoints, out)
     with folder_lock.released_at_end():
@@ -217,7 +217,7 @@ def _hold(path: Path, namespace: str = "this") -> subprocess.Popen:
     from pid_namespace import in_other_pid_namespace
 
     command = [sys.executable, "-c", "import sys, time\nfrom pathlib import Path\n"
-               "from agent.recipe import folder_lock\nfolder_lock.hold(Path(sys.argv[1]), 'run it')\n"
+               "from agent import folder_lock\nfolder_lock.hold(Path(sys.argv[1]), 'run it')\n"
                "print('held', flush=True)\ntime.sleep(float(sys.argv[2]))\n", str(path), "600"]
     holder = subprocess.Popen(in_other_pid_namespace(command) if namespace == "other" else command,
                               stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT)
@@ -272,7 +272,7 @@ def test_a_registry_edit_waits_for_another_recipes_edit_of_the_same_registry(tmp
     from locations import REPO_ROOT
 
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom pathlib import Path\n"
-                               "from agent.recipe import folder_lock\nfolder_lock.hold(Path(sys.argv[1]), 'register')\n"
+                               "from agent import folder_lock\nfolder_lock.hold(Path(sys.argv[1]), 'register')\n"
                                "print('held', flush=True)\ntime.sleep(1.5)\n", str(registry)],
                               stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT)
     try:

@@ -289,21 +289,25 @@ def per_step_run(native_checkout, model_type: str, ranks: int, tmp_path: Path, e
 
 # a recipe generated from one tiny checkpoint, run on another of its family (model_path alone changed)
 FAMILY_CHECKPOINTS = {
-    "llama": dict(rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
-                  tie_word_embeddings=True, attention_bias=True, mlp_bias=True),
-    "qwen2_moe": dict(decoder_sparse_step=2, mlp_only_layers=[], norm_topk_prob=True),
+    "llama": ("llama", dict(rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                                             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                             "original_max_position_embeddings": 64},
+                            tie_word_embeddings=True, attention_bias=True, mlp_bias=True)),
+    "qwen2_moe": ("qwen2_moe", dict(decoder_sparse_step=2, mlp_only_layers=[], norm_topk_prob=True)),
+    # the other switch: every layer sparse by the step, the last one dense by mlp_only_layers
+    "qwen2_moe-mlp_only_layers": ("qwen2_moe", dict(decoder_sparse_step=1, mlp_only_layers=[1], norm_topk_prob=False)),
 }
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("model_type", list(FAMILY_CHECKPOINTS))
-def test_native_recipe_serves_another_checkpoint_of_its_family_per_step(native_checkout, model_type, tmp_path):
+@pytest.mark.slow     # the default case of this path: tests/e2e/test_framework_target.py::test_the_llama_recipe_serves_a_llama_checkpoint_with_another_rope_tied_embeddings_and_biases
+@pytest.mark.parametrize("variant", list(FAMILY_CHECKPOINTS))
+def test_native_recipe_serves_another_checkpoint_of_its_family_per_step(native_checkout, variant, tmp_path):
     """The recipe generated from the type's plain tiny checkpoint (default rope, untied, no biases; every qwen2_moe
     layer sparse, no renormalisation), its YAML's model_path pointed at a checkpoint of the family that differs
     in what the file reads from the config (llama: llama3 rope, tied embeddings without lm_head.weight, attention
-    and MLP biases; qwen2_moe: a dense layer by decoder_sparse_step, renormalised top-k): upstream's launcher
-    runs it, every prefill and decode step held to transformers on that checkpoint."""
+    and MLP biases; qwen2_moe: a dense layer by decoder_sparse_step, renormalised top-k, or a dense layer by
+    mlp_only_layers): upstream's launcher runs it, every prefill and decode step held to transformers on that
+    checkpoint."""
     import json
 
     from agent.measure import reference as upstream
@@ -311,12 +315,13 @@ def test_native_recipe_serves_another_checkpoint_of_its_family_per_step(native_c
     from migrator_cli import run_cli
     from upstream_checkout import FAST
 
+    model_type, overrides = FAMILY_CHECKPOINTS[variant]
     recipe, name = native_recipe(native_checkout, model_type)
-    other = upstream.tiny_checkpoint(model_type, native_checkout["root"] / f"ckpt_{model_type}_family",
-                                     seed=1, **FAMILY_CHECKPOINTS[model_type])
+    other = upstream.tiny_checkpoint(model_type, native_checkout["root"] / f"ckpt_{variant}_family",
+                                     seed=1, **overrides)
     stored = json.loads((other / "config.json").read_text())
-    assert {k: stored[k] for k in FAMILY_CHECKPOINTS[model_type] if k != "rope_parameters"} == \
-        {k: v for k, v in FAMILY_CHECKPOINTS[model_type].items() if k != "rope_parameters"}
+    assert {k: stored[k] for k in overrides if k != "rope_parameters"} == \
+        {k: v for k, v in overrides.items() if k != "rope_parameters"}
     if model_type == "llama":
         from safetensors import safe_open
 
@@ -328,7 +333,7 @@ def test_native_recipe_serves_another_checkpoint_of_its_family_per_step(native_c
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     parity = json.loads(Path(json.loads(proc.stdout)["baseline_path"]).read_text())["verification"]["parity"]
     assert parity["ok"] is True and len(parity["per_request"]) == 2, parity
-    print(f"NATIVE-TABLE {model_type} (family checkpoint {sorted(FAMILY_CHECKPOINTS[model_type])}) ranks=1 "
+    print(f"NATIVE-TABLE {model_type} (family checkpoint {sorted(overrides)}) ranks=1 "
           f"ok={parity['ok']} closest={parity.get('closest')} decode_steps={parity.get('decode_steps_checked')}")
 
 
