@@ -154,11 +154,14 @@ def _decoder(model):
 
 
 def _tops(model):
-    """The modules of the image-text model and of its base model (model.*)."""
-    found = [(name, child) for name, child in model.named_children() if name != "model"]
+    """The modules and own parameters (llava_next's image_newline) of the image-text model and of its base model
+    (model.*)."""
+    found = [(name, child) for name, child in [*model.named_children(), *model.named_parameters(recurse=False)]
+             if name != "model"]
     base = getattr(model, "model", None)
     if base is not None:
-        found += [(f"model.{name}", child) for name, child in base.named_children()]
+        found += [(f"model.{name}", child) for name, child in [*base.named_children(),
+                                                                 *base.named_parameters(recurse=False)]]
     return found
 
 
