@@ -52,7 +52,7 @@ class TextDecoder:
 
     def note(self) -> str:
         """One line for the report and the README."""
-        return (f"{self.image_text_class}: served by its text decoder ({self.text_type} at {self.decoder_prefix}, "
+        return (f"served by its text decoder ({self.text_type} at {self.decoder_prefix}, "
                 f"as {self.causal_lm_type}); not served: {', '.join(self.skipped) or 'nothing else'}"
                 + (f"; {self.reduced}" if self.reduced else ""))
 
@@ -220,3 +220,24 @@ def image_text_model(decoder: TextDecoder, checkpoint_config: dict, text_config)
         except Exception as exc:  # noqa: BLE001 - a vision config its class refuses shrunk: the next try
             last = exc
     raise last
+
+
+def transformers_auto_class(checkpoint):
+    """The auto class that loads the checkpoint at `checkpoint` as transformers runs it, the oracle of every
+    verdict: the image-text class for an image-text checkpoint whose type has no causal-LM class (its text-only
+    prompts then run the whole image-text model), else AutoModelForCausalLM."""
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from engine.safe_load import load_json
+
+    try:
+        config = load_json(Path(checkpoint) / "config.json")
+    except (OSError, ValueError):
+        return AutoModelForCausalLM
+    if is_image_text(config) and config.get("model_type") not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES \
+            and not config.get("auto_map"):
+        return AutoModelForImageTextToText
+    return AutoModelForCausalLM

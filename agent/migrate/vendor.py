@@ -174,10 +174,11 @@ def is_image_text(config: dict) -> bool:
 
 
 def image_text_reason(config: dict, evidence: str) -> str:
-    """The one line for an image-text checkpoint, until they are served (SPEC §9: by their text decoder): what it
-    is and why (`evidence`), its text decoder's model_type and whether the native generator writes that type."""
-    return (f"image-text model ({evidence}); {text_decoder_note(config)}; image-text checkpoints are not served "
-            "yet (they are to be served by their text decoder)")
+    """The one line for an image-text checkpoint that is not served (SPEC §9: they are served by their text decoder,
+    agent.migrate.text_decoder, where the native generator writes it): what it is and why (`evidence`), its text
+    decoder's model_type and whether the native generator writes that type."""
+    return (f"image-text model ({evidence}); {text_decoder_note(config)}; image-text checkpoints are served by their "
+            "text decoder only where the native generator writes it")
 
 
 def text_decoder_note(config: dict) -> str:
@@ -227,6 +228,8 @@ def locate_source(config: dict, model_dir: Path | None = None, trust_remote_code
         raise UnsupportedModelError(
             f"model_type '{model_type}' is unknown to transformers {transformers.__version__}; "
             "upgrade transformers, or pass --trust-remote-code if the repo ships its own code")
+    if is_image_text(config) and not native_note:
+        return text_decoder_source(config, arch_name)
     class_name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
     # Prefer the checkpoint's own causal-LM class when transformers knows it.
     for arch in architectures:
@@ -258,6 +261,38 @@ def locate_source(config: dict, model_dir: Path | None = None, trust_remote_code
         attn_implementation="sdpa" if getattr(model_cls, "_supports_sdpa", False) else "eager",
         note=native_note,
     )
+
+
+def text_decoder_source(config: dict, arch_name: str) -> ModelSource:
+    """An image-text checkpoint, served by its text decoder written natively (agent.migrate.text_decoder): the
+    decoder's causal-LM class and its own config class (which reads config.json's text_config: transformers finds
+    the part of its model_type); refused in one line where the decoder is not written natively (the adapter
+    would run the image-text checkpoint's names through a causal LM's code)."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from agent.migrate.text_decoder import NotServedByText, text_decoder
+    from agent.recipe.native.compose import derive
+    from agent.recipe.native.not_native import NotNative
+
+    try:
+        decoder = text_decoder(config)
+        derive(config)
+    except NotServedByText as exc:
+        raise _refuse(arch_name, image_text_reason(config, str(exc))) from None
+    except NotNative as exc:
+        why = " ".join(exc.reason.split())[:200]
+        raise _refuse(arch_name, image_text_reason(config, f"its text decoder is not written natively: {exc.kind}: "
+                                                           f"{why}")) from None
+    model_cls = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[decoder.causal_lm_type])
+    config_cls = type(transformers.AutoConfig.for_model(decoder.text_type))
+    return ModelSource(
+        model_type=decoder.causal_lm_type, architecture=arch_name, model_class=model_cls.__name__,
+        config_class=config_cls.__name__, modeling_module=model_cls.__module__,
+        configuration_module=config_cls.__module__, modeling_file=Path(inspect.getsourcefile(model_cls)),
+        configuration_file=Path(inspect.getsourcefile(config_cls)), origin=f"transformers {transformers.__version__}",
+        attn_implementation="sdpa" if getattr(model_cls, "_supports_sdpa", False) else "eager",
+        note=decoder.note())
 
 
 def runs_remote_code(config: dict, trust_remote_code: bool) -> bool:

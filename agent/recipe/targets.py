@@ -19,6 +19,7 @@ from typing import Callable, Mapping, Protocol
 
 from engine.config import KEYS, Key, rendered_settings
 from engine.safe_load import load_json, loads_json
+from agent.errors import UnsupportedModelError
 from agent.recipe.templating import DENSE_MOE_TP_NOTE, yaml_comments  # noqa: F401 - the YAMLs' comments
 
 # The shared entry point of a cann-recipes-infer checkout, and the file that marks a checkout.
@@ -212,6 +213,21 @@ def native_decision(ctx: dict):
     return decide(ctx, config, checkout)
 
 
+def image_text_decoder(ctx: dict):
+    """The text decoder of the recipe's checkpoint when it is an image-text one (agent.migrate.text_decoder), else
+    None."""
+    from agent.migrate.text_decoder import NotServedByText, text_decoder
+
+    try:
+        config = load_json(Path(ctx.get("model_path", "")) / "config.json")
+    except (OSError, ValueError):
+        return None
+    try:
+        return text_decoder(config) if isinstance(config, dict) else None
+    except NotServedByText as exc:
+        raise UnsupportedModelError(f"image-text model: {exc}") from None
+
+
 def hub_link(source: str) -> str:
     """A link to where the checkpoint came from; never a path of this machine."""
     source = str(source or "")
@@ -258,7 +274,8 @@ def framework_context(ctx: dict, native: bool = True) -> dict:
         files.append((framework_yaml_name(name, world_size), f"{world_size} 卡张量并行，{mode}"))
     names = {"framework_class": framework_class_name(name),
              "display_name": str(ctx.get("architecture") or name).removesuffix("ForCausalLM") or name}
-    extra = {"exe_mode": mode, "native_model": False, "native_decision": None}
+    extra = {"exe_mode": mode, "native_model": False, "native_decision": None, "image_text": None}
+    decoder = image_text_decoder(ctx)
     if native:
         decision = native_decision({**ctx, **names})
         if decision is not None:
@@ -267,6 +284,16 @@ def framework_context(ctx: dict, native: bool = True) -> dict:
                 from agent.recipe.native.decide import native_context
 
                 extra.update(native_model=True, **native_context({**ctx, **names}, decision.features))
+    if decoder is not None:
+        if not extra["native_model"]:
+            # the adapter and the legacy runner run a causal LM's code on the checkpoint's names: not this one
+            why = (extra["native_decision"] or {}).get("reason") or "the target writes no native model"
+            raise UnsupportedModelError(f"{decoder.image_text_class}: image-text model served by its text decoder "
+                                        f"({decoder.text_type}) only where the native generator writes it; here it "
+                                        f"does not: {' '.join(str(why).split())[:200]}")
+        extra["image_text"] = {"image_text_class": decoder.image_text_class, "text_type": decoder.text_type,
+                               "decoder_prefix": decoder.decoder_prefix, "skipped": list(decoder.skipped),
+                               "reduced": decoder.reduced}
     return {**extra, **names,
             "family_label": FAMILY_LABELS.get(ctx["family"].name, ctx["family"].name),
             "hub_link": hub_link(ctx.get("model_source", "")),

@@ -117,19 +117,19 @@ def build_tiny_checkpoint(model_type: str, out_dir: str | Path, seed: int = 0, t
     device before any memory is allocated (config keys TINY_DIMS does not know, e.g. an expert
     count under another name, can leave a "tiny" config at its full default size)."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     out = Path(out_dir)
     checkpoint_tree = UserTree(out, "the checkpoint folder", create=True)
     tokenizer = build_tokenizer(out)
     config = tiny_config(model_type, vocab_size=len(tokenizer), tiny_dims=tiny_dims, **overrides)
+    model_class = model_class_of(config)
     if max_params is not None:
         with torch.device("meta"):
-            count = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+            count = sum(p.numel() for p in model_class.from_config(config).parameters())
         if count > max_params:
             raise ValueError(f"{count / 1e6:.0f}M parameters > {max_params / 1e6:.0f}M: not a tiny config")
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = model_class.from_config(config, dtype=torch.float32)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     checkpoint_tree.fill_with(out, lambda tmp: model.save_pretrained(tmp, safe_serialization=True),
@@ -137,6 +137,20 @@ def build_tiny_checkpoint(model_type: str, out_dir: str | Path, seed: int = 0, t
     checkpoint_tree.write_text(out / "tiny_checkpoint.json", json.dumps({"model_type": model_type, "seed": seed}) + "\n")
 
     return out
+
+
+def model_class_of(config):
+    """The auto class that builds a checkpoint of `config`: the causal LM where transformers maps the type to one
+    (gemma3's is its image-text class), else the image-text one for an image-text type (llava, mistral3,
+    qwen2_5_vl: its text and vision configs tiny, tiny_config's sub-configs; saved as its checkpoints are)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                                                        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
+
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and \
+            config.model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
+        return AutoModelForImageTextToText
+    return AutoModelForCausalLM
 
 
 # Integer config fields that are sizes (widths), scaled down together by `scaled_default_overrides`

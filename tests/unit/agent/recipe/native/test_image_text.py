@@ -186,13 +186,14 @@ def test_every_text_decoder_of_the_table_matches_its_image_text_model_per_step(t
 
 
 def _wrong_prefix(source: str) -> str:
-    # the decoder's tensors left under the image-text model's prefix (model.language_model.*): not the decoder's
-    row = '("^model\\\\.language_model\\\\.", "model.")'
-    assert row in source
-    return source.replace(row, '("^model\\\\.language_model\\\\.", "model.language_model.")')
+    # the decoder looked for where another image-text class keeps it (idefics3's model.text_model): the
+    # checkpoint's model.language_model.* (and legacy language_model.model.*) tensors are then not the decoder's
+    stored = "^model\\\\.language_model\\\\."
+    assert source.count(stored) == 2
+    return source.replace(stored, "^model\\\\.text_model\\\\.")
 
 
 def test_a_decoder_read_under_the_wrong_prefix_fails_the_check(tmp_path):
     results = per_step(["llava"], tmp_path, fault=_wrong_prefix)
     assert not results["llava"]["ok"]
-    assert "no checkpoint tensor" in results["llava"]["reason"]
+    assert "the checkpoint has no tensor for" in results["llava"]["reason"]
