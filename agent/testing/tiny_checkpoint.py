@@ -39,6 +39,15 @@ TYPE_DIMS = {
     "gemma4_text": {"enable_moe_block": True, "top_k_experts": 2},
 }
 
+# Image-text types: their text decoder's settings a tiny checkpoint must still have (Qwen2-VL / 2.5-VL / 3-VL's
+# M-RoPE sections: the published checkpoints' 16/24/24 of a head of 128, here of TINY_DIMS' 16).
+TEXT_DIMS = {
+    "qwen2_vl": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}},
+    "qwen2_5_vl": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}},
+    "qwen3_vl": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
+                                     "mrope_interleaved": True}},
+}
+
 
 def train_bpe_tokenizer(corpus: list[str], vocab_size: int, **init_kwargs):
     """Byte-level BPE trained on `corpus`, wrapped as a fast HF tokenizer (pad/bos/eos/unk)."""
@@ -98,6 +107,7 @@ def tiny_config(model_type: str, vocab_size: int, tiny_dims: bool = True, **over
             sub_kwargs.update(vocab_size=vocab_size, pad_token_id=0, bos_token_id=1, eos_token_id=2)
             # Overrides of the text model's fields (e.g. num_hidden_layers) reach it here too.
             sub_kwargs.update({k: v for k, v in overrides.items() if k in sub_known and k not in known})
+            sub_kwargs.update(TEXT_DIMS.get(model_type, {}))
         if getattr(sub, "model_type", None):
             sub_kwargs["model_type"] = sub.model_type
         try:

@@ -25,7 +25,6 @@ from agent.testing.tiny_checkpoint import tiny_config
 from locations import REPO_ROOT
 
 SNAPSHOT = REPO_ROOT.parent / "shared" / "upstream" / "cann-recipes-infer"
-MROPE = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}   # tiny heads of 16
 
 # image-text type -> (the causal-LM type its decoder is served as, where the decoder sits, what is skipped)
 TYPES = {
@@ -48,10 +47,10 @@ PER_STEP_DEFAULT = ("llava", "gemma3", "mistral3", "qwen2_5_vl")
 
 
 def vl_config(model_type: str) -> dict:
+    """A tiny config of the type as its checkpoint's config.json holds it (Qwen-VL's with their M-RoPE sections)."""
     config = tiny_config(model_type, vocab_size=384).to_dict()
     if model_type in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"):
-        config["text_config"]["rope_parameters"] = dict(MROPE, **({"mrope_interleaved": True}
-                                                                  if model_type == "qwen3_vl" else {}))
+        assert config["text_config"]["rope_parameters"]["mrope_section"] == [2, 3, 3]
     return config
 
 
