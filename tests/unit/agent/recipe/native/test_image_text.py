@@ -12,7 +12,6 @@ reason."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
