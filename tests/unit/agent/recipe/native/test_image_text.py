@@ -195,3 +195,18 @@ def test_a_decoder_read_under_the_wrong_prefix_fails_the_check(tmp_path):
     results = per_step(["llava"], tmp_path, fault=_wrong_prefix)
     assert not results["llava"]["ok"]
     assert "the checkpoint has no tensor for" in results["llava"]["reason"]
+
+
+def _temporal_section_only(source: str) -> str:
+    # M-RoPE reduced wrongly: the temporal section (mrope_section[0] = 2 frequencies) by the token's position, the
+    # height / width sections at position 0 (as an image grid's first row would give them)
+    line = "freqs, scaling = torch.outer(positions, inv_freq), 1.0\n"
+    assert source.count(line) == 1
+    indent = source.split(line)[0].rsplit("\n", 1)[1]
+    return source.replace(line, line + f"{indent}freqs[:, 2:] = 0.0\n")
+
+
+def test_an_mrope_reduced_wrongly_fails_the_check(tmp_path):
+    results = per_step(["qwen2_5_vl"], tmp_path, fault=_temporal_section_only)
+    assert not results["qwen2_5_vl"]["ok"]
+    assert "logits differ from transformers'" in results["qwen2_5_vl"]["reason"]
