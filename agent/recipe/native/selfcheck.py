@@ -194,6 +194,10 @@ def check(job: dict) -> dict:
     config = shrunk_config(text, job.get("changes"))
     torch.manual_seed(job.get("seed", 0))
     if decoder is not None and not job.get("changes"):
+        # the file built on the decoder's own config class, as the recipe registers it (Qwen2.5-VL's text config:
+        # its M-RoPE sections in rope_parameters), the widths of `config`
+        text = decoder.own_config
+
         def build():
             return image_text_model(decoder, job["config"], shrunk_config(decoder.own_config))
     else:
