@@ -62,9 +62,15 @@ class NotServedByText(Exception):
 
 
 def is_image_text(config: dict) -> bool:
-    from agent.migrate.vendor import is_image_text as classify
+    """An image-text checkpoint by its config: a vision_config, or a model_type transformers' image-text-to-text
+    mapping names (chameleon's and idefics' configs have no vision_config of that name)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
-    return isinstance(config, dict) and classify(config)
+    if not isinstance(config, dict):
+        return False
+    model_type = config.get("model_type")
+    return isinstance(config.get("vision_config"), dict) or (isinstance(model_type, str) and
+                                                             model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
 
 
 def text_decoder(config: dict) -> TextDecoder | None:

@@ -164,13 +164,10 @@ def refusal_reason(config: dict, model_cls: type) -> str | None:
 
 
 def is_image_text(config: dict) -> bool:
-    """An image-text checkpoint by its config: a vision_config, or a model_type transformers' image-text-to-text
-    mapping names (chameleon's and idefics' configs have no vision_config of that name)."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+    """An image-text checkpoint by its config (agent.migrate.text_decoder, the one place that classifies them)."""
+    from agent.migrate.text_decoder import is_image_text as classify
 
-    model_type = config.get("model_type")
-    return isinstance(config.get("vision_config"), dict) or (isinstance(model_type, str) and
-                                                             model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
+    return classify(config)
 
 
 def image_text_reason(config: dict, evidence: str) -> str:
