@@ -90,7 +90,9 @@ def _text_decoder(config_json: str) -> TextDecoder:
     from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
                                                         MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
 
-    config = json.loads(config_json)
+    from engine.safe_load import loads_json
+
+    config = loads_json(config_json, "the checkpoint's config")
     vl_type = config.get("model_type")
     architectures = [a for a in config.get("architectures") or [] if isinstance(a, str)]
     class_name = next((a for a in architectures if hasattr(transformers, a)), None) or \
