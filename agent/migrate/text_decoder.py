@@ -129,13 +129,8 @@ def _text_decoder(config_json: str) -> TextDecoder:
         text["model_type"] = TEXT_ONLY_TYPES[text_type]
         text, reduced = reduce_mrope(text)
     # stored names -> the image-text model's (its conversion mapping), then its decoder and head -> a causal LM's
-    from agent.recipe.native.not_native import NotNative
-    from agent.recipe.native.parts.model import checkpoint_renames
-
-    try:
-        renames = list(checkpoint_renames(vl_type))
-    except NotNative as exc:
-        raise NotServedByText(exc.reason) from exc
+    served_names = [n for n, _ in model.named_parameters() if n.startswith((prefix + ".", head_name + "."))]
+    renames = stored_name_renames(vl_type, served_names)
     base = getattr(decoder, "base_model_prefix", "") or "model"
     escaped = re.escape(prefix)
     if head_name != "lm_head":
@@ -149,6 +144,29 @@ def _text_decoder(config_json: str) -> TextDecoder:
     return TextDecoder(image_text_type=vl_type, image_text_class=class_name, config=text, own_config=own,
                        text_type=text_type,
                        decoder_prefix=prefix, head=head_name, renames=tuple(renames), skipped=skipped, reduced=reduced)
+
+
+def stored_name_renames(vl_type: str, served_names: list[str]) -> list[tuple[str, str]]:
+    """transformers' renames of the image-text type's stored tensor names (regex, replacement: the native loader's
+    re.sub, captured groups too), in its order. A conversion other than a rename (a split, a merge) or a scoped
+    rename is dropped where it produces none of `served_names` (the decoder's and the head's parameters: it converts
+    the vision tower's tensors, which are skipped), else the decoder is not served."""
+    from transformers import conversion_mapping
+
+    renames = []
+    for rule in conversion_mapping.get_checkpoint_conversion_mapping(vl_type) or []:
+        sources, targets = list(rule.source_patterns), list(rule.target_patterns)
+        if type(rule).__name__ == "WeightRenaming" and not getattr(rule, "scope_prefix", None) and len(targets) == 1:
+            target = targets[0].lstrip("^").replace("\\.", ".").rstrip("$")
+            renames += [(source, target) for source in sources]
+            continue
+        patterns = [re.compile(t.replace("\\1", ".*").replace("\\2", ".*")) for t in targets]
+        if any(pattern.search(name) for pattern in patterns for name in served_names):
+            raise NotServedByText(f"transformers converts the text decoder's tensors {sources} -> {targets} for "
+                                  f"{vl_type} (not a rename): the native loader reads the checkpoint's names")
+    for pattern, _ in renames:
+        re.compile(pattern)
+    return renames
 
 
 def _decoder(model):

@@ -210,3 +210,16 @@ def test_an_mrope_reduced_wrongly_fails_the_check(tmp_path):
     results = per_step(["qwen2_5_vl"], tmp_path, fault=_temporal_section_only)
     assert not results["qwen2_5_vl"]["ok"]
     assert "logits differ from transformers'" in results["qwen2_5_vl"]["reason"]
+
+
+def test_a_conversion_of_the_vision_tower_is_dropped_and_one_of_the_decoder_refused():
+    """qianfan_ocr's mapping splits the vision tower's fused qkv (a converter, not a rename): its decoder is served;
+    the same converter on names the decoder has is not a rename the loader writes."""
+    from agent.migrate.text_decoder import stored_name_renames
+
+    decoder = text_decoder(tiny_config("qianfan_ocr", vocab_size=384).to_dict())
+    assert decoder.causal_lm_type == "qwen3"
+    assert apply_renames(decoder.renames, "language_model.model.layers.0.mlp.up_proj.weight") == \
+        "model.layers.0.mlp.up_proj.weight"
+    with pytest.raises(NotServedByText, match="converts the text decoder's tensors"):
+        stored_name_renames("qianfan_ocr", ["model.language_model.layers.0.attention.q_proj.weight"])
