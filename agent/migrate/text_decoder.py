@@ -160,6 +160,10 @@ def stored_name_renames(vl_type: str, served_names: list[str]) -> list[tuple[str
             target = targets[0].lstrip("^").replace("\\.", ".").rstrip("$")
             renames += [(source, target) for source in sources]
             continue
+        if [_name(source) for source in sources] == [_name(target) for target in targets]:
+            continue          # a conversion of the stored tensor that keeps its name (an alignment)
+        if all("experts.*." in source for source in sources):
+            continue          # the experts' merge: the sparse-MoE part loads the stored experts itself
         patterns = [re.compile(t.replace("\\1", ".*").replace("\\2", ".*")) for t in targets]
         if any(pattern.search(name) for pattern in patterns for name in served_names):
             raise NotServedByText(f"transformers converts the text decoder's tensors {sources} -> {targets} for "
@@ -167,6 +171,10 @@ def stored_name_renames(vl_type: str, served_names: list[str]) -> list[tuple[str
     for pattern, _ in renames:
         re.compile(pattern)
     return renames
+
+
+def _name(pattern: str) -> str:
+    return pattern.strip("^$").replace("\\.", ".")
 
 
 def _decoder(model):
