@@ -225,7 +225,8 @@ def locate_source(config: dict, model_dir: Path | None = None, trust_remote_code
         raise UnsupportedModelError(
             f"model_type '{model_type}' is unknown to transformers {transformers.__version__}; "
             "upgrade transformers, or pass --trust-remote-code if the repo ships its own code")
-    if is_image_text(config) and not native_note:
+    if is_image_text(config) and not native_note and any(isinstance(config.get(key), dict) for key in TEXT_DECODER_KEYS) \
+            and not _names_a_text_only_class(architectures):
         return text_decoder_source(config, arch_name)
     class_name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
     # Prefer the checkpoint's own causal-LM class when transformers knows it.
@@ -258,6 +259,23 @@ def locate_source(config: dict, model_dir: Path | None = None, trust_remote_code
         attn_implementation="sdpa" if getattr(model_cls, "_supports_sdpa", False) else "eager",
         note=native_note,
     )
+
+
+def _names_a_text_only_class(architectures: list) -> bool:
+    """A checkpoint of a multimodal family saved by its text-only causal-LM class (Qwen3_5ForCausalLM): served as
+    that class, not by the image-text route."""
+    import transformers
+
+    for arch in architectures:
+        cls = getattr(transformers, arch, None) if isinstance(arch, str) and arch.endswith(CAUSAL_LM_SUFFIXES) else None
+        if cls is not None:
+            try:
+                params = set(inspect.signature(cls.forward).parameters)
+            except (TypeError, ValueError):
+                continue
+            if not params.intersection(IMAGE_INPUTS):
+                return True
+    return False
 
 
 def text_decoder_source(config: dict, arch_name: str) -> ModelSource:

@@ -181,7 +181,6 @@ REFUSALS = [
     ("roberta", {}, "encoder-only model", None),
     ("bart", {}, "decoder half of an encoder-decoder model", None),
     ("whisper", {}, "decoder half of an encoder-decoder model", "multimodal"),
-    ("gemma3", {}, "image-text model (Gemma3ForConditionalGeneration.forward takes pixel_values)", "text-only"),
     ("git", {}, "image-text model (GitForCausalLM.forward takes pixel_values)", "text-only"),
     ("gemma4_unified_assistant", {}, "draft model for assisted generation", None),
     # quantized: what is served (compressed-tensors W8A8 int8) or converted (awq, fp8, ...) is no refusal; these are
