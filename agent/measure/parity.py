@@ -93,10 +93,13 @@ def parity_not_applicable(recipe: Recipe, timeout: int = 600) -> dict:
 def checkpoint_nll(model_path: Path) -> dict:
     """prompt_nll of transformers' own model of the checkpoint (fp32) on the default prompt."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
+
+    from agent.migrate.text_decoder import transformers_auto_class
 
     tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, local_files_only=True).eval()
+    model = transformers_auto_class(model_path).from_pretrained(model_path, dtype=torch.float32,
+                                                                local_files_only=True).eval()
     ids = tokenizer([DEFAULT_PROMPT], return_tensors="pt")
     with torch.inference_mode():
         logits = model(**ids).logits
@@ -143,7 +146,9 @@ def shrunk_reference(model_path: Path, overrides: dict, remote: bool, tiny: Path
     """transformers' own model on a shrunk copy of the checkpoint's config, random fp32 weights saved
     in `tiny` beside the checkpoint's tokenizer: (the model, the shrunk values), or (None, why not)."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
+
+    from agent.migrate.text_decoder import transformers_auto_class
 
     for item in model_path.iterdir():   # tokenizer, generation config, the repo's own code
         if _copied_to_shrunk(item):
@@ -160,7 +165,8 @@ def shrunk_reference(model_path: Path, overrides: dict, remote: bool, tiny: Path
         try:
             cfg = AutoConfig.from_pretrained(tiny, trust_remote_code=remote, local_files_only=True)
             torch.manual_seed(0)
-            reference = AutoModelForCausalLM.from_config(cfg, trust_remote_code=remote, dtype=torch.float32)
+            reference = transformers_auto_class(model_path).from_config(cfg, trust_remote_code=remote,
+                                                                        dtype=torch.float32)
             if cut_layers:   # a cut transformers' own model cannot run is no shrink of it (hrm_text)
                 with torch.inference_mode():
                     reference(input_ids=torch.tensor([[1, 2, 3]]))

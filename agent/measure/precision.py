@@ -228,6 +228,10 @@ def _decoder_layers(model):
     import torch
 
     count = model.config.get_text_config().num_hidden_layers
+    # the text decoder's layers (an image-text model's vision tower may hold a list of the same length first)
+    layers = getattr(model.get_decoder(), "layers", None) if hasattr(model, "get_decoder") else None
+    if isinstance(layers, torch.nn.ModuleList) and len(layers) == count:
+        return list(layers)
     for _, child in model.named_modules():
         if isinstance(child, torch.nn.ModuleList) and len(child) == count:
             return list(child)
@@ -309,9 +313,9 @@ class Reference:
 
     def __init__(self, checkpoint: Path, dtype: str, overrides: dict, trust_remote_code: bool):
         import torch
-        from transformers import AutoModelForCausalLM
+        from agent.migrate.text_decoder import transformers_auto_class
 
-        self.model = AutoModelForCausalLM.from_pretrained(
+        self.model = transformers_auto_class(checkpoint).from_pretrained(
             checkpoint, dtype=getattr(torch, dtype), local_files_only=True, trust_remote_code=trust_remote_code,
             **overrides).eval()
         self.name = type(self.model).__name__

@@ -138,13 +138,15 @@ def reference_generation(checkpoint: str | Path, prompt: str, max_new_tokens: in
     """transformers' own model, greedy, on the prompt as upstream's scheduler tokenizes it (chat template,
     truncation to input_truncated_len): {"input_ids", "output_ids", "text"}."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import AutoTokenizer, GenerationConfig
+
+    from agent.migrate.text_decoder import transformers_auto_class
 
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                          add_generation_prompt=True)
     ids = tokenizer(text, return_tensors="pt", truncation=True, max_length=input_len).input_ids
-    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=getattr(torch, dtype)).eval()
+    model = transformers_auto_class(checkpoint).from_pretrained(checkpoint, dtype=getattr(torch, dtype)).eval()
     generation = GenerationConfig.from_pretrained(checkpoint)
     generation.do_sample = False
     generation.max_new_tokens = max_new_tokens
@@ -172,14 +174,16 @@ def greedy_parity(checkpoint: str | Path, prompt: str, upstream_text: str, max_n
     Returns {"equal", "equal_up_to_ties", "tokens", "ties", "reference_text", "upstream_text",
     "min_margin" (smallest float32 top-2 gap on the path), "branches"}."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
+
+    from agent.migrate.text_decoder import transformers_auto_class
 
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                          add_generation_prompt=True)
     ids = tokenizer(text, return_tensors="pt", truncation=True, max_length=input_len).input_ids
-    exact = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
-    rounded = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16).eval()
+    exact = transformers_auto_class(checkpoint).from_pretrained(checkpoint, dtype=torch.float32).eval()
+    rounded = transformers_auto_class(checkpoint).from_pretrained(checkpoint, dtype=torch.bfloat16).eval()
     reference = reference_generation(checkpoint, prompt, max_new_tokens, input_len, "float32")
     eos = set()
     for source in (exact.config, exact.generation_config, tokenizer):

@@ -165,20 +165,18 @@ def refusal_reason(config: dict, model_cls: type) -> str | None:
 
 
 def is_image_text(config: dict) -> bool:
-    """An image-text checkpoint by its config: a vision_config, or a model_type transformers' image-text-to-text
-    mapping names (chameleon's and idefics' configs have no vision_config of that name)."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+    """An image-text checkpoint by its config (agent.migrate.text_decoder, the one place that classifies them)."""
+    from agent.migrate.text_decoder import is_image_text as classify
 
-    model_type = config.get("model_type")
-    return isinstance(config.get("vision_config"), dict) or (isinstance(model_type, str) and
-                                                             model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
+    return classify(config)
 
 
 def image_text_reason(config: dict, evidence: str) -> str:
-    """The one line for an image-text checkpoint, until they are served (SPEC §9: by their text decoder): what it
-    is and why (`evidence`), its text decoder's model_type and whether the native generator writes that type."""
-    return (f"image-text model ({evidence}); {text_decoder_note(config)}; image-text checkpoints are not served "
-            "yet (they are to be served by their text decoder)")
+    """The one line for an image-text checkpoint that is not served (SPEC §9: they are served by their text decoder,
+    agent.migrate.text_decoder, where the native generator writes it): what it is and why (`evidence`), its text
+    decoder's model_type and whether the native generator writes that type."""
+    return (f"image-text model ({evidence}); {text_decoder_note(config)}; image-text checkpoints are served by their "
+            "text decoder only where the native generator writes it")
 
 
 def text_decoder_note(config: dict) -> str:
@@ -228,6 +226,9 @@ def locate_source(config: dict, model_dir: Path | None = None, trust_remote_code
         raise UnsupportedModelError(
             f"model_type '{model_type}' is unknown to transformers {transformers.__version__}; "
             "upgrade transformers, or pass --trust-remote-code if the repo ships its own code")
+    if is_image_text(config) and not native_note and any(isinstance(config.get(key), dict) for key in TEXT_DECODER_KEYS) \
+            and not _names_a_text_only_class(architectures):
+        return text_decoder_source(config, arch_name)
     class_name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
     # Prefer the checkpoint's own causal-LM class when transformers knows it.
     for arch in architectures:
@@ -259,6 +260,55 @@ def locate_source(config: dict, model_dir: Path | None = None, trust_remote_code
         attn_implementation="sdpa" if getattr(model_cls, "_supports_sdpa", False) else "eager",
         note=native_note,
     )
+
+
+def _names_a_text_only_class(architectures: list) -> bool:
+    """A checkpoint of a multimodal family saved by its text-only causal-LM class (Qwen3_5ForCausalLM): served as
+    that class, not by the image-text route."""
+    import transformers
+
+    for arch in architectures:
+        cls = getattr(transformers, arch, None) if isinstance(arch, str) and arch.endswith(CAUSAL_LM_SUFFIXES) else None
+        if cls is not None:
+            try:
+                params = set(inspect.signature(cls.forward).parameters)
+            except (TypeError, ValueError):
+                continue
+            if not params.intersection(IMAGE_INPUTS):
+                return True
+    return False
+
+
+def text_decoder_source(config: dict, arch_name: str) -> ModelSource:
+    """An image-text checkpoint, served by its text decoder written natively (agent.migrate.text_decoder): the
+    decoder's causal-LM class and its own config class (which reads config.json's text_config: transformers finds
+    the part of its model_type); refused in one line where the decoder is not written natively (the adapter
+    would run the image-text checkpoint's names through a causal LM's code)."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from agent.migrate.text_decoder import NotServedByText, text_decoder
+    from agent.recipe.native.compose import derive
+    from agent.recipe.native.not_native import NotNative
+
+    try:
+        decoder = text_decoder(config)
+        derive(config)
+    except NotServedByText as exc:
+        raise _refuse(arch_name, image_text_reason(config, str(exc))) from None
+    except NotNative as exc:
+        why = " ".join(exc.reason.split())[:200]
+        raise _refuse(arch_name, image_text_reason(config, f"its text decoder is not written natively: {exc.kind}: "
+                                                           f"{why}")) from None
+    model_cls = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[decoder.causal_lm_type])
+    config_cls = type(transformers.AutoConfig.for_model(decoder.text_type))
+    return ModelSource(
+        model_type=decoder.causal_lm_type, architecture=arch_name, model_class=model_cls.__name__,
+        config_class=config_cls.__name__, modeling_module=model_cls.__module__,
+        configuration_module=config_cls.__module__, modeling_file=Path(inspect.getsourcefile(model_cls)),
+        configuration_file=Path(inspect.getsourcefile(config_cls)), origin=f"transformers {transformers.__version__}",
+        attn_implementation="sdpa" if getattr(model_cls, "_supports_sdpa", False) else "eager",
+        note=decoder.note())
 
 
 def runs_remote_code(config: dict, trust_remote_code: bool) -> bool:

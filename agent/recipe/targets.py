@@ -20,6 +20,7 @@ from typing import Callable, Mapping, Protocol
 from engine.config import KEYS, Key, rendered_settings
 from engine.safe_load import load_json, loads_json
 from agent.recipe.chat_template import require_chat_template
+from agent.errors import UnsupportedModelError
 from agent.recipe.templating import DENSE_MOE_TP_NOTE, yaml_comments  # noqa: F401 - the YAMLs' comments
 from agent.recipe import upstream_schema
 
@@ -214,6 +215,21 @@ def framework_layout(layout: Mapping[str, str], ctx: dict) -> Mapping[str, str]:
     return {**NATIVE_MODEL, **{t: p for t, p in layout.items() if t not in FRAMEWORK_MODEL}}
 
 
+def image_text_decoder(ctx: dict):
+    """The text decoder of the recipe's checkpoint when it is an image-text one (agent.migrate.text_decoder), else
+    None."""
+    from agent.migrate.text_decoder import NotServedByText, text_decoder
+
+    try:
+        config = load_json(Path(ctx.get("model_path", "")) / "config.json")
+    except (OSError, ValueError):
+        return None
+    try:
+        return text_decoder(config) if isinstance(config, dict) else None
+    except NotServedByText as exc:
+        raise UnsupportedModelError(f"image-text model: {exc}") from None
+
+
 def hub_link(source: str) -> str:
     """A link to where the checkpoint came from; never a path of this machine."""
     source = str(source or "")
@@ -272,9 +288,20 @@ def framework_context(ctx: dict, native: bool = True) -> dict:
     source = ctx.get("native_source") if native else None
     extra = {"exe_mode": mode, "native_decision": decision,
              "native_model": bool(decision and decision.get("native") and source),
-             "native_source": source}
+             "native_source": source, "image_text": None}
     if native:          # the framework row (legacy's flat YAML has no prefill / decode pair)
         extra["pd_settings"] = framework_pd_settings(ctx["settings"], extra["native_model"])
+    decoder = image_text_decoder(ctx)
+    if decoder is not None:
+        if not extra["native_model"]:
+            # the adapter and the legacy runner run a causal LM's code on the checkpoint's names: not this one
+            why = (extra["native_decision"] or {}).get("reason") or "the target writes no native model"
+            raise UnsupportedModelError(f"{decoder.image_text_class}: image-text model served by its text decoder "
+                                        f"({decoder.text_type}) only where the native generator writes it; here it "
+                                        f"does not: {' '.join(str(why).split())[:200]}")
+        extra["image_text"] = {"image_text_class": decoder.image_text_class, "text_type": decoder.text_type,
+                               "decoder_prefix": decoder.decoder_prefix, "skipped": list(decoder.skipped),
+                               "reduced": decoder.reduced}
     return {**extra, **names,
             "family_label": FAMILY_LABELS.get(ctx["family"].name, ctx["family"].name),
             "hub_link": hub_link(ctx.get("model_source", "")),

@@ -39,6 +39,15 @@ TYPE_DIMS = {
     "gemma4_text": {"enable_moe_block": True, "top_k_experts": 2},
 }
 
+# Image-text types: their text decoder's settings a tiny checkpoint must still have (Qwen2-VL / 2.5-VL / 3-VL's
+# M-RoPE sections: the published checkpoints' 16/24/24 of a head of 128, here of TINY_DIMS' 16).
+TEXT_DIMS = {
+    "qwen2_vl": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}},
+    "qwen2_5_vl": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}},
+    "qwen3_vl": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
+                                     "mrope_interleaved": True}},
+}
+
 
 def train_bpe_tokenizer(corpus: list[str], vocab_size: int, **init_kwargs):
     """Byte-level BPE trained on `corpus`, wrapped as a fast HF tokenizer (pad/bos/eos/unk)."""
@@ -98,6 +107,7 @@ def tiny_config(model_type: str, vocab_size: int, tiny_dims: bool = True, **over
             sub_kwargs.update(vocab_size=vocab_size, pad_token_id=0, bos_token_id=1, eos_token_id=2)
             # Overrides of the text model's fields (e.g. num_hidden_layers) reach it here too.
             sub_kwargs.update({k: v for k, v in overrides.items() if k in sub_known and k not in known})
+            sub_kwargs.update(TEXT_DIMS.get(model_type, {}))
         if getattr(sub, "model_type", None):
             sub_kwargs["model_type"] = sub.model_type
         try:
@@ -117,19 +127,19 @@ def build_tiny_checkpoint(model_type: str, out_dir: str | Path, seed: int = 0, t
     device before any memory is allocated (config keys TINY_DIMS does not know, e.g. an expert
     count under another name, can leave a "tiny" config at its full default size)."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     out = Path(out_dir)
     checkpoint_tree = UserTree(out, "the checkpoint folder", create=True)
     tokenizer = build_tokenizer(out)
     config = tiny_config(model_type, vocab_size=len(tokenizer), tiny_dims=tiny_dims, **overrides)
+    model_class = model_class_of(config)
     if max_params is not None:
         with torch.device("meta"):
-            count = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+            count = sum(p.numel() for p in model_class.from_config(config).parameters())
         if count > max_params:
             raise ValueError(f"{count / 1e6:.0f}M parameters > {max_params / 1e6:.0f}M: not a tiny config")
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = model_class.from_config(config, dtype=torch.float32)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     checkpoint_tree.fill_with(out, lambda tmp: model.save_pretrained(tmp, safe_serialization=True),
@@ -137,6 +147,20 @@ def build_tiny_checkpoint(model_type: str, out_dir: str | Path, seed: int = 0, t
     checkpoint_tree.write_text(out / "tiny_checkpoint.json", json.dumps({"model_type": model_type, "seed": seed}) + "\n")
 
     return out
+
+
+def model_class_of(config):
+    """The auto class that builds a checkpoint of `config`: the causal LM where transformers maps the type to one
+    (gemma3's is its image-text class), else the image-text one for an image-text type (llava, mistral3,
+    qwen2_5_vl: its text and vision configs tiny, tiny_config's sub-configs; saved as its checkpoints are)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                                                        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
+
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and \
+            config.model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
+        return AutoModelForImageTextToText
+    return AutoModelForCausalLM
 
 
 # Integer config fields that are sizes (widths), scaled down together by `scaled_default_overrides`

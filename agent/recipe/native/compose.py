@@ -5,6 +5,8 @@ reasons: the recipe keeps the adapter."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from agent.recipe.native.not_native import NotNative
 from agent.recipe.native.parts import PARTS, SLOTS, Composition
 from agent.recipe.native.parts.probe import Probe
@@ -47,7 +49,17 @@ def compose(probe: Probe) -> Composition:
 
 def derive(config_dict: dict) -> Composition:
     """The composition of the architecture of `config_dict` (a checkpoint's config.json, text level), with the
-    config variants its file must also serve (`variants`: label -> config changes)."""
+    config variants its file must also serve (`variants`: label -> config changes). An image-text checkpoint is
+    its text decoder's (agent.migrate.text_decoder): the decoder's config, its tensors read under their names in
+    the image-text checkpoint."""
+    from agent.migrate.text_decoder import NotServedByText, text_decoder
+
+    try:
+        decoder = text_decoder(config_dict)
+    except NotServedByText as exc:
+        raise NotNative("model", f"image-text model: {exc}") from exc
+    if decoder is not None:
+        return read_under_image_text_names(derive(decoder.config), decoder.renames)
     probe = Probe(config_dict)
     composition = compose(probe)
     variants = []
@@ -58,3 +70,10 @@ def derive(config_dict: dict) -> Composition:
             continue
         variants.append((label, changes))
     return Composition(composition.model_type, composition.matches, tuple(variants))
+
+
+def read_under_image_text_names(composition: Composition, renames: tuple) -> Composition:
+    """`composition` whose loader first takes an image-text checkpoint's names to the causal LM's (`renames`)."""
+    model = composition.matches["model"]
+    options = {**model.options, "CHECKPOINT_RENAMES": tuple(renames) + tuple(model.options.get("CHECKPOINT_RENAMES", ()))}
+    return replace(composition, matches={**composition.matches, "model": replace(model, options=options)})

@@ -170,7 +170,8 @@ def checkpoint_tensors(reference, config) -> list:
     from transformers.core_model_loading import revert_weight_conversion
 
     tensors = revert_weight_conversion(reference, dict(reference.state_dict()))
-    if getattr(config, "tie_word_embeddings", False):
+    output, embedding = reference.get_output_embeddings(), reference.get_input_embeddings()
+    if getattr(config, "tie_word_embeddings", False) or (output is not None and output.weight is embedding.weight):
         tensors.pop("lm_head.weight", None)        # a tied checkpoint: the output embedding is the input one
     return list(tensors.items())
 
@@ -209,6 +210,7 @@ def check(job: dict) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from agent.migrate.text_decoder import image_text_model, text_decoder
     from agent.precision_rule import tolerance
     from agent.recipe.native.parts.probe import shrunk_config
     from executor.utils.forward_metadata import ForwardMetaData
@@ -219,16 +221,30 @@ def check(job: dict) -> dict:
         # a quantized checkpoint as written: transformers' own loader of it is the reference
         config, references, tensors, model_config = quantized_reference(job["checkpoint"], dtype)
     else:
-        config = shrunk_config(job["config"], job.get("changes"))
+        # an image-text checkpoint: its text decoder's file, held to transformers' image-text model on text-only
+        # prompts (a family variant of the decoder's config: to its causal-LM class)
+        decoder = text_decoder(job["config"])
+        text = decoder.config if decoder is not None else job["config"]
+        config = shrunk_config(text, job.get("changes"))
         torch.manual_seed(job.get("seed", 0))
-        reference = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+        if decoder is not None and not job.get("changes"):
+            # the file built on the decoder's own config class, as the recipe registers it (Qwen2.5-VL's text
+            # config: its M-RoPE sections in rope_parameters), the widths of `config`
+            text = decoder.own_config
+
+            def build():
+                return image_text_model(decoder, job["config"], shrunk_config(decoder.own_config))
+        else:
+            def build():
+                return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+        reference = build()
         randomise(reference, float(getattr(config, "initializer_range", 0.02) or 0.02))
         references = [Incremental(reference, len(PROMPT_LENGTHS))]
         if dtype != "float32":
-            rounded = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+            rounded = build()
             rounded.load_state_dict(reference.state_dict())
             references.append(Incremental(rounded.to(getattr(torch, dtype)), len(PROMPT_LENGTHS)))
-        tensors, model_config = checkpoint_tensors(reference, config), shrunk_config(job["config"], job.get("changes"))
+        tensors, model_config = checkpoint_tensors(reference, config), shrunk_config(text, job.get("changes"))
     module = _import(job["file"], f"native_selfcheck_{job.get('index', 0)}")
     model_class = getattr(module, job["class_name"])
     torch.set_default_dtype(getattr(torch, dtype))      # the executor builds the model in the run dtype

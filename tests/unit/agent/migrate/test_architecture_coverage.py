@@ -181,7 +181,6 @@ REFUSALS = [
     ("roberta", {}, "encoder-only model", None),
     ("bart", {}, "decoder half of an encoder-decoder model", None),
     ("whisper", {}, "decoder half of an encoder-decoder model", "multimodal"),
-    ("gemma3", {}, "image-text model (Gemma3ForConditionalGeneration.forward takes pixel_values)", "text-only"),
     ("git", {}, "image-text model (GitForCausalLM.forward takes pixel_values)", "text-only"),
     ("gemma4_unified_assistant", {}, "draft model for assisted generation", None),
     # quantized: what is served (compressed-tensors W8A8 int8) or converted (awq, fp8, ...) is no refusal; these are
@@ -212,49 +211,60 @@ def test_refusal_says_the_true_reason(model_type, changes, expected, not_expecte
 
 
 # Image-text checkpoints as their config.json has them (transformers' own config classes, architectures as the
-# hub's): (model_type, architecture, the text decoder's model_type or None, whether the native generator writes it)
+# hub's): (model_type, architecture, the text decoder's model_type or None, the causal-LM type it is served as or
+# None: refused)
 IMAGE_TEXT = [
-    ("llava", "LlavaForConditionalGeneration", "llama", True),
-    ("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl_text", False),
-    ("mistral3", "Mistral3ForConditionalGeneration", "mistral", True),
-    ("paligemma", "PaliGemmaForConditionalGeneration", "gemma", True),
-    ("idefics3", "Idefics3ForConditionalGeneration", "llama", True),
-    ("gemma3", "Gemma3ForConditionalGeneration", "gemma3_text", True),     # a class in the causal-LM mapping
-    # not in the issue's list: a text decoder the generator does not write, a MoE one, one with no causal-LM
-    # class, none of its own, an image input not named pixel_values
-    ("cohere2_vision", "Cohere2VisionForConditionalGeneration", "cohere2", False),
-    ("kimi_k25", "KimiK25ForConditionalGeneration", "deepseek_v3", True),
-    ("blip-2", "Blip2ForConditionalGeneration", "opt", False),
-    ("chameleon", "ChameleonForConditionalGeneration", None, False),
-    ("fuyu", "FuyuForCausalLM", "persimmon", False),
-    ("phi4_multimodal", "Phi4MultimodalForCausalLM", None, False),
+    ("llava", "LlavaForConditionalGeneration", "llama", "llama"),
+    ("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl_text", "qwen2"),    # M-RoPE reduced
+    ("mistral3", "Mistral3ForConditionalGeneration", "mistral", "mistral"),
+    ("paligemma", "PaliGemmaForConditionalGeneration", "gemma", "gemma"),
+    ("idefics3", "Idefics3ForConditionalGeneration", "llama", "llama"),
+    ("gemma3", "Gemma3ForConditionalGeneration", "gemma3_text", "gemma3_text"),     # a class in the causal-LM mapping
+    # not in the issue's list: a text decoder the generator does not write, one with no causal-LM class, none of
+    # its own, an image input not named pixel_values
+    ("cohere2_vision", "Cohere2VisionForConditionalGeneration", "cohere2", None),
+    ("blip-2", "Blip2ForConditionalGeneration", "opt", None),
+    ("glm4v", "Glm4vForConditionalGeneration", "glm4v_text", None),
+    ("chameleon", "ChameleonForConditionalGeneration", None, None),
+    ("fuyu", "FuyuForCausalLM", "persimmon", None),
+    ("phi4_multimodal", "Phi4MultimodalForCausalLM", None, None),
 ]
 
 
-@pytest.mark.parametrize("model_type,architecture,text_type,native", IMAGE_TEXT, ids=[r[0] for r in IMAGE_TEXT])
-def test_an_image_text_checkpoint_is_named_with_its_text_decoder(model_type, architecture, text_type, native):
-    """One true line: an image-text model, why (its class's inputs, or no causal-LM class), its text decoder's
-    model_type and whether the native generator writes it; not 'encoder-only', not 'its text-only checkpoint'."""
+@pytest.mark.parametrize("model_type,architecture,text_type,served_as", IMAGE_TEXT, ids=[r[0] for r in IMAGE_TEXT])
+def test_an_image_text_checkpoint_is_served_by_its_text_decoder_or_named_with_it(model_type, architecture, text_type,
+                                                                                 served_as):
+    """Served: the source is the decoder's causal-LM class and the decoder's own config class (which reads
+    config.json's text_config), the note names what is not served. Refused: one true line, an image-text model,
+    why, its text decoder's model_type and whether the native generator writes it; not 'encoder-only'."""
     import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     from agent.errors import UnsupportedModelError
     from agent.migrate.vendor import locate_source
 
     config = _config(model_type, architecture)
+    if served_as is not None:
+        source = locate_source(config)
+        assert source.model_class == MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[served_as] and source.model_type == served_as
+        config_cls = getattr(transformers, source.config_class)
+        assert config_cls.model_type == text_type
+        assert source.architecture == architecture and "served by its text decoder" in source.note
+        assert "not served: model.vis" in source.note
+        return
     with pytest.raises(UnsupportedModelError) as caught:
         locate_source(config)
     message = str(caught.value)
     assert caught.value.exit_code == 3 and "\n" not in message
-    assert message.startswith(f"{architecture}: image-text model (") and "image-text checkpoints are not served yet" in message
+    assert message.startswith(f"{architecture}: image-text model (") and "served by their text decoder only" in message
     assert "encoder-only" not in message and "text-only" not in message
     if text_type is None:
-        assert "its text decoder has no separate config" in message, message
+        assert "its text decoder has no separate config" in message or "no separate text decoder" in message, message
     else:
         assert f"its text decoder is {text_type}" in message, message
-    no_class = text_type is not None and text_type not in transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-    if no_class:
+    if text_type is not None and text_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         assert f"{text_type}, which has no causal-LM class in transformers" in message, message
-    assert ("a type the native generator writes" in message) is native, message
+    assert "a type the native generator writes" not in message, message
 
 
 def test_a_remote_code_image_text_checkpoint_is_not_sent_to_trust_remote_code():
