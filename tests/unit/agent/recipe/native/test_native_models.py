@@ -306,8 +306,9 @@ def test_native_recipe_serves_another_checkpoint_of_its_family_per_step(native_c
 
 
 def test_native_coverage_script_writes_a_row_per_type(tmp_path):
-    """scripts/native_coverage.py: a type the generator writes is native with its self-check figure; one whose
-    norm it does not recognise (olmo2: q/k norms over all heads) falls back naming the layer kind."""
+    """scripts/native_coverage.py: a type the generator writes is native with its self-check figure, measured on
+    its checkpoint-shaped config (agent.testing.checkpoint_shapes); one whose norm it does not recognise (olmo2:
+    q/k norms over all heads) falls back naming the layer kind."""
     import json
     import subprocess
     import sys
@@ -322,4 +323,5 @@ def test_native_coverage_script_writes_a_row_per_type(tmp_path):
     rows = {row["type"]: row for row in json.loads(out.read_text())}
     assert rows["llama"]["result"] == "native" and rows["llama"]["max_rel"] < 1e-4, rows["llama"]
     assert rows["olmo2"]["result"] == "fell back" and rows["olmo2"]["kind"] == "norm", rows["olmo2"]
-    assert "1 native, 1 fell back, 0 no config of 2 types" in proc.stdout
+    assert rows["llama"]["config"] == "meta-llama/Llama-3.1-8B-Instruct", rows["llama"]    # its checkpoint shape
+    assert "1 native of 2 testable types (2 on a checkpoint-shaped config); 1 fell back" in proc.stdout
