@@ -2,7 +2,7 @@
 each slot's parts most specific first. agent.recipe.native.compose picks one part per slot from the
 architecture's own code and config; agent.recipe.native.assemble writes their code as one file."""
 
-from agent.recipe.native.parts import attention, block, embedding, head, mla, mlp, mlp_plain, model, moe, norm, position
+from agent.recipe.native.parts import attention, block, embedding, head, mla, mlp, mlp_plain, model, moe, norm, norm_layer, position
 from agent.recipe.native.parts.part import ROLES, SLOTS, Composition, Match, Part
 
 __all__ = ["PARTS", "OPTION_NAMES", "TABLES", "ROLES", "SLOTS", "Composition", "Match", "Part"]
@@ -12,6 +12,7 @@ PARTS = (
     embedding.EMBEDDING,
     norm.OFFSET_RMS_NORM,
     norm.RMS_NORM,
+    norm_layer.LAYER_NORM,
     position.ROTARY,
     mla.MLA,
     attention.SOFTCAP_PAGED,

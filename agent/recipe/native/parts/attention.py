@@ -15,7 +15,7 @@ from agent.recipe.native.parts.mla import is_mla_model
 from agent.recipe.native.parts.probe import DROP, children
 
 ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "q_norm", "k_norm", "rotary_fn"}
-BIAS_KEYS = ("attention_bias",)       # config keys that may set the projections' biases
+BIAS_KEYS = ("attention_bias", "use_qkv_bias", "use_bias")       # config keys that may set the projections' biases
 DENSE_OPTIONS = ("QKV", "QKV_BIAS", "O_BIAS", "QK_NORM", "QUERY_PRE_ATTN_SCALAR", "WINDOWS", "LAYER_TYPE_WINDOWS",
                  "STACKED_PARAMS")
 WINDOW = 5                            # the shrunk window (agent.recipe.native.parts.probe.shrunk_config)

@@ -24,6 +24,7 @@ ROPE_BY_LAYER_TYPE = False      # cos / sin per layer type (gemma3's local and g
 WINDOWS = False                 # the architecture attends in a sliding window where its config says so
 LAYER_TYPE_WINDOWS = False      # which layers: config.layer_types' sliding_attention ones (else every layer)
 SINKS = False                   # a learnable sink logit per head in the softmax (gpt_oss)
+NORM_EPS = "rms_norm_eps"       # the config key of the norms' epsilon
 
 
 def layer_windows(config):
@@ -84,8 +85,8 @@ class ModelAttention(nn.Module):
             self.sinks.weight_loader = self._load_sinks
             self.tp_rank = tp_rank
         if QK_NORM:
-            self.q_norm = Norm(self.head_dim, eps=config.rms_norm_eps)
-            self.k_norm = Norm(self.head_dim, eps=config.rms_norm_eps)
+            self.q_norm = Norm(self.head_dim, eps=getattr(config, NORM_EPS))
+            self.k_norm = Norm(self.head_dim, eps=getattr(config, NORM_EPS))
         self.k_cache = torch.Tensor([])
         self.v_cache = torch.Tensor([])
         cache_dtype = torch.get_default_dtype()

@@ -33,6 +33,7 @@ MOE = False                     # sparse-MoE layers: their experts split over mo
 CHECKPOINT_RENAMES = ()
 # (parameter, checkpoint module, shard id): checkpoint tensors stacked into one parallel linear
 STACKED_PARAMS = ()
+NORM_EPS = "rms_norm_eps"   # the config key of the norms' epsilon
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ class ModelModel(nn.Module):
         self.layers = nn.ModuleList([
             DecoderLayer(config, infer_config, comm_manager, layer_idx, prefix=f"model.layers.{layer_idx}")
             for layer_idx in range(config.num_hidden_layers)])
-        self.norm = Norm(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm = Norm(config.hidden_size, eps=getattr(config, NORM_EPS))
         if MLA:
             head_dim = config.qk_rope_head_dim          # MLA: the rope dims of the query and the shared key
         else:
