@@ -48,7 +48,8 @@ def shrunk_config(config_dict: dict, changes: dict | None = None):
     if isinstance(data.get("vocab_size"), int) and data["vocab_size"] > PROBE_VOCAB:
         data["vocab_size"] = PROBE_VOCAB
         for key in [k for k, v in data.items() if k.endswith("_token_id") and isinstance(v, int) and v >= PROBE_VOCAB]:
-            data[key] = None
+            # no padding row outside the vocabulary; a bos / eos id that the config types as int stays an int
+            data[key] = None if key == "pad_token_id" else PROBE_VOCAB - 1
     data = apply_changes(data, changes or {})
     if isinstance(data.get("sliding_window"), int) and data["sliding_window"]:
         data["sliding_window"] = 5
