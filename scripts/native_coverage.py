@@ -1,18 +1,24 @@
 #!/usr/bin/env python3
 """Which causal-LM architectures the native generator writes, and which fall back to the adapter.
 
-    python scripts/native_coverage.py [TYPE ...] [--markdown FILE] [--json FILE] [--chunk N]
+    python scripts/native_coverage.py [TYPE ...] [--defaults] [--markdown FILE] [--json FILE] [--chunk N]
 
-Without TYPE: every model type of the installed transformers' MODEL_FOR_CAUSAL_LM_MAPPING_NAMES. For each,
-on transformers' default config of the type (as `migrator run --target framework` sees a checkpoint's
-config.json): agent.recipe.native.compose.derive picks the architecture's parts from its code, or names the layer
-kind it does not write (NotNative: kind, reason); a derived type's file is rendered and held to
-transformers in float32 under the npu stand-in (agent.recipe.native.selfcheck: a packed prefill of
-prompts of unequal length and decode steps on a paged cache), as the generator does before it writes one. Each row ends in
+Without TYPE: every model type of the installed transformers' MODEL_FOR_CAUSAL_LM_MAPPING_NAMES. Each type is
+measured on a checkpoint-shaped config (agent.testing.checkpoint_shapes: the keys of a published checkpoint's
+config.json that choose code paths — layer kinds, sliding windows, rope scaling, MoE layout — over transformers'
+defaults), or on transformers' default config where no shape is recorded (the row says which; `--defaults`:
+defaults for every type), as `migrator run --target framework` sees a checkpoint's config.json. A type the
+migrator refuses (encoder-only, the decoder half of an encoder-decoder, image-text, ...:
+agent.migrate.vendor.refusal_reason) is not testable. For the rest, agent.recipe.native.compose.derive picks the
+architecture's parts from its code and that config, or names the layer kind it does not write (NotNative: kind,
+reason); a derived type's file is rendered and held to transformers on the same config in float32 under the npu
+stand-in (agent.recipe.native.selfcheck: a packed prefill of prompts of unequal length and decode steps on a
+paged cache), as the generator does before it writes one. Each row ends in
 
   native        derived and within the self-check's tolerance (its largest relative logit difference)
   fell back     the layer kind and why (the recipe keeps the adapter, as `migrator run` says)
-  no config     transformers cannot make the type's default config here
+  refused       the migrator does not serve the type (not a testable causal LM)
+  no config     transformers cannot make the type's config here
 
 The self-check needs a cann-recipes-infer checkout (module/, executor/): ../shared/upstream/cann-recipes-infer
 beside this repository, or CHECKOUT=PATH.
@@ -49,38 +55,97 @@ def default_config(model_type: str) -> dict | None:
         return None
 
 
+def type_config(model_type: str, defaults: bool = False) -> tuple[dict | None, str]:
+    """(the config a type is measured on, where it comes from): its checkpoint-shaped config where a shape is
+    recorded (agent.testing.checkpoint_shapes), else (or with `defaults`) transformers' default config."""
+    from agent.testing.checkpoint_shapes import checkpoint_config
+
+    if not defaults:
+        try:
+            shaped = checkpoint_config(model_type)
+        except Exception:  # noqa: BLE001 - transformers refuses the shape: measured on its defaults, said so
+            shaped = None
+        if shaped is not None:
+            return shaped
+    return default_config(model_type), "defaults"
+
+
+def refused(model_type: str, config: dict) -> str | None:
+    """The migrator's one-line refusal of the type (agent.migrate.vendor), or None: a type it serves."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    import transformers
+    from agent.errors import MigratorError
+    from agent.migrate.vendor import check_servable, refusal_reason
+
+    try:
+        check_servable(config)
+    except MigratorError as exc:
+        return str(exc)
+    model_cls = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type, ""), None)
+    return refusal_reason(config, model_cls) if model_cls is not None else None
+
+
 def ctx_for(model_type: str) -> dict:
     return {"model_name": f"cov_{model_type}", "framework_class": "CovForCausalLM", "display_name": model_type,
             "model_class": "ForCausalLM", "transformers_version": None}
 
 
-# a type's derive runs in a child of its own: a default config that stays large after shrinking, or a class that
-# loops, costs that row, not the survey
+# each type's derive runs under a time limit in a worker child (one for many types: the imports once): a config
+# that stays large after shrinking, or a class that loops, costs that row, not the survey
 DERIVE_TIMEOUT_S = 180
 DERIVE_MEMORY_BYTES = 8 << 30
 
 
-def derive_one(model_type: str, folder: Path) -> dict:
-    """One row: derive the type's features and render its native file into `folder` (in this process)."""
+def derive_one(model_type: str, folder: Path, defaults: bool = False) -> dict:
+    """One row: derive the type's parts and render its native file into `folder` (in this process)."""
     from agent.recipe.native.compose import derive
     from agent.recipe.native.decide import render_native
     from agent.recipe.native.not_native import NotNative
 
-    config = default_config(model_type)
+    config, source = type_config(model_type, defaults)
     if config is None:
-        return {"type": model_type, "result": "no config"}
+        return {"type": model_type, "result": "no config", "config": source}
+    why = refused(model_type, config)
+    if why:
+        return {"type": model_type, "result": "refused", "config": source, "reason": why}
     try:
         features = derive(config)
     except NotNative as exc:
-        return {"type": model_type, "result": "fell back", "kind": exc.kind, "reason": exc.reason}
+        return {"type": model_type, "result": "fell back", "config": source, "kind": exc.kind, "reason": exc.reason}
     except Exception as exc:  # noqa: BLE001 - derive raising otherwise is a finding: a row, not a stop
-        return {"type": model_type, "result": "fell back", "kind": "derive",
+        return {"type": model_type, "result": "fell back", "config": source, "kind": "derive",
                 "reason": f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"}
     path = folder / f"modeling_{model_type}.py"
     path.write_text(render_native(ctx_for(model_type), features))
-    return {"type": model_type, "result": "native", "parts": features.parts, "moe": "moe" in features.parts,
-            "mla": features.parts.get("attention") == "mla", "sliding": bool(features.options.get("WINDOWS")),
-            "not_fused": list(features.unfused), "file": str(path)}
+    return {"type": model_type, "result": "native", "config": source, "parts": features.parts,
+            "moe": "moe" in features.parts, "mla": features.parts.get("attention") == "mla",
+            "sliding": bool(features.options.get("WINDOWS")), "not_fused": list(features.unfused), "file": str(path)}
+
+
+class _Timeout(Exception):
+    pass
+
+
+def derive_many(types: list[str], folder: Path, defaults: bool) -> None:
+    """The worker: each type's row written to `folder`/TYPE.json as it is derived, each under DERIVE_TIMEOUT_S."""
+    import signal
+
+    def expired(signum, frame):
+        raise _Timeout()
+
+    signal.signal(signal.SIGALRM, expired)
+    for model_type in types:
+        signal.alarm(DERIVE_TIMEOUT_S)
+        try:
+            row = derive_one(model_type, folder, defaults)
+        except _Timeout:
+            row = {"type": model_type, "result": "fell back", "kind": "derive",
+                   "reason": f"derive took over {DERIVE_TIMEOUT_S} s"}
+        finally:
+            signal.alarm(0)
+        (folder / f"{model_type}.json").write_text(json.dumps(row))
+        print(f"[native_coverage] {model_type}: {row['result']} {row.get('kind', '')}", file=sys.stderr, flush=True)
 
 
 def _limited() -> None:
@@ -89,37 +154,40 @@ def _limited() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (DERIVE_MEMORY_BYTES, DERIVE_MEMORY_BYTES))
 
 
-def derive_in_child(model_type: str, folder: Path) -> dict:
+def derive_all(types: list[str], folder: Path, defaults: bool) -> list[dict]:
+    """Every type's row from worker children: a worker that dies costs the type it was on (its row says why) and
+    the next worker goes on from the type after it."""
     import subprocess
 
-    out = folder / f"{model_type}.json"
-    try:
-        proc = subprocess.run([sys.executable, __file__, "--derive-one", model_type, "--into", str(folder)],
-                              capture_output=True, text=True, timeout=DERIVE_TIMEOUT_S, preexec_fn=_limited)
-    except subprocess.TimeoutExpired:
-        return {"type": model_type, "result": "fell back", "kind": "derive",
-                "reason": f"derive took over {DERIVE_TIMEOUT_S} s"}
-    if proc.returncode != 0 or not out.is_file():
-        why = child_failure(proc.stderr, proc.returncode, no_answer=f"it wrote no {out.name}")
-        return {"type": model_type, "result": "fell back", "kind": "derive", "reason": why}
-    return load_json(out)
+    rows: dict = {}
+    pending = list(types)
+    while pending:
+        proc = subprocess.run([sys.executable, __file__, "--derive-many", *pending, "--into", str(folder),
+                               *(["--defaults"] if defaults else [])],
+                              stdout=subprocess.DEVNULL, stderr=None, text=True, preexec_fn=_limited,
+                              timeout=DERIVE_TIMEOUT_S * len(pending) + 60)
+        done = [t for t in pending if (folder / f"{t}.json").is_file()]
+        for model_type in done:
+            rows[model_type] = load_json(folder / f"{model_type}.json")
+        pending = [t for t in pending if t not in rows]
+        if pending:
+            stuck = pending.pop(0)
+            why = child_failure("", proc.returncode, no_answer=f"the worker wrote no {stuck}.json")
+            rows[stuck] = {"type": stuck, "result": "fell back", "kind": "derive", "reason": why}
+    return [rows[t] for t in types]
 
 
-def survey(types: list[str], checkout: Path, chunk: int) -> list[dict]:
+def survey(types: list[str], checkout: Path, chunk: int, defaults: bool = False) -> list[dict]:
     from agent.recipe.native.decide import selfcheck
 
-    rows = []
     with tempfile.TemporaryDirectory(prefix="native-coverage-") as tmp:
-        for model_type in types:
-            row = derive_in_child(model_type, Path(tmp))
-            rows.append(row)
-            print(f"[native_coverage] {model_type}: {row['result']} {row.get('kind', '')}", file=sys.stderr, flush=True)
+        rows = derive_all(types, Path(tmp), defaults)
         jobs = [row for row in rows if row["result"] == "native"]
         for start in range(0, len(jobs), chunk):
             part = jobs[start:start + chunk]
             print(f"[native_coverage] self-check {start + 1}-{start + len(part)} of {len(jobs)}", file=sys.stderr,
                   flush=True)
-            results = selfcheck([{"config": default_config(row["type"]), "file": row.pop("file"),
+            results = selfcheck([{"config": type_config(row["type"], defaults)[0], "file": row.pop("file"),
                                   "class_name": "CovForCausalLM"} for row in part], checkout)
             for row, result in zip(part, results):
                 row["max_rel"] = result["max_rel"]
@@ -129,16 +197,27 @@ def survey(types: list[str], checkout: Path, chunk: int) -> list[dict]:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| type | result | layer kind | why / self-check max relative logit difference |", "|---|---|---|---|"]
+    lines = ["| type | config | result | layer kind | why / self-check max relative logit difference |",
+             "|---|---|---|---|---|"]
     for row in rows:
+        config = row.get("config", "")
         if row["result"] == "native":
             kinds = "+".join(k for k in ("moe", "mla", "sliding") if row.get(k)) or "dense"
-            lines.append(f"| {row['type']} | native | {kinds} | {row['max_rel']:.1e} |")
+            lines.append(f"| {row['type']} | {config} | native | {kinds} | {row['max_rel']:.1e} |")
         else:
-            why = (row.get("reason") or "").replace("|", "\\|")
-            lines.append(f"| {row['type']} | {row['result']} | {row.get('kind', '')} | {why} |")
-    counts = {r: sum(1 for row in rows if row["result"] == r) for r in ("native", "fell back", "no config")}
-    return "\n".join(lines) + "\n\n" + ", ".join(f"{n} {r}" for r, n in counts.items()) + f" of {len(rows)} types\n"
+            why = " ".join((row.get("reason") or "").split())[:300].replace("|", "\\|")
+            lines.append(f"| {row['type']} | {config} | {row['result']} | {row.get('kind', '')} | {why} |")
+    return "\n".join(lines) + "\n\n" + summary(rows) + "\n"
+
+
+def summary(rows: list[dict]) -> str:
+    """The counts: native of the testable types (native or fell back), the rest by result."""
+    counts = {r: sum(1 for row in rows if row["result"] == r) for r in ("native", "fell back", "refused", "no config")}
+    testable = counts["native"] + counts["fell back"]
+    shaped = sum(1 for row in rows if row["result"] in ("native", "fell back") and row.get("config") != "defaults")
+    return (f"{counts['native']} native of {testable} testable types ({shaped} on a checkpoint-shaped config); "
+            f"{counts['fell back']} fell back, {counts['refused']} refused, {counts['no config']} no config; "
+            f"{len(rows)} types")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,18 +226,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", type=Path)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--chunk", type=int, default=12, help="self-check jobs per stand-in process")
-    parser.add_argument("--derive-one", help=argparse.SUPPRESS)
+    parser.add_argument("--defaults", action="store_true",
+                        help="every type on transformers' default config (not its checkpoint shape)")
+    parser.add_argument("--derive-many", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--into", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.derive_one:
-        row = derive_one(args.derive_one, args.into)
-        (args.into / f"{args.derive_one}.json").write_text(json.dumps(row))
+    if args.derive_many:
+        derive_many(args.types, args.into, args.defaults)
         return 0
     checkout = Path(os.environ.get("CHECKOUT") or REPO.parent / "shared" / "upstream" / "cann-recipes-infer")
     if not (checkout / "module").is_dir():
         print(f"native_coverage: no cann-recipes-infer checkout at {checkout} (set CHECKOUT=PATH)", file=sys.stderr)
         return 2
-    rows = survey(args.types or all_types(), checkout, max(1, args.chunk))
+    rows = survey(args.types or all_types(), checkout, max(1, args.chunk), args.defaults)
     text = markdown(rows)
     print(text)
     if args.markdown:

@@ -199,7 +199,7 @@ def text_decoder_note(config: dict) -> str:
                 "generator does not write it)")
     from agent.recipe.native.decide import type_note
 
-    return f"its text decoder is {shown} ({MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[text_type]}), {type_note(text_type)}"
+    return f"its text decoder is {shown} ({MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[text_type]}), {type_note(text_type, text)}"
 
 
 def locate_source(config: dict, model_dir: Path | None = None, trust_remote_code: bool = False) -> ModelSource:

@@ -124,7 +124,7 @@ def migrate_family(family_checkout, model_type: str, overrides: dict, family: st
 # scripts/native_coverage.py's fall-backs, one per layer kind the maintainers' report (2026-12-05) found
 # failing: the recipe keeps the vendored transformers model behind models/modeling_NAME_framework.py.
 ADAPTERS = [
-    pytest.param("starcoder2", "norm", id="layernorm-starcoder2"),         # nn.LayerNorm with a bias: no RMS part
+    pytest.param("phi", "model", id="parallel_block-phi"),                # one norm for attention and MLP, final_layernorm
     pytest.param("granite", "attention", id="multipliers-granite"),        # attention_multiplier as the scale
 ]
 

@@ -68,7 +68,8 @@ def derive(config_dict: dict) -> Composition:
             probe.variant(changes)
         except Exception:  # noqa: BLE001 - a config transformers does not build: no such checkpoint to serve
             continue
-        variants.append((label, changes))
+        if (label, changes) not in variants:        # two parts reading one key (a bias for attention and MLP)
+            variants.append((label, changes))
     return Composition(composition.model_type, composition.matches, tuple(variants))
 
 

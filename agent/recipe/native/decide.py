@@ -113,15 +113,17 @@ def _generator_hash() -> str:
     return digest.hexdigest()
 
 
-def type_note(model_type: str) -> str:
+def type_note(model_type: str, config: dict | None = None) -> str:
     """Whether the native generator writes `model_type` (a causal-LM type of the installed transformers), in a
-    few words for a one-line answer: derived on the type's default config, as scripts/native_coverage.py surveys
-    it (the self-check that follows in a migration is not run here), or the layer kind that would fall back to
-    the adapter and why."""
+    few words for a one-line answer: derived on the checkpoint's own `config` (its text decoder's, a dict with
+    model_type) where one is given, else on the type's default config (the self-check that follows in a
+    migration is not run here), or the layer kind that would fall back to the adapter and why. A type's defaults
+    are often no published checkpoint (deepseek_v2's routing, dots1's, ministral's rope): the checkpoint's config
+    is the answer for that checkpoint."""
     from transformers import AutoConfig
 
     try:
-        derive(AutoConfig.for_model(model_type).to_dict())
+        derive({**config, "model_type": model_type} if config is not None else AutoConfig.for_model(model_type).to_dict())
     except NotNative as exc:
         return f"a type the native generator does not write ({exc.kind}: {' '.join(exc.reason.split())[:160]})"
     except Exception as exc:  # noqa: BLE001 - transformers' own code failed under a probe: not recognised

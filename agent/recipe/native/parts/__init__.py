@@ -2,7 +2,8 @@
 each slot's parts most specific first. agent.recipe.native.compose picks one part per slot from the
 architecture's own code and config; agent.recipe.native.assemble writes their code as one file."""
 
-from agent.recipe.native.parts import attention, block, embedding, head, mla, mlp, mlp_plain, model, moe, norm, position
+from agent.recipe.native.parts import (attention, block, block_post_norm, embedding, head, mla, mlp, mlp_plain, model, moe,
+                                       norm, norm_layer, position)
 from agent.recipe.native.parts.part import ROLES, SLOTS, Composition, Match, Part
 
 __all__ = ["PARTS", "OPTION_NAMES", "TABLES", "ROLES", "SLOTS", "Composition", "Match", "Part"]
@@ -12,6 +13,7 @@ PARTS = (
     embedding.EMBEDDING,
     norm.OFFSET_RMS_NORM,
     norm.RMS_NORM,
+    norm_layer.LAYER_NORM,
     position.ROTARY,
     mla.MLA,
     attention.SOFTCAP_PAGED,
@@ -22,6 +24,7 @@ PARTS = (
     mlp_plain.PLAIN_MLP,
     block.SANDWICH,
     block.PRE_NORM,
+    block_post_norm.POST_NORM,
     head.LM_HEAD,
 )
 # options every code file may hold: the assembler folds them (a part's own, and the skeleton's the others set)

@@ -15,9 +15,9 @@ from agent.recipe.native.parts.mla import is_mla_model
 from agent.recipe.native.parts.probe import DROP, children
 
 ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "q_norm", "k_norm", "rotary_fn"}
-BIAS_KEYS = ("attention_bias",)       # config keys that may set the projections' biases
-DENSE_OPTIONS = ("QKV", "QKV_BIAS", "O_BIAS", "QK_NORM", "QUERY_PRE_ATTN_SCALAR", "WINDOWS", "LAYER_TYPE_WINDOWS",
-                 "STACKED_PARAMS")
+BIAS_KEYS = ("attention_bias", "use_qkv_bias", "use_bias")       # config keys that may set the projections' biases
+DENSE_OPTIONS = ("QKV", "QKV_BIAS", "O_BIAS", "QK_NORM", "QK_NORM_FULL", "QUERY_PRE_ATTN_SCALAR", "WINDOWS",
+                 "LAYER_TYPE_WINDOWS", "STACKED_PARAMS")
 WINDOW = 5                            # the shrunk window (agent.recipe.native.parts.probe.shrunk_config)
 
 
@@ -155,13 +155,16 @@ def dense_attention(probe) -> dict:
         qk_norm = ("q_norm" in a, "k_norm" in a)
         if qk_norm not in ((True, True), (False, False)):
             raise NotNative("attention", "a q norm without a k norm, or the reverse")
+        qk_width = qk_norm_width(a, heads, kv_heads, head_dim) if qk_norm[0] else None
         scale = getattr(attention, "scaling", None)
         if not isinstance(scale, float):
             raise NotNative("attention", f"{type(attention).__name__} has no float `scaling`")
-        shapes.add((fused, qkv[0].bias is not None, o.bias is not None, qk_norm[0], sink is not None, scale))
+        shapes.add((fused, qkv[0].bias is not None, o.bias is not None, qk_width, sink is not None, scale))
     if len(shapes) != 1:
         raise NotNative("attention", "layers of unequal attention")
-    fused, qkv_bias, o_bias, qk_norm, sinks, scale = next(iter(shapes))
+    fused, qkv_bias, o_bias, qk_width, sinks, scale = next(iter(shapes))
+    if qk_width == "full" and fused:
+        raise NotNative("attention", "q/k norms over all heads' width with a fused qkv_proj")
     scales = {"head_dim": head_dim ** -0.5}
     if isinstance(getattr(probe.config, "query_pre_attn_scalar", None), (int, float)):
         scales["query_pre_attn_scalar"] = probe.config.query_pre_attn_scalar ** -0.5
@@ -173,11 +176,22 @@ def dense_attention(probe) -> dict:
     stacked = () if fused else (("merged_qkv_proj", "q_proj", "q"), ("merged_qkv_proj", "k_proj", "k"),
                                 ("merged_qkv_proj", "v_proj", "v"))
     facts = {"QKV": "qkv_proj" if fused else "merged_qkv_proj", "QKV_BIAS": _bias_option(probe, qkv_bias, "qkv"),
-             "O_BIAS": _bias_option(probe, o_bias, "o"), "QK_NORM": qk_norm,
+             "O_BIAS": _bias_option(probe, o_bias, "o"), "QK_NORM": qk_width == "head",
+             "QK_NORM_FULL": qk_width == "full",
              "QUERY_PRE_ATTN_SCALAR": rule == "query_pre_attn_scalar", "STACKED_PARAMS": stacked,
              "sinks": sinks, **windows(probe)}
     probe.memo["dense_attention"] = facts
     return facts
+
+
+def qk_norm_width(modules: dict, heads: int, kv_heads: int, head_dim: int) -> str:
+    """"head": q / k norms per head (qwen3); "full": over all heads' width before the heads split (olmo2)."""
+    widths = tuple(getattr(getattr(modules[n], "weight", None), "shape", (None,))[-1] for n in ("q_norm", "k_norm"))
+    if widths == (head_dim, head_dim):
+        return "head"
+    if widths == (heads * head_dim, kv_heads * head_dim):
+        return "full"
+    raise NotNative("attention", f"q/k norms of widths {widths}: neither per head ({head_dim}) nor over all heads")
 
 
 def _probe_sinks(modeling_module, attention) -> None:

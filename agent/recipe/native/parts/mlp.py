@@ -10,7 +10,7 @@ from agent.recipe.native.parts.probe import children
 
 MLP_CHILDREN = {"gate_proj", "up_proj", "gate_up_proj", "down_proj", "act_fn", "activation_fn"}
 ACT_KEYS = ("hidden_act", "hidden_activation")
-BIAS_KEYS = ("mlp_bias",)             # config keys that may set the MLP's biases
+BIAS_KEYS = ("mlp_bias", "use_bias")             # config keys that may set the MLP's biases
 
 
 def dense_mlps(probe, chosen) -> tuple:
@@ -64,8 +64,9 @@ def bias_option(probe, present: bool):
             other = probe.variant({key: not value})
         except NotNative:
             continue
-        mlp = next((layer.mlp for layer in other.layers if "down_proj" in children(layer.mlp)), None)
-        if mlp is not None and isinstance(getattr(mlp.down_proj, "bias", None), torch.Tensor) != present:
+        down = next((getattr(layer.mlp, name) for layer in other.layers for name in ("down_proj", "c_proj")
+                     if name in children(layer.mlp)), None)
+        if down is not None and isinstance(getattr(down, "bias", None), torch.Tensor) != present:
             return Expr(f"config.{key}")
     return present
 

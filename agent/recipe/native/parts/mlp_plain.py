@@ -1,5 +1,5 @@
 """The plain (non-gated) MLP: down(act(up(x))), with or without biases (arcee's ReLU², nemotron's, starcoder2's
-c_fc / c_proj once renamed), read from the layers whose MLP is not a sparse-MoE block."""
+c_fc / c_proj: its checkpoint's tensors renamed at load), read from the layers whose MLP is not a sparse-MoE block."""
 
 from __future__ import annotations
 
@@ -9,15 +9,18 @@ from agent.recipe.native.parts.part import Match, Part
 from agent.recipe.native.parts.probe import children
 
 PLAIN_CHILDREN = {"up_proj", "down_proj", "act_fn"}
+# the same MLP under the GPT-2-era names (starcoder2's c_fc / act / c_proj): the loader renames its tensors
+GPT_CHILDREN = {"c_fc": "up_proj", "c_proj": "down_proj", "act": "act_fn"}
 
 
 def _probe_formula(mlp, hidden: int, activation) -> None:
     """The MLP is down(act(up(x))), nothing else."""
     import torch
 
+    up, down = (getattr(mlp, name) for name in (("up_proj", "down_proj") if hasattr(mlp, "up_proj") else ("c_fc", "c_proj")))
     x = torch.randn(3, hidden, generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
-        expected = mlp.down_proj(activation(mlp.up_proj(x)))
+        expected = down(activation(up(x)))
         got = mlp(x)
     if not torch.allclose(got, expected, rtol=1e-4, atol=1e-5):
         raise NotNative("mlp", f"{type(mlp).__name__} is not down(act(up(x)))")
@@ -31,18 +34,24 @@ def _plain(probe, chosen):
     if not found:
         return None
     source, mlps = found
-    if any(set(children(mlp)) != PLAIN_CHILDREN for mlp in mlps):
+    names = {frozenset(children(mlp)) for mlp in mlps}
+    if names not in ({frozenset(PLAIN_CHILDREN)}, {frozenset(GPT_CHILDREN)}):
         return None
+    gpt = names == {frozenset(GPT_CHILDREN)}
+    up_name, down_name = ("c_fc", "c_proj") if gpt else ("up_proj", "down_proj")
     key = act_key(source.config)
     biases = set()
     for mlp in mlps:
-        if not all(isinstance(getattr(mlp, name), torch.nn.Linear) for name in ("up_proj", "down_proj")):
+        up, down = getattr(mlp, up_name), getattr(mlp, down_name)
+        if not all(isinstance(linear, torch.nn.Linear) for linear in (up, down)):
             return None
-        biases.add((mlp.up_proj.bias is not None, mlp.down_proj.bias is not None))
+        biases.add((up.bias is not None, down.bias is not None))
         _probe_formula(mlp, source.hidden, ACT2FN[getattr(source.config, key)])
     if len(biases) != 1 or len(set(next(iter(biases)))) != 1:
         raise NotNative("mlp", "plain MLPs with a bias on one projection only, or on some layers only")
-    return Match(PLAIN_MLP, options={"ACT": key, "MLP_BIAS": bias_option(source, next(iter(biases))[0])},
+    renames = tuple((f"\\.mlp\\.{old}\\.", f".mlp.{new}.") for old, new in GPT_CHILDREN.items() if old != "act") if gpt else ()
+    return Match(PLAIN_MLP, options={"ACT": key, "MLP_BIAS": bias_option(source, next(iter(biases))[0]),
+                                     "CHECKPOINT_RENAMES": renames},
                  facts={"activation": getattr(source.config, key)})
 
 
@@ -51,4 +60,4 @@ PLAIN_MLP = Part(
     reads=("hidden_size", "intermediate_size", "hidden_act", "mlp_bias"), probe=_plain,
     kernels=lambda m: ((), (f"MLP activation {m.facts['activation']}: plain torch between the parallel linears "
                             "(no gate: npu_swiglu does not apply)",)),
-    options=("ACT", "MLP_BIAS"), variants=bias_variants)
+    options=("ACT", "MLP_BIAS", "CHECKPOINT_RENAMES"), variants=bias_variants)

@@ -24,7 +24,11 @@ def norm_offsets(probe) -> set:
             for name in QK_NORMS:
                 norm = getattr(attention, name, None) if attention is not None else None
                 if norm is not None:
-                    offsets.add(probe_norm(norm, probe.head_dim))
+                    # per head, or over all heads' width (olmo2: agent.recipe.native.parts.attention reads which)
+                    width = getattr(getattr(norm, "weight", None), "shape", (probe.head_dim,))[-1]
+                    if width not in (probe.head_dim, probe.heads * probe.head_dim, probe.kv_heads * probe.head_dim):
+                        width = probe.head_dim
+                    offsets.add(probe_norm(norm, width))
         final = getattr(probe.base, "norm", None)
         if final is not None:
             offsets.add(probe_norm(final, probe.hidden))

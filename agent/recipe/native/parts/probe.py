@@ -15,6 +15,7 @@ from agent.recipe.native.not_native import NotNative
 PROBE_VOCAB = 512
 DROP = "<drop>"         # a Probe.variant change that removes the key (transformers' default then applies)
 KERNEL_DIMS = ("head_dim", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "kv_lora_rank")
+SIZE_KEYS = {"hidden_size", "num_hidden_layers", "vocab_size"}
 
 
 def first_line(exc: BaseException, limit: int = 200) -> str:
@@ -33,6 +34,11 @@ def shrunk_config(config_dict: dict, changes: dict | None = None):
     from agent.recipe.shrink import shrink_config
 
     data = {k: v for k, v in config_dict.items() if k not in ("auto_map", "quantization_config", "architectures")}
+    if not SIZE_KEYS <= set(data):
+        # a partial config (an image-text checkpoint's text part may name its model_type alone): the sizes as
+        # transformers reads them, so that they shrink (not the type's full-size defaults built in float32)
+        known = AutoConfig.for_model(data["model_type"], **{k: v for k, v in data.items() if k != "model_type"})
+        data = {**known.to_dict(), **data}
     overrides = shrink_config(data)
     real = {key: data[key] for key in KERNEL_DIMS if isinstance(data.get(key), int)}
     heads, hidden = data.get("num_attention_heads"), data.get("hidden_size")
@@ -48,7 +54,8 @@ def shrunk_config(config_dict: dict, changes: dict | None = None):
     if isinstance(data.get("vocab_size"), int) and data["vocab_size"] > PROBE_VOCAB:
         data["vocab_size"] = PROBE_VOCAB
         for key in [k for k, v in data.items() if k.endswith("_token_id") and isinstance(v, int) and v >= PROBE_VOCAB]:
-            data[key] = None
+            # no padding row outside the vocabulary; a bos / eos id that the config types as int stays an int
+            data[key] = None if key == "pad_token_id" else PROBE_VOCAB - 1
     data = apply_changes(data, changes or {})
     if isinstance(data.get("sliding_window"), int) and data["sliding_window"]:
         data["sliding_window"] = 5

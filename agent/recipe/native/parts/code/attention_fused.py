@@ -10,6 +10,7 @@ from executor.core.kv_cache.cache_info import CacheEntry
 from executor.utils.forward_metadata import ForwardMetaData
 from module.linear import QKVParallelLinear, RowParallelLinear
 
+from .norm_qk_full import ModelFullWidthRMSNorm
 from .norm_rms import ModelRMSNorm as Norm
 
 # upstream's cache kinds (executor/core/kv_cache)
@@ -20,11 +21,13 @@ QKV = "merged_qkv_proj"         # the q/k/v projection: "qkv_proj" where the che
 QKV_BIAS = False                # q/k/v biases: a literal, or the config key that sets them
 O_BIAS = False                  # o_proj's bias (module.linear adds it on row-parallel rank 0)
 QK_NORM = False                 # per-head RMSNorm of queries and keys before the rotary (qwen3, gemma3)
+QK_NORM_FULL = False            # RMSNorm of queries and keys over all heads' width (olmo2)
 QUERY_PRE_ATTN_SCALAR = False   # softmax scale query_pre_attn_scalar ** -0.5 (else head_dim ** -0.5)
 ROPE_BY_LAYER_TYPE = False      # cos / sin per layer type (gemma3's local and global bases)
 WINDOWS = False                 # the architecture attends in a sliding window where its config says so
 LAYER_TYPE_WINDOWS = False      # which layers: config.layer_types' sliding_attention ones (else every layer)
 SINKS = False                   # a learnable sink logit per head in the softmax (gpt_oss)
+NORM_EPS = "rms_norm_eps"       # the config key of the norms' epsilon
 
 
 def layer_windows(config):
@@ -87,8 +90,17 @@ class ModelAttention(nn.Module):
             self.sinks.weight_loader = self._load_sinks
             self.tp_rank = tp_rank
         if QK_NORM:
-            self.q_norm = Norm(self.head_dim, eps=config.rms_norm_eps)
-            self.k_norm = Norm(self.head_dim, eps=config.rms_norm_eps)
+            self.q_norm = Norm(self.head_dim, eps=getattr(config, NORM_EPS))
+            self.k_norm = Norm(self.head_dim, eps=getattr(config, NORM_EPS))
+        if QK_NORM_FULL:
+            if self.num_key_value_heads < self.attn_tp_size:
+                raise ValueError(f"a k norm over all {self.num_key_value_heads} key heads with attn_tp_size "
+                                 f"{self.attn_tp_size} (key heads replicated): set attn_tp_size to at most "
+                                 f"{self.num_key_value_heads}")
+            self.q_norm = ModelFullWidthRMSNorm(self.num_heads, self.head_dim, config.rms_norm_eps, comm_manager,
+                                                self.attn_tp_size)
+            self.k_norm = ModelFullWidthRMSNorm(self.num_key_value_heads, self.head_dim, config.rms_norm_eps,
+                                                comm_manager, self.attn_tp_size)
         self.k_cache = torch.Tensor([])
         self.v_cache = torch.Tensor([])
         cache_dtype = torch.get_default_dtype()
@@ -111,6 +123,8 @@ class ModelAttention(nn.Module):
         query, key, value = qkv.split((self.num_heads_per_rank * self.head_dim,
                                        self.num_key_value_heads_per_rank * self.head_dim,
                                        self.num_key_value_heads_per_rank * self.head_dim), dim=-1)
+        if QK_NORM_FULL:
+            query, key = self.q_norm(query), self.k_norm(key)
         query = query.reshape(q_len, self.num_heads_per_rank, self.head_dim)
         key = key.reshape(q_len, self.num_key_value_heads_per_rank, self.head_dim)
         value = value.reshape(q_len, self.num_key_value_heads_per_rank, self.head_dim)

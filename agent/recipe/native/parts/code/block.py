@@ -13,6 +13,7 @@ SANDWICH = False        # post-attention and pre/post-feedforward norms around a
 # which layers' MLP is a sparse-MoE block: None, none; "all", every one; a config key (first_k_dense_replace,
 # decoder_sparse_step, ...), the layers is_moe_layer picks by it
 MOE_LAYERS = None
+NORM_EPS = "rms_norm_eps"   # the config key of the norms' epsilon
 
 
 class ModelDecoderLayer(nn.Module):
@@ -28,11 +29,11 @@ class ModelDecoderLayer(nn.Module):
             self.mlp = mlp(config, infer_config, comm_manager, prefix=f"{prefix}.mlp")
         else:
             self.mlp = MLP(config, infer_config, comm_manager, prefix=f"{prefix}.mlp")
-        self.input_layernorm = Norm(config.hidden_size, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = Norm(config.hidden_size, eps=config.rms_norm_eps)
+        self.input_layernorm = Norm(config.hidden_size, eps=getattr(config, NORM_EPS))
+        self.post_attention_layernorm = Norm(config.hidden_size, eps=getattr(config, NORM_EPS))
         if SANDWICH:
-            self.pre_feedforward_layernorm = Norm(config.hidden_size, eps=config.rms_norm_eps)
-            self.post_feedforward_layernorm = Norm(config.hidden_size, eps=config.rms_norm_eps)
+            self.pre_feedforward_layernorm = Norm(config.hidden_size, eps=getattr(config, NORM_EPS))
+            self.post_feedforward_layernorm = Norm(config.hidden_size, eps=getattr(config, NORM_EPS))
 
     def forward(self, hidden_states, cos_sin, past_residual, forward_metadata):
         hidden_states, residual = self.input_layernorm(hidden_states, past_residual)

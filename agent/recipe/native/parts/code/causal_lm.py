@@ -38,6 +38,7 @@ STACKED_PARAMS = ()
 # parameters of module.quantization's W8A8 methods a checkpoint may omit: smoothing factors, all ones until a
 # smoothed checkpoint sets them
 QUANT_DEFAULTS = ("smooth_scales", "smooth_scale_1", "smooth_scale_2")
+NORM_EPS = "rms_norm_eps"   # the config key of the norms' epsilon
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ class ModelModel(nn.Module):
         self.layers = nn.ModuleList([
             DecoderLayer(config, infer_config, comm_manager, layer_idx, prefix=f"model.layers.{layer_idx}")
             for layer_idx in range(config.num_hidden_layers)])
-        self.norm = Norm(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm = Norm(config.hidden_size, eps=getattr(config, NORM_EPS))
         if MLA:
             head_dim = config.qk_rope_head_dim          # MLA: the rope dims of the query and the shared key
         else:

@@ -1,0 +1,55 @@
+"""The probe on the checkpoint's own config (issue 46.3): a type whose transformers defaults are no published
+checkpoint (deepseek_v2's routing, dots1's layout, ministral's rope) derives on its checkpoint-shaped config
+(agent.testing.checkpoint_shapes) where its defaults crash the probe, and decide.type_note answers for the config
+it is given; every recorded shape builds in transformers; the probe's shrunk config keeps special token ids inside
+its small vocabulary (a bos / eos id past it becomes the last id: cwm's config types bos_token_id as int, None is
+refused; a pad id past it none: no padding row outside the vocabulary)."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def test_every_recorded_checkpoint_shape_builds():
+    from agent.testing.checkpoint_shapes import SHAPES, checkpoint_config
+
+    for model_type, (_, keys) in SHAPES.items():
+        config, source = checkpoint_config(model_type)
+        assert config["model_type"] == model_type and source
+        for key in ("num_attention_heads", "num_key_value_heads", "head_dim", "n_routed_experts", "first_k_dense_replace"):
+            if key in keys and key in config:
+                assert config[key] == keys[key], (model_type, key)
+    assert checkpoint_config("no_such_type") is None
+
+
+@pytest.mark.parametrize("model_type", ["deepseek_v2", "dots1", "ministral"])
+def test_a_type_is_answered_for_the_checkpoint_config_it_is_given(model_type):
+    from agent.recipe.native.decide import type_note
+    from agent.testing.checkpoint_shapes import checkpoint_config
+
+    assert "does not write" in type_note(model_type)            # transformers' defaults: the probe fails on them
+    config, _ = checkpoint_config(model_type)
+    assert type_note(model_type, config) == "a type the native generator writes"
+
+
+@pytest.mark.parametrize("model_type, changes", [("cwm", {}), ("llama", {"pad_token_id": 128004, "bos_token_id": 128000})])
+def test_special_ids_past_the_probe_vocabulary_stay_valid(model_type, changes):
+    from transformers import AutoConfig
+
+    from agent.recipe.native.parts.probe import PROBE_VOCAB, shrunk_config
+
+    config = AutoConfig.for_model(model_type, **changes).to_dict()
+    assert config["bos_token_id"] >= PROBE_VOCAB
+    shrunk = shrunk_config(config)
+    assert shrunk.vocab_size == PROBE_VOCAB and shrunk.bos_token_id == PROBE_VOCAB - 1
+    if changes:
+        assert shrunk.pad_token_id is None
+
+
+def test_a_partial_config_is_shrunk_from_the_sizes_transformers_reads():
+    """An image-text checkpoint's text part may be {"model_type": "qwen2"} alone (InternVL's llm_config): the probe
+    shrinks transformers' sizes for it, not a full-size model in float32."""
+    from agent.recipe.native.parts.probe import PROBE_VOCAB, shrunk_config
+
+    shrunk = shrunk_config({"model_type": "qwen2"})
+    assert shrunk.hidden_size <= 512 and shrunk.num_hidden_layers <= 4 and shrunk.vocab_size == PROBE_VOCAB
