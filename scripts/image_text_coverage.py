@@ -5,7 +5,7 @@
 
 Without TYPE: every model type of the installed transformers' MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES. For each,
 on a tiny checkpoint-shaped config of the type (agent.testing.tiny_checkpoint.tiny_config: its text and vision
-configs at tiny widths, as a checkpoint's config.json holds them): agent.migrate.text_decoder finds its text
+configs at tiny widths, as a checkpoint's config.json holds them): agent.recipe.text_decoder finds its text
 decoder in transformers' image-text class, agent.recipe.native.compose.derive picks the decoder's parts, and the
 file is held in float32 under the npu stand-in to transformers' image-text model on text-only prompts (a packed
 prefill and decode steps, agent.recipe.native.selfcheck). Each row ends in
@@ -43,7 +43,7 @@ def one_line(exc: BaseException, limit: int = 160) -> str:
 
 
 def survey(types: list[str], checkout: Path, folder: Path) -> list[dict]:
-    from agent.migrate.text_decoder import NotServedByText, text_decoder
+    from agent.recipe.text_decoder import NotServedByText, text_decoder
     from agent.recipe.native.compose import derive
     from agent.recipe.native.decide import render_native, selfcheck, selfcheck_jobs
     from agent.recipe.native.not_native import NotNative

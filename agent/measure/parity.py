@@ -95,7 +95,7 @@ def checkpoint_nll(model_path: Path) -> dict:
     import torch
     from transformers import AutoTokenizer
 
-    from agent.migrate.text_decoder import transformers_auto_class
+    from agent.recipe.text_decoder import transformers_auto_class
 
     tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
     model = transformers_auto_class(model_path).from_pretrained(model_path, dtype=torch.float32,
@@ -148,7 +148,7 @@ def shrunk_reference(model_path: Path, overrides: dict, remote: bool, tiny: Path
     import torch
     from transformers import AutoConfig
 
-    from agent.migrate.text_decoder import transformers_auto_class
+    from agent.recipe.text_decoder import transformers_auto_class
 
     for item in model_path.iterdir():   # tokenizer, generation config, the repo's own code
         if _copied_to_shrunk(item):

@@ -313,7 +313,7 @@ class Reference:
 
     def __init__(self, checkpoint: Path, dtype: str, overrides: dict, trust_remote_code: bool):
         import torch
-        from agent.migrate.text_decoder import transformers_auto_class
+        from agent.recipe.text_decoder import transformers_auto_class
 
         self.model = transformers_auto_class(checkpoint).from_pretrained(
             checkpoint, dtype=getattr(torch, dtype), local_files_only=True, trust_remote_code=trust_remote_code,

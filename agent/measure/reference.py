@@ -140,7 +140,7 @@ def reference_generation(checkpoint: str | Path, prompt: str, max_new_tokens: in
     import torch
     from transformers import AutoTokenizer, GenerationConfig
 
-    from agent.migrate.text_decoder import transformers_auto_class
+    from agent.recipe.text_decoder import transformers_auto_class
 
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
@@ -176,7 +176,7 @@ def greedy_parity(checkpoint: str | Path, prompt: str, upstream_text: str, max_n
     import torch
     from transformers import AutoTokenizer
 
-    from agent.migrate.text_decoder import transformers_auto_class
+    from agent.recipe.text_decoder import transformers_auto_class
 
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,

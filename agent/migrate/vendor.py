@@ -165,15 +165,15 @@ def refusal_reason(config: dict, model_cls: type) -> str | None:
 
 
 def is_image_text(config: dict) -> bool:
-    """An image-text checkpoint by its config (agent.migrate.text_decoder, the one place that classifies them)."""
-    from agent.migrate.text_decoder import is_image_text as classify
+    """An image-text checkpoint by its config (agent.recipe.text_decoder, the one place that classifies them)."""
+    from agent.recipe.text_decoder import is_image_text as classify
 
     return classify(config)
 
 
 def image_text_reason(config: dict, evidence: str) -> str:
     """The one line for an image-text checkpoint that is not served (SPEC §9: they are served by their text decoder,
-    agent.migrate.text_decoder, where the native generator writes it): what it is and why (`evidence`), its text
+    agent.recipe.text_decoder, where the native generator writes it): what it is and why (`evidence`), its text
     decoder's model_type and whether the native generator writes that type."""
     return (f"image-text model ({evidence}); {text_decoder_note(config)}; image-text checkpoints are served by their "
             "text decoder only where the native generator writes it")
@@ -280,14 +280,14 @@ def _names_a_text_only_class(architectures: list) -> bool:
 
 
 def text_decoder_source(config: dict, arch_name: str) -> ModelSource:
-    """An image-text checkpoint, served by its text decoder written natively (agent.migrate.text_decoder): the
+    """An image-text checkpoint, served by its text decoder written natively (agent.recipe.text_decoder): the
     decoder's causal-LM class and its own config class (which reads config.json's text_config: transformers finds
     the part of its model_type); refused in one line where the decoder is not written natively (the adapter
     would run the image-text checkpoint's names through a causal LM's code)."""
     import transformers
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    from agent.migrate.text_decoder import NotServedByText, text_decoder
+    from agent.recipe.text_decoder import NotServedByText, text_decoder
     from agent.recipe.native.compose import derive
     from agent.recipe.native.not_native import NotNative
 

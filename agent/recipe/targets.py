@@ -216,9 +216,9 @@ def framework_layout(layout: Mapping[str, str], ctx: dict) -> Mapping[str, str]:
 
 
 def image_text_decoder(ctx: dict):
-    """The text decoder of the recipe's checkpoint when it is an image-text one (agent.migrate.text_decoder), else
+    """The text decoder of the recipe's checkpoint when it is an image-text one (agent.recipe.text_decoder), else
     None."""
-    from agent.migrate.text_decoder import NotServedByText, text_decoder
+    from agent.recipe.text_decoder import NotServedByText, text_decoder
 
     try:
         config = load_json(Path(ctx.get("model_path", "")) / "config.json")

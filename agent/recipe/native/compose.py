@@ -50,9 +50,9 @@ def compose(probe: Probe) -> Composition:
 def derive(config_dict: dict) -> Composition:
     """The composition of the architecture of `config_dict` (a checkpoint's config.json, text level), with the
     config variants its file must also serve (`variants`: label -> config changes). An image-text checkpoint is
-    its text decoder's (agent.migrate.text_decoder): the decoder's config, its tensors read under their names in
+    its text decoder's (agent.recipe.text_decoder): the decoder's config, its tensors read under their names in
     the image-text checkpoint."""
-    from agent.migrate.text_decoder import NotServedByText, text_decoder
+    from agent.recipe.text_decoder import NotServedByText, text_decoder
 
     try:
         decoder = text_decoder(config_dict)

@@ -210,7 +210,7 @@ def check(job: dict) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from agent.migrate.text_decoder import image_text_model, text_decoder
+    from agent.recipe.text_decoder import image_text_model, text_decoder
     from agent.precision_rule import tolerance
     from agent.recipe.native.parts.probe import shrunk_config
     from executor.utils.forward_metadata import ForwardMetaData

@@ -1,4 +1,4 @@
-"""Image-text checkpoints served by their text decoder (agent.migrate.text_decoder, the one place they are
+"""Image-text checkpoints served by their text decoder (agent.recipe.text_decoder, the one place they are
 classified; agent.recipe.native.compose.derive and the self-check go through it).
 
 In-process and fast: the decoder's config, its tensors' names and what is skipped, read from transformers'
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.migrate.text_decoder import NotServedByText, apply_renames, reduce_mrope, text_decoder
+from agent.recipe.text_decoder import NotServedByText, apply_renames, reduce_mrope, text_decoder
 from agent.recipe.native.compose import derive
 from agent.recipe.native.decide import render_native, selfcheck, selfcheck_jobs
 from agent.recipe.native.not_native import NotNative
@@ -215,7 +215,7 @@ def test_an_mrope_reduced_wrongly_fails_the_check(tmp_path):
 def test_a_conversion_of_the_vision_tower_is_dropped_and_one_of_the_decoder_refused():
     """qianfan_ocr's mapping splits the vision tower's fused qkv (a converter, not a rename): its decoder is served;
     the same converter on names the decoder has is not a rename the loader writes."""
-    from agent.migrate.text_decoder import stored_name_renames
+    from agent.recipe.text_decoder import stored_name_renames
 
     decoder = text_decoder(tiny_config("qianfan_ocr", vocab_size=384).to_dict())
     assert decoder.causal_lm_type == "qwen3"
