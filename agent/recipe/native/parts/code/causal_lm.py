@@ -29,6 +29,7 @@ FINAL_SOFTCAP = False           # logits soft-capped by config.final_logit_softc
 ROPE_BY_LAYER_TYPE = False      # a rotary table per layer type (gemma3's local and global bases)
 MLA = False                     # multi-head latent attention: its rope dims, latent caches and absorb weights
 MOE = False                     # sparse-MoE layers: their experts split over moe_tp_group
+MTP = False                     # an MTP draft model beside this one (code/mtp.py): next_n > 0 returns every hidden state
 # transformers' renames of the checkpoint's tensor names for this architecture (pattern, replacement), in order
 CHECKPOINT_RENAMES = ()
 # (parameter, checkpoint module, shard id): checkpoint tensors stacked into one parallel linear
@@ -48,6 +49,8 @@ class ModelModel(nn.Module):
             DecoderLayer(config, infer_config, comm_manager, layer_idx, prefix=f"model.layers.{layer_idx}")
             for layer_idx in range(config.num_hidden_layers)])
         self.norm = Norm(config.hidden_size, eps=config.rms_norm_eps)
+        if MTP:
+            self.next_n = getattr(infer_config.model_config, "next_n", 0)
         if MLA:
             head_dim = config.qk_rope_head_dim          # MLA: the rope dims of the query and the shared key
         else:
@@ -73,6 +76,8 @@ class ModelModel(nn.Module):
         for layer in self.layers:
             residual, hidden_states = layer(hidden_states, cos_sin, residual, forward_metadata)
         hidden_states, _ = self.norm(hidden_states, residual)
+        if MTP and self.next_n:
+            return hidden_states            # every token's: the MTP model drafts from them
         if forward_metadata.is_prefill:
             # each sequence's last token of the packed prefill
             hidden_states = hidden_states.index_select(0, forward_metadata.actual_seq_lengths_cu_q.long() - 1)
@@ -107,6 +112,9 @@ class ModelForCausalLM(nn.Module):
 
     def forward(self, input_ids, position_ids=None, forward_metadata: ForwardMetaData = None, **kwargs):
         hidden_states = self.model(input_ids, position_ids, forward_metadata)
+        if MTP and self.model.next_n:
+            prev_hidden_states = hidden_states
+            hidden_states = verified_rows(hidden_states, forward_metadata)
         logits = self.lm_head(hidden_states)
         if self.lmhead_tp_size > 1:
             parts = [torch.empty_like(logits) for _ in range(self.lmhead_tp_size)]
@@ -116,6 +124,8 @@ class ModelForCausalLM(nn.Module):
         if FINAL_SOFTCAP and self.config.final_logit_softcapping:
             cap = self.config.final_logit_softcapping
             logits = torch.tanh(logits / cap) * cap
+        if MTP and self.model.next_n:
+            return logits, prev_hidden_states      # the executor's MTP worker drafts from the hidden states
         return logits
 
     def get_cache_info(self) -> ModelCacheInfo:
@@ -188,6 +198,15 @@ class ModelForCausalLM(nn.Module):
             quant_method = getattr(module, "quant_method", None)
             if quant_method is not None:
                 quant_method.process_weights_after_loading(module, is_nz=is_nz)
+
+
+def verified_rows(hidden_states, forward_metadata):
+    """The rows the lm head scores, [batch, tokens, hidden]: each prefill's last token; at decode every token (one,
+    or the next_n + 1 an MTP step verifies)."""
+    batch = forward_metadata.actual_seq_lengths_cu_q.shape[0]
+    if forward_metadata.is_prefill:
+        hidden_states = hidden_states.index_select(0, forward_metadata.actual_seq_lengths_cu_q.long() - 1)
+    return hidden_states.view(batch, -1, hidden_states.shape[-1])
 
 
 def module_prefix(name, prefixes):
