@@ -4,7 +4,11 @@ enorm, hnorm, eh_proj, shared_head.norm, shared_head.head, embed_tokens, and one
 `draft="copy"`: a draft whose guess is the main model's own prediction for the token it is given (eh_proj keeps
 the hnorm'd hidden state, the decoder layer adds nothing: o_proj and the MLP's down projections zero), i.e. "the
 next token repeats this one" — a tiny random model's greedy text repeats itself, so most drafts are accepted.
-`draft="wrong"`: eh_proj keeps the embedding half instead (a wrong MTP weight): drafts mostly rejected."""
+`draft="wrong"`: the same with eh_proj's sign flipped (a wrong MTP weight): it drafts the least likely token.
+
+`repetitive(checkpoint)`: a checkpoint whose greedy text mostly repeats its last token (the embedding x8, the
+lm_head rows equal to the embedding's): a text with repeats and changes, so drafts are both accepted and
+rejected."""
 
 from __future__ import annotations
 
@@ -36,7 +40,7 @@ def add_mtp_layer(checkpoint: Path, draft: str = "copy") -> Path:
     dtype = tensors["model.embed_tokens.weight"].dtype
     eye = torch.eye(hidden, dtype=dtype)
     zero = torch.zeros(hidden, hidden, dtype=dtype)
-    halves = (zero, eye) if draft == "copy" else (eye, zero)
+    halves = (zero, eye if draft == "copy" else -eye)
     added.update({
         f"model.layers.{mtp}.enorm.weight": torch.ones(hidden, dtype=dtype),
         f"model.layers.{mtp}.hnorm.weight": torch.ones(hidden, dtype=dtype),
@@ -55,3 +59,16 @@ def add_mtp_layer(checkpoint: Path, draft: str = "copy") -> Path:
     config["num_nextn_predict_layers"] = 1
     (checkpoint / "config.json").write_text(json.dumps(config, indent=2))
     return checkpoint
+
+
+def repetitive(checkpoint: Path, scale: float = 8.0) -> Path:
+    from safetensors.torch import load_file, save_file
+
+    path = Path(checkpoint) / "model.safetensors"
+    tensors = load_file(str(path))
+    embed = tensors["model.embed_tokens.weight"]
+    tensors["model.embed_tokens.weight"] = (embed * scale).contiguous()
+    if "lm_head.weight" in tensors:
+        tensors["lm_head.weight"] = embed.clone().contiguous()
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    return Path(checkpoint)

@@ -158,17 +158,19 @@ class WorldComm:
         return torch.distributed.group.WORLD
 
 
-def infer_config(moe_tp_size: int = 1, world_size: int | None = None, attn_tp_size: int | None = None):
+def infer_config(moe_tp_size: int = 1, world_size: int | None = None, attn_tp_size: int | None = None,
+                 custom_params: dict | None = None):
     """upstream's InferenceConfig as the block reads it: world_size and attn_tp_size default to moe_tp_size (the
     layout the block runs); moe_ep_size derived as upstream's ParallelConfig derives it."""
     world_size = world_size or moe_tp_size
     parallel = types.SimpleNamespace(world_size=world_size, attn_tp_size=attn_tp_size or world_size,
                                      moe_tp_size=moe_tp_size, moe_ep_size=world_size // moe_tp_size)
-    return types.SimpleNamespace(parallel_config=parallel, model_config=types.SimpleNamespace(enable_weight_nz=False))
+    return types.SimpleNamespace(parallel_config=parallel, model_config=types.SimpleNamespace(
+        enable_weight_nz=False, custom_params=dict(custom_params or {})))
 
 
 def run(case: str, *, features=None, source_edit=None, checkpoint_edit=None, moe_tp_size: int = 1,
-        tokens: int = TOKENS, fused_names: bool = False) -> dict:
+        tokens: int = TOKENS, fused_names: bool = False, custom_params: dict | None = None) -> dict:
     """Ours against transformers' block on the same tokens: {"max_abs", "rel", "ops"}; `features`: facts to
     write the block from in place of the derived ones."""
     from agent.recipe.native.parts.moe import render_moe
@@ -181,7 +183,7 @@ def run(case: str, *, features=None, source_edit=None, checkpoint_edit=None, moe
     module = load_generated(source, case)
     cls = next(getattr(module, n) for n in dir(module) if n.endswith("SparseMoeBlock"))
     comm = WorldComm() if moe_tp_size > 1 else None
-    ours = cls(config, infer_config(moe_tp_size), comm, prefix="model.layers.1.mlp")
+    ours = cls(config, infer_config(moe_tp_size, custom_params=custom_params), comm, prefix="model.layers.1.mlp")
     items = list(checkpoint.items())
     if checkpoint_edit is not None:
         items = checkpoint_edit(items)
@@ -211,6 +213,7 @@ def run(case: str, *, features=None, source_edit=None, checkpoint_edit=None, moe
     want = (want[0] if isinstance(want, tuple) else want).reshape(tokens, -1)
     diff = (got.float() - want.float()).abs().max().item()
     return {"max_abs": diff, "rel": diff / want.abs().max().item(), "ops": sorted(set(calls)),
+            "calls": {n: calls.count(n) for n in set(calls)},
             "unloaded": unloaded, "shape": list(got.shape)}
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mtp_checkpoint import add_mtp_layer
+from mtp_checkpoint import add_mtp_layer, repetitive
 
 CTX = {"model_name": "tiny_mtp", "framework_class": "TinyMtpForCausalLM", "display_name": "deepseek_v3",
        "model_class": "DeepseekV3ForCausalLM", "transformers_version": "5.0.0"}
@@ -71,7 +71,7 @@ def _migrated(tmp_path_factory, model_type: str, name: str, **overrides) -> dict
     root = tmp_path_factory.mktemp(name)
     checkout = copy_snapshot(root / "cann-recipes-infer")
     checkpoint = reference.tiny_checkpoint(model_type, root / "ckpt", **{**tiny_settings(model_type), **overrides})
-    add_mtp_layer(checkpoint, "copy")
+    add_mtp_layer(repetitive(checkpoint), "copy")
     run_migration({"target": str(checkpoint), "output_dir": str(checkout / "models"), "name": name,
                    "device": "cpu", "max_new_tokens": 12, "max_rounds": 0, "world_size": 1,
                    "recipe_target": "framework", "transformers_source": "installed"}, stop_after="render")
@@ -109,18 +109,74 @@ def _run(info: dict, yaml_name: str) -> dict:
             "out": proc.stdout + proc.stderr}
 
 
+
 def _texts(run: dict) -> list:
-    return run["baseline"].get("outputs") or run["baseline"].get("output_texts") or []
+    return [r["text"] for r in sorted(run["baseline"]["verification"]["parity"]["per_request"],
+                                      key=lambda r: r["request"])]
 
 
-@pytest.fixture(scope="module")
-def deepseek_mtp(tmp_path_factory):
-    return _migrated(tmp_path_factory, "deepseek_v3", "nat_mtp", first_k_dense_replace=1)
+def _mtp_checks(info: dict) -> dict:
+    """next_n 0 and 1 on the same checkpoint, next_n 1 with a wrong MTP weight, and a main model whose
+    verification attends to the drafts it has not accepted yet: each run's baseline."""
+    import shutil
+
+    off = _run(info, _yaml(info, 0))
+    on = _run(info, _yaml(info, 1))
+    wrong_ckpt = info["root"] / "ckpt_wrong_mtp"
+    shutil.copytree(info["checkpoint"], wrong_ckpt)
+    add_mtp_layer(wrong_ckpt, "wrong")
+    wrong = _run(info, _yaml(info, 1, wrong_ckpt, "_wrong"))
+    model = info["recipe"] / "models" / f"modeling_{info['name']}.py"
+    correct = model.read_text()
+    causal = "            mask, sparse_mode = forward_metadata.attention_mask, 3\n"
+    window_check = correct.split(causal)[0].rsplit("\n", 1)[-1]
+    assert "actual_seq_lengths_cu_q.shape[0]" in window_check, window_check      # the verified window's mask
+    model.write_text(correct.replace(window_check + "\n" + causal, window_check + "\n            pass\n", 1))
+    try:
+        unmasked = _run(info, _yaml(info, 1, tag="_fault"))
+    finally:
+        model.write_text(correct)
+    return {"off": off, "on": on, "wrong": wrong, "unmasked": unmasked}
 
 
-def test_deepseek_v3_mtp_drafts_without_changing_the_text(deepseek_mtp):
-    off = _run(deepseek_mtp, _yaml(deepseek_mtp, 0))
-    on = _run(deepseek_mtp, _yaml(deepseek_mtp, 1))
-    print("OFF", json.dumps(off["baseline"], default=str)[:3000])
-    print("ON", json.dumps(on["baseline"], default=str)[:3000])
-    print(on["out"][-3000:])
+def _assert_mtp(runs: dict, family: str) -> None:
+    off, on, wrong, unmasked = runs["off"], runs["on"], runs["wrong"], runs["unmasked"]
+    # MTP off: today's run, held to transformers per step; no speculation figures
+    assert off["rc"] == 0 and off["baseline"]["verification"]["parity"]["ok"] is True, off["out"][-2000:]
+    assert "speculation" not in off["baseline"]["performance"]
+    # MTP on: every token the executor accepted (drafts included) held to transformers, the same text
+    parity = on["baseline"]["verification"]["parity"]
+    assert on["rc"] == 0 and parity["ok"] is True, on["out"][-2000:]
+    assert _texts(on) == _texts(off) and all(t for t in _texts(on))
+    spec = on["baseline"]["performance"]["speculation"]
+    assert spec["next_n"] == 1 and spec["draft_tokens"] > 0 and spec["accept_rate"] > 0.3, spec
+    standin = on["baseline"]["standin"]
+    compiled = {key: entry for key, entry in standin["compiles"].items() if "decode" in key}
+    assert any(k.endswith("main_decode [npugraph_ex]") for k in compiled) and \
+        any(k.endswith("mtp_decode [npugraph_ex]") for k in compiled), standin["compiles"]
+    assert all(entry["recompiles"] == 0 for entry in compiled.values()), standin["compiles"]
+    # a wrong MTP weight only drafts worse: the same text, a lower acceptance
+    assert wrong["rc"] == 0 and wrong["baseline"]["verification"]["parity"]["ok"] is True, wrong["out"][-2000:]
+    assert _texts(wrong) == _texts(off)
+    wrong_spec = wrong["baseline"]["performance"]["speculation"]
+    assert wrong_spec["accept_rate"] < spec["accept_rate"], (wrong_spec, spec)
+    # a verification that sees drafts it has not accepted (no causal mask over the window) is caught
+    assert unmasked["baseline"]["verification"]["parity"]["ok"] is False and unmasked["rc"] != 0
+    print(f"MTP-TABLE {family} next_n=1 texts_equal=True accept_rate={spec['accept_rate']:.4f} "
+          f"accept_length={spec.get('accept_length')} drafts={spec['draft_tokens']} accepted={spec['accepted_tokens']} "
+          f"wrong_mtp_accept_rate={wrong_spec['accept_rate']:.4f} unmasked_caught=True")
+
+
+def test_deepseek_v3_mtp_drafts_without_changing_the_text(tmp_path_factory):
+    """DeepSeek-V3 form (MLA, layer 1 and the MTP layer sparse-MoE): the default end-to-end case."""
+    info = _migrated(tmp_path_factory, "deepseek_v3", "nat_mtp", first_k_dense_replace=1)
+    registry = (info["checkout"] / "executor" / "core" / "support_models.py").read_text()
+    assert '"NatMtpModelMTP"' in registry
+    _assert_mtp(_mtp_checks(info), "deepseek_v3")
+
+
+@pytest.mark.slow
+def test_glm4_moe_mtp_drafts_without_changing_the_text(tmp_path_factory):
+    """GLM-4.5 form (glm4_moe: fused GQA attention, partial rotary, sparse-MoE from layer 1)."""
+    info = _migrated(tmp_path_factory, "glm4_moe", "nat_glm_mtp", first_k_dense_replace=1)
+    _assert_mtp(_mtp_checks(info), "glm4_moe")
