@@ -273,6 +273,11 @@ def framework_context(ctx: dict, native: bool = True) -> dict:
                 from agent.recipe.native.decide import native_context
 
                 extra.update(native_model=True, **native_context({**ctx, **names}, decision.features))
+                if "mtp" in decision.features.parts:
+                    # the checkpoint's MTP layer drafts one token per step, as upstream's deepseek_r1 _mtp YAMLs
+                    settings = dict(ctx["settings"])
+                    settings["model_config"] = {**settings.get("model_config", {}), "next_n": 1}
+                    extra["settings"] = settings
     return {**extra, **names,
             "family_label": FAMILY_LABELS.get(ctx["family"].name, ctx["family"].name),
             "hub_link": hub_link(ctx.get("model_source", "")),

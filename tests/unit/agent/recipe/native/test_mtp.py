@@ -58,6 +58,37 @@ def test_the_registry_line_names_the_mtp_class_between_the_model_and_its_config(
     assert [cls for _, cls in framework_registry_entry(ctx)] == ["TinyMtpForCausalLM", "DeepseekV3Config"]
 
 
+@pytest.mark.parametrize("stored, ships", [
+    (["model.layers.0.mlp.down_proj.weight", "model.layers.2.eh_proj.weight"], True),
+    (["model.layers.0.mlp.down_proj.weight"], False),                   # a copy that dropped the MTP layer
+    (["model.layers.1.eh_proj.weight"], False),                         # not at num_hidden_layers
+])
+@pytest.mark.parametrize("index", [False, True])
+def test_the_draft_is_written_only_for_a_checkpoint_that_holds_its_tensors(tmp_path, stored, ships, index):
+    import torch
+    from safetensors.torch import save_file
+
+    from agent.recipe.native.parts.mtp import ships_mtp_layer, without_unshipped_mtp
+
+    config = {"num_hidden_layers": 2, "num_nextn_predict_layers": 1}
+    if index:
+        (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {n: "a.safetensors" for n in stored}}))
+    else:
+        save_file({n: torch.zeros(1) for n in stored}, str(tmp_path / "model.safetensors"))
+    assert ships_mtp_layer(tmp_path, config) is ships
+    assert without_unshipped_mtp(config, tmp_path)["num_nextn_predict_layers"] == (1 if ships else 0)
+    assert ships_mtp_layer(tmp_path, {**config, "num_nextn_predict_layers": 0}) is False
+
+
+def test_a_checkpoint_whose_header_is_not_safetensors_ships_no_draft(tmp_path):
+    from agent.recipe.native.parts.mtp import ships_mtp_layer
+
+    (tmp_path / "model.safetensors").write_bytes(b"\x05\x00\x00\x00\x00\x00\x00\x00{nope")
+    assert ships_mtp_layer(tmp_path, {"num_hidden_layers": 2, "num_nextn_predict_layers": 1}) is False
+    (tmp_path / "model.safetensors").write_bytes(b"\x01")
+    assert ships_mtp_layer(tmp_path, {"num_hidden_layers": 2, "num_nextn_predict_layers": 1}) is False
+
+
 # ---- end to end: upstream's launcher under the stand-in ------------------------------------------------
 PROMPTS = ["The capital of France is", "An attention function can be described as mapping a query and a set"]
 
@@ -172,6 +203,11 @@ def test_deepseek_v3_mtp_drafts_without_changing_the_text(tmp_path_factory):
     info = _migrated(tmp_path_factory, "deepseek_v3", "nat_mtp", first_k_dense_replace=1)
     registry = (info["checkout"] / "executor" / "core" / "support_models.py").read_text()
     assert '"NatMtpModelMTP"' in registry
+    # the recipe's own YAML drafts one token per step (checklist 一.4: a registered MTP model has a YAML enabling it)
+    from agent.recipe import checklist
+
+    assert yaml.safe_load((info["recipe"] / "config" / "nat_mtp.yaml").read_text())["model_config"]["next_n"] == 1
+    assert checklist.check_recipe(info["recipe"])["一.4.mtp"] == []
     _assert_mtp(_mtp_checks(info), "deepseek_v3")
 
 
