@@ -210,16 +210,16 @@ class ModelMlaAttention(nn.Module):
         else:
             actual_seq_kvlen = forward_metadata.actual_seq_lengths_kv
             actual_seq_qlen = forward_metadata.actual_seq_lengths_cu_q
-        mask, sparse_mode = None, 0
-        if MTP and q_latent.size(0) > forward_metadata.actual_seq_lengths_cu_q.shape[0]:
+        if MTP:
             # an MTP step verifies next_n + 1 tokens per sequence: causal among them, from the bottom right
-            mask, sparse_mode = forward_metadata.attention_mask, 3
+            window = q_latent.size(0) > forward_metadata.actual_seq_lengths_cu_q.shape[0]
         out, _ = torch.ops.npu.npu_fused_infer_attention_score_v2(
-            q_latent, k_nope, k_nope, query_rope=q_rope, key_rope=k_rope, atten_mask=mask,
+            q_latent, k_nope, k_nope, query_rope=q_rope, key_rope=k_rope,
+            atten_mask=forward_metadata.attention_mask if MTP and window else None,
             actual_seq_kvlen=actual_seq_kvlen, actual_seq_qlen=actual_seq_qlen,
             block_table=forward_metadata.block_table[self.attn_type], num_query_heads=self.num_heads_per_rank,
             num_key_value_heads=self.num_key_value_heads_per_rank, softmax_scale=self.softmax_scale,
-            input_layout="TND_NTD", sparse_mode=sparse_mode, block_size=self.block_size)       # [N, T, kv_lora_rank]
+            input_layout="TND_NTD", sparse_mode=3 if MTP and window else 0, block_size=self.block_size)  # [N, T, kv_lora_rank]
         return torch_npu.npu_transpose_batchmatmul(out, self.kv_b_proj_w_v, bias=None, scale=None,
                                                    perm_x1=(0, 1, 2), perm_x2=(0, 1, 2), perm_y=(1, 0, 2))
 

@@ -41,7 +41,9 @@ CTX = {"model_name": "tiny_mla", "framework_class": "TinyForCausalLM", "display_
 def mla_config(case: str) -> dict:
     from transformers import AutoConfig
 
-    return {**AutoConfig.for_model("deepseek_v3").to_dict(), "first_k_dense_replace": 1000, **CASES[case]}
+    # a checkpoint without the MTP layer transformers' default config announces (the draft: test_mtp.py)
+    return {**AutoConfig.for_model("deepseek_v3").to_dict(), "first_k_dense_replace": 1000,
+            "num_nextn_predict_layers": 0, **CASES[case]}
 
 
 @pytest.fixture(scope="module")
