@@ -107,7 +107,7 @@ def _migrated(tmp_path_factory, model_type: str, name: str, **overrides) -> dict
                    "device": "cpu", "max_new_tokens": 12, "max_rounds": 0, "world_size": 1,
                    "recipe_target": "framework", "transformers_source": "installed"}, stop_after="render")
     return {"root": root, "checkout": checkout, "recipe": checkout / "models" / name, "checkpoint": checkpoint,
-            "name": name}
+            "name": name, "model_type": model_type}
 
 
 def _yaml(info: dict, next_n: int, checkpoint: Path | None = None, tag: str = "") -> str:
@@ -155,7 +155,16 @@ def _same_text(drafted: dict, plain: dict) -> bool:
     logged = [run["baseline"]["performance"]["output_text"] for run in (drafted, plain)]
     return len(pairs) == len(_texts(plain)) > 0 and all(
         base and text.startswith(base) and tokens >= base_tokens for (text, tokens), (base, base_tokens) in pairs) \
-        and bool(logged[1]) and logged[0].startswith(logged[1])
+        and logged[0].startswith(logged[1])
+
+
+# the decode attention's causal mask over the verified window (MLA; fused GQA), and the fault that drops it
+UNMASKED = {
+    "deepseek_v3": (("atten_mask=forward_metadata.attention_mask if window else None,", "atten_mask=None,"),
+                    ("sparse_mode=3 if window else 0,", "sparse_mode=0,")),
+    "glm4_moe": (("            mask, sparse_mode = forward_metadata.attention_mask, 3\n",
+                  "            mask, sparse_mode = None, 0\n"),),
+}
 
 
 def _mtp_checks(info: dict) -> dict:
@@ -172,8 +181,7 @@ def _mtp_checks(info: dict) -> dict:
     model = info["recipe"] / "models" / f"modeling_{info['name']}.py"
     correct = model.read_text()
     unmasked_text = correct
-    for causal, none in (("atten_mask=forward_metadata.attention_mask if window else None,", "atten_mask=None,"),
-                         ("sparse_mode=3 if window else 0,", "sparse_mode=0,")):      # the verified window's mask
+    for causal, none in UNMASKED[info["model_type"]]:
         assert correct.count(causal) == 1, f"{causal} is not where the fault expects it"
         unmasked_text = unmasked_text.replace(causal, none)
     model.write_text(unmasked_text)
