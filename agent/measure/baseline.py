@@ -428,6 +428,13 @@ def collect(log_arg: str, yaml_arg: str, rank: int = 0,
             "collection_warnings": warnings,
         },
     }
+    if seg.speculation:
+        # MTP (next_n > 0): upstream's figures; each decode step verifies next_n drafts per request
+        spec = dict(seg.speculation)
+        if spec.get("draft_tokens") and "accepted_tokens" in spec:
+            spec["accept_rate"] = spec["accepted_tokens"] / spec["draft_tokens"]
+        spec["next_n"] = (cfg.get("model_config") or {}).get("next_n") if isinstance(cfg, dict) else None
+        baseline["performance"]["speculation"] = spec
     # a run under the npu stand-in says so: host device, no NPU, host timings, its reference kernels
     honest.mark_run_baseline(baseline, [p for _, p in rank_logs] or [log_path], run_env)
     return baseline, warnings

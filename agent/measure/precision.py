@@ -182,15 +182,21 @@ def requests_of(calls: list[dict], rank: int, eos: set[int]) -> tuple[list[Reque
             decoded = True
             active = [r for r in generations[-1] if not r.finished]
             ids = call["input_ids"].tolist()
-            rows = _decode_order(generations[-1], active, ids, call["rows"])
+            window = call.get("window") or 1
+            rows = _decode_order(generations[-1], active, ids[::window], call["rows"])
             for b, request in enumerate(rows[:call["rows"]]):
-                if request.finished:
-                    continue
-                request.steps[-1].fed = ids[b] if b < len(ids) else None
-                layers = None
-                if call.get("layers") and all(t.shape[0] > b for t in call["layers"]):
-                    layers = [t[b:b + 1] for t in call["layers"]]
-                request.steps.append(Step("decode", call["logits"][b], layers))
+                for j in range(window):
+                    if request.finished:
+                        break
+                    row = b * window + j
+                    request.steps[-1].fed = ids[row] if row < len(ids) else None
+                    layers = None
+                    if call.get("layers") and all(t.shape[0] > row for t in call["layers"]):
+                        layers = [t[row:row + 1] for t in call["layers"]]
+                    request.steps.append(Step("decode", call["logits"][row], layers))
+                    # an MTP window: the executor keeps the next draft only where it is this step's token
+                    if j + 1 < window and (row + 1 >= len(ids) or request.tokens[-1] != ids[row + 1]):
+                        break
             if len(active) > call["rows"]:
                 problems.append(f"rank {rank}: a decode call with {call['rows']} rows for {len(active)} unfinished requests")
     return (generations[-1] if generations else []), problems

@@ -8,7 +8,9 @@ call of the model, so a killed run keeps what it recorded and no file is rewritt
     {"phase": "prefill" | "decode", "input_ids": 1-D long, "rows": int,
      "seq_ends": cumulative token counts per request (packed prefill) or None,
      "attention_mask": the [B, T] mask of a padded prefill or None,
-     "logits": [rows, V] float32 (each request's last position),
+     "logits": [rows, V] float32 (each request's last position; an MTP decode step, [rows x window, V]: every
+               position of each request's window of its token and next_n drafts),
+     "window": tokens per request of a decode call (1; next_n + 1 for an MTP step),
      "layers": per decoder layer, its output hidden states [tokens, H] float32 (a layer that returns
                `(residual, hidden)` is their sum: the stream the next layer reads), or None,
      "dtype": the model's parameter dtype}
@@ -275,7 +277,15 @@ def _end(output) -> None:
         return
     logits = logits.detach().float()
     shape = current["shape"]
-    if logits.dim() == 3 and logits.shape[1] > 1:          # [B, T, V]: each row's last position
+    window = 1
+    if current["phase"] == "decode" and _state["worker"] and logits.dim() == 3 and logits.shape[1] > 1 \
+            and len(shape) == 1 and shape[0] == logits.shape[0] * logits.shape[1]:
+        # an MTP step of upstream's executor: each request's window (its token and next_n drafts), every
+        # position's logits; the check takes the positions the executor accepted
+        window = int(logits.shape[1])
+        current["rows"] = int(logits.shape[0])
+        logits = logits.reshape(-1, logits.shape[-1])
+    elif logits.dim() == 3 and logits.shape[1] > 1:          # [B, T, V]: each row's last position
         logits = logits[:, -1, :]
     elif logits.dim() == 2 and current["phase"] == "prefill" and current["seq_ends"] and \
             logits.shape[0] == current["input_ids"].numel() and len(current["seq_ends"]) > 0:
@@ -285,7 +295,7 @@ def _end(output) -> None:
     if layers and current["phase"] == "prefill" and sum(t.numel() for t in layers) > MAX_PREFILL_LAYER_FLOATS:
         layers = None
     record = {"phase": current["phase"], "input_ids": current["input_ids"], "shape": shape,
-              "rows": int(logits.shape[0]), "seq_ends": current["seq_ends"],
+              "rows": current.get("rows", int(logits.shape[0])), "window": window, "seq_ends": current["seq_ends"],
               "attention_mask": current["attention_mask"], "logits": logits.cpu().clone(),
               "layers": layers, "dtype": _state["dtype"]}
     path = os.path.join(_state["dir"], f"call_{_state['calls']:05d}.pt")

@@ -40,7 +40,7 @@ RANK_LOG_RE = re.compile(r"^log_(\d+)\.log$")
 class LineFormat:
     """One kind of log line: what it reports (`kind`), which logger writes it (`style`)."""
 
-    kind: str        # time | output | average | bandwidth | warmup | environment | traceback
+    kind: str        # time | output | average | bandwidth | speculation | warmup | environment | traceback
     style: str       # engine (this tool and upstream ModelRunner) | executor (upstream's shared executor) | upstream | any
     pattern: re.Pattern
 
@@ -66,6 +66,13 @@ LINE_FORMATS = (
     # Our engine, after the texts: bytes of weights read per decode step / mean decode step time.
     LineFormat("bandwidth", "engine", re.compile(
         r"(?P<model>\S+) decode " + _NUM + r" steps/s x batch \d+, achieved bandwidth (?P<gbps>" + _NUM + r") GB/s")),
+    # upstream's executor/offline/infer.py with model_config.next_n > 0 (log_results): the MTP drafts, and how many
+    # the main model accepted
+    LineFormat("speculation", "executor", re.compile(
+        r"the number of valid output tokens is (?P<valid_output_tokens>\d+), total number of draft tokens is "
+        r"(?P<draft_tokens>\d+), total accepted number is (?P<accepted_tokens>\d+)")),
+    LineFormat("speculation", "executor", re.compile(
+        r"The speculation accept (?P<figure>length|rate): (?P<value>" + _NUM + r")")),
     LineFormat("warmup", "engine", re.compile(r"(?P<model>\S+) warm-up run (?P<edge>begins|ends)\b")),
     LineFormat("environment", "engine", re.compile(r"(?P<model>\S+) environment: (?P<json>\{.*)$")),
     LineFormat("traceback", "any", TRACEBACK_RE),
@@ -127,6 +134,7 @@ class Segment:
     framework: bool = False          # "[Main] Inference time (...)" lines
     reported_average_ms: Optional[float] = None   # the recipe's own "... average ..." figure
     achieved_bandwidth_gbps: Optional[float] = None  # our engine's "achieved bandwidth X GB/s"
+    speculation: dict = field(default_factory=dict)  # upstream's MTP figures (draft / accepted tokens, rate, length)
 
     @property
     def complete(self) -> bool:
@@ -232,6 +240,14 @@ class _LogParser:
         if self.seg is not None:
             self.seg.has_average = True
             self.seg.reported_average_ms = float(m.group("ms"))
+
+    def on_speculation(self, rec: Record, fmt: LineFormat, m: re.Match) -> None:
+        if self.seg is None:
+            return
+        if "figure" in fmt.pattern.groupindex:
+            self.seg.speculation[f"accept_{m.group('figure')}"] = float(m.group("value"))
+        else:
+            self.seg.speculation.update({key: int(value) for key, value in m.groupdict().items()})
 
     def on_bandwidth(self, rec: Record, fmt: LineFormat, m: re.Match) -> None:
         if self.seg is not None:

@@ -198,8 +198,14 @@ def framework_registry_entry(ctx: dict) -> list[tuple[str, str]]:
     model is modeling_NAME.py itself; the adapter wraps the vendored modeling_NAME.py."""
     name = ctx["model_name"]
     module = f"modeling_{name}" if ctx.get("native_model") else f"modeling_{name}_framework"
-    return [(f"models.{name}.models.{module}", framework_class_name(name)),
-            (f"models.{name}.models.configuration_{name}", ctx["config_class"])]
+    entry = [(f"models.{name}.models.{module}", framework_class_name(name)),
+             (f"models.{name}.models.configuration_{name}", ctx["config_class"])]
+    # a native file with the checkpoint's MTP draft: its class between the model's and the config's, as
+    # upstream's deepseek_r1 registers DeepseekV3ModelMTP (the executor runs it when next_n > 0)
+    mtp_class = framework_class_name(name).removesuffix("ForCausalLM") + "ModelMTP"
+    if ctx.get("native_model") and re.search(rf"^class {mtp_class}\(", ctx.get("native_source") or "", re.M):
+        entry.insert(1, (f"models.{name}.models.{module}", mtp_class))
+    return entry
 
 
 # the framework model's file: native (agent.recipe.native) where the generator writes the architecture,
@@ -302,6 +308,11 @@ def framework_context(ctx: dict, native: bool = True) -> dict:
         extra["image_text"] = {"image_text_class": decoder.image_text_class, "text_type": decoder.text_type,
                                "decoder_prefix": decoder.decoder_prefix, "skipped": list(decoder.skipped),
                                "reduced": decoder.reduced}
+    if extra["native_model"] and "mtp" in (decision.get("parts") or ()):
+        # the checkpoint's MTP layer drafts one token per step, as upstream's deepseek_r1 _mtp YAMLs
+        settings = dict(ctx["settings"])
+        settings["model_config"] = {**settings.get("model_config", {}), "next_n": 1}
+        extra["settings"] = settings
     return {**extra, **names,
             "family_label": FAMILY_LABELS.get(ctx["family"].name, ctx["family"].name),
             "hub_link": hub_link(ctx.get("model_source", "")),

@@ -178,7 +178,7 @@ class WorldComm:
 
 
 def infer_config(moe_tp_size: int = 1, world_size: int | None = None, attn_tp_size: int | None = None,
-                 batch_size: int = 1):
+                 batch_size: int = 1, custom_params: dict | None = None):
     """upstream's InferenceConfig as the block reads it: world_size and attn_tp_size default to moe_tp_size;
     moe_ep_size, attn_dp_size and batch_size_per_dp_rank derived as upstream's ParallelConfig and InferenceConfig
     derive them."""
@@ -189,7 +189,7 @@ def infer_config(moe_tp_size: int = 1, world_size: int | None = None, attn_tp_si
                                      embed_tp_size=1, lmhead_tp_size=1)
     scheduler = types.SimpleNamespace(batch_size=batch_size, batch_size_per_dp_rank=batch_size // parallel.attn_dp_size)
     return types.SimpleNamespace(parallel_config=parallel, scheduler_config=scheduler, model_config=types.SimpleNamespace(
-        enable_weight_nz=False, next_n=0, platform_version="A3"))
+        enable_weight_nz=False, next_n=0, platform_version="A3", custom_params=dict(custom_params or {})))
 
 
 class LayoutComm:
@@ -290,7 +290,7 @@ def run_layouts(case: str, layouts: list[tuple[int, int]], fault: str | None = N
 
 
 def run(case: str, *, features=None, source_edit=None, checkpoint_edit=None, moe_tp_size: int = 1,
-        tokens: int = TOKENS, fused_names: bool = False) -> dict:
+        tokens: int = TOKENS, fused_names: bool = False, custom_params: dict | None = None) -> dict:
     """Ours against transformers' block on the same tokens: {"max_abs", "rel", "ops"}; `features`: facts to
     write the block from in place of the derived ones."""
     from agent.recipe.native.parts.moe import render_moe
@@ -303,7 +303,7 @@ def run(case: str, *, features=None, source_edit=None, checkpoint_edit=None, moe
     module = load_generated(source, case)
     cls = next(getattr(module, n) for n in dir(module) if n.endswith("SparseMoeBlock"))
     comm = WorldComm() if moe_tp_size > 1 else None
-    ours = cls(config, infer_config(moe_tp_size), comm, prefix="model.layers.1.mlp")
+    ours = cls(config, infer_config(moe_tp_size, custom_params=custom_params), comm, prefix="model.layers.1.mlp")
     items = list(checkpoint.items())
     if checkpoint_edit is not None:
         items = checkpoint_edit(items)
@@ -333,6 +333,7 @@ def run(case: str, *, features=None, source_edit=None, checkpoint_edit=None, moe
     want = (want[0] if isinstance(want, tuple) else want).reshape(tokens, -1)
     diff = (got.float() - want.float()).abs().max().item()
     return {"max_abs": diff, "rel": diff / want.abs().max().item(), "ops": sorted(set(calls)),
+            "calls": {n: calls.count(n) for n in set(calls)},
             "unloaded": unloaded, "shape": list(got.shape)}
 
 

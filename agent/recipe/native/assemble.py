@@ -901,4 +901,5 @@ def write(composition, ctx: dict) -> str:
     return assemble(composition.files, options=composition.options, option_names=composition.option_names(),
                     tables=composition.tables(),
                     roles=composition.roles, prefix=class_prefix(framework_class), framework_class=framework_class,
-                    header=native_header(ctx), docstring=module_docstring(composition, ctx))
+                    header=native_header(ctx), docstring=module_docstring(composition, ctx),
+                    keep=(f"{PLACEHOLDER}ForCausalLM", *composition.kept))

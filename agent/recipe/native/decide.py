@@ -19,6 +19,7 @@ from agent.recipe.native.assemble import CODE_DIR, write
 from agent.recipe.native.compose import derive
 from agent.recipe.native.not_native import NotNative
 from agent.recipe.native.parts import Composition
+from agent.recipe.native.parts.mtp import without_unshipped_mtp
 
 SELFCHECK_TIMEOUT_S = 600
 _decisions: dict[str, "NativeDecision"] = {}
@@ -137,6 +138,7 @@ def decide(ctx: dict, config: dict, checkout: Path | None) -> NativeDecision:
     configuration and generator in this process."""
     from agent.provenance import REMOTE_PACKAGE
 
+    config = without_unshipped_mtp(config, ctx.get("model_path"))       # an MTP draft only where its tensors are
     key = hashlib.sha256(json.dumps([config, ctx.get("model_name"), ctx.get("framework_class"), str(checkout),
                                      _generator_hash()], sort_keys=True, default=str).encode()).hexdigest()
     if key in _decisions:

@@ -3,7 +3,7 @@ each slot's parts most specific first. agent.recipe.native.compose picks one par
 architecture's own code and config; agent.recipe.native.assemble writes their code as one file."""
 
 from agent.recipe.native.parts import (attention, block, block_post_norm, embedding, head, mla, mlp, mlp_plain, model, moe,
-                                       norm, norm_layer, position)
+                                       mtp, norm, norm_layer, position)
 from agent.recipe.native.parts.part import ROLES, SLOTS, Composition, Match, Part
 
 __all__ = ["PARTS", "OPTION_NAMES", "TABLES", "ROLES", "SLOTS", "Composition", "Match", "Part"]
@@ -26,6 +26,7 @@ PARTS = (
     block.PRE_NORM,
     block_post_norm.POST_NORM,
     head.LM_HEAD,
+    mtp.MTP,
 )
 # options every code file may hold: the assembler folds them (a part's own, and the skeleton's the others set)
 OPTION_NAMES = frozenset(name for part in PARTS for name in part.options)

@@ -9,12 +9,12 @@ from typing import Callable
 
 # the slots, in the order derive fills them (a later probe may read an earlier slot's match) and the file
 # lists them; the role through which the code of other slots uses the slot's class
-SLOTS = ("model", "moe", "embedding", "norm", "position", "attention", "mlp", "block", "head")
+SLOTS = ("model", "moe", "embedding", "norm", "position", "attention", "mlp", "block", "head", "mtp")
 ROLES = {"norm": "Norm", "position": "RotaryEmbedding", "attention": "Attention", "mlp": "MLP",
          "moe": "SparseMoeBlock", "block": "DecoderLayer"}
-FILE_ORDER = ("norm", "position", "mlp", "moe", "attention", "block", "embedding", "head", "model")
+FILE_ORDER = ("norm", "position", "mlp", "moe", "attention", "block", "embedding", "head", "model", "mtp")
 # the order a composition lists its parts and kernels in (the file's docstring, the report)
-LIST_ORDER = ("model", "embedding", "norm", "position", "attention", "mlp", "moe", "block", "head")
+LIST_ORDER = ("model", "embedding", "norm", "position", "attention", "mlp", "moe", "block", "head", "mtp")
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,11 @@ class Composition:
         order = {slot: i for i, slot in enumerate(FILE_ORDER)}
         return [m.part.code for slot, m in sorted(self.matches.items(), key=lambda item: order[item[0]])
                 if m.part.code]
+
+    @property
+    def kept(self) -> tuple[str, ...]:
+        """The classes of slots other code does not refer to (the MTP draft): the file keeps them."""
+        return tuple(m.part.provides for slot, m in self.matches.items() if slot not in ROLES and m.part.provides)
 
     @property
     def roles(self) -> dict:

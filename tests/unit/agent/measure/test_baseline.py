@@ -291,6 +291,9 @@ LINE_SAMPLES = [
      "bandwidth", "engine"),
     ("[2026-11-29 17:40:01,123] [INFO] qwen warm-up run begins", "warmup", "engine"),
     ('[2026-11-29 17:40:01,123] [INFO] qwen environment: {"device": "npu"}', "environment", "engine"),
+    ("[INFO][2026-12-05 12:00:01.002][infer.py:104] Finished inference, the number of valid output tokens is 24, "
+     "total number of draft tokens is 14, total accepted number is 9", "speculation", "executor"),
+    ("[INFO][2026-12-05 12:00:01.004][infer.py:113] The speculation accept rate: 0.6429", "speculation", "executor"),
     ("Traceback (most recent call last):", "traceback", "any"),
 ]
 
@@ -305,6 +308,32 @@ def test_each_log_line_is_read_by_its_row_of_the_format_table(line, kind, style)
 def test_every_row_of_the_format_table_has_a_sample():
     assert sorted((f.kind, f.style) for f in run_log.LINE_FORMATS) == sorted((k, s) for _, k, s in LINE_SAMPLES)
     assert run_log.match_line("  continuation of a multi-line output") == (None, None)
+
+
+MTP_TAIL = ("[INFO][2026-12-05 12:00:01.002][infer.py:104] Finished inference, the number of valid output tokens is "
+            "24, total number of draft tokens is 14, total accepted number is 9\n"
+            "[INFO][2026-12-05 12:00:01.003][infer.py:107] gemma-4 main and mtp model average inference time cost is "
+            "13.00 ms\n"
+            "[INFO][2026-12-05 12:00:01.003][infer.py:112] The speculation accept length: 1.6429\n"
+            "[INFO][2026-12-05 12:00:01.004][infer.py:113] The speculation accept rate: 0.6429\n")
+
+
+@pytest.mark.parametrize("tail", ["mtp", "none"])
+def test_the_mtp_acceptance_upstream_logs_is_in_the_baseline(tmp_path, fake_environment, tail):
+    """next_n > 0: upstream's log_results figures (drafts, accepted, rate, length) under performance.speculation;
+    a run without them (MTP off) has none."""
+    logs = tmp_path / "res"
+    logs.mkdir()
+    text = (LOGS / "framework" / "log_0.log").read_text()
+    (logs / "log_0.log").write_text(text + (MTP_TAIL if tail == "mtp" else ""))
+    yaml_path = tmp_path / "m.yaml"
+    yaml_path.write_text(FRAMEWORK_SCHEMA.format(exe_mode="eager").replace("model_config:\n", "model_config:\n  next_n: 1\n", 1))
+    _, data = collect(tmp_path, logs / "log_0.log", yaml_path)
+    if tail == "none":
+        assert "speculation" not in data["performance"]
+        return
+    assert data["performance"]["speculation"] == {"valid_output_tokens": 24, "draft_tokens": 14, "accepted_tokens": 9,
+                                                  "accept_length": 1.6429, "accept_rate": 9 / 14, "next_n": 1}
 
 
 # --------------------------------------------------------------------------- output file

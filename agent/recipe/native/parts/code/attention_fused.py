@@ -28,6 +28,7 @@ WINDOWS = False                 # the architecture attends in a sliding window w
 LAYER_TYPE_WINDOWS = False      # which layers: config.layer_types' sliding_attention ones (else every layer)
 SINKS = False                   # a learnable sink logit per head in the softmax (gpt_oss)
 NORM_EPS = "rms_norm_eps"       # the config key of the norms' epsilon
+MTP = False                     # decode steps of next_n + 1 tokens per sequence (an MTP draft verified)
 
 
 def layer_windows(config):
@@ -172,6 +173,9 @@ class ModelAttention(nn.Module):
         # prefill: causal from the bottom right (sparse_mode 3, the 2048 x 2048 mask); decode: one query per
         # sequence, no mask
         mask, sparse_mode = (forward_metadata.attention_mask, 3) if is_prefill else (None, 0)
+        if MTP and not is_prefill and query.size(0) > forward_metadata.actual_seq_lengths_cu_q.shape[0]:
+            # an MTP step verifies next_n + 1 tokens per sequence: causal among them, from the bottom right
+            mask, sparse_mode = forward_metadata.attention_mask, 3
         if WINDOWS:
             band = {}
             if not is_prefill and self.sliding_window:

@@ -24,6 +24,7 @@ KV_A_BIAS = False       # kv_a_proj_with_mqa's bias (added before the fused norm
 MLA_O_BIAS = False      # o_proj's bias
 Q_NORM_EPS = 1e-6       # q_a_layernorm's and kv_a_layernorm's epsilons as the architecture builds them
 KV_NORM_EPS = 1e-6
+MTP = False             # decode steps of next_n + 1 tokens per sequence (an MTP draft verified)
 PROLOG = True           # npu_mla_prolog_v3 can compute the decode step's projections (q LoRA, no biases)
 # npu_transpose_batchmatmul's batch x M bound, upstream deepseek_r1's condition (65535: max of uint16)
 TBMM_LIMIT = 65535
@@ -228,14 +229,18 @@ class ModelMlaAttention(nn.Module):
         else:
             actual_seq_kvlen = forward_metadata.actual_seq_lengths_kv
             actual_seq_qlen = forward_metadata.actual_seq_lengths_cu_q
+        if MTP:
+            # an MTP step verifies next_n + 1 tokens per sequence: causal among them, from the bottom right
+            window = q_latent.size(0) > forward_metadata.actual_seq_lengths_cu_q.shape[0]
         # a GE graph (static, the lengths device tensors) decodes through torchair's op, as upstream's deepseek_r1
         fa_ops = torchair.ops if self.enable_gegraph else torch.ops.npu
         out, _ = fa_ops.npu_fused_infer_attention_score_v2(
-            q_latent, k_nope, k_nope, query_rope=q_rope, key_rope=k_rope, atten_mask=None,
+            q_latent, k_nope, k_nope, query_rope=q_rope, key_rope=k_rope,
+            atten_mask=forward_metadata.attention_mask if MTP and window else None,
             actual_seq_kvlen=actual_seq_kvlen, actual_seq_qlen=actual_seq_qlen,
             block_table=forward_metadata.block_table[self.attn_type], num_query_heads=self.num_heads_per_rank,
             num_key_value_heads=self.num_key_value_heads_per_rank, softmax_scale=self.softmax_scale,
-            input_layout="TND_NTD", sparse_mode=0, block_size=self.block_size)       # [N, T, kv_lora_rank]
+            input_layout="TND_NTD", sparse_mode=3 if MTP and window else 0, block_size=self.block_size)  # [N, T, kv_lora_rank]
         return torch_npu.npu_transpose_batchmatmul(out, self.kv_b_proj_w_v, bias=None, scale=None,
                                                    perm_x1=(0, 1, 2), perm_x2=(0, 1, 2), perm_y=(1, 0, 2))
 

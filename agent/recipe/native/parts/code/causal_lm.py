@@ -31,6 +31,7 @@ FINAL_SOFTCAP = False           # logits soft-capped by config.final_logit_softc
 ROPE_BY_LAYER_TYPE = False      # a rotary table per layer type (gemma3's local and global bases)
 MLA = False                     # multi-head latent attention: its rope dims, latent caches and absorb weights
 MOE = False                     # sparse-MoE layers: their experts over moe_tp_group and moe_ep_group
+MTP = False                     # an MTP draft model beside this one (code/mtp.py): next_n > 0 returns every hidden state
 # transformers' renames of the checkpoint's tensor names for this architecture (pattern, replacement), in order
 CHECKPOINT_RENAMES = ()
 # (parameter, checkpoint module, shard id): checkpoint tensors stacked into one parallel linear
@@ -60,6 +61,8 @@ class ModelModel(nn.Module):
             DecoderLayer(config, infer_config, comm_manager, layer_idx, prefix=f"model.layers.{layer_idx}")
             for layer_idx in range(config.num_hidden_layers)])
         self.norm = Norm(config.hidden_size, eps=getattr(config, NORM_EPS))
+        if MTP:
+            self.next_n = getattr(infer_config.model_config, "next_n", 0)
         if MLA:
             head_dim = config.qk_rope_head_dim          # MLA: the rope dims of the query and the shared key
         else:
@@ -85,6 +88,8 @@ class ModelModel(nn.Module):
         for layer in self.layers:
             residual, hidden_states = layer(hidden_states, cos_sin, residual, forward_metadata)
         hidden_states, _ = self.norm(hidden_states, residual)
+        if MTP and self.next_n:
+            return hidden_states            # every token's: the MTP model drafts from them
         if forward_metadata.is_prefill:
             # each sequence's last token of the packed prefill
             hidden_states = hidden_states.index_select(0, forward_metadata.actual_seq_lengths_cu_q.long() - 1)
@@ -136,6 +141,9 @@ class ModelForCausalLM(nn.Module):
 
     def forward(self, input_ids, position_ids=None, forward_metadata: ForwardMetaData = None, **kwargs):
         hidden_states = self.model(input_ids, position_ids, forward_metadata)
+        if MTP and self.model.next_n:
+            prev_hidden_states = hidden_states
+            hidden_states = verified_rows(hidden_states, forward_metadata)
         if self.lmhead_gather:
             logits = self.lm_head_across_requests(hidden_states, forward_metadata.is_prefill)
         else:
@@ -148,6 +156,8 @@ class ModelForCausalLM(nn.Module):
         if FINAL_SOFTCAP and self.config.final_logit_softcapping:
             cap = self.config.final_logit_softcapping
             logits = torch.tanh(logits / cap) * cap
+        if MTP and self.model.next_n:
+            return logits, prev_hidden_states      # the executor's MTP worker drafts from the hidden states
         return logits
 
     def lm_head_across_requests(self, hidden_states, is_prefill):
@@ -252,6 +262,15 @@ def scales_dtype(module, fused_mlp_down):
     if not hasattr(module, "weight_scale") or not hasattr(module, "smooth_scales"):
         return {}
     return {"scale_dtype": torch.float32, **({"smooth_scale_dtype": torch.float32} if fused_mlp_down else {})}
+
+
+def verified_rows(hidden_states, forward_metadata):
+    """The rows the lm head scores, [batch, tokens, hidden]: each prefill's last token; at decode every token (one,
+    or the next_n + 1 an MTP step verifies)."""
+    batch = forward_metadata.actual_seq_lengths_cu_q.shape[0]
+    if forward_metadata.is_prefill:
+        hidden_states = hidden_states.index_select(0, forward_metadata.actual_seq_lengths_cu_q.long() - 1)
+    return hidden_states.view(batch, -1, hidden_states.shape[-1])
 
 
 def module_prefix(name, prefixes):

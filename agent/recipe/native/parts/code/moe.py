@@ -39,6 +39,7 @@ SHARED_NAME = "shared_experts"
 # the shared experts' width: "per_expert" (moe_intermediate_size x n_shared_experts) or the config key holding it
 SHARED_WIDTH = "per_expert"
 
+MOE_CHUNK_MAX_LEN = 65536           # upstream's deepseek_r1 default of custom_params.moe_chunk_max_len
 # npu_moe_gating_top_k's fused kernel on Atlas A2 / A3: 256 experts (torch_npu's page; upstream's deepseek_r1
 # _forward_gate also takes 384), a selection bias, 8 groups of which 4 are kept, k <= 32
 GATING_TOP_K_EXPERTS = (256, 384)
@@ -255,6 +256,17 @@ class ModelSparseMoeBlock(nn.Module):
         self.enable_weight_nz = getattr(infer_config.model_config, "enable_weight_nz", False)
         if self.moe_ep_size > 1:
             self.mc2_kwargs = mc2_kwargs(comm_manager, layout, self.num_experts)
+        # custom_params.moe_chunk_max_len (upstream's deepseek_r1, default 65536): a long prefill routed and run
+        # through the experts this many tokens at a time, bounding the routing's and the experts' buffers
+        custom_params = getattr(infer_config.model_config, "custom_params", None) or {}
+        self.moe_chunk_max_len = custom_params.get("moe_chunk_max_len", MOE_CHUNK_MAX_LEN)
+        if not isinstance(self.moe_chunk_max_len, int) or self.moe_chunk_max_len <= 0:
+            raise ValueError(f"custom_params.moe_chunk_max_len {self.moe_chunk_max_len!r}: set a positive number of "
+                             f"tokens (upstream's default {MOE_CHUNK_MAX_LEN})")
+        # chunks are cut on each rank alone: only where every rank of the block's collectives holds the same tokens
+        # (no attention data parallel) do all of them cut the same number
+        parallel = infer_config.parallel_config
+        self.chunk_tokens = parallel.attn_tp_size == parallel.world_size
 
     def gating(self, hidden_states):
         """(top-k weights [T, K] in fp32, expert ids [T, K] int32) as transformers' router computes them."""
@@ -301,6 +313,9 @@ class ModelSparseMoeBlock(nn.Module):
         return weights, expert_ids.to(torch.int32)
 
     def forward(self, hidden_states):
+        if self.chunk_tokens and hidden_states.shape[0] > self.moe_chunk_max_len:
+            # a prompt longer than moe_chunk_max_len: chunk by chunk (each chunk's tokens route independently)
+            return torch.cat([self.forward(chunk) for chunk in hidden_states.split(self.moe_chunk_max_len)])
         is_prefill = get_forward_metadata().is_prefill
         if self.layout.gather:
             # moe_tp_group holds other requests' ranks: every rank's tokens through the experts, each its own back

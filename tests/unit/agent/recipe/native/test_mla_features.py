@@ -41,7 +41,9 @@ CTX = {"model_name": "tiny_mla", "framework_class": "TinyForCausalLM", "display_
 def mla_config(case: str) -> dict:
     from transformers import AutoConfig
 
-    return {**AutoConfig.for_model("deepseek_v3").to_dict(), "first_k_dense_replace": 1000, **CASES[case]}
+    # a checkpoint without the MTP layer transformers' default config announces (the draft: test_mtp.py)
+    return {**AutoConfig.for_model("deepseek_v3").to_dict(), "first_k_dense_replace": 1000,
+            "num_nextn_predict_layers": 0, **CASES[case]}
 
 
 @pytest.fixture(scope="module")
@@ -317,6 +319,21 @@ def test_native_mla_recipe_with_the_mla_prolog(mla_recipe):
     assert kernels.get("npu_mla_prolog_v3", 0) > 0 and kernels.get("npu_format_cast", 0) > 0, kernels
     print(f"NATIVE-TABLE deepseek_v3 (MLA, dense, enable_mla_prolog) ranks=1 ok={parity['ok']} "
           f"closest={parity.get('closest')} decode_steps={parity.get('decode_steps_checked')}")
+
+
+@pytest.mark.slow
+def test_native_mla_moe_recipe_with_chunked_moe(mla_moe_recipe):
+    """custom_params.moe_chunk_max_len (upstream's deepseek_r1): the packed prefill of 171 tokens through the
+    sparse-MoE block 16 tokens at a time, still held to transformers per step; the routing kernel runs once per
+    chunk (more calls than the unchunked run's)."""
+    whole = run_recipe(mla_moe_recipe, packed_yaml(mla_moe_recipe, 1), 1)
+    chunked = run_recipe(mla_moe_recipe, packed_yaml(mla_moe_recipe, 1, {"moe_chunk_max_len": 16}), 1)
+    parity = chunked["verification"]["parity"]
+    assert parity["ok"] is True and len(parity["per_request"]) == 2, parity
+    calls = [run["standin"]["reference_kernels"].get("npu_moe_init_routing_v2", 0) for run in (whole, chunked)]
+    assert 0 < calls[0] < calls[1], calls
+    print(f"NATIVE-TABLE deepseek_v3 (MLA, moe, moe_chunk_max_len=16) ranks=1 ok={parity['ok']} "
+          f"closest={parity.get('closest')} routing_calls whole/chunked={calls}")
 
 
 # ---- the run dtype and the kernels' own widths (issue 42 item 5) -----------------------------------------

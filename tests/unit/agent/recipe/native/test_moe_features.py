@@ -258,3 +258,16 @@ def test_two_ranks_split_experts_by_moe_tp(case, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["rel"] < TOLERANCE and result["unloaded"] == [], result
+
+
+def test_chunked_moe_routes_a_long_prefill_chunk_by_chunk_with_the_same_result():
+    """custom_params.moe_chunk_max_len (upstream's deepseek_r1): 13 tokens 4 at a time route and run the experts
+    once per chunk (4 chunks) and give the block's result; a length that is not a positive count is refused in one
+    line."""
+    whole = harness.run("qwen3_moe")
+    chunked = harness.run("qwen3_moe", custom_params={"moe_chunk_max_len": 4})
+    assert whole["calls"]["npu_moe_init_routing_v2"] == 1 and chunked["calls"]["npu_moe_init_routing_v2"] == 4
+    assert chunked["shape"] == whole["shape"] and chunked["rel"] < 1e-5, chunked
+    for bad in (0, -8, "16"):
+        with pytest.raises(ValueError, match=r"moe_chunk_max_len .*set a positive number of tokens"):
+            harness.run("qwen3_moe", custom_params={"moe_chunk_max_len": bad})
