@@ -278,6 +278,22 @@ def framework_names(ctx: dict) -> dict:
             "display_name": str(ctx.get("architecture") or name).removesuffix("ForCausalLM") or name}
 
 
+def native_expert_layout(ctx: dict, world_size: int) -> dict | None:
+    """The expert-parallel layout (agent.recipe.native.preflight.expert_parallel_layout, its "parallel_config" and
+    "how") of the checkpoint's MoE model on `world_size` cards; None for a dense model, one card or no config."""
+    from agent.recipe.native import preflight
+
+    try:
+        config = load_json(Path(ctx.get("model_path", "")) / "config.json")
+    except (OSError, ValueError):
+        return None
+    layout = preflight.expert_parallel_layout(config, world_size) if isinstance(config, dict) else None
+    if layout is None:
+        return None
+    experts = preflight.experts_of(config.get("text_config") or config)
+    return {"parallel_config": layout, "how": preflight.describe_expert_layout(layout, experts)}
+
+
 def framework_context(ctx: dict, native: bool = True) -> dict:
     """What the framework (and legacy) templates add: one YAML per topology, in its exe_mode; `native`: the
     native-or-adapter decision the workflow recorded (ctx's `native_decision`, its summary, and `native_source`,
@@ -295,8 +311,6 @@ def framework_context(ctx: dict, native: bool = True) -> dict:
     extra = {"exe_mode": mode, "native_decision": decision,
              "native_model": bool(decision and decision.get("native") and source),
              "native_source": source, "image_text": None}
-    if native:          # the framework row (legacy's flat YAML has no prefill / decode pair)
-        extra["pd_settings"] = framework_pd_settings(ctx["settings"], extra["native_model"])
     decoder = image_text_decoder(ctx)
     if decoder is not None:
         if not extra["native_model"]:
@@ -308,11 +322,18 @@ def framework_context(ctx: dict, native: bool = True) -> dict:
         extra["image_text"] = {"image_text_class": decoder.image_text_class, "text_type": decoder.text_type,
                                "decoder_prefix": decoder.decoder_prefix, "skipped": list(decoder.skipped),
                                "reduced": decoder.reduced}
+    settings = {key: dict(value) if isinstance(value, dict) else value for key, value in ctx["settings"].items()}
     if extra["native_model"] and "mtp" in (decision.get("parts") or ()):
         # the checkpoint's MTP layer drafts one token per step, as upstream's deepseek_r1 _mtp YAMLs
-        settings = dict(ctx["settings"])
-        settings["model_config"] = {**settings.get("model_config", {}), "next_n": 1}
-        extra["settings"] = settings
+        settings["model_config"]["next_n"] = 1
+    expert = native_expert_layout(ctx, world_size) if extra["native_model"] else None
+    if expert is not None:
+        # a native MoE model on N cards: the experts expert parallel, as upstream's MoE YAMLs lay them out
+        settings["parallel_config"].update(expert["parallel_config"])
+        files[-1] = (framework_yaml_name(name, world_size), f"{world_size} 卡，{expert['how']}，{mode}")
+    extra["settings"] = settings
+    if native:          # the framework row (legacy's flat YAML has no prefill / decode pair)
+        extra["pd_settings"] = framework_pd_settings(settings, extra["native_model"])
     return {**extra, **names,
             "family_label": FAMILY_LABELS.get(ctx["family"].name, ctx["family"].name),
             "hub_link": hub_link(ctx.get("model_source", "")),

@@ -159,3 +159,30 @@ def test_what_one_target_does_is_its_rows_behaviour(tmp_path):
     (folder / "runner_other.py").write_text("")
     assert Recipe("framework", folder).model_name == "folder_name"
     assert Recipe("legacy", folder).model_name == Recipe("standalone", folder).model_name == "other"
+
+
+@pytest.mark.parametrize("experts,native,moe_tp", [(8, True, 1), (6, True, 2), (8, False, 4), (None, True, 1)],
+                         ids=["moe-native-ep4", "moe-native-6-experts-tp2-ep2", "moe-adapter-tp", "dense-native"])
+def test_a_fresh_n_card_framework_yaml_lays_a_native_moe_models_experts_out_expert_parallel(tmp_path, experts, native,
+                                                                                           moe_tp):
+    """`migrator run CKPT --world-size 4`: the rendered N-card YAML of a native MoE model is upstream's expert-parallel
+    layout (moe_ep_size = world_size // moe_tp_size dividing the routed experts), the PD pair too; the adapter's
+    vendored code splits experts by its own tensor-parallel plan, a dense model has no experts."""
+    import json
+
+    from agent.recipe.render import template_context
+    from agent.recipe.routing import route
+    from agent.recipe.targets import TARGETS
+
+    config = {"model_type": "qwen3_moe" if experts else "qwen3", "hidden_size": 64, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128, "intermediate_size": 128}
+    if experts:
+        config.update(num_experts=experts, num_experts_per_tok=2, moe_intermediate_size=32)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    ctx = {"model_name": "tiny", "model_path": str(tmp_path), "world_size": 4, "input_max_len": 64, "max_new_tokens": 8,
+           "native_decision": {"native": native, "parts": {}}, "native_source": "# the file" if native else None}
+    out = template_context(ctx, route(config), TARGETS["framework"])
+    for settings in (out["settings"], out["pd_settings"]["decode"], out["pd_settings"]["prefill"]):
+        parallel = settings["parallel_config"]
+        assert (parallel["world_size"], parallel["attn_tp_size"], parallel["moe_tp_size"]) == (4, 4, moe_tp), parallel
+    assert ("experts expert parallel over" in out["yaml_list"]) == bool(experts and native)
