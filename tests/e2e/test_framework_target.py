@@ -439,7 +439,7 @@ def build(rank, **overrides):
     config = AutoConfig.from_pretrained(sys.argv[1])
     for key, value in overrides.items():
         setattr(config, key, value)
-    parallel = types.SimpleNamespace(world_size=2, attn_tp_size=2, moe_tp_size=1, lmhead_tp_size=2)
+    parallel = types.SimpleNamespace(world_size=2, attn_tp_size=2, moe_tp_size=1, embed_tp_size=1, lmhead_tp_size=2)
     infer = types.SimpleNamespace(parallel_config=parallel, scheduler_config=types.SimpleNamespace(block_size=128),
                                   model_config=types.SimpleNamespace(exe_mode="eager", enable_weight_nz=False))
     return native.TinyLlamaForCausalLM(config, infer, Comm(rank))

@@ -58,7 +58,9 @@ class ModelModelMTP(nn.Module):
         self.model = ModelMTPLayers(config, infer_config, comm_manager)
         self.enorm = Norm(config.hidden_size, eps=config.rms_norm_eps)
         self.hnorm = Norm(config.hidden_size, eps=config.rms_norm_eps)
-        self.eh_proj = ReplicatedLinear(2 * config.hidden_size, config.hidden_size, bias=False, prefix="eh_proj")
+        # float, as upstream's deepseek_r1 builds it (a quantized checkpoint keeps eh_proj unquantized)
+        self.eh_proj = ReplicatedLinear(2 * config.hidden_size, config.hidden_size, bias=False, quant_config=None,
+                                        prefix="eh_proj")
         self.shared_head_norm = Norm(config.hidden_size, eps=config.rms_norm_eps)
 
     def forward(self, input_ids, position_ids=None, forward_metadata: ForwardMetaData = None, prev_hidden_states=None,

@@ -83,12 +83,14 @@ def test_the_file_threads_quant_config_through_every_linear_and_the_grouped_matm
     assert len(built) >= 4, [ast.unparse(n.func) for n in built]     # router, qkv, o, head at least
     without = [ast.unparse(node)[:80] for node in built if "quant_config" not in {k.arg for k in node.keywords}]
     assert without == []
-    # each takes the config's quant_config (a local of that value, or the expression itself); the output head
-    # None, as upstream's qwen and deepseek_r1 build it
+    # each takes the config's quant_config (a local of that value, or the expression itself); the output head and
+    # the MTP layer's eh_proj None, as upstream's qwen and deepseek_r1 build them
     sources = {ast.unparse(k.value): ast.unparse(node) for node in built for k in node.keywords
                if k.arg == "quant_config"}
     assert set(sources) <= {"quant_config", "getattr(config, 'quant_config', None)", "None"}, sources
-    assert "None" not in sources or "prefix='lm_head'" in sources["None"], sources
+    floats = [ast.unparse(node) for node in built if any(k.arg == "quant_config" and ast.unparse(k.value) == "None"
+                                                           for k in node.keywords)]
+    assert all("prefix='lm_head'" in f or "prefix='eh_proj'" in f for f in floats), floats   # as upstream's: float
     assigned = [ast.unparse(n.value) for n in ast.walk(tree) if isinstance(n, ast.Assign)
                 and any(isinstance(t, ast.Name) and t.id == "quant_config" for t in n.targets)]
     assert set(assigned) <= {"getattr(config, 'quant_config', None)"}, assigned

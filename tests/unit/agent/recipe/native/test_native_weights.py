@@ -173,12 +173,11 @@ def test_transformers_renames_of_the_checkpoint_names_are_applied(found):
     assert renamed["error"] is None and renamed["loaded_all"] and renamed["embedding"], renamed
 
 
-def test_the_parallel_rule_refuses_what_the_file_does_not_run(found):
-    """Heads that do not divide; an MoE model's attention data parallel beside MoE tensor parallel
-    (attn_dp_size > 1 with moe_tp_size > 1: agent.recipe.native.preflight's rule); a dense model has no MoE rule."""
+def test_the_parallel_rule_refuses_sizes_that_do_not_divide_and_runs_every_other_layout(found):
+    """Heads that do not divide are refused in one line; every layout of sizes that divide world_size runs — an
+    MoE model's attention data parallel beside MoE tensor parallel too (moe_tp_group gathers the other groups'
+    rows: parts/code/parallel.py, held per step in tests/e2e/test_native_expert_parallel.py)."""
     parallel = found["parallel"]
     assert parallel["moe_tp"] is None and parallel["moe_dense_attention_tp"] is None and parallel["dense_attention_dp"] is None
-    assert parallel["moe_attention_dp"] == ("attn_tp_size 1 of world_size 2 (attention data parallel over 2) with "
-                                            "moe_tp_size 2: attention data parallel beside MoE tensor parallel is not "
-                                            "written for this model; set attn_tp_size to 2")
+    assert parallel["moe_attention_dp"] is None
     assert parallel["heads"].startswith("num_attention_heads 4 does not divide by tensor-parallel size 3")
