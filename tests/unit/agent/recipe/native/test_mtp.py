@@ -4,12 +4,12 @@ cache, the main and the MTP decode graphs both compiled).
 
 Default: the composition has the part for DeepSeek-V3 / GLM-4.5 configs (and not for others), the registry
 line carries the MTP class; ONE end-to-end case — a DeepSeek-V3-form tiny checkpoint with an MTP layer migrated
-natively into a copy of the snapshot, run with next_n 0 and 1: identical greedy text (equal to transformers'),
-the acceptance rate in the baseline; with a wrong MTP weight the text is still identical and the acceptance rate
-lower; a main model whose verification of the drafts attends to the unverified ones (the decode window's causal
-mask dropped) is caught by the text check.
-`-m slow`: the GLM-4.5 (glm4_moe) form, the same checks (default-path case:
-test_deepseek_v3_mtp_drafts_without_changing_the_text).
+natively into a copy of the snapshot, one run with next_n 1: every accepted token held to transformers per step,
+the acceptance rate in the baseline.
+`-m slow` (default-path case: test_deepseek_v3_mtp_run_holds_every_accepted_token_to_transformers): next_n 0 and 1
+give identical greedy text; with a wrong MTP weight the text is still identical and the acceptance rate lower; a
+main model whose verification of the drafts attends to the unverified ones (the decode window's causal mask
+dropped) is caught; the same for the GLM-4.5 (glm4_moe) form.
 """
 
 from __future__ import annotations
@@ -222,8 +222,8 @@ def _assert_mtp(runs: dict, family: str) -> None:
           f"unmasked_reason={unmasked['baseline']['verification']['parity'].get('reason')!r}")
 
 
-def test_deepseek_v3_mtp_drafts_without_changing_the_text(tmp_path_factory):
-    """DeepSeek-V3 form (MLA, layer 1 and the MTP layer sparse-MoE): the default end-to-end case."""
+def _deepseek_v3(tmp_path_factory) -> dict:
+    """DeepSeek-V3 form (MLA, layer 1 and the MTP layer sparse-MoE), migrated; its registry line and YAML checked."""
     info = _migrated(tmp_path_factory, "deepseek_v3", "nat_mtp", first_k_dense_replace=1)
     registry = (info["checkout"] / "executor" / "core" / "support_models.py").read_text()
     assert '"NatMtpModelMTP"' in registry
@@ -232,7 +232,31 @@ def test_deepseek_v3_mtp_drafts_without_changing_the_text(tmp_path_factory):
 
     assert yaml.safe_load((info["recipe"] / "config" / "nat_mtp.yaml").read_text())["model_config"]["next_n"] == 1
     assert checklist.check_recipe(info["recipe"])["一.4.mtp"] == []
-    _assert_mtp(_mtp_checks(info), "deepseek_v3")
+    return info
+
+
+def test_deepseek_v3_mtp_run_holds_every_accepted_token_to_transformers(tmp_path_factory):
+    """The default end-to-end case, one launcher run with next_n 1: every token the executor accepted (drafts
+    included) held to transformers per step, the acceptance figures in the baseline, the main and MTP decode graphs
+    each compiled once. The text equal to next_n 0's and the faults (a wrong MTP weight, an unmasked verification):
+    `-m slow`, below."""
+    info = _deepseek_v3(tmp_path_factory)
+    on = _run(info, _yaml(info, 1))
+    parity = on["baseline"]["verification"]["parity"]
+    assert on["rc"] == 0 and parity["ok"] is True, on["out"][-2000:]
+    spec = on["baseline"]["performance"]["speculation"]
+    assert spec["next_n"] == 1 and spec["draft_tokens"] > 0 and 0 < spec["accepted_tokens"] <= spec["draft_tokens"]
+    compiled = {key: entry for key, entry in on["baseline"]["standin"]["compiles"].items() if "decode" in key}
+    assert any(k.endswith("main_decode [npugraph_ex]") for k in compiled) and \
+        any(k.endswith("mtp_decode [npugraph_ex]") for k in compiled), compiled
+    assert all(entry["recompiles"] == 0 for entry in compiled.values()), compiled
+
+
+@pytest.mark.slow
+def test_deepseek_v3_mtp_drafts_without_changing_the_text(tmp_path_factory):
+    """DeepSeek-V3 form: next_n 0 and 1 give the same text, a wrong MTP weight drafts worse, an unmasked
+    verification is caught (default-path case: test_deepseek_v3_mtp_run_holds_every_accepted_token_to_transformers)."""
+    _assert_mtp(_mtp_checks(_deepseek_v3(tmp_path_factory)), "deepseek_v3")
 
 
 @pytest.mark.slow
