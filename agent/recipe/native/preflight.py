@@ -13,19 +13,31 @@ own requests (upstream's infer.py: batch_size // attn_dp_size prompts each), so
 * the experts split over moe_ep_group (upstream derives moe_ep_size = world_size // moe_tp_size), tokens moving by
   all-to-all at prefill and MC2 dispatch / combine at decode, which route every rank's own tokens.
 What does not run: sizes that do not divide world_size, a routed expert count moe_ep_size does not divide, and a
-batch the attention data-parallel groups do not share evenly (upstream refuses the same, after its ranks start)."""
+batch the attention data-parallel groups do not share evenly (upstream refuses the same, after its ranks start).
+
+Switches (SWITCHES): a switch of upstream's models set in the YAML or the checkpoint's config (enable_mla_prolog,
+next_n, moe_chunk_max_len, the int8 KV cache) that the generated file does not read, because the part that
+honours it is not in it, would be silently unused: refused here in one line naming the key and what to do."""
 
 from __future__ import annotations
 
+import ast
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from engine.safe_load import load_json
+
+
+def model_file(recipe_path: Path) -> Path:
+    """The framework recipe's modeling_NAME.py."""
+    return recipe_path / "models" / f"modeling_{recipe_path.name}.py"
 
 
 def is_native(recipe_path: Path) -> bool:
     """A framework recipe whose model is the native modeling_NAME.py (not the adapter around vendored code)."""
     name = recipe_path.name
-    model = recipe_path / "models" / f"modeling_{name}.py"
+    model = model_file(recipe_path)
     return not (recipe_path / "models" / f"modeling_{name}_framework.py").exists() and model.is_file() \
         and "def check_parallel(" in model.read_text(errors="replace")
 
@@ -131,7 +143,104 @@ def layout_problem(parallel: dict, moe: bool, experts: int | None = None, batch_
     return None
 
 
+@dataclass(frozen=True)
+class Switch:
+    """A switch of upstream's models that only a part of the native generator honours: set where the generated
+    file does not read it, it would be silently unused, so it is refused. `where`: "yaml" (the run's YAML) or
+    "config" (the checkpoint's config.json); `path`: its keys from there; `is_set(value)`: the value asks for the
+    feature; `reads`: the name the generated file reads it by (present only where the part is); `part`: which part
+    honours it, in words; `fix`: what to do; `needs`: another YAML key the generated file (as upstream's model)
+    also requires on before it uses the switch, `needs_default` its value when the YAML leaves it out (upstream's
+    InferenceConfig default)."""
+
+    where: str
+    path: tuple[str, ...]
+    is_set: Callable[[object], bool]
+    reads: str
+    part: str
+    fix: str
+    needs: tuple[str, ...] = ()
+    needs_default: object = None
+
+
+def _on(value) -> bool:
+    return value not in (None, False, 0, "", "unquant")
+
+
+# switch -> the part of the generator that must be in the generated file for it to do anything
+SWITCHES = (
+    Switch("yaml", ("model_config", "custom_params", "enable_mla_prolog"), _on, "enable_mla_prolog",
+           "an MLA attention whose query is q LoRA without biases (parts/mla.py: npu_mla_prolog_v3)",
+           "remove it or set it to false", needs=("model_config", "enable_weight_nz"),
+           needs_default=True),
+    Switch("yaml", ("model_config", "next_n"), _on, "next_n",
+           "an MTP draft (parts/mtp.py: a DeepSeek-V3 / GLM-4.5 checkpoint whose num_nextn_predict_layers layer "
+           "ships in its tensors)", "set next_n to 0 or remove it"),
+    Switch("yaml", ("model_config", "custom_params", "moe_chunk_max_len"), lambda value: value is not None,
+           "moe_chunk_max_len", "sparse-MoE layers (parts/moe.py)", "remove it"),
+    # upstream's C8 (models/deepseek_r1: quant_config.kv_cache_quant_mode "int8", from compressed-tensors'
+    # kv_cache_scheme): no native part writes the int8 cache, and the stand-in refuses the quantized forms of the
+    # kernels it runs through (npu_mla_prolog_v3 kv_cache_quant_mode 1, npu_kv_rmsnorm_rope_cache_v2 c_kv_scale,
+    # npu_fused_infer_attention_score_v2 over an int8 cache with dequant_scale_key / _value)
+    Switch("config", ("quantization_config", "kv_cache_scheme"), _on, "kv_cache_quant_mode",
+           "an attention part with a quantized KV cache (none yet: the MLA part's int8 cache, upstream's C8, needs "
+           "npu_mla_prolog_v3's kv_cache_quant_mode and the int8-cache forms of npu_kv_rmsnorm_rope_cache_v2 and "
+           "npu_fused_infer_attention_score_v2, which the NPU stand-in does not compute)",
+           "use the checkpoint without its kv_cache_scheme (a float KV cache)"),
+)
+
+
+def _value(settings: dict, path: tuple[str, ...], default=None):
+    for key in path:
+        if not isinstance(settings, dict) or key not in settings:
+            return default
+        settings = settings[key]
+    return settings
+
+
+def names_read(model_source: str) -> set[str]:
+    """The names a generated file reads switches by: its string constants (docstrings aside) and attribute names."""
+    tree = ast.parse(model_source)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)
+                  and isinstance(node.body[0].value, ast.Constant)}
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            names.add(node.value)
+    return names
+
+
+def switch_problem(settings: dict, config: dict, model_source: str, model_name: str = "the model") -> str | None:
+    """The first switch of SWITCHES set in the run's YAML (`settings`) or the checkpoint's config.json (`config`)
+    that the generated file (`model_source`) does not read, in one line with what to do; None when every switch
+    set is honoured (or a model file that does not parse: the run says why itself)."""
+    try:
+        read = names_read(model_source)
+    except SyntaxError:
+        return None
+    for switch in SWITCHES:
+        value = _value(settings if switch.where == "yaml" else config, switch.path)
+        if not switch.is_set(value):
+            continue
+        key = ".".join(switch.path) if switch.where == "yaml" else f"config.json's {'.'.join(switch.path)}"
+        if switch.reads not in read:
+            shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+            return (f"{key} is set ({shown}) but {model_name}'s generated file has no part that honours it (it "
+                    f"needs {switch.part}): {switch.fix}")
+        if switch.needs and not _on(_value(settings, switch.needs, switch.needs_default)):
+            needed = ".".join(switch.needs)
+            return (f"{key} is set but {needed} is not, and {model_name}'s generated file (as upstream's model) uses "
+                    f"{switch.reads} only with it: set {needed}: true too, or {switch.fix}")
+    return None
+
+
 def check(recipe_path: Path, checkpoint: Path | None, settings: dict, yaml_name: str) -> None:
+    """The run's YAML (`settings`) against the generated native file and the checkpoint, before any rank starts:
+    layouts and sizes (parallel_problem), then switches the file would leave unused (switch_problem)."""
     from agent.errors import InputError
 
     if checkpoint is None or not is_native(recipe_path):
@@ -141,7 +250,9 @@ def check(recipe_path: Path, checkpoint: Path | None, settings: dict, yaml_name:
         config = load_json(Path(checkpoint) / "config.json")
     except (OSError, ValueError):
         return
+    config = config if isinstance(config, dict) else {}
     scheduler = settings.get("scheduler_config") if isinstance(settings.get("scheduler_config"), dict) else {}
-    problem = parallel_problem(config if isinstance(config, dict) else {}, parallel, scheduler.get("batch_size"))
+    problem = parallel_problem(config, parallel, scheduler.get("batch_size")) or switch_problem(
+        settings, config, model_file(recipe_path).read_text(errors="replace"), recipe_path.name)
     if problem:
         raise InputError(f"{yaml_name}: {problem}")
