@@ -138,7 +138,7 @@ def _text_decoder(config_json: str) -> TextDecoder:
     text.update(fixed)
     # stored names -> the image-text model's (its conversion mapping), then its decoder and head -> a causal LM's
     served_names = [n for n, _ in model.named_parameters() if n.startswith((prefix + ".", head_name + "."))]
-    renames = stored_name_renames(vl_type, served_names)
+    renames = stored_name_renames(vl_type, served_names, type(model))
     stored = tuple(renames)
     base = getattr(decoder, "base_model_prefix", "") or "model"
     escaped = re.escape(prefix)
@@ -156,11 +156,12 @@ def _text_decoder(config_json: str) -> TextDecoder:
                        stored_renames=stored, fixed_in_code=fixed)
 
 
-def stored_name_renames(vl_type: str, served_names: list[str]) -> list[tuple[str, str]]:
+def stored_name_renames(vl_type: str, served_names: list[str], model_class=None) -> list[tuple[str, str]]:
     """transformers' renames of the image-text type's stored tensor names (regex, replacement: the native loader's
     re.sub, captured groups too), in its order. A conversion other than a rename (a split, a merge) or a scoped
     rename is dropped where it produces none of `served_names` (the decoder's and the head's parameters: it converts
-    the vision tower's tensors, which are skipped), else the decoder is not served."""
+    the vision tower's tensors, which are skipped), else the decoder is not served. Where the mapping has none, the
+    image-text class's own `_checkpoint_conversion_mapping` (transformers 5.0 keeps them there)."""
     from transformers import conversion_mapping
 
     renames = []
@@ -178,6 +179,12 @@ def stored_name_renames(vl_type: str, served_names: list[str]) -> list[tuple[str
         if any(pattern.search(name) for pattern in patterns for name in served_names):
             raise NotServedByText(f"transformers converts the text decoder's tensors {sources} -> {targets} for "
                                   f"{vl_type} (not a rename): the native loader reads the checkpoint's names")
+    if not renames:
+        # transformers before the conversion mapping held them (5.0): the class's own regex -> replacement table
+        mapping = getattr(model_class, "_checkpoint_conversion_mapping", None)
+        if isinstance(mapping, dict):
+            renames += [(source, target) for source, target in mapping.items()
+                        if isinstance(source, str) and isinstance(target, str)]
     for pattern, _ in renames:
         re.compile(pattern)
     return renames
