@@ -124,6 +124,10 @@ def test_the_input_step_checks_a_written_image_text_checkpoint_and_says_when_it_
     checkpoint = build_tiny_checkpoint("llava", tmp_path / "llava")
     assert check_checkpoint(checkpoint)["model_type"] == "llava"
     assert "not checked" not in capsys.readouterr().err
+    # --quantize w8a8 reads a causal LM's linear layers: an image-text checkpoint is refused in one line
+    from agent.migrate.quantize import plan
+    with pytest.raises(InputError, match="is an image-text checkpoint \\(llava\\), served by its text decoder"):
+        plan(checkpoint)
     config = json.loads((checkpoint / "config.json").read_text())
     original = json.dumps(config)
     config["text_config"]["intermediate_size"] *= 2
