@@ -25,6 +25,7 @@ class Vendored(TypedDict, total=False):
     transformers_version: str             # the release the recipe pins (the checkout's, when it has one)
     attn_implementation: str
     auto_map_note: str                    # the repo ships code (auto_map) transformers' own class serves
+    text_decoder_note: str                # an image-text checkpoint: served by its text decoder, what is not served
     files: dict[str, str]                 # role -> recipe-relative path
     codemods: dict[str, list[str]]        # file name -> codemods applied
 

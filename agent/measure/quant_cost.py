@@ -31,13 +31,16 @@ def quantization_cost(original: str | Path, quantized: str | Path, *, prompt: st
                       steps: int = STEPS) -> dict:
     """{"top1_agreement", "steps", "agree", "first_disagreement", "per_step_nll", "nll", ...} (module docs)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
+
+    from agent.recipe.text_decoder import transformers_auto_class
 
     tokenizer = AutoTokenizer.from_pretrained(original, local_files_only=True)
     ids = tokenizer(prompt, return_tensors="pt").input_ids
     if ids.shape[1] < 2:
         raise ValueError("the prompt tokenizes to fewer than two tokens")
-    reference = AutoModelForCausalLM.from_pretrained(original, dtype=torch.float32, local_files_only=True).eval()
+    reference = transformers_auto_class(original).from_pretrained(original, dtype=torch.float32,
+                                                                  local_files_only=True).eval()
     with torch.no_grad():
         generated = reference.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                        max_new_tokens=steps, min_new_tokens=steps,
@@ -45,7 +48,8 @@ def quantization_cost(original: str | Path, quantized: str | Path, *, prompt: st
         sequence = generated[:, : ids.shape[1] + steps]
         ref_logits = reference(sequence).logits[0].float()
     del reference
-    model = AutoModelForCausalLM.from_pretrained(quantized, dtype=torch.float32, local_files_only=True).eval()
+    model = transformers_auto_class(quantized).from_pretrained(quantized, dtype=torch.float32,
+                                                               local_files_only=True).eval()
     with torch.no_grad():
         q_logits = model(sequence).logits[0].float()
     del model

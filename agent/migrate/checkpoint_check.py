@@ -14,6 +14,7 @@ import math
 import os
 import re
 import struct
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -464,12 +465,16 @@ def check_config_class(config: dict, where: str) -> None:
 
 
 def _build_on_meta(config: dict):
-    """transformers' own class for the config on the meta device: no memory, no weights."""
+    """transformers' own class for the config on the meta device: no memory, no weights. The class is the one
+    transformers runs the checkpoint with (agent.recipe.text_decoder.auto_class_for: an image-text checkpoint's
+    image-text class)."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
+
+    from agent.recipe.text_decoder import auto_class_for
 
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(AutoConfig.for_model(config["model_type"], **_config_fields(config)))
+        return auto_class_for(config).from_config(AutoConfig.for_model(config["model_type"], **_config_fields(config)))
 
 
 def layers_the_code_builds(config: dict) -> int | None:
@@ -494,20 +499,32 @@ def _fields_equal_to(config: dict, value: int) -> list[str]:
     return [k for k, v in config.items() if isinstance(v, int) and not isinstance(v, bool) and v == value][:2]
 
 
-def check_weights_match_config(model_dir: Path, config: dict, shapes: dict[str, list[int]]) -> None:
+def check_weights_match_config(model_dir: Path, config: dict, shapes: dict[str, list[int]], *,
+                               says: str = "config.json", stored: dict | None = None) -> str | None:
     """The weights (`shapes`: tensor name -> shape, from the safetensors headers) are the config's
     model. Costs what the files cost, never what the config claims: counts (vocabulary rows, decoder
     layers, experts) are compared with the weights first, and only then is transformers' own class
     built — on the meta device, with the layer count the weights hold — to compare every tensor's
     shape (hidden_size, intermediate_size, heads, ...). More rows than vocab_size are not refused:
-    some models build them (moshi: vocab_size + 1)."""
-    if isinstance(config.get("text_config"), dict) or not shapes:
-        return   # multimodal wrappers name their weights by their own scheme
+    some models build them (moshi: vocab_size + 1). An image-text checkpoint: its text decoder and the
+    rest checked apart (check_image_text_weights). Returns None when checked, else what could not be
+    checked and why (the caller says so: a check that cannot run never passes silently). `says`: where
+    the config's fields are (an image-text checkpoint's text_config); `stored`: a tensor's name as the
+    checkpoint stores it, for the message."""
+    if not shapes:
+        return "no safetensors header to read the shapes from (*.bin weights): transformers compares them at load"
+    if is_image_text_config(config) or isinstance(config.get("text_config"), dict):
+        return check_image_text_weights(model_dir, config, shapes)
+    stored = stored or {}
+
+    def named(name: str) -> str:
+        return stored.get(name, name)
+
     vocab = config.get("vocab_size")
     for name, shape in shapes.items():
         if name.endswith(("model.embed_tokens.weight", "transformer.wte.weight")) and isinstance(vocab, int) \
                 and len(shape) == 2 and shape[0] < vocab:
-            raise _mismatch(model_dir, f"{name} has {shape[0]} rows, config.json says vocab_size {vocab}")
+            raise _mismatch(model_dir, f"{named(name)} has {shape[0]} rows, {says} says vocab_size {vocab}")
     layers = config.get("num_hidden_layers")
     found = {int(m.group(1)) for name in shapes for m in [LAYER_INDEX_RE.search(name)] if m}
     held = max(found) + 1 if found else None
@@ -521,32 +538,97 @@ def check_weights_match_config(model_dir: Path, config: dict, shapes: dict[str, 
             # own number, when it is within a small multiple of what the files hold
             built = layers_the_code_builds(config)
         if built is None or built > held:
-            raise _mismatch(model_dir, f"they hold {held} decoder layers, config.json says num_hidden_layers {layers}")
+            raise _mismatch(model_dir, f"they hold {held} decoder layers, {says} says num_hidden_layers {layers}")
     experts = {int(m.group(1)) for name in shapes for m in [EXPERT_INDEX_RE.search(name)] if m}
     claimed = next((config[k] for k in EXPERT_COUNTS if isinstance(config.get(k), int)), None)
     if experts and claimed is not None and max(experts) + 1 < claimed:
         field = next(k for k in EXPERT_COUNTS if isinstance(config.get(k), int))
-        raise _mismatch(model_dir, f"they hold {max(experts) + 1} experts per layer, config.json says {field} {claimed}")
-    if config.get("auto_map") or (held is not None and isinstance(layers, int) and layers > held):
-        return      # remote code is never built here; a model that builds its own layer count: loading decides
+        raise _mismatch(model_dir, f"they hold {max(experts) + 1} experts per layer, {says} says {field} {claimed}")
+    if config.get("auto_map"):
+        return "the repository's own code (auto_map) is never built in a check: the shapes are compared at load"
+    if held is not None and isinstance(layers, int) and layers > held:
+        return (f"transformers' class builds {held} of num_hidden_layers {layers} layers from it: the shapes are "
+                "compared at load")
     if not isinstance(config.get("model_type"), str):
-        return      # no class to build it with (checked where config.json is read)
+        return "no model_type to build transformers' class with"
     try:
         model = _build_on_meta(config)
     except Exception as exc:  # noqa: BLE001
+        line = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:200]
         if isinstance(exc, CONFIG_ERRORS) and "meta" not in str(exc).lower():
-            line = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:200]
             raise InputError(f"{model_dir}/config.json: transformers' own model class cannot be built from it "
                              f"({type(exc).__name__}: {line}); fix config.json") from None
-        return
-    for name, tensor in model.state_dict().items():
+        return f"transformers' class cannot be built on the meta device ({type(exc).__name__}: {line})"
+    compare_shapes(model_dir, model.state_dict(), shapes, config, says, named)
+    return None
+
+
+def compare_shapes(model_dir: Path, built: dict, shapes: dict[str, list[int]], config: dict, says: str,
+                   named=lambda name: name) -> None:
+    """Every tensor of transformers' model (`built`: name -> tensor, on the meta device) that the files hold
+    has its shape there (or the same numbers in another layout: converted at load); else the one line names the
+    tensor and the config's fields of the width that differs."""
+    for name, tensor in built.items():
         want, have = list(tensor.shape), shapes.get(name)
         if have is None or have == want or math.prod(have) == math.prod(want):
             continue        # not in the files, or the same numbers in another layout (converted at load)
         differs = [w for w, h in zip(want, have) if w != h] if len(want) == len(have) else []
         fields = _fields_equal_to(config, differs[0]) if differs else []
         because = f" ({', '.join(f'{k} {config[k]}' for k in fields)})" if fields else ""
-        raise _mismatch(model_dir, f"{name} is {have} in the weights, config.json makes it {want}{because}")
+        raise _mismatch(model_dir, f"{named(name)} is {have} in the weights, {says} makes it {want}{because}")
+
+
+def is_image_text_config(config: dict) -> bool:
+    from agent.recipe.text_decoder import is_image_text
+
+    return is_image_text(config)
+
+
+def check_image_text_weights(model_dir: Path, config: dict, shapes: dict[str, list[int]]) -> str | None:
+    """An image-text checkpoint (agent.recipe.text_decoder): its text decoder's tensors — its stored names read as
+    transformers' image-text class reads them (its conversion mapping), those under the decoder and the head — are
+    checked as the causal LM of the decoder's config (counts, then every shape, check_weights_match_config); the
+    rest (the vision tower, the projector) against the image-text class itself, built on the meta device with the
+    checkpoint's config. Returns what could not be checked, as check_weights_match_config."""
+    from agent.recipe.text_decoder import NotServedByText, apply_renames, text_decoder
+
+    try:
+        decoder = text_decoder(config) if is_image_text_config(config) else None
+    except NotServedByText as exc:
+        return f"an image-text model whose text decoder is not served ({exc})"
+    if decoder is None:
+        return "a composite config (text_config) that is not an image-text model's: its weights follow its own scheme"
+    if is_image_text_config(decoder.config):
+        return f"its text decoder's config ({decoder.causal_lm_type}) is itself an image-text model's"
+    served = (decoder.decoder_prefix + ".", decoder.head + ".")
+    text_shapes, stored, rest = {}, {}, {}
+    for name, shape in shapes.items():
+        as_built = apply_renames(decoder.stored_renames, name)
+        if as_built.startswith(served):
+            text_name = apply_renames(decoder.renames, name)
+            text_shapes[text_name], stored[text_name] = shape, name
+        else:
+            rest[as_built], stored[as_built] = shape, name
+    if not text_shapes:
+        raise _mismatch(model_dir, f"none of them is the text decoder's ({decoder.image_text_class} reads it under "
+                                   f"{decoder.decoder_prefix}.* and {decoder.head}.*)")
+    key = next((k for k in ("text_config", "llm_config", "language_config") if isinstance(config.get(k), dict)),
+               "text_config")
+    unchecked = check_weights_match_config(model_dir, decoder.config, text_shapes, says=f"config.json's {key}",
+                                           stored=stored)
+    if unchecked:
+        return f"its text decoder: {unchecked}"
+    try:
+        model = _build_on_meta(config)
+    except Exception as exc:  # noqa: BLE001 - the decoder is checked; the vision tower's class refuses its config here
+        line = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:200]
+        return (f"its vision tower and projector: transformers cannot build {decoder.image_text_class} on the meta "
+                f"device ({type(exc).__name__}: {line})")
+    others = {name: tensor for name, tensor in model.state_dict().items() if not name.startswith(served)}
+    vision = config.get("vision_config") if isinstance(config.get("vision_config"), dict) else {}
+    compare_shapes(model_dir, others, rest, {**config, **vision}, "config.json's vision_config" if vision else
+                   "config.json", lambda name: stored.get(name, name))
+    return None
 
 
 def check_weights(model_dir: Path) -> dict[str, list[int]]:
@@ -609,5 +691,8 @@ def check_checkpoint(model_dir: Path, trust_remote_code: bool = False) -> dict:
     if quantization is not None and quantization[1] is not None:
         # the model transformers builds holds the tensors as converted (a weight, not its packed parts)
         shapes = quantization[1].output_shapes(read_tensors(model_dir))
-    check_weights_match_config(model_dir, built, shapes)
+    unchecked = check_weights_match_config(model_dir, built, shapes)
+    if unchecked:
+        print(f"[migrator] {model_dir.name}: the weights are not checked against config.json: {unchecked}",
+              file=sys.stderr)
     return config

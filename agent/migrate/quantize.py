@@ -142,6 +142,15 @@ def plan(model_dir: Path) -> Plan:
     if config.get("auto_map"):
         raise InputError("--quantize w8a8: the architecture is the repository's own code (auto_map); the "
                          "conversion reads transformers' own class of it, which this model has not")
+    from transformers import AutoModelForImageTextToText
+
+    from agent.recipe.text_decoder import auto_class_for
+
+    if auto_class_for(config) is AutoModelForImageTextToText:
+        # the W8A8 plan and its cost are a causal LM's; transformers runs this checkpoint as its image-text class
+        raise InputError(f"--quantize w8a8: {model_dir} is an image-text checkpoint ({config.get('model_type')}), "
+                         "served by its text decoder; --quantize does not convert image-text checkpoints yet: "
+                         "migrate it without --quantize")
     tensors: dict[str, tuple[str, list[int]]] = {}
     shards = []
     for path in files:

@@ -58,13 +58,15 @@ class ModelSource:
     origin: str                # "transformers <version>" or "remote code"
     attn_implementation: str = "sdpa"   # sdpa when the class supports it, else eager
     note: str | None = None    # why transformers' class serves a repo that ships its own code (auto_map)
+    text_decoder_note: str | None = None   # an image-text checkpoint: what of it is served (its text decoder)
 
     def vendored(self) -> Vendored:
         """The classes as the workflow state and the report record them."""
         return {"model_class": self.model_class, "config_class": self.config_class,
                 "modeling_module": self.modeling_module, "configuration_module": self.configuration_module,
                 "origin": self.origin, "attn_implementation": self.attn_implementation,
-                **({"auto_map_note": self.note} if self.note else {})}
+                **({"auto_map_note": self.note} if self.note else {}),
+                **({"text_decoder_note": self.text_decoder_note} if self.text_decoder_note else {})}
 
 
 @dataclass
@@ -308,7 +310,7 @@ def text_decoder_source(config: dict, arch_name: str) -> ModelSource:
         configuration_module=config_cls.__module__, modeling_file=Path(inspect.getsourcefile(model_cls)),
         configuration_file=Path(inspect.getsourcefile(config_cls)), origin=f"transformers {transformers.__version__}",
         attn_implementation="sdpa" if getattr(model_cls, "_supports_sdpa", False) else "eager",
-        note=decoder.note())
+        text_decoder_note=f"image-text model {decoder.note()}")
 
 
 def runs_remote_code(config: dict, trust_remote_code: bool) -> bool:

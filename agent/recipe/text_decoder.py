@@ -27,6 +27,10 @@ from dataclasses import dataclass
 # each pairing: a wrong one fails it).
 TEXT_ONLY_TYPES = {"qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2", "qwen3_vl_text": "qwen3",
                    "qwen3_vl_moe_text": "qwen3_moe"}
+# What such a decoder's code fixes where its causal-LM type reads a config key (its config has no such key): the
+# value the causal-LM type's key must take to compute as it does. Qwen3VLMoeTextTopKRouter always divides the
+# top-k weights by their sum (qwen3_moe: norm_topk_prob True).
+FIXED_IN_CODE = {"qwen3_vl_moe_text": {"norm_topk_prob": True}}
 # rope keys of an M-RoPE that a text-only prompt makes a 1-D rope
 MROPE_KEYS = ("mrope_section", "mrope_interleaved")
 DROPPED = ("auto_map", "quantization_config", "architectures", "transformers_version")
@@ -45,6 +49,8 @@ class TextDecoder:
     renames: tuple                  # (regex, replacement): the checkpoint's names -> the causal-LM's
     skipped: tuple                  # the image-text model's modules not served (model.vision_tower, ...)
     reduced: str | None = None      # what of the rope a text-only prompt reduces, in words
+    stored_renames: tuple = ()      # (regex, replacement): the checkpoint's names -> the image-text model's
+    fixed_in_code: tuple = ()       # (key, value): keys `config` sets that the decoder's own config has not
 
     @property
     def causal_lm_type(self) -> str:
@@ -128,9 +134,12 @@ def _text_decoder(config_json: str) -> TextDecoder:
                                   f"{transformers.__version__} and no causal-LM type it equals on text")
         text["model_type"] = TEXT_ONLY_TYPES[text_type]
         text, reduced = reduce_mrope(text)
+    fixed = tuple((key, value) for key, value in FIXED_IN_CODE.get(text_type, {}).items() if key not in own)
+    text.update(fixed)
     # stored names -> the image-text model's (its conversion mapping), then its decoder and head -> a causal LM's
     served_names = [n for n, _ in model.named_parameters() if n.startswith((prefix + ".", head_name + "."))]
-    renames = stored_name_renames(vl_type, served_names)
+    renames = stored_name_renames(vl_type, served_names, type(model))
+    stored = tuple(renames)
     base = getattr(decoder, "base_model_prefix", "") or "model"
     escaped = re.escape(prefix)
     if head_name != "lm_head":
@@ -143,14 +152,16 @@ def _text_decoder(config_json: str) -> TextDecoder:
                                                                 name.startswith(s + ".") for s in served))
     return TextDecoder(image_text_type=vl_type, image_text_class=class_name, config=text, own_config=own,
                        text_type=text_type,
-                       decoder_prefix=prefix, head=head_name, renames=tuple(renames), skipped=skipped, reduced=reduced)
+                       decoder_prefix=prefix, head=head_name, renames=tuple(renames), skipped=skipped, reduced=reduced,
+                       stored_renames=stored, fixed_in_code=fixed)
 
 
-def stored_name_renames(vl_type: str, served_names: list[str]) -> list[tuple[str, str]]:
+def stored_name_renames(vl_type: str, served_names: list[str], model_class=None) -> list[tuple[str, str]]:
     """transformers' renames of the image-text type's stored tensor names (regex, replacement: the native loader's
     re.sub, captured groups too), in its order. A conversion other than a rename (a split, a merge) or a scoped
     rename is dropped where it produces none of `served_names` (the decoder's and the head's parameters: it converts
-    the vision tower's tensors, which are skipped), else the decoder is not served."""
+    the vision tower's tensors, which are skipped), else the decoder is not served. Where the mapping has none, the
+    image-text class's own `_checkpoint_conversion_mapping` (transformers 5.0 keeps them there)."""
     from transformers import conversion_mapping
 
     renames = []
@@ -168,6 +179,12 @@ def stored_name_renames(vl_type: str, served_names: list[str]) -> list[tuple[str
         if any(pattern.search(name) for pattern in patterns for name in served_names):
             raise NotServedByText(f"transformers converts the text decoder's tensors {sources} -> {targets} for "
                                   f"{vl_type} (not a rename): the native loader reads the checkpoint's names")
+    if not renames:
+        # transformers before the conversion mapping held them (5.0): the class's own regex -> replacement table
+        mapping = getattr(model_class, "_checkpoint_conversion_mapping", None)
+        if isinstance(mapping, dict):
+            renames += [(source, target) for source, target in mapping.items()
+                        if isinstance(source, str) and isinstance(target, str)]
     for pattern, _ in renames:
         re.compile(pattern)
     return renames
@@ -258,12 +275,10 @@ def image_text_model(decoder: TextDecoder, checkpoint_config: dict, text_config)
 
 def transformers_auto_class(checkpoint):
     """The auto class that loads the checkpoint at `checkpoint` as transformers runs it, the oracle of every
-    verdict: the image-text class for an image-text checkpoint whose type has no causal-LM class (its text-only
-    prompts then run the whole image-text model), else AutoModelForCausalLM."""
+    verdict (auto_class_for its config.json)."""
     from pathlib import Path
 
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    from transformers import AutoModelForCausalLM
 
     from engine.safe_load import load_json
 
@@ -271,7 +286,18 @@ def transformers_auto_class(checkpoint):
         config = load_json(Path(checkpoint) / "config.json")
     except (OSError, ValueError):
         return AutoModelForCausalLM
-    if is_image_text(config) and config.get("model_type") not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES \
-            and not config.get("auto_map"):
+    return auto_class_for(config)
+
+
+def auto_class_for(config: dict):
+    """The auto class that builds a checkpoint of `config` (its config.json) as transformers runs it — the one
+    place every build of a checkpoint's transformers model asks: the image-text class for an image-text checkpoint
+    whose type has no causal-LM class (its text-only prompts then run the whole image-text model), else
+    AutoModelForCausalLM (gemma3's maps to its image-text class)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if isinstance(config, dict) and is_image_text(config) and \
+            config.get("model_type") not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not config.get("auto_map"):
         return AutoModelForImageTextToText
     return AutoModelForCausalLM

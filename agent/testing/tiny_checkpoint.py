@@ -150,17 +150,13 @@ def build_tiny_checkpoint(model_type: str, out_dir: str | Path, seed: int = 0, t
 
 
 def model_class_of(config):
-    """The auto class that builds a checkpoint of `config`: the causal LM where transformers maps the type to one
-    (gemma3's is its image-text class), else the image-text one for an image-text type (llava, mistral3,
-    qwen2_5_vl: its text and vision configs tiny, tiny_config's sub-configs; saved as its checkpoints are)."""
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
-    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-                                                        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
+    """The auto class that builds a checkpoint of `config` (agent.recipe.text_decoder.auto_class_for): the causal
+    LM where transformers maps the type to one (gemma3's is its image-text class), else the image-text one for an
+    image-text type (llava, mistral3, qwen2_5_vl: its text and vision configs tiny, tiny_config's sub-configs;
+    saved as its checkpoints are)."""
+    from agent.recipe.text_decoder import auto_class_for
 
-    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and \
-            config.model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
-        return AutoModelForImageTextToText
-    return AutoModelForCausalLM
+    return auto_class_for(config.to_dict())
 
 
 # Integer config fields that are sizes (widths), scaled down together by `scaled_default_overrides`

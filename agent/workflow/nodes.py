@@ -203,6 +203,8 @@ def node_vendor(state: MigrationState) -> MigrationState:
     if note:
         vendored["auto_map_note"] = note
         print(f"[migrator] {source.architecture}: {note}", file=sys.stderr)
+    if source.text_decoder_note:
+        print(f"[migrator] {source.architecture}: {source.text_decoder_note}", file=sys.stderr)
     if plan.get("version"):
         vendored["transformers_version"] = plan["version"]
     return {"architecture": source.architecture, "family": route(config.get("text_config") or config).name,

@@ -146,6 +146,8 @@ def human_summary(report: Report, folder_name: str | None = None) -> str:
         lines.append(f"- weights: {conversion_line(report['conversion'])}")
     if (report.get("vendored") or {}).get("auto_map_note"):
         lines.append(f"- code: {report['vendored']['auto_map_note']}")
+    if (report.get("vendored") or {}).get("text_decoder_note"):
+        lines.append(f"- served: {report['vendored']['text_decoder_note']}")
     for run in report.get("runs") or []:
         if run.get("peak_rss_bytes"):
             lines.append(f"- run {run.get('label')}: {'ok' if run.get('ok') else 'failed'} in {run.get('seconds')} s, "

@@ -46,11 +46,15 @@ def check_served_by_its_text_decoder(recipe: Path, summary: dict, checkpoint: Pa
     assert not (recipe / "models" / f"modeling_{name}_framework.py").exists()
     report = json.loads((recipe / "res" / ".migrator" / "migration_report.json").read_text())
     assert report["architecture"] == architecture
+    # what is served, under its own field (no auto_map is involved)
+    assert "served by its text decoder" in report["vendored"]["text_decoder_note"]
+    assert "auto_map_note" not in report["vendored"]
     baseline = json.loads((recipe / "agentic/baseline/baseline_metadata.standin.json").read_text())
     parity = baseline["verification"]["parity"]
     assert parity["ok"] and parity["checked"] and parity["decode_steps_checked"] >= 1, parity
     readme = (recipe / "README.md").read_text()
     assert "本样例仅适配语言解码器" in readme and "视觉编码器暂不覆盖" in readme
+    assert f"{architecture} 是图文多模态模型" in readme and "因果语言模型" not in readme
     assert all(f"`{module}`" in readme for module in skipped), readme
     # the repo's chat template is what the recipe's runs tokenize with: the checkpoint's own files
     assert (checkpoint / "chat_template.jinja").is_file() or "chat_template" in (checkpoint / "tokenizer_config.json").read_text()

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from agent.recipe.native.not_native import NotNative
 from agent.recipe.native.parts import PARTS, SLOTS, Composition
+from agent.recipe.native.parts.part import Expr
 from agent.recipe.native.parts.probe import Probe
 
 # the layer kind a slot's refusal names (the report's and the README's fell_back)
@@ -60,7 +61,7 @@ def derive(config_dict: dict) -> Composition:
     except NotServedByText as exc:
         raise NotNative("model", f"image-text model: {exc}") from exc
     if decoder is not None:
-        return read_under_image_text_names(derive(decoder.config), decoder.renames)
+        return read_under_image_text_names(derive(decoder.config), decoder.renames, decoder.fixed_in_code)
     probe = Probe(config_dict)
     composition = compose(probe)
     variants = []
@@ -74,8 +75,19 @@ def derive(config_dict: dict) -> Composition:
     return Composition(composition.model_type, composition.matches, tuple(variants))
 
 
-def read_under_image_text_names(composition: Composition, renames: tuple) -> Composition:
-    """`composition` whose loader first takes an image-text checkpoint's names to the causal LM's (`renames`)."""
-    model = composition.matches["model"]
+def read_under_image_text_names(composition: Composition, renames: tuple, fixed_in_code: tuple = ()) -> Composition:
+    """`composition` whose loader first takes an image-text checkpoint's names to the causal LM's (`renames`), and
+    whose code reads each key of `fixed_in_code` ((key, value): one the decoder's own config class has not, its
+    value what the decoder's code fixes) with that value as its default: the recipe builds on the decoder's own
+    config class, which has no such attribute."""
+    fixed = dict(fixed_in_code)
+
+    def read(value):
+        key = value.code[len("config."):] if isinstance(value, Expr) and value.code.startswith("config.") else None
+        return Expr(f'getattr(config, "{key}", {fixed[key]!r})') if key in fixed else value
+
+    matches = {slot: replace(match, options={name: read(value) for name, value in match.options.items()})
+               for slot, match in composition.matches.items()}
+    model = matches["model"]
     options = {**model.options, "CHECKPOINT_RENAMES": tuple(renames) + tuple(model.options.get("CHECKPOINT_RENAMES", ()))}
-    return replace(composition, matches={**composition.matches, "model": replace(model, options=options)})
+    return replace(composition, matches={**matches, "model": replace(model, options=options)})

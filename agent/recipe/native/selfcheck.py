@@ -186,8 +186,9 @@ def quantized_reference(checkpoint: str, dtype: str):
 
     import torch
     from safetensors.torch import load_file
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
+    from agent.recipe.text_decoder import transformers_auto_class
     from module.quantization import get_quant_config
 
     config = AutoConfig.from_pretrained(checkpoint)
@@ -196,10 +197,11 @@ def quantized_reference(checkpoint: str, dtype: str):
     name = str(method.get("quant_method", "")).lower().replace("compressed_tensors", "compressed-tensors")
     model_config = AutoConfig.from_pretrained(checkpoint)
     model_config.quant_config = get_quant_config(model_config, name, checkpoint)
-    references = [Incremental(AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval(),
+    auto_class = transformers_auto_class(checkpoint)
+    references = [Incremental(auto_class.from_pretrained(checkpoint, dtype=torch.float32).eval(),
                               len(PROMPT_LENGTHS))]
     if dtype != "float32":
-        references.append(Incremental(AutoModelForCausalLM.from_pretrained(checkpoint, dtype=getattr(torch, dtype))
+        references.append(Incremental(auto_class.from_pretrained(checkpoint, dtype=getattr(torch, dtype))
                                       .eval(), len(PROMPT_LENGTHS)))
     tensors = [item for path in sorted(glob.glob(os.path.join(checkpoint, "*.safetensors")))
                for item in load_file(path).items()]

@@ -249,8 +249,10 @@ def test_an_image_text_checkpoint_is_served_by_its_text_decoder_or_named_with_it
         assert source.model_class == MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[served_as] and source.model_type == served_as
         config_cls = getattr(transformers, source.config_class)
         assert config_cls.model_type == text_type
-        assert source.architecture == architecture and "served by its text decoder" in source.note
-        assert "not served: model.vis" in source.note
+        assert source.architecture == architecture and "served by its text decoder" in source.text_decoder_note
+        assert "not served: model.vis" in source.text_decoder_note and source.note is None
+        vendored = source.vendored()        # the report's field says what it is; no auto_map is involved
+        assert vendored["text_decoder_note"] == source.text_decoder_note and "auto_map_note" not in vendored
         return
     with pytest.raises(UnsupportedModelError) as caught:
         locate_source(config)

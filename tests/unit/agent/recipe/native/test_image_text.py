@@ -33,6 +33,7 @@ TYPES = {
     "qwen2_5_vl": ("qwen2", "model.language_model", {"model.visual"}),
     "qwen2_vl": ("qwen2", "model.language_model", {"model.visual"}),
     "qwen3_vl": ("qwen3", "model.language_model", {"model.visual"}),
+    "qwen3_vl_moe": ("qwen3_moe", "model.language_model", {"model.visual"}),
     "idefics3": ("llama", "model.text_model", {"model.vision_model", "model.connector"}),
     "smolvlm": ("llama", "model.text_model", {"model.vision_model", "model.connector"}),
     "paligemma": ("gemma", "model.language_model", {"model.vision_tower", "model.multi_modal_projector"}),
@@ -42,7 +43,7 @@ TYPES = {
     "got_ocr2": ("qwen2", "model.language_model", {"model.vision_tower", "model.multi_modal_projector"}),
     "lighton_ocr": ("qwen3", "model.language_model", {"model.vision_encoder", "model.vision_projection"}),
 }
-PER_STEP_DEFAULT = ("llava", "gemma3", "mistral3", "qwen2_5_vl")
+PER_STEP_DEFAULT = ("llava", "gemma3", "mistral3", "qwen2_5_vl", "qwen3_vl_moe")
 
 
 def vl_config(model_type: str) -> dict:
@@ -138,6 +139,23 @@ def test_mrope_on_a_text_only_prompt_is_the_1d_rope_of_the_causal_lm(model_type)
     assert float((wrong - expected).abs().max()) > 1e-2 * scale
 
 
+def test_a_key_the_decoders_code_fixes_is_read_with_that_value_as_its_default():
+    """Qwen3-VL-MoE's text router always divides the top-k weights by their sum (transformers'
+    Qwen3VLMoeTextTopKRouter); its config has no norm_topk_prob, the key qwen3_moe's arithmetic reads: the decoder's
+    causal-LM config sets it True, and the file reads it with that default from the decoder's own config class (which
+    the recipe registers: it has no such attribute)."""
+    from agent.recipe.native.parts.part import Expr
+
+    decoder = text_decoder(vl_config("qwen3_vl_moe"))
+    assert decoder.config["norm_topk_prob"] is True and "norm_topk_prob" not in decoder.own_config
+    assert decoder.fixed_in_code == (("norm_topk_prob", True),)
+    assert derive(vl_config("qwen3_vl_moe"))["moe"].options["RENORMALIZE"] == \
+        Expr('getattr(config, "norm_topk_prob", True)')
+    # a causal-LM checkpoint's own key is read as it is
+    assert derive(tiny_config("qwen3_moe", vocab_size=384).to_dict())["moe"].options["RENORMALIZE"] == \
+        Expr("config.norm_topk_prob")
+
+
 def test_a_decoder_with_no_causal_lm_type_is_not_native_with_its_reason():
     config = tiny_config("glm4v", vocab_size=384).to_dict()
     with pytest.raises(NotServedByText, match="glm4v_text has no causal-LM class"):
@@ -212,6 +230,22 @@ def test_an_mrope_reduced_wrongly_fails_the_check(tmp_path):
     assert "logits differ from transformers'" in results["qwen2_5_vl"]["reason"]
 
 
+def _never_renormalised(source: str) -> str:
+    # the top-k weights left as the softmax gives them (qwen3_moe's default norm_topk_prob False)
+    line = 'self.renormalize = getattr(config, "norm_topk_prob", True)'
+    assert source.count(line) == 1, [ln for ln in source.splitlines() if "renormalize =" in ln]
+    return source.replace(line, "self.renormalize = False")
+
+
+@pytest.mark.slow
+def test_a_qwen3_vl_moe_decoder_that_does_not_renormalise_fails_the_check(tmp_path):
+    """Slow (a second self-check process); the default-path case is
+    test_text_decoders_match_their_image_text_model_per_step (qwen3_vl_moe among them, renormalising)."""
+    results = per_step(["qwen3_vl_moe"], tmp_path, fault=_never_renormalised)
+    assert not results["qwen3_vl_moe"]["ok"]
+    assert "logits differ from transformers'" in results["qwen3_vl_moe"]["reason"]
+
+
 def test_a_conversion_of_the_vision_tower_is_dropped_and_one_of_the_decoder_refused():
     """qianfan_ocr's mapping splits the vision tower's fused qkv (a converter, not a rename): its decoder is served;
     the same converter on names the decoder has is not a rename the loader writes."""
@@ -223,3 +257,66 @@ def test_a_conversion_of_the_vision_tower_is_dropped_and_one_of_the_decoder_refu
         "model.layers.0.mlp.up_proj.weight"
     with pytest.raises(NotServedByText, match="converts the text decoder's tensors"):
         stored_name_renames("qianfan_ocr", ["model.language_model.layers.0.attention.q_proj.weight"])
+
+
+# ---- the recipe rendered for an image-text checkpoint -----------------------------------------------------------
+def render_context(tmp_path: Path, config: dict, decision: dict, source) -> dict:
+    """The framework target's render context of a tiny checkpoint of the type (its config.json in tmp_path), with
+    the native decision the workflow recorded (agent.workflow.nodes.node_decide_native)."""
+    import json
+
+    from agent.recipe.render import template_context
+    from agent.recipe.routing import route
+    from agent.recipe.spec import RecipeSpec
+    from agent.recipe.targets import TARGETS
+
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    family = route(config.get("text_config") or config)
+    spec = RecipeSpec(model_name="tiny", model_path=str(tmp_path), model_source=str(tmp_path),
+                      architecture=(config.get("architectures") or ["TinyForConditionalGeneration"])[0], family=family.name, dtype="bfloat16",
+                      input_max_len=64, max_new_tokens=8, transformers_version="5.0.0")
+    ctx = dict(spec.context(), native_decision=decision, native_source=source)
+    return template_context(ctx, family, TARGETS["framework"])
+
+
+def test_an_image_text_checkpoint_whose_self_check_failed_is_refused_at_render_with_the_reason(tmp_path):
+    """Cheap (no self-check runs): the decision a failed self-check records (the adapter, with the check's line) is
+    what render refuses on, in one line that names the image-text class and the check's reason — the adapter would
+    run a causal LM's code on the image-text checkpoint's names; the same checkpoint with a passed check renders."""
+    from agent.errors import UnsupportedModelError
+
+    failed = {"native": False, "parts": {}, "fell_back": "adapter",
+              "reason": "self-check failed: logits differ from transformers' at decode step 2 (max rel 3.1e-01)"}
+    with pytest.raises(UnsupportedModelError) as caught:
+        render_context(tmp_path, vl_config("llava"), failed, None)
+    message = str(caught.value)
+    assert caught.value.exit_code == 3 and "\n" not in message
+    assert message.startswith("LlavaForConditionalGeneration: image-text model served by its text decoder (llama)")
+    assert "logits differ from transformers' at decode step 2" in message
+    # a decision with no file written (the target writes no native model): refused too, saying so
+    with pytest.raises(UnsupportedModelError, match="the target writes no native model"):
+        render_context(tmp_path, vl_config("llava"), None, None)
+    passed = {"native": True, "parts": {}, "selfcheck_max_rel": 1e-6}
+    out = render_context(tmp_path, vl_config("llava"), passed, "# the file")
+    assert out["image_text"]["image_text_class"] == "LlavaForConditionalGeneration"
+
+
+@pytest.mark.parametrize("model_type", ["llava", "qwen2_5_vl"])
+def test_the_readme_says_an_image_text_checkpoint_is_one_served_by_its_text_decoder(tmp_path, model_type):
+    """The README's overview names what the checkpoint is (an image-text model, served by its text decoder), never a
+    causal language model; a causal-LM checkpoint's still says it is one."""
+    from agent.recipe.templating import environment
+
+    passed = {"native": True, "parts": {}, "selfcheck_max_rel": 1e-6, "fused": [], "not_fused": []}
+
+    def overview(config):
+        out = render_context(tmp_path, config, passed, "# the file")
+        readme = environment().get_template("framework/README.md.j2").render(**out)
+        return readme.split("## 概述", 1)[1].strip().split("\n", 1)[0], readme
+
+    first, readme = overview(vl_config(model_type))
+    assert "是图文多模态模型" in first and "因果语言模型" not in readme
+    assert f"语言解码器（{text_decoder(vl_config(model_type)).text_type}）提供文本推理" in first
+    assert "视觉编码器暂不覆盖" in readme
+    first, readme = overview(tiny_config("llama", vocab_size=384).to_dict())
+    assert "结构的因果语言模型" in first and "图文多模态" not in readme
