@@ -134,7 +134,10 @@ def test_attention_data_parallel_where_one_group_ends_at_eos_first(ep_recipe, tm
     model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
 
     def greedy(prompt):
-        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        # the executor's prompt: the chat template over one user message (upstream's default dataset)
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                             add_generation_prompt=True)
+        ids = tokenizer(text, return_tensors="pt").input_ids
         with torch.no_grad():
             for _ in range(MAX_NEW_TOKENS):
                 ids = torch.cat([ids, model(ids).logits[:, -1:].argmax(-1)], dim=1)
