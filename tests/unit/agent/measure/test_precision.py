@@ -269,6 +269,29 @@ def test_decode_rows_after_a_request_ends_at_eos(layout):
     assert [step.fed for step in requests[1].steps[:-1]] == [4, 5, 6]
 
 
+def test_a_data_parallel_ranks_one_request_ended_at_eos_decodes_on_without_steps():
+    """Attention DP: a rank's only request picks EOS at decode step 1 while the other DP group's goes on; upstream's
+    offline scheduler runs every rank max_new_tokens decode steps all the same (scheduler._should_finish: the
+    other ranks' MoE collectives keep their partner), its row fed on. Those rows are no steps of the request,
+    and no problem; a row fed another token before the EOS still is the request's."""
+    import torch
+
+    eos, vocab = 2, 8
+
+    def logits(*tokens):
+        return torch.nn.functional.one_hot(torch.tensor(tokens), vocab).float()
+
+    calls = [{"phase": "prefill", "input_ids": torch.tensor([5, 6, 7]), "shape": [3], "rows": 1, "seq_ends": [3],
+              "logits": logits(3)},
+             {"phase": "decode", "input_ids": torch.tensor([3]), "rows": 1, "logits": logits(eos)}]
+    calls += [{"phase": "decode", "input_ids": torch.tensor([fed]), "rows": 1, "logits": logits(1)} for fed in (eos, 1, 1)]
+    requests, problems = precision.requests_of(calls, 0, {eos})
+    assert not problems and [r.tokens for r in requests] == [[3, eos]] and requests[0].finished
+    # the same record with no EOS in the run's set: every row is the request's step
+    requests, problems = precision.requests_of(calls, 0, set())
+    assert not problems and [r.tokens for r in requests] == [[3, eos, 1, 1, 1]]
+
+
 def test_no_record_is_no_pass(tmp_path, checkpoint):
     (tmp_path / "rec").mkdir()
     result = precision.verify_record(tmp_path / "rec", checkpoint)
@@ -359,6 +382,38 @@ def test_a_reduction_reference_widens_a_steps_tolerance_to_its_own_move():
     assert judged(0.13, with_reduced=False) == (False, 0.1)
     assert judged(0.13, with_reduced=True) == (True, 0.16)
     assert judged(0.2, with_reduced=True) == (False, 0.16)
+
+
+def test_a_compiled_decode_step_is_allowed_one_rounding_of_its_largest_logit_and_no_more():
+    """A decode step that ran compiled (no layer hook saw it, where they saw the eager prefill) may differ by one
+    bf16 unit in the last place at its largest float32 |logit| (10.0: 2 ** (3 - 7) = 0.0625) beyond its tolerance
+    (0.1 here); the same error at an eager step (layers recorded), or a compiled step's error beyond that unit
+    (a fault), fails."""
+    vocab = 6
+    fp = torch.zeros(2, vocab)
+    fp[:, 0] = 10.0
+    lo = fp.clone()
+    lo[:, 1] += 0.05          # plain bf16 move 0.05: tolerance 0.1
+    layers = [torch.zeros(1, 4)]
+
+    def judged(error, compiled):
+        mine = fp[1].clone()
+        mine[2] += error
+        prefill = precision.Step("prefill", fp[0].clone(), layers)
+        request = precision.Request(0, 0, [7], [prefill, precision.Step("decode", mine, None if compiled else layers)])
+        hidden = [torch.zeros(2, 4)]
+        steps, first = precision.judge_steps(request, fp, hidden, lo, hidden, "bfloat16")
+        return first is None, steps[1]["tolerance"], steps[1].get("compiled", False)
+
+    assert precision.compiled_step_allowance(10.0, "bfloat16") == 0.0625
+    assert precision.compiled_step_allowance(10.0, "float32") == 2.0 ** -20
+    assert judged(0.15, compiled=True) == (True, 0.1625, True)
+    assert judged(0.15, compiled=False) == (False, 0.1, False)
+    assert judged(0.17, compiled=True) == (False, 0.1625, True)
+    # a record without layers anywhere (the probe kept none at the prefill either) says nothing of compiling
+    request = precision.Request(0, 0, [7], [precision.Step("prefill", fp[0].clone(), None),
+                                            precision.Step("decode", fp[1].clone(), None)])
+    assert not precision.compiled_step(request, request.steps[1])
 
 
 def test_a_record_of_two_ranks_is_judged_with_the_row_parallel_reference(tmp_path, checkpoint):
