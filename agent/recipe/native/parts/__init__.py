@@ -3,7 +3,7 @@ each slot's parts most specific first. agent.recipe.native.compose picks one par
 architecture's own code and config; agent.recipe.native.assemble writes their code as one file."""
 
 from agent.recipe.native.parts import (attention, block, block_post_norm, embedding, head, mla, mlp, mlp_plain, model, moe,
-                                       mtp, norm, norm_layer, position)
+                                       mtp, norm, norm_layer, position, rotary_interleaved, rotary_nope)
 from agent.recipe.native.parts.part import ROLES, SLOTS, Composition, Match, Part
 
 __all__ = ["PARTS", "OPTION_NAMES", "TABLES", "ROLES", "SLOTS", "Composition", "Match", "Part"]
@@ -14,6 +14,8 @@ PARTS = (
     norm.OFFSET_RMS_NORM,
     norm.RMS_NORM,
     norm_layer.LAYER_NORM,
+    rotary_nope.ROTARY_NOPE,
+    rotary_interleaved.ROTARY_INTERLEAVED,
     position.ROTARY,
     mla.MLA,
     attention.SOFTCAP_PAGED,
