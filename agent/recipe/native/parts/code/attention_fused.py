@@ -24,6 +24,7 @@ O_BIAS = False                  # o_proj's bias (module.linear adds it on row-pa
 QK_NORM = False                 # per-head RMSNorm of queries and keys before the rotary (qwen3, gemma3)
 QK_NORM_FULL = False            # RMSNorm of queries and keys over all heads' width (olmo2)
 QUERY_PRE_ATTN_SCALAR = False   # softmax scale query_pre_attn_scalar ** -0.5 (else head_dim ** -0.5)
+ATTENTION_MULTIPLIER = False    # softmax scale config.attention_multiplier (granite)
 ROPE_BY_LAYER_TYPE = False      # cos / sin per layer type (gemma3's local and global bases)
 WINDOWS = False                 # the architecture attends in a sliding window where its config says so
 LAYER_TYPE_WINDOWS = False      # which layers: config.layer_types' sliding_attention ones (else every layer)
@@ -91,6 +92,8 @@ class ModelAttention(nn.Module):
             self.layer_type = config.layer_types[layer_idx]
         if QUERY_PRE_ATTN_SCALAR:
             self.scaling = config.query_pre_attn_scalar ** -0.5
+        elif ATTENTION_MULTIPLIER:
+            self.scaling = config.attention_multiplier
         else:
             self.scaling = self.head_dim ** -0.5
         tp_rank = comm_manager.get_rank("attn_tp_group") if self.attn_tp_size > 1 else 0
