@@ -125,7 +125,7 @@ def migrate_family(family_checkout, model_type: str, overrides: dict, family: st
 # failing: the recipe keeps the vendored transformers model behind models/modeling_NAME_framework.py.
 ADAPTERS = [
     pytest.param("phi", "model", id="parallel_block-phi"),                # one norm for attention and MLP, final_layernorm
-    pytest.param("granite", "attention", id="multipliers-granite"),        # attention_multiplier as the scale
+    pytest.param("diffllama", "attention", id="differential-diffllama"),   # two softmaxes and a group norm per head
 ]
 
 

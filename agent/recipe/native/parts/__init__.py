@@ -2,18 +2,22 @@
 each slot's parts most specific first. agent.recipe.native.compose picks one part per slot from the
 architecture's own code and config; agent.recipe.native.assemble writes their code as one file."""
 
-from agent.recipe.native.parts import (attention, block, block_post_norm, embedding, head, mla, mlp, mlp_plain, model, moe,
-                                       mtp, norm, norm_layer, position)
+from agent.recipe.native.parts import (attention, block, block_parallel, block_post_norm, embedding, head, mla, mlp, mlp_plain, model, moe,
+                                       mtp, norm, norm_layer, position, rotary_interleaved, rotary_nope,
+                                       scalar_multipliers)
 from agent.recipe.native.parts.part import ROLES, SLOTS, Composition, Match, Part
 
 __all__ = ["PARTS", "OPTION_NAMES", "TABLES", "ROLES", "SLOTS", "Composition", "Match", "Part"]
 
 PARTS = (
     model.CAUSAL_LM,
+    scalar_multipliers.EMBEDDING_MULTIPLIER,
     embedding.EMBEDDING,
     norm.OFFSET_RMS_NORM,
     norm.RMS_NORM,
     norm_layer.LAYER_NORM,
+    rotary_nope.ROTARY_NOPE,
+    rotary_interleaved.ROTARY_INTERLEAVED,
     position.ROTARY,
     mla.MLA,
     attention.SOFTCAP_PAGED,
@@ -22,9 +26,12 @@ PARTS = (
     moe.SPARSE_MOE,
     mlp.GATED_MLP,
     mlp_plain.PLAIN_MLP,
+    block_parallel.PARALLEL,
+    scalar_multipliers.RESIDUAL_MULTIPLIER,
     block.SANDWICH,
     block.PRE_NORM,
     block_post_norm.POST_NORM,
+    scalar_multipliers.LOGITS_SCALING,
     head.LM_HEAD,
     mtp.MTP,
 )

@@ -17,7 +17,7 @@ from agent.recipe.native.parts.probe import DROP, children
 ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "q_norm", "k_norm", "rotary_fn"}
 BIAS_KEYS = ("attention_bias", "use_qkv_bias", "use_bias")       # config keys that may set the projections' biases
 DENSE_OPTIONS = ("QKV", "QKV_BIAS", "O_BIAS", "QK_NORM", "QK_NORM_FULL", "QUERY_PRE_ATTN_SCALAR", "WINDOWS",
-                 "LAYER_TYPE_WINDOWS", "STACKED_PARAMS")
+                 "LAYER_TYPE_WINDOWS", "STACKED_PARAMS", "ATTENTION_MULTIPLIER")
 WINDOW = 5                            # the shrunk window (agent.recipe.native.parts.probe.shrunk_config)
 
 
@@ -168,9 +168,12 @@ def dense_attention(probe) -> dict:
     scales = {"head_dim": head_dim ** -0.5}
     if isinstance(getattr(probe.config, "query_pre_attn_scalar", None), (int, float)):
         scales["query_pre_attn_scalar"] = probe.config.query_pre_attn_scalar ** -0.5
+    if isinstance(getattr(probe.config, "attention_multiplier", None), (int, float)):
+        scales["attention_multiplier"] = float(probe.config.attention_multiplier)     # granite's softmax scale
     rule = next((name for name, value in scales.items() if math.isclose(scale, value, rel_tol=1e-6)), None)
     if rule is None:
-        raise NotNative("attention", f"softmax scale {scale} is neither head_dim ** -0.5 nor query_pre_attn_scalar ** -0.5")
+        raise NotNative("attention", f"softmax scale {scale} is none of head_dim ** -0.5, query_pre_attn_scalar ** -0.5, "
+                                     "attention_multiplier")
     if sinks:
         _probe_sinks(probe.modeling, probe.layers[0].self_attn)
     stacked = () if fused else (("merged_qkv_proj", "q_proj", "q"), ("merged_qkv_proj", "k_proj", "k"),
@@ -179,6 +182,7 @@ def dense_attention(probe) -> dict:
              "O_BIAS": _bias_option(probe, o_bias, "o"), "QK_NORM": qk_width == "head",
              "QK_NORM_FULL": qk_width == "full",
              "QUERY_PRE_ATTN_SCALAR": rule == "query_pre_attn_scalar", "STACKED_PARAMS": stacked,
+             "ATTENTION_MULTIPLIER": rule == "attention_multiplier",
              "sinks": sinks, **windows(probe)}
     probe.memo["dense_attention"] = facts
     return facts

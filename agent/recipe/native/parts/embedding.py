@@ -7,12 +7,11 @@ from agent.recipe.native.not_native import NotNative
 from agent.recipe.native.parts.part import Match, Part
 
 
-def embed_scale(probe) -> bool:
-    """Whether the model multiplies the embedding lookup by sqrt(hidden_size) (in the model's dtype) before the
-    first layer; anything other than that or nothing is not native."""
+def first_layer_input(probe):
+    """(what reaches the first layer, the embedding rows of the same tokens), of equal shape."""
     import torch
 
-    base, hidden, seen = probe.base, probe.hidden, {}
+    base, seen = probe.base, {}
 
     def keep(module, args, kwargs):
         seen.setdefault("x", (args[0] if args else kwargs["hidden_states"]).detach())
@@ -25,7 +24,16 @@ def embed_scale(probe) -> bool:
     finally:
         handle.remove()
     table = base.embed_tokens.weight.detach()[ids[0]]
-    got = seen["x"].reshape(table.shape)
+    return seen["x"].reshape(table.shape), table
+
+
+def embed_scale(probe) -> bool:
+    """Whether the model multiplies the embedding lookup by sqrt(hidden_size) (in the model's dtype) before the
+    first layer; anything other than that or nothing is not native."""
+    import torch
+
+    got, table = first_layer_input(probe)
+    hidden = probe.hidden
     if torch.allclose(got, table, rtol=1e-5, atol=1e-6):
         return False
     if torch.allclose(got, table * torch.tensor(hidden ** 0.5, dtype=table.dtype), rtol=1e-5, atol=1e-6):

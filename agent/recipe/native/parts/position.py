@@ -61,6 +61,11 @@ def rope_groups(config) -> tuple[bool, list]:
 def _probe(probe, chosen):
     if not is_mla_model(probe):        # MLA rotates by its own kernels (interleave-half), probed with the attention
         probe_rotate_half(probe.modeling)
+    return rope_match(probe, ROTARY)
+
+
+def rope_match(probe, part, options=None) -> Match:
+    """`part`'s match for the config's rope settings (the rope types the file computes), `options` added."""
     by_type, groups = rope_groups(probe.config)
     types = tuple(sorted({g.get("rope_type", "default") for g in groups}))
     for rope_type in types:
@@ -68,7 +73,7 @@ def _probe(probe, chosen):
             raise NotNative("position", f"rope_type {rope_type!r}: the file computes {', '.join(ROPE_TYPES)}")
     partial = any(float(g.get("partial_rotary_factor", getattr(probe.config, "partial_rotary_factor", 1.0)) or 1.0)
                   < 1.0 for g in groups)
-    return Match(ROTARY, options={"ROPE_BY_LAYER_TYPE": by_type},
+    return Match(part, options={"ROPE_BY_LAYER_TYPE": by_type, **(options or {})},
                  facts={"rope_types": types, "partial": partial, "by_type": by_type})
 
 

@@ -12,6 +12,7 @@ from module.linear import QKVParallelLinear, RowParallelLinear
 
 from .norm_qk_full import ModelFullWidthRMSNorm
 from .norm_rms import ModelRMSNorm as Norm
+from .rotary import half_from_interleaved, rotary_width
 
 # upstream's cache kinds (executor/core/kv_cache)
 FULL = "FullAttention"
@@ -23,12 +24,16 @@ O_BIAS = False                  # o_proj's bias (module.linear adds it on row-pa
 QK_NORM = False                 # per-head RMSNorm of queries and keys before the rotary (qwen3, gemma3)
 QK_NORM_FULL = False            # RMSNorm of queries and keys over all heads' width (olmo2)
 QUERY_PRE_ATTN_SCALAR = False   # softmax scale query_pre_attn_scalar ** -0.5 (else head_dim ** -0.5)
+ATTENTION_MULTIPLIER = False    # softmax scale config.attention_multiplier (granite)
 ROPE_BY_LAYER_TYPE = False      # cos / sin per layer type (gemma3's local and global bases)
 WINDOWS = False                 # the architecture attends in a sliding window where its config says so
 LAYER_TYPE_WINDOWS = False      # which layers: config.layer_types' sliding_attention ones (else every layer)
 SINKS = False                   # a learnable sink logit per head in the softmax (gpt_oss)
 NORM_EPS = "rms_norm_eps"       # the config key of the norms' epsilon
 MTP = False                     # decode steps of next_n + 1 tokens per sequence (an MTP draft verified)
+NOPE_LAYERS = None              # layers without rotary: "no_rope_layers" (smollm3: the config's 0s), "global_nope"
+                                # (exaone4: the full-attention layers of a config with a sliding window)
+ROPE_INTERLEAVED = False        # the architecture rotates pairs (2i, 2i + 1): q/k rows reordered at load (glm, ernie4_5)
 
 
 def layer_windows(config):
@@ -39,6 +44,19 @@ def layer_windows(config):
     if LAYER_TYPE_WINDOWS:
         return [window if kind == "sliding_attention" else None for kind in config.layer_types[:config.num_hidden_layers]]
     return [window] * config.num_hidden_layers
+
+
+def layer_uses_rope(config, layer_idx):
+    """Whether the layer rotates q and k, by the config rule transformers' attention follows."""
+    if NOPE_LAYERS == "no_rope_layers":
+        return bool(config.no_rope_layers[layer_idx])
+    if NOPE_LAYERS == "global_nope":
+        return not getattr(config, "sliding_window", None) or config.layer_types[layer_idx] == "sliding_attention"
+    return True
+
+
+def copy_weight(param, weight):
+    param.data.copy_(weight)
 
 
 def window_start(kv_len, window, block_size):
@@ -74,6 +92,8 @@ class ModelAttention(nn.Module):
             self.layer_type = config.layer_types[layer_idx]
         if QUERY_PRE_ATTN_SCALAR:
             self.scaling = config.query_pre_attn_scalar ** -0.5
+        elif ATTENTION_MULTIPLIER:
+            self.scaling = config.attention_multiplier
         else:
             self.scaling = self.head_dim ** -0.5
         tp_rank = comm_manager.get_rank("attn_tp_group") if self.attn_tp_size > 1 else 0
@@ -102,6 +122,10 @@ class ModelAttention(nn.Module):
                                                 self.attn_tp_size)
             self.k_norm = ModelFullWidthRMSNorm(self.num_key_value_heads, self.head_dim, config.rms_norm_eps,
                                                 comm_manager, self.attn_tp_size)
+        if ROPE_INTERLEAVED:
+            self._load_rotary_rows_reordered(config)
+        if NOPE_LAYERS:
+            self.use_rope = layer_uses_rope(config, layer_idx)
         self.k_cache = torch.Tensor([])
         self.v_cache = torch.Tensor([])
         cache_dtype = torch.get_default_dtype()
@@ -133,7 +157,8 @@ class ModelAttention(nn.Module):
             query, key = self.q_norm(query), self.k_norm(key)
         cos, sin = cos_sin[self.layer_type] if ROPE_BY_LAYER_TYPE else cos_sin
         cos, sin = cos[:q_len], sin[:q_len]
-        query, key = torch_npu.npu_apply_rotary_pos_emb(query.contiguous(), key.contiguous(), cos, sin, layout="TND")
+        if not NOPE_LAYERS or self.use_rope:
+            query, key = torch_npu.npu_apply_rotary_pos_emb(query.contiguous(), key.contiguous(), cos, sin, layout="TND")
         if not self.k_cache.numel() or not self.v_cache.numel():
             raise RuntimeError("KV cache not allocated: the executor binds it through get_cache_info()")
         slots = forward_metadata.slot_mapping[self.attn_type].view(-1)[:q_len].view(-1, 1)
@@ -196,6 +221,36 @@ class ModelAttention(nn.Module):
             block_size=self.block_size, **({"learnable_sink": self.sinks} if SINKS else {}),
             **(band if WINDOWS else {}))
         return out
+
+    def _load_rotary_rows_reordered(self, config):
+        """The checkpoint's q and k rows (weights, biases, a W8A8 weight's per-row scales; q_proj / k_proj or the
+        q and k sections of a fused qkv_proj) and per-head q/k norm weights loaded with each head's rotary dims
+        reordered from interleaved pairs to rotate-half (half_from_interleaved)."""
+        rotary_dim = rotary_width(config, self.head_dim)
+        rows = {"q": self.num_heads * self.head_dim, "k": self.num_key_value_heads * self.head_dim}
+
+        def reordered(loader, norm=False):
+            def load(param, weight, *args, **kwargs):
+                shard = args[0] if args else kwargs.get("loaded_shard_id")
+                if norm:
+                    weight = half_from_interleaved(weight, self.head_dim, rotary_dim)
+                elif shard in rows and weight.dim() and weight.shape[0] == rows[shard]:
+                    weight = half_from_interleaved(weight, self.head_dim, rotary_dim)
+                elif shard is None and weight.dim() and weight.shape[0] == rows["q"] + 2 * rows["k"]:
+                    q, k, v = weight.split((rows["q"], rows["k"], rows["k"]))
+                    weight = torch.cat((half_from_interleaved(q, self.head_dim, rotary_dim),
+                                        half_from_interleaved(k, self.head_dim, rotary_dim), v))
+                elif weight.numel() > 1 and (shard in rows or shard is None):
+                    raise ValueError(f"{tuple(weight.shape)} q/k tensor of a layer with interleaved rotary: its rows "
+                                     "are not the heads' dims (block-quantized?), so they cannot be reordered")
+                return loader(param, weight, *args, **kwargs)
+            return load
+
+        for param in getattr(self, QKV).parameters():
+            param.weight_loader = reordered(getattr(param, "weight_loader", copy_weight))
+        if QK_NORM or QK_NORM_FULL:
+            for param in (self.q_norm.weight, self.k_norm.weight):
+                param.weight_loader = reordered(getattr(param, "weight_loader", copy_weight), norm=True)
 
     def _load_sinks(self, param, weight):
         """The checkpoint's sinks of every head: this rank's heads."""

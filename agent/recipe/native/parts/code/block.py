@@ -14,6 +14,7 @@ SANDWICH = False        # post-attention and pre/post-feedforward norms around a
 # decoder_sparse_step, ...), the layers is_moe_layer picks by it
 MOE_LAYERS = None
 NORM_EPS = "rms_norm_eps"   # the config key of the norms' epsilon
+RESIDUAL_MULTIPLIER = False  # the attention's and the MLP's outputs times config.residual_multiplier (granite)
 
 
 class ModelDecoderLayer(nn.Module):
@@ -29,6 +30,8 @@ class ModelDecoderLayer(nn.Module):
             self.mlp = mlp(config, infer_config, comm_manager, prefix=f"{prefix}.mlp")
         else:
             self.mlp = MLP(config, infer_config, comm_manager, prefix=f"{prefix}.mlp")
+        if RESIDUAL_MULTIPLIER:
+            self.residual_multiplier = config.residual_multiplier
         self.input_layernorm = Norm(config.hidden_size, eps=getattr(config, NORM_EPS))
         self.post_attention_layernorm = Norm(config.hidden_size, eps=getattr(config, NORM_EPS))
         if SANDWICH:
@@ -44,6 +47,10 @@ class ModelDecoderLayer(nn.Module):
             hidden_states, residual = self.pre_feedforward_layernorm(hidden_states, residual)
             hidden_states = self.post_feedforward_layernorm(self.mlp(hidden_states))
         else:
+            if RESIDUAL_MULTIPLIER:
+                hidden_states = hidden_states * self.residual_multiplier
             hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
             hidden_states = self.mlp(hidden_states)
+            if RESIDUAL_MULTIPLIER:
+                hidden_states = hidden_states * self.residual_multiplier
         return residual, hidden_states

@@ -70,3 +70,19 @@ def length_dependent_freqs(config, params, rope_type, layer_type):
         per_position = [inv_freq.float()] * min(original, total) + [long_freq] * max(total - original, 0)
     positions = torch.arange(total, dtype=torch.float32)
     return positions[:, None] * torch.stack(per_position), scaling
+
+
+def rotary_width(config, head_dim):
+    """The rotary dims of a head: the width of ModelRotaryEmbedding's tables."""
+    params = dict(getattr(config, "rope_parameters", None) or {})
+    dim = int(head_dim * float(params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) or 1.0))
+    return 2 * ((dim + 1) // 2)
+
+
+def half_from_interleaved(rows, head_dim, rotary_dim):
+    """Rows [heads * head_dim, ...] with each head's rotary dims reordered from pairs (2i, 2i + 1) to (i, rotary_dim / 2
+    + i): rotate-half of the reordered q / k is the interleaved rotary of the original, and q . k is unchanged."""
+    heads = rows.reshape(-1, head_dim, *rows.shape[1:])
+    rotary = heads[:, :rotary_dim]
+    reordered = torch.cat((rotary[:, 0::2], rotary[:, 1::2], heads[:, rotary_dim:]), dim=1)
+    return reordered.reshape(rows.shape)

@@ -1,0 +1,92 @@
+"""Rotary on some layers only, NoPE on the others (smollm3: the config's no_rope_layers; exaone4, cohere2: the
+full-attention layers of a config with a sliding window), rotate-half or interleaved (parts/rotary_interleaved.py):
+which layers rotate is read off transformers' attention numerically (its output with one rotary against another),
+then matched to the config rule that gives the same layers, which the file reads at run time (code:
+parts/code/attention_fused.py NOPE_LAYERS; cos / sin parts/code/rotary.py's)."""
+
+from __future__ import annotations
+
+from agent.recipe.native.not_native import NotNative
+from agent.recipe.native.parts.mla import is_mla_model
+from agent.recipe.native.parts.part import Match, Part
+from agent.recipe.native.parts.position import ROTARY, probe_rotate_half, rope_match
+from agent.recipe.native.parts.rotary_interleaved import interleaved_form
+
+# the config rules a layer's rotary follows: name -> (config, layer) -> whether the layer rotates
+# (the same rules as parts/code/attention_fused.py's layer_uses_rope)
+RULES = {
+    "no_rope_layers": lambda config, i: bool(config.no_rope_layers[i]),
+    "global_nope": lambda config, i: (not getattr(config, "sliding_window", None)
+                                      or config.layer_types[i] == "sliding_attention"),
+}
+
+
+def rotating_layers(probe) -> tuple[bool, ...] | None:
+    """Per layer: whether transformers' attention output depends on the rotary it is given; None where the
+    attention or the rotary embedding is not callable as transformers' usual ones (not this part's to read)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(1, 4, probe.hidden, generator=gen)
+    found = []
+    try:
+        # cos / sin as wide as the attention takes them (the rotary embedding's own width, partial or not)
+        cos, sin = probe.base.rotary_emb(x, torch.arange(4)[None])
+        for layer in probe.layers:
+            outputs = []
+            for table in ((cos, sin), (torch.ones_like(cos), torch.zeros_like(sin))):
+                with torch.no_grad():
+                    out = layer.self_attn(hidden_states=x, position_embeddings=table, attention_mask=None)
+                outputs.append(out[0] if isinstance(out, tuple) else out)
+            found.append(not torch.allclose(outputs[0], outputs[1], rtol=1e-5, atol=1e-6))
+    except Exception:  # noqa: BLE001 - no rotary_emb, per-layer-type tables, another call shape
+        return None
+    return tuple(found)
+
+
+def nope_rule(probe) -> str | None:
+    """The config rule of the layers that rotate; None when every layer does."""
+    rotating = rotating_layers(probe)
+    if rotating is None or all(rotating):
+        return None
+    for name, rule in RULES.items():
+        try:
+            if tuple(rule(probe.config, i) for i in range(len(rotating))) == rotating:
+                return name
+        except (AttributeError, IndexError, TypeError):
+            continue
+    raise NotNative("position", f"layers {[i for i, r in enumerate(rotating) if not r]} have no rotary (NoPE) "
+                                f"by no config rule the file reads ({', '.join(RULES)})")
+
+
+def _probe(probe, chosen):
+    if is_mla_model(probe) or not probe.layers:
+        return None
+    rule = nope_rule(probe)
+    if rule is None:
+        return None
+    options = {"NOPE_LAYERS": rule}
+    try:
+        probe_rotate_half(probe.modeling)
+    except NotNative:
+        if not interleaved_form(probe.modeling):
+            raise
+        options["ROPE_INTERLEAVED"] = True          # cohere2: interleaved on its sliding layers, NoPE on the others
+    return rope_match(probe, ROTARY_NOPE, options)
+
+
+def _variants(match: Match, probe):
+    """The rope types (the plain rotary part's), and for no_rope_layers the pattern turned over: the file reads
+    which layers rotate from each checkpoint's config."""
+    found = ROTARY.variants(match, probe)
+    if match.options["NOPE_LAYERS"] == "no_rope_layers":
+        flipped = [0 if value else 1 for value in probe.config.no_rope_layers]
+        found.append(("nope no_rope_layers", {"no_rope_layers": flipped}))
+    return found
+
+
+ROTARY_NOPE = Part(
+    slot="position", name="rotary_nope", code="rotary.py", provides="ModelRotaryEmbedding",
+    reads=ROTARY.reads + ("no_rope_layers", "sliding_window"), probe=_probe,
+    options=("ROPE_BY_LAYER_TYPE", "NOPE_LAYERS", "ROPE_INTERLEAVED"), variants=_variants,
+    kernels=lambda m: ((), ()))
