@@ -52,6 +52,22 @@ if not os.environ.get("MIGRATOR_TEST_CHECKOUT_LINKED"):
     _this_checkout_in_every_subprocess()
 
 
+@pytest.fixture(autouse=True)
+def environment_left_as_found():
+    """Each test leaves the worker's environment as it found it. A test that starts the stand-in's collectives in
+    this process sets what a rank sets (GLOO_SOCKET_IFNAME=lo on one host, MASTER_ADDR / MASTER_PORT), and every
+    later test's subprocesses would inherit it: two-host ranks then kept loopback as if the user had chosen it."""
+    saved = dict(os.environ)
+    yield
+    if {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"} != \
+            {k: v for k, v in saved.items() if k != "PYTEST_CURRENT_TEST"}:
+        current = os.environ.get("PYTEST_CURRENT_TEST")
+        os.environ.clear()
+        os.environ.update({k: v for k, v in saved.items() if k != "PYTEST_CURRENT_TEST"})
+        if current is not None:
+            os.environ["PYTEST_CURRENT_TEST"] = current
+
+
 @pytest.fixture(scope="session", autouse=True)
 def native_files_pyflakes_clean():
     """pyflakes on every native modeling file the session's tests wrote (tests/support/native_files.py)."""

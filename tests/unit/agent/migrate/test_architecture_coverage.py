@@ -220,9 +220,9 @@ IMAGE_TEXT = [
     ("paligemma", "PaliGemmaForConditionalGeneration", "gemma", "gemma"),
     ("idefics3", "Idefics3ForConditionalGeneration", "llama", "llama"),
     ("gemma3", "Gemma3ForConditionalGeneration", "gemma3_text", "gemma3_text"),     # a class in the causal-LM mapping
+    ("cohere2_vision", "Cohere2VisionForConditionalGeneration", "cohere2", "cohere2"),  # parallel block, NoPE layers
     # not in the list: a text decoder the generator does not write, one with no causal-LM class, none of
     # its own, an image input not named pixel_values
-    ("cohere2_vision", "Cohere2VisionForConditionalGeneration", "cohere2", None),
     ("blip-2", "Blip2ForConditionalGeneration", "opt", None),
     ("glm4v", "Glm4vForConditionalGeneration", "glm4v_text", None),
     ("chameleon", "ChameleonForConditionalGeneration", None, None),
