@@ -258,15 +258,7 @@ class Recipe:
         checkpoint = checkpoint or self.checkpoint_dir()
         if not self.target.writes_native_models or checkpoint is None or not preflight.is_native(self.path):
             return None
-        try:
-            config = load_json(checkpoint / "config.json")
-        except (OSError, ValueError):
-            return None
-        layout = preflight.expert_parallel_layout(config, world_size) if isinstance(config, dict) else None
-        if layout is None:
-            return None
-        experts = preflight.experts_of(config.get("text_config") or config)
-        return {"parallel_config": layout, "how": preflight.describe_expert_layout(layout, experts)}
+        return preflight.expert_layout_of(checkpoint, world_size)
 
     def is_moe(self) -> bool:
         """The model has MoE layers: its migration's family says so, else its checkpoint's config

@@ -278,22 +278,6 @@ def framework_names(ctx: dict) -> dict:
             "display_name": str(ctx.get("architecture") or name).removesuffix("ForCausalLM") or name}
 
 
-def native_expert_layout(ctx: dict, world_size: int) -> dict | None:
-    """The expert-parallel layout (agent.recipe.native.preflight.expert_parallel_layout, its "parallel_config" and
-    "how") of the checkpoint's MoE model on `world_size` cards; None for a dense model, one card or no config."""
-    from agent.recipe.native import preflight
-
-    try:
-        config = load_json(Path(ctx.get("model_path", "")) / "config.json")
-    except (OSError, ValueError):
-        return None
-    layout = preflight.expert_parallel_layout(config, world_size) if isinstance(config, dict) else None
-    if layout is None:
-        return None
-    experts = preflight.experts_of(config.get("text_config") or config)
-    return {"parallel_config": layout, "how": preflight.describe_expert_layout(layout, experts)}
-
-
 def framework_context(ctx: dict, native: bool = True) -> dict:
     """What the framework (and legacy) templates add: one YAML per topology, in its exe_mode; `native`: the
     native-or-adapter decision the workflow recorded (ctx's `native_decision`, its summary, and `native_source`,
@@ -326,7 +310,11 @@ def framework_context(ctx: dict, native: bool = True) -> dict:
     if extra["native_model"] and "mtp" in (decision.get("parts") or ()):
         # the checkpoint's MTP layer drafts one token per step, as upstream's deepseek_r1 _mtp YAMLs
         settings["model_config"]["next_n"] = 1
-    expert = native_expert_layout(ctx, world_size) if extra["native_model"] else None
+    expert = None
+    if extra["native_model"]:
+        from agent.recipe.native.preflight import expert_layout_of
+
+        expert = expert_layout_of(Path(ctx.get("model_path", "")), world_size)
     if expert is not None:
         # a native MoE model on N cards: the experts expert parallel, as upstream's MoE YAMLs lay them out
         settings["parallel_config"].update(expert["parallel_config"])

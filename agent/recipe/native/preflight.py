@@ -95,6 +95,20 @@ def expert_parallel_layout(config: dict, world_size: int) -> dict | None:
             "lmhead_tp_size": world_size}
 
 
+def expert_layout_of(checkpoint: Path, world_size: int) -> dict | None:
+    """{"parallel_config": expert_parallel_layout, "how": its words} for the MoE model whose config.json is in
+    `checkpoint` on `world_size` cards; None for a dense model, one card, or no readable config."""
+    try:
+        config = load_json(Path(checkpoint) / "config.json")
+    except (OSError, ValueError):
+        return None
+    layout = expert_parallel_layout(config, world_size) if isinstance(config, dict) else None
+    if layout is None:
+        return None
+    return {"parallel_config": layout,
+            "how": describe_expert_layout(layout, experts_of(config.get("text_config") or config))}
+
+
 def describe_expert_layout(layout: dict, experts: int) -> str:
     """The layout in words, as the report names it: 'attention tensor parallel over 4, experts expert parallel over 4
     (moe_tp_size 1, moe_ep_size 4: 2 of 8 routed experts a rank)'."""
