@@ -27,6 +27,7 @@ PARTS = (
     mlp.GATED_MLP,
     mlp_plain.PLAIN_MLP,
     block_parallel.PARALLEL,
+    block_parallel.PARALLEL_TWO_NORMS,
     scalar_multipliers.RESIDUAL_MULTIPLIER,
     block.SANDWICH,
     block.PRE_NORM,

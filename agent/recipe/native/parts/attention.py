@@ -17,7 +17,7 @@ from agent.recipe.native.parts.probe import DROP, children
 ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "q_norm", "k_norm", "rotary_fn"}
 BIAS_KEYS = ("attention_bias", "use_qkv_bias", "use_bias")       # config keys that may set the projections' biases
 DENSE_OPTIONS = ("QKV", "QKV_BIAS", "O_BIAS", "QK_NORM", "QK_NORM_FULL", "QUERY_PRE_ATTN_SCALAR", "WINDOWS",
-                 "LAYER_TYPE_WINDOWS", "STACKED_PARAMS", "ATTENTION_MULTIPLIER")
+                 "LAYER_TYPE_WINDOWS", "STACKED_PARAMS", "ATTENTION_MULTIPLIER", "QKV_GROUPED")
 WINDOW = 5                            # the shrunk window (agent.recipe.native.parts.probe.shrunk_config)
 
 
@@ -150,6 +150,7 @@ def dense_attention(probe) -> dict:
         fused = "qkv_proj" in a
         if fused and qkv[0].out_features != (heads + 2 * kv_heads) * head_dim:
             raise NotNative("attention", "qkv_proj is not [q; k; v] of the config's heads")
+        grouped = fused and fused_qkv_grouped(probe, index, qkv[0], o)
         if not fused and (qkv[0].out_features, qkv[1].out_features) != (heads * head_dim, kv_heads * head_dim):
             raise NotNative("attention", "q/k projections are not the config's heads x head_dim")
         qk_norm = ("q_norm" in a, "k_norm" in a)
@@ -159,10 +160,10 @@ def dense_attention(probe) -> dict:
         scale = getattr(attention, "scaling", None)
         if not isinstance(scale, float):
             raise NotNative("attention", f"{type(attention).__name__} has no float `scaling`")
-        shapes.add((fused, qkv[0].bias is not None, o.bias is not None, qk_width, sink is not None, scale))
+        shapes.add((fused, qkv[0].bias is not None, o.bias is not None, qk_width, sink is not None, scale, grouped))
     if len(shapes) != 1:
         raise NotNative("attention", "layers of unequal attention")
-    fused, qkv_bias, o_bias, qk_width, sinks, scale = next(iter(shapes))
+    fused, qkv_bias, o_bias, qk_width, sinks, scale, grouped = next(iter(shapes))
     if qk_width == "full" and fused:
         raise NotNative("attention", "q/k norms over all heads' width with a fused qkv_proj")
     scales = {"head_dim": head_dim ** -0.5}
@@ -183,9 +184,44 @@ def dense_attention(probe) -> dict:
              "QK_NORM_FULL": qk_width == "full",
              "QUERY_PRE_ATTN_SCALAR": rule == "query_pre_attn_scalar", "STACKED_PARAMS": stacked,
              "ATTENTION_MULTIPLIER": rule == "attention_multiplier",
-             "sinks": sinks, **windows(probe)}
+             "sinks": sinks, **({"QKV_GROUPED": True} if grouped else {}), **windows(probe)}
     probe.memo["dense_attention"] = facts
     return facts
+
+
+def fused_qkv_grouped(probe, index: int, qkv, o) -> bool:
+    """How layer `index`'s fused q/k/v rows are stored: False, [q; k; v] (phi3); True, per key/value head [its
+    queries; key; value] (gpt_neox, persimmon: per head [q; k; v]). Read from one token at position 0, whose
+    attention output (o_proj's input) is its own value rows, each query head its group's; neither is not native."""
+    import torch
+
+    heads, kv_heads, head_dim = probe.heads, probe.kv_heads, probe.head_dim
+    seen = {}
+
+    def keep_input(module, args, kwargs):
+        seen.setdefault("x", (args[0] if args else kwargs["hidden_states"]).detach())
+
+    def keep_output(module, args):
+        seen.setdefault("out", args[0].detach())
+
+    hooks = [probe.layers[index].self_attn.register_forward_pre_hook(keep_input, with_kwargs=True),
+             o.register_forward_pre_hook(keep_output)]
+    try:
+        with torch.no_grad():
+            probe.model(input_ids=torch.tensor([[3]]), use_cache=False)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    with torch.no_grad():
+        rows = qkv(seen["x"]).reshape(-1)
+    group = heads // kv_heads
+    values = {False: rows[(heads + kv_heads) * head_dim:].reshape(kv_heads, head_dim),
+              True: rows.reshape(kv_heads, group + 2, head_dim)[:, -1]}
+    got = seen["out"].reshape(heads, head_dim)
+    for grouped, value in values.items():
+        if torch.allclose(got, value.repeat_interleave(group, dim=0), rtol=1e-4, atol=1e-5):
+            return grouped
+    raise NotNative("attention", "fused q/k/v rows neither [q; k; v] nor per key/value head [queries; key; value]")
 
 
 def qk_norm_width(modules: dict, heads: int, kv_heads: int, head_dim: int) -> str:

@@ -1,5 +1,6 @@
 """The head: lm_head as module.linear's ColumnParallelLinear over lmhead_tp_group, tied to the input embedding
-when the checkpoint's config says so (always written: one file serves tied and untied checkpoints), logits
+when the checkpoint's config says so (always written: one file serves tied and untied checkpoints), with a bias
+where the architecture's head has one, logits
 soft-capped where the architecture reads config.final_logit_softcapping."""
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ from agent.recipe.native.parts.part import Match, Part
 
 def _probe(probe, chosen):
     softcap = "final_logit_softcapping" in probe.config.to_dict()
-    return Match(LM_HEAD, options={"FINAL_SOFTCAP": softcap},
+    # a bias on the output head (gptj, codegen, phi)
+    bias = getattr(getattr(probe.view, "lm_head", None), "bias", None) is not None
+    return Match(LM_HEAD, options={"FINAL_SOFTCAP": softcap, **({"LM_HEAD_BIAS": True} if bias else {})},
                  facts={"softcap": getattr(probe.config, "final_logit_softcapping", None) is not None})
 
 
@@ -21,5 +24,5 @@ def _variants(match, probe):
 LM_HEAD = Part(
     slot="head", name="lm_head", code=None, provides=None,
     reads=("vocab_size", "tie_word_embeddings", "final_logit_softcapping"), probe=_probe,
-    options=("FINAL_SOFTCAP",), variants=_variants,
+    options=("FINAL_SOFTCAP", "LM_HEAD_BIAS"), variants=_variants,
     kernels=lambda m: ((), ("final logit soft-capping: plain torch tanh",) if m.facts["softcap"] else ()))

@@ -24,14 +24,17 @@ def _plain(pattern: str) -> bool:
     return "(" not in pattern and "\\1" not in pattern
 
 
-def checkpoint_renames(model_type: str) -> tuple[tuple[str, str], ...]:
+def checkpoint_renames(model_type: str, class_name: str | None = None) -> tuple[tuple[str, str], ...]:
     """transformers' renames of the checkpoint's tensor names for `model_type` (regex, replacement), in the
-    order it applies them; a conversion other than a rename or the experts' merge (the sparse-MoE part's) is not
-    native: the loader reads the checkpoint's names."""
+    order it applies them — those of the causal LM's class `class_name` where transformers keys them by class
+    (GPTNeoXForCausalLM's embed_out), as it looks them up; a conversion other than a rename or the experts'
+    merge (the sparse-MoE part's) is not native: the loader reads the checkpoint's names."""
     from transformers import conversion_mapping
 
+    rules = (class_name and conversion_mapping.get_checkpoint_conversion_mapping(class_name)) or \
+        conversion_mapping.get_checkpoint_conversion_mapping(model_type)
     renames = []
-    for rule in conversion_mapping.get_checkpoint_conversion_mapping(model_type) or []:
+    for rule in rules or []:
         sources, targets = list(rule.source_patterns), list(rule.target_patterns)
         if type(rule).__name__ == "WeightRenaming":
             if getattr(rule, "scope_prefix", None) or not all(map(_plain, sources + targets)):
@@ -57,7 +60,7 @@ def checkpoint_renames(model_type: str) -> tuple[tuple[str, str], ...]:
 
 
 def _probe(probe, chosen):
-    top = children(probe.model)
+    top = children(probe.view)
     if set(top) - {"model", "lm_head"}:
         raise NotNative("model", f"heads other than lm_head: {sorted(set(top) - {'model', 'lm_head'})}")
     if probe.base is None or set(children(probe.base)) - MODEL_CHILDREN:
@@ -70,7 +73,9 @@ def _probe(probe, chosen):
             raise NotNative("decoder layer", f"layer {index} has {sorted(unknown)}")
         if "self_attn" not in names or "mlp" not in names:
             raise NotNative("decoder layer", f"layer {index} has no self_attn / mlp")
-    return Match(CAUSAL_LM, options={"CHECKPOINT_RENAMES": checkpoint_renames(probe.model_type)})
+    # the checkpoint's names of the GPT-J / NeoX-era families (agent.recipe.native.parts.names) first
+    renames = probe.renames + checkpoint_renames(probe.model_type, type(probe.model).__name__)
+    return Match(CAUSAL_LM, options={"CHECKPOINT_RENAMES": renames})
 
 
 CAUSAL_LM = Part(

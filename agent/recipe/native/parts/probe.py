@@ -9,6 +9,7 @@ import copy
 import importlib
 
 from agent.recipe.native.not_native import NotNative
+from agent.recipe.native.parts.names import view
 
 # dims the NPU kernels constrain (head widths, rope and latent widths): kept at the checkpoint's values, so that
 # a checkpoint the kernels cannot serve fails the self-check, not the trial
@@ -122,7 +123,9 @@ class Probe:
             raise NotNative("model", f"transformers cannot build it on a shrunk config ({first_line(exc)})") from exc
         self.model.eval()
         self.modeling = importlib.import_module(type(self.model).__module__)
-        self.base = getattr(self.model, "model", None)
+        # the model under the native file's names (agent.recipe.native.parts.names) and the checkpoint renames
+        self.view, self.renames = view(self.model)
+        self.base = getattr(self.view, "model", None)
         self.layers = list(getattr(self.base, "layers", None) or [])
         config = self.config
         self.hidden = config.hidden_size

@@ -34,6 +34,7 @@ MTP = False                     # decode steps of next_n + 1 tokens per sequence
 NOPE_LAYERS = None              # layers without rotary: "no_rope_layers" (smollm3: the config's 0s), "global_nope"
                                 # (exaone4: the full-attention layers of a config with a sliding window)
 ROPE_INTERLEAVED = False        # the architecture rotates pairs (2i, 2i + 1): q/k rows reordered at load (glm, ernie4_5)
+QKV_GROUPED = False             # fused qkv_proj stored per kv head [queries; key; value]: reordered at load (gpt_neox)
 
 
 def layer_windows(config):
@@ -124,6 +125,8 @@ class ModelAttention(nn.Module):
                                                 comm_manager, self.attn_tp_size)
         if ROPE_INTERLEAVED:
             self._load_rotary_rows_reordered(config)
+        if QKV_GROUPED:
+            self._load_qkv_grouped()
         if NOPE_LAYERS:
             self.use_rope = layer_uses_rope(config, layer_idx)
         self.k_cache = torch.Tensor([])
@@ -251,6 +254,27 @@ class ModelAttention(nn.Module):
         if QK_NORM or QK_NORM_FULL:
             for param in (self.q_norm.weight, self.k_norm.weight):
                 param.weight_loader = reordered(getattr(param, "weight_loader", copy_weight), norm=True)
+
+    def _load_qkv_grouped(self):
+        """The checkpoint's fused q/k/v rows (weight, bias, a W8A8 weight's per-row scales), stored per key/value
+        head as [its query heads; key; value], loaded as [q; k; v] (the rotary's reordering, if any, after)."""
+        group = self.num_heads // self.num_key_value_heads
+        total = (self.num_heads + 2 * self.num_key_value_heads) * self.head_dim
+
+        def regrouped(loader):
+            def load(param, weight, *args, **kwargs):
+                if not weight.dim() or weight.shape[0] != total:
+                    raise ValueError(f"{tuple(weight.shape)} fused q/k/v tensor: not {total} rows of the heads' dims "
+                                     "(block-quantized?), so its per-head layout cannot be reordered")
+                rows = weight.reshape(self.num_key_value_heads, group + 2, self.head_dim, *weight.shape[1:])
+                weight = torch.cat([rows[:, :group].reshape(-1, *weight.shape[1:]),
+                                    rows[:, group].reshape(-1, *weight.shape[1:]),
+                                    rows[:, group + 1].reshape(-1, *weight.shape[1:])])
+                return loader(param, weight, *args, **kwargs)
+            return load
+
+        for param in getattr(self, QKV).parameters():
+            param.weight_loader = regrouped(getattr(param, "weight_loader", copy_weight))
 
     def _load_sinks(self, param, weight):
         """The checkpoint's sinks of every head: this rank's heads."""

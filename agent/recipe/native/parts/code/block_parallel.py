@@ -12,6 +12,8 @@ from .norm_rms import ModelRMSNorm as Norm
 # which layers' MLP is a sparse-MoE block: None, none; "all", every one; a config key, the layers is_moe_layer picks
 MOE_LAYERS = None
 NORM_EPS = "rms_norm_eps"   # the config key of the norms' epsilon
+MLP_NORM = False            # the MLP on a norm of its own (post_attention_layernorm: gpt_neox)
+PARALLEL_KEY = None         # the config key that makes the layer parallel, else sequential (use_parallel_residual)
 
 
 class ModelParallelDecoderLayer(nn.Module):
@@ -28,8 +30,18 @@ class ModelParallelDecoderLayer(nn.Module):
         else:
             self.mlp = MLP(config, infer_config, comm_manager, prefix=f"{prefix}.mlp")
         self.input_layernorm = Norm(config.hidden_size, eps=getattr(config, NORM_EPS))
+        if MLP_NORM:
+            self.post_attention_layernorm = Norm(config.hidden_size, eps=getattr(config, NORM_EPS))
+        if PARALLEL_KEY is not None:
+            self.parallel = getattr(config, PARALLEL_KEY)
 
     def forward(self, hidden_states, cos_sin, past_residual, forward_metadata):
         hidden_states, residual = self.input_layernorm(hidden_states, past_residual)
         attended = self.self_attn(hidden_states, cos_sin, forward_metadata)
+        if PARALLEL_KEY is not None and not self.parallel:
+            # sequential: h + attn(norm(h)), then that + mlp(norm2(that))
+            hidden_states, residual = self.post_attention_layernorm(attended, residual)
+            return residual, self.mlp(hidden_states)
+        if MLP_NORM:
+            hidden_states = self.post_attention_layernorm(residual)
         return residual, attended + self.mlp(hidden_states)

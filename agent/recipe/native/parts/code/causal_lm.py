@@ -28,6 +28,7 @@ from .rotary import ModelRotaryEmbedding as RotaryEmbedding
 
 EMBED_SCALE = False             # the embedding times sqrt(hidden_size), in the model's dtype (gemma's normaliser)
 FINAL_SOFTCAP = False           # logits soft-capped by config.final_logit_softcapping where it is set
+LM_HEAD_BIAS = False            # the output head has a bias (gptj, codegen, phi)
 EMBED_MULTIPLIER = False        # the embedding times config.embedding_multiplier (granite)
 LOGITS_SCALING = None           # logits divided by config.logits_scaling (granite) or times config.logit_scale (cohere)
 ROPE_BY_LAYER_TYPE = False      # a rotary table per layer type (gemma3's local and global bases)
@@ -139,7 +140,7 @@ class ModelForCausalLM(nn.Module):
             logger.info("tensor parallel rank %d of %d: %d parameters split by module.linear over attn_tp_group",
                         comm_manager.get_rank("attn_tp_group"), self.attn_tp_size, len(split))
         self.lm_head = ColumnParallelLinear(
-            input_size=config.hidden_size, output_size=config.vocab_size, bias=False, tp_size=self.lmhead_tp_size,
+            input_size=config.hidden_size, output_size=config.vocab_size, bias=LM_HEAD_BIAS, tp_size=self.lmhead_tp_size,
             tp_rank=comm_manager.get_rank("lmhead_tp_group") if self.lmhead_tp_size > 1 else 0,
             quant_config=None, prefix="lm_head")      # the output head stays float, as in upstream's models
 
