@@ -213,7 +213,7 @@ def fused_qkv_grouped(probe, index: int, qkv, o) -> bool:
         for hook in hooks:
             hook.remove()
     with torch.no_grad():
-        rows = qkv(seen["x"]).reshape(-1)
+        rows = torch.nn.functional.linear(seen["x"], qkv.weight, qkv.bias).reshape(-1)     # the stored rows' output
     group = heads // kv_heads
     values = {False: rows[(heads + kv_heads) * head_dim:].reshape(kv_heads, head_dim),
               True: rows.reshape(kv_heads, group + 2, head_dim)[:, -1]}

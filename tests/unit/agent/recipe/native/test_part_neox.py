@@ -1,0 +1,168 @@
+"""The NeoX-era layouts (agent/recipe/native/parts/names.py: the model under the file's names, the checkpoint renamed
+at load; parts/attention.py's fused q/k/v stored per key/value head, QKV_GROUPED in parts/code/attention_fused.py;
+parts/block_parallel.py's two-norm parallel layer; parts/head.py's biased lm_head): gpt_neox, phi and persimmon are
+written natively. Each is held to transformers in float32 and bfloat16 and on its family settings but the rope
+types, and a file with the part's arithmetic broken fails the same check. The default case is gpt_neox's (the view,
+the per-head q/k/v, the two-norm parallel layer and its sequential setting); phi's and persimmon's are slow."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from locations import REPO_ROOT
+
+SNAPSHOT = REPO_ROOT.parent / "shared" / "upstream" / "cann-recipes-infer"
+# type: (parts expected, options expected, faults: (text of the correct file, its faulty replacement))
+TYPES = {
+    "gpt_neox": ({"block": "parallel_two_norms", "attention": "fused_paged", "mlp": "plain_mlp", "norm": "layer_norm"},
+                 {"QKV_GROUPED": True, "QKV": "qkv_proj", "MLP_NORM": True, "PARALLEL_KEY": "use_parallel_residual"},
+                 [("rows[:, group].reshape(-1, *weight.shape[1:]),\n", "rows[:, group + 1].reshape(-1, *weight.shape[1:]),\n"),
+                  ("hidden_states = self.post_attention_layernorm(residual)", "hidden_states = hidden_states")]),
+    "phi": ({"block": "parallel", "attention": "fused_paged", "mlp": "plain_mlp", "position": "rotary"},
+            {"LM_HEAD_BIAS": True},
+            [("output_size=config.vocab_size, bias=True,", "output_size=config.vocab_size, bias=False,")]),
+    "persimmon": ({"block": "pre_norm", "attention": "fused_paged", "mlp": "plain_mlp"},
+                  {"QKV_GROUPED": True, "QK_NORM": True},
+                  [("query, key = self.q_norm(query), self.k_norm(key)", "query, key = query, key")]),
+}
+FAST = ("gpt_neox",)
+
+
+def ctx(model_type: str) -> dict:
+    return {"model_name": model_type, "framework_class": "NxForCausalLM", "display_name": model_type, "model_class": "X"}
+
+
+def config_of(model_type: str) -> dict:
+    from transformers import AutoConfig
+
+    from agent.testing.checkpoint_shapes import checkpoint_config
+
+    shaped = checkpoint_config(model_type)
+    return shaped[0] if shaped else AutoConfig.for_model(model_type).to_dict()
+
+
+@functools.lru_cache(maxsize=None)
+def derived(model_type: str):
+    from agent.recipe.native.compose import derive
+
+    config = config_of(model_type)
+    return config, derive(config)
+
+
+@pytest.mark.parametrize("model_type", list(TYPES))
+def test_the_parts_are_read_from_the_architecture(model_type):
+    parts, options, _ = TYPES[model_type]
+    composition = derived(model_type)[1]
+    assert {slot: composition.parts.get(slot) for slot in parts} == parts, composition.parts
+    assert {k: composition.options.get(k) for k in options} == options
+
+
+def test_a_llama_keeps_its_names_and_head():
+    """A model already under the file's names gets no view, no renames, an lm_head without bias."""
+    from transformers import AutoConfig
+
+    from agent.recipe.native.compose import derive
+    from agent.recipe.native.parts.probe import Probe
+
+    probe = Probe(AutoConfig.for_model("llama").to_dict())
+    assert probe.view is probe.model and probe.renames == ()
+    composition = derive(AutoConfig.for_model("llama").to_dict())
+    assert "LM_HEAD_BIAS" not in composition.options and "QKV_GROUPED" not in composition.options
+
+
+@pytest.mark.parametrize("model_type", ["gpt_neox", "phi", "persimmon", "gptj", "codegen", "falcon", "bloom", "mpt"])
+def test_every_checkpoint_tensor_is_the_views_after_the_renames(model_type):
+    """Each tensor a checkpoint of the type holds (save_pretrained's names), renamed as the loader renames it
+    (the view's renames, then transformers' own), names the same tensor in the view: the probe reads what the
+    file loads."""
+    import re
+
+    from agent.recipe.native.parts.model import checkpoint_renames
+    from agent.recipe.native.parts.probe import Probe
+    from agent.recipe.native.selfcheck import checkpoint_tensors
+
+    probe = Probe(config_of(model_type))
+    renames = probe.renames + checkpoint_renames(probe.model_type, type(probe.model).__name__)
+    assert renames, "a type of transformers' other names gets renames"
+    for name, tensor in checkpoint_tensors(probe.model, probe.config):
+        for pattern, replacement in renames:
+            name = re.sub(pattern, replacement, name, count=1)
+        node = probe.view
+        for part in name.split("."):
+            node = node[int(part)] if part.isdigit() else getattr(node, part)
+        assert node is tensor or node.data_ptr() == tensor.data_ptr(), name
+
+
+def test_the_qkv_layout_is_read_and_another_is_refused():
+    """gpt_neox's fused rows are per head [q; k; v], phi3's [q; k; v]; an architecture that reads its stored rows
+    in another order (here: permuted) is neither, and not native."""
+    import torch
+    from transformers import AutoConfig
+
+    from agent.recipe.native.not_native import NotNative
+    from agent.recipe.native.parts.attention import fused_qkv_grouped
+    from agent.recipe.native.parts.probe import Probe
+
+    for model_type, grouped in (("gpt_neox", True), ("phi3", False)):
+        probe = Probe(AutoConfig.for_model(model_type).to_dict())
+        attention = probe.layers[0].self_attn
+        assert fused_qkv_grouped(probe, 0, attention.qkv_proj, attention.o_proj) is grouped, model_type
+    probe = Probe(AutoConfig.for_model("gpt_neox").to_dict())
+    qkv = probe.layers[0].self_attn.qkv_proj
+    order = torch.randperm(qkv.out_features, generator=torch.Generator().manual_seed(0))
+    qkv.forward = lambda x: torch.nn.functional.linear(x, qkv.weight, qkv.bias)[..., order]
+    with pytest.raises(NotNative, match="neither"):
+        fused_qkv_grouped(probe, 0, qkv, probe.layers[0].self_attn.o_proj)
+
+
+def test_a_sequential_neox_is_the_pre_norm_layer():
+    """use_parallel_residual false: gpt_neox's layer is the pre-norm one, not the two-norm parallel part's."""
+    from transformers import AutoConfig
+
+    from agent.recipe.native.compose import derive
+
+    config = {**AutoConfig.for_model("gpt_neox").to_dict(), "use_parallel_residual": False}
+    assert derive(config).parts["block"] == "pre_norm"
+
+
+def _check(model_types, tmp_path):
+    from agent.recipe.native.decide import render_native, selfcheck, selfcheck_jobs
+
+    if not SNAPSHOT.is_dir():
+        pytest.skip(f"no upstream snapshot at {SNAPSHOT}")
+    jobs, labels = [], []
+    for model_type in model_types:
+        config, composition = derived(model_type)
+        text = render_native(ctx(model_type), composition)
+        good = tmp_path / f"{model_type}.py"
+        good.write_text(text)
+        for label, job in selfcheck_jobs(config, composition, str(good), "NxForCausalLM"):
+            if not label.startswith("rope"):
+                jobs.append(job)
+                labels.append((model_type, label, True))
+        for index, (correct, faulty) in enumerate(TYPES[model_type][2]):
+            assert text.count(correct) == 1, (model_type, correct)
+            bad = tmp_path / f"{model_type}_fault{index}.py"
+            bad.write_text(text.replace(correct, faulty))
+            jobs.append({"config": config, "file": str(bad), "class_name": "NxForCausalLM"})
+            labels.append((model_type, f"fault {index}", False))
+    assert any(label == "use_parallel_residual off" for t, label, _ in labels if t == "gpt_neox") or "gpt_neox" not in model_types
+    results = selfcheck(jobs, SNAPSHOT)
+    wrong = [(t, label, r["reason"]) for (t, label, ok), r in zip(labels, results) if r["ok"] != ok]
+    assert not wrong, wrong
+
+
+def test_the_neox_file_matches_transformers_and_faults_fail(tmp_path):
+    """Per step against transformers (agent.recipe.native.selfcheck) in float32 and bfloat16, with
+    use_parallel_residual off and the attention bias toggled; a file that takes k's rows for v's, or feeds the
+    MLP the attention's norm, fails."""
+    _check(FAST, tmp_path)
+
+
+@pytest.mark.slow
+def test_the_phi_and_persimmon_files_match_transformers_and_faults_fail(tmp_path):
+    """As the default case, for phi (biased lm_head, one-norm parallel layer) and persimmon (per-head q/k
+    LayerNorms on per-head q/k/v rows): a file without the head's bias, or without the q/k norms, fails."""
+    _check([t for t in TYPES if t not in FAST], tmp_path)
