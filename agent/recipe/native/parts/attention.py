@@ -17,7 +17,7 @@ from agent.recipe.native.parts.probe import DROP, children
 ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "q_norm", "k_norm", "rotary_fn"}
 BIAS_KEYS = ("attention_bias", "use_qkv_bias", "use_bias")       # config keys that may set the projections' biases
 DENSE_OPTIONS = ("QKV", "QKV_BIAS", "O_BIAS", "QK_NORM", "QK_NORM_FULL", "QUERY_PRE_ATTN_SCALAR", "WINDOWS",
-                 "LAYER_TYPE_WINDOWS", "STACKED_PARAMS", "ATTENTION_MULTIPLIER", "QKV_GROUPED")
+                 "LAYER_TYPE_WINDOWS", "STACKED_PARAMS", "ATTENTION_MULTIPLIER", "QKV_GROUPS")
 WINDOW = 5                            # the shrunk window (agent.recipe.native.parts.probe.shrunk_config)
 
 
@@ -150,7 +150,7 @@ def dense_attention(probe) -> dict:
         fused = "qkv_proj" in a
         if fused and qkv[0].out_features != (heads + 2 * kv_heads) * head_dim:
             raise NotNative("attention", "qkv_proj is not [q; k; v] of the config's heads")
-        grouped = fused and fused_qkv_grouped(probe, index, qkv[0], o)
+        grouped = fused_qkv_groups(probe, index, qkv[0], o) if fused else ()
         if not fused and (qkv[0].out_features, qkv[1].out_features) != (heads * head_dim, kv_heads * head_dim):
             raise NotNative("attention", "q/k projections are not the config's heads x head_dim")
         qk_norm = ("q_norm" in a, "k_norm" in a)
@@ -184,15 +184,20 @@ def dense_attention(probe) -> dict:
              "QK_NORM_FULL": qk_width == "full",
              "QUERY_PRE_ATTN_SCALAR": rule == "query_pre_attn_scalar", "STACKED_PARAMS": stacked,
              "ATTENTION_MULTIPLIER": rule == "attention_multiplier",
-             "sinks": sinks, **({"QKV_GROUPED": True} if grouped else {}), **windows(probe)}
+             "sinks": sinks, **({"QKV_GROUPS": grouped} if grouped else {}), **windows(probe)}
     probe.memo["dense_attention"] = facts
     return facts
 
 
-def fused_qkv_grouped(probe, index: int, qkv, o) -> bool:
-    """How layer `index`'s fused q/k/v rows are stored: False, [q; k; v] (phi3); True, per key/value head [its
-    queries; key; value] (gpt_neox, persimmon: per head [q; k; v]). Read from one token at position 0, whose
-    attention output (o_proj's input) is its own value rows, each query head its group's; neither is not native."""
+# the grouped layouts of fused q/k/v rows the file reorders at load: (groups, the order of each group's sections)
+QKV_LAYOUTS = (("kv_heads", "qkv"), (4, "qvk"))
+
+
+def fused_qkv_groups(probe, index: int, qkv, o) -> tuple:
+    """How layer `index`'s fused q/k/v rows are stored: (), [q; k; v] (phi3); else a layout of QKV_LAYOUTS: per
+    key/value head [its queries; key; value] (gpt_neox, persimmon: per head [q; k; v]), codegen's 4 shards of
+    [q; v; k]. Read from one token at position 0, whose attention output (o_proj's input) is its own value rows,
+    each query head its group's (the q / k order the self-check holds); another is not native."""
     import torch
 
     heads, kv_heads, head_dim = probe.heads, probe.kv_heads, probe.head_dim
@@ -214,14 +219,21 @@ def fused_qkv_grouped(probe, index: int, qkv, o) -> bool:
             hook.remove()
     with torch.no_grad():
         rows = torch.nn.functional.linear(seen["x"], qkv.weight, qkv.bias).reshape(-1)     # the stored rows' output
-    group = heads // kv_heads
-    values = {False: rows[(heads + kv_heads) * head_dim:].reshape(kv_heads, head_dim),
-              True: rows.reshape(kv_heads, group + 2, head_dim)[:, -1]}
     got = seen["out"].reshape(heads, head_dim)
-    for grouped, value in values.items():
-        if torch.allclose(got, value.repeat_interleave(group, dim=0), rtol=1e-4, atol=1e-5):
-            return grouped
-    raise NotNative("attention", "fused q/k/v rows neither [q; k; v] nor per key/value head [queries; key; value]")
+    candidates = [((), rows[(heads + kv_heads) * head_dim:])]
+    for count, order in QKV_LAYOUTS:
+        groups = kv_heads if count == "kv_heads" else count
+        if heads % groups or kv_heads % groups:
+            continue
+        sizes = {"q": heads * head_dim // groups, "k": kv_heads * head_dim // groups, "v": kv_heads * head_dim // groups}
+        sections = dict(zip(order, rows.reshape(groups, -1).split([sizes[name] for name in order], dim=1)))
+        candidates.append(((count, order), sections["v"]))
+    for layout, value in candidates:
+        value = value.reshape(kv_heads, head_dim).repeat_interleave(heads // kv_heads, dim=0)
+        if torch.allclose(got, value, rtol=1e-4, atol=1e-5):
+            return layout
+    raise NotNative("attention", "fused q/k/v rows neither [q; k; v] nor one of the grouped layouts "
+                                 f"{', '.join(f'{c} x [{o}]' for c, o in QKV_LAYOUTS)}")
 
 
 def qk_norm_width(modules: dict, heads: int, kv_heads: int, head_dim: int) -> str:

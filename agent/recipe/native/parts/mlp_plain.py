@@ -51,8 +51,20 @@ def _plain(probe, chosen):
         raise NotNative("mlp", "plain MLPs with a bias on one projection only, or on some layers only")
     renames = tuple((f"\\.mlp\\.{old}\\.", f".mlp.{new}.") for old, new in GPT_CHILDREN.items() if old != "act") if gpt else ()
     return Match(PLAIN_MLP, options={"ACT": key, "MLP_BIAS": bias_option(source, next(iter(biases))[0]),
-                                     "CHECKPOINT_RENAMES": renames},
+                                     "CHECKPOINT_RENAMES": renames, **_width(source, mlps)},
                  facts={"activation": getattr(source.config, key)})
+
+
+def _width(probe, mlps) -> dict:
+    """{} where the config's intermediate_size is the MLP's width; N_INNER where it is config.n_inner, or 4 x
+    hidden_size unset (gptj); another width is not native."""
+    config = probe.config.to_dict()
+    widths = {getattr(mlp, "up_proj", getattr(mlp, "c_fc", None)).out_features for mlp in mlps}
+    if "intermediate_size" in config:
+        return {}
+    if "n_inner" in config and widths == {config["n_inner"] or 4 * probe.hidden}:
+        return {"N_INNER": True}
+    raise NotNative("mlp", f"an MLP {sorted(widths)} wide, and no intermediate_size (or n_inner) in the config")
 
 
 PLAIN_MLP = Part(
@@ -60,4 +72,4 @@ PLAIN_MLP = Part(
     reads=("hidden_size", "intermediate_size", "hidden_act", "mlp_bias"), probe=_plain,
     kernels=lambda m: ((), (f"MLP activation {m.facts['activation']}: plain torch between the parallel linears "
                             "(no gate: npu_swiglu does not apply)",)),
-    options=("ACT", "MLP_BIAS", "CHECKPOINT_RENAMES"), variants=bias_variants)
+    options=("ACT", "MLP_BIAS", "CHECKPOINT_RENAMES", "N_INNER"), variants=bias_variants)

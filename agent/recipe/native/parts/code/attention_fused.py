@@ -34,7 +34,7 @@ MTP = False                     # decode steps of next_n + 1 tokens per sequence
 NOPE_LAYERS = None              # layers without rotary: "no_rope_layers" (smollm3: the config's 0s), "global_nope"
                                 # (exaone4: the full-attention layers of a config with a sliding window)
 ROPE_INTERLEAVED = False        # the architecture rotates pairs (2i, 2i + 1): q/k rows reordered at load (glm, ernie4_5)
-QKV_GROUPED = False             # fused qkv_proj stored per kv head [queries; key; value]: reordered at load (gpt_neox)
+QKV_GROUPS = ()                 # fused qkv_proj stored in groups (count, sections' order), reordered at load
 
 
 def layer_windows(config):
@@ -125,7 +125,7 @@ class ModelAttention(nn.Module):
                                                 comm_manager, self.attn_tp_size)
         if ROPE_INTERLEAVED:
             self._load_rotary_rows_reordered(config)
-        if QKV_GROUPED:
+        if QKV_GROUPS:
             self._load_qkv_grouped()
         if NOPE_LAYERS:
             self.use_rope = layer_uses_rope(config, layer_idx)
@@ -256,20 +256,24 @@ class ModelAttention(nn.Module):
                 param.weight_loader = reordered(getattr(param, "weight_loader", copy_weight), norm=True)
 
     def _load_qkv_grouped(self):
-        """The checkpoint's fused q/k/v rows (weight, bias, a W8A8 weight's per-row scales), stored per key/value
-        head as [its query heads; key; value], loaded as [q; k; v] (the rotary's reordering, if any, after)."""
-        group = self.num_heads // self.num_key_value_heads
-        total = (self.num_heads + 2 * self.num_key_value_heads) * self.head_dim
+        """The checkpoint's fused q/k/v rows (weight, bias, a W8A8 weight's per-row scales), stored in QKV_GROUPS
+        (groups: "kv_heads", one per key/value head, gpt_neox; or a count, codegen's 4 shards), each group its
+        share of the queries, keys and values in the order QKV_GROUPS names; loaded as [q; k; v] (the rotary's
+        reordering, if any, after)."""
+        count, order = QKV_GROUPS
+        groups = self.num_key_value_heads if count == "kv_heads" else count
+        sizes = {"q": self.num_heads * self.head_dim // groups, "k": self.num_key_value_heads * self.head_dim // groups}
+        sizes["v"] = sizes["k"]
+        total = groups * sum(sizes.values())
 
         def regrouped(loader):
             def load(param, weight, *args, **kwargs):
                 if not weight.dim() or weight.shape[0] != total:
                     raise ValueError(f"{tuple(weight.shape)} fused q/k/v tensor: not {total} rows of the heads' dims "
-                                     "(block-quantized?), so its per-head layout cannot be reordered")
-                rows = weight.reshape(self.num_key_value_heads, group + 2, self.head_dim, *weight.shape[1:])
-                weight = torch.cat([rows[:, :group].reshape(-1, *weight.shape[1:]),
-                                    rows[:, group].reshape(-1, *weight.shape[1:]),
-                                    rows[:, group + 1].reshape(-1, *weight.shape[1:])])
+                                     "(block-quantized?), so its grouped layout cannot be reordered")
+                rows = weight.reshape(groups, -1, *weight.shape[1:])
+                sections = dict(zip(order, rows.split([sizes[name] for name in order], dim=1)))
+                weight = torch.cat([sections[name].reshape(-1, *weight.shape[1:]) for name in "qkv"])
                 return loader(param, weight, *args, **kwargs)
             return load
 

@@ -6,6 +6,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 # rope types whose frequencies depend on the sequence length (transformers' dynamic_rope_update)
 LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
+ROTARY_DIM = None       # the config key of a head's rotary dims where the config names them (gptj: rotary_dim)
 
 
 def rope_parameters(config, layer_type=None):
@@ -33,7 +34,7 @@ class ModelRotaryEmbedding(nn.Module):
         positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
         if rope_type == "default":
             factor = float(params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) or 1.0)
-            dim = int(head_dim * factor)
+            dim = rotary_width(config, head_dim) if ROTARY_DIM else int(head_dim * factor)
             inv_freq = 1.0 / (float(params["rope_theta"]) ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
             freqs, scaling = torch.outer(positions, inv_freq), 1.0
         elif rope_type in LENGTH_DEPENDENT_ROPE:
@@ -74,6 +75,8 @@ def length_dependent_freqs(config, params, rope_type, layer_type):
 
 def rotary_width(config, head_dim):
     """The rotary dims of a head: the width of ModelRotaryEmbedding's tables."""
+    if ROTARY_DIM:
+        return getattr(config, ROTARY_DIM) or head_dim
     params = dict(getattr(config, "rope_parameters", None) or {})
     dim = int(head_dim * float(params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) or 1.0))
     return 2 * ((dim + 1) // 2)

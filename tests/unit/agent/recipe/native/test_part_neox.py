@@ -1,9 +1,10 @@
 """The NeoX-era layouts (agent/recipe/native/parts/names.py: the model under the file's names, the checkpoint renamed
-at load; parts/attention.py's fused q/k/v stored per key/value head, QKV_GROUPED in parts/code/attention_fused.py;
-parts/block_parallel.py's two-norm parallel layer; parts/head.py's biased lm_head): gpt_neox, phi and persimmon are
-written natively. Each is held to transformers in float32 and bfloat16 and on its family settings but the rope
+at load; parts/attention.py's fused q/k/v stored in groups, QKV_GROUPS in parts/code/attention_fused.py;
+parts/block_parallel.py's two-norm parallel layer; parts/head.py's biased lm_head; parts/rotary_interleaved.py's
+GPT-J rotary, partial by config.rotary_dim; parts/mlp_plain.py's n_inner width): gpt_neox, phi, persimmon, gptj and
+codegen are written natively. Each is held to transformers in float32 and bfloat16 and on its family settings but the rope
 types, and a file with the part's arithmetic broken fails the same check. The default case is gpt_neox's (the view,
-the per-head q/k/v, the two-norm parallel layer and its sequential setting); phi's and persimmon's are slow."""
+the per-head q/k/v, the two-norm parallel layer and its sequential setting); the others' are slow."""
 
 from __future__ import annotations
 
@@ -17,15 +18,21 @@ SNAPSHOT = REPO_ROOT.parent / "shared" / "upstream" / "cann-recipes-infer"
 # type: (parts expected, options expected, faults: (text of the correct file, its faulty replacement))
 TYPES = {
     "gpt_neox": ({"block": "parallel_two_norms", "attention": "fused_paged", "mlp": "plain_mlp", "norm": "layer_norm"},
-                 {"QKV_GROUPED": True, "QKV": "qkv_proj", "MLP_NORM": True, "PARALLEL_KEY": "use_parallel_residual"},
+                 {"QKV_GROUPS": ("kv_heads", "qkv"), "QKV": "qkv_proj", "MLP_NORM": True, "PARALLEL_KEY": "use_parallel_residual"},
                  [("rows[:, group].reshape(-1, *weight.shape[1:]),\n", "rows[:, group + 1].reshape(-1, *weight.shape[1:]),\n"),
                   ("hidden_states = self.post_attention_layernorm(residual)", "hidden_states = hidden_states")]),
     "phi": ({"block": "parallel", "attention": "fused_paged", "mlp": "plain_mlp", "position": "rotary"},
             {"LM_HEAD_BIAS": True},
             [("output_size=config.vocab_size, bias=True,", "output_size=config.vocab_size, bias=False,")]),
     "persimmon": ({"block": "pre_norm", "attention": "fused_paged", "mlp": "plain_mlp"},
-                  {"QKV_GROUPED": True, "QK_NORM": True},
+                  {"QKV_GROUPS": ("kv_heads", "qkv"), "QK_NORM": True},
                   [("query, key = self.q_norm(query), self.k_norm(key)", "query, key = query, key")]),
+    "gptj": ({"block": "parallel", "position": "rotary_interleaved", "mlp": "plain_mlp"},
+             {"ROTARY_DIM": "rotary_dim", "ROPE_INTERLEAVED": True, "N_INNER": True, "LM_HEAD_BIAS": True},
+             [("return config.rotary_dim or head_dim", "return head_dim")]),
+    "codegen": ({"block": "parallel", "position": "rotary_interleaved", "attention": "fused_paged"},
+                {"QKV_GROUPS": (4, "qvk"), "ROTARY_DIM": "rotary_dim"},
+                [('QKV_GROUPS = (4, "qvk")', 'QKV_GROUPS = (4, "qkv")')]),
 }
 FAST = ("gpt_neox",)
 
@@ -102,19 +109,19 @@ def test_the_qkv_layout_is_read_and_another_is_refused():
     from transformers import AutoConfig
 
     from agent.recipe.native.not_native import NotNative
-    from agent.recipe.native.parts.attention import fused_qkv_grouped
+    from agent.recipe.native.parts.attention import fused_qkv_groups
     from agent.recipe.native.parts.probe import Probe
 
-    for model_type, grouped in (("gpt_neox", True), ("phi3", False)):
+    for model_type, grouped in (("gpt_neox", ("kv_heads", "qkv")), ("phi3", ()), ("codegen", (4, "qvk"))):
         probe = Probe(AutoConfig.for_model(model_type).to_dict())
         attention = probe.layers[0].self_attn
-        assert fused_qkv_grouped(probe, 0, attention.qkv_proj, attention.o_proj) is grouped, model_type
+        assert fused_qkv_groups(probe, 0, attention.qkv_proj, attention.o_proj) == grouped, model_type
     probe = Probe(AutoConfig.for_model("gpt_neox").to_dict())
     qkv = probe.layers[0].self_attn.qkv_proj
     order = torch.randperm(qkv.out_features, generator=torch.Generator().manual_seed(0))
     qkv.forward = lambda x: torch.nn.functional.linear(x, qkv.weight, qkv.bias)[..., order]
     with pytest.raises(NotNative, match="neither"):
-        fused_qkv_grouped(probe, 0, qkv, probe.layers[0].self_attn.o_proj)
+        fused_qkv_groups(probe, 0, qkv, probe.layers[0].self_attn.o_proj)
 
 
 def test_a_sequential_neox_is_the_pre_norm_layer():
@@ -162,7 +169,9 @@ def test_the_neox_file_matches_transformers_and_faults_fail(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_phi_and_persimmon_files_match_transformers_and_faults_fail(tmp_path):
-    """As the default case, for phi (biased lm_head, one-norm parallel layer) and persimmon (per-head q/k
-    LayerNorms on per-head q/k/v rows): a file without the head's bias, or without the q/k norms, fails."""
+def test_the_other_neox_era_files_match_transformers_and_faults_fail(tmp_path):
+    """As the default case, for phi (biased lm_head, one-norm parallel layer), persimmon (per-head q/k LayerNorms
+    on per-head q/k/v rows), gptj (the interleaved rotary on config.rotary_dim dims) and codegen (4 shards of
+    [q; v; k]): a file without the head's bias, the q/k norms, rotating every dim, or reading [q; k; v] shards
+    fails."""
     _check([t for t in TYPES if t not in FAST], tmp_path)
