@@ -12,9 +12,6 @@ import functools
 
 import pytest
 
-from locations import REPO_ROOT
-
-SNAPSHOT = REPO_ROOT.parent / "shared" / "upstream" / "cann-recipes-infer"
 # type: (parts expected, options expected, faults: (text of the correct file, its faulty replacement))
 TYPES = {
     "gpt_neox": ({"block": "parallel_two_norms", "attention": "fused_paged", "mlp": "plain_mlp", "norm": "layer_norm"},
@@ -35,10 +32,6 @@ TYPES = {
                 [('QKV_GROUPS = (4, "qvk")', 'QKV_GROUPS = (4, "qkv")')]),
 }
 FAST = ("gpt_neox",)
-
-
-def ctx(model_type: str) -> dict:
-    return {"model_name": model_type, "framework_class": "NxForCausalLM", "display_name": model_type, "model_class": "X"}
 
 
 def config_of(model_type: str) -> dict:
@@ -135,30 +128,12 @@ def test_a_sequential_neox_is_the_pre_norm_layer():
 
 
 def _check(model_types, tmp_path):
-    from agent.recipe.native.decide import render_native, selfcheck, selfcheck_jobs
+    from part_selfcheck import selfcheck_with_faults
 
-    if not SNAPSHOT.is_dir():
-        pytest.skip(f"no upstream snapshot at {SNAPSHOT}")
-    jobs, labels = [], []
-    for model_type in model_types:
-        config, composition = derived(model_type)
-        text = render_native(ctx(model_type), composition)
-        good = tmp_path / f"{model_type}.py"
-        good.write_text(text)
-        for label, job in selfcheck_jobs(config, composition, str(good), "NxForCausalLM"):
-            if not label.startswith("rope"):
-                jobs.append(job)
-                labels.append((model_type, label, True))
-        for index, (correct, faulty) in enumerate(TYPES[model_type][2]):
-            assert text.count(correct) == 1, (model_type, correct)
-            bad = tmp_path / f"{model_type}_fault{index}.py"
-            bad.write_text(text.replace(correct, faulty))
-            jobs.append({"config": config, "file": str(bad), "class_name": "NxForCausalLM"})
-            labels.append((model_type, f"fault {index}", False))
-    assert any(label == "use_parallel_residual off" for t, label, _ in labels if t == "gpt_neox") or "gpt_neox" not in model_types
-    results = selfcheck(jobs, SNAPSHOT)
-    wrong = [(t, label, r["reason"]) for (t, label, ok), r in zip(labels, results) if r["ok"] != ok]
-    assert not wrong, wrong
+    rows = selfcheck_with_faults({t: derived(t) for t in model_types}, {t: TYPES[t][2] for t in model_types},
+                                 "NxForCausalLM", tmp_path)
+    if "gpt_neox" in model_types:
+        assert ("gpt_neox", "use_parallel_residual off") in {(t, label) for t, label, _, _ in rows}
 
 
 def test_the_neox_file_matches_transformers_and_faults_fail(tmp_path):
