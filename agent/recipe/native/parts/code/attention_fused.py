@@ -256,10 +256,10 @@ class ModelAttention(nn.Module):
                 param.weight_loader = reordered(getattr(param, "weight_loader", copy_weight), norm=True)
 
     def _load_qkv_grouped(self):
-        """The checkpoint's fused q/k/v rows (weight, bias, a W8A8 weight's per-row scales), stored in QKV_GROUPS
-        (groups: "kv_heads", one per key/value head, gpt_neox; or a count, codegen's 4 shards), each group its
-        share of the queries, keys and values in the order QKV_GROUPS names; loaded as [q; k; v] (the rotary's
-        reordering, if any, after)."""
+        """The checkpoint's fused q/k/v rows (weight, bias, a W8A8 weight's per-row scales), stored in groups
+        (`count`: "kv_heads", one per key/value head, gpt_neox; or a number, codegen's 4 shards), each group its
+        share of the queries, keys and values in `order`; loaded as [q; k; v] (the rotary's reordering, if any,
+        after)."""
         count, order = QKV_GROUPS
         groups = self.num_key_value_heads if count == "kv_heads" else count
         sizes = {"q": self.num_heads * self.head_dim // groups, "k": self.num_key_value_heads * self.head_dim // groups}

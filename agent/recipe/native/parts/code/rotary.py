@@ -34,7 +34,9 @@ class ModelRotaryEmbedding(nn.Module):
         positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
         if rope_type == "default":
             factor = float(params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) or 1.0)
-            dim = rotary_width(config, head_dim) if ROTARY_DIM else int(head_dim * factor)
+            dim = int(head_dim * factor)
+            if ROTARY_DIM:
+                dim = rotary_width(config, head_dim)      # the config's own count (gptj's rotary_dim)
             inv_freq = 1.0 / (float(params["rope_theta"]) ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
             freqs, scaling = torch.outer(positions, inv_freq), 1.0
         elif rope_type in LENGTH_DEPENDENT_ROPE:
