@@ -90,7 +90,10 @@ def _renamed(module, level: str, renames: list):
 def _view(module, level: str, renames: list):
     """(View, ) where something under `module` is renamed, else the module itself."""
     children, changed = _renamed(module, level, renames)
-    return (View(module, children),) if changed else module
+    if not changed:
+        return module
+    # a View subclass under transformers' class name: the parts' messages name it (type(x).__name__)
+    return (type(type(module).__name__, (View,), {})(module, children),)
 
 
 def view(model) -> tuple:
