@@ -16,8 +16,9 @@ What does not run: sizes that do not divide world_size, a routed expert count mo
 batch the attention data-parallel groups do not share evenly (upstream refuses the same, after its ranks start).
 
 Switches (SWITCHES): a switch of upstream's models set in the YAML or the checkpoint's config (enable_mla_prolog,
-next_n, moe_chunk_max_len, the int8 KV cache) that the generated file does not read, because the part that
-honours it is not in it, would be silently unused: refused here in one line naming the key and what to do."""
+next_n, moe_chunk_max_len, the int8 KV cache, prefill context parallel's cp_size) that the generated file does not
+read, because the part that honours it is not in it, would be silently unused: refused here in one line naming the
+key and what to do."""
 
 from __future__ import annotations
 
@@ -201,6 +202,12 @@ SWITCHES = (
            "npu_mla_prolog_v3's kv_cache_quant_mode and the int8-cache forms of npu_kv_rmsnorm_rope_cache_v2 and "
            "npu_fused_infer_attention_score_v2, which the NPU stand-in does not compute)",
            "use the checkpoint without its kv_cache_scheme (a float KV cache)"),
+    # upstream's prefill context parallel: the executor hands every CP rank the whole padded batch and describes
+    # each rank's zigzag segments in forward_metadata.cp_metadata; a file that does not read it attends over the
+    # wrong tokens and writes other ranks' requests into its cache
+    Switch("yaml", ("parallel_config", "cp_size"), lambda value: value not in (None, 1), "cp_metadata",
+           "an attention that attends its context-parallel segments over the keys and values gathered across the "
+           "CP ranks (forward_metadata.cp_metadata)", "remove it or set cp_size to 1"),
 )
 
 

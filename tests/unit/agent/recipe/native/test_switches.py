@@ -67,6 +67,10 @@ CASES = [
     ("deepseek_v3", custom(enable_mla_prolog=True), C8, "kv_cache_scheme"),
     ("llama", {}, {"quantization_config": {**C8["quantization_config"], "kv_cache_scheme": {}}}, "kv_cache_scheme"),
     ("deepseek_v3", {}, {"quantization_config": {**C8["quantization_config"], "kv_cache_scheme": None}}, None),
+    # cp_size: an attention that reads the executor's prefill context-parallel segments (cp_metadata)
+    ("llama", {"parallel_config": {"world_size": 2, "attn_tp_size": 1, "cp_size": 2}}, {}, "cp_size"),
+    ("deepseek_v3", {"parallel_config": {"world_size": 4, "attn_tp_size": 1, "cp_size": 4}}, {}, "cp_size"),
+    ("llama", {"parallel_config": {"world_size": 2, "cp_size": 1}}, {}, None),
     # everything deepseek_v3's file honours, at once
     ("deepseek_v3", {"model_config": {"next_n": 1, "enable_weight_nz": True,
                                       "custom_params": {"enable_mla_prolog": True, "moe_chunk_max_len": 16}}}, {}, None),
