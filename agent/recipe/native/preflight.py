@@ -131,7 +131,7 @@ def layout_problem(parallel: dict, moe: bool, experts: int | None = None, batch_
     set; None when it runs it. `experts`: the routed expert count of an MoE model; `batch_size`: the YAML's
     scheduler_config.batch_size. Sizes that do not divide world_size are upstream's ParallelConfig's refusal,
     said here before any rank starts."""
-    keys = ("attn_tp_size", "moe_tp_size", "embed_tp_size", "lmhead_tp_size")
+    keys = ("attn_tp_size", "moe_tp_size", "embed_tp_size", "lmhead_tp_size", "cp_size")
     sizes = {}
     for key in (*keys, "world_size"):
         if key not in parallel:       # upstream's default (world_size: the largest size, as its launch runs it)
@@ -145,7 +145,12 @@ def layout_problem(parallel: dict, moe: bool, experts: int | None = None, batch_
     for key, size in sizes.items():
         if world % size:
             return f"world_size {world} does not divide by {key} {size}: choose a size that divides it"
-    attn, moe_tp = sizes["attn_tp_size"], sizes["moe_tp_size"]
+    attn, moe_tp, cp = sizes["attn_tp_size"], sizes["moe_tp_size"], sizes.pop("cp_size")
+    if cp > 1 and (cp != world or attn != 1):
+        # upstream's ParallelConfig refuses the same once its ranks start ("Phase1 prefill CP")
+        return (f"cp_size {cp} with world_size {world} and attn_tp_size {attn}: upstream's prefill context parallel "
+                f"needs cp_size equal to world_size and attn_tp_size 1; set cp_size {world} and attn_tp_size 1, or "
+                "cp_size 1")
     ep = world // moe_tp
     if moe and experts and experts % ep:
         fits = [m for m in range(1, world + 1) if world % m == 0 and experts % (world // m) == 0]
@@ -204,10 +209,12 @@ SWITCHES = (
            "use the checkpoint without its kv_cache_scheme (a float KV cache)"),
     # upstream's prefill context parallel: the executor hands every CP rank the whole padded batch and describes
     # each rank's zigzag segments in forward_metadata.cp_metadata; a file that does not read it attends over the
-    # wrong tokens and writes other ranks' requests into its cache
+    # wrong tokens and writes other ranks' requests into its cache. The dense fused attention reads it
+    # (parts/code/context_parallel.py); MLA, soft-capped attention and models with sparse-MoE layers do not
     Switch("yaml", ("parallel_config", "cp_size"), lambda value: value not in (None, 1), "cp_metadata",
-           "an attention that attends its context-parallel segments over the keys and values gathered across the "
-           "CP ranks (forward_metadata.cp_metadata)", "remove it or set cp_size to 1"),
+           "the fused attention of a dense model, which attends its context-parallel segments over the keys and "
+           "values gathered across the CP ranks (parts/code/context_parallel.py; not MLA, soft-capped attention or "
+           "sparse-MoE layers)", "remove it or set cp_size to 1"),
 )
 
 
