@@ -32,14 +32,27 @@ SLOTS_PER_REQUEST = 64
 LATER_HALF = "(query[cp.local_prev_token_num:], cp.actual_seq_q_next, cp.kv_len_next)"
 
 
-@pytest.fixture(scope="module")
-def source():
+WINDOW = 4                          # mistral's sliding window, shrunk: shorter than the longest prompt
+
+
+def generated(model_type: str) -> str:
     from transformers import AutoConfig
 
     from agent.recipe.native.assemble import write
     from agent.recipe.native.compose import derive
 
-    return write(derive(AutoConfig.for_model("llama").to_dict()), CTX)
+    return write(derive(AutoConfig.for_model(model_type).to_dict()), CTX)
+
+
+@pytest.fixture(scope="module")
+def source():
+    return generated("llama")
+
+
+@pytest.fixture(scope="module")
+def windowed_source():
+    """mistral's file: every layer in a sliding window where the config sets one (WINDOWS)."""
+    return generated("mistral")
 
 
 @contextlib.contextmanager
@@ -91,16 +104,20 @@ def upstream_cp_metadata(cp_size: int, rank: int, lengths: list[int], slot_mappi
     return namespace["_apply_prefill_cp"](engine, ids, positions, torch.tensor(lengths), table, slot_mapping)
 
 
-def whole_prompt_attention(q, k, v, scale):
-    """Causal attention of one whole prompt, [T, heads, D] with the key heads shared by query-head groups."""
+def whole_prompt_attention(q, k, v, scale, window=None):
+    """Causal attention of one whole prompt, [T, heads, D] with the key heads shared by query-head groups; in a
+    sliding window, a query at i sees keys i - window + 1 .. i (transformers' window)."""
     groups = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     scores = torch.einsum("thd,shd->hts", q, k) * scale
-    scores = scores.masked_fill(torch.ones(q.shape[0], q.shape[0], dtype=torch.bool).triu(1), float("-inf"))
+    hidden = torch.ones(q.shape[0], q.shape[0], dtype=torch.bool).triu(1)
+    if window:
+        hidden |= torch.ones_like(hidden).tril(-window)
+    scores = scores.masked_fill(hidden, float("-inf"))
     return torch.einsum("hts,shd->thd", scores.softmax(-1), v)
 
 
-def run_ranks(source: str, cp_size: int):
+def run_ranks(source: str, cp_size: int, model_type: str = "llama", window: int | None = None):
     """Each CP rank's generated _attention_cp on upstream's metadata: (the worst |out - whole-prompt attention|
     over every real token, each rank's cache rows {slot: key row} and the slots the executor has it keep, the
     gathered rows' order)."""
@@ -109,7 +126,7 @@ def run_ranks(source: str, cp_size: int):
         module = harness.load_generated(source, f"cp_{cp_size}_{abs(hash(source)) % 10**8}")
     from transformers import AutoConfig
 
-    config = AutoConfig.for_model("llama", **SHRUNK)
+    config = AutoConfig.for_model(model_type, **SHRUNK, **({"sliding_window": window} if window else {}))
     infer_config = types.SimpleNamespace(
         parallel_config=types.SimpleNamespace(world_size=cp_size, attn_tp_size=1, cp_size=cp_size),
         model_config=types.SimpleNamespace(exe_mode="eager"), scheduler_config=types.SimpleNamespace(block_size=BLOCK))
@@ -119,7 +136,9 @@ def run_ranks(source: str, cp_size: int):
     starts = [sum(LENGTHS[:i]) for i in range(len(LENGTHS))]
     # request i's token t lives at slot i * SLOTS_PER_REQUEST + t (the executor's persistent slot mapping)
     slots = torch.cat([torch.arange(n) + i * SLOTS_PER_REQUEST for i, n in enumerate(LENGTHS)])
-    metas = [upstream_cp_metadata(cp_size, r, LENGTHS, {"FullAttention": slots})[2] for r in range(cp_size)]
+    kind = "SlidingWindow" if window else "FullAttention"
+    assert attention.attn_type == kind
+    metas = [upstream_cp_metadata(cp_size, r, LENGTHS, {kind: slots})[2] for r in range(cp_size)]
     padded = metas[0].global_padded_token_num
     gen = torch.Generator().manual_seed(cp_size)
     q = torch.randn(padded, heads, dim, generator=gen)
@@ -149,7 +168,7 @@ def run_ranks(source: str, cp_size: int):
     worst = 0.0
     for i, (start, n) in enumerate(zip(starts, LENGTHS)):
         rows = valid[start:start + n]
-        want = whole_prompt_attention(q[rows], k[rows], v[rows], attention.scaling)
+        want = whole_prompt_attention(q[rows], k[rows], v[rows], attention.scaling, window)
         worst = max(worst, float((got[rows] - want).abs().max()))
     hidden = torch.randn(padded, 8, generator=gen)
     rank = 0
@@ -171,6 +190,17 @@ def test_each_ranks_segments_attend_as_the_whole_prompt_and_it_keeps_its_own_req
                 for start, t in ((starts[i], t) for t in range(LENGTHS[i]))}
         assert set(kept) == set(want), (rank, sorted(kept), sorted(want))
         assert all(torch.equal(kept[s], want[s]) for s in want)
+
+
+def test_a_sliding_window_layer_attends_its_band_over_the_gathered_keys(windowed_source):
+    """A sliding-window layer (mistral's, window 4 over prompts of up to 13 tokens): each segment's queries see
+    the window's keys, some on another rank; the band's fault (the whole causal range) is caught."""
+    worst, _, _, _ = run_ranks(windowed_source, 2, "mistral", WINDOW)
+    assert worst < 1e-5, worst
+    band = '{"sparse_mode": 4, "pre_tokens": self.sliding_window - 1, "next_tokens": 0}'
+    assert windowed_source.count(band) == 1
+    worst, _, _, _ = run_ranks(windowed_source.replace(band, '{"sparse_mode": 3}'), 2, "mistral", WINDOW)
+    assert worst > 1e-2, worst
 
 
 def test_a_segment_attending_over_the_wrong_keys_is_caught(source):
