@@ -318,6 +318,11 @@ def check_parallel(config, parallel):
     """Heads and widths split evenly at parallel_config's tensor-parallel sizes (module.linear's layers divide
     them); otherwise one line saying what to set. Every layout of sizes that divide world_size runs: a group that
     holds other attention data-parallel groups' ranks gathers their rows (parallel.py)."""
+    if not CONTEXT_PARALLEL and getattr(parallel, "cp_size", 1) > 1:
+        # the executor would hand every rank the whole padded prefill and its own segments (cp_metadata), which
+        # this model's attention does not read: wrong text, silently
+        raise ValueError(f"cp_size {parallel.cp_size}: this model's attention does not attend the executor's prefill "
+                         "context-parallel segments; set parallel_config.cp_size to 1")
     heads = config.num_attention_heads
     checks = [("num_attention_heads", heads, parallel.attn_tp_size),
               ("vocab_size", config.vocab_size, parallel.lmhead_tp_size),

@@ -211,8 +211,8 @@ def test_a_segment_attending_over_the_wrong_keys_is_caught(source):
 
 
 def test_the_part_is_in_dense_files_only(source):
-    """The dense fused attention reads the executor's segments; a model with sparse-MoE layers keeps the file it
-    had (no cp_metadata read), so preflight refuses cp_size for it (test_switches.py)."""
+    """The dense fused attention reads the executor's segments; a model with sparse-MoE layers does not (no
+    cp_metadata read), so preflight refuses cp_size for it (test_switches.py) and so does its file's own guard."""
     from transformers import AutoConfig
 
     from agent.recipe.native.assemble import write
@@ -222,6 +222,20 @@ def test_the_part_is_in_dense_files_only(source):
     assert "cp_metadata" in names_read(source) and "cp_group" in names_read(source)
     moe = write(derive(AutoConfig.for_model("qwen3_moe").to_dict()), CTX)
     assert not {"cp_metadata", "cp_group", "CONTEXT_PARALLEL"} & names_read(moe)
+    # the file's own guard, for a YAML run without the migrator: cp_size refused where the attention does not read it
+    config = types.SimpleNamespace(num_attention_heads=4, num_key_value_heads=2, vocab_size=128, intermediate_size=48)
+    for text, refused in ((source, False), (moe, True)):
+        function = next(node for node in ast.parse(text).body
+                        if isinstance(node, ast.FunctionDef) and node.name == "check_parallel")
+        namespace: dict = {}
+        exec(compile(ast.Module([function], []), "check_parallel", "exec"), namespace)    # noqa: S102 - our render
+        parallel = types.SimpleNamespace(world_size=2, attn_tp_size=1, lmhead_tp_size=1, moe_tp_size=1, cp_size=2)
+        if refused:
+            with pytest.raises(ValueError, match="cp_size 2: .* set parallel_config.cp_size to 1"):
+                namespace["check_parallel"](config, parallel)
+        else:
+            namespace["check_parallel"](config, parallel)
+        namespace["check_parallel"](config, types.SimpleNamespace(**{**vars(parallel), "cp_size": 1}))
 
 
 def test_the_precision_record_holds_each_ranks_own_requests(tmp_path, monkeypatch):
