@@ -87,7 +87,7 @@ def check(job):
     reference = _reference_layer(model_type, config)
     rounded = _reference_layer(model_type, config).to(dtype)
     module = _load(CODE, job.get("fault"))
-    module.PROJECTIONS = "qkvz_ba" if model_type == "qwen3_next" else "qkv_z_b_a"
+    module.GDN_PROJECTIONS = "qkvz_ba" if model_type == "qwen3_next" else "qkv_z_b_a"
     infer_config = SimpleNamespace(parallel_config=SimpleNamespace(attn_tp_size=1),
                                    model_config=SimpleNamespace(exe_mode="eager"))
     torch.set_default_dtype(dtype)

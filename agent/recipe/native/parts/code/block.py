@@ -4,6 +4,7 @@ chains them."""
 from torch import nn
 
 from .attention_fused import ModelAttention as Attention
+from .linear_attention_gdn import ModelGatedDeltaNet as LinearAttention
 from .mlp_gated import ModelMLP as MLP
 from .moe import ModelSparseMoeBlock as SparseMoeBlock
 from .moe import is_moe_layer
@@ -15,6 +16,8 @@ SANDWICH = False        # post-attention and pre/post-feedforward norms around a
 MOE_LAYERS = None
 NORM_EPS = "rms_norm_eps"   # the config key of the norms' epsilon
 RESIDUAL_MULTIPLIER = False  # the attention's and the MLP's outputs times config.residual_multiplier (granite)
+# config.layer_types' linear_attention layers hold a linear attention in place of self_attn (qwen3_next's Gated DeltaNet)
+LINEAR_ATTENTION = False
 
 
 class ModelDecoderLayer(nn.Module):
@@ -22,7 +25,12 @@ class ModelDecoderLayer(nn.Module):
 
     def __init__(self, config, infer_config, comm_manager, layer_idx, prefix=""):
         super().__init__()
-        self.self_attn = Attention(config, infer_config, comm_manager, layer_idx, prefix=f"{prefix}.self_attn")
+        if LINEAR_ATTENTION:
+            self.is_linear = config.layer_types[layer_idx] == "linear_attention"
+        if LINEAR_ATTENTION and self.is_linear:
+            self.linear_attn = LinearAttention(config, infer_config, comm_manager, layer_idx, prefix=f"{prefix}.linear_attn")
+        else:
+            self.self_attn = Attention(config, infer_config, comm_manager, layer_idx, prefix=f"{prefix}.self_attn")
         if MOE_LAYERS == "all":
             self.mlp = SparseMoeBlock(config, infer_config, comm_manager, prefix=f"{prefix}.mlp")
         elif MOE_LAYERS is not None:
@@ -40,7 +48,10 @@ class ModelDecoderLayer(nn.Module):
 
     def forward(self, hidden_states, cos_sin, past_residual, forward_metadata):
         hidden_states, residual = self.input_layernorm(hidden_states, past_residual)
-        hidden_states = self.self_attn(hidden_states, cos_sin, forward_metadata)
+        if LINEAR_ATTENTION and self.is_linear:
+            hidden_states = self.linear_attn(hidden_states, forward_metadata)
+        else:
+            hidden_states = self.self_attn(hidden_states, cos_sin, forward_metadata)
         if SANDWICH:
             # the attention's and the MLP's outputs are normed before they join the residual
             hidden_states = self.post_attention_layernorm(hidden_states)

@@ -19,7 +19,7 @@ from module.linear import ReplicatedLinear
 MAMBA = "Mamba"
 # the checkpoint's projections: "qkvz_ba" (qwen3_next: in_proj_qkvz and in_proj_ba, grouped by key head) or
 # "qkv_z_b_a" (qwen3_5: in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, each whole)
-PROJECTIONS = "qkvz_ba"
+GDN_PROJECTIONS = "qkvz_ba"
 NORM_EPS = "rms_norm_eps"       # the config key of the norms' epsilon
 
 
@@ -108,7 +108,7 @@ class ModelGatedDeltaNet(nn.Module):
             return ReplicatedLinear(self.hidden_size, width, bias=False, quant_config=quant_config,
                                     prefix=f"{prefix}.{name}")
 
-        if PROJECTIONS == "qkvz_ba":
+        if GDN_PROJECTIONS == "qkvz_ba":
             self.in_proj_qkvz = linear(self.key_dim * 2 + self.value_dim * 2, "in_proj_qkvz")
             self.in_proj_ba = linear(self.num_v_heads * 2, "in_proj_ba")
         else:
@@ -135,7 +135,7 @@ class ModelGatedDeltaNet(nn.Module):
     def _project(self, hidden_states):
         """(q/k/v as the conv reads them [T, 2 key_dim + value_dim], z [T, N_v, D_v], b [T, N_v], a [T, N_v])."""
         tokens = hidden_states.shape[0]
-        if PROJECTIONS == "qkvz_ba":
+        if GDN_PROJECTIONS == "qkvz_ba":
             # grouped by key head: per key head [q, k, its value heads' v, their z] and [their b, their a]
             group = self.num_v_heads // self.num_k_heads
             qkvz = self.in_proj_qkvz(hidden_states).view(tokens, self.num_k_heads, -1)
