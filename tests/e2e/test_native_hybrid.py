@@ -3,7 +3,9 @@ attention layer, sparse MoE with a gated shared expert) migrated natively into a
 snapshot, run by upstream's launcher under the stand-in through `migrator run RECIPE --standin` on a batch of two
 prompts of unequal length: the executor allocates the linear layers' conv and recurrent states as Mamba cache
 entries (one block per request), the prefill runs npu_chunk_gated_delta_rule and the decode
-npu_recurrent_gated_delta_rule, and each step is held to transformers by the precision check.
+npu_recurrent_gated_delta_rule, and each step is held to transformers by the precision check. Measured (the YAML
+as rendered, npugraph_ex: the decode compiled): 18 steps of 2 requests pass, the closest a prefill at 0.664 of
+its tolerance; npu_chunk_gated_delta_rule called 6 times, npu_recurrent_gated_delta_rule 27 (4 min 28 s here).
 
 Slow (upstream's launcher, a migration): the default suite's case of the same file on the executor's contract
 is tests/unit/agent/recipe/native/test_part_gated_delta_net.py (test_the_hybrid_file_matches_transformers_and_faults_fail:
