@@ -150,3 +150,20 @@ def test_the_hybrid_file_serves_the_family_settings(qwen3_next, tmp_path):
     labelled = selfcheck_jobs(config, composition, str(good), CTX["framework_class"])[2:]
     results = selfcheck([job for _, job in labelled], SNAPSHOT)
     assert all(r["ok"] for r in results), [(label, r["reason"]) for (label, _), r in zip(labelled, results) if not r["ok"]]
+
+
+def test_tensor_parallel_linear_attention_is_refused_before_any_rank_starts():
+    """The linear layers run whole on each rank: attn_tp_size 2 is refused in one line naming the key to set (the
+    generated file's own guard says the same); attention data parallel (attn_tp_size 1 at 2 ranks) is accepted, and
+    a model without linear attention keeps its layouts."""
+    from transformers import AutoConfig
+
+    from agent.recipe.native.preflight import parallel_problem
+
+    config = AutoConfig.for_model("qwen3_next").to_dict()
+    tp = {"world_size": 2, "attn_tp_size": 2, "moe_tp_size": 2, "lmhead_tp_size": 2}
+    problem = parallel_problem(config, tp, 2)
+    assert problem.startswith("linear-attention layers") and problem.endswith("set attn_tp_size to 1"), problem
+    assert parallel_problem(config, {**tp, "attn_tp_size": 1, "lmhead_tp_size": 1}, 2) is None
+    plain = {k: v for k, v in config.items() if not k.startswith("linear_")}
+    assert parallel_problem(plain, tp, 2) is None
