@@ -142,6 +142,9 @@ def dense_attention(probe) -> dict:
 
     heads, kv_heads, head_dim = probe.heads, probe.kv_heads, probe.head_dim
     shapes = set()
+    if not attention_layers(probe):
+        raise NotNative("attention", "no layer has self_attn (linear attention only): the generated file writes "
+                                     "linear-attention layers beside softmax-attention ones")
     for index in attention_layers(probe):
         attention = probe.layers[index].self_attn
         a = children(attention)

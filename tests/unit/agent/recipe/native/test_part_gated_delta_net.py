@@ -152,6 +152,20 @@ def test_the_hybrid_file_serves_the_family_settings(qwen3_next, tmp_path):
     assert all(r["ok"] for r in results), [(label, r["reason"]) for (label, _), r in zip(labelled, results) if not r["ok"]]
 
 
+def test_a_model_of_linear_attention_only_is_refused_in_one_line():
+    """Every layer linear attention (no softmax-attention layer to read): not written, the reason says why."""
+    from transformers import AutoConfig
+
+    from agent.recipe.native.compose import derive
+    from agent.recipe.native.not_native import NotNative
+
+    config = AutoConfig.for_model("qwen3_next").to_dict()
+    config["layer_types"] = ["linear_attention"] * config["num_hidden_layers"]
+    with pytest.raises(NotNative) as refused:
+        derive(config)
+    assert refused.value.kind == "attention" and "linear attention only" in refused.value.reason
+
+
 def test_tensor_parallel_linear_attention_is_refused_before_any_rank_starts():
     """The linear layers run whole on each rank: attn_tp_size 2 is refused in one line naming the key to set (the
     generated file's own guard says the same); attention data parallel (attn_tp_size 1 at 2 ranks) is accepted, and
