@@ -17,12 +17,18 @@ from agent.recipe.native.parts.probe import DROP, children
 ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "q_norm", "k_norm", "rotary_fn"}
 BIAS_KEYS = ("attention_bias", "use_qkv_bias", "use_bias")       # config keys that may set the projections' biases
 DENSE_OPTIONS = ("QKV", "QKV_BIAS", "O_BIAS", "QK_NORM", "QK_NORM_FULL", "QUERY_PRE_ATTN_SCALAR", "WINDOWS",
-                 "LAYER_TYPE_WINDOWS", "STACKED_PARAMS", "ATTENTION_MULTIPLIER")
+                 "LAYER_TYPE_WINDOWS", "STACKED_PARAMS", "ATTENTION_MULTIPLIER", "OUTPUT_GATE")
 WINDOW = 5                            # the shrunk window (agent.recipe.native.parts.probe.shrunk_config)
 
 
-def _projections(probe, index: int = 0):
-    """(q/k/v linears, o_proj) of layer `index`'s attention."""
+def attention_layers(probe) -> list[int]:
+    """The layers with a softmax attention (a hybrid's others hold linear_attn: parts/linear_attention.py)."""
+    return [index for index, layer in enumerate(probe.layers) if hasattr(layer, "self_attn")]
+
+
+def _projections(probe, index: int | None = None):
+    """(q/k/v linears, o_proj) of layer `index`'s attention (the first attention layer's by default)."""
+    index = attention_layers(probe)[0] if index is None else index
     a = children(probe.layers[index].self_attn)
     qkv = [a["qkv_proj"]] if "qkv_proj" in a else [a.get("q_proj"), a.get("k_proj"), a.get("v_proj")]
     return qkv, a.get("o_proj")
@@ -136,8 +142,11 @@ def dense_attention(probe) -> dict:
 
     heads, kv_heads, head_dim = probe.heads, probe.kv_heads, probe.head_dim
     shapes = set()
-    for index, layer in enumerate(probe.layers):
-        attention = layer.self_attn
+    if not attention_layers(probe):
+        raise NotNative("attention", "no layer has self_attn (linear attention only): the generated file writes "
+                                     "linear-attention layers beside softmax-attention ones")
+    for index in attention_layers(probe):
+        attention = probe.layers[index].self_attn
         a = children(attention)
         if set(a) - ATTENTION_CHILDREN:
             raise NotNative("attention", f"{type(attention).__name__} has {sorted(set(a) - ATTENTION_CHILDREN)}")
@@ -150,7 +159,10 @@ def dense_attention(probe) -> dict:
         fused = "qkv_proj" in a
         if fused and qkv[0].out_features != (heads + 2 * kv_heads) * head_dim:
             raise NotNative("attention", "qkv_proj is not [q; k; v] of the config's heads")
-        if not fused and (qkv[0].out_features, qkv[1].out_features) != (heads * head_dim, kv_heads * head_dim):
+        # an output gate: q_proj holds each head's query and its gate side by side (qwen3_next)
+        gated = not fused and qkv[0].out_features == 2 * heads * head_dim and output_gated(attention, probe)
+        if not fused and (qkv[0].out_features // (2 if gated else 1), qkv[1].out_features) != (heads * head_dim,
+                                                                                                  kv_heads * head_dim):
             raise NotNative("attention", "q/k projections are not the config's heads x head_dim")
         qk_norm = ("q_norm" in a, "k_norm" in a)
         if qk_norm not in ((True, True), (False, False)):
@@ -159,10 +171,10 @@ def dense_attention(probe) -> dict:
         scale = getattr(attention, "scaling", None)
         if not isinstance(scale, float):
             raise NotNative("attention", f"{type(attention).__name__} has no float `scaling`")
-        shapes.add((fused, qkv[0].bias is not None, o.bias is not None, qk_width, sink is not None, scale))
+        shapes.add((fused, qkv[0].bias is not None, o.bias is not None, qk_width, sink is not None, scale, gated))
     if len(shapes) != 1:
         raise NotNative("attention", "layers of unequal attention")
-    fused, qkv_bias, o_bias, qk_width, sinks, scale = next(iter(shapes))
+    fused, qkv_bias, o_bias, qk_width, sinks, scale, gated = next(iter(shapes))
     if qk_width == "full" and fused:
         raise NotNative("attention", "q/k norms over all heads' width with a fused qkv_proj")
     scales = {"head_dim": head_dim ** -0.5}
@@ -175,17 +187,50 @@ def dense_attention(probe) -> dict:
         raise NotNative("attention", f"softmax scale {scale} is none of head_dim ** -0.5, query_pre_attn_scalar ** -0.5, "
                                      "attention_multiplier")
     if sinks:
-        _probe_sinks(probe.modeling, probe.layers[0].self_attn)
+        _probe_sinks(probe.modeling, probe.layers[attention_layers(probe)[0]].self_attn)
     stacked = () if fused else (("merged_qkv_proj", "q_proj", "q"), ("merged_qkv_proj", "k_proj", "k"),
                                 ("merged_qkv_proj", "v_proj", "v"))
     facts = {"QKV": "qkv_proj" if fused else "merged_qkv_proj", "QKV_BIAS": _bias_option(probe, qkv_bias, "qkv"),
              "O_BIAS": _bias_option(probe, o_bias, "o"), "QK_NORM": qk_width == "head",
              "QK_NORM_FULL": qk_width == "full",
              "QUERY_PRE_ATTN_SCALAR": rule == "query_pre_attn_scalar", "STACKED_PARAMS": stacked,
-             "ATTENTION_MULTIPLIER": rule == "attention_multiplier",
+             "ATTENTION_MULTIPLIER": rule == "attention_multiplier", "OUTPUT_GATE": gated,
              "sinks": sinks, **windows(probe)}
     probe.memo["dense_attention"] = facts
     return facts
+
+
+def output_gated(attention, probe) -> bool:
+    """Whether the attention's output is o_proj(attention * sigmoid(gate)), the gate the second half of each head's
+    q_proj rows: with the gate rows zero, the output is half the ungated one; with them a large multiple of one
+    direction u, a token's output is the whole (x.u > 0) or nothing (x.u < 0)."""
+    import torch
+
+    heads, head_dim = probe.heads, probe.head_dim
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(1, 6, probe.hidden, generator=gen)
+    u = torch.randn(probe.hidden, generator=gen)
+    rows = torch.arange(2 * heads * head_dim).view(heads, 2, head_dim)[:, 1].reshape(-1)      # each head's gate rows
+    q_proj, o_proj = attention.q_proj, attention.o_proj
+    cos, sin = probe.base.rotary_emb(x, torch.arange(6)[None])
+    saved = q_proj.weight.detach().clone()
+    outputs = []
+    try:
+        for gate_rows in (torch.zeros(len(rows), probe.hidden), (u * 1e4).expand(len(rows), -1)):
+            with torch.no_grad():
+                q_proj.weight[rows] = gate_rows
+                out = attention(hidden_states=x, position_embeddings=(cos, sin), attention_mask=None)
+            out = out[0] if isinstance(out, tuple) else out
+            outputs.append(out - (o_proj.bias if o_proj.bias is not None else 0))
+    except Exception:  # noqa: BLE001 - not callable as transformers' usual attention: not this form
+        return False
+    finally:
+        with torch.no_grad():
+            q_proj.weight.copy_(saved)
+    half, switched = outputs
+    on = ((x[0] @ u) > 0)[:, None]
+    return bool(half[0].abs().max() > 0) and torch.allclose(switched[0], torch.where(on, 2 * half[0], 0.0),
+                                                            rtol=1e-4, atol=1e-5)
 
 
 def qk_norm_width(modules: dict, heads: int, kv_heads: int, head_dim: int) -> str:

@@ -12,7 +12,7 @@ from agent.recipe.native.parts.part import Match, Part
 from agent.recipe.native.parts.probe import children
 
 MODEL_CHILDREN = {"embed_tokens", "layers", "norm", "rotary_emb"}
-LAYER_CHILDREN = {"self_attn", "mlp", *LAYER_NORMS}
+LAYER_CHILDREN = {"self_attn", "linear_attn", "mlp", *LAYER_NORMS}   # linear_attn: parts/linear_attention.py
 
 
 def _name(pattern: str) -> str:
@@ -33,7 +33,10 @@ def checkpoint_renames(model_type: str) -> tuple[tuple[str, str], ...]:
     renames = []
     for rule in conversion_mapping.get_checkpoint_conversion_mapping(model_type) or []:
         sources, targets = list(rule.source_patterns), list(rule.target_patterns)
-        if type(rule).__name__ == "WeightRenaming":
+        if type(rule).__name__ == "PrefixChange" and len(sources) == len(targets) == 1:
+            # a prefix added or removed (one captured group): the loader's re.sub applies it as transformers does
+            renames.append((sources[0], targets[0].replace("\\.", ".")))
+        elif type(rule).__name__ == "WeightRenaming":
             if getattr(rule, "scope_prefix", None) or not all(map(_plain, sources + targets)):
                 raise NotNative("model", f"transformers renames {sources} -> {targets} for {model_type} in a way "
                                          "the native loader does not write (a scope or a captured group)")
@@ -68,8 +71,8 @@ def _probe(probe, chosen):
         unknown = set(names) - LAYER_CHILDREN
         if unknown:
             raise NotNative("decoder layer", f"layer {index} has {sorted(unknown)}")
-        if "self_attn" not in names or "mlp" not in names:
-            raise NotNative("decoder layer", f"layer {index} has no self_attn / mlp")
+        if ("self_attn" not in names and "linear_attn" not in names) or "mlp" not in names:
+            raise NotNative("decoder layer", f"layer {index} has no self_attn (or linear_attn) / mlp")
     return Match(CAUSAL_LM, options={"CHECKPOINT_RENAMES": checkpoint_renames(probe.model_type)})
 
 

@@ -36,6 +36,7 @@ NOPE_LAYERS = None              # layers without rotary: "no_rope_layers" (smoll
                                 # (exaone4: the full-attention layers of a config with a sliding window)
 ROPE_INTERLEAVED = False        # the architecture rotates pairs (2i, 2i + 1): q/k rows reordered at load (glm, ernie4_5)
 CONTEXT_PARALLEL = False        # prefill context parallel (parallel_config.cp_size): context_parallel.py's segments
+OUTPUT_GATE = False             # q_proj holds each head's query and an output gate: out * sigmoid(gate) (qwen3_next)
 
 
 def layer_windows(config):
@@ -101,7 +102,8 @@ class ModelAttention(nn.Module):
         tp_rank = comm_manager.get_rank("attn_tp_group") if self.attn_tp_size > 1 else 0
         quant_config = getattr(config, "quant_config", None)
         setattr(self, QKV, QKVParallelLinear(
-            hidden_size=config.hidden_size, head_size=self.head_dim, total_num_heads=self.num_heads,
+            hidden_size=config.hidden_size, head_size=self.head_dim, total_num_heads=self.num_heads if not OUTPUT_GATE
+            else 2 * self.num_heads,
             total_num_kv_heads=self.num_key_value_heads, bias=QKV_BIAS, tp_size=self.attn_tp_size,
             tp_rank=tp_rank, quant_config=quant_config, prefix=f"{prefix}.{QKV}", return_bias=False))
         self.o_proj = RowParallelLinear(
@@ -148,6 +150,12 @@ class ModelAttention(nn.Module):
             hidden_states = hidden_states[:forward_metadata.prompt_tokens]
             q_len = forward_metadata.prompt_tokens
         qkv = getattr(self, QKV)(hidden_states)
+        if OUTPUT_GATE:
+            # each head's query and its output gate side by side: the gates split off, the queries kept in front
+            width = 2 * self.num_heads_per_rank * self.head_dim
+            query_gate = qkv[:, :width].view(q_len, self.num_heads_per_rank, 2 * self.head_dim)
+            gate = query_gate[..., self.head_dim:].reshape(q_len, -1)
+            qkv = torch.cat([query_gate[..., :self.head_dim].reshape(q_len, -1), qkv[:, width:]], dim=-1)
         query, key, value = qkv.split((self.num_heads_per_rank * self.head_dim,
                                        self.num_key_value_heads_per_rank * self.head_dim,
                                        self.num_key_value_heads_per_rank * self.head_dim), dim=-1)
@@ -171,6 +179,8 @@ class ModelAttention(nn.Module):
             torch_npu.npu_scatter_nd_update_(self.k_cache.view(-1, self.num_key_value_heads_per_rank, self.head_dim), slots, key)
             torch_npu.npu_scatter_nd_update_(self.v_cache.view(-1, self.num_key_value_heads_per_rank, self.head_dim), slots, value)
             out = self._attention(query, key, value, forward_metadata)
+        if OUTPUT_GATE:
+            out = out.reshape(q_len, -1) * torch.sigmoid(gate)
         out = self.o_proj(out.reshape(q_len, self.num_heads_per_rank * self.head_dim))
         if q_len < padded_q_len:
             out = torch.cat([out, out.new_zeros((padded_q_len - q_len, out.size(-1)))], dim=0)

@@ -1,7 +1,7 @@
 """The decoder layer: attention and MLP (or sparse-MoE block), each behind its norm, as upstream's models/qwen
 chains them."""
 
-from .layer import NORM_EPS, ModelDecoderLayerBase
+from .layer import LINEAR_ATTENTION, NORM_EPS, ModelDecoderLayerBase
 from .norm_rms import ModelRMSNorm as Norm
 
 SANDWICH = False        # post-attention and pre/post-feedforward norms around attention and MLP (gemma2, gemma3)
@@ -23,7 +23,10 @@ class ModelDecoderLayer(ModelDecoderLayerBase):
 
     def forward(self, hidden_states, cos_sin, past_residual, forward_metadata):
         hidden_states, residual = self.input_layernorm(hidden_states, past_residual)
-        hidden_states = self.self_attn(hidden_states, cos_sin, forward_metadata)
+        if LINEAR_ATTENTION and self.is_linear:
+            hidden_states = self.linear_attn(hidden_states, forward_metadata)
+        else:
+            hidden_states = self.self_attn(hidden_states, cos_sin, forward_metadata)
         if SANDWICH:
             # the attention's and the MLP's outputs are normed before they join the residual
             hidden_states = self.post_attention_layernorm(hidden_states)

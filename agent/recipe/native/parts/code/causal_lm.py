@@ -36,6 +36,7 @@ MLA = False                     # multi-head latent attention: its rope dims, la
 MOE = False                     # sparse-MoE layers: their experts over moe_tp_group and moe_ep_group
 MTP = False                     # an MTP draft model beside this one (code/mtp.py): next_n > 0 returns every hidden state
 CONTEXT_PARALLEL = False        # prefill context parallel (parallel_config.cp_size): context_parallel.py's segments
+LINEAR_ATTENTION = False        # linear-attention layers beside attention ones: their state caches (Mamba entries)
 # transformers' renames of the checkpoint's tensor names for this architecture (pattern, replacement), in order
 CHECKPOINT_RENAMES = ()
 # (parameter, checkpoint module, shard id): checkpoint tensors stacked into one parallel linear
@@ -190,7 +191,8 @@ class ModelForCausalLM(nn.Module):
         return own_rows_whole(self.lm_head(gathered), group, self.lmhead_tp_size, rows)
 
     def get_cache_info(self) -> ModelCacheInfo:
-        infos = [LayerCacheInfo(layer_idx=i, caches=list(layer.self_attn.cache_entries))
+        infos = [LayerCacheInfo(layer_idx=i, caches=list(layer.self_attn.cache_entries if not LINEAR_ATTENTION
+                                                         or not layer.is_linear else layer.linear_attn.cache_entries))
                  for i, layer in enumerate(self.model.layers)]
         return ModelCacheInfo(num_layers=len(infos), layer_infos=infos, **({"is_mla_backend": True} if MLA else {}))
 
