@@ -8,6 +8,7 @@ import re
 
 from agent.recipe.native.not_native import NotNative
 from agent.recipe.native.parts.norm import LAYER_NORMS
+from agent.recipe.native.parts.norm_roles import norm_roles
 from agent.recipe.native.parts.part import Match, Part
 from agent.recipe.native.parts.probe import children
 
@@ -65,7 +66,7 @@ def _probe(probe, chosen):
         raise NotNative("model", f"modules the native model does not have: {extra}")
     for index, layer in enumerate(probe.layers):
         names = children(layer)
-        unknown = set(names) - LAYER_CHILDREN
+        unknown = set(names) - LAYER_CHILDREN - set(norm_roles(probe).values())
         if unknown:
             raise NotNative("decoder layer", f"layer {index} has {sorted(unknown)}")
         if "self_attn" not in names or "mlp" not in names:

@@ -4,11 +4,12 @@ of the architecture's layers (input, post-attention, pre/post-feedforward, q/k) 
 from __future__ import annotations
 
 from agent.recipe.native.not_native import NotNative
+from agent.recipe.native.parts.norm_roles import layer_norm_names
 from agent.recipe.native.parts.part import Match, Part
 from agent.recipe.native.parts.probe import children, probe_norm
 
 LAYER_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
-QK_NORMS = ("q_norm", "k_norm")
+QK_NORMS = ("q_norm", "k_norm", "query_layernorm", "key_layernorm")     # hunyuan: query_ / key_layernorm
 
 
 def norm_offsets(probe) -> set:
@@ -17,9 +18,8 @@ def norm_offsets(probe) -> set:
         offsets = set()
         for layer in probe.layers:
             kinds = children(layer)
-            for name in LAYER_NORMS:
-                if name in kinds:
-                    offsets.add(probe_norm(kinds[name], probe.hidden))
+            for name in layer_norm_names(probe, layer, LAYER_NORMS):
+                offsets.add(probe_norm(kinds[name], probe.hidden))
             attention = kinds.get("self_attn")
             for name in QK_NORMS:
                 norm = getattr(attention, name, None) if attention is not None else None

@@ -8,6 +8,7 @@ import math
 
 from agent.recipe.native.not_native import NotNative
 from agent.recipe.native.parts.norm import LAYER_NORMS, QK_NORMS
+from agent.recipe.native.parts.norm_roles import layer_norm_names
 from agent.recipe.native.parts.part import Match, Part
 from agent.recipe.native.parts.probe import children
 
@@ -53,9 +54,8 @@ def layer_norm_facts(probe) -> dict:
         kinds = set()
         for layer in probe.layers:
             names = children(layer)
-            for name in LAYER_NORMS:
-                if name in names:
-                    kinds.add(probe_layer_norm(names[name], probe.hidden))
+            for name in layer_norm_names(probe, layer, LAYER_NORMS):
+                kinds.add(probe_layer_norm(names[name], probe.hidden))
             attention = names.get("self_attn")
             for name in QK_NORMS:
                 norm = getattr(attention, name, None) if attention is not None else None

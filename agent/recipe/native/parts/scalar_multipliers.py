@@ -1,6 +1,6 @@
-"""Scalar multipliers: the embedding times `embedding_multiplier`, the attention's and the MLP's outputs times
-`residual_multiplier` before they join the residual, logits divided by `logits_scaling` (granite) or multiplied by
-`logit_scale` (cohere); the softmax scale `attention_multiplier` is the attention part's rule (parts/attention.py).
+"""Scalar multipliers: the embedding times `embedding_multiplier`, the attention's and the MLP's outputs (normed,
+in a sandwich layer: hyperclovax) times `residual_multiplier` before they join the residual, logits divided by
+`logits_scaling` (granite), multiplied by it (hyperclovax) or by `logit_scale` (cohere); the softmax scale `attention_multiplier` is the attention part's rule (parts/attention.py).
 Each read from what transformers' model computes, not from the keys alone; the file reads the values from the
 config at run time (code: parts/code/causal_lm.py EMBED_MULTIPLIER / LOGITS_SCALING, parts/code/block.py
 RESIDUAL_MULTIPLIER): one part per slot it changes, all plain torch multiplies."""
@@ -8,10 +8,9 @@ RESIDUAL_MULTIPLIER): one part per slot it changes, all plain torch multiplies."
 from __future__ import annotations
 
 from agent.recipe.native.not_native import NotNative
-from agent.recipe.native.parts.block import layer_norms
+from agent.recipe.native.parts.block import block_roles, role_options
 from agent.recipe.native.parts.embedding import first_layer_input
 from agent.recipe.native.parts.head import LM_HEAD
-from agent.recipe.native.parts.norm import LAYER_NORMS
 from agent.recipe.native.parts.part import Match, Part
 
 MULTIPLIERS = ("embedding_multiplier", "residual_multiplier", "logits_scaling", "attention_multiplier", "logit_scale")
@@ -45,8 +44,9 @@ def _embedding(probe, chosen):
     return Match(EMBEDDING_MULTIPLIER, options={"EMBED_SCALE": False, "EMBED_MULTIPLIER": True})
 
 
-def residual_scaled(layer, hidden: int, multiplier: float) -> bool:
-    """The pre-norm layer computes h = x + m * attn(norm(x)), then h + m * mlp(norm(h)): checked with the
+def residual_scaled(layer, hidden: int, multiplier: float, roles: dict) -> bool:
+    """The layer computes h = x + m * out_a(attn(in_a(x))), then h + m * out_m(mlp(in_m(h))) — the norms by
+    role (`roles`: role -> name; an output norm the pre-norm layer has not is the identity): checked with the
     attention and the MLP replaced by fixed maps."""
     import torch
 
@@ -65,25 +65,37 @@ def residual_scaled(layer, hidden: int, multiplier: float) -> bool:
     finally:
         attention.forward, mlp.forward = saved
     got = got[0] if isinstance(got, tuple) else got
+
+    def norm(role):
+        return getattr(layer, roles[role]) if role in roles else (lambda t: t)
+
     with torch.no_grad():
-        h = x + multiplier * (layer.input_layernorm(x) @ a)
-        want = h + multiplier * (layer.post_attention_layernorm(h) @ b)
+        h = x + multiplier * norm("attention_out")(norm("attention_in")(x) @ a)
+        want = h + multiplier * norm("mlp_out")(norm("mlp_in")(h) @ b)
     return torch.allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
-def _block(probe, chosen):
-    found = read_on(probe, "residual_multiplier")
-    if found is None or layer_norms(probe) != {LAYER_NORMS[:2]}:
-        return None
-    probe, multiplier = found
-    if not residual_scaled(probe.layers[0], probe.hidden, multiplier):
-        raise NotNative("decoder layer", "the layer's outputs are not scaled by config.residual_multiplier "
-                                         "before they join the residual")
-    return Match(RESIDUAL_MULTIPLIER, options={"RESIDUAL_MULTIPLIER": True})
+def _block(layout: str):
+    """The probe of the residual multiplier in a layer of `layout` ("pre_norm": input norms only; "sandwich": the
+    outputs normed too)."""
+    def probe_block(probe, chosen):
+        found = read_on(probe, "residual_multiplier")
+        roles = block_roles(probe) if found is not None else None
+        if roles is None or ("mlp_out" in roles) != (layout == "sandwich"):
+            return None
+        probe, multiplier = found
+        if not residual_scaled(probe.layers[0], probe.hidden, multiplier, roles):
+            raise NotNative("decoder layer", "the layer's outputs are not scaled by config.residual_multiplier "
+                                             "before they join the residual")
+        sandwich = {"SANDWICH": True} if layout == "sandwich" else {}
+        part = SANDWICH_RESIDUAL_MULTIPLIER if layout == "sandwich" else RESIDUAL_MULTIPLIER
+        return Match(part, options={"RESIDUAL_MULTIPLIER": True, **sandwich, **role_options(roles)})
+    return probe_block
 
 
 def _head(probe, chosen):
-    """logits_scaling (granite: the head's logits divided by it) or logit_scale (cohere: multiplied)."""
+    """logits_scaling (granite: the head's logits divided by it; hyperclovax: multiplied) or logit_scale (cohere:
+    multiplied)."""
     key = next((key for key in ("logits_scaling", "logit_scale") if _number(probe.config, key) is not None), None)
     if key is None:
         return None
@@ -103,10 +115,11 @@ def _head(probe, chosen):
         handle.remove()
     with torch.no_grad():
         head = probe.model.lm_head(seen["h"])
-    if not torch.allclose(logits, head / value if key == "logits_scaling" else head * value, rtol=1e-4, atol=1e-5):
-        raise NotNative("model", f"the logits are not the head's {'divided' if key == 'logits_scaling' else 'multiplied'} "
-                                 f"by config.{key}")
-    return Match(LOGITS_SCALING, options={"FINAL_SOFTCAP": False, "LOGITS_SCALING": key})
+    for divided, want in ((True, head / value), (False, head * value)):
+        if torch.allclose(logits, want, rtol=1e-4, atol=1e-5):
+            return Match(LOGITS_SCALING, options={"FINAL_SOFTCAP": False, "LOGITS_SCALING": key,
+                                                  "LOGITS_DIVIDED": divided})
+    raise NotNative("model", f"the logits are neither the head's divided nor multiplied by config.{key}")
 
 
 def _variants(match, probe):
@@ -122,10 +135,17 @@ EMBEDDING_MULTIPLIER = Part(
     kernels=lambda m: ((), ("embedding_multiplier: plain torch multiply",)))
 RESIDUAL_MULTIPLIER = Part(
     slot="block", name="pre_norm_residual_multiplier", code="block.py", provides="ModelDecoderLayer",
-    reads=("hidden_size", "rms_norm_eps", "residual_multiplier"), probe=_block, options=("RESIDUAL_MULTIPLIER",),
+    reads=("hidden_size", "rms_norm_eps", "residual_multiplier"), probe=_block("pre_norm"),
+    options=("RESIDUAL_MULTIPLIER", "ATTENTION_NORM", "MLP_NORM"),
     kernels=lambda m: ((), ("residual_multiplier: plain torch multiply before npu_add_rms_norm",)))
+SANDWICH_RESIDUAL_MULTIPLIER = Part(
+    slot="block", name="sandwich_residual_multiplier", code="block.py", provides="ModelDecoderLayer",
+    reads=("hidden_size", "rms_norm_eps", "residual_multiplier"), probe=_block("sandwich"),
+    options=("RESIDUAL_MULTIPLIER", "SANDWICH", "ATTENTION_NORM", "ATTENTION_OUT_NORM", "MLP_NORM", "MLP_OUT_NORM"),
+    kernels=lambda m: ((), ("residual_multiplier: plain torch multiply of the normed outputs before "
+                            "npu_add_rms_norm",)))
 LOGITS_SCALING = Part(
     slot="head", name="lm_head_logits_scaling", code=None, provides=None,
     reads=("vocab_size", "tie_word_embeddings", "logits_scaling", "logit_scale"), probe=_head,
-    options=("FINAL_SOFTCAP", "LOGITS_SCALING"), variants=lambda m, p: LM_HEAD.variants(m, p) + _variants(m, p),
+    options=("FINAL_SOFTCAP", "LOGITS_SCALING", "LOGITS_DIVIDED"), variants=lambda m, p: LM_HEAD.variants(m, p) + _variants(m, p),
     kernels=lambda m: ((), (f"{m.options['LOGITS_SCALING']}: plain torch scaling of the logits",)))
