@@ -46,19 +46,62 @@ def block_roles(probe) -> dict | None:
     return roles
 
 
+def residual_scaled(layer, hidden: int, multiplier: float, roles: dict) -> bool:
+    """The layer computes h = x + m * out_a(attn(in_a(x))), then h + m * out_m(mlp(in_m(h))) — the norms by
+    role (`roles`: role -> name; an output norm the pre-norm layer has not is the identity): checked with the
+    attention and the MLP replaced by fixed maps."""
+    import torch
+
+    gen = torch.Generator().manual_seed(8)
+    a, b = (torch.randn(hidden, hidden, generator=gen) / hidden ** 0.5 for _ in range(2))
+    x = torch.randn(1, 3, hidden, generator=gen)
+    attention, mlp = layer.self_attn, layer.mlp
+    saved = attention.forward, mlp.forward
+    try:
+        attention.forward = lambda hidden_states, *args, **kwargs: (hidden_states @ a, None)
+        mlp.forward = lambda hidden_states, *args, **kwargs: hidden_states @ b
+        with torch.no_grad():
+            got = layer(x, attention_mask=None, position_ids=None, position_embeddings=None)
+    except Exception:  # noqa: BLE001 - another call shape: not the layer this part writes
+        return False
+    finally:
+        attention.forward, mlp.forward = saved
+    got = got[0] if isinstance(got, tuple) else got
+
+    def norm(role):
+        return getattr(layer, roles[role]) if role in roles else (lambda t: t)
+
+    with torch.no_grad():
+        h = x + multiplier * norm("attention_out")(norm("attention_in")(x) @ a)
+        want = h + multiplier * norm("mlp_out")(norm("mlp_in")(h) @ b)
+    return torch.allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
 def role_options(roles: dict) -> dict:
     return {ROLE_OPTIONS[role]: name for role, name in roles.items()}
 
 
+def _unscaled(probe, roles: dict) -> None:
+    """The layer adds its outputs to the residual as they are (a layer read by role: minicpm3 scales them by
+    scale_depth / sqrt(num_hidden_layers), which no part writes)."""
+    if norm_roles(probe) and not residual_scaled(probe.layers[0], probe.hidden, 1.0, roles):
+        raise NotNative("decoder layer", "the layer's outputs join the residual otherwise than as they are "
+                                         "(scaled?)")
+
+
 def _pre_norm(probe, chosen):
     roles = block_roles(probe)
-    return Match(PRE_NORM, options=role_options(roles)) if roles and set(roles) == set(PRE_NORM_ROLES) else None
+    if not roles or set(roles) != set(PRE_NORM_ROLES):
+        return None
+    _unscaled(probe, roles)
+    return Match(PRE_NORM, options=role_options(roles))
 
 
 def _sandwich(probe, chosen):
     roles = block_roles(probe)
     if not roles or set(roles) != set(ROLES):
         return None
+    _unscaled(probe, roles)
     return Match(SANDWICH, options={"SANDWICH": True, **role_options(roles)})
 
 

@@ -39,6 +39,12 @@ def checkpoint_renames(model_type: str) -> tuple[tuple[str, str], ...]:
                 raise NotNative("model", f"transformers renames {sources} -> {targets} for {model_type} in a way "
                                          "the native loader does not write (a scope or a captured group)")
             renames += [(source, targets[0].replace("\\.", ".").lstrip("^")) for source in sources]
+        elif type(rule).__name__ == "PrefixChange" and len(targets) == 1 \
+                and all(source.endswith("(.+)") and source.count("(") == 1 for source in sources) \
+                and targets[0].endswith("\\1") and "(" not in targets[0]:
+            # a prefix the checkpoint stores its tensors under (apertus1p5_text: model.language_model.*): the rest
+            # of the name kept as it is
+            renames += [(source, targets[0].replace("\\.", ".").lstrip("^")) for source in sources]
         elif [_name(source) for source in sources] == [_name(target) for target in targets]:
             continue          # a conversion of the stored tensor that keeps its name (5.0's gpt_oss: an alignment)
         elif not all("experts.*." in source for source in sources):

@@ -8,12 +8,13 @@ RESIDUAL_MULTIPLIER): one part per slot it changes, all plain torch multiplies."
 from __future__ import annotations
 
 from agent.recipe.native.not_native import NotNative
-from agent.recipe.native.parts.block import block_roles, role_options
+from agent.recipe.native.parts.block import block_roles, residual_scaled, role_options
 from agent.recipe.native.parts.embedding import first_layer_input
 from agent.recipe.native.parts.head import LM_HEAD
 from agent.recipe.native.parts.part import Match, Part
 
-MULTIPLIERS = ("embedding_multiplier", "residual_multiplier", "logits_scaling", "attention_multiplier", "logit_scale")
+MULTIPLIERS = ("embedding_multiplier", "residual_multiplier", "logits_scaling", "attention_multiplier", "logit_scale",
+               "scale_emb")
 
 
 def _number(config, key):
@@ -31,48 +32,21 @@ def read_on(probe, key: str):
     return (probe, value) if value != 1.0 else (probe.variant({key: 2.5}), 2.5)
 
 
+EMBED_KEYS = ("embedding_multiplier", "scale_emb")      # granite's, minicpm3's
+
+
 def _embedding(probe, chosen):
-    found = read_on(probe, "embedding_multiplier")
-    if found is None:
+    key = next((key for key in EMBED_KEYS if _number(probe.config, key) is not None), None)
+    if key is None:
         return None
     import torch
 
-    probe, multiplier = found
+    probe, multiplier = read_on(probe, key)
     got, table = first_layer_input(probe)
     if not torch.allclose(got, table * multiplier, rtol=1e-5, atol=1e-6):
-        raise NotNative("model", "the embedding is not scaled by config.embedding_multiplier")
-    return Match(EMBEDDING_MULTIPLIER, options={"EMBED_SCALE": False, "EMBED_MULTIPLIER": True})
-
-
-def residual_scaled(layer, hidden: int, multiplier: float, roles: dict) -> bool:
-    """The layer computes h = x + m * out_a(attn(in_a(x))), then h + m * out_m(mlp(in_m(h))) — the norms by
-    role (`roles`: role -> name; an output norm the pre-norm layer has not is the identity): checked with the
-    attention and the MLP replaced by fixed maps."""
-    import torch
-
-    gen = torch.Generator().manual_seed(8)
-    a, b = (torch.randn(hidden, hidden, generator=gen) / hidden ** 0.5 for _ in range(2))
-    x = torch.randn(1, 3, hidden, generator=gen)
-    attention, mlp = layer.self_attn, layer.mlp
-    saved = attention.forward, mlp.forward
-    try:
-        attention.forward = lambda hidden_states, *args, **kwargs: (hidden_states @ a, None)
-        mlp.forward = lambda hidden_states, *args, **kwargs: hidden_states @ b
-        with torch.no_grad():
-            got = layer(x, attention_mask=None, position_ids=None, position_embeddings=None)
-    except Exception:  # noqa: BLE001 - another call shape: not the layer this part writes
-        return False
-    finally:
-        attention.forward, mlp.forward = saved
-    got = got[0] if isinstance(got, tuple) else got
-
-    def norm(role):
-        return getattr(layer, roles[role]) if role in roles else (lambda t: t)
-
-    with torch.no_grad():
-        h = x + multiplier * norm("attention_out")(norm("attention_in")(x) @ a)
-        want = h + multiplier * norm("mlp_out")(norm("mlp_in")(h) @ b)
-    return torch.allclose(got, want, rtol=1e-4, atol=1e-5)
+        raise NotNative("model", f"the embedding is not scaled by config.{key}")
+    key_option = {"EMBED_MULTIPLIER_KEY": key} if key != EMBED_KEYS[0] else {}
+    return Match(EMBEDDING_MULTIPLIER, options={"EMBED_SCALE": False, "EMBED_MULTIPLIER": True, **key_option})
 
 
 def _block(layout: str):
@@ -130,8 +104,8 @@ def _variants(match, probe):
 
 EMBEDDING_MULTIPLIER = Part(
     slot="embedding", name="embedding_multiplier", code=None, provides=None,
-    reads=("vocab_size", "hidden_size", "pad_token_id", "embedding_multiplier"), probe=_embedding,
-    options=("EMBED_SCALE", "EMBED_MULTIPLIER"),
+    reads=("vocab_size", "hidden_size", "pad_token_id", "embedding_multiplier", "scale_emb"), probe=_embedding,
+    options=("EMBED_SCALE", "EMBED_MULTIPLIER", "EMBED_MULTIPLIER_KEY"),
     kernels=lambda m: ((), ("embedding_multiplier: plain torch multiply",)))
 RESIDUAL_MULTIPLIER = Part(
     slot="block", name="pre_norm_residual_multiplier", code="block.py", provides="ModelDecoderLayer",

@@ -29,6 +29,7 @@ from .rotary import ModelRotaryEmbedding as RotaryEmbedding
 EMBED_SCALE = False             # the embedding times sqrt(hidden_size), in the model's dtype (gemma's normaliser)
 FINAL_SOFTCAP = False           # logits soft-capped by config.final_logit_softcapping where it is set
 EMBED_MULTIPLIER = False        # the embedding times config.embedding_multiplier (granite)
+EMBED_MULTIPLIER_KEY = "embedding_multiplier"   # the config key of that multiplier (minicpm3: scale_emb)
 LOGITS_SCALING = None           # the config key scaling the logits: logits_scaling (granite, hyperclovax), logit_scale (cohere)
 LOGITS_DIVIDED = False          # the logits divided by it (granite), else multiplied (cohere, hyperclovax)
 ROPE_BY_LAYER_TYPE = False      # a rotary table per layer type (gemma3's local and global bases)
@@ -84,7 +85,7 @@ class ModelModel(nn.Module):
             # the architecture's normaliser, in the model's dtype
             hidden_states = hidden_states * torch.tensor(self.config.hidden_size ** 0.5, dtype=hidden_states.dtype)
         if EMBED_MULTIPLIER:
-            hidden_states = hidden_states * self.config.embedding_multiplier
+            hidden_states = hidden_states * getattr(self.config, EMBED_MULTIPLIER_KEY)
         if ROPE_BY_LAYER_TYPE:
             cos_sin = {kind: rotary(hidden_states, position_ids) for kind, rotary in self.rotary_emb.items()}
         else:

@@ -4,7 +4,9 @@ parts/code/block.py): glm4 (sandwich: post_self_attn_layernorm the attention's o
 the MLP's input norm), vaultgemma (pre-norm under gemma's names), hyperclovax (sandwich under post_norm1 / post_norm2
 with its residual multiplier after the output norms, the logits multiplied by logits_scaling), helium (the probe's
 shrunk config keeps hidden_size the heads' width where the architecture's code ties them: its o_proj), hunyuan_v1_dense
-(per-head q / k norms named query_layernorm / key_layernorm, on the rotated queries and keys). Each file is
+(per-head q / k norms named query_layernorm / key_layernorm, on the rotated queries and keys; its rope base stretched
+by a fixed NTK alpha), apertus (pre-norm
+under attention_layernorm / feedforward_layernorm; the plain MLP's xIELU with its learned parameters loaded). Each file is
 held to transformers in float32 and bfloat16 and on the family settings but the rope types; a file that takes a norm
 by its usual name rather than its role, drops a multiplier or a q / k norm, fails the same check."""
 
@@ -34,9 +36,15 @@ TYPES = {
          "hidden_states = self.post_norm2(self.mlp(hidden_states))"),
         ("logits = logits * self.config.logits_scaling", "logits = logits / self.config.logits_scaling")]),
     "hunyuan_v1_dense": ("pre_norm", {"Q_NORM": "query_layernorm", "K_NORM": "key_layernorm",
-                                      "QK_NORM_AFTER_ROPE": True}, [
+                                      "QK_NORM_AFTER_ROPE": True, "NTK_ALPHA": True}, [
         # the norms before the rotary (qwen3's order)
-        (ROPE + "\n        " + HUNYUAN_NORMS, HUNYUAN_NORMS + "\n        " + ROPE)]),
+        (ROPE + "\n        " + HUNYUAN_NORMS, HUNYUAN_NORMS + "\n        " + ROPE),
+        # the rope base not stretched by the NTK alpha
+        ('params["rope_theta"] = float(params["rope_theta"]) * float(params["alpha"]) ** (head_dim / (head_dim - 2))',
+         'params["rope_theta"] = float(params["rope_theta"])')]),
+    "apertus": ("pre_norm", {"ATTENTION_NORM": "attention_layernorm", "MLP_NORM": "feedforward_layernorm",
+                             "ACT_PARAMS": True}, [
+        ("self.act_fn = self.act_fn.to(torch.get_default_dtype())", "self.act_fn = nn.SiLU()")]),
     "helium": ("pre_norm", {"ATTENTION_NORM": "input_layernorm", "MLP_NORM": "post_attention_layernorm"}, []),
 }
 
@@ -126,6 +134,25 @@ def test_the_parts_are_read_from_the_architecture(derived):
         assert {k: composition.options.get(k) for k in roles} == roles, model_type
     assert derived["hyperclovax"][1].options["LOGITS_DIVIDED"] is False
     assert derived["hyperclovax"][1].parts["head"] == "lm_head_logits_scaling"
+
+
+def test_a_prefix_the_checkpoint_stores_its_tensors_under_is_a_rename():
+    """apertus1p5_text's checkpoints hold the decoder under model.language_model.*: transformers' PrefixChange, the
+    loader's rename (a name outside the prefix kept)."""
+    import re
+
+    from agent.recipe.native.parts.model import checkpoint_renames
+
+    renames = checkpoint_renames("apertus1p5_text")
+
+    def load_name(name):
+        for pattern, replacement in renames:
+            name = re.sub(pattern, replacement, name, count=1)
+        return name
+
+    assert load_name("model.language_model.layers.0.mlp.act_fn.alpha_p") == "model.layers.0.mlp.act_fn.alpha_p"
+    assert load_name("model.layers.0.mlp.up_proj.weight") == "model.layers.0.mlp.up_proj.weight"
+    assert load_name("lm_head.weight") == "lm_head.weight"
 
 
 def test_the_shrunk_config_keeps_hidden_size_the_heads_width_where_the_code_ties_them():
