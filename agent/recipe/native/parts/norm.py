@@ -14,9 +14,9 @@ QK_NORMS = ("q_norm", "k_norm", "query_layernorm", "key_layernorm")     # hunyua
 
 def model_norms(probe, full_width_qk: bool = True):
     """(norm, width) of every norm of the model: each layer's norms (read by role, and LAYER_NORMS by name), its
-    attention's q/k norms and the final norm — the one walk the norm parts probe (norm_offsets here, parts/norm_layer.py's layer_norm_facts). A q/k
-    norm's width is per head, or with `full_width_qk` over all heads' width where its weight has that width (olmo2:
-    agent.recipe.native.parts.attention reads which)."""
+    attention's q/k norms and the final norm — the one walk the norm parts probe (norm_offsets here,
+    parts/norm_layer.py's layer_norm_facts). A q/k norm's width is per head, or with `full_width_qk` over all heads'
+    width where its weight has that width (olmo2: agent.recipe.native.parts.attention reads which)."""
     for layer in probe.layers:
         kinds = children(layer)
         for name in layer_norm_names(probe, layer, LAYER_NORMS):
