@@ -29,6 +29,7 @@ PARTS = (
     mlp_plain.PLAIN_MLP,
     block_parallel.PARALLEL,
     scalar_multipliers.RESIDUAL_MULTIPLIER,
+    scalar_multipliers.SANDWICH_RESIDUAL_MULTIPLIER,
     block.SANDWICH,
     block.PRE_NORM,
     block_post_norm.POST_NORM,

@@ -8,6 +8,7 @@ import re
 
 from agent.recipe.native.not_native import NotNative
 from agent.recipe.native.parts.norm import LAYER_NORMS
+from agent.recipe.native.parts.norm_roles import norm_roles
 from agent.recipe.native.parts.part import Match, Part
 from agent.recipe.native.parts.probe import children
 
@@ -41,6 +42,12 @@ def checkpoint_renames(model_type: str) -> tuple[tuple[str, str], ...]:
                 raise NotNative("model", f"transformers renames {sources} -> {targets} for {model_type} in a way "
                                          "the native loader does not write (a scope or a captured group)")
             renames += [(source, targets[0].replace("\\.", ".").lstrip("^")) for source in sources]
+        elif type(rule).__name__ == "PrefixChange" and len(targets) == 1 \
+                and all(source.endswith("(.+)") and source.count("(") == 1 for source in sources) \
+                and targets[0].endswith("\\1") and "(" not in targets[0]:
+            # a prefix the checkpoint stores its tensors under (apertus1p5_text: model.language_model.*): the rest
+            # of the name kept as it is
+            renames += [(source, targets[0].replace("\\.", ".").lstrip("^")) for source in sources]
         elif [_name(source) for source in sources] == [_name(target) for target in targets]:
             continue          # a conversion of the stored tensor that keeps its name (5.0's gpt_oss: an alignment)
         elif not all("experts.*." in source for source in sources):
@@ -68,7 +75,7 @@ def _probe(probe, chosen):
         raise NotNative("model", f"modules the native model does not have: {extra}")
     for index, layer in enumerate(probe.layers):
         names = children(layer)
-        unknown = set(names) - LAYER_CHILDREN
+        unknown = set(names) - LAYER_CHILDREN - set(norm_roles(probe).values())
         if unknown:
             raise NotNative("decoder layer", f"layer {index} has {sorted(unknown)}")
         if ("self_attn" not in names and "linear_attn" not in names) or "mlp" not in names:

@@ -24,6 +24,9 @@ QKV_BIAS = False                # q/k/v biases: a literal, or the config key tha
 O_BIAS = False                  # o_proj's bias (module.linear adds it on row-parallel rank 0)
 QK_NORM = False                 # per-head RMSNorm of queries and keys before the rotary (qwen3, gemma3)
 QK_NORM_FULL = False            # RMSNorm of queries and keys over all heads' width (olmo2)
+QK_NORM_AFTER_ROPE = False      # the per-head q / k norms on the rotated queries and keys (hunyuan)
+Q_NORM = "q_norm"               # the q / k norms' module names (the checkpoint's)
+K_NORM = "k_norm"
 QUERY_PRE_ATTN_SCALAR = False   # softmax scale query_pre_attn_scalar ** -0.5 (else head_dim ** -0.5)
 ATTENTION_MULTIPLIER = False    # softmax scale config.attention_multiplier (granite)
 ROPE_BY_LAYER_TYPE = False      # cos / sin per layer type (gemma3's local and global bases)
@@ -115,8 +118,8 @@ class ModelAttention(nn.Module):
             self.sinks.weight_loader = self._load_sinks
             self.tp_rank = tp_rank
         if QK_NORM:
-            self.q_norm = Norm(self.head_dim, eps=getattr(config, NORM_EPS))
-            self.k_norm = Norm(self.head_dim, eps=getattr(config, NORM_EPS))
+            setattr(self, Q_NORM, Norm(self.head_dim, eps=getattr(config, NORM_EPS)))
+            setattr(self, K_NORM, Norm(self.head_dim, eps=getattr(config, NORM_EPS)))
         if QK_NORM_FULL:
             if self.num_key_value_heads < self.attn_tp_size:
                 raise ValueError(f"a k norm over all {self.num_key_value_heads} key heads with attn_tp_size "
@@ -164,12 +167,14 @@ class ModelAttention(nn.Module):
         query = query.reshape(q_len, self.num_heads_per_rank, self.head_dim)
         key = key.reshape(q_len, self.num_key_value_heads_per_rank, self.head_dim)
         value = value.reshape(q_len, self.num_key_value_heads_per_rank, self.head_dim)
-        if QK_NORM:
-            query, key = self.q_norm(query), self.k_norm(key)
+        if QK_NORM and not QK_NORM_AFTER_ROPE:
+            query, key = getattr(self, Q_NORM)(query), getattr(self, K_NORM)(key)
         cos, sin = cos_sin[self.layer_type] if ROPE_BY_LAYER_TYPE else cos_sin
         cos, sin = cos[:q_len], sin[:q_len]
         if not NOPE_LAYERS or self.use_rope:
             query, key = torch_npu.npu_apply_rotary_pos_emb(query.contiguous(), key.contiguous(), cos, sin, layout="TND")
+        if QK_NORM and QK_NORM_AFTER_ROPE:
+            query, key = getattr(self, Q_NORM)(query), getattr(self, K_NORM)(key)
         if not self.k_cache.numel() or not self.v_cache.numel():
             raise RuntimeError("KV cache not allocated: the executor binds it through get_cache_info()")
         if CONTEXT_PARALLEL and prefill_cp(forward_metadata):
@@ -295,7 +300,7 @@ class ModelAttention(nn.Module):
         for param in getattr(self, QKV).parameters():
             param.weight_loader = reordered(getattr(param, "weight_loader", copy_weight))
         if QK_NORM or QK_NORM_FULL:
-            for param in (self.q_norm.weight, self.k_norm.weight):
+            for param in (getattr(self, Q_NORM).weight, getattr(self, K_NORM).weight):
                 param.weight_loader = reordered(getattr(param, "weight_loader", copy_weight), norm=True)
 
     def _load_sinks(self, param, weight):

@@ -30,7 +30,9 @@ from .rotary import ModelRotaryEmbedding as RotaryEmbedding
 EMBED_SCALE = False             # the embedding times sqrt(hidden_size), in the model's dtype (gemma's normaliser)
 FINAL_SOFTCAP = False           # logits soft-capped by config.final_logit_softcapping where it is set
 EMBED_MULTIPLIER = False        # the embedding times config.embedding_multiplier (granite)
-LOGITS_SCALING = None           # logits divided by config.logits_scaling (granite) or times config.logit_scale (cohere)
+EMBED_MULTIPLIER_KEY = "embedding_multiplier"   # the config key of that multiplier (minicpm3: scale_emb)
+LOGITS_SCALING = None           # the config key scaling the logits: logits_scaling (granite, hyperclovax), logit_scale (cohere)
+LOGITS_DIVIDED = False          # the logits divided by it (granite), else multiplied (cohere, hyperclovax)
 ROPE_BY_LAYER_TYPE = False      # a rotary table per layer type (gemma3's local and global bases)
 MLA = False                     # multi-head latent attention: its rope dims, latent caches and absorb weights
 MOE = False                     # sparse-MoE layers: their experts over moe_tp_group and moe_ep_group
@@ -90,7 +92,7 @@ class ModelModel(nn.Module):
             # the architecture's normaliser, in the model's dtype
             hidden_states = hidden_states * torch.tensor(self.config.hidden_size ** 0.5, dtype=hidden_states.dtype)
         if EMBED_MULTIPLIER:
-            hidden_states = hidden_states * self.config.embedding_multiplier
+            hidden_states = hidden_states * getattr(self.config, EMBED_MULTIPLIER_KEY)
         if ROPE_BY_LAYER_TYPE:
             cos_sin = {kind: rotary(hidden_states, position_ids) for kind, rotary in self.rotary_emb.items()}
         else:
@@ -171,10 +173,10 @@ class ModelForCausalLM(nn.Module):
             parts = [torch.empty_like(logits) for _ in range(self.lmhead_tp_size)]
             dist.all_gather(parts, logits, group=self.comm_manager.get_group("lmhead_tp_group"))
             logits = torch.cat(parts, dim=-1)
-        if LOGITS_SCALING == "logits_scaling":
-            logits = logits / self.config.logits_scaling
-        elif LOGITS_SCALING == "logit_scale":
-            logits = logits * self.config.logit_scale
+        if LOGITS_SCALING is not None and LOGITS_DIVIDED:
+            logits = logits / getattr(self.config, LOGITS_SCALING)
+        elif LOGITS_SCALING is not None:
+            logits = logits * getattr(self.config, LOGITS_SCALING)
         logits = logits.float()
         if FINAL_SOFTCAP and self.config.final_logit_softcapping:
             cap = self.config.final_logit_softcapping
