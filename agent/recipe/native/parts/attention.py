@@ -195,7 +195,7 @@ def dense_attention(probe) -> dict:
         # the checkpoint's attention_multiplier is head_dim ** -0.5 (hyperclovax's default): whether the scale
         # follows the key is read on another value of it
         other = probe.variant({"attention_multiplier": 0.5 * scales["attention_multiplier"]})
-        follows = math.isclose(other.layers[0].self_attn.scaling, 0.5 * scales["attention_multiplier"], rel_tol=1e-6)
+        follows = math.isclose(other.layers[attention_layers(other)[0]].self_attn.scaling, 0.5 * scales["attention_multiplier"], rel_tol=1e-6)
         rules = ["attention_multiplier"] if follows else [r for r in rules if r != "attention_multiplier"]
     rule = rules[0] if rules else None
     if rule is None:
@@ -263,11 +263,12 @@ def qk_norm_width(modules: dict, heads: int, kv_heads: int, head_dim: int, names
 
 
 def qk_norm_after_rope(probe, q_norm: str) -> bool:
-    """Whether layer 0's q norm takes the queries after the rotary (hunyuan) rather than as projected (qwen3): the
-    values it takes are all the projection's, in any layout, or rotated (positions past 0 rotate)."""
+    """Whether the first attention layer's q norm takes the queries after the rotary (hunyuan) rather than as
+    projected (qwen3): the values it takes are all the projection's, in any layout, or rotated (positions past 0
+    rotate)."""
     import torch
 
-    attention = probe.layers[0].self_attn
+    attention = probe.layers[attention_layers(probe)[0]].self_attn
     projection = getattr(attention, "q_proj", None) or getattr(attention, "qkv_proj")
     seen = {}
     hooks = [projection.register_forward_hook(lambda m, args, out: seen.setdefault("projected", out)),
