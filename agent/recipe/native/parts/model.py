@@ -8,11 +8,12 @@ import re
 
 from agent.recipe.native.not_native import NotNative
 from agent.recipe.native.parts.norm import LAYER_NORMS
+from agent.recipe.native.parts.norm_roles import norm_roles
 from agent.recipe.native.parts.part import Match, Part
 from agent.recipe.native.parts.probe import children
 
 MODEL_CHILDREN = {"embed_tokens", "layers", "norm", "rotary_emb"}
-LAYER_CHILDREN = {"self_attn", "mlp", *LAYER_NORMS}
+LAYER_CHILDREN = {"self_attn", "linear_attn", "mlp", *LAYER_NORMS}   # linear_attn: parts/linear_attention.py
 
 
 def _name(pattern: str) -> str:
@@ -36,10 +37,19 @@ def checkpoint_renames(model_type: str, class_name: str | None = None) -> tuple[
     renames = []
     for rule in rules or []:
         sources, targets = list(rule.source_patterns), list(rule.target_patterns)
-        if type(rule).__name__ == "WeightRenaming":
+        if type(rule).__name__ == "PrefixChange" and len(sources) == len(targets) == 1:
+            # a prefix added or removed (one captured group): the loader's re.sub applies it as transformers does
+            renames.append((sources[0], targets[0].replace("\\.", ".")))
+        elif type(rule).__name__ == "WeightRenaming":
             if getattr(rule, "scope_prefix", None) or not all(map(_plain, sources + targets)):
                 raise NotNative("model", f"transformers renames {sources} -> {targets} for {model_type} in a way "
                                          "the native loader does not write (a scope or a captured group)")
+            renames += [(source, targets[0].replace("\\.", ".").lstrip("^")) for source in sources]
+        elif type(rule).__name__ == "PrefixChange" and len(targets) == 1 \
+                and all(source.endswith("(.+)") and source.count("(") == 1 for source in sources) \
+                and targets[0].endswith("\\1") and "(" not in targets[0]:
+            # a prefix the checkpoint stores its tensors under (apertus1p5_text: model.language_model.*): the rest
+            # of the name kept as it is
             renames += [(source, targets[0].replace("\\.", ".").lstrip("^")) for source in sources]
         elif [_name(source) for source in sources] == [_name(target) for target in targets]:
             continue          # a conversion of the stored tensor that keeps its name (5.0's gpt_oss: an alignment)
@@ -68,11 +78,11 @@ def _probe(probe, chosen):
         raise NotNative("model", f"modules the native model does not have: {extra}")
     for index, layer in enumerate(probe.layers):
         names = children(layer)
-        unknown = set(names) - LAYER_CHILDREN
+        unknown = set(names) - LAYER_CHILDREN - set(norm_roles(probe).values())
         if unknown:
             raise NotNative("decoder layer", f"layer {index} has {sorted(unknown)}")
-        if "self_attn" not in names or "mlp" not in names:
-            raise NotNative("decoder layer", f"layer {index} has no self_attn / mlp")
+        if ("self_attn" not in names and "linear_attn" not in names) or "mlp" not in names:
+            raise NotNative("decoder layer", f"layer {index} has no self_attn (or linear_attn) / mlp")
     # the checkpoint's names of the GPT-J / NeoX-era families (agent.recipe.native.parts.names) first
     renames = probe.renames + checkpoint_renames(probe.model_type, type(probe.model).__name__)
     return Match(CAUSAL_LM, options={"CHECKPOINT_RENAMES": renames})
