@@ -11,6 +11,7 @@ from agent.recipe.native.not_native import NotNative
 from agent.recipe.native.parts.block import layer_norms
 from agent.recipe.native.parts.embedding import first_layer_input
 from agent.recipe.native.parts.head import LM_HEAD
+from agent.recipe.native.parts.model import layer_mlp
 from agent.recipe.native.parts.norm import LAYER_NORMS
 from agent.recipe.native.parts.part import Match, Part
 
@@ -53,7 +54,7 @@ def residual_scaled(layer, hidden: int, multiplier: float) -> bool:
     gen = torch.Generator().manual_seed(8)
     a, b = (torch.randn(hidden, hidden, generator=gen) / hidden ** 0.5 for _ in range(2))
     x = torch.randn(1, 3, hidden, generator=gen)
-    attention, mlp = layer.self_attn, layer.mlp
+    attention, mlp = layer.self_attn, layer_mlp(layer)
     saved = attention.forward, mlp.forward
     try:
         attention.forward = lambda hidden_states, *args, **kwargs: (hidden_states @ a, None)
