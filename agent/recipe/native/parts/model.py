@@ -76,13 +76,19 @@ def _probe(probe, chosen):
     if probe.base is None or set(children(probe.base)) - MODEL_CHILDREN:
         extra = sorted(set(children(probe.base)) - MODEL_CHILDREN) if probe.base is not None else ["(no .model)"]
         raise NotNative("model", f"modules the native model does not have: {extra}")
-    block_names = set()
+    from agent.recipe.native.parts.moe import LAYER_SHARED_NAMES, layer_shared_renames, moe_block
+
+    block_names, layer_shared = set(), False
     for index, layer in enumerate(probe.layers):
         names = set(children(layer))
         block = moe_block_name(layer, names)
         if block is not None:
             names = (names - {block}) | {"mlp"}
             block_names.add(block)
+        if moe_block(layer) is not None:
+            # a shared MLP beside the sparse-MoE block (granitemoeshared): the block's shared experts
+            layer_shared |= bool(names & set(LAYER_SHARED_NAMES))
+            names -= set(LAYER_SHARED_NAMES)
         unknown = names - LAYER_CHILDREN
         if unknown:
             raise NotNative("decoder layer", f"layer {index} has {sorted(unknown)}")
@@ -92,6 +98,8 @@ def _probe(probe, chosen):
     # the sparse-MoE block under another name in transformers' own layer (granitemoe's block_sparse_moe): the
     # native layer's `mlp`, after transformers' renames (which name the block as the layer does)
     renames += tuple((f"\\.{re.escape(name)}\\.", ".mlp.") for name in sorted(block_names))
+    if block_names or layer_shared:
+        renames += layer_shared_renames(probe.full_config)
     return Match(CAUSAL_LM, options={"CHECKPOINT_RENAMES": renames})
 
 

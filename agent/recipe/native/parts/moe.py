@@ -35,6 +35,7 @@ TOPK_KEYS = ("num_experts_per_tok", "moe_topk", "moe_k")
 MOE_WIDTH_KEYS = ("moe_intermediate_size", "intermediate_size")
 ROUTER_NAMES = ("gate", "router")
 SHARED_NAMES = ("shared_experts", "shared_expert")
+LAYER_SHARED_NAMES = ("shared_mlp",)    # shared experts beside the block in the layer (granitemoeshared)
 # The shrunk probe: small widths, the real counts where routing depends on them (groups), capped.
 PROBE_HIDDEN, PROBE_WIDTH, PROBE_EXPERT_CAP = 40, 24, 256   # no width (24, 28, 32) nor twice one equals hidden
 LAYOUT_LAYERS = 4        # the layers of the config copies the layout rule is checked on
@@ -77,7 +78,7 @@ def _probe_config(config):
     probe = copy.deepcopy(config)
     probe.hidden_size = PROBE_HIDDEN
     # distinct widths: which config key sizes the experts (and the shared experts) is read off their shapes
-    for offset, key in enumerate(MOE_WIDTH_KEYS + ("shared_expert_intermediate_size",)):
+    for offset, key in enumerate(MOE_WIDTH_KEYS + ("shared_expert_intermediate_size", "shared_intermediate_size")):
         if isinstance(getattr(probe, key, None), int):
             setattr(probe, key, PROBE_WIDTH + 4 * offset)
     experts_key = _config_key(probe, EXPERT_COUNT_KEYS, "routed expert count")
@@ -278,7 +279,7 @@ def _probe_experts(experts, config, hidden: int) -> tuple[str, str, str]:
 # the shared experts' width as the config gives it: one expert's width times their count, or a key of its own
 SHARED_WIDTH_EXPRESSIONS = (
     "config.moe_intermediate_size * config.n_shared_experts", "config.shared_expert_intermediate_size",
-    "config.intermediate_size",
+    "config.intermediate_size", "config.shared_intermediate_size",
     *(f"config.{unit} * config.{count}" for unit in ("moe_intermediate_size", "intermediate_size")
       for count in SHARED_COUNT_KEYS if (unit, count) != ("moe_intermediate_size", "n_shared_experts")))
 
@@ -306,6 +307,88 @@ def _probe_shared(block, config, hidden: int) -> tuple[str, str, str]:
         raise NotNative("moe", f"shared experts of width {width}: no config expression gives it")
     return None, "shared_experts", "0"
 
+
+
+def fused_shared_linears(shared) -> tuple[str, str] | None:
+    """(gate/up, down) child names of a shared MLP of two bias-free linears, gate and up fused as halves of the
+    first (granitemoeshared's input_linear / output_linear); None for any other shape."""
+    import torch
+
+    linears = {name: m for name, m in shared.named_children() if isinstance(m, torch.nn.Linear)}
+    if len(linears) != 2 or any(m.bias is not None for m in linears.values()):
+        return None
+    (a, la), (b, lb) = linears.items()
+    for (gu, g), (down, d) in (((a, la), (b, lb)), ((b, lb), (a, la))):
+        if g.out_features == 2 * d.in_features and d.out_features == g.in_features:
+            return gu, down
+    return None
+
+
+def layer_shared_mlp(config):
+    """(its attribute in the layer, its class) of a shared MLP the decoder layer holds beside its sparse-MoE block
+    (granitemoeshared's shared_mlp), None where the layers have none: read on the shrunk probe config, whose
+    shared width is not 0 where the config has the key (a checkpoint of the family may have them where this
+    config's width is 0)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(_probe_config(config))
+    for layer in getattr(getattr(model, "model", None), "layers", None) or []:
+        if moe_block(layer) is None:
+            continue
+        for name in LAYER_SHARED_NAMES:
+            if getattr(layer, name, None) is not None:
+                return name, type(getattr(layer, name))
+    return None
+
+
+def layer_shared_renames(config) -> tuple[tuple[str, str], ...]:
+    """The checkpoint's names of the layer's shared MLP as the block's shared experts (agent.recipe.native.parts.model
+    adds them to the file's renames); () where the layers hold none beside their sparse-MoE block."""
+    found = layer_shared_mlp(config)
+    if found is None:
+        return ()
+    name, cls = found
+    linears = fused_shared_linears(cls(_probe_config(config)))
+    if linears is None:
+        return ()       # the sparse-MoE part refuses it
+    return tuple((f"\\.{name}\\.{stored}\\.", f".mlp.shared_experts.{native}.")
+                 for stored, native in zip(linears, ("gate_up_proj", "down_proj")))
+
+
+def _probe_layer_shared(config, probe, hidden: int) -> tuple[str, str, str] | None:
+    """The layer's own shared MLP, added to the block's output on the same input (granitemoeshared): read as the
+    block's shared experts (the checkpoint's names renamed to them: agent.recipe.native.parts.model) where it is
+    down(silu(gate) * up) with gate / up the halves of one linear, its width a config expression."""
+    import torch
+    import torch.nn.functional as F
+
+    found = layer_shared_mlp(config)
+    if found is None:
+        return None
+    name, cls = found
+    shared = cls(probe).float().eval()
+    linears = fused_shared_linears(shared)
+    if linears is None:
+        raise NotNative("moe", f"the layer's {name} is not two linears with gate / up fused as halves")
+    gate_up, down = (getattr(shared, n) for n in linears)
+    gen = torch.Generator().manual_seed(13)
+    x = torch.randn(5, hidden, generator=gen)
+    with torch.no_grad():
+        for p in shared.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen))
+        g, u = gate_up(x).chunk(2, dim=-1)
+        if not torch.allclose(shared(x), down(F.silu(g) * u), rtol=1e-4, atol=1e-4):
+            raise NotNative("moe", f"the layer's {name} computes no down(silu(gate) * up) of its fused halves")
+    width = down.in_features
+    for expr in SHARED_WIDTH_EXPRESSIONS:
+        try:
+            if eval(expr, {"config": probe}) == width:    # noqa: S307 - our own fixed expressions
+                return "plain", "shared_experts", expr
+        except (AttributeError, TypeError):
+            continue
+    raise NotNative("moe", f"the layer's {name} of width {width}: no config expression gives it")
 
 
 def _plain_path(pattern: str) -> tuple[str, ...] | None:
@@ -512,7 +595,8 @@ def fused_experts_renamed(model_type: str) -> bool:
 
 SHARED_WIDTHS = {"config.moe_intermediate_size * config.n_shared_experts": "per_expert",
                  "config.shared_expert_intermediate_size": "shared_expert_intermediate_size",
-                 "config.intermediate_size": "intermediate_size"}
+                 "config.intermediate_size": "intermediate_size",
+                 "config.shared_intermediate_size": "shared_intermediate_size"}
 
 
 def shared_width_options(expr: str) -> dict:
@@ -577,6 +661,9 @@ def derive_moe(config, checkpoint_keys=()) -> dict | None:
     kind, activation, fused_layout = _probe_experts(block.experts, probe, PROBE_HIDDEN)
     alpha = float(getattr(block.experts, "alpha", 0.0) or 0.0) if activation == "clamped_swiglu" else 0.0
     shared, shared_name, shared_width = _probe_shared(block, probe, PROBE_HIDDEN)
+    if shared is None:
+        shared, shared_name, shared_width = _probe_layer_shared(config, probe, PROBE_HIDDEN) or \
+            (shared, shared_name, shared_width)
     ckpt_names = checkpoint_expert_names(config.model_type)
     if kind == "gmm" and not ckpt_names and not fused_experts_renamed(config.model_type):
         raise NotNative("moe", "experts stored fused in the checkpoint without biases: no per-expert names to stack")
@@ -660,7 +747,10 @@ def _variants(match, probe):
         widths = shared_width_options(f["shared_width"])
         key = widths.get("SHARED_COUNT_KEY", "n_shared_experts") if widths["SHARED_WIDTH"] == "per_expert" \
             else widths["SHARED_WIDTH"]
-        found.append(("no shared experts", {key: 0}))
+        if getattr(probe.config, key, None):
+            found.append(("no shared experts", {key: 0}))
+        else:   # the checkpoint's config has none (granitemoeshared's default): the family's with them
+            found.append(("shared experts", {key: 1 if key != widths["SHARED_WIDTH"] else getattr(probe.config, f["width_key"])}))
     if f["groups"]:
         experts = getattr(probe.config, f["experts_key"])
         found.append(("grouped routing", {"n_group": 2, "topk_group": 1} if experts % 2 == 0 and probe.config.n_group == 1

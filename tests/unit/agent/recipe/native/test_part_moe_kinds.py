@@ -18,9 +18,18 @@ from locations import REPO_ROOT
 
 SNAPSHOT = REPO_ROOT.parent / "shared" / "upstream" / "cann-recipes-infer"
 
+# config changes a type is checked on: ernie's default 64 experts, k 6, two shared experts give a routing near-tie in
+# the whole model under one CPU thread (its k-th expert's choice moves with the summation order; the block alone
+# matches transformers' to 1e-7, test_moe_features.py), which the precision verdict's tie search judges on a real run
+# granitemoeshared's defaults have no shared MLP and the attention_multiplier 1.0 no granite checkpoint has (1/128 in
+# the granite 3 family; at 1.0 its decode differs from transformers' by 1.7x the tolerance, as granitemoe's defaults
+# do, while its checkpoint shape passes): the family's shared MLP at granite's multiplier
+CHANGES = {"ernie4_5_moe": {"moe_num_experts": 8, "moe_k": 2},
+           "granitemoeshared": {"attention_multiplier": 0.0078125, "shared_intermediate_size": 64}}
 # type -> (text of the correct file, its faulty replacement): the part's arithmetic broken
 FAULTS = {
     "granitemoe": ("weights = weights / weights.sum(dim=-1, keepdim=True)", "weights = weights"),
+    "granitemoeshared": ("shared = self.shared_experts(hidden_states)", "shared = 0 * self.shared_experts(hidden_states)"),
     "ernie4_5_moe": ("choice = scores + self.gate.e_score_correction_bias.float()", "choice = scores"),
     "hy_v3": ("weights = weights * self.routed_scaling_factor", "weights = weights"),
     "aria_text": ("shared = self.shared_experts(hidden_states)", "shared = 0 * self.shared_experts(hidden_states)"),
@@ -61,6 +70,30 @@ def test_a_sparse_moe_block_under_another_name_is_the_layers_mlp():
     assert renamed("model.layers.3.block_sparse_moe.output_linear.weight") == "model.layers.3.mlp.experts.down_proj"
     assert renamed("model.layers.3.block_sparse_moe.router.layer.weight") == "model.layers.3.mlp.router.weight"
     assert renamed("model.layers.3.self_attn.q_proj.weight") == "model.layers.3.self_attn.q_proj.weight"
+
+
+def test_a_shared_mlp_beside_the_block_is_its_shared_experts():
+    """granitemoeshared's layer holds a shared MLP (input_linear: gate and up as halves, output_linear) beside its
+    block, added to the block's output: the block's shared experts of width shared_intermediate_size, read where the
+    config's width is 0 too (the file serves the family's checkpoints with them, checked as a variant)."""
+    from transformers import AutoConfig
+
+    from agent.recipe.native.compose import derive
+    from agent.recipe.native.not_native import NotNative
+    from agent.recipe.native.parts import moe
+
+    composition = derive(AutoConfig.for_model("granitemoeshared").to_dict())
+    assert {k: composition.options[k] for k in ("SHARED", "SHARED_WIDTH")} == {
+        "SHARED": "plain", "SHARED_WIDTH": "shared_intermediate_size"}
+    assert ("shared experts", {"shared_intermediate_size": 128}) in composition.checked_variants   # the shrunk width
+    renames = composition.options["CHECKPOINT_RENAMES"]
+    assert ("\\.shared_mlp\\.input_linear\\.", ".mlp.shared_experts.gate_up_proj.") in renames
+    assert ("\\.shared_mlp\\.output_linear\\.", ".mlp.shared_experts.down_proj.") in renames
+    # a shared MLP of another formula is refused, not read as gate / up halves
+    config = AutoConfig.for_model("granitemoeshared", shared_intermediate_size=64, hidden_act="gelu")
+    probe = moe._probe_config(config)
+    with pytest.raises(NotNative, match="computes no down"):
+        moe._probe_layer_shared(config, probe, moe.PROBE_HIDDEN)
 
 
 def test_a_fused_qkv_transformers_splits_is_the_merged_projection():
@@ -114,9 +147,11 @@ def test_moe_kind_files_match_transformers_and_a_fault_fails(model_type, tmp_pat
     good, bad = tmp_path / f"{model_type}.py", tmp_path / "fault.py"
     good.write_text(text)
     bad.write_text(text.replace(correct, faulty))
+    changes = {"changes": CHANGES[model_type]} if model_type in CHANGES else {}
     labelled = selfcheck_jobs(config, composition, str(good), ctx["framework_class"])[:2]
     assert [job["dtype"] for _, job in labelled] == ["float32", "bfloat16"]
-    jobs = [job for _, job in labelled] + [{"config": config, "file": str(bad), "class_name": ctx["framework_class"]}]
+    jobs = [{**job, **changes} for _, job in labelled] + \
+        [{"config": config, "file": str(bad), "class_name": ctx["framework_class"], **changes}]
     results = selfcheck(jobs, SNAPSHOT)
     assert all(r["ok"] for r in results[:-1]), [(label, r["reason"]) for (label, _), r in zip(labelled, results)]
     assert not results[-1]["ok"] and "differ from transformers" in results[-1]["reason"], results[-1]
