@@ -172,6 +172,14 @@ SHAPES: dict[str, tuple[str, dict]] = {
     "hunyuan_v1_dense": ("tencent/Hunyuan-7B-Instruct", {
         "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096, "head_dim": 128,
         "rope_scaling": {"type": "dynamic", "factor": 1.0, "alpha": 1000.0}, "tie_word_embeddings": True}),
+    # its config.json as mirrored in github.com/tianyu1412/Hunyuan-A13B (models/config.json, written for the
+    # remote-code class): head_dim is its attention_head_dim; the per-layer lists as published
+    "hunyuan_v1_moe": ("tencent/Hunyuan-A13B-Instruct", {
+        "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096, "head_dim": 128,
+        "num_hidden_layers": 32, "intermediate_size": 3072, "num_experts": 64, "moe_topk": [8] * 32,
+        "moe_intermediate_size": [3072] * 32, "num_shared_expert": [1] * 32, "use_mixed_mlp_moe": True,
+        "use_qk_norm": True, "rope_theta": 10000.0, "max_position_embeddings": 32768, "vocab_size": 128167,
+        "rope_scaling": {"type": "dynamic", "factor": 1.0, "alpha": 1000.0}, "tie_word_embeddings": True}),
 }
 
 

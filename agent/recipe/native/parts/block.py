@@ -6,6 +6,7 @@ architecture gives them (a layer's other children: agent.recipe.native.parts.mod
 from __future__ import annotations
 
 from agent.recipe.native.not_native import NotNative
+from agent.recipe.native.parts.model import layer_mlp
 from agent.recipe.native.parts.norm import LAYER_NORMS
 from agent.recipe.native.parts.norm_roles import ROLES, norm_roles
 from agent.recipe.native.parts.part import Match, Part
@@ -55,7 +56,7 @@ def residual_scaled(layer, hidden: int, multiplier: float, roles: dict) -> bool:
     gen = torch.Generator().manual_seed(8)
     a, b = (torch.randn(hidden, hidden, generator=gen) / hidden ** 0.5 for _ in range(2))
     x = torch.randn(1, 3, hidden, generator=gen)
-    attention, mlp = layer.self_attn, layer.mlp
+    attention, mlp = layer.self_attn, layer_mlp(layer)     # its MoE block under another name (granitemoe)
     saved = attention.forward, mlp.forward
     try:
         attention.forward = lambda hidden_states, *args, **kwargs: (hidden_states @ a, None)

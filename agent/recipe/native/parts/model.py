@@ -53,6 +53,10 @@ def checkpoint_renames(model_type: str, class_name: str | None = None) -> tuple[
             renames += [(source, targets[0].replace("\\.", ".").lstrip("^")) for source in sources]
         elif [_name(source) for source in sources] == [_name(target) for target in targets]:
             continue          # a conversion of the stored tensor that keeps its name (5.0's gpt_oss: an alignment)
+        elif fused_qkv_split(rule):
+            # [q; k; v] stored as one tensor (sarvam_moe's query_key_value): the native merged_qkv_proj, whose
+            # loader splits a tensor given without a shard by the config's heads as transformers' Split does
+            renames.append((sources[0], "merged_qkv_proj"))
         elif not all("experts.*." in source for source in sources):
             raise NotNative("model", f"transformers converts checkpoint tensors {sources} -> {targets} for "
                                      f"{model_type}: the native loader reads the checkpoint's names")
@@ -69,6 +73,15 @@ def checkpoint_renames(model_type: str, class_name: str | None = None) -> tuple[
     return tuple(renames)
 
 
+def fused_qkv_split(rule) -> bool:
+    """A conversion that splits one checkpoint tensor into q_proj, k_proj, v_proj in that order along the output
+    dim (transformers' Split: each piece the size of its projection)."""
+    operations = getattr(rule, "operations", None) or []
+    return (len(rule.source_patterns) == 1 and _plain(rule.source_patterns[0])
+            and [_name(t) for t in rule.target_patterns] == ["q_proj", "k_proj", "v_proj"]
+            and [type(op).__name__ for op in operations] == ["Split"] and getattr(operations[0], "dim", None) == 0)
+
+
 def _probe(probe, chosen):
     top = children(probe.view)
     if set(top) - {"model", "lm_head"}:
@@ -76,16 +89,46 @@ def _probe(probe, chosen):
     if probe.base is None or set(children(probe.base)) - MODEL_CHILDREN:
         extra = sorted(set(children(probe.base)) - MODEL_CHILDREN) if probe.base is not None else ["(no .model)"]
         raise NotNative("model", f"modules the native model does not have: {extra}")
+    from agent.recipe.native.parts.moe import LAYER_SHARED_NAMES, layer_shared_renames, moe_block
+
+    block_names, layer_shared = set(), False
     for index, layer in enumerate(probe.layers):
-        names = children(layer)
-        unknown = set(names) - LAYER_CHILDREN - set(norm_roles(probe).values())
+        names = set(children(layer))
+        block = moe_block_name(layer, names)
+        if block is not None:
+            names = (names - {block}) | {"mlp"}
+            block_names.add(block)
+        if moe_block(layer) is not None:
+            # a shared MLP beside the sparse-MoE block (granitemoeshared): the block's shared experts
+            layer_shared |= bool(names & set(LAYER_SHARED_NAMES))
+            names -= set(LAYER_SHARED_NAMES)
+        unknown = names - LAYER_CHILDREN - set(norm_roles(probe).values())
         if unknown:
             raise NotNative("decoder layer", f"layer {index} has {sorted(unknown)}")
         if ("self_attn" not in names and "linear_attn" not in names) or "mlp" not in names:
             raise NotNative("decoder layer", f"layer {index} has no self_attn (or linear_attn) / mlp")
     # the checkpoint's names of the GPT-J / NeoX-era families (agent.recipe.native.parts.names) first
     renames = probe.renames + checkpoint_renames(probe.model_type, type(probe.model).__name__)
+    # the sparse-MoE block under another name in transformers' own layer (granitemoe's block_sparse_moe): the
+    # native layer's `mlp`, after transformers' renames (which name the block as the layer does)
+    renames += tuple((f"\\.{re.escape(name)}\\.", ".mlp.") for name in sorted(block_names))
+    if block_names or layer_shared:
+        renames += layer_shared_renames(probe.full_config)
     return Match(CAUSAL_LM, options={"CHECKPOINT_RENAMES": renames})
+
+
+def layer_mlp(layer):
+    """The layer's MLP: its `mlp`, or its sparse-MoE block under another name (the native layer's `mlp`)."""
+    block = moe_block_name(layer, set(children(layer)))
+    return getattr(layer, block if block is not None else "mlp")
+
+
+def moe_block_name(layer, names) -> str | None:
+    """The layer's sparse-MoE block's attribute where it is not `mlp` and the layer has no `mlp` beside it."""
+    from agent.recipe.native.parts.moe import moe_block
+
+    found = moe_block(layer)
+    return found[0] if found is not None and found[0] != "mlp" and "mlp" not in names else None
 
 
 CAUSAL_LM = Part(
