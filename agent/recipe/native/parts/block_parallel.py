@@ -53,7 +53,9 @@ def _two_norms(probe, chosen):
     sequential pre-norm layer (checked on the config with the key toggled); None where the layer is sequential and
     no key makes it parallel (the pre-norm part's)."""
     shapes = {tuple(n for n in NORM_NAMES if n in children(layer)) for layer in probe.layers}
-    if shapes != {("input_layernorm", "post_attention_layernorm")} or any(not hasattr(layer, "mlp") for layer in probe.layers):
+    # every layer an attention and an MLP (a hybrid's linear-attention layers are the pre-norm part's)
+    if shapes != {("input_layernorm", "post_attention_layernorm")} \
+            or any(not (hasattr(layer, "mlp") and hasattr(layer, "self_attn")) for layer in probe.layers):
         return None
     try:
         _probe_parallel(probe.layers[0], probe.hidden, mlp_norm=True)
