@@ -15,9 +15,9 @@ from agent.recipe.native.parts.mla import is_mla_model
 from agent.recipe.native.parts.probe import DROP, children
 
 ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "q_norm", "k_norm", "rotary_fn"}
-BIAS_KEYS = ("attention_bias", "use_qkv_bias", "use_bias")       # config keys that may set the projections' biases
+BIAS_KEYS = ("attention_bias", "use_qkv_bias", "use_bias", "enable_bias")       # config keys that may set the projections' biases
 DENSE_OPTIONS = ("QKV", "QKV_BIAS", "O_BIAS", "QK_NORM", "QK_NORM_FULL", "QUERY_PRE_ATTN_SCALAR", "WINDOWS",
-                 "LAYER_TYPE_WINDOWS", "STACKED_PARAMS", "ATTENTION_MULTIPLIER")
+                 "LAYER_TYPE_WINDOWS", "STACKED_PARAMS", "ATTENTION_MULTIPLIER", "ROTARY")
 WINDOW = 5                            # the shrunk window (agent.recipe.native.parts.probe.shrunk_config)
 
 
@@ -145,12 +145,12 @@ def dense_attention(probe) -> dict:
         if sink is not None and (not isinstance(sink, torch.nn.Parameter) or tuple(sink.shape) != (heads,)):
             raise NotNative("attention", f"attention sinks of shape {tuple(getattr(sink, 'shape', ()))}: not one per head")
         qkv, o = _projections(probe, index)
-        if any(p is None or not isinstance(p, torch.nn.Linear) for p in qkv) or not isinstance(o, torch.nn.Linear):
+        if any(out_features(p) is None for p in qkv) or out_features(o) is None:
             raise NotNative("attention", f"{type(attention).__name__}: q/k/v/o are not plain linears")
         fused = "qkv_proj" in a
-        if fused and qkv[0].out_features != (heads + 2 * kv_heads) * head_dim:
+        if fused and out_features(qkv[0]) != (heads + 2 * kv_heads) * head_dim:
             raise NotNative("attention", "qkv_proj is not [q; k; v] of the config's heads")
-        if not fused and (qkv[0].out_features, qkv[1].out_features) != (heads * head_dim, kv_heads * head_dim):
+        if not fused and (out_features(qkv[0]), out_features(qkv[1])) != (heads * head_dim, kv_heads * head_dim):
             raise NotNative("attention", "q/k projections are not the config's heads x head_dim")
         qk_norm = ("q_norm" in a, "k_norm" in a)
         if qk_norm not in ((True, True), (False, False)):
@@ -186,6 +186,17 @@ def dense_attention(probe) -> dict:
              "sinks": sinks, **windows(probe)}
     probe.memo["dense_attention"] = facts
     return facts
+
+
+def out_features(projection) -> int | None:
+    """The output width of a Linear or of a Conv1D (gpt2's: a linear whose weight is stored [in, out], transposed
+    at load: agent.recipe.native.parts.layout); None for anything else."""
+    import torch
+    from transformers.pytorch_utils import Conv1D
+
+    if isinstance(projection, torch.nn.Linear):
+        return projection.out_features
+    return projection.nf if isinstance(projection, Conv1D) else None
 
 
 def qk_norm_width(modules: dict, heads: int, kv_heads: int, head_dim: int) -> str:
@@ -238,6 +249,8 @@ def _dense_match(part, probe, chosen, **extra) -> Match:
     facts = dense_attention(probe)
     options = {k: v for k, v in facts.items() if k in DENSE_OPTIONS}
     position = chosen.get("position")
+    if position is not None and position.options.get("ABSOLUTE_POSITIONS"):
+        extra = {**extra, "ROTARY": False}          # positions added to the embedding: no rotary here
     return Match(part, options={**options, **extra},
                  facts={**facts, "partial": bool(position is not None and position.facts.get("partial"))})
 
@@ -274,8 +287,9 @@ def _fused_kernels(match):
     window = ("; sliding-window layers: band mode (sparse_mode 4) at prefill and, on the window's blocks alone, at "
               "decode" if match.options["WINDOWS"] else "")
     sinks = "; attention sinks as its learnable_sink" if match.options.get("SINKS") else ""
-    return (WRITE_KERNELS + (_rope_kernel(match), f"npu_fused_infer_attention_score_v2 (TND, paged cache through "
-                                                  f"block_table{window}{sinks})"), ())
+    rope = (_rope_kernel(match),) if match.options.get("ROTARY", True) else ()
+    return (WRITE_KERNELS + rope + (f"npu_fused_infer_attention_score_v2 (TND, paged cache through "
+                                    f"block_table{window}{sinks})",), ())
 
 
 def _softcap_kernels(match):

@@ -4,6 +4,7 @@ c_fc / c_proj: its checkpoint's tensors renamed at load), read from the layers w
 from __future__ import annotations
 
 from agent.recipe.native.not_native import NotNative
+from agent.recipe.native.parts.attention import out_features
 from agent.recipe.native.parts.mlp import act_key, bias_option, bias_variants, dense_mlps
 from agent.recipe.native.parts.part import Match, Part
 from agent.recipe.native.parts.probe import children
@@ -26,9 +27,33 @@ def _probe_formula(mlp, hidden: int, activation) -> None:
         raise NotNative("mlp", f"{type(mlp).__name__} is not down(act(up(x)))")
 
 
+# config keys that hold a plain MLP's width, as the architectures name it (gpt2's n_inner: 4 x hidden_size where None)
+WIDTH_KEYS = ("intermediate_size", "ffn_dim", "n_inner")
+
+
+def _width(probe, widths: set) -> dict:
+    """The MLP's width as the config holds it: {} for config.intermediate_size; else MLP_WIDTH, the key (and
+    WIDTH_DEFAULT_4X where it is None and the width 4 x hidden_size), checked on a config with that key changed."""
+    if not widths:
+        return {}
+    config, (width,) = probe.config, widths if len(widths) == 1 else (None,)
+    key = next((k for k in WIDTH_KEYS if getattr(config, k, None) == width), None)
+    if key is None and getattr(config, "n_inner", 0) is None and width == 4 * probe.hidden:
+        key = "n_inner"
+    default = key == "n_inner"          # gpt2's: None in most checkpoints
+    if key is None:
+        raise NotNative("mlp", f"plain MLP of width {sorted(widths)}: no config key of {', '.join(WIDTH_KEYS)} holds it")
+    other = probe.variant({key: 2 * probe.hidden + 8})
+    up = next(iter(m for m in children(children(other.layers[0])["mlp"]).values() if out_features(m)))
+    if out_features(up) != 2 * probe.hidden + 8:
+        raise NotNative("mlp", f"the plain MLP's width does not follow config.{key}")
+    return {"MLP_WIDTH": key, "WIDTH_DEFAULT_4X": default}
+
+
 def _plain(probe, chosen):
     import torch
     from transformers.activations import ACT2FN
+    from transformers.pytorch_utils import Conv1D
 
     found = dense_mlps(probe, chosen)
     if not found:
@@ -40,18 +65,21 @@ def _plain(probe, chosen):
     gpt = names == {frozenset(GPT_CHILDREN)}
     up_name, down_name = ("c_fc", "c_proj") if gpt else ("up_proj", "down_proj")
     key = act_key(source.config)
-    biases = set()
+    biases, widths = set(), set()
     for mlp in mlps:
-        up, down = getattr(mlp, up_name), getattr(mlp, down_name)
-        if not all(isinstance(linear, torch.nn.Linear) for linear in (up, down)):
+        up, down = children(mlp)[up_name], children(mlp)[down_name]
+        if not all(isinstance(linear, (torch.nn.Linear, Conv1D)) for linear in (up, down)):
             return None
+        if out_features(up) != getattr(source.config, "intermediate_size", None):
+            widths.add(out_features(up))
         biases.add((up.bias is not None, down.bias is not None))
         _probe_formula(mlp, source.hidden, ACT2FN[getattr(source.config, key)])
     if len(biases) != 1 or len(set(next(iter(biases)))) != 1:
         raise NotNative("mlp", "plain MLPs with a bias on one projection only, or on some layers only")
+    width = _width(source, widths)
     renames = tuple((f"\\.mlp\\.{old}\\.", f".mlp.{new}.") for old, new in GPT_CHILDREN.items() if old != "act") if gpt else ()
     return Match(PLAIN_MLP, options={"ACT": key, "MLP_BIAS": bias_option(source, next(iter(biases))[0]),
-                                     "CHECKPOINT_RENAMES": renames},
+                                     "CHECKPOINT_RENAMES": renames, **width},
                  facts={"activation": getattr(source.config, key)})
 
 
@@ -60,4 +88,4 @@ PLAIN_MLP = Part(
     reads=("hidden_size", "intermediate_size", "hidden_act", "mlp_bias"), probe=_plain,
     kernels=lambda m: ((), (f"MLP activation {m.facts['activation']}: plain torch between the parallel linears "
                             "(no gate: npu_swiglu does not apply)",)),
-    options=("ACT", "MLP_BIAS", "CHECKPOINT_RENAMES"), variants=bias_variants)
+    options=("ACT", "MLP_BIAS", "CHECKPOINT_RENAMES", "MLP_WIDTH", "WIDTH_DEFAULT_4X"), variants=bias_variants)

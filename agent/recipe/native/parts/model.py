@@ -11,7 +11,7 @@ from agent.recipe.native.parts.norm import LAYER_NORMS
 from agent.recipe.native.parts.part import Match, Part
 from agent.recipe.native.parts.probe import children
 
-MODEL_CHILDREN = {"embed_tokens", "layers", "norm", "rotary_emb"}
+MODEL_CHILDREN = {"embed_tokens", "layers", "norm", "rotary_emb", "embed_positions"}
 LAYER_CHILDREN = {"self_attn", "mlp", *LAYER_NORMS}
 
 
@@ -57,6 +57,9 @@ def checkpoint_renames(model_type: str) -> tuple[tuple[str, str], ...]:
 
 
 def _probe(probe, chosen):
+    layout = probe.layout
+    if layout is not None and layout.refusal:
+        raise NotNative("model", layout.refusal)
     top = children(probe.model)
     if set(top) - {"model", "lm_head"}:
         raise NotNative("model", f"heads other than lm_head: {sorted(set(top) - {'model', 'lm_head'})}")
@@ -70,11 +73,19 @@ def _probe(probe, chosen):
             raise NotNative("decoder layer", f"layer {index} has {sorted(unknown)}")
         if "self_attn" not in names or "mlp" not in names:
             raise NotNative("decoder layer", f"layer {index} has no self_attn / mlp")
-    return Match(CAUSAL_LM, options={"CHECKPOINT_RENAMES": checkpoint_renames(probe.model_type)})
+    renames = checkpoint_renames(probe.model_type)
+    if layout is None:
+        return Match(CAUSAL_LM, options={"CHECKPOINT_RENAMES": renames})
+    # the root under another name: the stored names to the skeleton's, after transformers' own renames
+    return Match(CAUSAL_LM, options={"CHECKPOINT_RENAMES": renames + layout.renames,
+                                     "TRANSPOSED_WEIGHTS": layout.transposed},
+                 facts={"transposed": bool(layout.transposed)})
 
 
 CAUSAL_LM = Part(
     slot="model", name="causal_lm", code="causal_lm.py", provides=None,
     reads=("num_hidden_layers", "hidden_size", "vocab_size", "rms_norm_eps", "max_position_embeddings", "head_dim",
            "num_attention_heads", "num_key_value_heads", "intermediate_size"),
-    probe=_probe, options=("CHECKPOINT_RENAMES", "STACKED_PARAMS", "MLA", "MOE"))
+    probe=_probe, options=("CHECKPOINT_RENAMES", "STACKED_PARAMS", "MLA", "MOE", "TRANSPOSED_WEIGHTS"),
+    kernels=lambda m: ((), ("Conv1D weights (stored [in, out]) transposed once at load into the parallel linears",)
+                       if m.facts.get("transposed") else ()))

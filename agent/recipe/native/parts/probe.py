@@ -16,6 +16,8 @@ PROBE_VOCAB = 512
 DROP = "<drop>"         # a Probe.variant change that removes the key (transformers' default then applies)
 KERNEL_DIMS = ("head_dim", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "kv_lora_rank")
 SIZE_KEYS = {"hidden_size", "num_hidden_layers", "vocab_size"}
+# widths a config keeps equal to hidden_size where the checkpoint does (shrunk with it)
+WIDTHS_OF_HIDDEN = ("word_embed_proj_dim",)
 
 
 def first_line(exc: BaseException, limit: int = 200) -> str:
@@ -49,6 +51,9 @@ def shrunk_config(config_dict: dict, changes: dict | None = None):
         # a head width the config derives (hidden_size // heads): the shrunk width keeps it
         real["hidden_size"] = overrides.get("num_attention_heads", heads) * (hidden // heads)
     overrides.update(real)
+    for key in WIDTHS_OF_HIDDEN:
+        if data.get(key) == hidden and "hidden_size" in overrides:
+            overrides[key] = overrides["hidden_size"]        # opt's embedding width: the hidden width unless projected
     data.update(overrides)
     # random token ids need no tokenizer: a small vocabulary, the special ids inside it
     if isinstance(data.get("vocab_size"), int) and data["vocab_size"] > PROBE_VOCAB:
@@ -71,9 +76,13 @@ def shrunk_config(config_dict: dict, changes: dict | None = None):
 
 
 def children(module) -> dict:
-    """A module's children, dropouts left out (identities at inference)."""
+    """A module's children, dropouts left out (identities at inference), under the skeleton's names where the
+    architecture's layout names them otherwise (agent.recipe.native.parts.layout)."""
     import torch
 
+    shown = module.__dict__.get("_native_children")
+    if shown is not None:
+        return dict(shown)
     return {name: child for name, child in module.named_children() if not isinstance(child, torch.nn.Dropout)}
 
 
@@ -122,7 +131,11 @@ class Probe:
             raise NotNative("model", f"transformers cannot build it on a shrunk config ({first_line(exc)})") from exc
         self.model.eval()
         self.modeling = importlib.import_module(type(self.model).__module__)
-        self.base = getattr(self.model, "model", None)
+        from agent.recipe.native.parts.layout import read_layout
+
+        # a root under another name (gpt2's transformer.h.N): read under the skeleton's names
+        self.layout = read_layout(self.model, self.config.hidden_size)
+        self.base = self.layout.base if self.layout is not None else getattr(self.model, "model", None)
         self.layers = list(getattr(self.base, "layers", None) or [])
         config = self.config
         self.hidden = config.hidden_size

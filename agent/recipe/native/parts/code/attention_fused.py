@@ -34,6 +34,7 @@ MTP = False                     # decode steps of next_n + 1 tokens per sequence
 NOPE_LAYERS = None              # layers without rotary: "no_rope_layers" (smollm3: the config's 0s), "global_nope"
                                 # (exaone4: the full-attention layers of a config with a sliding window)
 ROPE_INTERLEAVED = False        # the architecture rotates pairs (2i, 2i + 1): q/k rows reordered at load (glm, ernie4_5)
+ROTARY = True                   # q and k rotated (else the positions were added to the embedding: gpt2)
 
 
 def layer_windows(config):
@@ -155,10 +156,11 @@ class ModelAttention(nn.Module):
         value = value.reshape(q_len, self.num_key_value_heads_per_rank, self.head_dim)
         if QK_NORM:
             query, key = self.q_norm(query), self.k_norm(key)
-        cos, sin = cos_sin[self.layer_type] if ROPE_BY_LAYER_TYPE else cos_sin
-        cos, sin = cos[:q_len], sin[:q_len]
-        if not NOPE_LAYERS or self.use_rope:
-            query, key = torch_npu.npu_apply_rotary_pos_emb(query.contiguous(), key.contiguous(), cos, sin, layout="TND")
+        if ROTARY:
+            cos, sin = cos_sin[self.layer_type] if ROPE_BY_LAYER_TYPE else cos_sin
+            cos, sin = cos[:q_len], sin[:q_len]
+            if not NOPE_LAYERS or self.use_rope:
+                query, key = torch_npu.npu_apply_rotary_pos_emb(query.contiguous(), key.contiguous(), cos, sin, layout="TND")
         if not self.k_cache.numel() or not self.v_cache.numel():
             raise RuntimeError("KV cache not allocated: the executor binds it through get_cache_info()")
         slots = forward_metadata.slot_mapping[self.attn_type].view(-1)[:q_len].view(-1, 1)

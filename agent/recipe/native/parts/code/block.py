@@ -14,6 +14,7 @@ SANDWICH = False        # post-attention and pre/post-feedforward norms around a
 # decoder_sparse_step, ...), the layers is_moe_layer picks by it
 MOE_LAYERS = None
 NORM_EPS = "rms_norm_eps"   # the config key of the norms' epsilon
+FIXED_NORM_EPS = 1e-5       # their epsilon where no config key holds it (NORM_EPS None: opt's LayerNorms)
 RESIDUAL_MULTIPLIER = False  # the attention's and the MLP's outputs times config.residual_multiplier (granite)
 
 
@@ -32,11 +33,11 @@ class ModelDecoderLayer(nn.Module):
             self.mlp = MLP(config, infer_config, comm_manager, prefix=f"{prefix}.mlp")
         if RESIDUAL_MULTIPLIER:
             self.residual_multiplier = config.residual_multiplier
-        self.input_layernorm = Norm(config.hidden_size, eps=getattr(config, NORM_EPS))
-        self.post_attention_layernorm = Norm(config.hidden_size, eps=getattr(config, NORM_EPS))
+        self.input_layernorm = Norm(config.hidden_size, eps=getattr(config, NORM_EPS) if NORM_EPS else FIXED_NORM_EPS)
+        self.post_attention_layernorm = Norm(config.hidden_size, eps=getattr(config, NORM_EPS) if NORM_EPS else FIXED_NORM_EPS)
         if SANDWICH:
-            self.pre_feedforward_layernorm = Norm(config.hidden_size, eps=getattr(config, NORM_EPS))
-            self.post_feedforward_layernorm = Norm(config.hidden_size, eps=getattr(config, NORM_EPS))
+            self.pre_feedforward_layernorm = Norm(config.hidden_size, eps=getattr(config, NORM_EPS) if NORM_EPS else FIXED_NORM_EPS)
+            self.post_feedforward_layernorm = Norm(config.hidden_size, eps=getattr(config, NORM_EPS) if NORM_EPS else FIXED_NORM_EPS)
 
     def forward(self, hidden_states, cos_sin, past_residual, forward_metadata):
         hidden_states, residual = self.input_layernorm(hidden_states, past_residual)
