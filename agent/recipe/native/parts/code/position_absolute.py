@@ -29,7 +29,9 @@ class ModelAbsolutePositionEmbedding(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        rows = config.max_position_embeddings + POSITION_OFFSET
+        rows = config.max_position_embeddings
+        if POSITION_OFFSET:
+            rows += POSITION_OFFSET         # the rows before position 0
         if SINUSOIDAL:
             self.register_buffer("weight", sinusoid_table(rows, config.hidden_size), persistent=False)
         else:
