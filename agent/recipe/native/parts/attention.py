@@ -17,7 +17,7 @@ from agent.recipe.native.parts.probe import DROP, children
 ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "q_norm", "k_norm", "rotary_fn"}
 BIAS_KEYS = ("attention_bias", "use_qkv_bias", "use_bias", "enable_bias")       # config keys that may set the projections' biases
 DENSE_OPTIONS = ("QKV", "QKV_BIAS", "O_BIAS", "QK_NORM", "QK_NORM_FULL", "QUERY_PRE_ATTN_SCALAR", "WINDOWS",
-                 "LAYER_TYPE_WINDOWS", "STACKED_PARAMS", "ATTENTION_MULTIPLIER", "ROTARY")
+                 "LAYER_TYPE_WINDOWS", "STACKED_PARAMS", "ATTENTION_MULTIPLIER", "ROTARY", "UNSCALED", "LOCAL_LAYERS")
 WINDOW = 5                            # the shrunk window (agent.recipe.native.parts.probe.shrunk_config)
 
 
@@ -99,12 +99,64 @@ def _toggled(probe, on: bool):
     return other
 
 
+def measured_scale(attention, qkv, o, heads: int, head_dim: int) -> float | None:
+    """The softmax scale of an attention without a `scaling` attribute and without rotary (positions added to the
+    embedding), measured: its output on 4 tokens against causal attention at head_dim ** -0.5 and at 1; None for
+    neither (or another call shape)."""
+    import torch
+
+    x = torch.randn(1, 4, qkv[0].in_features, generator=torch.Generator().manual_seed(11))
+    try:
+        with torch.no_grad():
+            got = attention(x)
+    except Exception:  # noqa: BLE001 - another call shape: not measured
+        return None
+    got = got[0] if isinstance(got, tuple) else got
+    with torch.no_grad():
+        q, k, v = (p(x).view(1, 4, -1, head_dim).transpose(1, 2) for p in qkv)
+        groups = heads // k.shape[1]
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        causal = torch.full((4, 4), float("-inf")).triu(1)
+        for scale in (head_dim ** -0.5, 1.0):
+            weights = (q @ k.transpose(-1, -2) * scale + causal).softmax(-1)
+            want = o((weights @ v).transpose(1, 2).reshape(1, 4, -1))
+            if torch.allclose(got, want, rtol=1e-4, atol=1e-5):
+                return scale
+    return None
+
+
+def local_layers(probe) -> dict | None:
+    """gpt_neo's windows: config.attention_layers' "local" layers attend to the last config.window_size keys, read
+    from each layer's own causal mask (key j seen by query i where j <= i and i - j < window_size); None for a
+    config without them."""
+    import torch
+
+    config = probe.config
+    kinds, window = getattr(config, "attention_layers", None), getattr(config, "window_size", None)
+    if not isinstance(kinds, list) or not isinstance(window, int):
+        return None
+    n = 2 * window + 2
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None]
+    for index, layer in enumerate(probe.layers):
+        mask = getattr(children(layer)["self_attn"], "bias", None)
+        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape[-1] < n:
+            raise NotNative("attention", "config.attention_layers, and no causal mask buffer to read the windows from")
+        want = (j <= i) & ((i - j < window) if kinds[index] == "local" else True)
+        if not torch.equal(mask[0, 0, :n, :n], want):
+            raise NotNative("attention", f"layer {index}'s mask is not the {kinds[index]} attention of "
+                                         "config.attention_layers / window_size")
+    return {"WINDOWS": True, "LAYER_TYPE_WINDOWS": False, "LOCAL_LAYERS": True}
+
+
 def windows(probe) -> dict:
     """WINDOWS (the architecture attends in a window where the config sets one) and LAYER_TYPE_WINDOWS (which
     layers: config.layer_types'), held to transformers' own cache decision on the checkpoint's config and on one
     with the window toggled (which the self-check then runs too)."""
     import torch
 
+    local = local_layers(probe)
+    if local is not None:
+        return local
     if "sliding_window" not in probe.config.to_dict():
         return {"WINDOWS": False, "LAYER_TYPE_WINDOWS": False}
     sliding, from_types = window_rule(probe.config, len(probe.layers))
@@ -157,6 +209,8 @@ def dense_attention(probe) -> dict:
             raise NotNative("attention", "a q norm without a k norm, or the reverse")
         qk_width = qk_norm_width(a, heads, kv_heads, head_dim) if qk_norm[0] else None
         scale = getattr(attention, "scaling", None)
+        if scale is None and not fused and probe.layout is not None:
+            scale = measured_scale(attention, qkv, o, heads, head_dim)        # gpt_neo's: no `scaling`
         if not isinstance(scale, float):
             raise NotNative("attention", f"{type(attention).__name__} has no float `scaling`")
         shapes.add((fused, qkv[0].bias is not None, o.bias is not None, qk_width, sink is not None, scale))
@@ -165,7 +219,7 @@ def dense_attention(probe) -> dict:
     fused, qkv_bias, o_bias, qk_width, sinks, scale = next(iter(shapes))
     if qk_width == "full" and fused:
         raise NotNative("attention", "q/k norms over all heads' width with a fused qkv_proj")
-    scales = {"head_dim": head_dim ** -0.5}
+    scales = {"head_dim": head_dim ** -0.5, "unscaled": 1.0}
     if isinstance(getattr(probe.config, "query_pre_attn_scalar", None), (int, float)):
         scales["query_pre_attn_scalar"] = probe.config.query_pre_attn_scalar ** -0.5
     if isinstance(getattr(probe.config, "attention_multiplier", None), (int, float)):
@@ -182,7 +236,7 @@ def dense_attention(probe) -> dict:
              "O_BIAS": _bias_option(probe, o_bias, "o"), "QK_NORM": qk_width == "head",
              "QK_NORM_FULL": qk_width == "full",
              "QUERY_PRE_ATTN_SCALAR": rule == "query_pre_attn_scalar", "STACKED_PARAMS": stacked,
-             "ATTENTION_MULTIPLIER": rule == "attention_multiplier",
+             "ATTENTION_MULTIPLIER": rule == "attention_multiplier", "UNSCALED": rule == "unscaled",
              "sinks": sinks, **windows(probe)}
     probe.memo["dense_attention"] = facts
     return facts

@@ -25,13 +25,13 @@ class Layout:
     refusal: str | None = None                    # a layer shape no part writes (the model part raises it)
 
 
-def present(parent, roles: dict) -> None:
+def present(parent, roles: dict, hide: tuple = ()) -> None:
     """`parent`'s children read under the skeleton's names (`roles`: its child's name -> the skeleton's, or
     skeleton name -> a module standing for several children), attributes of those names too where it has none."""
     import torch
 
     named = {name: child for name, child in parent.named_children() if not isinstance(child, torch.nn.Dropout)}
-    shown, hidden = {}, set()
+    shown, hidden = {}, set(hide)
     for name, role in roles.items():
         if isinstance(role, str):
             shown[role] = named[name]
@@ -200,9 +200,15 @@ def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
     if mlp:
         for name, skeleton in zip(mlp[::2], ("up_proj", "down_proj")):
             layout.renames += ((f"{layer}{re.escape(name)}\\.", f"model.layers.\\1.mlp.{skeleton}."),)
-    attention_roles = {}
+    attention_roles, inner = {}, None
+    if len(attentions) == 1 and list(_named(named[attentions[0]])) == ["attention"]:
+        # the attention inside a wrapper (gpt_neo's attn.attention): read and loaded as the layer's self_attn
+        inner = _named(named[attentions[0]])["attention"]
+        layout.renames = tuple(r for r in layout.renames if r[1] != "model.layers.\\1.self_attn.") + (
+            (f"{layer}{re.escape(attentions[0])}\\.attention\\.", "model.layers.\\1.self_attn."),)
     if len(attentions) == 1:
-        projections = {n: w for n, c in _named(named[attentions[0]]).items() if (w := _projection_widths(c))}
+        attention_module = inner if inner is not None else named[attentions[0]]
+        projections = {n: w for n, c in _named(attention_module).items() if (w := _projection_widths(c))}
         separate = {"q_proj", "k_proj", "v_proj"}
         if len(projections) == 2 and not separate & set(projections):
             (a, wa), (b, wb) = projections.items()
@@ -219,9 +225,12 @@ def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
         shown = dict(roles)
         if mlp:
             shown["mlp"] = MLPView(*(children[n] for n in mlp))
-        present(module, shown)
+        if inner is not None:
+            shown = {k: v for k, v in shown.items() if k != attentions[0]}
+            shown["self_attn"] = _named(children[attentions[0]])["attention"]
+        present(module, shown, hide=(attentions[0],) if inner is not None else ())
         if attention_roles:
-            present(children[attentions[0]], attention_roles)
+            present(shown["self_attn"] if inner is not None else children[attentions[0]], attention_roles)
     # Conv1D weights as stored ([in, out]), by their stored names
     stored = next((pattern for pattern, target in layout.renames if target == "model.layers."), None)
     for path, module in layers[0].named_modules():

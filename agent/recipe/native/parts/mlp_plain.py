@@ -38,9 +38,10 @@ def _width(probe, widths: set) -> dict:
         return {}
     config, (width,) = probe.config, widths if len(widths) == 1 else (None,)
     key = next((k for k in WIDTH_KEYS if getattr(config, k, None) == width), None)
-    if key is None and getattr(config, "n_inner", 0) is None and width == 4 * probe.hidden:
-        key = "n_inner"
-    default = key == "n_inner"          # gpt2's: None in most checkpoints
+    if key is None and width == 4 * probe.hidden:
+        # a key of None meaning 4 x hidden_size (gpt2's n_inner, gpt_neo's intermediate_size)
+        key = next((k for k in WIDTH_KEYS if k in config.to_dict() and getattr(config, k) is None), None)
+    default = key is not None and getattr(config, key) is None or key == "n_inner"
     if key is None:
         raise NotNative("mlp", f"plain MLP of width {sorted(widths)}: no config key of {', '.join(WIDTH_KEYS)} holds it")
     other = probe.variant({key: 2 * probe.hidden + 8})

@@ -64,6 +64,8 @@ def shrunk_config(config_dict: dict, changes: dict | None = None):
     data = apply_changes(data, changes or {})
     if isinstance(data.get("sliding_window"), int) and data["sliding_window"]:
         data["sliding_window"] = 5
+    if isinstance(data.get("attention_layers"), list) and isinstance(data.get("window_size"), int):
+        data["window_size"] = 5         # gpt_neo's local layers' window
     if isinstance(data.get("query_pre_attn_scalar"), (int, float)):
         data["query_pre_attn_scalar"] = 24
     model_type = data.pop("model_type")

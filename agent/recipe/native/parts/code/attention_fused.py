@@ -28,6 +28,8 @@ ATTENTION_MULTIPLIER = False    # softmax scale config.attention_multiplier (gra
 ROPE_BY_LAYER_TYPE = False      # cos / sin per layer type (gemma3's local and global bases)
 WINDOWS = False                 # the architecture attends in a sliding window where its config says so
 LAYER_TYPE_WINDOWS = False      # which layers: config.layer_types' sliding_attention ones (else every layer)
+LOCAL_LAYERS = False            # which layers: config.attention_layers' "local" ones, window config.window_size (gpt_neo)
+UNSCALED = False                # softmax of q . k unscaled (gpt_neo)
 SINKS = False                   # a learnable sink logit per head in the softmax (gpt_oss)
 NORM_EPS = "rms_norm_eps"       # the config key of the norms' epsilon
 MTP = False                     # decode steps of next_n + 1 tokens per sequence (an MTP draft verified)
@@ -39,6 +41,8 @@ ROTARY = True                   # q and k rotated (else the positions were added
 
 def layer_windows(config):
     """Per layer: its sliding window, or None for full attention, as transformers decides it from the config."""
+    if LOCAL_LAYERS:
+        return [config.window_size if kind == "local" else None for kind in config.attention_layers[:config.num_hidden_layers]]
     window = getattr(config, "sliding_window", None)
     if not window:
         return [None] * config.num_hidden_layers
@@ -95,6 +99,8 @@ class ModelAttention(nn.Module):
             self.scaling = config.query_pre_attn_scalar ** -0.5
         elif ATTENTION_MULTIPLIER:
             self.scaling = config.attention_multiplier
+        elif UNSCALED:
+            self.scaling = 1.0
         else:
             self.scaling = self.head_dim ** -0.5
         tp_rank = comm_manager.get_rank("attn_tp_group") if self.attn_tp_size > 1 else 0

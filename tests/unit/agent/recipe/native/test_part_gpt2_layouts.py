@@ -3,10 +3,12 @@ parts/code/position_absolute.py): the model root under another name (gpt2's tran
 model.decoder.layers, biogpt's biogpt.layers with its output_projection head) read from transformers' own modules,
 absolute positions learned (gpt2's wpe; opt's table whose position 0 is row 2) or fairseq's sinusoids (xglm) added
 to the embedding, GPT-2's Conv1D weights transposed at load into the fused q/k/v linear, the layer's own fc1 / fc2
-as the plain MLP, and a LayerNorm epsilon torch fixes (opt). Each type's file is held to transformers in float32
-and bfloat16 and on the family settings it reads; a file with the part's arithmetic broken (positions not added,
-the table's row offset moved, sin and cos swapped) fails the same check. gpt2's check runs by default; opt's,
-xglm's and biogpt's are slow (the default case of their path: gpt2's)."""
+as the plain MLP, a LayerNorm epsilon torch fixes (opt), and gpt_neo's attention inside its wrapper
+(attn.attention), unscaled, its local layers (config.attention_layers, window_size) as sliding windows. Each type's
+file is held to transformers in float32 and bfloat16 and on the family settings it reads; a file with the part's
+arithmetic broken (positions not added, the table's row offset moved, sin and cos swapped, the local window
+dropped, q . k scaled) fails the same check. gpt2's check runs by default; opt's, xglm's, biogpt's and gpt_neo's
+are slow (the default case of their path: gpt2's)."""
 
 from __future__ import annotations
 
@@ -18,16 +20,20 @@ from locations import REPO_ROOT
 
 SNAPSHOT = REPO_ROOT.parent / "shared" / "upstream" / "cann-recipes-infer"
 POSITIONS_ADDED = "hidden_states = hidden_states + self.embed_positions(position_ids).to(hidden_states.dtype)"
-# type: (position options the probe reads, (text of the correct file, its faulty replacement))
+# type: (position options the probe reads, [(text of the correct file, its faulty replacement), ...])
 TYPES = {
-    "gpt2": ({"POSITION_OFFSET": 0, "SINUSOIDAL": False}, (POSITIONS_ADDED, "hidden_states = hidden_states")),
+    "gpt2": ({"POSITION_OFFSET": 0, "SINUSOIDAL": False}, [(POSITIONS_ADDED, "hidden_states = hidden_states")]),
     "opt": ({"POSITION_OFFSET": 2, "SINUSOIDAL": False},
-            ("position_ids = position_ids + 2", "position_ids = position_ids + 1")),
+            [("position_ids = position_ids + 2", "position_ids = position_ids + 1")]),
     "xglm": ({"POSITION_OFFSET": 2, "SINUSOIDAL": True},
-             ("torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)",
-              "torch.cat([torch.cos(angles), torch.sin(angles)], dim=1)")),
+             [("torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)",
+               "torch.cat([torch.cos(angles), torch.sin(angles)], dim=1)")]),
     "biogpt": ({"POSITION_OFFSET": 2, "SINUSOIDAL": False},
-               ("position_ids = position_ids + 2", "position_ids = position_ids + 0")),
+               [("position_ids = position_ids + 2", "position_ids = position_ids + 0")]),
+    # gpt_neo: its local layers' window dropped; its unscaled q . k scaled
+    "gpt_neo": ({"POSITION_OFFSET": 0, "SINUSOIDAL": False, "UNSCALED": True, "LOCAL_LAYERS": True},
+                [('config.window_size if kind == "local" else None', "None"),
+                 ("self.scaling = 1.0", "self.scaling = self.head_dim ** -0.5")]),
 }
 
 
@@ -68,6 +74,7 @@ def test_the_layout_and_positions_are_read_from_the_architecture(derived, model_
     assert composition.parts["position"] == "absolute_positions"
     assert {k: composition.options[k] for k in want} == want
     assert composition.options["ROTARY"] is False and composition.parts["norm"] == "layer_norm"
+    assert composition.options["UNSCALED"] is (model_type == "gpt_neo")
     text = render_native(ctx(model_type), composition)
     assert "npu_apply_rotary_pos_emb" not in text and "rotary_emb" not in text
     assert text.count(POSITIONS_ADDED) == 1 and "GptAbsolutePositionEmbedding(config)" in text
@@ -87,6 +94,8 @@ def test_the_layout_and_positions_are_read_from_the_architecture(derived, model_
     ("opt", "model.decoder.final_layer_norm.bias", "model.norm.bias"),
     ("biogpt", "output_projection.weight", "lm_head.weight"),
     ("biogpt", "biogpt.layers.0.final_layer_norm.bias", "model.layers.0.post_attention_layernorm.bias"),
+    ("gpt_neo", "transformer.h.0.attn.attention.q_proj.weight", "model.layers.0.self_attn.q_proj.weight"),
+    ("gpt_neo", "h.1.attn.attention.out_proj.bias", "model.layers.1.self_attn.o_proj.bias"),
 ])
 def test_stored_names_load_under_the_skeletons(derived, model_type, stored, skeleton):
     _, composition = derived(model_type)
@@ -128,19 +137,24 @@ def _check(derived, model_type, tmp_path):
         pytest.skip(f"no upstream snapshot at {SNAPSHOT}")
     config, composition = derived(model_type)
     text = render_native(ctx(model_type), composition)
-    right, wrong = TYPES[model_type][1]
-    assert text.count(right) == 1
-    good, bad = tmp_path / f"{model_type}.py", tmp_path / "fault.py"
+    faults = TYPES[model_type][1]
+    good = tmp_path / f"{model_type}.py"
     good.write_text(text)
-    bad.write_text(text.replace(right, wrong))
+    bad = []
+    for index, (right, wrong) in enumerate(faults):
+        assert text.count(right) == 1, right
+        bad.append(tmp_path / f"fault{index}.py")
+        bad[-1].write_text(text.replace(right, wrong))
     labelled = selfcheck_jobs(config, composition, str(good), ctx(model_type)["framework_class"])
     assert any("bfloat16" in label for label, _ in labelled)
-    jobs = [job for _, job in labelled] + [{"config": config, "file": str(bad),
-                                             "class_name": ctx(model_type)["framework_class"]}]
+    jobs = [job for _, job in labelled] + [{"config": config, "file": str(path),
+                                             "class_name": ctx(model_type)["framework_class"]} for path in bad]
     results = selfcheck(jobs, SNAPSHOT)
-    assert all(r["ok"] for r in results[:-1]), [(label, r["reason"]) for (label, _), r in zip(labelled, results)
-                                                if not r["ok"]]
-    assert not results[-1]["ok"] and "differ from transformers" in results[-1]["reason"]
+    checked, faulty = results[:len(labelled)], results[len(labelled):]
+    assert all(r["ok"] for r in checked), [(label, r["reason"]) for (label, _), r in zip(labelled, checked)
+                                           if not r["ok"]]
+    for (right, _), result in zip(faults, faulty):
+        assert not result["ok"] and "differ from transformers" in result["reason"], right
 
 
 def test_the_gpt2_file_matches_transformers_and_a_fault_fails(derived, tmp_path):
@@ -148,7 +162,7 @@ def test_the_gpt2_file_matches_transformers_and_a_fault_fails(derived, tmp_path)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model_type", ["opt", "xglm", "biogpt"])
-def test_the_fairseq_style_files_match_transformers_and_faults_fail(derived, model_type, tmp_path):
+@pytest.mark.parametrize("model_type", ["opt", "xglm", "biogpt", "gpt_neo"])
+def test_the_other_layouts_files_match_transformers_and_faults_fail(derived, model_type, tmp_path):
     """Slow: the default case of their path is gpt2's (test_the_gpt2_file_matches_transformers_and_a_fault_fails)."""
     _check(derived, model_type, tmp_path)
