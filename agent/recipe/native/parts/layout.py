@@ -185,6 +185,10 @@ def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
         rest = [n for n in order if n not in (*attentions, *norms)]
         mlp = _mlp_of_linears(named, rest, hidden)
         mlp_calls = mlp[0] if mlp else None
+        if mlp is None and len(attentions) == 1:
+            kinds = ", ".join(f"{n} ({type(named[n]).__name__})" for n in rest)
+            layout.refusal = (f"the layer's MLP, {kinds}, is neither a module named mlp nor the layer's own up / down "
+                              "linears: no part reads it")
     if len(attentions) == 1 and mlp_calls and len(norms) == 2:
         calls = [n for n in order if n in (*norms, attentions[0], mlp_calls)]
         if len(calls) == 4 and calls[0] in norms and calls[1] == attentions[0] and calls[2] in norms \
