@@ -31,8 +31,9 @@ from pathlib import Path
 from typing import Callable
 
 from agent.errors import FilesystemFault, InputError, UnsupportedModelError
-from agent.migrate.quantization import (Accounting, QuantizedTensor, TensorInfo, account, converter,
-                                        quantization_config, read_tensors, refusal, scheme_of)
+from agent.migrate.quantization import (Accounting, QuantizedTensor, TensorInfo, account, converter, read_tensors,
+                                        refusal, scheme_of)
+from agent.quantization_formats import quantization_config
 from engine.safe_load import load_json
 
 CHUNK_BYTES = 16 * 2**20      # output bytes of one piece of a large weight

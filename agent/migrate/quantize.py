@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from agent.errors import InputError
-from agent.migrate.quantization import is_w8a8  # noqa: F401 - the format this module writes
+from agent.quantization_formats import is_w8a8  # noqa: F401 - the format this module writes
 from agent.migrate.checkpoint_check import read_json_file, weight_files
 from agent.recipe.fs_guard import user_tree
 

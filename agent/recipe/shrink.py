@@ -49,6 +49,16 @@ KEEP = {"max_position_embeddings", "tie_word_embeddings"}
 LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 # The GPT-2-era names of TINY_DIMS' widths, as config.json stores them (gpt2, gptj, codegen, ...).
 ALIASES = {"n_embd": "hidden_size", "n_head": "num_attention_heads", "n_inner": "intermediate_size"}
+# A state-space mixer's heads must tile its inner width, expand x hidden_size (each config class validates it):
+# (heads key, head width key, expand key) as the Mamba-2 family names them.
+SSM_HEADS = (("mamba_n_heads", "mamba_d_head", "mamba_expand"), ("num_heads", "head_dim", "expand"),
+             ("mamba_num_heads", "mamba_head_dim", "expand"))
+SSM_TINY_HEADS = 4
+# Per-layer overrides keyed by layer index (gemma4's wider global heads, dots3's MLA layers): their widths
+# shrink with the config's, their layers are layer kinds the cut keeps.
+PER_LAYER_DICTS = ("per_layer_config",)
+PER_LAYER_WIDTHS = ("hidden_size", "intermediate_size", "moe_intermediate_size", "num_attention_heads",
+                    "num_key_value_heads")
 
 
 def shrink_config(config: dict, cut_layers: bool = True) -> dict:
@@ -87,9 +97,43 @@ def shrink_config(config: dict, cut_layers: bool = True) -> dict:
             overrides["head_dim"] = rope             # the rope table's width
         if isinstance(config.get("qk_head_dim"), int) and isinstance(rope, int):
             overrides["qk_head_dim"] = overrides.get("qk_nope_head_dim", config.get("qk_nope_head_dim", 0)) + rope
+    overrides.update(ssm_heads({**config, **overrides}, overrides.get("hidden_size")))
     if cut_layers:
         overrides.update(_layers(config))
+    for key in PER_LAYER_DICTS:
+        if isinstance(config.get(key), dict):
+            overrides[key] = _per_layer(config[key], overrides, config)
     return overrides
+
+
+def ssm_heads(config: dict, hidden) -> dict:
+    """A state-space mixer's head count (and, where it cannot tile, head width) for expand x `hidden`: the head
+    width kept where it divides (a kernel's width), else SSM_TINY_HEADS heads."""
+    for heads_key, width_key, expand_key in SSM_HEADS:
+        heads, width, expand = config.get(heads_key), config.get(width_key), config.get(expand_key)
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (hidden, heads, width, expand)):
+            continue
+        inner = expand * hidden
+        if inner % width == 0:
+            return {heads_key: inner // width}
+        tiny = min(heads, SSM_TINY_HEADS)
+        return {heads_key: tiny, width_key: inner // tiny}
+    return {}
+
+
+def _per_layer(entries: dict, overrides: dict, config: dict) -> dict:
+    """The per-layer overrides of the layers the cut keeps, their widths no larger than the shrunk config's."""
+    kept = overrides.get(next((k for k in LAYER_COUNT_KEYS if k in overrides), ""), None)
+    result = {}
+    for index, values in entries.items():
+        if kept is not None and int(index) >= kept:
+            continue
+        if isinstance(values, dict):
+            values = {k: min(v, overrides.get(k, config.get(k, v)))
+                      if k in PER_LAYER_WIDTHS and isinstance(v, int) and not isinstance(v, bool) else v
+                      for k, v in values.items()}
+        result[index] = values
+    return result
 
 
 def _layers(config: dict) -> dict:
@@ -109,6 +153,10 @@ def _layers(config: dict) -> dict:
         for i, v in enumerate(values):
             first_seen.setdefault(repr(v), i)
         count = max(count, max(first_seen.values()) + 1)
+    for dict_key in PER_LAYER_DICTS:
+        if isinstance(config.get(dict_key), dict) and config[dict_key]:
+            # the first layer with its own overrides is a kind of layer the prefix must hold
+            count = max(count, min(int(index) for index in config[dict_key]) + 1)
     for pattern_key in ("sliding_window_pattern", "full_attention_interval", "attn_layer_period"):
         if isinstance(config.get(pattern_key), int):
             count = max(count, config[pattern_key])

@@ -18,7 +18,7 @@ from agent.measure import baseline, memory, quant_cost, verify
 from agent.migrate.acquire import acquire
 from agent.migrate import convert, transformers_source
 from agent.migrate.checkpoint_check import check_checkpoint, check_output_outside
-from agent.migrate.quantization import is_w8a8
+from agent.quantization_formats import is_w8a8
 from agent.run.trial_run import trial_run
 from agent.migrate.vendor import auto_map_served_natively, locate_source, read_config, vendor_source
 from agent import folder_lock

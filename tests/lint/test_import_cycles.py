@@ -158,7 +158,9 @@ FORBIDDEN = (("engine", "agent"), ("engine", "npu_standin"),
              # and measuring what a migration wrote is the workflow's next step, not the migration's
              ("agent.recipe", "agent.migrate"), ("agent.codemods", "agent.migrate"), ("agent.migrate", "agent.measure"),
              # the lock, the process trees and the provenance texts are the ground floor every package stands on
-             ("agent.folder_lock", "agent.recipe"), ("agent.processes", "agent.recipe"), ("agent.provenance", "agent.migrate"))
+             ("agent.folder_lock", "agent.recipe"), ("agent.processes", "agent.recipe"), ("agent.provenance", "agent.migrate"),
+             # the quantization formats' readers sit below both packages that read a checkpoint's quantization
+             ("agent.quantization_formats", "agent.recipe"), ("agent.quantization_formats", "agent.migrate"))
 
 
 def under(module: str, package: str) -> bool:

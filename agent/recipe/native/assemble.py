@@ -5,8 +5,9 @@ The code files are plain Python, importable under the stand-in with a cann-recip
 They name the family's classes with the placeholder prefix `Model` (`ModelRMSNorm`, `ModelForCausalLM`) and
 refer to another slot's class through a role, a relative import's alias (`from .norm_rms import ModelRMSNorm as
 Norm`): the assembler binds each role to the class of the part the composition chose for its slot. A part's
-generation-time choices are module-level constants of its code file (`SINKS = False`); the assembler
-substitutes the composition's values and folds what they decide:
+generation-time choices are module-level constants of its code file (`SINKS = False`; a file may import one a
+sibling declares, `from .layer import NORM_EPS`, for one default); the assembler substitutes the composition's
+values and folds what they decide:
 
 * `if` / `elif` / conditional expressions / `and` / `or` / `not` / comparisons of constants, a `for` over an empty
   literal, statements after a `return` or `raise`;
@@ -762,6 +763,21 @@ def _option_statement(stmt, option_names) -> str | None:
     return None
 
 
+def _option_value(path: Path, option: str, options: dict, option_names, stmt=None):
+    """The composition's value of `option`, else its default where the code file `path` declares it (`stmt`)."""
+    value = options.get(option, _UNKNOWN)
+    if value is not _UNKNOWN:
+        return value
+    if stmt is None:
+        stmt = next((s for s in _parse_path(path).body if _option_statement(s, option_names) == option), None)
+        if stmt is None:
+            raise AssembleError(f"{path.name} declares no option {option}, which a sibling imports from it")
+    value = _const(stmt.body[0].value)
+    if value is _UNKNOWN:
+        raise AssembleError(f"{path.name}: option {option}'s default is not a literal")
+    return value
+
+
 def _table(name: str, value: tuple, comments: list[str]) -> str:
     lines = "".join(f"    {source(item)},\n" for item in value)
     return "".join(f"{c}\n" for c in comments) + f"{name} = (\n{lines})"
@@ -785,14 +801,14 @@ def assemble(files: list[str], *, options: dict, option_names: set[str], roles: 
         if body and _is_docstring(body[0]):
             body.pop(0)
         values, kept = {}, []
+        # an option a sibling declares and this file imports (`from .layer_mlp import NORM_EPS`): its one value
+        for dep, imported, local in _relative_imports(module):
+            if imported in option_names and imported not in tables:
+                values[local] = literal(_option_value(code_dir / dep, imported, options, option_names))
         for stmt in body:
             option = _option_statement(stmt, option_names)
             if option is not None:
-                value = options.get(option, _UNKNOWN)
-                if value is _UNKNOWN:
-                    value = _const(stmt.body[0].value)
-                    if value is _UNKNOWN:
-                        raise AssembleError(f"{name}: option {option}'s default is not a literal")
+                value = _option_value(code_dir / name, option, options, option_names, stmt)
                 if isinstance(value, tuple) and value and option in tables:
                     comments = [line.comment.value for line in stmt.leading_lines if line.comment is not None]
                     table = _table(option, value, comments)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from agent.quantization_formats import kv_cache_scheme
 from engine.safe_load import load_json
 
 
@@ -165,7 +166,8 @@ class Switch:
     feature; `reads`: the name the generated file reads it by (present only where the part is); `part`: which part
     honours it, in words; `fix`: what to do; `needs`: another YAML key the generated file (as upstream's model)
     also requires on before it uses the switch, `needs_default` its value when the YAML leaves it out (upstream's
-    InferenceConfig default)."""
+    InferenceConfig default); `read`: where a reader of the key's format exists (agent.quantization_formats), the
+    value from config.json by it (`path` then names the key for the user)."""
 
     where: str
     path: tuple[str, ...]
@@ -175,6 +177,7 @@ class Switch:
     fix: str
     needs: tuple[str, ...] = ()
     needs_default: object = None
+    read: Callable[[dict], object] | None = None
 
 
 def _on(value) -> bool:
@@ -200,7 +203,7 @@ SWITCHES = (
            "an attention part with a quantized KV cache (none yet: the MLA part's int8 cache, upstream's C8, needs "
            "npu_mla_prolog_v3's kv_cache_quant_mode and the int8-cache forms of npu_kv_rmsnorm_rope_cache_v2 and "
            "npu_fused_infer_attention_score_v2, which the NPU stand-in does not compute)",
-           "use the checkpoint without its kv_cache_scheme (a float KV cache)"),
+           "use the checkpoint without its kv_cache_scheme (a float KV cache)", read=kv_cache_scheme),
 )
 
 
@@ -237,7 +240,8 @@ def switch_problem(settings: dict, config: dict, model_source: str, model_name: 
     except SyntaxError:
         return None
     for switch in SWITCHES:
-        value = _value(settings if switch.where == "yaml" else config, switch.path)
+        value = switch.read(config) if switch.read is not None else \
+            _value(settings if switch.where == "yaml" else config, switch.path)
         if not switch.is_set(value):
             continue
         key = ".".join(switch.path) if switch.where == "yaml" else f"config.json's {'.'.join(switch.path)}"

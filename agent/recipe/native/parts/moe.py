@@ -403,7 +403,8 @@ DENSE_LAYER = {"first_k_dense_replace": {"first_k_dense_replace": 1}, "num_dense
 
 
 def dense_layer_changes(rule: str, config) -> dict | None:
-    """Config changes that make layer 0 dense (the dense MLP's code is probed on it); None: no layer ever is."""
+    """Config changes that make layer 0 dense (the dense MLP's code is probed on it); None: no layer ever is. A
+    per-layer list is changed at its first entry only (the probe's shrunk copy cuts it to its layers)."""
     if rule == "mlp_layer_types":
         return {"mlp_layer_types": ["dense"] + list(config.mlp_layer_types[1:])}
     return DENSE_LAYER.get(rule)

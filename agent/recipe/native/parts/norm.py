@@ -11,27 +11,35 @@ LAYER_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_l
 QK_NORMS = ("q_norm", "k_norm")
 
 
-def norm_offsets(probe) -> set:
-    """The offsets (0: x * w, 1: x * (1 + w)) of the model's norms; NotNative for a norm that is neither."""
-    if "norm_offsets" not in probe.memo:
-        offsets = set()
-        for layer in probe.layers:
-            kinds = children(layer)
-            for name in LAYER_NORMS:
-                if name in kinds:
-                    offsets.add(probe_norm(kinds[name], probe.hidden))
-            attention = kinds.get("self_attn")
-            for name in QK_NORMS:
-                norm = getattr(attention, name, None) if attention is not None else None
-                if norm is not None:
-                    # per head, or over all heads' width (olmo2: agent.recipe.native.parts.attention reads which)
+def model_norms(probe, full_width_qk: bool = True):
+    """(norm, width) of every norm of the model: each layer's LAYER_NORMS, its attention's q/k norms and the final
+    norm — the one walk the norm parts probe (norm_offsets here, parts/norm_layer.py's layer_norm_facts). A q/k
+    norm's width is per head, or with `full_width_qk` over all heads' width where its weight has that width (olmo2:
+    agent.recipe.native.parts.attention reads which)."""
+    for layer in probe.layers:
+        kinds = children(layer)
+        for name in LAYER_NORMS:
+            if name in kinds:
+                yield kinds[name], probe.hidden
+        attention = kinds.get("self_attn")
+        for name in QK_NORMS:
+            norm = getattr(attention, name, None) if attention is not None else None
+            if norm is not None:
+                width = probe.head_dim
+                if full_width_qk:
                     width = getattr(getattr(norm, "weight", None), "shape", (probe.head_dim,))[-1]
                     if width not in (probe.head_dim, probe.heads * probe.head_dim, probe.kv_heads * probe.head_dim):
                         width = probe.head_dim
-                    offsets.add(probe_norm(norm, width))
-        final = getattr(probe.base, "norm", None)
-        if final is not None:
-            offsets.add(probe_norm(final, probe.hidden))
+                yield norm, width
+    final = getattr(probe.base, "norm", None)
+    if final is not None:
+        yield final, probe.hidden
+
+
+def norm_offsets(probe) -> set:
+    """The offsets (0: x * w, 1: x * (1 + w)) of the model's norms; NotNative for a norm that is neither."""
+    if "norm_offsets" not in probe.memo:
+        offsets = {probe_norm(norm, width) for norm, width in model_norms(probe)}
         if len(offsets) > 1:
             raise NotNative("norm", "RMSNorms of both x * w and x * (1 + w) in one model")
         probe.memo["norm_offsets"] = offsets

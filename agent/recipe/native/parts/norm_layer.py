@@ -7,9 +7,8 @@ from __future__ import annotations
 import math
 
 from agent.recipe.native.not_native import NotNative
-from agent.recipe.native.parts.norm import LAYER_NORMS, QK_NORMS
+from agent.recipe.native.parts.norm import model_norms
 from agent.recipe.native.parts.part import Match, Part
-from agent.recipe.native.parts.probe import children
 
 # config keys that hold a LayerNorm's epsilon, as the architectures name it
 EPS_KEYS = ("layer_norm_eps", "norm_epsilon", "layer_norm_epsilon", "norm_eps", "rms_norm_eps")
@@ -63,20 +62,8 @@ def _eps_follows(probe, key: str, eps: float) -> bool:
 def layer_norm_facts(probe) -> dict:
     """The model's norms, all LayerNorms of one kind: {"bias", "offset", "eps"}; NotNative otherwise."""
     if "layer_norms" not in probe.memo:
-        kinds = set()
-        for layer in probe.layers:
-            names = children(layer)
-            for name in LAYER_NORMS:
-                if name in names:
-                    kinds.add(probe_layer_norm(names[name], probe.hidden))
-            attention = names.get("self_attn")
-            for name in QK_NORMS:
-                norm = getattr(attention, name, None) if attention is not None else None
-                if norm is not None:
-                    kinds.add(probe_layer_norm(norm, probe.head_dim))
-        final = getattr(probe.base, "norm", None)
-        if final is not None:
-            kinds.add(probe_layer_norm(final, probe.hidden))
+        # q/k norms per head only: the full-width q/k code (code/norm_qk_full.py) is an RMSNorm
+        kinds = {probe_layer_norm(norm, width) for norm, width in model_norms(probe, full_width_qk=False)}
         if len(kinds) != 1:
             raise NotNative("norm", "LayerNorms of unequal kinds (bias, 1 + w or epsilon) in one model")
         bias, offset, eps = next(iter(kinds))

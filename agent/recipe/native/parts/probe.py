@@ -33,7 +33,7 @@ def shrunk_config(config_dict: dict, changes: dict | None = None):
     removed) after the shrink, before the window is made small (a variant the file must also serve)."""
     from transformers import AutoConfig
 
-    from agent.recipe.shrink import shrink_config
+    from agent.recipe.shrink import shrink_config, ssm_heads
 
     data = {k: v for k, v in config_dict.items() if k not in ("auto_map", "quantization_config", "architectures")}
     if not SIZE_KEYS <= set(data):
@@ -54,6 +54,7 @@ def shrunk_config(config_dict: dict, changes: dict | None = None):
     for key in WIDTHS_OF_HIDDEN:
         if data.get(key) == hidden and "hidden_size" in overrides:
             overrides[key] = overrides["hidden_size"]        # opt's embedding width: the hidden width unless projected
+    overrides.update(ssm_heads({**data, **overrides}, overrides.get("hidden_size")))   # after the kept widths
     data.update(overrides)
     # random token ids need no tokenizer: a small vocabulary, the special ids inside it
     if isinstance(data.get("vocab_size"), int) and data["vocab_size"] > PROBE_VOCAB:
@@ -61,7 +62,10 @@ def shrunk_config(config_dict: dict, changes: dict | None = None):
         for key in [k for k, v in data.items() if k.endswith("_token_id") and isinstance(v, int) and v >= PROBE_VOCAB]:
             # no padding row outside the vocabulary; a bos / eos id that the config types as int stays an int
             data[key] = None if key == "pad_token_id" else PROBE_VOCAB - 1
-    data = apply_changes(data, changes or {})
+    layers = data.get("num_hidden_layers")
+    data = apply_changes(data, {key: value[:layers] if isinstance(value, list) and isinstance(layers, int)
+                                and len(value) == config_dict.get("num_hidden_layers") else value
+                                for key, value in (changes or {}).items()})   # a per-layer list: the kept layers
     if isinstance(data.get("sliding_window"), int) and data["sliding_window"]:
         data["sliding_window"] = 5
     if isinstance(data.get("attention_layers"), list) and isinstance(data.get("window_size"), int):
@@ -141,7 +145,10 @@ class Probe:
         self.layers = list(getattr(self.base, "layers", None) or [])
         config = self.config
         self.hidden = config.hidden_size
-        self.heads = config.num_attention_heads
+        self.heads = getattr(config, "num_attention_heads", None)
+        if not isinstance(self.heads, int):
+            raise NotNative("attention", f"{config.model_type} has no attention heads in its config: a recurrent or "
+                                         "state-space model, which no part of the generator writes")
         self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(config, "head_dim", None) or self.hidden // self.heads
         self._variants: dict = {}

@@ -21,6 +21,7 @@ from safetensors.torch import load_file, save_file
 from agent.errors import UnsupportedModelError
 from agent.migrate import quantization
 from agent.migrate.checkpoint_check import check_checkpoint
+from agent.quantization_formats import is_w8a8
 from locations import REPO_ROOT
 from quantized_checkpoints import block_fp8, mxfp4_gpt_oss
 
@@ -99,7 +100,7 @@ def test_each_quantization_has_one_route_and_a_refusal_names_it_and_upstreams_co
     config = {"architectures": ["XForCausalLM"], "model_type": "x", "quantization_config": quant, **other}
     scheme = quantization.scheme_of(config)
     assert (scheme.label, scheme.route) == (named, route)
-    assert quantization.is_w8a8(config) is (route == "native")
+    assert is_w8a8(config) is (route == "native")
     command = quantization.converter(config, quant, "/data/ckpt")
     assert (command.split()[1] if command else None) == script
     if route != "refused":

@@ -93,3 +93,43 @@ def test_a_tiny_gemma4_text_is_the_moe_model_upstream_serves():
         pytest.skip("this transformers has no gemma4_text")
     config = tiny_config("gemma4_text", 384)
     assert config.enable_moe_block is True and config.top_k_experts == 2 and config.num_experts == 4
+
+
+@pytest.mark.parametrize("model_type", ["gemma4_text", "dots3_note_text"])
+def test_per_layer_overrides_keep_the_layers_the_cut_keeps_and_shrink_with_the_config(model_type):
+    """per_layer_config (keyed by layer index) is a layer kind: the cut holds its first layer, drops the others,
+    and its widths are no larger than the shrunk config's; transformers builds the config."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(model_type).to_dict()
+    shrunk = shrink_config(config)
+    layers = shrunk["num_hidden_layers"]
+    first = min(int(index) for index in config["per_layer_config"])
+    assert layers > first and layers < config["num_hidden_layers"]
+    kept = shrunk["per_layer_config"]
+    assert kept and all(int(index) < layers for index in kept)
+    for values in kept.values():
+        for key in ("num_attention_heads", "num_key_value_heads", "hidden_size"):
+            if key in values:
+                assert values[key] <= shrunk.get(key, config[key])
+    from agent.recipe.native.parts.probe import shrunk_config
+
+    built = shrunk_config(config)           # the probe's copy (kernel widths kept) validates
+    assert sorted(int(index) for index in built.to_dict()["per_layer_config"]) == sorted(int(index) for index in kept)
+
+
+@pytest.mark.parametrize("model_type, heads, width, expand", [
+    ("bamba", "mamba_n_heads", "mamba_d_head", "mamba_expand"),
+    ("mamba2", "num_heads", "head_dim", "expand"),
+    ("falcon_h1", "mamba_n_heads", "mamba_d_head", "mamba_expand"),
+])
+def test_a_state_space_mixers_heads_tile_its_shrunk_inner_width(model_type, heads, width, expand):
+    from transformers import AutoConfig
+
+    from agent.recipe.native.parts.probe import shrunk_config
+
+    config = AutoConfig.for_model(model_type).to_dict()
+    merged = {**config, **shrink_config(config)}
+    assert merged[heads] * merged[width] == merged[expand] * merged["hidden_size"]
+    built = shrunk_config(config)           # the probe's copy, head widths restored: still valid
+    assert getattr(built, heads) * getattr(built, width) == getattr(built, expand) * built.hidden_size

@@ -1,36 +1,18 @@
 """The decoder layer: attention and MLP (or sparse-MoE block), each behind its norm, as upstream's models/qwen
 chains them."""
 
-from torch import nn
-
-from .attention_fused import ModelAttention as Attention
-from .mlp_gated import ModelMLP as MLP
-from .moe import ModelSparseMoeBlock as SparseMoeBlock
-from .moe import is_moe_layer
+from .layer import FIXED_NORM_EPS, NORM_EPS, ModelDecoderLayerBase
 from .norm_rms import ModelRMSNorm as Norm
 
 SANDWICH = False        # post-attention and pre/post-feedforward norms around attention and MLP (gemma2, gemma3)
-# which layers' MLP is a sparse-MoE block: None, none; "all", every one; a config key (first_k_dense_replace,
-# decoder_sparse_step, ...), the layers is_moe_layer picks by it
-MOE_LAYERS = None
-NORM_EPS = "rms_norm_eps"   # the config key of the norms' epsilon
-FIXED_NORM_EPS = 1e-5       # their epsilon where no config key holds it (NORM_EPS None: opt's LayerNorms)
 RESIDUAL_MULTIPLIER = False  # the attention's and the MLP's outputs times config.residual_multiplier (granite)
 
 
-class ModelDecoderLayer(nn.Module):
+class ModelDecoderLayer(ModelDecoderLayerBase):
     """Returns (residual, hidden) as models/qwen's layer does: the next norm adds them (npu_add_rms_norm)."""
 
     def __init__(self, config, infer_config, comm_manager, layer_idx, prefix=""):
-        super().__init__()
-        self.self_attn = Attention(config, infer_config, comm_manager, layer_idx, prefix=f"{prefix}.self_attn")
-        if MOE_LAYERS == "all":
-            self.mlp = SparseMoeBlock(config, infer_config, comm_manager, prefix=f"{prefix}.mlp")
-        elif MOE_LAYERS is not None:
-            mlp = SparseMoeBlock if is_moe_layer(config, layer_idx) else MLP
-            self.mlp = mlp(config, infer_config, comm_manager, prefix=f"{prefix}.mlp")
-        else:
-            self.mlp = MLP(config, infer_config, comm_manager, prefix=f"{prefix}.mlp")
+        super().__init__(config, infer_config, comm_manager, layer_idx, prefix)
         if RESIDUAL_MULTIPLIER:
             self.residual_multiplier = config.residual_multiplier
         self.input_layernorm = Norm(config.hidden_size, eps=getattr(config, NORM_EPS) if NORM_EPS else FIXED_NORM_EPS)

@@ -210,3 +210,57 @@ def test_every_registry_part_names_a_code_file_that_exists():
             assert (CODE_DIR / part.code).is_file(), part.name
         assert part.slot and part.name and callable(part.probe)
     assert len({(p.slot, p.name) for p in PARTS}) == len(PARTS)
+
+
+SHARED = '''
+from torch import nn
+
+BIAS = False
+MODE = "plain"
+
+
+class ModelShared(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.proj = nn.Linear(4, 4, bias=BIAS)
+'''
+
+SHAPE = '''
+from torch import nn
+
+from .shared import BIAS, MODE, ModelShared
+
+
+class ModelForCausalLM(ModelShared):
+    """The model."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.out = nn.Linear(4, 4, bias=BIAS)
+        self.scale = 2.0 if MODE == "renorm" else 1.0
+'''
+
+
+@pytest.mark.parametrize("options, bias, scale", [({}, "False", "1.0"),
+                                                  ({"BIAS": Expr("config.bias"), "MODE": "renorm"}, "config.bias", "2.0")])
+def test_an_option_imported_from_a_sibling_takes_the_one_value_and_its_base_merges(tmp_path, options, bias, scale):
+    """The block shapes' way (parts/code/layer.py): a shape imports its options and its base from one sibling; the
+    option is the composition's value (else the declaring file's default) in both files, the base merged away."""
+    for name, text in (("shared.py", SHARED), ("shape.py", SHAPE)):
+        (tmp_path / name).write_text(textwrap.dedent(text).lstrip())
+    text = assemble(["shape.py"], options=options, option_names=OPTIONS, roles={}, prefix="Tiny",
+                    framework_class="TinyForCausalLM", code_dir=tmp_path)
+    assert f"self.proj = nn.Linear(4, 4, bias={bias})" in text and f"self.out = nn.Linear(4, 4, bias={bias})" in text
+    assert f"self.scale = {scale}" in text
+    assert "ModelShared" not in text and "TinyShared" not in text and "BIAS" not in text and "MODE" not in text
+    assert "class TinyForCausalLM(nn.Module):" in text
+    assert text.index("super().__init__()") < text.index("self.proj") < text.index("self.out")
+    assert pyflakes_messages(text) == []
+
+
+def test_an_option_a_sibling_does_not_declare_is_refused(tmp_path):
+    (tmp_path / "shared.py").write_text("BIAS = False\n")
+    (tmp_path / "shape.py").write_text("from .shared import MODE\n\n\nclass ModelForCausalLM:\n    x = MODE\n")
+    with pytest.raises(AssembleError, match="shared.py declares no option MODE"):
+        assemble(["shape.py"], options={}, option_names=OPTIONS, roles={}, prefix="Tiny",
+                 framework_class="TinyForCausalLM", code_dir=tmp_path)

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from locations import REPO_ROOT
+from part_selfcheck import ctx, derive_types, selfcheck_with_faults
 
-SNAPSHOT = REPO_ROOT.parent / "shared" / "upstream" / "cann-recipes-infer"
 # type: (norm options the probe reads, (text of the correct file, its faulty replacement))
 TYPES = {
     "stablelm": ({"NORM_BIAS": True, "NORM_OFFSET": False, "NORM_EPS": "layer_norm_eps"},
@@ -23,20 +22,9 @@ TYPES = {
 }
 
 
-def ctx(model_type: str) -> dict:
-    return {"model_name": model_type, "framework_class": "LnForCausalLM", "display_name": model_type, "model_class": "X"}
-
-
 @pytest.fixture(scope="module")
 def derived():
-    from agent.recipe.native.compose import derive
-    from agent.testing.checkpoint_shapes import checkpoint_config
-
-    found = {}
-    for model_type in TYPES:
-        config, _ = checkpoint_config(model_type)
-        found[model_type] = (config, derive(config))
-    return found
+    return derive_types(TYPES)
 
 
 @pytest.mark.parametrize("make, want", [
@@ -73,7 +61,7 @@ def test_the_layer_norm_part_is_chosen_with_its_config_key(derived):
         composition = derived[model_type][1]
         assert composition.parts["norm"] == "layer_norm", (model_type, composition.parts)
         assert {k: composition.options[k] for k in options} == options, model_type
-        text = render_native(ctx(model_type), composition)
+        text = render_native(ctx(model_type, "LnForCausalLM"), composition)
         assert f"eps=config.{options['NORM_EPS']})" in text and "torch_npu.npu_rms_norm(" not in text, model_type
     assert derived["starcoder2"][1].parts["mlp"] == "plain_mlp"
 
@@ -89,25 +77,5 @@ def test_a_rms_norm_model_keeps_its_part():
 def test_layer_norm_files_match_transformers_and_faults_fail(derived, tmp_path):
     """Per step against transformers (agent.recipe.native.selfcheck) in float32 and bfloat16 and on each family
     setting but the rope types (tests/unit/agent/recipe/native/test_part_rotary.py), one stand-in process."""
-    from agent.recipe.native.decide import render_native, selfcheck, selfcheck_jobs
-
-    if not SNAPSHOT.is_dir():
-        pytest.skip(f"no upstream snapshot at {SNAPSHOT}")
-    jobs, labels = [], []
-    for model_type, (_, (good_text, fault)) in TYPES.items():
-        config, composition = derived[model_type]
-        text = render_native(ctx(model_type), composition)
-        assert text.count(good_text) == 1, (model_type, good_text)
-        good, bad = tmp_path / f"{model_type}.py", tmp_path / f"{model_type}_fault.py"
-        good.write_text(text)
-        bad.write_text(text.replace(good_text, fault))
-        for label, job in selfcheck_jobs(config, composition, str(good), "LnForCausalLM"):
-            if not label.startswith("rope"):
-                jobs.append(job)
-                labels.append((model_type, label, True))
-        jobs.append({"config": config, "file": str(bad), "class_name": "LnForCausalLM"})
-        labels.append((model_type, "fault", False))
-    assert ("stablelm", "the checkpoint's config in bfloat16", True) in labels
-    results = selfcheck(jobs, SNAPSHOT)
-    wrong = [(t, label, r["reason"]) for (t, label, ok), r in zip(labels, results) if r["ok"] != ok]
-    assert not wrong, wrong
+    rows = selfcheck_with_faults(derived, {t: [fault] for t, (_, fault) in TYPES.items()}, "LnForCausalLM", tmp_path)
+    assert ("stablelm", "the checkpoint's config in bfloat16", True) in [row[:3] for row in rows]

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from locations import REPO_ROOT
+from part_selfcheck import selfcheck_with_faults
 
-SNAPSHOT = REPO_ROOT.parent / "shared" / "upstream" / "cann-recipes-infer"
 CTX = {"model_name": "arcee", "framework_class": "ArceeForCausalLM", "display_name": "arcee", "model_class": "X"}
 FAULT = ("self.down_proj(self.act_fn(self.up_proj(hidden_states)))", "self.down_proj(self.up_proj(hidden_states))")
 
@@ -46,19 +45,7 @@ def test_a_gated_mlp_keeps_its_part():
 
 
 def test_the_plain_mlp_file_matches_transformers_and_a_fault_fails(arcee, tmp_path):
-    from agent.recipe.native.decide import render_native, selfcheck, selfcheck_jobs
-
-    if not SNAPSHOT.is_dir():
-        pytest.skip(f"no upstream snapshot at {SNAPSHOT}")
-    config, composition = arcee
-    text = render_native(CTX, composition)
-    good, bad = tmp_path / "arcee.py", tmp_path / "fault.py"
-    good.write_text(text)
-    bad.write_text(text.replace(*FAULT))
-    labelled = [(label, job) for label, job in selfcheck_jobs(config, composition, str(good), CTX["framework_class"])
-                if "rope" not in label]
-    assert "bias mlp_bias" in [label for label, _ in labelled]
-    jobs = [job for _, job in labelled] + [{"config": config, "file": str(bad), "class_name": CTX["framework_class"]}]
-    results = selfcheck(jobs, SNAPSHOT)
-    assert all(r["ok"] for r in results[:-1]), [(label, r["reason"]) for (label, _), r in zip(labelled, results) if not r["ok"]]
-    assert not results[-1]["ok"] and "differ from transformers" in results[-1]["reason"]
+    rows = selfcheck_with_faults({"arcee": arcee}, {"arcee": [FAULT]}, CTX["framework_class"], tmp_path,
+                                 keep=lambda label: "rope" not in label)
+    assert "bias mlp_bias" in [label for _, label, ok, _ in rows if ok]
+    assert "differ from transformers" in rows[-1][3]["reason"]

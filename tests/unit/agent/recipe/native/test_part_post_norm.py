@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from locations import REPO_ROOT
+from part_selfcheck import derive_types, selfcheck_with_faults
 
-SNAPSHOT = REPO_ROOT.parent / "shared" / "upstream" / "cann-recipes-infer"
 # type: (block part, faults: (text of the correct file, its faulty replacement))
 TYPES = {
     "olmo2": ("post_norm", [
@@ -24,17 +23,9 @@ TYPES = {
 }
 
 
-def ctx(model_type: str) -> dict:
-    return {"model_name": model_type, "framework_class": "PnForCausalLM", "display_name": model_type, "model_class": "X"}
-
-
 @pytest.fixture(scope="module")
 def derived():
-    from agent.recipe.native.compose import derive
-    from agent.testing.checkpoint_shapes import checkpoint_config
-
-    return {model_type: (checkpoint_config(model_type)[0], derive(checkpoint_config(model_type)[0]))
-            for model_type in TYPES}
+    return derive_types(TYPES)
 
 
 @pytest.mark.parametrize("widths, want", [((8, 8), "head"), ((32, 16), "full"), ((32, 8), None), ((16, 16), None)])
@@ -73,26 +64,4 @@ def test_a_pre_norm_model_with_per_head_norms_keeps_its_parts():
 def test_post_norm_files_match_transformers_and_faults_fail(derived, tmp_path):
     """Per step against transformers (agent.recipe.native.selfcheck) in float32 and bfloat16 and on each family
     setting but the rope types (test_part_rotary.py), one stand-in process."""
-    from agent.recipe.native.decide import render_native, selfcheck, selfcheck_jobs
-
-    if not SNAPSHOT.is_dir():
-        pytest.skip(f"no upstream snapshot at {SNAPSHOT}")
-    jobs, labels = [], []
-    for model_type, (_, faults) in TYPES.items():
-        config, composition = derived[model_type]
-        text = render_native(ctx(model_type), composition)
-        good = tmp_path / f"{model_type}.py"
-        good.write_text(text)
-        for label, job in selfcheck_jobs(config, composition, str(good), "PnForCausalLM"):
-            if not label.startswith("rope"):
-                jobs.append(job)
-                labels.append((model_type, label, True))
-        for index, (correct, faulty) in enumerate(faults):
-            assert text.count(correct) == 1, (model_type, correct)
-            bad = tmp_path / f"{model_type}_fault{index}.py"
-            bad.write_text(text.replace(correct, faulty))
-            jobs.append({"config": config, "file": str(bad), "class_name": "PnForCausalLM"})
-            labels.append((model_type, f"fault {index}", False))
-    results = selfcheck(jobs, SNAPSHOT)
-    wrong = [(t, label, r["reason"]) for (t, label, ok), r in zip(labels, results) if r["ok"] != ok]
-    assert not wrong, wrong
+    selfcheck_with_faults(derived, {t: faults for t, (_, faults) in TYPES.items()}, "PnForCausalLM", tmp_path)

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from locations import REPO_ROOT
+from part_selfcheck import derive_types, selfcheck_with_faults
 
-SNAPSHOT = REPO_ROOT.parent / "shared" / "upstream" / "cann-recipes-infer"
 REORDER = ("rotary[:, 0::2], rotary[:, 1::2]", "rotary[:, 1::2], rotary[:, 0::2]")
 EVERY_LAYER = ("self.use_rope = layer_uses_rope(config, layer_idx)", "self.use_rope = True")
 # type: (position part, its option, faults: (text of the correct file, its faulty replacement))
@@ -23,17 +22,9 @@ TYPES = {
 }
 
 
-def ctx(model_type: str) -> dict:
-    return {"model_name": model_type, "framework_class": "RkForCausalLM", "display_name": model_type, "model_class": "X"}
-
-
 @pytest.fixture(scope="module")
 def derived():
-    from agent.recipe.native.compose import derive
-    from agent.testing.checkpoint_shapes import checkpoint_config
-
-    return {model_type: (checkpoint_config(model_type)[0], derive(checkpoint_config(model_type)[0]))
-            for model_type in TYPES}
+    return derive_types(TYPES)
 
 
 @pytest.mark.parametrize("model_type, want", [("glm", True), ("ernie4_5", True), ("cohere", True),
@@ -106,26 +97,4 @@ def test_the_parts_are_read_from_the_architecture(derived):
 def test_rotary_kinds_match_transformers_and_faults_fail(derived, tmp_path):
     """Per step against transformers (agent.recipe.native.selfcheck) in float32 and bfloat16 and on each family
     setting but the rope types, one stand-in process."""
-    from agent.recipe.native.decide import render_native, selfcheck, selfcheck_jobs
-
-    if not SNAPSHOT.is_dir():
-        pytest.skip(f"no upstream snapshot at {SNAPSHOT}")
-    jobs, labels = [], []
-    for model_type, (_, _, faults) in TYPES.items():
-        config, composition = derived[model_type]
-        text = render_native(ctx(model_type), composition)
-        good = tmp_path / f"{model_type}.py"
-        good.write_text(text)
-        for label, job in selfcheck_jobs(config, composition, str(good), "RkForCausalLM"):
-            if not label.startswith("rope"):
-                jobs.append(job)
-                labels.append((model_type, label, True))
-        for index, (correct, faulty) in enumerate(faults):
-            assert text.count(correct) == 1, (model_type, correct)
-            bad = tmp_path / f"{model_type}_fault{index}.py"
-            bad.write_text(text.replace(correct, faulty))
-            jobs.append({"config": config, "file": str(bad), "class_name": "RkForCausalLM"})
-            labels.append((model_type, f"fault {index}", False))
-    results = selfcheck(jobs, SNAPSHOT)
-    wrong = [(t, label, r["reason"]) for (t, label, ok), r in zip(labels, results) if r["ok"] != ok]
-    assert not wrong, wrong
+    selfcheck_with_faults(derived, {t: faults for t, (_, _, faults) in TYPES.items()}, "RkForCausalLM", tmp_path)

@@ -53,3 +53,33 @@ def test_a_partial_config_is_shrunk_from_the_sizes_transformers_reads():
 
     shrunk = shrunk_config({"model_type": "qwen2"})
     assert shrunk.hidden_size <= 512 and shrunk.num_hidden_layers <= 4 and shrunk.vocab_size == PROBE_VOCAB
+
+
+@pytest.mark.parametrize("model_type", ["mamba", "rwkv"])
+def test_a_model_without_attention_heads_falls_back_naming_its_kind(model_type):
+    """A recurrent / state-space model is a fall-back with its layer kind, not a crash inside the probe."""
+    from transformers import AutoConfig
+
+    from agent.recipe.native.compose import derive
+    from agent.recipe.native.not_native import NotNative
+
+    with pytest.raises(NotNative) as caught:
+        derive(AutoConfig.for_model(model_type).to_dict())
+    assert caught.value.kind == "attention" and "state-space" in caught.value.reason
+
+
+def test_a_per_layer_list_in_a_variant_is_cut_to_the_probes_layers():
+    """A config change that states every layer (mlp_layer_types, to make layer 0 dense) applies to the layers the
+    probe keeps: cohere2_moe derives, its dense MLP read on that variant."""
+    from transformers import AutoConfig
+
+    from agent.recipe.native.compose import derive
+    from agent.recipe.native.parts.probe import Probe
+
+    config = AutoConfig.for_model("cohere2_moe").to_dict()
+    probe = Probe(config)
+    full = ["dense"] + ["sparse"] * (config["num_hidden_layers"] - 1)
+    variant = probe.variant({"mlp_layer_types": full})
+    assert variant.config.mlp_layer_types == full[:probe.config.num_hidden_layers]
+    composition = derive(config)
+    assert composition.parts["mlp"] and composition.parts["moe"]

@@ -67,6 +67,10 @@ CASES = [
     ("deepseek_v3", custom(enable_mla_prolog=True), C8, "kv_cache_scheme"),
     ("llama", {}, {"quantization_config": {**C8["quantization_config"], "kv_cache_scheme": {}}}, "kv_cache_scheme"),
     ("deepseek_v3", {}, {"quantization_config": {**C8["quantization_config"], "kv_cache_scheme": None}}, None),
+    # read by the format reader (agent.quantization_formats): compressed-tensors' older compression_config too, and
+    # a quantization_config that is no object is no cache scheme
+    ("llama", {}, {"compression_config": C8["quantization_config"]}, "kv_cache_scheme"),
+    ("llama", {}, {"quantization_config": "int8"}, None),
     # everything deepseek_v3's file honours, at once
     ("deepseek_v3", {"model_config": {"next_n": 1, "enable_weight_nz": True,
                                       "custom_params": {"enable_mla_prolog": True, "moe_chunk_max_len": 16}}}, {}, None),

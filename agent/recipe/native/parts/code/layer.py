@@ -1,0 +1,30 @@
+"""What every decoder layer shape shares (block.py, block_post_norm.py, block_parallel.py): the attention, the
+layer's MLP — the dense MLP or the sparse-MoE block, chosen per layer — and the config key of its norms' epsilon. A
+layer shape subclasses ModelDecoderLayerBase and calls its __init__ first; the assembler merges the base into that
+one subclass, so the generated file has the layer class alone."""
+
+from torch import nn
+
+from .attention_fused import ModelAttention as Attention
+from .mlp_gated import ModelMLP as MLP
+from .moe import ModelSparseMoeBlock as SparseMoeBlock
+from .moe import is_moe_layer
+
+# which layers' MLP is a sparse-MoE block: None, none; "all", every one; a config key (first_k_dense_replace,
+# decoder_sparse_step, ...), the layers is_moe_layer picks by it
+MOE_LAYERS = None
+NORM_EPS = "rms_norm_eps"   # the config key of the layer norms' epsilon (the shapes import it)
+FIXED_NORM_EPS = 1e-5       # their epsilon where no config key holds it (NORM_EPS None: opt's LayerNorms)
+
+
+class ModelDecoderLayerBase(nn.Module):
+    def __init__(self, config, infer_config, comm_manager, layer_idx, prefix=""):
+        super().__init__()
+        self.self_attn = Attention(config, infer_config, comm_manager, layer_idx, prefix=f"{prefix}.self_attn")
+        if MOE_LAYERS == "all":
+            self.mlp = SparseMoeBlock(config, infer_config, comm_manager, prefix=f"{prefix}.mlp")
+        elif MOE_LAYERS is not None:
+            mlp = SparseMoeBlock if is_moe_layer(config, layer_idx) else MLP
+            self.mlp = mlp(config, infer_config, comm_manager, prefix=f"{prefix}.mlp")
+        else:
+            self.mlp = MLP(config, infer_config, comm_manager, prefix=f"{prefix}.mlp")
