@@ -11,7 +11,7 @@ them at load (`renames`); a Conv1D's weight, stored [in, out], is transposed (`t
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 CHILDREN = "_native_children"     # a module's children under the skeleton's names, read by probe.children
 SKELETON_MODEL = {"embed_tokens", "layers", "norm", "rotary_emb"}
@@ -46,19 +46,17 @@ def present(parent, roles: dict, hide: tuple = ()) -> None:
             object.__setattr__(parent, name, child)
 
 
-class MLPView:
+def mlp_view(up, act, down):
     """A layer's MLP made of the layer's own children (opt's fc1 / activation_fn / fc2): down(act(up(x)))."""
+    import torch
 
-    def __new__(cls, up, act, down):
-        import torch
+    class LayerMLP(torch.nn.Module):
+        def forward(self, x):
+            return self.down_proj(self.act_fn(self.up_proj(x)))
 
-        class LayerMLP(torch.nn.Module):
-            def forward(self, x):
-                return self.down_proj(self.act_fn(self.up_proj(x)))
-
-        view = LayerMLP()
-        view.up_proj, view.act_fn, view.down_proj = up, act, down
-        return view
+    view = LayerMLP()
+    view.up_proj, view.act_fn, view.down_proj = up, act, down
+    return view
 
 
 def _named(module) -> dict:
@@ -228,7 +226,7 @@ def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
         children = _named(module)
         shown = dict(roles)
         if mlp:
-            shown["mlp"] = MLPView(*(children[n] for n in mlp))
+            shown["mlp"] = mlp_view(*(children[n] for n in mlp))
         if inner is not None:
             shown = {k: v for k, v in shown.items() if k != attentions[0]}
             shown["self_attn"] = _named(children[attentions[0]])["attention"]

@@ -9,6 +9,7 @@ import math
 from agent.recipe.native.not_native import NotNative
 from agent.recipe.native.parts.norm import model_norms
 from agent.recipe.native.parts.part import Match, Part
+from agent.recipe.native.parts.probe import children
 
 # config keys that hold a LayerNorm's epsilon, as the architectures name it
 EPS_KEYS = ("layer_norm_eps", "norm_epsilon", "layer_norm_epsilon", "norm_eps", "rms_norm_eps")

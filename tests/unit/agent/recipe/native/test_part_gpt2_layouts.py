@@ -16,9 +16,9 @@ import re
 
 import pytest
 
-from locations import REPO_ROOT
+from part_selfcheck import ctx as render_ctx
+from part_selfcheck import selfcheck_with_faults
 
-SNAPSHOT = REPO_ROOT.parent / "shared" / "upstream" / "cann-recipes-infer"
 POSITIONS_ADDED = "hidden_states = hidden_states + self.embed_positions(position_ids).to(hidden_states.dtype)"
 # type: (position options the probe reads, [(text of the correct file, its faulty replacement), ...])
 TYPES = {
@@ -38,8 +38,7 @@ TYPES = {
 
 
 def ctx(model_type: str) -> dict:
-    return {"model_name": model_type, "framework_class": "GptForCausalLM", "display_name": model_type,
-            "model_class": "X"}
+    return render_ctx(model_type, "GptForCausalLM")
 
 
 @pytest.fixture(scope="module")
@@ -131,30 +130,10 @@ def test_a_post_ln_layer_names_what_is_missing():
 
 
 def _check(derived, model_type, tmp_path):
-    from agent.recipe.native.decide import render_native, selfcheck, selfcheck_jobs
-
-    if not SNAPSHOT.is_dir():
-        pytest.skip(f"no upstream snapshot at {SNAPSHOT}")
-    config, composition = derived(model_type)
-    text = render_native(ctx(model_type), composition)
-    faults = TYPES[model_type][1]
-    good = tmp_path / f"{model_type}.py"
-    good.write_text(text)
-    bad = []
-    for index, (right, wrong) in enumerate(faults):
-        assert text.count(right) == 1, right
-        bad.append(tmp_path / f"fault{index}.py")
-        bad[-1].write_text(text.replace(right, wrong))
-    labelled = selfcheck_jobs(config, composition, str(good), ctx(model_type)["framework_class"])
-    assert any("bfloat16" in label for label, _ in labelled)
-    jobs = [job for _, job in labelled] + [{"config": config, "file": str(path),
-                                             "class_name": ctx(model_type)["framework_class"]} for path in bad]
-    results = selfcheck(jobs, SNAPSHOT)
-    checked, faulty = results[:len(labelled)], results[len(labelled):]
-    assert all(r["ok"] for r in checked), [(label, r["reason"]) for (label, _), r in zip(labelled, checked)
-                                           if not r["ok"]]
-    for (right, _), result in zip(faults, faulty):
-        assert not result["ok"] and "differ from transformers" in result["reason"], right
+    rows = selfcheck_with_faults({model_type: derived(model_type)}, {model_type: TYPES[model_type][1]},
+                                 ctx(model_type)["framework_class"], tmp_path)
+    assert any("bfloat16" in label for _, label, ok, _ in rows if ok)
+    assert all("differ from transformers" in result["reason"] for _, _, ok, result in rows if not ok)
 
 
 def test_the_gpt2_file_matches_transformers_and_a_fault_fails(derived, tmp_path):
