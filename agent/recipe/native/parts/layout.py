@@ -142,7 +142,8 @@ def read_layout(model, hidden: int) -> Layout | None:
     for name in children:
         renames.append((_prefixed(f"{path}.{name}"), f"model.{roles.get(name, name)}."))
     if "layers" not in roles.values():
-        return Layout(base, tuple(renames), refusal="no one list of decoder layers in the base model")
+        return Layout(base, tuple(renames), refusal=f"no one list of decoder layers in the base model (module "
+                                                    f"lists: {', '.join(lists) or 'none'})")
     layout = Layout(base, tuple(renames))
     _layer_roles(model, list(base.layers), hidden, layout)
     return layout

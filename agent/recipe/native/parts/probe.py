@@ -137,10 +137,13 @@ class Probe:
             raise NotNative("model", f"transformers cannot build it on a shrunk config ({first_line(exc)})") from exc
         self.model.eval()
         self.modeling = importlib.import_module(type(self.model).__module__)
-        from agent.recipe.native.parts.layout import read_layout
+        from agent.recipe.native.parts.layout import Layout, read_layout
 
         # a root under another name (gpt2's transformer.h.N): read under the skeleton's names
-        self.layout = read_layout(self.model, self.config.hidden_size)
+        try:
+            self.layout = read_layout(self.model, self.config.hidden_size)
+        except Exception as exc:  # noqa: BLE001 - a model the layout's reading cannot run: the model part says so
+            self.layout = Layout(None, refusal=f"its modules' layout could not be read ({first_line(exc)})")
         self.base = self.layout.base if self.layout is not None else getattr(self.model, "model", None)
         self.layers = list(getattr(self.base, "layers", None) or [])
         config = self.config
