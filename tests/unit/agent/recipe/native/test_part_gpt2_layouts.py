@@ -119,14 +119,19 @@ def test_the_skeletons_own_layout_is_read_as_before():
     assert probe.layout is None and probe.base is probe.model.model
 
 
-def test_a_post_ln_layer_names_what_is_missing():
+@pytest.mark.parametrize("model_type, reason", [
+    ("openai-gpt", "post-LN layer"),                              # norm(h + attn(h)): no part writes it
+    ("ctrl", "the layer's MLP, ffn (Sequential), is neither"),    # an MLP no part reads
+    ("trocr", "its modules' layout could not be read"),           # transformers' own accessor raises
+])
+def test_a_layout_no_part_writes_falls_back_naming_why(model_type, reason):
     from transformers import AutoConfig
 
     from agent.recipe.native.compose import derive
     from agent.recipe.native.not_native import NotNative
 
-    with pytest.raises(NotNative, match="post-LN layer"):
-        derive(AutoConfig.for_model("openai-gpt").to_dict())
+    with pytest.raises(NotNative, match=re.escape(reason)):
+        derive(AutoConfig.for_model(model_type).to_dict())
 
 
 def _check(derived, model_type, tmp_path):
