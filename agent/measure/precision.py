@@ -576,7 +576,8 @@ def judge_request(request: Request, exact: Reference | Replayed, rounded: Refere
 def locate(step: Step, fp_layers, lo_layers, prompt, position: int, dtype: str, reduced_layers=None) -> dict:
     """The first decoder layer at this step whose hidden states leave transformers' beyond rounding."""
     if not step.layers:
-        return {"layer": None, "why": "no per-layer record at this step (a compiled step runs no hooks)"}
+        return {"layer": None, "why": "no per-layer record at this step (a compiled step runs no hooks; a "
+                                      "context-parallel prefill's ranks each hold only their own segments)"}
     if step.phase == "prefill":
         rows = slice(0, len(prompt))
     else:

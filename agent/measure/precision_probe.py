@@ -118,7 +118,13 @@ def _wrap_inference(inference):
             return inference(self, model_inputs, is_prefill, *args, **kwargs)
         ids = model_inputs.get("input_ids")
         ends = getattr(metadata, "actual_seq_lengths_cu_q", None) if is_prefill else None
+        cp = getattr(metadata, "cp_metadata", None) if is_prefill else None
+        owned = None
+        if cp is not None and getattr(cp, "enabled", False) and ids is not None and ends is not None:
+            ids, ends, owned = _context_parallel_owned(ids, ends, cp)
         _begin("prefill" if is_prefill else "decode", ids, ends, None)
+        if owned is not None and _state["current"] is not None:
+            _state["current"]["owned_rows"] = owned
         try:
             result = inference(self, model_inputs, is_prefill, *args, **kwargs)
         except BaseException:
@@ -128,6 +134,23 @@ def _wrap_inference(inference):
         _end(output)
         return result
     return wrapped
+
+
+def _context_parallel_owned(ids, ends, cp):
+    """A prefill split over context-parallel ranks (upstream's executor: _apply_prefill_cp): every rank runs the
+    whole batch, padded, and samples only the requests it decodes (cp_metadata.output_request_indices). The
+    record holds those requests as one rank's own: their prompt ids without the padding, their ends, and which
+    rows of the model's per-request logits are theirs."""
+    import torch
+
+    real = ids.reshape(-1).index_select(0, cp.global_valid_indices.to(ids.device))
+    ends = [int(e) for e in ends.tolist()]
+    starts = [0, *ends[:-1]]
+    owned = [int(i) for i in cp.output_request_indices.tolist()]
+    kept = [real[starts[i]:ends[i]] for i in owned]
+    lengths = [int(t.numel()) for t in kept]
+    own_ends = [sum(lengths[:k + 1]) for k in range(len(lengths))]
+    return (torch.cat(kept) if kept else real[:0]), own_ends, owned
 
 
 # ---- the model and its layers ---------------------------------------------------------------
@@ -292,6 +315,10 @@ def _end(output) -> None:
         logits = logits[torch.tensor(current["seq_ends"]) - 1]   # packed [T, V]: each request's last token
     logits = logits.reshape(-1, logits.shape[-1])
     layers = [current["layers"][i] for i in sorted(current["layers"])] or None
+    if current.get("owned_rows") is not None:
+        # a context-parallel prefill: the rows of this rank's requests; its layers held only its segments
+        logits, layers = logits[torch.tensor(current["owned_rows"], dtype=torch.long)], None
+        current["rows"] = int(logits.shape[0])
     if layers and current["phase"] == "prefill" and sum(t.numel() for t in layers) > MAX_PREFILL_LAYER_FLOATS:
         layers = None
     record = {"phase": current["phase"], "input_ids": current["input_ids"], "shape": shape,

@@ -65,8 +65,11 @@ def check_native_model(path: Path) -> None:
         {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
     assert not names & set(FORBIDDEN_RUNTIME), names & set(FORBIDDEN_RUNTIME)
     assert "Cache" not in names and "past_key_values" not in text
-    for needed in ("QKVParallelLinear", "MergedColumnParallelLinear", "RowParallelLinear", "ColumnParallelLinear",
-                   "npu_scatter_nd_update_", "npu_apply_rotary_pos_emb", "npu_rms_norm", "npu_add_rms_norm",
+    # MLA writes its latent cache and rope in one kernel; the others project q/k/v and scatter into the cache
+    attention = ("npu_kv_rmsnorm_rope_cache_v2", "npu_interleave_rope") if "npu_kv_rmsnorm_rope_cache_v2" in text \
+        else ("QKVParallelLinear", "npu_scatter_nd_update_", "npu_apply_rotary_pos_emb")
+    for needed in (*attention, "MergedColumnParallelLinear", "RowParallelLinear", "ColumnParallelLinear",
+                   "npu_rms_norm", "npu_add_rms_norm",
                    "def get_cache_info", "def load_weights", "def process_weights_after_loading", "cache_entries",
                    '"attn_tp_group"', '"lmhead_tp_group"', "Adapted from"):
         assert needed in text, needed

@@ -16,8 +16,9 @@ What does not run: sizes that do not divide world_size, a routed expert count mo
 batch the attention data-parallel groups do not share evenly (upstream refuses the same, after its ranks start).
 
 Switches (SWITCHES): a switch of upstream's models set in the YAML or the checkpoint's config (enable_mla_prolog,
-next_n, moe_chunk_max_len, the int8 KV cache) that the generated file does not read, because the part that
-honours it is not in it, would be silently unused: refused here in one line naming the key and what to do."""
+next_n, moe_chunk_max_len, the int8 KV cache, prefill context parallel's cp_size) that the generated file does not
+read, because the part that honours it is not in it, would be silently unused: refused here in one line naming the
+key and what to do."""
 
 from __future__ import annotations
 
@@ -131,7 +132,7 @@ def layout_problem(parallel: dict, moe: bool, experts: int | None = None, batch_
     set; None when it runs it. `experts`: the routed expert count of an MoE model; `batch_size`: the YAML's
     scheduler_config.batch_size. Sizes that do not divide world_size are upstream's ParallelConfig's refusal,
     said here before any rank starts."""
-    keys = ("attn_tp_size", "moe_tp_size", "embed_tp_size", "lmhead_tp_size")
+    keys = ("attn_tp_size", "moe_tp_size", "embed_tp_size", "lmhead_tp_size", "cp_size")
     sizes = {}
     for key in (*keys, "world_size"):
         if key not in parallel:       # upstream's default (world_size: the largest size, as its launch runs it)
@@ -145,7 +146,12 @@ def layout_problem(parallel: dict, moe: bool, experts: int | None = None, batch_
     for key, size in sizes.items():
         if world % size:
             return f"world_size {world} does not divide by {key} {size}: choose a size that divides it"
-    attn, moe_tp = sizes["attn_tp_size"], sizes["moe_tp_size"]
+    attn, moe_tp, cp = sizes["attn_tp_size"], sizes["moe_tp_size"], sizes.pop("cp_size")
+    if cp > 1 and (cp != world or attn != 1):
+        # upstream's ParallelConfig refuses the same once its ranks start ("Phase1 prefill CP")
+        return (f"cp_size {cp} with world_size {world} and attn_tp_size {attn}: upstream's prefill context parallel "
+                f"needs cp_size equal to world_size and attn_tp_size 1; set cp_size {world} and attn_tp_size 1, or "
+                "cp_size 1")
     ep = world // moe_tp
     if moe and experts and experts % ep:
         fits = [m for m in range(1, world + 1) if world % m == 0 and experts % (world // m) == 0]
@@ -204,6 +210,14 @@ SWITCHES = (
            "npu_mla_prolog_v3's kv_cache_quant_mode and the int8-cache forms of npu_kv_rmsnorm_rope_cache_v2 and "
            "npu_fused_infer_attention_score_v2, which the NPU stand-in does not compute)",
            "use the checkpoint without its kv_cache_scheme (a float KV cache)", read=kv_cache_scheme),
+    # upstream's prefill context parallel: the executor hands every CP rank the whole padded batch and describes
+    # each rank's zigzag segments in forward_metadata.cp_metadata; a file that does not read it attends over the
+    # wrong tokens and writes other ranks' requests into its cache. The dense fused attention reads it
+    # (parts/code/context_parallel.py); MLA, soft-capped attention and models with sparse-MoE layers do not
+    Switch("yaml", ("parallel_config", "cp_size"), lambda value: value not in (None, 1), "cp_metadata",
+           "the fused attention of a dense model, which attends its context-parallel segments over the keys and "
+           "values gathered across the CP ranks (parts/code/context_parallel.py; not MLA, soft-capped attention or "
+           "sparse-MoE layers)", "remove it or set cp_size to 1"),
 )
 
 

@@ -309,16 +309,25 @@ def _dense_match(part, probe, chosen, **extra) -> Match:
                  facts={**facts, "partial": bool(position is not None and position.facts.get("partial"))})
 
 
+def context_parallel(probe) -> bool:
+    """CONTEXT_PARALLEL: the fused attention of a dense model splits a prefill over parallel_config.cp_size ranks
+    (code/context_parallel.py). A model with sparse-MoE layers (and so an MTP draft) keeps it off: its expert
+    routing over CP segments is not held per step, so preflight refuses cp_size for its file."""
+    from agent.recipe.native.preflight import is_moe
+
+    return not is_moe(probe.full_config.to_dict())
+
+
 def _fused_paged(probe, chosen):
     if is_mla_model(probe) or _softcapped(probe) or dense_attention(probe)["sinks"]:
         return None
-    return _dense_match(FUSED_PAGED, probe, chosen)
+    return _dense_match(FUSED_PAGED, probe, chosen, CONTEXT_PARALLEL=context_parallel(probe))
 
 
 def _fused_paged_sinks(probe, chosen):
     if is_mla_model(probe) or _softcapped(probe) or not dense_attention(probe)["sinks"]:
         return None
-    return _dense_match(FUSED_PAGED_SINKS, probe, chosen, SINKS=True)
+    return _dense_match(FUSED_PAGED_SINKS, probe, chosen, SINKS=True, CONTEXT_PARALLEL=context_parallel(probe))
 
 
 def _softcap_paged(probe, chosen):
@@ -374,10 +383,11 @@ _READS = ("num_attention_heads", "num_key_value_heads", "head_dim", "hidden_size
           "layer_types", "query_pre_attn_scalar", "rms_norm_eps")
 FUSED_PAGED = Part(
     slot="attention", name="fused_paged", code="attention_fused.py", provides="ModelAttention", reads=_READS,
-    probe=_fused_paged, kernels=_fused_kernels, options=DENSE_OPTIONS, variants=_variants)
+    probe=_fused_paged, kernels=_fused_kernels, options=DENSE_OPTIONS + ("CONTEXT_PARALLEL",), variants=_variants)
 FUSED_PAGED_SINKS = Part(
     slot="attention", name="fused_paged_sinks", code="attention_fused.py", provides="ModelAttention", reads=_READS,
-    probe=_fused_paged_sinks, kernels=_fused_kernels, options=DENSE_OPTIONS + ("SINKS",), variants=_variants)
+    probe=_fused_paged_sinks, kernels=_fused_kernels, options=DENSE_OPTIONS + ("SINKS", "CONTEXT_PARALLEL"),
+    variants=_variants)
 SOFTCAP_PAGED = Part(
     slot="attention", name="softcap_paged", code="attention_softcap.py", provides="ModelSoftcapAttention",
     reads=_READS + ("attn_logit_softcapping",), probe=_softcap_paged, kernels=_softcap_kernels,

@@ -10,6 +10,7 @@ from executor.core.kv_cache.cache_info import CacheEntry
 from executor.utils.forward_metadata import ForwardMetaData
 from module.linear import QKVParallelLinear, RowParallelLinear
 
+from .context_parallel import cp_key_rows, gather_cp, prefill_cp
 from .norm_qk_full import ModelFullWidthRMSNorm
 from .norm_rms import ModelRMSNorm as Norm
 from .rotary import half_from_interleaved, rotary_width
@@ -37,6 +38,7 @@ NOPE_LAYERS = None              # layers without rotary: "no_rope_layers" (smoll
                                 # (exaone4: the full-attention layers of a config with a sliding window)
 ROPE_INTERLEAVED = False        # the architecture rotates pairs (2i, 2i + 1): q/k rows reordered at load (glm, ernie4_5)
 ROTARY = True                   # q and k rotated (else the positions were added to the embedding: gpt2)
+CONTEXT_PARALLEL = False        # prefill context parallel (parallel_config.cp_size): context_parallel.py's segments
 
 
 def layer_windows(config):
@@ -148,7 +150,8 @@ class ModelAttention(nn.Module):
         is_prefill = forward_metadata.is_prefill
         padded_q_len = hidden_states.size(0)
         q_len = padded_q_len
-        if is_prefill and 0 < forward_metadata.prompt_tokens < padded_q_len:
+        if is_prefill and 0 < forward_metadata.prompt_tokens < padded_q_len and not (
+                CONTEXT_PARALLEL and prefill_cp(forward_metadata)):
             hidden_states = hidden_states[:forward_metadata.prompt_tokens]
             q_len = forward_metadata.prompt_tokens
         qkv = getattr(self, QKV)(hidden_states)
@@ -169,10 +172,13 @@ class ModelAttention(nn.Module):
                 query, key = torch_npu.npu_apply_rotary_pos_emb(query.contiguous(), key.contiguous(), cos, sin, layout="TND")
         if not self.k_cache.numel() or not self.v_cache.numel():
             raise RuntimeError("KV cache not allocated: the executor binds it through get_cache_info()")
-        slots = forward_metadata.slot_mapping[self.attn_type].view(-1)[:q_len].view(-1, 1)
-        torch_npu.npu_scatter_nd_update_(self.k_cache.view(-1, self.num_key_value_heads_per_rank, self.head_dim), slots, key)
-        torch_npu.npu_scatter_nd_update_(self.v_cache.view(-1, self.num_key_value_heads_per_rank, self.head_dim), slots, value)
-        out = self._attention(query, key, value, forward_metadata)
+        if CONTEXT_PARALLEL and prefill_cp(forward_metadata):
+            out = self._attention_cp(query, key, value, forward_metadata)
+        else:
+            slots = forward_metadata.slot_mapping[self.attn_type].view(-1)[:q_len].view(-1, 1)
+            torch_npu.npu_scatter_nd_update_(self.k_cache.view(-1, self.num_key_value_heads_per_rank, self.head_dim), slots, key)
+            torch_npu.npu_scatter_nd_update_(self.v_cache.view(-1, self.num_key_value_heads_per_rank, self.head_dim), slots, value)
+            out = self._attention(query, key, value, forward_metadata)
         out = self.o_proj(out.reshape(q_len, self.num_heads_per_rank * self.head_dim))
         if q_len < padded_q_len:
             out = torch.cat([out, out.new_zeros((padded_q_len - q_len, out.size(-1)))], dim=0)
@@ -229,6 +235,36 @@ class ModelAttention(nn.Module):
             block_size=self.block_size, **({"learnable_sink": self.sinks} if SINKS else {}),
             **(band if WINDOWS else {}))
         return out
+
+    def _attention_cp(self, query, key, value, forward_metadata):
+        """A prefill split over the CP ranks (context_parallel.py): this rank's two segments per request attend
+        over the keys and values gathered from every rank; the cache takes the rows of the requests this rank
+        decodes."""
+        cp = forward_metadata.cp_metadata
+        group = self.comm_manager.get_group("cp_group")
+        keys, values = gather_cp(key, cp, group), gather_cp(value, cp, group)
+        kept = cp.persistent_valid_indices.to(keys.device)
+        if kept.numel():
+            slots = cp.persistent_slot_mapping[self.attn_type].view(-1, 1)
+            shape = (-1, self.num_key_value_heads_per_rank, self.head_dim)
+            torch_npu.npu_scatter_nd_update_(self.k_cache.view(shape), slots, keys.index_select(0, kept))
+            torch_npu.npu_scatter_nd_update_(self.v_cache.view(shape), slots, values.index_select(0, kept))
+        # causal from the bottom right (a sliding window: the band, pre_tokens = window - 1)
+        mask, band = forward_metadata.attention_mask, {"sparse_mode": 3}
+        if WINDOWS and self.sliding_window:
+            band = {"sparse_mode": 4, "pre_tokens": self.sliding_window - 1, "next_tokens": 0}
+        outs = []
+        halves = ((query[:cp.local_prev_token_num], cp.actual_seq_q_prev, cp.kv_len_prev),
+                  (query[cp.local_prev_token_num:], cp.actual_seq_q_next, cp.kv_len_next))
+        for queries, seq_qlen, kv_lens in halves:
+            rows, seq_kvlen = cp_key_rows(cp, kv_lens)
+            out, _ = torch.ops.npu.npu_fused_infer_attention_score_v2(
+                queries.contiguous(), keys.index_select(0, rows), values.index_select(0, rows),
+                num_query_heads=self.num_heads_per_rank, num_key_value_heads=self.num_key_value_heads_per_rank,
+                input_layout="TND", softmax_scale=self.scaling, atten_mask=mask, actual_seq_qlen=seq_qlen,
+                actual_seq_kvlen=seq_kvlen, **band, **({"learnable_sink": self.sinks} if SINKS else {}))
+            outs.append(out)
+        return torch.cat(outs)
 
     def _load_rotary_rows_reordered(self, config):
         """The checkpoint's q and k rows (weights, biases, a W8A8 weight's per-row scales; q_proj / k_proj or the

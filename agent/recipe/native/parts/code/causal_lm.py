@@ -21,6 +21,7 @@ from module.linear import (
 )
 
 from .block import ModelDecoderLayer as DecoderLayer
+from .context_parallel import gather_cp, prefill_cp
 from .moe import register_expert_groups
 from .norm_rms import ModelRMSNorm as Norm
 from .parallel import gather_rows, own_rows_whole, spans_requests, sum_own_rows
@@ -35,6 +36,7 @@ MLA = False                     # multi-head latent attention: its rope dims, la
 MOE = False                     # sparse-MoE layers: their experts over moe_tp_group and moe_ep_group
 MTP = False                     # an MTP draft model beside this one (code/mtp.py): next_n > 0 returns every hidden state
 ABSOLUTE_POSITIONS = False      # positions added to the embedding (gpt2's learned wpe): the position slot's table, no rotary
+CONTEXT_PARALLEL = False        # prefill context parallel (parallel_config.cp_size): context_parallel.py's segments
 # transformers' renames of the checkpoint's tensor names for this architecture (pattern, replacement), in order
 CHECKPOINT_RENAMES = ()
 # stored names of Conv1D weights (gpt2's [in, out]): transposed to the parallel linears' [out, in] at load
@@ -86,6 +88,10 @@ class ModelModel(nn.Module):
 
     def forward(self, input_ids, position_ids, forward_metadata: ForwardMetaData):
         position_ids = position_ids.view(-1).long()
+        if CONTEXT_PARALLEL and prefill_cp(forward_metadata):
+            # the executor hands every CP rank the whole padded batch: this rank computes its own segments
+            local = forward_metadata.cp_metadata.local_indices.to(position_ids.device)
+            input_ids, position_ids = input_ids.view(-1).index_select(0, local), position_ids.index_select(0, local)
         hidden_states = self.embed(input_ids.view(-1), forward_metadata.is_prefill)
         if EMBED_SCALE:
             # the architecture's normaliser, in the model's dtype
@@ -103,6 +109,11 @@ class ModelModel(nn.Module):
         for layer in self.layers:
             residual, hidden_states = layer(hidden_states, cos_sin, residual, forward_metadata)
         hidden_states, _ = self.norm(hidden_states, residual)
+        if CONTEXT_PARALLEL and prefill_cp(forward_metadata):
+            # every rank's segments in the batch's token order, the padding dropped: each request's last token
+            cp = forward_metadata.cp_metadata
+            hidden_states = gather_cp(hidden_states, cp, self.comm_manager.get_group("cp_group")).index_select(
+                0, cp.global_valid_indices.to(hidden_states.device))
         if MTP and self.next_n:
             return hidden_states            # every token's: the MTP model drafts from them
         if forward_metadata.is_prefill:
@@ -139,6 +150,9 @@ class ModelForCausalLM(nn.Module):
         self.world_size, self.attn_tp_size, self.lmhead_tp_size = parallel.world_size, parallel.attn_tp_size, parallel.lmhead_tp_size
         check_parallel(config, parallel)
         register_parallel_groups(comm_manager, parallel)
+        if CONTEXT_PARALLEL and getattr(parallel, "cp_size", 1) > 1:
+            comm_manager.register_group(name="cp_group", group_num=parallel.world_size // parallel.cp_size,
+                                        group_size=parallel.cp_size)
         if MOE:
             register_expert_groups(comm_manager, config, infer_config)
         # lmhead_tp_group holding other attention data-parallel groups' ranks gathers their rows first
@@ -318,6 +332,11 @@ def check_parallel(config, parallel):
     """Heads and widths split evenly at parallel_config's tensor-parallel sizes (module.linear's layers divide
     them); otherwise one line saying what to set. Every layout of sizes that divide world_size runs: a group that
     holds other attention data-parallel groups' ranks gathers their rows (parallel.py)."""
+    if not CONTEXT_PARALLEL and getattr(parallel, "cp_size", 1) > 1:
+        # the executor would hand every rank the whole padded prefill and its own segments (cp_metadata), which
+        # this model's attention does not read: wrong text, silently
+        raise ValueError(f"cp_size {parallel.cp_size}: this model's attention does not attend the executor's prefill "
+                         "context-parallel segments; set parallel_config.cp_size to 1")
     heads = config.num_attention_heads
     checks = [("num_attention_heads", heads, parallel.attn_tp_size),
               ("vocab_size", config.vocab_size, parallel.lmhead_tp_size),

@@ -82,6 +82,26 @@ def test_advice_followed_is_accepted():
         assert parallel_problem(_config(model), parallel, batch_size=batch) is None, (refusal, parallel)
 
 
+CP_NEEDS = ("cp_size {c} with world_size {w} and attn_tp_size {a}: upstream's prefill context parallel needs cp_size "
+            "equal to world_size and attn_tp_size 1; set cp_size {w} and attn_tp_size 1, or cp_size 1")
+# (world_size, attn_tp_size, cp_size, the refusal or None): upstream's ParallelConfig rule, said before ranks start
+CP_LAYOUTS = [
+    (2, 1, 2, None),
+    (4, 1, 4, None),
+    (1, 1, 1, None),
+    (4, 1, 2, CP_NEEDS.format(c=2, w=4, a=1)),
+    (2, 2, 2, CP_NEEDS.format(c=2, w=2, a=2)),
+    (4, 2, 4, CP_NEEDS.format(c=4, w=4, a=2)),
+    (3, 1, 2, "world_size 3 does not divide by cp_size 2: choose a size that divides it"),
+]
+
+
+@pytest.mark.parametrize("world,attn,cp,refusal", CP_LAYOUTS, ids=[f"w{r[0]}-a{r[1]}-cp{r[2]}" for r in CP_LAYOUTS])
+def test_context_parallel_layouts_are_upstreams(world, attn, cp, refusal):
+    parallel = {"world_size": world, "attn_tp_size": attn, "cp_size": cp, "lmhead_tp_size": 1}
+    assert parallel_problem(DENSE, parallel, batch_size=4) == refusal
+
+
 # ---- the generated file's guards refuse the same layouts ---------------------------------------------
 @pytest.fixture(scope="module")
 def generated_guards():

@@ -4,8 +4,9 @@ before any rank starts, at the one place the run's YAML is checked against the g
 which Recipe.run_plan and agent.run.plan call). Each row of the table is tried with a fault (switch set, part
 absent: refused) and a pass (the part present, or the switch off), on files the generator writes from real
 configs (a dense llama; DeepSeek-V3 with MLA, sparse-MoE layers and an MTP layer; DeepSeek-V3 without q LoRA,
-every layer dense, no MTP layer). In-process; the slow runs that hold each honoured switch per step are
-test_mla_features.py's (enable_mla_prolog, moe_chunk_max_len) and test_mtp.py's (next_n)."""
+every layer dense, no MTP layer; qwen3_moe, fused attention beside sparse-MoE layers; gemma2, soft-capped
+attention). In-process; the slow runs that hold each honoured switch per step are test_mla_features.py's (enable_mla_prolog, moe_chunk_max_len), test_mtp.py's (next_n) and
+tests/e2e/test_context_parallel.py's (cp_size; in process: test_context_parallel.py)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ MODELS = {
     # MLA whose query is one q_proj (no prolog), every layer dense, no MTP layer
     "deepseek_v3_plain": ("deepseek_v3", {"q_lora_rank": None, "first_k_dense_replace": 1000,
                                           "num_nextn_predict_layers": 0}),
+    # fused attention beside sparse-MoE layers; soft-capped attention (plain torch over the paged cache)
+    "qwen3_moe": ("qwen3_moe", {}),
+    "gemma2": ("gemma2", {}),
 }
 
 
@@ -71,6 +75,14 @@ CASES = [
     # a quantization_config that is no object is no cache scheme
     ("llama", {}, {"compression_config": C8["quantization_config"]}, "kv_cache_scheme"),
     ("llama", {}, {"quantization_config": "int8"}, None),
+    # cp_size: the dense fused attention reads the executor's prefill context-parallel segments (cp_metadata);
+    # MLA (deepseek_v3_plain: dense layers) and sparse-MoE layers (qwen3_moe: fused attention) do not
+    ("llama", {"parallel_config": {"world_size": 2, "attn_tp_size": 1, "cp_size": 2}}, {}, None),
+    ("deepseek_v3_plain", {"parallel_config": {"world_size": 2, "attn_tp_size": 1, "cp_size": 2}}, {}, "cp_size"),
+    ("deepseek_v3", {"parallel_config": {"world_size": 4, "attn_tp_size": 1, "cp_size": 4}}, {}, "cp_size"),
+    ("qwen3_moe", {"parallel_config": {"world_size": 2, "attn_tp_size": 1, "cp_size": 2}}, {}, "cp_size"),
+    ("gemma2", {"parallel_config": {"world_size": 2, "attn_tp_size": 1, "cp_size": 2}}, {}, "cp_size"),
+    ("llama", {"parallel_config": {"world_size": 2, "cp_size": 1}}, {}, None),
     # everything deepseek_v3's file honours, at once
     ("deepseek_v3", {"model_config": {"next_n": 1, "enable_weight_nz": True,
                                       "custom_params": {"enable_mla_prolog": True, "moe_chunk_max_len": 16}}}, {}, None),
@@ -113,6 +125,8 @@ def test_the_generated_files_read_what_their_parts_honour(sources):
     assert {"enable_mla_prolog", "next_n", "moe_chunk_max_len"} <= read["deepseek_v3"]
     assert not {"enable_mla_prolog", "next_n", "moe_chunk_max_len", "kv_cache_quant_mode"} & read["llama"]
     assert not {"enable_mla_prolog", "next_n", "moe_chunk_max_len"} & read["deepseek_v3_plain"]
+    assert "cp_metadata" in read["llama"]
+    assert not {"cp_metadata"} & (read["deepseek_v3"] | read["deepseek_v3_plain"] | read["qwen3_moe"] | read["gemma2"])
     # a docstring that names a switch is not a part reading it
     assert "next_n" not in names_read('"""next_n"""\n\n\ndef f():\n    """next_n"""\n    return 1\n')
     assert "next_n" in names_read('def f(c):\n    return c.get("next_n", 0)\n')
