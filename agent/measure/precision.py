@@ -275,11 +275,13 @@ class Routing:
     def _hook(self, layer: int, block):
         import torch
 
-        from agent.recipe.native.parts.moe import reference_gating, selection
+        from agent.recipe.native.parts.moe import reference_gating, selection, selection_bias
 
         g = self.gating
         router = getattr(block, g["router_name"])
-        bias = getattr(router, "e_score_correction_bias", None) if g["selection_bias"] else None
+        # the router's, the block's own (hy_v3, minimax_m2) or under the router's moe_statics (ernie4_5_moe)
+        found = selection_bias(block, g["router_name"]) if g["selection_bias"] else None
+        bias = found[0].reshape(-1) if found is not None else None
         gating = dict(scoring=g["scoring"], selection_bias=bias, n_group=g["n_group"], topk_group=g["topk_group"],
                       group_select=g["group_select"])
 

@@ -87,6 +87,11 @@ def shrink_config(config: dict, cut_layers: bool = True) -> dict:
         overrides["num_key_value_heads"] = overrides["num_attention_heads"] if kv == heads else min(kv, 2)
     elif isinstance(heads, int) and kv == heads and "num_key_value_heads" in overrides:
         overrides.pop("num_key_value_heads")        # heads already tiny: MHA stays MHA (MLA's key heads are its heads)
+    nk, nv = config.get("linear_num_key_heads"), config.get("linear_num_value_heads")
+    if isinstance(nk, int) and isinstance(nv, int) and nk > 2 and nv % nk == 0:
+        # linear attention's heads (qwen3_next's Gated DeltaNet): 2 key heads, the value heads' grouping kept; the
+        # head widths are the kernels' (kept)
+        overrides.update(linear_num_key_heads=2, linear_num_value_heads=2 * (nv // nk))
     if config.get("q_lora_rank") is None:
         overrides.pop("q_lora_rank", None)
     if "kv_lora_rank" in config:

@@ -44,6 +44,14 @@ SHAPES: dict[str, tuple[str, dict]] = {
         "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768, "decoder_sparse_step": 1,
         "norm_topk_prob": True, "mlp_only_layers": [], "rope_theta": 1000000.0, "use_sliding_window": False,
         "tie_word_embeddings": False}),
+    "qwen3_next": ("Qwen/Qwen3-Next-80B-A3B-Instruct", {
+        "num_attention_heads": 16, "num_key_value_heads": 2, "hidden_size": 2048, "head_dim": 256,
+        "num_hidden_layers": 48, "full_attention_interval": 4, "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32, "num_experts": 512, "num_experts_per_tok": 10, "moe_intermediate_size": 512,
+        "shared_expert_intermediate_size": 512, "decoder_sparse_step": 1, "norm_topk_prob": True,
+        "mlp_only_layers": [], "partial_rotary_factor": 0.25, "rope_theta": 10000000,
+        "max_position_embeddings": 262144, "attention_bias": False, "tie_word_embeddings": False}),
     "mixtral": ("mistralai/Mixtral-8x7B-Instruct-v0.1", {
         "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096, "num_local_experts": 8,
         "num_experts_per_tok": 2, "rope_theta": 1000000.0, "sliding_window": None, "tie_word_embeddings": False}),
@@ -163,6 +171,14 @@ SHAPES: dict[str, tuple[str, dict]] = {
         "partial_rotary_factor": 0.5, "hidden_act": "relu2", "tie_word_embeddings": False}),
     "hunyuan_v1_dense": ("tencent/Hunyuan-7B-Instruct", {
         "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096, "head_dim": 128,
+        "rope_scaling": {"type": "dynamic", "factor": 1.0, "alpha": 1000.0}, "tie_word_embeddings": True}),
+    # its config.json as mirrored in github.com/tianyu1412/Hunyuan-A13B (models/config.json, written for the
+    # remote-code class): head_dim is its attention_head_dim; the per-layer lists as published
+    "hunyuan_v1_moe": ("tencent/Hunyuan-A13B-Instruct", {
+        "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096, "head_dim": 128,
+        "num_hidden_layers": 32, "intermediate_size": 3072, "num_experts": 64, "moe_topk": [8] * 32,
+        "moe_intermediate_size": [3072] * 32, "num_shared_expert": [1] * 32, "use_mixed_mlp_moe": True,
+        "use_qk_norm": True, "rope_theta": 10000.0, "max_position_embeddings": 32768, "vocab_size": 128167,
         "rope_scaling": {"type": "dynamic", "factor": 1.0, "alpha": 1000.0}, "tie_word_embeddings": True}),
 }
 

@@ -46,6 +46,10 @@ TEXT_DIMS = {
     "qwen2_5_vl": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}},
     "qwen3_vl": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
                                      "mrope_interleaved": True}},
+    # Qwen3.5's hybrid decoder: a full-attention layer every full_attention_interval (4) layers, as every checkpoint
+    # has one; TINY_DIMS' two layers would be linear attention only
+    "qwen3_5": {"num_hidden_layers": 4},
+    "qwen3_5_moe": {"num_hidden_layers": 4},
 }
 
 

@@ -52,6 +52,20 @@ CASES = {
                                            n_shared_experts=2, first_k_dense_replace=1, routed_scaling_factor=2.5,
                                            norm_topk_prob=True)),
     "gpt_oss": ("gpt_oss", dict(num_local_experts=8, num_experts_per_tok=2, swiglu_limit=7.0)),
+    # the block as block_sparse_moe, its experts stored fused (input_linear / output_linear, renamed by transformers)
+    "granitemoe": ("granitemoe", dict(num_local_experts=8, num_experts_per_tok=2)),
+    # the selection bias as [1, E] under the router's moe_statics, the layers by moe_layer_start_index / interval
+    "ernie4_5_moe": ("ernie4_5_moe", dict(moe_num_experts=8, moe_k=2, moe_num_shared_experts=2,
+                                          moe_layer_start_index=1, moe_layer_interval=1)),
+    # sigmoid with the block's own selection bias, scaled by router_scaling_factor, num_shared_experts
+    "hy_v3": ("hy_v3", dict(num_experts=8, num_experts_per_tok=2, num_shared_experts=1, router_scaling_factor=2.5,
+                            mlp_layer_types=["dense", "sparse"])),
+    # shared experts intermediate_size x moe_num_shared_experts wide; experts stored fused as [E, H, 2I] (fc1 / fc2)
+    "aria_text": ("aria_text", dict(moe_num_experts=8, moe_topk=2, moe_num_shared_experts=2)),
+    # grouped sigmoid routing, shared experts moe_intermediate_size x num_shared_experts wide
+    "exaone_moe": ("exaone_moe", dict(num_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1,
+                                      num_shared_experts=1, routed_scaling_factor=2.5,
+                                      mlp_layer_types=["dense", "sparse"])),
 }
 
 

@@ -36,7 +36,7 @@ from agent.recipe.native.parts.part import Expr  # noqa: F401 - an option writte
 
 CODE_DIR = Path(__file__).resolve().parent / "parts" / "code"
 PLACEHOLDER = "Model"
-ROLES = ("Norm", "RotaryEmbedding", "Attention", "MLP", "SparseMoeBlock", "DecoderLayer")
+ROLES = ("Norm", "RotaryEmbedding", "Attention", "MLP", "SparseMoeBlock", "DecoderLayer", "LinearAttention")
 LOCAL_PACKAGES = ("executor", "module")        # the checkout's packages: the last import group
 _UNKNOWN = object()
 ATOMS = (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.SimpleString, cst.Integer, cst.Float, cst.Dict,

@@ -15,12 +15,12 @@ from agent.recipe.native.parts.probe import Probe
 # the layer kind a slot's refusal names (the report's and the README's fell_back)
 KINDS = {"model": "model", "embedding": "model", "norm": "norm", "position": "position", "attention": "attention",
          "moe": "moe", "mlp": "mlp", "block": "decoder layer", "head": "model",
-         "mtp": "model"}
+         "mtp": "model", "linear_attention": "linear attention"}
 
 
 def _optional(slot: str, chosen: dict) -> bool:
     """A slot that may stay empty: no sparse-MoE layers; no dense MLP where every layer is a sparse-MoE block."""
-    if slot in ("moe", "mtp"):
+    if slot in ("moe", "mtp", "linear_attention"):       # linear_attention: a hybrid's other layers
         return True
     return slot == "mlp" and chosen.get("moe") is not None and chosen["moe"].options.get("MOE_LAYERS") == "all"
 

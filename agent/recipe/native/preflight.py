@@ -54,6 +54,10 @@ def parallel_problem(config: dict, parallel: dict, batch_size: int | None = None
         return layout
     attn, lmhead, moe = (parallel.get(key, 1) for key in ("attn_tp_size", "lmhead_tp_size", "moe_tp_size"))
     embed = parallel.get("embed_tp_size", 1)
+    if config.get("linear_num_value_heads") and isinstance(attn, int) and attn > 1:
+        # parts/code/linear_attention_gdn.py: the Gated DeltaNet layers are not split by head (upstream's qwen3_5 is)
+        return (f"linear-attention layers (linear_num_value_heads) run whole on each rank in the generated file, not "
+                f"at parallel_config's attn_tp_size {attn}: set attn_tp_size to 1")
     heads = config.get("num_attention_heads")
     kv_heads = config.get("num_key_value_heads") or heads
     tp = "tensor-parallel size"

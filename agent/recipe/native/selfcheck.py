@@ -50,6 +50,7 @@ RUN_DTYPE_SLACK = 2.0
 RUN_DTYPE_DECODE_STEPS = 1
 ROUTER_GAIN = 8.0
 TRACE = bool(os.environ.get("NATIVE_SELFCHECK_TRACE"))
+MAMBA = "Mamba"     # upstream's cache kind of a fixed-size per-request state (a linear attention's)
 
 
 def _infer_config(block_size: int, exe_mode: str = "eager"):
@@ -110,6 +111,23 @@ class PagedTables:
 
         return torch.tensor([self.rows[row][p // self.block_size] * self.block_size + p % self.block_size
                              for p in positions], dtype=torch.int64)
+
+
+class StateTables:
+    """The block table of the Mamba cache kind (a linear attention's conv and recurrent states), as upstream's
+    MambaManager builds it: one state block per request (next_n 0), for the request's life; no slot mapping
+    (prepare_slot_mapping emits none for it)."""
+
+    def __init__(self, lengths):
+        self.rows = [[1 + row] for row in range(len(lengths))]
+
+    def grow(self, lengths):
+        return None
+
+    def table(self, width):
+        import torch
+
+        return torch.tensor(self.rows, dtype=torch.int32)
 
 
 def randomise(model, scale: float) -> None:
@@ -270,7 +288,11 @@ def check(job: dict) -> dict:
     entries = [entry for info in model.get_cache_info().layer_infos for entry in info.caches]
     caches = []
     for entry in entries:
-        caches.append(torch.zeros(blocks, BLOCK_SIZE, entry.num_head, entry.dim, dtype=entry.dtype))
+        if entry.attn_type == MAMBA:
+            # a state block held another request's state before: NaN, which a prefill must not read
+            caches.append(torch.full((blocks, *entry.shape), float("nan"), dtype=entry.dtype))
+        else:
+            caches.append(torch.zeros(blocks, BLOCK_SIZE, entry.num_head, entry.dim, dtype=entry.dtype))
         entry.tensor_setter(caches[-1])
 
     def poison_null_block():
@@ -279,7 +301,8 @@ def check(job: dict) -> dict:
         for cache in caches:
             cache[0] = float("nan")
     kinds = {entry.attn_type: entry.sliding_window for entry in entries}
-    tables = {kind: PagedTables(window, BLOCK_SIZE, lengths) for kind, window in kinds.items()}
+    tables = {kind: StateTables(lengths) if kind == MAMBA else PagedTables(window, BLOCK_SIZE, lengths)
+              for kind, window in kinds.items()}
     vocab = config.vocab_size
     sequences = [torch.randint(4, vocab, (n,), generator=generator).tolist() for n in lengths]
     mask = ~torch.tril(torch.ones((2048, 2048), dtype=torch.bool))
@@ -315,7 +338,8 @@ def check(job: dict) -> dict:
         is_prefill=True, attention_mask=mask, actual_seq_lengths_kv=kv, actual_seq_lengths_cu_q=cu,
         actual_seq_lengths_q=kv.clone(), prompt_tokens=int(cu[-1]),
         block_table={k: t.table(width) for k, t in tables.items()},
-        slot_mapping={k: torch.cat([t.slots(r, range(n)) for r, n in enumerate(lengths)]) for k, t in tables.items()})
+        slot_mapping={k: torch.cat([t.slots(r, range(n)) for r, n in enumerate(lengths)]) for k, t in tables.items()
+                      if k != MAMBA})
     poison_null_block()
     with torch.no_grad():
         logits = model(ids, positions, meta)
@@ -334,7 +358,8 @@ def check(job: dict) -> dict:
             actual_seq_lengths_q=torch.ones(rows, dtype=torch.int64),
             actual_seq_lengths_list_kv=lengths, actual_seq_lengths_cu_list_q=list(range(1, rows + 1)),
             block_table={k: t.table(width) for k, t in tables.items()},
-            slot_mapping={k: torch.cat([t.slots(r, [n - 1]) for r, n in enumerate(lengths)]) for k, t in tables.items()})
+            slot_mapping={k: torch.cat([t.slots(r, [n - 1]) for r, n in enumerate(lengths)]) for k, t in tables.items()
+                          if k != MAMBA})
         poison_null_block()
         with torch.no_grad():
             logits = model(torch.tensor(next_tokens), torch.tensor([n - 1 for n in lengths]), meta)

@@ -3,7 +3,8 @@ each slot's parts most specific first. agent.recipe.native.compose picks one par
 architecture's own code and config; agent.recipe.native.assemble writes their code as one file."""
 
 from agent.recipe.native.parts import (attention, block, block_parallel, block_post_norm, embedding, head, mla, mlp, mlp_plain, model, moe,
-                                       mtp, norm, norm_layer, position, position_absolute, rotary_interleaved, rotary_nope,
+                                       linear_attention, mtp, norm, norm_layer, position, position_absolute,
+                                       rotary_interleaved, rotary_nope,
                                        scalar_multipliers)
 from agent.recipe.native.parts.part import ROLES, SLOTS, Composition, Match, Part
 
@@ -24,11 +25,13 @@ PARTS = (
     attention.SOFTCAP_PAGED,
     attention.FUSED_PAGED_SINKS,
     attention.FUSED_PAGED,
+    linear_attention.GATED_DELTA_NET,
     moe.SPARSE_MOE,
     mlp.GATED_MLP,
     mlp_plain.PLAIN_MLP,
     block_parallel.PARALLEL,
     scalar_multipliers.RESIDUAL_MULTIPLIER,
+    scalar_multipliers.SANDWICH_RESIDUAL_MULTIPLIER,
     block.SANDWICH,
     block.PRE_NORM,
     block_post_norm.POST_NORM,

@@ -14,15 +14,24 @@ from agent.recipe.native.parts.part import Expr, Match, Part
 from agent.recipe.native.parts.mla import is_mla_model
 from agent.recipe.native.parts.probe import DROP, children
 
-ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "q_norm", "k_norm", "rotary_fn"}
+# the q / k norms' names (a rename: hunyuan's query_layernorm / key_layernorm are qwen3's q_norm / k_norm)
+QK_NORM_NAMES = (("q_norm", "k_norm"), ("query_layernorm", "key_layernorm"))
+ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "rotary_fn", *sum(QK_NORM_NAMES, ())}
 BIAS_KEYS = ("attention_bias", "use_qkv_bias", "use_bias", "enable_bias")       # config keys that may set the projections' biases
 DENSE_OPTIONS = ("QKV", "QKV_BIAS", "O_BIAS", "QK_NORM", "QK_NORM_FULL", "QUERY_PRE_ATTN_SCALAR", "WINDOWS",
-                 "LAYER_TYPE_WINDOWS", "STACKED_PARAMS", "ATTENTION_MULTIPLIER", "ROTARY", "UNSCALED", "LOCAL_LAYERS")
+                 "LAYER_TYPE_WINDOWS", "STACKED_PARAMS", "ATTENTION_MULTIPLIER", "ROTARY", "UNSCALED", "LOCAL_LAYERS",
+                 "OUTPUT_GATE", "Q_NORM", "K_NORM", "QK_NORM_AFTER_ROPE")
 WINDOW = 5                            # the shrunk window (agent.recipe.native.parts.probe.shrunk_config)
 
 
-def _projections(probe, index: int = 0):
-    """(q/k/v linears, o_proj) of layer `index`'s attention."""
+def attention_layers(probe) -> list[int]:
+    """The layers with a softmax attention (a hybrid's others hold linear_attn: parts/linear_attention.py)."""
+    return [index for index, layer in enumerate(probe.layers) if hasattr(layer, "self_attn")]
+
+
+def _projections(probe, index: int | None = None):
+    """(q/k/v linears, o_proj) of layer `index`'s attention (the first attention layer's by default)."""
+    index = attention_layers(probe)[0] if index is None else index
     a = children(probe.layers[index].self_attn)
     qkv = [a["qkv_proj"]] if "qkv_proj" in a else [a.get("q_proj"), a.get("k_proj"), a.get("v_proj")]
     return qkv, a.get("o_proj")
@@ -188,8 +197,11 @@ def dense_attention(probe) -> dict:
 
     heads, kv_heads, head_dim = probe.heads, probe.kv_heads, probe.head_dim
     shapes = set()
-    for index, layer in enumerate(probe.layers):
-        attention = layer.self_attn
+    if not attention_layers(probe):
+        raise NotNative("attention", "no layer has self_attn (linear attention only): the generated file writes "
+                                     "linear-attention layers beside softmax-attention ones")
+    for index in attention_layers(probe):
+        attention = probe.layers[index].self_attn
         a = children(attention)
         if set(a) - ATTENTION_CHILDREN:
             raise NotNative("attention", f"{type(attention).__name__} has {sorted(set(a) - ATTENTION_CHILDREN)}")
@@ -202,21 +214,29 @@ def dense_attention(probe) -> dict:
         fused = "qkv_proj" in a
         if fused and out_features(qkv[0]) != (heads + 2 * kv_heads) * head_dim:
             raise NotNative("attention", "qkv_proj is not [q; k; v] of the config's heads")
-        if not fused and (out_features(qkv[0]), out_features(qkv[1])) != (heads * head_dim, kv_heads * head_dim):
+        # an output gate: q_proj holds each head's query and its gate side by side (qwen3_next)
+        gated = not fused and out_features(qkv[0]) == 2 * heads * head_dim and output_gated(attention, probe)
+        if not fused and (out_features(qkv[0]) // (2 if gated else 1), out_features(qkv[1])) != (heads * head_dim,
+                                                                                                    kv_heads * head_dim):
             raise NotNative("attention", "q/k projections are not the config's heads x head_dim")
-        qk_norm = ("q_norm" in a, "k_norm" in a)
-        if qk_norm not in ((True, True), (False, False)):
+        pairs = [pair for pair in QK_NORM_NAMES if pair[0] in a or pair[1] in a]
+        if len(pairs) > 1 or (pairs and not (pairs[0][0] in a and pairs[0][1] in a)):
             raise NotNative("attention", "a q norm without a k norm, or the reverse")
-        qk_width = qk_norm_width(a, heads, kv_heads, head_dim) if qk_norm[0] else None
+        qk_names = pairs[0] if pairs else QK_NORM_NAMES[0]
+        qk_width = qk_norm_width(a, heads, kv_heads, head_dim, qk_names) if pairs else None
         scale = getattr(attention, "scaling", None)
         if scale is None and not fused and probe.layout is not None:
             scale = measured_scale(attention, qkv, o, heads, head_dim)        # gpt_neo's: no `scaling`
         if not isinstance(scale, float):
             raise NotNative("attention", f"{type(attention).__name__} has no float `scaling`")
-        shapes.add((fused, qkv[0].bias is not None, o.bias is not None, qk_width, sink is not None, scale))
+        shapes.add((fused, qkv[0].bias is not None, o.bias is not None, qk_width, qk_names, sink is not None, scale,
+                    gated))
     if len(shapes) != 1:
         raise NotNative("attention", "layers of unequal attention")
-    fused, qkv_bias, o_bias, qk_width, sinks, scale = next(iter(shapes))
+    fused, qkv_bias, o_bias, qk_width, qk_names, sinks, scale, gated = next(iter(shapes))
+    after_rope = qk_width is not None and qk_norm_after_rope(probe, qk_names[0])
+    if after_rope and qk_width == "full":
+        raise NotNative("attention", "q/k norms over all heads' width after the rotary")
     if qk_width == "full" and fused:
         raise NotNative("attention", "q/k norms over all heads' width with a fused qkv_proj")
     scales = {"head_dim": head_dim ** -0.5, "unscaled": 1.0}
@@ -224,12 +244,19 @@ def dense_attention(probe) -> dict:
         scales["query_pre_attn_scalar"] = probe.config.query_pre_attn_scalar ** -0.5
     if isinstance(getattr(probe.config, "attention_multiplier", None), (int, float)):
         scales["attention_multiplier"] = float(probe.config.attention_multiplier)     # granite's softmax scale
-    rule = next((name for name, value in scales.items() if math.isclose(scale, value, rel_tol=1e-6)), None)
+    rules = [name for name, value in scales.items() if math.isclose(scale, value, rel_tol=1e-6)]
+    if len(rules) > 1 and "attention_multiplier" in rules:
+        # the checkpoint's attention_multiplier is head_dim ** -0.5 (hyperclovax's default): whether the scale
+        # follows the key is read on another value of it
+        other = probe.variant({"attention_multiplier": 0.5 * scales["attention_multiplier"]})
+        follows = math.isclose(other.layers[attention_layers(other)[0]].self_attn.scaling, 0.5 * scales["attention_multiplier"], rel_tol=1e-6)
+        rules = ["attention_multiplier"] if follows else [r for r in rules if r != "attention_multiplier"]
+    rule = rules[0] if rules else None
     if rule is None:
         raise NotNative("attention", f"softmax scale {scale} is none of head_dim ** -0.5, query_pre_attn_scalar ** -0.5, "
                                      "attention_multiplier")
     if sinks:
-        _probe_sinks(probe.modeling, probe.layers[0].self_attn)
+        _probe_sinks(probe.modeling, probe.layers[attention_layers(probe)[0]].self_attn)
     stacked = () if fused else (("merged_qkv_proj", "q_proj", "q"), ("merged_qkv_proj", "k_proj", "k"),
                                 ("merged_qkv_proj", "v_proj", "v"))
     facts = {"QKV": "qkv_proj" if fused else "merged_qkv_proj", "QKV_BIAS": _bias_option(probe, qkv_bias, "qkv"),
@@ -237,7 +264,12 @@ def dense_attention(probe) -> dict:
              "QK_NORM_FULL": qk_width == "full",
              "QUERY_PRE_ATTN_SCALAR": rule == "query_pre_attn_scalar", "STACKED_PARAMS": stacked,
              "ATTENTION_MULTIPLIER": rule == "attention_multiplier", "UNSCALED": rule == "unscaled",
+             "OUTPUT_GATE": gated,
              "sinks": sinks, **windows(probe)}
+    if qk_names != QK_NORM_NAMES[0]:
+        facts.update({"Q_NORM": qk_names[0], "K_NORM": qk_names[1]})
+    if after_rope:
+        facts["QK_NORM_AFTER_ROPE"] = True
     probe.memo["dense_attention"] = facts
     return facts
 
@@ -253,14 +285,69 @@ def out_features(projection) -> int | None:
     return projection.nf if isinstance(projection, Conv1D) else None
 
 
-def qk_norm_width(modules: dict, heads: int, kv_heads: int, head_dim: int) -> str:
+def output_gated(attention, probe) -> bool:
+    """Whether the attention's output is o_proj(attention * sigmoid(gate)), the gate the second half of each head's
+    q_proj rows: with the gate rows zero, the output is half the ungated one; with them a large multiple of one
+    direction u, a token's output is the whole (x.u > 0) or nothing (x.u < 0)."""
+    import torch
+
+    heads, head_dim = probe.heads, probe.head_dim
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(1, 6, probe.hidden, generator=gen)
+    u = torch.randn(probe.hidden, generator=gen)
+    rows = torch.arange(2 * heads * head_dim).view(heads, 2, head_dim)[:, 1].reshape(-1)      # each head's gate rows
+    q_proj, o_proj = attention.q_proj, attention.o_proj
+    cos, sin = probe.base.rotary_emb(x, torch.arange(6)[None])
+    saved = q_proj.weight.detach().clone()
+    outputs = []
+    try:
+        for gate_rows in (torch.zeros(len(rows), probe.hidden), (u * 1e4).expand(len(rows), -1)):
+            with torch.no_grad():
+                q_proj.weight[rows] = gate_rows
+                out = attention(hidden_states=x, position_embeddings=(cos, sin), attention_mask=None)
+            out = out[0] if isinstance(out, tuple) else out
+            outputs.append(out - (o_proj.bias if o_proj.bias is not None else 0))
+    except Exception:  # noqa: BLE001 - not callable as transformers' usual attention: not this form
+        return False
+    finally:
+        with torch.no_grad():
+            q_proj.weight.copy_(saved)
+    half, switched = outputs
+    on = ((x[0] @ u) > 0)[:, None]
+    return bool(half[0].abs().max() > 0) and torch.allclose(switched[0], torch.where(on, 2 * half[0], 0.0),
+                                                            rtol=1e-4, atol=1e-5)
+
+
+def qk_norm_width(modules: dict, heads: int, kv_heads: int, head_dim: int, names=QK_NORM_NAMES[0]) -> str:
     """"head": q / k norms per head (qwen3); "full": over all heads' width before the heads split (olmo2)."""
-    widths = tuple(getattr(getattr(modules[n], "weight", None), "shape", (None,))[-1] for n in ("q_norm", "k_norm"))
+    widths = tuple(getattr(getattr(modules[n], "weight", None), "shape", (None,))[-1] for n in names)
     if widths == (head_dim, head_dim):
         return "head"
     if widths == (heads * head_dim, kv_heads * head_dim):
         return "full"
     raise NotNative("attention", f"q/k norms of widths {widths}: neither per head ({head_dim}) nor over all heads")
+
+
+def qk_norm_after_rope(probe, q_norm: str) -> bool:
+    """Whether the first attention layer's q norm takes the queries after the rotary (hunyuan) rather than as
+    projected (qwen3): the values it takes are all the projection's, in any layout, or rotated (positions past 0
+    rotate)."""
+    import torch
+
+    attention = probe.layers[attention_layers(probe)[0]].self_attn
+    projection = getattr(attention, "q_proj", None) or getattr(attention, "qkv_proj")
+    seen = {}
+    hooks = [projection.register_forward_hook(lambda m, args, out: seen.setdefault("projected", out)),
+             getattr(attention, q_norm).register_forward_hook(lambda m, args, out: seen.setdefault("normed", args[0]))]
+    try:
+        with torch.no_grad():
+            probe.model(input_ids=torch.tensor([[3, 5, 7, 11]]), use_cache=False)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    if "projected" not in seen or "normed" not in seen:
+        raise NotNative("attention", f"{type(attention).__name__}'s q norm does not take the q projection's heads")
+    return not bool(torch.isin(seen["normed"], seen["projected"]).all())
 
 
 def _probe_sinks(modeling_module, attention) -> None:

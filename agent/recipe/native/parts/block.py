@@ -1,17 +1,25 @@
-"""The decoder layer's shape: pre-norm (input and post-attention norms, the next norm adding the residual) or
-sandwich (gemma2 / gemma3: the attention's and the MLP's outputs normed too) — the layers' norms as the
-architecture builds them (a layer's other children: agent.recipe.native.parts.model refuses them)."""
+"""The decoder layer's shape: pre-norm (the attention's and the MLP's input norms, the next norm adding the
+residual) or sandwich (gemma2 / gemma3, glm4, hyperclovax: the attention's and the MLP's outputs normed too) —
+the layers' norms by their role in the layer's forward (agent.recipe.native.parts.norm_roles), under the names the
+architecture gives them (a layer's other children: agent.recipe.native.parts.model refuses them)."""
 
 from __future__ import annotations
 
 from agent.recipe.native.not_native import NotNative
+from agent.recipe.native.parts.model import layer_mlp
 from agent.recipe.native.parts.norm import LAYER_NORMS
+from agent.recipe.native.parts.norm_roles import ROLES, norm_roles
 from agent.recipe.native.parts.part import Match, Part
 from agent.recipe.native.parts.probe import children
 
+PRE_NORM_ROLES = ("attention_in", "mlp_in")
+# the code's module constant naming each role's norm (parts/code/block.py)
+ROLE_OPTIONS = {"attention_in": "ATTENTION_NORM", "attention_out": "ATTENTION_OUT_NORM", "mlp_in": "MLP_NORM",
+                "mlp_out": "MLP_OUT_NORM"}
+
 
 def layer_norms(probe) -> set:
-    """The norms each layer has (one tuple for all layers, or NotNative)."""
+    """The norms each layer has by their transformers names (one tuple for all layers, or NotNative)."""
     kinds = set()
     for layer in probe.layers:
         names = children(layer)
@@ -24,15 +32,81 @@ def layer_norms(probe) -> set:
     return kinds
 
 
+def block_roles(probe) -> dict | None:
+    """role -> norm name of a pre-norm or sandwich layer (read by role; by transformers' usual names where the
+    layer cannot be run with its attention and MLP replaced); None for another layout (post-norm, one norm
+    before both: other parts); NotNative for a placement no part writes."""
+    roles = norm_roles(probe)
+    if not roles:
+        names = next(iter(layer_norms(probe)))
+        return dict(zip(PRE_NORM_ROLES if len(names) == 2 else ROLES, names))
+    if len(set(roles.values())) != len(roles) or "attention_in" not in roles:
+        return None           # one norm in two roles (parallel), or no input norm (post-norm)
+    if set(roles) not in (set(PRE_NORM_ROLES), set(ROLES)):
+        raise NotNative("decoder layer", f"norms by role {roles}: neither pre-norm nor sandwich")
+    return roles
+
+
+def residual_scaled(layer, hidden: int, multiplier: float, roles: dict) -> bool:
+    """The layer computes h = x + m * out_a(attn(in_a(x))), then h + m * out_m(mlp(in_m(h))) — the norms by
+    role (`roles`: role -> name; an output norm the pre-norm layer has not is the identity): checked with the
+    attention and the MLP replaced by fixed maps."""
+    import torch
+
+    gen = torch.Generator().manual_seed(8)
+    a, b = (torch.randn(hidden, hidden, generator=gen) / hidden ** 0.5 for _ in range(2))
+    x = torch.randn(1, 3, hidden, generator=gen)
+    attention, mlp = layer.self_attn, layer_mlp(layer)     # its MoE block under another name (granitemoe)
+    saved = attention.forward, mlp.forward
+    try:
+        attention.forward = lambda hidden_states, *args, **kwargs: (hidden_states @ a, None)
+        mlp.forward = lambda hidden_states, *args, **kwargs: hidden_states @ b
+        with torch.no_grad():
+            got = layer(x, attention_mask=None, position_ids=None, position_embeddings=None)
+    except Exception:  # noqa: BLE001 - another call shape: not the layer this part writes
+        return False
+    finally:
+        attention.forward, mlp.forward = saved
+    got = got[0] if isinstance(got, tuple) else got
+
+    def norm(role):
+        return getattr(layer, roles[role]) if role in roles else (lambda t: t)
+
+    with torch.no_grad():
+        h = x + multiplier * norm("attention_out")(norm("attention_in")(x) @ a)
+        want = h + multiplier * norm("mlp_out")(norm("mlp_in")(h) @ b)
+    return torch.allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def role_options(roles: dict) -> dict:
+    return {ROLE_OPTIONS[role]: name for role, name in roles.items()}
+
+
+def _unscaled(probe, roles: dict) -> None:
+    """The layer adds its outputs to the residual as they are (a layer read by role: minicpm3 scales them by
+    scale_depth / sqrt(num_hidden_layers), which no part writes)."""
+    if norm_roles(probe) and not residual_scaled(probe.layers[0], probe.hidden, 1.0, roles):
+        raise NotNative("decoder layer", "the layer's outputs join the residual otherwise than as they are "
+                                         "(scaled?)")
+
+
 def _pre_norm(probe, chosen):
-    return Match(PRE_NORM) if layer_norms(probe) == {LAYER_NORMS[:2]} else None
+    roles = block_roles(probe)
+    if not roles or set(roles) != set(PRE_NORM_ROLES):
+        return None
+    _unscaled(probe, roles)
+    return Match(PRE_NORM, options=role_options(roles))
 
 
 def _sandwich(probe, chosen):
-    return Match(SANDWICH, options={"SANDWICH": True}) if layer_norms(probe) == {LAYER_NORMS} else None
+    roles = block_roles(probe)
+    if not roles or set(roles) != set(ROLES):
+        return None
+    _unscaled(probe, roles)
+    return Match(SANDWICH, options={"SANDWICH": True, **role_options(roles)})
 
 
 PRE_NORM = Part(slot="block", name="pre_norm", code="block.py", provides="ModelDecoderLayer",
-                reads=("hidden_size", "rms_norm_eps"), probe=_pre_norm)
+                reads=("hidden_size", "rms_norm_eps"), probe=_pre_norm, options=("ATTENTION_NORM", "MLP_NORM"))
 SANDWICH = Part(slot="block", name="sandwich", code="block.py", provides="ModelDecoderLayer",
-                reads=("hidden_size", "rms_norm_eps"), probe=_sandwich, options=("SANDWICH",))
+                reads=("hidden_size", "rms_norm_eps"), probe=_sandwich, options=("SANDWICH", *ROLE_OPTIONS.values()))

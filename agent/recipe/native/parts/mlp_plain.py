@@ -1,5 +1,5 @@
 """The plain (non-gated) MLP: down(act(up(x))), with or without biases (arcee's ReLU², nemotron's, starcoder2's
-c_fc / c_proj: its checkpoint's tensors renamed at load), read from the layers whose MLP is not a sparse-MoE block."""
+c_fc / c_proj: its checkpoint's tensors renamed at load; apertus' xIELU, its learned alpha_p / alpha_n loaded), read from the layers whose MLP is not a sparse-MoE block."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def _plain(probe, chosen):
     gpt = names == {frozenset(GPT_CHILDREN)}
     up_name, down_name = ("c_fc", "c_proj") if gpt else ("up_proj", "down_proj")
     key = act_key(source.config)
-    biases, widths = set(), set()
+    biases, widths, learned = set(), set(), set()
     for mlp in mlps:
         up, down = children(mlp)[up_name], children(mlp)[down_name]
         if not all(isinstance(linear, (torch.nn.Linear, Conv1D)) for linear in (up, down)):
@@ -74,13 +74,21 @@ def _plain(probe, chosen):
         if out_features(up) != getattr(source.config, "intermediate_size", None):
             widths.add(out_features(up))
         biases.add((up.bias is not None, down.bias is not None))
-        _probe_formula(mlp, source.hidden, ACT2FN[getattr(source.config, key)])
+        activation = ACT2FN[getattr(source.config, key)]
+        own = getattr(mlp, "act_fn", getattr(mlp, "act", None))
+        if type(own) is type(activation) and any(True for _ in own.parameters()):
+            activation = own       # an activation with learned parameters (xIELU's alpha_p / alpha_n): the layer's
+            learned.add(True)
+        _probe_formula(mlp, source.hidden, activation)
     if len(biases) != 1 or len(set(next(iter(biases)))) != 1:
         raise NotNative("mlp", "plain MLPs with a bias on one projection only, or on some layers only")
     width = _width(source, widths)
     renames = tuple((f"\\.mlp\\.{old}\\.", f".mlp.{new}.") for old, new in GPT_CHILDREN.items() if old != "act") if gpt else ()
+    if learned and gpt:
+        raise NotNative("mlp", "an activation with learned parameters under GPT-2-era names")
     return Match(PLAIN_MLP, options={"ACT": key, "MLP_BIAS": bias_option(source, next(iter(biases))[0]),
-                                     "CHECKPOINT_RENAMES": renames, **width},
+                                     "CHECKPOINT_RENAMES": renames, **width,
+                                     **({"ACT_PARAMS": True} if learned else {})},
                  facts={"activation": getattr(source.config, key)})
 
 
@@ -89,4 +97,5 @@ PLAIN_MLP = Part(
     reads=("hidden_size", "intermediate_size", "hidden_act", "mlp_bias"), probe=_plain,
     kernels=lambda m: ((), (f"MLP activation {m.facts['activation']}: plain torch between the parallel linears "
                             "(no gate: npu_swiglu does not apply)",)),
-    options=("ACT", "MLP_BIAS", "CHECKPOINT_RENAMES", "MLP_WIDTH", "WIDTH_DEFAULT_4X"), variants=bias_variants)
+    options=("ACT", "MLP_BIAS", "CHECKPOINT_RENAMES", "MLP_WIDTH", "WIDTH_DEFAULT_4X", "ACT_PARAMS"),
+    variants=bias_variants)

@@ -8,11 +8,12 @@ import re
 
 from agent.recipe.native.not_native import NotNative
 from agent.recipe.native.parts.norm import LAYER_NORMS
+from agent.recipe.native.parts.norm_roles import norm_roles
 from agent.recipe.native.parts.part import Match, Part
 from agent.recipe.native.parts.probe import children
 
 MODEL_CHILDREN = {"embed_tokens", "layers", "norm", "rotary_emb", "embed_positions"}
-LAYER_CHILDREN = {"self_attn", "mlp", *LAYER_NORMS}
+LAYER_CHILDREN = {"self_attn", "linear_attn", "mlp", *LAYER_NORMS}   # linear_attn: parts/linear_attention.py
 
 
 def _name(pattern: str) -> str:
@@ -33,13 +34,26 @@ def checkpoint_renames(model_type: str) -> tuple[tuple[str, str], ...]:
     renames = []
     for rule in conversion_mapping.get_checkpoint_conversion_mapping(model_type) or []:
         sources, targets = list(rule.source_patterns), list(rule.target_patterns)
-        if type(rule).__name__ == "WeightRenaming":
+        if type(rule).__name__ == "PrefixChange" and len(sources) == len(targets) == 1:
+            # a prefix added or removed (one captured group): the loader's re.sub applies it as transformers does
+            renames.append((sources[0], targets[0].replace("\\.", ".")))
+        elif type(rule).__name__ == "WeightRenaming":
             if getattr(rule, "scope_prefix", None) or not all(map(_plain, sources + targets)):
                 raise NotNative("model", f"transformers renames {sources} -> {targets} for {model_type} in a way "
                                          "the native loader does not write (a scope or a captured group)")
             renames += [(source, targets[0].replace("\\.", ".").lstrip("^")) for source in sources]
+        elif type(rule).__name__ == "PrefixChange" and len(targets) == 1 \
+                and all(source.endswith("(.+)") and source.count("(") == 1 for source in sources) \
+                and targets[0].endswith("\\1") and "(" not in targets[0]:
+            # a prefix the checkpoint stores its tensors under (apertus1p5_text: model.language_model.*): the rest
+            # of the name kept as it is
+            renames += [(source, targets[0].replace("\\.", ".").lstrip("^")) for source in sources]
         elif [_name(source) for source in sources] == [_name(target) for target in targets]:
             continue          # a conversion of the stored tensor that keeps its name (5.0's gpt_oss: an alignment)
+        elif fused_qkv_split(rule):
+            # [q; k; v] stored as one tensor (sarvam_moe's query_key_value): the native merged_qkv_proj, whose
+            # loader splits a tensor given without a shard by the config's heads as transformers' Split does
+            renames.append((sources[0], "merged_qkv_proj"))
         elif not all("experts.*." in source for source in sources):
             raise NotNative("model", f"transformers converts checkpoint tensors {sources} -> {targets} for "
                                      f"{model_type}: the native loader reads the checkpoint's names")
@@ -56,6 +70,15 @@ def checkpoint_renames(model_type: str) -> tuple[tuple[str, str], ...]:
     return tuple(renames)
 
 
+def fused_qkv_split(rule) -> bool:
+    """A conversion that splits one checkpoint tensor into q_proj, k_proj, v_proj in that order along the output
+    dim (transformers' Split: each piece the size of its projection)."""
+    operations = getattr(rule, "operations", None) or []
+    return (len(rule.source_patterns) == 1 and _plain(rule.source_patterns[0])
+            and [_name(t) for t in rule.target_patterns] == ["q_proj", "k_proj", "v_proj"]
+            and [type(op).__name__ for op in operations] == ["Split"] and getattr(operations[0], "dim", None) == 0)
+
+
 def _probe(probe, chosen):
     layout = probe.layout
     if layout is not None and layout.refusal:
@@ -66,20 +89,50 @@ def _probe(probe, chosen):
     if probe.base is None or set(children(probe.base)) - MODEL_CHILDREN:
         extra = sorted(set(children(probe.base)) - MODEL_CHILDREN) if probe.base is not None else ["(no .model)"]
         raise NotNative("model", f"modules the native model does not have: {extra}")
+    from agent.recipe.native.parts.moe import LAYER_SHARED_NAMES, layer_shared_renames, moe_block
+
+    block_names, layer_shared = set(), False
     for index, layer in enumerate(probe.layers):
-        names = children(layer)
-        unknown = set(names) - LAYER_CHILDREN
+        names = set(children(layer))
+        block = moe_block_name(layer, names)
+        if block is not None:
+            names = (names - {block}) | {"mlp"}
+            block_names.add(block)
+        if moe_block(layer) is not None:
+            # a shared MLP beside the sparse-MoE block (granitemoeshared): the block's shared experts
+            layer_shared |= bool(names & set(LAYER_SHARED_NAMES))
+            names -= set(LAYER_SHARED_NAMES)
+        unknown = names - LAYER_CHILDREN - set(norm_roles(probe).values())
         if unknown:
             raise NotNative("decoder layer", f"layer {index} has {sorted(unknown)}")
-        if "self_attn" not in names or "mlp" not in names:
-            raise NotNative("decoder layer", f"layer {index} has no self_attn / mlp")
+        if ("self_attn" not in names and "linear_attn" not in names) or "mlp" not in names:
+            raise NotNative("decoder layer", f"layer {index} has no self_attn (or linear_attn) / mlp")
     renames = checkpoint_renames(probe.model_type)
+    # the sparse-MoE block under another name in transformers' own layer (granitemoe's block_sparse_moe): the
+    # native layer's `mlp`, after transformers' renames (which name the block as the layer does)
+    renames += tuple((f"\\.{re.escape(name)}\\.", ".mlp.") for name in sorted(block_names))
+    if block_names or layer_shared:
+        renames += layer_shared_renames(probe.full_config)
     if layout is None:
         return Match(CAUSAL_LM, options={"CHECKPOINT_RENAMES": renames})
     # the root under another name: the stored names to the skeleton's, after transformers' own renames
     return Match(CAUSAL_LM, options={"CHECKPOINT_RENAMES": renames + layout.renames,
                                      "TRANSPOSED_WEIGHTS": layout.transposed},
                  facts={"transposed": bool(layout.transposed)})
+
+
+def layer_mlp(layer):
+    """The layer's MLP: its `mlp`, or its sparse-MoE block under another name (the native layer's `mlp`)."""
+    block = moe_block_name(layer, set(children(layer)))
+    return getattr(layer, block if block is not None else "mlp")
+
+
+def moe_block_name(layer, names) -> str | None:
+    """The layer's sparse-MoE block's attribute where it is not `mlp` and the layer has no `mlp` beside it."""
+    from agent.recipe.native.parts.moe import moe_block
+
+    found = moe_block(layer)
+    return found[0] if found is not None and found[0] != "mlp" and "mlp" not in names else None
 
 
 CAUSAL_LM = Part(

@@ -31,9 +31,11 @@ from agent.recipe.native.not_native import NotNative
 from agent.recipe.native.parts.part import Expr, Match, Part
 
 EXPERT_COUNT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
+TOPK_KEYS = ("num_experts_per_tok", "moe_topk", "moe_k")
 MOE_WIDTH_KEYS = ("moe_intermediate_size", "intermediate_size")
 ROUTER_NAMES = ("gate", "router")
 SHARED_NAMES = ("shared_experts", "shared_expert")
+LAYER_SHARED_NAMES = ("shared_mlp",)    # shared experts beside the block in the layer (granitemoeshared)
 # The shrunk probe: small widths, the real counts where routing depends on them (groups), capped.
 PROBE_HIDDEN, PROBE_WIDTH, PROBE_EXPERT_CAP = 40, 24, 256   # no width (24, 28, 32) nor twice one equals hidden
 LAYOUT_LAYERS = 4        # the layers of the config copies the layout rule is checked on
@@ -47,7 +49,14 @@ def _config_key(config, keys: tuple[str, ...], what: str, checkpoint_keys=()) ->
     for key in sorted(keys, key=lambda k: (k not in checkpoint_keys, k not in stored)):
         if isinstance(getattr(config, key, None), int) and getattr(config, key) > 0:
             return key
+    listed = next((k for k in keys if isinstance(getattr(config, k, None), (list, tuple))), None)
+    if listed is not None:
+        raise NotNative("moe", f"the {what} per layer ({listed} a list): the native block reads one number")
     raise NotNative("moe", f"no {what} in the config ({' / '.join(keys)})")
+
+
+def _top_k(config) -> int:
+    return int(getattr(config, _config_key(config, TOPK_KEYS, "experts per token")))
 
 
 def moe_block(layer):
@@ -69,7 +78,7 @@ def _probe_config(config):
     probe = copy.deepcopy(config)
     probe.hidden_size = PROBE_HIDDEN
     # distinct widths: which config key sizes the experts (and the shared experts) is read off their shapes
-    for offset, key in enumerate(MOE_WIDTH_KEYS + ("shared_expert_intermediate_size",)):
+    for offset, key in enumerate(MOE_WIDTH_KEYS + ("shared_expert_intermediate_size", "shared_intermediate_size")):
         if isinstance(getattr(probe, key, None), int):
             setattr(probe, key, PROBE_WIDTH + 4 * offset)
     experts_key = _config_key(probe, EXPERT_COUNT_KEYS, "routed expert count")
@@ -159,32 +168,63 @@ def _same_routing(index_a, weights_a, index_b, weights_b) -> bool:
     return torch.allclose(wa, wb, rtol=1e-5, atol=1e-6)
 
 
+SCALING_KEYS = ("routed_scaling_factor", "router_scaling_factor")
+SHARED_COUNT_KEYS = ("n_shared_experts", "moe_num_shared_experts", "num_shared_experts")
+
+
+def selection_bias(block, router_name: str):
+    """(the selection bias tensor, its name relative to the block) where the block has one: the router's
+    e_score_correction_bias, the block's own (hy_v3), or the router's moe_statics' (ernie4_5_moe, [1, E]); None."""
+    import torch
+
+    for name in (f"{router_name}.e_score_correction_bias", "e_score_correction_bias",
+                 f"{router_name}.moe_statics.e_score_correction_bias"):
+        owner, _, attribute = name.rpartition(".")
+        try:
+            tensor = getattr(block.get_submodule(owner) if owner else block, attribute, None)
+        except AttributeError:
+            continue
+        if isinstance(tensor, torch.Tensor):
+            return tensor, name
+    return None
+
+
+def _scaling(config) -> tuple[str | None, float | None]:
+    """(the config key of the routed weights' scaling factor, its value) where the config has one other than 1."""
+    for key in SCALING_KEYS:
+        factor = getattr(config, key, None)
+        if isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor != 1:
+            return key, float(factor)
+    return None, None
+
+
 def _probe_gating(block, router, config, hidden: int) -> dict:
     """The candidate gating that routes as the block does (one, or NotNative)."""
     import torch
 
     gen = torch.Generator().manual_seed(11)
     x = torch.randn(24, hidden, generator=gen)
+    router_name = next(n for n in ROUTER_NAMES if getattr(block, n, None) is router)
+    found = selection_bias(block, router_name)
     with torch.no_grad():
         router.weight.copy_(torch.randn(router.weight.shape, generator=gen))
-        bias = getattr(router, "e_score_correction_bias", None)
-        if isinstance(bias, torch.Tensor):     # large enough to change which experts are chosen
-            bias.copy_(torch.rand(bias.shape, generator=gen) * 0.5)
+        if found is not None:     # large enough to change which experts are chosen
+            found[0].copy_(torch.rand(found[0].shape, generator=gen) * 0.5)
     index, weights, _ = _capture_routing(block, x[None])
     index, weights = index.reshape(x.shape[0], -1), weights.reshape(x.shape[0], -1)
     logits = _router_logits(router, x)
     k = index.shape[-1]
-    has_bias = isinstance(getattr(router, "e_score_correction_bias", None), torch.Tensor)
+    has_bias = found is not None
     n_group = int(getattr(config, "n_group", None) or 1)
     topk_group = int(getattr(config, "topk_group", None) or 1)
-    factor = getattr(config, "routed_scaling_factor", None)
+    _, factor = _scaling(config)
     matches = []
     for scoring in ("softmax", "sigmoid"):
         for renormalize in (True, False):
             for group_select in (("top2_sum", "max") if n_group > 1 else ("top2_sum",)):
                 for scaled in ((True, False) if isinstance(factor, (int, float)) and factor != 1 else (False,)):
                     w, i = reference_gating(logits, k=k, scoring=scoring, renormalize=renormalize,
-                                            selection_bias=router.e_score_correction_bias if has_bias else None,
+                                            selection_bias=found[0].reshape(-1) if has_bias else None,
                                             n_group=n_group, topk_group=topk_group, group_select=group_select,
                                             routed_scaling_factor=float(factor) if scaled else 1.0)
                     if _same_routing(index, weights, i, w):
@@ -236,16 +276,29 @@ def _probe_experts(experts, config, hidden: int) -> tuple[str, str, str]:
                            "gpt_oss's interleaved clamped swiglu with biases")
 
 
+# the shared experts' width as the config gives it: one expert's width times their count, or a key of its own
+SHARED_WIDTH_EXPRESSIONS = (
+    "config.moe_intermediate_size * config.n_shared_experts", "config.shared_expert_intermediate_size",
+    "config.intermediate_size", "config.shared_intermediate_size",
+    *(f"config.{unit} * config.{count}" for unit in ("moe_intermediate_size", "intermediate_size")
+      for count in SHARED_COUNT_KEYS if (unit, count) != ("moe_intermediate_size", "n_shared_experts")))
+
+
 def _probe_shared(block, config, hidden: int) -> tuple[str, str, str]:
     """(kind, attribute, width expression) of the block's shared experts."""
+    import torch
+
     for name in SHARED_NAMES:
         shared = getattr(block, name, None)
         if shared is None:
             continue
         gated = getattr(block, f"{name}_gate", None) is not None
+        act = getattr(shared, "act_fn", None)
+        if act is not None and not isinstance(act, torch.nn.SiLU) \
+                and getattr(act, "__name__", type(act).__name__).lower() not in ("silu", "siluactivation"):
+            raise NotNative("moe", f"shared experts' activation {type(act).__name__}: npu_swiglu computes silu only")
         width = shared.down_proj.weight.shape[-1]
-        for expr in ("config.moe_intermediate_size * config.n_shared_experts", "config.shared_expert_intermediate_size",
-                     "config.intermediate_size"):
+        for expr in SHARED_WIDTH_EXPRESSIONS:
             try:
                 if eval(expr, {"config": config}) == width:    # noqa: S307 - our own fixed expressions
                     return ("gated" if gated else "plain"), name, expr
@@ -254,6 +307,88 @@ def _probe_shared(block, config, hidden: int) -> tuple[str, str, str]:
         raise NotNative("moe", f"shared experts of width {width}: no config expression gives it")
     return None, "shared_experts", "0"
 
+
+
+def fused_shared_linears(shared) -> tuple[str, str] | None:
+    """(gate/up, down) child names of a shared MLP of two bias-free linears, gate and up fused as halves of the
+    first (granitemoeshared's input_linear / output_linear); None for any other shape."""
+    import torch
+
+    linears = {name: m for name, m in shared.named_children() if isinstance(m, torch.nn.Linear)}
+    if len(linears) != 2 or any(m.bias is not None for m in linears.values()):
+        return None
+    (a, la), (b, lb) = linears.items()
+    for (gu, g), (down, d) in (((a, la), (b, lb)), ((b, lb), (a, la))):
+        if g.out_features == 2 * d.in_features and d.out_features == g.in_features:
+            return gu, down
+    return None
+
+
+def layer_shared_mlp(config):
+    """(its attribute in the layer, its class) of a shared MLP the decoder layer holds beside its sparse-MoE block
+    (granitemoeshared's shared_mlp), None where the layers have none: read on the shrunk probe config, whose
+    shared width is not 0 where the config has the key (a checkpoint of the family may have them where this
+    config's width is 0)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(_probe_config(config))
+    for layer in getattr(getattr(model, "model", None), "layers", None) or []:
+        if moe_block(layer) is None:
+            continue
+        for name in LAYER_SHARED_NAMES:
+            if getattr(layer, name, None) is not None:
+                return name, type(getattr(layer, name))
+    return None
+
+
+def layer_shared_renames(config) -> tuple[tuple[str, str], ...]:
+    """The checkpoint's names of the layer's shared MLP as the block's shared experts (agent.recipe.native.parts.model
+    adds them to the file's renames); () where the layers hold none beside their sparse-MoE block."""
+    found = layer_shared_mlp(config)
+    if found is None:
+        return ()
+    name, cls = found
+    linears = fused_shared_linears(cls(_probe_config(config)))
+    if linears is None:
+        return ()       # the sparse-MoE part refuses it
+    return tuple((f"\\.{name}\\.{stored}\\.", f".mlp.shared_experts.{native}.")
+                 for stored, native in zip(linears, ("gate_up_proj", "down_proj")))
+
+
+def _probe_layer_shared(config, probe, hidden: int) -> tuple[str, str, str] | None:
+    """The layer's own shared MLP, added to the block's output on the same input (granitemoeshared): read as the
+    block's shared experts (the checkpoint's names renamed to them: agent.recipe.native.parts.model) where it is
+    down(silu(gate) * up) with gate / up the halves of one linear, its width a config expression."""
+    import torch
+    import torch.nn.functional as F
+
+    found = layer_shared_mlp(config)
+    if found is None:
+        return None
+    name, cls = found
+    shared = cls(probe).float().eval()
+    linears = fused_shared_linears(shared)
+    if linears is None:
+        raise NotNative("moe", f"the layer's {name} is not two linears with gate / up fused as halves")
+    gate_up, down = (getattr(shared, n) for n in linears)
+    gen = torch.Generator().manual_seed(13)
+    x = torch.randn(5, hidden, generator=gen)
+    with torch.no_grad():
+        for p in shared.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen))
+        g, u = gate_up(x).chunk(2, dim=-1)
+        if not torch.allclose(shared(x), down(F.silu(g) * u), rtol=1e-4, atol=1e-4):
+            raise NotNative("moe", f"the layer's {name} computes no down(silu(gate) * up) of its fused halves")
+    width = down.in_features
+    for expr in SHARED_WIDTH_EXPRESSIONS:
+        try:
+            if eval(expr, {"config": probe}) == width:    # noqa: S307 - our own fixed expressions
+                return "plain", "shared_experts", expr
+        except (AttributeError, TypeError):
+            continue
+    raise NotNative("moe", f"the layer's {name} of width {width}: no config expression gives it")
 
 
 def _plain_path(pattern: str) -> tuple[str, ...] | None:
@@ -297,8 +432,8 @@ def gating_of(config) -> dict:
     block_name, block_cls, _ = blocks
     probe, block, router_name = _probe_block(config, block_cls)
     gating = _probe_gating(block, getattr(block, router_name), probe, PROBE_HIDDEN)
-    factor = getattr(config, "routed_scaling_factor", None)
-    return {**gating, "block_name": block_name, "router_name": router_name, "k": int(config.num_experts_per_tok),
+    _, factor = _scaling(config)
+    return {**gating, "block_name": block_name, "router_name": router_name, "k": _top_k(config),
             "n_group": int(getattr(config, "n_group", None) or 1), "topk_group": int(getattr(config, "topk_group", None) or 1),
             "routed_scaling_factor": float(factor) if gating["routed_scaling"] else 1.0}
 
@@ -338,6 +473,12 @@ def _predicted(config, rule: str, n: int) -> list[bool] | None:
     if rule == "mlp_layer_types":
         types = getattr(config, "mlp_layer_types", None)
         return [t == "sparse" for t in types[:n]] if isinstance(types, (list, tuple)) and len(types) >= n else None
+    if rule == "moe_layer_interval":
+        keys = ("moe_layer_interval", "moe_layer_start_index", "moe_layer_end_index")
+        interval, start, end = (getattr(config, key, None) for key in keys)
+        if all(isinstance(v, int) for v in (interval, start, end)) and interval > 0:
+            return [(i + 1) % interval == 0 and start <= i <= end for i in range(n)]
+        return None
     if rule == "decoder_sparse_step":
         step, only = getattr(config, "decoder_sparse_step", None), getattr(config, "mlp_only_layers", None)
         if isinstance(step, int) and step > 0:
@@ -345,7 +486,8 @@ def _predicted(config, rule: str, n: int) -> list[bool] | None:
     return None
 
 
-LAYOUT_RULES = ("first_k_dense_replace", "num_dense_layers", "mlp_layer_types", "decoder_sparse_step")
+LAYOUT_RULES = ("first_k_dense_replace", "num_dense_layers", "mlp_layer_types", "decoder_sparse_step",
+                "moe_layer_interval")
 
 
 def _layout_toggles(rule: str, n: int) -> list[dict]:
@@ -354,6 +496,9 @@ def _layout_toggles(rule: str, n: int) -> list[dict]:
         return [{rule: 2}, {rule: 0}]
     if rule == "mlp_layer_types":
         return [{"mlp_layer_types": ["dense", "sparse"] * (n // 2)}]
+    if rule == "moe_layer_interval":
+        return [{"moe_layer_interval": 1, "moe_layer_start_index": 1, "moe_layer_end_index": n - 1},
+                {"moe_layer_interval": 2, "moe_layer_start_index": 0, "moe_layer_end_index": n - 2}]
     return [{"decoder_sparse_step": 2, "mlp_only_layers": []}, {"decoder_sparse_step": 1, "mlp_only_layers": [1]}]
 
 
@@ -399,7 +544,8 @@ def sparse_layout(config, sparse: list[bool]) -> str:
 
 
 DENSE_LAYER = {"first_k_dense_replace": {"first_k_dense_replace": 1}, "num_dense_layers": {"num_dense_layers": 1},
-               "decoder_sparse_step": {"decoder_sparse_step": 1, "mlp_only_layers": [0]}}
+               "decoder_sparse_step": {"decoder_sparse_step": 1, "mlp_only_layers": [0]},
+               "moe_layer_interval": {"moe_layer_interval": 1, "moe_layer_start_index": 1}}
 
 
 def dense_layer_changes(rule: str, config) -> dict | None:
@@ -435,16 +581,39 @@ def checkpoint_expert_names(model_type: str) -> tuple[str, ...]:
     return tuple(names)
 
 
+def fused_experts_renamed(model_type: str) -> bool:
+    """Whether the checkpoint stores the experts as transformers' fused 3-D tensors under other names, which
+    transformers' conversion mapping renames to experts.gate_up_proj and experts.down_proj (granitemoe's
+    input_linear / output_linear, aria's fc1 / fc2): the block's loader splits them, the renames are the skeleton's."""
+    from transformers import conversion_mapping
+
+    targets = {target.replace("\\.", ".").rsplit(".", 2)[-2:][-1] for rule in
+               conversion_mapping.get_checkpoint_conversion_mapping(model_type) or []
+               if type(rule).__name__ == "WeightRenaming" for target in rule.target_patterns
+               if target.replace("\\.", ".").endswith(("experts.gate_up_proj", "experts.down_proj"))}
+    return targets == {"gate_up_proj", "down_proj"}
+
+
 SHARED_WIDTHS = {"config.moe_intermediate_size * config.n_shared_experts": "per_expert",
                  "config.shared_expert_intermediate_size": "shared_expert_intermediate_size",
-                 "config.intermediate_size": "intermediate_size"}
+                 "config.intermediate_size": "intermediate_size",
+                 "config.shared_intermediate_size": "shared_intermediate_size"}
+
+
+def shared_width_options(expr: str) -> dict:
+    """The code's SHARED_WIDTH (and, for a width times a count other than moe_intermediate_size x n_shared_experts,
+    SHARED_UNIT_KEY / SHARED_COUNT_KEY) for the shared experts' width expression `expr`."""
+    if expr in SHARED_WIDTHS or "*" not in expr:          # "0": no shared experts
+        return {"SHARED_WIDTH": SHARED_WIDTHS.get(expr, "per_expert")}
+    unit, count = (term.strip()[len("config."):] for term in expr.split("*"))
+    return {"SHARED_WIDTH": "per_expert", "SHARED_UNIT_KEY": unit, "SHARED_COUNT_KEY": count}
 
 
 def _renormalisation(config, block_cls, scoring_match: dict):
     """The top-k renormalisation: Expr(config.norm_topk_prob) where toggling the key changes the block's gating,
     else the literal the probe found."""
     value = getattr(config, "norm_topk_prob", None)
-    if not isinstance(value, bool) or getattr(config, "num_experts_per_tok", 1) < 2:
+    if not isinstance(value, bool) or _top_k(config) < 2:
         return scoring_match["renormalize"]
     toggled = copy.deepcopy(config)
     toggled.norm_topk_prob = not value
@@ -463,6 +632,7 @@ def derive_moe(config, checkpoint_keys=()) -> dict | None:
     import torch
 
     experts_key = _config_key(config, EXPERT_COUNT_KEYS, "routed expert count", checkpoint_keys)
+    topk_key = _config_key(config, TOPK_KEYS, "experts per token", checkpoint_keys)
     blocks = _sparse_blocks(config)
     if blocks is None:
         return None
@@ -486,11 +656,17 @@ def derive_moe(config, checkpoint_keys=()) -> dict | None:
         torch.set_default_dtype(previous)
     gating = _probe_gating(block, router, probe, PROBE_HIDDEN)
     renormalize = _renormalisation(config, block_cls, gating)
+    bias_found = selection_bias(block, router_name)
+    bias_name = bias_found[1] if bias_found is not None and bias_found[1] != f"{router_name}.e_score_correction_bias" \
+        else ""
     kind, activation, fused_layout = _probe_experts(block.experts, probe, PROBE_HIDDEN)
     alpha = float(getattr(block.experts, "alpha", 0.0) or 0.0) if activation == "clamped_swiglu" else 0.0
     shared, shared_name, shared_width = _probe_shared(block, probe, PROBE_HIDDEN)
+    if shared is None:
+        shared, shared_name, shared_width = _probe_layer_shared(config, probe, PROBE_HIDDEN) or \
+            (shared, shared_name, shared_width)
     ckpt_names = checkpoint_expert_names(config.model_type)
-    if kind == "gmm" and not ckpt_names:
+    if kind == "gmm" and not ckpt_names and not fused_experts_renamed(config.model_type):
         raise NotNative("moe", "experts stored fused in the checkpoint without biases: no per-expert names to stack")
     experts = getattr(config, experts_key)
     fused = ["npu_moe_init_routing_v2", "npu_grouped_matmul", "npu_moe_finalize_routing"]
@@ -499,7 +675,7 @@ def derive_moe(config, checkpoint_keys=()) -> dict | None:
         fused.insert(0, "npu_moe_gating_top_k_softmax")
     elif (gating["scoring"] == "sigmoid" and gating["renormalize"] and gating["selection_bias"] and gating["groups"]
           and experts in (256, 384) and (getattr(config, "n_group", None), getattr(config, "topk_group", None)) == (8, 4)
-          and config.num_experts_per_tok <= 32):
+          and _top_k(config) <= 32):
         fused.insert(0, "npu_moe_gating_top_k")
     else:
         unfused.append("gating in plain torch (npu_moe_gating_top_k takes renormalised sigmoid weights with a "
@@ -508,13 +684,14 @@ def derive_moe(config, checkpoint_keys=()) -> dict | None:
         fused.append("npu_swiglu")
     else:
         unfused.append("clamped swiglu (limit / alpha, up + 1) in plain torch: npu_swiglu has no clamp")
-    return {"model_type": config.model_type, "block_name": block_name, "experts_key": experts_key,
+    return {"model_type": config.model_type, "block_name": block_name, "experts_key": experts_key, "topk_key": topk_key,
             "width_key": width_key, "sparse_layers": tuple(i for i, s in enumerate(sparse) if s), "sparse_rule": layout,
             "dense_variant": dense_layer_changes(layout, config) if layout != "all" else None,
             "router_name": router_name, "router_bias": router_bias, "router_fp32": router_fp32,
             "scoring": gating["scoring"], "renormalize": renormalize, "selection_bias": gating["selection_bias"],
             "groups": gating["groups"], "group_select": gating["group_select"],
-            "routed_scaling": gating["routed_scaling"], "experts": kind, "activation": activation,
+            "routed_scaling": gating["routed_scaling"], "scaling_key": _scaling(config)[0] or "routed_scaling_factor",
+            "selection_bias_name": bias_name, "experts": kind, "activation": activation,
             "gate_up_layout": fused_layout, "shared": shared, "shared_name": shared_name, "shared_width": shared_width,
             "ckpt_expert_names": ckpt_names, "swiglu_alpha": alpha, "fused": tuple(fused), "unfused": tuple(unfused)}
 
@@ -526,9 +703,15 @@ def moe_options(f: dict) -> dict:
                "SCORING": f["scoring"], "RENORMALIZE": f["renormalize"], "SELECTION_BIAS": f["selection_bias"],
                "GROUPS": f["groups"], "GROUP_SELECT": f["group_select"], "ROUTED_SCALING": f["routed_scaling"],
                "EXPERTS": f["experts"], "FUSED_LAYOUT": f["gate_up_layout"], "SHARED": f["shared"],
-               "SHARED_NAME": f["shared_name"], "SHARED_WIDTH": SHARED_WIDTHS.get(f["shared_width"], "per_expert")}
+               "SHARED_NAME": f["shared_name"], **shared_width_options(f["shared_width"])}
     if f["ckpt_expert_names"]:
         options["CKPT_EXPERT_NAMES"] = tuple(f["ckpt_expert_names"])
+    if f.get("topk_key", "num_experts_per_tok") != "num_experts_per_tok":
+        options["TOPK_KEY"] = f["topk_key"]
+    if f.get("selection_bias_name"):
+        options["SELECTION_BIAS_NAME"] = f["selection_bias_name"]
+    if f.get("routed_scaling") and f.get("scaling_key", "routed_scaling_factor") != "routed_scaling_factor":
+        options["SCALING_KEY"] = f["scaling_key"]
     if f["activation"] == "clamped_swiglu":
         options["SWIGLU_ALPHA"] = f["swiglu_alpha"]
     return options
@@ -554,14 +737,21 @@ def _variants(match, probe):
                   ("mlp_only_layers [0]", {"decoder_sparse_step": 1, "mlp_only_layers": [0]})]
     elif rule in ("first_k_dense_replace", "num_dense_layers"):
         found.append((f"{rule} 0 / 1", {rule: 0 if getattr(probe.config, rule) else 1}))
+    elif rule == "moe_layer_interval":
+        found.append(("moe_layer_interval 2 from layer 0", {"moe_layer_interval": 2, "moe_layer_start_index": 0}))
     elif rule == "mlp_layer_types":
         types = list(probe.config.mlp_layer_types)
         found.append(("mlp_layer_types flipped", {"mlp_layer_types": ["dense" if t == "sparse" else "sparse" for t in types]}))
     if isinstance(f["renormalize"], Expr):
         found.append(("norm_topk_prob", {"norm_topk_prob": not probe.config.norm_topk_prob}))
     if f["shared"] is not None:
-        key = "n_shared_experts" if SHARED_WIDTHS.get(f["shared_width"]) == "per_expert" else SHARED_WIDTHS[f["shared_width"]]
-        found.append(("no shared experts", {key: 0}))
+        widths = shared_width_options(f["shared_width"])
+        key = widths.get("SHARED_COUNT_KEY", "n_shared_experts") if widths["SHARED_WIDTH"] == "per_expert" \
+            else widths["SHARED_WIDTH"]
+        if getattr(probe.config, key, None):
+            found.append(("no shared experts", {key: 0}))
+        else:   # the checkpoint's config has none (granitemoeshared's default): the family's with them
+            found.append(("shared experts", {key: 1 if key != widths["SHARED_WIDTH"] else getattr(probe.config, f["width_key"])}))
     if f["groups"]:
         experts = getattr(probe.config, f["experts_key"])
         found.append(("grouped routing", {"n_group": 2, "topk_group": 1} if experts % 2 == 0 and probe.config.n_group == 1
@@ -571,13 +761,16 @@ def _variants(match, probe):
 
 SPARSE_MOE = Part(
     slot="moe", name="sparse_moe", code="moe.py", provides="ModelSparseMoeBlock",
-    reads=("num_experts_per_tok", "n_routed_experts / num_experts / num_local_experts", "moe_intermediate_size",
+    reads=("num_experts_per_tok / moe_topk / moe_k", "n_routed_experts / num_experts / num_local_experts", "moe_intermediate_size",
            "norm_topk_prob", "routed_scaling_factor", "n_group", "topk_group", "first_k_dense_replace",
-           "decoder_sparse_step", "mlp_only_layers", "n_shared_experts", "shared_expert_intermediate_size"),
+           "decoder_sparse_step", "mlp_only_layers", "n_shared_experts", "shared_expert_intermediate_size",
+           "moe_layer_start_index / moe_layer_interval / moe_layer_end_index", "router_scaling_factor",
+           "moe_num_shared_experts / num_shared_experts"),
     probe=_probe, kernels=lambda m: (m.facts["fused"], m.facts["unfused"]), variants=_variants,
     options=("MOE", "MOE_LAYERS", "EXPERTS_KEY", "WIDTH_KEY", "ROUTER", "ROUTER_BIAS", "ROUTER_FP32", "SCORING",
              "RENORMALIZE", "SELECTION_BIAS", "GROUPS", "GROUP_SELECT", "ROUTED_SCALING", "EXPERTS", "SWIGLU_ALPHA",
-             "FUSED_LAYOUT", "CKPT_EXPERT_NAMES", "SHARED", "SHARED_NAME", "SHARED_WIDTH"))
+             "FUSED_LAYOUT", "CKPT_EXPERT_NAMES", "SHARED", "SHARED_NAME", "SHARED_WIDTH", "SELECTION_BIAS_NAME",
+             "SCALING_KEY", "SHARED_UNIT_KEY", "SHARED_COUNT_KEY", "TOPK_KEY"))
 
 
 def render_moe(facts: dict) -> str:

@@ -4,23 +4,23 @@ of the architecture's layers (input, post-attention, pre/post-feedforward, q/k) 
 from __future__ import annotations
 
 from agent.recipe.native.not_native import NotNative
+from agent.recipe.native.parts.norm_roles import layer_norm_names
 from agent.recipe.native.parts.part import Match, Part
 from agent.recipe.native.parts.probe import children, probe_norm
 
 LAYER_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
-QK_NORMS = ("q_norm", "k_norm")
+QK_NORMS = ("q_norm", "k_norm", "query_layernorm", "key_layernorm")     # hunyuan: query_ / key_layernorm
 
 
 def model_norms(probe, full_width_qk: bool = True):
-    """(norm, width) of every norm of the model: each layer's LAYER_NORMS, its attention's q/k norms and the final
-    norm — the one walk the norm parts probe (norm_offsets here, parts/norm_layer.py's layer_norm_facts). A q/k
-    norm's width is per head, or with `full_width_qk` over all heads' width where its weight has that width (olmo2:
-    agent.recipe.native.parts.attention reads which)."""
+    """(norm, width) of every norm of the model: each layer's norms (read by role, and LAYER_NORMS by name), its
+    attention's q/k norms and the final norm — the one walk the norm parts probe (norm_offsets here,
+    parts/norm_layer.py's layer_norm_facts). A q/k norm's width is per head, or with `full_width_qk` over all heads'
+    width where its weight has that width (olmo2: agent.recipe.native.parts.attention reads which)."""
     for layer in probe.layers:
         kinds = children(layer)
-        for name in LAYER_NORMS:
-            if name in kinds:
-                yield kinds[name], probe.hidden
+        for name in layer_norm_names(probe, layer, LAYER_NORMS):
+            yield kinds[name], probe.hidden
         attention = kinds.get("self_attn")
         for name in QK_NORMS:
             norm = getattr(attention, name, None) if attention is not None else None

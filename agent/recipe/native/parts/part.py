@@ -9,12 +9,15 @@ from typing import Callable
 
 # the slots, in the order derive fills them (a later probe may read an earlier slot's match) and the file
 # lists them; the role through which the code of other slots uses the slot's class
-SLOTS = ("model", "moe", "embedding", "norm", "position", "attention", "mlp", "block", "head", "mtp")
+SLOTS = ("model", "moe", "embedding", "norm", "position", "attention", "linear_attention", "mlp", "block", "head",
+         "mtp")
 ROLES = {"norm": "Norm", "position": "RotaryEmbedding", "attention": "Attention", "mlp": "MLP",
-         "moe": "SparseMoeBlock", "block": "DecoderLayer"}
-FILE_ORDER = ("norm", "position", "mlp", "moe", "attention", "block", "embedding", "head", "model", "mtp")
+         "moe": "SparseMoeBlock", "block": "DecoderLayer", "linear_attention": "LinearAttention"}
+FILE_ORDER = ("norm", "position", "mlp", "moe", "attention", "linear_attention", "block", "embedding", "head", "model",
+              "mtp")
 # the order a composition lists its parts and kernels in (the file's docstring, the report)
-LIST_ORDER = ("model", "embedding", "norm", "position", "attention", "mlp", "moe", "block", "head", "mtp")
+LIST_ORDER = ("model", "embedding", "norm", "position", "attention", "linear_attention", "mlp", "moe", "block", "head",
+              "mtp")
 
 
 @dataclass(frozen=True)

@@ -58,10 +58,28 @@ def rope_groups(config) -> tuple[bool, list]:
     return by_type, ([params[t] for t in sorted(set(layer_types))] if by_type else [params])
 
 
+def ntk_alpha(probe) -> dict:
+    """{"NTK_ALPHA": True} where the rope settings hold a fixed NTK `alpha` (hunyuan: its checkpoints say
+    "dynamic") and the model's frequencies are the default rope's on the base stretched by
+    alpha ** (head_dim / (head_dim - 2)); {} without an alpha; NotNative for another use of it."""
+    import torch
+
+    params = getattr(probe.config, "rope_parameters", None)
+    if not isinstance(params, dict) or not params.get("alpha"):
+        return {}
+    dim = probe.head_dim
+    base = float(params["rope_theta"]) * float(params["alpha"]) ** (dim / (dim - 2))
+    want = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+    got = getattr(getattr(probe.base, "rotary_emb", None), "inv_freq", None)
+    if got is None or tuple(got.shape) != tuple(want.shape) or not torch.allclose(got.float(), want, rtol=1e-5):
+        raise NotNative("position", "rope_parameters' alpha: the frequencies are not the NTK-alpha stretched base's")
+    return {"NTK_ALPHA": True}
+
+
 def _probe(probe, chosen):
     if not is_mla_model(probe):        # MLA rotates by its own kernels (interleave-half), probed with the attention
         probe_rotate_half(probe.modeling)
-    return rope_match(probe, ROTARY)
+    return rope_match(probe, ROTARY, ntk_alpha(probe))
 
 
 def rope_match(probe, part, options=None) -> Match:
@@ -126,5 +144,5 @@ def _variants(match, probe):
 ROTARY = Part(
     slot="position", name="rotary", code="rotary.py", provides="ModelRotaryEmbedding",
     reads=("rope_parameters", "partial_rotary_factor", "max_position_embeddings", "layer_types"),
-    probe=_probe, options=("ROPE_BY_LAYER_TYPE",), variants=_variants,
+    probe=_probe, options=("ROPE_BY_LAYER_TYPE", "NTK_ALPHA"), variants=_variants,
     kernels=lambda m: ((), ()))

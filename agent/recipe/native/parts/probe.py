@@ -78,7 +78,36 @@ def shrunk_config(config_dict: dict, changes: dict | None = None):
     data["dtype"] = "float32"
     config = AutoConfig.for_model(model_type, **data)
     config._attn_implementation = "eager"
+    width = getattr(config, "num_attention_heads", None), getattr(config, "head_dim", None)
+    if isinstance(heads, int) and isinstance(hidden, int) and isinstance(real.get("head_dim"), int) \
+            and hidden == heads * real["head_dim"] and all(isinstance(w, int) for w in width) \
+            and config.hidden_size != width[0] * width[1] and not _runs(config):
+        # the checkpoint's hidden_size is its heads' width and the architecture's code ties them (helium's,
+        # stablelm's o_proj: hidden_size -> hidden_size): the shrunk hidden_size is the shrunk heads' width
+        config = AutoConfig.for_model(model_type, **{**data, "hidden_size": width[0] * width[1]})
+        config._attn_implementation = "eager"
     return config
+
+
+_RUNS: dict = {}
+
+
+def _runs(config) -> bool:
+    """Whether transformers' model of `config` builds and runs a forward pass (memoised by the config)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    key = config.to_json_string()
+    if key not in _RUNS:
+        try:
+            torch.manual_seed(0)
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+            with torch.no_grad():
+                model(input_ids=torch.tensor([[3, 5, 7]]), use_cache=False)
+            _RUNS[key] = True
+        except Exception:  # noqa: BLE001 - any failure: the shrunk widths do not make a model that runs
+            _RUNS[key] = False
+    return _RUNS[key]
 
 
 def children(module) -> dict:

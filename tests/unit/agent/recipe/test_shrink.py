@@ -133,3 +133,15 @@ def test_a_state_space_mixers_heads_tile_its_shrunk_inner_width(model_type, head
     assert merged[heads] * merged[width] == merged[expand] * merged["hidden_size"]
     built = shrunk_config(config)           # the probe's copy, head widths restored: still valid
     assert getattr(built, heads) * getattr(built, width) == getattr(built, expand) * built.hidden_size
+
+
+def test_shrink_keeps_linear_attention_grouping_and_kernel_widths():
+    """qwen3_next's Gated DeltaNet heads: 2 key heads, each value-head group kept (16 / 32 -> 2 / 4), the head
+    widths the NPU ops constrain kept; a config whose value heads do not group by key heads is left alone."""
+    qwen3_next = {"hidden_size": 2048, "num_hidden_layers": 48, "linear_num_key_heads": 16,
+                  "linear_num_value_heads": 32, "linear_key_head_dim": 128, "linear_value_head_dim": 128}
+    shrunk = shrink_config(qwen3_next)
+    assert (shrunk["linear_num_key_heads"], shrunk["linear_num_value_heads"]) == (2, 4)
+    assert "linear_key_head_dim" not in shrunk and "linear_value_head_dim" not in shrunk
+    assert "linear_num_key_heads" not in shrink_config({**qwen3_next, "linear_num_value_heads": 24 + 1})
+    assert "linear_num_key_heads" not in shrink_config({**qwen3_next, "linear_num_key_heads": 2})

@@ -24,6 +24,9 @@ QKV_BIAS = False                # q/k/v biases: a literal, or the config key tha
 O_BIAS = False                  # o_proj's bias (module.linear adds it on row-parallel rank 0)
 QK_NORM = False                 # per-head RMSNorm of queries and keys before the rotary (qwen3, gemma3)
 QK_NORM_FULL = False            # RMSNorm of queries and keys over all heads' width (olmo2)
+QK_NORM_AFTER_ROPE = False      # the per-head q / k norms on the rotated queries and keys (hunyuan)
+Q_NORM = "q_norm"               # the q / k norms' module names (the checkpoint's)
+K_NORM = "k_norm"
 QUERY_PRE_ATTN_SCALAR = False   # softmax scale query_pre_attn_scalar ** -0.5 (else head_dim ** -0.5)
 ATTENTION_MULTIPLIER = False    # softmax scale config.attention_multiplier (granite)
 ROPE_BY_LAYER_TYPE = False      # cos / sin per layer type (gemma3's local and global bases)
@@ -39,6 +42,7 @@ NOPE_LAYERS = None              # layers without rotary: "no_rope_layers" (smoll
 ROPE_INTERLEAVED = False        # the architecture rotates pairs (2i, 2i + 1): q/k rows reordered at load (glm, ernie4_5)
 ROTARY = True                   # q and k rotated (else the positions were added to the embedding: gpt2)
 CONTEXT_PARALLEL = False        # prefill context parallel (parallel_config.cp_size): context_parallel.py's segments
+OUTPUT_GATE = False             # q_proj holds each head's query and an output gate: out * sigmoid(gate) (qwen3_next)
 
 
 def layer_windows(config):
@@ -108,7 +112,8 @@ class ModelAttention(nn.Module):
         tp_rank = comm_manager.get_rank("attn_tp_group") if self.attn_tp_size > 1 else 0
         quant_config = getattr(config, "quant_config", None)
         setattr(self, QKV, QKVParallelLinear(
-            hidden_size=config.hidden_size, head_size=self.head_dim, total_num_heads=self.num_heads,
+            hidden_size=config.hidden_size, head_size=self.head_dim, total_num_heads=self.num_heads if not OUTPUT_GATE
+            else 2 * self.num_heads,
             total_num_kv_heads=self.num_key_value_heads, bias=QKV_BIAS, tp_size=self.attn_tp_size,
             tp_rank=tp_rank, quant_config=quant_config, prefix=f"{prefix}.{QKV}", return_bias=False))
         self.o_proj = RowParallelLinear(
@@ -120,8 +125,8 @@ class ModelAttention(nn.Module):
             self.sinks.weight_loader = self._load_sinks
             self.tp_rank = tp_rank
         if QK_NORM:
-            self.q_norm = Norm(self.head_dim, eps=getattr(config, NORM_EPS))
-            self.k_norm = Norm(self.head_dim, eps=getattr(config, NORM_EPS))
+            setattr(self, Q_NORM, Norm(self.head_dim, eps=getattr(config, NORM_EPS)))
+            setattr(self, K_NORM, Norm(self.head_dim, eps=getattr(config, NORM_EPS)))
         if QK_NORM_FULL:
             if self.num_key_value_heads < self.attn_tp_size:
                 raise ValueError(f"a k norm over all {self.num_key_value_heads} key heads with attn_tp_size "
@@ -155,6 +160,12 @@ class ModelAttention(nn.Module):
             hidden_states = hidden_states[:forward_metadata.prompt_tokens]
             q_len = forward_metadata.prompt_tokens
         qkv = getattr(self, QKV)(hidden_states)
+        if OUTPUT_GATE:
+            # each head's query and its output gate side by side: the gates split off, the queries kept in front
+            width = 2 * self.num_heads_per_rank * self.head_dim
+            query_gate = qkv[:, :width].view(q_len, self.num_heads_per_rank, 2 * self.head_dim)
+            gate = query_gate[..., self.head_dim:].reshape(q_len, -1)
+            qkv = torch.cat([query_gate[..., :self.head_dim].reshape(q_len, -1), qkv[:, width:]], dim=-1)
         query, key, value = qkv.split((self.num_heads_per_rank * self.head_dim,
                                        self.num_key_value_heads_per_rank * self.head_dim,
                                        self.num_key_value_heads_per_rank * self.head_dim), dim=-1)
@@ -163,13 +174,15 @@ class ModelAttention(nn.Module):
         query = query.reshape(q_len, self.num_heads_per_rank, self.head_dim)
         key = key.reshape(q_len, self.num_key_value_heads_per_rank, self.head_dim)
         value = value.reshape(q_len, self.num_key_value_heads_per_rank, self.head_dim)
-        if QK_NORM:
-            query, key = self.q_norm(query), self.k_norm(key)
+        if QK_NORM and not QK_NORM_AFTER_ROPE:
+            query, key = getattr(self, Q_NORM)(query), getattr(self, K_NORM)(key)
         if ROTARY:
             cos, sin = cos_sin[self.layer_type] if ROPE_BY_LAYER_TYPE else cos_sin
             cos, sin = cos[:q_len], sin[:q_len]
             if not NOPE_LAYERS or self.use_rope:
                 query, key = torch_npu.npu_apply_rotary_pos_emb(query.contiguous(), key.contiguous(), cos, sin, layout="TND")
+        if QK_NORM and QK_NORM_AFTER_ROPE:
+            query, key = getattr(self, Q_NORM)(query), getattr(self, K_NORM)(key)
         if not self.k_cache.numel() or not self.v_cache.numel():
             raise RuntimeError("KV cache not allocated: the executor binds it through get_cache_info()")
         if CONTEXT_PARALLEL and prefill_cp(forward_metadata):
@@ -179,6 +192,8 @@ class ModelAttention(nn.Module):
             torch_npu.npu_scatter_nd_update_(self.k_cache.view(-1, self.num_key_value_heads_per_rank, self.head_dim), slots, key)
             torch_npu.npu_scatter_nd_update_(self.v_cache.view(-1, self.num_key_value_heads_per_rank, self.head_dim), slots, value)
             out = self._attention(query, key, value, forward_metadata)
+        if OUTPUT_GATE:
+            out = out.reshape(q_len, -1) * torch.sigmoid(gate)
         out = self.o_proj(out.reshape(q_len, self.num_heads_per_rank * self.head_dim))
         if q_len < padded_q_len:
             out = torch.cat([out, out.new_zeros((padded_q_len - q_len, out.size(-1)))], dim=0)
@@ -293,7 +308,7 @@ class ModelAttention(nn.Module):
         for param in getattr(self, QKV).parameters():
             param.weight_loader = reordered(getattr(param, "weight_loader", copy_weight))
         if QK_NORM or QK_NORM_FULL:
-            for param in (self.q_norm.weight, self.k_norm.weight):
+            for param in (getattr(self, Q_NORM).weight, getattr(self, K_NORM).weight):
                 param.weight_loader = reordered(getattr(param, "weight_loader", copy_weight), norm=True)
 
     def _load_sinks(self, param, weight):

@@ -1,11 +1,17 @@
 """The decoder layer: attention and MLP (or sparse-MoE block), each behind its norm, as upstream's models/qwen
 chains them."""
 
-from .layer import FIXED_NORM_EPS, NORM_EPS, ModelDecoderLayerBase
+from .layer import FIXED_NORM_EPS, LINEAR_ATTENTION, NORM_EPS, ModelDecoderLayerBase
 from .norm_rms import ModelRMSNorm as Norm
 
 SANDWICH = False        # post-attention and pre/post-feedforward norms around attention and MLP (gemma2, gemma3)
 RESIDUAL_MULTIPLIER = False  # the attention's and the MLP's outputs times config.residual_multiplier (granite)
+# the norms' module names (the checkpoint's), by role: the attention's input and output norms, the MLP's input
+# and output norms (the output norms only in the sandwich layer)
+ATTENTION_NORM = "input_layernorm"
+ATTENTION_OUT_NORM = "post_attention_layernorm"
+MLP_NORM = "post_attention_layernorm"
+MLP_OUT_NORM = "post_feedforward_layernorm"
 
 
 class ModelDecoderLayer(ModelDecoderLayerBase):
@@ -15,24 +21,32 @@ class ModelDecoderLayer(ModelDecoderLayerBase):
         super().__init__(config, infer_config, comm_manager, layer_idx, prefix)
         if RESIDUAL_MULTIPLIER:
             self.residual_multiplier = config.residual_multiplier
-        self.input_layernorm = Norm(config.hidden_size, eps=getattr(config, NORM_EPS) if NORM_EPS else FIXED_NORM_EPS)
-        self.post_attention_layernorm = Norm(config.hidden_size, eps=getattr(config, NORM_EPS) if NORM_EPS else FIXED_NORM_EPS)
+        setattr(self, ATTENTION_NORM, Norm(config.hidden_size, eps=getattr(config, NORM_EPS) if NORM_EPS else FIXED_NORM_EPS))
         if SANDWICH:
-            self.pre_feedforward_layernorm = Norm(config.hidden_size, eps=getattr(config, NORM_EPS) if NORM_EPS else FIXED_NORM_EPS)
-            self.post_feedforward_layernorm = Norm(config.hidden_size, eps=getattr(config, NORM_EPS) if NORM_EPS else FIXED_NORM_EPS)
+            setattr(self, ATTENTION_OUT_NORM, Norm(config.hidden_size, eps=getattr(config, NORM_EPS) if NORM_EPS else FIXED_NORM_EPS))
+        setattr(self, MLP_NORM, Norm(config.hidden_size, eps=getattr(config, NORM_EPS) if NORM_EPS else FIXED_NORM_EPS))
+        if SANDWICH:
+            setattr(self, MLP_OUT_NORM, Norm(config.hidden_size, eps=getattr(config, NORM_EPS) if NORM_EPS else FIXED_NORM_EPS))
 
     def forward(self, hidden_states, cos_sin, past_residual, forward_metadata):
-        hidden_states, residual = self.input_layernorm(hidden_states, past_residual)
-        hidden_states = self.self_attn(hidden_states, cos_sin, forward_metadata)
+        hidden_states, residual = getattr(self, ATTENTION_NORM)(hidden_states, past_residual)
+        if LINEAR_ATTENTION and self.is_linear:
+            hidden_states = self.linear_attn(hidden_states, forward_metadata)
+        else:
+            hidden_states = self.self_attn(hidden_states, cos_sin, forward_metadata)
         if SANDWICH:
             # the attention's and the MLP's outputs are normed before they join the residual
-            hidden_states = self.post_attention_layernorm(hidden_states)
-            hidden_states, residual = self.pre_feedforward_layernorm(hidden_states, residual)
-            hidden_states = self.post_feedforward_layernorm(self.mlp(hidden_states))
+            hidden_states = getattr(self, ATTENTION_OUT_NORM)(hidden_states)
+            if RESIDUAL_MULTIPLIER:
+                hidden_states = hidden_states * self.residual_multiplier
+            hidden_states, residual = getattr(self, MLP_NORM)(hidden_states, residual)
+            hidden_states = getattr(self, MLP_OUT_NORM)(self.mlp(hidden_states))
+            if RESIDUAL_MULTIPLIER:
+                hidden_states = hidden_states * self.residual_multiplier
         else:
             if RESIDUAL_MULTIPLIER:
                 hidden_states = hidden_states * self.residual_multiplier
-            hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+            hidden_states, residual = getattr(self, MLP_NORM)(hidden_states, residual)
             hidden_states = self.mlp(hidden_states)
             if RESIDUAL_MULTIPLIER:
                 hidden_states = hidden_states * self.residual_multiplier

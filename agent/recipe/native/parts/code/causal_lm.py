@@ -30,13 +30,16 @@ from .rotary import ModelRotaryEmbedding as RotaryEmbedding
 EMBED_SCALE = False             # the embedding times sqrt(hidden_size), in the model's dtype (gemma's normaliser)
 FINAL_SOFTCAP = False           # logits soft-capped by config.final_logit_softcapping where it is set
 EMBED_MULTIPLIER = False        # the embedding times config.embedding_multiplier (granite)
-LOGITS_SCALING = None           # logits divided by config.logits_scaling (granite) or times config.logit_scale (cohere)
+EMBED_MULTIPLIER_KEY = "embedding_multiplier"   # the config key of that multiplier (minicpm3: scale_emb)
+LOGITS_SCALING = None           # the config key scaling the logits: logits_scaling (granite, hyperclovax), logit_scale (cohere)
+LOGITS_DIVIDED = False          # the logits divided by it (granite), else multiplied (cohere, hyperclovax)
 ROPE_BY_LAYER_TYPE = False      # a rotary table per layer type (gemma3's local and global bases)
 MLA = False                     # multi-head latent attention: its rope dims, latent caches and absorb weights
 MOE = False                     # sparse-MoE layers: their experts over moe_tp_group and moe_ep_group
 MTP = False                     # an MTP draft model beside this one (code/mtp.py): next_n > 0 returns every hidden state
 ABSOLUTE_POSITIONS = False      # positions added to the embedding (gpt2's learned wpe): the position slot's table, no rotary
 CONTEXT_PARALLEL = False        # prefill context parallel (parallel_config.cp_size): context_parallel.py's segments
+LINEAR_ATTENTION = False        # linear-attention layers beside attention ones: their state caches (Mamba entries)
 # transformers' renames of the checkpoint's tensor names for this architecture (pattern, replacement), in order
 CHECKPOINT_RENAMES = ()
 # stored names of Conv1D weights (gpt2's [in, out]): transposed to the parallel linears' [out, in] at load
@@ -97,7 +100,7 @@ class ModelModel(nn.Module):
             # the architecture's normaliser, in the model's dtype
             hidden_states = hidden_states * torch.tensor(self.config.hidden_size ** 0.5, dtype=hidden_states.dtype)
         if EMBED_MULTIPLIER:
-            hidden_states = hidden_states * self.config.embedding_multiplier
+            hidden_states = hidden_states * getattr(self.config, EMBED_MULTIPLIER_KEY)
         if ABSOLUTE_POSITIONS:
             hidden_states = hidden_states + self.embed_positions(position_ids).to(hidden_states.dtype)
             cos_sin = None
@@ -181,10 +184,10 @@ class ModelForCausalLM(nn.Module):
             parts = [torch.empty_like(logits) for _ in range(self.lmhead_tp_size)]
             dist.all_gather(parts, logits, group=self.comm_manager.get_group("lmhead_tp_group"))
             logits = torch.cat(parts, dim=-1)
-        if LOGITS_SCALING == "logits_scaling":
-            logits = logits / self.config.logits_scaling
-        elif LOGITS_SCALING == "logit_scale":
-            logits = logits * self.config.logit_scale
+        if LOGITS_SCALING is not None and LOGITS_DIVIDED:
+            logits = logits / getattr(self.config, LOGITS_SCALING)
+        elif LOGITS_SCALING is not None:
+            logits = logits * getattr(self.config, LOGITS_SCALING)
         logits = logits.float()
         if FINAL_SOFTCAP and self.config.final_logit_softcapping:
             cap = self.config.final_logit_softcapping
@@ -201,7 +204,8 @@ class ModelForCausalLM(nn.Module):
         return own_rows_whole(self.lm_head(gathered), group, self.lmhead_tp_size, rows)
 
     def get_cache_info(self) -> ModelCacheInfo:
-        infos = [LayerCacheInfo(layer_idx=i, caches=list(layer.self_attn.cache_entries))
+        infos = [LayerCacheInfo(layer_idx=i, caches=list(layer.self_attn.cache_entries if not LINEAR_ATTENTION
+                                                         or not layer.is_linear else layer.linear_attn.cache_entries))
                  for i, layer in enumerate(self.model.layers)]
         return ModelCacheInfo(num_layers=len(infos), layer_infos=infos, **({"is_mla_backend": True} if MLA else {}))
 

@@ -6,6 +6,7 @@ one subclass, so the generated file has the layer class alone."""
 from torch import nn
 
 from .attention_fused import ModelAttention as Attention
+from .linear_attention_gdn import ModelGatedDeltaNet as LinearAttention
 from .mlp_gated import ModelMLP as MLP
 from .moe import ModelSparseMoeBlock as SparseMoeBlock
 from .moe import is_moe_layer
@@ -15,12 +16,19 @@ from .moe import is_moe_layer
 MOE_LAYERS = None
 NORM_EPS = "rms_norm_eps"   # the config key of the layer norms' epsilon (the shapes import it)
 FIXED_NORM_EPS = 1e-5       # their epsilon where no config key holds it (NORM_EPS None: opt's LayerNorms)
+# config.layer_types' linear_attention layers hold a linear attention in place of self_attn (qwen3_next's Gated DeltaNet)
+LINEAR_ATTENTION = False
 
 
 class ModelDecoderLayerBase(nn.Module):
     def __init__(self, config, infer_config, comm_manager, layer_idx, prefix=""):
         super().__init__()
-        self.self_attn = Attention(config, infer_config, comm_manager, layer_idx, prefix=f"{prefix}.self_attn")
+        if LINEAR_ATTENTION:
+            self.is_linear = config.layer_types[layer_idx] == "linear_attention"
+        if LINEAR_ATTENTION and self.is_linear:
+            self.linear_attn = LinearAttention(config, infer_config, comm_manager, layer_idx, prefix=f"{prefix}.linear_attn")
+        else:
+            self.self_attn = Attention(config, infer_config, comm_manager, layer_idx, prefix=f"{prefix}.self_attn")
         if MOE_LAYERS == "all":
             self.mlp = SparseMoeBlock(config, infer_config, comm_manager, prefix=f"{prefix}.mlp")
         elif MOE_LAYERS is not None:

@@ -1,5 +1,6 @@
 """The plain MLP down(act(up(x))), no gate: up column-parallel, down row-parallel."""
 
+import torch
 import torch.distributed as dist
 from torch import nn
 from transformers.activations import ACT2FN
@@ -10,6 +11,7 @@ ACT = "hidden_act"      # the config key naming the activation
 MLP_BIAS = False        # the projections' biases: a literal, or the config key that sets them
 MLP_WIDTH = "intermediate_size"     # the config key of the width (opt: ffn_dim; gpt2: n_inner)
 WIDTH_DEFAULT_4X = False    # a width of None is 4 x hidden_size (gpt2's n_inner)
+ACT_PARAMS = False      # the activation has learned parameters, loaded from the checkpoint (apertus' xIELU)
 
 
 class ModelPlainMLP(nn.Module):
@@ -30,6 +32,9 @@ class ModelPlainMLP(nn.Module):
             tp_size=self.attn_tp_size, tp_rank=tp_rank, input_is_parallel=True, quant_config=quant_config,
             prefix=f"{prefix}.down_proj")
         self.act_fn = ACT2FN[getattr(config, ACT)]
+        if ACT_PARAMS:
+            # in the model's dtype (transformers builds xIELU's in bfloat16), before the checkpoint's load into them
+            self.act_fn = self.act_fn.to(torch.get_default_dtype())
 
     def forward(self, hidden_states):
         out = self.down_proj(self.act_fn(self.up_proj(hidden_states)))

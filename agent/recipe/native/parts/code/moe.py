@@ -20,6 +20,7 @@ from .parallel import gather_rows, spans_requests, sum_own_rows
 # which layers' MLP is this block: "all", or the config key transformers decides it by
 MOE_LAYERS = "all"
 EXPERTS_KEY = "num_experts"         # the config key of the routed expert count
+TOPK_KEY = "num_experts_per_tok"    # the config key of the experts each token is routed to (aria: moe_topk)
 WIDTH_KEY = "moe_intermediate_size"  # the config key of one expert's intermediate width
 ROUTER = "gate"                     # the router's name in the checkpoint
 ROUTER_BIAS = False
@@ -27,9 +28,14 @@ ROUTER_FP32 = False                 # router weight and its input in fp32 (deeps
 SCORING = "softmax"                 # "softmax" | "sigmoid"
 RENORMALIZE = True                  # top-k weights divided by their sum: a literal, or the config key that says
 SELECTION_BIAS = False              # e_score_correction_bias added to the scores for choosing experts only
+# where the checkpoint stores the selection bias, relative to the block, where not on the router: "" (the router's
+# e_score_correction_bias), "e_score_correction_bias" (hy_v3: the block's), "gate.moe_statics.e_score_correction_bias"
+# (ernie4_5_moe: [1, E] under the router's moe_statics)
+SELECTION_BIAS_NAME = ""
 GROUPS = False                      # grouped top-k (config.n_group groups, config.topk_group kept)
 GROUP_SELECT = "top2_sum"           # a group's score: "max" | "top2_sum" (the sum of its best two)
 ROUTED_SCALING = False              # weights times config.routed_scaling_factor
+SCALING_KEY = "routed_scaling_factor"   # the config key of that factor (hy_v3: router_scaling_factor)
 EXPERTS = "gmm"                     # "gmm" (halves, no bias: FusedMoEGMM) | "biased_interleaved" (gpt_oss)
 SWIGLU_ALPHA = 1.702                # the clamped swiglu's alpha where the config has none (transformers' constant)
 FUSED_LAYOUT = "E,2I,H"             # transformers' fused gate_up parameter: "E,2I,H" or "E,H,2I"
@@ -38,6 +44,8 @@ SHARED = None                       # shared experts: None | "plain" | "gated" (
 SHARED_NAME = "shared_experts"
 # the shared experts' width: "per_expert" (moe_intermediate_size x n_shared_experts) or the config key holding it
 SHARED_WIDTH = "per_expert"
+SHARED_UNIT_KEY = "moe_intermediate_size"   # "per_expert": the config key of one shared expert's width
+SHARED_COUNT_KEY = "n_shared_experts"        # and of their count
 
 MOE_CHUNK_MAX_LEN = 65536           # upstream's deepseek_r1 default of custom_params.moe_chunk_max_len
 # npu_moe_gating_top_k's fused kernel on Atlas A2 / A3: 256 experts (torch_npu's page; upstream's deepseek_r1
@@ -54,6 +62,10 @@ def is_moe_layer(config, layer_idx):
         return layer_idx >= getattr(config, MOE_LAYERS)
     if MOE_LAYERS == "mlp_layer_types":
         return config.mlp_layer_types[layer_idx] == "sparse"
+    if MOE_LAYERS == "moe_layer_interval":
+        # ernie4_5_moe: every moe_layer_interval-th layer from moe_layer_start_index to moe_layer_end_index
+        return ((layer_idx + 1) % config.moe_layer_interval == 0
+                and config.moe_layer_start_index <= layer_idx <= config.moe_layer_end_index)
     if MOE_LAYERS == "decoder_sparse_step":
         return layer_idx not in (config.mlp_only_layers or []) and (layer_idx + 1) % config.decoder_sparse_step == 0
     return True
@@ -62,7 +74,7 @@ def is_moe_layer(config, layer_idx):
 def shared_experts_width(config):
     """The shared experts' intermediate width (0: this checkpoint has none)."""
     if SHARED_WIDTH == "per_expert":
-        return config.moe_intermediate_size * (config.n_shared_experts or 0)
+        return getattr(config, SHARED_UNIT_KEY) * (getattr(config, SHARED_COUNT_KEY) or 0)
     return getattr(config, SHARED_WIDTH) or 0
 
 
@@ -108,7 +120,7 @@ def register_expert_groups(comm_manager, config, infer_config):
         if spans_requests(tp_size, parallel.attn_tp_size):
             tokens *= tp_size
         sizes = types.SimpleNamespace(num_experts=getattr(config, EXPERTS_KEY), hidden_size=config.hidden_size,
-                                      num_experts_per_tok=config.num_experts_per_tok)
+                                      num_experts_per_tok=getattr(config, TOPK_KEY))
         comm_manager.register_group(name="moe_ep_group_mc2", group_num=world // ep_size, group_size=ep_size,
                                     group_stride=world // ep_size, return_name=True, allow_physical_reuse=False,
                                     hccl_buffer_size=calc_moe_hccl_buffer_size(
@@ -208,14 +220,14 @@ class ModelSparseMoeBlock(nn.Module):
         self.comm_manager = comm_manager
         self.hidden_size = config.hidden_size
         self.num_experts = getattr(config, EXPERTS_KEY)
-        self.top_k = config.num_experts_per_tok
+        self.top_k = getattr(config, TOPK_KEY)
         width = self.expert_width = getattr(config, WIDTH_KEY)
         layout = self.layout = MoeLayout(infer_config, comm_manager, self.num_experts)
         self.moe_tp_size, self.moe_ep_size, tp_rank = layout.tp_size, layout.ep_size, layout.tp_rank
         _check_moe_split(WIDTH_KEY, width, self.moe_tp_size)
         self.renormalize = RENORMALIZE
         if ROUTED_SCALING:
-            self.routed_scaling_factor = config.routed_scaling_factor
+            self.routed_scaling_factor = getattr(config, SCALING_KEY)
         if GROUPS:
             self.n_group, self.topk_group = config.n_group, config.topk_group
         # quant_config reaches the router and the grouped matmul as upstream's MoE models pass it (a checkpoint's
@@ -414,6 +426,9 @@ class ModelSparseMoeBlock(nn.Module):
                     self.experts.load_fused(name.split(".", 1)[1], weight)
                     loaded.add(name)
                 continue
+            if SELECTION_BIAS_NAME and name == SELECTION_BIAS_NAME:
+                # the selection bias stored beside the router (hy_v3) or as [1, E] under it (ernie4_5_moe)
+                name, weight = f"{ROUTER}.e_score_correction_bias", weight.reshape(-1)
             if SHARED is not None and name.startswith(SHARED_NAME):
                 if not self.shared_width:
                     continue          # this checkpoint's config gives its shared experts no width: none are built

@@ -4,6 +4,7 @@ import torch
 from torch import nn
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+NTK_ALPHA = False       # a fixed NTK alpha in the rope settings stretches the base (hunyuan; its checkpoints say "dynamic")
 # rope types whose frequencies depend on the sequence length (transformers' dynamic_rope_update)
 LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
 
@@ -30,6 +31,10 @@ class ModelRotaryEmbedding(nn.Module):
         super().__init__()
         params = rope_parameters(config, layer_type)
         rope_type = params.get("rope_type", "default")
+        if NTK_ALPHA and params.get("alpha"):
+            # the default rope on the base stretched by alpha ** (head_dim / (head_dim - 2)), whatever the length
+            params["rope_theta"] = float(params["rope_theta"]) * float(params["alpha"]) ** (head_dim / (head_dim - 2))
+            rope_type = "default"
         positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
         if rope_type == "default":
             factor = float(params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) or 1.0)

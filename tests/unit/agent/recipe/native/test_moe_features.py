@@ -57,6 +57,19 @@ FEATURES = {
                         sparse_layers=(1,)),
     "gpt_oss": dict(router_name="router", router_bias=True, experts="biased_interleaved", activation="clamped_swiglu",
                     gate_up_layout="E,H,2I", ckpt_expert_names=()),
+    # top-k of the logits, then softmax over them: the softmax's top-k renormalised; experts stored fused
+    "granitemoe": dict(block_name="block_sparse_moe", router_name="router", scoring="softmax", renormalize=True,
+                       experts="gmm", gate_up_layout="E,2I,H", ckpt_expert_names=(), width_key="intermediate_size"),
+    # the bias [1, E] under the router's moe_statics; layers from moe_layer_start_index every moe_layer_interval
+    "ernie4_5_moe": dict(scoring="softmax", selection_bias=True, selection_bias_name="gate.moe_statics.e_score_correction_bias",
+                         sparse_rule="moe_layer_interval", sparse_layers=(1,), topk_key="moe_k", router_fp32=True,
+                         shared="plain", shared_width="config.moe_intermediate_size * config.moe_num_shared_experts"),
+    # the block's own selection bias, router_scaling_factor
+    "hy_v3": dict(scoring="sigmoid", selection_bias=True, selection_bias_name="e_score_correction_bias", groups=False,
+                  routed_scaling=True, scaling_key="router_scaling_factor", sparse_rule="mlp_layer_types",
+                  shared_width="config.moe_intermediate_size * config.num_shared_experts"),
+    "aria_text": dict(topk_key="moe_topk", gate_up_layout="E,H,2I", ckpt_expert_names=(), router_name="router",
+                      shared_width="config.intermediate_size * config.moe_num_shared_experts"),
 }
 
 
@@ -153,6 +166,10 @@ FAULTS = {
     "routed scaling dropped": ("deepseek_v3_64", dict(features=dict(routed_scaling=False))),
     "experts in the wrong order": ("mixtral", dict(checkpoint_edit=_swap_experts)),
     "gate and up exchanged": ("mixtral", dict(features=dict(ckpt_expert_names=("w3", "w1", "w2")))),
+    "selection bias under moe_statics not used for choosing (a wrong expert picked)": ("ernie4_5_moe", dict(
+        source_edit=lambda s: s.replace("choice = scores + self.gate.e_score_correction_bias.float()", "choice = scores"))),
+    "router_scaling_factor dropped": ("hy_v3", dict(features=dict(routed_scaling=False))),
+    "granitemoe's top-k softmax not renormalised": ("granitemoe", dict(features=dict(renormalize=False))),
     "gpt_oss gate/up read as halves": ("gpt_oss", dict(
         source_edit=lambda s: s.replace("gate_up[..., ::2], gate_up[..., 1::2]", "gate_up.chunk(2, dim=-1)"))),
 }
@@ -188,7 +205,8 @@ EP_OPS = {"npu_moe_init_routing_v2", "npu_moe_re_routing", "npu_grouped_matmul",
 
 
 @pytest.mark.parametrize("case", ["deepseek_v3_64", pytest.param("gpt_oss", marks=pytest.mark.slow),
-                                  pytest.param("mixtral", marks=pytest.mark.slow)])
+                                  pytest.param("mixtral", marks=pytest.mark.slow),
+                                  pytest.param("granitemoe", marks=pytest.mark.slow)])
 def test_expert_parallel_and_attention_data_parallel_at_two_ranks(case, tmp_path):
     """deepseek_v3_64 (grouped routing, shared experts; gpt_oss: its experts in plain torch between the grouped
     matmuls, with biases; mixtral) at 2 gloo ranks, each rank its own tokens of unequal

@@ -1,0 +1,183 @@
+"""The Gated DeltaNet layer's code (agent/recipe/native/parts/code/linear_attention_gdn.py: qwen3_next's and qwen3_5's
+linear_attention layers) against transformers' own layer on a tiny config, as the executor drives it
+(tests/support/gdn_layer_check.py): a packed prefill of prompts of unequal length, one shorter than the conv's
+history, then decode steps, each request's conv and recurrent state in its block of the Mamba cache beside a NaN
+block no request owns. float32 runs the rule in plain torch (the NPU ops return bfloat16); bfloat16 runs
+npu_chunk_gated_delta_rule and npu_recurrent_gated_delta_rule (the stand-in's references), held by the precision
+verdict's rule. A decode that forgets either state, or a decay of the wrong sign, fails."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from locations import REPO_ROOT
+
+SNAPSHOT = REPO_ROOT.parent / "shared" / "upstream" / "cann-recipes-infer"
+
+
+def run(jobs):
+    from npu_standin.environment import standin_env
+
+    if not SNAPSHOT.is_dir():
+        pytest.skip(f"no upstream snapshot at {SNAPSHOT}")
+    env = standin_env("cpu")
+    env["PYTHONPATH"] = os.pathsep.join([str(SNAPSHOT), str(REPO_ROOT), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "tests" / "support" / "gdn_layer_check.py"), json.dumps(jobs)],
+                          env=env, capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
+    line = next((l for l in done.stdout.splitlines() if l.startswith("CHECK ")), None)
+    assert line is not None, done.stderr[-3000:]
+    return json.loads(line[len("CHECK "):])
+
+
+def test_the_layer_matches_transformers_across_prefill_and_decode_and_lost_state_fails():
+    """qwen3_next in float32 and bfloat16; decode from a zero recurrent state fails (the slow table holds the rest)."""
+    jobs = [{"model_type": "qwen3_next"}, {"model_type": "qwen3_next", "dtype": "bfloat16"},
+            {"model_type": "qwen3_next", "dtype": "bfloat16", "fault": "recurrent_state"}]
+    good_fp32, good_bf16, fault = run(jobs)
+    assert good_fp32["ok"] and good_fp32["max_rel"] < 1e-4, good_fp32
+    assert good_bf16["ok"], good_bf16
+    assert not fault["ok"] and fault["step"] == "decode step 1", fault
+
+
+@pytest.mark.slow
+def test_both_layouts_in_both_dtypes_and_every_fault():
+    """qwen3_5's separate projections beside qwen3_next's grouped ones; the conv history lost at decode, the
+    recurrent state lost in float32, the decay's sign flipped: each fails where it shows."""
+    goods = [{"model_type": t, "dtype": d} for t in ("qwen3_next", "qwen3_5_text") for d in ("float32", "bfloat16")]
+    faults = [{"model_type": "qwen3_next", "fault": "conv_state"},
+              {"model_type": "qwen3_5_text", "fault": "recurrent_state"},
+              {"model_type": "qwen3_5_text", "dtype": "bfloat16", "fault": "decay"}]
+    results = run(goods + faults)
+    assert all(r["ok"] for r in results[:len(goods)]), list(zip(goods, results))
+    steps = [r["step"] for r in results[len(goods):]]
+    assert not any(r["ok"] for r in results[len(goods):]) and steps == ["decode step 1", "decode step 1", "prefill"], \
+        list(zip(faults, results[len(goods):]))
+
+
+# ---- the family's file: qwen3_next (Gated DeltaNet layers beside gated attention, sparse MoE with a gated shared
+# expert) derived, rendered and held to transformers by the self-check --------------------------------------------
+CTX = {"model_name": "qwen3_next", "framework_class": "Qwen3NextForCausalLM", "display_name": "qwen3_next",
+       "model_class": "X"}
+GATE_FAULT = ("out = out.reshape(q_len, -1) * torch.sigmoid(gate)", "out = out.reshape(q_len, -1)")
+STATE_FAULT = ("if is_prefill else self.recurrent_state.index_select(0, blocks))", "if True else None)")
+
+
+@pytest.fixture(scope="module")
+def qwen3_next():
+    from transformers import AutoConfig
+
+    from agent.recipe.native.compose import derive
+
+    config = AutoConfig.for_model("qwen3_next").to_dict()
+    return config, derive(config)
+
+
+def test_the_hybrid_is_read_from_the_architecture(qwen3_next):
+    """The linear_attention layers are config.layer_types', the Gated DeltaNet's layout qwen3_next's grouped
+    projections; the attention's q_proj carries an output gate; the file builds each layer's own kind and
+    registers the linear layers' states as Mamba cache entries."""
+    from agent.recipe.native.decide import render_native
+
+    _, composition = qwen3_next
+    assert composition.parts["linear_attention"] == "gated_delta_net"
+    assert composition.parts["attention"] == "fused_paged" and composition.parts["norm"] == "offset_rms_norm"
+    assert {k: composition.options[k] for k in ("LINEAR_ATTENTION", "GDN_PROJECTIONS", "OUTPUT_GATE")} == \
+        {"LINEAR_ATTENTION": True, "GDN_PROJECTIONS": "qkvz_ba", "OUTPUT_GATE": True}
+    assert any(item.startswith("npu_chunk_gated_delta_rule") for item in composition.fused)
+    assert any(item.startswith("npu_recurrent_gated_delta_rule") for item in composition.fused)
+    text = render_native(CTX, composition)
+    assert "class Qwen3NextGatedDeltaNet(nn.Module):" in text and "MambaCacheEntry(" in text
+    assert 'self.is_linear = config.layer_types[layer_idx] == "linear_attention"' in text
+    assert text.count(GATE_FAULT[0]) == 1 and text.count(STATE_FAULT[0]) == 1
+    assert "in_proj_qkv(" not in text            # the other layout folded away
+
+
+def test_a_model_without_linear_layers_keeps_its_file():
+    """A qwen3_next config of full-attention layers only: no linear-attention part, and a plain attention's type
+    (qwen3) gets no output gate."""
+    from transformers import AutoConfig
+
+    from agent.recipe.native.compose import derive
+
+    config = AutoConfig.for_model("qwen3_next").to_dict()
+    config["layer_types"] = ["full_attention"] * config["num_hidden_layers"]
+    composition = derive(config)
+    assert "linear_attention" not in composition.parts and composition.options["OUTPUT_GATE"] is True
+    assert derive(AutoConfig.for_model("qwen3").to_dict()).options["OUTPUT_GATE"] is False
+
+
+def test_the_hybrid_file_matches_transformers_and_faults_fail(qwen3_next, tmp_path):
+    """The file in float32 (the rule in plain torch) and bfloat16 (the NPU ops' references) on the packed
+    prefill then decode steps, each request's states in its Mamba block (every other block NaN); a file that
+    drops the attention's output gate, or decodes from a zero recurrent state, fails."""
+    from agent.recipe.native.decide import render_native, selfcheck, selfcheck_jobs
+
+    if not SNAPSHOT.is_dir():
+        pytest.skip(f"no upstream snapshot at {SNAPSHOT}")
+    config, composition = qwen3_next
+    text = render_native(CTX, composition)
+    good, gate, state = tmp_path / "qwen3_next.py", tmp_path / "gate.py", tmp_path / "state.py"
+    good.write_text(text)
+    gate.write_text(text.replace(*GATE_FAULT))
+    state.write_text(text.replace(*STATE_FAULT))
+    labelled = selfcheck_jobs(config, composition, str(good), CTX["framework_class"])[:2]
+    jobs = [job for _, job in labelled] + [
+        {"config": config, "file": str(gate), "class_name": CTX["framework_class"], "dtype": "bfloat16"},
+        {"config": config, "file": str(state), "class_name": CTX["framework_class"]}]
+    results = selfcheck(jobs, SNAPSHOT)
+    assert all(r["ok"] for r in results[:2]), [(label, r["reason"]) for (label, _), r in zip(labelled, results)]
+    assert results[0]["max_rel"] < 1e-4
+    assert not results[2]["ok"] and "prefill" in results[2]["reason"], results[2]
+    assert not results[3]["ok"] and "decode step 1" in results[3]["reason"], results[3]
+
+
+@pytest.mark.slow
+def test_the_hybrid_file_serves_the_family_settings(qwen3_next, tmp_path):
+    """Every config setting the file reads (MoE layout, no shared expert, rope scalings on the partial rotary,
+    the attention bias, tied embeddings) held to transformers in float32."""
+    from agent.recipe.native.decide import render_native, selfcheck, selfcheck_jobs
+
+    if not SNAPSHOT.is_dir():
+        pytest.skip(f"no upstream snapshot at {SNAPSHOT}")
+    config, composition = qwen3_next
+    good = tmp_path / "qwen3_next.py"
+    good.write_text(render_native(CTX, composition))
+    labelled = selfcheck_jobs(config, composition, str(good), CTX["framework_class"])[2:]
+    results = selfcheck([job for _, job in labelled], SNAPSHOT)
+    assert all(r["ok"] for r in results), [(label, r["reason"]) for (label, _), r in zip(labelled, results) if not r["ok"]]
+
+
+def test_a_model_of_linear_attention_only_is_refused_in_one_line():
+    """Every layer linear attention (no softmax-attention layer to read): not written, the reason says why."""
+    from transformers import AutoConfig
+
+    from agent.recipe.native.compose import derive
+    from agent.recipe.native.not_native import NotNative
+
+    config = AutoConfig.for_model("qwen3_next").to_dict()
+    config["layer_types"] = ["linear_attention"] * config["num_hidden_layers"]
+    with pytest.raises(NotNative) as refused:
+        derive(config)
+    assert refused.value.kind == "attention" and "linear attention only" in refused.value.reason
+
+
+def test_tensor_parallel_linear_attention_is_refused_before_any_rank_starts():
+    """The linear layers run whole on each rank: attn_tp_size 2 is refused in one line naming the key to set (the
+    generated file's own guard says the same); attention data parallel (attn_tp_size 1 at 2 ranks) is accepted, and
+    a model without linear attention keeps its layouts."""
+    from transformers import AutoConfig
+
+    from agent.recipe.native.preflight import parallel_problem
+
+    config = AutoConfig.for_model("qwen3_next").to_dict()
+    tp = {"world_size": 2, "attn_tp_size": 2, "moe_tp_size": 2, "lmhead_tp_size": 2}
+    problem = parallel_problem(config, tp, 2)
+    assert problem.startswith("linear-attention layers") and problem.endswith("set attn_tp_size to 1"), problem
+    assert parallel_problem(config, {**tp, "attn_tp_size": 1, "lmhead_tp_size": 1}, 2) is None
+    plain = {k: v for k, v in config.items() if not k.startswith("linear_")}
+    assert parallel_problem(plain, tp, 2) is None
