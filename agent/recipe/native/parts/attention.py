@@ -297,7 +297,10 @@ def output_gated(attention, probe) -> bool:
     u = torch.randn(probe.hidden, generator=gen)
     rows = torch.arange(2 * heads * head_dim).view(heads, 2, head_dim)[:, 1].reshape(-1)      # each head's gate rows
     q_proj, o_proj = attention.q_proj, attention.o_proj
-    cos, sin = probe.base.rotary_emb(x, torch.arange(6)[None])
+    rotary = getattr(probe.base, "rotary_emb", None)
+    if rotary is None:
+        return False                    # no rotary table to call the attention with: not this form
+    cos, sin = rotary(x, torch.arange(6)[None])
     saved = q_proj.weight.detach().clone()
     outputs = []
     try:
