@@ -3,7 +3,8 @@ each slot's parts most specific first. agent.recipe.native.compose picks one par
 architecture's own code and config; agent.recipe.native.assemble writes their code as one file."""
 
 from agent.recipe.native.parts import (attention, block, block_parallel, block_post_norm, embedding, head, mla, mlp, mlp_plain, model, moe,
-                                       linear_attention, mtp, norm, norm_layer, position, rotary_interleaved, rotary_nope,
+                                       linear_attention, mtp, norm, norm_layer, position, position_absolute,
+                                       rotary_interleaved, rotary_nope,
                                        scalar_multipliers)
 from agent.recipe.native.parts.part import ROLES, SLOTS, Composition, Match, Part
 
@@ -16,6 +17,7 @@ PARTS = (
     norm.OFFSET_RMS_NORM,
     norm.RMS_NORM,
     norm_layer.LAYER_NORM,
+    position_absolute.ABSOLUTE_POSITIONS,
     rotary_nope.ROTARY_NOPE,
     rotary_interleaved.ROTARY_INTERLEAVED,
     position.ROTARY,
@@ -41,4 +43,4 @@ PARTS = (
 # options every code file may hold: the assembler folds them (a part's own, and the skeleton's the others set)
 OPTION_NAMES = frozenset(name for part in PARTS for name in part.options)
 # options that stay tables of the file (module constants read in a loop), not folded into the code
-TABLES = frozenset({"STACKED_PARAMS", "CHECKPOINT_RENAMES"})
+TABLES = frozenset({"STACKED_PARAMS", "CHECKPOINT_RENAMES", "TRANSPOSED_WEIGHTS"})

@@ -14,13 +14,14 @@ from agent.recipe.native.parts.part import Expr, Match, Part
 from agent.recipe.native.parts.mla import is_mla_model
 from agent.recipe.native.parts.probe import DROP, children
 
-# the q / k norms' names (a rename: hunyuan's query_layernorm / key_layernorm are qwen3's q_norm / k_norm)
-QK_NORM_NAMES = (("q_norm", "k_norm"), ("query_layernorm", "key_layernorm"))
+# the q / k norms' names (a rename: hunyuan's query_layernorm / key_layernorm, persimmon's and phi's q_layernorm /
+# k_layernorm are qwen3's q_norm / k_norm)
+QK_NORM_NAMES = (("q_norm", "k_norm"), ("query_layernorm", "key_layernorm"), ("q_layernorm", "k_layernorm"))
 ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "rotary_fn", *sum(QK_NORM_NAMES, ())}
-BIAS_KEYS = ("attention_bias", "use_qkv_bias", "use_bias")       # config keys that may set the projections' biases
+BIAS_KEYS = ("attention_bias", "use_qkv_bias", "use_bias", "enable_bias")       # config keys that may set the projections' biases
 DENSE_OPTIONS = ("QKV", "QKV_BIAS", "O_BIAS", "QK_NORM", "QK_NORM_FULL", "QUERY_PRE_ATTN_SCALAR", "WINDOWS",
-                 "LAYER_TYPE_WINDOWS", "STACKED_PARAMS", "ATTENTION_MULTIPLIER", "OUTPUT_GATE", "Q_NORM", "K_NORM",
-                 "QK_NORM_AFTER_ROPE", "QKV_GROUPS")
+                 "LAYER_TYPE_WINDOWS", "STACKED_PARAMS", "ATTENTION_MULTIPLIER", "ROTARY", "UNSCALED", "LOCAL_LAYERS",
+                 "OUTPUT_GATE", "Q_NORM", "K_NORM", "QK_NORM_AFTER_ROPE", "QKV_GROUPS")
 WINDOW = 5                            # the shrunk window (agent.recipe.native.parts.probe.shrunk_config)
 
 
@@ -108,12 +109,64 @@ def _toggled(probe, on: bool):
     return other
 
 
+def measured_scale(attention, qkv, o, heads: int, head_dim: int) -> float | None:
+    """The softmax scale of an attention without a `scaling` attribute and without rotary (positions added to the
+    embedding), measured: its output on 4 tokens against causal attention at head_dim ** -0.5 and at 1; None for
+    neither (or another call shape)."""
+    import torch
+
+    x = torch.randn(1, 4, qkv[0].in_features, generator=torch.Generator().manual_seed(11))
+    try:
+        with torch.no_grad():
+            got = attention(x)
+    except Exception:  # noqa: BLE001 - another call shape: not measured
+        return None
+    got = got[0] if isinstance(got, tuple) else got
+    with torch.no_grad():
+        q, k, v = (p(x).view(1, 4, -1, head_dim).transpose(1, 2) for p in qkv)
+        groups = heads // k.shape[1]
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        causal = torch.full((4, 4), float("-inf")).triu(1)
+        for scale in (head_dim ** -0.5, 1.0):
+            weights = (q @ k.transpose(-1, -2) * scale + causal).softmax(-1)
+            want = o((weights @ v).transpose(1, 2).reshape(1, 4, -1))
+            if torch.allclose(got, want, rtol=1e-4, atol=1e-5):
+                return scale
+    return None
+
+
+def local_layers(probe) -> dict | None:
+    """gpt_neo's windows: config.attention_layers' "local" layers attend to the last config.window_size keys, read
+    from each layer's own causal mask (key j seen by query i where j <= i and i - j < window_size); None for a
+    config without them."""
+    import torch
+
+    config = probe.config
+    kinds, window = getattr(config, "attention_layers", None), getattr(config, "window_size", None)
+    if not isinstance(kinds, list) or not isinstance(window, int):
+        return None
+    n = 2 * window + 2
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None]
+    for index, layer in enumerate(probe.layers):
+        mask = getattr(children(layer)["self_attn"], "bias", None)
+        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape[-1] < n:
+            raise NotNative("attention", "config.attention_layers, and no causal mask buffer to read the windows from")
+        want = (j <= i) & ((i - j < window) if kinds[index] == "local" else True)
+        if not torch.equal(mask[0, 0, :n, :n], want):
+            raise NotNative("attention", f"layer {index}'s mask is not the {kinds[index]} attention of "
+                                         "config.attention_layers / window_size")
+    return {"WINDOWS": True, "LAYER_TYPE_WINDOWS": False, "LOCAL_LAYERS": True}
+
+
 def windows(probe) -> dict:
     """WINDOWS (the architecture attends in a window where the config sets one) and LAYER_TYPE_WINDOWS (which
     layers: config.layer_types'), held to transformers' own cache decision on the checkpoint's config and on one
     with the window toggled (which the self-check then runs too)."""
     import torch
 
+    local = local_layers(probe)
+    if local is not None:
+        return local
     if "sliding_window" not in probe.config.to_dict():
         return {"WINDOWS": False, "LAYER_TYPE_WINDOWS": False}
     sliding, from_types = window_rule(probe.config, len(probe.layers))
@@ -157,16 +210,16 @@ def dense_attention(probe) -> dict:
         if sink is not None and (not isinstance(sink, torch.nn.Parameter) or tuple(sink.shape) != (heads,)):
             raise NotNative("attention", f"attention sinks of shape {tuple(getattr(sink, 'shape', ()))}: not one per head")
         qkv, o = _projections(probe, index)
-        if any(p is None or not isinstance(p, torch.nn.Linear) for p in qkv) or not isinstance(o, torch.nn.Linear):
+        if any(out_features(p) is None for p in qkv) or out_features(o) is None:
             raise NotNative("attention", f"{type(attention).__name__}: q/k/v/o are not plain linears")
         fused = "qkv_proj" in a
-        if fused and qkv[0].out_features != (heads + 2 * kv_heads) * head_dim:
+        if fused and out_features(qkv[0]) != (heads + 2 * kv_heads) * head_dim:
             raise NotNative("attention", "qkv_proj is not [q; k; v] of the config's heads")
         grouped = fused_qkv_groups(probe, index, qkv[0], o) if fused else ()
         # an output gate: q_proj holds each head's query and its gate side by side (qwen3_next)
-        gated = not fused and qkv[0].out_features == 2 * heads * head_dim and output_gated(attention, probe)
-        if not fused and (qkv[0].out_features // (2 if gated else 1), qkv[1].out_features) != (heads * head_dim,
-                                                                                                  kv_heads * head_dim):
+        gated = not fused and out_features(qkv[0]) == 2 * heads * head_dim and output_gated(attention, probe)
+        if not fused and (out_features(qkv[0]) // (2 if gated else 1), out_features(qkv[1])) != (heads * head_dim,
+                                                                                                    kv_heads * head_dim):
             raise NotNative("attention", "q/k projections are not the config's heads x head_dim")
         pairs = [pair for pair in QK_NORM_NAMES if pair[0] in a or pair[1] in a]
         if len(pairs) > 1 or (pairs and not (pairs[0][0] in a and pairs[0][1] in a)):
@@ -174,6 +227,8 @@ def dense_attention(probe) -> dict:
         qk_names = pairs[0] if pairs else QK_NORM_NAMES[0]
         qk_width = qk_norm_width(a, heads, kv_heads, head_dim, qk_names) if pairs else None
         scale = getattr(attention, "scaling", None)
+        if scale is None and not fused and probe.layout is not None:
+            scale = measured_scale(attention, qkv, o, heads, head_dim)        # gpt_neo's: no `scaling`
         if not isinstance(scale, float):
             raise NotNative("attention", f"{type(attention).__name__} has no float `scaling`")
         shapes.add((fused, qkv[0].bias is not None, o.bias is not None, qk_width, qk_names, sink is not None, scale,
@@ -186,7 +241,7 @@ def dense_attention(probe) -> dict:
         raise NotNative("attention", "q/k norms over all heads' width after the rotary")
     if qk_width == "full" and fused:
         raise NotNative("attention", "q/k norms over all heads' width with a fused qkv_proj")
-    scales = {"head_dim": head_dim ** -0.5}
+    scales = {"head_dim": head_dim ** -0.5, "unscaled": 1.0}
     if isinstance(getattr(probe.config, "query_pre_attn_scalar", None), (int, float)):
         scales["query_pre_attn_scalar"] = probe.config.query_pre_attn_scalar ** -0.5
     if isinstance(getattr(probe.config, "attention_multiplier", None), (int, float)):
@@ -210,7 +265,8 @@ def dense_attention(probe) -> dict:
              "O_BIAS": _bias_option(probe, o_bias, "o"), "QK_NORM": qk_width == "head",
              "QK_NORM_FULL": qk_width == "full",
              "QUERY_PRE_ATTN_SCALAR": rule == "query_pre_attn_scalar", "STACKED_PARAMS": stacked,
-             "ATTENTION_MULTIPLIER": rule == "attention_multiplier", "OUTPUT_GATE": gated,
+             "ATTENTION_MULTIPLIER": rule == "attention_multiplier", "UNSCALED": rule == "unscaled",
+             "OUTPUT_GATE": gated,
              "sinks": sinks, **({"QKV_GROUPS": grouped} if grouped else {}), **windows(probe)}
     if qk_names != QK_NORM_NAMES[0]:
         facts.update({"Q_NORM": qk_names[0], "K_NORM": qk_names[1]})
@@ -218,6 +274,17 @@ def dense_attention(probe) -> dict:
         facts["QK_NORM_AFTER_ROPE"] = True
     probe.memo["dense_attention"] = facts
     return facts
+
+
+def out_features(projection) -> int | None:
+    """The output width of a Linear or of a Conv1D (gpt2's: a linear whose weight is stored [in, out], transposed
+    at load: agent.recipe.native.parts.layout); None for anything else."""
+    import torch
+    from transformers.pytorch_utils import Conv1D
+
+    if isinstance(projection, torch.nn.Linear):
+        return projection.out_features
+    return projection.nf if isinstance(projection, Conv1D) else None
 
 
 # the grouped layouts of fused q/k/v rows the file reorders at load: (groups, the order of each group's sections)
@@ -248,8 +315,9 @@ def fused_qkv_groups(probe, index: int, qkv, o) -> tuple:
     finally:
         for hook in hooks:
             hook.remove()
+    weight = qkv.weight if isinstance(qkv, torch.nn.Linear) else qkv.weight.t()        # a Conv1D's is [in, out]
     with torch.no_grad():
-        rows = torch.nn.functional.linear(seen["x"], qkv.weight, qkv.bias).reshape(-1)     # the stored rows' output
+        rows = torch.nn.functional.linear(seen["x"], weight, qkv.bias).reshape(-1)     # the stored rows' output
     got = seen["out"].reshape(heads, head_dim)
     candidates = [((), rows[(heads + kv_heads) * head_dim:])]
     for count, order in QKV_LAYOUTS:
@@ -279,7 +347,10 @@ def output_gated(attention, probe) -> bool:
     u = torch.randn(probe.hidden, generator=gen)
     rows = torch.arange(2 * heads * head_dim).view(heads, 2, head_dim)[:, 1].reshape(-1)      # each head's gate rows
     q_proj, o_proj = attention.q_proj, attention.o_proj
-    cos, sin = probe.base.rotary_emb(x, torch.arange(6)[None])
+    rotary = getattr(probe.base, "rotary_emb", None)
+    if rotary is None:
+        return False                    # no rotary table to call the attention with: not this form
+    cos, sin = rotary(x, torch.arange(6)[None])
     saved = q_proj.weight.detach().clone()
     outputs = []
     try:
@@ -372,6 +443,8 @@ def _dense_match(part, probe, chosen, **extra) -> Match:
     facts = dense_attention(probe)
     options = {k: v for k, v in facts.items() if k in DENSE_OPTIONS}
     position = chosen.get("position")
+    if position is not None and position.options.get("ABSOLUTE_POSITIONS"):
+        extra = {**extra, "ROTARY": False}          # positions added to the embedding: no rotary here
     return Match(part, options={**options, **extra},
                  facts={**facts, "partial": bool(position is not None and position.facts.get("partial"))})
 
@@ -417,8 +490,9 @@ def _fused_kernels(match):
     window = ("; sliding-window layers: band mode (sparse_mode 4) at prefill and, on the window's blocks alone, at "
               "decode" if match.options["WINDOWS"] else "")
     sinks = "; attention sinks as its learnable_sink" if match.options.get("SINKS") else ""
-    return (WRITE_KERNELS + (_rope_kernel(match), f"npu_fused_infer_attention_score_v2 (TND, paged cache through "
-                                                  f"block_table{window}{sinks})"), ())
+    rope = (_rope_kernel(match),) if match.options.get("ROTARY", True) else ()
+    return (WRITE_KERNELS + rope + (f"npu_fused_infer_attention_score_v2 (TND, paged cache through "
+                                    f"block_table{window}{sinks})",), ())
 
 
 def _softcap_kernels(match):

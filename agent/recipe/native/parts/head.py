@@ -11,7 +11,7 @@ from agent.recipe.native.parts.part import Match, Part
 def _probe(probe, chosen):
     softcap = "final_logit_softcapping" in probe.config.to_dict()
     # a bias on the output head (gptj, codegen, phi)
-    bias = getattr(getattr(probe.view, "lm_head", None), "bias", None) is not None
+    bias = getattr(probe.model.get_output_embeddings(), "bias", None) is not None
     return Match(LM_HEAD, options={"FINAL_SOFTCAP": softcap, **({"LM_HEAD_BIAS": True} if bias else {})},
                  facts={"softcap": getattr(probe.config, "final_logit_softcapping", None) is not None})
 

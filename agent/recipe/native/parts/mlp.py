@@ -10,7 +10,7 @@ from agent.recipe.native.parts.probe import children
 
 MLP_CHILDREN = {"gate_proj", "up_proj", "gate_up_proj", "down_proj", "act_fn", "activation_fn"}
 ACT_KEYS = ("hidden_act", "hidden_activation", "activation_function")
-BIAS_KEYS = ("mlp_bias", "use_bias")             # config keys that may set the MLP's biases
+BIAS_KEYS = ("mlp_bias", "use_bias", "enable_bias")             # config keys that may set the MLP's biases
 
 
 def dense_mlps(probe, chosen) -> tuple:
@@ -52,6 +52,13 @@ def _probe_formula(mlp, hidden: int, activation) -> None:
         raise NotNative("mlp", f"{type(mlp).__name__} is not down(act(gate(x)) * up(x))")
 
 
+def down_name(mlp) -> str | None:
+    """The MLP's down projection's name: down_proj, or the plain MLP's read by its role (gpt2's c_proj)."""
+    from agent.recipe.native.parts.layout import mlp_roles
+
+    return "down_proj" if "down_proj" in children(mlp) else (mlp_roles(mlp) or {}).get("down_proj")
+
+
 def bias_option(probe, present: bool):
     """The projections' bias: Expr(config.<key>) where a key toggles it, else the literal."""
     import torch
@@ -64,8 +71,7 @@ def bias_option(probe, present: bool):
             other = probe.variant({key: not value})
         except NotNative:
             continue
-        down = next((getattr(layer.mlp, name) for layer in other.layers for name in ("down_proj", "c_proj")
-                     if name in children(layer.mlp)), None)
+        down = next((children(layer.mlp).get(down_name(layer.mlp)) for layer in other.layers), None)
         if down is not None and isinstance(getattr(down, "bias", None), torch.Tensor) != present:
             return Expr(f"config.{key}")
     return present

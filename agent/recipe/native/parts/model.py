@@ -12,7 +12,7 @@ from agent.recipe.native.parts.norm_roles import norm_roles
 from agent.recipe.native.parts.part import Match, Part
 from agent.recipe.native.parts.probe import children
 
-MODEL_CHILDREN = {"embed_tokens", "layers", "norm", "rotary_emb"}
+MODEL_CHILDREN = {"embed_tokens", "layers", "norm", "rotary_emb", "embed_positions"}
 LAYER_CHILDREN = {"self_attn", "linear_attn", "mlp", *LAYER_NORMS}   # linear_attn: parts/linear_attention.py
 
 
@@ -83,7 +83,10 @@ def fused_qkv_split(rule) -> bool:
 
 
 def _probe(probe, chosen):
-    top = children(probe.view)
+    layout = probe.layout
+    if layout is not None and layout.refusal:
+        raise NotNative("model", layout.refusal)
+    top = children(probe.model)
     if set(top) - {"model", "lm_head"}:
         raise NotNative("model", f"heads other than lm_head: {sorted(set(top) - {'model', 'lm_head'})}")
     if probe.base is None or set(children(probe.base)) - MODEL_CHILDREN:
@@ -107,14 +110,18 @@ def _probe(probe, chosen):
             raise NotNative("decoder layer", f"layer {index} has {sorted(unknown)}")
         if ("self_attn" not in names and "linear_attn" not in names) or "mlp" not in names:
             raise NotNative("decoder layer", f"layer {index} has no self_attn (or linear_attn) / mlp")
-    # the checkpoint's names of the GPT-J / NeoX-era families (agent.recipe.native.parts.names) first
-    renames = probe.renames + checkpoint_renames(probe.model_type, type(probe.model).__name__)
+    renames = checkpoint_renames(probe.model_type, type(probe.model).__name__)
     # the sparse-MoE block under another name in transformers' own layer (granitemoe's block_sparse_moe): the
     # native layer's `mlp`, after transformers' renames (which name the block as the layer does)
     renames += tuple((f"\\.{re.escape(name)}\\.", ".mlp.") for name in sorted(block_names))
     if block_names or layer_shared:
         renames += layer_shared_renames(probe.full_config)
-    return Match(CAUSAL_LM, options={"CHECKPOINT_RENAMES": renames})
+    if layout is None:
+        return Match(CAUSAL_LM, options={"CHECKPOINT_RENAMES": renames})
+    # the root under another name: the stored names to the skeleton's, after transformers' own renames
+    return Match(CAUSAL_LM, options={"CHECKPOINT_RENAMES": renames + layout.renames,
+                                     "TRANSPOSED_WEIGHTS": layout.transposed},
+                 facts={"transposed": bool(layout.transposed)})
 
 
 def layer_mlp(layer):
@@ -135,4 +142,6 @@ CAUSAL_LM = Part(
     slot="model", name="causal_lm", code="causal_lm.py", provides=None,
     reads=("num_hidden_layers", "hidden_size", "vocab_size", "rms_norm_eps", "max_position_embeddings", "head_dim",
            "num_attention_heads", "num_key_value_heads", "intermediate_size"),
-    probe=_probe, options=("CHECKPOINT_RENAMES", "STACKED_PARAMS", "MLA", "MOE"))
+    probe=_probe, options=("CHECKPOINT_RENAMES", "STACKED_PARAMS", "MLA", "MOE", "TRANSPOSED_WEIGHTS"),
+    kernels=lambda m: ((), ("Conv1D weights (stored [in, out]) transposed once at load into the parallel linears",)
+                       if m.facts.get("transposed") else ()))

@@ -9,6 +9,7 @@ import math
 from agent.recipe.native.not_native import NotNative
 from agent.recipe.native.parts.norm import model_norms
 from agent.recipe.native.parts.part import Match, Part
+from agent.recipe.native.parts.probe import children
 
 # config keys that hold a LayerNorm's epsilon, as the architectures name it
 EPS_KEYS = ("layer_norm_eps", "norm_epsilon", "layer_norm_epsilon", "norm_eps", "rms_norm_eps")
@@ -46,6 +47,19 @@ def probe_layer_norm(norm, width: int) -> tuple[bool, bool, float]:
     raise NotNative("norm", f"{type(norm).__name__} is not a LayerNorm (x - mean) / std * w (+ b)")
 
 
+TORCH_EPS = 1e-5        # nn.LayerNorm's default: the epsilon of an architecture that reads none from its config
+
+
+def _eps_follows(probe, key: str, eps: float) -> bool:
+    """Whether the model's LayerNorm epsilon is config.<key>'s (a config with the key changed changes it)."""
+    try:
+        other = probe.variant({key: eps * 10})
+    except NotNative:
+        return False
+    final = getattr(other.base, "norm", None) or children(other.layers[0]).get("input_layernorm")
+    return final is not None and math.isclose(getattr(final, "eps", getattr(final, "variance_epsilon", 0.0)), eps * 10)
+
+
 def layer_norm_facts(probe) -> dict:
     """The model's norms, all LayerNorms of one kind: {"bias", "offset", "eps"}; NotNative otherwise."""
     if "layer_norms" not in probe.memo:
@@ -55,9 +69,11 @@ def layer_norm_facts(probe) -> dict:
             raise NotNative("norm", "LayerNorms of unequal kinds (bias, 1 + w or epsilon) in one model")
         bias, offset, eps = next(iter(kinds))
         config = probe.config.to_dict()
-        key = next((k for k in EPS_KEYS if isinstance(config.get(k), float) and math.isclose(config[k], eps)), None)
-        if key is None:
-            raise NotNative("norm", f"LayerNorm epsilon {eps} is no config key's ({', '.join(EPS_KEYS)})")
+        key = next((k for k in EPS_KEYS if isinstance(config.get(k), float) and math.isclose(config[k], eps)
+                    and _eps_follows(probe, k, eps)), None)
+        if key is None and not math.isclose(eps, TORCH_EPS):
+            raise NotNative("norm", f"LayerNorm epsilon {eps} is no config key's ({', '.join(EPS_KEYS)}) nor torch's "
+                                    "default")
         probe.memo["layer_norms"] = {"bias": bias, "offset": offset, "eps": key}
     return probe.memo["layer_norms"]
 
@@ -65,7 +81,7 @@ def layer_norm_facts(probe) -> dict:
 def _probe(probe, chosen):
     facts = layer_norm_facts(probe)
     return Match(LAYER_NORM, options={"NORM_BIAS": facts["bias"], "NORM_OFFSET": facts["offset"],
-                                      "NORM_EPS": facts["eps"]}, facts=facts)
+                                      "NORM_EPS": facts["eps"]}, facts=facts)       # None: FIXED_NORM_EPS
 
 
 def _kernels(match):

@@ -9,7 +9,6 @@ import copy
 import importlib
 
 from agent.recipe.native.not_native import NotNative
-from agent.recipe.native.parts.names import view
 
 # dims the NPU kernels constrain (head widths, rope and latent widths): kept at the checkpoint's values, so that
 # a checkpoint the kernels cannot serve fails the self-check, not the trial
@@ -17,6 +16,8 @@ PROBE_VOCAB = 512
 DROP = "<drop>"         # a Probe.variant change that removes the key (transformers' default then applies)
 KERNEL_DIMS = ("head_dim", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "kv_lora_rank")
 SIZE_KEYS = {"hidden_size", "num_hidden_layers", "vocab_size"}
+# widths a config keeps equal to hidden_size where the checkpoint does (shrunk with it)
+WIDTHS_OF_HIDDEN = ("word_embed_proj_dim",)
 
 
 def first_line(exc: BaseException, limit: int = 200) -> str:
@@ -50,6 +51,9 @@ def shrunk_config(config_dict: dict, changes: dict | None = None):
         # a head width the config derives (hidden_size // heads): the shrunk width keeps it
         real["hidden_size"] = overrides.get("num_attention_heads", heads) * (hidden // heads)
     overrides.update(real)
+    for key in WIDTHS_OF_HIDDEN:
+        if data.get(key) == hidden and "hidden_size" in overrides:
+            overrides[key] = overrides["hidden_size"]        # opt's embedding width: the hidden width unless projected
     overrides.update(ssm_heads({**data, **overrides}, overrides.get("hidden_size")))   # after the kept widths
     data.update(overrides)
     # random token ids need no tokenizer: a small vocabulary, the special ids inside it
@@ -64,6 +68,8 @@ def shrunk_config(config_dict: dict, changes: dict | None = None):
                                 for key, value in (changes or {}).items()})   # a per-layer list: the kept layers
     if isinstance(data.get("sliding_window"), int) and data["sliding_window"]:
         data["sliding_window"] = 5
+    if isinstance(data.get("attention_layers"), list) and isinstance(data.get("window_size"), int):
+        data["window_size"] = 5         # gpt_neo's local layers' window
     if isinstance(data.get("query_pre_attn_scalar"), (int, float)):
         data["query_pre_attn_scalar"] = 24
     model_type = data.pop("model_type")
@@ -105,9 +111,13 @@ def _runs(config) -> bool:
 
 
 def children(module) -> dict:
-    """A module's children, dropouts left out (identities at inference)."""
+    """A module's children, dropouts left out (identities at inference), under the skeleton's names where the
+    architecture's layout names them otherwise (agent.recipe.native.parts.layout)."""
     import torch
 
+    shown = module.__dict__.get("_native_children")
+    if shown is not None:
+        return dict(shown)
     return {name: child for name, child in module.named_children() if not isinstance(child, torch.nn.Dropout)}
 
 
@@ -156,9 +166,14 @@ class Probe:
             raise NotNative("model", f"transformers cannot build it on a shrunk config ({first_line(exc)})") from exc
         self.model.eval()
         self.modeling = importlib.import_module(type(self.model).__module__)
-        # the model under the native file's names (agent.recipe.native.parts.names) and the checkpoint renames
-        self.view, self.renames = view(self.model)
-        self.base = getattr(self.view, "model", None)
+        from agent.recipe.native.parts.layout import Layout, read_layout
+
+        # a root under another name (gpt2's transformer.h.N): read under the skeleton's names
+        try:
+            self.layout = read_layout(self.model, self.config.hidden_size)
+        except Exception as exc:  # noqa: BLE001 - a model the layout's reading cannot run: the model part says so
+            self.layout = Layout(None, refusal=f"its modules' layout could not be read ({first_line(exc)})")
+        self.base = self.layout.base if self.layout is not None else getattr(self.model, "model", None)
         self.layers = list(getattr(self.base, "layers", None) or [])
         config = self.config
         self.hidden = config.hidden_size

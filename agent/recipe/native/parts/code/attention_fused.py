@@ -32,6 +32,8 @@ ATTENTION_MULTIPLIER = False    # softmax scale config.attention_multiplier (gra
 ROPE_BY_LAYER_TYPE = False      # cos / sin per layer type (gemma3's local and global bases)
 WINDOWS = False                 # the architecture attends in a sliding window where its config says so
 LAYER_TYPE_WINDOWS = False      # which layers: config.layer_types' sliding_attention ones (else every layer)
+LOCAL_LAYERS = False            # which layers: config.attention_layers' "local" ones, window config.window_size (gpt_neo)
+UNSCALED = False                # softmax of q . k unscaled (gpt_neo)
 SINKS = False                   # a learnable sink logit per head in the softmax (gpt_oss)
 NORM_EPS = "rms_norm_eps"       # the config key of the norms' epsilon
 MTP = False                     # decode steps of next_n + 1 tokens per sequence (an MTP draft verified)
@@ -39,12 +41,15 @@ NOPE_LAYERS = None              # layers without rotary: "no_rope_layers" (smoll
                                 # (exaone4: the full-attention layers of a config with a sliding window)
 ROPE_INTERLEAVED = False        # the architecture rotates pairs (2i, 2i + 1): q/k rows reordered at load (glm, ernie4_5)
 QKV_GROUPS = ()                 # fused qkv_proj stored in groups (count, sections' order), reordered at load
+ROTARY = True                   # q and k rotated (else the positions were added to the embedding: gpt2)
 CONTEXT_PARALLEL = False        # prefill context parallel (parallel_config.cp_size): context_parallel.py's segments
 OUTPUT_GATE = False             # q_proj holds each head's query and an output gate: out * sigmoid(gate) (qwen3_next)
 
 
 def layer_windows(config):
     """Per layer: its sliding window, or None for full attention, as transformers decides it from the config."""
+    if LOCAL_LAYERS:
+        return [config.window_size if kind == "local" else None for kind in config.attention_layers[:config.num_hidden_layers]]
     window = getattr(config, "sliding_window", None)
     if not window:
         return [None] * config.num_hidden_layers
@@ -101,6 +106,8 @@ class ModelAttention(nn.Module):
             self.scaling = config.query_pre_attn_scalar ** -0.5
         elif ATTENTION_MULTIPLIER:
             self.scaling = config.attention_multiplier
+        elif UNSCALED:
+            self.scaling = 1.0
         else:
             self.scaling = self.head_dim ** -0.5
         tp_rank = comm_manager.get_rank("attn_tp_group") if self.attn_tp_size > 1 else 0
@@ -172,10 +179,11 @@ class ModelAttention(nn.Module):
         value = value.reshape(q_len, self.num_key_value_heads_per_rank, self.head_dim)
         if QK_NORM and not QK_NORM_AFTER_ROPE:
             query, key = getattr(self, Q_NORM)(query), getattr(self, K_NORM)(key)
-        cos, sin = cos_sin[self.layer_type] if ROPE_BY_LAYER_TYPE else cos_sin
-        cos, sin = cos[:q_len], sin[:q_len]
-        if not NOPE_LAYERS or self.use_rope:
-            query, key = torch_npu.npu_apply_rotary_pos_emb(query.contiguous(), key.contiguous(), cos, sin, layout="TND")
+        if ROTARY:
+            cos, sin = cos_sin[self.layer_type] if ROPE_BY_LAYER_TYPE else cos_sin
+            cos, sin = cos[:q_len], sin[:q_len]
+            if not NOPE_LAYERS or self.use_rope:
+                query, key = torch_npu.npu_apply_rotary_pos_emb(query.contiguous(), key.contiguous(), cos, sin, layout="TND")
         if QK_NORM and QK_NORM_AFTER_ROPE:
             query, key = getattr(self, Q_NORM)(query), getattr(self, K_NORM)(key)
         if not self.k_cache.numel() or not self.v_cache.numel():

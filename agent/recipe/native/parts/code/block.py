@@ -1,7 +1,7 @@
 """The decoder layer: attention and MLP (or sparse-MoE block), each behind its norm, as upstream's models/qwen
 chains them."""
 
-from .layer import LINEAR_ATTENTION, NORM_EPS, ModelDecoderLayerBase
+from .layer import FIXED_NORM_EPS, LINEAR_ATTENTION, NORM_EPS, ModelDecoderLayerBase
 from .norm_rms import ModelRMSNorm as Norm
 
 SANDWICH = False        # post-attention and pre/post-feedforward norms around attention and MLP (gemma2, gemma3)
@@ -21,12 +21,12 @@ class ModelDecoderLayer(ModelDecoderLayerBase):
         super().__init__(config, infer_config, comm_manager, layer_idx, prefix)
         if RESIDUAL_MULTIPLIER:
             self.residual_multiplier = config.residual_multiplier
-        setattr(self, ATTENTION_NORM, Norm(config.hidden_size, eps=getattr(config, NORM_EPS)))
+        setattr(self, ATTENTION_NORM, Norm(config.hidden_size, eps=getattr(config, NORM_EPS) if NORM_EPS else FIXED_NORM_EPS))
         if SANDWICH:
-            setattr(self, ATTENTION_OUT_NORM, Norm(config.hidden_size, eps=getattr(config, NORM_EPS)))
-        setattr(self, MLP_NORM, Norm(config.hidden_size, eps=getattr(config, NORM_EPS)))
+            setattr(self, ATTENTION_OUT_NORM, Norm(config.hidden_size, eps=getattr(config, NORM_EPS) if NORM_EPS else FIXED_NORM_EPS))
+        setattr(self, MLP_NORM, Norm(config.hidden_size, eps=getattr(config, NORM_EPS) if NORM_EPS else FIXED_NORM_EPS))
         if SANDWICH:
-            setattr(self, MLP_OUT_NORM, Norm(config.hidden_size, eps=getattr(config, NORM_EPS)))
+            setattr(self, MLP_OUT_NORM, Norm(config.hidden_size, eps=getattr(config, NORM_EPS) if NORM_EPS else FIXED_NORM_EPS))
 
     def forward(self, hidden_states, cos_sin, past_residual, forward_metadata):
         hidden_states, residual = getattr(self, ATTENTION_NORM)(hidden_states, past_residual)

@@ -38,16 +38,20 @@ ROPE_BY_LAYER_TYPE = False      # a rotary table per layer type (gemma3's local 
 MLA = False                     # multi-head latent attention: its rope dims, latent caches and absorb weights
 MOE = False                     # sparse-MoE layers: their experts over moe_tp_group and moe_ep_group
 MTP = False                     # an MTP draft model beside this one (code/mtp.py): next_n > 0 returns every hidden state
+ABSOLUTE_POSITIONS = False      # positions added to the embedding (gpt2's learned wpe): the position slot's table, no rotary
 CONTEXT_PARALLEL = False        # prefill context parallel (parallel_config.cp_size): context_parallel.py's segments
 LINEAR_ATTENTION = False        # linear-attention layers beside attention ones: their state caches (Mamba entries)
 # transformers' renames of the checkpoint's tensor names for this architecture (pattern, replacement), in order
 CHECKPOINT_RENAMES = ()
+# stored names of Conv1D weights (gpt2's [in, out]): transposed to the parallel linears' [out, in] at load
+TRANSPOSED_WEIGHTS = ()
 # (parameter, checkpoint module, shard id): checkpoint tensors stacked into one parallel linear
 STACKED_PARAMS = ()
 # parameters of module.quantization's W8A8 methods a checkpoint may omit: smoothing factors, all ones until a
 # smoothed checkpoint sets them
 QUANT_DEFAULTS = ("smooth_scales", "smooth_scale_1", "smooth_scale_2")
 NORM_EPS = "rms_norm_eps"   # the config key of the norms' epsilon
+FIXED_NORM_EPS = 1e-5       # their epsilon where no config key holds it (NORM_EPS None: opt's LayerNorms)
 
 logger = logging.getLogger(__name__)
 
@@ -68,19 +72,23 @@ class ModelModel(nn.Module):
         self.layers = nn.ModuleList([
             DecoderLayer(config, infer_config, comm_manager, layer_idx, prefix=f"model.layers.{layer_idx}")
             for layer_idx in range(config.num_hidden_layers)])
-        self.norm = Norm(config.hidden_size, eps=getattr(config, NORM_EPS))
+        self.norm = Norm(config.hidden_size, eps=getattr(config, NORM_EPS) if NORM_EPS else FIXED_NORM_EPS)
         if MTP:
             self.next_n = getattr(infer_config.model_config, "next_n", 0)
-        if MLA:
-            head_dim = config.qk_rope_head_dim          # MLA: the rope dims of the query and the shared key
+        if ABSOLUTE_POSITIONS:
+            # the position slot's class is a table of position rows here, added to the embedding
+            self.embed_positions = RotaryEmbedding(config)
         else:
-            head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        if ROPE_BY_LAYER_TYPE:
-            # rope per layer type (local and global bases)
-            self.rotary_emb = nn.ModuleDict({kind: RotaryEmbedding(config, head_dim, kind)
-                                             for kind in sorted(set(config.layer_types))})
-        else:
-            self.rotary_emb = RotaryEmbedding(config, head_dim)
+            if MLA:
+                head_dim = config.qk_rope_head_dim          # MLA: the rope dims of the query and the shared key
+            else:
+                head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+            if ROPE_BY_LAYER_TYPE:
+                # rope per layer type (local and global bases)
+                self.rotary_emb = nn.ModuleDict({kind: RotaryEmbedding(config, head_dim, kind)
+                                                 for kind in sorted(set(config.layer_types))})
+            else:
+                self.rotary_emb = RotaryEmbedding(config, head_dim)
 
     def forward(self, input_ids, position_ids, forward_metadata: ForwardMetaData):
         position_ids = position_ids.view(-1).long()
@@ -94,7 +102,10 @@ class ModelModel(nn.Module):
             hidden_states = hidden_states * torch.tensor(self.config.hidden_size ** 0.5, dtype=hidden_states.dtype)
         if EMBED_MULTIPLIER:
             hidden_states = hidden_states * getattr(self.config, EMBED_MULTIPLIER_KEY)
-        if ROPE_BY_LAYER_TYPE:
+        if ABSOLUTE_POSITIONS:
+            hidden_states = hidden_states + self.embed_positions(position_ids).to(hidden_states.dtype)
+            cos_sin = None
+        elif ROPE_BY_LAYER_TYPE:
             cos_sin = {kind: rotary(hidden_states, position_ids) for kind, rotary in self.rotary_emb.items()}
         else:
             cos_sin = self.rotary_emb(hidden_states, position_ids)
@@ -215,6 +226,9 @@ class ModelForCausalLM(nn.Module):
         tied = getattr(self.config, "tie_word_embeddings", False)
         loaded, skipped = set(), []
         for name, tensor in weights:
+            for pattern in TRANSPOSED_WEIGHTS:
+                if re.search(pattern, name):
+                    tensor = tensor.t().contiguous()
             for pattern, replacement in CHECKPOINT_RENAMES:
                 name = re.sub(pattern, replacement, name, count=1)
             if MOE:

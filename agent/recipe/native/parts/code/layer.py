@@ -15,6 +15,7 @@ from .moe import is_moe_layer
 # decoder_sparse_step, ...), the layers is_moe_layer picks by it
 MOE_LAYERS = None
 NORM_EPS = "rms_norm_eps"   # the config key of the layer norms' epsilon (the shapes import it)
+FIXED_NORM_EPS = 1e-5       # their epsilon where no config key holds it (NORM_EPS None: opt's LayerNorms)
 # config.layer_types' linear_attention layers hold a linear attention in place of self_attn (qwen3_next's Gated DeltaNet)
 LINEAR_ATTENTION = False
 

@@ -9,13 +9,9 @@ from module.linear import ColumnParallelLinear, RowParallelLinear
 
 ACT = "hidden_act"      # the config key naming the activation
 MLP_BIAS = False        # the projections' biases: a literal, or the config key that sets them
-N_INNER = False         # the width is config.n_inner, 4 x hidden_size where unset (gptj), not intermediate_size
+MLP_WIDTH = "intermediate_size"     # the config key of the width (opt: ffn_dim; gpt2: n_inner)
+WIDTH_DEFAULT_4X = False    # a width of None is 4 x hidden_size (gpt2's n_inner)
 ACT_PARAMS = False      # the activation has learned parameters, loaded from the checkpoint (apertus' xIELU)
-
-
-def n_inner(config):
-    """GPT-J's MLP width: config.n_inner, else 4 x hidden_size."""
-    return config.n_inner or 4 * config.hidden_size
 
 
 class ModelPlainMLP(nn.Module):
@@ -29,10 +25,10 @@ class ModelPlainMLP(nn.Module):
         tp_rank = comm_manager.get_rank("attn_tp_group") if self.attn_tp_size > 1 else 0
         quant_config = getattr(config, "quant_config", None)
         self.up_proj = ColumnParallelLinear(
-            input_size=config.hidden_size, output_size=n_inner(config) if N_INNER else config.intermediate_size, bias=MLP_BIAS,
+            input_size=config.hidden_size, output_size=(getattr(config, MLP_WIDTH) or 4 * config.hidden_size) if WIDTH_DEFAULT_4X else getattr(config, MLP_WIDTH), bias=MLP_BIAS,
             tp_size=self.attn_tp_size, tp_rank=tp_rank, quant_config=quant_config, prefix=f"{prefix}.up_proj")
         self.down_proj = RowParallelLinear(
-            input_size=n_inner(config) if N_INNER else config.intermediate_size, output_size=config.hidden_size, bias=MLP_BIAS,
+            input_size=(getattr(config, MLP_WIDTH) or 4 * config.hidden_size) if WIDTH_DEFAULT_4X else getattr(config, MLP_WIDTH), output_size=config.hidden_size, bias=MLP_BIAS,
             tp_size=self.attn_tp_size, tp_rank=tp_rank, input_is_parallel=True, quant_config=quant_config,
             prefix=f"{prefix}.down_proj")
         self.act_fn = ACT2FN[getattr(config, ACT)]

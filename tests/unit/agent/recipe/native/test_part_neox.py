@@ -1,9 +1,9 @@
-"""The NeoX-era layouts (agent/recipe/native/parts/names.py: the model under the file's names, the checkpoint renamed
-at load; parts/attention.py's fused q/k/v stored in groups, QKV_GROUPS in parts/code/attention_fused.py;
+"""The NeoX-era layouts (agent/recipe/native/parts/layout.py: the model read under the file's names by role, the
+checkpoint renamed at load; parts/mlp_plain.py's MLP linears by role; parts/attention.py's fused q/k/v stored in groups, QKV_GROUPS in parts/code/attention_fused.py;
 parts/block_parallel.py's two-norm parallel layer; parts/head.py's biased lm_head; parts/rotary_interleaved.py's
-GPT-J rotary, partial by config.rotary_dim; parts/mlp_plain.py's n_inner width): gpt_neox, phi, persimmon, gptj and
+GPT-J rotary, partial by config.rotary_dim; parts/mlp_plain.py's n_inner width, MLP_WIDTH): gpt_neox, phi, persimmon, gptj and
 codegen are written natively. Each is held to transformers in float32 and bfloat16 and on its family settings but the rope
-types, and a file with the part's arithmetic broken fails the same check. The default case is gpt_neox's (the view,
+types, and a file with the part's arithmetic broken fails the same check. The default case is gpt_neox's (the layout,
 the per-head q/k/v, the two-norm parallel layer and its sequential setting); the others' are slow."""
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ TYPES = {
             [("output_size=config.vocab_size, bias=True,", "output_size=config.vocab_size, bias=False,")]),
     "persimmon": ({"block": "pre_norm", "attention": "fused_paged", "mlp": "plain_mlp"},
                   {"QKV_GROUPS": ("kv_heads", "qkv"), "QK_NORM": True},
-                  [("query, key = self.q_norm(query), self.k_norm(key)", "query, key = query, key")]),
+                  [("query, key = self.q_layernorm(query), self.k_layernorm(key)", "query, key = query, key")]),
     "gptj": ({"block": "parallel", "position": "rotary_interleaved", "mlp": "plain_mlp"},
-             {"ROTARY_DIM": "rotary_dim", "ROPE_INTERLEAVED": True, "N_INNER": True, "LM_HEAD_BIAS": True},
+             {"ROTARY_DIM": "rotary_dim", "ROPE_INTERLEAVED": True, "MLP_WIDTH": "n_inner", "WIDTH_DEFAULT_4X": True, "LM_HEAD_BIAS": True},
              [("return config.rotary_dim or head_dim", "return head_dim")]),
     "codegen": ({"block": "parallel", "position": "rotary_interleaved", "attention": "fused_paged"},
                 {"QKV_GROUPS": (4, "qvk"), "ROTARY_DIM": "rotary_dim"},
@@ -60,40 +60,67 @@ def test_the_parts_are_read_from_the_architecture(model_type):
 
 
 def test_a_llama_keeps_its_names_and_head():
-    """A model already under the file's names gets no view, no renames, an lm_head without bias."""
+    """A model already under the file's names gets no layout, no renames, an lm_head without bias."""
     from transformers import AutoConfig
 
     from agent.recipe.native.compose import derive
     from agent.recipe.native.parts.probe import Probe
 
     probe = Probe(AutoConfig.for_model("llama").to_dict())
-    assert probe.view is probe.model and probe.renames == ()
+    assert probe.layout is None
     composition = derive(AutoConfig.for_model("llama").to_dict())
-    assert "LM_HEAD_BIAS" not in composition.options and "QKV_GROUPED" not in composition.options
+    assert "LM_HEAD_BIAS" not in composition.options and "QKV_GROUPS" not in composition.options
+    assert composition.options["CHECKPOINT_RENAMES"] == ()
 
 
-@pytest.mark.parametrize("model_type", ["gpt_neox", "phi", "persimmon", "gptj", "codegen", "falcon", "bloom",
-                                        pytest.param("mpt", marks=pytest.mark.slow)])     # mpt's stays 2048 wide
-def test_every_checkpoint_tensor_is_the_views_after_the_renames(model_type):
-    """Each tensor a checkpoint of the type holds (save_pretrained's names), renamed as the loader renames it
-    (the view's renames, then transformers' own), names the same tensor in the view: the probe reads what the
-    file loads."""
+@pytest.mark.parametrize("model_type", list(TYPES))
+def test_every_checkpoint_tensor_is_the_files_after_the_renames(model_type):
+    """Each tensor a checkpoint of the type holds (save_pretrained's names), renamed as the file's loader renames it
+    (its CHECKPOINT_RENAMES: transformers' own, the layout's, the MLP's), names the same tensor under the names the
+    parts read (probe.children; the MLP's linears by role): the probe reads what the file loads."""
     import re
 
-    from agent.recipe.native.parts.model import checkpoint_renames
-    from agent.recipe.native.parts.probe import Probe
+    from agent.recipe.native.parts.layout import mlp_roles
+    from agent.recipe.native.parts.probe import Probe, children
     from agent.recipe.native.selfcheck import checkpoint_tensors
 
-    probe = Probe(config_of(model_type))
-    renames = probe.renames + checkpoint_renames(probe.model_type, type(probe.model).__name__)
+    config, composition = derived(model_type)
+    renames = composition.options["CHECKPOINT_RENAMES"]
     assert renames, "a type of transformers' other names gets renames"
+    probe = Probe(config)
     for name, tensor in checkpoint_tensors(probe.model, probe.config):
         for pattern, replacement in renames:
             name = re.sub(pattern, replacement, name, count=1)
-        node = probe.view
-        for part in name.split("."):
-            node = node[int(part)] if part.isdigit() else getattr(node, part)
-        assert node is tensor or node.data_ptr() == tensor.data_ptr(), name
+        *path, leaf = name.split(".")
+        node = probe.model
+        for part in path:
+            named = children(node)
+            if part not in named:          # the MLP's linears, read by their role (parts/layout.py)
+                named = {role: named[n] for role, n in (mlp_roles(node) or {}).items()}
+            node = node[int(part)] if part.isdigit() else named[part]
+        got = getattr(node, leaf)
+        assert got is tensor or got.data_ptr() == tensor.data_ptr(), name
+
+
+def test_the_mlp_linears_are_read_by_the_order_they_are_called():
+    """mlp_roles names up_proj the linear the forward calls first, whatever the module names or declares first (a
+    table of names, or the declaration order, would take `w_a` for up here); an MLP of three linears is none."""
+    import torch
+
+    from agent.recipe.native.parts.layout import mlp_roles
+
+    class Backwards(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w_a, self.gate, self.w_b = torch.nn.Linear(16, 8), torch.nn.GELU(), torch.nn.Linear(8, 16)
+
+        def forward(self, x):
+            return self.w_a(self.gate(self.w_b(x)))
+
+    assert mlp_roles(Backwards()) == {"up_proj": "w_b", "act_fn": "gate", "down_proj": "w_a"}
+    three = Backwards()
+    three.extra = torch.nn.Linear(16, 16)
+    assert mlp_roles(three) is None
 
 
 def test_the_qkv_layout_is_read_and_another_is_refused():

@@ -1,0 +1,287 @@
+"""The model root under another name (gpt2's transformer.h.N, opt's model.decoder.layers): transformers' modules of
+such a layout read under the skeleton's names (model.embed_tokens, model.layers.N.self_attn, ...), found by what
+they are, not by a table of names: the base model (transformers' base_model_prefix; a lone `decoder` inside it), its
+input embedding (get_input_embeddings), its one ModuleList of layers, a second embedding (learned positions), its
+final norm; in a layer, the attention (its class) and the MLP, the norms by where the layer calls them (before the
+attention: input_layernorm; before the MLP: post_attention_layernorm); in the attention, the q/k/v and output
+projections by their widths. The parts then read them by the skeleton's names (probe.children), and the
+checkpoint's tensors, named as transformers stores them (with or without the base model's prefix), are renamed to
+them at load (`renames`); a Conv1D's weight, stored [in, out], is transposed (`transposed`: its stored names). The
+GPT-J / NeoX-era roots read the same way (gpt_neox.*, transformer.h.N.attn, a layer's one norm before both branches:
+its input_layernorm); a plain MLP's linears by their role (`mlp_roles`: the one its forward calls first is up_proj),
+renamed by the MLP part, the one part that reads them."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+CHILDREN = "_native_children"     # a module's children under the skeleton's names, read by probe.children
+SKELETON_MODEL = {"embed_tokens", "layers", "norm", "rotary_emb"}
+
+
+@dataclass
+class Layout:
+    base: object                                  # the module whose children are the skeleton's model.*
+    renames: tuple = ()                           # (pattern, replacement) on the checkpoint's names, in order
+    transposed: tuple = ()                        # patterns of the stored names of Conv1D weights
+    refusal: str | None = None                    # a layer shape no part writes (the model part raises it)
+
+
+def present(parent, roles: dict, hide: tuple = ()) -> None:
+    """`parent`'s children read under the skeleton's names (`roles`: its child's name -> the skeleton's, or
+    skeleton name -> a module standing for several children), attributes of those names too where it has none."""
+    import torch
+
+    named = {name: child for name, child in parent.named_children() if not isinstance(child, torch.nn.Dropout)}
+    shown, hidden = {}, set(hide)
+    for name, role in roles.items():
+        if isinstance(role, str):
+            shown[role] = named[name]
+            hidden.add(name)
+        else:
+            shown[name] = role
+            hidden |= {n for n, child in named.items() if any(child is c for c in role.children())}
+    shown.update({name: child for name, child in named.items() if name not in hidden})
+    parent.__dict__[CHILDREN] = shown
+    for name, child in shown.items():
+        if not hasattr(parent, name):
+            object.__setattr__(parent, name, child)
+
+
+def mlp_view(up, act, down):
+    """A layer's MLP made of the layer's own children (opt's fc1 / activation_fn / fc2): down(act(up(x)))."""
+    import torch
+
+    class LayerMLP(torch.nn.Module):
+        def forward(self, x):
+            return self.down_proj(self.act_fn(self.up_proj(x)))
+
+    view = LayerMLP()
+    view.up_proj, view.act_fn, view.down_proj = up, act, down
+    return view
+
+
+def _named(module) -> dict:
+    import torch
+
+    return {name: child for name, child in module.named_children() if not isinstance(child, torch.nn.Dropout)}
+
+
+def _is_norm(module) -> bool:
+    return "norm" in type(module).__name__.lower() and not list(module.children())
+
+
+def projection_widths(module):
+    """(in, out) of a Linear or a Conv1D (weight [in, out]); None for anything else."""
+    import torch
+    from transformers.pytorch_utils import Conv1D
+
+    if isinstance(module, torch.nn.Linear):
+        return module.in_features, module.out_features
+    if isinstance(module, Conv1D):
+        return module.nx, module.nf
+    return None
+
+
+def call_order(model, layer) -> list:
+    """The names of `layer`'s children in the order its forward calls them (one forward of the model)."""
+    import torch
+
+    order, handles = [], []
+    for name, child in _named(layer).items():
+        handles.append(child.register_forward_pre_hook(lambda *args, name=name: order.append(name)))
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.tensor([[3, 5, 7]]), use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return list(dict.fromkeys(order))
+
+
+def _prefixed(path: str) -> str:
+    """The pattern of a stored name's start: the base model's prefix optional (a hub checkpoint of the base model
+    stores `h.0...`, save_pretrained of the causal LM `transformer.h.0...`)."""
+    head, _, rest = path.partition(".")
+    return f"^(?:{re.escape(head)}\\.)?{re.escape(rest)}\\." if rest else f"^{re.escape(head)}\\."
+
+
+def read_layout(model, hidden: int) -> Layout | None:
+    """The layout of `model` where its root is not the skeleton's `model.layers` (its modules presented under the
+    skeleton's names), else None."""
+    import torch
+
+    top = _named(model)
+    prefix = getattr(model, "base_model_prefix", "")
+    root, head = top.get(prefix), model.get_output_embeddings()
+    head_name = next((name for name, child in top.items() if child is head), None)
+    if root is None or head_name is None or set(top) - {prefix, head_name}:
+        return None
+    path, base = prefix, root
+    inner = _named(root)
+    if set(inner) == {"decoder"}:
+        path, base = f"{prefix}.decoder", inner["decoder"]
+    elif prefix == "model" and head_name == "lm_head" and set(inner) <= SKELETON_MODEL:
+        return None                                  # the skeleton's own layout
+    present(model, {prefix: "model", head_name: "lm_head"})
+    renames = [(f"^{re.escape(head_name)}\\.", "lm_head.")] if head_name != "lm_head" else []
+    children = _named(base)
+    lists = [name for name, child in children.items() if isinstance(child, torch.nn.ModuleList)]
+    embedding = root.get_input_embeddings()
+    roles = {}
+    for name, child in children.items():
+        if child is embedding:
+            roles[name] = "embed_tokens"
+        elif name in lists and len(lists) == 1:
+            roles[name] = "layers"
+        elif isinstance(child, torch.nn.Embedding) or "position" in type(child).__name__.lower():
+            roles[name] = "embed_positions"
+        elif _is_norm(child) and getattr(getattr(child, "weight", None), "shape", None) == (hidden,):
+            roles[name] = "norm"
+    if len(set(roles.values())) != len(roles):
+        return Layout(base, refusal="more than one position embedding or final norm in the base model")
+    present(base, roles)
+    for name in children:
+        renames.append((_prefixed(f"{path}.{name}"), f"model.{roles.get(name, name)}."))
+    if "layers" not in roles.values():
+        return Layout(base, tuple(renames), refusal=f"no one list of decoder layers in the base model (module "
+                                                    f"lists: {', '.join(lists) or 'none'})")
+    layout = Layout(base, tuple(renames))
+    _layer_roles(model, list(base.layers), hidden, layout)
+    return layout
+
+
+def _mlp_of_linears(named: dict, order: list, hidden: int):
+    """(up, activation, down) names where the layer holds its MLP's linears itself (opt's fc1 / fc2), called in
+    that order after the attention; None otherwise."""
+    linears = [n for n in order if projection_widths(named[n]) is not None]
+    if len(linears) != 2:
+        return None
+    up, down = linears
+    (up_in, inner), (down_in, down_out) = projection_widths(named[up]), projection_widths(named[down])
+    if (up_in, down_in, down_out) != (hidden, inner, hidden):
+        return None
+    between = order[order.index(up) + 1:order.index(down)]
+    if len(between) != 1:
+        return None
+    return up, between[0], down
+
+
+def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
+    """A layer's attention, MLP and norms under the skeleton's names; the renames and transposed weights they need."""
+    from transformers.pytorch_utils import Conv1D
+
+    named = _named(layers[0])
+    attentions = [n for n, c in named.items() if "attention" in type(c).__name__.lower()]
+    norms = [n for n, c in named.items() if _is_norm(c)]
+    order = call_order(model, layers[0])
+    roles, mlp = {}, None
+    if len(attentions) == 1:
+        roles[attentions[0]] = "self_attn"
+    mlps = [n for n, c in named.items() if n == "mlp" or "mlp" in type(c).__name__.lower()]
+    if len(mlps) == 1:
+        roles[mlps[0]] = "mlp"
+        mlp_calls = mlps[0]
+    else:
+        rest = [n for n in order if n not in (*attentions, *norms)]
+        mlp = _mlp_of_linears(named, rest, hidden)
+        mlp_calls = mlp[0] if mlp else None
+        if mlp is None and len(attentions) == 1:
+            kinds = ", ".join(f"{n} ({type(named[n]).__name__})" for n in rest)
+            layout.refusal = (f"the layer's MLP, {kinds}, is neither a module named mlp nor the layer's own up / down "
+                              "linears: no part reads it")
+    if len(attentions) == 1 and mlp_calls and len(norms) == 2:
+        calls = [n for n in order if n in (*norms, attentions[0], mlp_calls)]
+        if len(calls) == 4 and calls[0] in norms and calls[1] == attentions[0] and calls[2] in norms \
+                and calls[3] == mlp_calls:
+            roles[calls[0]], roles[calls[2]] = "input_layernorm", "post_attention_layernorm"
+        elif calls[:1] == attentions[:1]:
+            layout.refusal = ("post-LN layer (its norms after the attention's and the MLP's residual adds, "
+                              "norm(h + attn(h))): no part writes it")
+    elif len(attentions) == 1 and mlp_calls and len(norms) == 1:
+        # one norm before both branches (gptj's ln_1: the parallel layer's input norm)
+        calls = [n for n in order if n in (*norms, attentions[0], mlp_calls)]
+        if calls[:2] == [norms[0], attentions[0]]:
+            roles[norms[0]] = "input_layernorm"
+    layer = r"^model\.layers\.(\d+)\."
+    for name, skeleton in roles.items():
+        if name != skeleton:
+            layout.renames += ((f"{layer}{re.escape(name)}\\.", f"model.layers.\\1.{skeleton}."),)
+    if mlp:
+        for name, skeleton in zip(mlp[::2], ("up_proj", "down_proj")):
+            layout.renames += ((f"{layer}{re.escape(name)}\\.", f"model.layers.\\1.mlp.{skeleton}."),)
+    attention_roles, inner = {}, None
+    if len(attentions) == 1 and list(_named(named[attentions[0]])) == ["attention"]:
+        # the attention inside a wrapper (gpt_neo's attn.attention): read and loaded as the layer's self_attn
+        inner = _named(named[attentions[0]])["attention"]
+        layout.renames = tuple(r for r in layout.renames if r[1] != "model.layers.\\1.self_attn.") + (
+            (f"{layer}{re.escape(attentions[0])}\\.attention\\.", "model.layers.\\1.self_attn."),)
+    if len(attentions) == 1:
+        attention_module = inner if inner is not None else named[attentions[0]]
+        projections = {n: w for n, c in _named(attention_module).items() if (w := projection_widths(c))}
+        separate = {"q_proj", "k_proj", "v_proj"}
+        if len(projections) == 2 and not separate & set(projections):
+            (a, wa), (b, wb) = projections.items()
+            qkv, out = (a, b) if wa[1] > wb[1] else (b, a)
+            if projections[qkv][0] == hidden and projections[out][1] == hidden:
+                attention_roles = {qkv: "qkv_proj", out: "o_proj"}
+        elif separate <= set(projections) and len(projections) == 4:
+            attention_roles = {next(n for n in projections if n not in separate): "o_proj"}
+    for name, skeleton in attention_roles.items():
+        if name != skeleton:
+            layout.renames += ((f"{layer}self_attn\\.{re.escape(name)}\\.", f"model.layers.\\1.self_attn.{skeleton}."),)
+    for module in layers:
+        children = _named(module)
+        shown = dict(roles)
+        if mlp:
+            shown["mlp"] = mlp_view(*(children[n] for n in mlp))
+        if inner is not None:
+            shown = {k: v for k, v in shown.items() if k != attentions[0]}
+            shown["self_attn"] = _named(children[attentions[0]])["attention"]
+        present(module, shown, hide=(attentions[0],) if inner is not None else ())
+        if attention_roles:
+            present(shown["self_attn"] if inner is not None else children[attentions[0]], attention_roles)
+    # Conv1D weights as stored ([in, out]), by their stored names
+    stored = next((pattern for pattern, target in layout.renames if target == "model.layers."), None)
+    for path, module in layers[0].named_modules():
+        if isinstance(module, Conv1D) and stored is not None:
+            layout.transposed += (f"{stored}\\d+\\.{re.escape(path)}\\.weight$",)
+
+
+# a plain MLP's roles, in the order its forward calls them: down(act(up(x)))
+MLP_ROLES = ("up_proj", "act_fn", "down_proj")
+
+
+def mlp_roles(mlp) -> dict | None:
+    """A plain MLP's children by role, whatever the architecture names them (starcoder2's and gpt2's c_fc / act /
+    c_proj, gptj's fc_in / fc_out, gpt_neox's dense_h_to_4h / dense_4h_to_h, phi's fc1 / activation_fn / fc2):
+    {role of MLP_ROLES: child name} for two linears and one other child, the linears in the order one
+    forward calls them; None for another MLP."""
+    import torch
+
+    from agent.recipe.native.parts.probe import children
+
+    named = children(mlp)
+    linears = [name for name, child in named.items() if projection_widths(child) is not None]
+    others = [name for name in named if name not in linears]
+    if len(linears) != 2 or len(others) != 1:
+        return None
+    (a_in, a_out), (b_in, b_out) = (projection_widths(named[n]) for n in linears)
+    order, handles = [], [named[n].register_forward_pre_hook(lambda *args, n=n: order.append(n)) for n in linears]
+    try:
+        # the hidden width: the input of the one linear, the output of the other
+        for width in dict.fromkeys(w for w, back in ((a_in, b_out), (b_in, a_out)) if w == back):
+            order.clear()
+            try:
+                with torch.no_grad():
+                    mlp(torch.zeros(1, width))
+                break
+            except Exception:  # noqa: BLE001 - not callable on this width: the other, or not this MLP
+                order.clear()
+    finally:
+        for handle in handles:
+            handle.remove()
+    if sorted(order) != sorted(linears):
+        return None
+    return dict(zip(MLP_ROLES, (order[0], others[0], order[1])))
