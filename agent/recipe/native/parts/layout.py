@@ -260,9 +260,7 @@ def mlp_roles(mlp) -> dict | None:
     forward calls them; None for another MLP."""
     import torch
 
-    from agent.recipe.native.parts.probe import children
-
-    named = children(mlp)
+    named = _named(mlp)
     linears = [name for name, child in named.items() if projection_widths(child) is not None]
     others = [name for name in named if name not in linears]
     if len(linears) != 2 or len(others) != 1:
