@@ -78,7 +78,7 @@ def shrunk_config(config_dict: dict, changes: dict | None = None):
     data["dtype"] = "float32"
     config = AutoConfig.for_model(model_type, **data)
     config._attn_implementation = "eager"
-    width = getattr(config, "num_attention_heads", None), getattr(config, "head_dim", None)
+    width = global_value(config, "num_attention_heads"), global_value(config, "head_dim")
     if isinstance(heads, int) and isinstance(hidden, int) and isinstance(real.get("head_dim"), int) \
             and hidden == heads * real["head_dim"] and all(isinstance(w, int) for w in width) \
             and config.hidden_size != width[0] * width[1] and not _runs(config):
@@ -108,6 +108,18 @@ def _runs(config) -> bool:
         except Exception:  # noqa: BLE001 - any failure: the shrunk widths do not make a model that runs
             _RUNS[key] = False
     return _RUNS[key]
+
+
+PER_LAYER = object()     # global_value's answer for a key a heterogeneous config sets per layer
+
+
+def global_value(config, key: str, per_layer: bool = False):
+    """config.`key`, or None where the config has no such key — or sets it per layer (transformers' heterogeneous
+    configs refuse a global read of it; `per_layer`: PER_LAYER then)."""
+    try:
+        return getattr(config, key, None)
+    except RuntimeError:    # transformers' AmbiguousGlobalPerLayerAttributeError (gemma4's per-layer head_dim)
+        return PER_LAYER if per_layer else None
 
 
 def children(module) -> dict:
@@ -182,6 +194,9 @@ class Probe:
             raise NotNative("attention", f"{config.model_type} has no attention heads in its config: a recurrent or "
                                          "state-space model, which no part of the generator writes")
         self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
+        if global_value(config, "head_dim", per_layer=True) is PER_LAYER:
+            raise NotNative("attention", f"{config.model_type}'s head width is set per layer (per_layer_config): "
+                                         "no part writes layers of unequal heads")
         self.head_dim = getattr(config, "head_dim", None) or self.hidden // self.heads
         self._variants: dict = {}
         self._full = None

@@ -223,10 +223,10 @@ IMAGE_TEXT = [
     ("cohere2_vision", "Cohere2VisionForConditionalGeneration", "cohere2", "cohere2"),  # parallel block, NoPE layers
     # not in the list: a text decoder the generator does not write, one with no causal-LM class, none of
     # its own, an image input not named pixel_values
-    ("blip-2", "Blip2ForConditionalGeneration", "opt", None),
+    ("llama4", "Llama4ForConditionalGeneration", "llama4_text", None),
     ("glm4v", "Glm4vForConditionalGeneration", "glm4v_text", None),
     ("chameleon", "ChameleonForConditionalGeneration", None, None),
-    ("fuyu", "FuyuForCausalLM", "persimmon", None),
+    ("fuyu", "FuyuForCausalLM", "persimmon", "persimmon"),             # persimmon is native too
     ("phi4_multimodal", "Phi4MultimodalForCausalLM", None, None),
 ]
 

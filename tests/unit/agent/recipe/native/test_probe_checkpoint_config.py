@@ -83,3 +83,16 @@ def test_a_per_layer_list_in_a_variant_is_cut_to_the_probes_layers():
     assert variant.config.mlp_layer_types == full[:probe.config.num_hidden_layers]
     composition = derive(config)
     assert composition.parts["mlp"] and composition.parts["moe"]
+
+
+def test_a_config_that_sets_head_widths_per_layer_falls_back_naming_it():
+    """gemma4_text's per_layer_config gives its full-attention layers wider heads; transformers refuses a global
+    read of head_dim there: a fall-back with its reason, not a crash in the probe."""
+    from transformers import AutoConfig
+
+    from agent.recipe.native.compose import derive
+    from agent.recipe.native.not_native import NotNative
+
+    with pytest.raises(NotNative) as caught:
+        derive(AutoConfig.for_model("gemma4_text").to_dict())
+    assert caught.value.kind == "attention" and "per layer" in caught.value.reason
