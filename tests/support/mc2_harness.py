@@ -201,11 +201,9 @@ def main() -> int:
         results[f"v{version}_wrong_routing"] = {"equal": torch.equal(combined, want),
                                                 "max_abs": (combined.float() - want.float()).abs().max().item()}
     (out_dir / f"rank_{rank}.json").write_text(json.dumps(results))
-    # every rank past its last collective before any tears gloo down (a rank that destroys its group while
-    # another is still in one aborts)
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
+    from tests.support.rank_exit import end_rank
+
+    end_rank(0)
 
 
 if __name__ == "__main__":
