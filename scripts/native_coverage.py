@@ -18,6 +18,8 @@ paged cache), as the generator does before it writes one. Each row ends in
   native        derived and within the self-check's tolerance (its largest relative logit difference)
   fell back     the layer kind and why (the recipe keeps the adapter, as `migrator run` says)
   refused       the migrator does not serve the type (not a testable causal LM)
+  hf-fails      transformers itself runs none of the tiny configs scripts/try_architectures.py tries (no
+                oracle here: not testable)
   no config     transformers cannot make the type's config here
 
 The self-check needs a cann-recipes-infer checkout (module/, executor/): ../shared/upstream/cann-recipes-infer
@@ -97,6 +99,25 @@ DERIVE_TIMEOUT_S = 180
 DERIVE_MEMORY_BYTES = 8 << 30
 
 
+# the probe's refusals that may be transformers' own failure, not the generator's: told apart by
+# try_architectures' tiny configs (agent.testing.tiny_runs)
+TRANSFORMERS_FAILS = ("transformers cannot build it", "transformers refuses the config")
+
+
+def transformers_fails(model_type: str, folder: Path) -> str | None:
+    """transformers' errors when it runs none of the tiny configs try_architectures tries, else None."""
+    import shutil
+
+    from agent.testing.tiny_runs import checkpoint_for
+
+    scratch = folder / f"tiny_{model_type}"
+    try:
+        ckpt, error, _ = checkpoint_for(model_type, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return None if ckpt is not None else (error or "no tiny config")
+
+
 def derive_one(model_type: str, folder: Path, defaults: bool = False) -> dict:
     """One row: derive the type's parts and render its native file into `folder` (in this process)."""
     from agent.recipe.native.compose import derive
@@ -112,6 +133,11 @@ def derive_one(model_type: str, folder: Path, defaults: bool = False) -> dict:
     try:
         features = derive(config)
     except NotNative as exc:
+        if exc.kind == "model" and exc.reason.startswith(TRANSFORMERS_FAILS):
+            error = transformers_fails(model_type, folder)
+            if error:
+                return {"type": model_type, "result": "hf-fails", "config": source, "kind": "model",
+                        "reason": f"transformers itself runs none of the tiny configs tried: {error}"}
         return {"type": model_type, "result": "fell back", "config": source, "kind": exc.kind, "reason": exc.reason}
     except Exception as exc:  # noqa: BLE001 - derive raising otherwise is a finding: a row, not a stop
         return {"type": model_type, "result": "fell back", "config": source, "kind": "derive",
@@ -212,12 +238,13 @@ def markdown(rows: list[dict]) -> str:
 
 def summary(rows: list[dict]) -> str:
     """The counts: native of the testable types (native or fell back), the rest by result."""
-    counts = {r: sum(1 for row in rows if row["result"] == r) for r in ("native", "fell back", "refused", "no config")}
+    counts = {r: sum(1 for row in rows if row["result"] == r)
+              for r in ("native", "fell back", "refused", "hf-fails", "no config")}
     testable = counts["native"] + counts["fell back"]
     shaped = sum(1 for row in rows if row["result"] in ("native", "fell back") and row.get("config") != "defaults")
     return (f"{counts['native']} native of {testable} testable types ({shaped} on a checkpoint-shaped config); "
-            f"{counts['fell back']} fell back, {counts['refused']} refused, {counts['no config']} no config; "
-            f"{len(rows)} types")
+            f"{counts['fell back']} fell back, {counts['refused']} refused, {counts['hf-fails']} hf-fails, "
+            f"{counts['no config']} no config; {len(rows)} types")
 
 
 def main(argv: list[str] | None = None) -> int:

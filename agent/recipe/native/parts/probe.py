@@ -25,6 +25,22 @@ def first_line(exc: BaseException, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+def _field_takes_none(model_type: str, key: str) -> bool:
+    """Whether the config class of `model_type` accepts None for `key` (transformers 5's strict dataclass
+    configs type some ids as plain int: modernbert-decoder's pad_token_id)."""
+    import typing
+
+    from transformers import CONFIG_MAPPING
+
+    field = getattr(CONFIG_MAPPING[model_type], "__dataclass_fields__", {}).get(key)
+    if field is None:
+        return True
+    kind = field.type
+    if isinstance(kind, str):
+        return "None" in kind or "Optional" in kind or kind == "Any"
+    return kind is typing.Any or kind is type(None) or type(None) in typing.get_args(kind)
+
+
 def shrunk_config(config_dict: dict, changes: dict | None = None):
     """The transformers config of `config_dict` with tiny widths, a small vocabulary and the first layers that
     hold every layer kind (agent.recipe.shrink) but the kernels' head / rope / latent dims, in fp32, eager
@@ -60,8 +76,9 @@ def shrunk_config(config_dict: dict, changes: dict | None = None):
     if isinstance(data.get("vocab_size"), int) and data["vocab_size"] > PROBE_VOCAB:
         data["vocab_size"] = PROBE_VOCAB
         for key in [k for k, v in data.items() if k.endswith("_token_id") and isinstance(v, int) and v >= PROBE_VOCAB]:
-            # no padding row outside the vocabulary; a bos / eos id that the config types as int stays an int
-            data[key] = None if key == "pad_token_id" else PROBE_VOCAB - 1
+            # no padding row outside the vocabulary; an id the config types as int stays an int
+            none_ok = key == "pad_token_id" and _field_takes_none(data["model_type"], key)
+            data[key] = None if none_ok else PROBE_VOCAB - 1
     layers = data.get("num_hidden_layers")
     data = apply_changes(data, {key: value[:layers] if isinstance(value, list) and isinstance(layers, int)
                                 and len(value) == config_dict.get("num_hidden_layers") else value

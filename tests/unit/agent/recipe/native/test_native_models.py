@@ -344,9 +344,10 @@ def test_native_recipe_serves_another_checkpoint_of_its_family_per_step(native_c
 
 def test_native_coverage_script_writes_a_row_per_type(tmp_path):
     """scripts/native_coverage.py: a type the generator writes is native with its self-check figure, measured on
-    its checkpoint-shaped config (agent.testing.checkpoint_shapes); one whose norm it does not write (olmo's
-    LayerNorm without a weight) falls back naming the layer kind; one the migrator refuses (bart: an encoder-decoder) is not
-    counted as testable."""
+    its checkpoint-shaped config (agent.testing.checkpoint_shapes); one whose layer kind it does not write (mamba:
+    no attention heads) falls back naming the kind; one the migrator refuses (bart: an encoder-decoder) and one
+    transformers itself runs on none of try_architectures' tiny configs (dbrx: its attention config lacks
+    rope_theta) are not counted as testable."""
     import json
     import subprocess
     import sys
@@ -354,13 +355,16 @@ def test_native_coverage_script_writes_a_row_per_type(tmp_path):
     if not SNAPSHOT.is_dir():
         pytest.skip(f"no upstream snapshot at {SNAPSHOT}")
     out = tmp_path / "rows.json"
-    proc = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "native_coverage.py"), "llama", "olmo", "bart",
-                           "--json", str(out)], capture_output=True, text=True, timeout=600, cwd=REPO_ROOT,
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "native_coverage.py"), "llama", "mamba", "bart",
+                           "dbrx", "--json", str(out)], capture_output=True, text=True, timeout=600, cwd=REPO_ROOT,
                           env={**__import__("os").environ, "CHECKOUT": str(SNAPSHOT)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = {row["type"]: row for row in json.loads(out.read_text())}
     assert rows["llama"]["result"] == "native" and rows["llama"]["max_rel"] < 1e-4, rows["llama"]
     assert rows["llama"]["config"] == "meta-llama/Llama-3.1-8B-Instruct", rows["llama"]    # its checkpoint shape
-    assert rows["olmo"]["result"] == "fell back" and rows["olmo"]["kind"] == "norm", rows["olmo"]
+    assert rows["mamba"]["result"] == "fell back" and rows["mamba"]["kind"] == "attention", rows["mamba"]
     assert rows["bart"]["result"] == "refused" and "encoder-decoder" in rows["bart"]["reason"], rows["bart"]
-    assert "1 native of 2 testable types (2 on a checkpoint-shaped config); 1 fell back, 1 refused" in proc.stdout
+    assert rows["dbrx"]["result"] == "hf-fails" and "rope_theta" in rows["dbrx"]["reason"], rows["dbrx"]
+    shaped = sum(rows[t]["config"] != "defaults" for t in ("llama", "mamba"))
+    assert (f"1 native of 2 testable types ({shaped} on a checkpoint-shaped config); 1 fell back, 1 refused, "
+            "1 hf-fails, 0 no config; 4 types") in proc.stdout
