@@ -4,7 +4,9 @@ upstream's executor sets it (module.quantization.get_quant_config on the checkpo
 int8 weights and scales loaded as stored, process_weights_after_loading's scale dtypes, and the run held per step
 (a packed prefill and a decode step, in bfloat16 as module.linear's quantized linears compute) to transformers
 loading the same checkpoint with its compressed-tensors quantizer, by the precision verdict's rule
-(agent.recipe.native.selfcheck with a "checkpoint" job). A wrong scale in the file's fused W8A8 MLP must fail it.
+(agent.recipe.native.selfcheck with a "checkpoint" job). A wrong scale in the file's fused W8A8 MLP must fail it. Slow here: MLA (DeepSeek-V3's form, every layer dense)
+against the installed transformers, and MoE with float experts (Qwen3-MoE, DeepSeek-V3 MLA + MoE) against
+transformers 5.0 (.venv-tf5.0), each with a doubled dequant scale that must fail.
 The slow end-to-end runs through upstream's launcher: tests/e2e/test_quantized_checkpoints.py (the published
 compressed-tensors form) and tests/e2e/test_quantize_w8a8.py (`migrator run --quantize w8a8`)."""
 
