@@ -129,6 +129,10 @@ TF50_PYTHON = REPO_ROOT / ".venv-tf5.0" / "bin" / "python"
 # a doubled dequant scale of q_b_proj (MLA's query up-projection), planted after the absorb weights are split
 DOUBLED_Q_B_SCALE = ("layer.self_attn.split_kv_b_weight()          # the absorb weights",
                      "layer.self_attn.split_kv_b_weight(); layer.self_attn.q_b_proj.weight_scale.data.mul_(2)  #")
+# custom_params.enable_mla_prolog with NZ weights, as a YAML asks for it (the self-check's config has no custom_params)
+PROLOG_ASKED = ('self.enable_mla_prolog = bool(custom_params.get("enable_mla_prolog", False)\n'
+                '                                      and getattr(model_config, "enable_weight_nz", False))',
+                "self.enable_mla_prolog = True")
 # a doubled dequant scale of layer 0's attention output projection
 DOUBLED_O_SCALE = ("        modules = dict(self.named_modules())\n",
                    "        self.model.layers[0].self_attn.o_proj.weight_scale.data.mul_(2)\n"
@@ -183,14 +187,19 @@ def _mla_settings():
 def test_mla_w8a8_holds_to_transformers_and_a_doubled_q_b_scale_fails(tmp_path):
     """DeepSeek-V3's form with every layer dense (MLA's linears int8, kv_b_proj in `ignore`: the absorb weights
     multiply in float), upstream deepseek_r1's A8W8 without the prolog: held per step to transformers loading the
-    written checkpoint; q_b_proj's dequant scale doubled fails."""
+    written checkpoint; q_b_proj's dequant scale doubled fails; enable_mla_prolog (NZ weights) is refused."""
     results, ops, written = _selfcheck_quantized(tmp_path, "deepseek_v3", {**_mla_settings(), "first_k_dense_replace": 2},
-                                                 {"doubled q_b_proj scale": DOUBLED_Q_B_SCALE})
+                                                 {"doubled q_b_proj scale": DOUBLED_Q_B_SCALE,
+                                                  "prolog asked": PROLOG_ASKED})
     assert written.kept_float == ["lm_head", "model.layers.0.self_attn.kv_b_proj",
                                   "model.layers.1.self_attn.kv_b_proj"], written.kept_float
     assert results["as written"]["ok"] and results["as written"]["ratio"] <= 1.0, results
     assert not results["doubled q_b_proj scale"]["ok"], results
     assert results["doubled q_b_proj scale"]["reason"].startswith("prefill, sequence 0"), results
+    # npu_mla_prolog_v3's quantized form is not written: the model refuses it in one line when it is built
+    prolog = results["prolog asked"]
+    assert not prolog["ok"] and prolog["reason"].startswith("ValueError: custom_params.enable_mla_prolog with W8A8 "
+                                                            "weights") and "\n" not in prolog["reason"], prolog
     # per layer and step: q_a, q_b, kv_a, o, gate_up, down int8 (kv_b_proj's absorb weights float); 2 jobs, 2 steps
     # (the faulty job stops at its prefill), 2 layers
     assert ops["npu_quant_matmul"] == 6 * 2 * (2 + 1), ops
