@@ -321,3 +321,28 @@ def test_moe_keeps_the_routed_experts_and_routers_float_by_the_module_upstream_b
             quantize.plan(Path(folder))
     else:
         assert quantize.plan(Path(folder)).kept_float == layout.kept_float
+
+
+@pytest.mark.slow
+def test_the_loader_check_says_what_transformers_loading_the_moe_checkpoint_does(tmp_path):
+    """loader_keeps_float_experts (which runs transformers' op on one tensor) against transformers loading a
+    written MoE checkpoint whole: it loads, with the experts the source's, exactly where the check says so (the
+    default test_moe_keeps_the_routed_experts_and_routers_float_by_the_module_upstream_builds covers the refusal)."""
+    from transformers import AutoModelForCausalLM
+
+    from agent.testing.tiny_checkpoint import build_tiny_checkpoint
+
+    source = Path(build_tiny_checkpoint("qwen3_moe", tmp_path / "bf16", seed=1))
+    quantize.quantize_w8a8(source, tmp_path / "w8a8")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(tmp_path / "w8a8", dtype=torch.float32)
+    except RuntimeError as exc:
+        assert "conversion" in str(exc), exc
+        loads = False
+    else:
+        float_model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+        for got, want in zip(model.model.layers, float_model.model.layers):
+            assert torch.equal(got.mlp.experts.down_proj.float(), want.mlp.experts.down_proj)
+            assert torch.equal(got.mlp.experts.gate_up_proj.float(), want.mlp.experts.gate_up_proj)
+        loads = True
+    assert loads is quantize.loader_keeps_float_experts()
