@@ -48,8 +48,9 @@ def quantization_cost(original: str | Path, quantized: str | Path, *, prompt: st
         sequence = generated[:, : ids.shape[1] + steps]
         ref_logits = reference(sequence).logits[0].float()
     del reference
+    # .to: transformers 5.0 leaves the float experts a W8A8 checkpoint keeps (its `ignore`) in the file's dtype
     model = transformers_auto_class(quantized).from_pretrained(quantized, dtype=torch.float32,
-                                                               local_files_only=True).eval()
+                                                               local_files_only=True).eval().to(torch.float32)
     with torch.no_grad():
         q_logits = model(sequence).logits[0].float()
     del model

@@ -23,7 +23,8 @@ linear layers is transformers' own model of the config, built on the meta device
 Streaming: one shard is read (tensor by tensor, memory-mapped) and written at a time: memory is
 bounded by the largest output shard, not the model. `quantize_w8a8` is the library function;
 `python -m agent.migrate.quantize SRC DEST` the command that redoes it (named in the report).
-MoE experts and MLA's int8 KV cache (C8) are not written yet: refused in one line.
+MoE: the routed experts and the routers stay float (the `ignore` list names the module holding them, as
+FusedMoEGMM's prefix is); the grouped matmul's int8 weights and MLA's int8 KV cache (C8) are not written yet.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ INT8_MAX = 127
 FLOAT_HEADS = ("lm_head", "embed_out", "output")
 FLOAT_GATES = ("gate", "router", "shared_expert_gate", "gating", "gate_linear")
 FLOAT_NAMED = ("kv_b_proj",)
-EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts")
+EXPERTS_RE = re.compile(r"\.experts\.\d+\.")       # a routed expert's own linear layer (per-expert modules)
 
 WEIGHT_ARGS = {"num_bits": 8, "type": "int", "symmetric": True, "group_size": None, "strategy": "channel",
                "block_structure": None, "dynamic": False, "actorder": None, "observer": "minmax",
@@ -101,11 +102,53 @@ def redo_command(source: Path, destination: Path) -> str:
     return shlex.join([sys.executable, "-m", "agent.migrate.quantize", str(source), str(destination)])
 
 
-def _expert_count(config: dict) -> int | None:
-    for key in EXPERT_COUNTS:
-        if isinstance(config.get(key), int) and not isinstance(config.get(key), bool):
-            return config[key]
-    return None
+def _float_moe_modules(model, tensors: dict) -> list[str]:
+    """The modules of an MoE model kept float, as they are named in transformers' model and in the framework
+    model (FusedMoEGMM's prefix `....experts`, the router's `....gate`): the routed experts (transformers 5
+    holds them as one module of stacked 3-D tensors, which no `Linear` target reaches; the checkpoint's
+    per-expert tensors are copied as they are) and routers that are no `nn.Linear` (transformers 5's TopK
+    routers). Upstream's CompressedTensorsConfig.get_quant_method gives a layer its `ignore` names the float
+    method; the grouped matmul's int8 weights (CompressedTensorW8A8Int8MoEGMMMethod) are not written yet."""
+    import torch
+
+    holders = {k[:i] for k in tensors for i in [k.find(".experts.")] if i > 0}
+    kept = []
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) or not name:
+            continue
+        if name.endswith(".experts") and name[: -len(".experts")] in holders:
+            kept.append(name)
+        elif keeps_float(name) and f"{name}.weight" in tensors:
+            kept.append(name)
+    return kept
+
+
+def loader_keeps_float_experts() -> bool:
+    """Whether the installed transformers loads the float experts of a W8A8 checkpoint of this module (experts
+    in `ignore`) with its compressed-tensors quantizer: its own op, run on one float expert tensor. transformers
+    5.0 merges the per-expert tensors as stored; later versions run CompressedTensorsDequantize before the
+    merge (quantizers/base.py update_weight_conversions), which for an int scheme returns only `weight_packed`
+    tensors, so the merge gets none (5.24: "torch.cat(): expected a non-empty list of Tensors")."""
+    try:
+        from transformers.integrations.compressed_tensors import CompressedTensorsDequantize
+    except ImportError:
+        return True
+    from types import SimpleNamespace
+
+    import torch
+    from compressed_tensors.quantization import QuantizationConfig
+
+    scheme = QuantizationConfig.model_validate(quantization_config(["model.layers.0.mlp.experts"]))
+    quantizer = SimpleNamespace(compressor=SimpleNamespace(quantization_config=scheme))
+    target = "model.layers.0.mlp.experts.down_proj"
+    model = SimpleNamespace(get_parameter=lambda name: torch.zeros(1))
+    try:
+        out = CompressedTensorsDequantize(quantizer).convert(
+            {"experts.*.down_proj.weight": [torch.ones(2, 2)]}, source_patterns=["experts.*.down_proj.weight"],
+            target_patterns=["experts.down_proj"], full_layer_name=target, model=model)
+    except Exception:  # noqa: BLE001 - an op that fails on a float tensor does not load it either
+        return False
+    return any(isinstance(v, (list, torch.Tensor)) and len(v) for v in out.values())
 
 
 def keeps_float(name: str) -> bool:
@@ -115,11 +158,12 @@ def keeps_float(name: str) -> bool:
             or leaf.endswith("_gate"))
 
 
-def plan(model_dir: Path) -> Plan:
+def plan(model_dir: Path, *, checkable: bool = True) -> Plan:
     """Which linear layers of `model_dir` a W8A8 conversion quantizes; InputError (exit 2, one line) for a
     checkpoint it cannot convert: already quantized, weights not in safetensors, an architecture whose
-    linear weights are not the checkpoint's tensors of the same name (renamed or fused at load), MoE
-    experts (not yet)."""
+    linear weights are not the checkpoint's tensors of the same name (renamed or fused at load). `checkable`
+    (a migration: its verdict and cost load the written checkpoint with the installed transformers): also MoE
+    where that transformers' loader drops the float experts (loader_keeps_float_experts)."""
     from agent.migrate.checkpoint_check import _build_on_meta, check_safetensors
 
     import shlex
@@ -170,7 +214,7 @@ def plan(model_dir: Path) -> Plan:
         if not isinstance(module, torch.nn.Linear):
             continue
         key = f"{name}.weight"
-        if keeps_float(name):
+        if keeps_float(name) or EXPERTS_RE.search(name):
             result.kept_float.append(name)
             continue
         if key not in tensors:
@@ -182,10 +226,18 @@ def plan(model_dir: Path) -> Plan:
             raise InputError(f"--quantize w8a8: {key} is {dtype} {shape}, not a float matrix; give it the float "
                              "checkpoint")
         result.quantized.append(name)
-    experts = sorted({m.group(0) for k in tensors for m in [re.search(r"\.experts\.", k)] if m})
-    if experts or _expert_count(config):
-        raise InputError("--quantize w8a8: MoE experts (the quantized grouped matmul's weights) are not written "
-                         "yet; quantize dense checkpoints, or run the float checkpoint")
+    # MoE: the routed experts and the routers stay float, named in `ignore` by the module that holds them
+    moe = _float_moe_modules(model, tensors)
+    result.kept_float.extend(moe)
+    if any(name.endswith(".experts") for name in moe):
+        if checkable and not loader_keeps_float_experts():
+            import transformers
+
+            raise InputError(f"--quantize w8a8: {config.get('model_type')}'s MoE experts stay float in the W8A8 "
+                             f"checkpoint, and transformers {transformers.__version__}'s compressed-tensors loader "
+                             "drops float experts (CompressedTensorsDequantize keeps only packed ones), so nothing "
+                             "could check the run; migrate with transformers 5.0 (upstream's pin), or without "
+                             "--quantize")
     if not result.quantized:
         raise InputError(f"--quantize w8a8: {model_dir} has no linear layer to quantize")
     return result
@@ -224,7 +276,7 @@ def quantize_w8a8(model_dir: str | Path, destination: str | Path, *, tree=None, 
 
     model_dir, destination = Path(model_dir).resolve(), Path(destination).absolute()
     started = time.monotonic()
-    layout = plan(model_dir)
+    layout = plan(model_dir, checkable=False)        # a migration checks it first (plan), with what loads it
     quantized = set(layout.quantized)
     if tree is None:        # a folder the user named: new, empty, or a W8A8 checkpoint written before (redone)
         if destination.exists() and (not destination.is_dir() or any(destination.iterdir())):

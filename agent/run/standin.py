@@ -76,10 +76,11 @@ def build_tiny(recipe: Recipe, model_type: str) -> Path:
 def quantize_tiny(recipe: Recipe, tiny: Path, scheme: str) -> Path:
     """`--standin --tiny --quantize w8a8`: the tiny checkpoint written W8A8 (agent.migrate.quantize) beside it,
     for a recipe's quantized YAML (upstream's models/qwen qwen3_8b_w8a8_*.yaml); built once."""
-    from agent.migrate.quantize import quantize_w8a8
+    from agent.migrate.quantize import plan, quantize_w8a8
     from agent.quantization_formats import is_w8a8
 
     out = tiny.with_name(f"{tiny.name}-{scheme}")
+    plan(tiny)      # the run's verdict loads it with the installed transformers: what that cannot load, refused
     if (out / "config.json").is_file() and is_w8a8(load_json(out / "config.json")):
         return out
     tree = user_tree(recipe.path)

@@ -216,11 +216,16 @@ def quantized_reference(checkpoint: str, dtype: str):
     model_config = AutoConfig.from_pretrained(checkpoint)
     model_config.quant_config = get_quant_config(model_config, name, checkpoint)
     auto_class = transformers_auto_class(checkpoint)
-    references = [Incremental(auto_class.from_pretrained(checkpoint, dtype=torch.float32).eval(),
-                              len(PROMPT_LENGTHS))]
+
+    def load(run_dtype):
+        model = auto_class.from_pretrained(checkpoint, dtype=run_dtype).eval()
+        # transformers 5.0 leaves the float experts a compressed-tensors checkpoint keeps (its `ignore`) in the
+        # file's dtype when it merges them: the float parameters in the dtype asked for (int8 weights stay)
+        return model.to(run_dtype)
+
+    references = [Incremental(load(torch.float32), len(PROMPT_LENGTHS))]
     if dtype != "float32":
-        references.append(Incremental(auto_class.from_pretrained(checkpoint, dtype=getattr(torch, dtype))
-                                      .eval(), len(PROMPT_LENGTHS)))
+        references.append(Incremental(load(getattr(torch, dtype)), len(PROMPT_LENGTHS)))
     tensors = [item for path in sorted(glob.glob(os.path.join(checkpoint, "*.safetensors")))
                for item in load_file(path).items()]
     return config, references, tensors, model_config

@@ -215,12 +215,14 @@ def test_checkpoints_it_cannot_convert_are_refused_in_one_line(written, tmp_path
     from agent.testing.tiny_checkpoint import build_tiny_checkpoint
 
     build_tiny_checkpoint("qwen3_moe", moe, seed=1)
-    cases["moe"] = moe
+    if not quantize.loader_keeps_float_experts():       # the installed transformers cannot load its float experts
+        cases["moe"] = moe
     import quantized_checkpoints as forms
 
     cases["fp8"], _ = forms.qwen3_fp8(tmp_path / "fp8")      # a format migrations convert: the line says how
     expected = {"already": "is already quantized (compressed-tensors)", "bin": "not *.safetensors",
-                "remote": "repository's own code", "moe": "MoE experts",
+                "remote": "repository's own code",
+                "moe": "qwen3_moe's MoE experts stay float in the W8A8 checkpoint, and transformers ",
                 "fp8": f"is already quantized (block-FP8 (quant_method fp8, weight_block_size 128x128)); convert it "
                        f"to bf16 first (`migrator convert {tmp_path / 'fp8'} DEST`), then migrate DEST with --quantize w8a8"}
     for case, folder in cases.items():
@@ -286,3 +288,61 @@ def test_the_command_line_redoes_it_and_never_writes_over_a_folder_it_did_not_wr
     assert "is not an empty folder or a W8A8 checkpoint" in capsys.readouterr().err
     assert (other / "notes.txt").read_text() == "keep" and len(list(other.iterdir())) == 1
     assert quantize.main([str(tmp_path / "nothing"), str(tmp_path / "x")]) == 2
+
+
+@pytest.mark.parametrize("model_type, overrides, float_kept, quantized", [
+    ("qwen3_moe", {}, ["lm_head", "model.layers.0.mlp.experts", "model.layers.0.mlp.gate",
+                       "model.layers.1.mlp.experts", "model.layers.1.mlp.gate"],
+     ["model.layers.0.self_attn.q_proj", "model.layers.1.self_attn.o_proj"]),
+    # MLA + MoE: a dense first layer, shared experts quantized, kv_b_proj float
+    ("deepseek_v3", {}, ["lm_head", "model.layers.0.self_attn.kv_b_proj", "model.layers.1.mlp.experts",
+                         "model.layers.1.mlp.gate", "model.layers.1.self_attn.kv_b_proj"],
+     ["model.layers.0.mlp.gate_proj", "model.layers.1.mlp.shared_experts.down_proj",
+      "model.layers.1.self_attn.q_b_proj"]),
+    # MLA, every layer dense: no experts module, nothing a loader could drop
+    ("deepseek_v3", {"first_k_dense_replace": 2}, ["lm_head", "model.layers.0.self_attn.kv_b_proj",
+                                                   "model.layers.1.self_attn.kv_b_proj"],
+     ["model.layers.1.mlp.down_proj", "model.layers.1.self_attn.kv_a_proj_with_mqa"])])
+def test_moe_keeps_the_routed_experts_and_routers_float_by_the_module_upstream_builds(
+        tmp_path, model_type, overrides, float_kept, quantized):
+    """MoE checkpoints: the routed experts (transformers 5's stacked experts module, FusedMoEGMM's prefix) and the
+    routers (no nn.Linear in transformers 5) are the config's `ignore`; attention, dense MLPs and shared experts
+    are int8. Where the installed transformers' loader drops float experts a migration is refused in one line
+    (plan's default); the writer alone writes them. The per-step runs: test_native_quantized.py (slow)."""
+    from agent.testing.tiny_checkpoint import build_tiny_checkpoint
+
+    folder = build_tiny_checkpoint(model_type, tmp_path / model_type, seed=1, **overrides)
+    layout = quantize.plan(Path(folder), checkable=False)
+    assert sorted(layout.kept_float) == float_kept
+    assert set(quantized) <= set(layout.quantized) and not any(".experts" in n for n in layout.quantized)
+    has_experts = any(n.endswith(".experts") for n in float_kept)
+    if has_experts and not quantize.loader_keeps_float_experts():
+        with pytest.raises(InputError, match="drops float experts"):
+            quantize.plan(Path(folder))
+    else:
+        assert quantize.plan(Path(folder)).kept_float == layout.kept_float
+
+
+@pytest.mark.slow
+def test_the_loader_check_says_what_transformers_loading_the_moe_checkpoint_does(tmp_path):
+    """loader_keeps_float_experts (which runs transformers' op on one tensor) against transformers loading a
+    written MoE checkpoint whole: it loads, with the experts the source's, exactly where the check says so (the
+    default test_moe_keeps_the_routed_experts_and_routers_float_by_the_module_upstream_builds covers the refusal)."""
+    from transformers import AutoModelForCausalLM
+
+    from agent.testing.tiny_checkpoint import build_tiny_checkpoint
+
+    source = Path(build_tiny_checkpoint("qwen3_moe", tmp_path / "bf16", seed=1))
+    quantize.quantize_w8a8(source, tmp_path / "w8a8")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(tmp_path / "w8a8", dtype=torch.float32)
+    except RuntimeError as exc:
+        assert "conversion" in str(exc), exc
+        loads = False
+    else:
+        float_model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+        for got, want in zip(model.model.layers, float_model.model.layers):
+            assert torch.equal(got.mlp.experts.down_proj.float(), want.mlp.experts.down_proj)
+            assert torch.equal(got.mlp.experts.gate_up_proj.float(), want.mlp.experts.gate_up_proj)
+        loads = True
+    assert loads is quantize.loader_keeps_float_experts()

@@ -71,6 +71,20 @@ def is_moe_layer(config, layer_idx):
     return True
 
 
+def experts_quant_config(quant_config, prefix):
+    """The grouped matmul's quant_config: None where the checkpoint keeps its experts float (its `ignore` names
+    `prefix`, by upstream's own rule: module.quantization.compressed_tensors.utils.check_equal_or_regex_match).
+    Upstream's CompressedTensorsConfig.get_quant_method gives an ignored layer UnquantizedLinearMethod, whose
+    weights are a linear's, not FusedMoEGMM's (vLLM's PR 28878 fixed the same for its FusedMoE)."""
+    ignore = getattr(quant_config, "ignore", None)
+    if ignore:
+        from module.quantization.compressed_tensors.utils import check_equal_or_regex_match
+
+        if check_equal_or_regex_match(prefix, ignore):
+            return None
+    return quant_config
+
+
 def shared_experts_width(config):
     """The shared experts' intermediate width (0: this checkpoint has none)."""
     if SHARED_WIDTH == "per_expert":
@@ -245,7 +259,8 @@ class ModelSparseMoeBlock(nn.Module):
             # this EP rank's experts alone (FusedMoEGMM's own EP filter covers moe_tp_size 1 only)
             self.experts = FusedMoEGMM(num_experts=layout.local_experts, hidden_size=self.hidden_size,
                                        intermediate_size=width, bias=False, tp_size=self.moe_tp_size, tp_rank=tp_rank,
-                                       params_dtype=torch.get_default_dtype(), quant_config=quant_config,
+                                       params_dtype=torch.get_default_dtype(),
+                                       quant_config=experts_quant_config(quant_config, f"{prefix}.experts"),
                                        prefix=f"{prefix}.experts")
             # (param_name, checkpoint name, expert_id, shard_id): the checkpoint's per-expert tensors
             self.expert_params_mapping = FusedMoEGMM.make_expert_params_mapping(
