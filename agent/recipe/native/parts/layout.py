@@ -253,6 +253,18 @@ def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
 MLP_ROLES = ("up_proj", "act_fn", "down_proj")
 
 
+def call_mlp(mlp, x):
+    """mlp(x); an MLP whose forward adds the layer's residual itself (mpt's ffn(x, residual)) given a zero one: its
+    own output."""
+    import inspect
+
+    import torch
+
+    if "residual" in inspect.signature(mlp.forward).parameters:
+        return mlp(x, torch.zeros_like(x))
+    return mlp(x)
+
+
 def mlp_roles(mlp) -> dict | None:
     """A plain MLP's children by role, whatever the architecture names them (starcoder2's and gpt2's c_fc / act /
     c_proj, gptj's fc_in / fc_out, gpt_neox's dense_h_to_4h / dense_4h_to_h, phi's fc1 / activation_fn / fc2):
@@ -273,7 +285,7 @@ def mlp_roles(mlp) -> dict | None:
             order.clear()
             try:
                 with torch.no_grad():
-                    mlp(torch.zeros(1, width))
+                    call_mlp(mlp, torch.zeros(1, width))
                 break
             except Exception:  # noqa: BLE001 - not callable on this width: the other, or not this MLP
                 order.clear()

@@ -39,6 +39,7 @@ MLA = False                     # multi-head latent attention: its rope dims, la
 MOE = False                     # sparse-MoE layers: their experts over moe_tp_group and moe_ep_group
 MTP = False                     # an MTP draft model beside this one (code/mtp.py): next_n > 0 returns every hidden state
 ABSOLUTE_POSITIONS = False      # positions added to the embedding (gpt2's learned wpe): the position slot's table, no rotary
+ALIBI = False                   # ALiBi positions: the attention adds each head's bias (position_alibi.py), no table here
 CONTEXT_PARALLEL = False        # prefill context parallel (parallel_config.cp_size): context_parallel.py's segments
 LINEAR_ATTENTION = False        # linear-attention layers beside attention ones: their state caches (Mamba entries)
 # transformers' renames of the checkpoint's tensor names for this architecture (pattern, replacement), in order
@@ -78,7 +79,7 @@ class ModelModel(nn.Module):
         if ABSOLUTE_POSITIONS:
             # the position slot's class is a table of position rows here, added to the embedding
             self.embed_positions = RotaryEmbedding(config)
-        else:
+        elif not ALIBI:
             if MLA:
                 head_dim = config.qk_rope_head_dim          # MLA: the rope dims of the query and the shared key
             else:
@@ -104,6 +105,8 @@ class ModelModel(nn.Module):
             hidden_states = hidden_states * getattr(self.config, EMBED_MULTIPLIER_KEY)
         if ABSOLUTE_POSITIONS:
             hidden_states = hidden_states + self.embed_positions(position_ids).to(hidden_states.dtype)
+            cos_sin = None
+        elif ALIBI:
             cos_sin = None
         elif ROPE_BY_LAYER_TYPE:
             cos_sin = {kind: rotary(hidden_states, position_ids) for kind, rotary in self.rotary_emb.items()}
