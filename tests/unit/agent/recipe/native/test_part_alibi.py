@@ -4,7 +4,8 @@ npu_fused_infer_attention_score_v2 with the bias as its pse_shift, the prefill i
 transformers' own builders, mpt's derived parts (with its hard-coded GELU and 4 x width, an MLP that adds the
 residual itself), and mpt's file held to transformers in float32 and bfloat16, a file with the slopes wrong failing
 the same check (by default); the bias dropped at prefill, or reversed at decode, fail too (slow: the
-default case of their path is the slopes' fault)."""
+default case of their path is the slopes' fault). bloom's file (its embedding norm, per-head fused q/k/v, tanh GELU)
+likewise, slow, a file without the embedding norm failing."""
 
 from __future__ import annotations
 
@@ -107,3 +108,55 @@ def test_the_mpt_file_matches_transformers_and_wrong_slopes_fail(mpt, tmp_path):
 def test_the_bias_at_prefill_and_at_decode_is_what_the_check_holds(mpt, tmp_path):
     """Slow: the default case of this path is test_the_mpt_file_matches_transformers_and_wrong_slopes_fail."""
     _check(mpt, [PREFILL_BIAS_DROPPED, DECODE_BIAS_REVERSED], tmp_path)
+
+
+EMBED_NORM_DROPPED = ("hidden_states = self.embed_norm(hidden_states)", "hidden_states = hidden_states")
+
+
+@pytest.fixture(scope="module")
+def bloom():
+    from transformers import AutoConfig
+
+    from agent.recipe.native.compose import derive
+
+    config = AutoConfig.for_model("bloom").to_dict()
+    return config, derive(config)
+
+
+@pytest.mark.slow
+def test_bloom_is_read_with_its_embedding_norm_and_per_head_qkv(bloom):
+    """Slow (bloom's derive): the default case of the ALiBi path is mpt's."""
+    import re
+
+    from agent.recipe.native.decide import render_native
+
+    _, composition = bloom
+    options = composition.options
+    assert composition.parts["position"] == "alibi" and options["EMBED_NORM"] is True
+    assert options["QKV_GROUPS"] == ("kv_heads", "qkv") and options["ACT_FIXED"] == "gelu_pytorch_tanh"
+    assert options["ALIBI_BIAS_MAX"] == 8
+    renamed = "transformer.word_embeddings_layernorm.weight"
+    for pattern, replacement in options["CHECKPOINT_RENAMES"]:
+        renamed = re.sub(pattern, replacement, renamed, count=1)
+    assert renamed == "model.embed_norm.weight"
+    text = render_native(render_ctx("bloom", "BloomForCausalLM"), composition)
+    assert text.count(EMBED_NORM_DROPPED[0]) == 1
+
+
+def test_a_residual_taken_after_the_norm_falls_back_naming_it():
+    from transformers import AutoConfig
+
+    from agent.recipe.native.compose import derive
+    from agent.recipe.native.not_native import NotNative
+
+    with pytest.raises(NotNative, match="apply_residual_connection_post_layernorm"):
+        derive(AutoConfig.for_model("bloom", apply_residual_connection_post_layernorm=True).to_dict())
+
+
+@pytest.mark.slow
+def test_the_bloom_file_matches_transformers_and_faults_fail(bloom, tmp_path):
+    """Slow: the default case of the ALiBi path is mpt's (test_the_mpt_file_matches_transformers_and_wrong_slopes_fail);
+    the embedding norm dropped must fail."""
+    rows = selfcheck_with_faults({"bloom": bloom}, {"bloom": [EMBED_NORM_DROPPED, SLOPES_WRONG]}, "BloomForCausalLM",
+                                 tmp_path)
+    assert any("bfloat16" in label for _, label, ok, _ in rows if ok)
