@@ -442,12 +442,12 @@ def _softcapped(probe) -> bool:
 
 
 def _dense_match(part, probe, chosen, **extra) -> Match:
-    if (chosen.get("position") is not None and chosen["position"].options.get("ALIBI")) != (part is ALIBI_PAGED):
+    position = chosen.get("position")
+    if bool(position is not None and position.options.get("ALIBI")) != (part is ALIBI_PAGED):
         raise NotNative("attention", "ALiBi positions: the attention adds their bias (alibi_paged) or is not this "
                                      "model's")
     facts = dense_attention(probe)
     options = {k: v for k, v in facts.items() if k in DENSE_OPTIONS}
-    position = chosen.get("position")
     if position is not None and position.options.get("ABSOLUTE_POSITIONS"):
         extra = {**extra, "ROTARY": False}          # positions added to the embedding: no rotary here
     return Match(part, options={**options, **extra},
