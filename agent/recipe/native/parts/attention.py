@@ -496,6 +496,9 @@ def _alibi_paged(probe, chosen):
     position = chosen.get("position")
     if position is None or not position.options.get("ALIBI"):
         return None
+    if getattr(getattr(probe.config, "attn_config", None), "clip_qkv", None):
+        raise NotNative("attention", "attn_config.clip_qkv: q/k/v clamped after the projection, which the file does "
+                                     "not do")
     if is_mla_model(probe) or _softcapped(probe) or dense_attention(probe)["sinks"]:
         raise NotNative("attention", "ALiBi with latent attention, soft-capped logits or sinks: not written")
     if dense_attention(probe)["WINDOWS"]:

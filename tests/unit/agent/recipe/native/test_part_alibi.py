@@ -160,3 +160,15 @@ def test_the_bloom_file_matches_transformers_and_faults_fail(bloom, tmp_path):
     rows = selfcheck_with_faults({"bloom": bloom}, {"bloom": [EMBED_NORM_DROPPED, SLOPES_WRONG]}, "BloomForCausalLM",
                                  tmp_path)
     assert any("bfloat16" in label for _, label, ok, _ in rows if ok)
+
+
+@pytest.mark.slow
+def test_mpts_clamped_qkv_falls_back_naming_it():
+    """Slow (a derive): mpt checkpoints with attn_config.clip_qkv keep the adapter."""
+    from transformers import AutoConfig
+
+    from agent.recipe.native.compose import derive
+    from agent.recipe.native.not_native import NotNative
+
+    with pytest.raises(NotNative, match="clip_qkv"):
+        derive(AutoConfig.for_model("mpt", attn_config={"clip_qkv": 8.0}).to_dict())
