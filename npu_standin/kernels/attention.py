@@ -232,6 +232,8 @@ def _attention(op, query, key, value, *, layout, num_heads, num_kv_heads, scale,
         # NPU's check, as upstream's common_issues.md quotes it)
         raise RuntimeError(f"{op}: batchSize[{atten_mask.shape[0]}] of atten_mask != batchSize[{len(queries)}] "
                            "of query (npu stand-in: a 2-D atten_mask at Q_S=1 is (B, KV_S))")
+    if pse_shift is not None:
+        _check_pse(op, pse_shift, src, num_heads, len(queries), max_q, block_table, block_size)
     outs, stats = [], []
     for b, (q, (k, v)) in enumerate(zip(queries, pairs)):
         sq, skv = q.shape[1], k.shape[1]
@@ -249,6 +251,23 @@ def _attention(op, query, key, value, *, layout, num_heads, num_kv_heads, scale,
         return result, packed
     lse = packed[..., :1] + torch.log(packed[..., 1:])
     return result, (lse if want_lse else query.new_zeros((1,), dtype=torch.float32))
+
+
+def _check_pse(op, pse, layout, heads, batch, max_q, block_table, block_size):
+    """pse_shift as torch_npu documents it for the fused infer attention (op-plugin docs/context/
+    torch_npu-npu_fused_infer_attention_score_v2.md, pse_shift and the constraints): (B, N, Q_S, KV_S) or
+    (1, N, Q_S, KV_S); not with the TND / NTD layouts; under page attention KV_S at least the block table's width
+    x block_size."""
+    if op == "npu_fusion_attention":
+        return
+    if layout in ("TND", "NTD"):
+        raise ValueError(f"{op}: pse_shift is not supported with input_layout {layout} (npu stand-in: as "
+                         "documented for TND / NTD_TND)")
+    if pse.dim() != 4 or pse.shape[0] not in (1, batch) or pse.shape[1] != heads or pse.shape[2] < max_q:
+        raise ValueError(f"{op}: pse_shift of shape {tuple(pse.shape)}: not (B or 1, N={heads}, Q_S, KV_S)")
+    if block_table is not None and pse.shape[3] < block_table.shape[1] * block_size:
+        raise ValueError(f"{op}: pse_shift's KV_S {pse.shape[3]} < the block table's {block_table.shape[1]} blocks x "
+                         f"block_size {block_size} (page attention)")
 
 
 def _assemble(outs, stats, src, dst, shape, query, heads):

@@ -227,6 +227,8 @@ def dense_attention(probe) -> dict:
         qk_names = pairs[0] if pairs else QK_NORM_NAMES[0]
         qk_width = qk_norm_width(a, heads, kv_heads, head_dim, qk_names) if pairs else None
         scale = getattr(attention, "scaling", None)
+        if scale is None and probe.memo.get("alibi"):
+            scale = alibi_scale(attention)
         if scale is None and not fused and probe.layout is not None:
             scale = measured_scale(attention, qkv, o, heads, head_dim)        # gpt_neo's: no `scaling`
         if not isinstance(scale, float):
@@ -440,9 +442,12 @@ def _softcapped(probe) -> bool:
 
 
 def _dense_match(part, probe, chosen, **extra) -> Match:
+    position = chosen.get("position")
+    if bool(position is not None and position.options.get("ALIBI")) != (part is ALIBI_PAGED):
+        raise NotNative("attention", "ALiBi positions: the attention adds their bias (alibi_paged) or is not this "
+                                     "model's")
     facts = dense_attention(probe)
     options = {k: v for k, v in facts.items() if k in DENSE_OPTIONS}
-    position = chosen.get("position")
     if position is not None and position.options.get("ABSOLUTE_POSITIONS"):
         extra = {**extra, "ROTARY": False}          # positions added to the embedding: no rotary here
     return Match(part, options={**options, **extra},
@@ -479,6 +484,28 @@ def _softcap_paged(probe, chosen):
     return _dense_match(SOFTCAP_PAGED, probe, chosen)
 
 
+def alibi_scale(attention) -> float | None:
+    """The softmax scale of an ALiBi model's attention: mpt's softmax_scale, bloom's inv_norm_factor."""
+    for name in ("softmax_scale", "inv_norm_factor"):
+        if isinstance(getattr(attention, name, None), float):
+            return getattr(attention, name)
+    return None
+
+
+def _alibi_paged(probe, chosen):
+    position = chosen.get("position")
+    if position is None or not position.options.get("ALIBI"):
+        return None
+    if getattr(getattr(probe.config, "attn_config", None), "clip_qkv", None):
+        raise NotNative("attention", "attn_config.clip_qkv: q/k/v clamped after the projection, which the file does "
+                                     "not do")
+    if is_mla_model(probe) or _softcapped(probe) or dense_attention(probe)["sinks"]:
+        raise NotNative("attention", "ALiBi with latent attention, soft-capped logits or sinks: not written")
+    if dense_attention(probe)["WINDOWS"]:
+        raise NotNative("attention", "ALiBi with sliding-window layers: not written")
+    return _dense_match(ALIBI_PAGED, probe, chosen, ROTARY=False)
+
+
 WRITE_KERNELS = ("npu_scatter_nd_update_ (paged KV write)",)
 
 
@@ -501,6 +528,13 @@ def _softcap_kernels(match):
             ("attention: plain torch over the paged cache (logit soft-capping: npu_fused_infer_attention_score has "
              f"no soft-cap); a decode step gathers the {window}the block table's width on full-attention layers "
              "(one shape for graph mode)",))
+
+
+def _alibi_kernels(match):
+    return (WRITE_KERNELS + ("npu_fused_infer_attention_score_v2 at decode (BSH, paged cache through block_table, the "
+                             "ALiBi bias as its pse_shift)",),
+            ("prefill attention: plain torch, one sequence at a time (ALiBi: the fused op's TND layout takes no "
+             "pse_shift)",))
 
 
 def _variants(match, probe):
@@ -532,3 +566,6 @@ SOFTCAP_PAGED = Part(
     slot="attention", name="softcap_paged", code="attention_softcap.py", provides="ModelSoftcapAttention",
     reads=_READS + ("attn_logit_softcapping",), probe=_softcap_paged, kernels=_softcap_kernels,
     options=DENSE_OPTIONS, variants=_variants)
+ALIBI_PAGED = Part(
+    slot="attention", name="alibi_paged", code="attention_alibi.py", provides="ModelAlibiAttention",
+    reads=_READS, probe=_alibi_paged, kernels=_alibi_kernels, options=DENSE_OPTIONS, variants=_variants)

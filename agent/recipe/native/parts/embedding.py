@@ -61,9 +61,15 @@ def embed_scale(probe) -> bool:
     got, table = first_layer_input(probe)
     hidden = probe.hidden
     candidates = _added_positions(probe, table.shape[0])
+    from agent.recipe.native.parts.probe import children
+
+    norm = children(probe.base).get("embed_norm")         # bloom's: the embedding normalised before the first layer
     for offset, positions in candidates:
         for scaled in (False, True):
             want = table * torch.tensor(hidden ** 0.5, dtype=table.dtype) if scaled else table
+            if norm is not None:
+                with torch.no_grad():
+                    want = norm(want + positions) - positions
             if torch.allclose(got, want + positions, rtol=1e-5, atol=1e-6):
                 probe.memo["position_offset"] = offset
                 return scaled

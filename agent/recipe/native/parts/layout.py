@@ -26,6 +26,7 @@ class Layout:
     renames: tuple = ()                           # (pattern, replacement) on the checkpoint's names, in order
     transposed: tuple = ()                        # patterns of the stored names of Conv1D weights
     refusal: str | None = None                    # a layer shape no part writes (the model part raises it)
+    embed_norm: bool = False                      # a norm of the embedding before the first layer (bloom's)
 
 
 def present(parent, roles: dict, hide: tuple = ()) -> None:
@@ -139,6 +140,16 @@ def read_layout(model, hidden: int) -> Layout | None:
             roles[name] = "embed_positions"
         elif _is_norm(child) and getattr(getattr(child, "weight", None), "shape", None) == (hidden,):
             roles[name] = "norm"
+    norms = [name for name, role in roles.items() if role == "norm"]
+    if len(norms) == 2 and len(lists) == 1:
+        # bloom's word_embeddings_layernorm: the norm the base model calls before its layers normalises the embedding
+        # (the layers' list is never called itself: the norm called right after the embedding is the first)
+        order = call_order(model, base)
+        embed = next((n for n, role in roles.items() if role == "embed_tokens"), None)
+        if embed in order and all(n in order for n in norms):
+            first = min(norms, key=order.index)
+            if order.index(first) == order.index(embed) + 1:
+                roles[first] = "embed_norm"
     if len(set(roles.values())) != len(roles):
         return Layout(base, refusal="more than one position embedding or final norm in the base model")
     present(base, roles)
@@ -147,7 +158,7 @@ def read_layout(model, hidden: int) -> Layout | None:
     if "layers" not in roles.values():
         return Layout(base, tuple(renames), refusal=f"no one list of decoder layers in the base model (module "
                                                     f"lists: {', '.join(lists) or 'none'})")
-    layout = Layout(base, tuple(renames))
+    layout = Layout(base, tuple(renames), embed_norm="embed_norm" in roles.values())
     _layer_roles(model, list(base.layers), hidden, layout)
     return layout
 
@@ -253,6 +264,18 @@ def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
 MLP_ROLES = ("up_proj", "act_fn", "down_proj")
 
 
+def call_mlp(mlp, x):
+    """mlp(x); an MLP whose forward adds the layer's residual itself (mpt's ffn(x, residual)) given a zero one: its
+    own output."""
+    import inspect
+
+    import torch
+
+    if "residual" in inspect.signature(mlp.forward).parameters:
+        return mlp(x, torch.zeros_like(x))
+    return mlp(x)
+
+
 def mlp_roles(mlp) -> dict | None:
     """A plain MLP's children by role, whatever the architecture names them (starcoder2's and gpt2's c_fc / act /
     c_proj, gptj's fc_in / fc_out, gpt_neox's dense_h_to_4h / dense_4h_to_h, phi's fc1 / activation_fn / fc2):
@@ -273,7 +296,7 @@ def mlp_roles(mlp) -> dict | None:
             order.clear()
             try:
                 with torch.no_grad():
-                    mlp(torch.zeros(1, width))
+                    call_mlp(mlp, torch.zeros(1, width))
                 break
             except Exception:  # noqa: BLE001 - not callable on this width: the other, or not this MLP
                 order.clear()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from agent.recipe.native.not_native import NotNative
 from agent.recipe.native.parts.attention import out_features
-from agent.recipe.native.parts.layout import MLP_ROLES, mlp_roles
+from agent.recipe.native.parts.layout import MLP_ROLES, call_mlp, mlp_roles
 from agent.recipe.native.parts.mlp import act_key, bias_option, bias_variants, dense_mlps
 from agent.recipe.native.parts.part import Match, Part
 from agent.recipe.native.parts.probe import children
@@ -23,13 +23,30 @@ def _probe_formula(mlp, up, down, hidden: int, activation) -> None:
     x = torch.randn(3, hidden, generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         expected = down(activation(up(x)))
-        got = mlp(x)
+        got = call_mlp(mlp, x)
     if not torch.allclose(got, expected, rtol=1e-4, atol=1e-5):
         raise NotNative("mlp", f"{type(mlp).__name__} is not down(act(up(x)))")
 
 
 # config keys that hold a plain MLP's width, as the architectures name it (gpt2's n_inner: 4 x hidden_size where None)
 WIDTH_KEYS = ("intermediate_size", "ffn_dim", "n_inner")
+
+
+FIXED_ACTIVATIONS = ("gelu", "gelu_pytorch_tanh", "relu", "silu")     # ACT2FN entries an architecture may hard-code
+
+
+def fixed_activation(module, hidden: int) -> str:
+    """The ACT2FN entry computing `module` (an activation no config key names), or NotNative."""
+    import torch
+    from transformers.activations import ACT2FN
+
+    x = 3 * torch.randn(4, hidden, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        for name in FIXED_ACTIVATIONS:
+            if torch.allclose(module(x), ACT2FN[name](x), rtol=1e-5, atol=1e-6):
+                return name
+    raise NotNative("mlp", f"no hidden_act / hidden_activation in the config, and {type(module).__name__} is none of "
+                           f"{', '.join(FIXED_ACTIVATIONS)}")
 
 
 def _width(probe, widths: set, up_name: str) -> dict:
@@ -43,6 +60,8 @@ def _width(probe, widths: set, up_name: str) -> dict:
         # a key of None meaning 4 x hidden_size (gpt2's n_inner, gpt_neo's intermediate_size)
         key = next((k for k in WIDTH_KEYS if k in config.to_dict() and getattr(config, k) is None), None)
     default = key is not None and getattr(config, key) is None or key == "n_inner"
+    if key is None and width == 4 * probe.hidden and _fixed_4x(probe, up_name):
+        return {"WIDTH_FIXED_4X": True}
     if key is None:
         raise NotNative("mlp", f"plain MLP of width {sorted(widths)}: no config key of {', '.join(WIDTH_KEYS)} holds it")
     other = probe.variant({key: 2 * probe.hidden + 8})
@@ -50,6 +69,13 @@ def _width(probe, widths: set, up_name: str) -> dict:
     if out_features(up) != 2 * probe.hidden + 8:
         raise NotNative("mlp", f"the plain MLP's width does not follow config.{key}")
     return {"MLP_WIDTH": key, "WIDTH_DEFAULT_4X": default}
+
+
+def _fixed_4x(probe, up_name: str) -> bool:
+    """The architecture hard-codes a width of 4 x hidden_size (mpt, whose expansion_ratio transformers does not
+    read): a config of half the hidden_size keeps 4 x it."""
+    other = probe.variant({"hidden_size": probe.hidden // 2})
+    return out_features(children(children(other.layers[0])["mlp"])[up_name]) == 2 * probe.hidden
 
 
 def _plain(probe, chosen):
@@ -65,7 +91,11 @@ def _plain(probe, chosen):
     if roles[0] is None or any(r != roles[0] for r in roles):
         return None
     up_name, act_name, down_name = (roles[0][role] for role in PLAIN_CHILDREN)
-    key = act_key(source.config)
+    try:
+        key, fixed = act_key(source.config), None
+    except NotNative:
+        # no config key names it: the architecture's own activation, as the ACT2FN entry that computes it (mpt's GELU)
+        key, fixed = None, fixed_activation(children(mlps[0])[act_name], source.hidden)
     biases, widths, learned = set(), set(), set()
     for mlp in mlps:
         up, down = children(mlp)[up_name], children(mlp)[down_name]
@@ -74,7 +104,7 @@ def _plain(probe, chosen):
         if out_features(up) != getattr(source.config, "intermediate_size", None):
             widths.add(out_features(up))
         biases.add((up.bias is not None, down.bias is not None))
-        activation = ACT2FN[getattr(source.config, key)]
+        activation = ACT2FN[fixed or getattr(source.config, key)]
         own = children(mlp)[act_name]
         if type(own) is type(activation) and any(True for _ in own.parameters()):
             activation = own       # an activation with learned parameters (xIELU's alpha_p / alpha_n): the layer's
@@ -88,9 +118,10 @@ def _plain(probe, chosen):
                     if old != new)
     if learned and act_name != "act_fn":
         raise NotNative("mlp", f"an activation with learned parameters under another name ({act_name})")
-    return Match(PLAIN_MLP, options={"ACT": key, "MLP_BIAS": bias_option(source, next(iter(biases))[0]),
+    act = {"ACT_FIXED": fixed} if fixed else {"ACT": key}
+    return Match(PLAIN_MLP, options={**act, "MLP_BIAS": bias_option(source, next(iter(biases))[0]),
                                      "CHECKPOINT_RENAMES": renames, **width, **({"ACT_PARAMS": True} if learned else {})},
-                 facts={"activation": getattr(source.config, key)})
+                 facts={"activation": fixed or getattr(source.config, key)})
 
 
 
@@ -99,5 +130,6 @@ PLAIN_MLP = Part(
     reads=("hidden_size", "intermediate_size", "hidden_act", "mlp_bias"), probe=_plain,
     kernels=lambda m: ((), (f"MLP activation {m.facts['activation']}: plain torch between the parallel linears "
                             "(no gate: npu_swiglu does not apply)",)),
-    options=("ACT", "MLP_BIAS", "CHECKPOINT_RENAMES", "MLP_WIDTH", "WIDTH_DEFAULT_4X", "ACT_PARAMS"),
+    options=("ACT", "MLP_BIAS", "CHECKPOINT_RENAMES", "MLP_WIDTH", "WIDTH_DEFAULT_4X", "ACT_PARAMS", "ACT_FIXED",
+             "WIDTH_FIXED_4X"),
     variants=bias_variants)

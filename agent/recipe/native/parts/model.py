@@ -12,7 +12,7 @@ from agent.recipe.native.parts.norm_roles import norm_roles
 from agent.recipe.native.parts.part import Match, Part
 from agent.recipe.native.parts.probe import children
 
-MODEL_CHILDREN = {"embed_tokens", "layers", "norm", "rotary_emb", "embed_positions"}
+MODEL_CHILDREN = {"embed_tokens", "layers", "norm", "rotary_emb", "embed_positions", "embed_norm"}
 LAYER_CHILDREN = {"self_attn", "linear_attn", "mlp", *LAYER_NORMS}   # linear_attn: parts/linear_attention.py
 
 
@@ -86,6 +86,8 @@ def _probe(probe, chosen):
     layout = probe.layout
     if layout is not None and layout.refusal:
         raise NotNative("model", layout.refusal)
+    if getattr(probe.config, "apply_residual_connection_post_layernorm", False):
+        raise NotNative("decoder layer", "apply_residual_connection_post_layernorm: the residual taken after the norm")
     top = children(probe.model)
     if set(top) - {"model", "lm_head"}:
         raise NotNative("model", f"heads other than lm_head: {sorted(set(top) - {'model', 'lm_head'})}")
@@ -120,7 +122,8 @@ def _probe(probe, chosen):
         return Match(CAUSAL_LM, options={"CHECKPOINT_RENAMES": renames})
     # the root under another name: the stored names to the skeleton's, after transformers' own renames
     return Match(CAUSAL_LM, options={"CHECKPOINT_RENAMES": renames + layout.renames,
-                                     "TRANSPOSED_WEIGHTS": layout.transposed},
+                                     "TRANSPOSED_WEIGHTS": layout.transposed,
+                                     **({"EMBED_NORM": True} if layout.embed_norm else {})},
                  facts={"transposed": bool(layout.transposed)})
 
 
@@ -142,6 +145,6 @@ CAUSAL_LM = Part(
     slot="model", name="causal_lm", code="causal_lm.py", provides=None,
     reads=("num_hidden_layers", "hidden_size", "vocab_size", "rms_norm_eps", "max_position_embeddings", "head_dim",
            "num_attention_heads", "num_key_value_heads", "intermediate_size"),
-    probe=_probe, options=("CHECKPOINT_RENAMES", "STACKED_PARAMS", "MLA", "MOE", "TRANSPOSED_WEIGHTS"),
+    probe=_probe, options=("CHECKPOINT_RENAMES", "STACKED_PARAMS", "MLA", "MOE", "TRANSPOSED_WEIGHTS", "EMBED_NORM"),
     kernels=lambda m: ((), ("Conv1D weights (stored [in, out]) transposed once at load into the parallel linears",)
                        if m.facts.get("transposed") else ()))

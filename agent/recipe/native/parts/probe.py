@@ -57,6 +57,12 @@ def shrunk_config(config_dict: dict, changes: dict | None = None):
         # transformers reads them, so that they shrink (not the type's full-size defaults built in float32)
         known = AutoConfig.for_model(data["model_type"], **{k: v for k, v in data.items() if k != "model_type"})
         data = {**known.to_dict(), **data}
+        if "n_embd" not in data:
+            # sizes stored under the config class's own names (mpt's d_model, n_heads, n_layers): read under
+            # transformers' (its attribute_map), so that they shrink
+            for name, stored in getattr(type(known), "attribute_map", {}).items():
+                if name in SIZE_KEYS | {"num_attention_heads"} and stored in data and name not in data:
+                    data[name] = data.pop(stored)
     overrides = shrink_config(data)
     real = {key: data[key] for key in KERNEL_DIMS if isinstance(data.get(key), int)}
     heads, hidden = data.get("num_attention_heads"), data.get("hidden_size")

@@ -4,6 +4,7 @@ layouts, GQA, paged KV, actual sequence lengths, sparse modes, learnable sinks, 
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -245,3 +246,53 @@ def test_fake_shapes_equal_the_references(layout, shape):
         fake, _ = fia2(mode.from_tensor(q), mode.from_tensor(q), mode.from_tensor(q), num_query_heads=4,
                        input_layout=layout, **extra)
     assert tuple(fake.shape) == tuple(real.shape) and fake.dtype == real.dtype
+
+
+def _paged_decode(rows=2, heads=4, kv_heads=2, dim=16, block=4, blocks_per_row=3, seed=3):
+    """One query per row over a paged cache: (query BSH, caches (blocks, block, kv_heads x dim), table, lengths)."""
+    gen = torch.Generator().manual_seed(seed)
+    cache_k = torch.randn(rows * blocks_per_row, block, kv_heads * dim, generator=gen)
+    cache_v = torch.randn(rows * blocks_per_row, block, kv_heads * dim, generator=gen)
+    table = torch.arange(rows * blocks_per_row, dtype=torch.int32).view(rows, blocks_per_row).flip(1).contiguous()
+    query = torch.randn(rows, 1, heads * dim, generator=gen)
+    return query, cache_k, cache_v, table, [9, 5][:rows]
+
+
+def test_fia_v2_pse_shift_is_added_to_the_scaled_scores_of_a_paged_decode():
+    """pse_shift (B, N, 1, KV_S) joins the scores after softmax_scale, each key column its own (the ALiBi decode of
+    agent/recipe/native/parts/code/attention_alibi.py)."""
+    rows, heads, kv_heads, dim, block = 2, 4, 2, 16, 4
+    query, cache_k, cache_v, table, lengths = _paged_decode(rows, heads, kv_heads, dim, block)
+    width = table.shape[1] * block
+    pse = torch.randn(rows, heads, 1, width, generator=torch.Generator().manual_seed(8))
+    out, _ = fia2(query, cache_k, cache_v, pse_shift=pse, num_query_heads=heads, num_key_value_heads=kv_heads,
+                  softmax_scale=0.25, input_layout="BSH", actual_seq_kvlen=lengths, block_table=table, block_size=block)
+    for b, n in enumerate(lengths):
+        slots = (table[b].long().repeat_interleave(block) * block + torch.arange(width) % block)[:n]
+        k = cache_k.view(-1, kv_heads, dim)[slots].transpose(0, 1).repeat_interleave(heads // kv_heads, 0)
+        v = cache_v.view(-1, kv_heads, dim)[slots].transpose(0, 1).repeat_interleave(heads // kv_heads, 0)
+        q = query[b].view(heads, 1, dim)
+        probs = (q @ k.transpose(-1, -2) * 0.25 + pse[b, :, :, :n]).softmax(-1)
+        assert torch.allclose(out[b].view(heads, dim), (probs @ v).view(heads, dim), atol=1e-5)
+
+
+@pytest.mark.parametrize("case, message", [
+    ("tnd", "not supported with input_layout TND"),
+    ("narrow", "< the block table's"),
+    ("heads", "not (B or 1, N=4"),
+])
+def test_fia_v2_pse_shift_outside_the_documented_shapes_is_refused(case, message):
+    """As op-plugin's torch_npu-npu_fused_infer_attention_score_v2.md documents pse_shift: not in TND; under page
+    attention KV_S at least the table's width x block_size; (B or 1, N, Q_S, KV_S)."""
+    rows, heads, kv_heads, dim, block = 2, 4, 2, 16, 4
+    query, cache_k, cache_v, table, lengths = _paged_decode(rows, heads, kv_heads, dim, block)
+    width = table.shape[1] * block
+    pse = torch.zeros(rows, heads if case != "heads" else 2, 1, width - 1 if case == "narrow" else width)
+    kwargs = dict(pse_shift=pse, num_query_heads=heads, num_key_value_heads=kv_heads, block_table=table,
+                  block_size=block)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        if case == "tnd":
+            fia2(query.view(rows, heads, dim), cache_k, cache_v, input_layout="TND",
+                 actual_seq_qlen=list(range(1, rows + 1)), actual_seq_kvlen=lengths, **kwargs)
+        else:
+            fia2(query, cache_k, cache_v, input_layout="BSH", actual_seq_kvlen=lengths, **kwargs)

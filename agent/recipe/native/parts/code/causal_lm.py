@@ -39,6 +39,8 @@ MLA = False                     # multi-head latent attention: its rope dims, la
 MOE = False                     # sparse-MoE layers: their experts over moe_tp_group and moe_ep_group
 MTP = False                     # an MTP draft model beside this one (code/mtp.py): next_n > 0 returns every hidden state
 ABSOLUTE_POSITIONS = False      # positions added to the embedding (gpt2's learned wpe): the position slot's table, no rotary
+EMBED_NORM = False              # the embedding normalised before the first layer (bloom's word_embeddings_layernorm)
+ALIBI = False                   # ALiBi positions: the attention adds each head's bias (position_alibi.py), no table here
 CONTEXT_PARALLEL = False        # prefill context parallel (parallel_config.cp_size): context_parallel.py's segments
 LINEAR_ATTENTION = False        # linear-attention layers beside attention ones: their state caches (Mamba entries)
 # transformers' renames of the checkpoint's tensor names for this architecture (pattern, replacement), in order
@@ -73,12 +75,14 @@ class ModelModel(nn.Module):
             DecoderLayer(config, infer_config, comm_manager, layer_idx, prefix=f"model.layers.{layer_idx}")
             for layer_idx in range(config.num_hidden_layers)])
         self.norm = Norm(config.hidden_size, eps=getattr(config, NORM_EPS) if NORM_EPS else FIXED_NORM_EPS)
+        if EMBED_NORM:
+            self.embed_norm = Norm(config.hidden_size, eps=getattr(config, NORM_EPS) if NORM_EPS else FIXED_NORM_EPS)
         if MTP:
             self.next_n = getattr(infer_config.model_config, "next_n", 0)
         if ABSOLUTE_POSITIONS:
             # the position slot's class is a table of position rows here, added to the embedding
             self.embed_positions = RotaryEmbedding(config)
-        else:
+        elif not ALIBI:
             if MLA:
                 head_dim = config.qk_rope_head_dim          # MLA: the rope dims of the query and the shared key
             else:
@@ -102,8 +106,12 @@ class ModelModel(nn.Module):
             hidden_states = hidden_states * torch.tensor(self.config.hidden_size ** 0.5, dtype=hidden_states.dtype)
         if EMBED_MULTIPLIER:
             hidden_states = hidden_states * getattr(self.config, EMBED_MULTIPLIER_KEY)
+        if EMBED_NORM:
+            hidden_states = self.embed_norm(hidden_states)
         if ABSOLUTE_POSITIONS:
             hidden_states = hidden_states + self.embed_positions(position_ids).to(hidden_states.dtype)
+            cos_sin = None
+        elif ALIBI:
             cos_sin = None
         elif ROPE_BY_LAYER_TYPE:
             cos_sin = {kind: rotary(hidden_states, position_ids) for kind, rotary in self.rotary_emb.items()}
