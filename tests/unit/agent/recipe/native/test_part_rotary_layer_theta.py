@@ -30,13 +30,13 @@ NOPE_ROTATED = ("return bool(config.layer_rope_theta[layer_idx])", "return True"
 
 
 def layer_bases_config(model_type: str) -> dict:
-    """The type's default config, its full-attention layers on FULL_BASE, the sliding ones on SLIDING_BASE, layer 2
+    """The type's default config, its full-attention layers on FULL_BASE, the sliding ones on SLIDING_BASE, layer 1
     (sliding) without rotary: the shrunk model keeps layers 0-2, one of each."""
     from transformers import AutoConfig
 
     config = AutoConfig.for_model(model_type).to_dict()
     bases = [FULL_BASE if kind == "full_attention" else SLIDING_BASE for kind in config["layer_types"]]
-    bases[2] = 0
+    bases[1] = 0
     assert config["layer_types"][:3] == ["full_attention", "sliding_attention", "sliding_attention"]
     return {**config, **GRANITE_MULTIPLIERS, "layer_rope_theta": bases}
 
