@@ -107,17 +107,21 @@ def test_a_weightless_list_beside_the_layers_is_not_a_list_of_layers():
 def _check(derived, model_type, faults, tmp_path, keep=lambda label: True):
     rows = selfcheck_with_faults({model_type: derived(model_type)}, {model_type: faults}, "GraniteForCausalLM",
                                  tmp_path, keep=keep)
-    assert any("bfloat16" in label for _, label, ok, _ in rows if ok)
     assert all("differ from transformers" in result["reason"] for _, _, ok, result in rows if not ok)
     return rows
 
 
 def test_granite_swa_file_matches_transformers_and_swapped_bases_fail(derived, tmp_path):
-    _check(derived, "granite_swa", [SWAPPED], tmp_path, keep=lambda label: label.startswith("the checkpoint's"))
+    """The checkpoint's config in float32 and bfloat16; the family settings are the slow case's."""
+    rows = _check(derived, "granite_swa", [SWAPPED], tmp_path, keep=lambda label: label.startswith("the checkpoint's"))
+    assert any("bfloat16" in label for _, label, ok, _ in rows if ok)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model_type", ["granite_swa", "granitemoe_swa"])
 def test_every_family_setting_matches_transformers_and_faults_fail(derived, model_type, tmp_path):
     """Slow: the default case of this path is test_granite_swa_file_matches_transformers_and_swapped_bases_fail."""
-    _check(derived, model_type, [SWAPPED, NOPE_ROTATED], tmp_path)
+    rows = _check(derived, model_type, [SWAPPED, NOPE_ROTATED], tmp_path)
+    assert any("bfloat16" in label for _, label, ok, _ in rows if ok)
+    assert {label for _, label, ok, _ in rows if ok} >= {"layer bases: full and sliding layers apart",
+                                                         "layer bases: layer 1 without rotary (base 0)"}
