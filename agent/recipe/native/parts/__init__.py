@@ -4,7 +4,7 @@ architecture's own code and config; agent.recipe.native.assemble writes their co
 
 from agent.recipe.native.parts import (attention, block, block_parallel, block_post_norm, embedding, head, mla, mlp, mlp_plain, model, moe,
                                        linear_attention, mtp, norm, norm_layer, position, position_absolute, position_alibi,
-                                       rotary_interleaved, rotary_nope,
+                                       rotary_interleaved, rotary_layer_theta, rotary_nope,
                                        scalar_multipliers)
 from agent.recipe.native.parts.part import ROLES, SLOTS, Composition, Match, Part
 
@@ -19,6 +19,7 @@ PARTS = (
     norm_layer.LAYER_NORM,
     position_absolute.ABSOLUTE_POSITIONS,
     position_alibi.ALIBI,
+    rotary_layer_theta.ROTARY_LAYER_THETA,
     rotary_nope.ROTARY_NOPE,
     rotary_interleaved.ROTARY_INTERLEAVED,
     position.ROTARY,

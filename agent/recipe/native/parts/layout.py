@@ -69,6 +69,15 @@ def _named(module) -> dict:
     return {name: child for name, child in module.named_children() if not isinstance(child, torch.nn.Dropout)}
 
 
+def weightless_lists(module) -> set:
+    """The names of `module`'s ModuleLists that hold no weights (granite_swa's rotary_embs, one rotary table per
+    rope base): tables the position part computes, not a list of decoder layers."""
+    import torch
+
+    return {name for name, child in _named(module).items()
+            if isinstance(child, torch.nn.ModuleList) and len(child) and not any(True for _ in child.parameters())}
+
+
 def _is_norm(module) -> bool:
     return "norm" in type(module).__name__.lower() and not list(module.children())
 
@@ -123,12 +132,13 @@ def read_layout(model, hidden: int) -> Layout | None:
     inner = _named(root)
     if set(inner) == {"decoder"}:
         path, base = f"{prefix}.decoder", inner["decoder"]
-    elif prefix == "model" and head_name == "lm_head" and set(inner) <= SKELETON_MODEL:
+    elif prefix == "model" and head_name == "lm_head" and set(inner) - weightless_lists(root) <= SKELETON_MODEL:
         return None                                  # the skeleton's own layout
     present(model, {prefix: "model", head_name: "lm_head"})
     renames = [(f"^{re.escape(head_name)}\\.", "lm_head.")] if head_name != "lm_head" else []
     children = _named(base)
-    lists = [name for name, child in children.items() if isinstance(child, torch.nn.ModuleList)]
+    lists = [name for name, child in children.items() if isinstance(child, torch.nn.ModuleList)
+             and name not in weightless_lists(base)]
     embedding = root.get_input_embeddings()
     roles = {}
     for name, child in children.items():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 from agent.recipe.native.not_native import NotNative
+from agent.recipe.native.parts.layout import weightless_lists
 from agent.recipe.native.parts.norm import LAYER_NORMS
 from agent.recipe.native.parts.norm_roles import norm_roles
 from agent.recipe.native.parts.part import Match, Part
@@ -91,8 +92,10 @@ def _probe(probe, chosen):
     top = children(probe.model)
     if set(top) - {"model", "lm_head"}:
         raise NotNative("model", f"heads other than lm_head: {sorted(set(top) - {'model', 'lm_head'})}")
-    if probe.base is None or set(children(probe.base)) - MODEL_CHILDREN:
-        extra = sorted(set(children(probe.base)) - MODEL_CHILDREN) if probe.base is not None else ["(no .model)"]
+    # a list of weightless rotary tables (granite_swa's rotary_embs): the position part's to read
+    tables = weightless_lists(probe.base) if probe.base is not None else set()
+    if probe.base is None or set(children(probe.base)) - MODEL_CHILDREN - tables:
+        extra = sorted(set(children(probe.base)) - MODEL_CHILDREN - tables) if probe.base is not None else ["(no .model)"]
         raise NotNative("model", f"modules the native model does not have: {extra}")
     from agent.recipe.native.parts.moe import LAYER_SHARED_NAMES, layer_shared_renames, moe_block
 

@@ -594,6 +594,14 @@ def fused_experts_renamed(model_type: str) -> bool:
     return targets == {"gate_up_proj", "down_proj"}
 
 
+def fused_experts_as_built(model_type: str) -> bool:
+    """Whether the checkpoint stores the experts as the fused 3-D tensors transformers builds (granitemoe_swa):
+    transformers converts none of the type's checkpoint names, so it loads them as its module holds them."""
+    from transformers import conversion_mapping
+
+    return not conversion_mapping.get_checkpoint_conversion_mapping(model_type)
+
+
 SHARED_WIDTHS = {"config.moe_intermediate_size * config.n_shared_experts": "per_expert",
                  "config.shared_expert_intermediate_size": "shared_expert_intermediate_size",
                  "config.intermediate_size": "intermediate_size",
@@ -666,7 +674,8 @@ def derive_moe(config, checkpoint_keys=()) -> dict | None:
         shared, shared_name, shared_width = _probe_layer_shared(config, probe, PROBE_HIDDEN) or \
             (shared, shared_name, shared_width)
     ckpt_names = checkpoint_expert_names(config.model_type)
-    if kind == "gmm" and not ckpt_names and not fused_experts_renamed(config.model_type):
+    if kind == "gmm" and not ckpt_names and not fused_experts_renamed(config.model_type) \
+            and not fused_experts_as_built(config.model_type):
         raise NotNative("moe", "experts stored fused in the checkpoint without biases: no per-expert names to stack")
     experts = getattr(config, experts_key)
     fused = ["npu_moe_init_routing_v2", "npu_grouped_matmul", "npu_moe_finalize_routing"]

@@ -84,6 +84,12 @@ def _probe(probe, chosen):
 
 def rope_match(probe, part, options=None) -> Match:
     """`part`'s match for the config's rope settings (the rope types the file computes), `options` added."""
+    from agent.recipe.native.parts.layout import weightless_lists
+
+    tables = weightless_lists(probe.base) if probe.base is not None else set()
+    if tables and not (options or {}).get("ROPE_BY_LAYER_THETA"):
+        raise NotNative("position", f"rotary tables per layer ({', '.join(sorted(tables))}) read by no rule of "
+                                    "this part")
     by_type, groups = rope_groups(probe.config)
     types = tuple(sorted({g.get("rope_type", "default") for g in groups}))
     for rope_type in types:

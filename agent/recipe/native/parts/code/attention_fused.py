@@ -13,7 +13,7 @@ from module.linear import QKVParallelLinear, RowParallelLinear
 from .context_parallel import cp_key_rows, gather_cp, prefill_cp
 from .norm_qk_full import ModelFullWidthRMSNorm
 from .norm_rms import ModelRMSNorm as Norm
-from .rotary import half_from_interleaved, rotary_width
+from .rotary import half_from_interleaved, layer_rope_table, rotary_width
 
 # upstream's cache kinds (executor/core/kv_cache)
 FULL = "FullAttention"
@@ -30,6 +30,7 @@ K_NORM = "k_norm"
 QUERY_PRE_ATTN_SCALAR = False   # softmax scale query_pre_attn_scalar ** -0.5 (else head_dim ** -0.5)
 ATTENTION_MULTIPLIER = False    # softmax scale config.attention_multiplier (granite)
 ROPE_BY_LAYER_TYPE = False      # cos / sin per layer type (gemma3's local and global bases)
+ROPE_BY_LAYER_THETA = None      # the config key of each layer's rope base (granite_swa: layer_rope_theta; 0: NoPE)
 WINDOWS = False                 # the architecture attends in a sliding window where its config says so
 LAYER_TYPE_WINDOWS = False      # which layers: config.layer_types' sliding_attention ones (else every layer)
 LOCAL_LAYERS = False            # which layers: config.attention_layers' "local" ones, window config.window_size (gpt_neo)
@@ -38,7 +39,8 @@ SINKS = False                   # a learnable sink logit per head in the softmax
 NORM_EPS = "rms_norm_eps"       # the config key of the norms' epsilon
 MTP = False                     # decode steps of next_n + 1 tokens per sequence (an MTP draft verified)
 NOPE_LAYERS = None              # layers without rotary: "no_rope_layers" (smollm3: the config's 0s), "global_nope"
-                                # (exaone4: the full-attention layers of a config with a sliding window)
+                                # (exaone4: the full-attention layers of a config with a sliding window),
+                                # "layer_rope_theta" (granite_swa: a rope base of 0)
 ROPE_INTERLEAVED = False        # the architecture rotates pairs (2i, 2i + 1): q/k rows reordered at load (glm, ernie4_5)
 QKV_GROUPS = ()                 # fused qkv_proj stored in groups (count, sections' order), reordered at load
 ROTARY = True                   # q and k rotated (else the positions were added to the embedding: gpt2)
@@ -64,6 +66,8 @@ def layer_uses_rope(config, layer_idx):
         return bool(config.no_rope_layers[layer_idx])
     if NOPE_LAYERS == "global_nope":
         return not getattr(config, "sliding_window", None) or config.layer_types[layer_idx] == "sliding_attention"
+    if NOPE_LAYERS == "layer_rope_theta":
+        return bool(config.layer_rope_theta[layer_idx])
     return True
 
 
@@ -102,6 +106,8 @@ class ModelAttention(nn.Module):
             self.attn_type = FULL
         if ROPE_BY_LAYER_TYPE:
             self.layer_type = config.layer_types[layer_idx]
+        if ROPE_BY_LAYER_THETA:
+            self.rope_table = layer_rope_table(config, ROPE_BY_LAYER_THETA, layer_idx)
         if QUERY_PRE_ATTN_SCALAR:
             self.scaling = config.query_pre_attn_scalar ** -0.5
         elif ATTENTION_MULTIPLIER:
@@ -180,7 +186,8 @@ class ModelAttention(nn.Module):
         if QK_NORM and not QK_NORM_AFTER_ROPE:
             query, key = getattr(self, Q_NORM)(query), getattr(self, K_NORM)(key)
         if ROTARY:
-            cos, sin = cos_sin[self.layer_type] if ROPE_BY_LAYER_TYPE else cos_sin
+            cos, sin = (cos_sin[self.layer_type] if ROPE_BY_LAYER_TYPE
+                        else cos_sin[self.rope_table] if ROPE_BY_LAYER_THETA else cos_sin)
             cos, sin = cos[:q_len], sin[:q_len]
             if not NOPE_LAYERS or self.use_rope:
                 query, key = torch_npu.npu_apply_rotary_pos_emb(query.contiguous(), key.contiguous(), cos, sin, layout="TND")

@@ -26,6 +26,7 @@ from .moe import register_expert_groups
 from .norm_rms import ModelRMSNorm as Norm
 from .parallel import gather_rows, own_rows_whole, spans_requests, sum_own_rows
 from .rotary import ModelRotaryEmbedding as RotaryEmbedding
+from .rotary import layer_rope_bases, with_rope_theta
 
 EMBED_SCALE = False             # the embedding times sqrt(hidden_size), in the model's dtype (gemma's normaliser)
 FINAL_SOFTCAP = False           # logits soft-capped by config.final_logit_softcapping where it is set
@@ -35,6 +36,7 @@ EMBED_MULTIPLIER_KEY = "embedding_multiplier"   # the config key of that multipl
 LOGITS_SCALING = None           # the config key scaling the logits: logits_scaling (granite, hyperclovax), logit_scale (cohere)
 LOGITS_DIVIDED = False          # the logits divided by it (granite), else multiplied (cohere, hyperclovax)
 ROPE_BY_LAYER_TYPE = False      # a rotary table per layer type (gemma3's local and global bases)
+ROPE_BY_LAYER_THETA = None      # the config key of each layer's rope base (granite_swa: layer_rope_theta): a table per base
 MLA = False                     # multi-head latent attention: its rope dims, latent caches and absorb weights
 MOE = False                     # sparse-MoE layers: their experts over moe_tp_group and moe_ep_group
 MTP = False                     # an MTP draft model beside this one (code/mtp.py): next_n > 0 returns every hidden state
@@ -91,6 +93,10 @@ class ModelModel(nn.Module):
                 # rope per layer type (local and global bases)
                 self.rotary_emb = nn.ModuleDict({kind: RotaryEmbedding(config, head_dim, kind)
                                                  for kind in sorted(set(config.layer_types))})
+            elif ROPE_BY_LAYER_THETA:
+                # one table per rope base the layers use (a base of 0: the layer has no rotary)
+                self.rotary_emb = nn.ModuleList([RotaryEmbedding(with_rope_theta(config, theta), head_dim)
+                                                 for theta in layer_rope_bases(config, ROPE_BY_LAYER_THETA)])
             else:
                 self.rotary_emb = RotaryEmbedding(config, head_dim)
 
@@ -115,6 +121,8 @@ class ModelModel(nn.Module):
             cos_sin = None
         elif ROPE_BY_LAYER_TYPE:
             cos_sin = {kind: rotary(hidden_states, position_ids) for kind, rotary in self.rotary_emb.items()}
+        elif ROPE_BY_LAYER_THETA:
+            cos_sin = [rotary(hidden_states, position_ids) for rotary in self.rotary_emb]
         else:
             cos_sin = self.rotary_emb(hidden_states, position_ids)
         residual = None

@@ -1,5 +1,7 @@
 """Rotary position embedding: cos / sin tables of the config's rope type, looked up per token (TND)."""
 
+import copy
+
 import torch
 from torch import nn
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
@@ -58,6 +60,26 @@ class ModelRotaryEmbedding(nn.Module):
         cos = self.cos_cached[position_ids].unsqueeze(1)
         sin = self.sin_cached[position_ids].unsqueeze(1)
         return cos.to(x.dtype), sin.to(x.dtype)
+
+
+def layer_rope_bases(config, key):
+    """The distinct non-zero rope bases of config.`key` (one per layer; 0: the layer has no rotary), sorted; the
+    config's own base where every layer has none (one table, read by no layer)."""
+    bases = sorted({float(theta) for theta in getattr(config, key)[:config.num_hidden_layers] if theta})
+    return bases or [float(rope_parameters(config)["rope_theta"])]
+
+
+def layer_rope_table(config, key, layer_idx):
+    """The index of the layer's table among layer_rope_bases (0 for a layer without rotary: never applied)."""
+    theta = getattr(config, key)[layer_idx]
+    return layer_rope_bases(config, key).index(float(theta)) if theta else 0
+
+
+def with_rope_theta(config, theta):
+    """A copy of `config` whose rope settings have base `theta` (the rest of its rope type kept)."""
+    changed = copy.copy(config)
+    changed.rope_parameters = {**rope_parameters(config), "rope_theta": theta}
+    return changed
 
 
 def length_dependent_freqs(config, params, rope_type, layer_type):
