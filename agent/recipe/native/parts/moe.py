@@ -94,7 +94,8 @@ def _probe_config(config):
     probe = copy.deepcopy(config)
     probe.hidden_size = PROBE_HIDDEN
     # distinct widths: which config key sizes the experts (and the shared experts) is read off their shapes
-    for offset, key in enumerate(MOE_WIDTH_KEYS + ("shared_expert_intermediate_size", "shared_intermediate_size")):
+    for offset, key in enumerate(MOE_WIDTH_KEYS + ("shared_expert_intermediate_size", "shared_intermediate_size",
+                                                   "shared_experts_intermediate_size")):
         if isinstance(getattr(probe, key, None), int):
             setattr(probe, key, PROBE_WIDTH + 4 * offset)
     experts_key = _config_key(probe, EXPERT_COUNT_KEYS, "routed expert count")
@@ -341,7 +342,9 @@ SHARED_WIDTH_EXPRESSIONS = (
     "config.moe_intermediate_size * config.n_shared_experts", "config.shared_expert_intermediate_size",
     "config.intermediate_size", "config.shared_intermediate_size",
     *(f"config.{unit} * config.{count}" for unit in ("moe_intermediate_size", "intermediate_size")
-      for count in SHARED_COUNT_KEYS if (unit, count) != ("moe_intermediate_size", "n_shared_experts")))
+      for count in SHARED_COUNT_KEYS if (unit, count) != ("moe_intermediate_size", "n_shared_experts")),
+    # one shared expert's width of its own times their count (dots3_note)
+    *(f"config.shared_experts_intermediate_size * config.{count}" for count in SHARED_COUNT_KEYS))
 
 
 def _probe_shared(block, config, hidden: int) -> tuple[str, str, str]:
