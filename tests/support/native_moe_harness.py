@@ -288,7 +288,7 @@ def run_layouts(case: str, layouts: list[tuple[int, int]], fault: str | None = N
         comm = LayoutComm()
         comm.register_group(name="attn_tp_group", group_num=world // attn_tp, group_size=attn_tp)
         module.register_expert_groups(comm, config, settings)
-        ours = cls(config, settings, comm, prefix=f"model.layers.{derived['sparse_layers'][0]}.mlp")
+        ours = cls(config, settings, comm, prefix=f"model.layers.{facts['sparse_layers'][0]}.mlp")
         ours.load_weights(list(checkpoint.items()))
         ours.process_weights_after_loading()
         dp_rank = rank // attn_tp         # the attention data-parallel group: its own requests

@@ -504,8 +504,9 @@ def _logits_in_fp32(router) -> bool:
     if not isinstance(logits, torch.Tensor) or logits.dtype != torch.float32 or logits.shape[-1] != weights[0].shape[0]:
         return False
     # computed in float32, not a bfloat16 product cast up afterwards (granitemoe's)
-    exact = torch.nn.functional.linear(x.float(), weights[0].float())
-    rounded = torch.nn.functional.linear(x, weights[0]).float()
+    with torch.no_grad():
+        exact = torch.nn.functional.linear(x.float(), weights[0].float())
+        rounded = torch.nn.functional.linear(x, weights[0]).float()
     return float((logits - exact).abs().max()) * 10 < float((rounded - exact).abs().max())
 
 
