@@ -266,6 +266,9 @@ class Routing:
             self.gating = gating_of(model.config.get_text_config())
         except Exception:  # noqa: BLE001 - NotNative, or the probe failed in code it does not know: the plain rule
             return
+        if self.gating["scoring"] not in ("softmax", "sigmoid") or self.gating.get("select_on_logits"):
+            self.gating = None      # a gating the tie search does not model (phimoe's sparsemixer): the plain rule
+            return
         self.blocks = [(index, found[1]) for index, layer in enumerate(layers) for found in [moe_block(layer)] if found]
 
     def hooks(self):
@@ -278,7 +281,7 @@ class Routing:
         from agent.recipe.native.parts.moe import reference_gating, selection, selection_bias
 
         g = self.gating
-        router = getattr(block, g["router_name"])
+        router = block.get_submodule(g.get("router_path", g["router_name"]))
         # the router's, the block's own (hy_v3, minimax_m2) or under the router's moe_statics (ernie4_5_moe)
         found = selection_bias(block, g["router_name"]) if g["selection_bias"] else None
         bias = found[0].reshape(-1) if found is not None else None

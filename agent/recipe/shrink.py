@@ -57,6 +57,8 @@ SSM_TINY_HEADS = 4
 # Per-layer overrides keyed by layer index (gemma4's wider global heads, dots3's MLA layers): their widths
 # shrink with the config's, their layers are layer kinds the cut keeps.
 PER_LAYER_DICTS = ("per_layer_config",)
+# the experts per token as a list per layer: each entry capped as num_experts_per_tok is
+TOP_K_LISTS = ("moe_topk", "num_experts_per_tok")
 PER_LAYER_WIDTHS = ("hidden_size", "intermediate_size", "moe_intermediate_size", "num_attention_heads",
                     "num_key_value_heads")
 
@@ -108,6 +110,11 @@ def shrink_config(config: dict, cut_layers: bool = True) -> dict:
     for key in PER_LAYER_DICTS:
         if isinstance(config.get(key), dict):
             overrides[key] = _per_layer(config[key], overrides, config)
+    for key in TOP_K_LISTS:
+        value = overrides.get(key, config.get(key))
+        if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            # the experts per token per layer (hunyuan_v1_moe's moe_topk): no more than the few experts kept
+            overrides[key] = [min(v, TINY_DIMS["num_experts_per_tok"]) for v in value]
     return overrides
 
 

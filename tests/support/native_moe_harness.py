@@ -66,6 +66,12 @@ CASES = {
     "exaone_moe": ("exaone_moe", dict(num_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1,
                                       num_shared_experts=1, routed_scaling_factor=2.5,
                                       mlp_layer_types=["dense", "sparse"])),
+    # the router nested as gate.wg (fp32), moe_topk per layer (the block reads its layer's), the shared_mlp in the block
+    "hunyuan_v1_moe": ("hunyuan_v1_moe", dict(num_experts=8, moe_topk=[3, 2])),
+    # phimoe's sparsemixer: two rounds of a softmax over the experts near the best
+    "phimoe": ("phimoe", dict(num_local_experts=8, num_experts_per_tok=2, router_jitter_noise=0.5)),
+    # the selection bias added to the logits, the weights their sigmoid renormalised, the router in fp32
+    "kolibri1": ("kolibri1", dict(num_experts=8, num_experts_per_tok=2)),
 }
 
 
@@ -282,7 +288,7 @@ def run_layouts(case: str, layouts: list[tuple[int, int]], fault: str | None = N
         comm = LayoutComm()
         comm.register_group(name="attn_tp_group", group_num=world // attn_tp, group_size=attn_tp)
         module.register_expert_groups(comm, config, settings)
-        ours = cls(config, settings, comm, prefix="model.layers.1.mlp")
+        ours = cls(config, settings, comm, prefix=f"model.layers.{facts['sparse_layers'][0]}.mlp")
         ours.load_weights(list(checkpoint.items()))
         ours.process_weights_after_loading()
         dp_rank = rank // attn_tp         # the attention data-parallel group: its own requests
@@ -317,7 +323,9 @@ def run(case: str, *, features=None, source_edit=None, checkpoint_edit=None, moe
     module = load_generated(source, case)
     cls = next(getattr(module, n) for n in dir(module) if n.endswith("SparseMoeBlock"))
     comm = WorldComm() if moe_tp_size > 1 else None
-    ours = cls(config, infer_config(moe_tp_size, custom_params=custom_params), comm, prefix="model.layers.1.mlp")
+    # the layer's own prefix: a block reading a per-layer config entry (hunyuan_v1_moe's moe_topk) reads the layer's
+    ours = cls(config, infer_config(moe_tp_size, custom_params=custom_params), comm,
+               prefix=f"model.layers.{derived['sparse_layers'][0]}.mlp")
     items = list(checkpoint.items())
     if checkpoint_edit is not None:
         items = checkpoint_edit(items)

@@ -34,7 +34,7 @@ EXPERT_COUNT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts", "mo
 TOPK_KEYS = ("num_experts_per_tok", "moe_topk", "moe_k")
 MOE_WIDTH_KEYS = ("moe_intermediate_size", "intermediate_size")
 ROUTER_NAMES = ("gate", "router")
-SHARED_NAMES = ("shared_experts", "shared_expert")
+SHARED_NAMES = ("shared_experts", "shared_expert", "shared_mlp")   # hunyuan_v1_moe: shared_mlp in the block
 LAYER_SHARED_NAMES = ("shared_mlp",)    # shared experts beside the block in the layer (granitemoeshared)
 # The shrunk probe: small widths, the real counts where routing depends on them (groups), capped.
 PROBE_HIDDEN, PROBE_WIDTH, PROBE_EXPERT_CAP = 40, 24, 256   # no width (24, 28, 32) nor twice one equals hidden
@@ -46,17 +46,33 @@ def _config_key(config, keys: tuple[str, ...], what: str, checkpoint_keys=()) ->
     generated code reads with upstream's transformers pin), then one this release stores (not an
     attribute_map alias, which another release may lack)."""
     stored = config.to_dict()
-    for key in sorted(keys, key=lambda k: (k not in checkpoint_keys, k not in stored)):
+    ordered = sorted(keys, key=lambda k: (k not in checkpoint_keys, k not in stored))
+    for key in ordered:
         if isinstance(getattr(config, key, None), int) and getattr(config, key) > 0:
             return key
-    listed = next((k for k in keys if isinstance(getattr(config, k, None), (list, tuple))), None)
+    listed = next((k for k in ordered if isinstance(getattr(config, k, None), (list, tuple))), None)
+    if listed is not None and keys == TOPK_KEYS and _per_layer_ints(getattr(config, listed), config):
+        return listed         # hunyuan_v1_moe's moe_topk per layer: the block reads its layer's entry
     if listed is not None:
         raise NotNative("moe", f"the {what} per layer ({listed} a list): the native block reads one number")
     raise NotNative("moe", f"no {what} in the config ({' / '.join(keys)})")
 
 
+def _per_layer_ints(value, config) -> bool:
+    """A list of one positive int per decoder layer."""
+    return len(value) == getattr(config, "num_hidden_layers", None) and \
+        all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
+
+
 def _top_k(config) -> int:
-    return int(getattr(config, _config_key(config, TOPK_KEYS, "experts per token")))
+    """The experts per token (the most of any layer where the config gives them per layer)."""
+    value = getattr(config, _config_key(config, TOPK_KEYS, "experts per token"))
+    return int(max(value) if isinstance(value, (list, tuple)) else value)
+
+
+def top_k_per_layer(config) -> bool:
+    """Whether the config gives the experts per token as a list per layer (hunyuan_v1_moe's moe_topk)."""
+    return isinstance(getattr(config, _config_key(config, TOPK_KEYS, "experts per token")), (list, tuple))
 
 
 def moe_block(layer):
@@ -78,7 +94,8 @@ def _probe_config(config):
     probe = copy.deepcopy(config)
     probe.hidden_size = PROBE_HIDDEN
     # distinct widths: which config key sizes the experts (and the shared experts) is read off their shapes
-    for offset, key in enumerate(MOE_WIDTH_KEYS + ("shared_expert_intermediate_size", "shared_intermediate_size")):
+    for offset, key in enumerate(MOE_WIDTH_KEYS + ("shared_expert_intermediate_size", "shared_intermediate_size",
+                                                   "shared_experts_intermediate_size")):
         if isinstance(getattr(probe, key, None), int):
             setattr(probe, key, PROBE_WIDTH + 4 * offset)
     experts_key = _config_key(probe, EXPERT_COUNT_KEYS, "routed expert count")
@@ -86,6 +103,13 @@ def _probe_config(config):
     if count > PROBE_EXPERT_CAP:
         groups = getattr(probe, "n_group", None) or 1
         setattr(probe, experts_key, PROBE_EXPERT_CAP - PROBE_EXPERT_CAP % groups)
+    topk_key = _config_key(probe, TOPK_KEYS, "experts per token")
+    if isinstance(getattr(probe, topk_key), (list, tuple)):
+        setattr(probe, topk_key, int(getattr(probe, topk_key)[0]))    # the block built on its own: layer 0's
+    if isinstance(getattr(probe, "router_jitter_noise", None), float):
+        # phimoe's sparsemixer threshold wide enough that several experts share a softmax, so that its formula
+        # shows (other blocks use the key in training only)
+        probe.router_jitter_noise = 0.5
     probe.num_hidden_layers = 1
     probe.dtype = torch.float32
     probe._experts_implementation = "eager"    # the experts' own loop, not a hub kernel
@@ -126,14 +150,17 @@ def _router_logits(router, x):
         return torch.nn.functional.linear(x.to(weight.dtype), weight, bias if isinstance(bias, torch.Tensor) else None)
 
 
-def selection(logits, *, scoring, selection_bias=None, n_group=1, topk_group=1, group_select="top2_sum"):
+def selection(logits, *, scoring, selection_bias=None, n_group=1, topk_group=1, group_select="top2_sum",
+              select_on_logits=False):
     """(scores, choice) in fp32: the gate's scores of every expert, and what the top-k picks by (the
-    scores plus the selection bias, experts outside the kept groups at -inf)."""
+    scores plus the selection bias, experts outside the kept groups at -inf; `select_on_logits`: the logits plus
+    the bias, kolibri1's)."""
     import torch
 
     logits = logits.float()
     scores = torch.softmax(logits, dim=-1) if scoring == "softmax" else torch.sigmoid(logits)
-    choice = scores + selection_bias.float() if selection_bias is not None else scores
+    picked_by = logits if select_on_logits else scores
+    choice = picked_by + selection_bias.float() if selection_bias is not None else picked_by
     if n_group > 1:
         grouped = choice.view(choice.shape[0], n_group, -1)
         group_scores = grouped.amax(-1) if group_select == "max" else grouped.topk(2, dim=-1).values.sum(-1)
@@ -144,17 +171,34 @@ def selection(logits, *, scoring, selection_bias=None, n_group=1, topk_group=1, 
 
 
 def reference_gating(logits, *, k, scoring, renormalize, selection_bias=None, n_group=1, topk_group=1,
-                     group_select="top2_sum", routed_scaling_factor=1.0, index=None):
+                     group_select="top2_sum", routed_scaling_factor=1.0, index=None, select_on_logits=False):
     """The gatings the generated code expresses, in plain torch (fp32): (weights [T, k], indices [T, k]);
     `index`: these experts rather than the top-k (their weights by the same formula)."""
     scores, choice = selection(logits, scoring=scoring, selection_bias=selection_bias, n_group=n_group,
-                               topk_group=topk_group, group_select=group_select)
+                               topk_group=topk_group, group_select=group_select, select_on_logits=select_on_logits)
     if index is None:
         index = choice.topk(k, dim=-1).indices
     weights = scores.gather(1, index.long())
     if renormalize:
         weights = weights / (weights.sum(-1, keepdim=True) + (1e-20 if scoring == "sigmoid" else 0.0))
     return weights * routed_scaling_factor, index
+
+
+def sparsemixer(logits, jitter_eps: float):
+    """phimoe's sparsemixer at inference, in plain torch (fp32): (weights [T, 2], indices [T, 2]). Each of two
+    rounds takes the best expert left, its weight the softmax over the experts within a relative 2 x jitter_eps of
+    it (|best - logit| / max(|logit|, best)); the first round's expert is out of the second. Not renormalised."""
+    import torch
+
+    logits = logits.float()
+    left, weights, index = logits, [], []
+    for _ in range(2):
+        best, chosen = left.max(dim=-1, keepdim=True)
+        far = (best - logits) / logits.abs().clamp(min=best) > 2 * jitter_eps
+        weights.append(left.masked_fill(far, float("-inf")).softmax(dim=-1).gather(-1, chosen))
+        index.append(chosen)
+        left = left.scatter(-1, chosen, float("-inf"))
+    return torch.cat(weights, dim=-1), torch.cat(index, dim=-1)
 
 
 def _same_routing(index_a, weights_a, index_b, weights_b) -> bool:
@@ -204,7 +248,8 @@ def _probe_gating(block, router, config, hidden: int) -> dict:
 
     gen = torch.Generator().manual_seed(11)
     x = torch.randn(24, hidden, generator=gen)
-    router_name = next(n for n in ROUTER_NAMES if getattr(block, n, None) is router)
+    router_name = next(n for n in ROUTER_NAMES if getattr(block, n, None) is not None and router in
+                       (getattr(block, n), *getattr(block, n).children()))
     found = selection_bias(block, router_name)
     with torch.no_grad():
         router.weight.copy_(torch.randn(router.weight.shape, generator=gen))
@@ -230,9 +275,25 @@ def _probe_gating(block, router, config, hidden: int) -> dict:
                     if _same_routing(index, weights, i, w):
                         matches.append(dict(scoring=scoring, renormalize=renormalize, groups=n_group > 1,
                                             group_select=group_select, routed_scaling=scaled, selection_bias=has_bias))
+    plain = dict(groups=False, group_select="top2_sum", routed_scaling=False, select_on_logits=False)
+    if not matches and has_bias and n_group == 1:
+        # the selection bias added to the router's logits rather than its scores (kolibri1)
+        for scoring in ("sigmoid", "softmax"):
+            for renormalize in (True, False):
+                w, i = reference_gating(logits, k=k, scoring=scoring, renormalize=renormalize,
+                                        selection_bias=found[0].reshape(-1), select_on_logits=True)
+                if _same_routing(index, weights, i, w):
+                    matches.append({**plain, "scoring": scoring, "renormalize": renormalize, "selection_bias": True,
+                                    "select_on_logits": True})
+    jitter = getattr(config, "router_jitter_noise", None)
+    if not matches and not has_bias and k == 2 and isinstance(jitter, (int, float)) and not isinstance(jitter, bool):
+        w, i = sparsemixer(logits, float(jitter))
+        if _same_routing(index, weights, i, w):
+            matches.append({**plain, "scoring": "sparsemixer", "renormalize": False, "selection_bias": False})
     if not matches:
         raise NotNative("moe", f"{type(block).__name__} routes by no gating the NPU ops or the plain-torch gate "
-                               "express (softmax / sigmoid, selection bias, grouped top-k, renormalised, scaled)")
+                               "express (softmax / sigmoid, selection bias on the scores or the logits, grouped top-k, "
+                               "renormalised, scaled; phimoe's sparsemixer)")
     return matches[0]
 
 
@@ -281,7 +342,9 @@ SHARED_WIDTH_EXPRESSIONS = (
     "config.moe_intermediate_size * config.n_shared_experts", "config.shared_expert_intermediate_size",
     "config.intermediate_size", "config.shared_intermediate_size",
     *(f"config.{unit} * config.{count}" for unit in ("moe_intermediate_size", "intermediate_size")
-      for count in SHARED_COUNT_KEYS if (unit, count) != ("moe_intermediate_size", "n_shared_experts")))
+      for count in SHARED_COUNT_KEYS if (unit, count) != ("moe_intermediate_size", "n_shared_experts")),
+    # one shared expert's width of its own times their count (dots3_note)
+    *(f"config.shared_experts_intermediate_size * config.{count}" for count in SHARED_COUNT_KEYS))
 
 
 def _probe_shared(block, config, hidden: int) -> tuple[str, str, str]:
@@ -415,11 +478,54 @@ def _probe_block(config, block_cls):
         block = block_cls(probe).float().eval()
     except Exception as exc:  # noqa: BLE001 - a block built from more than the config (a layer index, ...)
         raise NotNative("moe", f"{block_cls.__name__}(config) cannot be built on its own ({_first_line(exc)})") from exc
-    router_name = next((n for n in ROUTER_NAMES if getattr(block, n, None) is not None
-                        and getattr(getattr(block, n), "weight", None) is not None), None)
+    router_name = router_path(block, getattr(probe, _config_key(probe, EXPERT_COUNT_KEYS, "routed expert count")))
     if router_name is None:
         raise NotNative("moe", f"{block_cls.__name__} has no gate / router with a weight")
     return probe, block, router_name
+
+
+def _logits_in_fp32(router) -> bool:
+    """Whether a bfloat16 router computes its logits in float32 all the same (kolibri1's casts its weight and input
+    up): the native router then holds its weight in float32 (the checkpoint's, exactly) and takes a float32 input."""
+    import torch
+
+    gen = torch.Generator().manual_seed(14)
+    weights = [p for p in router.parameters() if p.dim() == 2]
+    if len(weights) != 1:
+        return False
+    x = torch.randn(16, PROBE_HIDDEN, generator=gen).to(torch.bfloat16)
+    try:
+        with torch.no_grad():
+            weights[0].copy_(torch.randn(weights[0].shape, generator=gen))
+            out = router(x)
+    except Exception:  # noqa: BLE001 - a router that takes more than the hidden states (afmoe's expert bias)
+        return False
+    logits = out[0] if isinstance(out, tuple) else out
+    if not isinstance(logits, torch.Tensor) or logits.dtype != torch.float32 or logits.shape[-1] != weights[0].shape[0]:
+        return False
+    # computed in float32, not a bfloat16 product cast up afterwards (granitemoe's)
+    with torch.no_grad():
+        exact = torch.nn.functional.linear(x.float(), weights[0].float())
+        rounded = torch.nn.functional.linear(x, weights[0]).float()
+    return float((logits - exact).abs().max()) * 10 < float((rounded - exact).abs().max())
+
+
+def router_path(block, experts: int) -> str | None:
+    """The router's path in the block: its gate / router with a weight, or the one linear to `experts` outputs
+    such a module holds (hunyuan_v1_moe's gate.wg); None where it has neither."""
+    import torch
+
+    for name in ROUTER_NAMES:
+        module = getattr(block, name, None)
+        if module is None:
+            continue
+        if getattr(module, "weight", None) is not None:
+            return name
+        linears = [child for child, m in module.named_children()
+                   if isinstance(m, torch.nn.Linear) and m.out_features == experts]
+        if len(linears) == 1:
+            return f"{name}.{linears[0]}"
+    return None
 
 
 def gating_of(config) -> dict:
@@ -430,10 +536,11 @@ def gating_of(config) -> dict:
     if blocks is None:
         raise NotNative("moe", "no layer has a sparse-MoE block with fused 3-D expert weights")
     block_name, block_cls, _ = blocks
-    probe, block, router_name = _probe_block(config, block_cls)
-    gating = _probe_gating(block, getattr(block, router_name), probe, PROBE_HIDDEN)
+    probe, block, path = _probe_block(config, block_cls)
+    gating = _probe_gating(block, block.get_submodule(path), probe, PROBE_HIDDEN)
     _, factor = _scaling(config)
-    return {**gating, "block_name": block_name, "router_name": router_name, "k": _top_k(config),
+    return {**gating, "block_name": block_name, "router_name": path.split(".")[0], "router_path": path,
+            "k": _top_k(config),
             "n_group": int(getattr(config, "n_group", None) or 1), "topk_group": int(getattr(config, "topk_group", None) or 1),
             "routed_scaling_factor": float(factor) if gating["routed_scaling"] else 1.0}
 
@@ -625,8 +732,8 @@ def _renormalisation(config, block_cls, scoring_match: dict):
         return scoring_match["renormalize"]
     toggled = copy.deepcopy(config)
     toggled.norm_topk_prob = not value
-    probe, block, router_name = _probe_block(toggled, block_cls)
-    other = _probe_gating(block, getattr(block, router_name), probe, PROBE_HIDDEN)
+    probe, block, path = _probe_block(toggled, block_cls)
+    other = _probe_gating(block, block.get_submodule(path), probe, PROBE_HIDDEN)
     if other["renormalize"] != scoring_match["renormalize"] and scoring_match["renormalize"] == value:
         return Expr("config.norm_topk_prob")
     return scoring_match["renormalize"]
@@ -646,18 +753,24 @@ def derive_moe(config, checkpoint_keys=()) -> dict | None:
         return None
     block_name, block_cls, sparse = blocks
     layout = sparse_layout(config, sparse)
-    probe, block, router_name = _probe_block(config, block_cls)
+    probe, block, path = _probe_block(config, block_cls)
+    router_name = path.split(".")[0]
     width = block.experts.down_proj.shape[-1] if block.experts.down_proj.shape[-2] == PROBE_HIDDEN \
         else block.experts.down_proj.shape[-2]
     width_key = next((k for k in MOE_WIDTH_KEYS if getattr(probe, k, None) == width), None)
     if width_key is None:
         raise NotNative("moe", f"the experts' width {width} is none of the config's {' / '.join(MOE_WIDTH_KEYS)}")
-    router = getattr(block, router_name)
+    router = block.get_submodule(path)
     router_bias = isinstance(getattr(router, "bias", None), torch.Tensor)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)
     try:
-        router_fp32 = type(router)(probe).weight.dtype == torch.float32
+        # the router's class (or the module holding it: hunyuan_v1_moe's gate makes its wg fp32) in bfloat16
+        owner = block.get_submodule(router_name)
+        built = type(owner)(probe)
+        router_fp32 = (built.get_submodule(path.split(".", 1)[1]) if "." in path else built).weight.dtype == torch.float32
+        if not router_fp32:
+            router_fp32 = _logits_in_fp32(built)
     except TypeError:
         router_fp32 = False
     finally:
@@ -686,6 +799,12 @@ def derive_moe(config, checkpoint_keys=()) -> dict | None:
           and experts in (256, 384) and (getattr(config, "n_group", None), getattr(config, "topk_group", None)) == (8, 4)
           and _top_k(config) <= 32):
         fused.insert(0, "npu_moe_gating_top_k")
+    elif gating["scoring"] == "sparsemixer":
+        unfused.append("sparsemixer gating in plain torch (two rounds of a softmax over the experts near the best: "
+                       "neither npu_moe_gating_top_k_softmax nor npu_moe_gating_top_k masks by a relative threshold)")
+    elif gating.get("select_on_logits"):
+        unfused.append("gating in plain torch (the selection bias added to the logits, not the scores: no "
+                       "npu_moe_gating_top_k mode picks by them)")
     else:
         unfused.append("gating in plain torch (npu_moe_gating_top_k takes renormalised sigmoid weights with a "
                        "selection bias, 256 (or 384, upstream's deepseek_r1) experts in 8 groups keeping 4, k <= 32)")
@@ -696,7 +815,8 @@ def derive_moe(config, checkpoint_keys=()) -> dict | None:
     return {"model_type": config.model_type, "block_name": block_name, "experts_key": experts_key, "topk_key": topk_key,
             "width_key": width_key, "sparse_layers": tuple(i for i, s in enumerate(sparse) if s), "sparse_rule": layout,
             "dense_variant": dense_layer_changes(layout, config) if layout != "all" else None,
-            "router_name": router_name, "router_bias": router_bias, "router_fp32": router_fp32,
+            "router_name": router_name, "router_path": path, "router_bias": router_bias, "router_fp32": router_fp32,
+            "topk_per_layer": top_k_per_layer(config), "select_on_logits": gating.get("select_on_logits", False),
             "scoring": gating["scoring"], "renormalize": renormalize, "selection_bias": gating["selection_bias"],
             "groups": gating["groups"], "group_select": gating["group_select"],
             "routed_scaling": gating["routed_scaling"], "scaling_key": _scaling(config)[0] or "routed_scaling_factor",
@@ -717,6 +837,12 @@ def moe_options(f: dict) -> dict:
         options["CKPT_EXPERT_NAMES"] = tuple(f["ckpt_expert_names"])
     if f.get("topk_key", "num_experts_per_tok") != "num_experts_per_tok":
         options["TOPK_KEY"] = f["topk_key"]
+    if f.get("topk_per_layer"):
+        options["TOPK_PER_LAYER"] = True
+    if f.get("select_on_logits"):
+        options["SELECT_ON_LOGITS"] = True
+    if f.get("router_path", f["router_name"]) != f["router_name"]:
+        options["ROUTER_STORED"] = f["router_path"]
     if f.get("selection_bias_name"):
         options["SELECTION_BIAS_NAME"] = f["selection_bias_name"]
     if f.get("routed_scaling") and f.get("scaling_key", "routed_scaling_factor") != "routed_scaling_factor":
@@ -751,13 +877,20 @@ def _variants(match, probe):
     elif rule == "mlp_layer_types":
         types = list(probe.config.mlp_layer_types)
         found.append(("mlp_layer_types flipped", {"mlp_layer_types": ["dense" if t == "sparse" else "sparse" for t in types]}))
+    if f.get("topk_per_layer"):
+        # layers of unequal experts per token: each layer's block reads its own entry
+        found.append(("experts per token per layer", {f["topk_key"]: [2 - i % 2 for i in range(probe.config.num_hidden_layers)]}))
+    if f["scoring"] == "sparsemixer":
+        found.append(("router_jitter_noise 0.5", {"router_jitter_noise": 0.5}))   # several experts in each softmax
     if isinstance(f["renormalize"], Expr):
         found.append(("norm_topk_prob", {"norm_topk_prob": not probe.config.norm_topk_prob}))
     if f["shared"] is not None:
         widths = shared_width_options(f["shared_width"])
         key = widths.get("SHARED_COUNT_KEY", "n_shared_experts") if widths["SHARED_WIDTH"] == "per_expert" \
             else widths["SHARED_WIDTH"]
-        if getattr(probe.config, key, None):
+        if key == f["width_key"]:
+            pass          # the experts' own width (hunyuan_v1_moe's shared_mlp): always there
+        elif getattr(probe.config, key, None):
             found.append(("no shared experts", {key: 0}))
         else:   # the checkpoint's config has none (granitemoeshared's default): the family's with them
             found.append(("shared experts", {key: 1 if key != widths["SHARED_WIDTH"] else getattr(probe.config, f["width_key"])}))
@@ -779,7 +912,8 @@ SPARSE_MOE = Part(
     options=("MOE", "MOE_LAYERS", "EXPERTS_KEY", "WIDTH_KEY", "ROUTER", "ROUTER_BIAS", "ROUTER_FP32", "SCORING",
              "RENORMALIZE", "SELECTION_BIAS", "GROUPS", "GROUP_SELECT", "ROUTED_SCALING", "EXPERTS", "SWIGLU_ALPHA",
              "FUSED_LAYOUT", "CKPT_EXPERT_NAMES", "SHARED", "SHARED_NAME", "SHARED_WIDTH", "SELECTION_BIAS_NAME",
-             "SCALING_KEY", "SHARED_UNIT_KEY", "SHARED_COUNT_KEY", "TOPK_KEY"))
+             "SCALING_KEY", "SHARED_UNIT_KEY", "SHARED_COUNT_KEY", "TOPK_KEY", "TOPK_PER_LAYER", "ROUTER_STORED",
+             "SELECT_ON_LOGITS"))
 
 
 def render_moe(facts: dict) -> str:

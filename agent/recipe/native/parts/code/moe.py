@@ -21,13 +21,16 @@ from .parallel import gather_rows, spans_requests, sum_own_rows
 MOE_LAYERS = "all"
 EXPERTS_KEY = "num_experts"         # the config key of the routed expert count
 TOPK_KEY = "num_experts_per_tok"    # the config key of the experts each token is routed to (aria: moe_topk)
+TOPK_PER_LAYER = False              # that key a list, one entry per layer (hunyuan_v1_moe's moe_topk)
 WIDTH_KEY = "moe_intermediate_size"  # the config key of one expert's intermediate width
 ROUTER = "gate"                     # the router's name in the checkpoint
+ROUTER_STORED = ""                  # the checkpoint's router path where it is nested deeper (hunyuan_v1_moe: "gate.wg")
 ROUTER_BIAS = False
 ROUTER_FP32 = False                 # router weight and its input in fp32 (deepseek_v3)
-SCORING = "softmax"                 # "softmax" | "sigmoid"
+SCORING = "softmax"                 # "softmax" | "sigmoid" | "sparsemixer" (phimoe's, config.router_jitter_noise)
 RENORMALIZE = True                  # top-k weights divided by their sum: a literal, or the config key that says
 SELECTION_BIAS = False              # e_score_correction_bias added to the scores for choosing experts only
+SELECT_ON_LOGITS = False            # that bias added to the router's logits rather than its scores (kolibri1)
 # where the checkpoint stores the selection bias, relative to the block, where not on the router: "" (the router's
 # e_score_correction_bias), "e_score_correction_bias" (hy_v3: the block's), "gate.moe_statics.e_score_correction_bias"
 # (ernie4_5_moe: [1, E] under the router's moe_statics)
@@ -133,8 +136,13 @@ def register_expert_groups(comm_manager, config, infer_config):
         tokens = infer_config.scheduler_config.batch_size_per_dp_rank
         if spans_requests(tp_size, parallel.attn_tp_size):
             tokens *= tp_size
-        sizes = types.SimpleNamespace(num_experts=getattr(config, EXPERTS_KEY), hidden_size=config.hidden_size,
-                                      num_experts_per_tok=getattr(config, TOPK_KEY))
+        if TOPK_PER_LAYER:
+            # the experts per token per layer: the buffers sized for the most of any layer
+            sizes = types.SimpleNamespace(num_experts=getattr(config, EXPERTS_KEY), hidden_size=config.hidden_size,
+                                          num_experts_per_tok=max(getattr(config, TOPK_KEY)))
+        else:
+            sizes = types.SimpleNamespace(num_experts=getattr(config, EXPERTS_KEY), hidden_size=config.hidden_size,
+                                          num_experts_per_tok=getattr(config, TOPK_KEY))
         comm_manager.register_group(name="moe_ep_group_mc2", group_num=world // ep_size, group_size=ep_size,
                                     group_stride=world // ep_size, return_name=True, allow_physical_reuse=False,
                                     hccl_buffer_size=calc_moe_hccl_buffer_size(
@@ -150,6 +158,20 @@ def mc2_kwargs(comm_manager, layout, num_experts):
     return {"group_ep": group, "ep_world_size": layout.ep_size, "ep_rank_id": layout.ep_rank,
             "moe_expert_num": num_experts, "group_tp": group, "tp_world_size": 1, "tp_rank_id": 0,
             "expert_shard_type": 0, "shared_expert_num": 0, "shared_expert_rank_num": 0, "global_bs": 0}
+
+
+def sparsemixer(logits, jitter_eps):
+    """phimoe's sparsemixer at inference: (weights [T, 2] fp32, expert ids [T, 2]). Each of two rounds takes the best
+    expert left, weighted by the softmax over the experts within a relative 2 x jitter_eps of it; the first round's
+    expert is out of the second. Plain torch: no NPU gating op masks by a relative threshold."""
+    left, weights, expert_ids = logits, [], []
+    for _ in range(2):
+        best, chosen = left.max(dim=-1, keepdim=True)
+        far = (best - logits) / logits.abs().clamp(min=best) > 2 * jitter_eps
+        weights.append(left.masked_fill(far, float("-inf")).softmax(dim=-1).gather(-1, chosen))
+        expert_ids.append(chosen)
+        left = left.scatter(-1, chosen, float("-inf"))
+    return torch.cat(weights, dim=-1), torch.cat(expert_ids, dim=-1)
 
 
 def _check_moe_split(what, width, tp_size):
@@ -234,7 +256,11 @@ class ModelSparseMoeBlock(nn.Module):
         self.comm_manager = comm_manager
         self.hidden_size = config.hidden_size
         self.num_experts = getattr(config, EXPERTS_KEY)
-        self.top_k = getattr(config, TOPK_KEY)
+        if TOPK_PER_LAYER:
+            # the layer's own entry; the layer's index is its prefix's ("model.layers.<i>.mlp")
+            self.top_k = getattr(config, TOPK_KEY)[int(prefix.split(".")[-2])]
+        else:
+            self.top_k = getattr(config, TOPK_KEY)
         width = self.expert_width = getattr(config, WIDTH_KEY)
         layout = self.layout = MoeLayout(infer_config, comm_manager, self.num_experts)
         self.moe_tp_size, self.moe_ep_size, tp_rank = layout.tp_size, layout.ep_size, layout.tp_rank
@@ -242,6 +268,8 @@ class ModelSparseMoeBlock(nn.Module):
         self.renormalize = RENORMALIZE
         if ROUTED_SCALING:
             self.routed_scaling_factor = getattr(config, SCALING_KEY)
+        if SCORING == "sparsemixer":
+            self.jitter_eps = config.router_jitter_noise
         if GROUPS:
             self.n_group, self.topk_group = config.n_group, config.topk_group
         # quant_config reaches the router and the grouped matmul as upstream's MoE models pass it (a checkpoint's
@@ -298,6 +326,9 @@ class ModelSparseMoeBlock(nn.Module):
     def gating(self, hidden_states):
         """(top-k weights [T, K] in fp32, expert ids [T, K] int32) as transformers' router computes them."""
         logits = getattr(self, ROUTER)(hidden_states.float() if ROUTER_FP32 else hidden_states)
+        if SCORING == "sparsemixer":
+            weights, expert_ids = sparsemixer(logits.float(), self.jitter_eps)
+            return weights, expert_ids.to(torch.int32)
         if SCORING == "softmax" and not GROUPS and not SELECTION_BIAS:
             weights, expert_ids, _ = torch_npu.npu_moe_gating_top_k_softmax(logits, None, k=self.top_k)
             weights = weights.float()
@@ -318,7 +349,10 @@ class ModelSparseMoeBlock(nn.Module):
                 return weights.float(), expert_ids.to(torch.int32)
         # plain torch where the fused gating does not take this routing
         scores = logits.float().sigmoid() if SCORING == "sigmoid" else logits.float().softmax(dim=-1)
-        if SELECTION_BIAS:
+        if SELECTION_BIAS and SELECT_ON_LOGITS:
+            # the bias added to the router's logits, the weights still its scores (kolibri1)
+            choice = logits.float() + getattr(self, ROUTER).e_score_correction_bias.float()
+        elif SELECTION_BIAS:
             choice = scores + getattr(self, ROUTER).e_score_correction_bias.float()
         else:
             choice = scores
@@ -441,6 +475,8 @@ class ModelSparseMoeBlock(nn.Module):
                     self.experts.load_fused(name.split(".", 1)[1], weight)
                     loaded.add(name)
                 continue
+            if ROUTER_STORED and name.startswith(ROUTER_STORED + "."):
+                name = ROUTER + name[len(ROUTER_STORED):]        # the router nested in the checkpoint (gate.wg)
             if SELECTION_BIAS_NAME and name == SELECTION_BIAS_NAME:
                 # the selection bias stored beside the router (hy_v3) or as [1, E] under it (ernie4_5_moe)
                 name, weight = f"{ROUTER}.e_score_correction_bias", weight.reshape(-1)

@@ -3,7 +3,9 @@
 granitemoe's block as block_sparse_moe with its experts stored fused (input_linear / output_linear), ernie4_5_moe's
 moe_layer_start_index / moe_layer_interval layout and its selection bias under the router's moe_statics, hy_v3's
 block-level selection bias and router_scaling_factor, aria's and exaone_moe's shared-expert widths (a width times
-moe_num_shared_experts / num_shared_experts), aria's moe_topk, sarvam_moe's fused query_key_value. Each type's
+moe_num_shared_experts / num_shared_experts), aria's moe_topk, sarvam_moe's fused query_key_value, hunyuan_v1_moe's
+router nested as gate.wg and its moe_topk per layer, phimoe's sparsemixer, kolibri1's selection bias on the logits,
+granitemoeshared's default attention_multiplier 1.0 (held to transformers' own float32 error). Each type's
 file is held to transformers on its config in float32 and bfloat16, and a file with the part's arithmetic broken
 (a wrong expert picked, a gate not renormalised, a scale or the shared experts dropped) fails the same check.
 The block alone against transformers' block, its faults and its expert-parallel run: test_moe_features.py."""
@@ -21,11 +23,14 @@ SNAPSHOT = REPO_ROOT.parent / "shared" / "upstream" / "cann-recipes-infer"
 # config changes a type is checked on: ernie's default 64 experts, k 6, two shared experts give a routing near-tie in
 # the whole model under one CPU thread (its k-th expert's choice moves with the summation order; the block alone
 # matches transformers' to 1e-7, test_moe_features.py), which the precision verdict's tie search judges on a real run
-# granitemoeshared's defaults have no shared MLP and the attention_multiplier 1.0 no granite checkpoint has (1/128 in
-# the granite 3 family; at 1.0 its decode differs from transformers' by 1.7x the tolerance, as granitemoe's defaults
-# do, while its checkpoint shape passes): the family's shared MLP at granite's multiplier
+# granitemoeshared's defaults have no shared MLP: the family's, at the defaults' attention_multiplier 1.0 (whose sharp
+# softmax puts transformers' own float32 further from its float64 than the tolerance: the self-check's float64 floor);
+# hunyuan_v1_moe's experts per token unequal per layer (each layer's block reads its own); phimoe's sparsemixer at a
+# threshold that lets several experts into each softmax
 CHANGES = {"ernie4_5_moe": {"moe_num_experts": 8, "moe_k": 2},
-           "granitemoeshared": {"attention_multiplier": 0.0078125, "shared_intermediate_size": 64}}
+           "granitemoeshared": {"shared_intermediate_size": 64},
+           "hunyuan_v1_moe": {"moe_topk": [2 - i % 2 for i in range(32)]},
+           "phimoe": {"router_jitter_noise": 0.5}}
 # type -> (text of the correct file, its faulty replacement): the part's arithmetic broken
 FAULTS = {
     "granitemoe": ("weights = weights / weights.sum(dim=-1, keepdim=True)", "weights = weights"),
@@ -35,6 +40,10 @@ FAULTS = {
     "aria_text": ("shared = self.shared_experts(hidden_states)", "shared = 0 * self.shared_experts(hidden_states)"),
     "exaone_moe": ("weights = weights * self.routed_scaling_factor", "weights = weights"),
     "sarvam_moe": ("weights = weights * self.routed_scaling_factor", "weights = weights"),
+    "hunyuan_v1_moe": ('self.top_k = config.moe_topk[int(prefix.split(".")[-2])]', "self.top_k = config.moe_topk[0]"),
+    "phimoe": ("> 2 * jitter_eps", "> jitter_eps"),
+    "kolibri1": ("choice = logits.float() + self.gate.e_score_correction_bias.float()",
+                 "choice = scores + self.gate.e_score_correction_bias.float()"),
 }
 
 
