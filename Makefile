@@ -32,7 +32,8 @@ $(STAMP_TF50): $(STAMP) constraints-transformers-5.0.txt
 demo: install
 	$(VENV)/bin/migrator demo --output-dir models
 
-# Two workers: most tests are subprocess runs of one Python thread each. A module goes to one worker
+# Two workers: most tests are subprocess runs of one Python thread each. The slowest 25 are listed at the
+# end (the budget: docs/tests.md). A module goes to one worker
 # (--dist loadscope), so its module-scoped fixtures (a migrated recipe, a copied checkout) are built once,
 # not once per worker. `make test` runs the suite on the tested transformers (constraints.txt), then the
 # end-to-end family tests on transformers 5.0.0.
@@ -40,7 +41,7 @@ test: test-main test-tf50
 
 # install-tf50 first: tests/e2e/test_recipe_on_transformers_5_0.py vendors from .venv-tf5.0's 5.0.0 and runs the recipe in it
 test-main: install install-tf50
-	$(PY) -m pytest -q -n 2 --dist loadscope
+	$(PY) -m pytest -q -n 2 --dist loadscope --durations=25
 
 test-tf50: install-tf50
 	$(VENV_TF50)/bin/python -m pytest -q -n 2 -p no:cacheprovider $(OLD_END_TESTS)
