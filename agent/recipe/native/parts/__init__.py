@@ -3,7 +3,7 @@ each slot's parts most specific first. agent.recipe.native.compose picks one par
 architecture's own code and config; agent.recipe.native.assemble writes their code as one file."""
 
 from agent.recipe.native.parts import (attention, block, block_parallel, block_post_norm, embedding, head, mla, mlp, mlp_plain, model, moe,
-                                       linear_attention, mtp, norm, norm_layer, position, position_absolute,
+                                       linear_attention, mtp, norm, norm_layer, norm_weightless, position, position_absolute,
                                        rotary_interleaved, rotary_nope,
                                        scalar_multipliers)
 from agent.recipe.native.parts.part import ROLES, SLOTS, Composition, Match, Part
@@ -17,6 +17,7 @@ PARTS = (
     norm.OFFSET_RMS_NORM,
     norm.RMS_NORM,
     norm_layer.LAYER_NORM,
+    norm_weightless.WEIGHTLESS_LAYER_NORM,
     position_absolute.ABSOLUTE_POSITIONS,
     rotary_nope.ROTARY_NOPE,
     rotary_interleaved.ROTARY_INTERLEAVED,
