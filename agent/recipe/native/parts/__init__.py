@@ -2,7 +2,7 @@
 each slot's parts most specific first. agent.recipe.native.compose picks one part per slot from the
 architecture's own code and config; agent.recipe.native.assemble writes their code as one file."""
 
-from agent.recipe.native.parts import (attention, block, block_parallel, block_post_norm, embedding, head, mla, mlp, mlp_plain, model, moe,
+from agent.recipe.native.parts import (attention, block, block_parallel, block_post_ln, block_post_norm, embedding, head, mla, mlp, mlp_plain, model, moe,
                                        linear_attention, mtp, norm, norm_layer, norm_weightless, position, position_absolute,
                                        rotary_interleaved, rotary_nope,
                                        scalar_multipliers)
@@ -37,6 +37,7 @@ PARTS = (
     block.SANDWICH,
     block.PRE_NORM,
     block_post_norm.POST_NORM,
+    block_post_ln.POST_LN,
     scalar_multipliers.LOGITS_SCALING,
     head.LM_HEAD,
     mtp.MTP,
@@ -44,4 +45,4 @@ PARTS = (
 # options every code file may hold: the assembler folds them (a part's own, and the skeleton's the others set)
 OPTION_NAMES = frozenset(name for part in PARTS for name in part.options)
 # options that stay tables of the file (module constants read in a loop), not folded into the code
-TABLES = frozenset({"STACKED_PARAMS", "CHECKPOINT_RENAMES", "TRANSPOSED_WEIGHTS"})
+TABLES = frozenset({"STACKED_PARAMS", "CHECKPOINT_RENAMES", "TRANSPOSED_WEIGHTS", "ACT_NAMES"})

@@ -98,7 +98,7 @@ def test_every_type_serves_its_family_switches(features):
     assert labels["phi3"] >= {"rope longrope"} and "rope linear" not in labels["phi3"]   # phi3 takes longrope only
 
 
-@pytest.mark.parametrize("model_type,kind", [("phimoe", "moe"), ("deepseek_v32", "attention"), ("olmo", "norm")])     # olmo: a LayerNorm without weights
+@pytest.mark.parametrize("model_type,kind", [("phimoe", "moe"), ("deepseek_v32", "attention"), ("axk2", "norm")])     # axk2: a gated RMSNorm
 def test_architectures_the_generator_does_not_write_fall_back_with_the_layer_kind(model_type, kind):
     from transformers import AutoConfig
 
@@ -344,9 +344,9 @@ def test_native_recipe_serves_another_checkpoint_of_its_family_per_step(native_c
 
 def test_native_coverage_script_writes_a_row_per_type(tmp_path):
     """scripts/native_coverage.py: a type the generator writes is native with its self-check figure, measured on
-    its checkpoint-shaped config (agent.testing.checkpoint_shapes); one whose norm it does not write (olmo's
-    LayerNorm without a weight) falls back naming the layer kind; one the migrator refuses (bart: an encoder-decoder) is not
-    counted as testable."""
+    its checkpoint-shaped config (agent.testing.checkpoint_shapes); one whose MoE layer it does not write
+    (hunyuan_v1_moe's experts per token per layer) falls back naming the layer kind; one the migrator refuses
+    (bart: an encoder-decoder) is not counted as testable."""
     import json
     import subprocess
     import sys
@@ -354,13 +354,13 @@ def test_native_coverage_script_writes_a_row_per_type(tmp_path):
     if not SNAPSHOT.is_dir():
         pytest.skip(f"no upstream snapshot at {SNAPSHOT}")
     out = tmp_path / "rows.json"
-    proc = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "native_coverage.py"), "llama", "olmo", "bart",
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "native_coverage.py"), "llama", "hunyuan_v1_moe", "bart",
                            "--json", str(out)], capture_output=True, text=True, timeout=600, cwd=REPO_ROOT,
                           env={**__import__("os").environ, "CHECKOUT": str(SNAPSHOT)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = {row["type"]: row for row in json.loads(out.read_text())}
     assert rows["llama"]["result"] == "native" and rows["llama"]["max_rel"] < 1e-4, rows["llama"]
     assert rows["llama"]["config"] == "meta-llama/Llama-3.1-8B-Instruct", rows["llama"]    # its checkpoint shape
-    assert rows["olmo"]["result"] == "fell back" and rows["olmo"]["kind"] == "norm", rows["olmo"]
+    assert rows["hunyuan_v1_moe"]["result"] == "fell back" and rows["hunyuan_v1_moe"]["kind"] == "moe", rows["hunyuan_v1_moe"]
     assert rows["bart"]["result"] == "refused" and "encoder-decoder" in rows["bart"]["reason"], rows["bart"]
     assert "1 native of 2 testable types (2 on a checkpoint-shaped config); 1 fell back, 1 refused" in proc.stdout
