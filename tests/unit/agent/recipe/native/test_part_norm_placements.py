@@ -9,15 +9,15 @@ takes: its published 32-wide rope is the MLA part's blocker).
 
 Each file, derived on its checkpoint-shaped config (agent.testing.checkpoint_shapes) or transformers' defaults, is
 held to transformers per step; a file with the part's arithmetic broken fails the same check. By default one
-stand-in process checks the three files in float32 and one fault (openai-gpt's norm moved before the residual
-add); float32 and bfloat16 with every family setting and every type's faults are slow (their default case:
-test_the_files_match_transformers_and_a_post_ln_fault_fails)."""
+stand-in process checks olmo's and openai-gpt's files in float32 and one fault (openai-gpt's norm moved before the
+residual add); minicpm3's file, float32 and bfloat16 with every family setting and every type's faults are slow
+(their default case: test_the_files_match_transformers_and_a_post_ln_fault_fails)."""
 
 from __future__ import annotations
 
 import pytest
 
-from part_selfcheck import ctx, selfcheck_with_faults
+from part_selfcheck import selfcheck_with_faults
 
 POST_LN_FAULT = ("hidden_states, _ = self.post_feedforward_layernorm(self.mlp(hidden_states), hidden_states)",
                  "hidden_states = hidden_states + self.post_feedforward_layernorm(self.mlp(hidden_states))")
@@ -35,20 +35,27 @@ TYPES = {
 CLASS = "NpForCausalLM"
 
 
+# checked by default (the post-LN fault's type and the weightless norm); minicpm3's MLA file is slow
+DEFAULT_TYPES = ("olmo", "openai-gpt")
+
+
 @pytest.fixture(scope="module")
 def derived():
-    """type -> (the config it is measured on, its composition)."""
+    """get(type) -> (the config it is measured on, its composition), each derived once."""
     from transformers import AutoConfig
 
     from agent.recipe.native.compose import derive
     from agent.testing.checkpoint_shapes import checkpoint_config
 
     found = {}
-    for model_type, (_, changes, _) in TYPES.items():
-        shaped = checkpoint_config(model_type)
-        config = {**(shaped[0] if shaped else AutoConfig.for_model(model_type).to_dict()), **changes}
-        found[model_type] = (config, derive(config))
-    return found
+
+    def get(model_type):
+        if model_type not in found:
+            shaped = checkpoint_config(model_type)
+            config = {**(shaped[0] if shaped else AutoConfig.for_model(model_type).to_dict()), **TYPES[model_type][1]}
+            found[model_type] = (config, derive(config))
+        return found[model_type]
+    return get
 
 
 @pytest.mark.parametrize("eps", [1e-5, 1e-6, 3e-4])
@@ -105,30 +112,36 @@ def test_the_post_ln_layer_is_read_numerically(add_first, want):
     assert post_ln_layer(Layer(), 8) is want
 
 
+def check_parts(model_type: str, composition) -> None:
+    parts = TYPES[model_type][0]
+    assert {slot: composition.parts.get(slot) for slot in parts} == parts, (model_type, composition.parts)
+    options = composition.options
+    if model_type == "olmo":
+        assert options["NORM_EPS"] is None                      # no config key: torch's 1e-5, as OlmoLayerNorm's
+        assert "FINAL_NORM" not in options and "ACT_NAMES" not in options
+    elif model_type == "openai-gpt":
+        assert options["FINAL_NORM"] is False and options["WIDTH_FIXED_4X"] is True
+        assert options["ACT"] == "afn" and options["ACT_NAMES"] == (("gelu", "gelu_new"),)
+    else:
+        assert options["RESIDUAL_DEPTH_SCALED"] is True
+
+
 def test_the_parts_are_read_from_the_architectures(derived):
-    for model_type, (parts, _, _) in TYPES.items():
-        composition = derived[model_type][1]
-        assert {slot: composition.parts.get(slot) for slot in parts} == parts, (model_type, composition.parts)
-    options = {t: derived[t][1].options for t in TYPES}
-    assert options["olmo"]["NORM_EPS"] is None                     # no config key: torch's 1e-5, as OlmoLayerNorm's
-    assert options["openai-gpt"]["FINAL_NORM"] is False and options["openai-gpt"]["WIDTH_FIXED_4X"] is True
-    assert options["openai-gpt"]["ACT"] == "afn" and options["openai-gpt"]["ACT_NAMES"] == (("gelu", "gelu_new"),)
-    assert options["minicpm3"]["RESIDUAL_DEPTH_SCALED"] is True
-    assert "FINAL_NORM" not in options["olmo"] and "ACT_NAMES" not in options["olmo"]
+    for model_type in DEFAULT_TYPES:
+        check_parts(model_type, derived(model_type)[1])
 
 
 def test_the_files_match_transformers_and_a_post_ln_fault_fails(derived, tmp_path):
-    """Per step against transformers (agent.recipe.native.selfcheck), each type on its config in float32, and
-    openai-gpt's file with its last norm before the residual add: one stand-in process."""
-    rows = selfcheck_with_faults(derived, {"openai-gpt": [POST_LN_FAULT]}, CLASS, tmp_path,
-                                 keep=lambda label: label == "the checkpoint's config")
-    assert sorted((t, ok) for t, _, ok, _ in rows) == sorted([(t, True) for t in TYPES] + [("openai-gpt", False)])
-    texts = {t: (tmp_path / f"{t}.py").read_text() for t in TYPES}
+    """Per step against transformers (agent.recipe.native.selfcheck), olmo's and openai-gpt's files on their
+    configs in float32, and openai-gpt's file with its last norm before the residual add: one stand-in process."""
+    rows = selfcheck_with_faults({t: derived(t) for t in DEFAULT_TYPES}, {"openai-gpt": [POST_LN_FAULT]}, CLASS,
+                                 tmp_path, keep=lambda label: label == "the checkpoint's config")
+    assert sorted((t, ok) for t, _, ok, _ in rows) == sorted([(t, True) for t in DEFAULT_TYPES] + [("openai-gpt", False)])
+    texts = {t: (tmp_path / f"{t}.py").read_text() for t in DEFAULT_TYPES}
     assert "nn.Parameter" not in texts["olmo"].split("class NpWeightlessLayerNorm")[1].split("\nclass ")[0]
     assert texts["olmo"].count("WeightlessLayerNorm(config.hidden_size, eps=FIXED_NORM_EPS)") == 3
     assert "self.norm" not in texts["openai-gpt"] and "ACT2FN[name]" in texts["openai-gpt"]
-    assert "scale_depth / config.num_hidden_layers ** 0.5" in texts["minicpm3"]
-    assert "ACT_NAMES" not in texts["olmo"] and "ACT_NAMES" not in texts["minicpm3"]
+    assert "ACT_NAMES" not in texts["olmo"]
 
 
 @pytest.mark.slow
@@ -136,6 +149,9 @@ def test_the_files_match_transformers_and_a_post_ln_fault_fails(derived, tmp_pat
 def test_each_file_in_every_dtype_and_setting_and_its_faults(derived, model_type, tmp_path):
     """Slow: float32, bfloat16 and each family setting but the rope types (test_part_rotary.py), and every fault of
     the type; the default case of their path: test_the_files_match_transformers_and_a_post_ln_fault_fails."""
-    rows = selfcheck_with_faults({model_type: derived[model_type]}, {model_type: TYPES[model_type][2]}, CLASS,
+    check_parts(model_type, derived(model_type)[1])
+    rows = selfcheck_with_faults({model_type: derived(model_type)}, {model_type: TYPES[model_type][2]}, CLASS,
                                  tmp_path)
     assert (model_type, "the checkpoint's config in bfloat16", True) in [row[:3] for row in rows]
+    if model_type == "minicpm3":
+        assert "scale_depth / config.num_hidden_layers ** 0.5" in (tmp_path / "minicpm3.py").read_text()
