@@ -127,7 +127,7 @@ def migrate_family(family_checkout, model_type: str, overrides: dict, family: st
 # scripts/native_coverage.py's fall-backs, one per layer kind the maintainers' report (2026-12-05) found
 # failing: the recipe keeps the vendored transformers model behind models/modeling_NAME_framework.py.
 ADAPTERS = [
-    pytest.param("olmo", "norm", id="weightless_layer_norm-olmo"),       # LayerNorm without a weight, a fixed epsilon
+    pytest.param("nanochat", "model", id="normed_embedding-nanochat"),   # the embedding normed before the layers
     pytest.param("diffllama", "attention", id="differential-diffllama"),   # two softmaxes and a group norm per head
 ]
 

@@ -24,6 +24,7 @@ largest to its tolerance), "reason"}.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 import math
 import os
@@ -175,10 +176,15 @@ class Incremental:
 
         self.models = [model] + [copy.deepcopy(model) for _ in range(rows - 1)]
         self.caches, self.seen = [None] * rows, [0] * rows
+        # a model whose forward keeps no cache (openai-gpt's) runs each step on the whole sequence
+        self.cached = "past_key_values" in inspect.signature(model.forward).parameters
 
     def logits(self, row: int, tokens: list[int]):
         import torch
 
+        if not self.cached:
+            with torch.no_grad():
+                return self.models[row](input_ids=torch.tensor([tokens])).logits[0, -1].float()
         new = tokens[self.seen[row]:]
         with torch.no_grad():
             out = self.models[row](input_ids=torch.tensor([new]), past_key_values=self.caches[row], use_cache=True)

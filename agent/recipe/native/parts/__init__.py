@@ -2,9 +2,9 @@
 each slot's parts most specific first. agent.recipe.native.compose picks one part per slot from the
 architecture's own code and config; agent.recipe.native.assemble writes their code as one file."""
 
-from agent.recipe.native.parts import (attention, block, block_parallel, block_post_norm, embedding, head, mla, mlp, mlp_plain, model, moe,
-                                       linear_attention, mtp, norm, norm_layer, position, position_absolute, position_alibi,
-                                       rotary_interleaved, rotary_layer_theta, rotary_nope,
+from agent.recipe.native.parts import (attention, block, block_parallel, block_post_ln, block_post_norm, embedding, head, mla, mlp, mlp_plain, model, moe,
+                                       linear_attention, mtp, norm, norm_layer, norm_weightless, position, position_absolute,
+                                       position_alibi, rotary_interleaved, rotary_layer_theta, rotary_nope,
                                        scalar_multipliers)
 from agent.recipe.native.parts.part import ROLES, SLOTS, Composition, Match, Part
 
@@ -17,6 +17,7 @@ PARTS = (
     norm.OFFSET_RMS_NORM,
     norm.RMS_NORM,
     norm_layer.LAYER_NORM,
+    norm_weightless.WEIGHTLESS_LAYER_NORM,
     position_absolute.ABSOLUTE_POSITIONS,
     position_alibi.ALIBI,
     rotary_layer_theta.ROTARY_LAYER_THETA,
@@ -39,6 +40,7 @@ PARTS = (
     block.SANDWICH,
     block.PRE_NORM,
     block_post_norm.POST_NORM,
+    block_post_ln.POST_LN,
     scalar_multipliers.LOGITS_SCALING,
     head.LM_HEAD,
     mtp.MTP,
@@ -46,4 +48,4 @@ PARTS = (
 # options every code file may hold: the assembler folds them (a part's own, and the skeleton's the others set)
 OPTION_NAMES = frozenset(name for part in PARTS for name in part.options)
 # options that stay tables of the file (module constants read in a loop), not folded into the code
-TABLES = frozenset({"STACKED_PARAMS", "CHECKPOINT_RENAMES", "TRANSPOSED_WEIGHTS"})
+TABLES = frozenset({"STACKED_PARAMS", "CHECKPOINT_RENAMES", "TRANSPOSED_WEIGHTS", "ACT_NAMES"})

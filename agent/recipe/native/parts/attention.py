@@ -112,18 +112,26 @@ def _toggled(probe, on: bool):
 def measured_scale(attention, qkv, o, heads: int, head_dim: int) -> float | None:
     """The softmax scale of an attention without a `scaling` attribute and without rotary (positions added to the
     embedding), measured: its output on 4 tokens against causal attention at head_dim ** -0.5 and at 1; None for
-    neither (or another call shape)."""
+    neither (or another call shape). `qkv`: the q, k, v linears, or one fused [q; k; v] (openai-gpt's c_attn)."""
     import torch
 
-    x = torch.randn(1, 4, qkv[0].in_features, generator=torch.Generator().manual_seed(11))
+    width = qkv[0].in_features if isinstance(qkv[0], torch.nn.Linear) else getattr(qkv[0], "nx", None)
+    if width is None:
+        return None
+    x = torch.randn(1, 4, width, generator=torch.Generator().manual_seed(11))
     try:
         with torch.no_grad():
             got = attention(x)
     except Exception:  # noqa: BLE001 - another call shape: not measured
         return None
-    got = got[0] if isinstance(got, tuple) else got
+    got = got[0] if isinstance(got, (tuple, list)) else got
     with torch.no_grad():
-        q, k, v = (p(x).view(1, 4, -1, head_dim).transpose(1, 2) for p in qkv)
+        if len(qkv) == 3:
+            projected = [p(x) for p in qkv]
+        else:
+            kv_width = (out_features(qkv[0]) - heads * head_dim) // 2
+            projected = qkv[0](x).split([heads * head_dim, kv_width, kv_width], dim=-1)
+        q, k, v = (t.reshape(1, 4, -1, head_dim).transpose(1, 2) for t in projected)
         groups = heads // k.shape[1]
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         causal = torch.full((4, 4), float("-inf")).triu(1)
@@ -229,8 +237,8 @@ def dense_attention(probe) -> dict:
         scale = getattr(attention, "scaling", None)
         if scale is None and probe.memo.get("alibi"):
             scale = alibi_scale(attention)
-        if scale is None and not fused and probe.layout is not None:
-            scale = measured_scale(attention, qkv, o, heads, head_dim)        # gpt_neo's: no `scaling`
+        if scale is None and probe.layout is not None:
+            scale = measured_scale(attention, qkv, o, heads, head_dim)        # gpt_neo's, openai-gpt's: no `scaling`
         if not isinstance(scale, float):
             raise NotNative("attention", f"{type(attention).__name__} has no float `scaling`")
         shapes.add((fused, qkv[0].bias is not None, o.bias is not None, qk_width, qk_names, sink is not None, scale,

@@ -217,9 +217,14 @@ def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
         if len(calls) == 4 and calls[0] in norms and calls[1] == attentions[0] and calls[2] in norms \
                 and calls[3] == mlp_calls:
             roles[calls[0]], roles[calls[2]] = "input_layernorm", "post_attention_layernorm"
+        elif len(calls) == 4 and calls[0] == attentions[0] and calls[2] == mlp_calls and calls[1] in norms \
+                and calls[3] in norms:
+            # post-LN (openai-gpt's norm(h + attn(h))): each norm after its branch, held numerically by
+            # parts/block_post_ln.py
+            roles[calls[1]], roles[calls[3]] = "post_attention_layernorm", "post_feedforward_layernorm"
         elif calls[:1] == attentions[:1]:
-            layout.refusal = ("post-LN layer (its norms after the attention's and the MLP's residual adds, "
-                              "norm(h + attn(h))): no part writes it")
+            layout.refusal = ("its norms after the attention in an order no part writes (neither pre-LN nor "
+                              "post-LN norm(h + attn(h)))")
     elif len(attentions) == 1 and mlp_calls and len(norms) == 1:
         # one norm before both branches (gptj's ln_1: the parallel layer's input norm)
         calls = [n for n in order if n in (*norms, attentions[0], mlp_calls)]
@@ -296,6 +301,10 @@ def mlp_roles(mlp) -> dict | None:
     named = _named(mlp)
     linears = [name for name, child in named.items() if projection_widths(child) is not None]
     others = [name for name in named if name not in linears]
+    if not others:
+        # an activation held as a plain function (openai-gpt's act = gelu_new), not a child module
+        others = [name for name, value in vars(mlp).items() if not name.startswith("_") and callable(value)
+                  and not isinstance(value, torch.nn.Module)]
     if len(linears) != 2 or len(others) != 1:
         return None
     (a_in, a_out), (b_in, b_out) = (projection_widths(named[n]) for n in linears)

@@ -9,7 +9,7 @@ from agent.recipe.native.parts.part import Expr, Match, Part
 from agent.recipe.native.parts.probe import children
 
 MLP_CHILDREN = {"gate_proj", "up_proj", "gate_up_proj", "down_proj", "act_fn", "activation_fn"}
-ACT_KEYS = ("hidden_act", "hidden_activation", "activation_function")
+ACT_KEYS = ("hidden_act", "hidden_activation", "activation_function", "afn")     # afn: openai-gpt
 BIAS_KEYS = ("mlp_bias", "use_bias", "enable_bias")             # config keys that may set the MLP's biases
 
 

@@ -51,7 +51,8 @@ def fixed_activation(module, hidden: int) -> str:
 
 def _width(probe, widths: set, up_name: str) -> dict:
     """The MLP's width as the config holds it: {} for config.intermediate_size; else MLP_WIDTH, the key (and
-    WIDTH_DEFAULT_4X where it is None and the width 4 x hidden_size), checked on a config with that key changed."""
+    WIDTH_DEFAULT_4X where it is None and the width 4 x hidden_size), checked on a config with that key changed;
+    WIDTH_FIXED_4X where no key holds a width of 4 x hidden_size."""
     if not widths:
         return {}
     config, (width,) = probe.config, widths if len(widths) == 1 else (None,)
@@ -61,7 +62,7 @@ def _width(probe, widths: set, up_name: str) -> dict:
         key = next((k for k in WIDTH_KEYS if k in config.to_dict() and getattr(config, k) is None), None)
     default = key is not None and getattr(config, key) is None or key == "n_inner"
     if key is None and width == 4 * probe.hidden and _fixed_4x(probe, up_name):
-        return {"WIDTH_FIXED_4X": True}
+        return {"WIDTH_FIXED_4X": True}             # 4 x hidden_size in the architecture's code (openai-gpt's, mpt's)
     if key is None:
         raise NotNative("mlp", f"plain MLP of width {sorted(widths)}: no config key of {', '.join(WIDTH_KEYS)} holds it")
     other = probe.variant({key: 2 * probe.hidden + 8})
@@ -96,6 +97,7 @@ def _plain(probe, chosen):
     except NotNative:
         # no config key names it: the architecture's own activation, as the ACT2FN entry that computes it (mpt's GELU)
         key, fixed = None, fixed_activation(children(mlps[0])[act_name], source.hidden)
+    act_names = activation_names(source, mlps[0], act_name, key) if key else ()
     biases, widths, learned = set(), set(), set()
     for mlp in mlps:
         up, down = children(mlp)[up_name], children(mlp)[down_name]
@@ -104,8 +106,8 @@ def _plain(probe, chosen):
         if out_features(up) != getattr(source.config, "intermediate_size", None):
             widths.add(out_features(up))
         biases.add((up.bias is not None, down.bias is not None))
-        activation = ACT2FN[fixed or getattr(source.config, key)]
-        own = children(mlp)[act_name]
+        own = children(mlp).get(act_name, getattr(mlp, act_name, None))
+        activation = ACT2FN[fixed or dict(act_names).get(getattr(source.config, key), getattr(source.config, key))]
         if type(own) is type(activation) and any(True for _ in own.parameters()):
             activation = own       # an activation with learned parameters (xIELU's alpha_p / alpha_n): the layer's
             learned.add(True)
@@ -120,8 +122,52 @@ def _plain(probe, chosen):
         raise NotNative("mlp", f"an activation with learned parameters under another name ({act_name})")
     act = {"ACT_FIXED": fixed} if fixed else {"ACT": key}
     return Match(PLAIN_MLP, options={**act, "MLP_BIAS": bias_option(source, next(iter(biases))[0]),
-                                     "CHECKPOINT_RENAMES": renames, **width, **({"ACT_PARAMS": True} if learned else {})},
-                 facts={"activation": fixed or getattr(source.config, key)})
+                                     "CHECKPOINT_RENAMES": renames, **width, **({"ACT_PARAMS": True} if learned else {}),
+                                     **({"ACT_NAMES": act_names} if act_names else {})},
+                 facts={"activation": fixed or dict(act_names).get(getattr(source.config, key), getattr(source.config, key))})
+
+
+def _same_function(f, g) -> bool:
+    import torch
+
+    x = torch.linspace(-6.0, 6.0, 241)
+    try:
+        with torch.no_grad():
+            return torch.allclose(f(x), g(x), rtol=1e-5, atol=1e-6)
+    except Exception:  # noqa: BLE001 - an activation that needs another input: not this one
+        return False
+
+
+def activation_names(probe, mlp, act_name: str, key: str) -> tuple:
+    """((config value, ACT2FN name), ...) where the architecture names activations its own way (openai-gpt's ACT_FNS:
+    afn "gelu" runs gelu_new): read from the dict of its modeling module that holds the MLP's activation under the
+    config's value, each entry matched numerically to an ACT2FN activation; () where ACT2FN's name of the config's
+    value computes the MLP's activation (or the activation has learned parameters: the code loads them)."""
+    import torch
+    from transformers.activations import ACT2FN
+
+    value, own = getattr(probe.config, key), children(mlp).get(act_name, getattr(mlp, act_name, None))
+    if own is None or (isinstance(own, torch.nn.Module) and any(True for _ in own.parameters())):
+        return ()
+    if value in ACT2FN and _same_function(ACT2FN[value], own):
+        return ()
+    tables = [t for t in vars(probe.modeling).values() if isinstance(t, dict) and t.get(value) is own]
+    if len(tables) != 1:
+        raise NotNative("mlp", f"the MLP's activation is not ACT2FN[{value!r}] and no table of the architecture's "
+                               "code names it")
+    names = []
+    for their, function in tables[0].items():
+        # its own name, else one of the same class (gelu_new's NewGELUActivation, not a close tanh form): ACT2FN's
+        # classes read without building the others (some print on construction)
+        same_class = [name for name, entry in dict.items(ACT2FN)
+                      if (entry[0] if isinstance(entry, tuple) else entry) is type(function)]
+        candidates = [name for name in dict.fromkeys([their, *same_class]) if name in ACT2FN]
+        ours = next((name for name in candidates if _same_function(ACT2FN[name], function)), None)
+        if ours is None:
+            raise NotNative("mlp", f"the architecture's activation {their!r} is none of transformers' ACT2FN")
+        if ours != their:
+            names.append((their, ours))
+    return tuple(names)
 
 
 
@@ -130,6 +176,6 @@ PLAIN_MLP = Part(
     reads=("hidden_size", "intermediate_size", "hidden_act", "mlp_bias"), probe=_plain,
     kernels=lambda m: ((), (f"MLP activation {m.facts['activation']}: plain torch between the parallel linears "
                             "(no gate: npu_swiglu does not apply)",)),
-    options=("ACT", "MLP_BIAS", "CHECKPOINT_RENAMES", "MLP_WIDTH", "WIDTH_DEFAULT_4X", "ACT_PARAMS", "ACT_FIXED",
-             "WIDTH_FIXED_4X"),
+    options=("ACT", "MLP_BIAS", "CHECKPOINT_RENAMES", "MLP_WIDTH", "WIDTH_DEFAULT_4X", "WIDTH_FIXED_4X", "ACT_PARAMS",
+             "ACT_FIXED", "ACT_NAMES"),
     variants=bias_variants)

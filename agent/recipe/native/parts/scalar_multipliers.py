@@ -1,5 +1,6 @@
 """Scalar multipliers: the embedding times `embedding_multiplier`, the attention's and the MLP's outputs (normed,
-in a sandwich layer: hyperclovax) times `residual_multiplier` before they join the residual, logits divided by
+in a sandwich layer: hyperclovax) times `residual_multiplier` (minicpm3: scale_depth / sqrt(num_hidden_layers))
+before they join the residual, logits divided by
 `logits_scaling` (granite), multiplied by it (hyperclovax) or by `logit_scale` (cohere); the softmax scale `attention_multiplier` is the attention part's rule (parts/attention.py).
 Each read from what transformers' model computes, not from the keys alone; the file reads the values from the
 config at run time (code: parts/code/causal_lm.py EMBED_MULTIPLIER / LOGITS_SCALING, parts/code/block.py
@@ -14,7 +15,7 @@ from agent.recipe.native.parts.head import LM_HEAD
 from agent.recipe.native.parts.part import Match, Part
 
 MULTIPLIERS = ("embedding_multiplier", "residual_multiplier", "logits_scaling", "attention_multiplier", "logit_scale",
-               "scale_emb")
+               "scale_emb", "scale_depth")
 
 
 def _number(config, key):
@@ -49,22 +50,45 @@ def _embedding(probe, chosen):
     return Match(EMBEDDING_MULTIPLIER, options={"EMBED_SCALE": False, "EMBED_MULTIPLIER": True, **key_option})
 
 
+def residual_multiplier(probe):
+    """(the probe to read it on, the layer's residual multiplier there, its rule): config.residual_multiplier
+    (granite) or scale_depth / sqrt(num_hidden_layers) (minicpm3, "depth"); None where the config has neither."""
+    found = read_on(probe, "residual_multiplier")
+    if found is not None:
+        return (*found, "key")
+    found = read_on(probe, "scale_depth")
+    if found is None:
+        return None
+    probe, depth = found
+    return probe, depth / probe.config.num_hidden_layers ** 0.5, "depth"
+
+
 def _block(layout: str):
     """The probe of the residual multiplier in a layer of `layout` ("pre_norm": input norms only; "sandwich": the
     outputs normed too)."""
     def probe_block(probe, chosen):
-        found = read_on(probe, "residual_multiplier")
+        found = residual_multiplier(probe)
         roles = block_roles(probe) if found is not None else None
         if roles is None or ("mlp_out" in roles) != (layout == "sandwich"):
             return None
-        probe, multiplier = found
+        probe, multiplier, rule = found
         if not residual_scaled(probe.layers[0], probe.hidden, multiplier, roles):
-            raise NotNative("decoder layer", "the layer's outputs are not scaled by config.residual_multiplier "
-                                             "before they join the residual")
+            raise NotNative("decoder layer", "the layer's outputs are not scaled by " + (
+                "config.residual_multiplier" if rule == "key" else "scale_depth / sqrt(num_hidden_layers)")
+                + " before they join the residual")
         sandwich = {"SANDWICH": True} if layout == "sandwich" else {}
+        depth = {"RESIDUAL_DEPTH_SCALED": True} if rule == "depth" else {}
         part = SANDWICH_RESIDUAL_MULTIPLIER if layout == "sandwich" else RESIDUAL_MULTIPLIER
-        return Match(part, options={"RESIDUAL_MULTIPLIER": True, **sandwich, **role_options(roles)})
+        return Match(part, options={"RESIDUAL_MULTIPLIER": True, **sandwich, **depth, **role_options(roles)},
+                     facts={"rule": rule})
     return probe_block
+
+
+def _residual_kernels(what: str):
+    def kernels(match):
+        rule = "scale_depth / sqrt(num_hidden_layers)" if match.facts.get("rule") == "depth" else "residual_multiplier"
+        return (), (f"{rule}: plain torch multiply {what}before npu_add_rms_norm",)
+    return kernels
 
 
 def _head(probe, chosen):
@@ -109,15 +133,15 @@ EMBEDDING_MULTIPLIER = Part(
     kernels=lambda m: ((), ("embedding_multiplier: plain torch multiply",)))
 RESIDUAL_MULTIPLIER = Part(
     slot="block", name="pre_norm_residual_multiplier", code="block.py", provides="ModelDecoderLayer",
-    reads=("hidden_size", "rms_norm_eps", "residual_multiplier"), probe=_block("pre_norm"),
-    options=("RESIDUAL_MULTIPLIER", "ATTENTION_NORM", "MLP_NORM"),
-    kernels=lambda m: ((), ("residual_multiplier: plain torch multiply before npu_add_rms_norm",)))
+    reads=("hidden_size", "rms_norm_eps", "residual_multiplier", "scale_depth", "num_hidden_layers"),
+    probe=_block("pre_norm"), options=("RESIDUAL_MULTIPLIER", "RESIDUAL_DEPTH_SCALED", "ATTENTION_NORM", "MLP_NORM"),
+    kernels=_residual_kernels(""))
 SANDWICH_RESIDUAL_MULTIPLIER = Part(
     slot="block", name="sandwich_residual_multiplier", code="block.py", provides="ModelDecoderLayer",
-    reads=("hidden_size", "rms_norm_eps", "residual_multiplier"), probe=_block("sandwich"),
-    options=("RESIDUAL_MULTIPLIER", "SANDWICH", "ATTENTION_NORM", "ATTENTION_OUT_NORM", "MLP_NORM", "MLP_OUT_NORM"),
-    kernels=lambda m: ((), ("residual_multiplier: plain torch multiply of the normed outputs before "
-                            "npu_add_rms_norm",)))
+    reads=("hidden_size", "rms_norm_eps", "residual_multiplier", "scale_depth", "num_hidden_layers"),
+    probe=_block("sandwich"), options=("RESIDUAL_MULTIPLIER", "RESIDUAL_DEPTH_SCALED", "SANDWICH", "ATTENTION_NORM",
+                                       "ATTENTION_OUT_NORM", "MLP_NORM", "MLP_OUT_NORM"),
+    kernels=_residual_kernels("of the normed outputs "))
 LOGITS_SCALING = Part(
     slot="head", name="lm_head_logits_scaling", code=None, provides=None,
     reads=("vocab_size", "tie_word_embeddings", "logits_scaling", "logit_scale"), probe=_head,

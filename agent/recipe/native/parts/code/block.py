@@ -6,6 +6,7 @@ from .norm_rms import ModelRMSNorm as Norm
 
 SANDWICH = False        # post-attention and pre/post-feedforward norms around attention and MLP (gemma2, gemma3)
 RESIDUAL_MULTIPLIER = False  # the attention's and the MLP's outputs times config.residual_multiplier (granite)
+RESIDUAL_DEPTH_SCALED = False   # that multiplier is scale_depth / sqrt(num_hidden_layers) (minicpm3)
 # the norms' module names (the checkpoint's), by role: the attention's input and output norms, the MLP's input
 # and output norms (the output norms only in the sandwich layer)
 ATTENTION_NORM = "input_layernorm"
@@ -20,7 +21,10 @@ class ModelDecoderLayer(ModelDecoderLayerBase):
     def __init__(self, config, infer_config, comm_manager, layer_idx, prefix=""):
         super().__init__(config, infer_config, comm_manager, layer_idx, prefix)
         if RESIDUAL_MULTIPLIER:
-            self.residual_multiplier = config.residual_multiplier
+            if RESIDUAL_DEPTH_SCALED:
+                self.residual_multiplier = config.scale_depth / config.num_hidden_layers ** 0.5
+            else:
+                self.residual_multiplier = config.residual_multiplier
         setattr(self, ATTENTION_NORM, Norm(config.hidden_size, eps=getattr(config, NORM_EPS) if NORM_EPS else FIXED_NORM_EPS))
         if SANDWICH:
             setattr(self, ATTENTION_OUT_NORM, Norm(config.hidden_size, eps=getattr(config, NORM_EPS) if NORM_EPS else FIXED_NORM_EPS))

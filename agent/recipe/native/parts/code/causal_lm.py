@@ -56,6 +56,7 @@ STACKED_PARAMS = ()
 QUANT_DEFAULTS = ("smooth_scales", "smooth_scale_1", "smooth_scale_2")
 NORM_EPS = "rms_norm_eps"   # the config key of the norms' epsilon
 FIXED_NORM_EPS = 1e-5       # their epsilon where no config key holds it (NORM_EPS None: opt's LayerNorms)
+FINAL_NORM = True           # a norm after the last layer (a post-LN model's last layer ends in its own: openai-gpt)
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +77,8 @@ class ModelModel(nn.Module):
         self.layers = nn.ModuleList([
             DecoderLayer(config, infer_config, comm_manager, layer_idx, prefix=f"model.layers.{layer_idx}")
             for layer_idx in range(config.num_hidden_layers)])
-        self.norm = Norm(config.hidden_size, eps=getattr(config, NORM_EPS) if NORM_EPS else FIXED_NORM_EPS)
+        if FINAL_NORM:
+            self.norm = Norm(config.hidden_size, eps=getattr(config, NORM_EPS) if NORM_EPS else FIXED_NORM_EPS)
         if EMBED_NORM:
             self.embed_norm = Norm(config.hidden_size, eps=getattr(config, NORM_EPS) if NORM_EPS else FIXED_NORM_EPS)
         if MTP:
@@ -128,7 +130,8 @@ class ModelModel(nn.Module):
         residual = None
         for layer in self.layers:
             residual, hidden_states = layer(hidden_states, cos_sin, residual, forward_metadata)
-        hidden_states, _ = self.norm(hidden_states, residual)
+        if FINAL_NORM:
+            hidden_states, _ = self.norm(hidden_states, residual)
         if CONTEXT_PARALLEL and prefill_cp(forward_metadata):
             # every rank's segments in the batch's token order, the padding dropped: each request's last token
             cp = forward_metadata.cp_metadata

@@ -11,9 +11,11 @@ ACT = "hidden_act"      # the config key naming the activation
 MLP_BIAS = False        # the projections' biases: a literal, or the config key that sets them
 MLP_WIDTH = "intermediate_size"     # the config key of the width (opt: ffn_dim; gpt2: n_inner)
 WIDTH_DEFAULT_4X = False    # a width of None is 4 x hidden_size (gpt2's n_inner)
+WIDTH_FIXED_4X = False      # the width is 4 x hidden_size, no config key holds it (openai-gpt, mpt)
 ACT_PARAMS = False      # the activation has learned parameters, loaded from the checkpoint (apertus' xIELU)
 ACT_FIXED = None        # the ACT2FN entry of an activation the architecture hard-codes (mpt: "gelu"), no config key
-WIDTH_FIXED_4X = False  # the width is 4 x hidden_size whatever the config says (mpt)
+# (config value, ACT2FN name) where the architecture names an activation its own way (openai-gpt's "gelu": gelu_new)
+ACT_NAMES = ()
 
 
 class ModelPlainMLP(nn.Module):
@@ -34,6 +36,9 @@ class ModelPlainMLP(nn.Module):
             tp_size=self.attn_tp_size, tp_rank=tp_rank, input_is_parallel=True, quant_config=quant_config,
             prefix=f"{prefix}.down_proj")
         self.act_fn = ACT2FN[ACT_FIXED] if ACT_FIXED else ACT2FN[getattr(config, ACT)]
+        for value, name in ACT_NAMES:
+            if getattr(config, ACT) == value:
+                self.act_fn = ACT2FN[name]
         if ACT_PARAMS:
             # in the model's dtype (transformers builds xIELU's in bfloat16), before the checkpoint's load into them
             self.act_fn = self.act_fn.to(torch.get_default_dtype())

@@ -120,7 +120,6 @@ def test_the_skeletons_own_layout_is_read_as_before():
 
 
 @pytest.mark.parametrize("model_type, reason", [
-    ("openai-gpt", "post-LN layer"),                              # norm(h + attn(h)): no part writes it
     ("ctrl", "the layer's MLP, ffn (Sequential), is neither"),    # an MLP no part reads
     ("trocr", "its modules' layout could not be read"),           # transformers' own accessor raises
 ])
