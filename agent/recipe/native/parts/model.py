@@ -32,6 +32,8 @@ def checkpoint_renames(model_type: str, class_name: str | None = None) -> tuple[
     merge (the sparse-MoE part's) is not native: the loader reads the checkpoint's names."""
     from transformers import conversion_mapping
 
+    from agent.recipe.native.parts.linear_attention import stored_conversion
+
     rules = (class_name and conversion_mapping.get_checkpoint_conversion_mapping(class_name)) or \
         conversion_mapping.get_checkpoint_conversion_mapping(model_type)
     renames = []
@@ -53,6 +55,8 @@ def checkpoint_renames(model_type: str, class_name: str | None = None) -> tuple[
             renames += [(source, targets[0].replace("\\.", ".").lstrip("^")) for source in sources]
         elif [_name(source) for source in sources] == [_name(target) for target in targets]:
             continue          # a conversion of the stored tensor that keeps its name (5.0's gpt_oss: an alignment)
+        elif stored_conversion(rule):
+            continue          # linear-attention tensors the linear-attention part loads as stored (its STACKED_PARAMS)
         elif fused_qkv_split(rule):
             # [q; k; v] stored as one tensor (sarvam_moe's query_key_value): the native merged_qkv_proj, whose
             # loader splits a tensor given without a shard by the config's heads as transformers' Split does
