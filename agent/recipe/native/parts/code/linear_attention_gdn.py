@@ -32,10 +32,12 @@ def ge_safe_softplus(x):
     return torch.relu(x) + torch.log1p(torch.exp(-torch.abs(x)))
 
 
-def load_qkv_rows(param, tensor, shard, key_dim):
-    """q, k or v stored apart: its rows of the parameter that holds them end to end (q and k key_dim rows each)."""
-    offset = {"q": 0, "k": key_dim, "v": 2 * key_dim}[shard]
-    param.data[offset:offset + tensor.shape[0]].copy_(tensor)
+def load_qkv_rows(param, tensor, shard):
+    """q, k or v stored apart: its rows of the parameter that holds them end to end, q first, v last (q and k of one
+    width; transformers' save_pretrained writes the conv kernels as three equal thirds, which land alike)."""
+    rows = tensor.shape[0]
+    offset = {"q": 0, "k": rows, "v": param.shape[0] - rows}[shard]
+    param.data[offset:offset + rows].copy_(tensor)
 
 
 def torch_causal_conv1d_update(hidden_states, conv_state, weight):
@@ -126,8 +128,7 @@ class ModelGatedDeltaNet(nn.Module):
         else:
             if GDN_PROJECTIONS == "q_k_v_g_b_a":
                 self.merged_qkv_proj = linear(self.conv_dim, "merged_qkv_proj")
-                self.merged_qkv_proj.weight.weight_loader = \
-                    lambda param, tensor, shard: load_qkv_rows(param, tensor, shard, self.key_dim)
+                self.merged_qkv_proj.weight.weight_loader = load_qkv_rows
             else:
                 self.in_proj_qkv = linear(self.conv_dim, "in_proj_qkv")
             self.in_proj_z = linear(self.value_dim, "in_proj_z")
@@ -136,8 +137,7 @@ class ModelGatedDeltaNet(nn.Module):
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, kernel_size=self.conv_kernel_size, bias=False,
                                 groups=self.conv_dim, padding=self.conv_kernel_size - 1)
         if CONV_SHARDS:
-            self.conv1d.weight.weight_loader = lambda param, tensor, shard: load_qkv_rows(param, tensor, shard,
-                                                                                          self.key_dim)
+            self.conv1d.weight.weight_loader = load_qkv_rows
         if NEG_EIGVAL_KEY:
             # beta in [0, 2]: the state's eigenvalues may turn negative
             self.beta_scale = 2.0 if getattr(config, NEG_EIGVAL_KEY) else 1.0
