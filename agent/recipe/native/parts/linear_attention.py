@@ -52,6 +52,28 @@ def stored_conversion(rule) -> str | None:
     return None
 
 
+def refuse_recurrent_attention(probe) -> None:
+    """NotNative for a recurrent layer in the attention's place (a self_attn with a depthwise conv1d and a decay:
+    kimi_linear's and bailing_hybrid's Kimi Delta Attention), which this part does not write: its decay is per key
+    channel (dt_bias of heads x head width), which neither NPU op computes (npu_chunk_gated_delta_rule takes one
+    decay per head; npu_recurrent_gated_delta_rule's gk is written two ways on its page)."""
+    found = {}
+    for index, layer in enumerate(probe.layers):
+        module = getattr(layer, "self_attn", None)
+        if module is None or "conv1d" not in children(module):
+            continue
+        decays = {name.rsplit(".", 1)[-1]: param for name, param in module.named_parameters()
+                  if name.rsplit(".", 1)[-1] in ("A_log", "dt_bias")}
+        if decays:
+            per_channel = "dt_bias" in decays and "A_log" in decays and decays["dt_bias"].numel() > decays["A_log"].numel()
+            found.setdefault((type(module).__name__, per_channel), []).append(index)
+    for (name, per_channel), layers in found.items():
+        kind = "a per-key-channel decay (Kimi Delta Attention), which no NPU op computes" if per_channel else \
+            "a delta rule under self_attn"
+        raise NotNative(KIND, f"{name} (layers {layers}): a recurrent layer in the attention's place with {kind}; "
+                              "no part writes it")
+
+
 def stored_layouts(model_type: str) -> set:
     """The stored_conversion layouts transformers' conversion mapping names for `model_type`."""
     from transformers import conversion_mapping
@@ -151,6 +173,8 @@ def _probe(probe, chosen):
         options["STACKED_PARAMS"] += QKV_SHARDS
         options["CHECKPOINT_RENAMES"] = SEPARATE_RENAMES
     options["NEG_EIGVAL_KEY"] = _neg_eigval_key(probe, module)
+    # npu_chunk_gated_delta_rule takes head widths up to 128: a wider family's prefill runs the rule in plain torch
+    options["WIDE_HEADS"] = max(module.head_k_dim, module.head_v_dim) > 128
     options["GATED_NORM_EPS"] = _gated_norm_eps(probe, module, linear.index(True))
     return Match(GATED_DELTA_NET, options=options)
 
@@ -184,7 +208,9 @@ def _kernels(match):
              "npu_recurrent_gated_delta_rule (decode, the state in place through ssm_state_indices)",
              "npu_rms_norm (the gated RMSNorm)"),
             ("causal depthwise conv1d over q/k/v: plain torch (upstream's torch_causal_conv1d_update at decode)",
-             "the gated delta rule in float32 runs: plain torch token by token (the NPU ops return bfloat16)"))
+             "the gated delta rule in float32 runs: plain torch token by token (the NPU ops return bfloat16)")
+            + (("the prefill's gated delta rule: plain torch token by token (heads wider than "
+                "npu_chunk_gated_delta_rule's 128)",) if match.options.get("WIDE_HEADS") else ()))
 
 
 GATED_DELTA_NET = Part(
@@ -192,4 +218,4 @@ GATED_DELTA_NET = Part(
     reads=("layer_types", "linear_num_value_heads", "linear_num_key_heads", "linear_key_head_dim",
            "linear_value_head_dim", "linear_conv_kernel_dim", "rms_norm_eps"),
     probe=_probe, kernels=_kernels, options=("LINEAR_ATTENTION", "GDN_PROJECTIONS", "CONV_SHARDS", "NEG_EIGVAL_KEY",
-                                             "GATED_NORM_EPS"))
+                                             "GATED_NORM_EPS", "WIDE_HEADS"))

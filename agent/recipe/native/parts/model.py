@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 from agent.recipe.native.not_native import NotNative
+from agent.recipe.native.parts.linear_attention import refuse_recurrent_attention, stored_conversion
 from agent.recipe.native.parts.norm import LAYER_NORMS
 from agent.recipe.native.parts.norm_roles import norm_roles
 from agent.recipe.native.parts.part import Match, Part
@@ -31,8 +32,6 @@ def checkpoint_renames(model_type: str, class_name: str | None = None) -> tuple[
     (GPTNeoXForCausalLM's embed_out), as it looks them up; a conversion other than a rename or the experts'
     merge (the sparse-MoE part's) is not native: the loader reads the checkpoint's names."""
     from transformers import conversion_mapping
-
-    from agent.recipe.native.parts.linear_attention import stored_conversion
 
     rules = (class_name and conversion_mapping.get_checkpoint_conversion_mapping(class_name)) or \
         conversion_mapping.get_checkpoint_conversion_mapping(model_type)
@@ -90,6 +89,7 @@ def _probe(probe, chosen):
     layout = probe.layout
     if layout is not None and layout.refusal:
         raise NotNative("model", layout.refusal)
+    refuse_recurrent_attention(probe)
     top = children(probe.model)
     if set(top) - {"model", "lm_head"}:
         raise NotNative("model", f"heads other than lm_head: {sorted(set(top) - {'model', 'lm_head'})}")

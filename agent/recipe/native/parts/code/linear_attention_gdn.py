@@ -25,6 +25,10 @@ NORM_EPS = "rms_norm_eps"       # the config key of the norms' epsilon
 GATED_NORM_EPS = None           # the gated norm's epsilon where the architecture fixes it (olmo_hybrid: 1e-5)
 CONV_SHARDS = False             # the conv's q, k and v kernels stored apart (q_conv1d, k_conv1d, v_conv1d)
 NEG_EIGVAL_KEY = None           # the config key that doubles beta (olmo_hybrid's linear_allow_neg_eigval)
+# head widths past npu_chunk_gated_delta_rule's 128 (olmo_hybrid's value heads: 192): the prefill's rule in plain
+# torch (npu_recurrent_gated_delta_rule takes up to 512 at decode)
+WIDE_HEADS = False
+CHUNK_OP_MAX_DIM = 128          # op-plugin's ChunkGatedDeltaRule: 0 < D_k, D_v <= 128
 
 
 def ge_safe_softplus(x):
@@ -215,7 +219,8 @@ class ModelGatedDeltaNet(nn.Module):
         if NEG_EIGVAL_KEY:
             beta = beta * self.beta_scale
         g = -self.A_log.float().exp() * ge_safe_softplus(a.float() + self.dt_bias.float())
-        if hidden_states.dtype == torch.float32:
+        if hidden_states.dtype == torch.float32 or (WIDE_HEADS and is_prefill and max(
+                self.head_k_dim, self.head_v_dim) > CHUNK_OP_MAX_DIM):
             # the NPU ops return bfloat16: a float32 run keeps the rule in float32, in plain torch
             lengths_list = forward_metadata.actual_seq_lengths_q.tolist() if is_prefill else [1] * q_len
             state = (torch.zeros((len(lengths_list), self.num_v_heads, self.head_v_dim, self.head_k_dim),
