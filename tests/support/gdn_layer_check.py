@@ -7,7 +7,10 @@ the whole sequence so far (no cache: its own chunked rule from zero state). Prin
 "step"} per job].
 
 Faults (a planted error in the layer's arithmetic or its state handling): "conv_state" (decode forgets the conv
-history), "recurrent_state" (decode starts from a zero state), "decay" (g's sign flipped)."""
+history), "recurrent_state" (decode starts from a zero state), "decay" (g's sign flipped), "shards" (q's and k's rows
+of the tensors stored apart swapped at load: olmo_hybrid), "in_proj" (the stored in_proj's b and a read the other way
+round: lara_mini). Types: qwen3_next, qwen3_5_text, lara_mini, olmo_hybrid (loaded from their checkpoint names as the
+file's loader reads them: `stored`); a job's "sizes" override the tiny config's widths."""
 
 from __future__ import annotations
 
