@@ -7,7 +7,10 @@ the whole sequence so far (no cache: its own chunked rule from zero state). Prin
 "step"} per job].
 
 Faults (a planted error in the layer's arithmetic or its state handling): "conv_state" (decode forgets the conv
-history), "recurrent_state" (decode starts from a zero state), "decay" (g's sign flipped)."""
+history), "recurrent_state" (decode starts from a zero state), "decay" (g's sign flipped), "shards" (q's and k's rows
+of the tensors stored apart swapped at load: olmo_hybrid), "in_proj" (the stored in_proj's b and a read the other way
+round: lara_mini). Types: qwen3_next, qwen3_5_text, lara_mini, olmo_hybrid (loaded from their checkpoint names as the
+file's loader reads them: `stored`); a job's "sizes" override the tiny config's widths."""
 
 from __future__ import annotations
 
@@ -24,13 +27,15 @@ RUN_DTYPE_SLACK = 2.0      # agent.recipe.native.selfcheck's
 CODE = Path(__file__).resolve().parents[2] / "agent" / "recipe" / "native" / "parts" / "code" / "linear_attention_gdn.py"
 
 
-def _config(model_type):
+def _config(model_type, sizes=None):
     from transformers import AutoConfig
 
-    text = {"qwen3_next": "qwen3_next", "qwen3_5_text": "qwen3_5_text"}[model_type]
-    return AutoConfig.for_model(text, hidden_size=64, linear_num_key_heads=2, linear_num_value_heads=4,
+    text = {"qwen3_next": "qwen3_next", "qwen3_5_text": "qwen3_5_text", "lara_mini": "lara_mini",
+            "olmo_hybrid": "olmo_hybrid"}[model_type]
+    return AutoConfig.for_model(text, **{**dict(hidden_size=64, linear_num_key_heads=2, linear_num_value_heads=4,
                                 linear_key_head_dim=16, linear_value_head_dim=8, linear_conv_kernel_dim=4,
-                                num_hidden_layers=1, layer_types=["linear_attention"], vocab_size=64)
+                                num_hidden_layers=2, layer_types=["linear_attention", "full_attention"], vocab_size=64),
+                                         **(sizes or {})})
 
 
 def _reference_layer(model_type, config):
@@ -38,6 +43,10 @@ def _reference_layer(model_type, config):
 
     if model_type == "qwen3_next":
         from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet as Layer
+    elif model_type == "lara_mini":
+        from transformers.models.lara_mini.modeling_lara_mini import LaraMiniGatedDeltaNet as Layer
+    elif model_type == "olmo_hybrid":
+        from transformers.models.olmo_hybrid.modeling_olmo_hybrid import OlmoHybridGatedDeltaNet as Layer
     else:
         from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet as Layer
     torch.manual_seed(0)
@@ -47,11 +56,34 @@ def _reference_layer(model_type, config):
         for name, param in layer.named_parameters():
             if name == "A_log":
                 param.copy_(torch.rand(param.shape, generator=generator).log())       # decays in (0, 1) per step
-            elif name in ("dt_bias", "norm.weight"):
+            elif name in ("dt_bias", "norm.weight", "o_norm.weight"):
                 param.copy_(1 + 0.3 * torch.randn(param.shape, generator=generator))
             else:
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.15)
     return layer
+
+
+LAYOUTS = {"qwen3_next": "qkvz_ba", "lara_mini": "in_proj", "olmo_hybrid": "q_k_v_g_b_a"}
+OLMO_NAMES = {"g_proj": "in_proj_z", "b_proj": "in_proj_b", "a_proj": "in_proj_a", "o_proj": "out_proj", "o_norm": "norm"}
+
+
+def stored(model_type, state):
+    """(the file's parameter, tensor, shard) as its loader takes a checkpoint of `state`: lara_mini's in_proj
+    stored whole; olmo_hybrid's q/k/v projections and conv kernels stored apart, its other names the file's."""
+    if model_type == "lara_mini":
+        parts = [state.pop(f"in_proj_{x}.weight") for x in ("qkv", "z", "b", "a")]
+        state["in_proj.weight"] = __import__("torch").cat(parts)
+    for name, tensor in state.items():
+        module = name.split(".")[0]
+        if model_type == "olmo_hybrid" and module in ("q_proj", "k_proj", "v_proj"):
+            yield "merged_qkv_proj.weight", tensor, module[0]
+        elif model_type == "olmo_hybrid" and module == "conv1d":
+            key_dim = (tensor.shape[0] - state["v_proj.weight"].shape[0]) // 2
+            for shard, rows in zip("qkv", tensor.split([key_dim, key_dim, tensor.shape[0] - 2 * key_dim])):
+                yield "conv1d.weight", rows, shard
+        else:
+            yield (OLMO_NAMES.get(module, module) + name[len(module):] if model_type == "olmo_hybrid" else name), \
+                tensor, None
 
 
 def _load(path, fault):
@@ -61,6 +93,10 @@ def _load(path, fault):
         "recurrent_state": ("scale=self.scale, actual_seq_lengths=torch.ones_like",
                             "scale=self.scale, actual_seq_lengths=self.recurrent_state.zero_() is None or torch.ones_like"),
         "decay": ("g = -self.A_log", "g = self.A_log"),
+        # q's and k's rows of a tensor stored apart swapped at load (olmo_hybrid's q/k/v and conv kernels)
+        "shards": ('offset = {"q": 0, "k": rows,', 'offset = {"k": 0, "q": rows,'),
+        # the stored in_proj's b and a rows read the other way round (lara_mini)
+        "in_proj": ("mixed, z, b, a = self.in_proj(", "mixed, z, a, b = self.in_proj("),
     }
     if fault:
         old, new = faults[fault]
@@ -83,11 +119,15 @@ def check(job):
 
     dtype = getattr(torch, job.get("dtype", "float32"))
     model_type = job["model_type"]
-    config = _config(model_type)
+    config = _config(model_type, job.get("sizes"))
     reference = _reference_layer(model_type, config)
     rounded = _reference_layer(model_type, config).to(dtype)
     module = _load(CODE, job.get("fault"))
-    module.GDN_PROJECTIONS = "qkvz_ba" if model_type == "qwen3_next" else "qkv_z_b_a"
+    module.GDN_PROJECTIONS = LAYOUTS.get(model_type, "qkv_z_b_a")
+    if model_type == "olmo_hybrid":
+        # as the part sets them (agent.recipe.native.parts.linear_attention): q/k/v stored apart, beta up to 2, the
+        # gated norm's fixed epsilon
+        module.CONV_SHARDS, module.NEG_EIGVAL_KEY, module.GATED_NORM_EPS = True, "linear_allow_neg_eigval", 1e-5
     infer_config = SimpleNamespace(parallel_config=SimpleNamespace(attn_tp_size=1),
                                    model_config=SimpleNamespace(exe_mode="eager"))
     torch.set_default_dtype(dtype)
@@ -95,11 +135,13 @@ def check(job):
         layer = module.ModelGatedDeltaNet(config, infer_config, None, 0, prefix="model.layers.0.linear_attn").eval()
     finally:
         torch.set_default_dtype(torch.float32)
-    params = dict(layer.named_parameters())
-    for name, tensor in reference.state_dict().items():
-        param = params.pop(name)
-        getattr(param, "weight_loader", lambda p, w: p.data.copy_(w))(param, tensor.to(param.dtype))
-    assert not params, sorted(params)
+    params, loaded = dict(layer.named_parameters()), set()
+    for name, tensor, shard in stored(model_type, reference.state_dict()):
+        param = params[name]
+        loader = getattr(param, "weight_loader", lambda p, w: p.data.copy_(w))
+        loader(param, tensor.to(param.dtype), *([shard] if shard else []))
+        loaded.add(name)
+    assert not set(params) - loaded, sorted(set(params) - loaded)
     for sub in layer.modules():
         if getattr(sub, "quant_method", None) is not None:
             sub.quant_method.process_weights_after_loading(sub, is_nz=False)
@@ -163,6 +205,24 @@ def check(job):
         if failed:
             return failed
     return {"ok": True, "max_rel": worst["rel"], "step": None}
+
+
+def run(jobs, snapshot):
+    """The jobs' results, checked in a child process under the npu stand-in with `snapshot` (a cann-recipes-infer
+    checkout) on sys.path (the tests' entry)."""
+    import os
+    import subprocess
+
+    from npu_standin.environment import standin_env
+
+    repo = Path(__file__).resolve().parents[2]
+    env = standin_env("cpu")
+    env["PYTHONPATH"] = os.pathsep.join([str(snapshot), str(repo), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, __file__, json.dumps(jobs)], env=env, capture_output=True, text=True,
+                          cwd=repo, timeout=600)
+    line = next((l for l in done.stdout.splitlines() if l.startswith("CHECK ")), None)
+    assert line is not None, done.stderr[-3000:]
+    return json.loads(line[len("CHECK "):])
 
 
 if __name__ == "__main__":

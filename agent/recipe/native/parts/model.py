@@ -8,6 +8,7 @@ import re
 
 from agent.recipe.native.not_native import NotNative
 from agent.recipe.native.parts.layout import weightless_lists
+from agent.recipe.native.parts.linear_attention import refuse_recurrent_attention, stored_conversion
 from agent.recipe.native.parts.norm import LAYER_NORMS
 from agent.recipe.native.parts.norm_roles import norm_roles
 from agent.recipe.native.parts.part import Match, Part
@@ -54,6 +55,8 @@ def checkpoint_renames(model_type: str, class_name: str | None = None) -> tuple[
             renames += [(source, targets[0].replace("\\.", ".").lstrip("^")) for source in sources]
         elif [_name(source) for source in sources] == [_name(target) for target in targets]:
             continue          # a conversion of the stored tensor that keeps its name (5.0's gpt_oss: an alignment)
+        elif stored_conversion(rule):
+            continue          # linear-attention tensors the linear-attention part loads as stored (its STACKED_PARAMS)
         elif fused_qkv_split(rule):
             # [q; k; v] stored as one tensor (sarvam_moe's query_key_value): the native merged_qkv_proj, whose
             # loader splits a tensor given without a shard by the config's heads as transformers' Split does
@@ -89,6 +92,7 @@ def _probe(probe, chosen):
         raise NotNative("model", layout.refusal)
     if getattr(probe.config, "apply_residual_connection_post_layernorm", False):
         raise NotNative("decoder layer", "apply_residual_connection_post_layernorm: the residual taken after the norm")
+    refuse_recurrent_attention(probe)
     top = children(probe.model)
     if set(top) - {"model", "lm_head"}:
         raise NotNative("model", f"heads other than lm_head: {sorted(set(top) - {'model', 'lm_head'})}")

@@ -709,6 +709,19 @@ def fused_experts_as_built(model_type: str) -> bool:
     return not conversion_mapping.get_checkpoint_conversion_mapping(model_type)
 
 
+def fused_experts_stored(model_type: str) -> bool:
+    """Whether transformers' conversion mapping for `model_type` converts the linear-attention tensors its
+    checkpoints store otherwise (agent.recipe.native.parts.linear_attention) and leaves the experts alone: its
+    checkpoints hold the fused 3-D experts as transformers builds them (lara_mini), which the block's loader splits."""
+    from transformers import conversion_mapping
+
+    from agent.recipe.native.parts.linear_attention import stored_conversion
+
+    rules = conversion_mapping.get_checkpoint_conversion_mapping(model_type) or []
+    converters = [rule for rule in rules if type(rule).__name__ != "WeightRenaming"]
+    return bool(converters) and all(stored_conversion(rule) for rule in converters)
+
+
 SHARED_WIDTHS = {"config.moe_intermediate_size * config.n_shared_experts": "per_expert",
                  "config.shared_expert_intermediate_size": "shared_expert_intermediate_size",
                  "config.intermediate_size": "intermediate_size",
@@ -788,7 +801,7 @@ def derive_moe(config, checkpoint_keys=()) -> dict | None:
             (shared, shared_name, shared_width)
     ckpt_names = checkpoint_expert_names(config.model_type)
     if kind == "gmm" and not ckpt_names and not fused_experts_renamed(config.model_type) \
-            and not fused_experts_as_built(config.model_type):
+            and not fused_experts_as_built(config.model_type) and not fused_experts_stored(config.model_type):
         raise NotNative("moe", "experts stored fused in the checkpoint without biases: no per-expert names to stack")
     experts = getattr(config, experts_key)
     fused = ["npu_moe_init_routing_v2", "npu_grouped_matmul", "npu_moe_finalize_routing"]

@@ -21,9 +21,30 @@ RULES = {
 }
 
 
+def handed_no_table(probe) -> set:
+    """The attention layers the model hands no rotary table (lara_mini: position_embeddings only to its
+    sliding_attention layers), seen on one forward of the model; empty where it cannot run here."""
+    import torch
+
+    handed = {}
+    hooks = [layer.self_attn.register_forward_pre_hook(
+        lambda module, args, kwargs, i=i: handed.__setitem__(i, kwargs.get("position_embeddings") is not None),
+        with_kwargs=True) for i, layer in enumerate(probe.layers) if hasattr(layer, "self_attn")]
+    try:
+        with torch.no_grad():
+            probe.model(input_ids=torch.arange(4)[None] % probe.config.vocab_size)
+    except Exception:  # noqa: BLE001 - a model that does not run here: each layer's own attention decides
+        return set()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return {i for i, given in handed.items() if not given}
+
+
 def rotating_layers(probe) -> tuple[bool, ...] | None:
-    """Per layer: whether transformers' attention output depends on the rotary it is given; None where the
-    attention or the rotary embedding is not callable as transformers' usual ones (not this part's to read)."""
+    """Per layer: whether transformers' attention output depends on the rotary it is given, and the model gives it
+    one; None where the attention or the rotary embedding is not callable as transformers' usual ones (not this
+    part's to read). A hybrid's linear-attention layers (no self_attn) are left out."""
     import torch
 
     gen = torch.Generator().manual_seed(6)
@@ -32,7 +53,14 @@ def rotating_layers(probe) -> tuple[bool, ...] | None:
     try:
         # cos / sin as wide as the attention takes them (the rotary embedding's own width, partial or not)
         cos, sin = probe.base.rotary_emb(x, torch.arange(4)[None])
-        for layer in probe.layers:
+        untabled = handed_no_table(probe) if any(not hasattr(layer, "self_attn") for layer in probe.layers) else set()
+        for index, layer in enumerate(probe.layers):
+            if not hasattr(layer, "self_attn"):
+                found.append(None)
+                continue
+            if index in untabled:
+                found.append(False)
+                continue
             outputs = []
             for table in ((cos, sin), (torch.ones_like(cos), torch.zeros_like(sin))):
                 with torch.no_grad():
@@ -47,15 +75,16 @@ def rotating_layers(probe) -> tuple[bool, ...] | None:
 def nope_rule(probe) -> str | None:
     """The config rule of the layers that rotate; None when every layer does."""
     rotating = rotating_layers(probe)
-    if rotating is None or all(rotating):
+    if rotating is None or all(r is not False for r in rotating):
         return None
+    attending = [i for i, r in enumerate(rotating) if r is not None]
     for name, rule in RULES.items():
         try:
-            if tuple(rule(probe.config, i) for i in range(len(rotating))) == rotating:
+            if [rule(probe.config, i) for i in attending] == [rotating[i] for i in attending]:
                 return name
         except (AttributeError, IndexError, TypeError):
             continue
-    raise NotNative("position", f"layers {[i for i, r in enumerate(rotating) if not r]} have no rotary (NoPE) "
+    raise NotNative("position", f"layers {[i for i, r in enumerate(rotating) if r is False]} have no rotary (NoPE) "
                                 f"by no config rule the file reads ({', '.join(RULES)})")
 
 

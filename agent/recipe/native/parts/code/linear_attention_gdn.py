@@ -18,14 +18,30 @@ from module.linear import ReplicatedLinear
 # upstream's cache kind of a fixed-size recurrent state (executor/core/kv_cache)
 MAMBA = "Mamba"
 # the checkpoint's projections: "qkvz_ba" (qwen3_next: in_proj_qkvz and in_proj_ba, grouped by key head) or
-# "qkv_z_b_a" (qwen3_5: in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, each whole)
+# "qkv_z_b_a" (qwen3_5: in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, each whole), "in_proj" (lara_mini: one
+# in_proj, rows [q|k|v|z|b|a]) or "q_k_v_g_b_a" (olmo_hybrid: q, k and v stored apart, loaded into merged_qkv_proj)
 GDN_PROJECTIONS = "qkvz_ba"
 NORM_EPS = "rms_norm_eps"       # the config key of the norms' epsilon
+GATED_NORM_EPS = None           # the gated norm's epsilon where the architecture fixes it (olmo_hybrid: 1e-5)
+CONV_SHARDS = False             # the conv's q, k and v kernels stored apart (q_conv1d, k_conv1d, v_conv1d)
+NEG_EIGVAL_KEY = None           # the config key that doubles beta (olmo_hybrid's linear_allow_neg_eigval)
+# head widths past npu_chunk_gated_delta_rule's 128 (olmo_hybrid's value heads: 192): the prefill's rule in plain
+# torch (npu_recurrent_gated_delta_rule takes up to 512 at decode)
+WIDE_HEADS = False
+CHUNK_OP_MAX_DIM = 128          # op-plugin's ChunkGatedDeltaRule: 0 < D_k, D_v <= 128
 
 
 def ge_safe_softplus(x):
     """softplus without aten::softplus (upstream's: a GE graph lowers this form)."""
     return torch.relu(x) + torch.log1p(torch.exp(-torch.abs(x)))
+
+
+def load_qkv_rows(param, tensor, shard):
+    """q, k or v stored apart: its rows of the parameter that holds them end to end, q first, v last (q and k of one
+    width; transformers' save_pretrained writes the conv kernels as three equal thirds, which land alike)."""
+    rows = tensor.shape[0]
+    offset = {"q": 0, "k": rows, "v": param.shape[0] - rows}[shard]
+    param.data[offset:offset + rows].copy_(tensor)
 
 
 def torch_causal_conv1d_update(hidden_states, conv_state, weight):
@@ -111,16 +127,27 @@ class ModelGatedDeltaNet(nn.Module):
         if GDN_PROJECTIONS == "qkvz_ba":
             self.in_proj_qkvz = linear(self.key_dim * 2 + self.value_dim * 2, "in_proj_qkvz")
             self.in_proj_ba = linear(self.num_v_heads * 2, "in_proj_ba")
+        elif GDN_PROJECTIONS == "in_proj":
+            self.in_proj = linear(self.conv_dim + self.value_dim + self.num_v_heads * 2, "in_proj")
         else:
-            self.in_proj_qkv = linear(self.conv_dim, "in_proj_qkv")
+            if GDN_PROJECTIONS == "q_k_v_g_b_a":
+                self.merged_qkv_proj = linear(self.conv_dim, "merged_qkv_proj")
+                self.merged_qkv_proj.weight.weight_loader = load_qkv_rows
+            else:
+                self.in_proj_qkv = linear(self.conv_dim, "in_proj_qkv")
             self.in_proj_z = linear(self.value_dim, "in_proj_z")
             self.in_proj_b = linear(self.num_v_heads, "in_proj_b")
             self.in_proj_a = linear(self.num_v_heads, "in_proj_a")
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, kernel_size=self.conv_kernel_size, bias=False,
                                 groups=self.conv_dim, padding=self.conv_kernel_size - 1)
+        if CONV_SHARDS:
+            self.conv1d.weight.weight_loader = load_qkv_rows
+        if NEG_EIGVAL_KEY:
+            # beta in [0, 2]: the state's eigenvalues may turn negative
+            self.beta_scale = 2.0 if getattr(config, NEG_EIGVAL_KEY) else 1.0
         self.dt_bias = nn.Parameter(torch.ones(self.num_v_heads))
         self.A_log = nn.Parameter(torch.zeros(self.num_v_heads))
-        self.norm = ModelRMSNormGated(self.head_v_dim, eps=getattr(config, NORM_EPS))
+        self.norm = ModelRMSNormGated(self.head_v_dim, eps=GATED_NORM_EPS if GATED_NORM_EPS else getattr(config, NORM_EPS))
         self.out_proj = ReplicatedLinear(self.value_dim, self.hidden_size, bias=False, quant_config=quant_config,
                                          prefix=f"{prefix}.out_proj")
         self.conv_state = torch.Tensor([])
@@ -146,6 +173,13 @@ class ModelGatedDeltaNet(nn.Module):
             mixed = torch.cat([x.reshape(tokens, -1) for x in (q, k, v)], dim=-1)
             return mixed, z.reshape(tokens, self.num_v_heads, self.head_v_dim), b.reshape(tokens, -1), \
                 a.reshape(tokens, -1)
+        if GDN_PROJECTIONS == "in_proj":
+            mixed, z, b, a = self.in_proj(hidden_states).split((self.conv_dim, self.value_dim, self.num_v_heads,
+                                                                self.num_v_heads), dim=-1)
+            return mixed, z.reshape(tokens, self.num_v_heads, self.head_v_dim), b, a
+        if GDN_PROJECTIONS == "q_k_v_g_b_a":
+            return (self.merged_qkv_proj(hidden_states), self.in_proj_z(hidden_states).view(tokens, self.num_v_heads, -1),
+                    self.in_proj_b(hidden_states), self.in_proj_a(hidden_states))
         return (self.in_proj_qkv(hidden_states), self.in_proj_z(hidden_states).view(tokens, self.num_v_heads, -1),
                 self.in_proj_b(hidden_states), self.in_proj_a(hidden_states))
 
@@ -182,8 +216,11 @@ class ModelGatedDeltaNet(nn.Module):
         key = F.normalize(key.reshape(q_len, self.num_k_heads, self.head_k_dim).float(), p=2, dim=-1, eps=1e-6)
         value = value.reshape(q_len, self.num_v_heads, self.head_v_dim)
         beta = b.sigmoid()
+        if NEG_EIGVAL_KEY:
+            beta = beta * self.beta_scale
         g = -self.A_log.float().exp() * ge_safe_softplus(a.float() + self.dt_bias.float())
-        if hidden_states.dtype == torch.float32:
+        if hidden_states.dtype == torch.float32 or (WIDE_HEADS and is_prefill and max(
+                self.head_k_dim, self.head_v_dim) > CHUNK_OP_MAX_DIM):
             # the NPU ops return bfloat16: a float32 run keeps the rule in float32, in plain torch
             lengths_list = forward_metadata.actual_seq_lengths_q.tolist() if is_prefill else [1] * q_len
             state = (torch.zeros((len(lengths_list), self.num_v_heads, self.head_v_dim, self.head_k_dim),
