@@ -92,6 +92,11 @@ def _probe(probe, chosen):
         raise NotNative("model", layout.refusal)
     if getattr(probe.config, "apply_residual_connection_post_layernorm", False):
         raise NotNative("decoder layer", "apply_residual_connection_post_layernorm: the residual taken after the norm")
+    if getattr(probe.config, "clip_qkv", None):
+        # olmo's, olmoe's: q/k/v clamped to +-clip_qkv after the projection; random probe weights never reach the clamp,
+        # so the self-check could not tell a file without it
+        raise NotNative("attention", f"clip_qkv {probe.config.clip_qkv}: q/k/v clamped after the projection, which no "
+                                     "part writes")
     refuse_recurrent_attention(probe)
     top = children(probe.model)
     if set(top) - {"model", "lm_head"}:

@@ -155,3 +155,16 @@ def test_each_file_in_every_dtype_and_setting_and_its_faults(derived, model_type
     assert (model_type, "the checkpoint's config in bfloat16", True) in [row[:3] for row in rows]
     if model_type == "minicpm3":
         assert "scale_depth / config.num_hidden_layers ** 0.5" in (tmp_path / "minicpm3.py").read_text()
+
+
+@pytest.mark.parametrize("model_type", ["olmo", "olmoe"])
+def test_a_checkpoint_that_clamps_q_k_v_falls_back_naming_clip_qkv(model_type):
+    """OLMo-7B-0424's clip_qkv 8.0: no part writes the clamp, and random probe weights never reach it, so the
+    self-check would pass a file without it — the derive refuses it by name."""
+    from agent.recipe.native.compose import derive
+    from agent.recipe.native.not_native import NotNative
+    from agent.testing.checkpoint_shapes import checkpoint_config
+
+    config, _ = checkpoint_config(model_type)
+    with pytest.raises(NotNative, match="clip_qkv 8.0"):
+        derive({**config, "clip_qkv": 8.0})
