@@ -176,8 +176,9 @@ class Incremental:
 
         self.models = [model] + [copy.deepcopy(model) for _ in range(rows - 1)]
         self.caches, self.seen = [None] * rows, [0] * rows
-        # a model whose forward keeps no cache (openai-gpt's) runs each step on the whole sequence
-        self.cached = "past_key_values" in inspect.signature(model.forward).parameters
+        # a model whose forward keeps no cache (openai-gpt's) runs each step on the whole sequence; transformers
+        # names the cache argument past_key_values (5.0) or cache (5.24)
+        self.cached = bool({"past_key_values", "cache"} & set(inspect.signature(model.forward).parameters))
 
     def logits(self, row: int, tokens: list[int]):
         import torch
