@@ -50,14 +50,20 @@ def probe_layer_norm(norm, width: int) -> tuple[bool, bool, float]:
 TORCH_EPS = 1e-5        # nn.LayerNorm's default: the epsilon of an architecture that reads none from its config
 
 
-def _eps_follows(probe, key: str, eps: float) -> bool:
-    """Whether the model's LayerNorm epsilon is config.<key>'s (a config with the key changed changes it)."""
+def stated_eps(norm, hidden: int) -> float:
+    """The epsilon a norm module holds (`eps`, or `variance_epsilon`)."""
+    return getattr(norm, "eps", getattr(norm, "variance_epsilon", 0.0))
+
+
+def eps_follows(probe, key: str, eps: float, eps_of=stated_eps, rel_tol: float = 1e-9) -> bool:
+    """Whether the model's norm epsilon is config.<key>'s: a config with the key changed changes the final norm's
+    (read by `eps_of(norm, hidden)`)."""
     try:
         other = probe.variant({key: eps * 10})
     except NotNative:
         return False
     final = getattr(other.base, "norm", None) or children(other.layers[0]).get("input_layernorm")
-    return final is not None and math.isclose(getattr(final, "eps", getattr(final, "variance_epsilon", 0.0)), eps * 10)
+    return final is not None and math.isclose(eps_of(final, other.hidden), eps * 10, rel_tol=rel_tol)
 
 
 def layer_norm_facts(probe) -> dict:
@@ -70,7 +76,7 @@ def layer_norm_facts(probe) -> dict:
         bias, offset, eps = next(iter(kinds))
         config = probe.config.to_dict()
         key = next((k for k in EPS_KEYS if isinstance(config.get(k), float) and math.isclose(config[k], eps)
-                    and _eps_follows(probe, k, eps)), None)
+                    and eps_follows(probe, k, eps)), None)
         if key is None and not math.isclose(eps, TORCH_EPS):
             raise NotNative("norm", f"LayerNorm epsilon {eps} is no config key's ({', '.join(EPS_KEYS)}) nor torch's "
                                     "default")

@@ -7,9 +7,8 @@ import math
 
 from agent.recipe.native.not_native import NotNative
 from agent.recipe.native.parts.norm import model_norms
-from agent.recipe.native.parts.norm_layer import EPS_KEYS, TORCH_EPS
+from agent.recipe.native.parts.norm_layer import EPS_KEYS, TORCH_EPS, eps_follows
 from agent.recipe.native.parts.part import Match, Part
-from agent.recipe.native.parts.probe import children
 
 
 def weightless_eps(norm, width: int) -> float:
@@ -36,16 +35,6 @@ def weightless_eps(norm, width: int) -> float:
     return eps
 
 
-def _eps_follows(probe, key: str, eps: float) -> bool:
-    """Whether the norms' epsilon is config.<key>'s (a config with the key changed changes the final norm's)."""
-    try:
-        other = probe.variant({key: eps * 10})
-    except NotNative:
-        return False
-    final = getattr(other.base, "norm", None) or children(other.layers[0]).get("input_layernorm")
-    return final is not None and math.isclose(weightless_eps(final, other.hidden), eps * 10, rel_tol=1e-2)
-
-
 def _probe(probe, chosen):
     norms = list(model_norms(probe, full_width_qk=False))
     if not norms or any(list(norm.parameters()) for norm, _ in norms):
@@ -56,7 +45,7 @@ def _probe(probe, chosen):
         raise NotNative("norm", "LayerNorms without weight of unequal epsilons in one model")
     config = probe.config.to_dict()
     key = next((k for k in EPS_KEYS if isinstance(config.get(k), float) and math.isclose(config[k], eps, rel_tol=1e-2)
-                and _eps_follows(probe, k, config[k])), None)
+                and eps_follows(probe, k, config[k], weightless_eps, rel_tol=1e-2)), None)
     if key is None and not math.isclose(eps, TORCH_EPS, rel_tol=1e-2):
         raise NotNative("norm", f"LayerNorm without weight of epsilon {eps:.3g}: no config key's ({', '.join(EPS_KEYS)}) "
                                 "nor torch's default")
