@@ -35,7 +35,7 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
-from agent.testing.tiny_runs import MAX_PARAMS, checkpoint_for, tries
+from agent.testing.tiny_runs import checkpoint_for, tiny_checkpoints
 from engine.safe_load import load_json, loads_json
 
 REPO = Path(__file__).resolve().parent.parent
@@ -126,17 +126,10 @@ def refusal(model_type: str) -> str | None:
 def quick_check(model_type: str, out: Path) -> dict:
     """Vendor once, then probe each tiny config until transformers itself runs one."""
     from agent.errors import MigratorError
-    from agent.testing.tiny_checkpoint import build_tiny_checkpoint
     from agent.migrate.vendor import locate_source, read_config, vendor_source
 
     recipe, source, errors = out / "recipe", None, []
-    for layers, overrides in tries(model_type):
-        try:
-            ckpt = build_tiny_checkpoint(model_type, out / f"ckpt_{layers.split()[0]}", max_params=MAX_PARAMS,
-                                         **overrides)
-        except Exception as exc:  # the config class or the model's __init__ refuses these dims
-            errors.append(f"{layers}: building: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}")
-            continue
+    for layers, overrides, ckpt in tiny_checkpoints(model_type, out, errors):
         if source is None:
             try:
                 source = locate_source(read_config(ckpt), ckpt)

@@ -58,18 +58,25 @@ def transformers_runs(ckpt: Path) -> str | None:
     return None
 
 
-def checkpoint_for(model_type: str, out: Path) -> tuple[Path | None, str | None, dict]:
-    """The first tiny checkpoint transformers itself runs, else (None, its errors)."""
+def tiny_checkpoints(model_type: str, out: Path, errors: list[str]):
+    """(label, overrides, checkpoint) for each tiny config of `tries` that builds, in order; a config the config
+    class or the model's __init__ refuses is appended to `errors` and skipped."""
     from agent.testing.tiny_checkpoint import build_tiny_checkpoint
 
-    errors = []
     for layers, overrides in tries(model_type):
         try:
             ckpt = build_tiny_checkpoint(model_type, out / f"ckpt_{layers.split()[0]}", max_params=MAX_PARAMS,
                                          **overrides)
         except Exception as exc:  # the config class or the model's __init__ refuses these dims
-            errors.append(f"{layers}: building: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+            errors.append(f"{layers}: building: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}")
             continue
+        yield layers, overrides, ckpt
+
+
+def checkpoint_for(model_type: str, out: Path) -> tuple[Path | None, str | None, dict]:
+    """The first tiny checkpoint transformers itself runs, else (None, its errors)."""
+    errors: list[str] = []
+    for layers, overrides, ckpt in tiny_checkpoints(model_type, out, errors):
         error = transformers_runs(ckpt)
         if error is None:
             return ckpt, None, overrides
