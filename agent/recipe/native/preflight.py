@@ -206,13 +206,18 @@ SWITCHES = (
     Switch("yaml", ("model_config", "custom_params", "moe_chunk_max_len"), lambda value: value is not None,
            "moe_chunk_max_len", "sparse-MoE layers (parts/moe.py)", "remove it"),
     # upstream's C8 (models/deepseek_r1: quant_config.kv_cache_quant_mode "int8", from compressed-tensors'
-    # kv_cache_scheme): no native part writes the int8 cache, and the stand-in refuses the quantized forms of the
-    # kernels it runs through (npu_mla_prolog_v3 kv_cache_quant_mode 1, npu_kv_rmsnorm_rope_cache_v2 c_kv_scale,
-    # npu_fused_infer_attention_score_v2 over an int8 cache with dequant_scale_key / _value)
+    # kv_cache_scheme) quantizes MLA's latent cache with one per-layer ckv_scale. Its decode step is
+    # npu_mla_prolog_v3 kv_cache_quant_mode 1, which op-plugin documents only with int8 weights and activations
+    # (weight_quant_mode 2, query_quant_mode 1: an int8 query with per-token-head scales), feeding
+    # npu_fused_infer_attention_score_v2's full-quant MLA form (int8 query / cache, bf16 rope, query_quant_mode 3,
+    # dequant_scale_query / _key / _value): op-plugin's and CANN's pages give its parameters but no formula (how
+    # the bf16 rope scores meet the dequantized int8 ones, how P meets the int8 value) and no golden test, so the
+    # stand-in cannot compute it without guessing (docs/quantization.md, "MLA's int8 KV cache")
     Switch("config", ("quantization_config", "kv_cache_scheme"), _on, "kv_cache_quant_mode",
-           "an attention part with a quantized KV cache (none yet: the MLA part's int8 cache, upstream's C8, needs "
-           "npu_mla_prolog_v3's kv_cache_quant_mode and the int8-cache forms of npu_kv_rmsnorm_rope_cache_v2 and "
-           "npu_fused_infer_attention_score_v2, which the NPU stand-in does not compute)",
+           "an attention part with a quantized KV cache (none yet: the MLA part's int8 cache, upstream's C8, runs "
+           "npu_mla_prolog_v3 kv_cache_quant_mode 1, documented only with W8A8 weights and an int8 query, into "
+           "npu_fused_infer_attention_score_v2's full-quant MLA form, query_quant_mode 3, whose arithmetic no "
+           "op-plugin or CANN page gives, so the NPU stand-in does not compute it)",
            "use the checkpoint without its kv_cache_scheme (a float KV cache)", read=kv_cache_scheme),
     # upstream's prefill context parallel: the executor hands every CP rank the whole padded batch and describes
     # each rank's zigzag segments in forward_metadata.cp_metadata; a file that does not read it attends over the

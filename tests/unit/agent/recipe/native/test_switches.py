@@ -148,3 +148,17 @@ def test_the_run_is_refused_before_it_starts_with_the_yaml_named(sources, tmp_pa
     assert InputError.exit_code != 0
     settings["model_config"]["next_n"] = 0
     check(recipe, checkpoint, settings, "config/tiny.yaml")
+
+
+def test_the_int8_cache_refusal_names_its_first_blocker(sources):
+    """C8's refusal says what stops it, not only that no part exists: upstream's prolog documents
+    kv_cache_quant_mode 1 only with W8A8 weights, and the fused attention's full-quant MLA form it feeds
+    (query_quant_mode 3) has no documented arithmetic (docs/quantization.md, "MLA's int8 KV cache")."""
+    problem = switch_problem(custom(enable_mla_prolog=True), C8, sources["deepseek_v3"], "deepseek_v3")
+    assert problem is not None and "\n" not in problem, problem
+    for blocker in ("kv_cache_quant_mode 1", "W8A8", "npu_fused_infer_attention_score_v2",
+                    "query_quant_mode 3", "does not compute it"):
+        assert blocker in problem, (blocker, problem)
+    # the same checkpoint without its kv_cache_scheme runs (a float cache)
+    float_cache = {"quantization_config": {**C8["quantization_config"], "kv_cache_scheme": None}}
+    assert switch_problem(custom(enable_mla_prolog=True), float_cache, sources["deepseek_v3"], "deepseek_v3") is None
