@@ -133,16 +133,48 @@ def _runs(config) -> bool:
     return _RUNS[key]
 
 
-PER_LAYER = object()     # global_value's answer for a key a heterogeneous config sets per layer
-
-
-def global_value(config, key: str, per_layer: bool = False):
+def global_value(config, key: str):
     """config.`key`, or None where the config has no such key — or sets it per layer (transformers' heterogeneous
-    configs refuse a global read of it; `per_layer`: PER_LAYER then)."""
+    configs refuse a global read of it)."""
     try:
         return getattr(config, key, None)
     except RuntimeError:    # transformers' AmbiguousGlobalPerLayerAttributeError (gemma4's per-layer head_dim)
-        return PER_LAYER if per_layer else None
+        return None
+
+
+def varying_per_layer(config) -> dict[str, list]:
+    """The attributes a heterogeneous config (transformers' per_layer_config) sets per layer, each with its values
+    across the layers in layer order, first seen first — those that differ between layers, or, where none
+    differs, every per-layer one (transformers refuses a global read of them all the same). {} for a config
+    that sets nothing per layer (and for transformers without heterogeneous configs)."""
+    try:
+        names = sorted(getattr(config, "per_layer_attributes", None) or ())
+    except RuntimeError:
+        names = []
+    if not names:
+        return {}
+    values: dict[str, list] = {}
+    for name in names:
+        seen: list = []
+        for layer in range(config.num_hidden_layers):
+            value = getattr(config.per_layer_config[layer], name, None)
+            if value not in seen:
+                seen.append(value)
+        values[name] = seen
+    varying = {name: seen for name, seen in values.items() if len(seen) > 1}
+    return varying or values
+
+
+def per_layer_refusal(config) -> str | None:
+    """One line naming what `config` sets per layer, or None where it sets nothing per layer: no part writes
+    layers whose attention shapes differ (the generated file reads each width once, from the global config)."""
+    varying = varying_per_layer(config)
+    if not varying:
+        return None
+    shown = [f"{name} {'/'.join(str(value) for value in seen)}" for name, seen in list(varying.items())[:3]]
+    more = f" (and {', '.join(list(varying)[3:])})" if len(varying) > 3 else ""
+    return (f"{config.model_type} sets {', '.join(shown)}{more} per layer (per_layer_config): no part writes "
+            "layers of unequal attention shapes")
 
 
 def children(module) -> dict:
@@ -190,10 +222,22 @@ class Probe:
 
         self.config_dict = dict(config_dict)
         self.changes = dict(changes or {})
+        self._variants: dict = {}
+        self._full = None
+        self.memo: dict = {}          # readings the parts share (norm offsets, the dense attention's facts)
         try:
             self.config = shrunk_config(config_dict, self.changes)
         except Exception as exc:  # noqa: BLE001 - a config transformers refuses (its own validation)
             raise NotNative("model", f"transformers refuses the config ({first_line(exc)})") from exc
+        # before any global read of a width (a heterogeneous config refuses those it sets per layer) and before
+        # building a model no part could write (gemma4's per-layer input table alone is ~1.6 GB at probe size)
+        refusal = per_layer_refusal(self.config)
+        if refusal is not None:
+            try:    # named by the checkpoint's own layers (the shrunk ones may agree where its do not)
+                refusal = per_layer_refusal(self.full_config) or refusal
+            except Exception:  # noqa: BLE001 - a checkpoint config transformers refuses unshrunk: the shrunk reading
+                pass
+            raise NotNative("attention", refusal)
         torch.manual_seed(0)
         try:
             self.model = AutoModelForCausalLM.from_config(self.config, dtype=torch.float32)
@@ -217,13 +261,7 @@ class Probe:
             raise NotNative("attention", f"{config.model_type} has no attention heads in its config: a recurrent or "
                                          "state-space model, which no part of the generator writes")
         self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
-        if global_value(config, "head_dim", per_layer=True) is PER_LAYER:
-            raise NotNative("attention", f"{config.model_type}'s head width is set per layer (per_layer_config): "
-                                         "no part writes layers of unequal heads")
         self.head_dim = getattr(config, "head_dim", None) or self.hidden // self.heads
-        self._variants: dict = {}
-        self._full = None
-        self.memo: dict = {}          # readings the parts share (norm offsets, the dense attention's facts)
 
     @property
     def model_type(self) -> str:

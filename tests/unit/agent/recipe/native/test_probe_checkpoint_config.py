@@ -85,14 +85,42 @@ def test_a_per_layer_list_in_a_variant_is_cut_to_the_probes_layers():
     assert composition.parts["mlp"] and composition.parts["moe"]
 
 
-def test_a_config_that_sets_head_widths_per_layer_falls_back_naming_it():
-    """gemma4_text's per_layer_config gives its full-attention layers wider heads; transformers refuses a global
-    read of head_dim there: a fall-back with its reason, not a crash in the probe."""
+@pytest.mark.parametrize("model_type, named", [
+    ("gemma4_text", ["head_dim 256/512"]),
+    # MLA widths and head counts per layer: its shrunk layers agree on heads (both tiny), the checkpoint's do not
+    ("dots3_note_text", ["kv_lora_rank 512/1024", "num_attention_heads 128/64", "num_key_value_heads 128/64",
+                         "qk_nope_head_dim"]),
+])
+def test_a_config_that_sets_attention_shapes_per_layer_falls_back_naming_them(model_type, named):
+    """A heterogeneous config (transformers' per_layer_config: gemma4's wider full-attention heads, dots3's sliding
+    layers' own MLA ranks and head counts) refuses a global read of what it sets per layer: a fall-back that names
+    each such attribute with the checkpoint's values, not a crash in whichever part reads one first (dots3's MLA
+    probe read kv_lora_rank)."""
     from transformers import AutoConfig
 
     from agent.recipe.native.compose import derive
     from agent.recipe.native.not_native import NotNative
 
     with pytest.raises(NotNative) as caught:
-        derive(AutoConfig.for_model("gemma4_text").to_dict())
-    assert caught.value.kind == "attention" and "per layer" in caught.value.reason
+        derive(AutoConfig.for_model(model_type).to_dict())
+    assert caught.value.kind == "attention", caught.value
+    reason = caught.value.reason
+    assert "\n" not in reason and "per layer (per_layer_config)" in reason, reason
+    for text in named:
+        assert text in reason, reason
+
+
+def test_what_a_config_sets_per_layer_is_read_layer_by_layer():
+    """varying_per_layer: the attributes that differ between layers, their values in layer order; an override equal
+    in every layer still counts (transformers refuses its global read all the same); a homogeneous config: none."""
+    from transformers import AutoConfig
+
+    from agent.recipe.native.parts.probe import per_layer_refusal, varying_per_layer
+
+    gemma4 = AutoConfig.for_model("gemma4_text", num_hidden_layers=6)
+    assert varying_per_layer(gemma4) == {"head_dim": [256, 512]}
+    same = AutoConfig.for_model("gemma4_text", num_hidden_layers=6, per_layer_config={i: {"head_dim": 64}
+                                                                                      for i in range(6)})
+    assert varying_per_layer(same) == {"head_dim": [64]}
+    assert "head_dim 64 per layer" in per_layer_refusal(same)
+    assert varying_per_layer(AutoConfig.for_model("llama")) == {} and per_layer_refusal(AutoConfig.for_model("llama")) is None
