@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 
 from agent.recipe.native.not_native import NotNative
+from agent.recipe.native.parts.dsa import dsa_reason, is_dsa_indexer
 from agent.recipe.native.parts.part import Match, Part
 from agent.recipe.native.parts.probe import children, probe_norm
 
@@ -187,6 +188,8 @@ def derive_mla(config, layers, model) -> dict:
         children = {name for name, _ in attention.named_children()}
         q_lora = Q_LORA_CHILDREN <= children
         expected = KV_CHILDREN | (Q_LORA_CHILDREN if q_lora else {"q_proj"})
+        if children - expected == {"indexer"} and expected <= children and is_dsa_indexer(attention.indexer):
+            raise NotNative("attention", dsa_reason(index, attention, model, config))
         if children != expected:
             raise NotNative("attention", f"layer {index}: {type(attention).__name__} has "
                                          f"{sorted(children - expected) or 'no ' + str(sorted(expected - children))} "
