@@ -222,6 +222,10 @@ def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
             # post-LN (openai-gpt's norm(h + attn(h))): each norm after its branch, held numerically by
             # parts/block_post_ln.py
             roles[calls[1]], roles[calls[3]] = "post_attention_layernorm", "post_feedforward_layernorm"
+        elif len(calls) == 4 and calls[0] in norms and calls[1] in norms and calls[2:] == [attentions[0], mlp_calls]:
+            # both norms before the attention (falcon's new architecture: ln_attn, ln_mlp): the parallel layer on
+            # two norms, each branch's held numerically by parts/block_parallel.py
+            roles[calls[0]], roles[calls[1]] = "input_layernorm", "post_attention_layernorm"
         elif calls[:1] == attentions[:1]:
             layout.refusal = ("its norms after the attention in an order no part writes (neither pre-LN nor "
                               "post-LN norm(h + attn(h)))")

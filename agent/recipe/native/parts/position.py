@@ -77,6 +77,8 @@ def ntk_alpha(probe) -> dict:
 
 
 def _probe(probe, chosen):
+    if getattr(probe.config, "alibi", None) is True:
+        return None                     # falcon's config.alibi: ALiBi instead of the rotary its model still builds
     if not is_mla_model(probe):        # MLA rotates by its own kernels (interleave-half), probed with the attention
         probe_rotate_half(probe.modeling)
     return rope_match(probe, ROTARY, ntk_alpha(probe))
