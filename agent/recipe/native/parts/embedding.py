@@ -76,7 +76,25 @@ def embed_scale(probe) -> bool:
     if candidates[:1] != [(None, 0.0)]:
         raise NotNative("position", "the first layer's input is not the embedding (times 1 or sqrt(hidden_size)) "
                                     f"plus the position table's rows from row {' or '.join(map(str, POSITION_OFFSETS))}")
+    buffer = added_buffer(probe, got, table)
+    if buffer is not None:
+        raise NotNative("position", f"positions added from the base model's buffer {buffer} (a fixed table of rows no "
+                                    "position part reads)")
     raise NotNative("model", "the embedding is scaled by something other than 1 or sqrt(hidden_size)")
+
+
+def added_buffer(probe, got, table) -> str | None:
+    """The name of the base model's own 2-D buffer whose first rows are what the first layer's input adds to the
+    embedding (times 1 or sqrt(hidden_size)): ctrl's sinusoid pos_encoding, not a module; None for none."""
+    import torch
+
+    for name, buffer in probe.base.named_buffers(recurse=False):
+        if buffer.dim() != 2 or buffer.shape[1] != probe.hidden or buffer.shape[0] < table.shape[0]:
+            continue
+        for scale in (1.0, probe.hidden ** 0.5):
+            if torch.allclose(got, table * scale + buffer[:table.shape[0]].to(got.dtype), rtol=1e-5, atol=1e-6):
+                return name
+    return None
 
 
 SCALE_KEY = "scale_embedding"       # the config switch of the sqrt(hidden_size) scale (biogpt, xglm)
