@@ -390,6 +390,8 @@ def qk_norm_width(modules: dict, heads: int, kv_heads: int, head_dim: int, names
     widths = tuple(getattr(getattr(modules[n], "weight", None), "shape", (None,))[-1] for n in names)
     if widths == (head_dim, head_dim):
         return "head"
+    if not any(True for n in names for _ in modules[n].parameters()):
+        return "head"                   # without weights (nanochat's): per head, as the self-check holds it
     if widths == (heads * head_dim, kv_heads * head_dim):
         return "full"
     raise NotNative("attention", f"q/k norms of widths {widths}: neither per head ({head_dim}) nor over all heads")

@@ -1,12 +1,15 @@
-"""Falcon's checkpoint layouts, written natively: its key/value heads as its config gives them (probe.key_value_heads,
+"""Issue 46's layouts written natively. Falcon: its key/value heads as its config gives them (probe.key_value_heads,
 MULTI_QUERY in parts/code/attention_fused.py: num_kv_heads, one where multi_query outside the new decoder
 architecture), its fused query_key_value in each layout (falcon-7b's [q; k; v] of one key head, the new architecture's
 per-key-group [q..q k v], the other old one's per-head [q k v]: parts/attention.py QKV_GROUPS), its layers (the
 parallel one-norm layer, the new architecture's parallel layer on ln_attn / ln_mlp: parts/layout.py and
-parts/block_parallel.py, the sequential pre-norm one) and its MLP width (ffn_hidden_size). Each held to transformers in
-float32 and bfloat16 and on its family settings but the rope types; a file with the part's arithmetic broken fails the
-same check. The default case is falcon-7b's (one key/value head of 71 query heads, the parallel layer) with one fault
-(the key/value heads' rule); the others are slow. falcon's ALiBi (config.alibi) falls back naming it."""
+parts/block_parallel.py, the sequential pre-norm one) and its MLP width (ffn_hidden_size). nanochat: RMSNorms without
+weight (parts/norm_weightless_rms.py, its q/k norms too), the rotary by the negative angle (ROTATE_BACKWARD in
+parts/code/rotary.py), the embedding through the final norm (EMBED_FINAL_NORM). Each held to transformers in float32
+and bfloat16 and on its family settings but the rope types; a file with the part's arithmetic broken fails the same
+check. The default case self-checks falcon-7b's file (one key/value head of 71 query heads, the parallel layer) with one
+fault (the key/value heads' rule) and nanochat's, in one stand-in process; the others are slow. falcon's ALiBi
+(config.alibi) falls back naming it."""
 
 from __future__ import annotations
 
@@ -35,8 +38,15 @@ VARIANTS = {
                    {"block": "pre_norm", "attention": "fused_paged"},
                    {"QKV_GROUPS": ("kv_heads", "qkv"), "MULTI_QUERY": True, "QKV_BIAS": True},
                    [('for name in "qkv"])', 'for name in "qvk"])')]),
+    # nanochat's (transformers' defaults)
+    "nanochat": ({},
+                 {"norm": "weightless_rms_norm", "position": "rotary", "attention": "fused_paged", "block": "pre_norm"},
+                 {"ROTATE_BACKWARD": True, "EMBED_FINAL_NORM": True, "QK_NORM": True, "FINAL_SOFTCAP": True},
+                 [("            self.sin_cached.neg_()", "            self.sin_cached.mul_(1.0)"),
+                  ("        if EMBED_FINAL_NORM:\n            hidden_states = self.norm(hidden_states)\n", "")]),
 }
-FAST = ("falcon",)
+FAST = ("falcon", "nanochat")
+MODEL_TYPE = {"falcon": "falcon", "falcon_new": "falcon", "falcon_mha": "falcon", "nanochat": "nanochat"}
 
 
 @functools.lru_cache(maxsize=None)
@@ -45,7 +55,7 @@ def derived(name: str):
 
     from agent.recipe.native.compose import derive
 
-    config = AutoConfig.for_model("falcon", **VARIANTS[name][0]).to_dict()
+    config = AutoConfig.for_model(MODEL_TYPE[name], **VARIANTS[name][0]).to_dict()
     return config, derive(config)
 
 
@@ -100,21 +110,33 @@ def test_falcons_alibi_falls_back_naming_it():
         derive(AutoConfig.for_model("falcon", alibi=True, multi_query=False, parallel_attn=False).to_dict())
 
 
-def _check(names, tmp_path):
+def _check(names, tmp_path, faults=None):
     from part_selfcheck import selfcheck_with_faults
 
-    rows = selfcheck_with_faults({name: derived(name) for name in names},
-                                 {name: VARIANTS[name][3] for name in names}, "FalconForCausalLM", tmp_path)
+    faults = faults if faults is not None else {name: VARIANTS[name][3] for name in names}
+    rows = selfcheck_with_faults({name: derived(name) for name in names}, faults, "NativeForCausalLM", tmp_path)
     assert {name for name, label, ok, _ in rows if ok and "bfloat16" in label} == set(names)
 
 
-def test_falcon_7b_matches_transformers_and_a_fault_fails(tmp_path):
-    _check(FAST, tmp_path)
+def test_falcon_7b_and_nanochat_match_transformers_and_a_fault_fails(tmp_path):
+    """One stand-in process: both files on their family settings, and falcon's key/value heads' rule broken."""
+    _check(FAST, tmp_path, {"falcon": VARIANTS["falcon"][3]})
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n in VARIANTS if n not in FAST])
 def test_falcons_other_layouts_match_transformers_and_faults_fail(name, tmp_path):
-    """Slow: the default case of this path is test_falcon_7b_matches_transformers_and_a_fault_fails (the key/value
-    heads' rule, the layout, the parallel layer)."""
+    """Slow: the default case of this path is test_falcon_7b_and_nanochat_match_transformers_and_a_fault_fails (the
+    key/value heads' rule, the layout, the parallel layer)."""
     _check((name,), tmp_path)
+
+
+@pytest.mark.slow
+def test_nanochats_faults_fail(tmp_path):
+    """Slow: the rotary turned forward and the embedding's norm dropped must fail; the default case of this path is
+    test_falcon_7b_and_nanochat_match_transformers_and_a_fault_fails (nanochat's correct file)."""
+    from part_selfcheck import selfcheck_with_faults
+
+    rows = selfcheck_with_faults({"nanochat": derived("nanochat")}, {"nanochat": VARIANTS["nanochat"][3]},
+                                 "NativeForCausalLM", tmp_path, keep=lambda label: False)
+    assert [ok for _, _, ok, _ in rows] == [False, False]
