@@ -1,9 +1,9 @@
 """Readings of issue 46's layouts that move a type's fall-back to its true next blocker: a weightless module soft-capping
 the logits (inkling2's logit_softcap: parts/head.py final_softcaps, the head part's FINAL_SOFTCAP), positions added
 from a buffer of the base model (ctrl's pos_encoding: parts/embedding.py added_buffer), the embedding normalised by the
-weightless final norm (nanochat: EMBED_FINAL_NORM), an MLP held as a Sequential (ctrl's ffn: parts/layout.py). The
-readings are checked on small modules in-process with a fault each (the cap, the rows, the norm); the types' derives,
-which name their next blockers, are slow."""
+weightless final norm (nanochat: EMBED_FINAL_NORM; its file's self-check is test_part_layouts_46.py's), an MLP held as
+a Sequential (ctrl's ffn: parts/layout.py). The readings are checked on small modules in-process with a fault each (the
+cap, the rows, the norm); the types' derives, which name their next blockers, are slow."""
 
 from __future__ import annotations
 
@@ -71,7 +71,6 @@ def test_the_embedding_through_the_weightless_final_norm_is_read_and_a_weighted_
 @pytest.mark.slow
 @pytest.mark.parametrize("model_type, kind, reason", [
     ("ctrl", "position", "buffer pos_encoding"),
-    ("nanochat", "norm", "no weight of width"),
     ("inkling2_text", "model", "final_input"),
 ])
 def test_the_types_fall_back_naming_their_next_blocker(model_type, kind, reason):
