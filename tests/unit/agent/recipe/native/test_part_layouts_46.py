@@ -42,8 +42,8 @@ VARIANTS = {
     "nanochat": ({},
                  {"norm": "weightless_rms_norm", "position": "rotary", "attention": "fused_paged", "block": "pre_norm"},
                  {"ROTATE_BACKWARD": True, "EMBED_FINAL_NORM": True, "QK_NORM": True, "FINAL_SOFTCAP": True},
-                 [("            self.sin_cached.neg_()", "            self.sin_cached.mul_(1.0)"),
-                  ("        if EMBED_FINAL_NORM:\n            hidden_states = self.norm(hidden_states)\n", "")]),
+                 [("        self.sin_cached.neg_()\n", "        self.sin_cached.mul_(1.0)\n"),
+                  ("        hidden_states = self.norm(hidden_states)\n", "")]),
 }
 FAST = ("falcon", "nanochat")
 MODEL_TYPE = {"falcon": "falcon", "falcon_new": "falcon", "falcon_mha": "falcon", "nanochat": "nanochat"}
