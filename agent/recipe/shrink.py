@@ -89,6 +89,9 @@ def shrink_config(config: dict, cut_layers: bool = True) -> dict:
         overrides["num_key_value_heads"] = overrides["num_attention_heads"] if kv == heads else min(kv, 2)
     elif isinstance(heads, int) and kv == heads and "num_key_value_heads" in overrides:
         overrides.pop("num_key_value_heads")        # heads already tiny: MHA stays MHA (MLA's key heads are its heads)
+    falcon_kv = config.get("num_kv_heads")             # falcon's name of them
+    if isinstance(heads, int) and isinstance(falcon_kv, int) and "num_attention_heads" in overrides:
+        overrides["num_kv_heads"] = overrides["num_attention_heads"] if falcon_kv == heads else min(falcon_kv, 2)
     nk, nv = config.get("linear_num_key_heads"), config.get("linear_num_value_heads")
     if isinstance(nk, int) and isinstance(nv, int) and nk > 2 and nv % nk == 0:
         # linear attention's heads (qwen3_next's Gated DeltaNet): 2 key heads, the value heads' grouping kept; the

@@ -3,7 +3,8 @@ each slot's parts most specific first. agent.recipe.native.compose picks one par
 architecture's own code and config; agent.recipe.native.assemble writes their code as one file."""
 
 from agent.recipe.native.parts import (attention, block, block_parallel, block_post_ln, block_post_norm, embedding, head, mla, mlp, mlp_plain, model, moe,
-                                       linear_attention, mtp, norm, norm_layer, norm_weightless, position, position_absolute,
+                                       linear_attention, mtp, norm, norm_layer, norm_weightless, norm_weightless_rms, position,
+                                       position_absolute,
                                        position_alibi, rotary_interleaved, rotary_layer_theta, rotary_nope,
                                        scalar_multipliers)
 from agent.recipe.native.parts.part import ROLES, SLOTS, Composition, Match, Part
@@ -18,6 +19,7 @@ PARTS = (
     norm.RMS_NORM,
     norm_layer.LAYER_NORM,
     norm_weightless.WEIGHTLESS_LAYER_NORM,
+    norm_weightless_rms.WEIGHTLESS_RMS_NORM,
     position_absolute.ABSOLUTE_POSITIONS,
     position_alibi.ALIBI,
     rotary_layer_theta.ROTARY_LAYER_THETA,

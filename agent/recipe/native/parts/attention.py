@@ -12,7 +12,7 @@ import math
 from agent.recipe.native.not_native import NotNative
 from agent.recipe.native.parts.part import Expr, Match, Part
 from agent.recipe.native.parts.mla import is_mla_model
-from agent.recipe.native.parts.probe import DROP, children
+from agent.recipe.native.parts.probe import DROP, children, multi_query
 
 # the q / k norms' names (a rename: hunyuan's query_layernorm / key_layernorm, persimmon's and phi's q_layernorm /
 # k_layernorm are qwen3's q_norm / k_norm)
@@ -21,7 +21,7 @@ ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "rotar
 BIAS_KEYS = ("attention_bias", "use_qkv_bias", "use_bias", "enable_bias")       # config keys that may set the projections' biases
 DENSE_OPTIONS = ("QKV", "QKV_BIAS", "O_BIAS", "QK_NORM", "QK_NORM_FULL", "QUERY_PRE_ATTN_SCALAR", "WINDOWS",
                  "LAYER_TYPE_WINDOWS", "STACKED_PARAMS", "ATTENTION_MULTIPLIER", "ROTARY", "UNSCALED", "LOCAL_LAYERS",
-                 "OUTPUT_GATE", "Q_NORM", "K_NORM", "QK_NORM_AFTER_ROPE", "QKV_GROUPS")
+                 "OUTPUT_GATE", "Q_NORM", "K_NORM", "QK_NORM_AFTER_ROPE", "QKV_GROUPS", "MULTI_QUERY")
 WINDOW = 5                            # the shrunk window (agent.recipe.native.parts.probe.shrunk_config)
 
 
@@ -235,6 +235,8 @@ def dense_attention(probe) -> dict:
         qk_names = pairs[0] if pairs else QK_NORM_NAMES[0]
         qk_width = qk_norm_width(a, heads, kv_heads, head_dim, qk_names) if pairs else None
         scale = getattr(attention, "scaling", None)
+        if scale is None:
+            scale = getattr(attention, "inv_norm_factor", None)           # falcon's name of it
         if scale is None and probe.memo.get("alibi"):
             scale = alibi_scale(attention)
         if scale is None and probe.layout is not None:
@@ -278,6 +280,8 @@ def dense_attention(probe) -> dict:
              "ATTENTION_MULTIPLIER": rule == "attention_multiplier", "UNSCALED": rule == "unscaled",
              "OUTPUT_GATE": gated,
              "sinks": sinks, **({"QKV_GROUPS": grouped} if grouped else {}), **windows(probe)}
+    if multi_query(probe.config):
+        facts["MULTI_QUERY"] = True
     if qk_names != QK_NORM_NAMES[0]:
         facts.update({"Q_NORM": qk_names[0], "K_NORM": qk_names[1]})
     if after_rope:
@@ -386,6 +390,8 @@ def qk_norm_width(modules: dict, heads: int, kv_heads: int, head_dim: int, names
     widths = tuple(getattr(getattr(modules[n], "weight", None), "shape", (None,))[-1] for n in names)
     if widths == (head_dim, head_dim):
         return "head"
+    if not any(True for n in names for _ in modules[n].parameters()):
+        return "head"                   # without weights (nanochat's): per head, as the self-check holds it
     if widths == (heads * head_dim, kv_heads * head_dim):
         return "full"
     raise NotNative("attention", f"q/k norms of widths {widths}: neither per head ({head_dim}) nor over all heads")

@@ -14,6 +14,8 @@ from agent.recipe.native.parts.probe import children
 def _probe_parallel(layer, hidden: int, mlp_norm: bool = False) -> None:
     """The layer computes h + attn(norm(h)) + mlp(norm(h)) (`mlp_norm`: mlp(norm2(h)), the MLP's own norm): checked
     with the attention and the MLP replaced by fixed maps."""
+    import inspect
+
     import torch
 
     gen = torch.Generator().manual_seed(9)
@@ -24,8 +26,10 @@ def _probe_parallel(layer, hidden: int, mlp_norm: bool = False) -> None:
     try:
         attention.forward = lambda hidden_states, *args, **kwargs: (hidden_states @ a, None)
         mlp.forward = lambda hidden_states, *args, **kwargs: hidden_states @ m
+        # falcon's layer takes its alibi tensor (None where it rotates) before the mask
+        alibi = {"alibi": None} if "alibi" in inspect.signature(layer.forward).parameters else {}
         with torch.no_grad():
-            got = layer(x, attention_mask=None, position_ids=None, position_embeddings=None)
+            got = layer(x, attention_mask=None, position_ids=None, position_embeddings=None, **alibi)
     except Exception as exc:  # noqa: BLE001 - another call shape: not the layer this part writes
         raise NotNative("decoder layer", f"parallel layer not callable as transformers' ({type(exc).__name__})") from exc
     finally:
@@ -62,6 +66,9 @@ def _two_norms(probe, chosen):
     except NotNative:
         return None
     key = next((k for k in PARALLEL_KEYS if getattr(probe.config, k, None) is True), None)
+    if key is None and not any(k in probe.config.to_dict() for k in PARALLEL_KEYS):
+        # no key of the layout in the config (falcon's new architecture): parallel always
+        return Match(PARALLEL_TWO_NORMS, options={"MLP_NORM": True}, facts={"key": None})
     if key is None:
         raise NotNative("decoder layer", "a two-norm parallel layer that no config key makes sequential: "
                                          f"none of {', '.join(PARALLEL_KEYS)} is set")
@@ -75,7 +82,7 @@ def _two_norms(probe, chosen):
 
 def _variants(match, probe):
     """The file serves the other setting of the key: the sequential pre-norm layer."""
-    return [(match.facts["key"] + " off", {match.facts["key"]: False})]
+    return [(match.facts["key"] + " off", {match.facts["key"]: False})] if match.facts["key"] else []
 
 
 # config keys that choose a parallel layer (True) or the sequential pre-norm one

@@ -73,10 +73,37 @@ def embed_scale(probe) -> bool:
             if torch.allclose(got, want + positions, rtol=1e-5, atol=1e-6):
                 probe.memo["position_offset"] = offset
                 return scaled
+    final = children(probe.base).get("norm")
+    if norm is None and final is not None and not any(True for _ in final.parameters()):
+        # nanochat's: the base model's final norm, weightless, also normalises the embedding before the first layer
+        for scaled in (False, True):
+            want = table * torch.tensor(hidden ** 0.5, dtype=table.dtype) if scaled else table
+            with torch.no_grad():
+                if candidates[:1] == [(None, 0.0)] and torch.allclose(got, final(want), rtol=1e-5, atol=1e-6):
+                    probe.memo["position_offset"], probe.memo["embed_final_norm"] = None, True
+                    return scaled
     if candidates[:1] != [(None, 0.0)]:
         raise NotNative("position", "the first layer's input is not the embedding (times 1 or sqrt(hidden_size)) "
                                     f"plus the position table's rows from row {' or '.join(map(str, POSITION_OFFSETS))}")
+    buffer = added_buffer(probe, got, table)
+    if buffer is not None:
+        raise NotNative("position", f"positions added from the base model's buffer {buffer} (a fixed table of rows no "
+                                    "position part reads)")
     raise NotNative("model", "the embedding is scaled by something other than 1 or sqrt(hidden_size)")
+
+
+def added_buffer(probe, got, table) -> str | None:
+    """The name of the base model's own 2-D buffer whose first rows are what the first layer's input adds to the
+    embedding (times 1 or sqrt(hidden_size)): ctrl's sinusoid pos_encoding, not a module; None for none."""
+    import torch
+
+    for name, buffer in probe.base.named_buffers(recurse=False):
+        if buffer.dim() != 2 or buffer.shape[1] != probe.hidden or buffer.shape[0] < table.shape[0]:
+            continue
+        for scale in (1.0, probe.hidden ** 0.5):
+            if torch.allclose(got, table * scale + buffer[:table.shape[0]].to(got.dtype), rtol=1e-5, atol=1e-6):
+                return name
+    return None
 
 
 SCALE_KEY = "scale_embedding"       # the config switch of the sqrt(hidden_size) scale (biogpt, xglm)
@@ -92,7 +119,8 @@ def _probe(probe, chosen):
             toggled = scaled
         if toggled != scaled:
             return Match(EMBEDDING, options={"EMBED_SCALE": Expr(f"self.config.{SCALE_KEY}")}, facts={"switch": True})
-    return Match(EMBEDDING, options={"EMBED_SCALE": scaled})
+    return Match(EMBEDDING, options={"EMBED_SCALE": scaled,
+                                     **({"EMBED_FINAL_NORM": True} if probe.memo.get("embed_final_norm") else {})})
 
 
 def _variants(match, probe):
@@ -104,5 +132,5 @@ def _variants(match, probe):
 
 EMBEDDING = Part(
     slot="embedding", name="embedding", code=None, provides=None, reads=("vocab_size", "hidden_size", "pad_token_id"),
-    probe=_probe, options=("EMBED_SCALE",), variants=_variants,
+    probe=_probe, options=("EMBED_SCALE", "EMBED_FINAL_NORM"), variants=_variants,
     kernels=lambda m: ((), ("embedding scale sqrt(hidden_size): plain torch multiply",) if m.options["EMBED_SCALE"] else ()))

@@ -1,11 +1,37 @@
 """The head: lm_head as module.linear's ColumnParallelLinear over lmhead_tp_group, tied to the input embedding
 when the checkpoint's config says so (always written: one file serves tied and untied checkpoints), with a bias
 where the architecture's head has one, logits
-soft-capped where the architecture reads config.final_logit_softcapping."""
+soft-capped where the architecture reads config.final_logit_softcapping (in its forward, or a module of its own:
+inkling2's logit_softcap)."""
 
 from __future__ import annotations
 
 from agent.recipe.native.parts.part import Match, Part
+
+
+def final_softcaps(probe) -> set:
+    """The names of the causal LM's weightless children that soft-cap the logits by config.final_logit_softcapping
+    (inkling2's logit_softcap: c * tanh(x / c)), which this part writes (FINAL_SOFTCAP)."""
+    import torch
+
+    from agent.recipe.native.parts.probe import children
+
+    cap = getattr(probe.config, "final_logit_softcapping", None)
+    if not isinstance(cap, (int, float)) or not cap:
+        return set()
+    x = torch.linspace(-4 * cap, 4 * cap, 97).view(1, 97)
+    found = set()
+    for name, child in children(probe.model).items():
+        if name in ("model", "lm_head") or any(True for _ in child.parameters()):
+            continue
+        try:
+            with torch.no_grad():
+                capped = child(x)
+        except Exception:  # noqa: BLE001 - not a map of the logits alone
+            continue
+        if isinstance(capped, torch.Tensor) and torch.allclose(capped, torch.tanh(x / cap) * cap, rtol=1e-5, atol=1e-6):
+            found.add(name)
+    return found
 
 
 def _probe(probe, chosen):

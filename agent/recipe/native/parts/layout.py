@@ -191,6 +191,7 @@ def _mlp_of_linears(named: dict, order: list, hidden: int):
 
 def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
     """A layer's attention, MLP and norms under the skeleton's names; the renames and transposed weights they need."""
+    import torch
     from transformers.pytorch_utils import Conv1D
 
     named = _named(layers[0])
@@ -201,6 +202,9 @@ def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
     if len(attentions) == 1:
         roles[attentions[0]] = "self_attn"
     mlps = [n for n, c in named.items() if n == "mlp" or "mlp" in type(c).__name__.lower()]
+    if not mlps:
+        # an MLP as a Sequential of its linears and activation (ctrl's ffn): read by mlp_roles as any plain MLP
+        mlps = [n for n, c in named.items() if isinstance(c, torch.nn.Sequential) and mlp_roles(c) is not None]
     if len(mlps) == 1:
         roles[mlps[0]] = "mlp"
         mlp_calls = mlps[0]
@@ -222,6 +226,10 @@ def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
             # post-LN (openai-gpt's norm(h + attn(h))): each norm after its branch, held numerically by
             # parts/block_post_ln.py
             roles[calls[1]], roles[calls[3]] = "post_attention_layernorm", "post_feedforward_layernorm"
+        elif len(calls) == 4 and calls[0] in norms and calls[1] in norms and calls[2:] == [attentions[0], mlp_calls]:
+            # both norms before the attention (falcon's new architecture: ln_attn, ln_mlp): the parallel layer on
+            # two norms, each branch's held numerically by parts/block_parallel.py
+            roles[calls[0]], roles[calls[1]] = "input_layernorm", "post_attention_layernorm"
         elif calls[:1] == attentions[:1]:
             layout.refusal = ("its norms after the attention in an order no part writes (neither pre-LN nor "
                               "post-LN norm(h + attn(h)))")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 from agent.recipe.native.not_native import NotNative
+from agent.recipe.native.parts.head import final_softcaps
 from agent.recipe.native.parts.layout import weightless_lists
 from agent.recipe.native.parts.linear_attention import refuse_recurrent_attention, stored_conversion
 from agent.recipe.native.parts.norm import LAYER_NORMS
@@ -99,8 +100,9 @@ def _probe(probe, chosen):
                                      "part writes")
     refuse_recurrent_attention(probe)
     top = children(probe.model)
-    if set(top) - {"model", "lm_head"}:
-        raise NotNative("model", f"heads other than lm_head: {sorted(set(top) - {'model', 'lm_head'})}")
+    heads = set(top) - {"model", "lm_head"} - final_softcaps(probe)
+    if heads:
+        raise NotNative("model", f"heads other than lm_head: {sorted(heads)}")
     # a list of weightless rotary tables (granite_swa's rotary_embs): the position part's to read
     tables = weightless_lists(probe.base) if probe.base is not None else set()
     if probe.base is None or set(children(probe.base)) - MODEL_CHILDREN - tables:

@@ -18,9 +18,10 @@ ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
 ORIGINAL_CONTEXT = 14
 
 
-def probe_rotate_half(modeling_module) -> None:
+def probe_rotate_half(modeling_module, backward_ok: bool = False) -> bool:
     """The architecture's apply_rotary_pos_emb is q*cos + rotate_half(q)*sin (npu_apply_rotary_pos_emb's
-    formula); an interleaved or other rotary is not native."""
+    formula); an interleaved or other rotary is not native. With `backward_ok`, True where it rotates by the
+    negative angle (nanochat's rotate_half cat(x2, -x1): the sin table negated), else False."""
     import torch
 
     apply = getattr(modeling_module, "apply_rotary_pos_emb", None)
@@ -31,21 +32,24 @@ def probe_rotate_half(modeling_module) -> None:
     angles = torch.randn(1, 3, 4, generator=gen)
     cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
 
-    def half(x):
+    def half(x, sign=1.0):
         x1, x2 = x[..., :4], x[..., 4:]
-        return x * cos[:, None] + torch.cat((-x2, x1), -1) * sin[:, None]
+        return x * cos[:, None] + sign * torch.cat((-x2, x1), -1) * sin[:, None]
 
-    def matches(c, s):
+    def matches(c, s, sign=1.0):
         """The architecture's function given cos / sin as its rotary embedding makes them: full width
         (the angles twice) or half width (gpt_oss: the angles once, applied to each half)."""
         try:
             got_q, got_k = apply(q, k, c, s)[:2]
         except Exception:  # noqa: BLE001 - another signature or width: not this form
             return False
-        return torch.allclose(got_q, half(q), atol=1e-5) and torch.allclose(got_k, half(k), atol=1e-5)
+        return torch.allclose(got_q, half(q, sign), atol=1e-5) and torch.allclose(got_k, half(k, sign), atol=1e-5)
+    if backward_ok and not matches(cos, sin) and matches(cos, sin, -1.0):
+        return True
     if not (matches(cos, sin) or matches(angles.cos(), angles.sin())):
         raise NotNative("position", "rotary is not rotate-half (interleaved or other): npu_apply_rotary_pos_emb "
                                     "with rotary_mode half does not compute it")
+    return False
 
 
 def rope_groups(config) -> tuple[bool, list]:
@@ -77,9 +81,12 @@ def ntk_alpha(probe) -> dict:
 
 
 def _probe(probe, chosen):
+    if getattr(probe.config, "alibi", None) is True:
+        return None                     # falcon's config.alibi: ALiBi instead of the rotary its model still builds
+    backward = False
     if not is_mla_model(probe):        # MLA rotates by its own kernels (interleave-half), probed with the attention
-        probe_rotate_half(probe.modeling)
-    return rope_match(probe, ROTARY, ntk_alpha(probe))
+        backward = probe_rotate_half(probe.modeling, backward_ok=True)
+    return rope_match(probe, ROTARY, {**ntk_alpha(probe), **({"ROTATE_BACKWARD": True} if backward else {})})
 
 
 def rope_match(probe, part, options=None) -> Match:
@@ -150,5 +157,5 @@ def _variants(match, probe):
 ROTARY = Part(
     slot="position", name="rotary", code="rotary.py", provides="ModelRotaryEmbedding",
     reads=("rope_parameters", "partial_rotary_factor", "max_position_embeddings", "layer_types"),
-    probe=_probe, options=("ROPE_BY_LAYER_TYPE", "NTK_ALPHA"), variants=_variants,
+    probe=_probe, options=("ROPE_BY_LAYER_TYPE", "NTK_ALPHA", "ROTATE_BACKWARD"), variants=_variants,
     kernels=lambda m: ((), ()))

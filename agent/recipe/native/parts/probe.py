@@ -213,6 +213,20 @@ def probe_norm(norm, width: int) -> float:
     raise NotNative("norm", f"{type(norm).__name__} is neither x*w nor x*(1+w) over the RMS")
 
 
+def multi_query(config) -> bool:
+    """Whether the config gives its key/value heads as falcon's do: num_kv_heads, and one where multi_query
+    outside the new decoder architecture (its num_kv_heads then still the query heads)."""
+    keys = config.to_dict()
+    return "num_key_value_heads" not in keys and {"num_kv_heads", "multi_query", "new_decoder_architecture"} <= set(keys)
+
+
+def key_value_heads(config) -> int | None:
+    """The key/value heads the config gives (None: as many as the query heads)."""
+    if multi_query(config):
+        return 1 if config.multi_query and not config.new_decoder_architecture else config.num_kv_heads
+    return getattr(config, "num_key_value_heads", None)
+
+
 class Probe:
     """transformers' model of `config_dict`'s architecture on its shrunk config (see shrunk_config)."""
 
@@ -260,7 +274,7 @@ class Probe:
         if not isinstance(self.heads, int):
             raise NotNative("attention", f"{config.model_type} has no attention heads in its config: a recurrent or "
                                          "state-space model, which no part of the generator writes")
-        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
+        self.kv_heads = key_value_heads(config) or self.heads
         self.head_dim = getattr(config, "head_dim", None) or self.hidden // self.heads
 
     @property

@@ -46,6 +46,12 @@ QKV_GROUPS = ()                 # fused qkv_proj stored in groups (count, sectio
 ROTARY = True                   # q and k rotated (else the positions were added to the embedding: gpt2)
 CONTEXT_PARALLEL = False        # prefill context parallel (parallel_config.cp_size): context_parallel.py's segments
 OUTPUT_GATE = False             # q_proj holds each head's query and an output gate: out * sigmoid(gate) (qwen3_next)
+MULTI_QUERY = False             # key/value heads as falcon's config gives them (num_kv_heads; 1 where multi_query)
+
+
+def key_value_heads(config):
+    """falcon's key/value heads: one where multi_query outside the new decoder architecture, else num_kv_heads."""
+    return 1 if config.multi_query and not config.new_decoder_architecture else config.num_kv_heads
 
 
 def layer_windows(config):
@@ -96,7 +102,8 @@ class ModelAttention(nn.Module):
         self.block_size = infer_config.scheduler_config.block_size
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.num_heads = config.num_attention_heads
-        self.num_key_value_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.num_key_value_heads = key_value_heads(config) if MULTI_QUERY else (
+            getattr(config, "num_key_value_heads", None) or self.num_heads)
         self.num_heads_per_rank = self.num_heads // self.attn_tp_size
         self.num_key_value_heads_per_rank = max(self.num_key_value_heads // self.attn_tp_size, 1)
         if WINDOWS:

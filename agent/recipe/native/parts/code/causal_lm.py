@@ -42,6 +42,7 @@ MOE = False                     # sparse-MoE layers: their experts over moe_tp_g
 MTP = False                     # an MTP draft model beside this one (code/mtp.py): next_n > 0 returns every hidden state
 ABSOLUTE_POSITIONS = False      # positions added to the embedding (gpt2's learned wpe): the position slot's table, no rotary
 EMBED_NORM = False              # the embedding normalised before the first layer (bloom's word_embeddings_layernorm)
+EMBED_FINAL_NORM = False        # the embedding normalised by the final norm (weightless) before the first layer (nanochat)
 ALIBI = False                   # ALiBi positions: the attention adds each head's bias (position_alibi.py), no table here
 CONTEXT_PARALLEL = False        # prefill context parallel (parallel_config.cp_size): context_parallel.py's segments
 LINEAR_ATTENTION = False        # linear-attention layers beside attention ones: their state caches (Mamba entries)
@@ -116,6 +117,8 @@ class ModelModel(nn.Module):
             hidden_states = hidden_states * getattr(self.config, EMBED_MULTIPLIER_KEY)
         if EMBED_NORM:
             hidden_states = self.embed_norm(hidden_states)
+        if EMBED_FINAL_NORM:
+            hidden_states = self.norm(hidden_states)
         if ABSOLUTE_POSITIONS:
             hidden_states = hidden_states + self.embed_positions(position_ids).to(hidden_states.dtype)
             cos_sin = None

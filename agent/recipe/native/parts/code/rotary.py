@@ -10,6 +10,7 @@ NTK_ALPHA = False       # a fixed NTK alpha in the rope settings stretches the b
 # rope types whose frequencies depend on the sequence length (transformers' dynamic_rope_update)
 LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
 ROTARY_DIM = None       # the config key of a head's rotary dims where the config names them (gptj: rotary_dim)
+ROTATE_BACKWARD = False  # the architecture rotates by the negative angle (nanochat's rotate_half): the sin table negated
 
 
 def rope_parameters(config, layer_type=None):
@@ -55,6 +56,8 @@ class ModelRotaryEmbedding(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("cos_cached", emb.cos() * scaling, persistent=False)
         self.register_buffer("sin_cached", emb.sin() * scaling, persistent=False)
+        if ROTATE_BACKWARD:
+            self.sin_cached.neg_()
 
     def forward(self, x, position_ids):
         cos = self.cos_cached[position_ids].unsqueeze(1)
