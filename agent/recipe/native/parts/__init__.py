@@ -5,7 +5,7 @@ architecture's own code and config; agent.recipe.native.assemble writes their co
 from agent.recipe.native.parts import (attention, block, block_parallel, block_post_ln, block_post_norm, embedding, head, mla, mlp, mlp_plain, model, moe,
                                        linear_attention, mtp, norm, norm_layer, norm_weightless, position, position_absolute,
                                        position_alibi, rotary_interleaved, rotary_layer_theta, rotary_nope,
-                                       scalar_multipliers)
+                                       scalar_multipliers, short_conv)
 from agent.recipe.native.parts.part import ROLES, SLOTS, Composition, Match, Part
 
 __all__ = ["PARTS", "OPTION_NAMES", "TABLES", "ROLES", "SLOTS", "Composition", "Match", "Part"]
@@ -30,6 +30,7 @@ PARTS = (
     attention.FUSED_PAGED_SINKS,
     attention.FUSED_PAGED,
     linear_attention.GATED_DELTA_NET,
+    short_conv.SHORT_CONV,
     moe.SPARSE_MOE,
     mlp.GATED_MLP,
     mlp_plain.PLAIN_MLP,

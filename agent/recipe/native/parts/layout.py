@@ -193,10 +193,12 @@ def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
     """A layer's attention, MLP and norms under the skeleton's names; the renames and transposed weights they need."""
     from transformers.pytorch_utils import Conv1D
 
-    named = _named(layers[0])
-    attentions = [n for n, c in named.items() if "attention" in type(c).__name__.lower()]
+    # the roles read on the first layer with an attention (a hybrid's first layers may hold another mixer: lfm2's conv)
+    reference = next((layer for layer in layers if len(_attentions(layer)) == 1), layers[0])
+    named = _named(reference)
+    attentions = _attentions(reference)
     norms = [n for n, c in named.items() if _is_norm(c)]
-    order = call_order(model, layers[0])
+    order = call_order(model, reference)
     roles, mlp = {}, None
     if len(attentions) == 1:
         roles[attentions[0]] = "self_attn"
@@ -257,22 +259,48 @@ def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
     for name, skeleton in attention_roles.items():
         if name != skeleton:
             layout.renames += ((f"{layer}self_attn\\.{re.escape(name)}\\.", f"model.layers.\\1.self_attn.{skeleton}."),)
-    for module in layers:
+    mixers = _other_mixers(layers, roles, attentions)
+    for name in sorted(set(mixers.values())):
+        layout.renames += ((f"{layer}{re.escape(name)}\\.", "model.layers.\\1.linear_attn."),)
+    for index, module in enumerate(layers):
         children = _named(module)
-        shown = dict(roles)
+        shown = {name: role for name, role in roles.items() if name in children}
+        if index in mixers:
+            shown[mixers[index]] = "linear_attn"
         if mlp:
             shown["mlp"] = mlp_view(*(children[n] for n in mlp))
         if inner is not None:
             shown = {k: v for k, v in shown.items() if k != attentions[0]}
             shown["self_attn"] = _named(children[attentions[0]])["attention"]
         present(module, shown, hide=(attentions[0],) if inner is not None else ())
-        if attention_roles:
+        if attention_roles and index not in mixers:
             present(shown["self_attn"] if inner is not None else children[attentions[0]], attention_roles)
     # Conv1D weights as stored ([in, out]), by their stored names
     stored = next((pattern for pattern, target in layout.renames if target == "model.layers."), None)
     for path, module in layers[0].named_modules():
         if isinstance(module, Conv1D) and stored is not None:
             layout.transposed += (f"{stored}\\d+\\.{re.escape(path)}\\.weight$",)
+
+
+def _attentions(layer) -> list:
+    return [n for n, c in _named(layer).items() if "attention" in type(c).__name__.lower()]
+
+
+def _other_mixers(layers, roles: dict, attentions: list) -> dict:
+    """layer index -> the one child a layer without the attention holds in its place (lfm2's conv: a short
+    convolution), read as the skeleton's linear_attn (the linear-attention slot's parts read it); {} where every
+    layer has the attention."""
+    if len(attentions) != 1:
+        return {}
+    found = {}
+    for index, module in enumerate(layers):
+        named = _named(module)
+        if attentions[0] in named:
+            continue
+        rest = [n for n in named if n not in roles and n != "linear_attn"]
+        if len(rest) == 1 and not _is_norm(named[rest[0]]):
+            found[index] = rest[0]
+    return found
 
 
 # a plain MLP's roles, in the order its forward calls them: down(act(up(x)))
