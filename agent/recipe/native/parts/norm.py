@@ -54,8 +54,8 @@ def eps_option(probe) -> dict:
     from agent.recipe.native.parts.norm_layer import EPS_KEYS, eps_follows, stated_eps
 
     config = probe.config.to_dict()
-    if isinstance(config.get("rms_norm_eps"), float):
-        return {}
+    if isinstance(getattr(probe.config, "rms_norm_eps", None), float):
+        return {}                   # under its own name, or another the config class maps it to
     norm = getattr(probe.base, "norm", None) or children(probe.layers[0]).get("input_layernorm")
     eps = stated_eps(norm, probe.hidden) if norm is not None else None
     key = next((k for k in EPS_KEYS if isinstance(eps, float) and isinstance(config.get(k), float)
