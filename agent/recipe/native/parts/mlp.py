@@ -10,6 +10,7 @@ from agent.recipe.native.parts.probe import children
 
 MLP_CHILDREN = {"gate_proj", "up_proj", "gate_up_proj", "down_proj", "act_fn", "activation_fn"}
 ACT_KEYS = ("hidden_act", "hidden_activation", "activation_function", "afn")     # afn: openai-gpt
+FIXED_ACTIVATIONS = ("gelu", "gelu_pytorch_tanh", "relu", "silu")     # ACT2FN entries an architecture may hard-code
 BIAS_KEYS = ("mlp_bias", "use_bias", "enable_bias")             # config keys that may set the MLP's biases
 
 
@@ -116,8 +117,6 @@ def _gated(probe, chosen):
     source, mlps = found
     key = next((k for k in ACT_KEYS if isinstance(getattr(source.config, k, None), str)), None)
     if set(children(mlps[0])) - MLP_CHILDREN or key is None:
-        from agent.recipe.native.parts.mlp_plain import FIXED_ACTIVATIONS
-
         names = (getattr(source.config, key),) if key else FIXED_ACTIVATIONS
         read = _read_roles(mlps[0], source.hidden, names)
         if read is not None:

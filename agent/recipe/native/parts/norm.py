@@ -4,6 +4,7 @@ of the architecture's layers (input, post-attention, pre/post-feedforward, q/k) 
 from __future__ import annotations
 
 from agent.recipe.native.not_native import NotNative
+from agent.recipe.native.parts.norm_eps import EPS_KEYS, eps_follows, stated_eps
 from agent.recipe.native.parts.norm_roles import layer_norm_names
 from agent.recipe.native.parts.part import Match, Part
 from agent.recipe.native.parts.probe import children, probe_norm
@@ -50,8 +51,6 @@ def eps_option(probe) -> dict:
     """{} where the config holds rms_norm_eps (the code's key); else {"NORM_EPS": the key} of the config key the
     RMSNorms' epsilon follows (lfm2's norm_eps), or NotNative."""
     import math
-
-    from agent.recipe.native.parts.norm_layer import EPS_KEYS, eps_follows, stated_eps
 
     config = probe.config.to_dict()
     if isinstance(getattr(probe.config, "rms_norm_eps", None), float):
