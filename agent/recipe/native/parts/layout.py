@@ -227,6 +227,15 @@ def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
         elif calls[:1] == attentions[:1]:
             layout.refusal = ("its norms after the attention in an order no part writes (neither pre-LN nor "
                               "post-LN norm(h + attn(h)))")
+    elif len(attentions) == 1 and mlp_calls and len(norms) == 4:
+        # a sandwich layer (lfm3's operator_norm, post_operator_norm, ffn_norm, post_ffn_norm): each branch's input
+        # and output norm by where the layer calls them, held numerically by parts/block.py's SANDWICH
+        calls = [n for n in order if n in (*norms, attentions[0], mlp_calls)]
+        if len(calls) == 6 and calls[1] == attentions[0] and calls[4] == mlp_calls \
+                and all(calls[i] in norms for i in (0, 2, 3, 5)):
+            roles.update(zip((calls[i] for i in (0, 2, 3, 5)), ("input_layernorm", "post_attention_layernorm",
+                                                                 "pre_feedforward_layernorm",
+                                                                 "post_feedforward_layernorm")))
     elif len(attentions) == 1 and mlp_calls and len(norms) == 1:
         # one norm before both branches (gptj's ln_1: the parallel layer's input norm)
         calls = [n for n in order if n in (*norms, attentions[0], mlp_calls)]

@@ -122,3 +122,25 @@ def test_lfm2_file_matches_transformers_in_both_dtypes_and_a_lost_conv_state_fai
     assert all(r["ok"] for r in results[:2]), [(label, r["reason"]) for (label, _), r in zip(labelled, results)]
     assert results[0]["max_rel"] < 1e-4
     assert not results[2]["ok"] and "decode" in results[2]["reason"], results[2]
+
+
+@pytest.mark.slow
+def test_lfm3_reads_as_a_sandwich_conv_hybrid_and_falls_back_on_its_attention_gate():
+    """Covered by default: test_the_layer_matches_transformers_across_prefill_and_decode_and_lost_state_fails. lfm3's
+    layers (operator_norm, post_operator_norm, ffn_norm, post_ffn_norm around a conv or an attention) are read as
+    the sandwich layer by where they are called; its attention's per-head sigmoid gate (g_proj) is the one-line
+    blocker. Without that gate it derives (the self-check, not the probe, holds its per-layer-type rope)."""
+    from transformers import AutoConfig
+
+    from agent.recipe.native.compose import derive
+    from agent.recipe.native.not_native import NotNative
+
+    with pytest.raises(NotNative) as refused:
+        derive(AutoConfig.for_model("lfm3").to_dict())
+    assert refused.value.kind == "attention" and "g_proj" in refused.value.reason
+    assert "\n" not in refused.value.reason
+    composition = derive(AutoConfig.for_model("lfm3", use_attention_gate=False).to_dict())
+    assert composition.parts["block"] == "sandwich" and composition.parts["linear_attention"] == "short_conv"
+    renames = dict(composition.options["CHECKPOINT_RENAMES"])
+    assert renames["^model\\.layers\\.(\\d+)\\.post_operator_norm\\."] == "model.layers.\\1.post_attention_layernorm."
+    assert renames["^model\\.layers\\.(\\d+)\\.ffn_norm\\."] == "model.layers.\\1.pre_feedforward_layernorm."
