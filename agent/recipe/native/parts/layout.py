@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 
 CHILDREN = "_native_children"     # a module's children under the skeleton's names, read by probe.children
+SHORT_CONV_CHILDREN = {"in_proj", "conv", "out_proj"}     # lfm2's Lfm2ShortConv (parts/short_conv.py)
 SKELETON_MODEL = {"embed_tokens", "layers", "norm", "rotary_emb"}
 
 
@@ -193,8 +194,11 @@ def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
     """A layer's attention, MLP and norms under the skeleton's names; the renames and transposed weights they need."""
     from transformers.pytorch_utils import Conv1D
 
-    # the roles read on the first layer with an attention (a hybrid's first layers may hold another mixer: lfm2's conv)
-    reference = next((layer for layer in layers if len(_attentions(layer)) == 1), layers[0])
+    # the roles read on the first layer with an attention where the first layers hold a short convolution instead
+    # (lfm2's conv layers)
+    reference = layers[0]
+    if not _attentions(reference) and any(set(_named(c)) == SHORT_CONV_CHILDREN for c in _named(reference).values()):
+        reference = next((layer for layer in layers if len(_attentions(layer)) == 1), reference)
     named = _named(reference)
     attentions = _attentions(reference)
     norms = [n for n, c in named.items() if _is_norm(c)]
@@ -282,7 +286,7 @@ def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
             shown = {k: v for k, v in shown.items() if k != attentions[0]}
             shown["self_attn"] = _named(children[attentions[0]])["attention"]
         present(module, shown, hide=(attentions[0],) if inner is not None else ())
-        if attention_roles and index not in mixers:
+        if attention_roles and index not in mixers and attentions[0] in children:
             present(shown["self_attn"] if inner is not None else children[attentions[0]], attention_roles)
     # Conv1D weights as stored ([in, out]), by their stored names
     stored = next((pattern for pattern, target in layout.renames if target == "model.layers."), None)
@@ -296,8 +300,8 @@ def _attentions(layer) -> list:
 
 
 def _other_mixers(layers, roles: dict, attentions: list) -> dict:
-    """layer index -> the one child a layer without the attention holds in its place (lfm2's conv: a short
-    convolution), read as the skeleton's linear_attn (the linear-attention slot's parts read it); {} where every
+    """layer index -> the one child a layer without the attention holds in its place where it is a gated short
+    convolution (lfm2's conv), read as the skeleton's linear_attn (parts/short_conv.py reads it); {} where every
     layer has the attention."""
     if len(attentions) != 1:
         return {}
@@ -307,7 +311,9 @@ def _other_mixers(layers, roles: dict, attentions: list) -> dict:
         if attentions[0] in named:
             continue
         rest = [n for n in named if n not in roles and n != "linear_attn"]
-        if len(rest) == 1 and not _is_norm(named[rest[0]]):
+        # only a mixer the linear-attention slot reads (a gated short convolution): another (a Mamba mixer) keeps
+        # its name, and the model part names it
+        if len(rest) == 1 and set(_named(named[rest[0]])) == SHORT_CONV_CHILDREN:
             found[index] = rest[0]
     return found
 

@@ -8,11 +8,11 @@ the file computes."""
 from __future__ import annotations
 
 from agent.recipe.native.not_native import NotNative
+from agent.recipe.native.parts.layout import SHORT_CONV_CHILDREN as CHILDREN
 from agent.recipe.native.parts.part import Match, Part
 from agent.recipe.native.parts.probe import children
 
 KIND = "linear attention"
-CHILDREN = {"in_proj", "conv", "out_proj"}
 LAYER_TYPE = "conv"          # config.layer_types' name of the conv layers
 
 
