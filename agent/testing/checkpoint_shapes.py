@@ -180,6 +180,16 @@ SHAPES: dict[str, tuple[str, dict]] = {
         "moe_intermediate_size": [3072] * 32, "num_shared_expert": [1] * 32, "use_mixed_mlp_moe": True,
         "use_qk_norm": True, "rope_theta": 10000.0, "max_position_embeddings": 32768, "vocab_size": 128167,
         "rope_scaling": {"type": "dynamic", "factor": 1.0, "alpha": 1000.0}, "tie_word_embeddings": True}),
+    # short-convolution layers with attention at 2, 5, 8, 10, 12, 14 (its full_attn_idxs); the MLP's width
+    # block-adjusted from block_ff_dim
+    "lfm2": ("LiquidAI/LFM2-1.2B", {
+        "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 2048, "num_hidden_layers": 16,
+        "block_ff_dim": 12288, "block_auto_adjust_ff_dim": True, "block_ffn_dim_multiplier": 1.0,
+        "block_multiple_of": 256, "conv_L_cache": 3, "conv_bias": False, "norm_eps": 1e-05, "rope_theta": 1000000.0,
+        "max_position_embeddings": 128000, "tie_embedding": True,
+        "layer_types": ["conv", "conv", "full_attention", "conv", "conv", "full_attention", "conv", "conv",
+                        "full_attention", "conv", "full_attention", "conv", "full_attention", "conv",
+                        "full_attention", "conv"]}),
 }
 
 

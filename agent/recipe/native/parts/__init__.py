@@ -6,7 +6,7 @@ from agent.recipe.native.parts import (attention, block, block_parallel, block_p
                                        linear_attention, mtp, norm, norm_layer, norm_weightless, norm_weightless_rms, position,
                                        position_absolute,
                                        position_alibi, rotary_interleaved, rotary_layer_theta, rotary_nope,
-                                       scalar_multipliers)
+                                       scalar_multipliers, short_conv)
 from agent.recipe.native.parts.part import ROLES, SLOTS, Composition, Match, Part
 
 __all__ = ["PARTS", "OPTION_NAMES", "TABLES", "ROLES", "SLOTS", "Composition", "Match", "Part"]
@@ -32,6 +32,7 @@ PARTS = (
     attention.FUSED_PAGED_SINKS,
     attention.FUSED_PAGED,
     linear_attention.GATED_DELTA_NET,
+    short_conv.SHORT_CONV,
     moe.SPARSE_MOE,
     mlp.GATED_MLP,
     mlp_plain.PLAIN_MLP,

@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 
 CHILDREN = "_native_children"     # a module's children under the skeleton's names, read by probe.children
+SHORT_CONV_CHILDREN = {"in_proj", "conv", "out_proj"}     # lfm2's Lfm2ShortConv (parts/short_conv.py)
 SKELETON_MODEL = {"embed_tokens", "layers", "norm", "rotary_emb"}
 
 
@@ -194,10 +195,15 @@ def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
     import torch
     from transformers.pytorch_utils import Conv1D
 
-    named = _named(layers[0])
-    attentions = [n for n, c in named.items() if "attention" in type(c).__name__.lower()]
+    # the roles read on the first layer with an attention where the first layers hold a short convolution instead
+    # (lfm2's conv layers)
+    reference = layers[0]
+    if not _attentions(reference) and any(set(_named(c)) == SHORT_CONV_CHILDREN for c in _named(reference).values()):
+        reference = next((layer for layer in layers if len(_attentions(layer)) == 1), reference)
+    named = _named(reference)
+    attentions = _attentions(reference)
     norms = [n for n, c in named.items() if _is_norm(c)]
-    order = call_order(model, layers[0])
+    order = call_order(model, reference)
     roles, mlp = {}, None
     if len(attentions) == 1:
         roles[attentions[0]] = "self_attn"
@@ -233,6 +239,15 @@ def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
         elif calls[:1] == attentions[:1]:
             layout.refusal = ("its norms after the attention in an order no part writes (neither pre-LN nor "
                               "post-LN norm(h + attn(h)))")
+    elif len(attentions) == 1 and mlp_calls and len(norms) == 4:
+        # a sandwich layer (lfm3's operator_norm, post_operator_norm, ffn_norm, post_ffn_norm): each branch's input
+        # and output norm by where the layer calls them, held numerically by parts/block.py's SANDWICH
+        calls = [n for n in order if n in (*norms, attentions[0], mlp_calls)]
+        if len(calls) == 6 and calls[1] == attentions[0] and calls[4] == mlp_calls \
+                and all(calls[i] in norms for i in (0, 2, 3, 5)):
+            roles.update(zip((calls[i] for i in (0, 2, 3, 5)), ("input_layernorm", "post_attention_layernorm",
+                                                                 "pre_feedforward_layernorm",
+                                                                 "post_feedforward_layernorm")))
     elif len(attentions) == 1 and mlp_calls and len(norms) == 1:
         # one norm before both branches (gptj's ln_1: the parallel layer's input norm)
         calls = [n for n in order if n in (*norms, attentions[0], mlp_calls)]
@@ -265,22 +280,50 @@ def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
     for name, skeleton in attention_roles.items():
         if name != skeleton:
             layout.renames += ((f"{layer}self_attn\\.{re.escape(name)}\\.", f"model.layers.\\1.self_attn.{skeleton}."),)
-    for module in layers:
+    mixers = _other_mixers(layers, roles, attentions)
+    for name in sorted(set(mixers.values())):
+        layout.renames += ((f"{layer}{re.escape(name)}\\.", "model.layers.\\1.linear_attn."),)
+    for index, module in enumerate(layers):
         children = _named(module)
-        shown = dict(roles)
+        shown = {name: role for name, role in roles.items() if name in children}
+        if index in mixers:
+            shown[mixers[index]] = "linear_attn"
         if mlp:
             shown["mlp"] = mlp_view(*(children[n] for n in mlp))
         if inner is not None:
             shown = {k: v for k, v in shown.items() if k != attentions[0]}
             shown["self_attn"] = _named(children[attentions[0]])["attention"]
         present(module, shown, hide=(attentions[0],) if inner is not None else ())
-        if attention_roles:
+        if attention_roles and index not in mixers and attentions[0] in children:
             present(shown["self_attn"] if inner is not None else children[attentions[0]], attention_roles)
     # Conv1D weights as stored ([in, out]), by their stored names
     stored = next((pattern for pattern, target in layout.renames if target == "model.layers."), None)
     for path, module in layers[0].named_modules():
         if isinstance(module, Conv1D) and stored is not None:
             layout.transposed += (f"{stored}\\d+\\.{re.escape(path)}\\.weight$",)
+
+
+def _attentions(layer) -> list:
+    return [n for n, c in _named(layer).items() if "attention" in type(c).__name__.lower()]
+
+
+def _other_mixers(layers, roles: dict, attentions: list) -> dict:
+    """layer index -> the one child a layer without the attention holds in its place where it is a gated short
+    convolution (lfm2's conv), read as the skeleton's linear_attn (parts/short_conv.py reads it); {} where every
+    layer has the attention."""
+    if len(attentions) != 1:
+        return {}
+    found = {}
+    for index, module in enumerate(layers):
+        named = _named(module)
+        if attentions[0] in named:
+            continue
+        rest = [n for n in named if n not in roles and n != "linear_attn"]
+        # only a mixer the linear-attention slot reads (a gated short convolution): another (a Mamba mixer) keeps
+        # its name, and the model part names it
+        if len(rest) == 1 and set(_named(named[rest[0]])) == SHORT_CONV_CHILDREN:
+            found[index] = rest[0]
+    return found
 
 
 # a plain MLP's roles, in the order its forward calls them: down(act(up(x)))

@@ -10,6 +10,7 @@ from agent.recipe.native.parts.probe import children
 
 MLP_CHILDREN = {"gate_proj", "up_proj", "gate_up_proj", "down_proj", "act_fn", "activation_fn"}
 ACT_KEYS = ("hidden_act", "hidden_activation", "activation_function", "afn")     # afn: openai-gpt
+FIXED_ACTIVATIONS = ("gelu", "gelu_pytorch_tanh", "relu", "silu")     # ACT2FN entries an architecture may hard-code
 BIAS_KEYS = ("mlp_bias", "use_bias", "enable_bias")             # config keys that may set the MLP's biases
 
 
@@ -33,6 +34,35 @@ def act_key(config) -> str:
         if isinstance(getattr(config, key, None), str):
             return key
     raise NotNative("mlp", "no hidden_act / hidden_activation in the config")
+
+
+def _read_roles(mlp, hidden: int, names):
+    """(roles {gate_proj, up_proj, down_proj: child name}, activation name) of a gated MLP whose three linears
+    carry other names (lfm2's w1 / w3 / w2) or whose activation no config key names: the ordering of its linears
+    and the activation of `names` (ACT2FN entries) under which down(act(gate(x)) * up(x)) is what the MLP computes
+    (by value: its width may equal the hidden width); None where none fits."""
+    from itertools import permutations
+
+    import torch
+    from transformers.activations import ACT2FN
+
+    from agent.recipe.native.parts.layout import projection_widths
+
+    m = children(mlp)
+    widths = {name: projection_widths(child) for name, child in m.items()}
+    if len(m) != 3 or None in widths.values():
+        return None
+    x = 3 * torch.randn(3, hidden, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        got = mlp(x)
+        for gate, up, down in permutations(m):
+            if not widths[gate] == widths[up] == widths[down][::-1] or widths[gate][0] != hidden:
+                continue
+            for name in names:
+                if name in ACT2FN and torch.allclose(got, m[down](ACT2FN[name](m[gate](x)) * m[up](x)),
+                                                     rtol=1e-4, atol=1e-5):
+                    return {"gate_proj": gate, "up_proj": up, "down_proj": down}, name
+    return None
 
 
 def _probe_formula(mlp, hidden: int, activation) -> None:
@@ -85,6 +115,12 @@ def _gated(probe, chosen):
     if not found:
         return None
     source, mlps = found
+    key = next((k for k in ACT_KEYS if isinstance(getattr(source.config, k, None), str)), None)
+    if set(children(mlps[0])) - MLP_CHILDREN or key is None:
+        names = (getattr(source.config, key),) if key else FIXED_ACTIVATIONS
+        read = _read_roles(mlps[0], source.hidden, names)
+        if read is not None:
+            return _by_roles(source, mlps, key, names, *read)
     key = act_key(source.config)
     activation = getattr(source.config, key)
     kinds, biases = set(), set()
@@ -105,6 +141,54 @@ def _gated(probe, chosen):
     return Match(GATED_MLP, options=options, facts={"activation": activation})
 
 
+def _by_roles(source, mlps, key, names, roles: dict, activation: str):
+    """The gated MLP whose linears carry other names (renamed at load to gate_proj / up_proj / down_proj) or whose
+    activation no config key names (silu only: npu_swiglu; the file then reads no key), its width
+    config.intermediate_size or the block-adjusted width of lfm2's config keys."""
+    if key is None and activation not in ("silu", "swish"):
+        raise NotNative("mlp", f"no hidden_act / hidden_activation in the config, and {type(mlps[0]).__name__} "
+                               f"computes {activation}, which the file would have to fix in code")
+    for mlp in mlps:
+        if _read_roles(mlp, source.hidden, names) != (roles, activation):
+            raise NotNative("mlp", "dense MLPs of unequal structure")
+        if any(getattr(children(mlp)[n], "bias", None) is not None for n in roles.values()):
+            raise NotNative("mlp", f"{type(mlp).__name__}: biases on the projections of a gated MLP read by role")
+    width = children(mlps[0])[roles["gate_proj"]].out_features
+    adjusted = width != source.config.intermediate_size
+    if adjusted and not _auto_adjusted(source, width, roles["gate_proj"]):
+        raise NotNative("mlp", f"gated MLP of width {width}: neither config.intermediate_size "
+                               f"({source.config.intermediate_size}) nor its block-adjusted width")
+    renames = tuple((f"\\.mlp\\.{name}\\.", f".mlp.{role}.") for role, name in roles.items() if name != role)
+    options = {"SWIGLU": activation in ("silu", "swish"), "ACT": key or "hidden_act", "MLP_BIAS": False,
+               "STACKED_PARAMS": (("gate_up_proj", "gate_proj", 0), ("gate_up_proj", "up_proj", 1)),
+               "CHECKPOINT_RENAMES": renames, "FF_AUTO_ADJUST": adjusted}
+    return Match(GATED_MLP, options=options, facts={"activation": activation})
+
+
+def auto_adjusted_width(config) -> int:
+    """lfm2's MLP width from its config (Lfm2MLP): 2/3 of intermediate_size where block_auto_adjust_ff_dim, times
+    block_ffn_dim_multiplier rounded up to block_multiple_of (code/mlp_gated.py's block_ff_width)."""
+    width = config.intermediate_size
+    if getattr(config, "block_auto_adjust_ff_dim", False):
+        width = int(2 * width / 3)
+        if config.block_ffn_dim_multiplier is not None:
+            width = int(config.block_ffn_dim_multiplier * width)
+            width = config.block_multiple_of * ((width + config.block_multiple_of - 1) // config.block_multiple_of)
+    return width
+
+
+def _auto_adjusted(source, width: int, gate: str) -> bool:
+    """The MLP's width is auto_adjusted_width of the config, on this config and on one with the keys moved."""
+    if auto_adjusted_width(source.config) != width:
+        return False
+    try:
+        other = source.variant({"block_ffn_dim_multiplier": 2.0, "block_multiple_of": 16})
+    except NotNative:
+        return False
+    mlp = next(layer.mlp for layer in other.layers)
+    return children(mlp)[gate].out_features == auto_adjusted_width(other.config)
+
+
 def _kernels(match):
     if match.options["SWIGLU"]:
         return ("npu_swiglu (gate/up)",), ()
@@ -123,4 +207,5 @@ def bias_variants(match, probe):
 GATED_MLP = Part(
     slot="mlp", name="gated_mlp", code="mlp_gated.py", provides="ModelMLP",
     reads=("hidden_size", "intermediate_size", "hidden_act", "mlp_bias"), probe=_gated, kernels=_kernels,
-    options=("SWIGLU", "ACT", "MLP_BIAS", "STACKED_PARAMS"), variants=bias_variants)
+    options=("SWIGLU", "ACT", "MLP_BIAS", "STACKED_PARAMS", "CHECKPOINT_RENAMES", "FF_AUTO_ADJUST"),
+    variants=bias_variants)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from agent.recipe.native.not_native import NotNative
 from agent.recipe.native.parts.attention import out_features
 from agent.recipe.native.parts.layout import MLP_ROLES, call_mlp, mlp_roles
-from agent.recipe.native.parts.mlp import act_key, bias_option, bias_variants, dense_mlps
+from agent.recipe.native.parts.mlp import FIXED_ACTIVATIONS, act_key, bias_option, bias_variants, dense_mlps
 from agent.recipe.native.parts.part import Match, Part
 from agent.recipe.native.parts.probe import children
 
@@ -32,7 +32,6 @@ def _probe_formula(mlp, up, down, hidden: int, activation) -> None:
 WIDTH_KEYS = ("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size")
 
 
-FIXED_ACTIVATIONS = ("gelu", "gelu_pytorch_tanh", "relu", "silu")     # ACT2FN entries an architecture may hard-code
 
 
 def fixed_activation(module, hidden: int) -> str:

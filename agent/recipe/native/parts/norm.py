@@ -4,6 +4,7 @@ of the architecture's layers (input, post-attention, pre/post-feedforward, q/k) 
 from __future__ import annotations
 
 from agent.recipe.native.not_native import NotNative
+from agent.recipe.native.parts.norm_eps import EPS_KEYS, eps_follows, stated_eps
 from agent.recipe.native.parts.norm_roles import layer_norm_names
 from agent.recipe.native.parts.part import Match, Part
 from agent.recipe.native.parts.probe import children, probe_norm
@@ -46,18 +47,36 @@ def norm_offsets(probe) -> set:
     return probe.memo["norm_offsets"]
 
 
+def eps_option(probe) -> dict:
+    """{} where the config holds rms_norm_eps (the code's key); else {"NORM_EPS": the key} of the config key the
+    RMSNorms' epsilon follows (lfm2's norm_eps), or NotNative."""
+    import math
+
+    config = probe.config.to_dict()
+    if isinstance(getattr(probe.config, "rms_norm_eps", None), float):
+        return {}                   # under its own name, or another the config class maps it to
+    norm = getattr(probe.base, "norm", None) or children(probe.layers[0]).get("input_layernorm")
+    eps = stated_eps(norm, probe.hidden) if norm is not None else None
+    key = next((k for k in EPS_KEYS if isinstance(eps, float) and isinstance(config.get(k), float)
+                and math.isclose(config[k], eps) and eps_follows(probe, k, eps)), None)
+    if key is None:
+        raise NotNative("norm", f"no rms_norm_eps in the config, and the RMSNorms' epsilon {eps} is no config key's "
+                                f"({', '.join(EPS_KEYS)})")
+    return {"NORM_EPS": key}
+
+
 def _rms(probe, chosen):
-    return Match(RMS_NORM) if norm_offsets(probe) == {0.0} else None
+    return Match(RMS_NORM, options=eps_option(probe)) if norm_offsets(probe) == {0.0} else None
 
 
 def _offset(probe, chosen):
-    return Match(OFFSET_RMS_NORM) if norm_offsets(probe) == {1.0} else None
+    return Match(OFFSET_RMS_NORM, options=eps_option(probe)) if norm_offsets(probe) == {1.0} else None
 
 
 RMS_NORM = Part(
-    slot="norm", name="rms_norm", code="norm_rms.py", provides="ModelRMSNorm", reads=("rms_norm_eps",), probe=_rms,
+    slot="norm", name="rms_norm", code="norm_rms.py", provides="ModelRMSNorm", reads=("rms_norm_eps",), probe=_rms, options=("NORM_EPS",),
     kernels=lambda m: (("npu_rms_norm / npu_add_rms_norm (residual add fused)",), ()))
 OFFSET_RMS_NORM = Part(
     slot="norm", name="offset_rms_norm", code="norm_offset_rms.py", provides="ModelOffsetRMSNorm",
-    reads=("rms_norm_eps",), probe=_offset,
+    reads=("rms_norm_eps",), probe=_offset, options=("NORM_EPS",),
     kernels=lambda m: (("npu_rms_norm / npu_add_rms_norm (residual add fused), gemma's 1 + w loaded into the weight",), ()))

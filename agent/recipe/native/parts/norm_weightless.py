@@ -7,7 +7,8 @@ import math
 
 from agent.recipe.native.not_native import NotNative
 from agent.recipe.native.parts.norm import model_norms
-from agent.recipe.native.parts.norm_layer import EPS_KEYS, TORCH_EPS, eps_follows
+from agent.recipe.native.parts.norm_eps import EPS_KEYS, eps_follows
+from agent.recipe.native.parts.norm_layer import TORCH_EPS
 from agent.recipe.native.parts.part import Match, Part
 
 

@@ -18,13 +18,14 @@ NORM_EPS = "rms_norm_eps"   # the config key of the layer norms' epsilon (the sh
 FIXED_NORM_EPS = 1e-5       # their epsilon where no config key holds it (NORM_EPS None: opt's LayerNorms)
 # config.layer_types' linear_attention layers hold a linear attention in place of self_attn (qwen3_next's Gated DeltaNet)
 LINEAR_ATTENTION = False
+LINEAR_LAYER_TYPE = "linear_attention"   # config.layer_types' name of those layers (lfm2's short convolution: conv)
 
 
 class ModelDecoderLayerBase(nn.Module):
     def __init__(self, config, infer_config, comm_manager, layer_idx, prefix=""):
         super().__init__()
         if LINEAR_ATTENTION:
-            self.is_linear = config.layer_types[layer_idx] == "linear_attention"
+            self.is_linear = config.layer_types[layer_idx] == LINEAR_LAYER_TYPE
         if LINEAR_ATTENTION and self.is_linear:
             self.linear_attn = LinearAttention(config, infer_config, comm_manager, layer_idx, prefix=f"{prefix}.linear_attn")
         else:

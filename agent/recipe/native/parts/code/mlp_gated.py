@@ -11,6 +11,19 @@ from module.linear import MergedColumnParallelLinear, RowParallelLinear
 SWIGLU = True           # the activation is silu: npu_swiglu computes silu(gate) * up
 ACT = "hidden_act"      # the config key naming the gate's activation
 MLP_BIAS = False        # the projections' biases: a literal, or the config key that sets them
+FF_AUTO_ADJUST = False  # the width is lfm2's block-adjusted one (block_ff_width), not config.intermediate_size
+
+
+def block_ff_width(config):
+    """lfm2's MLP width: 2/3 of intermediate_size where block_auto_adjust_ff_dim, times block_ffn_dim_multiplier
+    rounded up to block_multiple_of (transformers' Lfm2MLP)."""
+    width = config.intermediate_size
+    if config.block_auto_adjust_ff_dim:
+        width = int(2 * width / 3)
+        if config.block_ffn_dim_multiplier is not None:
+            width = int(config.block_ffn_dim_multiplier * width)
+            width = config.block_multiple_of * ((width + config.block_multiple_of - 1) // config.block_multiple_of)
+    return width
 
 
 class ModelMLP(nn.Module):
@@ -21,10 +34,10 @@ class ModelMLP(nn.Module):
         tp_rank = comm_manager.get_rank("attn_tp_group") if self.attn_tp_size > 1 else 0
         quant_config = getattr(config, "quant_config", None)
         self.gate_up_proj = MergedColumnParallelLinear(
-            input_size=config.hidden_size, output_sizes=[config.intermediate_size] * 2, bias=MLP_BIAS,
+            input_size=config.hidden_size, output_sizes=[block_ff_width(config) if FF_AUTO_ADJUST else config.intermediate_size] * 2, bias=MLP_BIAS,
             tp_size=self.attn_tp_size, tp_rank=tp_rank, quant_config=quant_config, prefix=f"{prefix}.gate_up_proj")
         self.down_proj = RowParallelLinear(
-            input_size=config.intermediate_size, output_size=config.hidden_size, bias=MLP_BIAS,
+            input_size=block_ff_width(config) if FF_AUTO_ADJUST else config.intermediate_size, output_size=config.hidden_size, bias=MLP_BIAS,
             tp_size=self.attn_tp_size, tp_rank=tp_rank, input_is_parallel=True, quant_config=quant_config,
             prefix=f"{prefix}.down_proj")
         if SWIGLU:
