@@ -186,10 +186,8 @@ SHAPES: dict[str, tuple[str, dict]] = {
         "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 2048, "num_hidden_layers": 16,
         "block_ff_dim": 12288, "block_auto_adjust_ff_dim": True, "block_ffn_dim_multiplier": 1.0,
         "block_multiple_of": 256, "conv_L_cache": 3, "conv_bias": False, "norm_eps": 1e-05, "rope_theta": 1000000.0,
-        "max_position_embeddings": 128000, "tie_embedding": True,
-        "layer_types": ["conv", "conv", "full_attention", "conv", "conv", "full_attention", "conv", "conv",
-                        "full_attention", "conv", "full_attention", "conv", "full_attention", "conv",
-                        "full_attention", "conv"]}),
+        "max_position_embeddings": 128000, "tie_embedding": True, "block_dim": 2048, "conv_dim": 2048,
+        "block_use_swiglu": True, "full_attn_idxs": [2, 5, 8, 10, 12, 14]}),
 }
 
 
