@@ -6,7 +6,7 @@ from agent.recipe.native.parts import (attention, block, block_parallel, block_p
                                        linear_attention, mtp, norm, norm_layer, norm_weightless, position, position_absolute,
                                        position_alibi, rotary_interleaved, rotary_layer_theta, rotary_nope,
                                        scalar_multipliers)
-from agent.recipe.native.parts import attention_diff
+from agent.recipe.native.parts import attention_diff, attention_lightning
 from agent.recipe.native.parts.part import ROLES, SLOTS, Composition, Match, Part
 
 __all__ = ["PARTS", "OPTION_NAMES", "TABLES", "ROLES", "SLOTS", "Composition", "Match", "Part"]
@@ -26,6 +26,7 @@ PARTS = (
     rotary_interleaved.ROTARY_INTERLEAVED,
     position.ROTARY,
     mla.MLA,
+    attention_lightning.LIGHTNING_REFUSED,
     attention_diff.DIFF_PAGED,
     attention.ALIBI_PAGED,
     attention.SOFTCAP_PAGED,
