@@ -128,7 +128,6 @@ def migrate_family(family_checkout, model_type: str, overrides: dict, family: st
 # failing: the recipe keeps the vendored transformers model behind models/modeling_NAME_framework.py.
 ADAPTERS = [
     pytest.param("nanochat", "model", id="normed_embedding-nanochat"),   # the embedding normed before the layers
-    pytest.param("diffllama", "attention", id="differential-diffllama"),   # two softmaxes and a group norm per head
 ]
 
 

@@ -7,6 +7,7 @@ from agent.recipe.native.parts import (attention, block, block_parallel, block_p
                                        position_absolute,
                                        position_alibi, rotary_interleaved, rotary_layer_theta, rotary_nope,
                                        scalar_multipliers, short_conv)
+from agent.recipe.native.parts import attention_diff, attention_lightning
 from agent.recipe.native.parts.part import ROLES, SLOTS, Composition, Match, Part
 
 __all__ = ["PARTS", "OPTION_NAMES", "TABLES", "ROLES", "SLOTS", "Composition", "Match", "Part"]
@@ -27,6 +28,8 @@ PARTS = (
     rotary_interleaved.ROTARY_INTERLEAVED,
     position.ROTARY,
     mla.MLA,
+    attention_lightning.LIGHTNING_REFUSED,
+    attention_diff.DIFF_PAGED,
     attention.ALIBI_PAGED,
     attention.SOFTCAP_PAGED,
     attention.FUSED_PAGED_SINKS,
