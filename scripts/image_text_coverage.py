@@ -7,7 +7,8 @@ Without TYPE: every model type of the installed transformers' MODEL_FOR_IMAGE_TE
 on a tiny checkpoint-shaped config of the type (agent.testing.tiny_checkpoint.tiny_config: its text and vision
 configs at tiny widths, as a checkpoint's config.json holds them): agent.recipe.text_decoder finds its text
 decoder in transformers' image-text class, agent.recipe.native.compose.derive picks the decoder's parts, and the
-file is held in float32 under the npu stand-in to transformers' image-text model on text-only prompts (a packed
+file is held under the npu stand-in to transformers' image-text model on text-only prompts with the jobs a migration
+runs (agent.recipe.native.decide.selfcheck_jobs: float32, the run dtype bfloat16, the family's settings; a packed
 prefill and decode steps, agent.recipe.native.selfcheck). Each row ends in
 
   native        the decoder's file within the self-check's tolerance of the image-text model
@@ -45,7 +46,7 @@ def one_line(exc: BaseException, limit: int = 160) -> str:
 def survey(types: list[str], checkout: Path, folder: Path) -> list[dict]:
     from agent.recipe.text_decoder import NotServedByText, text_decoder
     from agent.recipe.native.compose import derive
-    from agent.recipe.native.decide import render_native, selfcheck, selfcheck_jobs
+    from agent.recipe.native.decide import render_native, selfcheck, selfcheck_jobs, verdict
     from agent.recipe.native.not_native import NotNative
     from agent.testing.tiny_checkpoint import tiny_config
 
@@ -73,14 +74,17 @@ def survey(types: list[str], checkout: Path, folder: Path) -> list[dict]:
                "model_class": decoder.image_text_class, "transformers_version": None}
         path = folder / f"modeling_cov_{model_type}.py"
         path.write_text(render_native(ctx, composition))
-        jobs.append((row, selfcheck_jobs(config, composition, str(path), "CovForCausalLM")[0][1]))
-    for start in range(0, len(jobs), 8):
-        chunk = jobs[start:start + 8]
-        for (row, _), result in zip(chunk, selfcheck([job for _, job in chunk], checkout)):
-            if result["ok"]:
-                row.update(status="native", selfcheck_max_rel=result["max_rel"])
+        jobs.append((row, selfcheck_jobs(config, composition.checked_variants, str(path), "CovForCausalLM")))
+    # a migration's jobs (float32, the run dtype, the family's settings), several types' per stand-in process
+    for start in range(0, len(jobs), 4):
+        chunk = jobs[start:start + 4]
+        results = iter(selfcheck([job for _, labelled in chunk for _, job in labelled], checkout))
+        for row, labelled in chunk:
+            ok, max_rel, why = verdict(labelled, [next(results) for _ in labelled])
+            if ok:
+                row.update(status="native", selfcheck_max_rel=max_rel)
             else:
-                row.update(status="fell back", reason=f"self-check: {result['reason']}")
+                row.update(status="fell back", reason=f"self-check: {why}")
     return rows
 
 

@@ -11,11 +11,13 @@ defaults for every type), as `migrator run --target framework` sees a checkpoint
 migrator refuses (encoder-only, the decoder half of an encoder-decoder, image-text, ...:
 agent.migrate.vendor.refusal_reason) is not testable. For the rest, agent.recipe.native.compose.derive picks the
 architecture's parts from its code and that config, or names the layer kind it does not write (NotNative: kind,
-reason); a derived type's file is rendered and held to transformers on the same config in float32 under the npu
-stand-in (agent.recipe.native.selfcheck: a packed prefill of prompts of unequal length and decode steps on a
-paged cache), as the generator does before it writes one. Each row ends in
+reason); a derived type's file is rendered and held to transformers under the npu stand-in with the jobs the
+generator runs before it writes one (agent.recipe.native.decide.selfcheck_jobs: the config in float32 and in the
+run dtype bfloat16, and each family setting the file reads in float32; agent.recipe.native.selfcheck: a packed
+prefill of prompts of unequal length and decode steps on a paged cache). Each row ends in
 
-  native        derived and within the self-check's tolerance (its largest relative logit difference)
+  native        derived and every job within the self-check's tolerance (its float32 largest relative logit
+                difference)
   fell back     the layer kind and why (the recipe keeps the adapter, as `migrator run` says)
   refused       the migrator does not serve the type (not a testable causal LM)
   hf-fails      transformers itself runs none of the tiny configs scripts/try_architectures.py tries (no
@@ -146,7 +148,8 @@ def derive_one(model_type: str, folder: Path, defaults: bool = False) -> dict:
     path.write_text(render_native(ctx_for(model_type), features))
     return {"type": model_type, "result": "native", "config": source, "parts": features.parts,
             "moe": "moe" in features.parts, "mla": features.parts.get("attention") == "mla",
-            "sliding": bool(features.options.get("WINDOWS")), "not_fused": list(features.unfused), "file": str(path)}
+            "sliding": bool(features.options.get("WINDOWS")), "not_fused": list(features.unfused), "file": str(path),
+            "variants": [[label, changes] for label, changes in features.checked_variants]}
 
 
 class _Timeout(Exception):
@@ -204,21 +207,22 @@ def derive_all(types: list[str], folder: Path, defaults: bool) -> list[dict]:
 
 
 def survey(types: list[str], checkout: Path, chunk: int, defaults: bool = False) -> list[dict]:
-    from agent.recipe.native.decide import selfcheck
+    from agent.recipe.native.decide import selfcheck, selfcheck_jobs, verdict
 
     with tempfile.TemporaryDirectory(prefix="native-coverage-") as tmp:
         rows = derive_all(types, Path(tmp), defaults)
-        jobs = [row for row in rows if row["result"] == "native"]
-        for start in range(0, len(jobs), chunk):
-            part = jobs[start:start + chunk]
-            print(f"[native_coverage] self-check {start + 1}-{start + len(part)} of {len(jobs)}", file=sys.stderr,
+        # each derived type's jobs as a migration runs them: float32, the run dtype, the family's settings
+        derived = [(row, selfcheck_jobs(type_config(row["type"], defaults)[0], row.pop("variants"), row.pop("file"),
+                                        "CovForCausalLM")) for row in rows if row["result"] == "native"]
+        for start in range(0, len(derived), chunk):
+            part = derived[start:start + chunk]
+            print(f"[native_coverage] self-check {start + 1}-{start + len(part)} of {len(derived)}", file=sys.stderr,
                   flush=True)
-            results = selfcheck([{"config": type_config(row["type"], defaults)[0], "file": row.pop("file"),
-                                  "class_name": "CovForCausalLM"} for row in part], checkout)
-            for row, result in zip(part, results):
-                row["max_rel"] = result["max_rel"]
-                if not result["ok"]:
-                    row.update(result="fell back", kind="self-check", reason=result["reason"])
+            results = iter(selfcheck([job for _, labelled in part for _, job in labelled], checkout))
+            for row, labelled in part:
+                ok, row["max_rel"], why = verdict(labelled, [next(results) for _ in labelled])
+                if not ok:
+                    row.update(result="fell back", kind="self-check", reason=why)
     return rows
 
 
@@ -252,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("types", nargs="*", help="model types (default: every causal-LM type)")
     parser.add_argument("--markdown", type=Path)
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--chunk", type=int, default=12, help="self-check jobs per stand-in process")
+    parser.add_argument("--chunk", type=int, default=4, help="types self-checked per stand-in process (each its jobs)")
     parser.add_argument("--defaults", action="store_true",
                         help="every type on transformers' default config (not its checkpoint shape)")
     parser.add_argument("--derive-many", action="store_true", help=argparse.SUPPRESS)

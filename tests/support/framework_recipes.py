@@ -127,7 +127,8 @@ def migrate_family(family_checkout, model_type: str, overrides: dict, family: st
 # scripts/native_coverage.py's fall-backs, one per layer kind the maintainers' report (2026-12-05) found
 # failing: the recipe keeps the vendored transformers model behind models/modeling_NAME_framework.py.
 ADAPTERS = [
-    pytest.param("nanochat", "model", id="normed_embedding-nanochat"),   # the embedding normed before the layers
+    pytest.param("modernbert-decoder", "model", id="decoder_head-modernbert-decoder"),   # a dense + norm head before the vocabulary
+    pytest.param("minimax", "attention", id="lightning-minimax"),   # linear attention with a per-head decay beside softmax layers
 ]
 
 

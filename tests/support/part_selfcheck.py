@@ -71,7 +71,7 @@ def selfcheck_with_faults(derived: dict, faults: dict, framework_class: str, fol
         text = render_native(ctx(model_type, framework_class), composition)
         good = folder / f"{model_type}.py"
         good.write_text(text)
-        for label, job in selfcheck_jobs(config, composition, str(good), framework_class):
+        for label, job in selfcheck_jobs(config, composition.checked_variants, str(good), framework_class):
             if keep(label):
                 jobs.append(job)
                 labels.append((model_type, label, True))

@@ -78,16 +78,24 @@ def selfcheck(jobs: list[dict], checkout: Path, timeout: float = SELFCHECK_TIMEO
     return loads_json(line[len("SELFCHECK "):], "the self-check's answer")
 
 
-def selfcheck_jobs(config: dict, composition: Composition, file: str, class_name: str) -> list[tuple[str, dict]]:
+def selfcheck_jobs(config: dict, variants, file: str, class_name: str) -> list[tuple[str, dict]]:
     """(label, job): the checkpoint's config in float32 and in the run dtype, then each of the family's settings
-    the file reads from the config, in float32."""
+    the file reads from the config (`variants`: a composition's checked_variants, (label, changes)), in float32."""
     from agent.recipe.native.selfcheck import RUN_DTYPE
 
     base = {"config": config, "file": file, "class_name": class_name}
     jobs = [("the checkpoint's config", {**base, "dtype": "float32"}),
             (f"the checkpoint's config in {RUN_DTYPE}", {**base, "dtype": RUN_DTYPE})]
-    return jobs + [(label, {**base, "changes": changes, "dtype": "float32"})
-                   for label, changes in composition.checked_variants]
+    return jobs + [(label, {**base, "changes": changes, "dtype": "float32"}) for label, changes in variants]
+
+
+def verdict(labelled: list[tuple[str, dict]], results: list[dict]) -> tuple[bool, float | None, str | None]:
+    """A migration's decision on its self-check jobs: native when every job passes (max_rel: the checkpoint's
+    float32 job's), else the first failing job's label and reason."""
+    for (label, _), result in zip(labelled, results):
+        if not result["ok"]:
+            return False, result["max_rel"], f"{label}: {result['reason']}"
+    return True, results[0]["max_rel"], None
 
 
 def checked(ctx: dict, config: dict, composition: Composition, checkout: Path) -> NativeDecision:
@@ -98,12 +106,12 @@ def checked(ctx: dict, config: dict, composition: Composition, checkout: Path) -
     with owned_temp("native_model") as tmp:
         path = Path(tmp) / f"modeling_{ctx['model_name']}.py"
         path.write_text(source)
-        labelled = selfcheck_jobs(config, composition, str(path), ctx["framework_class"])
+        labelled = selfcheck_jobs(config, composition.checked_variants, str(path), ctx["framework_class"])
         results = selfcheck([job for _, job in labelled], checkout)
-    for (label, _), result in zip(labelled, results):
-        if not result["ok"]:
-            return NativeDecision(False, composition, "self-check", f"{label}: {result['reason']}")
-    return NativeDecision(True, composition, max_rel=results[0]["max_rel"], source=source)
+    ok, max_rel, why = verdict(labelled, results)
+    if not ok:
+        return NativeDecision(False, composition, "self-check", why)
+    return NativeDecision(True, composition, max_rel=max_rel, source=source)
 
 
 def _generator_hash() -> str:

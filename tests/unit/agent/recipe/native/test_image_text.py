@@ -183,7 +183,7 @@ def per_step(model_types, tmp_path: Path, fault=None) -> dict:
             source = fault(source)
         path = tmp_path / f"modeling_tiny_{model_type}.py"
         path.write_text(source)
-        jobs.append(selfcheck_jobs(config, composition, str(path), "TinyForCausalLM")[0][1])
+        jobs.append(selfcheck_jobs(config, composition.checked_variants, str(path), "TinyForCausalLM")[0][1])
     return dict(zip(model_types, selfcheck(jobs, SNAPSHOT)))
 
 

@@ -120,7 +120,7 @@ def test_the_hybrid_file_matches_transformers_and_faults_fail(qwen3_next, tmp_pa
     good.write_text(text)
     gate.write_text(text.replace(*GATE_FAULT))
     state.write_text(text.replace(*STATE_FAULT))
-    labelled = selfcheck_jobs(config, composition, str(good), CTX["framework_class"])[:2]
+    labelled = selfcheck_jobs(config, composition.checked_variants, str(good), CTX["framework_class"])[:2]
     jobs = [job for _, job in labelled] + [
         {"config": config, "file": str(gate), "class_name": CTX["framework_class"], "dtype": "bfloat16"},
         {"config": config, "file": str(state), "class_name": CTX["framework_class"]}]
@@ -142,7 +142,7 @@ def test_the_hybrid_file_serves_the_family_settings(qwen3_next, tmp_path):
     config, composition = qwen3_next
     good = tmp_path / "qwen3_next.py"
     good.write_text(render_native(CTX, composition))
-    labelled = selfcheck_jobs(config, composition, str(good), CTX["framework_class"])[2:]
+    labelled = selfcheck_jobs(config, composition.checked_variants, str(good), CTX["framework_class"])[2:]
     results = selfcheck([job for _, job in labelled], SNAPSHOT)
     assert all(r["ok"] for r in results), [(label, r["reason"]) for (label, _), r in zip(labelled, results) if not r["ok"]]
 

@@ -157,7 +157,7 @@ def test_moe_kind_files_match_transformers_and_a_fault_fails(model_type, tmp_pat
     good.write_text(text)
     bad.write_text(text.replace(correct, faulty))
     changes = {"changes": CHANGES[model_type]} if model_type in CHANGES else {}
-    labelled = selfcheck_jobs(config, composition, str(good), ctx["framework_class"])[:2]
+    labelled = selfcheck_jobs(config, composition.checked_variants, str(good), ctx["framework_class"])[:2]
     assert [job["dtype"] for _, job in labelled] == ["float32", "bfloat16"]
     jobs = [{**job, **changes} for _, job in labelled] + \
         [{"config": config, "file": str(bad), "class_name": ctx["framework_class"], **changes}]

@@ -182,7 +182,7 @@ def test_norm_role_files_match_transformers_and_faults_fail(derived, tmp_path):
         text = render_native(ctx(model_type), composition)
         good = tmp_path / f"{model_type}.py"
         good.write_text(text)
-        for label, job in selfcheck_jobs(config, composition, str(good), "NrForCausalLM"):
+        for label, job in selfcheck_jobs(config, composition.checked_variants, str(good), "NrForCausalLM"):
             if not label.startswith("rope"):
                 jobs.append(job)
                 labels.append((model_type, label, True))

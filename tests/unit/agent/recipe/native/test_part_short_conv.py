@@ -115,7 +115,7 @@ def test_lfm2_file_matches_transformers_in_both_dtypes_and_a_lost_conv_state_fai
     good, bad = tmp_path / "good.py", tmp_path / "bad.py"
     good.write_text(text)
     bad.write_text(text.replace(*fault))
-    labelled = selfcheck_jobs(config, composition, str(good), ctx["framework_class"])[:2]
+    labelled = selfcheck_jobs(config, composition.checked_variants, str(good), ctx["framework_class"])[:2]
     jobs = [job for _, job in labelled] + [{"config": config, "file": str(bad), "class_name": ctx["framework_class"]}]
     results = selfcheck(jobs, SNAPSHOT)
     assert labelled[1][1]["dtype"] == "bfloat16", labelled
