@@ -799,6 +799,9 @@ def derive_moe(config, checkpoint_keys=()) -> dict | None:
     if shared is None:
         shared, shared_name, shared_width = _probe_layer_shared(config, probe, PROBE_HIDDEN) or \
             (shared, shared_name, shared_width)
+    from agent.recipe.native.parts.moe_output_norm import output_norm
+
+    norm_name = output_norm(block, PROBE_HIDDEN, probe, {router_name, "experts", shared_name, f"{shared_name}_gate"})
     ckpt_names = checkpoint_expert_names(config.model_type)
     if kind == "gmm" and not ckpt_names and not fused_experts_renamed(config.model_type) \
             and not fused_experts_as_built(config.model_type) and not fused_experts_stored(config.model_type):
@@ -825,6 +828,8 @@ def derive_moe(config, checkpoint_keys=()) -> dict | None:
         fused.append("npu_swiglu")
     else:
         unfused.append("clamped swiglu (limit / alpha, up + 1) in plain torch: npu_swiglu has no clamp")
+    if norm_name:
+        fused.append(f"npu_rms_norm (the block's output norm {norm_name})")
     return {"model_type": config.model_type, "block_name": block_name, "experts_key": experts_key, "topk_key": topk_key,
             "width_key": width_key, "sparse_layers": tuple(i for i, s in enumerate(sparse) if s), "sparse_rule": layout,
             "dense_variant": dense_layer_changes(layout, config) if layout != "all" else None,
@@ -835,7 +840,9 @@ def derive_moe(config, checkpoint_keys=()) -> dict | None:
             "routed_scaling": gating["routed_scaling"], "scaling_key": _scaling(config)[0] or "routed_scaling_factor",
             "selection_bias_name": bias_name, "experts": kind, "activation": activation,
             "gate_up_layout": fused_layout, "shared": shared, "shared_name": shared_name, "shared_width": shared_width,
-            "ckpt_expert_names": ckpt_names, "swiglu_alpha": alpha, "fused": tuple(fused), "unfused": tuple(unfused)}
+            "ckpt_expert_names": ckpt_names, "swiglu_alpha": alpha, "fused": tuple(fused), "unfused": tuple(unfused),
+            **({"output_norm": norm_name, "output_norm_class": type(getattr(block, norm_name)).__name__}
+               if norm_name else {})}
 
 
 def moe_options(f: dict) -> dict:
@@ -862,6 +869,8 @@ def moe_options(f: dict) -> dict:
         options["SCALING_KEY"] = f["scaling_key"]
     if f["activation"] == "clamped_swiglu":
         options["SWIGLU_ALPHA"] = f["swiglu_alpha"]
+    if f.get("output_norm"):
+        options["OUTPUT_NORM"] = f["output_norm"]
     return options
 
 
@@ -872,6 +881,11 @@ def _probe(probe, chosen):
     facts = derive_moe(probe.full_config, checkpoint_keys=set(data))
     if facts is None:
         return None
+    if facts.get("output_norm"):
+        from agent.recipe.native.parts.moe_output_norm import SPARSE_MOE_OUTPUT_NORM, same_norm_as_layers
+
+        same_norm_as_layers(probe, facts)
+        return Match(SPARSE_MOE_OUTPUT_NORM, options=moe_options(facts), facts=facts)
     return Match(SPARSE_MOE, options=moe_options(facts), facts=facts)
 
 
