@@ -2,7 +2,7 @@
 each slot's parts most specific first. agent.recipe.native.compose picks one part per slot from the
 architecture's own code and config; agent.recipe.native.assemble writes their code as one file."""
 
-from agent.recipe.native.parts import (attention, block, block_parallel, block_post_ln, block_post_norm, embedding, head, mla, mlp, mlp_clamped, mlp_plain, model, moe, moe_output_norm,
+from agent.recipe.native.parts import (attention, block, block_parallel, block_post_ln, block_post_norm, embedding, head, mla, mlp, mlp_clamped, mlp_plain, model, moe,
                                        linear_attention, mtp, norm, norm_layer, norm_weightless, position, position_absolute,
                                        position_alibi, rotary_interleaved, rotary_layer_theta, rotary_nope,
                                        scalar_multipliers)
@@ -31,7 +31,7 @@ PARTS = (
     attention.FUSED_PAGED,
     linear_attention.GATED_DELTA_NET,
     moe.SPARSE_MOE,
-    moe_output_norm.SPARSE_MOE_OUTPUT_NORM,
+    moe.SPARSE_MOE_OUTPUT_NORM,
     mlp_clamped.CLAMPED_MLP,
     mlp.GATED_MLP,
     mlp_plain.PLAIN_MLP,

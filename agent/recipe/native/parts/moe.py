@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import re
+from dataclasses import replace
 
 from agent.recipe.native.not_native import NotNative
 from agent.recipe.native.parts.part import Expr, Match, Part
@@ -129,6 +130,7 @@ def _capture_routing(block, x):
         index = values.get("top_k_index", values.get("router_indices"))
         weights = values.get("top_k_weights", values.get("routing_weights"))
         seen["index"], seen["weights"] = index, weights
+        seen["only_hidden"] = len(args) + len(kwargs) == 1
 
     handle = experts.register_forward_pre_hook(hook, with_kwargs=True)
     try:
@@ -136,6 +138,10 @@ def _capture_routing(block, x):
             out = block(x)
     finally:
         handle.remove()
+    if seen.get("only_hidden"):
+        raise NotNative("moe", f"{type(block).__name__} calls its experts with the hidden states alone (no expert "
+                               "indices / weights: it routes outside them, e.g. the router's scores scaling the "
+                               "inputs), which no part writes")
     if "index" not in seen or seen["index"] is None:
         raise NotNative("moe", f"{type(block).__name__} does not call its experts with (hidden, indices, weights)")
     return seen["index"], seen["weights"], out[0] if isinstance(out, tuple) else out
@@ -964,7 +970,7 @@ def _probe(probe, chosen):
     if facts is None:
         return None
     if facts.get("output_norm"):
-        from agent.recipe.native.parts.moe_output_norm import SPARSE_MOE_OUTPUT_NORM, same_norm_as_layers
+        from agent.recipe.native.parts.moe_output_norm import same_norm_as_layers
 
         same_norm_as_layers(probe, facts)
         return Match(SPARSE_MOE_OUTPUT_NORM, options=moe_options(facts), facts=facts)
@@ -1023,6 +1029,13 @@ SPARSE_MOE = Part(
              "FUSED_LAYOUT", "CKPT_EXPERT_NAMES", "SHARED", "SHARED_NAME", "SHARED_WIDTH", "SELECTION_BIAS_NAME",
              "SCALING_KEY", "SHARED_UNIT_KEY", "SHARED_COUNT_KEY", "TOPK_KEY", "TOPK_PER_LAYER", "ROUTER_STORED",
              "SELECT_ON_LOGITS", "CLAMPED_SWIGLU"))
+
+
+# the block whose output is RMS-normed (axk1's post_mlp_layernorm: parts/moe_output_norm.py reads it): chosen by
+# sparse_moe's probe, the same facts
+SPARSE_MOE_OUTPUT_NORM = replace(
+    SPARSE_MOE, name="sparse_moe_output_norm", code="moe_output_norm.py", provides="ModelOutputNormedSparseMoeBlock",
+    reads=SPARSE_MOE.reads + ("rms_norm_eps",), probe=lambda probe, chosen: None, options=SPARSE_MOE.options + ("OUTPUT_NORM",))
 
 
 def render_moe(facts: dict) -> str:

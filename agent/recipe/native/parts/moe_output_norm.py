@@ -1,14 +1,12 @@
 """The sparse-MoE block whose output is RMS-normed (axk1's post_mlp_layernorm: the routed and shared experts' sum,
 then the norm, inside the block): read from the block built as derive_moe builds it, the formula checked
-numerically. sparse_moe's probe picks this part where the block has such a norm (one derive_moe for both); its
-code (code/moe_output_norm.py) is code/moe.py's block with the norm after the moe-tp sum."""
+numerically (derive_moe calls these probes). Its part row is parts/moe.py's SPARSE_MOE_OUTPUT_NORM, which sparse_moe's
+probe picks where the block has such a norm (one derive_moe for both); its code (code/moe_output_norm.py) is
+code/moe.py's block with the norm after the moe-tp sum."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from agent.recipe.native.not_native import NotNative
-from agent.recipe.native.parts import moe
 from agent.recipe.native.parts.probe import probe_norm
 
 
@@ -59,10 +57,3 @@ def same_norm_as_layers(probe, facts: dict) -> None:
     if facts["output_norm_class"] not in layer_norms:
         raise NotNative("moe", f"the block's output norm {facts['output_norm_class']} is none of the layers' norms "
                                f"{sorted(layer_norms)}")
-
-
-SPARSE_MOE_OUTPUT_NORM = replace(
-    moe.SPARSE_MOE, name="sparse_moe_output_norm", code="moe_output_norm.py",
-    provides="ModelOutputNormedSparseMoeBlock", reads=moe.SPARSE_MOE.reads + ("rms_norm_eps",),
-    probe=lambda probe, chosen: None,    # chosen by sparse_moe's probe: the same facts
-    options=moe.SPARSE_MOE.options + ("OUTPUT_NORM",))
