@@ -2,7 +2,7 @@
 each slot's parts most specific first. agent.recipe.native.compose picks one part per slot from the
 architecture's own code and config; agent.recipe.native.assemble writes their code as one file."""
 
-from agent.recipe.native.parts import (attention, block, block_parallel, block_post_ln, block_post_norm, embedding, head, mla, mlp, mlp_plain, model, moe,
+from agent.recipe.native.parts import (attention, block, block_parallel, block_post_ln, block_post_norm, embedding, head, mla, mlp, mlp_clamped, mlp_plain, model, moe,
                                        linear_attention, mtp, norm, norm_layer, norm_weightless, norm_weightless_rms, position,
                                        position_absolute,
                                        position_alibi, rotary_interleaved, rotary_layer_theta, rotary_nope,
@@ -37,6 +37,8 @@ PARTS = (
     linear_attention.GATED_DELTA_NET,
     short_conv.SHORT_CONV,
     moe.SPARSE_MOE,
+    moe.SPARSE_MOE_OUTPUT_NORM,
+    mlp_clamped.CLAMPED_MLP,
     mlp.GATED_MLP,
     mlp_plain.PLAIN_MLP,
     block_parallel.PARALLEL,

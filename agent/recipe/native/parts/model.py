@@ -123,7 +123,7 @@ def _probe(probe, chosen):
             names -= set(LAYER_SHARED_NAMES)
         unknown = names - LAYER_CHILDREN - set(norm_roles(probe).values())
         if unknown:
-            raise NotNative("decoder layer", f"layer {index} has {sorted(unknown)}")
+            raise NotNative("decoder layer", f"layer {index} has {layer_children_text(layer, unknown)}")
         if ("self_attn" not in names and "linear_attn" not in names) or "mlp" not in names:
             raise NotNative("decoder layer", f"layer {index} has no self_attn (or linear_attn) / mlp")
     renames = checkpoint_renames(probe.model_type, type(probe.model).__name__)
@@ -139,6 +139,27 @@ def _probe(probe, chosen):
                                      "TRANSPOSED_WEIGHTS": layout.transposed,
                                      **({"EMBED_NORM": True} if layout.embed_norm else {})},
                  facts={"transposed": bool(layout.transposed)})
+
+
+def layer_children_text(layer, unknown) -> str:
+    """The layer's children no part writes, each with its class (a list: its length and class; one holding routed
+    experts: their class), and the sublayers it holds as lists, in one line."""
+    import torch
+
+    def what(module) -> str:
+        if isinstance(module, torch.nn.ModuleList):
+            kinds = sorted({type(m).__name__ for m in module})
+            return f"{len(module)} x {'/'.join(kinds)}"
+        experts = getattr(module, "experts", None)
+        inside = f" holding experts {type(experts).__name__}" if isinstance(experts, torch.nn.Module) else ""
+        return type(module).__name__ + inside
+
+    found = children(layer)
+    text = ", ".join(f"{name} ({what(found[name])})" for name in sorted(unknown))
+    lists = sorted(name for name in set(found) - set(unknown) if isinstance(found[name], torch.nn.ModuleList))
+    if lists:
+        text += "; sublayers as lists: " + ", ".join(f"{name} ({what(found[name])})" for name in lists)
+    return text
 
 
 def layer_mlp(layer):

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import re
+from dataclasses import replace
 
 from agent.recipe.native.not_native import NotNative
 from agent.recipe.native.parts.part import Expr, Match, Part
@@ -129,6 +130,7 @@ def _capture_routing(block, x):
         index = values.get("top_k_index", values.get("router_indices"))
         weights = values.get("top_k_weights", values.get("routing_weights"))
         seen["index"], seen["weights"] = index, weights
+        seen["only_hidden"] = len(args) + len(kwargs) == 1
 
     handle = experts.register_forward_pre_hook(hook, with_kwargs=True)
     try:
@@ -136,6 +138,10 @@ def _capture_routing(block, x):
             out = block(x)
     finally:
         handle.remove()
+    if seen.get("only_hidden"):
+        raise NotNative("moe", f"{type(block).__name__} calls its experts with the hidden states alone (no expert "
+                               "indices / weights: it routes outside them, e.g. the router's scores scaling the "
+                               "inputs), which no part writes")
     if "index" not in seen or seen["index"] is None:
         raise NotNative("moe", f"{type(block).__name__} does not call its experts with (hidden, indices, weights)")
     return seen["index"], seen["weights"], out[0] if isinstance(out, tuple) else out
@@ -297,6 +303,39 @@ def _probe_gating(block, router, config, hidden: int) -> dict:
     return matches[0]
 
 
+def _scaled_after_experts(block, config, shared_name: str) -> bool:
+    """Whether the block multiplies its routed experts' output by the config's routed scaling factor after them
+    (minimax_m3: the weights handed to the experts unscaled, so the gating's candidates do not show it): the block's
+    output against its experts' with the shared experts zeroed."""
+    import torch
+
+    _, factor = _scaling(config)
+    if factor is None:
+        return False
+    shared = getattr(block, shared_name, None)
+    saved = [(p, p.detach().clone()) for p in shared.parameters()] if shared is not None else []
+    seen = {}
+    handle = block.experts.register_forward_hook(lambda module, args, out: seen.__setitem__("out", out))
+    x = torch.randn(1, 7, PROBE_HIDDEN, generator=torch.Generator().manual_seed(18))
+    try:
+        with torch.no_grad():
+            for p, _ in saved:
+                p.zero_()
+            got = block(x)
+    finally:
+        handle.remove()
+        with torch.no_grad():
+            for p, value in saved:
+                p.copy_(value)
+    got = got[0] if isinstance(got, tuple) else got
+    routed = seen.get("out")
+    if not isinstance(routed, torch.Tensor) or routed.numel() != got.numel():
+        return False
+    routed = routed.reshape(got.shape)
+    return not torch.allclose(got, routed, rtol=1e-4, atol=1e-5) and \
+        torch.allclose(got, factor * routed, rtol=1e-4, atol=1e-5)
+
+
 def _probe_experts(experts, config, hidden: int) -> tuple[str, str, str]:
     """(experts kind, activation, gate_up layout) from one expert's output against the candidates."""
     import torch
@@ -327,14 +366,54 @@ def _probe_experts(experts, config, hidden: int) -> tuple[str, str, str]:
         y = x @ w13 + b13[0]
         g, u = y[..., ::2].clamp(max=limit), y[..., 1::2].clamp(-limit, limit)
         candidates[("biased_interleaved", "clamped_swiglu")] = ((u + 1) * g * torch.sigmoid(g * alpha)) @ w2 + b2[0]
+    clamp = _clamp_of(experts, config)
+    if b13 is None and b2 is None and clamp is not None:
+        # the clamped swiglu over gate / up halves, no biases (minimax_m3)
+        candidates[("gmm", "clamped_swiglu_halves")] = _clamped_halves(x @ w13, *clamp) @ w2
     for (kind, activation), want in candidates.items():
         if torch.allclose(got, want, rtol=1e-4, atol=1e-4):
-            if kind == "gmm" and getattr(act, "__name__", type(act).__name__).lower() not in ("silu", "siluactivation") \
+            if activation == "swiglu" and getattr(act, "__name__", type(act).__name__).lower() not in ("silu", "siluactivation") \
                     and not isinstance(act, torch.nn.SiLU):
                 raise NotNative("moe", f"expert activation {type(act).__name__}: npu_swiglu computes silu only")
             return kind, activation, layout
     raise NotNative("moe", f"{type(experts).__name__} computes none of: gate/up halves with silu (npu_swiglu), "
-                           "gpt_oss's interleaved clamped swiglu with biases")
+                           "gpt_oss's interleaved clamped swiglu with biases, that swiglu over halves without biases")
+
+
+def _clamp_of(module, config) -> tuple[float, float] | None:
+    """(limit, alpha) of a module's clamped swiglu where they are the config's swiglu_limit / swiglu_alpha (alpha
+    transformers' 1.702 where the config has none), the code's reading of them; None otherwise."""
+    limit = getattr(module, "swiglu_limit", getattr(module, "limit", None))
+    alpha = getattr(module, "swiglu_alpha", getattr(module, "alpha", None))
+    if limit is None or alpha is None or limit != getattr(config, "swiglu_limit", None) \
+            or alpha != getattr(config, "swiglu_alpha", 1.702):
+        return None
+    return float(limit), float(alpha)
+
+
+def _clamped_halves(gate_up, limit: float, alpha: float):
+    import torch
+
+    gate, up = gate_up.chunk(2, dim=-1)
+    gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+    return (up + 1) * gate * torch.sigmoid(gate * alpha)
+
+
+def _check_clamped_shared(block, name: str, config, hidden: int) -> None:
+    """The shared experts compute down(clamped swiglu of their gate_up halves), as the clamped routed experts do."""
+    import torch
+
+    shared = getattr(block, name)
+    linears = dict(shared.named_children())
+    clamp = _clamp_of(shared, config)
+    if clamp is None or set(linears) != {"gate_up_proj", "down_proj"}:
+        raise NotNative("moe", f"shared experts {type(shared).__name__} beside clamped-swiglu experts: not gate_up / "
+                               "down with the config's swiglu_limit / swiglu_alpha")
+    x = torch.randn(5, hidden, generator=torch.Generator().manual_seed(16)) * 4
+    with torch.no_grad():
+        got, want = shared(x), linears["down_proj"](_clamped_halves(linears["gate_up_proj"](x), *clamp))
+    if not torch.allclose(got, want, rtol=1e-4, atol=1e-5):
+        raise NotNative("moe", f"shared experts {type(shared).__name__} compute no down(clamped swiglu(gate_up))")
 
 
 # the shared experts' width as the config gives it: one expert's width times their count, or a key of its own
@@ -796,9 +875,16 @@ def derive_moe(config, checkpoint_keys=()) -> dict | None:
     kind, activation, fused_layout = _probe_experts(block.experts, probe, PROBE_HIDDEN)
     alpha = float(getattr(block.experts, "alpha", 0.0) or 0.0) if activation == "clamped_swiglu" else 0.0
     shared, shared_name, shared_width = _probe_shared(block, probe, PROBE_HIDDEN)
+    if shared is not None and activation == "clamped_swiglu_halves":
+        _check_clamped_shared(block, shared_name, probe, PROBE_HIDDEN)
+    if not gating["routed_scaling"] and _scaled_after_experts(block, probe, shared_name):
+        gating = {**gating, "routed_scaling": True}     # the same product, as the weights' scale
     if shared is None:
         shared, shared_name, shared_width = _probe_layer_shared(config, probe, PROBE_HIDDEN) or \
             (shared, shared_name, shared_width)
+    from agent.recipe.native.parts.moe_output_norm import output_norm
+
+    norm_name = output_norm(block, PROBE_HIDDEN, probe, {router_name, "experts", shared_name, f"{shared_name}_gate"})
     ckpt_names = checkpoint_expert_names(config.model_type)
     if kind == "gmm" and not ckpt_names and not fused_experts_renamed(config.model_type) \
             and not fused_experts_as_built(config.model_type) and not fused_experts_stored(config.model_type):
@@ -823,8 +909,13 @@ def derive_moe(config, checkpoint_keys=()) -> dict | None:
                        "selection bias, 256 (or 384, upstream's deepseek_r1) experts in 8 groups keeping 4, k <= 32)")
     if activation == "swiglu":
         fused.append("npu_swiglu")
+    elif activation == "clamped_swiglu_halves":
+        unfused.append("clamped swiglu over gate / up halves (limit / alpha, up + 1), routed and shared experts, in "
+                       "plain torch between the grouped matmuls: npu_swiglu has no clamp")
     else:
         unfused.append("clamped swiglu (limit / alpha, up + 1) in plain torch: npu_swiglu has no clamp")
+    if norm_name:
+        fused.append(f"npu_rms_norm (the block's output norm {norm_name})")
     return {"model_type": config.model_type, "block_name": block_name, "experts_key": experts_key, "topk_key": topk_key,
             "width_key": width_key, "sparse_layers": tuple(i for i, s in enumerate(sparse) if s), "sparse_rule": layout,
             "dense_variant": dense_layer_changes(layout, config) if layout != "all" else None,
@@ -835,7 +926,9 @@ def derive_moe(config, checkpoint_keys=()) -> dict | None:
             "routed_scaling": gating["routed_scaling"], "scaling_key": _scaling(config)[0] or "routed_scaling_factor",
             "selection_bias_name": bias_name, "experts": kind, "activation": activation,
             "gate_up_layout": fused_layout, "shared": shared, "shared_name": shared_name, "shared_width": shared_width,
-            "ckpt_expert_names": ckpt_names, "swiglu_alpha": alpha, "fused": tuple(fused), "unfused": tuple(unfused)}
+            "ckpt_expert_names": ckpt_names, "swiglu_alpha": alpha, "fused": tuple(fused), "unfused": tuple(unfused),
+            **({"output_norm": norm_name, "output_norm_class": type(getattr(block, norm_name)).__name__}
+               if norm_name else {})}
 
 
 def moe_options(f: dict) -> dict:
@@ -862,6 +955,10 @@ def moe_options(f: dict) -> dict:
         options["SCALING_KEY"] = f["scaling_key"]
     if f["activation"] == "clamped_swiglu":
         options["SWIGLU_ALPHA"] = f["swiglu_alpha"]
+    if f["activation"] == "clamped_swiglu_halves":
+        options["CLAMPED_SWIGLU"] = True
+    if f.get("output_norm"):
+        options["OUTPUT_NORM"] = f["output_norm"]
     return options
 
 
@@ -872,6 +969,11 @@ def _probe(probe, chosen):
     facts = derive_moe(probe.full_config, checkpoint_keys=set(data))
     if facts is None:
         return None
+    if facts.get("output_norm"):
+        from agent.recipe.native.parts.moe_output_norm import same_norm_as_layers
+
+        same_norm_as_layers(probe, facts)
+        return Match(SPARSE_MOE_OUTPUT_NORM, options=moe_options(facts), facts=facts)
     return Match(SPARSE_MOE, options=moe_options(facts), facts=facts)
 
 
@@ -926,7 +1028,14 @@ SPARSE_MOE = Part(
              "RENORMALIZE", "SELECTION_BIAS", "GROUPS", "GROUP_SELECT", "ROUTED_SCALING", "EXPERTS", "SWIGLU_ALPHA",
              "FUSED_LAYOUT", "CKPT_EXPERT_NAMES", "SHARED", "SHARED_NAME", "SHARED_WIDTH", "SELECTION_BIAS_NAME",
              "SCALING_KEY", "SHARED_UNIT_KEY", "SHARED_COUNT_KEY", "TOPK_KEY", "TOPK_PER_LAYER", "ROUTER_STORED",
-             "SELECT_ON_LOGITS"))
+             "SELECT_ON_LOGITS", "CLAMPED_SWIGLU"))
+
+
+# the block whose output is RMS-normed (axk1's post_mlp_layernorm: parts/moe_output_norm.py reads it): chosen by
+# sparse_moe's probe, the same facts
+SPARSE_MOE_OUTPUT_NORM = replace(
+    SPARSE_MOE, name="sparse_moe_output_norm", code="moe_output_norm.py", provides="ModelOutputNormedSparseMoeBlock",
+    reads=SPARSE_MOE.reads + ("rms_norm_eps",), probe=lambda probe, chosen: None, options=SPARSE_MOE.options + ("OUTPUT_NORM",))
 
 
 def render_moe(facts: dict) -> str:

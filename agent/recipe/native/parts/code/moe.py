@@ -16,6 +16,7 @@ from module.fuse_moe_gmm import FusedMoEGMM
 from module.linear import MergedColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 
 from .parallel import gather_rows, spans_requests, sum_own_rows
+from .swiglu_clamped import ModelClampedExperts, clamped_swiglu, swiglu_alpha
 
 # which layers' MLP is this block: "all", or the config key transformers decides it by
 MOE_LAYERS = "all"
@@ -41,6 +42,8 @@ ROUTED_SCALING = False              # weights times config.routed_scaling_factor
 SCALING_KEY = "routed_scaling_factor"   # the config key of that factor (hy_v3: router_scaling_factor)
 EXPERTS = "gmm"                     # "gmm" (halves, no bias: FusedMoEGMM) | "biased_interleaved" (gpt_oss)
 SWIGLU_ALPHA = 1.702                # the clamped swiglu's alpha where the config has none (transformers' constant)
+# the "gmm" experts' and the shared experts' halves through gpt_oss's clamped swiglu (minimax_m3): plain torch
+CLAMPED_SWIGLU = False
 FUSED_LAYOUT = "E,2I,H"             # transformers' fused gate_up parameter: "E,2I,H" or "E,H,2I"
 CKPT_EXPERT_NAMES = ("gate_proj", "up_proj", "down_proj")   # the checkpoint's per-expert (gate, up, down) names
 SHARED = None                       # shared experts: None | "plain" | "gated" (a sigmoid gate on their output)
@@ -241,8 +244,12 @@ class ModelSharedExperts(nn.Module):
                                                        prefix=f"{prefix}.gate_up_proj")
         self.down_proj = RowParallelLinear(width, config.hidden_size, bias=False, tp_size=tp_size, tp_rank=tp_rank,
                                            quant_config=quant_config, prefix=f"{prefix}.down_proj")
+        if CLAMPED_SWIGLU:
+            self.limit, self.alpha = config.swiglu_limit, swiglu_alpha(config)
 
     def forward(self, x):
+        if CLAMPED_SWIGLU:
+            return self.down_proj(clamped_swiglu(self.gate_up_proj(x), self.limit, self.alpha))
         return self.down_proj(torch_npu.npu_swiglu(self.gate_up_proj(x)))
 
 
@@ -285,11 +292,14 @@ class ModelSparseMoeBlock(nn.Module):
         setattr(self, ROUTER, router)
         if EXPERTS == "gmm":
             # this EP rank's experts alone (FusedMoEGMM's own EP filter covers moe_tp_size 1 only)
-            self.experts = FusedMoEGMM(num_experts=layout.local_experts, hidden_size=self.hidden_size,
+            self.experts = (ModelClampedExperts if CLAMPED_SWIGLU else FusedMoEGMM)(num_experts=layout.local_experts, hidden_size=self.hidden_size,
                                        intermediate_size=width, bias=False, tp_size=self.moe_tp_size, tp_rank=tp_rank,
                                        params_dtype=torch.get_default_dtype(),
                                        quant_config=experts_quant_config(quant_config, f"{prefix}.experts"),
                                        prefix=f"{prefix}.experts")
+            if CLAMPED_SWIGLU:
+                self.experts.limit = config.swiglu_limit
+                self.experts.alpha = swiglu_alpha(config)
             # (param_name, checkpoint name, expert_id, shard_id): the checkpoint's per-expert tensors
             self.expert_params_mapping = FusedMoEGMM.make_expert_params_mapping(
                 ckpt_gate_proj_name=CKPT_EXPERT_NAMES[0], ckpt_down_proj_name=CKPT_EXPERT_NAMES[2],
