@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from agent.recipe.native.not_native import NotNative
+from agent.recipe.native.parts.attention_gate import GATE_NAMES, output_gate, renames as gate_renames
 from agent.recipe.native.parts.part import Expr, Match, Part
 from agent.recipe.native.parts.mla import is_mla_model
 from agent.recipe.native.parts.probe import DROP, children
@@ -17,11 +18,13 @@ from agent.recipe.native.parts.probe import DROP, children
 # the q / k norms' names (a rename: hunyuan's query_layernorm / key_layernorm, persimmon's and phi's q_layernorm /
 # k_layernorm are qwen3's q_norm / k_norm)
 QK_NORM_NAMES = (("q_norm", "k_norm"), ("query_layernorm", "key_layernorm"), ("q_layernorm", "k_layernorm"))
-ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "rotary_fn", *sum(QK_NORM_NAMES, ())}
+ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "rotary_fn", *sum(QK_NORM_NAMES, ()),
+                      *GATE_NAMES}
 BIAS_KEYS = ("attention_bias", "use_qkv_bias", "use_bias", "enable_bias")       # config keys that may set the projections' biases
 DENSE_OPTIONS = ("QKV", "QKV_BIAS", "O_BIAS", "QK_NORM", "QK_NORM_FULL", "QUERY_PRE_ATTN_SCALAR", "WINDOWS",
                  "LAYER_TYPE_WINDOWS", "STACKED_PARAMS", "ATTENTION_MULTIPLIER", "ROTARY", "UNSCALED", "LOCAL_LAYERS",
-                 "OUTPUT_GATE", "Q_NORM", "K_NORM", "QK_NORM_AFTER_ROPE", "QKV_GROUPS")
+                 "OUTPUT_GATE", "Q_NORM", "K_NORM", "QK_NORM_AFTER_ROPE", "QKV_GROUPS", "GATE_PROJ", "GATE_SOFTPLUS",
+                 "GATE_PER_HEAD", "CHECKPOINT_RENAMES")
 WINDOW = 5                            # the shrunk window (agent.recipe.native.parts.probe.shrunk_config)
 
 
@@ -226,6 +229,9 @@ def dense_attention(probe) -> dict:
         grouped = fused_qkv_groups(probe, index, qkv[0], o) if fused else ()
         # an output gate: q_proj holds each head's query and its gate side by side (qwen3_next)
         gated = not fused and out_features(qkv[0]) == 2 * heads * head_dim and output_gated(attention, probe)
+        gate = output_gate(attention, probe)          # a gate from a projection of its own (afmoe, laguna)
+        if gate is not None and gated:
+            raise NotNative("attention", "an output gate in q_proj and another from its own projection")
         if not fused and (out_features(qkv[0]) // (2 if gated else 1), out_features(qkv[1])) != (heads * head_dim,
                                                                                                     kv_heads * head_dim):
             raise NotNative("attention", "q/k projections are not the config's heads x head_dim")
@@ -242,10 +248,10 @@ def dense_attention(probe) -> dict:
         if not isinstance(scale, float):
             raise NotNative("attention", f"{type(attention).__name__} has no float `scaling`")
         shapes.add((fused, qkv[0].bias is not None, o.bias is not None, qk_width, qk_names, sink is not None, scale,
-                    gated, grouped))
+                    gated, grouped, tuple(sorted((gate or {}).items()))))
     if len(shapes) != 1:
         raise NotNative("attention", "layers of unequal attention")
-    fused, qkv_bias, o_bias, qk_width, qk_names, sinks, scale, gated, grouped = next(iter(shapes))
+    fused, qkv_bias, o_bias, qk_width, qk_names, sinks, scale, gated, grouped, gate = next(iter(shapes))
     after_rope = qk_width is not None and qk_norm_after_rope(probe, qk_names[0])
     if after_rope and qk_width == "full":
         raise NotNative("attention", "q/k norms over all heads' width after the rotary")
@@ -278,6 +284,8 @@ def dense_attention(probe) -> dict:
              "ATTENTION_MULTIPLIER": rule == "attention_multiplier", "UNSCALED": rule == "unscaled",
              "OUTPUT_GATE": gated,
              "sinks": sinks, **({"QKV_GROUPS": grouped} if grouped else {}), **windows(probe)}
+    if gate:
+        facts.update(dict(gate), CHECKPOINT_RENAMES=gate_renames(dict(gate)["GATE_PROJ"]))
     if qk_names != QK_NORM_NAMES[0]:
         facts.update({"Q_NORM": qk_names[0], "K_NORM": qk_names[1]})
     if after_rope:
@@ -526,8 +534,11 @@ def _fused_kernels(match):
               "decode" if match.options["WINDOWS"] else "")
     sinks = "; attention sinks as its learnable_sink" if match.options.get("SINKS") else ""
     rope = (_rope_kernel(match),) if match.options.get("ROTARY", True) else ()
+    gate = ((f"output gate: {'softplus' if match.options['GATE_SOFTPLUS'] else 'sigmoid'} of its own projection "
+             f"{'per head' if match.options['GATE_PER_HEAD'] else 'per channel'} times the attention's output, plain "
+             "torch (elementwise: no fused kernel takes it)",) if match.options.get("GATE_PROJ") else ())
     return (WRITE_KERNELS + rope + (f"npu_fused_infer_attention_score_v2 (TND, paged cache through "
-                                    f"block_table{window}{sinks})",), ())
+                                    f"block_table{window}{sinks})",), gate)
 
 
 def _softcap_kernels(match):
