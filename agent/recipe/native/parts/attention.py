@@ -14,17 +14,18 @@ from agent.recipe.native.parts.attention_gate import GATE_NAMES, output_gate, re
 from agent.recipe.native.parts.part import Expr, Match, Part
 from agent.recipe.native.parts.mla import is_mla_model
 from agent.recipe.native.parts.probe import DROP, children
+from agent.recipe.native.parts.sub_norm import ATTN_SUB_NORM, attention_sub_norm
 
 # the q / k norms' names (a rename: hunyuan's query_layernorm / key_layernorm, persimmon's and phi's q_layernorm /
 # k_layernorm are qwen3's q_norm / k_norm)
 QK_NORM_NAMES = (("q_norm", "k_norm"), ("query_layernorm", "key_layernorm"), ("q_layernorm", "k_layernorm"))
 ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "rotary_fn", *sum(QK_NORM_NAMES, ()),
-                      *GATE_NAMES}
+                      *GATE_NAMES, ATTN_SUB_NORM}
 BIAS_KEYS = ("attention_bias", "use_qkv_bias", "use_bias", "enable_bias")       # config keys that may set the projections' biases
 DENSE_OPTIONS = ("QKV", "QKV_BIAS", "O_BIAS", "QK_NORM", "QK_NORM_FULL", "QUERY_PRE_ATTN_SCALAR", "WINDOWS",
                  "LAYER_TYPE_WINDOWS", "STACKED_PARAMS", "ATTENTION_MULTIPLIER", "ROTARY", "UNSCALED", "LOCAL_LAYERS",
                  "OUTPUT_GATE", "Q_NORM", "K_NORM", "QK_NORM_AFTER_ROPE", "QKV_GROUPS", "GATE_PROJ", "GATE_SOFTPLUS",
-                 "GATE_PER_HEAD", "CHECKPOINT_RENAMES")
+                 "GATE_PER_HEAD", "CHECKPOINT_RENAMES", "ATTN_SUB_NORM")
 WINDOW = 5                            # the shrunk window (agent.recipe.native.parts.probe.shrunk_config)
 
 
@@ -212,6 +213,9 @@ def dense_attention(probe) -> dict:
     if not attention_layers(probe):
         raise NotNative("attention", "no layer has self_attn (linear attention only): the generated file writes "
                                      "linear-attention layers beside softmax-attention ones")
+    if isinstance(getattr(probe.config, "num_attention_heads_per_layer", None), list):
+        raise NotNative("attention", "query heads per layer (config.num_attention_heads_per_layer, laguna): the "
+                                     "file builds every layer with num_attention_heads")
     for index in attention_layers(probe):
         attention = probe.layers[index].self_attn
         a = children(attention)
@@ -248,10 +252,10 @@ def dense_attention(probe) -> dict:
         if not isinstance(scale, float):
             raise NotNative("attention", f"{type(attention).__name__} has no float `scaling`")
         shapes.add((fused, qkv[0].bias is not None, o.bias is not None, qk_width, qk_names, sink is not None, scale,
-                    gated, grouped, tuple(sorted((gate or {}).items()))))
+                    gated, grouped, tuple(sorted((gate or {}).items())), attention_sub_norm(probe, index)))
     if len(shapes) != 1:
         raise NotNative("attention", "layers of unequal attention")
-    fused, qkv_bias, o_bias, qk_width, qk_names, sinks, scale, gated, grouped, gate = next(iter(shapes))
+    fused, qkv_bias, o_bias, qk_width, qk_names, sinks, scale, gated, grouped, gate, sub_norm = next(iter(shapes))
     after_rope = qk_width is not None and qk_norm_after_rope(probe, qk_names[0])
     if after_rope and qk_width == "full":
         raise NotNative("attention", "q/k norms over all heads' width after the rotary")
@@ -284,6 +288,8 @@ def dense_attention(probe) -> dict:
              "ATTENTION_MULTIPLIER": rule == "attention_multiplier", "UNSCALED": rule == "unscaled",
              "OUTPUT_GATE": gated,
              "sinks": sinks, **({"QKV_GROUPS": grouped} if grouped else {}), **windows(probe)}
+    if sub_norm:
+        facts["ATTN_SUB_NORM"] = True
     if gate:
         facts.update(dict(gate), CHECKPOINT_RENAMES=gate_renames(dict(gate)["GATE_PROJ"]))
     if qk_names != QK_NORM_NAMES[0]:
@@ -537,6 +543,9 @@ def _fused_kernels(match):
     gate = ((f"output gate: {'softplus' if match.options['GATE_SOFTPLUS'] else 'sigmoid'} of its own projection "
              f"{'per head' if match.options['GATE_PER_HEAD'] else 'per channel'} times the attention's output, plain "
              "torch (elementwise: no fused kernel takes it)",) if match.options.get("GATE_PROJ") else ())
+    if match.options.get("ATTN_SUB_NORM"):
+        gate += ("attention sub-norm before o_proj: RMSNorm over all heads' width in plain torch (its sum of squares "
+                 "all-reduced over the attention's tensor-parallel ranks; npu_rms_norm norms one rank's slice)",)
     return (WRITE_KERNELS + rope + (f"npu_fused_infer_attention_score_v2 (TND, paged cache through "
                                     f"block_table{window}{sinks})",), gate)
 

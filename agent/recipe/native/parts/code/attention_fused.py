@@ -49,6 +49,7 @@ OUTPUT_GATE = False             # q_proj holds each head's query and an output g
 GATE_PROJ = None                # the checkpoint's name of an output gate's own projection: out * act(gate(x)) (afmoe)
 GATE_SOFTPLUS = False           # that gate's activation a softplus (laguna), else a sigmoid
 GATE_PER_HEAD = False           # that gate one per head (over its head_dim), else one per channel
+ATTN_SUB_NORM = False           # an RMSNorm of the attention's output over all heads' width before o_proj (bitnet)
 
 
 def layer_windows(config):
@@ -135,6 +136,9 @@ class ModelAttention(nn.Module):
                 config.hidden_size, self.num_heads * (1 if GATE_PER_HEAD else self.head_dim), bias=False,
                 tp_size=self.attn_tp_size, tp_rank=tp_rank, quant_config=quant_config, prefix=f"{prefix}.{GATE_PROJ}",
                 return_bias=False)
+        if ATTN_SUB_NORM:
+            self.attn_sub_norm = ModelFullWidthRMSNorm(self.num_heads, self.head_dim, config.rms_norm_eps, comm_manager,
+                                                       self.attn_tp_size)
         if SINKS:
             # one learnable sink logit per head of this rank (fused attention's learnable_sink)
             self.sinks = nn.Parameter(torch.empty(self.num_heads_per_rank), requires_grad=False)
@@ -217,6 +221,8 @@ class ModelAttention(nn.Module):
             gate = self.output_gate(hidden_states)
             gate = torch.nn.functional.softplus(gate.float()).to(out.dtype) if GATE_SOFTPLUS else torch.sigmoid(gate)
             out = out.reshape(q_len, self.num_heads_per_rank, -1) * gate.view(q_len, self.num_heads_per_rank, -1)
+        if ATTN_SUB_NORM:
+            out = self.attn_sub_norm(out.reshape(q_len, -1))
         out = self.o_proj(out.reshape(q_len, self.num_heads_per_rank * self.head_dim))
         if q_len < padded_q_len:
             out = torch.cat([out, out.new_zeros((padded_q_len - q_len, out.size(-1)))], dim=0)

@@ -2,8 +2,10 @@
 attention's GATE_PROJ in parts/code/attention_fused.py): afmoe's sigmoid(gate_proj(x)) per channel on the attention's
 output, read from the module (laguna's softplus one per head too), beam's gate with a per-head bias refused; and
 afmoe's MoE routing the sparse-MoE part reads (its block's expert_bias as the selection bias, config.route_scale as
-the routed scaling). afmoe's file, at a small size, is held to transformers, and a file whose gate drops its sigmoid
-fails the same check (default); every family setting, bfloat16 and the MoE faults: the slow case."""
+the routed scaling). bitnet's sub-norms (parts/sub_norm.py): an RMSNorm of the attention's output before o_proj and
+of the MLP's act(gate) * up before down_proj, each over the whole width tensor parallel splits. afmoe's and bitnet's
+files, at a small size, are held to transformers, and a file whose gate drops its sigmoid fails the same check
+(default); every family setting, bfloat16 and the other faults: the slow case."""
 
 from __future__ import annotations
 
@@ -18,24 +20,28 @@ from part_selfcheck import selfcheck_with_faults
 SMALL = {"num_hidden_layers": 2, "num_experts": 4, "num_experts_per_tok": 2, "route_scale": 2.5,
          "layer_types": ["sliding_attention", "full_attention"], "num_dense_layers": 1}
 GATE_FAULT = ("gate = torch.sigmoid(gate)", "gate = gate")
+# type -> its small config's changes to transformers' defaults
+CHANGES = {"afmoe": SMALL, "bitnet": {"num_hidden_layers": 2}}
 # type: faults, (text of the correct file, its faulty replacement)
 FAULTS = {"afmoe": [GATE_FAULT,
                     ("choice = scores + self.router.e_score_correction_bias.float()", "choice = scores"),
-                    ("weights = weights * self.routed_scaling_factor", "weights = weights")]}
+                    ("weights = weights * self.routed_scaling_factor", "weights = weights")],
+          "bitnet": [("out = self.attn_sub_norm(out.reshape(q_len, -1))", "out = out.reshape(q_len, -1)"),
+                     ("self.down_proj(self.ffn_sub_norm(self.act_fn(gate) * up))", "self.down_proj(self.act_fn(gate) * up)")]}
 
 
-def _afmoe():
+@pytest.fixture(scope="module")
+def derived():
+    """type -> (its small config, its composition)."""
     from transformers import AutoConfig
 
     from agent.recipe.native.compose import derive
 
-    config = {**AutoConfig.for_model("afmoe").to_dict(), **SMALL}
-    return config, derive(config)
-
-
-@pytest.fixture(scope="module")
-def afmoe():
-    return _afmoe()
+    found = {}
+    for model_type, changes in CHANGES.items():
+        config = {**AutoConfig.for_model(model_type).to_dict(), **changes}
+        found[model_type] = (config, derive(config))
+    return found
 
 
 def _probe_of(model_type: str, **changes):
@@ -75,8 +81,8 @@ def test_a_gate_of_another_form_is_refused_by_name():
         output_gate(*_probe_of("beam", layer_types=["sliding_attention"], mlp_layer_types=["dense"]))
 
 
-def test_afmoe_is_read_from_the_architecture(afmoe):
-    _, composition = afmoe
+def test_afmoe_is_read_from_the_architecture(derived):
+    _, composition = derived["afmoe"]
     options = composition.options
     assert composition.parts["attention"] == "fused_paged" and composition.parts["moe"] == "sparse_moe"
     assert {k: options[k] for k in ("GATE_PROJ", "GATE_SOFTPLUS", "GATE_PER_HEAD", "NOPE_LAYERS")} == \
@@ -88,18 +94,33 @@ def test_afmoe_is_read_from_the_architecture(afmoe):
     assert any(item.startswith("output gate: sigmoid of its own projection per channel") for item in composition.unfused)
 
 
-def test_the_gated_file_matches_transformers_and_a_dropped_sigmoid_fails(afmoe, tmp_path):
-    """Default: afmoe's file in float32 on its small config, and the gate's sigmoid dropped."""
-    rows = selfcheck_with_faults({"afmoe": afmoe}, {"afmoe": [GATE_FAULT]}, "AfmoeForCausalLM", tmp_path,
+def test_bitnet_is_read_from_the_architecture(derived):
+    from agent.recipe.native.decide import render_native
+    from part_selfcheck import ctx
+
+    _, composition = derived["bitnet"]
+    assert composition.parts["attention"] == "fused_paged" and composition.parts["mlp"] == "gated_mlp"
+    assert composition.options["ATTN_SUB_NORM"] is True and composition.options["FFN_SUB_NORM"] is True
+    assert sum("sub-norm" in item for item in composition.unfused) == 2
+    text = render_native(ctx("bitnet", "BitNetForCausalLM"), composition)
+    assert all(text.count(correct) == 1 for correct, _ in FAULTS["bitnet"])
+
+
+def test_the_files_match_transformers_and_a_dropped_gate_sigmoid_fails(derived, tmp_path):
+    """Default: afmoe's and bitnet's files in float32 on their small configs, and afmoe's gate without its sigmoid.
+    (The framework class is the test's: one name for both files.)"""
+    rows = selfcheck_with_faults(derived, {"afmoe": [GATE_FAULT]}, "NativeForCausalLM", tmp_path,
                                  keep=lambda label: label == "the checkpoint's config")
-    assert [ok for _, _, ok, _ in rows] == [True, False]
-    assert "differ from transformers" in rows[-1][3]["reason"]
+    assert [(t, ok) for t, _, ok, _ in rows] == [("afmoe", True), ("afmoe", False), ("bitnet", True)]
+    assert "differ from transformers" in rows[1][3]["reason"]
 
 
 @pytest.mark.slow
-def test_every_afmoe_setting_matches_transformers_and_the_moe_faults_fail(afmoe, tmp_path):
-    """bfloat16 and the family's settings (dense layers, shared experts, rope types, biases, tied embeddings); the
-    selection bias and the routed scale dropped. Default-suite coverage of the same path:
-    test_the_gated_file_matches_transformers_and_a_dropped_sigmoid_fails."""
-    rows = selfcheck_with_faults({"afmoe": afmoe}, FAULTS, "AfmoeForCausalLM", tmp_path, keep=lambda label: True)
+@pytest.mark.parametrize("model_type", sorted(FAULTS))
+def test_every_setting_matches_transformers_and_the_faults_fail(derived, model_type, tmp_path):
+    """bfloat16 and the family's settings (afmoe's dense layers, shared experts; rope types, biases, tied
+    embeddings); afmoe's selection bias and routed scale dropped, bitnet's sub-norms dropped. Default-suite coverage
+    of the same path: test_the_files_match_transformers_and_a_dropped_gate_sigmoid_fails."""
+    rows = selfcheck_with_faults({model_type: derived[model_type]}, FAULTS, "NativeForCausalLM", tmp_path,
+                                 keep=lambda label: True)
     assert "the checkpoint's config in bfloat16" in [label for _, label, ok, _ in rows if ok]
