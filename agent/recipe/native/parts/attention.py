@@ -221,6 +221,11 @@ def dense_attention(probe) -> dict:
         a = children(attention)
         if set(a) - ATTENTION_CHILDREN:
             raise NotNative("attention", f"{type(attention).__name__} has {sorted(set(a) - ATTENTION_CHILDREN)}")
+        own = sorted(name for name, param in attention._parameters.items() if param is not None and name != "sinks")
+        if own:
+            # beam's gate_bias, gpt_neox_japanese's last-layer dense_bias: zero as built, so no measurement sees them
+            raise NotNative("attention", f"{type(attention).__name__} has parameters {own} of its own, which the file "
+                                         "does not add")
         sink = getattr(attention, "sinks", None)
         if sink is not None and (not isinstance(sink, torch.nn.Parameter) or tuple(sink.shape) != (heads,)):
             raise NotNative("attention", f"attention sinks of shape {tuple(getattr(sink, 'shape', ()))}: not one per head")
@@ -238,13 +243,19 @@ def dense_attention(probe) -> dict:
             raise NotNative("attention", "an output gate in q_proj and another from its own projection")
         if not fused and (out_features(qkv[0]) // (2 if gated else 1), out_features(qkv[1])) != (heads * head_dim,
                                                                                                     kv_heads * head_dim):
-            raise NotNative("attention", "q/k projections are not the config's heads x head_dim")
+            widths = (out_features(qkv[0]) // (2 if gated else 1), out_features(qkv[1]))
+            held = (f"{widths[0] // head_dim} query / {widths[1] // head_dim} key heads of head_dim {head_dim}"
+                    if not (widths[0] % head_dim or widths[1] % head_dim) else f"{widths[0]} / {widths[1]} rows")
+            raise NotNative("attention", f"layer {index}'s q/k projections are {held}, not the config's {heads} / "
+                                         f"{kv_heads} heads x head_dim {head_dim}")
         pairs = [pair for pair in QK_NORM_NAMES if pair[0] in a or pair[1] in a]
         if len(pairs) > 1 or (pairs and not (pairs[0][0] in a and pairs[0][1] in a)):
             raise NotNative("attention", "a q norm without a k norm, or the reverse")
         qk_names = pairs[0] if pairs else QK_NORM_NAMES[0]
         qk_width = qk_norm_width(a, heads, kv_heads, head_dim, qk_names) if pairs else None
         scale = getattr(attention, "scaling", None)
+        if scale is None and isinstance(getattr(attention, "norm_factor", None), float):
+            scale = 1.0 / attention.norm_factor                      # gpt_neox_japanese's: q . k / sqrt(head_dim)
         if scale is None and probe.memo.get("alibi"):
             scale = alibi_scale(attention)
         if scale is None and probe.layout is not None:

@@ -9,7 +9,7 @@ import math
 from agent.recipe.native.not_native import NotNative
 from agent.recipe.native.parts.norm import model_norms
 from agent.recipe.native.parts.part import Match, Part
-from agent.recipe.native.parts.probe import children
+from agent.recipe.native.parts.probe import children, refuse_composite_norm
 
 # config keys that hold a LayerNorm's epsilon, as the architectures name it
 EPS_KEYS = ("layer_norm_eps", "norm_epsilon", "layer_norm_epsilon", "norm_eps", "rms_norm_eps")
@@ -20,6 +20,7 @@ def probe_layer_norm(norm, width: int) -> tuple[bool, bool, float]:
     import torch
     import torch.nn.functional as F
 
+    refuse_composite_norm(norm)
     weight, bias = getattr(norm, "weight", None), getattr(norm, "bias", None)
     eps = getattr(norm, "eps", getattr(norm, "variance_epsilon", None))
     if not isinstance(weight, torch.nn.Parameter) or tuple(weight.shape) != (width,) or not isinstance(eps, float):
