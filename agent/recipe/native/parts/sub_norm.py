@@ -1,7 +1,7 @@
 """BitNet's sub-norms: an RMSNorm of the attention's output before o_proj (attn_sub_norm, over all heads' width) and
 of the gated MLP's act(gate) * up before down_proj (ffn_sub_norm, over the intermediate width). Options of the fused
-attention (ATTN_SUB_NORM, code/attention_fused.py) and of the gated MLP (FFN_SUB_NORM, code/mlp_gated.py); both
-norm a width tensor parallel splits over the ranks, so they are code/norm_qk_full.py's RMSNorm over the whole width
+attention (ATTN_SUB_NORM, code/attention_fused.py: code/norm_qk_full.py's norm over all heads' width) and of the gated
+MLP (FFN_SUB_NORM, code/mlp_gated.py: code/norm_sub.py's); both norm a width tensor parallel splits over the ranks
 (the ranks' sums of squares all-reduced over attn_tp_group), in plain torch: npu_rms_norm normalises one rank's
 slice."""
 

@@ -8,7 +8,7 @@ from transformers.activations import ACT2FN
 
 from module.linear import MergedColumnParallelLinear, RowParallelLinear
 
-from .norm_qk_full import ModelFullWidthRMSNorm
+from .norm_sub import ModelSubRMSNorm
 
 SWIGLU = True           # the activation is silu: npu_swiglu computes silu(gate) * up
 ACT = "hidden_act"      # the config key naming the gate's activation
@@ -40,8 +40,8 @@ class ModelMLP(nn.Module):
         else:
             self.act_fn = ACT2FN[getattr(config, ACT)]
         if FFN_SUB_NORM:
-            self.ffn_sub_norm = ModelFullWidthRMSNorm(config.intermediate_size, 1, config.rms_norm_eps, comm_manager,
-                                                      self.attn_tp_size)
+            self.ffn_sub_norm = ModelSubRMSNorm(config.intermediate_size, config.rms_norm_eps, comm_manager,
+                                                self.attn_tp_size)
             self.w8a8 = False       # npu_dequant_swiglu_quant quantizes swiglu's output for down_proj: no norm between
 
     def forward(self, hidden_states):

@@ -111,15 +111,10 @@ def test_afmoe_is_read_from_the_architecture(derived):
 
 
 def test_bitnet_is_read_from_the_architecture(derived):
-    from agent.recipe.native.decide import render_native
-    from part_selfcheck import ctx
-
     _, composition = derived["bitnet"]
     assert composition.parts["attention"] == "fused_paged" and composition.parts["mlp"] == "gated_mlp"
     assert composition.options["ATTN_SUB_NORM"] is True and composition.options["FFN_SUB_NORM"] is True
     assert sum("sub-norm" in item for item in composition.unfused) == 2
-    text = render_native(ctx("bitnet", "BitNetForCausalLM"), composition)
-    assert all(text.count(correct) == 1 for correct, _ in FAULTS["bitnet"])
 
 
 def test_the_files_match_transformers_and_a_dropped_gate_sigmoid_fails(derived, tmp_path):
