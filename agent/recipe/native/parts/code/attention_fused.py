@@ -13,6 +13,7 @@ from module.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLi
 from .context_parallel import cp_key_rows, gather_cp, prefill_cp
 from .norm_qk_full import ModelFullWidthRMSNorm
 from .norm_rms import ModelRMSNorm as Norm
+from .norm_sub import ModelSubRMSNorm
 from .rotary import half_from_interleaved, layer_rope_table, rotary_width
 
 # upstream's cache kinds (executor/core/kv_cache)
@@ -137,8 +138,8 @@ class ModelAttention(nn.Module):
                 tp_size=self.attn_tp_size, tp_rank=tp_rank, quant_config=quant_config, prefix=f"{prefix}.{GATE_PROJ}",
                 return_bias=False)
         if ATTN_SUB_NORM:
-            self.attn_sub_norm = ModelFullWidthRMSNorm(self.num_heads, self.head_dim, config.rms_norm_eps, comm_manager,
-                                                       self.attn_tp_size)
+            self.attn_sub_norm = ModelSubRMSNorm(self.num_heads * self.head_dim, config.rms_norm_eps, comm_manager,
+                                                 self.attn_tp_size)
         if SINKS:
             # one learnable sink logit per head of this rank (fused attention's learnable_sink)
             self.sinks = nn.Parameter(torch.empty(self.num_heads_per_rank), requires_grad=False)

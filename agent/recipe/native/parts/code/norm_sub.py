@@ -1,6 +1,6 @@
-"""RMSNorm over a width tensor parallel splits over attn_tp_group (bitnet's ffn_sub_norm of the MLP's act(gate) * up,
-before down_proj): each rank holds its slice of the weight and the mean of squares is taken over the whole width
-(the ranks' sums all-reduced)."""
+"""RMSNorm over a width tensor parallel splits over attn_tp_group (bitnet's sub-norms: attn_sub_norm of the attention's
+output before o_proj, ffn_sub_norm of the MLP's act(gate) * up before down_proj): each rank holds its slice of the
+weight and the mean of squares is taken over the whole width (the ranks' sums all-reduced)."""
 
 import torch
 import torch.distributed as dist
@@ -8,8 +8,8 @@ from torch import nn
 
 
 class ModelSubRMSNorm(nn.Module):
-    """(w * x / rms(x)) over `width`, in float32 as transformers computes it; plain torch (npu_rms_norm normalises
-    one rank's slice, not the width split over the ranks)."""
+    """w * (x / rms(x)) over `width` as bitnet's norm computes it (normalised in float32, weighted in the run dtype);
+    plain torch (npu_rms_norm normalises one rank's slice, not the width split over the ranks)."""
 
     def __init__(self, width, eps, comm_manager, tp_size):
         super().__init__()
@@ -35,4 +35,4 @@ class ModelSubRMSNorm(nn.Module):
         if self.tp_size > 1:
             dist.all_reduce(square_sum, group=self.comm_manager.get_group("attn_tp_group"))
         states = states * torch.rsqrt(square_sum / self.width + self.variance_epsilon)
-        return (self.weight.float() * states).to(hidden_states.dtype)
+        return self.weight * states.to(hidden_states.dtype)

@@ -194,8 +194,10 @@ RECIPE_TYPES = {"llama": {}, "qwen2": {}, "qwen3": {}, "mistral": {"sliding_wind
                 # key heads as query heads, as its own config (transformers' sdpa packs GQA by key heads)
                 "deepseek_v3": {"qk_rope_head_dim": 64, "num_key_value_heads": 4},
                 # sub-norms over the width tensor parallel splits (their sums of squares all-reduced)
-                "bitnet": {}}
-MOE_RECIPE_TYPES = ("mixtral", "qwen3_moe", "qwen2_moe", "gpt_oss")
+                "bitnet": {},
+                # an output gate from its own projection, split by heads; NoPE full-attention layers
+                "afmoe": {"sliding_window": 16}}
+MOE_RECIPE_TYPES = ("mixtral", "qwen3_moe", "qwen2_moe", "gpt_oss", "afmoe")
 
 
 @pytest.fixture(scope="module")
