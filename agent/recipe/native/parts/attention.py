@@ -10,18 +10,22 @@ from __future__ import annotations
 import math
 
 from agent.recipe.native.not_native import NotNative
+from agent.recipe.native.parts.attention_gate import GATE_NAMES, output_gate, renames as gate_renames
 from agent.recipe.native.parts.part import Expr, Match, Part
 from agent.recipe.native.parts.mla import is_mla_model
 from agent.recipe.native.parts.probe import DROP, children, multi_query
+from agent.recipe.native.parts.sub_norm import ATTN_SUB_NORM, attention_sub_norm
 
 # the q / k norms' names (a rename: hunyuan's query_layernorm / key_layernorm, persimmon's and phi's q_layernorm /
 # k_layernorm are qwen3's q_norm / k_norm)
 QK_NORM_NAMES = (("q_norm", "k_norm"), ("query_layernorm", "key_layernorm"), ("q_layernorm", "k_layernorm"))
-ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "rotary_fn", *sum(QK_NORM_NAMES, ())}
+ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "rotary_fn", *sum(QK_NORM_NAMES, ()),
+                      *GATE_NAMES, ATTN_SUB_NORM}
 BIAS_KEYS = ("attention_bias", "use_qkv_bias", "use_bias", "enable_bias")       # config keys that may set the projections' biases
 DENSE_OPTIONS = ("QKV", "QKV_BIAS", "O_BIAS", "QK_NORM", "QK_NORM_FULL", "QUERY_PRE_ATTN_SCALAR", "WINDOWS",
                  "LAYER_TYPE_WINDOWS", "STACKED_PARAMS", "ATTENTION_MULTIPLIER", "ROTARY", "UNSCALED", "LOCAL_LAYERS",
-                 "OUTPUT_GATE", "Q_NORM", "K_NORM", "QK_NORM_AFTER_ROPE", "QKV_GROUPS", "MULTI_QUERY")
+                 "OUTPUT_GATE", "Q_NORM", "K_NORM", "QK_NORM_AFTER_ROPE", "QKV_GROUPS", "MULTI_QUERY", "GATE_PROJ",
+                 "GATE_SOFTPLUS", "GATE_PER_HEAD", "CHECKPOINT_RENAMES", "ATTN_SUB_NORM")
 WINDOW = 5                            # the shrunk window (agent.recipe.native.parts.probe.shrunk_config)
 
 
@@ -209,11 +213,19 @@ def dense_attention(probe) -> dict:
     if not attention_layers(probe):
         raise NotNative("attention", "no layer has self_attn (linear attention only): the generated file writes "
                                      "linear-attention layers beside softmax-attention ones")
+    if isinstance(getattr(probe.config, "num_attention_heads_per_layer", None), list):
+        raise NotNative("attention", "query heads per layer (config.num_attention_heads_per_layer, laguna): the "
+                                     "file builds every layer with num_attention_heads")
     for index in attention_layers(probe):
         attention = probe.layers[index].self_attn
         a = children(attention)
         if set(a) - ATTENTION_CHILDREN:
             raise NotNative("attention", f"{type(attention).__name__} has {sorted(set(a) - ATTENTION_CHILDREN)}")
+        own = sorted(name for name, param in attention._parameters.items() if param is not None and name != "sinks")
+        if own:
+            # beam's gate_bias, gpt_neox_japanese's last-layer dense_bias: zero as built, so no measurement sees them
+            raise NotNative("attention", f"{type(attention).__name__} has parameters {own} of its own, which the file "
+                                         "does not add")
         sink = getattr(attention, "sinks", None)
         if sink is not None and (not isinstance(sink, torch.nn.Parameter) or tuple(sink.shape) != (heads,)):
             raise NotNative("attention", f"attention sinks of shape {tuple(getattr(sink, 'shape', ()))}: not one per head")
@@ -226,9 +238,16 @@ def dense_attention(probe) -> dict:
         grouped = fused_qkv_groups(probe, index, qkv[0], o) if fused else ()
         # an output gate: q_proj holds each head's query and its gate side by side (qwen3_next)
         gated = not fused and out_features(qkv[0]) == 2 * heads * head_dim and output_gated(attention, probe)
+        gate = output_gate(attention, probe)          # a gate from a projection of its own (afmoe, laguna)
+        if gate is not None and gated:
+            raise NotNative("attention", "an output gate in q_proj and another from its own projection")
         if not fused and (out_features(qkv[0]) // (2 if gated else 1), out_features(qkv[1])) != (heads * head_dim,
                                                                                                     kv_heads * head_dim):
-            raise NotNative("attention", "q/k projections are not the config's heads x head_dim")
+            widths = (out_features(qkv[0]) // (2 if gated else 1), out_features(qkv[1]))
+            held = (f"{widths[0] // head_dim} query / {widths[1] // head_dim} key heads of head_dim {head_dim}"
+                    if not (widths[0] % head_dim or widths[1] % head_dim) else f"{widths[0]} / {widths[1]} rows")
+            raise NotNative("attention", f"layer {index}'s q/k projections are {held}, not the config's {heads} / "
+                                         f"{kv_heads} heads x head_dim {head_dim}")
         pairs = [pair for pair in QK_NORM_NAMES if pair[0] in a or pair[1] in a]
         if len(pairs) > 1 or (pairs and not (pairs[0][0] in a and pairs[0][1] in a)):
             raise NotNative("attention", "a q norm without a k norm, or the reverse")
@@ -237,6 +256,8 @@ def dense_attention(probe) -> dict:
         scale = getattr(attention, "scaling", None)
         if scale is None:
             scale = getattr(attention, "inv_norm_factor", None)           # falcon's name of it
+        if scale is None and isinstance(getattr(attention, "norm_factor", None), float):
+            scale = 1.0 / attention.norm_factor                      # gpt_neox_japanese's: q . k / sqrt(head_dim)
         if scale is None and probe.memo.get("alibi"):
             scale = alibi_scale(attention)
         if scale is None and probe.layout is not None:
@@ -244,10 +265,10 @@ def dense_attention(probe) -> dict:
         if not isinstance(scale, float):
             raise NotNative("attention", f"{type(attention).__name__} has no float `scaling`")
         shapes.add((fused, qkv[0].bias is not None, o.bias is not None, qk_width, qk_names, sink is not None, scale,
-                    gated, grouped))
+                    gated, grouped, tuple(sorted((gate or {}).items())), attention_sub_norm(probe, index)))
     if len(shapes) != 1:
         raise NotNative("attention", "layers of unequal attention")
-    fused, qkv_bias, o_bias, qk_width, qk_names, sinks, scale, gated, grouped = next(iter(shapes))
+    fused, qkv_bias, o_bias, qk_width, qk_names, sinks, scale, gated, grouped, gate, sub_norm = next(iter(shapes))
     after_rope = qk_width is not None and qk_norm_after_rope(probe, qk_names[0])
     if after_rope and qk_width == "full":
         raise NotNative("attention", "q/k norms over all heads' width after the rotary")
@@ -282,6 +303,10 @@ def dense_attention(probe) -> dict:
              "sinks": sinks, **({"QKV_GROUPS": grouped} if grouped else {}), **windows(probe)}
     if multi_query(probe.config):
         facts["MULTI_QUERY"] = True
+    if sub_norm:
+        facts["ATTN_SUB_NORM"] = True
+    if gate:
+        facts.update(dict(gate), CHECKPOINT_RENAMES=gate_renames(dict(gate)["GATE_PROJ"]))
     if qk_names != QK_NORM_NAMES[0]:
         facts.update({"Q_NORM": qk_names[0], "K_NORM": qk_names[1]})
     if after_rope:
@@ -532,8 +557,14 @@ def _fused_kernels(match):
               "decode" if match.options["WINDOWS"] else "")
     sinks = "; attention sinks as its learnable_sink" if match.options.get("SINKS") else ""
     rope = (_rope_kernel(match),) if match.options.get("ROTARY", True) else ()
+    gate = ((f"output gate: {'softplus' if match.options['GATE_SOFTPLUS'] else 'sigmoid'} of its own projection "
+             f"{'per head' if match.options['GATE_PER_HEAD'] else 'per channel'} times the attention's output, plain "
+             "torch (elementwise: no fused kernel takes it)",) if match.options.get("GATE_PROJ") else ())
+    if match.options.get("ATTN_SUB_NORM"):
+        gate += ("attention sub-norm before o_proj: RMSNorm over all heads' width in plain torch (its sum of squares "
+                 "all-reduced over the attention's tensor-parallel ranks; npu_rms_norm norms one rank's slice)",)
     return (WRITE_KERNELS + rope + (f"npu_fused_infer_attention_score_v2 (TND, paged cache through "
-                                    f"block_table{window}{sinks})",), ())
+                                    f"block_table{window}{sinks})",), gate)
 
 
 def _softcap_kernels(match):

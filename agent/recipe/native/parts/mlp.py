@@ -7,8 +7,9 @@ from __future__ import annotations
 from agent.recipe.native.not_native import NotNative
 from agent.recipe.native.parts.part import Expr, Match, Part
 from agent.recipe.native.parts.probe import children
+from agent.recipe.native.parts.sub_norm import FFN_SUB_NORM, checked_sub_norm
 
-MLP_CHILDREN = {"gate_proj", "up_proj", "gate_up_proj", "down_proj", "act_fn", "activation_fn"}
+MLP_CHILDREN = {"gate_proj", "up_proj", "gate_up_proj", "down_proj", "act_fn", "activation_fn", FFN_SUB_NORM}
 ACT_KEYS = ("hidden_act", "hidden_activation", "activation_function", "afn")     # afn: openai-gpt
 FIXED_ACTIVATIONS = ("gelu", "gelu_pytorch_tanh", "relu", "silu")     # ACT2FN entries an architecture may hard-code
 BIAS_KEYS = ("mlp_bias", "use_bias", "enable_bias")             # config keys that may set the MLP's biases
@@ -66,7 +67,8 @@ def _read_roles(mlp, hidden: int, names):
 
 
 def _probe_formula(mlp, hidden: int, activation) -> None:
-    """The MLP is down(act(gate(x)) * up(x)) (separate or fused gate/up), nothing else."""
+    """The MLP is down(act(gate(x)) * up(x)) (separate or fused gate/up; bitnet's ffn_sub_norm of act(gate(x)) *
+    up(x) before down), nothing else."""
     import torch
 
     x = torch.randn(3, hidden, generator=torch.Generator().manual_seed(3))
@@ -76,7 +78,8 @@ def _probe_formula(mlp, hidden: int, activation) -> None:
             gate, up = parts["gate_up_proj"](x).chunk(2, dim=-1)
         else:
             gate, up = parts["gate_proj"](x), parts["up_proj"](x)
-        expected = parts["down_proj"](activation(gate) * up)
+        inner = activation(gate) * up
+        expected = parts["down_proj"](parts[FFN_SUB_NORM](inner) if FFN_SUB_NORM in parts else inner)
         got = mlp(x)
     if not torch.allclose(got, expected, rtol=1e-4, atol=1e-5):
         raise NotNative("mlp", f"{type(mlp).__name__} is not down(act(gate(x)) * up(x))")
@@ -123,7 +126,7 @@ def _gated(probe, chosen):
             return _by_roles(source, mlps, key, names, *read)
     key = act_key(source.config)
     activation = getattr(source.config, key)
-    kinds, biases = set(), set()
+    kinds, biases, sub_norms = set(), set(), set()
     for mlp in mlps:
         m = children(mlp)
         if set(m) - MLP_CHILDREN or "down_proj" not in m or not ({"gate_proj", "up_proj"} <= set(m) or "gate_up_proj" in m):
@@ -131,13 +134,16 @@ def _gated(probe, chosen):
         linears = [p for p in m.values() if isinstance(p, torch.nn.Linear)]
         biases.add(tuple(p.bias is not None for p in linears))
         kinds.add("gate_up_proj" in m)
+        sub_norms.add(checked_sub_norm(mlp, FFN_SUB_NORM, source.config.intermediate_size, source.config))
         _probe_formula(mlp, source.hidden, ACT2FN[activation])
-    if len(kinds) != 1 or len(biases) != 1 or len(set(next(iter(biases)))) > 1:
+    if len(kinds) != 1 or len(biases) != 1 or len(set(next(iter(biases)))) > 1 or len(sub_norms) != 1:
         raise NotNative("mlp", "dense MLPs of unequal structure, or biases on some of their projections only")
     fused = next(iter(kinds))
     swiglu = activation in ("silu", "swish")
     options = {"SWIGLU": swiglu, "ACT": key, "MLP_BIAS": bias_option(source, next(iter(biases))[0]),
                "STACKED_PARAMS": () if fused else (("gate_up_proj", "gate_proj", 0), ("gate_up_proj", "up_proj", 1))}
+    if sub_norms == {True}:
+        options["FFN_SUB_NORM"] = True
     return Match(GATED_MLP, options=options, facts={"activation": activation})
 
 
@@ -190,9 +196,12 @@ def _auto_adjusted(source, width: int, gate: str) -> bool:
 
 
 def _kernels(match):
+    sub_norm = (("MLP sub-norm before down_proj: RMSNorm over the intermediate width in plain torch (its sum of "
+                 "squares all-reduced over the tensor-parallel ranks; npu_rms_norm norms one rank's slice)",)
+                if match.options.get("FFN_SUB_NORM") else ())
     if match.options["SWIGLU"]:
-        return ("npu_swiglu (gate/up)",), ()
-    return (), (f"MLP activation {match.facts['activation']} * up: plain torch (npu_swiglu is silu only)",)
+        return ("npu_swiglu (gate/up)",), sub_norm
+    return (), (f"MLP activation {match.facts['activation']} * up: plain torch (npu_swiglu is silu only)",) + sub_norm
 
 
 def bias_variants(match, probe):
@@ -207,5 +216,5 @@ def bias_variants(match, probe):
 GATED_MLP = Part(
     slot="mlp", name="gated_mlp", code="mlp_gated.py", provides="ModelMLP",
     reads=("hidden_size", "intermediate_size", "hidden_act", "mlp_bias"), probe=_gated, kernels=_kernels,
-    options=("SWIGLU", "ACT", "MLP_BIAS", "STACKED_PARAMS", "CHECKPOINT_RENAMES", "FF_AUTO_ADJUST"),
+    options=("SWIGLU", "ACT", "MLP_BIAS", "STACKED_PARAMS", "CHECKPOINT_RENAMES", "FF_AUTO_ADJUST", "FFN_SUB_NORM"),
     variants=bias_variants)

@@ -218,17 +218,18 @@ def _same_routing(index_a, weights_a, index_b, weights_b) -> bool:
     return torch.allclose(wa, wb, rtol=1e-5, atol=1e-6)
 
 
-SCALING_KEYS = ("routed_scaling_factor", "router_scaling_factor")
+SCALING_KEYS = ("routed_scaling_factor", "router_scaling_factor", "route_scale")
 SHARED_COUNT_KEYS = ("n_shared_experts", "moe_num_shared_experts", "num_shared_experts")
 
 
 def selection_bias(block, router_name: str):
     """(the selection bias tensor, its name relative to the block) where the block has one: the router's
-    e_score_correction_bias, the block's own (hy_v3), or the router's moe_statics' (ernie4_5_moe, [1, E]); None."""
+    e_score_correction_bias, the block's own (hy_v3), or the router's moe_statics' (ernie4_5_moe, [1, E]), or the
+    block's expert_bias (afmoe); None."""
     import torch
 
     for name in (f"{router_name}.e_score_correction_bias", "e_score_correction_bias",
-                 f"{router_name}.moe_statics.e_score_correction_bias"):
+                 f"{router_name}.moe_statics.e_score_correction_bias", "expert_bias"):
         owner, _, attribute = name.rpartition(".")
         try:
             tensor = getattr(block.get_submodule(owner) if owner else block, attribute, None)

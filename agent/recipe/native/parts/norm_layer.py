@@ -10,6 +10,7 @@ from agent.recipe.native.not_native import NotNative
 from agent.recipe.native.parts.norm import model_norms
 from agent.recipe.native.parts.norm_eps import EPS_KEYS, eps_follows
 from agent.recipe.native.parts.part import Match, Part
+from agent.recipe.native.parts.probe import refuse_composite_norm
 
 
 
@@ -18,6 +19,7 @@ def probe_layer_norm(norm, width: int) -> tuple[bool, bool, float]:
     import torch
     import torch.nn.functional as F
 
+    refuse_composite_norm(norm)
     weight, bias = getattr(norm, "weight", None), getattr(norm, "bias", None)
     eps = getattr(norm, "eps", getattr(norm, "variance_epsilon", None))
     if not isinstance(weight, torch.nn.Parameter) or tuple(weight.shape) != (width,) or not isinstance(eps, float):

@@ -188,10 +188,20 @@ def children(module) -> dict:
     return {name: child for name, child in module.named_children() if not isinstance(child, torch.nn.Dropout)}
 
 
+def refuse_composite_norm(norm) -> None:
+    """NotNative for a "norm" with no weight of its own that holds modules (axk2's AXK2GatedRMSNorm: an RMSNorm
+    times a sigmoid gate MLP of its output): what it computes is more than a norm."""
+    held = sorted(children(norm))
+    if getattr(norm, "weight", None) is None and held:
+        raise NotNative("norm", f"{type(norm).__name__} holds modules {held} and no weight of its own (a norm with a "
+                                "gate or another transform): not a norm the file writes")
+
+
 def probe_norm(norm, width: int) -> float:
     """0 for y = w * x / rms(x), 1 for y = (1 + w) * x / rms(x); anything else is not an RMSNorm."""
     import torch
 
+    refuse_composite_norm(norm)
     eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
     x = torch.randn(3, width, generator=torch.Generator().manual_seed(1))
     weight = getattr(norm, "weight", None)

@@ -8,11 +8,12 @@ from torch import nn
 
 from executor.core.kv_cache.cache_info import CacheEntry
 from executor.utils.forward_metadata import ForwardMetaData
-from module.linear import QKVParallelLinear, RowParallelLinear
+from module.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 
 from .context_parallel import cp_key_rows, gather_cp, prefill_cp
 from .norm_qk_full import ModelFullWidthRMSNorm
 from .norm_rms import ModelRMSNorm as Norm
+from .norm_sub import ModelSubRMSNorm
 from .rotary import half_from_interleaved, layer_rope_table, rotary_width
 
 # upstream's cache kinds (executor/core/kv_cache)
@@ -47,6 +48,10 @@ ROTARY = True                   # q and k rotated (else the positions were added
 CONTEXT_PARALLEL = False        # prefill context parallel (parallel_config.cp_size): context_parallel.py's segments
 OUTPUT_GATE = False             # q_proj holds each head's query and an output gate: out * sigmoid(gate) (qwen3_next)
 MULTI_QUERY = False             # key/value heads as falcon's config gives them (num_kv_heads; 1 where multi_query)
+GATE_PROJ = None                # the checkpoint's name of an output gate's own projection: out * act(gate(x)) (afmoe)
+GATE_SOFTPLUS = False           # that gate's activation a softplus (laguna), else a sigmoid
+GATE_PER_HEAD = False           # that gate one per head (over its head_dim), else one per channel
+ATTN_SUB_NORM = False           # an RMSNorm of the attention's output over all heads' width before o_proj (bitnet)
 
 
 def key_value_heads(config):
@@ -133,6 +138,15 @@ class ModelAttention(nn.Module):
         self.o_proj = RowParallelLinear(
             self.num_heads * self.head_dim, config.hidden_size, bias=O_BIAS, tp_size=self.attn_tp_size,
             tp_rank=tp_rank, input_is_parallel=True, quant_config=quant_config, prefix=f"{prefix}.o_proj")
+        if GATE_PROJ:
+            # split by heads like the queries: each rank gates its own heads' output
+            self.output_gate = ColumnParallelLinear(
+                config.hidden_size, self.num_heads * (1 if GATE_PER_HEAD else self.head_dim), bias=False,
+                tp_size=self.attn_tp_size, tp_rank=tp_rank, quant_config=quant_config, prefix=f"{prefix}.{GATE_PROJ}",
+                return_bias=False)
+        if ATTN_SUB_NORM:
+            self.attn_sub_norm = ModelSubRMSNorm(self.num_heads * self.head_dim, config.rms_norm_eps, comm_manager,
+                                                 self.attn_tp_size)
         if SINKS:
             # one learnable sink logit per head of this rank (fused attention's learnable_sink)
             self.sinks = nn.Parameter(torch.empty(self.num_heads_per_rank), requires_grad=False)
@@ -211,6 +225,12 @@ class ModelAttention(nn.Module):
             out = self._attention(query, key, value, forward_metadata)
         if OUTPUT_GATE:
             out = out.reshape(q_len, -1) * torch.sigmoid(gate)
+        if GATE_PROJ:
+            gate = self.output_gate(hidden_states)
+            gate = torch.nn.functional.softplus(gate.float()).to(out.dtype) if GATE_SOFTPLUS else torch.sigmoid(gate)
+            out = out.reshape(q_len, self.num_heads_per_rank, -1) * gate.view(q_len, self.num_heads_per_rank, -1)
+        if ATTN_SUB_NORM:
+            out = self.attn_sub_norm(out.reshape(q_len, -1))
         out = self.o_proj(out.reshape(q_len, self.num_heads_per_rank * self.head_dim))
         if q_len < padded_q_len:
             out = torch.cat([out, out.new_zeros((padded_q_len - q_len, out.size(-1)))], dim=0)

@@ -8,9 +8,12 @@ from transformers.activations import ACT2FN
 
 from module.linear import MergedColumnParallelLinear, RowParallelLinear
 
+from .norm_sub import ModelSubRMSNorm
+
 SWIGLU = True           # the activation is silu: npu_swiglu computes silu(gate) * up
 ACT = "hidden_act"      # the config key naming the gate's activation
 MLP_BIAS = False        # the projections' biases: a literal, or the config key that sets them
+FFN_SUB_NORM = False    # an RMSNorm of act(gate) * up over the intermediate width before down_proj (bitnet)
 FF_AUTO_ADJUST = False  # the width is lfm2's block-adjusted one (block_ff_width), not config.intermediate_size
 
 
@@ -49,6 +52,10 @@ class ModelMLP(nn.Module):
                          and self.gate_up_proj.bias is None)
         else:
             self.act_fn = ACT2FN[getattr(config, ACT)]
+        if FFN_SUB_NORM:
+            self.ffn_sub_norm = ModelSubRMSNorm(config.intermediate_size, config.rms_norm_eps, comm_manager,
+                                                self.attn_tp_size)
+            self.w8a8 = False       # npu_dequant_swiglu_quant quantizes swiglu's output for down_proj: no norm between
 
     def forward(self, hidden_states):
         if SWIGLU and self.w8a8:
@@ -56,11 +63,12 @@ class ModelMLP(nn.Module):
         else:
             gate_up = self.gate_up_proj(hidden_states)
             if SWIGLU:
-                out = self.down_proj(torch_npu.npu_swiglu(gate_up, dim=-1))
+                out = self.down_proj(self.ffn_sub_norm(torch_npu.npu_swiglu(gate_up, dim=-1)) if FFN_SUB_NORM
+                                     else torch_npu.npu_swiglu(gate_up, dim=-1))
             else:
                 # act(gate) * up in plain torch: npu_swiglu computes silu only
                 gate, up = gate_up.chunk(2, dim=-1)
-                out = self.down_proj(self.act_fn(gate) * up)
+                out = self.down_proj(self.ffn_sub_norm(self.act_fn(gate) * up) if FFN_SUB_NORM else self.act_fn(gate) * up)
         if self.attn_tp_size > 1:
             dist.all_reduce(out, group=self.comm_manager.get_group("attn_tp_group"))
         return out

@@ -192,8 +192,12 @@ RECIPE_TYPES = {"llama": {}, "qwen2": {}, "qwen3": {}, "mistral": {"sliding_wind
                 "mixtral": {}, "qwen3_moe": {}, "qwen2_moe": {}, "gpt_oss": {"sliding_window": 16},
                 # MLA + MoE at DeepSeek-V3's rope width (the NZ cache's kernel needs it divisible by 16); as many
                 # key heads as query heads, as its own config (transformers' sdpa packs GQA by key heads)
-                "deepseek_v3": {"qk_rope_head_dim": 64, "num_key_value_heads": 4}}
-MOE_RECIPE_TYPES = ("mixtral", "qwen3_moe", "qwen2_moe", "gpt_oss")
+                "deepseek_v3": {"qk_rope_head_dim": 64, "num_key_value_heads": 4},
+                # sub-norms over the width tensor parallel splits (their sums of squares all-reduced)
+                "bitnet": {},
+                # an output gate from its own projection, split by heads; NoPE full-attention layers
+                "afmoe": {"sliding_window": 16}}
+MOE_RECIPE_TYPES = ("mixtral", "qwen3_moe", "qwen2_moe", "gpt_oss", "afmoe")
 
 
 @pytest.fixture(scope="module")
