@@ -1,8 +1,8 @@
 """The generated Mamba2 mixer (agent/recipe/native/parts/code/linear_attention_mamba2.py) against transformers' own
 layer (BambaMixer) on a tiny config, as the executor drives it: `python tests/support/mamba2_layer_check.py JSON`
 under the npu stand-in, a cann-recipes-infer checkout on sys.path. JSON: a list of jobs {"dtype", "fault", "groups"
-(mamba_n_groups, 2 unless given: transformers 5.0's torch path norms the gated output whole, not per group, so it
-is held at 1 there)}. A packed
+(mamba_n_groups; unless given, 2 where the installed transformers norms the gated output per group as mamba_ssm's
+fused kernel does, 1 under 5.0, whose torch path norms it over the whole width)}. A packed
 prefill of prompts of unequal length (one shorter than the conv's history, one longer than transformers' SSD chunk),
 then decode steps, each request's conv and ssm state in its block of the Mamba cache; every block is NaN before the
 prefill (a prefill reads no state) and block 0, no request's, is NaN before each step. Each step's outputs are held
@@ -24,7 +24,8 @@ LENGTHS = (13, 6, 2)
 DECODE_STEPS = 4
 TOLERANCE = 1e-4           # float32 against float32, relative to the largest output
 RUN_DTYPE_SLACK = 2.0      # agent.recipe.native.selfcheck's
-CODE = Path(__file__).resolve().parents[2] / "agent" / "recipe" / "native" / "parts" / "code" / "linear_attention_mamba2.py"
+CODE = (Path(__file__).resolve().parents[2] / "agent" / "recipe" / "native" / "parts" / "code"
+        / "linear_attention_mamba2.py")
 FAULTS = {
     "conv_state": ("self.conv_state.index_select(0, blocks), weight",
                    "torch.zeros_like(self.conv_state.index_select(0, blocks)), weight"),
@@ -40,6 +41,14 @@ def _config(groups):
     return AutoConfig.for_model("bamba", hidden_size=64, mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=groups,
                                 mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=8,
                                 num_hidden_layers=1, attn_layer_indices=[], vocab_size=64)
+
+
+def _grouped_norm_groups():
+    import inspect
+
+    from transformers.models.bamba import modeling_bamba
+
+    return 2 if "group_size" in inspect.signature(modeling_bamba.BambaRMSNormGated.__init__).parameters else 1
 
 
 def _reference_layer(config):
@@ -79,7 +88,7 @@ def check(job):
     from executor.utils.forward_metadata import ForwardMetaData
 
     dtype = getattr(torch, job.get("dtype", "float32"))
-    config = _config(job.get("groups", 2))
+    config = _config(job.get("groups") or _grouped_norm_groups())
     reference = _reference_layer(config)
     rounded = _reference_layer(config).to(dtype)
     module = _load(CODE, job.get("fault"))

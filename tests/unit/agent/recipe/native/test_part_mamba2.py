@@ -34,22 +34,11 @@ def run(jobs):
     return json.loads(line[len("CHECK "):])
 
 
-def _groups():
-    """transformers 5.0's torch path norms the gated output over the whole width, later ones per group (as
-    mamba_ssm's fused kernel does): the grouped case is held where the installed transformers groups."""
-    import inspect
-
-    from transformers.models.bamba import modeling_bamba
-
-    return 2 if "group_size" in inspect.signature(modeling_bamba.BambaRMSNormGated.__init__).parameters else 1
-
-
 def test_the_mixer_matches_transformers_across_prefill_and_decode_and_lost_conv_state_fails():
-    """float32 and bfloat16 held at the prefill and every decode step; a decode that forgets the conv history fails
-    at its first step (the slow table holds the other faults)."""
-    groups = _groups()
-    good_fp32, good_bf16, fault = run([{"groups": groups}, {"dtype": "bfloat16", "groups": groups},
-                                       {"fault": "conv_state", "groups": groups}])
+    """float32 and bfloat16 (n_groups 2 where the installed transformers norms per group) held at the prefill and
+    every decode step; a decode that forgets the conv history fails at its first step (the slow table holds the
+    other faults)."""
+    good_fp32, good_bf16, fault = run([{}, {"dtype": "bfloat16"}, {"fault": "conv_state"}])
     assert good_fp32["ok"] and good_fp32["max_rel"] < 1e-4, good_fp32
     assert good_bf16["ok"], good_bf16
     assert not fault["ok"] and fault["step"] == "decode step 1", fault
@@ -57,12 +46,12 @@ def test_the_mixer_matches_transformers_across_prefill_and_decode_and_lost_conv_
 
 @pytest.mark.slow
 def test_every_fault_fails_where_it_shows():
-    """One group and several, both dtypes; the ssm state lost at decode (float32 and bfloat16) and the D skip dropped
-    fail where they show. Default case covering this path: the test above."""
-    groups = _groups()
-    goods = [{"groups": 1}, {"groups": 1, "dtype": "bfloat16"}, {"groups": groups, "dtype": "bfloat16"}]
-    faults = [{"groups": groups, "fault": "ssm_state"}, {"groups": groups, "dtype": "bfloat16", "fault": "ssm_state"},
-              {"groups": groups, "fault": "skip"}, {"groups": 1, "dtype": "bfloat16", "fault": "conv_state"}]
+    """One group and several (where the installed transformers groups its norm), both dtypes; the ssm state lost at
+    decode (float32 and bfloat16) and the D skip dropped fail where they show. Default case covering this path: the
+    test above."""
+    goods = [{"groups": 1}, {"groups": 1, "dtype": "bfloat16"}, {"dtype": "bfloat16"}]
+    faults = [{"fault": "ssm_state"}, {"dtype": "bfloat16", "fault": "ssm_state"}, {"fault": "skip"},
+              {"groups": 1, "dtype": "bfloat16", "fault": "conv_state"}]
     results = run(goods + faults)
     assert all(r["ok"] for r in results[:len(goods)]), list(zip(goods, results))
     steps = [r["step"] for r in results[len(goods):]]
