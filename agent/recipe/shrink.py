@@ -148,6 +148,10 @@ def _per_layer(entries: dict, overrides: dict, config: dict) -> dict:
     return result
 
 
+# lists of the indices of the layers of one kind (bamba's attention layers among its Mamba2 ones)
+LAYER_INDEX_LISTS = ("attn_layer_indices",)
+
+
 def _layers(config: dict) -> dict:
     key = next((k for k in LAYER_COUNT_KEYS if isinstance(config.get(k), int)), None)
     if key is None:
@@ -172,8 +176,12 @@ def _layers(config: dict) -> dict:
     for pattern_key in ("sliding_window_pattern", "full_attention_interval", "attn_layer_period"):
         if isinstance(config.get(pattern_key), int):
             count = max(count, config[pattern_key])
+    # the indices of the layers of another kind (bamba's attn_layer_indices): the prefix holds the first
+    indices = {k: config[k] for k in LAYER_INDEX_LISTS if isinstance(config.get(k), list) and config[k]}
+    for values in indices.values():
+        count = max(count, min(values) + 1)
     count = min(total, count)
-    result = {key: count}
+    result = {key: count, **{k: [i for i in values if i < count] for k, values in indices.items()}}
     for k, values in per_layer.items():
         result[k] = values[:count]
     if isinstance(config.get("first_k_dense_replace"), int):

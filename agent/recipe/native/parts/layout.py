@@ -193,6 +193,8 @@ def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
     """A layer's attention, MLP and norms under the skeleton's names; the renames and transposed weights they need."""
     from transformers.pytorch_utils import Conv1D
 
+    from agent.recipe.native.parts.linear_attention_mamba2 import mixer_name
+
     named = _named(layers[0])
     attentions = [n for n, c in named.items() if "attention" in type(c).__name__.lower()]
     norms = [n for n, c in named.items() if _is_norm(c)]
@@ -200,6 +202,11 @@ def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
     roles, mlp = {}, None
     if len(attentions) == 1:
         roles[attentions[0]] = "self_attn"
+    # a hybrid's Mamba2 mixer (bamba's mamba): the file's linear_attn, the attention's place in its layers' norm order
+    mixer = mixer_name(layers)
+    if mixer is not None:
+        roles[mixer] = "linear_attn"
+    branch = attentions if len(attentions) == 1 else [name for name in (mixer,) if name in named]
     mlps = [n for n, c in named.items() if n == "mlp" or "mlp" in type(c).__name__.lower()]
     if len(mlps) == 1:
         roles[mlps[0]] = "mlp"
@@ -212,17 +219,17 @@ def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
             kinds = ", ".join(f"{n} ({type(named[n]).__name__})" for n in rest)
             layout.refusal = (f"the layer's MLP, {kinds}, is neither a module named mlp nor the layer's own up / down "
                               "linears: no part reads it")
-    if len(attentions) == 1 and mlp_calls and len(norms) == 2:
-        calls = [n for n in order if n in (*norms, attentions[0], mlp_calls)]
-        if len(calls) == 4 and calls[0] in norms and calls[1] == attentions[0] and calls[2] in norms \
+    if len(branch) == 1 and mlp_calls and len(norms) == 2:
+        calls = [n for n in order if n in (*norms, branch[0], mlp_calls)]
+        if len(calls) == 4 and calls[0] in norms and calls[1] == branch[0] and calls[2] in norms \
                 and calls[3] == mlp_calls:
             roles[calls[0]], roles[calls[2]] = "input_layernorm", "post_attention_layernorm"
-        elif len(calls) == 4 and calls[0] == attentions[0] and calls[2] == mlp_calls and calls[1] in norms \
+        elif len(calls) == 4 and calls[0] == branch[0] and calls[2] == mlp_calls and calls[1] in norms \
                 and calls[3] in norms:
             # post-LN (openai-gpt's norm(h + attn(h))): each norm after its branch, held numerically by
             # parts/block_post_ln.py
             roles[calls[1]], roles[calls[3]] = "post_attention_layernorm", "post_feedforward_layernorm"
-        elif calls[:1] == attentions[:1]:
+        elif calls[:1] == branch[:1]:
             layout.refusal = ("its norms after the attention in an order no part writes (neither pre-LN nor "
                               "post-LN norm(h + attn(h)))")
     elif len(attentions) == 1 and mlp_calls and len(norms) == 1:
@@ -259,7 +266,7 @@ def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
             layout.renames += ((f"{layer}self_attn\\.{re.escape(name)}\\.", f"model.layers.\\1.self_attn.{skeleton}."),)
     for module in layers:
         children = _named(module)
-        shown = dict(roles)
+        shown = {name: role for name, role in roles.items() if name != mixer or name in children}
         if mlp:
             shown["mlp"] = mlp_view(*(children[n] for n in mlp))
         if inner is not None:

@@ -18,6 +18,8 @@ from module.linear import ReplicatedLinear
 # upstream's cache kind of a fixed-size recurrent state (executor/core/kv_cache)
 MAMBA = "Mamba"
 NORM_EPS = "rms_norm_eps"       # the config key of the norms' epsilon
+# the gated norm over each of n_groups groups (mamba_ssm's kernel, transformers after 5.0), else over the whole width
+MAMBA_NORM_GROUPED = True
 
 
 def mamba_conv1d_update(hidden_states, conv_state, weight, bias):
@@ -104,7 +106,8 @@ class ModelMamba2Mixer(nn.Module):
         self.dt_bias = nn.Parameter(torch.ones(self.num_heads))
         self.A_log = nn.Parameter(torch.zeros(self.num_heads))
         self.D = nn.Parameter(torch.ones(self.num_heads))
-        self.norm = ModelMamba2RMSNormGated(self.intermediate_size, self.intermediate_size // self.n_groups,
+        self.norm = ModelMamba2RMSNormGated(self.intermediate_size, self.intermediate_size // self.n_groups
+                                            if MAMBA_NORM_GROUPED else self.intermediate_size,
                                             eps=getattr(config, NORM_EPS))
         self.out_proj = ReplicatedLinear(self.intermediate_size, self.hidden_size, bias=config.mamba_proj_bias,
                                          quant_config=quant_config, prefix=f"{prefix}.out_proj")
