@@ -133,7 +133,7 @@ def read_layout(model, hidden: int) -> Layout | None:
     if set(inner) == {"decoder"}:
         path, base = f"{prefix}.decoder", inner["decoder"]
     elif prefix == "model" and head_name == "lm_head" and set(inner) - weightless_lists(root) <= SKELETON_MODEL:
-        return None                                  # the skeleton's own layout
+        return _mixer_layout(root)                   # the skeleton's own layout
     present(model, {prefix: "model", head_name: "lm_head"})
     renames = [(f"^{re.escape(head_name)}\\.", "lm_head.")] if head_name != "lm_head" else []
     children = _named(base)
@@ -171,6 +171,23 @@ def read_layout(model, hidden: int) -> Layout | None:
     layout = Layout(base, tuple(renames), embed_norm="embed_norm" in roles.values())
     _layer_roles(model, list(base.layers), hidden, layout)
     return layout
+
+
+def _mixer_layout(root) -> Layout | None:
+    """In the skeleton's own layout, its layers' Mamba2 mixer under another name (granitemoehybrid's mamba) read as
+    the file's linear_attn; None where there is none."""
+    from agent.recipe.native.parts.linear_attention_mamba2 import mixer_name
+
+    layers = list(getattr(root, "layers", None) or [])
+    mixer = mixer_name(layers)
+    if mixer is None or mixer == "linear_attn":
+        return None
+    for layer in layers:
+        if mixer in _named(layer):
+            present(layer, {mixer: "linear_attn"})
+            if "self_attn" in layer.__dict__ and layer.self_attn is None:
+                del layer.self_attn          # no attention beside the mixer (granitemoehybrid sets it None)
+    return Layout(root, ((f"^model\\.layers\\.(\\d+)\\.{re.escape(mixer)}\\.", "model.layers.\\1.linear_attn."),))
 
 
 def _mlp_of_linears(named: dict, order: list, hidden: int):

@@ -77,6 +77,11 @@ def ntk_alpha(probe) -> dict:
 
 
 def _probe(probe, chosen):
+    kind = getattr(probe.config, "position_embedding_type", "rope")
+    if kind not in ("rope", "rotary") and probe.base is not None and not hasattr(probe.base, "rotary_emb"):
+        # granitemoehybrid's default (None) or "nope": the model builds no rotary table
+        raise NotNative("position", f"position_embedding_type {kind!r}: no rotary table, attention without positions "
+                                    "(NoPE) on every layer, which no part writes")
     if not is_mla_model(probe):        # MLA rotates by its own kernels (interleave-half), probed with the attention
         probe_rotate_half(probe.modeling)
     return rope_match(probe, ROTARY, ntk_alpha(probe))

@@ -31,6 +31,16 @@ def test_shrink_keeps_every_layer_kind_and_mha():
     assert shrunk["num_key_value_heads"] == shrunk["num_attention_heads"]          # MHA stays MHA
 
 
+def test_shrink_keeps_the_first_layer_an_index_list_names():
+    """bamba's attn_layer_indices (its attention layers among Mamba2 ones): the cut keeps the first, and the list
+    names only the layers kept; a cut to the usual two layers would keep no attention layer."""
+    bamba = {"model_type": "bamba", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+             "attn_layer_indices": [9, 18, 27]}
+    shrunk = shrink_config(bamba)
+    assert shrunk["num_hidden_layers"] == 10 and shrunk["attn_layer_indices"] == [9]
+    assert shrink_config({**bamba, "attn_layer_indices": [1, 3]})["attn_layer_indices"] == [1]
+
+
 def test_shrink_moe_and_mla():
     dsv2 = {"hidden_size": 2048, "num_hidden_layers": 27, "num_attention_heads": 16, "num_key_value_heads": 16,
             "kv_lora_rank": 512, "q_lora_rank": None, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,

@@ -34,10 +34,12 @@ def run(jobs):
     return json.loads(line[len("CHECK "):])
 
 
+@pytest.mark.slow
 def test_the_mixer_matches_transformers_across_prefill_and_decode_and_lost_conv_state_fails():
     """float32 and bfloat16 (n_groups 2 where the installed transformers norms per group) held at the prefill and
     every decode step; a decode that forgets the conv history fails at its first step (the slow table holds the
-    other faults)."""
+    other faults). Default case covering this path: the whole generated file,
+    test_part_mamba2_hybrids.py::test_bamba_file_matches_transformers_and_a_dropped_d_skip_fails."""
     good_fp32, good_bf16, fault = run([{}, {"dtype": "bfloat16"}, {"fault": "conv_state"}])
     assert good_fp32["ok"] and good_fp32["max_rel"] < 1e-4, good_fp32
     assert good_bf16["ok"], good_bf16

@@ -28,6 +28,11 @@ FAULTS = {
 SMALL = {
     "bamba": ({"num_hidden_layers": 2, "attn_layer_indices": [1], "mamba_d_state": 16},
               {"LINEAR_ATTENTION": True, "MAMBA_NORM_GROUPED": True}),
+    # its rotary variant (the type's default, NoPE, falls back naming it); the MoE block and shared MLP beside the
+    # mixer, granite's multipliers
+    "granitemoehybrid": ({"num_hidden_layers": 2, "layer_types": ["mamba", "attention"], "mamba_d_state": 16,
+                          "position_embedding_type": "rope"},
+                         {"LINEAR_ATTENTION": True, "MAMBA_NORM_GROUPED": True, "RESIDUAL_MULTIPLIER": True}),
 }
 
 
