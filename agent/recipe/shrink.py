@@ -54,6 +54,7 @@ ALIASES = {"n_embd": "hidden_size", "n_head": "num_attention_heads", "n_inner": 
 SSM_HEADS = (("mamba_n_heads", "mamba_d_head", "mamba_expand"), ("num_heads", "head_dim", "expand"),
              ("mamba_num_heads", "mamba_head_dim", "expand"))
 SSM_TINY_HEADS = 4
+SSM_GROUP_KEYS = ("n_groups", "mamba_n_groups")
 # Per-layer overrides keyed by layer index (gemma4's wider global heads, dots3's MLA layers): their widths
 # shrink with the config's, their layers are layer kinds the cut keeps.
 PER_LAYER_DICTS = ("per_layer_config",)
@@ -127,10 +128,24 @@ def ssm_heads(config: dict, hidden) -> dict:
             continue
         inner = expand * hidden
         if inner % width == 0:
-            return {heads_key: inner // width}
+            return _ssm_groups(config, {heads_key: inner // width})
         tiny = min(heads, SSM_TINY_HEADS)
-        return {heads_key: tiny, width_key: inner // tiny}
+        return _ssm_groups(config, {heads_key: tiny, width_key: inner // tiny})
     return {}
+
+
+def _ssm_groups(config: dict, shrunk: dict) -> dict:
+    """`shrunk` with the mixer's B / C group count (nemotron_h's n_groups 8) cut to divide its fewer heads: each
+    group's heads share B and C, so the count must divide them (transformers repeats each group heads / groups
+    times)."""
+    import math
+
+    heads = next(iter(shrunk.values()))
+    for key in SSM_GROUP_KEYS:
+        groups = config.get(key)
+        if isinstance(groups, int) and not isinstance(groups, bool) and groups > 0 and heads % groups:
+            shrunk[key] = math.gcd(heads, groups)
+    return shrunk
 
 
 def _per_layer(entries: dict, overrides: dict, config: dict) -> dict:

@@ -176,14 +176,14 @@ def read_layout(model, hidden: int) -> Layout | None:
 def _mixer_layout(root) -> Layout | None:
     """In the skeleton's own layout, its layers' Mamba2 mixer under another name (granitemoehybrid's mamba) read as
     the file's linear_attn; None where there is none."""
-    from agent.recipe.native.parts.linear_attention_mamba2 import mixer_name
+    from agent.recipe.native.parts.linear_attention_mamba2 import is_mamba2_mixer, mixer_name
 
     layers = list(getattr(root, "layers", None) or [])
     mixer = mixer_name(layers)
     if mixer is None or mixer == "linear_attn":
         return None
     for layer in layers:
-        if mixer in _named(layer):
+        if mixer in _named(layer) and is_mamba2_mixer(_named(layer)[mixer]):
             present(layer, {mixer: "linear_attn"})
             if "self_attn" in layer.__dict__ and layer.self_attn is None:
                 del layer.self_attn          # no attention beside the mixer (granitemoehybrid sets it None)
@@ -210,7 +210,7 @@ def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
     """A layer's attention, MLP and norms under the skeleton's names; the renames and transposed weights they need."""
     from transformers.pytorch_utils import Conv1D
 
-    from agent.recipe.native.parts.linear_attention_mamba2 import mixer_name
+    from agent.recipe.native.parts.linear_attention_mamba2 import is_mamba1_mixer, is_mamba2_mixer, mixer_name
 
     named = _named(layers[0])
     attentions = [n for n, c in named.items() if "attention" in type(c).__name__.lower()]
@@ -236,6 +236,14 @@ def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
             kinds = ", ".join(f"{n} ({type(named[n]).__name__})" for n in rest)
             layout.refusal = (f"the layer's MLP, {kinds}, is neither a module named mlp nor the layer's own up / down "
                               "linears: no part reads it")
+    mamba1 = sorted({f"{n} ({type(c).__name__})" for layer in layers for n, c in _named(layer).items()
+                     if is_mamba1_mixer(c)})
+    if mamba1:
+        layout.refusal = (f"a Mamba1 mixer under {', '.join(mamba1)} (x_proj / dt_proj, a state per channel): no part "
+                          "writes it (the Mamba2 part writes bamba's)")
+    if mixer is not None and not mlp_calls and layout.refusal is None:
+        layout.refusal = (f"its layers hold one mixer each behind one norm (a Mamba2 mixer, attention, MoE or MLP under "
+                          f"{mixer!r}: nemotron_h's block), not an attention and an MLP: no part writes such a layer")
     if len(branch) == 1 and mlp_calls and len(norms) == 2:
         calls = [n for n in order if n in (*norms, branch[0], mlp_calls)]
         if len(calls) == 4 and calls[0] in norms and calls[1] == branch[0] and calls[2] in norms \
@@ -283,7 +291,8 @@ def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
             layout.renames += ((f"{layer}self_attn\\.{re.escape(name)}\\.", f"model.layers.\\1.self_attn.{skeleton}."),)
     for module in layers:
         children = _named(module)
-        shown = {name: role for name, role in roles.items() if name != mixer or name in children}
+        shown = {name: role for name, role in roles.items()
+                 if name != mixer or (name in children and is_mamba2_mixer(children[name]))}
         if mlp:
             shown["mlp"] = mlp_view(*(children[n] for n in mlp))
         if inner is not None:

@@ -25,6 +25,13 @@ def is_mamba2_mixer(module) -> bool:
     return PARAMETERS <= own and {"in_proj", "conv1d", "out_proj"} <= names
 
 
+def is_mamba1_mixer(module) -> bool:
+    """A Mamba1 mixer (jamba's, mamba's: x_proj and dt_proj, A_log of a state per channel), which no part writes."""
+    own = {name for name, _ in module.named_parameters(recurse=False)}
+    names = {name for name, _ in module.named_children()}
+    return {"A_log", "D"} <= own and {"x_proj", "dt_proj", "conv1d"} <= names
+
+
 def mixer_name(layers) -> str | None:
     """The one child name under which `layers` hold a Mamba2 mixer (bamba's `mamba`), or None."""
     names = {name for layer in layers for name, child in layer.named_children() if is_mamba2_mixer(child)}

@@ -78,7 +78,7 @@ def ntk_alpha(probe) -> dict:
 
 def _probe(probe, chosen):
     kind = getattr(probe.config, "position_embedding_type", "rope")
-    if kind not in ("rope", "rotary") and probe.base is not None and not hasattr(probe.base, "rotary_emb"):
+    if kind not in ("rope", "rotary") and probe.base is not None and getattr(probe.base, "rotary_emb", None) is None:
         # granitemoehybrid's default (None) or "nope": the model builds no rotary table
         raise NotNative("position", f"position_embedding_type {kind!r}: no rotary table, attention without positions "
                                     "(NoPE) on every layer, which no part writes")

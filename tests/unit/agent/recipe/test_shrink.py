@@ -41,6 +41,17 @@ def test_shrink_keeps_the_first_layer_an_index_list_names():
     assert shrink_config({**bamba, "attn_layer_indices": [1, 3]})["attn_layer_indices"] == [1]
 
 
+def test_a_state_space_mixers_groups_divide_its_fewer_heads():
+    """nemotron_h's 8 B / C groups over 128 heads: cut with the heads to a count that divides them (transformers
+    repeats each group heads / groups times; 8 groups over 2 heads is no model); a count that divides stays."""
+    nemotron = {"model_type": "nemotron_h", "hidden_size": 4096, "num_hidden_layers": 4, "num_attention_heads": 32,
+                "mamba_num_heads": 128, "mamba_head_dim": 64, "expand": 2, "n_groups": 8}
+    shrunk = shrink_config(nemotron)
+    heads, groups = shrunk["mamba_num_heads"], shrunk.get("n_groups", 8)
+    assert heads < 8 and heads % groups == 0, shrunk
+    assert "n_groups" not in shrink_config({**nemotron, "n_groups": 1})
+
+
 def test_shrink_moe_and_mla():
     dsv2 = {"hidden_size": 2048, "num_hidden_layers": 27, "num_attention_heads": 16, "num_key_value_heads": 16,
             "kv_lora_rank": 512, "q_lora_rank": None, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,

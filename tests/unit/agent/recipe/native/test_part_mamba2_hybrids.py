@@ -26,7 +26,8 @@ FAULTS = {
 }
 # type: (its smallest hybrid config's changes from transformers' defaults, the options the composition must take)
 SMALL = {
-    "bamba": ({"num_hidden_layers": 2, "attn_layer_indices": [1], "mamba_d_state": 16},
+    "bamba": ({"num_hidden_layers": 2, "attn_layer_indices": [1], "mamba_d_state": 16, "mamba_chunk_size": 16,
+               "num_attention_heads": 64},
               {"LINEAR_ATTENTION": True, "MAMBA_NORM_GROUPED": True}),
     # its rotary variant (the type's default, NoPE, falls back naming it); the MoE block and shared MLP beside the
     # mixer, granite's multipliers
@@ -107,3 +108,32 @@ def test_bamba_with_two_groups_norms_each_group(tmp_path):
     config, good, _ = _render("bamba", tmp_path, [], {"mamba_n_groups": 2})
     (result,) = selfcheck([_job(config, good)], SNAPSHOT)
     assert result["ok"], result
+
+
+REFUSED = {
+    # type: (changes from its defaults, the fall-back's kind, words its one-line reason must hold)
+    "falcon_h1": ({}, "decoder layer", "Mamba2 mixer beside self_attn"),
+    "nemotron_h": ({}, "model", "one mixer each behind one norm"),
+    "jamba": ({}, "model", "a Mamba1 mixer under mamba (JambaMambaMixer)"),
+    "granitemoehybrid": ({"num_hidden_layers": 2, "layer_types": ["mamba", "attention"]}, "position",
+                         "position_embedding_type None"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", sorted(REFUSED))
+def test_the_hybrids_no_part_writes_fall_back_naming_their_first_blocker(model_type):
+    """falcon_h1's parallel layer (mixer and attention side by side), nemotron_h's one-mixer blocks (its shrunk
+    config's B / C groups cut to divide the heads, so that transformers runs it), jamba's Mamba1 mixer and
+    granitemoehybrid's NoPE attention (its default position_embedding_type) each fall back in one line naming it.
+    Default case covering the derivation's path: test_bamba_file_matches_transformers_and_a_dropped_d_skip_fails."""
+    from transformers import AutoConfig
+
+    from agent.recipe.native.compose import derive
+    from agent.recipe.native.not_native import NotNative
+
+    changes, kind, words = REFUSED[model_type]
+    with pytest.raises(NotNative) as refused:
+        derive(AutoConfig.for_model(model_type, **changes).to_dict())
+    assert refused.value.kind == kind and words in refused.value.reason, (refused.value.kind, refused.value.reason)
+    assert "\n" not in refused.value.reason
