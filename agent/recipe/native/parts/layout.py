@@ -78,6 +78,26 @@ def weightless_lists(module) -> set:
             if isinstance(child, torch.nn.ModuleList) and len(child) and not any(True for _ in child.parameters())}
 
 
+def is_mamba2_mixer(module) -> bool:
+    """A Mamba2 mixer by what it holds (A_log, D, dt_bias; in_proj, conv1d, out_proj), whatever its class's name."""
+    own = {name for name, _ in module.named_parameters(recurse=False)}
+    names = {name for name, _ in module.named_children()}
+    return {"A_log", "D", "dt_bias"} <= own and {"in_proj", "conv1d", "out_proj"} <= names
+
+
+def is_mamba1_mixer(module) -> bool:
+    """A Mamba1 mixer (jamba's, mamba's: x_proj and dt_proj, A_log of a state per channel), which no part writes."""
+    own = {name for name, _ in module.named_parameters(recurse=False)}
+    names = {name for name, _ in module.named_children()}
+    return {"A_log", "D"} <= own and {"x_proj", "dt_proj", "conv1d"} <= names
+
+
+def mixer_name(layers) -> str | None:
+    """The one child name under which `layers` hold a Mamba2 mixer (bamba's `mamba`), or None."""
+    names = {name for layer in layers for name, child in layer.named_children() if is_mamba2_mixer(child)}
+    return names.pop() if len(names) == 1 else None
+
+
 def _is_norm(module) -> bool:
     return "norm" in type(module).__name__.lower() and not list(module.children())
 
@@ -176,8 +196,6 @@ def read_layout(model, hidden: int) -> Layout | None:
 def _mixer_layout(root) -> Layout | None:
     """In the skeleton's own layout, its layers' Mamba2 mixer under another name (granitemoehybrid's mamba) read as
     the file's linear_attn; None where there is none."""
-    from agent.recipe.native.parts.linear_attention_mamba2 import is_mamba2_mixer, mixer_name
-
     layers = list(getattr(root, "layers", None) or [])
     mixer = mixer_name(layers)
     if mixer is None or mixer == "linear_attn":
@@ -209,8 +227,6 @@ def _mlp_of_linears(named: dict, order: list, hidden: int):
 def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
     """A layer's attention, MLP and norms under the skeleton's names; the renames and transposed weights they need."""
     from transformers.pytorch_utils import Conv1D
-
-    from agent.recipe.native.parts.linear_attention_mamba2 import is_mamba1_mixer, is_mamba2_mixer, mixer_name
 
     named = _named(layers[0])
     attentions = [n for n, c in named.items() if "attention" in type(c).__name__.lower()]

@@ -9,7 +9,7 @@ state with scale D_k ** -0.5, RMSNorm of each value head times SiLU(z), out_proj
 from __future__ import annotations
 
 from agent.recipe.native.not_native import NotNative
-from agent.recipe.native.parts.linear_attention_mamba2 import is_mamba2_mixer
+from agent.recipe.native.parts.layout import is_mamba2_mixer
 from agent.recipe.native.parts.part import Match, Part
 from agent.recipe.native.parts.probe import children
 

@@ -10,32 +10,12 @@ n_groups groups or the whole width, out_proj)."""
 from __future__ import annotations
 
 from agent.recipe.native.not_native import NotNative
+from agent.recipe.native.parts.layout import is_mamba2_mixer
 from agent.recipe.native.parts.part import Match, Part
 from agent.recipe.native.parts.probe import children
 
 KIND = "linear attention"
 CHILDREN = {"in_proj", "conv1d", "norm", "out_proj", "act"}
-PARAMETERS = {"A_log", "D", "dt_bias"}
-
-
-def is_mamba2_mixer(module) -> bool:
-    """A Mamba2 mixer by what it holds (A_log, D, dt_bias; in_proj, conv1d, out_proj), whatever its class's name."""
-    own = {name for name, _ in module.named_parameters(recurse=False)}
-    names = {name for name, _ in module.named_children()}
-    return PARAMETERS <= own and {"in_proj", "conv1d", "out_proj"} <= names
-
-
-def is_mamba1_mixer(module) -> bool:
-    """A Mamba1 mixer (jamba's, mamba's: x_proj and dt_proj, A_log of a state per channel), which no part writes."""
-    own = {name for name, _ in module.named_parameters(recurse=False)}
-    names = {name for name, _ in module.named_children()}
-    return {"A_log", "D"} <= own and {"x_proj", "dt_proj", "conv1d"} <= names
-
-
-def mixer_name(layers) -> str | None:
-    """The one child name under which `layers` hold a Mamba2 mixer (bamba's `mamba`), or None."""
-    names = {name for layer in layers for name, child in layer.named_children() if is_mamba2_mixer(child)}
-    return names.pop() if len(names) == 1 else None
 
 
 def is_linear_beside_attention(layer) -> bool:
