@@ -52,7 +52,7 @@ ALIASES = {"n_embd": "hidden_size", "n_head": "num_attention_heads", "n_inner": 
 # A state-space mixer's heads must tile its inner width, expand x hidden_size (each config class validates it):
 # (heads key, head width key, expand key) as the Mamba-2 family names them.
 SSM_HEADS = (("mamba_n_heads", "mamba_d_head", "mamba_expand"), ("num_heads", "head_dim", "expand"),
-             ("mamba_num_heads", "mamba_head_dim", "expand"))
+             ("mamba_num_heads", "mamba_head_dim", "expand"), ("n_mamba_heads", "mamba_headdim", "mamba_expand"))
 SSM_TINY_HEADS = 4
 SSM_GROUP_KEYS = ("n_groups", "mamba_n_groups")
 # Per-layer overrides keyed by layer index (gemma4's wider global heads, dots3's MLA layers): their widths

@@ -258,8 +258,9 @@ def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
         layout.refusal = (f"a Mamba1 mixer under {', '.join(mamba1)} (x_proj / dt_proj, a state per channel): no part "
                           "writes it (the Mamba2 part writes bamba's)")
     if mixer is not None and not mlp_calls and layout.refusal is None:
-        layout.refusal = (f"its layers hold one mixer each behind one norm (a Mamba2 mixer, attention, MoE or MLP under "
-                          f"{mixer!r}: nemotron_h's block), not an attention and an MLP: no part writes such a layer")
+        layout.refusal = (f"its Mamba2 layers hold the mixer ({mixer!r}) behind one norm with no MLP (nemotron_h's "
+                          "one-mixer blocks, zamba2's mamba layers), not an attention or mixer and an MLP: no part "
+                          "writes such a layer")
     if len(branch) == 1 and mlp_calls and len(norms) == 2:
         calls = [n for n in order if n in (*norms, branch[0], mlp_calls)]
         if len(calls) == 4 and calls[0] in norms and calls[1] == branch[0] and calls[2] in norms \

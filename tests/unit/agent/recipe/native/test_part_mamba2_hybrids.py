@@ -113,7 +113,8 @@ def test_bamba_with_two_groups_norms_each_group(tmp_path):
 REFUSED = {
     # type: (changes from its defaults, the fall-back's kind, words its one-line reason must hold)
     "falcon_h1": ({}, "decoder layer", "Mamba2 mixer beside self_attn"),
-    "nemotron_h": ({}, "model", "one mixer each behind one norm"),
+    "nemotron_h": ({}, "model", "mixer ('mixer') behind one norm with no MLP"),
+    "zamba2": ({}, "model", "mixer ('mamba') behind one norm with no MLP"),
     "jamba": ({}, "model", "a Mamba1 mixer under mamba (JambaMambaMixer)"),
     "granitemoehybrid": ({"num_hidden_layers": 2, "layer_types": ["mamba", "attention"]}, "position",
                          "position_embedding_type None"),
@@ -124,7 +125,8 @@ REFUSED = {
 @pytest.mark.parametrize("model_type", sorted(REFUSED))
 def test_the_hybrids_no_part_writes_fall_back_naming_their_first_blocker(model_type):
     """falcon_h1's parallel layer (mixer and attention side by side), nemotron_h's one-mixer blocks (its shrunk
-    config's B / C groups cut to divide the heads, so that transformers runs it), jamba's Mamba1 mixer and
+    config's B / C groups cut to divide the heads, so that transformers runs it) and zamba2's mamba layers (its
+    attention width and mixer heads shrunk with the hidden width), jamba's Mamba1 mixer and
     granitemoehybrid's NoPE attention (its default position_embedding_type) each fall back in one line naming it.
     Default case covering the derivation's path: test_bamba_file_matches_transformers_and_a_dropped_d_skip_fails."""
     from transformers import AutoConfig
