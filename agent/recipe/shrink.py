@@ -52,8 +52,9 @@ ALIASES = {"n_embd": "hidden_size", "n_head": "num_attention_heads", "n_inner": 
 # A state-space mixer's heads must tile its inner width, expand x hidden_size (each config class validates it):
 # (heads key, head width key, expand key) as the Mamba-2 family names them.
 SSM_HEADS = (("mamba_n_heads", "mamba_d_head", "mamba_expand"), ("num_heads", "head_dim", "expand"),
-             ("mamba_num_heads", "mamba_head_dim", "expand"))
+             ("mamba_num_heads", "mamba_head_dim", "expand"), ("n_mamba_heads", "mamba_headdim", "mamba_expand"))
 SSM_TINY_HEADS = 4
+SSM_GROUP_KEYS = ("n_groups", "mamba_n_groups")
 # Per-layer overrides keyed by layer index (gemma4's wider global heads, dots3's MLA layers): their widths
 # shrink with the config's, their layers are layer kinds the cut keeps.
 PER_LAYER_DICTS = ("per_layer_config",)
@@ -130,10 +131,24 @@ def ssm_heads(config: dict, hidden) -> dict:
             continue
         inner = expand * hidden
         if inner % width == 0:
-            return {heads_key: inner // width}
+            return _ssm_groups(config, {heads_key: inner // width})
         tiny = min(heads, SSM_TINY_HEADS)
-        return {heads_key: tiny, width_key: inner // tiny}
+        return _ssm_groups(config, {heads_key: tiny, width_key: inner // tiny})
     return {}
+
+
+def _ssm_groups(config: dict, shrunk: dict) -> dict:
+    """`shrunk` with the mixer's B / C group count (nemotron_h's n_groups 8) cut to divide its fewer heads: each
+    group's heads share B and C, so the count must divide them (transformers repeats each group heads / groups
+    times)."""
+    import math
+
+    heads = next(iter(shrunk.values()))
+    for key in SSM_GROUP_KEYS:
+        groups = config.get(key)
+        if isinstance(groups, int) and not isinstance(groups, bool) and groups > 0 and heads % groups:
+            shrunk[key] = math.gcd(heads, groups)
+    return shrunk
 
 
 def _per_layer(entries: dict, overrides: dict, config: dict) -> dict:
@@ -149,6 +164,10 @@ def _per_layer(entries: dict, overrides: dict, config: dict) -> dict:
                       for k, v in values.items()}
         result[index] = values
     return result
+
+
+# lists of the indices of the layers of one kind (bamba's attention layers among its Mamba2 ones)
+LAYER_INDEX_LISTS = ("attn_layer_indices",)
 
 
 def _layers(config: dict) -> dict:
@@ -175,8 +194,12 @@ def _layers(config: dict) -> dict:
     for pattern_key in ("sliding_window_pattern", "full_attention_interval", "attn_layer_period"):
         if isinstance(config.get(pattern_key), int):
             count = max(count, config[pattern_key])
+    # the indices of the layers of another kind (bamba's attn_layer_indices): the prefix holds the first
+    indices = {k: config[k] for k in LAYER_INDEX_LISTS if isinstance(config.get(k), list) and config[k]}
+    for values in indices.values():
+        count = max(count, min(values) + 1)
     count = min(total, count)
-    result = {key: count}
+    result = {key: count, **{k: [i for i in values if i < count] for k, values in indices.items()}}
     for k, values in per_layer.items():
         result[k] = values[:count]
     if isinstance(config.get("first_k_dense_replace"), int):

@@ -44,6 +44,8 @@ SHAPES: dict[str, tuple[str, dict]] = {
         "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768, "decoder_sparse_step": 1,
         "norm_topk_prob": True, "mlp_only_layers": [], "rope_theta": 1000000.0, "use_sliding_window": False,
         "tie_word_embeddings": False}),
+    "bamba": ("ibm-ai-platform/Bamba-9B", {
+        "num_hidden_layers": 32, "attn_layer_indices": [9, 18, 27]}),
     "qwen3_next": ("Qwen/Qwen3-Next-80B-A3B-Instruct", {
         "num_attention_heads": 16, "num_key_value_heads": 2, "hidden_size": 2048, "head_dim": 256,
         "num_hidden_layers": 48, "full_attention_interval": 4, "linear_conv_kernel_dim": 4,

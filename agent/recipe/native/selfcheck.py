@@ -53,6 +53,10 @@ ROUTER_GAIN = 8.0
 # a float32 step over TOLERANCE passes within this many times transformers' own float32 error at that step (its
 # float32 logits against its float64 ones): two float32 computations of one model each err by about that much
 FLOAT32_SLACK = 2.0
+# transformers' cached decode against its own whole-sequence run, relative to the largest logit: past this its cache
+# path is wrong, not rounded (a float32 reference; a bfloat16 one's two paths round apart by up to a few 1e-2)
+CACHE_TOLERANCE = 1e-3
+CACHE_TOLERANCE_LOW = 1e-1
 TRACE = bool(os.environ.get("NATIVE_SELFCHECK_TRACE"))
 MAMBA = "Mamba"     # upstream's cache kind of a fixed-size per-request state (a linear attention's)
 
@@ -174,23 +178,41 @@ class Incremental:
     def __init__(self, model, rows: int):
         import copy
 
+        import torch
+
         self.models = [model] + [copy.deepcopy(model) for _ in range(rows - 1)]
         self.caches, self.seen = [None] * rows, [0] * rows
         # a model whose forward keeps no cache (openai-gpt's) runs each step on the whole sequence; transformers
         # names the cache argument past_key_values (5.0) or cache (5.24)
         self.cached = bool({"past_key_values", "cache"} & set(inspect.signature(model.forward).parameters))
+        # a model that carries a recurrent state in its cache (transformers' _is_stateful): each cached decode is held
+        # to the whole sequence, since transformers' own cached path may be wrong (5.24's bamba: its Mamba2 decode
+        # drifts from its own whole-sequence run to half the logits' range), and a wrong reference makes every check
+        # vacuous; a row found so runs on the whole sequence from then on
+        self.stateful = bool(getattr(model, "_is_stateful", False))
+        self.whole = [False] * rows
+        dtype = next(model.parameters()).dtype
+        self.cache_tolerance = CACHE_TOLERANCE if dtype in (torch.float32, torch.float64) else CACHE_TOLERANCE_LOW
 
     def logits(self, row: int, tokens: list[int]):
         import torch
 
-        if not self.cached:
+        if not self.cached or self.whole[row]:
             with torch.no_grad():
                 return self.models[row](input_ids=torch.tensor([tokens])).logits[0, -1].float()
         new = tokens[self.seen[row]:]
+        decode = self.seen[row] > 0
         with torch.no_grad():
             out = self.models[row](input_ids=torch.tensor([new]), past_key_values=self.caches[row], use_cache=True)
         self.caches[row], self.seen[row] = out.past_key_values, len(tokens)
-        return out.logits[0, -1].float()
+        cached = out.logits[0, -1].float()
+        if decode and self.stateful:
+            with torch.no_grad():
+                whole = self.models[row](input_ids=torch.tensor([tokens])).logits[0, -1].float()
+            if not float((cached - whole).abs().max()) <= self.cache_tolerance * float(whole.abs().max()):
+                self.whole[row] = True
+                return whole
+        return cached
 
 
 def float64_error(reference, row: int, tokens: list[int], logits) -> float:

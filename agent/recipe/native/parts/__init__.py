@@ -3,8 +3,8 @@ each slot's parts most specific first. agent.recipe.native.compose picks one par
 architecture's own code and config; agent.recipe.native.assemble writes their code as one file."""
 
 from agent.recipe.native.parts import (attention, block, block_parallel, block_post_ln, block_post_norm, embedding, head, mla, mlp, mlp_clamped, mlp_plain, model, moe,
-                                       linear_attention, mtp, norm, norm_layer, norm_weightless, norm_weightless_rms, position,
-                                       position_absolute,
+                                       linear_attention, linear_attention_mamba2, mtp, norm, norm_layer, norm_weightless,
+                                       norm_weightless_rms, position, position_absolute,
                                        position_alibi, rotary_interleaved, rotary_layer_theta, rotary_nope,
                                        scalar_multipliers, short_conv)
 from agent.recipe.native.parts import attention_diff, attention_lightning
@@ -34,6 +34,7 @@ PARTS = (
     attention.SOFTCAP_PAGED,
     attention.FUSED_PAGED_SINKS,
     attention.FUSED_PAGED,
+    linear_attention_mamba2.MAMBA2,
     linear_attention.GATED_DELTA_NET,
     short_conv.SHORT_CONV,
     moe.SPARSE_MOE,

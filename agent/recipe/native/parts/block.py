@@ -56,17 +56,28 @@ def residual_scaled(layer, hidden: int, multiplier: float, roles: dict) -> bool:
     gen = torch.Generator().manual_seed(8)
     a, b = (torch.randn(hidden, hidden, generator=gen) / hidden ** 0.5 for _ in range(2))
     x = torch.randn(1, 3, hidden, generator=gen)
-    attention, mlp = layer.self_attn, layer_mlp(layer)     # its MoE block under another name (granitemoe)
+    # a hybrid's Mamba2 layer (granitemoehybrid's first): the mixer, which returns its output alone, in the attention's place
+    linear = not hasattr(layer, "self_attn") and hasattr(layer, "linear_attn")
+    attention, mlp = layer.linear_attn if linear else layer.self_attn, layer_mlp(layer)  # the MoE block under another name (granitemoe)
     saved = attention.forward, mlp.forward
+    # a shared MLP beside the sparse-MoE block (granitemoehybrid's shared_mlp: the file's shared experts, inside its
+    # MLP branch) adds nothing here: the branch is the replaced MLP alone
+    from agent.recipe.native.parts.moe import LAYER_SHARED_NAMES
+
+    shared = [child for name, child in children(layer).items() if name in LAYER_SHARED_NAMES and mlp is not child]
     try:
-        attention.forward = lambda hidden_states, *args, **kwargs: (hidden_states @ a, None)
+        attention.forward = lambda hidden_states, *args, **kwargs: hidden_states @ a if linear else (hidden_states @ a, None)
         mlp.forward = lambda hidden_states, *args, **kwargs: hidden_states @ b
+        for child in shared:
+            child.forward = lambda hidden_states, *args, **kwargs: torch.zeros_like(hidden_states)
         with torch.no_grad():
             got = layer(x, attention_mask=None, position_ids=None, position_embeddings=None)
     except Exception:  # noqa: BLE001 - another call shape: not the layer this part writes
         return False
     finally:
         attention.forward, mlp.forward = saved
+        for child in shared:
+            del child.forward
     got = got[0] if isinstance(got, tuple) else got
 
     def norm(role):

@@ -79,6 +79,26 @@ def weightless_lists(module) -> set:
             if isinstance(child, torch.nn.ModuleList) and len(child) and not any(True for _ in child.parameters())}
 
 
+def is_mamba2_mixer(module) -> bool:
+    """A Mamba2 mixer by what it holds (A_log, D, dt_bias; in_proj, conv1d, out_proj), whatever its class's name."""
+    own = {name for name, _ in module.named_parameters(recurse=False)}
+    names = {name for name, _ in module.named_children()}
+    return {"A_log", "D", "dt_bias"} <= own and {"in_proj", "conv1d", "out_proj"} <= names
+
+
+def is_mamba1_mixer(module) -> bool:
+    """A Mamba1 mixer (jamba's, mamba's: x_proj and dt_proj, A_log of a state per channel), which no part writes."""
+    own = {name for name, _ in module.named_parameters(recurse=False)}
+    names = {name for name, _ in module.named_children()}
+    return {"A_log", "D"} <= own and {"x_proj", "dt_proj", "conv1d"} <= names
+
+
+def mixer_name(layers) -> str | None:
+    """The one child name under which `layers` hold a Mamba2 mixer (bamba's `mamba`), or None."""
+    names = {name for layer in layers for name, child in layer.named_children() if is_mamba2_mixer(child)}
+    return names.pop() if len(names) == 1 else None
+
+
 def _is_norm(module) -> bool:
     return "norm" in type(module).__name__.lower() and not list(module.children())
 
@@ -134,7 +154,7 @@ def read_layout(model, hidden: int) -> Layout | None:
     if set(inner) == {"decoder"}:
         path, base = f"{prefix}.decoder", inner["decoder"]
     elif prefix == "model" and head_name == "lm_head" and set(inner) - weightless_lists(root) <= SKELETON_MODEL:
-        return None                                  # the skeleton's own layout
+        return _mixer_layout(root)                   # the skeleton's own layout
     present(model, {prefix: "model", head_name: "lm_head"})
     renames = [(f"^{re.escape(head_name)}\\.", "lm_head.")] if head_name != "lm_head" else []
     children = _named(base)
@@ -174,6 +194,21 @@ def read_layout(model, hidden: int) -> Layout | None:
     return layout
 
 
+def _mixer_layout(root) -> Layout | None:
+    """In the skeleton's own layout, its layers' Mamba2 mixer under another name (granitemoehybrid's mamba) read as
+    the file's linear_attn; None where there is none."""
+    layers = list(getattr(root, "layers", None) or [])
+    mixer = mixer_name(layers)
+    if mixer is None or mixer == "linear_attn":
+        return None
+    for layer in layers:
+        if mixer in _named(layer) and is_mamba2_mixer(_named(layer)[mixer]):
+            present(layer, {mixer: "linear_attn"})
+            if "self_attn" in layer.__dict__ and layer.self_attn is None:
+                del layer.self_attn          # no attention beside the mixer (granitemoehybrid sets it None)
+    return Layout(root, ((f"^model\\.layers\\.(\\d+)\\.{re.escape(mixer)}\\.", "model.layers.\\1.linear_attn."),))
+
+
 def _mlp_of_linears(named: dict, order: list, hidden: int):
     """(up, activation, down) names where the layer holds its MLP's linears itself (opt's fc1 / fc2), called in
     that order after the attention; None otherwise."""
@@ -207,6 +242,11 @@ def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
     roles, mlp = {}, None
     if len(attentions) == 1:
         roles[attentions[0]] = "self_attn"
+    # a hybrid's Mamba2 mixer (bamba's mamba): the file's linear_attn, the attention's place in its layers' norm order
+    mixer = mixer_name(layers)
+    if mixer is not None:
+        roles[mixer] = "linear_attn"
+    branch = attentions if len(attentions) == 1 else [name for name in (mixer,) if name in named]
     mlps = [n for n, c in named.items() if n == "mlp" or "mlp" in type(c).__name__.lower()]
     if not mlps:
         # an MLP as a Sequential of its linears and activation (ctrl's ffn): read by mlp_roles as any plain MLP
@@ -222,21 +262,30 @@ def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
             kinds = ", ".join(f"{n} ({type(named[n]).__name__})" for n in rest)
             layout.refusal = (f"the layer's MLP, {kinds}, is neither a module named mlp nor the layer's own up / down "
                               "linears: no part reads it")
-    if len(attentions) == 1 and mlp_calls and len(norms) == 2:
-        calls = [n for n in order if n in (*norms, attentions[0], mlp_calls)]
-        if len(calls) == 4 and calls[0] in norms and calls[1] == attentions[0] and calls[2] in norms \
+    mamba1 = sorted({f"{n} ({type(c).__name__})" for layer in layers for n, c in _named(layer).items()
+                     if is_mamba1_mixer(c)})
+    if mamba1:
+        layout.refusal = (f"a Mamba1 mixer under {', '.join(mamba1)} (x_proj / dt_proj, a state per channel): no part "
+                          "writes it (the Mamba2 part writes bamba's)")
+    if mixer is not None and not mlp_calls and layout.refusal is None:
+        layout.refusal = (f"its Mamba2 layers hold the mixer ({mixer!r}) behind one norm with no MLP (nemotron_h's "
+                          "one-mixer blocks, zamba2's mamba layers), not an attention or mixer and an MLP: no part "
+                          "writes such a layer")
+    if len(branch) == 1 and mlp_calls and len(norms) == 2:
+        calls = [n for n in order if n in (*norms, branch[0], mlp_calls)]
+        if len(calls) == 4 and calls[0] in norms and calls[1] == branch[0] and calls[2] in norms \
                 and calls[3] == mlp_calls:
             roles[calls[0]], roles[calls[2]] = "input_layernorm", "post_attention_layernorm"
-        elif len(calls) == 4 and calls[0] == attentions[0] and calls[2] == mlp_calls and calls[1] in norms \
+        elif len(calls) == 4 and calls[0] == branch[0] and calls[2] == mlp_calls and calls[1] in norms \
                 and calls[3] in norms:
             # post-LN (openai-gpt's norm(h + attn(h))): each norm after its branch, held numerically by
             # parts/block_post_ln.py
             roles[calls[1]], roles[calls[3]] = "post_attention_layernorm", "post_feedforward_layernorm"
-        elif len(calls) == 4 and calls[0] in norms and calls[1] in norms and calls[2:] == [attentions[0], mlp_calls]:
+        elif len(calls) == 4 and calls[0] in norms and calls[1] in norms and calls[2:] == [branch[0], mlp_calls]:
             # both norms before the attention (falcon's new architecture: ln_attn, ln_mlp): the parallel layer on
             # two norms, each branch's held numerically by parts/block_parallel.py
             roles[calls[0]], roles[calls[1]] = "input_layernorm", "post_attention_layernorm"
-        elif calls[:1] == attentions[:1]:
+        elif calls[:1] == branch[:1]:
             layout.refusal = ("its norms after the attention in an order no part writes (neither pre-LN nor "
                               "post-LN norm(h + attn(h)))")
     elif len(attentions) == 1 and mlp_calls and len(norms) == 4:
@@ -285,7 +334,8 @@ def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
         layout.renames += ((f"{layer}{re.escape(name)}\\.", "model.layers.\\1.linear_attn."),)
     for index, module in enumerate(layers):
         children = _named(module)
-        shown = {name: role for name, role in roles.items() if name in children}
+        shown = {name: role for name, role in roles.items()
+                 if name in children and (name != mixer or is_mamba2_mixer(children[name]))}
         if index in mixers:
             shown[mixers[index]] = "linear_attn"
         if mlp:

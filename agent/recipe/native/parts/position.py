@@ -83,6 +83,11 @@ def ntk_alpha(probe) -> dict:
 def _probe(probe, chosen):
     if getattr(probe.config, "alibi", None) is True:
         return None                     # falcon's config.alibi: ALiBi instead of the rotary its model still builds
+    kind = getattr(probe.config, "position_embedding_type", "rope")
+    if kind not in ("rope", "rotary") and probe.base is not None and getattr(probe.base, "rotary_emb", None) is None:
+        # granitemoehybrid's default (None) or "nope": the model builds no rotary table
+        raise NotNative("position", f"position_embedding_type {kind!r}: no rotary table, attention without positions "
+                                    "(NoPE) on every layer, which no part writes")
     backward = False
     if not is_mla_model(probe):        # MLA rotates by its own kernels (interleave-half), probed with the attention
         backward = probe_rotate_half(probe.modeling, backward_ok=True)

@@ -18,6 +18,8 @@ KERNEL_DIMS = ("head_dim", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
 SIZE_KEYS = {"hidden_size", "num_hidden_layers", "vocab_size"}
 # widths a config keeps equal to hidden_size where the checkpoint does (shrunk with it)
 WIDTHS_OF_HIDDEN = ("word_embed_proj_dim",)
+# widths a config keeps a multiple of hidden_size (shrunk with it)
+MULTIPLES_OF_HIDDEN = ("attention_hidden_size",)
 
 
 def first_line(exc: BaseException, limit: int = 200) -> str:
@@ -76,6 +78,11 @@ def shrunk_config(config_dict: dict, changes: dict | None = None):
     for key in WIDTHS_OF_HIDDEN:
         if data.get(key) == hidden and "hidden_size" in overrides:
             overrides[key] = overrides["hidden_size"]        # opt's embedding width: the hidden width unless projected
+    for key in MULTIPLES_OF_HIDDEN:
+        value = data.get(key)
+        if isinstance(value, int) and isinstance(hidden, int) and hidden and value % hidden == 0 \
+                and "hidden_size" in overrides:
+            overrides[key] = value // hidden * overrides["hidden_size"]     # zamba2's attention width: 2 x hidden
     overrides.update(ssm_heads({**data, **overrides}, overrides.get("hidden_size")))   # after the kept widths
     data.update(overrides)
     # random token ids need no tokenizer: a small vocabulary, the special ids inside it

@@ -31,6 +31,27 @@ def test_shrink_keeps_every_layer_kind_and_mha():
     assert shrunk["num_key_value_heads"] == shrunk["num_attention_heads"]          # MHA stays MHA
 
 
+def test_shrink_keeps_the_first_layer_an_index_list_names():
+    """bamba's attn_layer_indices (its attention layers among Mamba2 ones): the cut keeps the first, and the list
+    names only the layers kept; a cut to the usual two layers would keep no attention layer."""
+    bamba = {"model_type": "bamba", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+             "attn_layer_indices": [9, 18, 27]}
+    shrunk = shrink_config(bamba)
+    assert shrunk["num_hidden_layers"] == 10 and shrunk["attn_layer_indices"] == [9]
+    assert shrink_config({**bamba, "attn_layer_indices": [1, 3]})["attn_layer_indices"] == [1]
+
+
+def test_a_state_space_mixers_groups_divide_its_fewer_heads():
+    """nemotron_h's 8 B / C groups over 128 heads: cut with the heads to a count that divides them (transformers
+    repeats each group heads / groups times; 8 groups over 2 heads is no model); a count that divides stays."""
+    nemotron = {"model_type": "nemotron_h", "hidden_size": 4096, "num_hidden_layers": 4, "num_attention_heads": 32,
+                "mamba_num_heads": 128, "mamba_head_dim": 64, "expand": 2, "n_groups": 8}
+    shrunk = shrink_config(nemotron)
+    heads, groups = shrunk["mamba_num_heads"], shrunk.get("n_groups", 8)
+    assert heads < 8 and heads % groups == 0, shrunk
+    assert "n_groups" not in shrink_config({**nemotron, "n_groups": 1})
+
+
 def test_shrink_moe_and_mla():
     dsv2 = {"hidden_size": 2048, "num_hidden_layers": 27, "num_attention_heads": 16, "num_key_value_heads": 16,
             "kv_lora_rank": 512, "q_lora_rank": None, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,

@@ -1,0 +1,103 @@
+"""The Mamba2 mixer beside softmax attention (a hybrid's linear_attention layers: bamba's, granitemoehybrid's mamba),
+as code/linear_attention_mamba2.py writes it. Read from the architecture: which layers hold it (config.layer_types'
+linear_attention ones, held to the built model; the layer's `mamba` child is read as the file's linear_attn by the
+layout, agent.recipe.native.parts.layout), its children (in_proj, a depthwise conv1d, a gated norm, out_proj; A_log,
+D and dt_bias), and its arithmetic, checked numerically against the formula the file computes (in_proj into
+[gate | x B C | dt], causal depthwise conv1d + SiLU over x B C, dt = softplus(dt + dt_bias) clamped to
+time_step_limit, h = exp(dt A) h + dt x B^T from zero state, y = h C + D x, RMSNorm of y silu(gate) over each of
+n_groups groups or the whole width, out_proj)."""
+
+from __future__ import annotations
+
+from agent.recipe.native.not_native import NotNative
+from agent.recipe.native.parts.layout import is_mamba2_mixer
+from agent.recipe.native.parts.part import Match, Part
+from agent.recipe.native.parts.probe import children
+
+KIND = "linear attention"
+CHILDREN = {"in_proj", "conv1d", "norm", "out_proj", "act"}
+
+
+def is_linear_beside_attention(layer) -> bool:
+    return hasattr(layer, "linear_attn") and hasattr(layer, "self_attn")
+
+
+def formula(module, x, grouped: bool):
+    """The file's arithmetic in plain float32 torch on transformers' mixer's weights: x [T, hidden] -> [T, hidden],
+    from zero state."""
+    import torch
+    import torch.nn.functional as F
+
+    heads, head_dim, state_size = module.num_heads, module.head_dim, module.ssm_state_size
+    groups, inner = module.n_groups, module.intermediate_size
+    tokens, kernel = x.shape[0], module.conv1d.weight.shape[-1]
+    gate, mixed, dt = module.in_proj(x).split((inner, inner + 2 * groups * state_size, heads), dim=-1)
+    conv = F.conv1d(mixed.t()[None], module.conv1d.weight, module.conv1d.bias, padding=kernel - 1,
+                    groups=mixed.shape[-1])
+    mixed = F.silu(conv[0, :, :tokens].t())
+    xs, B, C = mixed.split((inner, groups * state_size, groups * state_size), dim=-1)
+    B, C = (t.reshape(tokens, groups, state_size).repeat_interleave(heads // groups, dim=1) for t in (B, C))
+    limit = tuple(getattr(module, "time_step_limit", None) or (0.0, float("inf")))
+    dt = F.softplus(dt + module.dt_bias).clamp(*limit)
+    A, xs = -module.A_log.exp(), xs.reshape(tokens, heads, head_dim)
+    state, out = torch.zeros(heads, head_dim, state_size), torch.empty(tokens, heads, head_dim)
+    for t in range(tokens):
+        state = state * (dt[t] * A).exp()[:, None, None] + (dt[t][:, None] * xs[t])[..., None] * B[t][:, None, :]
+        out[t] = (state @ C[t][..., None])[..., 0] + module.D[:, None] * xs[t]
+    y = out.reshape(tokens, inner) * F.silu(gate)
+    width = inner // groups if grouped else inner
+    pieces = y.view(tokens, -1, width)
+    normed = pieces * torch.rsqrt(pieces.pow(2).mean(-1, keepdim=True) + module.norm.variance_epsilon)
+    return module.out_proj(module.norm.weight * normed.view(tokens, inner))
+
+
+def _probe(probe, chosen):
+    import torch
+
+    linear = [hasattr(layer, "linear_attn") for layer in probe.layers]
+    if not any(linear):
+        return None
+    modules = [layer.linear_attn for layer, is_linear in zip(probe.layers, linear) if is_linear]
+    if not all(is_mamba2_mixer(m) for m in modules):
+        return None                       # the Gated DeltaNet's (parts/linear_attention.py)
+    both = [index for index, layer in enumerate(probe.layers) if is_linear_beside_attention(layer)]
+    if both:
+        raise NotNative("decoder layer", f"layers {both} run a Mamba2 mixer beside self_attn (a parallel hybrid layer, "
+                                         "falcon_h1's): no part writes a layer of both")
+    types = getattr(probe.config, "layer_types", None) or []
+    if [t == "linear_attention" for t in types[:len(linear)]] != linear:
+        raise NotNative(KIND, f"Mamba2 layers {[i for i, x in enumerate(linear) if x]} are not config.layer_types' "
+                              "linear_attention ones")
+    grouped = set()
+    for module in modules:
+        name = type(module).__name__
+        extra = set(children(module)) - CHILDREN
+        if extra or getattr(module, "activation", "silu") not in ("silu", "swish"):
+            raise NotNative(KIND, f"{name}: {sorted(extra)} beside the Mamba2 mixer's children, or a "
+                                  f"{getattr(module, 'activation', None)} conv activation")
+        # transformers 5.0's torch path norms the gated output over the whole width, later ones per group
+        grouped.add(getattr(module.norm, "group_size", module.intermediate_size) != module.intermediate_size
+                    or module.n_groups == 1)
+        x = torch.randn(11, probe.hidden, generator=torch.Generator().manual_seed(4))
+        with torch.no_grad():
+            got = module(x[None])
+            want = formula(module, x, grouped=min(grouped))
+        got = got[0] if isinstance(got, tuple) else got
+        if not torch.allclose(got[0], want, rtol=1e-4, atol=1e-5 * float(want.abs().max())):
+            raise NotNative(KIND, f"{name} is not the Mamba2 recurrence the file computes (largest difference "
+                                  f"{float((got[0] - want).abs().max()):.3g})")
+    return Match(MAMBA2, options={"LINEAR_ATTENTION": True, "MAMBA_NORM_GROUPED": min(grouped)})
+
+
+def _kernels(match):
+    return ((), ("in_proj / out_proj: the parallel linears (replicated: attn_tp_size 1)",
+                 "causal depthwise conv1d and the Mamba2 state-space recurrence: plain torch in float32, token by token "
+                 "(no NPU op in upstream's models computes them)",
+                 "the gated RMSNorm: plain torch in float32"))
+
+
+MAMBA2 = Part(
+    slot="linear_attention", name="mamba2", code="linear_attention_mamba2.py", provides="ModelMamba2Mixer",
+    reads=("layer_types", "mamba_n_heads", "mamba_d_head", "mamba_n_groups", "mamba_d_state", "mamba_d_conv",
+           "mamba_expand", "mamba_conv_bias", "mamba_proj_bias", "time_step_limit", "rms_norm_eps"),
+    probe=_probe, kernels=_kernels, options=("LINEAR_ATTENTION", "MAMBA_NORM_GROUPED"))

@@ -1,0 +1,143 @@
+"""The Mamba2 hybrids as whole generated files (agent/recipe/native/parts/linear_attention_mamba2.py: the mixer read
+under the layer's `mamba` name, its feed_forward MLP, pre_ff_layernorm and final_layernorm by their roles; the conv
+and ssm states as Mamba cache entries), derived from the type's config, rendered and held to transformers by the
+generator's own self-check (packed prefill, decode steps, state blocks NaN before the prefill). The default case is
+bamba's smallest hybrid (a Mamba2 layer, then an attention layer) in float32 with the D skip dropped; the layer alone
+in both dtypes and its state faults: test_part_mamba2.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from locations import REPO_ROOT
+
+SNAPSHOT = REPO_ROOT.parent / "shared" / "upstream" / "cann-recipes-infer"
+
+# a planted fault in the rendered file: (text, replacement), each of which the self-check must catch
+FAULTS = {
+    "skip": ("+ D[:, None] * x[t]", ""),
+    "conv_state": ("self.conv_state.index_select(0, blocks), weight",
+                   "torch.zeros_like(self.conv_state.index_select(0, blocks)), weight"),
+    "ssm_state": ("state = self.ssm_state.index_select(0, blocks).float()",
+                  "state = torch.zeros_like(self.ssm_state.index_select(0, blocks)).float()"),
+    # the mixer's input norm skipped (the layer's norm order read with the mixer in the attention's place)
+    "input_norm": ("hidden_states = self.linear_attn(hidden_states, forward_metadata)",
+                   "hidden_states = self.linear_attn(hidden_states + residual, forward_metadata)"),
+}
+# type: (its smallest hybrid config's changes from transformers' defaults, the options the composition must take)
+SMALL = {
+    "bamba": ({"num_hidden_layers": 2, "attn_layer_indices": [1], "mamba_d_state": 16, "mamba_chunk_size": 16,
+               "num_attention_heads": 64},
+              {"LINEAR_ATTENTION": True, "MAMBA_NORM_GROUPED": True}),
+    # its rotary variant (the type's default, NoPE, falls back naming it); the MoE block and shared MLP beside the
+    # mixer, granite's multipliers
+    "granitemoehybrid": ({"num_hidden_layers": 2, "layer_types": ["mamba", "attention"], "mamba_d_state": 16,
+                          "position_embedding_type": "rope"},
+                         {"LINEAR_ATTENTION": True, "MAMBA_NORM_GROUPED": True, "RESIDUAL_MULTIPLIER": True}),
+}
+
+
+def _render(model_type, tmp_path, faults, changes=None):
+    """(config, the good file's path, each fault's file path) of the type's smallest hybrid."""
+    from transformers import AutoConfig
+
+    from agent.recipe.native.compose import derive
+    from agent.recipe.native.decide import render_native
+
+    if not SNAPSHOT.is_dir():
+        pytest.skip(f"no upstream snapshot at {SNAPSHOT}")
+    keys, options = SMALL[model_type]
+    config = AutoConfig.for_model(model_type, **keys, **(changes or {})).to_dict()
+    composition = derive(config)
+    assert composition.matches["linear_attention"].name == "mamba2"
+    assert {k: composition.options.get(k) for k in options} == options
+    ctx = {"model_name": model_type, "framework_class": "NativeForCausalLM", "display_name": model_type,
+           "model_class": "X"}
+    text = render_native(ctx, composition)
+    good = tmp_path / "good.py"
+    good.write_text(text)
+    bad = []
+    for fault in faults:
+        old, new = FAULTS[fault]
+        assert text.count(old) == 1, fault
+        path = tmp_path / f"{fault}.py"
+        path.write_text(text.replace(old, new))
+        bad.append(path)
+    return config, good, bad
+
+
+def _job(config, path, dtype="float32"):
+    return {"config": config, "file": str(path), "class_name": "NativeForCausalLM", "dtype": dtype}
+
+
+def test_bamba_file_matches_transformers_and_a_dropped_d_skip_fails(tmp_path):
+    """bamba's smallest hybrid, derived and rendered: float32 within 1e-4 of transformers at the prefill and every
+    decode step; the file with the recurrence's D x skip dropped fails at the prefill. The 1e-4 also holds the
+    self-check's stateful reference (agent.recipe.native.selfcheck.Incremental): with transformers 5.24's own cached
+    bamba decode as the reference (it drifts), the right file's largest difference was 0.95 of the largest logit."""
+    from agent.recipe.native.decide import selfcheck
+
+    config, good, (bad,) = _render("bamba", tmp_path, ["skip"])
+    good_result, bad_result = selfcheck([_job(config, good), _job(config, bad)], SNAPSHOT)
+    assert good_result["ok"] and good_result["max_rel"] < 1e-4, good_result
+    assert not bad_result["ok"] and "prefill" in bad_result["reason"], bad_result
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", sorted(SMALL))
+def test_the_file_in_both_dtypes_and_its_state_and_norm_faults_fail(model_type, tmp_path):
+    """float32 and bfloat16; a decode that forgets the conv or the ssm state fails at its decode, the mixer's input
+    norm skipped fails at the prefill. Default case covering this path:
+    test_bamba_file_matches_transformers_and_a_dropped_d_skip_fails."""
+    from agent.recipe.native.decide import selfcheck
+
+    faults = ["conv_state", "ssm_state", "input_norm"]
+    config, good, bad = _render(model_type, tmp_path, faults)
+    results = selfcheck([_job(config, good), _job(config, good, "bfloat16")] + [_job(config, p) for p in bad],
+                        SNAPSHOT)
+    assert all(r["ok"] for r in results[:2]), results[:2]
+    failed = results[2:]
+    assert not any(r["ok"] for r in failed), list(zip(faults, failed))
+    assert ["decode" in r["reason"] for r in failed] == [True, True, False], list(zip(faults, failed))
+
+
+@pytest.mark.slow
+def test_bamba_with_two_groups_norms_each_group(tmp_path):
+    """Two groups (mamba_n_groups 2: the gated norm per group as transformers after 5.0 computes it) in float32.
+    Default case covering this path: test_bamba_file_matches_transformers_and_a_dropped_d_skip_fails."""
+    from agent.recipe.native.decide import selfcheck
+
+    config, good, _ = _render("bamba", tmp_path, [], {"mamba_n_groups": 2})
+    (result,) = selfcheck([_job(config, good)], SNAPSHOT)
+    assert result["ok"], result
+
+
+REFUSED = {
+    # type: (changes from its defaults, the fall-back's kind, words its one-line reason must hold)
+    "falcon_h1": ({}, "decoder layer", "Mamba2 mixer beside self_attn"),
+    "nemotron_h": ({}, "model", "mixer ('mixer') behind one norm with no MLP"),
+    "zamba2": ({}, "model", "mixer ('mamba') behind one norm with no MLP"),
+    "jamba": ({}, "model", "a Mamba1 mixer under mamba (JambaMambaMixer)"),
+    "granitemoehybrid": ({"num_hidden_layers": 2, "layer_types": ["mamba", "attention"]}, "position",
+                         "position_embedding_type None"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", sorted(REFUSED))
+def test_the_hybrids_no_part_writes_fall_back_naming_their_first_blocker(model_type):
+    """falcon_h1's parallel layer (mixer and attention side by side), nemotron_h's one-mixer blocks (its shrunk
+    config's B / C groups cut to divide the heads, so that transformers runs it) and zamba2's mamba layers (its
+    attention width and mixer heads shrunk with the hidden width), jamba's Mamba1 mixer and
+    granitemoehybrid's NoPE attention (its default position_embedding_type) each fall back in one line naming it.
+    Default case covering the derivation's path: test_bamba_file_matches_transformers_and_a_dropped_d_skip_fails."""
+    from transformers import AutoConfig
+
+    from agent.recipe.native.compose import derive
+    from agent.recipe.native.not_native import NotNative
+
+    changes, kind, words = REFUSED[model_type]
+    with pytest.raises(NotNative) as refused:
+        derive(AutoConfig.for_model(model_type, **changes).to_dict())
+    assert refused.value.kind == kind and words in refused.value.reason, (refused.value.kind, refused.value.reason)
+    assert "\n" not in refused.value.reason
