@@ -4,8 +4,8 @@ parts/code/moe_output_norm.py); minimax_m3's experts, shared experts and dense M
 gate / up halves (parts/moe.py's CLAMPED_SWIGLU, parts/mlp_clamped.py; code parts/code/swiglu_clamped.py,
 mlp_clamped.py) and its block scales the routed experts' output after them. Each type's file, derived on its config
 (its checkpoint's shape where one is recorded, else transformers' defaults), is held to transformers per step; a file
-with the part's arithmetic broken fails the same check. By default the smallest case: each type in float32 on two
-layers (a dense and a sparse one) and one fault (minimax_m3's up clamp dropped); every dtype, family setting and
+with the part's arithmetic broken fails the same check. By default the smallest case: axk1 in float32 on two layers
+(a dense and a sparse one) and one fault (its output norm dropped); minimax_m3, every dtype, family setting and
 the other faults are slow."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ TYPES = {
     "minimax_m3_vl_text": ("sparse_moe", [("up = up.clamp(min=-limit, max=limit)", "up = up"),
                                           ("weights = weights * self.routed_scaling_factor", "weights = weights")]),
 }
-DEFAULT_FAULT = ("minimax_m3_vl_text", 0)
+DEFAULT_FAULT = ("axk1", 0)
 # the default case's smallest config of each type: two layers, a few experts (the routing's kind kept: grouped top-k)
 SMALLEST = {"axk1": {"num_hidden_layers": 2, "mlp_layer_types": ["dense", "sparse"], "n_routed_experts": 8,
                      "n_group": 2, "topk_group": 1, "num_experts_per_tok": 2},
@@ -126,11 +126,12 @@ def test_minimax_m3s_clamped_swiglu_and_scale_are_read_not_assumed():
 
 
 def test_the_files_match_transformers_and_a_fault_fails(smallest, tmp_path):
-    """The smallest case by default: each type's file in float32 on its smallest config, and one fault."""
+    """The smallest case by default: axk1's file (the output-normed block) in float32 on its smallest config, and its
+    norm dropped; minimax_m3's file (not native: its bfloat16 run differs, below) and every other fault are slow."""
     model_type, index = DEFAULT_FAULT
-    rows = selfcheck_with_faults(smallest, {model_type: [TYPES[model_type][1][index]]}, "MoeForCausalLM", tmp_path,
-                                 keep=lambda label: label == "the checkpoint's config")
-    assert [ok for *_, ok, _ in rows] == [True] * len(TYPES) + [False]
+    rows = selfcheck_with_faults({model_type: smallest[model_type]}, {model_type: [TYPES[model_type][1][index]]},
+                                 "MoeForCausalLM", tmp_path, keep=lambda label: label == "the checkpoint's config")
+    assert [ok for *_, ok, _ in rows] == [True, False]
     assert "differ from transformers" in rows[-1][3]["reason"]
 
 
