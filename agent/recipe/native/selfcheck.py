@@ -57,6 +57,10 @@ FLOAT32_SLACK = 2.0
 # path is wrong, not rounded (a float32 reference; a bfloat16 one's two paths round apart by up to a few 1e-2)
 CACHE_TOLERANCE = 1e-3
 CACHE_TOLERANCE_LOW = 1e-1
+# rope types whose frequencies follow the sequence's length: transformers' cached decode keeps each key as its own
+# step rotated it and its whole-sequence run rotates every key at the new length, so the two differ by design (the
+# paged-cache file computes the cached one)
+LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
 TRACE = bool(os.environ.get("NATIVE_SELFCHECK_TRACE"))
 MAMBA = "Mamba"     # upstream's cache kind of a fixed-size per-request state (a linear attention's)
 
@@ -170,6 +174,15 @@ def routers(model) -> list:
     return found
 
 
+def rope_by_length(config) -> bool:
+    """Whether the config's rope (rope_parameters, or 5.0's rope_scaling; per layer type too) follows the length."""
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+    if not isinstance(params, dict):
+        return False
+    groups = [params] + [group for group in params.values() if isinstance(group, dict)]
+    return any((group.get("rope_type") or group.get("type")) in LENGTH_DEPENDENT_ROPE for group in groups)
+
+
 class Incremental:
     """transformers' logits of each sequence as it decodes: one cache per sequence, the new tokens only, and one
     copy of the model per sequence (a dynamic rope keeps the longest length it has seen: sequences decoded
@@ -188,8 +201,9 @@ class Incremental:
         # a model that carries a recurrent state in its cache (transformers' _is_stateful): each cached decode is held
         # to the whole sequence, since transformers' own cached path may be wrong (5.24's bamba: its Mamba2 decode
         # drifts from its own whole-sequence run to half the logits' range), and a wrong reference makes every check
-        # vacuous; a row found so runs on the whole sequence from then on
-        self.stateful = bool(getattr(model, "_is_stateful", False))
+        # vacuous; a row found so runs on the whole sequence from then on. Not where the rope follows the length:
+        # there the two paths differ by design
+        self.stateful = bool(getattr(model, "_is_stateful", False)) and not rope_by_length(model.config)
         self.whole = [False] * rows
         dtype = next(model.parameters()).dtype
         self.cache_tolerance = CACHE_TOLERANCE if dtype in (torch.float32, torch.float64) else CACHE_TOLERANCE_LOW
