@@ -36,21 +36,28 @@ def weightless_eps(norm, width: int) -> float:
     return eps
 
 
-def _probe(probe, chosen):
+def weightless_match(probe, part: Part, eps_of, kind: str) -> Match | None:
+    """`part`'s match where no norm of the model has a weight: one epsilon for all, measured by `eps_of` (norm, width),
+    read from the config key that holds it (eps_follows) or torch's default; None where a norm has a weight (the other
+    norm parts'). `kind` names the norm in a refusal."""
     norms = list(model_norms(probe, full_width_qk=False))
     if not norms or any(list(norm.parameters()) for norm, _ in norms):
-        return None                                          # a norm with a weight: the other norm parts'
-    epsilons = [weightless_eps(norm, width) for norm, width in norms]
+        return None
+    epsilons = [eps_of(norm, width) for norm, width in norms]
     eps = epsilons[0]
     if any(not math.isclose(e, eps, rel_tol=1e-2) for e in epsilons):
-        raise NotNative("norm", "LayerNorms without weight of unequal epsilons in one model")
+        raise NotNative("norm", f"{kind}s without weight of unequal epsilons in one model")
     config = probe.config.to_dict()
     key = next((k for k in EPS_KEYS if isinstance(config.get(k), float) and math.isclose(config[k], eps, rel_tol=1e-2)
-                and eps_follows(probe, k, config[k], weightless_eps, rel_tol=1e-2)), None)
+                and eps_follows(probe, k, config[k], eps_of, rel_tol=1e-2)), None)
     if key is None and not math.isclose(eps, TORCH_EPS, rel_tol=1e-2):
-        raise NotNative("norm", f"LayerNorm without weight of epsilon {eps:.3g}: no config key's ({', '.join(EPS_KEYS)}) "
+        raise NotNative("norm", f"{kind} without weight of epsilon {eps:.3g}: no config key's ({', '.join(EPS_KEYS)}) "
                                 "nor torch's default")
-    return Match(WEIGHTLESS_LAYER_NORM, options={"NORM_EPS": key}, facts={"eps": key})   # None: FIXED_NORM_EPS
+    return Match(part, options={"NORM_EPS": key}, facts={"eps": key})   # None: FIXED_NORM_EPS
+
+
+def _probe(probe, chosen):
+    return weightless_match(probe, WEIGHTLESS_LAYER_NORM, weightless_eps, "LayerNorm")
 
 
 WEIGHTLESS_LAYER_NORM = Part(

@@ -3,12 +3,10 @@ numerically and read from the config key that holds it, or torch's default."""
 
 from __future__ import annotations
 
-import math
-
 from agent.recipe.native.not_native import NotNative
-from agent.recipe.native.parts.norm import model_norms
-from agent.recipe.native.parts.norm_layer import EPS_KEYS, TORCH_EPS, eps_follows
-from agent.recipe.native.parts.part import Match, Part
+from agent.recipe.native.parts.norm_eps import EPS_KEYS
+from agent.recipe.native.parts.norm_weightless import weightless_match
+from agent.recipe.native.parts.part import Part
 
 
 def weightless_rms_eps(norm, width: int) -> float:
@@ -36,20 +34,7 @@ def weightless_rms_eps(norm, width: int) -> float:
 
 
 def _probe(probe, chosen):
-    norms = list(model_norms(probe, full_width_qk=False))
-    if not norms or any(list(norm.parameters()) for norm, _ in norms):
-        return None                                          # a norm with a weight: the other norm parts'
-    epsilons = [weightless_rms_eps(norm, width) for norm, width in norms]
-    eps = epsilons[0]
-    if any(not math.isclose(e, eps, rel_tol=1e-2) for e in epsilons):
-        raise NotNative("norm", "RMSNorms without weight of unequal epsilons in one model")
-    config = probe.config.to_dict()
-    key = next((k for k in EPS_KEYS if isinstance(config.get(k), float) and math.isclose(config[k], eps, rel_tol=1e-2)
-                and eps_follows(probe, k, config[k], weightless_rms_eps, rel_tol=1e-2)), None)
-    if key is None and not math.isclose(eps, TORCH_EPS, rel_tol=1e-2):
-        raise NotNative("norm", f"RMSNorm without weight of epsilon {eps:.3g}: no config key's ({', '.join(EPS_KEYS)}) "
-                                "nor torch's default")
-    return Match(WEIGHTLESS_RMS_NORM, options={"NORM_EPS": key}, facts={"eps": key})   # None: FIXED_NORM_EPS
+    return weightless_match(probe, WEIGHTLESS_RMS_NORM, weightless_rms_eps, "RMSNorm")
 
 
 WEIGHTLESS_RMS_NORM = Part(
