@@ -207,9 +207,10 @@ def check(job):
     return {"ok": True, "max_rel": worst["rel"], "step": None}
 
 
-def run(jobs, snapshot):
+def run(jobs, snapshot, script=None):
     """The jobs' results, checked in a child process under the npu stand-in with `snapshot` (a cann-recipes-infer
-    checkout) on sys.path (the tests' entry)."""
+    checkout) on sys.path (the tests' entry). `script`: the layer check that runs them (this file by default; the
+    Mamba2 and short-conv checks print their answer the same way)."""
     import os
     import subprocess
 
@@ -218,8 +219,8 @@ def run(jobs, snapshot):
     repo = Path(__file__).resolve().parents[2]
     env = standin_env("cpu")
     env["PYTHONPATH"] = os.pathsep.join([str(snapshot), str(repo), env.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, __file__, json.dumps(jobs)], env=env, capture_output=True, text=True,
-                          cwd=repo, timeout=600)
+    done = subprocess.run([sys.executable, str(script or __file__), json.dumps(jobs)], env=env, capture_output=True,
+                          text=True, cwd=repo, timeout=600)
     line = next((l for l in done.stdout.splitlines() if l.startswith("CHECK ")), None)
     assert line is not None, done.stderr[-3000:]
     return json.loads(line[len("CHECK "):])

@@ -135,23 +135,5 @@ def check(job):
     return {"ok": True, "max_rel": worst["rel"], "step": None}
 
 
-def run(jobs, snapshot):
-    """The jobs' results, checked in a child process under the npu stand-in with `snapshot` (a cann-recipes-infer
-    checkout) on sys.path (the tests' entry)."""
-    import os
-    import subprocess
-
-    from npu_standin.environment import standin_env
-
-    repo = Path(__file__).resolve().parents[2]
-    env = standin_env("cpu")
-    env["PYTHONPATH"] = os.pathsep.join([str(snapshot), str(repo), env.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, __file__, json.dumps(jobs)], env=env, capture_output=True, text=True,
-                          cwd=repo, timeout=600)
-    line = next((l for l in done.stdout.splitlines() if l.startswith("CHECK ")), None)
-    assert line is not None, done.stderr[-3000:]
-    return json.loads(line[len("CHECK "):])
-
-
 if __name__ == "__main__":
     print("CHECK " + json.dumps([check(job) for job in json.loads(sys.argv[1])]))

@@ -8,11 +8,6 @@ or a recurrence without its D skip, fails."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
 from locations import REPO_ROOT
@@ -21,17 +16,11 @@ SNAPSHOT = REPO_ROOT.parent / "shared" / "upstream" / "cann-recipes-infer"
 
 
 def run(jobs):
-    from npu_standin.environment import standin_env
+    import gdn_layer_check
 
     if not SNAPSHOT.is_dir():
         pytest.skip(f"no upstream snapshot at {SNAPSHOT}")
-    env = standin_env("cpu")
-    env["PYTHONPATH"] = os.pathsep.join([str(SNAPSHOT), str(REPO_ROOT), env.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, str(REPO_ROOT / "tests" / "support" / "mamba2_layer_check.py"),
-                           json.dumps(jobs)], env=env, capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
-    line = next((l for l in done.stdout.splitlines() if l.startswith("CHECK ")), None)
-    assert line is not None, done.stderr[-3000:]
-    return json.loads(line[len("CHECK "):])
+    return gdn_layer_check.run(jobs, SNAPSHOT, REPO_ROOT / "tests" / "support" / "mamba2_layer_check.py")
 
 
 @pytest.mark.slow

@@ -16,11 +16,12 @@ SNAPSHOT = REPO_ROOT.parent / "shared" / "upstream" / "cann-recipes-infer"
 
 
 def run(jobs):
+    import gdn_layer_check
     import short_conv_layer_check
 
     if not SNAPSHOT.is_dir():
         pytest.skip(f"no upstream snapshot at {SNAPSHOT}")
-    return short_conv_layer_check.run(jobs, SNAPSHOT)
+    return gdn_layer_check.run(jobs, SNAPSHOT, short_conv_layer_check.__file__)
 
 
 def test_the_layer_matches_transformers_across_prefill_and_decode_and_lost_state_fails():
