@@ -126,20 +126,20 @@ def test_lfm2_file_matches_transformers_in_both_dtypes_and_a_lost_conv_state_fai
 
 
 @pytest.mark.slow
-def test_lfm3_reads_as_a_sandwich_conv_hybrid_and_falls_back_on_its_attention_gate():
+def test_lfm3_reads_as_a_sandwich_conv_hybrid_with_its_attention_gate():
     """Covered by default: test_the_layer_matches_transformers_across_prefill_and_decode_and_lost_state_fails. lfm3's
     layers (operator_norm, post_operator_norm, ffn_norm, post_ffn_norm around a conv or an attention) are read as
-    the sandwich layer by where they are called; its attention's per-head sigmoid gate (g_proj) is the one-line
-    blocker. Without that gate it derives (the self-check, not the probe, holds its per-layer-type rope)."""
+    the sandwich layer by where they are called; its attention's per-head sigmoid gate (g_proj) is read by the
+    output-gate part (parts/attention_gate.py). It derives with or without the gate (the self-check, not the probe,
+    holds its per-layer-type rope, where it fails)."""
     from transformers import AutoConfig
 
     from agent.recipe.native.compose import derive
-    from agent.recipe.native.not_native import NotNative
 
-    with pytest.raises(NotNative) as refused:
-        derive(AutoConfig.for_model("lfm3").to_dict())
-    assert refused.value.kind == "attention" and "g_proj" in refused.value.reason
-    assert "\n" not in refused.value.reason
+    gated = derive(AutoConfig.for_model("lfm3").to_dict())
+    assert gated.parts["block"] == "sandwich" and gated.parts["linear_attention"] == "short_conv"
+    assert (gated.options["GATE_PROJ"], gated.options["GATE_PER_HEAD"], gated.options["GATE_SOFTPLUS"]) == \
+        ("g_proj", True, False)
     composition = derive(AutoConfig.for_model("lfm3", use_attention_gate=False).to_dict())
     assert composition.parts["block"] == "sandwich" and composition.parts["linear_attention"] == "short_conv"
     renames = dict(composition.options["CHECKPOINT_RENAMES"])
