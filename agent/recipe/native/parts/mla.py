@@ -31,6 +31,10 @@ SCALE_RULES = ("yarn_mscale", "qk_head_dim")     # the first that matches: equal
 PROBE_TOKENS = 7
 # npu_transpose_batchmatmul's batch x M bound, upstream deepseek_r1's condition (65535: max of uint16)
 TBMM_LIMIT = 65535
+# the rope width npu_interleave_rope (D 64: torch_npu 7.0.0 API reference, ptaoplist_002369) and
+# npu_kv_rmsnorm_rope_cache (rope_size 64 only, rms_size 512: ptaoplist_002368) take; npu_mla_prolog_v3 rotates
+# in the same kernels. Another width: the rope and the latent cache write in plain torch.
+FUSED_ROPE_DIM = 64
 
 
 def is_mla(attention_children: set[str]) -> bool:
@@ -216,20 +220,26 @@ def derive_mla(config, layers, model) -> dict:
     q_lora, form, rule, q_bias, kv_bias, o_bias = next(iter(found))
     if q_bias and not q_lora:
         raise NotNative("attention", "q_proj with a bias (MLA without the q LoRA): not written natively")
+    rope_plain = dr != FUSED_ROPE_DIM
     return {"q_lora": q_lora, "rope": form, "scale": rule, "q_a_bias": q_bias and q_lora, "kv_a_bias": kv_bias,
             "o_bias": o_bias, "kv_norm_eps": eps["kv_a_layernorm"],
-            "q_norm_eps": eps.get("q_a_layernorm", eps["kv_a_layernorm"]),
-            "prolog": q_lora and not (q_bias and q_lora) and not kv_bias}
+            "q_norm_eps": eps.get("q_a_layernorm", eps["kv_a_layernorm"]), "rope_plain": rope_plain,
+            "prolog": q_lora and not (q_bias and q_lora) and not kv_bias and not rope_plain}
 
 
 def mla_kernels(match) -> tuple[tuple[str, ...], tuple[str, ...]]:
     f = match.facts
     rope = "interleave-half RoPE" + (" (the architecture's rotate-half: the rope rows of q and kv_a_proj_with_mqa "
                                      "interleaved once after loading)" if f["rope"] == "half" else "")
-    fused = [f"npu_kv_rmsnorm_rope_cache_v2 (RMSNorm of the compressed kv, {rope} of the shared key, scattered into "
-             "the nope / rope caches in PA_NZ at slot_mapping)",
-             "npu_interleave_rope (the query's rope dims)",
-             "npu_fused_infer_attention_score (prefill: un-absorbed keys / values of the prompt, NTD_TND, query_rope / "
+    if f.get("rope_plain"):
+        fused = ["npu_rms_norm (kv_a_layernorm)",
+                 "npu_scatter_nd_update_ (the latent and the shared rope key into the FRACTAL_NZ nope / rope caches "
+                 "at slot_mapping)"]
+    else:
+        fused = [f"npu_kv_rmsnorm_rope_cache_v2 (RMSNorm of the compressed kv, {rope} of the shared key, scattered "
+                 "into the nope / rope caches in PA_NZ at slot_mapping)",
+                 "npu_interleave_rope (the query's rope dims)"]
+    fused += ["npu_fused_infer_attention_score (prefill: un-absorbed keys / values of the prompt, NTD_TND, query_rope / "
              "key_rope, sparse_mode 3)",
              "npu_fused_infer_attention_score_v2 (decode: absorbed, TND_NTD over the NZ nope / rope caches through "
              "block_table, one key head, mask None)",
@@ -241,9 +251,14 @@ def mla_kernels(match) -> tuple[tuple[str, ...], tuple[str, ...]]:
                      "as upstream's deepseek_r1)")
     unfused = [f"MLA absorb beyond npu_transpose_batchmatmul's bound (heads x qk_nope_head_dim > {TBMM_LIMIT}): "
                "torch.matmul, as upstream's deepseek_r1"]
+    if f.get("rope_plain"):
+        unfused.append(f"{rope} of the query and of the shared key: plain torch (npu_interleave_rope and "
+                       f"npu_kv_rmsnorm_rope_cache take a rope width of {FUSED_ROPE_DIM} only, the checkpoint's "
+                       "qk_rope_head_dim is another)")
+        unfused.append("npu_mla_prolog_v3: not used (its rope is the same kernels')")
     if not f["q_lora"]:
         unfused.append("npu_mla_prolog_v3: not used (no q LoRA: the op computes the q down-projection and its norm)")
-    elif not f["prolog"]:
+    elif not f["prolog"] and not f.get("rope_plain"):
         unfused.append("npu_mla_prolog_v3: not used (the op has no bias for q_a_proj / kv_a_proj_with_mqa)")
     if f["o_bias"]:
         unfused.append("o_proj's bias: added after the tensor-parallel reduction")
@@ -257,7 +272,8 @@ def _probe(probe, chosen):
     return Match(MLA, facts=f, options={
         "MLA": True, "Q_LORA": f["q_lora"], "ROPE_HALF": f["rope"] == "half", "YARN_MSCALE": f["scale"] == "yarn_mscale",
         "Q_A_BIAS": f["q_a_bias"], "KV_A_BIAS": f["kv_a_bias"], "MLA_O_BIAS": f["o_bias"],
-        "Q_NORM_EPS": f["q_norm_eps"], "KV_NORM_EPS": f["kv_norm_eps"], "PROLOG": f["prolog"]})
+        "Q_NORM_EPS": f["q_norm_eps"], "KV_NORM_EPS": f["kv_norm_eps"], "PROLOG": f["prolog"],
+        "ROPE_PLAIN": f["rope_plain"]})
 
 
 MLA = Part(
@@ -266,4 +282,4 @@ MLA = Part(
            "rope_parameters"),
     probe=_probe, kernels=mla_kernels,
     options=("MLA", "Q_LORA", "ROPE_HALF", "YARN_MSCALE", "Q_A_BIAS", "KV_A_BIAS", "MLA_O_BIAS", "Q_NORM_EPS",
-             "KV_NORM_EPS", "PROLOG"))
+             "KV_NORM_EPS", "PROLOG", "ROPE_PLAIN"))

@@ -26,6 +26,7 @@ Q_NORM_EPS = 1e-6       # q_a_layernorm's and kv_a_layernorm's epsilons as the a
 KV_NORM_EPS = 1e-6
 MTP = False             # decode steps of next_n + 1 tokens per sequence (an MTP draft verified)
 PROLOG = True           # npu_mla_prolog_v3 can compute the decode step's projections (q LoRA, no biases)
+ROPE_PLAIN = False      # qk_rope_head_dim is not the fused rope kernels' 64: rope and cache write in plain torch
 # npu_transpose_batchmatmul's batch x M bound, upstream deepseek_r1's condition (65535: max of uint16)
 TBMM_LIMIT = 65535
 
@@ -40,6 +41,12 @@ def mla_softmax_scale(config):
             mscale = 0.1 * mscale_all_dim * math.log(factor) + 1.0
             scale = scale * mscale * mscale
     return scale
+
+
+def interleave_half_rope(x, cos, sin):
+    """x [T, N, rope] with its pairs de-interleaved, then rotate-half (npu_interleave_rope's formula), in fp32."""
+    x1, x2 = x.float()[..., ::2], x.float()[..., 1::2]
+    return (torch.cat((x1, x2), dim=-1) * cos.float() + torch.cat((-x2, x1), dim=-1) * sin.float()).to(x.dtype)
 
 
 class ModelMlaAttention(nn.Module):
@@ -110,6 +117,12 @@ class ModelMlaAttention(nn.Module):
         self.nope_cache = torch.Tensor([])
         self.rope_cache = torch.Tensor([])
         cache_dtype = torch.get_default_dtype()
+        if ROPE_PLAIN:
+            # the decode attention reads both caches as FRACTAL_NZ, whose inner block is 32 bytes wide
+            c0 = 32 // torch.empty((), dtype=cache_dtype).element_size()
+            if self.kv_lora_rank % c0 or self.qk_rope_head_dim % c0:
+                raise ValueError(f"kv_lora_rank {self.kv_lora_rank} / qk_rope_head_dim {self.qk_rope_head_dim}: the "
+                                 f"FRACTAL_NZ latent caches take widths in multiples of {c0} in {cache_dtype}")
         self.cache_entries = [
             CacheEntry(cache_name=name, attn_type=self.attn_type, dim=dim, num_head=1, dtype=cache_dtype,
                        block_size=self.block_size, needs_block=True,
@@ -178,19 +191,38 @@ class ModelMlaAttention(nn.Module):
             q = self.q_proj(hidden_states)
         q_nope, q_pe = q.view(q_len, self.num_heads_per_rank, self.q_head_dim).split(
             [self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
-        # rope on the query's rope dims: (1, N, T, rope) as npu_interleave_rope takes it
-        q_rope = torch_npu.npu_interleave_rope(q_pe.transpose(0, 1).unsqueeze(0), cos.view(1, 1, q_len, -1),
-                                               sin.view(1, 1, q_len, -1))
-        q_rope = q_rope.squeeze(0).transpose(0, 1)                          # [T, N, rope]
-        # the latent and the shared rope key: RMSNorm, rope, written to the caches at slot_mapping
-        latent = self.kv_a_proj_with_mqa(hidden_states).view(q_len, 1, 1, self.kv_lora_rank + self.qk_rope_head_dim)
-        k_rope, c_kv = torch_npu.npu_kv_rmsnorm_rope_cache_v2(
-            latent, self.kv_a_layernorm.weight, cos.view(q_len, 1, 1, -1), sin.view(q_len, 1, 1, -1), slots,
-            self.rope_cache, self.nope_cache, epsilon=self.kv_a_layernorm.variance_epsilon, cache_mode="PA_NZ",
-            is_output_kv=is_prefill)
+        if ROPE_PLAIN:
+            # npu_interleave_rope and npu_kv_rmsnorm_rope_cache take a rope width of 64 only (torch_npu's API
+            # reference): the same interleave-half rope, RMSNorm and PA_NZ cache write in plain torch
+            q_rope = interleave_half_rope(q_pe, cos, sin)                    # [T, N, rope]
+            latent = self.kv_a_proj_with_mqa(hidden_states)
+            c_kv = self.kv_a_layernorm(latent[:, :self.kv_lora_rank].contiguous())
+            k_rope = interleave_half_rope(latent[:, None, self.kv_lora_rank:], cos, sin)
+            self._write_nz(self.nope_cache, c_kv, slots)
+            self._write_nz(self.rope_cache, k_rope.view(q_len, -1), slots)
+        else:
+            # rope on the query's rope dims: (1, N, T, rope) as npu_interleave_rope takes it
+            q_rope = torch_npu.npu_interleave_rope(q_pe.transpose(0, 1).unsqueeze(0), cos.view(1, 1, q_len, -1),
+                                                   sin.view(1, 1, q_len, -1))
+            q_rope = q_rope.squeeze(0).transpose(0, 1)                          # [T, N, rope]
+            # the latent and the shared rope key: RMSNorm, rope, written to the caches at slot_mapping
+            latent = self.kv_a_proj_with_mqa(hidden_states).view(q_len, 1, 1, self.kv_lora_rank + self.qk_rope_head_dim)
+            k_rope, c_kv = torch_npu.npu_kv_rmsnorm_rope_cache_v2(
+                latent, self.kv_a_layernorm.weight, cos.view(q_len, 1, 1, -1), sin.view(q_len, 1, 1, -1), slots,
+                self.rope_cache, self.nope_cache, epsilon=self.kv_a_layernorm.variance_epsilon, cache_mode="PA_NZ",
+                is_output_kv=is_prefill)
         if is_prefill:
             return self._prefill_attention(q_nope, q_rope, c_kv, k_rope, forward_metadata)
         return self._decode_attention(self._absorb_query(q_nope), q_rope, forward_metadata)
+
+    def _write_nz(self, cache, rows, slots):
+        """rows [T, D] into the paged FRACTAL_NZ cache at slots, as the decode attention reads it (blocks, D / c0,
+        block_size, c0): each row's c0-wide pieces, block_size * c0 apart, through npu_scatter_nd_update_."""
+        c0 = 32 // cache.element_size()
+        pieces = rows.size(-1) // c0
+        first = (slots // self.block_size) * (pieces * self.block_size) + slots % self.block_size
+        index = first[:, None] + torch.arange(pieces, device=slots.device) * self.block_size
+        torch_npu.npu_scatter_nd_update_(cache.view(-1, c0), index.view(-1, 1), rows.reshape(-1, c0).to(cache.dtype))
 
     def _absorb_query(self, q_nope):
         """q_nope [T, N, nope] times W_uk: the query in the latent space, [T, N, kv_lora_rank]."""

@@ -338,12 +338,16 @@ def test_native_mla_moe_recipe_with_chunked_moe(mla_moe_recipe):
 
 # ---- the run dtype and the kernels' own widths (issue 42 item 5) -----------------------------------------
 NZ_FAULT = ("c0 = 32 // self.nope_cache.element_size()", "c0 = 8")
+# the plain-torch latent cache write (a rope width the fused kernels do not take) in row order, not FRACTAL_NZ's
+PLAIN_NZ_FAULT = ("torch.arange(pieces, device=slots.device) * self.block_size",
+                  "torch.arange(pieces, device=slots.device)")
 
 
 @pytest.fixture(scope="module")
 def run_dtype_checked(tmp_path_factory):
     """deepseek_v3 (every layer dense) in float32 and bfloat16; a file whose NZ view of the latent cache is
-    float32's in every dtype; a checkpoint whose rope width (8) the PA_NZ cache kernel does not take in bfloat16."""
+    float32's in every dtype; a checkpoint whose rope width (8) the fused rope kernels do not take (its rope and
+    cache write in plain torch), and that file with its cache rows written out of FRACTAL_NZ order."""
     from agent.recipe.native.decide import render_native, selfcheck
     from agent.recipe.native.selfcheck import RUN_DTYPE
 
@@ -361,7 +365,11 @@ def run_dtype_checked(tmp_path_factory):
             assert text.count(NZ_FAULT[0]) == 1
             (folder / "nz_fault.py").write_text(text.replace(*NZ_FAULT))
             cases["nz_fault"] = (config, folder / "nz_fault.py")
-    labels = [(name, dtype) for name in cases for dtype in ("float32", RUN_DTYPE)]
+        else:
+            assert text.count(PLAIN_NZ_FAULT[0]) == 1 and "npu_interleave_rope(" not in text
+            (folder / "plain_nz_fault.py").write_text(text.replace(*PLAIN_NZ_FAULT))
+            cases["plain_nz_fault"] = (config, folder / "plain_nz_fault.py")
+    labels = [(name, dtype) for name in cases for dtype in ("float32", RUN_DTYPE) if (name, dtype) != ("plain_nz_fault", RUN_DTYPE)]
     jobs = [{"config": cases[name][0], "file": str(cases[name][1]), "class_name": CTX["framework_class"], "dtype": dtype}
             for name, dtype in labels]
     return dict(zip(labels, selfcheck(jobs, harness.UPSTREAM)))
@@ -370,15 +378,18 @@ def run_dtype_checked(tmp_path_factory):
 def test_the_run_dtype_and_the_kernels_widths_fail_what_float32_passes(run_dtype_checked):
     """The MLA file in bfloat16 within the verdict's tolerance; a file correct in float32 only (the latent
     cache's NZ inner block taken as float32's) fails the self-check in the run dtype; a checkpoint whose rope
-    width the kernels do not take (8: the maintainer's failed trial) fails it too."""
+    width the fused kernels do not take (8: the maintainer's failed trial) gets plain-torch rope and cache writes
+    that pass in float32 and fail in bfloat16 (the NZ caches' 16-wide blocks), as they would at its trial; its
+    cache written in row order fails."""
     from agent.recipe.native.selfcheck import RUN_DTYPE
 
     results = run_dtype_checked
     assert results[("deepseek_v3", "float32")]["ok"] and results[("deepseek_v3", RUN_DTYPE)]["ok"], results
     assert results[("nz_fault", "float32")]["ok"], results[("nz_fault", "float32")]
     assert not results[("nz_fault", RUN_DTYPE)]["ok"]
-    # an 8-wide rope: npu_interleave_rope takes D 64 only (in every dtype), and the bfloat16 PA_NZ cache
-    # 16-wide blocks — the file would fail at its trial on an NPU
-    for dtype in ("float32", RUN_DTYPE):
-        narrow = results[("narrow_rope", dtype)]
-        assert not narrow["ok"] and "need a last dim (D) of 64" in narrow["reason"], narrow
+    # an 8-wide rope: npu_interleave_rope takes D 64 only, so plain torch; the bfloat16 FRACTAL_NZ caches take
+    # 16-wide blocks — the file refuses in the run dtype, as it would fail at its trial on an NPU
+    assert results[("narrow_rope", "float32")]["ok"], results[("narrow_rope", "float32")]
+    narrow = results[("narrow_rope", RUN_DTYPE)]
+    assert not narrow["ok"] and "take widths in multiples of 16" in narrow["reason"], narrow
+    assert not results[("plain_nz_fault", "float32")]["ok"], results[("plain_nz_fault", "float32")]
