@@ -4,7 +4,7 @@ architecture's own code and config; agent.recipe.native.assemble writes their co
 
 from agent.recipe.native.parts import (attention, block, block_parallel, block_post_ln, block_post_norm, embedding, head, mla, mlp, mlp_clamped, mlp_plain, model, moe,
                                        linear_attention, linear_attention_mamba2, mtp, norm, norm_layer, norm_weightless,
-                                       norm_weightless_rms, position, position_absolute,
+                                       norm_weightless_rms, position, position_absolute, position_sinusoid,
                                        position_alibi, rotary_interleaved, rotary_layer_theta, rotary_nope,
                                        scalar_multipliers, short_conv)
 from agent.recipe.native.parts import attention_diff, attention_lightning
@@ -22,6 +22,7 @@ PARTS = (
     norm_weightless.WEIGHTLESS_LAYER_NORM,
     norm_weightless_rms.WEIGHTLESS_RMS_NORM,
     position_absolute.ABSOLUTE_POSITIONS,
+    position_sinusoid.SINUSOID_BUFFER_POSITIONS,
     position_alibi.ALIBI,
     rotary_layer_theta.ROTARY_LAYER_THETA,
     rotary_nope.ROTARY_NOPE,

@@ -87,8 +87,10 @@ def embed_scale(probe) -> bool:
                                     f"plus the position table's rows from row {' or '.join(map(str, POSITION_OFFSETS))}")
     buffer = added_buffer(probe, got, table)
     if buffer is not None:
-        raise NotNative("position", f"positions added from the base model's buffer {buffer} (a fixed table of rows no "
-                                    "position part reads)")
+        # ctrl's pos_encoding: the position slot reads the buffer's rows (parts/position_sinusoid.py)
+        probe.memo["position_offset"], probe.memo["position_buffer"] = None, buffer
+        rows = getattr(probe.base, buffer)[:table.shape[0]].to(got.dtype)
+        return not torch.allclose(got, table + rows, rtol=1e-5, atol=1e-6)
     raise NotNative("model", "the embedding is scaled by something other than 1 or sqrt(hidden_size)")
 
 

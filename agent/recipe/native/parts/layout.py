@@ -326,6 +326,13 @@ def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
                 attention_roles = {qkv: "qkv_proj", out: "o_proj"}
         elif separate <= set(projections) and len(projections) == 4:
             attention_roles = {next(n for n in projections if n not in separate): "o_proj"}
+        elif len(projections) == 4 and not separate & set(projections):
+            # ctrl's Wq / Wk / Wv / dense: three named by their last letter, the fourth the output (the self-check
+            # holds which is which)
+            by_letter = {n[-1].lower(): n for n in projections if n[-1].lower() in "qkv"}
+            if len(by_letter) == 3:
+                attention_roles = {by_letter[letter]: f"{letter}_proj" for letter in "qkv"}
+                attention_roles[next(n for n in projections if n not in by_letter.values())] = "o_proj"
     for name, skeleton in attention_roles.items():
         if name != skeleton:
             layout.renames += ((f"{layer}self_attn\\.{re.escape(name)}\\.", f"model.layers.\\1.self_attn.{skeleton}."),)

@@ -393,3 +393,25 @@ def test_the_run_dtype_and_the_kernels_widths_fail_what_float32_passes(run_dtype
     narrow = results[("narrow_rope", RUN_DTYPE)]
     assert not narrow["ok"] and "take widths in multiples of 16" in narrow["reason"], narrow
     assert not results[("plain_nz_fault", "float32")]["ok"], results[("plain_nz_fault", "float32")]
+
+
+# the plain-torch rope's rotation turned the other way; the latent cache written in row order, not FRACTAL_NZ's
+MINICPM3_FAULTS = [("torch.cat((-x2, x1), dim=-1)", "torch.cat((x2, -x1), dim=-1)"), PLAIN_NZ_FAULT]
+
+
+@pytest.mark.slow
+def test_minicpm3s_32_wide_rope_matches_transformers_in_plain_torch_and_faults_fail(tmp_path):
+    """Slow (minicpm3's derive and self-check): transformers' minicpm3 (qk_rope_head_dim 32, kv_lora_rank 256, its
+    embedding / residual / logits multipliers) in float32, bfloat16 and its family settings, the rope and the latent
+    cache write in plain torch and no prolog; each fault fails. The default case of this path is
+    test_the_run_dtype_and_the_kernels_widths_fail_what_float32_passes (narrow_rope, its row-order fault)."""
+    from transformers import AutoConfig
+
+    from part_selfcheck import selfcheck_with_faults
+
+    config = AutoConfig.for_model("minicpm3").to_dict()
+    composition = derive(config)
+    assert composition.options["ROPE_PLAIN"] is True and composition.options["PROLOG"] is False
+    assert any("plain torch (npu_interleave_rope" in line for line in composition.unfused), composition.unfused
+    selfcheck_with_faults({"minicpm3": (config, composition)}, {"minicpm3": MINICPM3_FAULTS}, "NativeForCausalLM",
+                          tmp_path)

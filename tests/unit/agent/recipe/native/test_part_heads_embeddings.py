@@ -70,7 +70,6 @@ def test_the_embedding_through_the_weightless_final_norm_is_read_and_a_weighted_
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model_type, kind, reason", [
-    ("ctrl", "position", "buffer pos_encoding"),
     ("inkling2_text", "model", "final_input"),
 ])
 def test_the_types_fall_back_naming_their_next_blocker(model_type, kind, reason):

@@ -8,7 +8,8 @@ weight (parts/norm_weightless_rms.py, its q/k norms too), the rotary by the nega
 parts/code/rotary.py), the embedding through the final norm (EMBED_FINAL_NORM). Each held to transformers in float32
 and bfloat16 and on its family settings but the rope types; a file with the part's arithmetic broken fails the same
 check. The default case self-checks falcon-7b's file (one key/value head of 71 query heads, the parallel layer) with one
-fault (the key/value heads' rule) and nanochat's, in one stand-in process; the others are slow. falcon's ALiBi
+fault (the key/value heads' rule), nanochat's and ctrl's (CTRL's sinusoid table from the base model's buffer, its
+Wq / Wk / Wv / dense attention and Sequential ffn), in one stand-in process; the others are slow. falcon's ALiBi
 (config.alibi) falls back naming it."""
 
 from __future__ import annotations
@@ -44,9 +45,19 @@ VARIANTS = {
                  {"ROTATE_BACKWARD": True, "EMBED_FINAL_NORM": True, "QK_NORM": True, "FINAL_SOFTCAP": True},
                  [("        self.sin_cached.neg_()\n", "        self.sin_cached.mul_(1.0)\n"),
                   ("        hidden_states = self.norm(hidden_states)\n", "")]),
+    # ctrl's (transformers' defaults): CTRL's sinusoids from the base model's buffer (parts/position_sinusoid.py),
+    # Wq / Wk / Wv / dense, the Sequential ffn of width dff; faults: the table's sin / cos halves swapped, its rates
+    "ctrl": ({},
+             {"position": "sinusoid_buffer_positions", "attention": "fused_paged", "mlp": "plain_mlp",
+              "block": "pre_norm"},
+             {"ABSOLUTE_POSITIONS": True, "MLP_WIDTH": "dff", "ACT_FIXED": "relu", "EMBED_SCALE": True},
+             [("torch.cat([torch.sin(angles[:, 0::2]), torch.cos(angles[:, 1::2])], dim=-1)",
+               "torch.cat([torch.cos(angles[:, 1::2]), torch.sin(angles[:, 0::2])], dim=-1)"),
+              ("(2 * (columns // 2))", "(columns // 2)")]),
 }
-FAST = ("falcon", "nanochat")
-MODEL_TYPE = {"falcon": "falcon", "falcon_new": "falcon", "falcon_mha": "falcon", "nanochat": "nanochat"}
+FAST = ("falcon", "nanochat", "ctrl")
+MODEL_TYPE = {"falcon": "falcon", "falcon_new": "falcon", "falcon_mha": "falcon", "nanochat": "nanochat",
+              "ctrl": "ctrl"}
 
 
 @functools.lru_cache(maxsize=None)
@@ -119,7 +130,8 @@ def _check(names, tmp_path, faults=None):
 
 
 def test_falcon_7b_and_nanochat_match_transformers_and_a_fault_fails(tmp_path):
-    """One stand-in process: both files on their family settings, and falcon's key/value heads' rule broken."""
+    """One stand-in process: the three files (ctrl's too) on their family settings, and falcon's key/value heads'
+    rule broken."""
     _check(FAST, tmp_path, {"falcon": VARIANTS["falcon"][3]})
 
 
@@ -139,4 +151,16 @@ def test_nanochats_faults_fail(tmp_path):
 
     rows = selfcheck_with_faults({"nanochat": derived("nanochat")}, {"nanochat": VARIANTS["nanochat"][3]},
                                  "NativeForCausalLM", tmp_path, keep=lambda label: False)
+    assert [ok for _, _, ok, _ in rows] == [False, False]
+
+
+@pytest.mark.slow
+def test_ctrls_faults_fail(tmp_path):
+    """Slow: CTRL's position table with its sin / cos halves swapped, or fairseq's rates, must fail; the default case
+    of this path is test_falcon_7b_and_nanochat_match_transformers_and_a_fault_fails (ctrl's correct file) and
+    test_part_position_sinusoid.py's reading of the buffer."""
+    from part_selfcheck import selfcheck_with_faults
+
+    rows = selfcheck_with_faults({"ctrl": derived("ctrl")}, {"ctrl": VARIANTS["ctrl"][3]}, "NativeForCausalLM",
+                                 tmp_path, keep=lambda label: False)
     assert [ok for _, _, ok, _ in rows] == [False, False]

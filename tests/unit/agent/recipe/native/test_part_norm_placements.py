@@ -4,8 +4,8 @@ code and measured numerically), the post-LN layer (parts/block_post_ln.py, code 
 openai-gpt's norm(h + attn(h)), then norm(h + mlp(h)), no final norm; its MLP's activation under the architecture's
 own name, afn "gelu" running gelu_new: parts/mlp_plain.py's ACT_NAMES; its attention's softmax scale measured on
 the fused c_attn) and the residual multiplier scale_depth / sqrt(num_hidden_layers) (parts/scalar_multipliers.py,
-RESIDUAL_DEPTH_SCALED: minicpm3's — measured on minicpm3 with a 64-wide MLA rope, the width npu_interleave_rope
-takes: its published 32-wide rope is the MLA part's blocker).
+RESIDUAL_DEPTH_SCALED: minicpm3's, on its own 32-wide MLA rope, which the MLA part rotates and caches in plain torch:
+npu_interleave_rope takes 64 only).
 
 Each file, derived on its checkpoint-shaped config (agent.testing.checkpoint_shapes) or transformers' defaults, is
 held to transformers per step; a file with the part's arithmetic broken fails the same check. By default one
@@ -29,7 +29,7 @@ TYPES = {
                    # the activation table read at run time (afn "gelu" as relu; exact gelu is within the tolerance)
                    [POST_LN_FAULT, ('("gelu", "gelu_new"),', '("gelu", "relu"),')]),
     "minicpm3": ({"attention": "mla", "block": "pre_norm_residual_multiplier", "embedding": "embedding_multiplier"},
-                 {"qk_rope_head_dim": 64},
+                 {},
                  [("config.scale_depth / config.num_hidden_layers ** 0.5", "config.scale_depth")]),
 }
 CLASS = "NpForCausalLM"
