@@ -75,3 +75,24 @@ def test_beams_gate_bias_is_read_and_one_the_gate_does_not_add_is_refused():
     attention.gate_bias = torch.nn.Parameter(torch.zeros(4))
     with pytest.raises(NotNative, match="not times sigmoid or softplus of the gate"):
         output_gate(attention, probe)
+
+
+@pytest.mark.parametrize("where, reason", [
+    ("base", r"LlamaModel has parameters \['input_scale'\] of its own"),
+    ("layer", r"layer 1 has parameters \['input_scale'\] of its own"),
+])
+def test_a_base_model_or_layer_with_parameters_of_its_own_is_refused(where, reason):
+    """zaya's input_hidden_states_scale / _bias sit on its base model (ones and zeros as built): no part reads such a
+    parameter, so the model part names it; planted on llama's base model and on its second layer."""
+    import torch
+
+    from agent.recipe.native.not_native import NotNative
+    from agent.recipe.native.parts.model import refuse_own_parameters
+
+    probe = SimpleNamespace(base=torch.nn.Module(), layers=[torch.nn.Module(), torch.nn.Module()])
+    probe.base.__class__ = type("LlamaModel", (torch.nn.Module,), {})
+    refuse_own_parameters(probe)
+    owner = probe.base if where == "base" else probe.layers[1]
+    owner.input_scale = torch.nn.Parameter(torch.ones(4))
+    with pytest.raises(NotNative, match=reason):
+        refuse_own_parameters(probe)
