@@ -5,7 +5,8 @@ sigmoid (GATE_BIAS, read with the gate by parts/attention_gate.py). Both are zer
 probes set them to random values, and a parameter of that name that does not act so is refused.
 gpt_neox_japanese's file is held to transformers, and a file without the last layer's bias fails the same check, in
 test_part_gates_sub_norms.py (its float32 case beside afmoe's in the default suite; bfloat16 and the family's
-settings slow); beam's fall-back reason (what comes after its gate: its depth-scaled residual) is named there too."""
+settings slow); beam's fall-back reason (what comes after its gate: its depth-scaled residual) is named there too,
+and read here."""
 
 from __future__ import annotations
 
@@ -96,3 +97,24 @@ def test_a_base_model_or_layer_with_parameters_of_its_own_is_refused(where, reas
     owner.input_scale = torch.nn.Parameter(torch.ones(4))
     with pytest.raises(NotNative, match=reason):
         refuse_own_parameters(probe)
+
+
+def test_beams_depth_scaled_residual_is_named_and_another_scaling_is_not():
+    """beam's layer i adds x * sqrt((i - 1) / i) + out / sqrt(i) (block.residual_scaled with its depth: beam's
+    fall-back reason, test_part_gates_sub_norms.py's REFUSALS); the same layer read at another depth, or with its
+    attention's sum shifted by one, is not that form (the generic reason stays)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from agent.recipe.native.parts.block import residual_scaled
+
+    config = AutoConfig.for_model("beam", hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                  num_hidden_layers=2, intermediate_size=16, vocab_size=64,
+                                  layer_types=["sliding_attention"] * 2, mlp_layer_types=["dense"] * 2)
+    layers = AutoModelForCausalLM.from_config(config).eval().model.layers
+    roles = {"attention_in": "input_layernorm", "attention_out": "post_attention_layernorm",
+             "mlp_in": "pre_feedforward_layernorm", "mlp_out": "post_feedforward_layernorm"}
+    assert residual_scaled(layers[0], 32, 1.0, roles, depth=0) and residual_scaled(layers[1], 32, 1.0, roles, depth=1)
+    assert not residual_scaled(layers[0], 32, 1.0, roles)
+    assert not residual_scaled(layers[1], 32, 1.0, roles, depth=0)
+    layers[0].attn_residual_add_idx += 1
+    assert not residual_scaled(layers[0], 32, 1.0, roles, depth=0)

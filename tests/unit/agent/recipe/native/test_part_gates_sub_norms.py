@@ -78,7 +78,7 @@ def test_the_gate_is_read_from_the_module(model_type, changes, want):
 
 # type -> its fall-back reason: the first thing the file does not write, named
 REFUSALS = {
-    "beam": r"the layer's outputs join the residual otherwise than as they are \(scaled\?\)",
+    "beam": r"each branch joins the residual scaled by the layer's depth \(x \* sqrt\(\(i - 1\) / i\) \+ out / sqrt\(i\)",
     "laguna": r"query heads per layer \(config.num_attention_heads_per_layer, laguna\)",
     "mimo_v2_flash": r"layer 1's q/k projections are 4 query / 4 key heads of head_dim 192, not the config's 4 / 2",
     "axk2": r"AXK2GatedRMSNorm holds modules \['mlp', 'norm'\] and no weight of its own",
