@@ -11,6 +11,8 @@ import math
 
 from agent.recipe.native.not_native import NotNative
 from agent.recipe.native.parts.attention_gate import GATE_NAMES, output_gate, renames as gate_renames
+from agent.recipe.native.parts.attention_params import (DENSE_BIAS_RENAMES, GATE_BIAS_RENAMES, last_layer_output_bias,
+                                                        refuse_unknown)
 from agent.recipe.native.parts.part import Expr, Match, Part
 from agent.recipe.native.parts.mla import is_mla_model
 from agent.recipe.native.parts.probe import DROP, children, multi_query
@@ -25,7 +27,7 @@ BIAS_KEYS = ("attention_bias", "use_qkv_bias", "use_bias", "enable_bias")       
 DENSE_OPTIONS = ("QKV", "QKV_BIAS", "O_BIAS", "QK_NORM", "QK_NORM_FULL", "QUERY_PRE_ATTN_SCALAR", "WINDOWS",
                  "LAYER_TYPE_WINDOWS", "STACKED_PARAMS", "ATTENTION_MULTIPLIER", "ROTARY", "UNSCALED", "LOCAL_LAYERS",
                  "OUTPUT_GATE", "Q_NORM", "K_NORM", "QK_NORM_AFTER_ROPE", "QKV_GROUPS", "MULTI_QUERY", "GATE_PROJ",
-                 "GATE_SOFTPLUS", "GATE_PER_HEAD", "CHECKPOINT_RENAMES", "ATTN_SUB_NORM")
+                 "GATE_SOFTPLUS", "GATE_PER_HEAD", "CHECKPOINT_RENAMES", "ATTN_SUB_NORM", "GATE_BIAS")
 WINDOW = 5                            # the shrunk window (agent.recipe.native.parts.probe.shrunk_config)
 
 
@@ -221,11 +223,8 @@ def dense_attention(probe) -> dict:
         a = children(attention)
         if set(a) - ATTENTION_CHILDREN:
             raise NotNative("attention", f"{type(attention).__name__} has {sorted(set(a) - ATTENTION_CHILDREN)}")
-        own = sorted(name for name, param in attention._parameters.items() if param is not None and name != "sinks")
-        if own:
-            # beam's gate_bias, gpt_neox_japanese's last-layer dense_bias: zero as built, so no measurement sees them
-            raise NotNative("attention", f"{type(attention).__name__} has parameters {own} of its own, which the file "
-                                         "does not add")
+        # beam's gate_bias, gpt_neox_japanese's last-layer dense_bias: read below (parts/attention_params.py)
+        refuse_unknown(attention)
         sink = getattr(attention, "sinks", None)
         if sink is not None and (not isinstance(sink, torch.nn.Parameter) or tuple(sink.shape) != (heads,)):
             raise NotNative("attention", f"attention sinks of shape {tuple(getattr(sink, 'shape', ()))}: not one per head")
@@ -306,7 +305,13 @@ def dense_attention(probe) -> dict:
     if sub_norm:
         facts["ATTN_SUB_NORM"] = True
     if gate:
-        facts.update(dict(gate), CHECKPOINT_RENAMES=gate_renames(dict(gate)["GATE_PROJ"]))
+        facts.update(dict(gate), CHECKPOINT_RENAMES=gate_renames(dict(gate)["GATE_PROJ"]) +
+                     (GATE_BIAS_RENAMES if dict(gate).get("GATE_BIAS") else ()))
+    last_bias = last_layer_output_bias(probe, attention_layers(probe))
+    if last_bias:
+        if o_bias:
+            raise NotNative("attention", "o_proj with a bias and a dense_bias of its own on the last layer")
+        facts.update(last_bias, CHECKPOINT_RENAMES=facts.get("CHECKPOINT_RENAMES", ()) + DENSE_BIAS_RENAMES)
     if qk_names != QK_NORM_NAMES[0]:
         facts.update({"Q_NORM": qk_names[0], "K_NORM": qk_names[1]})
     if after_rope:
@@ -587,7 +592,7 @@ def _variants(match, probe):
     found = []
     for option in ("QKV_BIAS", "O_BIAS"):
         value = match.options[option]
-        if isinstance(value, Expr):
+        if isinstance(value, Expr) and value.code.startswith("config."):      # not the last layer's (attention_params)
             key = value.code.split(".", 1)[1]
             change = ("bias " + key, {key: not getattr(probe.config, key)})
             if change not in found:

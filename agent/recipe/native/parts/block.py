@@ -47,10 +47,11 @@ def block_roles(probe) -> dict | None:
     return roles
 
 
-def residual_scaled(layer, hidden: int, multiplier: float, roles: dict) -> bool:
+def residual_scaled(layer, hidden: int, multiplier: float, roles: dict, depth: int | None = None) -> bool:
     """The layer computes h = x + m * out_a(attn(in_a(x))), then h + m * out_m(mlp(in_m(h))) — the norms by
     role (`roles`: role -> name; an output norm the pre-norm layer has not is the identity): checked with the
-    attention and the MLP replaced by fixed maps."""
+    attention and the MLP replaced by fixed maps. With `depth` (the layer's index): beam's depth-scaled sums
+    instead, x * sqrt((i - 1) / i) + out / sqrt(i), i = 2 (depth + 1) for the attention and one more for the MLP."""
     import torch
 
     gen = torch.Generator().manual_seed(8)
@@ -83,9 +84,15 @@ def residual_scaled(layer, hidden: int, multiplier: float, roles: dict) -> bool:
     def norm(role):
         return getattr(layer, roles[role]) if role in roles else (lambda t: t)
 
+    def add(residual, out, index):
+        if depth is None:
+            return residual + multiplier * out
+        i = 2 * (depth + 1) + index
+        return residual * ((i - 1) / i) ** 0.5 + out / i ** 0.5
+
     with torch.no_grad():
-        h = x + multiplier * norm("attention_out")(norm("attention_in")(x) @ a)
-        want = h + multiplier * norm("mlp_out")(norm("mlp_in")(h) @ b)
+        h = add(x, norm("attention_out")(norm("attention_in")(x) @ a), 0)
+        want = add(h, norm("mlp_out")(norm("mlp_in")(h) @ b), 1)
     return torch.allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
@@ -97,6 +104,10 @@ def _unscaled(probe, roles: dict) -> None:
     """The layer adds its outputs to the residual as they are (a layer read by role: minicpm3 scales them by
     scale_depth / sqrt(num_hidden_layers), which no part writes)."""
     if norm_roles(probe) and not residual_scaled(probe.layers[0], probe.hidden, 1.0, roles):
+        if all(residual_scaled(layer, probe.hidden, 1.0, roles, depth=index) for index, layer in enumerate(probe.layers[:2])):
+            raise NotNative("decoder layer", "each branch joins the residual scaled by the layer's depth (x * sqrt((i - 1) "
+                                             "/ i) + out / sqrt(i), i = 2 (layer + 1), one more for the MLP), which no "
+                                             "block part writes")
         raise NotNative("decoder layer", "the layer's outputs join the residual otherwise than as they are "
                                          "(scaled?)")
 

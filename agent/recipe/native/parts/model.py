@@ -87,6 +87,21 @@ def fused_qkv_split(rule) -> bool:
             and [type(op).__name__ for op in operations] == ["Split"] and getattr(operations[0], "dim", None) == 0)
 
 
+def refuse_own_parameters(probe) -> None:
+    """NotNative naming the parameters the base model or a decoder layer holds directly (zaya's
+    input_hidden_states_scale / _bias on its embedding): no part reads them, and as built they are ones and zeros
+    that a probe's measurement would not see."""
+    own = sorted(name for name, param in probe.base._parameters.items() if param is not None)
+    if own:
+        raise NotNative("model", f"{type(probe.base).__name__} has parameters {own} of its own, which the file does "
+                                 "not add")
+    for index, layer in enumerate(probe.layers):
+        own = sorted(name for name, param in layer._parameters.items() if param is not None)
+        if own:
+            raise NotNative("decoder layer", f"layer {index} has parameters {own} of its own, which the file does "
+                                             "not add")
+
+
 def _probe(probe, chosen):
     layout = probe.layout
     if layout is not None and layout.refusal:
@@ -126,6 +141,7 @@ def _probe(probe, chosen):
             raise NotNative("decoder layer", f"layer {index} has {layer_children_text(layer, unknown)}")
         if ("self_attn" not in names and "linear_attn" not in names) or "mlp" not in names:
             raise NotNative("decoder layer", f"layer {index} has no self_attn (or linear_attn) / mlp")
+    refuse_own_parameters(probe)
     renames = checkpoint_renames(probe.model_type, type(probe.model).__name__)
     # the sparse-MoE block under another name in transformers' own layer (granitemoe's block_sparse_moe): the
     # native layer's `mlp`, after transformers' renames (which name the block as the layer does)

@@ -22,7 +22,8 @@ SLIDING = "SlidingWindow"
 
 QKV = "merged_qkv_proj"         # the q/k/v projection: "qkv_proj" where the checkpoint stores it fused (phi3)
 QKV_BIAS = False                # q/k/v biases: a literal, or the config key that sets them
-O_BIAS = False                  # o_proj's bias (module.linear adds it on row-parallel rank 0)
+O_BIAS = False                  # o_proj's bias (module.linear adds it on row-parallel rank 0): a literal, the config
+                                # key that sets it, or the last layer alone (gpt_neox_japanese's dense_bias)
 QK_NORM = False                 # per-head RMSNorm of queries and keys before the rotary (qwen3, gemma3)
 QK_NORM_FULL = False            # RMSNorm of queries and keys over all heads' width (olmo2)
 QK_NORM_AFTER_ROPE = False      # the per-head q / k norms on the rotated queries and keys (hunyuan)
@@ -52,6 +53,7 @@ GATE_PROJ = None                # the checkpoint's name of an output gate's own 
 GATE_SOFTPLUS = False           # that gate's activation a softplus (laguna), else a sigmoid
 GATE_PER_HEAD = False           # that gate one per head (over its head_dim), else one per channel
 ATTN_SUB_NORM = False           # an RMSNorm of the attention's output over all heads' width before o_proj (bitnet)
+GATE_BIAS = False               # a bias of that gate, one per head, added before its activation (beam's gate_bias)
 
 
 def key_value_heads(config):
@@ -144,6 +146,11 @@ class ModelAttention(nn.Module):
                 config.hidden_size, self.num_heads * (1 if GATE_PER_HEAD else self.head_dim), bias=False,
                 tp_size=self.attn_tp_size, tp_rank=tp_rank, quant_config=quant_config, prefix=f"{prefix}.{GATE_PROJ}",
                 return_bias=False)
+            if GATE_BIAS:
+                # this rank's heads' biases (the checkpoint's gate_bias holds every head's)
+                self.output_gate_bias = nn.Parameter(torch.empty(self.num_heads_per_rank), requires_grad=False)
+                self.output_gate_bias.weight_loader = self._load_gate_bias
+                self.tp_rank = tp_rank
         if ATTN_SUB_NORM:
             self.attn_sub_norm = ModelSubRMSNorm(self.num_heads * self.head_dim, config.rms_norm_eps, comm_manager,
                                                  self.attn_tp_size)
@@ -227,6 +234,8 @@ class ModelAttention(nn.Module):
             out = out.reshape(q_len, -1) * torch.sigmoid(gate)
         if GATE_PROJ:
             gate = self.output_gate(hidden_states)
+            if GATE_BIAS:
+                gate = (gate.view(q_len, self.num_heads_per_rank, -1) + self.output_gate_bias[:, None]).view(q_len, -1)
             gate = torch.nn.functional.softplus(gate.float()).to(out.dtype) if GATE_SOFTPLUS else torch.sigmoid(gate)
             out = out.reshape(q_len, self.num_heads_per_rank, -1) * gate.view(q_len, self.num_heads_per_rank, -1)
         if ATTN_SUB_NORM:
@@ -375,6 +384,11 @@ class ModelAttention(nn.Module):
 
     def _load_sinks(self, param, weight):
         """The checkpoint's sinks of every head: this rank's heads."""
+        start = self.tp_rank * self.num_heads_per_rank
+        param.data.copy_(weight[start:start + self.num_heads_per_rank])
+
+    def _load_gate_bias(self, param, weight):
+        """The checkpoint's gate biases of every head: this rank's heads."""
         start = self.tp_rank * self.num_heads_per_rank
         param.data.copy_(weight[start:start + self.num_heads_per_rank])
 

@@ -21,14 +21,17 @@ from part_selfcheck import selfcheck_with_faults
 SMALL = {"num_hidden_layers": 2, "num_experts": 4, "num_experts_per_tok": 2, "route_scale": 2.5,
          "layer_types": ["sliding_attention", "full_attention"], "num_dense_layers": 1}
 GATE_FAULT = ("gate = torch.sigmoid(gate)", "gate = gate")
+# gpt_neox_japanese's last layer without its o_proj bias (parts/attention_params.py: the checkpoint's dense_bias)
+BIAS_FAULT = ("bias=layer_idx == config.num_hidden_layers - 1,", "bias=False,")
 # type -> its small config's changes to transformers' defaults
-CHANGES = {"afmoe": SMALL, "bitnet": {"num_hidden_layers": 2}}
+CHANGES = {"afmoe": SMALL, "bitnet": {"num_hidden_layers": 2}, "gpt_neox_japanese": {"num_hidden_layers": 2}}
 # type: faults, (text of the correct file, its faulty replacement)
 FAULTS = {"afmoe": [GATE_FAULT,
                     ("choice = scores + self.router.e_score_correction_bias.float()", "choice = scores"),
                     ("weights = weights * self.routed_scaling_factor", "weights = weights")],
           "bitnet": [("out = self.attn_sub_norm(out.reshape(q_len, -1))", "out = out.reshape(q_len, -1)"),
-                     ("self.down_proj(self.ffn_sub_norm(self.act_fn(gate) * up))", "self.down_proj(self.act_fn(gate) * up)")]}
+                     ("self.down_proj(self.ffn_sub_norm(self.act_fn(gate) * up))", "self.down_proj(self.act_fn(gate) * up)")],
+          "gpt_neox_japanese": [BIAS_FAULT]}
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +78,7 @@ def test_the_gate_is_read_from_the_module(model_type, changes, want):
 
 # type -> its fall-back reason: the first thing the file does not write, named
 REFUSALS = {
-    "beam": r"BeamAttention has parameters \['gate_bias'\] of its own, which the file does not add",
-    "gpt_neox_japanese": r"GPTNeoXJapaneseAttention has parameters \['dense_bias'\] of its own",
+    "beam": r"each branch joins the residual scaled by the layer's depth \(x \* sqrt\(\(i - 1\) / i\) \+ out / sqrt\(i\)",
     "laguna": r"query heads per layer \(config.num_attention_heads_per_layer, laguna\)",
     "mimo_v2_flash": r"layer 1's q/k projections are 4 query / 4 key heads of head_dim 192, not the config's 4 / 2",
     "axk2": r"AXK2GatedRMSNorm holds modules \['mlp', 'norm'\] and no weight of its own",
@@ -85,8 +87,8 @@ REFUSALS = {
 
 @pytest.mark.parametrize("model_type", sorted(REFUSALS))
 def test_what_is_not_written_is_named(model_type):
-    """beam's gate bias (one per head inside the sigmoid) and gpt_neox_japanese's dense_bias are zero as built, so
-    only their names tell them; laguna's heads per layer, mimo_v2_flash's sliding layers with twice the key heads,
+    """beam's layer after its gate is read (with its bias: test_part_attention_params.py): each branch joins the
+    residual scaled by the layer's depth; laguna's heads per layer, mimo_v2_flash's sliding layers with twice the key heads,
     axk2's gated norm."""
     from transformers import AutoConfig
 
@@ -117,13 +119,29 @@ def test_bitnet_is_read_from_the_architecture(derived):
     assert sum("sub-norm" in item for item in composition.unfused) == 2
 
 
+def test_gpt_neox_japanese_is_read_from_the_architecture(derived):
+    """Its last layer's dense_bias is the file's o_proj bias on that layer (parts/attention_params.py)."""
+    from agent.recipe.native.parts.attention_params import LAST_LAYER
+
+    _, composition = derived["gpt_neox_japanese"]
+    options = composition.options
+    assert composition.parts["attention"] == "fused_paged"
+    assert options["O_BIAS"] == LAST_LAYER
+    # the checkpoint's dense_bias (after the layout's renames) is the last layer's o_proj bias
+    assert ("\\.self_attn\\.dense_bias$", ".self_attn.o_proj.bias") in options["CHECKPOINT_RENAMES"]
+
+
 def test_the_files_match_transformers_and_a_dropped_gate_sigmoid_fails(derived, tmp_path):
-    """Default: afmoe's file in float32 on its small config, and its gate without its sigmoid; bitnet's file (whose
-    bfloat16 run still differs: not native) is slow. (The framework class is the test's.)"""
-    rows = selfcheck_with_faults({"afmoe": derived["afmoe"]}, {"afmoe": [GATE_FAULT]}, "NativeForCausalLM", tmp_path,
-                                 keep=lambda label: label == "the checkpoint's config")
-    assert [(t, ok) for t, _, ok, _ in rows] == [("afmoe", True), ("afmoe", False)]
-    assert "differ from transformers" in rows[1][3]["reason"]
+    """Default: afmoe's and gpt_neox_japanese's files in float32 on their small configs, afmoe's gate without its
+    sigmoid, gpt_neox_japanese's last layer without its o_proj bias (the checkpoint's dense_bias then loads
+    nowhere); bitnet's file (whose bfloat16 run still differs: not native) is slow. (The framework class is the
+    test's.)"""
+    types = ("afmoe", "gpt_neox_japanese")
+    rows = selfcheck_with_faults({t: derived[t] for t in types}, {"afmoe": [GATE_FAULT], "gpt_neox_japanese": [BIAS_FAULT]},
+                                 "NativeForCausalLM", tmp_path, keep=lambda label: label == "the checkpoint's config")
+    assert [(t, ok) for t, _, ok, _ in rows] == [("afmoe", True), ("afmoe", False), ("gpt_neox_japanese", True),
+                                                 ("gpt_neox_japanese", False)]
+    assert all("differ from transformers" in r["reason"] for _, _, ok, r in rows if not ok)
 
 
 @pytest.mark.slow
