@@ -8,6 +8,7 @@ from agent.recipe.native.parts import (attention, block, block_parallel, block_p
                                        position_alibi, rotary_interleaved, rotary_layer_theta, rotary_nope,
                                        scalar_multipliers, short_conv)
 from agent.recipe.native.parts import attention_diff, attention_lightning
+from agent.recipe.native.parts import position_nope
 from agent.recipe.native.parts.part import ROLES, SLOTS, Composition, Match, Part
 
 __all__ = ["PARTS", "OPTION_NAMES", "TABLES", "ROLES", "SLOTS", "Composition", "Match", "Part"]
@@ -24,6 +25,7 @@ PARTS = (
     position_absolute.ABSOLUTE_POSITIONS,
     position_sinusoid.SINUSOID_BUFFER_POSITIONS,
     position_alibi.ALIBI,
+    position_nope.NOPE_ALL,
     rotary_layer_theta.ROTARY_LAYER_THETA,
     rotary_nope.ROTARY_NOPE,
     rotary_interleaved.ROTARY_INTERLEAVED,

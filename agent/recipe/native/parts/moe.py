@@ -131,6 +131,8 @@ def _capture_routing(block, x):
         weights = values.get("top_k_weights", values.get("routing_weights"))
         seen["index"], seen["weights"] = index, weights
         seen["only_hidden"] = len(args) + len(kwargs) == 1
+        if seen["only_hidden"]:
+            seen["hidden"] = (args or tuple(kwargs.values()))[0]
 
     handle = experts.register_forward_pre_hook(hook, with_kwargs=True)
     try:
@@ -139,12 +141,32 @@ def _capture_routing(block, x):
     finally:
         handle.remove()
     if seen.get("only_hidden"):
+        scaled = input_scaled_routing(x, seen.get("hidden"))
+        if scaled is not None:
+            raise NotNative("moe", f"{type(block).__name__} scales each routed expert's input (not its output) by the "
+                                   f"token's router score, every expert run on every token ({scaled} of "
+                                   "them with an input not 0 per token), which no part writes")
         raise NotNative("moe", f"{type(block).__name__} calls its experts with the hidden states alone (no expert "
                                "indices / weights: it routes outside them, e.g. the router's scores scaling the "
                                "inputs), which no part writes")
     if "index" not in seen or seen["index"] is None:
         raise NotNative("moe", f"{type(block).__name__} does not call its experts with (hidden, indices, weights)")
     return seen["index"], seen["weights"], out[0] if isinstance(out, tuple) else out
+
+
+def input_scaled_routing(x, routed_in) -> int | None:
+    """How many experts per token get an input not 0, where the experts' input `routed_in` is every token's hidden
+    state once per expert, each times a scalar (llama4's router scores scaling the inputs); None for another input."""
+    import torch
+
+    if not isinstance(routed_in, torch.Tensor) or routed_in.dim() != 2 or routed_in.shape[0] % x.shape[0]:
+        return None
+    rows = routed_in.detach().float().reshape(-1, *x.shape)           # [experts, tokens, hidden]
+    scale = (rows * x.float()).sum(-1) / (x.float() * x.float()).sum(-1)
+    if not torch.allclose(rows, scale[..., None] * x.float(), atol=1e-5, rtol=1e-4):
+        return None
+    counts = (scale.abs() > 0).sum(0)
+    return int(counts.max()) if bool((counts == counts[0]).all()) else None
 
 
 def _router_logits(router, x):

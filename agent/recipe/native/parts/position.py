@@ -13,9 +13,16 @@ from agent.recipe.native.parts.probe import DROP
 # transformers' rope initialisations the file computes (default) or calls at run time (the rest; the checkout's
 # transformers 5.0.0 knows each)
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
+# rope types the file computes where a checkpoint has them, not offered as another checkpoint's setting: proportional
+# (lfm3's full-attention layers; transformers 5.0.0 has no such type, the file computes it)
+FILE_ONLY_ROPE_TYPES = ("proportional",)
 # the self-check's lengths: the longest prompt 13 tokens, then 5 decode steps; a length-dependent rope's original
 # context between the two (past it, the decode steps' frequencies change)
 ORIGINAL_CONTEXT = 14
+
+
+# the options rope_match may add for per-type rope (every part that calls it declares them)
+TYPED_OPTIONS = ("ROPE_TYPED_LAYERS", "DEFAULT_WHOLE_HEAD", "PROPORTIONAL_ROPE")
 
 
 def probe_rotate_half(modeling_module, backward_ok: bool = False) -> bool:
@@ -53,13 +60,61 @@ def probe_rotate_half(modeling_module, backward_ok: bool = False) -> bool:
 
 
 def rope_groups(config) -> tuple[bool, list]:
-    """(per layer type, the rope settings of each group)."""
+    """(per layer type, the rope settings of each group): per type where rope_parameters holds settings under
+    layer types' names (gemma3: every type's; lfm3: its attention types', none for its conv layers)."""
     params = getattr(config, "rope_parameters", None)
     if not isinstance(params, dict):
         raise NotNative("position", "no rope_parameters in the config")
-    layer_types = getattr(config, "layer_types", None) or []
-    by_type = bool(layer_types) and all(isinstance(params.get(t), dict) for t in set(layer_types))
-    return by_type, ([params[t] for t in sorted(set(layer_types))] if by_type else [params])
+    typed = typed_layer_types(config)
+    return bool(typed), ([params[t] for t in typed] if typed else [params])
+
+
+def typed_layer_types(config) -> list:
+    """The layer types of config.layer_types that have rope settings of their own in rope_parameters, sorted."""
+    params = getattr(config, "rope_parameters", None) or {}
+    return sorted(t for t in set(getattr(config, "layer_types", None) or []) if isinstance(params.get(t), dict))
+
+
+def typed_layers(probe) -> dict:
+    """{"ROPE_TYPED_LAYERS": True} where only some layer types have rope settings (lfm3's conv layers none), after
+    checking that every attention layer's type has them; {} where every type does."""
+    config = probe.config
+    typed = typed_layer_types(config)
+    if set(typed) == set(config.layer_types):
+        return {}
+    for index, layer in enumerate(probe.layers):
+        if getattr(layer, "self_attn", None) is not None and config.layer_types[index] not in typed:
+            raise NotNative("position", f"layer {index} ({config.layer_types[index]}) attends, and rope_parameters "
+                                        f"holds settings for {', '.join(typed)} alone")
+    return {"ROPE_TYPED_LAYERS": True}
+
+
+def default_whole_head(probe) -> dict:
+    """{"DEFAULT_WHOLE_HEAD": True} where the architecture's default rope rotates the whole head whatever
+    partial_rotary_factor says (lfm3's own default), {} where it rotates that fraction; read off its table of a
+    layer type set to the default rope at half the head. Asked only of per-type rope with a partial group (the file
+    serves each rope type on that group's settings)."""
+    import torch
+
+    config = probe.config
+    typed = typed_layer_types(config)
+    kind = typed[0]
+    params = {**config.rope_parameters, kind: {"rope_type": "default", "partial_rotary_factor": 0.5,
+                                               "rope_theta": float(config.rope_parameters[kind].get("rope_theta",
+                                                                                                    10000.0))}}
+    try:
+        rope = probe.variant({"rope_parameters": params})
+        cos, _ = rope.base.rotary_emb(torch.zeros(1, 2, probe.hidden), torch.arange(2)[None], layer_type=kind)
+    except Exception as exc:  # noqa: BLE001 - another rotary call: the file cannot read its width
+        raise NotNative("position", f"rope per layer type with a partial rotary: the default rope's width not read "
+                                    f"({type(exc).__name__})") from exc
+    width = cos.shape[-1]
+    if width == probe.head_dim:
+        return {"DEFAULT_WHOLE_HEAD": True}
+    if width == probe.head_dim // 2:
+        return {}
+    raise NotNative("position", f"the default rope at partial_rotary_factor 0.5 rotates {width} of {probe.head_dim} "
+                                "dims")
 
 
 def ntk_alpha(probe) -> dict:
@@ -105,11 +160,19 @@ def rope_match(probe, part, options=None) -> Match:
     by_type, groups = rope_groups(probe.config)
     types = tuple(sorted({g.get("rope_type", "default") for g in groups}))
     for rope_type in types:
-        if rope_type not in ROPE_TYPES:
-            raise NotNative("position", f"rope_type {rope_type!r}: the file computes {', '.join(ROPE_TYPES)}")
+        if rope_type not in ROPE_TYPES + FILE_ONLY_ROPE_TYPES:
+            raise NotNative("position", f"rope_type {rope_type!r}: the file computes "
+                                        f"{', '.join(ROPE_TYPES + FILE_ONLY_ROPE_TYPES)}")
     partial = any(float(g.get("partial_rotary_factor", getattr(probe.config, "partial_rotary_factor", 1.0)) or 1.0)
                   < 1.0 for g in groups)
-    return Match(part, options={"ROPE_BY_LAYER_TYPE": by_type, **(options or {})},
+    found = {"ROPE_BY_LAYER_TYPE": by_type}
+    if by_type:
+        found.update(typed_layers(probe))
+        if partial:
+            found.update(default_whole_head(probe))
+    if "proportional" in types:
+        found["PROPORTIONAL_ROPE"] = True
+    return Match(part, options={**found, **(options or {})},
                  facts={"rope_types": types, "partial": partial, "by_type": by_type})
 
 
@@ -148,6 +211,10 @@ def _variants(match, probe):
             if by_type and not isinstance(group, dict):
                 continue
             factor = float(group.get("partial_rotary_factor", getattr(probe.config, "partial_rotary_factor", 1.0)) or 1.0)
+            if match.options.get("DEFAULT_WHOLE_HEAD") and rope_type != "default":
+                # the architecture rotates whole heads only (lfm3's apply_rotary_pos_emb): no partial setting of
+                # another rope type runs in transformers
+                group, factor = {k: v for k, v in group.items() if k != "partial_rotary_factor"}, 1.0
             spec, changes = rope_variant(rope_type, group, int(head_dim * factor))
             if by_type:
                 params[key] = spec
@@ -162,5 +229,5 @@ def _variants(match, probe):
 ROTARY = Part(
     slot="position", name="rotary", code="rotary.py", provides="ModelRotaryEmbedding",
     reads=("rope_parameters", "partial_rotary_factor", "max_position_embeddings", "layer_types"),
-    probe=_probe, options=("ROPE_BY_LAYER_TYPE", "NTK_ALPHA", "ROTATE_BACKWARD"), variants=_variants,
+    probe=_probe, options=("ROPE_BY_LAYER_TYPE", "NTK_ALPHA", "ROTATE_BACKWARD") + TYPED_OPTIONS, variants=_variants,
     kernels=lambda m: ((), ()))

@@ -10,7 +10,7 @@ from agent.recipe.native.not_native import NotNative
 from agent.recipe.native.parts.layout import weightless_lists
 from agent.recipe.native.parts.mla import is_mla_model
 from agent.recipe.native.parts.part import Match, Part
-from agent.recipe.native.parts.position import ROTARY, probe_rotate_half, rope_match
+from agent.recipe.native.parts.position import ROTARY, TYPED_OPTIONS, probe_rotate_half, rope_match
 
 
 def table_bases(tables) -> list[float] | None:
@@ -86,5 +86,5 @@ def _variants(match: Match, probe):
 ROTARY_LAYER_THETA = Part(
     slot="position", name="rotary_layer_theta", code="rotary.py", provides="ModelRotaryEmbedding",
     reads=ROTARY.reads + ("layer_rope_theta",), probe=_probe,
-    options=("ROPE_BY_LAYER_TYPE", "ROPE_BY_LAYER_THETA", "NOPE_LAYERS"), variants=_variants,
+    options=("ROPE_BY_LAYER_TYPE", "ROPE_BY_LAYER_THETA", "NOPE_LAYERS") + TYPED_OPTIONS, variants=_variants,
     kernels=lambda m: ((), ()))

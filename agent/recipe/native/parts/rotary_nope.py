@@ -9,7 +9,7 @@ from __future__ import annotations
 from agent.recipe.native.not_native import NotNative
 from agent.recipe.native.parts.mla import is_mla_model
 from agent.recipe.native.parts.part import Match, Part
-from agent.recipe.native.parts.position import ROTARY, probe_rotate_half, rope_match
+from agent.recipe.native.parts.position import ROTARY, TYPED_OPTIONS, probe_rotate_half, rope_match
 from agent.recipe.native.parts.rotary_interleaved import interleaved_form
 
 # the config rules a layer's rotary follows: name -> (config, layer) -> whether the layer rotates
@@ -117,5 +117,5 @@ def _variants(match: Match, probe):
 ROTARY_NOPE = Part(
     slot="position", name="rotary_nope", code="rotary.py", provides="ModelRotaryEmbedding",
     reads=ROTARY.reads + ("no_rope_layers", "sliding_window"), probe=_probe,
-    options=("ROPE_BY_LAYER_TYPE", "NOPE_LAYERS", "ROPE_INTERLEAVED"), variants=_variants,
+    options=("ROPE_BY_LAYER_TYPE", "NOPE_LAYERS", "ROPE_INTERLEAVED") + TYPED_OPTIONS, variants=_variants,
     kernels=lambda m: ((), ()))

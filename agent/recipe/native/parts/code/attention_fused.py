@@ -42,7 +42,8 @@ NORM_EPS = "rms_norm_eps"       # the config key of the norms' epsilon
 MTP = False                     # decode steps of next_n + 1 tokens per sequence (an MTP draft verified)
 NOPE_LAYERS = None              # layers without rotary: "no_rope_layers" (smollm3: the config's 0s), "global_nope"
                                 # (exaone4: the full-attention layers of a config with a sliding window),
-                                # "layer_rope_theta" (granite_swa: a rope base of 0)
+                                # "layer_rope_theta" (granite_swa: a rope base of 0), "position_embedding_type"
+                                # (granitemoehybrid: every layer, unless the config says "rope")
 ROPE_INTERLEAVED = False        # the architecture rotates pairs (2i, 2i + 1): q/k rows reordered at load (glm, ernie4_5)
 QKV_GROUPS = ()                 # fused qkv_proj stored in groups (count, sections' order), reordered at load
 ROTARY = True                   # q and k rotated (else the positions were added to the embedding: gpt2)
@@ -81,6 +82,8 @@ def layer_uses_rope(config, layer_idx):
         return not getattr(config, "sliding_window", None) or config.layer_types[layer_idx] == "sliding_attention"
     if NOPE_LAYERS == "layer_rope_theta":
         return bool(config.layer_rope_theta[layer_idx])
+    if NOPE_LAYERS == "position_embedding_type":
+        return config.position_embedding_type == "rope"
     return True
 
 

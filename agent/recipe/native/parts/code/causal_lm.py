@@ -36,6 +36,7 @@ EMBED_MULTIPLIER_KEY = "embedding_multiplier"   # the config key of that multipl
 LOGITS_SCALING = None           # the config key scaling the logits: logits_scaling (granite, hyperclovax), logit_scale (cohere)
 LOGITS_DIVIDED = False          # the logits divided by it (granite), else multiplied (cohere, hyperclovax)
 ROPE_BY_LAYER_TYPE = False      # a rotary table per layer type (gemma3's local and global bases)
+ROPE_TYPED_LAYERS = False       # only some layer types have rope settings (lfm3's attention types, not its conv)
 ROPE_BY_LAYER_THETA = None      # the config key of each layer's rope base (granite_swa: layer_rope_theta): a table per base
 MLA = False                     # multi-head latent attention: its rope dims, latent caches and absorb weights
 MOE = False                     # sparse-MoE layers: their experts over moe_tp_group and moe_ep_group
@@ -92,7 +93,12 @@ class ModelModel(nn.Module):
                 head_dim = config.qk_rope_head_dim          # MLA: the rope dims of the query and the shared key
             else:
                 head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-            if ROPE_BY_LAYER_TYPE:
+            if ROPE_BY_LAYER_TYPE and ROPE_TYPED_LAYERS:
+                # rope per layer type that has rope settings (lfm3: its conv layers none)
+                self.rotary_emb = nn.ModuleDict({kind: RotaryEmbedding(config, head_dim, kind)
+                                                 for kind in sorted(set(config.layer_types))
+                                                 if isinstance(config.rope_parameters.get(kind), dict)})
+            elif ROPE_BY_LAYER_TYPE:
                 # rope per layer type (local and global bases)
                 self.rotary_emb = nn.ModuleDict({kind: RotaryEmbedding(config, head_dim, kind)
                                                  for kind in sorted(set(config.layer_types))})

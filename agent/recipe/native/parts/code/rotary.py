@@ -11,6 +11,9 @@ NTK_ALPHA = False       # a fixed NTK alpha in the rope settings stretches the b
 LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
 ROTARY_DIM = None       # the config key of a head's rotary dims where the config names them (gptj: rotary_dim)
 ROTATE_BACKWARD = False  # the architecture rotates by the negative angle (nanochat's rotate_half): the sin table negated
+PROPORTIONAL_ROPE = False   # "proportional" rope (lfm3's full-attention layers): a rotary fraction of the angles over
+                            # the whole head's width, the other angles 0 (transformers 5.0.0 has no such rope type)
+DEFAULT_WHOLE_HEAD = False  # the architecture's default rope ignores partial_rotary_factor (lfm3's own default)
 
 
 def rope_parameters(config, layer_type=None):
@@ -43,10 +46,14 @@ class ModelRotaryEmbedding(nn.Module):
         if rope_type == "default":
             factor = float(params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) or 1.0)
             dim = int(head_dim * factor)
+            if DEFAULT_WHOLE_HEAD:
+                dim = head_dim
             if ROTARY_DIM:
                 dim = rotary_width(config, head_dim)      # the config's own count (gptj's rotary_dim)
             inv_freq = 1.0 / (float(params["rope_theta"]) ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
             freqs, scaling = torch.outer(positions, inv_freq), 1.0
+        elif PROPORTIONAL_ROPE and rope_type == "proportional":
+            freqs, scaling = torch.outer(positions, proportional_inv_freq(params, head_dim)), 1.0
         elif rope_type in LENGTH_DEPENDENT_ROPE:
             freqs, scaling = length_dependent_freqs(config, params, rope_type, layer_type)
         else:
@@ -63,6 +70,14 @@ class ModelRotaryEmbedding(nn.Module):
         cos = self.cos_cached[position_ids].unsqueeze(1)
         sin = self.sin_cached[position_ids].unsqueeze(1)
         return cos.to(x.dtype), sin.to(x.dtype)
+
+
+def proportional_inv_freq(params, head_dim):
+    """transformers' proportional rope: the first partial_rotary_factor of the head's angles at base ** (-2i /
+    head_dim), the rest 0 (those dims not rotated), all divided by its factor."""
+    angles = int(float(params.get("partial_rotary_factor", 1.0)) * head_dim // 2)
+    rotated = 1.0 / (float(params["rope_theta"]) ** (torch.arange(0, 2 * angles, 2, dtype=torch.int64).float() / head_dim))
+    return torch.cat((rotated, torch.zeros(head_dim // 2 - angles))) / float(params.get("factor", 1.0))
 
 
 def layer_rope_bases(config, key):

@@ -29,8 +29,8 @@ SMALL = {
     "bamba": ({"num_hidden_layers": 2, "attn_layer_indices": [1], "mamba_d_state": 16, "mamba_chunk_size": 16,
                "num_attention_heads": 64},
               {"LINEAR_ATTENTION": True, "MAMBA_NORM_GROUPED": True}),
-    # its rotary variant (the type's default, NoPE, falls back naming it); the MoE block and shared MLP beside the
-    # mixer, granite's multipliers
+    # its rotary variant (the type's default, NoPE: test_part_position_nope.py); the MoE block and shared MLP beside
+    # the mixer, granite's multipliers
     "granitemoehybrid": ({"num_hidden_layers": 2, "layer_types": ["mamba", "attention"], "mamba_d_state": 16,
                           "position_embedding_type": "rope"},
                          {"LINEAR_ATTENTION": True, "MAMBA_NORM_GROUPED": True, "RESIDUAL_MULTIPLIER": True}),
@@ -118,8 +118,6 @@ REFUSED = {
     "nemotron_h": ({}, "model", "mixer ('mixer') behind one norm with no MLP"),
     "zamba2": ({}, "model", "mixer ('mamba') behind one norm with no MLP"),
     "jamba": ({}, "model", "a Mamba1 mixer under mamba (JambaMambaMixer)"),
-    "granitemoehybrid": ({"num_hidden_layers": 2, "layer_types": ["mamba", "attention"]}, "position",
-                         "position_embedding_type None"),
 }
 
 
@@ -128,8 +126,8 @@ REFUSED = {
 def test_the_hybrids_no_part_writes_fall_back_naming_their_first_blocker(model_type):
     """falcon_h1's parallel layer (mixer and attention side by side), nemotron_h's one-mixer blocks (its shrunk
     config's B / C groups cut to divide the heads, so that transformers runs it) and zamba2's mamba layers (its
-    attention width and mixer heads shrunk with the hidden width), jamba's Mamba1 mixer and
-    granitemoehybrid's NoPE attention (its default position_embedding_type) each fall back in one line naming it.
+    attention width and mixer heads shrunk with the hidden width) and jamba's Mamba1 mixer each fall back in one line
+    naming it.
     Default case covering the derivation's path: test_bamba_file_matches_transformers_and_a_dropped_d_skip_fails."""
     from transformers import AutoConfig
 

@@ -130,8 +130,8 @@ def test_lfm3_reads_as_a_sandwich_conv_hybrid_with_its_attention_gate():
     """Covered by default: test_the_layer_matches_transformers_across_prefill_and_decode_and_lost_state_fails. lfm3's
     layers (operator_norm, post_operator_norm, ffn_norm, post_ffn_norm around a conv or an attention) are read as
     the sandwich layer by where they are called; its attention's per-head sigmoid gate (g_proj) is read by the
-    output-gate part (parts/attention_gate.py). It derives with or without the gate (the self-check, not the probe,
-    holds its per-layer-type rope, where it fails)."""
+    output-gate part (parts/attention_gate.py). It derives with or without the gate (its rope per attention type:
+    test_part_rotary_typed.py)."""
     from transformers import AutoConfig
 
     from agent.recipe.native.compose import derive
