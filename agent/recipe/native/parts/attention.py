@@ -11,6 +11,7 @@ import math
 
 from agent.recipe.native.not_native import NotNative
 from agent.recipe.native.parts.attention_gate import GATE_NAMES, output_gate, renames as gate_renames
+from agent.recipe.native.parts.attention_heads import heads_per_layer, layer_heads
 from agent.recipe.native.parts.part import Expr, Match, Part
 from agent.recipe.native.parts.mla import is_mla_model
 from agent.recipe.native.parts.probe import DROP, children, multi_query
@@ -25,7 +26,7 @@ BIAS_KEYS = ("attention_bias", "use_qkv_bias", "use_bias", "enable_bias")       
 DENSE_OPTIONS = ("QKV", "QKV_BIAS", "O_BIAS", "QK_NORM", "QK_NORM_FULL", "QUERY_PRE_ATTN_SCALAR", "WINDOWS",
                  "LAYER_TYPE_WINDOWS", "STACKED_PARAMS", "ATTENTION_MULTIPLIER", "ROTARY", "UNSCALED", "LOCAL_LAYERS",
                  "OUTPUT_GATE", "Q_NORM", "K_NORM", "QK_NORM_AFTER_ROPE", "QKV_GROUPS", "MULTI_QUERY", "GATE_PROJ",
-                 "GATE_SOFTPLUS", "GATE_PER_HEAD", "CHECKPOINT_RENAMES", "ATTN_SUB_NORM")
+                 "GATE_SOFTPLUS", "GATE_PER_HEAD", "CHECKPOINT_RENAMES", "ATTN_SUB_NORM", "HEADS_PER_LAYER")
 WINDOW = 5                            # the shrunk window (agent.recipe.native.parts.probe.shrunk_config)
 
 
@@ -213,10 +214,9 @@ def dense_attention(probe) -> dict:
     if not attention_layers(probe):
         raise NotNative("attention", "no layer has self_attn (linear attention only): the generated file writes "
                                      "linear-attention layers beside softmax-attention ones")
-    if isinstance(getattr(probe.config, "num_attention_heads_per_layer", None), list):
-        raise NotNative("attention", "query heads per layer (config.num_attention_heads_per_layer, laguna): the "
-                                     "file builds every layer with num_attention_heads")
+    per_layer = heads_per_layer(probe)
     for index in attention_layers(probe):
+        heads = layer_heads(probe, index)
         attention = probe.layers[index].self_attn
         a = children(attention)
         if set(a) - ATTENTION_CHILDREN:
@@ -235,10 +235,10 @@ def dense_attention(probe) -> dict:
         fused = "qkv_proj" in a
         if fused and out_features(qkv[0]) != (heads + 2 * kv_heads) * head_dim:
             raise NotNative("attention", "qkv_proj is not [q; k; v] of the config's heads")
-        grouped = fused_qkv_groups(probe, index, qkv[0], o) if fused else ()
+        grouped = fused_qkv_groups(probe, index, qkv[0], o) if fused and not per_layer else ()
         # an output gate: q_proj holds each head's query and its gate side by side (qwen3_next)
-        gated = not fused and out_features(qkv[0]) == 2 * heads * head_dim and output_gated(attention, probe)
-        gate = output_gate(attention, probe)          # a gate from a projection of its own (afmoe, laguna)
+        gated = not fused and out_features(qkv[0]) == 2 * heads * head_dim and output_gated(attention, probe, heads)
+        gate = output_gate(attention, probe, heads)   # a gate from a projection of its own (afmoe, laguna)
         if gate is not None and gated:
             raise NotNative("attention", "an output gate in q_proj and another from its own projection")
         if not fused and (out_features(qkv[0]) // (2 if gated else 1), out_features(qkv[1])) != (heads * head_dim,
@@ -303,6 +303,11 @@ def dense_attention(probe) -> dict:
              "sinks": sinks, **({"QKV_GROUPS": grouped} if grouped else {}), **windows(probe)}
     if multi_query(probe.config):
         facts["MULTI_QUERY"] = True
+    if per_layer:
+        if fused or sinks:
+            raise NotNative("attention", f"query heads per layer (config.{per_layer[0]}) with a fused qkv_proj or "
+                                         "attention sinks: not written")
+        facts.update(HEADS_PER_LAYER=per_layer[0], heads_variant=per_layer[1])
     if sub_norm:
         facts["ATTN_SUB_NORM"] = True
     if gate:
@@ -374,13 +379,13 @@ def fused_qkv_groups(probe, index: int, qkv, o) -> tuple:
                                  f"{', '.join(f'{c} x [{o}]' for c, o in QKV_LAYOUTS)}")
 
 
-def output_gated(attention, probe) -> bool:
+def output_gated(attention, probe, heads: int | None = None) -> bool:
     """Whether the attention's output is o_proj(attention * sigmoid(gate)), the gate the second half of each head's
     q_proj rows: with the gate rows zero, the output is half the ungated one; with them a large multiple of one
     direction u, a token's output is the whole (x.u > 0) or nothing (x.u < 0)."""
     import torch
 
-    heads, head_dim = probe.heads, probe.head_dim
+    heads, head_dim = heads or probe.heads, probe.head_dim
     gen = torch.Generator().manual_seed(8)
     x = torch.randn(1, 6, probe.hidden, generator=gen)
     u = torch.randn(probe.hidden, generator=gen)
@@ -486,6 +491,9 @@ def _dense_match(part, probe, chosen, **extra) -> Match:
         raise NotNative("attention", "ALiBi positions: the attention adds their bias (alibi_paged) or is not this "
                                      "model's")
     facts = dense_attention(probe)
+    if facts.get("HEADS_PER_LAYER") and part is not FUSED_PAGED:
+        raise NotNative("attention", f"query heads per layer (config.{facts['HEADS_PER_LAYER']}) with {part.name}: "
+                                     "only the fused attention builds each layer with its own heads")
     options = {k: v for k, v in facts.items() if k in DENSE_OPTIONS}
     if position is not None and position.options.get("ABSOLUTE_POSITIONS"):
         extra = {**extra, "ROTARY": False}          # positions added to the embedding: no rotary here
@@ -592,6 +600,8 @@ def _variants(match, probe):
             change = ("bias " + key, {key: not getattr(probe.config, key)})
             if change not in found:
                 found.append(change)
+    if "heads_variant" in match.facts:
+        found.append(("query heads per layer varied", match.facts["heads_variant"]))
     if "toggle" in match.facts:
         found.append(("sliding window " + ("off" if getattr(probe.config, "sliding_window", None) else "on"),
                       match.facts["toggle"]))

@@ -77,7 +77,6 @@ def test_the_gate_is_read_from_the_module(model_type, changes, want):
 REFUSALS = {
     "beam": r"BeamAttention has parameters \['gate_bias'\] of its own, which the file does not add",
     "gpt_neox_japanese": r"GPTNeoXJapaneseAttention has parameters \['dense_bias'\] of its own",
-    "laguna": r"query heads per layer \(config.num_attention_heads_per_layer, laguna\)",
     "mimo_v2_flash": r"layer 1's q/k projections are 4 query / 4 key heads of head_dim 192, not the config's 4 / 2",
     "axk2": r"AXK2GatedRMSNorm holds modules \['mlp', 'norm'\] and no weight of its own",
 }
@@ -86,7 +85,8 @@ REFUSALS = {
 @pytest.mark.parametrize("model_type", sorted(REFUSALS))
 def test_what_is_not_written_is_named(model_type):
     """beam's gate bias (one per head inside the sigmoid) and gpt_neox_japanese's dense_bias are zero as built, so
-    only their names tell them; laguna's heads per layer, mimo_v2_flash's sliding layers with twice the key heads,
+    only their names tell them (laguna's heads per layer are written: test_part_heads_per_layer.py); mimo_v2_flash's
+    sliding layers with twice the key heads,
     axk2's gated norm."""
     from transformers import AutoConfig
 
