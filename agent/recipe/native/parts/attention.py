@@ -247,7 +247,7 @@ def dense_attention(probe) -> dict:
             held = (f"{widths[0] // head_dim} query / {widths[1] // head_dim} key heads of head_dim {head_dim}"
                     if not (widths[0] % head_dim or widths[1] % head_dim) else f"{widths[0]} / {widths[1]} rows")
             raise NotNative("attention", f"layer {index}'s q/k projections are {held}, not the config's {heads} / "
-                                         f"{kv_heads} heads x head_dim {head_dim}")
+                                         f"{kv_heads} heads x head_dim {head_dim}{key_heads_by_kind(probe, index)}")
         pairs = [pair for pair in QK_NORM_NAMES if pair[0] in a or pair[1] in a]
         if len(pairs) > 1 or (pairs and not (pairs[0][0] in a and pairs[0][1] in a)):
             raise NotNative("attention", "a q norm without a k norm, or the reverse")
@@ -318,6 +318,26 @@ def dense_attention(probe) -> dict:
         facts["QK_NORM_AFTER_ROPE"] = True
     probe.memo["dense_attention"] = facts
     return facts
+
+
+def key_heads_by_kind(probe, index: int) -> str:
+    """Where layer `index`'s key/value heads are a multiple of the config's shared by every layer of its kind
+    (config.layer_types; mimo_v2_flash's sliding layers: twice), that rule in words (no config key the file reads
+    sets it); else ""."""
+    kinds, head_dim = getattr(probe.config, "layer_types", None), probe.head_dim
+    if not isinstance(kinds, list) or len(kinds) < len(probe.layers):
+        return ""
+    ratios = {}
+    for layer in attention_layers(probe):
+        width = out_features(_projections(probe, layer)[0][1])
+        if not width or width % (probe.kv_heads * head_dim):
+            return ""
+        ratios.setdefault(kinds[layer], set()).add(width // (probe.kv_heads * head_dim))
+    kind = kinds[index]
+    if len(ratios[kind]) != 1 or ratios[kind] == {1}:
+        return ""
+    return (f" (every {kind} layer has {next(iter(ratios[kind]))} x num_key_value_heads, which the architecture's code "
+            "sets, not a config key: the file builds every layer with num_key_value_heads)")
 
 
 def out_features(projection) -> int | None:
