@@ -24,13 +24,16 @@ def _listed(config, key: str, layers: int) -> list | None:
 def _query_heads(probe) -> dict[int, int | None]:
     """Each attention layer's query heads as its q_proj's width holds them (an output gate in q_proj: twice as
     wide); None where it has no separate q_proj."""
-    from agent.recipe.native.parts.attention import attention_layers, out_features
+    import torch
+
     from agent.recipe.native.parts.probe import children
 
     found = {}
-    for index in attention_layers(probe):
-        q_proj = children(probe.layers[index].self_attn).get("q_proj")
-        width = out_features(q_proj) if q_proj is not None else None
+    for index, layer in enumerate(probe.layers):
+        if not hasattr(layer, "self_attn"):
+            continue                    # a hybrid's linear-attention layer
+        q_proj = children(layer.self_attn).get("q_proj")
+        width = q_proj.out_features if isinstance(q_proj, torch.nn.Linear) else None
         found[index] = width // probe.head_dim if width and width % probe.head_dim == 0 else None
     return found
 
