@@ -103,3 +103,35 @@ def test_every_setting_matches_transformers_and_the_faults_fail(derived, tmp_pat
     rows = selfcheck_with_faults({"laguna": derived}, {"laguna": FAULTS}, "NativeForCausalLM", tmp_path,
                                  keep=lambda label: True)
     assert any(label == "query heads per layer varied" for _, label, _, _ in rows)
+
+
+def _fake_probe(values: list, follows: bool, head_dim: int = 4):
+    """A probe-like record of two attention layers whose q_proj widths are `values` heads, and whose variant's
+    widths follow the changed list (`follows`) or stay as they were."""
+    import torch
+
+    def layers(heads):
+        built = []
+        for count in heads:
+            attention = torch.nn.Module()
+            attention.add_module("q_proj", torch.nn.Linear(8, count * head_dim, bias=False))
+            built.append(SimpleNamespace(self_attn=attention))
+        return built
+
+    def probe(heads, listed):
+        config = SimpleNamespace(num_hidden_layers=2, heads_list=listed, to_dict=lambda: {"heads_list": listed})
+        record = SimpleNamespace(config=config, layers=layers(heads), head_dim=head_dim, kv_heads=2, heads=2, memo={})
+        record.variant = lambda changes: probe(changes["heads_list"] if follows else heads, changes["heads_list"])
+        return record
+
+    return probe(values, values)
+
+
+@pytest.mark.parametrize("follows", [True, False])
+def test_a_list_is_the_heads_only_where_the_widths_follow_it(follows):
+    """A list that equals the layers' query heads is their key only where a variant of it moves the q_proj widths
+    too (a coincidence does not)."""
+    from agent.recipe.native.parts.attention_heads import heads_per_layer
+
+    found = heads_per_layer(_fake_probe([2, 4], follows))
+    assert found == (("heads_list", {"heads_list": [2, 6]}) if follows else None)
