@@ -22,8 +22,7 @@ def _listed(config, key: str, layers: int) -> list | None:
 
 
 def _query_heads(probe) -> dict[int, int | None]:
-    """Each attention layer's query heads as its q_proj's width holds them (an output gate in q_proj: twice as
-    wide); None where it has no separate q_proj."""
+    """Each attention layer's query heads as its q_proj's width holds them; None where it has no separate q_proj."""
     import torch
 
     from agent.recipe.native.parts.probe import children
@@ -40,7 +39,8 @@ def _query_heads(probe) -> dict[int, int | None]:
 
 def _follows(probe, values: list) -> bool:
     heads = _query_heads(probe)
-    return bool(heads) and all(got in (values[index], 2 * values[index]) for index, got in heads.items())
+    # exactly: a list at half the heads (hunyuan_v1_moe's moe_topk [2, 2] beside 4 heads) is no count of them
+    return bool(heads) and all(got == values[index] for index, got in heads.items())
 
 
 def heads_per_layer(probe) -> tuple[str, dict] | None:

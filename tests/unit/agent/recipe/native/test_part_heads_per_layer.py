@@ -105,16 +105,16 @@ def test_every_setting_matches_transformers_and_the_faults_fail(derived, tmp_pat
     assert any(label == "query heads per layer varied" for _, label, _, _ in rows)
 
 
-def _fake_probe(values: list, follows: bool, head_dim: int = 4):
-    """A probe-like record of two attention layers whose q_proj widths are `values` heads, and whose variant's
-    widths follow the changed list (`follows`) or stay as they were."""
+def _fake_probe(values: list, follows: bool, head_dim: int = 4, per_value: int = 1):
+    """A probe-like record of two attention layers whose q_proj widths are `per_value` x `values` heads, and whose
+    variant's widths follow the changed list (`follows`) or stay as they were."""
     import torch
 
     def layers(heads):
         built = []
         for count in heads:
             attention = torch.nn.Module()
-            attention.add_module("q_proj", torch.nn.Linear(8, count * head_dim, bias=False))
+            attention.add_module("q_proj", torch.nn.Linear(8, per_value * count * head_dim, bias=False))
             built.append(SimpleNamespace(self_attn=attention))
         return built
 
@@ -127,11 +127,12 @@ def _fake_probe(values: list, follows: bool, head_dim: int = 4):
     return probe(values, values)
 
 
-@pytest.mark.parametrize("follows", [True, False])
-def test_a_list_is_the_heads_only_where_the_widths_follow_it(follows):
+@pytest.mark.parametrize("follows, per_value", [(True, 1), (False, 1), (True, 2)])
+def test_a_list_is_the_heads_only_where_the_widths_follow_it(follows, per_value):
     """A list that equals the layers' query heads is their key only where a variant of it moves the q_proj widths
-    too (a coincidence does not)."""
+    too (a coincidence does not), and only where it counts the heads themselves (hunyuan_v1_moe's moe_topk [2, 2]
+    beside 4 heads, varied to [2, 4], had layer 1 at twice its value both times)."""
     from agent.recipe.native.parts.attention_heads import heads_per_layer
 
-    found = heads_per_layer(_fake_probe([2, 4], follows))
-    assert found == (("heads_list", {"heads_list": [2, 6]}) if follows else None)
+    found = heads_per_layer(_fake_probe([2, 4] if per_value == 1 else [2, 2], follows, per_value=per_value))
+    assert found == (("heads_list", {"heads_list": [2, 6]}) if follows and per_value == 1 else None)
