@@ -62,6 +62,8 @@ PER_LAYER_DICTS = ("per_layer_config",)
 TOP_K_LISTS = ("moe_topk", "num_experts_per_tok")
 PER_LAYER_WIDTHS = ("hidden_size", "intermediate_size", "moe_intermediate_size", "num_attention_heads",
                     "num_key_value_heads")
+# the query heads of each layer as a list (laguna's): shrunk with the key/value heads, each layer's grouping kept
+PER_LAYER_HEAD_LISTS = ("num_attention_heads_per_layer",)
 
 
 def shrink_config(config: dict, cut_layers: bool = True) -> dict:
@@ -114,12 +116,25 @@ def shrink_config(config: dict, cut_layers: bool = True) -> dict:
     for key in PER_LAYER_DICTS:
         if isinstance(config.get(key), dict):
             overrides[key] = _per_layer(config[key], overrides, config)
+    for key in PER_LAYER_HEAD_LISTS:
+        value = overrides.get(key, config.get(key))
+        if isinstance(value, list):
+            overrides[key] = _layer_heads(value, config, overrides)
     for key in TOP_K_LISTS:
         value = overrides.get(key, config.get(key))
         if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
             # the experts per token per layer (hunyuan_v1_moe's moe_topk): no more than the few experts kept
             overrides[key] = [min(v, TINY_DIMS["num_experts_per_tok"]) for v in value]
     return overrides
+
+
+def _layer_heads(values: list, config: dict, overrides: dict) -> list:
+    """Each layer's query heads for the shrunk key/value heads: as many per key/value head as the checkpoint's layer
+    has (its grouping, so layers of unequal heads stay unequal); a count that is no multiple of them is kept."""
+    kv, tiny = config.get("num_key_value_heads"), overrides.get("num_key_value_heads", config.get("num_key_value_heads"))
+    if not (isinstance(kv, int) and isinstance(tiny, int) and kv > 0):
+        return values
+    return [tiny * (v // kv) if isinstance(v, int) and not isinstance(v, bool) and v % kv == 0 else v for v in values]
 
 
 def ssm_heads(config: dict, hidden) -> dict:

@@ -63,6 +63,12 @@ def parallel_problem(config: dict, parallel: dict, batch_size: int | None = None
     tp = "tensor-parallel size"
     checks = [("num_attention_heads", heads, attn, tp), ("intermediate_size", config.get("intermediate_size"), attn, tp),
               ("vocab_size", config.get("vocab_size"), lmhead, tp), ("vocab_size", config.get("vocab_size"), embed, tp)]
+    from agent.recipe.native.parts.attention_heads import listed_heads
+
+    listed = listed_heads(config)
+    if listed is not None:
+        # each layer built with its own query heads (laguna; the global count builds none): every layer's splits
+        checks = [(f"{listed[0]}[{index}]", count, attn, tp) for index, count in enumerate(listed[1])] + checks[1:]
     if is_moe(config):
         # the routed and shared experts' intermediate axis splits over moe_tp_size
         widths = ("moe_intermediate_size", "shared_expert_intermediate_size") if config.get("moe_intermediate_size") \

@@ -11,6 +11,7 @@ import math
 
 from agent.recipe.native.not_native import NotNative
 from agent.recipe.native.parts.attention_gate import GATE_NAMES, output_gate, renames as gate_renames
+from agent.recipe.native.parts.attention_heads import heads_per_layer, layer_heads
 from agent.recipe.native.parts.attention_params import (DENSE_BIAS_RENAMES, GATE_BIAS_RENAMES, last_layer_output_bias,
                                                         refuse_unknown)
 from agent.recipe.native.parts.part import Expr, Match, Part
@@ -27,7 +28,8 @@ BIAS_KEYS = ("attention_bias", "use_qkv_bias", "use_bias", "enable_bias")       
 DENSE_OPTIONS = ("QKV", "QKV_BIAS", "O_BIAS", "QK_NORM", "QK_NORM_FULL", "QUERY_PRE_ATTN_SCALAR", "WINDOWS",
                  "LAYER_TYPE_WINDOWS", "STACKED_PARAMS", "ATTENTION_MULTIPLIER", "ROTARY", "UNSCALED", "LOCAL_LAYERS",
                  "OUTPUT_GATE", "Q_NORM", "K_NORM", "QK_NORM_AFTER_ROPE", "QKV_GROUPS", "MULTI_QUERY", "GATE_PROJ",
-                 "GATE_SOFTPLUS", "GATE_PER_HEAD", "CHECKPOINT_RENAMES", "ATTN_SUB_NORM", "GATE_BIAS")
+                 "GATE_SOFTPLUS", "GATE_PER_HEAD", "CHECKPOINT_RENAMES", "ATTN_SUB_NORM", "GATE_BIAS",
+                 "HEADS_PER_LAYER")
 WINDOW = 5                            # the shrunk window (agent.recipe.native.parts.probe.shrunk_config)
 
 
@@ -215,10 +217,9 @@ def dense_attention(probe) -> dict:
     if not attention_layers(probe):
         raise NotNative("attention", "no layer has self_attn (linear attention only): the generated file writes "
                                      "linear-attention layers beside softmax-attention ones")
-    if isinstance(getattr(probe.config, "num_attention_heads_per_layer", None), list):
-        raise NotNative("attention", "query heads per layer (config.num_attention_heads_per_layer, laguna): the "
-                                     "file builds every layer with num_attention_heads")
+    per_layer = heads_per_layer(probe)
     for index in attention_layers(probe):
+        heads = layer_heads(probe, index)
         attention = probe.layers[index].self_attn
         a = children(attention)
         if set(a) - ATTENTION_CHILDREN:
@@ -234,10 +235,10 @@ def dense_attention(probe) -> dict:
         fused = "qkv_proj" in a
         if fused and out_features(qkv[0]) != (heads + 2 * kv_heads) * head_dim:
             raise NotNative("attention", "qkv_proj is not [q; k; v] of the config's heads")
-        grouped = fused_qkv_groups(probe, index, qkv[0], o) if fused else ()
+        grouped = fused_qkv_groups(probe, index, qkv[0], o) if fused and not per_layer else ()
         # an output gate: q_proj holds each head's query and its gate side by side (qwen3_next)
-        gated = not fused and out_features(qkv[0]) == 2 * heads * head_dim and output_gated(attention, probe)
-        gate = output_gate(attention, probe)          # a gate from a projection of its own (afmoe, laguna)
+        gated = not fused and out_features(qkv[0]) == 2 * heads * head_dim and output_gated(attention, probe, heads)
+        gate = output_gate(attention, probe, heads)   # a gate from a projection of its own (afmoe, laguna)
         if gate is not None and gated:
             raise NotNative("attention", "an output gate in q_proj and another from its own projection")
         if not fused and (out_features(qkv[0]) // (2 if gated else 1), out_features(qkv[1])) != (heads * head_dim,
@@ -246,7 +247,7 @@ def dense_attention(probe) -> dict:
             held = (f"{widths[0] // head_dim} query / {widths[1] // head_dim} key heads of head_dim {head_dim}"
                     if not (widths[0] % head_dim or widths[1] % head_dim) else f"{widths[0]} / {widths[1]} rows")
             raise NotNative("attention", f"layer {index}'s q/k projections are {held}, not the config's {heads} / "
-                                         f"{kv_heads} heads x head_dim {head_dim}")
+                                         f"{kv_heads} heads x head_dim {head_dim}{key_heads_by_kind(probe, index)}")
         pairs = [pair for pair in QK_NORM_NAMES if pair[0] in a or pair[1] in a]
         if len(pairs) > 1 or (pairs and not (pairs[0][0] in a and pairs[0][1] in a)):
             raise NotNative("attention", "a q norm without a k norm, or the reverse")
@@ -302,6 +303,11 @@ def dense_attention(probe) -> dict:
              "sinks": sinks, **({"QKV_GROUPS": grouped} if grouped else {}), **windows(probe)}
     if multi_query(probe.config):
         facts["MULTI_QUERY"] = True
+    if per_layer:
+        if fused or sinks:
+            raise NotNative("attention", f"query heads per layer (config.{per_layer[0]}) with a fused qkv_proj or "
+                                         "attention sinks: not written")
+        facts.update(HEADS_PER_LAYER=per_layer[0], heads_variant=per_layer[1])
     if sub_norm:
         facts["ATTN_SUB_NORM"] = True
     if gate:
@@ -318,6 +324,26 @@ def dense_attention(probe) -> dict:
         facts["QK_NORM_AFTER_ROPE"] = True
     probe.memo["dense_attention"] = facts
     return facts
+
+
+def key_heads_by_kind(probe, index: int) -> str:
+    """Where layer `index`'s key/value heads are a multiple of the config's shared by every layer of its kind
+    (config.layer_types; mimo_v2_flash's sliding layers: twice), that rule in words (no config key the file reads
+    sets it); else ""."""
+    kinds, head_dim = getattr(probe.config, "layer_types", None), probe.head_dim
+    if not isinstance(kinds, list) or len(kinds) < len(probe.layers):
+        return ""
+    ratios = {}
+    for layer in attention_layers(probe):
+        width = out_features(_projections(probe, layer)[0][1])
+        if not width or width % (probe.kv_heads * head_dim):
+            return ""
+        ratios.setdefault(kinds[layer], set()).add(width // (probe.kv_heads * head_dim))
+    kind = kinds[index]
+    if len(ratios[kind]) != 1 or ratios[kind] == {1}:
+        return ""
+    return (f" (every {kind} layer has {next(iter(ratios[kind]))} x num_key_value_heads, which the architecture's code "
+            "sets, not a config key: the file builds every layer with num_key_value_heads)")
 
 
 def out_features(projection) -> int | None:
@@ -379,13 +405,13 @@ def fused_qkv_groups(probe, index: int, qkv, o) -> tuple:
                                  f"{', '.join(f'{c} x [{o}]' for c, o in QKV_LAYOUTS)}")
 
 
-def output_gated(attention, probe) -> bool:
+def output_gated(attention, probe, heads: int | None = None) -> bool:
     """Whether the attention's output is o_proj(attention * sigmoid(gate)), the gate the second half of each head's
     q_proj rows: with the gate rows zero, the output is half the ungated one; with them a large multiple of one
     direction u, a token's output is the whole (x.u > 0) or nothing (x.u < 0)."""
     import torch
 
-    heads, head_dim = probe.heads, probe.head_dim
+    heads, head_dim = heads or probe.heads, probe.head_dim
     gen = torch.Generator().manual_seed(8)
     x = torch.randn(1, 6, probe.hidden, generator=gen)
     u = torch.randn(probe.hidden, generator=gen)
@@ -491,6 +517,9 @@ def _dense_match(part, probe, chosen, **extra) -> Match:
         raise NotNative("attention", "ALiBi positions: the attention adds their bias (alibi_paged) or is not this "
                                      "model's")
     facts = dense_attention(probe)
+    if facts.get("HEADS_PER_LAYER") and part is not FUSED_PAGED:
+        raise NotNative("attention", f"query heads per layer (config.{facts['HEADS_PER_LAYER']}) with {part.name}: "
+                                     "only the fused attention builds each layer with its own heads")
     options = {k: v for k, v in facts.items() if k in DENSE_OPTIONS}
     if position is not None and position.options.get("ABSOLUTE_POSITIONS"):
         extra = {**extra, "ROTARY": False}          # positions added to the embedding: no rotary here
@@ -597,6 +626,8 @@ def _variants(match, probe):
             change = ("bias " + key, {key: not getattr(probe.config, key)})
             if change not in found:
                 found.append(change)
+    if "heads_variant" in match.facts:
+        found.append(("query heads per layer varied", match.facts["heads_variant"]))
     if "toggle" in match.facts:
         found.append(("sliding window " + ("off" if getattr(probe.config, "sliding_window", None) else "on"),
                       match.facts["toggle"]))

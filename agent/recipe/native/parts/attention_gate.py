@@ -23,7 +23,7 @@ def _activations():
     return {"sigmoid": torch.sigmoid, "softplus": torch.nn.functional.softplus}
 
 
-def output_gate(attention, probe) -> dict | None:
+def output_gate(attention, probe, heads: int | None = None) -> dict | None:
     """The gate's options (GATE_PROJ, GATE_SOFTPLUS, GATE_PER_HEAD), or None for an attention without a separate
     gate projection; NotNative for one whose gate is not act(gate(x)) times the attention's output, act a sigmoid
     or a softplus, per channel or per head. Measured on the module: o_proj's input with the gate's weights zero
@@ -37,7 +37,7 @@ def output_gate(attention, probe) -> dict | None:
         return None
     name = names[0]
     gate, o_proj = a[name], a.get("o_proj")
-    heads, head_dim = probe.heads, probe.head_dim
+    heads, head_dim = heads or probe.heads, probe.head_dim     # `heads`: the layer's own (laguna's per layer)
     widths = {heads * head_dim: False, heads: True}
     if not isinstance(gate, torch.nn.Linear) or gate.out_features not in widths or not isinstance(o_proj, torch.nn.Linear):
         raise NotNative("attention", f"{type(attention).__name__}.{name} is not a linear of the heads' width "

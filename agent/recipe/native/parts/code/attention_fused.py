@@ -55,6 +55,7 @@ GATE_SOFTPLUS = False           # that gate's activation a softplus (laguna), el
 GATE_PER_HEAD = False           # that gate one per head (over its head_dim), else one per channel
 ATTN_SUB_NORM = False           # an RMSNorm of the attention's output over all heads' width before o_proj (bitnet)
 GATE_BIAS = False               # a bias of that gate, one per head, added before its activation (beam's gate_bias)
+HEADS_PER_LAYER = None          # the config key of each layer's query heads (laguna: num_attention_heads_per_layer)
 
 
 def key_value_heads(config):
@@ -111,7 +112,7 @@ class ModelAttention(nn.Module):
         self.enable_gegraph = infer_config.model_config.exe_mode == "ge_graph"
         self.block_size = infer_config.scheduler_config.block_size
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self.num_heads = config.num_attention_heads
+        self.num_heads = getattr(config, HEADS_PER_LAYER)[layer_idx] if HEADS_PER_LAYER else config.num_attention_heads
         self.num_key_value_heads = key_value_heads(config) if MULTI_QUERY else (
             getattr(config, "num_key_value_heads", None) or self.num_heads)
         self.num_heads_per_rank = self.num_heads // self.attn_tp_size

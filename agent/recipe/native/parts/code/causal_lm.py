@@ -47,6 +47,7 @@ EMBED_FINAL_NORM = False        # the embedding normalised by the final norm (we
 ALIBI = False                   # ALiBi positions: the attention adds each head's bias (position_alibi.py), no table here
 CONTEXT_PARALLEL = False        # prefill context parallel (parallel_config.cp_size): context_parallel.py's segments
 LINEAR_ATTENTION = False        # linear-attention layers beside attention ones: their state caches (Mamba entries)
+HEADS_PER_LAYER = None          # the config key of each layer's query heads (laguna): each count splits at attn_tp_size
 # transformers' renames of the checkpoint's tensor names for this architecture (pattern, replacement), in order
 CHECKPOINT_RENAMES = ()
 # stored names of Conv1D weights (gpt2's [in, out]): transposed to the parallel linears' [out, in] at load
@@ -374,6 +375,10 @@ def check_parallel(config, parallel):
     checks = [("num_attention_heads", heads, parallel.attn_tp_size),
               ("vocab_size", config.vocab_size, parallel.lmhead_tp_size),
               ("vocab_size", config.vocab_size, getattr(parallel, "embed_tp_size", 1))]
+    if HEADS_PER_LAYER:
+        # each layer built with its own query heads (the global count builds none)
+        checks = [(f"{HEADS_PER_LAYER}[{index}]", count, parallel.attn_tp_size)
+                  for index, count in enumerate(getattr(config, HEADS_PER_LAYER))] + checks[1:]
     if getattr(config, "intermediate_size", None):      # the dense MLP's (a model of MoE layers only may have none)
         checks.append(("intermediate_size", config.intermediate_size, parallel.attn_tp_size))
     if not MLA:      # MLA: one latent key / value head, every rank holds it whole; the query heads split

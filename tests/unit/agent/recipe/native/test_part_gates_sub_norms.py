@@ -79,8 +79,8 @@ def test_the_gate_is_read_from_the_module(model_type, changes, want):
 # type -> its fall-back reason: the first thing the file does not write, named
 REFUSALS = {
     "beam": r"each branch joins the residual scaled by the layer's depth \(x \* sqrt\(\(i - 1\) / i\) \+ out / sqrt\(i\)",
-    "laguna": r"query heads per layer \(config.num_attention_heads_per_layer, laguna\)",
-    "mimo_v2_flash": r"layer 1's q/k projections are 4 query / 4 key heads of head_dim 192, not the config's 4 / 2",
+    "mimo_v2_flash": r"layer 1's q/k projections are 4 query / 4 key heads of head_dim 192, not the config's 4 / 2 "
+                     r"heads x head_dim 192 \(every sliding_attention layer has 2 x num_key_value_heads",
     "axk2": r"AXK2GatedRMSNorm holds modules \['mlp', 'norm'\] and no weight of its own",
 }
 
@@ -88,7 +88,8 @@ REFUSALS = {
 @pytest.mark.parametrize("model_type", sorted(REFUSALS))
 def test_what_is_not_written_is_named(model_type):
     """beam's layer after its gate is read (with its bias: test_part_attention_params.py): each branch joins the
-    residual scaled by the layer's depth; laguna's heads per layer, mimo_v2_flash's sliding layers with twice the key heads,
+    residual scaled by the layer's depth (laguna's heads per layer are written: test_part_heads_per_layer.py);
+    mimo_v2_flash's sliding layers with twice the key heads,
     axk2's gated norm."""
     from transformers import AutoConfig
 
