@@ -127,7 +127,7 @@ def migrate_family(family_checkout, model_type: str, overrides: dict, family: st
 # scripts/native_coverage.py's fall-backs, one per layer kind the maintainers' report (2026-12-05) found
 # failing: the recipe keeps the vendored transformers model behind models/modeling_NAME_framework.py.
 ADAPTERS = [
-    pytest.param("beam", "decoder layer", id="depth_scaled_residual-beam"),   # residuals scaled by the layer's depth
+    pytest.param("beam", "position", id="unrotated_full_attention-beam"),   # full-attention layers without rope
 ]
 
 

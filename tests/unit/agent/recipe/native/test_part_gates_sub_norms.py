@@ -78,7 +78,7 @@ def test_the_gate_is_read_from_the_module(model_type, changes, want):
 
 # type -> its fall-back reason: the first thing the file does not write, named
 REFUSALS = {
-    "beam": r"each branch joins the residual scaled by the layer's depth \(x \* sqrt\(\(i - 1\) / i\) \+ out / sqrt\(i\)",
+    "beam": r"layer \d+ \(full_attention\) attends, and rope_parameters holds settings for sliding_attention alone",
     "mimo_v2_flash": r"layer 1's q/k projections are 4 query / 4 key heads of head_dim 192, not the config's 4 / 2 "
                      r"heads x head_dim 192 \(every sliding_attention layer has 2 x num_key_value_heads",
     "axk2": r"AXK2GatedRMSNorm holds modules \['mlp', 'norm'\] and no weight of its own",
@@ -87,8 +87,9 @@ REFUSALS = {
 
 @pytest.mark.parametrize("model_type", sorted(REFUSALS))
 def test_what_is_not_written_is_named(model_type):
-    """beam's layer after its gate is read (with its bias: test_part_attention_params.py): each branch joins the
-    residual scaled by the layer's depth (laguna's heads per layer are written: test_part_heads_per_layer.py);
+    """beam's layer after its gate is read (with its bias: test_part_attention_params.py): its full-attention layers
+    have no rope settings (they scale the query by its position; its depth-scaled residual comes after:
+    test_part_attention_params.py) (laguna's heads per layer are written: test_part_heads_per_layer.py);
     mimo_v2_flash's sliding layers with twice the key heads,
     axk2's gated norm."""
     from transformers import AutoConfig
