@@ -36,6 +36,8 @@ TOPK_KEYS = ("num_experts_per_tok", "moe_topk", "moe_k")
 MOE_WIDTH_KEYS = ("moe_intermediate_size", "intermediate_size")
 ROUTER_NAMES = ("gate", "router")
 SHARED_NAMES = ("shared_experts", "shared_expert", "shared_mlp")   # hunyuan_v1_moe: shared_mlp in the block
+# the dense MLP's bias keys (parts/mlp.py BIAS_KEYS, which imports this module): the shared experts are its class
+SHARED_BIAS_KEYS = ("mlp_bias", "use_bias", "enable_bias")
 LAYER_SHARED_NAMES = ("shared_mlp",)    # shared experts beside the block in the layer (granitemoeshared)
 # The shrunk probe: small widths, the real counts where routing depends on them (groups), capped.
 PROBE_HIDDEN, PROBE_WIDTH, PROBE_EXPERT_CAP = 40, 24, 256   # no width (24, 28, 32) nor twice one equals hidden
@@ -454,18 +456,16 @@ def _probe_shared(block, config, hidden: int) -> tuple[str, str, str]:
 
 def shared_bias(config, block_cls, block, shared_name: str):
     """The shared experts' projections' biases: Expr(config.<key>) where toggling a dense MLP's bias key
-    (parts/mlp.py BIAS_KEYS: deepseek_v2's mlp_bias, ernie4_5_moe's use_bias, whose shared experts are the dense
+    (SHARED_BIAS_KEYS: deepseek_v2's mlp_bias, ernie4_5_moe's use_bias, whose shared experts are the dense
     MLP's class) gives or takes them, else whether the block built on the config has them."""
     import torch
-
-    from agent.recipe.native.parts.mlp import BIAS_KEYS
 
     def has_bias(built) -> bool:
         shared = getattr(built, shared_name, None)
         return isinstance(getattr(getattr(shared, "down_proj", None), "bias", None), torch.Tensor)
 
     present = has_bias(block)
-    for key in BIAS_KEYS:
+    for key in SHARED_BIAS_KEYS:
         value = getattr(config, key, None)
         if not isinstance(value, bool) or value != present:
             continue

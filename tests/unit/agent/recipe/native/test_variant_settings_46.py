@@ -67,6 +67,9 @@ def test_the_shared_experts_biases_follow_the_key_that_sets_them(model_type, bia
     from agent.recipe.native.parts import moe
     from agent.recipe.native.parts.part import Expr
 
+    from agent.recipe.native.parts.mlp import BIAS_KEYS
+
+    assert moe.SHARED_BIAS_KEYS == BIAS_KEYS
     config = _config(model_type)
     block_cls = moe._sparse_blocks(config)[1]
     _, block, _ = moe._probe_block(config, block_cls)
