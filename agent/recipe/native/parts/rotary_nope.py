@@ -15,7 +15,7 @@ from agent.recipe.native.parts.rotary_interleaved import interleaved_form
 
 # the config rules a layer's rotary follows: name -> (config, layer) -> whether the layer rotates
 # (the same rules as parts/code/attention_fused.py's layer_uses_rope); the first that holds on the config and on
-# its toggles (RULE_TOGGLES) is the architecture's
+# its toggles (rule_toggles) is the architecture's
 RULES = {
     "no_rope_layers": lambda config, i: bool(config.no_rope_layers[i]),
     # cohere2_moe: its sliding layers, and its dense-MLP layers where prefix_dense_sliding_window_pattern is 1
