@@ -1079,6 +1079,10 @@ def _variants(match, probe):
             found.append(("no shared experts", {key: 0}))
         else:   # the checkpoint's config has none (granitemoeshared's default): the family's with them
             found.append(("shared experts", {key: 1 if key != widths["SHARED_WIDTH"] else getattr(probe.config, f["width_key"])}))
+    if isinstance(f.get("shared_bias"), Expr):
+        # the shared experts' biases by the key (the dense MLP's part names the same setting where it reads it too)
+        key = f["shared_bias"].code.split(".", 1)[1]
+        found.append((f"bias {key}", {key: not getattr(probe.config, key)}))
     if f["groups"]:
         experts = getattr(probe.config, f["experts_key"])
         found.append(("grouped routing", {"n_group": 2, "topk_group": 1} if experts % 2 == 0 and probe.config.n_group == 1
