@@ -207,7 +207,7 @@ def derive_all(types: list[str], folder: Path, defaults: bool) -> list[dict]:
 
 
 def survey(types: list[str], checkout: Path, chunk: int, defaults: bool = False) -> list[dict]:
-    from agent.recipe.native.decide import selfcheck, selfcheck_jobs, verdict
+    from agent.recipe.native.decide import not_checkable, selfcheck, selfcheck_jobs, unchecked, verdict
 
     with tempfile.TemporaryDirectory(prefix="native-coverage-") as tmp:
         rows = derive_all(types, Path(tmp), defaults)
@@ -220,9 +220,12 @@ def survey(types: list[str], checkout: Path, chunk: int, defaults: bool = False)
                   flush=True)
             results = iter(selfcheck([job for _, labelled in part for _, job in labelled], checkout))
             for row, labelled in part:
-                ok, row["max_rel"], why = verdict(labelled, [next(results) for _ in labelled])
+                answers = [next(results) for _ in labelled]
+                ok, row["max_rel"], why = verdict(labelled, answers)
                 if not ok:
                     row.update(result="fell back", kind="self-check", reason=why)
+                elif unchecked(labelled, answers):
+                    row["not_checkable"] = [not_checkable(label, error) for label, error in unchecked(labelled, answers)]
     return rows
 
 
@@ -233,7 +236,9 @@ def markdown(rows: list[dict]) -> str:
         config = row.get("config", "")
         if row["result"] == "native":
             kinds = "+".join(k for k in ("moe", "mla", "sliding") if row.get(k)) or "dense"
-            lines.append(f"| {row['type']} | {config} | native | {kinds} | {row['max_rel']:.1e} |")
+            skipped = " ".join("; ".join(row.get("not_checkable", ())).split())[:300].replace("|", "\\|")
+            lines.append(f"| {row['type']} | {config} | native | {kinds} | {row['max_rel']:.1e}"
+                         f"{' (' + skipped + ')' if skipped else ''} |")
         else:
             why = " ".join((row.get("reason") or "").split())[:300].replace("|", "\\|")
             lines.append(f"| {row['type']} | {config} | {row['result']} | {row.get('kind', '')} | {why} |")

@@ -33,15 +33,21 @@ class NativeDecision:
     reason: str | None = None
     max_rel: float | None = None     # the self-check's largest logit difference (float32), relative
     source: str | None = None        # the native file's text, as the self-check ran it: what the recipe gets
+    # (label, transformers' error) of the family settings transformers' own model cannot run: not checkable, so not
+    # verified, and no failure of the file (`unchecked`)
+    unverified: tuple[tuple[str, str], ...] = ()
 
     def summary(self) -> dict:
         """What the report and README say."""
         if self.native:
             # quant_config: every linear and the MoE grouped matmul take the checkpoint's (module.quantization)
+            unverified = {label for label, _ in self.unverified}
             return {"native": True, "quant_config": True, "selfcheck_max_rel": self.max_rel,
                     "parts": dict(self.features.parts),
-                    "serves": [label for label, _ in self.features.checked_variants],
-                    "fused": list(self.features.fused), "not_fused": list(self.features.unfused)}
+                    "serves": [label for label, _ in self.features.checked_variants if label not in unverified],
+                    "fused": list(self.features.fused), "not_fused": list(self.features.unfused),
+                    **({"not_verified": [not_checkable(label, error) for label, error in self.unverified]}
+                       if self.unverified else {})}
         return {"native": False, "fell_back": self.kind, "reason": self.reason}
 
 
@@ -89,13 +95,33 @@ def selfcheck_jobs(config: dict, variants, file: str, class_name: str) -> list[t
     return jobs + [(label, {**base, "changes": changes, "dtype": "float32"}) for label, changes in variants]
 
 
+def not_checkable(label: str, error: str) -> str:
+    return f"not checkable: transformers cannot run {label} ({error})"
+
+
+def _uncheckable_setting(job: dict, result: dict) -> bool:
+    """A family setting's job (not the checkpoint's own config) on which transformers' own model raised (the
+    self-check's ReferenceFailed): no checkpoint of that setting runs in transformers, so none is published."""
+    return not result["ok"] and result.get("checkable") is False and bool(job.get("changes"))
+
+
 def verdict(labelled: list[tuple[str, dict]], results: list[dict]) -> tuple[bool, float | None, str | None]:
     """A migration's decision on its self-check jobs: native when every job passes (max_rel: the checkpoint's
-    float32 job's), else the first failing job's label and reason."""
-    for (label, _), result in zip(labelled, results):
+    float32 job's), else the first failing job's label and reason. A family setting transformers itself cannot run
+    is no failure (`unchecked` names it); the checkpoint's own config it cannot run is one (nothing was verified)."""
+    for (label, job), result in zip(labelled, results):
+        if _uncheckable_setting(job, result):
+            continue
         if not result["ok"]:
-            return False, result["max_rel"], f"{label}: {result['reason']}"
+            why = not_checkable("it", result["reason"]) if result.get("checkable") is False else result["reason"]
+            return False, result["max_rel"], f"{label}: {why}"
     return True, results[0]["max_rel"], None
+
+
+def unchecked(labelled: list[tuple[str, dict]], results: list[dict]) -> list[tuple[str, str]]:
+    """(label, transformers' error) of each family setting the self-check could not hold the file to."""
+    return [(label, result["reason"]) for (label, job), result in zip(labelled, results)
+            if _uncheckable_setting(job, result)]
 
 
 def checked(ctx: dict, config: dict, composition: Composition, checkout: Path) -> NativeDecision:
@@ -111,7 +137,8 @@ def checked(ctx: dict, config: dict, composition: Composition, checkout: Path) -
     ok, max_rel, why = verdict(labelled, results)
     if not ok:
         return NativeDecision(False, composition, "self-check", why)
-    return NativeDecision(True, composition, max_rel=max_rel, source=source)
+    return NativeDecision(True, composition, max_rel=max_rel, source=source,
+                          unverified=tuple(unchecked(labelled, results)))
 
 
 def _generator_hash() -> str:

@@ -14,6 +14,7 @@ from agent.recipe.native.parts.attention_gate import GATE_NAMES, output_gate, re
 from agent.recipe.native.parts.attention_heads import heads_per_layer, layer_heads
 from agent.recipe.native.parts.attention_params import (DENSE_BIAS_RENAMES, GATE_BIAS_RENAMES, last_layer_output_bias,
                                                         refuse_unknown)
+from agent.recipe.native.parts.attention_positions import refuse_position_scaling
 from agent.recipe.native.parts.part import Expr, Match, Part
 from agent.recipe.native.parts.mla import is_mla_model
 from agent.recipe.native.parts.probe import DROP, children, multi_query
@@ -268,6 +269,7 @@ def dense_attention(probe) -> dict:
                     gated, grouped, tuple(sorted((gate or {}).items())), attention_sub_norm(probe, index)))
     if len(shapes) != 1:
         raise NotNative("attention", "layers of unequal attention")
+    refuse_position_scaling(probe, attention_layers(probe)[0])
     fused, qkv_bias, o_bias, qk_width, qk_names, sinks, scale, gated, grouped, gate, sub_norm = next(iter(shapes))
     after_rope = qk_width is not None and qk_norm_after_rope(probe, qk_names[0])
     if after_rope and qk_width == "full":

@@ -6,7 +6,7 @@ inkling2's logit_softcap)."""
 
 from __future__ import annotations
 
-from agent.recipe.native.parts.part import Match, Part
+from agent.recipe.native.parts.part import Expr, Match, Part
 
 
 def final_softcaps(probe) -> set:
@@ -34,11 +34,33 @@ def final_softcaps(probe) -> set:
     return found
 
 
+def head_bias(probe):
+    """Whether the output head has a bias (gptj, codegen, phi): Expr(config.<key>) where toggling a bias key of the
+    config gives or takes it (ernie4_5_moe's use_bias), else the literal."""
+    from agent.recipe.native.not_native import NotNative
+    from agent.recipe.native.parts.mlp import BIAS_KEYS
+
+    def has_bias(model) -> bool:
+        return getattr(model.get_output_embeddings(), "bias", None) is not None
+
+    present = has_bias(probe.model)
+    for key in BIAS_KEYS:
+        value = probe.config.to_dict().get(key)
+        if not isinstance(value, bool) or value != present:
+            continue
+        try:
+            other = probe.variant({key: not value})
+        except NotNative:
+            continue
+        if has_bias(other.model) != present:
+            return Expr(f"config.{key}")
+    return present
+
+
 def _probe(probe, chosen):
     softcap = "final_logit_softcapping" in probe.config.to_dict()
-    # a bias on the output head (gptj, codegen, phi)
-    bias = getattr(probe.model.get_output_embeddings(), "bias", None) is not None
-    return Match(LM_HEAD, options={"FINAL_SOFTCAP": softcap, **({"LM_HEAD_BIAS": True} if bias else {})},
+    bias = head_bias(probe)
+    return Match(LM_HEAD, options={"FINAL_SOFTCAP": softcap, **({"LM_HEAD_BIAS": bias} if bias is not False else {})},
                  facts={"softcap": getattr(probe.config, "final_logit_softcapping", None) is not None})
 
 
@@ -49,6 +71,7 @@ def _variants(match, probe):
 
 LM_HEAD = Part(
     slot="head", name="lm_head", code=None, provides=None,
-    reads=("vocab_size", "tie_word_embeddings", "final_logit_softcapping"), probe=_probe,
+    reads=("vocab_size", "tie_word_embeddings", "final_logit_softcapping", "use_bias / mlp_bias / enable_bias"),
+    probe=_probe,
     options=("FINAL_SOFTCAP", "LM_HEAD_BIAS"), variants=_variants,
     kernels=lambda m: ((), ("final logit soft-capping: plain torch tanh",) if m.facts["softcap"] else ()))

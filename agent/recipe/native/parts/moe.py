@@ -36,6 +36,8 @@ TOPK_KEYS = ("num_experts_per_tok", "moe_topk", "moe_k")
 MOE_WIDTH_KEYS = ("moe_intermediate_size", "intermediate_size")
 ROUTER_NAMES = ("gate", "router")
 SHARED_NAMES = ("shared_experts", "shared_expert", "shared_mlp")   # hunyuan_v1_moe: shared_mlp in the block
+# the dense MLP's bias keys (parts/mlp.py BIAS_KEYS, which imports this module): the shared experts are its class
+SHARED_BIAS_KEYS = ("mlp_bias", "use_bias", "enable_bias")
 LAYER_SHARED_NAMES = ("shared_mlp",)    # shared experts beside the block in the layer (granitemoeshared)
 # The shrunk probe: small widths, the real counts where routing depends on them (groups), capped.
 PROBE_HIDDEN, PROBE_WIDTH, PROBE_EXPERT_CAP = 40, 24, 256   # no width (24, 28, 32) nor twice one equals hidden
@@ -474,6 +476,62 @@ def _probe_shared(block, config, hidden: int) -> tuple[str, str, str]:
 
 
 
+def shared_bias(config, block_cls, block, shared_name: str):
+    """The shared experts' projections' biases: Expr(config.<key>) where toggling a dense MLP's bias key
+    (SHARED_BIAS_KEYS: deepseek_v2's mlp_bias, ernie4_5_moe's use_bias, whose shared experts are the dense
+    MLP's class) gives or takes them, else whether the block built on the config has them."""
+    import torch
+
+    def has_bias(built) -> bool:
+        shared = getattr(built, shared_name, None)
+        return isinstance(getattr(getattr(shared, "down_proj", None), "bias", None), torch.Tensor)
+
+    present = has_bias(block)
+    for key in SHARED_BIAS_KEYS:
+        value = getattr(config, key, None)
+        if not isinstance(value, bool) or value != present:
+            continue
+        toggled = copy.deepcopy(config)
+        setattr(toggled, key, not value)
+        try:
+            _, other, _ = _probe_block(toggled, block_cls)
+        except NotNative:
+            continue
+        if has_bias(other) != present:
+            return Expr(f"config.{key}")
+    return present
+
+
+def shared_width_without_count(config, block_cls, shared_name: str, expr: str) -> str | None:
+    """The config key of the width transformers gives the block's shared experts where the checkpoint's config sets
+    their count to 0 (hy_v3: `moe_intermediate_size * num_shared_experts or intermediate_size`, a shared MLP of the
+    dense width all the same), read off the block built with that count; None where it builds none (or a width of 0)
+    or the width is not a count times a unit."""
+    if "*" not in expr:
+        return None
+    count_key = expr.split("*")[1].strip()[len("config."):]
+    zero = copy.deepcopy(config)
+    setattr(zero, count_key, 0)
+    try:
+        probe, block, _ = _probe_block(zero, block_cls)
+    except NotNative:
+        return None
+    shared = getattr(block, shared_name, None)
+    width = getattr(getattr(shared, "down_proj", None), "weight", None)
+    if width is None or not width.shape[-1]:
+        return None
+    for candidate in SHARED_WIDTH_EXPRESSIONS:
+        if "*" in candidate:
+            continue
+        try:
+            if eval(candidate, {"config": probe}) == width.shape[-1]:    # noqa: S307 - our own fixed expressions
+                return candidate[len("config."):]
+        except (AttributeError, TypeError):
+            continue
+    raise NotNative("moe", f"shared experts of width {width.shape[-1]} where their count {count_key} is 0: no config "
+                           "key gives it")
+
+
 def fused_shared_linears(shared) -> tuple[str, str] | None:
     """(gate/up, down) child names of a shared MLP of two bias-free linears, gate and up fused as halves of the
     first (granitemoeshared's input_linear / output_linear); None for any other shape."""
@@ -902,9 +960,13 @@ def derive_moe(config, checkpoint_keys=()) -> dict | None:
         _check_clamped_shared(block, shared_name, probe, PROBE_HIDDEN)
     if not gating["routed_scaling"] and _scaled_after_experts(block, probe, shared_name):
         gating = {**gating, "routed_scaling": True}     # the same product, as the weights' scale
+    in_block = shared is not None
     if shared is None:
         shared, shared_name, shared_width = _probe_layer_shared(config, probe, PROBE_HIDDEN) or \
             (shared, shared_name, shared_width)
+    zero_width = shared_width_without_count(config, block_cls, shared_name, shared_width) if shared is not None \
+        else None
+    biased = shared_bias(config, block_cls, block, shared_name) if in_block else False
     from agent.recipe.native.parts.moe_output_norm import output_norm
 
     norm_name = output_norm(block, PROBE_HIDDEN, probe, {router_name, "experts", shared_name, f"{shared_name}_gate"})
@@ -949,7 +1011,7 @@ def derive_moe(config, checkpoint_keys=()) -> dict | None:
             "routed_scaling": gating["routed_scaling"], "scaling_key": _scaling(config)[0] or "routed_scaling_factor",
             "selection_bias_name": bias_name, "experts": kind, "activation": activation,
             "gate_up_layout": fused_layout, "shared": shared, "shared_name": shared_name, "shared_width": shared_width,
-            "ckpt_expert_names": ckpt_names, "swiglu_alpha": alpha, "fused": tuple(fused), "unfused": tuple(unfused),
+            "shared_zero_width": zero_width, "shared_bias": biased, "ckpt_expert_names": ckpt_names, "swiglu_alpha": alpha, "fused": tuple(fused), "unfused": tuple(unfused),
             **({"output_norm": norm_name, "output_norm_class": type(getattr(block, norm_name)).__name__}
                if norm_name else {})}
 
@@ -982,6 +1044,10 @@ def moe_options(f: dict) -> dict:
         options["CLAMPED_SWIGLU"] = True
     if f.get("output_norm"):
         options["OUTPUT_NORM"] = f["output_norm"]
+    if f.get("shared_zero_width"):
+        options["SHARED_ZERO_WIDTH"] = f["shared_zero_width"]
+    if f.get("shared_bias") is not None and f.get("shared_bias") is not False:
+        options["SHARED_BIAS"] = f["shared_bias"]
     return options
 
 
@@ -1028,10 +1094,17 @@ def _variants(match, probe):
             else widths["SHARED_WIDTH"]
         if key == f["width_key"]:
             pass          # the experts' own width (hunyuan_v1_moe's shared_mlp): always there
+        elif getattr(probe.config, key, None) and f.get("shared_zero_width"):
+            # transformers builds them all the same, of another width (hy_v3's intermediate_size)
+            found.append((f"{key} 0 (shared experts of {f['shared_zero_width']})", {key: 0}))
         elif getattr(probe.config, key, None):
             found.append(("no shared experts", {key: 0}))
         else:   # the checkpoint's config has none (granitemoeshared's default): the family's with them
             found.append(("shared experts", {key: 1 if key != widths["SHARED_WIDTH"] else getattr(probe.config, f["width_key"])}))
+    if isinstance(f.get("shared_bias"), Expr):
+        # the shared experts' biases by the key (the dense MLP's part names the same setting where it reads it too)
+        key = f["shared_bias"].code.split(".", 1)[1]
+        found.append((f"bias {key}", {key: not getattr(probe.config, key)}))
     if f["groups"]:
         experts = getattr(probe.config, f["experts_key"])
         found.append(("grouped routing", {"n_group": 2, "topk_group": 1} if experts % 2 == 0 and probe.config.n_group == 1
@@ -1051,7 +1124,7 @@ SPARSE_MOE = Part(
              "RENORMALIZE", "SELECTION_BIAS", "GROUPS", "GROUP_SELECT", "ROUTED_SCALING", "EXPERTS", "SWIGLU_ALPHA",
              "FUSED_LAYOUT", "CKPT_EXPERT_NAMES", "SHARED", "SHARED_NAME", "SHARED_WIDTH", "SELECTION_BIAS_NAME",
              "SCALING_KEY", "SHARED_UNIT_KEY", "SHARED_COUNT_KEY", "TOPK_KEY", "TOPK_PER_LAYER", "ROUTER_STORED",
-             "SELECT_ON_LOGITS", "CLAMPED_SWIGLU"))
+             "SELECT_ON_LOGITS", "CLAMPED_SWIGLU", "SHARED_ZERO_WIDTH", "SHARED_BIAS"))
 
 
 # the block whose output is RMS-normed (axk1's post_mlp_layernorm: parts/moe_output_norm.py reads it): chosen by

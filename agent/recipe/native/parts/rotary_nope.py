@@ -1,5 +1,6 @@
 """Rotary on some layers only, NoPE on the others (smollm3: the config's no_rope_layers; exaone4, cohere2: the
-full-attention layers of a config with a sliding window), rotate-half or interleaved (parts/rotary_interleaved.py):
+full-attention layers of a config with a sliding window; cohere2_moe: those, but its dense-MLP layers rotate where
+prefix_dense_sliding_window_pattern is 1), rotate-half or interleaved (parts/rotary_interleaved.py):
 which layers rotate is read off transformers' attention numerically (its output with one rotary against another),
 then matched to the config rule that gives the same layers, which the file reads at run time (code:
 parts/code/attention_fused.py NOPE_LAYERS; cos / sin parts/code/rotary.py's)."""
@@ -13,12 +14,38 @@ from agent.recipe.native.parts.position import ROTARY, TYPED_OPTIONS, probe_rota
 from agent.recipe.native.parts.rotary_interleaved import interleaved_form
 
 # the config rules a layer's rotary follows: name -> (config, layer) -> whether the layer rotates
-# (the same rules as parts/code/attention_fused.py's layer_uses_rope)
+# (the same rules as parts/code/attention_fused.py's layer_uses_rope); the first that holds on the config and on
+# its toggles (rule_toggles) is the architecture's
 RULES = {
     "no_rope_layers": lambda config, i: bool(config.no_rope_layers[i]),
+    # cohere2_moe: its sliding layers, and its dense-MLP layers where prefix_dense_sliding_window_pattern is 1
+    "sliding_or_dense_prefix": lambda config, i: (
+        bool(getattr(config, "sliding_window", None)) and config.layer_types[i] == "sliding_attention"
+        or config.mlp_layer_types[i] == "dense" and config.prefix_dense_sliding_window_pattern == 1),
     "global_nope": lambda config, i: (not getattr(config, "sliding_window", None)
                                       or config.layer_types[i] == "sliding_attention"),
 }
+
+
+def flipped_mlp_kinds(config) -> list | None:
+    """The config's mlp_layer_types with dense and sparse swapped; None where it has none."""
+    kinds = getattr(config, "mlp_layer_types", None)
+    if not isinstance(kinds, (list, tuple)):
+        return None
+    return ["dense" if kind == "sparse" else "sparse" if kind == "dense" else kind for kind in kinds]
+
+
+def rule_toggles(rule: str, config) -> list[dict]:
+    """Config changes under which `rule` must still give transformers' rotating layers: where a config states
+    each layer's MLP kind, the kinds turned over (a rule that ignores them must not be taken where they decide
+    the rotary), and for the rule that reads prefix_dense_sliding_window_pattern, that key unequal to 1 too."""
+    flipped = flipped_mlp_kinds(config)
+    if flipped is None or rule == "no_rope_layers":
+        return []
+    toggles = [{"mlp_layer_types": flipped}]
+    if rule == "sliding_or_dense_prefix":
+        toggles.append({"mlp_layer_types": flipped, "prefix_dense_sliding_window_pattern": 2})
+    return toggles
 
 
 def handed_no_table(probe) -> set:
@@ -72,18 +99,35 @@ def rotating_layers(probe) -> tuple[bool, ...] | None:
     return tuple(found)
 
 
+def _rule_holds(name: str, probe, rotating=None) -> bool:
+    """Whether RULES[name] on the probe's config gives the layers transformers' attention rotates."""
+    rotating = rotating_layers(probe) if rotating is None else rotating
+    if rotating is None:
+        return False
+    attending = [i for i, r in enumerate(rotating) if r is not None]
+    try:
+        return [RULES[name](probe.config, i) for i in attending] == [rotating[i] for i in attending]
+    except (AttributeError, IndexError, TypeError):
+        return False
+
+
+def _variant_holds(name: str, probe, changes: dict) -> bool:
+    try:
+        variant = probe.variant(changes)
+    except NotNative:       # transformers cannot build the toggled config: the rule is not shown to hold
+        return False
+    return _rule_holds(name, variant)
+
+
 def nope_rule(probe) -> str | None:
     """The config rule of the layers that rotate; None when every layer does."""
     rotating = rotating_layers(probe)
     if rotating is None or all(r is not False for r in rotating):
         return None
-    attending = [i for i, r in enumerate(rotating) if r is not None]
-    for name, rule in RULES.items():
-        try:
-            if [rule(probe.config, i) for i in attending] == [rotating[i] for i in attending]:
-                return name
-        except (AttributeError, IndexError, TypeError):
-            continue
+    for name in RULES:
+        if _rule_holds(name, probe, rotating) and all(
+                _variant_holds(name, probe, changes) for changes in rule_toggles(name, probe.config)):
+            return name
     raise NotNative("position", f"layers {[i for i, r in enumerate(rotating) if r is False]} have no rotary (NoPE) "
                                 f"by no config rule the file reads ({', '.join(RULES)})")
 
@@ -111,11 +155,16 @@ def _variants(match: Match, probe):
     if match.options["NOPE_LAYERS"] == "no_rope_layers":
         flipped = [0 if value else 1 for value in probe.config.no_rope_layers]
         found.append(("nope no_rope_layers", {"no_rope_layers": flipped}))
+    if match.options["NOPE_LAYERS"] == "sliding_or_dense_prefix":
+        # the dense layers rotate by prefix_dense_sliding_window_pattern (the MoE part turns the MLP kinds over alone)
+        found.append(("nope prefix_dense_sliding_window_pattern 2",
+                      {"mlp_layer_types": flipped_mlp_kinds(probe.config), "prefix_dense_sliding_window_pattern": 2}))
     return found
 
 
 ROTARY_NOPE = Part(
     slot="position", name="rotary_nope", code="rotary.py", provides="ModelRotaryEmbedding",
-    reads=ROTARY.reads + ("no_rope_layers", "sliding_window"), probe=_probe,
+    reads=ROTARY.reads + ("no_rope_layers", "sliding_window", "mlp_layer_types", "prefix_dense_sliding_window_pattern"),
+    probe=_probe,
     options=("ROPE_BY_LAYER_TYPE", "NOPE_LAYERS", "ROPE_INTERLEAVED") + TYPED_OPTIONS, variants=_variants,
     kernels=lambda m: ((), ()))

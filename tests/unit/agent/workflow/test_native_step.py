@@ -110,3 +110,27 @@ def test_a_self_check_failure_is_recorded_and_render_writes_the_adapter_with_its
     assert _recorded(recipe)["native_model"] == {"native": False, "fell_back": "self-check", "reason": reason}
     assert f"未生成原生模型：self-check（{reason}）" in (recipe / "README.md").read_text()
     assert f"[migrator] framework model: adapter (self-check fell back: {reason})" in capfd.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_family_setting_transformers_cannot_run_is_named_not_verified(checkout, tiny_llama, counted):
+    """The self-check answers one family setting not checkable (transformers' own model raised on it) and passes
+    the rest: the file is native, and the recorded decision and the README name that setting as not verified (it
+    is not among those the file serves). Default coverage: test_selfcheck_not_checkable.py's summary test (the
+    recorded decision), and the first test here renders the README of a native file with none skipped."""
+    error = "TypeError: unsupported operand (modeling_llama.py:1)"
+
+    def selfcheck(jobs, *args, **kw):
+        return [{"ok": False, "checkable": False, "max_rel": None, "reason": error} if job.get("changes")
+                and job["changes"].get("tie_word_embeddings") is not None else {"ok": True, "max_rel": 2e-6}
+                for job in jobs]
+
+    counted["selfcheck"] = selfcheck
+    recipe = _migrate(checkout, "unverified_llama", tiny_llama)
+    decision = _recorded(recipe)["native_model"]
+    line = f"not checkable: transformers cannot run tie_word_embeddings ({error})"
+    assert decision["native"] is True and decision["not_verified"] == [line], decision
+    assert "tie_word_embeddings" not in decision["serves"]
+    assert (recipe / "models" / "modeling_unverified_llama.py").is_file()
+    readme = (recipe / "README.md").read_text()
+    assert "以下配置变体未经验证" in readme and line in readme

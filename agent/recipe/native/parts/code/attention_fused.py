@@ -42,7 +42,9 @@ NORM_EPS = "rms_norm_eps"       # the config key of the norms' epsilon
 MTP = False                     # decode steps of next_n + 1 tokens per sequence (an MTP draft verified)
 NOPE_LAYERS = None              # layers without rotary: "no_rope_layers" (smollm3: the config's 0s), "global_nope"
                                 # (exaone4: the full-attention layers of a config with a sliding window),
-                                # "layer_rope_theta" (granite_swa: a rope base of 0), "position_embedding_type"
+                                # "layer_rope_theta" (granite_swa: a rope base of 0), "sliding_or_dense_prefix"
+                                # (cohere2_moe: the sliding layers, and the dense-MLP ones where
+                                # prefix_dense_sliding_window_pattern is 1), "position_embedding_type"
                                 # (granitemoehybrid: every layer, unless the config says "rope")
 ROPE_INTERLEAVED = False        # the architecture rotates pairs (2i, 2i + 1): q/k rows reordered at load (glm, ernie4_5)
 QKV_GROUPS = ()                 # fused qkv_proj stored in groups (count, sections' order), reordered at load
@@ -81,6 +83,9 @@ def layer_uses_rope(config, layer_idx):
         return bool(config.no_rope_layers[layer_idx])
     if NOPE_LAYERS == "global_nope":
         return not getattr(config, "sliding_window", None) or config.layer_types[layer_idx] == "sliding_attention"
+    if NOPE_LAYERS == "sliding_or_dense_prefix":
+        return (bool(config.sliding_window) and config.layer_types[layer_idx] == "sliding_attention"
+                or config.mlp_layer_types[layer_idx] == "dense" and config.prefix_dense_sliding_window_pattern == 1)
     if NOPE_LAYERS == "layer_rope_theta":
         return bool(config.layer_rope_theta[layer_idx])
     if NOPE_LAYERS == "position_embedding_type":

@@ -30,7 +30,7 @@ from .rotary import layer_rope_bases, with_rope_theta
 
 EMBED_SCALE = False             # the embedding times sqrt(hidden_size), in the model's dtype (gemma's normaliser)
 FINAL_SOFTCAP = False           # logits soft-capped by config.final_logit_softcapping where it is set
-LM_HEAD_BIAS = False            # the output head has a bias (gptj, codegen, phi)
+LM_HEAD_BIAS = False            # the output head has a bias (gptj, codegen, phi), or the config key that sets it (use_bias)
 EMBED_MULTIPLIER = False        # the embedding times config.embedding_multiplier (granite)
 EMBED_MULTIPLIER_KEY = "embedding_multiplier"   # the config key of that multiplier (minicpm3: scale_emb)
 LOGITS_SCALING = None           # the config key scaling the logits: logits_scaling (granite, hyperclovax), logit_scale (cohere)

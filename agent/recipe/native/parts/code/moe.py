@@ -52,6 +52,10 @@ SHARED_NAME = "shared_experts"
 SHARED_WIDTH = "per_expert"
 SHARED_UNIT_KEY = "moe_intermediate_size"   # "per_expert": the config key of one shared expert's width
 SHARED_COUNT_KEY = "n_shared_experts"        # and of their count
+# "per_expert": the config key of the width transformers gives them where their count is 0 (hy_v3's
+# intermediate_size: its shared MLP's `width or config.intermediate_size`); None: none are built then
+SHARED_ZERO_WIDTH = None
+SHARED_BIAS = False                 # the shared experts' biases: a literal, or the config key that sets them (mlp_bias)
 
 MOE_CHUNK_MAX_LEN = 65536           # upstream's deepseek_r1 default of custom_params.moe_chunk_max_len
 # npu_moe_gating_top_k's fused kernel on Atlas A2 / A3: 256 experts (torch_npu's page; upstream's deepseek_r1
@@ -93,6 +97,9 @@ def experts_quant_config(quant_config, prefix):
 
 def shared_experts_width(config):
     """The shared experts' intermediate width (0: this checkpoint has none)."""
+    if SHARED_WIDTH == "per_expert" and SHARED_ZERO_WIDTH is not None:
+        return getattr(config, SHARED_UNIT_KEY) * (getattr(config, SHARED_COUNT_KEY) or 0) \
+            or getattr(config, SHARED_ZERO_WIDTH)
     if SHARED_WIDTH == "per_expert":
         return getattr(config, SHARED_UNIT_KEY) * (getattr(config, SHARED_COUNT_KEY) or 0)
     return getattr(config, SHARED_WIDTH) or 0
@@ -239,10 +246,10 @@ class ModelSharedExperts(nn.Module):
     def __init__(self, config, width, tp_size, tp_rank, prefix=""):
         super().__init__()
         quant_config = getattr(config, "quant_config", None)
-        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [width] * 2, bias=False, tp_size=tp_size,
+        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [width] * 2, bias=SHARED_BIAS, tp_size=tp_size,
                                                        tp_rank=tp_rank, quant_config=quant_config,
                                                        prefix=f"{prefix}.gate_up_proj")
-        self.down_proj = RowParallelLinear(width, config.hidden_size, bias=False, tp_size=tp_size, tp_rank=tp_rank,
+        self.down_proj = RowParallelLinear(width, config.hidden_size, bias=SHARED_BIAS, tp_size=tp_size, tp_rank=tp_rank,
                                            quant_config=quant_config, prefix=f"{prefix}.down_proj")
         if CLAMPED_SWIGLU:
             self.limit, self.alpha = config.swiglu_limit, swiglu_alpha(config)
