@@ -14,7 +14,8 @@ from agent.recipe.native.parts.attention_gate import GATE_NAMES, output_gate, re
 from agent.recipe.native.parts.attention_heads import heads_per_layer, layer_heads
 from agent.recipe.native.parts.attention_params import (DENSE_BIAS_RENAMES, GATE_BIAS_RENAMES, last_layer_output_bias,
                                                         refuse_unknown)
-from agent.recipe.native.parts.attention_positions import refuse_position_scaling
+from agent.recipe.native.parts.attention_positions import (SMALL_ORIGINAL, query_position_scale,
+                                                           small_original_setting)
 from agent.recipe.native.parts.part import Expr, Match, Part
 from agent.recipe.native.parts.mla import is_mla_model
 from agent.recipe.native.parts.probe import DROP, children, multi_query
@@ -30,7 +31,7 @@ DENSE_OPTIONS = ("QKV", "QKV_BIAS", "O_BIAS", "QK_NORM", "QK_NORM_FULL", "QUERY_
                  "LAYER_TYPE_WINDOWS", "STACKED_PARAMS", "ATTENTION_MULTIPLIER", "ROTARY", "UNSCALED", "LOCAL_LAYERS",
                  "OUTPUT_GATE", "Q_NORM", "K_NORM", "QK_NORM_AFTER_ROPE", "QKV_GROUPS", "MULTI_QUERY", "GATE_PROJ",
                  "GATE_SOFTPLUS", "GATE_PER_HEAD", "CHECKPOINT_RENAMES", "ATTN_SUB_NORM", "GATE_BIAS",
-                 "HEADS_PER_LAYER")
+                 "HEADS_PER_LAYER", "QUERY_POSITION_SCALE")
 WINDOW = 5                            # the shrunk window (agent.recipe.native.parts.probe.shrunk_config)
 
 
@@ -269,7 +270,7 @@ def dense_attention(probe) -> dict:
                     gated, grouped, tuple(sorted((gate or {}).items())), attention_sub_norm(probe, index)))
     if len(shapes) != 1:
         raise NotNative("attention", "layers of unequal attention")
-    refuse_position_scaling(probe, attention_layers(probe)[0])
+    position_scaled = query_position_scale(probe, attention_layers(probe)[0])
     fused, qkv_bias, o_bias, qk_width, qk_names, sinks, scale, gated, grouped, gate, sub_norm = next(iter(shapes))
     after_rope = qk_width is not None and qk_norm_after_rope(probe, qk_names[0])
     if after_rope and qk_width == "full":
@@ -324,6 +325,8 @@ def dense_attention(probe) -> dict:
         facts.update({"Q_NORM": qk_names[0], "K_NORM": qk_names[1]})
     if after_rope:
         facts["QK_NORM_AFTER_ROPE"] = True
+    if position_scaled:
+        facts["QUERY_POSITION_SCALE"] = True
     probe.memo["dense_attention"] = facts
     return facts
 
@@ -522,6 +525,8 @@ def _dense_match(part, probe, chosen, **extra) -> Match:
     if facts.get("HEADS_PER_LAYER") and part is not FUSED_PAGED:
         raise NotNative("attention", f"query heads per layer (config.{facts['HEADS_PER_LAYER']}) with {part.name}: "
                                      "only the fused attention builds each layer with its own heads")
+    if facts.get("QUERY_POSITION_SCALE") and part not in (FUSED_PAGED, FUSED_PAGED_SINKS):
+        raise NotNative("attention", f"the llama-4 query scaling with {part.name}: only the fused attention writes it")
     options = {k: v for k, v in facts.items() if k in DENSE_OPTIONS}
     if position is not None and position.options.get("ABSOLUTE_POSITIONS"):
         extra = {**extra, "ROTARY": False}          # positions added to the embedding: no rotary here
@@ -596,6 +601,10 @@ def _fused_kernels(match):
     gate = ((f"output gate: {'softplus' if match.options['GATE_SOFTPLUS'] else 'sigmoid'} of its own projection "
              f"{'per head' if match.options['GATE_PER_HEAD'] else 'per channel'} times the attention's output, plain "
              "torch (elementwise: no fused kernel takes it)",) if match.options.get("GATE_PROJ") else ())
+    if match.options.get("QUERY_POSITION_SCALE"):
+        gate += ("llama-4 query scaling: the rotated queries times 1 + llama_4_scaling_beta log(1 + floor(position / "
+                 "original_max_position_embeddings)), from the rotary's positions, plain torch (no fused kernel "
+                 "takes a per-token query scale)",)
     if match.options.get("ATTN_SUB_NORM"):
         gate += ("attention sub-norm before o_proj: RMSNorm over all heads' width in plain torch (its sum of squares "
                  "all-reduced over the attention's tensor-parallel ranks; npu_rms_norm norms one rank's slice)",)
@@ -630,6 +639,10 @@ def _variants(match, probe):
                 found.append(change)
     if "heads_variant" in match.facts:
         found.append(("query heads per layer varied", match.facts["heads_variant"]))
+    if match.options.get("QUERY_POSITION_SCALE"):
+        # the scaling steps at multiples of the original context: one the self-check's prompts reach
+        found.append((f"query scaling original_max_position_embeddings {SMALL_ORIGINAL}",
+                      small_original_setting(probe.config)))
     if "toggle" in match.facts:
         found.append(("sliding window " + ("off" if getattr(probe.config, "sliding_window", None) else "on"),
                       match.facts["toggle"]))

@@ -58,6 +58,9 @@ GATE_PER_HEAD = False           # that gate one per head (over its head_dim), el
 ATTN_SUB_NORM = False           # an RMSNorm of the attention's output over all heads' width before o_proj (bitnet)
 GATE_BIAS = False               # a bias of that gate, one per head, added before its activation (beam's gate_bias)
 HEADS_PER_LAYER = None          # the config key of each layer's query heads (laguna: num_attention_heads_per_layer)
+QUERY_POSITION_SCALE = False    # the rotated queries times 1 + beta log(1 + floor(position / original)) (ministral3's
+                                # llama-4 scaling; rope_parameters' llama_4_scaling_beta and
+                                # original_max_position_embeddings)
 
 
 def key_value_heads(config):
@@ -184,6 +187,11 @@ class ModelAttention(nn.Module):
             self._load_rotary_rows_reordered(config)
         if QKV_GROUPS:
             self._load_qkv_grouped()
+        if QUERY_POSITION_SCALE:
+            # read at run time: a checkpoint without the beta scales nothing
+            rope = getattr(config, "rope_parameters", None) or {}
+            self.query_scale_beta = rope.get("llama_4_scaling_beta")
+            self.query_scale_original = rope.get("original_max_position_embeddings")
         if NOPE_LAYERS:
             self.use_rope = layer_uses_rope(config, layer_idx)
         self.k_cache = torch.Tensor([])
@@ -222,12 +230,19 @@ class ModelAttention(nn.Module):
         value = value.reshape(q_len, self.num_key_value_heads_per_rank, self.head_dim)
         if QK_NORM and not QK_NORM_AFTER_ROPE:
             query, key = getattr(self, Q_NORM)(query), getattr(self, K_NORM)(key)
+        if QUERY_POSITION_SCALE:
+            cos_sin, positions = cos_sin[:2], cos_sin[2]
         if ROTARY:
             cos, sin = (cos_sin[self.layer_type] if ROPE_BY_LAYER_TYPE
                         else cos_sin[self.rope_table] if ROPE_BY_LAYER_THETA else cos_sin)
             cos, sin = cos[:q_len], sin[:q_len]
             if not NOPE_LAYERS or self.use_rope:
                 query, key = torch_npu.npu_apply_rotary_pos_emb(query.contiguous(), key.contiguous(), cos, sin, layout="TND")
+        if QUERY_POSITION_SCALE and self.query_scale_beta is not None:
+            # float32 (not the default dtype), as transformers computes it, then the queries' dtype
+            scale = 1 + self.query_scale_beta * torch.log(
+                1 + torch.floor(positions[:q_len].float() / self.query_scale_original))
+            query = query * scale.to(query.dtype)[:, None, None]
         if QK_NORM and QK_NORM_AFTER_ROPE:
             query, key = getattr(self, Q_NORM)(query), getattr(self, K_NORM)(key)
         if not self.k_cache.numel() or not self.v_cache.numel():

@@ -48,6 +48,7 @@ ALIBI = False                   # ALiBi positions: the attention adds each head'
 CONTEXT_PARALLEL = False        # prefill context parallel (parallel_config.cp_size): context_parallel.py's segments
 LINEAR_ATTENTION = False        # linear-attention layers beside attention ones: their state caches (Mamba entries)
 HEADS_PER_LAYER = None          # the config key of each layer's query heads (laguna): each count splits at attn_tp_size
+QUERY_POSITION_SCALE = False    # the attention scales its queries by position (llama-4): it takes the positions too
 # transformers' renames of the checkpoint's tensor names for this architecture (pattern, replacement), in order
 CHECKPOINT_RENAMES = ()
 # stored names of Conv1D weights (gpt2's [in, out]): transposed to the parallel linears' [out, in] at load
@@ -137,6 +138,8 @@ class ModelModel(nn.Module):
             cos_sin = [rotary(hidden_states, position_ids) for rotary in self.rotary_emb]
         else:
             cos_sin = self.rotary_emb(hidden_states, position_ids)
+        if QUERY_POSITION_SCALE:
+            cos_sin = (*cos_sin, position_ids)
         residual = None
         for layer in self.layers:
             residual, hidden_states = layer(hidden_states, cos_sin, residual, forward_metadata)

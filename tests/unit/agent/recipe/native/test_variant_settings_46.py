@@ -3,8 +3,9 @@ where prefix_dense_sliding_window_pattern is 1 (parts/rotary_nope.py sliding_or_
 experts where their count is 0 are transformers' shared MLP of intermediate_size (parts/moe.py
 shared_width_without_count), deepseek_v2's and ernie4_5_moe's shared experts and ernie's output head take biases by
 mlp_bias / use_bias (parts/moe.py shared_bias, parts/head.py head_bias), and ministral3's position-scaled attention
-is refused (parts/attention_positions.py). The readings in-process here; each file against transformers on that
-setting, with a fault that must fail, in the slow test at the bottom."""
+is the fused attention's QUERY_POSITION_SCALE (parts/attention_positions.py; any other form refused). The readings
+in-process here; each file against transformers on that setting, with a fault that must fail, in the slow test at
+the bottom."""
 
 from __future__ import annotations
 
@@ -86,13 +87,58 @@ def test_the_output_heads_bias_follows_use_bias():
     assert head_bias(_probe("llama")) is False
 
 
-def test_an_attention_scaled_by_position_is_refused():
-    from agent.recipe.native.not_native import NotNative
-    from agent.recipe.native.parts.attention_positions import refuse_position_scaling
+def _llama4_faults():
+    import torch
 
-    with pytest.raises(NotNative, match="llama-4 query scaling"):
-        refuse_position_scaling(_probe("ministral3"), 0)
-    refuse_position_scaling(_probe("stablelm"), 0)       # takes position_ids (for flash attention), follows none
+    return {  # transformers' formula with one piece changed: each must be refused
+        "floor dropped": lambda positions, beta, original: 1 + beta * torch.log(1 + positions / original),
+        "log without 1 +": lambda positions, beta, original: 1 + beta * torch.log(
+            torch.floor(positions / original).clamp_min(1)),
+        "beta doubled": lambda positions, beta, original: 1 + 2 * beta * torch.log(
+            1 + torch.floor(positions / original)),
+    }
+
+
+def test_the_llama4_query_scaling_is_read_and_any_other_position_scaling_refused(monkeypatch):
+    """ministral3's attention scales its queries by 1 + beta log(1 + floor(position / original)): read (the fused
+    attention's QUERY_POSITION_SCALE), with the family setting that brings the scaling within the self-check's
+    prompts; the same attention with that formula changed is refused; an attention that takes position_ids and
+    follows none is not scaled."""
+    from agent.recipe.native.not_native import NotNative
+    from agent.recipe.native.parts.attention_positions import (SMALL_ORIGINAL, query_position_scale,
+                                                               small_original_setting)
+
+    probe = _probe("ministral3")
+    assert query_position_scale(probe, 0) is True
+    setting = small_original_setting(probe.config)["rope_parameters"]
+    assert setting["original_max_position_embeddings"] == SMALL_ORIGINAL
+    assert setting["llama_4_scaling_beta"] == probe.config.rope_parameters["llama_4_scaling_beta"]
+    assert query_position_scale(_probe("stablelm"), 0) is False   # takes position_ids (for flash attention)
+
+    import transformers.models.ministral3.modeling_ministral3 as modeling
+
+    name = next(n for n in ("get_llama_4_attn_scale", "_get_llama_4_attn_scale") if hasattr(modeling, n))
+    fault = _llama4_faults()["floor dropped"]
+    monkeypatch.setattr(modeling, name,
+                        lambda positions, beta, original: fault(positions, beta, original)[:, None, :, None])
+    with pytest.raises(NotNative, match="not as the llama-4 query scaling"):
+        query_position_scale(_probe("ministral3"), 0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["log without 1 +", "beta doubled"])
+def test_other_position_scalings_are_refused(monkeypatch, fault):
+    """The other changed formulas (default case: floor dropped, above)."""
+    from agent.recipe.native.not_native import NotNative
+    from agent.recipe.native.parts.attention_positions import query_position_scale
+    import transformers.models.ministral3.modeling_ministral3 as modeling
+
+    name = next(n for n in ("get_llama_4_attn_scale", "_get_llama_4_attn_scale") if hasattr(modeling, n))
+    formula = _llama4_faults()[fault]
+    monkeypatch.setattr(modeling, name,
+                        lambda positions, beta, original: formula(positions, beta, original)[:, None, :, None])
+    with pytest.raises(NotNative, match="not as the llama-4 query scaling"):
+        query_position_scale(_probe("ministral3"), 0)
 
 
 # type: (the setting's label prefix, (text of the correct file, its faulty replacement))
@@ -104,6 +150,10 @@ SETTINGS = {
     "deepseek_v2": ("bias mlp_bias", ("[width] * 2, bias=config.mlp_bias", "[width] * 2, bias=False")),
     "ernie4_5_moe": ("bias use_bias", ("output_size=config.vocab_size, bias=config.use_bias",
                                        "output_size=config.vocab_size, bias=False")),
+    # the floor dropped from the llama-4 query scaling: wrong from position 1 on an original context of 4
+    "ministral3": ("query scaling original_max_position_embeddings", (
+        "torch.floor(positions[:q_len].float() / self.query_scale_original)",
+        "(positions[:q_len].float() / self.query_scale_original)")),
 }
 
 
