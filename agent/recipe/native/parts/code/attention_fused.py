@@ -58,9 +58,7 @@ GATE_PER_HEAD = False           # that gate one per head (over its head_dim), el
 ATTN_SUB_NORM = False           # an RMSNorm of the attention's output over all heads' width before o_proj (bitnet)
 GATE_BIAS = False               # a bias of that gate, one per head, added before its activation (beam's gate_bias)
 HEADS_PER_LAYER = None          # the config key of each layer's query heads (laguna: num_attention_heads_per_layer)
-QUERY_POSITION_SCALE = False    # the rotated queries times 1 + beta log(1 + floor(position / original)) (ministral3's
-                                # llama-4 scaling; rope_parameters' llama_4_scaling_beta and
-                                # original_max_position_embeddings)
+QUERY_POSITION_SCALE = False    # rotated queries times 1 + beta log(1 + floor(position / original)) (llama-4, ministral3)
 
 
 def key_value_heads(config):

@@ -95,20 +95,17 @@ FORWARD = "    def forward(self, input_ids, position_ids, forward_metadata: Forw
 
 @pytest.mark.slow
 @pytest.mark.skipif(not SNAPSHOT.is_dir(), reason="needs the upstream snapshot")
-def test_ministral3_rope_default_is_not_checkable_and_a_fault_of_the_file_still_fails(tmp_path, monkeypatch):
+def test_ministral3_rope_default_is_not_checkable_and_a_fault_of_the_file_still_fails(tmp_path):
     """The real case end to end in one stand-in process (the default tests above cover verdict and main's mapping):
     ministral3's "rope default" job, where transformers raises in its forward, is not checkable; the same job with
     the generated file raising first (its forward runs before transformers' logits are asked), and the checkpoint's
-    config with the file's norm broken, fail. ministral3 derives only with its position-scaled attention let through
-    (parts/attention_positions.py refuses it: the file does not write the llama-4 query scaling)."""
+    config with the file's norm broken, fail."""
     from transformers import AutoConfig
 
     from agent.recipe.native.compose import derive
     from agent.recipe.native.decide import render_native, selfcheck, selfcheck_jobs, verdict
-    from agent.recipe.native.parts import attention_positions
     from part_selfcheck import ctx
 
-    monkeypatch.setattr(attention_positions, "follows_positions", lambda attention, probe: False)
     config = AutoConfig.for_model("ministral3").to_dict()
     composition = derive(config)
     source = render_native(ctx("ministral3", "McForCausalLM"), composition)
