@@ -18,13 +18,27 @@ FAR = 1 << 20       # past any checkpoint's original context
 STEPS = (3, 64)     # the far positions straddle the floor steps at these multiples of the original context
 
 
+POSITION_ARGS = ("position_ids", "cache_position")     # how transformers' attentions take the positions (5.0: the
+                                                      # latter, one row)
+
+
+def _position_args(attention) -> tuple[str, ...]:
+    """The position arguments the attention's forward takes."""
+    try:
+        params = inspect.signature(attention.forward).parameters
+    except (TypeError, ValueError):
+        return ()
+    return tuple(name for name in POSITION_ARGS if name in params)
+
+
 def _output(attention, x, table, positions, hook=None):
     import torch
 
+    given = {name: positions if name == "position_ids" else positions[0] for name in _position_args(attention)}
     handle = attention.q_proj.register_forward_hook(hook) if hook is not None else None
     try:
         with torch.no_grad():
-            out = attention(hidden_states=x, position_embeddings=table, attention_mask=None, position_ids=positions)
+            out = attention(hidden_states=x, position_embeddings=table, attention_mask=None, **given)
     finally:
         if handle is not None:
             handle.remove()
@@ -32,14 +46,11 @@ def _output(attention, x, table, positions, hook=None):
 
 
 def follows_positions(attention, probe) -> bool:
-    """Whether `attention`'s output changes with its position_ids alone (the same hidden states and cos / sin);
-    False where it takes none or cannot be called so (not this reading's to judge)."""
+    """Whether `attention`'s output changes with its positions alone (position_ids / cache_position; the same
+    hidden states and cos / sin); False where it takes none or cannot be called so (not this reading's to judge)."""
     import torch
 
-    try:
-        if "position_ids" not in inspect.signature(attention.forward).parameters:
-            return False
-    except (TypeError, ValueError):
+    if not _position_args(attention):
         return False
     gen = torch.Generator().manual_seed(8)
     x = torch.randn(1, 4, probe.hidden, generator=gen)

@@ -99,28 +99,42 @@ def _llama4_faults():
     }
 
 
+def _shaped_as(original_fn, formula):
+    """`formula` in the shape transformers' own function gives (5.0 takes cache_position, later position_ids)."""
+    return lambda positions, beta, original: formula(positions, beta, original).reshape(
+        original_fn(positions, beta, original).shape)
+
+
 def test_the_llama4_query_scaling_is_read_and_any_other_position_scaling_refused(monkeypatch):
     """ministral3's attention scales its queries by 1 + beta log(1 + floor(position / original)): read (the fused
     attention's QUERY_POSITION_SCALE), with the family setting that brings the scaling within the self-check's
     prompts; the same attention with that formula changed is refused; an attention that takes position_ids and
     follows none is not scaled."""
     from agent.recipe.native.not_native import NotNative
-    from agent.recipe.native.parts.attention_positions import (SMALL_ORIGINAL, query_position_scale,
-                                                               small_original_setting)
+    from agent.recipe.native.parts.attention_positions import (SMALL_ORIGINAL, _position_args,
+                                                               query_position_scale, small_original_setting)
 
     probe = _probe("ministral3")
     assert query_position_scale(probe, 0) is True
     setting = small_original_setting(probe.config)["rope_parameters"]
     assert setting["original_max_position_embeddings"] == SMALL_ORIGINAL
     assert setting["llama_4_scaling_beta"] == probe.config.rope_parameters["llama_4_scaling_beta"]
-    assert query_position_scale(_probe("stablelm"), 0) is False   # takes position_ids (for flash attention)
+    checked = 0
+    for other in ("stablelm", "mistral"):       # take positions (for flash attention, the cache), follow none
+        try:
+            plain = _probe(other)
+        except NotNative:
+            continue                            # stablelm under transformers 5.0
+        if _position_args(plain.layers[0].self_attn):
+            assert query_position_scale(plain, 0) is False
+            checked += 1
+    assert checked
 
     import transformers.models.ministral3.modeling_ministral3 as modeling
 
     name = next(n for n in ("get_llama_4_attn_scale", "_get_llama_4_attn_scale") if hasattr(modeling, n))
     fault = _llama4_faults()["floor dropped"]
-    monkeypatch.setattr(modeling, name,
-                        lambda positions, beta, original: fault(positions, beta, original)[:, None, :, None])
+    monkeypatch.setattr(modeling, name, _shaped_as(getattr(modeling, name), fault))
     with pytest.raises(NotNative, match="not as the llama-4 query scaling"):
         query_position_scale(_probe("ministral3"), 0)
 
@@ -135,8 +149,7 @@ def test_other_position_scalings_are_refused(monkeypatch, fault):
 
     name = next(n for n in ("get_llama_4_attn_scale", "_get_llama_4_attn_scale") if hasattr(modeling, n))
     formula = _llama4_faults()[fault]
-    monkeypatch.setattr(modeling, name,
-                        lambda positions, beta, original: formula(positions, beta, original)[:, None, :, None])
+    monkeypatch.setattr(modeling, name, _shaped_as(getattr(modeling, name), formula))
     with pytest.raises(NotNative, match="not as the llama-4 query scaling"):
         query_position_scale(_probe("ministral3"), 0)
 
