@@ -1,0 +1,118 @@
+"""The one-mixer decoder layer (agent/recipe/native/parts/block_one_mixer.py: nemotron_h's blocks, one mixer behind
+one norm, config.layer_types naming each layer's: an attention, a Mamba2 mixer or an MLP) with the parts it needs:
+the Mamba2 mixer under nemotron_h's config keys (parts/linear_attention_mamba2.py KEYS), attention without positions
+on every layer (parts/position_none.py) and nemotron_h's relu2 MLP (parts/mlp_plain.py). The whole file is derived
+from the type's config, rendered and held to transformers by the generator's own self-check (packed prefill, decode
+steps, the Mamba states' blocks NaN before the prefill). The default case is nemotron_h's smallest model with each
+kind once (Mamba2, attention, MLP) in float32 with the layer's norm skipped; both dtypes and the other faults slow."""
+
+from __future__ import annotations
+
+import pytest
+
+from locations import REPO_ROOT
+
+SNAPSHOT = REPO_ROOT.parent / "shared" / "upstream" / "cann-recipes-infer"
+
+# nemotron_h's smallest model: a Mamba2 layer, an attention layer, an MLP layer (its pattern "M*-")
+SMALL = {"hybrid_override_pattern": "M*-", "ssm_state_size": 16, "chunk_size": 16}
+# a planted fault in the rendered file: (text, replacement), each of which the self-check must catch
+FAULTS = {
+    # the mixer on the residual stream as it is (the layer's norm skipped)
+    "norm": ("hidden_states, residual = self.norm(hidden_states, past_residual)",
+             "residual = hidden_states if past_residual is None else hidden_states + past_residual\n"
+             "        hidden_states = residual"),
+    # relu where the MLP squares it (relu2)
+    "relu2": ("self.act_fn = ACT2FN[config.mlp_hidden_act]", "self.act_fn = ACT2FN[\"relu\"]"),
+    # dt clamped to config.time_step_limit, not from nemotron_h's time_step_min
+    "dt_min": ("self.time_step_limit = (config.time_step_min, float(\"inf\"))",
+               "self.time_step_limit = (0.0, float(\"inf\"))"),
+}
+
+
+def _render(tmp_path, faults, changes=None):
+    """(config, the good file's path, each fault's file path) of nemotron_h's smallest model."""
+    from transformers import AutoConfig
+
+    from agent.recipe.native.compose import derive
+    from agent.recipe.native.decide import render_native
+
+    if not SNAPSHOT.is_dir():
+        pytest.skip(f"no upstream snapshot at {SNAPSHOT}")
+    config = AutoConfig.for_model("nemotron_h", **SMALL, **(changes or {})).to_dict()
+    composition = derive(config)
+    assert composition.parts["block"] == "one_mixer" and composition.parts["position"] == "no_positions"
+    assert composition.options["MAMBA_HEADS"] == "mamba_num_heads" and composition.options["MAMBA_EXPAND"] is None
+    ctx = {"model_name": "nemotron_h", "framework_class": "NativeForCausalLM", "display_name": "nemotron_h",
+           "model_class": "X"}
+    text = render_native(ctx, composition)
+    good = tmp_path / "good.py"
+    good.write_text(text)
+    bad = []
+    for fault in faults:
+        old, new = FAULTS[fault]
+        assert text.count(old) == 1, fault
+        path = tmp_path / f"{fault}.py"
+        path.write_text(text.replace(old, new))
+        bad.append(path)
+    return config, good, bad
+
+
+def _job(config, path, dtype="float32"):
+    return {"config": config, "file": str(path), "class_name": "NativeForCausalLM", "dtype": dtype}
+
+
+def test_nemotron_h_file_matches_transformers_and_a_skipped_layer_norm_fails(tmp_path):
+    """nemotron_h's smallest model (Mamba2, attention and MLP layers, each one mixer behind one norm), derived and
+    rendered: float32 within 1e-4 of transformers at the prefill and every decode step; the file whose layers skip
+    their norm fails at the prefill."""
+    from agent.recipe.native.decide import selfcheck
+
+    config, good, (bad,) = _render(tmp_path, ["norm"])
+    good_result, bad_result = selfcheck([_job(config, good), _job(config, bad)], SNAPSHOT)
+    assert good_result["ok"] and good_result["max_rel"] < 1e-4, good_result
+    assert not bad_result["ok"] and "prefill" in bad_result["reason"], bad_result
+
+
+@pytest.mark.slow
+def test_nemotron_h_in_both_dtypes_and_its_faults_fail(tmp_path):
+    """float32 and bfloat16; relu for relu2 and dt clamped from 0 for time_step_min each fail. Default case covering this path:
+    test_nemotron_h_file_matches_transformers_and_a_skipped_layer_norm_fails."""
+    from agent.recipe.native.decide import selfcheck
+
+    faults = ["relu2", "dt_min"]
+    config, good, bad = _render(tmp_path, faults, {"time_step_min": 0.5})
+    results = selfcheck([_job(config, good), _job(config, good, "bfloat16")] + [_job(config, p) for p in bad],
+                        SNAPSHOT)
+    assert all(r["ok"] for r in results[:2]), results[:2]
+    assert not any(r["ok"] for r in results[2:]), list(zip(faults, results[2:]))
+
+
+@pytest.mark.slow
+def test_the_mixer_keys_are_read_by_what_they_change():
+    """The Mamba2 mixer's sizes under each architecture's keys, each found by building the mixer with the key changed:
+    bamba's are the code's defaults (no option), nemotron_h's its own (heads x head_dim its inner width, dt clamped
+    from time_step_min); a mixer whose head count no candidate key sets is refused naming it. Default case covering
+    this path: test_nemotron_h_file_matches_transformers_and_a_skipped_layer_norm_fails."""
+    from transformers import AutoConfig
+    from transformers.models.nemotron_h import modeling_nemotron_h
+
+    from agent.recipe.native.not_native import NotNative
+    from agent.recipe.native.parts.linear_attention_mamba2 import mixer_keys
+
+    config = AutoConfig.for_model("nemotron_h", **SMALL, hidden_size=64, mamba_num_heads=8, mamba_head_dim=8,
+                                  n_groups=2)
+    mixer = modeling_nemotron_h.NemotronHMamba2Mixer(config, layer_idx=0)
+    keys = mixer_keys(mixer, config, 0)
+    assert keys == {"MAMBA_HEADS": "mamba_num_heads", "MAMBA_HEAD_DIM": "mamba_head_dim", "MAMBA_GROUPS": "n_groups",
+                    "MAMBA_STATE": "ssm_state_size", "MAMBA_CONV": "conv_kernel", "MAMBA_EXPAND": None,
+                    "MAMBA_CONV_BIAS": "use_conv_bias", "MAMBA_PROJ_BIAS": "use_bias",
+                    "MAMBA_DT_MIN": "time_step_min"}, keys
+
+    class FixedHeads(modeling_nemotron_h.NemotronHMamba2Mixer):
+        def __init__(self, config, layer_idx):
+            super().__init__(config, layer_idx)
+            self.num_heads = 8                  # a head count no config key sets
+
+    with pytest.raises(NotNative, match="sets its heads"):
+        mixer_keys(FixedHeads(config, 0), config, 0)
