@@ -63,8 +63,11 @@ def _probe(probe, chosen):
         if not one_mixer_residual(layer, probe.hidden):
             raise NotNative("decoder layer", f"its {kind} layer is not h + mixer(norm(h))")
     norm, mixer = layout.one_mixer
+    # Mamba2 layers alone (mamba2): the file reads no layer types and builds no attention or MLP
+    alone = set(kinds) == {"linear_attn"} and chosen.get("attention") is not None \
+        and chosen["attention"].options.get("NO_ATTENTION")
     return Match(ONE_MIXER, options={"ONE_MIXER": True, "MIXER_NAME": mixer, "MIXER_NORM": norm,
-                                     **({} if types is not None else {"MIXER_LAYER_TYPES": False})})
+                                     **({"MIXER_LAYER_TYPES": False} if alone else {})})
 
 
 ONE_MIXER = Part(slot="block", name="one_mixer", code="block_one_mixer.py", provides="ModelOneMixerDecoderLayer",

@@ -22,30 +22,35 @@ class ModelOneMixerDecoderLayer(nn.Module):
 
     def __init__(self, config, infer_config, comm_manager, layer_idx, prefix=""):
         super().__init__()
-        kind = config.layer_types[layer_idx] if MIXER_LAYER_TYPES else LINEAR_LAYER_TYPE
-        self.is_attention = MIXER_LAYER_TYPES and kind == ATTENTION_LAYER_TYPE
-        self.is_linear = kind == LINEAR_LAYER_TYPE
-        if self.is_linear:
-            mixer = LinearAttention(config, infer_config, comm_manager, layer_idx, prefix=f"{prefix}.{MIXER_NAME}")
-        elif MIXER_LAYER_TYPES and self.is_attention:
-            mixer = Attention(config, infer_config, comm_manager, layer_idx, prefix=f"{prefix}.{MIXER_NAME}")
-        elif MIXER_LAYER_TYPES and kind == MLP_LAYER_TYPE:
-            mixer = MLP(config, infer_config, comm_manager, prefix=f"{prefix}.{MIXER_NAME}")
+        if MIXER_LAYER_TYPES:
+            kind = config.layer_types[layer_idx]
+            self.is_attention = kind == ATTENTION_LAYER_TYPE
+            self.is_linear = kind == LINEAR_LAYER_TYPE
+            if self.is_linear:
+                mixer = LinearAttention(config, infer_config, comm_manager, layer_idx, prefix=f"{prefix}.{MIXER_NAME}")
+            elif self.is_attention:
+                mixer = Attention(config, infer_config, comm_manager, layer_idx, prefix=f"{prefix}.{MIXER_NAME}")
+            elif kind == MLP_LAYER_TYPE:
+                mixer = MLP(config, infer_config, comm_manager, prefix=f"{prefix}.{MIXER_NAME}")
+            else:
+                raise ValueError(f"layer {layer_idx} is a {kind!r} layer, which the generated file does not write")
         else:
-            raise ValueError(f"layer {layer_idx} is a {kind!r} layer, which the generated file does not write")
+            mixer = LinearAttention(config, infer_config, comm_manager, layer_idx, prefix=f"{prefix}.{MIXER_NAME}")
         setattr(self, MIXER_NAME, mixer)
         setattr(self, MIXER_NORM, Norm(config.hidden_size, eps=getattr(config, NORM_EPS) if NORM_EPS else FIXED_NORM_EPS))
 
     @property
     def cache_entries(self):
         """The mixer's caches (the attention's KV cache, the Mamba2 mixer's states); an MLP layer has none."""
-        return getattr(self, MIXER_NAME).cache_entries if self.is_attention or self.is_linear else []
+        if MIXER_LAYER_TYPES and not (self.is_attention or self.is_linear):
+            return []
+        return getattr(self, MIXER_NAME).cache_entries
 
     def forward(self, hidden_states, cos_sin, past_residual, forward_metadata):
         hidden_states, residual = getattr(self, MIXER_NORM)(hidden_states, past_residual)
-        if self.is_linear:
+        if not MIXER_LAYER_TYPES or self.is_linear:
             hidden_states = getattr(self, MIXER_NAME)(hidden_states, forward_metadata)
-        elif MIXER_LAYER_TYPES and self.is_attention:
+        elif self.is_attention:
             hidden_states = getattr(self, MIXER_NAME)(hidden_states, cos_sin, forward_metadata)
         else:
             hidden_states = getattr(self, MIXER_NAME)(hidden_states)

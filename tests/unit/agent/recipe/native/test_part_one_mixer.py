@@ -3,8 +3,10 @@ one norm, config.layer_types naming each layer's: an attention, a Mamba2 mixer o
 the Mamba2 mixer under nemotron_h's config keys (parts/linear_attention_mamba2.py KEYS), attention without positions
 on every layer (parts/position_none.py) and nemotron_h's relu2 MLP (parts/mlp_plain.py). The whole file is derived
 from the type's config, rendered and held to transformers by the generator's own self-check (packed prefill, decode
-steps, the Mamba states' blocks NaN before the prefill). The default case is nemotron_h's smallest model with each
-kind once (Mamba2, attention, MLP) in float32 with the layer's norm skipped; both dtypes and the other faults slow."""
+steps, the Mamba states' blocks NaN before the prefill). The default case, nemotron_h's smallest model with each
+kind once (Mamba2, attention, MLP) in float32 with the layer's norm skipped, runs beside bamba's in
+test_part_mamba2_hybrids.py::test_bamba_file_matches_transformers_and_a_dropped_d_skip_fails; every case here is
+slow."""
 
 from __future__ import annotations
 
@@ -62,10 +64,12 @@ def _job(config, path, dtype="float32"):
     return {"config": config, "file": str(path), "class_name": "NativeForCausalLM", "dtype": dtype}
 
 
+@pytest.mark.slow
 def test_nemotron_h_file_matches_transformers_and_a_skipped_layer_norm_fails(tmp_path):
     """nemotron_h's smallest model (Mamba2, attention and MLP layers, each one mixer behind one norm), derived and
     rendered: float32 within 1e-4 of transformers at the prefill and every decode step; the file whose layers skip
-    their norm fails at the prefill."""
+    their norm fails at the prefill. Default case covering this path (the same check, run beside bamba's):
+    test_part_mamba2_hybrids.py::test_bamba_file_matches_transformers_and_a_dropped_d_skip_fails."""
     from agent.recipe.native.decide import selfcheck
 
     config, good, (bad,) = _render(tmp_path, ["norm"])
@@ -76,8 +80,8 @@ def test_nemotron_h_file_matches_transformers_and_a_skipped_layer_norm_fails(tmp
 
 @pytest.mark.slow
 def test_nemotron_h_in_both_dtypes_and_its_faults_fail(tmp_path):
-    """float32 and bfloat16; relu for relu2 and dt clamped from 0 for time_step_min each fail. Default case covering this path:
-    test_nemotron_h_file_matches_transformers_and_a_skipped_layer_norm_fails."""
+    """float32 and bfloat16; relu for relu2 and dt clamped from 0 for time_step_min each fail. Default case covering
+    this path: test_part_mamba2_hybrids.py::test_bamba_file_matches_transformers_and_a_dropped_d_skip_fails."""
     from agent.recipe.native.decide import selfcheck
 
     faults = ["relu2", "dt_min"]
@@ -93,12 +97,17 @@ def test_the_mixer_keys_are_read_by_what_they_change():
     """The Mamba2 mixer's sizes under each architecture's keys, each found by building the mixer with the key changed:
     bamba's are the code's defaults (no option), nemotron_h's its own (heads x head_dim its inner width, dt clamped
     from time_step_min); a mixer whose head count no candidate key sets is refused naming it. Default case covering
-    this path: test_nemotron_h_file_matches_transformers_and_a_skipped_layer_norm_fails."""
+    this path: test_part_mamba2_hybrids.py::test_bamba_file_matches_transformers_and_a_dropped_d_skip_fails."""
     from transformers import AutoConfig
     from transformers.models.nemotron_h import modeling_nemotron_h
 
+    from transformers.models.bamba import modeling_bamba
+
     from agent.recipe.native.not_native import NotNative
-    from agent.recipe.native.parts.linear_attention_mamba2 import mixer_keys
+    from agent.recipe.native.parts.linear_attention_mamba2 import DEFAULT_KEYS, mixer_keys
+
+    bamba = AutoConfig.for_model("bamba", hidden_size=64, mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=2)
+    assert mixer_keys(modeling_bamba.BambaMixer(bamba, layer_idx=0), bamba, 0) == DEFAULT_KEYS
 
     config = AutoConfig.for_model("nemotron_h", **SMALL, hidden_size=64, mamba_num_heads=8, mamba_head_dim=8,
                                   n_groups=2)
@@ -116,3 +125,39 @@ def test_the_mixer_keys_are_read_by_what_they_change():
 
     with pytest.raises(NotNative, match="sets its heads"):
         mixer_keys(FixedHeads(config, 0), config, 0)
+
+
+# mamba2's smallest model: two Mamba2 layers, no attention and no MLP (parts/no_attention.py)
+MAMBA2 = {"num_hidden_layers": 2, "state_size": 16, "chunk_size": 16}
+
+
+@pytest.mark.slow
+def test_mamba2_file_in_both_dtypes_and_a_dropped_d_skip_fails(tmp_path):
+    """mamba2 (Mamba2 layers alone: no attention, no MLP, no positions) derived and rendered: its layer builds the
+    mixer alone and its parallel check splits no attention heads; float32 within 1e-4 and bfloat16 within the
+    precision rule at the prefill and every decode step; the recurrence without its D skip fails at the prefill.
+    Default case covering this path (the one-mixer layer, the Mamba2 mixer under another architecture's keys):
+    test_part_mamba2_hybrids.py::test_bamba_file_matches_transformers_and_a_dropped_d_skip_fails."""
+    from transformers import AutoConfig
+
+    from agent.recipe.native.compose import derive
+    from agent.recipe.native.decide import render_native, selfcheck
+
+    if not SNAPSHOT.is_dir():
+        pytest.skip(f"no upstream snapshot at {SNAPSHOT}")
+    config = AutoConfig.for_model("mamba2", **MAMBA2).to_dict()
+    composition = derive(config)
+    assert {slot: composition.parts[slot] for slot in ("position", "attention", "mlp", "block")} == {
+        "position": "no_positions", "attention": "no_attention", "mlp": "no_mlp", "block": "one_mixer"}
+    text = render_native({"model_name": "mamba2", "framework_class": "NativeForCausalLM", "display_name": "mamba2",
+                          "model_class": "X"}, composition)
+    assert "Attention" not in text and "layer_types" not in text and "num_attention_heads" not in text
+    good, bad = tmp_path / "good.py", tmp_path / "skip.py"
+    good.write_text(text)
+    assert text.count("+ D[:, None] * x[t]") == 1
+    bad.write_text(text.replace("+ D[:, None] * x[t]", ""))
+    jobs = [_job(config, good), _job(config, good, "bfloat16"), _job(config, bad)]
+    fp32, bf16, skip = selfcheck(jobs, SNAPSHOT)
+    assert fp32["ok"] and fp32["max_rel"] < 1e-4, fp32
+    assert bf16["ok"], bf16
+    assert not skip["ok"] and "prefill" in skip["reason"], skip
