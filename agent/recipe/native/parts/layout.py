@@ -278,7 +278,7 @@ def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
                   if mixer not in _named(layer) or len(_named(layer)) != 2}
         shapes = "; ".join(f"{cls} ({names})" for cls, names in others.items())
         layout.refusal = (f"layers of {shapes or 'another shape'} beside its Mamba2 layers (the mixer {mixer!r} behind "
-                          "one norm): no part writes them (a transformer block shared across layers?)")
+                          "one norm): no part writes them (zamba2's hybrid layers: a transformer block shared across layers)")
     if len(branch) == 1 and mlp_calls and len(norms) == 2:
         calls = [n for n in order if n in (*norms, branch[0], mlp_calls)]
         if len(calls) == 4 and calls[0] in norms and calls[1] == branch[0] and calls[2] in norms \
