@@ -33,7 +33,7 @@ SMALL = {
     "bamba": ({"num_hidden_layers": 2, "attn_layer_indices": [1], "mamba_d_state": 16, "mamba_chunk_size": 16,
                "num_attention_heads": 64},
               {"LINEAR_ATTENTION": True, "MAMBA_NORM_GROUPED": True}),
-    # its rotary variant (the type's default, NoPE, falls back naming it); the MoE block and shared MLP beside the
+    # its rotary variant (its default, NoPE: test_part_one_mixer.py); the MoE block and shared MLP beside the
     # mixer, granite's multipliers
     "granitemoehybrid": ({"num_hidden_layers": 2, "layer_types": ["mamba", "attention"], "mamba_d_state": 16,
                           "position_embedding_type": "rope"},
