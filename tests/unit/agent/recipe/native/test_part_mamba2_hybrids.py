@@ -136,6 +136,9 @@ REFUSED = {
     "nemotron_h": ({}, "model", "a sparse-MoE block (NemotronHMoE) as a layer's one mixer"),
     "zamba2": ({}, "model", "layers of Zamba2HybridLayer (linear, mamba_decoder, shared_transformer)"),
     "jamba": ({}, "model", "a Mamba1 mixer under mamba (JambaMambaMixer)"),
+    # its default layer_types: Mamba2 layers alone, each beside its MoE block (its NoPE attention, where a checkpoint
+    # has it, is written: test_part_one_mixer.py)
+    "granitemoehybrid": ({}, "attention", "no attention layer: every layer a Mamba2 mixer and an MLP"),
 }
 
 
@@ -145,7 +148,8 @@ def test_the_hybrids_no_part_writes_fall_back_naming_their_first_blocker(model_t
     """falcon_h1's parallel layer (mixer and attention side by side), nemotron_h's default moe layer as a one-mixer
     block (its shrunk config's B / C groups cut to divide the heads, so that transformers runs it), zamba2's hybrid
     layers (a transformer block shared across layers; its attention width and mixer heads shrunk with the hidden
-    width) and jamba's Mamba1 mixer each fall back in one line naming it.
+    width), jamba's Mamba1 mixer and granitemoehybrid's default (Mamba2 layers with their MLPs, no attention) each fall
+    back in one line naming it.
     Default case covering the derivation's path: test_bamba_file_matches_transformers_and_a_dropped_d_skip_fails."""
     from transformers import AutoConfig
 
