@@ -38,17 +38,26 @@ def _probe(probe, chosen):
     softcap = "final_logit_softcapping" in probe.config.to_dict()
     # a bias on the output head (gptj, codegen, phi)
     bias = getattr(probe.model.get_output_embeddings(), "bias", None) is not None
-    return Match(LM_HEAD, options={"FINAL_SOFTCAP": softcap, **({"LM_HEAD_BIAS": True} if bias else {})},
+    # an architecture whose class ties nothing (nemotron_h's empty _tied_weights_keys) keeps lm_head untied even where
+    # its config says tie_word_embeddings
+    keys = getattr(type(probe.model), "_tied_weights_keys", None)
+    never = keys is not None and len(keys) == 0
+    return Match(LM_HEAD, options={"FINAL_SOFTCAP": softcap, **({"LM_HEAD_BIAS": True} if bias else {}),
+                                   **({"NEVER_TIED": True} if never else {})},
                  facts={"softcap": getattr(probe.config, "final_logit_softcapping", None) is not None})
 
 
 def _variants(match, probe):
-    """The file serves the other tie: a tied checkpoint (no lm_head.weight) from an untied one and back."""
+    """The file serves the other tie: a tied checkpoint (no lm_head.weight) from an untied one and back; not where the
+    architecture never ties (a tied checkpoint, without lm_head.weight, is one transformers serves with a random head:
+    the file refuses it naming the missing tensor)."""
+    if match.options.get("NEVER_TIED"):
+        return []
     return [("tie_word_embeddings", {"tie_word_embeddings": not bool(getattr(probe.config, "tie_word_embeddings", False))})]
 
 
 LM_HEAD = Part(
     slot="head", name="lm_head", code=None, provides=None,
     reads=("vocab_size", "tie_word_embeddings", "final_logit_softcapping"), probe=_probe,
-    options=("FINAL_SOFTCAP", "LM_HEAD_BIAS"), variants=_variants,
+    options=("FINAL_SOFTCAP", "LM_HEAD_BIAS", "NEVER_TIED"), variants=_variants,
     kernels=lambda m: ((), ("final logit soft-capping: plain torch tanh",) if m.facts["softcap"] else ()))

@@ -49,6 +49,7 @@ CONTEXT_PARALLEL = False        # prefill context parallel (parallel_config.cp_s
 LINEAR_ATTENTION = False        # linear-attention layers beside attention ones: their state caches (Mamba entries)
 ONE_MIXER = False               # one mixer per layer (parts/code/block_one_mixer.py): the layer's caches, none for an MLP
 NO_ATTENTION = False            # no attention layer at all (mamba2's Mamba2 layers alone): no heads to split
+NEVER_TIED = False              # lm_head never tied to the embedding, whatever the config says (nemotron_h)
 # transformers' renames of the checkpoint's tensor names for this architecture (pattern, replacement), in order
 CHECKPOINT_RENAMES = ()
 # stored names of Conv1D weights (gpt2's [in, out]): transposed to the parallel linears' [out, in] at load
@@ -254,6 +255,9 @@ class ModelForCausalLM(nn.Module):
             own_loaders = {f"{name}.": module for name, module in self.named_modules()
                            if name and hasattr(module, "load_weights")}
         tied = getattr(self.config, "tie_word_embeddings", False)
+        if NEVER_TIED:
+            # the architecture ties no weights (its transformers class has none to tie): a tied config keeps its lm_head
+            tied = False
         loaded, skipped = set(), []
         for name, tensor in weights:
             for pattern in TRANSPOSED_WEIGHTS:

@@ -210,3 +210,23 @@ def test_no_positions_only_where_the_model_hands_its_attention_none():
             layer.self_attn.register_forward_pre_hook(
                 lambda module, args, kwargs: (args, {**kwargs, "position_embeddings": table}), with_kwargs=True)
     assert NO_POSITIONS.probe(probe, {}) is None
+
+
+@pytest.mark.slow
+def test_nemotron_h_keeps_its_lm_head_untied_where_its_config_says_tie(tmp_path):
+    """nemotron_h's class ties no weights (its _tied_weights_keys is empty): its composition serves no tied variant and
+    its file keeps lm_head apart (the head part's NEVER_TIED), so a tied checkpoint (no lm_head.weight, which
+    transformers would serve with a random head) is refused naming the missing tensor, where the file that ties
+    anyway would run silently. Default case covering the head's path:
+    test_part_mamba2_hybrids.py::test_bamba_file_matches_transformers_and_a_dropped_d_skip_fails."""
+    from agent.recipe.native.decide import selfcheck
+
+    config, good, _ = _render(tmp_path, [], {"tie_word_embeddings": True})
+    text = good.read_text()
+    old = "        tied = False\n"
+    assert text.count(old) == 1
+    bad = tmp_path / "tied.py"
+    bad.write_text(text.replace(old, ""))
+    refused, tied = selfcheck([_job(config, good), _job(config, bad)], SNAPSHOT)
+    assert not refused["ok"] and "lm_head.weight" in refused["reason"], refused
+    assert tied["reason"] is None or "lm_head.weight" not in tied["reason"], tied
