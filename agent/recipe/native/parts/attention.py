@@ -523,8 +523,8 @@ def _dense_match(part, probe, chosen, **extra) -> Match:
         raise NotNative("attention", f"query heads per layer (config.{facts['HEADS_PER_LAYER']}) with {part.name}: "
                                      "only the fused attention builds each layer with its own heads")
     options = {k: v for k, v in facts.items() if k in DENSE_OPTIONS}
-    if position is not None and position.options.get("ABSOLUTE_POSITIONS"):
-        extra = {**extra, "ROTARY": False}          # positions added to the embedding: no rotary here
+    if position is not None and (position.options.get("ABSOLUTE_POSITIONS") or position.options.get("NO_POSITIONS")):
+        extra = {**extra, "ROTARY": False}          # positions added to the embedding, or none: no rotary here
     return Match(part, options={**options, **extra},
                  facts={**facts, "partial": bool(position is not None and position.facts.get("partial"))})
 
