@@ -8,6 +8,7 @@ from agent.recipe.native.parts import (attention, block, block_parallel, block_p
                                        position_alibi, rotary_interleaved, rotary_layer_theta, rotary_nope,
                                        scalar_multipliers, short_conv)
 from agent.recipe.native.parts import attention_diff, attention_lightning
+from agent.recipe.native.parts import linear_attention_mamba1
 from agent.recipe.native.parts.part import ROLES, SLOTS, Composition, Match, Part
 
 __all__ = ["PARTS", "OPTION_NAMES", "TABLES", "ROLES", "SLOTS", "Composition", "Match", "Part"]
@@ -35,6 +36,7 @@ PARTS = (
     attention.FUSED_PAGED_SINKS,
     attention.FUSED_PAGED,
     linear_attention_mamba2.MAMBA2,
+    linear_attention_mamba1.MAMBA1,
     linear_attention.GATED_DELTA_NET,
     short_conv.SHORT_CONV,
     moe.SPARSE_MOE,
