@@ -8,7 +8,7 @@ from agent.recipe.native.parts import (attention, block, block_parallel, block_p
                                        position_alibi, rotary_interleaved, rotary_layer_theta, rotary_nope,
                                        scalar_multipliers, short_conv)
 from agent.recipe.native.parts import attention_diff, attention_lightning
-from agent.recipe.native.parts import linear_attention_mamba1
+from agent.recipe.native.parts import linear_attention_mamba1, position_none
 from agent.recipe.native.parts.part import ROLES, SLOTS, Composition, Match, Part
 
 __all__ = ["PARTS", "OPTION_NAMES", "TABLES", "ROLES", "SLOTS", "Composition", "Match", "Part"]
@@ -22,6 +22,7 @@ PARTS = (
     norm_layer.LAYER_NORM,
     norm_weightless.WEIGHTLESS_LAYER_NORM,
     norm_weightless_rms.WEIGHTLESS_RMS_NORM,
+    position_none.NO_POSITIONS,
     position_absolute.ABSOLUTE_POSITIONS,
     position_alibi.ALIBI,
     rotary_layer_theta.ROTARY_LAYER_THETA,

@@ -87,7 +87,8 @@ def is_mamba2_mixer(module) -> bool:
 
 
 def is_mamba1_mixer(module) -> bool:
-    """A Mamba1 mixer (jamba's, mamba's: x_proj and dt_proj, A_log of a state per channel): parts/linear_attention_mamba1.py."""
+    """A Mamba1 mixer (jamba's, mamba's: x_proj and dt_proj, A_log of a state per channel), which
+    parts/linear_attention_mamba1.py writes."""
     own = {name for name, _ in module.named_parameters(recurse=False)}
     names = {name for name, _ in module.named_children()}
     return {"A_log", "D"} <= own and {"x_proj", "dt_proj", "conv1d"} <= names

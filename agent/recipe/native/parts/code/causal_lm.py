@@ -44,6 +44,7 @@ ABSOLUTE_POSITIONS = False      # positions added to the embedding (gpt2's learn
 EMBED_NORM = False              # the embedding normalised before the first layer (bloom's word_embeddings_layernorm)
 EMBED_FINAL_NORM = False        # the embedding normalised by the final norm (weightless) before the first layer (nanochat)
 ALIBI = False                   # ALiBi positions: the attention adds each head's bias (position_alibi.py), no table here
+NO_POSITIONS = False            # attention without positions on every layer (nemotron_h's NoPE): no table, nothing added
 CONTEXT_PARALLEL = False        # prefill context parallel (parallel_config.cp_size): context_parallel.py's segments
 LINEAR_ATTENTION = False        # linear-attention layers beside attention ones: their state caches (Mamba entries)
 # transformers' renames of the checkpoint's tensor names for this architecture (pattern, replacement), in order
@@ -87,7 +88,7 @@ class ModelModel(nn.Module):
         if ABSOLUTE_POSITIONS:
             # the position slot's class is a table of position rows here, added to the embedding
             self.embed_positions = RotaryEmbedding(config)
-        elif not ALIBI:
+        elif not ALIBI and not NO_POSITIONS:
             if MLA:
                 head_dim = config.qk_rope_head_dim          # MLA: the rope dims of the query and the shared key
             else:
@@ -122,7 +123,7 @@ class ModelModel(nn.Module):
         if ABSOLUTE_POSITIONS:
             hidden_states = hidden_states + self.embed_positions(position_ids).to(hidden_states.dtype)
             cos_sin = None
-        elif ALIBI:
+        elif ALIBI or NO_POSITIONS:
             cos_sin = None
         elif ROPE_BY_LAYER_TYPE:
             cos_sin = {kind: rotary(hidden_states, position_ids) for kind, rotary in self.rotary_emb.items()}

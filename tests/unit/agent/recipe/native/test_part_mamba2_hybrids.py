@@ -16,6 +16,7 @@ SNAPSHOT = REPO_ROOT.parent / "shared" / "upstream" / "cann-recipes-infer"
 # a planted fault in the rendered file: (text, replacement), each of which the self-check must catch
 FAULTS = {
     "skip": ("+ D[:, None] * x[t]", ""),
+    "scan_skip": (" + D * x[t]", ""),          # the Mamba1 scan's (parts/code/linear_attention_mamba1.py)
     "conv_state": ("self.conv_state.index_select(0, blocks), weight",
                    "torch.zeros_like(self.conv_state.index_select(0, blocks)), weight"),
     "ssm_state": ("state = self.ssm_state.index_select(0, blocks).float()",
@@ -34,7 +35,14 @@ SMALL = {
     "granitemoehybrid": ({"num_hidden_layers": 2, "layer_types": ["mamba", "attention"], "mamba_d_state": 16,
                           "position_embedding_type": "rope"},
                          {"LINEAR_ATTENTION": True, "MAMBA_NORM_GROUPED": True, "RESIDUAL_MULTIPLIER": True}),
+    # a Mamba1 layer with the dense MLP, then an attention layer (no positions) with the MoE block, as jamba's
+    # checkpoints alternate them
+    "jamba": ({"num_hidden_layers": 2, "attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2,
+               "expert_layer_offset": 1, "num_experts": 4, "num_experts_per_tok": 2},
+              {"LINEAR_ATTENTION": True, "MAMBA1_DT_BC_NORM": "weighted", "MOE_LAYERS": "expert_layer_period",
+               "NO_POSITIONS": True}),
 }
+MIXER = {"jamba": "mamba1"}     # the linear-attention part of each type (mamba2 unless named)
 
 
 def _render(model_type, tmp_path, faults, changes=None):
@@ -49,11 +57,12 @@ def _render(model_type, tmp_path, faults, changes=None):
     keys, options = SMALL[model_type]
     config = AutoConfig.for_model(model_type, **keys, **(changes or {})).to_dict()
     composition = derive(config)
-    assert composition.matches["linear_attention"].name == "mamba2"
+    assert composition.matches["linear_attention"].name == MIXER.get(model_type, "mamba2")
     assert {k: composition.options.get(k) for k in options} == options
     ctx = {"model_name": model_type, "framework_class": "NativeForCausalLM", "display_name": model_type,
            "model_class": "X"}
     text = render_native(ctx, composition)
+    tmp_path.mkdir(parents=True, exist_ok=True)
     good = tmp_path / "good.py"
     good.write_text(text)
     bad = []
@@ -72,15 +81,20 @@ def _job(config, path, dtype="float32"):
 
 def test_bamba_file_matches_transformers_and_a_dropped_d_skip_fails(tmp_path):
     """bamba's smallest hybrid, derived and rendered: float32 within 1e-4 of transformers at the prefill and every
-    decode step; the file with the recurrence's D x skip dropped fails at the prefill. The 1e-4 also holds the
+    decode step; the file with the recurrence's D x skip dropped fails at the prefill. In the same self-check,
+    jamba's (its Mamba1 mixer, parts/linear_attention_mamba1.py; no positions; the MoE block by expert_layer_period)
+    likewise, its scan's D x skip dropped. The 1e-4 also holds the
     self-check's stateful reference (agent.recipe.native.selfcheck.Incremental): with transformers 5.24's own cached
     bamba decode as the reference (it drifts), the right file's largest difference was 0.95 of the largest logit."""
     from agent.recipe.native.decide import selfcheck
 
     config, good, (bad,) = _render("bamba", tmp_path, ["skip"])
-    good_result, bad_result = selfcheck([_job(config, good), _job(config, bad)], SNAPSHOT)
-    assert good_result["ok"] and good_result["max_rel"] < 1e-4, good_result
-    assert not bad_result["ok"] and "prefill" in bad_result["reason"], bad_result
+    jamba_config, jamba_good, (jamba_bad,) = _render("jamba", tmp_path / "jamba", ["scan_skip"])
+    results = selfcheck([_job(config, good), _job(config, bad), _job(jamba_config, jamba_good),
+                         _job(jamba_config, jamba_bad)], SNAPSHOT)
+    for good_result, bad_result in (results[:2], results[2:]):
+        assert good_result["ok"] and good_result["max_rel"] < 1e-4, good_result
+        assert not bad_result["ok"] and "prefill" in bad_result["reason"], bad_result
 
 
 @pytest.mark.slow
@@ -117,7 +131,6 @@ REFUSED = {
     "falcon_h1": ({}, "decoder layer", "Mamba2 mixer beside self_attn"),
     "nemotron_h": ({}, "model", "mixer ('mixer') behind one norm with no MLP"),
     "zamba2": ({}, "model", "mixer ('mamba') behind one norm with no MLP"),
-    "jamba": ({}, "model", "a Mamba1 mixer under mamba (JambaMambaMixer)"),
     "granitemoehybrid": ({"num_hidden_layers": 2, "layer_types": ["mamba", "attention"]}, "position",
                          "position_embedding_type None"),
 }
@@ -128,7 +141,7 @@ REFUSED = {
 def test_the_hybrids_no_part_writes_fall_back_naming_their_first_blocker(model_type):
     """falcon_h1's parallel layer (mixer and attention side by side), nemotron_h's one-mixer blocks (its shrunk
     config's B / C groups cut to divide the heads, so that transformers runs it) and zamba2's mamba layers (its
-    attention width and mixer heads shrunk with the hidden width), jamba's Mamba1 mixer and
+    attention width and mixer heads shrunk with the hidden width) and
     granitemoehybrid's NoPE attention (its default position_embedding_type) each fall back in one line naming it.
     Default case covering the derivation's path: test_bamba_file_matches_transformers_and_a_dropped_d_skip_fails."""
     from transformers import AutoConfig
