@@ -83,18 +83,18 @@ def test_bamba_file_matches_transformers_and_a_dropped_d_skip_fails(tmp_path):
     """bamba's smallest hybrid, derived and rendered: float32 within 1e-4 of transformers at the prefill and every
     decode step; the file with the recurrence's D x skip dropped fails at the prefill. In the same self-check,
     jamba's (its Mamba1 mixer, parts/linear_attention_mamba1.py; no positions; the MoE block by expert_layer_period)
-    likewise, its scan's D x skip dropped. The 1e-4 also holds the
+    within 1e-4 too (its faults: the slow table below, and test_part_mamba1.py's for the mixer). The 1e-4 also holds the
     self-check's stateful reference (agent.recipe.native.selfcheck.Incremental): with transformers 5.24's own cached
     bamba decode as the reference (it drifts), the right file's largest difference was 0.95 of the largest logit."""
     from agent.recipe.native.decide import selfcheck
 
     config, good, (bad,) = _render("bamba", tmp_path, ["skip"])
-    jamba_config, jamba_good, (jamba_bad,) = _render("jamba", tmp_path / "jamba", ["scan_skip"])
-    results = selfcheck([_job(config, good), _job(config, bad), _job(jamba_config, jamba_good),
-                         _job(jamba_config, jamba_bad)], SNAPSHOT)
-    for good_result, bad_result in (results[:2], results[2:]):
-        assert good_result["ok"] and good_result["max_rel"] < 1e-4, good_result
-        assert not bad_result["ok"] and "prefill" in bad_result["reason"], bad_result
+    jamba_config, jamba_good, _ = _render("jamba", tmp_path / "jamba", [])
+    good_result, bad_result, jamba_result = selfcheck([_job(config, good), _job(config, bad),
+                                                       _job(jamba_config, jamba_good)], SNAPSHOT)
+    assert good_result["ok"] and good_result["max_rel"] < 1e-4, good_result
+    assert not bad_result["ok"] and "prefill" in bad_result["reason"], bad_result
+    assert jamba_result["ok"] and jamba_result["max_rel"] < 1e-4, jamba_result
 
 
 @pytest.mark.slow
@@ -105,14 +105,15 @@ def test_the_file_in_both_dtypes_and_its_state_and_norm_faults_fail(model_type, 
     test_bamba_file_matches_transformers_and_a_dropped_d_skip_fails."""
     from agent.recipe.native.decide import selfcheck
 
-    faults = ["conv_state", "ssm_state", "input_norm"]
+    faults = ["conv_state", "ssm_state", "input_norm"] + (["scan_skip"] if MIXER.get(model_type) == "mamba1" else [])
     config, good, bad = _render(model_type, tmp_path, faults)
     results = selfcheck([_job(config, good), _job(config, good, "bfloat16")] + [_job(config, p) for p in bad],
                         SNAPSHOT)
     assert all(r["ok"] for r in results[:2]), results[:2]
     failed = results[2:]
     assert not any(r["ok"] for r in failed), list(zip(faults, failed))
-    assert ["decode" in r["reason"] for r in failed] == [True, True, False], list(zip(faults, failed))
+    assert ["decode" in r["reason"] for r in failed] == [True, True, False, False][:len(faults)], \
+        list(zip(faults, failed))
 
 
 @pytest.mark.slow
@@ -131,8 +132,6 @@ REFUSED = {
     "falcon_h1": ({}, "decoder layer", "Mamba2 mixer beside self_attn"),
     "nemotron_h": ({}, "model", "mixer ('mixer') behind one norm with no MLP"),
     "zamba2": ({}, "model", "mixer ('mamba') behind one norm with no MLP"),
-    "granitemoehybrid": ({"num_hidden_layers": 2, "layer_types": ["mamba", "attention"]}, "position",
-                         "position_embedding_type None"),
 }
 
 
@@ -141,8 +140,8 @@ REFUSED = {
 def test_the_hybrids_no_part_writes_fall_back_naming_their_first_blocker(model_type):
     """falcon_h1's parallel layer (mixer and attention side by side), nemotron_h's one-mixer blocks (its shrunk
     config's B / C groups cut to divide the heads, so that transformers runs it) and zamba2's mamba layers (its
-    attention width and mixer heads shrunk with the hidden width) and
-    granitemoehybrid's NoPE attention (its default position_embedding_type) each fall back in one line naming it.
+    attention width and mixer heads shrunk with the hidden width) each fall back in one line naming it
+    (granitemoehybrid's NoPE attention is read by parts/position_none.py since it landed).
     Default case covering the derivation's path: test_bamba_file_matches_transformers_and_a_dropped_d_skip_fails."""
     from transformers import AutoConfig
 
