@@ -88,15 +88,21 @@ def is_mamba2_mixer(module) -> bool:
 
 
 def is_mamba1_mixer(module) -> bool:
-    """A Mamba1 mixer (jamba's, mamba's: x_proj and dt_proj, A_log of a state per channel), which no part writes."""
+    """A Mamba1 mixer (jamba's, mamba's: x_proj and dt_proj, A_log of a state per channel), which
+    parts/linear_attention_mamba1.py writes."""
     own = {name for name, _ in module.named_parameters(recurse=False)}
     names = {name for name, _ in module.named_children()}
     return {"A_log", "D"} <= own and {"x_proj", "dt_proj", "conv1d"} <= names
 
 
+def is_mamba_mixer(module) -> bool:
+    """A Mamba2 or a Mamba1 mixer: the file's linear_attn."""
+    return is_mamba2_mixer(module) or is_mamba1_mixer(module)
+
+
 def mixer_name(layers) -> str | None:
-    """The one child name under which `layers` hold a Mamba2 mixer (bamba's `mamba`), or None."""
-    names = {name for layer in layers for name, child in layer.named_children() if is_mamba2_mixer(child)}
+    """The one child name under which `layers` hold a Mamba mixer (bamba's and jamba's `mamba`), or None."""
+    names = {name for layer in layers for name, child in layer.named_children() if is_mamba_mixer(child)}
     return names.pop() if len(names) == 1 else None
 
 
@@ -203,7 +209,7 @@ def _mixer_layout(root) -> Layout | None:
     if mixer is None or mixer == "linear_attn":
         return None
     for layer in layers:
-        if mixer in _named(layer) and is_mamba2_mixer(_named(layer)[mixer]):
+        if mixer in _named(layer) and is_mamba_mixer(_named(layer)[mixer]):
             present(layer, {mixer: "linear_attn"})
             if "self_attn" in layer.__dict__ and layer.self_attn is None:
                 del layer.self_attn          # no attention beside the mixer (granitemoehybrid sets it None)
@@ -266,11 +272,6 @@ def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
             kinds = ", ".join(f"{n} ({type(named[n]).__name__})" for n in rest)
             layout.refusal = (f"the layer's MLP, {kinds}, is neither a module named mlp nor the layer's own up / down "
                               "linears: no part reads it")
-    mamba1 = sorted({f"{n} ({type(c).__name__})" for layer in layers for n, c in _named(layer).items()
-                     if is_mamba1_mixer(c)})
-    if mamba1:
-        layout.refusal = (f"a Mamba1 mixer under {', '.join(mamba1)} (x_proj / dt_proj, a state per channel): no part "
-                          "writes it (the Mamba2 part writes bamba's)")
     if mixer is not None and not mlp_calls and layout.refusal is None:
         # one-mixer Mamba2 layers beside layers of another shape (zamba2's hybrid layers: a transformer block shared
         # across layers, over the hidden state and the embedding, with a linear back)
@@ -350,7 +351,7 @@ def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
     for index, module in enumerate(layers):
         children = _named(module)
         shown = {name: role for name, role in roles.items()
-                 if name in children and (name != mixer or is_mamba2_mixer(children[name]))}
+                 if name in children and (name != mixer or is_mamba_mixer(children[name]))}
         if index in mixers:
             shown[mixers[index]] = "linear_attn"
         if mlp:
