@@ -384,9 +384,9 @@ def one_mixer_names(layers) -> tuple | None:
 
 
 def mixer_role(module) -> str:
-    """The skeleton's name of a one-mixer layer's mixer: linear_attn (a Mamba2 mixer), self_attn (an attention by its
-    class), else mlp (an MLP or a sparse-MoE block)."""
-    if is_mamba2_mixer(module):
+    """The skeleton's name of a one-mixer layer's mixer: linear_attn (a Mamba2 or Mamba1 mixer), self_attn (an
+    attention by its class), else mlp (an MLP or a sparse-MoE block)."""
+    if is_mamba_mixer(module):
         return "linear_attn"
     return "self_attn" if "attention" in type(module).__name__.lower() else "mlp"
 
@@ -395,12 +395,8 @@ def _one_mixer_roles(layers, layout: Layout) -> None:
     """Each layer's norm and mixer read under the skeleton's names (input_layernorm; self_attn, linear_attn or mlp by
     what the mixer is); the file keeps the checkpoint's names (parts/block_one_mixer.py), so no renames."""
     norm, mixer = one_mixer_names(layers)
-    mamba1 = sorted({type(_named(layer)[mixer]).__name__ for layer in layers if is_mamba1_mixer(_named(layer)[mixer])})
-    if mamba1:
-        layout.refusal = (f"a Mamba1 mixer under {mixer} ({', '.join(mamba1)}) (x_proj / dt_proj, a state per "
-                          "channel): no part writes it (the Mamba2 part writes bamba's)")
     moe = sorted({type(_named(layer)[mixer]).__name__ for layer in layers if "experts" in _named(_named(layer)[mixer])})
-    if moe and layout.refusal is None:
+    if moe:
         layout.refusal = (f"a sparse-MoE block ({', '.join(moe)}) as a layer's one mixer behind one norm (nemotron_h's moe "
                           "layers): no part writes a one-mixer MoE layer")
     layout.one_mixer = (norm, mixer)

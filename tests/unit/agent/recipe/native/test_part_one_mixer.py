@@ -230,3 +230,40 @@ def test_nemotron_h_keeps_its_lm_head_untied_where_its_config_says_tie(tmp_path)
     refused, tied = selfcheck([_job(config, good), _job(config, bad)], SNAPSHOT)
     assert not refused["ok"] and "lm_head.weight" in refused["reason"], refused
     assert tied["reason"] is None or "lm_head.weight" not in tied["reason"], tied
+
+
+# mamba's and falcon_mamba's smallest models: two Mamba1 layers alone (parts/linear_attention_mamba1.py as the
+# one-mixer layer's mixer); falcon_mamba's dt / B / C take weightless RMS norms
+MAMBA1 = {"num_hidden_layers": 2, "state_size": 8, "expand": 2}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", ["mamba", "falcon_mamba"])
+def test_mamba1_model_file_in_both_dtypes_and_a_dropped_d_skip_fails(model_type, tmp_path):
+    """mamba / falcon_mamba (Mamba1 layers alone: no attention, no MLP, no positions) derived and rendered as mamba2 is;
+    float32 within 1e-4 and bfloat16 within the precision rule at the prefill and every decode step; the selective
+    scan without its D skip fails at the prefill. Default case covering this path (the one-mixer layer; the Mamba1
+    mixer, in jamba's hybrid): test_part_mamba2_hybrids.py::test_bamba_file_matches_transformers_and_a_dropped_d_skip_fails."""
+    from transformers import AutoConfig
+
+    from agent.recipe.native.compose import derive
+    from agent.recipe.native.decide import render_native, selfcheck
+
+    if not SNAPSHOT.is_dir():
+        pytest.skip(f"no upstream snapshot at {SNAPSHOT}")
+    config = AutoConfig.for_model(model_type, **MAMBA1).to_dict()
+    composition = derive(config)
+    assert {slot: composition.parts[slot] for slot in ("position", "attention", "mlp", "block", "linear_attention")} == {
+        "position": "no_positions", "attention": "no_attention", "mlp": "no_mlp", "block": "one_mixer",
+        "linear_attention": "mamba1"}
+    text = render_native({"model_name": model_type, "framework_class": "NativeForCausalLM", "display_name": model_type,
+                          "model_class": "X"}, composition)
+    assert "Attention" not in text and "num_attention_heads" not in text
+    good, bad = tmp_path / "good.py", tmp_path / "skip.py"
+    good.write_text(text)
+    assert text.count(" + D * x[t]") == 1
+    bad.write_text(text.replace(" + D * x[t]", ""))
+    fp32, bf16, skip = selfcheck([_job(config, good), _job(config, good, "bfloat16"), _job(config, bad)], SNAPSHOT)
+    assert fp32["ok"] and fp32["max_rel"] < 1e-4, fp32
+    assert bf16["ok"], bf16
+    assert not skip["ok"] and "prefill" in skip["reason"], skip
