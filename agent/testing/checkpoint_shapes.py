@@ -46,6 +46,13 @@ SHAPES: dict[str, tuple[str, dict]] = {
         "tie_word_embeddings": False}),
     "bamba": ("ibm-ai-platform/Bamba-9B", {
         "num_hidden_layers": 32, "attn_layer_indices": [9, 18, 27]}),
+    "nemotron_h": ("nvidia/Nemotron-H-8B-Base-8K", {
+        "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+        "intermediate_size": 21504, "mlp_hidden_act": "relu2", "mamba_num_heads": 128, "mamba_head_dim": 64,
+        "n_groups": 8, "ssm_state_size": 128, "conv_kernel": 4, "expand": 2, "num_hidden_layers": 52,
+        "hybrid_override_pattern": "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-", "layer_norm_epsilon": 1e-5,
+        "residual_in_fp32": False, "use_bias": False, "use_conv_bias": True, "mamba_proj_bias": False,
+        "time_step_min": 0.001, "time_step_limit": [0.0, float("inf")], "tie_word_embeddings": False}),
     "qwen3_next": ("Qwen/Qwen3-Next-80B-A3B-Instruct", {
         "num_attention_heads": 16, "num_key_value_heads": 2, "hidden_size": 2048, "head_dim": 256,
         "num_hidden_layers": 48, "full_attention_interval": 4, "linear_conv_kernel_dim": 4,

@@ -9,6 +9,7 @@ from agent.recipe.native.parts import (attention, block, block_parallel, block_p
                                        scalar_multipliers, short_conv)
 from agent.recipe.native.parts import attention_diff, attention_lightning
 from agent.recipe.native.parts import position_nope
+from agent.recipe.native.parts import block_one_mixer, linear_attention_mamba1, no_attention, position_none
 from agent.recipe.native.parts.part import ROLES, SLOTS, Composition, Match, Part
 
 __all__ = ["PARTS", "OPTION_NAMES", "TABLES", "ROLES", "SLOTS", "Composition", "Match", "Part"]
@@ -26,10 +27,12 @@ PARTS = (
     position_sinusoid.SINUSOID_BUFFER_POSITIONS,
     position_alibi.ALIBI,
     position_nope.NOPE_ALL,
+    position_none.NO_POSITIONS,         # after NOPE_ALL: a config that switches rope on is that part's
     rotary_layer_theta.ROTARY_LAYER_THETA,
     rotary_nope.ROTARY_NOPE,
     rotary_interleaved.ROTARY_INTERLEAVED,
     position.ROTARY,
+    no_attention.NO_ATTENTION,
     mla.MLA,
     attention_lightning.LIGHTNING_REFUSED,
     attention_diff.DIFF_PAGED,
@@ -38,13 +41,16 @@ PARTS = (
     attention.FUSED_PAGED_SINKS,
     attention.FUSED_PAGED,
     linear_attention_mamba2.MAMBA2,
+    linear_attention_mamba1.MAMBA1,
     linear_attention.GATED_DELTA_NET,
     short_conv.SHORT_CONV,
+    no_attention.NO_MLP,
     moe.SPARSE_MOE,
     moe.SPARSE_MOE_OUTPUT_NORM,
     mlp_clamped.CLAMPED_MLP,
     mlp.GATED_MLP,
     mlp_plain.PLAIN_MLP,
+    block_one_mixer.ONE_MIXER,
     block_parallel.PARALLEL,
     block_parallel.PARALLEL_TWO_NORMS,
     scalar_multipliers.RESIDUAL_MULTIPLIER,

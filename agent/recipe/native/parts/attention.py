@@ -528,8 +528,8 @@ def _dense_match(part, probe, chosen, **extra) -> Match:
     if facts.get("QUERY_POSITION_SCALE") and part not in (FUSED_PAGED, FUSED_PAGED_SINKS):
         raise NotNative("attention", f"the llama-4 query scaling with {part.name}: only the fused attention writes it")
     options = {k: v for k, v in facts.items() if k in DENSE_OPTIONS}
-    if position is not None and position.options.get("ABSOLUTE_POSITIONS"):
-        extra = {**extra, "ROTARY": False}          # positions added to the embedding: no rotary here
+    if position is not None and (position.options.get("ABSOLUTE_POSITIONS") or position.options.get("NO_POSITIONS")):
+        extra = {**extra, "ROTARY": False}          # positions added to the embedding, or none: no rotary here
     return Match(part, options={**options, **extra},
                  facts={**facts, "partial": bool(position is not None and position.facts.get("partial"))})
 

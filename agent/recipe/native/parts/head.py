@@ -60,12 +60,21 @@ def head_bias(probe):
 def _probe(probe, chosen):
     softcap = "final_logit_softcapping" in probe.config.to_dict()
     bias = head_bias(probe)
-    return Match(LM_HEAD, options={"FINAL_SOFTCAP": softcap, **({"LM_HEAD_BIAS": bias} if bias is not False else {})},
+    # an architecture whose class ties nothing (nemotron_h's empty _tied_weights_keys) keeps lm_head untied even where
+    # its config says tie_word_embeddings
+    keys = getattr(type(probe.model), "_tied_weights_keys", None)
+    never = keys is not None and len(keys) == 0
+    return Match(LM_HEAD, options={"FINAL_SOFTCAP": softcap, **({"LM_HEAD_BIAS": bias} if bias is not False else {}),
+                                   **({"NEVER_TIED": True} if never else {})},
                  facts={"softcap": getattr(probe.config, "final_logit_softcapping", None) is not None})
 
 
 def _variants(match, probe):
-    """The file serves the other tie: a tied checkpoint (no lm_head.weight) from an untied one and back."""
+    """The file serves the other tie: a tied checkpoint (no lm_head.weight) from an untied one and back; not where the
+    architecture never ties (a tied checkpoint, without lm_head.weight, is one transformers serves with a random head:
+    the file refuses it naming the missing tensor)."""
+    if match.options.get("NEVER_TIED"):
+        return []
     return [("tie_word_embeddings", {"tie_word_embeddings": not bool(getattr(probe.config, "tie_word_embeddings", False))})]
 
 
@@ -73,5 +82,5 @@ LM_HEAD = Part(
     slot="head", name="lm_head", code=None, provides=None,
     reads=("vocab_size", "tie_word_embeddings", "final_logit_softcapping", "use_bias / mlp_bias / enable_bias"),
     probe=_probe,
-    options=("FINAL_SOFTCAP", "LM_HEAD_BIAS"), variants=_variants,
+    options=("FINAL_SOFTCAP", "LM_HEAD_BIAS", "NEVER_TIED"), variants=_variants,
     kernels=lambda m: ((), ("final logit soft-capping: plain torch tanh",) if m.facts["softcap"] else ()))

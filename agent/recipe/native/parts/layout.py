@@ -28,6 +28,7 @@ class Layout:
     transposed: tuple = ()                        # patterns of the stored names of Conv1D weights
     refusal: str | None = None                    # a layer shape no part writes (the model part raises it)
     embed_norm: bool = False                      # a norm of the embedding before the first layer (bloom's)
+    one_mixer: tuple = ()                         # (norm, mixer): layers of one mixer behind one norm (nemotron_h's)
 
 
 def present(parent, roles: dict, hide: tuple = ()) -> None:
@@ -87,15 +88,21 @@ def is_mamba2_mixer(module) -> bool:
 
 
 def is_mamba1_mixer(module) -> bool:
-    """A Mamba1 mixer (jamba's, mamba's: x_proj and dt_proj, A_log of a state per channel), which no part writes."""
+    """A Mamba1 mixer (jamba's, mamba's: x_proj and dt_proj, A_log of a state per channel), which
+    parts/linear_attention_mamba1.py writes."""
     own = {name for name, _ in module.named_parameters(recurse=False)}
     names = {name for name, _ in module.named_children()}
     return {"A_log", "D"} <= own and {"x_proj", "dt_proj", "conv1d"} <= names
 
 
+def is_mamba_mixer(module) -> bool:
+    """A Mamba2 or a Mamba1 mixer: the file's linear_attn."""
+    return is_mamba2_mixer(module) or is_mamba1_mixer(module)
+
+
 def mixer_name(layers) -> str | None:
-    """The one child name under which `layers` hold a Mamba2 mixer (bamba's `mamba`), or None."""
-    names = {name for layer in layers for name, child in layer.named_children() if is_mamba2_mixer(child)}
+    """The one child name under which `layers` hold a Mamba mixer (bamba's and jamba's `mamba`), or None."""
+    names = {name for layer in layers for name, child in layer.named_children() if is_mamba_mixer(child)}
     return names.pop() if len(names) == 1 else None
 
 
@@ -202,7 +209,7 @@ def _mixer_layout(root) -> Layout | None:
     if mixer is None or mixer == "linear_attn":
         return None
     for layer in layers:
-        if mixer in _named(layer) and is_mamba2_mixer(_named(layer)[mixer]):
+        if mixer in _named(layer) and is_mamba_mixer(_named(layer)[mixer]):
             present(layer, {mixer: "linear_attn"})
             if "self_attn" in layer.__dict__ and layer.self_attn is None:
                 del layer.self_attn          # no attention beside the mixer (granitemoehybrid sets it None)
@@ -230,6 +237,9 @@ def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
     import torch
     from transformers.pytorch_utils import Conv1D
 
+    if one_mixer_names(layers) is not None:
+        _one_mixer_roles(layers, layout)
+        return
     # the roles read on the first layer with an attention where the first layers hold a short convolution instead
     # (lfm2's conv layers)
     reference = layers[0]
@@ -262,15 +272,14 @@ def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
             kinds = ", ".join(f"{n} ({type(named[n]).__name__})" for n in rest)
             layout.refusal = (f"the layer's MLP, {kinds}, is neither a module named mlp nor the layer's own up / down "
                               "linears: no part reads it")
-    mamba1 = sorted({f"{n} ({type(c).__name__})" for layer in layers for n, c in _named(layer).items()
-                     if is_mamba1_mixer(c)})
-    if mamba1:
-        layout.refusal = (f"a Mamba1 mixer under {', '.join(mamba1)} (x_proj / dt_proj, a state per channel): no part "
-                          "writes it (the Mamba2 part writes bamba's)")
     if mixer is not None and not mlp_calls and layout.refusal is None:
-        layout.refusal = (f"its Mamba2 layers hold the mixer ({mixer!r}) behind one norm with no MLP (nemotron_h's "
-                          "one-mixer blocks, zamba2's mamba layers), not an attention or mixer and an MLP: no part "
-                          "writes such a layer")
+        # one-mixer Mamba2 layers beside layers of another shape (zamba2's hybrid layers: a transformer block shared
+        # across layers, over the hidden state and the embedding, with a linear back)
+        others = {type(layer).__name__: ", ".join(_named(layer)) for layer in layers
+                  if mixer not in _named(layer) or len(_named(layer)) != 2}
+        shapes = "; ".join(f"{cls} ({names})" for cls, names in others.items())
+        layout.refusal = (f"layers of {shapes or 'another shape'} beside its Mamba2 layers (the mixer {mixer!r} behind "
+                          "one norm): no part writes them (zamba2's hybrid layers: a transformer block shared across layers)")
     if len(branch) == 1 and mlp_calls and len(norms) == 2:
         calls = [n for n in order if n in (*norms, branch[0], mlp_calls)]
         if len(calls) == 4 and calls[0] in norms and calls[1] == branch[0] and calls[2] in norms \
@@ -342,7 +351,7 @@ def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
     for index, module in enumerate(layers):
         children = _named(module)
         shown = {name: role for name, role in roles.items()
-                 if name in children and (name != mixer or is_mamba2_mixer(children[name]))}
+                 if name in children and (name != mixer or is_mamba_mixer(children[name]))}
         if index in mixers:
             shown[mixers[index]] = "linear_attn"
         if mlp:
@@ -358,6 +367,41 @@ def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
     for path, module in layers[0].named_modules():
         if isinstance(module, Conv1D) and stored is not None:
             layout.transposed += (f"{stored}\\d+\\.{re.escape(path)}\\.weight$",)
+
+
+def one_mixer_names(layers) -> tuple | None:
+    """(norm, mixer): the child names where every layer holds one norm and one other module, a mixer (nemotron_h's
+    blocks: an attention, a Mamba2 mixer, an MLP or a sparse-MoE block behind one norm; mamba2's layers); None
+    otherwise."""
+    shapes = set()
+    for layer in layers:
+        named = _named(layer)
+        norms = [name for name, child in named.items() if _is_norm(child)]
+        if len(named) != 2 or len(norms) != 1:
+            return None
+        shapes.add((norms[0], next(name for name in named if name != norms[0])))
+    return shapes.pop() if len(shapes) == 1 else None
+
+
+def mixer_role(module) -> str:
+    """The skeleton's name of a one-mixer layer's mixer: linear_attn (a Mamba2 or Mamba1 mixer), self_attn (an
+    attention by its class), else mlp (an MLP or a sparse-MoE block)."""
+    if is_mamba_mixer(module):
+        return "linear_attn"
+    return "self_attn" if "attention" in type(module).__name__.lower() else "mlp"
+
+
+def _one_mixer_roles(layers, layout: Layout) -> None:
+    """Each layer's norm and mixer read under the skeleton's names (input_layernorm; self_attn, linear_attn or mlp by
+    what the mixer is); the file keeps the checkpoint's names (parts/block_one_mixer.py), so no renames."""
+    norm, mixer = one_mixer_names(layers)
+    moe = sorted({type(_named(layer)[mixer]).__name__ for layer in layers if "experts" in _named(_named(layer)[mixer])})
+    if moe:
+        layout.refusal = (f"a sparse-MoE block ({', '.join(moe)}) as a layer's one mixer behind one norm (nemotron_h's moe "
+                          "layers): no part writes a one-mixer MoE layer")
+    layout.one_mixer = (norm, mixer)
+    for layer in layers:
+        present(layer, {norm: "input_layernorm", mixer: mixer_role(_named(layer)[mixer])})
 
 
 def _attentions(layer) -> list:

@@ -15,6 +15,10 @@ from agent.recipe.native.parts.part import Match, Part
 from agent.recipe.native.parts.probe import children
 
 KIND = "linear attention"
+# the code's defaults (bamba's keys): an option the composition sets only where the architecture's key differs
+DEFAULT_KEYS = {"MAMBA_HEADS": "mamba_n_heads", "MAMBA_HEAD_DIM": "mamba_d_head", "MAMBA_GROUPS": "mamba_n_groups",
+                "MAMBA_STATE": "mamba_d_state", "MAMBA_CONV": "mamba_d_conv", "MAMBA_EXPAND": "mamba_expand",
+                "MAMBA_CONV_BIAS": "mamba_conv_bias", "MAMBA_PROJ_BIAS": "mamba_proj_bias", "MAMBA_DT_MIN": None}
 CHILDREN = {"in_proj", "conv1d", "norm", "out_proj", "act"}
 
 
@@ -51,6 +55,62 @@ def formula(module, x, grouped: bool):
     return module.out_proj(module.norm.weight * normed.view(tokens, inner))
 
 
+# each size's config key, candidates in order (bamba's, nemotron_h's, mamba2's), held to the built mixer: the key
+# whose change changes what the mixer reads
+KEYS = {
+    "MAMBA_HEADS": (("mamba_n_heads", "mamba_num_heads", "num_heads"), lambda m: m.num_heads),
+    "MAMBA_HEAD_DIM": (("mamba_d_head", "mamba_head_dim", "head_dim"), lambda m: m.head_dim),
+    "MAMBA_GROUPS": (("mamba_n_groups", "n_groups"), lambda m: m.n_groups),
+    "MAMBA_STATE": (("mamba_d_state", "ssm_state_size", "state_size"), lambda m: m.ssm_state_size),
+    "MAMBA_CONV": (("mamba_d_conv", "conv_kernel"), lambda m: m.conv1d.weight.shape[-1]),
+    "MAMBA_EXPAND": (("mamba_expand", "expand"), lambda m: m.intermediate_size),
+    "MAMBA_CONV_BIAS": (("mamba_conv_bias", "use_conv_bias"), lambda m: m.conv1d.bias is not None),
+    "MAMBA_PROJ_BIAS": (("mamba_proj_bias", "use_bias"), lambda m: m.in_proj.bias is not None),
+    "MAMBA_DT_MIN": (("time_step_min",), lambda m: tuple(m.time_step_limit)),
+}
+
+
+def _changed(value):
+    return (not value) if isinstance(value, bool) else value * 2 if isinstance(value, int) else value + 0.125
+
+
+def _rebuilt(module, config, index: int, key: str):
+    """`module`'s class built on `config` with `key` changed; None where it does not build so."""
+    import copy
+
+    changed = copy.deepcopy(config)
+    try:
+        setattr(changed, key, _changed(getattr(config, key)))
+        return type(module)(changed, layer_idx=index)
+    except Exception:  # noqa: BLE001 - a size the mixer refuses: this key is not read alone
+        return None
+
+
+def mixer_keys(module, config, index: int) -> dict:
+    """option -> the config key the mixer reads for it (KEYS), each found by building the mixer with the key
+    changed; NotNative where no candidate controls a size the file must read."""
+    found = {}
+    for option, (candidates, read) in KEYS.items():
+        found[option] = None
+        for key in candidates:
+            if not isinstance(getattr(config, key, None), (bool, int, float)):
+                continue
+            rebuilt = _rebuilt(module, config, index, key)
+            if rebuilt is not None and read(rebuilt) != read(module):
+                found[option] = key
+                break
+        if found[option] is None and option not in ("MAMBA_EXPAND", "MAMBA_DT_MIN"):
+            raise NotNative(KIND, f"{type(module).__name__}: no config key of {', '.join(candidates)} sets its "
+                                  f"{option.lower().replace('mamba_', '').replace('_', ' ')}")
+    if found["MAMBA_EXPAND"] is None and module.intermediate_size != module.num_heads * module.head_dim:
+        raise NotNative(KIND, f"{type(module).__name__}: an inner width {module.intermediate_size} neither expand x "
+                              "hidden nor heads x head_dim")
+    if found["MAMBA_DT_MIN"] is not None and tuple(getattr(config, "time_step_limit", None) or ()) == \
+            tuple(module.time_step_limit):
+        found["MAMBA_DT_MIN"] = None               # dt clamped to config.time_step_limit (bamba's)
+    return found
+
+
 def _probe(probe, chosen):
     import torch
 
@@ -69,6 +129,8 @@ def _probe(probe, chosen):
         raise NotNative(KIND, f"Mamba2 layers {[i for i, x in enumerate(linear) if x]} are not config.layer_types' "
                               "linear_attention ones")
     grouped = set()
+    index = next(i for i, is_linear in enumerate(linear) if is_linear)
+    keys = mixer_keys(modules[0], probe.config, index)
     for module in modules:
         name = type(module).__name__
         extra = set(children(module)) - CHILDREN
@@ -86,7 +148,8 @@ def _probe(probe, chosen):
         if not torch.allclose(got[0], want, rtol=1e-4, atol=1e-5 * float(want.abs().max())):
             raise NotNative(KIND, f"{name} is not the Mamba2 recurrence the file computes (largest difference "
                                   f"{float((got[0] - want).abs().max()):.3g})")
-    return Match(MAMBA2, options={"LINEAR_ATTENTION": True, "MAMBA_NORM_GROUPED": min(grouped)})
+    return Match(MAMBA2, options={"LINEAR_ATTENTION": True, "MAMBA_NORM_GROUPED": min(grouped),
+                                  **{option: key for option, key in keys.items() if key != DEFAULT_KEYS[option]}})
 
 
 def _kernels(match):
@@ -100,4 +163,4 @@ MAMBA2 = Part(
     slot="linear_attention", name="mamba2", code="linear_attention_mamba2.py", provides="ModelMamba2Mixer",
     reads=("layer_types", "mamba_n_heads", "mamba_d_head", "mamba_n_groups", "mamba_d_state", "mamba_d_conv",
            "mamba_expand", "mamba_conv_bias", "mamba_proj_bias", "time_step_limit", "rms_norm_eps"),
-    probe=_probe, kernels=_kernels, options=("LINEAR_ATTENTION", "MAMBA_NORM_GROUPED"))
+    probe=_probe, kernels=_kernels, options=("LINEAR_ATTENTION", "MAMBA_NORM_GROUPED", *KEYS))

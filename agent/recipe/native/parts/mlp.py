@@ -10,7 +10,7 @@ from agent.recipe.native.parts.probe import children
 from agent.recipe.native.parts.sub_norm import FFN_SUB_NORM, checked_sub_norm
 
 MLP_CHILDREN = {"gate_proj", "up_proj", "gate_up_proj", "down_proj", "act_fn", "activation_fn", FFN_SUB_NORM}
-ACT_KEYS = ("hidden_act", "hidden_activation", "activation_function", "afn")     # afn: openai-gpt
+ACT_KEYS = ("hidden_act", "hidden_activation", "activation_function", "afn", "mlp_hidden_act")  # afn: openai-gpt; mlp_hidden_act: nemotron_h
 FIXED_ACTIVATIONS = ("gelu", "gelu_pytorch_tanh", "relu", "silu")     # ACT2FN entries an architecture may hard-code
 BIAS_KEYS = ("mlp_bias", "use_bias", "enable_bias")             # config keys that may set the MLP's biases
 
@@ -20,14 +20,15 @@ def dense_mlps(probe, chosen) -> tuple:
     from agent.recipe.native.parts.moe import moe_block
 
     moe = chosen.get("moe")
-    mlps = [layer.mlp for layer in probe.layers if moe is None or moe_block(layer) is None]
+    # a one-mixer layer without an MLP (nemotron_h's attention and Mamba2 layers) has none to read
+    mlps = [layer.mlp for layer in probe.layers if hasattr(layer, "mlp") and (moe is None or moe_block(layer) is None)]
     if mlps:
         return probe, mlps
     changes = moe.facts.get("dense_variant") if moe is not None else None
     if not changes:
         return ()
     dense = probe.variant(changes)
-    return dense, [layer.mlp for layer in dense.layers if moe_block(layer) is None]
+    return dense, [layer.mlp for layer in dense.layers if hasattr(layer, "mlp") and moe_block(layer) is None]
 
 
 def act_key(config) -> str:
@@ -104,7 +105,8 @@ def bias_option(probe, present: bool):
             other = probe.variant({key: not value})
         except NotNative:
             continue
-        down = next((children(layer.mlp).get(down_name(layer.mlp)) for layer in other.layers), None)
+        down = next((children(layer.mlp).get(down_name(layer.mlp)) for layer in other.layers if hasattr(layer, "mlp")),
+                    None)
         if down is not None and isinstance(getattr(down, "bias", None), torch.Tensor) != present:
             return Expr(f"config.{key}")
     return present

@@ -65,17 +65,22 @@ def _width(probe, widths: set, up_name: str) -> dict:
     if key is None:
         raise NotNative("mlp", f"plain MLP of width {sorted(widths)}: no config key of {', '.join(WIDTH_KEYS)} holds it")
     other = probe.variant({key: 2 * probe.hidden + 8})
-    up = children(children(other.layers[0])["mlp"])[up_name]
+    up = children(_first_mlp(other))[up_name]
     if out_features(up) != 2 * probe.hidden + 8:
         raise NotNative("mlp", f"the plain MLP's width does not follow config.{key}")
     return {"MLP_WIDTH": key, "WIDTH_DEFAULT_4X": default}
+
+
+def _first_mlp(probe):
+    """The first layer's MLP (a one-mixer model's first MLP layer: nemotron_h's)."""
+    return next(children(layer)["mlp"] for layer in probe.layers if "mlp" in children(layer))
 
 
 def _fixed_4x(probe, up_name: str) -> bool:
     """The architecture hard-codes a width of 4 x hidden_size (mpt, whose expansion_ratio transformers does not
     read): a config of half the hidden_size keeps 4 x it."""
     other = probe.variant({"hidden_size": probe.hidden // 2})
-    return out_features(children(children(other.layers[0])["mlp"])[up_name]) == 2 * probe.hidden
+    return out_features(children(_first_mlp(other))[up_name]) == 2 * probe.hidden
 
 
 def _plain(probe, chosen):

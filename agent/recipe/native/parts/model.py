@@ -139,6 +139,8 @@ def _probe(probe, chosen):
         unknown = names - LAYER_CHILDREN - set(norm_roles(probe).values())
         if unknown:
             raise NotNative("decoder layer", f"layer {index} has {layer_children_text(layer, unknown)}")
+        if layout is not None and layout.one_mixer:
+            continue                    # one mixer per layer: parts/block_one_mixer.py reads which
         if ("self_attn" not in names and "linear_attn" not in names) or "mlp" not in names:
             raise NotNative("decoder layer", f"layer {index} has no self_attn (or linear_attn) / mlp")
     refuse_own_parameters(probe)

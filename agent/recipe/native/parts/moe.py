@@ -750,11 +750,15 @@ def _predicted(config, rule: str, n: int) -> list[bool] | None:
         step, only = getattr(config, "decoder_sparse_step", None), getattr(config, "mlp_only_layers", None)
         if isinstance(step, int) and step > 0:
             return [i not in (only or []) and (i + 1) % step == 0 for i in range(n)]
+    if rule == "expert_layer_period":
+        period, offset = getattr(config, "expert_layer_period", None), getattr(config, "expert_layer_offset", None)
+        if isinstance(period, int) and isinstance(offset, int) and period > 0:
+            return [i % period == offset for i in range(n)]
     return None
 
 
 LAYOUT_RULES = ("first_k_dense_replace", "num_dense_layers", "mlp_layer_types", "decoder_sparse_step",
-                "moe_layer_interval")
+                "moe_layer_interval", "expert_layer_period")
 
 
 def _layout_toggles(rule: str, n: int) -> list[dict]:
@@ -766,6 +770,9 @@ def _layout_toggles(rule: str, n: int) -> list[dict]:
     if rule == "moe_layer_interval":
         return [{"moe_layer_interval": 1, "moe_layer_start_index": 1, "moe_layer_end_index": n - 1},
                 {"moe_layer_interval": 2, "moe_layer_start_index": 0, "moe_layer_end_index": n - 2}]
+    if rule == "expert_layer_period":
+        # jamba's: every expert_layer_period-th layer from expert_layer_offset
+        return [{"expert_layer_period": 2, "expert_layer_offset": 0}, {"expert_layer_period": 3, "expert_layer_offset": 2}]
     return [{"decoder_sparse_step": 2, "mlp_only_layers": []}, {"decoder_sparse_step": 1, "mlp_only_layers": [1]}]
 
 
@@ -812,7 +819,8 @@ def sparse_layout(config, sparse: list[bool]) -> str:
 
 DENSE_LAYER = {"first_k_dense_replace": {"first_k_dense_replace": 1}, "num_dense_layers": {"num_dense_layers": 1},
                "decoder_sparse_step": {"decoder_sparse_step": 1, "mlp_only_layers": [0]},
-               "moe_layer_interval": {"moe_layer_interval": 1, "moe_layer_start_index": 1}}
+               "moe_layer_interval": {"moe_layer_interval": 1, "moe_layer_start_index": 1},
+               "expert_layer_period": {"expert_layer_period": 2, "expert_layer_offset": 1}}
 
 
 def dense_layer_changes(rule: str, config) -> dict | None:
@@ -1078,6 +1086,8 @@ def _variants(match, probe):
         found.append((f"{rule} 0 / 1", {rule: 0 if getattr(probe.config, rule) else 1}))
     elif rule == "moe_layer_interval":
         found.append(("moe_layer_interval 2 from layer 0", {"moe_layer_interval": 2, "moe_layer_start_index": 0}))
+    elif rule == "expert_layer_period":
+        found.append(("expert_layer_offset 0", {"expert_layer_offset": 0 if probe.config.expert_layer_offset else 1}))
     elif rule == "mlp_layer_types":
         types = list(probe.config.mlp_layer_types)
         found.append(("mlp_layer_types flipped", {"mlp_layer_types": ["dense" if t == "sparse" else "sparse" for t in types]}))
@@ -1118,6 +1128,7 @@ SPARSE_MOE = Part(
            "norm_topk_prob", "routed_scaling_factor", "n_group", "topk_group", "first_k_dense_replace",
            "decoder_sparse_step", "mlp_only_layers", "n_shared_experts", "shared_expert_intermediate_size",
            "moe_layer_start_index / moe_layer_interval / moe_layer_end_index", "router_scaling_factor",
+           "expert_layer_period / expert_layer_offset",
            "moe_num_shared_experts / num_shared_experts"),
     probe=_probe, kernels=lambda m: (m.facts["fused"], m.facts["unfused"]), variants=_variants,
     options=("MOE", "MOE_LAYERS", "EXPERTS_KEY", "WIDTH_KEY", "ROUTER", "ROUTER_BIAS", "ROUTER_FP32", "SCORING",

@@ -139,6 +139,11 @@ def _probe(probe, chosen):
     if getattr(probe.config, "alibi", None) is True:
         return None                     # falcon's config.alibi: ALiBi instead of the rotary its model still builds
     kind = getattr(probe.config, "position_embedding_type", "rope")
+    if kind not in ("rope", "rotary") and probe.base is not None and getattr(probe.base, "rotary_emb", None) is None \
+            and not any(hasattr(layer, "self_attn") for layer in probe.layers):
+        # NoPE attention is written (parts/position_none.py) where the model has it: here it has none
+        raise NotNative("attention", "no attention layer: every layer a Mamba2 mixer and an MLP (granitemoehybrid's "
+                                     "default layer_types), which no part writes (mamba2's layers of one mixer are)")
     if kind not in ("rope", "rotary") and probe.base is not None and getattr(probe.base, "rotary_emb", None) is None:
         # granitemoehybrid's default (None) or "nope": the model builds no rotary table
         raise NotNative("position", f"position_embedding_type {kind!r}: no rotary table, attention without positions "

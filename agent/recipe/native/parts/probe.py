@@ -288,6 +288,11 @@ class Probe:
         config = self.config
         self.hidden = config.hidden_size
         self.heads = getattr(config, "num_attention_heads", None)
+        if not isinstance(self.heads, int) and self.layout is not None and self.layout.one_mixer and self.layers \
+                and all("linear_attn" in children(layer) for layer in self.layers):
+            # Mamba2 layers alone (mamba2: a state-space model): no attention to read (parts/no_attention.py)
+            self.kv_heads = self.head_dim = None
+            return
         if not isinstance(self.heads, int):
             raise NotNative("attention", f"{config.model_type} has no attention heads in its config: a recurrent or "
                                          "state-space model, which no part of the generator writes")

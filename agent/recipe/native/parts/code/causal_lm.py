@@ -45,9 +45,13 @@ ABSOLUTE_POSITIONS = False      # positions added to the embedding (gpt2's learn
 EMBED_NORM = False              # the embedding normalised before the first layer (bloom's word_embeddings_layernorm)
 EMBED_FINAL_NORM = False        # the embedding normalised by the final norm (weightless) before the first layer (nanochat)
 ALIBI = False                   # ALiBi positions: the attention adds each head's bias (position_alibi.py), no table here
+NO_POSITIONS = False            # attention without positions on every layer (nemotron_h's NoPE): no table, nothing added
 CONTEXT_PARALLEL = False        # prefill context parallel (parallel_config.cp_size): context_parallel.py's segments
 LINEAR_ATTENTION = False        # linear-attention layers beside attention ones: their state caches (Mamba entries)
 HEADS_PER_LAYER = None          # the config key of each layer's query heads (laguna): each count splits at attn_tp_size
+ONE_MIXER = False               # one mixer per layer (parts/code/block_one_mixer.py): the layer's caches, none for an MLP
+NO_ATTENTION = False            # no attention layer at all (mamba2's Mamba2 layers alone): no heads to split
+NEVER_TIED = False              # lm_head never tied to the embedding, whatever the config says (nemotron_h)
 QUERY_POSITION_SCALE = False    # the attention scales its queries by position (llama-4): it takes the positions too
 # transformers' renames of the checkpoint's tensor names for this architecture (pattern, replacement), in order
 CHECKPOINT_RENAMES = ()
@@ -90,7 +94,7 @@ class ModelModel(nn.Module):
         if ABSOLUTE_POSITIONS:
             # the position slot's class is a table of position rows here, added to the embedding
             self.embed_positions = RotaryEmbedding(config)
-        elif not ALIBI:
+        elif not ALIBI and not NO_POSITIONS:
             if MLA:
                 head_dim = config.qk_rope_head_dim          # MLA: the rope dims of the query and the shared key
             else:
@@ -130,7 +134,7 @@ class ModelModel(nn.Module):
         if ABSOLUTE_POSITIONS:
             hidden_states = hidden_states + self.embed_positions(position_ids).to(hidden_states.dtype)
             cos_sin = None
-        elif ALIBI:
+        elif ALIBI or NO_POSITIONS:
             cos_sin = None
         elif ROPE_BY_LAYER_TYPE:
             cos_sin = {kind: rotary(hidden_states, position_ids) for kind, rotary in self.rotary_emb.items()}
@@ -237,6 +241,11 @@ class ModelForCausalLM(nn.Module):
         return own_rows_whole(self.lm_head(gathered), group, self.lmhead_tp_size, rows)
 
     def get_cache_info(self) -> ModelCacheInfo:
+        if ONE_MIXER:
+            # a layer without caches (an MLP layer) is not listed: the executor wants each listed layer's
+            infos = [LayerCacheInfo(layer_idx=i, caches=list(layer.cache_entries))
+                     for i, layer in enumerate(self.model.layers) if layer.cache_entries]
+            return ModelCacheInfo(num_layers=len(infos), layer_infos=infos)
         infos = [LayerCacheInfo(layer_idx=i, caches=list(layer.self_attn.cache_entries if not LINEAR_ATTENTION
                                                          or not layer.is_linear else layer.linear_attn.cache_entries))
                  for i, layer in enumerate(self.model.layers)]
@@ -256,6 +265,9 @@ class ModelForCausalLM(nn.Module):
             own_loaders = {f"{name}.": module for name, module in self.named_modules()
                            if name and hasattr(module, "load_weights")}
         tied = getattr(self.config, "tie_word_embeddings", False)
+        if NEVER_TIED:
+            # the architecture ties no weights (its transformers class has none to tie): a tied config keeps its lm_head
+            tied = False
         loaded, skipped = set(), []
         for name, tensor in weights:
             for pattern in TRANSPOSED_WEIGHTS:
@@ -374,6 +386,14 @@ def check_parallel(config, parallel):
         # this model's attention does not read: wrong text, silently
         raise ValueError(f"cp_size {parallel.cp_size}: this model's attention does not attend the executor's prefill "
                          "context-parallel segments; set parallel_config.cp_size to 1")
+    if NO_ATTENTION:
+        # no attention heads (a state-space model): the vocabulary's splits alone (the Mamba2 layers refuse attn_tp_size
+        # above 1 themselves)
+        for size in (parallel.lmhead_tp_size, getattr(parallel, "embed_tp_size", 1)):
+            if config.vocab_size % size:
+                raise ValueError(f"vocab_size {config.vocab_size} does not divide by tensor-parallel size {size}: "
+                                 "choose a size that divides it")
+        return
     heads = config.num_attention_heads
     checks = [("num_attention_heads", heads, parallel.attn_tp_size),
               ("vocab_size", config.vocab_size, parallel.lmhead_tp_size),

@@ -20,6 +20,17 @@ MAMBA = "Mamba"
 NORM_EPS = "rms_norm_eps"       # the config key of the norms' epsilon
 # the gated norm over each of n_groups groups (mamba_ssm's kernel, transformers after 5.0), else over the whole width
 MAMBA_NORM_GROUPED = True
+# the config keys of the mixer's sizes, as the architecture names them (bamba's; nemotron_h: mamba_num_heads, ...)
+MAMBA_HEADS = "mamba_n_heads"
+MAMBA_HEAD_DIM = "mamba_d_head"
+MAMBA_GROUPS = "mamba_n_groups"
+MAMBA_STATE = "mamba_d_state"
+MAMBA_CONV = "mamba_d_conv"
+MAMBA_EXPAND = "mamba_expand"   # the inner width is expand x hidden; None: heads x head_dim (nemotron_h)
+MAMBA_CONV_BIAS = "mamba_conv_bias"
+MAMBA_PROJ_BIAS = "mamba_proj_bias"
+# dt's clamp: config.time_step_limit; a key here: (config.<key>, inf) (nemotron_h's time_step_min)
+MAMBA_DT_MIN = None
 
 
 def mamba_conv1d_update(hidden_states, conv_state, weight, bias):
@@ -89,27 +100,31 @@ class ModelMamba2Mixer(nn.Module):
             raise ValueError("the generated file runs the Mamba2 layers whole on each rank: set attn_tp_size to 1")
         self.layer_idx = layer_idx
         self.hidden_size = config.hidden_size
-        self.num_heads = config.mamba_n_heads
-        self.head_dim = config.mamba_d_head
-        self.n_groups = config.mamba_n_groups
-        self.ssm_state_size = config.mamba_d_state
-        self.conv_kernel_size = config.mamba_d_conv
-        self.intermediate_size = int(config.mamba_expand * self.hidden_size)
+        self.num_heads = getattr(config, MAMBA_HEADS)
+        self.head_dim = getattr(config, MAMBA_HEAD_DIM)
+        self.n_groups = getattr(config, MAMBA_GROUPS)
+        self.ssm_state_size = getattr(config, MAMBA_STATE)
+        self.conv_kernel_size = getattr(config, MAMBA_CONV)
+        self.intermediate_size = (int(getattr(config, MAMBA_EXPAND) * self.hidden_size) if MAMBA_EXPAND
+                                  else self.num_heads * self.head_dim)
         self.conv_dim = self.intermediate_size + 2 * self.n_groups * self.ssm_state_size
-        self.time_step_limit = tuple(getattr(config, "time_step_limit", None) or (0.0, float("inf")))
+        if MAMBA_DT_MIN:
+            self.time_step_limit = (getattr(config, MAMBA_DT_MIN), float("inf"))
+        else:
+            self.time_step_limit = tuple(getattr(config, "time_step_limit", None) or (0.0, float("inf")))
         quant_config = getattr(config, "quant_config", None)
         self.in_proj = ReplicatedLinear(self.hidden_size, self.intermediate_size + self.conv_dim + self.num_heads,
-                                        bias=config.mamba_proj_bias, quant_config=quant_config,
+                                        bias=getattr(config, MAMBA_PROJ_BIAS), quant_config=quant_config,
                                         prefix=f"{prefix}.in_proj")
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, kernel_size=self.conv_kernel_size,
-                                bias=config.mamba_conv_bias, groups=self.conv_dim, padding=self.conv_kernel_size - 1)
+                                bias=getattr(config, MAMBA_CONV_BIAS), groups=self.conv_dim, padding=self.conv_kernel_size - 1)
         self.dt_bias = nn.Parameter(torch.ones(self.num_heads))
         self.A_log = nn.Parameter(torch.zeros(self.num_heads))
         self.D = nn.Parameter(torch.ones(self.num_heads))
         self.norm = ModelMamba2RMSNormGated(self.intermediate_size, self.intermediate_size // self.n_groups
                                             if MAMBA_NORM_GROUPED else self.intermediate_size,
                                             eps=getattr(config, NORM_EPS))
-        self.out_proj = ReplicatedLinear(self.intermediate_size, self.hidden_size, bias=config.mamba_proj_bias,
+        self.out_proj = ReplicatedLinear(self.intermediate_size, self.hidden_size, bias=getattr(config, MAMBA_PROJ_BIAS),
                                          quant_config=quant_config, prefix=f"{prefix}.out_proj")
         self.conv_state = torch.Tensor([])
         self.ssm_state = torch.Tensor([])

@@ -78,6 +78,9 @@ def is_moe_layer(config, layer_idx):
                 and config.moe_layer_start_index <= layer_idx <= config.moe_layer_end_index)
     if MOE_LAYERS == "decoder_sparse_step":
         return layer_idx not in (config.mlp_only_layers or []) and (layer_idx + 1) % config.decoder_sparse_step == 0
+    if MOE_LAYERS == "expert_layer_period":
+        # jamba: every expert_layer_period-th layer from expert_layer_offset
+        return layer_idx % config.expert_layer_period == config.expert_layer_offset
     return True
 
 

@@ -349,7 +349,7 @@ def test_native_recipe_serves_another_checkpoint_of_its_family_per_step(native_c
 
 def test_native_coverage_script_writes_a_row_per_type(tmp_path):
     """scripts/native_coverage.py: a type the generator writes is native with its self-check figure, measured on
-    its checkpoint-shaped config (agent.testing.checkpoint_shapes); one whose layer kind it does not write (mamba:
+    its checkpoint-shaped config (agent.testing.checkpoint_shapes); one whose layer kind it does not write (rwkv:
     no attention heads) falls back naming the kind; one the migrator refuses (bart: an encoder-decoder) and one
     transformers itself runs on none of try_architectures' tiny configs (dbrx: its attention config lacks
     rope_theta) are not counted as testable."""
@@ -360,16 +360,16 @@ def test_native_coverage_script_writes_a_row_per_type(tmp_path):
     if not SNAPSHOT.is_dir():
         pytest.skip(f"no upstream snapshot at {SNAPSHOT}")
     out = tmp_path / "rows.json"
-    proc = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "native_coverage.py"), "llama", "mamba", "bart",
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "native_coverage.py"), "llama", "rwkv", "bart",
                            "dbrx", "--json", str(out)], capture_output=True, text=True, timeout=600, cwd=REPO_ROOT,
                           env={**__import__("os").environ, "CHECKOUT": str(SNAPSHOT)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = {row["type"]: row for row in json.loads(out.read_text())}
     assert rows["llama"]["result"] == "native" and rows["llama"]["max_rel"] < 1e-4, rows["llama"]
     assert rows["llama"]["config"] == "meta-llama/Llama-3.1-8B-Instruct", rows["llama"]    # its checkpoint shape
-    assert rows["mamba"]["result"] == "fell back" and rows["mamba"]["kind"] == "attention", rows["mamba"]
+    assert rows["rwkv"]["result"] == "fell back" and rows["rwkv"]["kind"] == "attention", rows["rwkv"]
     assert rows["bart"]["result"] == "refused" and "encoder-decoder" in rows["bart"]["reason"], rows["bart"]
     assert rows["dbrx"]["result"] == "hf-fails" and "rope_theta" in rows["dbrx"]["reason"], rows["dbrx"]
-    shaped = sum(rows[t]["config"] != "defaults" for t in ("llama", "mamba"))
+    shaped = sum(rows[t]["config"] != "defaults" for t in ("llama", "rwkv"))
     assert (f"1 native of 2 testable types ({shaped} on a checkpoint-shaped config); 1 fell back, 1 refused, "
             "1 hf-fails, 0 no config; 4 types") in proc.stdout

@@ -55,7 +55,7 @@ def test_a_partial_config_is_shrunk_from_the_sizes_transformers_reads():
     assert shrunk.hidden_size <= 512 and shrunk.num_hidden_layers <= 4 and shrunk.vocab_size == PROBE_VOCAB
 
 
-@pytest.mark.parametrize("model_type", ["mamba", "rwkv"])
+@pytest.mark.parametrize("model_type", ["rwkv", "xlstm"])
 def test_a_model_without_attention_heads_falls_back_naming_its_kind(model_type):
     """A recurrent / state-space model is a fall-back with its layer kind, not a crash inside the probe."""
     from transformers import AutoConfig

@@ -42,3 +42,36 @@ def test_the_rope_is_read_per_layer_type_and_in_5_0s_rope_scaling():
     assert rope_by_length(SimpleNamespace(rope_parameters=None, rope_scaling={"type": "dynamic", "factor": 2.0}))
     assert not rope_by_length(SimpleNamespace(rope_parameters={"rope_type": "yarn", "factor": 4.0}))
     assert not rope_by_length(SimpleNamespace())
+
+
+def test_a_cached_decode_astray_by_more_than_the_checks_own_tolerance_gives_way_to_the_whole_sequence():
+    """A float32 stateful reference whose cached decode strays from its whole-sequence run by 5e-4 of the largest
+    logit (jamba's, on a prompt no longer than its conv's history: within the old 1e-3, ten times the check's own
+    1e-4) is held by its whole-sequence logits from that step on; one that strays by 1e-6 keeps its cached ones."""
+    import torch
+
+    from agent.recipe.native.selfcheck import TOLERANCE, Incremental
+
+    class Drifting(torch.nn.Module):
+        _is_stateful = True
+
+        def __init__(self, drift):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.linspace(-1.0, 1.0, 8))
+            self.config, self.drift = type("Config", (), {})(), drift
+
+        def forward(self, input_ids, past_key_values=None, use_cache=False):
+            # the logits follow the sum of the tokens so far: the cache holds the earlier ones' sum
+            total = float(input_ids.sum()) + (past_key_values or 0.0)
+            logits = self.weight * total
+            if past_key_values is not None:
+                logits = logits * (1 + self.drift)          # the cached path, off by `drift`
+            return type("Out", (), {"logits": logits[None, None], "past_key_values": total})()
+
+    for drift, whole in ((5 * TOLERANCE, True), (1e-6, False)):
+        reference = Incremental(Drifting(drift), 1)
+        reference.logits(0, [1, 2, 3])
+        got = reference.logits(0, [1, 2, 3, 4])
+        want = torch.linspace(-1.0, 1.0, 8) * 10 * (1 if whole else 1 + drift)
+        assert torch.allclose(got, want, rtol=1e-7, atol=0), (drift, got, want)
+        assert reference.whole[0] is whole
