@@ -151,8 +151,8 @@ REFUSED = {
     "nemotron_h": ({}, "model", "a sparse-MoE block (NemotronHMoE) as a layer's one mixer"),
     "zamba2": ({}, "model", "layers of Zamba2HybridLayer (linear, mamba_decoder, shared_transformer)"),
     # its default layer_types: Mamba2 layers alone, each beside its MoE block (its NoPE attention, where a checkpoint
-    # has it, is written: test_part_one_mixer.py)
-    "granitemoehybrid": ({}, "attention", "no attention layer: every layer a Mamba2 mixer and an MLP"),
+    # has it, is written: test_part_position_nope.py)
+    "granitemoehybrid": ({}, "attention", "no layer has self_attn (linear attention only)"),
 }
 
 

@@ -164,33 +164,6 @@ def test_mamba2_file_in_both_dtypes_and_a_dropped_d_skip_fails(tmp_path):
 
 
 @pytest.mark.slow
-def test_granitemoehybrid_nope_attention_beside_its_mamba2_layers(tmp_path):
-    """granitemoehybrid's own default, attention without positions (position_embedding_type None), beside its Mamba2
-    layers: derived with no positions (no rotary table, no rotation in the file), float32 within 1e-4 and bfloat16
-    within the precision rule. Default case covering the no-positions path: nemotron_h's,
-    test_part_mamba2_hybrids.py::test_bamba_file_matches_transformers_and_a_dropped_d_skip_fails."""
-    from transformers import AutoConfig
-
-    from agent.recipe.native.compose import derive
-    from agent.recipe.native.decide import render_native, selfcheck
-
-    if not SNAPSHOT.is_dir():
-        pytest.skip(f"no upstream snapshot at {SNAPSHOT}")
-    config = AutoConfig.for_model("granitemoehybrid", num_hidden_layers=2, layer_types=["mamba", "attention"],
-                                  mamba_d_state=16).to_dict()
-    composition = derive(config)
-    assert composition.parts["position"] == "no_positions" and composition.options["ROTARY"] is False
-    text = render_native({"model_name": "g", "framework_class": "NativeForCausalLM", "display_name": "g",
-                          "model_class": "X"}, composition)
-    assert "rotary_emb" not in text and "npu_apply_rotary_pos_emb(" not in text
-    good = tmp_path / "good.py"
-    good.write_text(text)
-    fp32, bf16 = selfcheck([_job(config, good), _job(config, good, "bfloat16")], SNAPSHOT)
-    assert fp32["ok"] and fp32["max_rel"] < 1e-4, fp32
-    assert bf16["ok"], bf16
-
-
-@pytest.mark.slow
 def test_no_positions_only_where_the_model_hands_its_attention_none():
     """The no-positions part matches nemotron_h (no rotary table, none handed to its attention layers) and refuses the
     same model once its attention layers are handed a table (a planted rotary): that model's positions are another
