@@ -25,6 +25,7 @@ the job's config (ReferenceFailed: the reason is its error; the generated file w
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import inspect
 import json
@@ -274,6 +275,16 @@ def float64_error(reference, row: int, tokens: list[int], logits) -> float:
     return float((logits.double() - exact).abs().max())
 
 
+def reference_model(config):
+    """transformers' causal-LM model of `config` in float32, on a copy of it: its modules read their attention and
+    experts implementation from the config they hold, so models built on one config object switch together
+    (other_implementations on the second would move the first too)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_config(copy.deepcopy(config), dtype=torch.float32).eval()
+
+
 def other_implementations(model) -> None:
     """`model` computing its attention and its experts by transformers' other code for them (sdpa for eager, eager
     for sdpa; grouped_mm for eager experts, eager for the rest): a second of transformers' own computations of the
@@ -357,7 +368,6 @@ def quantized_reference(checkpoint: str, dtype: str):
 
 def check(job: dict) -> dict:
     import torch
-    from transformers import AutoModelForCausalLM
 
     from agent.recipe.text_decoder import image_text_model, text_decoder
     from agent.recipe.native.parts.probe import shrunk_config
@@ -384,7 +394,7 @@ def check(job: dict) -> dict:
                 return image_text_model(decoder, job["config"], shrunk_config(decoder.own_config))
         else:
             def build():
-                return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+                return reference_model(config)
         reference = by_reference(build)
         randomise(reference, float(getattr(config, "initializer_range", 0.02) or 0.02))
         references = [Incremental(reference, len(PROMPT_LENGTHS))]

@@ -75,3 +75,22 @@ def test_the_second_computation_is_transformers_other_attention_and_experts():
         assert torch.isfinite(model(input_ids=torch.tensor([[3, 5, 7]])).logits).all()
     other_implementations(model)
     assert (model.config._attn_implementation, model.config._experts_implementation) == ("eager", "eager")
+
+
+def test_the_other_computation_leaves_the_first_references_implementations():
+    """Each reference model holds its own config: switching the second to transformers' other attention and experts
+    leaves the float32 reference and the first run-dtype one on theirs (transformers' from_config keeps the config
+    object it is handed, and its modules read the implementation from it at every forward)."""
+    from transformers import AutoConfig
+
+    from agent.recipe.native.selfcheck import other_implementations, reference_model
+
+    config = AutoConfig.for_model("qwen3_moe", hidden_size=32, intermediate_size=32, moe_intermediate_size=16,
+                                  num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                                  num_experts=4, num_experts_per_tok=2, vocab_size=64)
+    config._attn_implementation, config._experts_implementation = "eager", "eager"
+    first, second = reference_model(config), reference_model(config)
+    other_implementations(second)
+    assert (second.config._attn_implementation, second.config._experts_implementation) == ("sdpa", "grouped_mm")
+    assert (first.config._attn_implementation, first.config._experts_implementation) == ("eager", "eager")
+    assert (config._attn_implementation, config._experts_implementation) == ("eager", "eager")
