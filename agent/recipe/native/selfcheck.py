@@ -9,8 +9,7 @@ parameter, norms and biases too), and the generated file's ForCausalLM loading t
 them (transformers' own conversion reverted: the names save_pretrained writes; a tied checkpoint without
 lm_head.weight), in the job's dtype: float32 (within TOLERANCE of transformers) or the run dtype bfloat16,
 held by the precision verdict's rule (agent.precision_rule.tolerance: 2 x transformers' own
-|bfloat16 - float32| move at that step, floor 1e-3 x max |logit|) with RUN_DTYPE_SLACK, its own move the largest
-over the step's sequences and two of its computations (run_dtype_tolerances). The model runs through the executor's
+|bfloat16 - float32| move at that step, floor 1e-3 x max |logit|) with RUN_DTYPE_SLACK. The model runs through the executor's
 contract as its ModelWorker drives it: a packed prefill of prompts of unequal length, then decode steps, on a
 paged cache of small blocks whose sliding-window tables point the blocks before the window at the null
 block, and every table's padding too, as upstream's SlidingWindowManager and prepare_block_tables do. The
@@ -44,8 +43,7 @@ TOLERANCE = 1e-4            # relative to the largest logit: float32 against flo
 RUN_DTYPE = "bfloat16"
 # the run dtype's check allows this many times the precision verdict's tolerance: two bfloat16 computations of
 # one model (transformers' and the kernels') differ from float32 by errors of one size, whose ratio at a step
-# is noise around 1 (and an MoE routing tie moves a step further), transformers' size taken as the largest of
-# several draws (run_dtype_tolerances); what it catches is a systematic loss (a
+# is noise around 1 (and an MoE routing tie moves a step further); what it catches is a systematic loss (a
 # width computed in bfloat16 that transformers keeps in float32: tens of times the tolerance). The trial's
 # verdict then judges the real checkpoint by the rule itself.
 RUN_DTYPE_SLACK = 2.0
@@ -278,44 +276,11 @@ def float64_error(reference, row: int, tokens: list[int], logits) -> float:
 def reference_model(config):
     """transformers' causal-LM model of `config` in float32, on a copy of it: its modules read their attention and
     experts implementation from the config they hold, so models built on one config object switch together
-    (other_implementations on the second would move the first too)."""
+    (a model switched to another implementation would move the others too)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_config(copy.deepcopy(config), dtype=torch.float32).eval()
-
-
-def other_implementations(model) -> None:
-    """`model` computing its attention and its experts by transformers' other code for them (sdpa for eager, eager
-    for sdpa; grouped_mm for eager experts, eager for the rest): a second of transformers' own computations of the
-    model in the run dtype, rounding in another order. A model that takes no other one keeps its own."""
-    attention = getattr(model.config, "_attn_implementation", None)
-    experts = getattr(model.config, "_experts_implementation", None)
-    for setter, value in (("set_attn_implementation", "sdpa" if attention == "eager" else "eager"),
-                          ("set_experts_implementation", "grouped_mm" if experts == "eager" else "eager")):
-        try:
-            getattr(model, setter)(value)
-        except (AttributeError, ValueError, ImportError, NotImplementedError):
-            pass        # transformers does not offer this model another implementation of it
-
-
-def own_move(expected) -> float:
-    """transformers' own move in the run dtype at a step: the largest |run dtype - float32| of its computations
-    (`expected`: float32 logits first, then each run-dtype one's)."""
-    return max(float((rounded - expected[0]).abs().max()) for rounded in expected[1:])
-
-
-def run_dtype_tolerances(expected_rows, dtype: str) -> list[float]:
-    """Each sequence's logits tolerance at one run-dtype step (`expected_rows`: per sequence, transformers' float32
-    logits, then each of its run-dtype computations'): RUN_DTYPE_SLACK x the precision verdict's rule, transformers'
-    own move taken as the largest over the step's sequences and computations. One sequence's move is one draw of
-    the rounding's noise and may be small by chance (bitnet's 3-token prompt: 0.27 where the others moved 1.5 and
-    0.49), while the kernels' rounding draws its own."""
-    from agent.precision_rule import tolerance
-
-    move = max(own_move(expected) for expected in expected_rows)
-    return [RUN_DTYPE_SLACK * tolerance(move, float(expected[0].abs().max().clamp_min(1e-6)), dtype)
-            for expected in expected_rows]
 
 
 def checkpoint_tensors(reference, config) -> list:
@@ -370,6 +335,7 @@ def check(job: dict) -> dict:
     import torch
 
     from agent.recipe.text_decoder import image_text_model, text_decoder
+    from agent.precision_rule import tolerance
     from agent.recipe.native.parts.probe import shrunk_config
     from executor.utils.forward_metadata import ForwardMetaData
 
@@ -399,12 +365,9 @@ def check(job: dict) -> dict:
         randomise(reference, float(getattr(config, "initializer_range", 0.02) or 0.02))
         references = [Incremental(reference, len(PROMPT_LENGTHS))]
         if dtype != "float32":
-            for other in (False, True):
-                rounded = by_reference(build)
-                rounded.load_state_dict(reference.state_dict())
-                if other:
-                    other_implementations(rounded)
-                references.append(Incremental(rounded.to(getattr(torch, dtype)), len(PROMPT_LENGTHS)))
+            rounded = by_reference(build)
+            rounded.load_state_dict(reference.state_dict())
+            references.append(Incremental(rounded.to(getattr(torch, dtype)), len(PROMPT_LENGTHS)))
         tensors, model_config = checkpoint_tensors(reference, config), shrunk_config(text, job.get("changes"))
     module = _import(job["file"], f"native_selfcheck_{job.get('index', 0)}")
     model_class = getattr(module, job["class_name"])
@@ -450,24 +413,8 @@ def check(job: dict) -> dict:
     worst = {"rel": 0.0, "ratio": 0.0}
 
     def compare(step, logits):
-        expected_rows = [[by_reference(ref.logits, row, tokens) for ref in references[:2]]
-                         for row, tokens in enumerate(sequences)]
-        if dtype != "float32":
-            run_dtype_allowed = run_dtype_tolerances(expected_rows, dtype)
-            if len(references) > 2 and any(
-                    not float((logits[row].reshape(-1).float() - expected[0]).abs().max()) <= allowed
-                    for row, (expected, allowed) in enumerate(zip(expected_rows, run_dtype_allowed))):
-                # transformers' other computations only where its first leaves a sequence over (more draws only
-                # widen the tolerance; one that has not run this far computes the whole sequence at once)
-                for row, tokens in enumerate(sequences):
-                    for ref in references[2:]:
-                        try:
-                            expected_rows[row].append(ref.logits(row, tokens))
-                        except Exception:  # noqa: BLE001 - its other computation cannot run: its first stands alone
-                            pass
-                run_dtype_allowed = run_dtype_tolerances(expected_rows, dtype)
         for row, tokens in enumerate(sequences):
-            expected = expected_rows[row]
+            expected = [by_reference(ref.logits, row, tokens) for ref in references]
             got = logits[row].reshape(-1).float()
             scale = float(expected[0].abs().max().clamp_min(1e-6))
             error = float((got - expected[0]).abs().max())
@@ -478,11 +425,11 @@ def check(job: dict) -> dict:
                     # attention_multiplier 1.0 sharpens every softmax): its float64 logits set the floor
                     own = float64_error(references[0], row, tokens, expected[0])
                     allowed = max(allowed, FLOAT32_SLACK * own)
-            else:
-                allowed = run_dtype_allowed[row]
+            else:       # the precision verdict's rule at this step
+                allowed = RUN_DTYPE_SLACK * tolerance(float((expected[1] - expected[0]).abs().max()), scale, dtype)
             if TRACE:
-                own = " ".join(f"{float((e - expected[0]).abs().max()):.4g}" for e in expected[1:])
-                print(f"TRACE {step} row {row} error {error:.4g} own {own} allowed {allowed:.4g} scale {scale:.4g}",
+                own = float((expected[-1] - expected[0]).abs().max())
+                print(f"TRACE {step} row {row} error {error:.4g} own {own:.4g} allowed {allowed:.4g} scale {scale:.4g}",
                       file=sys.stderr)
             for key, value in (("rel", error / scale), ("ratio", error / allowed)):
                 worst[key] = max(worst[key], value if math.isfinite(value) else float("inf"))
