@@ -85,3 +85,19 @@ def selfcheck_with_faults(derived: dict, faults: dict, framework_class: str, fol
     wrong = [(t, label, r["reason"]) for (t, label, ok), r in zip(labels, results) if r["ok"] != ok]
     assert not wrong, wrong
     return [(t, label, ok, r) for (t, label, ok), r in zip(labels, results)]
+
+
+def write_with_faults(text: str, table: dict, faults, folder: Path) -> tuple[Path, list[Path]]:
+    """`text` written to folder/good.py and, for each name of `faults`, a copy with its `table` entry (correct text,
+    faulty replacement; the correct text appears once) swapped in, as folder/<name>.py: (good, [faulty])."""
+    folder.mkdir(parents=True, exist_ok=True)
+    good = folder / "good.py"
+    good.write_text(text)
+    bad = []
+    for fault in faults:
+        old, new = table[fault]
+        assert text.count(old) == 1, fault
+        path = folder / f"{fault}.py"
+        path.write_text(text.replace(old, new))
+        bad.append(path)
+    return good, bad

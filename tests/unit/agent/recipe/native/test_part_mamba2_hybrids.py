@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from locations import REPO_ROOT
+from part_selfcheck import write_with_faults
 
 SNAPSHOT = REPO_ROOT.parent / "shared" / "upstream" / "cann-recipes-infer"
 
@@ -72,16 +73,7 @@ def _render(model_type, tmp_path, faults, changes=None):
     ctx = {"model_name": model_type, "framework_class": "NativeForCausalLM", "display_name": model_type,
            "model_class": "X"}
     text = render_native(ctx, composition)
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    good = tmp_path / "good.py"
-    good.write_text(text)
-    bad = []
-    for fault in faults:
-        old, new = FAULTS[fault]
-        assert text.count(old) == 1, fault
-        path = tmp_path / f"{fault}.py"
-        path.write_text(text.replace(old, new))
-        bad.append(path)
+    good, bad = write_with_faults(text, FAULTS, faults, tmp_path)
     return config, good, bad
 
 
