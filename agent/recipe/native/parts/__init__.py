@@ -7,7 +7,7 @@ from agent.recipe.native.parts import (attention, block, block_parallel, block_p
                                        norm_weightless_rms, position, position_absolute, position_sinusoid,
                                        position_alibi, rotary_interleaved, rotary_layer_theta, rotary_nope,
                                        scalar_multipliers, short_conv)
-from agent.recipe.native.parts import attention_diff, attention_lightning
+from agent.recipe.native.parts import attention_diff, linear_attention_lightning
 from agent.recipe.native.parts import position_nope
 from agent.recipe.native.parts import block_one_mixer, linear_attention_mamba1, no_attention, position_none
 from agent.recipe.native.parts.part import ROLES, SLOTS, Composition, Match, Part
@@ -34,12 +34,12 @@ PARTS = (
     position.ROTARY,
     no_attention.NO_ATTENTION,
     mla.MLA,
-    attention_lightning.LIGHTNING_REFUSED,
     attention_diff.DIFF_PAGED,
     attention.ALIBI_PAGED,
     attention.SOFTCAP_PAGED,
     attention.FUSED_PAGED_SINKS,
     attention.FUSED_PAGED,
+    linear_attention_lightning.LIGHTNING,
     linear_attention_mamba2.MAMBA2,
     linear_attention_mamba1.MAMBA1,
     linear_attention.GATED_DELTA_NET,

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 CHILDREN = "_native_children"     # a module's children under the skeleton's names, read by probe.children
 SHORT_CONV_CHILDREN = {"in_proj", "conv", "out_proj"}     # lfm2's Lfm2ShortConv (parts/short_conv.py)
 SKELETON_MODEL = {"embed_tokens", "layers", "norm", "rotary_emb"}
+# minimax's MiniMaxLightningAttention, held as self_attn (parts/linear_attention_lightning.py)
+LIGHTNING_CHILDREN = {"qkv_proj", "output_gate", "out_proj", "norm", "act_fn"}
 
 
 @dataclass
@@ -161,7 +163,7 @@ def read_layout(model, hidden: int) -> Layout | None:
     if set(inner) == {"decoder"}:
         path, base = f"{prefix}.decoder", inner["decoder"]
     elif prefix == "model" and head_name == "lm_head" and set(inner) - weightless_lists(root) <= SKELETON_MODEL:
-        return _mixer_layout(root)                   # the skeleton's own layout
+        return _mixer_layout(root) or _lightning_layout(root)      # the skeleton's own layout
     present(model, {prefix: "model", head_name: "lm_head"})
     renames = [(f"^{re.escape(head_name)}\\.", "lm_head.")] if head_name != "lm_head" else []
     children = _named(base)
@@ -214,6 +216,42 @@ def _mixer_layout(root) -> Layout | None:
             if "self_attn" in layer.__dict__ and layer.self_attn is None:
                 del layer.self_attn          # no attention beside the mixer (granitemoehybrid sets it None)
     return Layout(root, ((f"^model\\.layers\\.(\\d+)\\.{re.escape(mixer)}\\.", "model.layers.\\1.linear_attn."),))
+
+
+def is_lightning(module) -> bool:
+    """minimax's lightning attention by what it holds (qkv_proj, output_gate, out_proj, norm, act_fn), whatever its
+    class's name; parts/linear_attention_lightning.py checks its arithmetic."""
+    return set(_named(module)) == LIGHTNING_CHILDREN
+
+
+def _lightning_layout(root) -> Layout | None:
+    """In the skeleton's own layout, a linear attention held as self_attn (minimax's lightning attention layers, beside
+    its softmax ones) read as the file's linear_attn, its stored names renamed to it; None where there is none."""
+    found = [layer for layer in getattr(root, "layers", None) or []
+             if "self_attn" in _named(layer) and is_lightning(_named(layer)["self_attn"])]
+    if not found:
+        return None
+    for layer in found:
+        _read_as_linear_attn(layer)
+    names = "|".join(sorted(LIGHTNING_CHILDREN - {"act_fn"}))
+    return Layout(root, ((f"^model\\.layers\\.(\\d+)\\.self_attn\\.({names})\\.", "model.layers.\\1.linear_attn.\\2."),))
+
+
+def _read_as_linear_attn(layer) -> None:
+    """`layer`'s self_attn moved to linear_attn (the parts read a layer with self_attn as a softmax attention's); the
+    layer's own forward, which calls self_attn, finds it there while it runs."""
+    module = layer._modules.pop("self_attn")
+    layer._modules["linear_attn"] = module
+    forward = layer.forward
+
+    def run(*args, **kwargs):
+        layer._modules["self_attn"] = module
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            del layer._modules["self_attn"]
+
+    layer.forward = run
 
 
 def _mlp_of_linears(named: dict, order: list, hidden: int):

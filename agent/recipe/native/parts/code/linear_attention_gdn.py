@@ -31,6 +31,14 @@ WIDE_HEADS = False
 CHUNK_OP_MAX_DIM = 128          # op-plugin's ChunkGatedDeltaRule: 0 < D_k, D_v <= 128
 
 
+def mamba_cache_entries(layer, states, dtype):
+    """The layer's states ((name, shape) each) as the executor's Mamba cache entries: one block per request, bound to
+    the layer's attribute of that name when the executor allocates it (a linear-attention layer's cache)."""
+    return [MambaCacheEntry(cache_name=name, shape=shape, dtype=dtype, needs_block=True,
+                            tensor_setter=lambda tensor, layer=layer, name=name: setattr(layer, name, tensor))
+            for name, shape in states]
+
+
 def ge_safe_softplus(x):
     """softplus without aten::softplus (upstream's: a GE graph lowers this form)."""
     return torch.relu(x) + torch.log1p(torch.exp(-torch.abs(x)))
@@ -152,12 +160,10 @@ class ModelGatedDeltaNet(nn.Module):
                                          prefix=f"{prefix}.out_proj")
         self.conv_state = torch.Tensor([])
         self.recurrent_state = torch.Tensor([])
-        cache_dtype = torch.get_default_dtype()
-        self.cache_entries = [
-            MambaCacheEntry(cache_name=name, shape=shape, dtype=cache_dtype, needs_block=True,
-                            tensor_setter=lambda tensor, layer=self, name=name: setattr(layer, name, tensor))
-            for name, shape in (("conv_state", [self.conv_dim, self.conv_kernel_size - 1]),
-                                ("recurrent_state", [self.num_v_heads, self.head_v_dim, self.head_k_dim]))]
+        self.cache_entries = mamba_cache_entries(self, (("conv_state", [self.conv_dim, self.conv_kernel_size - 1]),
+                                                        ("recurrent_state", [self.num_v_heads, self.head_v_dim,
+                                                                             self.head_k_dim])),
+                                                 torch.get_default_dtype())
 
     def _project(self, hidden_states):
         """(q/k/v as the conv reads them [T, 2 key_dim + value_dim], z [T, N_v, D_v], b [T, N_v], a [T, N_v])."""
