@@ -10,6 +10,7 @@ from agent.recipe.native.parts import (attention, block, block_parallel, block_p
 from agent.recipe.native.parts import attention_diff, linear_attention_lightning
 from agent.recipe.native.parts import position_nope
 from agent.recipe.native.parts import block_one_mixer, linear_attention_mamba1, no_attention, position_none
+from agent.recipe.native.parts import block_normed_residual
 from agent.recipe.native.parts.part import ROLES, SLOTS, Composition, Match, Part
 
 __all__ = ["PARTS", "OPTION_NAMES", "TABLES", "ROLES", "SLOTS", "Composition", "Match", "Part"]
@@ -55,6 +56,7 @@ PARTS = (
     block_parallel.PARALLEL_TWO_NORMS,
     scalar_multipliers.RESIDUAL_MULTIPLIER,
     scalar_multipliers.SANDWICH_RESIDUAL_MULTIPLIER,
+    block_normed_residual.NORMED_RESIDUAL,   # before PRE_NORM: its norms' names are pre-norm's
     block.SANDWICH,
     block.PRE_NORM,
     block_post_norm.POST_NORM,

@@ -98,30 +98,3 @@ def test_the_probe_refuses_another_lambda_init_or_arithmetic():
     probe.layers[0].self_attn.forward = rescaled.__get__(probe.layers[0].self_attn)
     with pytest.raises(NotNative, match="output is not"):
         check_differential(probe)
-
-
-@pytest.mark.slow
-def test_minimax_falls_back_naming_its_lightning_attention():
-    """No default case covers this refusal (parts/attention_lightning.py; it writes no code): minimax's first
-    blocker is its linear attention with a per-head decay, named first in its one-line reason, read from the module
-    (its slope_rate buffer), not the type: without it the refusal does not fire."""
-    import re
-
-    from transformers import AutoConfig
-
-    from agent.recipe.native.compose import derive
-    from agent.recipe.native.not_native import NotNative
-    from agent.recipe.native.parts.attention_lightning import LIGHTNING_REFUSED
-    from agent.recipe.native.parts.probe import Probe
-
-    config = AutoConfig.for_model("minimax").to_dict()
-    with pytest.raises(NotNative) as refused:
-        derive(config)
-    assert refused.value.kind == "attention" and "\n" not in refused.value.reason
-    assert re.match(r"layer \d+: MiniMaxLightningAttention is a linear attention with a per-head decay",
-                    refused.value.reason), refused.value.reason
-    probe = Probe(config)
-    for layer in probe.layers:
-        if hasattr(layer.self_attn, "slope_rate"):
-            del layer.self_attn.slope_rate
-    assert LIGHTNING_REFUSED.probe(probe, {}) is None
