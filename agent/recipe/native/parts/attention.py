@@ -31,7 +31,7 @@ DENSE_OPTIONS = ("QKV", "QKV_BIAS", "O_BIAS", "QK_NORM", "QK_NORM_FULL", "QUERY_
                  "LAYER_TYPE_WINDOWS", "STACKED_PARAMS", "ATTENTION_MULTIPLIER", "ROTARY", "UNSCALED", "LOCAL_LAYERS",
                  "OUTPUT_GATE", "Q_NORM", "K_NORM", "QK_NORM_AFTER_ROPE", "QKV_GROUPS", "MULTI_QUERY", "GATE_PROJ",
                  "GATE_SOFTPLUS", "GATE_PER_HEAD", "CHECKPOINT_RENAMES", "ATTN_SUB_NORM", "GATE_BIAS",
-                 "HEADS_PER_LAYER", "QUERY_POSITION_SCALE")
+                 "HEADS_PER_LAYER", "QUERY_POSITION_SCALE", "FULL_LAYERS_WINDOWED")
 WINDOW = 5                            # the shrunk window (agent.recipe.native.parts.probe.shrunk_config)
 
 
@@ -203,6 +203,10 @@ def windows(probe) -> dict:
             raise NotNative("attention", "a sliding window in the config that the model does not attend by")
         return {"WINDOWS": False, "LAYER_TYPE_WINDOWS": False}
     facts = {"WINDOWS": True, "LAYER_TYPE_WINDOWS": from_types}
+    if not sliding and from_types:
+        # the model attends by the window, though its cache and layer_types name no sliding layer: its mask windows the
+        # full_attention layers (minimax's; its linear_attention layers hold no cache)
+        facts["FULL_LAYERS_WINDOWED"] = True
     if other is not None:
         facts["toggle"] = _window_changes(probe, not bool(getattr(probe.config, "sliding_window", None)))
     return facts

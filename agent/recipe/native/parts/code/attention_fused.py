@@ -35,6 +35,7 @@ ROPE_BY_LAYER_TYPE = False      # cos / sin per layer type (gemma3's local and g
 ROPE_BY_LAYER_THETA = None      # the config key of each layer's rope base (granite_swa: layer_rope_theta; 0: NoPE)
 WINDOWS = False                 # the architecture attends in a sliding window where its config says so
 LAYER_TYPE_WINDOWS = False      # which layers: config.layer_types' sliding_attention ones (else every layer)
+FULL_LAYERS_WINDOWED = False    # which layers: config.layer_types' full_attention ones (minimax: its mask windows them)
 LOCAL_LAYERS = False            # which layers: config.attention_layers' "local" ones, window config.window_size (gpt_neo)
 UNSCALED = False                # softmax of q . k unscaled (gpt_neo)
 SINKS = False                   # a learnable sink logit per head in the softmax (gpt_oss)
@@ -73,6 +74,9 @@ def layer_windows(config):
     window = getattr(config, "sliding_window", None)
     if not window:
         return [None] * config.num_hidden_layers
+    if FULL_LAYERS_WINDOWED:
+        # the window on config.layer_types' full_attention layers (minimax's mask; its cache names none sliding)
+        return [window if kind == "full_attention" else None for kind in config.layer_types[:config.num_hidden_layers]]
     if LAYER_TYPE_WINDOWS:
         return [window if kind == "sliding_attention" else None for kind in config.layer_types[:config.num_hidden_layers]]
     return [window] * config.num_hidden_layers
