@@ -48,14 +48,17 @@ def test_every_fault_and_the_first_and_last_layers():
 
 
 def _minimax():
-    from agent.testing.checkpoint_shapes import checkpoint_config
+    """transformers' default minimax config (agent.testing.checkpoint_shapes records no minimax checkpoint)."""
+    from transformers import AutoConfig
 
-    return checkpoint_config("minimax")[0]
+    return AutoConfig.for_model("minimax").to_dict()
 
 
+@pytest.mark.slow
 def test_minimax_reads_its_lightning_layers_as_linear_attention_and_a_changed_decay_is_refused():
-    """The lightning layers (self_attn in transformers' layers) are the linear_attention slot's, renamed to linear_attn
-    at load by their own children's names; the norm's epsilon is the architecture's fixed 1e-6. A module whose decay
+    """Covered by default (the layer's arithmetic the probe holds): test_the_layer_matches_transformers_across_prefill_
+    and_decode_and_faults_fail. The lightning layers (self_attn in transformers' layers) are the linear_attention
+    slot's, renamed to linear_attn at load by their own children's names; the norm's epsilon is the architecture's fixed 1e-6. A module whose decay
     is not scaled by the layer's depth is refused in one line naming the layer."""
     import re
 
@@ -86,3 +89,30 @@ def test_minimax_reads_its_lightning_layers_as_linear_attention_and_a_changed_de
     assert refused.value.reason.startswith(f"layer {later}: MiniMaxLightningAttention is not the decayed linear "
                                            "attention"), refused.value.reason
     assert "\n" not in refused.value.reason
+
+
+# the file's text, a fault written into it (each run on the config itself): the decay not scaled by the layer's
+# depth; the attention's branch joining no residual
+MINIMAX_FAULTS = {"minimax": [
+    ("factor = 1 - layer_idx / (num_layers - 1 + 1e-5) + 1e-5", "factor = 1.0"),
+    ("hidden_states = self.post_attention_layernorm(hidden_states * self.attn_alpha + out * self.attn_beta)",
+     "hidden_states = self.post_attention_layernorm(out * self.attn_beta)"),
+]}
+
+
+@pytest.mark.slow
+def test_minimax_file_matches_transformers_and_its_faults_fail(tmp_path):
+    """Covered by default (the lightning layer's path): test_the_layer_matches_transformers_across_prefill_and_decode_
+    and_faults_fail. minimax's file on transformers' default config (no checkpoint shape recorded), rendered and held to
+    transformers in float32, bfloat16 and its family settings (the window on: its full-attention layers windowed);
+    each fault fails."""
+    from transformers import AutoConfig
+
+    from agent.recipe.native.compose import derive
+    from part_selfcheck import selfcheck_with_faults
+
+    config = AutoConfig.for_model("minimax").to_dict()
+    composition = derive(config)
+    assert (composition.parts["linear_attention"], composition.parts["block"]) == ("lightning", "normed_residual")
+    assert composition.options["FULL_LAYERS_WINDOWED"] is True
+    selfcheck_with_faults({"minimax": (config, composition)}, MINIMAX_FAULTS, "MiniMaxForCausalLM", tmp_path)
