@@ -116,3 +116,27 @@ def test_minimax_file_matches_transformers_and_its_faults_fail(tmp_path):
     assert (composition.parts["linear_attention"], composition.parts["block"]) == ("lightning", "normed_residual")
     assert composition.options["FULL_LAYERS_WINDOWED"] is True
     selfcheck_with_faults({"minimax": (config, composition)}, MINIMAX_FAULTS, "MiniMaxForCausalLM", tmp_path)
+
+
+@pytest.mark.slow
+def test_a_layer_weighting_its_mlp_by_another_key_is_refused(monkeypatch):
+    """No default case covers this refusal (parts/block_normed_residual.py; minimax's derive takes about 20 s, its
+    file's check is test_minimax_file_matches_transformers_and_its_faults_fail). The normed-residual layer's factors are held on a config with every factor apart: an MLP weighted by mlp_beta_factor where
+    the file reads mlp_alpha_factor is refused in one line (the checkpoint's own factors, all 1, cannot tell)."""
+    from transformers.models.minimax import modeling_minimax
+
+    from agent.recipe.native.not_native import NotNative
+    from agent.recipe.native.parts.block_normed_residual import NORMED_RESIDUAL
+    from agent.recipe.native.parts.probe import Probe
+
+    built = modeling_minimax.MiniMaxDecoderLayer.__init__
+
+    def swapped(self, config, layer_idx):
+        built(self, config, layer_idx)
+        self.mlp_alpha_factor = config.mlp_beta_factor
+
+    monkeypatch.setattr(modeling_minimax.MiniMaxDecoderLayer, "__init__", swapped)
+    with pytest.raises(NotNative) as refused:
+        NORMED_RESIDUAL.probe(Probe(_minimax()), {})
+    assert refused.value.kind == "decoder layer" and "is not norm(x) alpha + branch(norm(x)) beta" in \
+        refused.value.reason and "\n" not in refused.value.reason, refused.value.reason
