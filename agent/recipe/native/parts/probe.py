@@ -9,6 +9,7 @@ import copy
 import importlib
 
 from agent.recipe.native.not_native import NotNative
+from agent.recipe.native.parts.attention_head_dim import WRITTEN_PER_LAYER, layer_head_dims
 
 # dims the NPU kernels constrain (head widths, rope and latent widths): kept at the checkpoint's values, so that
 # a checkpoint the kernels cannot serve fails the self-check, not the trial
@@ -173,10 +174,11 @@ def varying_per_layer(config) -> dict[str, list]:
 
 
 def per_layer_refusal(config) -> str | None:
-    """One line naming what `config` sets per layer, or None where it sets nothing per layer: no part writes
-    layers whose attention shapes differ (the generated file reads each width once, from the global config)."""
+    """One line naming what `config` sets per layer, or None where it sets nothing per layer but what a part writes
+    layer by layer (the head width: parts/attention_head_dim.py): no part writes layers whose other attention
+    shapes differ (the generated file reads each other width once, from the global config)."""
     varying = varying_per_layer(config)
-    if not varying:
+    if not varying or set(varying) <= set(WRITTEN_PER_LAYER):
         return None
     shown = [f"{name} {'/'.join(str(value) for value in seen)}" for name, seen in list(varying.items())[:3]]
     more = f" (and {', '.join(list(varying)[3:])})" if len(varying) > 3 else ""
@@ -291,12 +293,20 @@ class Probe:
         if not isinstance(self.heads, int) and self.layout is not None and self.layout.one_mixer and self.layers \
                 and all("linear_attn" in children(layer) for layer in self.layers):
             # Mamba2 layers alone (mamba2: a state-space model): no attention to read (parts/no_attention.py)
-            self.kv_heads = self.head_dim = None
+            self.kv_heads = self.head_dim = self.layer_head_dims = None
             return
         if not isinstance(self.heads, int):
             raise NotNative("attention", f"{config.model_type} has no attention heads in its config: a recurrent or "
                                          "state-space model, which no part of the generator writes")
         self.kv_heads = key_value_heads(config) or self.heads
+        # each layer's head_dim where the config sets it per layer (gemma4: parts/attention_head_dim.py); the
+        # probe's head_dim is then the first layer's, and the config's global read of it (which transformers
+        # refuses on a heterogeneous config) its default: the attention part reads each layer's own
+        self.layer_head_dims = layer_head_dims(config)
+        if self.layer_head_dims:
+            config.allow_global_per_layer_attribute_access = True
+            self.head_dim = self.layer_head_dims[0]
+            return
         self.head_dim = getattr(config, "head_dim", None) or self.hidden // self.heads
 
     @property

@@ -59,6 +59,7 @@ ATTN_SUB_NORM = False           # an RMSNorm of the attention's output over all 
 GATE_BIAS = False               # a bias of that gate, one per head, added before its activation (beam's gate_bias)
 HEADS_PER_LAYER = None          # the config key of each layer's query heads (laguna: num_attention_heads_per_layer)
 QUERY_POSITION_SCALE = False    # rotated queries times 1 + beta log(1 + floor(position / original)) (llama-4, ministral3)
+HEAD_DIM_PER_LAYER = False      # each layer's head_dim its own (transformers' per_layer_config: gemma4's global layers)
 
 
 def key_value_heads(config):
@@ -117,7 +118,11 @@ class ModelAttention(nn.Module):
         self.enable_npugraph_ex = infer_config.model_config.exe_mode == "npugraph_ex"
         self.enable_gegraph = infer_config.model_config.exe_mode == "ge_graph"
         self.block_size = infer_config.scheduler_config.block_size
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        if HEAD_DIM_PER_LAYER:
+            # its own width, and so its own cache entries' (the heterogeneous config refuses a global read of it)
+            self.head_dim = config.per_layer_config[layer_idx].head_dim
+        else:
+            self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.num_heads = getattr(config, HEADS_PER_LAYER)[layer_idx] if HEADS_PER_LAYER else config.num_attention_heads
         self.num_key_value_heads = key_value_heads(config) if MULTI_QUERY else (
             getattr(config, "num_key_value_heads", None) or self.num_heads)
