@@ -59,6 +59,7 @@ ATTN_SUB_NORM = False           # an RMSNorm of the attention's output over all 
 GATE_BIAS = False               # a bias of that gate, one per head, added before its activation (beam's gate_bias)
 HEADS_PER_LAYER = None          # the config key of each layer's query heads (laguna: num_attention_heads_per_layer)
 QUERY_POSITION_SCALE = False    # rotated queries times 1 + beta log(1 + floor(position / original)) (llama-4, ministral3)
+V_NORM = False                  # the values RMS-normalised per head without a weight, in float32 (gemma4's v_norm)
 HEAD_DIM_PER_LAYER = False      # each layer's head_dim its own (transformers' per_layer_config: gemma4's global layers)
 
 
@@ -177,6 +178,8 @@ class ModelAttention(nn.Module):
         if QK_NORM:
             setattr(self, Q_NORM, Norm(self.head_dim, eps=getattr(config, NORM_EPS)))
             setattr(self, K_NORM, Norm(self.head_dim, eps=getattr(config, NORM_EPS)))
+        if V_NORM:
+            self.v_norm_eps = config.rms_norm_eps
         if QK_NORM_FULL:
             if self.num_key_value_heads < self.attn_tp_size:
                 raise ValueError(f"a k norm over all {self.num_key_value_heads} key heads with attn_tp_size "
@@ -233,6 +236,10 @@ class ModelAttention(nn.Module):
         value = value.reshape(q_len, self.num_key_value_heads_per_rank, self.head_dim)
         if QK_NORM and not QK_NORM_AFTER_ROPE:
             query, key = getattr(self, Q_NORM)(query), getattr(self, K_NORM)(key)
+        if V_NORM:
+            # plain torch: npu_rms_norm takes a weight (a ones weight would round in the run dtype first)
+            value = value.float()
+            value = (value * torch.rsqrt(value.pow(2).mean(-1, keepdim=True) + self.v_norm_eps)).to(key.dtype)
         if QUERY_POSITION_SCALE:
             cos_sin, positions = cos_sin[:2], cos_sin[2]
         if ROTARY:

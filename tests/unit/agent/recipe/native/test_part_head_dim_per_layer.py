@@ -1,0 +1,64 @@
+"""Head width per layer and the value norm (agent/recipe/native/parts/attention_head_dim.py and value_norm in
+parts/attention.py; the fused attention's HEAD_DIM_PER_LAYER and V_NORM in parts/code/attention_fused.py):
+gemma4's heterogeneous config sets head_dim per layer (its full-attention layers at global_head_dim 512 beside the
+sliding layers' 256); the probe reads each layer's, checks each layer's q/k projections and q/k norms at its own
+width, and the softmax scale's rule per layer; its v_norm is read numerically as a weightless RMSNorm per head.
+
+Default: the attention's facts on gemma4's defaults with the per-layer input embeddings off (the model slot's
+blocker before the attention's), and a v_norm that is not weightless refused. No gemma4 file is held to
+transformers yet: its rotary (one tensor per call, a partial proportional rope on the wider layers) is the
+position slot's next blocker, so no fault test of the file runs here."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def gemma4_probe():
+    from transformers import AutoConfig
+
+    from agent.recipe.native.parts.probe import Probe
+
+    try:
+        config = AutoConfig.for_model("gemma4_text", hidden_size_per_layer_input=0).to_dict()
+    except (ValueError, KeyError):
+        pytest.skip("this transformers has no gemma4_text")
+    return Probe(config)
+
+
+def test_each_layer_is_read_at_its_own_head_width(gemma4_probe):
+    from agent.recipe.native.parts.attention import dense_attention
+
+    probe = gemma4_probe
+    kinds = probe.config.layer_types
+    assert probe.layer_head_dims == [512 if kind == "full_attention" else 256 for kind in kinds]
+    assert {256, 512} == set(probe.layer_head_dims)
+    facts = dense_attention(probe)
+    # the q/k norms per head at each layer's width; scaling 1.0 (the q/k norms stand in for the softmax scale)
+    assert facts["HEAD_DIM_PER_LAYER"] is True and facts["V_NORM"] is True
+    assert facts["QK_NORM"] is True and facts["UNSCALED"] is True and facts["LAYER_TYPE_WINDOWS"] is True
+
+
+def test_a_value_norm_with_a_weight_or_another_formula_is_refused():
+    import torch
+
+    from agent.recipe.native.not_native import NotNative
+    from agent.recipe.native.parts.attention import value_norm
+
+    config = type("Config", (), {"rms_norm_eps": 1e-6})()
+    assert value_norm(None, 8, config) is False
+
+    class Weightless(torch.nn.Module):
+        def forward(self, x):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+    class MeanCentred(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.layer_norm(x, x.shape[-1:])
+
+    assert value_norm(Weightless(), 8, config) is True
+    with pytest.raises(NotNative, match="not an RMSNorm without a weight"):
+        value_norm(MeanCentred(), 8, config)
+    with pytest.raises(NotNative, match="has a weight"):
+        value_norm(torch.nn.RMSNorm(8), 8, config)
