@@ -1,13 +1,14 @@
-"""Head width per layer and the value norm (agent/recipe/native/parts/attention_head_dim.py and value_norm in
-parts/attention.py; the fused attention's HEAD_DIM_PER_LAYER and V_NORM in parts/code/attention_fused.py):
+"""gemma4's layers: head width per layer, the value norm and the layer scalar
+(agent/recipe/native/parts/attention_head_dim.py, value_norm in parts/attention.py, layer_scalar in
+parts/block.py; the fused attention's HEAD_DIM_PER_LAYER and V_NORM in parts/code/attention_fused.py, the rotary
+tables per layer type at each type's width in parts/code/causal_lm.py, LAYER_SCALAR in parts/code/block.py).
 gemma4's heterogeneous config sets head_dim per layer (its full-attention layers at global_head_dim 512 beside the
 sliding layers' 256); the probe reads each layer's, checks each layer's q/k projections and q/k norms at its own
-width, and the softmax scale's rule per layer; its v_norm is read numerically as a weightless RMSNorm per head.
+width, and the softmax scale's rule per layer; its v_norm is read numerically as a weightless RMSNorm per head; its
+layer_scalar (a checkpoint buffer, 1 in a random model) is read set to 2 as multiplying the layer's whole output.
 
-Default: the attention's facts on gemma4's defaults with the per-layer input embeddings off (the model slot's
-blocker before the attention's), and a v_norm that is not weightless refused. No gemma4 file is held to
-transformers yet: its rotary (one tensor per call, a partial proportional rope on the wider layers) is the
-position slot's next blocker, so no fault test of the file runs here."""
+Default: the facts on gemma4's defaults with the per-layer input embeddings off (the model slot's blocker before
+these), a v_norm that is not weightless refused, a layer scalar that does not scale the output refused."""
 
 from __future__ import annotations
 
@@ -62,3 +63,19 @@ def test_a_value_norm_with_a_weight_or_another_formula_is_refused():
         value_norm(MeanCentred(), 8, config)
     with pytest.raises(NotNative, match="has a weight"):
         value_norm(torch.nn.RMSNorm(8), 8, config)
+
+
+def test_the_layer_scalar_multiplies_the_whole_output(gemma4_probe, monkeypatch):
+    from agent.recipe.native.not_native import NotNative
+    from agent.recipe.native.parts.block import block_roles, layer_scalar
+
+    probe = gemma4_probe
+    roles = block_roles(probe)
+    assert layer_scalar(probe, roles) == {"LAYER_SCALAR": True}
+    layer = probe.layers[0]
+    forward = layer.forward
+    # a layer whose scalar leaves its output as it was: refused, not written as scaled
+    monkeypatch.setattr(layer, "forward", lambda *args, **kwargs: forward(*args, **kwargs) / layer.layer_scalar)
+    with pytest.raises(NotNative, match="does not multiply its output"):
+        layer_scalar(probe, roles)
+    assert float(layer.layer_scalar) == 1.0         # the probe's model left as it was

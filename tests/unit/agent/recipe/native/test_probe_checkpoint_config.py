@@ -86,7 +86,7 @@ def test_a_per_layer_list_in_a_variant_is_cut_to_the_probes_layers():
 
 
 @pytest.mark.parametrize("model_type, named", [
-    # (gemma4's head_dim per layer is written: test_part_head_dim_per_layer.py)
+    # (gemma4's head_dim per layer is written: test_part_gemma4_layers.py)
     # MLA widths and head counts per layer: its shrunk layers agree on heads (both tiny), the checkpoint's do not
     ("dots3_note_text", ["kv_lora_rank 512/1024", "num_attention_heads 128/64", "num_key_value_heads 128/64",
                          "qk_nope_head_dim"]),
