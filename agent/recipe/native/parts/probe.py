@@ -180,6 +180,7 @@ def per_layer_refusal(config) -> str | None:
     varying = varying_per_layer(config)
     if not varying or set(varying) <= set(WRITTEN_PER_LAYER):
         return None
+    varying = {name: seen for name, seen in varying.items() if name not in WRITTEN_PER_LAYER}   # named: the others
     shown = [f"{name} {'/'.join(str(value) for value in seen)}" for name, seen in list(varying.items())[:3]]
     more = f" (and {', '.join(list(varying)[3:])})" if len(varying) > 3 else ""
     return (f"{config.model_type} sets {', '.join(shown)}{more} per layer (per_layer_config): no part writes "
@@ -265,11 +266,14 @@ class Probe:
         # before any global read of a width (a heterogeneous config refuses those it sets per layer) and before
         # building a model no part could write (gemma4's per-layer input table alone is ~1.6 GB at probe size)
         refusal = per_layer_refusal(self.config)
-        if refusal is not None:
-            try:    # named by the checkpoint's own layers (the shrunk ones may agree where its do not)
+        if varying_per_layer(self.config):
+            # read on the checkpoint's own layers too: the shrunk ones may agree where its do not (gemma4-26B's 8 / 2
+            # key heads both shrink to 2), and a refusal names the checkpoint's values
+            try:
                 refusal = per_layer_refusal(self.full_config) or refusal
             except Exception:  # noqa: BLE001 - a checkpoint config transformers refuses unshrunk: the shrunk reading
                 pass
+        if refusal is not None:
             raise NotNative("attention", refusal)
         torch.manual_seed(0)
         try:
