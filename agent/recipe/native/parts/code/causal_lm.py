@@ -95,19 +95,16 @@ class ModelModel(nn.Module):
         if ABSOLUTE_POSITIONS:
             # the position slot's class is a table of position rows here, added to the embedding
             self.embed_positions = RotaryEmbedding(config)
+        elif not ALIBI and not NO_POSITIONS and ROPE_BY_LAYER_TYPE and HEAD_DIM_PER_LAYER:
+            # rope per layer type, each at its layers' head_dim (gemma4: sliding 256, full 512; no global head_dim)
+            self.rotary_emb = nn.ModuleDict({kind: RotaryEmbedding(config, config.per_layer_config[kind].head_dim, kind)
+                                             for kind in sorted(set(config.layer_types))})
         elif not ALIBI and not NO_POSITIONS:
             if MLA:
                 head_dim = config.qk_rope_head_dim          # MLA: the rope dims of the query and the shared key
-            elif HEAD_DIM_PER_LAYER:
-                head_dim = None                             # per layer type, below (no global head_dim)
             else:
                 head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-            if ROPE_BY_LAYER_TYPE and HEAD_DIM_PER_LAYER:
-                # rope per layer type, each at its layers' head_dim (gemma4: sliding 256, full 512)
-                self.rotary_emb = nn.ModuleDict({kind: RotaryEmbedding(config, config.per_layer_config[kind].head_dim,
-                                                                       kind)
-                                                 for kind in sorted(set(config.layer_types))})
-            elif ROPE_BY_LAYER_TYPE and ROPE_TYPED_LAYERS:
+            if ROPE_BY_LAYER_TYPE and ROPE_TYPED_LAYERS:
                 # rope per layer type that has rope settings (lfm3: its conv layers none)
                 self.rotary_emb = nn.ModuleDict({kind: RotaryEmbedding(config, head_dim, kind)
                                                  for kind in sorted(set(config.layer_types))
