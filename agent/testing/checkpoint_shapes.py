@@ -76,6 +76,17 @@ SHAPES: dict[str, tuple[str, dict]] = {
         "sliding_window": 1024, "sliding_window_pattern": 6, "query_pre_attn_scalar": 256,
         "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
         "rope_scaling": {"rope_type": "linear", "factor": 8.0}}),
+    # the keys upstream's models/gemma_4 (agentic/progress.md, its configuration_gemma4.py) records for the checkpoint
+    # it serves; no per-layer input embeddings (hidden_size_per_layer_input 0): upstream's port has none
+    "gemma4_text": ("google/gemma-4-26B-A4B-it (text_config)", {
+        "hidden_size": 2816, "intermediate_size": 2112, "num_hidden_layers": 30, "num_attention_heads": 16,
+        "num_key_value_heads": 8, "head_dim": 256, "global_head_dim": 512, "num_global_key_value_heads": 2,
+        "attention_k_eq_v": True, "sliding_window": 1024, "final_logit_softcapping": 30.0,
+        "enable_moe_block": True, "num_experts": 128, "top_k_experts": 8, "moe_intermediate_size": 704,
+        "hidden_size_per_layer_input": 0, "max_position_embeddings": 262144, "tie_word_embeddings": True,
+        "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                               "rope_theta": 1000000.0}}}),
     "phi3": ("microsoft/Phi-3.5-mini-instruct", {
         "num_attention_heads": 32, "num_key_value_heads": 32, "hidden_size": 3072, "sliding_window": 262144,
         "max_position_embeddings": 131072, "original_max_position_embeddings": 4096,

@@ -11,6 +11,7 @@ import math
 
 from agent.recipe.native.not_native import NotNative
 from agent.recipe.native.parts.attention_gate import GATE_NAMES, output_gate, renames as gate_renames
+from agent.recipe.native.parts.attention_head_dim import layer_head_dim
 from agent.recipe.native.parts.attention_heads import heads_per_layer, layer_heads
 from agent.recipe.native.parts.attention_params import (DENSE_BIAS_RENAMES, GATE_BIAS_RENAMES, last_layer_output_bias,
                                                         refuse_unknown)
@@ -24,14 +25,14 @@ from agent.recipe.native.parts.sub_norm import ATTN_SUB_NORM, attention_sub_norm
 # the q / k norms' names (a rename: hunyuan's query_layernorm / key_layernorm, persimmon's and phi's q_layernorm /
 # k_layernorm are qwen3's q_norm / k_norm)
 QK_NORM_NAMES = (("q_norm", "k_norm"), ("query_layernorm", "key_layernorm"), ("q_layernorm", "k_layernorm"))
-ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "rotary_fn", *sum(QK_NORM_NAMES, ()),
+ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "rotary_fn", "v_norm", *sum(QK_NORM_NAMES, ()),
                       *GATE_NAMES, ATTN_SUB_NORM}
 BIAS_KEYS = ("attention_bias", "use_qkv_bias", "use_bias", "enable_bias")       # config keys that may set the projections' biases
 DENSE_OPTIONS = ("QKV", "QKV_BIAS", "O_BIAS", "QK_NORM", "QK_NORM_FULL", "QUERY_PRE_ATTN_SCALAR", "WINDOWS",
                  "LAYER_TYPE_WINDOWS", "STACKED_PARAMS", "ATTENTION_MULTIPLIER", "ROTARY", "UNSCALED", "LOCAL_LAYERS",
                  "OUTPUT_GATE", "Q_NORM", "K_NORM", "QK_NORM_AFTER_ROPE", "QKV_GROUPS", "MULTI_QUERY", "GATE_PROJ",
                  "GATE_SOFTPLUS", "GATE_PER_HEAD", "CHECKPOINT_RENAMES", "ATTN_SUB_NORM", "GATE_BIAS",
-                 "HEADS_PER_LAYER", "QUERY_POSITION_SCALE", "FULL_LAYERS_WINDOWED")
+                 "HEADS_PER_LAYER", "QUERY_POSITION_SCALE", "FULL_LAYERS_WINDOWED", "HEAD_DIM_PER_LAYER", "V_NORM")
 WINDOW = 5                            # the shrunk window (agent.recipe.native.parts.probe.shrunk_config)
 
 
@@ -224,8 +225,10 @@ def dense_attention(probe) -> dict:
         raise NotNative("attention", "no layer has self_attn (linear attention only): the generated file writes "
                                      "linear-attention layers beside softmax-attention ones")
     per_layer = heads_per_layer(probe)
+    head_dims = {index: layer_head_dim(probe, index) for index in attention_layers(probe)}
     for index in attention_layers(probe):
         heads = layer_heads(probe, index)
+        head_dim = head_dims[index]
         attention = probe.layers[index].self_attn
         a = children(attention)
         if set(a) - ATTENTION_CHILDREN:
@@ -270,12 +273,18 @@ def dense_attention(probe) -> dict:
             scale = measured_scale(attention, qkv, o, heads, head_dim)        # gpt_neo's, openai-gpt's: no `scaling`
         if not isinstance(scale, float):
             raise NotNative("attention", f"{type(attention).__name__} has no float `scaling`")
+        if math.isclose(scale, head_dim ** -0.5, rel_tol=1e-6):
+            # the head_dim rule, each layer by its own head_dim (gemma4's per-layer widths): one rule, read
+            # below on the first attention layer's width
+            scale = head_dims[attention_layers(probe)[0]] ** -0.5
         shapes.add((fused, qkv[0].bias is not None, o.bias is not None, qk_width, qk_names, sink is not None, scale,
-                    gated, grouped, tuple(sorted((gate or {}).items())), attention_sub_norm(probe, index)))
+                    gated, grouped, tuple(sorted((gate or {}).items())), attention_sub_norm(probe, index),
+                    value_norm(a.get("v_norm"), head_dim, probe.config)))
     if len(shapes) != 1:
         raise NotNative("attention", "layers of unequal attention")
     position_scaled = query_position_scale(probe, attention_layers(probe)[0])
-    fused, qkv_bias, o_bias, qk_width, qk_names, sinks, scale, gated, grouped, gate, sub_norm = next(iter(shapes))
+    fused, qkv_bias, o_bias, qk_width, qk_names, sinks, scale, gated, grouped, gate, sub_norm, v_norm = next(iter(shapes))
+    head_dim = head_dims[attention_layers(probe)[0]]
     after_rope = qk_width is not None and qk_norm_after_rope(probe, qk_names[0])
     if after_rope and qk_width == "full":
         raise NotNative("attention", "q/k norms over all heads' width after the rotary")
@@ -315,6 +324,15 @@ def dense_attention(probe) -> dict:
             raise NotNative("attention", f"query heads per layer (config.{per_layer[0]}) with a fused qkv_proj or "
                                          "attention sinks: not written")
         facts.update(HEADS_PER_LAYER=per_layer[0], heads_variant=per_layer[1])
+    if v_norm:
+        if fused or gated:
+            raise NotNative("attention", "a value norm with a fused qkv_proj or a gate in q_proj: not written")
+        facts["V_NORM"] = True
+    if len(set(head_dims.values())) > 1:
+        if fused or grouped or gated or sinks or qk_width == "full":
+            raise NotNative("attention", "head_dim per layer (per_layer_config) with a fused qkv_proj, a gate in "
+                                         "q_proj, attention sinks or q/k norms over all heads: not written")
+        facts["HEAD_DIM_PER_LAYER"] = True
     if sub_norm:
         facts["ATTN_SUB_NORM"] = True
     if gate:
@@ -450,6 +468,25 @@ def output_gated(attention, probe, heads: int | None = None) -> bool:
                                                             rtol=1e-4, atol=1e-5)
 
 
+def value_norm(norm, head_dim: int, config) -> bool:
+    """Whether the values are RMS-normalised per head without a weight before the cache (gemma4's v_norm), read
+    numerically at the config's rms_norm_eps (the file's); NotNative for a v_norm that computes anything else."""
+    import torch
+
+    if norm is None:
+        return False
+    eps = getattr(config, "rms_norm_eps", None)
+    x = torch.randn(2, 3, head_dim, generator=torch.Generator().manual_seed(5))
+    if any(True for _ in norm.parameters()) or not isinstance(eps, float):
+        raise NotNative("attention", f"v_norm {type(norm).__name__} has a weight, or the config no rms_norm_eps: "
+                                     "not the weightless value norm the file writes")
+    with torch.no_grad():
+        got = norm(x)
+    if not torch.allclose(got, x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps), rtol=1e-4, atol=1e-5):
+        raise NotNative("attention", f"v_norm {type(norm).__name__} is not an RMSNorm without a weight")
+    return True
+
+
 def qk_norm_width(modules: dict, heads: int, kv_heads: int, head_dim: int, names=QK_NORM_NAMES[0]) -> str:
     """"head": q / k norms per head (qwen3); "full": over all heads' width before the heads split (olmo2)."""
     widths = tuple(getattr(getattr(modules[n], "weight", None), "shape", (None,))[-1] for n in names)
@@ -529,6 +566,11 @@ def _dense_match(part, probe, chosen, **extra) -> Match:
     if facts.get("HEADS_PER_LAYER") and part is not FUSED_PAGED:
         raise NotNative("attention", f"query heads per layer (config.{facts['HEADS_PER_LAYER']}) with {part.name}: "
                                      "only the fused attention builds each layer with its own heads")
+    if facts.get("V_NORM") and part is not FUSED_PAGED:
+        raise NotNative("attention", f"a value norm with {part.name}: only the fused attention writes it")
+    if facts.get("HEAD_DIM_PER_LAYER") and part is not FUSED_PAGED:
+        raise NotNative("attention", f"head_dim per layer with {part.name}: only the fused attention builds each "
+                                     "layer with its own head width")
     if facts.get("QUERY_POSITION_SCALE") and part not in (FUSED_PAGED, FUSED_PAGED_SINKS):
         raise NotNative("attention", f"the llama-4 query scaling with {part.name}: only the fused attention writes it")
     options = {k: v for k, v in facts.items() if k in DENSE_OPTIONS}

@@ -47,7 +47,8 @@ def block_roles(probe) -> dict | None:
     return roles
 
 
-def residual_scaled(layer, hidden: int, multiplier: float, roles: dict, depth: int | None = None) -> bool:
+def residual_scaled(layer, hidden: int, multiplier: float, roles: dict, depth: int | None = None,
+                    final: float = 1.0) -> bool:
     """The layer computes h = x + m * out_a(attn(in_a(x))), then h + m * out_m(mlp(in_m(h))) — the norms by
     role (`roles`: role -> name; an output norm the pre-norm layer has not is the identity): checked with the
     attention and the MLP replaced by fixed maps. With `depth` (the layer's index): beam's depth-scaled sums
@@ -92,7 +93,7 @@ def residual_scaled(layer, hidden: int, multiplier: float, roles: dict, depth: i
 
     with torch.no_grad():
         h = add(x, norm("attention_out")(norm("attention_in")(x) @ a), 0)
-        want = add(h, norm("mlp_out")(norm("mlp_in")(h) @ b), 1)
+        want = add(h, norm("mlp_out")(norm("mlp_in")(h) @ b), 1) * final     # final: gemma4's layer_scalar
     return torch.allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
@@ -120,15 +121,47 @@ def _pre_norm(probe, chosen):
     return Match(PRE_NORM, options=role_options(roles))
 
 
+LAYER_SCALAR = "layer_scalar"   # gemma4's: a buffer of one number per layer, in the checkpoint
+
+
+def layer_scalar(probe, roles: dict) -> dict:
+    """{"LAYER_SCALAR": True} where every layer holds a one-number layer_scalar (gemma4's buffer, stored in the
+    checkpoint: 1 in a random model, so its effect is read with it set to 2) that multiplies the layer's whole
+    output, residual included; {} where no layer holds one; NotNative for one that acts otherwise."""
+    import torch
+
+    held = [getattr(layer, LAYER_SCALAR, None) for layer in probe.layers]
+    if all(value is None for value in held):
+        return {}
+    if any(not isinstance(value, torch.Tensor) or value.numel() != 1 for value in held):
+        raise NotNative("decoder layer", f"{LAYER_SCALAR} on some layers only, or not one number")
+    layer = probe.layers[0]
+    saved = layer.layer_scalar.detach().clone()
+    try:
+        with torch.no_grad():
+            layer.layer_scalar.fill_(2.0)
+        scaled = residual_scaled(layer, probe.hidden, 1.0, roles, final=2.0)
+    finally:
+        with torch.no_grad():
+            layer.layer_scalar.copy_(saved)
+    if not scaled:
+        raise NotNative("decoder layer", f"the layer's {LAYER_SCALAR} does not multiply its output (residual "
+                                         "included)")
+    return {"LAYER_SCALAR": True}
+
+
 def _sandwich(probe, chosen):
     roles = block_roles(probe)
     if not roles or set(roles) != set(ROLES):
         return None
-    _unscaled(probe, roles)
-    return Match(SANDWICH, options={"SANDWICH": True, **role_options(roles)})
+    scalar = layer_scalar(probe, roles)
+    if not scalar:
+        _unscaled(probe, roles)
+    return Match(SANDWICH, options={"SANDWICH": True, **role_options(roles), **scalar})
 
 
 PRE_NORM = Part(slot="block", name="pre_norm", code="block.py", provides="ModelDecoderLayer",
                 reads=("hidden_size", "rms_norm_eps"), probe=_pre_norm, options=("ATTENTION_NORM", "MLP_NORM"))
 SANDWICH = Part(slot="block", name="sandwich", code="block.py", provides="ModelDecoderLayer",
-                reads=("hidden_size", "rms_norm_eps"), probe=_sandwich, options=("SANDWICH", *ROLE_OPTIONS.values()))
+                reads=("hidden_size", "rms_norm_eps"), probe=_sandwich,
+                options=("SANDWICH", "LAYER_SCALAR", *ROLE_OPTIONS.values()))

@@ -45,11 +45,17 @@ def probe_rotate_half(modeling_module, backward_ok: bool = False) -> bool:
 
     def matches(c, s, sign=1.0):
         """The architecture's function given cos / sin as its rotary embedding makes them: full width
-        (the angles twice) or half width (gpt_oss: the angles once, applied to each half)."""
+        (the angles twice) or half width (gpt_oss: the angles once, applied to each half); on q and k together,
+        or on one tensor at a time (gemma4's apply_rotary_pos_emb(x, cos, sin))."""
         try:
             got_q, got_k = apply(q, k, c, s)[:2]
         except Exception:  # noqa: BLE001 - another signature or width: not this form
-            return False
+            try:
+                got_q, got_k = apply(q, c, s), apply(k, c, s)
+            except Exception:  # noqa: BLE001 - neither signature
+                return False
+            if not (isinstance(got_q, torch.Tensor) and isinstance(got_k, torch.Tensor)):
+                return False
         return torch.allclose(got_q, half(q, sign), atol=1e-5) and torch.allclose(got_k, half(k, sign), atol=1e-5)
     if backward_ok and not matches(cos, sin) and matches(cos, sin, -1.0):
         return True
@@ -109,11 +115,13 @@ def default_whole_head(probe) -> dict:
         raise NotNative("position", f"rope per layer type with a partial rotary: the default rope's width not read "
                                     f"({type(exc).__name__})") from exc
     width = cos.shape[-1]
-    if width == probe.head_dim:
+    # that layer type's head width where head_dim is set per layer (gemma4's full layers: parts/attention_head_dim.py)
+    head_dim = config.per_layer_config[kind].head_dim if probe.layer_head_dims else probe.head_dim
+    if width == head_dim:
         return {"DEFAULT_WHOLE_HEAD": True}
-    if width == probe.head_dim // 2:
+    if width == head_dim // 2:
         return {}
-    raise NotNative("position", f"the default rope at partial_rotary_factor 0.5 rotates {width} of {probe.head_dim} "
+    raise NotNative("position", f"the default rope at partial_rotary_factor 0.5 rotates {width} of {head_dim} "
                                 "dims")
 
 

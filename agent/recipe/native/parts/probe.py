@@ -9,6 +9,7 @@ import copy
 import importlib
 
 from agent.recipe.native.not_native import NotNative
+from agent.recipe.native.parts.attention_head_dim import WRITTEN_PER_LAYER, layer_head_dims
 
 # dims the NPU kernels constrain (head widths, rope and latent widths): kept at the checkpoint's values, so that
 # a checkpoint the kernels cannot serve fails the self-check, not the trial
@@ -173,11 +174,13 @@ def varying_per_layer(config) -> dict[str, list]:
 
 
 def per_layer_refusal(config) -> str | None:
-    """One line naming what `config` sets per layer, or None where it sets nothing per layer: no part writes
-    layers whose attention shapes differ (the generated file reads each width once, from the global config)."""
+    """One line naming what `config` sets per layer, or None where it sets nothing per layer but what a part writes
+    layer by layer (the head width: parts/attention_head_dim.py): no part writes layers whose other attention
+    shapes differ (the generated file reads each other width once, from the global config)."""
     varying = varying_per_layer(config)
-    if not varying:
+    if not varying or set(varying) <= set(WRITTEN_PER_LAYER):
         return None
+    varying = {name: seen for name, seen in varying.items() if name not in WRITTEN_PER_LAYER}   # named: the others
     shown = [f"{name} {'/'.join(str(value) for value in seen)}" for name, seen in list(varying.items())[:3]]
     more = f" (and {', '.join(list(varying)[3:])})" if len(varying) > 3 else ""
     return (f"{config.model_type} sets {', '.join(shown)}{more} per layer (per_layer_config): no part writes "
@@ -263,11 +266,14 @@ class Probe:
         # before any global read of a width (a heterogeneous config refuses those it sets per layer) and before
         # building a model no part could write (gemma4's per-layer input table alone is ~1.6 GB at probe size)
         refusal = per_layer_refusal(self.config)
-        if refusal is not None:
-            try:    # named by the checkpoint's own layers (the shrunk ones may agree where its do not)
+        if varying_per_layer(self.config):
+            # read on the checkpoint's own layers too: the shrunk ones may agree where its do not (gemma4-26B's 8 / 2
+            # key heads both shrink to 2), and a refusal names the checkpoint's values
+            try:
                 refusal = per_layer_refusal(self.full_config) or refusal
             except Exception:  # noqa: BLE001 - a checkpoint config transformers refuses unshrunk: the shrunk reading
                 pass
+        if refusal is not None:
             raise NotNative("attention", refusal)
         torch.manual_seed(0)
         try:
@@ -291,12 +297,20 @@ class Probe:
         if not isinstance(self.heads, int) and self.layout is not None and self.layout.one_mixer and self.layers \
                 and all("linear_attn" in children(layer) for layer in self.layers):
             # Mamba2 layers alone (mamba2: a state-space model): no attention to read (parts/no_attention.py)
-            self.kv_heads = self.head_dim = None
+            self.kv_heads = self.head_dim = self.layer_head_dims = None
             return
         if not isinstance(self.heads, int):
             raise NotNative("attention", f"{config.model_type} has no attention heads in its config: a recurrent or "
                                          "state-space model, which no part of the generator writes")
         self.kv_heads = key_value_heads(config) or self.heads
+        # each layer's head_dim where the config sets it per layer (gemma4: parts/attention_head_dim.py); the
+        # probe's head_dim is then the first layer's, and the config's global read of it (which transformers
+        # refuses on a heterogeneous config) its default: the attention part reads each layer's own
+        self.layer_head_dims = layer_head_dims(config)
+        if self.layer_head_dims:
+            config.allow_global_per_layer_attribute_access = True
+            self.head_dim = self.layer_head_dims[0]
+            return
         self.head_dim = getattr(config, "head_dim", None) or self.hidden // self.heads
 
     @property

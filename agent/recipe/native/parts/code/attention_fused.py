@@ -60,6 +60,8 @@ ATTN_SUB_NORM = False           # an RMSNorm of the attention's output over all 
 GATE_BIAS = False               # a bias of that gate, one per head, added before its activation (beam's gate_bias)
 HEADS_PER_LAYER = None          # the config key of each layer's query heads (laguna: num_attention_heads_per_layer)
 QUERY_POSITION_SCALE = False    # rotated queries times 1 + beta log(1 + floor(position / original)) (llama-4, ministral3)
+V_NORM = False                  # the values RMS-normalised per head without a weight, in float32 (gemma4's v_norm)
+HEAD_DIM_PER_LAYER = False      # each layer's head_dim its own (transformers' per_layer_config: gemma4's global layers)
 
 
 def key_value_heads(config):
@@ -121,7 +123,11 @@ class ModelAttention(nn.Module):
         self.enable_npugraph_ex = infer_config.model_config.exe_mode == "npugraph_ex"
         self.enable_gegraph = infer_config.model_config.exe_mode == "ge_graph"
         self.block_size = infer_config.scheduler_config.block_size
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        if HEAD_DIM_PER_LAYER:
+            # its own width, and so its own cache entries' (the heterogeneous config refuses a global read of it)
+            self.head_dim = config.per_layer_config[layer_idx].head_dim
+        else:
+            self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.num_heads = getattr(config, HEADS_PER_LAYER)[layer_idx] if HEADS_PER_LAYER else config.num_attention_heads
         self.num_key_value_heads = key_value_heads(config) if MULTI_QUERY else (
             getattr(config, "num_key_value_heads", None) or self.num_heads)
@@ -176,6 +182,8 @@ class ModelAttention(nn.Module):
         if QK_NORM:
             setattr(self, Q_NORM, Norm(self.head_dim, eps=getattr(config, NORM_EPS)))
             setattr(self, K_NORM, Norm(self.head_dim, eps=getattr(config, NORM_EPS)))
+        if V_NORM:
+            self.v_norm_eps = config.rms_norm_eps
         if QK_NORM_FULL:
             if self.num_key_value_heads < self.attn_tp_size:
                 raise ValueError(f"a k norm over all {self.num_key_value_heads} key heads with attn_tp_size "
@@ -232,6 +240,10 @@ class ModelAttention(nn.Module):
         value = value.reshape(q_len, self.num_key_value_heads_per_rank, self.head_dim)
         if QK_NORM and not QK_NORM_AFTER_ROPE:
             query, key = getattr(self, Q_NORM)(query), getattr(self, K_NORM)(key)
+        if V_NORM:
+            # plain torch: npu_rms_norm takes a weight (a ones weight would round in the run dtype first)
+            value = value.float()
+            value = (value * torch.rsqrt(value.pow(2).mean(-1, keepdim=True) + self.v_norm_eps)).to(key.dtype)
         if QUERY_POSITION_SCALE:
             cos_sin, positions = cos_sin[:2], cos_sin[2]
         if ROTARY:

@@ -1,12 +1,16 @@
 """The decoder layer: attention and MLP (or sparse-MoE block), each behind its norm, as upstream's models/qwen
 chains them."""
 
+import torch
+from torch import nn
+
 from .layer import FIXED_NORM_EPS, LINEAR_ATTENTION, NORM_EPS, ModelDecoderLayerBase
 from .norm_rms import ModelRMSNorm as Norm
 
 SANDWICH = False        # post-attention and pre/post-feedforward norms around attention and MLP (gemma2, gemma3)
 RESIDUAL_MULTIPLIER = False  # the attention's and the MLP's outputs times config.residual_multiplier (granite)
 RESIDUAL_DEPTH_SCALED = False   # that multiplier is scale_depth / sqrt(num_hidden_layers) (minicpm3)
+LAYER_SCALAR = False    # the layer's output, residual included, times its checkpoint's layer_scalar (gemma4)
 # the norms' module names (the checkpoint's), by role: the attention's input and output norms, the MLP's input
 # and output norms (the output norms only in the sandwich layer)
 ATTENTION_NORM = "input_layernorm"
@@ -31,6 +35,9 @@ class ModelDecoderLayer(ModelDecoderLayerBase):
         setattr(self, MLP_NORM, Norm(config.hidden_size, eps=getattr(config, NORM_EPS) if NORM_EPS else FIXED_NORM_EPS))
         if SANDWICH:
             setattr(self, MLP_OUT_NORM, Norm(config.hidden_size, eps=getattr(config, NORM_EPS) if NORM_EPS else FIXED_NORM_EPS))
+        if LAYER_SCALAR:
+            # a parameter (not a buffer): load_weights loads it from the checkpoint's model.layers.N.layer_scalar
+            self.layer_scalar = nn.Parameter(torch.ones(1), requires_grad=False)
 
     def forward(self, hidden_states, cos_sin, past_residual, forward_metadata):
         hidden_states, residual = getattr(self, ATTENTION_NORM)(hidden_states, past_residual)
@@ -54,4 +61,8 @@ class ModelDecoderLayer(ModelDecoderLayerBase):
             hidden_states = self.mlp(hidden_states)
             if RESIDUAL_MULTIPLIER:
                 hidden_states = hidden_states * self.residual_multiplier
+        if LAYER_SCALAR:
+            # (residual + hidden) * s as the next norm adds them: plain torch multiplies
+            scalar = self.layer_scalar.to(hidden_states.dtype)
+            residual, hidden_states = residual * scalar, hidden_states * scalar
         return residual, hidden_states

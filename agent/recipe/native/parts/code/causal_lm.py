@@ -49,6 +49,7 @@ NO_POSITIONS = False            # attention without positions on every layer (ne
 CONTEXT_PARALLEL = False        # prefill context parallel (parallel_config.cp_size): context_parallel.py's segments
 LINEAR_ATTENTION = False        # linear-attention layers beside attention ones: their state caches (Mamba entries)
 HEADS_PER_LAYER = None          # the config key of each layer's query heads (laguna): each count splits at attn_tp_size
+HEAD_DIM_PER_LAYER = False      # head_dim set per layer (gemma4's per_layer_config): each layer type's table at its width
 ONE_MIXER = False               # one mixer per layer (parts/code/block_one_mixer.py): the layer's caches, none for an MLP
 NO_ATTENTION = False            # no attention layer at all (mamba2's Mamba2 layers alone): no heads to split
 NEVER_TIED = False              # lm_head never tied to the embedding, whatever the config says (nemotron_h)
@@ -94,6 +95,10 @@ class ModelModel(nn.Module):
         if ABSOLUTE_POSITIONS:
             # the position slot's class is a table of position rows here, added to the embedding
             self.embed_positions = RotaryEmbedding(config)
+        elif not ALIBI and not NO_POSITIONS and ROPE_BY_LAYER_TYPE and HEAD_DIM_PER_LAYER:
+            # rope per layer type, each at its layers' head_dim (gemma4: sliding 256, full 512; no global head_dim)
+            self.rotary_emb = nn.ModuleDict({kind: RotaryEmbedding(config, config.per_layer_config[kind].head_dim, kind)
+                                             for kind in sorted(set(config.layer_types))})
         elif not ALIBI and not NO_POSITIONS:
             if MLA:
                 head_dim = config.qk_rope_head_dim          # MLA: the rope dims of the query and the shared key

@@ -86,14 +86,14 @@ def test_a_per_layer_list_in_a_variant_is_cut_to_the_probes_layers():
 
 
 @pytest.mark.parametrize("model_type, named", [
-    ("gemma4_text", ["head_dim 256/512"]),
+    # (gemma4's head_dim per layer is written: test_part_gemma4_layers.py)
     # MLA widths and head counts per layer: its shrunk layers agree on heads (both tiny), the checkpoint's do not
     ("dots3_note_text", ["kv_lora_rank 512/1024", "num_attention_heads 128/64", "num_key_value_heads 128/64",
                          "qk_nope_head_dim"]),
 ])
 def test_a_config_that_sets_attention_shapes_per_layer_falls_back_naming_them(model_type, named):
-    """A heterogeneous config (transformers' per_layer_config: gemma4's wider full-attention heads, dots3's sliding
-    layers' own MLA ranks and head counts) refuses a global read of what it sets per layer: a fall-back that names
+    """A heterogeneous config (transformers' per_layer_config: dots3's sliding layers' own MLA ranks and head
+    counts) refuses a global read of what it sets per layer: a fall-back that names
     each such attribute with the checkpoint's values, not a crash in whichever part reads one first (dots3's MLA
     probe read kv_lora_rank)."""
     from transformers import AutoConfig
@@ -122,5 +122,8 @@ def test_what_a_config_sets_per_layer_is_read_layer_by_layer():
     same = AutoConfig.for_model("gemma4_text", num_hidden_layers=6, per_layer_config={i: {"head_dim": 64}
                                                                                       for i in range(6)})
     assert varying_per_layer(same) == {"head_dim": [64]}
-    assert "head_dim 64 per layer" in per_layer_refusal(same)
+    # head_dim is what a part writes per layer (parts/attention_head_dim.py); any other attribute still refuses
+    assert per_layer_refusal(gemma4) is None and per_layer_refusal(same) is None
+    heads = AutoConfig.for_model("gemma4_text", num_hidden_layers=6, per_layer_config={5: {"num_key_value_heads": 2}})
+    assert "num_key_value_heads 4/2 per layer" in per_layer_refusal(heads)
     assert varying_per_layer(AutoConfig.for_model("llama")) == {} and per_layer_refusal(AutoConfig.for_model("llama")) is None
