@@ -162,6 +162,15 @@ SHAPES: dict[str, tuple[str, dict]] = {
         "num_attention_heads": 24, "num_key_value_heads": 8, "hidden_size": 1536, "num_local_experts": 40,
         "num_experts_per_tok": 8, "attention_multiplier": 0.015625, "embedding_multiplier": 12.0,
         "residual_multiplier": 0.22, "logits_scaling": 6.0, "tie_word_embeddings": True}),
+    "granitemoehybrid": ("ibm-granite/granite-4.0-h-tiny", {
+        "num_attention_heads": 12, "num_key_value_heads": 4, "hidden_size": 1536, "num_hidden_layers": 40,
+        "layer_types": (["mamba"] * 5 + ["attention"] + ["mamba"] * 9 + ["attention"] + ["mamba"] * 9 + ["attention"]
+                        + ["mamba"] * 9 + ["attention"] + ["mamba"] * 4),
+        "intermediate_size": 512, "shared_intermediate_size": 1024, "num_local_experts": 64,
+        "num_experts_per_tok": 6, "mamba_n_heads": 48, "mamba_d_head": 64, "mamba_d_state": 128, "mamba_n_groups": 1,
+        "mamba_expand": 2, "mamba_d_conv": 4, "mamba_chunk_size": 256, "position_embedding_type": "nope",
+        "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "max_position_embeddings": 131072,
+        "tie_word_embeddings": True}),
     "exaone4": ("LGAI-EXAONE/EXAONE-4.0-32B", {
         "num_attention_heads": 40, "num_key_value_heads": 8, "hidden_size": 5120, "head_dim": 128,
         "sliding_window": 4096, "sliding_window_pattern": 4, "num_hidden_layers": 64, "rope_theta": 1000000.0,

@@ -163,6 +163,7 @@ def read_layout(model, hidden: int) -> Layout | None:
     if set(inner) == {"decoder"}:
         path, base = f"{prefix}.decoder", inner["decoder"]
     elif prefix == "model" and head_name == "lm_head" and set(inner) - weightless_lists(root) <= SKELETON_MODEL:
+        _lift_attention_rotary(root)
         return _mixer_layout(root) or _lightning_layout(root)      # the skeleton's own layout
     present(model, {prefix: "model", head_name: "lm_head"})
     renames = [(f"^{re.escape(head_name)}\\.", "lm_head.")] if head_name != "lm_head" else []
@@ -201,6 +202,31 @@ def read_layout(model, hidden: int) -> Layout | None:
     layout = Layout(base, tuple(renames), embed_norm="embed_norm" in roles.values())
     _layer_roles(model, list(base.layers), hidden, layout)
     return layout
+
+
+def _lift_attention_rotary(root) -> None:
+    """moshi's rotary held by each attention (`self_attn.rotary_emb`, none in the base model): read as the base
+    model's table where every attention holds one of one class and the same frequencies (weightless: no checkpoint
+    name moves); the position part then probes its arithmetic as any model's. Else left for the attention's check."""
+    import torch
+
+    if "rotary_emb" in _named(root) or not isinstance(getattr(root, "layers", None), torch.nn.ModuleList):
+        return
+    attentions = [getattr(layer, "self_attn", None) for layer in root.layers]
+    tables = [getattr(a, "rotary_emb", None) for a in attentions]
+    if not tables or any(not isinstance(t, torch.nn.Module) for t in tables):
+        return
+    first = tables[0]
+    freqs = getattr(first, "inv_freq", None)
+    if freqs is None or any(type(t) is not type(first) or getattr(t, "attention_scaling", None)
+                            != getattr(first, "attention_scaling", None) or not torch.equal(t.inv_freq, freqs)
+                            for t in tables):
+        return
+    for attention in attentions:
+        present(attention, {}, hide=("rotary_emb",))
+    present(root, {})
+    root.__dict__[CHILDREN]["rotary_emb"] = first
+    object.__setattr__(root, "rotary_emb", first)
 
 
 def _mixer_layout(root) -> Layout | None:

@@ -19,6 +19,7 @@ FIXED_NORM_EPS = 1e-5       # their epsilon where no config key holds it (NORM_E
 # config.layer_types' linear_attention layers hold a linear attention in place of self_attn (qwen3_next's Gated DeltaNet)
 LINEAR_ATTENTION = False
 LINEAR_LAYER_TYPE = "linear_attention"   # config.layer_types' name of those layers (lfm2's short convolution: conv)
+NO_ATTENTION = False    # every layer a linear-attention layer (granitemoehybrid's Mamba2 layers only): no attention built
 
 
 class ModelDecoderLayerBase(nn.Module):
@@ -28,6 +29,10 @@ class ModelDecoderLayerBase(nn.Module):
             self.is_linear = config.layer_types[layer_idx] == LINEAR_LAYER_TYPE
         if LINEAR_ATTENTION and self.is_linear:
             self.linear_attn = LinearAttention(config, infer_config, comm_manager, layer_idx, prefix=f"{prefix}.linear_attn")
+        elif NO_ATTENTION:
+            # a checkpoint of the family with attention layers needs the file derived with them
+            raise ValueError(f"layer {layer_idx} is a {config.layer_types[layer_idx]!r} layer: this file writes no "
+                             "attention; derive the recipe from a checkpoint that has attention layers")
         else:
             self.self_attn = Attention(config, infer_config, comm_manager, layer_idx, prefix=f"{prefix}.self_attn")
         if MOE_LAYERS == "all":

@@ -142,9 +142,6 @@ REFUSED = {
     # its default config's moe layer (the one-mixer Mamba2, attention and MLP layers are written: test_part_one_mixer.py)
     "nemotron_h": ({}, "model", "a sparse-MoE block (NemotronHMoE) as a layer's one mixer"),
     "zamba2": ({}, "model", "layers of Zamba2HybridLayer (linear, mamba_decoder, shared_transformer)"),
-    # its default layer_types: Mamba2 layers alone, each beside its MoE block (its NoPE attention, where a checkpoint
-    # has it, is written: test_part_position_nope.py)
-    "granitemoehybrid": ({}, "attention", "no layer has self_attn (linear attention only)"),
 }
 
 
@@ -154,8 +151,7 @@ def test_the_hybrids_no_part_writes_fall_back_naming_their_first_blocker(model_t
     """falcon_h1's parallel layer (mixer and attention side by side), nemotron_h's default moe layer as a one-mixer
     block (its shrunk config's B / C groups cut to divide the heads, so that transformers runs it), zamba2's hybrid
     layers (a transformer block shared across layers; its attention width and mixer heads shrunk with the hidden
-    width) and granitemoehybrid's default (Mamba2 layers with their MLPs, no attention) each fall
-    back in one line naming it.
+    width) each fall back in one line naming it.
     Default case covering the derivation's path: test_bamba_file_matches_transformers_and_a_dropped_d_skip_fails."""
     from transformers import AutoConfig
 
@@ -167,3 +163,24 @@ def test_the_hybrids_no_part_writes_fall_back_naming_their_first_blocker(model_t
         derive(AutoConfig.for_model(model_type, **changes).to_dict())
     assert refused.value.kind == kind and words in refused.value.reason, (refused.value.kind, refused.value.reason)
     assert "\n" not in refused.value.reason
+
+
+@pytest.mark.slow
+def test_granitemoehybrid_of_mamba2_layers_alone_writes_no_attention():
+    """granitemoehybrid's default layer_types (Mamba2 layers alone, each with its MoE block and shared MLP, two norms):
+    derived with no attention (parts/no_attention.py), the file builds none and refuses in one line a layer its config
+    makes an attention layer. (transformers 5.24 cannot run this config with its cache — get_seq_length on a cache
+    of linear-attention layers alone — so the self-check does not hold it.)
+    Default case covering the hybrid block's path: test_bamba_file_matches_transformers_and_a_dropped_d_skip_fails."""
+    from transformers import AutoConfig
+
+    from agent.recipe.native.compose import derive
+    from agent.recipe.native.decide import render_native
+
+    composition = derive(AutoConfig.for_model("granitemoehybrid", num_hidden_layers=2, mamba_d_state=16).to_dict())
+    assert composition.matches["attention"].name == "no_attention"
+    assert composition.matches["linear_attention"].name == "mamba2"
+    assert composition.options.get("NO_ATTENTION") and composition.options.get("LINEAR_ATTENTION")
+    text = render_native({"model_name": "granitemoehybrid", "framework_class": "NativeForCausalLM",
+                          "display_name": "granitemoehybrid", "model_class": "X"}, composition)
+    assert "class NativeAttention(" not in text and "this file writes no " in text
