@@ -18,8 +18,11 @@ def _first_attention_output(probe, state: dict):
     if state is not None:
         model.load_state_dict(state)
     seen = {}
-    hook = probe.layers[attention_layers(probe)[0]].self_attn.register_forward_hook(
-        lambda module, args, out: seen.setdefault("out", (out[0] if isinstance(out, tuple) else out).detach()))
+
+    def keep(module, args, out) -> None:          # returns None: the output stays the module's
+        seen.setdefault("out", (out[0] if isinstance(out, tuple) else out).detach())
+
+    hook = probe.layers[attention_layers(probe)[0]].self_attn.register_forward_hook(keep)
     try:
         with torch.no_grad():
             model(input_ids=torch.tensor([[3, 5, 7, 11]]) % probe.config.vocab_size, use_cache=False)
