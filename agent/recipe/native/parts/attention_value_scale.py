@@ -12,8 +12,6 @@ VALUE_SCALE_KEYS = ("attention_value_scale",)
 def _first_attention_output(probe, state: dict):
     import torch
 
-    from agent.recipe.native.parts.attention import attention_layers
-
     model = probe.model
     if state is not None:
         model.load_state_dict(state)
@@ -22,7 +20,8 @@ def _first_attention_output(probe, state: dict):
     def keep(module, args, out) -> None:          # returns None: the output stays the module's
         seen.setdefault("out", (out[0] if isinstance(out, tuple) else out).detach())
 
-    hook = probe.layers[attention_layers(probe)[0]].self_attn.register_forward_hook(keep)
+    first = next(layer for layer in probe.layers if hasattr(layer, "self_attn"))    # a hybrid's attention layer
+    hook = first.self_attn.register_forward_hook(keep)
     try:
         with torch.no_grad():
             model(input_ids=torch.tensor([[3, 5, 7, 11]]) % probe.config.vocab_size, use_cache=False)
