@@ -12,9 +12,10 @@ import math
 from agent.recipe.native.not_native import NotNative
 from agent.recipe.native.parts.attention_gate import GATE_NAMES, output_gate, renames as gate_renames
 from agent.recipe.native.parts.attention_head_dim import layer_head_dim
-from agent.recipe.native.parts.attention_heads import heads_per_layer, layer_heads
+from agent.recipe.native.parts.attention_heads import heads_per_layer, key_heads_by_kind, layer_heads, layer_key_heads
 from agent.recipe.native.parts.attention_params import (DENSE_BIAS_RENAMES, GATE_BIAS_RENAMES, last_layer_output_bias,
                                                         refuse_unknown)
+from agent.recipe.native.parts.attention_value_scale import value_scale
 from agent.recipe.native.parts.attention_positions import (SMALL_ORIGINAL, query_position_scale,
                                                            small_original_setting)
 from agent.recipe.native.parts.part import Expr, Match, Part
@@ -32,7 +33,8 @@ DENSE_OPTIONS = ("QKV", "QKV_BIAS", "O_BIAS", "QK_NORM", "QK_NORM_FULL", "QUERY_
                  "LAYER_TYPE_WINDOWS", "STACKED_PARAMS", "ATTENTION_MULTIPLIER", "ROTARY", "UNSCALED", "LOCAL_LAYERS",
                  "OUTPUT_GATE", "Q_NORM", "K_NORM", "QK_NORM_AFTER_ROPE", "QKV_GROUPS", "MULTI_QUERY", "GATE_PROJ",
                  "GATE_SOFTPLUS", "GATE_PER_HEAD", "CHECKPOINT_RENAMES", "ATTN_SUB_NORM", "GATE_BIAS",
-                 "HEADS_PER_LAYER", "QUERY_POSITION_SCALE", "FULL_LAYERS_WINDOWED", "HEAD_DIM_PER_LAYER", "V_NORM")
+                 "HEADS_PER_LAYER", "QUERY_POSITION_SCALE", "FULL_LAYERS_WINDOWED", "HEAD_DIM_PER_LAYER", "V_NORM",
+                 "KV_HEADS_BY_LAYER_TYPE", "SINK_LAYER_TYPES", "V_HEAD_DIM", "VALUE_SCALE")
 WINDOW = 5                            # the shrunk window (agent.recipe.native.parts.probe.shrunk_config)
 
 
@@ -220,14 +222,15 @@ def dense_attention(probe) -> dict:
     import torch
 
     heads, kv_heads, head_dim = probe.heads, probe.kv_heads, probe.head_dim
-    shapes = set()
+    shapes, with_sinks = set(), set()
     if not attention_layers(probe):
         raise NotNative("attention", "no layer has self_attn (linear attention only): the generated file writes "
                                      "linear-attention layers beside softmax-attention ones")
     per_layer = heads_per_layer(probe)
     head_dims = {index: layer_head_dim(probe, index) for index in attention_layers(probe)}
+    kinds_heads = key_heads_by_kind(probe)
     for index in attention_layers(probe):
-        heads = layer_heads(probe, index)
+        heads, kv_heads = layer_heads(probe, index), layer_key_heads(probe, index)
         head_dim = head_dims[index]
         attention = probe.layers[index].self_attn
         a = children(attention)
@@ -256,7 +259,8 @@ def dense_attention(probe) -> dict:
             held = (f"{widths[0] // head_dim} query / {widths[1] // head_dim} key heads of head_dim {head_dim}"
                     if not (widths[0] % head_dim or widths[1] % head_dim) else f"{widths[0]} / {widths[1]} rows")
             raise NotNative("attention", f"layer {index}'s q/k projections are {held}, not the config's {heads} / "
-                                         f"{kv_heads} heads x head_dim {head_dim}{key_heads_by_kind(probe, index)}")
+                                         f"{kv_heads} heads x head_dim {head_dim}{key_heads_in_words(probe, index)}")
+        value_dim = None if fused else value_head_dim(probe, qkv[2], o, heads, kv_heads)
         pairs = [pair for pair in QK_NORM_NAMES if pair[0] in a or pair[1] in a]
         if len(pairs) > 1 or (pairs and not (pairs[0][0] in a and pairs[0][1] in a)):
             raise NotNative("attention", "a q norm without a k norm, or the reverse")
@@ -277,13 +281,20 @@ def dense_attention(probe) -> dict:
             # the head_dim rule, each layer by its own head_dim (gemma4's per-layer widths): one rule, read
             # below on the first attention layer's width
             scale = head_dims[attention_layers(probe)[0]] ** -0.5
-        shapes.add((fused, qkv[0].bias is not None, o.bias is not None, qk_width, qk_names, sink is not None, scale,
-                    gated, grouped, tuple(sorted((gate or {}).items())), attention_sub_norm(probe, index),
+        if sink is not None:
+            with_sinks.add(index)
+        shapes.add((fused, qkv[0].bias is not None, o.bias is not None, qk_width, qk_names, scale,
+                    gated, grouped, tuple(sorted((gate or {}).items())), attention_sub_norm(probe, index), value_dim,
                     value_norm(a.get("v_norm"), head_dim, probe.config)))
     if len(shapes) != 1:
-        raise NotNative("attention", "layers of unequal attention")
+        fields = ("fused q/k/v", "q/k/v bias", "o_proj bias", "q/k norm width", "q/k norm names", "softmax scale",
+                  "output gate in q_proj", "q/k/v groups", "output gate", "sub-norm", "value head width", "value norm")
+        differ = [name for position, name in enumerate(fields) if len({shape[position] for shape in shapes}) > 1]
+        raise NotNative("attention", f"layers of unequal attention ({', '.join(differ)})")
+    sinks = bool(with_sinks)
+    sink_kinds = sink_layer_kinds(probe, with_sinks) if with_sinks != set(attention_layers(probe)) and sinks else ()
     position_scaled = query_position_scale(probe, attention_layers(probe)[0])
-    fused, qkv_bias, o_bias, qk_width, qk_names, sinks, scale, gated, grouped, gate, sub_norm, v_norm = next(iter(shapes))
+    fused, qkv_bias, o_bias, qk_width, qk_names, scale, gated, grouped, gate, sub_norm, value_dim, v_norm = next(iter(shapes))
     head_dim = head_dims[attention_layers(probe)[0]]
     after_rope = qk_width is not None and qk_norm_after_rope(probe, qk_names[0])
     if after_rope and qk_width == "full":
@@ -307,7 +318,7 @@ def dense_attention(probe) -> dict:
         raise NotNative("attention", f"softmax scale {scale} is none of head_dim ** -0.5, query_pre_attn_scalar ** -0.5, "
                                      "attention_multiplier")
     if sinks:
-        _probe_sinks(probe.modeling, probe.layers[attention_layers(probe)[0]].self_attn)
+        _probe_sinks(probe.modeling, probe.layers[min(with_sinks)].self_attn)
     stacked = () if fused else (("merged_qkv_proj", "q_proj", "q"), ("merged_qkv_proj", "k_proj", "k"),
                                 ("merged_qkv_proj", "v_proj", "v"))
     facts = {"QKV": "qkv_proj" if fused else "merged_qkv_proj", "QKV_BIAS": _bias_option(probe, qkv_bias, "qkv"),
@@ -319,6 +330,20 @@ def dense_attention(probe) -> dict:
              "sinks": sinks, **({"QKV_GROUPS": grouped} if grouped else {}), **windows(probe)}
     if multi_query(probe.config):
         facts["MULTI_QUERY"] = True
+    if sink_kinds:
+        facts["SINK_LAYER_TYPES"] = sink_kinds
+    if value_dim == "v_head_dim":
+        if gated or gate or sub_norm or per_layer:
+            raise NotNative("attention", "value heads of config.v_head_dim with an output gate, a sub-norm or query "
+                                         "heads per layer: not written")
+        facts["V_HEAD_DIM"] = True
+    if value_scale(probe):
+        facts["VALUE_SCALE"] = value_scale(probe)
+    if kinds_heads:
+        if fused or per_layer:
+            raise NotNative("attention", "key/value heads per layer kind with a fused qkv_proj or query heads per "
+                                         "layer: not written")
+        facts.update(KV_HEADS_BY_LAYER_TYPE=kinds_heads[0], kv_heads_variant=kinds_heads[1])
     if per_layer:
         if fused or sinks:
             raise NotNative("attention", f"query heads per layer (config.{per_layer[0]}) with a fused qkv_proj or "
@@ -353,7 +378,33 @@ def dense_attention(probe) -> dict:
     return facts
 
 
-def key_heads_by_kind(probe, index: int) -> str:
+def value_head_dim(probe, v_proj, o_proj, heads: int, kv_heads: int) -> str | None:
+    """None where the value heads are head_dim wide (v_proj of kv_heads x head_dim rows); "v_head_dim" where they
+    are config.v_head_dim's, narrower (mimo_v2_flash: 128 beside 192), o_proj taking heads x v_head_dim, and
+    following the key on a config with it halved; NotNative otherwise."""
+    head_dim, width = probe.head_dim, out_features(v_proj)
+    if width == kv_heads * head_dim:
+        return None
+    v_head_dim = getattr(probe.config, "v_head_dim", None)
+
+    def follows(config_probe, dim) -> bool:
+        attention = config_probe.layers[attention_layers(config_probe)[0]].self_attn
+        kv = out_features(attention.k_proj) // config_probe.head_dim
+        return (out_features(attention.v_proj), attention.o_proj.in_features) == (kv * dim, config_probe.heads * dim)
+
+    if isinstance(v_head_dim, int) and 0 < v_head_dim < head_dim and v_head_dim % 2 == 0 and \
+            (width, getattr(o_proj, "in_features", None)) == (kv_heads * v_head_dim, heads * v_head_dim):
+        try:
+            confirmed = follows(probe.variant({"v_head_dim": v_head_dim // 2}), v_head_dim // 2)
+        except Exception:  # noqa: BLE001 - a config the architecture refuses: the key not confirmed
+            confirmed = False
+        if confirmed:
+            return "v_head_dim"
+    raise NotNative("attention", f"v_proj of {width} rows: not {kv_heads} value heads of head_dim {head_dim}"
+                                 + (f" nor of config.v_head_dim {v_head_dim} (o_proj beside them)" if v_head_dim else ""))
+
+
+def key_heads_in_words(probe, index: int) -> str:
     """Where layer `index`'s key/value heads are a multiple of the config's shared by every layer of its kind
     (config.layer_types; mimo_v2_flash's sliding layers: twice), that rule in words (no config key the file reads
     sets it); else ""."""
@@ -553,6 +604,41 @@ def _probe_sinks(modeling_module, attention) -> None:
         raise NotNative("attention", "attention sinks enter the softmax otherwise than one logit per head")
 
 
+def _sink_kinds(probe, with_sinks: set) -> tuple | None:
+    kinds = getattr(probe.config, "layer_types", None)
+    if not isinstance(kinds, list) or len(kinds) < len(probe.layers):
+        return None
+    held = {kinds[index] for index in with_sinks}
+    without = {kinds[index] for index in attention_layers(probe) if index not in with_sinks}
+    return tuple(sorted(held)) if not held & without else None
+
+
+def sink_layer_kinds(probe, with_sinks: set) -> tuple:
+    """The config.layer_types kinds whose layers alone have sinks (mimo_v2_flash's MiMoV2FlashAttention: its
+    sliding_attention layers), where the layers with sinks are exactly those kinds' and follow them on a config
+    with two kinds swapped (not the layer index; the self-check runs that variant where the key/value heads follow
+    the kinds too); NotNative for another pattern."""
+    import torch
+
+    rule = _sink_kinds(probe, with_sinks)
+    kinds = getattr(probe.config, "layer_types", None)
+    follows = False
+    if rule and len(set(kinds[:len(probe.layers)])) == 2:
+        first, second = sorted(set(kinds[:len(probe.layers)]))
+        swapped = [second if kind == first else first if kind == second else kind for kind in kinds]
+        try:
+            other = probe.variant({"layer_types": swapped})
+            moved = {index for index in attention_layers(other)
+                     if isinstance(getattr(other.layers[index].self_attn, "sinks", None), torch.nn.Parameter)}
+            follows = _sink_kinds(other, moved) == rule
+        except Exception:  # noqa: BLE001 - a config the architecture refuses: the rule not confirmed
+            follows = False
+    if not follows:
+        raise NotNative("attention", f"attention sinks on layers {sorted(with_sinks)} alone: not the layers of "
+                                     "config.layer_types' kinds")
+    return rule
+
+
 def _softcapped(probe) -> bool:
     return getattr(probe.config, "attn_logit_softcapping", None) is not None
 
@@ -592,13 +678,16 @@ def context_parallel(probe) -> bool:
 def _fused_paged(probe, chosen):
     if is_mla_model(probe) or _softcapped(probe) or dense_attention(probe)["sinks"]:
         return None
-    return _dense_match(FUSED_PAGED, probe, chosen, CONTEXT_PARALLEL=context_parallel(probe))
+    return _dense_match(FUSED_PAGED, probe, chosen,
+                        CONTEXT_PARALLEL=context_parallel(probe) and not dense_attention(probe).get("V_HEAD_DIM"))
 
 
 def _fused_paged_sinks(probe, chosen):
     if is_mla_model(probe) or _softcapped(probe) or not dense_attention(probe)["sinks"]:
         return None
-    return _dense_match(FUSED_PAGED_SINKS, probe, chosen, SINKS=True, CONTEXT_PARALLEL=context_parallel(probe))
+    # a prefill split over CP ranks gathers keys and values of head_dim: not with narrower values
+    return _dense_match(FUSED_PAGED_SINKS, probe, chosen, SINKS=True,
+                        CONTEXT_PARALLEL=context_parallel(probe) and not dense_attention(probe).get("V_HEAD_DIM"))
 
 
 def _softcap_paged(probe, chosen):
@@ -685,6 +774,8 @@ def _variants(match, probe):
                 found.append(change)
     if "heads_variant" in match.facts:
         found.append(("query heads per layer varied", match.facts["heads_variant"]))
+    if "kv_heads_variant" in match.facts:
+        found.append(("layer kinds swapped (key/value heads per kind)", match.facts["kv_heads_variant"]))
     if match.options.get("QUERY_POSITION_SCALE"):
         # the scaling steps at multiples of the original context: one the self-check's prompts reach
         found.append((f"query scaling original_max_position_embeddings {SMALL_ORIGINAL}",

@@ -81,3 +81,70 @@ def listed_heads(config: dict) -> tuple[str, list] | None:
         if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
             return key, value
     return None
+
+
+def _key_heads(probe) -> dict[int, int | None]:
+    """Each attention layer's key/value heads as its k_proj's width holds them; None where it has no separate
+    k_proj."""
+    import torch
+
+    from agent.recipe.native.parts.probe import children
+
+    found = {}
+    for index, layer in enumerate(probe.layers):
+        if not hasattr(layer, "self_attn"):
+            continue
+        k_proj = children(layer.self_attn).get("k_proj")
+        width = k_proj.out_features if isinstance(k_proj, torch.nn.Linear) else None
+        found[index] = width // probe.head_dim if width and width % probe.head_dim == 0 else None
+    return found
+
+
+def _kind_multiples(probe) -> tuple | None:
+    """((layer kind, multiple), ...) of the kinds whose layers' k_proj hold a multiple other than 1 of
+    num_key_value_heads, the same for every layer of the kind; () where all hold it once; None for another
+    pattern."""
+    kinds = getattr(probe.config, "layer_types", None)
+    if not isinstance(kinds, list) or len(kinds) < len(probe.layers) or not probe.kv_heads:
+        return None
+    multiples: dict[str, set] = {}
+    for index, heads in _key_heads(probe).items():
+        if heads is None or heads % probe.kv_heads:
+            return None
+        multiples.setdefault(kinds[index], set()).add(heads // probe.kv_heads)
+    if any(len(found) != 1 for found in multiples.values()):
+        return None
+    return tuple(sorted((kind, found.pop()) for kind, found in multiples.items() if found != {1}))
+
+
+def key_heads_by_kind(probe) -> tuple[tuple, dict] | None:
+    """(((layer kind, multiple of num_key_value_heads), ...), the config change that swaps the layer kinds), where
+    config.layer_types' kinds set each layer's key/value heads (mimo_v2_flash's MiMoV2FlashAttention: its
+    sliding_attention layers twice num_key_value_heads, set by the architecture's code, no config key): the same
+    multiple for every layer of a kind, and following the kinds on a config with them swapped (not the layer
+    index; the file's self-check runs that variant too). None where every layer has num_key_value_heads.
+    Memoised on the probe."""
+    if "key_heads_by_kind" in probe.memo:
+        return probe.memo["key_heads_by_kind"]
+    found = None
+    rule = _kind_multiples(probe)
+    kinds = getattr(probe.config, "layer_types", None)
+    if rule and len(set(kinds[:len(probe.layers)])) == 2:
+        first, second = sorted(set(kinds[:len(probe.layers)]))
+        swapped = [second if kind == first else first if kind == second else kind for kind in kinds]
+        try:
+            other = probe.variant({"layer_types": swapped})
+            follows = _kind_multiples(other) == rule
+        except Exception:  # noqa: BLE001 - a config the architecture refuses: the rule not confirmed
+            follows = False
+        if follows:
+            found = (rule, {"layer_types": swapped})
+    probe.memo["key_heads_by_kind"] = found
+    return found
+
+
+def layer_key_heads(probe, index: int) -> int:
+    """Layer `index`'s key/value heads: num_key_value_heads times its kind's multiple (key_heads_by_kind)."""
+    found = key_heads_by_kind(probe)
+    kinds = getattr(probe.config, "layer_types", None)
+    return probe.kv_heads * (dict(found[0]).get(kinds[index], 1) if found else 1)

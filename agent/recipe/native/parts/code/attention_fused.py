@@ -62,6 +62,13 @@ HEADS_PER_LAYER = None          # the config key of each layer's query heads (la
 QUERY_POSITION_SCALE = False    # rotated queries times 1 + beta log(1 + floor(position / original)) (llama-4, ministral3)
 V_NORM = False                  # the values RMS-normalised per head without a weight, in float32 (gemma4's v_norm)
 HEAD_DIM_PER_LAYER = False      # each layer's head_dim its own (transformers' per_layer_config: gemma4's global layers)
+SINK_LAYER_TYPES = ()           # with SINKS: config.layer_types' kinds whose layers alone have sinks (mimo_v2_flash:
+                                # sliding_attention); () every layer
+V_HEAD_DIM = False              # value heads of config.v_head_dim, narrower than the queries' and keys' head_dim
+                                # (mimo_v2_flash): projected zero-padded to head_dim, sliced before the cache
+VALUE_SCALE = None              # the config key of a multiplier of the values (mimo_v2_flash: attention_value_scale)
+KV_HEADS_BY_LAYER_TYPE = ()     # (layer kind, multiple of num_key_value_heads) pairs: config.layer_types' kinds whose
+                                # layers have more key/value heads (mimo_v2_flash: sliding_attention, 2)
 
 
 def key_value_heads(config):
@@ -131,7 +138,17 @@ class ModelAttention(nn.Module):
         self.num_heads = getattr(config, HEADS_PER_LAYER)[layer_idx] if HEADS_PER_LAYER else config.num_attention_heads
         self.num_key_value_heads = key_value_heads(config) if MULTI_QUERY else (
             getattr(config, "num_key_value_heads", None) or self.num_heads)
+        if KV_HEADS_BY_LAYER_TYPE:
+            # the rule of the architecture's code (MiMoV2FlashAttention.__init__: a sliding layer's key/value heads
+            # are twice num_key_value_heads), no config key: read from the layer's kind at run time
+            self.num_key_value_heads *= dict(KV_HEADS_BY_LAYER_TYPE).get(config.layer_types[layer_idx], 1)
         self.num_heads_per_rank = self.num_heads // self.attn_tp_size
+        if V_HEAD_DIM:
+            self.v_head_dim = config.v_head_dim
+        if VALUE_SCALE:
+            # MiMoV2FlashAttention: values times the key, 1 where it is None
+            scale = getattr(config, VALUE_SCALE, None)
+            self.value_scale = 1.0 if scale is None else scale
         self.num_key_value_heads_per_rank = max(self.num_key_value_heads // self.attn_tp_size, 1)
         if WINDOWS:
             self.sliding_window = layer_windows(config)[layer_idx]
@@ -158,7 +175,7 @@ class ModelAttention(nn.Module):
             total_num_kv_heads=self.num_key_value_heads, bias=QKV_BIAS, tp_size=self.attn_tp_size,
             tp_rank=tp_rank, quant_config=quant_config, prefix=f"{prefix}.{QKV}", return_bias=False))
         self.o_proj = RowParallelLinear(
-            self.num_heads * self.head_dim, config.hidden_size, bias=O_BIAS, tp_size=self.attn_tp_size,
+            self.num_heads * (self.v_head_dim if V_HEAD_DIM else self.head_dim), config.hidden_size, bias=O_BIAS, tp_size=self.attn_tp_size,
             tp_rank=tp_rank, input_is_parallel=True, quant_config=quant_config, prefix=f"{prefix}.o_proj")
         if GATE_PROJ:
             # split by heads like the queries: each rank gates its own heads' output
@@ -179,6 +196,9 @@ class ModelAttention(nn.Module):
             self.sinks = nn.Parameter(torch.empty(self.num_heads_per_rank), requires_grad=False)
             self.sinks.weight_loader = self._load_sinks
             self.tp_rank = tp_rank
+        if SINK_LAYER_TYPES and config.layer_types[layer_idx] not in SINK_LAYER_TYPES:
+            # MiMoV2FlashAttention: sinks on its sliding layers alone (learnable_sink None: a plain softmax)
+            self.sinks = None
         if QK_NORM:
             setattr(self, Q_NORM, Norm(self.head_dim, eps=getattr(config, NORM_EPS)))
             setattr(self, K_NORM, Norm(self.head_dim, eps=getattr(config, NORM_EPS)))
@@ -197,6 +217,8 @@ class ModelAttention(nn.Module):
             self._load_rotary_rows_reordered(config)
         if QKV_GROUPS:
             self._load_qkv_grouped()
+        if V_HEAD_DIM:
+            self._load_values_padded()
         if QUERY_POSITION_SCALE:
             # read at run time: a checkpoint without the beta scales nothing
             rope = getattr(config, "rope_parameters", None) or {}
@@ -214,6 +236,8 @@ class ModelAttention(nn.Module):
                        tensor_setter=lambda tensor, layer=self, name=name: setattr(layer, name, tensor))
             for name in ("k_cache", "v_cache")
         ]
+        if V_HEAD_DIM:
+            self.cache_entries[1].dim = self.v_head_dim         # the value cache holds v_head_dim per head
 
     def forward(self, hidden_states, cos_sin, forward_metadata: ForwardMetaData):
         is_prefill = forward_metadata.is_prefill
@@ -238,6 +262,11 @@ class ModelAttention(nn.Module):
         query = query.reshape(q_len, self.num_heads_per_rank, self.head_dim)
         key = key.reshape(q_len, self.num_key_value_heads_per_rank, self.head_dim)
         value = value.reshape(q_len, self.num_key_value_heads_per_rank, self.head_dim)
+        if V_HEAD_DIM:
+            # each value head's rows past v_head_dim are the load's zero padding
+            value = value[..., :self.v_head_dim]
+        if VALUE_SCALE:
+            value = value * self.value_scale
         if QK_NORM and not QK_NORM_AFTER_ROPE:
             query, key = getattr(self, Q_NORM)(query), getattr(self, K_NORM)(key)
         if V_NORM:
@@ -266,7 +295,8 @@ class ModelAttention(nn.Module):
         else:
             slots = forward_metadata.slot_mapping[self.attn_type].view(-1)[:q_len].view(-1, 1)
             torch_npu.npu_scatter_nd_update_(self.k_cache.view(-1, self.num_key_value_heads_per_rank, self.head_dim), slots, key)
-            torch_npu.npu_scatter_nd_update_(self.v_cache.view(-1, self.num_key_value_heads_per_rank, self.head_dim), slots, value)
+            torch_npu.npu_scatter_nd_update_(self.v_cache.view(-1, self.num_key_value_heads_per_rank, value.size(-1)
+                                                               if V_HEAD_DIM else self.head_dim), slots, value)
             out = self._attention(query, key, value, forward_metadata)
         if OUTPUT_GATE:
             out = out.reshape(q_len, -1) * torch.sigmoid(gate)
@@ -278,7 +308,7 @@ class ModelAttention(nn.Module):
             out = out.reshape(q_len, self.num_heads_per_rank, -1) * gate.view(q_len, self.num_heads_per_rank, -1)
         if ATTN_SUB_NORM:
             out = self.attn_sub_norm(out.reshape(q_len, -1))
-        out = self.o_proj(out.reshape(q_len, self.num_heads_per_rank * self.head_dim))
+        out = self.o_proj(out.reshape(q_len, self.num_heads_per_rank * (self.v_head_dim if V_HEAD_DIM else self.head_dim)))
         if q_len < padded_q_len:
             out = torch.cat([out, out.new_zeros((padded_q_len - q_len, out.size(-1)))], dim=0)
         if self.attn_tp_size > 1:
@@ -419,6 +449,28 @@ class ModelAttention(nn.Module):
 
         for param in getattr(self, QKV).parameters():
             param.weight_loader = regrouped(getattr(param, "weight_loader", copy_weight))
+
+    def _load_values_padded(self):
+        """The checkpoint's v_proj rows (weight, bias) of v_head_dim per head loaded zero-padded to head_dim per
+        head: the fused projection's heads are one width (module.linear's QKVParallelLinear); the padding's
+        outputs are sliced off before the cache."""
+        rows = self.num_key_value_heads * self.v_head_dim
+
+        def padded(loader):
+            def load(param, weight, *args, **kwargs):
+                shard = args[0] if args else kwargs.get("loaded_shard_id")
+                if shard == "v":
+                    if not weight.dim() or weight.shape[0] != rows:
+                        raise ValueError(f"{tuple(weight.shape)} v_proj tensor: not {rows} rows of {self.v_head_dim} "
+                                         "per head (block-quantized?), so its heads cannot be padded")
+                    heads = weight.reshape(self.num_key_value_heads, self.v_head_dim, *weight.shape[1:])
+                    pad = heads.new_zeros(self.num_key_value_heads, self.head_dim - self.v_head_dim, *weight.shape[1:])
+                    weight = torch.cat((heads, pad), dim=1).reshape(-1, *weight.shape[1:])
+                return loader(param, weight, *args, **kwargs)
+            return load
+
+        for param in getattr(self, QKV).parameters():
+            param.weight_loader = padded(getattr(param, "weight_loader", copy_weight))
 
     def _load_sinks(self, param, weight):
         """The checkpoint's sinks of every head: this rank's heads."""

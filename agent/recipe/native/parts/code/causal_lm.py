@@ -50,6 +50,7 @@ CONTEXT_PARALLEL = False        # prefill context parallel (parallel_config.cp_s
 LINEAR_ATTENTION = False        # linear-attention layers beside attention ones: their state caches (Mamba entries)
 HEADS_PER_LAYER = None          # the config key of each layer's query heads (laguna): each count splits at attn_tp_size
 HEAD_DIM_PER_LAYER = False      # head_dim set per layer (gemma4's per_layer_config): each layer type's table at its width
+KV_HEADS_BY_LAYER_TYPE = ()     # (layer kind, multiple of num_key_value_heads) pairs (mimo_v2_flash's sliding layers: 2)
 ONE_MIXER = False               # one mixer per layer (parts/code/block_one_mixer.py): the layer's caches, none for an MLP
 NO_ATTENTION = False            # no attention layer at all (mamba2's Mamba2 layers alone): no heads to split
 NEVER_TIED = False              # lm_head never tied to the embedding, whatever the config says (nemotron_h)
@@ -415,6 +416,14 @@ def check_parallel(config, parallel):
             checks.append(("num_key_value_heads", kv_heads, parallel.attn_tp_size))
         elif parallel.attn_tp_size % kv_heads:
             checks.append(("num_key_value_heads (replicated)", parallel.attn_tp_size, kv_heads))
+        if KV_HEADS_BY_LAYER_TYPE:
+            # a kind's layers built with a multiple of them (the attention's rule): each such count splits too
+            for kind, multiple in KV_HEADS_BY_LAYER_TYPE:
+                what, count = f"{multiple} x num_key_value_heads ({kind} layers)", multiple * kv_heads
+                if kind in config.layer_types and count >= parallel.attn_tp_size:
+                    checks.append((what, count, parallel.attn_tp_size))
+                elif kind in config.layer_types and parallel.attn_tp_size % count:
+                    checks.append((f"{what} (replicated)", parallel.attn_tp_size, count))
     for what, value, size in checks:
         if value % size:
             raise ValueError(f"{what} {value} does not divide by tensor-parallel size {size}: choose a size that divides it")
