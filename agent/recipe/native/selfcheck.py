@@ -19,8 +19,9 @@ it, even masked, fails (the reference kernels sum 0 x NaN), so a decode reads wh
 window's blocks, its own length — or it fails. Every step's logits are compared with transformers' on the
 same tokens, computed as transformers decodes (one cache per sequence, token by token). Prints one JSON line:
 per job {"ok", "max_rel" (the largest logit difference relative to the largest logit), "ratio" (the
-largest to its tolerance), "reason"}; "checkable": false where transformers' own model raised building or running
-the job's config (ReferenceFailed: the reason is its error; the generated file was not held to anything).
+largest to its tolerance), "by_float64" (the float32 steps within it of transformers' float64 logits only),
+"reason"}; "checkable": false where transformers' own model raised building or running the job's config
+(ReferenceFailed: the reason is its error; the generated file was not held to anything).
 """
 
 from __future__ import annotations
@@ -435,7 +436,7 @@ def check(job: dict) -> dict:
     vocab = config.vocab_size
     sequences = [torch.randint(4, vocab, (n,), generator=generator).tolist() for n in lengths]
     mask = ~torch.tril(torch.ones((2048, 2048), dtype=torch.bool))
-    worst = {"rel": 0.0, "ratio": 0.0}
+    worst = {"rel": 0.0, "ratio": 0.0, "by_float64": 0}
 
     def compare(step, logits):
         for row, tokens in enumerate(sequences):
@@ -456,6 +457,8 @@ def check(job: dict) -> dict:
                       f"{'' if truth is None else f' from float64 {truth:.4g}'}", file=sys.stderr)
             for key, value in (("rel", error / scale), ("ratio", judged / allowed)):
                 worst[key] = max(worst[key], value if math.isfinite(value) else float("inf"))
+            if truth is not None and truth <= allowed < error:
+                worst["by_float64"] += 1
             if not judged <= allowed:
                 from_exact = "" if truth is None else f" ({truth:.3g} from its float64 logits)"
                 raise AssertionError(f"{step}, sequence {row} ({len(tokens)} tokens, {dtype}): logits differ from "
@@ -497,7 +500,8 @@ def check(job: dict) -> dict:
         with torch.no_grad():
             logits = model(torch.tensor(next_tokens), torch.tensor([n - 1 for n in lengths]), meta)
         next_tokens = compare(f"decode step {step + 1}", logits)
-    return {"ok": True, "max_rel": worst["rel"], "ratio": worst["ratio"], "reason": None}
+    return {"ok": True, "max_rel": worst["rel"], "ratio": worst["ratio"], "by_float64": worst["by_float64"],
+            "reason": None}
 
 
 def main(argv: list[str]) -> int:
