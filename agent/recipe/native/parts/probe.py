@@ -263,7 +263,9 @@ class Probe:
         # before any global read of a width (a heterogeneous config refuses those it sets per layer) and before
         # building a model no part could write (gemma4's per-layer input table alone is ~1.6 GB at probe size)
         refusal = per_layer_refusal(self.config)
-        if refusal is not None:
+        from agent.recipe.native.parts.mla_layer_shapes import sets_mla_shapes_per_layer
+
+        if refusal is not None and not sets_mla_shapes_per_layer(self.config):    # MLA widths: that part's
             try:    # named by the checkpoint's own layers (the shrunk ones may agree where its do not)
                 refusal = per_layer_refusal(self.full_config) or refusal
             except Exception:  # noqa: BLE001 - a checkpoint config transformers refuses unshrunk: the shrunk reading

@@ -87,9 +87,7 @@ def test_a_per_layer_list_in_a_variant_is_cut_to_the_probes_layers():
 
 @pytest.mark.parametrize("model_type, named", [
     ("gemma4_text", ["head_dim 256/512"]),
-    # MLA widths and head counts per layer: its shrunk layers agree on heads (both tiny), the checkpoint's do not
-    ("dots3_note_text", ["kv_lora_rank 512/1024", "num_attention_heads 128/64", "num_key_value_heads 128/64",
-                         "qk_nope_head_dim"]),
+    # (dots3_note_text's MLA widths per layer are parts/mla_layer_shapes.py's: test_part_mla_layer_shapes.py)
 ])
 def test_a_config_that_sets_attention_shapes_per_layer_falls_back_naming_them(model_type, named):
     """A heterogeneous config (transformers' per_layer_config: gemma4's wider full-attention heads, dots3's sliding
