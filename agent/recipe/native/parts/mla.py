@@ -21,7 +21,7 @@ import math
 from agent.recipe.native.not_native import NotNative
 from agent.recipe.native.parts.dsa import dsa_reason, is_dsa_indexer
 from agent.recipe.native.parts.part import Match, Part
-from agent.recipe.native.parts.probe import children, probe_norm
+from agent.recipe.native.parts.probe import children, layer_config, probe_norm, sets_mla_shapes_per_layer
 
 Q_LORA_CHILDREN = {"q_a_proj", "q_a_layernorm", "q_b_proj"}
 KV_CHILDREN = {"kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj"}
@@ -180,8 +180,6 @@ def derive_mla(model_config, layers, model) -> dict:
     epsilons, prolog (npu_mla_prolog_v3 can compute the decode step's projections: the q LoRA, no biases)."""
     import torch
 
-    from agent.recipe.native.parts.mla_layer_shapes import layer_config
-
     found = set()
     eps = {}
     rope_widths = set()
@@ -273,8 +271,6 @@ def mla_kernels(match) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 def _probe(probe, chosen):
-    from agent.recipe.native.parts.mla_layer_shapes import sets_mla_shapes_per_layer
-
     if not is_mla_model(probe) or sets_mla_shapes_per_layer(probe.config):
         return None                 # MLA widths per layer: parts/mla_layer_shapes.py's
     return mla_match(MLA, probe)

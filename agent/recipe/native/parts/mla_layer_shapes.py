@@ -12,33 +12,13 @@ config's own layer gives; any other attribute set per layer (gemma4's head_dim) 
 from __future__ import annotations
 
 from agent.recipe.native.not_native import NotNative
+from agent.recipe.native.parts.mla import is_mla_model, mla_kernels, mla_match
 from agent.recipe.native.parts.part import Match, Part
+from agent.recipe.native.parts.probe import layer_config, sets_mla_shapes_per_layer
 
-# the attributes a heterogeneous config may set per layer for this part: an MLA layer's widths and head counts
-MLA_LAYER_KEYS = frozenset({"kv_lora_rank", "q_lora_rank", "num_attention_heads", "num_key_value_heads",
-                            "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "head_dim"})
 # the widths a layer's modules show (head_dim and num_key_value_heads: MLA's modules are not built from them)
 SHAPE_KEYS = ("num_attention_heads", "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
               "v_head_dim")
-
-
-def per_layer_names(config) -> set[str]:
-    """The attributes `config` sets per layer (transformers' per_layer_attributes); empty for a homogeneous one."""
-    try:
-        return set(getattr(config, "per_layer_attributes", None) or ())
-    except RuntimeError:
-        return set()
-
-
-def sets_mla_shapes_per_layer(config) -> bool:
-    """Whether what `config` sets per layer is MLA's widths alone (kv_lora_rank among them): this part's to read."""
-    names = per_layer_names(config)
-    return "kv_lora_rank" in names and names <= MLA_LAYER_KEYS
-
-
-def layer_config(config, index: int):
-    """Layer `index`'s view of `config` (its per-layer attributes resolved), or `config` where nothing is per layer."""
-    return config.per_layer_config[index] if per_layer_names(config) else config
 
 
 def module_shapes(attention) -> dict:
@@ -81,8 +61,6 @@ def layer_shapes(probe) -> list[dict] | None:
 
 
 def _probe(probe, chosen):
-    from agent.recipe.native.parts.mla import is_mla_model, mla_match
-
     shapes = layer_shapes(probe) if is_mla_model(probe) else None
     if shapes is None:
         return None
@@ -90,14 +68,8 @@ def _probe(probe, chosen):
     return Match(MLA_LAYER_SHAPES, facts={**match.facts, "layer_shapes": shapes}, options=match.options)
 
 
-def _kernels(match):
-    from agent.recipe.native.parts.mla import mla_kernels
-
-    return mla_kernels(match)
-
-
 MLA_LAYER_SHAPES = Part(
     slot="attention", name="mla_layer_shapes", code="attention_mla.py", provides="ModelMlaAttention",
     reads=("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "num_attention_heads",
            "rope_parameters", "per_layer_config"),
-    probe=_probe, kernels=_kernels, options=("MLA_PER_LAYER",))
+    probe=_probe, kernels=mla_kernels, options=("MLA_PER_LAYER",))

@@ -172,6 +172,30 @@ def varying_per_layer(config) -> dict[str, list]:
     return varying or values
 
 
+# what a heterogeneous config may set per layer for parts/mla_layer_shapes.py: an MLA layer's widths and heads
+MLA_LAYER_KEYS = frozenset({"kv_lora_rank", "q_lora_rank", "num_attention_heads", "num_key_value_heads",
+                            "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "head_dim"})
+
+
+def per_layer_names(config) -> set[str]:
+    """The attributes `config` sets per layer (transformers' per_layer_attributes); empty for a homogeneous one."""
+    try:
+        return set(getattr(config, "per_layer_attributes", None) or ())
+    except RuntimeError:
+        return set()
+
+
+def sets_mla_shapes_per_layer(config) -> bool:
+    """Whether what `config` sets per layer is MLA's widths alone (kv_lora_rank among them): this part's to read."""
+    names = per_layer_names(config)
+    return "kv_lora_rank" in names and names <= MLA_LAYER_KEYS
+
+
+def layer_config(config, index: int):
+    """Layer `index`'s view of `config` (its per-layer attributes resolved), or `config` where nothing is per layer."""
+    return config.per_layer_config[index] if per_layer_names(config) else config
+
+
 def per_layer_refusal(config) -> str | None:
     """One line naming what `config` sets per layer, or None where it sets nothing per layer: no part writes
     layers whose attention shapes differ (the generated file reads each width once, from the global config)."""
@@ -263,8 +287,6 @@ class Probe:
         # before any global read of a width (a heterogeneous config refuses those it sets per layer) and before
         # building a model no part could write (gemma4's per-layer input table alone is ~1.6 GB at probe size)
         refusal = per_layer_refusal(self.config)
-        from agent.recipe.native.parts.mla_layer_shapes import sets_mla_shapes_per_layer
-
         if refusal is not None and not sets_mla_shapes_per_layer(self.config):    # MLA widths: that part's
             try:    # named by the checkpoint's own layers (the shrunk ones may agree where its do not)
                 refusal = per_layer_refusal(self.full_config) or refusal
