@@ -52,6 +52,24 @@ def test_a_layer_built_with_another_layers_widths_is_refused_naming_it(dots3):
     assert "layer 2's MLA" in caught.value.reason and "kv_lora_rank 512 (config 1024)" in caught.value.reason
 
 
+def test_the_probe_lets_through_a_config_that_sets_mla_widths_alone_per_layer():
+    """MLA widths per layer are this part's; anything else set per layer (a layer's own sliding window beside
+    them, gemma4's head_dim) still falls back at the probe, naming it."""
+    from transformers import AutoConfig
+
+    from agent.recipe.native.parts.probe import per_layer_refusal, sets_mla_shapes_per_layer
+
+    dots3 = AutoConfig.for_model("dots3_note_text", num_hidden_layers=3)
+    assert sets_mla_shapes_per_layer(dots3)
+    sliding = {"num_attention_heads": 64, "num_key_value_heads": 64, "q_lora_rank": 1024, "kv_lora_rank": 1024,
+               "head_dim": 256, "qk_nope_head_dim": 192, "qk_rope_head_dim": 64, "v_head_dim": 128}
+    windowed = AutoConfig.for_model("dots3_note_text", num_hidden_layers=3,
+                                    per_layer_config={2: {**sliding, "sliding_window": 8}})
+    assert not sets_mla_shapes_per_layer(windowed) and "sliding_window" in per_layer_refusal(windowed)
+    assert not sets_mla_shapes_per_layer(AutoConfig.for_model("gemma4_text", num_hidden_layers=6))
+    assert not sets_mla_shapes_per_layer(AutoConfig.for_model("deepseek_v3"))
+
+
 def test_dots3_falls_back_at_its_next_blockers_not_at_the_per_layer_widths(dots3):
     """The probe lets MLA widths per layer through: the row names the position (its partial_rotary_factor is of
     head_dim), and the attention part, asked alone, its modules beyond MLA's."""

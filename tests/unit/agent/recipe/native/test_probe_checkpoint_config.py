@@ -90,10 +90,9 @@ def test_a_per_layer_list_in_a_variant_is_cut_to_the_probes_layers():
     # (dots3_note_text's MLA widths per layer are parts/mla_layer_shapes.py's: test_part_mla_layer_shapes.py)
 ])
 def test_a_config_that_sets_attention_shapes_per_layer_falls_back_naming_them(model_type, named):
-    """A heterogeneous config (transformers' per_layer_config: gemma4's wider full-attention heads, dots3's sliding
-    layers' own MLA ranks and head counts) refuses a global read of what it sets per layer: a fall-back that names
-    each such attribute with the checkpoint's values, not a crash in whichever part reads one first (dots3's MLA
-    probe read kv_lora_rank)."""
+    """A heterogeneous config (transformers' per_layer_config: gemma4's wider full-attention heads) refuses a global
+    read of what it sets per layer: a fall-back that names each such attribute with the checkpoint's values, not a
+    crash in whichever part reads one first."""
     from transformers import AutoConfig
 
     from agent.recipe.native.compose import derive
