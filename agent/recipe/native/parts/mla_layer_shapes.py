@@ -14,7 +14,7 @@ from __future__ import annotations
 from agent.recipe.native.not_native import NotNative
 from agent.recipe.native.parts.mla import is_mla_model, mla_kernels, mla_match
 from agent.recipe.native.parts.part import Match, Part
-from agent.recipe.native.parts.probe import layer_config, sets_mla_shapes_per_layer
+from agent.recipe.native.parts.probe import layer_config, per_layer_refusal, sets_mla_shapes_per_layer
 
 # the widths a layer's modules show (head_dim and num_key_value_heads: MLA's modules are not built from them)
 SHAPE_KEYS = ("num_attention_heads", "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
@@ -61,9 +61,12 @@ def layer_shapes(probe) -> list[dict] | None:
 
 
 def _probe(probe, chosen):
-    shapes = layer_shapes(probe) if is_mla_model(probe) else None
-    if shapes is None:
+    if not sets_mla_shapes_per_layer(probe.config):
         return None
+    if not is_mla_model(probe):
+        # the other attention parts read each width once, globally: a config that sets them per layer is no one's
+        raise NotNative("attention", per_layer_refusal(probe.config))
+    shapes = layer_shapes(probe)
     match = mla_match(MLA_LAYER_SHAPES, probe, MLA_PER_LAYER=True)
     return Match(MLA_LAYER_SHAPES, facts={**match.facts, "layer_shapes": shapes}, options=match.options)
 
