@@ -11,6 +11,7 @@ from agent.recipe.native.parts import attention_diff, linear_attention_lightning
 from agent.recipe.native.parts import position_nope
 from agent.recipe.native.parts import block_one_mixer, linear_attention_mamba1, no_attention, position_none
 from agent.recipe.native.parts import block_normed_residual
+from agent.recipe.native.parts import mla_layer_shapes
 from agent.recipe.native.parts.part import ROLES, SLOTS, Composition, Match, Part
 
 __all__ = ["PARTS", "OPTION_NAMES", "TABLES", "ROLES", "SLOTS", "Composition", "Match", "Part"]
@@ -34,6 +35,7 @@ PARTS = (
     rotary_interleaved.ROTARY_INTERLEAVED,
     position.ROTARY,
     no_attention.NO_ATTENTION,
+    mla_layer_shapes.MLA_LAYER_SHAPES,   # before MLA: a config that sets MLA widths per layer is this part's
     mla.MLA,
     attention_diff.DIFF_PAGED,
     attention.ALIBI_PAGED,

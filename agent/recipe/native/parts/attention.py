@@ -260,7 +260,7 @@ def dense_attention(probe) -> dict:
                     if not (widths[0] % head_dim or widths[1] % head_dim) else f"{widths[0]} / {widths[1]} rows")
             raise NotNative("attention", f"layer {index}'s q/k projections are {held}, not the config's {heads} / "
                                          f"{kv_heads} heads x head_dim {head_dim}{key_heads_in_words(probe, index)}")
-        value_dim = None if fused else value_head_dim(probe, qkv[2], o, heads, kv_heads)
+        value_dim = None if fused else value_head_dim(probe, qkv[2], o, heads, kv_heads, head_dim)
         pairs = [pair for pair in QK_NORM_NAMES if pair[0] in a or pair[1] in a]
         if len(pairs) > 1 or (pairs and not (pairs[0][0] in a and pairs[0][1] in a)):
             raise NotNative("attention", "a q norm without a k norm, or the reverse")
@@ -378,11 +378,11 @@ def dense_attention(probe) -> dict:
     return facts
 
 
-def value_head_dim(probe, v_proj, o_proj, heads: int, kv_heads: int) -> str | None:
-    """None where the value heads are head_dim wide (v_proj of kv_heads x head_dim rows); "v_head_dim" where they
-    are config.v_head_dim's, narrower (mimo_v2_flash: 128 beside 192), o_proj taking heads x v_head_dim, and
+def value_head_dim(probe, v_proj, o_proj, heads: int, kv_heads: int, head_dim: int) -> str | None:
+    """None where the value heads are the layer's head_dim wide (v_proj of kv_heads x head_dim rows); "v_head_dim"
+    where they are config.v_head_dim's, narrower (mimo_v2_flash: 128 beside 192), o_proj taking heads x v_head_dim, and
     following the key on a config with it halved; NotNative otherwise."""
-    head_dim, width = probe.head_dim, out_features(v_proj)
+    width = out_features(v_proj)
     if width == kv_heads * head_dim:
         return None
     v_head_dim = getattr(probe.config, "v_head_dim", None)

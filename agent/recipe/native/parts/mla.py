@@ -21,7 +21,7 @@ import math
 from agent.recipe.native.not_native import NotNative
 from agent.recipe.native.parts.dsa import dsa_reason, is_dsa_indexer
 from agent.recipe.native.parts.part import Match, Part
-from agent.recipe.native.parts.probe import children, probe_norm
+from agent.recipe.native.parts.probe import children, layer_config, probe_norm, sets_mla_shapes_per_layer
 
 Q_LORA_CHILDREN = {"q_a_proj", "q_a_layernorm", "q_b_proj"}
 KV_CHILDREN = {"kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj"}
@@ -173,21 +173,26 @@ def _probe_formula(attention, model, config) -> tuple[str, str]:
                                  f"({'; '.join(tried)})")
 
 
-def derive_mla(config, layers, model) -> dict:
-    """The MLA facts of `config` (transformers' shrunk config) from the built `model`'s `layers`: q_lora, rope
+def derive_mla(model_config, layers, model) -> dict:
+    """The MLA facts of `model_config` (transformers' shrunk config; each layer read through its own view where the
+    config sets widths per layer) from the built `model`'s `layers`: q_lora, rope
     ("interleave" | "half"), scale ("yarn_mscale" | "qk_head_dim"), q_a_bias, kv_a_bias, o_bias, the norms'
     epsilons, prolog (npu_mla_prolog_v3 can compute the decode step's projections: the q LoRA, no biases)."""
     import torch
 
-    missing = [key for key in MLA_CONFIG_KEYS if not isinstance(getattr(config, key, None), int)]
-    if missing:
-        raise NotNative("attention", f"MLA without {', '.join(missing)} in the config")
-    rank, dr = config.kv_lora_rank, config.qk_rope_head_dim
-    if dr % 2:
-        raise NotNative("attention", f"qk_rope_head_dim {dr} is odd: no rope pairs")
     found = set()
     eps = {}
+    rope_widths = set()
     for index, layer in enumerate(layers):
+        # a heterogeneous config's layer reads its own widths (parts/mla_layer_shapes.py)
+        config = layer_config(model_config, index)
+        missing = [key for key in MLA_CONFIG_KEYS if not isinstance(getattr(config, key, None), int)]
+        if missing:
+            raise NotNative("attention", f"MLA without {', '.join(missing)} in the config")
+        rank, dr = config.kv_lora_rank, config.qk_rope_head_dim
+        if dr % 2:
+            raise NotNative("attention", f"qk_rope_head_dim {dr} is odd: no rope pairs")
+        rope_widths.add(dr)
         attention = layer.self_attn
         children = {name for name, _ in attention.named_children()}
         q_lora = Q_LORA_CHILDREN <= children
@@ -220,7 +225,7 @@ def derive_mla(config, layers, model) -> dict:
     q_lora, form, rule, q_bias, kv_bias, o_bias = next(iter(found))
     if q_bias and not q_lora:
         raise NotNative("attention", "q_proj with a bias (MLA without the q LoRA): not written natively")
-    rope_plain = dr != FUSED_ROPE_DIM
+    rope_plain = rope_widths != {FUSED_ROPE_DIM}
     return {"q_lora": q_lora, "rope": form, "scale": rule, "q_a_bias": q_bias and q_lora, "kv_a_bias": kv_bias,
             "o_bias": o_bias, "kv_norm_eps": eps["kv_a_layernorm"],
             "q_norm_eps": eps.get("q_a_layernorm", eps["kv_a_layernorm"]), "rope_plain": rope_plain,
@@ -266,10 +271,15 @@ def mla_kernels(match) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 def _probe(probe, chosen):
-    if not is_mla_model(probe):
-        return None
+    if not is_mla_model(probe) or sets_mla_shapes_per_layer(probe.config):
+        return None                 # MLA widths per layer: parts/mla_layer_shapes.py's
+    return mla_match(MLA, probe)
+
+
+def mla_match(part, probe, **options) -> Match:
+    """`part`'s match of the probe's MLA layers (the MLA part's options, and `options`)."""
     f = derive_mla(probe.config, probe.layers, probe.model)
-    return Match(MLA, facts=f, options={
+    return Match(part, facts=f, options={**options, 
         "MLA": True, "Q_LORA": f["q_lora"], "ROPE_HALF": f["rope"] == "half", "YARN_MSCALE": f["scale"] == "yarn_mscale",
         "Q_A_BIAS": f["q_a_bias"], "KV_A_BIAS": f["kv_a_bias"], "MLA_O_BIAS": f["o_bias"],
         "Q_NORM_EPS": f["q_norm_eps"], "KV_NORM_EPS": f["kv_norm_eps"], "PROLOG": f["prolog"],

@@ -178,6 +178,13 @@ def rope_match(probe, part, options=None) -> Match:
                                         f"{', '.join(ROPE_TYPES + FILE_ONLY_ROPE_TYPES)}")
     partial = any(float(g.get("partial_rotary_factor", getattr(probe.config, "partial_rotary_factor", 1.0)) or 1.0)
                   < 1.0 for g in groups)
+    if partial and is_mla_model(probe):
+        # dots3_note's partial_rotary_factor is qk_rope_head_dim / head_dim (its rotary tables, one per layer type,
+        # built on head_dim); the file's MLA table is qk_rope_head_dim x the factor wide
+        factors = sorted({float(g.get("partial_rotary_factor", 1.0) or 1.0) for g in groups})
+        raise NotNative("position", f"MLA with partial_rotary_factor {'/'.join(f'{f:g}' for f in factors)} in its "
+                                    "rope settings (of head_dim, not of qk_rope_head_dim): the file's MLA rotary "
+                                    "table is qk_rope_head_dim wide times the factor, no part reads it otherwise")
     found = {"ROPE_BY_LAYER_TYPE": by_type}
     if by_type:
         found.update(typed_layers(probe))

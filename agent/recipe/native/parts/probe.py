@@ -173,6 +173,30 @@ def varying_per_layer(config) -> dict[str, list]:
     return varying or values
 
 
+# what a heterogeneous config may set per layer for parts/mla_layer_shapes.py: an MLA layer's widths and heads
+MLA_LAYER_KEYS = frozenset({"kv_lora_rank", "q_lora_rank", "num_attention_heads", "num_key_value_heads",
+                            "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "head_dim"})
+
+
+def per_layer_names(config) -> set[str]:
+    """The attributes `config` sets per layer (transformers' per_layer_attributes); empty for a homogeneous one."""
+    try:
+        return set(getattr(config, "per_layer_attributes", None) or ())
+    except RuntimeError:
+        return set()
+
+
+def sets_mla_shapes_per_layer(config) -> bool:
+    """Whether what `config` sets per layer is MLA's widths alone (kv_lora_rank among them): this part's to read."""
+    names = per_layer_names(config)
+    return "kv_lora_rank" in names and names <= MLA_LAYER_KEYS
+
+
+def layer_config(config, index: int):
+    """Layer `index`'s view of `config` (its per-layer attributes resolved), or `config` where nothing is per layer."""
+    return config.per_layer_config[index] if per_layer_names(config) else config
+
+
 def per_layer_refusal(config) -> str | None:
     """One line naming what `config` sets per layer, or None where it sets nothing per layer but what a part writes
     layer by layer (the head width: parts/attention_head_dim.py): no part writes layers whose other attention
@@ -266,14 +290,15 @@ class Probe:
         # before any global read of a width (a heterogeneous config refuses those it sets per layer) and before
         # building a model no part could write (gemma4's per-layer input table alone is ~1.6 GB at probe size)
         refusal = per_layer_refusal(self.config)
-        if varying_per_layer(self.config):
+        mla_per_layer = sets_mla_shapes_per_layer(self.config)      # MLA widths: parts/mla_layer_shapes.py's
+        if varying_per_layer(self.config) and not mla_per_layer:
             # read on the checkpoint's own layers too: the shrunk ones may agree where its do not (gemma4-26B's 8 / 2
             # key heads both shrink to 2), and a refusal names the checkpoint's values
             try:
                 refusal = per_layer_refusal(self.full_config) or refusal
             except Exception:  # noqa: BLE001 - a checkpoint config transformers refuses unshrunk: the shrunk reading
                 pass
-        if refusal is not None:
+        if refusal is not None and not mla_per_layer:
             raise NotNative("attention", refusal)
         torch.manual_seed(0)
         try:

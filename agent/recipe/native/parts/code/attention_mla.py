@@ -27,6 +27,7 @@ KV_NORM_EPS = 1e-6
 MTP = False             # decode steps of next_n + 1 tokens per sequence (an MTP draft verified)
 PROLOG = True           # npu_mla_prolog_v3 can compute the decode step's projections (q LoRA, no biases)
 ROPE_PLAIN = False      # qk_rope_head_dim is not the fused rope kernels' 64: rope and cache write in plain torch
+MLA_PER_LAYER = False   # each layer's MLA widths from config.per_layer_config[layer_idx] (dots3_note's sliding layers)
 # npu_transpose_batchmatmul's batch x M bound, upstream deepseek_r1's condition (65535: max of uint16)
 TBMM_LIMIT = 65535
 
@@ -59,6 +60,9 @@ class ModelMlaAttention(nn.Module):
 
     def __init__(self, config, infer_config, comm_manager, layer_idx, prefix=""):
         super().__init__()
+        if MLA_PER_LAYER:
+            # this layer's widths and heads (and so its own latent / rope cache entries' widths)
+            config = config.per_layer_config[layer_idx]
         self.layer_idx = layer_idx
         self.comm_manager = comm_manager
         self.attn_tp_size = infer_config.parallel_config.attn_tp_size

@@ -86,23 +86,25 @@ def test_a_per_layer_list_in_a_variant_is_cut_to_the_probes_layers():
 
 
 @pytest.mark.parametrize("model_type, named", [
-    # (gemma4's head_dim per layer is written: test_part_gemma4_layers.py)
-    # MLA widths and head counts per layer: its shrunk layers agree on heads (both tiny), the checkpoint's do not
-    ("dots3_note_text", ["kv_lora_rank 512/1024", "num_attention_heads 128/64", "num_key_value_heads 128/64",
-                         "qk_nope_head_dim"]),
+    # (gemma4's head_dim per layer is written: test_part_gemma4_layers.py; dots3_note_text's MLA widths per layer
+    # are parts/mla_layer_shapes.py's: test_part_mla_layer_shapes.py)
+    # key/value heads per layer: gemma-4-26B's shrunk layers agree (8 and 2 both shrink to 2), the checkpoint's do not
+    ("gemma4_text", ["num_key_value_heads 8/2"]),
 ])
 def test_a_config_that_sets_attention_shapes_per_layer_falls_back_naming_them(model_type, named):
-    """A heterogeneous config (transformers' per_layer_config: dots3's sliding layers' own MLA ranks and head
-    counts) refuses a global read of what it sets per layer: a fall-back that names
-    each such attribute with the checkpoint's values, not a crash in whichever part reads one first (dots3's MLA
-    probe read kv_lora_rank)."""
+    """A heterogeneous config (transformers' per_layer_config: gemma-4-26B's full-attention layers' own key/value
+    heads) refuses a global read of what it sets per layer that no part writes layer by layer: a fall-back that
+    names each such attribute with the checkpoint's values, not a crash in whichever part reads one first."""
     from transformers import AutoConfig
 
     from agent.recipe.native.compose import derive
     from agent.recipe.native.not_native import NotNative
 
+    from agent.testing.checkpoint_shapes import checkpoint_config
+
+    config, _ = checkpoint_config(model_type)
     with pytest.raises(NotNative) as caught:
-        derive(AutoConfig.for_model(model_type).to_dict())
+        derive(config)
     assert caught.value.kind == "attention", caught.value
     reason = caught.value.reason
     assert "\n" not in reason and "per layer (per_layer_config)" in reason, reason
