@@ -14,6 +14,7 @@ from agent.recipe.native.parts.attention_gate import GATE_NAMES, output_gate, re
 from agent.recipe.native.parts.attention_heads import heads_per_layer, layer_heads
 from agent.recipe.native.parts.attention_params import (DENSE_BIAS_RENAMES, GATE_BIAS_RENAMES, last_layer_output_bias,
                                                         refuse_unknown)
+from agent.recipe.native.parts.attention_qk_l2 import QK_L2_KEY, QK_L2_NAME, qk_l2_norm
 from agent.recipe.native.parts.attention_positions import (SMALL_ORIGINAL, query_position_scale,
                                                            small_original_setting)
 from agent.recipe.native.parts.part import Expr, Match, Part
@@ -29,7 +30,7 @@ ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "rotar
 BIAS_KEYS = ("attention_bias", "use_qkv_bias", "use_bias", "enable_bias")       # config keys that may set the projections' biases
 DENSE_OPTIONS = ("QKV", "QKV_BIAS", "O_BIAS", "QK_NORM", "QK_NORM_FULL", "QUERY_PRE_ATTN_SCALAR", "WINDOWS",
                  "LAYER_TYPE_WINDOWS", "STACKED_PARAMS", "ATTENTION_MULTIPLIER", "ROTARY", "UNSCALED", "LOCAL_LAYERS",
-                 "OUTPUT_GATE", "Q_NORM", "K_NORM", "QK_NORM_AFTER_ROPE", "QKV_GROUPS", "MULTI_QUERY", "GATE_PROJ",
+                 "OUTPUT_GATE", "Q_NORM", "K_NORM", "QK_NORM_AFTER_ROPE", "QK_L2_NORM", "QKV_GROUPS", "MULTI_QUERY", "GATE_PROJ",
                  "GATE_SOFTPLUS", "GATE_PER_HEAD", "CHECKPOINT_RENAMES", "ATTN_SUB_NORM", "GATE_BIAS",
                  "HEADS_PER_LAYER", "QUERY_POSITION_SCALE")
 WINDOW = 5                            # the shrunk window (agent.recipe.native.parts.probe.shrunk_config)
@@ -220,10 +221,13 @@ def dense_attention(probe) -> dict:
         raise NotNative("attention", "no layer has self_attn (linear attention only): the generated file writes "
                                      "linear-attention layers beside softmax-attention ones")
     per_layer = heads_per_layer(probe)
+    qk_l2 = qk_l2_norm(probe, attention_layers(probe))
     for index in attention_layers(probe):
         heads = layer_heads(probe, index)
         attention = probe.layers[index].self_attn
         a = children(attention)
+        if qk_l2:
+            a.pop(QK_L2_NAME, None)         # llama4's, read above: on the layers that rotate
         if set(a) - ATTENTION_CHILDREN:
             raise NotNative("attention", f"{type(attention).__name__} has {sorted(set(a) - ATTENTION_CHILDREN)}")
         # beam's gate_bias, gpt_neox_japanese's last-layer dense_bias: read below (parts/attention_params.py)
@@ -327,6 +331,8 @@ def dense_attention(probe) -> dict:
         facts["QK_NORM_AFTER_ROPE"] = True
     if position_scaled:
         facts["QUERY_POSITION_SCALE"] = True
+    if qk_l2:
+        facts["QK_L2_NORM"] = True
     probe.memo["dense_attention"] = facts
     return facts
 
@@ -605,6 +611,8 @@ def _fused_kernels(match):
         gate += ("llama-4 query scaling: the rotated queries times 1 + llama_4_scaling_beta log(1 + floor(position / "
                  "original_max_position_embeddings)), from the rotary's positions, plain torch (no fused kernel "
                  "takes a per-token query scale)",)
+    if match.options.get("QK_L2_NORM"):
+        rope += ("npu_rms_norm on a weight of ones: llama4's q/k norm of the rotated queries and keys, per head",)
     if match.options.get("ATTN_SUB_NORM"):
         gate += ("attention sub-norm before o_proj: RMSNorm over all heads' width in plain torch (its sum of squares "
                  "all-reduced over the attention's tensor-parallel ranks; npu_rms_norm norms one rank's slice)",)
@@ -643,6 +651,8 @@ def _variants(match, probe):
         # the scaling steps at multiples of the original context: one the self-check's prompts reach
         found.append((f"query scaling original_max_position_embeddings {SMALL_ORIGINAL}",
                       small_original_setting(probe.config)))
+    if match.options.get("QK_L2_NORM"):
+        found.append((f"{QK_L2_KEY} off", {QK_L2_KEY: False}))      # llama4's 128E checkpoint: no q/k norm
     if "toggle" in match.facts:
         found.append(("sliding window " + ("off" if getattr(probe.config, "sliding_window", None) else "on"),
                       match.facts["toggle"]))
