@@ -14,9 +14,9 @@ from agent.recipe.native.parts.attention_gate import GATE_NAMES, output_gate, re
 from agent.recipe.native.parts.attention_heads import heads_per_layer, layer_heads
 from agent.recipe.native.parts.attention_params import (DENSE_BIAS_RENAMES, GATE_BIAS_RENAMES, last_layer_output_bias,
                                                         refuse_unknown)
-from agent.recipe.native.parts.attention_qk_l2 import QK_L2_KEY, QK_L2_NAME, qk_l2_norm
 from agent.recipe.native.parts.attention_positions import (SMALL_ORIGINAL, query_position_scale,
-                                                           small_original_setting)
+                                                           refuse_long_context_forms, small_original_setting)
+from agent.recipe.native.parts.attention_qk_l2 import QK_L2_KEY, QK_L2_NAME, qk_l2_norm
 from agent.recipe.native.parts.part import Expr, Match, Part
 from agent.recipe.native.parts.mla import is_mla_model
 from agent.recipe.native.parts.probe import DROP, children, multi_query
@@ -275,6 +275,7 @@ def dense_attention(probe) -> dict:
     if len(shapes) != 1:
         raise NotNative("attention", "layers of unequal attention")
     position_scaled = query_position_scale(probe, attention_layers(probe)[0])
+    refuse_long_context_forms(probe)
     fused, qkv_bias, o_bias, qk_width, qk_names, sinks, scale, gated, grouped, gate, sub_norm = next(iter(shapes))
     after_rope = qk_width is not None and qk_norm_after_rope(probe, qk_names[0])
     if after_rope and qk_width == "full":
