@@ -72,6 +72,8 @@ CASES = {
     "phimoe": ("phimoe", dict(num_local_experts=8, num_experts_per_tok=2, router_jitter_noise=0.5)),
     # the selection bias added to the logits, the weights their sigmoid renormalised, the router in fp32
     "kolibri1": ("kolibri1", dict(num_experts=8, num_experts_per_tok=2)),
+    # the sigmoid weight of the top-1 expert scaling that expert's input (not its output), a shared expert beside
+    "llama4_text": ("llama4_text", dict(num_local_experts=8, num_experts_per_tok=1)),
 }
 
 

@@ -17,7 +17,8 @@ from agent.recipe.native.parts.attention_params import (DENSE_BIAS_RENAMES, GATE
                                                         refuse_unknown)
 from agent.recipe.native.parts.attention_value_scale import value_scale
 from agent.recipe.native.parts.attention_positions import (SMALL_ORIGINAL, query_position_scale,
-                                                           small_original_setting)
+                                                           refuse_long_context_forms, small_original_setting)
+from agent.recipe.native.parts.attention_qk_l2 import QK_L2_KEY, QK_L2_NAME, qk_l2_norm
 from agent.recipe.native.parts.part import Expr, Match, Part
 from agent.recipe.native.parts.mla import is_mla_model
 from agent.recipe.native.parts.probe import DROP, children, multi_query
@@ -31,8 +32,8 @@ ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "rotar
 BIAS_KEYS = ("attention_bias", "use_qkv_bias", "use_bias", "enable_bias")       # config keys that may set the projections' biases
 DENSE_OPTIONS = ("QKV", "QKV_BIAS", "O_BIAS", "QK_NORM", "QK_NORM_FULL", "QUERY_PRE_ATTN_SCALAR", "WINDOWS",
                  "LAYER_TYPE_WINDOWS", "STACKED_PARAMS", "ATTENTION_MULTIPLIER", "ROTARY", "UNSCALED", "LOCAL_LAYERS",
-                 "OUTPUT_GATE", "Q_NORM", "K_NORM", "QK_NORM_AFTER_ROPE", "QKV_GROUPS", "MULTI_QUERY", "GATE_PROJ",
-                 "GATE_SOFTPLUS", "GATE_PER_HEAD", "CHECKPOINT_RENAMES", "ATTN_SUB_NORM", "GATE_BIAS",
+                 "OUTPUT_GATE", "Q_NORM", "K_NORM", "QK_NORM_AFTER_ROPE", "QK_L2_NORM", "QKV_GROUPS", "MULTI_QUERY",
+                 "GATE_PROJ", "GATE_SOFTPLUS", "GATE_PER_HEAD", "CHECKPOINT_RENAMES", "ATTN_SUB_NORM", "GATE_BIAS",
                  "HEADS_PER_LAYER", "QUERY_POSITION_SCALE", "FULL_LAYERS_WINDOWED", "HEAD_DIM_PER_LAYER", "V_NORM",
                  "KV_HEADS_BY_LAYER_TYPE", "SINK_LAYER_TYPES", "V_HEAD_DIM", "VALUE_SCALE")
 WINDOW = 5                            # the shrunk window (agent.recipe.native.parts.probe.shrunk_config)
@@ -229,11 +230,14 @@ def dense_attention(probe) -> dict:
     per_layer = heads_per_layer(probe)
     head_dims = {index: layer_head_dim(probe, index) for index in attention_layers(probe)}
     kinds_heads = key_heads_by_kind(probe)
+    qk_l2 = qk_l2_norm(probe, attention_layers(probe))
     for index in attention_layers(probe):
         heads, kv_heads = layer_heads(probe, index), layer_key_heads(probe, index)
         head_dim = head_dims[index]
         attention = probe.layers[index].self_attn
         a = children(attention)
+        if qk_l2:
+            a.pop(QK_L2_NAME, None)         # llama4's, read above: on the layers that rotate
         if set(a) - ATTENTION_CHILDREN:
             raise NotNative("attention", f"{type(attention).__name__} has {sorted(set(a) - ATTENTION_CHILDREN)}")
         # beam's gate_bias, gpt_neox_japanese's last-layer dense_bias: read below (parts/attention_params.py)
@@ -294,6 +298,7 @@ def dense_attention(probe) -> dict:
     sinks = bool(with_sinks)
     sink_kinds = sink_layer_kinds(probe, with_sinks) if with_sinks != set(attention_layers(probe)) and sinks else ()
     position_scaled = query_position_scale(probe, attention_layers(probe)[0])
+    refuse_long_context_forms(probe)
     fused, qkv_bias, o_bias, qk_width, qk_names, scale, gated, grouped, gate, sub_norm, value_dim, v_norm = next(iter(shapes))
     head_dim = head_dims[attention_layers(probe)[0]]
     after_rope = qk_width is not None and qk_norm_after_rope(probe, qk_names[0])
@@ -374,6 +379,8 @@ def dense_attention(probe) -> dict:
         facts["QK_NORM_AFTER_ROPE"] = True
     if position_scaled:
         facts["QUERY_POSITION_SCALE"] = True
+    if qk_l2:
+        facts["QK_L2_NORM"] = True
     probe.memo["dense_attention"] = facts
     return facts
 
@@ -740,6 +747,8 @@ def _fused_kernels(match):
         gate += ("llama-4 query scaling: the rotated queries times 1 + llama_4_scaling_beta log(1 + floor(position / "
                  "original_max_position_embeddings)), from the rotary's positions, plain torch (no fused kernel "
                  "takes a per-token query scale)",)
+    if match.options.get("QK_L2_NORM"):
+        rope += ("npu_rms_norm on a weight of ones: llama4's q/k norm of the rotated queries and keys, per head",)
     if match.options.get("ATTN_SUB_NORM"):
         gate += ("attention sub-norm before o_proj: RMSNorm over all heads' width in plain torch (its sum of squares "
                  "all-reduced over the attention's tensor-parallel ranks; npu_rms_norm norms one rank's slice)",)
@@ -780,6 +789,8 @@ def _variants(match, probe):
         # the scaling steps at multiples of the original context: one the self-check's prompts reach
         found.append((f"query scaling original_max_position_embeddings {SMALL_ORIGINAL}",
                       small_original_setting(probe.config)))
+    if match.options.get("QK_L2_NORM"):
+        found.append((f"{QK_L2_KEY} off", {QK_L2_KEY: False}))      # llama4's 128E checkpoint: no q/k norm
     if "toggle" in match.facts:
         found.append(("sliding window " + ("off" if getattr(probe.config, "sliding_window", None) else "on"),
                       match.facts["toggle"]))

@@ -143,22 +143,25 @@ def _capture_routing(block, x):
     finally:
         handle.remove()
     if seen.get("only_hidden"):
-        scaled = input_scaled_routing(x, seen.get("hidden"))
-        if scaled is not None:
-            raise NotNative("moe", f"{type(block).__name__} scales each routed expert's input (not its output) by the "
-                                   f"token's router score, every expert run on every token ({scaled} of "
-                                   "them with an input not 0 per token), which no part writes")
+        scales = input_scales(x.reshape(-1, x.shape[-1]), seen.get("hidden"))
+        if scales is not None:
+            # llama4's: every expert on every token, its input the hidden state times the token's weight for it (0
+            # for an expert not chosen): the chosen experts and their weights, as the gating hands them on
+            k = int((scales != 0).sum(-1).max())
+            weights, index = scales.topk(k, dim=-1)
+            return index, weights, out[0] if isinstance(out, tuple) else out, True
         raise NotNative("moe", f"{type(block).__name__} calls its experts with the hidden states alone (no expert "
                                "indices / weights: it routes outside them, e.g. the router's scores scaling the "
                                "inputs), which no part writes")
     if "index" not in seen or seen["index"] is None:
         raise NotNative("moe", f"{type(block).__name__} does not call its experts with (hidden, indices, weights)")
-    return seen["index"], seen["weights"], out[0] if isinstance(out, tuple) else out
+    return seen["index"], seen["weights"], out[0] if isinstance(out, tuple) else out, False
 
 
-def input_scaled_routing(x, routed_in) -> int | None:
-    """How many experts per token get an input not 0, where the experts' input `routed_in` is every token's hidden
-    state once per expert, each times a scalar (llama4's router scores scaling the inputs); None for another input."""
+def input_scales(x, routed_in):
+    """[tokens, experts]: the scalar each token's hidden state is multiplied by as each expert's input, where the
+    experts' input `routed_in` is every token's hidden state once per expert, each times a scalar (llama4's router
+    scores scaling the inputs), the same count of experts per token not 0; None for another input."""
     import torch
 
     if not isinstance(routed_in, torch.Tensor) or routed_in.dim() != 2 or routed_in.shape[0] % x.shape[0]:
@@ -168,7 +171,7 @@ def input_scaled_routing(x, routed_in) -> int | None:
     if not torch.allclose(rows, scale[..., None] * x.float(), atol=1e-5, rtol=1e-4):
         return None
     counts = (scale.abs() > 0).sum(0)
-    return int(counts.max()) if bool((counts == counts[0]).all()) else None
+    return scale.t() if bool((counts == counts[0]).all()) and int(counts[0]) > 0 else None
 
 
 def _router_logits(router, x):
@@ -286,7 +289,7 @@ def _probe_gating(block, router, config, hidden: int) -> dict:
         router.weight.copy_(torch.randn(router.weight.shape, generator=gen))
         if found is not None:     # large enough to change which experts are chosen
             found[0].copy_(torch.rand(found[0].shape, generator=gen) * 0.5)
-    index, weights, _ = _capture_routing(block, x[None])
+    index, weights, _, input_scaled = _capture_routing(block, x[None])
     index, weights = index.reshape(x.shape[0], -1), weights.reshape(x.shape[0], -1)
     logits = _router_logits(router, x)
     k = index.shape[-1]
@@ -325,7 +328,8 @@ def _probe_gating(block, router, config, hidden: int) -> dict:
         raise NotNative("moe", f"{type(block).__name__} routes by no gating the NPU ops or the plain-torch gate "
                                "express (softmax / sigmoid, selection bias on the scores or the logits, grouped top-k, "
                                "renormalised, scaled; phimoe's sparsemixer)")
-    return matches[0]
+    # input_scaled: the weights multiply each chosen expert's input, not its output (llama4's)
+    return {**matches[0], "input_scaled": input_scaled}
 
 
 def _scaled_after_experts(block, config, shared_name: str) -> bool:
@@ -361,8 +365,9 @@ def _scaled_after_experts(block, config, shared_name: str) -> bool:
         torch.allclose(got, factor * routed, rtol=1e-4, atol=1e-5)
 
 
-def _probe_experts(experts, config, hidden: int) -> tuple[str, str, str]:
-    """(experts kind, activation, gate_up layout) from one expert's output against the candidates."""
+def _probe_experts(experts, config, hidden: int, input_scaled: bool = False) -> tuple[str, str, str]:
+    """(experts kind, activation, gate_up layout) from one expert's output against the candidates (`input_scaled`:
+    experts called with the hidden states alone, once per expert)."""
     import torch
     from transformers.activations import ACT2FN
 
@@ -376,7 +381,13 @@ def _probe_experts(experts, config, hidden: int) -> tuple[str, str, str]:
     index = torch.zeros(5, 1, dtype=torch.long)
     weights = torch.ones(5, 1)
     with torch.no_grad():
-        got = experts(x, index, weights)
+        if input_scaled:
+            # experts that take every expert's rows stacked (llama4's): expert 0's rows x, the others' 0
+            stacked = torch.zeros(gate_up.shape[0], *x.shape)
+            stacked[0] = x
+            got = experts(stacked.reshape(-1, hidden)).reshape(gate_up.shape[0], *x.shape)[0]
+        else:
+            got = experts(x, index, weights)
     w13 = gate_up[0] if layout == "E,H,2I" else gate_up[0].t()         # [H, 2I]
     down = experts.down_proj[0]
     w2 = down if down.shape[-1] == hidden else down.t()                 # [I, H]
@@ -961,7 +972,7 @@ def derive_moe(config, checkpoint_keys=()) -> dict | None:
     bias_found = selection_bias(block, router_name)
     bias_name = bias_found[1] if bias_found is not None and bias_found[1] != f"{router_name}.e_score_correction_bias" \
         else ""
-    kind, activation, fused_layout = _probe_experts(block.experts, probe, PROBE_HIDDEN)
+    kind, activation, fused_layout = _probe_experts(block.experts, probe, PROBE_HIDDEN, gating["input_scaled"])
     alpha = float(getattr(block.experts, "alpha", 0.0) or 0.0) if activation == "clamped_swiglu" else 0.0
     shared, shared_name, shared_width = _probe_shared(block, probe, PROBE_HIDDEN)
     if shared is not None and activation == "clamped_swiglu_halves":
@@ -1000,6 +1011,10 @@ def derive_moe(config, checkpoint_keys=()) -> dict | None:
     else:
         unfused.append("gating in plain torch (npu_moe_gating_top_k takes renormalised sigmoid weights with a "
                        "selection bias, 256 (or 384, upstream's deepseek_r1) experts in 8 groups keeping 4, k <= 32)")
+    if gating["input_scaled"]:
+        unfused.append("each routed row times its router weight in plain torch between npu_moe_init_routing_v2 and "
+                       "the grouped matmul (llama4 scales the experts' inputs; the routing op's scale is a "
+                       "quantisation's, one per token), npu_moe_finalize_routing's scales 1")
     if activation == "swiglu":
         fused.append("npu_swiglu")
     elif activation == "clamped_swiglu_halves":
@@ -1016,7 +1031,7 @@ def derive_moe(config, checkpoint_keys=()) -> dict | None:
             "topk_per_layer": top_k_per_layer(config), "select_on_logits": gating.get("select_on_logits", False),
             "scoring": gating["scoring"], "renormalize": renormalize, "selection_bias": gating["selection_bias"],
             "groups": gating["groups"], "group_select": gating["group_select"],
-            "routed_scaling": gating["routed_scaling"], "scaling_key": _scaling(config)[0] or "routed_scaling_factor",
+            "routed_scaling": gating["routed_scaling"], "input_scaled": gating["input_scaled"], "scaling_key": _scaling(config)[0] or "routed_scaling_factor",
             "selection_bias_name": bias_name, "experts": kind, "activation": activation,
             "gate_up_layout": fused_layout, "shared": shared, "shared_name": shared_name, "shared_width": shared_width,
             "shared_zero_width": zero_width, "shared_bias": biased, "ckpt_expert_names": ckpt_names, "swiglu_alpha": alpha, "fused": tuple(fused), "unfused": tuple(unfused),
@@ -1050,6 +1065,8 @@ def moe_options(f: dict) -> dict:
         options["SWIGLU_ALPHA"] = f["swiglu_alpha"]
     if f["activation"] == "clamped_swiglu_halves":
         options["CLAMPED_SWIGLU"] = True
+    if f.get("input_scaled"):
+        options["INPUT_SCALED"] = True
     if f.get("output_norm"):
         options["OUTPUT_NORM"] = f["output_norm"]
     if f.get("shared_zero_width"):
@@ -1135,7 +1152,7 @@ SPARSE_MOE = Part(
              "RENORMALIZE", "SELECTION_BIAS", "GROUPS", "GROUP_SELECT", "ROUTED_SCALING", "EXPERTS", "SWIGLU_ALPHA",
              "FUSED_LAYOUT", "CKPT_EXPERT_NAMES", "SHARED", "SHARED_NAME", "SHARED_WIDTH", "SELECTION_BIAS_NAME",
              "SCALING_KEY", "SHARED_UNIT_KEY", "SHARED_COUNT_KEY", "TOPK_KEY", "TOPK_PER_LAYER", "ROUTER_STORED",
-             "SELECT_ON_LOGITS", "CLAMPED_SWIGLU", "SHARED_ZERO_WIDTH", "SHARED_BIAS"))
+             "SELECT_ON_LOGITS", "CLAMPED_SWIGLU", "SHARED_ZERO_WIDTH", "SHARED_BIAS", "INPUT_SCALED"))
 
 
 # the block whose output is RMS-normed (axk1's post_mlp_layernorm: parts/moe_output_norm.py reads it): chosen by

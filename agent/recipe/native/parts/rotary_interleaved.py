@@ -22,9 +22,6 @@ def interleaved_form(modeling_module) -> bool:
     twice, glm / ernie4_5; each angle repeated, cohere)."""
     import torch
 
-    apply = getattr(modeling_module, "apply_rotary_pos_emb", None)
-    if apply is None:
-        return False
     gen = torch.Generator().manual_seed(5)
     q, k = torch.randn(1, 2, 3, 8, generator=gen), torch.randn(1, 2, 3, 8, generator=gen)
     angles = torch.randn(1, 3, 4, generator=gen)
@@ -33,6 +30,10 @@ def interleaved_form(modeling_module) -> bool:
     def pairs(x):
         x1, x2 = x[..., 0::2], x[..., 1::2]
         return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+
+    apply = getattr(modeling_module, "apply_rotary_pos_emb", None)
+    if apply is None:
+        return complex_pairs_form(modeling_module, q, k, angles, pairs)
 
     for table in (torch.cat((angles, angles), -1), angles.repeat_interleave(2, -1)):
         try:
@@ -47,6 +48,22 @@ def interleaved_form(modeling_module) -> bool:
     except Exception:  # noqa: BLE001 - another signature or width: not this form
         return False
     return torch.allclose(got_q, pairs(q), atol=1e-5)
+
+
+def complex_pairs_form(modeling_module, q, k, angles, pairs) -> bool:
+    """llama4's apply_rotary_emb(xq, xk, freqs_cis): each pair (2i, 2i + 1) a complex number times the complex table
+    e^(i a) its rotary embedding makes, on [batch, seq, heads, dims] — the interleaved rotary."""
+    import torch
+
+    apply = getattr(modeling_module, "apply_rotary_emb", None)
+    if apply is None:
+        return False
+    try:
+        got_q, got_k = apply(q.transpose(1, 2), k.transpose(1, 2), torch.polar(torch.ones_like(angles), angles))[:2]
+    except Exception:  # noqa: BLE001 - another signature or width: not this form
+        return False
+    return torch.allclose(got_q.transpose(1, 2), pairs(q), atol=1e-5) and \
+        torch.allclose(got_k.transpose(1, 2), pairs(k), atol=1e-5)
 
 
 def _probe(probe, chosen):

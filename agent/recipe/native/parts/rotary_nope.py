@@ -79,7 +79,13 @@ def rotating_layers(probe) -> tuple[bool, ...] | None:
     found = []
     try:
         # cos / sin as wide as the attention takes them (the rotary embedding's own width, partial or not)
-        cos, sin = probe.base.rotary_emb(x, torch.arange(4)[None])
+        table = probe.base.rotary_emb(x, torch.arange(4)[None])
+        if isinstance(table, torch.Tensor) and table.is_complex():
+            # llama4's one complex table e^(i a): no rotation is 1
+            tables = (table, torch.ones_like(table))
+        else:
+            cos, sin = table
+            tables = ((cos, sin), (torch.ones_like(cos), torch.zeros_like(sin)))
         untabled = handed_no_table(probe) if any(not hasattr(layer, "self_attn") for layer in probe.layers) else set()
         for index, layer in enumerate(probe.layers):
             if not hasattr(layer, "self_attn"):
@@ -89,7 +95,7 @@ def rotating_layers(probe) -> tuple[bool, ...] | None:
                 found.append(False)
                 continue
             outputs = []
-            for table in ((cos, sin), (torch.ones_like(cos), torch.zeros_like(sin))):
+            for table in tables:
                 with torch.no_grad():
                     out = layer.self_attn(hidden_states=x, position_embeddings=table, attention_mask=None)
                 outputs.append(out[0] if isinstance(out, tuple) else out)

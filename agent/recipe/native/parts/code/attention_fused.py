@@ -14,6 +14,7 @@ from .context_parallel import cp_key_rows, gather_cp, prefill_cp
 from .norm_qk_full import ModelFullWidthRMSNorm
 from .norm_rms import ModelRMSNorm as Norm
 from .norm_sub import ModelSubRMSNorm
+from .norm_weightless_rms import ModelWeightlessRMSNorm
 from .rotary import half_from_interleaved, layer_rope_table, rotary_width
 
 # upstream's cache kinds (executor/core/kv_cache)
@@ -27,6 +28,9 @@ O_BIAS = False                  # o_proj's bias (module.linear adds it on row-pa
 QK_NORM = False                 # per-head RMSNorm of queries and keys before the rotary (qwen3, gemma3)
 QK_NORM_FULL = False            # RMSNorm of queries and keys over all heads' width (olmo2)
 QK_NORM_AFTER_ROPE = False      # the per-head q / k norms on the rotated queries and keys (hunyuan)
+# llama4: one weightless per-head RMSNorm of the rotated queries and keys, on the layers that rotate, where
+# config.use_qk_norm
+QK_L2_NORM = False
 Q_NORM = "q_norm"               # the q / k norms' module names (the checkpoint's)
 K_NORM = "k_norm"
 QUERY_PRE_ATTN_SCALAR = False   # softmax scale query_pre_attn_scalar ** -0.5 (else head_dim ** -0.5)
@@ -226,6 +230,10 @@ class ModelAttention(nn.Module):
             self.query_scale_original = rope.get("original_max_position_embeddings")
         if NOPE_LAYERS:
             self.use_rope = layer_uses_rope(config, layer_idx)
+        if QK_L2_NORM:
+            self.qk_l2_norm = bool(config.use_qk_norm) and (not NOPE_LAYERS or self.use_rope)
+            if self.qk_l2_norm:
+                self.qk_norm = ModelWeightlessRMSNorm(self.head_dim, eps=getattr(config, NORM_EPS))
         self.k_cache = torch.Tensor([])
         self.v_cache = torch.Tensor([])
         cache_dtype = torch.get_default_dtype()
@@ -281,6 +289,8 @@ class ModelAttention(nn.Module):
             cos, sin = cos[:q_len], sin[:q_len]
             if not NOPE_LAYERS or self.use_rope:
                 query, key = torch_npu.npu_apply_rotary_pos_emb(query.contiguous(), key.contiguous(), cos, sin, layout="TND")
+        if QK_L2_NORM and self.qk_l2_norm:
+            query, key = self.qk_norm(query), self.qk_norm(key)
         if QUERY_POSITION_SCALE and self.query_scale_beta is not None:
             # float32 (not the default dtype), as transformers computes it, then the queries' dtype
             scale = 1 + self.query_scale_beta * torch.log(

@@ -39,6 +39,8 @@ SELECTION_BIAS_NAME = ""
 GROUPS = False                      # grouped top-k (config.n_group groups, config.topk_group kept)
 GROUP_SELECT = "top2_sum"           # a group's score: "max" | "top2_sum" (the sum of its best two)
 ROUTED_SCALING = False              # weights times config.routed_scaling_factor
+# the weights multiply each chosen expert's input, not its output (llama4's Llama4TextMoe): plain torch
+INPUT_SCALED = False
 SCALING_KEY = "routed_scaling_factor"   # the config key of that factor (hy_v3: router_scaling_factor)
 EXPERTS = "gmm"                     # "gmm" (halves, no bias: FusedMoEGMM) | "biased_interleaved" (gpt_oss)
 SWIGLU_ALPHA = 1.702                # the clamped swiglu's alpha where the config has none (transformers' constant)
@@ -187,6 +189,15 @@ def sparsemixer(logits, jitter_eps):
     return torch.cat(weights, dim=-1), torch.cat(expert_ids, dim=-1)
 
 
+def scale_routed_rows(expanded_x, weights, expanded_row_idx):
+    """Each routed row (a token for one of its experts) times that pair's router weight, in the rows' dtype, as
+    llama4 scales its experts' inputs: expanded_row_idx[t * K + k] is the row of token t's k-th expert. Plain torch:
+    npu_moe_init_routing_v2's scale is a quantisation's, one per token."""
+    row_weights = weights.new_empty(expanded_x.shape[0])
+    row_weights.index_copy_(0, expanded_row_idx.long(), weights.reshape(-1))
+    return expanded_x * row_weights.to(expanded_x.dtype)[:, None]
+
+
 def _check_moe_split(what, width, tp_size):
     if width % tp_size:
         raise ValueError(f"{what} {width} does not divide by moe_tp_size {tp_size}: choose a size that divides it")
@@ -330,6 +341,10 @@ class ModelSparseMoeBlock(nn.Module):
                         prefix=f"{prefix}.{SHARED_NAME}_gate"))
         self.enable_weight_nz = getattr(infer_config.model_config, "enable_weight_nz", False)
         if self.moe_ep_size > 1:
+            if INPUT_SCALED and self.top_k != 1:
+                raise ValueError(f"moe_ep_size {self.moe_ep_size} with {self.top_k} experts per token whose inputs "
+                                 "the router scales: the decode's dispatch scales one per token; set moe_tp_size to "
+                                 f"{infer_config.parallel_config.world_size} (moe_ep_size 1)")
             self.mc2_kwargs = mc2_kwargs(comm_manager, layout, self.num_experts)
         # custom_params.moe_chunk_max_len (upstream's deepseek_r1, default 65536): a long prefill routed and run
         # through the experts this many tokens at a time, bounding the routing's and the experts' buffers
@@ -425,6 +440,9 @@ class ModelSparseMoeBlock(nn.Module):
             hidden_states, expert_ids, active_num=tokens * self.top_k, expert_num=self.num_experts,
             expert_tokens_num_type=1, expert_tokens_num_flag=True,  # 1: tokens per expert (counts)
             active_expert_range=[0, self.num_experts], quant_mode=-1)
+        if INPUT_SCALED:
+            expanded_x = scale_routed_rows(expanded_x, weights, expanded_row_idx)
+            weights = torch.ones_like(weights)
         expert_out = self.experts(expanded_x, tokens_per_expert, group_list_type=1)
         out = torch_npu.npu_moe_finalize_routing(
             expert_out, skip1=shared if SHARED is not None else None, skip2=None, bias=None, scales=weights.to(expert_out.dtype),
@@ -442,6 +460,9 @@ class ModelSparseMoeBlock(nn.Module):
             hidden_states, expert_ids, active_num=expert_ids.numel(), expert_num=self.num_experts,
             expert_tokens_num_type=1, expert_tokens_num_flag=True,  # 1: tokens per expert (counts)
             active_expert_range=[0, self.num_experts], quant_mode=-1)
+        if INPUT_SCALED:
+            expanded_x = scale_routed_rows(expanded_x, weights, expanded_row_idx)
+            weights = torch.ones_like(weights)
         # (experts,) -> (EP ranks x their local experts): what each rank sends this rank's experts
         received_per_expert = torch.empty_like(tokens_per_expert)
         dist.all_to_all_single(received_per_expert, tokens_per_expert, group=group)
@@ -464,6 +485,10 @@ class ModelSparseMoeBlock(nn.Module):
         ranks of its top-k experts (npu_moe_distribute_dispatch_v2), the grouped matmuls on what this rank's
         experts received, and back, summed with the routing weights (npu_moe_distribute_combine_v2); nothing
         is read back to the host (a compiled decode)."""
+        if INPUT_SCALED:
+            # one expert per token (the block's __init__ holds it): its input scaled before dispatch
+            hidden_states = hidden_states * weights.to(hidden_states.dtype)
+            weights = torch.ones_like(weights)
         expand_x, _, assist_info, expert_tokens, ep_recv_counts, tp_recv_counts = \
             torch_npu.npu_moe_distribute_dispatch_v2(x=hidden_states, expert_ids=expert_ids, **self.mc2_kwargs,
                                                      x_active_mask=None, scales=None, quant_mode=0,

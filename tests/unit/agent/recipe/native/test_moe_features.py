@@ -178,6 +178,8 @@ FAULTS = {
     "granitemoe's top-k softmax not renormalised": ("granitemoe", dict(features=dict(renormalize=False))),
     "phimoe's sparsemixer threshold halved (other experts in the softmax)": ("phimoe", dict(
         source_edit=lambda s: s.replace("> 2 * jitter_eps", "> jitter_eps"))),
+    "llama4's router weight on the expert's output, not its input": ("llama4_text", dict(
+        features=dict(input_scaled=False))),
     "gpt_oss gate/up read as halves": ("gpt_oss", dict(
         source_edit=lambda s: s.replace("gate_up[..., ::2], gate_up[..., 1::2]", "gate_up.chunk(2, dim=-1)"))),
 }
@@ -214,7 +216,8 @@ EP_OPS = {"npu_moe_init_routing_v2", "npu_moe_re_routing", "npu_grouped_matmul",
 
 @pytest.mark.parametrize("case", ["deepseek_v3_64", pytest.param("gpt_oss", marks=pytest.mark.slow),
                                   pytest.param("mixtral", marks=pytest.mark.slow),
-                                  pytest.param("granitemoe", marks=pytest.mark.slow)])
+                                  pytest.param("granitemoe", marks=pytest.mark.slow),
+                                  pytest.param("llama4_text", marks=pytest.mark.slow)])
 def test_expert_parallel_and_attention_data_parallel_at_two_ranks(case, tmp_path):
     """deepseek_v3_64 (grouped routing, shared experts; gpt_oss: its experts in plain torch between the grouped
     matmuls, with biases; mixtral) at 2 gloo ranks, each rank its own tokens of unequal
