@@ -30,6 +30,7 @@ TINY_DIMS = {
     "num_local_experts": 4,
     "n_routed_experts": 4,
     "num_experts_per_tok": 2,
+    "num_experts_per_token": 2,     # kimi_linear's, bailing_hybrid's name of it (their attribute_map)
     "moe_intermediate_size": 32,
     "shared_expert_intermediate_size": 64,
     "n_shared_experts": 1,

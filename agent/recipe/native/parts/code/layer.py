@@ -19,6 +19,8 @@ FIXED_NORM_EPS = 1e-5       # their epsilon where no config key holds it (NORM_E
 # config.layer_types' linear_attention layers hold a linear attention in place of self_attn (qwen3_next's Gated DeltaNet)
 LINEAR_ATTENTION = False
 LINEAR_LAYER_TYPE = "linear_attention"   # config.layer_types' name of those layers (lfm2's short convolution: conv)
+# the layer's name of its linear attention (kimi_linear's Kimi Delta Attention is stored under self_attn)
+LINEAR_ATTN_NAME = "linear_attn"
 
 
 class ModelDecoderLayerBase(nn.Module):
@@ -27,7 +29,8 @@ class ModelDecoderLayerBase(nn.Module):
         if LINEAR_ATTENTION:
             self.is_linear = config.layer_types[layer_idx] == LINEAR_LAYER_TYPE
         if LINEAR_ATTENTION and self.is_linear:
-            self.linear_attn = LinearAttention(config, infer_config, comm_manager, layer_idx, prefix=f"{prefix}.linear_attn")
+            setattr(self, LINEAR_ATTN_NAME, LinearAttention(config, infer_config, comm_manager, layer_idx,
+                                                            prefix=f"{prefix}.{LINEAR_ATTN_NAME}"))
         else:
             self.self_attn = Attention(config, infer_config, comm_manager, layer_idx, prefix=f"{prefix}.self_attn")
         if MOE_LAYERS == "all":
