@@ -54,10 +54,9 @@ def stored_conversion(rule) -> str | None:
 
 
 def refuse_recurrent_attention(probe) -> None:
-    """NotNative for a recurrent layer in the attention's place (a self_attn with a depthwise conv1d and a decay:
-    kimi_linear's and bailing_hybrid's Kimi Delta Attention), which this part does not write: its decay is per key
-    channel (dt_bias of heads x head width), which neither NPU op computes (npu_chunk_gated_delta_rule takes one
-    decay per head; npu_recurrent_gated_delta_rule's gk is written two ways on its page)."""
+    """NotNative for a recurrent layer in the attention's place (a self_attn with a depthwise conv1d and a decay)
+    that the layout did not read as a linear_attn: kimi_linear's and bailing_hybrid's Kimi Delta Attention is read so
+    (layout.is_kda; parts/linear_attention_kda.py writes it), another of its kind names itself here."""
     found = {}
     for index, layer in enumerate(probe.layers):
         module = getattr(layer, "self_attn", None)
