@@ -29,8 +29,7 @@ class ModelDecoderLayerBase(nn.Module):
         if LINEAR_ATTENTION:
             self.is_linear = config.layer_types[layer_idx] == LINEAR_LAYER_TYPE
         if LINEAR_ATTENTION and self.is_linear:
-            setattr(self, LINEAR_ATTN_NAME, LinearAttention(config, infer_config, comm_manager, layer_idx,
-                                                            prefix=f"{prefix}.{LINEAR_ATTN_NAME}"))
+            setattr(self, LINEAR_ATTN_NAME, LinearAttention(config, infer_config, comm_manager, layer_idx, prefix=f"{prefix}.{LINEAR_ATTN_NAME}"))
         else:
             self.self_attn = Attention(config, infer_config, comm_manager, layer_idx, prefix=f"{prefix}.self_attn")
         if MOE_LAYERS == "all":
