@@ -36,6 +36,7 @@ TINY_DIMS = {
     "n_shared_experts": 1,
     "first_k_dense_replace": 1,
     "n_group": 1,
+    "num_expert_group": 1,          # kimi_linear's, bailing_hybrid's name of n_group (their attribute_map)
     "topk_group": 1,
     # MLA: small latent ranks.
     "kv_lora_rank": 16,
