@@ -8,7 +8,6 @@ page): the rule runs in float32 plain torch, token by token. Both states are one
 Mamba cache, as the Gated DeltaNet's."""
 
 import torch
-import torch.nn.functional as F
 import torch_npu
 from torch import nn
 
