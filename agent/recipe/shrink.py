@@ -30,11 +30,13 @@ TINY_DIMS = {
     "num_local_experts": 4,
     "n_routed_experts": 4,
     "num_experts_per_tok": 2,
+    "num_experts_per_token": 2,     # kimi_linear's, bailing_hybrid's name of it (their attribute_map)
     "moe_intermediate_size": 32,
     "shared_expert_intermediate_size": 64,
     "n_shared_experts": 1,
     "first_k_dense_replace": 1,
     "n_group": 1,
+    "num_expert_group": 1,          # kimi_linear's, bailing_hybrid's name of n_group (their attribute_map)
     "topk_group": 1,
     # MLA: small latent ranks.
     "kv_lora_rank": 16,

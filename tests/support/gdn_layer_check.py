@@ -114,9 +114,6 @@ def _load(path, fault):
 def check(job):
     import torch
 
-    from agent.precision_rule import tolerance
-    from executor.utils.forward_metadata import ForwardMetaData
-
     dtype = getattr(torch, job.get("dtype", "float32"))
     model_type = job["model_type"]
     config = _config(model_type, job.get("sizes"))
@@ -142,6 +139,18 @@ def check(job):
         loader(param, tensor.to(param.dtype), *([shard] if shard else []))
         loaded.add(name)
     assert not set(params) - loaded, sorted(set(params) - loaded)
+    return drive(layer, reference, rounded, config.hidden_size, dtype)
+
+
+def drive(layer, reference, rounded, hidden_size, dtype):
+    """`layer` (the file's, its weights loaded) as the executor drives it against transformers' `reference` (and
+    `rounded`, the reference in the run dtype): a packed prefill of LENGTHS, then decode steps, each request's states
+    in its block of the Mamba cache beside a NaN block; {"ok", "max_rel", "step"}."""
+    import torch
+
+    from agent.precision_rule import tolerance
+    from executor.utils.forward_metadata import ForwardMetaData
+
     for sub in layer.modules():
         if getattr(sub, "quant_method", None) is not None:
             sub.quant_method.process_weights_after_loading(sub, is_nz=False)
@@ -153,7 +162,7 @@ def check(job):
         entry.tensor_setter(caches[-1])
     table = torch.tensor([[row + 2] for row in range(len(LENGTHS))], dtype=torch.int32)   # blocks 2, 3, 4
     generator = torch.Generator().manual_seed(5)
-    sequences = [torch.randn(n, config.hidden_size, generator=generator) for n in LENGTHS]
+    sequences = [torch.randn(n, hidden_size, generator=generator) for n in LENGTHS]
 
     def expected(model, row):
         with torch.no_grad():
@@ -190,7 +199,7 @@ def check(job):
         return failed
     rows = len(LENGTHS)
     for step in range(DECODE_STEPS if dtype == torch.float32 else 2):
-        new = torch.randn(rows, config.hidden_size, generator=generator)
+        new = torch.randn(rows, hidden_size, generator=generator)
         sequences[:] = [torch.cat([seq, new[row:row + 1]]) for row, seq in enumerate(sequences)]
         lengths = torch.tensor([len(s) for s in sequences], dtype=torch.int64)
         meta = ForwardMetaData(is_prefill=False, actual_seq_lengths_q=torch.ones(rows, dtype=torch.int64),

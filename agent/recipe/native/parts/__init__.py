@@ -12,6 +12,7 @@ from agent.recipe.native.parts import position_nope
 from agent.recipe.native.parts import block_one_mixer, linear_attention_mamba1, no_attention, position_none
 from agent.recipe.native.parts import block_normed_residual
 from agent.recipe.native.parts import mla_layer_shapes
+from agent.recipe.native.parts import linear_attention_kda
 from agent.recipe.native.parts.part import ROLES, SLOTS, Composition, Match, Part
 
 __all__ = ["PARTS", "OPTION_NAMES", "TABLES", "ROLES", "SLOTS", "Composition", "Match", "Part"]
@@ -45,6 +46,7 @@ PARTS = (
     linear_attention_lightning.LIGHTNING,
     linear_attention_mamba2.MAMBA2,
     linear_attention_mamba1.MAMBA1,
+    linear_attention_kda.KIMI_DELTA_ATTENTION,
     linear_attention.GATED_DELTA_NET,
     short_conv.SHORT_CONV,
     no_attention.NO_MLP,

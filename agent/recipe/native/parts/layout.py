@@ -102,6 +102,32 @@ def is_mamba_mixer(module) -> bool:
     return is_mamba2_mixer(module) or is_mamba1_mixer(module)
 
 
+def is_kda(module) -> bool:
+    """A Kimi Delta Attention (kimi_linear's, bailing_hybrid's) by what it holds: q/k/v projections, a depthwise
+    conv1d, a forget_gate with A_log and dt_bias, b_proj and a gated o_norm."""
+    named = _named(module) if module is not None else {}
+    gate = named.get("forget_gate")
+    return ({"q_proj", "k_proj", "v_proj", "conv1d", "b_proj", "o_norm", "o_proj"} <= set(named)
+            and gate is not None and hasattr(gate, "A_log") and hasattr(gate, "dt_bias"))
+
+
+def move_to_linear_attn(layer) -> None:
+    """A layer's Kimi Delta Attention, held as self_attn, read as its linear_attn (the parts that read self_attn see
+    the full-attention layers alone); transformers' forward still finds it under self_attn."""
+    module = layer._modules.pop("self_attn")
+    layer._modules["linear_attn"] = module
+    original = type(layer).forward
+
+    def forward(*args, **kwargs):
+        layer._modules["self_attn"] = module
+        try:
+            return original(layer, *args, **kwargs)
+        finally:
+            del layer._modules["self_attn"]
+
+    layer.forward = forward
+
+
 def mixer_name(layers) -> str | None:
     """The one child name under which `layers` hold a Mamba mixer (bamba's and jamba's `mamba`), or None."""
     names = {name for layer in layers for name, child in layer.named_children() if is_mamba_mixer(child)}
@@ -234,6 +260,11 @@ def _mixer_layout(root) -> Layout | None:
     the file's linear_attn; None where there is none."""
     layers = list(getattr(root, "layers", None) or [])
     mixer = mixer_name(layers)
+    if mixer is None and any(is_kda(getattr(layer, "self_attn", None)) for layer in layers):
+        for layer in layers:
+            if is_kda(getattr(layer, "self_attn", None)):
+                move_to_linear_attn(layer)
+        return Layout(root)     # the file keeps the checkpoint's self_attn (parts/linear_attention_kda.py)
     if mixer is None or mixer == "linear_attn":
         return None
     for layer in layers:

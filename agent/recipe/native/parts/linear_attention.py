@@ -9,7 +9,7 @@ state with scale D_k ** -0.5, RMSNorm of each value head times SiLU(z), out_proj
 from __future__ import annotations
 
 from agent.recipe.native.not_native import NotNative
-from agent.recipe.native.parts.layout import is_mamba2_mixer
+from agent.recipe.native.parts.layout import is_kda, is_mamba2_mixer
 from agent.recipe.native.parts.part import Match, Part
 from agent.recipe.native.parts.probe import children
 
@@ -54,10 +54,9 @@ def stored_conversion(rule) -> str | None:
 
 
 def refuse_recurrent_attention(probe) -> None:
-    """NotNative for a recurrent layer in the attention's place (a self_attn with a depthwise conv1d and a decay:
-    kimi_linear's and bailing_hybrid's Kimi Delta Attention), which this part does not write: its decay is per key
-    channel (dt_bias of heads x head width), which neither NPU op computes (npu_chunk_gated_delta_rule takes one
-    decay per head; npu_recurrent_gated_delta_rule's gk is written two ways on its page)."""
+    """NotNative for a recurrent layer in the attention's place (a self_attn with a depthwise conv1d and a decay)
+    that the layout did not read as a linear_attn: kimi_linear's and bailing_hybrid's Kimi Delta Attention is read so
+    (layout.is_kda; parts/linear_attention_kda.py writes it), another of its kind names itself here."""
     found = {}
     for index, layer in enumerate(probe.layers):
         module = getattr(layer, "self_attn", None)
@@ -136,6 +135,8 @@ def _probe(probe, chosen):
     linear = [hasattr(layer, "linear_attn") for layer in probe.layers]
     if not any(linear) or all(is_mamba2_mixer(layer.linear_attn) for layer in probe.layers if hasattr(layer, "linear_attn")):
         return None           # a Mamba2 mixer: parts/linear_attention_mamba2.py
+    if all(is_kda(layer.linear_attn) for layer in probe.layers if hasattr(layer, "linear_attn")):
+        return None           # a Kimi Delta Attention: parts/linear_attention_kda.py
     types = getattr(probe.config, "layer_types", None) or []
     if [t == "linear_attention" for t in types[:len(linear)]] != linear:
         raise NotNative(KIND, f"linear_attn layers {[i for i, x in enumerate(linear) if x]} are not config.layer_types' "

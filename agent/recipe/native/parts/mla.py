@@ -143,6 +143,10 @@ def _module_output(attention, model, x):
 
     tokens = x.shape[0]
     positions = torch.arange(tokens)[None]
+    if getattr(model.model, "rotary_emb", None) is None:
+        # kimi_linear's KimiLinearAttention: its rope dims never rotated (the model builds no rotary)
+        raise NotNative("attention", f"{type(attention).__name__}: MLA without positions ({type(model.model).__name__} "
+                                     "has no rotary_emb), which no part writes")
     position_embeddings = model.model.rotary_emb(x[None], positions)
     mask = torch.full((tokens, tokens), torch.finfo(torch.float32).min).triu(1)[None, None]
     try:
@@ -184,6 +188,8 @@ def derive_mla(model_config, layers, model) -> dict:
     eps = {}
     rope_widths = set()
     for index, layer in enumerate(layers):
+        if not hasattr(layer, "self_attn"):
+            continue          # a linear-attention layer (kimi_linear's Kimi Delta Attention)
         # a heterogeneous config's layer reads its own widths (parts/mla_layer_shapes.py)
         config = layer_config(model_config, index)
         missing = [key for key in MLA_CONFIG_KEYS if not isinstance(getattr(config, key, None), int)]

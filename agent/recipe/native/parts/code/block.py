@@ -4,7 +4,7 @@ chains them."""
 import torch
 from torch import nn
 
-from .layer import FIXED_NORM_EPS, LINEAR_ATTENTION, NORM_EPS, ModelDecoderLayerBase
+from .layer import FIXED_NORM_EPS, LINEAR_ATTENTION, LINEAR_ATTN_NAME, NORM_EPS, ModelDecoderLayerBase
 from .norm_rms import ModelRMSNorm as Norm
 
 SANDWICH = False        # post-attention and pre/post-feedforward norms around attention and MLP (gemma2, gemma3)
@@ -42,7 +42,7 @@ class ModelDecoderLayer(ModelDecoderLayerBase):
     def forward(self, hidden_states, cos_sin, past_residual, forward_metadata):
         hidden_states, residual = getattr(self, ATTENTION_NORM)(hidden_states, past_residual)
         if LINEAR_ATTENTION and self.is_linear:
-            hidden_states = self.linear_attn(hidden_states, forward_metadata)
+            hidden_states = getattr(self, LINEAR_ATTN_NAME)(hidden_states, forward_metadata)
         else:
             hidden_states = self.self_attn(hidden_states, cos_sin, forward_metadata)
         if SANDWICH:

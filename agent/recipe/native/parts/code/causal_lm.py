@@ -48,6 +48,7 @@ ALIBI = False                   # ALiBi positions: the attention adds each head'
 NO_POSITIONS = False            # attention without positions on every layer (nemotron_h's NoPE): no table, nothing added
 CONTEXT_PARALLEL = False        # prefill context parallel (parallel_config.cp_size): context_parallel.py's segments
 LINEAR_ATTENTION = False        # linear-attention layers beside attention ones: their state caches (Mamba entries)
+LINEAR_ATTN_NAME = "linear_attn"  # the layers' name of it (kimi_linear's Kimi Delta Attention: self_attn)
 HEADS_PER_LAYER = None          # the config key of each layer's query heads (laguna): each count splits at attn_tp_size
 HEAD_DIM_PER_LAYER = False      # head_dim set per layer (gemma4's per_layer_config): each layer type's table at its width
 KV_HEADS_BY_LAYER_TYPE = ()     # (layer kind, multiple of num_key_value_heads) pairs (mimo_v2_flash's sliding layers: 2)
@@ -253,7 +254,7 @@ class ModelForCausalLM(nn.Module):
                      for i, layer in enumerate(self.model.layers) if layer.cache_entries]
             return ModelCacheInfo(num_layers=len(infos), layer_infos=infos)
         infos = [LayerCacheInfo(layer_idx=i, caches=list(layer.self_attn.cache_entries if not LINEAR_ATTENTION
-                                                         or not layer.is_linear else layer.linear_attn.cache_entries))
+                                                         or not layer.is_linear else getattr(layer, LINEAR_ATTN_NAME).cache_entries))
                  for i, layer in enumerate(self.model.layers)]
         return ModelCacheInfo(num_layers=len(infos), layer_infos=infos, **({"is_mla_backend": True} if MLA else {}))
 

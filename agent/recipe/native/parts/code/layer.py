@@ -20,6 +20,8 @@ FIXED_NORM_EPS = 1e-5       # their epsilon where no config key holds it (NORM_E
 LINEAR_ATTENTION = False
 LINEAR_LAYER_TYPE = "linear_attention"   # config.layer_types' name of those layers (lfm2's short convolution: conv)
 NO_ATTENTION = False    # every layer a linear-attention layer (granitemoehybrid's Mamba2 layers only): no attention built
+# the layer's name of its linear attention (kimi_linear's Kimi Delta Attention is stored under self_attn)
+LINEAR_ATTN_NAME = "linear_attn"
 
 
 class ModelDecoderLayerBase(nn.Module):
@@ -28,7 +30,7 @@ class ModelDecoderLayerBase(nn.Module):
         if LINEAR_ATTENTION:
             self.is_linear = config.layer_types[layer_idx] == LINEAR_LAYER_TYPE
         if LINEAR_ATTENTION and self.is_linear:
-            self.linear_attn = LinearAttention(config, infer_config, comm_manager, layer_idx, prefix=f"{prefix}.linear_attn")
+            setattr(self, LINEAR_ATTN_NAME, LinearAttention(config, infer_config, comm_manager, layer_idx, prefix=f"{prefix}.{LINEAR_ATTN_NAME}"))
         elif NO_ATTENTION:
             # a checkpoint of the family with attention layers needs the file derived with them
             raise ValueError(f"layer {layer_idx} is a {config.layer_types[layer_idx]!r} layer: this file writes no "
