@@ -66,13 +66,10 @@ HEADS_PER_LAYER = None          # the config key of each layer's query heads (la
 QUERY_POSITION_SCALE = False    # rotated queries times 1 + beta log(1 + floor(position / original)) (llama-4, ministral3)
 V_NORM = False                  # the values RMS-normalised per head without a weight, in float32 (gemma4's v_norm)
 HEAD_DIM_PER_LAYER = False      # each layer's head_dim its own (transformers' per_layer_config: gemma4's global layers)
-SINK_LAYER_TYPES = ()           # with SINKS: config.layer_types' kinds whose layers alone have sinks (mimo_v2_flash:
-                                # sliding_attention); () every layer
-V_HEAD_DIM = False              # value heads of config.v_head_dim, narrower than the queries' and keys' head_dim
-                                # (mimo_v2_flash): projected zero-padded to head_dim, sliced before the cache
+SINK_LAYER_TYPES = ()           # with SINKS: the layer kinds alone with sinks (mimo_v2_flash: sliding); () every layer
+V_HEAD_DIM = False              # value heads of config.v_head_dim, zero-padded to head_dim in qkv (mimo_v2_flash)
 VALUE_SCALE = None              # the config key of a multiplier of the values (mimo_v2_flash: attention_value_scale)
-KV_HEADS_BY_LAYER_TYPE = ()     # (layer kind, multiple of num_key_value_heads) pairs: config.layer_types' kinds whose
-                                # layers have more key/value heads (mimo_v2_flash: sliding_attention, 2)
+KV_HEADS_BY_LAYER_TYPE = ()     # (layer kind, multiple of num_key_value_heads) pairs (mimo_v2_flash: sliding, 2)
 
 
 def key_value_heads(config):
