@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """Which causal-LM architectures the native generator writes, and which fall back to the adapter.
 
-    python scripts/native_coverage.py [TYPE ...] [--defaults] [--markdown FILE] [--json FILE] [--chunk N]
+    python scripts/native_coverage.py [TYPE ...] [--types-of PYTHON] [--defaults] [--markdown FILE] [--json FILE]
+                                      [--chunk N]
 
-Without TYPE: every model type of the installed transformers' MODEL_FOR_CAUSAL_LM_MAPPING_NAMES. Each type is
+Without TYPE: every model type of the installed transformers' MODEL_FOR_CAUSAL_LM_MAPPING_NAMES; with
+`--types-of PYTHON`, those of the transformers that interpreter imports (`.venv-tf5.0/bin/python`: upstream's pin
+5.0.0), measured with the installed one (a type it does not have is named on stderr, not measured). Each type is
 measured on a checkpoint-shaped config (agent.testing.checkpoint_shapes: the keys of a published checkpoint's
 config.json that choose code paths — layer kinds, sliding windows, rope scaling, MoE layout — over transformers'
 defaults), or on transformers' default config where no shape is recorded (the row says which; `--defaults`:
@@ -48,6 +51,23 @@ def all_types() -> list[str]:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+def types_of(python: str) -> tuple[str, list[str]]:
+    """(version, causal-LM types) of the transformers another interpreter imports; ValueError in one line."""
+    import subprocess
+
+    code = ("import json, transformers; from transformers.models.auto.modeling_auto import "
+            "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as m; print(json.dumps([transformers.__version__, sorted(m)]))")
+    try:
+        done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ValueError(f"--types-of {python}: cannot run it ({exc})") from None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ValueError(f"--types-of {python}: its transformers does not import ({last})")
+    version, types = json.loads(done.stdout.strip().splitlines()[-1])
+    return version, types
 
 
 def default_config(model_type: str) -> dict | None:
@@ -259,6 +279,8 @@ def summary(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("types", nargs="*", help="model types (default: every causal-LM type)")
+    parser.add_argument("--types-of", metavar="PYTHON",
+                        help="the causal-LM types of the transformers this interpreter imports (e.g. .venv-tf5.0/bin/python)")
     parser.add_argument("--markdown", type=Path)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--chunk", type=int, default=4, help="types self-checked per stand-in process (each its jobs)")
@@ -274,8 +296,22 @@ def main(argv: list[str] | None = None) -> int:
     if not (checkout / "module").is_dir():
         print(f"native_coverage: no cann-recipes-infer checkout at {checkout} (set CHECKOUT=PATH)", file=sys.stderr)
         return 2
-    rows = survey(args.types or all_types(), checkout, max(1, args.chunk), args.defaults)
-    text = markdown(rows)
+    types, population = args.types or all_types(), ""
+    if args.types_of:
+        try:
+            version, theirs = types_of(args.types_of)
+        except ValueError as exc:
+            print(f"native_coverage: {exc}", file=sys.stderr)
+            return 2
+        installed = set(all_types())
+        lacking = sorted(set(theirs) - installed)
+        if lacking:
+            print(f"native_coverage: not in the installed transformers, not measured: {' '.join(lacking)}",
+                  file=sys.stderr)
+        types = [t for t in theirs if t in installed and (not args.types or t in args.types)]
+        population = f"The causal-LM types of transformers {version} ({len(theirs)}; {len(lacking)} not installed here):\n\n"
+    rows = survey(types, checkout, max(1, args.chunk), args.defaults)
+    text = population + markdown(rows)
     print(text)
     if args.markdown:
         args.markdown.write_text(text)
