@@ -5,7 +5,10 @@ layout, agent.recipe.native.parts.layout), its children (in_proj, a depthwise co
 D and dt_bias), and its arithmetic, checked numerically against the formula the file computes (in_proj into
 [gate | x B C | dt], causal depthwise conv1d + SiLU over x B C, dt = softplus(dt + dt_bias) clamped to
 time_step_limit, h = exp(dt A) h + dt x B^T from zero state, y = h C + D x, RMSNorm of y silu(gate) over each of
-n_groups groups or the whole width, out_proj)."""
+n_groups groups or the whole width, out_proj). falcon_h1's mixer besides: its input times config.ssm_in_multiplier and
+in_proj's [gate | x | B | C | dt] each times its entry of config.ssm_multipliers (read on a config with them moved
+off 1), and the gated norm switched by config.mamba_rms_norm (off: y silu(gate) alone), each a family setting the
+self-check runs; every layer a mixer beside an attention is the parallel hybrid layer's (parts/block_parallel_hybrid.py)."""
 
 from __future__ import annotations
 
@@ -244,10 +247,12 @@ def _variants(match, probe):
 
 
 def _kernels(match):
-    return ((), ("in_proj / out_proj: the parallel linears (replicated: attn_tp_size 1)",
-                 "causal depthwise conv1d and the Mamba2 state-space recurrence: plain torch in float32, token by token "
-                 "(no NPU op in upstream's models computes them)",
-                 "the gated RMSNorm: plain torch in float32"))
+    multiplied = (("ssm_in_multiplier and ssm_multipliers: plain torch multiplies of in_proj's input and parts",)
+                  if match.options.get("MAMBA_MULTIPLIERS") else ())
+    return ((), multiplied + ("in_proj / out_proj: the parallel linears (replicated: attn_tp_size 1)",
+                              "causal depthwise conv1d and the Mamba2 state-space recurrence: plain torch in float32, "
+                              "token by token (no NPU op in upstream's models computes them)",
+                              "the gated RMSNorm: plain torch in float32"))
 
 
 MAMBA2 = Part(

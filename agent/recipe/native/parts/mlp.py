@@ -223,6 +223,8 @@ def _kernels(match):
     sub_norm = (("MLP sub-norm before down_proj: RMSNorm over the intermediate width in plain torch (its sum of "
                  "squares all-reduced over the tensor-parallel ranks; npu_rms_norm norms one rank's slice)",)
                 if match.options.get("FFN_SUB_NORM") else ())
+    if match.options.get("MLP_MULTIPLIERS"):
+        sub_norm += (f"{match.options['MLP_MULTIPLIERS']}: plain torch multiplies of the gate and the output",)
     if match.options["SWIGLU"]:
         return ("npu_swiglu (gate/up)",), sub_norm
     return (), (f"MLP activation {match.facts['activation']} * up: plain torch (npu_swiglu is silu only)",) + sub_norm
