@@ -79,7 +79,7 @@ def _probe(probe, chosen):
     if held:
         # at 1 a multiplier cannot be seen: read on the config with every held key moved off it
         moved = probe.variant({key: MOVED[key] for key in held})
-        if not hybrid_residual(moved.layers[0], moved.hidden, {key: MOVED.get(key, 1.0) if key in held else 1.0
+        if not hybrid_residual(moved.layers[0], moved.hidden, {key: MOVED[key] if key in held else 1.0
                                                                  for key in MULTIPLIER_KEYS.values()}):
             raise NotNative(KIND, f"the parallel hybrid layer's branches are not scaled by config {sorted(held)}")
     options = {option: key if key in held else None for option, key in MULTIPLIER_KEYS.items()}

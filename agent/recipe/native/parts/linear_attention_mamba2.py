@@ -226,9 +226,9 @@ def norm_switch(probe, index: int) -> str | None:
         raise NotNative(KIND, f"config.{NORM_ORDER_KEY}: the Mamba2 mixer's norm before its gate, which no part writes")
     other = probe.variant({NORM_KEY: not value, NORM_ORDER_KEY: False})
     with_norm, without = (probe, other) if value else (other, probe)
-    if not isinstance(with_norm.layers[index].linear_attn.norm, __import__("torch").nn.Module) \
-            or "weight" not in dict(with_norm.layers[index].linear_attn.norm.named_parameters()) \
-            or dict(without.layers[index].linear_attn.norm.named_parameters()):
+    # on, the norm holds its weight; off, the mixer's norm holds none (transformers' nn.Identity)
+    weights = [dict(p.layers[index].linear_attn.norm.named_parameters()) for p in (with_norm, without)]
+    if "weight" not in weights[0] or weights[1]:
         raise NotNative(KIND, f"config.{NORM_KEY} does not switch the Mamba2 mixer's gated norm")
     return NORM_KEY
 
