@@ -145,8 +145,8 @@ def _probe(probe, chosen):
     grouped = set()
     index = next(i for i, is_linear in enumerate(linear) if is_linear)
     keys = mixer_keys(modules[0], probe.config, index)
+    norm_key = norm_switch(probe, index)          # first: the norm before the gate refused in its own words
     multiplied = mixer_multipliers(probe, index)
-    norm_key = norm_switch(probe, index)
     norm = not norm_key or bool(getattr(probe.config, norm_key))
     for module in modules:
         name = type(module).__name__
