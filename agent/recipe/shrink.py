@@ -56,6 +56,7 @@ ALIASES = {"n_embd": "hidden_size", "n_head": "num_attention_heads", "n_inner": 
 SSM_HEADS = (("mamba_n_heads", "mamba_d_head", "mamba_expand"), ("num_heads", "head_dim", "expand"),
              ("mamba_num_heads", "mamba_head_dim", "expand"), ("n_mamba_heads", "mamba_headdim", "mamba_expand"))
 SSM_TINY_HEADS = 4
+INNER_KEY = "mamba_d_ssm"      # falcon_h1's inner width, where set: not expand x hidden_size
 SSM_GROUP_KEYS = ("n_groups", "mamba_n_groups")
 # Per-layer overrides keyed by layer index (gemma4's wider global heads, dots3's MLA layers): their widths
 # shrink with the config's, their layers are layer kinds the cut keeps.
@@ -147,10 +148,12 @@ def ssm_heads(config: dict, hidden) -> dict:
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in (hidden, heads, width, expand)):
             continue
         inner = expand * hidden
+        # an inner width set apart from expand (falcon_h1's mamba_d_ssm): shrunk to expand x hidden with the heads
+        inner_width = {INNER_KEY: inner} if isinstance(config.get(INNER_KEY), int) else {}
         if inner % width == 0:
-            return _ssm_groups(config, {heads_key: inner // width})
+            return {**_ssm_groups(config, {heads_key: inner // width}), **inner_width}
         tiny = min(heads, SSM_TINY_HEADS)
-        return _ssm_groups(config, {heads_key: tiny, width_key: inner // tiny})
+        return {**_ssm_groups(config, {heads_key: tiny, width_key: inner // tiny}), **inner_width}
     return {}
 
 

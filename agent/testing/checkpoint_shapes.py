@@ -171,6 +171,21 @@ SHAPES: dict[str, tuple[str, dict]] = {
         "mamba_expand": 2, "mamba_d_conv": 4, "mamba_chunk_size": 256, "position_embedding_type": "nope",
         "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "max_position_embeddings": 131072,
         "tie_word_embeddings": True}),
+    # the values of the 7B row of transformers' FalconH1Config docs (44 layers, 3072 wide, 12 / 2 heads, 24 Mamba heads
+    # of 128, state 256) and the multipliers its config.json carries (as a GPTQ port's test of it records them)
+    "falcon_h1": ("tiiuae/Falcon-H1-7B-Instruct", {
+        "hidden_size": 3072, "intermediate_size": 12288, "num_hidden_layers": 44, "num_attention_heads": 12,
+        "num_key_value_heads": 2, "head_dim": 128, "mamba_d_conv": 4, "mamba_n_heads": 24, "mamba_d_head": 128,
+        "mamba_d_state": 256, "mamba_d_ssm": 3072, "mamba_n_groups": 1, "mamba_expand": 2, "mamba_chunk_size": 256,
+        "mamba_norm_before_gate": False, "mamba_rms_norm": True, "mamba_proj_bias": False, "mamba_conv_bias": True,
+        "rms_norm_eps": 1e-5, "rope_theta": 1e11, "attention_bias": False,
+        "mlp_bias": False, "projectors_bias": False, "tie_word_embeddings": False,
+        "embedding_multiplier": 5.656854249492381, "attention_in_multiplier": 1.0,
+        "attention_out_multiplier": 0.10416666666666667, "key_multiplier": 0.030690398488999456,
+        "ssm_in_multiplier": 0.4166666666666667, "ssm_out_multiplier": 0.11785113019775793,
+        "lm_head_multiplier": 0.013020833333333334,
+        "ssm_multipliers": [0.3535533905932738, 0.25, 0.1767766952966369, 0.5, 0.3535533905932738],
+        "mlp_multipliers": [0.2946278254943948, 0.032552083333333336]}),
     "exaone4": ("LGAI-EXAONE/EXAONE-4.0-32B", {
         "num_attention_heads": 40, "num_key_value_heads": 8, "hidden_size": 5120, "head_dim": 128,
         "sliding_window": 4096, "sliding_window_pattern": 4, "num_hidden_layers": 64, "rope_theta": 1000000.0,

@@ -13,6 +13,7 @@ from agent.recipe.native.parts import block_one_mixer, linear_attention_mamba1, 
 from agent.recipe.native.parts import block_normed_residual
 from agent.recipe.native.parts import mla_layer_shapes
 from agent.recipe.native.parts import linear_attention_kda
+from agent.recipe.native.parts import block_parallel_hybrid
 from agent.recipe.native.parts.part import ROLES, SLOTS, Composition, Match, Part
 
 __all__ = ["PARTS", "OPTION_NAMES", "TABLES", "ROLES", "SLOTS", "Composition", "Match", "Part"]
@@ -55,6 +56,7 @@ PARTS = (
     mlp_clamped.CLAMPED_MLP,
     mlp.GATED_MLP,
     mlp_plain.PLAIN_MLP,
+    block_parallel_hybrid.PARALLEL_HYBRID,   # before the others: its layers hold a mixer and an attention
     block_one_mixer.ONE_MIXER,
     block_parallel.PARALLEL,
     block_parallel.PARALLEL_TWO_NORMS,

@@ -15,6 +15,7 @@ from agent.recipe.native.parts.attention_head_dim import layer_head_dim
 from agent.recipe.native.parts.attention_heads import heads_per_layer, key_heads_by_kind, layer_heads, layer_key_heads
 from agent.recipe.native.parts.attention_params import (DENSE_BIAS_RENAMES, GATE_BIAS_RENAMES, last_layer_output_bias,
                                                         refuse_unknown)
+from agent.recipe.native.parts.attention_key_scale import key_scale
 from agent.recipe.native.parts.attention_value_scale import value_scale
 from agent.recipe.native.parts.attention_positions import (SMALL_ORIGINAL, query_position_scale,
                                                            refuse_long_context_forms, small_original_setting)
@@ -35,7 +36,7 @@ DENSE_OPTIONS = ("QKV", "QKV_BIAS", "O_BIAS", "QK_NORM", "QK_NORM_FULL", "QUERY_
                  "OUTPUT_GATE", "Q_NORM", "K_NORM", "QK_NORM_AFTER_ROPE", "QK_L2_NORM", "QKV_GROUPS", "MULTI_QUERY",
                  "GATE_PROJ", "GATE_SOFTPLUS", "GATE_PER_HEAD", "CHECKPOINT_RENAMES", "ATTN_SUB_NORM", "GATE_BIAS",
                  "HEADS_PER_LAYER", "QUERY_POSITION_SCALE", "FULL_LAYERS_WINDOWED", "HEAD_DIM_PER_LAYER", "V_NORM",
-                 "KV_HEADS_BY_LAYER_TYPE", "SINK_LAYER_TYPES", "V_HEAD_DIM", "VALUE_SCALE")
+                 "KV_HEADS_BY_LAYER_TYPE", "SINK_LAYER_TYPES", "V_HEAD_DIM", "VALUE_SCALE", "KEY_SCALE")
 WINDOW = 5                            # the shrunk window (agent.recipe.native.parts.probe.shrunk_config)
 
 
@@ -344,6 +345,8 @@ def dense_attention(probe) -> dict:
         facts["V_HEAD_DIM"] = True
     if value_scale(probe):
         facts["VALUE_SCALE"] = value_scale(probe)
+    if key_scale(probe):
+        facts["KEY_SCALE"] = key_scale(probe)
     if kinds_heads:
         if fused or per_layer:
             raise NotNative("attention", "key/value heads per layer kind with a fused qkv_proj or query heads per "
@@ -664,6 +667,9 @@ def _dense_match(part, probe, chosen, **extra) -> Match:
     if facts.get("HEAD_DIM_PER_LAYER") and part is not FUSED_PAGED:
         raise NotNative("attention", f"head_dim per layer with {part.name}: only the fused attention builds each "
                                      "layer with its own head width")
+    if facts.get("KEY_SCALE") and part not in (FUSED_PAGED, FUSED_PAGED_SINKS):
+        raise NotNative("attention", f"keys times config.{facts['KEY_SCALE']} with {part.name}: only the fused "
+                                     "attention writes it")
     if facts.get("QUERY_POSITION_SCALE") and part not in (FUSED_PAGED, FUSED_PAGED_SINKS):
         raise NotNative("attention", f"the llama-4 query scaling with {part.name}: only the fused attention writes it")
     options = {k: v for k, v in facts.items() if k in DENSE_OPTIONS}

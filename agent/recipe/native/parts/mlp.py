@@ -67,9 +67,9 @@ def _read_roles(mlp, hidden: int, names):
     return None
 
 
-def _probe_formula(mlp, hidden: int, activation) -> None:
+def _probe_formula(mlp, hidden: int, activation, multipliers=(1.0, 1.0)) -> None:
     """The MLP is down(act(gate(x)) * up(x)) (separate or fused gate/up; bitnet's ffn_sub_norm of act(gate(x)) *
-    up(x) before down), nothing else."""
+    up(x) before down; `multipliers` (g, d): down(act(g gate(x)) * up(x)) d, falcon_h1's), nothing else."""
     import torch
 
     x = torch.randn(3, hidden, generator=torch.Generator().manual_seed(3))
@@ -79,11 +79,29 @@ def _probe_formula(mlp, hidden: int, activation) -> None:
             gate, up = parts["gate_up_proj"](x).chunk(2, dim=-1)
         else:
             gate, up = parts["gate_proj"](x), parts["up_proj"](x)
-        inner = activation(gate) * up
-        expected = parts["down_proj"](parts[FFN_SUB_NORM](inner) if FFN_SUB_NORM in parts else inner)
+        inner = activation(gate * multipliers[0]) * up
+        expected = parts["down_proj"](parts[FFN_SUB_NORM](inner) if FFN_SUB_NORM in parts else inner) * multipliers[1]
         got = mlp(x)
     if not torch.allclose(got, expected, rtol=1e-4, atol=1e-5):
         raise NotNative("mlp", f"{type(mlp).__name__} is not down(act(gate(x)) * up(x))")
+
+
+MULTIPLIERS_KEY = "mlp_multipliers"      # falcon_h1's (gate, down) multipliers
+MOVED_MULTIPLIERS = [1.5, 0.625]          # the values they are read at (1 hides them)
+
+
+def mlp_multipliers(source, activation) -> str | None:
+    """config.mlp_multipliers where the MLP computes down(act(g gate(x)) * up(x)) d by it (read on a config with them
+    moved off 1); None where the config has no such pair."""
+    from transformers.activations import ACT2FN
+
+    value = getattr(source.config, MULTIPLIERS_KEY, None)
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        return None
+    moved = source.variant({MULTIPLIERS_KEY: MOVED_MULTIPLIERS})
+    mlp = next(layer.mlp for layer in moved.layers if hasattr(layer, "mlp"))
+    _probe_formula(mlp, moved.hidden, ACT2FN[activation], tuple(MOVED_MULTIPLIERS))
+    return MULTIPLIERS_KEY
 
 
 def down_name(mlp) -> str | None:
@@ -129,6 +147,8 @@ def _gated(probe, chosen):
     key = act_key(source.config)
     activation = getattr(source.config, key)
     kinds, biases, sub_norms = set(), set(), set()
+    multipliers_key = mlp_multipliers(source, activation)
+    multipliers = tuple(float(v) for v in getattr(source.config, multipliers_key)) if multipliers_key else (1.0, 1.0)
     for mlp in mlps:
         m = children(mlp)
         if set(m) - MLP_CHILDREN or "down_proj" not in m or not ({"gate_proj", "up_proj"} <= set(m) or "gate_up_proj" in m):
@@ -137,7 +157,7 @@ def _gated(probe, chosen):
         biases.add(tuple(p.bias is not None for p in linears))
         kinds.add("gate_up_proj" in m)
         sub_norms.add(checked_sub_norm(mlp, FFN_SUB_NORM, source.config.intermediate_size, source.config))
-        _probe_formula(mlp, source.hidden, ACT2FN[activation])
+        _probe_formula(mlp, source.hidden, ACT2FN[activation], multipliers)
     if len(kinds) != 1 or len(biases) != 1 or len(set(next(iter(biases)))) > 1 or len(sub_norms) != 1:
         raise NotNative("mlp", "dense MLPs of unequal structure, or biases on some of their projections only")
     fused = next(iter(kinds))
@@ -146,6 +166,8 @@ def _gated(probe, chosen):
                "STACKED_PARAMS": () if fused else (("gate_up_proj", "gate_proj", 0), ("gate_up_proj", "up_proj", 1))}
     if sub_norms == {True}:
         options["FFN_SUB_NORM"] = True
+    if multipliers_key:
+        options["MLP_MULTIPLIERS"] = multipliers_key
     return Match(GATED_MLP, options=options, facts={"activation": activation})
 
 
@@ -201,22 +223,28 @@ def _kernels(match):
     sub_norm = (("MLP sub-norm before down_proj: RMSNorm over the intermediate width in plain torch (its sum of "
                  "squares all-reduced over the tensor-parallel ranks; npu_rms_norm norms one rank's slice)",)
                 if match.options.get("FFN_SUB_NORM") else ())
+    if match.options.get("MLP_MULTIPLIERS"):
+        sub_norm += (f"{match.options['MLP_MULTIPLIERS']}: plain torch multiplies of the gate and the output",)
     if match.options["SWIGLU"]:
         return ("npu_swiglu (gate/up)",), sub_norm
     return (), (f"MLP activation {match.facts['activation']} * up: plain torch (npu_swiglu is silu only)",) + sub_norm
 
 
 def bias_variants(match, probe):
-    """The file serves the other setting of the config key that sets the MLP's biases."""
+    """The file serves the other setting of the config key that sets the MLP's biases, and other multipliers."""
     value = match.options["MLP_BIAS"]
+    found = []
     if isinstance(value, Expr):
         key = value.code.split(".", 1)[1]
-        return [(f"bias {key}", {key: not getattr(probe.config, key)})]
-    return []
+        found.append((f"bias {key}", {key: not getattr(probe.config, key)}))
+    if match.options.get("MLP_MULTIPLIERS"):
+        found.append(("mlp multipliers", {match.options["MLP_MULTIPLIERS"]: [0.75, 1.25]}))
+    return found
 
 
 GATED_MLP = Part(
     slot="mlp", name="gated_mlp", code="mlp_gated.py", provides="ModelMLP",
     reads=("hidden_size", "intermediate_size", "hidden_act", "mlp_bias"), probe=_gated, kernels=_kernels,
-    options=("SWIGLU", "ACT", "MLP_BIAS", "STACKED_PARAMS", "CHECKPOINT_RENAMES", "FF_AUTO_ADJUST", "FFN_SUB_NORM"),
+    options=("SWIGLU", "ACT", "MLP_BIAS", "STACKED_PARAMS", "CHECKPOINT_RENAMES", "FF_AUTO_ADJUST", "FFN_SUB_NORM",
+             "MLP_MULTIPLIERS"),
     variants=bias_variants)

@@ -1,7 +1,8 @@
 """Scalar multipliers: the embedding times `embedding_multiplier`, the attention's and the MLP's outputs (normed,
 in a sandwich layer: hyperclovax) times `residual_multiplier` (minicpm3: scale_depth / sqrt(num_hidden_layers))
 before they join the residual, logits divided by
-`logits_scaling` (granite), multiplied by it (hyperclovax) or by `logit_scale` (cohere); the softmax scale `attention_multiplier` is the attention part's rule (parts/attention.py).
+`logits_scaling` (granite), multiplied by it (hyperclovax), by `logit_scale` (cohere) or by `lm_head_multiplier`
+(falcon_h1); the softmax scale `attention_multiplier` is the attention part's rule (parts/attention.py).
 Each read from what transformers' model computes, not from the keys alone; the file reads the values from the
 config at run time (code: parts/code/causal_lm.py EMBED_MULTIPLIER / LOGITS_SCALING, parts/code/block.py
 RESIDUAL_MULTIPLIER): one part per slot it changes, all plain torch multiplies."""
@@ -15,7 +16,7 @@ from agent.recipe.native.parts.head import LM_HEAD
 from agent.recipe.native.parts.part import Match, Part
 
 MULTIPLIERS = ("embedding_multiplier", "residual_multiplier", "logits_scaling", "attention_multiplier", "logit_scale",
-               "scale_emb", "scale_depth")
+               "scale_emb", "scale_depth", "lm_head_multiplier", "key_multiplier")
 
 
 def _number(config, key):
@@ -91,10 +92,13 @@ def _residual_kernels(what: str):
     return kernels
 
 
+LOGITS_KEYS = ("logits_scaling", "logit_scale", "lm_head_multiplier")
+
+
 def _head(probe, chosen):
-    """logits_scaling (granite: the head's logits divided by it; hyperclovax: multiplied) or logit_scale (cohere:
-    multiplied)."""
-    key = next((key for key in ("logits_scaling", "logit_scale") if _number(probe.config, key) is not None), None)
+    """logits_scaling (granite: the head's logits divided by it; hyperclovax: multiplied), logit_scale (cohere:
+    multiplied) or lm_head_multiplier (falcon_h1: multiplied)."""
+    key = next((key for key in LOGITS_KEYS if _number(probe.config, key) is not None), None)
     if key is None:
         return None
     import torch
@@ -144,6 +148,6 @@ SANDWICH_RESIDUAL_MULTIPLIER = Part(
     kernels=_residual_kernels("of the normed outputs "))
 LOGITS_SCALING = Part(
     slot="head", name="lm_head_logits_scaling", code=None, provides=None,
-    reads=("vocab_size", "tie_word_embeddings", "logits_scaling", "logit_scale"), probe=_head,
+    reads=("vocab_size", "tie_word_embeddings", *LOGITS_KEYS), probe=_head,
     options=("FINAL_SOFTCAP", "LOGITS_SCALING", "LOGITS_DIVIDED"), variants=lambda m, p: LM_HEAD.variants(m, p) + _variants(m, p),
     kernels=lambda m: ((), (f"{m.options['LOGITS_SCALING']}: plain torch scaling of the logits",)))

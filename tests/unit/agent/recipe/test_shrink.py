@@ -154,6 +154,12 @@ def test_a_state_space_mixers_heads_tile_its_shrunk_inner_width(model_type, head
     assert merged[heads] * merged[width] == merged[expand] * merged["hidden_size"]
     built = shrunk_config(config)           # the probe's copy, head widths restored: still valid
     assert getattr(built, heads) * getattr(built, width) == getattr(built, expand) * built.hidden_size
+    if isinstance(config.get("mamba_d_ssm"), int):
+        # falcon_h1's inner width set apart from expand: shrunk with the heads (its checkpoints' 3072 would not tile)
+        assert built.mamba_d_ssm == getattr(built, heads) * getattr(built, width)
+        checkpoint = {**config, "hidden_size": 3072, "mamba_d_ssm": 3072, "mamba_n_heads": 24, "mamba_d_head": 128}
+        built = shrunk_config(checkpoint)
+        assert built.mamba_d_ssm == built.mamba_n_heads * built.mamba_d_head == built.mamba_expand * built.hidden_size
 
 
 def test_shrink_keeps_linear_attention_grouping_and_kernel_widths():

@@ -69,6 +69,7 @@ HEAD_DIM_PER_LAYER = False      # each layer's head_dim its own (transformers' p
 SINK_LAYER_TYPES = ()           # with SINKS: the layer kinds alone with sinks (mimo_v2_flash: sliding); () every layer
 V_HEAD_DIM = False              # value heads of config.v_head_dim, zero-padded to head_dim in qkv (mimo_v2_flash)
 VALUE_SCALE = None              # the config key of a multiplier of the values (mimo_v2_flash: attention_value_scale)
+KEY_SCALE = None                # the config key of a multiplier of the keys (falcon_h1: key_multiplier): the scale times it
 KV_HEADS_BY_LAYER_TYPE = ()     # (layer kind, multiple of num_key_value_heads) pairs (mimo_v2_flash: sliding, 2)
 
 
@@ -168,6 +169,9 @@ class ModelAttention(nn.Module):
             self.scaling = 1.0
         else:
             self.scaling = self.head_dim ** -0.5
+        if KEY_SCALE:
+            # FalconH1Attention scales its keys: q . k, and so the softmax scale, times the key
+            self.scaling = self.scaling * getattr(config, KEY_SCALE)
         tp_rank = comm_manager.get_rank("attn_tp_group") if self.attn_tp_size > 1 else 0
         quant_config = getattr(config, "quant_config", None)
         setattr(self, QKV, QKVParallelLinear(

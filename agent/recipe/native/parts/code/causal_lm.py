@@ -53,6 +53,7 @@ HEADS_PER_LAYER = None          # the config key of each layer's query heads (la
 HEAD_DIM_PER_LAYER = False      # head_dim set per layer (gemma4's per_layer_config): each layer type's table at its width
 KV_HEADS_BY_LAYER_TYPE = ()     # (layer kind, multiple of num_key_value_heads) pairs (mimo_v2_flash's sliding layers: 2)
 ONE_MIXER = False               # one mixer per layer (parts/code/block_one_mixer.py): the layer's caches, none for an MLP
+LAYER_CACHES = False            # each layer lists its caches (falcon_h1's parallel hybrid layer: KV cache and Mamba states)
 NO_ATTENTION = False            # no attention layer at all (mamba2's Mamba2 layers alone): no heads to split
 NEVER_TIED = False              # lm_head never tied to the embedding, whatever the config says (nemotron_h)
 QUERY_POSITION_SCALE = False    # the attention scales its queries by position (llama-4): it takes the positions too
@@ -248,7 +249,7 @@ class ModelForCausalLM(nn.Module):
         return own_rows_whole(self.lm_head(gathered), group, self.lmhead_tp_size, rows)
 
     def get_cache_info(self) -> ModelCacheInfo:
-        if ONE_MIXER:
+        if ONE_MIXER or LAYER_CACHES:
             # a layer without caches (an MLP layer) is not listed: the executor wants each listed layer's
             infos = [LayerCacheInfo(layer_idx=i, caches=list(layer.cache_entries))
                      for i, layer in enumerate(self.model.layers) if layer.cache_entries]

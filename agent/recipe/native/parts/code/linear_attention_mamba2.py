@@ -31,6 +31,13 @@ MAMBA_CONV_BIAS = "mamba_conv_bias"
 MAMBA_PROJ_BIAS = "mamba_proj_bias"
 # dt's clamp: config.time_step_limit; a key here: (config.<key>, inf) (nemotron_h's time_step_min)
 MAMBA_DT_MIN = None
+# falcon_h1's multipliers: the input times config.ssm_in_multiplier, in_proj's [gate | x | B | C | dt] each times its
+# entry of config.ssm_multipliers
+MAMBA_MULTIPLIERS = False
+# the config key that switches the gated norm (falcon_h1's mamba_rms_norm): off, y * silu(gate) alone and no norm weight
+MAMBA_NORM_KEY = None
+# the config key of the norm before the gate (falcon_h1's mamba_norm_before_gate), which the file does not write
+MAMBA_NORM_ORDER_KEY = None
 
 
 def mamba_conv1d_update(hidden_states, conv_state, weight, bias):
@@ -124,8 +131,21 @@ class ModelMamba2Mixer(nn.Module):
         self.norm = ModelMamba2RMSNormGated(self.intermediate_size, self.intermediate_size // self.n_groups
                                             if MAMBA_NORM_GROUPED else self.intermediate_size,
                                             eps=getattr(config, NORM_EPS))
+        if MAMBA_NORM_KEY and not getattr(config, MAMBA_NORM_KEY):
+            del self.norm           # y * silu(gate) alone: the checkpoint holds no norm weight
+        elif MAMBA_NORM_ORDER_KEY and getattr(config, MAMBA_NORM_ORDER_KEY, False):
+            raise ValueError(f"config.{MAMBA_NORM_ORDER_KEY} is true: the Mamba2 mixer's norm before its gate is not "
+                             "written by this file")
         self.out_proj = ReplicatedLinear(self.intermediate_size, self.hidden_size, bias=getattr(config, MAMBA_PROJ_BIAS),
                                          quant_config=quant_config, prefix=f"{prefix}.out_proj")
+        if MAMBA_MULTIPLIERS:
+            gate_m, x_m, b_m, c_m, dt_m = config.ssm_multipliers
+            self.ssm_in_multiplier = config.ssm_in_multiplier
+            self.gate_multiplier, self.dt_multiplier = gate_m, dt_m
+            groups_state = self.n_groups * self.ssm_state_size
+            # x, B and C's multipliers over the conv's channels (not a parameter: no checkpoint tensor)
+            self.register_buffer("mixed_multipliers", torch.cat([torch.full((width,), float(value)) for width, value in (
+                (self.intermediate_size, x_m), (groups_state, b_m), (groups_state, c_m))]), persistent=False)
         self.conv_state = torch.Tensor([])
         self.ssm_state = torch.Tensor([])
         cache_dtype = torch.get_default_dtype()
@@ -144,8 +164,13 @@ class ModelMamba2Mixer(nn.Module):
             q_len = forward_metadata.prompt_tokens
         if not self.conv_state.numel() or not self.ssm_state.numel():
             raise RuntimeError("Mamba2 state not allocated: the executor binds it through get_cache_info()")
+        if MAMBA_MULTIPLIERS:
+            hidden_states = hidden_states * self.ssm_in_multiplier
         gate, mixed, dt = self.in_proj(hidden_states).split(
             (self.intermediate_size, self.conv_dim, self.num_heads), dim=-1)
+        if MAMBA_MULTIPLIERS:
+            gate, dt = gate * self.gate_multiplier, dt * self.dt_multiplier
+            mixed = mixed * self.mixed_multipliers.to(mixed.dtype)
         # each request's state block (one per request: next_n 0)
         blocks = forward_metadata.block_table[MAMBA][:, 0].long()
         weight = self.conv1d.weight.squeeze(1)
@@ -179,7 +204,10 @@ class ModelMamba2Mixer(nn.Module):
         out = ssd_recurrence(x.reshape(q_len, self.num_heads, self.head_dim), dt, A, B, C, self.D.float(), state,
                              lengths_list)
         self.ssm_state.index_copy_(0, blocks, state.to(self.ssm_state.dtype))
-        out = self.norm(out.reshape(q_len, self.intermediate_size), gate)
+        if MAMBA_NORM_KEY and not hasattr(self, "norm"):
+            out = out.reshape(q_len, self.intermediate_size) * F.silu(gate.float())
+        else:
+            out = self.norm(out.reshape(q_len, self.intermediate_size), gate)
         out = self.out_proj(out.to(hidden_states.dtype))
         if q_len < padded_q_len:
             out = torch.cat([out, out.new_zeros((padded_q_len - q_len, out.size(-1)))], dim=0)

@@ -15,6 +15,7 @@ ACT = "hidden_act"      # the config key naming the gate's activation
 MLP_BIAS = False        # the projections' biases: a literal, or the config key that sets them
 FFN_SUB_NORM = False    # an RMSNorm of act(gate) * up over the intermediate width before down_proj (bitnet)
 FF_AUTO_ADJUST = False  # the width is lfm2's block-adjusted one (block_ff_width), not config.intermediate_size
+MLP_MULTIPLIERS = None  # the config key of (gate, down) multipliers: act(gate * g) * up, down(.) * d (falcon_h1)
 
 
 def block_ff_width(config):
@@ -56,12 +57,18 @@ class ModelMLP(nn.Module):
             self.ffn_sub_norm = ModelSubRMSNorm(config.intermediate_size, config.rms_norm_eps, comm_manager,
                                                 self.attn_tp_size)
             self.w8a8 = False       # npu_dequant_swiglu_quant quantizes swiglu's output for down_proj: no norm between
+        if MLP_MULTIPLIERS:
+            self.gate_multiplier, self.down_multiplier = (float(v) for v in getattr(config, MLP_MULTIPLIERS))
+            self.w8a8 = False       # the gate is scaled between gate_up_proj and the activation
 
     def forward(self, hidden_states):
         if SWIGLU and self.w8a8:
             out = self._forward_w8a8int8(hidden_states)
         else:
             gate_up = self.gate_up_proj(hidden_states)
+            if MLP_MULTIPLIERS:
+                gate, up = gate_up.chunk(2, dim=-1)
+                gate_up = torch.cat([gate * self.gate_multiplier, up], dim=-1)
             if SWIGLU:
                 out = self.down_proj(self.ffn_sub_norm(torch_npu.npu_swiglu(gate_up, dim=-1)) if FFN_SUB_NORM
                                      else torch_npu.npu_swiglu(gate_up, dim=-1))
@@ -69,6 +76,8 @@ class ModelMLP(nn.Module):
                 # act(gate) * up in plain torch: npu_swiglu computes silu only
                 gate, up = gate_up.chunk(2, dim=-1)
                 out = self.down_proj(self.ffn_sub_norm(self.act_fn(gate) * up) if FFN_SUB_NORM else self.act_fn(gate) * up)
+        if MLP_MULTIPLIERS:
+            out = out * self.down_multiplier
         if self.attn_tp_size > 1:
             dist.all_reduce(out, group=self.comm_manager.get_group("attn_tp_group"))
         return out

@@ -138,7 +138,9 @@ def test_bamba_with_two_groups_norms_each_group(tmp_path):
 
 REFUSED = {
     # type: (changes from its defaults, the fall-back's kind, words its one-line reason must hold)
-    "falcon_h1": ({}, "decoder layer", "Mamba2 mixer beside self_attn"),
+    # the Mamba2 mixer's norm before its gate (its parallel hybrid layer is written: test_part_parallel_hybrid.py)
+    "falcon_h1": ({"mamba_rms_norm": True, "mamba_norm_before_gate": True}, "linear attention",
+                  "norm before its gate"),
     # its default config's moe layer (the one-mixer Mamba2, attention and MLP layers are written: test_part_one_mixer.py)
     "nemotron_h": ({}, "model", "a sparse-MoE block (NemotronHMoE) as a layer's one mixer"),
     "zamba2": ({}, "model", "layers of Zamba2HybridLayer (linear, mamba_decoder, shared_transformer)"),
@@ -148,7 +150,7 @@ REFUSED = {
 @pytest.mark.slow
 @pytest.mark.parametrize("model_type", sorted(REFUSED))
 def test_the_hybrids_no_part_writes_fall_back_naming_their_first_blocker(model_type):
-    """falcon_h1's parallel layer (mixer and attention side by side), nemotron_h's default moe layer as a one-mixer
+    """falcon_h1's Mamba2 norm before its gate, nemotron_h's default moe layer as a one-mixer
     block (its shrunk config's B / C groups cut to divide the heads, so that transformers runs it), zamba2's hybrid
     layers (a transformer block shared across layers; its attention width and mixer heads shrunk with the hidden
     width) each fall back in one line naming it.
