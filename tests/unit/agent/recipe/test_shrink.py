@@ -128,13 +128,17 @@ def test_a_layer_kinds_fewer_key_heads_stay_fewer():
         config, _ = checkpoint_config("gemma4_text")
     except (ValueError, KeyError):
         pytest.skip("this transformers has no gemma4_text")
-    shrunk = shrink_config(config)
-    assert (shrunk["num_key_value_heads"], shrunk["num_global_key_value_heads"]) == (2, 1)
+    shrunk = shrink_config(config)          # transformers' saved form: the full layers' entries of per_layer_config
+    assert shrunk["num_key_value_heads"] == 2
+    assert {values["num_key_value_heads"] for values in shrunk["per_layer_config"].values()} == {1}
     assert (shrunk["num_experts"], shrunk["top_k_experts"]) == (4, 2)
-    saved = AutoConfig.for_model("gemma4_text", num_key_value_heads=8, num_global_key_value_heads=2,
-                                 attention_k_eq_v=True).to_dict()
-    kept = shrink_config(saved)["per_layer_config"]
-    assert kept and {values["num_key_value_heads"] for values in kept.values()} == {1}
+    # a config.json stating the key instead (upstream's configuration_gemma4.py reads it so)
+    stated = {key: value for key, value in config.items() if key != "per_layer_config"}
+    stated.update(num_global_key_value_heads=2, global_head_dim=512)
+    assert shrink_config(stated)["num_global_key_value_heads"] == 1
+    built = AutoConfig.for_model("gemma4_text", **{k: v for k, v in {**stated, **shrink_config(stated)}.items()
+                                                   if k != "model_type"})
+    assert {built.per_layer_config[index].num_key_value_heads for index in range(built.num_hidden_layers)} == {1, 2}
 
 
 @pytest.mark.parametrize("model_type", ["gemma4_text", "dots3_note_text"])
