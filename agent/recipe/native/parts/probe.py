@@ -291,9 +291,9 @@ class Probe:
         # building a model no part could write (gemma4's per-layer input table alone is ~1.6 GB at probe size)
         refusal = per_layer_refusal(self.config)
         mla_per_layer = sets_mla_shapes_per_layer(self.config)      # MLA widths: parts/mla_layer_shapes.py's
-        if varying_per_layer(self.config) and not mla_per_layer:
-            # read on the checkpoint's own layers too: the shrunk ones may agree where its do not (gemma4-26B's 8 / 2
-            # key heads both shrink to 2), and a refusal names the checkpoint's values
+        if (varying_per_layer(self.config) or config_dict.get("per_layer_config")) and not mla_per_layer:
+            # read on the checkpoint's own layers too: the shrunk ones may agree where its do not (8 / 4 query heads
+            # both shrink to 4, and transformers then drops the override), and a refusal names the checkpoint's values
             try:
                 refusal = per_layer_refusal(self.full_config) or refusal
             except Exception:  # noqa: BLE001 - a checkpoint config transformers refuses unshrunk: the shrunk reading
