@@ -17,12 +17,13 @@ K_EQ_V_KEYS = ("attention_k_eq_v",)
 
 def layers_without_values(probe) -> list[int]:
     """The attention layers with q_proj and k_proj but no v_proj (and no fused qkv_proj)."""
-    from agent.recipe.native.parts.attention import attention_layers
     from agent.recipe.native.parts.probe import children
 
     found = []
-    for index in attention_layers(probe):
-        held = children(probe.layers[index].self_attn)
+    for index, layer in enumerate(probe.layers):
+        if not hasattr(layer, "self_attn"):
+            continue                    # a hybrid's linear-attention layer
+        held = children(layer.self_attn)
         if "qkv_proj" not in held and held.get("v_proj") is None and "q_proj" in held and "k_proj" in held:
             found.append(index)
     return found
