@@ -105,6 +105,22 @@ def test_the_checkpoints_first_blocker_is_now_its_moe_branch():
     assert "experts" in caught.value.reason and "router" in caught.value.reason
 
 
+@pytest.mark.parametrize("stated", [{"attention_k_eq_v": True, "num_global_key_value_heads": 2},
+                                    {"per_layer_config": {"5": {"head_dim": 512, "num_key_value_heads": 2}}}])
+def test_preflight_splits_the_full_layers_key_heads_too(stated):
+    """gemma-4-26B's config.json: 8 key/value heads split 4 ways, its full layers' 2 do not (replicated, 4 % 2 == 0,
+    passes); 3 ways, 3 key heads split and 2 do not; the file's check_parallel reads the same per layer (KV_HEADS_PER_LAYER)."""
+    from agent.recipe.native.preflight import parallel_problem
+
+    config = {"num_attention_heads": 16, "num_key_value_heads": 8, "intermediate_size": 2112, "vocab_size": 262144,
+              **stated}
+    assert parallel_problem(config, {"world_size": 4, "attn_tp_size": 4, "lmhead_tp_size": 1}) is None
+    assert parallel_problem({**config, "num_key_value_heads": 3, "num_attention_heads": 12},
+                            {"world_size": 3, "attn_tp_size": 3, "lmhead_tp_size": 1}).startswith(
+        "attn_tp_size over num_global_key_value_heads (replicated)" if "attention_k_eq_v" in stated
+        else "attn_tp_size over per_layer_config[5].num_key_value_heads (replicated)")
+
+
 def test_a_layer_without_v_proj_whose_values_are_not_its_keys_is_refused(checkpoint_probe, monkeypatch):
     import torch
 
