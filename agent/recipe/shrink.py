@@ -31,6 +31,7 @@ TINY_DIMS = {
     "n_routed_experts": 4,
     "num_experts_per_tok": 2,
     "num_experts_per_token": 2,     # kimi_linear's, bailing_hybrid's name of it (their attribute_map)
+    "top_k_experts": 2,             # gemma4's name of it
     "moe_intermediate_size": 32,
     "shared_expert_intermediate_size": 64,
     "n_shared_experts": 1,
@@ -67,6 +68,9 @@ PER_LAYER_WIDTHS = ("hidden_size", "intermediate_size", "moe_intermediate_size",
                     "num_key_value_heads")
 # the query heads of each layer as a list (laguna's): shrunk with the key/value heads, each layer's grouping kept
 PER_LAYER_HEAD_LISTS = ("num_attention_heads_per_layer",)
+# one layer kind's key/value heads beside num_key_value_heads (gemma4's full layers: num_global_key_value_heads 2
+# beside 8): shrunk in proportion, so that layers of unequal key heads stay unequal
+KIND_KV_HEAD_KEYS = ("num_global_key_value_heads",)
 
 
 def shrink_config(config: dict, cut_layers: bool = True) -> dict:
@@ -95,6 +99,9 @@ def shrink_config(config: dict, cut_layers: bool = True) -> dict:
         overrides["num_key_value_heads"] = overrides["num_attention_heads"] if kv == heads else min(kv, 2)
     elif isinstance(heads, int) and kv == heads and "num_key_value_heads" in overrides:
         overrides.pop("num_key_value_heads")        # heads already tiny: MHA stays MHA (MLA's key heads are its heads)
+    for key in KIND_KV_HEAD_KEYS:
+        if key in config:
+            overrides[key] = _fewer_kv_heads(config[key], config, overrides)
     falcon_kv = config.get("num_kv_heads")             # falcon's name of them
     if isinstance(heads, int) and isinstance(falcon_kv, int) and "num_attention_heads" in overrides:
         overrides["num_kv_heads"] = overrides["num_attention_heads"] if falcon_kv == heads else min(falcon_kv, 2)
@@ -129,6 +136,19 @@ def shrink_config(config: dict, cut_layers: bool = True) -> dict:
             # the experts per token per layer (hunyuan_v1_moe's moe_topk): no more than the few experts kept
             overrides[key] = [min(v, TINY_DIMS["num_experts_per_tok"]) for v in value]
     return overrides
+
+
+def _fewer_kv_heads(value, config: dict, overrides: dict):
+    """A layer kind's key/value heads `value` where they are fewer than the config's num_key_value_heads (gemma4's
+    full layers, 2 of 8): in proportion to the shrunk num_key_value_heads, at least 1, so that they stay fewer;
+    otherwise no more than the shrunk count (as any per-layer width)."""
+    kv = config.get("num_key_value_heads")
+    tiny = overrides.get("num_key_value_heads", kv)
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (value, kv, tiny)):
+        return value
+    if value < kv:
+        return max(1, tiny * value // kv)
+    return min(value, tiny)
 
 
 def _layer_heads(values: list, config: dict, overrides: dict) -> list:
@@ -182,6 +202,10 @@ def _per_layer(entries: dict, overrides: dict, config: dict) -> dict:
             values = {k: min(v, overrides.get(k, config.get(k, v)))
                       if k in PER_LAYER_WIDTHS and isinstance(v, int) and not isinstance(v, bool) else v
                       for k, v in values.items()}
+            stored = entries[index]
+            if "num_key_value_heads" in stored and stored["num_key_value_heads"] != stored.get(
+                    "num_attention_heads", config.get("num_attention_heads")):      # grouped (MHA stays MHA above)
+                values["num_key_value_heads"] = _fewer_kv_heads(stored["num_key_value_heads"], config, overrides)
         result[index] = values
     return result
 

@@ -80,10 +80,31 @@ def parallel_problem(config: dict, parallel: dict, batch_size: int | None = None
         checks.append(("num_key_value_heads", kv_heads, attn, tp))
     elif isinstance(kv_heads, int) and kv_heads and attn % kv_heads:
         checks.append(("attn_tp_size over num_key_value_heads (replicated)", attn, kv_heads, tp))
+    for what, count in layer_kind_key_heads(config):
+        # a layer kind built with its own key/value heads (the fused attention's KV_HEADS_PER_LAYER): each splits too
+        if count >= attn:
+            checks.append((what, count, attn, tp))
+        elif count and attn % count:
+            checks.append((f"attn_tp_size over {what} (replicated)", attn, count, tp))
     for what, value, size, kind in checks:
         if isinstance(value, int) and size > 1 and value % size:
             return f"{what} {value} does not divide by parallel_config's {kind} {size}: choose a size that divides it"
     return None
+
+
+def layer_kind_key_heads(config: dict) -> list[tuple[str, int]]:
+    """(name, count) of the key/value heads a checkpoint's config.json gives some layers apart from
+    num_key_value_heads: gemma4's full layers' num_global_key_value_heads (where attention_k_eq_v, as transformers
+    applies it), or the per_layer_config entries' num_key_value_heads. MLA's are not (one latent head)."""
+    if config.get("kv_lora_rank"):
+        return []
+    found = []
+    if config.get("attention_k_eq_v") and isinstance(config.get("num_global_key_value_heads"), int):
+        found.append(("num_global_key_value_heads", config["num_global_key_value_heads"]))
+    for index, values in sorted((config.get("per_layer_config") or {}).items(), key=lambda item: int(item[0])):
+        if isinstance(values, dict) and isinstance(values.get("num_key_value_heads"), int):
+            found.append((f"per_layer_config[{int(index)}].num_key_value_heads", values["num_key_value_heads"]))
+    return found
 
 
 def experts_of(config: dict) -> int | None:

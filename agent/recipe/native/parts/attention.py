@@ -13,6 +13,7 @@ from agent.recipe.native.not_native import NotNative
 from agent.recipe.native.parts.attention_gate import GATE_NAMES, output_gate, renames as gate_renames
 from agent.recipe.native.parts.attention_head_dim import layer_head_dim
 from agent.recipe.native.parts.attention_heads import heads_per_layer, key_heads_by_kind, layer_heads, layer_key_heads
+from agent.recipe.native.parts.attention_k_eq_v import keys_as_values
 from agent.recipe.native.parts.attention_params import (DENSE_BIAS_RENAMES, GATE_BIAS_RENAMES, last_layer_output_bias,
                                                         refuse_unknown)
 from agent.recipe.native.parts.attention_key_scale import key_scale
@@ -36,7 +37,8 @@ DENSE_OPTIONS = ("QKV", "QKV_BIAS", "O_BIAS", "QK_NORM", "QK_NORM_FULL", "QUERY_
                  "OUTPUT_GATE", "Q_NORM", "K_NORM", "QK_NORM_AFTER_ROPE", "QK_L2_NORM", "QKV_GROUPS", "MULTI_QUERY",
                  "GATE_PROJ", "GATE_SOFTPLUS", "GATE_PER_HEAD", "CHECKPOINT_RENAMES", "ATTN_SUB_NORM", "GATE_BIAS",
                  "HEADS_PER_LAYER", "QUERY_POSITION_SCALE", "FULL_LAYERS_WINDOWED", "HEAD_DIM_PER_LAYER", "V_NORM",
-                 "KV_HEADS_BY_LAYER_TYPE", "SINK_LAYER_TYPES", "V_HEAD_DIM", "VALUE_SCALE", "KEY_SCALE")
+                 "KV_HEADS_BY_LAYER_TYPE", "SINK_LAYER_TYPES", "V_HEAD_DIM", "VALUE_SCALE", "KEY_SCALE", "KV_HEADS_PER_LAYER",
+                 "K_EQ_V")
 WINDOW = 5                            # the shrunk window (agent.recipe.native.parts.probe.shrunk_config)
 
 
@@ -231,6 +233,7 @@ def dense_attention(probe) -> dict:
     per_layer = heads_per_layer(probe)
     head_dims = {index: layer_head_dim(probe, index) for index in attention_layers(probe)}
     kinds_heads = key_heads_by_kind(probe)
+    k_eq_v = keys_as_values(probe)
     qk_l2 = qk_l2_norm(probe, attention_layers(probe))
     for index in attention_layers(probe):
         heads, kv_heads = layer_heads(probe, index), layer_key_heads(probe, index)
@@ -247,6 +250,8 @@ def dense_attention(probe) -> dict:
         if sink is not None and (not isinstance(sink, torch.nn.Parameter) or tuple(sink.shape) != (heads,)):
             raise NotNative("attention", f"attention sinks of shape {tuple(getattr(sink, 'shape', ()))}: not one per head")
         qkv, o = _projections(probe, index)
+        if k_eq_v and len(qkv) == 3 and qkv[2] is None:
+            qkv = [qkv[0], qkv[1], qkv[1]]          # its values are k_proj's output (parts/attention_k_eq_v.py)
         if any(out_features(p) is None for p in qkv) or out_features(o) is None:
             raise NotNative("attention", f"{type(attention).__name__}: q/k/v/o are not plain linears")
         fused = "qkv_proj" in a
@@ -366,6 +371,16 @@ def dense_attention(probe) -> dict:
             raise NotNative("attention", "head_dim per layer (per_layer_config) with a fused qkv_proj, a gate in "
                                          "q_proj, attention sinks or q/k norms over all heads: not written")
         facts["HEAD_DIM_PER_LAYER"] = True
+    if getattr(probe, "layer_kv_heads", None):
+        # the config sets them per layer (a global read of them is refused): each layer reads its own
+        if fused or grouped or per_layer or qk_width == "full":
+            raise NotNative("attention", "key/value heads per layer (per_layer_config) with a fused qkv_proj, query "
+                                         "heads per layer or q/k norms over all heads: not written")
+        facts["KV_HEADS_PER_LAYER"] = True
+    if k_eq_v:
+        if fused or grouped or value_dim:
+            raise NotNative("attention", "keys as values with a fused qkv_proj or narrower value heads: not written")
+        facts["K_EQ_V"] = k_eq_v
     if sub_norm:
         facts["ATTN_SUB_NORM"] = True
     if gate:
@@ -664,6 +679,9 @@ def _dense_match(part, probe, chosen, **extra) -> Match:
                                      "only the fused attention builds each layer with its own heads")
     if facts.get("V_NORM") and part is not FUSED_PAGED:
         raise NotNative("attention", f"a value norm with {part.name}: only the fused attention writes it")
+    for option, what in (("KV_HEADS_PER_LAYER", "key/value heads per layer"), ("K_EQ_V", "keys as values")):
+        if facts.get(option) and part is not FUSED_PAGED:
+            raise NotNative("attention", f"{what} with {part.name}: only the fused attention writes it")
     if facts.get("HEAD_DIM_PER_LAYER") and part is not FUSED_PAGED:
         raise NotNative("attention", f"head_dim per layer with {part.name}: only the fused attention builds each "
                                      "layer with its own head width")
@@ -797,6 +815,9 @@ def _variants(match, probe):
                       small_original_setting(probe.config)))
     if match.options.get("QK_L2_NORM"):
         found.append((f"{QK_L2_KEY} off", {QK_L2_KEY: False}))      # llama4's 128E checkpoint: no q/k norm
+    if match.options.get("K_EQ_V"):
+        key = match.options["K_EQ_V"][0]
+        found.append((f"{key} off", {key: False}))          # every layer its own v_proj (and key heads)
     if "toggle" in match.facts:
         found.append(("sliding window " + ("off" if getattr(probe.config, "sliding_window", None) else "on"),
                       match.facts["toggle"]))

@@ -8,21 +8,27 @@ entries have that layer's width (the executor allocates a cache entry per layer)
 
 from __future__ import annotations
 
-# what transformers' per_layer_config may set per layer for a file the generator writes: the head width (any
-# other attribute set per layer — dots3's MLA ranks and head counts — still refuses: parts/probe.py)
-WRITTEN_PER_LAYER = ("head_dim",)
+# what transformers' per_layer_config may set per layer for a file the generator writes: the head width and the
+# key/value heads (gemma4's full layers' num_global_key_value_heads; parts/attention_heads.py's layer_key_heads);
+# any other attribute set per layer — dots3's MLA ranks and query heads — still refuses: parts/probe.py
+WRITTEN_PER_LAYER = ("head_dim", "num_key_value_heads")
 
 
-def layer_head_dims(config) -> list[int] | None:
-    """Each layer's head_dim where `config` sets it per layer (per_layer_config), else None."""
+def per_layer_ints(config, name: str) -> list[int] | None:
+    """Each layer's `name` where `config` sets it per layer (per_layer_config) as a positive int, else None."""
     try:
         names = set(getattr(config, "per_layer_attributes", None) or ())
     except RuntimeError:
         return None
-    if "head_dim" not in names:
+    if name not in names:
         return None
-    dims = [getattr(config.per_layer_config[layer], "head_dim", None) for layer in range(config.num_hidden_layers)]
-    return dims if all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims) else None
+    values = [getattr(config.per_layer_config[layer], name, None) for layer in range(config.num_hidden_layers)]
+    return values if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values) else None
+
+
+def layer_head_dims(config) -> list[int] | None:
+    """Each layer's head_dim where `config` sets it per layer (per_layer_config), else None."""
+    return per_layer_ints(config, "head_dim")
 
 
 def layer_head_dim(probe, index: int) -> int:

@@ -127,7 +127,8 @@ def key_heads_by_kind(probe) -> tuple[tuple, dict] | None:
     if "key_heads_by_kind" in probe.memo:
         return probe.memo["key_heads_by_kind"]
     found = None
-    rule = _kind_multiples(probe)
+    # a config that sets them per layer (per_layer_config) states them: layer_key_heads reads those, no code rule
+    rule = None if getattr(probe, "layer_kv_heads", None) else _kind_multiples(probe)
     kinds = getattr(probe.config, "layer_types", None)
     if rule and len(set(kinds[:len(probe.layers)])) == 2:
         first, second = sorted(set(kinds[:len(probe.layers)]))
@@ -144,7 +145,13 @@ def key_heads_by_kind(probe) -> tuple[tuple, dict] | None:
 
 
 def layer_key_heads(probe, index: int) -> int:
-    """Layer `index`'s key/value heads: num_key_value_heads times its kind's multiple (key_heads_by_kind)."""
+    """Layer `index`'s key/value heads: its own where the config sets them per layer (transformers' per_layer_config:
+    gemma4's full layers' num_global_key_value_heads; the fused attention's KV_HEADS_PER_LAYER reads
+    config.per_layer_config[layer_idx] at run time), else num_key_value_heads times its kind's multiple
+    (key_heads_by_kind)."""
+    per_layer = getattr(probe, "layer_kv_heads", None)
+    if per_layer:
+        return per_layer[index]
     found = key_heads_by_kind(probe)
     kinds = getattr(probe.config, "layer_types", None)
     return probe.kv_heads * (dict(found[0]).get(kinds[index], 1) if found else 1)

@@ -137,6 +137,11 @@ def _probe(probe, chosen):
             layer_shared |= bool(names & set(LAYER_SHARED_NAMES))
             names -= set(LAYER_SHARED_NAMES)
         unknown = names - LAYER_CHILDREN - set(norm_roles(probe).values())
+        if {"experts", "router"} <= unknown and "mlp" in names:
+            # gemma4's enable_moe_block: a router and experts held by the layer itself, beside its dense MLP
+            raise NotNative("decoder layer", f"layer {index} has a sparse-MoE branch beside its dense MLP "
+                                             f"({layer_children_text(layer, unknown)}; the branches' outputs summed), "
+                                             "which no block part writes")
         if unknown:
             raise NotNative("decoder layer", f"layer {index} has {layer_children_text(layer, unknown)}")
         if layout is not None and layout.one_mixer:

@@ -9,7 +9,7 @@ import copy
 import importlib
 
 from agent.recipe.native.not_native import NotNative
-from agent.recipe.native.parts.attention_head_dim import WRITTEN_PER_LAYER, layer_head_dims
+from agent.recipe.native.parts.attention_head_dim import WRITTEN_PER_LAYER, layer_head_dims, per_layer_ints
 
 # dims the NPU kernels constrain (head widths, rope and latent widths): kept at the checkpoint's values, so that
 # a checkpoint the kernels cannot serve fails the self-check, not the trial
@@ -291,9 +291,9 @@ class Probe:
         # building a model no part could write (gemma4's per-layer input table alone is ~1.6 GB at probe size)
         refusal = per_layer_refusal(self.config)
         mla_per_layer = sets_mla_shapes_per_layer(self.config)      # MLA widths: parts/mla_layer_shapes.py's
-        if varying_per_layer(self.config) and not mla_per_layer:
-            # read on the checkpoint's own layers too: the shrunk ones may agree where its do not (gemma4-26B's 8 / 2
-            # key heads both shrink to 2), and a refusal names the checkpoint's values
+        if (varying_per_layer(self.config) or config_dict.get("per_layer_config")) and not mla_per_layer:
+            # read on the checkpoint's own layers too: the shrunk ones may agree where its do not (8 / 4 query heads
+            # both shrink to 4, and transformers then drops the override), and a refusal names the checkpoint's values
             try:
                 refusal = per_layer_refusal(self.full_config) or refusal
             except Exception:  # noqa: BLE001 - a checkpoint config transformers refuses unshrunk: the shrunk reading
@@ -322,11 +322,16 @@ class Probe:
         if not isinstance(self.heads, int) and self.layout is not None and self.layout.one_mixer and self.layers \
                 and all("linear_attn" in children(layer) for layer in self.layers):
             # Mamba2 layers alone (mamba2: a state-space model): no attention to read (parts/no_attention.py)
-            self.kv_heads = self.head_dim = self.layer_head_dims = None
+            self.kv_heads = self.head_dim = self.layer_head_dims = self.layer_kv_heads = None
             return
         if not isinstance(self.heads, int):
             raise NotNative("attention", f"{config.model_type} has no attention heads in its config: a recurrent or "
                                          "state-space model, which no part of the generator writes")
+        # each layer's key/value heads where the config sets them per layer (gemma4's full layers: 2 beside 8;
+        # parts/attention_heads.py's layer_key_heads); the probe's kv_heads is then the config's base count
+        self.layer_kv_heads = per_layer_ints(config, "num_key_value_heads")
+        if self.layer_kv_heads:
+            config.allow_global_per_layer_attribute_access = True
         self.kv_heads = key_value_heads(config) or self.heads
         # each layer's head_dim where the config sets it per layer (gemma4: parts/attention_head_dim.py); the
         # probe's head_dim is then the first layer's, and the config's global read of it (which transformers

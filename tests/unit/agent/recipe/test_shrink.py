@@ -116,6 +116,31 @@ def test_a_tiny_gemma4_text_is_the_moe_model_upstream_serves():
     assert config.enable_moe_block is True and config.top_k_experts == 2 and config.num_experts == 4
 
 
+def test_a_layer_kinds_fewer_key_heads_stay_fewer():
+    """gemma-4-26B's full layers' 2 key/value heads beside num_key_value_heads 8 (num_global_key_value_heads, or
+    the per_layer_config entries a saved config holds) shrink in proportion, at least 1 — not to the same 2, which
+    would leave a file that builds every layer alike unchecked; its top_k_experts shrinks with its experts."""
+    from transformers import AutoConfig
+
+    from agent.testing.checkpoint_shapes import checkpoint_config
+
+    try:
+        config, _ = checkpoint_config("gemma4_text")
+    except (ValueError, KeyError):
+        pytest.skip("this transformers has no gemma4_text")
+    shrunk = shrink_config(config)          # transformers' saved form: the full layers' entries of per_layer_config
+    assert shrunk["num_key_value_heads"] == 2
+    assert {values["num_key_value_heads"] for values in shrunk["per_layer_config"].values()} == {1}
+    assert (shrunk["num_experts"], shrunk["top_k_experts"]) == (4, 2)
+    # a config.json stating the key instead (upstream's configuration_gemma4.py reads it so)
+    stated = {key: value for key, value in config.items() if key != "per_layer_config"}
+    stated.update(num_global_key_value_heads=2, global_head_dim=512)
+    assert shrink_config(stated)["num_global_key_value_heads"] == 1
+    built = AutoConfig.for_model("gemma4_text", **{k: v for k, v in {**stated, **shrink_config(stated)}.items()
+                                                   if k != "model_type"})
+    assert {built.per_layer_config[index].num_key_value_heads for index in range(built.num_hidden_layers)} == {1, 2}
+
+
 @pytest.mark.parametrize("model_type", ["gemma4_text", "dots3_note_text"])
 def test_per_layer_overrides_keep_the_layers_the_cut_keeps_and_shrink_with_the_config(model_type):
     """per_layer_config (keyed by layer index) is a layer kind: the cut holds its first layer, drops the others,

@@ -71,6 +71,8 @@ V_HEAD_DIM = False              # value heads of config.v_head_dim, zero-padded 
 VALUE_SCALE = None              # the config key of a multiplier of the values (mimo_v2_flash: attention_value_scale)
 KEY_SCALE = None                # the config key of a multiplier of the keys (falcon_h1: key_multiplier): the scale times it
 KV_HEADS_BY_LAYER_TYPE = ()     # (layer kind, multiple of num_key_value_heads) pairs (mimo_v2_flash: sliding, 2)
+KV_HEADS_PER_LAYER = False      # each layer's key/value heads its own (transformers' per_layer_config: gemma4's full layers)
+K_EQ_V = None                   # (config key, layer kinds): those layers' values are k_proj's output (gemma4's attention_k_eq_v)
 
 
 def key_value_heads(config):
@@ -138,8 +140,12 @@ class ModelAttention(nn.Module):
         else:
             self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.num_heads = getattr(config, HEADS_PER_LAYER)[layer_idx] if HEADS_PER_LAYER else config.num_attention_heads
-        self.num_key_value_heads = key_value_heads(config) if MULTI_QUERY else (
-            getattr(config, "num_key_value_heads", None) or self.num_heads)
+        if KV_HEADS_PER_LAYER:
+            # its own, and so its own cache entries' (the heterogeneous config refuses a global read of them)
+            self.num_key_value_heads = config.per_layer_config[layer_idx].num_key_value_heads
+        else:
+            self.num_key_value_heads = key_value_heads(config) if MULTI_QUERY else (
+                getattr(config, "num_key_value_heads", None) or self.num_heads)
         if KV_HEADS_BY_LAYER_TYPE:
             # the rule of the architecture's code (MiMoV2FlashAttention.__init__: a sliding layer's key/value heads
             # are twice num_key_value_heads), no config key: read from the layer's kind at run time
@@ -224,6 +230,9 @@ class ModelAttention(nn.Module):
             self._load_qkv_grouped()
         if V_HEAD_DIM:
             self._load_values_padded()
+        if K_EQ_V and getattr(config, K_EQ_V[0], False) and config.layer_types[layer_idx] in K_EQ_V[1]:
+            # Gemma4TextAttention: no v_proj on these layers; the values are k_proj's output (then the value norm)
+            self._load_keys_as_values()
         if QUERY_POSITION_SCALE:
             # read at run time: a checkpoint without the beta scales nothing
             rope = getattr(config, "rope_parameters", None) or {}
@@ -482,6 +491,22 @@ class ModelAttention(nn.Module):
 
         for param in getattr(self, QKV).parameters():
             param.weight_loader = padded(getattr(param, "weight_loader", copy_weight))
+
+    def _load_keys_as_values(self):
+        """The checkpoint's k_proj rows (weight, bias) loaded into the fused projection's value rows too: the layer
+        has no v_proj, its values are the keys' projection before the key's norm and rotary (upstream's models/gemma_4
+        clones them from its k_proj's output; here the one q/k/v matmul computes them)."""
+
+        def twice(loader):
+            def load(param, weight, *args, **kwargs):
+                shard = args[0] if args else kwargs.get("loaded_shard_id")
+                if shard == "k":
+                    loader(param, weight, "v")
+                return loader(param, weight, *args, **kwargs)
+            return load
+
+        for param in getattr(self, QKV).parameters():
+            param.weight_loader = twice(getattr(param, "weight_loader", copy_weight))
 
     def _load_sinks(self, param, weight):
         """The checkpoint's sinks of every head: this rank's heads."""

@@ -52,6 +52,7 @@ LINEAR_ATTN_NAME = "linear_attn"  # the layers' name of it (kimi_linear's Kimi D
 HEADS_PER_LAYER = None          # the config key of each layer's query heads (laguna): each count splits at attn_tp_size
 HEAD_DIM_PER_LAYER = False      # head_dim set per layer (gemma4's per_layer_config): each layer type's table at its width
 KV_HEADS_BY_LAYER_TYPE = ()     # (layer kind, multiple of num_key_value_heads) pairs (mimo_v2_flash's sliding layers: 2)
+KV_HEADS_PER_LAYER = False      # key/value heads set per layer (gemma4's per_layer_config): each layer's count splits
 ONE_MIXER = False               # one mixer per layer (parts/code/block_one_mixer.py): the layer's caches, none for an MLP
 LAYER_CACHES = False            # each layer lists its caches (falcon_h1's parallel hybrid layer: KV cache and Mamba states)
 NO_ATTENTION = False            # no attention layer at all (mamba2's Mamba2 layers alone): no heads to split
@@ -412,7 +413,16 @@ def check_parallel(config, parallel):
                   for index, count in enumerate(getattr(config, HEADS_PER_LAYER))] + checks[1:]
     if getattr(config, "intermediate_size", None):      # the dense MLP's (a model of MoE layers only may have none)
         checks.append(("intermediate_size", config.intermediate_size, parallel.attn_tp_size))
-    if not MLA:      # MLA: one latent key / value head, every rank holds it whole; the query heads split
+    if not MLA and KV_HEADS_PER_LAYER:
+        # each layer built with its own (the heterogeneous config refuses a global read of them): each count splits
+        for index in range(config.num_hidden_layers):
+            what = f"per_layer_config[{index}].num_key_value_heads"
+            count = config.per_layer_config[index].num_key_value_heads
+            if count >= parallel.attn_tp_size:
+                checks.append((what, count, parallel.attn_tp_size))
+            elif parallel.attn_tp_size % count:
+                checks.append((f"{what} (replicated)", parallel.attn_tp_size, count))
+    elif not MLA:      # MLA: one latent key / value head, every rank holds it whole; the query heads split
         kv_heads = getattr(config, "num_key_value_heads", None) or heads
         if kv_heads >= parallel.attn_tp_size:
             checks.append(("num_key_value_heads", kv_heads, parallel.attn_tp_size))

@@ -26,6 +26,12 @@ FAULTS = [("self.head_dim = config.per_layer_config[layer_idx].head_dim",
            "value = value.to(key.dtype)"),
           ("NativeRotaryEmbedding(config, config.per_layer_config[kind].head_dim,",
            "NativeRotaryEmbedding(config, config.per_layer_config[0].head_dim,")]
+# gemma-4-26B's shape without its MoE branch (no part writes it yet): the key heads per layer and keys as values
+DENSE_26B_DROPPED = ("enable_moe_block", "num_experts", "top_k_experts", "moe_intermediate_size")
+DENSE_26B_FAULTS = [("self.num_key_value_heads = config.per_layer_config[layer_idx].num_key_value_heads",
+                     "self.num_key_value_heads = config.per_layer_config[0].num_key_value_heads"),
+                    ('                if shard == "k":\n                    loader(param, weight, "v")',
+                     '                if shard == "never":\n                    loader(param, weight, "v")')]
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +60,39 @@ def test_each_layer_is_read_at_its_own_head_width(gemma4_probe):
     assert facts["QK_NORM"] is True and facts["UNSCALED"] is True and facts["LAYER_TYPE_WINDOWS"] is True
 
 
-def test_key_heads_per_layer_still_fall_back_named_by_the_checkpoints_values():
-    """gemma4-26B's full layers have 2 key/value heads beside the sliding layers' 8 (attention_k_eq_v with
-    num_global_key_value_heads): both shrink to 2 in the probe, so the refusal is read on the checkpoint's own
-    config, naming what no part writes (not head_dim, which is written)."""
+@pytest.fixture(scope="module")
+def checkpoint_probe():
+    """The probe of google/gemma-4-26B-A4B's text shape: its full layers' 2 key/value heads beside the sliding
+    layers' 8 shrink to 1 beside 2 (agent.recipe.shrink keeps a kind's fewer key heads fewer)."""
+    from agent.recipe.native.parts.probe import Probe
+    from agent.testing.checkpoint_shapes import checkpoint_config
+
+    try:
+        config, _ = checkpoint_config("gemma4_text")
+        return Probe(config)
+    except (ValueError, KeyError):
+        pytest.skip("this transformers has no gemma4_text")
+
+
+def test_key_heads_per_layer_and_keys_as_values_are_read(checkpoint_probe):
+    """Each layer's key/value heads from per_layer_config (each layer's k_proj checked at its own count), and the
+    full layers without v_proj read numerically as taking k_proj's output for values, the key and kinds recorded."""
+    from agent.recipe.native.parts.attention import dense_attention
+    from agent.recipe.native.parts.attention_heads import key_heads_by_kind, layer_key_heads
+
+    probe = checkpoint_probe
+    kinds = probe.config.layer_types
+    assert probe.layer_kv_heads == [1 if kind == "full_attention" else 2 for kind in kinds]
+    assert [layer_key_heads(probe, index) for index in range(len(kinds))] == probe.layer_kv_heads
+    assert key_heads_by_kind(probe) is None          # stated by the config: no code rule
+    facts = dense_attention(probe)
+    assert facts["KV_HEADS_PER_LAYER"] is True and facts["HEAD_DIM_PER_LAYER"] is True
+    assert facts["K_EQ_V"] == ("attention_k_eq_v", ("full_attention",))
+
+
+def test_the_checkpoints_first_blocker_is_now_its_moe_branch():
+    """With the key heads and the keys as values written, gemma4-26B falls back at its layers' sparse-MoE branch
+    beside the dense MLP (router, experts and their norms), which no block part writes."""
     from agent.recipe.native.compose import derive
     from agent.recipe.native.not_native import NotNative
     from agent.testing.checkpoint_shapes import checkpoint_config
@@ -65,9 +100,41 @@ def test_key_heads_per_layer_still_fall_back_named_by_the_checkpoints_values():
     config, _ = checkpoint_config("gemma4_text")
     with pytest.raises(NotNative) as caught:
         derive(config)
-    assert caught.value.kind == "attention"
-    assert "sets num_key_value_heads 8/2 per layer" in caught.value.reason
-    assert "head_dim" not in caught.value.reason
+    assert caught.value.kind == "decoder layer"
+    assert "a sparse-MoE branch beside its dense MLP" in caught.value.reason
+    assert "experts" in caught.value.reason and "router" in caught.value.reason
+
+
+@pytest.mark.parametrize("stated", [{"attention_k_eq_v": True, "num_global_key_value_heads": 2},
+                                    {"per_layer_config": {"5": {"head_dim": 512, "num_key_value_heads": 2}}}])
+def test_preflight_splits_the_full_layers_key_heads_too(stated):
+    """gemma-4-26B's config.json: 8 key/value heads split 4 ways, its full layers' 2 do not (replicated, 4 % 2 == 0,
+    passes); 3 ways, 3 key heads split and 2 do not; the file's check_parallel reads the same per layer (KV_HEADS_PER_LAYER)."""
+    from agent.recipe.native.preflight import parallel_problem
+
+    config = {"num_attention_heads": 16, "num_key_value_heads": 8, "intermediate_size": 2112, "vocab_size": 262144,
+              **stated}
+    assert parallel_problem(config, {"world_size": 4, "attn_tp_size": 4, "lmhead_tp_size": 1}) is None
+    assert parallel_problem({**config, "num_key_value_heads": 3, "num_attention_heads": 12},
+                            {"world_size": 3, "attn_tp_size": 3, "lmhead_tp_size": 1}).startswith(
+        "attn_tp_size over num_global_key_value_heads (replicated)" if "attention_k_eq_v" in stated
+        else "attn_tp_size over per_layer_config[5].num_key_value_heads (replicated)")
+
+
+def test_a_layer_without_v_proj_whose_values_are_not_its_keys_is_refused(checkpoint_probe, monkeypatch):
+    import torch
+
+    from agent.recipe.native.not_native import NotNative
+    from agent.recipe.native.parts.attention_k_eq_v import keys_as_values
+
+    probe = checkpoint_probe
+    full = probe.config.layer_types.index("full_attention")
+    # values that never reach the output (zeroed after the value norm): not k_proj's output as values
+    monkeypatch.setattr(probe.layers[full].self_attn.v_norm, "forward", lambda x: torch.zeros_like(x))
+    monkeypatch.delitem(probe.memo, "keys_as_values", raising=False)
+    with pytest.raises(NotNative, match="its values are not its k_proj's output"):
+        keys_as_values(probe)
+    assert probe.layers[full].self_attn.v_proj is None        # the probe's model left as it was
 
 
 def test_a_value_norm_with_a_weight_or_another_formula_is_refused():
@@ -126,3 +193,23 @@ def test_the_file_matches_transformers_and_the_faults_fail(tmp_path):
     assert composition.options["LAYER_SCALAR"]
     selfcheck_with_faults({"gemma4_text": (config, composition)}, {"gemma4_text": FAULTS}, "NativeForCausalLM",
                           tmp_path, keep=lambda label: True)
+
+
+@pytest.mark.slow
+def test_the_26b_shape_without_its_moe_matches_transformers_and_the_faults_fail(tmp_path):
+    """Slow (about 6 minutes on a loaded 2-core host): the stand-in self-check of gemma-4-26B's text shape with its
+    MoE keys dropped — the full layers' 1 key head beside 2 (shrunk) and their keys as values — in float32,
+    bfloat16 and each family setting (attention_k_eq_v off among them), and two faults: every layer built with the
+    first layer's key heads, and the full layers' value rows left unloaded. Default-suite coverage of the same path:
+    test_key_heads_per_layer_and_keys_as_values_are_read (the readings that write it)."""
+    from agent.recipe.native.compose import derive
+    from agent.testing.checkpoint_shapes import checkpoint_config
+    from part_selfcheck import selfcheck_with_faults
+
+    config, _ = checkpoint_config("gemma4_text")
+    config = {key: value for key, value in config.items() if key not in DENSE_26B_DROPPED}
+    composition = derive(config)
+    assert composition.options["KV_HEADS_PER_LAYER"] and composition.options["K_EQ_V"]
+    assert ("attention_k_eq_v off", {"attention_k_eq_v": False}) in composition.checked_variants
+    selfcheck_with_faults({"gemma4_text": (config, composition)}, {"gemma4_text": DENSE_26B_FAULTS},
+                          "NativeForCausalLM", tmp_path, keep=lambda label: True)

@@ -85,24 +85,24 @@ def test_a_per_layer_list_in_a_variant_is_cut_to_the_probes_layers():
     assert composition.parts["mlp"] and composition.parts["moe"]
 
 
-@pytest.mark.parametrize("model_type, named", [
-    # (gemma4's head_dim per layer is written: test_part_gemma4_layers.py; dots3_note_text's MLA widths per layer
-    # are parts/mla_layer_shapes.py's: test_part_mla_layer_shapes.py)
-    # key/value heads per layer: gemma-4-26B's shrunk layers agree (8 and 2 both shrink to 2), the checkpoint's do not
-    ("gemma4_text", ["num_key_value_heads 8/2"]),
+@pytest.mark.parametrize("model_type, changes, named", [
+    # (gemma4's head_dim and key/value heads per layer are written: test_part_gemma4_layers.py; dots3_note_text's MLA
+    # widths per layer are parts/mla_layer_shapes.py's: test_part_mla_layer_shapes.py)
+    # query heads per layer through per_layer_config: the shrunk layers agree (8 and 4 both shrink to 4), the
+    # config's do not
+    ("gemma4_text", {"num_hidden_layers": 6, "hidden_size_per_layer_input": 0,
+                     "per_layer_config": {5: {"num_attention_heads": 4}}}, ["num_attention_heads 8/4"]),
 ])
-def test_a_config_that_sets_attention_shapes_per_layer_falls_back_naming_them(model_type, named):
-    """A heterogeneous config (transformers' per_layer_config: gemma-4-26B's full-attention layers' own key/value
-    heads) refuses a global read of what it sets per layer that no part writes layer by layer: a fall-back that
-    names each such attribute with the checkpoint's values, not a crash in whichever part reads one first."""
+def test_a_config_that_sets_attention_shapes_per_layer_falls_back_naming_them(model_type, changes, named):
+    """A heterogeneous config (transformers' per_layer_config: here a layer's own query heads) refuses a global read
+    of what it sets per layer that no part writes layer by layer: a fall-back that names each such attribute with
+    the checkpoint's values, not a crash in whichever part reads one first."""
     from transformers import AutoConfig
 
     from agent.recipe.native.compose import derive
     from agent.recipe.native.not_native import NotNative
 
-    from agent.testing.checkpoint_shapes import checkpoint_config
-
-    config, _ = checkpoint_config(model_type)
+    config = AutoConfig.for_model(model_type, **changes).to_dict()
     with pytest.raises(NotNative) as caught:
         derive(config)
     assert caught.value.kind == "attention", caught.value
@@ -124,8 +124,11 @@ def test_what_a_config_sets_per_layer_is_read_layer_by_layer():
     same = AutoConfig.for_model("gemma4_text", num_hidden_layers=6, per_layer_config={i: {"head_dim": 64}
                                                                                       for i in range(6)})
     assert varying_per_layer(same) == {"head_dim": [64]}
-    # head_dim is what a part writes per layer (parts/attention_head_dim.py); any other attribute still refuses
+    # head_dim and the key/value heads are what parts write per layer (parts/attention_head_dim.py,
+    # parts/attention_heads.py); any other attribute still refuses
     assert per_layer_refusal(gemma4) is None and per_layer_refusal(same) is None
-    heads = AutoConfig.for_model("gemma4_text", num_hidden_layers=6, per_layer_config={5: {"num_key_value_heads": 2}})
-    assert "num_key_value_heads 4/2 per layer" in per_layer_refusal(heads)
+    key_heads = AutoConfig.for_model("gemma4_text", num_hidden_layers=6, per_layer_config={5: {"num_key_value_heads": 2}})
+    assert varying_per_layer(key_heads) == {"num_key_value_heads": [4, 2]} and per_layer_refusal(key_heads) is None
+    heads = AutoConfig.for_model("gemma4_text", num_hidden_layers=6, per_layer_config={5: {"num_attention_heads": 4}})
+    assert "num_attention_heads 8/4 per layer" in per_layer_refusal(heads)
     assert varying_per_layer(AutoConfig.for_model("llama")) == {} and per_layer_refusal(AutoConfig.for_model("llama")) is None
