@@ -218,7 +218,7 @@ def read_layout(model, hidden: int) -> Layout | None:
             if order.index(first) == order.index(embed) + 1:
                 roles[first] = "embed_norm"
     if len(set(roles.values())) != len(roles):
-        return Layout(base, refusal="more than one position embedding or final norm in the base model")
+        return Layout(base, refusal=duplicate_roles_text(children, roles))
     present(base, roles)
     for name in children:
         renames.append((_prefixed(f"{path}.{name}"), f"model.{roles.get(name, name)}."))
@@ -228,6 +228,15 @@ def read_layout(model, hidden: int) -> Layout | None:
     layout = Layout(base, tuple(renames), embed_norm="embed_norm" in roles.values())
     _layer_roles(model, list(base.layers), hidden, layout)
     return layout
+
+
+def duplicate_roles_text(children: dict, roles: dict) -> str:
+    """The refusal of a base model with two children read in one role (cpmant's segment_embedding and its relative
+    position_bias, both read as position embeddings), naming them with their classes."""
+    taken = [role for role in dict.fromkeys(roles.values()) if list(roles.values()).count(role) > 1]
+    text = "; ".join(f"{role}: " + ", ".join(f"{name} ({type(children[name]).__name__})"
+                                           for name, r in roles.items() if r == role) for role in taken)
+    return f"more than one position embedding or final norm in the base model ({text}): no part writes both"
 
 
 def _lift_attention_rotary(root) -> None:

@@ -102,7 +102,51 @@ def refuse_own_parameters(probe) -> None:
                                              "not add")
 
 
+def refuse_non_causal(probe) -> None:
+    """NotNative where the model's logits at a token follow a later token (xlm's default causal false, xlnet's
+    attn_type "bi": attention over the whole sequence): every attention the file writes is causal, and a decode step
+    cannot see the tokens after it. Read on two prompts that differ in their last token alone, the earlier tokens'
+    logits held to 1e-4 of the largest (the self-check's float32 scale); a model that does not run on input_ids here
+    is left to the other checks."""
+    import torch
+
+    vocab = probe.config.vocab_size
+    ids = torch.tensor([[3, 5, 7, 11]]) % vocab
+    later = ids.clone()
+    later[0, -1] = (ids[0, -1] + 1) % vocab
+    try:
+        with torch.no_grad():
+            logits = [probe.model(input_ids=prompt).logits for prompt in (ids, later)]
+    except Exception:  # noqa: BLE001 - not callable so: the layer and attention parts read the model
+        return
+    # the earlier tokens' logits move by rounding alone in a causal model (an MoE's grouped matmuls over other
+    # rows: 5e-7 of the largest logit, mixtral's); a non-causal one moves them by percents (xlm 2%)
+    moved = (logits[0][:, :-1] - logits[1][:, :-1]).abs().max()
+    if moved > 1e-4 * logits[0].abs().max():
+        raise NotNative("attention", "the logits at a token follow a later token: the attention is not causal (an "
+                                     "encoder's, or a masked LM's), which no part writes")
+
+
+def heads_text(model, heads) -> str:
+    """The refusal of a causal LM with children besides its base model and lm_head: each with its class, and the
+    output embedding where it is not lm_head (modernbert-decoder's decoder, after its lm_head's dense / act / norm
+    transform; xlm's pred_layer.proj)."""
+    top = dict(model.named_children())
+    output = model.get_output_embeddings()
+    path = next((name for name, module in model.named_modules() if module is output), None)
+    prefix = getattr(model, "base_model_prefix", "")
+    text = "heads other than lm_head: " + ", ".join(f"{name} ({type(top[name]).__name__})"
+                                                    for name in sorted(heads) if name != prefix)
+    if prefix in heads:
+        text += f" beside the base model under {prefix}"
+    if path is not None and path != "lm_head":
+        text += f"; the logits from {path}" + (f" after lm_head ({type(top['lm_head']).__name__})"
+                                               if "lm_head" in top else "")
+    return text
+
+
 def _probe(probe, chosen):
+    refuse_non_causal(probe)            # before the layout's reading: no layout of it makes it causal
     layout = probe.layout
     if layout is not None and layout.refusal:
         raise NotNative("model", layout.refusal)
@@ -117,7 +161,7 @@ def _probe(probe, chosen):
     top = children(probe.model)
     heads = set(top) - {"model", "lm_head"} - final_softcaps(probe)
     if heads:
-        raise NotNative("model", f"heads other than lm_head: {sorted(heads)}")
+        raise NotNative("model", heads_text(probe.model, heads))
     # a list of weightless rotary tables (granite_swa's rotary_embs): the position part's to read
     tables = weightless_lists(probe.base) if probe.base is not None else set()
     if probe.base is None or set(children(probe.base)) - MODEL_CHILDREN - tables:

@@ -276,6 +276,20 @@ def _scaling(config) -> tuple[str | None, float | None]:
     return None, None
 
 
+def refuse_extra_scored(block, config, scored: int) -> None:
+    """NotNative where the router scores more experts than the block routes to (inkling's router: its shared experts'
+    logits normalised with the chosen routed ones', their weights the shared experts' gammas): every gating here
+    scores the routed experts alone (and its selection bias, one per routed expert, would not add to the scores)."""
+    down = getattr(block.experts, "down_proj", None)
+    routed = getattr(block.experts, "num_experts", None) or (down.shape[0] if getattr(down, "ndim", 0) == 3 else None)
+    if not isinstance(routed, int) or scored == routed:
+        return
+    shared = next((f"; config.{key} is {scored - routed}" for key in SHARED_COUNT_KEYS
+                   if getattr(config, key, None) == scored - routed), "")
+    raise NotNative("moe", f"the router scores {scored} experts and the block routes to {routed}{shared}: the extra "
+                           "ones' scores (shared experts weighted by the router) no gating writes")
+
+
 def _probe_gating(block, router, config, hidden: int) -> dict:
     """The candidate gating that routes as the block does (one, or NotNative)."""
     import torch
@@ -292,6 +306,7 @@ def _probe_gating(block, router, config, hidden: int) -> dict:
     index, weights, _, input_scaled = _capture_routing(block, x[None])
     index, weights = index.reshape(x.shape[0], -1), weights.reshape(x.shape[0], -1)
     logits = _router_logits(router, x)
+    refuse_extra_scored(block, config, logits.shape[-1])
     k = index.shape[-1]
     has_bias = found is not None
     n_group = int(getattr(config, "n_group", None) or 1)

@@ -275,6 +275,32 @@ def test_a_routing_no_op_expresses_is_not_native():
         _probe_gating(Block(block), block.gate, config, config.hidden_size)
 
 
+def test_a_router_scoring_more_experts_than_the_block_routes_to_is_not_native():
+    """inkling's router scores its shared experts beside the routed ones (derive crashed on the selection bias's
+    width before): the probe names the extra scores."""
+    from agent.recipe.native.not_native import NotNative
+    from agent.recipe.native.parts.moe import _probe_gating
+
+    config, block, _, _ = harness.reference("mixtral")
+    routed = block.gate.weight.shape[0]
+
+    class Block(torch.nn.Module):      # two more scores than experts: the routed ones' top-k weighted over all
+        def __init__(self, inner):
+            super().__init__()
+            self.gate = torch.nn.Linear(config.hidden_size, routed + 2, bias=False)
+            self.experts = inner.experts
+
+        def forward(self, x):
+            x = x.view(-1, x.shape[-1])
+            probs = torch.softmax(self.gate(x), -1)
+            weights, index = torch.topk(probs[:, :routed], 2, dim=-1)
+            return self.experts(x, index, weights)
+
+    with pytest.raises(NotNative, match=f"scores {routed + 2} experts and the block routes to {routed}"):
+        extra = Block(block)
+        _probe_gating(extra, extra.gate, config, config.hidden_size)
+
+
 @pytest.mark.parametrize("case", ["deepseek_v3_64", pytest.param("gpt_oss", marks=pytest.mark.slow),
                                   pytest.param("mixtral", marks=pytest.mark.slow)])
 def test_two_ranks_split_experts_by_moe_tp(case, tmp_path):

@@ -120,8 +120,12 @@ def test_the_skeletons_own_layout_is_read_as_before():
 
 
 @pytest.mark.parametrize("model_type, reason", [
-    ("xlnet", "the layer's MLP, ff (XLNetFeedForward), is neither"),    # an MLP no part reads
     ("trocr", "its modules' layout could not be read"),           # transformers' own accessor raises
+    # attention over the whole sequence (xlm's causal false, xlnet's attn_type bi, cpmant's context of ones): before
+    # any layout reading
+    ("xlm", "the logits at a token follow a later token: the attention is not causal"),
+    ("xlnet", "the logits at a token follow a later token: the attention is not causal"),
+    ("cpmant", "the logits at a token follow a later token: the attention is not causal"),
 ])
 def test_a_layout_no_part_writes_falls_back_naming_why(model_type, reason):
     from transformers import AutoConfig
@@ -131,6 +135,21 @@ def test_a_layout_no_part_writes_falls_back_naming_why(model_type, reason):
 
     with pytest.raises(NotNative, match=re.escape(reason)):
         derive(AutoConfig.for_model(model_type).to_dict())
+
+
+@pytest.mark.parametrize("model_type, reason", [
+    ("xlnet", "the layer's MLP, ff (XLNetFeedForward), is neither"),    # an MLP no part reads
+    # two children of the base model read as position embeddings, each named
+    ("cpmant", "(embed_positions: segment_embedding (Embedding), position_bias (CpmAntSegmentPositionEmbedding))"),
+])
+def test_the_layouts_of_non_causal_types_name_what_no_part_reads(model_type, reason):
+    """Their layouts' refusals (the non-causal attention refuses each type first)."""
+    from transformers import AutoConfig
+
+    from agent.recipe.native.parts.probe import Probe
+
+    refusal = Probe(AutoConfig.for_model(model_type).to_dict()).layout.refusal
+    assert reason in refusal, refusal
 
 
 def _check(derived, model_type, tmp_path):

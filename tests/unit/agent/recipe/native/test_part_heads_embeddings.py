@@ -71,6 +71,10 @@ def test_the_embedding_through_the_weightless_final_norm_is_read_and_a_weighted_
 @pytest.mark.slow
 @pytest.mark.parametrize("model_type, kind, reason", [
     ("inkling2_text", "model", "final_input"),
+    # the default cases: test_heads_besides_lm_head_are_named_with_where_the_logits_come_from, and
+    # test_moe_features.py's test_a_router_scoring_more_experts_than_the_block_routes_to_is_not_native
+    ("modernbert-decoder", "model", "the logits from decoder after lm_head (ModernBertDecoderPredictionHead)"),
+    ("inkling_text", "moe", "the router scores 258 experts and the block routes to 256; config.n_shared_experts is 2"),
 ])
 def test_the_types_fall_back_naming_their_next_blocker(model_type, kind, reason):
     """Slow (each type's derive): the default cases of these readings are the module tests above."""
@@ -95,3 +99,70 @@ def test_ctrls_sequential_mlp_is_read_as_the_layers_mlp():
     probe = Probe(AutoConfig.for_model("ctrl").to_dict())
     mlp = children(probe.layers[0])["mlp"]
     assert mlp_roles(mlp) == {"up_proj": "0", "act_fn": "1", "down_proj": "2"}
+
+
+def _lm(prefix: str, base, **heads):
+    """A causal LM of toy modules: the base model under `prefix`, `heads` beside it, the output embedding the
+    Linear named by the `output` path."""
+    import torch
+
+    output = heads.pop("output")
+
+    class LM(torch.nn.Module):
+        base_model_prefix = prefix
+
+        def get_output_embeddings(self):
+            return self.get_submodule(output)
+
+    model = LM()
+    setattr(model, prefix, base)
+    for name, module in heads.items():
+        setattr(model, name, module)
+    return model
+
+
+def test_heads_besides_lm_head_are_named_with_where_the_logits_come_from():
+    """modernbert-decoder's lm_head is a transform (dense, act, norm) before its output embedding `decoder`; xlm's
+    output embedding is pred_layer.proj, beside its base model under transformer: each line names them."""
+    import torch
+
+    from agent.recipe.native.parts.model import heads_text
+
+    class PredictionHead(torch.nn.Sequential):
+        pass
+
+    modernbert = _lm("model", torch.nn.Identity(), lm_head=PredictionHead(torch.nn.Linear(4, 4)),
+                     decoder=torch.nn.Linear(4, 9), output="decoder")
+    assert heads_text(modernbert, {"decoder"}) == ("heads other than lm_head: decoder (Linear); the logits from "
+                                                   "decoder after lm_head (PredictionHead)")
+    pred_layer = torch.nn.Module()
+    pred_layer.proj = torch.nn.Linear(4, 9)
+    xlm = _lm("transformer", torch.nn.Identity(), pred_layer=pred_layer, output="pred_layer.proj")
+    assert heads_text(xlm, {"pred_layer", "transformer"}) == (
+        "heads other than lm_head: pred_layer (Module) beside the base model under transformer; the logits from "
+        "pred_layer.proj")
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_logits_that_follow_a_later_token_are_refused_as_not_causal(causal):
+    """The model part's causality reading (xlm's causal false, xlnet's attn_type bi): a toy LM whose logits at a
+    token sum the embeddings up to it passes, one that sums the whole sequence's is refused."""
+    import torch
+
+    from agent.recipe.native.not_native import NotNative
+    from agent.recipe.native.parts.model import refuse_non_causal
+
+    embed = torch.nn.Embedding(16, 4)
+
+    class LM(torch.nn.Module):
+        def forward(self, input_ids):
+            h = embed(input_ids)
+            mixed = h.cumsum(1) if causal else h.sum(1, keepdim=True).expand_as(h)
+            return SimpleNamespace(logits=mixed @ embed.weight.T)
+
+    probe = SimpleNamespace(config=SimpleNamespace(vocab_size=16), model=LM())
+    if causal:
+        refuse_non_causal(probe)
+    else:
+        with pytest.raises(NotNative, match="follow a later token: the attention is not causal"):
+            refuse_non_causal(probe)
