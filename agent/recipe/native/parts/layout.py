@@ -190,7 +190,12 @@ def read_layout(model, hidden: int) -> Layout | None:
         path, base = f"{prefix}.decoder", inner["decoder"]
     elif prefix == "model" and head_name == "lm_head" and set(inner) - weightless_lists(root) <= SKELETON_MODEL:
         _lift_attention_rotary(root)
-        return _mixer_layout(root) or _lightning_layout(root)      # the skeleton's own layout
+        unwrapped = _unwrap_linears(root)
+        layout = _mixer_layout(root) or _lightning_layout(root)      # the skeleton's own layout
+        if unwrapped:
+            layout = layout or Layout(root)
+            layout.renames += unwrapped
+        return layout
     present(model, {prefix: "model", head_name: "lm_head"})
     renames = [(f"^{re.escape(head_name)}\\.", "lm_head.")] if head_name != "lm_head" else []
     children = _named(base)
@@ -250,9 +255,91 @@ def _lift_attention_rotary(root) -> None:
         return
     for attention in attentions:
         present(attention, {}, hide=("rotary_emb",))
+        _take_handed_table(attention)
     present(root, {})
     root.__dict__[CHILDREN]["rotary_emb"] = first
     object.__setattr__(root, "rotary_emb", first)
+
+
+def wrapped_linear(module):
+    """The one Linear a wrapper module holds and forwards to unchanged (moshi's MoshiLinear: `q_proj.linear`), read
+    from what it holds (one Linear, no parameter of its own) and held numerically (wrapper(x) == linear(x)); None for
+    anything else."""
+    import torch
+
+    named = _named(module)
+    if isinstance(module, torch.nn.Linear) or len(named) != 1 or any(True for _ in module.parameters(recurse=False)):
+        return None
+    (name, inner), = named.items()
+    if type(inner) is not torch.nn.Linear:
+        return None
+    x = torch.randn(2, 3, inner.in_features, generator=torch.Generator().manual_seed(5))
+    try:
+        with torch.no_grad():
+            same = torch.equal(module(x), inner(x))
+    except Exception:  # noqa: BLE001 - a wrapper that takes other inputs: not a plain linear
+        return None
+    return (name, inner) if same else None
+
+
+def _unwrap_linears(root) -> tuple:
+    """The projections in the decoder layers held inside a wrapper of one Linear (moshi's attention's
+    `q_proj.linear`, MoshiLinear with use_flexible_linear off) read as that Linear under the wrapper's name, and the
+    stored names renamed to it at load (`self_attn.q_proj.linear.weight` -> `self_attn.q_proj.weight`)."""
+    import torch
+
+    layers = getattr(root, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList):
+        return ()
+    from agent.recipe.native.parts.probe import children
+
+    renames = {}
+    for layer in layers:
+        for path, module in layer.named_modules():
+            shown = children(module)
+            found = {name: wrapped_linear(child) for name, child in shown.items()}
+            found = {name: inner for name, inner in found.items() if inner is not None}
+            if not found:
+                continue
+            for name, (inner_name, linear) in found.items():
+                shown[name] = linear
+                stored = f"{path}.{name}" if path else name
+                renames[(f"^(model\\.layers\\.\\d+\\.{re.escape(stored)})\\.{re.escape(inner_name)}\\.", "\\1.")] = None
+            module.__dict__[CHILDREN] = shown
+    return tuple(renames)
+
+
+def _take_handed_table(attention) -> None:
+    """An attention that computes its cos / sin from its own rotary (moshi's) made to take the table a probe hands
+    it (`position_embeddings`), as the skeleton's attention does; transformers' own forward hands none and runs as
+    built. Its own table is the base model's (_lift_attention_rotary checks), so the two agree wherever the model
+    runs; without this, a probe holding the table fixed and moving the positions would see them move the output."""
+    import functools
+
+    import torch
+
+    original = attention.forward
+
+    class Handed(torch.nn.Module):
+        def __init__(self, table):
+            super().__init__()
+            self.table = table
+
+        def forward(self, *args, **kwargs):
+            return self.table
+
+    @functools.wraps(original)
+    def forward(*args, position_embeddings=None, **kwargs):
+        if position_embeddings is None:
+            return original(*args, **kwargs)
+        own = attention._modules["rotary_emb"]
+        attention._modules["rotary_emb"] = Handed(position_embeddings)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            attention._modules["rotary_emb"] = own
+
+    attention.forward = forward
 
 
 def _mixer_layout(root) -> Layout | None:
