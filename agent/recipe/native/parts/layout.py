@@ -201,7 +201,7 @@ def read_layout(model, hidden: int) -> Layout | None:
     children = _named(base)
     lists = [name for name, child in children.items() if isinstance(child, torch.nn.ModuleList)
              and name not in weightless_lists(base)]
-    embedding = root.get_input_embeddings()
+    embedding = input_embedding(model, root)
     roles = {}
     for name, child in children.items():
         if child is embedding:
@@ -222,6 +222,9 @@ def read_layout(model, hidden: int) -> Layout | None:
             first = min(norms, key=order.index)
             if order.index(first) == order.index(embed) + 1:
                 roles[first] = "embed_norm"
+    elif len(norms) == 1 and len(lists) == 1 and _runs_before_layers(model, children[norms[0]], children[lists[0]]):
+        # trocr's layernorm_embedding, of the embedding plus its positions: its post-LN layers leave no final norm
+        roles[norms[0]] = "embed_norm"
     if len(set(roles.values())) != len(roles):
         return Layout(base, refusal="more than one position embedding or final norm in the base model")
     present(base, roles)
@@ -233,6 +236,35 @@ def read_layout(model, hidden: int) -> Layout | None:
     layout = Layout(base, tuple(renames), embed_norm="embed_norm" in roles.values())
     _layer_roles(model, list(base.layers), hidden, layout)
     return layout
+
+
+def _runs_before_layers(model, norm, layers) -> bool:
+    """Whether the base model's one norm runs before its first layer (one forward of the model)."""
+    import torch
+
+    order, handles = [], []
+    if not len(layers):
+        return False
+    handles.append(norm.register_forward_pre_hook(lambda *args: order.append("norm")))
+    handles.append(layers[0].register_forward_pre_hook(lambda *args: order.append("layer")))
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.tensor([[3, 5, 7]]), use_cache=False)
+    except Exception:  # noqa: BLE001 - a model this forward cannot run: not read so
+        return False
+    finally:
+        for handle in handles:
+            handle.remove()
+    return order[:2] == ["norm", "layer"]
+
+
+def input_embedding(model, root):
+    """The base model's input embedding: its own get_input_embeddings, or the causal LM's where a wrapper of the
+    decoder cannot say (trocr's TrOCRDecoderWrapper: NotImplementedError, "not auto-handled")."""
+    try:
+        return root.get_input_embeddings()
+    except NotImplementedError:
+        return model.get_input_embeddings()
 
 
 def _lift_attention_rotary(root) -> None:
@@ -428,9 +460,16 @@ def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
     if not _attentions(reference) and any(set(_named(c)) == SHORT_CONV_CHILDREN for c in _named(reference).values()):
         reference = next((layer for layer in layers if len(_attentions(layer)) == 1), reference)
     named = _named(reference)
-    attentions = _attentions(reference)
-    norms = [n for n, c in named.items() if _is_norm(c)]
     order = call_order(model, reference)
+    # a cross-attention and its norm the causal LM never calls (trocr's encoder_attn: no encoder states): not read,
+    # its stored tensors skipped at load
+    unused = tuple(n for n, c in named.items() if n not in order)
+    if unused and all(n in _attentions(reference) or _is_norm(c) for n, c in named.items() if n in unused):
+        named = {n: c for n, c in named.items() if n not in unused}
+    else:
+        unused = ()
+    attentions = [n for n in _attentions(reference) if n in named]
+    norms = [n for n, c in named.items() if _is_norm(c)]
     roles, mlp = {}, None
     if len(attentions) == 1:
         roles[attentions[0]] = "self_attn"
@@ -541,7 +580,7 @@ def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
         if inner is not None:
             shown = {k: v for k, v in shown.items() if k != attentions[0]}
             shown["self_attn"] = _named(children[attentions[0]])["attention"]
-        present(module, shown, hide=(attentions[0],) if inner is not None else ())
+        present(module, shown, hide=((attentions[0],) if inner is not None else ()) + unused)
         if attention_roles and index not in mixers and attentions[0] in children:
             present(shown["self_attn"] if inner is not None else children[attentions[0]], attention_roles)
     # Conv1D weights as stored ([in, out]), by their stored names
