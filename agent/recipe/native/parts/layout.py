@@ -29,7 +29,8 @@ class Layout:
     renames: tuple = ()                           # (pattern, replacement) on the checkpoint's names, in order
     transposed: tuple = ()                        # patterns of the stored names of Conv1D weights
     refusal: str | None = None                    # a layer shape no part writes (the model part raises it)
-    embed_norm: bool = False                      # a norm of the embedding before the first layer (bloom's)
+    embed_norm: bool | str = False                # a norm of the embedding before the first layer (bloom's); "after
+                                                  # positions": of the embedding plus its positions (trocr's)
     one_mixer: tuple = ()                         # (norm, mixer): layers of one mixer behind one norm (nemotron_h's)
 
 
@@ -233,7 +234,14 @@ def read_layout(model, hidden: int) -> Layout | None:
     if "layers" not in roles.values():
         return Layout(base, tuple(renames), refusal=f"no one list of decoder layers in the base model (module "
                                                     f"lists: {', '.join(lists) or 'none'})")
-    layout = Layout(base, tuple(renames), embed_norm="embed_norm" in roles.values())
+    embed_norm = "embed_norm" in roles.values()
+    if embed_norm and "embed_positions" in roles.values():
+        # whether the norm takes the embedding plus its positions: the position table called before it
+        order = call_order(model, base)
+        positions, norm = (next(n for n, role in roles.items() if role == r) for r in ("embed_positions", "embed_norm"))
+        if positions in order and norm in order and order.index(positions) < order.index(norm):
+            embed_norm = "after positions"
+    layout = Layout(base, tuple(renames), embed_norm=embed_norm)
     _layer_roles(model, list(base.layers), hidden, layout)
     return layout
 
