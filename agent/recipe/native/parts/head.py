@@ -64,7 +64,8 @@ def ties_when_told(probe) -> bool:
     from agent.recipe.native.not_native import NotNative
 
     try:
-        tied = probe if getattr(probe.config, "tie_word_embeddings", False) else probe.variant({"tie_word_embeddings": True})
+        told = getattr(probe.config, "tie_word_embeddings", False)
+        tied = probe if told else probe.variant({"tie_word_embeddings": True})
     except NotNative:
         return True
     head, embedding = tied.model.get_output_embeddings(), tied.model.get_input_embeddings()
