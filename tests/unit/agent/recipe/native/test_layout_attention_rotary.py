@@ -119,8 +119,8 @@ TYPES = {"moshi": [
     # the prefill windowed as the decode is (transformers' mask is causal: its cache alone keeps the window)
     ("pre_tokens=2147483647, next_tokens=0", "pre_tokens=self.sliding_window - 1, next_tokens=0"),
     # the wrapped projections' rename dropped: q_proj.linear.weight loads nothing
-    ("(('^(model\\\\.layers\\\\.\\\\d+\\\\.self_attn\\\\.q_proj)\\\\.linear\\\\.', '\\\\1.'), ",
-     "(('^(model\\\\.layers\\\\.\\\\d+\\\\.self_attn\\\\.q_proj)\\\\.linear\\\\.', 'dropped.'), "),
+    ('("^(model\\\\.layers\\\\.\\\\d+\\\\.self_attn\\\\.q_proj)\\\\.linear\\\\.", "\\\\1."),',
+     '("^(model\\\\.layers\\\\.\\\\d+\\\\.self_attn\\\\.q_proj)\\\\.linear\\\\.", "dropped."),'),
     # gate and up read in the other order
     ("torch_npu.npu_swiglu(gate_up, dim=-1)",
      "torch_npu.npu_swiglu(torch.cat(gate_up.chunk(2, dim=-1)[::-1], dim=-1), dim=-1)"),
