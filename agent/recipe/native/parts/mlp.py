@@ -82,14 +82,18 @@ def _read_fused_roles(mlp, hidden: int, names):
     others = [name for name in m if name not in linears]
     if len(linears) != 2 or len(others) > 1 or set(linears) & {"gate_up_proj", "down_proj"} == set(linears):
         return None
+    pairs = [(gate_up, down) for gate_up, down in (tuple(linears), tuple(linears)[::-1])
+             if (linears[gate_up][0], linears[gate_up][1], linears[down][1]) == (hidden, 2 * linears[down][0], hidden)]
+    if not pairs:
+        return None
     # batch x tokens x hidden: moshi's MLP reads three dimensions
     x = 3 * torch.randn(1, 3, hidden, generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
-        got = mlp(x)
-        for gate_up, down in (tuple(linears), tuple(linears)[::-1]):
-            (up_in, up_out), (down_in, down_out) = linears[gate_up], linears[down]
-            if (up_in, up_out, down_out) != (hidden, 2 * down_in, hidden):
-                continue
+        try:
+            got = mlp(x)
+        except Exception:  # noqa: BLE001 - another call shape (bloom's MLP adds the residual itself): not this MLP
+            return None
+        for gate_up, down in pairs:
             gate, up = m[gate_up](x).chunk(2, dim=-1)
             for name in names:
                 if name in ACT2FN and torch.allclose(got, m[down](ACT2FN[name](gate) * up), rtol=1e-4, atol=1e-5):
