@@ -68,9 +68,11 @@ def test_the_post_ln_layer_is_read_with_the_layers_own_linears():
 
 
 # faults: (text of the correct file, its faulty replacement)
+ADD = "        hidden_states = hidden_states + self.embed_positions(position_ids).to(hidden_states.dtype)\n"
+NORM = "        hidden_states = self.embed_norm(hidden_states)\n"
 FAULTS = [
-    # the embedding norm before the positions are added (bloom's place)
-    ("            if True:\n", "            if True:\n"),
+    (ADD + NORM, NORM + ADD),               # the embedding normed before its positions are added (bloom's place)
+    ("position_ids = position_ids + 2", "position_ids = position_ids + 0"),      # the table's row offset lost
 ]
 
 
