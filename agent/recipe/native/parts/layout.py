@@ -331,12 +331,11 @@ def _unwrap_linears(root) -> tuple:
     layers = getattr(root, "layers", None)
     if not isinstance(layers, torch.nn.ModuleList):
         return ()
-    from agent.recipe.native.parts.probe import children
-
     renames = {}
     for layer in layers:
         for path, module in layer.named_modules():
-            shown = children(module)
+            # as probe.children shows them (the children under the skeleton's names where read so before)
+            shown = dict(module.__dict__.get(CHILDREN) or _named(module))
             found = {name: wrapped_linear(child) for name, child in shown.items()}
             found = {name: inner for name, inner in found.items() if inner is not None}
             if not found:
