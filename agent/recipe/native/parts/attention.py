@@ -38,7 +38,7 @@ DENSE_OPTIONS = ("QKV", "QKV_BIAS", "O_BIAS", "QK_NORM", "QK_NORM_FULL", "QUERY_
                  "GATE_PROJ", "GATE_SOFTPLUS", "GATE_PER_HEAD", "CHECKPOINT_RENAMES", "ATTN_SUB_NORM", "GATE_BIAS",
                  "HEADS_PER_LAYER", "QUERY_POSITION_SCALE", "FULL_LAYERS_WINDOWED", "HEAD_DIM_PER_LAYER", "V_NORM",
                  "KV_HEADS_BY_LAYER_TYPE", "SINK_LAYER_TYPES", "V_HEAD_DIM", "VALUE_SCALE", "KEY_SCALE", "KV_HEADS_PER_LAYER",
-                 "K_EQ_V")
+                 "K_EQ_V", "WINDOW_DECODE_ONLY")
 WINDOW = 5                            # the shrunk window (agent.recipe.native.parts.probe.shrunk_config)
 
 
@@ -114,6 +114,27 @@ def _logits(probe):
     ids = (torch.arange(2 * WINDOW + 2) * 7 + 3)[None] % probe.config.vocab_size
     with torch.no_grad():
         return probe.model(input_ids=ids, use_cache=False).logits
+
+
+def mask_ignores_window(probe) -> bool:
+    """Whether transformers' whole-sequence logits (no cache: its mask alone) are the same with the config's shrunk
+    window as with one as long as the input (the probe's weights, the config copied with that window: a variant
+    shrinks every window to WINDOW); False where it cannot build or run the longer window."""
+    import copy
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = copy.deepcopy(probe.config)
+    config.sliding_window = 2 * WINDOW + 2
+    ids = (torch.arange(2 * WINDOW + 2) * 7 + 3)[None] % probe.config.vocab_size
+    try:
+        longer = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+        longer.load_state_dict(probe.model.state_dict())
+        with torch.no_grad():
+            return torch.allclose(longer(input_ids=ids, use_cache=False).logits, _logits(probe), atol=1e-6)
+    except Exception:  # noqa: BLE001 - a config the architecture refuses: not this reading's to judge
+        return False
 
 
 def _toggled(probe, on: bool):
@@ -203,6 +224,11 @@ def windows(probe) -> dict:
             sliding, from_types = sliding or other_sliding, from_types or other_types
     elif not sliding:
         return {"WINDOWS": False, "LAYER_TYPE_WINDOWS": False}
+    elif mask_ignores_window(probe):
+        # the window in transformers' cache alone (moshi: its config cannot turn the window off, its mask is causal,
+        # its DynamicSlidingWindowLayer keeps the last window - 1 keys): a prefill attends to the whole prompt, a
+        # decode step to the window
+        return {"WINDOWS": True, "LAYER_TYPE_WINDOWS": from_types, "WINDOW_DECODE_ONLY": True}
     else:
         attends = True
     if not attends:

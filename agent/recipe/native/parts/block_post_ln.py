@@ -33,15 +33,23 @@ def post_ln_layer(layer, hidden: int) -> bool:
     a, m = (torch.randn(hidden, hidden, generator=gen) / hidden ** 0.5 for _ in range(2))
     x = torch.randn(1, 3, hidden, generator=gen)
     attention, mlp = layer.self_attn, layer.mlp
-    saved = attention.forward, mlp.forward
+    # the MLP as the layer's own linears (trocr's fc1 / activation_fn / fc2, read as a view by parts/layout.py): the
+    # map in its up projection, the others passing it on
+    own = not any(mlp is child for child in layer.children())
+    replaced = (mlp.up_proj, mlp.act_fn, mlp.down_proj) if own else (mlp,)
+    saved = [attention.forward] + [module.forward for module in replaced]
     try:
         # a list: openai-gpt's Block concatenates its tail to a list; others unpack (output, weights)
         attention.forward = lambda hidden_states, *args, **kwargs: [hidden_states @ a, None]
-        mlp.forward = lambda hidden_states, *args, **kwargs: hidden_states @ m
+        replaced[0].forward = lambda hidden_states, *args, **kwargs: hidden_states @ m
+        for module in replaced[1:]:
+            module.forward = lambda hidden_states, *args, **kwargs: hidden_states
         with torch.no_grad():
             got = _call(layer, x)
     finally:
-        attention.forward, mlp.forward = saved
+        attention.forward = saved[0]
+        for module, forward in zip(replaced, saved[1:]):
+            module.forward = forward
     if got is None:
         return False
     with torch.no_grad():

@@ -57,6 +57,21 @@ def head_bias(probe):
     return present
 
 
+def ties_when_told(probe) -> bool:
+    """Whether transformers' model of the config with tie_word_embeddings set holds one tensor for lm_head and the
+    input embedding (moshi's does not: its embedding has vocab_size + 1 rows and no tied keys); True where that config
+    cannot be built (not this reading's to judge)."""
+    from agent.recipe.native.not_native import NotNative
+
+    try:
+        told = getattr(probe.config, "tie_word_embeddings", False)
+        tied = probe if told else probe.variant({"tie_word_embeddings": True})
+    except NotNative:
+        return True
+    head, embedding = tied.model.get_output_embeddings(), tied.model.get_input_embeddings()
+    return getattr(head, "weight", None) is getattr(embedding, "weight", None)
+
+
 def _probe(probe, chosen):
     softcap = "final_logit_softcapping" in probe.config.to_dict()
     bias = head_bias(probe)
@@ -64,6 +79,9 @@ def _probe(probe, chosen):
     # its config says tie_word_embeddings
     keys = getattr(type(probe.model), "_tied_weights_keys", None)
     never = keys is not None and len(keys) == 0
+    if keys is None:
+        # no table of tied keys (moshi's class): whether it ties, read on its model built tied
+        never = not ties_when_told(probe)
     return Match(LM_HEAD, options={"FINAL_SOFTCAP": softcap, **({"LM_HEAD_BIAS": bias} if bias is not False else {}),
                                    **({"NEVER_TIED": True} if never else {})},
                  facts={"softcap": getattr(probe.config, "final_logit_softcapping", None) is not None})

@@ -29,7 +29,8 @@ class Layout:
     renames: tuple = ()                           # (pattern, replacement) on the checkpoint's names, in order
     transposed: tuple = ()                        # patterns of the stored names of Conv1D weights
     refusal: str | None = None                    # a layer shape no part writes (the model part raises it)
-    embed_norm: bool = False                      # a norm of the embedding before the first layer (bloom's)
+    embed_norm: bool | str = False                # a norm of the embedding before the first layer (bloom's); "after
+                                                  # positions": of the embedding plus its positions (trocr's)
     one_mixer: tuple = ()                         # (norm, mixer): layers of one mixer behind one norm (nemotron_h's)
 
 
@@ -190,13 +191,18 @@ def read_layout(model, hidden: int) -> Layout | None:
         path, base = f"{prefix}.decoder", inner["decoder"]
     elif prefix == "model" and head_name == "lm_head" and set(inner) - weightless_lists(root) <= SKELETON_MODEL:
         _lift_attention_rotary(root)
-        return _mixer_layout(root) or _lightning_layout(root)      # the skeleton's own layout
+        unwrapped = _unwrap_linears(root)
+        layout = _mixer_layout(root) or _lightning_layout(root)      # the skeleton's own layout
+        if unwrapped:
+            layout = layout or Layout(root)
+            layout.renames += unwrapped
+        return layout
     present(model, {prefix: "model", head_name: "lm_head"})
     renames = [(f"^{re.escape(head_name)}\\.", "lm_head.")] if head_name != "lm_head" else []
     children = _named(base)
     lists = [name for name, child in children.items() if isinstance(child, torch.nn.ModuleList)
              and name not in weightless_lists(base)]
-    embedding = root.get_input_embeddings()
+    embedding = input_embedding(model, root)
     roles = {}
     for name, child in children.items():
         if child is embedding:
@@ -217,6 +223,9 @@ def read_layout(model, hidden: int) -> Layout | None:
             first = min(norms, key=order.index)
             if order.index(first) == order.index(embed) + 1:
                 roles[first] = "embed_norm"
+    elif len(norms) == 1 and len(lists) == 1 and _runs_before_layers(model, children[norms[0]], children[lists[0]]):
+        # trocr's layernorm_embedding, of the embedding plus its positions: its post-LN layers leave no final norm
+        roles[norms[0]] = "embed_norm"
     if len(set(roles.values())) != len(roles):
         return Layout(base, refusal=duplicate_roles_text(children, roles))
     present(base, roles)
@@ -225,7 +234,14 @@ def read_layout(model, hidden: int) -> Layout | None:
     if "layers" not in roles.values():
         return Layout(base, tuple(renames), refusal=f"no one list of decoder layers in the base model (module "
                                                     f"lists: {', '.join(lists) or 'none'})")
-    layout = Layout(base, tuple(renames), embed_norm="embed_norm" in roles.values())
+    embed_norm = "embed_norm" in roles.values()
+    if embed_norm and "embed_positions" in roles.values():
+        # whether the norm takes the embedding plus its positions: the position table called before it
+        order = call_order(model, base)
+        positions, norm = (next(n for n, role in roles.items() if role == r) for r in ("embed_positions", "embed_norm"))
+        if positions in order and norm in order and order.index(positions) < order.index(norm):
+            embed_norm = "after positions"
+    layout = Layout(base, tuple(renames), embed_norm=embed_norm)
     _layer_roles(model, list(base.layers), hidden, layout)
     return layout
 
@@ -237,6 +253,35 @@ def duplicate_roles_text(children: dict, roles: dict) -> str:
     text = "; ".join(f"{role}: " + ", ".join(f"{name} ({type(children[name]).__name__})"
                                            for name, r in roles.items() if r == role) for role in taken)
     return f"more than one position embedding or final norm in the base model ({text}): no part writes both"
+
+
+def _runs_before_layers(model, norm, layers) -> bool:
+    """Whether the base model's one norm runs before its first layer (one forward of the model)."""
+    import torch
+
+    order, handles = [], []
+    if not len(layers):
+        return False
+    handles.append(norm.register_forward_pre_hook(lambda *args: order.append("norm")))
+    handles.append(layers[0].register_forward_pre_hook(lambda *args: order.append("layer")))
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.tensor([[3, 5, 7]]), use_cache=False)
+    except Exception:  # noqa: BLE001 - a model this forward cannot run: not read so
+        return False
+    finally:
+        for handle in handles:
+            handle.remove()
+    return order[:2] == ["norm", "layer"]
+
+
+def input_embedding(model, root):
+    """The base model's input embedding: its own get_input_embeddings, or the causal LM's where a wrapper of the
+    decoder cannot say (trocr's TrOCRDecoderWrapper: NotImplementedError, "not auto-handled")."""
+    try:
+        return root.get_input_embeddings()
+    except NotImplementedError:
+        return model.get_input_embeddings()
 
 
 def _lift_attention_rotary(root) -> None:
@@ -259,9 +304,90 @@ def _lift_attention_rotary(root) -> None:
         return
     for attention in attentions:
         present(attention, {}, hide=("rotary_emb",))
+        _take_handed_table(attention)
     present(root, {})
     root.__dict__[CHILDREN]["rotary_emb"] = first
     object.__setattr__(root, "rotary_emb", first)
+
+
+def wrapped_linear(module):
+    """The one Linear a wrapper module holds and forwards to unchanged (moshi's MoshiLinear: `q_proj.linear`), read
+    from what it holds (one Linear, no parameter of its own) and held numerically (wrapper(x) == linear(x)); None for
+    anything else."""
+    import torch
+
+    named = _named(module)
+    if isinstance(module, torch.nn.Linear) or len(named) != 1 or any(True for _ in module.parameters(recurse=False)):
+        return None
+    (name, inner), = named.items()
+    if type(inner) is not torch.nn.Linear:
+        return None
+    x = torch.randn(2, 3, inner.in_features, generator=torch.Generator().manual_seed(5))
+    try:
+        with torch.no_grad():
+            same = torch.equal(module(x), inner(x))
+    except Exception:  # noqa: BLE001 - a wrapper that takes other inputs: not a plain linear
+        return None
+    return (name, inner) if same else None
+
+
+def _unwrap_linears(root) -> tuple:
+    """The projections in the decoder layers held inside a wrapper of one Linear (moshi's attention's
+    `q_proj.linear`, MoshiLinear with use_flexible_linear off) read as that Linear under the wrapper's name, and the
+    stored names renamed to it at load (`self_attn.q_proj.linear.weight` -> `self_attn.q_proj.weight`)."""
+    import torch
+
+    layers = getattr(root, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList):
+        return ()
+    renames = {}
+    for layer in layers:
+        for path, module in layer.named_modules():
+            # as probe.children shows them (the children under the skeleton's names where read so before)
+            shown = dict(module.__dict__.get(CHILDREN) or _named(module))
+            found = {name: wrapped_linear(child) for name, child in shown.items()}
+            found = {name: inner for name, inner in found.items() if inner is not None}
+            if not found:
+                continue
+            for name, (inner_name, linear) in found.items():
+                shown[name] = linear
+                stored = f"{path}.{name}" if path else name
+                renames[(f"^(model\\.layers\\.\\d+\\.{re.escape(stored)})\\.{re.escape(inner_name)}\\.", "\\1.")] = None
+            module.__dict__[CHILDREN] = shown
+    return tuple(renames)
+
+
+def _take_handed_table(attention) -> None:
+    """An attention that computes its cos / sin from its own rotary (moshi's) made to take the table a probe hands
+    it (`position_embeddings`), as the skeleton's attention does; transformers' own forward hands none and runs as
+    built. Its own table is the base model's (_lift_attention_rotary checks), so the two agree wherever the model
+    runs; without this, a probe holding the table fixed and moving the positions would see them move the output."""
+    import functools
+
+    import torch
+
+    original = attention.forward
+
+    class Handed(torch.nn.Module):
+        def __init__(self, table):
+            super().__init__()
+            self.table = table
+
+        def forward(self, *args, **kwargs):
+            return self.table
+
+    @functools.wraps(original)
+    def forward(*args, position_embeddings=None, **kwargs):
+        if position_embeddings is None:
+            return original(*args, **kwargs)
+        own = attention._modules["rotary_emb"]
+        attention._modules["rotary_emb"] = Handed(position_embeddings)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            attention._modules["rotary_emb"] = own
+
+    attention.forward = forward
 
 
 def _mixer_layout(root) -> Layout | None:
@@ -350,9 +476,16 @@ def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
     if not _attentions(reference) and any(set(_named(c)) == SHORT_CONV_CHILDREN for c in _named(reference).values()):
         reference = next((layer for layer in layers if len(_attentions(layer)) == 1), reference)
     named = _named(reference)
-    attentions = _attentions(reference)
-    norms = [n for n, c in named.items() if _is_norm(c)]
     order = call_order(model, reference)
+    # a cross-attention and its norm the causal LM never calls (trocr's encoder_attn: no encoder states): not read,
+    # its stored tensors skipped at load
+    unused = tuple(n for n, c in named.items() if n not in order)
+    if unused and all(n in _attentions(reference) or _is_norm(c) for n, c in named.items() if n in unused):
+        named = {n: c for n, c in named.items() if n not in unused}
+    else:
+        unused = ()
+    attentions = [n for n in _attentions(reference) if n in named]
+    norms = [n for n, c in named.items() if _is_norm(c)]
     roles, mlp = {}, None
     if len(attentions) == 1:
         roles[attentions[0]] = "self_attn"
@@ -463,7 +596,7 @@ def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
         if inner is not None:
             shown = {k: v for k, v in shown.items() if k != attentions[0]}
             shown["self_attn"] = _named(children[attentions[0]])["attention"]
-        present(module, shown, hide=(attentions[0],) if inner is not None else ())
+        present(module, shown, hide=((attentions[0],) if inner is not None else ()) + unused)
         if attention_roles and index not in mixers and attentions[0] in children:
             present(shown["self_attn"] if inner is not None else children[attentions[0]], attention_roles)
     # Conv1D weights as stored ([in, out]), by their stored names

@@ -67,6 +67,40 @@ def _read_roles(mlp, hidden: int, names):
     return None
 
 
+def _read_fused_roles(mlp, hidden: int, names):
+    """(roles {gate_up_proj, down_proj: child name}, activation name) of a gated MLP whose gate and up are one
+    linear under another name (moshi's fc1, hidden -> 2 x width, its first half the gate) and whose down is the other
+    (fc2, width -> hidden): the activation of `names` under which down(act(gate) * up) is what it computes (by
+    value); None where none fits."""
+    import torch
+    from transformers.activations import ACT2FN
+
+    from agent.recipe.native.parts.layout import projection_widths
+
+    m = children(mlp)
+    linears = {name: projection_widths(child) for name, child in m.items() if projection_widths(child) is not None}
+    others = [name for name in m if name not in linears]
+    if len(linears) != 2 or len(others) > 1 or set(linears) & {"gate_up_proj", "down_proj"} == set(linears):
+        return None
+    pairs = [(gate_up, down) for gate_up, down in (tuple(linears), tuple(linears)[::-1])
+             if (linears[gate_up][0], linears[gate_up][1], linears[down][1]) == (hidden, 2 * linears[down][0], hidden)]
+    if not pairs:
+        return None
+    # batch x tokens x hidden: moshi's MLP reads three dimensions
+    x = 3 * torch.randn(1, 3, hidden, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        try:
+            got = mlp(x)
+        except Exception:  # noqa: BLE001 - another call shape (bloom's MLP adds the residual itself): not this MLP
+            return None
+        for gate_up, down in pairs:
+            gate, up = m[gate_up](x).chunk(2, dim=-1)
+            for name in names:
+                if name in ACT2FN and torch.allclose(got, m[down](ACT2FN[name](gate) * up), rtol=1e-4, atol=1e-5):
+                    return {"gate_up_proj": gate_up, "down_proj": down}, name
+    return None
+
+
 def _probe_formula(mlp, hidden: int, activation, multipliers=(1.0, 1.0)) -> None:
     """The MLP is down(act(gate(x)) * up(x)) (separate or fused gate/up; bitnet's ffn_sub_norm of act(gate(x)) *
     up(x) before down; `multipliers` (g, d): down(act(g gate(x)) * up(x)) d, falcon_h1's), nothing else."""
@@ -144,6 +178,9 @@ def _gated(probe, chosen):
         read = _read_roles(mlps[0], source.hidden, names)
         if read is not None:
             return _by_roles(source, mlps, key, names, *read)
+        fused = _read_fused_roles(mlps[0], source.hidden, names)
+        if fused is not None:
+            return _by_fused_roles(source, mlps, key, names, *fused)
     key = act_key(source.config)
     activation = getattr(source.config, key)
     kinds, biases, sub_norms = set(), set(), set()
@@ -192,6 +229,45 @@ def _by_roles(source, mlps, key, names, roles: dict, activation: str):
     options = {"SWIGLU": activation in ("silu", "swish"), "ACT": key or "hidden_act", "MLP_BIAS": False,
                "STACKED_PARAMS": (("gate_up_proj", "gate_proj", 0), ("gate_up_proj", "up_proj", 1)),
                "CHECKPOINT_RENAMES": renames, "FF_AUTO_ADJUST": adjusted}
+    return Match(GATED_MLP, options=options, facts={"activation": activation})
+
+
+def gate_up_width_key(source, width: int, gate_up: str) -> str | None:
+    """The config key holding the merged gate / up linear's whole width where config.intermediate_size is not its
+    half (moshi's ffn_dim, 2 x the width): the one int key of that value that the linear follows on a config with the
+    key moved; None where intermediate_size is the width."""
+    if getattr(source.config, "intermediate_size", None) == width:
+        return None
+    keys = [key for key, value in source.config.to_dict().items()
+            if isinstance(value, int) and not isinstance(value, bool) and value == 2 * width]
+    for key in keys:
+        try:
+            other = source.variant({key: 2 * width + 4})
+        except NotNative:
+            continue
+        mlp = next((layer.mlp for layer in other.layers if hasattr(layer, "mlp")), None)
+        if mlp is not None and getattr(children(mlp).get(gate_up), "out_features", None) == 2 * width + 4:
+            return key
+    raise NotNative("mlp", f"gated MLP of width {width}: neither config.intermediate_size nor half of a config key "
+                           "its merged gate / up linear follows")
+
+
+def _by_fused_roles(source, mlps, key, names, roles: dict, activation: str):
+    """The gated MLP whose gate / up linear is one under another name (moshi's fc1, fc2), renamed at load to
+    gate_up_proj / down_proj, its width config.intermediate_size or half the key its gate_up follows (ffn_dim)."""
+    if key is None and activation not in ("silu", "swish"):
+        raise NotNative("mlp", f"no hidden_act / hidden_activation in the config, and {type(mlps[0]).__name__} "
+                               f"computes {activation}, which the file would have to fix in code")
+    for mlp in mlps:
+        if _read_fused_roles(mlp, source.hidden, names) != (roles, activation):
+            raise NotNative("mlp", "dense MLPs of unequal structure")
+        if any(getattr(children(mlp)[n], "bias", None) is not None for n in roles.values()):
+            raise NotNative("mlp", f"{type(mlp).__name__}: biases on the projections of a gated MLP read by role")
+    width = children(mlps[0])[roles["down_proj"]].in_features
+    renames = tuple((f"\\.mlp\\.{name}\\.", f".mlp.{role}.") for role, name in roles.items() if name != role)
+    options = {"SWIGLU": activation in ("silu", "swish"), "ACT": key or "hidden_act", "MLP_BIAS": False,
+               "STACKED_PARAMS": (), "CHECKPOINT_RENAMES": renames,
+               "GATE_UP_WIDTH_KEY": gate_up_width_key(source, width, roles["gate_up_proj"]) or ""}
     return Match(GATED_MLP, options=options, facts={"activation": activation})
 
 
@@ -246,5 +322,5 @@ GATED_MLP = Part(
     slot="mlp", name="gated_mlp", code="mlp_gated.py", provides="ModelMLP",
     reads=("hidden_size", "intermediate_size", "hidden_act", "mlp_bias"), probe=_gated, kernels=_kernels,
     options=("SWIGLU", "ACT", "MLP_BIAS", "STACKED_PARAMS", "CHECKPOINT_RENAMES", "FF_AUTO_ADJUST", "FFN_SUB_NORM",
-             "MLP_MULTIPLIERS"),
+             "MLP_MULTIPLIERS", "GATE_UP_WIDTH_KEY"),
     variants=bias_variants)

@@ -28,8 +28,8 @@ def _probe_formula(mlp, up, down, hidden: int, activation) -> None:
         raise NotNative("mlp", f"{type(mlp).__name__} is not down(act(up(x)))")
 
 
-# config keys that hold a plain MLP's width, as the architectures name it (gpt2's n_inner: 4 x hidden_size where None); falcon: ffn_hidden_size; ctrl: dff
-WIDTH_KEYS = ("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size", "dff")
+# config keys that hold a plain MLP's width, as the architectures name it (gpt2's n_inner: 4 x hidden_size where None); falcon: ffn_hidden_size; ctrl: dff; trocr: decoder_ffn_dim
+WIDTH_KEYS = ("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size", "dff", "decoder_ffn_dim")
 
 
 

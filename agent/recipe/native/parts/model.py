@@ -204,7 +204,9 @@ def _probe(probe, chosen):
     # the root under another name: the stored names to the skeleton's, after transformers' own renames
     return Match(CAUSAL_LM, options={"CHECKPOINT_RENAMES": renames + layout.renames,
                                      "TRANSPOSED_WEIGHTS": layout.transposed,
-                                     **({"EMBED_NORM": True} if layout.embed_norm else {})},
+                                     **({"EMBED_NORM": True} if layout.embed_norm else {}),
+                                     **({"EMBED_NORM_AFTER_POSITIONS": True} if layout.embed_norm == "after positions"
+                                        else {})},
                  facts={"transposed": bool(layout.transposed)})
 
 
@@ -247,6 +249,7 @@ CAUSAL_LM = Part(
     slot="model", name="causal_lm", code="causal_lm.py", provides=None,
     reads=("num_hidden_layers", "hidden_size", "vocab_size", "rms_norm_eps", "max_position_embeddings", "head_dim",
            "num_attention_heads", "num_key_value_heads", "intermediate_size"),
-    probe=_probe, options=("CHECKPOINT_RENAMES", "STACKED_PARAMS", "MLA", "MOE", "TRANSPOSED_WEIGHTS", "EMBED_NORM"),
+    probe=_probe, options=("CHECKPOINT_RENAMES", "STACKED_PARAMS", "MLA", "MOE", "TRANSPOSED_WEIGHTS", "EMBED_NORM",
+                           "EMBED_NORM_AFTER_POSITIONS"),
     kernels=lambda m: ((), ("Conv1D weights (stored [in, out]) transposed once at load into the parallel linears",)
                        if m.facts.get("transposed") else ()))

@@ -40,6 +40,9 @@ ROPE_BY_LAYER_THETA = None      # the config key of each layer's rope base (gran
 WINDOWS = False                 # the architecture attends in a sliding window where its config says so
 LAYER_TYPE_WINDOWS = False      # which layers: config.layer_types' sliding_attention ones (else every layer)
 FULL_LAYERS_WINDOWED = False    # which layers: config.layer_types' full_attention ones (minimax: its mask windows them)
+WINDOW_DECODE_ONLY = False      # the window binds decode steps alone, a prefill attends to the whole prompt (moshi:
+                                # transformers' cache keeps the window, its mask is causal): the prefill's band the
+                                # op's unbounded pre_tokens, 2 ** 31 - 1
 LOCAL_LAYERS = False            # which layers: config.attention_layers' "local" ones, window config.window_size (gpt_neo)
 UNSCALED = False                # softmax of q . k unscaled (gpt_neo)
 SINKS = False                   # a learnable sink logit per head in the softmax (gpt_oss)
@@ -347,7 +350,8 @@ class ModelAttention(nn.Module):
             out, _ = torch.ops.npu.npu_fused_infer_attention_score_v2(
                 query, key, value, num_query_heads=self.num_heads_per_rank,
                 num_key_value_heads=self.num_key_value_heads_per_rank, input_layout="TND",
-                softmax_scale=self.scaling, sparse_mode=4, pre_tokens=self.sliding_window - 1, next_tokens=0,
+                softmax_scale=self.scaling, sparse_mode=4, pre_tokens=2147483647 if WINDOW_DECODE_ONLY
+                else self.sliding_window - 1, next_tokens=0,
                 atten_mask=forward_metadata.attention_mask, actual_seq_qlen=forward_metadata.actual_seq_lengths_cu_q,
                 actual_seq_kvlen=forward_metadata.actual_seq_lengths_cu_q,
                 **({"learnable_sink": self.sinks} if SINKS else {}))
@@ -400,7 +404,7 @@ class ModelAttention(nn.Module):
             torch_npu.npu_scatter_nd_update_(self.v_cache.view(shape), slots, values.index_select(0, kept))
         # causal from the bottom right (a sliding window: the band, pre_tokens = window - 1)
         mask, band = forward_metadata.attention_mask, {"sparse_mode": 3}
-        if WINDOWS and self.sliding_window:
+        if not WINDOW_DECODE_ONLY and WINDOWS and self.sliding_window:
             band = {"sparse_mode": 4, "pre_tokens": self.sliding_window - 1, "next_tokens": 0}
         outs = []
         halves = ((query[:cp.local_prev_token_num], cp.actual_seq_q_prev, cp.kv_len_prev),

@@ -43,6 +43,7 @@ MOE = False                     # sparse-MoE layers: their experts over moe_tp_g
 MTP = False                     # an MTP draft model beside this one (code/mtp.py): next_n > 0 returns every hidden state
 ABSOLUTE_POSITIONS = False      # positions added to the embedding (gpt2's learned wpe): the position slot's table, no rotary
 EMBED_NORM = False              # the embedding normalised before the first layer (bloom's word_embeddings_layernorm)
+EMBED_NORM_AFTER_POSITIONS = False  # that norm of the embedding plus its absolute positions (trocr's)
 EMBED_FINAL_NORM = False        # the embedding normalised by the final norm (weightless) before the first layer (nanochat)
 ALIBI = False                   # ALiBi positions: the attention adds each head's bias (position_alibi.py), no table here
 NO_POSITIONS = False            # attention without positions on every layer (nemotron_h's NoPE): no table, nothing added
@@ -136,12 +137,14 @@ class ModelModel(nn.Module):
             hidden_states = hidden_states * torch.tensor(self.config.hidden_size ** 0.5, dtype=hidden_states.dtype)
         if EMBED_MULTIPLIER:
             hidden_states = hidden_states * getattr(self.config, EMBED_MULTIPLIER_KEY)
-        if EMBED_NORM:
+        if EMBED_NORM and not EMBED_NORM_AFTER_POSITIONS:
             hidden_states = self.embed_norm(hidden_states)
         if EMBED_FINAL_NORM:
             hidden_states = self.norm(hidden_states)
         if ABSOLUTE_POSITIONS:
             hidden_states = hidden_states + self.embed_positions(position_ids).to(hidden_states.dtype)
+            if EMBED_NORM_AFTER_POSITIONS:
+                hidden_states = self.embed_norm(hidden_states)
             cos_sin = None
         elif ALIBI or NO_POSITIONS:
             cos_sin = None

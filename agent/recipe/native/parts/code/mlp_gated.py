@@ -16,6 +16,7 @@ MLP_BIAS = False        # the projections' biases: a literal, or the config key 
 FFN_SUB_NORM = False    # an RMSNorm of act(gate) * up over the intermediate width before down_proj (bitnet)
 FF_AUTO_ADJUST = False  # the width is lfm2's block-adjusted one (block_ff_width), not config.intermediate_size
 MLP_MULTIPLIERS = None  # the config key of (gate, down) multipliers: act(gate * g) * up, down(.) * d (falcon_h1)
+GATE_UP_WIDTH_KEY = ""  # the config key of gate_up's whole width, the width its half (moshi's ffn_dim); "": none
 
 
 def block_ff_width(config):
@@ -38,10 +39,12 @@ class ModelMLP(nn.Module):
         tp_rank = comm_manager.get_rank("attn_tp_group") if self.attn_tp_size > 1 else 0
         quant_config = getattr(config, "quant_config", None)
         self.gate_up_proj = MergedColumnParallelLinear(
-            input_size=config.hidden_size, output_sizes=[block_ff_width(config) if FF_AUTO_ADJUST else config.intermediate_size] * 2, bias=MLP_BIAS,
+            input_size=config.hidden_size, output_sizes=[block_ff_width(config) if FF_AUTO_ADJUST
+            else getattr(config, GATE_UP_WIDTH_KEY) // 2 if GATE_UP_WIDTH_KEY else config.intermediate_size] * 2, bias=MLP_BIAS,
             tp_size=self.attn_tp_size, tp_rank=tp_rank, quant_config=quant_config, prefix=f"{prefix}.gate_up_proj")
         self.down_proj = RowParallelLinear(
-            input_size=block_ff_width(config) if FF_AUTO_ADJUST else config.intermediate_size, output_size=config.hidden_size, bias=MLP_BIAS,
+            input_size=block_ff_width(config) if FF_AUTO_ADJUST
+            else getattr(config, GATE_UP_WIDTH_KEY) // 2 if GATE_UP_WIDTH_KEY else config.intermediate_size, output_size=config.hidden_size, bias=MLP_BIAS,
             tp_size=self.attn_tp_size, tp_rank=tp_rank, input_is_parallel=True, quant_config=quant_config,
             prefix=f"{prefix}.down_proj")
         if SWIGLU:

@@ -120,7 +120,6 @@ def test_the_skeletons_own_layout_is_read_as_before():
 
 
 @pytest.mark.parametrize("model_type, reason", [
-    ("trocr", "its modules' layout could not be read"),           # transformers' own accessor raises
     # attention over the whole sequence (xlm's causal false, xlnet's attn_type bi, cpmant's context of ones): before
     # any layout reading
     ("xlm", "the logits at a token follow a later token: the attention is not causal"),
