@@ -15,6 +15,7 @@ from .norm_qk_full import ModelFullWidthRMSNorm
 from .norm_rms import ModelRMSNorm as Norm
 from .norm_sub import ModelSubRMSNorm
 from .norm_weightless_rms import ModelWeightlessRMSNorm
+from .attention_chunked import chunk_bounds
 from .attention_temperature import temperature_scale
 from .rotary import half_from_interleaved, layer_rope_table, rotary_width
 
@@ -113,16 +114,6 @@ def layer_uses_rope(config, layer_idx):
 
 def copy_weight(param, weight):
     param.data.copy_(weight)
-
-
-def chunk_bounds(cu_lengths, chunk):
-    """The packed prompts' cumulative lengths with each prompt cut every `chunk` tokens: the pieces attend as sequences
-    of their own (read on the host: a prefill runs eager)."""
-    bounds, start = [], 0
-    for end in cu_lengths.tolist():
-        bounds += list(range(start + chunk, end, chunk)) + [end]
-        start = end
-    return torch.tensor(bounds, dtype=cu_lengths.dtype, device=cu_lengths.device)
 
 
 def window_start(kv_len, window, block_size):
