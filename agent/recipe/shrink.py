@@ -210,8 +210,9 @@ def _per_layer(entries: dict, overrides: dict, config: dict) -> dict:
     return result
 
 
-# lists of the indices of the layers of one kind (bamba's attention layers among its Mamba2 ones)
-LAYER_INDEX_LISTS = ("attn_layer_indices",)
+# lists of the indices of the layers of one kind (bamba's attention layers among its Mamba2 ones; llama4's MoE layers,
+# every layer's index where each is sparse: not a per-layer list, whose distinct values would keep every layer)
+LAYER_INDEX_LISTS = ("attn_layer_indices", "moe_layers")
 
 
 def _layers(config: dict) -> dict:
@@ -219,7 +220,8 @@ def _layers(config: dict) -> dict:
     if key is None:
         return {}
     total = config[key]
-    per_layer = {k: v for k, v in config.items() if isinstance(v, list) and len(v) == total and total > 1}
+    per_layer = {k: v for k, v in config.items() if isinstance(v, list) and len(v) == total and total > 1
+                 and k not in LAYER_INDEX_LISTS}
     # A pattern of layer kinds shorter than the stack, repeated over it (recurrent_gemma's
     # block_types [recurrent, recurrent, attention]): kept whole, the prefix must hold each kind.
     patterns = [v for k, v in config.items() if isinstance(v, list) and 1 < len(v) < total

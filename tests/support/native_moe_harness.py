@@ -74,7 +74,11 @@ CASES = {
     "kolibri1": ("kolibri1", dict(num_experts=8, num_experts_per_tok=2)),
     # the sigmoid weight of the top-1 expert scaling that expert's input (not its output), a shared expert beside
     "llama4_text": ("llama4_text", dict(num_local_experts=8, num_experts_per_tok=1)),
+    # its router's logits large enough that their sigmoids round to a tie at 1: the top-k of the logits decides
+    "llama4_text_saturated": ("llama4_text", dict(num_local_experts=8, num_experts_per_tok=1)),
 }
+# a case's router weights times this after the random ones (SATURATED: many sigmoids of the logits round to 1)
+ROUTER_GAINS = {"llama4_text_saturated": 64.0}
 
 
 def torch_npu_module() -> types.ModuleType:
@@ -163,6 +167,9 @@ def reference(case: str, seed: int = 0, fused_names: bool = False):
                 b.copy_(torch.rand(b.shape) * 0.3)
     layer = facts["sparse_layers"][0]
     block = getattr(model.model.layers[layer], facts["block_name"])
+    if case in ROUTER_GAINS:
+        with torch.no_grad():
+            block.get_submodule(facts["router_path"]).weight.mul_(ROUTER_GAINS[case])
     # what save_pretrained writes (its fused experts turned back into the checkpoint's names), on every
     # rank (save_pretrained itself writes on one rank only under torch.distributed); renamed as the file does
     tensors = dict(model.state_dict()) if fused_names else revert_weight_conversion(model, dict(model.state_dict()))

@@ -18,8 +18,9 @@ from agent.recipe.native.parts.attention_params import (DENSE_BIAS_RENAMES, GATE
                                                         refuse_unknown)
 from agent.recipe.native.parts.attention_key_scale import key_scale
 from agent.recipe.native.parts.attention_value_scale import value_scale
-from agent.recipe.native.parts.attention_positions import (SMALL_ORIGINAL, query_position_scale,
-                                                           refuse_long_context_forms, small_original_setting)
+from agent.recipe.native.parts.attention_chunked import SMALL_CHUNK, chunked_attention, small_chunk_setting
+from agent.recipe.native.parts.attention_positions import SMALL_ORIGINAL, query_position_scale, small_original_setting
+from agent.recipe.native.parts.attention_temperature import SMALL_FLOOR, query_temperature, small_floor_setting
 from agent.recipe.native.parts.attention_qk_l2 import QK_L2_KEY, QK_L2_NAME, qk_l2_norm
 from agent.recipe.native.parts.part import Expr, Match, Part
 from agent.recipe.native.parts.mla import is_mla_model
@@ -38,7 +39,7 @@ DENSE_OPTIONS = ("QKV", "QKV_BIAS", "O_BIAS", "QK_NORM", "QK_NORM_FULL", "QUERY_
                  "GATE_PROJ", "GATE_SOFTPLUS", "GATE_PER_HEAD", "CHECKPOINT_RENAMES", "ATTN_SUB_NORM", "GATE_BIAS",
                  "HEADS_PER_LAYER", "QUERY_POSITION_SCALE", "FULL_LAYERS_WINDOWED", "HEAD_DIM_PER_LAYER", "V_NORM",
                  "KV_HEADS_BY_LAYER_TYPE", "SINK_LAYER_TYPES", "V_HEAD_DIM", "VALUE_SCALE", "KEY_SCALE", "KV_HEADS_PER_LAYER",
-                 "K_EQ_V", "WINDOW_DECODE_ONLY")
+                 "K_EQ_V", "WINDOW_DECODE_ONLY", "QUERY_TEMPERATURE", "CHUNKED")
 WINDOW = 5                            # the shrunk window (agent.recipe.native.parts.probe.shrunk_config)
 
 
@@ -330,7 +331,7 @@ def dense_attention(probe) -> dict:
     sinks = bool(with_sinks)
     sink_kinds = sink_layer_kinds(probe, with_sinks) if with_sinks != set(attention_layers(probe)) and sinks else ()
     position_scaled = query_position_scale(probe, attention_layers(probe)[0])
-    refuse_long_context_forms(probe)
+    temperature, chunked = query_temperature(probe), chunked_attention(probe)
     fused, qkv_bias, o_bias, qk_width, qk_names, scale, gated, grouped, gate, sub_norm, value_dim, v_norm = next(iter(shapes))
     head_dim = head_dims[attention_layers(probe)[0]]
     after_rope = qk_width is not None and qk_norm_after_rope(probe, qk_names[0])
@@ -423,6 +424,13 @@ def dense_attention(probe) -> dict:
         facts["QK_NORM_AFTER_ROPE"] = True
     if position_scaled:
         facts["QUERY_POSITION_SCALE"] = True
+    if temperature:
+        facts["QUERY_TEMPERATURE"] = True
+    if chunked:
+        if facts.get("WINDOWS") or per_layer or kinds_heads:
+            raise NotNative("attention", "chunked local attention beside sliding windows or heads per layer: not "
+                                         "written")
+        facts["CHUNKED"] = True
     if qk_l2:
         facts["QK_L2_NORM"] = True
     probe.memo["dense_attention"] = facts
@@ -716,6 +724,12 @@ def _dense_match(part, probe, chosen, **extra) -> Match:
                                      "attention writes it")
     if facts.get("QUERY_POSITION_SCALE") and part not in (FUSED_PAGED, FUSED_PAGED_SINKS):
         raise NotNative("attention", f"the llama-4 query scaling with {part.name}: only the fused attention writes it")
+    if facts.get("QUERY_TEMPERATURE") and not (position is not None and position.options.get("NOPE_LAYERS")):
+        raise NotNative("attention", "llama4's query temperature without a NoPE layers' rule (parts/rotary_nope.py): "
+                                     "the file scales the NoPE layers' queries")
+    for option, what in (("QUERY_TEMPERATURE", "llama4's query temperature"), ("CHUNKED", "chunked local attention")):
+        if facts.get(option) and part not in (FUSED_PAGED, FUSED_PAGED_SINKS):
+            raise NotNative("attention", f"{what} with {part.name}: only the fused attention writes it")
     options = {k: v for k, v in facts.items() if k in DENSE_OPTIONS}
     if position is not None and (position.options.get("ABSOLUTE_POSITIONS") or position.options.get("NO_POSITIONS")):
         extra = {**extra, "ROTARY": False}          # positions added to the embedding, or none: no rotary here
@@ -736,7 +750,8 @@ def _fused_paged(probe, chosen):
     if is_mla_model(probe) or _softcapped(probe) or dense_attention(probe)["sinks"]:
         return None
     return _dense_match(FUSED_PAGED, probe, chosen,
-                        CONTEXT_PARALLEL=context_parallel(probe) and not dense_attention(probe).get("V_HEAD_DIM"))
+                        CONTEXT_PARALLEL=context_parallel(probe) and not dense_attention(probe).get("V_HEAD_DIM")
+                        and not dense_attention(probe).get("CHUNKED"))
 
 
 def _fused_paged_sinks(probe, chosen):
@@ -744,7 +759,8 @@ def _fused_paged_sinks(probe, chosen):
         return None
     # a prefill split over CP ranks gathers keys and values of head_dim: not with narrower values
     return _dense_match(FUSED_PAGED_SINKS, probe, chosen, SINKS=True,
-                        CONTEXT_PARALLEL=context_parallel(probe) and not dense_attention(probe).get("V_HEAD_DIM"))
+                        CONTEXT_PARALLEL=context_parallel(probe) and not dense_attention(probe).get("V_HEAD_DIM")
+                        and not dense_attention(probe).get("CHUNKED"))
 
 
 def _softcap_paged(probe, chosen):
@@ -797,6 +813,12 @@ def _fused_kernels(match):
         gate += ("llama-4 query scaling: the rotated queries times 1 + llama_4_scaling_beta log(1 + floor(position / "
                  "original_max_position_embeddings)), from the rotary's positions, plain torch (no fused kernel "
                  "takes a per-token query scale)",)
+    if match.options.get("QUERY_TEMPERATURE"):
+        gate += ("llama4's attention temperature: the NoPE layers' queries times 1 + attn_scale log(1 + floor((position "
+                 "+ 1) / floor_scale)), plain torch (no fused kernel takes a per-token query scale)",)
+    if match.options.get("CHUNKED"):
+        window += ("; chunked_attention layers: each prompt cut at its chunk boundaries at prefill (causal pieces), "
+                   "the chunk's blocks alone at decode")
     if match.options.get("QK_L2_NORM"):
         rope += ("npu_rms_norm on a weight of ones: llama4's q/k norm of the rotated queries and keys, per head",)
     if match.options.get("ATTN_SUB_NORM"):
@@ -844,6 +866,11 @@ def _variants(match, probe):
     if match.options.get("K_EQ_V"):
         key = match.options["K_EQ_V"][0]
         found.append((f"{key} off", {key: False}))          # every layer its own v_proj (and key heads)
+    if match.options.get("QUERY_TEMPERATURE"):
+        # the scale steps at multiples of floor_scale: one the self-check's prompts reach
+        found.append((f"query temperature floor_scale {SMALL_FLOOR}", small_floor_setting(probe.config)))
+    if match.options.get("CHUNKED"):
+        found.append((f"attention_chunk_size {SMALL_CHUNK}", small_chunk_setting(probe.config)))
     if "toggle" in match.facts:
         found.append(("sliding window " + ("off" if getattr(probe.config, "sliding_window", None) else "on"),
                       match.facts["toggle"]))

@@ -135,24 +135,3 @@ def small_original_setting(config) -> dict:
     """The family setting that exercises the query scaling within the self-check's prompts: rope_parameters with
     original_max_position_embeddings SMALL_ORIGINAL."""
     return {"rope_parameters": {**config.rope_parameters, "original_max_position_embeddings": SMALL_ORIGINAL}}
-
-
-def refuse_long_context_forms(probe) -> None:
-    """NotNative for llama4's two long-context forms, which the self-check's prompts (tens of tokens) never reach
-    and no part writes: chunked local attention (config.layer_types' "chunked_attention" layers attend within
-    blocks of attention_chunk_size tokens) and the NoPE layers' query temperature (attn_temperature_tuning: queries
-    times 1 + attn_scale log(1 + floor((position + 1) / floor_scale))). Read from the config keys transformers'
-    mask and attention read; the NoPE layers: those whose attention does not follow its rotary (parts/rotary_nope.py)."""
-    config = probe.config
-    chunk = getattr(config, "attention_chunk_size", None)
-    if isinstance(chunk, int) and "chunked_attention" in (getattr(config, "layer_types", None) or []):
-        raise NotNative("attention", f"chunked local attention (attention_chunk_size {chunk} on the "
-                                     "chunked_attention layers of layer_types), which no part writes")
-    if not getattr(config, "attn_temperature_tuning", False):
-        return
-    from agent.recipe.native.parts.rotary_nope import rotating_layers
-
-    rotating = rotating_layers(probe)
-    if rotating is not None and False in rotating:
-        raise NotNative("attention", "the NoPE layers' query temperature (attn_temperature_tuning: 1 + attn_scale "
-                                     "log(1 + floor((position + 1) / floor_scale))), which no part writes")

@@ -343,8 +343,38 @@ def _probe_gating(block, router, config, hidden: int) -> dict:
         raise NotNative("moe", f"{type(block).__name__} routes by no gating the NPU ops or the plain-torch gate "
                                "express (softmax / sigmoid, selection bias on the scores or the logits, grouped top-k, "
                                "renormalised, scaled; phimoe's sparsemixer)")
+    gating = {**matches[0], "input_scaled": input_scaled}
+    if gating["scoring"] == "sigmoid" and not has_bias and _picks_by_logits(block, router, x, k):
+        gating["select_on_logits"] = True
     # input_scaled: the weights multiply each chosen expert's input, not its output (llama4's)
-    return {**matches[0], "input_scaled": input_scaled}
+    return gating
+
+
+SATURATING_GAIN = 64.0      # router weights times this: many logits past 17, where float32's sigmoid rounds to 1
+
+
+def _picks_by_logits(block, router, x, k: int) -> bool:
+    """Whether a sigmoid router without a selection bias takes its top-k of the logits rather than of the sigmoid
+    scores (llama4's Llama4Router: top-k, then the sigmoid). One in exact arithmetic, but large logits' sigmoids round
+    to one tie at 1, and a top-k of the scores then picks among the tied: read with the router's weights scaled until
+    the two choices differ; False where they do not (nothing to tell them apart)."""
+    import torch
+
+    saved = router.weight.detach().clone()
+    try:
+        with torch.no_grad():
+            router.weight.mul_(SATURATING_GAIN)
+        logits = _router_logits(router, x)
+        by_logits = reference_gating(logits, k=k, scoring="sigmoid", renormalize=False, select_on_logits=True)
+        by_scores = reference_gating(logits, k=k, scoring="sigmoid", renormalize=False)
+        if _same_routing(by_logits[1], by_logits[0], by_scores[1], by_scores[0]):
+            return False
+        index, weights, _, _ = _capture_routing(block, x[None])
+    finally:
+        with torch.no_grad():
+            router.weight.copy_(saved)
+    index, weights = index.reshape(x.shape[0], -1), weights.reshape(x.shape[0], -1)
+    return _same_routing(index, weights, by_logits[1], by_logits[0])
 
 
 def _scaled_after_experts(block, config, shared_name: str) -> bool:
@@ -1020,9 +1050,12 @@ def derive_moe(config, checkpoint_keys=()) -> dict | None:
     elif gating["scoring"] == "sparsemixer":
         unfused.append("sparsemixer gating in plain torch (two rounds of a softmax over the experts near the best: "
                        "neither npu_moe_gating_top_k_softmax nor npu_moe_gating_top_k masks by a relative threshold)")
-    elif gating.get("select_on_logits"):
+    elif gating.get("select_on_logits") and gating["selection_bias"]:
         unfused.append("gating in plain torch (the selection bias added to the logits, not the scores: no "
                        "npu_moe_gating_top_k mode picks by them)")
+    elif gating.get("select_on_logits"):
+        unfused.append("gating in plain torch (the top-k of the router's logits, then their sigmoid, as transformers' "
+                       "router: npu_moe_gating_top_k takes renormalised sigmoid weights with a selection bias)")
     else:
         unfused.append("gating in plain torch (npu_moe_gating_top_k takes renormalised sigmoid weights with a "
                        "selection bias, 256 (or 384, upstream's deepseek_r1) experts in 8 groups keeping 4, k <= 32)")

@@ -41,6 +41,16 @@ def test_shrink_keeps_the_first_layer_an_index_list_names():
     assert shrink_config({**bamba, "attn_layer_indices": [1, 3]})["attn_layer_indices"] == [1]
 
 
+def test_an_index_list_of_every_layer_is_no_per_layer_list():
+    """llama4's moe_layers names every layer where each is sparse (48 distinct values): read as a per-layer list it
+    kept all 48 layers; as an index list the cut is the prefix its other lists need (no_rope_layers' first NoPE)."""
+    llama4 = {"model_type": "llama4_text", "hidden_size": 5120, "num_hidden_layers": 48, "num_attention_heads": 40,
+              "moe_layers": list(range(48)), "no_rope_layers": [int((i + 1) % 4 != 0) for i in range(48)]}
+    shrunk = shrink_config(llama4)
+    assert shrunk["num_hidden_layers"] == 4 and shrunk["moe_layers"] == [0, 1, 2, 3]
+    assert shrink_config({**llama4, "moe_layers": list(range(1, 48, 2))})["moe_layers"] == [1, 3]
+
+
 def test_a_state_space_mixers_groups_divide_its_fewer_heads():
     """nemotron_h's 8 B / C groups over 128 heads: cut with the heads to a count that divides them (transformers
     repeats each group heads / groups times; 8 groups over 2 heads is no model); a count that divides stays."""

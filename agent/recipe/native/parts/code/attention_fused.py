@@ -15,6 +15,8 @@ from .norm_qk_full import ModelFullWidthRMSNorm
 from .norm_rms import ModelRMSNorm as Norm
 from .norm_sub import ModelSubRMSNorm
 from .norm_weightless_rms import ModelWeightlessRMSNorm
+from .attention_chunked import chunk_bounds
+from .attention_temperature import temperature_scale
 from .rotary import half_from_interleaved, layer_rope_table, rotary_width
 
 # upstream's cache kinds (executor/core/kv_cache)
@@ -76,6 +78,8 @@ KEY_SCALE = None                # the config key of a multiplier of the keys (fa
 KV_HEADS_BY_LAYER_TYPE = ()     # (layer kind, multiple of num_key_value_heads) pairs (mimo_v2_flash: sliding, 2)
 KV_HEADS_PER_LAYER = False      # each layer's key/value heads its own (transformers' per_layer_config: gemma4's full layers)
 K_EQ_V = None                   # (config key, layer kinds): those layers' values are k_proj's output (gemma4's attention_k_eq_v)
+QUERY_TEMPERATURE = False       # NoPE layers' queries times temperature_scale(position) (llama4's attn_temperature_tuning)
+CHUNKED = False                 # config.layer_types' chunked_attention layers attend within attention_chunk_size (llama4)
 
 
 def key_value_heads(config):
@@ -243,6 +247,16 @@ class ModelAttention(nn.Module):
             self.query_scale_original = rope.get("original_max_position_embeddings")
         if NOPE_LAYERS:
             self.use_rope = layer_uses_rope(config, layer_idx)
+        if QUERY_TEMPERATURE:
+            # read at run time: the NoPE layers of a config with attn_temperature_tuning
+            self.query_temperature = bool(config.attn_temperature_tuning) and not self.use_rope
+            self.floor_scale, self.attn_scale = config.floor_scale, config.attn_scale
+        if CHUNKED:
+            self.attention_chunk = (config.attention_chunk_size if config.layer_types[layer_idx] == "chunked_attention"
+                                    else None)
+            if self.attention_chunk and self.attention_chunk % self.block_size:
+                raise ValueError(f"attention_chunk_size {self.attention_chunk} is not a multiple of the block size "
+                                 f"{self.block_size}: a chunk must start on a block (set block_size to a divisor)")
         if QK_L2_NORM:
             self.qk_l2_norm = bool(config.use_qk_norm) and (not NOPE_LAYERS or self.use_rope)
             if self.qk_l2_norm:
@@ -294,7 +308,7 @@ class ModelAttention(nn.Module):
             # plain torch: npu_rms_norm takes a weight (a ones weight would round in the run dtype first)
             value = value.float()
             value = (value * torch.rsqrt(value.pow(2).mean(-1, keepdim=True) + self.v_norm_eps)).to(key.dtype)
-        if QUERY_POSITION_SCALE:
+        if QUERY_POSITION_SCALE or QUERY_TEMPERATURE:
             cos_sin, positions = cos_sin[:2], cos_sin[2]
         if ROTARY:
             cos, sin = (cos_sin[self.layer_type] if ROPE_BY_LAYER_TYPE
@@ -309,6 +323,10 @@ class ModelAttention(nn.Module):
             scale = 1 + self.query_scale_beta * torch.log(
                 1 + torch.floor(positions[:q_len].float() / self.query_scale_original))
             query = query * scale.to(query.dtype)[:, None, None]
+        if QUERY_TEMPERATURE and self.query_temperature:
+            # float32 times the queries, then their dtype, as transformers
+            scale = temperature_scale(positions[:q_len], self.floor_scale, self.attn_scale)
+            query = (query * scale[:, None, None]).to(query.dtype)
         if QK_NORM and QK_NORM_AFTER_ROPE:
             query, key = getattr(self, Q_NORM)(query), getattr(self, K_NORM)(key)
         if not self.k_cache.numel() or not self.v_cache.numel():
@@ -343,6 +361,15 @@ class ModelAttention(nn.Module):
         through block_table at decode; [tokens, heads, head_dim]."""
         is_prefill = forward_metadata.is_prefill
         block_table = forward_metadata.block_table[self.attn_type]
+        if CHUNKED and is_prefill and self.attention_chunk:
+            # the prompt's own keys, each prompt cut at its chunk boundaries: every piece causal on its own
+            pieces = chunk_bounds(forward_metadata.actual_seq_lengths_cu_q, self.attention_chunk)
+            out, _ = torch.ops.npu.npu_fused_infer_attention_score_v2(
+                query, key, value, num_query_heads=self.num_heads_per_rank,
+                num_key_value_heads=self.num_key_value_heads_per_rank, input_layout="TND",
+                softmax_scale=self.scaling, sparse_mode=3, atten_mask=forward_metadata.attention_mask,
+                actual_seq_qlen=pieces, actual_seq_kvlen=pieces)
+            return out
         if WINDOWS and is_prefill and self.sliding_window:
             # the prompt's own keys: a sliding-window table holds only the window's blocks (the
             # earlier ones are the null block); band from the bottom right, transformers' window
@@ -365,6 +392,9 @@ class ModelAttention(nn.Module):
         # prefill: causal from the bottom right (sparse_mode 3, the 2048 x 2048 mask); decode: one query per
         # sequence, no mask
         mask, sparse_mode = (forward_metadata.attention_mask, 3) if is_prefill else (None, 0)
+        if CHUNKED and not is_prefill and self.attention_chunk:
+            # the blocks of the query's own chunk alone (it starts on a block): no mask
+            block_table, actual_seq_kvlen = self._decode_chunk(block_table, actual_seq_kvlen, forward_metadata)
         if MTP and not is_prefill and query.size(0) > forward_metadata.actual_seq_lengths_cu_q.shape[0]:
             # an MTP step verifies next_n + 1 tokens per sequence: causal among them, from the bottom right
             mask, sparse_mode = forward_metadata.attention_mask, 3
@@ -531,6 +561,20 @@ class ModelAttention(nn.Module):
         if isinstance(actual_seq_kvlen, torch.Tensor):
             return table, actual_seq_kvlen - start.view(-1).to(actual_seq_kvlen.dtype)
         return table, [n - window_start(n, self.sliding_window, self.block_size) for n in actual_seq_kvlen]
+
+    def _decode_chunk(self, block_table, actual_seq_kvlen, forward_metadata):
+        """Per row, the blocks of its last position's chunk (first position floor((kv_len - 1) / chunk) x chunk, on a
+        block), a fixed count (chunk / block_size: one shape for a compiled decode), and the row lengths counted from
+        there (host ints stay host ints)."""
+        kv_lens = forward_metadata.actual_seq_lengths_kv.view(-1, 1).long()
+        start = (kv_lens - 1) // self.attention_chunk * self.attention_chunk
+        width = block_table.shape[1]
+        count = min(self.attention_chunk // self.block_size, width)
+        columns = (start // self.block_size + torch.arange(count, device=block_table.device)).clamp_max(width - 1)
+        table = block_table.gather(1, columns)
+        if isinstance(actual_seq_kvlen, torch.Tensor):
+            return table, actual_seq_kvlen - start.view(-1).to(actual_seq_kvlen.dtype)
+        return table, [n - (n - 1) // self.attention_chunk * self.attention_chunk for n in actual_seq_kvlen]
 
     def _window_blocks(self, block_table, kv_lens):
         """A sliding-window decode reads what it attends to, not the whole table: per row, the blocks from

@@ -59,6 +59,7 @@ LAYER_CACHES = False            # each layer lists its caches (falcon_h1's paral
 NO_ATTENTION = False            # no attention layer at all (mamba2's Mamba2 layers alone): no heads to split
 NEVER_TIED = False              # lm_head never tied to the embedding, whatever the config says (nemotron_h)
 QUERY_POSITION_SCALE = False    # the attention scales its queries by position (llama-4): it takes the positions too
+QUERY_TEMPERATURE = False       # so does llama4's attention temperature
 # transformers' renames of the checkpoint's tensor names for this architecture (pattern, replacement), in order
 CHECKPOINT_RENAMES = ()
 # stored names of Conv1D weights (gpt2's [in, out]): transposed to the parallel linears' [out, in] at load
@@ -154,7 +155,7 @@ class ModelModel(nn.Module):
             cos_sin = [rotary(hidden_states, position_ids) for rotary in self.rotary_emb]
         else:
             cos_sin = self.rotary_emb(hidden_states, position_ids)
-        if QUERY_POSITION_SCALE:
+        if QUERY_POSITION_SCALE or QUERY_TEMPERATURE:
             cos_sin = (*cos_sin, position_ids)
         residual = None
         for layer in self.layers:

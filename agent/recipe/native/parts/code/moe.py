@@ -31,7 +31,7 @@ ROUTER_FP32 = False                 # router weight and its input in fp32 (deeps
 SCORING = "softmax"                 # "softmax" | "sigmoid" | "sparsemixer" (phimoe's, config.router_jitter_noise)
 RENORMALIZE = True                  # top-k weights divided by their sum: a literal, or the config key that says
 SELECTION_BIAS = False              # e_score_correction_bias added to the scores for choosing experts only
-SELECT_ON_LOGITS = False            # that bias added to the router's logits rather than its scores (kolibri1)
+SELECT_ON_LOGITS = False            # pick by the router's logits, not its scores (kolibri1: plus that bias; llama4)
 # where the checkpoint stores the selection bias, relative to the block, where not on the router: "" (the router's
 # e_score_correction_bias), "e_score_correction_bias" (hy_v3: the block's), "gate.moe_statics.e_score_correction_bias"
 # (ernie4_5_moe: [1, E] under the router's moe_statics)
@@ -389,6 +389,9 @@ class ModelSparseMoeBlock(nn.Module):
             choice = logits.float() + getattr(self, ROUTER).e_score_correction_bias.float()
         elif SELECTION_BIAS:
             choice = scores + getattr(self, ROUTER).e_score_correction_bias.float()
+        elif SELECT_ON_LOGITS:
+            # the top-k of the logits, as llama4's router: their sigmoids round to a tie at 1 where they are large
+            choice = logits.float()
         else:
             choice = scores
         if GROUPS:

@@ -16,6 +16,7 @@ from .rotary import ModelRotaryEmbedding as RotaryEmbedding
 
 MLA = False                     # multi-head latent attention: its rope dims, latent caches and absorb weights
 QUERY_POSITION_SCALE = False    # the attention scales its queries by position (llama-4): it takes the positions too
+QUERY_TEMPERATURE = False       # so does llama4's attention temperature
 # the MTP layer's own tensors (checkpoint name after model.layers.{N}. -> this model's parameter); its
 # embed_tokens and shared_head.head are the main model's, shared by the executor (share_weights_from_main_model)
 MTP_OWN_TENSORS = {"enorm.weight": "enorm.weight", "hnorm.weight": "hnorm.weight", "eh_proj.weight": "eh_proj.weight",
@@ -71,7 +72,7 @@ class ModelModelMTP(nn.Module):
         previous = self.hnorm(prev_hidden_states.view(-1, self.config.hidden_size))
         hidden_states = self.eh_proj(torch.cat([hidden_states, previous], dim=-1))
         cos_sin = self.model.rotary_emb(hidden_states, position_ids)
-        if QUERY_POSITION_SCALE:
+        if QUERY_POSITION_SCALE or QUERY_TEMPERATURE:
             cos_sin = (*cos_sin, position_ids)
         residual = None
         for layer in self.model.layers.values():

@@ -74,6 +74,9 @@ FEATURES = {
     "hy_v3": dict(scoring="sigmoid", selection_bias=True, selection_bias_name="e_score_correction_bias", groups=False,
                   routed_scaling=True, scaling_key="router_scaling_factor", sparse_rule="mlp_layer_types",
                   shared_width="config.moe_intermediate_size * config.num_shared_experts"),
+    # the top-k of the logits, then their sigmoid: picked by the logits (the sigmoids of large ones tie at 1)
+    "llama4_text": dict(scoring="sigmoid", renormalize=False, selection_bias=False, select_on_logits=True,
+                        input_scaled=True),
     "aria_text": dict(topk_key="moe_topk", gate_up_layout="E,H,2I", ckpt_expert_names=(), router_name="router",
                       shared_width="config.intermediate_size * config.moe_num_shared_experts"),
 }
@@ -180,6 +183,8 @@ FAULTS = {
         source_edit=lambda s: s.replace("> 2 * jitter_eps", "> jitter_eps"))),
     "llama4's router weight on the expert's output, not its input": ("llama4_text", dict(
         features=dict(input_scaled=False))),
+    "llama4's top-k of the sigmoid scores (tied at 1), not of the logits": ("llama4_text_saturated", dict(
+        features=dict(select_on_logits=False))),
     "gpt_oss gate/up read as halves": ("gpt_oss", dict(
         source_edit=lambda s: s.replace("gate_up[..., ::2], gate_up[..., 1::2]", "gate_up.chunk(2, dim=-1)"))),
 }

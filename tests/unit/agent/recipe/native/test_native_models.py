@@ -98,8 +98,7 @@ def test_every_type_serves_its_family_switches(features):
     assert labels["phi3"] >= {"rope longrope"} and "rope linear" not in labels["phi3"]   # phi3 takes longrope only
 
 
-@pytest.mark.parametrize("model_type,kind", [("llama4_text", "attention"), ("deepseek_v32", "attention"),
-                                            ("axk2", "norm")])     # llama4: chunked attention; axk2: a gated RMSNorm
+@pytest.mark.parametrize("model_type,kind", [("deepseek_v32", "attention"), ("axk2", "norm")])  # axk2: a gated RMSNorm
 def test_architectures_the_generator_does_not_write_fall_back_with_the_layer_kind(model_type, kind):
     from transformers import AutoConfig
 
