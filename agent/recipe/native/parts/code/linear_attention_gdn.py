@@ -56,7 +56,8 @@ def torch_causal_conv1d_update(hidden_states, conv_state, weight):
     """One token per request through the depthwise conv1d (upstream's torch_causal_conv1d_update): hidden_states
     [B, C], conv_state [B, C, K - 1] the request's last inputs; returns (silu(out) [B, C], the new state)."""
     window = torch.cat([conv_state, hidden_states.unsqueeze(-1).to(conv_state.dtype)], dim=-1)     # [B, C, K]
-    out = (window.to(weight.dtype) * weight).sum(-1)
+    # summed in float32 and rounded once, as transformers' conv1d (a bfloat16 product per tap rounds K times)
+    out = (window.to(weight.dtype).float() * weight.float()).sum(-1).to(weight.dtype)
     return F.silu(out).to(hidden_states.dtype), window[:, :, 1:]
 
 
@@ -66,12 +67,14 @@ def causal_conv1d_packed(hidden_states, weight, positions):
     kernel = weight.shape[-1]
     padded = F.pad(hidden_states, (0, 0, kernel - 1, 0))
     tokens = hidden_states.shape[0]
-    out = torch.zeros_like(hidden_states, dtype=weight.dtype)
+    # the taps summed in float32 and rounded once to the weight's dtype, as transformers' conv1d: a bfloat16 sum
+    # rounds every product and partial sum (qwen3_5_moe's bfloat16 self-check drifted 3x transformers' own move)
+    out = torch.zeros_like(hidden_states, dtype=torch.float32)
     for shift in range(kernel):
         # x_{t - shift}, zero where it lies before the token's own sequence
-        shifted = padded[kernel - 1 - shift:kernel - 1 - shift + tokens].to(weight.dtype)
-        out = out + shifted * weight[:, kernel - 1 - shift] * (positions >= shift).unsqueeze(-1).to(weight.dtype)
-    return F.silu(out).to(hidden_states.dtype)
+        shifted = padded[kernel - 1 - shift:kernel - 1 - shift + tokens].to(weight.dtype).float()
+        out = out + shifted * weight[:, kernel - 1 - shift].float() * (positions >= shift).unsqueeze(-1).float()
+    return F.silu(out.to(weight.dtype)).to(hidden_states.dtype)
 
 
 def torch_gated_delta_rule(query, key, value, beta, g, scale, state, lengths):

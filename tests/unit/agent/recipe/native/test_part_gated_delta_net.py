@@ -14,6 +14,7 @@ import pytest
 from locations import REPO_ROOT
 
 SNAPSHOT = REPO_ROOT.parent / "shared" / "upstream" / "cann-recipes-infer"
+CONV_CODE = REPO_ROOT / "agent" / "recipe" / "native" / "parts" / "code" / "linear_attention_gdn.py"
 
 
 def run(jobs):
@@ -37,6 +38,50 @@ def test_the_layer_matches_transformers_across_prefill_and_decode_and_lost_state
     assert not fault["ok"] and fault["step"] == "decode step 1", fault
     assert olmo["ok"] and olmo["max_rel"] < 1e-4, olmo
     assert not olmo_fault["ok"] and olmo_fault["step"] == "prefill", olmo_fault
+
+
+def conv_functions():
+    """The code file's two depthwise causal convs (torch and F only), without the file's NPU imports."""
+    import ast
+
+    import torch
+    import torch.nn.functional as F
+
+    path = CONV_CODE
+    tree = ast.parse(path.read_text())
+    functions = [node for node in tree.body if isinstance(node, ast.FunctionDef)
+                 and node.name in ("causal_conv1d_packed", "torch_causal_conv1d_update")]
+    namespace = {"torch": torch, "F": F}
+    exec(compile(ast.Module(body=functions, type_ignores=[]), str(path), "exec"), namespace)  # noqa: S102 - our code
+    return namespace["causal_conv1d_packed"], namespace["torch_causal_conv1d_update"]
+
+
+def test_the_conv_rounds_as_transformers_conv1d_in_bfloat16():
+    """The packed prefill conv and the decode step's conv sum their taps in float32 and round once, as transformers'
+    conv1d does: bit for bit its causal_conv1d_fn / causal_conv1d_update in bfloat16 (a sum in bfloat16 rounds each
+    product and partial sum: a third of the outputs off by up to 2^-6, which put qwen3_5_moe's bfloat16 self-check
+    over its tolerance)."""
+    import torch
+    import torch.nn.functional as F
+    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import causal_conv1d_fn, causal_conv1d_update
+
+    packed, update = conv_functions()
+    gen = torch.Generator().manual_seed(0)
+    channels, kernel, lengths = 96, 4, [13, 6, 2]
+    x = torch.randn(sum(lengths), channels, generator=gen).bfloat16()
+    weight = (torch.randn(channels, kernel, generator=gen) * 0.5).bfloat16()
+    positions = torch.cat([torch.arange(n) for n in lengths])
+    want = torch.cat([causal_conv1d_fn(seq.T.unsqueeze(0), weight, None, activation="silu")[0].T
+                      for seq in x.split(lengths)])
+    assert torch.equal(packed(x, weight, positions), want)
+    padded = F.pad(x, (0, 0, kernel - 1, 0))
+    in_bf16 = sum(padded[kernel - 1 - s:kernel - 1 - s + len(x)] * weight[:, kernel - 1 - s]
+                  * (positions >= s).unsqueeze(-1).bfloat16() for s in range(kernel))
+    assert not torch.equal(F.silu(in_bf16), want)       # the bfloat16 sum this replaced: the check can tell
+    state, new = torch.randn(3, channels, kernel - 1, generator=gen).bfloat16(), torch.randn(3, channels, generator=gen).bfloat16()
+    got, history = update(new, state, weight)
+    assert torch.equal(got, causal_conv1d_update(new.unsqueeze(-1), state.clone(), weight, None, "silu")[:, :, 0])
+    assert torch.equal(history, torch.cat([state, new.unsqueeze(-1)], -1)[:, :, 1:])
 
 
 @pytest.mark.slow
