@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -86,29 +87,38 @@ def stored(model_type, state):
                 tensor, None
 
 
-def _load(path, fault):
+def load_code(path, name, edits=(), siblings=()):
+    """The code file at `path` as the assembler inlines it, as module `name`: the Gated DeltaNet file's helpers and
+    `siblings`' (the other code files it imports from) defined before it in one namespace, its relative imports
+    dropped; each of `edits` (old, new: a fault) replaced where it occurs once in the file itself."""
     source = path.read_text()
-    faults = {
-        "conv_state": ("self.conv_state.index_select(0, blocks)", "torch.zeros_like(self.conv_state.index_select(0, blocks))"),
-        "recurrent_state": ("scale=self.scale, actual_seq_lengths=torch.ones_like",
-                            "scale=self.scale, actual_seq_lengths=self.recurrent_state.zero_() is None or torch.ones_like"),
-        "decay": ("g = -self.A_log", "g = self.A_log"),
-        # q's and k's rows of a tensor stored apart swapped at load (olmo_hybrid's q/k/v and conv kernels)
-        "shards": ('offset = {"q": 0, "k": rows,', 'offset = {"k": 0, "q": rows,'),
-        # the stored in_proj's b and a rows read the other way round (lara_mini)
-        "in_proj": ("mixed, z, b, a = self.in_proj(", "mixed, z, a, b = self.in_proj("),
-    }
-    if fault:
-        old, new = faults[fault]
-        assert source.count(old) == 1, fault
+    for old, new in edits:
+        assert source.count(old) == 1, old
         source = source.replace(old, new)
-        if fault == "recurrent_state":        # the float32 path's state read too
-            source = source.replace("if is_prefill else self.recurrent_state.index_select(0, blocks))",
-                                    "if True else None)")
-    spec = importlib.util.spec_from_loader("gdn_under_check", loader=None)
+    spec = importlib.util.spec_from_loader(name, loader=None)
     module = importlib.util.module_from_spec(spec)
-    exec(compile(source, str(path), "exec"), module.__dict__)
+    before = [sibling for sibling in (CODE, *siblings) if sibling != path]
+    for file, text in [(sibling, sibling.read_text()) for sibling in before] + [(path, source)]:
+        text = re.sub(r"^from \.\w+ import .*\n", "", text, flags=re.MULTILINE)
+        exec(compile(text, str(file), "exec"), module.__dict__)
     return module
+
+
+FAULTS = {
+    "conv_state": [("self.conv_state.index_select(0, blocks)", "torch.zeros_like(self.conv_state.index_select(0, blocks))")],
+    # decode from a zero state, on both paths (the NPU op's and float32's)
+    "recurrent_state": [("scale=self.scale, actual_seq_lengths=torch.ones_like",
+                         "scale=self.scale, actual_seq_lengths=self.recurrent_state.zero_() is None or torch.ones_like"),
+                        ("if is_prefill else self.recurrent_state.index_select(0, blocks))", "if True else None)")],
+    # the prefill's conv history not zeroed before a request's first token (a prompt shorter than the history reads
+    # the request before it): write_conv_history, which the other linear-attention files share
+    "history": [("history = (conv_inputs[index.clamp_min(0)] * inside)", "history = (conv_inputs[index.clamp_min(0)])")],
+    "decay": [("g = -self.A_log", "g = self.A_log")],
+    # q's and k's rows of a tensor stored apart swapped at load (olmo_hybrid's q/k/v and conv kernels)
+    "shards": [('offset = {"q": 0, "k": rows,', 'offset = {"k": 0, "q": rows,')],
+    # the stored in_proj's b and a rows read the other way round (lara_mini)
+    "in_proj": [("mixed, z, b, a = self.in_proj(", "mixed, z, a, b = self.in_proj(")],
+}
 
 
 def check(job):
@@ -119,7 +129,7 @@ def check(job):
     config = _config(model_type, job.get("sizes"))
     reference = _reference_layer(model_type, config)
     rounded = _reference_layer(model_type, config).to(dtype)
-    module = _load(CODE, job.get("fault"))
+    module = load_code(CODE, "gdn_under_check", FAULTS.get(job.get("fault"), ()))
     module.GDN_PROJECTIONS = LAYOUTS.get(model_type, "qkv_z_b_a")
     if model_type == "olmo_hybrid":
         # as the part sets them (agent.recipe.native.parts.linear_attention): q/k/v stored apart, beta up to 2, the
@@ -142,10 +152,13 @@ def check(job):
     return drive(layer, reference, rounded, config.hidden_size, dtype)
 
 
-def drive(layer, reference, rounded, hidden_size, dtype):
+def drive(layer, reference, rounded, hidden_size, dtype, lengths=LENGTHS, decode_steps=DECODE_STEPS, run_dtype_steps=2,
+          fill=0.0, call=None):
     """`layer` (the file's, its weights loaded) as the executor drives it against transformers' `reference` (and
-    `rounded`, the reference in the run dtype): a packed prefill of LENGTHS, then decode steps, each request's states
-    in its block of the Mamba cache beside a NaN block; {"ok", "max_rel", "step"}."""
+    `rounded`, the reference in the run dtype): a packed prefill of `lengths`, then `decode_steps` decode steps
+    (`run_dtype_steps` in a run dtype other than float32), each request's states in its block of the Mamba cache (the
+    cache starts as `fill`; block 0, no request's, holds NaN before every step); {"ok", "max_rel", "step"}.
+    `call(model, x)`: a reference's output [T, hidden] for one sequence x [1, T, hidden] (its first output's row)."""
     import torch
 
     from agent.precision_rule import tolerance
@@ -154,19 +167,20 @@ def drive(layer, reference, rounded, hidden_size, dtype):
     for sub in layer.modules():
         if getattr(sub, "quant_method", None) is not None:
             sub.quant_method.process_weights_after_loading(sub, is_nz=False)
-    blocks = len(LENGTHS) + 2
+    blocks = len(lengths) + 2
     caches = []
     for entry in layer.cache_entries:
         assert entry.attn_type == "Mamba" and entry.block_size == 1
-        caches.append(torch.zeros(blocks, *entry.shape, dtype=entry.dtype))
+        caches.append(torch.full((blocks, *entry.shape), fill, dtype=entry.dtype))
         entry.tensor_setter(caches[-1])
-    table = torch.tensor([[row + 2] for row in range(len(LENGTHS))], dtype=torch.int32)   # blocks 2, 3, 4
+    table = torch.tensor([[row + 2] for row in range(len(lengths))], dtype=torch.int32)   # blocks 2, 3, 4
     generator = torch.Generator().manual_seed(5)
-    sequences = [torch.randn(n, hidden_size, generator=generator) for n in LENGTHS]
+    sequences = [torch.randn(n, hidden_size, generator=generator) for n in lengths]
+    call = call or (lambda model, x: model(x)[0])
 
     def expected(model, row):
         with torch.no_grad():
-            return model(sequences[row][None].to(next(model.parameters()).dtype))[0].float()
+            return call(model, sequences[row][None].to(next(model.parameters()).dtype)).float()
 
     worst = {"rel": 0.0}
 
@@ -187,23 +201,23 @@ def drive(layer, reference, rounded, hidden_size, dtype):
 
     for cache in caches:
         cache[0] = float("nan")
-    lengths = torch.tensor(LENGTHS, dtype=torch.int64)
-    meta = ForwardMetaData(is_prefill=True, actual_seq_lengths_q=lengths, actual_seq_lengths_kv=lengths,
-                           actual_seq_lengths_cu_q=lengths.cumsum(0), prompt_tokens=int(lengths.sum()),
+    prompt = torch.tensor(lengths, dtype=torch.int64)
+    meta = ForwardMetaData(is_prefill=True, actual_seq_lengths_q=prompt, actual_seq_lengths_kv=prompt,
+                           actual_seq_lengths_cu_q=prompt.cumsum(0), prompt_tokens=int(prompt.sum()),
                            block_table={"Mamba": table}, attention_mask=None, slot_mapping={})
     with torch.no_grad():
         out = layer(torch.cat(sequences).to(dtype), meta).float()
-    per_row = out.split(list(LENGTHS))
-    failed = compare("prefill", per_row, [(row, slice(None)) for row in range(len(LENGTHS))])
+    per_row = out.split(list(lengths))
+    failed = compare("prefill", per_row, [(row, slice(None)) for row in range(len(lengths))])
     if failed:
         return failed
-    rows = len(LENGTHS)
-    for step in range(DECODE_STEPS if dtype == torch.float32 else 2):
+    rows = len(lengths)
+    for step in range(decode_steps if dtype == torch.float32 else run_dtype_steps):
         new = torch.randn(rows, hidden_size, generator=generator)
         sequences[:] = [torch.cat([seq, new[row:row + 1]]) for row, seq in enumerate(sequences)]
-        lengths = torch.tensor([len(s) for s in sequences], dtype=torch.int64)
+        seen = torch.tensor([len(s) for s in sequences], dtype=torch.int64)
         meta = ForwardMetaData(is_prefill=False, actual_seq_lengths_q=torch.ones(rows, dtype=torch.int64),
-                               actual_seq_lengths_kv=lengths,
+                               actual_seq_lengths_kv=seen,
                                actual_seq_lengths_cu_q=torch.arange(1, rows + 1, dtype=torch.int64),
                                block_table={"Mamba": table}, attention_mask=None, slot_mapping={})
         for cache in caches:

@@ -11,7 +11,6 @@ Faults: "per_head_decay" (the decay taken per head, the mean of its channels', a
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -66,16 +65,7 @@ def _reference_layer(model_type, config):
 
 
 def _load(fault):
-    source = CODE.read_text().replace("from .linear_attention_gdn import",
-                                      "from agent.recipe.native.parts.code.linear_attention_gdn import")
-    if fault:
-        old, new = FAULTS[fault]
-        assert source.count(old) == 1, fault
-        source = source.replace(old, new)
-    spec = importlib.util.spec_from_loader("kda_under_check", loader=None)
-    module = importlib.util.module_from_spec(spec)
-    exec(compile(source, str(CODE), "exec"), module.__dict__)
-    return module
+    return gdn_layer_check.load_code(CODE, "kda_under_check", [FAULTS[fault]] if fault else ())
 
 
 def check(job):

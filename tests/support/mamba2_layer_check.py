@@ -14,16 +14,15 @@ history), "ssm_state" (decode starts from a zero ssm state), "skip" (the D x ski
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import gdn_layer_check  # its driver, beside this file
+
 LENGTHS = (13, 6, 2)
 DECODE_STEPS = 4
-TOLERANCE = 1e-4           # float32 against float32, relative to the largest output
-RUN_DTYPE_SLACK = 2.0      # agent.recipe.native.selfcheck's
 CODE = (Path(__file__).resolve().parents[2] / "agent" / "recipe" / "native" / "parts" / "code"
         / "linear_attention_mamba2.py")
 FAULTS = {
@@ -70,22 +69,11 @@ def _reference_layer(config):
 
 
 def _load(path, fault):
-    source = path.read_text()
-    if fault:
-        old, new = FAULTS[fault]
-        assert source.count(old) == 1, fault
-        source = source.replace(old, new)
-    spec = importlib.util.spec_from_loader("mamba2_under_check", loader=None)
-    module = importlib.util.module_from_spec(spec)
-    exec(compile(source, str(path), "exec"), module.__dict__)
-    return module
+    return gdn_layer_check.load_code(path, "mamba2_under_check", [FAULTS[fault]] if fault else ())
 
 
 def check(job):
     import torch
-
-    from agent.precision_rule import tolerance
-    from executor.utils.forward_metadata import ForwardMetaData
 
     dtype = getattr(torch, job.get("dtype", "float32"))
     config = _config(job.get("groups") or _grouped_norm_groups())
@@ -104,66 +92,8 @@ def check(job):
         param = params.pop(name)
         getattr(param, "weight_loader", lambda p, w: p.data.copy_(w))(param, tensor.to(param.dtype))
     assert not params, sorted(params)
-    for sub in layer.modules():
-        if getattr(sub, "quant_method", None) is not None:
-            sub.quant_method.process_weights_after_loading(sub, is_nz=False)
-    blocks = len(LENGTHS) + 2
-    caches = []
-    for entry in layer.cache_entries:
-        assert entry.attn_type == "Mamba" and entry.block_size == 1
-        caches.append(torch.full((blocks, *entry.shape), float("nan"), dtype=entry.dtype))
-        entry.tensor_setter(caches[-1])
-    table = torch.tensor([[row + 2] for row in range(len(LENGTHS))], dtype=torch.int32)   # blocks 2, 3, 4
-    generator = torch.Generator().manual_seed(5)
-    sequences = [torch.randn(n, config.hidden_size, generator=generator) for n in LENGTHS]
-
-    def expected(model, row):
-        with torch.no_grad():
-            return model(sequences[row][None].to(next(model.parameters()).dtype))[0].float()
-
-    worst = {"rel": 0.0}
-
-    def compare(step, got, rows_tokens):
-        for row, tokens in rows_tokens:
-            want = expected(reference, row)[tokens]
-            error = float((got[row] - want).abs().max())
-            scale = float(want.abs().max())
-            if dtype == torch.float32:
-                allowed = TOLERANCE * scale
-            else:       # the precision verdict's rule, as the self-check holds the run dtype
-                own = float((expected(rounded, row)[tokens] - want).abs().max())
-                allowed = RUN_DTYPE_SLACK * tolerance(own, scale, "bfloat16")
-            worst["rel"] = max(worst["rel"], error / scale)
-            if not error <= allowed:
-                return {"ok": False, "max_rel": error / scale, "step": step, "row": row}
-        return None
-
-    lengths = torch.tensor(LENGTHS, dtype=torch.int64)
-    meta = ForwardMetaData(is_prefill=True, actual_seq_lengths_q=lengths, actual_seq_lengths_kv=lengths,
-                           actual_seq_lengths_cu_q=lengths.cumsum(0), prompt_tokens=int(lengths.sum()),
-                           block_table={"Mamba": table}, attention_mask=None, slot_mapping={})
-    with torch.no_grad():
-        out = layer(torch.cat(sequences).to(dtype), meta).float()
-    failed = compare("prefill", out.split(list(LENGTHS)), [(row, slice(None)) for row in range(len(LENGTHS))])
-    if failed:
-        return failed
-    rows = len(LENGTHS)
-    for step in range(DECODE_STEPS if dtype == torch.float32 else 2):
-        new = torch.randn(rows, config.hidden_size, generator=generator)
-        sequences[:] = [torch.cat([seq, new[row:row + 1]]) for row, seq in enumerate(sequences)]
-        lengths = torch.tensor([len(s) for s in sequences], dtype=torch.int64)
-        meta = ForwardMetaData(is_prefill=False, actual_seq_lengths_q=torch.ones(rows, dtype=torch.int64),
-                               actual_seq_lengths_kv=lengths,
-                               actual_seq_lengths_cu_q=torch.arange(1, rows + 1, dtype=torch.int64),
-                               block_table={"Mamba": table}, attention_mask=None, slot_mapping={})
-        for cache in caches:
-            cache[0] = float("nan")
-        with torch.no_grad():
-            out = layer(new.to(dtype), meta).float()
-        failed = compare(f"decode step {step + 1}", out[:, None], [(row, slice(-1, None)) for row in range(rows)])
-        if failed:
-            return failed
-    return {"ok": True, "max_rel": worst["rel"], "step": None}
+    return gdn_layer_check.drive(layer, reference, rounded, config.hidden_size, dtype, LENGTHS, DECODE_STEPS,
+                                 fill=float("nan"))
 
 
 if __name__ == "__main__":

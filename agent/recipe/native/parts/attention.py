@@ -8,6 +8,7 @@ checkpoint's config and for one with a window toggled."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field, fields
 
 from agent.recipe.native.not_native import NotNative
 from agent.recipe.native.parts.attention_gate import GATE_NAMES, output_gate, renames as gate_renames
@@ -246,6 +247,27 @@ def windows(probe) -> dict:
     return facts
 
 
+def _words(text):
+    return field(metadata={"words": text})
+
+
+@dataclass(frozen=True)
+class LayerAttention:
+    """One attention layer's properties the file writes once for every layer (each field's words: the error's)."""
+    fused: bool = _words("fused q/k/v")
+    qkv_bias: bool = _words("q/k/v bias")
+    o_bias: bool = _words("o_proj bias")
+    qk_width: str | None = _words("q/k norm width")
+    qk_names: tuple = _words("q/k norm names")
+    scale: float = _words("softmax scale")
+    gated: bool = _words("output gate in q_proj")
+    grouped: tuple = _words("q/k/v groups")
+    gate: tuple = _words("output gate")
+    sub_norm: object = _words("sub-norm")
+    value_dim: object = _words("value head width")
+    v_norm: object = _words("value norm")
+
+
 def dense_attention(probe) -> dict:
     """The dense attention's facts (memoised on the probe); NotNative for one the fused kernels cannot run."""
     if "dense_attention" in probe.memo:
@@ -320,19 +342,22 @@ def dense_attention(probe) -> dict:
             scale = head_dims[attention_layers(probe)[0]] ** -0.5
         if sink is not None:
             with_sinks.add(index)
-        shapes.add((fused, qkv[0].bias is not None, o.bias is not None, qk_width, qk_names, scale,
-                    gated, grouped, tuple(sorted((gate or {}).items())), attention_sub_norm(probe, index), value_dim,
-                    value_norm(a.get("v_norm"), head_dim, probe.config)))
+        shapes.add(LayerAttention(fused, qkv[0].bias is not None, o.bias is not None, qk_width, qk_names, scale,
+                                  gated, grouped, tuple(sorted((gate or {}).items())), attention_sub_norm(probe, index),
+                                  value_dim, value_norm(a.get("v_norm"), head_dim, probe.config)))
     if len(shapes) != 1:
-        fields = ("fused q/k/v", "q/k/v bias", "o_proj bias", "q/k norm width", "q/k norm names", "softmax scale",
-                  "output gate in q_proj", "q/k/v groups", "output gate", "sub-norm", "value head width", "value norm")
-        differ = [name for position, name in enumerate(fields) if len({shape[position] for shape in shapes}) > 1]
+        differ = [f.metadata["words"] for f in fields(LayerAttention)
+                  if len({getattr(shape, f.name) for shape in shapes}) > 1]
         raise NotNative("attention", f"layers of unequal attention ({', '.join(differ)})")
     sinks = bool(with_sinks)
     sink_kinds = sink_layer_kinds(probe, with_sinks) if with_sinks != set(attention_layers(probe)) and sinks else ()
     position_scaled = query_position_scale(probe, attention_layers(probe)[0])
     temperature, chunked = query_temperature(probe), chunked_attention(probe)
-    fused, qkv_bias, o_bias, qk_width, qk_names, scale, gated, grouped, gate, sub_norm, value_dim, v_norm = next(iter(shapes))
+    (shape,) = shapes
+    fused, qkv_bias, o_bias, qk_width, qk_names = (shape.fused, shape.qkv_bias, shape.o_bias, shape.qk_width,
+                                                   shape.qk_names)
+    scale, gated, grouped, gate, sub_norm = shape.scale, shape.gated, shape.grouped, shape.gate, shape.sub_norm
+    value_dim, v_norm = shape.value_dim, shape.v_norm
     head_dim = head_dims[attention_layers(probe)[0]]
     after_rope = qk_width is not None and qk_norm_after_rope(probe, qk_names[0])
     if after_rope and qk_width == "full":

@@ -77,6 +77,16 @@ def causal_conv1d_packed(hidden_states, weight, positions):
     return F.silu(out.to(weight.dtype)).to(hidden_states.dtype)
 
 
+def write_conv_history(conv_state, blocks, conv_inputs, starts, ends):
+    """A prefill's conv state: each request's last K - 1 conv inputs (zeros before its first token) written to its
+    block of conv_state [blocks, C, K - 1]; conv_inputs [T, C] packed, request i in starts[i]:ends[i]."""
+    offsets = torch.arange(-conv_state.shape[-1], 0, device=conv_inputs.device)
+    index = ends.unsqueeze(-1) + offsets                                               # [B, K - 1]
+    inside = (index >= starts.unsqueeze(-1)).unsqueeze(-1).to(conv_inputs.dtype)
+    history = (conv_inputs[index.clamp_min(0)] * inside).transpose(1, 2)
+    conv_state.index_copy_(0, blocks, history.to(conv_state.dtype))
+
+
 def torch_gated_delta_rule(query, key, value, beta, g, scale, state, lengths):
     """The gated delta rule token by token in float32 (fp32 runs: the NPU ops return bfloat16), TND, each sequence
     from its row of `state` [B, N_v, D_v, D_k] (updated in place): S = e^g S + beta (v - e^g S k) k^T, o = S q scale,
@@ -210,12 +220,7 @@ class ModelGatedDeltaNet(nn.Module):
             ends = forward_metadata.actual_seq_lengths_cu_q.long()
             starts = ends - lengths
             positions = torch.arange(q_len, device=mixed.device) - torch.repeat_interleave(starts, lengths)
-            # the request's last K - 1 conv inputs (zeros before its first token) are its conv state
-            offsets = torch.arange(1 - self.conv_kernel_size, 0, device=mixed.device)
-            index = ends.unsqueeze(-1) + offsets                                               # [B, K - 1]
-            inside = (index >= starts.unsqueeze(-1)).unsqueeze(-1).to(mixed.dtype)
-            history = (mixed[index.clamp_min(0)] * inside).transpose(1, 2)
-            self.conv_state.index_copy_(0, blocks, history.to(self.conv_state.dtype))
+            write_conv_history(self.conv_state, blocks, mixed, starts, ends)
             mixed = causal_conv1d_packed(mixed, weight, positions)
         else:
             mixed, history = torch_causal_conv1d_update(mixed, self.conv_state.index_select(0, blocks), weight)

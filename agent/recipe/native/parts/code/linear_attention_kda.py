@@ -16,7 +16,7 @@ from executor.utils.forward_metadata import ForwardMetaData
 from module.linear import ReplicatedLinear
 
 from .linear_attention_gdn import MAMBA, causal_conv1d_packed, ge_safe_softplus, load_qkv_rows
-from .linear_attention_gdn import torch_causal_conv1d_update
+from .linear_attention_gdn import torch_causal_conv1d_update, write_conv_history
 
 # the forget gate's projection: "low_rank" (kimi_linear: f_b_proj(f_a_proj(x)), A_log [1, 1, H, 1]) or "full"
 # (bailing_hybrid: f_proj(x), A_log [H], the gate returned in the run dtype)
@@ -172,12 +172,7 @@ class ModelKimiDeltaAttention(nn.Module):
             ends = forward_metadata.actual_seq_lengths_cu_q.long()
             starts = ends - lengths
             positions = torch.arange(q_len, device=mixed.device) - torch.repeat_interleave(starts, lengths)
-            # the request's last K - 1 conv inputs (zeros before its first token) are its conv state
-            offsets = torch.arange(1 - self.conv_kernel_size, 0, device=mixed.device)
-            index = ends.unsqueeze(-1) + offsets                                               # [B, K - 1]
-            inside = (index >= starts.unsqueeze(-1)).unsqueeze(-1).to(mixed.dtype)
-            history = (mixed[index.clamp_min(0)] * inside).transpose(1, 2)
-            self.conv_state.index_copy_(0, blocks, history.to(self.conv_state.dtype))
+            write_conv_history(self.conv_state, blocks, mixed, starts, ends)
             mixed = causal_conv1d_packed(mixed, weight, positions)
         else:
             mixed, history = torch_causal_conv1d_update(mixed, self.conv_state.index_select(0, blocks), weight)

@@ -15,6 +15,8 @@ from executor.core.kv_cache.cache_info import MambaCacheEntry
 from executor.utils.forward_metadata import ForwardMetaData
 from module.linear import ReplicatedLinear
 
+from .linear_attention_gdn import write_conv_history
+
 # upstream's cache kind of a fixed-size recurrent state (executor/core/kv_cache)
 MAMBA = "Mamba"
 NORM_EPS = "rms_norm_eps"       # the config key of the norms' epsilon
@@ -179,12 +181,7 @@ class ModelMamba2Mixer(nn.Module):
             ends = forward_metadata.actual_seq_lengths_cu_q.long()
             starts = ends - lengths
             positions = torch.arange(q_len, device=mixed.device) - torch.repeat_interleave(starts, lengths)
-            # the request's last K - 1 conv inputs (zeros before its first token) are its conv state
-            offsets = torch.arange(1 - self.conv_kernel_size, 0, device=mixed.device)
-            index = ends.unsqueeze(-1) + offsets                                               # [B, K - 1]
-            inside = (index >= starts.unsqueeze(-1)).unsqueeze(-1).to(mixed.dtype)
-            history = (mixed[index.clamp_min(0)] * inside).transpose(1, 2)
-            self.conv_state.index_copy_(0, blocks, history.to(self.conv_state.dtype))
+            write_conv_history(self.conv_state, blocks, mixed, starts, ends)
             mixed = mamba_conv1d_packed(mixed, weight, self.conv1d.bias, positions)
             lengths_list = lengths.tolist()
             state = torch.zeros((len(lengths_list), self.num_heads, self.head_dim, self.ssm_state_size),

@@ -26,16 +26,19 @@ def run(jobs):
 
 
 def test_the_layer_matches_transformers_across_prefill_and_decode_and_lost_state_fails():
-    """qwen3_next in float32 and bfloat16; decode from a zero recurrent state fails. olmo_hybrid's layer (q/k/v and
-    the conv kernels stored apart, loaded by shard) in float32; its q and k rows swapped at load fail at the prefill
-    (the slow table holds the rest: test_part_hybrid_layouts.py)."""
+    """qwen3_next in float32 and bfloat16; decode from a zero recurrent state fails, and so does a prefill's conv history
+    that keeps the request before a short prompt (write_conv_history, which every conv-state file shares). olmo_hybrid's
+    layer (q/k/v and the conv kernels stored apart, loaded by shard) in float32; its q and k rows swapped at load fail
+    at the prefill (the slow table holds the rest: test_part_hybrid_layouts.py)."""
     jobs = [{"model_type": "qwen3_next"}, {"model_type": "qwen3_next", "dtype": "bfloat16"},
             {"model_type": "qwen3_next", "dtype": "bfloat16", "fault": "recurrent_state"},
+            {"model_type": "qwen3_next", "fault": "history"},
             {"model_type": "olmo_hybrid"}, {"model_type": "olmo_hybrid", "fault": "shards"}]
-    good_fp32, good_bf16, fault, olmo, olmo_fault = run(jobs)
+    good_fp32, good_bf16, fault, history, olmo, olmo_fault = run(jobs)
     assert good_fp32["ok"] and good_fp32["max_rel"] < 1e-4, good_fp32
     assert good_bf16["ok"], good_bf16
     assert not fault["ok"] and fault["step"] == "decode step 1", fault
+    assert not history["ok"] and history["step"] == "decode step 1" and history["row"] == 2, history
     assert olmo["ok"] and olmo["max_rel"] < 1e-4, olmo
     assert not olmo_fault["ok"] and olmo_fault["step"] == "prefill", olmo_fault
 
