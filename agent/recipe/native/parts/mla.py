@@ -11,7 +11,9 @@ kv_b_proj's [nope | v] rows, the softmax scale — for the rope form (interleave
 npu_kv_rmsnorm_rope_cache_v2 compute it, or rotate-half on the rope dims) and the scale rule (qk_head_dim ** -0.5,
 times yarn's mscale(factor, mscale_all_dim) ** 2). The rotary table of the candidate is the generated file's
 (transformers' ROPE_INIT_FUNCTIONS over qk_rope_head_dim), so a match also holds our rope table to theirs. No
-candidate: `NotNative("attention", ...)`.
+candidate: `NotNative("attention", ...)`. A model without a rotary table (kimi_linear) calls its module without
+position embeddings and holds it to the one candidate whose rope dims pass unrotated (MLA_NOPE); an output gate of
+the module's own (bailing_hybrid's g_proj) is measured by parts/attention_gate.py and held in the candidate too.
 """
 
 from __future__ import annotations
