@@ -73,8 +73,7 @@ def _attention(probe):
 # (correct text of the rendered file, its faulty replacement): each option broken
 FAULTS = {
     # the query's rope dims de-interleaved, as npu_interleave_rope with an identity table would: the shared key not
-    "kimi_linear": [("            q_rope = q_pe\n",
-                     "            q_rope = torch.cat((q_pe[..., ::2], q_pe[..., 1::2]), dim=-1)\n")],
+    "kimi_linear": [("        q_rope = q_pe\n", "        q_rope = torch.cat((q_pe[..., ::2], q_pe[..., 1::2]), dim=-1)\n")],
     # the output gate dropped
     "bailing_hybrid": [("out = out.reshape(q_len, self.num_heads_per_rank, -1) * gate.view(q_len, self.num_heads_per_rank, -1)",
                         "out = out.reshape(q_len, self.num_heads_per_rank, -1)")],
