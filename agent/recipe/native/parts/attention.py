@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field, fields
 
 from agent.recipe.native.not_native import NotNative
-from agent.recipe.native.parts.attention_gate import GATE_NAMES, output_gate, renames as gate_renames
+from agent.recipe.native.parts.attention_gate import GATE_NAMES, gate_kernel, output_gate, renames as gate_renames
 from agent.recipe.native.parts.attention_head_dim import layer_head_dim
 from agent.recipe.native.parts.attention_heads import heads_per_layer, key_heads_by_kind, layer_heads, layer_key_heads
 from agent.recipe.native.parts.attention_k_eq_v import keys_as_values
@@ -831,9 +831,7 @@ def _fused_kernels(match):
               "decode" if match.options["WINDOWS"] else "")
     sinks = "; attention sinks as its learnable_sink" if match.options.get("SINKS") else ""
     rope = (_rope_kernel(match),) if match.options.get("ROTARY", True) else ()
-    gate = ((f"output gate: {'softplus' if match.options['GATE_SOFTPLUS'] else 'sigmoid'} of its own projection "
-             f"{'per head' if match.options['GATE_PER_HEAD'] else 'per channel'} times the attention's output, plain "
-             "torch (elementwise: no fused kernel takes it)",) if match.options.get("GATE_PROJ") else ())
+    gate = (gate_kernel(match.options),) if match.options.get("GATE_PROJ") else ()
     if match.options.get("QUERY_POSITION_SCALE"):
         gate += ("llama-4 query scaling: the rotated queries times 1 + llama_4_scaling_beta log(1 + floor(position / "
                  "original_max_position_embeddings)), from the rotary's positions, plain torch (no fused kernel "

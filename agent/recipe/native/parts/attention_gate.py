@@ -23,7 +23,7 @@ def _activations():
     return {"sigmoid": torch.sigmoid, "softplus": torch.nn.functional.softplus}
 
 
-def output_gate(attention, probe, heads: int | None = None) -> dict | None:
+def output_gate(attention, probe, heads: int | None = None, head_dim: int | None = None) -> dict | None:
     """The gate's options (GATE_PROJ, GATE_SOFTPLUS, GATE_PER_HEAD), or None for an attention without a separate
     gate projection; NotNative for one whose gate is not act(gate(x)) times the attention's output, act a sigmoid
     or a softplus, per channel or per head. Measured on the module: o_proj's input with the gate's weights zero
@@ -37,7 +37,8 @@ def output_gate(attention, probe, heads: int | None = None) -> dict | None:
         return None
     name = names[0]
     gate, o_proj = a[name], a.get("o_proj")
-    heads, head_dim = heads or probe.heads, probe.head_dim     # `heads`: the layer's own (laguna's per layer)
+    # `heads`: the layer's own (laguna's per layer); `head_dim`: the width of each head's output (MLA's v_head_dim)
+    heads, head_dim = heads or probe.heads, head_dim or probe.head_dim
     widths = {heads * head_dim: False, heads: True}
     if not isinstance(gate, torch.nn.Linear) or gate.out_features not in widths or not isinstance(o_proj, torch.nn.Linear):
         raise NotNative("attention", f"{type(attention).__name__}.{name} is not a linear of the heads' width "
@@ -107,6 +108,13 @@ def _cos_sin(rotary, x, attention, probe):
         if isinstance(per_type, dict) and layer_type in per_type and per_type[layer_type] is None:
             return None                 # a layer type without rotary (beam's NoPE full-attention layers)
         return rotary(x, positions, layer_type=layer_type)
+
+
+def gate_kernel(options: dict) -> str:
+    """The kernels line of a gate with `options` (GATE_SOFTPLUS, GATE_PER_HEAD)."""
+    return (f"output gate: {'softplus' if options['GATE_SOFTPLUS'] else 'sigmoid'} of its own projection "
+            f"{'per head' if options['GATE_PER_HEAD'] else 'per channel'} times the attention's output, plain torch "
+            "(elementwise: no fused kernel takes it)")
 
 
 def renames(name: str) -> tuple:

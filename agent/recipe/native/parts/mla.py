@@ -11,7 +11,9 @@ kv_b_proj's [nope | v] rows, the softmax scale — for the rope form (interleave
 npu_kv_rmsnorm_rope_cache_v2 compute it, or rotate-half on the rope dims) and the scale rule (qk_head_dim ** -0.5,
 times yarn's mscale(factor, mscale_all_dim) ** 2). The rotary table of the candidate is the generated file's
 (transformers' ROPE_INIT_FUNCTIONS over qk_rope_head_dim), so a match also holds our rope table to theirs. No
-candidate: `NotNative("attention", ...)`.
+candidate: `NotNative("attention", ...)`. A model without a rotary table (kimi_linear) calls its module without
+position embeddings and holds it to the one candidate whose rope dims pass unrotated (MLA_NOPE); an output gate of
+the module's own (bailing_hybrid's g_proj) is measured by parts/attention_gate.py and held in the candidate too.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import math
 
 from agent.recipe.native.not_native import NotNative
+from agent.recipe.native.parts.attention_gate import GATE_NAMES, gate_kernel, output_gate
 from agent.recipe.native.parts.dsa import dsa_reason, is_dsa_indexer
 from agent.recipe.native.parts.part import Match, Part
 from agent.recipe.native.parts.probe import children, layer_config, probe_norm, sets_mla_shapes_per_layer
@@ -27,6 +30,8 @@ Q_LORA_CHILDREN = {"q_a_proj", "q_a_layernorm", "q_b_proj"}
 KV_CHILDREN = {"kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj"}
 MLA_CONFIG_KEYS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 ROPE_FORMS = ("interleave", "half")
+# the rope dims unrotated: an MLA whose model builds no rotary (kimi_linear's NoPE MLA), the only form tried there
+NOPE_FORM = "none"
 SCALE_RULES = ("yarn_mscale", "qk_head_dim")     # the first that matches: equal when the config has no yarn mscale
 PROBE_TOKENS = 7
 # npu_transpose_batchmatmul's batch x M bound, upstream deepseek_r1's condition (65535: max of uint16)
@@ -92,9 +97,11 @@ def rope_table(config, positions):
 
 def _rope(x, cos, sin, form: str):
     """x [T, N, D] rotated: interleave-half (the kernels': pairs de-interleaved, then rotate-half) or
-    rotate-half on x as it is."""
+    rotate-half on x as it is; x itself for NOPE_FORM."""
     import torch
 
+    if form == NOPE_FORM:
+        return x
     if form == "interleave":
         x = torch.cat((x[..., ::2], x[..., 1::2]), dim=-1)
     half = x.shape[-1] // 2
@@ -113,8 +120,9 @@ def _rms(x, norm):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm_eps(norm)) * norm.weight
 
 
-def candidate(attention, config, x, cos, sin, form: str, scale: float):
-    """Plain-torch MLA of `attention`'s weights on x [T, hidden], causal."""
+def candidate(attention, config, x, cos, sin, form: str, scale: float, gate: dict | None = None):
+    """Plain-torch MLA of `attention`'s weights on x [T, hidden], causal; with `gate` (parts/attention_gate.py's
+    options) each head's output times act(gate(x)) before o_proj."""
     import torch
 
     heads = config.num_attention_heads
@@ -134,7 +142,11 @@ def candidate(attention, config, x, cos, sin, form: str, scale: float):
               + torch.einsum("qnd,kd->nqk", q_rope, k_rope[:, 0])) * scale
     causal = torch.ones(tokens, tokens, dtype=torch.bool).tril()
     probs = scores.masked_fill(~causal, float("-inf")).softmax(-1)
-    return attention.o_proj(torch.einsum("nqk,knd->qnd", probs, value).reshape(tokens, heads * dv))
+    out = torch.einsum("nqk,knd->qnd", probs, value)
+    if gate:
+        act = torch.nn.functional.softplus if gate["GATE_SOFTPLUS"] else torch.sigmoid
+        out = out * act(getattr(attention, gate["GATE_PROJ"])(x)).view(tokens, heads, -1)
+    return attention.o_proj(out.reshape(tokens, heads * dv))
 
 
 def _module_output(attention, model, x):
@@ -143,32 +155,39 @@ def _module_output(attention, model, x):
 
     tokens = x.shape[0]
     positions = torch.arange(tokens)[None]
-    if getattr(model.model, "rotary_emb", None) is None:
-        # kimi_linear's KimiLinearAttention: its rope dims never rotated (the model builds no rotary)
-        raise NotNative("attention", f"{type(attention).__name__}: MLA without positions ({type(model.model).__name__} "
-                                     "has no rotary_emb), which no part writes")
-    position_embeddings = model.model.rotary_emb(x[None], positions)
+    # a model without a rotary table (kimi_linear) hands its attention no position embeddings: called without
+    positional = {"position_embeddings": model.model.rotary_emb(x[None], positions)} if has_rotary(model) else {}
     mask = torch.full((tokens, tokens), torch.finfo(torch.float32).min).triu(1)[None, None]
     try:
-        out = attention(hidden_states=x[None], position_embeddings=position_embeddings, attention_mask=mask,
-                        position_ids=positions)
+        out = attention(hidden_states=x[None], attention_mask=mask, position_ids=positions, **positional)
     except Exception as exc:  # noqa: BLE001 - another signature: not the MLA we know
         raise NotNative("attention", f"{type(attention).__name__} cannot be called as MLA "
                                      f"({type(exc).__name__}: {str(exc)[:120]})") from exc
     return (out[0] if isinstance(out, tuple) else out)[0]
 
 
-def _probe_formula(attention, model, config) -> tuple[str, str]:
+def has_rotary(model) -> bool:
+    """The base model builds a rotary table (kimi_linear's builds none: its MLA's rope dims pass unrotated)."""
+    return getattr(model.model, "rotary_emb", None) is not None
+
+
+def _probe_formula(attention, model, config, gate: dict | None = None) -> tuple[str, str]:
+    """The (rope form, scale rule) whose candidate `attention`'s output equals; a model without a rotary table:
+    the rope dims unrotated (NOPE_FORM) and qk_head_dim's scale (the module reads no rope settings)."""
     import torch
 
     x = torch.randn(PROBE_TOKENS, config.hidden_size, generator=torch.Generator().manual_seed(11))
-    cos, sin = rope_table(config, torch.arange(PROBE_TOKENS))
+    if has_rotary(model):
+        forms, rules = ROPE_FORMS, SCALE_RULES
+        cos, sin = rope_table(config, torch.arange(PROBE_TOKENS))
+    else:
+        forms, rules, cos, sin = (NOPE_FORM,), ("qk_head_dim",), None, None
     with torch.no_grad():
         got = _module_output(attention, model, x)
         tried = []
-        for form in ROPE_FORMS:
-            for rule in SCALE_RULES:
-                want = candidate(attention, config, x, cos, sin, form, softmax_scale(config, rule))
+        for form in forms:
+            for rule in rules:
+                want = candidate(attention, config, x, cos, sin, form, softmax_scale(config, rule), gate)
                 err = float((got - want).abs().max() / want.abs().max().clamp_min(1e-9))
                 if err < 1e-4:
                     return form, rule
@@ -177,11 +196,13 @@ def _probe_formula(attention, model, config) -> tuple[str, str]:
                                  f"({'; '.join(tried)})")
 
 
-def derive_mla(model_config, layers, model) -> dict:
+def derive_mla(model_config, layers, model, probe=None) -> dict:
     """The MLA facts of `model_config` (transformers' shrunk config; each layer read through its own view where the
     config sets widths per layer) from the built `model`'s `layers`: q_lora, rope
-    ("interleave" | "half"), scale ("yarn_mscale" | "qk_head_dim"), q_a_bias, kv_a_bias, o_bias, the norms'
-    epsilons, prolog (npu_mla_prolog_v3 can compute the decode step's projections: the q LoRA, no biases)."""
+    ("interleave" | "half" | NOPE_FORM: unrotated), scale ("yarn_mscale" | "qk_head_dim"), q_a_bias, kv_a_bias, o_bias, the norms'
+    epsilons, prolog (npu_mla_prolog_v3 can compute the decode step's projections: the q LoRA, no biases), gate
+    (an output gate of its own, bailing_hybrid's g_proj: parts/attention_gate.py's options measured on the module
+    through `probe`, or None)."""
     import torch
 
     found = set()
@@ -202,7 +223,7 @@ def derive_mla(model_config, layers, model) -> dict:
         attention = layer.self_attn
         children = {name for name, _ in attention.named_children()}
         q_lora = Q_LORA_CHILDREN <= children
-        expected = KV_CHILDREN | (Q_LORA_CHILDREN if q_lora else {"q_proj"})
+        expected = KV_CHILDREN | (Q_LORA_CHILDREN if q_lora else {"q_proj"}) | (children & set(GATE_NAMES))
         if children - expected == {"indexer"} and expected <= children and is_dsa_indexer(attention.indexer):
             raise NotNative("attention", dsa_reason(index, attention, model, config))
         if children != expected:
@@ -222,27 +243,44 @@ def derive_mla(model_config, layers, model) -> dict:
                 raise NotNative("attention", f"{name}'s epsilon {norm_eps(norm)}: none, or unequal across layers")
         if getattr(attention, "kv_b_proj").bias is not None:
             raise NotNative("attention", "kv_b_proj has a bias: absorbed into the query and output it has no place")
-        form, rule = _probe_formula(attention, model, config)
+        gate = _output_gate(attention, probe, config) if children & set(GATE_NAMES) else None
+        form, rule = _probe_formula(attention, model, config, gate)
         q_first = attention.q_a_proj if q_lora else attention.q_proj
-        found.add((q_lora, form, rule, q_first.bias is not None,
-                   attention.kv_a_proj_with_mqa.bias is not None, attention.o_proj.bias is not None))
+        found.add((q_lora, form, rule, q_first.bias is not None, attention.kv_a_proj_with_mqa.bias is not None,
+                   attention.o_proj.bias is not None, tuple(sorted(gate.items())) if gate else None))
     if len(found) != 1:
         raise NotNative("attention", f"MLA layers of unequal structure: {sorted(found)}")
-    q_lora, form, rule, q_bias, kv_bias, o_bias = next(iter(found))
+    q_lora, form, rule, q_bias, kv_bias, o_bias, gate = next(iter(found))
     if q_bias and not q_lora:
         raise NotNative("attention", "q_proj with a bias (MLA without the q LoRA): not written natively")
-    rope_plain = rope_widths != {FUSED_ROPE_DIM}
+    nope = form == NOPE_FORM
+    # no rope: the latent's norm and cache writes in plain torch (npu_kv_rmsnorm_rope_cache_v2 always rotates)
+    rope_plain = rope_widths != {FUSED_ROPE_DIM} and not nope
     return {"q_lora": q_lora, "rope": form, "scale": rule, "q_a_bias": q_bias and q_lora, "kv_a_bias": kv_bias,
             "o_bias": o_bias, "kv_norm_eps": eps["kv_a_layernorm"],
             "q_norm_eps": eps.get("q_a_layernorm", eps["kv_a_layernorm"]), "rope_plain": rope_plain,
-            "prolog": q_lora and not (q_bias and q_lora) and not kv_bias and not rope_plain}
+            "prolog": q_lora and not (q_bias and q_lora) and not kv_bias and not rope_plain and not nope,
+            "gate": dict(gate) if gate else None}
+
+
+def _output_gate(attention, probe, config) -> dict:
+    """The MLA attention's own output gate (parts/attention_gate.py's measure: act(gate(x)) per head or per channel
+    of the value heads' width), without a bias."""
+    if probe is None:
+        raise NotNative("attention", f"{type(attention).__name__}'s output gate is measured through the probe")
+    gate = output_gate(attention, probe, config.num_attention_heads, config.v_head_dim)
+    if gate.get("GATE_BIAS"):
+        raise NotNative("attention", f"{type(attention).__name__}'s output gate with a bias of its own: the MLA file "
+                                     "adds none")
+    return gate
 
 
 def mla_kernels(match) -> tuple[tuple[str, ...], tuple[str, ...]]:
     f = match.facts
     rope = "interleave-half RoPE" + (" (the architecture's rotate-half: the rope rows of q and kv_a_proj_with_mqa "
                                      "interleaved once after loading)" if f["rope"] == "half" else "")
-    if f.get("rope_plain"):
+    nope = f["rope"] == NOPE_FORM
+    if f.get("rope_plain") or nope:
         fused = ["npu_rms_norm (kv_a_layernorm)",
                  "npu_scatter_nd_update_ (the latent and the shared rope key into the FRACTAL_NZ nope / rope caches "
                  "at slot_mapping)"]
@@ -267,12 +305,17 @@ def mla_kernels(match) -> tuple[tuple[str, ...], tuple[str, ...]]:
                        f"npu_kv_rmsnorm_rope_cache take a rope width of {FUSED_ROPE_DIM} only, the checkpoint's "
                        "qk_rope_head_dim is another)")
         unfused.append("npu_mla_prolog_v3: not used (its rope is the same kernels')")
-    if not f["q_lora"]:
+    if nope:
+        unfused.append("no rope: the model builds no rotary, the rope dims of the query and the shared key pass "
+                       "unrotated (npu_kv_rmsnorm_rope_cache_v2 and npu_mla_prolog_v3 always rotate: not used)")
+    if not f["q_lora"] and not nope:
         unfused.append("npu_mla_prolog_v3: not used (no q LoRA: the op computes the q down-projection and its norm)")
-    elif not f["prolog"] and not f.get("rope_plain"):
+    elif not f["prolog"] and not f.get("rope_plain") and not nope:
         unfused.append("npu_mla_prolog_v3: not used (the op has no bias for q_a_proj / kv_a_proj_with_mqa)")
     if f["o_bias"]:
         unfused.append("o_proj's bias: added after the tensor-parallel reduction")
+    if f.get("gate"):
+        unfused.append(gate_kernel(f["gate"]))
     return tuple(fused), tuple(unfused)
 
 
@@ -284,12 +327,12 @@ def _probe(probe, chosen):
 
 def mla_match(part, probe, **options) -> Match:
     """`part`'s match of the probe's MLA layers (the MLA part's options, and `options`)."""
-    f = derive_mla(probe.config, probe.layers, probe.model)
+    f = derive_mla(probe.config, probe.layers, probe.model, probe)
     return Match(part, facts=f, options={**options, 
         "MLA": True, "Q_LORA": f["q_lora"], "ROPE_HALF": f["rope"] == "half", "YARN_MSCALE": f["scale"] == "yarn_mscale",
         "Q_A_BIAS": f["q_a_bias"], "KV_A_BIAS": f["kv_a_bias"], "MLA_O_BIAS": f["o_bias"],
         "Q_NORM_EPS": f["q_norm_eps"], "KV_NORM_EPS": f["kv_norm_eps"], "PROLOG": f["prolog"],
-        "ROPE_PLAIN": f["rope_plain"]})
+        "ROPE_PLAIN": f["rope_plain"], "MLA_NOPE": f["rope"] == NOPE_FORM, **(f["gate"] or {})})
 
 
 MLA = Part(
@@ -298,4 +341,4 @@ MLA = Part(
            "rope_parameters"),
     probe=_probe, kernels=mla_kernels,
     options=("MLA", "Q_LORA", "ROPE_HALF", "YARN_MSCALE", "Q_A_BIAS", "KV_A_BIAS", "MLA_O_BIAS", "Q_NORM_EPS",
-             "KV_NORM_EPS", "PROLOG", "ROPE_PLAIN"))
+             "KV_NORM_EPS", "PROLOG", "ROPE_PLAIN", "MLA_NOPE", "GATE_PROJ", "GATE_SOFTPLUS", "GATE_PER_HEAD"))

@@ -12,7 +12,7 @@ from executor.core.kv_cache.cache_info import CacheEntry
 from executor.utils.forward_metadata import ForwardMetaData
 from module.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 
-from .attention_fused import FULL
+from .attention_fused import FULL, GATE_PER_HEAD, GATE_PROJ, GATE_SOFTPLUS
 from .norm_rms import ModelRMSNorm
 from .rotary import rope_parameters
 
@@ -27,6 +27,7 @@ KV_NORM_EPS = 1e-6
 MTP = False             # decode steps of next_n + 1 tokens per sequence (an MTP draft verified)
 PROLOG = True           # npu_mla_prolog_v3 can compute the decode step's projections (q LoRA, no biases)
 ROPE_PLAIN = False      # qk_rope_head_dim is not the fused rope kernels' 64: rope and cache write in plain torch
+MLA_NOPE = False        # no rotary in the model (kimi_linear): the rope dims pass unrotated, the cache write plain torch
 MLA_PER_LAYER = False   # each layer's MLA widths from config.per_layer_config[layer_idx] (dots3_note's sliding layers)
 # npu_transpose_batchmatmul's batch x M bound, upstream deepseek_r1's condition (65535: max of uint16)
 TBMM_LIMIT = 65535
@@ -103,6 +104,12 @@ class ModelMlaAttention(nn.Module):
         self.o_proj = RowParallelLinear(self.num_heads * self.v_head_dim, config.hidden_size, bias=MLA_O_BIAS,
                                         tp_size=self.attn_tp_size, tp_rank=tp_rank, input_is_parallel=True,
                                         quant_config=quant_config, prefix=f"{prefix}.o_proj")
+        if GATE_PROJ:
+            # an output gate of its own (bailing_hybrid's g_proj), split by heads like the queries; the checkpoint's
+            # name kept (the Kimi Delta Attention layers beside it hold a g_proj of their own under self_attn)
+            setattr(self, GATE_PROJ, ColumnParallelLinear(
+                config.hidden_size, self.num_heads * (1 if GATE_PER_HEAD else self.v_head_dim), bias=False,
+                tp_size=self.attn_tp_size, tp_rank=tp_rank, quant_config=quant_config, prefix=f"{prefix}.{GATE_PROJ}"))
         if self.kv_b_proj.weight.dtype == torch.int8:
             # the absorb weights multiply in float (npu_transpose_batchmatmul); upstream's converters keep it so
             raise ValueError(f"{prefix}.kv_b_proj is int8 in this checkpoint: MLA's absorb weights are float; "
@@ -121,7 +128,7 @@ class ModelMlaAttention(nn.Module):
         self.nope_cache = torch.Tensor([])
         self.rope_cache = torch.Tensor([])
         cache_dtype = torch.get_default_dtype()
-        if ROPE_PLAIN:
+        if ROPE_PLAIN or MLA_NOPE:
             # the decode attention reads both caches as FRACTAL_NZ, whose inner block is 32 bytes wide
             c0 = 32 // torch.empty((), dtype=cache_dtype).element_size()
             if self.kv_lora_rank % c0 or self.qk_rope_head_dim % c0:
@@ -173,13 +180,21 @@ class ModelMlaAttention(nn.Module):
             q_len = forward_metadata.prompt_tokens
         if not self.nope_cache.numel() or not self.rope_cache.numel():
             raise RuntimeError("MLA cache not allocated: the executor binds it through get_cache_info()")
-        cos, sin = cos_sin
-        cos, sin = cos[:q_len], sin[:q_len]                  # [T, 1, rope]
+        if MLA_NOPE:
+            cos = sin = None                                  # the model builds no rotary: cos_sin is None
+        else:
+            cos, sin = cos_sin
+            cos, sin = cos[:q_len], sin[:q_len]                  # [T, 1, rope]
         slots = forward_metadata.slot_mapping[self.attn_type].view(-1)[:q_len]
         if PROLOG and not is_prefill and self.enable_mla_prolog:
             out = self._decode_attention(*self._prolog(hidden_states, cos, sin, slots), forward_metadata)
         else:
             out = self._attention(hidden_states, cos, sin, slots, is_prefill, forward_metadata)
+        if GATE_PROJ:
+            # this rank's heads' output times act(gate(x)), per head or per channel: plain torch (elementwise)
+            gate = getattr(self, GATE_PROJ)(hidden_states)
+            gate = torch.nn.functional.softplus(gate.float()).to(out.dtype) if GATE_SOFTPLUS else torch.sigmoid(gate)
+            out = out.reshape(q_len, self.num_heads_per_rank, -1) * gate.view(q_len, self.num_heads_per_rank, -1)
         out = self.o_proj(out.reshape(q_len, self.num_heads_per_rank * self.v_head_dim))
         if q_len < padded_q_len:
             out = torch.cat([out, out.new_zeros((padded_q_len - q_len, out.size(-1)))], dim=0)
@@ -195,7 +210,16 @@ class ModelMlaAttention(nn.Module):
             q = self.q_proj(hidden_states)
         q_nope, q_pe = q.view(q_len, self.num_heads_per_rank, self.q_head_dim).split(
             [self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
-        if ROPE_PLAIN:
+        if MLA_NOPE:
+            # no rotary: the rope dims of the query and the shared key as they are; the latent's RMSNorm and the
+            # PA_NZ cache writes in plain torch (npu_kv_rmsnorm_rope_cache_v2 always rotates)
+            q_rope = q_pe
+            latent = self.kv_a_proj_with_mqa(hidden_states)
+            c_kv = self.kv_a_layernorm(latent[:, :self.kv_lora_rank].contiguous())
+            k_rope = latent[:, None, self.kv_lora_rank:].contiguous()
+            self._write_nz(self.nope_cache, c_kv, slots)
+            self._write_nz(self.rope_cache, k_rope.view(q_len, -1), slots)
+        elif ROPE_PLAIN:
             # npu_interleave_rope and npu_kv_rmsnorm_rope_cache take a rope width of 64 only (torch_npu's API
             # reference): the same interleave-half rope, RMSNorm and PA_NZ cache write in plain torch
             q_rope = interleave_half_rope(q_pe, cos, sin)                    # [T, N, rope]

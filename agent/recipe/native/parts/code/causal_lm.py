@@ -337,7 +337,8 @@ class ModelForCausalLM(nn.Module):
     def process_weights_after_loading(self):
         if MLA:
             for layer in self.model.layers:
-                layer.self_attn.split_kv_b_weight()          # the absorb weights, before the linears are transposed
+                if not LINEAR_ATTENTION or not layer.is_linear:      # kimi_linear's KDA layers are no MLA
+                    layer.self_attn.split_kv_b_weight()          # the absorb weights, before the linears are transposed
             # deepseek_r1's rule: NZ weights whenever the YAML asks (npu_mla_prolog_v3 reads its weights in FRACTAL_NZ)
             is_nz = getattr(self.infer_config.model_config, "enable_weight_nz", False)
         else:

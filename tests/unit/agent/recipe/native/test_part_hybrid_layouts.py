@@ -4,7 +4,7 @@ lara_mini (one stored in_proj [q|k|v|z|b|a], the file's one projection split at 
 full-attention layers; fused 3-D experts), olmo_hybrid (separate q/k/v/g/b/a projections, q/k/v and the conv's
 kernels stored apart and loaded by shard; beta doubled by linear_allow_neg_eigval; a fixed gated-norm epsilon;
 pre-norm linear layers beside post-norm attention layers), and the Kimi Delta Attention of kimi_linear /
-bailing_hybrid refused in one line. The default case that covers the layer's path is
+bailing_hybrid derived beside their MLA layers. The default case that covers the layer's path is
 test_part_gated_delta_net.py::test_the_layer_matches_transformers_across_prefill_and_decode_and_lost_state_fails
 (olmo_hybrid's layer and its swapped-shard fault); the whole files' self-checks are slow."""
 
@@ -115,14 +115,15 @@ def test_the_file_matches_transformers_in_both_dtypes_and_its_fault_fails(model_
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model_type", ["kimi_linear", "bailing_hybrid"])
-def test_kimi_delta_attention_is_refused_in_one_line(model_type):
-    """A recurrent layer in self_attn's place with a per-key-channel decay: the linear-attention kind, one line."""
+def test_kimi_delta_attention_types_derive_with_their_mla_layers(model_type):
+    """The recurrent layer in self_attn's place is the Kimi Delta Attention part's, the attention layers the MLA
+    part's (kimi_linear's without positions, bailing_hybrid's gated). Covered by default by
+    test_part_kimi_delta_attention.py and test_part_mla_nope_gate.py's probe tests."""
     from transformers import AutoConfig
 
     from agent.recipe.native.compose import derive
-    from agent.recipe.native.not_native import NotNative
 
-    with pytest.raises(NotNative) as refused:
-        derive(AutoConfig.for_model(model_type).to_dict())
-    assert refused.value.kind == "linear attention" and "per-key-channel decay" in refused.value.reason
-    assert "\n" not in refused.value.reason
+    composition = derive(AutoConfig.for_model(model_type).to_dict())
+    assert (composition.parts["linear_attention"], composition.parts["attention"]) == ("kimi_delta_attention", "mla")
+    assert composition.options["MLA_NOPE"] is (model_type == "kimi_linear")
+    assert composition.options.get("GATE_PROJ") == (None if model_type == "kimi_linear" else "g_proj")
