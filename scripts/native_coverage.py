@@ -66,7 +66,10 @@ def types_of(python: str) -> tuple[str, list[str]]:
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise ValueError(f"--types-of {python}: its transformers does not import ({last})")
-    version, types = json.loads(done.stdout.strip().splitlines()[-1])
+    lines = done.stdout.strip().splitlines()
+    if not lines:
+        raise ValueError(f"--types-of {python}: it printed nothing")
+    version, types = json.loads(lines[-1])
     return version, types
 
 

@@ -738,7 +738,8 @@ def _dense_match(part, probe, chosen, **extra) -> Match:
                                      "only the fused attention builds each layer with its own heads")
     if facts.get("V_NORM") and part is not FUSED_PAGED:
         raise NotNative("attention", f"a value norm with {part.name}: only the fused attention writes it")
-    for option, what in (("KV_HEADS_PER_LAYER", "key/value heads per layer"), ("K_EQ_V", "keys as values")):
+    for option, what in (("KV_HEADS_PER_LAYER", "key/value heads per layer"), ("K_EQ_V", "keys as values"),
+                         ("WINDOW_DECODE_ONLY", "a window at decode alone")):
         if facts.get(option) and part is not FUSED_PAGED:
             raise NotNative("attention", f"{what} with {part.name}: only the fused attention writes it")
     if facts.get("HEAD_DIM_PER_LAYER") and part is not FUSED_PAGED:

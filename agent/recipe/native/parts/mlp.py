@@ -212,6 +212,9 @@ def _by_roles(source, mlps, key, names, roles: dict, activation: str):
     """The gated MLP whose linears carry other names (renamed at load to gate_proj / up_proj / down_proj) or whose
     activation no config key names (silu only: npu_swiglu; the file then reads no key), its width
     config.intermediate_size or the block-adjusted width of lfm2's config keys."""
+    if getattr(source.config, MULTIPLIERS_KEY, None) is not None:
+        raise NotNative("mlp", f"config.{MULTIPLIERS_KEY} on {type(mlps[0]).__name__}, an MLP read by role: only the gated "
+                               "MLP under its own names scales its gate and output")
     if key is None and activation not in ("silu", "swish"):
         raise NotNative("mlp", f"no hidden_act / hidden_activation in the config, and {type(mlps[0]).__name__} "
                                f"computes {activation}, which the file would have to fix in code")
@@ -255,6 +258,9 @@ def gate_up_width_key(source, width: int, gate_up: str) -> str | None:
 def _by_fused_roles(source, mlps, key, names, roles: dict, activation: str):
     """The gated MLP whose gate / up linear is one under another name (moshi's fc1, fc2), renamed at load to
     gate_up_proj / down_proj, its width config.intermediate_size or half the key its gate_up follows (ffn_dim)."""
+    if getattr(source.config, MULTIPLIERS_KEY, None) is not None:
+        raise NotNative("mlp", f"config.{MULTIPLIERS_KEY} on {type(mlps[0]).__name__}, an MLP read by role: only the gated "
+                               "MLP under its own names scales its gate and output")
     if key is None and activation not in ("silu", "swish"):
         raise NotNative("mlp", f"no hidden_act / hidden_activation in the config, and {type(mlps[0]).__name__} "
                                f"computes {activation}, which the file would have to fix in code")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
+from agent.recipe.native.not_native import NotNative
 from agent.recipe.native.parts.part import Match, Part
 
 # model types whose MTP layer is a decoder layer of the main model's kind behind enorm / hnorm / eh_proj
@@ -22,6 +23,10 @@ def _probe(probe, chosen):
     layers = getattr(probe.full_config, "num_nextn_predict_layers", None) or 0
     if not layers or probe.model_type not in MTP_MODEL_TYPES:
         return None
+    attention = chosen.get("attention")
+    if attention is not None and attention.options.get("CHUNKED"):
+        # the verified window may cross a chunk's start, and the decode's block table begins at its last token's chunk
+        raise NotNative("mtp", "an MTP draft with chunked local attention: not written")
     return Match(MTP, options={"MTP": True}, facts={"layers": layers})
 
 

@@ -30,3 +30,11 @@ def test_upstreams_pin_registers_types_the_installed_one_lacks():
     assert version == "5.0.0" and len(types) < len(native_coverage.all_types())
     assert set(types) - set(native_coverage.all_types())       # code_llama: an alias 5.24 dropped
     assert "llama" in types and types == sorted(types)
+
+
+def test_an_interpreter_that_prints_nothing_is_one_line(tmp_path):
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\nexit 0\n")
+    python.chmod(0o755)
+    with pytest.raises(ValueError, match="printed nothing"):
+        native_coverage.types_of(str(python))
