@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from agent.child_failure import child_failure  # noqa: E402 - the repository on sys.path first
-from engine.safe_load import load_json  # noqa: E402
+from engine.safe_load import load_json, loads_json  # noqa: E402
 
 
 def all_types() -> list[str]:
@@ -64,12 +64,15 @@ def types_of(python: str) -> tuple[str, list[str]]:
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise ValueError(f"--types-of {python}: cannot run it ({exc})") from None
     if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise ValueError(f"--types-of {python}: its transformers does not import ({last})")
+        reason = child_failure(done.stderr, done.returncode, stdout=done.stdout)
+        raise ValueError(f"--types-of {python}: its transformers does not import ({reason})")
     lines = done.stdout.strip().splitlines()
     if not lines:
         raise ValueError(f"--types-of {python}: it printed nothing")
-    version, types = json.loads(lines[-1])
+    try:
+        version, types = loads_json(lines[-1], f"--types-of {python}'s answer")
+    except (ValueError, TypeError) as exc:       # a LoadError is a ValueError
+        raise ValueError(f"--types-of {python}: not its answer ({exc})") from None
     return version, types
 
 
