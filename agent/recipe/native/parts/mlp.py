@@ -208,10 +208,9 @@ def _gated(probe, chosen):
     return Match(GATED_MLP, options=options, facts={"activation": activation})
 
 
-def _by_roles(source, mlps, key, names, roles: dict, activation: str):
-    """The gated MLP whose linears carry other names (renamed at load to gate_proj / up_proj / down_proj) or whose
-    activation no config key names (silu only: npu_swiglu; the file then reads no key), its width
-    config.intermediate_size or the block-adjusted width of lfm2's config keys."""
+def _check_read_by_role(source, mlps, key, names, roles: dict, activation: str, read) -> None:
+    """What every gated MLP read by role must hold (`read`: _read_roles or _read_fused_roles): no mlp_multipliers
+    (written for the MLP under its own names), an activation the file can name, every layer read alike, no biases."""
     if getattr(source.config, MULTIPLIERS_KEY, None) is not None:
         raise NotNative("mlp", f"config.{MULTIPLIERS_KEY} on {type(mlps[0]).__name__}, an MLP read by role: only the gated "
                                "MLP under its own names scales its gate and output")
@@ -219,10 +218,17 @@ def _by_roles(source, mlps, key, names, roles: dict, activation: str):
         raise NotNative("mlp", f"no hidden_act / hidden_activation in the config, and {type(mlps[0]).__name__} "
                                f"computes {activation}, which the file would have to fix in code")
     for mlp in mlps:
-        if _read_roles(mlp, source.hidden, names) != (roles, activation):
+        if read(mlp, source.hidden, names) != (roles, activation):
             raise NotNative("mlp", "dense MLPs of unequal structure")
         if any(getattr(children(mlp)[n], "bias", None) is not None for n in roles.values()):
             raise NotNative("mlp", f"{type(mlp).__name__}: biases on the projections of a gated MLP read by role")
+
+
+def _by_roles(source, mlps, key, names, roles: dict, activation: str):
+    """The gated MLP whose linears carry other names (renamed at load to gate_proj / up_proj / down_proj) or whose
+    activation no config key names (silu only: npu_swiglu; the file then reads no key), its width
+    config.intermediate_size or the block-adjusted width of lfm2's config keys."""
+    _check_read_by_role(source, mlps, key, names, roles, activation, _read_roles)
     width = children(mlps[0])[roles["gate_proj"]].out_features
     adjusted = width != source.config.intermediate_size
     if adjusted and not _auto_adjusted(source, width, roles["gate_proj"]):
@@ -258,17 +264,7 @@ def gate_up_width_key(source, width: int, gate_up: str) -> str | None:
 def _by_fused_roles(source, mlps, key, names, roles: dict, activation: str):
     """The gated MLP whose gate / up linear is one under another name (moshi's fc1, fc2), renamed at load to
     gate_up_proj / down_proj, its width config.intermediate_size or half the key its gate_up follows (ffn_dim)."""
-    if getattr(source.config, MULTIPLIERS_KEY, None) is not None:
-        raise NotNative("mlp", f"config.{MULTIPLIERS_KEY} on {type(mlps[0]).__name__}, an MLP read by role: only the gated "
-                               "MLP under its own names scales its gate and output")
-    if key is None and activation not in ("silu", "swish"):
-        raise NotNative("mlp", f"no hidden_act / hidden_activation in the config, and {type(mlps[0]).__name__} "
-                               f"computes {activation}, which the file would have to fix in code")
-    for mlp in mlps:
-        if _read_fused_roles(mlp, source.hidden, names) != (roles, activation):
-            raise NotNative("mlp", "dense MLPs of unequal structure")
-        if any(getattr(children(mlp)[n], "bias", None) is not None for n in roles.values()):
-            raise NotNative("mlp", f"{type(mlp).__name__}: biases on the projections of a gated MLP read by role")
+    _check_read_by_role(source, mlps, key, names, roles, activation, _read_fused_roles)
     width = children(mlps[0])[roles["down_proj"]].in_features
     renames = tuple((f"\\.mlp\\.{name}\\.", f".mlp.{role}.") for role, name in roles.items() if name != role)
     options = {"SWIGLU": activation in ("silu", "swish"), "ACT": key or "hidden_act", "MLP_BIAS": False,
