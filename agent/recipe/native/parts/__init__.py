@@ -14,6 +14,7 @@ from agent.recipe.native.parts import block_normed_residual
 from agent.recipe.native.parts import mla_layer_shapes
 from agent.recipe.native.parts import linear_attention_kda
 from agent.recipe.native.parts import block_parallel_hybrid
+from agent.recipe.native.parts import block_first_unnormed, head_transform
 from agent.recipe.native.parts.part import ROLES, SLOTS, Composition, Match, Part
 
 __all__ = ["PARTS", "OPTION_NAMES", "TABLES", "ROLES", "SLOTS", "Composition", "Match", "Part"]
@@ -64,10 +65,12 @@ PARTS = (
     scalar_multipliers.SANDWICH_RESIDUAL_MULTIPLIER,
     block_normed_residual.NORMED_RESIDUAL,   # before PRE_NORM: its norms' names are pre-norm's
     block.SANDWICH,
+    block_first_unnormed.FIRST_UNNORMED,     # before PRE_NORM: its layers are pre-norm's but the first
     block.PRE_NORM,
     block_post_norm.POST_NORM,
     block_post_ln.POST_LN,
     scalar_multipliers.LOGITS_SCALING,
+    head_transform.HEAD_TRANSFORM,          # before LM_HEAD, which refuses a model with a transform before its head
     head.LM_HEAD,
     mtp.MTP,
 )

@@ -73,6 +73,15 @@ def ties_when_told(probe) -> bool:
 
 
 def _probe(probe, chosen):
+    from agent.recipe.native.parts.probe import children
+
+    if "head_transform" in children(probe.model):
+        return None         # a transform before the head: parts/head_transform.py's (its refusal names why)
+    return read_head(probe)
+
+
+def read_head(probe) -> Match:
+    """The output head's match: its soft-cap, bias and tie."""
     softcap = "final_logit_softcapping" in probe.config.to_dict()
     bias = head_bias(probe)
     # an architecture whose class ties nothing (nemotron_h's empty _tied_weights_keys) keeps lm_head untied even where

@@ -183,7 +183,8 @@ def read_layout(model, hidden: int) -> Layout | None:
     prefix = getattr(model, "base_model_prefix", "")
     root, head = top.get(prefix), model.get_output_embeddings()
     head_name = next((name for name, child in top.items() if child is head), None)
-    if root is None or head_name is None or set(top) - {prefix, head_name}:
+    transform = head_transform_name(model, top, prefix, head_name) if root is not None and head_name else None
+    if root is None or head_name is None or set(top) - {prefix, head_name, transform}:
         return None
     path, base = prefix, root
     inner = _named(root)
@@ -197,12 +198,15 @@ def read_layout(model, hidden: int) -> Layout | None:
             layout = layout or Layout(root)
             layout.renames += unwrapped
         return layout
-    present(model, {prefix: "model", head_name: "lm_head"})
-    renames = [(f"^{re.escape(head_name)}\\.", "lm_head.")] if head_name != "lm_head" else []
+    present(model, {prefix: "model", head_name: "lm_head", **({transform: HEAD_TRANSFORM} if transform else {})})
+    # the transform's rename first: its stored name may be lm_head (modernbert-decoder's), the head's new one
+    renames = [(f"^{re.escape(transform)}\\.", f"{HEAD_TRANSFORM}.")] if transform else []
+    renames += [(f"^{re.escape(head_name)}\\.", "lm_head.")] if head_name != "lm_head" else []
     children = _named(base)
     lists = [name for name, child in children.items() if isinstance(child, torch.nn.ModuleList)
              and name not in weightless_lists(base)]
     embedding = input_embedding(model, root)
+    wrapper = embedding_wrapper(children, embedding)
     roles = {}
     for name, child in children.items():
         if child is embedding:
@@ -226,15 +230,24 @@ def read_layout(model, hidden: int) -> Layout | None:
     elif len(norms) == 1 and len(lists) == 1 and _runs_before_layers(model, children[norms[0]], children[lists[0]]):
         # trocr's layernorm_embedding, of the embedding plus its positions: its post-LN layers leave no final norm
         roles[norms[0]] = "embed_norm"
-    if len(set(roles.values())) != len(roles):
+    if len(set(roles.values())) != len(roles) or (wrapper and "embed_norm" in roles.values()):
         return Layout(base, refusal=duplicate_roles_text(children, roles))
-    present(base, roles)
+    if wrapper:
+        # modernbert-decoder's embeddings: its tok_embeddings and norm read as the skeleton's embedding and its norm
+        name, inner = wrapper
+        held = _named(children[name])
+        present(base, {**roles, "embed_tokens": held[inner["embed_tokens"]], "embed_norm": held[inner["embed_norm"]]},
+                hide=(name,))
+        renames += [(_prefixed(f"{path}.{name}.{stored}"), f"model.{role}.") for role, stored in inner.items()]
+    else:
+        present(base, roles)
     for name in children:
-        renames.append((_prefixed(f"{path}.{name}"), f"model.{roles.get(name, name)}."))
+        if not wrapper or name != wrapper[0]:
+            renames.append((_prefixed(f"{path}.{name}"), f"model.{roles.get(name, name)}."))
     if "layers" not in roles.values():
         return Layout(base, tuple(renames), refusal=f"no one list of decoder layers in the base model (module "
                                                     f"lists: {', '.join(lists) or 'none'})")
-    embed_norm = "embed_norm" in roles.values()
+    embed_norm = "embed_norm" in roles.values() or bool(wrapper)
     if embed_norm and "embed_positions" in roles.values():
         # whether the norm takes the embedding plus its positions: the position table called before it
         order = call_order(model, base)
@@ -244,6 +257,53 @@ def read_layout(model, hidden: int) -> Layout | None:
     layout = Layout(base, tuple(renames), embed_norm=embed_norm)
     _layer_roles(model, list(base.layers), hidden, layout)
     return layout
+
+
+HEAD_TRANSFORM = "head_transform"       # the skeleton's name of a transform before the output head
+
+
+def head_transform_name(model, top: dict, prefix: str, head_name: str) -> str | None:
+    """The causal LM's one child beside its base model and output head that takes the base model's output and hands
+    the head its own (modernbert-decoder's lm_head: dense, activation, LayerNorm before its `decoder` Linear), read
+    from one forward; parts/head_transform.py holds what it computes. None where there is no such child."""
+    import torch
+
+    others = [name for name in top if name not in (prefix, head_name)]
+    if len(others) != 1 or not any(True for _ in top[others[0]].parameters()):
+        return None
+    seen, handles = {}, []
+    for name in (prefix, others[0], head_name):
+        def keep(module, args, kwargs, out, name=name):
+            first = args[0] if args else next(iter(kwargs.values()), None)
+            seen.setdefault(name, (first, out[0] if isinstance(out, tuple) else getattr(out, "last_hidden_state", out)))
+        handles.append(top[name].register_forward_hook(keep, with_kwargs=True))
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.tensor([[3, 5, 7]]), use_cache=False)
+    except Exception:  # noqa: BLE001 - a model this forward cannot run: not read so
+        return None
+    finally:
+        for handle in handles:
+            handle.remove()
+    if len(seen) != 3:
+        return None
+    (_, base_out), (transform_in, transform_out), (head_in, _) = (seen[n] for n in (prefix, others[0], head_name))
+    same = all(isinstance(t, torch.Tensor) for t in (base_out, transform_in, transform_out, head_in)) \
+        and torch.equal(transform_in, base_out) and torch.equal(head_in, transform_out)
+    return others[0] if same else None
+
+
+def embedding_wrapper(children: dict, embedding) -> tuple | None:
+    """(child name, {embed_tokens: its name, embed_norm: its name}) for the base model's child that holds the input
+    embedding and one norm alone (modernbert-decoder's embeddings: norm(tok_embeddings(ids))); the embedding part
+    holds what reaches the first layer numerically. None where the embedding is the base model's own child."""
+    for name, child in children.items():
+        held = _named(child)
+        found = [n for n, c in held.items() if c is embedding]
+        norms = [n for n, c in held.items() if _is_norm(c)]
+        if found and len(held) == 2 and len(norms) == 1:
+            return name, {"embed_tokens": found[0], "embed_norm": norms[0]}
+    return None
 
 
 def duplicate_roles_text(children: dict, roles: dict) -> str:
@@ -475,6 +535,8 @@ def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
     reference = layers[0]
     if not _attentions(reference) and any(set(_named(c)) == SHORT_CONV_CHILDREN for c in _named(reference).values()):
         reference = next((layer for layer in layers if len(_attentions(layer)) == 1), reference)
+    if first_unnormed(layers):
+        reference = layers[1]           # its norms read where the first layer holds an identity in one's place
     named = _named(reference)
     order = call_order(model, reference)
     # a cross-attention and its norm the causal LM never calls (trocr's encoder_attn: no encoder states): not read,
@@ -604,6 +666,18 @@ def _layer_roles(model, layers, hidden: int, layout: Layout) -> None:
     for path, module in layers[0].named_modules():
         if isinstance(module, Conv1D) and stored is not None:
             layout.transposed += (f"{stored}\\d+\\.{re.escape(path)}\\.weight$",)
+
+
+def first_unnormed(layers) -> bool:
+    """Whether the first layer holds an identity (nn.Identity) under a name where the second holds a norm, and is
+    otherwise named as it (modernbert-decoder's layer 0 attn_norm); parts/block_first_unnormed.py writes it."""
+    import torch
+
+    if len(layers) < 2:
+        return False
+    first, second = _named(layers[0]), _named(layers[1])
+    swapped = [n for n, c in first.items() if isinstance(c, torch.nn.Identity)]
+    return set(first) == set(second) and bool(swapped) and all(_is_norm(second[n]) for n in swapped)
 
 
 def one_mixer_names(layers) -> tuple | None:

@@ -159,7 +159,8 @@ def _probe(probe, chosen):
                                      "part writes")
     refuse_recurrent_attention(probe)
     top = children(probe.model)
-    heads = set(top) - {"model", "lm_head"} - final_softcaps(probe)
+    # head_transform: a transform before the output head the layout read (parts/head_transform.py holds it)
+    heads = set(top) - {"model", "lm_head", "head_transform"} - final_softcaps(probe)
     if heads:
         raise NotNative("model", heads_text(probe.model, heads))
     # a list of weightless rotary tables (granite_swa's rotary_embs): the position part's to read

@@ -18,9 +18,13 @@ def model_norms(probe, full_width_qk: bool = True):
     attention's q/k norms and the final norm — the one walk the norm parts probe (norm_offsets here,
     parts/norm_layer.py's layer_norm_facts). A q/k norm's width is per head, or with `full_width_qk` over all heads'
     width where its weight has that width (olmo2: agent.recipe.native.parts.attention reads which)."""
+    import torch
+
     for layer in probe.layers:
         kinds = children(layer)
         for name in layer_norm_names(probe, layer, LAYER_NORMS):
+            if isinstance(kinds[name], torch.nn.Identity):
+                continue        # no norm in that place (modernbert-decoder's first layer): parts/block_first_unnormed.py
             yield kinds[name], probe.hidden
         attention = kinds.get("self_attn")
         for name in QK_NORMS:

@@ -99,6 +99,8 @@ def shrunk_config(config_dict: dict, changes: dict | None = None):
                                 for key, value in (changes or {}).items()})   # a per-layer list: the kept layers
     if isinstance(data.get("sliding_window"), int) and data["sliding_window"]:
         data["sliding_window"] = 5
+    if isinstance(data.get("sliding_window"), int) and isinstance(data.get("local_attention"), int):
+        data["local_attention"] = 10    # modernbert-decoder's: its config sets sliding_window to half of it
     if isinstance(data.get("attention_layers"), list) and isinstance(data.get("window_size"), int):
         data["window_size"] = 5         # gpt_neo's local layers' window
     if isinstance(data.get("query_pre_attn_scalar"), (int, float)):

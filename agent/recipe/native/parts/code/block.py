@@ -11,12 +11,25 @@ SANDWICH = False        # post-attention and pre/post-feedforward norms around a
 RESIDUAL_MULTIPLIER = False  # the attention's and the MLP's outputs times config.residual_multiplier (granite)
 RESIDUAL_DEPTH_SCALED = False   # that multiplier is scale_depth / sqrt(num_hidden_layers) (minicpm3)
 LAYER_SCALAR = False    # the layer's output, residual included, times its checkpoint's layer_scalar (gemma4)
+FIRST_LAYER_UNNORMED = False    # the first layer's attention takes its input unnormed (modernbert-decoder's Identity)
 # the norms' module names (the checkpoint's), by role: the attention's input and output norms, the MLP's input
 # and output norms (the output norms only in the sandwich layer)
 ATTENTION_NORM = "input_layernorm"
 ATTENTION_OUT_NORM = "post_attention_layernorm"
 MLP_NORM = "post_attention_layernorm"
 MLP_OUT_NORM = "post_feedforward_layernorm"
+
+
+class ModelUnnormed(nn.Module):
+    """A norm's place without a norm, with its interface: called with a residual, the residual joins first and the
+    sum comes back twice (the attention's input and the residual)."""
+
+    def forward(self, hidden_states, *args):
+        if not args:
+            return hidden_states
+        if args[0] is not None:
+            hidden_states = args[0] + hidden_states
+        return hidden_states, hidden_states
 
 
 class ModelDecoderLayer(ModelDecoderLayerBase):
@@ -29,7 +42,10 @@ class ModelDecoderLayer(ModelDecoderLayerBase):
                 self.residual_multiplier = config.scale_depth / config.num_hidden_layers ** 0.5
             else:
                 self.residual_multiplier = config.residual_multiplier
-        setattr(self, ATTENTION_NORM, Norm(config.hidden_size, eps=getattr(config, NORM_EPS) if NORM_EPS else FIXED_NORM_EPS))
+        if FIRST_LAYER_UNNORMED and layer_idx == 0:
+            setattr(self, ATTENTION_NORM, ModelUnnormed())
+        else:
+            setattr(self, ATTENTION_NORM, Norm(config.hidden_size, eps=getattr(config, NORM_EPS) if NORM_EPS else FIXED_NORM_EPS))
         if SANDWICH:
             setattr(self, ATTENTION_OUT_NORM, Norm(config.hidden_size, eps=getattr(config, NORM_EPS) if NORM_EPS else FIXED_NORM_EPS))
         setattr(self, MLP_NORM, Norm(config.hidden_size, eps=getattr(config, NORM_EPS) if NORM_EPS else FIXED_NORM_EPS))

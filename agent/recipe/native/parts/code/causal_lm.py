@@ -22,6 +22,7 @@ from module.linear import (
 
 from .block import ModelDecoderLayer as DecoderLayer
 from .context_parallel import gather_cp, prefill_cp
+from .head_transform import ModelHeadTransform
 from .moe import register_expert_groups
 from .norm_rms import ModelRMSNorm as Norm
 from .parallel import gather_rows, own_rows_whole, spans_requests, sum_own_rows
@@ -58,6 +59,7 @@ ONE_MIXER = False               # one mixer per layer (parts/code/block_one_mixe
 LAYER_CACHES = False            # each layer lists its caches (falcon_h1's parallel hybrid layer: KV cache and Mamba states)
 NO_ATTENTION = False            # no attention layer at all (mamba2's Mamba2 layers alone): no heads to split
 NEVER_TIED = False              # lm_head never tied to the embedding, whatever the config says (nemotron_h)
+HEAD_TRANSFORM = False          # dense, activation and norm before lm_head (modernbert-decoder's prediction head)
 QUERY_POSITION_SCALE = False    # the attention scales its queries by position (llama-4): it takes the positions too
 QUERY_TEMPERATURE = False       # so does llama4's attention temperature
 # transformers' renames of the checkpoint's tensor names for this architecture (pattern, replacement), in order
@@ -220,12 +222,16 @@ class ModelForCausalLM(nn.Module):
             input_size=config.hidden_size, output_size=config.vocab_size, bias=LM_HEAD_BIAS, tp_size=self.lmhead_tp_size,
             tp_rank=comm_manager.get_rank("lmhead_tp_group") if self.lmhead_tp_size > 1 else 0,
             quant_config=None, prefix="lm_head")      # the output head stays float, as in upstream's models
+        if HEAD_TRANSFORM:
+            self.head_transform = ModelHeadTransform(config, prefix="head_transform")
 
     def forward(self, input_ids, position_ids=None, forward_metadata: ForwardMetaData = None, **kwargs):
         hidden_states = self.model(input_ids, position_ids, forward_metadata)
         if MTP and self.model.next_n:
             prev_hidden_states = hidden_states
             hidden_states = verified_rows(hidden_states, forward_metadata)
+        if HEAD_TRANSFORM:
+            hidden_states = self.head_transform(hidden_states)
         if self.lmhead_gather:
             logits = self.lm_head_across_requests(hidden_states, forward_metadata.is_prefill)
         else:
