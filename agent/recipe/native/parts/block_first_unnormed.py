@@ -48,5 +48,5 @@ def _probe(probe, chosen):
 
 FIRST_UNNORMED = Part(slot="block", name="pre_norm_first_unnormed", code="block.py", provides="ModelDecoderLayer",
                       reads=PRE_NORM.reads, probe=_probe, options=(*PRE_NORM.options, "FIRST_LAYER_UNNORMED"),
-                      kernels=lambda m: ((), ("the first layer's attention input unnormed: its residual add in plain "
-                                              "torch",)))
+                      kernels=lambda m: ((), ("the first layer's attention takes its input unnormed (no norm in "
+                                              "its place)",)))

@@ -71,9 +71,7 @@ def test_the_embedding_through_the_weightless_final_norm_is_read_and_a_weighted_
 @pytest.mark.slow
 @pytest.mark.parametrize("model_type, kind, reason", [
     ("inkling2_text", "model", "final_input"),
-    # the default cases: test_heads_besides_lm_head_are_named_with_where_the_logits_come_from, and
-    # test_moe_features.py's test_a_router_scoring_more_experts_than_the_block_routes_to_is_not_native
-    ("modernbert-decoder", "model", "the logits from decoder after lm_head (ModernBertDecoderPredictionHead)"),
+    # the default case: test_moe_features.py's test_a_router_scoring_more_experts_than_the_block_routes_to_is_not_native
     ("inkling_text", "moe", "the router scores 258 experts and the block routes to 256; config.n_shared_experts is 2"),
 ])
 def test_the_types_fall_back_naming_their_next_blocker(model_type, kind, reason):
