@@ -366,6 +366,12 @@ def _picks_by_logits(block, router, x, k: int) -> bool:
             router.weight.mul_(SATURATING_GAIN)
         logits = _router_logits(router, x)
         by_logits = reference_gating(logits, k=k, scoring="sigmoid", renormalize=False, select_on_logits=True)
+        # the rows whose every chosen weight is above 0: a chosen expert whose sigmoid underflows to 0 in float32 (a
+        # top-k past 1, its logit far below) is not told from one not chosen where the weights scale the experts'
+        # inputs (llama4's)
+        keep = (by_logits[0] > 0).all(-1)
+        x, logits = x[keep], logits[keep]
+        by_logits = reference_gating(logits, k=k, scoring="sigmoid", renormalize=False, select_on_logits=True)
         by_scores = reference_gating(logits, k=k, scoring="sigmoid", renormalize=False)
         if _same_routing(by_logits[1], by_logits[0], by_scores[1], by_scores[0]):
             return False

@@ -46,3 +46,19 @@ def test_llama4_text_routing_is_read_as_input_scaled():
     assert (facts["shared"], facts["shared_name"], facts["gate_up_layout"]) == ("plain", "shared_expert", "E,H,2I")
     assert moe_options(facts)["INPUT_SCALED"] is True
     assert any("times its router weight" in line for line in facts["unfused"])
+
+
+def test_llama4_text_routing_of_two_experts_per_token_is_read_where_a_weight_underflows():
+    """Two experts per token (the tiny image-text llama4's text_config): the router's weights scaled until large
+    logits' sigmoids tie at 1 drive some chosen experts' sigmoids to exactly 0 in float32, which the experts' inputs do
+    not tell from an expert not chosen; the top-k by logits is read on the rows whose chosen weights are all above 0
+    (before: "calls its experts with the hidden states alone")."""
+    from transformers import AutoConfig
+
+    from agent.recipe.native.parts.moe import derive_moe
+
+    config = AutoConfig.for_model("llama4_text", hidden_size=64, intermediate_size=128, intermediate_size_mlp=128,
+                                  num_local_experts=4, num_experts_per_tok=2, num_hidden_layers=1,
+                                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=64)
+    facts = derive_moe(config)
+    assert facts["input_scaled"] and facts["select_on_logits"]
