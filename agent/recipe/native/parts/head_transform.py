@@ -66,11 +66,12 @@ def activation_key(probe, transform) -> str:
 
 def norm_of_model_kind(probe, norm) -> bool:
     """Whether the transform's norm computes what the final norm computes with its weights (the file builds it as
-    the norm part's class), at the same epsilon."""
+    the norm part's class), at the same epsilon (read on copies: their weights moved off ones and zeros)."""
     import copy
 
     import torch
 
+    norm = copy.deepcopy(norm)
     final = getattr(probe.base, "norm", None)
     if final is None or type(final) is not type(norm):
         return False
@@ -105,14 +106,12 @@ def dense_bias(probe, present: bool):
 
 
 def _probe(probe, chosen):
-    import copy
-
     transform = children(probe.model).get(NAME)
     if transform is None:
         return None
     dense, _, norm = transform_parts(transform, probe.hidden)
     key = activation_key(probe, transform)
-    if not norm_of_model_kind(probe, copy.deepcopy(norm)):
+    if not norm_of_model_kind(probe, norm):
         raise NotNative("norm", f"the norm of the transform before the output head ({type(norm).__name__}) is not "
                                 "the model's own kind (the final norm's arithmetic and epsilon)")
     bias = dense_bias(probe, dense.bias is not None)
