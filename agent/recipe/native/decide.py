@@ -21,7 +21,8 @@ from agent.recipe.native.not_native import NotNative
 from agent.recipe.native.parts import Composition
 from agent.recipe.native.parts.mtp import without_unshipped_mtp
 
-SELFCHECK_TIMEOUT_S = 600
+SELFCHECK_TIMEOUT_S = 600      # the least a self-check is given
+SELFCHECK_JOB_S = 120          # and this per job: a family of many settings is more work, not a hang
 _decisions: dict[str, "NativeDecision"] = {}
 
 
@@ -55,14 +56,21 @@ def render_native(ctx: dict, features: Composition) -> str:
     return write(features, ctx)
 
 
-def selfcheck(jobs: list[dict], checkout: Path, timeout: float = SELFCHECK_TIMEOUT_S) -> list[dict]:
+def selfcheck_timeout(jobs: list) -> float:
+    """Seconds the self-check of `jobs` may take: SELFCHECK_JOB_S a job, at least SELFCHECK_TIMEOUT_S."""
+    return max(SELFCHECK_TIMEOUT_S, SELFCHECK_JOB_S * len(jobs))
+
+
+def selfcheck(jobs: list[dict], checkout: Path, timeout: float | None = None) -> list[dict]:
     """Run agent.recipe.native.selfcheck on `jobs` ({"config", "file", "class_name"}, optional "changes", "dtype")
-    under the stand-in, the checkout's module/ and executor/ importable."""
+    under the stand-in, the checkout's module/ and executor/ importable, within `timeout` seconds (by default
+    selfcheck_timeout(jobs))."""
     from agent.child_failure import child_failure
     from agent.processes import owned_temp, run_tree
     from npu_standin.environment import standin_env
 
     project = Path(__file__).resolve().parents[3]
+    timeout = selfcheck_timeout(jobs) if timeout is None else timeout
     # one process tree the migrator owns (stopped with it on SIGINT / SIGTERM or the timeout); its folder
     # is one the next command removes if a SIGKILL leaves it
     with owned_temp("selfcheck") as tmp, \
