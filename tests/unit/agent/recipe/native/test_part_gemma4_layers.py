@@ -90,19 +90,74 @@ def test_key_heads_per_layer_and_keys_as_values_are_read(checkpoint_probe):
     assert facts["K_EQ_V"] == ("attention_k_eq_v", ("full_attention",))
 
 
-def test_the_checkpoints_first_blocker_is_now_its_moe_branch():
-    """With the key heads and the keys as values written, gemma4-26B falls back at its layers' sparse-MoE branch
-    beside the dense MLP (router, experts and their norms), which no block part writes."""
-    from agent.recipe.native.compose import derive
-    from agent.recipe.native.not_native import NotNative
-    from agent.testing.checkpoint_shapes import checkpoint_config
+def test_the_checkpoints_moe_branch_beside_the_dense_mlp_is_read(checkpoint_probe):
+    """gemma4-26B's layers hold a router and experts beside the dense MLP: the router read numerically (on the
+    residual stream, its own weightless norm, scale, 1 / sqrt(hidden), softmax top-k renormalised, per_expert_scale),
+    the experts as gelu-tanh over gate / up halves (npu_geglu) behind pre_feedforward_layernorm_2, the layer's two
+    branches normed, summed and normed again (post_feedforward_layernorm_1 / _2, then post_feedforward_layernorm)."""
+    from agent.recipe.native.compose import compose
 
-    config, _ = checkpoint_config("gemma4_text")
+    composition = compose(checkpoint_probe)
+    assert composition.parts["moe"] == "sparse_moe_scaled_router"
+    assert composition.parts["block"] == "sandwich_moe_beside_mlp"
+    assert composition.parts["mlp"] == "gated_mlp"
+    options = composition.options
+    assert options["GEGLU"] is True and options["EXPERTS_NORM"] == "pre_feedforward_layernorm_2"
+    assert (options["TOPK_KEY"], options["EXPERTS_KEY"], options["WIDTH_KEY"]) == \
+        ("top_k_experts", "num_experts", "moe_intermediate_size")
+    assert options["ROUTER_STORED"] == "router.proj" and options["FUSED_LAYOUT"] == "E,2I,H"
+    assert (options["MLP_OUT_NORM"], options["MOE_OUT_NORM"], options["BRANCHES_NORM"]) == \
+        ("post_feedforward_layernorm_1", "post_feedforward_layernorm_2", "post_feedforward_layernorm")
+    assert options["LAYER_SCALAR"] is True
+    # the layer's own router / experts and the experts' norm load into the native layer's moe_block
+    assert ("\\.router\\.", ".moe_block.router.") in options["CHECKPOINT_RENAMES"]
+    assert ("\\.pre_feedforward_layernorm_2\\.", ".moe_block.pre_feedforward_layernorm_2.") in \
+        options["CHECKPOINT_RENAMES"]
+
+
+def _router_without(what: str):
+    """Gemma4TextRouter's forward with one step left out: the per_expert_scale, the weightless norm or the scale."""
+    import torch
+
+    def forward(self, hidden_states):
+        if what != "norm":
+            hidden_states = self.norm(hidden_states)
+        hidden_states = hidden_states * (self.scale if what != "scale" else 1.0) * self.scalar_root_size
+        probabilities = torch.nn.functional.softmax(self.proj(hidden_states), dim=-1, dtype=torch.float32)
+        weights, index = torch.topk(probabilities, k=self.config.top_k_experts, dim=-1)
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+        if what != "per_expert_scale":
+            weights = weights * self.per_expert_scale[index]
+        return probabilities, weights, index
+
+    return forward
+
+
+@pytest.mark.parametrize("what", ["per_expert_scale", "norm", "scale"])
+def test_a_router_without_its_norm_or_scales_is_refused(checkpoint_probe, monkeypatch, what):
+    from agent.recipe.native.not_native import NotNative
+    from agent.recipe.native.parts.moe_scaled_router import derive_scaled_router
+
+    router_class = type(checkpoint_probe.layers[0].router)
+    monkeypatch.setattr(router_class, "forward", _router_without(what))
+    with pytest.raises(NotNative, match="routes otherwise than top-k of the softmax"):
+        derive_scaled_router(checkpoint_probe)
+
+
+def test_a_layer_whose_moe_branch_is_not_normed_is_refused(checkpoint_probe, monkeypatch):
+    from agent.recipe.native.compose import compose
+    from agent.recipe.native.not_native import NotNative
+
+    # the sparse-MoE branch's output norm an identity: the branch's output joins the sum unnormed
+    norm_class = type(checkpoint_probe.layers[0].post_feedforward_layernorm_2)
+    forward = norm_class.forward
+    targets = {id(layer.post_feedforward_layernorm_2) for layer in checkpoint_probe.layers}
+    monkeypatch.setattr(norm_class, "forward", lambda self, x: x if id(self) in targets else forward(self, x))
+    checkpoint_probe.memo.pop("norm_roles", None)
     with pytest.raises(NotNative) as caught:
-        derive(config)
+        compose(checkpoint_probe)
     assert caught.value.kind == "decoder layer"
-    assert "a sparse-MoE branch beside its dense MLP" in caught.value.reason
-    assert "experts" in caught.value.reason and "router" in caught.value.reason
+    assert "post_feedforward_layernorm_2 is not the norm its other norms are" in caught.value.reason
 
 
 @pytest.mark.parametrize("stated", [{"attention_k_eq_v": True, "num_global_key_value_heads": 2},
