@@ -12,7 +12,12 @@ these), a v_norm that is not weightless refused, a layer scalar that does not sc
 config's file held to transformers in float32, bfloat16 and every family setting, and its faults (every layer
 built at the first layer's head_dim, the value norm dropped, every rotary table at the sliding layers' width) must
 fail. The layer scalar has no fault here: it is 1 in transformers' random model, so the self-check cannot see it
-dropped (its reading is test_the_layer_scalar_multiplies_the_whole_output)."""
+dropped (its reading is test_the_layer_scalar_multiplies_the_whole_output).
+
+gemma-4-26B's shape adds key/value heads per layer, keys as values, and the sparse-MoE branch beside the dense MLP
+(parts/moe_scaled_router.py: the layer's own router and experts; parts/block_moe_beside_mlp.py: the two branches
+normed, summed and normed): read by default (and a router without its norm or scales, a branch without its output
+norm, refused); slow, held to transformers with the branch's faults."""
 
 from __future__ import annotations
 
@@ -28,6 +33,18 @@ FAULTS = [("self.head_dim = config.per_layer_config[layer_idx].head_dim",
            "NativeRotaryEmbedding(config, config.per_layer_config[0].head_dim,")]
 # gemma-4-26B's shape without its MoE branch (no part writes it yet): the key heads per layer and keys as values
 DENSE_26B_DROPPED = ("enable_moe_block", "num_experts", "top_k_experts", "moe_intermediate_size")
+# gemma-4-26B's sparse-MoE branch beside the dense MLP: the router's per_expert_scale, its weightless norm and its
+# scale dropped, the experts' norm dropped, the branch's output norm dropped, the gelu on the up half (npu_geglu's
+# default); each must fail (the self-check's random model has scale / per_expert_scale off 1: selfcheck.randomise)
+MOE_26B_FAULTS = [("weights = weights * router.per_expert_scale.float()[expert_ids.long()]", "weights = weights"),
+                  ("logits = router(normed * router.scale * self.hidden_size ** -0.5)",
+                   "logits = router(hidden_states * router.scale * self.hidden_size ** -0.5)"),
+                  ("logits = router(normed * router.scale * self.hidden_size ** -0.5)",
+                   "logits = router(normed * self.hidden_size ** -0.5)"),
+                  ("hidden_states = self.pre_feedforward_layernorm_2(hidden_states)", "hidden_states = hidden_states"),
+                  ("routed = self.post_feedforward_layernorm_2(self.moe_block(residual))",
+                   "routed = self.moe_block(residual)"),
+                  ("approximate=1, activate_left=True)", "approximate=1, activate_left=False)")]
 DENSE_26B_FAULTS = [("self.num_key_value_heads = config.per_layer_config[layer_idx].num_key_value_heads",
                      "self.num_key_value_heads = config.per_layer_config[0].num_key_value_heads"),
                     ('                if shard == "k":\n                    loader(param, weight, "v")',
@@ -267,4 +284,21 @@ def test_the_26b_shape_without_its_moe_matches_transformers_and_the_faults_fail(
     assert composition.options["KV_HEADS_PER_LAYER"] and composition.options["K_EQ_V"]
     assert ("attention_k_eq_v off", {"attention_k_eq_v": False}) in composition.checked_variants
     selfcheck_with_faults({"gemma4_text": (config, composition)}, {"gemma4_text": DENSE_26B_FAULTS},
+                          "NativeForCausalLM", tmp_path, keep=lambda label: True)
+
+
+@pytest.mark.slow
+def test_the_26b_shape_with_its_moe_branch_matches_transformers_and_the_faults_fail(tmp_path):
+    """Slow (minutes on a loaded 2-core host): the stand-in self-check of gemma-4-26B's text shape as it is — its
+    sparse-MoE branch beside the dense MLP — in float32, bfloat16 and each family setting, and the branch's faults
+    (MOE_26B_FAULTS). Default-suite coverage of the same path: test_the_checkpoints_moe_branch_beside_the_dense_mlp_is_read
+    and the refusals after it (the readings that write it)."""
+    from agent.recipe.native.compose import derive
+    from agent.testing.checkpoint_shapes import checkpoint_config
+    from part_selfcheck import selfcheck_with_faults
+
+    config, _ = checkpoint_config("gemma4_text")
+    composition = derive(config)
+    assert composition.parts["block"] == "sandwich_moe_beside_mlp"
+    selfcheck_with_faults({"gemma4_text": (config, composition)}, {"gemma4_text": MOE_26B_FAULTS},
                           "NativeForCausalLM", tmp_path, keep=lambda label: True)
