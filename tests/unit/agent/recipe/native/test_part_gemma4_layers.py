@@ -107,14 +107,19 @@ def test_key_heads_per_layer_and_keys_as_values_are_read(checkpoint_probe):
     assert facts["K_EQ_V"] == ("attention_k_eq_v", ("full_attention",))
 
 
-def test_the_checkpoints_moe_branch_beside_the_dense_mlp_is_read(checkpoint_probe):
+@pytest.fixture(scope="module")
+def checkpoint_composition(checkpoint_probe):
+    from agent.recipe.native.compose import compose
+
+    return compose(checkpoint_probe)
+
+
+def test_the_checkpoints_moe_branch_beside_the_dense_mlp_is_read(checkpoint_composition):
     """gemma4-26B's layers hold a router and experts beside the dense MLP: the router read numerically (on the
     residual stream, its own weightless norm, scale, 1 / sqrt(hidden), softmax top-k renormalised, per_expert_scale),
     the experts as gelu-tanh over gate / up halves (npu_geglu) behind pre_feedforward_layernorm_2, the layer's two
     branches normed, summed and normed again (post_feedforward_layernorm_1 / _2, then post_feedforward_layernorm)."""
-    from agent.recipe.native.compose import compose
-
-    composition = compose(checkpoint_probe)
+    composition = checkpoint_composition
     assert composition.parts["moe"] == "sparse_moe_scaled_router"
     assert composition.parts["block"] == "sandwich_moe_beside_mlp"
     assert composition.parts["mlp"] == "gated_mlp"
@@ -130,6 +135,51 @@ def test_the_checkpoints_moe_branch_beside_the_dense_mlp_is_read(checkpoint_prob
     assert ("\\.router\\.", ".moe_block.router.") in options["CHECKPOINT_RENAMES"]
     assert ("\\.pre_feedforward_layernorm_2\\.", ".moe_block.pre_feedforward_layernorm_2.") in \
         options["CHECKPOINT_RENAMES"]
+
+
+def test_the_scaled_router_block_matches_transformers_branch(checkpoint_probe, checkpoint_composition):
+    """The block's code (code/moe_scaled_router.py over code/moe.py, rendered alone with the derived options) against
+    transformers' layer's own router and experts on one residual stream (its router's scale and per_expert_scale off
+    1), float32 under the stand-in's reference kernels; the same block with per_expert_scale dropped differs."""
+    import copy
+
+    import torch
+
+    import native_moe_harness as harness
+    from agent.recipe.native.assemble import assemble
+    from agent.recipe.native.parts import OPTION_NAMES
+
+    if not harness.UPSTREAM.is_dir():
+        pytest.skip(f"no upstream snapshot at {harness.UPSTREAM}")
+    options = checkpoint_composition["moe"].options
+    source = assemble(["norm_rms.py", "moe_scaled_router.py"], options=options, option_names=OPTION_NAMES,
+                      roles={"Norm": "ModelRMSNorm"}, prefix="Gemma4Text", framework_class="Gemma4TextForCausalLM",
+                      keep=("ModelScaledRouterSparseMoeBlock",), header="# coding=utf-8")
+    layer = copy.deepcopy(checkpoint_probe.layers[0])
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, param in layer.named_parameters():
+            if name.startswith(("router.", "experts.", "pre_feedforward_layernorm_2.")):
+                param.copy_(1 + 0.3 * torch.randn(param.shape, generator=gen) if param.dim() == 1
+                            else torch.randn(param.shape, generator=gen) * 0.3)
+    tensors = [(name, tensor) for name, tensor in layer.state_dict().items()
+               if name.startswith(("router.", "experts.", "pre_feedforward_layernorm_2."))]
+    x = torch.randn(13, checkpoint_probe.hidden, generator=gen)
+    with torch.no_grad():
+        _, weights, index = layer.router(x)
+        want = layer.experts(layer.pre_feedforward_layernorm_2(x), index, weights)
+    faulty = "weights = weights * router.per_expert_scale.float()[expert_ids.long()]"
+    assert source.count(faulty) == 1
+    moved = []
+    for name, text in (("good", source), ("fault", source.replace(faulty, "weights = weights"))):
+        module = harness.load_generated(text, f"gemma4_{name}")
+        ours = module.Gemma4TextScaledRouterSparseMoeBlock(checkpoint_probe.config, harness.infer_config(), None,
+                                                           prefix="model.layers.0.moe_block")
+        assert ours.load_weights(tensors) == set(dict(ours.named_parameters()))
+        ours.process_weights_after_loading()
+        with torch.no_grad():
+            moved.append(float((ours(x) - want).abs().max() / want.abs().max()))
+    assert moved[0] < 1e-5 and moved[1] > 1e-3, moved
 
 
 def _router_without(what: str):
@@ -170,7 +220,7 @@ def test_a_layer_whose_moe_branch_is_not_normed_is_refused(checkpoint_probe, mon
     forward = norm_class.forward
     targets = {id(layer.post_feedforward_layernorm_2) for layer in checkpoint_probe.layers}
     monkeypatch.setattr(norm_class, "forward", lambda self, x: x if id(self) in targets else forward(self, x))
-    checkpoint_probe.memo.pop("norm_roles", None)
+    monkeypatch.delitem(checkpoint_probe.memo, "norm_roles", raising=False)
     with pytest.raises(NotNative) as caught:
         compose(checkpoint_probe)
     assert caught.value.kind == "decoder layer"
