@@ -48,9 +48,9 @@ def scaled_router(x, weight, scale, per_expert_scale, k: int, eps: float):
     return weights * per_expert_scale.float()[index], index
 
 
-def router_tensors(router, hidden: int, experts: int) -> dict:
-    """{"proj": the router's linear's name, "scale": [hidden], "per_expert_scale": [experts]} of the router's
-    parameters by their shapes (NotNative where it holds others, or these under other names)."""
+def router_linear(router, hidden: int, experts: int) -> str:
+    """The name of the router's one linear (hidden -> experts, no bias), beside its own `scale` [hidden] and
+    `per_expert_scale` [experts] (NotNative where it holds other parameters, or these under other names)."""
     import torch
 
     linears = [name for name, m in router.named_children() if isinstance(m, torch.nn.Linear)
@@ -61,7 +61,7 @@ def router_tensors(router, hidden: int, experts: int) -> dict:
         raise NotNative("moe", f"the layer's router {type(router).__name__} holds {sorted(own)} and linears {linears}: "
                                "not one bias-free linear to the experts, a scale of the hidden width and a "
                                "per_expert_scale")
-    return {"proj": linears[0]}
+    return linears[0]
 
 
 def read_branch(layer, x):
@@ -152,7 +152,8 @@ def derive_scaled_router(probe) -> dict | None:
     if width_key is None:
         raise NotNative("moe", f"the experts' width {width} is none of the config's {' / '.join(WIDTH_KEYS)}")
     router = layer.router
-    proj = getattr(router, router_tensors(router, hidden, experts)["proj"])
+    proj_name = router_linear(router, hidden, experts)
+    proj = getattr(router, proj_name)
     gen = torch.Generator().manual_seed(21)
     with torch.no_grad():
         proj.weight.copy_(torch.randn(proj.weight.shape, generator=gen))
@@ -173,7 +174,7 @@ def derive_scaled_router(probe) -> dict | None:
         raise NotNative("moe", f"the layer's experts compute {activation}, not gelu-tanh(gate) * up: no part writes "
                                "it beside the dense MLP")
     return {"MOE": True, "EXPERTS_KEY": experts_key, "TOPK_KEY": topk_key, "WIDTH_KEY": width_key,
-            "ROUTER": "router", "ROUTER_STORED": f"router.{router_tensors(router, hidden, experts)['proj']}",
+            "ROUTER": "router", "ROUTER_STORED": f"router.{proj_name}",
             "SCORING": "softmax", "RENORMALIZE": True, "EXPERTS": "gmm", "GEGLU": True, "FUSED_LAYOUT": layout,
             "EXPERTS_NORM": norm,
             # the layer's router, experts and the experts' norm are the native layer's sparse-MoE block's
