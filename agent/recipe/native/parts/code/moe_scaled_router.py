@@ -7,7 +7,7 @@ import torch
 import torch_npu
 from torch import nn
 
-from .moe import EXPERTS_NORM, ROUTER, ModelSparseMoeBlock
+from .moe import EXPERTS_KEY, EXPERTS_NORM, ROUTER, ModelSparseMoeBlock
 from .norm_rms import ModelRMSNorm as Norm
 
 
@@ -17,6 +17,11 @@ class ModelScaledRouterSparseMoeBlock(ModelSparseMoeBlock):
     router.proj (ROUTER_STORED), its scale and per_expert_scale their own tensors."""
 
     def __init__(self, config, infer_config, comm_manager, prefix=""):
+        experts = getattr(config, EXPERTS_KEY, None)
+        if not experts:
+            # a checkpoint of the family without the branch (gemma4's enable_moe_block false): not this file's
+            raise ValueError(f"config.{EXPERTS_KEY} is {experts!r}: this file's layers hold a sparse-MoE branch beside "
+                             "the dense MLP; derive the recipe from this checkpoint instead")
         super().__init__(config, infer_config, comm_manager, prefix)
         router = getattr(self, ROUTER)
         router.scale = nn.Parameter(torch.empty(self.hidden_size), requires_grad=False)

@@ -180,6 +180,11 @@ def test_the_scaled_router_block_matches_transformers_branch(checkpoint_probe, c
         with torch.no_grad():
             moved.append(float((ours(x) - want).abs().max() / want.abs().max()))
     assert moved[0] < 1e-5 and moved[1] > 1e-3, moved
+    # a config of the family without the branch (enable_moe_block false: no experts) is refused in one line
+    dense = copy.deepcopy(checkpoint_probe.config)
+    dense.num_experts = None
+    with pytest.raises(ValueError, match="config.num_experts is None: this file's layers hold a sparse-MoE branch"):
+        module.Gemma4TextScaledRouterSparseMoeBlock(dense, harness.infer_config(), None, prefix="model.layers.0.moe_block")
 
 
 def _router_without(what: str):
