@@ -189,8 +189,11 @@ def randomise(model, scale: float) -> None:
 
 
 def routers(model) -> list:
-    """The routers of the model's sparse-MoE blocks."""
+    """The routers of the model's sparse-MoE blocks (their linears to the experts)."""
+    import torch
+
     from agent.recipe.native.parts.moe import ROUTER_NAMES, moe_block
+    from agent.recipe.native.parts.moe_scaled_router import layer_moe
 
     found = []
     for layer in getattr(getattr(model, "model", None), "layers", None) or []:
@@ -198,6 +201,9 @@ def routers(model) -> list:
         if block is not None:
             found += [getattr(block[1], n) for n in ROUTER_NAMES if getattr(getattr(block[1], n, None), "weight", None)
                       is not None]
+        elif layer_moe(layer):
+            # a layer's own router (gemma4's): its linear to the experts
+            found += [m for m in layer.router.children() if isinstance(m, torch.nn.Linear)]
     return found
 
 

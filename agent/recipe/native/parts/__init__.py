@@ -15,6 +15,7 @@ from agent.recipe.native.parts import mla_layer_shapes
 from agent.recipe.native.parts import linear_attention_kda
 from agent.recipe.native.parts import block_parallel_hybrid
 from agent.recipe.native.parts import block_first_unnormed, head_transform
+from agent.recipe.native.parts import block_moe_beside_mlp, moe_scaled_router
 from agent.recipe.native.parts.part import ROLES, SLOTS, Composition, Match, Part
 
 __all__ = ["PARTS", "OPTION_NAMES", "TABLES", "ROLES", "SLOTS", "Composition", "Match", "Part"]
@@ -54,9 +55,11 @@ PARTS = (
     no_attention.NO_MLP,
     moe.SPARSE_MOE,
     moe.SPARSE_MOE_OUTPUT_NORM,
+    moe_scaled_router.SCALED_ROUTER_MOE,     # a layer's own router and experts beside its dense MLP (gemma4)
     mlp_clamped.CLAMPED_MLP,
     mlp.GATED_MLP,
     mlp_plain.PLAIN_MLP,
+    block_moe_beside_mlp.MOE_BESIDE_MLP,     # before the others: its layers hold a router and experts beside the MLP
     block_parallel_hybrid.PARALLEL_HYBRID,   # before the others: its layers hold a mixer and an attention
     block_one_mixer.ONE_MIXER,
     block_parallel.PARALLEL,

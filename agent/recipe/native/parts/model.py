@@ -169,6 +169,7 @@ def _probe(probe, chosen):
         extra = sorted(set(children(probe.base)) - MODEL_CHILDREN - tables) if probe.base is not None else ["(no .model)"]
         raise NotNative("model", f"modules the native model does not have: {extra}")
     from agent.recipe.native.parts.moe import LAYER_SHARED_NAMES, layer_shared_renames, moe_block
+    from agent.recipe.native.parts.moe_scaled_router import layer_moe
 
     block_names, layer_shared = set(), False
     for index, layer in enumerate(probe.layers):
@@ -182,11 +183,10 @@ def _probe(probe, chosen):
             layer_shared |= bool(names & set(LAYER_SHARED_NAMES))
             names -= set(LAYER_SHARED_NAMES)
         unknown = names - LAYER_CHILDREN - set(norm_roles(probe).values())
-        if {"experts", "router"} <= unknown and "mlp" in names:
-            # gemma4's enable_moe_block: a router and experts held by the layer itself, beside its dense MLP
-            raise NotNative("decoder layer", f"layer {index} has a sparse-MoE branch beside its dense MLP "
-                                             f"({layer_children_text(layer, unknown)}; the branches' outputs summed), "
-                                             "which no block part writes")
+        if layer_moe(layer):
+            # gemma4's enable_moe_block: a router and experts held by the layer itself beside its dense MLP, and the
+            # norms around them (parts/moe_scaled_router.py and parts/block_moe_beside_mlp.py read them)
+            unknown -= {"router", "experts"} | {name for name in unknown if is_norm_shaped(layer, name, probe.hidden)}
         if unknown:
             raise NotNative("decoder layer", f"layer {index} has {layer_children_text(layer, unknown)}")
         if layout is not None and layout.one_mixer:
@@ -209,6 +209,12 @@ def _probe(probe, chosen):
                                      **({"EMBED_NORM_AFTER_POSITIONS": True} if layout.embed_norm == "after positions"
                                         else {})},
                  facts={"transposed": bool(layout.transposed)})
+
+
+def is_norm_shaped(layer, name: str, hidden: int) -> bool:
+    """Whether the layer's child `name` holds one parameter, a weight of the hidden width (a norm's shape)."""
+    params = dict(getattr(layer, name).named_parameters())
+    return list(params) == ["weight"] and tuple(params["weight"].shape) == (hidden,)
 
 
 def layer_children_text(layer, unknown) -> str:

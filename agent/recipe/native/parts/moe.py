@@ -459,12 +459,23 @@ def _probe_experts(experts, config, hidden: int, input_scaled: bool = False) -> 
         candidates[("gmm", "clamped_swiglu_halves")] = _clamped_halves(x @ w13, *clamp) @ w2
     for (kind, activation), want in candidates.items():
         if torch.allclose(got, want, rtol=1e-4, atol=1e-4):
+            if activation == "swiglu" and gelu_tanh(act):
+                return kind, "geglu_tanh", layout          # gemma4's experts: npu_geglu
             if activation == "swiglu" and getattr(act, "__name__", type(act).__name__).lower() not in ("silu", "siluactivation") \
                     and not isinstance(act, torch.nn.SiLU):
                 raise NotNative("moe", f"expert activation {type(act).__name__}: npu_swiglu computes silu only")
             return kind, activation, layout
     raise NotNative("moe", f"{type(experts).__name__} computes none of: gate/up halves with silu (npu_swiglu), "
                            "gpt_oss's interleaved clamped swiglu with biases, that swiglu over halves without biases")
+
+
+def gelu_tanh(act) -> bool:
+    """Whether the activation is gelu's tanh form (transformers' gelu_pytorch_tanh), read on values across its bend."""
+    import torch
+
+    t = torch.linspace(-6, 6, 97)
+    with torch.no_grad():
+        return torch.allclose(act(t), torch.nn.functional.gelu(t, approximate="tanh"), rtol=1e-5, atol=1e-6)
 
 
 def _clamp_of(module, config) -> tuple[float, float] | None:
@@ -1071,6 +1082,8 @@ def derive_moe(config, checkpoint_keys=()) -> dict | None:
                        "quantisation's, one per token), npu_moe_finalize_routing's scales 1")
     if activation == "swiglu":
         fused.append("npu_swiglu")
+    elif activation == "geglu_tanh":
+        fused.append("npu_geglu (gelu tanh of the gate half)")
     elif activation == "clamped_swiglu_halves":
         unfused.append("clamped swiglu over gate / up halves (limit / alpha, up + 1), routed and shared experts, in "
                        "plain torch between the grouped matmuls: npu_swiglu has no clamp")
@@ -1119,6 +1132,8 @@ def moe_options(f: dict) -> dict:
         options["SWIGLU_ALPHA"] = f["swiglu_alpha"]
     if f["activation"] == "clamped_swiglu_halves":
         options["CLAMPED_SWIGLU"] = True
+    if f["activation"] == "geglu_tanh":
+        options["GEGLU"] = True
     if f.get("input_scaled"):
         options["INPUT_SCALED"] = True
     if f.get("output_norm"):
@@ -1206,7 +1221,7 @@ SPARSE_MOE = Part(
              "RENORMALIZE", "SELECTION_BIAS", "GROUPS", "GROUP_SELECT", "ROUTED_SCALING", "EXPERTS", "SWIGLU_ALPHA",
              "FUSED_LAYOUT", "CKPT_EXPERT_NAMES", "SHARED", "SHARED_NAME", "SHARED_WIDTH", "SELECTION_BIAS_NAME",
              "SCALING_KEY", "SHARED_UNIT_KEY", "SHARED_COUNT_KEY", "TOPK_KEY", "TOPK_PER_LAYER", "ROUTER_STORED",
-             "SELECT_ON_LOGITS", "CLAMPED_SWIGLU", "SHARED_ZERO_WIDTH", "SHARED_BIAS", "INPUT_SCALED"))
+             "SELECT_ON_LOGITS", "CLAMPED_SWIGLU", "SHARED_ZERO_WIDTH", "SHARED_BIAS", "INPUT_SCALED", "GEGLU"))
 
 
 # the block whose output is RMS-normed (axk1's post_mlp_layernorm: parts/moe_output_norm.py reads it): chosen by

@@ -16,6 +16,7 @@ from module.fuse_moe_gmm import FusedMoEGMM
 from module.linear import MergedColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 
 from .parallel import gather_rows, spans_requests, sum_own_rows
+from .experts_geglu import ModelGegluExperts
 from .swiglu_clamped import ModelClampedExperts, clamped_swiglu, swiglu_alpha
 
 # which layers' MLP is this block: "all", or the config key transformers decides it by
@@ -46,6 +47,10 @@ EXPERTS = "gmm"                     # "gmm" (halves, no bias: FusedMoEGMM) | "bi
 SWIGLU_ALPHA = 1.702                # the clamped swiglu's alpha where the config has none (transformers' constant)
 # the "gmm" experts' and the shared experts' halves through gpt_oss's clamped swiglu (minimax_m3): plain torch
 CLAMPED_SWIGLU = False
+GEGLU = False                       # the "gmm" experts' gelu-tanh(gate) * up (gemma4): npu_geglu between the matmuls
+# the experts take the block's input through this norm of the block's, the router the input itself (gemma4: the
+# layer's pre_feedforward_layernorm_2, the router on the residual stream); "": both take the input as it is
+EXPERTS_NORM = ""
 FUSED_LAYOUT = "E,2I,H"             # transformers' fused gate_up parameter: "E,2I,H" or "E,H,2I"
 CKPT_EXPERT_NAMES = ("gate_proj", "up_proj", "down_proj")   # the checkpoint's per-expert (gate, up, down) names
 SHARED = None                       # shared experts: None | "plain" | "gated" (a sigmoid gate on their output)
@@ -313,7 +318,7 @@ class ModelSparseMoeBlock(nn.Module):
         setattr(self, ROUTER, router)
         if EXPERTS == "gmm":
             # this EP rank's experts alone (FusedMoEGMM's own EP filter covers moe_tp_size 1 only)
-            self.experts = (ModelClampedExperts if CLAMPED_SWIGLU else FusedMoEGMM)(num_experts=layout.local_experts, hidden_size=self.hidden_size,
+            self.experts = (ModelClampedExperts if CLAMPED_SWIGLU else ModelGegluExperts if GEGLU else FusedMoEGMM)(num_experts=layout.local_experts, hidden_size=self.hidden_size,
                                        intermediate_size=width, bias=False, tp_size=self.moe_tp_size, tp_rank=tp_rank,
                                        params_dtype=torch.get_default_dtype(),
                                        quant_config=experts_quant_config(quant_config, f"{prefix}.experts"),
@@ -430,6 +435,8 @@ class ModelSparseMoeBlock(nn.Module):
         """The routed experts' weighted sum and the shared experts' output, this moe-tp rank's partial of it."""
         tokens = hidden_states.shape[0]
         weights, expert_ids = self.gating(hidden_states)
+        if EXPERTS_NORM:
+            hidden_states = getattr(self, EXPERTS_NORM)(hidden_states)
         if SHARED is not None:
             shared = None
             if self.shared_width:

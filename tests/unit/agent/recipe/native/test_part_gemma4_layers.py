@@ -12,7 +12,12 @@ these), a v_norm that is not weightless refused, a layer scalar that does not sc
 config's file held to transformers in float32, bfloat16 and every family setting, and its faults (every layer
 built at the first layer's head_dim, the value norm dropped, every rotary table at the sliding layers' width) must
 fail. The layer scalar has no fault here: it is 1 in transformers' random model, so the self-check cannot see it
-dropped (its reading is test_the_layer_scalar_multiplies_the_whole_output)."""
+dropped (its reading is test_the_layer_scalar_multiplies_the_whole_output).
+
+gemma-4-26B's shape adds key/value heads per layer, keys as values, and the sparse-MoE branch beside the dense MLP
+(parts/moe_scaled_router.py: the layer's own router and experts; parts/block_moe_beside_mlp.py: the two branches
+normed, summed and normed): read by default (and a router without its norm or scales, a branch without its output
+norm, refused); slow, held to transformers with the branch's faults."""
 
 from __future__ import annotations
 
@@ -28,6 +33,18 @@ FAULTS = [("self.head_dim = config.per_layer_config[layer_idx].head_dim",
            "NativeRotaryEmbedding(config, config.per_layer_config[0].head_dim,")]
 # gemma-4-26B's shape without its MoE branch (no part writes it yet): the key heads per layer and keys as values
 DENSE_26B_DROPPED = ("enable_moe_block", "num_experts", "top_k_experts", "moe_intermediate_size")
+# gemma-4-26B's sparse-MoE branch beside the dense MLP: the router's per_expert_scale, its weightless norm and its
+# scale dropped, the experts' norm dropped, the branch's output norm dropped, the gelu on the up half (npu_geglu's
+# default); each must fail (the self-check's random model has scale / per_expert_scale off 1: selfcheck.randomise)
+MOE_26B_FAULTS = [("weights = weights * router.per_expert_scale.float()[expert_ids.long()]", "weights = weights"),
+                  ("logits = router(normed * router.scale * self.hidden_size ** -0.5)",
+                   "logits = router(hidden_states * router.scale * self.hidden_size ** -0.5)"),
+                  ("logits = router(normed * router.scale * self.hidden_size ** -0.5)",
+                   "logits = router(normed * self.hidden_size ** -0.5)"),
+                  ("hidden_states = self.pre_feedforward_layernorm_2(hidden_states)", "hidden_states = hidden_states"),
+                  ("routed = self.post_feedforward_layernorm_2(self.moe_block(residual))",
+                   "routed = self.moe_block(residual)"),
+                  ("approximate=1, activate_left=True)", "approximate=1, activate_left=False)")]
 DENSE_26B_FAULTS = [("self.num_key_value_heads = config.per_layer_config[layer_idx].num_key_value_heads",
                      "self.num_key_value_heads = config.per_layer_config[0].num_key_value_heads"),
                     ('                if shard == "k":\n                    loader(param, weight, "v")',
@@ -90,19 +107,129 @@ def test_key_heads_per_layer_and_keys_as_values_are_read(checkpoint_probe):
     assert facts["K_EQ_V"] == ("attention_k_eq_v", ("full_attention",))
 
 
-def test_the_checkpoints_first_blocker_is_now_its_moe_branch():
-    """With the key heads and the keys as values written, gemma4-26B falls back at its layers' sparse-MoE branch
-    beside the dense MLP (router, experts and their norms), which no block part writes."""
-    from agent.recipe.native.compose import derive
-    from agent.recipe.native.not_native import NotNative
-    from agent.testing.checkpoint_shapes import checkpoint_config
+@pytest.fixture(scope="module")
+def checkpoint_composition(checkpoint_probe):
+    from agent.recipe.native.compose import compose
 
-    config, _ = checkpoint_config("gemma4_text")
+    return compose(checkpoint_probe)
+
+
+def test_the_checkpoints_moe_branch_beside_the_dense_mlp_is_read(checkpoint_composition):
+    """gemma4-26B's layers hold a router and experts beside the dense MLP: the router read numerically (on the
+    residual stream, its own weightless norm, scale, 1 / sqrt(hidden), softmax top-k renormalised, per_expert_scale),
+    the experts as gelu-tanh over gate / up halves (npu_geglu) behind pre_feedforward_layernorm_2, the layer's two
+    branches normed, summed and normed again (post_feedforward_layernorm_1 / _2, then post_feedforward_layernorm)."""
+    composition = checkpoint_composition
+    assert composition.parts["moe"] == "sparse_moe_scaled_router"
+    assert composition.parts["block"] == "sandwich_moe_beside_mlp"
+    assert composition.parts["mlp"] == "gated_mlp"
+    options = composition.options
+    assert options["GEGLU"] is True and options["EXPERTS_NORM"] == "pre_feedforward_layernorm_2"
+    assert (options["TOPK_KEY"], options["EXPERTS_KEY"], options["WIDTH_KEY"]) == \
+        ("top_k_experts", "num_experts", "moe_intermediate_size")
+    assert options["ROUTER_STORED"] == "router.proj" and options["FUSED_LAYOUT"] == "E,2I,H"
+    assert (options["MLP_OUT_NORM"], options["MOE_OUT_NORM"], options["BRANCHES_NORM"]) == \
+        ("post_feedforward_layernorm_1", "post_feedforward_layernorm_2", "post_feedforward_layernorm")
+    assert options["LAYER_SCALAR"] is True
+    # the layer's own router / experts and the experts' norm load into the native layer's moe_block
+    assert ("\\.router\\.", ".moe_block.router.") in options["CHECKPOINT_RENAMES"]
+    assert ("\\.pre_feedforward_layernorm_2\\.", ".moe_block.pre_feedforward_layernorm_2.") in \
+        options["CHECKPOINT_RENAMES"]
+
+
+def test_the_scaled_router_block_matches_transformers_branch(checkpoint_probe, checkpoint_composition):
+    """The block's code (code/moe_scaled_router.py over code/moe.py, rendered alone with the derived options) against
+    transformers' layer's own router and experts on one residual stream (its router's scale and per_expert_scale off
+    1), float32 under the stand-in's reference kernels; the same block with per_expert_scale dropped differs."""
+    import copy
+
+    import torch
+
+    import native_moe_harness as harness
+    from agent.recipe.native.assemble import assemble
+    from agent.recipe.native.parts import OPTION_NAMES
+
+    if not harness.UPSTREAM.is_dir():
+        pytest.skip(f"no upstream snapshot at {harness.UPSTREAM}")
+    options = checkpoint_composition["moe"].options
+    source = assemble(["norm_rms.py", "moe_scaled_router.py"], options=options, option_names=OPTION_NAMES,
+                      roles={"Norm": "ModelRMSNorm"}, prefix="Gemma4Text", framework_class="Gemma4TextForCausalLM",
+                      keep=("ModelScaledRouterSparseMoeBlock",), header="# coding=utf-8")
+    layer = copy.deepcopy(checkpoint_probe.layers[0])
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, param in layer.named_parameters():
+            if name.startswith(("router.", "experts.", "pre_feedforward_layernorm_2.")):
+                param.copy_(1 + 0.3 * torch.randn(param.shape, generator=gen) if param.dim() == 1
+                            else torch.randn(param.shape, generator=gen) * 0.3)
+    tensors = [(name, tensor) for name, tensor in layer.state_dict().items()
+               if name.startswith(("router.", "experts.", "pre_feedforward_layernorm_2."))]
+    x = torch.randn(13, checkpoint_probe.hidden, generator=gen)
+    with torch.no_grad():
+        _, weights, index = layer.router(x)
+        want = layer.experts(layer.pre_feedforward_layernorm_2(x), index, weights)
+    faulty = "weights = weights * router.per_expert_scale.float()[expert_ids.long()]"
+    assert source.count(faulty) == 1
+    moved = []
+    for name, text in (("good", source), ("fault", source.replace(faulty, "weights = weights"))):
+        module = harness.load_generated(text, f"gemma4_{name}")
+        ours = module.Gemma4TextScaledRouterSparseMoeBlock(checkpoint_probe.config, harness.infer_config(), None,
+                                                           prefix="model.layers.0.moe_block")
+        assert ours.load_weights(tensors) == set(dict(ours.named_parameters()))
+        ours.process_weights_after_loading()
+        with torch.no_grad():
+            moved.append(float((ours(x) - want).abs().max() / want.abs().max()))
+    assert moved[0] < 1e-5 and moved[1] > 1e-3, moved
+    # a config of the family without the branch (enable_moe_block false: no experts) is refused in one line
+    dense = copy.deepcopy(checkpoint_probe.config)
+    dense.num_experts = None
+    with pytest.raises(ValueError, match="config.num_experts is None: this file's layers hold a sparse-MoE branch"):
+        module.Gemma4TextScaledRouterSparseMoeBlock(dense, harness.infer_config(), None, prefix="model.layers.0.moe_block")
+
+
+def _router_without(what: str):
+    """Gemma4TextRouter's forward with one step left out: the per_expert_scale, the weightless norm or the scale."""
+    import torch
+
+    def forward(self, hidden_states):
+        if what != "norm":
+            hidden_states = self.norm(hidden_states)
+        hidden_states = hidden_states * (self.scale if what != "scale" else 1.0) * self.scalar_root_size
+        probabilities = torch.nn.functional.softmax(self.proj(hidden_states), dim=-1, dtype=torch.float32)
+        weights, index = torch.topk(probabilities, k=self.config.top_k_experts, dim=-1)
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+        if what != "per_expert_scale":
+            weights = weights * self.per_expert_scale[index]
+        return probabilities, weights, index
+
+    return forward
+
+
+@pytest.mark.parametrize("what", ["per_expert_scale", "norm", "scale"])
+def test_a_router_without_its_norm_or_scales_is_refused(checkpoint_probe, monkeypatch, what):
+    from agent.recipe.native.not_native import NotNative
+    from agent.recipe.native.parts.moe_scaled_router import derive_scaled_router
+
+    router_class = type(checkpoint_probe.layers[0].router)
+    monkeypatch.setattr(router_class, "forward", _router_without(what))
+    with pytest.raises(NotNative, match="routes otherwise than top-k of the softmax"):
+        derive_scaled_router(checkpoint_probe)
+
+
+def test_a_layer_whose_moe_branch_is_not_normed_is_refused(checkpoint_probe, monkeypatch):
+    from agent.recipe.native.compose import compose
+    from agent.recipe.native.not_native import NotNative
+
+    # the sparse-MoE branch's output norm an identity: the branch's output joins the sum unnormed
+    norm_class = type(checkpoint_probe.layers[0].post_feedforward_layernorm_2)
+    forward = norm_class.forward
+    targets = {id(layer.post_feedforward_layernorm_2) for layer in checkpoint_probe.layers}
+    monkeypatch.setattr(norm_class, "forward", lambda self, x: x if id(self) in targets else forward(self, x))
+    monkeypatch.delitem(checkpoint_probe.memo, "norm_roles", raising=False)
     with pytest.raises(NotNative) as caught:
-        derive(config)
+        compose(checkpoint_probe)
     assert caught.value.kind == "decoder layer"
-    assert "a sparse-MoE branch beside its dense MLP" in caught.value.reason
-    assert "experts" in caught.value.reason and "router" in caught.value.reason
+    assert "post_feedforward_layernorm_2 is not the norm its other norms are" in caught.value.reason
 
 
 @pytest.mark.parametrize("stated", [{"attention_k_eq_v": True, "num_global_key_value_heads": 2},
@@ -212,4 +339,21 @@ def test_the_26b_shape_without_its_moe_matches_transformers_and_the_faults_fail(
     assert composition.options["KV_HEADS_PER_LAYER"] and composition.options["K_EQ_V"]
     assert ("attention_k_eq_v off", {"attention_k_eq_v": False}) in composition.checked_variants
     selfcheck_with_faults({"gemma4_text": (config, composition)}, {"gemma4_text": DENSE_26B_FAULTS},
+                          "NativeForCausalLM", tmp_path, keep=lambda label: True)
+
+
+@pytest.mark.slow
+def test_the_26b_shape_with_its_moe_branch_matches_transformers_and_the_faults_fail(tmp_path):
+    """Slow (minutes on a loaded 2-core host): the stand-in self-check of gemma-4-26B's text shape as it is — its
+    sparse-MoE branch beside the dense MLP — in float32, bfloat16 and each family setting, and the branch's faults
+    (MOE_26B_FAULTS). Default-suite coverage of the same path: test_the_checkpoints_moe_branch_beside_the_dense_mlp_is_read
+    and the refusals after it (the readings that write it)."""
+    from agent.recipe.native.compose import derive
+    from agent.testing.checkpoint_shapes import checkpoint_config
+    from part_selfcheck import selfcheck_with_faults
+
+    config, _ = checkpoint_config("gemma4_text")
+    composition = derive(config)
+    assert composition.parts["block"] == "sandwich_moe_beside_mlp"
+    selfcheck_with_faults({"gemma4_text": (config, composition)}, {"gemma4_text": MOE_26B_FAULTS},
                           "NativeForCausalLM", tmp_path, keep=lambda label: True)
