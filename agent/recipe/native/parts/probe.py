@@ -96,7 +96,7 @@ def shrunk_config(config_dict: dict, changes: dict | None = None):
     layers = data.get("num_hidden_layers")
     data = apply_changes(data, {key: value[:layers] if isinstance(value, list) and isinstance(layers, int)
                                 and len(value) == config_dict.get("num_hidden_layers") else value
-                                for key, value in (changes or {}).items()})   # a per-layer list: the kept layers
+                                for key, value in stored_names(data["model_type"], changes or {}).items()})
     if isinstance(data.get("sliding_window"), int) and data["sliding_window"]:
         data["sliding_window"] = 5
     if isinstance(data.get("sliding_window"), int) and isinstance(data.get("local_attention"), int):
@@ -368,6 +368,16 @@ class Probe:
         if key not in self._variants:
             self._variants[key] = Probe(self.config_dict, {**self.changes, **changes})
         return self._variants[key]
+
+
+def stored_names(model_type: str, changes: dict) -> dict:
+    """`changes` keyed as the config class stores them: a key its attribute_map aliases (bailing_hybrid's
+    norm_topk_prob, stored as moe_renormalize) under the stored name, which the config dict holds and which would
+    otherwise win over the alias, leaving the change unmade."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    aliases = getattr(CONFIG_MAPPING[model_type], "attribute_map", None) if model_type in CONFIG_MAPPING else None
+    return {(aliases or {}).get(key, key): value for key, value in changes.items()}
 
 
 def apply_changes(config_dict: dict, changes: dict) -> dict:
