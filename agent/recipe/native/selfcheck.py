@@ -288,6 +288,22 @@ def rounding_reach(weight, x, logits):
     return RUN_DTYPE_ROUNDOFF * (2 * products + logits.detach().float().abs())
 
 
+def routing_tie(logits, reach, ours, gating: dict, bias=None) -> bool:
+    """Whether the experts `ours` are a top-k of one token's router `logits` [experts] each moved by no more than
+    `reach` [experts]: theirs raised by it and the others lowered, under `gating` (gating_of's: scoring, groups)
+    and its selection `bias` (every selection is monotone in each logit, so that move favours them most)."""
+    import torch
+
+    from agent.recipe.native.parts.moe import selection
+
+    picked = torch.zeros(logits.shape[-1], dtype=torch.bool)
+    picked[ours] = True
+    moved = logits.detach().float() + torch.where(picked, reach, -reach)
+    _, choice = selection(moved[None], scoring=gating["scoring"], selection_bias=bias, n_group=gating["n_group"],
+                          topk_group=gating["topk_group"], group_select=gating["group_select"])
+    return bool(choice[0][picked].min() >= choice[0][~picked].max())
+
+
 class RoutingTies:
     """The run dtype's MoE routing ties (see RUN_DTYPE_ROUNDOFF): the file's expert choice of each token at each
     MoE layer, read at its blocks' `gating` ((weights, expert ids)), and transformers' references steered to it at
@@ -371,15 +387,7 @@ class RoutingTies:
                 if ours is None or ours.shape[0] != k or torch.equal(ours, own[p]):
                     continue
                 if key not in self.forced and not rounded:
-                    picked = torch.zeros(logits.shape[-1], dtype=torch.bool)
-                    picked[ours] = True
-                    # the file's experts raised and the others lowered by the rounding's reach: do they rank top?
-                    reach = rounding_reach(router.weight, hidden[p], logits[p])
-                    moved = logits[p].float() + torch.where(picked, reach, -reach)
-                    _, moved_choice = selection(moved[None], scoring=g["scoring"], selection_bias=bias,
-                                                n_group=g["n_group"], topk_group=g["topk_group"],
-                                                group_select=g["group_select"])
-                    tie = bool(moved_choice[0][picked].min() >= moved_choice[0][~picked].max())
+                    tie = routing_tie(logits[p], rounding_reach(router.weight, hidden[p], logits[p]), ours, g, bias)
                     if TRACE:
                         print(f"TIE layer {layer} row {row} position {start + p}: ours {ours.tolist()}, float32's "
                               f"{own[p].tolist()}, {'a tie' if tie else 'not a tie'}", file=sys.stderr)
