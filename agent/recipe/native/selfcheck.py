@@ -10,9 +10,11 @@ them (transformers' own conversion reverted: the names save_pretrained writes; a
 lm_head.weight), in the job's dtype: float32 (within TOLERANCE of transformers' float32 logits or of its float64
 ones, or FLOAT32_SLACK x transformers' own float32 error where that is larger: float32_judgement) or the run dtype
 bfloat16, held by the precision verdict's rule (agent.precision_rule.tolerance: 2 x transformers' own
-|bfloat16 - float32| move at that step, floor 1e-3 x max |logit|) with RUN_DTYPE_SLACK. The model runs through the executor's
-contract as its ModelWorker drives it: a packed prefill of prompts of unequal length, then decode steps, on a
-paged cache of small blocks whose sliding-window tables point the blocks before the window at the null
+|bfloat16 - float32| move at that step, floor 1e-3 x max |logit|) with RUN_DTYPE_SLACK; there an MoE routing tie
+(the file's experts for a token a top-k of transformers' float32 router logits within bfloat16's rounding of them:
+RoutingTies) is taken as given, both references steered to the file's choice at that token. The model runs through
+the executor's contract as its ModelWorker drives it: a packed prefill of prompts of unequal length, then decode
+steps, on a paged cache of small blocks whose sliding-window tables point the blocks before the window at the null
 block, and every table's padding too, as upstream's SlidingWindowManager and prepare_block_tables do. The
 null block holds NaN before every step (the positions before a window are written there): a step that reads
 it, even masked, fails (the reference kernels sum 0 x NaN), so a decode reads what it attends to — its
@@ -20,7 +22,8 @@ window's blocks, its own length — or it fails. Every step's logits are compare
 same tokens, computed as transformers decodes (one cache per sequence, token by token). Prints one JSON line:
 per job {"ok", "max_rel" (the largest logit difference relative to the largest logit), "ratio" (the
 largest to its tolerance), "by_float64" (the float32 steps within it of transformers' float64 logits only),
-"reason"}; "checkable": false where transformers' own model raised building or running the job's config
+"reason", and where ties were taken "routing_ties" (their count) and "note" (the line that says so)};
+"checkable": false where transformers' own model raised building or running the job's config
 (ReferenceFailed: the reason is its error; the generated file was not held to anything).
 """
 
