@@ -2,7 +2,7 @@
 experts for a token rank top in transformers' float32 router logits each moved by no more than rounding the router's
 weight, input and logit to bfloat16 can move it (rounding_reach, routing_tie), both references take the file's
 choice at that token and the verdict says how many; any other choice is never forced. minimax_m3_vl_text's defaults
-(expert 1 or 2 at one token of its second MoE layer, 0.86 of that reach apart) fail their bfloat16 job without it
+(expert 1 or 2 at one token of its second MoE layer, within that reach) fail their bfloat16 job without it
 (1.19 against 0.559) and pass with it."""
 
 from __future__ import annotations
