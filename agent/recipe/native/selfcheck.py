@@ -190,8 +190,8 @@ def randomise(model, scale: float) -> None:
                                                         if n.endswith("e_score_correction_bias"))]:
             if tensor.is_floating_point() and tensor.numel() and bool((tensor == tensor.flatten()[0]).all()):
                 tensor.add_(torch.randn(tensor.shape, generator=generator) * scale)
-        # decisive routers: no expert choice a tie at bfloat16's rounding (the verdict resolves ties itself; the
-        # self-check's random weights should not make them)
+        # decisive routers: few expert choices a tie at bfloat16's rounding (the verdict resolves ties itself; the
+        # run-dtype job takes those left as given: RoutingTies)
         for router in routers(model):
             router.weight.mul_(ROUTER_GAIN)
             if getattr(router, "bias", None) is not None:
@@ -310,9 +310,10 @@ def routing_tie(logits, reach, ours, gating: dict, bias=None) -> bool:
 class RoutingTies:
     """The run dtype's MoE routing ties (see RUN_DTYPE_ROUNDOFF): the file's expert choice of each token at each
     MoE layer, read at its blocks' `gating` ((weights, expert ids)), and transformers' references steered to it at
-    their experts' call (hidden states, top-k index, top-k weights) where the float32 reference's selection scores
-    put the file's choice within that rounding of its own. Where the file chose alike, or apart by more, nothing is
-    steered: a wrong router, a dropped gate or norm, moves choices by far more and fails as before.
+    their experts' call (hidden states, top-k index, top-k weights) where the file's choice is a top-k of the float32
+    reference's router logits moved by the rounding's reach (routing_tie). Where the file chose alike, or beyond that
+    reach, nothing is steered: a wrong router's choices are no ties, and a dropped gate or norm moves the logits
+    where the routing agrees too.
     `forced`: {(layer, row, position): the file's experts}, which the run-dtype reference takes too."""
 
     def __init__(self, model, references, config):
