@@ -419,7 +419,7 @@ class RoutingTies:
         if not self.forced:
             return None
         tokens = len({(row, position) for _, row, position in self.forced})
-        return (f"{RUN_DTYPE}: {len(self.forced)} expert choice{'s' if len(self.forced) != 1 else ''} of {tokens} "
+        return (f"{len(self.forced)} expert choice{'s' if len(self.forced) != 1 else ''} of {tokens} "
                 f"token{'s' if tokens != 1 else ''} a tie below {RUN_DTYPE}'s rounding; the reference took ours")
 
 

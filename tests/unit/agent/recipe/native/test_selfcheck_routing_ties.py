@@ -127,7 +127,7 @@ def test_the_references_take_the_files_choice_at_a_tie_and_nowhere_else():
     weights = logits.softmax(-1).gather(1, seen["float32"][0])
     weights = weights / weights.sum(-1, keepdim=True)
     assert torch.allclose(seen["float32"][1].sort(-1).values, weights.sort(-1).values, atol=1e-6)
-    assert ties.line() == (f"bfloat16: {len(tie_rows)} expert choice{'s' if len(tie_rows) > 1 else ''} of "
+    assert ties.line() == (f"{len(tie_rows)} expert choice{'s' if len(tie_rows) > 1 else ''} of "
                            f"{len(tie_rows)} token{'s' if len(tie_rows) > 1 else ''} a tie below bfloat16's rounding; "
                            f"the reference took ours")
 
@@ -176,7 +176,7 @@ def test_the_decision_and_the_survey_row_say_the_ties_taken():
     from agent.recipe.native.decide import NativeDecision, notes
     from agent.recipe.native.parts import Composition
 
-    note = "bfloat16: 1 expert choice of 1 token a tie below bfloat16's rounding; the reference took ours"
+    note = "1 expert choice of 1 token a tie below bfloat16's rounding; the reference took ours"
     labelled = [("the checkpoint's config", {}), ("the checkpoint's config in bfloat16", {}), ("a setting", {})]
     results = [{"ok": True}, {"ok": True, "note": note, "routing_ties": 1}, {"ok": False, "note": "x"}]
     said = notes(labelled, results)
