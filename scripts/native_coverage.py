@@ -233,7 +233,7 @@ def derive_all(types: list[str], folder: Path, defaults: bool) -> list[dict]:
 
 
 def survey(types: list[str], checkout: Path, chunk: int, defaults: bool = False) -> list[dict]:
-    from agent.recipe.native.decide import not_checkable, selfcheck, selfcheck_jobs, unchecked, verdict
+    from agent.recipe.native.decide import not_checkable, notes, selfcheck, selfcheck_jobs, unchecked, verdict
 
     with tempfile.TemporaryDirectory(prefix="native-coverage-") as tmp:
         rows = derive_all(types, Path(tmp), defaults)
@@ -252,6 +252,8 @@ def survey(types: list[str], checkout: Path, chunk: int, defaults: bool = False)
                     row.update(result="fell back", kind="self-check", reason=why)
                 elif unchecked(labelled, answers):
                     row["not_checkable"] = [not_checkable(label, error) for label, error in unchecked(labelled, answers)]
+                if ok and notes(labelled, answers):
+                    row["notes"] = notes(labelled, answers)
     return rows
 
 
@@ -262,9 +264,10 @@ def markdown(rows: list[dict]) -> str:
         config = row.get("config", "")
         if row["result"] == "native":
             kinds = "+".join(k for k in ("moe", "mla", "sliding") if row.get(k)) or "dense"
-            skipped = " ".join("; ".join(row.get("not_checkable", ())).split())[:300].replace("|", "\\|")
+            said = " ".join("; ".join([*row.get("not_checkable", ()), *row.get("notes", ())]).split())[:300]
+            said = said.replace("|", "\\|")
             lines.append(f"| {row['type']} | {config} | native | {kinds} | {row['max_rel']:.1e}"
-                         f"{' (' + skipped + ')' if skipped else ''} |")
+                         f"{' (' + said + ')' if said else ''} |")
         else:
             why = " ".join((row.get("reason") or "").split())[:300].replace("|", "\\|")
             lines.append(f"| {row['type']} | {config} | {row['result']} | {row.get('kind', '')} | {why} |")

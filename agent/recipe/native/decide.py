@@ -37,6 +37,8 @@ class NativeDecision:
     # (label, transformers' error) of the family settings transformers' own model cannot run: not checkable, so not
     # verified, and no failure of the file (`unchecked`)
     unverified: tuple[tuple[str, str], ...] = ()
+    # what a passing job took as given (selfcheck's "note": the bfloat16 job's MoE routing ties), "label: note"
+    notes: tuple[str, ...] = ()
 
     def summary(self) -> dict:
         """What the report and README say."""
@@ -48,7 +50,8 @@ class NativeDecision:
                     "serves": [label for label, _ in self.features.checked_variants if label not in unverified],
                     "fused": list(self.features.fused), "not_fused": list(self.features.unfused),
                     **({"not_verified": [not_checkable(label, error) for label, error in self.unverified]}
-                       if self.unverified else {})}
+                       if self.unverified else {}),
+                    **({"selfcheck_notes": list(self.notes)} if self.notes else {})}
         return {"native": False, "fell_back": self.kind, "reason": self.reason}
 
 
@@ -132,6 +135,12 @@ def unchecked(labelled: list[tuple[str, dict]], results: list[dict]) -> list[tup
             if _uncheckable_setting(job, result)]
 
 
+def notes(labelled: list[tuple[str, dict]], results: list[dict]) -> list[str]:
+    """`label: note` of each passing job whose self-check took something as given (its routing ties)."""
+    return [f"{label}: {result['note']}" for (label, _), result in zip(labelled, results)
+            if result.get("ok") and result.get("note")]
+
+
 def checked(ctx: dict, config: dict, composition: Composition, checkout: Path) -> NativeDecision:
     """The native file of `composition` held to transformers on `config`'s shrunk copy and its variants."""
     from agent.processes import owned_temp
@@ -146,7 +155,7 @@ def checked(ctx: dict, config: dict, composition: Composition, checkout: Path) -
     if not ok:
         return NativeDecision(False, composition, "self-check", why)
     return NativeDecision(True, composition, max_rel=max_rel, source=source,
-                          unverified=tuple(unchecked(labelled, results)))
+                          unverified=tuple(unchecked(labelled, results)), notes=tuple(notes(labelled, results)))
 
 
 def _generator_hash() -> str:

@@ -10,9 +10,11 @@ them (transformers' own conversion reverted: the names save_pretrained writes; a
 lm_head.weight), in the job's dtype: float32 (within TOLERANCE of transformers' float32 logits or of its float64
 ones, or FLOAT32_SLACK x transformers' own float32 error where that is larger: float32_judgement) or the run dtype
 bfloat16, held by the precision verdict's rule (agent.precision_rule.tolerance: 2 x transformers' own
-|bfloat16 - float32| move at that step, floor 1e-3 x max |logit|) with RUN_DTYPE_SLACK. The model runs through the executor's
-contract as its ModelWorker drives it: a packed prefill of prompts of unequal length, then decode steps, on a
-paged cache of small blocks whose sliding-window tables point the blocks before the window at the null
+|bfloat16 - float32| move at that step, floor 1e-3 x max |logit|) with RUN_DTYPE_SLACK; there an MoE routing tie
+(the file's experts for a token a top-k of transformers' float32 router logits within bfloat16's rounding of them:
+RoutingTies) is taken as given, both references steered to the file's choice at that token. The model runs through
+the executor's contract as its ModelWorker drives it: a packed prefill of prompts of unequal length, then decode
+steps, on a paged cache of small blocks whose sliding-window tables point the blocks before the window at the null
 block, and every table's padding too, as upstream's SlidingWindowManager and prepare_block_tables do. The
 null block holds NaN before every step (the positions before a window are written there): a step that reads
 it, even masked, fails (the reference kernels sum 0 x NaN), so a decode reads what it attends to — its
@@ -20,7 +22,8 @@ window's blocks, its own length — or it fails. Every step's logits are compare
 same tokens, computed as transformers decodes (one cache per sequence, token by token). Prints one JSON line:
 per job {"ok", "max_rel" (the largest logit difference relative to the largest logit), "ratio" (the
 largest to its tolerance), "by_float64" (the float32 steps within it of transformers' float64 logits only),
-"reason"}; "checkable": false where transformers' own model raised building or running the job's config
+"reason", and where ties were taken "routing_ties" (their count) and "note" (the line that says so)};
+"checkable": false where transformers' own model raised building or running the job's config
 (ReferenceFailed: the reason is its error; the generated file was not held to anything).
 """
 
@@ -36,6 +39,7 @@ import sys
 import traceback
 from types import SimpleNamespace
 
+from agent.precision_rule import MANTISSA_BITS
 from engine.safe_load import load_json
 
 BLOCK_SIZE = 4
@@ -54,6 +58,12 @@ RUN_DTYPE_SLACK = 2.0
 # which the verdict's tie search judges on the real run
 RUN_DTYPE_DECODE_STEPS = 1
 ROUTER_GAIN = 8.0
+# the run dtype's unit roundoff (round to nearest): |round(x) - x| <= RUN_DTYPE_ROUNDOFF x |x|. A run-dtype job's MoE
+# routing tie is a token whose float32 router logits, each moved by no more than rounding the router's weight, its
+# input and its logit to the run dtype can move it (rounding_reach), rank the file's experts top: which of such
+# experts a bfloat16 router picks is its rounding's chance, and the other pick moves the token by a whole expert's
+# share, so the references take the file's choice there (RoutingTies) and the verdict says so
+RUN_DTYPE_ROUNDOFF = 2.0 ** -(MANTISSA_BITS[RUN_DTYPE] + 1)
 # a float32 step over TOLERANCE passes within this many times transformers' own float32 error at that step (its
 # float32 logits against its float64 ones) of either: two float32 computations of one model each err by about
 # that much from the float64 logits
@@ -180,8 +190,8 @@ def randomise(model, scale: float) -> None:
                                                         if n.endswith("e_score_correction_bias"))]:
             if tensor.is_floating_point() and tensor.numel() and bool((tensor == tensor.flatten()[0]).all()):
                 tensor.add_(torch.randn(tensor.shape, generator=generator) * scale)
-        # decisive routers: no expert choice a tie at bfloat16's rounding (the verdict resolves ties itself; the
-        # self-check's random weights should not make them)
+        # decisive routers: few expert choices a tie at bfloat16's rounding (the verdict resolves ties itself; the
+        # run-dtype job takes those left as given: RoutingTies)
         for router in routers(model):
             router.weight.mul_(ROUTER_GAIN)
             if getattr(router, "bias", None) is not None:
@@ -240,26 +250,183 @@ class Incremental:
         self.whole = [False] * rows
         dtype = next(model.parameters()).dtype
         self.cache_tolerance = CACHE_TOLERANCE if dtype in (torch.float32, torch.float64) else CACHE_TOLERANCE_LOW
+        self.start = None       # the position of the first token of the forward running (RoutingTies reads it)
 
     def logits(self, row: int, tokens: list[int]):
+        try:
+            return self._logits(row, tokens)
+        finally:
+            self.start = None
+
+    def _logits(self, row: int, tokens: list[int]):
         import torch
 
         if not self.cached or self.whole[row]:
+            self.start = 0
             with torch.no_grad():
                 return self.models[row](input_ids=torch.tensor([tokens])).logits[0, -1].float()
         new = tokens[self.seen[row]:]
         decode = self.seen[row] > 0
+        self.start = self.seen[row]
         with torch.no_grad():
             out = self.models[row](input_ids=torch.tensor([new]), past_key_values=self.caches[row], use_cache=True)
         self.caches[row], self.seen[row] = out.past_key_values, len(tokens)
         cached = out.logits[0, -1].float()
         if decode and self.stateful:
+            self.start = 0
             with torch.no_grad():
                 whole = self.models[row](input_ids=torch.tensor([tokens])).logits[0, -1].float()
             if not float((cached - whole).abs().max()) <= self.cache_tolerance * float(whole.abs().max()):
                 self.whole[row] = True
                 return whole
         return cached
+
+
+def decoder_layers(model) -> list:
+    """The decoder layers of transformers' model: its base model's, or its text decoder's (an image-text model)."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
+    return list(getattr(decoder, "layers", None) or getattr(getattr(model, "model", None), "layers", None) or [])
+
+
+def rounding_reach(weight, x, logits):
+    """[experts]: the most rounding the router's `weight`, its input `x` [H] and its `logits` to the run dtype can move
+    each logit (first order): RUN_DTYPE_ROUNDOFF x (2 x sum_i |w_ei x_i| + |logit_e|)."""
+    import torch
+
+    products = (weight.detach().float().abs() * x.detach().float().abs()[None, :]).sum(-1)
+    return RUN_DTYPE_ROUNDOFF * (2 * products + logits.detach().float().abs())
+
+
+def routing_tie(logits, reach, ours, gating: dict, bias=None) -> bool:
+    """Whether the experts `ours` are a top-k of one token's router `logits` [experts] each moved by no more than
+    `reach` [experts]: theirs raised by it and the others lowered, under `gating` (gating_of's: scoring, groups)
+    and its selection `bias` (every selection is monotone in each logit, so that move favours them most)."""
+    import torch
+
+    from agent.recipe.native.parts.moe import selection
+
+    picked = torch.zeros(logits.shape[-1], dtype=torch.bool)
+    picked[ours] = True
+    moved = logits.detach().float() + torch.where(picked, reach, -reach)
+    _, choice = selection(moved[None], scoring=gating["scoring"], selection_bias=bias, n_group=gating["n_group"],
+                          topk_group=gating["topk_group"], group_select=gating["group_select"])
+    return bool(choice[0][picked].min() >= choice[0][~picked].max())
+
+
+class RoutingTies:
+    """The run dtype's MoE routing ties (see RUN_DTYPE_ROUNDOFF): the file's expert choice of each token at each
+    MoE layer, read at its blocks' `gating` ((weights, expert ids)), and transformers' references steered to it at
+    their experts' call (hidden states, top-k index, top-k weights) where the file's choice is a top-k of the float32
+    reference's router logits moved by the rounding's reach (routing_tie). Where the file chose alike, or beyond that
+    reach, nothing is steered: a wrong router's choices are no ties, and a dropped gate or norm moves the logits
+    where the routing agrees too.
+    `forced`: {(layer, row, position): the file's experts}, which the run-dtype reference takes too."""
+
+    def __init__(self, model, references, config):
+        import re
+
+        from agent.recipe.native.parts.moe import gating_of, moe_block
+
+        self.file, self.calls, self.forced = {}, {}, {}
+        self.gating = None
+        layers = decoder_layers(references[0].models[0])
+        if not any(moe_block(layer) for layer in layers):
+            return
+        try:
+            self.gating = gating_of(config)
+        except Exception:  # noqa: BLE001 - NotNative, or a probe that fails: no routing to steer, the plain rule
+            return
+        if self.gating["scoring"] not in ("softmax", "sigmoid") or self.gating.get("select_on_logits"):
+            self.gating = None      # a gating the references are not steered under (phimoe's sparsemixer)
+            return
+        for name, module in model.named_modules():
+            found = re.fullmatch(r"(?:.*\.)?layers\.(\d+)\..*", name)
+            if found and callable(getattr(module, "gating", None)) and hasattr(module, "top_k"):
+                module.gating = self._recorded(module.gating, int(found.group(1)))
+        for reference, rounded in zip(references, (False, True)):
+            for row, copy_ in enumerate(reference.models):
+                for index, layer in enumerate(decoder_layers(copy_)):
+                    block = moe_block(layer)
+                    if block is not None:
+                        block[1].experts.register_forward_pre_hook(
+                            self._steer(reference, row, index, block[1], rounded), with_kwargs=True)
+
+    def _recorded(self, gating, layer: int):
+        def recorded(hidden_states):
+            weights, expert_ids = gating(hidden_states)
+            self.calls[layer] = expert_ids.detach().long().cpu()
+            return weights, expert_ids
+        return recorded
+
+    def file_routed(self, tokens: list[tuple[int, int]]) -> None:
+        """The file's forward just run held `tokens` ((row, position) of each of its token rows)."""
+        for layer, ids in self.calls.items():
+            if ids.shape[0] == len(tokens):
+                for (row, position), choice in zip(tokens, ids):
+                    self.file[(layer, row, position)] = choice.sort().values
+        self.calls = {}
+
+    def _steer(self, reference, row: int, layer: int, block, rounded: bool):
+        import torch
+
+        from agent.recipe.native.parts.moe import reference_gating, selection, selection_bias
+
+        g = self.gating
+        router = block.get_submodule(g.get("router_path", g["router_name"]))
+        found = selection_bias(block, g["router_name"]) if g["selection_bias"] else None
+        bias = found[0].reshape(-1) if found is not None else None
+
+        def hook(module, args, kwargs):
+            start = reference.start
+            if start is None or len(args) < 3:
+                return None
+            hidden, index, weights = args[:3]
+            with torch.no_grad():
+                logits = torch.nn.functional.linear(hidden.to(router.weight.dtype), router.weight,
+                                                    getattr(router, "bias", None))
+                _, choice = selection(logits.float(), scoring=g["scoring"], selection_bias=bias,
+                                      n_group=g["n_group"], topk_group=g["topk_group"], group_select=g["group_select"])
+            k = index.shape[-1]
+            own = index.long().sort(-1).values
+            if not rounded and not torch.equal(own, choice.topk(k, dim=-1).indices.sort(-1).values):
+                return None     # the hook's gating is not the block's: nothing steered (nor then in the run dtype)
+            steer = []
+            for p in range(hidden.shape[0]):
+                key = (layer, row, start + p)
+                ours = self.file.get(key)
+                if ours is None or ours.shape[0] != k or torch.equal(ours, own[p]):
+                    continue
+                if key not in self.forced and not rounded:
+                    tie = routing_tie(logits[p], rounding_reach(router.weight, hidden[p], logits[p]), ours, g, bias)
+                    if TRACE:
+                        print(f"TIE layer {layer} row {row} position {start + p}: ours {ours.tolist()}, float32's "
+                              f"{own[p].tolist()}, {'a tie' if tie else 'not a tie'}", file=sys.stderr)
+                    if not tie:
+                        continue
+                    self.forced[key] = ours
+                if key in self.forced:
+                    steer.append(p)
+            if not steer:
+                return None
+            chosen = index.clone()
+            chosen[steer] = torch.stack([self.forced[(layer, row, start + p)] for p in steer]).to(index.dtype)
+            forced_weights, _ = reference_gating(logits, k=k, scoring=g["scoring"], renormalize=g["renormalize"],
+                                                 selection_bias=bias, n_group=g["n_group"], topk_group=g["topk_group"],
+                                                 group_select=g["group_select"],
+                                                 routed_scaling_factor=g["routed_scaling_factor"], index=chosen)
+            weights = weights.clone()
+            weights[steer] = forced_weights[steer].to(weights.dtype)
+            return (hidden, chosen, weights, *args[3:]), kwargs
+
+        return hook
+
+    def line(self) -> str | None:
+        """What the verdict says of the ties taken."""
+        if not self.forced:
+            return None
+        tokens = len({(row, position) for _, row, position in self.forced})
+        return (f"{len(self.forced)} expert choice{'s' if len(self.forced) != 1 else ''} of {tokens} "
+                f"token{'s' if tokens != 1 else ''} a tie below {RUN_DTYPE}'s rounding; the reference took ours")
 
 
 def float64_logits(reference, row: int, tokens: list[int]):
@@ -408,6 +575,8 @@ def check(job: dict) -> dict:
         model = model_class(model_config, _infer_config(BLOCK_SIZE), _SingleRank(), "").eval()
     finally:
         torch.set_default_dtype(torch.float32)
+    # the run dtype's MoE routing ties: the references steered to the file's choice where it is one (RoutingTies)
+    ties = RoutingTies(model, references, config) if dtype != "float32" else None
     loaded = model.load_weights(tensors)
     # module.quantization's parameters a checkpoint may omit (smoothing factors, ones) are no missing weight
     missing = sorted(name for name in set(dict(model.named_parameters())) - set(loaded)
@@ -467,8 +636,10 @@ def check(job: dict) -> dict:
                 worst["by_float64"] += 1
             if not judged <= allowed:
                 from_exact = "" if truth is None else f" ({truth:.3g} from its float64 logits)"
+                taken = ties.line() if ties is not None else None
                 raise AssertionError(f"{step}, sequence {row} ({len(tokens)} tokens, {dtype}): logits differ from "
-                                     f"transformers' by {error:.3g}{from_exact}, over the tolerance {allowed:.3g}")
+                                     f"transformers' by {error:.3g}{from_exact}, over the tolerance {allowed:.3g}"
+                                     f"{f' ({taken})' if taken else ''}")
         return [int(torch.argmax(logits[row].reshape(-1))) for row in range(len(sequences))]
 
     # packed prefill
@@ -485,6 +656,8 @@ def check(job: dict) -> dict:
     poison_null_block()
     with torch.no_grad():
         logits = model(ids, positions, meta)
+    if ties is not None:
+        ties.file_routed([(row, position) for row, n in enumerate(lengths) for position in range(n)])
     next_tokens = compare("prefill", logits)
     for step in range(DECODE_STEPS if dtype == "float32" else RUN_DTYPE_DECODE_STEPS):
         for seq, token in zip(sequences, next_tokens):
@@ -505,9 +678,12 @@ def check(job: dict) -> dict:
         poison_null_block()
         with torch.no_grad():
             logits = model(torch.tensor(next_tokens), torch.tensor([n - 1 for n in lengths]), meta)
+        if ties is not None:
+            ties.file_routed([(row, n - 1) for row, n in enumerate(lengths)])
         next_tokens = compare(f"decode step {step + 1}", logits)
+    taken = ties.line() if ties is not None else None
     return {"ok": True, "max_rel": worst["rel"], "ratio": worst["ratio"], "by_float64": worst["by_float64"],
-            "reason": None}
+            "reason": None, **({"routing_ties": len(ties.forced), "note": taken} if taken else {})}
 
 
 def main(argv: list[str]) -> int:
