@@ -5,7 +5,7 @@ positions: at the self-check's it is about 1.001), and its sandwich layer's dept
 (parts/block.py DEPTH_SCALED_RESIDUAL: x sqrt((i - 1) / i) + out / sqrt(i), i = 2 (layer + 1), one more for the
 MLP). Its output gate with a per-head bias: test_part_attention_params.py. The readings in-process by default; the
 whole file against transformers, every family setting and its faults (the query scale dropped, the residual's scales
-swapped, every layer rotated): slow."""
+swapped, no layer rotated): slow."""
 
 from __future__ import annotations
 
@@ -16,11 +16,12 @@ SMALL = {"num_hidden_layers": 2, "layer_types": ["sliding_attention", "full_atte
          "mlp_layer_types": ["dense", "sparse"]}
 FAULTS = {"beam": [
     # the NoPE layers' query scale dropped: 1.0009 at the self-check's decode steps, which its float32 tolerance sees
+    # (measured: 0.000589 against 0.000583 at the first decode step; the far positions: the readings above)
     ("query = (query.float() * ssmax_scale(positions[:q_len])[:, None, None]).to(query.dtype)", "query = query"),
     # the attention's sum with the MLP's scales (one count off)
     ("for i in (2 * (layer_idx + 1), 2 * (layer_idx + 1) + 1)]", "for i in (2 * (layer_idx + 1) + 1, 2 * (layer_idx + 1))]"),
-    # the NoPE layers rotated too (the sliding layers' table)
-    ("return isinstance(config.rope_parameters.get(config.layer_types[layer_idx]), dict)", "return True"),
+    # the sliding layers' rotary dropped too (every layer read as NoPE)
+    ("return isinstance(config.rope_parameters.get(config.layer_types[layer_idx]), dict)", "return False"),
 ]}
 
 
