@@ -34,8 +34,10 @@ def _probe(**changes):
 
 
 def test_the_nope_layers_are_the_kinds_without_rope_settings_and_swapping_them_swaps_the_layers():
-    """typed_rope, confirmed on the config with the kinds' settings swapped (the file reads them at run time)."""
-    from agent.recipe.native.parts.rotary_nope import ROTARY_NOPE, nope_rule, rotating_layers, swapped_rope_kinds
+    """typed_rope, confirmed on the config with the kinds' settings swapped (the file reads them at run time): there
+    global_nope (exaone4's full-attention layers NoPE), which gives the same layers on the config, does not hold."""
+    from agent.recipe.native.parts.rotary_nope import (ROTARY_NOPE, _rule_holds, nope_rule, rotating_layers,
+                                                       swapped_rope_kinds)
 
     probe = _probe()
     assert rotating_layers(probe) == (True, False)
@@ -43,6 +45,7 @@ def test_the_nope_layers_are_the_kinds_without_rope_settings_and_swapping_them_s
     assert match.options["NOPE_LAYERS"] == "typed_rope" and match.options["ROPE_TYPED_LAYERS"]
     swapped = probe.variant(swapped_rope_kinds(probe.config))
     assert rotating_layers(swapped) == (False, True) and nope_rule(swapped) == "typed_rope"
+    assert _rule_holds("global_nope", probe) and not _rule_holds("global_nope", swapped)
 
 
 def test_the_files_query_scale_is_transformers_at_positions_in_the_thousands():
