@@ -317,11 +317,11 @@ class ModelAttention(nn.Module):
             cos_sin, positions = cos_sin[:2], cos_sin[2]
         if QUERY_SSMAX:
             positions = cos_sin["positions"]          # beside the per-type tables (the model's)
-        if ROTARY and (NOPE_LAYERS != "typed_rope" or self.use_rope):
+        if ROTARY and NOPE_LAYERS != "typed_rope" or ROTARY and self.use_rope:
             cos, sin = (cos_sin[self.layer_type] if ROPE_BY_LAYER_TYPE
                         else cos_sin[self.rope_table] if ROPE_BY_LAYER_THETA else cos_sin)
             cos, sin = cos[:q_len], sin[:q_len]
-            if not NOPE_LAYERS or self.use_rope:
+            if not NOPE_LAYERS or NOPE_LAYERS == "typed_rope" or self.use_rope:
                 query, key = torch_npu.npu_apply_rotary_pos_emb(query.contiguous(), key.contiguous(), cos, sin, layout="TND")
         if QK_L2_NORM and self.qk_l2_norm:
             query, key = self.qk_norm(query), self.qk_norm(key)
