@@ -601,14 +601,13 @@ def run_adapter(family_checkout, tmp_path: Path, model_type: str, fell_back: str
 
 
 def test_an_adapter_recipe_runs_its_npugraph_ex_yaml_with_the_decode_compiled_once(family_checkout, tmp_path):
-    """An architecture the native generator does not write (beam: its full-attention layers take no rope
-    settings: they scale the query by its position) keeps
-    transformers' code behind the adapter. Its YAML as written (npugraph_ex), with the precision probe of the trial, through
-    upstream's infer.sh: main_decode captured whole once, no recompile, the two prompts' texts transformers'
-    own. Every adapter recipe failed here: the stand-in's F.linear under dynamo ('cannot determine the
-    equality comparison'), then a recompile per step from the probe's hooks. Two ranks and the whole
-    `migrator run`: slow, below."""
-    run_adapter(family_checkout, tmp_path, "beam", "position", 1)
+    """An architecture the native generator does not write (modernbert-decoder: a dense and norm head before its
+    vocabulary projection; beam, the example before, is native) keeps transformers' code behind the adapter. Its
+    YAML as written (npugraph_ex), with the precision probe of the trial, through upstream's infer.sh: main_decode
+    captured whole once, no recompile, the two prompts' texts transformers' own. Every adapter recipe failed here:
+    the stand-in's F.linear under dynamo ('cannot determine the equality comparison'), then a recompile per step
+    from the probe's hooks. Two ranks and the whole `migrator run`: slow, below."""
+    run_adapter(family_checkout, tmp_path, "modernbert-decoder", "model", 1)
 
 
 @pytest.mark.slow

@@ -127,7 +127,8 @@ def migrate_family(family_checkout, model_type: str, overrides: dict, family: st
 # scripts/native_coverage.py's fall-backs, one per layer kind the maintainers' report (2026-12-05) found
 # failing: the recipe keeps the vendored transformers model behind models/modeling_NAME_framework.py.
 ADAPTERS = [
-    pytest.param("beam", "position", id="unrotated_full_attention-beam"),   # full-attention layers without rope
+    # a dense + norm head before the vocabulary; beam, the example before, is native
+    pytest.param("modernbert-decoder", "model", id="decoder_head-modernbert-decoder"),
 ]
 
 
@@ -140,7 +141,7 @@ def migrate_adapter(family_checkout, model_type: str) -> tuple[Path, Path]:
     if key not in family_checkout["migrated"]:
         root, checkout = family_checkout["root"], family_checkout["checkout"]
         checkpoint = upstream.tiny_checkpoint(model_type, root / f"ckpt_{model_type}")
-        name = f"ad_{model_type}"
+        name = f"ad_{model_type.replace('-', '_')}"       # the recipe name the migrator writes
         run_migration({"target": str(checkpoint), "output_dir": str(checkout / "models"), "name": name,
                        "device": "cpu", "max_new_tokens": MAX_NEW_TOKENS, "max_rounds": 0, "world_size": 1,
                        "recipe_target": "framework", **INSTALLED}, stop_after="render")

@@ -22,6 +22,7 @@ from agent.recipe.native.parts.attention_value_scale import value_scale
 from agent.recipe.native.parts.attention_chunked import SMALL_CHUNK, chunked_attention, small_chunk_setting
 from agent.recipe.native.parts.attention_positions import SMALL_ORIGINAL, query_position_scale, small_original_setting
 from agent.recipe.native.parts.attention_temperature import SMALL_FLOOR, query_temperature, small_floor_setting
+from agent.recipe.native.parts.attention_ssmax import ssmax_query_scale
 from agent.recipe.native.parts.attention_qk_l2 import QK_L2_KEY, QK_L2_NAME, qk_l2_norm
 from agent.recipe.native.parts.part import Expr, Match, Part
 from agent.recipe.native.parts.mla import is_mla_model
@@ -40,7 +41,7 @@ DENSE_OPTIONS = ("QKV", "QKV_BIAS", "O_BIAS", "QK_NORM", "QK_NORM_FULL", "QUERY_
                  "GATE_PROJ", "GATE_SOFTPLUS", "GATE_PER_HEAD", "CHECKPOINT_RENAMES", "ATTN_SUB_NORM", "GATE_BIAS",
                  "HEADS_PER_LAYER", "QUERY_POSITION_SCALE", "FULL_LAYERS_WINDOWED", "HEAD_DIM_PER_LAYER", "V_NORM",
                  "KV_HEADS_BY_LAYER_TYPE", "SINK_LAYER_TYPES", "V_HEAD_DIM", "VALUE_SCALE", "KEY_SCALE", "KV_HEADS_PER_LAYER",
-                 "K_EQ_V", "WINDOW_DECODE_ONLY", "QUERY_TEMPERATURE", "CHUNKED")
+                 "K_EQ_V", "WINDOW_DECODE_ONLY", "QUERY_TEMPERATURE", "CHUNKED", "QUERY_SSMAX")
 WINDOW = 5                            # the shrunk window (agent.recipe.native.parts.probe.shrunk_config)
 
 
@@ -451,6 +452,8 @@ def dense_attention(probe) -> dict:
         facts["QUERY_POSITION_SCALE"] = True
     if temperature:
         facts["QUERY_TEMPERATURE"] = True
+    if ssmax_query_scale(probe):
+        facts["QUERY_SSMAX"] = True
     if chunked:
         if facts.get("WINDOWS") or per_layer or kinds_heads:
             raise NotNative("attention", "chunked local attention beside sliding windows or heads per layer: not "
@@ -753,7 +756,11 @@ def _dense_match(part, probe, chosen, **extra) -> Match:
     if facts.get("QUERY_TEMPERATURE") and not (position is not None and position.options.get("NOPE_LAYERS")):
         raise NotNative("attention", "llama4's query temperature without a NoPE layers' rule (parts/rotary_nope.py): "
                                      "the file scales the NoPE layers' queries")
-    for option, what in (("QUERY_TEMPERATURE", "llama4's query temperature"), ("CHUNKED", "chunked local attention")):
+    if facts.get("QUERY_SSMAX") and not (position is not None and position.options.get("NOPE_LAYERS") == "typed_rope"):
+        raise NotNative("attention", "beam's NoPE query scale without its NoPE layers' rule (rope_parameters' None "
+                                     "kinds, parts/rotary_nope.py): the file scales those layers' queries")
+    for option, what in (("QUERY_TEMPERATURE", "llama4's query temperature"), ("CHUNKED", "chunked local attention"),
+                         ("QUERY_SSMAX", "beam's NoPE query scale")):
         if facts.get(option) and part not in (FUSED_PAGED, FUSED_PAGED_SINKS):
             raise NotNative("attention", f"{what} with {part.name}: only the fused attention writes it")
     options = {k: v for k, v in facts.items() if k in DENSE_OPTIONS}
@@ -840,6 +847,9 @@ def _fused_kernels(match):
     if match.options.get("QUERY_TEMPERATURE"):
         gate += ("llama4's attention temperature: the NoPE layers' queries times 1 + attn_scale log(1 + floor((position "
                  "+ 1) / floor_scale)), plain torch (no fused kernel takes a per-token query scale)",)
+    if match.options.get("QUERY_SSMAX"):
+        gate += ("beam's NoPE query scale: the NoPE layers' normed queries times (1 + (position + 1) / 2048) ** 0.1 in "
+                 "float32, plain torch (no fused kernel takes a per-token query scale)",)
     if match.options.get("CHUNKED"):
         window += ("; chunked_attention layers: each prompt cut at its chunk boundaries at prefill (causal pieces), "
                    "the chunk's blocks alone at decode")

@@ -101,23 +101,28 @@ def role_options(roles: dict) -> dict:
     return {ROLE_OPTIONS[role]: name for role, name in roles.items()}
 
 
-def _unscaled(probe, roles: dict) -> None:
-    """The layer adds its outputs to the residual as they are (a layer read by role: minicpm3 scales them by
-    scale_depth / sqrt(num_hidden_layers), which no part writes)."""
+DEPTH_SCALED = ("each branch joins the residual scaled by the layer's depth (x * sqrt((i - 1) / i) + out / sqrt(i), "
+                "i = 2 (layer + 1), one more for the MLP)")
+
+
+def _unscaled(probe, roles: dict) -> dict:
+    """{} where the layer adds its outputs to the residual as they are (a layer read by role: minicpm3 scales them by
+    scale_depth / sqrt(num_hidden_layers), which no part writes); {"DEPTH_SCALED_RESIDUAL": True} where every layer
+    scales both sums by its depth (beam's, checked on each layer with its own index); NotNative otherwise."""
     if norm_roles(probe) and not residual_scaled(probe.layers[0], probe.hidden, 1.0, roles):
-        if all(residual_scaled(layer, probe.hidden, 1.0, roles, depth=index) for index, layer in enumerate(probe.layers[:2])):
-            raise NotNative("decoder layer", "each branch joins the residual scaled by the layer's depth (x * sqrt((i - 1) "
-                                             "/ i) + out / sqrt(i), i = 2 (layer + 1), one more for the MLP), which no "
-                                             "block part writes")
+        if all(residual_scaled(layer, probe.hidden, 1.0, roles, depth=index) for index, layer in enumerate(probe.layers)):
+            return {"DEPTH_SCALED_RESIDUAL": True}
         raise NotNative("decoder layer", "the layer's outputs join the residual otherwise than as they are "
                                          "(scaled?)")
+    return {}
 
 
 def _pre_norm(probe, chosen):
     roles = block_roles(probe)
     if not roles or set(roles) != set(PRE_NORM_ROLES):
         return None
-    _unscaled(probe, roles)
+    if _unscaled(probe, roles):
+        raise NotNative("decoder layer", f"{DEPTH_SCALED}, in a pre-norm layer: written in the sandwich layer alone")
     return Match(PRE_NORM, options=role_options(roles))
 
 
@@ -155,13 +160,12 @@ def _sandwich(probe, chosen):
     if not roles or set(roles) != set(ROLES):
         return None
     scalar = layer_scalar(probe, roles)
-    if not scalar:
-        _unscaled(probe, roles)
-    return Match(SANDWICH, options={"SANDWICH": True, **role_options(roles), **scalar})
+    depth_scaled = {} if scalar else _unscaled(probe, roles)
+    return Match(SANDWICH, options={"SANDWICH": True, **role_options(roles), **scalar, **depth_scaled})
 
 
 PRE_NORM = Part(slot="block", name="pre_norm", code="block.py", provides="ModelDecoderLayer",
                 reads=("hidden_size", "rms_norm_eps"), probe=_pre_norm, options=("ATTENTION_NORM", "MLP_NORM"))
 SANDWICH = Part(slot="block", name="sandwich", code="block.py", provides="ModelDecoderLayer",
                 reads=("hidden_size", "rms_norm_eps"), probe=_sandwich,
-                options=("SANDWICH", "LAYER_SCALAR", *ROLE_OPTIONS.values()))
+                options=("SANDWICH", "LAYER_SCALAR", "DEPTH_SCALED_RESIDUAL", *ROLE_OPTIONS.values()))

@@ -81,14 +81,15 @@ def typed_layer_types(config) -> list:
     return sorted(t for t in set(getattr(config, "layer_types", None) or []) if isinstance(params.get(t), dict))
 
 
-def typed_layers(probe) -> dict:
+def typed_layers(probe, nope_untyped: bool = False) -> dict:
     """{"ROPE_TYPED_LAYERS": True} where only some layer types have rope settings (lfm3's conv layers none), after
-    checking that every attention layer's type has them; {} where every type does."""
+    checking that every attention layer's type has them (`nope_untyped`: the position part read the others' layers
+    as NoPE, beam's full-attention layers); {} where every type does."""
     config = probe.config
     typed = typed_layer_types(config)
     if set(typed) == set(config.layer_types):
         return {}
-    for index, layer in enumerate(probe.layers):
+    for index, layer in enumerate([] if nope_untyped else probe.layers):
         if getattr(layer, "self_attn", None) is not None and config.layer_types[index] not in typed:
             raise NotNative("position", f"layer {index} ({config.layer_types[index]}) attends, and rope_parameters "
                                         f"holds settings for {', '.join(typed)} alone")
@@ -187,7 +188,7 @@ def rope_match(probe, part, options=None) -> Match:
                                     "table is qk_rope_head_dim wide times the factor, no part reads it otherwise")
     found = {"ROPE_BY_LAYER_TYPE": by_type}
     if by_type:
-        found.update(typed_layers(probe))
+        found.update(typed_layers(probe, (options or {}).get("NOPE_LAYERS") == "typed_rope"))
         if partial:
             found.update(default_whole_head(probe))
     if "proportional" in types:

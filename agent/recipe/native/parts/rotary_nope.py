@@ -18,6 +18,8 @@ from agent.recipe.native.parts.rotary_interleaved import interleaved_form
 # its toggles (rule_toggles) is the architecture's
 RULES = {
     "no_rope_layers": lambda config, i: bool(config.no_rope_layers[i]),
+    # beam: rope_parameters keyed by layer type, None for a kind without positions
+    "typed_rope": lambda config, i: isinstance(config.rope_parameters.get(config.layer_types[i]), dict),
     # cohere2_moe: its sliding layers, and its dense-MLP layers where prefix_dense_sliding_window_pattern is 1
     "sliding_or_dense_prefix": lambda config, i: (
         bool(getattr(config, "sliding_window", None)) and config.layer_types[i] == "sliding_attention"
@@ -40,12 +42,27 @@ def rule_toggles(rule: str, config) -> list[dict]:
     each layer's MLP kind, the kinds turned over (a rule that ignores them must not be taken where they decide
     the rotary), and for the rule that reads prefix_dense_sliding_window_pattern, that key unequal to 1 too."""
     flipped = flipped_mlp_kinds(config)
+    if rule == "typed_rope":
+        swapped = swapped_rope_kinds(config)
+        return [swapped] if swapped else []
     if flipped is None or rule == "no_rope_layers":
         return []
     toggles = [{"mlp_layer_types": flipped}]
     if rule == "sliding_or_dense_prefix":
         toggles.append({"mlp_layer_types": flipped, "prefix_dense_sliding_window_pattern": 2})
     return toggles
+
+
+def swapped_rope_kinds(config) -> dict:
+    """The config change that gives the rope settings of the one layer type with them to the one without (beam's
+    sliding layers NoPE, its full-attention layers rotating); {} unless there are exactly those two kinds."""
+    params = config.rope_parameters
+    kinds = sorted(set(config.layer_types))
+    typed = [kind for kind in kinds if isinstance(params.get(kind), dict)]
+    if len(kinds) != 2 or len(typed) != 1:
+        return {}
+    (other,) = set(kinds) - set(typed)
+    return {"rope_parameters": {**params, typed[0]: None, other: params[typed[0]]}}
 
 
 def handed_no_table(probe) -> set:
@@ -68,6 +85,22 @@ def handed_no_table(probe) -> set:
     return {i for i, given in handed.items() if not given}
 
 
+def untyped_nope_tables(probe, x) -> dict | None:
+    """{layer type: (cos, sin)} of the layer types with rope settings, where rope_parameters is keyed by layer type
+    and gives some attending kind None (beam's full-attention layers); None otherwise (the model's one table)."""
+    import torch
+
+    from agent.recipe.native.parts.position import typed_layer_types
+
+    config = probe.config
+    params = getattr(config, "rope_parameters", None)
+    kinds = set(getattr(config, "layer_types", None) or [])
+    if not isinstance(params, dict) or not any(kind in params and params[kind] is None for kind in kinds):
+        return None
+    return {kind: probe.base.rotary_emb(x, torch.arange(4)[None], layer_type=kind)
+            for kind in typed_layer_types(config)}
+
+
 def rotating_layers(probe) -> tuple[bool, ...] | None:
     """Per layer: whether transformers' attention output depends on the rotary it is given, and the model gives it
     one; None where the attention or the rotary embedding is not callable as transformers' usual ones (not this
@@ -78,15 +111,18 @@ def rotating_layers(probe) -> tuple[bool, ...] | None:
     x = torch.randn(1, 4, probe.hidden, generator=gen)
     found = []
     try:
-        # cos / sin as wide as the attention takes them (the rotary embedding's own width, partial or not)
-        table = probe.base.rotary_emb(x, torch.arange(4)[None])
-        if isinstance(table, torch.Tensor) and table.is_complex():
-            # llama4's one complex table e^(i a): no rotation is 1
-            tables = (table, torch.ones_like(table))
-        else:
-            cos, sin = table
-            tables = ((cos, sin), (torch.ones_like(cos), torch.zeros_like(sin)))
-        untabled = handed_no_table(probe) if any(not hasattr(layer, "self_attn") for layer in probe.layers) else set()
+        by_kind = untyped_nope_tables(probe, x)
+        if by_kind is None:
+            # cos / sin as wide as the attention takes them (the rotary embedding's own width, partial or not)
+            table = probe.base.rotary_emb(x, torch.arange(4)[None])
+            if isinstance(table, torch.Tensor) and table.is_complex():
+                # llama4's one complex table e^(i a): no rotation is 1
+                tables = (table, torch.ones_like(table))
+            else:
+                cos, sin = table
+                tables = ((cos, sin), (torch.ones_like(cos), torch.zeros_like(sin)))
+        untabled = handed_no_table(probe) if by_kind is not None or any(
+            not hasattr(layer, "self_attn") for layer in probe.layers) else set()
         for index, layer in enumerate(probe.layers):
             if not hasattr(layer, "self_attn"):
                 found.append(None)
@@ -94,6 +130,10 @@ def rotating_layers(probe) -> tuple[bool, ...] | None:
             if index in untabled:
                 found.append(False)
                 continue
+            if by_kind is not None:
+                # a layer of a kind with no rope settings that the model hands a table: not read here
+                cos, sin = by_kind[probe.config.layer_types[index]]
+                tables = ((cos, sin), (torch.ones_like(cos), torch.zeros_like(sin)))
             outputs = []
             for table in tables:
                 with torch.no_grad():
@@ -161,6 +201,9 @@ def _variants(match: Match, probe):
     if match.options["NOPE_LAYERS"] == "no_rope_layers":
         flipped = [0 if value else 1 for value in probe.config.no_rope_layers]
         found.append(("nope no_rope_layers", {"no_rope_layers": flipped}))
+    if match.options["NOPE_LAYERS"] == "typed_rope" and swapped_rope_kinds(probe.config):
+        # which kinds rotate is read from rope_parameters at run time: the kinds' settings swapped
+        found.append(("nope rope_parameters swapped", swapped_rope_kinds(probe.config)))
     if match.options["NOPE_LAYERS"] == "sliding_or_dense_prefix":
         # the dense layers rotate by prefix_dense_sliding_window_pattern (the MoE part turns the MLP kinds over alone)
         found.append(("nope prefix_dense_sliding_window_pattern 2",

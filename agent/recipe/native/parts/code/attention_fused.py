@@ -16,6 +16,7 @@ from .norm_rms import ModelRMSNorm as Norm
 from .norm_sub import ModelSubRMSNorm
 from .norm_weightless_rms import ModelWeightlessRMSNorm
 from .attention_chunked import chunk_bounds
+from .attention_ssmax import ssmax_scale
 from .attention_temperature import temperature_scale
 from .rotary import half_from_interleaved, layer_rope_table, rotary_width
 
@@ -55,7 +56,8 @@ NOPE_LAYERS = None              # layers without rotary: "no_rope_layers" (smoll
                                 # "layer_rope_theta" (granite_swa: a rope base of 0), "sliding_or_dense_prefix"
                                 # (cohere2_moe: the sliding layers, and the dense-MLP ones where
                                 # prefix_dense_sliding_window_pattern is 1), "position_embedding_type"
-                                # (granitemoehybrid: every layer, unless the config says "rope")
+                                # (granitemoehybrid: every layer, unless the config says "rope"), "typed_rope"
+                                # (beam: the layer types rope_parameters gives settings; the others have no table)
 ROPE_INTERLEAVED = False        # the architecture rotates pairs (2i, 2i + 1): q/k rows reordered at load (glm, ernie4_5)
 QKV_GROUPS = ()                 # fused qkv_proj stored in groups (count, sections' order), reordered at load
 ROTARY = True                   # q and k rotated (else the positions were added to the embedding: gpt2)
@@ -79,6 +81,7 @@ KV_HEADS_BY_LAYER_TYPE = ()     # (layer kind, multiple of num_key_value_heads) 
 KV_HEADS_PER_LAYER = False      # each layer's key/value heads its own (transformers' per_layer_config: gemma4's full layers)
 K_EQ_V = None                   # (config key, layer kinds): those layers' values are k_proj's output (gemma4's attention_k_eq_v)
 QUERY_TEMPERATURE = False       # NoPE layers' queries times temperature_scale(position) (llama4's attn_temperature_tuning)
+QUERY_SSMAX = False             # NoPE layers' queries times ssmax_scale(position) (beam's; with NOPE_LAYERS "typed_rope")
 CHUNKED = False                 # config.layer_types' chunked_attention layers attend within attention_chunk_size (llama4)
 
 
@@ -115,6 +118,8 @@ def layer_uses_rope(config, layer_idx):
         return bool(config.layer_rope_theta[layer_idx])
     if NOPE_LAYERS == "position_embedding_type":
         return config.position_embedding_type == "rope"
+    if NOPE_LAYERS == "typed_rope":
+        return isinstance(config.rope_parameters.get(config.layer_types[layer_idx]), dict)
     return True
 
 
@@ -310,11 +315,13 @@ class ModelAttention(nn.Module):
             value = (value * torch.rsqrt(value.pow(2).mean(-1, keepdim=True) + self.v_norm_eps)).to(key.dtype)
         if QUERY_POSITION_SCALE or QUERY_TEMPERATURE:
             cos_sin, positions = cos_sin[:2], cos_sin[2]
-        if ROTARY:
+        if QUERY_SSMAX:
+            positions = cos_sin["positions"]          # beside the per-type tables (the model's)
+        if ROTARY and NOPE_LAYERS != "typed_rope" or ROTARY and self.use_rope:
             cos, sin = (cos_sin[self.layer_type] if ROPE_BY_LAYER_TYPE
                         else cos_sin[self.rope_table] if ROPE_BY_LAYER_THETA else cos_sin)
             cos, sin = cos[:q_len], sin[:q_len]
-            if not NOPE_LAYERS or self.use_rope:
+            if not NOPE_LAYERS or NOPE_LAYERS == "typed_rope" or self.use_rope:
                 query, key = torch_npu.npu_apply_rotary_pos_emb(query.contiguous(), key.contiguous(), cos, sin, layout="TND")
         if QK_L2_NORM and self.qk_l2_norm:
             query, key = self.qk_norm(query), self.qk_norm(key)
@@ -327,6 +334,9 @@ class ModelAttention(nn.Module):
             # float32 times the queries, then their dtype, as transformers
             scale = temperature_scale(positions[:q_len], self.floor_scale, self.attn_scale)
             query = (query * scale[:, None, None]).to(query.dtype)
+        if QUERY_SSMAX and not self.use_rope:
+            # float32 times the normed queries, then their dtype, as transformers
+            query = (query.float() * ssmax_scale(positions[:q_len])[:, None, None]).to(query.dtype)
         if QK_NORM and QK_NORM_AFTER_ROPE:
             query, key = getattr(self, Q_NORM)(query), getattr(self, K_NORM)(key)
         if not self.k_cache.numel() or not self.v_cache.numel():

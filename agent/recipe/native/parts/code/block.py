@@ -1,6 +1,8 @@
 """The decoder layer: attention and MLP (or sparse-MoE block), each behind its norm, as upstream's models/qwen
 chains them."""
 
+import math
+
 import torch
 from torch import nn
 
@@ -12,6 +14,8 @@ RESIDUAL_MULTIPLIER = False  # the attention's and the MLP's outputs times confi
 RESIDUAL_DEPTH_SCALED = False   # that multiplier is scale_depth / sqrt(num_hidden_layers) (minicpm3)
 LAYER_SCALAR = False    # the layer's output, residual included, times its checkpoint's layer_scalar (gemma4)
 FIRST_LAYER_UNNORMED = False    # the first layer's attention takes its input unnormed (modernbert-decoder's Identity)
+DEPTH_SCALED_RESIDUAL = False   # each branch joins the residual as x sqrt((i - 1) / i) + out / sqrt(i), i the
+                                # branch's count from 2 (beam: the attention 2 (layer + 1), the MLP one more)
 # the norms' module names (the checkpoint's), by role: the attention's input and output norms, the MLP's input
 # and output norms (the output norms only in the sandwich layer)
 ATTENTION_NORM = "input_layernorm"
@@ -51,6 +55,10 @@ class ModelDecoderLayer(ModelDecoderLayerBase):
         setattr(self, MLP_NORM, Norm(config.hidden_size, eps=getattr(config, NORM_EPS) if NORM_EPS else FIXED_NORM_EPS))
         if SANDWICH:
             setattr(self, MLP_OUT_NORM, Norm(config.hidden_size, eps=getattr(config, NORM_EPS) if NORM_EPS else FIXED_NORM_EPS))
+        if DEPTH_SCALED_RESIDUAL:
+            # (output, residual) factors of the attention's and the MLP's sums, as BeamDecoderLayer computes them
+            self.residual_scales = [(1.0 / math.sqrt(i), math.sqrt((i - 1) / i))
+                                    for i in (2 * (layer_idx + 1), 2 * (layer_idx + 1) + 1)]
         if LAYER_SCALAR:
             # a parameter (not a buffer): load_weights loads it from the checkpoint's model.layers.N.layer_scalar
             self.layer_scalar = nn.Parameter(torch.ones(1), requires_grad=False)
@@ -66,10 +74,17 @@ class ModelDecoderLayer(ModelDecoderLayerBase):
             hidden_states = getattr(self, ATTENTION_OUT_NORM)(hidden_states)
             if RESIDUAL_MULTIPLIER:
                 hidden_states = hidden_states * self.residual_multiplier
+            if DEPTH_SCALED_RESIDUAL:
+                # each scaled in the run dtype; the next norm adds them
+                out_scale, residual_scale = self.residual_scales[0]
+                hidden_states, residual = hidden_states * out_scale, residual * residual_scale
             hidden_states, residual = getattr(self, MLP_NORM)(hidden_states, residual)
             hidden_states = getattr(self, MLP_OUT_NORM)(self.mlp(hidden_states))
             if RESIDUAL_MULTIPLIER:
                 hidden_states = hidden_states * self.residual_multiplier
+            if DEPTH_SCALED_RESIDUAL:
+                out_scale, residual_scale = self.residual_scales[1]
+                hidden_states, residual = hidden_states * out_scale, residual * residual_scale
         else:
             if RESIDUAL_MULTIPLIER:
                 hidden_states = hidden_states * self.residual_multiplier

@@ -62,6 +62,7 @@ NEVER_TIED = False              # lm_head never tied to the embedding, whatever 
 HEAD_TRANSFORM = False          # dense, activation and norm before lm_head (modernbert-decoder's prediction head)
 QUERY_POSITION_SCALE = False    # the attention scales its queries by position (llama-4): it takes the positions too
 QUERY_TEMPERATURE = False       # so does llama4's attention temperature
+QUERY_SSMAX = False             # and beam's NoPE query scale (its tables per layer type: the positions beside them)
 # transformers' renames of the checkpoint's tensor names for this architecture (pattern, replacement), in order
 CHECKPOINT_RENAMES = ()
 # stored names of Conv1D weights (gpt2's [in, out]): transposed to the parallel linears' [out, in] at load
@@ -159,6 +160,8 @@ class ModelModel(nn.Module):
             cos_sin = self.rotary_emb(hidden_states, position_ids)
         if QUERY_POSITION_SCALE or QUERY_TEMPERATURE:
             cos_sin = (*cos_sin, position_ids)
+        if QUERY_SSMAX:
+            cos_sin = {**cos_sin, "positions": position_ids}
         residual = None
         for layer in self.layers:
             residual, hidden_states = layer(hidden_states, cos_sin, residual, forward_metadata)

@@ -5,8 +5,8 @@ sigmoid (GATE_BIAS, read with the gate by parts/attention_gate.py). Both are zer
 probes set them to random values, and a parameter of that name that does not act so is refused.
 gpt_neox_japanese's file is held to transformers, and a file without the last layer's bias fails the same check, in
 test_part_gates_sub_norms.py (its float32 case beside afmoe's in the default suite; bfloat16 and the family's
-settings slow); beam's fall-back reason (what comes after its gate: its depth-scaled residual) is named there too,
-and read here."""
+settings slow); beam's depth-scaled residual, written by the sandwich layer (DEPTH_SCALED_RESIDUAL), is read here
+(beam's file: test_part_beam.py)."""
 
 from __future__ import annotations
 
@@ -99,9 +99,9 @@ def test_a_base_model_or_layer_with_parameters_of_its_own_is_refused(where, reas
         refuse_own_parameters(probe)
 
 
-def test_beams_depth_scaled_residual_is_named_and_another_scaling_is_not():
-    """beam's layer i adds x * sqrt((i - 1) / i) + out / sqrt(i) (block.residual_scaled with its depth: beam's
-    fall-back reason, test_part_gates_sub_norms.py's REFUSALS); the same layer read at another depth, or with its
+def test_beams_depth_scaled_residual_is_read_and_another_scaling_is_not():
+    """beam's layer i adds x * sqrt((i - 1) / i) + out / sqrt(i) (block.residual_scaled with its depth: the sandwich
+    layer's DEPTH_SCALED_RESIDUAL, test_part_beam.py); the same layer read at another depth, or with its
     attention's sum shifted by one, is not that form (the generic reason stays)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 

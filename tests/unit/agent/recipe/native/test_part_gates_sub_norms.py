@@ -78,18 +78,15 @@ def test_the_gate_is_read_from_the_module(model_type, changes, want):
 
 # type -> its fall-back reason: the first thing the file does not write, named
 REFUSALS = {
-    "beam": r"layer \d+ \(full_attention\) attends, and rope_parameters holds settings for sliding_attention alone",
     "axk2": r"AXK2GatedRMSNorm holds modules \['mlp', 'norm'\] and no weight of its own",
 }
 
 
 @pytest.mark.parametrize("model_type", sorted(REFUSALS))
 def test_what_is_not_written_is_named(model_type):
-    """beam's layer after its gate is read (with its bias: test_part_attention_params.py): its full-attention layers
-    have no rope settings (they scale the query by its position; its depth-scaled residual comes after:
-    test_part_attention_params.py) (laguna's heads per layer are written: test_part_heads_per_layer.py;
+    """axk2's gated norm (beam is written: test_part_beam.py; laguna's heads per layer: test_part_heads_per_layer.py;
     moshi's MoshiLinear-wrapped q/k/v/o are read: test_layout_attention_rotary.py; mimo_v2_flash's key heads per
-    layer kind are written: test_part_mimo_attention.py), axk2's gated norm."""
+    layer kind: test_part_mimo_attention.py)."""
     from transformers import AutoConfig
 
     from agent.recipe.native.compose import derive
