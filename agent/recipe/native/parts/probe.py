@@ -371,13 +371,18 @@ class Probe:
 
 
 def stored_names(model_type: str, changes: dict) -> dict:
-    """`changes` keyed as the config class stores them: a key its attribute_map aliases (bailing_hybrid's
-    norm_topk_prob, stored as moe_renormalize) under the stored name, which the config dict holds and which would
-    otherwise win over the alias, leaving the change unmade."""
+    """`changes` under both names of a key the config class aliases (attribute_map: bailing_hybrid's norm_topk_prob,
+    stored as moe_renormalize; mpt's hidden_size, stored as d_model): a config dict may hold either, and which of two
+    unequal values the class keeps differs by class, so a change under one name alone can be left unmade."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     aliases = getattr(CONFIG_MAPPING[model_type], "attribute_map", None) if model_type in CONFIG_MAPPING else None
-    return {(aliases or {}).get(key, key): value for key, value in changes.items()}
+    both = {}
+    for key, value in changes.items():
+        both[key] = value
+        if key in (aliases or {}):
+            both[aliases[key]] = value
+    return both
 
 
 def apply_changes(config_dict: dict, changes: dict) -> dict:

@@ -1,8 +1,9 @@
 """A family setting is made on the shrunk config whatever name it is given: a key the config class aliases
-(attribute_map) is set under the name the class stores, which the config dict holds and which would otherwise win
-(agent.recipe.native.parts.probe.shrunk_config / stored_names). Without it bailing_hybrid's `norm_topk_prob`,
-`n_shared_experts` and `n_group` settings and every `max_position_embeddings` of a rope setting on gpt2's kin ran
-the checkpoint's config unchanged, and passed."""
+(attribute_map) is set under both its names, either of which the config dict may hold and which may otherwise win
+(agent.recipe.native.parts.probe.shrunk_config / stored_names). Under the alias alone, bailing_hybrid's `norm_topk_prob`,
+`n_shared_experts` and `n_group` settings and its rope settings' `max_position_embeddings` (stored as
+model_max_length) ran the checkpoint's config unchanged, and passed; under the stored name alone, mpt's probe of a
+halved hidden_size kept the shrunk dict's. The gpt2, mixtral and mpt rows hold classes where the alias wins."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ def _dict(model_type: str, **keys) -> dict:
     ("bailing_hybrid", {"n_group": 2, "topk_group": 1}, ("n_group", 2)),
     ("bailing_hybrid", {"max_position_embeddings": 14}, ("max_position_embeddings", 14)),
     ("gpt2", {"max_position_embeddings": 14}, ("n_positions", 14)),
+    ("mpt", {"hidden_size": 256}, ("d_model", 256)),        # its shrunk dict holds both names
     ("mixtral", {"num_experts": 2}, ("num_local_experts", 2)),
 ])
 def test_a_change_under_an_aliased_name_is_made(model_type, change, attribute):
@@ -32,6 +34,6 @@ def test_a_change_under_an_aliased_name_is_made(model_type, change, attribute):
 
 
 def test_stored_names_maps_aliases_alone():
-    assert stored_names("bailing_hybrid", {"norm_topk_prob": False, "topk_group": 1, "x": DROP}) == \
-        {"moe_renormalize": False, "topk_group": 1, "x": DROP}
+    assert stored_names("bailing_hybrid", {"norm_topk_prob": False, "topk_group": 1, "n_group": DROP}) == \
+        {"norm_topk_prob": False, "moe_renormalize": False, "topk_group": 1, "n_group": DROP, "num_expert_group": DROP}
     assert stored_names("no_such_type", {"norm_topk_prob": False}) == {"norm_topk_prob": False}
