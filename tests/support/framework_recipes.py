@@ -126,9 +126,16 @@ def migrate_family(family_checkout, model_type: str, overrides: dict, family: st
 # ---- architectures the native generator does not write: the adapter -----------------------------
 # scripts/native_coverage.py's fall-backs, one per layer kind the maintainers' report (2026-12-05) found
 # failing: the recipe keeps the vendored transformers model behind models/modeling_NAME_framework.py.
+# Every earlier example (nanochat, minimax, beam, modernbert-decoder) is native now. Of the fall-backs left on
+# transformers 5.24.0, measured 2026-12-06: axk2 (an indexer key cache), inkling_text (a conv state), longcat_flash
+# (its rotary widths) and cpmant stop in the adapter's run; doge, jetmoe and hrm_text run, npugraph_ex, but their
+# text is not transformers'. doge stands for them until the adapter serves one: a strict xfail, so that the day it
+# passes the test says so.
+ADAPTER_TEXT_DIFFERS = pytest.mark.xfail(strict=True, reason="the adapter recipe's text is not transformers' on "
+                                                             "doge (measured 2026-12-06, not yet diagnosed)")
 ADAPTERS = [
-    # a dense + norm head before the vocabulary; beam, the example before, is native
-    pytest.param("modernbert-decoder", "model", id="decoder_head-modernbert-decoder"),
+    # its own residual weights and a dynamic attention mask
+    pytest.param("doge", "decoder layer", id="residual_weights-doge", marks=ADAPTER_TEXT_DIFFERS),
 ]
 
 
