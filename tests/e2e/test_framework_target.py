@@ -596,15 +596,18 @@ def run_adapter(family_checkout, tmp_path: Path, model_type: str, fell_back: str
     proc, logs, usage = run_framework(family_checkout["checkout"], recipe.name, yaml_name, tmp_path, "capture")
     assert proc.returncode == 0, proc.stderr[-3000:]
     input_len = yaml.safe_load((recipe / "config" / yaml_name).read_text())["data_config"]["input_truncated_len"]
-    check_two_prompts(logs, checkpoint, ranks, input_len, tensor_parallel=ranks > 1)
     entry = compiled_once(usage["compiles"], ranks)
+    if model_type in ADAPTER_TEXT_DIFFERS:
+        with pytest.raises(AssertionError):         # a known fault of the adapter (ADAPTERS): passing it says it is mended
+            check_two_prompts(logs, checkpoint, ranks, input_len, tensor_parallel=ranks > 1)
+    else:
+        check_two_prompts(logs, checkpoint, ranks, input_len, tensor_parallel=ranks > 1)
     print(f"{model_type} adapter, {ranks} rank(s), npugraph_ex: {entry}")
 
 
-@ADAPTER_TEXT_DIFFERS
 def test_an_adapter_recipe_runs_its_npugraph_ex_yaml_with_the_decode_compiled_once(family_checkout, tmp_path):
-    """An architecture the native generator does not write (doge: residual weights of its own; see ADAPTERS for why
-    it fails) keeps transformers' code behind the adapter. Its
+    """An architecture the native generator does not write (doge: residual weights of its own; its text is a known
+    fault, ADAPTERS) keeps transformers' code behind the adapter. Its
     YAML as written (npugraph_ex), with the precision probe of the trial, through upstream's infer.sh: main_decode
     captured whole once, no recompile, the two prompts' texts transformers' own. Every adapter recipe failed here:
     the stand-in's F.linear under dynamo ('cannot determine the equality comparison'), then a recompile per step
@@ -632,6 +635,10 @@ def test_an_adapter_recipe_migrates_and_its_npugraph_ex_trial_passes(tmp_path, m
     proc = run_cli("standin", "--", sys.executable, "-m", "agent.cli", "run", str(checkpoint), "--output-dir",
                    str(checkout / "models"), "--name", name, "--max-new-tokens", str(MAX_NEW_TOKENS),
                    "--transformers-source", "installed", "--json", cwd=tmp_path, timeout=1800)
+    if model_type in ADAPTER_TEXT_DIFFERS:
+        # the adapter's known fault (ADAPTERS): the trial's precision check catches it, not a recipe handed on as ok
+        assert proc.returncode != 0 and "precision" in proc.stdout + proc.stderr, proc.stdout[-3000:]
+        return
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout[proc.stdout.index("{"):proc.stdout.rindex("}") + 1])
     recipe = checkout / "models" / name

@@ -288,13 +288,12 @@ def decoder_layers(model) -> list:
     return list(getattr(decoder, "layers", None) or getattr(getattr(model, "model", None), "layers", None) or [])
 
 
-def rounding_reach(weight, x, logits):
-    """[experts]: the most rounding the router's `weight`, its input `x` [H] and its `logits` to the run dtype can move
-    each logit (first order): RUN_DTYPE_ROUNDOFF x (2 x sum_i |w_ei x_i| + |logit_e|)."""
-    import torch
-
+def rounding_reach(weight, x, logits, weight_rounded: bool = True):
+    """[experts]: the most rounding the router's `weight` (where the run dtype's model rounds it: not a router kept in
+    float32), its input `x` [H] and its `logits` to the run dtype can move each logit (first order):
+    RUN_DTYPE_ROUNDOFF x ((1 + weight_rounded) x sum_i |w_ei x_i| + |logit_e|)."""
     products = (weight.detach().float().abs() * x.detach().float().abs()[None, :]).sum(-1)
-    return RUN_DTYPE_ROUNDOFF * (2 * products + logits.detach().float().abs())
+    return RUN_DTYPE_ROUNDOFF * ((1 + int(weight_rounded)) * products + logits.detach().float().abs())
 
 
 def routing_tie(logits, reach, ours, gating: dict, bias=None) -> bool:
@@ -305,7 +304,10 @@ def routing_tie(logits, reach, ours, gating: dict, bias=None) -> bool:
 
     from agent.recipe.native.parts.moe import selection
 
-    picked = torch.zeros(logits.shape[-1], dtype=torch.bool)
+    experts = logits.shape[-1]
+    if ours.unique().numel() != ours.numel() or int(ours.min()) < 0 or int(ours.max()) >= experts:
+        return False        # an expert twice, or one the router has not: a wrong pick, never a tie
+    picked = torch.zeros(experts, dtype=torch.bool)
     picked[ours] = True
     moved = logits.detach().float() + torch.where(picked, reach, -reach)
     _, choice = selection(moved[None], scoring=gating["scoring"], selection_bias=bias, n_group=gating["n_group"],
@@ -325,6 +327,8 @@ class RoutingTies:
     def __init__(self, model, references, config):
         import re
 
+        import torch
+
         from agent.recipe.native.parts.moe import gating_of, moe_block
 
         self.file, self.calls, self.forced = {}, {}, {}
@@ -339,6 +343,15 @@ class RoutingTies:
         if self.gating["scoring"] not in ("softmax", "sigmoid") or self.gating.get("select_on_logits"):
             self.gating = None      # a gating the references are not steered under (phimoe's sparsemixer)
             return
+        # the run dtype's reference rounds its routers' weights unless it keeps them in float32 (beam's, a
+        # ROUTER_FP32 model's): then rounding moves a logit by its input's share alone
+        self.weight_rounded = True
+        if len(references) > 1:
+            block = next((moe_block(layer) for layer in decoder_layers(references[1].models[0]) if moe_block(layer)),
+                         None)
+            if block is not None:
+                router = block[1].get_submodule(self.gating.get("router_path", self.gating["router_name"]))
+                self.weight_rounded = router.weight.dtype != torch.float32
         for name, module in model.named_modules():
             found = re.fullmatch(r"(?:.*\.)?layers\.(\d+)\..*", name)
             if found and callable(getattr(module, "gating", None)) and hasattr(module, "top_k"):
@@ -397,7 +410,8 @@ class RoutingTies:
                 if ours is None or ours.shape[0] != k or torch.equal(ours, own[p]):
                     continue
                 if key not in self.forced and not rounded:
-                    tie = routing_tie(logits[p], rounding_reach(router.weight, hidden[p], logits[p]), ours, g, bias)
+                    reach = rounding_reach(router.weight, hidden[p], logits[p], self.weight_rounded)
+                    tie = routing_tie(logits[p], reach, ours, g, bias)
                     if TRACE:
                         print(f"TIE layer {layer} row {row} position {start + p}: ours {ours.tolist()}, float32's "
                               f"{own[p].tolist()}, {'a tie' if tie else 'not a tie'}", file=sys.stderr)

@@ -73,7 +73,7 @@ PARTS = (
     block_post_norm.POST_NORM,
     block_post_ln.POST_LN,
     scalar_multipliers.LOGITS_SCALING,
-    head_transform.HEAD_TRANSFORM,          # before LM_HEAD, which refuses a model with a transform before its head
+    head_transform.HEAD_TRANSFORM,          # before LM_HEAD, which leaves a model with a transform before its head to it
     head.LM_HEAD,
     mtp.MTP,
 )

@@ -756,6 +756,9 @@ def _dense_match(part, probe, chosen, **extra) -> Match:
     if facts.get("QUERY_TEMPERATURE") and not (position is not None and position.options.get("NOPE_LAYERS")):
         raise NotNative("attention", "llama4's query temperature without a NoPE layers' rule (parts/rotary_nope.py): "
                                      "the file scales the NoPE layers' queries")
+    if facts.get("QUERY_SSMAX") and facts.get("QK_NORM_AFTER_ROPE"):
+        raise NotNative("attention", "beam's NoPE query scale with a query norm after the rotary: the scale is read "
+                                     "after the norm, which the file would apply after it")
     if facts.get("QUERY_SSMAX") and not (position is not None and position.options.get("NOPE_LAYERS") == "typed_rope"):
         raise NotNative("attention", "beam's NoPE query scale without its NoPE layers' rule (rope_parameters' None "
                                      "kinds, parts/rotary_nope.py): the file scales those layers' queries")

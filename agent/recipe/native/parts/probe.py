@@ -376,12 +376,14 @@ def stored_names(model_type: str, changes: dict) -> dict:
     unequal values the class keeps differs by class, so a change under one name alone can be left unmade."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    aliases = getattr(CONFIG_MAPPING[model_type], "attribute_map", None) if model_type in CONFIG_MAPPING else None
+    known = CONFIG_MAPPING[model_type] if model_type in CONFIG_MAPPING else None
+    aliases = getattr(known, "attribute_map", None) or {}
+    other_name = {**{stored: alias for alias, stored in aliases.items()}, **aliases}
     both = {}
     for key, value in changes.items():
         both[key] = value
-        if key in (aliases or {}):
-            both[aliases[key]] = value
+        if key in other_name:
+            both[other_name[key]] = value
     return both
 
 

@@ -35,6 +35,10 @@ def test_rounding_reach_bounds_a_bfloat16_router():
     reach = torch.stack([rounding_reach(weight, row, logits) for row, logits in zip(x, exact)])
     assert bool(((rounded - exact).abs() <= reach).all())
     assert float(reach.max()) < 0.1 * float(exact.abs().max())     # a rounding's reach, not the logits' size
+    # a router the run dtype keeps in float32 (its input rounded alone): a reach of its input's share
+    kept = torch.nn.functional.linear(x.bfloat16().float(), weight)
+    narrow = torch.stack([rounding_reach(weight, row, logits, False) for row, logits in zip(x, exact)])
+    assert bool(((kept - exact).abs() <= narrow).all()) and bool((narrow < reach).all())
 
 
 @pytest.mark.parametrize("logits, ours, gating, bias, reach, tie, why", [
@@ -45,7 +49,11 @@ def test_rounding_reach_bounds_a_bfloat16_router():
     # minimax_m3_vl_text's: sigmoid scores plus a selection bias, expert 2's bias bringing it beside expert 1
     ([10.6, 5.11, 0.389, -1.28], [0, 1], SIGMOID, [0.0, 0.0, 0.4, 0.0], 1e-2, True, "a bias-made tie"),
     ([10.6, 5.11, 0.389, -1.28], [0, 1], SIGMOID, [0.0, 0.0, 0.4, 0.0], 1e-3, False, "the same, a tenth the reach"),
-], ids=["tie", "reach-smaller", "apart", "negated", "bias-tie", "bias-apart"])
+    # a huge reach makes any choice a top-k: a pick of one expert twice, or of one the router has not, is still none
+    ([2.0, 1.0, 0.999, -1.0], [0, 0], SOFTMAX, None, 1e3, False, "the top expert twice"),
+    ([2.0, 1.0, 0.999, -1.0], [0, 4], SOFTMAX, None, 1e3, False, "an expert past the router's"),
+    ([2.0, 1.0, 0.999, -1.0], [-1, 0], SOFTMAX, None, 1e3, False, "a negative expert id"),
+], ids=["tie", "reach-smaller", "apart", "negated", "bias-tie", "bias-apart", "twice", "past", "negative"])
 def test_a_routing_tie_is_a_top_k_within_the_reach(logits, ours, gating, bias, reach, tie, why):
     import torch
 
