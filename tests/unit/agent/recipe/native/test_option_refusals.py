@@ -29,3 +29,20 @@ def test_mlp_multipliers_on_an_mlp_read_by_role_are_refused(read):
     source = SimpleNamespace(config=SimpleNamespace(mlp_multipliers=[1.0, 1.0]))
     with pytest.raises(NotNative, match="mlp_multipliers on object, an MLP read by role"):
         getattr(mlp, read)(source, [object()], "hidden_act", ("silu",), {}, "silu")
+
+
+@pytest.mark.parametrize("after_rope, refused", [(True, True), (False, False)])
+def test_beams_query_scale_with_a_query_norm_after_the_rotary_is_refused(monkeypatch, after_rope, refused):
+    """The scale is read on the query norm's output; a norm placed after the rotary would normalise away the scale the
+    file applies before it."""
+    from agent.recipe.native.parts import attention
+    from agent.recipe.native.parts.part import Match
+
+    facts = {"QUERY_SSMAX": True, "Q_NORM": True, "K_NORM": True, "QK_NORM_AFTER_ROPE": after_rope}
+    monkeypatch.setattr(attention, "dense_attention", lambda probe: dict(facts))
+    nope = {"position": Match(attention.FUSED_PAGED, options={"NOPE_LAYERS": "typed_rope"})}
+    if refused:
+        with pytest.raises(NotNative, match="query scale with a query norm after the rotary"):
+            attention._dense_match(attention.FUSED_PAGED, SimpleNamespace(), nope)
+    else:
+        assert attention._dense_match(attention.FUSED_PAGED, SimpleNamespace(), nope).options["QUERY_SSMAX"]
