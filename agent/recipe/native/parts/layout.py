@@ -153,18 +153,23 @@ def projection_widths(module):
 
 def call_order(model, layer) -> list:
     """The names of `layer`'s children in the order its forward calls them (one forward of the model)."""
-    import torch
-
     order, handles = [], []
     for name, child in _named(layer).items():
         handles.append(child.register_forward_pre_hook(lambda *args, name=name: order.append(name)))
+    _forward_hooked(model, handles)
+    return list(dict.fromkeys(order))
+
+
+def _forward_hooked(model, handles: list) -> None:
+    """One forward of the model on three tokens, the hooks of `handles` removed after it whatever it raises."""
+    import torch
+
     try:
         with torch.no_grad():
             model(input_ids=torch.tensor([[3, 5, 7]]), use_cache=False)
     finally:
         for handle in handles:
             handle.remove()
-    return list(dict.fromkeys(order))
 
 
 def _prefixed(path: str) -> str:
@@ -278,13 +283,9 @@ def head_transform_name(model, top: dict, prefix: str, head_name: str) -> str | 
             seen.setdefault(name, (first, out[0] if isinstance(out, tuple) else getattr(out, "last_hidden_state", out)))
         handles.append(top[name].register_forward_hook(keep, with_kwargs=True))
     try:
-        with torch.no_grad():
-            model(input_ids=torch.tensor([[3, 5, 7]]), use_cache=False)
+        _forward_hooked(model, handles)
     except Exception:  # noqa: BLE001 - a model this forward cannot run: not read so
         return None
-    finally:
-        for handle in handles:
-            handle.remove()
     if len(seen) != 3:
         return None
     (_, base_out), (transform_in, transform_out), (head_in, _) = (seen[n] for n in (prefix, others[0], head_name))
@@ -317,21 +318,15 @@ def duplicate_roles_text(children: dict, roles: dict) -> str:
 
 def _runs_before_layers(model, norm, layers) -> bool:
     """Whether the base model's one norm runs before its first layer (one forward of the model)."""
-    import torch
-
     order, handles = [], []
     if not len(layers):
         return False
     handles.append(norm.register_forward_pre_hook(lambda *args: order.append("norm")))
     handles.append(layers[0].register_forward_pre_hook(lambda *args: order.append("layer")))
     try:
-        with torch.no_grad():
-            model(input_ids=torch.tensor([[3, 5, 7]]), use_cache=False)
+        _forward_hooked(model, handles)
     except Exception:  # noqa: BLE001 - a model this forward cannot run: not read so
         return False
-    finally:
-        for handle in handles:
-            handle.remove()
     return order[:2] == ["norm", "layer"]
 
 
